@@ -1,0 +1,1 @@
+"""Findings from a summary, a timeline and the performance model."""

@@ -1,0 +1,1 @@
+"""Records, summary statistics, SLOs, server timelines: shared by every source."""

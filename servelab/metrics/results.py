@@ -1,0 +1,99 @@
+"""A results directory: the on-disk form every verb writes and reads.
+
+    run.json        what was run: flags, workload, server/engine info, versions
+    records.jsonl   one RequestRecord per line, appended as requests end
+    timeline.jsonl  one TimelineSample per line
+    summary.json    derived from records.jsonl by `summarize`
+
+A sweep is a directory whose `sweep.json` lists one sub-directory per point.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servelab import SCHEMA_VERSION, __version__
+from servelab.metrics.records import JsonlSink, RequestRecord, read_records
+from servelab.metrics.timeline import TimelineSample, read_timeline
+
+RUN = "run.json"
+RECORDS = "records.jsonl"
+TIMELINE = "timeline.jsonl"
+SUMMARY = "summary.json"
+SWEEP = "sweep.json"
+
+
+def _dump(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def versions() -> dict[str, str]:
+    return {"servelab": __version__, "python": platform.python_version()}
+
+
+class ResultWriter:
+    """Writes one run's directory incrementally; safe to abandon at any point."""
+
+    def __init__(self, directory: Path, run_info: dict[str, Any]) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        for stale in (RECORDS, TIMELINE, SUMMARY):
+            (directory / stale).unlink(missing_ok=True)
+        self.run_info = {
+            "schema_version": SCHEMA_VERSION,
+            "started_at": time.time(),
+            "versions": versions(),
+            **run_info,
+        }
+        _dump(directory / RUN, self.run_info)
+        self.records = JsonlSink(directory / RECORDS)
+        self._timeline = (directory / TIMELINE).open("a", encoding="utf-8")
+
+    def write_sample(self, sample: TimelineSample) -> None:
+        self._timeline.write(sample.to_json() + "\n")
+        self._timeline.flush()
+
+    def update_run_info(self, **info: Any) -> None:
+        self.run_info.update(info)
+        _dump(self.directory / RUN, self.run_info)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        _dump(self.directory / SUMMARY, {"schema_version": SCHEMA_VERSION, **summary})
+
+    def close(self) -> None:
+        self.records.close()
+        self._timeline.close()
+
+
+@dataclass
+class RunResult:
+    """A results directory loaded back into memory."""
+
+    directory: Path
+    run_info: dict[str, Any]
+    records: list[RequestRecord]
+    timeline: list[TimelineSample] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+
+
+def load_run(directory: Path) -> RunResult:
+    if not (directory / RUN).is_file():
+        raise FileNotFoundError(f"{directory} is not a servelab results directory (no {RUN})")
+    run_info = json.loads((directory / RUN).read_text(encoding="utf-8"))
+    records = list(read_records(directory / RECORDS)) if (directory / RECORDS).exists() else []
+    timeline = list(read_timeline(directory / TIMELINE)) if (directory / TIMELINE).exists() else []
+    summary_path = directory / SUMMARY
+    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else None
+    return RunResult(directory, run_info, records, timeline, summary)
+
+
+def write_sweep_index(directory: Path, info: dict[str, Any]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    _dump(directory / SWEEP, {"schema_version": SCHEMA_VERSION, **info})

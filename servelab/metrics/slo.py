@@ -1,0 +1,65 @@
+"""Service-level objectives as vLLM spells them: `ttft:500 tpot:50 e2el:10000` (ms)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servelab.metrics.records import RequestRecord
+
+SLO_METRICS = ("ttft", "tpot", "e2el")
+
+
+class SLOError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Upper bounds in milliseconds; a request is 'good' when it meets all of them."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+
+    @classmethod
+    def parse(cls, items: list[str] | str | None) -> SLO | None:
+        if not items:
+            return None
+        if isinstance(items, str):
+            items = items.split()
+        bounds: dict[str, float] = {}
+        for item in items:
+            name, sep, value = item.partition(":")
+            if not sep or name not in SLO_METRICS:
+                raise SLOError(
+                    f"invalid --goodput item {item!r}: expected NAME:MS with NAME in {', '.join(SLO_METRICS)}"
+                )
+            try:
+                bound = float(value)
+            except ValueError:
+                raise SLOError(f"invalid --goodput item {item!r}: {value!r} is not a number of ms") from None
+            if bound <= 0:
+                raise SLOError(f"invalid --goodput item {item!r}: the bound must be > 0 ms")
+            bounds[f"{name}_ms"] = bound
+        return cls(**bounds)
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in (("ttft", self.ttft_ms), ("tpot", self.tpot_ms), ("e2el", self.e2el_ms)) if v is not None}
+
+    def is_met(self, record: RequestRecord) -> bool:
+        if not record.ok:
+            return False
+        if self.ttft_ms is not None and (record.ttft is None or record.ttft * 1e3 > self.ttft_ms):
+            return False
+        if self.tpot_ms is not None:
+            tpot = tpot_seconds(record)
+            if tpot is not None and tpot * 1e3 > self.tpot_ms:
+                return False
+        return self.e2el_ms is None or record.e2el * 1e3 <= self.e2el_ms
+
+
+def tpot_seconds(record: RequestRecord) -> float | None:
+    """Time per output token after the first, as `vllm bench serve` defines it."""
+    if record.first_token_time is None or record.output_tokens < 2:
+        return None
+    return (record.finish_time - record.first_token_time) / (record.output_tokens - 1)

@@ -1,0 +1,79 @@
+"""The one function that turns records into statistics, for every source.
+
+Keys follow `vllm bench serve`'s result JSON so users can compare the two
+directly. A Summary is derived data: always recomputable from records.jsonl.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from servelab.metrics.records import RequestRecord
+from servelab.metrics.slo import SLO, tpot_seconds
+
+DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
+
+
+def _stats(name: str, values_s: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
+    arr = np.asarray(values_s, dtype=float) * 1e3
+    out: dict[str, float] = {}
+    if arr.size == 0:
+        out[f"mean_{name}_ms"] = out[f"median_{name}_ms"] = out[f"std_{name}_ms"] = 0.0
+        for p in percentiles:
+            out[f"p{p:g}_{name}_ms"] = 0.0
+        return out
+    out[f"mean_{name}_ms"] = float(arr.mean())
+    out[f"median_{name}_ms"] = float(np.median(arr))
+    out[f"std_{name}_ms"] = float(arr.std())
+    for p, v in zip(percentiles, np.percentile(arr, list(percentiles))):
+        out[f"p{p:g}_{name}_ms"] = float(v)
+    return out
+
+
+def summarize(
+    records: Iterable[RequestRecord],
+    *,
+    duration: float | None = None,
+    warmup: float = 0.0,
+    slo: SLO | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> dict[str, object]:
+    """Statistics over the records sent at or after `warmup` seconds.
+
+    `duration` defaults to the span from the first counted send to the last
+    counted finish, which is what a throughput figure should be divided by.
+    """
+    counted = [r for r in records if r.send_time >= warmup]
+    done = [r for r in counted if r.ok]
+    failed = [r for r in counted if not r.ok]
+    if duration is None:
+        duration = (max(r.finish_time for r in counted) - min(r.send_time for r in counted)) if counted else 0.0
+    per_s = (1.0 / duration) if duration > 0 else 0.0
+
+    input_tokens = sum(r.prompt_tokens for r in done)
+    output_tokens = sum(r.output_tokens for r in done)
+    ttfts = [r.ttft for r in done if r.ttft is not None]
+    tpots = [t for t in map(tpot_seconds, done) if t is not None]
+    itls = [b - a for r in done for a, b in zip(r.chunk_times, r.chunk_times[1:])]
+    e2els = [r.e2el for r in done]
+    good = sum(1 for r in done if slo.is_met(r)) if slo else None
+
+    summary: dict[str, object] = {
+        "duration": duration,
+        "completed": len(done),
+        "failed": len(failed),
+        "errors_by_kind": dict(Counter(r.error_kind or "unknown" for r in failed)),
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": output_tokens,
+        "request_throughput": len(done) * per_s,
+        "request_goodput": (good * per_s) if good is not None else None,
+        "output_throughput": output_tokens * per_s,
+        "total_token_throughput": (input_tokens + output_tokens) * per_s,
+        "slo": slo.as_dict() if slo else None,
+    }
+    for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
+        summary.update(_stats(name, values, percentiles))
+    return summary

@@ -1,0 +1,1 @@
+"""Hardware and model catalogues, memory plan, cost model, calibration."""

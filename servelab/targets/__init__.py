@@ -1,0 +1,1 @@
+"""Things that serve requests and yield records: real servers over HTTP, the simulator."""

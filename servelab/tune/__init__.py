@@ -1,0 +1,1 @@
+"""Configuration search: on the simulator first, then confirmed on real servers."""

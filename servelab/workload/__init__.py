@@ -1,0 +1,1 @@
+"""What users send: request generators, length distributions, arrival processes."""
