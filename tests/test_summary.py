@@ -1,0 +1,73 @@
+"""The one summary function: definitions as `vllm bench serve` uses them."""
+
+import pytest
+
+from servelab.metrics.records import RequestRecord
+from servelab.metrics.slo import SLO, SLOError, tpot_seconds
+from servelab.metrics.summary import summarize
+
+
+def record(i: int, send: float, first: float, finish: float, out: int, **kw) -> RequestRecord:
+    step = (finish - first) / max(out - 1, 1)
+    chunks = [first + k * step for k in range(out)]
+    return RequestRecord(
+        index=i, intended_time=send, send_time=send, first_token_time=first, finish_time=finish,
+        chunk_times=chunks, prompt_tokens=100, output_tokens=out, **kw,
+    )
+
+
+def test_throughput_and_latency_definitions():
+    recs = [record(0, 0.0, 0.1, 1.1, 11), record(1, 1.0, 1.3, 2.0, 8)]
+    s = summarize(recs)
+    assert s["completed"] == 2 and s["failed"] == 0
+    assert s["duration"] == pytest.approx(2.0)
+    assert s["request_throughput"] == pytest.approx(1.0)
+    assert s["output_throughput"] == pytest.approx(19 / 2.0)
+    assert s["total_token_throughput"] == pytest.approx(219 / 2.0)
+    assert s["mean_ttft_ms"] == pytest.approx(200.0)
+    # TPOT excludes the first token: (1.1-0.1)/10 = 100 ms, (2.0-1.3)/7 = 100 ms
+    assert s["mean_tpot_ms"] == pytest.approx(100.0)
+    assert s["median_itl_ms"] == pytest.approx(100.0)
+    assert s["p99_e2el_ms"] == pytest.approx(1100 - 0.01 * 100, rel=1e-3)
+
+
+def test_failures_counted_by_kind_and_excluded_from_latency():
+    ok = record(0, 0.0, 0.1, 1.0, 5)
+    bad = RequestRecord(index=1, intended_time=0, send_time=0, finish_time=0.2, status="error", error_kind="http_500")
+    reset = RequestRecord(index=2, intended_time=0, send_time=0, finish_time=0.3, status="error", error_kind="connection_reset")
+    s = summarize([ok, bad, reset])
+    assert s["completed"] == 1 and s["failed"] == 2
+    assert s["errors_by_kind"] == {"http_500": 1, "connection_reset": 1}
+    assert s["mean_ttft_ms"] == pytest.approx(100.0)
+
+
+def test_warmup_excludes_early_sends():
+    recs = [record(0, 0.0, 5.0, 6.0, 2), record(1, 2.0, 2.1, 3.0, 2)]
+    s = summarize(recs, warmup=1.0)
+    assert s["completed"] == 1
+    assert s["mean_ttft_ms"] == pytest.approx(100.0)
+
+
+def test_goodput_counts_requests_meeting_every_bound():
+    fast = record(0, 0.0, 0.1, 1.0, 10)   # ttft 100 ms, tpot 100 ms
+    slow = record(1, 0.0, 0.9, 1.8, 10)   # ttft 900 ms
+    s = summarize([fast, slow], slo=SLO.parse("ttft:500 tpot:150"), duration=2.0)
+    assert s["request_goodput"] == pytest.approx(0.5)
+    s = summarize([fast, slow], slo=SLO.parse("tpot:50"), duration=2.0)
+    assert s["request_goodput"] == 0.0
+
+
+def test_slo_parse_rejects_bad_items():
+    for bad in ("ttft", "latency:5", "ttft:abc", "ttft:-1"):
+        with pytest.raises(SLOError):
+            SLO.parse(bad)
+    assert SLO.parse(["e2el:10000"]).as_dict() == {"e2el": 10000.0}
+
+
+def test_tpot_undefined_for_single_token():
+    assert tpot_seconds(record(0, 0, 0.1, 0.1, 1)) is None
+
+
+def test_empty_input_gives_zeros_not_errors():
+    s = summarize([])
+    assert s["completed"] == 0 and s["request_throughput"] == 0.0 and s["mean_ttft_ms"] == 0.0
