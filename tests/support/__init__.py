@@ -1,0 +1,1 @@
+"""Helpers the tests share: the tiny model builder and fixture servers."""
