@@ -1,0 +1,255 @@
+"""Start an inference server as a child process, wait until it serves, and stop it without leftovers.
+
+Tests start a real vLLM this way, and `servelab tune` starts one server per
+configuration it measures. Both need the same guarantees: a server that dies
+while loading is reported with its own last words (the log tail), not as a
+bare timeout; and stopping really stops it. vLLM forks an engine-core process
+(and on some builds more), so the server is started in a new session and
+signalled as a whole process group: SIGTERM, a grace period, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+READY_PATHS = ("/health", "/v1/models")
+"""What an OpenAI-compatible server answers 200 to once it can take requests."""
+
+LOG_TAIL_LINES = 40
+
+
+class ServerStartError(RuntimeError):
+    """The server exited, or never became ready, before serving; the message carries its log tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS picks it), for a server about to start."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _answers_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_live: set[ServerProcess] = set()
+
+
+@atexit.register
+def _stop_live_servers() -> None:
+    """Last line of defence: an interpreter that exits (even on Ctrl-C) takes its servers with it."""
+    for server in list(_live):
+        server.stop()
+
+
+class ServerProcess:
+    """One server process group, started on `start()` and gone after `stop()`.
+
+    Usable as a context manager. `base_url` is where it serves once ready;
+    readiness means every path in `ready_paths` answered HTTP 200.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        host: str,
+        port: int,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        ready_paths: Sequence[str] = READY_PATHS,
+        startup_timeout: float = 300.0,
+        stop_timeout: float = 20.0,
+        cwd: Path | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self.host = host
+        self.port = port
+        self.log_path = Path(log_path)
+        self.env = dict(os.environ if env is None else env)
+        self.ready_paths = tuple(ready_paths)
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self.cwd = cwd
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.startup_seconds: float | None = None
+        """How long `start()` took until the server was ready."""
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The group leader's pid (also the process-group id), or None before start."""
+        return self._proc.pid if self._proc else None
+
+    def running(self) -> bool:
+        """True while any process of the group is alive."""
+        return self._proc is not None and _group_alive(self._proc.pid)
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def start(self) -> ServerProcess:
+        """Launch and block until ready; on any failure (or Ctrl-C) the group is stopped before raising."""
+        if self._proc is not None:
+            raise RuntimeError("ServerProcess.start() called twice")
+        if _port_in_use(self.host, self.port):
+            raise ServerStartError(f"{self.host}:{self.port} is already in use; not starting {self.argv[0]}")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        began = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        _live.add(self)
+        try:
+            self._wait_ready(began + self.startup_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - began
+        return self
+
+    def _wait_ready(self, deadline: float) -> None:
+        assert self._proc is not None
+        pending = list(self.ready_paths)
+        while pending:
+            code = self._proc.poll()
+            if code is not None:
+                raise ServerStartError(
+                    f"server exited with code {code} before it was ready ({self.log_path}):\n{self.log_tail()}"
+                )
+            if _answers_ok(self.base_url + pending[0]):
+                pending.pop(0)
+                continue
+            if time.monotonic() > deadline:
+                raise ServerStartError(
+                    f"server not ready at {self.base_url}{pending[0]} after {self.startup_timeout:.0f} s"
+                    f" ({self.log_path}):\n{self.log_tail()}"
+                )
+            time.sleep(0.25)
+
+    def stop(self) -> int | None:
+        """SIGTERM the whole group, wait up to stop_timeout, then SIGKILL it. Idempotent. Returns the exit code."""
+        proc = self._proc
+        if proc is None:
+            return None
+        _live.discard(self)
+        pgid = proc.pid
+        deadline = time.monotonic() + self.stop_timeout
+        self._signal_group(pgid, signal.SIGTERM)
+        while time.monotonic() < deadline and (proc.poll() is None or _group_alive(pgid)):
+            time.sleep(0.1)
+        if proc.poll() is None or _group_alive(pgid):
+            self._signal_group(pgid, signal.SIGKILL)
+            proc.wait()
+            while _group_alive(pgid):  # SIGKILL cannot be ignored; members vanish once the kernel reaps them
+                time.sleep(0.05)
+        return proc.returncode
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: signal.Signals) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> ServerProcess:
+        return self.start() if self._proc is None else self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def vllm_cpu_argv(
+    python: str | Path,
+    model_dir: str | Path,
+    *,
+    port: int,
+    served_model_name: str | None = None,
+    host: str = "127.0.0.1",
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The command line of vLLM's OpenAI server (the module, because the CPU build's `vllm` script is broken)."""
+    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
+    if served_model_name:
+        argv += ["--served-model-name", served_model_name]
+    return argv + ["--host", host, "--port", str(port), *extra_args]
+
+
+def vllm_cpu_env(kv_cache_gib: int, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for the CPU build: VLLM_CPU_KVCACHE_SPACE is whole GiB (vLLM parses it with int())."""
+    if int(kv_cache_gib) != kv_cache_gib or kv_cache_gib < 1:
+        raise ValueError(f"kv_cache_gib must be a whole number of GiB >= 1, got {kv_cache_gib!r}")
+    env = dict(os.environ if base is None else base)
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
+    return env
+
+
+def vllm_cpu_server(
+    python: str | Path,
+    model_dir: str | Path,
+    *,
+    log_path: Path,
+    port: int | None = None,
+    served_model_name: str | None = None,
+    kv_cache_gib: int = 1,
+    extra_args: Sequence[str] = (),
+    host: str = "127.0.0.1",
+    startup_timeout: float = 600.0,
+) -> ServerProcess:
+    """A not-yet-started ServerProcess for a vLLM CPU server (a free port is picked if none is given)."""
+    port = free_port(host) if port is None else port
+    return ServerProcess(
+        vllm_cpu_argv(python, model_dir, port=port, served_model_name=served_model_name, host=host, extra_args=extra_args),
+        host=host,
+        port=port,
+        log_path=log_path,
+        env=vllm_cpu_env(kv_cache_gib),
+        startup_timeout=startup_timeout,
+    )
