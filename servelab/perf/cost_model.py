@@ -10,6 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from servelab.perf.engine_config import EngineConfig
+from servelab.perf.errors import PerfConfigError
+from servelab.perf.hardware import Hardware
+from servelab.perf.memory import kv_bytes_per_token_per_rank, weight_bytes_per_rank
+from servelab.perf.models import ModelSpec
+from servelab.perf.quantization import weight_format
+
 
 @dataclass(slots=True)
 class StepBatch:
@@ -31,3 +40,152 @@ class CostModel(Protocol):
     def step_time(self, batch: StepBatch) -> float:
         """Seconds of wall time for one engine step (GPU work + fixed CPU overhead)."""
         ...
+
+
+def prefill_attention_work(new_tokens: int, cached_tokens: int) -> int:
+    """Query-key pairs a causal prefill chunk computes: each new token sees the cache and the chunk up to itself.
+
+    The simulator can keep a running sum of this per step and pass it to
+    `RooflineCostModel.step_time_aggregate` instead of building a StepBatch.
+    """
+    return new_tokens * cached_tokens + new_tokens * (new_tokens + 1) // 2
+
+
+class CostCoefficients(BaseModel):
+    """Every tunable number of the roofline in one place, so `calibrate` can fit and save them.
+
+    Efficiencies are fractions of the datasheet peak actually reached; defaults are
+    typical of vLLM on A100/H100 for 7-8B models (large bf16 GEMMs reach ~70% of
+    peak, decode weight streaming ~80% of HBM bandwidth, FlashAttention prefill ~50%
+    of peak, paged decode attention ~70% of bandwidth) and a V1 step with CUDA graphs
+    costs ~0.8 ms of scheduling, input preparation and sampling outside the GPU
+    kernels (TPOT at batch 1 is ~1 ms above weights/bandwidth on both chips).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compute_efficiency: float = Field(0.7, gt=0, le=1)
+    memory_efficiency: float = Field(0.8, gt=0, le=1)
+    attention_compute_efficiency: float = Field(0.5, gt=0, le=1)
+    attention_memory_efficiency: float = Field(0.7, gt=0, le=1)
+    interconnect_efficiency: float = Field(0.7, gt=0, le=1)
+    allreduce_latency_s: float = Field(8e-6, ge=0)
+    """Fixed cost of one all-reduce launch (vLLM's custom all-reduce, small messages)."""
+    step_overhead_s: float = Field(8e-4, ge=0)
+    per_request_overhead_s: float = Field(8e-6, ge=0)
+    """CPU cost per scheduled request per step (input preparation, sampling bookkeeping)."""
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> CostCoefficients:
+        return cls.model_validate_json(text)
+
+    @classmethod
+    def ideal(cls) -> CostCoefficients:
+        """Datasheet peaks and no overhead: a strict lower bound on step time (upper bound on throughput)."""
+        return cls(
+            compute_efficiency=1, memory_efficiency=1, attention_compute_efficiency=1,
+            attention_memory_efficiency=1, interconnect_efficiency=1, allreduce_latency_s=0,
+            step_overhead_s=0, per_request_overhead_s=0,
+        )
+
+
+class RooflineCostModel:
+    """Step time as a roofline of one tensor-parallel rank, plus communication and CPU overhead.
+
+    step = max(linear FLOPs / peak, weight bytes / bandwidth)            linear layers + LM head
+         + max(attention FLOPs / peak, KV bytes read / bandwidth)        attention
+         + 2 all-reduces per layer when TP > 1                            interconnect
+         + step overhead + per-request overhead x scheduled requests      CPU
+    The LM head runs only for sampled tokens (one per decode and one per prefill
+    chunk, an approximation: vLLM samples only a prefill's last chunk). All
+    per-token constants are precomputed so a step costs a few float operations.
+    """
+
+    def __init__(
+        self,
+        hardware: Hardware,
+        model: ModelSpec,
+        engine_config: EngineConfig,
+        coefficients: CostCoefficients | None = None,
+    ) -> None:
+        c = coefficients or CostCoefficients()
+        self.hardware, self.coefficients = hardware, c
+        model = model.with_dtype(engine_config.dtype)
+        self.model = model
+        tp = engine_config.tensor_parallel_size
+        self.weight_format = weight_format(engine_config.quantization, model, hardware)
+        compute_peak = hardware.peak_flops(self.weight_format.compute_dtype)
+        attention_peak = hardware.peak_flops("bf16")
+        memory_bw = hardware.memory_bandwidth
+
+        # Embedding rows are gathered, not streamed; a tied embedding is streamed as the LM head.
+        streamed = weight_bytes_per_rank(model, engine_config.quantization, hardware, tp)
+        if not model.tie_word_embeddings:
+            streamed -= model.embedding_params * model.dtype_bytes // tp
+        self._weight_time = streamed / (memory_bw * c.memory_efficiency)
+        self._linear_s_per_token = model.linear_flops_per_token / tp / (compute_peak * c.compute_efficiency)
+        self._lm_head_s_per_sample = model.lm_head_flops_per_token / tp / (compute_peak * c.compute_efficiency)
+        self._attn_s_per_pair = (
+            model.attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency)
+        )
+        kv_per_token = kv_bytes_per_token_per_rank(model, engine_config.kv_cache_dtype, tp)
+        self._kv_s_per_token = kv_per_token / (memory_bw * c.attention_memory_efficiency)
+        if tp > 1:
+            if hardware.interconnect_bandwidth <= 0:
+                raise PerfConfigError(f"{hardware.name} has no GPU interconnect; tensor parallelism is not possible")
+            ring = 2 * (tp - 1) / tp
+            per_token_bytes = model.hidden_size * model.dtype_bytes
+            allreduces = 2 * model.num_layers
+            self._comm_fixed = allreduces * c.allreduce_latency_s
+            self._comm_s_per_token = (
+                allreduces * ring * per_token_bytes / (hardware.interconnect_bandwidth * c.interconnect_efficiency)
+            )
+        else:
+            self._comm_fixed = self._comm_s_per_token = 0.0
+        self._step_overhead = c.step_overhead_s
+        self._request_overhead = c.per_request_overhead_s
+
+    def step_time_aggregate(
+        self,
+        num_prefill_tokens: int,
+        prefill_attn_work: int,
+        num_decodes: int,
+        sum_decode_context: int,
+        num_sampled: int,
+        prefill_context_tokens: int = 0,
+    ) -> float:
+        """Step time from batch totals, for a simulator that keeps running sums.
+
+        prefill_attn_work: sum of `prefill_attention_work(n, c)` over the step's chunks;
+        sum_decode_context: tokens in KV over decoding requests; num_sampled: prefill
+        chunks + decodes (also the count of scheduled requests); prefill_context_tokens:
+        sum of the chunks' cached tokens (their KV is read once per chunk).
+        """
+        num_tokens = num_prefill_tokens + num_decodes
+        if num_tokens == 0:
+            return 0.0
+        linear = max(
+            num_tokens * self._linear_s_per_token + num_sampled * self._lm_head_s_per_sample,
+            self._weight_time,
+        )
+        attention = max(
+            (prefill_attn_work + sum_decode_context + num_decodes) * self._attn_s_per_pair,
+            (sum_decode_context + prefill_context_tokens + num_prefill_tokens) * self._kv_s_per_token,
+        )
+        communication = self._comm_fixed + num_tokens * self._comm_s_per_token if self._comm_fixed else 0.0
+        return linear + attention + communication + self._step_overhead + num_sampled * self._request_overhead
+
+    def step_time(self, batch: StepBatch) -> float:
+        prefill_tokens = attn_work = context = 0
+        for new, cached in batch.prefill_chunks:
+            prefill_tokens += new
+            context += cached
+            attn_work += new * cached + new * (new + 1) // 2
+        decodes = len(batch.decode_contexts)
+        return self.step_time_aggregate(
+            prefill_tokens, attn_work, decodes, sum(batch.decode_contexts),
+            len(batch.prefill_chunks) + decodes, context,
+        )

@@ -1,0 +1,315 @@
+"""vLLM's command line, read the way vLLM reads it, and its defaults, filled the way vLLM fills them.
+
+Users paste their `vllm serve ...` line, so the parser accepts vLLM's own
+spellings (`--flag value`, `--flag=value`, `--no-flag`, underscores, short
+forms like `-tp 2`). The flag list it checks against is vLLM 0.32.0's
+(data/vllm_flags.yaml): a flag vLLM would reject is an error here too; a flag
+vLLM accepts but that does not change the performance model is accepted and
+listed in `ignored`; a flag removed from vLLM is reported with the reason.
+
+`resolve` reproduces `EngineArgs.get_batch_defaults` and
+`_set_default_max_num_seqs_and_batched_tokens_args` in vllm/engine/arg_utils.py
+(vLLM 0.32.0) for the simulated chip instead of the local one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from servelab.perf.engine_config import EngineConfig
+from servelab.perf.errors import PerfConfigError
+from servelab.perf.hardware import Hardware
+from servelab.perf.models import ModelSpec
+
+VLLM_FLAGS = Path(__file__).parent / "data" / "vllm_flags.yaml"
+GiB = 2**30
+
+# Flags vLLM V1 no longer has, with why they no longer matter; passing one is a warning.
+OBSOLETE_FLAGS: dict[str, str] = {
+    "use-v2-block-manager": "V1 has a single paged block manager; the flag was removed",
+    "num-lookahead-slots": "lookahead slots served V0 speculative decoding; V1 has no such setting",
+    "max-num-partial-prefills": "concurrent partial prefills were a V0 scheduler feature; V1 schedules prefills by token budget",
+    "max-long-partial-prefills": "concurrent partial prefills were a V0 scheduler feature; V1 schedules prefills by token budget",
+    "swap-space": "V1 preempts by recompute and never swaps KV blocks to CPU memory",
+    "preemption-mode": "V1 always preempts by recompute",
+    "num-scheduler-steps": "multi-step scheduling was removed; V1 overlaps CPU and GPU work with async scheduling",
+    "multi-step-stream-outputs": "multi-step scheduling was removed in V1",
+    "scheduler-delay-factor": "the V0 scheduler's prefill delay was removed in V1",
+    "disable-log-requests": "request logging is off by default now (opt in with --enable-log-requests)",
+    "disable-async-output-proc": "async output processing was a V0 option; V1 always processes outputs asynchronously",
+    "worker-use-ray": "replaced by --distributed-executor-backend ray",
+    "tokenizer-pool-size": "the tokenizer pool was removed; V1 tokenizes in the API server process",
+    "speculative-model": "replaced by --speculative-config (which servelab does not model)",
+    "max-seq-len-to-capture": "CUDA-graph capture sizes are set through --compilation-config now",
+}
+
+# Flags vLLM accepts that would change performance but that servelab does not model;
+# the run is simulated as if they were absent, with a warning.
+UNMODELLED_FLAGS = frozenset(
+    {
+        "enforce-eager", "speculative-config", "spec-model", "async-scheduling", "compilation-config",
+        "attention-backend", "attention-config", "cpu-offload-gb", "enable-expert-parallel",
+        "max-num-scheduled-tokens", "max-num-active-seqs", "max-num-queued-reqs", "max-num-queued-tokens",
+        "long-prefill-token-threshold-adaptive", "pipeline-parallel-size", "decode-context-parallel-size",
+        "prefill-context-parallel-size", "kv-transfer-config", "enable-lora", "scheduler-cls",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Flag:
+    """How one modelled vLLM flag lands in the parse result."""
+
+    target: str
+    convert: Callable[[str], Any] | None = None
+    """None for on/off switches."""
+
+
+def _human_int(value: str) -> int:
+    """vLLM's human_readable_int: 1k = 1000, 1K = 1024 (also m/M, g/G, t/T)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value.strip())
+    if not match:
+        return int(value)
+    number, suffix = match.groups()
+    if suffix.islower():
+        return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
+    return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
+
+
+def _max_model_len(value: str) -> int | None:
+    return None if value.strip().lower() in ("-1", "auto") else _human_int(value)
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def convert(value: str) -> str:
+        if value not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return value
+
+    return convert
+
+
+def _quantization(value: str) -> str | None:
+    return None if value.lower() in ("none", "") else value.lower()
+
+
+def _fraction(value: str) -> float:
+    number = float(value)
+    if not 0 < number <= 1:
+        raise ValueError("must be in (0, 1]")
+    return number
+
+
+def _positive(value: str) -> int:
+    number = _human_int(value)
+    if number <= 0:
+        raise ValueError("must be a positive integer")
+    return number
+
+
+_MODELLED: dict[str, _Flag] = {
+    "max-num-seqs": _Flag("max_num_seqs", _positive),
+    "max-num-batched-tokens": _Flag("max_num_batched_tokens", _positive),
+    "enable-chunked-prefill": _Flag("enable_chunked_prefill"),
+    "enable-prefix-caching": _Flag("enable_prefix_caching"),
+    "long-prefill-token-threshold": _Flag("long_prefill_token_threshold", int),
+    "gpu-memory-utilization": _Flag("gpu_memory_utilization", _fraction),
+    "max-model-len": _Flag("max_model_len", _max_model_len),
+    "block-size": _Flag("block_size", _positive),
+    "kv-cache-dtype": _Flag("kv_cache_dtype", _choice("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")),
+    "quantization": _Flag("quantization", _quantization),
+    "dtype": _Flag("dtype", _choice("auto", "bfloat16", "float16", "half", "float", "float32")),
+    "tensor-parallel-size": _Flag("tensor_parallel_size", _positive),
+    "data-parallel-size": _Flag("data_parallel_size", _positive),
+    "scheduling-policy": _Flag("scheduling_policy", _choice("fcfs", "priority")),
+    "num-gpu-blocks-override": _Flag("num_gpu_blocks_override", _positive),
+    "kv-cache-memory-bytes": _Flag("kv_cache_memory_bytes", _human_int),
+    "model": _Flag("model", str),
+    "performance-mode": _Flag("performance_mode", _choice("balanced", "interactivity", "throughput")),
+}
+
+
+@cache
+def _vllm_flags() -> tuple[frozenset[str], frozenset[str], dict[str, str]]:
+    data = yaml.safe_load(VLLM_FLAGS.read_text())
+    return frozenset(data["value_flags"]), frozenset(data["switch_flags"]), dict(data["short_flags"])
+
+
+@dataclass(slots=True)
+class ParsedEngineArgs:
+    """A vLLM command line as the model sees it."""
+
+    config: EngineConfig
+    model: str | None = None
+    performance_mode: str = "balanced"
+    warnings: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    """Flags vLLM accepts that have no effect on performance (--host, --port, --api-key, ...)."""
+
+
+def _tokens(line: str | Sequence[str]) -> list[str]:
+    """Split the line and drop the launcher (`vllm serve`, `python -m vllm.entrypoints...`)."""
+    tokens = shlex.split(line) if isinstance(line, str) else list(line)
+    for launcher in (["vllm", "serve"], ["python", "-m", "vllm.entrypoints.openai.api_server"],
+                     ["python3", "-m", "vllm.entrypoints.openai.api_server"]):
+        if tokens[: len(launcher)] == launcher:
+            return tokens[len(launcher):]
+    return tokens
+
+
+def _canonical(flag: str, short: dict[str, str]) -> str:
+    if flag.startswith("--"):
+        return flag[2:].replace("_", "-")
+    return short.get(flag[1:], flag[1:])
+
+
+def parse_engine_args(line: str | Sequence[str], base: EngineConfig | None = None) -> ParsedEngineArgs:
+    """Parse a `vllm serve` line or `--engine-args` string into an EngineConfig (unset values stay None).
+
+    Raises PerfConfigError on a flag vLLM itself would reject, a missing or bad value.
+    """
+    value_flags, switch_flags, short = _vllm_flags()
+    values: dict[str, Any] = {}
+    result = ParsedEngineArgs(config=base or EngineConfig())
+    tokens = _tokens(line)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if not token.startswith("-"):
+            if "model" in values:
+                raise PerfConfigError(f"unexpected argument {token!r}: only one positional model is accepted")
+            values["model"] = token
+            continue
+        flag, eq, inline = token.partition("=")
+        name = _canonical(flag, short)
+        negated = name.startswith("no-") and name[3:] in switch_flags
+        base_name = name[3:] if negated else name
+        if name in OBSOLETE_FLAGS:
+            result.warnings.append(f"--{name} is obsolete in vLLM V1 and has no effect: {OBSOLETE_FLAGS[name]}")
+            if not eq and i < len(tokens) and not tokens[i].startswith("-"):
+                i += 1  # its value
+            continue
+        if base_name in switch_flags:
+            if eq:
+                raise PerfConfigError(f"{flag} is an on/off switch and takes no value (use --{base_name} or --no-{base_name})")
+            switch_value = not negated
+            if base_name in _MODELLED:
+                values[_MODELLED[base_name].target] = switch_value
+                if base_name == "enable-chunked-prefill" and switch_value:
+                    result.warnings.append("--enable-chunked-prefill is the default in vLLM V1; the flag changes nothing")
+            elif base_name in UNMODELLED_FLAGS:
+                result.warnings.append(f"{flag} changes performance but is not modelled; simulated as if absent")
+            else:
+                result.ignored.append(flag)
+            continue
+        if name not in value_flags:
+            known = sorted(value_flags | switch_flags | set(OBSOLETE_FLAGS))
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean --{close[0]}?)" if close else ""
+            raise PerfConfigError(f"unknown vLLM flag {flag}{hint}; vLLM 0.32 would reject it too")
+        if not eq:
+            if i >= len(tokens):
+                raise PerfConfigError(f"{flag} needs a value")
+            inline = tokens[i]
+            i += 1
+        if name in _MODELLED:
+            spec = _MODELLED[name]
+            try:
+                values[spec.target] = spec.convert(inline) if spec.convert else inline
+            except ValueError as exc:
+                raise PerfConfigError(f"bad value {inline!r} for {flag}: {exc}") from None
+            if name == "max-model-len" and values[spec.target] is None:
+                result.warnings.append("--max-model-len auto is modelled as the model's maximum context length")
+        elif name in UNMODELLED_FLAGS:
+            if name == "pipeline-parallel-size" and inline.strip() not in ("1",):
+                raise PerfConfigError("--pipeline-parallel-size > 1 is not supported yet; use tensor or data parallelism")
+            if name != "pipeline-parallel-size":
+                result.warnings.append(f"{flag} changes performance but is not modelled; simulated as if absent")
+        else:
+            result.ignored.append(flag)
+
+    result.model = values.pop("model", None)
+    result.performance_mode = values.pop("performance_mode", "balanced")
+    result.config = result.config.with_(**values)
+    return result
+
+
+def default_batch_limits(hardware: Hardware, world_size: int, usage: str = "api_server") -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) that vLLM 0.32 picks for this chip when the user sets neither.
+
+    `usage` is "api_server" (vllm serve) or "llm" (the offline LLM class). The split
+    follows EngineArgs.get_batch_defaults: >= 160 GiB chips get the largest
+    defaults, >= 70 GiB chips other than A100 the H100/H200 ones, the rest the
+    conservative ones; the CPU backend scales with world size.
+    """
+    api = usage == "api_server"
+    if hardware.vendor == "cpu":
+        return (2048 if api else 4096) * world_size, (128 if api else 256) * world_size
+    if hardware.memory_bytes >= 160 * GiB:
+        return 16384, 1024
+    if hardware.memory_bytes >= 70 * GiB and "a100" not in hardware.name.lower():
+        return (8192 if api else 16384), 1024
+    return (2048 if api else 8192), 256
+
+
+def resolve(
+    config: EngineConfig,
+    hardware: Hardware,
+    model: ModelSpec,
+    *,
+    performance_mode: str = "balanced",
+    usage: str = "api_server",
+) -> EngineConfig:
+    """Fill every None in `config` as vLLM 0.32 would on `hardware`, and apply vLLM's consistency checks."""
+    tp = config.tensor_parallel_size
+    if model.num_heads % tp:
+        raise PerfConfigError(
+            f"{model.name} has {model.num_heads} attention heads, not divisible by tensor_parallel_size {tp}"
+        )
+    max_model_len = config.max_model_len or model.max_position_embeddings
+    if max_model_len > model.max_position_embeddings:
+        raise PerfConfigError(
+            f"max_model_len {max_model_len} exceeds {model.name}'s max_position_embeddings "
+            f"{model.max_position_embeddings}; vLLM refuses it"
+        )
+    default_tokens, default_seqs = default_batch_limits(hardware, tp, usage)
+    if performance_mode == "throughput":
+        default_tokens, default_seqs = 2 * default_tokens, 2 * default_seqs
+
+    max_num_seqs = config.max_num_seqs or default_seqs
+    if config.max_num_batched_tokens is None:
+        tokens = default_tokens
+        if not config.enable_chunked_prefill:
+            tokens = max(max_model_len, tokens)
+        max_num_batched_tokens = min(max_num_seqs * max_model_len, tokens)
+    else:
+        max_num_batched_tokens = config.max_num_batched_tokens
+    if config.max_num_seqs is None:
+        max_num_seqs = min(max_num_seqs, max_num_batched_tokens)
+
+    if not config.enable_chunked_prefill and max_num_batched_tokens < max_model_len:
+        raise PerfConfigError(
+            f"max_num_batched_tokens ({max_num_batched_tokens}) is smaller than max_model_len ({max_model_len}) "
+            "with chunked prefill off; vLLM refuses this: increase --max-num-batched-tokens or decrease --max-model-len"
+        )
+    if max_num_batched_tokens < max_num_seqs:
+        raise PerfConfigError(
+            f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs ({max_num_seqs}), as vLLM requires"
+        )
+    dtype = model.dtype if config.dtype == "auto" else {"half": "float16", "float": "float32"}.get(config.dtype, config.dtype)
+    return config.with_(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        dtype=dtype,
+    )

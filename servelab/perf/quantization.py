@@ -1,0 +1,73 @@
+"""What a weight format and a KV-cache dtype change: bytes moved, and which tensor-core rate applies.
+
+The rules follow what vLLM does on each chip rather than what the format's
+name suggests: FP8 weights on a chip without FP8 tensor cores (Ampere) still
+load, as weight-only FP8 through the Marlin kernel, computing in bf16; W4A16
+(AWQ/GPTQ) always computes in fp16. INT8 W8A8 has no such fallback in vLLM,
+so it is refused on a chip without INT8 tensor cores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servelab.perf.errors import PerfConfigError
+from servelab.perf.hardware import ComputeDtype, Hardware
+from servelab.perf.models import ModelSpec
+
+# 4-bit weights with one fp16 scale (and a packed 4-bit zero point) per group of 128.
+_W4_GROUP_BYTES_PER_PARAM = 0.5 + (2 + 0.5) / 128
+
+
+@dataclass(frozen=True, slots=True)
+class WeightFormat:
+    """How the linear layers' weights are stored and multiplied."""
+
+    name: str
+    bytes_per_param: float
+    compute_dtype: ComputeDtype
+    note: str = ""
+    """Set when vLLM falls back to another kernel than the name implies."""
+
+
+def weight_format(quantization: str | None, model: ModelSpec, hardware: Hardware) -> WeightFormat:
+    """The format vLLM would run `quantization` in on `hardware` (None: the model's own dtype)."""
+    method = (quantization or model.quantization or "none").lower()
+    if method in ("none", "bf16", "bfloat16", "fp16", "float16", "half"):
+        return WeightFormat("bf16" if model.dtype != "float16" else "fp16", model.dtype_bytes, "bf16")
+    if method == "fp8":
+        if hardware.fp8_tflops > 0:
+            return WeightFormat("fp8", 1.0, "fp8")
+        return WeightFormat(
+            "fp8-weight-only",
+            1.0,
+            "bf16",
+            note=f"{hardware.name} has no FP8 tensor cores: vLLM runs FP8 weights weight-only (Marlin), computing in bf16",
+        )
+    if method in ("int8", "w8a8", "int8-w8a8"):
+        if hardware.int8_tflops <= 0:
+            raise PerfConfigError(
+                f"INT8 W8A8 needs INT8 tensor cores, which {hardware.name} does not have "
+                "(vLLM has no fallback for it); use fp8, awq/gptq, or no quantization"
+            )
+        return WeightFormat("int8-w8a8", 1.0, "int8")
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "w4a16"):
+        return WeightFormat("w4a16", _W4_GROUP_BYTES_PER_PARAM, "bf16")
+    raise PerfConfigError(
+        f"quantization {quantization!r} is not modelled; supported: none (bf16/fp16), fp8, int8 (W8A8), awq, gptq (W4A16)"
+    )
+
+
+_KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "bfloat16": 2, "float16": 2}
+
+
+def kv_bytes_per_element(kv_cache_dtype: str, model: ModelSpec) -> int:
+    """Bytes per cached K or V element: `auto` keeps the model dtype, fp8 halves bf16."""
+    if kv_cache_dtype == "auto":
+        return model.dtype_bytes
+    try:
+        return _KV_DTYPE_BYTES[kv_cache_dtype]
+    except KeyError:
+        raise PerfConfigError(
+            f"kv_cache_dtype {kv_cache_dtype!r} is not modelled; supported: auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, float16"
+        ) from None
