@@ -1,0 +1,141 @@
+"""The server's timeline, scraped from its Prometheus `/metrics` endpoint during a run.
+
+Scraping is evidence, not load: a missing metric, a server without
+`/metrics`, or a scrape that fails or is slow must never fail or slow the
+run, so every error here degrades to "no sample" and the scraper keeps going.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from servelab.metrics import timeline
+from servelab.metrics.timeline import TimelineSample
+
+ALIASES = {
+    "vllm:gpu_cache_usage_perc": timeline.KV_USAGE,
+    "vllm:gpu_prefix_cache_queries_total": timeline.PREFIX_QUERIES,
+    "vllm:gpu_prefix_cache_hits_total": timeline.PREFIX_HITS,
+}
+"""Names older vLLM releases used for the same quantities."""
+
+AVERAGED = frozenset({timeline.KV_USAGE})
+"""Fractions are averaged over label sets (engines); counts and counters are summed."""
+
+SCRAPE_TIMEOUT_S = 2.0
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """vLLM metric values from an exposition text, keyed by the names in `timeline`.
+
+    Every `vllm:` gauge and counter is kept and so are histograms' `_sum` and
+    `_count` (enough for means over any window; buckets are too bulky to keep
+    every second). Values of one name with several label sets (models,
+    engines) are combined. Raises ValueError on text that is not Prometheus
+    exposition format.
+    """
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for family in text_string_to_metric_families(_vllm_lines(text)):
+        if not family.name.startswith("vllm:"):
+            continue
+        for sample in family.samples:
+            name = sample.name
+            if family.type in ("histogram", "gauge_histogram", "summary"):
+                if not (name.endswith("_sum") or name.endswith("_count")):
+                    continue
+            elif name.endswith("_created"):
+                continue
+            name = ALIASES.get(name, name)
+            sums[name] = sums.get(name, 0.0) + float(sample.value)
+            counts[name] = counts.get(name, 0) + 1
+    return {name: (value / counts[name] if name in AVERAGED else value) for name, value in sums.items()}
+
+
+def _vllm_lines(text: str) -> str:
+    """Only vLLM's lines, without histogram buckets.
+
+    Buckets are most of a vLLM exposition and parsing them would stall the
+    event loop that is timing the requests; dropping them first keeps a
+    scrape well under a millisecond of client CPU.
+    """
+    keep = []
+    for line in text.splitlines():
+        if line.startswith("vllm:"):
+            if "_bucket{" not in line:
+                keep.append(line)
+        elif line.startswith(("# HELP vllm:", "# TYPE vllm:")):
+            keep.append(line)
+    keep.append("")
+    return "\n".join(keep)
+
+
+class MetricsScraper:
+    """Samples `/metrics` on an interval, stamping each sample with run time.
+
+    `clock` returns seconds since the start of the run, so samples line up
+    with the RequestRecords of the same run.
+    """
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        clock: Callable[[], float],
+        on_sample: Callable[[TimelineSample], None] | None,
+        interval: float = 1.0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.session = session
+        self.url = url
+        self.clock = clock
+        self.on_sample = on_sample
+        self.interval = interval
+        self.headers = headers
+        self.samples: list[TimelineSample] = []
+        self.failures = 0
+        self.last_error: str | None = None
+
+    async def fetch(self) -> dict[str, float] | None:
+        """One scrape's values; None (and a counted failure) when the endpoint fails or is not Prometheus text."""
+        try:
+            timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
+            async with self.session.get(self.url, headers=self.headers, timeout=timeout) as resp:
+                if resp.status != 200:
+                    raise ValueError(f"HTTP {resp.status}")
+                text = await resp.text()
+            return parse_metrics(text)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, UnicodeDecodeError) as exc:
+            self.failures += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            return None
+
+    def record(self, t: float, values: dict[str, float]) -> TimelineSample:
+        sample = TimelineSample(t=t, values=values)
+        self.samples.append(sample)
+        if self.on_sample is not None:
+            self.on_sample(sample)
+        return sample
+
+    async def sample_once(self) -> TimelineSample | None:
+        values = await self.fetch()
+        return None if values is None else self.record(self.clock(), values)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Scrape every `interval` seconds until `stop` is set; drift-free against run time."""
+        next_t = self.clock() + self.interval
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=max(0.0, next_t - self.clock()))
+                return
+            except asyncio.TimeoutError:
+                pass
+            await self.sample_once()
+            next_t = max(next_t + self.interval, self.clock())
+
+    def stats(self) -> dict[str, object]:
+        return {"url": self.url, "samples": len(self.samples), "failures": self.failures, "last_error": self.last_error}

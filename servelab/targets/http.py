@@ -1,0 +1,472 @@
+"""`HttpTarget`: a load generator for OpenAI-compatible streaming servers (vLLM, SGLang, ...).
+
+Two jobs, both measured: release requests exactly when the LoadPlan says
+(arrival time, free concurrency slot, previous turn finished plus think
+time, never after `plan.duration`), and time every streamed chunk without
+the client's own delays leaking into the numbers. Every released request
+yields exactly one RequestRecord, whatever goes wrong with it.
+
+Timeouts: `request_timeout` bounds each request's whole life (connect,
+queueing on the server, the full stream); `idle_timeout`, when set, also
+bounds the silence between two reads, which catches a stalled stream long
+before a generous total would. Either expiring gives error_kind "timeout".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+
+from servelab.metrics.records import OK, RecordSink, RequestRecord
+from servelab.metrics.scrape import MetricsScraper
+from servelab.targets.base import SampleSink, TargetRun
+from servelab.targets.client_stats import LoopLagMonitor, client_stats
+from servelab.targets.errors import TargetError
+from servelab.targets.preflight import CHAT, COMPLETIONS, ENDPOINTS, error_message, preflight
+from servelab.targets.sse import DONE, SSEDecoder
+from servelab.workload.spec import LoadPlan, RequestSpec
+
+ERROR = "error"
+CANCELLED = "cancelled"
+READ_BUFSIZE = 2**18
+"""Large reads let one wake-up drain every event that queued while the client was busy."""
+
+
+class MalformedStream(Exception):
+    """A `data:` payload that is not JSON: the rest of that stream cannot be trusted."""
+
+
+class _Slots:
+    """Concurrency slots that remember when they became free.
+
+    The time a slot frees is the intended send time of the closed-loop request
+    that takes it, so send lag measures the client, not the server.
+    """
+
+    def __init__(self, n: int) -> None:
+        self._free: asyncio.Queue[float] = asyncio.Queue()
+        for _ in range(n):
+            self._free.put_nowait(0.0)
+
+    async def acquire(self) -> float:
+        return await self._free.get()
+
+    def release(self, t: float) -> None:
+        self._free.put_nowait(t)
+
+
+def _classify(exc: BaseException) -> str:
+    if isinstance(exc, MalformedStream):
+        return "malformed_sse"
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timeout"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connection_error"
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError, OSError)):
+        return "connection_reset"
+    return "client_error"
+
+
+class HttpTarget:
+    """Serves a LoadPlan by streaming requests to an OpenAI-compatible server.
+
+    `send_text=True` sends `spec.prompt_text` to /v1/completions when the spec
+    has one (token ids otherwise: exact lengths, no tokenizer mismatch).
+    The API key only ever goes into the Authorization header.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        endpoint: str = COMPLETIONS,
+        model: str | None = None,
+        api_key: str | None = None,
+        ignore_eos: bool = False,
+        request_timeout: float = 600.0,
+        idle_timeout: float | None = None,
+        scrape_interval: float = 1.0,
+        extra_body: dict[str, Any] | None = None,
+        send_text: bool = False,
+        run_preflight: bool = True,
+    ) -> None:
+        if endpoint not in ENDPOINTS:
+            raise TargetError(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
+        if request_timeout <= 0 or (idle_timeout is not None and idle_timeout <= 0):
+            raise TargetError("request_timeout and idle_timeout must be positive")
+        base_url = base_url.rstrip("/")
+        self.base_url = base_url.removesuffix("/v1")
+        self.endpoint = endpoint
+        self.model = model
+        self.ignore_eos = ignore_eos
+        self.request_timeout = request_timeout
+        self.idle_timeout = idle_timeout
+        self.scrape_interval = scrape_interval
+        self.extra_body = dict(extra_body or {})
+        self.send_text = send_text
+        self.run_preflight = run_preflight
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self.server_info: dict[str, Any] | None = None
+        self.clock_zero: float | None = None
+        """time.perf_counter() at run time 0 (CLOCK_MONOTONIC: shared by processes on one host)."""
+
+    # -- request building -------------------------------------------------
+
+    def body(self, spec: RequestSpec) -> bytes:
+        payload: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}}
+        if self.model is not None:
+            payload["model"] = self.model
+        if self.endpoint == CHAT:
+            if spec.messages is not None:
+                payload["messages"] = spec.messages
+            elif spec.prompt_text is not None:
+                payload["messages"] = [{"role": "user", "content": spec.prompt_text}]
+            else:
+                raise TargetError(f"request {spec.index} has neither messages nor prompt_text; {CHAT} needs text")
+            payload["max_completion_tokens"] = spec.max_tokens
+        else:
+            use_text = self.send_text and spec.prompt_text is not None
+            payload["prompt"] = spec.prompt_text if use_text else list(spec.prompt_ids)
+            payload["max_tokens"] = spec.max_tokens
+        if self.ignore_eos:
+            payload["ignore_eos"] = True
+        payload.update(self.extra_body)
+        return json.dumps(payload, separators=(",", ":")).encode()
+
+    # -- preflight --------------------------------------------------------
+
+    async def apreflight(self, session: aiohttp.ClientSession | None = None) -> dict[str, Any]:
+        if session is None:
+            async with aiohttp.ClientSession() as own:
+                return await self.apreflight(own)
+        auth = {k: v for k, v in self._headers.items() if k == "Authorization"}
+        info = await preflight(session, self.base_url, self.endpoint, self.model, headers=auth)
+        self.model = info["model"]
+        self.server_info = info
+        return info
+
+    def preflight(self) -> dict[str, Any]:
+        """Check URL, `/v1/models`, model and endpoint; raises TargetError naming what is wrong."""
+        return asyncio.run(self.apreflight())
+
+    # -- running ----------------------------------------------------------
+
+    def run(self, plan: LoadPlan, sink: RecordSink, on_sample: SampleSink | None = None) -> TargetRun:
+        """Run the plan on a fresh event loop; SIGINT/SIGTERM end it early with interrupted=True."""
+        return asyncio.run(self.arun(plan, sink, on_sample, handle_signals=True))
+
+    async def arun(
+        self,
+        plan: LoadPlan,
+        sink: RecordSink,
+        on_sample: SampleSink | None = None,
+        handle_signals: bool = False,
+    ) -> TargetRun:
+        if self.run_preflight and self.server_info is None:
+            await self.apreflight()
+        cap = plan.max_concurrency
+        if cap is not None and cap < 1:
+            raise TargetError(f"max_concurrency must be at least 1, got {cap}")
+        connector = aiohttp.TCPConnector(limit=cap or 0, limit_per_host=cap or 0, ttl_dns_cache=None)
+        session = aiohttp.ClientSession(
+            connector=connector,
+            read_bufsize=READ_BUFSIZE,
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
+        scrape_session = aiohttp.ClientSession()
+        try:
+            return await _Run(self, plan, sink, on_sample, session, scrape_session).execute(handle_signals)
+        finally:
+            await session.close()
+            await scrape_session.close()
+
+    # -- one request ------------------------------------------------------
+
+    async def stream(self, session: aiohttp.ClientSession, spec: RequestSpec, rec: RequestRecord, zero: float) -> None:
+        """Send one request and fill `rec` as bytes arrive; raises on transport faults.
+
+        Every chunk of one network read gets that read's arrival time: they
+        did arrive together, and one clock call per read keeps the per-chunk
+        cost to the JSON decode.
+        """
+        clock = time.perf_counter
+        body = self.body(spec)
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_read=self.idle_timeout)
+        is_chat = self.endpoint == CHAT
+        chunk_times = rec.chunk_times
+        text_chunks = 0
+        usage: dict[str, Any] | None = None
+        rec.send_time = clock() - zero
+        async with session.post(self.base_url + self.endpoint, data=body, headers=self._headers, timeout=timeout) as resp:
+            if resp.status != 200:
+                raw = await resp.content.read(65536)
+                rec.finish_time = clock() - zero
+                rec.status, rec.error_kind = ERROR, f"http_{resp.status}"
+                rec.error = error_message(raw.decode("utf-8", "replace")) or resp.reason
+                return
+            decoder = SSEDecoder()
+            content = resp.content
+            done = False
+            while True:
+                data = await content.readany()
+                now = clock() - zero
+                events = decoder.feed(data) if data else decoder.close()
+                for payload in events:
+                    if payload == DONE:
+                        done = True
+                        continue
+                    try:
+                        obj = json.loads(payload)
+                    except ValueError:
+                        rec.finish_time = now
+                        raise MalformedStream(f"not JSON: {payload[:120]!r}") from None
+                    choices = obj.get("choices")
+                    if choices:
+                        choice = choices[0]
+                        if is_chat:
+                            delta = choice.get("delta") or {}
+                            out = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+                        else:
+                            out = choice.get("text")
+                        if out or choice.get("token_ids"):
+                            chunk_times.append(now)
+                            text_chunks += 1
+                    if obj.get("usage"):
+                        usage = obj["usage"]
+                    if "error" in obj or obj.get("object") == "error":
+                        rec.status, rec.error_kind = ERROR, "stream_error"
+                        rec.error = error_message(payload.decode("utf-8", "replace"))
+                if not data:
+                    rec.finish_time = now
+                    break
+        if chunk_times:
+            rec.first_token_time = chunk_times[0]
+        rec.prompt_tokens = int(usage.get("prompt_tokens") or 0) if usage else spec.prompt_len
+        rec.output_tokens = int(usage.get("completion_tokens") or 0) if usage else text_chunks
+        if rec.status == OK and not done:
+            rec.status, rec.error_kind = ERROR, "incomplete_stream"
+            rec.error = "stream ended without data: [DONE]"
+
+
+class _Run:
+    """The state of one run: release schedule, in-flight requests, dependencies, stop."""
+
+    def __init__(
+        self,
+        target: HttpTarget,
+        plan: LoadPlan,
+        sink: RecordSink,
+        on_sample: SampleSink | None,
+        session: aiohttp.ClientSession,
+        scrape_session: aiohttp.ClientSession,
+    ) -> None:
+        self.target = target
+        self.plan = plan
+        self.sink = sink
+        self.session = session
+        self.slots = _Slots(plan.max_concurrency) if plan.max_concurrency else None
+        self.finished: dict[int, float] = {}
+        """Finish time of every finished request, for `depends_on` (indices point backwards)."""
+        self._seen: set[int] = set()
+        self.finish_events: dict[int, asyncio.Event] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.schedule_lags: list[float] = []
+        self.first_send = float("inf")
+        self.last_finish = float("-inf")
+        self.interrupted = False
+        self.plan_error: BaseException | None = None
+        self.zero = 0.0
+        auth = {k: v for k, v in target._headers.items() if k == "Authorization"} or None
+        self.scraper = MetricsScraper(
+            scrape_session, target.base_url + "/metrics", self.now, on_sample, target.scrape_interval, auth
+        )
+
+    def now(self) -> float:
+        return time.perf_counter() - self.zero
+
+    # -- orchestration ----------------------------------------------------
+
+    async def execute(self, handle_signals: bool) -> TargetRun:
+        first = await self.scraper.fetch()
+        self.zero = time.perf_counter()
+        self.target.clock_zero = self.zero
+        if first is not None:
+            self.scraper.record(0.0, first)
+        cpu0 = time.process_time()
+        monitor = LoopLagMonitor()
+        monitor.start()
+        stop_scraping = asyncio.Event()
+        scraping = asyncio.create_task(self.scraper.run(stop_scraping))
+        self._spawn(self._release())
+        restore = self._install_signals() if handle_signals else None
+        try:
+            while self.tasks:
+                await asyncio.wait(set(self.tasks))
+        finally:
+            if restore is not None:
+                restore()
+            stop_scraping.set()
+            await scraping
+            await monitor.stop()
+        wall = self.now()
+        cpu = time.process_time() - cpu0
+        await self.scraper.sample_once()
+        if self.plan_error is not None:
+            raise self.plan_error
+        duration = max(0.0, self.last_finish - self.first_send) if self.schedule_lags else 0.0
+        stats = client_stats(self.schedule_lags, monitor.lags, cpu, wall)
+        stats["clock_zero_perf_counter"] = self.zero
+        info = dict(self.target.server_info or {"base_url": self.target.base_url, "endpoint": self.target.endpoint})
+        info["metrics_scrape"] = self.scraper.stats()
+        return TargetRun(duration=duration, interrupted=self.interrupted, server_info=info, client_stats=stats)
+
+    def stop(self) -> None:
+        """Stop releasing and cancel everything in flight; each request still writes its record."""
+        for task in list(self.tasks):
+            task.cancel()
+
+    def _install_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        loop = asyncio.get_running_loop()
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_signal() -> None:
+            self.interrupted = True
+            self.stop()
+
+        for sig in previous:
+            loop.add_signal_handler(sig, on_signal)
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, handler)
+
+        return restore
+
+    # -- release ----------------------------------------------------------
+
+    def _specs(self) -> Iterator[RequestSpec]:
+        for spec in self.plan.requests:
+            if spec.depends_on is not None and spec.depends_on not in self._seen:
+                raise TargetError(
+                    f"request {spec.index} depends on request {spec.depends_on}, which does not come before it in the plan"
+                )
+            self._seen.add(spec.index)
+            yield spec
+
+    async def _release(self) -> None:
+        duration = self.plan.duration
+        try:
+            if duration is None:
+                await self._release_all()
+            else:
+                async with asyncio.timeout_at(asyncio.get_running_loop().time() + duration - self.now()):
+                    await self._release_all()
+        except TimeoutError:
+            pass
+        except TargetError as exc:
+            self.plan_error = exc
+            self.stop()
+
+    async def _release_all(self) -> None:
+        duration = self.plan.duration
+        for spec in self._specs():
+            if duration is not None and spec.arrival_time >= duration:
+                return
+            if spec.depends_on is not None:
+                self._spawn(self._release_after_dependency(spec))
+                continue
+            await self._sleep_until(spec.arrival_time)
+            intended = spec.arrival_time
+            if self.slots is not None:
+                intended = max(intended, await self.slots.acquire())
+            self._launch(spec, intended)
+
+    async def _release_after_dependency(self, spec: RequestSpec) -> None:
+        """Wait for the previous turn, the think time and a slot; give up at the run's end."""
+        duration = self.plan.duration
+        deadline = None if duration is None else asyncio.get_running_loop().time() + duration - self.now()
+        try:
+            async with asyncio.timeout_at(deadline):
+                dep = spec.depends_on
+                assert dep is not None
+                if dep not in self.finished:
+                    await self.finish_events.setdefault(dep, asyncio.Event()).wait()
+                intended = max(spec.arrival_time, self.finished[dep] + spec.think_time)
+                await self._sleep_until(intended)
+                if self.slots is not None:
+                    intended = max(intended, await self.slots.acquire())
+                self._launch(spec, intended)
+        except TimeoutError:
+            pass
+
+    async def _sleep_until(self, t: float) -> None:
+        delay = t - self.now()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _launch(self, spec: RequestSpec, intended: float) -> None:
+        self._spawn(self._request(spec, intended))
+
+    async def _request(self, spec: RequestSpec, intended: float) -> None:
+        rec = RequestRecord(
+            index=spec.index,
+            intended_time=intended,
+            send_time=self.now(),
+            finish_time=0.0,
+            prefix_group=spec.prefix_group,
+            priority=spec.priority,
+        )
+        try:
+            await self.target.stream(self.session, spec, rec, self.zero)
+        except asyncio.CancelledError:
+            rec.status, rec.error_kind, rec.error = CANCELLED, CANCELLED, "run interrupted"
+            rec.finish_time = self.now()
+        except Exception as exc:  # every fault becomes a record, never a lost request
+            rec.status, rec.error_kind = ERROR, _classify(exc)
+            rec.error = f"{type(exc).__name__}: {exc}"[:500]
+            if rec.error_kind == "timeout":
+                rec.error = self._timeout_text()
+            if not rec.finish_time:
+                rec.finish_time = self.now()
+        finally:
+            if rec.chunk_times and rec.first_token_time is None:
+                rec.first_token_time = rec.chunk_times[0]
+            if not rec.prompt_tokens:
+                rec.prompt_tokens = spec.prompt_len
+            if not rec.output_tokens:
+                rec.output_tokens = len(rec.chunk_times)
+            self._finish(spec.index, rec)
+
+    def _timeout_text(self) -> str:
+        idle = self.target.idle_timeout
+        limits = f"request_timeout={self.target.request_timeout:g}s" + (f", idle_timeout={idle:g}s" if idle else "")
+        return f"no complete response within the limits ({limits})"
+
+    def _finish(self, index: int, rec: RequestRecord) -> None:
+        self.finished[index] = rec.finish_time
+        event = self.finish_events.pop(index, None)
+        if event is not None:
+            event.set()
+        if self.slots is not None:
+            self.slots.release(rec.finish_time)
+        self.schedule_lags.append(rec.send_time - rec.intended_time)
+        self.first_send = min(self.first_send, rec.send_time)
+        self.last_finish = max(self.last_finish, rec.finish_time)
+        self.sink.write(rec)
