@@ -11,12 +11,12 @@ signalled as a whole process group: SIGTERM, a grace period, then SIGKILL.
 from __future__ import annotations
 
 import atexit
+import http.client
 import os
 import signal
 import socket
 import subprocess
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -49,7 +49,7 @@ def _answers_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2.0) as response:
             return response.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+    except (OSError, http.client.HTTPException):  # refused, reset, timeout, HTTP error, garbage
         return False
 
 
@@ -186,7 +186,10 @@ class ServerProcess:
         if proc.poll() is None or _group_alive(pgid):
             self._signal_group(pgid, signal.SIGKILL)
             proc.wait()
-            while _group_alive(pgid):  # SIGKILL cannot be ignored; members vanish once the kernel reaps them
+            # SIGKILL cannot be ignored. Members still "alive" after this are zombies waiting for
+            # an init that may never reap them, so the wait is bounded.
+            reaped_by = time.monotonic() + 5.0
+            while _group_alive(pgid) and time.monotonic() < reaped_by:
                 time.sleep(0.05)
         return proc.returncode
 

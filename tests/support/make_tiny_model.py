@@ -135,6 +135,9 @@ def build(out_dir: Path, seed: int = 0, force: bool = False) -> bool:
     if not force and is_built(out_dir, seed):
         return False
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a one-shard save needs no progress bar in test logs
     staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
     try:
         tokenizer = train_tokenizer()
