@@ -23,20 +23,20 @@ from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
+import uvloop
 
 from servelab.metrics.records import OK, RecordSink, RequestRecord
 from servelab.metrics.scrape import MetricsScraper
 from servelab.targets.base import SampleSink, TargetRun
 from servelab.targets.client_stats import LoopLagMonitor, client_stats
 from servelab.targets.errors import TargetError
+from servelab.targets.h1 import ConnectError, ProtocolError, StreamingClient
 from servelab.targets.preflight import CHAT, COMPLETIONS, ENDPOINTS, error_message, preflight
 from servelab.targets.sse import DONE, SSEDecoder
 from servelab.workload.spec import LoadPlan, RequestSpec
 
 ERROR = "error"
 CANCELLED = "cancelled"
-READ_BUFSIZE = 2**18
-"""Large reads let one wake-up drain every event that queued while the client was busy."""
 
 
 class MalformedStream(Exception):
@@ -67,9 +67,11 @@ def _classify(exc: BaseException) -> str:
         return "malformed_sse"
     if isinstance(exc, asyncio.TimeoutError):
         return "timeout"
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, ConnectError):
         return "connection_error"
-    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError, OSError)):
+    if isinstance(exc, ProtocolError):
+        return "protocol_error"
+    if isinstance(exc, OSError):
         return "connection_reset"
     return "client_error"
 
@@ -161,7 +163,8 @@ class HttpTarget:
 
     def run(self, plan: LoadPlan, sink: RecordSink, on_sample: SampleSink | None = None) -> TargetRun:
         """Run the plan on a fresh event loop; SIGINT/SIGTERM end it early with interrupted=True."""
-        return asyncio.run(self.arun(plan, sink, on_sample, handle_signals=True))
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(self.arun(plan, sink, on_sample, handle_signals=True))
 
     async def arun(
         self,
@@ -175,86 +178,88 @@ class HttpTarget:
         cap = plan.max_concurrency
         if cap is not None and cap < 1:
             raise TargetError(f"max_concurrency must be at least 1, got {cap}")
-        connector = aiohttp.TCPConnector(limit=cap or 0, limit_per_host=cap or 0, ttl_dns_cache=None)
-        session = aiohttp.ClientSession(
-            connector=connector,
-            read_bufsize=READ_BUFSIZE,
-            auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None),
-        )
+        client = StreamingClient(self.base_url)
         scrape_session = aiohttp.ClientSession()
         try:
-            return await _Run(self, plan, sink, on_sample, session, scrape_session).execute(handle_signals)
+            return await _Run(self, plan, sink, on_sample, client, scrape_session).execute(handle_signals)
         finally:
-            await session.close()
+            client.close()
             await scrape_session.close()
 
     # -- one request ------------------------------------------------------
 
-    async def stream(self, session: aiohttp.ClientSession, spec: RequestSpec, rec: RequestRecord, zero: float) -> None:
-        """Send one request and fill `rec` as bytes arrive; raises on transport faults.
-
-        Every chunk of one network read gets that read's arrival time: they
-        did arrive together, and one clock call per read keeps the per-chunk
-        cost to the JSON decode.
-        """
-        clock = time.perf_counter
+    async def stream(self, client: StreamingClient, spec: RequestSpec, rec: RequestRecord, zero: float) -> None:
+        """Send one request and fill `rec` from the stream; raises on transport faults."""
         body = self.body(spec)
-        timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_read=self.idle_timeout)
-        is_chat = self.endpoint == CHAT
-        chunk_times = rec.chunk_times
-        text_chunks = 0
-        usage: dict[str, Any] | None = None
-        rec.send_time = clock() - zero
-        async with session.post(self.base_url + self.endpoint, data=body, headers=self._headers, timeout=timeout) as resp:
-            if resp.status != 200:
-                raw = await resp.content.read(65536)
-                rec.finish_time = clock() - zero
-                rec.status, rec.error_kind = ERROR, f"http_{resp.status}"
-                rec.error = error_message(raw.decode("utf-8", "replace")) or resp.reason
-                return
-            decoder = SSEDecoder()
-            content = resp.content
-            done = False
-            while True:
-                data = await content.readany()
-                now = clock() - zero
-                events = decoder.feed(data) if data else decoder.close()
-                for payload in events:
-                    if payload == DONE:
-                        done = True
-                        continue
-                    try:
-                        obj = json.loads(payload)
-                    except ValueError:
-                        rec.finish_time = now
-                        raise MalformedStream(f"not JSON: {payload[:120]!r}") from None
-                    choices = obj.get("choices")
-                    if choices:
-                        choice = choices[0]
-                        if is_chat:
-                            delta = choice.get("delta") or {}
-                            out = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                        else:
-                            out = choice.get("text")
-                        if out or choice.get("token_ids"):
-                            chunk_times.append(now)
-                            text_chunks += 1
-                    if obj.get("usage"):
-                        usage = obj["usage"]
-                    if "error" in obj or obj.get("object") == "error":
-                        rec.status, rec.error_kind = ERROR, "stream_error"
-                        rec.error = error_message(payload.decode("utf-8", "replace"))
-                if not data:
-                    rec.finish_time = now
-                    break
-        if chunk_times:
-            rec.first_token_time = chunk_times[0]
+        head = client.request_head(self.endpoint, len(body), self._headers)
+        state = _StreamState(rec, self.endpoint == CHAT, zero)
+        rec.send_time = time.perf_counter() - zero
+        status, error_body, last_read = await client.post(
+            head, body, state.on_body, self.request_timeout, self.idle_timeout
+        )
+        rec.finish_time = last_read - zero
+        state.on_body(b"", last_read)  # flush: an event may lack its final blank line
+        if status != 200:
+            rec.status, rec.error_kind = ERROR, f"http_{status}"
+            rec.error = error_message(error_body.decode("utf-8", "replace")) or f"HTTP {status}"
+            return
+        if rec.chunk_times:
+            rec.first_token_time = rec.chunk_times[0]
+        usage = state.usage
         rec.prompt_tokens = int(usage.get("prompt_tokens") or 0) if usage else spec.prompt_len
-        rec.output_tokens = int(usage.get("completion_tokens") or 0) if usage else text_chunks
-        if rec.status == OK and not done:
+        rec.output_tokens = int(usage.get("completion_tokens") or 0) if usage else len(rec.chunk_times)
+        if rec.status == OK and not state.done:
             rec.status, rec.error_kind = ERROR, "incomplete_stream"
             rec.error = "stream ended without data: [DONE]"
+
+
+class _StreamState:
+    """Turns one response's body bytes into the record's timings, inside the read callback.
+
+    Every event of one network read gets that read's arrival time: they did
+    arrive together, and it keeps the per-chunk cost to the JSON decode.
+    """
+
+    __slots__ = ("rec", "chunk_times", "is_chat", "zero", "decoder", "usage", "done", "last_read")
+
+    def __init__(self, rec: RequestRecord, is_chat: bool, zero: float) -> None:
+        self.rec = rec
+        self.chunk_times = rec.chunk_times
+        self.is_chat = is_chat
+        self.zero = zero
+        self.decoder = SSEDecoder()
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+        self.last_read = time.perf_counter()
+
+    def on_body(self, data: bytes, t: float) -> None:
+        self.last_read = t
+        now = t - self.zero
+        for payload in self.decoder.feed(data) if data else self.decoder.close():
+            if payload == DONE:
+                self.done = True
+                continue
+            try:
+                obj = json.loads(payload)
+            except ValueError:
+                self.rec.finish_time = now
+                raise MalformedStream(f"not JSON: {payload[:120]!r}") from None
+            choices = obj.get("choices")
+            if choices:
+                choice = choices[0]
+                if self.is_chat:
+                    delta = choice.get("delta") or {}
+                    out = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+                else:
+                    out = choice.get("text")
+                if out or choice.get("token_ids"):
+                    self.chunk_times.append(now)
+            if obj.get("usage"):
+                self.usage = obj["usage"]
+            if "error" in obj or obj.get("object") == "error":
+                rec = self.rec
+                rec.status, rec.error_kind = ERROR, "stream_error"
+                rec.error = error_message(payload.decode("utf-8", "replace"))
 
 
 class _Run:
@@ -266,13 +271,13 @@ class _Run:
         plan: LoadPlan,
         sink: RecordSink,
         on_sample: SampleSink | None,
-        session: aiohttp.ClientSession,
+        client: StreamingClient,
         scrape_session: aiohttp.ClientSession,
     ) -> None:
         self.target = target
         self.plan = plan
         self.sink = sink
-        self.session = session
+        self.client = client
         self.slots = _Slots(plan.max_concurrency) if plan.max_concurrency else None
         self.finished: dict[int, float] = {}
         """Finish time of every finished request, for `depends_on` (indices point backwards)."""
@@ -412,8 +417,8 @@ class _Run:
             pass
 
     async def _sleep_until(self, t: float) -> None:
-        delay = t - self.now()
-        if delay > 0:
+        """Never early: uvloop's timers have millisecond granularity and may fire just before `t`."""
+        while (delay := t - self.now()) > 0:
             await asyncio.sleep(delay)
 
     def _spawn(self, coro) -> None:
@@ -434,7 +439,7 @@ class _Run:
             priority=spec.priority,
         )
         try:
-            await self.target.stream(self.session, spec, rec, self.zero)
+            await self.target.stream(self.client, spec, rec, self.zero)
         except asyncio.CancelledError:
             rec.status, rec.error_kind, rec.error = CANCELLED, CANCELLED, "run interrupted"
             rec.finish_time = self.now()

@@ -31,6 +31,7 @@ FAULTS = ("ok", "http_500", "http_503", "reset", "stall", "malformed", "early_cl
 class Received:
     t: float
     body: dict[str, Any]
+    authorization: str | None
 
 
 @dataclass
@@ -38,6 +39,7 @@ class FaultServer:
     fault: str = "ok"
     delay: float = 0.0
     metrics_status: int = 200
+    serve_chat: bool = True
     received: list[Received] = field(default_factory=list)
     active: int = 0
     peak_active: int = 0
@@ -71,7 +73,7 @@ class FaultServer:
 
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         body = await request.json()
-        self.received.append(Received(time.perf_counter(), body))
+        self.received.append(Received(time.perf_counter(), body, request.headers.get("Authorization")))
         fault = body.get("fault", self.fault)
         delay = float(body.get("delay", self.delay))
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 1)
@@ -94,7 +96,7 @@ class FaultServer:
                 if i == 1 and fault == "reset":
                     assert request.transport is not None
                     request.transport.abort()
-                    return resp
+                    raise asyncio.CancelledError  # the handler has nothing left to say on a dead socket
                 if i == 1 and fault == "stall":
                     await self._closing.wait()
                     return resp
@@ -132,7 +134,8 @@ class FaultServer:
             app.router.add_get("/v1/models", self.models)
             app.router.add_get("/metrics", self.metrics)
             app.router.add_post("/v1/completions", self.completions)
-            app.router.add_post("/v1/chat/completions", self.chat)
+            if self.serve_chat:
+                app.router.add_post("/v1/chat/completions", self.chat)
             self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
             await self._runner.setup()
             site = web.TCPSite(self._runner, "127.0.0.1", 0)

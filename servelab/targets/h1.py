@@ -1,0 +1,325 @@
+"""A lean HTTP/1.1 client for streamed responses, built on asyncio protocols.
+
+Why not aiohttp for the stream itself: a general client hands every network
+read to a StreamReader and wakes the request's task to consume it, so with
+256 streams producing a chunk each engine step the 256th chunk of a step is
+timestamped only after 255 task switches. Here the body is decoded inside
+`data_received`, with the clock read the moment the bytes arrive, and the
+request's task wakes once, at the end. That halves the CPU per chunk and
+keeps the client's timing error under a few milliseconds at 256 streams
+(benchmarks/client_capacity.py). aiohttp stays in use for everything that
+is not on the hot path (pre-flight, /metrics).
+
+Scope: what OpenAI-compatible servers send: `Content-Length`, chunked or
+close-delimited bodies, keep-alive, http and https. No redirects, no
+compression (the request does not offer any), no proxies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+BodyCallback = Callable[[bytes, float], None]
+"""Receives decoded body bytes and the perf_counter time their network read arrived."""
+
+_HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _LENGTH, _UNTIL_EOF, _DONE = range(8)
+MAX_HEAD = 65536
+
+
+class ConnectError(OSError):
+    """The server could not be reached (refused, unresolvable, connect timeout)."""
+
+
+class ResetError(ConnectionResetError):
+    """The connection ended before the response was complete."""
+
+
+class ProtocolError(ValueError):
+    """The server's bytes are not a valid HTTP/1.1 response."""
+
+
+class _Exchange:
+    """One request/response on a connection: parses the response incrementally."""
+
+    __slots__ = (
+        "on_body", "on_ok_body", "done", "state", "buf", "status", "remaining", "keep_alive", "got_bytes",
+        "last_read", "error_body",
+    )
+
+    def __init__(self, on_body: BodyCallback, done: asyncio.Future[int]) -> None:
+        self.on_ok_body = on_body
+        self.on_body = on_body
+        self.error_body = b""
+        self.done = done
+        self.state = _HEAD
+        self.buf = b""
+        self.status = 0
+        self.remaining = 0
+        self.keep_alive = True
+        self.got_bytes = False
+        self.last_read = 0.0
+
+    def feed(self, data: bytes, t: float) -> None:
+        self.got_bytes = True
+        self.last_read = t
+        if self.buf:
+            data = self.buf + data
+            self.buf = b""
+        state = self.state
+        pos = 0
+        n = len(data)
+        while pos < n or state == _DONE:
+            if state == _CHUNK_DATA:
+                take = min(self.remaining, n - pos)
+                self.on_body(data[pos : pos + take] if (pos or take < n) else data, t)
+                pos += take
+                self.remaining -= take
+                if self.remaining == 0:
+                    state = _CHUNK_END
+            elif state == _CHUNK_SIZE or state == _CHUNK_END or state == _TRAILER:
+                eol = data.find(b"\r\n", pos)
+                if eol < 0:
+                    self.buf = data[pos:]
+                    break
+                line = data[pos:eol]
+                pos = eol + 2
+                if state == _CHUNK_END:
+                    if line:
+                        raise ProtocolError("chunk not followed by CRLF")
+                    state = _CHUNK_SIZE
+                elif state == _TRAILER:
+                    if not line:
+                        state = _DONE
+                else:
+                    try:
+                        size = int(line.split(b";", 1)[0], 16)
+                    except ValueError:
+                        raise ProtocolError(f"bad chunk size line {line[:40]!r}") from None
+                    if size == 0:
+                        state = _TRAILER
+                    else:
+                        self.remaining = size
+                        state = _CHUNK_DATA
+            elif state == _LENGTH:
+                take = min(self.remaining, n - pos)
+                self.on_body(data[pos : pos + take], t)
+                pos += take
+                self.remaining -= take
+                if self.remaining == 0:
+                    state = _DONE
+            elif state == _UNTIL_EOF:
+                self.on_body(data[pos:], t)
+                pos = n
+            elif state == _HEAD:
+                end = data.find(b"\r\n\r\n", pos)
+                if end < 0:
+                    if n - pos > MAX_HEAD:
+                        raise ProtocolError("response head too large")
+                    self.buf = data[pos:]
+                    break
+                state = self._parse_head(data[pos:end])
+                pos = end + 4
+            else:  # _DONE
+                self.state = _DONE
+                if not self.done.done():
+                    self.done.set_result(self.status)
+                return
+        self.state = state
+
+    def _parse_head(self, head: bytes) -> int:
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
+            raise ProtocolError(f"not an HTTP/1.x response: {lines[0][:60]!r}")
+        self.status = int(parts[1])
+        if self.status != 200:
+            self.on_body = self._collect_error
+        self.keep_alive = parts[0] != "HTTP/1.0"
+        length: int | None = None
+        chunked = False
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            name = name.strip().lower()
+            value = value.strip().lower()
+            if name == "transfer-encoding":
+                chunked = "chunked" in value
+            elif name == "content-length":
+                length = int(value)
+            elif name == "connection":
+                self.keep_alive = value != "close"
+        if chunked:
+            return _CHUNK_SIZE
+        if length is not None:
+            self.remaining = length
+            return _LENGTH if length else _DONE
+        self.keep_alive = False
+        return _UNTIL_EOF
+
+    def _collect_error(self, data: bytes, t: float) -> None:
+        """A non-200 body is the server's error message, not a stream; keep its start."""
+        if len(self.error_body) < MAX_HEAD:
+            self.error_body += data[: MAX_HEAD - len(self.error_body)]
+
+    def end_of_stream(self, exc: BaseException | None) -> None:
+        """The connection closed: the end of a close-delimited body, else a reset."""
+        if self.done.done():
+            return
+        if exc is None and self.state == _UNTIL_EOF:
+            self.done.set_result(self.status)
+        else:
+            state = "before the response head" if self.state == _HEAD else "mid-response"
+            reason = f": {exc}" if exc else ""
+            error = ResetError(f"connection closed {state}{reason}")
+            error.__cause__ = exc
+            self.done.set_exception(error)
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.exchange: _Exchange | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        t = time.perf_counter()
+        ex = self.exchange
+        if ex is None:  # bytes nobody asked for: the connection cannot be trusted any more
+            self.close()
+            return
+        try:
+            ex.feed(data, t)
+        except Exception as exc:  # a parse error or the body callback's own verdict ends this request
+            if not ex.done.done():
+                ex.done.set_exception(exc)
+            self.close()
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.exchange is not None:
+            self.exchange.end_of_stream(exc)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class StreamingClient:
+    """Keep-alive connections to one origin, one request per connection at a time."""
+
+    def __init__(self, base_url: str, connect_timeout: float = 30.0) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {base_url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        self.prefix = parts.path.rstrip("/")
+        default_port = self.port == (443 if parts.scheme == "https" else 80)
+        self.host_header = self.host if default_port else f"{self.host}:{self.port}"
+        self.connect_timeout = connect_timeout
+        self._idle: list[_Connection] = []
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(
+                    _Connection, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None
+                )
+        except (OSError, TimeoutError) as exc:
+            raise ConnectError(f"cannot connect to {self.host}:{self.port}: {exc or type(exc).__name__}") from exc
+        return conn
+
+    def request_head(self, path: str, body_len: int, headers: dict[str, str]) -> bytes:
+        lines = [f"POST {self.prefix}{path} HTTP/1.1", f"Host: {self.host_header}", f"Content-Length: {body_len}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    async def post(
+        self,
+        head: bytes,
+        body: bytes,
+        on_body: BodyCallback,
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> tuple[int, bytes, float]:
+        """Send a request; returns (status, error body, time of the last read) once the response is complete.
+
+        A 200 body goes to `on_body` as it arrives; any other status's body
+        is collected (its first 64 KiB) and returned instead.
+
+        A kept-alive connection that the server closed while idle fails
+        before any byte of the response; that is retried once on a new
+        connection, the only case where a retry cannot duplicate work.
+        """
+        async with asyncio.timeout(timeout):
+            for attempt in (0, 1):
+                reused = attempt == 0 and bool(self._idle)
+                conn = self._idle.pop() if reused else await self._connect()
+                try:
+                    status = await self._exchange(conn, head + body, on_body, idle_timeout)
+                    assert conn.exchange is not None
+                    return status, conn.exchange.error_body, conn.exchange.last_read
+                except ResetError:
+                    ex = conn.exchange
+                    if not (reused and attempt == 0 and ex is not None and not ex.got_bytes):
+                        raise
+                finally:
+                    self._finish(conn)
+        raise AssertionError("unreachable")
+
+    async def _exchange(self, conn: _Connection, data: bytes, on_body: BodyCallback, idle: float | None) -> int:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[int] = loop.create_future()
+        ex = _Exchange(on_body, done)
+        ex.last_read = time.perf_counter()
+        conn.exchange = ex
+        if conn.closed or conn.transport is None:
+            ex.end_of_stream(None)
+        else:
+            conn.transport.write(data)
+        if idle is None:
+            return await done
+        handle = None
+
+        def check_idle() -> None:
+            nonlocal handle
+            if done.done():
+                return
+            quiet = time.perf_counter() - ex.last_read
+            if quiet >= idle:
+                done.set_exception(TimeoutError(f"no bytes for {idle:g}s"))
+            else:
+                handle = loop.call_later(idle - quiet, check_idle)
+
+        handle = loop.call_later(idle, check_idle)
+        try:
+            return await done
+        finally:
+            handle.cancel()
+
+    def _finish(self, conn: _Connection) -> None:
+        ex = conn.exchange
+        complete = ex is not None and ex.done.done() and not ex.done.cancelled() and ex.done.exception() is None
+        if complete and ex is not None and ex.keep_alive and not conn.closed:
+            conn.exchange = None
+            self._idle.append(conn)
+        else:
+            conn.exchange = None
+            conn.close()
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()

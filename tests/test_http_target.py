@@ -1,0 +1,199 @@
+"""HttpTarget against the in-process fault server: faults, both endpoints, release logic, interrupt, pre-flight."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+import time
+
+import pytest
+from support.fault_server import MODEL, FaultServer
+
+from servelab.metrics.records import MemorySink
+from servelab.targets.errors import TargetError
+from servelab.targets.http import HttpTarget
+from servelab.workload.spec import LoadPlan, RequestSpec
+
+
+@pytest.fixture
+def server():
+    with FaultServer() as srv:
+        yield srv
+
+
+def specs(n, max_tokens=4, **kw):
+    return [RequestSpec(i, [1, 2, 3], max_tokens, **kw) for i in range(n)]
+
+
+def run(server, plan, **target_kw):
+    sink, samples = MemorySink(), []
+    result = HttpTarget(server.base_url, **target_kw).run(plan, sink, samples.append)
+    return sink.records, samples, result
+
+
+def test_completions_happy_path_counts_tokens_from_usage_and_times_every_chunk(server):
+    records, samples, result = run(server, LoadPlan(specs(3)), ignore_eos=True)
+    assert len(records) == 3 and all(r.ok for r in records)
+    for r in records:
+        assert (r.prompt_tokens, r.output_tokens, len(r.chunk_times)) == (3, 4, 4)
+        assert r.send_time <= r.first_token_time == r.chunk_times[0] <= r.chunk_times[-1] <= r.finish_time
+    body = server.received[-1].body
+    assert body["prompt"] == [1, 2, 3] and body["ignore_eos"] is True and body["model"] == MODEL
+    assert body["stream_options"] == {"include_usage": True}
+    assert result.server_info["model"] == MODEL and not result.interrupted
+    assert len(samples) >= 2 and samples[0].t == 0.0 and "vllm:num_requests_running" in samples[0].values
+
+
+def test_chat_sends_messages_and_ignores_the_role_only_chunk(server):
+    plan = LoadPlan([RequestSpec(0, [1], 3, messages=[{"role": "user", "content": "hello"}]), RequestSpec(1, [1], 3, prompt_text="hi")])
+    records, _, _ = run(server, plan, endpoint="/v1/chat/completions")
+    assert all(r.ok and len(r.chunk_times) == 3 for r in records)
+    sent = [rec.body["messages"] for rec in server.received if rec.body.get("stream")]
+    assert sent == [[{"role": "user", "content": "hello"}], [{"role": "user", "content": "hi"}]]
+
+
+def test_text_prompts_are_sent_only_when_asked(server):
+    run(server, LoadPlan([RequestSpec(0, [5, 6], 2, prompt_text="five six")]), send_text=True)
+    run(server, LoadPlan([RequestSpec(0, [5, 6], 2, prompt_text="five six")]))
+    assert [r.body["prompt"] for r in server.received if r.body.get("stream")] == ["five six", [5, 6]]
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind", "chunks"),
+    [
+        ("http_500", "http_500", 0),
+        ("http_503", "http_503", 0),
+        ("reset", "connection_reset", 1),
+        ("malformed", "malformed_sse", 1),
+        ("early_close", "incomplete_stream", 4),
+        ("stream_error", "stream_error", 4),
+        ("stall", "timeout", 1),
+    ],
+)
+def test_every_fault_yields_one_record_with_its_kind_and_what_arrived(server, fault, kind, chunks):
+    records, _, _ = run(server, LoadPlan(specs(4), max_concurrency=2), extra_body={"fault": fault}, request_timeout=0.5)
+    assert sorted(r.index for r in records) == [0, 1, 2, 3]
+    for r in records:
+        assert (r.status, r.error_kind, len(r.chunk_times)) == ("error", kind, chunks)
+        assert r.error and r.finish_time >= r.send_time
+    if kind.startswith("http_"):
+        assert records[0].error == f"injected {kind[-3:]}"
+
+
+def test_idle_timeout_ends_a_stalled_stream_before_the_total_limit(server):
+    records, _, _ = run(server, LoadPlan(specs(1)), extra_body={"fault": "stall"}, request_timeout=60, idle_timeout=0.3)
+    assert records[0].error_kind == "timeout" and "idle_timeout=0.3s" in records[0].error
+
+
+def test_closed_loop_caps_concurrency_and_intends_each_send_when_a_slot_freed(server):
+    records, _, result = run(server, LoadPlan(specs(12, max_tokens=5), max_concurrency=3), extra_body={"delay": 0.01})
+    assert len(records) == 12 and all(r.ok for r in records)
+    assert server.peak_active == 3
+    finishes = {r.finish_time for r in records}
+    later = sorted(records, key=lambda r: r.send_time)[3:]
+    assert all(r.intended_time in finishes for r in later)
+    assert result.client_stats["schedule_lag_p50_ms"] is not None and "client_may_be_bottleneck" in result.client_stats
+
+
+def test_open_loop_follows_arrival_times(server):
+    plan = LoadPlan([RequestSpec(i, [i], 1, arrival_time=0.1 * i) for i in range(4)])
+    records, _, _ = run(server, plan)
+    for r in records:
+        assert r.intended_time == pytest.approx(0.1 * r.index) and r.send_time >= r.intended_time
+    assert [rec.body["prompt"][0] for rec in server.received if rec.body.get("stream")] == [0, 1, 2, 3]
+
+
+def test_depends_on_waits_for_the_previous_turn_plus_think_time(server):
+    plan = LoadPlan(
+        [
+            RequestSpec(0, [0], 3),
+            RequestSpec(1, [1], 1),
+            RequestSpec(2, [2], 1, depends_on=0, think_time=0.05),
+        ]
+    )
+    records, _, _ = run(server, plan, extra_body={"delay": 0.02})
+    by = {r.index: r for r in records}
+    assert by[2].intended_time == pytest.approx(by[0].finish_time + 0.05)
+    assert by[2].send_time >= by[0].finish_time + 0.05
+    assert by[1].send_time < by[0].finish_time  # an independent request is not held back by the dependency
+
+
+def test_dependency_on_a_later_request_is_a_plan_error(server):
+    with pytest.raises(TargetError, match="depends on request 5"):
+        run(server, LoadPlan([RequestSpec(0, [0], 1, depends_on=5)]))
+
+
+def test_duration_stops_releasing(server):
+    plan = LoadPlan([RequestSpec(i, [i], 1, arrival_time=0.2 * i) for i in range(50)], duration=0.5)
+    records, _, _ = run(server, plan)
+    assert sorted(r.index for r in records) == [0, 1, 2]
+
+
+def test_duration_bounds_an_endless_closed_loop(server):
+    endless = (RequestSpec(i, [i], 2) for i in itertools.count())
+    records, _, _ = run(server, LoadPlan(endless, max_concurrency=2, duration=0.3), extra_body={"delay": 0.01})
+    assert records and all(r.ok and r.send_time < 0.3 for r in records)
+    assert len({r.index for r in records}) == len(records)
+
+
+def test_sigint_cancels_in_flight_requests_and_returns_interrupted(server):
+    def interrupt_when_all_streaming():
+        while len(server.received) < 3:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_all_streaming, daemon=True).start()
+    before = signal.getsignal(signal.SIGINT)
+    records, _, result = run(server, LoadPlan(specs(3) + [RequestSpec(3, [3], 1, arrival_time=60)]), extra_body={"fault": "stall"})
+    assert result.interrupted
+    assert sorted(r.index for r in records) == [0, 1, 2]
+    assert all(r.status == "cancelled" and len(r.chunk_times) == 1 for r in records)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_api_key_goes_in_the_header_and_nowhere_else(server):
+    records, _, result = run(server, LoadPlan(specs(1)), api_key="sk-secret")
+    assert all(r.authorization == "Bearer sk-secret" for r in server.received)
+    assert "sk-secret" not in repr(result) + records[0].to_json()
+
+
+def test_failing_metrics_endpoint_never_fails_the_run(server):
+    server.metrics_status = 500
+    records, samples, result = run(server, LoadPlan(specs(2)))
+    assert all(r.ok for r in records) and samples == []
+    assert result.server_info["metrics_scrape"]["failures"] >= 2
+
+
+def test_preflight_names_the_unknown_model(server):
+    with pytest.raises(TargetError, match="model 'nope' is not served .*fake-model"):
+        HttpTarget(server.base_url, model="nope").preflight()
+    assert server.received == []
+
+
+def test_preflight_names_a_missing_endpoint():
+    with FaultServer(serve_chat=False) as srv:
+        with pytest.raises(TargetError, match=r"/v1/chat/completions does not exist"):
+            HttpTarget(srv.base_url, endpoint="/v1/chat/completions").preflight()
+
+
+def test_preflight_names_an_unreachable_url():
+    with FaultServer() as srv:
+        url = srv.base_url
+    with pytest.raises(TargetError, match=f"cannot reach {url}"):
+        HttpTarget(url).preflight()
+
+
+def test_unsupported_endpoint_is_rejected_up_front():
+    with pytest.raises(TargetError, match="not supported"):
+        HttpTarget("http://127.0.0.1:1", endpoint="/v1/embeddings")
+
+
+def test_refused_connection_mid_run_is_a_connection_error():
+    with FaultServer() as srv:
+        target = HttpTarget(srv.base_url)
+        target.preflight()
+    sink = MemorySink()
+    target.run(LoadPlan(specs(2)), sink)
+    assert [r.error_kind for r in sink.records] == ["connection_error", "connection_error"]
