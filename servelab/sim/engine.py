@@ -1,0 +1,154 @@
+"""One simulated vLLM engine: scheduler + KV pool + a cost model for step time.
+
+A step is split in two so that a discrete-event driver can interleave many
+engines and the clients: `begin_step(now)` schedules (allocating KV and
+advancing computed tokens, as vLLM's schedule() does) and returns when the
+step ends; `finish_step()` applies the sampled tokens at that time: every
+request whose prefill is complete after the step emits one token, the first
+one at the end of the step that completes its prefill, and a request
+finishes when it has max_tokens (ignore_eos semantics). Metrics are taken at
+step ends, which is when vLLM's own stats refresh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from servelab.metrics import timeline as tl
+from servelab.perf.cost_model import CostModel
+from servelab.perf.engine_config import EngineConfig
+from servelab.sim.block_pool import BlockPool
+from servelab.sim.request import SimRequest
+from servelab.sim.scheduler import Scheduler
+
+
+class RequestRejected(ValueError):
+    """The engine refuses the request up front, as vLLM answers HTTP 400."""
+
+
+@dataclass(slots=True)
+class EngineCounters:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    iteration_tokens_sum: int = 0
+    iteration_tokens_count: int = 0
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
+
+
+class SimEngine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        num_gpu_blocks: int,
+        cost_model: CostModel,
+        max_model_len: int | None = None,
+    ) -> None:
+        self.config = config
+        self.pool = BlockPool(num_gpu_blocks, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.pool)
+        self.cost_model = cost_model
+        self.max_model_len = max_model_len if max_model_len is not None else config.max_model_len
+        self.block_size = config.block_size
+        self.step_ends: list[float] = []
+        """End time of every step; token k of a request is at step_ends[its k-th emitting step]."""
+        self.counters = EngineCounters()
+        self.busy_time = 0.0
+        self._next_uid = 0
+        self._in_step = False
+        self._gauges = (0, 0, 0.0)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.step_ends)
+
+    def add_request(self, prompt_ids: Any, max_tokens: int, arrival_time: float, priority: int = 0, tag: Any = None) -> SimRequest:
+        """Queue a request; raises RequestRejected for one vLLM would refuse."""
+        prompt_len = len(prompt_ids)
+        total = prompt_len + max_tokens
+        if prompt_len == 0 or max_tokens < 1:
+            raise RequestRejected("the prompt must be non-empty and max_tokens at least 1")
+        if self.max_model_len is not None and total > self.max_model_len:
+            raise RequestRejected(f"{prompt_len} prompt + {max_tokens} output tokens exceed max_model_len {self.max_model_len}")
+        capacity = (self.pool.num_blocks - 1) * self.block_size
+        if total > capacity:
+            raise RequestRejected(f"{total} tokens exceed the whole KV cache ({capacity} tokens)")
+        if not self.config.enable_chunked_prefill and prompt_len > self.scheduler.budget:
+            raise RequestRejected(
+                f"{prompt_len}-token prompt exceeds max_num_batched_tokens {self.scheduler.budget} with chunked prefill off"
+            )
+        req = SimRequest(self._next_uid, prompt_ids, prompt_len, max_tokens, arrival_time, priority, tag)
+        self._next_uid += 1
+        self.scheduler.add(req)
+        return req
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    @property
+    def in_step(self) -> bool:
+        return self._in_step
+
+    def begin_step(self, now: float) -> float:
+        batch = self.scheduler.schedule(now)
+        if not batch.prefill_chunks and not batch.decode_contexts:
+            raise RuntimeError("simulator stalled: requests are queued but none could be scheduled")
+        duration = self.cost_model.step_time(batch)
+        if not duration > 0:
+            raise RuntimeError(f"cost model returned a non-positive step time {duration!r}")
+        end = now + duration
+        self.busy_time += duration
+        self.step_ends.append(end)
+        self._in_step = True
+        return end
+
+    def finish_step(self) -> list[SimRequest]:
+        step = len(self.step_ends) - 1
+        end = self.step_ends[step]
+        generated, first, finished = self.scheduler.update(step)
+        c = self.counters
+        prompt = 0
+        for req in first:
+            prompt += req.prompt_len
+            c.ttft_sum += end - req.arrival_time
+        c.ttft_count += len(first)
+        c.prompt_tokens += prompt
+        c.generation_tokens += generated
+        c.iteration_tokens_sum += prompt + generated
+        c.iteration_tokens_count += 1
+        self._in_step = False
+        self._gauges = (self.scheduler.num_running, len(self.scheduler.waiting), self.pool.usage)
+        return finished
+
+    def token_times(self, req: SimRequest) -> list[float]:
+        times: list[float] = []
+        ends = self.step_ends
+        for first, last in req.emitted_steps():
+            times.extend(ends[first : last + 1])
+        return times
+
+    def metrics(self) -> dict[str, float]:
+        """This engine's /metrics as of its last step end, under vLLM's names."""
+        running, waiting, usage = self._gauges
+        c = self.counters
+        prefix = self.scheduler.prefix
+        return {
+            tl.RUNNING: running,
+            tl.WAITING: waiting,
+            tl.KV_USAGE: usage,
+            tl.PREEMPTIONS: self.scheduler.num_preemptions,
+            tl.PREFIX_QUERIES: prefix.queries,
+            tl.PREFIX_HITS: prefix.hits,
+            tl.PROMPT_TOKENS: c.prompt_tokens,
+            tl.GENERATION_TOKENS: c.generation_tokens,
+            tl.ITERATION_TOKENS_SUM: c.iteration_tokens_sum,
+            tl.ITERATION_TOKENS_COUNT: c.iteration_tokens_count,
+            tl.TTFT_SUM: c.ttft_sum,
+            tl.TTFT_COUNT: c.ttft_count,
+        }
+
+    @property
+    def load(self) -> tuple[int, int, float]:
+        """(waiting, running, kv usage) right now, for the router."""
+        return len(self.scheduler.waiting), self.scheduler.num_running, self.pool.usage

@@ -1,0 +1,71 @@
+"""A request inside the simulated engine.
+
+While a request is RUNNING its token counters live in the scheduler's
+arrays (that is what makes a step cost a few numpy calls); the fields here
+are authoritative while it is WAITING or FINISHED, and the scheduler copies
+them in and out when it admits or removes the request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from servelab.sim.hashing import prompt_block_hashes, unique_block_hash
+
+WAITING = "waiting"
+RUNNING = "running"
+PREEMPTED = "preempted"
+FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    uid: int
+    """Engine-wide arrival order: the tie-break vLLM uses (request id) and the salt of output-block hashes."""
+    prompt_ids: Any
+    prompt_len: int
+    max_tokens: int
+    arrival_time: float
+    priority: int = 0
+    tag: Any = None
+    """Whatever the caller needs to map the request back (the RequestSpec)."""
+    status: str = WAITING
+    num_tokens: int = 0
+    """Prompt plus output tokens so far (vLLM's num_tokens)."""
+    num_computed_tokens: int = 0
+    blocks: list[int] = field(default_factory=list)
+    num_cached_blocks: int = 0
+    block_hashes: list[int] | None = None
+    num_prompt_hash_blocks: int = 0
+    preemptions: int = 0
+    schedule_time: float | None = None
+    first_token_step: int | None = None
+    runs: list[tuple[int, int]] = field(default_factory=list)
+    """Closed runs (first step, last step) of consecutive steps that each emitted one token."""
+    run_start: int = -1
+    last_emit: int = -2
+    finish_step: int | None = None
+
+    def __post_init__(self) -> None:
+        self.num_tokens = self.prompt_len
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens - self.prompt_len
+
+    def hashes(self, block_size: int, upto: int) -> list[int]:
+        """Block hashes of the first `upto` blocks, computed once and extended as output fills blocks."""
+        if self.block_hashes is None:
+            self.block_hashes = prompt_block_hashes(self.prompt_ids, block_size)
+            self.num_prompt_hash_blocks = len(self.block_hashes)
+        have = len(self.block_hashes)
+        if upto > have:
+            self.block_hashes.extend(unique_block_hash(self.uid, k) for k in range(have, upto))
+        return self.block_hashes
+
+    def emitted_steps(self) -> list[tuple[int, int]]:
+        """All runs including the open one."""
+        if self.run_start < 0:
+            return list(self.runs)
+        return [*self.runs, (self.run_start, self.last_emit)]

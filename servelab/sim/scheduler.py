@@ -1,0 +1,309 @@
+"""vLLM V1's `Scheduler.schedule()` on arrays.
+
+The algorithm is vLLM's (vllm/v1/core/sched/scheduler.py): one token
+budget per step; RUNNING requests first, in queue order, each asking for
+`num_tokens - num_computed_tokens` (capped by `long_prefill_token_threshold`
+when more than one request is eligible) and getting what is left of the
+budget; a request that cannot get KV slots preempts, by recompute, the last
+running request (FCFS) or the lowest-priority one (priority), repeatedly,
+until it fits or is itself the victim; then, only if nothing was preempted,
+WAITING requests in FCFS or priority order while budget and
+`max_num_seqs` last, each after a prefix-cache lookup, chunked if chunked
+prefill is on and otherwise only if the whole remainder fits.
+
+The running queue is held as parallel numpy arrays so that a step's
+budget split (a cumulative sum), block needs and token updates are a few
+vector operations; Python only touches the requests that cross a block
+boundary, finish, or start/stop emitting.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from servelab.perf.cost_model import StepBatch
+from servelab.perf.engine_config import EngineConfig
+from servelab.sim.block_pool import BlockPool
+from servelab.sim.request import FINISHED, PREEMPTED, RUNNING, SimRequest
+
+FCFS = "fcfs"
+PRIORITY = "priority"
+
+
+@dataclass(slots=True)
+class PrefixCacheCounters:
+    """Counted in tokens over new (never preempted) requests, like vllm:prefix_cache_*_total."""
+
+    queries: int = 0
+    hits: int = 0
+
+
+class _WaitingQueue:
+    """FCFS deque (preempted requests go back to the front) or a (priority, arrival, uid) heap."""
+
+    def __init__(self, policy: str) -> None:
+        self.priority = policy == PRIORITY
+        self._fifo: deque[SimRequest] = deque()
+        self._heap: list[tuple[int, float, int, SimRequest]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap) if self.priority else len(self._fifo)
+
+    def add(self, req: SimRequest) -> None:
+        if self.priority:
+            heapq.heappush(self._heap, (req.priority, req.arrival_time, req.uid, req))
+        else:
+            self._fifo.append(req)
+
+    def prepend(self, req: SimRequest) -> None:
+        if self.priority:
+            self.add(req)
+        else:
+            self._fifo.appendleft(req)
+
+    def peek(self) -> SimRequest:
+        return self._heap[0][3] if self.priority else self._fifo[0]
+
+    def pop(self) -> SimRequest:
+        return heapq.heappop(self._heap)[3] if self.priority else self._fifo.popleft()
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, pool: BlockPool) -> None:
+        if config.max_num_seqs is None or config.max_num_batched_tokens is None:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be resolved before simulating")
+        if config.scheduling_policy not in (FCFS, PRIORITY):
+            raise ValueError(f"scheduling_policy must be fcfs or priority, got {config.scheduling_policy!r}")
+        self.max_num_seqs = config.max_num_seqs
+        self.budget = config.max_num_batched_tokens
+        self.chunked_prefill = config.enable_chunked_prefill
+        self.caching = config.enable_prefix_caching
+        self.long_prefill_threshold = config.long_prefill_token_threshold
+        self.policy = config.scheduling_policy
+        self.block_size = config.block_size
+        self.pool = pool
+        self.waiting = _WaitingQueue(self.policy)
+        self.prefix = PrefixCacheCounters()
+        self.num_preemptions = 0
+        cap = self.max_num_seqs
+        # Running queue, in vLLM's order: one row per running request.
+        self.reqs: list[SimRequest] = []
+        self.computed = np.zeros(cap, dtype=np.int64)
+        self.tokens = np.zeros(cap, dtype=np.int64)
+        self.held = np.zeros(cap, dtype=np.int64)
+        self.cached = np.zeros(cap, dtype=np.int64)
+        self.limit = np.zeros(cap, dtype=np.int64)
+        """prompt_len + max_tokens: the request finishes when num_tokens reaches it (ignore_eos)."""
+        self.run_start = np.zeros(cap, dtype=np.int64)
+        self.last_emit = np.zeros(cap, dtype=np.int64)
+        self.scheduled = np.zeros(cap, dtype=np.int64)
+        """Tokens scheduled for each running request in the current step."""
+        self._arrays = (
+            self.computed, self.tokens, self.held, self.cached, self.limit,
+            self.run_start, self.last_emit, self.scheduled,
+        )
+
+    @property
+    def num_running(self) -> int:
+        return len(self.reqs)
+
+    def add(self, req: SimRequest) -> None:
+        self.waiting.add(req)
+
+    def has_work(self) -> bool:
+        return bool(self.reqs) or len(self.waiting) > 0
+
+    # -- schedule ---------------------------------------------------------
+
+    def schedule(self, now: float) -> StepBatch:
+        """Decide this step's tokens; allocates KV and advances num_computed_tokens like vLLM's schedule()."""
+        budget = self.budget
+        n = len(self.reqs)
+        self.scheduled[:n] = 0
+        threshold = self.long_prefill_threshold if n + len(self.waiting) > 1 else 0
+        preempted = False
+        start = 0
+        while start < len(self.reqs) and budget > 0:
+            end = len(self.reqs)
+            want = self.tokens[start:end] - self.computed[start:end]
+            if threshold > 0:
+                np.minimum(want, threshold, out=want)
+            granted = np.minimum(np.cumsum(want), budget)
+            granted[1:] -= granted[:-1].copy()
+            need = -((self.computed[start:end] + granted) // -self.block_size) - self.held[start:end]
+            need[granted == 0] = 0
+            np.maximum(need, 0, out=need)
+            cum_need = np.cumsum(need)
+            free = self.pool.num_free
+            if cum_need[-1] <= free:
+                self._commit(start, end, granted, need)
+                budget -= int(granted.sum())
+                break
+            fits = int(np.searchsorted(cum_need, free, side="right"))
+            self._commit(start, start + fits, granted[:fits], need[:fits])
+            budget -= int(granted[:fits].sum())
+            current = start + fits
+            victim = self._victim()
+            restored = int(self.scheduled[victim])
+            self._preempt(victim)
+            preempted = True
+            if victim == current:
+                break  # nothing left to preempt for it: vLLM stops scheduling running requests here
+            budget += restored
+            start = current - 1 if victim < current else current
+        if not preempted:
+            budget = self._admit_waiting(budget, threshold, now)
+        return self._batch()
+
+    def _victim(self) -> int:
+        if self.policy == PRIORITY:
+            return max(range(len(self.reqs)), key=lambda i: (self.reqs[i].priority, self.reqs[i].arrival_time))
+        return len(self.reqs) - 1
+
+    def _commit(self, start: int, end: int, granted: np.ndarray, need: np.ndarray) -> None:
+        if end <= start:
+            return
+        self.scheduled[start:end] = granted
+        self.computed[start:end] += granted
+        if need.any():
+            new = self.pool.allocate(int(need.sum()))
+            offset = 0
+            for i in np.flatnonzero(need).tolist():
+                k = int(need[i])
+                self.reqs[start + i].blocks.extend(new[offset : offset + k])
+                offset += k
+            self.held[start:end] += need
+        if self.caching:
+            full = self.computed[start:end] // self.block_size
+            for i in np.flatnonzero(full > self.cached[start:end]).tolist():
+                self._cache_blocks(self.reqs[start + i], int(self.cached[start + i]), int(full[i]))
+                self.cached[start + i] = full[i]
+
+    def _cache_blocks(self, req: SimRequest, have: int, full: int) -> None:
+        hashes = req.hashes(self.block_size, full)
+        self.pool.cache(req.blocks[have:full], hashes[have:full])
+
+    def _admit_waiting(self, budget: int, threshold: int, now: float) -> int:
+        bs = self.block_size
+        pool = self.pool
+        while budget > 0 and len(self.waiting) and len(self.reqs) < self.max_num_seqs:
+            req = self.waiting.peek()
+            hits: list[int] = []
+            if self.caching:
+                max_hit_blocks = (req.num_tokens - 1) // bs  # the last token is always recomputed for its logits
+                hits = pool.lookup(req.hashes(bs, max_hit_blocks), max_hit_blocks)
+            hit_tokens = len(hits) * bs
+            new_tokens = req.num_tokens - hit_tokens
+            if 0 < threshold < new_tokens:
+                new_tokens = threshold
+            if not self.chunked_prefill and new_tokens > budget:
+                break
+            new_tokens = min(new_tokens, budget)
+            need = -((hit_tokens + new_tokens) // -bs) - len(hits)
+            if need + pool.num_evictable(hits) > pool.num_free:
+                break
+            pool.touch(hits)
+            req.blocks = hits + pool.allocate(need)
+            computed = hit_tokens + new_tokens
+            full = computed // bs
+            if self.caching:
+                if req.preemptions == 0:
+                    self.prefix.queries += req.num_tokens
+                    self.prefix.hits += hit_tokens
+                if full > len(hits):
+                    self._cache_blocks(req, len(hits), full)
+            self.waiting.pop()
+            if req.schedule_time is None:
+                req.schedule_time = now
+            req.status = RUNNING
+            self._append_running(req, computed, new_tokens, full if self.caching else 0)
+            budget -= new_tokens
+        return budget
+
+    def _append_running(self, req: SimRequest, computed: int, scheduled: int, cached: int) -> None:
+        i = len(self.reqs)
+        self.reqs.append(req)
+        self.computed[i] = computed
+        self.tokens[i] = req.num_tokens
+        self.held[i] = len(req.blocks)
+        self.cached[i] = cached
+        self.limit[i] = req.prompt_len + req.max_tokens
+        self.run_start[i] = req.run_start
+        self.last_emit[i] = req.last_emit
+        self.scheduled[i] = scheduled
+
+    def _save(self, i: int) -> SimRequest:
+        """Copy a running row back into its request before it leaves the running queue."""
+        req = self.reqs[i]
+        req.num_tokens = int(self.tokens[i])
+        req.num_computed_tokens = int(self.computed[i])
+        req.run_start = int(self.run_start[i])
+        req.last_emit = int(self.last_emit[i])
+        return req
+
+    def _preempt(self, i: int) -> None:
+        req = self._save(i)
+        self.pool.free(req.blocks[::-1])
+        req.blocks = []
+        req.num_cached_blocks = 0
+        req.num_computed_tokens = 0
+        req.status = PREEMPTED
+        req.preemptions += 1
+        self.num_preemptions += 1
+        n = len(self.reqs)
+        for arr in self._arrays:
+            arr[i : n - 1] = arr[i + 1 : n]
+        del self.reqs[i]
+        self.waiting.prepend(req)
+
+    def _batch(self) -> StepBatch:
+        n = len(self.reqs)
+        granted = self.scheduled[:n]
+        before = self.computed[:n] - granted
+        decode = granted == 1
+        prefill = granted > 1
+        return StepBatch(
+            prefill_chunks=list(zip(granted[prefill].tolist(), before[prefill].tolist())),
+            decode_contexts=before[decode].tolist(),
+        )
+
+    # -- after the step ---------------------------------------------------
+
+    def update(self, step: int) -> tuple[int, list[SimRequest], list[SimRequest]]:
+        """Apply one step's sampled tokens: returns (tokens generated, requests with a first token, finished)."""
+        n = len(self.reqs)
+        if n == 0:
+            return 0, [], []
+        sampled = (self.scheduled[:n] > 0) & (self.computed[:n] >= self.tokens[:n])
+        self.tokens[:n] += sampled
+        restarted = np.flatnonzero(sampled & (self.last_emit[:n] != step - 1))
+        first: list[SimRequest] = []
+        for i in restarted.tolist():
+            req = self.reqs[i]
+            if self.run_start[i] >= 0:
+                req.runs.append((int(self.run_start[i]), int(self.last_emit[i])))
+            self.run_start[i] = step
+            if req.first_token_step is None:
+                req.first_token_step = step
+                first.append(req)
+        self.last_emit[:n][sampled] = step
+        done = sampled & (self.tokens[:n] >= self.limit[:n])
+        finished: list[SimRequest] = []
+        if done.any():
+            for i in np.flatnonzero(done).tolist():
+                req = self._save(i)
+                self.pool.free(req.blocks[::-1])
+                req.blocks = []
+                req.status = FINISHED
+                req.finish_step = step
+                finished.append(req)
+            keep = ~done
+            k = int(keep.sum())
+            for arr in self._arrays:
+                arr[:k] = arr[:n][keep]
+            self.reqs = [r for r, stay in zip(self.reqs, keep.tolist()) if stay]
+        return int(sampled.sum()), first, finished
