@@ -18,7 +18,7 @@ Two phases per client:
             engine producing one token per stream per step): client-added TTFT
 
 Usage (from the repository root):
-  .venv/bin/python benchmarks/client_capacity.py [--workers 2] [--requests 2048]
+  .venv/bin/python benchmarks/client_capacity.py [--requests 2048] [--concurrency 256] [--out rows.json]
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class _Engine:
     def reset(self) -> None:
         self.chunks = 0
         self.requests = 0
+        self.cpu0 = time.process_time()
         self.first_arrival: float | None = None
         self.last_done = 0.0
         self.first_write: dict[int, float] = {}
@@ -178,6 +179,7 @@ class _Conn(asyncio.Protocol):
             self._reply(
                 {
                     "chunks": engine.chunks,
+                    "cpu_s": time.process_time() - engine.cpu0,
                     "requests": engine.requests,
                     "first_arrival": engine.first_arrival,
                     "last_done": engine.last_done,
@@ -258,21 +260,20 @@ def _post(port: int, path: str, payload: dict | None = None) -> dict:
         return json.loads(resp.read())
 
 
-def _servelab_client(port: int, requests: int, chunks: int, concurrency: int, workers: int) -> dict:
+def _servelab_client(port: int, requests: int, chunks: int, concurrency: int) -> dict:
     from servelab.metrics.records import MemorySink
     from servelab.targets.http import HttpTarget
     from servelab.workload.spec import LoadPlan, RequestSpec
 
     plan = LoadPlan([RequestSpec(i, [i, 1, 2, 3], chunks) for i in range(requests)], max_concurrency=concurrency)
-    extra = {"workers": workers} if workers > 1 else {}
-    target = HttpTarget(f"http://127.0.0.1:{port}", ignore_eos=True, scrape_interval=3600, **extra)
+    target = HttpTarget(f"http://127.0.0.1:{port}", ignore_eos=True, scrape_interval=3600)
     sink = MemorySink()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     run = target.run(plan, sink)
     zero = run.client_stats["clock_zero_perf_counter"]
     return {
         "completed": sum(r.ok for r in sink.records),
-        "cpu_s": run.client_stats.get("cpu_seconds", time.process_time() - cpu0),
+        "cpu_s": time.process_time() - cpu0,
         "wall_s": time.perf_counter() - wall0,
         "first_token": {r.index: zero + r.first_token_time for r in sink.records if r.first_token_time is not None},
         "client_stats": run.client_stats,
@@ -286,7 +287,7 @@ def _phase(name: str, client: str, args: argparse.Namespace, step_s: float) -> d
     requests = args.requests if step_s == 0 else args.accuracy_requests
     chunks = args.chunks if step_s == 0 else args.accuracy_chunks
     if client == "servelab":
-        result = _servelab_client(args.port, requests, chunks, args.concurrency, args.workers)
+        result = _servelab_client(args.port, requests, chunks, args.concurrency)
     else:
         out = Path(f"/tmp/servelab-bench-vllm-{os.getpid()}.json")
         cmd = [str(VLLM_PYTHON), __file__, "vllm-client", "--port", str(args.port), "--out", str(out),
@@ -306,6 +307,7 @@ def _phase(name: str, client: str, args: argparse.Namespace, step_s: float) -> d
         "chunks_per_s": stats["chunks"] / span,
         "requests_per_s": stats["requests"] / span,
         "client_cpu_us_per_chunk": 1e6 * result["cpu_s"] / max(stats["chunks"], 1),
+        "server_cpu_us_per_chunk": 1e6 * stats["cpu_s"] / max(stats["chunks"], 1),
         "ttft_error_p50_ms": float(np.percentile(errors_ms, 50)) if errors_ms.size else None,
         "ttft_error_p99_ms": float(np.percentile(errors_ms, 99)) if errors_ms.size else None,
     }
@@ -321,7 +323,6 @@ def main() -> None:
     parser.add_argument("--accuracy-requests", type=int, default=1024)
     parser.add_argument("--accuracy-chunks", type=int, default=64)
     parser.add_argument("--step-ms", type=float, default=20.0)
-    parser.add_argument("--workers", type=int, default=1, help="servelab client processes")
     parser.add_argument("--clients", default="servelab,vllm")
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -345,11 +346,12 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(10)
-    print(f"{os.cpu_count()} CPUs; server, clients share them. concurrency={args.concurrency} workers={args.workers}")
-    keys = ["chunks_per_s", "requests_per_s", "client_cpu_us_per_chunk", "ttft_error_p50_ms", "ttft_error_p99_ms"]
-    print(f"{'phase':9} {'client':9} {'done':>5} " + " ".join(f"{k:>24}" for k in keys))
+    print(f"{os.cpu_count()} CPUs; server, clients share them. concurrency={args.concurrency}")
+    keys = ["chunks_per_s", "requests_per_s", "client_cpu_us_per_chunk", "server_cpu_us_per_chunk",
+            "ttft_error_p50_ms", "ttft_error_p99_ms"]
+    print(f"{'phase':9} {'client':9} {'done':>5} " + " ".join(f"{k:>23}" for k in keys))
     for row in rows:
-        vals = " ".join(f"{row[k]:>24.2f}" if row[k] is not None else f"{'-':>24}" for k in keys)
+        vals = " ".join(f"{row[k]:>23.2f}" if row[k] is not None else f"{'-':>23}" for k in keys)
         print(f"{row['phase']:9} {row['client']:9} {row['completed']:>5} {vals}")
     by = {(r["phase"], r["client"]): r for r in rows}
     if ("capacity", "servelab") in by and ("capacity", "vllm") in by:
