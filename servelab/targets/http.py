@@ -30,7 +30,7 @@ from servelab.metrics.scrape import MetricsScraper
 from servelab.targets.base import SampleSink, TargetRun
 from servelab.targets.client_stats import LoopLagMonitor, client_stats
 from servelab.targets.errors import TargetError
-from servelab.targets.h1 import ConnectError, ProtocolError, StreamingClient
+from servelab.targets.stream_client import ConnectError, ProtocolError, StreamingClient
 from servelab.targets.preflight import CHAT, COMPLETIONS, ENDPOINTS, error_message, preflight
 from servelab.targets.sse import DONE, SSEDecoder
 from servelab.workload.spec import LoadPlan, RequestSpec
