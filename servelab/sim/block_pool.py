@@ -159,11 +159,20 @@ class BlockPool:
             self._num_cached_free -= len(idle)
         self.ref_cnt[ids] += 1
 
-    def cache(self, blocks: Sequence[int], hashes: Sequence[int]) -> None:
-        """Register newly full blocks under their hashes (duplicates of a cached hash are kept, as in vLLM)."""
+    def cache(self, blocks: Sequence[int], hashes: Sequence[int], findable: bool = True) -> None:
+        """Mark newly full blocks as cached under their hashes (duplicates of a cached hash are kept, as in vLLM).
+
+        `findable=False` skips the hash index: for blocks only their owner could
+        ever hit (generated tokens), which `index` adds if the owner is preempted.
+        They still count as cached for the free queue's eviction order.
+        """
         if not blocks:
             return
         self.block_hash[np.asarray(blocks, dtype=np.int64)] = hashes
+        if findable:
+            self.index(blocks, hashes)
+
+    def index(self, blocks: Sequence[int], hashes: Sequence[int]) -> None:
         self._hash_to_block.update(zip(hashes, blocks))
         if len(self._hash_to_block) > 4 * self.num_blocks + 4096:
             live = np.flatnonzero(self.block_hash)

@@ -12,11 +12,14 @@ step ends, which is when vLLM's own stats refresh.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from servelab.metrics import timeline as tl
-from servelab.perf.cost_model import CostModel
+from servelab.perf.cost_model import CostModel, StepBatch
 from servelab.perf.engine_config import EngineConfig
 from servelab.sim.block_pool import BlockPool
 from servelab.sim.request import SimRequest
@@ -44,6 +47,7 @@ class SimEngine:
         num_gpu_blocks: int,
         cost_model: CostModel,
         max_model_len: int | None = None,
+        fast_forward: bool = True,
     ) -> None:
         self.config = config
         self.pool = BlockPool(num_gpu_blocks, config.enable_prefix_caching)
@@ -58,6 +62,13 @@ class SimEngine:
         self._next_uid = 0
         self._in_step = False
         self._gauges = (0, 0, 0.0)
+        self._aggregate = getattr(cost_model, "step_time_aggregate", None)
+        """RooflineCostModel's totals-based entry point: a step costs a few array sums instead of list building."""
+        self.fast_forward = fast_forward
+        """Replay runs of identical decode steps in one go; results are the same either way."""
+        self._pending_tokens: int | None = None
+        self._pending_run: tuple[int, int, int] | None = None
+        """(first step, steps, tokens per step) of a decode run in flight, for metrics read mid-run."""
 
     @property
     def num_steps(self) -> int:
@@ -90,11 +101,20 @@ class SimEngine:
     def in_step(self) -> bool:
         return self._in_step
 
-    def begin_step(self, now: float) -> float:
-        batch = self.scheduler.schedule(now)
-        if not batch.prefill_chunks and not batch.decode_contexts:
-            raise RuntimeError("simulator stalled: requests are queued but none could be scheduled")
-        duration = self.cost_model.step_time(batch)
+    def begin_step(self, now: float, horizon: float = float("inf")) -> float:
+        """Start a step at `now`; returns when it ends.
+
+        With fast-forward, a run of identical decode steps is simulated at
+        once, as long as each starts before `horizon` (the next outside event
+        that could change the batch); the returned time is then the end of
+        the last of them.
+        """
+        if self.fast_forward:
+            k = self.scheduler.steady_decode_steps(len(self.step_ends), 1 << 30)
+            if k:
+                return self._decode_run(now, horizon, k)
+        granted, before = self.scheduler.schedule(now)
+        duration = self._step_time(granted, before)
         if not duration > 0:
             raise RuntimeError(f"cost model returned a non-positive step time {duration!r}")
         end = now + duration
@@ -103,9 +123,66 @@ class SimEngine:
         self._in_step = True
         return end
 
+    def _step_time(self, granted: np.ndarray, before: np.ndarray) -> float:
+        decode = granted == 1
+        prefill = granted > 1
+        num_decodes = int(np.count_nonzero(decode))
+        num_chunks = int(np.count_nonzero(prefill))
+        if num_decodes + num_chunks == 0:
+            raise RuntimeError("simulator stalled: requests are queued but none could be scheduled")
+        if self._aggregate is None:
+            return self.cost_model.step_time(
+                StepBatch(
+                    prefill_chunks=list(zip(granted[prefill].tolist(), before[prefill].tolist())),
+                    decode_contexts=before[decode].tolist(),
+                )
+            )
+        new, cached = granted[prefill], before[prefill]
+        return self._aggregate(
+            int(new.sum()),
+            int((new * cached + new * (new + 1) // 2).sum()),
+            num_decodes,
+            int(before[decode].sum()),
+            num_decodes + num_chunks,
+            int(cached.sum()),
+        )
+
+    def _decode_step_time(self, contexts: np.ndarray, base_sum: int, k: int) -> float:
+        """Time of the k-th step of a decode run from the running sums when the cost model offers them."""
+        n = len(contexts)
+        if self._aggregate is None:
+            return self.cost_model.step_time(StepBatch(decode_contexts=(contexts + k).tolist()))
+        return self._aggregate(0, 0, n, base_sum + n * k, n, 0)
+
+    def _decode_run(self, now: float, horizon: float, k: int) -> float:
+        base = self.scheduler.decode_contexts()
+        base_sum = int(base.sum())
+        first = len(self.step_ends)
+        t = now
+        done = 0
+        while done < k and (done == 0 or t < horizon):
+            t += self._decode_step_time(base, base_sum, done)
+            self.step_ends.append(t)
+            done += 1
+        self.busy_time += t - now
+        self._pending_tokens = self.scheduler.apply_decode_steps(first, done, now)
+        self._pending_run = (first, done, self._pending_tokens // done)
+        self._in_step = True
+        return t
+
     def finish_step(self) -> list[SimRequest]:
         step = len(self.step_ends) - 1
         end = self.step_ends[step]
+        if self._pending_tokens is not None:
+            c = self.counters
+            c.generation_tokens += self._pending_tokens
+            c.iteration_tokens_sum += self._pending_tokens
+            c.iteration_tokens_count += self._pending_run[1]
+            self._pending_tokens = None
+            self._pending_run = None
+            self._in_step = False
+            self._gauges = (self.scheduler.num_running, len(self.scheduler.waiting), self.pool.usage)
+            return []
         generated, first, finished = self.scheduler.update(step)
         c = self.counters
         prompt = 0
@@ -128,10 +205,16 @@ class SimEngine:
             times.extend(ends[first : last + 1])
         return times
 
-    def metrics(self) -> dict[str, float]:
-        """This engine's /metrics as of its last step end, under vLLM's names."""
+    def metrics(self, t: float) -> dict[str, float]:
+        """This engine's /metrics at time t (as of its last step end before t), under vLLM's names."""
         running, waiting, usage = self._gauges
         c = self.counters
+        generated, iterations = c.generation_tokens, c.iteration_tokens_count
+        if self._pending_run is not None:
+            first, steps, per_step = self._pending_run
+            ended = bisect.bisect_right(self.step_ends, t, first, first + steps) - first
+            generated += ended * per_step
+            iterations += ended
         prefix = self.scheduler.prefix
         return {
             tl.RUNNING: running,
@@ -141,9 +224,9 @@ class SimEngine:
             tl.PREFIX_QUERIES: prefix.queries,
             tl.PREFIX_HITS: prefix.hits,
             tl.PROMPT_TOKENS: c.prompt_tokens,
-            tl.GENERATION_TOKENS: c.generation_tokens,
-            tl.ITERATION_TOKENS_SUM: c.iteration_tokens_sum,
-            tl.ITERATION_TOKENS_COUNT: c.iteration_tokens_count,
+            tl.GENERATION_TOKENS: generated,
+            tl.ITERATION_TOKENS_SUM: c.iteration_tokens_sum + (generated - c.generation_tokens),
+            tl.ITERATION_TOKENS_COUNT: iterations,
             tl.TTFT_SUM: c.ttft_sum,
             tl.TTFT_COUNT: c.ttft_count,
         }

@@ -20,7 +20,6 @@ _TOKEN_WEIGHTS = _rng.integers(1, 2**63, size=_MAX_BLOCK_SIZE, dtype=np.uint64) 
 _BLOCK_WEIGHT = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-_OUTPUT_TAG = 0x6F7574
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -32,6 +31,19 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+_position_weights = np.zeros(0, dtype=np.uint64)
+
+
+def _weights_for(num_blocks: int) -> np.ndarray:
+    """Per-block-position multipliers, grown on demand and kept (they depend on nothing else)."""
+    global _position_weights
+    if len(_position_weights) < num_blocks:
+        size = max(num_blocks, 2 * len(_position_weights), 4096)
+        with np.errstate(over="ignore"):
+            _position_weights = _mix(np.arange(1, size + 1, dtype=np.uint64) * _BLOCK_WEIGHT)
+    return _position_weights[:num_blocks]
+
+
 def prompt_block_hashes(prompt_ids: Sequence[int] | np.ndarray, block_size: int) -> list[int]:
     """Hashes of the prompt's full blocks; equal prefixes give equal hashes, block by block."""
     if block_size > _MAX_BLOCK_SIZE:
@@ -40,17 +52,20 @@ def prompt_block_hashes(prompt_ids: Sequence[int] | np.ndarray, block_size: int)
     num_blocks = len(ids) // block_size
     if num_blocks == 0:
         return []
-    tokens = ids[: num_blocks * block_size].astype(np.uint64).reshape(num_blocks, block_size) + np.uint64(1)
+    tokens = ids[: num_blocks * block_size].astype(np.uint64).reshape(num_blocks, block_size)
     with np.errstate(over="ignore"):
-        content = (tokens * _TOKEN_WEIGHTS[:block_size]).sum(axis=1, dtype=np.uint64)
-        positions = np.arange(1, num_blocks + 1, dtype=np.uint64)
-        prefix = np.cumsum(content * _mix(positions * _BLOCK_WEIGHT), dtype=np.uint64)
-        hashes = _mix(prefix ^ positions).view(np.int64)
+        content = (tokens @ _TOKEN_WEIGHTS[:block_size]) + _BLOCK_WEIGHT
+        prefix = np.cumsum(content * _weights_for(num_blocks), dtype=np.uint64)
+        hashes = _mix(prefix).view(np.int64)
     hashes[hashes == 0] = 1
     return hashes.tolist()
 
 
-def unique_block_hash(request_uid: int, block_index: int) -> int:
-    """Hash of a block holding generated tokens: the simulator knows no output ids, so it is unique to the request."""
-    h = hash((_OUTPUT_TAG, request_uid, block_index))
-    return h if h != 0 else 1
+def output_block_hashes(request_uid: int, start: int, stop: int) -> range:
+    """Hashes of blocks holding generated tokens (the simulator knows no output ids): unique to the request.
+
+    Small negative numbers, disjoint from one request to the next and, short
+    of a 2^-40 accident, from the pseudo-random prompt hashes.
+    """
+    base = -(request_uid << 24) - 2
+    return range(base - start, base - stop, -1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from servelab.sim.hashing import prompt_block_hashes, unique_block_hash
+from servelab.sim.hashing import output_block_hashes, prompt_block_hashes
 
 WAITING = "waiting"
 RUNNING = "running"
@@ -61,7 +61,7 @@ class SimRequest:
             self.num_prompt_hash_blocks = len(self.block_hashes)
         have = len(self.block_hashes)
         if upto > have:
-            self.block_hashes.extend(unique_block_hash(self.uid, k) for k in range(have, upto))
+            self.block_hashes.extend(output_block_hashes(self.uid, have, upto))
         return self.block_hashes
 
     def emitted_steps(self) -> list[tuple[int, int]]:

@@ -20,14 +20,15 @@ boundary, finish, or start/stop emitting.
 from __future__ import annotations
 
 import heapq
+from itertools import compress
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
-from servelab.perf.cost_model import StepBatch
 from servelab.perf.engine_config import EngineConfig
 from servelab.sim.block_pool import BlockPool
+from servelab.sim.hashing import output_block_hashes
 from servelab.sim.request import FINISHED, PREEMPTED, RUNNING, SimRequest
 
 FCFS = "fcfs"
@@ -102,6 +103,10 @@ class Scheduler:
         self.last_emit = np.zeros(cap, dtype=np.int64)
         self.scheduled = np.zeros(cap, dtype=np.int64)
         """Tokens scheduled for each running request in the current step."""
+        self._pending_blocks: list[int] = []
+        self._pending_hashes: list[int] = []
+        self._pending_private_blocks: list[int] = []
+        self._pending_private_hashes: list[int] = []
         self._arrays = (
             self.computed, self.tokens, self.held, self.cached, self.limit,
             self.run_start, self.last_emit, self.scheduled,
@@ -119,8 +124,11 @@ class Scheduler:
 
     # -- schedule ---------------------------------------------------------
 
-    def schedule(self, now: float) -> StepBatch:
-        """Decide this step's tokens; allocates KV and advances num_computed_tokens like vLLM's schedule()."""
+    def schedule(self, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Decide this step's tokens; allocates KV and advances num_computed_tokens like vLLM's schedule().
+
+        Returns, per running request, the tokens scheduled and the tokens already in KV before them.
+        """
         budget = self.budget
         n = len(self.reqs)
         self.scheduled[:n] = 0
@@ -157,7 +165,10 @@ class Scheduler:
             start = current - 1 if victim < current else current
         if not preempted:
             budget = self._admit_waiting(budget, threshold, now)
-        return self._batch()
+        self._flush_cache()
+        n = len(self.reqs)
+        granted = self.scheduled[:n]
+        return granted, self.computed[:n] - granted
 
     def _victim(self) -> int:
         if self.policy == PRIORITY:
@@ -184,8 +195,28 @@ class Scheduler:
                 self.cached[start + i] = full[i]
 
     def _cache_blocks(self, req: SimRequest, have: int, full: int) -> None:
-        hashes = req.hashes(self.block_size, full)
-        self.pool.cache(req.blocks[have:full], hashes[have:full])
+        """Queue newly full blocks for the prefix cache; `_flush_cache` registers them before any lookup.
+
+        Blocks past the prompt's full blocks hold generated tokens: only this
+        request could hit them (after a preemption), so they skip the hash index.
+        """
+        prompt_blocks = req.prompt_len // self.block_size
+        if have < prompt_blocks:
+            upto = min(full, prompt_blocks)
+            self._pending_blocks.extend(req.blocks[have:upto])
+            self._pending_hashes.extend(req.hashes(self.block_size, upto)[have:upto])
+            have = upto
+        if full > have:
+            self._pending_private_blocks.extend(req.blocks[have:full])
+            self._pending_private_hashes.extend(output_block_hashes(req.uid, have, full))
+
+    def _flush_cache(self) -> None:
+        if self._pending_blocks:
+            self.pool.cache(self._pending_blocks, self._pending_hashes)
+            self._pending_blocks, self._pending_hashes = [], []
+        if self._pending_private_blocks:
+            self.pool.cache(self._pending_private_blocks, self._pending_private_hashes, findable=False)
+            self._pending_private_blocks, self._pending_private_hashes = [], []
 
     def _admit_waiting(self, budget: int, threshold: int, now: float) -> int:
         bs = self.block_size
@@ -194,6 +225,7 @@ class Scheduler:
             req = self.waiting.peek()
             hits: list[int] = []
             if self.caching:
+                self._flush_cache()
                 max_hit_blocks = (req.num_tokens - 1) // bs  # the last token is always recomputed for its logits
                 hits = pool.lookup(req.hashes(bs, max_hit_blocks), max_hit_blocks)
             hit_tokens = len(hits) * bs
@@ -247,6 +279,12 @@ class Scheduler:
 
     def _preempt(self, i: int) -> None:
         req = self._save(i)
+        if self.caching:
+            self._flush_cache()
+            prompt_blocks = req.prompt_len // self.block_size
+            cached = int(self.cached[i])
+            if cached > prompt_blocks:  # its generated-token blocks become findable for its own recompute
+                self.pool.index(req.blocks[prompt_blocks:cached], output_block_hashes(req.uid, prompt_blocks, cached))
         self.pool.free(req.blocks[::-1])
         req.blocks = []
         req.num_cached_blocks = 0
@@ -260,16 +298,68 @@ class Scheduler:
         del self.reqs[i]
         self.waiting.prepend(req)
 
-    def _batch(self) -> StepBatch:
+    # -- steady decoding, many steps at once -------------------------------
+
+    def steady_decode_steps(self, step: int, limit: int) -> int:
+        """How many coming steps are pure decodes of an unchanging batch (0 if the next one is not).
+
+        Such steps are all alike: every running request decodes one token and
+        emits it, nobody finishes (the finishing step is left to `schedule`),
+        nobody can be admitted, and the KV blocks they need are free, so no
+        preemption. Checking that costs a few array operations; replaying the
+        steps one by one would cost a Python-level schedule() each.
+        """
         n = len(self.reqs)
-        granted = self.scheduled[:n]
-        before = self.computed[:n] - granted
-        decode = granted == 1
-        prefill = granted > 1
-        return StepBatch(
-            prefill_chunks=list(zip(granted[prefill].tolist(), before[prefill].tolist())),
-            decode_contexts=before[decode].tolist(),
-        )
+        if n == 0 or n > self.budget or limit < 2:
+            return 0
+        if len(self.waiting) and n < self.max_num_seqs:
+            return 0
+        tokens, computed = self.tokens[:n], self.computed[:n]
+        if (tokens - computed != 1).any() or (self.last_emit[:n] != step - 1).any():
+            return 0
+        k = min(limit, int((self.limit[:n] - tokens).min()) - 1)
+        if k < 2:
+            return 0
+        bs, held, free = self.block_size, self.held[:n], self.pool.num_free
+        if int((-((computed + k) // -bs) - held).sum()) > free:
+            lo, hi = 0, k  # the largest k whose new blocks fit
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if int((-((computed + mid) // -bs) - held).sum()) <= free:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+        return k if k >= 2 else 0
+
+    def decode_contexts(self) -> np.ndarray:
+        """Context length of each running request before its next decode step."""
+        return self.computed[: len(self.reqs)].copy()
+
+    def apply_decode_steps(self, first_step: int, k: int, now: float) -> int:
+        """Advance every running request by k decode steps (as k schedule()+update() calls would); returns tokens."""
+        n = len(self.reqs)
+        computed = self.computed[:n]
+        need = -((computed + k) // -self.block_size) - self.held[:n]
+        self.scheduled[:n] = 0
+        if need.any():
+            new = self.pool.allocate(int(need.sum()))
+            offset = 0
+            for i in np.flatnonzero(need).tolist():
+                m = int(need[i])
+                self.reqs[i].blocks.extend(new[offset : offset + m])
+                offset += m
+            self.held[:n] += need
+        computed += k
+        self.tokens[:n] += k
+        self.last_emit[:n] = first_step + k - 1
+        if self.caching:
+            full = computed // self.block_size
+            for i in np.flatnonzero(full > self.cached[:n]).tolist():
+                self._cache_blocks(self.reqs[i], int(self.cached[i]), int(full[i]))
+                self.cached[i] = full[i]
+            self._flush_cache()
+        return n * k
 
     # -- after the step ---------------------------------------------------
 
@@ -305,5 +395,5 @@ class Scheduler:
             k = int(keep.sum())
             for arr in self._arrays:
                 arr[:k] = arr[:n][keep]
-            self.reqs = [r for r, stay in zip(self.reqs, keep.tolist()) if stay]
+            self.reqs = list(compress(self.reqs, keep.tolist()))
         return int(sampled.sum()), first, finished

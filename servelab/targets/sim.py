@@ -20,12 +20,17 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import OK, RecordSink, RequestRecord
 from servelab.metrics.timeline import TimelineSample
-from servelab.perf.cost_model import CostModel
+from servelab.perf.cost_model import CostCoefficients, CostModel, RooflineCostModel
+from servelab.perf.engine_args import resolve
 from servelab.perf.engine_config import EngineConfig
+from servelab.perf.hardware import Hardware
+from servelab.perf.memory import MemoryPlan, plan_memory
+from servelab.perf.models import ModelSpec
 from servelab.sim.engine import RequestRejected, SimEngine
 from servelab.sim.request import SimRequest
 from servelab.sim.router import ROUND_ROBIN, Router
@@ -69,8 +74,26 @@ class SimTarget:
         self.scrape_interval = scrape_interval
         self.network_latency = network_latency
         self.max_model_len = max_model_len
+        self.memory_plan: MemoryPlan | None = None
         self.last_engines: list[SimEngine] = []
         """Engines of the latest run, for inspection (tests, diagnose)."""
+
+    @classmethod
+    def from_hardware(
+        cls,
+        hardware: Hardware,
+        model: ModelSpec,
+        config: EngineConfig,
+        coefficients: CostCoefficients | None = None,
+        **options: Any,
+    ) -> SimTarget:
+        """The deployment `vllm serve` would make: vLLM's defaults, its memory plan's KV blocks, the roofline."""
+        resolved = resolve(config, hardware, model)
+        plan = plan_memory(hardware, model, resolved)
+        cost = RooflineCostModel(hardware, model, resolved, coefficients)
+        target = cls(resolved, plan.num_blocks, cost, max_model_len=resolved.max_model_len, **options)
+        target.memory_plan = plan
+        return target
 
     def make_engine(self) -> SimEngine:
         return SimEngine(self.config, self.num_gpu_blocks, self.cost_model, self.max_model_len)
@@ -167,7 +190,7 @@ class _Simulation:
             return
         values: dict[str, float] = {}
         for engine in self.engines:
-            for name, v in engine.metrics().items():
+            for name, v in engine.metrics(t).items():
                 values[name] = values.get(name, 0) + v
         values[tl.KV_USAGE] /= len(self.engines)
         self.on_sample(TimelineSample(t=t, values=values))
@@ -255,7 +278,8 @@ class _Simulation:
 
     def _begin(self, i: int, now: float) -> None:
         self.begin_pending[i] = False
-        end = self.engines[i].begin_step(now)
+        horizon = self.events[0][0] if self.events else float("inf")
+        end = self.engines[i].begin_step(now, min(horizon, self.next_scrape))
         self._push(end, _STEP_END, lambda t, i=i: self._end(i, t))
 
     def _end(self, i: int, now: float) -> None:

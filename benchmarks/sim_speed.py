@@ -1,0 +1,76 @@
+"""How fast the simulator runs: 10,000 requests of 1,500 in / 200 out at 10 req/s (Poisson, seed 0)
+on one A100-80GB serving Qwen2.5-7B with vLLM's defaults and the roofline cost model.
+
+Goal < 1 s wall time on one core, floor 3 s. Prints wall time, simulated engine
+steps per second of wall time, and the simulated summary so a change in the
+model's behaviour is visible next to its speed.
+
+    .venv/bin/python benchmarks/sim_speed.py [--requests N] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import numpy as np
+
+from servelab.metrics.records import MemorySink
+from servelab.metrics.summary import summarize
+from servelab.perf.engine_config import EngineConfig
+from servelab.perf.hardware import get_gpu
+from servelab.perf.models import get_model
+from servelab.targets.sim import SimTarget
+from servelab.workload.spec import LoadPlan, RequestSpec
+
+
+def workload(n: int, rate: float, prompt_len: int, output_len: int, seed: int) -> list[RequestSpec]:
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
+    prompts = rng.integers(0, 150_000, size=(n, prompt_len), dtype=np.int32)
+    return [RequestSpec(i, prompts[i], output_len, float(arrivals[i])) for i in range(n)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=10_000)
+    ap.add_argument("--rate", type=float, default=10.0)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+
+    specs = workload(args.requests, args.rate, 1500, 200, seed=0)
+    target = SimTarget.from_hardware(get_gpu("a100-80gb"), get_model("qwen2.5-7b"), EngineConfig())
+    sink = MemorySink()
+    profiler = cProfile.Profile() if args.profile else None
+    t0 = time.perf_counter()
+    if profiler:
+        profiler.enable()
+    run = target.run(LoadPlan(specs), sink)
+    if profiler:
+        profiler.disable()
+    wall = time.perf_counter() - t0
+
+    s = summarize(sink.records)
+    steps = run.client_stats["engine_steps"]
+    cfg = target.config
+    print(
+        f"A100-80GB / Qwen2.5-7B, max_num_seqs={cfg.max_num_seqs}, max_num_batched_tokens={cfg.max_num_batched_tokens}, "
+        f"KV blocks={target.num_gpu_blocks}"
+    )
+    print(f"{args.requests} requests 1500 in / 200 out at {args.rate:g} req/s (Poisson, seed 0)")
+    print(f"wall time        {wall:.3f} s   (goal < 1 s, floor 3 s)")
+    print(f"engine steps     {steps}   ->  {steps / wall:,.0f} simulated steps/s")
+    print(f"simulated span   {run.duration:.1f} s")
+    print(
+        f"completed {s['completed']}, req/s {s['request_throughput']:.2f}, out tok/s {s['output_throughput']:.0f}, "
+        f"mean TTFT {s['mean_ttft_ms']:.0f} ms, mean TPOT {s['mean_tpot_ms']:.1f} ms, "
+        f"preemptions {sum(r.preemptions for r in sink.records)}"
+    )
+    if profiler:
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
+
+
+if __name__ == "__main__":
+    main()
