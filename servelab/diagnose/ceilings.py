@@ -1,0 +1,92 @@
+"""Physical ceilings for one workload on one deployment, from the cost model alone.
+
+Each ceiling answers "how far could this go if only this limited it": pure
+prefill compute, decode at the batch actually achieved, KV memory, the
+max_num_seqs cap. The simulator adds the one that combines them all (the
+saturation rate) and the SLO-constrained rate; see diagnose/capacity.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from servelab.perf.cost_model import RooflineCostModel, StepBatch
+from servelab.perf.engine_config import EngineConfig
+from servelab.perf.memory import MemoryPlan
+
+
+@dataclass(frozen=True, slots=True)
+class Ceilings:
+    prefill_compute_rps: float
+    """Prompts per second if every step were a full prefill budget (compute bound)."""
+    prefill_flops_per_request: float
+    decode_bandwidth_tps: float
+    """Output tokens per second at the achieved batch, steps that only decode."""
+    decode_batch: float
+    decode_bandwidth_tps_at_max_batch: float
+    max_decode_batch: int
+    """The largest batch the deployment can hold: min(max_num_seqs, KV capacity)."""
+    kv_capacity_seqs: int
+    """Sequences of (input + output) tokens whose KV fits at once (per replica)."""
+    max_num_seqs: int
+    replicas: int
+    saturation_rps: float | None = None
+    """Simulated throughput under unlimited load: all limits at once."""
+    slo_max_rps: float | None = None
+    """Highest simulated request rate at which the SLO holds."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def prefill_request_time(cost: RooflineCostModel, input_len: int, budget: int) -> float:
+    """Engine seconds one prompt costs when prefills fill every step's token budget."""
+    if input_len <= budget:
+        per_step = max(1, budget // input_len)
+        return cost.step_time(StepBatch(prefill_chunks=[(input_len, 0)] * per_step)) / per_step
+    total, done = 0.0, 0
+    while done < input_len:
+        chunk = min(budget, input_len - done)
+        total += cost.step_time(StepBatch(prefill_chunks=[(chunk, done)]))
+        done += chunk
+    return total
+
+
+def decode_tps(cost: RooflineCostModel, batch: int, context: int) -> float:
+    batch = max(1, batch)
+    return batch / cost.step_time(StepBatch(decode_contexts=[context] * batch))
+
+
+def compute_ceilings(
+    cost: RooflineCostModel,
+    config: EngineConfig,
+    memory: MemoryPlan,
+    *,
+    input_len: float,
+    output_len: float,
+    achieved_batch: float,
+) -> Ceilings:
+    """`config` must be resolved; lengths are the workload's means (tokens)."""
+    assert config.max_num_seqs is not None and config.max_num_batched_tokens is not None
+    replicas = config.data_parallel_size
+    input_len_i, output_len_i = max(1, round(input_len)), max(1, round(output_len))
+    kv_seqs = memory.max_concurrency(input_len_i + output_len_i)
+    max_batch = max(1, min(config.max_num_seqs, kv_seqs))
+    mid_context = input_len_i + output_len_i // 2
+    prefill_s = prefill_request_time(cost, input_len_i, config.max_num_batched_tokens)
+    model = cost.model
+    return Ceilings(
+        prefill_compute_rps=replicas / prefill_s,
+        prefill_flops_per_request=float(
+            input_len_i * model.linear_flops_per_token + model.attention_flops_per_pair * input_len_i**2 / 2
+        ),
+        decode_bandwidth_tps=replicas * decode_tps(cost, math.ceil(achieved_batch), mid_context),
+        decode_batch=achieved_batch,
+        decode_bandwidth_tps_at_max_batch=replicas * decode_tps(cost, max_batch, mid_context),
+        max_decode_batch=max_batch,
+        kv_capacity_seqs=kv_seqs,
+        max_num_seqs=config.max_num_seqs,
+        replicas=replicas,
+    )

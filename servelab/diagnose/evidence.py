@@ -1,0 +1,146 @@
+"""The numbers a diagnosis rests on, read off one run whatever its source.
+
+Everything here is derived from a results directory (records, timeline,
+run.json) so a real `bench` run and a simulated one are judged by the same
+code. Fields are None when the run did not carry the data (for example a
+server without /metrics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from servelab.metrics import timeline as tl
+from servelab.metrics.records import RequestRecord
+from servelab.metrics.results import RunResult
+from servelab.metrics.summary import summarize
+from servelab.metrics.timeline import TimelineSample, counter_delta
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    completed: int
+    failed: int
+    duration_s: float
+    request_rate: float
+    """Achieved completions per second."""
+    offered_rate: float | None
+    """Requests per second the workload asked for (None for closed loop)."""
+    max_concurrency: int | None
+    mean_input_tokens: float
+    mean_output_tokens: float
+    mean_in_flight: float
+    """Client-side requests outstanding, averaged over the run."""
+    output_throughput: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+    itl_p99_ms: float
+    e2el_p50_ms: float
+    mean_running: float | None = None
+    max_running: float | None = None
+    mean_waiting: float | None = None
+    max_waiting: float | None = None
+    frac_waiting: float | None = None
+    """Share of samples with a non-empty waiting queue."""
+    max_kv_usage: float | None = None
+    mean_kv_usage: float | None = None
+    preemptions: float | None = None
+    prefix_hit_rate: float | None = None
+    server_ttft_mean_ms: float | None = None
+    mean_iteration_tokens: float | None = None
+    achieved_flops: float | None = None
+    """FLOP/s the server estimated for itself (vllm:estimated_flops_per_gpu_total)."""
+    achieved_read_bandwidth: float | None = None
+    client_may_be_bottleneck: bool = False
+    client_reason: str | None = None
+    source: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _gauge(samples: list[TimelineSample], name: str) -> np.ndarray:
+    return np.asarray([s.values[name] for s in samples if name in s.values], dtype=float)
+
+
+def _rate(samples: list[TimelineSample], name: str) -> float | None:
+    seen = [(s.t, s.values[name]) for s in samples if name in s.values]
+    if len(seen) < 2 or seen[-1][0] <= seen[0][0]:
+        return None
+    return (seen[-1][1] - seen[0][1]) / (seen[-1][0] - seen[0][0])
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or not den else num / den
+
+
+def mean_in_flight(records: list[RequestRecord]) -> float:
+    """Time-averaged number of requests outstanding at the client (Little's law, measured)."""
+    if not records:
+        return 0.0
+    start = min(r.send_time for r in records)
+    end = max(r.finish_time for r in records)
+    busy = sum(r.finish_time - r.send_time for r in records)
+    return busy / (end - start) if end > start else float(len(records))
+
+
+def _loaded_window(samples: list[TimelineSample]) -> list[TimelineSample]:
+    """Samples while the server had work: idle head and tail would dilute every average."""
+    busy = [i for i, s in enumerate(samples) if s.values.get(tl.RUNNING, 0) + s.values.get(tl.WAITING, 0) > 0]
+    return samples[busy[0] : busy[-1] + 1] if busy else samples
+
+
+def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
+    records = [r for r in run.records if r.send_time >= warmup]
+    summary = summarize(records)
+    ok = [r for r in records if r.ok]
+    arrival = run.run_info.get("arrival", {}) or {}
+    rate = arrival.get("request_rate")
+    samples = _loaded_window(run.timeline)
+    running, waiting, kv = (_gauge(samples, n) for n in (tl.RUNNING, tl.WAITING, tl.KV_USAGE))
+    client = run.run_info.get("client_stats", {}) or {}
+    return Evidence(
+        completed=int(summary["completed"]),
+        failed=int(summary["failed"]),
+        duration_s=float(summary["duration"]),
+        request_rate=float(summary["request_throughput"]),
+        offered_rate=float(rate) if rate not in (None, "inf") and float(rate) != float("inf") else None,
+        max_concurrency=arrival.get("max_concurrency"),
+        mean_input_tokens=float(np.mean([r.prompt_tokens for r in ok])) if ok else 0.0,
+        mean_output_tokens=float(np.mean([r.output_tokens for r in ok])) if ok else 0.0,
+        mean_in_flight=mean_in_flight(records),
+        output_throughput=float(summary["output_throughput"]),
+        ttft_p50_ms=float(summary["median_ttft_ms"]),
+        ttft_p99_ms=float(summary["p99_ttft_ms"]),
+        tpot_p50_ms=float(summary["median_tpot_ms"]),
+        tpot_p99_ms=float(summary["p99_tpot_ms"]),
+        itl_p99_ms=float(summary["p99_itl_ms"]),
+        e2el_p50_ms=float(summary["median_e2el_ms"]),
+        mean_running=float(running.mean()) if running.size else None,
+        max_running=float(running.max()) if running.size else None,
+        mean_waiting=float(waiting.mean()) if waiting.size else None,
+        max_waiting=float(waiting.max()) if waiting.size else None,
+        frac_waiting=float((waiting > 0).mean()) if waiting.size else None,
+        max_kv_usage=float(kv.max()) if kv.size else None,
+        mean_kv_usage=float(kv.mean()) if kv.size else None,
+        preemptions=counter_delta(run.timeline, tl.PREEMPTIONS),
+        prefix_hit_rate=_ratio(counter_delta(run.timeline, tl.PREFIX_HITS), counter_delta(run.timeline, tl.PREFIX_QUERIES)),
+        server_ttft_mean_ms=_ms(_ratio(counter_delta(run.timeline, tl.TTFT_SUM), counter_delta(run.timeline, tl.TTFT_COUNT))),
+        mean_iteration_tokens=_ratio(
+            counter_delta(run.timeline, tl.ITERATION_TOKENS_SUM), counter_delta(run.timeline, tl.ITERATION_TOKENS_COUNT)
+        ),
+        achieved_flops=_rate(samples, tl.FLOPS),
+        achieved_read_bandwidth=_rate(samples, tl.READ_BYTES),
+        client_may_be_bottleneck=bool(client.get("client_may_be_bottleneck", False)),
+        client_reason=client.get("reason"),
+        source=run.run_info.get("source"),
+    )
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3

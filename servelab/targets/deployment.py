@@ -1,0 +1,150 @@
+"""A simulated deployment: hardware + model + a vLLM launch line, resolved once.
+
+Every verb that predicts (simulate, diagnose, tune, validate) needs the same
+chain: parse the user's `vllm serve` flags, fill vLLM's defaults for this
+chip, plan GPU memory into KV blocks, build the cost model, build the engine.
+It lives here so that chain exists once, and a what-if is one `with_flags`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from servelab.perf.cost_model import CostCoefficients, RooflineCostModel
+from servelab.perf.engine_args import parse_engine_args, resolve
+from servelab.perf.engine_config import EngineConfig
+from servelab.perf.hardware import Hardware, get_gpu
+from servelab.perf.memory import MemoryPlan, plan_memory
+from servelab.perf.models import ModelSpec, get_model
+from servelab.sim.router import ROUND_ROBIN
+from servelab.targets.sim import SimTarget
+
+# EngineConfig field -> the vLLM flag that sets it, for printing a launch line.
+_FLAG_OF = {
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "long_prefill_token_threshold": "--long-prefill-token-threshold",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "max_model_len": "--max-model-len",
+    "block_size": "--block-size",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "quantization": "--quantization",
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "data_parallel_size": "--data-parallel-size",
+    "scheduling_policy": "--scheduling-policy",
+    "num_gpu_blocks_override": "--num-gpu-blocks-override",
+}
+_SWITCH_OF = {"enable_chunked_prefill": "enable-chunked-prefill", "enable_prefix_caching": "enable-prefix-caching"}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    hardware: Hardware
+    model: ModelSpec
+    requested: EngineConfig
+    """What the user set (None = vLLM's default); kept so a what-if re-resolves defaults."""
+    config: EngineConfig
+    """`requested` with vLLM's defaults filled for this hardware."""
+    memory: MemoryPlan
+    coefficients: CostCoefficients = field(default_factory=CostCoefficients)
+    warnings: tuple[str, ...] = ()
+    router: str = ROUND_ROBIN
+    network_latency: float = 0.0
+
+    @classmethod
+    def build(
+        cls,
+        hardware: Hardware,
+        model: ModelSpec,
+        requested: EngineConfig,
+        *,
+        coefficients: CostCoefficients | None = None,
+        warnings: tuple[str, ...] = (),
+        router: str = ROUND_ROBIN,
+        network_latency: float = 0.0,
+    ) -> Deployment:
+        config = resolve(requested, hardware, model)
+        return cls(
+            hardware, model, requested, config, plan_memory(hardware, model, config),
+            coefficients or CostCoefficients(), warnings, router, network_latency,
+        )
+
+    def cost_model(self) -> RooflineCostModel:
+        return RooflineCostModel(self.hardware, self.model, self.config, self.coefficients)
+
+    def sim_target(self, scrape_interval: float = 1.0) -> SimTarget:
+        return SimTarget(
+            self.config, self.memory.num_blocks, self.cost_model(), router=self.router,
+            scrape_interval=scrape_interval, network_latency=self.network_latency,
+        )
+
+    def with_changes(self, **changes: object) -> Deployment:
+        """The same deployment with some engine knobs changed, defaults re-resolved."""
+        return Deployment.build(
+            self.hardware, self.model, self.requested.with_(**changes), coefficients=self.coefficients,
+            router=self.router, network_latency=self.network_latency,
+        )
+
+    def with_hardware(self, hardware: Hardware) -> Deployment:
+        return Deployment.build(
+            hardware, self.model, self.requested, coefficients=self.coefficients,
+            router=self.router, network_latency=self.network_latency,
+        )
+
+    def with_model(self, model: ModelSpec) -> Deployment:
+        return Deployment.build(
+            self.hardware, model, self.requested, coefficients=self.coefficients,
+            router=self.router, network_latency=self.network_latency,
+        )
+
+    def engine_args(self) -> str:
+        """The flags that differ from vLLM's defaults, as a user would paste them after `vllm serve`."""
+        default = EngineConfig()
+        parts: list[str] = []
+        for f in fields(EngineConfig):
+            value = getattr(self.requested, f.name)
+            if value == getattr(default, f.name):
+                continue
+            if f.name in _SWITCH_OF:
+                parts.append(("--" if value else "--no-") + _SWITCH_OF[f.name])
+            elif f.name in _FLAG_OF:
+                parts.append(f"{_FLAG_OF[f.name]} {shlex.quote(str(value))}")
+        return " ".join(parts)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "gpu": self.hardware.name,
+            "model": self.model.name,
+            "engine_args": self.engine_args(),
+            "engine_config": {f.name: getattr(self.config, f.name) for f in fields(EngineConfig)},
+            "num_gpu_blocks": self.memory.num_blocks,
+            "kv_cache_gib": self.memory.kv_cache_bytes / 2**30,
+            "coefficients": self.coefficients.model_dump(),
+            "warnings": list(self.warnings),
+        }
+
+
+def build_deployment(
+    gpu: str,
+    model: str | Path,
+    engine_args: str = "",
+    *,
+    tensor_parallel_size: int | None = None,
+    replicas: int | None = None,
+    gpu_file: str | Path | None = None,
+    coefficients: CostCoefficients | None = None,
+    router: str = ROUND_ROBIN,
+) -> Deployment:
+    """From CLI words to a resolved deployment; PerfConfigError on anything inconsistent."""
+    parsed = parse_engine_args(engine_args)
+    requested = parsed.config
+    if tensor_parallel_size is not None:
+        requested = requested.with_(tensor_parallel_size=tensor_parallel_size)
+    if replicas is not None:
+        requested = requested.with_(data_parallel_size=replicas)
+    return Deployment.build(
+        get_gpu(gpu, gpu_file), get_model(parsed.model or model), requested,
+        coefficients=coefficients, warnings=tuple(parsed.warnings), router=router,
+    )
