@@ -175,7 +175,7 @@ class RooflineCostModel:
             (prefill_attn_work + sum_decode_context + num_decodes) * self._attn_s_per_pair,
             (sum_decode_context + prefill_context_tokens + num_prefill_tokens) * self._kv_s_per_token,
         )
-        communication = self._comm_fixed + num_tokens * self._comm_s_per_token if self._comm_fixed else 0.0
+        communication = self._comm_fixed + num_tokens * self._comm_s_per_token
         return linear + attention + communication + self._step_overhead + num_sampled * self._request_overhead
 
     def step_time(self, batch: StepBatch) -> float:
