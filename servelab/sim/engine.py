@@ -115,7 +115,7 @@ class SimEngine:
                 return self._decode_run(now, horizon, k)
         granted, before = self.scheduler.schedule(now)
         duration = self._step_time(granted, before)
-        if not duration > 0:
+        if duration < 0 or (duration == 0 and not self.scheduler.preempted_this_step):
             raise RuntimeError(f"cost model returned a non-positive step time {duration!r}")
         end = now + duration
         self.busy_time += duration
@@ -129,6 +129,8 @@ class SimEngine:
         num_decodes = int(np.count_nonzero(decode))
         num_chunks = int(np.count_nonzero(prefill))
         if num_decodes + num_chunks == 0:
+            if self.scheduler.preempted_this_step:
+                return 0.0  # the only candidate preempted itself: vLLM runs an empty step and retries
             raise RuntimeError("simulator stalled: requests are queued but none could be scheduled")
         if self._aggregate is None:
             return self.cost_model.step_time(

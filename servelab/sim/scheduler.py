@@ -90,6 +90,7 @@ class Scheduler:
         self.waiting = _WaitingQueue(self.policy)
         self.prefix = PrefixCacheCounters()
         self.num_preemptions = 0
+        self.preempted_this_step = False
         cap = self.max_num_seqs
         # Running queue, in vLLM's order: one row per running request.
         self.reqs: list[SimRequest] = []
@@ -165,6 +166,7 @@ class Scheduler:
             start = current - 1 if victim < current else current
         if not preempted:
             budget = self._admit_waiting(budget, threshold, now)
+        self.preempted_this_step = preempted
         self._flush_cache()
         n = len(self.reqs)
         granted = self.scheduled[:n]
@@ -172,7 +174,9 @@ class Scheduler:
 
     def _victim(self) -> int:
         if self.policy == PRIORITY:
-            return max(range(len(self.reqs)), key=lambda i: (self.reqs[i].priority, self.reqs[i].arrival_time))
+            # vLLM: max by (priority, arrival_time); real arrival times never tie, so uid stands in for their order.
+            reqs = self.reqs
+            return max(range(len(reqs)), key=lambda i: (reqs[i].priority, reqs[i].arrival_time, reqs[i].uid))
         return len(self.reqs) - 1
 
     def _commit(self, start: int, end: int, granted: np.ndarray, need: np.ndarray) -> None:

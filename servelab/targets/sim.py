@@ -66,7 +66,6 @@ class SimTarget:
             raise TargetError("network_latency cannot be negative")
         if config.data_parallel_size < 1:
             raise TargetError("data_parallel_size must be at least 1")
-        Router(router)  # validates the policy name before any load
         self.config = config
         self.num_gpu_blocks = num_gpu_blocks
         self.cost_model = cost_model
@@ -77,6 +76,11 @@ class SimTarget:
         self.memory_plan: MemoryPlan | None = None
         self.last_engines: list[SimEngine] = []
         """Engines of the latest run, for inspection (tests, diagnose)."""
+        try:  # every setting is checked here, before any load
+            Router(router)
+            self.make_engine()
+        except ValueError as exc:
+            raise TargetError(str(exc)) from exc
 
     @classmethod
     def from_hardware(

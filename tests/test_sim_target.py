@@ -1,0 +1,170 @@
+"""SimTarget releases requests by the HttpTarget rules and emits the same records and timeline."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from servelab.metrics import timeline as tl
+from servelab.metrics.records import MemorySink
+from servelab.metrics.summary import summarize
+from servelab.perf.engine_config import EngineConfig
+from servelab.sim.engine import SimEngine
+from servelab.sim.linear_cost import LinearCostModel
+from servelab.targets.errors import TargetError
+from servelab.targets.sim import SimTarget
+from servelab.workload.spec import LoadPlan, RequestSpec
+
+COST = LinearCostModel()
+CONFIG = EngineConfig(max_num_seqs=32, max_num_batched_tokens=1024)
+
+
+def specs(n, prompt_len=200, out=16, rate=None, seed=0):
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1 / rate, n)) if rate else np.zeros(n)
+    return [RequestSpec(i, rng.integers(0, 9000, prompt_len, dtype=np.int32), out, float(t[i])) for i in range(n)]
+
+
+def run(target, plan):
+    sink = MemorySink()
+    samples = []
+    result = target.run(plan, sink, samples.append)
+    return sink.records, samples, result
+
+
+def in_flight_max(records):
+    events = sorted([(r.send_time, 1) for r in records] + [(r.finish_time, -1) for r in records])
+    level = peak = 0
+    for _, d in events:
+        level += d
+        peak = max(peak, level)
+    return peak
+
+
+def test_records_carry_every_token_and_the_engine_view():
+    records, _, result = run(SimTarget(CONFIG, 2000, COST), LoadPlan(specs(20, rate=5)))
+    assert len(records) == 20 and all(r.ok for r in records)
+    for r in records:
+        assert r.output_tokens == 16 == len(r.chunk_times)
+        assert r.first_token_time == r.chunk_times[0] and r.finish_time == r.chunk_times[-1]
+        assert r.chunk_times == sorted(r.chunk_times)
+        assert r.send_time == r.intended_time <= r.schedule_time < r.first_token_time
+        assert r.prompt_tokens == 200
+    assert result.duration == pytest.approx(max(r.finish_time for r in records) - min(r.send_time for r in records))
+    assert result.server_info["simulated"] and result.client_stats["engine_steps"] > 0
+
+
+def test_closed_loop_concurrency_is_respected_and_slots_are_reused_at_once():
+    records, _, _ = run(SimTarget(CONFIG, 2000, COST), LoadPlan(specs(40), max_concurrency=4))
+    assert in_flight_max(records) == 4
+    by_index = sorted(records, key=lambda r: r.index)
+    assert [r.send_time for r in by_index[:4]] == [0.0] * 4
+    finishes = sorted(r.finish_time for r in records)
+    assert by_index[4].send_time == finishes[0]  # the fifth goes the moment a slot frees
+
+
+def test_open_loop_sends_on_schedule_and_a_cap_delays_it():
+    plan_specs = specs(30, rate=50)
+    free, _, _ = run(SimTarget(CONFIG, 2000, COST), LoadPlan(plan_specs))
+    assert all(r.send_time == plan_specs[r.index].arrival_time for r in free)
+    capped, _, _ = run(SimTarget(CONFIG, 2000, COST), LoadPlan(plan_specs, max_concurrency=2))
+    assert in_flight_max(capped) <= 2
+    assert all(r.send_time >= plan_specs[r.index].arrival_time for r in capped)
+    assert any(r.send_time > plan_specs[r.index].arrival_time for r in capped)
+
+
+def test_nothing_is_sent_at_or_after_the_duration():
+    plan_specs = specs(200, rate=20)
+    records, _, _ = run(SimTarget(CONFIG, 2000, COST), LoadPlan(iter(plan_specs), duration=3.0))
+    assert records and max(r.send_time for r in records) < 3.0
+    assert len(records) == sum(1 for s in plan_specs if s.arrival_time < 3.0)
+
+
+def test_a_follow_up_turn_waits_for_its_predecessor_and_the_think_time():
+    base = specs(3)
+    turns = [base[0], dataclasses.replace(base[1], depends_on=0, think_time=0.5), base[2]]
+    records, _, _ = run(SimTarget(CONFIG, 2000, COST), LoadPlan(turns, max_concurrency=2))
+    by = {r.index: r for r in records}
+    assert by[1].send_time == pytest.approx(by[0].finish_time + 0.5)
+    assert by[2].send_time == 0.0  # the independent request is not held up by the waiting turn
+    bad = [dataclasses.replace(base[0], depends_on=2)]
+    with pytest.raises(TargetError, match="depends on request 2"):
+        run(SimTarget(CONFIG, 2000, COST), LoadPlan(bad))
+
+
+def test_runs_are_deterministic_and_fast_forward_changes_nothing():
+    plan = LoadPlan(specs(120, rate=30, seed=3), max_concurrency=24)
+    a, sa, _ = run(SimTarget(CONFIG, 700, COST), plan)
+    b, sb, _ = run(SimTarget(CONFIG, 700, COST), plan)
+    assert [r.to_json() for r in a] == [r.to_json() for r in b]
+    assert [s.to_json() for s in sa] == [s.to_json() for s in sb]
+
+    class StepByStep(SimTarget):
+        def make_engine(self) -> SimEngine:
+            return SimEngine(self.config, self.num_gpu_blocks, self.cost_model, fast_forward=False)
+
+    c, sc, _ = run(StepByStep(CONFIG, 700, COST), plan)
+    key = lambda r: r.index  # noqa: E731
+    assert [r.to_json() for r in sorted(a, key=key)] == [r.to_json() for r in sorted(c, key=key)]
+    counters = [n for n in tl.COUNTERS if n in sa[0].values]
+    assert [[s.values[n] for n in counters] for s in sa] == [[s.values[n] for n in counters] for s in sc]
+
+
+def test_the_timeline_uses_vllm_names_and_adds_up():
+    records, samples, _ = run(SimTarget(CONFIG, 2000, COST, scrape_interval=0.5), LoadPlan(specs(60, rate=20)))
+    assert [s.t for s in samples[:4]] == [0.0, 0.5, 1.0, 1.5]
+    last = samples[-1].values
+    assert last[tl.GENERATION_TOKENS] == sum(r.output_tokens for r in records)
+    assert last[tl.PROMPT_TOKENS] == sum(r.prompt_tokens for r in records)
+    assert last[tl.TTFT_COUNT] == 60
+    assert last[tl.TTFT_SUM] == pytest.approx(sum(r.ttft for r in records))
+    assert max(s.values[tl.RUNNING] for s in samples) > 1
+    assert all(0 <= s.values[tl.KV_USAGE] <= 1 for s in samples)
+    for name in tl.COUNTERS:
+        if name in last:
+            seq = [s.values[name] for s in samples]
+            assert seq == sorted(seq), name
+
+
+def test_replicas_share_the_load_and_raise_throughput():
+    plan = LoadPlan(specs(200, prompt_len=400, out=32, rate=400))
+    one, _, _ = run(SimTarget(CONFIG, 2000, COST), plan)
+    for router in ("round-robin", "least-loaded"):
+        target = SimTarget(CONFIG.with_(data_parallel_size=2), 2000, COST, router=router)
+        two, samples, _ = run(target, plan)
+        steps = [e.num_steps for e in target.last_engines]
+        assert min(steps) > 0.6 * max(steps)
+        assert summarize(two)["request_throughput"] > 1.5 * summarize(one)["request_throughput"]
+        assert samples[-1].values[tl.GENERATION_TOKENS] == 200 * 32
+
+
+def test_network_latency_shifts_client_times():
+    plan = LoadPlan(specs(5, rate=1))
+    base, _, _ = run(SimTarget(CONFIG, 2000, COST), plan)
+    slow, _, _ = run(SimTarget(CONFIG, 2000, COST, network_latency=0.01), plan)
+    for a, b in zip(sorted(base, key=lambda r: r.index), sorted(slow, key=lambda r: r.index)):
+        assert b.ttft == pytest.approx(a.ttft + 0.02)
+        assert b.chunk_times[-1] - b.chunk_times[0] == pytest.approx(a.chunk_times[-1] - a.chunk_times[0])
+
+
+def test_impossible_requests_get_an_error_record_like_an_http_400():
+    plan = LoadPlan([*specs(2), RequestSpec(2, np.arange(600), 16)])
+    records, _, _ = run(SimTarget(CONFIG, 2000, COST, max_model_len=512), plan)
+    by = {r.index: r for r in records}
+    assert by[0].ok and by[1].ok
+    assert not by[2].ok and by[2].error_kind == "http_400" and "max_model_len" in by[2].error
+
+
+def test_bad_settings_fail_before_any_load():
+    with pytest.raises(TargetError, match="router"):
+        SimTarget(CONFIG, 2000, COST, router="random")
+    with pytest.raises(TargetError):
+        SimTarget(CONFIG, 2000, COST, scrape_interval=0)
+    with pytest.raises(TargetError):
+        run(SimTarget(CONFIG, 2000, COST), LoadPlan(specs(2), max_concurrency=0))
+    with pytest.raises(TargetError, match="resolved"):
+        SimTarget(EngineConfig(), 2000, COST)
+    with pytest.raises(TargetError, match="KV blocks"):
+        SimTarget(CONFIG, 1, COST)
