@@ -167,7 +167,7 @@ class SimEngine:
             self.step_ends.append(t)
             done += 1
         self.busy_time += t - now
-        self._pending_tokens = self.scheduler.apply_decode_steps(first, done, now)
+        self._pending_tokens = self.scheduler.apply_decode_steps(first, done)
         self._pending_run = (first, done, self._pending_tokens // done)
         self._in_step = True
         return t

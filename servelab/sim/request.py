@@ -35,9 +35,7 @@ class SimRequest:
     """Prompt plus output tokens so far (vLLM's num_tokens)."""
     num_computed_tokens: int = 0
     blocks: list[int] = field(default_factory=list)
-    num_cached_blocks: int = 0
     block_hashes: list[int] | None = None
-    num_prompt_hash_blocks: int = 0
     preemptions: int = 0
     schedule_time: float | None = None
     first_token_step: int | None = None
@@ -58,7 +56,6 @@ class SimRequest:
         """Block hashes of the first `upto` blocks, computed once and extended as output fills blocks."""
         if self.block_hashes is None:
             self.block_hashes = prompt_block_hashes(self.prompt_ids, block_size)
-            self.num_prompt_hash_blocks = len(self.block_hashes)
         have = len(self.block_hashes)
         if upto > have:
             self.block_hashes.extend(output_block_hashes(self.uid, have, upto))

@@ -291,7 +291,6 @@ class Scheduler:
                 self.pool.index(req.blocks[prompt_blocks:cached], output_block_hashes(req.uid, prompt_blocks, cached))
         self.pool.free(req.blocks[::-1])
         req.blocks = []
-        req.num_cached_blocks = 0
         req.num_computed_tokens = 0
         req.status = PREEMPTED
         req.preemptions += 1
@@ -340,7 +339,7 @@ class Scheduler:
         """Context length of each running request before its next decode step."""
         return self.computed[: len(self.reqs)].copy()
 
-    def apply_decode_steps(self, first_step: int, k: int, now: float) -> int:
+    def apply_decode_steps(self, first_step: int, k: int) -> int:
         """Advance every running request by k decode steps (as k schedule()+update() calls would); returns tokens."""
         n = len(self.reqs)
         computed = self.computed[:n]
