@@ -1,0 +1,73 @@
+"""Published vLLM measurements (data/published.yaml) and a pure-roofline ceiling for each.
+
+The ceiling is a physical upper bound on output throughput, not a prediction:
+datasheet peaks, no overhead, weights streamed once per decode step, every KV
+byte read once per step it is attended. A measurement above its ceiling means
+the entry's setup is wrong (or the catalogue is); one far below says how much
+the simulator's efficiencies and overheads must explain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from servelab.perf.engine_args import parse_engine_args, resolve
+from servelab.perf.hardware import get_gpu
+from servelab.perf.memory import kv_bytes_per_token_per_rank, plan_memory, weight_bytes_per_rank
+from servelab.perf.models import get_model
+from servelab.perf.quantization import weight_format
+
+PUBLISHED = Path(__file__).parent / "data" / "published.yaml"
+
+
+@dataclass(frozen=True, slots=True)
+class Ceiling:
+    batch: int
+    """Requests decoding together: concurrency, capped by max_num_seqs and KV capacity."""
+    output_throughput: float
+    bound: str
+    """'compute' or 'memory': which side of the linear layers' roofline set the ceiling."""
+
+
+def published_entries() -> list[dict[str, Any]]:
+    return yaml.safe_load(PUBLISHED.read_text())
+
+
+def roofline_ceiling(entry: dict[str, Any]) -> Ceiling | None:
+    """Output tokens/s no engine could beat on the entry's setup; None when its lengths are unknown."""
+    workload = entry["workload"]
+    prompt, output = workload.get("mean_input_len"), workload.get("mean_output_len")
+    if not prompt or not output:
+        return None
+    hardware, model = get_gpu(entry["gpu"]), get_model(entry["model"])
+    config = resolve(parse_engine_args(entry.get("engine_args") or "").config, hardware, model)
+    model = model.with_dtype(config.dtype)
+    tp = config.tensor_parallel_size
+    plan = plan_memory(hardware, model, config)
+    batch = min(
+        workload.get("max_concurrency") or config.max_num_seqs,
+        config.max_num_seqs,
+        plan.max_concurrency(int(prompt + output)),
+        workload.get("num_prompts") or config.max_num_seqs,
+    )
+    # One "cycle": `batch` requests each prefill `prompt` tokens and decode `output` tokens.
+    peak = hardware.peak_flops(weight_format(config.quantization, model, hardware).compute_dtype)
+    bandwidth = hardware.memory_bandwidth
+    linear_flops = batch * ((prompt + output) * model.linear_flops_per_token + output * model.lm_head_flops_per_token) / tp
+    streamed = weight_bytes_per_rank(model, config.quantization, hardware, tp) - model.embedding_params * model.dtype_bytes / tp
+    linear_time = max(linear_flops / peak, output * streamed / bandwidth)
+    pairs = batch * (prompt * prompt / 2 + output * (prompt + output / 2))
+    attention_flops = pairs * model.attention_flops_per_pair / tp
+    kv_read = batch * output * (prompt + output / 2) * kv_bytes_per_token_per_rank(model, config.kv_cache_dtype, tp)
+    attention_time = max(attention_flops / hardware.peak_flops("bf16"), kv_read / bandwidth)
+    cycle = linear_time + attention_time
+    replicas = config.data_parallel_size
+    return Ceiling(
+        batch=batch,
+        output_throughput=replicas * batch * output / cycle,
+        bound="compute" if linear_flops / peak >= output * streamed / bandwidth else "memory",
+    )
