@@ -76,7 +76,8 @@ class ResultWriter:
 class RunResult:
     """A results directory loaded back into memory."""
 
-    directory: Path
+    directory: Path | None
+    """None for a run held only in memory (a what-if simulation)."""
     run_info: dict[str, Any]
     records: list[RequestRecord]
     timeline: list[TimelineSample] = field(default_factory=list)

@@ -52,6 +52,7 @@ class Deployment:
     warnings: tuple[str, ...] = ()
     router: str = ROUND_ROBIN
     network_latency: float = 0.0
+    performance_mode: str = "balanced"
 
     @classmethod
     def build(
@@ -64,11 +65,12 @@ class Deployment:
         warnings: tuple[str, ...] = (),
         router: str = ROUND_ROBIN,
         network_latency: float = 0.0,
+        performance_mode: str = "balanced",
     ) -> Deployment:
-        config = resolve(requested, hardware, model)
+        config = resolve(requested, hardware, model, performance_mode=performance_mode)
         return cls(
             hardware, model, requested, config, plan_memory(hardware, model, config),
-            coefficients or CostCoefficients(), warnings, router, network_latency,
+            coefficients or CostCoefficients(), warnings, router, network_latency, performance_mode,
         )
 
     def cost_model(self) -> RooflineCostModel:
@@ -80,24 +82,18 @@ class Deployment:
             scrape_interval=scrape_interval, network_latency=self.network_latency,
         )
 
+    def rebuilt(
+        self, *, hardware: Hardware | None = None, model: ModelSpec | None = None, **changes: object
+    ) -> Deployment:
+        """The same deployment on other hardware, another model or with some knobs changed; defaults re-resolved."""
+        return Deployment.build(
+            hardware or self.hardware, model or self.model, self.requested.with_(**changes),
+            coefficients=self.coefficients, router=self.router, network_latency=self.network_latency,
+            performance_mode=self.performance_mode,
+        )
+
     def with_changes(self, **changes: object) -> Deployment:
-        """The same deployment with some engine knobs changed, defaults re-resolved."""
-        return Deployment.build(
-            self.hardware, self.model, self.requested.with_(**changes), coefficients=self.coefficients,
-            router=self.router, network_latency=self.network_latency,
-        )
-
-    def with_hardware(self, hardware: Hardware) -> Deployment:
-        return Deployment.build(
-            hardware, self.model, self.requested, coefficients=self.coefficients,
-            router=self.router, network_latency=self.network_latency,
-        )
-
-    def with_model(self, model: ModelSpec) -> Deployment:
-        return Deployment.build(
-            self.hardware, model, self.requested, coefficients=self.coefficients,
-            router=self.router, network_latency=self.network_latency,
-        )
+        return self.rebuilt(**changes)
 
     def engine_args(self) -> str:
         """The flags that differ from vLLM's defaults, as a user would paste them after `vllm serve`."""
@@ -147,4 +143,5 @@ def build_deployment(
     return Deployment.build(
         get_gpu(gpu, gpu_file), get_model(parsed.model or model), requested,
         coefficients=coefficients, warnings=tuple(parsed.warnings), router=router,
+        performance_mode=parsed.performance_mode,
     )

@@ -1,0 +1,165 @@
+"""The workload a diagnosis replays on the simulator, and the runs it makes of it.
+
+A measured run is replayed request by request (its prompt and output
+lengths, its arrival times or its concurrency), so every what-if answers
+"what would this change have done to *this* run". A described deployment
+(no run) becomes a synthetic scenario with the stated lengths and load.
+Token ids are synthetic and unique per request except for a shared prefix,
+which is all the simulator's prefix cache needs to see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from servelab.metrics.records import MemorySink
+from servelab.metrics.results import RunResult
+from servelab.metrics.timeline import TimelineSample
+from servelab.targets.deployment import Deployment
+from servelab.workload.spec import LoadPlan, RequestSpec
+
+_ID_LOW, _ID_HIGH = 1000, 30000
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """One request's lengths and timing: all a replay keeps of it."""
+
+    input_len: int
+    output_len: int
+    arrival: float
+    prefix_group: int | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    shapes: tuple[Shape, ...]
+    max_concurrency: int | None
+    """Closed loop when set and every arrival is 0."""
+    prefix_len: int = 0
+    seed: int = 0
+    description: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def mean_input(self) -> float:
+        return float(np.mean([s.input_len for s in self.shapes]))
+
+    @property
+    def mean_output(self) -> float:
+        return float(np.mean([s.output_len for s in self.shapes]))
+
+    @property
+    def offered_rate(self) -> float | None:
+        last = max(s.arrival for s in self.shapes)
+        return (len(self.shapes) - 1) / last if last > 0 else None
+
+    def specs(self) -> list[RequestSpec]:
+        rng = np.random.default_rng(self.seed)
+        prefixes: dict[int, np.ndarray] = {}
+        out = []
+        for i, s in enumerate(self.shapes):
+            ids = rng.integers(_ID_LOW, _ID_HIGH, size=s.input_len, dtype=np.int32)
+            shared = min(self.prefix_len, s.input_len) if s.prefix_group is not None else 0
+            if shared:
+                group = prefixes.setdefault(
+                    s.prefix_group, rng.integers(_ID_LOW, _ID_HIGH, size=self.prefix_len, dtype=np.int32)
+                )
+                ids[:shared] = group[:shared]
+            out.append(RequestSpec(
+                index=i, prompt_ids=ids, max_tokens=s.output_len, arrival_time=s.arrival,
+                prefix_group=s.prefix_group, prefix_len=shared,
+            ))
+        return out
+
+    def plan(self) -> LoadPlan:
+        return LoadPlan(requests=self.specs(), max_concurrency=self.max_concurrency)
+
+    # -- variants (workload what-ifs) --------------------------------------
+
+    def at_rate(self, rate: float) -> Scenario:
+        """Same requests, Poisson arrivals at `rate` req/s (open loop, no concurrency cap)."""
+        gaps = np.random.default_rng(self.seed + 1).exponential(1.0 / rate, size=len(self.shapes))
+        times = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+        return replace(self, shapes=tuple(replace(s, arrival=float(t)) for s, t in zip(self.shapes, times)),
+                       max_concurrency=None)
+
+    def closed_loop(self, concurrency: int) -> Scenario:
+        return replace(self, shapes=tuple(replace(s, arrival=0.0) for s in self.shapes), max_concurrency=concurrency)
+
+    def with_shared_prefix(self, prefix_len: int, groups: int = 1) -> Scenario:
+        """The first `prefix_len` tokens of every prompt become one of `groups` shared prefixes."""
+        shapes = tuple(replace(s, prefix_group=i % groups) for i, s in enumerate(self.shapes))
+        return replace(self, shapes=shapes, prefix_len=prefix_len)
+
+    def with_input_scale(self, factor: float) -> Scenario:
+        shapes = tuple(replace(s, input_len=max(1, round(s.input_len * factor))) for s in self.shapes)
+        return replace(self, shapes=shapes, prefix_len=round(self.prefix_len * factor))
+
+    def with_max_input(self, max_len: int) -> Scenario:
+        return replace(self, shapes=tuple(replace(s, input_len=min(s.input_len, max_len)) for s in self.shapes))
+
+
+def synthetic(
+    input_len: int,
+    output_len: int,
+    *,
+    request_rate: float | None = None,
+    max_concurrency: int | None = None,
+    num_requests: int | None = None,
+    prefix_len: int = 0,
+    seed: int = 0,
+) -> Scenario:
+    """A described deployment's workload: fixed lengths, Poisson at `request_rate` or closed loop."""
+    if request_rate is None and max_concurrency is None:
+        raise ValueError("a described deployment needs --request-rate or --max-concurrency")
+    if num_requests is None:
+        num_requests = int(np.clip((request_rate or 0) * 60, 300, 2000)) if request_rate else max(300, 8 * max_concurrency)
+    shapes = tuple(Shape(input_len, output_len, 0.0, 0 if prefix_len else None) for _ in range(num_requests))
+    base = Scenario(shapes, None, prefix_len, seed, {"input_len": input_len, "output_len": output_len})
+    scenario = base.at_rate(request_rate) if request_rate else base.closed_loop(max_concurrency)
+    if request_rate and max_concurrency:
+        scenario = replace(scenario, max_concurrency=max_concurrency)
+    return scenario
+
+
+def from_run(run: RunResult, warmup: float = 0.0) -> Scenario:
+    """Replay a measured run: each request's lengths, and its arrival time or the run's concurrency."""
+    records = sorted((r for r in run.records if r.send_time >= warmup), key=lambda r: r.intended_time)
+    if not records:
+        raise ValueError(f"{run.directory} has no records to diagnose")
+    arrival = run.run_info.get("arrival", {}) or {}
+    concurrency = arrival.get("max_concurrency")
+    closed = arrival.get("request_rate") in (None, "inf", float("inf"))
+    t0 = records[0].intended_time
+    shapes = tuple(
+        Shape(
+            max(1, r.prompt_tokens),
+            max(1, r.output_tokens or int(run.run_info.get("workload", {}).get("output_len", 1) or 1)),
+            0.0 if closed else r.intended_time - t0,
+            r.prefix_group,
+        )
+        for r in records
+    )
+    prefix_len = int((run.run_info.get("workload", {}) or {}).get("prefix_len", 0) or 0)
+    return Scenario(shapes, concurrency, prefix_len, 0, {"replayed_from": str(run.directory)})
+
+
+def simulate(deployment: Deployment, scenario: Scenario, scrape_interval: float = 0.5) -> RunResult:
+    """One in-memory simulated run: records and timeline, as a results directory would hold them."""
+    sink = MemorySink()
+    samples: list[TimelineSample] = []
+    target = deployment.sim_target(scrape_interval=scrape_interval)
+    outcome = target.run(scenario.plan(), sink, samples.append)
+    info = {
+        "source": "sim",
+        "deployment": deployment.describe(),
+        "arrival": {
+            "max_concurrency": scenario.max_concurrency,
+            "request_rate": scenario.offered_rate if scenario.max_concurrency is None else None,
+        },
+        "engine_busy_s": outcome.client_stats.get("engine_busy_s"),
+        "duration": outcome.duration,
+    }
+    return RunResult(None, info, sink.records, samples)
