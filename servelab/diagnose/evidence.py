@@ -35,6 +35,7 @@ class Evidence:
     mean_in_flight: float
     """Client-side requests outstanding, averaged over the run."""
     output_throughput: float
+    ttft_mean_ms: float
     ttft_p50_ms: float
     ttft_p99_ms: float
     tpot_p50_ms: float
@@ -56,6 +57,10 @@ class Evidence:
     achieved_flops: float | None = None
     """FLOP/s the server estimated for itself (vllm:estimated_flops_per_gpu_total)."""
     achieved_read_bandwidth: float | None = None
+    steps_per_s: float | None = None
+    """Engine iterations per second (vllm:iteration_tokens_total count)."""
+    engine_busy: float | None = None
+    """Share of time an engine step was running (known to the simulator only)."""
     client_may_be_bottleneck: bool = False
     client_reason: str | None = None
     source: str | None = None
@@ -115,6 +120,7 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
         mean_output_tokens=float(np.mean([r.output_tokens for r in ok])) if ok else 0.0,
         mean_in_flight=mean_in_flight(records),
         output_throughput=float(summary["output_throughput"]),
+        ttft_mean_ms=float(summary["mean_ttft_ms"]),
         ttft_p50_ms=float(summary["median_ttft_ms"]),
         ttft_p99_ms=float(summary["p99_ttft_ms"]),
         tpot_p50_ms=float(summary["median_tpot_ms"]),
@@ -136,10 +142,19 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
         ),
         achieved_flops=_rate(samples, tl.FLOPS),
         achieved_read_bandwidth=_rate(samples, tl.READ_BYTES),
+        steps_per_s=_rate(samples, tl.ITERATION_TOKENS_COUNT),
+        engine_busy=_busy(run.run_info, float(summary["duration"])),
         client_may_be_bottleneck=bool(client.get("client_may_be_bottleneck", False)),
         client_reason=client.get("reason"),
         source=run.run_info.get("source"),
     )
+
+
+def _busy(run_info: dict[str, Any], duration: float) -> float | None:
+    busy = run_info.get("engine_busy_s")
+    if not busy or duration <= 0:
+        return None
+    return min(1.0, sum(busy) / (len(busy) * duration))
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -1,0 +1,187 @@
+"""`diagnose`: evidence -> ceilings -> ranked findings -> simulated recommendations.
+
+The same path serves a measured run (records + timeline from `bench`) and a
+described deployment (the simulator reproduces it first). Only the
+simulator-backed parts (saturation, SLO rate, what-ifs) need the scenario.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from servelab import SCHEMA_VERSION
+from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, saturation_rps, slo_max_rps
+from servelab.diagnose.ceilings import Ceilings, compute_ceilings
+from servelab.diagnose.evidence import Evidence, gather
+from servelab.diagnose.findings import Context, Finding, detect
+from servelab.diagnose.recommend import recommend, run as simulate_outcome
+from servelab.diagnose.scenario import Scenario, simulate
+from servelab.diagnose.utilization import Utilization, utilization
+from servelab.metrics.results import RunResult
+from servelab.metrics.slo import SLO
+from servelab.targets.deployment import Deployment
+
+
+@dataclass
+class Observed:
+    """What the user saw on the real deployment, when there is no run to read."""
+
+    qps: float | None = None
+    ttft_ms: float | None = None
+    gpu_util: float | None = None
+
+
+@dataclass
+class Diagnosis:
+    deployment: Deployment
+    scenario: Scenario
+    evidence: Evidence
+    ceilings: Ceilings
+    utilization: Utilization
+    findings: list[Finding]
+    slo: SLO | None
+    slo_attainment: float | None
+    source: str
+    """"measured" (a bench run) or "simulated" (a described deployment)."""
+    observed: Observed = field(default_factory=Observed)
+    notes: list[str] = field(default_factory=list)
+    advice: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def bottleneck(self) -> str | None:
+        return self.findings[0].kind if self.findings else None
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.ceilings
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "source": self.source,
+            "deployment": self.deployment.describe(),
+            "workload": {
+                "requests": len(self.scenario.shapes),
+                "mean_input_tokens": self.scenario.mean_input,
+                "mean_output_tokens": self.scenario.mean_output,
+                "offered_rate": self.scenario.offered_rate,
+                "max_concurrency": self.scenario.max_concurrency,
+            },
+            "bottleneck": self.bottleneck,
+            "ceilings": {
+                "prefill_compute_rps": c.prefill_compute_rps,
+                "decode_bandwidth_tps": c.decode_bandwidth_tps,
+                "kv_capacity_seqs": c.kv_capacity_seqs,
+                "max_num_seqs": c.max_num_seqs,
+                "slo_max_rps": c.slo_max_rps,
+                "saturation_rps": c.saturation_rps,
+                "decode_bandwidth_tps_at_max_batch": c.decode_bandwidth_tps_at_max_batch,
+            },
+            "standing": standing(self),
+            "utilization": self.utilization.as_dict(),
+            "evidence": self.evidence.as_dict(),
+            "slo": self.slo.as_dict() if self.slo else None,
+            "slo_attainment": self.slo_attainment,
+            "observed": self.observed.__dict__,
+            "findings": [f.as_dict() for f in self.findings],
+            "notes": self.notes,
+            "advice": self.advice,
+        }
+
+
+def standing(dx: Diagnosis) -> dict[str, float | None]:
+    """Where the deployment stands, as a share of each ceiling."""
+    e, c = dx.evidence, dx.ceilings
+    running = e.mean_running if e.mean_running is not None else e.mean_in_flight
+    per_replica = running / c.replicas
+
+    def share(x: float, of: float | None) -> float | None:
+        return x / of if of else None
+
+    return {
+        "prefill_compute": share(e.request_rate, c.prefill_compute_rps),
+        "decode_bandwidth": share(e.output_throughput, c.decode_bandwidth_tps_at_max_batch),
+        "kv_capacity": share(per_replica, c.kv_capacity_seqs),
+        "max_num_seqs": share(per_replica, c.max_num_seqs),
+        "slo_max_rps": share(e.request_rate, c.slo_max_rps),
+        "saturation": share(e.request_rate, c.saturation_rps),
+    }
+
+
+def _attainment(run: RunResult, slo: SLO | None) -> float | None:
+    if slo is None or not run.records:
+        return None
+    return sum(1 for r in run.records if slo.is_met(r)) / len(run.records)
+
+
+def analyse(
+    deployment: Deployment,
+    scenario: Scenario,
+    run: RunResult,
+    *,
+    slo: SLO | None = None,
+    source: str,
+    observed: Observed | None = None,
+    slo_share: float = DEFAULT_ATTAINMENT,
+    with_recommendations: bool = True,
+) -> Diagnosis:
+    e = gather(run)
+    batch = (e.mean_running if e.mean_running is not None else e.mean_in_flight) / deployment.config.data_parallel_size
+    c = compute_ceilings(deployment.cost_model(), deployment.config, deployment.memory,
+                         input_len=scenario.mean_input, output_len=scenario.mean_output, achieved_batch=batch)
+    sat = saturation_rps(deployment, scenario)
+    slo_rps = slo_max_rps(deployment, scenario, slo, upper=1.2 * sat, share=slo_share) if slo else None
+    c = Ceilings(**{**c.as_dict(), "saturation_rps": sat, "slo_max_rps": slo_rps})
+    u = utilization(e, deployment)
+    attained = _attainment(run, slo)
+    ctx = Context(e, c, u, deployment, slo, attained)
+    found = detect(ctx)
+    if with_recommendations and found:
+        baseline = simulate_outcome(deployment, scenario, slo)
+        for f in found:
+            f.recommendations = recommend(f, ctx, scenario, baseline)
+    dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed or Observed())
+    dx.notes = notes(dx)
+    return dx
+
+
+def diagnose_run(run: RunResult, deployment: Deployment, *, slo: SLO | None = None, warmup: float = 0.0,
+                 **kw: Any) -> Diagnosis:
+    from servelab.diagnose.scenario import from_run
+
+    scenario = from_run(run, warmup)
+    return analyse(deployment, scenario, run, slo=slo, source="measured", **kw)
+
+
+def diagnose_described(deployment: Deployment, scenario: Scenario, *, slo: SLO | None = None,
+                       observed: Observed | None = None, **kw: Any) -> Diagnosis:
+    run = simulate(deployment, scenario)
+    return analyse(deployment, scenario, run, slo=slo, source="simulated", observed=observed, **kw)
+
+
+def notes(dx: Diagnosis) -> list[str]:
+    """Plain-language explanations of what users misread most: GPU utilisation and 'memory full'."""
+    u, e, out = dx.utilization, dx.evidence, []
+    busy = f"{100 * u.engine_busy:.0f}%" if u.engine_busy is not None else "unknown"
+    gpu_util = dx.observed.gpu_util
+    seen = f"You saw {100 * gpu_util:.0f}% GPU utilisation. " if gpu_util is not None else ""
+    out.append(
+        f"{seen}nvidia-smi's utilisation is the share of time any kernel runs (here a step is running {busy} of the "
+        f"time), not how busy the chip is: MFU is {100 * u.mfu:.0f}% of {u.peak_flops / 1e12:.0f} TFLOP/s and memory "
+        f"bandwidth utilisation {100 * u.mbu:.0f}% of {u.peak_bandwidth / 1e9:.0f} GB/s ({u.source} estimate). "
+        "Decode is memory-bound by nature; prefill is compute-bound."
+    )
+    m = dx.deployment.memory
+    out.append(
+        f"'GPU memory full' is by design: vLLM reserves {dx.deployment.config.gpu_memory_utilization:.0%} of the GPU at "
+        f"start-up and gives {m.kv_cache_bytes / 2**30:.1f} GiB of it to the KV cache ({m.num_blocks} blocks); "
+        f"the KV actually in use peaked at {100 * (e.max_kv_usage or 0):.0f}%."
+    )
+    if dx.observed.qps is not None and dx.ceilings.saturation_rps:
+        out.append(
+            f"You observe {dx.observed.qps:.2f} req/s; the simulated ceiling for this workload is "
+            f"{dx.ceilings.saturation_rps:.2f} req/s."
+        )
+    if dx.observed.ttft_ms is not None:
+        out.append(f"You observe TTFT {dx.observed.ttft_ms:.0f} ms; the simulation gives p50 {e.ttft_p50_ms:.0f} ms "
+                   f"and p99 {e.ttft_p99_ms:.0f} ms at this load.")
+    out.extend(dx.deployment.warnings)
+    return out

@@ -1,0 +1,56 @@
+"""Ceilings only the simulator can give: all limits at once, and the SLO's limit.
+
+Saturation is the throughput of a closed loop deep enough that the engine
+never idles; the SLO rate is the highest Poisson rate at which the chosen
+share of requests still meets every bound, found by bisection.
+"""
+
+from __future__ import annotations
+
+from servelab.diagnose.scenario import Scenario, simulate
+from servelab.metrics.slo import SLO
+from servelab.metrics.summary import summarize
+from servelab.targets.deployment import Deployment
+
+DEFAULT_ATTAINMENT = 0.9
+"""Share of requests that must meet the SLO for a rate to count as sustainable."""
+
+
+def max_batch(deployment: Deployment, scenario: Scenario) -> int:
+    """Sequences one replica can run at once at this workload's lengths."""
+    seq_len = round(scenario.mean_input + scenario.mean_output)
+    return max(1, min(deployment.config.max_num_seqs, deployment.memory.max_concurrency(seq_len)))
+
+
+def saturation_rps(deployment: Deployment, scenario: Scenario) -> float:
+    """Request throughput with more requests outstanding than the engine can run at once."""
+    depth = max(8, int(max_batch(deployment, scenario) * 1.5)) * deployment.config.data_parallel_size
+    run = simulate(deployment, scenario.closed_loop(depth))
+    return float(summarize(run.records)["request_throughput"])
+
+
+def attainment(deployment: Deployment, scenario: Scenario, slo: SLO) -> float:
+    run = simulate(deployment, scenario)
+    return sum(1 for r in run.records if slo.is_met(r)) / max(1, len(run.records))
+
+
+def slo_max_rps(
+    deployment: Deployment,
+    scenario: Scenario,
+    slo: SLO,
+    upper: float,
+    *,
+    share: float = DEFAULT_ATTAINMENT,
+    iterations: int = 8,
+) -> float:
+    """Highest request rate in (0, upper] whose SLO attainment is at least `share` (0 when none is)."""
+    low, high = 0.0, upper
+    if attainment(deployment, scenario.at_rate(high), slo) >= share:
+        return high
+    for _ in range(iterations):
+        mid = (low + high) / 2
+        if attainment(deployment, scenario.at_rate(mid), slo) >= share:
+            low = mid
+        else:
+            high = mid
+    return low

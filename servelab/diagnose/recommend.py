@@ -1,0 +1,178 @@
+"""Concrete changes for a finding, each priced by the simulator on the same workload.
+
+A recommendation is kept only if the simulator says it moves the metric
+that matters for that finding in the right direction; "before" is the
+simulation of the unchanged deployment on the same scenario, so the
+comparison is like for like (the measured numbers are in the evidence).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from servelab.diagnose import findings as fk
+from servelab.diagnose.capacity import saturation_rps
+from servelab.diagnose.findings import Context, Finding, Recommendation
+from servelab.diagnose.scenario import Scenario, simulate
+from servelab.metrics.slo import SLO
+from servelab.metrics.summary import summarize
+from servelab.perf.errors import PerfConfigError
+from servelab.perf.hardware import get_gpu
+from servelab.targets.deployment import Deployment
+
+# The next chip up a user would rent for each common one.
+_UPGRADE = {"A100-40GB-SXM": "h100", "A100-80GB-SXM": "h100", "A100-80GB-PCIe": "h100", "H100-SXM": "h200",
+            "H100-PCIe": "h100", "L4": "l40s", "A10G": "l40s", "L40S": "h100", "RTX-4090": "l40s", "H20": "h200"}
+MIN_GAIN = 0.05
+"""A change must move its metric by 5% to be worth a restart; below that the model cannot tell."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    change: str
+    deployment: Deployment | None = None
+    scenario: Scenario | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    summary: dict[str, object]
+
+    def value(self, metric: str) -> float:
+        return float(self.summary.get(metric) or 0.0)
+
+
+CAPACITY = "capacity_rps"
+"""Saturation throughput of the changed deployment: how far QPS could go, not what this load achieved."""
+HIGHER_IS_BETTER = {"request_throughput", "request_goodput", "output_throughput", CAPACITY}
+SHOWN = ("request_throughput", "p99_ttft_ms", "p99_tpot_ms")
+
+
+def run(d: Deployment, scenario: Scenario, slo: SLO | None) -> Outcome:
+    return Outcome(summarize(simulate(d, scenario).records, slo=slo))
+
+
+def _pow2_at_most(n: float) -> int:
+    return 2 ** int(math.log2(max(1.0, n)))
+
+
+def _quantized(d: Deployment) -> Iterator[Candidate]:
+    """Weight formats with faster tensor cores or fewer bytes, where the chip runs them."""
+    hw = d.hardware
+    if hw.fp8_tflops > 0:
+        yield Candidate("FP8 weights and activations (--quantization fp8)", d.with_changes(quantization="fp8"))
+    elif hw.int8_tflops > 0:
+        yield Candidate("INT8 W8A8 weights (a w8a8 checkpoint; --quantization compressed-tensors)",
+                        d.with_changes(quantization="int8"))
+    yield Candidate("4-bit AWQ weights (an AWQ checkpoint; --quantization awq_marlin)", d.with_changes(quantization="awq"))
+
+
+def _more_hardware(d: Deployment) -> Iterator[Candidate]:
+    replicas = d.config.data_parallel_size
+    yield Candidate(f"{replicas * 2} replicas behind a load balancer (a second GPU as data parallelism)",
+                    d.with_changes(data_parallel_size=replicas * 2))
+    if d.hardware.interconnect_bandwidth > 0:
+        tp = d.config.tensor_parallel_size
+        yield Candidate(f"tensor parallel on {tp * 2} GPUs (--tensor-parallel-size {tp * 2})",
+                        d.with_changes(tensor_parallel_size=tp * 2))
+    upgrade = _UPGRADE.get(d.hardware.name)
+    if upgrade:
+        chip = get_gpu(upgrade)
+        yield Candidate(f"the same deployment on {chip.name}", d.rebuilt(hardware=chip))
+
+
+def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]:
+    d, cfg = x.d, x.d.config
+    if kind == fk.UNDERLOADED:
+        if scenario.max_concurrency is not None and scenario.offered_rate is None:
+            deeper = max(2 * scenario.max_concurrency, min(cfg.max_num_seqs, x.c.kv_capacity_seqs) * cfg.data_parallel_size)
+            yield Candidate(f"raise client concurrency to {deeper} (the engine can run {x.c.max_decode_batch} at once)",
+                            scenario=scenario.closed_loop(deeper))
+        rate = (x.c.slo_max_rps or 0.8 * (x.c.saturation_rps or 0.0))
+        if rate > x.e.request_rate:
+            yield Candidate(f"send up to {rate:.2f} req/s (the highest rate that still meets the SLO)"
+                            if x.c.slo_max_rps else f"send up to {rate:.2f} req/s (80% of the simulated ceiling)",
+                            scenario=scenario.at_rate(rate))
+    elif kind == fk.MAX_NUM_SEQS_BOUND:
+        target = _pow2_at_most(min(4 * cfg.max_num_seqs, x.c.kv_capacity_seqs))
+        for seqs in sorted({target, 2 * cfg.max_num_seqs}):
+            if seqs > cfg.max_num_seqs:
+                yield Candidate(f"raise --max-num-seqs to {seqs}", d.with_changes(
+                    max_num_seqs=seqs, max_num_batched_tokens=max(cfg.max_num_batched_tokens, seqs)))
+    elif kind == fk.KV_CAPACITY_BOUND:
+        yield Candidate("FP8 KV cache (--kv-cache-dtype fp8): twice the tokens in the same memory",
+                        d.with_changes(kv_cache_dtype="fp8"))
+        if cfg.gpu_memory_utilization < 0.95:
+            yield Candidate("--gpu-memory-utilization 0.95", d.with_changes(gpu_memory_utilization=0.95))
+        yield Candidate(f"cap the batch at what the KV holds (--max-num-seqs {max(1, x.c.kv_capacity_seqs)})",
+                        d.with_changes(max_num_seqs=max(1, x.c.kv_capacity_seqs)))
+        yield from _quantized(d)
+        yield from _more_hardware(d)
+    elif kind == fk.PREFILL_COMPUTE_BOUND:
+        if scenario.prefix_len == 0:
+            shared = int(scenario.mean_input * 2 / 3)
+            yield Candidate(f"put the first {shared} prompt tokens in one shared system prompt (prefix caching, on by "
+                            "default, then skips them)", scenario=scenario.with_shared_prefix(shared))
+        if not cfg.enable_prefix_caching:
+            yield Candidate("enable prefix caching (--enable-prefix-caching)", d.with_changes(enable_prefix_caching=True))
+        yield from _quantized(d)
+        yield from _more_hardware(d)
+        yield Candidate("halve the prompts (truncate history, compress retrieved context)",
+                        scenario=scenario.with_input_scale(0.5))
+    elif kind == fk.DECODE_BANDWIDTH_BOUND:
+        yield from _quantized(d)
+        if cfg.kv_cache_dtype != "fp8":
+            yield Candidate("FP8 KV cache (--kv-cache-dtype fp8): half the bytes read per decoded token",
+                            d.with_changes(kv_cache_dtype="fp8"))
+        yield from _more_hardware(d)
+    elif kind == fk.SLO_TRADEOFF:
+        budget = cfg.max_num_batched_tokens
+        for tokens in (budget // 4, budget // 2, budget * 2, budget * 4):
+            if tokens >= max(cfg.max_num_seqs, 256):
+                yield Candidate(f"--max-num-batched-tokens {tokens}", d.with_changes(max_num_batched_tokens=tokens))
+
+
+def metric_for(kind: str, x: Context, scenario: Scenario) -> str:
+    if x.slo is not None:
+        return "request_goodput"
+    if kind == fk.SLO_TRADEOFF:
+        return "p99_itl_ms"
+    open_loop = scenario.offered_rate is not None and scenario.max_concurrency is None
+    if kind == fk.UNDERLOADED or not open_loop:
+        return "request_throughput"
+    return "p99_ttft_ms" if x.load_ratio < fk.SATURATED else CAPACITY
+
+
+def confirm_command(scenario: Scenario, engine_args: str | None) -> str:
+    load = (f"--max-concurrency {scenario.max_concurrency}" if scenario.offered_rate is None
+            else f"--request-rate {scenario.offered_rate:.2f}")
+    restart = f"restart the server with `vllm serve MODEL {engine_args}`, then " if engine_args else ""
+    return (f"{restart}servelab bench --base-url URL --dataset-name random --random-input-len {scenario.mean_input:.0f} "
+            f"--random-output-len {scenario.mean_output:.0f} --ignore-eos {load} --num-prompts {len(scenario.shapes)}")
+
+
+def recommend(finding: Finding, x: Context, scenario: Scenario, baseline: Outcome, limit: int = 4) -> list[Recommendation]:
+    metric = metric_for(finding.kind, x, scenario)
+    higher = metric in HIGHER_IS_BETTER
+    before = x.c.saturation_rps or 0.0 if metric == CAPACITY else baseline.value(metric)
+    out: list[Recommendation] = []
+    for cand in candidates(finding.kind, x, scenario):
+        d, changed = cand.deployment or x.d, cand.scenario or scenario
+        try:
+            outcome = run(d, changed, x.slo)
+            after = saturation_rps(d, changed) if metric == CAPACITY else outcome.value(metric)
+        except PerfConfigError:
+            continue  # the change does not fit this hardware (e.g. too little memory): not a recommendation
+        gain = (after - before) / before if before else (1.0 if after > 0 else 0.0)
+        if (gain if higher else -gain) < MIN_GAIN:
+            continue
+        engine_args = d.engine_args() if cand.deployment is not None else None
+        out.append(Recommendation(
+            change=cand.change, engine_args=engine_args, metric=metric, before=before, after=after,
+            effects={m: (baseline.value(m), outcome.value(m)) for m in SHOWN if m != metric},
+            confirm=confirm_command(cand.scenario or scenario, engine_args),
+        ))
+    out.sort(key=lambda r: r.gain if higher else -r.gain, reverse=True)
+    return out[:limit]

@@ -1,0 +1,88 @@
+"""What "GPU utilisation" should mean: FLOP/s and bytes/s against the chip's peaks.
+
+nvidia-smi's utilisation is the share of time any kernel is running, so a
+decode-heavy server shows 100% while its tensor cores idle, and a lightly
+loaded one shows 30% while each of its steps is bandwidth-bound. The honest
+numbers are model FLOPs utilisation (MFU) and memory-bandwidth utilisation
+(MBU). They come from the server's own estimates when it exports them
+(vllm:estimated_flops_per_gpu_total), otherwise from the model's arithmetic
+applied to the measured token rates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from servelab.diagnose.evidence import Evidence
+from servelab.perf.memory import kv_bytes_per_token_per_rank, weight_bytes_per_rank
+from servelab.perf.quantization import weight_format
+from servelab.targets.deployment import Deployment
+
+
+@dataclass(frozen=True, slots=True)
+class Utilization:
+    flops_per_gpu: float
+    peak_flops: float
+    mfu: float
+    prefill_flop_share: float
+    """Share of the FLOPs spent on prompts (the rest is decode)."""
+    bytes_per_gpu: float
+    peak_bandwidth: float
+    mbu: float
+    compute_headroom: float
+    """mfu / the efficiency a well-fed GEMM reaches: ~1 means compute-saturated."""
+    bandwidth_headroom: float
+    engine_busy: float | None
+    """Share of wall time a step runs: roughly what nvidia-smi reports."""
+    source: str
+    """"server" when vLLM's own FLOP estimate was scraped, else "model"."""
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def utilization(e: Evidence, d: Deployment) -> Utilization:
+    model, cfg, hw = d.model, d.config, d.hardware
+    fmt = weight_format(cfg.quantization, model, hw)
+    peak = hw.peak_flops(fmt.compute_dtype) * cfg.tensor_parallel_size
+    bandwidth = hw.memory_bandwidth * cfg.tensor_parallel_size
+
+    prompt_tps = e.request_rate * e.mean_input_tokens
+    context = e.mean_input_tokens + e.mean_output_tokens / 2
+    prefill = prompt_tps * (model.linear_flops_per_token + model.attention_flops_per_pair * e.mean_input_tokens / 2)
+    prefill += e.request_rate * model.lm_head_flops_per_token
+    decode = e.output_throughput * (
+        model.linear_flops_per_token + model.lm_head_flops_per_token + model.attention_flops_per_pair * context
+    )
+    flops_replica = (prefill + decode) / cfg.data_parallel_size
+    source = "model"
+    if e.achieved_flops:
+        flops_replica, source = e.achieved_flops * cfg.tensor_parallel_size, "server"
+
+    weights = weight_bytes_per_rank(model, cfg.quantization, hw, 1)
+    kv_token = kv_bytes_per_token_per_rank(model, cfg.kv_cache_dtype, 1)
+    steps = e.steps_per_s
+    if steps is None:
+        steps = e.output_throughput / max(1.0, e.mean_running or e.mean_in_flight)
+    steps_replica = steps / cfg.data_parallel_size if e.steps_per_s is None else steps
+    bytes_replica = steps_replica * weights + (e.output_throughput / cfg.data_parallel_size) * context * kv_token
+    if e.achieved_read_bandwidth:
+        bytes_replica = e.achieved_read_bandwidth * cfg.tensor_parallel_size
+
+    c = d.coefficients
+    mfu = flops_replica / peak
+    mbu = bytes_replica / bandwidth
+    total = prefill + decode
+    return Utilization(
+        flops_per_gpu=flops_replica / cfg.tensor_parallel_size,
+        peak_flops=peak / cfg.tensor_parallel_size,
+        mfu=mfu,
+        prefill_flop_share=prefill / total if total else 0.0,
+        bytes_per_gpu=bytes_replica / cfg.tensor_parallel_size,
+        peak_bandwidth=hw.memory_bandwidth,
+        mbu=mbu,
+        compute_headroom=mfu / c.compute_efficiency,
+        bandwidth_headroom=mbu / c.memory_efficiency,
+        engine_busy=e.engine_busy,
+        source=source,
+    )
