@@ -13,5 +13,13 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _root() -> None:
+    """Measure, explain, predict and choose LLM serving configurations."""
+
+
 def main() -> None:
     app()
+
+
+from servelab.cli import diagnose  # noqa: E402,F401  (registers the command)

@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servelab import SCHEMA_VERSION
+from servelab.diagnose.advice import AdviceContext, check_advice
 from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, saturation_rps, slo_max_rps
 from servelab.diagnose.ceilings import Ceilings, compute_ceilings
 from servelab.diagnose.evidence import Evidence, gather
 from servelab.diagnose.findings import Context, Finding, detect
 from servelab.diagnose.recommend import recommend, run as simulate_outcome
-from servelab.diagnose.scenario import Scenario, simulate
+from servelab.diagnose.scenario import Scenario, from_run, simulate
 from servelab.diagnose.utilization import Utilization, utilization
 from servelab.metrics.results import RunResult
 from servelab.metrics.slo import SLO
@@ -122,6 +123,7 @@ def analyse(
     observed: Observed | None = None,
     slo_share: float = DEFAULT_ATTAINMENT,
     with_recommendations: bool = True,
+    with_advice: bool = False,
 ) -> Diagnosis:
     e = gather(run)
     batch = (e.mean_running if e.mean_running is not None else e.mean_in_flight) / deployment.config.data_parallel_size
@@ -134,19 +136,21 @@ def analyse(
     attained = _attainment(run, slo)
     ctx = Context(e, c, u, deployment, slo, attained)
     found = detect(ctx)
-    if with_recommendations and found:
-        baseline = simulate_outcome(deployment, scenario, slo)
+    baseline = simulate_outcome(deployment, scenario, slo) if (with_recommendations and found) or with_advice else None
+    if with_recommendations and baseline is not None:
         for f in found:
             f.recommendations = recommend(f, ctx, scenario, baseline)
     dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed or Observed())
     dx.notes = notes(dx)
+    if with_advice and baseline is not None:
+        longest = max(s.input_len + s.output_len for s in scenario.shapes)
+        context = AdviceContext(tuple(f.kind for f in found), longest, e.ttft_p50_ms, e.e2el_p50_ms, source == "measured")
+        dx.advice = check_advice(deployment, scenario, context, baseline)
     return dx
 
 
 def diagnose_run(run: RunResult, deployment: Deployment, *, slo: SLO | None = None, warmup: float = 0.0,
                  **kw: Any) -> Diagnosis:
-    from servelab.diagnose.scenario import from_run
-
     scenario = from_run(run, warmup)
     return analyse(deployment, scenario, run, slo=slo, source="measured", **kw)
 

@@ -174,6 +174,8 @@ def decode_bandwidth_bound(x: Context) -> Finding | None:
     busy = x.e.engine_busy if x.e.engine_busy is not None else x.load_ratio
     if busy < 0.9 or x.load_ratio < SATURATED or x.u.prefill_flop_share >= 0.5:
         return None
+    if x.queueing >= QUEUEING and x.running_per_replica >= 0.95 * x.c.max_num_seqs:
+        return None  # the batch is held back by max_num_seqs, not by the memory system
     regime = "compute" if x.u.compute_headroom >= x.u.bandwidth_headroom else "memory bandwidth"
     evidence = [
         f"the engine is busy {_pct(busy)} of the time, mostly decoding: {x.e.output_throughput:.0f} output tok/s at "

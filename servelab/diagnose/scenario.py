@@ -41,6 +41,8 @@ class Scenario:
     prefix_len: int = 0
     seed: int = 0
     description: dict[str, object] = field(default_factory=dict)
+    nominal_rate: float | None = None
+    """The Poisson rate the arrivals were drawn at, when they were."""
 
     @property
     def mean_input(self) -> float:
@@ -52,6 +54,8 @@ class Scenario:
 
     @property
     def offered_rate(self) -> float | None:
+        if self.nominal_rate is not None:
+            return self.nominal_rate
         last = max(s.arrival for s in self.shapes)
         return (len(self.shapes) - 1) / last if last > 0 else None
 
@@ -83,10 +87,11 @@ class Scenario:
         gaps = np.random.default_rng(self.seed + 1).exponential(1.0 / rate, size=len(self.shapes))
         times = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
         return replace(self, shapes=tuple(replace(s, arrival=float(t)) for s, t in zip(self.shapes, times)),
-                       max_concurrency=None)
+                       max_concurrency=None, nominal_rate=rate)
 
     def closed_loop(self, concurrency: int) -> Scenario:
-        return replace(self, shapes=tuple(replace(s, arrival=0.0) for s in self.shapes), max_concurrency=concurrency)
+        return replace(self, shapes=tuple(replace(s, arrival=0.0) for s in self.shapes), max_concurrency=concurrency,
+                       nominal_rate=None)
 
     def with_shared_prefix(self, prefix_len: int, groups: int = 1) -> Scenario:
         """The first `prefix_len` tokens of every prompt become one of `groups` shared prefixes."""

@@ -313,3 +313,12 @@ def resolve(
         max_model_len=max_model_len,
         dtype=dtype,
     )
+
+
+def flag_status(flag: str) -> str:
+    """What vLLM 0.32 makes of a flag: "exists", "obsolete" or "unknown" (no such flag)."""
+    name = flag.lstrip("-")
+    if name in OBSOLETE_FLAGS:
+        return "obsolete"
+    value_flags, switch_flags, _ = _vllm_flags()
+    return "exists" if name in value_flags or name in switch_flags else "unknown"

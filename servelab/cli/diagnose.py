@@ -1,0 +1,110 @@
+"""`servelab diagnose`: why this deployment is slow, with the numbers, and what to change."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from servelab.cli import app
+from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
+from servelab.diagnose.scenario import synthetic
+from servelab.metrics.results import load_run
+from servelab.metrics.slo import SLO, SLOError
+from servelab.perf.errors import PerfConfigError
+from servelab.report.diagnosis_view import render_markdown, render_terminal
+from servelab.targets.deployment import build_deployment
+
+DIAGNOSIS = "diagnosis.json"
+
+# The first case servelab exists for: Qwen2.5-7B on one A100, ~1,500-token prompts, max_num_seqs 256,
+# ~10 req/s, "GPU utilisation 30%, memory full": why won't QPS go up?
+EXAMPLE = {"gpu": "a100-80gb", "model": "qwen2.5-7b", "engine_args": "--max-num-seqs 256", "input_len": 1500,
+           "output_len": 200, "request_rate": 10.0, "observed_qps": 10.0, "observed_gpu_util": 0.3}
+
+
+def _fail(message: str) -> typer.Exit:
+    Console(stderr=True).print(f"[bold red]error:[/] {message}")
+    return typer.Exit(2)
+
+
+@app.command()
+def diagnose(
+    results: Annotated[Optional[Path], typer.Argument(help="A results directory from `servelab bench` (or simulate).")] = None,
+    gpu: Annotated[Optional[str], typer.Option(help="GPU the server runs on (see the catalogue), or cpu.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Built-in model name or a directory with config.json.")] = None,
+    engine_args: Annotated[str, typer.Option(help="The server's launch flags, as pasted from `vllm serve ...`.")] = "",
+    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size (overrides engine args).")] = None,
+    replicas: Annotated[Optional[int], typer.Option(help="Data-parallel replicas behind a router.")] = None,
+    gpu_file: Annotated[Optional[Path], typer.Option(help="YAML file with extra GPUs.")] = None,
+    input_len: Annotated[Optional[int], typer.Option(help="Described deployment: prompt tokens per request.")] = None,
+    output_len: Annotated[Optional[int], typer.Option(help="Described deployment: output tokens per request.")] = None,
+    request_rate: Annotated[Optional[float], typer.Option(help="Described deployment: offered req/s (Poisson).")] = None,
+    max_concurrency: Annotated[Optional[int], typer.Option(help="Described deployment: closed-loop concurrency.")] = None,
+    observed_qps: Annotated[Optional[float], typer.Option(help="What you see in production, req/s.")] = None,
+    observed_ttft_ms: Annotated[Optional[float], typer.Option(help="What you see in production, TTFT ms.")] = None,
+    observed_gpu_util: Annotated[Optional[float], typer.Option(help="nvidia-smi's utilisation, 0-1.")] = None,
+    goodput: Annotated[Optional[list[str]], typer.Option(help="SLO as vLLM spells it: ttft:500 tpot:50 e2el:10000 (ms).")] = None,
+    slo_attainment: Annotated[float, typer.Option(help="Share of requests that must meet the SLO.")] = 0.9,
+    check_advice: Annotated[bool, typer.Option("--check-advice", help="Also evaluate 25 common tuning tips.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON.")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print the diagnosis as Markdown.")] = False,
+    save: Annotated[Optional[Path], typer.Option(help=f"Write the JSON here (default: {DIAGNOSIS} in RESULTS).")] = None,
+    warmup: Annotated[float, typer.Option(help="Seconds at the start of the run to ignore.")] = 0.0,
+) -> None:
+    """Find what limits the deployment, the ceiling it implies, and the change that lifts it.
+
+    With no arguments: the built-in example (Qwen2.5-7B on an A100 at ~10 req/s of 1,500-token prompts).
+    """
+    if json_out and markdown:
+        raise _fail("--json and --markdown both choose the output format; pick one")
+    described = any(v is not None for v in (input_len, output_len, request_rate, max_concurrency))
+    if results is not None and described:
+        raise _fail("RESULTS and --input-len/--output-len/--request-rate/--max-concurrency both describe the workload; "
+                    "give a results directory or a described deployment, not both")
+    example = results is None and not described and gpu is None and model is None
+    if example:
+        gpu, model, engine_args = EXAMPLE["gpu"], EXAMPLE["model"], EXAMPLE["engine_args"]
+        input_len, output_len, request_rate = EXAMPLE["input_len"], EXAMPLE["output_len"], EXAMPLE["request_rate"]
+        observed_qps, observed_gpu_util = EXAMPLE["observed_qps"], EXAMPLE["observed_gpu_util"]
+    if gpu is None or model is None:
+        raise _fail("--gpu and --model are needed: servelab cannot see what hardware and model the server runs")
+    if observed_gpu_util is not None and not 0 <= observed_gpu_util <= 1:
+        raise _fail(f"--observed-gpu-util is a fraction in [0, 1], got {observed_gpu_util}")
+    try:
+        slo = SLO.parse(goodput)
+        deployment = build_deployment(gpu, model, engine_args, tensor_parallel_size=tp, replicas=replicas,
+                                      gpu_file=gpu_file)
+        observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util)
+        if results is not None:
+            run = load_run(results)
+            dx = diagnose_run(run, deployment, slo=slo, warmup=warmup, observed=observed, slo_share=slo_attainment,
+                              with_advice=check_advice)
+        else:
+            if input_len is None or output_len is None:
+                raise _fail("a described deployment needs --input-len and --output-len")
+            rate = request_rate if request_rate is not None else (observed_qps if max_concurrency is None else None)
+            if rate is None and max_concurrency is None:
+                raise _fail("a described deployment needs --request-rate, --max-concurrency or --observed-qps")
+            scenario = synthetic(input_len, output_len, request_rate=rate, max_concurrency=max_concurrency)
+            dx = diagnose_described(deployment, scenario, slo=slo, observed=observed, slo_share=slo_attainment,
+                                    with_advice=check_advice)
+    except (PerfConfigError, SLOError, FileNotFoundError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    data = dx.as_dict()
+    target = save or (results / DIAGNOSIS if results is not None else None)
+    if target is not None:
+        target.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    if json_out:
+        typer.echo(json.dumps(data, indent=2, default=str))
+    elif markdown:
+        typer.echo(render_markdown(data))
+    else:
+        console = Console()
+        if example:
+            console.print("[dim]No deployment given: diagnosing the built-in example "
+                          "(servelab diagnose --help for your own).[/]")
+        render_terminal(data, console)

@@ -1,0 +1,125 @@
+"""How a Diagnosis reads: findings first, their evidence beneath, then ceilings.
+
+One function builds the content as plain rows; the terminal (rich) and the
+Markdown renderers only lay it out, so the two never disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+CEILING_ROWS = (
+    ("prefill_compute_rps", "prefill_compute", "Prefill compute", "req/s"),
+    ("decode_bandwidth_tps_at_max_batch", "decode_bandwidth", "Decode (at the largest batch)", "tok/s"),
+    ("kv_capacity_seqs", "kv_capacity", "KV capacity", "seqs/replica"),
+    ("max_num_seqs", "max_num_seqs", "max_num_seqs", "seqs/replica"),
+    ("saturation_rps", "saturation", "All limits at once (simulated)", "req/s"),
+    ("slo_max_rps", "slo_max_rps", "Highest rate meeting the SLO (simulated)", "req/s"),
+)
+
+
+def _num(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "—"
+    text = f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.2f}"
+    return f"{text} {unit}".strip()
+
+
+def _metric(name: str) -> tuple[str, str]:
+    return {
+        "capacity_rps": ("ceiling", "req/s"),
+        "request_throughput": ("throughput", "req/s"),
+        "request_goodput": ("goodput", "req/s"),
+        "p99_ttft_ms": ("TTFT p99", "ms"),
+        "p99_tpot_ms": ("TPOT p99", "ms"),
+        "p99_itl_ms": ("ITL p99", "ms"),
+    }.get(name, (name, ""))
+
+
+def recommendation_row(r: dict[str, Any]) -> list[str]:
+    label, unit = _metric(r["metric"])
+    effects = ", ".join(
+        f"{_metric(m)[0]} {_num(a)}→{_num(b)}" for m, (a, b) in r["effects"].items()
+    )
+    return [r["change"], f"{label} {_num(r['before'], unit)} → {_num(r['after'], unit)} ({r['gain']:+.0%})", effects]
+
+
+def headline(d: dict[str, Any]) -> str:
+    dep, w = d["deployment"], d["workload"]
+    load = (f"{w['offered_rate']:.2f} req/s offered" if w["offered_rate"] and not w["max_concurrency"]
+            else f"concurrency {w['max_concurrency']}")
+    return (f"{dep['model']} on {dep['gpu']} · {dep['engine_args'] or 'vLLM defaults'} · "
+            f"{w['mean_input_tokens']:.0f} in / {w['mean_output_tokens']:.0f} out · {load} · {d['source']}")
+
+
+def render_terminal(d: dict[str, Any], console: Console) -> None:
+    console.print(Panel(headline(d), title="servelab diagnose", expand=False))
+    if not d["findings"]:
+        console.print("No bottleneck stands out: the deployment runs within its ceilings for this workload.")
+    for i, f in enumerate(d["findings"], 1):
+        body: list[Any] = [Text("• " + line) for line in f["evidence"]]
+        if f["recommendations"]:
+            t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+            for col in ("change", "predicted (simulated)", "side effects at this load"):
+                t.add_column(col, overflow="fold")
+            for r in f["recommendations"]:
+                t.add_row(*recommendation_row(r))
+            body.append(t)
+            body.append(Text("confirm: " + f["recommendations"][0]["confirm"], style="dim"))
+        style = "red" if i == 1 else "yellow"
+        console.print(Panel(Group(*body), title=f"{i}. {f['title']} [{f['kind']}]", border_style=style))
+    t = Table(title="Ceilings for this workload", header_style="bold")
+    for col in ("limit", "ceiling", "where it stands"):
+        t.add_column(col)
+    for key, stand, label, unit in CEILING_ROWS:
+        share = d["standing"].get(stand)
+        t.add_row(label, _num(d["ceilings"].get(key), unit), "—" if share is None else f"{share:.0%}")
+    console.print(t)
+    for note in d["notes"]:
+        console.print(Text("• " + note, style="cyan"))
+    if d["advice"]:
+        render_advice_terminal(d["advice"], console)
+
+
+def render_advice_terminal(advice: list[dict[str, Any]], console: Console) -> None:
+    t = Table(title="Common advice, checked against this deployment", header_style="bold", show_lines=False)
+    for col in ("#", "advice", "in vLLM", "Δ throughput", "Δ TTFT p99", "Δ TPOT p99", "verdict", "why"):
+        t.add_column(col, overflow="fold")
+    for a in advice:
+        t.add_row(str(a["id"]), a["advice"], a["flag_status"], _pct(a.get("d_throughput")), _pct(a.get("d_ttft_p99")),
+                  _pct(a.get("d_tpot_p99")), a["verdict"], a["why"])
+    console.print(t)
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:+.0%}"
+
+
+def render_markdown(d: dict[str, Any]) -> str:
+    out = [f"# servelab diagnose\n\n{headline(d)}\n"]
+    for i, f in enumerate(d["findings"], 1):
+        out.append(f"## {i}. {f['title']} (`{f['kind']}`)\n")
+        out.extend(f"- {line}" for line in f["evidence"])
+        if f["recommendations"]:
+            out.append("\n| change | predicted (simulated) | side effects at this load |\n|---|---|---|")
+            out.extend("| " + " | ".join(recommendation_row(r)) + " |" for r in f["recommendations"])
+            out.append(f"\nConfirm: `{f['recommendations'][0]['confirm']}`")
+        out.append("")
+    out.append("## Ceilings for this workload\n\n| limit | ceiling | where it stands |\n|---|---|---|")
+    for key, stand, label, unit in CEILING_ROWS:
+        share = d["standing"].get(stand)
+        out.append(f"| {label} | {_num(d['ceilings'].get(key), unit)} | {'—' if share is None else f'{share:.0%}'} |")
+    out.append("")
+    out.extend(f"- {note}" for note in d["notes"])
+    if d["advice"]:
+        out.append("\n## Common advice, checked\n\n| # | advice | in vLLM | Δ throughput | Δ TTFT p99 | Δ TPOT p99 | verdict | why |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for a in d["advice"]:
+            out.append(f"| {a['id']} | {a['advice']} | {a['flag_status']} | {_pct(a.get('d_throughput'))} | "
+                       f"{_pct(a.get('d_ttft_p99'))} | {_pct(a.get('d_tpot_p99'))} | {a['verdict']} | {a['why']} |")
+    return "\n".join(out) + "\n"

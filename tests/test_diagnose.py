@@ -1,0 +1,145 @@
+"""diagnose on the simulator: each planted fault must come out ranked first, with its evidence."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from servelab.cli import app
+from servelab.diagnose import findings as fk
+from servelab.diagnose.analysis import analyse, diagnose_described, diagnose_run
+from servelab.diagnose.scenario import simulate, synthetic
+from servelab.metrics.results import ResultWriter, load_run
+from servelab.metrics.slo import SLO
+from servelab.targets.deployment import build_deployment
+
+PLANTED = {
+    # prompts of 1,500 tokens at 10 req/s: the first DEVELOPERS.md case; A100 tensor cores saturate.
+    fk.PREFILL_COMPUTE_BOUND: ("", dict(input_len=1500, output_len=200, request_rate=10), None),
+    # four users on an A100: the GPU waits for work.
+    fk.UNDERLOADED: ("", dict(input_len=100, output_len=100, max_concurrency=4), None),
+    # a batch cap of 8 under 20 req/s of short requests: a queue forms while KV sits empty.
+    fk.MAX_NUM_SEQS_BOUND: ("--max-num-seqs 8", dict(input_len=128, output_len=128, request_rate=20), None),
+    # 1,500 blocks (24k tokens) for 64 concurrent 1,500-token sequences: preemptions.
+    fk.KV_CAPACITY_BOUND: ("--num-gpu-blocks-override 1500 --max-model-len 4096",
+                           dict(input_len=1000, output_len=500, max_concurrency=64), None),
+    # long answers at the full batch: decode steps fill the engine's time.
+    fk.DECODE_BANDWIDTH_BOUND: ("", dict(input_len=128, output_len=1024, max_concurrency=256), None),
+    # a TPOT bound that 2,048-token prefill chunks break at moderate load.
+    fk.SLO_TRADEOFF: ("", dict(input_len=1500, output_len=200, request_rate=5), "ttft:3000 tpot:20"),
+}
+
+
+def _diagnose(engine_args, workload, slo, **kw):
+    d = build_deployment("a100-80gb", "qwen2.5-7b", engine_args)
+    w = dict(workload)
+    scenario = synthetic(w.pop("input_len"), w.pop("output_len"), **w)
+    return diagnose_described(d, scenario, slo=SLO.parse(slo), **kw)
+
+
+@pytest.mark.parametrize("kind", list(PLANTED))
+def test_planted_fault_is_ranked_first(kind):
+    engine_args, workload, slo = PLANTED[kind]
+    dx = _diagnose(engine_args, workload, slo, with_recommendations=False)
+    assert dx.bottleneck == kind, [(f.kind, round(f.score, 2)) for f in dx.findings]
+    assert dx.findings[0].evidence, "a finding without numbers is folklore"
+
+
+def test_client_bound_outranks_the_engine_when_the_client_lags():
+    d = build_deployment("a100-80gb", "qwen2.5-7b")
+    scenario = synthetic(100, 100, max_concurrency=4)
+    run = simulate(d, scenario)
+    # What HttpTarget reports when it cannot keep its own schedule (see targets/client_stats.py).
+    run.run_info["client_stats"] = {"client_may_be_bottleneck": True, "reason": "send lag p99 120 ms"}
+    dx = analyse(d, scenario, run, source="measured", with_recommendations=False)
+    assert dx.bottleneck == fk.CLIENT_BOUND
+    assert "120 ms" in dx.findings[0].evidence[0]
+
+
+def test_prefill_bound_case_explains_with_a_physical_ceiling_and_priced_fixes():
+    dx = _diagnose(*PLANTED[fk.PREFILL_COMPUTE_BOUND])
+    c = dx.ceilings
+    # 1,500 tokens x ~14 GFLOP/token on 312 TFLOP/s at ~70%: about 10 req/s of prefill at most.
+    assert 8 < c.prefill_compute_rps < 13
+    assert c.saturation_rps < c.prefill_compute_rps
+    assert dx.evidence.request_rate < 10  # the offered 10 req/s cannot be served
+    recs = dx.findings[0].recommendations
+    assert recs and all(r.after > r.before for r in recs)
+    changes = " ".join(r.change for r in recs)
+    assert "replicas" in changes or "H100" in changes
+    assert all("servelab bench" in r.confirm for r in recs)
+
+
+def test_max_num_seqs_fix_is_raising_it_and_the_simulator_agrees():
+    dx = _diagnose(*PLANTED[fk.MAX_NUM_SEQS_BOUND])
+    recs = dx.findings[0].recommendations
+    assert recs and "--max-num-seqs" in recs[0].change
+    assert recs[0].after > 1.5 * recs[0].before
+
+
+def test_kv_finding_cites_preemptions():
+    dx = _diagnose(*PLANTED[fk.KV_CAPACITY_BOUND], with_recommendations=False)
+    assert dx.evidence.preemptions > 0
+    assert "preemptions" in dx.findings[0].evidence[0]
+
+
+def test_advice_catalogue_has_every_item_with_a_verdict():
+    dx = _diagnose(*PLANTED[fk.PREFILL_COMPUTE_BOUND], with_recommendations=False, with_advice=True)
+    assert [a["id"] for a in dx.advice] == list(range(1, 26))
+    verdicts = {a["id"]: a["verdict"] for a in dx.advice}
+    assert verdicts[7] == "obsolete" and verdicts[22] == "obsolete"
+    assert verdicts[14] == "no effect"  # continuous batching is always on
+    status = {a["id"]: a["flag_status"] for a in dx.advice}
+    assert status[9] == "default already" and status[5] == "default already"
+    assert verdicts[5] == "helps"  # a shared prefix skips most of the prefill that limits this case
+    assert all(a["verdict"] in {"helps", "no effect", "hurts", "trade-off", "obsolete", "outside the model"}
+               for a in dx.advice)
+
+
+def test_measured_run_directory_round_trip(tmp_path):
+    d = build_deployment("a100-80gb", "qwen2.5-7b", "--max-num-seqs 8")
+    scenario = synthetic(128, 128, request_rate=20)
+    sim = simulate(d, scenario)
+    writer = ResultWriter(tmp_path, {"source": "sim", "arrival": {"request_rate": 20, "max_concurrency": None}})
+    for r in sim.records:
+        writer.records.write(r)
+    for s in sim.timeline:
+        writer.write_sample(s)
+    writer.close()
+    dx = diagnose_run(load_run(tmp_path), d, with_recommendations=False)
+    assert dx.bottleneck == fk.MAX_NUM_SEQS_BOUND
+    assert len(dx.scenario.shapes) == len(sim.records)
+
+
+def test_cli_example_runs_without_arguments_and_json_has_the_stable_keys():
+    result = CliRunner().invoke(app, ["diagnose", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert set(data["ceilings"]) >= {"prefill_compute_rps", "decode_bandwidth_tps", "kv_capacity_seqs",
+                                     "max_num_seqs", "slo_max_rps"}
+    assert data["findings"][0]["kind"] == fk.PREFILL_COMPUTE_BOUND
+    assert {"kind", "title", "evidence", "recommendations"} <= set(data["findings"][0])
+
+
+def test_cli_slo_gives_the_highest_rate_meeting_it():
+    result = CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "500",
+                                      "--output-len", "100", "--request-rate", "4", "--goodput", "ttft:500",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert 0 < data["ceilings"]["slo_max_rps"] <= 1.2 * data["ceilings"]["saturation_rps"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--gpu", "a100"], "--model"),
+    (["--gpu", "nope", "--model", "qwen2.5-7b", "--input-len", "10", "--output-len", "10", "--request-rate", "1"], "unknown GPU"),
+    (["--json", "--markdown"], "pick one"),
+    (["somedir", "--input-len", "5"], "not both"),
+    (["--gpu", "a100", "--model", "qwen2.5-7b", "--input-len", "5", "--output-len", "5"], "--request-rate"),
+    (["--gpu", "a100", "--model", "qwen2.5-7b", "--engine-args", "--max-num-seqz 4", "--input-len", "5",
+      "--output-len", "5", "--request-rate", "1"], "max-num-seqs"),
+])
+def test_cli_bad_input_is_one_clear_error(args, needle):
+    result = CliRunner().invoke(app, ["diagnose", *args])
+    assert result.exit_code == 2
+    assert needle in result.output
