@@ -116,7 +116,9 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
     # 50 ms is far above loopback/network noise; half the engine's own TTFT makes it the larger part.
     if gap < max(50.0, 0.5 * server):
         return None
-    return Finding(FRONTEND_CPU_BOUND, "Requests wait in the API server before the engine sees them", 0.9, [
+    share = gap / (gap + server)
+    return Finding(FRONTEND_CPU_BOUND, "Requests wait in the API server before the engine sees them",
+                   0.5 + 0.45 * share, [
         f"client-measured mean TTFT {x.e.ttft_mean_ms:.0f} ms vs the engine's own {server:.0f} ms: "
         f"{gap:.0f} ms spent outside the engine (tokenization, queueing in the API process, streaming)",
     ])

@@ -108,7 +108,9 @@ class MetricsScraper:
                 if resp.status != 200:
                     raise ValueError(f"HTTP {resp.status}")
                 text = await resp.text()
-            return parse_metrics(text)
+            # Parsing takes milliseconds; in a worker thread the event loop that times requests
+            # gets the interpreter back at every switch interval instead of waiting for the parse.
+            return await asyncio.to_thread(parse_metrics, text)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, UnicodeDecodeError) as exc:
             self.failures += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
