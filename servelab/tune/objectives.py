@@ -1,0 +1,213 @@
+"""What "best" means, and how one configuration is scored on a target.
+
+Three questions users ask, each a number plus a constraint:
+
+- goodput:    the highest request rate at which the SLO holds (found by
+              searching over the rate: a deployment's goodput is a property
+              of the deployment, not of one load level).
+- throughput: output tokens/s at the given workload, with the SLO's bounds
+              as limits on the chosen latency percentile.
+- cost:       dollars per million output tokens at a target rate, SLO held.
+
+"The SLO holds" means the same everywhere: for every bounded metric the
+chosen percentile (p99 by default) is within its bound, and no more than
+(100 - percentile)% of requests failed. The amount by which it fails is kept
+(`violation`, 0 when it holds) so a search can tell "nearly" from "far off".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from servelab.metrics.records import MemorySink
+from servelab.metrics.slo import SLO
+from servelab.metrics.summary import DEFAULT_PERCENTILES, summarize
+from servelab.targets.base import Target
+from servelab.tune.errors import TuneError
+from servelab.tune.workload import TuneWorkload
+
+ObjectiveKind = Literal["goodput", "throughput", "cost"]
+OBJECTIVES: tuple[str, ...] = ("goodput", "throughput", "cost")
+HOURS_PER_S = 1 / 3600
+
+Summary = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Objective:
+    kind: ObjectiveKind
+    slo: SLO | None
+    percentile: float = 99.0
+    target_rate: float | None = None
+    """Requests/s the cost objective must sustain (its workload's rate)."""
+    gpu_cost_per_hour: Mapping[str, float] = field(default_factory=dict)
+    """GPU name -> $/hour; the key "*" prices any GPU not named."""
+    rate_tolerance: float = 0.02
+    """The goodput search stops when the bracket is this tight (relative)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in OBJECTIVES:
+            raise TuneError(f"unknown objective {self.kind!r}; use one of {', '.join(OBJECTIVES)}")
+        if not 0 < self.percentile < 100:
+            raise TuneError(f"--slo-percentile must be in (0, 100), got {self.percentile}")
+        if self.kind == "goodput" and self.slo is None:
+            raise TuneError("the goodput objective needs an SLO: --goodput ttft:MS tpot:MS")
+        if self.kind == "cost":
+            if not self.target_rate or self.target_rate <= 0:
+                raise TuneError("the cost objective needs the rate to sustain: --request-rate R")
+            if not self.gpu_cost_per_hour:
+                raise TuneError("the cost objective needs prices: --gpu-cost-per-hour 2.5 (or H100-SXM=2.5,A100-80GB-SXM=1.6)")
+        if not 0 < self.rate_tolerance < 1:
+            raise TuneError("the rate tolerance must be in (0, 1)")
+
+    @property
+    def direction(self) -> Literal["maximize", "minimize"]:
+        return "minimize" if self.kind == "cost" else "maximize"
+
+    @property
+    def unit(self) -> str:
+        return {"goodput": "req/s", "throughput": "tok/s", "cost": "$/Mtok"}[self.kind]
+
+    @property
+    def percentiles(self) -> tuple[float, ...]:
+        return tuple(sorted({*DEFAULT_PERCENTILES, self.percentile}))
+
+    def violation(self, summary: Summary) -> float:
+        """0 when the SLO holds on this summary, else how far off (relative excess of the worst metric)."""
+        total = int(summary["completed"]) + int(summary["failed"])
+        if total == 0:
+            return 1.0
+        allowed_failures = (100 - self.percentile) / 100
+        worst = max(0.0, int(summary["failed"]) / total - allowed_failures)
+        if self.slo is None:
+            return worst
+        for metric, bound in self.slo.as_dict().items():
+            value = float(summary[f"p{self.percentile:g}_{metric}_ms"])
+            worst = max(worst, value / bound - 1)
+        return worst
+
+    def price_per_hour(self, gpu: str, gpus: int) -> float | None:
+        price = self.gpu_cost_per_hour.get(gpu, self.gpu_cost_per_hour.get("*"))
+        return None if price is None else price * gpus
+
+    def cost_per_million_tokens(self, summary: Summary, gpu: str, gpus: int) -> float | None:
+        price = self.price_per_hour(gpu, gpus)
+        tokens_per_s = float(summary["output_throughput"])
+        if price is None:
+            return None
+        return math.inf if tokens_per_s <= 0 else price * HOURS_PER_S / tokens_per_s * 1e6
+
+    def score_point(self, summary: Summary, gpu: str, gpus: int) -> float:
+        """The objective's number for one run at the workload's own load (stage 2 and the fixed-load objectives)."""
+        if self.kind == "goodput":
+            return float(summary["request_goodput"] or 0.0)
+        if self.kind == "throughput":
+            return float(summary["output_throughput"])
+        cost = self.cost_per_million_tokens(summary, gpu, gpus)
+        if cost is None:
+            raise TuneError(f"no price for {gpu}: add it to --gpu-cost-per-hour ({gpu}=DOLLARS) or give a '*' price")
+        return cost
+
+
+@dataclass
+class Probe:
+    """One run at one load: the rate (None = the workload's own arrivals) and what came of it."""
+
+    rate: float | None
+    violation: float
+    summary: Summary
+
+    def brief(self) -> dict[str, Any]:
+        return {"rate": self.rate, "violation": self.violation, **key_metrics(self.summary)}
+
+
+@dataclass
+class Evaluation:
+    """A configuration scored: the objective's number, whether the SLO held, and the run it rests on."""
+
+    score: float
+    violation: float
+    summary: Summary
+    """The run the score rests on (for goodput: the highest rate that held, else the lowest tried)."""
+    rate: float | None = None
+    probes: list[Probe] = field(default_factory=list)
+
+    @property
+    def feasible(self) -> bool:
+        return self.violation <= 0
+
+
+KEY_METRICS = (
+    "completed", "failed", "request_throughput", "request_goodput", "output_throughput",
+    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "p99_e2el_ms",
+)
+
+
+def key_metrics(summary: Summary) -> dict[str, Any]:
+    return {k: summary.get(k) for k in KEY_METRICS}
+
+
+def run_summary(target: Target, workload: TuneWorkload, objective: Objective, rate: float | None = None,
+                *, burst: bool = False, open_loop: bool = False) -> Summary:
+    sink = MemorySink()
+    target.run(workload.plan(rate, burst=burst, open_loop=open_loop), sink)
+    return summarize(sink.records, slo=objective.slo, percentiles=objective.percentiles)
+
+
+def evaluate(target: Target, workload: TuneWorkload, objective: Objective, *, gpu: str, gpus: int) -> Evaluation:
+    """Score one configuration on `target` (the simulator in stage 1)."""
+    if objective.kind == "goodput":
+        capacity = run_summary(target, workload, objective, burst=True, open_loop=True)["request_throughput"]
+        return max_goodput_rate(lambda rate: run_summary(target, workload, objective, rate, open_loop=True),
+                                objective, capacity=float(capacity))
+    rate = objective.target_rate if objective.kind == "cost" else None
+    summary = run_summary(target, workload, objective, rate)
+    violation = objective.violation(summary)
+    return Evaluation(objective.score_point(summary, gpu, gpus), violation, summary, rate,
+                      [Probe(rate, violation, summary)])
+
+
+def max_goodput_rate(run_at: Callable[[float], Summary], objective: Objective, *, capacity: float,
+                     max_probes: int = 24) -> Evaluation:
+    """The highest Poisson rate at which the SLO holds, bracketed from the saturated `capacity` and bisected.
+
+    The capacity (requests/s when everything is sent at once) is where a queue
+    must start growing, so the answer is near or below it: the bracket starts
+    there and halves or doubles until it straddles the boundary, then bisects
+    geometrically until the two ends are within `rate_tolerance`. Assumes
+    feasibility is monotone in the rate, which holds for one fixed set of
+    requests whose gaps only scale.
+    """
+    probes: list[Probe] = []
+
+    def probe(rate: float) -> bool:
+        summary = run_at(rate)
+        probes.append(Probe(rate, objective.violation(summary), summary))
+        return probes[-1].violation <= 0
+
+    if capacity <= 0:
+        summary = run_at(1e-3)
+        return Evaluation(0.0, max(objective.violation(summary), 1.0), summary, None, [Probe(1e-3, 1.0, summary)])
+    rate = capacity
+    lo, hi = (rate, None) if probe(rate) else (None, rate)
+    while (lo is None or hi is None) and len(probes) < max_probes // 2:
+        rate = rate * 2 if hi is None else rate / 2
+        if probe(rate):
+            lo = rate
+        else:
+            hi = rate
+    if lo is None:  # nothing held even at a small fraction of capacity
+        worst = min(probes, key=lambda p: p.rate or 0.0)
+        return Evaluation(0.0, worst.violation, worst.summary, None, probes)
+    if hi is not None:
+        while hi / lo > 1 + objective.rate_tolerance and len(probes) < max_probes:
+            mid = math.sqrt(lo * hi)
+            if probe(mid):
+                lo = mid
+            else:
+                hi = mid
+    best = next(p for p in probes if p.rate == lo)
+    return Evaluation(lo, 0.0, best.summary, lo, probes)

@@ -1,0 +1,226 @@
+"""The search space: which engine knobs (and optionally which hardware) to try, with which values.
+
+A space is declarative: `max_num_seqs=default,32,128` names the knob as vLLM
+spells its field and lists the values to try, `default` meaning "leave the flag
+out and let vLLM choose" (so a candidate can also *remove* a flag the current
+launch line sets). A knob named without values gets the built-in candidates
+below, each list starting with vLLM's own default so the baseline's neighbours
+are always in the space. Values are typed and checked here, before any trial,
+so a typo is one error message rather than a hundred failed trials.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from servelab.perf.errors import PerfConfigError
+from servelab.perf.hardware import get_gpu
+from servelab.targets.deployment import Deployment
+from servelab.tune.errors import TuneError
+
+Value = int | float | bool | str | None
+Candidate = dict[str, Value]
+"""One point of the space: knob name -> value (None = vLLM's default)."""
+
+DEFAULT = "default"
+GPU = "gpu"
+"""The hardware knob: a GPU name from the catalogue (the count is tensor_parallel_size x data_parallel_size)."""
+
+
+def _int(text: str) -> int:
+    number = int(text)
+    if number <= 0:
+        raise ValueError("must be a positive integer")
+    return number
+
+
+def _non_negative_int(text: str) -> int:
+    number = int(text)
+    if number < 0:
+        raise ValueError("must be >= 0")
+    return number
+
+
+def _fraction(text: str) -> float:
+    number = float(text)
+    if not 0 < number <= 1:
+        raise ValueError("must be in (0, 1]")
+    return number
+
+
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "on", "yes", "1"):
+        return True
+    if lowered in ("false", "off", "no", "0"):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _kv_dtype(text: str) -> str:
+    allowed = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
+    if text not in allowed:
+        raise ValueError(f"must be one of {', '.join(allowed)}")
+    return text
+
+
+def _quantization(text: str) -> str | None:
+    return None if text.lower() == "none" else text.lower()
+
+
+def _gpu(text: str) -> str:
+    try:
+        return get_gpu(text).name
+    except PerfConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """One searchable setting: how its values are read and which ones to try when the user lists none."""
+
+    name: str
+    parse: Callable[[str], Value]
+    candidates: tuple[Value, ...]
+    nullable: bool
+    """Whether `default` (None: vLLM chooses) is a value."""
+    help: str
+
+
+KNOBS: dict[str, Knob] = {
+    k.name: k
+    for k in (
+        Knob("max_num_seqs", _int, (None, 16, 32, 64, 128, 256, 512), True, "requests in one batch"),
+        Knob("max_num_batched_tokens", _int, (None, 1024, 2048, 4096, 8192, 16384), True, "token budget per step"),
+        Knob("enable_prefix_caching", _bool, (True, False), False, "hash-based KV reuse of shared prefixes"),
+        Knob("enable_chunked_prefill", _bool, (True, False), False, "split long prompts over steps"),
+        Knob("long_prefill_token_threshold", _non_negative_int, (0, 256, 1024, 4096), False,
+             "prompts longer than this are chunked to it (0 = off)"),
+        Knob("gpu_memory_utilization", _fraction, (0.8, 0.9, 0.95), False, "share of GPU memory vLLM may use"),
+        Knob("max_model_len", _int, (None,), True, "longest prompt + output accepted"),
+        Knob("kv_cache_dtype", _kv_dtype, ("auto", "fp8"), False, "KV-cache element type"),
+        Knob("quantization", _quantization, (None,), True, "weight quantization (name the variants you have)"),
+        Knob("tensor_parallel_size", _int, (1, 2, 4, 8), False, "GPUs per replica"),
+        Knob("data_parallel_size", _int, (1, 2, 4), False, "replicas behind a router"),
+        Knob(GPU, _gpu, (), False, "GPU kind from the catalogue"),
+    )
+}
+ALIASES = {"replicas": "data_parallel_size", "tp": "tensor_parallel_size", "prefix_caching": "enable_prefix_caching",
+           "chunked_prefill": "enable_chunked_prefill", "hardware": GPU}
+DEFAULT_KNOBS = ("max_num_seqs", "max_num_batched_tokens")
+"""Searched when the user names no knob: the two that decide batching, vLLM's biggest lever."""
+
+
+def knob_named(name: str) -> Knob:
+    key = name.strip().lstrip("-").replace("-", "_")
+    key = ALIASES.get(key, key)
+    if key not in KNOBS:
+        known = ", ".join([*KNOBS, *ALIASES])
+        raise TuneError(f"unknown knob {name!r} in the search space; known: {known}")
+    return KNOBS[key]
+
+
+def _parse_value(knob: Knob, raw: object) -> Value:
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() == DEFAULT):
+        if not knob.nullable:
+            raise TuneError(f"{knob.name} has no vLLM default to fall back on; list explicit values")
+        return None
+    try:
+        return knob.parse(str(raw).strip())
+    except ValueError as exc:
+        raise TuneError(f"bad value {raw!r} for {knob.name} in the search space: {exc}") from None
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Knob -> the values to try, in the user's order (the first value is where a grid starts)."""
+
+    dimensions: dict[str, tuple[Value, ...]]
+
+    def __post_init__(self) -> None:
+        if not self.dimensions:
+            raise TuneError("the search space is empty: name at least one knob")
+        for name, values in self.dimensions.items():
+            if not values:
+                raise TuneError(f"{name} has no values to try")
+            if len(set(values)) != len(values):
+                raise TuneError(f"{name} lists a value twice: {list(values)}")
+
+    @classmethod
+    def from_items(cls, items: Sequence[str]) -> SearchSpace:
+        """From CLI words: `max_num_seqs=8,32,128` or a bare knob name for its built-in candidates."""
+        dims: dict[str, tuple[Value, ...]] = {}
+        for item in items or DEFAULT_KNOBS:
+            name, sep, values = item.partition("=")
+            knob = knob_named(name)
+            if knob.name in dims:
+                raise TuneError(f"{knob.name} appears twice in the search space")
+            if sep:
+                dims[knob.name] = tuple(_parse_value(knob, v) for v in values.split(",") if v.strip())
+            elif knob.candidates:
+                dims[knob.name] = knob.candidates
+            else:
+                raise TuneError(f"{knob.name} has no built-in candidates; list them: {knob.name}=A,B")
+        return cls(dims)
+
+    @classmethod
+    def from_file(cls, path: Path) -> SearchSpace:
+        """A YAML or JSON mapping knob -> list of values (or null for the built-in candidates)."""
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise TuneError(f"cannot read the search space file {path}: {exc}") from None
+        if not isinstance(data, Mapping):
+            raise TuneError(f"{path}: expected a mapping of knob -> list of values")
+        dims: dict[str, tuple[Value, ...]] = {}
+        for name, values in data.items():
+            knob = knob_named(str(name))
+            if values is None:
+                dims[knob.name] = knob.candidates
+            else:
+                listed = values if isinstance(values, list) else [values]
+                dims[knob.name] = tuple(_parse_value(knob, v) for v in listed)
+        return cls(dims)
+
+    @property
+    def size(self) -> int:
+        return prod(len(v) for v in self.dimensions.values())
+
+    def grid(self) -> Iterator[Candidate]:
+        names = list(self.dimensions)
+        for values in itertools.product(*self.dimensions.values()):
+            yield dict(zip(names, values))
+
+    def suggest(self, trial: Any) -> Candidate:
+        """Ask an optuna trial for one point (every knob is categorical: the values are what users can set)."""
+        return {name: trial.suggest_categorical(name, list(values)) for name, values in self.dimensions.items()}
+
+    def describe(self) -> dict[str, list[Value]]:
+        return {name: list(values) for name, values in self.dimensions.items()}
+
+
+def candidate_key(candidate: Mapping[str, Value]) -> str:
+    """A stable identity for a point, to recognise one already evaluated."""
+    return json.dumps(dict(sorted(candidate.items())), separators=(",", ":"))
+
+
+def apply(base: Deployment, candidate: Mapping[str, Value]) -> Deployment:
+    """The base deployment with the candidate's knobs (and hardware) changed; vLLM's defaults re-resolved.
+
+    Raises PerfConfigError when the result cannot run (does not fit, inconsistent limits).
+    """
+    changes = dict(candidate)
+    gpu = changes.pop(GPU, None)
+    return base.rebuilt(hardware=get_gpu(str(gpu)) if gpu else None, **changes)
+
+
+def gpu_count(deployment: Deployment) -> int:
+    return deployment.config.tensor_parallel_size * deployment.config.data_parallel_size

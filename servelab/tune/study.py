@@ -1,0 +1,211 @@
+"""Stage 1: search the space on the simulator with optuna, resumably.
+
+The study lives in SQLite (`study.db` in the results directory) and every
+evaluated candidate also gets its own directory with `trial.json`, so a run
+killed at any point (Ctrl-C, SIGKILL, a reboot) resumes with `--resume`:
+completed trials are read back, never re-run; a trial that was cut off is
+failed and its point queued again.
+
+A small space is searched exhaustively (every point queued in order); a large
+one with TPE. Every knob is categorical, so TPE proposes points it has
+already seen; those are answered from the finished trial with the same
+parameters and do not count as evaluations: the budget is distinct
+configurations simulated, which is also what the efficiency benchmark counts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import optuna
+from optuna.trial import TrialState
+
+from servelab.tune.errors import TuneError
+from servelab.tune.space import Candidate, SearchSpace, candidate_key
+from servelab.tune.trial import OK, TrialOutcome
+
+STUDY_DB = "study.db"
+STUDY_NAME = "stage1"
+TRIALS_DIR = "stage1"
+OUTCOME = "outcome"
+DUPLICATE_OF = "duplicate_of"
+SamplerName = Literal["auto", "grid", "tpe"]
+SAMPLERS = ("auto", "grid", "tpe")
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    n_trials: int = 100
+    """Distinct configurations to simulate (all of them when the space is no larger)."""
+    sampler: SamplerName = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n_trials < 1:
+            raise TuneError(f"--n-trials must be at least 1, got {self.n_trials}")
+        if self.sampler not in SAMPLERS:
+            raise TuneError(f"unknown --sampler {self.sampler!r}; use one of {', '.join(SAMPLERS)}")
+
+    def exhaustive(self, space: SearchSpace) -> bool:
+        return self.sampler == "grid" or (self.sampler == "auto" and space.size <= self.n_trials)
+
+    def budget(self, space: SearchSpace) -> int:
+        return space.size if self.exhaustive(space) else min(self.n_trials, space.size)
+
+
+@dataclass(frozen=True)
+class StudyTrial:
+    """One distinct evaluated configuration, by its optuna trial number."""
+
+    number: int
+    outcome: TrialOutcome
+
+
+def storage_url(directory: Path) -> str:
+    return f"sqlite:///{(directory / STUDY_DB).resolve()}"
+
+
+def _sampler(settings: SearchSettings, space: SearchSpace, budget: int) -> optuna.samplers.BaseSampler:
+    if settings.exhaustive(space):
+        return optuna.samplers.RandomSampler(seed=settings.seed)  # every point is queued; never consulted
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            seed=settings.seed, multivariate=True, n_startup_trials=max(4, min(10, budget // 5)),
+        )
+
+
+def open_study(directory: Path, direction: str, settings: SearchSettings, space: SearchSpace, *, resume: bool) -> optuna.Study:
+    """Create the study, or load it with `resume`; refuse to silently mix two studies in one directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    exists = (directory / STUDY_DB).exists()
+    if exists and not resume:
+        raise TuneError(f"{directory} already holds a tune study; pass --resume to continue it, or pick another --output")
+    if resume and not exists:
+        raise TuneError(f"--resume: {directory} holds no tune study ({STUDY_DB} is missing)")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        storage=storage_url(directory), study_name=STUDY_NAME, direction=direction,
+        sampler=_sampler(settings, space, settings.budget(space)), load_if_exists=resume,
+    )
+    stored = study.user_attrs.get("space")
+    if stored is None:
+        study.set_user_attr("space", json.loads(json.dumps(space.describe())))
+        study.set_user_attr("direction", direction)
+    elif stored != json.loads(json.dumps(space.describe())) or study.user_attrs.get("direction") != direction:
+        raise TuneError(
+            f"--resume: the study in {directory} was run with another search space or objective "
+            f"({stored}); resume with the same flags, or pick another --output"
+        )
+    return study
+
+
+def finished_trials(study: optuna.Study) -> list[StudyTrial]:
+    """The distinct configurations evaluated so far (duplicates and interrupted trials left out)."""
+    return [
+        StudyTrial(t.number, TrialOutcome.from_dict(t.user_attrs[OUTCOME]))
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if OUTCOME in t.user_attrs and DUPLICATE_OF not in t.user_attrs
+    ]
+
+
+def _requeue_interrupted(study: optuna.Study, space: SearchSpace) -> None:
+    """Trials left RUNNING by a killed process are failed, and their point queued to run again."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study.tell(t.number, state=TrialState.FAIL)
+        if set(t.params) == set(space.dimensions):
+            study.enqueue_trial(t.params)
+
+
+def _queue_grid(study: optuna.Study, space: SearchSpace, done: set[str]) -> None:
+    waiting = {candidate_key(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
+    for candidate in space.grid():
+        key = candidate_key(candidate)
+        if key not in done and key not in waiting:
+            study.enqueue_trial(candidate)
+
+
+def _value(outcome: TrialOutcome, direction: str) -> float:
+    if outcome.status == OK and outcome.score is not None:
+        return outcome.score
+    return math.inf if direction == "minimize" else 0.0
+
+
+def _trial_dir(directory: Path, number: int) -> Path:
+    return directory / TRIALS_DIR / f"trial-{number:04d}"
+
+
+def write_trial_dir(directory: Path, number: int, outcome: TrialOutcome) -> Path:
+    path = _trial_dir(directory, number)
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / "trial.json.tmp"
+    tmp.write_text(json.dumps({"number": number, **outcome.to_dict()}, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path / "trial.json")
+    return path
+
+
+def run_search(
+    space: SearchSpace,
+    judge: Callable[[Candidate], TrialOutcome],
+    directory: Path,
+    *,
+    direction: str,
+    settings: SearchSettings,
+    resume: bool = False,
+    on_trial: Callable[[StudyTrial, int, int], None] | None = None,
+) -> list[StudyTrial]:
+    """Evaluate up to the budget of distinct candidates; returns every distinct one evaluated (old and new).
+
+    `on_trial(trial, evaluated, budget)` is called after each new evaluation.
+    A KeyboardInterrupt fails the running trial (its point is re-queued on
+    resume) and propagates.
+    """
+    study = open_study(directory, direction, settings, space, resume=resume)
+    _requeue_interrupted(study, space)
+    trials = finished_trials(study)
+    by_key = {candidate_key(t.outcome.params): t for t in trials}
+    budget = settings.budget(space)
+    if settings.exhaustive(space):
+        _queue_grid(study, space, set(by_key))
+    max_asks = 20 * budget  # TPE circling points it has seen: stop rather than spin
+    asks = 0
+    while len(by_key) < budget and asks < max_asks:
+        asks += 1
+        trial = study.ask()
+        candidate = space.suggest(trial)
+        key = candidate_key(candidate)
+        if key in by_key:
+            seen = by_key[key]
+            trial.set_user_attr(OUTCOME, seen.outcome.to_dict())
+            trial.set_user_attr(DUPLICATE_OF, seen.number)
+            trial.set_constraint("slo", _constraint(seen.outcome))
+            study.tell(trial, _value(seen.outcome, direction))
+            continue
+        try:
+            outcome = judge(candidate)
+        except BaseException:
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        write_trial_dir(directory, trial.number, outcome)
+        trial.set_user_attr(OUTCOME, json.loads(json.dumps(outcome.to_dict(), default=str)))
+        trial.set_constraint("slo", _constraint(outcome))
+        study.tell(trial, _value(outcome, direction))
+        done = StudyTrial(trial.number, outcome)
+        trials.append(done)
+        by_key[key] = done
+        if on_trial:
+            on_trial(done, len(by_key), budget)
+    return sorted(trials, key=lambda t: t.number)
+
+
+def _constraint(outcome: TrialOutcome) -> float:
+    """optuna's feasibility convention: <= 0 feasible. An invalid configuration is as infeasible as it gets."""
+    if outcome.status != OK or outcome.violation is None:
+        return 1e6
+    return float(outcome.violation)

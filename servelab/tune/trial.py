@@ -1,0 +1,112 @@
+"""One candidate judged on the simulator: deployment built, workload run, objective scored.
+
+The base deployment is the user's current launch line. A candidate changes
+some knobs of it; the launch line printed for a candidate is the user's own
+line with those changes (flags the candidate resets to `default` disappear),
+while the simulator may see extra model-only settings (`sim_args`, e.g. the
+CPU backend's fixed KV space) that must not end up on a real command line.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from servelab.perf.errors import PerfConfigError
+from servelab.targets.deployment import Deployment
+from servelab.targets.errors import TargetError
+from servelab.tune.objectives import Evaluation, Objective, evaluate, key_metrics
+from servelab.tune.space import Candidate, apply, gpu_count
+from servelab.tune.workload import TuneWorkload
+
+OK = "ok"
+INVALID = "invalid"
+"""The configuration cannot run at all (does not fit, inconsistent limits): not a crash, a verdict."""
+
+
+@dataclass
+class TrialOutcome:
+    """What tune.json keeps of one evaluated candidate (JSON-ready: optuna stores it as a user attribute)."""
+
+    params: dict[str, Any]
+    engine_args: str
+    status: str
+    score: float | None = None
+    violation: float | None = None
+    feasible: bool = False
+    rate: float | None = None
+    """For goodput: the highest rate whose SLO held."""
+    gpu: str | None = None
+    gpus: int | None = None
+    cost_per_million_tokens: float | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """Key statistics of the run the score rests on."""
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    sim_wall_s: float = 0.0
+    engine_config: dict[str, Any] = field(default_factory=dict)
+    """The resolved knobs (vLLM's defaults filled in) the simulator ran."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialOutcome:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class SimJudge:
+    """Scores candidates on the simulator against one workload and objective."""
+
+    base: Deployment
+    """What the simulator runs for the baseline: the user's line plus the model-only `sim_args`."""
+    launch_base: Deployment
+    """The user's line alone: what candidate launch lines are printed from."""
+    workload: TuneWorkload
+    objective: Objective
+
+    def engine_args(self, candidate: Candidate) -> str:
+        """The flags a server would be started with for this candidate (vLLM defaults left out)."""
+        try:
+            return apply(self.launch_base, candidate).engine_args()
+        except PerfConfigError:
+            return _requested_args(self.launch_base, candidate)
+
+    def judge(self, candidate: Candidate) -> TrialOutcome:
+        began = time.perf_counter()
+        try:
+            deployment = apply(self.base, candidate)
+            target = deployment.sim_target()
+        except (PerfConfigError, TargetError) as exc:
+            return TrialOutcome(dict(candidate), _requested_args(self.launch_base, candidate), INVALID, error=str(exc),
+                                sim_wall_s=time.perf_counter() - began)
+        gpus = gpu_count(deployment)
+        result = evaluate(target, self.workload, self.objective, gpu=deployment.hardware.name, gpus=gpus)
+        return self._outcome(candidate, deployment, result, time.perf_counter() - began)
+
+    def _outcome(self, candidate: Candidate, deployment: Deployment, result: Evaluation, wall: float) -> TrialOutcome:
+        gpus = gpu_count(deployment)
+        return TrialOutcome(
+            params=dict(candidate),
+            engine_args=self.engine_args(candidate),
+            status=OK,
+            score=result.score,
+            violation=result.violation,
+            feasible=result.feasible,
+            rate=result.rate,
+            gpu=deployment.hardware.name,
+            gpus=gpus,
+            cost_per_million_tokens=self.objective.cost_per_million_tokens(result.summary, deployment.hardware.name, gpus),
+            metrics=key_metrics(result.summary),
+            probes=[p.brief() for p in result.probes],
+            sim_wall_s=wall,
+            engine_config={k: getattr(deployment.config, k) for k in deployment.config.__dataclass_fields__},
+        )
+
+
+def _requested_args(launch_base: Deployment, candidate: Candidate) -> str:
+    """The launch line of a candidate that cannot be resolved: the raw flags, for the user to read."""
+    knobs = " ".join(f"{k}={v}" for k, v in candidate.items())
+    return f"{launch_base.engine_args()} [{knobs}]".strip()
