@@ -19,10 +19,7 @@ import numpy as np
 
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
-from servelab.perf.engine_config import EngineConfig
-from servelab.perf.hardware import get_gpu
-from servelab.perf.models import get_model
-from servelab.targets.sim import SimTarget
+from servelab.targets.deployment import build_deployment
 from servelab.workload.spec import LoadPlan, RequestSpec
 
 
@@ -41,7 +38,7 @@ def main() -> None:
     args = ap.parse_args()
 
     specs = workload(args.requests, args.rate, 1500, 200, seed=0)
-    target = SimTarget.from_hardware(get_gpu("a100-80gb"), get_model("qwen2.5-7b"), EngineConfig())
+    target = build_deployment("a100-80gb", "qwen2.5-7b").sim_target()
     sink = MemorySink()
     profiler = cProfile.Profile() if args.profile else None
     t0 = time.perf_counter()

@@ -12,6 +12,7 @@ from servelab.perf.hardware import get_gpu
 from servelab.perf.models import get_model
 from servelab.sim.engine import SimEngine
 from servelab.sim.linear_cost import LinearCostModel
+from servelab.targets.deployment import Deployment
 from servelab.targets.sim import SimTarget
 from servelab.workload.spec import LoadPlan, RequestSpec
 
@@ -55,7 +56,7 @@ def test_throughput_rises_with_load_and_saturates():
 
 
 def test_long_prompts_cut_request_throughput_several_fold():
-    target = SimTarget.from_hardware(get_gpu("a100-80gb"), get_model("qwen2.5-7b"), EngineConfig())
+    target = Deployment.build(get_gpu("a100-80gb"), get_model("qwen2.5-7b"), EngineConfig()).sim_target()
     short, _, _ = run(target, LoadPlan(specs(256, 128, 64), max_concurrency=128))
     long, _, _ = run(target, LoadPlan(specs(256, 1500, 64), max_concurrency=128))
     ratio = summarize(short)["request_throughput"] / summarize(long)["request_throughput"]
@@ -126,8 +127,8 @@ def test_a_shared_system_prompt_is_served_from_the_prefix_cache():
 def test_tensor_parallelism_lowers_tpot():
     gpu, model = get_gpu("a100-80gb"), get_model("qwen2.5-7b")
     plan = LoadPlan(specs(64, 512, 128), max_concurrency=16)
-    tp1, _, _ = run(SimTarget.from_hardware(gpu, model, EngineConfig()), plan)
-    tp2, _, _ = run(SimTarget.from_hardware(gpu, model, EngineConfig(tensor_parallel_size=2)), plan)
+    tp1, _, _ = run(Deployment.build(gpu, model, EngineConfig()).sim_target(), plan)
+    tp2, _, _ = run(Deployment.build(gpu, model, EngineConfig(tensor_parallel_size=2)).sim_target(), plan)
     assert summarize(tp2)["mean_tpot_ms"] < 0.8 * summarize(tp1)["mean_tpot_ms"]
 
 

@@ -20,17 +20,12 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import OK, RecordSink, RequestRecord
 from servelab.metrics.timeline import TimelineSample
-from servelab.perf.cost_model import CostCoefficients, CostModel, RooflineCostModel
-from servelab.perf.engine_args import resolve
+from servelab.perf.cost_model import CostModel
 from servelab.perf.engine_config import EngineConfig
-from servelab.perf.hardware import Hardware
-from servelab.perf.memory import MemoryPlan, plan_memory
-from servelab.perf.models import ModelSpec
 from servelab.sim.engine import RequestRejected, SimEngine
 from servelab.sim.request import SimRequest
 from servelab.sim.router import ROUND_ROBIN, Router
@@ -73,7 +68,6 @@ class SimTarget:
         self.scrape_interval = scrape_interval
         self.network_latency = network_latency
         self.max_model_len = max_model_len
-        self.memory_plan: MemoryPlan | None = None
         self.last_engines: list[SimEngine] = []
         """Engines of the latest run, for inspection (tests, diagnose)."""
         try:  # every setting is checked here, before any load
@@ -81,23 +75,6 @@ class SimTarget:
             self.make_engine()
         except ValueError as exc:
             raise TargetError(str(exc)) from exc
-
-    @classmethod
-    def from_hardware(
-        cls,
-        hardware: Hardware,
-        model: ModelSpec,
-        config: EngineConfig,
-        coefficients: CostCoefficients | None = None,
-        **options: Any,
-    ) -> SimTarget:
-        """The deployment `vllm serve` would make: vLLM's defaults, its memory plan's KV blocks, the roofline."""
-        resolved = resolve(config, hardware, model)
-        plan = plan_memory(hardware, model, resolved)
-        cost = RooflineCostModel(hardware, model, resolved, coefficients)
-        target = cls(resolved, plan.num_blocks, cost, max_model_len=resolved.max_model_len, **options)
-        target.memory_plan = plan
-        return target
 
     def make_engine(self) -> SimEngine:
         return SimEngine(self.config, self.num_gpu_blocks, self.cost_model, self.max_model_len)
