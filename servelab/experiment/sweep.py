@@ -1,0 +1,137 @@
+"""Sweeps: one run per value of the arrival knob, then the throughput-latency curve in sweep.json.
+
+Only the arrival process changes between points (`request-rate` or
+`max-concurrency`); every point gets a fresh plan from the same seed, so
+the prompts are the same and the curve shows load, not sampling noise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from servelab.experiment.runner import run_point
+from servelab.metrics.records import RecordSink
+from servelab.metrics.results import write_sweep_index
+from servelab.metrics.slo import SLO
+from servelab.metrics.summary import DEFAULT_PERCENTILES
+from servelab.targets.base import Target
+from servelab.workload.arrival import ArrivalConfig
+from servelab.workload.spec import LoadPlan
+
+SWEEP_KEYS = {"request-rate": "request_rate", "max-concurrency": "max_concurrency"}
+CURVE_KEYS = (
+    "completed",
+    "failed",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "request_goodput",
+    "mean_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "mean_e2el_ms",
+    "p99_e2el_ms",
+)
+"""The columns of the curve; each point's full summary is alongside."""
+
+
+class SweepError(ValueError):
+    """A `--sweep` that cannot be run; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class Sweep:
+    key: str
+    """The flag name, e.g. `request-rate`."""
+    values: tuple[float | int, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> Sweep:
+        key, sep, raw = text.partition("=")
+        key = key.strip().removeprefix("--")
+        if not sep or key not in SWEEP_KEYS:
+            raise SweepError(f"--sweep {text!r}: expected KEY=V1,V2,... with KEY one of {', '.join(SWEEP_KEYS)}")
+        items = [v.strip() for v in raw.split(",") if v.strip()]
+        if not items:
+            raise SweepError(f"--sweep {text!r}: no values after '='")
+        values = tuple(_parse_value(key, item, text) for item in items)
+        if len(set(values)) != len(values):
+            raise SweepError(f"--sweep {text!r}: a value is repeated")
+        return cls(key, values)
+
+    def label(self, value: float | int) -> str:
+        return f"{self.key}={value:g}" if isinstance(value, float) else f"{self.key}={value}"
+
+    def arrival(self, base: ArrivalConfig, value: float | int) -> ArrivalConfig:
+        return replace(base, **{SWEEP_KEYS[self.key]: value})
+
+
+def _parse_value(key: str, item: str, text: str) -> float | int:
+    try:
+        if key == "max-concurrency":
+            value: float | int = int(item)
+            ok = value >= 1
+        else:
+            value = float(item)
+            ok = value > 0
+    except ValueError:
+        ok = False
+    if not ok:
+        kind = "an integer >= 1" if key == "max-concurrency" else "a rate > 0 (or inf)"
+        raise SweepError(f"--sweep {text!r}: {item!r} is not {kind}")
+    return value
+
+
+def run_sweep(
+    target: Target,
+    sweep: Sweep,
+    base_arrival: ArrivalConfig,
+    make_plan: Callable[[ArrivalConfig], LoadPlan],
+    result_dir: Path,
+    run_info: dict[str, Any],
+    slo: SLO | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    observe: Callable[[str, LoadPlan], AbstractContextManager[RecordSink | None]] | None = None,
+) -> dict[str, Any]:
+    """Run every point into `result_dir/KEY=VALUE/`, updating sweep.json after each; stop at an interruption."""
+    points: list[dict[str, Any]] = []
+    index: dict[str, Any] = {"sweep": {"key": sweep.key, "values": list(_jsonable(sweep.values))}, "points": points}
+    index["interrupted"] = False
+    for value in sweep.values:
+        label = sweep.label(value)
+        plan = make_plan(sweep.arrival(base_arrival, value))
+        context = observe(label, plan) if observe is not None else nullcontext(None)
+        with context as observer:
+            summary = run_point(
+                target,
+                plan,
+                result_dir / label,
+                {**run_info, "sweep_point": {sweep.key: _jsonable([value])[0]}},
+                slo,
+                percentiles,
+                observers=[observer] if observer is not None else [],
+            )
+        points.append(
+            {
+                sweep.key: _jsonable([value])[0],
+                "directory": label,
+                **{k: summary.get(k) for k in CURVE_KEYS},
+                "summary": summary,
+            }
+        )
+        index["interrupted"] = bool(summary.get("interrupted"))
+        write_sweep_index(result_dir, index)
+        if index["interrupted"]:
+            break
+    return index
+
+
+def _jsonable(values: Sequence[float | int]) -> list[float | int | str]:
+    return ["inf" if isinstance(v, float) and math.isinf(v) else v for v in values]
