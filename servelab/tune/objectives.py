@@ -171,19 +171,19 @@ def evaluate(target: Target, workload: TuneWorkload, objective: Objective, *, gp
 
 
 def max_goodput_rate(run_at: Callable[[float], Summary], objective: Objective, *, capacity: float,
-                     max_probes: int = 24) -> Evaluation:
-    """The highest Poisson rate at which the SLO holds, bracketed from the saturated `capacity` and bisected.
+                     max_probes: int = 16) -> Evaluation:
+    """The highest Poisson rate at which the SLO holds, searched below the saturated `capacity`.
 
-    The capacity (requests/s when everything is sent at once) is where a queue
-    must start growing, so the answer is near or below it: the bracket starts
-    there and halves or doubles until it straddles the boundary, then bisects
-    geometrically until the two ends are within `rate_tolerance`. Assumes
-    feasibility is monotone in the rate, which holds for one fixed set of
-    requests whose gaps only scale.
+    `capacity` is the request throughput with everything sent at once: above
+    it a queue grows without bound however good the first few hundred
+    requests look, so it caps the answer. Below it the bracket halves until a
+    rate holds, then bisects geometrically until its ends are within
+    `rate_tolerance`. Assumes feasibility is monotone in the rate, which holds
+    for one fixed set of requests whose gaps only scale.
     """
     probes: list[Probe] = []
 
-    def probe(rate: float) -> bool:
+    def holds(rate: float) -> bool:
         summary = run_at(rate)
         probes.append(Probe(rate, objective.violation(summary), summary))
         return probes[-1].violation <= 0
@@ -191,23 +191,24 @@ def max_goodput_rate(run_at: Callable[[float], Summary], objective: Objective, *
     if capacity <= 0:
         summary = run_at(1e-3)
         return Evaluation(0.0, max(objective.violation(summary), 1.0), summary, None, [Probe(1e-3, 1.0, summary)])
+    lo, hi = None, capacity
+    if holds(capacity):
+        lo = capacity
     rate = capacity
-    lo, hi = (rate, None) if probe(rate) else (None, rate)
-    while (lo is None or hi is None) and len(probes) < max_probes // 2:
-        rate = rate * 2 if hi is None else rate / 2
-        if probe(rate):
+    while lo is None and len(probes) < max_probes // 2:
+        rate /= 2
+        if holds(rate):
             lo = rate
         else:
             hi = rate
     if lo is None:  # nothing held even at a small fraction of capacity
-        worst = min(probes, key=lambda p: p.rate or 0.0)
-        return Evaluation(0.0, worst.violation, worst.summary, None, probes)
-    if hi is not None:
-        while hi / lo > 1 + objective.rate_tolerance and len(probes) < max_probes:
-            mid = math.sqrt(lo * hi)
-            if probe(mid):
-                lo = mid
-            else:
-                hi = mid
+        lowest = probes[-1]
+        return Evaluation(0.0, lowest.violation, lowest.summary, None, probes)
+    while hi / lo > 1 + objective.rate_tolerance and len(probes) < max_probes:
+        mid = math.sqrt(lo * hi)
+        if holds(mid):
+            lo = mid
+        else:
+            hi = mid
     best = next(p for p in probes if p.rate == lo)
     return Evaluation(lo, 0.0, best.summary, lo, probes)

@@ -1,0 +1,223 @@
+"""`servelab tune`: the best configuration under an SLO, found on the simulator and confirmed on real servers."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from servelab.cli import app
+from servelab.metrics.slo import SLO, SLOError
+from servelab.perf.errors import PerfConfigError
+from servelab.perf.hardware import get_gpu
+from servelab.targets.errors import TargetError
+from servelab.tune.confirm import ServerCommand, Stage2Config, Stage2Result
+from servelab.tune.errors import TuneError
+from servelab.tune.objectives import Objective
+from servelab.tune.outcome import TUNE_JSON
+from servelab.tune.space import SearchSpace
+from servelab.tune.study import SearchSettings, StudyTrial
+from servelab.tune.tuner import TuneProgress, TuneRequest, run_tune
+from servelab.tune.workload import TuneWorkload
+from servelab.workload.arrival import ArrivalConfig
+from servelab.workload.datasets import WorkloadConfig
+from servelab.workload.errors import WorkloadError
+from servelab.workload.plan import Amount
+
+RANKED_ROWS = 10
+
+
+def _fail(message: str) -> typer.Exit:
+    Console(stderr=True).print(f"[bold red]error:[/] {message}")
+    return typer.Exit(2)
+
+
+def parse_prices(text: str | None) -> dict[str, float]:
+    """`2.5` (any GPU) or `H100-SXM=2.5,A100-80GB-SXM=1.6` -> {name or '*': $/GPU-hour}."""
+    if not text:
+        return {}
+    prices: dict[str, float] = {}
+    for item in text.split(","):
+        name, sep, value = item.strip().rpartition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            raise TuneError(f"bad --gpu-cost-per-hour item {item!r}: expected DOLLARS or GPU=DOLLARS") from None
+        if price <= 0:
+            raise TuneError(f"bad --gpu-cost-per-hour item {item!r}: the price must be positive")
+        if sep:
+            name = get_gpu(name).name
+        prices[name if sep else "*"] = price
+    return prices
+
+
+def parse_env(items: list[str] | None) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise TuneError(f"bad --server-env item {item!r}: expected KEY=VALUE")
+        env[key] = value
+    return env
+
+
+@app.command()
+def tune(
+    gpu: Annotated[str, typer.Option(help="GPU the server runs on (see the catalogue), or cpu.")],
+    model: Annotated[str, typer.Option(help="Built-in model name or a directory with config.json.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Results directory (study.db, trial dirs, tune.json).")],
+    engine_args: Annotated[str, typer.Option(help="Your current launch flags: the baseline every candidate changes.")] = "",
+    sim_args: Annotated[str, typer.Option(help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.")] = "",
+    space: Annotated[Optional[list[str]], typer.Option(help="KNOB=V1,V2 (or KNOB for built-in values; 'default' = vLLM's). Repeatable.")] = None,
+    space_file: Annotated[Optional[Path], typer.Option(help="YAML/JSON mapping knob -> list of values.")] = None,
+    objective: Annotated[str, typer.Option(help="goodput (max rate under the SLO), throughput (under p-limits), or cost.")] = "goodput",
+    goodput: Annotated[Optional[list[str]], typer.Option(help="SLO as vLLM spells it: ttft:500 tpot:50 e2el:10000 (ms).")] = None,
+    slo_percentile: Annotated[float, typer.Option(help="The percentile each SLO bound applies to.")] = 99.0,
+    gpu_cost_per_hour: Annotated[Optional[str], typer.Option(help="$/GPU-hour: 2.5, or H100-SXM=2.5,A100-80GB-SXM=1.6.")] = None,
+    n_trials: Annotated[int, typer.Option(help="Distinct configurations to simulate (all, if the space is smaller).")] = 100,
+    sampler: Annotated[str, typer.Option(help="auto (grid when the space fits in --n-trials, else TPE), grid, tpe.")] = "auto",
+    search_seed: Annotated[int, typer.Option(help="Seed of the TPE sampler.")] = 0,
+    sim_prompts: Annotated[int, typer.Option(help="Requests per simulated run in stage 1.")] = 200,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the study in OUTPUT without repeating finished trials.")] = False,
+    server_cmd: Annotated[Optional[str], typer.Option(help="Stage 2: command template with {engine_args} (and optional {port}).")] = None,
+    server_env: Annotated[Optional[list[str]], typer.Option(help="KEY=VALUE for the server's environment. Repeatable.")] = None,
+    top_k: Annotated[int, typer.Option(help="Stage 2: how many of the simulator's best to measure (plus the baseline).")] = 3,
+    startup_timeout: Annotated[float, typer.Option(help="Stage 2: seconds to wait for /health.")] = 300.0,
+    dataset_name: Annotated[str, typer.Option(help="random, prefix, multiturn, sharegpt or jsonl.")] = "random",
+    dataset_path: Annotated[Optional[Path], typer.Option(help="The file of a sharegpt/jsonl dataset.")] = None,
+    random_input_len: Annotated[int, typer.Option(help="Prompt tokens per request.")] = 1024,
+    random_output_len: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,
+    random_range_ratio: Annotated[float, typer.Option(help="Length spread, as vllm bench serve.")] = 0.0,
+    prefix_len: Annotated[int, typer.Option(help="Shared-prefix tokens (dataset prefix).")] = 0,
+    num_prefixes: Annotated[int, typer.Option(help="Distinct shared prefixes (dataset prefix).")] = 1,
+    request_rate: Annotated[float, typer.Option(help="Requests/s (Poisson); inf = all at once. The cost objective's target.")] = float("inf"),
+    burstiness: Annotated[float, typer.Option(help="Gamma shape of the gaps (1 = Poisson).")] = 1.0,
+    max_concurrency: Annotated[Optional[int], typer.Option(help="Cap on requests in flight (closed loop).")] = None,
+    num_prompts: Annotated[int, typer.Option(help="Stage 2: requests per real measurement.")] = 200,
+    seed: Annotated[int, typer.Option(help="Workload seed: every configuration gets the same requests.")] = 0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print tune.json instead of tables.")] = False,
+) -> None:
+    """Search the launch flags on the simulator, confirm the best on real servers, print the line to run."""
+    console = Console()
+    try:
+        slo = SLO.parse(goodput)
+        search_space = SearchSpace.from_file(space_file) if space_file else SearchSpace.from_items(space or [])
+        if space_file and space:
+            raise TuneError("--space and --space-file both define the search space; give one")
+        workload = WorkloadConfig(
+            dataset_name=dataset_name, dataset_path=dataset_path, input_len=random_input_len,
+            output_len=random_output_len, range_ratio=random_range_ratio, prefix_len=prefix_len,
+            num_prefixes=num_prefixes, seed=seed,
+        )
+        arrival = ArrivalConfig(request_rate=request_rate, burstiness=burstiness, max_concurrency=max_concurrency)
+        goal = Objective(
+            objective, slo, slo_percentile,  # type: ignore[arg-type]
+            target_rate=request_rate if arrival.open_loop else None,
+            gpu_cost_per_hour=parse_prices(gpu_cost_per_hour),
+        )
+        server = ServerCommand(server_cmd, parse_env(server_env), startup_timeout=startup_timeout) if server_cmd else None
+        request = TuneRequest(
+            gpu=gpu, model=model, engine_args=engine_args, sim_args=sim_args, space=search_space, objective=goal,
+            sim_workload=TuneWorkload(workload, arrival, Amount(num_prompts=sim_prompts)),
+            bench_workload=TuneWorkload(workload, arrival, Amount(num_prompts=num_prompts)),
+            search=SearchSettings(n_trials, sampler, search_seed),  # type: ignore[arg-type]
+            output=output, resume=resume, server=server, top_k=top_k,
+        )
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            doc = run_tune(request, None if json_out else _live_progress(console, goal))
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    except (TuneError, SLOError, PerfConfigError, WorkloadError, TargetError) as exc:
+        raise _fail(str(exc)) from None
+    except KeyboardInterrupt:
+        Console(stderr=True).print(f"[yellow]interrupted[/]: finished trials are kept; continue with --resume -o {output}")
+        raise typer.Exit(130) from None
+    if json_out:
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        render(console, doc)
+        console.print(f"all trials: {output / TUNE_JSON}")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _live_progress(console: Console, goal: Objective) -> TuneProgress:
+    def on_trial(trial: StudyTrial, evaluated: int, budget: int) -> None:
+        o = trial.outcome
+        score = "cannot run" if o.score is None else f"{o.score:,.4g} {goal.unit}{'' if o.feasible else ' (SLO missed)'}"
+        console.print(f"[dim]trial {evaluated}/{budget}[/] {_knobs(o.params)}: {score}")
+
+    def on_start(config: Stage2Config) -> None:
+        console.print(f"[bold]stage 2[/] {config.label}: starting the server with {config.engine_args or '(vLLM defaults)'}")
+
+    def on_result(result: Stage2Result) -> None:
+        if result.error:
+            console.print(f"  [red]failed[/]: {result.error.splitlines()[0]}")
+        else:
+            console.print(f"  measured {result.measured_score:,.4g} {goal.unit} (predicted {result.predicted_score:,.4g}); "
+                          f"server up in {result.startup_s:.0f} s, bench {result.bench_s:.0f} s")
+
+    return TuneProgress(on_trial, on_start, on_result)
+
+
+def _knobs(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={'default' if v is None else v}" for k, v in params.items()) or "(baseline)"
+
+
+def _num(value: Any, fmt: str = ",.4g") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def render(console: Console, doc: dict[str, Any]) -> None:
+    objective = doc["objective"]
+    unit = objective["unit"]
+    trials = {t["number"]: t for t in doc["trials"]}
+    table = Table(title=f"stage 1 (simulated): {objective['kind']} ({unit}), SLO {objective['slo']} at p{objective['percentile']:g}")
+    for column in ("#", "trial", "configuration", unit, "SLO", "req/s", "out tok/s", "p99 TTFT ms", "p99 TPOT ms"):
+        table.add_column(column, justify="right" if column not in ("configuration",) else "left")
+    base = doc["baseline"]
+    rows = [("base", "-", base)] + [(str(i + 1), str(n), trials[n]) for i, n in enumerate(doc["ranking"][:RANKED_ROWS])]
+    for rank, number, t in rows:
+        m = t["metrics"]
+        slo = "cannot run" if t["status"] != "ok" else ("met" if t["feasible"] else "missed")
+        table.add_row(rank, number, _knobs(t["params"]) if number != "-" else (t["engine_args"] or "(vLLM defaults)"),
+                      _num(t["score"]), slo, _num(m.get("request_throughput")), _num(m.get("output_throughput")),
+                      _num(m.get("p99_ttft_ms")), _num(m.get("p99_tpot_ms")))
+    console.print(table)
+    console.print(f"evaluated {doc['search']['evaluated']} of {doc['search']['space_size']} configurations "
+                  f"({doc['search']['sampler']})")
+    front = ", ".join(
+        f"#{n} {_num(trials[n]['metrics'][doc['pareto']['x']])} tok/s @ {_num(trials[n]['metrics'][doc['pareto']['y']])} ms"
+        for n in doc["pareto"]["trials"]
+    )
+    console.print(f"Pareto front (output tok/s vs p99 TTFT): {front or '-'}")
+    if doc["stage2"]:
+        measured = Table(title="stage 2: measured on the real server vs predicted")
+        for column in ("config", "engine args", f"predicted {unit}", f"measured {unit}", "pred p99 TTFT", "meas p99 TTFT",
+                       "meas req/s", "SLO"):
+            measured.add_column(column)
+        for r in doc["stage2"]["results"]:
+            m = r["measured"] or {}
+            slo = "-" if r["measured_violation"] is None else ("met" if r["measured_violation"] <= 0 else "missed")
+            measured.add_row(r["label"], r["engine_args"] or "(defaults)", _num(r["predicted_score"]),
+                             "failed" if r["error"] else _num(r["measured_score"]), _num(r["predicted"].get("p99_ttft_ms")),
+                             _num(m.get("p99_ttft_ms")), _num(m.get("request_throughput")), slo)
+        console.print(measured)
+    rec = doc["recommendation"]
+    if rec is None:
+        console.print("[red]no configuration in the space can run[/]")
+        return
+    source = "measured" if rec["source"] == "stage2" else "predicted"
+    gain = rec["gain_over_baseline"]
+    console.print(f"[bold green]recommended[/] ({source}): {rec['engine_args'] or '(vLLM defaults)'}: "
+                  f"{_num(rec['score'])} {unit}" + ("" if gain is None else f", {gain:.2f}x the baseline"))
+    if rec["launch_line"]:
+        console.print(f"launch line: {rec['launch_line']}")

@@ -1,0 +1,284 @@
+"""Stage 2: start a real server per configuration, run the bench workload, stop it; measured next to predicted.
+
+The simulator ranks; only a measurement decides. Each configuration (the
+user's current one first, as the baseline, then the simulator's top-k) gets
+its own server from the user's `--server-cmd` template, started through
+`ServerProcess` (new process group, `/health` wait with the log tail on
+failure, SIGTERM then SIGKILL of the whole group). No server outlives its
+measurement: the context manager stops it on any exit, an interpreter exit
+stops what is still registered, and a marker file naming the live group lets
+the next `--resume` kill a server orphaned by a SIGKILLed tune.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import string
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servelab.metrics.records import MemorySink
+from servelab.metrics.results import ResultWriter
+from servelab.metrics.summary import summarize
+from servelab.targets.deployment import Deployment
+from servelab.targets.http import HttpTarget
+from servelab.targets.server_process import ServerProcess, ServerStartError, free_port
+from servelab.tune.errors import TuneError
+from servelab.tune.objectives import Objective, key_metrics
+from servelab.tune.space import gpu_count
+from servelab.tune.workload import TuneWorkload
+
+STAGE2_DIR = "stage2"
+RESULT = "stage2.json"
+LIVE_SERVER = "live-server.json"
+PLACEHOLDERS = frozenset({"engine_args", "port", "host"})
+BASELINE = "baseline"
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    """`--server-cmd`: a command template with `{engine_args}` (and optionally `{port}`, `{host}`).
+
+    Without `{port}` the command gets `--host H --port P` appended, which is
+    what vLLM's OpenAI server (and SGLang's) take.
+    """
+
+    template: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Set on top of this process's environment (e.g. VLLM_CPU_KVCACHE_SPACE)."""
+    host: str = "127.0.0.1"
+    startup_timeout: float = 300.0
+    stop_timeout: float = 20.0
+
+    def __post_init__(self) -> None:
+        try:
+            names = {name for _, name, _, _ in string.Formatter().parse(self.template) if name is not None}
+            shlex.split(self.template)
+        except ValueError as exc:
+            raise TuneError(f"--server-cmd cannot be parsed: {exc}") from None
+        if "engine_args" not in names:
+            raise TuneError("--server-cmd must contain {engine_args}, where each configuration's flags go")
+        unknown = names - PLACEHOLDERS
+        if unknown:
+            raise TuneError(f"--server-cmd has unknown placeholders {sorted(unknown)}; use {sorted(PLACEHOLDERS)}")
+        if self.startup_timeout <= 0:
+            raise TuneError("--startup-timeout must be positive")
+
+    def argv(self, engine_args: str, port: int) -> list[str]:
+        line = self.template.format(engine_args=engine_args, port=port, host=self.host)
+        argv = shlex.split(line)
+        if "{port}" not in self.template:
+            argv += ["--host", self.host, "--port", str(port)]
+        return argv
+
+    def launch_line(self, engine_args: str) -> str:
+        """What the user pastes: the template with the flags filled in and no servelab-chosen port."""
+        return " ".join(self.template.replace("{port}", "PORT").replace("{host}", self.host).format(
+            engine_args=engine_args).split())
+
+
+@dataclass(frozen=True)
+class Stage2Config:
+    label: str
+    """`baseline` or `trial-N` (the stage-1 trial it came from)."""
+    params: dict[str, Any]
+    engine_args: str
+    deployment: Deployment
+    """The simulated deployment, for the prediction."""
+
+
+@dataclass
+class Stage2Result:
+    label: str
+    params: dict[str, Any]
+    engine_args: str
+    launch_line: str
+    predicted: dict[str, Any]
+    predicted_score: float | None
+    predicted_violation: float | None
+    measured: dict[str, Any] | None = None
+    measured_score: float | None = None
+    measured_violation: float | None = None
+    server_pid: int | None = None
+    """The server's process-group id while it ran (gone afterwards)."""
+    startup_s: float | None = None
+    bench_s: float | None = None
+    directory: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.measured is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Stage2Result:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def reap_orphaned_server(directory: Path, grace: float = 10.0) -> list[int]:
+    """Stop any server a killed tune left running; returns the process groups it stopped.
+
+    The marker holds the exact argv (its port makes it unique), written before
+    the server starts, so even a tune killed during the server's startup is
+    cleaned up: every process whose command line is that argv has its group stopped.
+    """
+    marker = directory / STAGE2_DIR / LIVE_SERVER
+    if not marker.exists():
+        return []
+    argv = [str(a) for a in json.loads(marker.read_text(encoding="utf-8"))["argv"]]
+    groups = sorted({pgid for pgid in map(_group_of, _pids_running(argv)) if pgid is not None})
+    for pgid in groups:
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and _alive(pgid):
+                time.sleep(0.1)
+            if not _alive(pgid):
+                break
+    marker.unlink()
+    return groups
+
+
+def _pids_running(argv: list[str]) -> list[int]:
+    wanted = "\0".join(argv).encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().rstrip(b"\0")
+            except OSError:
+                continue
+            if cmdline == wanted:
+                pids.append(int(entry.name))
+    return pids
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def predict(config: Stage2Config, workload: TuneWorkload, objective: Objective) -> tuple[dict[str, Any], float, float]:
+    sink = MemorySink()
+    config.deployment.sim_target().run(workload.plan(), sink)
+    summary = summarize(sink.records, slo=objective.slo, percentiles=objective.percentiles)
+    gpus = gpu_count(config.deployment)
+    return summary, objective.score_point(summary, config.deployment.hardware.name, gpus), objective.violation(summary)
+
+
+def confirm(
+    configs: Sequence[Stage2Config],
+    command: ServerCommand,
+    workload: TuneWorkload,
+    objective: Objective,
+    directory: Path,
+    *,
+    resume: bool = False,
+    http_options: Mapping[str, Any] | None = None,
+    on_start: Callable[[Stage2Config], None] | None = None,
+    on_result: Callable[[Stage2Result], None] | None = None,
+) -> list[Stage2Result]:
+    """Measure each configuration in turn; a configuration whose server will not start is reported, not fatal.
+
+    A Ctrl-C (during startup or the bench) stops the server and propagates;
+    `resume` skips configurations whose stage2.json is already written.
+    """
+    root = directory / STAGE2_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    reap_orphaned_server(directory)
+    results = []
+    for config in configs:
+        done = root / config.label / RESULT
+        if resume and done.exists():
+            result = Stage2Result.from_dict(json.loads(done.read_text(encoding="utf-8")))
+        else:
+            if on_start:
+                on_start(config)
+            result = _measure(config, command, workload, objective, root / config.label, http_options or {})
+            _write_json(done, result.to_dict())
+        results.append(result)
+        if on_result:
+            on_result(result)
+    return results
+
+
+def _measure(
+    config: Stage2Config, command: ServerCommand, workload: TuneWorkload, objective: Objective, out: Path,
+    http_options: Mapping[str, Any],
+) -> Stage2Result:
+    out.mkdir(parents=True, exist_ok=True)
+    predicted, predicted_score, predicted_violation = predict(config, workload, objective)
+    port = free_port(command.host)
+    argv = command.argv(config.engine_args, port)
+    result = Stage2Result(
+        config.label, config.params, config.engine_args, command.launch_line(config.engine_args),
+        key_metrics(predicted), predicted_score, predicted_violation, directory=str(out),
+    )
+    server = ServerProcess(
+        argv, host=command.host, port=port, log_path=out / "server.log", env={**os.environ, **command.env},
+        startup_timeout=command.startup_timeout, stop_timeout=command.stop_timeout,
+    )
+    marker = out.parent / LIVE_SERVER
+    _write_json(marker, {"argv": argv})
+    try:
+        try:
+            server.start()
+        except ServerStartError as exc:
+            result.error = str(exc)
+            return result
+        result.server_pid = server.pid
+        result.startup_s = server.startup_seconds
+        writer = ResultWriter(out, {
+            "kind": "tune-stage2", "label": config.label, "engine_args": config.engine_args, "argv": argv,
+            "workload": workload.describe(), "base_url": server.base_url,
+        })
+        began = time.monotonic()
+        try:
+            target = HttpTarget(server.base_url, ignore_eos=True, **http_options)
+            run = target.run(workload.plan(), writer.records, writer.write_sample)
+            writer.update_run_info(server_info=run.server_info, client_stats=run.client_stats, interrupted=run.interrupted)
+        finally:
+            writer.close()
+        result.bench_s = time.monotonic() - began
+        if run.interrupted:
+            raise KeyboardInterrupt
+    finally:
+        server.stop()
+        marker.unlink(missing_ok=True)
+    summary = summarize(writer.records.records, slo=objective.slo, percentiles=objective.percentiles)
+    writer.write_summary(summary)
+    gpus = gpu_count(config.deployment)
+    result.measured = key_metrics(summary)
+    result.measured_score = objective.score_point(summary, config.deployment.hardware.name, gpus)
+    result.measured_violation = objective.violation(summary)
+    return result

@@ -1,0 +1,122 @@
+"""`tune` end to end: the baseline and the space on the simulator, the top-k on real servers, tune.json.
+
+The CLI only parses flags into a `TuneRequest` and prints what this returns.
+tune.json is rewritten after stage 1 and after every stage-2 measurement, so
+whatever was learnt survives an interruption.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servelab.targets.deployment import Deployment, build_deployment
+from servelab.tune.confirm import BASELINE, ServerCommand, Stage2Config, Stage2Result, confirm
+from servelab.tune.errors import TuneError
+from servelab.tune.objectives import Objective
+from servelab.tune.outcome import pick_for_confirmation, rank, tune_document, write_tune_json
+from servelab.tune.space import SearchSpace, apply
+from servelab.tune.study import SearchSettings, StudyTrial, run_search
+from servelab.tune.trial import OK, SimJudge
+from servelab.tune.workload import TuneWorkload
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    gpu: str
+    model: str
+    engine_args: str
+    """The user's current launch flags: the baseline, and what every candidate changes."""
+    space: SearchSpace
+    objective: Objective
+    sim_workload: TuneWorkload
+    """What each stage-1 trial simulates (modest: hundreds of trials must fit in minutes)."""
+    bench_workload: TuneWorkload
+    """What stage 2 sends to each real server (and what its predictions are made for)."""
+    search: SearchSettings
+    output: Path
+    sim_args: str = ""
+    """Flags only the simulator sees (e.g. `--block-size 128 --kv-cache-memory-bytes 1G` for the vLLM CPU backend)."""
+    resume: bool = False
+    server: ServerCommand | None = None
+    top_k: int = 3
+    http_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise TuneError(f"--top-k must be at least 1, got {self.top_k}")
+
+
+@dataclass
+class TuneProgress:
+    """Callbacks for the CLI's live output; each is optional."""
+
+    on_trial: Callable[[StudyTrial, int, int], None] | None = None
+    on_server_start: Callable[[Stage2Config], None] | None = None
+    on_server_result: Callable[[Stage2Result], None] | None = None
+
+
+def deployments(request: TuneRequest) -> tuple[Deployment, Deployment]:
+    """(what the simulator runs, what launch lines are printed from); PerfConfigError if the baseline cannot run."""
+    simulated = build_deployment(request.gpu, request.model, f"{request.engine_args} {request.sim_args}".strip())
+    return simulated, build_deployment(request.gpu, request.model, request.engine_args)
+
+
+def run_tune(request: TuneRequest, progress: TuneProgress | None = None) -> dict[str, Any]:
+    progress = progress or TuneProgress()
+    simulated, launch = deployments(request)
+    judge = SimJudge(simulated, launch, request.sim_workload, request.objective)
+    baseline = judge.judge({})
+    if baseline.status != OK:
+        raise TuneError(f"the current configuration cannot be simulated: {baseline.error}")
+    direction = request.objective.direction
+    trials = run_search(
+        request.space, judge.judge, request.output, direction=direction, settings=request.search,
+        resume=request.resume, on_trial=progress.on_trial,
+    )
+
+    def document(stage2: list[Stage2Result], stage2_info: dict[str, Any] | None) -> dict[str, Any]:
+        doc = tune_document(
+            objective=_describe_objective(request.objective),
+            deployment={**launch.describe(), "sim_args": request.sim_args, "simulated": simulated.describe()},
+            space=request.space.describe(),
+            search={"sampler": "grid" if request.search.exhaustive(request.space) else "tpe",
+                    "n_trials": request.search.n_trials, "budget": request.search.budget(request.space),
+                    "space_size": request.space.size, "seed": request.search.seed, "evaluated": len(trials)},
+            workload={"stage1": request.sim_workload.describe(), "stage2": request.bench_workload.describe()},
+            baseline=baseline, trials=trials, direction=direction, stage2=stage2, stage2_info=stage2_info,
+        )
+        write_tune_json(request.output, doc)
+        return doc
+
+    doc = document([], None)
+    if request.server is None:
+        return doc
+    configs = [Stage2Config(BASELINE, {}, baseline.engine_args, simulated)]
+    for t in pick_for_confirmation(rank(trials, direction), request.top_k, baseline.engine_args):
+        configs.append(Stage2Config(f"trial-{t.number}", t.outcome.params, t.outcome.engine_args,
+                                    apply(simulated, t.outcome.params)))
+    info = {"server_cmd": request.server.template, "env": dict(request.server.env), "top_k": request.top_k,
+            "configs": [c.label for c in configs]}
+    measured: list[Stage2Result] = []
+
+    def on_result(result: Stage2Result) -> None:
+        measured.append(result)
+        document(measured, info)
+        if progress.on_server_result:
+            progress.on_server_result(result)
+
+    confirm(configs, request.server, request.bench_workload, request.objective, request.output,
+            resume=request.resume, http_options=request.http_options, on_start=progress.on_server_start,
+            on_result=on_result)
+    return document(measured, info)
+
+
+def _describe_objective(objective: Objective) -> dict[str, Any]:
+    return {
+        "kind": objective.kind, "direction": objective.direction, "unit": objective.unit,
+        "slo": objective.slo.as_dict() if objective.slo else None, "percentile": objective.percentile,
+        "target_rate": objective.target_rate, "gpu_cost_per_hour": dict(objective.gpu_cost_per_hour),
+    }
