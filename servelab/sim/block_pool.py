@@ -37,7 +37,13 @@ class BlockPool:
         """Position in the ring of a free cached block, -1 otherwise (lazy deletion)."""
         self._num_cached_free = 0
         self._hash_to_block: dict[int, int] = {}
-        """May hold stale entries; a lookup is valid only if block_hash[block] still equals the hash."""
+        """The latest block registered under each hash; may be stale (valid only if block_hash[block] still equals it)."""
+        self._chains: dict[int, list[tuple[list[int], list[int]]]] = {}
+        """Registrations not yet in the index, per chain (the hash of the registering prompt's first block)."""
+        self._flushed_chains: set[int] = set()
+        self._num_pending = 0
+        self.defer_index = True
+        """Index prompt blocks only when a lookup could reach them; False indexes at once (the reference, for tests)."""
 
     # -- counts -------------------------------------------------------------
 
@@ -138,6 +144,9 @@ class BlockPool:
 
     def lookup(self, hashes: Sequence[int], max_blocks: int) -> list[int]:
         """Longest run of cached blocks from the start of `hashes` (a miss ends it: hashes are chained)."""
+        if max_blocks <= 0 or not hashes:
+            return []
+        self._flush_chain(hashes[0])
         found: list[int] = []
         get = self._hash_to_block.get
         block_hash = self.block_hash
@@ -147,6 +156,24 @@ class BlockPool:
                 break
             found.append(b)
         return found
+
+    def _flush_chain(self, chain: int) -> None:
+        """Index the pending registrations a lookup starting with this hash could reach, in registration order.
+
+        A hash covers its whole prefix, so every block registered under a hash
+        whose walk starts at `chain` was registered by a prompt whose first
+        block hash is `chain`: nothing outside this chain's registrations can
+        change the lookup. Random prompts never look their chains up, so most
+        registrations are never indexed at all.
+        """
+        segments = self._chains.pop(chain, None)
+        if segments is None:
+            return
+        update = self._hash_to_block.update
+        for blocks, hashes in segments:
+            update(zip(hashes, blocks))
+            self._num_pending -= len(blocks)
+        self._flushed_chains.add(chain)
 
     def touch(self, blocks: Sequence[int]) -> None:
         """Take a reference on prefix-hit blocks, removing free ones from the free queue."""
@@ -159,24 +186,76 @@ class BlockPool:
             self._num_cached_free -= len(idle)
         self.ref_cnt[ids] += 1
 
-    def cache(self, blocks: Sequence[int], hashes: Sequence[int], findable: bool = True) -> None:
+    def cache(
+        self,
+        blocks: Sequence[int],
+        hashes: Sequence[int],
+        findable: bool = True,
+        chains: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
         """Mark newly full blocks as cached under their hashes (duplicates of a cached hash are kept, as in vLLM).
 
-        `findable=False` skips the hash index: for blocks only their owner could
-        ever hit (generated tokens), which `index` adds if the owner is preempted.
-        They still count as cached for the free queue's eviction order.
+        `chains` splits the blocks into runs of (first-block hash of the prompt
+        they belong to, count): those are indexed lazily, when a lookup on that
+        chain comes. `findable=False` skips the hash index: for blocks only their
+        owner could ever hit (generated tokens), which `index` adds if the owner
+        is preempted. They still count as cached for the free queue's eviction order.
         """
         if not blocks:
             return
         self.block_hash[np.asarray(blocks, dtype=np.int64)] = hashes
-        if findable:
+        if not findable:
+            return
+        if chains is None or not self.defer_index:
             self.index(blocks, hashes)
+            return
+        offset = 0
+        for chain, count in chains:
+            self._chains.setdefault(chain, []).append((blocks[offset : offset + count], hashes[offset : offset + count]))
+            offset += count
+        self._num_pending += len(blocks)
+        self._purge_if_large()
 
     def index(self, blocks: Sequence[int], hashes: Sequence[int]) -> None:
         self._hash_to_block.update(zip(hashes, blocks))
-        if len(self._hash_to_block) > 4 * self.num_blocks + 4096:
-            live = np.flatnonzero(self.block_hash)
-            self._hash_to_block = dict(zip(self.block_hash[live].tolist(), live.tolist()))
+        self._purge_if_large()
+
+    def _purge_if_large(self) -> None:
+        if len(self._hash_to_block) + self._num_pending > 4 * self.num_blocks + 4096:
+            self._purge()
+
+    def _purge(self) -> None:
+        """Drop registrations that can no longer produce a hit, without changing any future lookup.
+
+        A stale index entry gives a miss, as no entry does. A pending
+        registration matters only if it is its hash's latest in the chain; if
+        its block has been evicted since, indexing it later would turn the
+        hash into a miss, which deleting the current entry does now.
+        """
+        if self._hash_to_block:
+            keys = np.fromiter(self._hash_to_block.keys(), dtype=np.int64, count=len(self._hash_to_block))
+            vals = np.fromiter(self._hash_to_block.values(), dtype=np.int64, count=len(keys))
+            live = self.block_hash[vals] == keys
+            self._hash_to_block = dict(zip(keys[live].tolist(), vals[live].tolist()))
+        index = self._hash_to_block
+        pending = 0
+        for chain in list(self._chains):
+            segments = self._chains[chain]
+            blocks = np.fromiter((b for seg, _ in segments for b in seg), dtype=np.int64)
+            hashes = np.fromiter((h for _, seg in segments for h in seg), dtype=np.int64, count=len(blocks))
+            _, last_rev = np.unique(hashes[::-1], return_index=True)
+            latest = np.sort(len(hashes) - 1 - last_rev)
+            blocks, hashes = blocks[latest], hashes[latest]
+            live = self.block_hash[blocks] == hashes
+            if chain in self._flushed_chains:
+                for h in hashes[~live].tolist():
+                    index.pop(h, None)
+            if live.any():
+                self._chains[chain] = [(blocks[live].tolist(), hashes[live].tolist())]
+                pending += int(live.sum())
+            else:
+                del self._chains[chain]
+        self._num_pending = pending
 
     # -- invariants (tests) -----------------------------------------------
 
