@@ -1,0 +1,123 @@
+"""`servelab bench`: measure a real OpenAI-compatible server with the flags of `vllm bench serve`."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from servelab.cli import app
+from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags, bad_input_exits, fail, load_options
+from servelab.experiment.runner import run_point
+from servelab.experiment.sweep import run_sweep
+from servelab.metrics.results import SUMMARY, SWEEP
+from servelab.report.terminal import LiveProgress, print_warnings, summary_table, sweep_table
+from servelab.targets.http import HttpTarget
+from servelab.targets.preflight import ENDPOINTS
+from servelab.workload.spec import LoadPlan, RequestSpec
+
+_TARGET = "Target"
+
+
+def _json_ids(plan: LoadPlan) -> LoadPlan:
+    """Token ids as Python ints, lazily, one request at a time: the HTTP body is JSON and numpy ints are not."""
+
+    def convert(specs: Iterator[RequestSpec]) -> Iterator[RequestSpec]:
+        for spec in specs:
+            if hasattr(spec.prompt_ids, "tolist"):
+                spec.prompt_ids = spec.prompt_ids.tolist()
+            yield spec
+
+    plan.requests = convert(iter(plan.requests))
+    return plan
+
+
+@app.command()
+@load_options
+def bench(
+    base_url: Annotated[str, typer.Option(help="Server root, e.g. http://127.0.0.1:8000.", rich_help_panel=_TARGET)] = "http://127.0.0.1:8000",
+    endpoint: Annotated[str, typer.Option(help=f"One of {', '.join(ENDPOINTS)}.", rich_help_panel=_TARGET)] = "/v1/completions",
+    model: Annotated[Optional[str], typer.Option(help="Served model name (default: the first of /v1/models).", rich_help_panel=_TARGET)] = None,
+    api_key: Annotated[Optional[str], typer.Option(envvar="OPENAI_API_KEY", show_envvar=True, help="Bearer token; never written anywhere.", rich_help_panel=_TARGET)] = None,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="vLLM: generate exactly max_tokens.", rich_help_panel=_TARGET)] = False,
+    request_timeout: Annotated[float, typer.Option(help="Seconds a request may take in all.", rich_help_panel=_TARGET)] = 600.0,
+    scrape_interval: Annotated[float, typer.Option(help="Seconds between /metrics scrapes.", rich_help_panel=_TARGET)] = 1.0,
+    *,
+    load: LoadFlags,
+) -> None:
+    """Measure a running server: latency, throughput and goodput under the load you describe."""
+    out = Console(stderr=True) if load.json else Console()
+    with bad_input_exits():
+        load.check()
+        slo, percentiles, sweep = load.slo(), load.percentiles(), load.parsed_sweep()
+        first_plan = load.make_plan()  # dataset files are read and checked before the server is touched
+        if endpoint == "/v1/chat/completions" and not (load.tokenizer or first_plan.description["text_prompts"]):
+            raise fail(f"--endpoint {endpoint} sends text: give --tokenizer (or a sharegpt/jsonl dataset) with --dataset-name {load.dataset_name}")
+        if scrape_interval <= 0:
+            raise fail(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
+        target = HttpTarget(
+            base_url,
+            endpoint,
+            model=model,
+            api_key=api_key,
+            ignore_eos=ignore_eos,
+            request_timeout=request_timeout,
+            scrape_interval=scrape_interval,
+            send_text=bool(first_plan.description["text_prompts"]),
+        )
+        server = target.preflight()
+    result_dir = load.output_dir("bench")
+    flags = {"base_url": base_url, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
+             "request_timeout": request_timeout, "scrape_interval": scrape_interval, **load.as_dict()}
+    run_info: dict[str, Any] = {"verb": "bench", "argv": _argv_without_secrets(api_key), "flags": flags}
+    out.print(f"bench: {server['model']} at {base_url}{endpoint} -> {result_dir}", highlight=False)
+
+    @contextmanager
+    def observe(label: str, plan: LoadPlan) -> Iterator[LiveProgress]:
+        total = plan.description["amount"]["num_prompts"]
+        with LiveProgress(out, label, total) as progress:
+            yield progress
+
+    if sweep is None:
+        with observe("bench", first_plan) as progress:
+            summary = run_point(target, _json_ids(first_plan), result_dir, run_info, slo, percentiles, [progress])
+        out.print(summary_table(summary))
+        print_warnings(out, summary)
+        if load.json:
+            sys.stdout.write((result_dir / SUMMARY).read_text())
+        interrupted = summary["interrupted"]
+    else:
+        make_plan = lambda arrival: _json_ids(load.make_plan(arrival))  # noqa: E731  (a fresh plan per point)
+        index = run_sweep(target, sweep, load.arrival(), make_plan, result_dir, run_info, slo, percentiles, observe)
+        out.print(sweep_table(index))
+        for point in index["points"]:
+            print_warnings(out, point["summary"])
+        if load.json:
+            sys.stdout.write((result_dir / SWEEP).read_text())
+        interrupted = index["interrupted"]
+    if interrupted:
+        out.print(f"[bold red]interrupted[/]: what completed is in {result_dir}")
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _argv_without_secrets(api_key: str | None) -> list[str]:
+    """The command line as typed, with the API key's value masked wherever it appears."""
+    args = list(sys.argv)
+    masked = []
+    skip = False
+    for arg in args:
+        if skip:
+            masked.append("***")
+            skip = False
+        elif arg == "--api-key":
+            masked.append(arg)
+            skip = True
+        elif arg.startswith("--api-key="):
+            masked.append("--api-key=***")
+        else:
+            masked.append("***" if api_key and arg == api_key else arg)
+    return masked

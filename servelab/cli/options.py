@@ -1,0 +1,243 @@
+"""The load flags `bench` and `simulate` share: workload, arrival, amount, SLO, sweep, output.
+
+`@load_options` adds every one of them to a typer command and hands the
+command one `LoadFlags`, so both verbs take exactly the same flags with the
+same names as `vllm bench serve`, and validate them the same way: every
+impossible combination is one error naming both flags, before any load.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+import typing
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from servelab.metrics.slo import SLO, SLOError
+from servelab.metrics.summary import DEFAULT_PERCENTILES
+from servelab.targets.errors import TargetError
+from servelab.workload.arrival import ArrivalConfig
+from servelab.workload.datasets import DATASETS, FILE_DATASETS, WorkloadConfig
+from servelab.workload.errors import WorkloadError
+from servelab.workload.lengths import DISTRIBUTIONS
+from servelab.workload.plan import Amount, build_plan
+from servelab.workload.spec import LoadPlan
+from servelab.experiment.sweep import Sweep, SweepError
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 2, 130
+BAD_INPUT = (WorkloadError, SweepError, SLOError, TargetError)
+"""What the layers below raise for input the user must fix; printed as one line, exit code 2."""
+
+_WORKLOAD, _ARRIVAL, _AMOUNT, _SLO, _OUTPUT = "Workload", "Arrival", "Amount", "SLO", "Sweep and output"
+
+DatasetName = Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}.", rich_help_panel=_WORKLOAD)]
+DatasetPath = Annotated[Optional[Path], typer.Option(help="ShareGPT JSON or JSONL file (for sharegpt / jsonl).", rich_help_panel=_WORKLOAD)]
+TokenizerPath = Annotated[Optional[Path], typer.Option("--tokenizer", help="Local tokenizer dir (tokenizer.json): real text, exact lengths.", rich_help_panel=_WORKLOAD)]
+RandomInputLen = Annotated[Optional[int], typer.Option(help="Prompt tokens (random/prefix: the random part; multiturn: each user turn). Default 1024.", rich_help_panel=_WORKLOAD)]
+RandomOutputLen = Annotated[Optional[int], typer.Option(help="Output tokens per request. Default 128.", rich_help_panel=_WORKLOAD)]
+RandomRangeRatio = Annotated[Optional[float], typer.Option(help="Length spread: uniform in \\[len*(1-r), len*(1+r)]; std/mean for normal/lognormal. Default 0.", rich_help_panel=_WORKLOAD)]
+LengthDist = Annotated[str, typer.Option(help=f"Length distribution: {', '.join(DISTRIBUTIONS)}.", rich_help_panel=_WORKLOAD)]
+PrefixLen = Annotated[Optional[int], typer.Option(help="prefix: tokens of the shared prefix (system prompt, RAG context).", rich_help_panel=_WORKLOAD)]
+NumPrefixes = Annotated[Optional[int], typer.Option(help="prefix: how many distinct prefixes. Default 1.", rich_help_panel=_WORKLOAD)]
+MultiturnTurns = Annotated[Optional[int], typer.Option(help="multiturn: turns per conversation. Default 3.", rich_help_panel=_WORKLOAD)]
+MultiturnThinkTime = Annotated[Optional[float], typer.Option(help="multiturn: seconds between a reply and the next turn. Default 0.", rich_help_panel=_WORKLOAD)]
+Seed = Annotated[int, typer.Option(help="Seed for prompts, lengths and arrivals.", rich_help_panel=_WORKLOAD)]
+MaxConcurrency = Annotated[Optional[int], typer.Option(help="Closed loop: at most N requests in flight (also caps an open loop).", rich_help_panel=_ARRIVAL)]
+RequestRate = Annotated[Optional[float], typer.Option(help="Open loop: requests per second (inf = all at once, the default).", rich_help_panel=_ARRIVAL)]
+Burstiness = Annotated[Optional[float], typer.Option(help="Gamma shape of the gaps (1 = Poisson, <1 burstier). Needs --request-rate.", rich_help_panel=_ARRIVAL)]
+NumPrompts = Annotated[Optional[int], typer.Option(help="Requests to send. Default 1000.", rich_help_panel=_AMOUNT)]
+Duration = Annotated[Optional[float], typer.Option(help="Send requests for this many seconds instead of a count.", rich_help_panel=_AMOUNT)]
+Warmup = Annotated[float, typer.Option(help="Seconds at the start excluded from statistics.", rich_help_panel=_AMOUNT)]
+Goodput = Annotated[Optional[list[str]], typer.Option(help="SLO in ms, as vLLM spells it: --goodput 'ttft:500 tpot:50 e2el:10000' (or repeat the flag).", rich_help_panel=_SLO)]
+MetricPercentiles = Annotated[str, typer.Option(help="Percentiles reported for TTFT/TPOT/ITL/E2EL, comma-separated.", rich_help_panel=_SLO)]
+SweepOpt = Annotated[Optional[str], typer.Option("--sweep", help="request-rate=1,2,4,8 or max-concurrency=1,8,32: one run per value, sweep.json holds the curve.", rich_help_panel=_OUTPUT)]
+ResultDir = Annotated[Optional[Path], typer.Option(help="Where run.json, records.jsonl, timeline.jsonl, summary.json go. Default results/<verb>-<time>.", rich_help_panel=_OUTPUT)]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print summary.json (sweep.json for a sweep) to stdout.", rich_help_panel=_OUTPUT)]
+
+
+@dataclass(frozen=True)
+class LoadFlags:
+    """The shared flags as given (None = not given), so clashes can name what the user typed."""
+
+    dataset_name: str = "random"
+    dataset_path: Path | None = None
+    tokenizer: Path | None = None
+    random_input_len: int | None = None
+    random_output_len: int | None = None
+    random_range_ratio: float | None = None
+    length_distribution: str = "uniform"
+    prefix_len: int | None = None
+    num_prefixes: int | None = None
+    multiturn_turns: int | None = None
+    multiturn_think_time: float | None = None
+    seed: int = 0
+    max_concurrency: int | None = None
+    request_rate: float | None = None
+    burstiness: float | None = None
+    num_prompts: int | None = None
+    duration: float | None = None
+    warmup: float = 0.0
+    goodput: list[str] | None = None
+    metric_percentiles: str = ",".join(f"{p:g}" for p in DEFAULT_PERCENTILES)
+    sweep: str | None = None
+    result_dir: Path | None = None
+    json: bool = False
+
+    def check(self) -> None:
+        """Flag clashes the layers below cannot see (they only get resolved values)."""
+        name = self.dataset_name
+        only = {
+            "--prefix-len": (self.prefix_len, "prefix"),
+            "--num-prefixes": (self.num_prefixes, "prefix"),
+            "--multiturn-turns": (self.multiturn_turns, "multiturn"),
+            "--multiturn-think-time": (self.multiturn_think_time, "multiturn"),
+        }
+        for flag, (value, dataset) in only.items():
+            if value is not None and name != dataset:
+                raise WorkloadError(f"{flag} is only used by --dataset-name {dataset}, not --dataset-name {name}")
+        if name in FILE_DATASETS:
+            for flag, value in (
+                ("--random-input-len", self.random_input_len),
+                ("--random-output-len", self.random_output_len),
+                ("--random-range-ratio", self.random_range_ratio),
+            ):
+                if value is not None:
+                    raise WorkloadError(f"{flag} does not apply to --dataset-name {name}: lengths come from the file")
+        if self.sweep is not None:
+            sweep = Sweep.parse(self.sweep)
+            given = {"request-rate": self.request_rate, "max-concurrency": self.max_concurrency}[sweep.key]
+            if given is not None:
+                raise SweepError(f"--sweep {sweep.key}=... and --{sweep.key} both set the {sweep.key}; give one of them")
+        sweeps_rate = self.sweep is not None and self.sweep.strip().startswith("request-rate")
+        if self.burstiness is not None and self.request_rate is None and not sweeps_rate:
+            raise WorkloadError("--burstiness shapes an open loop's gaps: it needs --request-rate (or --sweep request-rate=...)")
+
+    def workload(self) -> WorkloadConfig:
+        defaults = WorkloadConfig()
+        pick = lambda value, default: default if value is None else value  # noqa: E731
+        return WorkloadConfig(
+            dataset_name=self.dataset_name,
+            dataset_path=self.dataset_path,
+            input_len=pick(self.random_input_len, defaults.input_len),
+            output_len=pick(self.random_output_len, defaults.output_len),
+            range_ratio=pick(self.random_range_ratio, defaults.range_ratio),
+            length_distribution=self.length_distribution,
+            prefix_len=pick(self.prefix_len, defaults.prefix_len),
+            num_prefixes=pick(self.num_prefixes, defaults.num_prefixes),
+            turns=pick(self.multiturn_turns, defaults.turns),
+            think_time=pick(self.multiturn_think_time, defaults.think_time),
+            seed=self.seed,
+            tokenizer=self.tokenizer,
+        )
+
+    def arrival(self) -> ArrivalConfig:
+        return ArrivalConfig(
+            request_rate=float("inf") if self.request_rate is None else self.request_rate,
+            burstiness=1.0 if self.burstiness is None else self.burstiness,
+            max_concurrency=self.max_concurrency,
+        )
+
+    def amount(self) -> Amount:
+        return Amount(num_prompts=self.num_prompts, duration=self.duration, warmup=self.warmup)
+
+    def slo(self) -> SLO | None:
+        return SLO.parse([item for arg in self.goodput or [] for item in arg.split()])
+
+    def percentiles(self) -> tuple[float, ...]:
+        try:
+            values = tuple(float(p) for p in self.metric_percentiles.split(",") if p.strip())
+        except ValueError:
+            values = ()
+        if not values or not all(0 < p < 100 for p in values):
+            raise WorkloadError(f"--metric-percentiles {self.metric_percentiles!r}: give numbers in (0, 100), e.g. 50,90,99")
+        return values
+
+    def parsed_sweep(self) -> Sweep | None:
+        return Sweep.parse(self.sweep) if self.sweep is not None else None
+
+    def make_plan(self, arrival: ArrivalConfig | None = None) -> LoadPlan:
+        return build_plan(self.workload(), arrival or self.arrival(), self.amount())
+
+    def output_dir(self, verb: str) -> Path:
+        return self.result_dir or Path("results") / f"{verb}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+
+
+LOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "dataset_name": (DatasetName, "random"),
+    "dataset_path": (DatasetPath, None),
+    "tokenizer": (TokenizerPath, None),
+    "random_input_len": (RandomInputLen, None),
+    "random_output_len": (RandomOutputLen, None),
+    "random_range_ratio": (RandomRangeRatio, None),
+    "length_distribution": (LengthDist, "uniform"),
+    "prefix_len": (PrefixLen, None),
+    "num_prefixes": (NumPrefixes, None),
+    "multiturn_turns": (MultiturnTurns, None),
+    "multiturn_think_time": (MultiturnThinkTime, None),
+    "seed": (Seed, 0),
+    "max_concurrency": (MaxConcurrency, None),
+    "request_rate": (RequestRate, None),
+    "burstiness": (Burstiness, None),
+    "num_prompts": (NumPrompts, None),
+    "duration": (Duration, None),
+    "warmup": (Warmup, 0.0),
+    "goodput": (Goodput, None),
+    "metric_percentiles": (MetricPercentiles, LoadFlags.metric_percentiles),
+    "sweep": (SweepOpt, None),
+    "result_dir": (ResultDir, None),
+    "json": (JsonOut, False),
+}
+
+
+def load_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a typer command every shared flag; it receives them as one `load: LoadFlags` argument.
+
+    Typer reads a command's parameters from its signature, so the wrapper
+    advertises the command's own parameters plus the shared ones.
+    """
+    hints = typing.get_type_hints(command, include_extras=True)
+    own = [
+        p.replace(annotation=hints.get(p.name, p.annotation))
+        for p in inspect.signature(command).parameters.values()
+        if p.name != "load"
+    ]
+    shared = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+        for name, (annotation, default) in LOAD_OPTIONS.items()
+    ]
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        load = LoadFlags(**{name: kwargs.pop(name) for name in LOAD_OPTIONS})
+        return command(*args, load=load, **kwargs)
+
+    params = own + shared
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    del wrapper.__wrapped__  # typer must see the advertised signature, not the command's
+    return wrapper
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def bad_input_exits() -> Iterator[None]:
+    """Input errors from any layer become one printed line and exit code 2."""
+    try:
+        yield
+    except BAD_INPUT as exc:
+        raise fail(str(exc)) from None

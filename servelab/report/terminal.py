@@ -1,0 +1,125 @@
+"""What a run shows on the terminal: a live progress bar while it runs, tables when it ends.
+
+The progress bar is a record sink: it sees each record as the target writes
+it, so it needs nothing from the target, and it reads the rates off the
+records' own clock (the run's, real or simulated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from servelab.metrics.records import RequestRecord
+
+
+class LiveProgress:
+    """A rich progress bar fed by records: done/total, req/s, output tok/s, errors."""
+
+    def __init__(self, console: Console, label: str, total: int | None) -> None:
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.task = self.progress.add_task(label, total=total, rate="")
+        self.done = self.errors = self.tokens = 0
+        self.first_send: float | None = None
+        self.last_finish = 0.0
+
+    def __enter__(self) -> LiveProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def write(self, record: RequestRecord) -> None:
+        self.done += 1
+        if record.ok:
+            self.tokens += record.output_tokens
+        else:
+            self.errors += 1
+        self.first_send = record.send_time if self.first_send is None else min(self.first_send, record.send_time)
+        self.last_finish = max(self.last_finish, record.finish_time)
+        span = self.last_finish - self.first_send
+        rate = f"{self.done / span:6.2f} req/s {self.tokens / span:8.1f} tok/s" if span > 0 else ""
+        errors = f"  [red]{self.errors} errors[/]" if self.errors else "  0 errors"
+        self.progress.update(self.task, completed=self.done, rate=rate + errors)
+
+
+def _ms(summary: dict[str, Any], name: str, percentiles: Sequence[str]) -> list[tuple[str, float]]:
+    keys = [f"mean_{name}_ms", f"median_{name}_ms", *(f"p{p}_{name}_ms" for p in percentiles)]
+    return [(k, summary[k]) for k in keys if k in summary]
+
+
+def summary_table(summary: dict[str, Any], title: str = "Serving benchmark result") -> Table:
+    """vLLM bench serve's result block, as a table with the same key names."""
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows: list[tuple[str, Any]] = [
+        ("Successful requests", summary["completed"]),
+        ("Failed requests", summary["failed"]),
+        ("Benchmark duration (s)", f"{summary['duration']:.2f}"),
+        ("Total input tokens", summary["total_input_tokens"]),
+        ("Total generated tokens", summary["total_output_tokens"]),
+        ("Request throughput (req/s)", f"{summary['request_throughput']:.2f}"),
+        ("Output token throughput (tok/s)", f"{summary['output_throughput']:.2f}"),
+        ("Total token throughput (tok/s)", f"{summary['total_token_throughput']:.2f}"),
+    ]
+    if summary.get("request_goodput") is not None:
+        rows.append(("Request goodput (req/s)", f"{summary['request_goodput']:.2f}"))
+    for kind, count in sorted((summary.get("errors_by_kind") or {}).items()):
+        rows.append((f"  errors: {kind}", count))
+    for key, value in rows:
+        table.add_row(key, str(value))
+    percentiles = sorted(
+        {k.split("_")[0][1:] for k in summary if k.startswith("p") and k.endswith("_ttft_ms")}, key=float
+    )
+    for name, label in (("ttft", "Time to first token"), ("tpot", "Time per output token (excl. 1st)"),
+                        ("itl", "Inter-token latency"), ("e2el", "End-to-end latency")):
+        table.add_section()
+        table.add_row(f"[bold]{label}[/]", "")
+        for key, value in _ms(summary, name, percentiles):
+            table.add_row(f"  {key}", f"{value:.2f}")
+    stats = summary.get("client_stats") or {}
+    if "schedule_lag_p99_ms" in stats:
+        table.add_section()
+        lag = stats.get("schedule_lag_p99_ms")
+        table.add_row("Client send lag p99 (ms)", "-" if lag is None else f"{lag:.2f}")
+        table.add_row("Client CPU (share of a core)", f"{stats.get('cpu_share', 0):.0%}")
+    return table
+
+
+def sweep_table(index: dict[str, Any]) -> Table:
+    """The throughput-latency curve, one row per point."""
+    key = index["sweep"]["key"]
+    table = Table(title=f"Sweep over {key}", title_justify="left")
+    columns = [
+        (key, key), ("req/s", "request_throughput"), ("out tok/s", "output_throughput"),
+        ("mean TTFT ms", "mean_ttft_ms"), ("p99 TTFT ms", "p99_ttft_ms"), ("mean TPOT ms", "mean_tpot_ms"),
+        ("mean E2EL ms", "mean_e2el_ms"), ("failed", "failed"),
+    ]
+    for header, _ in columns:
+        table.add_column(header, justify="right")
+    for point in index["points"]:
+        cells = []
+        for _, field in columns:
+            value = point.get(field)
+            cells.append(f"{value:.2f}" if isinstance(value, float) else str(value))
+        table.add_row(*cells)
+    return table
+
+
+def print_warnings(console: Console, summary: dict[str, Any]) -> None:
+    for warning in summary.get("warnings") or []:
+        console.print(f"[bold red]WARNING:[/] {warning}", highlight=False)
