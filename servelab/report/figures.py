@@ -1,0 +1,399 @@
+"""The report's plots, each a plotly Figure built from `ReportInputs` alone.
+
+Styling carries meaning so overlays read without a key: each top-level input
+(run or sweep) has its own colour in curves and its own dash pattern in
+distributions; within a sweep, colour darkens as load rises, so the same
+point of a simulated and a measured sweep share a colour and differ in dash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.colors import qualitative, sample_colorscale
+from plotly.subplots import make_subplots
+
+from servelab.metrics import timeline as tl
+from servelab.metrics.records import RequestRecord
+from servelab.metrics.slo import tpot_seconds
+from servelab.report.inputs import ReportInputs, ReportRun, ReportSweep
+
+PALETTE = qualitative.Plotly
+DASHES = ("solid", "dot", "dash", "dashdot", "longdash", "longdashdot")
+PHASE_COLORS = {"queued": "#bab0ac", "prefill": "#f58518", "decode": "#4c78a8", "failed": "#e45756"}
+REQUEST_SAMPLE = 60
+"""Bars in the per-request timeline: enough to see the pattern, few enough to read each one."""
+
+_LAYOUT = dict(
+    template="plotly_white",
+    margin=dict(l=70, r=30, t=60, b=60),
+    legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
+    hoverlabel=dict(namelength=-1),
+)
+
+
+def _legend_below(height: int) -> dict[str, Any]:
+    """Legend placement a fixed distance under the x-axis title, whatever the figure's height."""
+    plot_area = height - _LAYOUT["margin"]["t"] - _LAYOUT["margin"]["b"]
+    return dict(_LAYOUT["legend"], y=-75 / plot_area)
+
+
+def series_color(series: int) -> str:
+    return PALETTE[series % len(PALETTE)]
+
+
+def run_color(run: ReportRun, inputs: ReportInputs) -> str:
+    """A standalone run's series colour; a sweep point's shade by its position in the sweep."""
+    sweep = next((s for s in inputs.sweeps if s.series == run.series), None)
+    if sweep is None or len(sweep.points) == 1:
+        return series_color(run.series)
+    position = next(i for i, p in enumerate(sweep.points) if p is run) / (len(sweep.points) - 1)
+    return sample_colorscale("Viridis", [0.8 - 0.75 * position])[0]
+
+
+def run_dash(run: ReportRun) -> str:
+    return DASHES[run.series % len(DASHES)]
+
+
+def _summary_value(run: ReportRun, key: str) -> float | None:
+    value = run.summary.get(key)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+# --- sweeps -------------------------------------------------------------------------------------
+
+_CURVES = (
+    ("TTFT", "ttft", "Time to first token (ms)"),
+    ("TPOT", "tpot", "Time per output token (ms)"),
+)
+
+
+def sweep_curves_figure(sweeps: Sequence[ReportSweep]) -> go.Figure:
+    """Latency against achieved throughput: where the knee is, and what it costs to go past it."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[f"{name} vs. throughput" for name, _, _ in _CURVES])
+    for sweep in sweeps:
+        color = series_color(sweep.series)
+        x = [_summary_value(p, "output_throughput") for p in sweep.points]
+        values = [f"{sweep.parameter}={p.sweep_value}" for p in sweep.points]
+        for col, (name, key, _) in enumerate(_CURVES, start=1):
+            for stat, label, dash in (("median", "p50", "solid"), ("p99", "p99", "dot")):
+                fig.add_trace(
+                    go.Scatter(
+                        x=x,
+                        y=[_summary_value(p, f"{stat}_{key}_ms") for p in sweep.points],
+                        mode="lines+markers+text" if stat == "median" else "lines+markers",
+                        text=[str(p.sweep_value) for p in sweep.points] if stat == "median" else None,
+                        textposition="top left",
+                        textfont=dict(size=10, color=color),
+                        customdata=values,
+                        name=f"{sweep.label} — {label}",
+                        legendgroup=f"{sweep.label} — {label}",
+                        showlegend=col == 1,
+                        line=dict(color=color, dash=dash),
+                        marker=dict(symbol="circle" if stat == "median" else "diamond-open", size=7),
+                        hovertemplate=f"%{{customdata}}<br>%{{x:.1f}} tok/s<br>{name} {label} %{{y:.1f}} ms<extra>{sweep.label}</extra>",
+                    ),
+                    row=1,
+                    col=col,
+                )
+    for col, (_, _, axis) in enumerate(_CURVES, start=1):
+        fig.update_xaxes(title_text="Output throughput (tokens/s)", rangemode="tozero", row=1, col=col)
+        fig.update_yaxes(title_text=axis, rangemode="tozero", row=1, col=col)
+    fig.update_layout(title="Latency vs. throughput (labels: swept value)", height=480, **_LAYOUT)
+    return fig
+
+
+def sweep_throughput_figure(sweeps: Sequence[ReportSweep]) -> go.Figure:
+    """Throughput against the swept parameter: where adding load stops adding work done."""
+    parameter = sweeps[0].parameter
+    panels = (
+        ("output_throughput", "Output throughput (tokens/s)", "tok/s", ".1f"),
+        ("request_throughput", "Request throughput (requests/s)", "req/s", ".2f"),
+    )
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[title for _, title, _, _ in panels])
+    for sweep in sweeps:
+        color = series_color(sweep.series)
+        for col, (key, _, unit, fmt) in enumerate(panels, start=1):
+            fig.add_trace(
+                go.Scatter(
+                    x=[p.sweep_value for p in sweep.points],
+                    y=[_summary_value(p, key) for p in sweep.points],
+                    mode="lines+markers",
+                    name=sweep.label,
+                    legendgroup=sweep.label,
+                    showlegend=col == 1,
+                    line=dict(color=color),
+                    hovertemplate=f"{parameter}=%{{x}}<br>%{{y:{fmt}}} {unit}<extra>{sweep.label}</extra>",
+                ),
+                row=1,
+                col=col,
+            )
+    # request-rate sweeps may end at "inf" (all at once), which only a category axis can place.
+    numeric = all(isinstance(p.sweep_value, (int, float)) for sweep in sweeps for p in sweep.points)
+    for col, (_, title, _, _) in enumerate(panels, start=1):
+        fig.update_xaxes(title_text=parameter, type=None if numeric else "category", row=1, col=col)
+        fig.update_yaxes(title_text=title, rangemode="tozero", row=1, col=col)
+    fig.update_layout(title=f"Throughput vs. {parameter}", height=420, **_LAYOUT)
+    return fig
+
+
+# --- latency distributions ----------------------------------------------------------------------
+
+_CDF_METRICS: tuple[tuple[str, str, Callable[[RequestRecord], float | None]], ...] = (
+    ("TTFT", "Time to first token (ms)", lambda r: r.ttft),
+    ("TPOT", "Time per output token (ms)", tpot_seconds),
+    ("E2E latency", "End-to-end latency (ms)", lambda r: r.e2el),
+)
+
+
+def _counted_ok(run: ReportRun) -> list[RequestRecord]:
+    warmup = float(run.result.run_info.get("warmup", 0.0) or 0.0)
+    return [r for r in run.result.records if r.ok and r.send_time >= warmup]
+
+
+def has_latencies(run: ReportRun) -> bool:
+    return bool(_counted_ok(run))
+
+
+def latency_cdf_figure(inputs: ReportInputs, runs: Sequence[ReportRun]) -> go.Figure:
+    """Whole distributions, not two percentiles: tails and bimodality show at a glance."""
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[name for name, _, _ in _CDF_METRICS])
+    for run in runs:
+        records = _counted_ok(run)
+        color, dash = run_color(run, inputs), run_dash(run)
+        for col, (name, axis, metric) in enumerate(_CDF_METRICS, start=1):
+            values = np.sort([v for v in map(metric, records) if v is not None]) * 1e3
+            if values.size == 0:
+                continue
+            fractions = np.arange(1, values.size + 1) / values.size
+            fig.add_trace(
+                go.Scatter(
+                    x=values,
+                    y=fractions,
+                    mode="lines",
+                    line=dict(color=color, dash=dash, shape="hv"),
+                    name=run.label,
+                    legendgroup=run.label,
+                    showlegend=col == 1,
+                    hovertemplate=f"{name} %{{x:.1f}} ms<br>%{{y:.1%}} of requests at or below<extra>{run.label}</extra>",
+                ),
+                row=1,
+                col=col,
+            )
+            fig.update_xaxes(title_text=axis, rangemode="tozero", row=1, col=col)
+    fig.update_yaxes(title_text="Fraction of requests", range=[0, 1.02], tickformat=".0%", row=1, col=1)
+    fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
+    fig.update_layout(title="Latency distributions (CDF, successful requests)", height=460, **_LAYOUT)
+    return fig
+
+
+# --- per-request timeline -----------------------------------------------------------------------
+
+
+def sample_requests(records: Sequence[RequestRecord], count: int = REQUEST_SAMPLE) -> list[RequestRecord]:
+    """Evenly spaced in send order, so the sample spans the whole run, warm-up to drain."""
+    ordered = sorted(records, key=lambda r: r.send_time)
+    if len(ordered) <= count:
+        return ordered
+    picks = np.linspace(0, len(ordered) - 1, count).round().astype(int)
+    return [ordered[i] for i in picks]
+
+
+def request_phases(record: RequestRecord) -> list[tuple[str, float, float]]:
+    """(phase, start, end) spans, seconds: queued (if the schedule time is known), prefill, decode.
+
+    A failed request is one 'failed' span: its phase boundaries are not trustworthy.
+    """
+    if not record.ok:
+        return [("failed", record.send_time, record.finish_time)]
+    spans = []
+    prefill_start = record.send_time
+    if record.schedule_time is not None and record.schedule_time > record.send_time:
+        spans.append(("queued", record.send_time, record.schedule_time))
+        prefill_start = record.schedule_time
+    first = record.first_token_time if record.first_token_time is not None else record.finish_time
+    spans.append(("prefill", prefill_start, first))
+    if record.finish_time > first:
+        spans.append(("decode", first, record.finish_time))
+    return spans
+
+
+def _run_selector(labels: Sequence[str], traces_per_run: Sequence[int], with_all: bool) -> list[dict[str, Any]]:
+    """A dropdown that shows one run's traces at a time (or all of them), for figures that cannot overlay.
+
+    It sits at the top right, above the plot area, clear of the title and the subplot titles.
+    """
+    total = sum(traces_per_run)
+    buttons = []
+    if with_all:
+        buttons.append(dict(label="All runs", method="restyle", args=[{"visible": [True] * total}]))
+    offset = 0
+    for label, n in zip(labels, traces_per_run):
+        visible = [offset <= i < offset + n for i in range(total)]
+        buttons.append(dict(label=label, method="restyle", args=[{"visible": visible}]))
+        offset += n
+    return [
+        dict(
+            buttons=buttons,
+            direction="down",
+            x=1,
+            xanchor="right",
+            y=1,
+            yanchor="bottom",
+            pad=dict(b=8),
+            showactive=True,
+        )
+    ]
+
+
+def request_timeline_figure(runs: Sequence[ReportRun]) -> go.Figure:
+    """Where each request's time went; a dropdown picks the run when there are several.
+
+    Rows are positions in the sample (1 = sent first), not request ids, so that
+    every run's sample fills the same rows and hover names the request.
+    """
+    fig = go.Figure()
+    traces_per_run = []
+    shown = 0
+    for position, run in enumerate(runs):
+        sample = sample_requests(run.result.records)
+        shown = max(shown, len(sample))
+        spans: dict[str, list[tuple[int, float, float, RequestRecord]]] = {p: [] for p in PHASE_COLORS}
+        for row, record in enumerate(sample, start=1):
+            for phase, start, end in request_phases(record):
+                spans[phase].append((row, start, end, record))
+        added = 0
+        for phase, rows in spans.items():
+            if not rows:
+                continue
+            fig.add_trace(
+                go.Bar(
+                    orientation="h",
+                    y=[row[0] for row in rows],
+                    base=[row[1] for row in rows],
+                    x=[row[2] - row[1] for row in rows],
+                    width=0.8,
+                    marker=dict(color=PHASE_COLORS[phase], line=dict(width=0)),
+                    name=phase,
+                    legendgroup=phase,
+                    visible=position == 0,
+                    customdata=[
+                        [row[3].index, row[3].prompt_tokens, row[3].output_tokens, row[3].error_kind or ""] for row in rows
+                    ],
+                    hovertemplate=(
+                        f"request #%{{customdata[0]}}: {phase} from %{{base:.3f}} s for %{{x:.3f}} s<br>"
+                        "%{customdata[1]} prompt / %{customdata[2]} output tokens %{customdata[3]}"
+                        f"<extra>{run.label}</extra>"
+                    ),
+                )
+            )
+            added += 1
+        traces_per_run.append(added)
+    height = max(420, 170 + 12 * shown)
+    fig.update_layout(
+        title="Per-request timeline (sample of requests in send order)", barmode="overlay", height=height, **_LAYOUT
+    )
+    fig.update_layout(legend=_legend_below(height))
+    fig.update_xaxes(title_text="Time since start of run (s)", rangemode="tozero")
+    fig.update_yaxes(title_text="Request (in send order)", autorange="reversed", zeroline=False)
+    if len(runs) > 1:
+        fig.update_layout(
+            updatemenus=_run_selector([r.label for r in runs], traces_per_run, with_all=False), margin=dict(t=110)
+        )
+    return fig
+
+
+# --- server timeline ----------------------------------------------------------------------------
+
+
+def prefix_hit_rate_series(samples: Sequence[tl.TimelineSample]) -> tuple[list[float], list[float]]:
+    """Hit rate over each scrape interval (hits/queries of that interval), skipping idle intervals."""
+    points = [(s.t, s.values[tl.PREFIX_HITS], s.values[tl.PREFIX_QUERIES]) for s in samples
+              if tl.PREFIX_HITS in s.values and tl.PREFIX_QUERIES in s.values]
+    times, rates = [], []
+    for (_, h0, q0), (t1, h1, q1) in zip(points, points[1:]):
+        if q1 > q0:
+            times.append(t1)
+            rates.append(100.0 * (h1 - h0) / (q1 - q0))
+    return times, rates
+
+
+def _gauge_series(samples: Sequence[tl.TimelineSample], name: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
+    seen = [(s.t, s.values[name] * scale) for s in samples if name in s.values]
+    return [t for t, _ in seen], [v for _, v in seen]
+
+
+def _counter_since_start(samples: Sequence[tl.TimelineSample], name: str) -> tuple[list[float], list[float]]:
+    seen = [(s.t, s.values[name]) for s in samples if name in s.values]
+    return [t for t, _ in seen], [v - seen[0][1] for _, v in seen]
+
+
+_ServerLine = tuple[str, str, Callable[[Sequence[tl.TimelineSample]], tuple[list[float], list[float]]]]
+_SERVER_PANELS: tuple[tuple[str, str, tuple[_ServerLine, ...]], ...] = (
+    (
+        "Requests in the engine (solid: running, dotted: waiting)",
+        "requests",
+        (
+            ("running", "solid", lambda s: _gauge_series(s, tl.RUNNING)),
+            ("waiting", "dot", lambda s: _gauge_series(s, tl.WAITING)),
+        ),
+    ),
+    ("KV-cache usage", "% of KV cache", (("KV usage", "solid", lambda s: _gauge_series(s, tl.KV_USAGE, 100.0)),)),
+    ("Preemptions since the start of the run", "preemptions", (("preemptions", "solid", lambda s: _counter_since_start(s, tl.PREEMPTIONS)),)),
+    ("Prefix-cache hit rate per scrape interval", "% of prompt tokens", (("prefix hit rate", "solid", prefix_hit_rate_series),)),
+)
+
+
+def server_timeline_figure(inputs: ReportInputs, runs: Sequence[ReportRun]) -> go.Figure:
+    """The engine's state against time, one panel per metric the runs actually have.
+
+    One legend entry per run (clicking it hides all of that run's lines); the
+    panel titles say which line is which.
+    """
+    panels = [p for p in _SERVER_PANELS if any(fn(r.result.timeline)[0] for r in runs for _, _, fn in p[2])]
+    fig = make_subplots(
+        rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=[p[0] for p in panels]
+    )
+    traces_per_run = []
+    for run in runs:
+        color = run_color(run, inputs)
+        added = 0
+        for row, (_, _, lines) in enumerate(panels, start=1):
+            for name, dash, fn in lines:
+                t, v = fn(run.result.timeline)
+                if not t:
+                    continue
+                fig.add_trace(
+                    go.Scatter(
+                        x=t,
+                        y=v,
+                        mode="lines",
+                        line=dict(color=color, dash=dash, shape="hv" if name != "prefix hit rate" else "linear"),
+                        name=run.label,
+                        legendgroup=run.label,
+                        showlegend=added == 0,
+                        hovertemplate=f"%{{x:.1f}} s: %{{y:.3g}} {name}<extra>{run.label}</extra>",
+                    ),
+                    row=row,
+                    col=1,
+                )
+                added += 1
+        traces_per_run.append(added)
+    for row, (_, axis, _) in enumerate(panels, start=1):
+        fig.update_yaxes(title_text=axis, rangemode="tozero", row=row, col=1)
+    fig.update_xaxes(title_text="Time since start of run (s)", showticklabels=True, row=len(panels), col=1)
+    height = 200 + 210 * len(panels)
+    fig.update_layout(title="Server timeline (scraped from /metrics, or simulated)", height=height, **_LAYOUT)
+    fig.update_layout(legend=_legend_below(height))
+    if len(runs) > 1:
+        fig.update_layout(
+            updatemenus=_run_selector([r.label for r in runs], traces_per_run, with_all=True), margin=dict(t=110)
+        )
+    return fig
+
+
+def has_server_timeline(run: ReportRun) -> bool:
+    return any(fn(run.result.timeline)[0] for _, _, lines in _SERVER_PANELS for _, _, fn in lines)

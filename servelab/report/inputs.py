@@ -1,0 +1,185 @@
+"""What a report is drawn from: results directories of single runs and of sweeps, loaded once.
+
+Every section reads the same `ReportInputs`, so adding a section never means
+re-reading files, and every run carries a label that is unique across the
+whole report (legends and tables must never show two identical names).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servelab.metrics.results import RUN, SWEEP, RunResult, load_run
+from servelab.metrics.summary import summarize
+
+SOURCE_NAMES = {"http": "measured", "sim": "simulated"}
+"""How run.json's `source` reads in a legend."""
+
+
+class ReportInputError(ValueError):
+    """A directory given to the report cannot be read; the message says which and why."""
+
+
+@dataclass
+class ReportRun:
+    """One run as the report shows it: its results plus a label and its summary statistics."""
+
+    label: str
+    result: RunResult
+    summary: dict[str, Any]
+    series: int
+    """Index of the top-level input (run or sweep) it came from; runs of one sweep share it."""
+    sweep_value: Any = None
+    """The swept parameter's value for a sweep point; None for a standalone run."""
+
+    @property
+    def source(self) -> str | None:
+        return self.result.run_info.get("source")
+
+    @property
+    def directory(self) -> Path:
+        return self.result.directory
+
+
+@dataclass
+class ReportSweep:
+    """A sweep: one parameter varied over points, each point a run."""
+
+    label: str
+    directory: Path
+    parameter: str
+    points: list[ReportRun]
+    info: dict[str, Any]
+    series: int
+
+
+@dataclass
+class ReportInputs:
+    runs: list[ReportRun] = field(default_factory=list)
+    """Standalone runs (not sweep points), in the order given."""
+    sweeps: list[ReportSweep] = field(default_factory=list)
+
+    @property
+    def tops(self) -> list[ReportRun | ReportSweep]:
+        """The inputs as given: one entry per directory on the command line."""
+        return sorted([*self.runs, *self.sweeps], key=lambda item: item.series)
+
+    @property
+    def all_runs(self) -> list[ReportRun]:
+        """Standalone runs and every sweep point, in input order."""
+        by_series = [(r.series, [r]) for r in self.runs] + [(s.series, s.points) for s in self.sweeps]
+        return [run for _, runs in sorted(by_series, key=lambda item: item[0]) for run in runs]
+
+
+def _summary_of(result: RunResult, given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The stored summary when there is one; otherwise derived from the records, as summary.json would be."""
+    if given:
+        return given
+    if result.summary:
+        return result.summary
+    warmup = float(result.run_info.get("warmup", 0.0) or 0.0)
+    return summarize(result.records, warmup=warmup)
+
+
+def _source_suffix(source: str | None) -> str:
+    return f" ({SOURCE_NAMES.get(source, source)})" if source else ""
+
+
+def _load_run_dir(directory: Path) -> RunResult:
+    try:
+        return load_run(directory)
+    except (OSError, json.JSONDecodeError, TypeError, KeyError) as exc:
+        raise ReportInputError(f"cannot read results directory {directory}: {exc}") from exc
+
+
+def _load_sweep(directory: Path, series: int) -> ReportSweep:
+    """Reads sweep.json as servelab.experiment.sweep writes it.
+
+    {"sweep": {"key": "max-concurrency", "values": [...]}, "points": [{"max-concurrency": 4,
+    "directory": "max-concurrency=4", "summary": {...}, ...}], "interrupted": false}
+    """
+    index = directory / SWEEP
+    try:
+        info = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReportInputError(f"cannot read {index}: {exc}") from exc
+    parameter = (info.get("sweep") or {}).get("key")
+    points = info.get("points")
+    if not isinstance(parameter, str) or not parameter:
+        raise ReportInputError(f"{index} names no swept parameter (sweep.key)")
+    if not isinstance(points, list) or not points:
+        raise ReportInputError(f"{index} lists no points")
+    runs = []
+    for position, point in enumerate(points):
+        name = point.get("directory") if isinstance(point, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ReportInputError(f"{index}: point {position} names no results directory ('directory')")
+        result = _load_run_dir(directory / name)
+        runs.append(
+            ReportRun(
+                label="",
+                result=result,
+                summary=_summary_of(result, point.get("summary")),
+                series=series,
+                sweep_value=point.get(parameter, name),
+            )
+        )
+    return ReportSweep(
+        label=str(info.get("label") or directory.resolve().name),
+        directory=directory,
+        parameter=parameter,
+        points=runs,
+        info=info,
+        series=series,
+    )
+
+
+def _disambiguate(labels: list[str], directories: list[Path]) -> list[str]:
+    """Prefix repeated names with their parent directory's name, then with a number if still equal."""
+    counts = Counter(labels)
+    labels = [
+        f"{d.resolve().parent.name}/{label}" if counts[label] > 1 else label for label, d in zip(labels, directories)
+    ]
+    counts = Counter(labels)
+    seen: Counter[str] = Counter()
+    out = []
+    for label in labels:
+        seen[label] += 1
+        out.append(f"{label} #{seen[label]}" if counts[label] > 1 else label)
+    return out
+
+
+def load_inputs(directories: list[Path]) -> ReportInputs:
+    """Loads each directory as a sweep (it has sweep.json) or a run (it has run.json).
+
+    Raises ReportInputError naming the first directory that is neither, before anything is drawn.
+    """
+    if not directories:
+        raise ReportInputError("no results directories given")
+    inputs = ReportInputs()
+    for series, directory in enumerate(directories):
+        if not directory.is_dir():
+            raise ReportInputError(f"{directory} is not a directory")
+        if (directory / SWEEP).is_file():
+            inputs.sweeps.append(_load_sweep(directory, series))
+        elif (directory / RUN).is_file():
+            result = _load_run_dir(directory)
+            label = str(result.run_info.get("label") or directory.resolve().name)
+            inputs.runs.append(ReportRun(label=label, result=result, summary=_summary_of(result), series=series))
+        else:
+            raise ReportInputError(f"{directory} is not a servelab results directory (no {RUN} or {SWEEP})")
+
+    tops = inputs.tops
+    names = _disambiguate([item.label for item in tops], [item.directory for item in tops])
+    for item, name in zip(tops, names):
+        if isinstance(item, ReportRun):
+            item.label = name + _source_suffix(item.source)
+        else:
+            item.label = name + _source_suffix(item.info.get("source") or item.points[0].source)
+            for point in item.points:
+                point.label = f"{item.label} · {item.parameter}={point.sweep_value}"
+    return inputs

@@ -1,0 +1,121 @@
+"""The report as a list of independent sections, each drawn only when its data exists.
+
+A section builder takes the loaded `ReportInputs` and returns a `Section`, or
+None when the inputs hold nothing for it; the page never shows an empty
+plot or a "no data" placeholder. A later verb that writes its own JSON into a
+results directory (diagnose's findings, tune's trials, validate's
+comparison) adds its view by writing one builder that reads that file from
+`run.result.directory` / `sweep.directory` and listing it in `SECTIONS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import plotly.graph_objects as go
+
+from servelab.report import figures, tables
+from servelab.report.inputs import ReportInputs
+
+
+@dataclass
+class Section:
+    key: str
+    """HTML id of the section (anchor in the table of contents)."""
+    title: str
+    lead: str
+    """One or two sentences on how to read what follows."""
+    html: list[str] = field(default_factory=list)
+    """Trusted HTML fragments (tables), shown before the figures."""
+    figures: list[go.Figure] = field(default_factory=list)
+
+
+SectionBuilder = Callable[[ReportInputs], Section | None]
+
+
+def parameters_section(inputs: ReportInputs) -> Section:
+    return Section(
+        key="parameters",
+        title="What was run",
+        lead="Each input's run.json; a sweep shows its first point's settings and the values it swept. "
+        "Highlighted rows differ between inputs.",
+        html=[tables.parameters_table(inputs)],
+    )
+
+
+def summary_section(inputs: ReportInputs) -> Section:
+    return Section(
+        key="summary",
+        title="Summary",
+        lead="Statistics over successful requests after warm-up, with the same definitions as vllm bench serve.",
+        html=[tables.summary_table(inputs.all_runs)],
+    )
+
+
+def sweep_section(inputs: ReportInputs) -> Section | None:
+    if not inputs.sweeps:
+        return None
+    by_parameter: dict[str, list] = {}
+    for sweep in inputs.sweeps:
+        by_parameter.setdefault(sweep.parameter, []).append(sweep)
+    return Section(
+        key="sweeps",
+        title="Sweeps",
+        lead="Each point is one run; solid lines are medians, dotted lines p99. "
+        "Where a curve turns upward, more load buys latency, not throughput.",
+        figures=[figures.sweep_curves_figure(inputs.sweeps)]
+        + [figures.sweep_throughput_figure(group) for group in by_parameter.values()],
+    )
+
+
+def latency_section(inputs: ReportInputs) -> Section | None:
+    runs = [run for run in inputs.all_runs if figures.has_latencies(run)]
+    if not runs:
+        return None
+    return Section(
+        key="latency",
+        title="Latency distributions",
+        lead="The fraction of requests that finished within each latency. Steeper is more predictable; "
+        "a curve further right is slower. Line style tells inputs apart; within a sweep, darker is more load.",
+        figures=[figures.latency_cdf_figure(inputs, runs)],
+    )
+
+
+def request_timeline_section(inputs: ReportInputs) -> Section | None:
+    runs = [run for run in inputs.all_runs if run.result.records]
+    if not runs:
+        return None
+    lead = (
+        f"Up to {figures.REQUEST_SAMPLE} requests per run, evenly spaced in send order. Each bar starts when the "
+        "request was sent: queued until the engine scheduled it (known for simulated runs), prefill until "
+        "the first token, decode until the last."
+    )
+    if len(runs) > 1:
+        lead += " Pick the run with the menu at the top right."
+    return Section(key="requests", title="Per-request timeline", lead=lead, figures=[figures.request_timeline_figure(runs)])
+
+
+def server_timeline_section(inputs: ReportInputs) -> Section | None:
+    runs = [run for run in inputs.all_runs if figures.has_server_timeline(run)]
+    if not runs:
+        return None
+    lead = "The engine's own metrics against time: queueing shows as waiting requests, memory pressure as KV usage near 100% and preemptions."
+    if len(runs) > 1:
+        lead += " The menu at the top right shows one run at a time; click legend entries to hide lines."
+    return Section(
+        key="server",
+        title="Server timeline",
+        lead=lead,
+        figures=[figures.server_timeline_figure(inputs, runs)],
+    )
+
+
+SECTIONS: tuple[SectionBuilder, ...] = (
+    parameters_section,
+    summary_section,
+    sweep_section,
+    latency_section,
+    request_timeline_section,
+    server_timeline_section,
+)

@@ -1,0 +1,110 @@
+"""Synthetic results directories for report tests: plausible shapes, written by the real ResultWriter.
+
+A toy closed-loop server: `slots` requests decode at once, each step slower as
+the batch grows, extra requests wait. That is enough to give curves a knee,
+CDFs a tail, and the timeline queueing, without a simulator or a server.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from servelab.metrics import timeline as tl
+from servelab.metrics.records import RequestRecord
+from servelab.metrics.results import ResultWriter, write_sweep_index
+from servelab.metrics.summary import summarize
+from servelab.metrics.timeline import TimelineSample
+
+
+def toy_records(concurrency: int, n: int, *, slots: int = 8, seed: int = 0, source: str = "http") -> list[RequestRecord]:
+    """The "sim" flavour knows when each request was scheduled and runs a little faster, as a model would."""
+    rng = random.Random(seed)
+    speed = 0.9 if source == "sim" else 1.0
+    free_at = [0.0] * concurrency  # closed loop: each client sends when its previous request ends
+    engine_free = [0.0] * slots
+    records = []
+    for index in range(n):
+        client = min(range(concurrency), key=free_at.__getitem__)
+        send = free_at[client]
+        slot = min(range(slots), key=engine_free.__getitem__)
+        scheduled = max(send, engine_free[slot])
+        prompt, output = rng.randint(100, 400), rng.randint(20, 60)
+        step = speed * (0.010 + 0.0015 * min(concurrency, slots) * rng.uniform(0.9, 1.2))
+        first = scheduled + speed * (0.02 + prompt * 1e-4 * rng.uniform(0.8, 1.5))
+        finish = first + step * (output - 1)
+        failed = index % 37 == 36
+        records.append(
+            RequestRecord(
+                index=index,
+                intended_time=send,
+                send_time=send,
+                finish_time=finish if not failed else first,
+                first_token_time=None if failed else first,
+                chunk_times=[] if failed else [first + i * step for i in range(output)],
+                prompt_tokens=prompt,
+                output_tokens=0 if failed else output,
+                status="error" if failed else "ok",
+                error_kind="http_500" if failed else None,
+                schedule_time=scheduled if source == "sim" else None,
+            )
+        )
+        free_at[client] = engine_free[slot] = records[-1].finish_time
+    return records
+
+
+def toy_timeline(records: list[RequestRecord], every: float = 0.25) -> list[TimelineSample]:
+    end = max(r.finish_time for r in records)
+    samples, preemptions, hits, queries = [], 0.0, 0.0, 0.0
+    t = 0.0
+    while t <= end + every:
+        running = sum(1 for r in records if (r.schedule_time or r.send_time) <= t < r.finish_time)
+        waiting = sum(1 for r in records if r.send_time <= t < (r.schedule_time or r.send_time))
+        preemptions += 1.0 if running > 6 and int(t / every) % 7 == 0 else 0.0
+        queries += 400.0 * running
+        hits += 160.0 * running
+        samples.append(
+            TimelineSample(
+                t=round(t, 3),
+                values={
+                    tl.RUNNING: float(running),
+                    tl.WAITING: float(waiting),
+                    tl.KV_USAGE: min(1.0, running * 0.11),
+                    tl.PREEMPTIONS: preemptions,
+                    tl.PREFIX_QUERIES: queries,
+                    tl.PREFIX_HITS: hits,
+                },
+            )
+        )
+        t += every
+    return samples
+
+
+def write_toy_run(directory: Path, *, concurrency: int = 8, n: int = 80, source: str | None = "http",
+                  seed: int = 0, with_timeline: bool = True, with_summary: bool = True) -> Path:
+    info: dict = {"arrival": {"max_concurrency": concurrency, "request_rate": "inf"}, "num_prompts": n,
+                  "model": "tiny-qwen", "endpoint": "/v1/completions"}
+    if source is not None:
+        info["source"] = source
+    writer = ResultWriter(directory, info)
+    records = toy_records(concurrency, n, seed=seed, source=source or "http")
+    for record in records:
+        writer.records.write(record)
+    if with_timeline:
+        for sample in toy_timeline(records):
+            writer.write_sample(sample)
+    if with_summary:
+        writer.write_summary(summarize(records))
+    writer.close()
+    return directory
+
+
+def write_toy_sweep(directory: Path, values: tuple[int, ...] = (1, 2, 4, 8, 16), *, source: str | None = "http",
+                    n: int = 60) -> Path:
+    points = []
+    for value in values:
+        name = f"max-concurrency={value}"
+        write_toy_run(directory / name, concurrency=value, n=n, source=source, seed=value + (100 if source == "sim" else 0))
+        points.append({"max-concurrency": value, "directory": name})
+    write_sweep_index(directory, {"sweep": {"key": "max-concurrency", "values": list(values)}, "points": points})
+    return directory

@@ -1,0 +1,176 @@
+"""The HTML report without a browser: inputs, sections present only with their data, figure contents, CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from servelab.cli import app
+from servelab.metrics import timeline as tl
+from servelab.metrics.records import RequestRecord
+from servelab.metrics.results import SWEEP, load_run
+from servelab.metrics.summary import summarize
+from servelab.metrics.timeline import TimelineSample
+from servelab.report import figures
+from servelab.report.html import render_report, write_report
+from servelab.report.inputs import ReportInputError, load_inputs
+from support.synthetic_results import write_toy_run, write_toy_sweep
+
+
+def _section_ids(page: str) -> list[str]:
+    return re.findall(r'<section id="([a-z]+)">', page)
+
+
+def test_sweep_and_runs_get_unique_labels_with_their_source(tmp_path: Path) -> None:
+    write_toy_sweep(tmp_path / "a" / "curve", (1, 4), source="http")
+    write_toy_sweep(tmp_path / "b" / "curve", (1, 4), source="sim")
+    write_toy_run(tmp_path / "plain", source=None)
+    inputs = load_inputs([tmp_path / "a" / "curve", tmp_path / "b" / "curve", tmp_path / "plain"])
+    assert [s.label for s in inputs.sweeps] == ["a/curve (measured)", "b/curve (simulated)"]
+    assert [r.label for r in inputs.runs] == ["plain"]
+    assert [r.label for r in inputs.all_runs] == [
+        "a/curve (measured) · max-concurrency=1",
+        "a/curve (measured) · max-concurrency=4",
+        "b/curve (simulated) · max-concurrency=1",
+        "b/curve (simulated) · max-concurrency=4",
+        "plain",
+    ]
+    assert [p.sweep_value for p in inputs.sweeps[0].points] == [1, 4]
+
+
+def test_summary_comes_from_sweep_json_then_summary_json_then_the_records(tmp_path: Path) -> None:
+    sweep = write_toy_sweep(tmp_path / "s", (2,))
+    index = json.loads((sweep / SWEEP).read_text())
+    index["points"][0]["summary"] = {"output_throughput": 123.0}
+    (sweep / SWEEP).write_text(json.dumps(index))
+    no_summary = write_toy_run(tmp_path / "raw", with_summary=False)
+    inputs = load_inputs([sweep, no_summary])
+    assert inputs.sweeps[0].points[0].summary == {"output_throughput": 123.0}
+    assert inputs.runs[0].summary == summarize(load_run(no_summary).records)
+
+
+def _with_sweep_json(text: str):
+    def make(directory: Path) -> Path:
+        (directory / SWEEP).write_text(text)
+        return directory
+
+    return make
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: d / "missing", "is not a directory"),
+        (lambda d: d, "is not a servelab results directory"),
+        (_with_sweep_json('{"sweep": {"key": "max-concurrency"}, "points": []}'), "lists no points"),
+        (_with_sweep_json('{"points": [{"directory": "x"}]}'), "names no swept parameter"),
+        (
+            _with_sweep_json('{"sweep": {"key": "request-rate"}, "points": [{"request-rate": 1}]}'),
+            "point 0 names no results directory",
+        ),
+        (_with_sweep_json("{not json"), "cannot read"),
+        (_with_sweep_json('{"sweep": {"key": "request-rate"}, "points": [{"directory": "gone"}]}'), "gone is not a servelab"),
+    ],
+)
+def test_bad_input_is_one_clear_error_and_no_file(tmp_path: Path, make, message: str) -> None:
+    directory = make(tmp_path)
+    out = tmp_path / "report.html"
+    with pytest.raises(ReportInputError, match=message):
+        write_report([directory], out)
+    assert not out.exists()
+
+
+def test_sections_appear_only_where_their_data_exists(tmp_path: Path) -> None:
+    bare = write_toy_run(tmp_path / "bare", with_timeline=False)
+    assert _section_ids(render_report(load_inputs([bare]))) == ["parameters", "summary", "latency", "requests"]
+    sweep = write_toy_sweep(tmp_path / "sweep", (1, 2))
+    page = render_report(load_inputs([sweep, bare]))
+    assert _section_ids(page) == ["parameters", "summary", "sweeps", "latency", "requests", "server"]
+    assert page.count('class="plotly-graph-div"') == 5
+
+
+def test_page_is_self_contained(tmp_path: Path) -> None:
+    out = write_report([write_toy_run(tmp_path / "run")], tmp_path / "r.html", title="My <title>")
+    page = out.read_text()
+    assert "<script src" not in page and "<link" not in page
+    assert "<title>My &lt;title&gt;</title>" in page
+    assert "Plotly.newPlot" in page and len(page) > 3_000_000  # plotly.js itself is inlined
+
+
+def test_parameters_table_highlights_what_differs(tmp_path: Path) -> None:
+    a = write_toy_run(tmp_path / "a", concurrency=4)
+    b = write_toy_run(tmp_path / "b", concurrency=8)
+    page = render_report(load_inputs([a, b]))
+    differs = re.findall(r'<tr class="differs"><th scope="row">([^<]+)</th>', page)
+    assert "arrival.max_concurrency" in differs
+    assert "model" not in differs
+
+
+def _record(index: int, send: float, first: float | None, finish: float, **kw) -> RequestRecord:
+    return RequestRecord(index=index, intended_time=send, send_time=send, first_token_time=first, finish_time=finish, **kw)
+
+
+def test_request_phases_split_queueing_prefill_decode() -> None:
+    sim = _record(0, 1.0, 3.0, 7.0, schedule_time=2.0, output_tokens=5)
+    assert figures.request_phases(sim) == [("queued", 1.0, 2.0), ("prefill", 2.0, 3.0), ("decode", 3.0, 7.0)]
+    http = _record(1, 1.0, 3.0, 7.0, output_tokens=5)
+    assert figures.request_phases(http) == [("prefill", 1.0, 3.0), ("decode", 3.0, 7.0)]
+    failed = _record(2, 1.0, None, 1.5, status="error", error_kind="http_500")
+    assert figures.request_phases(failed) == [("failed", 1.0, 1.5)]
+
+
+def test_request_sample_spans_the_run_in_send_order() -> None:
+    records = [_record(i, float(100 - i), None, 200.0) for i in range(100)]
+    sample = figures.sample_requests(records, count=10)
+    assert len(sample) == 10
+    assert [r.send_time for r in sample] == sorted(r.send_time for r in sample)
+    assert (sample[0].send_time, sample[-1].send_time) == (1.0, 100.0)
+
+
+def test_prefix_hit_rate_is_per_interval_and_skips_idle_intervals() -> None:
+    samples = [
+        TimelineSample(0.0, {tl.PREFIX_QUERIES: 0, tl.PREFIX_HITS: 0}),
+        TimelineSample(1.0, {tl.PREFIX_QUERIES: 100, tl.PREFIX_HITS: 50}),
+        TimelineSample(2.0, {tl.PREFIX_QUERIES: 100, tl.PREFIX_HITS: 50}),
+        TimelineSample(3.0, {tl.PREFIX_QUERIES: 300, tl.PREFIX_HITS: 200}),
+    ]
+    assert figures.prefix_hit_rate_series(samples) == ([1.0, 3.0], [50.0, 75.0])
+
+
+def test_run_menu_shows_exactly_one_runs_traces(tmp_path: Path) -> None:
+    inputs = load_inputs([write_toy_run(tmp_path / "a", seed=1), write_toy_run(tmp_path / "b", seed=2)])
+    fig = figures.request_timeline_figure(inputs.all_runs)
+    buttons = fig.layout.updatemenus[0].buttons
+    assert [b.label for b in buttons] == ["a (measured)", "b (measured)"]
+    for button, run in zip(buttons, inputs.all_runs):
+        shown = [trace for trace, visible in zip(fig.data, button.args[0]["visible"]) if visible]
+        assert shown and all(run.label in trace.hovertemplate for trace in shown)
+    assert [t.visible for t in fig.data] == list(buttons[0].args[0]["visible"])
+
+
+def test_sim_timeline_shows_queueing_and_server_panels_follow_the_metrics(tmp_path: Path) -> None:
+    inputs = load_inputs([write_toy_run(tmp_path / "sim", concurrency=16, source="sim")])
+    phases = {trace.name for trace in figures.request_timeline_figure(inputs.all_runs).data}
+    assert phases == {"queued", "prefill", "decode", "failed"}
+    server = figures.server_timeline_figure(inputs, inputs.all_runs)
+    titles = [a.text for a in server.layout.annotations]
+    assert len(titles) == 4 and titles[0].startswith("Requests in the engine")
+    for sample in inputs.runs[0].result.timeline:
+        del sample.values[tl.PREEMPTIONS]
+    fewer = figures.server_timeline_figure(inputs, inputs.all_runs)
+    assert not any("Preemptions" in a.text for a in fewer.layout.annotations)
+
+
+def test_cli_writes_the_report_or_says_why_not(tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "r.html"
+    ok = runner.invoke(app, ["report", str(write_toy_run(tmp_path / "run")), "-o", str(out)])
+    assert ok.exit_code == 0, ok.output
+    assert out.is_file()
+    bad = runner.invoke(app, ["report", str(tmp_path / "nope"), "-o", str(tmp_path / "x.html")])
+    assert bad.exit_code == 2
+    assert "is not a directory" in " ".join(bad.output.split())

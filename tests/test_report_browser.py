@@ -1,0 +1,58 @@
+"""The report in a real headless Chromium: loads offline without JavaScript errors and every plot draws.
+
+Skipped when chromium/chromedriver/selenium are missing, unless
+SERVELAB_REQUIRE_CHROMIUM=1 (CI): then it fails and says what to install.
+The screenshot goes to $SERVELAB_ARTIFACTS when set (to look at), else to tmp_path.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from servelab.report.html import write_report
+from support import browser
+from support.synthetic_results import write_toy_run, write_toy_sweep
+
+REQUIRE = os.environ.get("SERVELAB_REQUIRE_CHROMIUM") == "1"
+
+
+@pytest.fixture
+def chromium() -> None:
+    reason = browser.missing()
+    if reason:
+        if REQUIRE:
+            pytest.fail(f"SERVELAB_REQUIRE_CHROMIUM=1 but {reason}")
+        pytest.skip(reason)
+
+
+@pytest.mark.timeout(120)
+def test_report_renders_in_headless_chromium(tmp_path: Path, chromium: None) -> None:
+    measured = write_toy_sweep(tmp_path / "bench-sweep", (1, 2, 4, 8, 16), source="http")
+    simulated = write_toy_sweep(tmp_path / "sim-sweep", (1, 2, 4, 8, 16), source="sim")
+    single = write_toy_run(tmp_path / "single-run", concurrency=12, n=120, source=None)
+    page = write_report([measured, simulated, single], tmp_path / "report.html")
+    artifacts = Path(os.environ.get("SERVELAB_ARTIFACTS", tmp_path))
+
+    check = browser.open_page(page, artifacts / "report.png")
+
+    assert check.errors == []
+    assert len(check.plots) == 5
+    not_drawn = [p.id for p in check.plots if not p.rendered]
+    assert not_drawn == [], f"plots without svg.main-svg: {not_drawn}"
+    assert all(p.traces > 0 for p in check.plots)
+    assert check.headings == [
+        "What was run",
+        "Summary",
+        "Sweeps",
+        "Latency distributions",
+        "Per-request timeline",
+        "Server timeline",
+    ]
+    menus = {p.title.split(" (")[0]: p.menu for p in check.plots if p.menu}
+    assert list(menus) == ["Per-request timeline", "Server timeline"]
+    assert len(menus["Per-request timeline"]) == 11 and menus["Server timeline"][0] == "All runs"
+    assert check.screenshot.stat().st_size > 50_000
+    assert check.page_height > 3000
