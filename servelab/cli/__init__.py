@@ -25,4 +25,5 @@ def main() -> None:
 from servelab.cli import diagnose  # noqa: E402,F401  (registers the command)
 from servelab.cli import tune  # noqa: E402,F401  (registers the command)
 from servelab.cli import bench  # noqa: E402,F401  (registers the command)
+from servelab.cli import calibrate  # noqa: E402,F401  (registers calibrate and validate)
 from servelab.cli import report  # noqa: E402,F401  (registers the command)

@@ -1,0 +1,130 @@
+"""`servelab calibrate` and `servelab validate`: fit the simulator to a live server, then test it on unseen runs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from servelab.cli import app
+from servelab.experiment.calibrate import calibrate as run_calibration
+from servelab.experiment.validate import METRICS, points_named, validate as run_validation
+from servelab.perf.calibration import CalibrationProfile, load_profile
+from servelab.perf.errors import PerfConfigError
+from servelab.targets.errors import TargetError
+
+_console = Console()
+
+
+def _fail(message: str) -> typer.Exit:
+    Console(stderr=True).print(f"[bold red]error:[/] {message}")
+    return typer.Exit(2)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f}%"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def fit_table(profile: CalibrationProfile) -> Table:
+    table = Table(title="probes: measured vs simulated with the fitted profile")
+    for column in ("probe", "TTFT p50 ms", "err", "TPOT p50 ms", "err", "out tok/s", "err"):
+        table.add_column(column, justify="left" if column == "probe" else "right")
+    for row in profile.simulated_probes:
+        m, s, e = row["measured"], row["simulated"], row["error_pct"]
+        cells = [row["probe"]]
+        for key in ("ttft_p50_ms", "tpot_p50_ms", "output_throughput"):
+            cells += [f"{_num(m[key])} / {_num(s[key])}", _pct(e[key])]
+        table.add_row(*cells)
+    return table
+
+
+def validation_table(report: dict[str, Any]) -> Table:
+    table = Table(title=f"held-out points: measured / predicted (engine args: {report['engine_args'] or 'as calibrated'})",
+                  caption="each metric from its best repeat, against the simulation of that repeat's requests")
+    table.add_column("point")
+    for key in METRICS:
+        table.add_column(key, justify="right")
+        table.add_column("err", justify="right")
+    for row in report["points"]:
+        cells = [row["point"]]
+        for key in METRICS:
+            cells += [f"{row['measured'][key]:.1f} / {row['simulated'][key]:.1f}", _pct(row["error_pct"][key])]
+        table.add_row(*cells)
+    for label, medians in (("median |err|", report["median_abs_error_pct"]),):
+        cells = [label]
+        for key in METRICS:
+            bound = report["bounds_pct"].get(key)
+            cells += ["", "-" if medians[key] is None else f"{medians[key]:.1f}%" + (f" (<= {bound:g})" if bound else "")]
+        table.add_row(*cells, style="bold")
+    return table
+
+
+@app.command()
+def calibrate(
+    base_url: Annotated[str, typer.Option(help="The live server, e.g. http://127.0.0.1:8000.")],
+    gpu: Annotated[str, typer.Option(help="Catalogue GPU the server runs on, or cpu (all rates fitted).")],
+    model: Annotated[str, typer.Option(help="Built-in model name or a directory with config.json.")],
+    out: Annotated[Path, typer.Option(help="Profile JSON to write; raw probe runs go to <out>.probes/.")],
+    engine_args: Annotated[str, typer.Option(help="The server's launch flags, as pasted from `vllm serve ...`.")] = "",
+    budget: Annotated[float, typer.Option(help="Seconds of probing (repeated passes until spent).")] = 300.0,
+    served_model: Annotated[Optional[str], typer.Option(help="Model name on the server (default: the first listed).")] = None,
+    api_key: Annotated[Optional[str], typer.Option(help="API key (default: $OPENAI_API_KEY).")] = None,
+) -> None:
+    """Probe a live server, fit the cost model to it, check the fit in the simulator, write a profile."""
+    try:
+        profile = run_calibration(
+            base_url, gpu, model, out, engine_args=engine_args, budget_s=budget, served_model=served_model,
+            api_key=api_key or os.environ.get("OPENAI_API_KEY"), progress=lambda m: _console.print(f"[dim]{m}[/]"),
+        )
+    except (PerfConfigError, TargetError) as exc:
+        raise _fail(str(exc)) from None
+    _console.print(fit_table(profile))
+    rates = profile.rates
+    _console.print(
+        f"fitted: step overhead {rates['step_overhead_s'] * 1e3:.2f} ms, per request {rates['per_request_overhead_s'] * 1e6:.0f} us, "
+        f"linear {rates['linear_flops'] / 1e9:.1f} GFLOP/s, attention {rates['attention_flops'] / 1e9:.1f} GFLOP/s, "
+        f"latency {profile.network_latency_s * 1e3:.2f} ms one way; step-model rms error {100 * profile.fit['rms_rel_error']:.1f}%"
+    )
+    _console.print(f"profile written to {out}")
+
+
+@app.command()
+def validate(
+    calibration: Annotated[Path, typer.Option(help="A profile written by `servelab calibrate`.")],
+    base_url: Annotated[str, typer.Option(help="The live server to measure.")],
+    points: Annotated[str, typer.Option(help="Point set: default (7 points) or quick (6 shorter ones).")] = "default",
+    engine_args: Annotated[str, typer.Option(help="Flags the server runs with now, where they differ from the calibrated ones.")] = "",
+    repeats: Annotated[int, typer.Option(help="Runs of each point; each metric is judged on its best run.")] = 3,
+    out: Annotated[Path, typer.Option(help="Report JSON; the measured runs go to <out>.runs/.")] = Path("validation.json"),
+    served_model: Annotated[Optional[str], typer.Option(help="Model name on the server (default: the first listed).")] = None,
+    api_key: Annotated[Optional[str], typer.Option(help="API key (default: $OPENAI_API_KEY).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")] = False,
+) -> None:
+    """Run held-out workloads on the server and in the simulator with the profile; print % error per metric."""
+    try:
+        profile = load_profile(calibration)
+        report = run_validation(
+            profile, base_url, out.with_name(out.stem + ".runs"), engine_args=engine_args,
+            points=points_named(points), repeats=repeats, served_model=served_model,
+            api_key=api_key or os.environ.get("OPENAI_API_KEY"),
+            progress=lambda m: None if json_out else _console.print(f"[dim]{m}[/]"),
+        )
+    except (PerfConfigError, TargetError) as exc:
+        raise _fail(str(exc)) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    _console.print(validation_table(report))
+    verdict = "[green]within[/]" if report["within_bounds"] else "[red]outside[/]"
+    _console.print(f"{verdict} the bounds (median |error|: output throughput <= 10%, TTFT p50 <= 20%, TPOT p50 <= 10%); report in {out}")

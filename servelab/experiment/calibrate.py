@@ -1,0 +1,425 @@
+"""`calibrate`: probe a live server, fit the cost model to it, prove the fit in the simulator, write a profile.
+
+The probes are chosen so each isolates one part of a step's cost:
+  prefill   one request at a time, max_tokens 1, several prompt lengths:
+            TTFT = prefill step(s) + the fixed client<->server latency (twice)
+  decode    short prompts, long outputs, closed loop at several batch sizes B:
+            time per output token = one decode step at batch B
+  mixed     prefill and decode in the same steps (checked in the simulator)
+Probes run in repeated passes, interleaved, until the budget is spent; each
+probe's figure is the lower quartile of its per-pass medians (upper quartile
+for throughput). Other processes on a shared machine only ever slow a run
+down, in bursts; the quartile estimates the machine's own speed while
+ignoring the luckiest pass, and a burst spoils one pass, not the fit. Every probe run is kept
+as a results directory next to the profile.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from servelab.metrics import timeline as tl
+from servelab.metrics.records import MemorySink, RequestRecord
+from servelab.metrics.results import ResultWriter
+from servelab.metrics.summary import summarize
+from servelab.metrics.timeline import TimelineSample
+from servelab.perf.calibration import (
+    CalibrationProfile,
+    CostFit,
+    StepObservation,
+    fit_cost_model,
+    model_spec_dict,
+)
+from servelab.perf.cost_model import StepBatch
+from servelab.perf.engine_args import parse_engine_args
+from servelab.perf.engine_config import EngineConfig
+from servelab.perf.errors import PerfConfigError
+from servelab.perf.hardware import get_gpu
+from servelab.perf.models import ModelSpec, get_model
+from servelab.targets.deployment import Deployment
+from servelab.targets.http import HttpTarget
+from servelab.targets.base import Target
+from servelab.workload.spec import LoadPlan, RequestSpec
+
+PREFILL, DECODE, MIXED = "prefill", "decode", "mixed"
+MIN_BUDGET_S = 20.0
+"""Below this not even one pass of the probe plan fits."""
+PROBE_EXTRA_BODY = {"return_token_ids": True}
+"""vLLM sends the token ids of every chunk, so a chunk whose text is empty (half a UTF-8 character) still counts."""
+_PREFILL_LENGTHS = (16, 128, 384, 768, 1280, 2048)
+_DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+_DECODE_PROMPT, _DECODE_OUTPUT = 16, 64
+_MIXED = ((2, 1024, 16), (4, 384, 32), (8, 128, 96))
+"""(concurrency, prompt tokens, output tokens) of the mixed probes."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    kind: str
+    prompt_len: int
+    max_tokens: int
+    concurrency: int
+    num_requests: int
+
+
+def probe_plan(config: EngineConfig) -> list[Probe]:
+    """The probes for a resolved engine config: lengths within one step's token budget, batches within max_num_seqs."""
+    assert config.max_num_batched_tokens and config.max_num_seqs and config.max_model_len, "resolve() first"
+    longest = min(config.max_num_batched_tokens, config.max_model_len - 1)
+    lengths = sorted({min(n, longest) for n in _PREFILL_LENGTHS})
+    batches = [b for b in _DECODE_BATCHES if b <= config.max_num_seqs]
+    probes = [Probe(f"prefill-{n}", PREFILL, n, 1, 1, 6) for n in lengths]
+    probes += [
+        Probe(f"decode-b{b}", DECODE, _DECODE_PROMPT, _DECODE_OUTPUT, b, max(4, 2 * b)) for b in batches
+    ]
+    for c, p, n in _MIXED:
+        c = min(c, config.max_num_seqs)
+        p = min(p, config.max_model_len - n - 1)
+        probes.append(Probe(f"mixed-c{c}-p{p}-o{n}", MIXED, p, n, c, 3 * c))
+    return probes
+
+
+def interleaved(probes: list[Probe]) -> list[Probe]:
+    """One pass in an order that alternates kinds, so a slow spell is spread over all of them."""
+    by_kind = [[p for p in probes if p.kind == k] for k in (PREFILL, DECODE, MIXED)]
+    order: list[Probe] = []
+    while any(by_kind):
+        for group in by_kind:
+            if group:
+                order.append(group.pop(0))
+    return order
+
+
+def random_prompt(rng: np.random.Generator, length: int, vocab_size: int) -> list[int]:
+    """Token ids clear of the low special ids; distinct per request so the prefix cache never hits."""
+    return rng.integers(10, max(11, int(vocab_size * 0.9)), length, dtype=np.int32).tolist()
+
+
+def probe_requests(probe: Probe, vocab_size: int, seed: int) -> list[RequestSpec]:
+    rng = np.random.default_rng([seed, zlib.crc32(probe.name.encode())])
+    return [
+        RequestSpec(index=i, prompt_ids=random_prompt(rng, probe.prompt_len, vocab_size), max_tokens=probe.max_tokens)
+        for i in range(probe.num_requests)
+    ]
+
+
+def probe_load(probe: Probe, vocab_size: int, seed: int) -> LoadPlan:
+    return LoadPlan(
+        probe_requests(probe, vocab_size, seed), max_concurrency=probe.concurrency,
+        description={"probe": asdict(probe), "seed": seed},
+    )
+
+
+# -- measuring ----------------------------------------------------------------
+
+
+def run_into(target: Target, plan: LoadPlan, directory: Path, run_info: dict[str, Any]) -> tuple[list[RequestRecord], list[TimelineSample], dict[str, Any]]:
+    """Run one plan into a results directory (records, timeline, summary); returns what it wrote."""
+    writer = ResultWriter(directory, {"workload": plan.description, **run_info})
+    samples: list[TimelineSample] = []
+
+    def on_sample(sample: TimelineSample) -> None:
+        samples.append(sample)
+        writer.write_sample(sample)
+
+    try:
+        run = target.run(plan, writer.records, on_sample)
+        summary = summarize(writer.records.records, warmup=plan.warmup)
+        writer.update_run_info(server=run.server_info, client_stats=run.client_stats, interrupted=run.interrupted)
+        writer.write_summary(summary)
+    finally:
+        writer.close()
+    return writer.records.records, samples, summary
+
+
+def measured_figures(records: list[RequestRecord], samples: list[TimelineSample], summary: dict[str, Any]) -> dict[str, float | None]:
+    """What a probe contributes: client medians, and the engine's own step count when it exports one."""
+    iterations = tl.counter_delta(samples, tl.ITERATION_TOKENS_COUNT)
+    generated = tl.counter_delta(samples, tl.GENERATION_TOKENS)
+    return {
+        "ttft_p50_ms": summary["median_ttft_ms"] if summary["completed"] else None,
+        "tpot_p50_ms": summary["median_tpot_ms"] if summary["completed"] else None,
+        "output_throughput": summary["output_throughput"],
+        "failed": summary["failed"],
+        "engine_steps": iterations,
+        "tokens_per_step": (generated / iterations) if generated and iterations else None,
+    }
+
+
+@dataclass
+class ProbeRuns:
+    """Every pass of one probe: figures per pass and where each run is kept."""
+
+    probe: Probe
+    passes: list[dict[str, float | None]] = field(default_factory=list)
+    directories: list[str] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+    def figure(self, key: str) -> float | None:
+        """The probe's value of `key` over passes: lower quartile of times, upper of throughput, median otherwise."""
+        values = [p[key] for p in self.passes if p.get(key) is not None and not p.get("failed")]
+        if not values:
+            return None
+        q = {"ttft_p50_ms": 25, "tpot_p50_ms": 25, "output_throughput": 75}.get(key, 50)
+        return float(np.percentile(values, q))
+
+    def describe(self) -> dict[str, Any]:
+        keys = ("ttft_p50_ms", "tpot_p50_ms", "output_throughput", "tokens_per_step")
+        return {
+            **asdict(self.probe),
+            "passes": len(self.passes),
+            "measured": {k: self.figure(k) for k in keys},
+            "directories": self.directories,
+        }
+
+
+class CalibrationError(PerfConfigError):
+    """Calibration could not produce a trustworthy profile (failed probes, too small a budget)."""
+
+
+def run_probes(
+    target: Target,
+    probes: list[Probe],
+    *,
+    vocab_size: int,
+    budget_s: float,
+    directory: Path,
+    run_info: dict[str, Any],
+    progress: Callable[[str], None] = lambda _: None,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[ProbeRuns]:
+    """A warm-up pass (kept, not used), then interleaved passes until the next probe would overrun the budget."""
+    start = clock()
+    for probe in probes:  # first use of each shape compiles kernels on the CPU backend: keep it out of the figures
+        short = Probe(probe.name, probe.kind, probe.prompt_len, min(probe.max_tokens, 8), probe.concurrency, probe.concurrency)
+        run_into(target, probe_load(short, vocab_size, seed=10_000), directory / "warmup" / probe.name, run_info)
+    runs = {p.name: ProbeRuns(p) for p in probes}
+    order = interleaved(probes)
+    passes = 0
+    while True:
+        for probe in order:
+            r = runs[probe.name]
+            estimate = max(r.seconds) if r.seconds else 0.0
+            if passes and clock() - start + estimate > budget_s:
+                progress(f"budget reached after {passes} full passes")
+                return list(runs.values())
+            t0 = clock()
+            sub = directory / f"pass-{passes + 1:02d}" / probe.name
+            records, samples, summary = run_into(target, probe_load(probe, vocab_size, seed=passes), sub, run_info)
+            r.seconds.append(clock() - t0)
+            figures = measured_figures(records, samples, summary)
+            if figures["failed"]:
+                errors = {rec.error_kind for rec in records if not rec.ok}
+                raise CalibrationError(f"probe {probe.name} had {figures['failed']} failed requests ({', '.join(sorted(map(str, errors)))}); see {sub}")
+            r.passes.append(figures)
+            r.directories.append(str(sub))
+        passes += 1
+        progress(f"pass {passes} done at {clock() - start:.0f} s of {budget_s:.0f} s")
+
+
+# -- fitting ------------------------------------------------------------------
+
+
+def prefill_steps(prompt_len: int, config: EngineConfig) -> tuple[StepBatch, ...]:
+    """The steps that prefill one prompt alone: chunks of at most max_num_batched_tokens."""
+    budget = config.max_num_batched_tokens or prompt_len
+    steps, done = [], 0
+    while done < prompt_len:
+        n = min(budget, prompt_len - done)
+        steps.append(StepBatch(prefill_chunks=[(n, done)]))
+        done += n
+    return tuple(steps)
+
+
+def observations(runs: Iterable[ProbeRuns], config: EngineConfig) -> list[StepObservation]:
+    """Closed-form observations from the prefill and decode probes (mixed ones are judged in the simulator).
+
+    A decode probe's batch is the engine's own count of generated tokens per
+    step when the server exports it (requests admitted one by one make the
+    realized batch smaller than the concurrency), the concurrency otherwise.
+    """
+    out: list[StepObservation] = []
+    for r in runs:
+        p, weight = r.probe, float(len(r.passes))
+        if not r.passes:
+            continue
+        if p.kind == PREFILL and (ttft := r.figure("ttft_p50_ms")):
+            out.append(StepObservation(p.name, prefill_steps(p.prompt_len, config), ttft / 1e3, 2, weight))
+        elif p.kind == DECODE and (tpot := r.figure("tpot_p50_ms")):
+            realized = r.figure("tokens_per_step")
+            batch = p.concurrency if realized is None else int(round(min(max(realized, 1.0), p.concurrency)))
+            context = p.prompt_len + p.max_tokens // 2
+            out.append(StepObservation(p.name, (StepBatch(decode_contexts=[context] * batch),), tpot / 1e3, 0, weight))
+    return out
+
+
+# -- proving the fit in the simulator ------------------------------------------
+
+
+def compare(measured: dict[str, float | None], simulated: dict[str, float | None]) -> dict[str, float | None]:
+    """Signed % error of simulated against measured, per metric (None where either is missing or zero)."""
+    out: dict[str, float | None] = {}
+    for k, m in measured.items():
+        s = simulated.get(k)
+        out[k] = None if m in (None, 0) or s is None else 100.0 * (s - m) / m
+    return out
+
+
+def simulate_probes(deployment: Deployment, runs: list[ProbeRuns], vocab_size: int) -> list[dict[str, Any]]:
+    """Every probe re-served by the simulated engine with the fitted profile, against its measured medians."""
+    out = []
+    target = deployment.sim_target()
+    keys = ("ttft_p50_ms", "tpot_p50_ms", "output_throughput")
+    for r in runs:
+        sink = MemorySink()
+        target.run(probe_load(r.probe, vocab_size, seed=0), sink)
+        summary = summarize(sink.records)
+        simulated = {
+            "ttft_p50_ms": summary["median_ttft_ms"],
+            "tpot_p50_ms": summary["median_tpot_ms"] if r.probe.max_tokens > 1 else None,
+            "output_throughput": summary["output_throughput"],
+        }
+        measured = {k: r.figure(k) for k in keys}
+        if r.probe.max_tokens <= 1:
+            measured["tpot_p50_ms"] = None
+        out.append({"probe": r.probe.name, "kind": r.probe.kind, "measured": measured, "simulated": simulated,
+                    "error_pct": compare(measured, simulated)})
+    return out
+
+
+# -- the server's own view of its configuration --------------------------------
+
+
+def server_cache_config(base_url: str, timeout: float = 5.0) -> dict[str, str]:
+    """Labels of vLLM's `cache_config_info` metric (block size, KV bytes); empty when the server has no such metric."""
+    url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            text = resp.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return {}
+    lines = [line for line in text.splitlines() if "cache_config_info" in line]
+    try:
+        for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+            for sample in family.samples:
+                return dict(sample.labels)
+    except ValueError:
+        return {}
+    return {}
+
+
+def mirrored_engine_args(engine_args: str, cache: dict[str, str], served: dict[str, Any]) -> str:
+    """The user's flags plus what the server reports and the user did not set: block size, KV bytes, max model len.
+
+    The CPU backend uses 128-token blocks and a fixed KV space whatever the
+    flags say; mirroring the server keeps the simulated KV pool its size. The
+    block size the server reports wins over a flag that says otherwise.
+    """
+    config = parse_engine_args(engine_args).config
+    extra: list[str] = []
+    if cache.get("block_size", "").isdigit() and int(cache["block_size"]) != config.block_size:
+        extra.append(f"--block-size {cache['block_size']}")  # later flags win: the server's own block size
+    if config.kv_cache_memory_bytes is None and cache.get("kv_cache_memory_bytes", "").isdigit():
+        extra.append(f"--kv-cache-memory-bytes {cache['kv_cache_memory_bytes']}")
+    if config.max_model_len is None and isinstance(served.get("max_model_len"), int):
+        extra.append(f"--max-model-len {served['max_model_len']}")
+    return " ".join([engine_args.strip(), *extra]).strip()
+
+
+# -- the whole verb --------------------------------------------------------------
+
+
+def deployment_from_profile(profile: CalibrationProfile, engine_args: str = "") -> Deployment:
+    """The calibrated hardware + model as a simulated deployment; `engine_args` override the probed flags one by one."""
+    probed = parse_engine_args(profile.engine_args)
+    parsed = parse_engine_args(engine_args, base=probed.config) if engine_args.strip() else probed
+    return Deployment.build(
+        profile.hardware, profile.model(), parsed.config, coefficients=profile.coefficients,
+        warnings=tuple(parsed.warnings), network_latency=profile.network_latency_s,
+        performance_mode=parsed.performance_mode,
+    )
+
+
+def fit_runs(runs: list[ProbeRuns], probed: Deployment, source: str) -> tuple[CostFit, Deployment]:
+    """The fit of the probed deployment's cost model to the runs, and the same deployment simulated with it."""
+    fit = fit_cost_model(probed.hardware, probed.model, probed.config, observations(runs, probed.config), source=source)
+    deployment = Deployment.build(fit.hardware, probed.model, probed.requested, coefficients=fit.coefficients,
+                                  network_latency=fit.network_latency_s, performance_mode=probed.performance_mode)
+    return fit, deployment
+
+
+def probe_dir_for(out: Path) -> Path:
+    """Where a profile's raw probe runs live: `profile.json` -> `profile.probes/`."""
+    return out.with_name(out.stem + ".probes")
+
+
+def calibrate(
+    base_url: str,
+    gpu: str,
+    model: str | Path,
+    out: Path,
+    *,
+    engine_args: str = "",
+    budget_s: float = 300.0,
+    served_model: str | None = None,
+    api_key: str | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> CalibrationProfile:
+    """Probe the server at `base_url` within `budget_s`, fit, check in the simulator, write the profile to `out`."""
+    if budget_s < MIN_BUDGET_S:
+        raise CalibrationError(f"--budget {budget_s:g} s is too small: one pass of probes needs about {MIN_BUDGET_S:g} s")
+    hardware = get_gpu(gpu)
+    spec: ModelSpec = get_model(model)
+    target = HttpTarget(base_url, model=served_model, api_key=api_key, ignore_eos=True,
+                        extra_body=PROBE_EXTRA_BODY, request_timeout=120.0)
+    info = target.preflight()
+    served = next((m for m in info["models"] if m.get("id") == info["model"]), {})
+    cache = server_cache_config(base_url)
+    probed_args = mirrored_engine_args(engine_args, cache, served)
+    probed = Deployment.build(hardware, spec, parse_engine_args(probed_args).config)
+    probes = probe_plan(probed.config)
+    directory = probe_dir_for(out)
+    t0 = time.monotonic()
+    run_info = {"verb": "calibrate", "engine_args": probed_args}
+    runs = run_probes(target, probes, vocab_size=spec.vocab_size, budget_s=budget_s, directory=directory,
+                      run_info=run_info, progress=progress)
+    elapsed = time.monotonic() - t0
+    source = (f"fitted by servelab calibrate against {base_url} ({info['model']}) on "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S')}; not a datasheet rate")
+    fit, deployment = fit_runs(runs, probed, source)
+    profile = CalibrationProfile(
+        created_at=time.time(),
+        server={"base_url": target.base_url, "model": info["model"], "max_model_len": served.get("max_model_len"),
+                "cache_config": {k: cache[k] for k in ("block_size", "kv_cache_memory_bytes", "num_gpu_blocks") if k in cache}},
+        hardware=fit.hardware, gpu=hardware.name, model_source=str(model), model_spec=model_spec_dict(spec),
+        engine_args=probed_args, engine_config=asdict(probed.config), coefficients=fit.coefficients,
+        network_latency_s=fit.network_latency_s, rates=fit.rates, fit=fit_report(fit),
+        simulated_probes=simulate_probes(deployment, runs, spec.vocab_size),
+        probes=[r.describe() for r in runs], budget_s=budget_s, elapsed_s=elapsed,
+    )
+    profile.save(out)
+    return profile
+
+
+def fit_report(fit: CostFit) -> dict[str, Any]:
+    return {
+        "converged": fit.converged,
+        "message": fit.message,
+        "rms_rel_error": fit.rms_rel_error,
+        "max_abs_rel_error": fit.max_abs_rel_error,
+        "observations": [
+            {"label": r.label, "measured_ms": r.measured_s * 1e3, "predicted_ms": r.predicted_s * 1e3,
+             "error_pct": 100 * r.rel_error}
+            for r in fit.residuals
+        ],
+    }

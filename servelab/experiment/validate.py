@@ -1,0 +1,267 @@
+"""`validate`: held-out workloads measured on the live server and simulated with a profile, side by side.
+
+"Held out" means nothing the probes ran: lengths drawn from ranges instead
+of fixed, concurrencies between the probed powers of two, and Poisson open
+loop arrivals, which the probes never use. Each point is seeded, so the
+simulator serves the very requests the server did. Open-loop rates are set
+from the profile's own predicted capacity, so the default points load any
+server to the same relative degree.
+
+Two things the simulator does not model are kept out of the comparison,
+openly. A closed-loop point's first wave (every slot filled at t=0) is not
+counted: a burst of simultaneous arrivals measures the HTTP frontend's serial
+admission of requests, not the engine. And a shared machine is noisy: other
+processes steal CPU in bursts of a second or less, which only ever makes
+things slower. So each point runs several times with fresh requests,
+interleaved with the other points, and each metric is judged on the repeat
+that measured best (lowest time, highest throughput) against the simulation
+of that same repeat's requests: the estimate of the machine's own speed,
+as calibration's lower-quartile figures are.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servelab import SCHEMA_VERSION
+from servelab.experiment.calibrate import (
+    PROBE_EXTRA_BODY,
+    compare,
+    deployment_from_profile,
+    random_prompt,
+    run_into,
+)
+from servelab.metrics.records import MemorySink, RequestRecord
+from servelab.metrics.summary import summarize
+from servelab.perf.calibration import CalibrationProfile
+from servelab.perf.errors import PerfConfigError
+from servelab.targets.deployment import Deployment
+from servelab.targets.base import Target
+from servelab.targets.http import HttpTarget
+from servelab.workload.spec import LoadPlan, RequestSpec
+
+METRICS = {
+    "output_throughput": "output_throughput",
+    "ttft_p50_ms": "median_ttft_ms",
+    "ttft_p99_ms": "p99_ttft_ms",
+    "tpot_p50_ms": "median_tpot_ms",
+    "e2el_p50_ms": "median_e2el_ms",
+}
+"""Reported metric -> its key in `summarize`'s output."""
+BOUNDS_PCT = {"output_throughput": 10.0, "ttft_p50_ms": 20.0, "tpot_p50_ms": 10.0}
+"""Median |error| over the points that the issue requires (its goal is 5 / 10 / 5)."""
+GOALS_PCT = {"output_throughput": 5.0, "ttft_p50_ms": 10.0, "tpot_p50_ms": 5.0}
+
+
+class ValidationError(PerfConfigError):
+    """A point list or setting that validate cannot run."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One held-out workload: uniform length ranges, and closed loop (`concurrency`) or Poisson (`load` x capacity)."""
+
+    name: str
+    prompt_len: tuple[int, int]
+    output_len: tuple[int, int]
+    num_requests: int
+    concurrency: int | None = None
+    load: float | None = None
+    """Poisson rate as a fraction of the simulated capacity for these lengths."""
+
+    def __post_init__(self) -> None:
+        if (self.concurrency is None) == (self.load is None):
+            raise ValidationError(f"point {self.name}: give exactly one of concurrency or load")
+        for lo, hi in (self.prompt_len, self.output_len):
+            if not 1 <= lo <= hi:
+                raise ValidationError(f"point {self.name}: length range ({lo}, {hi}) is empty or not positive")
+        if self.load is not None and not 0 < self.load < 1:
+            raise ValidationError(f"point {self.name}: load is a fraction of capacity in (0, 1), got {self.load}")
+
+
+DEFAULT_POINTS = (
+    Point("closed-c3", (100, 300), (40, 120), 30, concurrency=3),
+    Point("closed-c6", (32, 256), (16, 160), 48, concurrency=6),
+    Point("closed-c12", (16, 128), (64, 192), 72, concurrency=12),
+    Point("closed-c24", (48, 96), (32, 128), 120, concurrency=24),
+    Point("poisson-30pct", (64, 512), (32, 96), 60, load=0.3),
+    Point("poisson-70pct", (16, 192), (48, 160), 100, load=0.7),
+    Point("poisson-long-prompts", (700, 1500), (8, 32), 40, load=0.5),
+)
+QUICK_POINTS = (
+    Point("closed-c3", (100, 300), (40, 120), 18, concurrency=3),
+    Point("closed-c6", (32, 256), (16, 160), 30, concurrency=6),
+    Point("closed-c12", (16, 128), (64, 160), 48, concurrency=12),
+    Point("closed-c24", (48, 96), (32, 128), 72, concurrency=24),
+    Point("poisson-30pct", (64, 512), (32, 96), 36, load=0.3),
+    Point("poisson-70pct", (16, 192), (48, 160), 60, load=0.7),
+)
+"""Fewer requests per point, for tests on a busy two-core machine."""
+POINT_SETS = {"default": DEFAULT_POINTS, "quick": QUICK_POINTS}
+
+
+def points_named(name: str) -> tuple[Point, ...]:
+    try:
+        return POINT_SETS[name]
+    except KeyError:
+        raise ValidationError(f"unknown point set {name!r}; known: {', '.join(POINT_SETS)}") from None
+
+
+def point_requests(point: Point, vocab_size: int, max_model_len: int, seed: int) -> list[RequestSpec]:
+    """The point's requests (arrival times 0: the load plan decides when they go), lengths clipped to fit the model."""
+    rng = np.random.default_rng(seed)
+    specs = []
+    for i in range(point.num_requests):
+        out = int(rng.integers(point.output_len[0], point.output_len[1] + 1))
+        prompt = min(int(rng.integers(point.prompt_len[0], point.prompt_len[1] + 1)), max_model_len - out - 1)
+        specs.append(RequestSpec(index=i, prompt_ids=random_prompt(rng, prompt, vocab_size), max_tokens=out))
+    return specs
+
+
+def counted(records: list[RequestRecord], plan: LoadPlan) -> list[RequestRecord]:
+    """The records a point is judged on: a closed loop's first wave (indices below the concurrency) left out."""
+    first_wave = plan.max_concurrency or 0
+    return [r for r in records if r.index >= first_wave]
+
+
+def simulate(deployment: Deployment, plan: LoadPlan) -> dict[str, Any]:
+    sink = MemorySink()
+    deployment.sim_target().run(plan, sink)
+    return summarize(counted(sink.records, plan))
+
+
+def capacity(deployment: Deployment, specs: list[RequestSpec]) -> float:
+    """Requests/s the simulated deployment sustains on these requests with every sequence slot busy."""
+    cap = deployment.config.max_num_seqs or 1
+    sink = MemorySink()
+    deployment.sim_target().run(LoadPlan(list(specs), max_concurrency=cap), sink)
+    return float(summarize(sink.records)["request_throughput"])
+
+
+def point_plan(point: Point, deployment: Deployment, seed: int) -> LoadPlan:
+    vocab = deployment.model.vocab_size
+    max_len = deployment.config.max_model_len or deployment.model.max_position_embeddings
+    specs = point_requests(point, vocab, max_len, seed)
+    description: dict[str, object] = {"point": asdict(point), "seed": seed}
+    if point.concurrency is not None:
+        return LoadPlan(specs, max_concurrency=point.concurrency, description=description)
+    assert point.load is not None
+    rate = point.load * capacity(deployment, specs)
+    gaps = np.random.default_rng([seed, 1]).exponential(1.0 / rate, len(specs))
+    arrivals = np.concatenate([[0.0], np.cumsum(gaps)[:-1]])
+    for spec, t in zip(specs, arrivals):
+        spec.arrival_time = float(t)
+    description["request_rate"] = rate
+    return LoadPlan(specs, description=description)
+
+
+def figures(summary: dict[str, Any]) -> dict[str, float]:
+    return {name: float(summary[key]) for name, key in METRICS.items()}
+
+
+def best_of(repeats: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Per metric, the best measured repeat (highest throughput, lowest time) and the simulation of the same repeat."""
+    measured, simulated = {}, {}
+    for k in METRICS:
+        pick = max if k == "output_throughput" else min
+        best = pick(repeats, key=lambda x: x["measured"][k])
+        measured[k], simulated[k] = best["measured"][k], best["simulated"][k]
+    return measured, simulated
+
+
+def median_abs_errors(points: list[dict[str, Any]]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for name in METRICS:
+        errors = [abs(p["error_pct"][name]) for p in points if p["error_pct"].get(name) is not None]
+        out[name] = statistics.median(errors) if errors else None
+    return out
+
+
+def validate(
+    profile: CalibrationProfile,
+    base_url: str,
+    out_dir: Path,
+    *,
+    served_model: str | None = None,
+    api_key: str | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """`validate_on` a live OpenAI-compatible server, streamed as the probes were (exact output lengths)."""
+    deployment_from_profile(profile, options.get("engine_args", ""))  # bad flags fail before any request
+    target = HttpTarget(base_url, model=served_model, api_key=api_key, ignore_eos=True,
+                        extra_body=PROBE_EXTRA_BODY, request_timeout=300.0)
+    info = target.preflight()
+    return validate_on(target, profile, out_dir, server={"base_url": target.base_url, "model": info["model"]}, **options)
+
+
+def validate_on(
+    target: Target,
+    profile: CalibrationProfile,
+    out_dir: Path,
+    *,
+    server: dict[str, Any] | None = None,
+    engine_args: str = "",
+    points: tuple[Point, ...] = DEFAULT_POINTS,
+    repeats: int = 3,
+    seed: int = 1,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Measure each point on the server and simulate it with the profile; the report `validate` prints and saves.
+
+    `engine_args` are the flags the server now runs with where they differ from
+    the calibrated ones (they override the profile's, flag by flag). Each point
+    runs `repeats` times with fresh requests, interleaved with the other points;
+    each metric is judged on its best repeat (see the module docstring).
+    """
+    if not points:
+        raise ValidationError("no validation points")
+    if repeats < 1:
+        raise ValidationError(f"repeats must be at least 1, got {repeats}")
+    deployment = deployment_from_profile(profile, engine_args)
+    plans = [[point_plan(p, deployment, seed + 1000 * r + i) for i, p in enumerate(points)] for r in range(repeats)]
+    run_info = {"verb": "validate", "engine_args": deployment.engine_args()}
+    max_len = deployment.config.max_model_len or deployment.model.max_position_embeddings
+    warm = [RequestSpec(i, random_prompt(np.random.default_rng(i), min(n, max_len - 9), deployment.model.vocab_size), 8)
+            for i, n in enumerate((16, 256, 1024))]
+    run_into(target, LoadPlan(warm, max_concurrency=1), out_dir / "warmup", run_info)
+    runs: dict[str, list[dict[str, Any]]] = {p.name: [] for p in points}
+    for r, row in enumerate(plans):
+        for point, plan in zip(points, row):
+            directory = out_dir / f"repeat-{r + 1}" / point.name
+            records, _, _ = run_into(target, plan, directory, run_info)
+            summary = summarize(counted(records, plan))
+            if summary["failed"]:
+                kinds = ", ".join(sorted(summary["errors_by_kind"]))
+                raise ValidationError(f"point {point.name}: {summary['failed']} requests failed ({kinds}); see {directory}")
+            runs[point.name].append({
+                "workload": plan.description, "directory": str(directory),
+                "measured": figures(summary), "simulated": figures(simulate(deployment, plan)),
+            })
+        progress(f"repeat {r + 1} of {repeats} done")
+    results = []
+    for point in points:
+        measured, simulated = best_of(runs[point.name])
+        results.append({"point": point.name, "shape": asdict(point), "measured": measured, "simulated": simulated,
+                        "error_pct": compare(measured, simulated), "repeats": runs[point.name]})
+    medians = median_abs_errors(results)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "servelab.validation",
+        "created_at": time.time(),
+        "server": server or {},
+        "profile": {"created_at": profile.created_at, "engine_args": profile.engine_args, "gpu": profile.gpu},
+        "engine_args": deployment.engine_args(),
+        "engine_config": asdict(deployment.config),
+        "points": results,
+        "median_abs_error_pct": medians,
+        "bounds_pct": BOUNDS_PCT,
+        "goals_pct": GOALS_PCT,
+        "within_bounds": all(medians[k] is not None and medians[k] <= b for k, b in BOUNDS_PCT.items()),
+    }

@@ -1,0 +1,308 @@
+"""Fitting the roofline's coefficients to step times measured on a real server, and the profile that keeps them.
+
+The fit never evaluates a formula of its own: every prediction comes from
+`RooflineCostModel.step_time` built from the candidate coefficients, so what
+is fitted is exactly what the simulator will run.
+
+What can be fitted depends on the hardware. On a catalogue GPU the peaks are
+datasheet facts and the fit moves only efficiencies (fractions of peak) and
+CPU overheads. The generic `cpu` device has placeholder peaks, so there every
+rate is free; the fitted device keeps the largest fitted rate of each kind as
+its peak and the efficiencies say how far below it the other paths run.
+
+The parameters, all positive: the effective FLOP/s of linear layers and of
+attention, the effective bytes/s of weight streaming and of KV reads, the
+fixed step overhead, the per-scheduled-request overhead, and the one-way
+client<->server latency (the simulator's `network_latency`, which also
+absorbs per-request frontend work that is not engine time).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from scipy.optimize import least_squares
+
+from servelab.perf.cost_model import CostCoefficients, RooflineCostModel, StepBatch
+from servelab.perf.engine_config import EngineConfig
+from servelab.perf.errors import PerfConfigError
+from servelab.perf.hardware import Hardware
+from servelab.perf.models import ModelSpec
+
+PROFILE_KIND = "servelab.calibration"
+PROFILE_SCHEMA_VERSION = 1
+
+_RATES = ("linear_flops", "attention_flops", "weight_bandwidth", "kv_bandwidth")
+_OVERHEADS = ("step_overhead_s", "per_request_overhead_s", "network_latency_s")
+PARAMETERS = _RATES + _OVERHEADS
+"""Fitted quantities, in the order of the least-squares vector."""
+
+_GPU_EFFICIENCY_RANGE = (0.02, 1.0)
+"""On a datasheet chip, a path reaching under 2% of peak means the model, not the chip, is wrong."""
+_CPU_RATE_RANGE = (1e-3, 1e3)
+"""Placeholder peaks are order-of-magnitude guesses: the fitted rate may sit far either side."""
+_MAX_OVERHEAD_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepObservation:
+    """One measured time the step model must reproduce: some engine steps plus some one-way latency legs.
+
+    A time-to-first-token at concurrency 1 is its prefill step(s) plus two legs
+    (request in, token out); a decode time per output token is one step, no legs.
+    `weight` scales its residual (repeated, stabler measurements weigh more).
+    """
+
+    label: str
+    steps: tuple[StepBatch, ...]
+    seconds: float
+    latency_legs: int = 0
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.steps and not self.latency_legs:
+            raise PerfConfigError(f"observation {self.label!r} has neither steps nor latency legs")
+        if not (self.seconds > 0 and math.isfinite(self.seconds)):
+            raise PerfConfigError(f"observation {self.label!r} has a non-positive or non-finite time {self.seconds!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Residual:
+    label: str
+    measured_s: float
+    predicted_s: float
+
+    @property
+    def rel_error(self) -> float:
+        return (self.predicted_s - self.measured_s) / self.measured_s
+
+
+@dataclass(frozen=True)
+class CostFit:
+    """The fitted device and coefficients, and how well they reproduce each observation."""
+
+    hardware: Hardware
+    coefficients: CostCoefficients
+    network_latency_s: float
+    rates: dict[str, float]
+    """Fitted effective rates (FLOP/s, bytes/s) and overheads (s), by PARAMETERS name."""
+    residuals: tuple[Residual, ...]
+    converged: bool
+    message: str
+
+    @property
+    def rms_rel_error(self) -> float:
+        errors = [r.rel_error for r in self.residuals]
+        return float(np.sqrt(np.mean(np.square(errors)))) if errors else 0.0
+
+    @property
+    def max_abs_rel_error(self) -> float:
+        return max((abs(r.rel_error) for r in self.residuals), default=0.0)
+
+
+class _Space:
+    """Maps the least-squares vector to a (Hardware, CostCoefficients, latency) the cost model accepts.
+
+    Rates live in log space (they span decades); overheads in milliseconds,
+    so every coordinate moves on a scale of about one.
+    """
+
+    def __init__(self, hardware: Hardware, model: ModelSpec, config: EngineConfig) -> None:
+        self.hardware, self.model, self.config = hardware, model, config
+        self.compute_dtype = RooflineCostModel(hardware, model, config).weight_format.compute_dtype
+        self.free_peaks = hardware.vendor == "cpu"
+        self.peaks = np.array([
+            hardware.peak_flops(self.compute_dtype),
+            hardware.peak_flops("bf16"),
+            hardware.memory_bandwidth,
+            hardware.memory_bandwidth,
+        ])
+        if np.any(self.peaks <= 0):
+            raise PerfConfigError(f"{hardware.name} has no {self.compute_dtype} rate to calibrate")
+        lo, hi = _CPU_RATE_RANGE if self.free_peaks else _GPU_EFFICIENCY_RANGE
+        self.lower = np.concatenate([np.log(self.peaks * lo), np.zeros(3)])
+        self.upper = np.concatenate([np.log(self.peaks * hi), np.full(3, _MAX_OVERHEAD_S * 1e3)])
+
+    def start(self, coefficients: CostCoefficients, latency_s: float) -> np.ndarray:
+        c = coefficients
+        effs = np.array([c.compute_efficiency, c.attention_compute_efficiency, c.memory_efficiency, c.attention_memory_efficiency])
+        overheads = np.array([c.step_overhead_s, c.per_request_overhead_s, latency_s]) * 1e3
+        x = np.concatenate([np.log(self.peaks * effs), overheads])
+        # Strictly inside the box: least_squares refuses a start on a bound.
+        span = self.upper - self.lower
+        return np.clip(x, self.lower + 1e-6 * span, self.upper - 1e-6 * span)
+
+    def rates(self, x: np.ndarray) -> dict[str, float]:
+        values = np.concatenate([np.exp(x[:4]), x[4:] / 1e3])
+        return dict(zip(PARAMETERS, (float(v) for v in values)))
+
+    def materialize(self, x: np.ndarray, base: CostCoefficients, source: str) -> tuple[Hardware, CostCoefficients, float]:
+        r = self.rates(x)
+        hw = self.hardware
+        if self.free_peaks:
+            update: dict[str, Any] = {
+                "memory_bandwidth_gbs": max(r["weight_bandwidth"], r["kv_bandwidth"]) / 1e9,
+                "placeholder": False,
+                "sources": {"datasheet": source},
+            }
+            if self.compute_dtype == "bf16":
+                update["bf16_tflops"] = max(r["linear_flops"], r["attention_flops"]) / 1e12
+            else:
+                update[f"{self.compute_dtype}_tflops"] = r["linear_flops"] / 1e12
+                update["bf16_tflops"] = r["attention_flops"] / 1e12
+            hw = hw.model_copy(update=update)
+        bw = hw.memory_bandwidth
+
+        def eff(rate: float, peak: float) -> float:
+            return min(1.0, rate / peak)
+
+        coefficients = base.model_copy(update={
+            "compute_efficiency": eff(r["linear_flops"], hw.peak_flops(self.compute_dtype)),
+            "attention_compute_efficiency": eff(r["attention_flops"], hw.peak_flops("bf16")),
+            "memory_efficiency": eff(r["weight_bandwidth"], bw),
+            "attention_memory_efficiency": eff(r["kv_bandwidth"], bw),
+            "step_overhead_s": r["step_overhead_s"],
+            "per_request_overhead_s": r["per_request_overhead_s"],
+        })
+        return hw, CostCoefficients.model_validate(coefficients.model_dump()), r["network_latency_s"]
+
+    def predict(self, x: np.ndarray, base: CostCoefficients, observations: Sequence[StepObservation]) -> np.ndarray:
+        hw, coefficients, latency = self.materialize(x, base, "fit in progress")
+        cost = RooflineCostModel(hw, self.model, self.config, coefficients)
+        return np.array([
+            sum(cost.step_time(b) for b in o.steps) + o.latency_legs * latency for o in observations
+        ])
+
+
+def fit_cost_model(
+    hardware: Hardware,
+    model: ModelSpec,
+    config: EngineConfig,
+    observations: Sequence[StepObservation],
+    *,
+    start: CostCoefficients | None = None,
+    start_latency_s: float = 1e-3,
+    source: str = "fitted by servelab calibrate",
+    robust_scale: float = 0.05,
+) -> CostFit:
+    """Least-squares fit of the roofline to `observations` (relative errors, soft-L1 so a noisy probe cannot dominate).
+
+    `config` must be resolved (the cost model reads its dtype, quantization and
+    TP). `robust_scale` is the relative error beyond which a residual counts
+    linearly rather than quadratically.
+    """
+    if len(observations) < len(PARAMETERS):
+        raise PerfConfigError(
+            f"{len(observations)} observations cannot determine {len(PARAMETERS)} parameters; probe more"
+        )
+    base = start or CostCoefficients()
+    space = _Space(hardware, model, config)
+    measured = np.array([o.seconds for o in observations])
+    weights = np.sqrt(np.array([o.weight for o in observations]))
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return weights * (space.predict(x, base, observations) - measured) / measured
+
+    result = least_squares(
+        residuals, space.start(base, start_latency_s), bounds=(space.lower, space.upper),
+        loss="soft_l1", f_scale=robust_scale, x_scale=1.0, max_nfev=2000,
+    )
+    hw, coefficients, latency = space.materialize(result.x, base, source)
+    predicted = space.predict(result.x, base, observations)
+    return CostFit(
+        hardware=hw,
+        coefficients=coefficients,
+        network_latency_s=latency,
+        rates=space.rates(result.x),
+        residuals=tuple(Residual(o.label, o.seconds, float(p)) for o, p in zip(observations, predicted)),
+        converged=bool(result.success),
+        message=str(result.message),
+    )
+
+
+# -- the profile ---------------------------------------------------------------
+
+
+class ProfileError(PerfConfigError):
+    """A calibration profile that cannot be read or is of another schema."""
+
+
+class CalibrationProfile(BaseModel):
+    """What `calibrate` learned about one hardware + model pair, and the evidence for it.
+
+    The profile describes the machine and the model, not one configuration:
+    `engine_args` is what the probes ran with, and any later use may override it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = PROFILE_KIND
+    schema_version: int = PROFILE_SCHEMA_VERSION
+    created_at: float
+    server: dict[str, Any] = Field(default_factory=dict)
+    """Where it was measured: base URL, served model, what the server reported of its cache."""
+    hardware: Hardware
+    """The device as fitted (for `cpu`, its rates are the fitted ones)."""
+    gpu: str
+    """The catalogue name the fit started from."""
+    model_source: str
+    """The --model given (path or catalogue name)."""
+    model_spec: dict[str, Any]
+    """The architecture as read then, so the profile stands alone if the model directory moves."""
+    engine_args: str
+    """The vLLM flags the probed server ran with (as mirrored for the simulator)."""
+    engine_config: dict[str, Any]
+    coefficients: CostCoefficients
+    network_latency_s: float = Field(ge=0)
+    rates: dict[str, float]
+    fit: dict[str, Any]
+    """Residuals of the step-model fit: per observation, rms, max, convergence."""
+    simulated_probes: list[dict[str, Any]]
+    """Each probe re-run through the simulator with the fitted profile: predicted vs measured."""
+    probes: list[dict[str, Any]]
+    """What it was fitted on: every probe's shape, repeats, measured medians and results directories."""
+    budget_s: float
+    elapsed_s: float
+
+    def model(self) -> ModelSpec:
+        return ModelSpec(**self.model_spec)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        tmp.replace(path)
+
+
+def model_spec_dict(model: ModelSpec) -> dict[str, Any]:
+    return asdict(model)
+
+
+def load_profile(path: str | Path) -> CalibrationProfile:
+    """Read a profile written by `calibrate`; ProfileError naming the file on anything else."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProfileError(f"cannot read calibration profile {path}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"calibration profile {path} is not JSON: {exc}") from exc
+    if not isinstance(raw, dict) or raw.get("kind") != PROFILE_KIND:
+        raise ProfileError(f"{path} is not a servelab calibration profile (no kind {PROFILE_KIND!r})")
+    if raw.get("schema_version") != PROFILE_SCHEMA_VERSION:
+        raise ProfileError(
+            f"calibration profile {path} has schema version {raw.get('schema_version')!r}; "
+            f"this servelab reads version {PROFILE_SCHEMA_VERSION}: re-run calibrate"
+        )
+    try:
+        return CalibrationProfile.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ProfileError(f"calibration profile {path} is invalid: {problems}") from exc
