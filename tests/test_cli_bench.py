@@ -156,3 +156,27 @@ def test_ctrl_c_keeps_records_writes_a_summary_and_exits_130(tmp_path):
     run = load_run(out)
     assert run.summary["interrupted"] is True and 4 <= run.summary["completed"] < 200
     assert len(run.records) >= run.summary["completed"]
+
+
+def test_text_dataset_is_sent_as_text_and_estimates_are_declared(server, tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"hello number {i}", "max_tokens": 3}) + "\n" for i in range(4)))
+    out = tmp_path / "run"
+    result = bench("--base-url", server.base_url, "--dataset-name", "jsonl", "--dataset-path", str(path), "--result-dir", str(out))
+    assert result.exit_code == 0, result.output
+    prompts = sorted(r.body["prompt"] for r in server.received if r.body.get("stream"))
+    assert prompts == [f"hello number {i}" for i in range(4)]
+    assert "lengths_estimated" in load_run(out).run_info["workload"]["dataset_notes"]
+
+
+def test_multiturn_turns_wait_for_the_previous_reply(server, tmp_path):
+    out = tmp_path / "run"
+    result = bench("--base-url", server.base_url, "--dataset-name", "multiturn", "--multiturn-turns", "3", *SMALL,
+                   "--num-prompts", "9", "--max-concurrency", "3", "--result-dir", str(out))
+    assert result.exit_code == 0, result.output
+    records = {r.index: r for r in load_run(out).records}
+    assert len(records) == 9
+    for conversation in range(3):
+        first, second, third = (records[conversation * 3 + t] for t in range(3))
+        assert second.send_time >= first.finish_time and third.send_time >= second.finish_time
+        assert first.prompt_tokens < second.prompt_tokens < third.prompt_tokens

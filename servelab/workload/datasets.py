@@ -24,7 +24,7 @@ import numpy as np
 from servelab.workload.errors import WorkloadError
 from servelab.workload.lengths import LengthDistribution
 from servelab.workload.spec import RequestSpec
-from servelab.workload.tokenizer import PromptTokenizer, estimate_tokens, synthetic_ids
+from servelab.workload.tokenizer import CHARS_PER_TOKEN, PromptTokenizer, estimate_tokens, synthetic_ids
 
 DATASETS = ("random", "prefix", "multiturn", "sharegpt", "jsonl")
 FILE_DATASETS = ("sharegpt", "jsonl")
@@ -231,7 +231,6 @@ class Dataset:
         """Real ids with a tokenizer; otherwise synthetic ids of the ~4 chars/token estimate."""
         if self.tokenizer is not None:
             return self.tokenizer.encode_batch(texts)
-        self.notes["lengths_estimated"] = "prompt and output lengths estimated at ~4 chars/token: pass --tokenizer for exact counts"
         lengths = np.asarray([estimate_tokens(t) for t in texts], dtype=np.int64)
         flat = synthetic_ids(int(lengths.sum()), self.rng)
         return np.split(flat, np.cumsum(lengths)[:-1]) if texts else []
@@ -400,6 +399,10 @@ def open_dataset(config: WorkloadConfig, rng: np.random.Generator) -> Dataset:
     """The generator for `config`; file datasets are read and checked here, before any load."""
     tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer is not None else None
     dataset = Dataset(config, rng, tokenizer, text_prompts=config.dataset_name in FILE_DATASETS)
+    if dataset.text_prompts and tokenizer is None:
+        dataset.notes["lengths_estimated"] = (
+            f"token counts estimated at ~{CHARS_PER_TOKEN:g} chars/token: pass --tokenizer for exact counts"
+        )
     if config.dataset_name == "jsonl":
         assert config.dataset_path is not None
         dataset.rows = _read_jsonl(config.dataset_path)
