@@ -38,7 +38,7 @@ class BlockPool:
         self._num_cached_free = 0
         self._hash_to_block: dict[int, int] = {}
         """The latest block registered under each hash; may be stale (valid only if block_hash[block] still equals it)."""
-        self._chains: dict[int, list[tuple[list[int], list[int]]]] = {}
+        self._chains: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         """Registrations not yet in the index, per chain (the hash of the registering prompt's first block)."""
         self._flushed_chains: set[int] = set()
         self._num_pending = 0
@@ -171,7 +171,7 @@ class BlockPool:
             return
         update = self._hash_to_block.update
         for blocks, hashes in segments:
-            update(zip(hashes, blocks))
+            update(zip(hashes.tolist(), blocks.tolist()))
             self._num_pending -= len(blocks)
         self._flushed_chains.add(chain)
 
@@ -203,15 +203,17 @@ class BlockPool:
         """
         if not blocks:
             return
-        self.block_hash[np.asarray(blocks, dtype=np.int64)] = hashes
+        ids = np.asarray(blocks, dtype=np.int64)
+        self.block_hash[ids] = hashes
         if not findable:
             return
         if chains is None or not self.defer_index:
             self.index(blocks, hashes)
             return
+        values = self.block_hash[ids]
         offset = 0
         for chain, count in chains:
-            self._chains.setdefault(chain, []).append((blocks[offset : offset + count], hashes[offset : offset + count]))
+            self._chains.setdefault(chain, []).append((ids[offset : offset + count], values[offset : offset + count]))
             offset += count
         self._num_pending += len(blocks)
         self._purge_if_large()
@@ -237,25 +239,34 @@ class BlockPool:
             vals = np.fromiter(self._hash_to_block.values(), dtype=np.int64, count=len(keys))
             live = self.block_hash[vals] == keys
             self._hash_to_block = dict(zip(keys[live].tolist(), vals[live].tolist()))
-        index = self._hash_to_block
-        pending = 0
-        for chain in list(self._chains):
-            segments = self._chains[chain]
-            blocks = np.fromiter((b for seg, _ in segments for b in seg), dtype=np.int64)
-            hashes = np.fromiter((h for _, seg in segments for h in seg), dtype=np.int64, count=len(blocks))
-            _, last_rev = np.unique(hashes[::-1], return_index=True)
-            latest = np.sort(len(hashes) - 1 - last_rev)
-            blocks, hashes = blocks[latest], hashes[latest]
-            live = self.block_hash[blocks] == hashes
-            if chain in self._flushed_chains:
-                for h in hashes[~live].tolist():
-                    index.pop(h, None)
-            if live.any():
-                self._chains[chain] = [(blocks[live].tolist(), hashes[live].tolist())]
-                pending += int(live.sum())
-            else:
-                del self._chains[chain]
-        self._num_pending = pending
+        if not self._chains:
+            self._num_pending = 0
+            return
+        keys = list(self._chains)
+        segments = [seg for key in keys for seg in self._chains[key]]
+        counts = np.fromiter((len(self._chains[key]) for key in keys), dtype=np.int64, count=len(keys))
+        lengths = np.fromiter((len(b) for b, _ in segments), dtype=np.int64, count=len(segments))
+        chain_of = np.repeat(np.repeat(np.arange(len(keys)), counts), lengths)
+        blocks = np.concatenate([b for b, _ in segments])
+        hashes = np.concatenate([h for _, h in segments])
+        # Only each hash's latest registration matters (a hash belongs to one chain, whose order is kept here).
+        _, last_rev = np.unique(hashes[::-1], return_index=True)
+        latest = np.sort(len(hashes) - 1 - last_rev)
+        blocks, hashes, chain_of = blocks[latest], hashes[latest], chain_of[latest]
+        live = self.block_hash[blocks] == hashes
+        if self._flushed_chains:
+            flushed = np.fromiter((k in self._flushed_chains for k in keys), dtype=bool, count=len(keys))
+            for h in hashes[~live & flushed[chain_of]].tolist():
+                self._hash_to_block.pop(h, None)
+        blocks, hashes, chain_of = blocks[live], hashes[live], chain_of[live]
+        order = np.argsort(chain_of, kind="stable")
+        blocks, hashes, chain_of = blocks[order], hashes[order], chain_of[order]
+        starts = np.flatnonzero(np.r_[True, chain_of[1:] != chain_of[:-1]]) if len(chain_of) else np.zeros(0, np.int64)
+        bounds = np.r_[starts, len(chain_of)].tolist()
+        self._chains = {
+            keys[int(chain_of[lo])]: [(blocks[lo:hi], hashes[lo:hi])] for lo, hi in zip(bounds[:-1], bounds[1:])
+        }
+        self._num_pending = len(blocks)
 
     # -- invariants (tests) -----------------------------------------------
 
