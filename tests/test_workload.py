@@ -116,6 +116,7 @@ def test_tokenizer_prompts_have_exact_lengths():
     for s in out:
         assert s.prompt_text is not None and s.messages == [{"role": "user", "content": s.prompt_text}]
         assert tok.encode(s.prompt_text).tolist() == s.prompt_ids.tolist()
+        assert all(c.isprintable() or c in "\n\t" for c in s.prompt_text)
     assert len({s.prompt_len for s in out}) > 1
 
 

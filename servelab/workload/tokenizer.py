@@ -29,6 +29,10 @@ CHARS_PER_TOKEN = 4.0
 _MAX_ROUNDS = 10
 
 
+def _printable(text: str) -> bool:
+    return all(c.isprintable() or c in "\n\t" for c in text)
+
+
 def synthetic_ids(total: int, rng: np.random.Generator) -> np.ndarray:
     """`total` ids in SYNTHETIC_ID_RANGE as one int32 array; callers slice it into prompts."""
     low, high = SYNTHETIC_ID_RANGE
@@ -61,12 +65,15 @@ class PromptTokenizer:
         Special tokens would change the request's meaning, and byte tokens
         that are half a UTF-8 character decode to U+FFFD and re-encode to
         something else: excluding both makes the length fix-up converge.
+        Control characters are dropped too, so prompts stay plain text.
         """
         special = set(self._tok.get_added_tokens_decoder())
         candidates = [i for i in range(self._tok.get_vocab_size(with_added_tokens=True)) if i not in special]
         texts = self._tok.decode_batch([[i] for i in candidates], skip_special_tokens=False)
         encoded = self._tok.encode_batch(texts, add_special_tokens=False)
-        return np.asarray([i for i, e in zip(candidates, encoded) if e.ids == [i]], dtype=np.int32)
+        return np.asarray(
+            [i for i, t, e in zip(candidates, texts, encoded) if e.ids == [i] and _printable(t)], dtype=np.int32
+        )
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
