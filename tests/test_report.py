@@ -18,7 +18,7 @@ from servelab.metrics.timeline import TimelineSample
 from servelab.report import figures
 from servelab.report.html import render_report, write_report
 from servelab.report.inputs import ReportInputError, load_inputs
-from support.synthetic_results import write_toy_run, write_toy_sweep
+from support.synthetic_results import TOY_DIAGNOSIS, write_toy_run, write_toy_sweep
 
 
 def _section_ids(page: str) -> list[str]:
@@ -174,3 +174,19 @@ def test_cli_writes_the_report_or_says_why_not(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["report", str(tmp_path / "nope"), "-o", str(tmp_path / "x.html")])
     assert bad.exit_code == 2
     assert "is not a directory" in " ".join(bad.output.split())
+
+
+def test_diagnosis_findings_and_ceilings_show_where_diagnose_ran(tmp_path: Path) -> None:
+    sweep = write_toy_sweep(tmp_path / "sweep", (1, 4))
+    (sweep / "diagnosis.json").write_text(json.dumps(TOY_DIAGNOSIS))
+    plain = write_toy_run(tmp_path / "plain")
+    inputs = load_inputs([sweep, plain])
+    page = render_report(inputs)
+    assert _section_ids(page)[:3] == ["parameters", "summary", "diagnosis"]
+    assert "max_num_seqs caps the batch while requests queue" in page
+    assert "ceiling 8.00 req/s → 12.00 req/s (+50%)" in page
+    lines = {(shape.xref, round(shape.y0, 1)) for shape in figures.sweep_throughput_figure(inputs.sweeps).layout.shapes}
+    assert lines == {("x domain", 7135.0), ("x2 domain", 10.7), ("x2 domain", 8.4)}
+    (plain / "diagnosis.json").write_text('{"findings": "none"}')
+    with pytest.raises(ReportInputError, match="not a servelab diagnosis"):
+        load_inputs([plain])

@@ -7,6 +7,7 @@ The screenshot goes to $SERVELAB_ARTIFACTS when set (to look at), else to tmp_pa
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from servelab.report.html import write_report
 from support import browser
-from support.synthetic_results import write_toy_run, write_toy_sweep
+from support.synthetic_results import TOY_DIAGNOSIS, write_toy_run, write_toy_sweep
 
 REQUIRE = os.environ.get("SERVELAB_REQUIRE_CHROMIUM") == "1"
 
@@ -33,6 +34,7 @@ def test_report_renders_in_headless_chromium(tmp_path: Path, chromium: None) -> 
     measured = write_toy_sweep(tmp_path / "bench-sweep", (1, 2, 4, 8, 16), source="http")
     simulated = write_toy_sweep(tmp_path / "sim-sweep", (1, 2, 4, 8, 16), source="sim")
     single = write_toy_run(tmp_path / "single-run", concurrency=12, n=120, source=None)
+    (measured / "diagnosis.json").write_text(json.dumps(TOY_DIAGNOSIS))
     page = write_report([measured, simulated, single], tmp_path / "report.html")
     artifacts = Path(os.environ.get("SERVELAB_ARTIFACTS", tmp_path))
 
@@ -46,6 +48,7 @@ def test_report_renders_in_headless_chromium(tmp_path: Path, chromium: None) -> 
     assert check.headings == [
         "What was run",
         "Summary",
+        "Diagnosis",
         "Sweeps",
         "Latency distributions",
         "Per-request timeline",

@@ -24,6 +24,14 @@ from servelab.report.inputs import ReportInputs, ReportRun, ReportSweep
 PALETTE = qualitative.Plotly
 DASHES = ("solid", "dot", "dash", "dashdot", "longdash", "longdashdot")
 PHASE_COLORS = {"queued": "#bab0ac", "prefill": "#f58518", "decode": "#4c78a8", "failed": "#e45756"}
+CEILING_LINES: tuple[tuple[str, str, str], ...] = (
+    ("decode_bandwidth_tps_at_max_batch", "output_throughput", "decode ceiling"),
+    ("prefill_compute_rps", "request_throughput", "prefill-compute ceiling"),
+    ("saturation_rps", "request_throughput", "all limits at once (simulated)"),
+    ("slo_max_rps", "request_throughput", "highest rate meeting the SLO"),
+)
+"""Which diagnosis ceilings are drawn on which sweep throughput panel, and their labels."""
+
 REQUEST_SAMPLE = 60
 """Bars in the per-request timeline: enough to see the pattern, few enough to read each one."""
 
@@ -131,6 +139,8 @@ def sweep_throughput_figure(sweeps: Sequence[ReportSweep]) -> go.Figure:
                 row=1,
                 col=col,
             )
+    for sweep in sweeps:
+        _draw_ceilings(fig, sweep, [key for key, _, _, _ in panels])
     # request-rate sweeps may end at "inf" (all at once), which only a category axis can place.
     numeric = all(isinstance(p.sweep_value, (int, float)) for sweep in sweeps for p in sweep.points)
     for col, (_, title, _, _) in enumerate(panels, start=1):
@@ -138,6 +148,23 @@ def sweep_throughput_figure(sweeps: Sequence[ReportSweep]) -> go.Figure:
         fig.update_yaxes(title_text=title, rangemode="tozero", row=1, col=col)
     fig.update_layout(title=f"Throughput vs. {parameter}", height=420, **_LAYOUT)
     return fig
+
+
+def _draw_ceilings(fig: go.Figure, sweep: ReportSweep, panel_keys: Sequence[str]) -> None:
+    """diagnose's ceilings as dashed lines in the sweep's colour on the panel of their unit."""
+    ceilings = (sweep.diagnosis or {}).get("ceilings") or {}
+    for key, panel, label in CEILING_LINES:
+        value = ceilings.get(key)
+        if isinstance(value, (int, float)) and value > 0:
+            fig.add_hline(
+                y=value,
+                line=dict(color=series_color(sweep.series), dash="dash", width=1),
+                annotation_text=f"{label} ({sweep.label})",
+                annotation_position="top left",
+                annotation_font=dict(size=10, color=series_color(sweep.series)),
+                row=1,
+                col=panel_keys.index(panel) + 1,
+            )
 
 
 # --- latency distributions ----------------------------------------------------------------------

@@ -39,6 +39,15 @@ table.summary td { text-align: right; font-variant-numeric: tabular-nums; }
 table.params td { font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; font-size: 12px; max-width: 460px; overflow-wrap: anywhere; }
 table.params tr.differs { background: #fef3c7; }
 .plot { margin: 10px 0 18px 0; }
+.diagnosis { margin: 10px 0 22px 0; }
+.diagnosis h3 { margin: 12px 0 2px 0; font-size: 16px; }
+.diagnosis p.headline { margin: 0 0 8px 0; color: #4b5563; font-size: 13px; }
+.finding { border-left: 4px solid #f59e0b; padding: 2px 12px; margin: 10px 0; }
+.finding.first { border-left-color: #dc2626; }
+.finding h4, .diagnosis h4 { margin: 6px 0; font-size: 14px; }
+.finding ul, ul.notes { margin: 4px 0 8px 0; padding-left: 20px; font-size: 13px; }
+p.confirm { font-size: 12px; color: #6b7280; margin: 4px 0; }
+code { font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; font-size: 12px; background: #f3f4f6; padding: 0 3px; }
 """
 
 

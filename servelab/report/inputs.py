@@ -16,6 +16,9 @@ from typing import Any
 from servelab.metrics.results import RUN, SWEEP, RunResult, load_run
 from servelab.metrics.summary import summarize
 
+DIAGNOSIS = "diagnosis.json"
+"""Written into a results directory by `servelab diagnose RESULTS`."""
+
 SOURCE_NAMES = {"http": "measured", "sim": "simulated"}
 """How run.json's `source` reads in a legend."""
 
@@ -35,6 +38,8 @@ class ReportRun:
     """Index of the top-level input (run or sweep) it came from; runs of one sweep share it."""
     sweep_value: Any = None
     """The swept parameter's value for a sweep point; None for a standalone run."""
+    diagnosis: dict[str, Any] | None = None
+    """diagnosis.json from the run's directory, when diagnose has been run on it."""
 
     @property
     def source(self) -> str | None:
@@ -55,6 +60,8 @@ class ReportSweep:
     points: list[ReportRun]
     info: dict[str, Any]
     series: int
+    diagnosis: dict[str, Any] | None = None
+    """diagnosis.json from the sweep's directory, else from its first diagnosed point."""
 
 
 @dataclass
@@ -87,6 +94,19 @@ def _summary_of(result: RunResult, given: dict[str, Any] | None = None) -> dict[
 
 def _source_suffix(source: str | None) -> str:
     return f" ({SOURCE_NAMES.get(source, source)})" if source else ""
+
+
+def read_diagnosis(directory: Path) -> dict[str, Any] | None:
+    path = directory / DIAGNOSIS
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReportInputError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("findings"), list):
+        raise ReportInputError(f"{path} is not a servelab diagnosis (no findings list)")
+    return data
 
 
 def _load_run_dir(directory: Path) -> RunResult:
@@ -126,8 +146,10 @@ def _load_sweep(directory: Path, series: int) -> ReportSweep:
                 summary=_summary_of(result, point.get("summary")),
                 series=series,
                 sweep_value=point.get(parameter, name),
+                diagnosis=read_diagnosis(directory / name),
             )
         )
+    diagnosed = [p.diagnosis for p in runs if p.diagnosis is not None]
     return ReportSweep(
         label=str(info.get("label") or directory.resolve().name),
         directory=directory,
@@ -135,6 +157,7 @@ def _load_sweep(directory: Path, series: int) -> ReportSweep:
         points=runs,
         info=info,
         series=series,
+        diagnosis=read_diagnosis(directory) or (diagnosed[0] if diagnosed else None),
     )
 
 
@@ -169,7 +192,15 @@ def load_inputs(directories: list[Path]) -> ReportInputs:
         elif (directory / RUN).is_file():
             result = _load_run_dir(directory)
             label = str(result.run_info.get("label") or directory.resolve().name)
-            inputs.runs.append(ReportRun(label=label, result=result, summary=_summary_of(result), series=series))
+            inputs.runs.append(
+                ReportRun(
+                    label=label,
+                    result=result,
+                    summary=_summary_of(result),
+                    series=series,
+                    diagnosis=read_diagnosis(directory),
+                )
+            )
         else:
             raise ReportInputError(f"{directory} is not a servelab results directory (no {RUN} or {SWEEP})")
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import plotly.graph_objects as go
 
 from servelab.report import figures, tables
+from servelab.report.diagnosis_html import diagnosed, diagnosis_html
 from servelab.report.inputs import ReportInputs
 
 
@@ -63,7 +64,8 @@ def sweep_section(inputs: ReportInputs) -> Section | None:
         key="sweeps",
         title="Sweeps",
         lead="Each point is one run; solid lines are medians, dotted lines p99. "
-        "Where a curve turns upward, more load buys latency, not throughput.",
+        "Where a curve turns upward, more load buys latency, not throughput. "
+        "Dashed horizontal lines are the ceilings servelab diagnose computed, where a sweep was diagnosed.",
         figures=[figures.sweep_curves_figure(inputs.sweeps)]
         + [figures.sweep_throughput_figure(group) for group in by_parameter.values()],
     )
@@ -111,9 +113,23 @@ def server_timeline_section(inputs: ReportInputs) -> Section | None:
     )
 
 
+def diagnosis_section(inputs: ReportInputs) -> Section | None:
+    found = diagnosed(inputs)
+    if not found:
+        return None
+    return Section(
+        key="diagnosis",
+        title="Diagnosis",
+        lead="From servelab diagnose: what limits each deployment, the numbers it rests on, and the changes "
+        "predicted (on the simulator) to lift it, best first.",
+        html=[diagnosis_html(label, d) for label, d in found],
+    )
+
+
 SECTIONS: tuple[SectionBuilder, ...] = (
     parameters_section,
     summary_section,
+    diagnosis_section,
     sweep_section,
     latency_section,
     request_timeline_section,

@@ -108,3 +108,35 @@ def write_toy_sweep(directory: Path, values: tuple[int, ...] = (1, 2, 4, 8, 16),
         points.append({"max-concurrency": value, "directory": name})
     write_sweep_index(directory, {"sweep": {"key": "max-concurrency", "values": list(values)}, "points": points})
     return directory
+
+
+TOY_DIAGNOSIS = {
+    "source": "measured",
+    "deployment": {"model": "Qwen2.5-7B", "gpu": "A100-80GB-SXM", "engine_args": "--max-num-seqs 256"},
+    "workload": {"offered_rate": None, "max_concurrency": 16, "mean_input_tokens": 250.0, "mean_output_tokens": 40.0},
+    "bottleneck": "max_num_seqs_bound",
+    "findings": [
+        {
+            "kind": "max_num_seqs_bound",
+            "title": "max_num_seqs caps the batch while requests queue",
+            "score": 0.8,
+            "evidence": ["252 requests running per replica = max_num_seqs 256"],
+            "recommendations": [
+                {
+                    "change": "--max-num-seqs 512",
+                    "metric": "capacity_rps",
+                    "before": 8.0,
+                    "after": 12.0,
+                    "gain": 0.5,
+                    "effects": {"p99_ttft_ms": [900.0, 300.0]},
+                    "confirm": "servelab bench --max-concurrency 16",
+                }
+            ],
+        }
+    ],
+    "ceilings": {"prefill_compute_rps": 10.7, "decode_bandwidth_tps_at_max_batch": 7135.0, "saturation_rps": 8.4,
+                 "slo_max_rps": None, "kv_capacity_seqs": 616, "max_num_seqs": 256},
+    "standing": {"prefill_compute": 0.77, "decode_bandwidth": 0.23, "saturation": 0.99},
+    "notes": ["'GPU memory full' is by design"],
+}
+"""The shape of diagnosis.json as `servelab diagnose RESULTS` writes it (Diagnosis.as_dict), trimmed."""

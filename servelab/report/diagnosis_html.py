@@ -1,0 +1,60 @@
+"""diagnose's findings in the HTML report: the same rows as the terminal and Markdown views, as HTML."""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from servelab.report.diagnosis_view import CEILING_ROWS, headline, recommendation_row
+from servelab.report.inputs import ReportInputs
+
+def diagnosed(inputs: ReportInputs) -> list[tuple[str, dict[str, Any]]]:
+    """(label, diagnosis) for each input, and for each sweep point diagnosed on its own."""
+    out = [(item.label, item.diagnosis) for item in inputs.tops if item.diagnosis is not None]
+    for sweep in inputs.sweeps:
+        out += [(p.label, p.diagnosis) for p in sweep.points if p.diagnosis is not None and p.diagnosis is not sweep.diagnosis]
+    return out
+
+
+def _table(head: tuple[str, ...], rows: list[list[str]], css: str) -> str:
+    header = "".join(f"<th>{escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    return f'<table class="{css}"><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _share(value: Any) -> str:
+    return "—" if not isinstance(value, (int, float)) else f"{value:.0%}"
+
+
+def _ceiling(value: Any, unit: str) -> str:
+    if not isinstance(value, (int, float)):
+        return "—"
+    return f"{value:,.0f} {unit}" if abs(value) >= 100 else f"{value:,.2f} {unit}"
+
+
+def diagnosis_html(label: str, d: dict[str, Any]) -> str:
+    parts = [f'<div class="diagnosis"><h3>{escape(label)}</h3><p class="headline">{escape(headline(d))}</p>']
+    if not d["findings"]:
+        parts.append("<p>No bottleneck stands out: the deployment runs within its ceilings for this workload.</p>")
+    for i, finding in enumerate(d["findings"], 1):
+        parts.append(
+            f'<div class="finding{" first" if i == 1 else ""}"><h4>{i}. {escape(finding["title"])} '
+            f'<code>{escape(finding["kind"])}</code></h4><ul>'
+            + "".join(f"<li>{escape(line)}</li>" for line in finding["evidence"])
+            + "</ul>"
+        )
+        recommendations = finding.get("recommendations") or []
+        if recommendations:
+            rows = [recommendation_row(r) for r in recommendations]
+            parts.append(_table(("change", "predicted (simulated)", "side effects at this load"), rows, "recommendations"))
+            parts.append(f'<p class="confirm">confirm: <code>{escape(recommendations[0]["confirm"])}</code></p>')
+        parts.append("</div>")
+    rows = [
+        [title, _ceiling(d["ceilings"].get(key), unit), _share(d["standing"].get(stand))]
+        for key, stand, title, unit in CEILING_ROWS
+    ]
+    parts.append("<h4>Ceilings for this workload</h4>" + _table(("limit", "ceiling", "where it stands"), rows, "ceilings"))
+    if d.get("notes"):
+        parts.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in d["notes"]) + "</ul>")
+    parts.append("</div>")
+    return "".join(parts)
