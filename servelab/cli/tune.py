@@ -12,10 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.cli import app
-from servelab.metrics.slo import SLO, SLOError
+from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags, bad_input_exits, fail, load_options
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
-from servelab.targets.errors import TargetError
 from servelab.tune.confirm import ServerCommand, Stage2Config, Stage2Result
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective
@@ -24,17 +23,11 @@ from servelab.tune.space import SearchSpace
 from servelab.tune.study import SearchSettings, StudyTrial
 from servelab.tune.tuner import TuneProgress, TuneRequest, run_tune
 from servelab.tune.workload import TuneWorkload
-from servelab.workload.arrival import ArrivalConfig
-from servelab.workload.datasets import WorkloadConfig
-from servelab.workload.errors import WorkloadError
 from servelab.workload.plan import Amount
 
 RANKED_ROWS = 10
-
-
-def _fail(message: str) -> typer.Exit:
-    Console(stderr=True).print(f"[bold red]error:[/] {message}")
-    return typer.Exit(2)
+STAGE2_PROMPTS = 200
+"""Requests per stage-2 server when neither --num-prompts nor --duration is given: a short, honest measurement."""
 
 
 def parse_prices(text: str | None) -> dict[str, float]:
@@ -67,78 +60,75 @@ def parse_env(items: list[str] | None) -> dict[str, str]:
 
 
 @app.command()
+@load_options
 def tune(
     gpu: Annotated[str, typer.Option(help="GPU the server runs on (see the catalogue), or cpu.")],
     model: Annotated[str, typer.Option(help="Built-in model name or a directory with config.json.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Results directory (study.db, trial dirs, tune.json).")],
     engine_args: Annotated[str, typer.Option(help="Your current launch flags: the baseline every candidate changes.")] = "",
     sim_args: Annotated[str, typer.Option(help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.")] = "",
     space: Annotated[Optional[list[str]], typer.Option(help="KNOB=V1,V2 (or KNOB for built-in values; 'default' = vLLM's). Repeatable.")] = None,
     space_file: Annotated[Optional[Path], typer.Option(help="YAML/JSON mapping knob -> list of values.")] = None,
     objective: Annotated[str, typer.Option(help="goodput (max rate under the SLO), throughput (under p-limits), or cost.")] = "goodput",
-    goodput: Annotated[Optional[list[str]], typer.Option(help="SLO as vLLM spells it: ttft:500 tpot:50 e2el:10000 (ms).")] = None,
-    slo_percentile: Annotated[float, typer.Option(help="The percentile each SLO bound applies to.")] = 99.0,
+    slo_percentile: Annotated[float, typer.Option(help="The percentile each --goodput bound applies to.")] = 99.0,
     gpu_cost_per_hour: Annotated[Optional[str], typer.Option(help="$/GPU-hour: 2.5, or H100-SXM=2.5,A100-80GB-SXM=1.6.")] = None,
     n_trials: Annotated[int, typer.Option(help="Distinct configurations to simulate (all, if the space is smaller).")] = 100,
     sampler: Annotated[str, typer.Option(help="auto (grid when the space fits in --n-trials, else TPE), grid, tpe.")] = "auto",
     search_seed: Annotated[int, typer.Option(help="Seed of the TPE sampler.")] = 0,
     sim_prompts: Annotated[int, typer.Option(help="Requests per simulated run in stage 1.")] = 200,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the study in OUTPUT without repeating finished trials.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the study in --result-dir without repeating finished trials.")] = False,
     server_cmd: Annotated[Optional[str], typer.Option(help="Stage 2: command template with {engine_args} (and optional {port}).")] = None,
     server_env: Annotated[Optional[list[str]], typer.Option(help="KEY=VALUE for the server's environment. Repeatable.")] = None,
+    server_port: Annotated[Optional[int], typer.Option(help="Stage 2: the port servers listen on (default: a free one each).")] = None,
     top_k: Annotated[int, typer.Option(help="Stage 2: how many of the simulator's best to measure (plus the baseline).")] = 3,
     startup_timeout: Annotated[float, typer.Option(help="Stage 2: seconds to wait for /health.")] = 300.0,
-    dataset_name: Annotated[str, typer.Option(help="random, prefix, multiturn, sharegpt or jsonl.")] = "random",
-    dataset_path: Annotated[Optional[Path], typer.Option(help="The file of a sharegpt/jsonl dataset.")] = None,
-    random_input_len: Annotated[int, typer.Option(help="Prompt tokens per request.")] = 1024,
-    random_output_len: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,
-    random_range_ratio: Annotated[float, typer.Option(help="Length spread, as vllm bench serve.")] = 0.0,
-    prefix_len: Annotated[int, typer.Option(help="Shared-prefix tokens (dataset prefix).")] = 0,
-    num_prefixes: Annotated[int, typer.Option(help="Distinct shared prefixes (dataset prefix).")] = 1,
-    request_rate: Annotated[float, typer.Option(help="Requests/s (Poisson); inf = all at once. The cost objective's target.")] = float("inf"),
-    burstiness: Annotated[float, typer.Option(help="Gamma shape of the gaps (1 = Poisson).")] = 1.0,
-    max_concurrency: Annotated[Optional[int], typer.Option(help="Cap on requests in flight (closed loop).")] = None,
-    num_prompts: Annotated[int, typer.Option(help="Stage 2: requests per real measurement.")] = 200,
-    seed: Annotated[int, typer.Option(help="Workload seed: every configuration gets the same requests.")] = 0,
-    json_out: Annotated[bool, typer.Option("--json", help="Print tune.json instead of tables.")] = False,
+    *,
+    load: LoadFlags,
 ) -> None:
-    """Search the launch flags on the simulator, confirm the best on real servers, print the line to run."""
+    """Search the launch flags on the simulator, confirm the best on real servers, print the line to run.
+
+    The workload flags are bench's: stage 1 simulates --sim-prompts of them per
+    run; stage 2 sends --num-prompts (default 200) or --duration to each server.
+    """
     console = Console()
     try:
-        slo = SLO.parse(goodput)
-        search_space = SearchSpace.from_file(space_file) if space_file else SearchSpace.from_items(space or [])
-        if space_file and space:
-            raise TuneError("--space and --space-file both define the search space; give one")
-        workload = WorkloadConfig(
-            dataset_name=dataset_name, dataset_path=dataset_path, input_len=random_input_len,
-            output_len=random_output_len, range_ratio=random_range_ratio, prefix_len=prefix_len,
-            num_prefixes=num_prefixes, seed=seed,
-        )
-        arrival = ArrivalConfig(request_rate=request_rate, burstiness=burstiness, max_concurrency=max_concurrency)
-        goal = Objective(
-            objective, slo, slo_percentile,  # type: ignore[arg-type]
-            target_rate=request_rate if arrival.open_loop else None,
-            gpu_cost_per_hour=parse_prices(gpu_cost_per_hour),
-        )
-        server = ServerCommand(server_cmd, parse_env(server_env), startup_timeout=startup_timeout) if server_cmd else None
-        request = TuneRequest(
-            gpu=gpu, model=model, engine_args=engine_args, sim_args=sim_args, space=search_space, objective=goal,
-            sim_workload=TuneWorkload(workload, arrival, Amount(num_prompts=sim_prompts)),
-            bench_workload=TuneWorkload(workload, arrival, Amount(num_prompts=num_prompts)),
-            search=SearchSettings(n_trials, sampler, search_seed),  # type: ignore[arg-type]
-            output=output, resume=resume, server=server, top_k=top_k,
-        )
-        previous = signal.signal(signal.SIGTERM, _interrupt)
-        try:
-            doc = run_tune(request, None if json_out else _live_progress(console, goal))
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-    except (TuneError, SLOError, PerfConfigError, WorkloadError, TargetError) as exc:
-        raise _fail(str(exc)) from None
+        with bad_input_exits():
+            load.check()
+            if load.sweep is not None:
+                raise TuneError("--sweep does not apply to tune: the goodput objective searches the rate itself")
+            if resume and load.result_dir is None:
+                raise TuneError("--resume needs the --result-dir of the study to continue")
+            output = load.output_dir("tune")
+            search_space = SearchSpace.from_file(space_file) if space_file else SearchSpace.from_items(space or [])
+            if space_file and space:
+                raise TuneError("--space and --space-file both define the search space; give one")
+            arrival = load.arrival()
+            goal = Objective(
+                objective, load.slo(), slo_percentile,  # type: ignore[arg-type]
+                target_rate=arrival.request_rate if arrival.open_loop else None,
+                gpu_cost_per_hour=parse_prices(gpu_cost_per_hour),
+            )
+            server = None
+            if server_cmd:
+                server = ServerCommand(server_cmd, parse_env(server_env), startup_timeout=startup_timeout, port=server_port)
+            bench_amount = load.amount() if load.num_prompts or load.duration else Amount(STAGE2_PROMPTS, warmup=load.warmup)
+            request = TuneRequest(
+                gpu=gpu, model=model, engine_args=engine_args, sim_args=sim_args, space=search_space, objective=goal,
+                sim_workload=TuneWorkload(load.workload(), arrival, Amount(num_prompts=sim_prompts)),
+                bench_workload=TuneWorkload(load.workload(), arrival, bench_amount),
+                search=SearchSettings(n_trials, sampler, search_seed),  # type: ignore[arg-type]
+                output=output, resume=resume, server=server, top_k=top_k,
+            )
+            previous = signal.signal(signal.SIGTERM, _interrupt)
+            try:
+                doc = run_tune(request, None if load.json else _live_progress(console, goal))
+            finally:
+                signal.signal(signal.SIGTERM, previous)
+    except (TuneError, PerfConfigError) as exc:
+        raise fail(str(exc)) from None
     except KeyboardInterrupt:
-        Console(stderr=True).print(f"[yellow]interrupted[/]: finished trials are kept; continue with --resume -o {output}")
-        raise typer.Exit(130) from None
-    if json_out:
+        Console(stderr=True).print(f"[yellow]interrupted[/]: finished trials are kept; continue with --resume --result-dir {output}")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if load.json:
         print(json.dumps(doc, indent=2, default=str))
     else:
         render(console, doc)

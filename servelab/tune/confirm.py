@@ -18,10 +18,12 @@ import shlex
 import signal
 import string
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from servelab.metrics.records import MemorySink
 from servelab.metrics.results import ResultWriter
@@ -33,6 +35,7 @@ from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective, key_metrics
 from servelab.tune.space import gpu_count
 from servelab.tune.workload import TuneWorkload
+from servelab.workload.spec import LoadPlan, RequestSpec
 
 STAGE2_DIR = "stage2"
 RESULT = "stage2.json"
@@ -55,6 +58,8 @@ class ServerCommand:
     host: str = "127.0.0.1"
     startup_timeout: float = 300.0
     stop_timeout: float = 20.0
+    port: int | None = None
+    """Where every server listens (they run one at a time); None picks a free port per server."""
 
     def __post_init__(self) -> None:
         try:
@@ -232,13 +237,25 @@ def confirm(
     return results
 
 
+def _json_ready(plan: LoadPlan) -> LoadPlan:
+    """Prompt ids as Python ints: datasets hand out numpy arrays, and HttpTarget's JSON body cannot carry numpy ints."""
+
+    def converted(specs: Iterable[RequestSpec]) -> Iterator[RequestSpec]:
+        for spec in specs:
+            if isinstance(spec.prompt_ids, np.ndarray):
+                spec.prompt_ids = spec.prompt_ids.tolist()
+            yield spec
+
+    return replace(plan, requests=converted(plan.requests))
+
+
 def _measure(
     config: Stage2Config, command: ServerCommand, workload: TuneWorkload, objective: Objective, out: Path,
     http_options: Mapping[str, Any],
 ) -> Stage2Result:
     out.mkdir(parents=True, exist_ok=True)
     predicted, predicted_score, predicted_violation = predict(config, workload, objective)
-    port = free_port(command.host)
+    port = command.port or free_port(command.host)
     argv = command.argv(config.engine_args, port)
     result = Stage2Result(
         config.label, config.params, config.engine_args, command.launch_line(config.engine_args),
@@ -265,7 +282,7 @@ def _measure(
         began = time.monotonic()
         try:
             target = HttpTarget(server.base_url, ignore_eos=True, **http_options)
-            run = target.run(workload.plan(), writer.records, writer.write_sample)
+            run = target.run(_json_ready(workload.plan()), writer.records, writer.write_sample)
             writer.update_run_info(server_info=run.server_info, client_stats=run.client_stats, interrupted=run.interrupted)
         finally:
             writer.close()

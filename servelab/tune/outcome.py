@@ -106,10 +106,11 @@ def recommend(
     runnable = [t for t in ranked if t.outcome.status == OK]
     if not runnable:
         return None
-    best_trial = runnable[0]
+    # The current configuration competes too: when nothing in the space beats it, the advice is to keep it.
+    best_trial = rank([StudyTrial(-1, baseline), runnable[0]], direction)[0]
     return {
         "source": "stage1",
-        "label": f"trial-{best_trial.number}",
+        "label": BASELINE if best_trial.number < 0 else f"trial-{best_trial.number}",
         "params": best_trial.outcome.params,
         "engine_args": best_trial.outcome.engine_args,
         "launch_line": None,

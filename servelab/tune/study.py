@@ -1,7 +1,8 @@
 """Stage 1: search the space on the simulator with optuna, resumably.
 
 The study lives in SQLite (`study.db` in the results directory) and every
-evaluated candidate also gets its own directory with `trial.json`, so a run
+evaluated candidate also gets its own directory with `trial.json` (written
+once the study has recorded it, so a directory always means a finished trial), so a run
 killed at any point (Ctrl-C, SIGKILL, a reboot) resumes with `--resume`:
 completed trials are read back, never re-run; a trial that was cut off is
 failed and its point queued again.
@@ -169,6 +170,9 @@ def run_search(
     study = open_study(directory, direction, settings, space, resume=resume)
     _requeue_interrupted(study, space)
     trials = finished_trials(study)
+    for t in trials:  # a kill between tell and the write leaves a finished trial without its dir
+        if not (_trial_dir(directory, t.number) / "trial.json").exists():
+            write_trial_dir(directory, t.number, t.outcome)
     by_key = {candidate_key(t.outcome.params): t for t in trials}
     budget = settings.budget(space)
     if settings.exhaustive(space):
@@ -192,10 +196,10 @@ def run_search(
         except BaseException:
             study.tell(trial, state=TrialState.FAIL)
             raise
-        write_trial_dir(directory, trial.number, outcome)
         trial.set_user_attr(OUTCOME, json.loads(json.dumps(outcome.to_dict(), default=str)))
         trial.set_constraint("slo", _constraint(outcome))
         study.tell(trial, _value(outcome, direction))
+        write_trial_dir(directory, trial.number, outcome)  # after tell: a dir always means a finished trial
         done = StudyTrial(trial.number, outcome)
         trials.append(done)
         by_key[key] = done

@@ -1,0 +1,336 @@
+"""tune: search space, objectives, the goodput rate search, ranking, the resumable study, server command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from servelab.metrics.slo import SLO
+from servelab.targets.deployment import build_deployment
+from servelab.tune.confirm import LIVE_SERVER, STAGE2_DIR, ServerCommand, reap_orphaned_server
+from servelab.tune.errors import TuneError
+from servelab.tune.objectives import Objective, evaluate, max_goodput_rate
+from servelab.tune.outcome import gain, pareto_front, pick_for_confirmation, rank
+from servelab.tune.space import SearchSpace, apply, candidate_key
+from servelab.tune.study import DUPLICATE_OF, SearchSettings, StudyTrial, open_study, run_search
+from servelab.tune.trial import INVALID, OK, SimJudge, TrialOutcome
+from servelab.tune.workload import TuneWorkload
+from servelab.workload.arrival import ArrivalConfig
+from servelab.workload.datasets import WorkloadConfig
+from servelab.workload.plan import Amount
+
+TTFT_500 = SLO.parse("ttft:500")
+
+
+def _summary(**overrides: float) -> dict:
+    base = {"completed": 100, "failed": 0, "p99_ttft_ms": 100.0, "p99_tpot_ms": 10.0, "p99_e2el_ms": 1000.0,
+            "request_goodput": 5.0, "output_throughput": 1000.0}
+    return base | overrides
+
+
+# -- space ----------------------------------------------------------------
+
+
+def test_space_parses_typed_values_defaults_and_builtins() -> None:
+    space = SearchSpace.from_items(["max-num-seqs=default,8,32", "enable_prefix_caching=true,false", "replicas=1,2",
+                                    "max_num_batched_tokens"])
+    assert space.dimensions["max_num_seqs"] == (None, 8, 32)
+    assert space.dimensions["enable_prefix_caching"] == (True, False)
+    assert space.dimensions["data_parallel_size"] == (1, 2)
+    assert space.dimensions["max_num_batched_tokens"][0] is None  # built-ins start at vLLM's default
+    assert space.size == 3 * 2 * 2 * len(space.dimensions["max_num_batched_tokens"])
+    assert len({candidate_key(c) for c in space.grid()}) == space.size
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["max_num_sequences=8"], "unknown knob"),
+        (["max_num_seqs=8,lots"], "bad value 'lots' for max_num_seqs"),
+        (["max_num_seqs=0"], "positive"),
+        (["enable_prefix_caching=default"], "no vLLM default"),
+        (["max_num_seqs=8,8"], "twice"),
+        (["gpu"], "no built-in candidates"),
+        (["gpu=h100-sxm,tpu-v9"], "bad value 'tpu-v9' for gpu"),
+    ],
+)
+def test_space_rejects_bad_input_before_any_trial(items: list[str], message: str) -> None:
+    with pytest.raises(TuneError, match=message):
+        SearchSpace.from_items(items)
+
+
+def test_space_file(tmp_path: Path) -> None:
+    path = tmp_path / "space.yaml"
+    path.write_text("max_num_seqs: [default, 64]\nkv_cache_dtype: [auto, fp8]\ngpu: [H100-SXM, a100-80gb-sxm]\n")
+    space = SearchSpace.from_file(path)
+    assert space.describe() == {"max_num_seqs": [None, 64], "kv_cache_dtype": ["auto", "fp8"],
+                                "gpu": ["H100-SXM", "A100-80GB-SXM"]}
+
+
+def test_candidate_default_removes_the_flag_and_gpu_changes_hardware() -> None:
+    base = build_deployment("H100-SXM", "Llama-3.1-8B", "--max-num-seqs 64")
+    assert "--max-num-seqs" not in apply(base, {"max_num_seqs": None}).engine_args()
+    moved = apply(base, {"gpu": "A100-80GB-SXM", "tensor_parallel_size": 2})
+    assert moved.hardware.name == "A100-80GB-SXM" and moved.config.tensor_parallel_size == 2
+    assert moved.config.max_num_seqs == 64
+
+
+# -- objectives -----------------------------------------------------------
+
+
+def test_violation_is_zero_when_every_bound_holds_at_the_percentile() -> None:
+    goal = Objective("goodput", SLO.parse("ttft:200 tpot:20"))
+    assert goal.violation(_summary()) == 0
+    assert goal.violation(_summary(p99_ttft_ms=300.0)) == pytest.approx(0.5)
+    assert goal.violation(_summary(failed=5)) == pytest.approx(5 / 105 - 0.01)
+
+
+def test_objective_needs_what_it_measures() -> None:
+    with pytest.raises(TuneError, match="needs an SLO"):
+        Objective("goodput", None)
+    with pytest.raises(TuneError, match="--request-rate"):
+        Objective("cost", TTFT_500, gpu_cost_per_hour={"*": 2.0})
+    with pytest.raises(TuneError, match="prices"):
+        Objective("cost", TTFT_500, target_rate=5.0)
+    with pytest.raises(TuneError, match="unknown objective"):
+        Objective("latency", TTFT_500)  # type: ignore[arg-type]
+
+
+def test_cost_per_million_output_tokens() -> None:
+    goal = Objective("cost", TTFT_500, target_rate=1.0, gpu_cost_per_hour={"H100-SXM": 3.6, "*": 1.0})
+    # 2 GPUs x $3.6/h at 1,000 output tok/s: $7.2 per 3.6 M tokens = $2/Mtok.
+    assert goal.score_point(_summary(), "H100-SXM", 2) == pytest.approx(2.0)
+    assert goal.score_point(_summary(), "L4", 1) == pytest.approx(1.0 / 3.6)
+
+
+def _threshold_runner(limit: float, calls: list[float]):
+    def run_at(rate: float) -> dict:
+        calls.append(rate)
+        return _summary(p99_ttft_ms=100.0 if rate <= limit else 900.0)
+
+    return run_at
+
+
+@pytest.mark.parametrize("limit", [0.7, 3.3, 47.0])
+def test_goodput_search_brackets_the_highest_rate_that_holds(limit: float) -> None:
+    goal = Objective("goodput", TTFT_500, rate_tolerance=0.02)
+    calls: list[float] = []
+    result = max_goodput_rate(_threshold_runner(limit, calls), goal, capacity=50.0)
+    assert result.feasible and result.rate == result.score
+    assert limit / 1.02 <= result.score <= limit
+    assert len(calls) <= 16
+
+
+def test_goodput_search_is_capped_by_capacity_and_reports_zero_when_nothing_holds() -> None:
+    goal = Objective("goodput", TTFT_500)
+    assert max_goodput_rate(_threshold_runner(1e9, []), goal, capacity=12.0).score == 12.0
+    nothing = max_goodput_rate(_threshold_runner(0.0, []), goal, capacity=12.0)
+    assert nothing.score == 0.0 and not nothing.feasible
+
+
+def _cpu_workload(n: int = 120, concurrency: int | None = 32) -> TuneWorkload:
+    return TuneWorkload(WorkloadConfig(input_len=256, output_len=32), ArrivalConfig(max_concurrency=concurrency),
+                        Amount(num_prompts=n))
+
+
+def _cpu_judge(tiny_config: Path, objective: Objective, n: int = 120) -> SimJudge:
+    line = "--max-model-len 4096 --max-num-seqs 2"
+    sim = build_deployment("cpu", tiny_config, line + " --block-size 128 --kv-cache-memory-bytes 1G")
+    return SimJudge(sim, build_deployment("cpu", tiny_config, line), _cpu_workload(n), objective)
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2's config.json alone: the simulator needs the shape, not the weights."""
+    directory = tmp_path_factory.mktemp("tiny-config")
+    (directory / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 128, "intermediate_size": 352,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 4096,
+        "max_position_embeddings": 8192, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    }))
+    return directory
+
+
+def test_simulated_goodput_ranks_batch_size_on_the_cpu_model(tiny_config: Path) -> None:
+    judge = _cpu_judge(tiny_config, Objective("goodput", TTFT_500))
+    scores = {n: judge.judge({"max_num_seqs": n}) for n in (2, 8, 32)}
+    assert all(o.status == OK and o.feasible for o in scores.values())
+    assert scores[2].score < scores[8].score < scores[32].score
+    assert scores[32].engine_args == "--max-num-seqs 32 --max-model-len 4096"  # no simulator-only flags
+
+
+def test_throughput_objective_scores_the_workload_as_given(tiny_config: Path) -> None:
+    judge = _cpu_judge(tiny_config, Objective("throughput", SLO.parse("ttft:1")))
+    outcome = judge.judge({"max_num_seqs": 8})
+    assert outcome.score == pytest.approx(outcome.metrics["output_throughput"])
+    assert not outcome.feasible and outcome.violation > 0  # 1 ms TTFT at p99 cannot hold
+
+
+def test_configuration_that_cannot_run_is_a_verdict_not_a_crash(tiny_config: Path) -> None:
+    judge = _cpu_judge(tiny_config, Objective("goodput", TTFT_500))
+    outcome = judge.judge({"max_num_seqs": 64, "max_num_batched_tokens": 16})
+    assert outcome.status == INVALID and "max_num_batched_tokens" in outcome.error
+
+
+# -- ranking --------------------------------------------------------------
+
+
+def _trial(number: int, score: float | None, feasible: bool = True, violation: float = 0.0, thr: float = 0.0,
+           ttft: float = 0.0, args: str | None = None) -> StudyTrial:
+    status = OK if score is not None else INVALID
+    return StudyTrial(number, TrialOutcome({"n": number}, args or f"--n {number}", status, score, violation, feasible,
+                                           metrics={"output_throughput": thr, "p99_ttft_ms": ttft}))
+
+
+def test_rank_puts_feasible_first_then_nearest_misses_then_invalid() -> None:
+    trials = [_trial(0, 5.0, False, 0.9), _trial(1, None), _trial(2, 3.0), _trial(3, 4.0), _trial(4, 9.0, False, 0.1)]
+    assert [t.number for t in rank(trials, "maximize")] == [3, 2, 4, 0, 1]
+    assert [t.number for t in rank(trials, "minimize")] == [2, 3, 4, 0, 1]
+
+
+def test_pareto_front_keeps_only_undominated_points() -> None:
+    trials = [_trial(0, 1, thr=100, ttft=50), _trial(1, 1, thr=200, ttft=80), _trial(2, 1, thr=150, ttft=90),
+              _trial(3, 1, thr=50, ttft=40), _trial(4, None)]
+    assert [t.number for t in pareto_front(trials)] == [1, 0, 3]
+
+
+def test_confirmation_picks_distinct_lines_other_than_the_baseline() -> None:
+    ranked = [_trial(0, 9, args="--a"), _trial(1, 8, args="--base"), _trial(2, 7, args="--a"), _trial(3, 6, args="--b"),
+              _trial(4, 5, args="--c")]
+    assert [t.number for t in pick_for_confirmation(ranked, 2, "--base")] == [0, 3]
+    assert gain(3.0, 1.5, "maximize") == 2.0 and gain(1.0, 2.0, "minimize") == 2.0 and gain(1.0, 0.0, "maximize") is None
+
+
+# -- the study ------------------------------------------------------------
+
+
+class _CountingJudge:
+    """A deterministic objective over two knobs that remembers every candidate it was asked about."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __call__(self, candidate: dict) -> TrialOutcome:
+        self.calls.append(dict(candidate))
+        score = -abs(candidate["max_num_seqs"] - 64) - abs(candidate["max_num_batched_tokens"] - 4096) / 100
+        return TrialOutcome(dict(candidate), "", OK, score, 0.0, True)
+
+
+SPACE = SearchSpace.from_items(["max_num_seqs=8,16,32,64,128,256", "max_num_batched_tokens=1024,2048,4096,8192,16384"])
+
+
+def test_small_space_is_searched_exhaustively_once_each(tmp_path: Path) -> None:
+    judge = _CountingJudge()
+    trials = run_search(SPACE, judge, tmp_path, direction="maximize", settings=SearchSettings(n_trials=100))
+    assert len(trials) == SPACE.size == len(judge.calls)
+    assert {candidate_key(c) for c in judge.calls} == {candidate_key(c) for c in SPACE.grid()}
+    assert rank(trials, "maximize")[0].outcome.params == {"max_num_seqs": 64, "max_num_batched_tokens": 4096}
+    assert all((tmp_path / "stage1" / f"trial-{t.number:04d}" / "trial.json").is_file() for t in trials)
+
+
+def test_tpe_budget_counts_distinct_configurations_and_resume_adds_only_new_ones(tmp_path: Path) -> None:
+    first = _CountingJudge()
+    run_search(SPACE, first, tmp_path, direction="maximize", settings=SearchSettings(n_trials=10, sampler="tpe"))
+    assert len(first.calls) == len({candidate_key(c) for c in first.calls}) == 10
+    more = _CountingJudge()
+    trials = run_search(SPACE, more, tmp_path, direction="maximize", resume=True,
+                        settings=SearchSettings(n_trials=16, sampler="tpe"))
+    assert len(trials) == 16 and len(more.calls) == 6
+    assert not {candidate_key(c) for c in first.calls} & {candidate_key(c) for c in more.calls}
+
+
+def test_study_directory_is_not_silently_reused(tmp_path: Path) -> None:
+    run_search(SPACE, _CountingJudge(), tmp_path, direction="maximize", settings=SearchSettings(n_trials=2, sampler="tpe"))
+    with pytest.raises(TuneError, match="--resume"):
+        open_study(tmp_path, "maximize", SearchSettings(), SPACE, resume=False)
+    with pytest.raises(TuneError, match="another search space"):
+        open_study(tmp_path, "maximize", SearchSettings(), SearchSpace.from_items(["max_num_seqs=8,16"]), resume=True)
+    with pytest.raises(TuneError, match="no tune study"):
+        open_study(tmp_path / "elsewhere", "maximize", SearchSettings(), SPACE, resume=True)
+
+
+def _stage1_trials(directory: Path) -> dict[int, dict]:
+    return {int(p.parent.name.split("-")[1]): json.loads(p.read_text()) for p in directory.glob("stage1/*/trial.json")}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_killed_study_resumes_without_repeating_completed_trials(tmp_path: Path, tiny_config: Path, sig: int) -> None:
+    out = tmp_path / "study"
+    argv = [str(Path(sys.executable).parent / "servelab"), "tune", "--gpu", "cpu", "--model", str(tiny_config), "--result-dir", str(out),
+            "--engine-args", "--max-model-len 4096", "--sim-args", "--block-size 128 --kv-cache-memory-bytes 1G",
+            "--space", "max_num_seqs=2,4,8,16,32,64", "--space", "max_num_batched_tokens=default,256,512,1024",
+            "--goodput", "ttft:500", "--random-input-len", "256", "--random-output-len", "32", "--sim-prompts", "300"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log = (tmp_path / "first-run.log").open("w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_stage1_trials(out)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, f"the study ended before it could be interrupted: {(tmp_path / 'first-run.log').read_text()}"
+        proc.send_signal(sig)
+        proc.wait(30)
+    finally:
+        proc.kill()
+        proc.wait()
+    before = _stage1_trials(out)
+    assert 3 <= len(before) < 24
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130
+    before_mtimes = {n: (out / "stage1" / f"trial-{n:04d}" / "trial.json").stat().st_mtime_ns for n in before}
+
+    done = subprocess.run([*argv, "--resume", "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    after = _stage1_trials(out)
+    keys = [candidate_key(t["params"]) for t in doc["trials"]]
+    assert len(keys) == len(set(keys)) == 24  # every point once, none twice
+    assert {n: (out / "stage1" / f"trial-{n:04d}" / "trial.json").stat().st_mtime_ns for n in before} == before_mtimes
+    assert set(after) == {t["number"] for t in doc["trials"]} and set(before) <= set(after)
+    study = open_study(out, "maximize", SearchSettings(), SearchSpace(
+        {k: tuple(v) for k, v in doc["space"].items()}), resume=True)
+    fresh = [t for t in study.trials if t.state.name == "COMPLETE" and DUPLICATE_OF not in t.user_attrs]
+    assert len(fresh) == 24
+
+
+# -- stage 2 plumbing -----------------------------------------------------
+
+
+def test_server_command_template() -> None:
+    cmd = ServerCommand("python -m vllm.entrypoints.openai.api_server --model /m {engine_args}")
+    assert cmd.argv("--max-num-seqs 8", 18400)[-6:] == ["--max-num-seqs", "8", "--host", "127.0.0.1", "--port", "18400"]
+    assert ServerCommand("srv --listen {host}:{port} {engine_args}").argv("", 5)[-1] == "127.0.0.1:5"
+    assert cmd.launch_line("--max-num-seqs 8") == "python -m vllm.entrypoints.openai.api_server --model /m --max-num-seqs 8"
+    with pytest.raises(TuneError, match=r"\{engine_args\}"):
+        ServerCommand("vllm serve /m")
+    with pytest.raises(TuneError, match="unknown placeholders"):
+        ServerCommand("vllm serve {model} {engine_args}")
+
+
+def test_orphaned_server_from_a_killed_tune_is_reaped(tmp_path: Path) -> None:
+    argv = ["sleep", "4242.5"]
+    orphan = subprocess.Popen(argv, start_new_session=True)
+    try:
+        (tmp_path / STAGE2_DIR).mkdir()
+        (tmp_path / STAGE2_DIR / LIVE_SERVER).write_text(json.dumps({"argv": argv}))
+        assert reap_orphaned_server(tmp_path, grace=5) == [orphan.pid]
+        assert orphan.wait(5) == -signal.SIGTERM
+        assert not (tmp_path / STAGE2_DIR / LIVE_SERVER).exists()
+    finally:
+        orphan.kill()
+        orphan.wait()
+
+
+def test_evaluate_is_deterministic(tiny_config: Path) -> None:
+    judge = _cpu_judge(tiny_config, Objective("goodput", TTFT_500), n=60)
+    target = judge.base.sim_target()
+    first = evaluate(target, judge.workload, judge.objective, gpu="cpu", gpus=1)
+    again = evaluate(judge.base.sim_target(), judge.workload, judge.objective, gpu="cpu", gpus=1)
+    assert first.score == again.score and [p.rate for p in first.probes] == [p.rate for p in again.probes]
