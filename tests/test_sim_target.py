@@ -168,3 +168,43 @@ def test_bad_settings_fail_before_any_load():
         SimTarget(EngineConfig(), 2000, COST)
     with pytest.raises(TargetError, match="KV blocks"):
         SimTarget(CONFIG, 1, COST)
+
+
+def frontend_gap(target, rate, n=300):
+    """Mean client TTFT minus the engine's own mean TTFT (vllm:time_to_first_token_seconds), in seconds."""
+    records, samples, result = run(target, LoadPlan(specs(n, rate=rate, seed=4)))
+    last = samples[-1].values
+    engine_ttft = last[tl.TTFT_SUM] / last[tl.TTFT_COUNT]
+    return summarize(records)["mean_ttft_ms"] / 1000 - engine_ttft, engine_ttft, result
+
+
+def test_a_saturated_frontend_opens_a_gap_between_client_and_engine_ttft():
+    # 10 ms + 200 x 50 us to tokenize, 50 us per streamed token: ~48 req/s on one core, below the engine's ~75.
+    frontend = dict(frontend_s_per_request=0.010, frontend_s_per_token=50e-6)
+    light_gap, _, _ = frontend_gap(SimTarget(CONFIG, 2000, COST, **frontend), rate=10)
+    heavy_gap, heavy_engine_ttft, result = frontend_gap(SimTarget(CONFIG, 2000, COST, **frontend), rate=150)
+    assert 0.020 <= light_gap < 0.05  # tokenization plus a little streaming work
+    assert heavy_gap > 20 * light_gap  # requests queue before the engine
+    assert heavy_engine_ttft < 0.2 * heavy_gap  # the engine itself is not the bottleneck
+    assert result.client_stats["frontend_busy_s"] > 0.9 * result.duration  # the one core is saturated
+    no_frontend_gap, _, _ = frontend_gap(SimTarget(CONFIG, 2000, COST), rate=150)
+    assert abs(no_frontend_gap) < 1e-9
+
+
+def test_zero_frontend_coefficients_change_nothing_and_a_negligible_frontend_almost_nothing():
+    plan = LoadPlan(specs(80, rate=20, seed=6), max_concurrency=16)
+    base, base_samples, _ = run(SimTarget(CONFIG, 700, COST), plan)
+    zero, zero_samples, _ = run(SimTarget(CONFIG, 700, COST, frontend_s_per_request=0.0, frontend_s_per_token=0.0), plan)
+    assert [r.to_json() for r in base] == [r.to_json() for r in zero]
+    assert [s.values for s in base_samples] == [s.values for s in zero_samples]
+    tiny, _, _ = run(SimTarget(CONFIG, 700, COST, frontend_s_per_request=1e-12, frontend_s_per_token=1e-12), plan)
+    by_index = {r.index: r for r in tiny}
+    for r in base:
+        t = by_index[r.index]
+        assert t.output_tokens == r.output_tokens
+        assert t.chunk_times == pytest.approx(r.chunk_times, abs=1e-6)
+
+
+def test_frontend_coefficients_cannot_be_negative():
+    with pytest.raises(TargetError, match="frontend"):
+        SimTarget(CONFIG, 700, COST, frontend_s_per_token=-1e-6)

@@ -41,7 +41,19 @@ class SimTarget:
     """Simulated deployment: `config.data_parallel_size` engines, each with `num_gpu_blocks` KV blocks.
 
     `network_latency` is a one-way client<->server delay in seconds added to
-    every request and token (frontend/network cost); 0 by default.
+    every request and token; 0 by default.
+
+    `frontend_s_per_request` / `frontend_s_per_token` model vLLM's API-server
+    process, which tokenizes prompts and detokenizes and streams outputs on one
+    CPU core: a single FIFO server in front of the engines. A request reaches
+    an engine only after the frontend has spent per_request + per_token x
+    prompt_len on it; the tokens of each engine step are delivered after
+    per_token each, as one batch, on the same server. When that work exceeds
+    one core the frontend is the bottleneck: requests queue before the engine
+    (the engine's own TTFT, measured from its arrival, stays low while the
+    client's grows) and tokens queue after it. Both 0 (default): no frontend.
+    The decode fast-forward is off while the frontend is modelled, so that its
+    queue sees every step's tokens in time order.
     """
 
     def __init__(
@@ -54,11 +66,15 @@ class SimTarget:
         scrape_interval: float = 1.0,
         network_latency: float = 0.0,
         max_model_len: int | None = None,
+        frontend_s_per_request: float = 0.0,
+        frontend_s_per_token: float = 0.0,
     ) -> None:
         if scrape_interval <= 0:
             raise TargetError("scrape_interval must be positive")
         if network_latency < 0:
             raise TargetError("network_latency cannot be negative")
+        if frontend_s_per_request < 0 or frontend_s_per_token < 0:
+            raise TargetError("frontend coefficients cannot be negative")
         if config.data_parallel_size < 1:
             raise TargetError("data_parallel_size must be at least 1")
         self.config = config
@@ -68,6 +84,8 @@ class SimTarget:
         self.scrape_interval = scrape_interval
         self.network_latency = network_latency
         self.max_model_len = max_model_len
+        self.frontend_s_per_request = frontend_s_per_request
+        self.frontend_s_per_token = frontend_s_per_token
         self.last_engines: list[SimEngine] = []
         """Engines of the latest run, for inspection (tests, diagnose)."""
         try:  # every setting is checked here, before any load
@@ -76,8 +94,14 @@ class SimTarget:
         except ValueError as exc:
             raise TargetError(str(exc)) from exc
 
+    @property
+    def has_frontend(self) -> bool:
+        return self.frontend_s_per_request > 0 or self.frontend_s_per_token > 0
+
     def make_engine(self) -> SimEngine:
-        return SimEngine(self.config, self.num_gpu_blocks, self.cost_model, self.max_model_len)
+        return SimEngine(
+            self.config, self.num_gpu_blocks, self.cost_model, self.max_model_len, fast_forward=not self.has_frontend
+        )
 
     def run(self, plan: LoadPlan, sink: RecordSink, on_sample: SampleSink | None = None) -> TargetRun:
         if plan.max_concurrency is not None and plan.max_concurrency < 1:
@@ -97,12 +121,15 @@ class SimTarget:
             "cost_model": type(self.cost_model).__name__,
             "router": self.router,
             "network_latency": self.network_latency,
+            "frontend_s_per_request": self.frontend_s_per_request,
+            "frontend_s_per_token": self.frontend_s_per_token,
         }
         stats = {
             "sim_wall_s": wall,
             "engine_steps": steps,
             "steps_per_s": steps / wall if wall > 0 else 0.0,
             "engine_busy_s": [e.busy_time for e in engines],
+            "frontend_busy_s": sim.frontend_busy,
         }
         return TargetRun(duration=duration, server_info=info, client_stats=stats)
 
@@ -126,6 +153,12 @@ class _Simulation:
         self.sink = sink
         self.on_sample = on_sample
         self.latency = target.network_latency
+        self.frontend = target.has_frontend
+        self.fe_request, self.fe_token = target.frontend_s_per_request, target.frontend_s_per_token
+        self.frontend_free_at = 0.0
+        self.frontend_busy = 0.0
+        self.delivered: list[list[float]] = [[] for _ in engines]
+        """With a frontend: per engine, when the tokens of each step left the frontend."""
         self.duration = plan.duration if plan.duration is not None else float("inf")
         self.free_slots = plan.max_concurrency if plan.max_concurrency is not None else None
         self.events: list[tuple[float, int, int, Callable[[float], None]]] = []
@@ -236,7 +269,22 @@ class _Simulation:
         else:
             self._arrive(spec, now)
 
+    def _frontend(self, arrival: float, work: float) -> float:
+        """Queue `work` seconds on the frontend's one core; returns when it is done (FIFO, items come in time order)."""
+        done = max(arrival, self.frontend_free_at) + work
+        self.frontend_free_at = done
+        self.frontend_busy += work
+        return done
+
     def _arrive(self, spec: RequestSpec, now: float) -> None:
+        if self.frontend:
+            done = self._frontend(now, self.fe_request + self.fe_token * spec.prompt_len)
+            self._push(done, _CLIENT, lambda t, s=spec: self._admit(s, t))
+        else:
+            self._admit(spec, now)
+
+    def _admit(self, spec: RequestSpec, now: float) -> None:
+        """The request reaches an engine (after the frontend, if any): the engine's clock for it starts here."""
         i = self.router.pick(self.engines)
         engine = self.engines[i]
         try:
@@ -265,9 +313,14 @@ class _Simulation:
 
     def _end(self, i: int, now: float) -> None:
         engine = self.engines[i]
-        for req in engine.finish_step():
-            rec = self._finished_record(engine, req)
-            if self.latency:
+        generated = engine.counters.generation_tokens
+        finished = engine.finish_step()
+        if self.frontend:
+            tokens = engine.counters.generation_tokens - generated
+            self.delivered[i].append(self._frontend(now, self.fe_token * tokens) if tokens else now)
+        for req in finished:
+            rec = self._finished_record(i, req)
+            if rec.finish_time > now:
                 self._push(rec.finish_time, _CLIENT, lambda t, r=rec: self._deliver(r))
             else:
                 self._deliver(rec)
@@ -286,10 +339,14 @@ class _Simulation:
             priority=spec.priority,
         )
 
-    def _finished_record(self, engine: SimEngine, req: SimRequest) -> RequestRecord:
+    def _finished_record(self, i: int, req: SimRequest) -> RequestRecord:
         spec: RequestSpec = req.tag
         lat = self.latency
-        times = engine.token_times(req)
+        if self.frontend:
+            delivered = self.delivered[i]
+            times = [delivered[s] for first, last in req.emitted_steps() for s in range(first, last + 1)]
+        else:
+            times = self.engines[i].token_times(req)
         if lat:
             times = [x + lat for x in times]
         rec = self._record(spec, self.send_times.pop(spec.index), times[-1])
