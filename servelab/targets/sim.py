@@ -123,11 +123,12 @@ class SimTarget:
             "network_latency": self.network_latency,
             "frontend_s_per_request": self.frontend_s_per_request,
             "frontend_s_per_token": self.frontend_s_per_token,
+            # Wall-clock facts live here, in run.json, so that summary.json is the same on every run of a seed.
+            "sim_wall_s": wall,
+            "steps_per_s": steps / wall if wall > 0 else 0.0,
         }
         stats = {
-            "sim_wall_s": wall,
             "engine_steps": steps,
-            "steps_per_s": steps / wall if wall > 0 else 0.0,
             "engine_busy_s": [e.busy_time for e in engines],
             "frontend_busy_s": sim.frontend_busy,
         }

@@ -1,0 +1,136 @@
+"""`servelab simulate`: the load `bench` would send, served by simulated vLLM engines on a GPU cost model.
+
+The load flags are bench's own (`@load_options`), and the results directory
+is bench's format with `"source": "sim"` and the deployment in run.json, so
+every later verb reads a simulated run exactly like a measured one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from servelab.cli import app
+from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags, bad_input_exits, fail, load_options
+from servelab.experiment.calibrate import deployment_from_profile
+from servelab.experiment.runner import run_point
+from servelab.experiment.sweep import run_sweep
+from servelab.metrics.results import SUMMARY, SWEEP
+from servelab.perf.calibration import load_profile
+from servelab.perf.errors import PerfConfigError
+from servelab.report.terminal import LiveProgress, print_warnings, summary_table, sweep_table
+from servelab.sim.router import POLICIES, ROUND_ROBIN
+from servelab.targets.deployment import Deployment, build_deployment
+from servelab.workload.spec import LoadPlan
+
+_DEPLOYMENT = "Deployment"
+
+
+def _deployment(
+    gpu: str | None,
+    model: str | None,
+    engine_args: str,
+    tp: int | None,
+    replicas: int | None,
+    router: str,
+    gpu_file: Path | None,
+    calibration: Path | None,
+) -> Deployment:
+    """The one chain from flags to a deployment; PerfConfigError for anything that cannot be modelled."""
+    if router not in POLICIES:
+        raise PerfConfigError(f"--router {router!r}: choose one of {', '.join(POLICIES)}")
+    if calibration is None:
+        if gpu is None or model is None:
+            raise PerfConfigError("give --gpu and --model (or --calibration with a profile from `servelab calibrate`)")
+        return build_deployment(gpu, model, engine_args, tensor_parallel_size=tp, replicas=replicas,
+                                gpu_file=gpu_file, router=router)
+    for flag, value in (("--gpu", gpu), ("--model", model), ("--gpu-file", gpu_file)):
+        if value is not None:
+            raise PerfConfigError(f"{flag} and --calibration both name the hardware/model: the profile already does; drop {flag}")
+    deployment = deployment_from_profile(load_profile(calibration), engine_args)
+    changes = {k: v for k, v in (("tensor_parallel_size", tp), ("data_parallel_size", replicas)) if v is not None}
+    if changes:
+        rebuilt = deployment.rebuilt(**changes)
+        deployment = dataclasses.replace(rebuilt, warnings=deployment.warnings)
+    return dataclasses.replace(deployment, router=router)
+
+
+def _describe_line(deployment: Deployment) -> str:
+    c = deployment.config
+    replicas = f" x {c.data_parallel_size} replicas ({deployment.router})" if c.data_parallel_size > 1 else ""
+    return (
+        f"{deployment.model.name} on {deployment.hardware.name}, TP={c.tensor_parallel_size}{replicas}: "
+        f"max_num_seqs {c.max_num_seqs}, max_num_batched_tokens {c.max_num_batched_tokens}, "
+        f"{deployment.memory.num_blocks:,} KV blocks of {c.block_size} ({deployment.memory.kv_cache_bytes / 2**30:.1f} GiB)"
+    )
+
+
+@app.command()
+@load_options
+def simulate(
+    gpu: Annotated[Optional[str], typer.Option(help="GPU from the catalogue, e.g. a100-80gb, h100-sxm.", rich_help_panel=_DEPLOYMENT)] = None,
+    model: Annotated[Optional[str], typer.Option(help="Built-in model (qwen2.5-7b, llama-3.1-8b, ...) or a Hugging Face model dir with config.json.", rich_help_panel=_DEPLOYMENT)] = None,
+    engine_args: Annotated[str, typer.Option(help="Your `vllm serve` flags, as you would paste them: \"--max-num-seqs 128 --no-enable-prefix-caching\".", rich_help_panel=_DEPLOYMENT)] = "",
+    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size (same as --tensor-parallel-size in --engine-args).", rich_help_panel=_DEPLOYMENT)] = None,
+    replicas: Annotated[Optional[int], typer.Option(help="Data-parallel replicas behind one router.", rich_help_panel=_DEPLOYMENT)] = None,
+    router: Annotated[str, typer.Option(help=f"How replicas are picked: {', '.join(POLICIES)}.", rich_help_panel=_DEPLOYMENT)] = ROUND_ROBIN,
+    gpu_file: Annotated[Optional[Path], typer.Option(help="YAML with your own GPUs, added to the catalogue.", rich_help_panel=_DEPLOYMENT)] = None,
+    calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate`: its hardware, model and fitted coefficients.", rich_help_panel=_DEPLOYMENT)] = None,
+    scrape_interval: Annotated[float, typer.Option(help="Simulated seconds between timeline samples.", rich_help_panel=_DEPLOYMENT)] = 1.0,
+    *,
+    load: LoadFlags,
+) -> None:
+    """Predict latency, throughput and goodput of a vLLM deployment under the load you describe, without a GPU."""
+    out = Console(stderr=True) if load.json else Console()
+    with bad_input_exits():
+        load.check()
+        slo, percentiles, sweep = load.slo(), load.percentiles(), load.parsed_sweep()
+        if scrape_interval <= 0:
+            raise fail(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
+        try:
+            deployment = _deployment(gpu, model, engine_args, tp, replicas, router, gpu_file, calibration)
+        except PerfConfigError as exc:
+            raise fail(str(exc)) from None
+        target = deployment.sim_target(scrape_interval)
+        first_plan = load.make_plan()
+    for warning in deployment.warnings:
+        out.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    result_dir = load.output_dir("simulate")
+    flags = {"gpu": gpu, "model": model, "engine_args": engine_args, "tp": tp, "replicas": replicas, "router": router,
+             "gpu_file": str(gpu_file) if gpu_file else None, "calibration": str(calibration) if calibration else None,
+             "scrape_interval": scrape_interval, **load.as_dict()}
+    run_info: dict[str, Any] = {"verb": "simulate", "source": "sim", "argv": list(sys.argv), "flags": flags,
+                                "deployment": deployment.describe()}
+    out.print(f"simulate: {_describe_line(deployment)} -> {result_dir}", highlight=False)
+
+    @contextmanager
+    def observe(label: str, plan: LoadPlan) -> Iterator[LiveProgress]:
+        with LiveProgress(out, label, plan.description["amount"]["num_prompts"]) as progress:
+            yield progress
+
+    if sweep is None:
+        with observe("simulate", first_plan) as progress:
+            summary = run_point(target, first_plan, result_dir, run_info, slo, percentiles, [progress])
+        out.print(summary_table(summary, title="Simulated serving result"))
+        print_warnings(out, summary)
+        if load.json:
+            sys.stdout.write((result_dir / SUMMARY).read_text())
+        interrupted = summary["interrupted"]
+    else:
+        index = run_sweep(target, sweep, load.arrival(), load.make_plan, result_dir, run_info, slo, percentiles, observe)
+        out.print(sweep_table(index))
+        for point in index["points"]:
+            print_warnings(out, point["summary"])
+        if load.json:
+            sys.stdout.write((result_dir / SWEEP).read_text())
+        interrupted = index["interrupted"]
+    if interrupted:
+        out.print(f"[bold red]interrupted[/]: what completed is in {result_dir}")
+        raise typer.Exit(EXIT_INTERRUPTED)

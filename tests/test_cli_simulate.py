@@ -1,0 +1,112 @@
+"""`servelab simulate` through the real command line: bench's flags and results format, on the simulator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from servelab.cli import app
+from servelab.metrics.results import RECORDS, RUN, SUMMARY, SWEEP, TIMELINE, load_run
+
+runner = CliRunner()
+A100 = ["--gpu", "a100-80gb", "--model", "qwen2.5-7b"]
+SMALL = ["--random-input-len", "512", "--random-output-len", "32", "--num-prompts", "40"]
+
+
+def simulate(*args: str):
+    return runner.invoke(app, ["simulate", *args])
+
+
+def test_a_run_writes_bench_format_with_the_deployment(tmp_path: Path):
+    out = tmp_path / "run"
+    result = simulate(*A100, *SMALL, "--request-rate", "4", "--goodput", "ttft:500 tpot:50", "--result-dir", str(out))
+    assert result.exit_code == 0, result.output
+    assert {RUN, RECORDS, TIMELINE, SUMMARY} <= {p.name for p in out.iterdir()}
+    run = load_run(out)
+    info = json.loads((out / RUN).read_text())
+    assert info["source"] == "sim" and info["verb"] == "simulate"
+    assert info["deployment"]["gpu"] == "A100-80GB-SXM" and info["deployment"]["num_gpu_blocks"] > 0
+    assert info["server_info"]["simulated"]
+    assert len(run.records) == 40 and all(r.ok for r in run.records)
+    summary = json.loads((out / SUMMARY).read_text())
+    assert summary["completed"] == 40 and summary["request_goodput"] > 0
+    assert "Simulated serving result" in result.output
+
+
+def test_a_sweep_saturates_and_writes_sweep_json(tmp_path: Path):
+    out = tmp_path / "sweep"
+    result = simulate(*A100, *SMALL, "--sweep", "max-concurrency=1,4,32", "--result-dir", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    index = json.loads((out / SWEEP).read_text())
+    assert [p["summary"]["completed"] for p in index["points"]] == [40, 40, 40]
+    thr = [p["summary"]["output_throughput"] for p in index["points"]]
+    assert thr[0] < thr[1] < thr[2]
+    tpot = [p["summary"]["mean_tpot_ms"] for p in index["points"]]
+    assert tpot[0] < tpot[2]  # bigger batches: each step slower
+    for point in index["points"]:
+        info = json.loads((out / point["directory"] / RUN).read_text())
+        assert info["source"] == "sim" and info["sweep_point"] == {"max-concurrency": point["max-concurrency"]}
+    assert json.loads(result.stdout[result.stdout.index("{"):]) == index
+
+
+def test_the_same_seed_gives_the_same_files_and_another_seed_does_not(tmp_path: Path):
+    args = [*A100, *SMALL, "--request-rate", "8", "--tp", "2", "--replicas", "2", "--router", "least-loaded"]
+    dirs = []
+    for name, seed in (("a", "1"), ("b", "1"), ("c", "2")):
+        dirs.append(tmp_path / name)
+        assert simulate(*args, "--seed", seed, "--result-dir", str(dirs[-1])).exit_code == 0
+    same = [(dirs[0] / f).read_text() == (dirs[1] / f).read_text() for f in (RECORDS, TIMELINE, SUMMARY)]
+    assert same == [True, True, True]
+    assert (dirs[0] / RECORDS).read_text() != (dirs[2] / RECORDS).read_text()
+    deployment = json.loads((dirs[0] / RUN).read_text())["deployment"]["engine_config"]
+    assert deployment["tensor_parallel_size"] == 2 and deployment["data_parallel_size"] == 2
+
+
+def test_an_obsolete_flag_is_reported_and_the_run_goes_on(tmp_path: Path):
+    result = simulate(*A100, *SMALL, "--engine-args", "--use-v2-block-manager --max-num-seqs 16", "--result-dir", str(tmp_path / "r"))
+    assert result.exit_code == 0, result.output
+    assert "warning" in result.output and "--use-v2-block-manager" in result.output and "obsolete" in result.output
+    info = json.loads((tmp_path / "r" / RUN).read_text())
+    assert info["deployment"]["engine_config"]["max_num_seqs"] == 16
+    assert any("--use-v2-block-manager" in w for w in info["deployment"]["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--gpu", "tpu-v9", "--model", "qwen2.5-7b"], ["tpu-v9"]),
+        (["--gpu", "a100-80gb", "--model", "mixtral-8x7b"], ["mixtral-8x7b"]),
+        (["--gpu", "a10g", "--model", "qwen2.5-72b"], ["does not fit"]),
+        (["--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--engine-args", "--bogus-flag 3"], ["--bogus-flag"]),
+        (["--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--router", "random"], ["--router"]),
+        (["--model", "qwen2.5-7b"], ["--gpu"]),
+        (["--calibration", "no-such-profile.json"], ["no-such-profile.json"]),
+        ([*A100, "--num-prompts", "5", "--duration", "3"], ["--num-prompts", "--duration"]),
+        ([*A100, "--sweep", "prompts=1,2"], ["--sweep"]),
+    ],
+)
+def test_bad_input_is_one_clear_error_with_exit_code_2(tmp_path: Path, args, named):
+    out = tmp_path / "never"
+    result = simulate(*args, "--result-dir", str(out))
+    assert result.exit_code == 2, result.output
+    for word in named:
+        assert word in result.output
+    assert "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_an_moe_config_is_refused(tmp_path: Path):
+    model = tmp_path / "moe"
+    model.mkdir()
+    config = {
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": 4096,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "torch_dtype": "bfloat16",
+    }
+    (model / "config.json").write_text(json.dumps(config))
+    result = simulate("--gpu", "h100-sxm", "--model", str(model), "--result-dir", str(tmp_path / "never"))
+    assert result.exit_code == 2, result.output
+    assert "not supported" in result.output.lower() or "moe" in result.output.lower()
