@@ -18,22 +18,9 @@ from servelab.metrics.results import SUMMARY, SWEEP
 from servelab.report.terminal import LiveProgress, print_warnings, summary_table, sweep_table
 from servelab.targets.http import HttpTarget
 from servelab.targets.preflight import ENDPOINTS
-from servelab.workload.spec import LoadPlan, RequestSpec
+from servelab.workload.spec import LoadPlan
 
 _TARGET = "Target"
-
-
-def _json_ids(plan: LoadPlan) -> LoadPlan:
-    """Token ids as Python ints, lazily, one request at a time: the HTTP body is JSON and numpy ints are not."""
-
-    def convert(specs: Iterator[RequestSpec]) -> Iterator[RequestSpec]:
-        for spec in specs:
-            if hasattr(spec.prompt_ids, "tolist"):
-                spec.prompt_ids = spec.prompt_ids.tolist()
-            yield spec
-
-    plan.requests = convert(iter(plan.requests))
-    return plan
 
 
 @app.command()
@@ -84,14 +71,14 @@ def bench(
 
     if sweep is None:
         with observe("bench", first_plan) as progress:
-            summary = run_point(target, _json_ids(first_plan), result_dir, run_info, slo, percentiles, [progress])
+            summary = run_point(target, first_plan, result_dir, run_info, slo, percentiles, [progress])
         out.print(summary_table(summary))
         print_warnings(out, summary)
         if load.json:
             sys.stdout.write((result_dir / SUMMARY).read_text())
         interrupted = summary["interrupted"]
     else:
-        make_plan = lambda arrival: _json_ids(load.make_plan(arrival))  # noqa: E731  (a fresh plan per point)
+        make_plan = load.make_plan
         index = run_sweep(target, sweep, load.arrival(), make_plan, result_dir, run_info, slo, percentiles, observe)
         out.print(sweep_table(index))
         for point in index["points"]:

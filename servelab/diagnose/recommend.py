@@ -9,7 +9,7 @@ comparison is like for like (the measured numbers are in the evidence).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from servelab.diagnose import findings as fk
@@ -32,7 +32,8 @@ MIN_GAIN = 0.05
 @dataclass(frozen=True)
 class Candidate:
     change: str
-    deployment: Deployment | None = None
+    deployment: Callable[[], Deployment] | None = None
+    """Built only when priced: a change the hardware cannot take raises PerfConfigError then."""
     scenario: Scenario | None = None
 
 
@@ -62,25 +63,25 @@ def _quantized(d: Deployment) -> Iterator[Candidate]:
     """Weight formats with faster tensor cores or fewer bytes, where the chip runs them."""
     hw = d.hardware
     if hw.fp8_tflops > 0:
-        yield Candidate("FP8 weights and activations (--quantization fp8)", d.with_changes(quantization="fp8"))
+        yield Candidate("FP8 weights and activations (--quantization fp8)", lambda: d.with_changes(quantization="fp8"))
     elif hw.int8_tflops > 0:
         yield Candidate("INT8 W8A8 weights (a w8a8 checkpoint; --quantization compressed-tensors)",
-                        d.with_changes(quantization="int8"))
-    yield Candidate("4-bit AWQ weights (an AWQ checkpoint; --quantization awq_marlin)", d.with_changes(quantization="awq"))
+                        lambda: d.with_changes(quantization="int8"))
+    yield Candidate("4-bit AWQ weights (an AWQ checkpoint; --quantization awq_marlin)", lambda: d.with_changes(quantization="awq"))
 
 
 def _more_hardware(d: Deployment) -> Iterator[Candidate]:
     replicas = d.config.data_parallel_size
     yield Candidate(f"{replicas * 2} replicas behind a load balancer (a second GPU as data parallelism)",
-                    d.with_changes(data_parallel_size=replicas * 2))
+                    lambda: d.with_changes(data_parallel_size=replicas * 2))
     if d.hardware.interconnect_bandwidth > 0:
         tp = d.config.tensor_parallel_size
         yield Candidate(f"tensor parallel on {tp * 2} GPUs (--tensor-parallel-size {tp * 2})",
-                        d.with_changes(tensor_parallel_size=tp * 2))
+                        lambda: d.with_changes(tensor_parallel_size=tp * 2))
     upgrade = _UPGRADE.get(d.hardware.name)
     if upgrade:
         chip = get_gpu(upgrade)
-        yield Candidate(f"the same deployment on {chip.name}", d.rebuilt(hardware=chip))
+        yield Candidate(f"the same deployment on {chip.name}", lambda: d.rebuilt(hardware=chip))
 
 
 def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]:
@@ -99,15 +100,16 @@ def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]
         target = _pow2_at_most(min(4 * cfg.max_num_seqs, x.c.kv_capacity_seqs))
         for seqs in sorted({target, 2 * cfg.max_num_seqs}):
             if seqs > cfg.max_num_seqs:
-                yield Candidate(f"raise --max-num-seqs to {seqs}", d.with_changes(
+                yield Candidate(f"raise --max-num-seqs to {seqs}", lambda seqs=seqs: d.with_changes(
                     max_num_seqs=seqs, max_num_batched_tokens=max(cfg.max_num_batched_tokens, seqs)))
     elif kind == fk.KV_CAPACITY_BOUND:
         yield Candidate("FP8 KV cache (--kv-cache-dtype fp8): twice the tokens in the same memory",
-                        d.with_changes(kv_cache_dtype="fp8"))
+                        lambda: d.with_changes(kv_cache_dtype="fp8"))
         if cfg.gpu_memory_utilization < 0.95:
-            yield Candidate("--gpu-memory-utilization 0.95", d.with_changes(gpu_memory_utilization=0.95))
-        yield Candidate(f"cap the batch at what the KV holds (--max-num-seqs {max(1, x.c.kv_capacity_seqs)})",
-                        d.with_changes(max_num_seqs=max(1, x.c.kv_capacity_seqs)))
+            yield Candidate("--gpu-memory-utilization 0.95", lambda: d.with_changes(gpu_memory_utilization=0.95))
+        if x.c.kv_capacity_seqs < cfg.max_num_seqs:
+            yield Candidate(f"cap the batch at what the KV holds (--max-num-seqs {max(1, x.c.kv_capacity_seqs)})",
+                            lambda: d.with_changes(max_num_seqs=max(1, x.c.kv_capacity_seqs)))
         yield from _quantized(d)
         yield from _more_hardware(d)
     elif kind == fk.PREFILL_COMPUTE_BOUND:
@@ -116,7 +118,7 @@ def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]
             yield Candidate(f"put the first {shared} prompt tokens in one shared system prompt (prefix caching, on by "
                             "default, then skips them)", scenario=scenario.with_shared_prefix(shared))
         if not cfg.enable_prefix_caching:
-            yield Candidate("enable prefix caching (--enable-prefix-caching)", d.with_changes(enable_prefix_caching=True))
+            yield Candidate("enable prefix caching (--enable-prefix-caching)", lambda: d.with_changes(enable_prefix_caching=True))
         yield from _quantized(d)
         yield from _more_hardware(d)
         yield Candidate("halve the prompts (truncate history, compress retrieved context)",
@@ -125,13 +127,13 @@ def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]
         yield from _quantized(d)
         if cfg.kv_cache_dtype != "fp8":
             yield Candidate("FP8 KV cache (--kv-cache-dtype fp8): half the bytes read per decoded token",
-                            d.with_changes(kv_cache_dtype="fp8"))
+                            lambda: d.with_changes(kv_cache_dtype="fp8"))
         yield from _more_hardware(d)
     elif kind == fk.SLO_TRADEOFF:
         budget = cfg.max_num_batched_tokens
         for tokens in (budget // 4, budget // 2, budget * 2, budget * 4):
             if tokens >= max(cfg.max_num_seqs, 256):
-                yield Candidate(f"--max-num-batched-tokens {tokens}", d.with_changes(max_num_batched_tokens=tokens))
+                yield Candidate(f"--max-num-batched-tokens {tokens}", lambda tokens=tokens: d.with_changes(max_num_batched_tokens=tokens))
 
 
 def metric_for(kind: str, x: Context, scenario: Scenario) -> str:
@@ -159,8 +161,9 @@ def recommend(finding: Finding, x: Context, scenario: Scenario, baseline: Outcom
     before = x.c.saturation_rps or 0.0 if metric == CAPACITY else baseline.value(metric)
     out: list[Recommendation] = []
     for cand in candidates(finding.kind, x, scenario):
-        d, changed = cand.deployment or x.d, cand.scenario or scenario
+        changed = cand.scenario or scenario
         try:
+            d = cand.deployment() if cand.deployment is not None else x.d
             outcome = run(d, changed, x.slo)
             after = saturation_rps(d, changed) if metric == CAPACITY else outcome.value(metric)
         except PerfConfigError:

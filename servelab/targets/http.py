@@ -138,7 +138,8 @@ class HttpTarget:
             payload["max_completion_tokens"] = spec.max_tokens
         else:
             use_text = self.send_text and spec.prompt_text is not None
-            payload["prompt"] = spec.prompt_text if use_text else list(spec.prompt_ids)
+            ids = spec.prompt_ids
+            payload["prompt"] = spec.prompt_text if use_text else (ids.tolist() if hasattr(ids, "tolist") else list(ids))
             payload["max_tokens"] = spec.max_tokens
         if self.ignore_eos:
             payload["ignore_eos"] = True
