@@ -191,13 +191,13 @@ def render(console: Console, doc: dict[str, Any]) -> None:
     console.print(f"Pareto front (output tok/s vs p99 TTFT): {front or '-'}")
     if doc["stage2"]:
         measured = Table(title="stage 2: measured on the real server vs predicted")
-        for column in ("config", "engine args", f"predicted {unit}", f"measured {unit}", "pred p99 TTFT", "meas p99 TTFT",
+        for column in ("config", "changes", f"predicted {unit}", f"measured {unit}", "pred p99 TTFT", "meas p99 TTFT",
                        "meas req/s", "SLO"):
             measured.add_column(column)
         for r in doc["stage2"]["results"]:
             m = r["measured"] or {}
             slo = "-" if r["measured_violation"] is None else ("met" if r["measured_violation"] <= 0 else "missed")
-            measured.add_row(r["label"], r["engine_args"] or "(defaults)", _num(r["predicted_score"]),
+            measured.add_row(r["label"], _knobs(r["params"]), _num(r["predicted_score"]),
                              "failed" if r["error"] else _num(r["measured_score"]), _num(r["predicted"].get("p99_ttft_ms")),
                              _num(m.get("p99_ttft_ms")), _num(m.get("request_throughput")), slo)
         console.print(measured)
