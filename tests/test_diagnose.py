@@ -143,3 +143,13 @@ def test_cli_bad_input_is_one_clear_error(args, needle):
     result = CliRunner().invoke(app, ["diagnose", *args])
     assert result.exit_code == 2
     assert needle in result.output
+
+
+def test_frontend_cpu_bound_when_the_api_server_saturates():
+    from dataclasses import replace
+
+    # 30 ms of API-server CPU per request caps the frontend at ~33 req/s, far below the engine's capacity.
+    d = replace(build_deployment("a100-80gb", "qwen2.5-7b"), frontend_s_per_request=0.03, frontend_s_per_token=1e-5)
+    dx = diagnose_described(d, synthetic(100, 50, request_rate=40), with_recommendations=False)
+    assert dx.bottleneck == fk.FRONTEND_CPU_BOUND, [(f.kind, round(f.score, 2)) for f in dx.findings]
+    assert dx.evidence.ttft_mean_ms > 10 * dx.evidence.server_ttft_mean_ms

@@ -53,6 +53,9 @@ class Deployment:
     router: str = ROUND_ROBIN
     network_latency: float = 0.0
     performance_mode: str = "balanced"
+    frontend_s_per_request: float = 0.0
+    frontend_s_per_token: float = 0.0
+    """The API server's CPU cost (see SimTarget); 0 = an infinitely fast frontend."""
 
     @classmethod
     def build(
@@ -66,11 +69,14 @@ class Deployment:
         router: str = ROUND_ROBIN,
         network_latency: float = 0.0,
         performance_mode: str = "balanced",
+        frontend_s_per_request: float = 0.0,
+        frontend_s_per_token: float = 0.0,
     ) -> Deployment:
         config = resolve(requested, hardware, model, performance_mode=performance_mode)
         return cls(
             hardware, model, requested, config, plan_memory(hardware, model, config),
             coefficients or CostCoefficients(), warnings, router, network_latency, performance_mode,
+            frontend_s_per_request, frontend_s_per_token,
         )
 
     def cost_model(self) -> RooflineCostModel:
@@ -80,6 +86,7 @@ class Deployment:
         return SimTarget(
             self.config, self.memory.num_blocks, self.cost_model(), router=self.router,
             scrape_interval=scrape_interval, network_latency=self.network_latency,
+            frontend_s_per_request=self.frontend_s_per_request, frontend_s_per_token=self.frontend_s_per_token,
         )
 
     def rebuilt(
@@ -89,7 +96,8 @@ class Deployment:
         return Deployment.build(
             hardware or self.hardware, model or self.model, self.requested.with_(**changes),
             coefficients=self.coefficients, router=self.router, network_latency=self.network_latency,
-            performance_mode=self.performance_mode,
+            performance_mode=self.performance_mode, frontend_s_per_request=self.frontend_s_per_request,
+            frontend_s_per_token=self.frontend_s_per_token,
         )
 
     def with_changes(self, **changes: object) -> Deployment:
