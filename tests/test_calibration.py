@@ -12,6 +12,7 @@ from servelab.experiment.calibrate import (
     DECODE,
     PREFILL,
     CalibrationError,
+    calibrated_sim_target,
     Probe,
     ProbeRuns,
     calibrate,
@@ -34,6 +35,7 @@ from servelab.perf.calibration import (
     load_profile,
     model_spec_dict,
 )
+from servelab.perf.calibrate_cost import PrefillOverheadCostModel
 from servelab.perf.cost_model import CostCoefficients, RooflineCostModel, StepBatch
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
@@ -47,6 +49,7 @@ CPU_TRUTH = CostCoefficients(
     attention_memory_efficiency=0.6, step_overhead_s=1.5e-3, per_request_overhead_s=2e-4,
 )
 LATENCY = 3e-3
+PER_CHUNK = 2.5e-3
 TINY_CONFIG = {  # the shape of the tiny Qwen2 the vLLM tests serve (tests/support/make_tiny_model.py)
     "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4,
     "num_key_value_heads": 2, "intermediate_size": 352, "vocab_size": 4096, "tie_word_embeddings": True,
@@ -66,11 +69,12 @@ def probed(model, gpu: str = "cpu", coefficients: CostCoefficients | None = None
     return Deployment.build(get_gpu(gpu), model, config, coefficients=coefficients, network_latency=latency)
 
 
-def synthetic(cost: RooflineCostModel, config: EngineConfig, latency: float) -> list[StepObservation]:
-    obs = [
-        StepObservation(f"prefill-{n}", prefill_steps(n, config), sum(cost.step_time(b) for b in prefill_steps(n, config)) + 2 * latency, 2)
-        for n in (16, 128, 512, 1024, 2048)
-    ]
+def synthetic(cost, config: EngineConfig, latency: float) -> list[StepObservation]:
+    obs = []
+    for n in (16, 128, 512, 1024, 2048):
+        steps = prefill_steps(n, config)
+        engine = sum(cost.step_time(b) for b in steps)
+        obs += [StepObservation(f"prefill-{n}", steps, engine + 2 * latency, 2), StepObservation(f"engine-{n}", steps, engine)]
     for b, ctx in itertools.product((1, 4, 16, 32), (48, 1024)):
         batch = StepBatch(decode_contexts=[ctx] * b)
         obs.append(StepObservation(f"decode-b{b}-c{ctx}", (batch,), cost.step_time(batch)))
@@ -80,17 +84,18 @@ def synthetic(cost: RooflineCostModel, config: EngineConfig, latency: float) -> 
 def test_fit_recovers_every_rate_of_the_cpu_device(tiny) -> None:
     truth_hw = get_gpu("cpu").model_copy(update={"bf16_tflops": 0.3, "memory_bandwidth_gbs": 12})
     d = probed(tiny)
-    cost = RooflineCostModel(truth_hw, tiny, d.config, CPU_TRUTH)
+    cost = PrefillOverheadCostModel(RooflineCostModel(truth_hw, tiny, d.config, CPU_TRUTH), PER_CHUNK)
     fit = fit_cost_model(d.hardware, tiny, d.config, synthetic(cost, d.config, LATENCY))
     assert fit.converged
     assert fit.rms_rel_error < 0.01
     # The weight-streaming floor's kink leaves overheads a few % apart from the truth; rates and latency land close.
-    assert fit.rates["linear_flops"] == pytest.approx(0.3e12 * 0.4, rel=0.05)
+    assert fit.rates["linear_flops"] == pytest.approx(0.3e12 * 0.4, rel=0.1)
     assert fit.rates["per_request_overhead_s"] == pytest.approx(2e-4, rel=0.1)
     assert fit.network_latency_s == pytest.approx(LATENCY, rel=0.05)
+    assert fit.per_prefill_chunk_s == pytest.approx(PER_CHUNK, rel=0.1)
     # The fitted device is no longer a placeholder and reproduces the truth through the real cost model.
     assert not fit.hardware.placeholder and "fitted" in fit.hardware.sources["datasheet"]
-    refit = RooflineCostModel(fit.hardware, tiny, d.config, fit.coefficients)
+    refit = PrefillOverheadCostModel(RooflineCostModel(fit.hardware, tiny, d.config, fit.coefficients), fit.per_prefill_chunk_s)
     for batch in (StepBatch(prefill_chunks=[(700, 0)], decode_contexts=[300] * 10), StepBatch(decode_contexts=[500] * 24)):
         assert refit.step_time(batch) == pytest.approx(cost.step_time(batch), rel=0.02)
 
@@ -166,32 +171,32 @@ def calibrated_on_simulator(tiny, tmp_path: Path) -> tuple[list[ProbeRuns], Depl
     server = Deployment.build(truth_hw, tiny, server.requested, coefficients=CPU_TRUTH, network_latency=LATENCY)
     ticks = itertools.count()
     start = probed(tiny)
-    runs = run_probes(server.sim_target(), probe_plan(start.config), vocab_size=tiny.vocab_size, budget_s=200,
+    runs = run_probes(calibrated_sim_target(server, PER_CHUNK), probe_plan(start.config), vocab_size=tiny.vocab_size, budget_s=200,
                       directory=tmp_path, run_info={}, clock=lambda: float(next(ticks)))
     fit, fitted = fit_runs(runs, start, "test")
-    return runs, server, fitted
+    return runs, fit, fitted
 
 
 def test_probing_a_simulated_server_recovers_it(tiny, tmp_path: Path) -> None:
-    runs, server, fitted = calibrated_on_simulator(tiny, tmp_path)
+    runs, fit, fitted = calibrated_on_simulator(tiny, tmp_path)
     assert all(len(r.passes) >= 2 for r in runs)  # the fake clock allows several passes
     assert (tmp_path / "pass-01" / runs[0].probe.name / "records.jsonl").is_file()
     assert (tmp_path / "warmup").is_dir()
-    checks = simulate_probes(fitted, runs, tiny.vocab_size)
+    checks = simulate_probes(calibrated_sim_target(fitted, fit.per_prefill_chunk_s), runs, tiny.vocab_size)
     for row in checks:
         for metric, err in row["error_pct"].items():
             if err is not None:
-                assert abs(err) < 5, (row["probe"], metric, err)
+                assert abs(err) < 10, (row["probe"], metric, err)
     assert fitted.network_latency == pytest.approx(LATENCY, rel=0.1)
 
 
 def test_profile_round_trip_and_engine_arg_override(tiny, tmp_path: Path) -> None:
-    runs, _, fitted = calibrated_on_simulator(tiny, tmp_path / "probes")
-    fit, _ = fit_runs(runs, probed(tiny), "test")
+    runs, fit, fitted = calibrated_on_simulator(tiny, tmp_path / "probes")
     profile = CalibrationProfile(
         created_at=0.0, hardware=fitted.hardware, gpu="cpu", model_source="tiny", model_spec=model_spec_dict(tiny),
         engine_args="--max-num-seqs 32 --max-model-len 4096 --block-size 128 --kv-cache-memory-bytes 1073741824",
         engine_config={}, coefficients=fitted.coefficients, network_latency_s=fitted.network_latency,
+        per_prefill_chunk_s=fit.per_prefill_chunk_s,
         rates=fit.rates, fit=fit_report(fit), simulated_probes=[], probes=[r.describe() for r in runs],
         budget_s=60, elapsed_s=1,
     )

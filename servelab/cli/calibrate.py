@@ -27,6 +27,7 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _pct(value: float | None) -> str:
+    """Signed percentage, '-' where there is nothing to compare."""
     return "-" if value is None else f"{value:+.1f}%"
 
 
@@ -35,14 +36,15 @@ def _num(value: float | None) -> str:
 
 
 def fit_table(profile: CalibrationProfile) -> Table:
-    table = Table(title="probes: measured vs simulated with the fitted profile")
-    for column in ("probe", "TTFT p50 ms", "err", "TPOT p50 ms", "err", "out tok/s", "err"):
-        table.add_column(column, justify="left" if column == "probe" else "right")
+    table = Table(title="probes: measured / simulated with the fitted profile (error)")
+    table.add_column("probe", no_wrap=True)
+    for column in ("TTFT p50 ms", "TPOT p50 ms", "output tok/s"):
+        table.add_column(column, justify="right", no_wrap=True)
     for row in profile.simulated_probes:
         m, s, e = row["measured"], row["simulated"], row["error_pct"]
         cells = [row["probe"]]
         for key in ("ttft_p50_ms", "tpot_p50_ms", "output_throughput"):
-            cells += [f"{_num(m[key])} / {_num(s[key])}", _pct(e[key])]
+            cells.append("-" if m[key] is None else f"{_num(m[key])} / {_num(s[key])} ({_pct(e[key])})")
         table.add_row(*cells)
     return table
 
@@ -50,21 +52,18 @@ def fit_table(profile: CalibrationProfile) -> Table:
 def validation_table(report: dict[str, Any]) -> Table:
     table = Table(title=f"held-out points: measured / predicted (engine args: {report['engine_args'] or 'as calibrated'})",
                   caption="each metric from its best repeat, against the simulation of that repeat's requests")
-    table.add_column("point")
+    table.add_column("point", no_wrap=True)
     for key in METRICS:
-        table.add_column(key, justify="right")
-        table.add_column("err", justify="right")
+        table.add_column(key, justify="right", no_wrap=True)
     for row in report["points"]:
-        cells = [row["point"]]
-        for key in METRICS:
-            cells += [f"{row['measured'][key]:.1f} / {row['simulated'][key]:.1f}", _pct(row["error_pct"][key])]
-        table.add_row(*cells)
-    for label, medians in (("median |err|", report["median_abs_error_pct"]),):
-        cells = [label]
-        for key in METRICS:
-            bound = report["bounds_pct"].get(key)
-            cells += ["", "-" if medians[key] is None else f"{medians[key]:.1f}%" + (f" (<= {bound:g})" if bound else "")]
-        table.add_row(*cells, style="bold")
+        table.add_row(row["point"], *(
+            f"{row['measured'][k]:.1f} / {row['simulated'][k]:.1f} ({_pct(row['error_pct'][k])})" for k in METRICS
+        ))
+    medians, bounds = report["median_abs_error_pct"], report["bounds_pct"]
+    table.add_row("median |error|", *(
+        "-" if medians[k] is None else f"{medians[k]:.1f}%" + (f" (<= {bounds[k]:g}%)" if k in bounds else "")
+        for k in METRICS
+    ), style="bold")
     return table
 
 

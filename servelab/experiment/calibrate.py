@@ -29,9 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import MemorySink, RequestRecord
-from servelab.metrics.results import ResultWriter
+from servelab.experiment.runner import run_point
+from servelab.metrics.results import TIMELINE
 from servelab.metrics.summary import summarize
-from servelab.metrics.timeline import TimelineSample
+from servelab.metrics.timeline import TimelineSample, read_timeline
 from servelab.perf.calibration import (
     CalibrationProfile,
     CostFit,
@@ -39,6 +40,7 @@ from servelab.perf.calibration import (
     fit_cost_model,
     model_spec_dict,
 )
+from servelab.perf.calibrate_cost import PrefillOverheadCostModel
 from servelab.perf.cost_model import StepBatch
 from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.engine_config import EngineConfig
@@ -47,6 +49,7 @@ from servelab.perf.hardware import get_gpu
 from servelab.perf.models import ModelSpec, get_model
 from servelab.targets.deployment import Deployment
 from servelab.targets.http import HttpTarget
+from servelab.targets.sim import SimTarget
 from servelab.targets.base import Target
 from servelab.workload.spec import LoadPlan, RequestSpec
 
@@ -59,6 +62,9 @@ _PREFILL_LENGTHS = (16, 128, 384, 768, 1280, 2048)
 _DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 _DECODE_PROMPT, _DECODE_OUTPUT = 16, 64
 _MIXED = ((2, 1024, 16), (4, 384, 32), (8, 128, 96))
+PREFILL_TIME_SUM = "vllm:request_prefill_time_seconds_sum"
+PREFILL_TIME_COUNT = "vllm:request_prefill_time_seconds_count"
+"""The engine's own scheduled-to-first-token time: a prefill step without the client<->server latency."""
 """(concurrency, prompt tokens, output tokens) of the mixed probes."""
 
 
@@ -124,28 +130,20 @@ def probe_load(probe: Probe, vocab_size: int, seed: int) -> LoadPlan:
 
 
 def run_into(target: Target, plan: LoadPlan, directory: Path, run_info: dict[str, Any]) -> tuple[list[RequestRecord], list[TimelineSample], dict[str, Any]]:
-    """Run one plan into a results directory (records, timeline, summary); returns what it wrote."""
-    writer = ResultWriter(directory, {"workload": plan.description, **run_info})
-    samples: list[TimelineSample] = []
-
-    def on_sample(sample: TimelineSample) -> None:
-        samples.append(sample)
-        writer.write_sample(sample)
-
-    try:
-        run = target.run(plan, writer.records, on_sample)
-        summary = summarize(writer.records.records, warmup=plan.warmup)
-        writer.update_run_info(server=run.server_info, client_stats=run.client_stats, interrupted=run.interrupted)
-        writer.write_summary(summary)
-    finally:
-        writer.close()
-    return writer.records.records, samples, summary
+    """`run_point` (bench's runner: a results directory per run), returning the records and timeline it wrote too."""
+    sink = MemorySink()
+    summary = run_point(target, plan, directory, run_info, observers=[sink])
+    if summary["interrupted"]:
+        raise CalibrationError(f"interrupted during {directory.name}; the runs so far are kept under {directory.parent}")
+    return sink.records, list(read_timeline(directory / TIMELINE)), summary
 
 
 def measured_figures(records: list[RequestRecord], samples: list[TimelineSample], summary: dict[str, Any]) -> dict[str, float | None]:
     """What a probe contributes: client medians, and the engine's own step count when it exports one."""
     iterations = tl.counter_delta(samples, tl.ITERATION_TOKENS_COUNT)
     generated = tl.counter_delta(samples, tl.GENERATION_TOKENS)
+    prefill_s = tl.counter_delta(samples, PREFILL_TIME_SUM)
+    prefills = tl.counter_delta(samples, PREFILL_TIME_COUNT)
     return {
         "ttft_p50_ms": summary["median_ttft_ms"] if summary["completed"] else None,
         "tpot_p50_ms": summary["median_tpot_ms"] if summary["completed"] else None,
@@ -153,6 +151,7 @@ def measured_figures(records: list[RequestRecord], samples: list[TimelineSample]
         "failed": summary["failed"],
         "engine_steps": iterations,
         "tokens_per_step": (generated / iterations) if generated and iterations else None,
+        "server_prefill_ms": (1e3 * prefill_s / prefills) if prefill_s and prefills else None,
     }
 
 
@@ -170,11 +169,11 @@ class ProbeRuns:
         values = [p[key] for p in self.passes if p.get(key) is not None and not p.get("failed")]
         if not values:
             return None
-        q = {"ttft_p50_ms": 25, "tpot_p50_ms": 25, "output_throughput": 75}.get(key, 50)
+        q = {"ttft_p50_ms": 25, "tpot_p50_ms": 25, "server_prefill_ms": 25, "output_throughput": 75}.get(key, 50)
         return float(np.percentile(values, q))
 
     def describe(self) -> dict[str, Any]:
-        keys = ("ttft_p50_ms", "tpot_p50_ms", "output_throughput", "tokens_per_step")
+        keys = ("ttft_p50_ms", "tpot_p50_ms", "output_throughput", "tokens_per_step", "server_prefill_ms")
         return {
             **asdict(self.probe),
             "passes": len(self.passes),
@@ -244,9 +243,11 @@ def prefill_steps(prompt_len: int, config: EngineConfig) -> tuple[StepBatch, ...
 def observations(runs: Iterable[ProbeRuns], config: EngineConfig) -> list[StepObservation]:
     """Closed-form observations from the prefill and decode probes (mixed ones are judged in the simulator).
 
-    A decode probe's batch is the engine's own count of generated tokens per
-    step when the server exports it (requests admitted one by one make the
-    realized batch smaller than the concurrency), the concurrency otherwise.
+    Where the server exports them, its iteration metrics refine the figures:
+    the engine's own prefill time is a prefill step without the latency
+    (which separates the latency from the per-prefill cost), and a decode
+    probe's batch is the engine's count of generated tokens per step
+    (requests admitted one by one make it smaller than the concurrency).
     """
     out: list[StepObservation] = []
     for r in runs:
@@ -254,7 +255,10 @@ def observations(runs: Iterable[ProbeRuns], config: EngineConfig) -> list[StepOb
         if not r.passes:
             continue
         if p.kind == PREFILL and (ttft := r.figure("ttft_p50_ms")):
-            out.append(StepObservation(p.name, prefill_steps(p.prompt_len, config), ttft / 1e3, 2, weight))
+            steps = prefill_steps(p.prompt_len, config)
+            out.append(StepObservation(p.name, steps, ttft / 1e3, 2, weight))
+            if server := r.figure("server_prefill_ms"):
+                out.append(StepObservation(f"{p.name} (engine)", steps, server / 1e3, 0, weight))
         elif p.kind == DECODE and (tpot := r.figure("tpot_p50_ms")):
             realized = r.figure("tokens_per_step")
             batch = p.concurrency if realized is None else int(round(min(max(realized, 1.0), p.concurrency)))
@@ -275,10 +279,18 @@ def compare(measured: dict[str, float | None], simulated: dict[str, float | None
     return out
 
 
-def simulate_probes(deployment: Deployment, runs: list[ProbeRuns], vocab_size: int) -> list[dict[str, Any]]:
-    """Every probe re-served by the simulated engine with the fitted profile, against its measured medians."""
+def calibrated_sim_target(deployment: Deployment, per_prefill_chunk_s: float) -> SimTarget:
+    """The deployment's simulator with the calibrated per-prefill-chunk cost on top of its roofline."""
+    return SimTarget(
+        deployment.config, deployment.memory.num_blocks,
+        PrefillOverheadCostModel(deployment.cost_model(), per_prefill_chunk_s),
+        router=deployment.router, network_latency=deployment.network_latency,
+    )
+
+
+def simulate_probes(target: SimTarget, runs: list[ProbeRuns], vocab_size: int) -> list[dict[str, Any]]:
+    """Every probe re-served by the simulated engine with the fitted profile, against its measured figures."""
     out = []
-    target = deployment.sim_target()
     keys = ("ttft_p50_ms", "tpot_p50_ms", "output_throughput")
     for r in runs:
         sink = MemorySink()
@@ -340,7 +352,12 @@ def mirrored_engine_args(engine_args: str, cache: dict[str, str], served: dict[s
 
 
 def deployment_from_profile(profile: CalibrationProfile, engine_args: str = "") -> Deployment:
-    """The calibrated hardware + model as a simulated deployment; `engine_args` override the probed flags one by one."""
+    """The calibrated hardware + model as a simulated deployment; `engine_args` override the probed flags one by one.
+
+    The Deployment carries the fitted roofline and latency; the per-prefill-chunk
+    cost is not a roofline coefficient yet, so `profile_sim_target` is the
+    simulator with everything the profile knows.
+    """
     probed = parse_engine_args(profile.engine_args)
     parsed = parse_engine_args(engine_args, base=probed.config) if engine_args.strip() else probed
     return Deployment.build(
@@ -351,11 +368,16 @@ def deployment_from_profile(profile: CalibrationProfile, engine_args: str = "") 
 
 
 def fit_runs(runs: list[ProbeRuns], probed: Deployment, source: str) -> tuple[CostFit, Deployment]:
-    """The fit of the probed deployment's cost model to the runs, and the same deployment simulated with it."""
+    """The fit of the probed deployment's cost model to the runs, and the same deployment with the fitted roofline."""
     fit = fit_cost_model(probed.hardware, probed.model, probed.config, observations(runs, probed.config), source=source)
     deployment = Deployment.build(fit.hardware, probed.model, probed.requested, coefficients=fit.coefficients,
                                   network_latency=fit.network_latency_s, performance_mode=probed.performance_mode)
     return fit, deployment
+
+
+def profile_sim_target(profile: CalibrationProfile, engine_args: str = "") -> SimTarget:
+    """The simulator of the calibrated hardware + model, with every fitted cost; `engine_args` as for deployment_from_profile."""
+    return calibrated_sim_target(deployment_from_profile(profile, engine_args), profile.per_prefill_chunk_s)
 
 
 def probe_dir_for(out: Path) -> Path:
@@ -404,7 +426,8 @@ def calibrate(
         hardware=fit.hardware, gpu=hardware.name, model_source=str(model), model_spec=model_spec_dict(spec),
         engine_args=probed_args, engine_config=asdict(probed.config), coefficients=fit.coefficients,
         network_latency_s=fit.network_latency_s, rates=fit.rates, fit=fit_report(fit),
-        simulated_probes=simulate_probes(deployment, runs, spec.vocab_size),
+        per_prefill_chunk_s=fit.per_prefill_chunk_s,
+        simulated_probes=simulate_probes(calibrated_sim_target(deployment, fit.per_prefill_chunk_s), runs, spec.vocab_size),
         probes=[r.describe() for r in runs], budget_s=budget_s, elapsed_s=elapsed,
     )
     profile.save(out)

@@ -33,6 +33,7 @@ import numpy as np
 from servelab import SCHEMA_VERSION
 from servelab.experiment.calibrate import (
     PROBE_EXTRA_BODY,
+    calibrated_sim_target,
     compare,
     deployment_from_profile,
     random_prompt,
@@ -45,6 +46,7 @@ from servelab.perf.errors import PerfConfigError
 from servelab.targets.deployment import Deployment
 from servelab.targets.base import Target
 from servelab.targets.http import HttpTarget
+from servelab.targets.sim import SimTarget
 from servelab.workload.spec import LoadPlan, RequestSpec
 
 METRICS = {
@@ -131,21 +133,21 @@ def counted(records: list[RequestRecord], plan: LoadPlan) -> list[RequestRecord]
     return [r for r in records if r.index >= first_wave]
 
 
-def simulate(deployment: Deployment, plan: LoadPlan) -> dict[str, Any]:
+def simulate(sim: SimTarget, plan: LoadPlan) -> dict[str, Any]:
     sink = MemorySink()
-    deployment.sim_target().run(plan, sink)
+    sim.run(plan, sink)
     return summarize(counted(sink.records, plan))
 
 
-def capacity(deployment: Deployment, specs: list[RequestSpec]) -> float:
+def capacity(sim: SimTarget, specs: list[RequestSpec]) -> float:
     """Requests/s the simulated deployment sustains on these requests with every sequence slot busy."""
-    cap = deployment.config.max_num_seqs or 1
+    cap = sim.config.max_num_seqs or 1
     sink = MemorySink()
-    deployment.sim_target().run(LoadPlan(list(specs), max_concurrency=cap), sink)
+    sim.run(LoadPlan(list(specs), max_concurrency=cap), sink)
     return float(summarize(sink.records)["request_throughput"])
 
 
-def point_plan(point: Point, deployment: Deployment, seed: int) -> LoadPlan:
+def point_plan(point: Point, deployment: Deployment, sim: SimTarget, seed: int) -> LoadPlan:
     vocab = deployment.model.vocab_size
     max_len = deployment.config.max_model_len or deployment.model.max_position_embeddings
     specs = point_requests(point, vocab, max_len, seed)
@@ -153,7 +155,7 @@ def point_plan(point: Point, deployment: Deployment, seed: int) -> LoadPlan:
     if point.concurrency is not None:
         return LoadPlan(specs, max_concurrency=point.concurrency, description=description)
     assert point.load is not None
-    rate = point.load * capacity(deployment, specs)
+    rate = point.load * capacity(sim, specs)
     gaps = np.random.default_rng([seed, 1]).exponential(1.0 / rate, len(specs))
     arrivals = np.concatenate([[0.0], np.cumsum(gaps)[:-1]])
     for spec, t in zip(specs, arrivals):
@@ -225,7 +227,8 @@ def validate_on(
     if repeats < 1:
         raise ValidationError(f"repeats must be at least 1, got {repeats}")
     deployment = deployment_from_profile(profile, engine_args)
-    plans = [[point_plan(p, deployment, seed + 1000 * r + i) for i, p in enumerate(points)] for r in range(repeats)]
+    sim = calibrated_sim_target(deployment, profile.per_prefill_chunk_s)
+    plans = [[point_plan(p, deployment, sim, seed + 1000 * r + i) for i, p in enumerate(points)] for r in range(repeats)]
     run_info = {"verb": "validate", "engine_args": deployment.engine_args()}
     max_len = deployment.config.max_model_len or deployment.model.max_position_embeddings
     warm = [RequestSpec(i, random_prompt(np.random.default_rng(i), min(n, max_len - 9), deployment.model.vocab_size), 8)
@@ -242,7 +245,7 @@ def validate_on(
                 raise ValidationError(f"point {point.name}: {summary['failed']} requests failed ({kinds}); see {directory}")
             runs[point.name].append({
                 "workload": plan.description, "directory": str(directory),
-                "measured": figures(summary), "simulated": figures(simulate(deployment, plan)),
+                "measured": figures(summary), "simulated": figures(simulate(sim, plan)),
             })
         progress(f"repeat {r + 1} of {repeats} done")
     results = []

@@ -12,9 +12,10 @@ its peak and the efficiencies say how far below it the other paths run.
 
 The parameters, all positive: the effective FLOP/s of linear layers and of
 attention, the effective bytes/s of weight streaming and of KV reads, the
-fixed step overhead, the per-scheduled-request overhead, and the one-way
-client<->server latency (the simulator's `network_latency`, which also
-absorbs per-request frontend work that is not engine time).
+fixed step overhead, the per-scheduled-request overhead, the per-prefill-chunk
+overhead (see calibrate_cost.py: not yet a roofline coefficient), and the
+one-way client<->server latency (the simulator's `network_latency`, which
+also absorbs per-request frontend work that is not engine time).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scipy.optimize import least_squares
 
+from servelab.perf.calibrate_cost import PrefillOverheadCostModel
 from servelab.perf.cost_model import CostCoefficients, RooflineCostModel, StepBatch
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
@@ -40,7 +42,7 @@ PROFILE_KIND = "servelab.calibration"
 PROFILE_SCHEMA_VERSION = 1
 
 _RATES = ("linear_flops", "attention_flops", "weight_bandwidth", "kv_bandwidth")
-_OVERHEADS = ("step_overhead_s", "per_request_overhead_s", "network_latency_s")
+_OVERHEADS = ("step_overhead_s", "per_request_overhead_s", "per_prefill_chunk_s", "network_latency_s")
 PARAMETERS = _RATES + _OVERHEADS
 """Fitted quantities, in the order of the least-squares vector."""
 
@@ -91,6 +93,7 @@ class CostFit:
     hardware: Hardware
     coefficients: CostCoefficients
     network_latency_s: float
+    per_prefill_chunk_s: float
     rates: dict[str, float]
     """Fitted effective rates (FLOP/s, bytes/s) and overheads (s), by PARAMETERS name."""
     residuals: tuple[Residual, ...]
@@ -127,13 +130,14 @@ class _Space:
         if np.any(self.peaks <= 0):
             raise PerfConfigError(f"{hardware.name} has no {self.compute_dtype} rate to calibrate")
         lo, hi = _CPU_RATE_RANGE if self.free_peaks else _GPU_EFFICIENCY_RANGE
-        self.lower = np.concatenate([np.log(self.peaks * lo), np.zeros(3)])
-        self.upper = np.concatenate([np.log(self.peaks * hi), np.full(3, _MAX_OVERHEAD_S * 1e3)])
+        n = len(_OVERHEADS)
+        self.lower = np.concatenate([np.log(self.peaks * lo), np.zeros(n)])
+        self.upper = np.concatenate([np.log(self.peaks * hi), np.full(n, _MAX_OVERHEAD_S * 1e3)])
 
     def start(self, coefficients: CostCoefficients, latency_s: float) -> np.ndarray:
         c = coefficients
         effs = np.array([c.compute_efficiency, c.attention_compute_efficiency, c.memory_efficiency, c.attention_memory_efficiency])
-        overheads = np.array([c.step_overhead_s, c.per_request_overhead_s, latency_s]) * 1e3
+        overheads = np.array([c.step_overhead_s, c.per_request_overhead_s, 0.5 * c.step_overhead_s, latency_s]) * 1e3
         x = np.concatenate([np.log(self.peaks * effs), overheads])
         # Strictly inside the box: least_squares refuses a start on a bound.
         span = self.upper - self.lower
@@ -143,7 +147,8 @@ class _Space:
         values = np.concatenate([np.exp(x[:4]), x[4:] / 1e3])
         return dict(zip(PARAMETERS, (float(v) for v in values)))
 
-    def materialize(self, x: np.ndarray, base: CostCoefficients, source: str) -> tuple[Hardware, CostCoefficients, float]:
+    def materialize(self, x: np.ndarray, base: CostCoefficients, source: str) -> tuple[Hardware, CostCoefficients, float, float]:
+        """(device, coefficients, one-way latency, per-prefill-chunk overhead) for the vector `x`."""
         r = self.rates(x)
         hw = self.hardware
         if self.free_peaks:
@@ -171,11 +176,11 @@ class _Space:
             "step_overhead_s": r["step_overhead_s"],
             "per_request_overhead_s": r["per_request_overhead_s"],
         })
-        return hw, CostCoefficients.model_validate(coefficients.model_dump()), r["network_latency_s"]
+        return hw, CostCoefficients.model_validate(coefficients.model_dump()), r["network_latency_s"], r["per_prefill_chunk_s"]
 
     def predict(self, x: np.ndarray, base: CostCoefficients, observations: Sequence[StepObservation]) -> np.ndarray:
-        hw, coefficients, latency = self.materialize(x, base, "fit in progress")
-        cost = RooflineCostModel(hw, self.model, self.config, coefficients)
+        hw, coefficients, latency, per_chunk = self.materialize(x, base, "fit in progress")
+        cost = PrefillOverheadCostModel(RooflineCostModel(hw, self.model, self.config, coefficients), per_chunk)
         return np.array([
             sum(cost.step_time(b) for b in o.steps) + o.latency_legs * latency for o in observations
         ])
@@ -190,13 +195,13 @@ def fit_cost_model(
     start: CostCoefficients | None = None,
     start_latency_s: float = 1e-3,
     source: str = "fitted by servelab calibrate",
-    robust_scale: float = 0.05,
 ) -> CostFit:
-    """Least-squares fit of the roofline to `observations` (relative errors, soft-L1 so a noisy probe cannot dominate).
+    """Least-squares fit of the roofline to `observations`, in relative errors so short and long times weigh alike.
 
     `config` must be resolved (the cost model reads its dtype, quantization and
-    TP). `robust_scale` is the relative error beyond which a residual counts
-    linearly rather than quadratically.
+    TP). Noise is handled before this point (each observation is a quartile
+    over repeated passes), so the loss is plain squares: a robust loss here
+    biased even noiseless fits.
     """
     if len(observations) < len(PARAMETERS):
         raise PerfConfigError(
@@ -212,14 +217,15 @@ def fit_cost_model(
 
     result = least_squares(
         residuals, space.start(base, start_latency_s), bounds=(space.lower, space.upper),
-        loss="soft_l1", f_scale=robust_scale, x_scale=1.0, max_nfev=2000,
+        x_scale=1.0, max_nfev=2000,
     )
-    hw, coefficients, latency = space.materialize(result.x, base, source)
+    hw, coefficients, latency, per_chunk = space.materialize(result.x, base, source)
     predicted = space.predict(result.x, base, observations)
     return CostFit(
         hardware=hw,
         coefficients=coefficients,
         network_latency_s=latency,
+        per_prefill_chunk_s=per_chunk,
         rates=space.rates(result.x),
         residuals=tuple(Residual(o.label, o.seconds, float(p)) for o, p in zip(observations, predicted)),
         converged=bool(result.success),
@@ -261,6 +267,8 @@ class CalibrationProfile(BaseModel):
     engine_config: dict[str, Any]
     coefficients: CostCoefficients
     network_latency_s: float = Field(ge=0)
+    per_prefill_chunk_s: float = Field(0.0, ge=0)
+    """Fixed cost of each prefill chunk in a step (not yet in CostCoefficients; see calibrate_cost.py)."""
     rates: dict[str, float]
     fit: dict[str, Any]
     """Residuals of the step-model fit: per observation, rms, max, convergence."""
