@@ -18,12 +18,10 @@ import shlex
 import signal
 import string
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from servelab.metrics.records import MemorySink
 from servelab.metrics.results import ResultWriter
@@ -35,7 +33,6 @@ from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective, key_metrics
 from servelab.tune.space import gpu_count
 from servelab.tune.workload import TuneWorkload
-from servelab.workload.spec import LoadPlan, RequestSpec
 
 STAGE2_DIR = "stage2"
 RESULT = "stage2.json"
@@ -237,18 +234,6 @@ def confirm(
     return results
 
 
-def _json_ready(plan: LoadPlan) -> LoadPlan:
-    """Prompt ids as Python ints: datasets hand out numpy arrays, and HttpTarget's JSON body cannot carry numpy ints."""
-
-    def converted(specs: Iterable[RequestSpec]) -> Iterator[RequestSpec]:
-        for spec in specs:
-            if isinstance(spec.prompt_ids, np.ndarray):
-                spec.prompt_ids = spec.prompt_ids.tolist()
-            yield spec
-
-    return replace(plan, requests=converted(plan.requests))
-
-
 def _measure(
     config: Stage2Config, command: ServerCommand, workload: TuneWorkload, objective: Objective, out: Path,
     http_options: Mapping[str, Any],
@@ -282,7 +267,7 @@ def _measure(
         began = time.monotonic()
         try:
             target = HttpTarget(server.base_url, ignore_eos=True, **http_options)
-            run = target.run(_json_ready(workload.plan()), writer.records, writer.write_sample)
+            run = target.run(workload.plan(), writer.records, writer.write_sample)
             writer.update_run_info(server_info=run.server_info, client_stats=run.client_stats, interrupted=run.interrupted)
         finally:
             writer.close()
