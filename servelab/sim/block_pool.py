@@ -37,13 +37,7 @@ class BlockPool:
         """Position in the ring of a free cached block, -1 otherwise (lazy deletion)."""
         self._num_cached_free = 0
         self._hash_to_block: dict[int, int] = {}
-        """The latest block registered under each hash; may be stale (valid only if block_hash[block] still equals it)."""
-        self._chains: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-        """Registrations not yet in the index, per chain (the hash of the registering prompt's first block)."""
-        self._flushed_chains: set[int] = set()
-        self._num_pending = 0
-        self.defer_index = True
-        """Index prompt blocks only when a lookup could reach them; False indexes at once (the reference, for tests)."""
+        """May hold stale entries; a lookup is valid only if block_hash[block] still equals the hash."""
 
     # -- counts -------------------------------------------------------------
 
@@ -144,9 +138,6 @@ class BlockPool:
 
     def lookup(self, hashes: Sequence[int], max_blocks: int) -> list[int]:
         """Longest run of cached blocks from the start of `hashes` (a miss ends it: hashes are chained)."""
-        if max_blocks <= 0 or not hashes:
-            return []
-        self._flush_chain(hashes[0])
         found: list[int] = []
         get = self._hash_to_block.get
         block_hash = self.block_hash
@@ -156,24 +147,6 @@ class BlockPool:
                 break
             found.append(b)
         return found
-
-    def _flush_chain(self, chain: int) -> None:
-        """Index the pending registrations a lookup starting with this hash could reach, in registration order.
-
-        A hash covers its whole prefix, so every block registered under a hash
-        whose walk starts at `chain` was registered by a prompt whose first
-        block hash is `chain`: nothing outside this chain's registrations can
-        change the lookup. Random prompts never look their chains up, so most
-        registrations are never indexed at all.
-        """
-        segments = self._chains.pop(chain, None)
-        if segments is None:
-            return
-        update = self._hash_to_block.update
-        for blocks, hashes in segments:
-            update(zip(hashes.tolist(), blocks.tolist()))
-            self._num_pending -= len(blocks)
-        self._flushed_chains.add(chain)
 
     def touch(self, blocks: Sequence[int]) -> None:
         """Take a reference on prefix-hit blocks, removing free ones from the free queue."""
@@ -186,87 +159,24 @@ class BlockPool:
             self._num_cached_free -= len(idle)
         self.ref_cnt[ids] += 1
 
-    def cache(
-        self,
-        blocks: Sequence[int],
-        hashes: Sequence[int],
-        findable: bool = True,
-        chains: Sequence[tuple[int, int]] | None = None,
-    ) -> None:
+    def cache(self, blocks: Sequence[int], hashes: Sequence[int], findable: bool = True) -> None:
         """Mark newly full blocks as cached under their hashes (duplicates of a cached hash are kept, as in vLLM).
 
-        `chains` splits the blocks into runs of (first-block hash of the prompt
-        they belong to, count): those are indexed lazily, when a lookup on that
-        chain comes. `findable=False` skips the hash index: for blocks only their
-        owner could ever hit (generated tokens), which `index` adds if the owner
-        is preempted. They still count as cached for the free queue's eviction order.
+        `findable=False` skips the hash index: for blocks only their owner could
+        ever hit (generated tokens), which `index` adds if the owner is preempted.
+        They still count as cached for the free queue's eviction order.
         """
         if not blocks:
             return
-        ids = np.asarray(blocks, dtype=np.int64)
-        self.block_hash[ids] = hashes
-        if not findable:
-            return
-        if chains is None or not self.defer_index:
+        self.block_hash[np.asarray(blocks, dtype=np.int64)] = hashes
+        if findable:
             self.index(blocks, hashes)
-            return
-        values = self.block_hash[ids]
-        offset = 0
-        for chain, count in chains:
-            self._chains.setdefault(chain, []).append((ids[offset : offset + count], values[offset : offset + count]))
-            offset += count
-        self._num_pending += len(blocks)
-        self._purge_if_large()
 
     def index(self, blocks: Sequence[int], hashes: Sequence[int]) -> None:
         self._hash_to_block.update(zip(hashes, blocks))
-        self._purge_if_large()
-
-    def _purge_if_large(self) -> None:
-        if len(self._hash_to_block) + self._num_pending > 4 * self.num_blocks + 4096:
-            self._purge()
-
-    def _purge(self) -> None:
-        """Drop registrations that can no longer produce a hit, without changing any future lookup.
-
-        A stale index entry gives a miss, as no entry does. A pending
-        registration matters only if it is its hash's latest in the chain; if
-        its block has been evicted since, indexing it later would turn the
-        hash into a miss, which deleting the current entry does now.
-        """
-        if self._hash_to_block:
-            keys = np.fromiter(self._hash_to_block.keys(), dtype=np.int64, count=len(self._hash_to_block))
-            vals = np.fromiter(self._hash_to_block.values(), dtype=np.int64, count=len(keys))
-            live = self.block_hash[vals] == keys
-            self._hash_to_block = dict(zip(keys[live].tolist(), vals[live].tolist()))
-        if not self._chains:
-            self._num_pending = 0
-            return
-        keys = list(self._chains)
-        segments = [seg for key in keys for seg in self._chains[key]]
-        counts = np.fromiter((len(self._chains[key]) for key in keys), dtype=np.int64, count=len(keys))
-        lengths = np.fromiter((len(b) for b, _ in segments), dtype=np.int64, count=len(segments))
-        chain_of = np.repeat(np.repeat(np.arange(len(keys)), counts), lengths)
-        blocks = np.concatenate([b for b, _ in segments])
-        hashes = np.concatenate([h for _, h in segments])
-        # Only each hash's latest registration matters (a hash belongs to one chain, whose order is kept here).
-        _, last_rev = np.unique(hashes[::-1], return_index=True)
-        latest = np.sort(len(hashes) - 1 - last_rev)
-        blocks, hashes, chain_of = blocks[latest], hashes[latest], chain_of[latest]
-        live = self.block_hash[blocks] == hashes
-        if self._flushed_chains:
-            flushed = np.fromiter((k in self._flushed_chains for k in keys), dtype=bool, count=len(keys))
-            for h in hashes[~live & flushed[chain_of]].tolist():
-                self._hash_to_block.pop(h, None)
-        blocks, hashes, chain_of = blocks[live], hashes[live], chain_of[live]
-        order = np.argsort(chain_of, kind="stable")
-        blocks, hashes, chain_of = blocks[order], hashes[order], chain_of[order]
-        starts = np.flatnonzero(np.r_[True, chain_of[1:] != chain_of[:-1]]) if len(chain_of) else np.zeros(0, np.int64)
-        bounds = np.r_[starts, len(chain_of)].tolist()
-        self._chains = {
-            keys[int(chain_of[lo])]: [(blocks[lo:hi], hashes[lo:hi])] for lo, hi in zip(bounds[:-1], bounds[1:])
-        }
-        self._num_pending = len(blocks)
+        if len(self._hash_to_block) > 4 * self.num_blocks + 4096:
+            live = np.flatnonzero(self.block_hash)
+            self._hash_to_block = dict(zip(self.block_hash[live].tolist(), live.tolist()))
 
     # -- invariants (tests) -----------------------------------------------
 

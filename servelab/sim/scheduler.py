@@ -106,8 +106,6 @@ class Scheduler:
         """Tokens scheduled for each running request in the current step."""
         self._pending_blocks: list[int] = []
         self._pending_hashes: list[int] = []
-        self._pending_chains: list[tuple[int, int]] = []
-        """(first-block hash of the prompt, count) for each run of _pending_blocks."""
         self._pending_private_blocks: list[int] = []
         self._pending_private_hashes: list[int] = []
         self._arrays = (
@@ -209,10 +207,8 @@ class Scheduler:
         prompt_blocks = req.prompt_len // self.block_size
         if have < prompt_blocks:
             upto = min(full, prompt_blocks)
-            hashes = req.hashes(self.block_size, upto)
             self._pending_blocks.extend(req.blocks[have:upto])
-            self._pending_hashes.extend(hashes[have:upto])
-            self._pending_chains.append((hashes[0], upto - have))
+            self._pending_hashes.extend(req.hashes(self.block_size, upto)[have:upto])
             have = upto
         if full > have:
             self._pending_private_blocks.extend(req.blocks[have:full])
@@ -220,8 +216,8 @@ class Scheduler:
 
     def _flush_cache(self) -> None:
         if self._pending_blocks:
-            self.pool.cache(self._pending_blocks, self._pending_hashes, chains=self._pending_chains)
-            self._pending_blocks, self._pending_hashes, self._pending_chains = [], [], []
+            self.pool.cache(self._pending_blocks, self._pending_hashes)
+            self._pending_blocks, self._pending_hashes = [], []
         if self._pending_private_blocks:
             self.pool.cache(self._pending_private_blocks, self._pending_private_hashes, findable=False)
             self._pending_private_blocks, self._pending_private_hashes = [], []
