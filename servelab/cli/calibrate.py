@@ -28,7 +28,7 @@ def _fail(message: str) -> typer.Exit:
 
 def _pct(value: float | None) -> str:
     """Signed percentage, '-' where there is nothing to compare."""
-    return "-" if value is None else f"{value:+.1f}%"
+    return "-" if value is None else f"{value:+.0f}%"
 
 
 def _num(value: float | None) -> str:
