@@ -60,7 +60,7 @@ def bench(
     result_dir = load.output_dir("bench")
     flags = {"base_url": base_url, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
              "request_timeout": request_timeout, "scrape_interval": scrape_interval, **load.as_dict()}
-    run_info: dict[str, Any] = {"verb": "bench", "argv": _argv_without_secrets(api_key), "flags": flags}
+    run_info: dict[str, Any] = {"verb": "bench", "source": "http", "argv": _argv_without_secrets(api_key), "flags": flags}
     out.print(f"bench: {server['model']} at {base_url}{endpoint} -> {result_dir}", highlight=False)
 
     @contextmanager

@@ -152,7 +152,8 @@ def analyse(
 def diagnose_run(run: RunResult, deployment: Deployment, *, slo: SLO | None = None, warmup: float = 0.0,
                  **kw: Any) -> Diagnosis:
     scenario = from_run(run, warmup)
-    return analyse(deployment, scenario, run, slo=slo, source="measured", **kw)
+    source = "simulated run" if run.run_info.get("source") == "sim" else "measured"
+    return analyse(deployment, scenario, run, slo=slo, source=source, **kw)
 
 
 def diagnose_described(deployment: Deployment, scenario: Scenario, *, slo: SLO | None = None,

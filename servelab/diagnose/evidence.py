@@ -100,15 +100,31 @@ def _loaded_window(samples: list[TimelineSample]) -> list[TimelineSample]:
     return samples[busy[0] : busy[-1] + 1] if busy else samples
 
 
+def arrival_of(run: RunResult) -> dict[str, Any]:
+    """The arrival process of a run: bench/simulate nest it under run.json's workload description."""
+    described = (run.run_info.get("workload") or {}).get("arrival")
+    return described or run.run_info.get("arrival") or {}
+
+
+def workload_of(run: RunResult) -> dict[str, Any]:
+    workload = run.run_info.get("workload") or {}
+    return workload.get("workload", workload)
+
+
+def client_stats_of(run: RunResult) -> dict[str, Any]:
+    """The load generator's self-measurement: in summary.json for bench runs, in run.json for others."""
+    return (run.summary or {}).get("client_stats") or run.run_info.get("client_stats") or {}
+
+
 def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
     records = [r for r in run.records if r.send_time >= warmup]
     summary = summarize(records)
     ok = [r for r in records if r.ok]
-    arrival = run.run_info.get("arrival", {}) or {}
+    arrival = arrival_of(run)
     rate = arrival.get("request_rate")
     samples = _loaded_window(run.timeline)
     running, waiting, kv = (_gauge(samples, n) for n in (tl.RUNNING, tl.WAITING, tl.KV_USAGE))
-    client = run.run_info.get("client_stats", {}) or {}
+    client = client_stats_of(run)
     return Evidence(
         completed=int(summary["completed"]),
         failed=int(summary["failed"]),

@@ -100,8 +100,9 @@ def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]
         target = _pow2_at_most(min(4 * cfg.max_num_seqs, x.c.kv_capacity_seqs))
         for seqs in sorted({target, 2 * cfg.max_num_seqs}):
             if seqs > cfg.max_num_seqs:
-                yield Candidate(f"raise --max-num-seqs to {seqs}", lambda seqs=seqs: d.with_changes(
-                    max_num_seqs=seqs, max_num_batched_tokens=max(cfg.max_num_batched_tokens, seqs)))
+                budget = {"max_num_batched_tokens": seqs} if seqs > cfg.max_num_batched_tokens else {}
+                yield Candidate(f"raise --max-num-seqs to {seqs}",
+                                lambda seqs=seqs, budget=budget: d.with_changes(max_num_seqs=seqs, **budget))
     elif kind == fk.KV_CAPACITY_BOUND:
         yield Candidate("FP8 KV cache (--kv-cache-dtype fp8): twice the tokens in the same memory",
                         lambda: d.with_changes(kv_cache_dtype="fp8"))

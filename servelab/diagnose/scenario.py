@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from servelab.diagnose.evidence import arrival_of, workload_of
 from servelab.metrics.records import MemorySink
 from servelab.metrics.results import RunResult
 from servelab.metrics.timeline import TimelineSample
@@ -134,21 +135,24 @@ def from_run(run: RunResult, warmup: float = 0.0) -> Scenario:
     records = sorted((r for r in run.records if r.send_time >= warmup), key=lambda r: r.intended_time)
     if not records:
         raise ValueError(f"{run.directory} has no records to diagnose")
-    arrival = run.run_info.get("arrival", {}) or {}
+    arrival = arrival_of(run)
+    workload = workload_of(run)
     concurrency = arrival.get("max_concurrency")
     closed = arrival.get("request_rate") in (None, "inf", float("inf"))
     t0 = records[0].intended_time
     shapes = tuple(
         Shape(
             max(1, r.prompt_tokens),
-            max(1, r.output_tokens or int(run.run_info.get("workload", {}).get("output_len", 1) or 1)),
+            max(1, r.output_tokens),
             0.0 if closed else r.intended_time - t0,
             r.prefix_group,
         )
         for r in records
     )
-    prefix_len = int((run.run_info.get("workload", {}) or {}).get("prefix_len", 0) or 0)
-    return Scenario(shapes, concurrency, prefix_len, 0, {"replayed_from": str(run.directory)})
+    prefix_len = int(workload.get("prefix_len", 0) or 0)
+    rate = arrival.get("request_rate")
+    nominal = None if closed else float(rate)
+    return Scenario(shapes, concurrency, prefix_len, 0, {"replayed_from": str(run.directory)}, nominal)
 
 
 def simulate(deployment: Deployment, scenario: Scenario, scrape_interval: float = 0.5) -> RunResult:
