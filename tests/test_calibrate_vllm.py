@@ -42,7 +42,7 @@ def run_validate(base_url: str, profile: Path, out: Path, *extra: str) -> dict:
 
 
 def assert_within_bounds(report: dict) -> None:
-    table = "\n".join(f"{p['point']}: {json.dumps({k: None if v is None else round(v, 1) for k, v in p["error_pct"].items()})}" for p in report["points"])
+    table = "\n".join(f"{p['point']}: {json.dumps({k: None if v is None else round(v, 1) for k, v in p['error_pct'].items()})}" for p in report["points"])
     assert len(report["points"]) >= 6
     for metric, bound in BOUNDS_PCT.items():
         assert report["median_abs_error_pct"][metric] <= bound, f"{metric} median |error| over {bound}%:\n{table}"
