@@ -13,7 +13,7 @@ import pytest
 from servelab.targets.server_process import (
     ServerProcess,
     ServerStartError,
-    _group_alive,
+    group_alive,
     free_port,
     vllm_cpu_argv,
     vllm_cpu_env,
@@ -89,7 +89,7 @@ def test_ready_then_stop_leaves_no_process(server_script: Path, tmp_path: Path) 
         assert pid_alive(child)
         assert server.startup_seconds is not None
     assert not server.running()
-    assert not _group_alive(pgid)
+    assert not group_alive(pgid)
     assert not pid_alive(child)
     assert "/health" in log.read_text()
 
@@ -109,7 +109,7 @@ def test_startup_timeout_stops_the_group(tmp_path: Path) -> None:
     server = ServerProcess(argv, host="127.0.0.1", port=port, log_path=tmp_path / "s.log", startup_timeout=1.0, stop_timeout=5.0)
     with pytest.raises(ServerStartError, match=r"(?s)not ready.*/health.*loading weights"):
         server.start()
-    assert not _group_alive(server.pid)
+    assert not group_alive(server.pid)
 
 
 def test_exception_inside_context_still_stops(server_script: Path, tmp_path: Path) -> None:
@@ -120,7 +120,7 @@ def test_exception_inside_context_still_stops(server_script: Path, tmp_path: Pat
         with server:
             child = child_pid(log)
             raise KeyboardInterrupt
-    assert not _group_alive(server.pid)
+    assert not group_alive(server.pid)
     assert not pid_alive(child)
 
 

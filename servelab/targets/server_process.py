@@ -53,7 +53,8 @@ def _answers_ok(url: str) -> bool:
         return False
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group still exists (one we may not signal counts as alive)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -117,7 +118,7 @@ class ServerProcess:
 
     def running(self) -> bool:
         """True while any process of the group is alive."""
-        return self._proc is not None and _group_alive(self._proc.pid)
+        return self._proc is not None and group_alive(self._proc.pid)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         try:
@@ -181,15 +182,15 @@ class ServerProcess:
         pgid = proc.pid
         deadline = time.monotonic() + self.stop_timeout
         self._signal_group(pgid, signal.SIGTERM)
-        while time.monotonic() < deadline and (proc.poll() is None or _group_alive(pgid)):
+        while time.monotonic() < deadline and (proc.poll() is None or group_alive(pgid)):
             time.sleep(0.1)
-        if proc.poll() is None or _group_alive(pgid):
+        if proc.poll() is None or group_alive(pgid):
             self._signal_group(pgid, signal.SIGKILL)
             proc.wait()
             # SIGKILL cannot be ignored. Members still "alive" after this are zombies waiting for
             # an init that may never reap them, so the wait is bounded.
             reaped_by = time.monotonic() + 5.0
-            while _group_alive(pgid) and time.monotonic() < reaped_by:
+            while group_alive(pgid) and time.monotonic() < reaped_by:
                 time.sleep(0.05)
         return proc.returncode
 

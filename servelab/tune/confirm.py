@@ -28,7 +28,7 @@ from servelab.metrics.results import ResultWriter
 from servelab.metrics.summary import summarize
 from servelab.targets.deployment import Deployment
 from servelab.targets.http import HttpTarget
-from servelab.targets.server_process import ServerProcess, ServerStartError, free_port
+from servelab.targets.server_process import ServerProcess, ServerStartError, free_port, group_alive
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective, key_metrics
 from servelab.tune.space import gpu_count
@@ -151,9 +151,9 @@ def reap_orphaned_server(directory: Path, grace: float = 10.0) -> list[int]:
             except ProcessLookupError:
                 break
             deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and _alive(pgid):
+            while time.monotonic() < deadline and group_alive(pgid):
                 time.sleep(0.1)
-            if not _alive(pgid):
+            if not group_alive(pgid):
                 break
     marker.unlink()
     return groups
@@ -178,16 +178,6 @@ def _group_of(pid: int) -> int | None:
         return os.getpgid(pid)
     except ProcessLookupError:
         return None
-
-
-def _alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def predict(config: Stage2Config, workload: TuneWorkload, objective: Objective) -> tuple[dict[str, Any], float, float]:
