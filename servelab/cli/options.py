@@ -1,9 +1,12 @@
-"""The load flags `bench` and `simulate` share: workload, arrival, amount, SLO, sweep, output.
+"""The flags several verbs share: the load flags and the deployment (or calibration profile) flags.
 
-`@load_options` adds every one of them to a typer command and hands the
-command one `LoadFlags`, so both verbs take exactly the same flags with the
-same names as `vllm bench serve`, and validate them the same way: every
-impossible combination is one error naming both flags, before any load.
+`@load_options` adds every load flag (workload, arrival, amount, SLO, sweep,
+output) to a typer command and hands the command one `LoadFlags`, so `bench`,
+`simulate` and `tune` take exactly the same flags with the same names as
+`vllm bench serve`, and validate them the same way: every impossible
+combination is one error naming both flags, before any load.
+`deployment_from_flags` is the one reading of --gpu/--model/--engine-args or
+--calibration, for every verb that simulates.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import time
 import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -31,6 +34,11 @@ from servelab.workload.lengths import DISTRIBUTIONS
 from servelab.workload.plan import Amount, build_plan
 from servelab.workload.spec import LoadPlan
 from servelab.experiment.sweep import Sweep, SweepError
+from servelab.experiment.calibrate import deployment_from_profile
+from servelab.perf.calibration import load_profile
+from servelab.perf.errors import PerfConfigError
+from servelab.sim.router import POLICIES, ROUND_ROBIN
+from servelab.targets.deployment import Deployment, build_deployment
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 2, 130
 BAD_INPUT = (WorkloadError, SweepError, SLOError, TargetError)
@@ -227,6 +235,43 @@ def load_options(command: Callable[..., Any]) -> Callable[..., Any]:
     wrapper.__annotations__ = {p.name: p.annotation for p in params}
     del wrapper.__wrapped__  # typer must see the advertised signature, not the command's
     return wrapper
+
+
+def deployment_from_flags(
+    gpu: str | None,
+    model: str | None,
+    engine_args: str = "",
+    *,
+    calibration: Path | None = None,
+    tp: int | None = None,
+    replicas: int | None = None,
+    router: str = ROUND_ROBIN,
+    gpu_file: Path | None = None,
+) -> Deployment:
+    """The deployment the flags describe: --gpu and --model from the catalogues, or a `servelab calibrate` profile.
+
+    A profile already names the hardware (its fitted rates) and the model, so
+    --gpu, --model or --gpu-file beside --calibration is an error naming both
+    flags rather than a silent choice of one; --engine-args then override the
+    calibrated server's flags one by one. PerfConfigError for anything that
+    cannot be modelled.
+    """
+    if router not in POLICIES:
+        raise PerfConfigError(f"--router {router!r}: choose one of {', '.join(POLICIES)}")
+    if calibration is None:
+        if gpu is None or model is None:
+            raise PerfConfigError("give --gpu and --model (or --calibration with a profile from `servelab calibrate`)")
+        return build_deployment(gpu, model, engine_args, tensor_parallel_size=tp, replicas=replicas,
+                                gpu_file=gpu_file, router=router)
+    for flag, value in (("--gpu", gpu), ("--model", model), ("--gpu-file", gpu_file)):
+        if value is not None:
+            raise PerfConfigError(f"{flag} and --calibration both name the hardware/model: the profile already does; drop {flag}")
+    deployment = deployment_from_profile(load_profile(calibration), engine_args)
+    changes = {k: v for k, v in (("tensor_parallel_size", tp), ("data_parallel_size", replicas)) if v is not None}
+    if changes:
+        rebuilt = deployment.rebuilt(**changes)
+        deployment = replace(rebuilt, warnings=deployment.warnings)
+    return replace(deployment, router=router)
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:

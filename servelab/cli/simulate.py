@@ -7,7 +7,6 @@ every later verb reads a simulated run exactly like a measured one.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,48 +17,17 @@ import typer
 from rich.console import Console
 
 from servelab.cli import app
-from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags, bad_input_exits, fail, load_options
-from servelab.experiment.calibrate import deployment_from_profile
+from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags, bad_input_exits, deployment_from_flags, fail, load_options
 from servelab.experiment.runner import run_point
 from servelab.experiment.sweep import run_sweep
 from servelab.metrics.results import SUMMARY, SWEEP
-from servelab.perf.calibration import load_profile
 from servelab.perf.errors import PerfConfigError
 from servelab.report.terminal import LiveProgress, print_warnings, summary_table, sweep_table
 from servelab.sim.router import POLICIES, ROUND_ROBIN
-from servelab.targets.deployment import Deployment, build_deployment
+from servelab.targets.deployment import Deployment
 from servelab.workload.spec import LoadPlan
 
 _DEPLOYMENT = "Deployment"
-
-
-def _deployment(
-    gpu: str | None,
-    model: str | None,
-    engine_args: str,
-    tp: int | None,
-    replicas: int | None,
-    router: str,
-    gpu_file: Path | None,
-    calibration: Path | None,
-) -> Deployment:
-    """The one chain from flags to a deployment; PerfConfigError for anything that cannot be modelled."""
-    if router not in POLICIES:
-        raise PerfConfigError(f"--router {router!r}: choose one of {', '.join(POLICIES)}")
-    if calibration is None:
-        if gpu is None or model is None:
-            raise PerfConfigError("give --gpu and --model (or --calibration with a profile from `servelab calibrate`)")
-        return build_deployment(gpu, model, engine_args, tensor_parallel_size=tp, replicas=replicas,
-                                gpu_file=gpu_file, router=router)
-    for flag, value in (("--gpu", gpu), ("--model", model), ("--gpu-file", gpu_file)):
-        if value is not None:
-            raise PerfConfigError(f"{flag} and --calibration both name the hardware/model: the profile already does; drop {flag}")
-    deployment = deployment_from_profile(load_profile(calibration), engine_args)
-    changes = {k: v for k, v in (("tensor_parallel_size", tp), ("data_parallel_size", replicas)) if v is not None}
-    if changes:
-        rebuilt = deployment.rebuilt(**changes)
-        deployment = dataclasses.replace(rebuilt, warnings=deployment.warnings)
-    return dataclasses.replace(deployment, router=router)
 
 
 def _describe_line(deployment: Deployment) -> str:
@@ -95,7 +63,8 @@ def simulate(
         if scrape_interval <= 0:
             raise fail(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
         try:
-            deployment = _deployment(gpu, model, engine_args, tp, replicas, router, gpu_file, calibration)
+            deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp,
+                                               replicas=replicas, router=router, gpu_file=gpu_file)
         except PerfConfigError as exc:
             raise fail(str(exc)) from None
         target = deployment.sim_target(scrape_interval)
