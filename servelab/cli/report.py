@@ -1,4 +1,8 @@
-"""`servelab report`: one self-contained HTML page of plots from results directories."""
+"""`servelab report`: one self-contained HTML page of plots from results directories.
+
+Also the `--report` flag of bench, simulate, diagnose and tune, which writes
+the very page `servelab report RESULTS` would, into RESULTS.
+"""
 
 from __future__ import annotations
 
@@ -12,17 +16,31 @@ from servelab.cli import app
 from servelab.report.html import write_report
 from servelab.report.inputs import ReportInputError
 
+REPORT_HTML = "report.html"
+ReportFlag = Annotated[bool, typer.Option("--report", help=f"Also write {REPORT_HTML} (plots, opens offline) into the results directory.")]
 
-@app.command()
-def report(
-    dirs: Annotated[list[Path], typer.Argument(help="Results directories of runs and sweeps, in any mix; several overlay.")],
-    out: Annotated[Path, typer.Option("-o", "--out", help="The HTML file to write.")] = Path("report.html"),
-    title: Annotated[Optional[str], typer.Option(help="Page title (default: the inputs' names).")] = None,
-) -> None:
-    """Write an HTML report (plotly, works offline): sweep curves, latency CDFs, request and server timelines."""
+
+def _write(dirs: list[Path], out: Path, title: str | None, console: Console) -> Path:
     try:
         path = write_report(dirs, out, title)
     except ReportInputError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
-    Console().print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    console.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)", highlight=False)
+    return path
+
+
+def report_into(results: Path, console: Console) -> Path:
+    """`--report`: the report of one results directory (run, sweep or tune study), written inside it."""
+    return _write([results], results / REPORT_HTML, None, console)
+
+
+@app.command()
+def report(
+    dirs: Annotated[list[Path], typer.Argument(help="Results directories of runs, sweeps and tune studies, and validate's JSON reports, in any mix; several overlay.")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="The HTML file to write.")] = Path(REPORT_HTML),
+    title: Annotated[Optional[str], typer.Option(help="Page title (default: the inputs' names).")] = None,
+) -> None:
+    """Write an HTML report (plotly, works offline): sweep curves, latency CDFs, request and server timelines,
+    diagnose's findings, tune's trials and Pareto front, validate's simulated vs. measured."""
+    _write(dirs, out, title, Console())

@@ -7,6 +7,8 @@ from typing import Any
 
 from servelab.report.diagnosis_view import CEILING_ROWS, headline, recommendation_row
 from servelab.report.inputs import ReportInputs
+from servelab.report.tables import html_table
+
 
 def diagnosed(inputs: ReportInputs) -> list[tuple[str, dict[str, Any]]]:
     """(label, diagnosis) for each input, and for each sweep point diagnosed on its own."""
@@ -14,12 +16,6 @@ def diagnosed(inputs: ReportInputs) -> list[tuple[str, dict[str, Any]]]:
     for sweep in inputs.sweeps:
         out += [(p.label, p.diagnosis) for p in sweep.points if p.diagnosis is not None and p.diagnosis is not sweep.diagnosis]
     return out
-
-
-def _table(head: tuple[str, ...], rows: list[list[str]], css: str) -> str:
-    header = "".join(f"<th>{escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>" for row in rows)
-    return f'<table class="{css}"><thead><tr>{header}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def _share(value: Any) -> str:
@@ -46,14 +42,14 @@ def diagnosis_html(label: str, d: dict[str, Any]) -> str:
         recommendations = finding.get("recommendations") or []
         if recommendations:
             rows = [recommendation_row(r) for r in recommendations]
-            parts.append(_table(("change", "predicted (simulated)", "side effects at this load"), rows, "recommendations"))
+            parts.append(html_table(("change", "predicted (simulated)", "side effects at this load"), rows, "recommendations"))
             parts.append(f'<p class="confirm">confirm: <code>{escape(recommendations[0]["confirm"])}</code></p>')
         parts.append("</div>")
     rows = [
         [title, _ceiling(d["ceilings"].get(key), unit), _share(d["standing"].get(stand))]
         for key, stand, title, unit in CEILING_ROWS
     ]
-    parts.append("<h4>Ceilings for this workload</h4>" + _table(("limit", "ceiling", "where it stands"), rows, "ceilings"))
+    parts.append("<h4>Ceilings for this workload</h4>" + html_table(("limit", "ceiling", "where it stands"), rows, "ceilings"))
     if d.get("notes"):
         parts.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in d["notes"]) + "</ul>")
     parts.append("</div>")

@@ -32,10 +32,13 @@ CEILING_LINES: tuple[tuple[str, str, str], ...] = (
 )
 """Which diagnosis ceilings are drawn on which sweep throughput panel, and their labels."""
 
+SWEEP_AXES = {"max-concurrency": "Max concurrency (requests in flight)", "request-rate": "Offered request rate (req/s)"}
+"""Axis titles, with units, of the swept parameters; any other parameter is shown by its name."""
+
 REQUEST_SAMPLE = 60
 """Bars in the per-request timeline: enough to see the pattern, few enough to read each one."""
 
-_LAYOUT = dict(
+LAYOUT = dict(
     template="plotly_white",
     margin=dict(l=70, r=30, t=60, b=60),
     legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
@@ -43,10 +46,10 @@ _LAYOUT = dict(
 )
 
 
-def _legend_below(height: int) -> dict[str, Any]:
+def legend_below(height: int) -> dict[str, Any]:
     """Legend placement a fixed distance under the x-axis title, whatever the figure's height."""
-    plot_area = height - _LAYOUT["margin"]["t"] - _LAYOUT["margin"]["b"]
-    return dict(_LAYOUT["legend"], y=-75 / plot_area)
+    plot_area = height - LAYOUT["margin"]["t"] - LAYOUT["margin"]["b"]
+    return dict(LAYOUT["legend"], y=-75 / plot_area)
 
 
 def series_color(series: int) -> str:
@@ -110,7 +113,7 @@ def sweep_curves_figure(sweeps: Sequence[ReportSweep]) -> go.Figure:
     for col, (_, _, axis) in enumerate(_CURVES, start=1):
         fig.update_xaxes(title_text="Output throughput (tokens/s)", rangemode="tozero", row=1, col=col)
         fig.update_yaxes(title_text=axis, rangemode="tozero", row=1, col=col)
-    fig.update_layout(title="Latency vs. throughput (labels: swept value)", height=480, **_LAYOUT)
+    fig.update_layout(title="Latency vs. throughput (labels: swept value)", height=480, **LAYOUT)
     return fig
 
 
@@ -144,9 +147,9 @@ def sweep_throughput_figure(sweeps: Sequence[ReportSweep]) -> go.Figure:
     # request-rate sweeps may end at "inf" (all at once), which only a category axis can place.
     numeric = all(isinstance(p.sweep_value, (int, float)) for sweep in sweeps for p in sweep.points)
     for col, (_, title, _, _) in enumerate(panels, start=1):
-        fig.update_xaxes(title_text=parameter, type=None if numeric else "category", row=1, col=col)
+        fig.update_xaxes(title_text=SWEEP_AXES.get(parameter, parameter), type=None if numeric else "category", row=1, col=col)
         fig.update_yaxes(title_text=title, rangemode="tozero", row=1, col=col)
-    fig.update_layout(title=f"Throughput vs. {parameter}", height=420, **_LAYOUT)
+    fig.update_layout(title=f"Throughput vs. {parameter}", height=420, **LAYOUT)
     return fig
 
 
@@ -213,7 +216,7 @@ def latency_cdf_figure(inputs: ReportInputs, runs: Sequence[ReportRun]) -> go.Fi
             fig.update_xaxes(title_text=axis, rangemode="tozero", row=1, col=col)
     fig.update_yaxes(title_text="Fraction of requests", range=[0, 1.02], tickformat=".0%", row=1, col=1)
     fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
-    fig.update_layout(title="Latency distributions (CDF, successful requests)", height=460, **_LAYOUT)
+    fig.update_layout(title="Latency distributions (CDF, successful requests)", height=460, **LAYOUT)
     return fig
 
 
@@ -321,9 +324,9 @@ def request_timeline_figure(runs: Sequence[ReportRun]) -> go.Figure:
         traces_per_run.append(added)
     height = max(420, 170 + 12 * shown)
     fig.update_layout(
-        title="Per-request timeline (sample of requests in send order)", barmode="overlay", height=height, **_LAYOUT
+        title="Per-request timeline (sample of requests in send order)", barmode="overlay", height=height, **LAYOUT
     )
-    fig.update_layout(legend=_legend_below(height))
+    fig.update_layout(legend=legend_below(height))
     fig.update_xaxes(title_text="Time since start of run (s)", rangemode="tozero")
     fig.update_yaxes(title_text="Request (in send order)", autorange="reversed", zeroline=False)
     if len(runs) > 1:
@@ -413,8 +416,8 @@ def server_timeline_figure(inputs: ReportInputs, runs: Sequence[ReportRun]) -> g
         fig.update_yaxes(title_text=axis, rangemode="tozero", row=row, col=1)
     fig.update_xaxes(title_text="Time since start of run (s)", showticklabels=True, row=len(panels), col=1)
     height = 200 + 210 * len(panels)
-    fig.update_layout(title="Server timeline (scraped from /metrics, or simulated)", height=height, **_LAYOUT)
-    fig.update_layout(legend=_legend_below(height))
+    fig.update_layout(title="Server timeline (scraped from /metrics, or simulated)", height=height, **LAYOUT)
+    fig.update_layout(legend=legend_below(height))
     if len(runs) > 1:
         fig.update_layout(
             updatemenus=_run_selector([r.label for r in runs], traces_per_run, with_all=True), margin=dict(t=110)

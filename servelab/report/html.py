@@ -16,6 +16,7 @@ from plotly.offline import get_plotlyjs
 from servelab import __version__
 from servelab.report.inputs import ReportInputs, load_inputs
 from servelab.report.sections import SECTIONS, Section, SectionBuilder
+from servelab.report.tables import headline
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True, "toImageButtonOptions": {"format": "svg"}}
 
@@ -24,6 +25,8 @@ body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; ma
 header { background: #1f2937; color: #f9fafb; padding: 18px 32px; }
 header h1 { margin: 0 0 4px 0; font-size: 24px; }
 header p { margin: 0; color: #d1d5db; font-size: 13px; }
+header ul.inputs { margin: 6px 0; padding-left: 18px; color: #e5e7eb; font-size: 14px; }
+header ul.inputs b { color: #ffffff; }
 nav { padding: 8px 32px; background: #e5e7eb; font-size: 14px; }
 nav a { margin-right: 18px; color: #1f2937; text-decoration: none; }
 nav a:hover { text-decoration: underline; }
@@ -53,18 +56,20 @@ code { font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; font-size:
 
 def _section_html(section: Section, first_plot: int) -> tuple[str, int]:
     parts = [f'<section id="{section.key}"><h2>{escape(section.title)}</h2><p class="lead">{escape(section.lead)}</p>']
-    parts += [f'<div class="table-wrap">{fragment}</div>' for fragment in section.html]
     n = first_plot
-    for figure in section.figures:
+    for block in section.blocks:
+        if isinstance(block, str):
+            parts.append(f'<div class="table-wrap">{block}</div>')
+            continue
         n += 1
-        body = figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"plot-{n}", config=PLOT_CONFIG)
+        body = block.to_html(full_html=False, include_plotlyjs=False, div_id=f"plot-{n}", config=PLOT_CONFIG)
         parts.append(f'<div class="plot">{body}</div>')
     parts.append("</section>")
     return "".join(parts), n
 
 
 def default_title(inputs: ReportInputs) -> str:
-    labels = [item.label for item in inputs.tops]
+    labels = [item.label for item in inputs.given]
     return "servelab report: " + (" vs. ".join(labels) if len(labels) <= 3 else f"{len(labels)} inputs")
 
 
@@ -80,15 +85,15 @@ def render_report(
         body.append(html)
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     n_runs = len(inputs.all_runs)
-    sources = ", ".join(escape(str(item.directory)) for item in inputs.tops)
     nav = "".join(f'<a href="#{s.key}">{escape(s.title)}</a>' for s in sections)
+    given = "".join(f"<li><b>{escape(item.label)}</b>: {escape(headline(item))}</li>" for item in inputs.given)
     return (
         "<!DOCTYPE html>\n"
         f'<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style>'
         f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
-        f"<header><h1>{escape(title)}</h1><p>{n_runs} run{'s' if n_runs != 1 else ''} from {sources} · "
-        f"generated {generated} by servelab {escape(__version__)}</p></header>"
+        f'<header><h1>{escape(title)}</h1><ul class="inputs">{given}</ul>'
+        f"<p>{n_runs} run{'s' if n_runs != 1 else ''} · generated {generated} by servelab {escape(__version__)}</p></header>"
         f"<nav>{nav}</nav><main>{''.join(body)}</main></body></html>\n"
     )
 

@@ -1,7 +1,7 @@
-"""What a report is drawn from: results directories of single runs and of sweeps, loaded once.
+"""What a report is drawn from: results directories of runs and sweeps, tune studies and validate reports, loaded once.
 
 Every section reads the same `ReportInputs`, so adding a section never means
-re-reading files, and every run carries a label that is unique across the
+re-reading files, and every input carries a label that is unique across the
 whole report (legends and tables must never show two identical names).
 """
 
@@ -18,6 +18,12 @@ from servelab.metrics.summary import summarize
 
 DIAGNOSIS = "diagnosis.json"
 """Written into a results directory by `servelab diagnose RESULTS`."""
+
+TUNE = "tune.json"
+"""Written into its --result-dir by `servelab tune` (schema in docs/tune.md)."""
+TUNE_KIND = "tune"
+VALIDATION_KIND = "servelab.validation"
+"""The `kind` of the JSON file `servelab validate --out FILE` writes."""
 
 SOURCE_NAMES = {"http": "measured", "sim": "simulated"}
 """How run.json's `source` reads in a legend."""
@@ -65,15 +71,38 @@ class ReportSweep:
 
 
 @dataclass
+class ReportDocument:
+    """A verb's own JSON that holds no request records: tune.json, or validate's report."""
+
+    label: str
+    path: Path
+    """What was given: a tune results directory, or the JSON file itself."""
+    data: dict[str, Any]
+    series: int
+
+    @property
+    def directory(self) -> Path:
+        """The path, under the name runs and sweeps use for theirs (labels and the page header read it)."""
+        return self.path
+
+
+@dataclass
 class ReportInputs:
     runs: list[ReportRun] = field(default_factory=list)
     """Standalone runs (not sweep points), in the order given."""
     sweeps: list[ReportSweep] = field(default_factory=list)
+    tunes: list[ReportDocument] = field(default_factory=list)
+    validations: list[ReportDocument] = field(default_factory=list)
 
     @property
     def tops(self) -> list[ReportRun | ReportSweep]:
-        """The inputs as given: one entry per directory on the command line."""
+        """The results directories as given (runs and sweeps), in command-line order."""
         return sorted([*self.runs, *self.sweeps], key=lambda item: item.series)
+
+    @property
+    def given(self) -> list[ReportRun | ReportSweep | ReportDocument]:
+        """Everything as given: one entry per path on the command line."""
+        return sorted([*self.runs, *self.sweeps, *self.tunes, *self.validations], key=lambda item: item.series)
 
     @property
     def all_runs(self) -> list[ReportRun]:
@@ -96,17 +125,35 @@ def _source_suffix(source: str | None) -> str:
     return f" ({SOURCE_NAMES.get(source, source)})" if source else ""
 
 
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReportInputError(f"cannot read {path}: {exc}") from exc
+
+
 def read_diagnosis(directory: Path) -> dict[str, Any] | None:
     path = directory / DIAGNOSIS
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ReportInputError(f"cannot read {path}: {exc}") from exc
+    data = _read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("findings"), list):
         raise ReportInputError(f"{path} is not a servelab diagnosis (no findings list)")
     return data
+
+
+def _document(path: Path, series: int, label: str) -> tuple[str, ReportDocument]:
+    """A tune.json or a validate report, checked for the parts its section draws; (kind, document)."""
+    file = path / TUNE if path.is_dir() else path
+    data = _read_json(file)
+    kind = data.get("kind") if isinstance(data, dict) else None
+    needs = {TUNE_KIND: ("trials", "pareto", "objective"), VALIDATION_KIND: ("points", "median_abs_error_pct")}
+    if kind not in needs:
+        raise ReportInputError(f"{file} is neither a tune.json nor a `servelab validate` report (kind {kind!r})")
+    missing = [key for key in needs[kind] if not data.get(key)]
+    if missing:
+        raise ReportInputError(f"{file} has no {', '.join(missing)}")
+    return kind, ReportDocument(label=label, path=path, data=data, series=series)
 
 
 def _load_run_dir(directory: Path) -> RunResult:
@@ -123,10 +170,7 @@ def _load_sweep(directory: Path, series: int) -> ReportSweep:
     "directory": "max-concurrency=4", "summary": {...}, ...}], "interrupted": false}
     """
     index = directory / SWEEP
-    try:
-        info = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ReportInputError(f"cannot read {index}: {exc}") from exc
+    info = _read_json(index)
     parameter = (info.get("sweep") or {}).get("key")
     points = info.get("points")
     if not isinstance(parameter, str) or not parameter:
@@ -176,41 +220,50 @@ def _disambiguate(labels: list[str], directories: list[Path]) -> list[str]:
     return out
 
 
-def load_inputs(directories: list[Path]) -> ReportInputs:
-    """Loads each directory as a sweep (it has sweep.json) or a run (it has run.json).
+def load_inputs(paths: list[Path]) -> ReportInputs:
+    """Loads each path as a sweep (sweep.json), a run (run.json), a tune study (tune.json), or a JSON file
+    (tune.json, or the report `servelab validate --out` writes).
 
-    Raises ReportInputError naming the first directory that is neither, before anything is drawn.
+    Raises ReportInputError naming the first path that is none of these, before anything is drawn.
     """
-    if not directories:
+    if not paths:
         raise ReportInputError("no results directories given")
     inputs = ReportInputs()
-    for series, directory in enumerate(directories):
-        if not directory.is_dir():
-            raise ReportInputError(f"{directory} is not a directory")
-        if (directory / SWEEP).is_file():
-            inputs.sweeps.append(_load_sweep(directory, series))
-        elif (directory / RUN).is_file():
-            result = _load_run_dir(directory)
-            label = str(result.run_info.get("label") or directory.resolve().name)
+    for series, path in enumerate(paths):
+        if path.is_file():
+            name = path.resolve().parent.name if path.name == TUNE else path.stem
+            kind, document = _document(path, series, name)
+            (inputs.tunes if kind == TUNE_KIND else inputs.validations).append(document)
+        elif not path.is_dir():
+            raise ReportInputError(f"{path} is not a directory")
+        elif (path / SWEEP).is_file():
+            inputs.sweeps.append(_load_sweep(path, series))
+        elif (path / RUN).is_file():
+            result = _load_run_dir(path)
+            label = str(result.run_info.get("label") or path.resolve().name)
             inputs.runs.append(
                 ReportRun(
                     label=label,
                     result=result,
                     summary=_summary_of(result),
                     series=series,
-                    diagnosis=read_diagnosis(directory),
+                    diagnosis=read_diagnosis(path),
                 )
             )
+        elif (path / TUNE).is_file():
+            inputs.tunes.append(_document(path, series, path.resolve().name)[1])
         else:
-            raise ReportInputError(f"{directory} is not a servelab results directory (no {RUN} or {SWEEP})")
+            raise ReportInputError(f"{path} is not a servelab results directory (no {RUN}, {SWEEP} or {TUNE})")
 
-    tops = inputs.tops
-    names = _disambiguate([item.label for item in tops], [item.directory for item in tops])
-    for item, name in zip(tops, names):
+    given = inputs.given
+    names = _disambiguate([item.label for item in given], [item.directory for item in given])
+    for item, name in zip(given, names):
         if isinstance(item, ReportRun):
             item.label = name + _source_suffix(item.source)
-        else:
+        elif isinstance(item, ReportSweep):
             item.label = name + _source_suffix(item.info.get("source") or item.points[0].source)
             for point in item.points:
                 point.label = f"{item.label} · {item.parameter}={point.sweep_value}"
+        else:
+            item.label = name
     return inputs

@@ -3,9 +3,10 @@
 A section builder takes the loaded `ReportInputs` and returns a `Section`, or
 None when the inputs hold nothing for it; the page never shows an empty
 plot or a "no data" placeholder. A later verb that writes its own JSON into a
-results directory (diagnose's findings, tune's trials, validate's
-comparison) adds its view by writing one builder that reads that file from
-`run.result.directory` / `sweep.directory` and listing it in `SECTIONS`.
+results directory (diagnose's findings) adds its view by writing one
+builder that reads that file from `run.result.directory` / `sweep.directory`
+and listing it in `SECTIONS`; a verb's JSON without records (tune.json,
+validate's report) is loaded by `inputs` as a `ReportDocument` instead.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ import plotly.graph_objects as go
 from servelab.report import figures, tables
 from servelab.report.diagnosis_html import diagnosed, diagnosis_html
 from servelab.report.inputs import ReportInputs
+from servelab.report.tune_results import tune_blocks
+from servelab.report.validation_results import validation_blocks
+
+Block = str | go.Figure
+"""A trusted HTML fragment (tables, headings) or a figure; a section shows its blocks in order."""
 
 
 @dataclass
@@ -27,30 +33,32 @@ class Section:
     title: str
     lead: str
     """One or two sentences on how to read what follows."""
-    html: list[str] = field(default_factory=list)
-    """Trusted HTML fragments (tables), shown before the figures."""
-    figures: list[go.Figure] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
 
 
 SectionBuilder = Callable[[ReportInputs], Section | None]
 
 
-def parameters_section(inputs: ReportInputs) -> Section:
+def parameters_section(inputs: ReportInputs) -> Section | None:
+    if not inputs.tops:
+        return None
     return Section(
         key="parameters",
         title="What was run",
         lead="Each input's run.json; a sweep shows its first point's settings and the values it swept. "
         "Highlighted rows differ between inputs.",
-        html=[tables.parameters_table(inputs)],
+        blocks=[tables.parameters_table(inputs)],
     )
 
 
-def summary_section(inputs: ReportInputs) -> Section:
+def summary_section(inputs: ReportInputs) -> Section | None:
+    if not inputs.all_runs:
+        return None
     return Section(
         key="summary",
         title="Summary",
         lead="Statistics over successful requests after warm-up, with the same definitions as vllm bench serve.",
-        html=[tables.summary_table(inputs.all_runs)],
+        blocks=[tables.summary_table(inputs.all_runs)],
     )
 
 
@@ -66,7 +74,7 @@ def sweep_section(inputs: ReportInputs) -> Section | None:
         lead="Each point is one run; solid lines are medians, dotted lines p99. "
         "Where a curve turns upward, more load buys latency, not throughput. "
         "Dashed horizontal lines are the ceilings servelab diagnose computed, where a sweep was diagnosed.",
-        figures=[figures.sweep_curves_figure(inputs.sweeps)]
+        blocks=[figures.sweep_curves_figure(inputs.sweeps)]
         + [figures.sweep_throughput_figure(group) for group in by_parameter.values()],
     )
 
@@ -80,7 +88,7 @@ def latency_section(inputs: ReportInputs) -> Section | None:
         title="Latency distributions",
         lead="The fraction of requests that finished within each latency. Steeper is more predictable; "
         "a curve further right is slower. Line style tells inputs apart; within a sweep, darker is more load.",
-        figures=[figures.latency_cdf_figure(inputs, runs)],
+        blocks=[figures.latency_cdf_figure(inputs, runs)],
     )
 
 
@@ -95,7 +103,7 @@ def request_timeline_section(inputs: ReportInputs) -> Section | None:
     )
     if len(runs) > 1:
         lead += " Pick the run with the menu at the top right."
-    return Section(key="requests", title="Per-request timeline", lead=lead, figures=[figures.request_timeline_figure(runs)])
+    return Section(key="requests", title="Per-request timeline", lead=lead, blocks=[figures.request_timeline_figure(runs)])
 
 
 def server_timeline_section(inputs: ReportInputs) -> Section | None:
@@ -109,7 +117,7 @@ def server_timeline_section(inputs: ReportInputs) -> Section | None:
         key="server",
         title="Server timeline",
         lead=lead,
-        figures=[figures.server_timeline_figure(inputs, runs)],
+        blocks=[figures.server_timeline_figure(inputs, runs)],
     )
 
 
@@ -122,7 +130,34 @@ def diagnosis_section(inputs: ReportInputs) -> Section | None:
         title="Diagnosis",
         lead="From servelab diagnose: what limits each deployment, the numbers it rests on, and the changes "
         "predicted (on the simulator) to lift it, best first.",
-        html=[diagnosis_html(label, d) for label, d in found],
+        blocks=[diagnosis_html(label, d) for label, d in found],
+    )
+
+
+def tune_section(inputs: ReportInputs) -> Section | None:
+    if not inputs.tunes:
+        return None
+    return Section(
+        key="tune",
+        title="Tune",
+        lead="From servelab tune. Each point is one configuration the simulator ran (stage 1), placed by the "
+        "output throughput and p99 TTFT of the run its score rests on (for goodput: at the highest rate that met "
+        "the SLO). The Pareto front joins the trials no other beats on both; the star is the recommendation; "
+        "triangles are configurations measured on a real server (stage 2), dotted back to their prediction.",
+        blocks=[block for tune in inputs.tunes for block in tune_blocks(tune)],
+    )
+
+
+def validation_section(inputs: ReportInputs) -> Section | None:
+    if not inputs.validations:
+        return None
+    return Section(
+        key="validation",
+        title="Simulated vs. measured (validate)",
+        lead="From servelab validate: held-out workloads run on the live server and simulated with the calibration "
+        "profile on the very same requests. Blue is measured, orange simulated; the label on each orange bar is the "
+        "simulation's error relative to the measurement (+ = the simulator says more).",
+        blocks=[block for validation in inputs.validations for block in validation_blocks(validation)],
     )
 
 
@@ -130,6 +165,8 @@ SECTIONS: tuple[SectionBuilder, ...] = (
     parameters_section,
     summary_section,
     diagnosis_section,
+    tune_section,
+    validation_section,
     sweep_section,
     latency_section,
     request_timeline_section,

@@ -1,4 +1,4 @@
-"""The report's HTML tables: what was run (parameters) and what came out (summary statistics)."""
+"""The report's HTML tables and one-line descriptions: what was run (parameters) and what came out (statistics)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from servelab.report.inputs import ReportInputs, ReportRun, ReportSweep
+from servelab.report.inputs import TUNE_KIND, ReportDocument, ReportInputs, ReportRun, ReportSweep
 
 HIDDEN_PARAMETERS = frozenset({"schema_version"})
 MAX_CELL = 120
@@ -83,6 +83,76 @@ def parameters_table(inputs: ReportInputs) -> str:
             + "</tr>"
         )
     return f'<table class="params"><thead><tr><th>parameter</th>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def html_table(head: Sequence[str] | None, rows: Sequence[Sequence[str]], css: str, row_headers: bool = False) -> str:
+    """A plain table of text cells (all escaped); with `row_headers`, each row's first cell is its header.
+
+    No `head` gives a key-value table without a header row.
+    """
+    header = "" if head is None else "<thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr></thead>"
+
+    def row(cells: Sequence[str]) -> str:
+        first, rest = (cells[0], cells[1:]) if row_headers else (None, cells)
+        lead = "" if first is None else f'<th scope="row">{escape(first)}</th>'
+        return "<tr>" + lead + "".join(f"<td>{escape(cell)}</td>" for cell in rest) + "</tr>"
+
+    return f'<table class="{css}">{header}<tbody>{"".join(map(row, rows))}</tbody></table>'
+
+
+def _num(value: Any) -> str:
+    return "?" if not isinstance(value, (int, float)) else f"{value:,.4g}"
+
+
+def plan_text(plan: Mapping[str, Any] | None, with_arrival: bool = True) -> str:
+    """One line from a load plan's description (run.json's `workload`): what was sent, how, how many."""
+    if not plan:
+        return "workload not recorded"
+    workload, arrival, amount = plan.get("workload") or {}, plan.get("arrival") or {}, plan.get("amount") or {}
+    parts = [
+        f"{workload.get('dataset_name', '?')} prompts of {_num((workload.get('input_len') or {}).get('mean'))} → "
+        f"{_num((workload.get('output_len') or {}).get('mean'))} tokens"
+    ]
+    if with_arrival:
+        parts.append(str(arrival.get("process") or ""))
+        if arrival.get("max_concurrency"):
+            parts.append(f"max concurrency {arrival['max_concurrency']}")
+        if arrival.get("request_rate") not in (None, "inf", float("inf")):
+            parts.append(f"{arrival['request_rate']} req/s")
+    if amount.get("num_prompts"):
+        parts.append(f"{amount['num_prompts']} requests")
+    return ", ".join(p for p in parts if p)
+
+
+def _served_text(info: Mapping[str, Any]) -> str:
+    """The simulated deployment, or the measured server and model."""
+    deployment, flags = info.get("deployment") or {}, info.get("flags") or {}
+    if deployment:
+        flags_text = f" with {deployment['engine_args']}" if deployment.get("engine_args") else ""
+        return f"{deployment.get('model', '?')} on {deployment.get('gpu', '?')}{flags_text}"
+    model = flags.get("model") or info.get("model") or "?"
+    return f"{model} at {flags['base_url']}" if flags.get("base_url") else str(model)
+
+
+def headline(item: ReportRun | ReportSweep | ReportDocument) -> str:
+    """One line per input for the page header: what served which load, and where the files are."""
+    if isinstance(item, ReportDocument):
+        data = item.data
+        if data.get("kind") == TUNE_KIND:
+            deployment, objective = data.get("deployment") or {}, data["objective"]
+            text = (f"tune of {deployment.get('model', '?')} on {deployment.get('gpu', '?')} for {objective.get('kind')}, "
+                    f"{len(data['trials'])} configurations simulated" + (", stage 2 measured" if data.get("stage2") else ""))
+        else:
+            server = data.get("server") or {}
+            text = f"validate of {server.get('model', '?')} at {server.get('base_url', '?')}, {len(data['points'])} held-out points"
+    elif isinstance(item, ReportSweep):
+        info = item.points[0].result.run_info
+        values = ", ".join(str(p.sweep_value) for p in item.points)
+        text = f"{_served_text(info)} · {plan_text(info.get('workload'), with_arrival=False)} · sweep {item.parameter} = {values}"
+    else:
+        info = item.result.run_info
+        text = f"{_served_text(info)} · {plan_text(info.get('workload'))}"
+    return f"{text} · {item.directory}"
 
 
 def _format_stat(value: Any, fmt: str) -> str:

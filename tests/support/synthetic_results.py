@@ -140,3 +140,30 @@ TOY_DIAGNOSIS = {
     "notes": ["'GPU memory full' is by design"],
 }
 """The shape of diagnosis.json as `servelab diagnose RESULTS` writes it (Diagnosis.as_dict), trimmed."""
+
+
+def toy_validation() -> dict:
+    """A `servelab validate` report as validate_on writes it (repeats trimmed), errors computed by validate's own code."""
+    from servelab.experiment.calibrate import compare
+    from servelab.experiment.validate import BOUNDS_PCT, GOALS_PCT, median_abs_errors
+
+    measured = {
+        "closed-c3": {"output_throughput": 310.0, "ttft_p50_ms": 41.0, "ttft_p99_ms": 95.0, "tpot_p50_ms": 9.1, "e2el_p50_ms": 780.0},
+        "closed-c12": {"output_throughput": 820.0, "ttft_p50_ms": 66.0, "ttft_p99_ms": 210.0, "tpot_p50_ms": 13.5, "e2el_p50_ms": 1650.0},
+        "poisson-70pct": {"output_throughput": 540.0, "ttft_p50_ms": 52.0, "ttft_p99_ms": 340.0, "tpot_p50_ms": 11.8, "e2el_p50_ms": 1200.0},
+    }
+    scale = {"output_throughput": 1.06, "ttft_p50_ms": 0.86, "ttft_p99_ms": 0.7, "tpot_p50_ms": 1.12, "e2el_p50_ms": 1.04}
+    points = []
+    for name, m in measured.items():
+        s = {k: v * scale[k] for k, v in m.items()}
+        points.append({"point": name, "shape": {"name": name}, "measured": m, "simulated": s, "error_pct": compare(m, s),
+                       "repeats": [{"measured": m, "simulated": s}] * 2})
+    medians = median_abs_errors(points)
+    return {
+        "schema_version": 1, "kind": "servelab.validation", "created_at": 1.79e9,
+        "server": {"base_url": "http://127.0.0.1:8000", "model": "tiny-qwen"},
+        "profile": {"created_at": 1.79e9, "engine_args": "--max-num-seqs 32 --block-size 128", "gpu": "cpu"},
+        "engine_args": "--max-num-seqs 32 --block-size 128", "engine_config": {}, "points": points,
+        "median_abs_error_pct": medians, "bounds_pct": BOUNDS_PCT, "goals_pct": GOALS_PCT,
+        "within_bounds": all(medians[k] is not None and medians[k] <= b for k, b in BOUNDS_PCT.items()),
+    }

@@ -1,0 +1,235 @@
+"""tune's study in the report: what was searched, every simulated trial against the Pareto front, the ranking,
+and stage 2's measurements beside their predictions.
+
+Everything comes from tune.json (schema in docs/tune.md), so a report can be
+drawn from a study long after it ran, or while stage 2 is still measuring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from html import escape
+from typing import Any
+
+import plotly.graph_objects as go
+
+from servelab.report.figures import LAYOUT, legend_below
+from servelab.report.inputs import ReportDocument
+from servelab.report.tables import html_table, plan_text
+
+RANKED_ROWS = 15
+"""Ranked trials listed under the plot; the plot shows them all."""
+
+_METRIC_TITLES = {
+    "output_throughput": "Output throughput (tokens/s)",
+    "request_throughput": "Request throughput (req/s)",
+    "p99_ttft_ms": "TTFT p99 (ms)",
+    "median_ttft_ms": "TTFT p50 (ms)",
+    "p99_tpot_ms": "TPOT p99 (ms)",
+    "p99_e2el_ms": "E2E latency p99 (ms)",
+}
+_COLORS = {"met": "#4c78a8", "missed": "#e45756", "front": "#f58518", "baseline": "#222222", "recommended": "#2ca02c",
+           "measured": "#9467bd"}
+
+
+def knobs(params: dict[str, Any]) -> str:
+    """A trial's changes to the current flags, as tune prints them (`default` = vLLM's own value)."""
+    return " ".join(f"{k}={'default' if v is None else v}" for k, v in params.items()) or "(current flags)"
+
+
+def _num(value: Any, fmt: str = ",.4g") -> str:
+    return "—" if not isinstance(value, (int, float)) else format(value, fmt)
+
+
+def _slo_text(objective: dict[str, Any]) -> str:
+    bounds = objective.get("slo") or {}
+    if not bounds:
+        return "none"
+    within = ", ".join(f"{metric.upper()} ≤ {_num(ms)} ms" for metric, ms in bounds.items())
+    return f"{within} at p{_num(objective.get('percentile'), 'g')}"
+
+
+def _recommendation_text(doc: dict[str, Any]) -> str:
+    rec = doc.get("recommendation")
+    if rec is None:
+        return "none: no configuration in the space can run"
+    unit = doc["objective"].get("unit", "")
+    how = "measured on the real server" if rec.get("source") == "stage2" else "predicted by the simulator"
+    gain = rec.get("gain_over_baseline")
+    times = "" if gain is None else f", {gain:.2f}× the baseline"
+    return f"{rec.get('engine_args') or '(vLLM defaults)'}: {_num(rec.get('score'))} {unit} ({how}{times})"
+
+
+def study_table(doc: dict[str, Any]) -> str:
+    """The study's parameters and its answer, as one two-column table."""
+    objective, deployment, search = doc["objective"], doc.get("deployment") or {}, doc.get("search") or {}
+    space = "; ".join(f"{k}: {', '.join('default' if v is None else str(v) for v in vs)}" for k, vs in (doc.get("space") or {}).items())
+    rows = [
+        ("objective", f"{objective.get('kind')} ({objective.get('unit')}, {objective.get('direction')})"),
+        ("SLO", _slo_text(objective)),
+        ("deployment", f"{deployment.get('model', '?')} on {deployment.get('gpu', '?')}; current flags: "
+                       f"{deployment.get('engine_args') or '(vLLM defaults)'}"),
+        ("search space", space or "—"),
+        ("search", f"{search.get('evaluated', len(doc['trials']))} of {search.get('space_size', '?')} configurations "
+                   f"simulated ({search.get('sampler', '?')})"),
+        ("workload per simulated run", plan_text((doc.get("workload") or {}).get("stage1"))),
+        ("recommended", _recommendation_text(doc)),
+    ]
+    launch = (doc.get("recommendation") or {}).get("launch_line")
+    if launch:
+        rows.append(("launch line", launch))
+    return html_table(None, rows, "params", row_headers=True)
+
+
+def _slo_verdict(trial: dict[str, Any]) -> str:
+    if trial.get("status") != "ok":
+        return "cannot run"
+    return "met" if trial.get("feasible") else "missed"
+
+
+def ranking_table(doc: dict[str, Any]) -> str:
+    """The baseline, then the best trials in tune's ranking (SLO met by score, then nearest misses)."""
+    objective = doc["objective"]
+    trials = {t["number"]: t for t in doc["trials"]}
+    head = ("configuration", "rank", "trial", f"{objective.get('kind', 'score')} ({objective.get('unit', '')})", "SLO",
+            "achieved req/s", "output tok/s", "TTFT p99 (ms)", "TPOT p99 (ms)")
+
+    def row(config: str, rank: str, number: str, trial: dict[str, Any]) -> list[str]:
+        m = trial.get("metrics") or {}
+        return [config, rank, number, _num(trial.get("score")), _slo_verdict(trial), _num(m.get("request_throughput")),
+                _num(m.get("output_throughput")), _num(m.get("p99_ttft_ms")), _num(m.get("p99_tpot_ms"))]
+
+    base = doc["baseline"]
+    rows = [row(f"baseline: {base.get('engine_args') or '(vLLM defaults)'}", "—", "—", base)]
+    ranked = doc.get("ranking") or []
+    rows += [row(knobs(trials[n]["params"]), str(i), str(n), trials[n]) for i, n in enumerate(ranked[:RANKED_ROWS], 1)]
+    table = html_table(head, rows, "summary", row_headers=True)
+    hidden = len(ranked) - RANKED_ROWS
+    return table + (f'<p class="confirm">… and {hidden} more trials, all in the plot and in tune.json.</p>' if hidden > 0 else "")
+
+
+def stage2_table(doc: dict[str, Any]) -> str | None:
+    """Measured on the real server vs predicted, per confirmed configuration; None when stage 2 did not run."""
+    stage2 = doc.get("stage2")
+    if not stage2 or not stage2.get("results"):
+        return None
+    unit = doc["objective"].get("unit", "score")
+    head = ("configuration", "changes", f"predicted {unit}", f"measured {unit}", "predicted TTFT p99 (ms)",
+            "measured TTFT p99 (ms)", "measured req/s", "SLO (measured)")
+    rows = []
+    for r in stage2["results"]:
+        measured = r.get("measured") or {}
+        violation = r.get("measured_violation")
+        slo = "—" if violation is None else ("met" if violation <= 0 else "missed")
+        rows.append([r["label"], knobs(r.get("params") or {}), _num(r.get("predicted_score")),
+                     "failed: " + str(r["error"]).splitlines()[0] if r.get("error") else _num(r.get("measured_score")),
+                     _num((r.get("predicted") or {}).get("p99_ttft_ms")), _num(measured.get("p99_ttft_ms")),
+                     _num(measured.get("request_throughput")), slo])
+    return "<h4>Stage 2: measured on the real server vs. predicted</h4>" + html_table(head, rows, "summary", row_headers=True)
+
+
+def _point(trial: dict[str, Any], x: str, y: str) -> tuple[float, float] | None:
+    m = trial.get("metrics") or {}
+    if trial.get("status") != "ok" or not isinstance(m.get(x), (int, float)) or not isinstance(m.get(y), (int, float)):
+        return None
+    return float(m[x]), float(m[y])
+
+
+def _hover(trial: dict[str, Any], name: str, unit: str) -> str:
+    return f"{name}: {knobs(trial.get('params') or {})}<br>score {_num(trial.get('score'))} {unit}, SLO {_slo_verdict(trial)}"
+
+
+def _scatter(trials: Sequence[tuple[dict[str, Any], str]], x: str, y: str, unit: str, **style: Any) -> go.Scatter:
+    """One trace of (trial, name) pairs placed by their metrics; those without both metrics are left out."""
+    placed = [(p, t, name) for t, name in trials if (p := _point(t, x, y)) is not None]
+    return go.Scatter(
+        x=[p[0] for p, _, _ in placed],
+        y=[p[1] for p, _, _ in placed],
+        text=[_hover(t, name, unit) for _, t, name in placed],
+        hovertemplate="%{text}<br>%{x:,.4g} / %{y:,.4g}<extra></extra>",
+        **style,
+    )
+
+
+def pareto_figure(tune: ReportDocument) -> go.Figure:
+    """Every runnable trial by throughput and tail latency; the front, the baseline and the recommendation marked."""
+    doc = tune.data
+    x, y = doc["pareto"]["x"], doc["pareto"]["y"]
+    unit = doc["objective"].get("unit", "")
+    trials = {t["number"]: t for t in doc["trials"]}
+    named = {n: (t, f"trial {n}") for n, t in trials.items()}
+    fig = go.Figure()
+    for verdict, symbol in (("met", "circle"), ("missed", "x")):
+        chosen = [named[n] for n, t in trials.items() if _slo_verdict(t) == verdict]
+        if chosen:
+            fig.add_trace(_scatter(chosen, x, y, unit, mode="markers", name=f"trial, SLO {verdict} (simulated)",
+                                   marker=dict(color=_COLORS[verdict], symbol=symbol, size=8, opacity=0.75)))
+    front = sorted((named[n] for n in doc["pareto"]["trials"] if n in named), key=lambda tn: _point(tn[0], x, y) or (0, 0))
+    if front:
+        fig.add_trace(_scatter(front, x, y, unit, mode="lines+markers", name="Pareto front (no other trial is better on both)",
+                               line=dict(color=_COLORS["front"], width=2), marker=dict(color=_COLORS["front"], size=9)))
+    fig.add_trace(_scatter([(doc["baseline"], "baseline")], x, y, unit, mode="markers", name="baseline (current flags)",
+                           marker=dict(color=_COLORS["baseline"], symbol="diamond", size=13)))
+    recommended = _recommended_trial(doc, trials)
+    where = None if recommended is None else _point(recommended, x, y)
+    if recommended is not None and where is not None:
+        fig.add_trace(_scatter([(recommended, "recommended")], x, y, unit, mode="markers", name="recommended",
+                               marker=dict(color=_COLORS["recommended"], symbol="star", size=20,
+                                           line=dict(color="#ffffff", width=1))))
+        fig.add_annotation(x=where[0], y=where[1], text="recommended", showarrow=True, arrowhead=2, ax=0, ay=-36,
+                           font=dict(color=_COLORS["recommended"], size=12))
+    _add_measured(fig, doc, x, y)
+    height = 520
+    fig.update_layout(title=f"Simulated trials of {tune.label}: {_METRIC_TITLES.get(y, y)} vs. {_METRIC_TITLES.get(x, x)}",
+                      height=height, **LAYOUT)
+    fig.update_layout(legend=legend_below(height))
+    fig.update_xaxes(title_text=_METRIC_TITLES.get(x, x), rangemode="tozero")
+    fig.update_yaxes(title_text=_METRIC_TITLES.get(y, y), rangemode="tozero")
+    return fig
+
+
+def _recommended_trial(doc: dict[str, Any], trials: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The trial the recommendation names ('baseline' or 'trial-N'), as simulated in stage 1."""
+    rec = doc.get("recommendation")
+    if rec is None:
+        return None
+    label = rec.get("label", "")
+    if label == "baseline":
+        return doc["baseline"]
+    number = label.removeprefix("trial-")
+    return trials.get(int(number)) if number.isdigit() else None
+
+
+def _add_measured(fig: go.Figure, doc: dict[str, Any], x: str, y: str) -> None:
+    """Stage 2: each measured configuration, joined by a dotted line to where the simulator put it."""
+    results = [r for r in ((doc.get("stage2") or {}).get("results") or []) if r.get("measured")]
+    pairs = [(r, _point({"status": "ok", "metrics": r["predicted"]}, x, y), _point({"status": "ok", "metrics": r["measured"]}, x, y))
+             for r in results]
+    pairs = [(r, p, m) for r, p, m in pairs if m is not None]
+    if not pairs:
+        return
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    for _, predicted, measured in pairs:
+        if predicted is not None:
+            xs += [predicted[0], measured[0], None]
+            ys += [predicted[1], measured[1], None]
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="predicted → measured", hoverinfo="skip",
+                             line=dict(color=_COLORS["measured"], dash="dot", width=1)))
+    fig.add_trace(go.Scatter(
+        x=[m[0] for _, _, m in pairs], y=[m[1] for _, _, m in pairs], mode="markers+text",
+        text=[r["label"] for r, _, _ in pairs], textposition="bottom center", textfont=dict(color=_COLORS["measured"], size=10),
+        name="measured on the real server (stage 2)", marker=dict(color=_COLORS["measured"], symbol="triangle-up", size=12),
+        customdata=[knobs(r.get("params") or {}) for r, _, _ in pairs],
+        hovertemplate="%{text} measured: %{customdata}<br>%{x:,.4g} / %{y:,.4g}<extra></extra>",
+    ))
+
+
+def tune_blocks(tune: ReportDocument) -> list[str | go.Figure]:
+    """One study's part of the section: its parameters, the plot, the ranking, stage 2."""
+    blocks: list[str | go.Figure] = [f"<h3>{escape(tune.label)}</h3>" + study_table(tune.data), pareto_figure(tune),
+                                     "<h4>Ranking (simulated)</h4>" + ranking_table(tune.data)]
+    stage2 = stage2_table(tune.data)
+    if stage2 is not None:
+        blocks.append(stage2)
+    return blocks
