@@ -11,13 +11,19 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import Result
+from typer.testing import CliRunner
 
+from servelab.cli import app
+from servelab.experiment.calibrate import deployment_from_profile
 from servelab.metrics.slo import SLO
+from servelab.perf.calibration import load_profile
 from servelab.targets.deployment import build_deployment
-from servelab.tune.confirm import LIVE_SERVER, STAGE2_DIR, ServerCommand, reap_orphaned_server
+from servelab.tune import tuner
+from servelab.tune.confirm import LIVE_SERVER, STAGE2_DIR, ServerCommand, Stage2Config, Stage2Result, predict, reap_orphaned_server
 from servelab.tune.errors import TuneError
-from servelab.tune.objectives import Objective, evaluate, max_goodput_rate
-from servelab.tune.outcome import gain, pareto_front, pick_for_confirmation, rank
+from servelab.tune.objectives import Objective, evaluate, key_metrics, max_goodput_rate
+from servelab.tune.outcome import gain, pareto_front, pick_for_confirmation, rank, read_tune_json
 from servelab.tune.space import SearchSpace, apply, candidate_key
 from servelab.tune.study import DUPLICATE_OF, SearchSettings, StudyTrial, open_study, run_search
 from servelab.tune.trial import INVALID, OK, SimJudge, TrialOutcome
@@ -25,6 +31,7 @@ from servelab.tune.workload import TuneWorkload
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.plan import Amount
+from support.profiles import tiny_profile
 
 TTFT_500 = SLO.parse("ttft:500")
 
@@ -334,3 +341,89 @@ def test_evaluate_is_deterministic(tiny_config: Path) -> None:
     first = evaluate(target, judge.workload, judge.objective, gpu="cpu", gpus=1)
     again = evaluate(judge.base.sim_target(), judge.workload, judge.objective, gpu="cpu", gpus=1)
     assert first.score == again.score and [p.rate for p in first.probes] == [p.rate for p in again.probes]
+
+
+# -- a calibration profile --------------------------------------------------
+
+CALIBRATED_LOAD = ["--goodput", "ttft:300", "--random-input-len", "256", "--random-output-len", "32"]
+
+
+def _tune(*args: str) -> Result:
+    return CliRunner().invoke(app, ["tune", *args], env={"COLUMNS": "400"})
+
+
+def _calibrated_judge(profile_path: Path, sim_prompts: int) -> SimJudge:
+    """What stage 1 must compute for a profile, built without the CLI."""
+    deployment = deployment_from_profile(load_profile(profile_path))
+    workload = TuneWorkload(WorkloadConfig(input_len=256, output_len=32), ArrivalConfig(), Amount(num_prompts=sim_prompts))
+    return SimJudge(deployment, deployment, workload, Objective("goodput", SLO.parse("ttft:300")))
+
+
+def test_tune_with_a_calibration_profile_scores_every_trial_on_its_coefficients(tmp_path: Path) -> None:
+    fast = tiny_profile(tmp_path / "fast")
+    slow = tiny_profile(tmp_path / "slow", step_overhead_s=6e-3)  # 4x the fixed cost of every engine step
+    docs = {}
+    for name, path in (("fast", fast), ("slow", slow)):
+        result = _tune("--calibration", str(path), "--space", "max_num_seqs=2,8,32", *CALIBRATED_LOAD,
+                       "--sim-prompts", "60", "--result-dir", str(tmp_path / f"tune-{name}"), "--json")
+        assert result.exit_code == 0, result.output
+        docs[name] = json.loads(result.stdout)
+    scores = {name: {t["params"]["max_num_seqs"]: t["score"] for t in doc["trials"]} for name, doc in docs.items()}
+
+    judge = _calibrated_judge(fast, sim_prompts=60)
+    assert scores["fast"] == pytest.approx({n: judge.judge({"max_num_seqs": n}).score for n in (2, 8, 32)})
+    assert all(scores["slow"][n] < scores["fast"][n] for n in (2, 8, 32)), scores
+    ranked = [docs["fast"]["trials"][i]["params"]["max_num_seqs"] for i in docs["fast"]["ranking"]]
+    assert ranked == sorted(scores["fast"], key=scores["fast"].get, reverse=True)
+    deployment = docs["fast"]["deployment"]
+    assert deployment["calibration"] == str(fast)
+    assert deployment["simulated"]["coefficients"] == load_profile(fast).coefficients.model_dump()
+    assert deployment["engine_args"] == "--max-num-seqs 32 --max-model-len 4096 --block-size 128"  # the profile's server
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--calibration", "PROFILE", "--gpu", "cpu"], ["--gpu", "--calibration"]),
+        (["--calibration", "PROFILE", "--model", "qwen2.5-7b"], ["--model", "--calibration"]),
+        (["--calibration", "PROFILE", "--space", "gpu=h100-sxm,a100-80gb-sxm"], ["gpu", "--calibration"]),
+        (["--calibration", "absent.json"], ["absent.json"]),
+        (["--model", "qwen2.5-7b"], ["--gpu", "--calibration"]),
+    ],
+)
+def test_tune_refuses_what_contradicts_or_lacks_a_deployment_before_any_trial(
+    tmp_path: Path, args: list[str], named: list[str]
+) -> None:
+    profile = str(tiny_profile(tmp_path))
+    out = tmp_path / "never"
+    result = _tune(*[profile if a == "PROFILE" else a for a in args], *CALIBRATED_LOAD, "--result-dir", str(out))
+    assert result.exit_code == 2, result.output
+    assert all(word in result.output for word in named), result.output
+    assert "Traceback" not in result.output and not out.exists()
+
+
+def test_stage2_predictions_come_from_the_calibrated_simulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage 2 with its servers replaced: every prediction must be the profile's, printed next to the measurement."""
+    path = tiny_profile(tmp_path)
+    profile = load_profile(path)
+    seen: list[Stage2Config] = []
+
+    def measure_nothing(configs, command, workload, objective, directory, *, on_result, **_):  # noqa: ANN001, ANN202
+        for config in configs:
+            seen.append(config)
+            predicted, score, violation = predict(config, workload, objective)
+            on_result(Stage2Result(config.label, config.params, config.engine_args, command.launch_line(config.engine_args),
+                                   key_metrics(predicted), score, violation, measured=key_metrics(predicted),
+                                   measured_score=0.5 * score, measured_violation=0.0, startup_s=1.0, bench_s=1.0))
+
+    monkeypatch.setattr(tuner, "confirm", measure_nothing)
+    out = tmp_path / "tune"
+    result = _tune("--calibration", str(path), "--space", "max_num_seqs=2,8", *CALIBRATED_LOAD, "--sim-prompts", "40",
+                   "--num-prompts", "40", "--top-k", "1", "--server-cmd", "vllm serve /m {engine_args}",
+                   "--result-dir", str(out))
+    assert result.exit_code == 0, result.output
+    assert [c.label for c in seen][0] == "baseline" and len(seen) == 2
+    assert all(c.deployment.hardware == profile.hardware and c.deployment.coefficients == profile.coefficients for c in seen)
+    first = read_tune_json(out)["stage2"]["results"][0]
+    assert f"measured {first['measured_score']:,.4g} req/s (predicted {first['predicted_score']:,.4g})" in result.output
+    assert f"predicted: simulated, calibrated by {path}" in result.output

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from servelab.metrics.slo import SLO
+from servelab.targets.deployment import build_deployment
 from servelab.tune.confirm import ServerCommand
 from servelab.tune.objectives import Objective
 from servelab.tune.space import SearchSpace
@@ -55,11 +56,11 @@ def test_stage2_picks_a_bigger_batch_than_the_bad_baseline_and_leaves_no_server(
     _vllm_pool.stop_default()  # one vLLM at a time: tune starts its own
     workload = WorkloadConfig(input_len=256, output_len=64)
     arrival = ArrivalConfig(max_concurrency=32)
+    line, sim_args = "--max-model-len 4096 --max-num-seqs 2", "--block-size 128 --kv-cache-memory-bytes 1G"
     request = TuneRequest(
-        gpu="cpu",
-        model=str(tiny_model),
-        engine_args="--max-model-len 4096 --max-num-seqs 2",
-        sim_args="--block-size 128 --kv-cache-memory-bytes 1G",
+        simulated=build_deployment("cpu", tiny_model, f"{line} {sim_args}"),
+        launch=build_deployment("cpu", tiny_model, line),
+        sim_args=sim_args,
         space=SearchSpace.from_items(["max_num_seqs=2,8,32"]),
         objective=Objective("goodput", SLO.parse("ttft:500")),
         sim_workload=TuneWorkload(workload, arrival, Amount(num_prompts=200)),

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.cli import app
-from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags, bad_input_exits, fail, load_options
+from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags, bad_input_exits, deployment_from_flags, fail, load_options
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
 from servelab.tune.confirm import ServerCommand, Stage2Config, Stage2Result
@@ -62,8 +62,9 @@ def parse_env(items: list[str] | None) -> dict[str, str]:
 @app.command()
 @load_options
 def tune(
-    gpu: Annotated[str, typer.Option(help="GPU the server runs on (see the catalogue), or cpu.")],
-    model: Annotated[str, typer.Option(help="Built-in model name or a directory with config.json.")],
+    gpu: Annotated[Optional[str], typer.Option(help="GPU the server runs on (see the catalogue), or cpu.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Built-in model name or a directory with config.json.")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: stage 1 runs on its fitted hardware and coefficients, --engine-args change its server's flags.")] = None,
     engine_args: Annotated[str, typer.Option(help="Your current launch flags: the baseline every candidate changes.")] = "",
     sim_args: Annotated[str, typer.Option(help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.")] = "",
     space: Annotated[Optional[list[str]], typer.Option(help="KNOB=V1,V2 (or KNOB for built-in values; 'default' = vLLM's). Repeatable.")] = None,
@@ -112,7 +113,10 @@ def tune(
                 server = ServerCommand(server_cmd, parse_env(server_env), startup_timeout=startup_timeout, port=server_port)
             bench_amount = load.amount() if load.num_prompts or load.duration else Amount(STAGE2_PROMPTS, warmup=load.warmup)
             request = TuneRequest(
-                gpu=gpu, model=model, engine_args=engine_args, sim_args=sim_args, space=search_space, objective=goal,
+                simulated=deployment_from_flags(gpu, model, f"{engine_args} {sim_args}".strip(), calibration=calibration),
+                launch=deployment_from_flags(gpu, model, engine_args, calibration=calibration),
+                sim_args=sim_args, calibration=None if calibration is None else str(calibration),
+                space=search_space, objective=goal,
                 sim_workload=TuneWorkload(load.workload(), arrival, Amount(num_prompts=sim_prompts)),
                 bench_workload=TuneWorkload(load.workload(), arrival, bench_amount),
                 search=SearchSettings(n_trials, sampler, search_seed),  # type: ignore[arg-type]
@@ -166,11 +170,18 @@ def _num(value: Any, fmt: str = ",.4g") -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _simulator(deployment: dict[str, Any]) -> str:
+    """Which simulator the predictions come from: a calibrated one is worth naming, an uncalibrated one worth flagging."""
+    profile = deployment.get("calibration")
+    return f"simulated, calibrated by {profile}" if profile else f"simulated on catalogue rates of {deployment['gpu']}"
+
+
 def render(console: Console, doc: dict[str, Any]) -> None:
     objective = doc["objective"]
     unit = objective["unit"]
     trials = {t["number"]: t for t in doc["trials"]}
-    table = Table(title=f"stage 1 (simulated): {objective['kind']} ({unit}), SLO {objective['slo']} at p{objective['percentile']:g}")
+    simulator = _simulator(doc["deployment"])
+    table = Table(title=f"stage 1 ({simulator}): {objective['kind']} ({unit}), SLO {objective['slo']} at p{objective['percentile']:g}")
     for column in ("#", "trial", "configuration", unit, "SLO", "req/s", "out tok/s", "p99 TTFT ms", "p99 TPOT ms"):
         table.add_column(column, justify="right" if column not in ("configuration",) else "left")
     base = doc["baseline"]
@@ -201,6 +212,7 @@ def render(console: Console, doc: dict[str, Any]) -> None:
                              "failed" if r["error"] else _num(r["measured_score"]), _num(r["predicted"].get("p99_ttft_ms")),
                              _num(m.get("p99_ttft_ms")), _num(m.get("request_throughput")), slo)
         console.print(measured)
+        console.print(f"predicted: {simulator}", highlight=False, soft_wrap=True)
     rec = doc["recommendation"]
     if rec is None:
         console.print("[red]no configuration in the space can run[/]")

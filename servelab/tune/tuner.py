@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab.targets.deployment import Deployment, build_deployment
+from servelab.targets.deployment import Deployment
 from servelab.tune.confirm import BASELINE, ServerCommand, Stage2Config, Stage2Result, confirm
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective
 from servelab.tune.outcome import pick_for_confirmation, rank, tune_document, write_tune_json
-from servelab.tune.space import SearchSpace, apply
+from servelab.tune.space import GPU, SearchSpace, apply
 from servelab.tune.study import SearchSettings, StudyTrial, run_search
 from servelab.tune.trial import OK, SimJudge
 from servelab.tune.workload import TuneWorkload
@@ -25,10 +25,11 @@ from servelab.tune.workload import TuneWorkload
 
 @dataclass(frozen=True)
 class TuneRequest:
-    gpu: str
-    model: str
-    engine_args: str
-    """The user's current launch flags: the baseline, and what every candidate changes."""
+    simulated: Deployment
+    """What stage 1 simulates for the baseline, and what stage 2's predictions come from: the user's line plus
+    `sim_args`, on a catalogue GPU or on the fitted hardware and coefficients of a calibration profile."""
+    launch: Deployment
+    """The user's current line alone: the baseline every candidate changes, and what launch lines are printed from."""
     space: SearchSpace
     objective: Objective
     sim_workload: TuneWorkload
@@ -38,7 +39,9 @@ class TuneRequest:
     search: SearchSettings
     output: Path
     sim_args: str = ""
-    """Flags only the simulator sees (e.g. `--block-size 128 --kv-cache-memory-bytes 1G` for the vLLM CPU backend)."""
+    """Recorded in tune.json: the flags only `simulated` has (e.g. `--block-size 128 --kv-cache-memory-bytes 1G`)."""
+    calibration: str | None = None
+    """The profile `simulated` was built from, recorded in tune.json; None = the catalogue's uncalibrated rates."""
     resume: bool = False
     server: ServerCommand | None = None
     top_k: int = 3
@@ -47,6 +50,12 @@ class TuneRequest:
     def __post_init__(self) -> None:
         if self.top_k < 1:
             raise TuneError(f"--top-k must be at least 1, got {self.top_k}")
+        if self.calibration is not None and GPU in self.space.dimensions:
+            raise TuneError(
+                f"the search space varies the GPU ({GPU}={','.join(map(str, self.space.dimensions[GPU]))}) but "
+                f"--calibration {self.calibration} is fitted to one device ({self.simulated.hardware.name}); "
+                f"drop the {GPU} dimension or the profile"
+            )
 
 
 @dataclass
@@ -58,15 +67,9 @@ class TuneProgress:
     on_server_result: Callable[[Stage2Result], None] | None = None
 
 
-def deployments(request: TuneRequest) -> tuple[Deployment, Deployment]:
-    """(what the simulator runs, what launch lines are printed from); PerfConfigError if the baseline cannot run."""
-    simulated = build_deployment(request.gpu, request.model, f"{request.engine_args} {request.sim_args}".strip())
-    return simulated, build_deployment(request.gpu, request.model, request.engine_args)
-
-
 def run_tune(request: TuneRequest, progress: TuneProgress | None = None) -> dict[str, Any]:
     progress = progress or TuneProgress()
-    simulated, launch = deployments(request)
+    simulated, launch = request.simulated, request.launch
     judge = SimJudge(simulated, launch, request.sim_workload, request.objective)
     baseline = judge.judge({})
     if baseline.status != OK:
@@ -80,7 +83,8 @@ def run_tune(request: TuneRequest, progress: TuneProgress | None = None) -> dict
     def document(stage2: list[Stage2Result], stage2_info: dict[str, Any] | None) -> dict[str, Any]:
         doc = tune_document(
             objective=_describe_objective(request.objective),
-            deployment={**launch.describe(), "sim_args": request.sim_args, "simulated": simulated.describe()},
+            deployment={**launch.describe(), "sim_args": request.sim_args, "calibration": request.calibration,
+                        "simulated": simulated.describe()},
             space=request.space.describe(),
             search={"sampler": "grid" if request.search.exhaustive(request.space) else "tpe",
                     "n_trials": request.search.n_trials, "budget": request.search.budget(request.space),
