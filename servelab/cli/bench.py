@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from servelab.cli import app
+from servelab.cli.report import ReportFlag, report_into
 from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags, bad_input_exits, fail, load_options
 from servelab.experiment.runner import run_point
 from servelab.experiment.sweep import run_sweep
@@ -33,6 +34,7 @@ def bench(
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="vLLM: generate exactly max_tokens.", rich_help_panel=_TARGET)] = False,
     request_timeout: Annotated[float, typer.Option(help="Seconds a request may take in all.", rich_help_panel=_TARGET)] = 600.0,
     scrape_interval: Annotated[float, typer.Option(help="Seconds between /metrics scrapes.", rich_help_panel=_TARGET)] = 1.0,
+    report: ReportFlag = False,
     *,
     load: LoadFlags,
 ) -> None:
@@ -86,6 +88,8 @@ def bench(
         if load.json:
             sys.stdout.write((result_dir / SWEEP).read_text())
         interrupted = index["interrupted"]
+    if report:
+        report_into(result_dir, out)
     if interrupted:
         out.print(f"[bold red]interrupted[/]: what completed is in {result_dir}")
         raise typer.Exit(EXIT_INTERRUPTED)

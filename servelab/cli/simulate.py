@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from servelab.cli import app
+from servelab.cli.report import ReportFlag, report_into
 from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags, bad_input_exits, deployment_from_flags, fail, load_options
 from servelab.experiment.runner import run_point
 from servelab.experiment.sweep import run_sweep
@@ -52,6 +53,7 @@ def simulate(
     gpu_file: Annotated[Optional[Path], typer.Option(help="YAML with your own GPUs, added to the catalogue.", rich_help_panel=_DEPLOYMENT)] = None,
     calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate`: its hardware, model and fitted coefficients.", rich_help_panel=_DEPLOYMENT)] = None,
     scrape_interval: Annotated[float, typer.Option(help="Simulated seconds between timeline samples.", rich_help_panel=_DEPLOYMENT)] = 1.0,
+    report: ReportFlag = False,
     *,
     load: LoadFlags,
 ) -> None:
@@ -100,6 +102,8 @@ def simulate(
         if load.json:
             sys.stdout.write((result_dir / SWEEP).read_text())
         interrupted = index["interrupted"]
+    if report:
+        report_into(result_dir, out)
     if interrupted:
         out.print(f"[bold red]interrupted[/]: what completed is in {result_dir}")
         raise typer.Exit(EXIT_INTERRUPTED)
