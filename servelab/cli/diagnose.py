@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from servelab.cli import app
+from servelab.cli.report import ReportFlag, report_into
 from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
 from servelab.diagnose.scenario import synthetic
 from servelab.metrics.results import load_run
@@ -54,11 +55,14 @@ def diagnose(
     markdown: Annotated[bool, typer.Option("--markdown", help="Print the diagnosis as Markdown.")] = False,
     save: Annotated[Optional[Path], typer.Option(help=f"Write the JSON here (default: {DIAGNOSIS} in RESULTS).")] = None,
     warmup: Annotated[float, typer.Option(help="Seconds at the start of the run to ignore.")] = 0.0,
+    report: ReportFlag = False,
 ) -> None:
     """Find what limits the deployment, the ceiling it implies, and the change that lifts it.
 
     With no arguments: the built-in example (Qwen2.5-7B on an A100 at ~10 req/s of 1,500-token prompts).
     """
+    if report and results is None:
+        raise _fail("--report draws a results directory: give RESULTS (a described deployment has no records to plot)")
     if json_out and markdown:
         raise _fail("--json and --markdown both choose the output format; pick one")
     described = any(v is not None for v in (input_len, output_len, request_rate, max_concurrency))
@@ -108,3 +112,5 @@ def diagnose(
             console.print("[dim]No deployment given: diagnosing the built-in example "
                           "(servelab diagnose --help for your own).[/]")
         render_terminal(data, console)
+    if report and results is not None:
+        report_into(results, Console(stderr=json_out or markdown))

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.cli import app
+from servelab.cli.report import ReportFlag, report_into
 from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags, bad_input_exits, deployment_from_flags, fail, load_options
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
@@ -82,6 +83,7 @@ def tune(
     server_port: Annotated[Optional[int], typer.Option(help="Stage 2: the port servers listen on (default: a free one each).")] = None,
     top_k: Annotated[int, typer.Option(help="Stage 2: how many of the simulator's best to measure (plus the baseline).")] = 3,
     startup_timeout: Annotated[float, typer.Option(help="Stage 2: seconds to wait for /health.")] = 300.0,
+    report: ReportFlag = False,
     *,
     load: LoadFlags,
 ) -> None:
@@ -137,6 +139,8 @@ def tune(
     else:
         render(console, doc)
         console.print(f"all trials: {output / TUNE_JSON}")
+    if report:
+        report_into(output, Console(stderr=True) if load.json else console)
 
 
 def _interrupt(signum: int, frame: object) -> None:
