@@ -9,9 +9,12 @@ from servelab.cli import app
 from servelab.diagnose import findings as fk
 from servelab.diagnose.analysis import analyse, diagnose_described, diagnose_run
 from servelab.diagnose.scenario import simulate, synthetic
+from servelab.experiment.calibrate import deployment_from_profile
 from servelab.metrics.results import ResultWriter, load_run
 from servelab.metrics.slo import SLO
+from servelab.perf.calibration import load_profile
 from servelab.targets.deployment import build_deployment
+from support.profiles import PROBED_ARGS, tiny_profile
 
 PLANTED = {
     # prompts of 1,500 tokens at 10 req/s: the first DEVELOPERS.md case; A100 tensor cores saturate.
@@ -153,3 +156,54 @@ def test_frontend_cpu_bound_when_the_api_server_saturates():
     dx = diagnose_described(d, synthetic(100, 50, request_rate=40), with_recommendations=False)
     assert dx.bottleneck == fk.FRONTEND_CPU_BOUND, [(f.kind, round(f.score, 2)) for f in dx.findings]
     assert dx.evidence.ttft_mean_ms > 10 * dx.evidence.server_ttft_mean_ms
+
+
+# -- a calibration profile as the deployment --------------------------------
+
+
+def _diagnose_cli(*args):
+    result = CliRunner().invoke(app, ["diagnose", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_cli_described_deployment_on_a_calibration_profile_uses_its_hardware_and_cost_model(tmp_path):
+    fast = tiny_profile(tmp_path / "fast")
+    slow = tiny_profile(tmp_path / "slow", bf16_tflops=0.1)  # a third of the fitted compute
+    workload = ("--input-len", "512", "--output-len", "32", "--request-rate", "4")
+    data = {name: _diagnose_cli("--calibration", str(path), *workload) for name, path in (("fast", fast), ("slow", slow))}
+
+    profile = load_profile(fast)
+    deployment = deployment_from_profile(profile)
+    expected = diagnose_described(deployment, synthetic(512, 32, request_rate=4), with_recommendations=False)
+    assert data["fast"]["deployment"]["coefficients"] == profile.coefficients.model_dump()
+    assert data["fast"]["deployment"]["engine_config"]["max_num_seqs"] == 32  # the calibrated server's flag
+    assert data["fast"]["ceilings"]["prefill_compute_rps"] == pytest.approx(expected.ceilings.prefill_compute_rps)
+    assert data["slow"]["ceilings"]["prefill_compute_rps"] < data["fast"]["ceilings"]["prefill_compute_rps"]
+    overridden = _diagnose_cli("--calibration", str(fast), "--engine-args", "--max-num-seqs 4", *workload)
+    assert overridden["deployment"]["engine_config"]["max_num_seqs"] == 4
+
+
+def test_cli_results_directory_on_a_calibration_profile(tmp_path):
+    path = tiny_profile(tmp_path)
+    run = tmp_path / "run"
+    simulated = CliRunner().invoke(app, ["simulate", "--calibration", str(path), "--random-input-len", "256",
+                                         "--random-output-len", "32", "--num-prompts", "80", "--max-concurrency", "16",
+                                         "--result-dir", str(run)])
+    assert simulated.exit_code == 0, simulated.output
+    data = _diagnose_cli(str(run), "--calibration", str(path))
+    assert json.loads((run / "diagnosis.json").read_text())["deployment"] == data["deployment"]
+    assert data["deployment"]["coefficients"] == load_profile(path).coefficients.model_dump()
+    assert data["workload"]["requests"] == 80
+    uncalibrated = _diagnose_cli(str(run), "--gpu", "cpu", "--model", str(tmp_path / "tiny-config"),
+                                 "--engine-args", PROBED_ARGS)
+    assert data["ceilings"]["decode_bandwidth_tps"] != uncalibrated["ceilings"]["decode_bandwidth_tps"]
+
+
+@pytest.mark.parametrize("flag", [["--gpu", "cpu"], ["--model", "qwen2.5-7b"]])
+def test_cli_calibration_beside_gpu_or_model_is_one_error_naming_both(tmp_path, flag):
+    path = tiny_profile(tmp_path)
+    result = CliRunner().invoke(app, ["diagnose", "--calibration", str(path), *flag, "--input-len", "5",
+                                      "--output-len", "5", "--request-rate", "1"])
+    assert result.exit_code == 2
+    assert flag[0] in result.output and "--calibration" in result.output and "Traceback" not in result.output

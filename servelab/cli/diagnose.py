@@ -11,13 +11,13 @@ from rich.console import Console
 
 from servelab.cli import app
 from servelab.cli.report import ReportFlag, report_into
+from servelab.cli.options import deployment_from_flags
 from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
 from servelab.diagnose.scenario import synthetic
 from servelab.metrics.results import load_run
 from servelab.metrics.slo import SLO, SLOError
 from servelab.perf.errors import PerfConfigError
 from servelab.report.diagnosis_view import render_markdown, render_terminal
-from servelab.targets.deployment import build_deployment
 
 DIAGNOSIS = "diagnosis.json"
 
@@ -41,6 +41,7 @@ def diagnose(
     tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size (overrides engine args).")] = None,
     replicas: Annotated[Optional[int], typer.Option(help="Data-parallel replicas behind a router.")] = None,
     gpu_file: Annotated[Optional[Path], typer.Option(help="YAML file with extra GPUs.")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: its fitted hardware and cost model; --engine-args change its server's flags.")] = None,
     input_len: Annotated[Optional[int], typer.Option(help="Described deployment: prompt tokens per request.")] = None,
     output_len: Annotated[Optional[int], typer.Option(help="Described deployment: output tokens per request.")] = None,
     request_rate: Annotated[Optional[float], typer.Option(help="Described deployment: offered req/s (Poisson).")] = None,
@@ -69,19 +70,17 @@ def diagnose(
     if results is not None and described:
         raise _fail("RESULTS and --input-len/--output-len/--request-rate/--max-concurrency both describe the workload; "
                     "give a results directory or a described deployment, not both")
-    example = results is None and not described and gpu is None and model is None
+    example = results is None and not described and gpu is None and model is None and calibration is None
     if example:
         gpu, model, engine_args = EXAMPLE["gpu"], EXAMPLE["model"], EXAMPLE["engine_args"]
         input_len, output_len, request_rate = EXAMPLE["input_len"], EXAMPLE["output_len"], EXAMPLE["request_rate"]
         observed_qps, observed_gpu_util = EXAMPLE["observed_qps"], EXAMPLE["observed_gpu_util"]
-    if gpu is None or model is None:
-        raise _fail("--gpu and --model are needed: servelab cannot see what hardware and model the server runs")
     if observed_gpu_util is not None and not 0 <= observed_gpu_util <= 1:
         raise _fail(f"--observed-gpu-util is a fraction in [0, 1], got {observed_gpu_util}")
     try:
         slo = SLO.parse(goodput)
-        deployment = build_deployment(gpu, model, engine_args, tensor_parallel_size=tp, replicas=replicas,
-                                      gpu_file=gpu_file)
+        deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp, replicas=replicas,
+                                           gpu_file=gpu_file)
         observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util)
         if results is not None:
             run = load_run(results)
