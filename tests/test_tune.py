@@ -322,9 +322,12 @@ def test_server_command_template() -> None:
 
 
 def test_orphaned_server_from_a_killed_tune_is_reaped(tmp_path: Path) -> None:
-    argv = ["sleep", "4242.5"]
+    argv = ["sleep", f"4242.{os.getpid()}"]  # unique: a parallel run's orphan is not this test's
     orphan = subprocess.Popen(argv, start_new_session=True)
     try:
+        cmdline = Path(f"/proc/{orphan.pid}/cmdline")
+        while cmdline.read_bytes().rstrip(b"\0") != "\0".join(argv).encode():  # until the fork has exec'd sleep
+            time.sleep(0.01)
         (tmp_path / STAGE2_DIR).mkdir()
         (tmp_path / STAGE2_DIR / LIVE_SERVER).write_text(json.dumps({"argv": argv}))
         assert reap_orphaned_server(tmp_path, grace=5) == [orphan.pid]
@@ -400,6 +403,17 @@ def test_tune_refuses_what_contradicts_or_lacks_a_deployment_before_any_trial(
     assert result.exit_code == 2, result.output
     assert all(word in result.output for word in named), result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_resuming_a_study_on_another_calibration_is_refused(tmp_path: Path) -> None:
+    fast, slow = tiny_profile(tmp_path / "fast"), tiny_profile(tmp_path / "slow", step_overhead_s=6e-3)
+    args = ["--space", "max_num_seqs=2,8", *CALIBRATED_LOAD, "--sim-prompts", "40", "--result-dir", str(tmp_path / "t")]
+    assert _tune("--calibration", str(fast), *args).exit_code == 0
+    other = _tune("--calibration", str(slow), *args, "--resume")
+    assert other.exit_code == 2 and "scored with another deployment" in other.output, other.output
+    same = _tune("--calibration", str(fast), *args, "--resume", "--json")
+    assert same.exit_code == 0, same.output
+    assert len(json.loads(same.stdout)["trials"]) == 2
 
 
 def test_stage2_predictions_come_from_the_calibrated_simulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

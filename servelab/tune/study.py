@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import optuna
 from optuna.trial import TrialState
@@ -35,6 +35,7 @@ STUDY_DB = "study.db"
 STUDY_NAME = "stage1"
 TRIALS_DIR = "stage1"
 OUTCOME = "outcome"
+BASIS = "basis"
 DUPLICATE_OF = "duplicate_of"
 SamplerName = Literal["auto", "grid", "tpe"]
 SAMPLERS = ("auto", "grid", "tpe")
@@ -82,8 +83,17 @@ def _sampler(settings: SearchSettings, space: SearchSpace, budget: int) -> optun
         )
 
 
-def open_study(directory: Path, direction: str, settings: SearchSettings, space: SearchSpace, *, resume: bool) -> optuna.Study:
-    """Create the study, or load it with `resume`; refuse to silently mix two studies in one directory."""
+def open_study(
+    directory: Path, direction: str, settings: SearchSettings, space: SearchSpace, *, resume: bool,
+    basis: Mapping[str, Any] | None = None,
+) -> optuna.Study:
+    """Create the study, or load it with `resume`; refuse to silently mix two studies in one directory.
+
+    `basis` is what a score rests on besides the knobs (the simulated
+    deployment with its calibration, the workload, the objective): resuming
+    on another basis, e.g. after recalibrating, would rank trials scored by
+    two different simulators against each other, so it is refused.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     exists = (directory / STUDY_DB).exists()
     if exists and not resume:
@@ -104,6 +114,18 @@ def open_study(directory: Path, direction: str, settings: SearchSettings, space:
             f"--resume: the study in {directory} was run with another search space or objective "
             f"({stored}); resume with the same flags, or pick another --output"
         )
+    if basis is not None:
+        expected = json.loads(json.dumps(basis, default=str))
+        recorded = study.user_attrs.get(BASIS)
+        if recorded is None:
+            study.set_user_attr(BASIS, expected)
+        elif recorded != expected:
+            changed = sorted(k for k in expected.keys() | recorded.keys() if expected.get(k) != recorded.get(k))
+            raise TuneError(
+                f"--resume: the study in {directory} was scored with another {' and '.join(changed)} "
+                f"(a different --gpu/--model/--calibration, --engine-args, workload or objective); "
+                f"resume with the same flags, or pick another --output"
+            )
     return study
 
 
@@ -159,15 +181,17 @@ def run_search(
     direction: str,
     settings: SearchSettings,
     resume: bool = False,
+    basis: Mapping[str, Any] | None = None,
     on_trial: Callable[[StudyTrial, int, int], None] | None = None,
 ) -> list[StudyTrial]:
     """Evaluate up to the budget of distinct candidates; returns every distinct one evaluated (old and new).
 
+    `basis` is checked on resume as `open_study` says.
     `on_trial(trial, evaluated, budget)` is called after each new evaluation.
     A KeyboardInterrupt fails the running trial (its point is re-queued on
     resume) and propagates.
     """
-    study = open_study(directory, direction, settings, space, resume=resume)
+    study = open_study(directory, direction, settings, space, resume=resume, basis=basis)
     _requeue_interrupted(study, space)
     trials = finished_trials(study)
     for t in trials:  # a kill between tell and the write leaves a finished trial without its dir

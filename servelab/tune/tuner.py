@@ -77,7 +77,7 @@ def run_tune(request: TuneRequest, progress: TuneProgress | None = None) -> dict
     direction = request.objective.direction
     trials = run_search(
         request.space, judge.judge, request.output, direction=direction, settings=request.search,
-        resume=request.resume, on_trial=progress.on_trial,
+        resume=request.resume, basis=_basis(request), on_trial=progress.on_trial,
     )
 
     def document(stage2: list[Stage2Result], stage2_info: dict[str, Any] | None) -> dict[str, Any]:
@@ -116,6 +116,17 @@ def run_tune(request: TuneRequest, progress: TuneProgress | None = None) -> dict
             resume=request.resume, http_options=request.http_options, on_start=progress.on_server_start,
             on_result=on_result)
     return document(measured, info)
+
+
+def _basis(request: TuneRequest) -> dict[str, Any]:
+    """What every stage-1 score rests on besides its knobs: a resumed study must share it (see open_study)."""
+    simulated = request.simulated
+    return {
+        "deployment": {**simulated.describe(), "hardware": simulated.hardware.model_dump(),
+                       "network_latency": simulated.network_latency},
+        "workload": request.sim_workload.describe(),
+        "objective": _describe_objective(request.objective),
+    }
 
 
 def _describe_objective(objective: Objective) -> dict[str, Any]:
