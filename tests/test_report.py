@@ -15,14 +15,14 @@ from servelab.metrics.records import RequestRecord
 from servelab.metrics.results import SWEEP, load_run
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample
-from servelab.report import figures
+from servelab.report import figures, tune_results, validation_results
 from servelab.report.html import render_report, write_report
 from servelab.report.inputs import ReportInputError, load_inputs
-from support.synthetic_results import TOY_DIAGNOSIS, write_toy_run, write_toy_sweep
+from support.synthetic_results import TOY_DIAGNOSIS, toy_validation, write_toy_run, write_toy_sweep
 
 
 def _section_ids(page: str) -> list[str]:
-    return re.findall(r'<section id="([a-z]+)">', page)
+    return re.findall(r'<section id="([a-z0-9]+)">', page)
 
 
 def test_sweep_and_runs_get_unique_labels_with_their_source(tmp_path: Path) -> None:
@@ -108,6 +108,8 @@ def test_parameters_table_highlights_what_differs(tmp_path: Path) -> None:
     differs = re.findall(r'<tr class="differs"><th scope="row">([^<]+)</th>', page)
     assert "arrival.max_concurrency" in differs
     assert "model" not in differs
+    folded = re.search(r"<details><summary>All (\d+) settings from run.json, (\d+) differ between inputs", page)
+    assert folded and int(folded.group(2)) == len(differs) < int(folded.group(1))
 
 
 def _record(index: int, send: float, first: float | None, finish: float, **kw) -> RequestRecord:
@@ -190,3 +192,123 @@ def test_diagnosis_findings_and_ceilings_show_where_diagnose_ran(tmp_path: Path)
     (plain / "diagnosis.json").write_text('{"findings": "none"}')
     with pytest.raises(ReportInputError, match="not a servelab diagnosis"):
         load_inputs([plain])
+
+
+# --- tune and validate --------------------------------------------------------------------------
+
+TUNE_ARGS = ("--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--space", "max_num_seqs=8,64", "--space",
+             "max_num_batched_tokens=2048,8192", "--sim-prompts", "40", "--random-input-len", "512",
+             "--random-output-len", "64", "--goodput", "ttft:300")
+
+
+@pytest.fixture(scope="module")
+def tune_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real stage-1 study on the simulator (seconds), written by `servelab tune --report`."""
+    out = tmp_path_factory.mktemp("tune") / "study"
+    result = CliRunner().invoke(app, ["tune", *TUNE_ARGS, "--result-dir", str(out), "--report"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _trace(fig, name: str):
+    return next(t for t in fig.data if t.name == name)
+
+
+def test_tune_study_shows_trials_front_baseline_and_recommendation(tune_dir: Path) -> None:
+    assert _section_ids((tune_dir / "report.html").read_text()) == ["tune"]  # written by tune --report
+    doc = json.loads((tune_dir / "tune.json").read_text())
+    inputs = load_inputs([tune_dir])
+    assert [t.label for t in inputs.tunes] == ["study"] and not inputs.tops
+    fig = tune_results.pareto_figure(inputs.tunes[0])
+    trials = {t["number"]: t["metrics"] for t in doc["trials"]}
+    front = sorted(doc["pareto"]["trials"], key=lambda n: trials[n]["output_throughput"])
+    line = _trace(fig, "Pareto front (no other trial is better on both)")
+    assert list(line.x) == [trials[n]["output_throughput"] for n in front]
+    assert list(line.y) == [trials[n]["p99_ttft_ms"] for n in front]
+    placed = sum(len(t.x) for t in fig.data if t.name.startswith("trial, SLO"))
+    assert placed == len(doc["trials"])
+    base = _trace(fig, "baseline (current flags)")
+    assert (base.x[0], base.y[0]) == (doc["baseline"]["metrics"]["output_throughput"], doc["baseline"]["metrics"]["p99_ttft_ms"])
+    rec = doc["recommendation"]
+    star = _trace(fig, "recommended")
+    assert star.x[0] == trials[int(rec["label"].removeprefix("trial-"))]["output_throughput"]
+    assert fig.layout.xaxis.title.text == "Output throughput (tokens/s)" and fig.layout.yaxis.title.text == "TTFT p99 (ms)"
+    page = render_report(inputs)
+    ranked = re.findall(r'<tr><th scope="row">(max_num_seqs=[^<]+)</th><td>(\d+)</td><td>(\d+)</td>', page)
+    assert [int(number) for _, _, number in ranked] == doc["ranking"]
+    assert rec["engine_args"] in page and "Stage 2" not in page
+
+
+def test_tune_stage2_measurements_sit_beside_their_predictions(tune_dir: Path, tmp_path: Path) -> None:
+    doc = json.loads((tune_dir / "tune.json").read_text())
+    best = doc["trials"][doc["ranking"][0]]
+    results = [
+        {"label": label, "params": trial["params"], "engine_args": trial["engine_args"], "launch_line": None,
+         "predicted": trial["metrics"], "predicted_score": trial["score"], "predicted_violation": 0.0,
+         "measured": {k: v * 0.5 for k, v in trial["metrics"].items()}, "measured_score": trial["score"] * 0.5,
+         "measured_violation": 0.0, "error": None}
+        for label, trial in (("baseline", doc["baseline"]), (f"trial-{best['number']}", best))
+    ]
+    doc["stage2"] = {"server_cmd": "vllm serve m {engine_args}", "env": {}, "top_k": 1, "configs": [], "results": results}
+    (tmp_path / "tune.json").write_text(json.dumps(doc))
+    inputs = load_inputs([tmp_path / "tune.json"])  # the file itself works as well as its directory
+    assert inputs.tunes[0].label == tmp_path.name
+    fig = tune_results.pareto_figure(inputs.tunes[0])
+    measured = _trace(fig, "measured on the real server (stage 2)")
+    assert list(measured.text) == ["baseline", f"trial-{best['number']}"]
+    assert measured.x[1] == best["metrics"]["output_throughput"] * 0.5
+    joins = _trace(fig, "predicted → measured")
+    assert list(joins.x[:3]) == [doc["baseline"]["metrics"]["output_throughput"], measured.x[0], None]
+    assert "Stage 2: measured on the real server vs. predicted" in render_report(inputs)
+
+
+def test_validation_overlays_measured_and_simulated_with_the_error(tmp_path: Path) -> None:
+    doc = toy_validation()
+    path = tmp_path / "validation.json"
+    path.write_text(json.dumps(doc))
+    inputs = load_inputs([path])
+    page = render_report(inputs)
+    assert _section_ids(page) == ["validation"]
+    fig = validation_results.overlay_figure(inputs.validations[0])
+    metrics = validation_results.metrics_of(doc)
+    assert len(metrics) == 5 and len(fig.data) == 2 * len(metrics)
+    for i, metric in enumerate(metrics):
+        measured, simulated = fig.data[2 * i], fig.data[2 * i + 1]
+        assert (measured.name, simulated.name) == ("measured", "simulated")
+        assert list(measured.y) == [p["measured"][metric] for p in doc["points"]]
+        assert list(simulated.y) == [p["simulated"][metric] for p in doc["points"]]
+    ttft = fig.data[2 * metrics.index("ttft_p50_ms") + 1]
+    assert list(ttft.text) == ["-14%"] * 3  # the toy simulator is 14% fast on TTFT p50
+    assert "median |error|" in page and "14.0% (bound 20%)" in page and "outside the bounds" in page
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"kind": "calibration"}', "neither a tune.json nor"),
+        ('{"kind": "tune", "trials": [], "pareto": {}, "objective": {}}', "has no trials, pareto, objective"),
+        ('{"kind": "servelab.validation", "points": [{"point": "a"}]}', "has no median_abs_error_pct"),
+    ],
+)
+def test_documents_that_are_not_tune_or_validate_output_are_refused(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "doc.json"
+    path.write_text(content)
+    with pytest.raises(ReportInputError, match=message):
+        load_inputs([path])
+
+
+def test_header_says_what_each_input_ran(tmp_path: Path, tune_dir: Path) -> None:
+    result = CliRunner().invoke(app, ["simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--random-input-len", "300",
+                                      "--random-output-len", "20", "--num-prompts", "8", "--sweep", "max-concurrency=1,2",
+                                      "--result-dir", str(tmp_path / "sim"), "--report"])
+    assert result.exit_code == 0, result.output
+    header = (tmp_path / "sim" / "report.html").read_text().split("</header>")[0]
+    assert "Qwen2.5-7B on A100-80GB-SXM · random prompts of 300 → 20 tokens, 8 requests · sweep max-concurrency = 1, 2" in header
+    header = render_report(load_inputs([tmp_path / "sim", tune_dir])).split("</header>")[0]
+    assert "<b>study</b>: tune of Qwen2.5-7B on A100-80GB-SXM for goodput, 4 configurations simulated" in header
+
+
+def test_diagnose_report_refuses_a_described_deployment() -> None:
+    result = CliRunner().invoke(app, ["diagnose", "--report"])
+    assert result.exit_code == 2
+    assert "--report draws a results directory" in " ".join(result.output.split())

@@ -12,10 +12,12 @@ import os
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from servelab.cli import app
 from servelab.report.html import write_report
 from support import browser
-from support.synthetic_results import TOY_DIAGNOSIS, write_toy_run, write_toy_sweep
+from support.synthetic_results import TOY_DIAGNOSIS, toy_validation, write_toy_run, write_toy_sweep
 
 REQUIRE = os.environ.get("SERVELAB_REQUIRE_CHROMIUM") == "1"
 
@@ -35,13 +37,22 @@ def test_report_renders_in_headless_chromium(tmp_path: Path, chromium: None) -> 
     simulated = write_toy_sweep(tmp_path / "sim-sweep", (1, 2, 4, 8, 16), source="sim")
     single = write_toy_run(tmp_path / "single-run", concurrency=12, n=120, source=None)
     (measured / "diagnosis.json").write_text(json.dumps(TOY_DIAGNOSIS))
-    page = write_report([measured, simulated, single], tmp_path / "report.html")
+    study = tmp_path / "tune-study"
+    tuned = CliRunner().invoke(app, [
+        "tune", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--space", "max_num_seqs=8,32,128",
+        "--space", "max_num_batched_tokens=1024,8192", "--sim-prompts", "40", "--random-input-len", "512",
+        "--random-output-len", "64", "--goodput", "ttft:300", "--result-dir", str(study),
+    ])
+    assert tuned.exit_code == 0, tuned.output
+    validation = tmp_path / "validation.json"
+    validation.write_text(json.dumps(toy_validation()))
+    page = write_report([measured, simulated, single, study, validation], tmp_path / "report.html")
     artifacts = Path(os.environ.get("SERVELAB_ARTIFACTS", tmp_path))
 
     check = browser.open_page(page, artifacts / "report.png")
 
     assert check.errors == []
-    assert len(check.plots) == 5
+    assert len(check.plots) == 7
     not_drawn = [p.id for p in check.plots if not p.rendered]
     assert not_drawn == [], f"plots without svg.main-svg: {not_drawn}"
     assert all(p.traces > 0 for p in check.plots)
@@ -49,6 +60,8 @@ def test_report_renders_in_headless_chromium(tmp_path: Path, chromium: None) -> 
         "What was run",
         "Summary",
         "Diagnosis",
+        "Tune",
+        "Simulated vs. measured (validate)",
         "Sweeps",
         "Latency distributions",
         "Per-request timeline",
@@ -58,4 +71,4 @@ def test_report_renders_in_headless_chromium(tmp_path: Path, chromium: None) -> 
     assert list(menus) == ["Per-request timeline", "Server timeline"]
     assert len(menus["Per-request timeline"]) == 11 and menus["Server timeline"][0] == "All runs"
     assert check.screenshot.stat().st_size > 50_000
-    assert check.page_height > 3000
+    assert check.page_height > 5000

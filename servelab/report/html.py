@@ -41,6 +41,7 @@ thead th { background: #f3f4f6; position: sticky; top: 0; }
 table.summary td { text-align: right; font-variant-numeric: tabular-nums; }
 table.params td { font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; font-size: 12px; max-width: 460px; overflow-wrap: anywhere; }
 table.params tr.differs { background: #fef3c7; }
+details summary { cursor: pointer; font-size: 14px; color: #1f2937; margin: 4px 0 8px 0; }
 .plot { margin: 10px 0 18px 0; }
 .diagnosis { margin: 10px 0 22px 0; }
 .diagnosis h3 { margin: 12px 0 2px 0; font-size: 16px; }

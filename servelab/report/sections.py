@@ -45,8 +45,8 @@ def parameters_section(inputs: ReportInputs) -> Section | None:
     return Section(
         key="parameters",
         title="What was run",
-        lead="Each input's run.json; a sweep shows its first point's settings and the values it swept. "
-        "Highlighted rows differ between inputs.",
+        lead="The header names each input's model, workload and sweep; here is every setting from its run.json "
+        "(a sweep shows its first point's and the values it swept). Click to unfold.",
         blocks=[tables.parameters_table(inputs)],
     )
 

@@ -68,21 +68,29 @@ def _parameters_of(item: ReportRun | ReportSweep) -> dict[str, str]:
 
 
 def parameters_table(inputs: ReportInputs) -> str:
-    """One column per input; rows whose values differ between inputs are highlighted."""
+    """One column per input; rows whose values differ between inputs are highlighted.
+
+    Folded: a run.json has a hundred settings, and the page header already
+    names the ones that tell runs apart, so the table is there to look up, not to scroll past.
+    """
     items = inputs.tops
     columns = [_parameters_of(item) for item in items]
     keys = sorted({key for column in columns for key in column}, key=lambda k: (k != "source", k != "directory", k))
     head = "".join(f"<th>{escape(item.label)}</th>" for item in items)
     rows = []
+    differing = 0
     for key in keys:
         cells = [column.get(key, "") for column in columns]
         row_class = ' class="differs"' if len(columns) > 1 and len(set(cells)) > 1 else ""
+        differing += bool(row_class)
         rows.append(
             f'<tr{row_class}><th scope="row">{escape(key)}</th>'
             + "".join(f"<td>{escape(cell)}</td>" for cell in cells)
             + "</tr>"
         )
-    return f'<table class="params"><thead><tr><th>parameter</th>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    table = f'<table class="params"><thead><tr><th>parameter</th>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    differ = f", {differing} differ between inputs (highlighted)" if len(columns) > 1 else ""
+    return f"<details><summary>All {len(keys)} settings from run.json{differ}</summary>{table}</details>"
 
 
 def html_table(head: Sequence[str] | None, rows: Sequence[Sequence[str]], css: str, row_headers: bool = False) -> str:

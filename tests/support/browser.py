@@ -10,6 +10,7 @@ Background networking is off: the page must work offline.
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from pathlib import Path
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 INSTALL_HINT = "apt-get install -y chromium chromium-driver (and pip install selenium)"
+REQUIRED = os.environ.get("SERVELAB_REQUIRE_CHROMIUM") == "1"
+"""Set by scripts/test (CI): a missing browser is a failure there, not a skip."""
 
 CHROMIUM_FLAGS = (
     "--headless",
@@ -57,6 +60,14 @@ def missing() -> str | None:
     if not CHROMIUM or not CHROMEDRIVER:
         return f"chromium or chromedriver not found ({INSTALL_HINT})"
     return None
+
+
+def available() -> bool:
+    """Whether a browser check can run; raises where one is required (CI) but cannot."""
+    reason = missing()
+    if reason and REQUIRED:
+        raise RuntimeError(f"SERVELAB_REQUIRE_CHROMIUM=1 but {reason}")
+    return reason is None
 
 
 @dataclass
