@@ -69,6 +69,8 @@ def study_table(doc: dict[str, Any]) -> str:
         ("SLO", _slo_text(objective)),
         ("deployment", f"{deployment.get('model', '?')} on {deployment.get('gpu', '?')}; current flags: "
                        f"{deployment.get('engine_args') or '(vLLM defaults)'}"),
+        ("simulator", f"calibrated by {deployment['calibration']}" if deployment.get("calibration")
+                      else "uncalibrated: the GPU catalogue's rates"),
         ("search space", space or "—"),
         ("search", f"{search.get('evaluated', len(doc['trials']))} of {search.get('space_size', '?')} configurations "
                    f"simulated ({search.get('sampler', '?')})"),
@@ -114,14 +116,14 @@ def stage2_table(doc: dict[str, Any]) -> str | None:
     if not stage2 or not stage2.get("results"):
         return None
     unit = doc["objective"].get("unit", "score")
-    head = ("configuration", "changes", f"predicted {unit}", f"measured {unit}", "predicted TTFT p99 (ms)",
+    head = ("configuration", f"predicted {unit}", f"measured {unit}", "predicted TTFT p99 (ms)",
             "measured TTFT p99 (ms)", "measured req/s", "SLO (measured)")
     rows = []
     for r in stage2["results"]:
         measured = r.get("measured") or {}
         violation = r.get("measured_violation")
         slo = "—" if violation is None else ("met" if violation <= 0 else "missed")
-        rows.append([r["label"], knobs(r.get("params") or {}), _num(r.get("predicted_score")),
+        rows.append([f"{r['label']}: {knobs(r.get('params') or {})}", _num(r.get("predicted_score")),
                      "failed: " + str(r["error"]).splitlines()[0] if r.get("error") else _num(r.get("measured_score")),
                      _num((r.get("predicted") or {}).get("p99_ttft_ms")), _num(measured.get("p99_ttft_ms")),
                      _num(measured.get("request_throughput")), slo])
