@@ -16,7 +16,7 @@ from servelab.metrics.results import SWEEP, load_run
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample
 from servelab.report import figures, tune_results, validation_results
-from servelab.report.html import render_report, write_report
+from servelab.report.html import default_title, render_report, write_report
 from servelab.report.inputs import ReportInputError, load_inputs
 from support.synthetic_results import TOY_DIAGNOSIS, toy_validation, write_toy_run, write_toy_sweep
 
@@ -251,8 +251,14 @@ def test_tune_stage2_measurements_sit_beside_their_predictions(tune_dir: Path, t
     ]
     doc["stage2"] = {"server_cmd": "vllm serve m {engine_args}", "env": {}, "top_k": 1, "configs": [], "results": results}
     (tmp_path / "tune.json").write_text(json.dumps(doc))
+    for r in results[:1]:  # stage 2's bench run of the baseline, as tune/confirm writes it (no source, kind tune-stage2)
+        run = write_toy_run(tmp_path / "stage2" / r["label"], source=None)
+        info = json.loads((run / "run.json").read_text())
+        (run / "run.json").write_text(json.dumps({**info, "kind": "tune-stage2", "label": r["label"]}))
     inputs = load_inputs([tmp_path / "tune.json"])  # the file itself works as well as its directory
     assert inputs.tunes[0].label == tmp_path.name
+    assert [r.label for r in inputs.runs] == [f"{tmp_path.name} · stage 2 baseline (measured)"]
+    assert default_title(inputs) == f"servelab report: {tmp_path.name}"
     fig = tune_results.pareto_figure(inputs.tunes[0])
     measured = _trace(fig, "measured on the real server (stage 2)")
     assert list(measured.text) == ["baseline", f"trial-{best['number']}"]

@@ -70,7 +70,7 @@ def _section_html(section: Section, first_plot: int) -> tuple[str, int]:
 
 
 def default_title(inputs: ReportInputs) -> str:
-    labels = [item.label for item in inputs.given]
+    labels = [item.label for item in inputs.given if getattr(item, "within", None) is None]
     return "servelab report: " + (" vs. ".join(labels) if len(labels) <= 3 else f"{len(labels)} inputs")
 
 

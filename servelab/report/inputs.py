@@ -22,6 +22,9 @@ DIAGNOSIS = "diagnosis.json"
 TUNE = "tune.json"
 """Written into its --result-dir by `servelab tune` (schema in docs/tune.md)."""
 TUNE_KIND = "tune"
+STAGE2 = "stage2"
+STAGE2_KIND = "tune-stage2"
+"""tune's measured servers: bench results directories <result-dir>/stage2/<label>/, run.json kind tune-stage2."""
 VALIDATION_KIND = "servelab.validation"
 """The `kind` of the JSON file `servelab validate --out FILE` writes."""
 
@@ -46,10 +49,14 @@ class ReportRun:
     """The swept parameter's value for a sweep point; None for a standalone run."""
     diagnosis: dict[str, Any] | None = None
     """diagnosis.json from the run's directory, when diagnose has been run on it."""
+    within: Path | None = None
+    """The tune study whose stage 2 measured it, for runs loaded with their study rather than given by path."""
 
     @property
     def source(self) -> str | None:
-        return self.result.run_info.get("source")
+        """run.json's source; tune's stage-2 runs name none, but they are measured on a real server."""
+        info = self.result.run_info
+        return info.get("source") or ("http" if info.get("kind") == STAGE2_KIND else None)
 
     @property
     def directory(self) -> Path:
@@ -220,16 +227,41 @@ def _disambiguate(labels: list[str], directories: list[Path]) -> list[str]:
     return out
 
 
+def _load_run(directory: Path, series: int, label: str | None = None) -> ReportRun:
+    result = _load_run_dir(directory)
+    return ReportRun(
+        label=label or str(result.run_info.get("label") or directory.resolve().name),
+        result=result,
+        summary=_summary_of(result),
+        series=series,
+        diagnosis=read_diagnosis(directory),
+    )
+
+
+def _stage2_runs(study: ReportDocument, first_series: int) -> list[ReportRun]:
+    """The bench runs of tune's stage 2 (<result-dir>/stage2/<label>/), so a study's report shows how the
+    confirmed configurations measured, request by request, and not only their summary numbers."""
+    results = (study.data.get("stage2") or {}).get("results") or []
+    root = (study.path if study.path.is_dir() else study.path.parent) / STAGE2
+    found = [r["label"] for r in results if (root / str(r.get("label")) / RUN).is_file()]
+    runs = [_load_run(root / label, first_series + i, f"{study.label} · stage 2 {label}") for i, label in enumerate(found)]
+    for run in runs:
+        run.within = study.path
+    return runs
+
+
 def load_inputs(paths: list[Path]) -> ReportInputs:
-    """Loads each path as a sweep (sweep.json), a run (run.json), a tune study (tune.json), or a JSON file
-    (tune.json, or the report `servelab validate --out` writes).
+    """Loads each path as a sweep (sweep.json), a run (run.json), a tune study (tune.json, with its stage-2
+    runs), or a JSON file (tune.json, or the report `servelab validate --out` writes).
 
     Raises ReportInputError naming the first path that is none of these, before anything is drawn.
     """
     if not paths:
         raise ReportInputError("no results directories given")
     inputs = ReportInputs()
-    for series, path in enumerate(paths):
+    series = 0
+    for path in paths:
+        kind = None
         if path.is_file():
             name = path.resolve().parent.name if path.name == TUNE else path.stem
             kind, document = _document(path, series, name)
@@ -239,21 +271,17 @@ def load_inputs(paths: list[Path]) -> ReportInputs:
         elif (path / SWEEP).is_file():
             inputs.sweeps.append(_load_sweep(path, series))
         elif (path / RUN).is_file():
-            result = _load_run_dir(path)
-            label = str(result.run_info.get("label") or path.resolve().name)
-            inputs.runs.append(
-                ReportRun(
-                    label=label,
-                    result=result,
-                    summary=_summary_of(result),
-                    series=series,
-                    diagnosis=read_diagnosis(path),
-                )
-            )
+            inputs.runs.append(_load_run(path, series))
         elif (path / TUNE).is_file():
-            inputs.tunes.append(_document(path, series, path.resolve().name)[1])
+            kind, document = _document(path, series, path.resolve().name)
+            inputs.tunes.append(document)
         else:
             raise ReportInputError(f"{path} is not a servelab results directory (no {RUN}, {SWEEP} or {TUNE})")
+        series += 1
+        if kind == TUNE_KIND:
+            stage2 = _stage2_runs(inputs.tunes[-1], series)
+            inputs.runs += stage2
+            series += len(stage2)
 
     given = inputs.given
     names = _disambiguate([item.label for item in given], [item.directory for item in given])

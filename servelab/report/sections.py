@@ -142,8 +142,9 @@ def tune_section(inputs: ReportInputs) -> Section | None:
         title="Tune",
         lead="From servelab tune. Each point is one configuration the simulator ran (stage 1), placed by the "
         "output throughput and p99 TTFT of the run its score rests on (for goodput: at the highest rate that met "
-        "the SLO). The Pareto front joins the trials no other beats on both; the star is the recommendation; "
-        "triangles are configurations measured on a real server (stage 2), dotted back to their prediction.",
+        "the SLO). The Pareto front joins the trials no other beats on both; the star is the recommendation. "
+        "Triangles are stage 2: configurations measured on a real server at the bench workload (filled), dotted "
+        "back to the simulator's prediction for that same workload (open).",
         blocks=[block for tune in inputs.tunes for block in tune_blocks(tune)],
     )
 

@@ -138,8 +138,10 @@ def _served_text(info: Mapping[str, Any]) -> str:
     if deployment:
         flags_text = f" with {deployment['engine_args']}" if deployment.get("engine_args") else ""
         return f"{deployment.get('model', '?')} on {deployment.get('gpu', '?')}{flags_text}"
-    model = flags.get("model") or info.get("model") or "?"
-    return f"{model} at {flags['base_url']}" if flags.get("base_url") else str(model)
+    model = flags.get("model") or (info.get("server_info") or {}).get("model") or info.get("model") or "?"
+    base_url = flags.get("base_url") or info.get("base_url")
+    engine_args = f" with {info['engine_args']}" if info.get("engine_args") else ""
+    return (f"{model} at {base_url}" if base_url else str(model)) + engine_args
 
 
 def headline(item: ReportRun | ReportSweep | ReportDocument) -> str:

@@ -41,6 +41,11 @@ def _num(value: Any, fmt: str = ",.4g") -> str:
     return "—" if not isinstance(value, (int, float)) else format(value, fmt)
 
 
+def _score_title(objective: dict[str, Any]) -> str:
+    """What a trial's score is, with its unit: 'goodput (req/s)'."""
+    return f"{objective.get('kind', 'score')} ({objective.get('unit', '')})"
+
+
 def _slo_text(objective: dict[str, Any]) -> str:
     bounds = objective.get("slo") or {}
     if not bounds:
@@ -93,7 +98,7 @@ def ranking_table(doc: dict[str, Any]) -> str:
     """The baseline, then the best trials in tune's ranking (SLO met by score, then nearest misses)."""
     objective = doc["objective"]
     trials = {t["number"]: t for t in doc["trials"]}
-    head = ("configuration", "rank", "trial", f"{objective.get('kind', 'score')} ({objective.get('unit', '')})", "SLO",
+    head = ("configuration", "rank", "trial", _score_title(objective), "SLO",
             "achieved req/s", "output tok/s", "TTFT p99 (ms)", "TPOT p99 (ms)")
 
     def row(config: str, rank: str, number: str, trial: dict[str, Any]) -> list[str]:
@@ -115,9 +120,9 @@ def stage2_table(doc: dict[str, Any]) -> str | None:
     stage2 = doc.get("stage2")
     if not stage2 or not stage2.get("results"):
         return None
-    unit = doc["objective"].get("unit", "score")
-    head = ("configuration", f"predicted {unit}", f"measured {unit}", "predicted TTFT p99 (ms)",
-            "measured TTFT p99 (ms)", "measured req/s", "SLO (measured)")
+    score = _score_title(doc["objective"])
+    head = ("configuration", f"predicted {score}", f"measured {score}", "predicted TTFT p99 (ms)",
+            "measured TTFT p99 (ms)", "measured throughput (req/s)", "SLO (measured)")
     rows = []
     for r in stage2["results"]:
         measured = r.get("measured") or {}
@@ -218,9 +223,17 @@ def _add_measured(fig: go.Figure, doc: dict[str, Any], x: str, y: str) -> None:
             ys += [predicted[1], measured[1], None]
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="predicted → measured", hoverinfo="skip",
                              line=dict(color=_COLORS["measured"], dash="dot", width=1)))
+    predicted_only = [(r, p) for r, p, _ in pairs if p is not None]
+    fig.add_trace(go.Scatter(
+        x=[p[0] for _, p in predicted_only], y=[p[1] for _, p in predicted_only], mode="markers",
+        name="stage 2 predicted (its workload)", marker=dict(color=_COLORS["measured"], symbol="triangle-up-open", size=11),
+        text=[r["label"] for r, _ in predicted_only],
+        hovertemplate="%{text} predicted for the stage-2 workload<br>%{x:,.4g} / %{y:,.4g}<extra></extra>",
+    ))
     fig.add_trace(go.Scatter(
         x=[m[0] for _, _, m in pairs], y=[m[1] for _, _, m in pairs], mode="markers+text",
-        text=[r["label"] for r, _, _ in pairs], textposition="bottom center", textfont=dict(color=_COLORS["measured"], size=10),
+        text=[r["label"] for r, _, _ in pairs], textposition="top center", textfont=dict(color=_COLORS["measured"], size=10),
+        cliponaxis=False,
         name="measured on the real server (stage 2)", marker=dict(color=_COLORS["measured"], symbol="triangle-up", size=12),
         customdata=[knobs(r.get("params") or {}) for r, _, _ in pairs],
         hovertemplate="%{text} measured: %{customdata}<br>%{x:,.4g} / %{y:,.4g}<extra></extra>",
