@@ -158,12 +158,12 @@ def test_sim_timeline_shows_queueing_and_server_panels_follow_the_metrics(tmp_pa
     inputs = load_inputs([write_toy_run(tmp_path / "sim", concurrency=16, source="sim")])
     phases = {trace.name for trace in figures.request_timeline_figure(inputs.all_runs).data}
     assert phases == {"queued", "prefill", "decode", "failed"}
-    server = figures.server_timeline_figure(inputs, inputs.all_runs)
+    server = figures.server_timeline_figure(inputs.all_runs)
     titles = [a.text for a in server.layout.annotations]
     assert len(titles) == 4 and titles[0].startswith("Requests in the engine")
     for sample in inputs.runs[0].result.timeline:
         del sample.values[tl.PREEMPTIONS]
-    fewer = figures.server_timeline_figure(inputs, inputs.all_runs)
+    fewer = figures.server_timeline_figure(inputs.all_runs)
     assert not any("Preemptions" in a.text for a in fewer.layout.annotations)
 
 
@@ -318,3 +318,15 @@ def test_diagnose_report_refuses_a_described_deployment() -> None:
     result = CliRunner().invoke(app, ["diagnose", "--report"])
     assert result.exit_code == 2
     assert "--report draws a results directory" in " ".join(result.output.split())
+
+
+def test_server_timeline_never_draws_two_runs_alike(tmp_path: Path) -> None:
+    """A measured and a simulated sweep's same point share a shade elsewhere; here dashes mean running/waiting."""
+    measured = write_toy_sweep(tmp_path / "m", (1, 4), source="http")
+    simulated = write_toy_sweep(tmp_path / "s", (1, 4), source="sim")
+    inputs = load_inputs([measured, simulated])
+    fig = figures.server_timeline_figure(inputs.all_runs)
+    styles = {(t.line.color, t.line.dash, t.yaxis) for t in fig.data}
+    assert len(styles) == len(fig.data)
+    colors = {t.legendgroup: t.line.color for t in fig.data}
+    assert len(set(colors.values())) == len(inputs.all_runs) == 4

@@ -4,6 +4,7 @@ Styling carries meaning so overlays read without a key: each top-level input
 (run or sweep) has its own colour in curves and its own dash pattern in
 distributions; within a sweep, colour darkens as load rises, so the same
 point of a simulated and a measured sweep share a colour and differ in dash.
+The server timeline, whose dashes tell running from waiting, gives each run a colour of its own.
 """
 
 from __future__ import annotations
@@ -377,19 +378,21 @@ _SERVER_PANELS: tuple[tuple[str, str, tuple[_ServerLine, ...]], ...] = (
 )
 
 
-def server_timeline_figure(inputs: ReportInputs, runs: Sequence[ReportRun]) -> go.Figure:
+def server_timeline_figure(runs: Sequence[ReportRun]) -> go.Figure:
     """The engine's state against time, one panel per metric the runs actually have.
 
     One legend entry per run (clicking it hides all of that run's lines); the
-    panel titles say which line is which.
+    panel titles say which line is which. Dashes tell running from waiting
+    here, so each run gets a colour of its own rather than its sweep shade
+    (a measured and a simulated point must not look alike).
     """
     panels = [p for p in _SERVER_PANELS if any(fn(r.result.timeline)[0] for r in runs for _, _, fn in p[2])]
     fig = make_subplots(
         rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=[p[0] for p in panels]
     )
     traces_per_run = []
-    for run in runs:
-        color = run_color(run, inputs)
+    for position, run in enumerate(runs):
+        color = PALETTE[position % len(PALETTE)]
         added = 0
         for row, (_, _, lines) in enumerate(panels, start=1):
             for name, dash, fn in lines:

@@ -117,7 +117,7 @@ def server_timeline_section(inputs: ReportInputs) -> Section | None:
         key="server",
         title="Server timeline",
         lead=lead,
-        blocks=[figures.server_timeline_figure(inputs, runs)],
+        blocks=[figures.server_timeline_figure(runs)],
     )
 
 
