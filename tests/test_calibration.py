@@ -10,9 +10,9 @@ import pytest
 
 from servelab.experiment.calibrate import (
     DECODE,
+    IDLE,
     PREFILL,
     CalibrationError,
-    calibrated_sim_target,
     Probe,
     ProbeRuns,
     calibrate,
@@ -35,7 +35,6 @@ from servelab.perf.calibration import (
     load_profile,
     model_spec_dict,
 )
-from servelab.perf.calibrate_cost import PrefillOverheadCostModel
 from servelab.perf.cost_model import CostCoefficients, RooflineCostModel, StepBatch
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
@@ -47,9 +46,11 @@ from servelab.perf.engine_config import EngineConfig
 CPU_TRUTH = CostCoefficients(
     compute_efficiency=0.4, memory_efficiency=0.5, attention_compute_efficiency=0.9,
     attention_memory_efficiency=0.6, step_overhead_s=1.5e-3, per_request_overhead_s=2e-4,
+    prefill_step_overhead_s=4e-4, idle_wake_s=2e-3, idle_wake_time_constant_s=0.02,
 )
 LATENCY = 3e-3
-PER_CHUNK = 2.5e-3
+TURNAROUND = 2 * LATENCY + 1e-3
+"""How long the engine idles between back-to-back requests at concurrency 1 (the client's round trip)."""
 TINY_CONFIG = {  # the shape of the tiny Qwen2 the vLLM tests serve (tests/support/make_tiny_model.py)
     "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4,
     "num_key_value_heads": 2, "intermediate_size": 352, "vocab_size": 4096, "tie_word_embeddings": True,
@@ -70,11 +71,13 @@ def probed(model, gpu: str = "cpu", coefficients: CostCoefficients | None = None
 
 
 def synthetic(cost, config: EngineConfig, latency: float) -> list[StepObservation]:
+    """What the probes would measure on a server that is `cost`: back-to-back and spaced prefills, decode batches."""
     obs = []
-    for n in (16, 128, 512, 1024, 2048):
+    for n, idle in [(n, TURNAROUND) for n in (16, 128, 512, 1024, 2048)] + [(16, 0.008), (16, 0.02), (16, 0.06)]:
         steps = prefill_steps(n, config)
-        engine = sum(cost.step_time(b) for b in steps)
-        obs += [StepObservation(f"prefill-{n}", steps, engine + 2 * latency, 2), StepObservation(f"engine-{n}", steps, engine)]
+        engine = sum(cost.step_time(b) for b in steps) + cost.wake_time(idle)
+        obs += [StepObservation(f"prefill-{n}-idle-{idle}", steps, engine + 2 * latency, 2, 1.0, idle),
+                StepObservation(f"engine-{n}-idle-{idle}", steps, engine, 0, 1.0, idle)]
     for b, ctx in itertools.product((1, 4, 16, 32), (48, 1024)):
         batch = StepBatch(decode_contexts=[ctx] * b)
         obs.append(StepObservation(f"decode-b{b}-c{ctx}", (batch,), cost.step_time(batch)))
@@ -84,7 +87,7 @@ def synthetic(cost, config: EngineConfig, latency: float) -> list[StepObservatio
 def test_fit_recovers_every_rate_of_the_cpu_device(tiny) -> None:
     truth_hw = get_gpu("cpu").model_copy(update={"bf16_tflops": 0.3, "memory_bandwidth_gbs": 12})
     d = probed(tiny)
-    cost = PrefillOverheadCostModel(RooflineCostModel(truth_hw, tiny, d.config, CPU_TRUTH), PER_CHUNK)
+    cost = RooflineCostModel(truth_hw, tiny, d.config, CPU_TRUTH)
     fit = fit_cost_model(d.hardware, tiny, d.config, synthetic(cost, d.config, LATENCY))
     assert fit.converged
     assert fit.rms_rel_error < 0.01
@@ -92,12 +95,17 @@ def test_fit_recovers_every_rate_of_the_cpu_device(tiny) -> None:
     assert fit.rates["linear_flops"] == pytest.approx(0.3e12 * 0.4, rel=0.1)
     assert fit.rates["per_request_overhead_s"] == pytest.approx(2e-4, rel=0.1)
     assert fit.network_latency_s == pytest.approx(LATENCY, rel=0.05)
-    assert fit.per_prefill_chunk_s == pytest.approx(PER_CHUNK, rel=0.1)
+    # The prefill step's own cost and the wake from idle are told apart by the spaced prefills.
+    c = fit.coefficients
+    assert c.prefill_step_overhead_s == pytest.approx(4e-4, rel=0.25)
+    assert c.idle_wake_s == pytest.approx(2e-3, rel=0.1)
+    assert c.idle_wake_time_constant_s == pytest.approx(0.02, rel=0.2)
     # The fitted device is no longer a placeholder and reproduces the truth through the real cost model.
     assert not fit.hardware.placeholder and "fitted" in fit.hardware.sources["datasheet"]
-    refit = PrefillOverheadCostModel(RooflineCostModel(fit.hardware, tiny, d.config, fit.coefficients), fit.per_prefill_chunk_s)
+    refit = RooflineCostModel(fit.hardware, tiny, d.config, fit.coefficients)
     for batch in (StepBatch(prefill_chunks=[(700, 0)], decode_contexts=[300] * 10), StepBatch(decode_contexts=[500] * 24)):
         assert refit.step_time(batch) == pytest.approx(cost.step_time(batch), rel=0.02)
+    assert refit.wake_time(0.03) == pytest.approx(cost.wake_time(0.03), rel=0.05)
 
 
 def test_fit_on_a_catalogue_gpu_moves_efficiencies_not_peaks(tiny) -> None:
@@ -125,7 +133,8 @@ def test_observation_needs_a_positive_time() -> None:
 def test_probe_plan_stays_within_the_engine_limits(tiny) -> None:
     config = probed(tiny).with_changes(max_num_seqs=8, max_num_batched_tokens=1024).config
     plan = probe_plan(config)
-    assert {p.kind for p in plan} == {PREFILL, DECODE, "mixed"}
+    assert {p.kind for p in plan} == {PREFILL, DECODE, IDLE, "mixed"}
+    assert all(p.spacing_s > 0 for p in plan if p.kind == IDLE) and len({p.spacing_s for p in plan}) >= 3
     assert max(p.prompt_len for p in plan if p.kind == PREFILL) == 1024
     assert max(p.concurrency for p in plan) <= 8
     assert all(p.prompt_len + p.max_tokens < config.max_model_len for p in plan)
@@ -146,6 +155,23 @@ def test_decode_observation_uses_the_engines_realized_batch(tiny) -> None:
     assert obs.seconds == pytest.approx(3e-3)
     runs.passes[0]["tokens_per_step"] = None
     assert len(observations([runs], config)[0].steps[0].decode_contexts) == 8
+
+
+def test_prefill_observations_carry_the_engines_idle_time(tiny) -> None:
+    config = probed(tiny).config
+    back_to_back = ProbeRuns(Probe("prefill-16", PREFILL, 16, 1, 1, 6),
+                             passes=[{"ttft_p50_ms": 6.0, "server_prefill_ms": 2.5, "failed": 0}])
+    spaced = ProbeRuns(Probe("idle-16", IDLE, 16, 1, 1, 8, spacing_s=0.05),
+                       passes=[{"ttft_p50_ms": 8.0, "server_prefill_ms": 4.0, "failed": 0}])
+    client, engine, client_spaced, engine_spaced = observations([back_to_back, spaced], config)
+    # Back to back, the engine idles while the token goes out and the next request comes in: the TTFT's non-engine part.
+    assert client.idle_before_s == engine.idle_before_s == pytest.approx(3.5e-3)
+    assert (client.latency_legs, engine.latency_legs) == (2, 0) and engine.seconds == pytest.approx(2.5e-3)
+    # Spaced, it idles for the rest of each period.
+    assert client_spaced.idle_before_s == engine_spaced.idle_before_s == pytest.approx(0.046)
+    no_engine = ProbeRuns(back_to_back.probe, passes=[{"ttft_p50_ms": 6.0, "failed": 0}])
+    (only,) = observations([no_engine], config)
+    assert only.idle_before_s == 0.0
 
 
 def test_probe_figure_is_the_quiet_quartile() -> None:
@@ -171,7 +197,7 @@ def calibrated_on_simulator(tiny, tmp_path: Path) -> tuple[list[ProbeRuns], Depl
     server = Deployment.build(truth_hw, tiny, server.requested, coefficients=CPU_TRUTH, network_latency=LATENCY)
     ticks = itertools.count()
     start = probed(tiny)
-    runs = run_probes(calibrated_sim_target(server, PER_CHUNK), probe_plan(start.config), vocab_size=tiny.vocab_size, budget_s=200,
+    runs = run_probes(server.sim_target(), probe_plan(start.config), vocab_size=tiny.vocab_size, budget_s=200,
                       directory=tmp_path, run_info={}, clock=lambda: float(next(ticks)))
     fit, fitted = fit_runs(runs, start, "test")
     return runs, fit, fitted
@@ -182,7 +208,7 @@ def test_probing_a_simulated_server_recovers_it(tiny, tmp_path: Path) -> None:
     assert all(len(r.passes) >= 2 for r in runs)  # the fake clock allows several passes
     assert (tmp_path / "pass-01" / runs[0].probe.name / "records.jsonl").is_file()
     assert (tmp_path / "warmup").is_dir()
-    checks = simulate_probes(calibrated_sim_target(fitted, fit.per_prefill_chunk_s), runs, tiny.vocab_size)
+    checks = simulate_probes(fitted.sim_target(), runs, tiny.vocab_size)
     for row in checks:
         for metric, err in row["error_pct"].items():
             if err is not None:
@@ -196,7 +222,6 @@ def test_profile_round_trip_and_engine_arg_override(tiny, tmp_path: Path) -> Non
         created_at=0.0, hardware=fitted.hardware, gpu="cpu", model_source="tiny", model_spec=model_spec_dict(tiny),
         engine_args="--max-num-seqs 32 --max-model-len 4096 --block-size 128 --kv-cache-memory-bytes 1073741824",
         engine_config={}, coefficients=fitted.coefficients, network_latency_s=fitted.network_latency,
-        per_prefill_chunk_s=fit.per_prefill_chunk_s,
         rates=fit.rates, fit=fit_report(fit), simulated_probes=[], probes=[r.describe() for r in runs],
         budget_s=60, elapsed_s=1,
     )
@@ -217,7 +242,8 @@ def test_profile_round_trip_and_engine_arg_override(tiny, tmp_path: Path) -> Non
         ("not json", "not JSON"),
         (json.dumps({"kind": "other"}), "not a servelab calibration profile"),
         (json.dumps({"kind": "servelab.calibration", "schema_version": 99}), "schema version 99"),
-        (json.dumps({"kind": "servelab.calibration", "schema_version": 1}), "invalid"),
+        (json.dumps({"kind": "servelab.calibration", "schema_version": 1}), "schema version 1, whose per-prefill-chunk"),
+        (json.dumps({"kind": "servelab.calibration", "schema_version": 2}), "invalid"),
     ],
 )
 def test_bad_profiles_are_refused_with_the_file_named(tmp_path: Path, content: str, message: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from servelab.perf.cost_model import CostCoefficients, RooflineCostModel, StepBatch, prefill_attention_work
@@ -105,3 +107,24 @@ def test_overheads_are_added_per_step_and_per_request():
     slow = CostCoefficients(step_overhead_s=base.step_overhead_s + 1e-3, per_request_overhead_s=base.per_request_overhead_s + 1e-4)
     batch = StepBatch(decode_contexts=[100] * 10)
     assert _model(coefficients=slow).step_time(batch) - _model(coefficients=base).step_time(batch) == pytest.approx(2e-3)
+
+
+def test_prefill_step_overhead_is_charged_once_per_step_that_admits_prefills():
+    base = _model()
+    extra = _model(coefficients=CostCoefficients(prefill_step_overhead_s=1e-3))
+    one = StepBatch(prefill_chunks=[(64, 0)], decode_contexts=[500] * 8)
+    three = StepBatch(prefill_chunks=[(64, 0), (64, 0), (64, 128)], decode_contexts=[500] * 8)
+    decode = StepBatch(decode_contexts=[500] * 8)
+    assert extra.step_time(one) - base.step_time(one) == pytest.approx(1e-3)
+    assert extra.step_time(three) - base.step_time(three) == pytest.approx(1e-3)
+    assert extra.step_time(decode) == base.step_time(decode)
+
+
+def test_wake_time_grows_with_idleness_toward_its_ceiling():
+    model = _model(coefficients=CostCoefficients(idle_wake_s=2e-3, idle_wake_time_constant_s=0.02))
+    assert model.wake_time(0.0) == 0.0
+    assert model.wake_time(0.02) == pytest.approx(2e-3 * (1 - math.exp(-1)))
+    times = [model.wake_time(t) for t in (0.001, 0.01, 0.05, 0.2, math.inf)]
+    assert times == sorted(times) and times[-1] == pytest.approx(2e-3)
+    assert _model().wake_time(math.inf) == 0.0  # catalogue defaults: not known, not charged
+    assert _model(coefficients=CostCoefficients.ideal()).wake_time(math.inf) == 0.0

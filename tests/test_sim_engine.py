@@ -7,6 +7,7 @@ import pytest
 
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
+from servelab.perf.cost_model import CostCoefficients
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import get_gpu
 from servelab.perf.models import get_model
@@ -171,3 +172,27 @@ def test_block_accounting_holds_at_every_step(policy):
     assert all(r.num_output_tokens == r.max_tokens for r in reqs)
     assert engine.pool.num_free == engine.pool.num_blocks - 1
     assert engine.pool.ref_cnt.min() == 0 and engine.pool.ref_cnt.max() == 0
+
+
+def test_a_step_after_an_idle_spell_pays_the_wake_up_and_back_to_back_steps_do_not():
+    hw, model = get_gpu("a100-80gb"), get_model("qwen2.5-7b")
+    plain = Deployment.build(hw, model, CONFIG)
+    waking = Deployment.build(hw, model, CONFIG, coefficients=CostCoefficients(idle_wake_s=4e-3, idle_wake_time_constant_s=0.01))
+
+    def step_lengths(deployment: Deployment) -> list[float]:
+        engine = SimEngine(deployment.config, deployment.memory.num_blocks, deployment.cost_model())
+        engine.add_request(np.arange(0, 64), 3, 0.0)
+        t = 0.0
+        while engine.has_work():  # back to back from t=0: only the first step follows idleness (since start)
+            t = engine.begin_step(t)
+            engine.finish_step()
+        engine.add_request(np.arange(100, 164), 1, t + 0.01)  # after 10 ms idle
+        end = engine.begin_step(t + 0.01)
+        engine.finish_step()
+        ends = engine.step_ends
+        return [ends[0], *np.diff(ends[:-1]), end - (t + 0.01)]
+
+    base, woken = step_lengths(plain), step_lengths(waking)
+    assert woken[0] - base[0] == pytest.approx(4e-3)  # never ran before: the full wake-up
+    assert woken[1:-1] == pytest.approx(base[1:-1])  # decode steps straight after each other
+    assert woken[-1] - base[-1] == pytest.approx(4e-3 * (1 - np.exp(-1)))  # one time constant of idleness

@@ -48,8 +48,9 @@ def profile(tmp_path_factory: pytest.TempPathFactory) -> CalibrationProfile:
     return CalibrationProfile(
         created_at=0.0, hardware=hardware, gpu="cpu", model_source=str(directory), model_spec=model_spec_dict(model),
         engine_args=ENGINE_ARGS, engine_config={},
-        coefficients=CostCoefficients(compute_efficiency=0.4, step_overhead_s=1.5e-3, per_request_overhead_s=2e-4),
-        network_latency_s=3e-3, per_prefill_chunk_s=2e-3, rates={}, fit={}, simulated_probes=[], probes=[], budget_s=60, elapsed_s=60,
+        coefficients=CostCoefficients(compute_efficiency=0.4, step_overhead_s=1.5e-3, per_request_overhead_s=2e-4,
+                                      prefill_step_overhead_s=3e-4, idle_wake_s=2e-3),
+        network_latency_s=3e-3, rates={}, fit={}, simulated_probes=[], probes=[], budget_s=60, elapsed_s=60,
     )
 
 

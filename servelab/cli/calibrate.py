@@ -90,6 +90,8 @@ def calibrate(
     rates = profile.rates
     _console.print(
         f"fitted: step overhead {rates['step_overhead_s'] * 1e3:.2f} ms, per request {rates['per_request_overhead_s'] * 1e6:.0f} us, "
+        f"per prefill step {rates['prefill_step_overhead_s'] * 1e3:.2f} ms, "
+        f"wake from idle {rates['idle_wake_s'] * 1e3:.2f} ms (time constant {rates['idle_wake_time_constant_s'] * 1e3:.0f} ms), "
         f"linear {rates['linear_flops'] / 1e9:.1f} GFLOP/s, attention {rates['attention_flops'] / 1e9:.1f} GFLOP/s, "
         f"latency {profile.network_latency_s * 1e3:.2f} ms one way; step-model rms error {100 * profile.fit['rms_rel_error']:.1f}%"
     )

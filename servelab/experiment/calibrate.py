@@ -5,6 +5,8 @@ The probes are chosen so each isolates one part of a step's cost:
             TTFT = prefill step(s) + the fixed client<->server latency (twice)
   decode    short prompts, long outputs, closed loop at several batch sizes B:
             time per output token = one decode step at batch B
+  idle      the shortest prefill, sent at fixed spacings so the engine idles
+            in between: the same step plus the cost of waking from idle
   mixed     prefill and decode in the same steps (checked in the simulator)
 Probes run in repeated passes, interleaved, until the budget is spent; each
 probe's figure is the lower quartile of its per-pass medians (upper quartile
@@ -40,7 +42,6 @@ from servelab.perf.calibration import (
     fit_cost_model,
     model_spec_dict,
 )
-from servelab.perf.calibrate_cost import PrefillOverheadCostModel
 from servelab.perf.cost_model import StepBatch
 from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.engine_config import EngineConfig
@@ -53,7 +54,7 @@ from servelab.targets.sim import SimTarget
 from servelab.targets.base import Target
 from servelab.workload.spec import LoadPlan, RequestSpec
 
-PREFILL, DECODE, MIXED = "prefill", "decode", "mixed"
+PREFILL, DECODE, IDLE, MIXED = "prefill", "decode", "idle", "mixed"
 MIN_BUDGET_S = 20.0
 """Below this not even one pass of the probe plan fits."""
 PROBE_EXTRA_BODY = {"return_token_ids": True}
@@ -62,10 +63,10 @@ _PREFILL_LENGTHS = (16, 128, 384, 768, 1280, 2048)
 _DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 _DECODE_PROMPT, _DECODE_OUTPUT = 16, 64
 _MIXED = ((2, 1024, 16), (4, 384, 32), (8, 128, 96))
-PREFILL_TIME_SUM = "vllm:request_prefill_time_seconds_sum"
-PREFILL_TIME_COUNT = "vllm:request_prefill_time_seconds_count"
-"""The engine's own scheduled-to-first-token time: a prefill step without the client<->server latency."""
 """(concurrency, prompt tokens, output tokens) of the mixed probes."""
+_IDLE_SPACINGS_S = (0.008, 0.02, 0.06)
+"""Arrival spacings of the idle probes: the engine idles ~5, ~17 and ~57 ms before each step (a time constant near 20 ms)."""
+_IDLE_PROMPT = 16
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class Probe:
     max_tokens: int
     concurrency: int
     num_requests: int
+    spacing_s: float = 0.0
+    """Open loop, one request every spacing_s seconds (idle probes); 0: closed loop at `concurrency`."""
 
 
 def probe_plan(config: EngineConfig) -> list[Probe]:
@@ -88,6 +91,9 @@ def probe_plan(config: EngineConfig) -> list[Probe]:
     probes += [
         Probe(f"decode-b{b}", DECODE, _DECODE_PROMPT, _DECODE_OUTPUT, b, max(4, 2 * b)) for b in batches
     ]
+    probes += [
+        Probe(f"idle-{_IDLE_PROMPT}-every-{1e3 * g:g}ms", IDLE, _IDLE_PROMPT, 1, 1, 8, spacing_s=g) for g in _IDLE_SPACINGS_S
+    ]
     for c, p, n in _MIXED:
         c = min(c, config.max_num_seqs)
         p = min(p, config.max_model_len - n - 1)
@@ -97,7 +103,7 @@ def probe_plan(config: EngineConfig) -> list[Probe]:
 
 def interleaved(probes: list[Probe]) -> list[Probe]:
     """One pass in an order that alternates kinds, so a slow spell is spread over all of them."""
-    by_kind = [[p for p in probes if p.kind == k] for k in (PREFILL, DECODE, MIXED)]
+    by_kind = [[p for p in probes if p.kind == k] for k in (PREFILL, DECODE, IDLE, MIXED)]
     order: list[Probe] = []
     while any(by_kind):
         for group in by_kind:
@@ -120,8 +126,12 @@ def probe_requests(probe: Probe, vocab_size: int, seed: int) -> list[RequestSpec
 
 
 def probe_load(probe: Probe, vocab_size: int, seed: int) -> LoadPlan:
+    specs = probe_requests(probe, vocab_size, seed)
+    if probe.spacing_s:
+        for spec in specs:
+            spec.arrival_time = spec.index * probe.spacing_s
     return LoadPlan(
-        probe_requests(probe, vocab_size, seed), max_concurrency=probe.concurrency,
+        specs, max_concurrency=None if probe.spacing_s else probe.concurrency,
         description={"probe": asdict(probe), "seed": seed},
     )
 
@@ -142,8 +152,8 @@ def measured_figures(records: list[RequestRecord], samples: list[TimelineSample]
     """What a probe contributes: client medians, and the engine's own step count when it exports one."""
     iterations = tl.counter_delta(samples, tl.ITERATION_TOKENS_COUNT)
     generated = tl.counter_delta(samples, tl.GENERATION_TOKENS)
-    prefill_s = tl.counter_delta(samples, PREFILL_TIME_SUM)
-    prefills = tl.counter_delta(samples, PREFILL_TIME_COUNT)
+    prefill_s = tl.counter_delta(samples, tl.PREFILL_TIME_SUM)
+    prefills = tl.counter_delta(samples, tl.PREFILL_TIME_COUNT)
     return {
         "ttft_p50_ms": summary["median_ttft_ms"] if summary["completed"] else None,
         "tpot_p50_ms": summary["median_tpot_ms"] if summary["completed"] else None,
@@ -200,7 +210,8 @@ def run_probes(
     """A warm-up pass (kept, not used), then interleaved passes until the next probe would overrun the budget."""
     start = clock()
     for probe in probes:  # first use of each shape compiles kernels on the CPU backend: keep it out of the figures
-        short = Probe(probe.name, probe.kind, probe.prompt_len, min(probe.max_tokens, 8), probe.concurrency, probe.concurrency)
+        short = Probe(probe.name, probe.kind, probe.prompt_len, min(probe.max_tokens, 8), probe.concurrency,
+                      max(probe.concurrency, 2 if probe.spacing_s else 1), probe.spacing_s)
         run_into(target, probe_load(short, vocab_size, seed=10_000), directory / "warmup" / probe.name, run_info)
     runs = {p.name: ProbeRuns(p) for p in probes}
     order = interleaved(probes)
@@ -241,24 +252,36 @@ def prefill_steps(prompt_len: int, config: EngineConfig) -> tuple[StepBatch, ...
 
 
 def observations(runs: Iterable[ProbeRuns], config: EngineConfig) -> list[StepObservation]:
-    """Closed-form observations from the prefill and decode probes (mixed ones are judged in the simulator).
+    """Closed-form observations from the prefill, idle and decode probes (mixed ones are judged in the simulator).
 
     Where the server exports them, its iteration metrics refine the figures:
     the engine's own prefill time is a prefill step without the latency
-    (which separates the latency from the per-prefill cost), and a decode
+    (which separates the latency from the step's own costs), and a decode
     probe's batch is the engine's count of generated tokens per step
     (requests admitted one by one make it smaller than the concurrency).
+
+    Every prefill here starts on an idle engine. It idled since its previous
+    first token: for back-to-back requests that is the client's turnaround
+    (the client TTFT minus the engine's part), for spaced ones the spacing
+    minus the engine's part. Without the engine's figure the idle time is
+    unknown and taken as 0 (back to back) or the spacing minus the TTFT.
     """
     out: list[StepObservation] = []
     for r in runs:
         p, weight = r.probe, float(len(r.passes))
         if not r.passes:
             continue
-        if p.kind == PREFILL and (ttft := r.figure("ttft_p50_ms")):
+        if p.kind in (PREFILL, IDLE) and (ttft := r.figure("ttft_p50_ms")):
             steps = prefill_steps(p.prompt_len, config)
-            out.append(StepObservation(p.name, steps, ttft / 1e3, 2, weight))
-            if server := r.figure("server_prefill_ms"):
-                out.append(StepObservation(f"{p.name} (engine)", steps, server / 1e3, 0, weight))
+            server = r.figure("server_prefill_ms")
+            engine_ms = server if server is not None else (ttft if p.spacing_s else None)
+            if p.spacing_s:
+                idle = max(0.0, p.spacing_s - engine_ms / 1e3)
+            else:
+                idle = max(0.0, (ttft - engine_ms) / 1e3) if engine_ms is not None else 0.0
+            out.append(StepObservation(p.name, steps, ttft / 1e3, 2, weight, idle))
+            if server is not None:
+                out.append(StepObservation(f"{p.name} (engine)", steps, server / 1e3, 0, weight, idle))
         elif p.kind == DECODE and (tpot := r.figure("tpot_p50_ms")):
             realized = r.figure("tokens_per_step")
             batch = p.concurrency if realized is None else int(round(min(max(realized, 1.0), p.concurrency)))
@@ -277,15 +300,6 @@ def compare(measured: dict[str, float | None], simulated: dict[str, float | None
         s = simulated.get(k)
         out[k] = None if m in (None, 0) or s is None else 100.0 * (s - m) / m
     return out
-
-
-def calibrated_sim_target(deployment: Deployment, per_prefill_chunk_s: float) -> SimTarget:
-    """The deployment's simulator with the calibrated per-prefill-chunk cost on top of its roofline."""
-    return SimTarget(
-        deployment.config, deployment.memory.num_blocks,
-        PrefillOverheadCostModel(deployment.cost_model(), per_prefill_chunk_s),
-        router=deployment.router, network_latency=deployment.network_latency,
-    )
 
 
 def simulate_probes(target: SimTarget, runs: list[ProbeRuns], vocab_size: int) -> list[dict[str, Any]]:
@@ -354,9 +368,8 @@ def mirrored_engine_args(engine_args: str, cache: dict[str, str], served: dict[s
 def deployment_from_profile(profile: CalibrationProfile, engine_args: str = "") -> Deployment:
     """The calibrated hardware + model as a simulated deployment; `engine_args` override the probed flags one by one.
 
-    The Deployment carries the fitted roofline and latency; the per-prefill-chunk
-    cost is not a roofline coefficient yet, so `profile_sim_target` is the
-    simulator with everything the profile knows.
+    The Deployment carries everything the profile fitted: the roofline's
+    coefficients (prefill-step and idle-wake costs included) and the latency.
     """
     probed = parse_engine_args(profile.engine_args)
     parsed = parse_engine_args(engine_args, base=probed.config) if engine_args.strip() else probed
@@ -377,7 +390,7 @@ def fit_runs(runs: list[ProbeRuns], probed: Deployment, source: str) -> tuple[Co
 
 def profile_sim_target(profile: CalibrationProfile, engine_args: str = "") -> SimTarget:
     """The simulator of the calibrated hardware + model, with every fitted cost; `engine_args` as for deployment_from_profile."""
-    return calibrated_sim_target(deployment_from_profile(profile, engine_args), profile.per_prefill_chunk_s)
+    return deployment_from_profile(profile, engine_args).sim_target()
 
 
 def probe_dir_for(out: Path) -> Path:
@@ -426,8 +439,7 @@ def calibrate(
         hardware=fit.hardware, gpu=hardware.name, model_source=str(model), model_spec=model_spec_dict(spec),
         engine_args=probed_args, engine_config=asdict(probed.config), coefficients=fit.coefficients,
         network_latency_s=fit.network_latency_s, rates=fit.rates, fit=fit_report(fit),
-        per_prefill_chunk_s=fit.per_prefill_chunk_s,
-        simulated_probes=simulate_probes(calibrated_sim_target(deployment, fit.per_prefill_chunk_s), runs, spec.vocab_size),
+        simulated_probes=simulate_probes(deployment.sim_target(), runs, spec.vocab_size),
         probes=[r.describe() for r in runs], budget_s=budget_s, elapsed_s=elapsed,
     )
     profile.save(out)

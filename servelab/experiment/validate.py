@@ -33,7 +33,6 @@ import numpy as np
 from servelab import SCHEMA_VERSION
 from servelab.experiment.calibrate import (
     PROBE_EXTRA_BODY,
-    calibrated_sim_target,
     compare,
     deployment_from_profile,
     random_prompt,
@@ -227,7 +226,7 @@ def validate_on(
     if repeats < 1:
         raise ValidationError(f"repeats must be at least 1, got {repeats}")
     deployment = deployment_from_profile(profile, engine_args)
-    sim = calibrated_sim_target(deployment, profile.per_prefill_chunk_s)
+    sim = deployment.sim_target()
     plans = [[point_plan(p, deployment, sim, seed + 1000 * r + i) for i, p in enumerate(points)] for r in range(repeats)]
     run_info = {"verb": "validate", "engine_args": deployment.engine_args()}
     max_len = deployment.config.max_model_len or deployment.model.max_position_embeddings

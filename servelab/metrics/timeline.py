@@ -24,6 +24,9 @@ ITERATION_TOKENS_SUM = "vllm:iteration_tokens_total_sum"
 ITERATION_TOKENS_COUNT = "vllm:iteration_tokens_total_count"
 TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
 TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
+PREFILL_TIME_SUM = "vllm:request_prefill_time_seconds_sum"
+PREFILL_TIME_COUNT = "vllm:request_prefill_time_seconds_count"
+"""The engine's own time from first scheduling a request to its first token (engine time, no client or frontend)."""
 FLOPS = "vllm:estimated_flops_per_gpu_total"
 READ_BYTES = "vllm:estimated_read_bytes_per_gpu_total"
 
@@ -38,6 +41,8 @@ COUNTERS = (
     ITERATION_TOKENS_COUNT,
     TTFT_SUM,
     TTFT_COUNT,
+    PREFILL_TIME_SUM,
+    PREFILL_TIME_COUNT,
     FLOPS,
     READ_BYTES,
 )

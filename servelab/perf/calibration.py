@@ -12,10 +12,11 @@ its peak and the efficiencies say how far below it the other paths run.
 
 The parameters, all positive: the effective FLOP/s of linear layers and of
 attention, the effective bytes/s of weight streaming and of KV reads, the
-fixed step overhead, the per-scheduled-request overhead, the per-prefill-chunk
-overhead (see calibrate_cost.py: not yet a roofline coefficient), and the
-one-way client<->server latency (the simulator's `network_latency`, which
-also absorbs per-request frontend work that is not engine time).
+fixed step overhead, the per-scheduled-request overhead, the overhead of a
+step that admits prefills, the wake-up cost of a step after an idle spell
+and its time constant (all `CostCoefficients`), and the one-way
+client<->server latency (the simulator's `network_latency`, which also
+absorbs per-request frontend work that is not engine time).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scipy.optimize import least_squares
 
-from servelab.perf.calibrate_cost import PrefillOverheadCostModel
 from servelab.perf.cost_model import CostCoefficients, RooflineCostModel, StepBatch
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
@@ -39,10 +39,14 @@ from servelab.perf.hardware import Hardware
 from servelab.perf.models import ModelSpec
 
 PROFILE_KIND = "servelab.calibration"
-PROFILE_SCHEMA_VERSION = 1
+PROFILE_SCHEMA_VERSION = 2
+"""2: the prefill and idle-wake costs are CostCoefficients terms (1 had a per-prefill-chunk cost beside them)."""
 
 _RATES = ("linear_flops", "attention_flops", "weight_bandwidth", "kv_bandwidth")
-_OVERHEADS = ("step_overhead_s", "per_request_overhead_s", "per_prefill_chunk_s", "network_latency_s")
+_COEFFICIENT_OVERHEADS = (
+    "step_overhead_s", "per_request_overhead_s", "prefill_step_overhead_s", "idle_wake_s", "idle_wake_time_constant_s",
+)
+_OVERHEADS = _COEFFICIENT_OVERHEADS + ("network_latency_s",)
 PARAMETERS = _RATES + _OVERHEADS
 """Fitted quantities, in the order of the least-squares vector."""
 
@@ -51,6 +55,8 @@ _GPU_EFFICIENCY_RANGE = (0.02, 1.0)
 _CPU_RATE_RANGE = (1e-3, 1e3)
 """Placeholder peaks are order-of-magnitude guesses: the fitted rate may sit far either side."""
 _MAX_OVERHEAD_S = 1.0
+_MIN_TIME_CONSTANT_S = 1e-4
+"""The wake-up time constant divides; its lower bound keeps it off zero."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +65,9 @@ class StepObservation:
 
     A time-to-first-token at concurrency 1 is its prefill step(s) plus two legs
     (request in, token out); a decode time per output token is one step, no legs.
-    `weight` scales its residual (repeated, stabler measurements weigh more).
+    `idle_before_s`: how long the engine sat idle before the first step (its
+    wake-up cost is part of the time). `weight` scales its residual (repeated,
+    stabler measurements weigh more).
     """
 
     label: str
@@ -67,6 +75,7 @@ class StepObservation:
     seconds: float
     latency_legs: int = 0
     weight: float = 1.0
+    idle_before_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.steps and not self.latency_legs:
@@ -93,7 +102,6 @@ class CostFit:
     hardware: Hardware
     coefficients: CostCoefficients
     network_latency_s: float
-    per_prefill_chunk_s: float
     rates: dict[str, float]
     """Fitted effective rates (FLOP/s, bytes/s) and overheads (s), by PARAMETERS name."""
     residuals: tuple[Residual, ...]
@@ -131,13 +139,16 @@ class _Space:
             raise PerfConfigError(f"{hardware.name} has no {self.compute_dtype} rate to calibrate")
         lo, hi = _CPU_RATE_RANGE if self.free_peaks else _GPU_EFFICIENCY_RANGE
         n = len(_OVERHEADS)
-        self.lower = np.concatenate([np.log(self.peaks * lo), np.zeros(n)])
+        lower_overheads = np.array([_MIN_TIME_CONSTANT_S if k == "idle_wake_time_constant_s" else 0.0 for k in _OVERHEADS])
+        self.lower = np.concatenate([np.log(self.peaks * lo), lower_overheads * 1e3])
         self.upper = np.concatenate([np.log(self.peaks * hi), np.full(n, _MAX_OVERHEAD_S * 1e3)])
 
     def start(self, coefficients: CostCoefficients, latency_s: float) -> np.ndarray:
         c = coefficients
         effs = np.array([c.compute_efficiency, c.attention_compute_efficiency, c.memory_efficiency, c.attention_memory_efficiency])
-        overheads = np.array([c.step_overhead_s, c.per_request_overhead_s, 0.5 * c.step_overhead_s, latency_s]) * 1e3
+        # Overheads the start point knows nothing of begin at a fraction of the step overhead, inside the box.
+        guesses = {"prefill_step_overhead_s": 0.25 * c.step_overhead_s, "idle_wake_s": c.step_overhead_s}
+        overheads = np.array([getattr(c, k) or guesses.get(k, 0.0) for k in _COEFFICIENT_OVERHEADS] + [latency_s]) * 1e3
         x = np.concatenate([np.log(self.peaks * effs), overheads])
         # Strictly inside the box: least_squares refuses a start on a bound.
         span = self.upper - self.lower
@@ -147,8 +158,8 @@ class _Space:
         values = np.concatenate([np.exp(x[:4]), x[4:] / 1e3])
         return dict(zip(PARAMETERS, (float(v) for v in values)))
 
-    def materialize(self, x: np.ndarray, base: CostCoefficients, source: str) -> tuple[Hardware, CostCoefficients, float, float]:
-        """(device, coefficients, one-way latency, per-prefill-chunk overhead) for the vector `x`."""
+    def materialize(self, x: np.ndarray, base: CostCoefficients, source: str) -> tuple[Hardware, CostCoefficients, float]:
+        """(device, coefficients, one-way latency) for the vector `x`."""
         r = self.rates(x)
         hw = self.hardware
         if self.free_peaks:
@@ -173,16 +184,16 @@ class _Space:
             "attention_compute_efficiency": eff(r["attention_flops"], hw.peak_flops("bf16")),
             "memory_efficiency": eff(r["weight_bandwidth"], bw),
             "attention_memory_efficiency": eff(r["kv_bandwidth"], bw),
-            "step_overhead_s": r["step_overhead_s"],
-            "per_request_overhead_s": r["per_request_overhead_s"],
+            **{k: r[k] for k in _COEFFICIENT_OVERHEADS},
         })
-        return hw, CostCoefficients.model_validate(coefficients.model_dump()), r["network_latency_s"], r["per_prefill_chunk_s"]
+        return hw, CostCoefficients.model_validate(coefficients.model_dump()), r["network_latency_s"]
 
     def predict(self, x: np.ndarray, base: CostCoefficients, observations: Sequence[StepObservation]) -> np.ndarray:
-        hw, coefficients, latency, per_chunk = self.materialize(x, base, "fit in progress")
-        cost = PrefillOverheadCostModel(RooflineCostModel(hw, self.model, self.config, coefficients), per_chunk)
+        hw, coefficients, latency = self.materialize(x, base, "fit in progress")
+        cost = RooflineCostModel(hw, self.model, self.config, coefficients)
         return np.array([
-            sum(cost.step_time(b) for b in o.steps) + o.latency_legs * latency for o in observations
+            sum(cost.step_time(b) for b in o.steps) + cost.wake_time(o.idle_before_s) + o.latency_legs * latency
+            for o in observations
         ])
 
 
@@ -219,13 +230,12 @@ def fit_cost_model(
         residuals, space.start(base, start_latency_s), bounds=(space.lower, space.upper),
         x_scale=1.0, max_nfev=2000,
     )
-    hw, coefficients, latency, per_chunk = space.materialize(result.x, base, source)
+    hw, coefficients, latency = space.materialize(result.x, base, source)
     predicted = space.predict(result.x, base, observations)
     return CostFit(
         hardware=hw,
         coefficients=coefficients,
         network_latency_s=latency,
-        per_prefill_chunk_s=per_chunk,
         rates=space.rates(result.x),
         residuals=tuple(Residual(o.label, o.seconds, float(p)) for o, p in zip(observations, predicted)),
         converged=bool(result.success),
@@ -267,8 +277,6 @@ class CalibrationProfile(BaseModel):
     engine_config: dict[str, Any]
     coefficients: CostCoefficients
     network_latency_s: float = Field(ge=0)
-    per_prefill_chunk_s: float = Field(0.0, ge=0)
-    """Fixed cost of each prefill chunk in a step (not yet in CostCoefficients; see calibrate_cost.py)."""
     rates: dict[str, float]
     fit: dict[str, Any]
     """Residuals of the step-model fit: per observation, rms, max, convergence."""
@@ -304,6 +312,12 @@ def load_profile(path: str | Path) -> CalibrationProfile:
         raise ProfileError(f"calibration profile {path} is not JSON: {exc}") from exc
     if not isinstance(raw, dict) or raw.get("kind") != PROFILE_KIND:
         raise ProfileError(f"{path} is not a servelab calibration profile (no kind {PROFILE_KIND!r})")
+    if raw.get("schema_version") == 1:
+        raise ProfileError(
+            f"calibration profile {path} has schema version 1, whose per-prefill-chunk cost was fitted outside the "
+            f"roofline and mostly measured the engine waking from idle; version {PROFILE_SCHEMA_VERSION} fits "
+            "prefill_step_overhead_s and idle_wake_s instead and the old number cannot be split into them: re-run calibrate"
+        )
     if raw.get("schema_version") != PROFILE_SCHEMA_VERSION:
         raise ProfileError(
             f"calibration profile {path} has schema version {raw.get('schema_version')!r}; "

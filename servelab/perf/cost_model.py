@@ -7,6 +7,7 @@ coefficients without the engine knowing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -39,6 +40,10 @@ class StepBatch:
 class CostModel(Protocol):
     def step_time(self, batch: StepBatch) -> float:
         """Seconds of wall time for one engine step (GPU work + fixed CPU overhead)."""
+        ...
+
+    def wake_time(self, idle_s: float) -> float:
+        """Extra seconds the first step after `idle_s` seconds without any step takes (math.inf: idle since start)."""
         ...
 
 
@@ -74,6 +79,30 @@ class CostCoefficients(BaseModel):
     step_overhead_s: float = Field(8e-4, ge=0)
     per_request_overhead_s: float = Field(8e-6, ge=0)
     """CPU cost per scheduled request per step (input preparation, sampling bookkeeping)."""
+    prefill_step_overhead_s: float = Field(0.0, ge=0)
+    """CPU cost of a step that admits prefill chunks, once per step whatever their number.
+
+    The model runner changes its persistent batch: new request states, block
+    table rows, and the sampling metadata rebuilt for the new composition
+    (vLLM 0.32 `GPUModelRunner._update_states` + `InputBatch.refresh_metadata`,
+    the same code on the CPU backend). A request leaving costs about as much on
+    a later step; in a closed loop every request joins and leaves once, so the
+    fitted value stands for both. Measured on the vLLM CPU server with the tiny
+    model: ~0.2 ms per such step plus ~0.1 ms per admitted request (the latter is
+    `per_request_overhead_s`). 0 (unknown) for catalogue GPUs.
+    """
+    idle_wake_s: float = Field(0.0, ge=0)
+    """Extra time of the first step after the engine sat idle long (no request to run).
+
+    While idle the engine loop blocks on its input queue and the host lets the
+    cores idle: caches go cold and clocks drop, so the next step runs slower.
+    On the vLLM CPU server (2 shared cores) a step after 50-100 ms of idleness
+    takes ~1.9 ms longer than the same step back to back. Charged as
+    `idle_wake_s * (1 - exp(-idle / idle_wake_time_constant_s))`, which matched
+    measured idle gaps of 2-200 ms. 0 (unknown) for catalogue GPUs.
+    """
+    idle_wake_time_constant_s: float = Field(0.02, gt=0)
+    """How fast the wake-up cost approaches `idle_wake_s` with idle time (about 20 ms on the CPU server)."""
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
@@ -88,7 +117,7 @@ class CostCoefficients(BaseModel):
         return cls(
             compute_efficiency=1, memory_efficiency=1, attention_compute_efficiency=1,
             attention_memory_efficiency=1, interconnect_efficiency=1, allreduce_latency_s=0,
-            step_overhead_s=0, per_request_overhead_s=0,
+            step_overhead_s=0, per_request_overhead_s=0, prefill_step_overhead_s=0, idle_wake_s=0,
         )
 
 
@@ -99,6 +128,9 @@ class RooflineCostModel:
          + max(attention FLOPs / peak, KV bytes read / bandwidth)        attention
          + 2 all-reduces per layer when TP > 1                            interconnect
          + step overhead + per-request overhead x scheduled requests      CPU
+         + prefill-step overhead when the step admits prefill chunks       CPU
+    and, outside the step's own batch, `wake_time` for a step that follows
+    an idle engine (the simulator adds it to the first step after idling).
     The LM head runs only for sampled tokens (one per decode and one per prefill
     chunk, an approximation: vLLM samples only a prefill's last chunk). All
     per-token constants are precomputed so a step costs a few float operations.
@@ -147,6 +179,8 @@ class RooflineCostModel:
             self._comm_fixed = self._comm_s_per_token = 0.0
         self._step_overhead = c.step_overhead_s
         self._request_overhead = c.per_request_overhead_s
+        self._prefill_step_overhead = c.prefill_step_overhead_s
+        self._wake, self._wake_tau = c.idle_wake_s, c.idle_wake_time_constant_s
 
     def step_time_aggregate(
         self,
@@ -176,7 +210,16 @@ class RooflineCostModel:
             (sum_decode_context + prefill_context_tokens + num_prefill_tokens) * self._kv_s_per_token,
         )
         communication = self._comm_fixed + num_tokens * self._comm_s_per_token
-        return linear + attention + communication + self._step_overhead + num_sampled * self._request_overhead
+        cpu = self._step_overhead + num_sampled * self._request_overhead
+        if num_sampled > num_decodes:  # at least one prefill chunk
+            cpu += self._prefill_step_overhead
+        return linear + attention + communication + cpu
+
+    def wake_time(self, idle_s: float) -> float:
+        """`idle_wake_s` scaled by how long the engine idled (see CostCoefficients.idle_wake_s); 0 when it never did."""
+        if idle_s <= 0 or not self._wake:
+            return 0.0
+        return self._wake * -math.expm1(-idle_s / self._wake_tau)
 
     def step_time(self, batch: StepBatch) -> float:
         prefill_tokens = attn_work = context = 0

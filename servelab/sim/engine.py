@@ -7,12 +7,14 @@ step ends; `finish_step()` applies the sampled tokens at that time: every
 request whose prefill is complete after the step emits one token, the first
 one at the end of the step that completes its prefill, and a request
 finishes when it has max_tokens (ignore_eos semantics). Metrics are taken at
-step ends, which is when vLLM's own stats refresh.
+step ends, which is when vLLM's own stats refresh. A step that starts after
+the engine sat idle also pays the cost model's `wake_time` for that idle spell.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +40,8 @@ class EngineCounters:
     iteration_tokens_count: int = 0
     ttft_sum: float = 0.0
     ttft_count: int = 0
+    prefill_time_sum: float = 0.0
+    """First scheduling to first token, summed over requests (vLLM's request_prefill_time_seconds)."""
 
 
 class SimEngine:
@@ -109,14 +113,18 @@ class SimEngine:
         that could change the batch); the returned time is then the end of
         the last of them.
         """
+        # A step that starts later than the previous one ended follows an idle engine (the first: idle since start).
+        idle = now - self.step_ends[-1] if self.step_ends else math.inf
+        wake = self.cost_model.wake_time(idle) if idle > 0 else 0.0
         if self.fast_forward:
             k = self.scheduler.steady_decode_steps(len(self.step_ends), 1 << 30)
             if k:
-                return self._decode_run(now, horizon, k)
+                return self._decode_run(now + wake, horizon, k, start=now)
         granted, before = self.scheduler.schedule(now)
         duration = self._step_time(granted, before)
         if duration < 0 or (duration == 0 and not self.scheduler.preempted_this_step):
             raise RuntimeError(f"cost model returned a non-positive step time {duration!r}")
+        duration += wake
         end = now + duration
         self.busy_time += duration
         self.step_ends.append(end)
@@ -156,7 +164,8 @@ class SimEngine:
             return self.cost_model.step_time(StepBatch(decode_contexts=(contexts + k).tolist()))
         return self._aggregate(0, 0, n, base_sum + n * k, n, 0)
 
-    def _decode_run(self, now: float, horizon: float, k: int) -> float:
+    def _decode_run(self, now: float, horizon: float, k: int, start: float) -> float:
+        """Up to k identical decode steps from `now` (after any wake-up time, which began at `start`)."""
         base = self.scheduler.decode_contexts()
         base_sum = int(base.sum())
         first = len(self.step_ends)
@@ -166,7 +175,7 @@ class SimEngine:
             t += self._decode_step_time(base, base_sum, done)
             self.step_ends.append(t)
             done += 1
-        self.busy_time += t - now
+        self.busy_time += t - start
         self._pending_tokens = self.scheduler.apply_decode_steps(first, done)
         self._pending_run = (first, done, self._pending_tokens // done)
         self._in_step = True
@@ -191,6 +200,7 @@ class SimEngine:
         for req in first:
             prompt += req.prompt_len
             c.ttft_sum += end - req.arrival_time
+            c.prefill_time_sum += end - req.schedule_time
         c.ttft_count += len(first)
         c.prompt_tokens += prompt
         c.generation_tokens += generated
@@ -231,6 +241,8 @@ class SimEngine:
             tl.ITERATION_TOKENS_COUNT: iterations,
             tl.TTFT_SUM: c.ttft_sum,
             tl.TTFT_COUNT: c.ttft_count,
+            tl.PREFILL_TIME_SUM: c.prefill_time_sum,
+            tl.PREFILL_TIME_COUNT: c.ttft_count,
         }
 
     @property

@@ -35,3 +35,7 @@ class LinearCostModel:
         prefill = sum(n for n, _ in batch.prefill_chunks)
         decodes = len(batch.decode_contexts)
         return self.step_time_aggregate(prefill, work, decodes, sum(batch.decode_contexts), decodes + len(batch.prefill_chunks))
+
+    def wake_time(self, idle_s: float) -> float:
+        """No wake-up cost: an idle engine starts its next step at full speed."""
+        return 0.0
