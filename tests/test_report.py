@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -314,10 +315,20 @@ def test_header_says_what_each_input_ran(tmp_path: Path, tune_dir: Path) -> None
     assert "<b>study</b>: tune of Qwen2.5-7B on A100-80GB-SXM for goodput, 4 configurations simulated" in header
 
 
-def test_diagnose_report_refuses_a_described_deployment() -> None:
-    result = CliRunner().invoke(app, ["diagnose", "--report"])
-    assert result.exit_code == 2
-    assert "--report draws a results directory" in " ".join(result.output.split())
+def test_diagnose_report_draws_the_diagnosed_run_and_refuses_a_described_deployment(tmp_path: Path) -> None:
+    deployment = ["--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--engine-args", "--max-num-seqs 4"]
+    run = tmp_path / "run"
+    simulated = CliRunner().invoke(app, ["simulate", *deployment, "--random-input-len", "300", "--random-output-len", "20",
+                                         "--num-prompts", "24", "--max-concurrency", "16", "--result-dir", str(run)])
+    assert simulated.exit_code == 0, simulated.output
+    diagnosed = CliRunner().invoke(app, ["diagnose", str(run), *deployment, "--report", "--json"])
+    assert diagnosed.exit_code == 0, diagnosed.output
+    page = (run / "report.html").read_text()
+    assert _section_ids(page)[:3] == ["parameters", "summary", "diagnosis"]
+    assert escape(json.loads((run / "diagnosis.json").read_text())["findings"][0]["title"]) in page
+    refused = CliRunner().invoke(app, ["diagnose", "--report"])
+    assert refused.exit_code == 2
+    assert "--report draws a results directory" in " ".join(refused.output.split())
 
 
 def test_server_timeline_never_draws_two_runs_alike(tmp_path: Path) -> None:
