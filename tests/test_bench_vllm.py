@@ -42,9 +42,12 @@ def bench(server, result_dir: Path, *args: str) -> None:
     assert result.exit_code == 0, result.output
 
 
-def test_closed_loop_run_is_complete_and_agrees_with_the_server(vllm_server, tmp_path):
-    bench(vllm_server, tmp_path, "--num-prompts", "40", "--max-concurrency", "8", "--scrape-interval", "0.25")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_closed_loop_run_is_complete_and_agrees_with_the_server(vllm_server, tmp_path, workers):
+    bench(vllm_server, tmp_path, "--num-prompts", "40", "--max-concurrency", "8", "--scrape-interval", "0.25",
+          "--workers", str(workers))
     run = load_run(tmp_path)
+    assert run.summary["client_stats"]["processes"] == workers
     assert len(run.records) == 40
     assert run.summary["completed"] == 40 and run.summary["failed"] == 0
     assert all(r.ok and r.output_tokens == 32 and r.prompt_tokens == 128 for r in run.records)

@@ -58,6 +58,7 @@ def free_port() -> int:
         (["--max-concurrency", "0"], ["--max-concurrency"]),
         (["--warmup", "5", "--duration", "2"], ["--warmup", "--duration"]),
         (["--metric-percentiles", "50,101"], ["--metric-percentiles"]),
+        (["--workers", "0"], ["--workers"]),
     ],
 )
 def test_impossible_flags_name_both_and_send_nothing(server, args, named):

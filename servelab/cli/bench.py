@@ -35,6 +35,7 @@ def bench(
     request_timeout: Annotated[float, typer.Option(help="Seconds a request may take in all.", rich_help_panel=_TARGET)] = 600.0,
     scrape_interval: Annotated[float, typer.Option(help="Seconds between /metrics scrapes.", rich_help_panel=_TARGET)] = 1.0,
     report: ReportFlag = False,
+    workers: Annotated[int, typer.Option(help="Client processes, one event loop each: raise it when the summary warns that the client is the bottleneck.", rich_help_panel=_TARGET)] = 1,
     *,
     load: LoadFlags,
 ) -> None:
@@ -48,6 +49,8 @@ def bench(
             raise fail(f"--endpoint {endpoint} sends text: give --tokenizer (or a sharegpt/jsonl dataset) with --dataset-name {load.dataset_name}")
         if scrape_interval <= 0:
             raise fail(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
+        if workers < 1:
+            raise fail(f"--workers must be >= 1, got {workers}")
         target = HttpTarget(
             base_url,
             endpoint,
@@ -57,11 +60,12 @@ def bench(
             request_timeout=request_timeout,
             scrape_interval=scrape_interval,
             send_text=bool(first_plan.description["text_prompts"]),
+            workers=workers,
         )
         server = target.preflight()
     result_dir = load.output_dir("bench")
     flags = {"base_url": base_url, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
-             "request_timeout": request_timeout, "scrape_interval": scrape_interval, **load.as_dict()}
+             "request_timeout": request_timeout, "scrape_interval": scrape_interval, "workers": workers, **load.as_dict()}
     run_info: dict[str, Any] = {"verb": "bench", "source": "http", "argv": _argv_without_secrets(api_key), "flags": flags}
     out.print(f"bench: {server['model']} at {base_url}{endpoint} -> {result_dir}", highlight=False)
 

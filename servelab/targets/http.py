@@ -20,10 +20,11 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import orjson
 import uvloop
 
 from servelab.metrics.records import OK, RecordSink, RequestRecord
@@ -31,13 +32,13 @@ from servelab.metrics.scrape import MetricsScraper
 from servelab.targets.base import SampleSink, TargetRun
 from servelab.targets.client_stats import LoopLagMonitor, client_stats
 from servelab.targets.errors import TargetError
+from servelab.targets.tally import RunTally, aiter_specs
+from servelab.targets.workers import WorkerPool
 from servelab.targets.stream_client import ConnectError, ProtocolError, StreamingClient
 from servelab.targets.preflight import CHAT, COMPLETIONS, ENDPOINTS, error_message, preflight
 from servelab.targets.sse import DONE, SSEDecoder
 from servelab.workload.spec import LoadPlan, RequestSpec
 
-_decode_json = json.JSONDecoder().raw_decode
-"""raw_decode on str skips json.loads' encoding sniffing and whitespace regexes: a third of the per-chunk cost."""
 ERROR = "error"
 CANCELLED = "cancelled"
 
@@ -100,11 +101,14 @@ class HttpTarget:
         extra_body: dict[str, Any] | None = None,
         send_text: bool = False,
         run_preflight: bool = True,
+        workers: int = 1,
     ) -> None:
         if endpoint not in ENDPOINTS:
             raise TargetError(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
         if request_timeout <= 0 or (idle_timeout is not None and idle_timeout <= 0):
             raise TargetError("request_timeout and idle_timeout must be positive")
+        if workers < 1:
+            raise TargetError(f"workers must be at least 1, got {workers}")
         base_url = base_url.rstrip("/")
         self.base_url = base_url.removesuffix("/v1")
         self.endpoint = endpoint
@@ -116,6 +120,8 @@ class HttpTarget:
         self.extra_body = dict(extra_body or {})
         self.send_text = send_text
         self.run_preflight = run_preflight
+        self.workers = workers
+        """Client processes: one event loop each (servelab/targets/workers.py)."""
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -191,13 +197,58 @@ class HttpTarget:
         cap = plan.max_concurrency
         if cap is not None and cap < 1:
             raise TargetError(f"max_concurrency must be at least 1, got {cap}")
+        workers = min(self.workers, cap) if cap is not None else self.workers
+        zero = 0.0
+        auth = {k: v for k, v in self._headers.items() if k == "Authorization"} or None
+        async with aiohttp.ClientSession() as scrape_session:
+            scraper = MetricsScraper(
+                scrape_session, self.base_url + "/metrics", lambda: time.perf_counter() - zero, on_sample,
+                self.scrape_interval, auth,
+            )
+            first = await scraper.fetch()
+            pool = WorkerPool(self, plan, sink, workers) if workers > 1 else None
+            if pool is not None:
+                await pool.start()
+            zero = self.clock_zero = time.perf_counter()
+            if first is not None:
+                scraper.record(0.0, first)
+            stop_scraping = asyncio.Event()
+            scraping = asyncio.create_task(scraper.run(stop_scraping))
+            try:
+                if pool is not None:
+                    tally = await pool.run(zero, handle_signals)
+                else:
+                    tally = await self.serve(aiter_specs(plan.requests), cap, plan.duration, sink, zero, handle_signals)
+            finally:
+                stop_scraping.set()
+                await scraping
+            await scraper.sample_once()
+            scrape_stats = scraper.stats()
+        if tally.plan_error is not None:
+            raise TargetError(tally.plan_error)
+        duration = max(0.0, tally.last_finish - tally.first_send) if tally.schedule_lags else 0.0
+        stats = client_stats(tally.schedule_lags, tally.loop_lags, tally.cpu_s, tally.wall_s, tally.processes)
+        stats["clock_zero_perf_counter"] = zero
+        stats.update(tally.notes)
+        info = dict(self.server_info or {"base_url": self.base_url, "endpoint": self.endpoint})
+        info["metrics_scrape"] = scrape_stats
+        return TargetRun(duration=duration, interrupted=tally.interrupted, server_info=info, client_stats=stats)
+
+    async def serve(
+        self,
+        specs: AsyncIterator[RequestSpec],
+        max_concurrency: int | None,
+        duration: float | None,
+        sink: RecordSink,
+        zero: float,
+        handle_signals: bool,
+    ) -> RunTally:
+        """Release and stream requests on this event loop; the body of a run, in one process or in each worker."""
         client = StreamingClient(self.base_url)
-        scrape_session = aiohttp.ClientSession()
         try:
-            return await _Run(self, plan, sink, on_sample, client, scrape_session).execute(handle_signals)
+            return await _Run(self, specs, max_concurrency, duration, sink, client, zero).execute(handle_signals)
         finally:
             client.close()
-            await scrape_session.close()
 
     # -- one request ------------------------------------------------------
 
@@ -253,11 +304,8 @@ class _StreamState:
                 self.done = True
                 continue
             try:
-                text = payload.decode()
-                obj, end = _decode_json(text)
-                if end != len(text) and text[end:].strip():
-                    raise ValueError("trailing data")
-            except ValueError:
+                obj = orjson.loads(payload)  # strict (trailing data is an error); 2.5x faster than json on a chunk
+            except orjson.JSONDecodeError:
                 self.rec.finish_time = now
                 raise MalformedStream(f"not JSON: {payload[:120]!r}") from None
             choices = obj.get("choices")
@@ -279,54 +327,42 @@ class _StreamState:
 
 
 class _Run:
-    """The state of one run: release schedule, in-flight requests, dependencies, stop."""
+    """The state of one event loop's share of a run: release schedule, in-flight requests, dependencies, stop."""
 
     def __init__(
         self,
         target: HttpTarget,
-        plan: LoadPlan,
+        specs: AsyncIterator[RequestSpec],
+        max_concurrency: int | None,
+        duration: float | None,
         sink: RecordSink,
-        on_sample: SampleSink | None,
         client: StreamingClient,
-        scrape_session: aiohttp.ClientSession,
+        zero: float,
     ) -> None:
         self.target = target
-        self.plan = plan
+        self.specs = specs
+        self.duration = duration
         self.sink = sink
         self.client = client
-        self.slots = _Slots(plan.max_concurrency) if plan.max_concurrency else None
+        self.zero = zero
+        self.slots = _Slots(max_concurrency) if max_concurrency else None
         self.finished: dict[int, float] = {}
         """Finish time of every finished request, for `depends_on` (indices point backwards)."""
         self._seen: set[int] = set()
         self.finish_events: dict[int, asyncio.Event] = {}
         self.tasks: set[asyncio.Task[None]] = set()
-        self.schedule_lags: list[float] = []
-        self.first_send = float("inf")
-        self.last_finish = float("-inf")
-        self.interrupted = False
-        self.plan_error: BaseException | None = None
-        self.zero = 0.0
-        auth = {k: v for k, v in target._headers.items() if k == "Authorization"} or None
-        self.scraper = MetricsScraper(
-            scrape_session, target.base_url + "/metrics", self.now, on_sample, target.scrape_interval, auth
-        )
+        self.tally = RunTally()
+        self.plan_error: str | None = None
 
     def now(self) -> float:
         return time.perf_counter() - self.zero
 
     # -- orchestration ----------------------------------------------------
 
-    async def execute(self, handle_signals: bool) -> TargetRun:
-        first = await self.scraper.fetch()
-        self.zero = time.perf_counter()
-        self.target.clock_zero = self.zero
-        if first is not None:
-            self.scraper.record(0.0, first)
+    async def execute(self, handle_signals: bool) -> RunTally:
         cpu0 = time.process_time()
         monitor = LoopLagMonitor()
         monitor.start()
-        stop_scraping = asyncio.Event()
-        scraping = asyncio.create_task(self.scraper.run(stop_scraping))
         self._spawn(self._release())
         restore = self._install_signals() if handle_signals else None
         try:
@@ -335,20 +371,13 @@ class _Run:
         finally:
             if restore is not None:
                 restore()
-            stop_scraping.set()
-            await scraping
             await monitor.stop()
-        wall = self.now()
-        cpu = time.process_time() - cpu0
-        await self.scraper.sample_once()
-        if self.plan_error is not None:
-            raise self.plan_error
-        duration = max(0.0, self.last_finish - self.first_send) if self.schedule_lags else 0.0
-        stats = client_stats(self.schedule_lags, monitor.lags, cpu, wall)
-        stats["clock_zero_perf_counter"] = self.zero
-        info = dict(self.target.server_info or {"base_url": self.target.base_url, "endpoint": self.target.endpoint})
-        info["metrics_scrape"] = self.scraper.stats()
-        return TargetRun(duration=duration, interrupted=self.interrupted, server_info=info, client_stats=stats)
+        tally = self.tally
+        tally.wall_s = self.now()
+        tally.cpu_s = time.process_time() - cpu0
+        tally.loop_lags = monitor.lags
+        tally.plan_error = self.plan_error
+        return tally
 
     def stop(self) -> None:
         """Stop releasing and cancel everything in flight; each request still writes its record."""
@@ -362,7 +391,7 @@ class _Run:
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
         def on_signal() -> None:
-            self.interrupted = True
+            self.tally.interrupted = True
             self.stop()
 
         for sig in previous:
@@ -377,17 +406,8 @@ class _Run:
 
     # -- release ----------------------------------------------------------
 
-    def _specs(self) -> Iterator[RequestSpec]:
-        for spec in self.plan.requests:
-            if spec.depends_on is not None and spec.depends_on not in self._seen:
-                raise TargetError(
-                    f"request {spec.index} depends on request {spec.depends_on}, which does not come before it in the plan"
-                )
-            self._seen.add(spec.index)
-            yield spec
-
     async def _release(self) -> None:
-        duration = self.plan.duration
+        duration = self.duration
         try:
             if duration is None:
                 await self._release_all()
@@ -397,12 +417,17 @@ class _Run:
         except TimeoutError:
             pass
         except TargetError as exc:
-            self.plan_error = exc
+            self.plan_error = str(exc)
             self.stop()
 
     async def _release_all(self) -> None:
-        duration = self.plan.duration
-        for spec in self._specs():
+        duration = self.duration
+        async for spec in self.specs:
+            if spec.depends_on is not None and spec.depends_on not in self._seen:
+                raise TargetError(
+                    f"request {spec.index} depends on request {spec.depends_on}, which does not come before it in the plan"
+                )
+            self._seen.add(spec.index)
             if duration is not None and spec.arrival_time >= duration:
                 return
             if spec.depends_on is not None:
@@ -416,7 +441,7 @@ class _Run:
 
     async def _release_after_dependency(self, spec: RequestSpec) -> None:
         """Wait for the previous turn, the think time and a slot; give up at the run's end."""
-        duration = self.plan.duration
+        duration = self.duration
         deadline = None if duration is None else asyncio.get_running_loop().time() + duration - self.now()
         try:
             async with asyncio.timeout_at(deadline):
@@ -487,7 +512,5 @@ class _Run:
             event.set()
         if self.slots is not None:
             self.slots.release(rec.finish_time)
-        self.schedule_lags.append(rec.send_time - rec.intended_time)
-        self.first_send = min(self.first_send, rec.send_time)
-        self.last_finish = max(self.last_finish, rec.finish_time)
+        self.tally.add(rec)
         self.sink.write(rec)

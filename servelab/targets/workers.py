@@ -1,0 +1,325 @@
+"""Several client processes for one run, so the load generator is never the bottleneck it looks for.
+
+One Python event loop that timestamps streamed chunks saturates one core at
+roughly 200k chunks/s (benchmarks/client_capacity.py); a large server with
+thousands of streams can produce more, and a saturated client delays every
+timestamp it takes. Threads would share one interpreter, so the extra loops
+are processes.
+
+The split of work follows what must stay global and what must stay close to
+the socket:
+- the parent reads the plan (lazily, in order), checks dependencies, routes
+  each request to a worker shortly before its send time, writes every
+  record to the sink the moment it arrives (a crash loses nothing already
+  measured), scrapes /metrics and handles signals;
+- each worker owns a share of the concurrency cap and does the timing:
+  release at the intended time, stream, timestamp in the read callback.
+All processes read CLOCK_MONOTONIC (`time.perf_counter`), so the parent's
+run zero is every worker's run zero.
+
+A conversation stays on one worker (a later turn waits for the earlier one's
+finish, which only that worker sees). The concurrency cap is split into fixed
+shares, so a closed loop's last requests can wait on a busy worker while
+another has a free slot; routing new requests to the worker with the fewest
+unfinished ones keeps that tail short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+import uvloop
+
+from servelab.metrics.records import RecordSink, RequestRecord
+from servelab.targets.errors import TargetError
+from servelab.targets.tally import RunTally
+from servelab.workload.spec import LoadPlan, RequestSpec
+
+if TYPE_CHECKING:
+    from servelab.targets.http import HttpTarget
+
+LOOKAHEAD_S = 0.5
+"""Requests reach their worker this long before their send time: IPC never delays a release."""
+LOOKAHEAD_REQUESTS = 16
+"""Under a concurrency cap, a worker holds at most its share of the cap plus this many unfinished requests."""
+READY_TIMEOUT_S = 120.0
+"""Starting a worker imports the client stack; on a loaded machine that can take tens of seconds."""
+POLL_S = 0.5
+"""How often the parent checks that every worker is still alive."""
+WORKER_DIED = "client_worker_died"
+
+
+def split_cap(cap: int | None, workers: int) -> list[int | None]:
+    """Each worker's share of the concurrency cap; shares differ by at most one."""
+    if cap is None:
+        return [None] * workers
+    return [cap // workers + (1 if i < cap % workers else 0) for i in range(workers)]
+
+
+class WorkerPool:
+    """The parent side: starts the workers, feeds them the plan, collects their records and tallies."""
+
+    def __init__(self, target: HttpTarget, plan: LoadPlan, sink: RecordSink, workers: int) -> None:
+        self.target = target
+        self.plan = plan
+        self.sink = sink
+        self.caps = split_cap(plan.max_concurrency, workers)
+        self._ctx = multiprocessing.get_context("spawn")
+        self._messages: Any = self._ctx.Queue()
+        self._pipes: list[Connection] = []
+        self._procs: list[Any] = []
+        self._inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+        self._outstanding: list[dict[int, RequestSpec]] = [{} for _ in range(workers)]
+        self._progress = asyncio.Event()
+        self._zero = 0.0
+        self._interrupted = False
+
+    # -- start ------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Spawn the workers and wait until each has its event loop running; raises TargetError if one does not."""
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=self._pump, args=(loop,), daemon=True, name="servelab-worker-inbox").start()
+        for wid, cap in enumerate(self.caps):
+            reader, writer = self._ctx.Pipe(duplex=False)
+            proc = self._ctx.Process(
+                target=worker_main, args=(wid, self.target, cap, self.plan.duration, reader, self._messages),
+                daemon=True, name=f"servelab-client-{wid}",
+            )
+            proc.start()
+            reader.close()
+            self._pipes.append(writer)
+            self._procs.append(proc)
+        ready: set[int] = set()
+        deadline = loop.time() + READY_TIMEOUT_S
+        while len(ready) < len(self._procs):
+            try:
+                kind, wid, *_ = await asyncio.wait_for(self._inbox.get(), POLL_S)
+            except TimeoutError:
+                dead = [p.name for p in self._procs if not p.is_alive()]
+                if dead or loop.time() > deadline:
+                    self._shutdown()
+                    raise TargetError(
+                        f"client worker {', '.join(dead) or 'start'} failed: "
+                        f"{'exited' if dead else f'not ready after {READY_TIMEOUT_S:g} s'}"
+                    ) from None
+                continue
+            if kind == "ready":
+                ready.add(wid)
+
+    def _pump(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Moves worker messages onto the parent's loop; a None message (sent by the parent itself) ends it."""
+        while (msg := self._messages.get()) is not None:
+            loop.call_soon_threadsafe(self._inbox.put_nowait, msg)
+
+    # -- run --------------------------------------------------------------
+
+    async def run(self, zero: float, handle_signals: bool) -> RunTally:
+        self._zero = zero
+        cpu0 = time.process_time()
+        for pipe in self._pipes:
+            pipe.send(("start", zero))
+        feeding = asyncio.create_task(self._feed())
+        restore = self._install_signals(feeding) if handle_signals else None
+        tally = RunTally(processes=len(self._procs))
+        faults: list[str] = []
+        try:
+            await self._collect(tally, faults, feeding)
+        finally:
+            if restore is not None:
+                restore()
+            if not feeding.done():
+                feeding.cancel()
+            plan_error = await asyncio.gather(feeding, return_exceptions=True)
+            self._shutdown()
+        if isinstance(plan_error[0], TargetError):
+            tally.plan_error = str(plan_error[0])
+        tally.interrupted = tally.interrupted or self._interrupted
+        tally.notes = {"workers": len(self._procs), "coordinator_cpu_s": time.process_time() - cpu0}
+        if faults:
+            tally.notes["worker_faults"] = faults
+        return tally
+
+    async def _collect(self, tally: RunTally, faults: list[str], feeding: asyncio.Task[None]) -> None:
+        """Write records as they come; end when every worker has reported or died."""
+        running = set(range(len(self._procs)))
+        while running:
+            try:
+                msg = await asyncio.wait_for(self._inbox.get(), POLL_S)
+            except TimeoutError:
+                if feeding.done() and not feeding.cancelled() and feeding.exception() is not None:
+                    self._stop_workers()
+                for wid in [w for w in running if not self._procs[w].is_alive()]:
+                    running.discard(wid)
+                    faults.append(self._lose_worker(wid))
+                continue
+            kind, wid, payload = msg
+            if kind == "record":
+                self._outstanding[wid].pop(payload.index, None)
+                self._progress.set()
+                self.sink.write(payload)
+            elif kind == "done":
+                running.discard(wid)
+                tally.merge(payload)
+
+    def _lose_worker(self, wid: int) -> str:
+        """A worker that died took its unfinished requests with it: each still gets a record, as an error."""
+        proc = self._procs[wid]
+        lost = self._outstanding[wid]
+        now = time.perf_counter() - self._zero
+        for spec in lost.values():
+            self.sink.write(RequestRecord(
+                index=spec.index, intended_time=spec.arrival_time, send_time=now, finish_time=now,
+                status="error", error_kind=WORKER_DIED,
+                error=f"client worker {wid} exited (code {proc.exitcode}) before reporting this request",
+                prefix_group=spec.prefix_group, priority=spec.priority,
+            ))
+        self._progress.set()
+        fault = f"worker {wid} exited with code {proc.exitcode}; {len(lost)} requests recorded as {WORKER_DIED}"
+        lost.clear()
+        return fault
+
+    async def _feed(self) -> None:
+        """Route the plan's requests to workers ahead of their send time, in plan order."""
+        duration = self.plan.duration
+        owner: dict[int, int] = {}
+        try:
+            for spec in self.plan.requests:
+                if duration is not None and spec.arrival_time >= duration:
+                    return
+                if spec.depends_on is not None:
+                    if spec.depends_on not in owner:
+                        raise TargetError(
+                            f"request {spec.index} depends on request {spec.depends_on}, "
+                            "which does not come before it in the plan"
+                        )
+                    wid = owner[spec.depends_on]
+                else:
+                    wid = min(range(len(self._pipes)), key=lambda w: len(self._outstanding[w]))
+                owner[spec.index] = wid
+                if not await self._wait_for_room(wid, spec):
+                    return
+                self._outstanding[wid][spec.index] = spec
+                self._pipes[wid].send(("spec", spec))
+        finally:
+            for pipe in self._pipes:
+                try:
+                    pipe.send(("end", None))
+                except OSError:
+                    pass  # that worker is gone; _collect records what it took with it
+
+    async def _wait_for_room(self, wid: int, spec: RequestSpec) -> bool:
+        """Hold a request until it is near its send time and its worker has room; False once the run is over."""
+        duration = self.plan.duration
+        cap = self.caps[wid]
+        while True:
+            now = time.perf_counter() - self._zero
+            if duration is not None and now >= duration:
+                return False
+            if cap is not None and len(self._outstanding[wid]) >= cap + LOOKAHEAD_REQUESTS:
+                self._progress.clear()
+                await self._progress.wait()
+            elif (early := spec.arrival_time - LOOKAHEAD_S - now) > 0:
+                await asyncio.sleep(min(early, POLL_S))
+            else:
+                return True
+
+    # -- stop -------------------------------------------------------------
+
+    def _install_signals(self, feeding: asyncio.Task[None]):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        loop = asyncio.get_running_loop()
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_signal() -> None:
+            self._interrupted = True
+            feeding.cancel()
+            self._stop_workers()
+
+        for sig in previous:
+            loop.add_signal_handler(sig, on_signal)
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, handler)
+
+        return restore
+
+    def _stop_workers(self) -> None:
+        """SIGTERM is each worker's own interrupt: it cancels its requests, which still write their records."""
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.terminate()
+
+    def _shutdown(self) -> None:
+        for proc in self._procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        for pipe in self._pipes:
+            pipe.close()
+        self._messages.put(None)
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+class _ForwardSink:
+    """A worker's sink: each record goes to the parent the moment its request ends."""
+
+    def __init__(self, wid: int, messages: Any) -> None:
+        self.wid = wid
+        self.messages = messages
+
+    def write(self, record: RequestRecord) -> None:
+        self.messages.put(("record", self.wid, record))
+
+
+def worker_main(
+    wid: int, target: HttpTarget, cap: int | None, duration: float | None, specs: Connection, messages: Any
+) -> None:
+    """Entry point of a worker process (spawned, so it must be importable at module level)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it forwards a stop as SIGTERM
+    uvloop.run(_work(wid, target, cap, duration, specs, messages))
+
+
+async def _work(
+    wid: int, target: HttpTarget, cap: int | None, duration: float | None, specs: Connection, messages: Any
+) -> None:
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    def read() -> None:
+        while True:
+            try:
+                msg = specs.recv()
+            except (EOFError, OSError):
+                msg = ("end", None)
+            loop.call_soon_threadsafe(inbox.put_nowait, msg)
+            if msg[0] == "end":
+                return
+
+    threading.Thread(target=read, daemon=True, name="servelab-worker-specs").start()
+    messages.put(("ready", wid, None))
+    kind, zero = await inbox.get()
+    if kind != "start":
+        return
+
+    async def routed() -> AsyncIterator[RequestSpec]:
+        while (msg := await inbox.get())[0] == "spec":
+            yield msg[1]
+
+    tally = await target.serve(routed(), cap, duration, _ForwardSink(wid, messages), zero, handle_signals=True)
+    messages.put(("done", wid, tally))
+    messages.close()
+    messages.join_thread()
