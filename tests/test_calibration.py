@@ -25,6 +25,7 @@ from servelab.experiment.calibrate import (
     probe_plan,
     run_probes,
     simulate_probes,
+    bunched_fraction,
 )
 from servelab.perf.calibration import (
     PARAMETERS,
@@ -36,6 +37,7 @@ from servelab.perf.calibration import (
     model_spec_dict,
 )
 from servelab.perf.cost_model import CostCoefficients, RooflineCostModel, StepBatch
+from servelab.metrics.records import RequestRecord
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
 from servelab.perf.models import get_model
@@ -262,3 +264,19 @@ def test_missing_profile_is_one_clear_error(tmp_path: Path) -> None:
 def test_calibrate_refuses_a_tiny_budget_before_any_request(tmp_path: Path) -> None:
     with pytest.raises(CalibrationError, match="too small"):
         calibrate("http://127.0.0.1:9", "cpu", "qwen2.5-7b", tmp_path / "p.json", budget_s=5)
+
+
+def test_bunched_tokens_mark_a_stalled_client_and_its_pass_is_left_out() -> None:
+    def record(times: list[float]) -> RequestRecord:
+        return RequestRecord(index=0, intended_time=0, send_time=0, finish_time=times[-1], chunk_times=times)
+
+    assert bunched_fraction([record([0.01, 0.012, 0.014, 0.016])]) == 0.0
+    assert bunched_fraction([record([0.01, 0.2, 0.2, 0.2, 0.2])]) == pytest.approx(0.75)
+    assert bunched_fraction([record([0.01])]) == 0.0  # one token: nothing to judge
+    runs = ProbeRuns(Probe("decode-b4", DECODE, 16, 64, 4, 8), passes=[
+        {"tpot_p50_ms": 0.0, "server_prefill_ms": 2.0, "bunched": 0.9, "failed": 0},
+        {"tpot_p50_ms": 1.8, "server_prefill_ms": 3.0, "bunched": 0.02, "failed": 0},
+    ])
+    assert runs.figure("tpot_p50_ms") == pytest.approx(1.8)  # the stalled pass's TPOT of 0 is not a measurement
+    assert runs.figure("server_prefill_ms") == pytest.approx(2.25)  # the server's own figures stay
+    assert runs.describe()["stalled_passes"] == 1

@@ -140,3 +140,14 @@ def test_validate_cli_refuses_a_missing_profile_with_one_message(tmp_path: Path)
                                       "--base-url", "http://127.0.0.1:9"])
     assert result.exit_code == 2
     assert "cannot read calibration profile" in result.output
+
+
+def test_a_repeat_in_which_the_client_stalled_is_not_judged() -> None:
+    def repeat(tput: float, bunched: float) -> dict:
+        m = {k: 100.0 for k in METRICS} | {"output_throughput": tput, "tpot_p50_ms": 0.0 if bunched else 2.0}
+        return {"measured": m, "simulated": dict(m), "bunched": bunched}
+
+    measured, _ = best_of([repeat(50, 0.0), repeat(90, 0.9)])  # the stalled one read everything at once: TPOT 0
+    assert measured["output_throughput"] == 50 and measured["tpot_p50_ms"] == 2.0
+    nothing, _ = best_of([repeat(90, 0.9)])
+    assert all(v is None for v in nothing.values())

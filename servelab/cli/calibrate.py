@@ -51,12 +51,16 @@ def fit_table(profile: CalibrationProfile) -> Table:
 
 def validation_table(report: dict[str, Any]) -> Table:
     table = Table(title=f"held-out points: measured / predicted (engine args: {report['engine_args'] or 'as calibrated'})",
-                  caption="each metric from its best repeat, against the simulation of that repeat's requests")
+                  caption="each metric from its best repeat, against the simulation of that repeat's requests; "
+                          "repeats in which the client stalled (tokens read in bunches) are not judged")
     table.add_column("point", no_wrap=True)
     for key in METRICS:
         table.add_column(key, justify="right", no_wrap=True)
     for row in report["points"]:
-        table.add_row(row["point"], *(
+        stalled = row.get("stalled_repeats", 0)
+        name = row["point"] + (f" ({stalled} stalled)" if stalled else "")
+        table.add_row(name, *(
+            "-" if row["measured"][k] is None else
             f"{row['measured'][k]:.1f} / {row['simulated'][k]:.1f} ({_pct(row['error_pct'][k])})" for k in METRICS
         ))
     medians, bounds = report["median_abs_error_pct"], report["bounds_pct"]

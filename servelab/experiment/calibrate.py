@@ -59,6 +59,12 @@ MIN_BUDGET_S = 20.0
 """Below this not even one pass of the probe plan fits."""
 PROBE_EXTRA_BODY = {"return_token_ids": True}
 """vLLM sends the token ids of every chunk, so a chunk whose text is empty (half a UTF-8 character) still counts."""
+BUNCHED_GAP_S = 50e-6
+MAX_BUNCHED = 0.2
+"""A run in which more than this share of a stream's tokens reached the client within BUNCHED_GAP_S of the previous one
+did not observe token timing: the client stalled and then read many tokens at once (the vLLM server sends one token per
+event, one engine step (>= 1 ms) apart; a plain threaded reader saw 0-9% such gaps where servelab's client, in a bad
+spell, saw 60-100%). Its TTFT is inflated and its TPOT deflated towards 0, so it is left out of the time figures."""
 _PREFILL_LENGTHS = (16, 128, 384, 768, 1280, 2048)
 _DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 _DECODE_PROMPT, _DECODE_OUTPUT = 16, 64
@@ -148,6 +154,12 @@ def run_into(target: Target, plan: LoadPlan, directory: Path, run_info: dict[str
     return sink.records, list(read_timeline(directory / TIMELINE)), summary
 
 
+def bunched_fraction(records: list[RequestRecord]) -> float:
+    """Share of token gaps under BUNCHED_GAP_S over all streams with several tokens (0 when there are none)."""
+    gaps = [b - a for r in records for a, b in zip(r.chunk_times, r.chunk_times[1:])]
+    return sum(g < BUNCHED_GAP_S for g in gaps) / len(gaps) if gaps else 0.0
+
+
 def measured_figures(records: list[RequestRecord], samples: list[TimelineSample], summary: dict[str, Any]) -> dict[str, float | None]:
     """What a probe contributes: client medians, and the engine's own step count when it exports one."""
     iterations = tl.counter_delta(samples, tl.ITERATION_TOKENS_COUNT)
@@ -162,7 +174,11 @@ def measured_figures(records: list[RequestRecord], samples: list[TimelineSample]
         "engine_steps": iterations,
         "tokens_per_step": (generated / iterations) if generated and iterations else None,
         "server_prefill_ms": (1e3 * prefill_s / prefills) if prefill_s and prefills else None,
+        "bunched": bunched_fraction(records),
     }
+
+
+_CLIENT_FIGURES = frozenset({"ttft_p50_ms", "tpot_p50_ms", "output_throughput"})
 
 
 @dataclass
@@ -175,8 +191,13 @@ class ProbeRuns:
     seconds: list[float] = field(default_factory=list)
 
     def figure(self, key: str) -> float | None:
-        """The probe's value of `key` over passes: lower quartile of times, upper of throughput, median otherwise."""
-        values = [p[key] for p in self.passes if p.get(key) is not None and not p.get("failed")]
+        """The probe's value of `key` over passes: lower quartile of times, upper of throughput, median otherwise.
+
+        Client figures leave out passes in which the client stalled (see MAX_BUNCHED); the server's own are kept.
+        """
+        client = key in _CLIENT_FIGURES
+        values = [p[key] for p in self.passes if p.get(key) is not None and not p.get("failed")
+                  and not (client and (p.get("bunched") or 0.0) > MAX_BUNCHED)]
         if not values:
             return None
         q = {"ttft_p50_ms": 25, "tpot_p50_ms": 25, "server_prefill_ms": 25, "output_throughput": 75}.get(key, 50)
@@ -187,6 +208,7 @@ class ProbeRuns:
         return {
             **asdict(self.probe),
             "passes": len(self.passes),
+            "stalled_passes": sum((p.get("bunched") or 0.0) > MAX_BUNCHED for p in self.passes),
             "measured": {k: self.figure(k) for k in keys},
             "directories": self.directories,
         }

@@ -16,7 +16,10 @@ things slower. So each point runs several times with fresh requests,
 interleaved with the other points, and each metric is judged on the repeat
 that measured best (lowest time, highest throughput) against the simulation
 of that same repeat's requests: the estimate of the machine's own speed,
-as calibration's lower-quartile figures are.
+as calibration's lower-quartile figures are. A repeat in which the client
+itself stalled (many tokens read at once, see calibrate.MAX_BUNCHED) did not
+observe the server's timing and is not judged; a point with no other repeat
+has no figures, and the report says how many repeats were set aside.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ import numpy as np
 
 from servelab import SCHEMA_VERSION
 from servelab.experiment.calibrate import (
+    MAX_BUNCHED,
     PROBE_EXTRA_BODY,
+    bunched_fraction,
     compare,
     deployment_from_profile,
     random_prompt,
@@ -167,12 +172,17 @@ def figures(summary: dict[str, Any]) -> dict[str, float]:
     return {name: float(summary[key]) for name, key in METRICS.items()}
 
 
-def best_of(repeats: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
-    """Per metric, the best measured repeat (highest throughput, lowest time) and the simulation of the same repeat."""
-    measured, simulated = {}, {}
-    for k in METRICS:
+def best_of(repeats: list[dict[str, Any]]) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """Per metric, the best measured repeat (highest throughput, lowest time) and the simulation of the same repeat.
+
+    Repeats in which the client stalled are not candidates; with none left every figure is None.
+    """
+    valid = [r for r in repeats if r.get("bunched", 0.0) <= MAX_BUNCHED]
+    measured: dict[str, float | None] = dict.fromkeys(METRICS)
+    simulated: dict[str, float | None] = dict.fromkeys(METRICS)
+    for k in METRICS if valid else ():
         pick = max if k == "output_throughput" else min
-        best = pick(repeats, key=lambda x: x["measured"][k])
+        best = pick(valid, key=lambda x: x["measured"][k])
         measured[k], simulated[k] = best["measured"][k], best["simulated"][k]
     return measured, simulated
 
@@ -243,15 +253,16 @@ def validate_on(
                 kinds = ", ".join(sorted(summary["errors_by_kind"]))
                 raise ValidationError(f"point {point.name}: {summary['failed']} requests failed ({kinds}); see {directory}")
             runs[point.name].append({
-                "workload": plan.description, "directory": str(directory),
+                "workload": plan.description, "directory": str(directory), "bunched": bunched_fraction(counted(records, plan)),
                 "measured": figures(summary), "simulated": figures(simulate(sim, plan)),
             })
         progress(f"repeat {r + 1} of {repeats} done")
     results = []
     for point in points:
         measured, simulated = best_of(runs[point.name])
+        stalled = sum(r["bunched"] > MAX_BUNCHED for r in runs[point.name])
         results.append({"point": point.name, "shape": asdict(point), "measured": measured, "simulated": simulated,
-                        "error_pct": compare(measured, simulated), "repeats": runs[point.name]})
+                        "error_pct": compare(measured, simulated), "stalled_repeats": stalled, "repeats": runs[point.name]})
     medians = median_abs_errors(results)
     return {
         "schema_version": SCHEMA_VERSION,
