@@ -4,8 +4,14 @@ Tests start a real vLLM this way, and `servelab tune` starts one server per
 configuration it measures. Both need the same guarantees: a server that dies
 while loading is reported with its own last words (the log tail), not as a
 bare timeout; and stopping really stops it. vLLM forks an engine-core process
-(and on some builds more), so the server is started in a new session and
-signalled as a whole process group: SIGTERM, a grace period, then SIGKILL.
+(and on some builds more), so the server is started in a process group of
+its own and signalled as a whole group: SIGTERM, a grace period, then SIGKILL.
+
+A new process group, not a new session: Linux's scheduler autogroups
+processes by session, and a busy server in a session of its own starved the
+load generator beside it. With the vLLM CPU server in its own session, the
+client's event loop woke up to 430 ms late and whole streams arrived in one
+read; in the client's session, 1-5 ms (same machine, same runs, alternated).
 """
 
 from __future__ import annotations
@@ -143,7 +149,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 cwd=self.cwd,
-                start_new_session=True,
+                process_group=0,
             )
         _live.add(self)
         try:
