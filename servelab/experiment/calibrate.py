@@ -68,10 +68,14 @@ spell, saw 60-100%). Its TTFT is inflated and its TPOT deflated towards 0, so it
 _PREFILL_LENGTHS = (16, 128, 384, 768, 1280, 2048)
 _DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 _DECODE_PROMPT, _DECODE_OUTPUT = 16, 64
+_LONG_CONTEXT_PROMPT, _LONG_CONTEXT_BATCHES = 512, (2, 4)
+"""Decode over long contexts: without them the KV-read term is never exercised and the fit splits attention arbitrarily.
+Small batches, so that all their prompts fit one step's token budget and the decode steps that TPOT sees stay pure."""
 _MIXED = ((2, 1024, 16), (4, 384, 32), (8, 128, 96))
 """(concurrency, prompt tokens, output tokens) of the mixed probes."""
-_IDLE_SPACINGS_S = (0.008, 0.02, 0.06)
-"""Arrival spacings of the idle probes: the engine idles ~5, ~17 and ~57 ms before each step (a time constant near 20 ms)."""
+_IDLE_SPACINGS_S = (0.02, 0.06, 0.2)
+"""Arrival spacings of the idle probes: the engine idles ~17, ~57 and ~200 ms before each step. Back-to-back prefills
+idle ~2 ms; the longest spacing pins the ceiling, which shorter ones alone leave to extrapolation (fits of 3-17 ms)."""
 _IDLE_PROMPT = 16
 
 
@@ -97,8 +101,12 @@ def probe_plan(config: EngineConfig) -> list[Probe]:
     probes += [
         Probe(f"decode-b{b}", DECODE, _DECODE_PROMPT, _DECODE_OUTPUT, b, max(4, 2 * b)) for b in batches
     ]
+    for b in (b for b in _LONG_CONTEXT_BATCHES if b <= config.max_num_seqs):
+        long_prompt = min(_LONG_CONTEXT_PROMPT, config.max_model_len - _DECODE_OUTPUT - 1, config.max_num_batched_tokens // b)
+        probes.append(Probe(f"decode-b{b}-p{long_prompt}", DECODE, long_prompt, _DECODE_OUTPUT, b, 2 * b))
     probes += [
-        Probe(f"idle-{_IDLE_PROMPT}-every-{1e3 * g:g}ms", IDLE, _IDLE_PROMPT, 1, 1, 8, spacing_s=g) for g in _IDLE_SPACINGS_S
+        Probe(f"idle-{_IDLE_PROMPT}-every-{1e3 * g:g}ms", IDLE, _IDLE_PROMPT, 1, 1, max(4, min(8, int(0.5 / g))), spacing_s=g)
+        for g in _IDLE_SPACINGS_S
     ]
     for c, p, n in _MIXED:
         c = min(c, config.max_num_seqs)
