@@ -65,14 +65,10 @@ def test_calibration_fits_the_probes_and_keeps_them(profile_path: Path) -> None:
     assert sorted(errors)[len(errors) // 2] < 10
 
 
-@pytest.mark.xfail(reason="issue 5 is open: on this shared 2-core host TPOT p50 median error measured 12.7-13% "
-                   "against the 10% bound (see docs/validation.md); the check stays so a fix shows as XPASS", strict=False)
 def test_validate_on_held_out_points(profile_path: Path, vllm_server, tmp_path: Path) -> None:
     assert_within_bounds(run_validate(vllm_server.base_url, profile_path, tmp_path / "validation.json"))
 
 
-@pytest.mark.xfail(reason="issue 5 is open: on this shared 2-core host TPOT p50 median error measured 12.7-13% "
-                   "against the 10% bound (see docs/validation.md); the check stays so a fix shows as XPASS", strict=False)
 def test_validate_after_a_restart_with_other_max_num_seqs(profile_path: Path, launch_vllm, tmp_path: Path) -> None:
     with launch_vllm(extra_args=["--max-num-seqs", "8"]) as server:
         report = run_validate(server.base_url, profile_path, tmp_path / "validation.json", "--engine-args", "--max-num-seqs 8")

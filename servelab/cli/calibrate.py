@@ -97,7 +97,8 @@ def calibrate(
         f"per prefill step {rates['prefill_step_overhead_s'] * 1e3:.2f} ms, "
         f"wake from idle {rates['idle_wake_s'] * 1e3:.2f} ms (time constant {rates['idle_wake_time_constant_s'] * 1e3:.0f} ms), "
         f"linear {rates['linear_flops'] / 1e9:.1f} GFLOP/s, attention {rates['attention_flops'] / 1e9:.1f} GFLOP/s, "
-        f"latency {profile.network_latency_s * 1e3:.2f} ms one way; step-model rms error {100 * profile.fit['rms_rel_error']:.1f}%"
+        f"latency {profile.network_latency_s * 1e3:.2f} ms one way, API server {profile.frontend_s_per_request * 1e3:.2f} ms "
+        f"per request; step-model rms error {100 * profile.fit['rms_rel_error']:.1f}%"
     )
     _console.print(f"profile written to {out}")
 

@@ -18,16 +18,18 @@ as a results directory next to the profile.
 
 from __future__ import annotations
 
+import math
 import time
 import urllib.request
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
+from scipy.optimize import minimize_scalar
 
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import MemorySink, RequestRecord
@@ -399,23 +401,71 @@ def deployment_from_profile(profile: CalibrationProfile, engine_args: str = "") 
     """The calibrated hardware + model as a simulated deployment; `engine_args` override the probed flags one by one.
 
     The Deployment carries everything the profile fitted: the roofline's
-    coefficients (prefill-step and idle-wake costs included) and the latency.
+    coefficients (prefill-step and idle-wake costs included), the latency and
+    the API server's per-request cost.
     """
     probed = parse_engine_args(profile.engine_args)
     parsed = parse_engine_args(engine_args, base=probed.config) if engine_args.strip() else probed
     return Deployment.build(
         profile.hardware, profile.model(), parsed.config, coefficients=profile.coefficients,
         warnings=tuple(parsed.warnings), network_latency=profile.network_latency_s,
-        performance_mode=parsed.performance_mode,
+        performance_mode=parsed.performance_mode, frontend_s_per_request=profile.frontend_s_per_request,
     )
 
 
 def fit_runs(runs: list[ProbeRuns], probed: Deployment, source: str) -> tuple[CostFit, Deployment]:
-    """The fit of the probed deployment's cost model to the runs, and the same deployment with the fitted roofline."""
+    """The fit of the probed deployment's cost model to the runs, and the same deployment with the fitted roofline and frontend."""
     fit = fit_cost_model(probed.hardware, probed.model, probed.config, observations(runs, probed.config), source=source)
     deployment = Deployment.build(fit.hardware, probed.model, probed.requested, coefficients=fit.coefficients,
                                   network_latency=fit.network_latency_s, performance_mode=probed.performance_mode)
-    return fit, deployment
+    return fit, fit_frontend(runs, deployment)
+
+
+_MAX_FRONTEND_S = 5e-3
+
+
+def fit_frontend(runs: list[ProbeRuns], deployment: Deployment) -> Deployment:
+    """The API server's serial admission cost per request, from the decode probes' bursts, on the simulator.
+
+    A closed loop at concurrency B sends B requests at once; vLLM's API server
+    admits them one after another on one core, so the last reaches the engine
+    about B x (per-request cost) after the first, and the probe's median TTFT
+    grows with B far beyond what the engine alone explains. Single requests
+    cannot show it: for them the admission cost is part of the fixed latency
+    the step-model fit found. So the per-request frontend cost F is fitted
+    here, one dimension, by re-serving the burst probes on the simulator
+    (queueing is not closed-form), with the one-way latency lowered by F/2 so
+    that a lone request's TTFT stays what the step model fitted.
+    """
+    bursts = [(r.probe, ttft) for r in runs
+              if r.probe.kind == DECODE and r.probe.concurrency > 1 and (ttft := r.figure("ttft_p50_ms"))]
+    latency = deployment.network_latency
+    if not bursts or latency <= 0:
+        return deployment
+
+    def with_frontend(f: float) -> Deployment:
+        return replace(deployment, frontend_s_per_request=f, network_latency=latency - f / 2)
+
+    def loss(f_ms: float) -> float:
+        sim = with_frontend(f_ms / 1e3).sim_target()
+        total = 0.0
+        for probe, measured in bursts:
+            sink = MemorySink()
+            sim.run(probe_load(probe, deployment.model.vocab_size, seed=0), sink)
+            total += math.log(summarize(sink.records)["median_ttft_ms"] / measured) ** 2
+        return total
+
+    # The loss jumps where a slower admission splits a burst over one more engine step, so a local search alone can
+    # stop in a step; a coarse grid (0 included: no frontend cost at all) finds the basin, a bounded search refines it.
+    top = 1e3 * min(_MAX_FRONTEND_S, 2 * latency)
+    grid = [0.0, *np.geomspace(0.02, top, 16)] if top > 0.02 else [0.0]
+    tried = {f: loss(f) for f in grid}
+    i = grid.index(min(tried, key=tried.__getitem__))
+    if i > 0:
+        lo, hi = grid[i - 1], grid[min(i + 1, len(grid) - 1)]
+        refined = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 0.01})
+        tried[float(refined.x)] = float(refined.fun)
+    return with_frontend(min(tried, key=tried.__getitem__) / 1e3)
 
 
 def profile_sim_target(profile: CalibrationProfile, engine_args: str = "") -> SimTarget:
@@ -468,7 +518,8 @@ def calibrate(
                 "cache_config": {k: cache[k] for k in ("block_size", "kv_cache_memory_bytes", "num_gpu_blocks") if k in cache}},
         hardware=fit.hardware, gpu=hardware.name, model_source=str(model), model_spec=model_spec_dict(spec),
         engine_args=probed_args, engine_config=asdict(probed.config), coefficients=fit.coefficients,
-        network_latency_s=fit.network_latency_s, rates=fit.rates, fit=fit_report(fit),
+        network_latency_s=deployment.network_latency, frontend_s_per_request=deployment.frontend_s_per_request,
+        rates=fit.rates, fit=fit_report(fit),
         simulated_probes=simulate_probes(deployment.sim_target(), runs, spec.vocab_size),
         probes=[r.describe() for r in runs], budget_s=budget_s, elapsed_s=elapsed,
     )

@@ -277,6 +277,9 @@ class CalibrationProfile(BaseModel):
     engine_config: dict[str, Any]
     coefficients: CostCoefficients
     network_latency_s: float = Field(ge=0)
+    """One-way client<->server latency, without the API server's per-request cost when that was fitted."""
+    frontend_s_per_request: float = Field(0.0, ge=0)
+    """The API server's serial admission cost per request (SimTarget's frontend), fitted from burst arrivals."""
     rates: dict[str, float]
     fit: dict[str, Any]
     """Residuals of the step-model fit: per observation, rms, max, convergence."""
