@@ -65,8 +65,9 @@ BUNCHED_GAP_S = 50e-6
 MAX_BUNCHED = 0.2
 """A run in which more than this share of a stream's tokens reached the client within BUNCHED_GAP_S of the previous one
 did not observe token timing: the client stalled and then read many tokens at once (the vLLM server sends one token per
-event, one engine step (>= 1 ms) apart; a plain threaded reader saw 0-9% such gaps where servelab's client, in a bad
-spell, saw 60-100%). Its TTFT is inflated and its TPOT deflated towards 0, so it is left out of the time figures."""
+event, one engine step (>= 1 ms) apart; a plain threaded reader saw 0-9% such gaps where servelab's client, starved by a
+server in a scheduler autogroup (session) of its own, saw 60-100%). Its TTFT is inflated and its TPOT deflated towards
+0, so it is left out of the time figures."""
 _PREFILL_LENGTHS = (16, 128, 384, 768, 1280, 2048)
 _DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 _DECODE_PROMPT, _DECODE_OUTPUT = 16, 64
