@@ -128,3 +128,15 @@ def test_a_worker_that_dies_leaves_an_error_record_for_each_request_it_held(serv
     kinds = sorted(r.error_kind for r in records)
     assert kinds == [WORKER_DIED] * 2 + ["timeout"] * 2
     assert "exited with code -9" in result.client_stats["worker_faults"][0]
+
+
+def test_a_freed_slot_is_refilled_by_the_worker_that_freed_it(server):
+    """Two long requests land on one worker and two short ones on the other: the next request must take
+    the first slot that frees anywhere, as under one global cap, not queue behind a long one."""
+    lengths = [20, 2, 20, 2, 2, 2]
+    plan = LoadPlan([RequestSpec(i, [i], n) for i, n in enumerate(lengths)], max_concurrency=4)
+    records, _, _ = run(server, plan, extra_body={"delay": 0.01})
+    by = {r.index: r for r in records}
+    short_finishes = {by[1].finish_time, by[3].finish_time}
+    assert by[4].intended_time in short_finishes and by[5].intended_time in short_finishes
+    assert by[4].send_time < by[0].finish_time and by[5].send_time < by[2].finish_time

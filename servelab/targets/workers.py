@@ -18,10 +18,14 @@ All processes read CLOCK_MONOTONIC (`time.perf_counter`), so the parent's
 run zero is every worker's run zero.
 
 A conversation stays on one worker (a later turn waits for the earlier one's
-finish, which only that worker sees). The concurrency cap is split into fixed
-shares, so a closed loop's last requests can wait on a busy worker while
-another has a free slot; routing new requests to the worker with the fewest
-unfinished ones keeps that tail short.
+finish, which only that worker sees). Under a concurrency cap each worker
+owns a share of the slots and is sent a request only when it has a free one,
+so a freed slot is refilled by whichever worker freed it, as with one global
+semaphore. The price is one parent round trip per refill, which shows in the
+schedule lag; queueing requests on workers ahead of their slots was cheaper
+but left a closed loop's last requests waiting on a busy worker while
+another sat idle (a whole extra wave in benchmarks/client_capacity.py's
+paced phase).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import multiprocessing
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +51,6 @@ if TYPE_CHECKING:
 
 LOOKAHEAD_S = 0.5
 """Requests reach their worker this long before their send time: IPC never delays a release."""
-LOOKAHEAD_REQUESTS = 16
-"""Under a concurrency cap, a worker holds at most its share of the cap plus this many unfinished requests."""
 READY_TIMEOUT_S = 120.0
 """Starting a worker imports the client stack; on a loaded machine that can take tens of seconds."""
 POLL_S = 0.5
@@ -187,25 +189,24 @@ class WorkerPool:
         return fault
 
     async def _feed(self) -> None:
-        """Route the plan's requests to workers ahead of their send time, in plan order."""
+        """Route the plan's requests to workers shortly before their send time, in plan order."""
         duration = self.plan.duration
+        everyone = range(len(self._pipes))
         owner: dict[int, int] = {}
         try:
             for spec in self.plan.requests:
                 if duration is not None and spec.arrival_time >= duration:
                     return
-                if spec.depends_on is not None:
-                    if spec.depends_on not in owner:
-                        raise TargetError(
-                            f"request {spec.index} depends on request {spec.depends_on}, "
-                            "which does not come before it in the plan"
-                        )
-                    wid = owner[spec.depends_on]
-                else:
-                    wid = min(range(len(self._pipes)), key=lambda w: len(self._outstanding[w]))
-                owner[spec.index] = wid
-                if not await self._wait_for_room(wid, spec):
+                if spec.depends_on is not None and spec.depends_on not in owner:
+                    raise TargetError(
+                        f"request {spec.index} depends on request {spec.depends_on}, "
+                        "which does not come before it in the plan"
+                    )
+                candidates = everyone if spec.depends_on is None else (owner[spec.depends_on],)
+                wid = await self._wait_for_room(candidates, spec)
+                if wid is None:
                     return
+                owner[spec.index] = wid
                 self._outstanding[wid][spec.index] = spec
                 self._pipes[wid].send(("spec", spec))
         finally:
@@ -215,21 +216,29 @@ class WorkerPool:
                 except OSError:
                     pass  # that worker is gone; _collect records what it took with it
 
-    async def _wait_for_room(self, wid: int, spec: RequestSpec) -> bool:
-        """Hold a request until it is near its send time and its worker has room; False once the run is over."""
-        duration = self.plan.duration
+    def _room(self, wid: int) -> float:
         cap = self.caps[wid]
+        return float("inf") if cap is None else cap - len(self._outstanding[wid])
+
+    async def _wait_for_room(self, candidates: Sequence[int], spec: RequestSpec) -> int | None:
+        """The candidate with the most free slots (then the fewest unfinished requests), once the request is
+        near its send time and a candidate has a free slot; None once the run is over."""
+        duration = self.plan.duration
         while True:
             now = time.perf_counter() - self._zero
             if duration is not None and now >= duration:
-                return False
-            if cap is not None and len(self._outstanding[wid]) >= cap + LOOKAHEAD_REQUESTS:
-                self._progress.clear()
-                await self._progress.wait()
-            elif (early := spec.arrival_time - LOOKAHEAD_S - now) > 0:
+                return None
+            if (early := spec.arrival_time - LOOKAHEAD_S - now) > 0:
                 await asyncio.sleep(min(early, POLL_S))
-            else:
-                return True
+                continue
+            wid = max(candidates, key=lambda w: (self._room(w), -len(self._outstanding[w])))
+            if self._room(wid) > 0:
+                return wid
+            self._progress.clear()
+            try:
+                await asyncio.wait_for(self._progress.wait(), POLL_S)
+            except TimeoutError:
+                pass
 
     # -- stop -------------------------------------------------------------
 
