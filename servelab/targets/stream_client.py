@@ -108,8 +108,14 @@ class _Exchange:
                             size = int(line.split(b";", 1)[0], 16)
                         except ValueError:
                             raise ProtocolError(f"bad chunk size line {line[:40]!r}") from None
+                    end = pos + size
                     if size == 0:
                         state = _TRAILER
+                    elif end + 2 <= n:  # the whole chunk is in this read: take it in one step
+                        if data[end : end + 2] != b"\r\n":
+                            raise ProtocolError("chunk not followed by CRLF")
+                        body.append(data[pos:end])
+                        pos = end + 2
                     else:
                         self.remaining = size
                         state = _CHUNK_DATA
