@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import signal
-import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -32,11 +30,18 @@ from servelab.metrics.scrape import MetricsScraper
 from servelab.targets.base import SampleSink, TargetRun
 from servelab.targets.client_stats import LoopLagMonitor, client_stats
 from servelab.targets.errors import TargetError
+from servelab.targets.preflight import (
+    CHAT,
+    COMPLETIONS,
+    ENDPOINTS,
+    error_message,
+    preflight,
+)
+from servelab.targets.sse import DONE, SSEDecoder
+from servelab.targets.stop_signals import on_stop_signals
+from servelab.targets.stream_client import ConnectError, ProtocolError, StreamingClient
 from servelab.targets.tally import RunTally, aiter_specs
 from servelab.targets.workers import WorkerPool
-from servelab.targets.stream_client import ConnectError, ProtocolError, StreamingClient
-from servelab.targets.preflight import CHAT, COMPLETIONS, ENDPOINTS, error_message, preflight
-from servelab.targets.sse import DONE, SSEDecoder
 from servelab.workload.spec import LoadPlan, RequestSpec
 
 ERROR = "error"
@@ -364,7 +369,7 @@ class _Run:
         monitor = LoopLagMonitor()
         monitor.start()
         self._spawn(self._release())
-        restore = self._install_signals() if handle_signals else None
+        restore = on_stop_signals(self._on_signal) if handle_signals else None
         try:
             while self.tasks:
                 await asyncio.wait(set(self.tasks))
@@ -384,25 +389,9 @@ class _Run:
         for task in list(self.tasks):
             task.cancel()
 
-    def _install_signals(self):
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        loop = asyncio.get_running_loop()
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-        def on_signal() -> None:
-            self.tally.interrupted = True
-            self.stop()
-
-        for sig in previous:
-            loop.add_signal_handler(sig, on_signal)
-
-        def restore() -> None:
-            for sig, handler in previous.items():
-                loop.remove_signal_handler(sig)
-                signal.signal(sig, handler)
-
-        return restore
+    def _on_signal(self) -> None:
+        self.tally.interrupted = True
+        self.stop()
 
     # -- release ----------------------------------------------------------
 

@@ -43,6 +43,7 @@ import uvloop
 
 from servelab.metrics.records import RecordSink, RequestRecord
 from servelab.targets.errors import TargetError
+from servelab.targets.stop_signals import on_stop_signals
 from servelab.targets.tally import RunTally
 from servelab.workload.spec import LoadPlan, RequestSpec
 
@@ -129,7 +130,12 @@ class WorkerPool:
         for pipe in self._pipes:
             pipe.send(("start", zero))
         feeding = asyncio.create_task(self._feed())
-        restore = self._install_signals(feeding) if handle_signals else None
+        def on_signal() -> None:
+            self._interrupted = True
+            feeding.cancel()
+            self._stop_workers()
+
+        restore = on_stop_signals(on_signal) if handle_signals else None
         tally = RunTally(processes=len(self._procs))
         faults: list[str] = []
         try:
@@ -241,27 +247,6 @@ class WorkerPool:
                 pass
 
     # -- stop -------------------------------------------------------------
-
-    def _install_signals(self, feeding: asyncio.Task[None]):
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        loop = asyncio.get_running_loop()
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-        def on_signal() -> None:
-            self._interrupted = True
-            feeding.cancel()
-            self._stop_workers()
-
-        for sig in previous:
-            loop.add_signal_handler(sig, on_signal)
-
-        def restore() -> None:
-            for sig, handler in previous.items():
-                loop.remove_signal_handler(sig)
-                signal.signal(sig, handler)
-
-        return restore
 
     def _stop_workers(self) -> None:
         """SIGTERM is each worker's own interrupt: it cancels its requests, which still write their records."""
