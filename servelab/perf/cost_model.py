@@ -96,10 +96,11 @@ class CostCoefficients(BaseModel):
 
     While idle the engine loop blocks on its input queue and the host lets the
     cores idle: caches go cold and clocks drop, so the next step runs slower.
-    On the vLLM CPU server (2 shared cores) a step after 50-100 ms of idleness
-    takes ~1.9 ms longer than the same step back to back. Charged as
-    `idle_wake_s * (1 - exp(-idle / idle_wake_time_constant_s))`, which matched
-    measured idle gaps of 2-200 ms. 0 (unknown) for catalogue GPUs.
+    On the vLLM CPU server (2 shared cores) the engine's own prefill time grew
+    ~1.9 ms after 50-100 ms of idleness over back-to-back requests. Charged as
+    `idle_wake_s * (1 - exp(-idle / idle_wake_time_constant_s))`, which fits the
+    engine's prefill times after 2-200 ms idle within 7% (docs/validation.md).
+    0 (unknown) for catalogue GPUs.
     """
     idle_wake_time_constant_s: float = Field(0.02, gt=0)
     """How fast the wake-up cost approaches `idle_wake_s` with idle time (about 20 ms on the CPU server)."""
