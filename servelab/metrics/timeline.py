@@ -1,7 +1,7 @@
 """The server's view of a run: samples of engine metrics against run time.
 
-Sample values are keyed by vLLM's own Prometheus names so that a scraped
-timeline and a simulated one are the same data. Counters are cumulative
+Sample values are keyed by vLLM's own Prometheus names (servelab/sim/vllm_metrics.py)
+so that a scraped timeline and a simulated one are the same data. Counters are cumulative
 (as scraped); gauges are instantaneous.
 """
 
@@ -12,41 +12,27 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-PREEMPTIONS = "vllm:num_preemptions_total"
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
-GENERATION_TOKENS = "vllm:generation_tokens_total"
-ITERATION_TOKENS_SUM = "vllm:iteration_tokens_total_sum"
-ITERATION_TOKENS_COUNT = "vllm:iteration_tokens_total_count"
-TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
-TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
-PREFILL_TIME_SUM = "vllm:request_prefill_time_seconds_sum"
-PREFILL_TIME_COUNT = "vllm:request_prefill_time_seconds_count"
-"""The engine's own time from first scheduling a request to its first token (engine time, no client or frontend)."""
-FLOPS = "vllm:estimated_flops_per_gpu_total"
-READ_BYTES = "vllm:estimated_read_bytes_per_gpu_total"
-
-GAUGES = (RUNNING, WAITING, KV_USAGE)
-COUNTERS = (
-    PREEMPTIONS,
-    PREFIX_QUERIES,
-    PREFIX_HITS,
-    PROMPT_TOKENS,
-    GENERATION_TOKENS,
-    ITERATION_TOKENS_SUM,
-    ITERATION_TOKENS_COUNT,
-    TTFT_SUM,
-    TTFT_COUNT,
-    PREFILL_TIME_SUM,
-    PREFILL_TIME_COUNT,
+from servelab.sim.vllm_metrics import (  # re-exported: readers of a timeline name metrics through this module
+    COUNTERS,
     FLOPS,
+    GAUGES,
+    GENERATION_TOKENS,
+    ITERATION_TOKENS_COUNT,
+    ITERATION_TOKENS_SUM,
+    KV_USAGE,
+    PREEMPTIONS,
+    PREFILL_TIME_COUNT,
+    PREFILL_TIME_SUM,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    PROMPT_TOKENS,
     READ_BYTES,
+    RUNNING,
+    TRACKED,
+    TTFT_COUNT,
+    TTFT_SUM,
+    WAITING,
 )
-TRACKED = GAUGES + COUNTERS
 
 
 @dataclass(slots=True)

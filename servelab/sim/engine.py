@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from servelab.metrics import timeline as tl
+from servelab.sim import vllm_metrics as tl
 from servelab.perf.cost_model import CostModel, StepBatch
 from servelab.perf.engine_config import EngineConfig
 from servelab.sim.block_pool import BlockPool
