@@ -54,7 +54,7 @@ class ReportRun:
 
     @property
     def source(self) -> str | None:
-        """run.json's source; tune's stage-2 runs name none, but they are measured on a real server."""
+        """run.json's source; stage-2 runs of studies written before tune recorded it are measured too."""
         info = self.result.run_info
         return info.get("source") or ("http" if info.get("kind") == STAGE2_KIND else None)
 

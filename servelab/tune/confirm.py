@@ -251,7 +251,7 @@ def _measure(
         result.server_pid = server.pid
         result.startup_s = server.startup_seconds
         writer = ResultWriter(out, {
-            "kind": "tune-stage2", "label": config.label, "engine_args": config.engine_args, "argv": argv,
+            "kind": "tune-stage2", "source": "http", "label": config.label, "engine_args": config.engine_args, "argv": argv,
             "workload": workload.describe(), "base_url": server.base_url,
         })
         began = time.monotonic()
