@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from servelab.cli import app
+from servelab.cli import app, main
+from servelab.cli.options import spread_goodput_values
 from servelab.metrics.results import RECORDS, RUN, SUMMARY, SWEEP, TIMELINE, load_run
 
 runner = CliRunner()
@@ -110,3 +111,14 @@ def test_an_moe_config_is_refused(tmp_path: Path):
     result = simulate("--gpu", "h100-sxm", "--model", str(model), "--result-dir", str(tmp_path / "never"))
     assert result.exit_code == 2, result.output
     assert "not supported" in result.output.lower() or "moe" in result.output.lower()
+
+
+def test_goodput_takes_several_values_after_one_flag_as_vllm_does(tmp_path):
+    out = tmp_path / "sim"
+    argv = ["simulate", *A100, *SMALL, "--request-rate", "4", "--goodput", "ttft:500", "tpot:50", "--result-dir", str(out)]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 0
+    assert json.loads((out / "run.json").read_text())["flags"]["goodput"] == ["ttft:500", "tpot:50"]
+    assert spread_goodput_values(["--goodput", "ttft:5", "RESULTS:dir", "--goodput", "e2el:9 x"]) == [
+        "--goodput", "ttft:5", "RESULTS:dir", "--goodput", "e2el:9 x"]

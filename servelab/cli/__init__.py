@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
+
 import typer
 
 app = typer.Typer(
@@ -18,8 +21,10 @@ def _root() -> None:
     """Measure, explain, predict and choose LLM serving configurations."""
 
 
-def main() -> None:
-    app()
+def main(argv: Sequence[str] | None = None) -> None:
+    from servelab.cli.options import spread_goodput_values
+
+    app(args=spread_goodput_values(sys.argv[1:] if argv is None else argv))
 
 
 from servelab.cli import diagnose  # noqa: E402,F401  (registers the command)

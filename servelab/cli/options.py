@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import time
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -64,7 +65,7 @@ Burstiness = Annotated[Optional[float], typer.Option(help="Gamma shape of the ga
 NumPrompts = Annotated[Optional[int], typer.Option(help="Requests to send. Default 1000.", rich_help_panel=_AMOUNT)]
 Duration = Annotated[Optional[float], typer.Option(help="Send requests for this many seconds instead of a count.", rich_help_panel=_AMOUNT)]
 Warmup = Annotated[float, typer.Option(help="Seconds at the start excluded from statistics.", rich_help_panel=_AMOUNT)]
-Goodput = Annotated[Optional[list[str]], typer.Option(help="SLO in ms, as vLLM spells it: --goodput 'ttft:500 tpot:50 e2el:10000' (or repeat the flag).", rich_help_panel=_SLO)]
+Goodput = Annotated[Optional[list[str]], typer.Option(help="SLO in ms, as vLLM spells it: --goodput ttft:500 tpot:50 e2el:10000 (or quoted, or the flag repeated).", rich_help_panel=_SLO)]
 MetricPercentiles = Annotated[str, typer.Option(help="Percentiles reported for TTFT/TPOT/ITL/E2EL, comma-separated.", rich_help_panel=_SLO)]
 SweepOpt = Annotated[Optional[str], typer.Option("--sweep", help="request-rate=1,2,4,8 or max-concurrency=1,8,32: one run per value, sweep.json holds the curve.", rich_help_panel=_OUTPUT)]
 ResultDir = Annotated[Optional[Path], typer.Option(help="Where run.json, records.jsonl, timeline.jsonl, summary.json go. Default results/<verb>-<time>.", rich_help_panel=_OUTPUT)]
@@ -286,3 +287,29 @@ def bad_input_exits() -> Iterator[None]:
         yield
     except BAD_INPUT as exc:
         raise fail(str(exc)) from None
+
+
+_GOODPUT_VALUE = re.compile(r"^(ttft|tpot|e2el):\S+$")
+
+
+def spread_goodput_values(argv: Sequence[str]) -> list[str]:
+    """`--goodput ttft:500 tpot:50` as `vllm bench serve` takes it, rewritten as repeated flags click can parse.
+
+    Click options take one value each; vLLM's argparse flag takes several. Only
+    words that look like a goodput term count as its values, so a positional
+    argument after the flag is never swallowed.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        i += 1
+        if word != "--goodput":
+            out.append(word)
+            continue
+        values = []
+        while i < len(argv) and _GOODPUT_VALUE.match(argv[i]):
+            values.append(argv[i])
+            i += 1
+        out += [part for value in values for part in ("--goodput", value)] if values else [word]
+    return out
