@@ -20,6 +20,8 @@ SCHEDULE_LAG_LIMIT_MS = 10.0
 LOOP_LAG_LIMIT_MS = 10.0
 CPU_SHARE_LIMIT = 0.8
 """A process above ~80% of one core is close to the point where its own delays grow without bound."""
+STARVED_CPU_SHARE = 0.3
+"""Below this, a late-waking loop was not busy with its own work: something else had the CPU."""
 
 
 class LoopLagMonitor:
@@ -82,6 +84,12 @@ def client_stats(
     loop_p99 = stats["loop_lag_p99_ms"]
     if loop_p99 is not None and loop_p99 > LOOP_LAG_LIMIT_MS:
         reasons.append(f"event loop woke {loop_p99:.1f} ms late at p99 (limit {LOOP_LAG_LIMIT_MS:g} ms)")
+        if cpu_share < STARVED_CPU_SHARE:
+            reasons.append(
+                f"with only {cpu_share:.0%} of a core in use the client was waiting for a CPU, not busy: on a "
+                "shared host, a server started from another login session is scheduled as a group of its own "
+                "(Linux autogroup) and can starve it; start the server from the same shell, or run the client elsewhere"
+            )
     stats["client_may_be_bottleneck"] = bool(reasons)
     stats["reason"] = "; ".join(reasons) if reasons else "client kept up with its schedule"
     return stats
