@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 
 from servelab.cli import app
-from servelab.cli.report import ReportFlag, report_into
-from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags, bad_input_exits, fail, load_options
-from servelab.experiment.runner import run_point
-from servelab.experiment.sweep import run_sweep
-from servelab.metrics.results import SUMMARY, SWEEP
-from servelab.report.terminal import LiveProgress, print_warnings, summary_table, sweep_table
+from servelab.cli.options import (
+    LoadFlags,
+    bad_input_exits,
+    fail,
+    load_options,
+)
+from servelab.cli.report import ReportFlag
+from servelab.cli.run_and_show import run_and_show
 from servelab.targets.http import HttpTarget
 from servelab.targets.preflight import ENDPOINTS
-from servelab.workload.spec import LoadPlan
 
 _TARGET = "Target"
 
@@ -43,7 +42,6 @@ def bench(
     out = Console(stderr=True) if load.json else Console()
     with bad_input_exits():
         load.check()
-        slo, percentiles, sweep = load.slo(), load.percentiles(), load.parsed_sweep()
         first_plan = load.make_plan()  # dataset files are read and checked before the server is touched
         if endpoint == "/v1/chat/completions" and not (load.tokenizer or first_plan.description["text_prompts"]):
             raise fail(f"--endpoint {endpoint} sends text: give --tokenizer (or a sharegpt/jsonl dataset) with --dataset-name {load.dataset_name}")
@@ -68,35 +66,7 @@ def bench(
              "request_timeout": request_timeout, "scrape_interval": scrape_interval, "workers": workers, **load.as_dict()}
     run_info: dict[str, Any] = {"verb": "bench", "source": "http", "argv": _argv_without_secrets(api_key), "flags": flags}
     out.print(f"bench: {server['model']} at {base_url}{endpoint} -> {result_dir}", highlight=False)
-
-    @contextmanager
-    def observe(label: str, plan: LoadPlan) -> Iterator[LiveProgress]:
-        total = plan.description["amount"]["num_prompts"]
-        with LiveProgress(out, label, total) as progress:
-            yield progress
-
-    if sweep is None:
-        with observe("bench", first_plan) as progress:
-            summary = run_point(target, first_plan, result_dir, run_info, slo, percentiles, [progress])
-        out.print(summary_table(summary))
-        print_warnings(out, summary)
-        if load.json:
-            sys.stdout.write((result_dir / SUMMARY).read_text())
-        interrupted = summary["interrupted"]
-    else:
-        make_plan = load.make_plan
-        index = run_sweep(target, sweep, load.arrival(), make_plan, result_dir, run_info, slo, percentiles, observe)
-        out.print(sweep_table(index))
-        for point in index["points"]:
-            print_warnings(out, point["summary"])
-        if load.json:
-            sys.stdout.write((result_dir / SWEEP).read_text())
-        interrupted = index["interrupted"]
-    if report:
-        report_into(result_dir, out)
-    if interrupted:
-        out.print(f"[bold red]interrupted[/]: what completed is in {result_dir}")
-        raise typer.Exit(EXIT_INTERRUPTED)
+    run_and_show(target, load, first_plan, result_dir, run_info, out, report=report)
 
 
 def _argv_without_secrets(api_key: str | None) -> list[str]:

@@ -25,8 +25,14 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
+from servelab.experiment.calibrate import deployment_from_profile
+from servelab.experiment.sweep import Sweep, SweepError
 from servelab.metrics.slo import SLO, SLOError
 from servelab.metrics.summary import DEFAULT_PERCENTILES
+from servelab.perf.calibration import load_profile
+from servelab.perf.errors import PerfConfigError
+from servelab.sim.router import POLICIES, ROUND_ROBIN
+from servelab.targets.deployment import Deployment, build_deployment
 from servelab.targets.errors import TargetError
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import DATASETS, FILE_DATASETS, WorkloadConfig
@@ -34,12 +40,6 @@ from servelab.workload.errors import WorkloadError
 from servelab.workload.lengths import DISTRIBUTIONS
 from servelab.workload.plan import Amount, build_plan
 from servelab.workload.spec import LoadPlan
-from servelab.experiment.sweep import Sweep, SweepError
-from servelab.experiment.calibrate import deployment_from_profile
-from servelab.perf.calibration import load_profile
-from servelab.perf.errors import PerfConfigError
-from servelab.sim.router import POLICIES, ROUND_ROBIN
-from servelab.targets.deployment import Deployment, build_deployment
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 2, 130
 BAD_INPUT = (WorkloadError, SweepError, SLOError, TargetError)
@@ -128,6 +128,10 @@ class LoadFlags:
         sweeps_rate = self.sweep is not None and self.sweep.strip().startswith("request-rate")
         if self.burstiness is not None and self.request_rate is None and not sweeps_rate:
             raise WorkloadError("--burstiness shapes an open loop's gaps: it needs --request-rate (or --sweep request-rate=...)")
+        # Each parses its own flag; called here so a bad value is refused before any load is sent.
+        self.slo()
+        self.percentiles()
+        self.parsed_sweep()
 
     def workload(self) -> WorkloadConfig:
         defaults = WorkloadConfig()

@@ -8,8 +8,6 @@ every later verb reads a simulated run exactly like a measured one.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -17,16 +15,18 @@ import typer
 from rich.console import Console
 
 from servelab.cli import app
-from servelab.cli.report import ReportFlag, report_into
-from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags, bad_input_exits, deployment_from_flags, fail, load_options
-from servelab.experiment.runner import run_point
-from servelab.experiment.sweep import run_sweep
-from servelab.metrics.results import SUMMARY, SWEEP
+from servelab.cli.options import (
+    LoadFlags,
+    bad_input_exits,
+    deployment_from_flags,
+    fail,
+    load_options,
+)
+from servelab.cli.report import ReportFlag
+from servelab.cli.run_and_show import run_and_show
 from servelab.perf.errors import PerfConfigError
-from servelab.report.terminal import LiveProgress, print_warnings, summary_table, sweep_table
 from servelab.sim.router import POLICIES, ROUND_ROBIN
 from servelab.targets.deployment import Deployment
-from servelab.workload.spec import LoadPlan
 
 _DEPLOYMENT = "Deployment"
 
@@ -61,7 +61,6 @@ def simulate(
     out = Console(stderr=True) if load.json else Console()
     with bad_input_exits():
         load.check()
-        slo, percentiles, sweep = load.slo(), load.percentiles(), load.parsed_sweep()
         if scrape_interval <= 0:
             raise fail(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
         try:
@@ -80,30 +79,4 @@ def simulate(
     run_info: dict[str, Any] = {"verb": "simulate", "source": "sim", "argv": list(sys.argv), "flags": flags,
                                 "deployment": deployment.describe()}
     out.print(f"simulate: {_describe_line(deployment)} -> {result_dir}", highlight=False)
-
-    @contextmanager
-    def observe(label: str, plan: LoadPlan) -> Iterator[LiveProgress]:
-        with LiveProgress(out, label, plan.description["amount"]["num_prompts"]) as progress:
-            yield progress
-
-    if sweep is None:
-        with observe("simulate", first_plan) as progress:
-            summary = run_point(target, first_plan, result_dir, run_info, slo, percentiles, [progress])
-        out.print(summary_table(summary, title="Simulated serving result"))
-        print_warnings(out, summary)
-        if load.json:
-            sys.stdout.write((result_dir / SUMMARY).read_text())
-        interrupted = summary["interrupted"]
-    else:
-        index = run_sweep(target, sweep, load.arrival(), load.make_plan, result_dir, run_info, slo, percentiles, observe)
-        out.print(sweep_table(index))
-        for point in index["points"]:
-            print_warnings(out, point["summary"])
-        if load.json:
-            sys.stdout.write((result_dir / SWEEP).read_text())
-        interrupted = index["interrupted"]
-    if report:
-        report_into(result_dir, out)
-    if interrupted:
-        out.print(f"[bold red]interrupted[/]: what completed is in {result_dir}")
-        raise typer.Exit(EXIT_INTERRUPTED)
+    run_and_show(target, load, first_plan, result_dir, run_info, out, report=report, title="Simulated serving result")
