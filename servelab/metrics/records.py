@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 OK = "ok"
+ERROR = "error"
 
 
 @dataclass(slots=True)

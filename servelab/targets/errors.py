@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from servelab.workload.spec import RequestSpec
+
 
 class TargetError(Exception):
     """A target that cannot be used as configured: unreachable URL, missing endpoint, unknown model.
@@ -9,3 +11,10 @@ class TargetError(Exception):
     The message names the URL, endpoint or model at fault and is meant to be
     printed as-is by the CLI.
     """
+
+
+def unmet_dependency(spec: RequestSpec) -> TargetError:
+    """A later chat turn whose earlier turn is not before it in the plan: the plan cannot be served in order."""
+    return TargetError(
+        f"request {spec.index} depends on request {spec.depends_on}, which does not come before it in the plan"
+    )

@@ -25,11 +25,11 @@ import aiohttp
 import orjson
 import uvloop
 
-from servelab.metrics.records import OK, RecordSink, RequestRecord
+from servelab.metrics.records import ERROR, OK, RecordSink, RequestRecord
 from servelab.metrics.scrape import MetricsScraper
 from servelab.targets.base import SampleSink, TargetRun
 from servelab.targets.client_stats import LoopLagMonitor, client_stats
-from servelab.targets.errors import TargetError
+from servelab.targets.errors import TargetError, unmet_dependency
 from servelab.targets.preflight import (
     CHAT,
     COMPLETIONS,
@@ -44,7 +44,6 @@ from servelab.targets.tally import RunTally, aiter_specs
 from servelab.targets.workers import WorkerPool
 from servelab.workload.spec import LoadPlan, RequestSpec
 
-ERROR = "error"
 CANCELLED = "cancelled"
 
 
@@ -164,11 +163,15 @@ class HttpTarget:
         if session is None:
             async with aiohttp.ClientSession() as own:
                 return await self.apreflight(own)
-        auth = {k: v for k, v in self._headers.items() if k == "Authorization"}
+        auth = self._auth_headers()
         info = await preflight(session, self.base_url, self.endpoint, self.model, headers=auth)
         self.model = info["model"]
         self.server_info = info
         return info
+
+    def _auth_headers(self) -> dict[str, str]:
+        """The Authorization header alone, for requests that are not the stream (pre-flight, /metrics)."""
+        return {k: v for k, v in self._headers.items() if k == "Authorization"}
 
     def preflight(self) -> dict[str, Any]:
         """Check URL, `/v1/models`, model and endpoint; raises TargetError naming what is wrong."""
@@ -204,7 +207,7 @@ class HttpTarget:
             raise TargetError(f"max_concurrency must be at least 1, got {cap}")
         workers = min(self.workers, cap) if cap is not None else self.workers
         zero = 0.0
-        auth = {k: v for k, v in self._headers.items() if k == "Authorization"} or None
+        auth = self._auth_headers() or None
         async with aiohttp.ClientSession() as scrape_session:
             scraper = MetricsScraper(
                 scrape_session, self.base_url + "/metrics", lambda: time.perf_counter() - zero, on_sample,
@@ -357,7 +360,6 @@ class _Run:
         self.finish_events: dict[int, asyncio.Event] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.tally = RunTally()
-        self.plan_error: str | None = None
 
     def now(self) -> float:
         return time.perf_counter() - self.zero
@@ -381,7 +383,6 @@ class _Run:
         tally.wall_s = self.now()
         tally.cpu_s = time.process_time() - cpu0
         tally.loop_lags = monitor.lags
-        tally.plan_error = self.plan_error
         return tally
 
     def stop(self) -> None:
@@ -406,16 +407,14 @@ class _Run:
         except TimeoutError:
             pass
         except TargetError as exc:
-            self.plan_error = str(exc)
+            self.tally.plan_error = str(exc)
             self.stop()
 
     async def _release_all(self) -> None:
         duration = self.duration
         async for spec in self.specs:
             if spec.depends_on is not None and spec.depends_on not in self._seen:
-                raise TargetError(
-                    f"request {spec.index} depends on request {spec.depends_on}, which does not come before it in the plan"
-                )
+                raise unmet_dependency(spec)
             self._seen.add(spec.index)
             if duration is not None and spec.arrival_time >= duration:
                 return

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from servelab.metrics import timeline as tl
-from servelab.metrics.records import OK, RecordSink, RequestRecord
+from servelab.metrics.records import ERROR, OK, RecordSink, RequestRecord
 from servelab.metrics.timeline import TimelineSample
 from servelab.perf.cost_model import CostModel
 from servelab.perf.engine_config import EngineConfig
@@ -30,7 +30,7 @@ from servelab.sim.engine import RequestRejected, SimEngine
 from servelab.sim.request import SimRequest
 from servelab.sim.router import ROUND_ROBIN, Router
 from servelab.targets.base import SampleSink, TargetRun
-from servelab.targets.errors import TargetError
+from servelab.targets.errors import TargetError, unmet_dependency
 from servelab.workload.spec import LoadPlan, RequestSpec
 
 _STEP_END, _CLIENT, _RELEASE, _STEP_BEGIN = 0, 1, 2, 3
@@ -217,9 +217,7 @@ class _Simulation:
         for spec in self.specs:
             if spec.depends_on is not None:
                 if spec.depends_on not in self.seen:
-                    raise TargetError(
-                        f"request {spec.index} depends on request {spec.depends_on}, which does not come before it in the plan"
-                    )
+                    raise unmet_dependency(spec)
                 self.seen.add(spec.index)
                 done = self.finished.get(spec.depends_on)
                 if done is None:
@@ -293,7 +291,7 @@ class _Simulation:
         except RequestRejected as exc:
             send = self.send_times.pop(spec.index)
             rec = self._record(spec, send, now + self.latency)
-            rec.status, rec.error_kind, rec.error = "error", _REJECTED, str(exc)
+            rec.status, rec.error_kind, rec.error = ERROR, _REJECTED, str(exc)
             self._push(now + self.latency, _CLIENT, lambda t, r=rec: self._deliver(r))
             return
         self._wake(i, now)

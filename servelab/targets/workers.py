@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 import uvloop
 
-from servelab.metrics.records import RecordSink, RequestRecord
-from servelab.targets.errors import TargetError
+from servelab.metrics.records import ERROR, RecordSink, RequestRecord
+from servelab.targets.errors import TargetError, unmet_dependency
 from servelab.targets.stop_signals import on_stop_signals
 from servelab.targets.tally import RunTally
 from servelab.workload.spec import LoadPlan, RequestSpec
@@ -130,6 +130,7 @@ class WorkerPool:
         for pipe in self._pipes:
             pipe.send(("start", zero))
         feeding = asyncio.create_task(self._feed())
+
         def on_signal() -> None:
             self._interrupted = True
             feeding.cancel()
@@ -185,7 +186,7 @@ class WorkerPool:
         for spec in lost.values():
             self.sink.write(RequestRecord(
                 index=spec.index, intended_time=spec.arrival_time, send_time=now, finish_time=now,
-                status="error", error_kind=WORKER_DIED,
+                status=ERROR, error_kind=WORKER_DIED,
                 error=f"client worker {wid} exited (code {proc.exitcode}) before reporting this request",
                 prefix_group=spec.prefix_group, priority=spec.priority,
             ))
@@ -204,10 +205,7 @@ class WorkerPool:
                 if duration is not None and spec.arrival_time >= duration:
                     return
                 if spec.depends_on is not None and spec.depends_on not in owner:
-                    raise TargetError(
-                        f"request {spec.index} depends on request {spec.depends_on}, "
-                        "which does not come before it in the plan"
-                    )
+                    raise unmet_dependency(spec)
                 candidates = everyone if spec.depends_on is None else (owner[spec.depends_on],)
                 wid = await self._wait_for_room(candidates, spec)
                 if wid is None:
