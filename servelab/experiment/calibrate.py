@@ -171,6 +171,11 @@ def bunched_fraction(records: list[RequestRecord]) -> float:
     return sum(g < BUNCHED_GAP_S for g in gaps) / len(gaps) if gaps else 0.0
 
 
+def client_stalled(run: dict[str, Any]) -> bool:
+    """Whether a run's `bunched` share (see bunched_fraction) says the client did not see token timing."""
+    return (run.get("bunched") or 0.0) > MAX_BUNCHED
+
+
 def measured_figures(records: list[RequestRecord], samples: list[TimelineSample], summary: dict[str, Any]) -> dict[str, float | None]:
     """What a probe contributes: client medians, and the engine's own step count when it exports one."""
     iterations = tl.counter_delta(samples, tl.ITERATION_TOKENS_COUNT)
@@ -208,7 +213,7 @@ class ProbeRuns:
         """
         client = key in _CLIENT_FIGURES
         values = [p[key] for p in self.passes if p.get(key) is not None and not p.get("failed")
-                  and not (client and (p.get("bunched") or 0.0) > MAX_BUNCHED)]
+                  and not (client and client_stalled(p))]
         if not values:
             return None
         q = {"ttft_p50_ms": 25, "tpot_p50_ms": 25, "server_prefill_ms": 25, "output_throughput": 75}.get(key, 50)
@@ -219,7 +224,7 @@ class ProbeRuns:
         return {
             **asdict(self.probe),
             "passes": len(self.passes),
-            "stalled_passes": sum((p.get("bunched") or 0.0) > MAX_BUNCHED for p in self.passes),
+            "stalled_passes": sum(client_stalled(p) for p in self.passes),
             "measured": {k: self.figure(k) for k in keys},
             "directories": self.directories,
         }

@@ -35,9 +35,9 @@ import numpy as np
 
 from servelab import SCHEMA_VERSION
 from servelab.experiment.calibrate import (
-    MAX_BUNCHED,
     PROBE_EXTRA_BODY,
     bunched_fraction,
+    client_stalled,
     compare,
     deployment_from_profile,
     random_prompt,
@@ -177,7 +177,7 @@ def best_of(repeats: list[dict[str, Any]]) -> tuple[dict[str, float | None], dic
 
     Repeats in which the client stalled are not candidates; with none left every figure is None.
     """
-    valid = [r for r in repeats if r.get("bunched", 0.0) <= MAX_BUNCHED]
+    valid = [r for r in repeats if not client_stalled(r)]
     measured: dict[str, float | None] = dict.fromkeys(METRICS)
     simulated: dict[str, float | None] = dict.fromkeys(METRICS)
     for k in METRICS if valid else ():
@@ -260,7 +260,7 @@ def validate_on(
     results = []
     for point in points:
         measured, simulated = best_of(runs[point.name])
-        stalled = sum(r["bunched"] > MAX_BUNCHED for r in runs[point.name])
+        stalled = sum(client_stalled(r) for r in runs[point.name])
         results.append({"point": point.name, "shape": asdict(point), "measured": measured, "simulated": simulated,
                         "error_pct": compare(measured, simulated), "stalled_repeats": stalled, "repeats": runs[point.name]})
     medians = median_abs_errors(results)
