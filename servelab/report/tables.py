@@ -108,8 +108,9 @@ def html_table(head: Sequence[str] | None, rows: Sequence[Sequence[str]], css: s
     return f'<table class="{css}">{header}<tbody>{"".join(map(row, rows))}</tbody></table>'
 
 
-def _num(value: Any) -> str:
-    return "?" if not isinstance(value, (int, float)) else f"{value:,.4g}"
+def number(value: Any, fmt: str = ",.4g", missing: str = "—") -> str:
+    """A table cell from a JSON value that may be absent or not a number (an old or partial results file)."""
+    return format(value, fmt) if isinstance(value, (int, float)) else missing
 
 
 def plan_text(plan: Mapping[str, Any] | None, with_arrival: bool = True) -> str:
@@ -118,8 +119,8 @@ def plan_text(plan: Mapping[str, Any] | None, with_arrival: bool = True) -> str:
         return "workload not recorded"
     workload, arrival, amount = plan.get("workload") or {}, plan.get("arrival") or {}, plan.get("amount") or {}
     parts = [
-        f"{workload.get('dataset_name', '?')} prompts of {_num((workload.get('input_len') or {}).get('mean'))} → "
-        f"{_num((workload.get('output_len') or {}).get('mean'))} tokens"
+        f"{workload.get('dataset_name', '?')} prompts of {number((workload.get('input_len') or {}).get('mean'), missing='?')} → "
+        f"{number((workload.get('output_len') or {}).get('mean'), missing='?')} tokens"
     ]
     if with_arrival:
         parts.append(str(arrival.get("process") or ""))

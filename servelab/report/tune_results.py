@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from servelab.report.figures import LAYOUT, legend_below
 from servelab.report.inputs import ReportDocument
-from servelab.report.tables import html_table, plan_text
+from servelab.report.tables import html_table, number, plan_text
 
 RANKED_ROWS = 15
 """Ranked trials listed under the plot; the plot shows them all."""
@@ -37,10 +37,6 @@ def knobs(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={'default' if v is None else v}" for k, v in params.items()) or "(current flags)"
 
 
-def _num(value: Any, fmt: str = ",.4g") -> str:
-    return "—" if not isinstance(value, (int, float)) else format(value, fmt)
-
-
 def _score_title(objective: dict[str, Any]) -> str:
     """What a trial's score is, with its unit: 'goodput (req/s)'."""
     return f"{objective.get('kind', 'score')} ({objective.get('unit', '')})"
@@ -50,8 +46,8 @@ def _slo_text(objective: dict[str, Any]) -> str:
     bounds = objective.get("slo") or {}
     if not bounds:
         return "none"
-    within = ", ".join(f"{metric.upper()} ≤ {_num(ms)} ms" for metric, ms in bounds.items())
-    return f"{within} at p{_num(objective.get('percentile'), 'g')}"
+    within = ", ".join(f"{metric.upper()} ≤ {number(ms)} ms" for metric, ms in bounds.items())
+    return f"{within} at p{number(objective.get('percentile'), 'g')}"
 
 
 def _recommendation_text(doc: dict[str, Any]) -> str:
@@ -62,7 +58,7 @@ def _recommendation_text(doc: dict[str, Any]) -> str:
     how = "measured on the real server" if rec.get("source") == "stage2" else "predicted by the simulator"
     gain = rec.get("gain_over_baseline")
     times = "" if gain is None else f", {gain:.2f}× the baseline"
-    return f"{rec.get('engine_args') or '(vLLM defaults)'}: {_num(rec.get('score'))} {unit} ({how}{times})"
+    return f"{rec.get('engine_args') or '(vLLM defaults)'}: {number(rec.get('score'))} {unit} ({how}{times})"
 
 
 def study_table(doc: dict[str, Any]) -> str:
@@ -101,10 +97,10 @@ def ranking_table(doc: dict[str, Any]) -> str:
     head = ("configuration", "rank", "trial", _score_title(objective), "SLO",
             "achieved req/s", "output tok/s", "TTFT p99 (ms)", "TPOT p99 (ms)")
 
-    def row(config: str, rank: str, number: str, trial: dict[str, Any]) -> list[str]:
+    def row(config: str, rank: str, trial_number: str, trial: dict[str, Any]) -> list[str]:
         m = trial.get("metrics") or {}
-        return [config, rank, number, _num(trial.get("score")), _slo_verdict(trial), _num(m.get("request_throughput")),
-                _num(m.get("output_throughput")), _num(m.get("p99_ttft_ms")), _num(m.get("p99_tpot_ms"))]
+        return [config, rank, trial_number, number(trial.get("score")), _slo_verdict(trial), number(m.get("request_throughput")),
+                number(m.get("output_throughput")), number(m.get("p99_ttft_ms")), number(m.get("p99_tpot_ms"))]
 
     base = doc["baseline"]
     rows = [row(f"baseline: {base.get('engine_args') or '(vLLM defaults)'}", "—", "—", base)]
@@ -128,10 +124,10 @@ def stage2_table(doc: dict[str, Any]) -> str | None:
         measured = r.get("measured") or {}
         violation = r.get("measured_violation")
         slo = "—" if violation is None else ("met" if violation <= 0 else "missed")
-        rows.append([f"{r['label']}: {knobs(r.get('params') or {})}", _num(r.get("predicted_score")),
-                     "failed: " + str(r["error"]).splitlines()[0] if r.get("error") else _num(r.get("measured_score")),
-                     _num((r.get("predicted") or {}).get("p99_ttft_ms")), _num(measured.get("p99_ttft_ms")),
-                     _num(measured.get("request_throughput")), slo])
+        rows.append([f"{r['label']}: {knobs(r.get('params') or {})}", number(r.get("predicted_score")),
+                     "failed: " + str(r["error"]).splitlines()[0] if r.get("error") else number(r.get("measured_score")),
+                     number((r.get("predicted") or {}).get("p99_ttft_ms")), number(measured.get("p99_ttft_ms")),
+                     number(measured.get("request_throughput")), slo])
     return "<h4>Stage 2: measured on the real server vs. predicted</h4>" + html_table(head, rows, "summary", row_headers=True)
 
 
@@ -143,7 +139,7 @@ def _point(trial: dict[str, Any], x: str, y: str) -> tuple[float, float] | None:
 
 
 def _hover(trial: dict[str, Any], name: str, unit: str) -> str:
-    return f"{name}: {knobs(trial.get('params') or {})}<br>score {_num(trial.get('score'))} {unit}, SLO {_slo_verdict(trial)}"
+    return f"{name}: {knobs(trial.get('params') or {})}<br>score {number(trial.get('score'))} {unit}, SLO {_slo_verdict(trial)}"
 
 
 def _scatter(trials: Sequence[tuple[dict[str, Any], str]], x: str, y: str, unit: str, **style: Any) -> go.Scatter:
@@ -203,8 +199,8 @@ def _recommended_trial(doc: dict[str, Any], trials: dict[int, dict[str, Any]]) -
     label = rec.get("label", "")
     if label == "baseline":
         return doc["baseline"]
-    number = label.removeprefix("trial-")
-    return trials.get(int(number)) if number.isdigit() else None
+    suffix = label.removeprefix("trial-")
+    return trials.get(int(suffix)) if suffix.isdigit() else None
 
 
 def _add_measured(fig: go.Figure, doc: dict[str, Any], x: str, y: str) -> None:

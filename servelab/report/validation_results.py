@@ -17,7 +17,7 @@ from plotly.subplots import make_subplots
 
 from servelab.report.figures import LAYOUT, legend_below
 from servelab.report.inputs import ReportDocument
-from servelab.report.tables import html_table
+from servelab.report.tables import html_table, number
 
 METRIC_TITLES = {
     "output_throughput": "Output throughput (tokens/s)",
@@ -44,10 +44,6 @@ def _pct(value: Any) -> str:
     return "—" if not isinstance(value, (int, float)) else f"{value:+.0f}%"
 
 
-def _num(value: Any) -> str:
-    return "—" if not isinstance(value, (int, float)) else f"{value:,.1f}"
-
-
 def setup_table(doc: dict[str, Any]) -> str:
     """What was validated against what: the server, the profile, the flags, the verdict."""
     server, profile = doc.get("server") or {}, doc.get("profile") or {}
@@ -67,11 +63,12 @@ def setup_table(doc: dict[str, Any]) -> str:
 def error_table(doc: dict[str, Any]) -> str:
     """Point by metric: measured / simulated (signed error), then the median |error| against its bound."""
     metrics = metrics_of(doc)
-    rows = [
-        [p["point"], *(f"{_num(p['measured'].get(k))} / {_num(p['simulated'].get(k))} ({_pct(p['error_pct'].get(k))})"
-                       for k in metrics)]
-        for p in doc["points"]
-    ]
+
+    def cell(point: dict[str, Any], k: str) -> str:
+        measured, simulated = number(point["measured"].get(k), ",.1f"), number(point["simulated"].get(k), ",.1f")
+        return f"{measured} / {simulated} ({_pct(point['error_pct'].get(k))})"
+
+    rows = [[p["point"], *(cell(p, k) for k in metrics)] for p in doc["points"]]
     medians, bounds = doc.get("median_abs_error_pct") or {}, doc.get("bounds_pct") or {}
     rows.append(["median |error|", *(
         ("—" if medians.get(k) is None else f"{medians[k]:.1f}%") + (f" (bound {bounds[k]:g}%)" if k in bounds else "")
