@@ -105,6 +105,15 @@ class CostCoefficients(BaseModel):
     idle_wake_time_constant_s: float = Field(0.02, gt=0)
     """How fast the wake-up cost approaches `idle_wake_s` with idle time (about 20 ms on the CPU server)."""
 
+    def cpu_step_time(self, num_scheduled: int, admits_prefill: bool) -> float:
+        """The engine core's CPU share of a step's time: the part async scheduling overlaps with the GPU.
+
+        The same three terms the roofline adds to every step (schedule, input
+        preparation, output bookkeeping), so step time minus this is the GPU's.
+        """
+        cpu = self.step_overhead_s + num_scheduled * self.per_request_overhead_s
+        return cpu + self.prefill_step_overhead_s if admits_prefill else cpu
+
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
 
