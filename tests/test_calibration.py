@@ -238,6 +238,13 @@ def test_profile_round_trip_and_engine_arg_override(tiny, tmp_path: Path) -> Non
     other = deployment_from_profile(loaded, "--max-num-seqs 8")
     assert other.config.max_num_seqs == 8 and other.config.block_size == 128 and other.config.max_model_len == 4096
 
+    # A schema-2 profile (no host conditions, no reference step time) still opens, without them.
+    old = json.loads(path.read_text())
+    old.update(schema_version=2)
+    del old["host"], old["reference"]
+    path.write_text(json.dumps(old))
+    assert load_profile(path).reference is None and deployment_from_profile(load_profile(path)).config.max_num_seqs == 32
+
 
 @pytest.mark.parametrize(
     "content, message",

@@ -25,7 +25,8 @@ from servelab.experiment.validate import (
     validate_on,
 )
 from servelab.metrics.records import RequestRecord
-from servelab.perf.calibration import CalibrationProfile, model_spec_dict
+from servelab.experiment.reference import time_reference
+from servelab.perf.calibration import CalibrationProfile, ReferenceTiming, model_spec_dict
 from servelab.perf.cost_model import CostCoefficients
 from servelab.perf.hardware import get_gpu
 from servelab.perf.models import get_model
@@ -151,3 +152,53 @@ def test_a_repeat_in_which_the_client_stalled_is_not_judged() -> None:
     assert measured["output_throughput"] == 50 and measured["tpot_p50_ms"] == 2.0
     nothing, _ = best_of([repeat(90, 0.9)])
     assert all(v is None for v in nothing.values())
+
+
+def timed_profile(profile: CalibrationProfile, tmp_path: Path) -> CalibrationProfile:
+    """The profile with a reference step time taken on its own simulator, as calibrate takes it on the server."""
+    reference = time_reference(profile_sim_target(profile), 32, 4096, tmp_path / "calibration-reference", {})
+    return profile.model_copy(update={"reference": reference})
+
+
+def test_a_server_at_its_calibrated_speed_has_nothing_disturbed(profile: CalibrationProfile, tmp_path: Path) -> None:
+    timed = timed_profile(profile, tmp_path)
+    report = validate_on(profile_sim_target(timed), timed, tmp_path / "v", points=QUICK_POINTS[:2], repeats=2)
+    assert [t["changed"] for t in report["reference"]["timings"]] == [False, False, False]  # before, after 1, after 2
+    assert report["warnings"] == [] and report["within_bounds"]
+    assert all(p["disturbed_repeats"] == 0 for p in report["points"])
+    assert (tmp_path / "v" / "reference" / "after-repeat-2" / "run-1" / "records.jsonl").is_file()
+
+
+def test_a_server_slower_than_at_calibration_is_reported_as_disturbed_not_judged(
+    profile: CalibrationProfile, tmp_path: Path
+) -> None:
+    timed = timed_profile(profile, tmp_path)
+    slow = timed.model_copy(update={"coefficients": timed.coefficients.model_copy(update={"step_overhead_s": 3e-3})})
+    report = validate_on(profile_sim_target(slow), timed, tmp_path / "v", points=QUICK_POINTS[:2], repeats=2)
+    assert all(t["changed"] and t["change_pct"] > 10 for t in report["reference"]["timings"])
+    assert report["warnings"] and "slower than when calibrated" in report["warnings"][0]
+    for point in report["points"]:
+        assert point["disturbed_repeats"] == 2
+        assert all(v is None for v in point["measured"].values())  # not folded into an error figure
+    assert not report["within_bounds"]
+
+
+def test_a_profile_without_a_reference_says_the_speed_is_unchecked(profile: CalibrationProfile, tmp_path: Path) -> None:
+    report = validate_on(profile_sim_target(profile), profile, tmp_path, points=QUICK_POINTS[:1], repeats=1)
+    assert any("no reference step time" in w for w in report["warnings"])
+    assert report["points"][0]["disturbed_repeats"] == 0 and report["within_bounds"]
+
+
+@pytest.mark.parametrize(
+    "then, now, changed",
+    [
+        ([10.0, 10.2, 9.8], [10.3, 10.1, 10.2], False),  # within both spreads
+        ([10.0, 10.1, 9.9], [11.0, 11.1, 10.9], True),  # 10% slower, spreads of 1%
+        ([10.0, 10.0, 10.0], [10.2, 10.2, 10.2], False),  # under the 3% floor, however steady
+        ([10.0, 10.0, 10.0], [9.0, 9.0, 9.0], True),  # faster counts too
+    ],
+)
+def test_reference_speed_change_is_judged_against_both_spreads(then: list, now: list, changed: bool) -> None:
+    change = ReferenceTiming(workload="w", runs_ms=then).speed_change(ReferenceTiming(workload="w", runs_ms=now))
+    assert change is not None and change.changed is changed
+    assert ReferenceTiming(workload="w", runs_ms=[]).speed_change(ReferenceTiming(workload="w", runs_ms=now)) is None

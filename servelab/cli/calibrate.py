@@ -52,13 +52,14 @@ def fit_table(profile: CalibrationProfile) -> Table:
 def validation_table(report: dict[str, Any]) -> Table:
     table = Table(title=f"held-out points: measured / predicted (engine args: {report['engine_args'] or 'as calibrated'})",
                   caption="each metric from its best repeat, against the simulation of that repeat's requests; "
-                          "repeats in which the client stalled (tokens read in bunches) are not judged")
+                          "repeats in which the client stalled (tokens read in bunches) or that ran while the server's "
+                          "speed differed from calibration (disturbed) are not judged")
     table.add_column("point", no_wrap=True)
     for key in METRICS:
         table.add_column(key, justify="right", no_wrap=True)
     for row in report["points"]:
-        stalled = row.get("stalled_repeats", 0)
-        name = row["point"] + (f" ({stalled} stalled)" if stalled else "")
+        set_aside = [f"{n} {why}" for why in ("stalled", "disturbed") if (n := row.get(f"{why}_repeats", 0))]
+        name = row["point"] + (f" ({', '.join(set_aside)})" if set_aside else "")
         table.add_row(name, *(
             "-" if row["measured"][k] is None else
             f"{row['measured'][k]:.1f} / {row['simulated'][k]:.1f} ({_pct(row['error_pct'][k])})" for k in METRICS
@@ -100,6 +101,12 @@ def calibrate(
         f"latency {profile.network_latency_s * 1e3:.2f} ms one way, API server {profile.frontend_s_per_request * 1e3:.2f} ms "
         f"per request; step-model rms error {100 * profile.fit['rms_rel_error']:.1f}%"
     )
+    ref = profile.reference
+    if ref is not None and ref.median_ms is not None:
+        _console.print(f"reference step ({ref.workload}): {ref.median_ms:.2f} ms, run-to-run spread {ref.spread_pct:.1f}% "
+                       f"over {len(ref.runs_ms)} runs; validate re-times it to check the host")
+    else:
+        _console.print("reference step: not measured (the client stalled in every run); validate cannot check the host")
     _console.print(f"profile written to {out}")
 
 
@@ -132,5 +139,7 @@ def validate(
         typer.echo(json.dumps(report, indent=2))
         return
     _console.print(validation_table(report))
+    for warning in report["warnings"]:
+        _console.print(f"[bold yellow]warning:[/] {warning}")
     verdict = "[green]within[/]" if report["within_bounds"] else "[red]outside[/]"
     _console.print(f"{verdict} the bounds (median |error|: output throughput <= 10%, TTFT p50 <= 20%, TPOT p50 <= 10%); report in {out}")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import time
 import urllib.request
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -31,12 +30,25 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 from scipy.optimize import minimize_scalar
 
+from servelab.experiment.probes import (
+    DECODE,
+    IDLE,
+    MIXED,
+    PREFILL,
+    PROBE_EXTRA_BODY,
+    CalibrationError,
+    Probe,
+    bunched_fraction,
+    client_stalled,
+    probe_load,
+    run_into,
+)
+from servelab.experiment.reference import merged, time_reference
 from servelab.metrics import timeline as tl
+from servelab.metrics.host import HostWatch
 from servelab.metrics.records import MemorySink, RequestRecord
-from servelab.experiment.runner import run_point
-from servelab.metrics.results import TIMELINE
 from servelab.metrics.summary import summarize
-from servelab.metrics.timeline import TimelineSample, read_timeline
+from servelab.metrics.timeline import TimelineSample
 from servelab.perf.calibration import (
     CalibrationProfile,
     CostFit,
@@ -47,27 +59,15 @@ from servelab.perf.calibration import (
 from servelab.perf.cost_model import StepBatch
 from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.engine_config import EngineConfig
-from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
 from servelab.perf.models import ModelSpec, get_model
 from servelab.targets.deployment import Deployment
 from servelab.targets.http import HttpTarget
 from servelab.targets.sim import SimTarget
 from servelab.targets.base import Target
-from servelab.workload.spec import LoadPlan, RequestSpec
 
-PREFILL, DECODE, IDLE, MIXED = "prefill", "decode", "idle", "mixed"
 MIN_BUDGET_S = 20.0
 """Below this not even one pass of the probe plan fits."""
-PROBE_EXTRA_BODY = {"return_token_ids": True}
-"""vLLM sends the token ids of every chunk, so a chunk whose text is empty (half a UTF-8 character) still counts."""
-BUNCHED_GAP_S = 50e-6
-MAX_BUNCHED = 0.2
-"""A run in which more than this share of a stream's tokens reached the client within BUNCHED_GAP_S of the previous one
-did not observe token timing: the client stalled and then read many tokens at once (the vLLM server sends one token per
-event, one engine step (>= 1 ms) apart; a plain threaded reader saw 0-9% such gaps where servelab's client, starved by a
-server in a scheduler autogroup (session) of its own, saw 60-100%). Its TTFT is inflated and its TPOT deflated towards
-0, so it is left out of the time figures."""
 _PREFILL_LENGTHS = (16, 128, 384, 768, 1280, 2048)
 _DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 _DECODE_PROMPT, _DECODE_OUTPUT = 16, 64
@@ -80,18 +80,6 @@ _IDLE_SPACINGS_S = (0.02, 0.06, 0.2)
 """Arrival spacings of the idle probes: the engine idles ~17, ~57 and ~200 ms before each step. Back-to-back prefills
 idle ~2 ms; the longest spacing pins the ceiling, which shorter ones alone leave to extrapolation (fits of 3-17 ms)."""
 _IDLE_PROMPT = 16
-
-
-@dataclass(frozen=True)
-class Probe:
-    name: str
-    kind: str
-    prompt_len: int
-    max_tokens: int
-    concurrency: int
-    num_requests: int
-    spacing_s: float = 0.0
-    """Open loop, one request every spacing_s seconds (idle probes); 0: closed loop at `concurrency`."""
 
 
 def probe_plan(config: EngineConfig) -> list[Probe]:
@@ -129,51 +117,7 @@ def interleaved(probes: list[Probe]) -> list[Probe]:
     return order
 
 
-def random_prompt(rng: np.random.Generator, length: int, vocab_size: int) -> list[int]:
-    """Token ids clear of the low special ids; distinct per request so the prefix cache never hits."""
-    return rng.integers(10, max(11, int(vocab_size * 0.9)), length, dtype=np.int32).tolist()
-
-
-def probe_requests(probe: Probe, vocab_size: int, seed: int) -> list[RequestSpec]:
-    rng = np.random.default_rng([seed, zlib.crc32(probe.name.encode())])
-    return [
-        RequestSpec(index=i, prompt_ids=random_prompt(rng, probe.prompt_len, vocab_size), max_tokens=probe.max_tokens)
-        for i in range(probe.num_requests)
-    ]
-
-
-def probe_load(probe: Probe, vocab_size: int, seed: int) -> LoadPlan:
-    specs = probe_requests(probe, vocab_size, seed)
-    if probe.spacing_s:
-        for spec in specs:
-            spec.arrival_time = spec.index * probe.spacing_s
-    return LoadPlan(
-        specs, max_concurrency=None if probe.spacing_s else probe.concurrency,
-        description={"probe": asdict(probe), "seed": seed},
-    )
-
-
 # -- measuring ----------------------------------------------------------------
-
-
-def run_into(target: Target, plan: LoadPlan, directory: Path, run_info: dict[str, Any]) -> tuple[list[RequestRecord], list[TimelineSample], dict[str, Any]]:
-    """`run_point` (bench's runner: a results directory per run), returning the records and timeline it wrote too."""
-    sink = MemorySink()
-    summary = run_point(target, plan, directory, run_info, observers=[sink])
-    if summary["interrupted"]:
-        raise CalibrationError(f"interrupted during {directory.name}; the runs so far are kept under {directory.parent}")
-    return sink.records, list(read_timeline(directory / TIMELINE)), summary
-
-
-def bunched_fraction(records: list[RequestRecord]) -> float:
-    """Share of token gaps under BUNCHED_GAP_S over all streams with several tokens (0 when there are none)."""
-    gaps = [b - a for r in records for a, b in zip(r.chunk_times, r.chunk_times[1:])]
-    return sum(g < BUNCHED_GAP_S for g in gaps) / len(gaps) if gaps else 0.0
-
-
-def client_stalled(run: dict[str, Any]) -> bool:
-    """Whether a run's `bunched` share (see bunched_fraction) says the client did not see token timing."""
-    return (run.get("bunched") or 0.0) > MAX_BUNCHED
 
 
 def measured_figures(records: list[RequestRecord], samples: list[TimelineSample], summary: dict[str, Any]) -> dict[str, float | None]:
@@ -228,10 +172,6 @@ class ProbeRuns:
             "measured": {k: self.figure(k) for k in keys},
             "directories": self.directories,
         }
-
-
-class CalibrationError(PerfConfigError):
-    """Calibration could not produce a trustworthy profile (failed probes, too small a budget)."""
 
 
 def run_probes(
@@ -512,8 +452,12 @@ def calibrate(
     directory = probe_dir_for(out)
     t0 = time.monotonic()
     run_info = {"verb": "calibrate", "engine_args": probed_args}
+    host = HostWatch().start()
+    reference_args = (probed.config.max_num_seqs, spec.vocab_size)
+    before = time_reference(target, *reference_args, directory / "reference-before", run_info, warm_up=True)
     runs = run_probes(target, probes, vocab_size=spec.vocab_size, budget_s=budget_s, directory=directory,
                       run_info=run_info, progress=progress)
+    after = time_reference(target, *reference_args, directory / "reference-after", run_info)
     elapsed = time.monotonic() - t0
     source = (f"fitted by servelab calibrate against {base_url} ({info['model']}) on "
               f"{time.strftime('%Y-%m-%d %H:%M:%S')}; not a datasheet rate")
@@ -528,6 +472,7 @@ def calibrate(
         rates=fit.rates, fit=fit_report(fit),
         simulated_probes=simulate_probes(deployment.sim_target(), runs, spec.vocab_size),
         probes=[r.describe() for r in runs], budget_s=budget_s, elapsed_s=elapsed,
+        host=host.conditions(gpus=True), reference=merged(before, after),
     )
     profile.save(out)
     return profile

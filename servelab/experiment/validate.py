@@ -20,6 +20,13 @@ as calibration's lower-quartile figures are. A repeat in which the client
 itself stalled (many tokens read at once, see calibrate.MAX_BUNCHED) did not
 observe the server's timing and is not judged; a point with no other repeat
 has no figures, and the report says how many repeats were set aside.
+
+A host that changed since calibration is caught the same way, openly: the
+reference step time (servelab.experiment.reference) is timed before each
+round of points and after the last, and compared with the profile's. A round
+bracketed by a timing that moved beyond the run-to-run spread of both ran on
+a server of another speed; its repeats are reported as disturbed and not
+judged, and the report says by how much the speed moved.
 """
 
 from __future__ import annotations
@@ -34,18 +41,13 @@ from typing import Any
 import numpy as np
 
 from servelab import SCHEMA_VERSION
-from servelab.experiment.calibrate import (
-    PROBE_EXTRA_BODY,
-    bunched_fraction,
-    client_stalled,
-    compare,
-    deployment_from_profile,
-    random_prompt,
-    run_into,
-)
+from servelab.experiment.calibrate import compare, deployment_from_profile
+from servelab.experiment.probes import PROBE_EXTRA_BODY, bunched_fraction, client_stalled, random_prompt, run_into
+from servelab.experiment.reference import time_reference
+from servelab.metrics.host import HostWatch
 from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.summary import summarize
-from servelab.perf.calibration import CalibrationProfile
+from servelab.perf.calibration import CalibrationProfile, ReferenceTiming, SpeedChange
 from servelab.perf.errors import PerfConfigError
 from servelab.targets.deployment import Deployment
 from servelab.targets.base import Target
@@ -175,9 +177,10 @@ def figures(summary: dict[str, Any]) -> dict[str, float]:
 def best_of(repeats: list[dict[str, Any]]) -> tuple[dict[str, float | None], dict[str, float | None]]:
     """Per metric, the best measured repeat (highest throughput, lowest time) and the simulation of the same repeat.
 
-    Repeats in which the client stalled are not candidates; with none left every figure is None.
+    Repeats in which the client stalled, or that ran while the server's speed had changed, are not
+    candidates; with none left every figure is None.
     """
-    valid = [r for r in repeats if not client_stalled(r)]
+    valid = [r for r in repeats if not client_stalled(r) and not r.get("disturbed")]
     measured: dict[str, float | None] = dict.fromkeys(METRICS)
     simulated: dict[str, float | None] = dict.fromkeys(METRICS)
     for k in METRICS if valid else ():
@@ -243,6 +246,13 @@ def validate_on(
     warm = [RequestSpec(i, random_prompt(np.random.default_rng(i), min(n, max_len - 9), deployment.model.vocab_size), 8)
             for i, n in enumerate((16, 256, 1024))]
     run_into(target, LoadPlan(warm, max_concurrency=1), out_dir / "warmup", run_info)
+    host = HostWatch().start()
+
+    def reference(label: str, warm_up: bool = False) -> ReferenceTiming:
+        return time_reference(target, deployment.config.max_num_seqs, deployment.model.vocab_size,
+                              out_dir / "reference" / label, run_info, warm_up=warm_up)
+
+    timings = [("before repeat 1", reference("before-repeat-1", warm_up=True))]
     runs: dict[str, list[dict[str, Any]]] = {p.name: [] for p in points}
     for r, row in enumerate(plans):
         for point, plan in zip(points, row):
@@ -254,16 +264,23 @@ def validate_on(
                 raise ValidationError(f"point {point.name}: {summary['failed']} requests failed ({kinds}); see {directory}")
             runs[point.name].append({
                 "workload": plan.description, "directory": str(directory), "bunched": bunched_fraction(counted(records, plan)),
-                "measured": figures(summary), "simulated": figures(simulate(sim, plan)),
+                "measured": figures(summary), "simulated": figures(simulate(sim, plan)), "round": r,
             })
+        timings.append((f"after repeat {r + 1}", reference(f"after-repeat-{r + 1}")))
         progress(f"repeat {r + 1} of {repeats} done")
+    speed = speed_checks(profile.reference, timings)
+    for repeat in (x for point_runs in runs.values() for x in point_runs):
+        repeat["disturbed"] = any(c is not None and c.changed for c in (speed[repeat["round"]], speed[repeat["round"] + 1]))
     results = []
     for point in points:
         measured, simulated = best_of(runs[point.name])
         stalled = sum(client_stalled(r) for r in runs[point.name])
+        disturbed = sum(r["disturbed"] for r in runs[point.name])
         results.append({"point": point.name, "shape": asdict(point), "measured": measured, "simulated": simulated,
-                        "error_pct": compare(measured, simulated), "stalled_repeats": stalled, "repeats": runs[point.name]})
+                        "error_pct": compare(measured, simulated), "stalled_repeats": stalled,
+                        "disturbed_repeats": disturbed, "repeats": runs[point.name]})
     medians = median_abs_errors(results)
+    conditions = host.conditions(gpus=True)
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "servelab.validation",
@@ -272,9 +289,61 @@ def validate_on(
         "profile": {"created_at": profile.created_at, "engine_args": profile.engine_args, "gpu": profile.gpu},
         "engine_args": deployment.engine_args(),
         "engine_config": asdict(deployment.config),
+        "host": conditions,
+        "reference": reference_report(profile, timings, speed),
+        "warnings": speed_warnings(profile.reference, timings, speed) + host_warnings(profile.host, conditions),
         "points": results,
         "median_abs_error_pct": medians,
         "bounds_pct": BOUNDS_PCT,
         "goals_pct": GOALS_PCT,
         "within_bounds": all(medians[k] is not None and medians[k] <= b for k, b in BOUNDS_PCT.items()),
     }
+
+
+STEAL_WARNING_SHARE = 0.05
+"""CPU time taken by other guests of the hypervisor above this share slows a CPU-bound server visibly."""
+
+
+def speed_checks(calibrated: ReferenceTiming | None, timings: list[tuple[str, ReferenceTiming]]) -> list[SpeedChange | None]:
+    """Each timing against the profile's (None where there is nothing comparable: no reference, another workload, stalls)."""
+    if calibrated is None:
+        return [None] * len(timings)
+    return [calibrated.speed_change(t) if t.workload == calibrated.workload else None for _, t in timings]
+
+
+def reference_report(profile: CalibrationProfile, timings: list[tuple[str, ReferenceTiming]],
+                     speed: list[SpeedChange | None]) -> dict[str, Any]:
+    def described(t: ReferenceTiming) -> dict[str, Any]:
+        return {**t.model_dump(), "median_ms": t.median_ms, "spread_pct": t.spread_pct}
+
+    return {
+        "calibrated": None if profile.reference is None else described(profile.reference),
+        "timings": [{"when": label, **described(t), "change_pct": None if c is None else c.change_pct,
+                     "changed": None if c is None else c.changed} for (label, t), c in zip(timings, speed)],
+    }
+
+
+def speed_warnings(calibrated: ReferenceTiming | None, timings: list[tuple[str, ReferenceTiming]],
+                   speed: list[SpeedChange | None]) -> list[str]:
+    """One line per timing that found the server at another speed, or why no comparison was possible."""
+    if calibrated is None:
+        return ["the profile has no reference step time (written before schema 3): the server's speed since calibration "
+                "cannot be checked; re-run calibrate"]
+    out = [f"{label}: {c.describe()}; the repeats it brackets are reported as disturbed and not judged"
+           for (label, _), c in zip(timings, speed) if c is not None and c.changed]
+    if all(c is None for c in speed):
+        workloads = {t.workload for _, t in timings}
+        out.append(f"the reference step time could not be compared with the profile's ({calibrated.workload} vs "
+                   f"{', '.join(sorted(workloads))}, or every run stalled): the server's speed is unchecked")
+    return out
+
+
+def host_warnings(calibrated: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """CPU steal, now and at calibration: time the hypervisor gave to other guests, which slows every step."""
+    steal = now.get("cpu_steal_share")
+    if steal is None or steal <= STEAL_WARNING_SHARE:
+        return []
+    then = calibrated.get("cpu_steal_share")
+    at_calibration = "unknown" if then is None else f"{100 * then:.0f}%"
+    return [f"the hypervisor gave {100 * steal:.0f}% of this host's CPU time to other guests during validate "
+            f"(at calibration: {at_calibration}); timings on this host are disturbed"]

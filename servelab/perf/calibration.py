@@ -39,8 +39,10 @@ from servelab.perf.hardware import Hardware
 from servelab.perf.models import ModelSpec
 
 PROFILE_KIND = "servelab.calibration"
-PROFILE_SCHEMA_VERSION = 2
-"""2: the prefill and idle-wake costs are CostCoefficients terms (1 had a per-prefill-chunk cost beside them)."""
+PROFILE_SCHEMA_VERSION = 3
+"""3: the host's conditions and a reference step time, so later runs can tell a changed host (2 is read without them).
+2: the prefill and idle-wake costs are CostCoefficients terms (1 had a per-prefill-chunk cost beside them)."""
+READABLE_SCHEMA_VERSIONS = (2, PROFILE_SCHEMA_VERSION)
 
 _RATES = ("linear_flops", "attention_flops", "weight_bandwidth", "kv_bandwidth")
 _COEFFICIENT_OVERHEADS = (
@@ -246,6 +248,67 @@ def fit_cost_model(
 # -- the profile ---------------------------------------------------------------
 
 
+MIN_SPEED_CHANGE = 0.03
+"""A reference step time that moved by less than this share is the same speed, however tight its spread."""
+
+
+class ReferenceTiming(BaseModel):
+    """One fixed workload's decode step time, measured in several runs: the server's speed, and how steady it is.
+
+    `calibrate` measures it before and after its probes; `validate` again
+    before, between and after its rounds. The same server on the same host
+    reproduces it within its spread; a host with other jobs, throttled clocks
+    or another build of the server does not. `spread_pct` is half the range
+    of the runs over their median: the run-to-run noise of this host.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workload: str
+    """What was timed (probe name: batch, prompt and output tokens)."""
+    runs_ms: list[float]
+    """The median time per output token of each run in which the client saw token timing."""
+    stalled_runs: int = 0
+    """Runs left out because the client read tokens in bunches (it did not observe the step time)."""
+
+    @property
+    def median_ms(self) -> float | None:
+        return float(np.median(self.runs_ms)) if self.runs_ms else None
+
+    @property
+    def spread_pct(self) -> float | None:
+        median = self.median_ms
+        return 50.0 * (max(self.runs_ms) - min(self.runs_ms)) / median if median else None
+
+    def speed_change(self, now: ReferenceTiming) -> SpeedChange | None:
+        """How `now` compares with this (earlier) timing; None when either has no runs to compare."""
+        then_ms, now_ms = self.median_ms, now.median_ms
+        if then_ms is None or now_ms is None or self.spread_pct is None or now.spread_pct is None:
+            return None
+        change = (now_ms - then_ms) / then_ms
+        noise = (self.spread_pct + now.spread_pct) / 100.0
+        return SpeedChange(then_ms, now_ms, 100.0 * change, 100.0 * noise,
+                           abs(change) > max(noise, MIN_SPEED_CHANGE))
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedChange:
+    """A reference step time then and now: changed when the two differ by more than both runs' spreads together."""
+
+    then_ms: float
+    now_ms: float
+    change_pct: float
+    noise_pct: float
+    changed: bool
+
+    def describe(self) -> str:
+        speed = "slower" if self.change_pct > 0 else "faster"
+        verdict = (f"the server runs {abs(self.change_pct):.0f}% {speed} than when calibrated" if self.changed
+                   else "the server runs at its calibrated speed")
+        return (f"{verdict}: reference step {self.now_ms:.2f} ms vs {self.then_ms:.2f} ms "
+                f"(run-to-run spread of both: {self.noise_pct:.1f}%)")
+
+
 class ProfileError(PerfConfigError):
     """A calibration profile that cannot be read or is of another schema."""
 
@@ -289,6 +352,10 @@ class CalibrationProfile(BaseModel):
     """What it was fitted on: every probe's shape, repeats, measured medians and results directories."""
     budget_s: float
     elapsed_s: float
+    host: dict[str, Any] = Field(default_factory=dict)
+    """The host's conditions over the calibration (servelab.metrics.host): load, CPU steal, GPU clocks; {} in schema 2."""
+    reference: ReferenceTiming | None = None
+    """The reference step time before and after the probes, for later speed checks; None in schema 2."""
 
     def model(self) -> ModelSpec:
         return ModelSpec(**self.model_spec)
@@ -321,10 +388,10 @@ def load_profile(path: str | Path) -> CalibrationProfile:
             f"roofline and mostly measured the engine waking from idle; version {PROFILE_SCHEMA_VERSION} fits "
             "prefill_step_overhead_s and idle_wake_s instead and the old number cannot be split into them: re-run calibrate"
         )
-    if raw.get("schema_version") != PROFILE_SCHEMA_VERSION:
+    if raw.get("schema_version") not in READABLE_SCHEMA_VERSIONS:
         raise ProfileError(
             f"calibration profile {path} has schema version {raw.get('schema_version')!r}; "
-            f"this servelab reads version {PROFILE_SCHEMA_VERSION}: re-run calibrate"
+            f"this servelab reads versions {', '.join(map(str, READABLE_SCHEMA_VERSIONS))}: re-run calibrate"
         )
     try:
         return CalibrationProfile.model_validate(raw)

@@ -1,0 +1,121 @@
+"""What the host was doing while something was measured: load, CPU steal, GPU clocks.
+
+A timing taken on a shared machine is only comparable with another taken
+under similar conditions. Calibration records these conditions so that a
+later run can say, with numbers, when it is not comparable: other jobs on
+the CPUs (load average, the share of CPU time the hypervisor gave to other
+guests, "steal"), and on a GPU host the clocks, temperature and throttle
+reasons NVML reports (a throttled GPU runs the same kernels slower).
+
+Everything here degrades to absent fields, never to an error: no /proc
+(not Linux), no NVML library or no GPU are ordinary situations.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROC_STAT = Path("/proc/stat")
+
+
+@dataclass(frozen=True, slots=True)
+class CpuTimes:
+    """The aggregate `cpu` line of /proc/stat: cumulative jiffies of all CPUs."""
+
+    busy: int
+    idle: int
+    steal: int
+
+    @classmethod
+    def parse(cls, text: str) -> CpuTimes | None:
+        """From /proc/stat's text (user nice system idle iowait irq softirq steal ...); None without a `cpu` line."""
+        for line in text.splitlines():
+            fields = line.split()
+            if fields and fields[0] == "cpu":
+                values = [int(v) for v in fields[1:]] + [0] * 8
+                user, nice, system, idle, iowait, irq, softirq, steal = values[:8]
+                return cls(busy=user + nice + system + irq + softirq, idle=idle + iowait, steal=steal)
+        return None
+
+    @classmethod
+    def read(cls, path: Path = PROC_STAT) -> CpuTimes | None:
+        try:
+            return cls.parse(path.read_text())
+        except OSError:
+            return None
+
+
+def cpu_shares(start: CpuTimes | None, end: CpuTimes | None) -> dict[str, float]:
+    """Busy and steal shares of all CPUs' time between two readings; empty when either is missing or no time passed."""
+    if start is None or end is None:
+        return {}
+    busy, idle, steal = end.busy - start.busy, end.idle - start.idle, end.steal - start.steal
+    total = busy + idle + steal
+    if total <= 0:
+        return {}
+    return {"cpu_busy_share": busy / total, "cpu_steal_share": steal / total}
+
+
+def gpu_states() -> list[dict[str, Any]]:
+    """Per local NVIDIA GPU: SM clock and its maximum, temperature, power, active throttle reasons; [] without NVML.
+
+    Read through nvidia-ml-py (`pynvml`); any NVML error (no driver, no GPU)
+    means "no GPU to report", since a CPU-only host is a normal case here.
+    """
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []
+    try:
+        states = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            states.append({
+                "index": i,
+                "name": _text(pynvml.nvmlDeviceGetName(handle)),
+                "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                "temperature_c": pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+                "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
+                "throttle_reasons": pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle),
+            })
+        return states
+    except pynvml.NVMLError:
+        return []
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class HostWatch:
+    """Host conditions over an interval: start() ... conditions(). Cheap (two small file reads), so it brackets any run."""
+
+    def __init__(self, stat_path: Path = PROC_STAT) -> None:
+        self._stat_path = stat_path
+        self._start: CpuTimes | None = None
+
+    def start(self) -> HostWatch:
+        self._start = CpuTimes.read(self._stat_path)
+        return self
+
+    def conditions(self, *, gpus: bool = False) -> dict[str, Any]:
+        """Load average at the end, CPU busy/steal shares since start(), and the GPUs' states when asked."""
+        out: dict[str, Any] = {"cpu_count": os.cpu_count()}
+        try:
+            out["load_avg_1m"] = os.getloadavg()[0]
+        except OSError:
+            pass
+        out.update(cpu_shares(self._start, CpuTimes.read(self._stat_path)))
+        if gpus:
+            out["gpus"] = gpu_states()
+        return out
