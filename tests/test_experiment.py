@@ -82,6 +82,7 @@ def test_run_point_writes_every_file(tmp_path):
     assert run.run_info["flags"] == {"model": "x"}
     assert run.run_info["workload"]["workload"]["dataset_name"] == "random"
     assert run.run_info["server_info"] == {"model": "fake"} and run.run_info["interrupted"] is False
+    assert run.run_info["client_host"]["cpu_count"] >= 1 and run.run_info["client_host"]["gpus"] == []  # no GPU here
     assert summary["warnings"] == [] and summary["interrupted"] is False
 
 

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from servelab.metrics.host import HostWatch
 from servelab.metrics.records import RecordSink, RequestRecord
 from servelab.metrics.results import ResultWriter
 from servelab.metrics.slo import SLO
@@ -103,6 +104,10 @@ def run_point(
 ) -> dict[str, Any]:
     """Run the plan, write run.json / records.jsonl / timeline.jsonl / summary.json, return the summary.
 
+    run.json's `client_host` is what the machine running servelab was doing
+    meanwhile (load, CPU steal, local GPUs' clocks): for a server on the same
+    host, the conditions it ran under, which a calibration profile compares.
+
     An interruption is not an error: the summary says `interrupted: true`
     and the caller decides the exit code. Any other failure propagates after
     run.json has recorded it.
@@ -111,6 +116,7 @@ def run_point(
     sink = _Tee([writer.records, *observers])
     target_run: TargetRun | None = None
     interrupted = False
+    host = HostWatch().start()
     try:
         with sigterm_as_interrupt():
             target_run = target.run(plan, sink, writer.write_sample)
@@ -127,6 +133,7 @@ def run_point(
             server_info=target_run.server_info if target_run is not None else {},
             interrupted=interrupted,
             finished_at=time.time(),
+            client_host=host.conditions(gpus=True),
         )
         writer.write_summary(summary)
     finally:
