@@ -198,6 +198,13 @@ def test_cli_results_directory_on_a_calibration_profile(tmp_path):
     uncalibrated = _diagnose_cli(str(run), "--gpu", "cpu", "--model", str(tmp_path / "tiny-config"),
                                  "--engine-args", PROBED_ARGS)
     assert data["ceilings"]["decode_bandwidth_tps"] != uncalibrated["ceilings"]["decode_bandwidth_tps"]
+    assert not any("at calibration" in note for note in data["notes"])  # same host conditions: nothing to say
+
+    # The same run as if measured while the hypervisor took a fifth of the CPUs: the notes say it is not comparable.
+    info = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**info, "client_host": {"cpu_count": 2, "cpu_steal_share": 0.2}}))
+    stolen = _diagnose_cli(str(run), "--calibration", str(path))
+    assert any("20% of the host's CPU time" in note and "at calibration" in note for note in stolen["notes"])
 
 
 @pytest.mark.parametrize("flag", [["--gpu", "cpu"], ["--model", "qwen2.5-7b"]])

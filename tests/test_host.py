@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.metrics.host import CpuTimes, HostWatch, cpu_shares, gpu_states
+from servelab.metrics.host import THROTTLE_IDLE, CpuTimes, HostWatch, condition_changes, cpu_shares, gpu_states
 
 STAT = "cpu  100 5 50 800 20 3 2 20 0 0\ncpu0 50 2 25 400 10 1 1 10 0 0\nintr 1 2 3\n"
 
@@ -78,3 +78,20 @@ def test_no_nvml_library_or_no_driver_is_no_gpu(monkeypatch: pytest.MonkeyPatch)
     assert gpu_states() == []
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
     assert gpu_states() == []
+
+
+def _gpu(clock: int, reasons: int = 0) -> dict:
+    return {"index": 0, "sm_clock_mhz": clock, "sm_clock_max_mhz": 1980, "temperature_c": 85, "throttle_reasons": reasons}
+
+
+def test_changes_that_slow_a_server_are_named_with_their_numbers() -> None:
+    then = {"cpu_steal_share": 0.0, "gpus": [_gpu(1980, THROTTLE_IDLE)]}
+    same = {"cpu_steal_share": 0.03, "gpus": [_gpu(1900)]}
+    assert condition_changes(then, same, now_label="now", then_label="then") == []
+    worse = {"cpu_steal_share": 0.2, "gpus": [_gpu(1410, 0x20)]}
+    lines = condition_changes(then, worse, now_label="during the run", then_label="at calibration")
+    assert len(lines) == 3
+    assert "20% of the host's CPU time" in lines[0] and "0% at calibration" in lines[0]
+    assert "1410 MHz during the run, 1980 MHz at calibration" in lines[1]
+    assert "throttle reasons 0x20" in lines[2]
+    assert condition_changes({}, {"cpu_count": 2}, now_label="a", then_label="b") == []  # nothing recorded: nothing said

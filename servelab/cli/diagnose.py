@@ -14,8 +14,10 @@ from servelab.cli.report import ReportFlag, report_into
 from servelab.cli.options import deployment_from_flags
 from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
 from servelab.diagnose.scenario import synthetic
+from servelab.metrics.host import condition_changes
 from servelab.metrics.results import load_run
 from servelab.metrics.slo import SLO, SLOError
+from servelab.perf.calibration import load_profile
 from servelab.perf.errors import PerfConfigError
 from servelab.report.diagnosis_view import render_markdown, render_terminal
 
@@ -86,6 +88,9 @@ def diagnose(
             run = load_run(results)
             dx = diagnose_run(run, deployment, slo=slo, warmup=warmup, observed=observed, slo_share=slo_attainment,
                               with_advice=check_advice)
+            if calibration is not None:  # a run measured under other conditions than the profile's is not comparable
+                dx.notes.extend(condition_changes(load_profile(calibration).host, run.run_info.get("client_host", {}),
+                                                  now_label="during this run", then_label="at calibration"))
         else:
             if input_len is None or output_len is None:
                 raise _fail("a described deployment needs --input-len and --output-len")

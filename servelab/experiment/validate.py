@@ -44,7 +44,7 @@ from servelab import SCHEMA_VERSION
 from servelab.experiment.calibrate import compare, deployment_from_profile
 from servelab.experiment.probes import PROBE_EXTRA_BODY, bunched_fraction, client_stalled, random_prompt, run_into
 from servelab.experiment.reference import time_reference
-from servelab.metrics.host import HostWatch
+from servelab.metrics.host import HostWatch, condition_changes
 from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.summary import summarize
 from servelab.perf.calibration import CalibrationProfile, ReferenceTiming, SpeedChange
@@ -291,17 +291,14 @@ def validate_on(
         "engine_config": asdict(deployment.config),
         "host": conditions,
         "reference": reference_report(profile, timings, speed),
-        "warnings": speed_warnings(profile.reference, timings, speed) + host_warnings(profile.host, conditions),
+        "warnings": speed_warnings(profile.reference, timings, speed)
+        + condition_changes(profile.host, conditions, now_label="during validate", then_label="at calibration"),
         "points": results,
         "median_abs_error_pct": medians,
         "bounds_pct": BOUNDS_PCT,
         "goals_pct": GOALS_PCT,
         "within_bounds": all(medians[k] is not None and medians[k] <= b for k, b in BOUNDS_PCT.items()),
     }
-
-
-STEAL_WARNING_SHARE = 0.05
-"""CPU time taken by other guests of the hypervisor above this share slows a CPU-bound server visibly."""
 
 
 def speed_checks(calibrated: ReferenceTiming | None, timings: list[tuple[str, ReferenceTiming]]) -> list[SpeedChange | None]:
@@ -337,13 +334,3 @@ def speed_warnings(calibrated: ReferenceTiming | None, timings: list[tuple[str, 
                    f"{', '.join(sorted(workloads))}, or every run stalled): the server's speed is unchecked")
     return out
 
-
-def host_warnings(calibrated: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """CPU steal, now and at calibration: time the hypervisor gave to other guests, which slows every step."""
-    steal = now.get("cpu_steal_share")
-    if steal is None or steal <= STEAL_WARNING_SHARE:
-        return []
-    then = calibrated.get("cpu_steal_share")
-    at_calibration = "unknown" if then is None else f"{100 * then:.0f}%"
-    return [f"the hypervisor gave {100 * steal:.0f}% of this host's CPU time to other guests during validate "
-            f"(at calibration: {at_calibration}); timings on this host are disturbed"]

@@ -119,3 +119,38 @@ class HostWatch:
         if gpus:
             out["gpus"] = gpu_states()
         return out
+
+
+STEAL_SHARE_NOTICED = 0.05
+"""CPU time given to other guests above this share (and this much more than before) slows a CPU-bound server visibly."""
+CLOCK_DROP_NOTICED = 0.10
+"""A GPU's SM clock this much further below its maximum than before runs the same kernels visibly slower."""
+THROTTLE_IDLE = 0x1
+"""NVML's "GPU idle" throttle reason: clocks are down because nothing runs, not a slowdown of work."""
+
+
+def condition_changes(then: dict[str, Any], now: dict[str, Any], *, now_label: str, then_label: str) -> list[str]:
+    """What differs between two hosts' conditions in a way that changes timings, one sentence each; [] when nothing does.
+
+    Only what can be attributed is named: CPU time taken by other guests (steal),
+    and GPU clocks lowered or throttled. The load average is not compared: on a
+    host that also runs the server it mostly counts the server itself.
+    """
+    out = []
+    steal, steal_then = now.get("cpu_steal_share"), then.get("cpu_steal_share") or 0.0
+    if steal is not None and steal > STEAL_SHARE_NOTICED and steal - steal_then > STEAL_SHARE_NOTICED:
+        out.append(f"the hypervisor gave {100 * steal:.0f}% of the host's CPU time to other guests {now_label} "
+                   f"({100 * steal_then:.0f}% {then_label}): CPU-side timings are slowed")
+    before = {g["index"]: g for g in then.get("gpus", [])}
+    for gpu in now.get("gpus", []):
+        old = before.get(gpu["index"])
+        ratio = gpu["sm_clock_mhz"] / gpu["sm_clock_max_mhz"] if gpu.get("sm_clock_max_mhz") else None
+        old_ratio = old["sm_clock_mhz"] / old["sm_clock_max_mhz"] if old and old.get("sm_clock_max_mhz") else None
+        if ratio is not None and old_ratio is not None and old_ratio - ratio > CLOCK_DROP_NOTICED:
+            out.append(f"GPU {gpu['index']} ran at {gpu['sm_clock_mhz']} MHz {now_label}, {old['sm_clock_mhz']} MHz "
+                       f"{then_label} (maximum {gpu['sm_clock_max_mhz']} MHz): kernels run slower")
+        reasons = (gpu.get("throttle_reasons") or 0) & ~THROTTLE_IDLE
+        if reasons and not (old and (old.get("throttle_reasons") or 0) & ~THROTTLE_IDLE):
+            out.append(f"GPU {gpu['index']} was throttled {now_label} (NVML throttle reasons {reasons:#x}, "
+                       f"{gpu.get('temperature_c')} C) and not {then_label}")
+    return out
