@@ -1,26 +1,41 @@
-"""Published measurements: complete entries, and none above its physical roofline ceiling."""
+"""Published runs: every entry complete and resolvable, none above its physical roofline ceiling."""
 
 from __future__ import annotations
 
 import pytest
 
+from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.hardware import get_gpu
 from servelab.perf.models import get_model
 from servelab.perf.published import published_entries, roofline_ceiling
 
 ENTRIES = published_entries()
+SUMMARY_KEYS = {"request_throughput", "output_throughput"} | {
+    f"{stat}_{name}_ms" for stat in ("mean", "median", "p90", "p99") for name in ("ttft", "tpot", "itl", "e2el")
+}
 
 
-def test_at_least_five_entries_with_sources():
-    assert len(ENTRIES) >= 5
+def test_entries_have_unique_ids_sources_and_known_metrics():
     assert len({e["id"] for e in ENTRIES}) == len(ENTRIES)
     for entry in ENTRIES:
-        assert entry["source"].strip() and "http" in entry["source"], entry["id"]
-        assert entry["measured"]["output_throughput"] > 0
-        get_gpu(entry["gpu"]), get_model(entry["model"])
+        assert entry["era"] in ("v1", "v0"), entry["id"]
+        assert entry["source"]["url"].startswith("https://") and entry["source"]["location"], entry["id"]
+        assert entry["vllm_version"], entry["id"]
+        assert entry["measured"] and set(entry["measured"]) <= SUMMARY_KEYS, entry["id"]
+        assert all(v > 0 for v in entry["measured"].values()), entry["id"]
+        get_gpu(entry["gpu"]), get_model(entry["model"]), parse_engine_args(entry.get("engine_args") or "")
 
 
-@pytest.mark.parametrize("entry", [e for e in ENTRIES if roofline_ceiling(e)], ids=lambda e: e["id"])
+def test_the_v1_table_has_the_spread_the_issue_asks_for():
+    v1 = [e for e in ENTRIES if e["era"] == "v1" and e.get("gpu_stated", True)]
+    assert len({get_gpu(e["gpu"]).name for e in v1}) >= 2
+    assert len({get_model(e["model"]).name for e in v1}) >= 3
+    assert any("--tensor-parallel-size 4" in e["engine_args"] for e in v1)
+
+
+@pytest.mark.parametrize(
+    "entry", [e for e in ENTRIES if e["measured"].get("output_throughput") and roofline_ceiling(e)], ids=lambda e: e["id"]
+)
 def test_measurement_is_below_its_roofline_ceiling(entry):
     ceiling = roofline_ceiling(entry)
     assert entry["measured"]["output_throughput"] < ceiling.output_throughput

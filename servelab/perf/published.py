@@ -1,4 +1,6 @@
-"""Published vLLM measurements (data/published.yaml) and a pure-roofline ceiling for each.
+"""Published real-GPU vLLM runs (data/published.yaml) and a pure-roofline ceiling for each.
+
+benchmarks/gpu_accuracy.py replays every run on the simulator (docs/accuracy.md).
 
 The ceiling is a physical upper bound on output throughput, not a prediction:
 datasheet peaks, no overhead, weights streamed once per decode step, every KV
@@ -38,7 +40,10 @@ def published_entries() -> list[dict[str, Any]]:
 
 
 def roofline_ceiling(entry: dict[str, Any]) -> Ceiling | None:
-    """Output tokens/s no engine could beat on the entry's setup; None when its lengths are unknown."""
+    """Output tokens/s no engine could beat on the entry's setup; None when its lengths are unknown.
+
+    An open-loop run's batch is also bounded by its arrivals, so for one the ceiling is looser still.
+    """
     workload = entry["workload"]
     prompt, output = workload.get("mean_input_len"), workload.get("mean_output_len")
     if not prompt or not output:
