@@ -12,8 +12,10 @@ same workload flags through the same library path (`build_plan` ->
   rest of the published mean prompt as each request's own tokens;
 - `sharegpt`: no ShareGPT file ships here, so `--dataset-name random
   --length-distribution lognormal --random-range-ratio 1` with the published
-  means, unless the source published every request's lengths
-  (published_lengths.yaml), which are then sent as they are;
+  means;
+- where the source published every request's lengths (published_lengths.yaml),
+  those requests as they are (a JSONL dataset of token ids), a resent prompt
+  with the same tokens;
 - arrival: `--request-rate` (inf, or req/s with `--burstiness`) and
   `--max-concurrency`, `--num-prompts` as published.
 
@@ -83,11 +85,14 @@ def _plan(entry: dict[str, Any], published: dict[str, Any], vocab: int, max_prom
     arrival = ArrivalConfig(request_rate=rate, burstiness=float(w.get("burstiness", 1.0)),
                             max_concurrency=w.get("max_concurrency"))
     if entry.get("lengths"):
-        # The source's own per-request lengths, all released at t=0 (its request rate is inf).
+        # The source's own per-request lengths, all released at t=0 (its request rate is inf); a request
+        # that resent an earlier prompt sends that prompt's tokens again, as a JSONL dataset of token ids would.
         lens = published[entry["lengths"]]
+        same = lens.get("same_prompt_as") or range(len(lens["input_lens"]))
         rng = np.random.default_rng(0)
-        specs = [RequestSpec(i, rng.integers(0, vocab, p, dtype=np.int32), max(1, o), 0.0)
-                 for i, (p, o) in enumerate(zip(lens["input_lens"][:n], lens["output_lens"][:n]))]
+        prompts: dict[int, np.ndarray] = {}
+        specs = [RequestSpec(i, prompts.setdefault(s, rng.integers(0, vocab, p, dtype=np.int32)), max(1, o), 0.0)
+                 for i, (p, o, s) in enumerate(zip(lens["input_lens"][:n], lens["output_lens"][:n], same))]
         return LoadPlan(specs, max_concurrency=arrival.max_concurrency)
     inp, out = round(w["mean_input_len"]), round(w["mean_output_len"])
     if w["dataset"] == "prefix":
