@@ -44,14 +44,13 @@ import yaml
 
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
-from servelab.perf.published import PUBLISHED, published_entries
+from servelab.perf.published import LENGTHS, published_entries
 from servelab.targets.deployment import build_deployment
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.plan import Amount, build_plan
 from servelab.workload.spec import LoadPlan, RequestSpec
 
-LENGTHS = PUBLISHED.with_name("published_lengths.yaml")
 REPLAYED_DATASETS = ("random", "prefix", "sharegpt")
 
 METRICS = (

@@ -24,6 +24,7 @@ from servelab.perf.models import get_model
 from servelab.perf.quantization import weight_format
 
 PUBLISHED = Path(__file__).parent / "data" / "published.yaml"
+LENGTHS = PUBLISHED.with_name("published_lengths.yaml")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,14 +40,24 @@ def published_entries() -> list[dict[str, Any]]:
     return yaml.safe_load(PUBLISHED.read_text())
 
 
-def roofline_ceiling(entry: dict[str, Any]) -> Ceiling | None:
-    """Output tokens/s no engine could beat on the entry's setup; None when its lengths are unknown.
+def _resends_prompts(entry: dict[str, Any]) -> bool:
+    """Whether some requests repeat an earlier prompt (published_lengths.yaml `same_prompt_as`)."""
+    if not entry.get("lengths"):
+        return False
+    same = yaml.safe_load(LENGTHS.read_text())[entry["lengths"]].get("same_prompt_as") or []
+    return any(j != i for i, j in enumerate(same))
 
-    An open-loop run's batch is also bounded by its arrivals, so for one the ceiling is looser still.
+
+def roofline_ceiling(entry: dict[str, Any]) -> Ceiling | None:
+    """Output tokens/s no engine could beat on the entry's setup; None when it cannot be bounded this way.
+
+    None when the lengths are unknown, or when requests resend earlier prompts: the prefix cache then
+    skips their prefill and shares their KV blocks, which this bound charges in full. An open-loop run's
+    batch is also bounded by its arrivals, so for one the ceiling is looser still.
     """
     workload = entry["workload"]
     prompt, output = workload.get("mean_input_len"), workload.get("mean_output_len")
-    if not prompt or not output:
+    if not prompt or not output or _resends_prompts(entry):
         return None
     hardware, model = get_gpu(entry["gpu"]), get_model(entry["model"])
     config = resolve(parse_engine_args(entry.get("engine_args") or "").config, hardware, model)
