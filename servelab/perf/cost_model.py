@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware
-from servelab.perf.memory import kv_bytes_per_token_per_rank, weight_bytes_per_rank
+from servelab.perf.kernel_fit import GpuKernelFit, elementwise_bytes_per_token, load_kernel_fit
+from servelab.perf.memory import kv_bytes_per_token_per_rank, kv_heads_per_rank, weight_bytes_per_rank
 from servelab.perf.models import ModelSpec
 from servelab.perf.quantization import weight_format
 
@@ -131,12 +132,54 @@ class CostCoefficients(BaseModel):
         )
 
 
+_GPU_FIELDS = frozenset({
+    "compute_efficiency", "memory_efficiency", "attention_compute_efficiency",
+    "attention_memory_efficiency", "interconnect_efficiency", "allreduce_latency_s",
+})
+"""The CostCoefficients the kernel fit replaces; a caller who sets any of them (a calibration) keeps the datasheet form."""
+
+DATASHEET = "datasheet-roofline"
+
+
+def kernel_fit_for(
+    hardware: Hardware, model: ModelSpec, engine_config: EngineConfig, compute_dtype: str,
+    coefficients: CostCoefficients,
+) -> tuple[GpuKernelFit | None, str]:
+    """The measured kernel fit this deployment can use, or None and why the datasheet roofline stands."""
+    fit = load_kernel_fit(hardware)
+    tp = engine_config.tensor_parallel_size
+    if fit is None:
+        return None, f"no measured kernel tables for {hardware.name}: datasheet peaks x assumed efficiencies"
+    if coefficients.model_fields_set & _GPU_FIELDS:
+        return None, "GPU efficiencies given (calibrated or set by hand): they replace the kernel fit"
+    if compute_dtype != "bf16" or model.dtype_bytes != 2:
+        return None, f"the kernel fit covers bf16/fp16 weights; {model.name} runs {compute_dtype} at {model.dtype_bytes} B"
+    if tp > 1 and tp not in fit.allreduce:
+        return None, f"no all-reduce table for TP={tp} on {hardware.name}"
+    return fit, f"fitted to {fit.tables['gemm'].split('/')[0]} kernel tables of {fit.device} (docs/kernels.md)"
+
+
 class RooflineCostModel:
-    """Step time as a roofline of one tensor-parallel rank, plus communication and CPU overhead.
+    """Step time of one tensor-parallel rank: GPU kernels, communication and CPU overhead.
+
+    Where measured kernel tables exist for the GPU (servelab/perf/data/kernel_coefficients.yaml,
+    `cost_source` "kernel-fit:<gpu>"), each part has the fitted form of docs/kernels.md:
+
+    step = smooth((tokens + h) x linear FLOPs / (peak e), weights + activations / (bw e_mem))   linear layers
+         + the same for the LM head over sampled tokens                                       LM head
+         + decode attention: launch + split-KV step + (KV tokens + requests x c) x bytes / bw  per layer
+         + prefill attention: launch + causal FLOPs (1 + s_half / chunk length) / peak         per layer
+         + per-layer elementwise kernels (norms, RoPE, activation) and GEMM launch floors
+         + 2 all-reduces per layer when TP > 1 (measured latency + bytes / bandwidth)
+         + CPU overheads as below
+    with smooth(c, m) = (c^p + m^p)^(1/p), the knee p fitted per GPU.
+
+    Otherwise (`cost_source` "datasheet-roofline", the reason in `cost_source_note`):
 
     step = max(linear FLOPs / peak, weight bytes / bandwidth)            linear layers + LM head
          + max(attention FLOPs / peak, KV bytes read / bandwidth)        attention
          + 2 all-reduces per layer when TP > 1                            interconnect
+    with the efficiencies of CostCoefficients. Both add
          + step overhead + per-request overhead x scheduled requests      CPU
          + prefill-step overhead when the step admits prefill chunks       CPU
     and, outside the step's own batch, `wake_time` for a step that follows
@@ -144,6 +187,7 @@ class RooflineCostModel:
     The LM head runs only for sampled tokens (one per decode and one per prefill
     chunk, an approximation: vLLM samples only a prefill's last chunk). All
     per-token constants are precomputed so a step costs a few float operations.
+    `kernels=False` forces the datasheet form (the "before" of benchmarks/kernel_accuracy.py).
     """
 
     def __init__(
@@ -152,6 +196,8 @@ class RooflineCostModel:
         model: ModelSpec,
         engine_config: EngineConfig,
         coefficients: CostCoefficients | None = None,
+        *,
+        kernels: bool = True,
     ) -> None:
         c = coefficients or CostCoefficients()
         self.hardware, self.coefficients = hardware, c
@@ -167,17 +213,32 @@ class RooflineCostModel:
         streamed = weight_bytes_per_rank(model, engine_config.quantization, hardware, tp)
         if not model.tie_word_embeddings:
             streamed -= model.embedding_params * model.dtype_bytes // tp
+        kv_per_token = kv_bytes_per_token_per_rank(model, engine_config.kv_cache_dtype, tp)
+        if tp > 1 and hardware.interconnect_bandwidth <= 0:
+            raise PerfConfigError(f"{hardware.name} has no GPU interconnect; tensor parallelism is not possible")
+        self._step_overhead = c.step_overhead_s
+        self._request_overhead = c.per_request_overhead_s
+        self._prefill_step_overhead = c.prefill_step_overhead_s
+        self._wake, self._wake_tau = c.idle_wake_s, c.idle_wake_time_constant_s
+
+        fit, self.cost_source_note = (
+            kernel_fit_for(hardware, model, engine_config, self.weight_format.compute_dtype, c)
+            if kernels else (None, "datasheet form requested")
+        )
+        self.kernel_fit = fit
+        self.cost_source = f"kernel-fit:{hardware.name}" if fit else DATASHEET
+        if fit:
+            self._init_fitted(fit, model, tp, streamed, kv_per_token)
+            return
+
         self._weight_time = streamed / (memory_bw * c.memory_efficiency)
         self._linear_s_per_token = model.linear_flops_per_token / tp / (compute_peak * c.compute_efficiency)
         self._lm_head_s_per_sample = model.lm_head_flops_per_token / tp / (compute_peak * c.compute_efficiency)
         self._attn_s_per_pair = (
             model.attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency)
         )
-        kv_per_token = kv_bytes_per_token_per_rank(model, engine_config.kv_cache_dtype, tp)
         self._kv_s_per_token = kv_per_token / (memory_bw * c.attention_memory_efficiency)
         if tp > 1:
-            if hardware.interconnect_bandwidth <= 0:
-                raise PerfConfigError(f"{hardware.name} has no GPU interconnect; tensor parallelism is not possible")
             ring = 2 * (tp - 1) / tp
             per_token_bytes = model.hidden_size * model.dtype_bytes
             allreduces = 2 * model.num_layers
@@ -187,10 +248,44 @@ class RooflineCostModel:
             )
         else:
             self._comm_fixed = self._comm_s_per_token = 0.0
-        self._step_overhead = c.step_overhead_s
-        self._request_overhead = c.per_request_overhead_s
-        self._prefill_step_overhead = c.prefill_step_overhead_s
-        self._wake, self._wake_tau = c.idle_wake_s, c.idle_wake_time_constant_s
+
+    def _init_fitted(self, fit: GpuKernelFit, model: ModelSpec, tp: int, streamed: float, kv_per_token: float) -> None:
+        """Per-token and per-step constants of the fitted form (formulas: servelab.perf.kernel_fit)."""
+        peak, bw, layers = self.hardware.peak_flops("bf16"), self.hardware.memory_bandwidth, model.num_layers
+        g, dec, pre, el = fit.gemm, fit.decode_attention, fit.prefill_attention, fit.elementwise
+        h, d = model.hidden_size, model.head_dim
+        heads, kv_heads = model.num_heads // tp, kv_heads_per_rank(model, tp)
+        inter = model.intermediate_size // tp
+        lm_head_weights = model.vocab_size * h * model.dtype_bytes / tp
+        gemm_bw = bw * g.memory_efficiency
+        # Linear layers: qkv, o, gate_up, down (n, k) per rank; activations are read (k) and written (n).
+        activation_elems = ((heads + 2 * kv_heads) * d + h) + (h + heads * d) + (2 * inter + h) + (h + inter)
+        self._p, self._inv_p, self._half_tokens = g.knee_p, 1.0 / g.knee_p, g.half_tokens
+        self._linear_s_per_token = model.linear_flops_per_token / tp / (peak * g.peak_efficiency)
+        self._weight_time = (streamed - lm_head_weights) / gemm_bw
+        self._activation_s_per_token = layers * activation_elems * model.dtype_bytes / gemm_bw
+        self._linear_fixed = 4 * layers * g.launch_s
+        self._lm_head_s_per_sample = model.lm_head_flops_per_token / tp / (peak * g.peak_efficiency)
+        self._lm_head_weight_time = lm_head_weights / gemm_bw
+        self._lm_head_activation_s = (model.vocab_size / tp + h) * model.dtype_bytes / gemm_bw
+        self._lm_head_fixed = g.launch_s
+        # Attention, per layer in the tables; summed over layers here.
+        kv_layer = kv_per_token / layers
+        self._decode_fixed, self._decode_split = layers * dec.launch_s, layers * dec.split_s
+        self._decode_split_tokens = dec.split_bytes / kv_layer
+        self._decode_half_context = dec.half_context
+        self._kv_s_per_token = kv_per_token / (bw * dec.memory_efficiency)
+        self._prefill_fixed, self._prefill_half_length = layers * pre.launch_s, pre.half_length
+        self._attn_s_per_pair = model.attention_flops_per_pair / tp / (peak * pre.compute_efficiency)
+        self._elementwise_fixed = layers * el.launch_s
+        self._elementwise_s_per_token = layers * elementwise_bytes_per_token(h, heads, kv_heads, inter) / (
+            bw * el.memory_efficiency)
+        if tp > 1:
+            ar = fit.allreduce[tp]
+            self._comm_fixed = 2 * layers * ar.latency_s
+            self._comm_s_per_token = 2 * layers * h * model.dtype_bytes * ar.seconds_per_byte
+        else:
+            self._comm_fixed = self._comm_s_per_token = 0.0
 
     def step_time_aggregate(
         self,
@@ -211,6 +306,10 @@ class RooflineCostModel:
         num_tokens = num_prefill_tokens + num_decodes
         if num_tokens == 0:
             return 0.0
+        if self.kernel_fit:
+            return self._fitted_step(
+                num_prefill_tokens, prefill_attn_work, num_decodes, sum_decode_context, num_sampled, prefill_context_tokens,
+            )
         linear = max(
             num_tokens * self._linear_s_per_token + num_sampled * self._lm_head_s_per_sample,
             self._weight_time,
@@ -224,6 +323,72 @@ class RooflineCostModel:
         if num_sampled > num_decodes:  # at least one prefill chunk
             cpu += self._prefill_step_overhead
         return linear + attention + communication + cpu
+
+    def _fitted_step(
+        self, num_prefill_tokens: int, prefill_attn_work: int, num_decodes: int, sum_decode_context: int,
+        num_sampled: int, prefill_context_tokens: int,
+    ) -> float:
+        """`step_time_aggregate` in the fitted form (see the class docstring)."""
+        num_tokens = num_prefill_tokens + num_decodes
+        p = self._p
+        gpu = (
+            ((num_tokens + self._half_tokens) * self._linear_s_per_token) ** p
+            + (self._weight_time + num_tokens * self._activation_s_per_token) ** p
+        ) ** self._inv_p + (
+            ((num_sampled + self._half_tokens) * self._lm_head_s_per_sample) ** p
+            + (self._lm_head_weight_time + num_sampled * self._lm_head_activation_s) ** p
+        ) ** self._inv_p
+        gpu += self._linear_fixed + self._lm_head_fixed + self._elementwise_fixed + num_tokens * self._elementwise_s_per_token
+        if num_decodes:
+            gpu += (
+                self._decode_fixed + self._decode_split * sum_decode_context / (sum_decode_context + self._decode_split_tokens)
+                + (sum_decode_context + num_decodes * self._decode_half_context) * self._kv_s_per_token
+            )
+        chunks = num_sampled - num_decodes
+        if chunks:
+            # Kernel efficiency grows with the keys a chunk attends to (its new tokens plus its cache).
+            keys = (num_prefill_tokens + prefill_context_tokens) / chunks
+            gpu += self._prefill_fixed + max(
+                prefill_attn_work * self._attn_s_per_pair * (1 + self._prefill_half_length / keys),
+                prefill_context_tokens * self._kv_s_per_token,
+            )
+        cpu = self._step_overhead + num_sampled * self._request_overhead
+        if chunks:
+            cpu += self._prefill_step_overhead
+        return gpu + self._comm_fixed + num_tokens * self._comm_s_per_token + cpu
+
+    def _fitted_step(
+        self, num_prefill_tokens: int, prefill_attn_work: int, num_decodes: int, sum_decode_context: int,
+        num_sampled: int, prefill_context_tokens: int,
+    ) -> float:
+        """`step_time_aggregate` in the fitted form (see the class docstring)."""
+        num_tokens = num_prefill_tokens + num_decodes
+        p = self._p
+        gpu = (
+            ((num_tokens + self._half_tokens) * self._linear_s_per_token) ** p
+            + (self._weight_time + num_tokens * self._activation_s_per_token) ** p
+        ) ** self._inv_p + (
+            ((num_sampled + self._half_tokens) * self._lm_head_s_per_sample) ** p
+            + (self._lm_head_weight_time + num_sampled * self._lm_head_activation_s) ** p
+        ) ** self._inv_p
+        gpu += self._linear_fixed + self._lm_head_fixed + self._elementwise_fixed + num_tokens * self._elementwise_s_per_token
+        if num_decodes:
+            gpu += (
+                self._decode_fixed + self._decode_split * sum_decode_context / (sum_decode_context + self._decode_split_tokens)
+                + (sum_decode_context + num_decodes * self._decode_half_context) * self._kv_s_per_token
+            )
+        chunks = num_sampled - num_decodes
+        if chunks:
+            # Kernel efficiency grows with the keys a chunk attends to (its new tokens plus its cache).
+            keys = (num_prefill_tokens + prefill_context_tokens) / chunks
+            gpu += self._prefill_fixed + max(
+                prefill_attn_work * self._attn_s_per_pair * (1 + self._prefill_half_length / keys),
+                prefill_context_tokens * self._kv_s_per_token,
+            )
+        cpu = self._step_overhead + num_sampled * self._request_overhead
+        if chunks:
+            cpu += self._prefill_step_overhead
+        return gpu + self._comm_fixed + num_tokens * self._comm_s_per_token + cpu
 
     def wake_time(self, idle_s: float) -> float:
         """`idle_wake_s` scaled by how long the engine idled (see CostCoefficients.idle_wake_s); 0 when it never did."""

@@ -1,0 +1,581 @@
+"""Per-GPU kernel coefficients fitted from measured vLLM kernel timings, and the forward pass those timings add up to.
+
+Why: the datasheet roofline multiplies peak rates by guessed efficiencies and
+takes a hard max of compute and memory time. Real kernels have launch floors,
+GEMMs that reach their peak only at large token counts, a gradual knee between
+memory- and compute-bound, and attention whose efficiency grows with length.
+This module fits those terms, per GPU, to public measurements:
+
+- aiconfigurator-core 0.12.0 (NVIDIA, Apache-2.0; the `kernels` extra) ships
+  tables of vLLM's own kernels timed on real chips: bf16 GEMMs
+  (`gemm/vllm/<v>/gemm_perf.parquet`), FlashAttention prefill and decode
+  (`attention/vllm/<v>/{context,generation}_attention_perf.parquet`) and the
+  custom all-reduce under CUDA graphs (`comm/vllm/<v>/custom_allreduce_perf.parquet`).
+  Only the data is read, never its code.
+- Vidur (github.com/microsoft/vidur, MIT, commit 7d47513, data/profiling/compute)
+  timed the elementwise ops the GEMM tables lack; `VIDUR_ELEMENTWISE` is the small
+  table derived from it.
+
+The cost model reads only the YAML this writes (`load_kernel_fit`), so pandas
+and pyarrow (needed to read the tables) are imported by the fitting code alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from servelab.perf.errors import PerfConfigError
+from servelab.perf.hardware import Hardware, get_gpu
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from servelab.perf.models import ModelSpec
+
+COEFFICIENTS_FILE = Path(__file__).parent / "data" / "kernel_coefficients.yaml"
+AIC_VERSION = "0.12.0"
+SOURCE = (
+    f"aiconfigurator-core=={AIC_VERSION} (NVIDIA, Apache-2.0): systems/data/<system>/"
+    "{gemm,attention,comm}/vllm/<version>/*.parquet; elementwise ops: Vidur (microsoft/vidur, MIT, "
+    "commit 7d47513363ec447a741ac5e47241580b47724fbf, data/profiling/compute)"
+)
+
+SYSTEMS = {"A100-80GB-SXM": "a100_sxm", "H100-SXM": "h100_sxm", "H200": "h200_sxm"}
+"""Catalogue GPU -> aiconfigurator system folder. The A100 tables were timed on an
+A100-SXM4-80GB; the 40GB part has 24% less bandwidth, so it keeps the datasheet model."""
+
+HEAD_DIM = 128
+"""Every model the catalogue fits here uses 128-wide heads; the fit reads only those rows."""
+
+BF16 = 2
+
+# Per-layer elementwise time (ms) of the four kernels vLLM runs between the GEMMs
+# (input RMSNorm, RoPE, post-attention RMSNorm, SiLU-and-mul; the residual add is
+# fused into vLLM's RMSNorm), TP=1: medians of Vidur's data/profiling/compute/
+# <gpu>/<model>/mlp.csv, columns time_stats.{input_layernorm,attn_rope,
+# post_attention_layernorm,mlp_act}.median, summed per num_tokens.
+# Shape: (hidden, heads, kv_heads, intermediate) of the profiled model.
+VIDUR_ELEMENTWISE: dict[str, tuple[tuple[int, int, int, int], dict[int, float]]] = {
+    "a100": ((4096, 32, 8, 14336), {  # meta-llama/Meta-Llama-3-8B
+        1: 0.025, 8: 0.024, 32: 0.024, 128: 0.032, 256: 0.051, 512: 0.082, 1024: 0.16,
+        2048: 0.3357, 4096: 0.655, 8192: 1.2963, 16384: 2.6027,
+    }),
+    "h100": ((4096, 32, 32, 11008), {  # meta-llama/Llama-2-7b-hf
+        1: 0.018, 8: 0.019, 32: 0.02, 128: 0.017, 256: 0.023, 512: 0.042, 1024: 0.085,
+        2048: 0.165, 4096: 0.3558,
+    }),
+}
+VIDUR_GPU = {"A100-80GB-SXM": "a100", "H100-SXM": "h100", "H200": "h100"}
+"""Vidur has no H200 profile: the H200 is the H100's die with faster HBM, so it takes the
+H100's launch floor and the same fraction of its own bandwidth."""
+
+
+# ---------------------------------------------------------------- coefficients (what the cost model reads)
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GemmFit(_Frozen):
+    """t = launch + ((2mnk / (P e(m)))^p + (bytes / (B e_mem))^p)^(1/p),  e(m) = peak_efficiency * m / (m + half_tokens)."""
+
+    peak_efficiency: float = Field(gt=0, le=1)
+    half_tokens: float = Field(ge=0)
+    memory_efficiency: float = Field(gt=0, le=1)
+    knee_p: float = Field(ge=1)
+    launch_s: float = Field(ge=0)
+
+
+class DecodeAttentionFit(_Frozen):
+    """Per layer: t = launch + split (X / (X + split_bytes)) + (X + batch half_context bpt) / (B memory_efficiency).
+
+    X is the KV bytes the batch reads, bpt the KV bytes of one token. The split
+    term is FlashAttention's split-KV path, which adds a combine kernel once the
+    KV read is large (a step of ~10 us between 8k and 16k cached tokens on
+    Hopper); half_context is the per-request cost of short contexts, in tokens.
+    """
+
+    launch_s: float = Field(ge=0)
+    split_s: float = Field(ge=0)
+    split_bytes: float = Field(gt=0)
+    memory_efficiency: float = Field(gt=0, le=1)
+    half_context: float = Field(ge=0)
+
+
+class PrefillAttentionFit(_Frozen):
+    """Per layer: t = launch + causal FLOPs (1 + half_length / length) / (P compute_efficiency)."""
+
+    launch_s: float = Field(ge=0)
+    compute_efficiency: float = Field(gt=0, le=1)
+    half_length: float = Field(ge=0)
+
+
+class AllReduceFit(_Frozen):
+    """One all-reduce of `bytes`: latency_s + bytes * seconds_per_byte (vLLM custom all-reduce, CUDA graphs)."""
+
+    latency_s: float = Field(ge=0)
+    seconds_per_byte: float = Field(ge=0)
+
+
+class ElementwiseFit(_Frozen):
+    """Per layer: launch_s + tokens * bytes per token / (B memory_efficiency) (norms, RoPE, activation)."""
+
+    launch_s: float = Field(ge=0)
+    memory_efficiency: float = Field(gt=0, le=1)
+
+
+class Residual(_Frozen):
+    """Relative error |pred/table - 1| of one fitted op over the rows used and the rows held out."""
+
+    fit_rows: int
+    fit_rms: float
+    fit_max: float
+    holdout_rows: int
+    holdout_rms: float
+    holdout_max: float
+
+
+class GpuKernelFit(_Frozen):
+    system: str
+    device: str
+    tables: dict[str, str]
+    """Op -> the aiconfigurator table it was fitted to (framework version folder)."""
+    gemm: GemmFit
+    decode_attention: DecodeAttentionFit
+    prefill_attention: PrefillAttentionFit
+    allreduce: dict[int, AllReduceFit]
+    """By tensor-parallel size."""
+    elementwise: ElementwiseFit
+    residuals: dict[str, Residual]
+
+
+class KernelCoefficients(_Frozen):
+    source: str
+    generated_by: str
+    gpus: dict[str, GpuKernelFit]
+
+
+@cache
+def load_kernel_coefficients(path: Path = COEFFICIENTS_FILE) -> KernelCoefficients | None:
+    """The committed fit; None when the file is absent (a checkout that never ran the fit)."""
+    if not path.exists():
+        return None
+    return KernelCoefficients.model_validate(yaml.safe_load(path.read_text()))
+
+
+def load_kernel_fit(hardware: Hardware) -> GpuKernelFit | None:
+    """The fitted kernels of this GPU, or None when no measured tables exist for it."""
+    coefficients = load_kernel_coefficients()
+    return coefficients.gpus.get(hardware.name) if coefficients else None
+
+
+# ---------------------------------------------------------------- op-level model (the fitted formulas)
+
+def smooth_roofline(compute_s: float, memory_s: float, p: float) -> float:
+    """(c^p + m^p)^(1/p): continuous, monotone in both, max(c, m) as p grows, c + m at p = 1."""
+    return (compute_s**p + memory_s**p) ** (1.0 / p)
+
+
+def gemm_time(fit: GemmFit, hw: Hardware, m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
+    compute = 2.0 * (m + fit.half_tokens) * n * k / (hw.peak_flops("bf16") * fit.peak_efficiency)
+    memory = BF16 * (n * k + m * (n + k)) / (hw.memory_bandwidth * fit.memory_efficiency)
+    return fit.launch_s + smooth_roofline(compute, memory, fit.knee_p)
+
+
+def decode_attention_time(fit: DecodeAttentionFit, hw: Hardware, batch: np.ndarray, context: np.ndarray,
+                          kv_heads: np.ndarray) -> np.ndarray:
+    kv_bytes_per_token = 2 * kv_heads * HEAD_DIM * BF16
+    read = batch * context * kv_bytes_per_token
+    return (fit.launch_s + fit.split_s * read / (read + fit.split_bytes)
+            + (read + batch * fit.half_context * kv_bytes_per_token) / (hw.memory_bandwidth * fit.memory_efficiency))
+
+
+def prefill_attention_time(fit: PrefillAttentionFit, hw: Hardware, batch: np.ndarray, length: np.ndarray,
+                           heads: np.ndarray) -> np.ndarray:
+    flops = 4 * HEAD_DIM * heads * batch * length * (length + 1) / 2
+    return fit.launch_s + flops * (1 + fit.half_length / length) / (hw.peak_flops("bf16") * fit.compute_efficiency)
+
+
+def allreduce_time(fit: AllReduceFit, nbytes: np.ndarray) -> np.ndarray:
+    return fit.latency_s + nbytes * fit.seconds_per_byte
+
+
+def elementwise_bytes_per_token(hidden: int, heads: int, kv_heads: int, intermediate: int) -> int:
+    """Bytes one token moves through vLLM's elementwise kernels of one layer, per rank (heads etc. already / TP).
+
+    Two fused add+RMSNorms (read x and residual, write both), RoPE on q and k
+    (read and write), SiLU-and-mul (read gate and up, write one).
+    """
+    return BF16 * (2 * 4 * hidden + 2 * (heads + kv_heads) * HEAD_DIM + 3 * intermediate)
+
+
+def elementwise_time(fit: ElementwiseFit, hw: Hardware, tokens: np.ndarray, bytes_per_token: int) -> np.ndarray:
+    return fit.launch_s + tokens * bytes_per_token / (hw.memory_bandwidth * fit.memory_efficiency)
+
+
+# ---------------------------------------------------------------- the measured tables
+
+def aiconfigurator_data_root() -> Path:
+    """systems/data of the installed aiconfigurator-core, located without importing its compiled extension."""
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        raise PerfConfigError(
+            f"aiconfigurator-core is not installed: pip install 'servelab[kernels]' (aiconfigurator-core=={AIC_VERSION})"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "systems" / "data"
+
+
+def _version_key(name: str) -> tuple[int, ...]:
+    return tuple(int(part) if part.isdigit() else -1 for part in name.split("."))
+
+
+def _newest_table(root: Path, system: str, op: str, filename: str) -> Path:
+    folders = sorted((root / system / op / "vllm").glob(f"*/{filename}"), key=lambda p: _version_key(p.parent.name))
+    if not folders:
+        raise PerfConfigError(f"no vLLM {op} table {filename} for {system} under {root}")
+    return folders[-1]
+
+
+@dataclass(frozen=True)
+class KernelTables:
+    """The bf16, 128-wide-head rows of one GPU's vLLM tables, latencies in seconds."""
+
+    gpu: str
+    system: str
+    device: str
+    tables: dict[str, str]
+    gemm: pd.DataFrame
+    decode: pd.DataFrame
+    prefill: pd.DataFrame
+    allreduce: pd.DataFrame
+
+
+def load_tables(gpu: str, root: Path | None = None) -> KernelTables:
+    import pandas as pd
+
+    root = root or aiconfigurator_data_root()
+    system = SYSTEMS[gpu]
+    paths = {
+        "gemm": _newest_table(root, system, "gemm", "gemm_perf.parquet"),
+        "prefill_attention": _newest_table(root, system, "attention", "context_attention_perf.parquet"),
+        "decode_attention": _newest_table(root, system, "attention", "generation_attention_perf.parquet"),
+        "allreduce": _newest_table(root, system, "comm", "custom_allreduce_perf.parquet"),
+    }
+    frames = {op: pd.read_parquet(p) for op, p in paths.items()}
+    for frame in frames.values():
+        frame["latency"] = frame["latency"] * 1e-3  # the tables are in milliseconds
+
+    gemm = frames["gemm"].query("gemm_dtype == 'bfloat16'")
+
+    def attention(frame: pd.DataFrame) -> pd.DataFrame:
+        # FA3 is vLLM's default on Hopper (FA4 rows are an opt-in backend); FA2 on Ampere.
+        keep = (frame.head_dim == HEAD_DIM) & (frame.kv_cache_dtype == "bfloat16") & (frame.attn_dtype == "bfloat16")
+        keep &= frame.kernel_source != "vllm_flash_attn_fa4"
+        if "window_size" in frame:
+            keep &= frame.window_size == 0
+        return frame[keep]
+
+    allreduce = frames["allreduce"].query("backend == 'vllm_graph'")
+    return KernelTables(
+        gpu=gpu, system=system, device=str(gemm.device.iloc[0]),
+        tables={op: f"{p.parent.parent.name} {p.parent.name}/{p.name}" for op, p in paths.items()},
+        gemm=gemm.reset_index(drop=True),
+        decode=attention(frames["decode_attention"]).reset_index(drop=True),
+        prefill=attention(frames["prefill_attention"]).reset_index(drop=True),
+        allreduce=allreduce.reset_index(drop=True),
+    )
+
+
+def held_out(values: pd.Series) -> np.ndarray:
+    """Rows whose size is at an odd position of the table's sorted sizes: every other size, never fitted."""
+    sizes = np.sort(values.unique())
+    return np.isin(values.to_numpy(), sizes[1::2])
+
+
+def gemm_rows(t: KernelTables) -> pd.DataFrame:
+    """Layer-sized GEMMs (both weight sides 1k-64k) at 1-16k tokens: what a 7-70B model runs."""
+    g = t.gemm
+    return g[(g.n >= 1024) & (g.k >= 1024) & (g.m <= 16384)]
+
+
+def decode_rows(t: KernelTables) -> pd.DataFrame:
+    d = t.decode.assign(context=t.decode.step + 1)
+    return d[(d.batch_size <= 1024) & (d.context >= 64) & (d.context <= 16384)]
+
+
+def prefill_rows(t: KernelTables) -> pd.DataFrame:
+    """Chunks of 128+ tokens with 8+ query heads per rank: shorter ones cost little beside their GEMMs."""
+    p = t.prefill
+    return p[(p.isl >= 128) & (p.num_heads >= 8) & (p.batch_size * p.isl <= 32768)]
+
+
+def allreduce_rows(t: KernelTables) -> pd.DataFrame:
+    a = t.allreduce
+    return a.assign(nbytes=a.message_size * BF16)  # message_size counts bf16 elements
+
+
+# ---------------------------------------------------------------- the fit
+
+def _fit_log(
+    predict: Callable[[np.ndarray], np.ndarray], measured: np.ndarray, x0: Sequence[float],
+    lower: Sequence[float], upper: Sequence[float],
+) -> np.ndarray:
+    """Least squares of log(pred / table): every row weighs by its relative error, small kernels as much as large."""
+    from scipy.optimize import least_squares
+
+    log_measured = np.log(measured)
+    result = least_squares(
+        lambda x: np.log(predict(x)) - log_measured, np.asarray(x0, dtype=float),
+        bounds=(np.asarray(lower, dtype=float), np.asarray(upper, dtype=float)), x_scale="jac",
+        xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000,
+    )
+    return result.x
+
+
+def _residual(pred: np.ndarray, measured: np.ndarray, hold: np.ndarray) -> Residual:
+    err = np.abs(pred / measured - 1)
+
+    def stats(mask: np.ndarray) -> tuple[int, float, float]:
+        e = err[mask]
+        return (int(mask.sum()), float(np.sqrt(np.mean(e**2))), float(e.max())) if mask.any() else (0, 0.0, 0.0)
+
+    f, h = stats(~hold), stats(hold)
+    return Residual(fit_rows=f[0], fit_rms=f[1], fit_max=f[2], holdout_rows=h[0], holdout_rms=h[1], holdout_max=h[2])
+
+
+def fit_gemm(t: KernelTables, hw: Hardware) -> tuple[GemmFit, Residual]:
+    rows = gemm_rows(t)
+    hold = held_out(rows.m)
+    m, n, k = (rows[c].to_numpy(float) for c in ("m", "n", "k"))
+    measured = rows.latency.to_numpy()
+
+    def make(x: np.ndarray) -> GemmFit:
+        return GemmFit(peak_efficiency=x[0], half_tokens=x[1], memory_efficiency=x[2], knee_p=x[3], launch_s=x[4] * 1e-6)
+
+    x = _fit_log(lambda x: gemm_time(make(x), hw, m[~hold], n[~hold], k[~hold]), measured[~hold],
+                 [0.8, 32, 0.8, 3, 4], [0.05, 0, 0.05, 1, 0], [1, 4096, 1, 30, 50])
+    fit = make(x)
+    return fit, _residual(gemm_time(fit, hw, m, n, k), measured, hold)
+
+
+def fit_decode_attention(t: KernelTables, hw: Hardware) -> tuple[DecodeAttentionFit, Residual]:
+    rows = decode_rows(t)
+    hold = held_out(rows.context)
+    b, ctx, kv = (rows[c].to_numpy(float) for c in ("batch_size", "context", "num_key_value_heads"))
+    measured = rows.latency.to_numpy()
+
+    def make(x: np.ndarray) -> DecodeAttentionFit:
+        return DecodeAttentionFit(launch_s=x[0] * 1e-6, split_s=x[1] * 1e-6, split_bytes=x[2] * 1e6,
+                                  memory_efficiency=x[3], half_context=x[4])
+
+    x = _fit_log(lambda x: decode_attention_time(make(x), hw, b[~hold], ctx[~hold], kv[~hold]), measured[~hold],
+                 [8, 8, 50, 0.8, 64], [0, 0, 1, 0.05, 0], [100, 100, 1000, 1, 16384])
+    fit = make(x)
+    return fit, _residual(decode_attention_time(fit, hw, b, ctx, kv), measured, hold)
+
+
+def fit_prefill_attention(t: KernelTables, hw: Hardware) -> tuple[PrefillAttentionFit, Residual]:
+    rows = prefill_rows(t)
+    hold = held_out(rows.isl)
+    b, s, heads = (rows[c].to_numpy(float) for c in ("batch_size", "isl", "num_heads"))
+    measured = rows.latency.to_numpy()
+
+    def make(x: np.ndarray) -> PrefillAttentionFit:
+        return PrefillAttentionFit(launch_s=x[0] * 1e-6, compute_efficiency=x[1], half_length=x[2])
+
+    x = _fit_log(lambda x: prefill_attention_time(make(x), hw, b[~hold], s[~hold], heads[~hold]), measured[~hold],
+                 [10, 0.5, 256], [0, 0.05, 0], [200, 1, 16384])
+    fit = make(x)
+    return fit, _residual(prefill_attention_time(fit, hw, b, s, heads), measured, hold)
+
+
+def fit_allreduce(t: KernelTables) -> tuple[dict[int, AllReduceFit], Residual]:
+    rows = allreduce_rows(t)
+    hold = held_out(rows.message_size)
+    fits: dict[int, AllReduceFit] = {}
+    pred = np.zeros(len(rows))
+    for tp, group in rows.groupby("num_gpus"):
+        mask = (rows.num_gpus == tp).to_numpy()
+        nbytes, measured = group.nbytes.to_numpy(float), group.latency.to_numpy()
+        train = ~hold[mask]
+
+        def make(x: np.ndarray) -> AllReduceFit:
+            return AllReduceFit(latency_s=x[0] * 1e-6, seconds_per_byte=x[1] * 1e-12)
+
+        x = _fit_log(lambda x: allreduce_time(make(x), nbytes[train]), measured[train], [5, 10], [0, 0], [100, 1e4])
+        fits[int(tp)] = make(x)
+        pred[mask] = allreduce_time(fits[int(tp)], nbytes)
+    return fits, _residual(pred, rows.latency.to_numpy(), hold)
+
+
+def fit_elementwise(gpu: str, hw: Hardware) -> tuple[ElementwiseFit, Residual]:
+    """Vidur's per-layer elementwise times (its unfused kernels: each RMSNorm reads and writes x once)."""
+    (hidden, heads, kv_heads, intermediate), table = VIDUR_ELEMENTWISE[VIDUR_GPU[gpu]]
+    vidur_bytes = BF16 * (2 * 2 * hidden + 2 * (heads + kv_heads) * HEAD_DIM + 3 * intermediate)
+    tokens = np.array(sorted(table), dtype=float)
+    measured = np.array([table[int(n)] for n in tokens]) * 1e-3
+    vidur_hw = get_gpu("H100-SXM") if VIDUR_GPU[gpu] == "h100" else hw
+
+    def make(x: np.ndarray) -> ElementwiseFit:
+        return ElementwiseFit(launch_s=x[0] * 1e-6, memory_efficiency=x[1])
+
+    x = _fit_log(lambda x: elementwise_time(make(x), vidur_hw, tokens, vidur_bytes), measured, [20, 0.5], [0, 0.05], [200, 1])
+    fit = make(x)
+    return fit, _residual(elementwise_time(fit, vidur_hw, tokens, vidur_bytes), measured, np.zeros(len(tokens), bool))
+
+
+def fit_gpu(gpu: str, root: Path | None = None) -> GpuKernelFit:
+    hw = get_gpu(gpu)
+    t = load_tables(gpu, root)
+    gemm, r_gemm = fit_gemm(t, hw)
+    decode, r_decode = fit_decode_attention(t, hw)
+    prefill, r_prefill = fit_prefill_attention(t, hw)
+    allreduce, r_allreduce = fit_allreduce(t)
+    elementwise, r_elementwise = fit_elementwise(gpu, hw)
+    return GpuKernelFit(
+        system=t.system, device=t.device, tables=t.tables, gemm=gemm, decode_attention=decode,
+        prefill_attention=prefill, allreduce=allreduce, elementwise=elementwise,
+        residuals={"gemm": r_gemm, "decode_attention": r_decode, "prefill_attention": r_prefill,
+                   "allreduce": r_allreduce, "elementwise": r_elementwise},
+    )
+
+
+def fit_all(gpus: Sequence[str] = tuple(SYSTEMS), root: Path | None = None) -> KernelCoefficients:
+    return KernelCoefficients(
+        source=SOURCE, generated_by="scripts/fit_kernels.py", gpus={gpu: fit_gpu(gpu, root) for gpu in gpus},
+    )
+
+
+def _rounded(value: Any) -> Any:
+    """Six significant digits: a readable file, far finer than the fit's own residuals."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
+def dump_yaml(coefficients: KernelCoefficients) -> str:
+    header = (
+        "# Per-GPU kernel coefficients of servelab's cost model, fitted to measured vLLM kernel tables.\n"
+        "# Generated by scripts/fit_kernels.py; do not edit by hand (rerun the script). See docs/kernels.md.\n"
+        "# Residuals are |predicted / table - 1| over the rows fitted and the rows held out (every other size).\n"
+    )
+    return header + yaml.safe_dump(_rounded(coefficients.model_dump()), sort_keys=False, width=120)
+
+
+# ---------------------------------------------------------------- forward pass from the tables
+
+def _interp_loglog(x: float, xs: np.ndarray, ys: np.ndarray) -> float:
+    """Log-log interpolation on a grid; beyond its top, time scales in proportion (a wide GEMM, a long message)."""
+    if x >= xs[-1]:
+        return float(ys[-1] * x / xs[-1])
+    if x <= xs[0]:
+        return float(ys[0])
+    return float(np.exp(np.interp(np.log(x), np.log(xs), np.log(ys))))
+
+
+class TableLookup:
+    """Latency of one op read off the measured tables, interpolated between measured sizes."""
+
+    def __init__(self, tables: KernelTables) -> None:
+        self.t = tables
+        g = gemm_rows(tables)
+        self._gemm = {m: frame.pivot_table(index="n", columns="k", values="latency") for m, frame in g.groupby("m")}
+        self._decode = decode_rows(tables)
+        self._prefill = tables.prefill
+        self._allreduce = allreduce_rows(tables)
+
+    def gemm(self, m: int, n: int, k: int) -> float:
+        ms = np.array(sorted(self._gemm))
+        if m not in self._gemm:
+            if m > ms[-1]:
+                return self.gemm(int(ms[-1]), n, k) * m / ms[-1]  # compute-bound: time in proportion to tokens
+            raise PerfConfigError(f"no GEMM row at m={m} on {self.t.gpu}")
+        grid = self._gemm[m]
+        ns = grid.index.to_numpy(float)
+        per_n = np.array([_interp_loglog(k, grid.columns.to_numpy(float), grid.loc[nn].to_numpy()) for nn in grid.index])
+        return _interp_loglog(n, ns, per_n)
+
+    def _attention(self, rows: pd.DataFrame, size_col: str, size: int, heads: float, kv_heads: int) -> float:
+        rows = rows[(rows[size_col] == size) & (rows.num_key_value_heads == kv_heads)]
+        if rows.empty:
+            raise PerfConfigError(f"no attention row at {size_col}={size}, kv_heads={kv_heads} on {self.t.gpu}")
+        by_heads = rows.groupby("num_heads").latency.median()
+        return float(np.interp(heads, by_heads.index.to_numpy(float), by_heads.to_numpy()))  # few heads: linear
+
+    def _largest_decode_batch(self, batch: int, context: int, kv_heads: int) -> int:
+        d = self._decode
+        measured = d[(d.context == context) & (d.batch_size <= batch) & (d.num_key_value_heads == kv_heads)]
+        return int(measured.batch_size.max()) if len(measured) else batch
+
+    def decode_measured(self, batch: int, context: int, kv_heads: int) -> bool:
+        """Whether the decode table has this batch at this context (it stops near 2^18 KV tokens per batch)."""
+        return self._largest_decode_batch(batch, context, kv_heads) == batch
+
+    def decode_attention(self, batch: int, context: int, heads: int, kv_heads: int) -> float:
+        """Measured, or for a batch past the table's edge at this context, the largest measured one scaled in
+        proportion: at those sizes the kernel streams KV at full bandwidth, so time grows with the batch."""
+        largest = self._largest_decode_batch(batch, context, kv_heads)
+        rows = self._decode[self._decode.batch_size == largest]
+        return self._attention(rows, "context", context, heads, kv_heads) * batch / largest
+
+    def prefill_attention(self, length: int, heads: int, kv_heads: int) -> float:
+        rows = self._prefill[self._prefill.batch_size == 1]
+        return self._attention(rows, "isl", length, heads, kv_heads)
+
+    def allreduce(self, nbytes: float, tp: int) -> float:
+        a = self._allreduce[self._allreduce.num_gpus == tp].sort_values("nbytes")
+        return _interp_loglog(nbytes, a.nbytes.to_numpy(float), a.latency.to_numpy())
+
+
+@dataclass(frozen=True)
+class ForwardPass:
+    """One forward pass built from the tables, by part (seconds)."""
+
+    gemm: float
+    attention: float
+    elementwise: float
+    allreduce: float
+    lm_head: float
+
+    @property
+    def total(self) -> float:
+        return self.gemm + self.attention + self.elementwise + self.allreduce + self.lm_head
+
+
+def forward_pass(
+    lookup: TableLookup, fit: ElementwiseFit, hw: Hardware, model: ModelSpec, tp: int, *,
+    tokens: int, decode_context: int | None = None,
+) -> ForwardPass:
+    """Sum of the per-layer kernels of a decode batch (`tokens` requests at `decode_context`) or one prefill of `tokens`.
+
+    Per layer: qkv, o, gate_up and down GEMMs, attention, the elementwise kernels
+    (Vidur-derived, the same formula the cost model uses: the GEMM tables lack them)
+    and two all-reduces when TP > 1; then the LM head for the sampled tokens.
+    """
+    h, d = model.hidden_size, model.head_dim
+    heads, kv_heads, inter = model.num_heads // tp, max(1, model.num_kv_heads // tp), model.intermediate_size // tp
+    gemm = sum(lookup.gemm(tokens, n, k) for n, k in (
+        ((heads + 2 * kv_heads) * d, h), (h, heads * d), (2 * inter, h), (h, inter),
+    ))
+    if decode_context is None:
+        attention, sampled = lookup.prefill_attention(tokens, heads, kv_heads), 1
+    else:
+        attention, sampled = lookup.decode_attention(tokens, decode_context, heads, kv_heads), tokens
+    elementwise = float(elementwise_time(fit, hw, np.float64(tokens), elementwise_bytes_per_token(h, heads, kv_heads, inter)))
+    allreduce = 2 * lookup.allreduce(tokens * h * model.dtype_bytes, tp) if tp > 1 else 0.0
+    layers = model.num_layers
+    return ForwardPass(
+        gemm=layers * gemm, attention=layers * attention, elementwise=layers * elementwise,
+        allreduce=layers * allreduce, lm_head=lookup.gemm(sampled, model.vocab_size // tp, h),
+    )
