@@ -190,10 +190,12 @@ def test_unsupported_endpoint_is_rejected_up_front():
         HttpTarget("http://127.0.0.1:1", endpoint="/v1/embeddings")
 
 
-def test_refused_connection_mid_run_is_a_connection_error():
+def test_a_refused_connection_mid_run_ends_the_release_of_new_requests():
     with FaultServer() as srv:
         target = HttpTarget(srv.base_url)
         target.preflight()
     sink = MemorySink()
-    target.run(LoadPlan(specs(2)), sink)
-    assert [r.error_kind for r in sink.records] == ["connection_error", "connection_error"]
+    result = target.run(LoadPlan(specs(50), max_concurrency=2), sink)
+    assert [r.error_kind for r in sink.records] == ["connection_refused", "connection_refused"]
+    assert "connection refused" in result.client_stats["server_gone"]
+    assert not result.interrupted

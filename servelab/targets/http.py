@@ -10,6 +10,13 @@ Timeouts: `request_timeout` bounds each request's whole life (connect,
 queueing on the server, the full stream); `idle_timeout`, when set, also
 bounds the silence between two reads, which catches a stalled stream long
 before a generous total would. Either expiring gives error_kind "timeout".
+
+A server that goes away mid-run (killed, crashed) resets the streams in
+flight and refuses the next connection. The first refusal ends the run's
+release of new requests: a closed loop would otherwise turn the rest of a
+`--duration` into a storm of instant failures, each a record. The requests
+already in flight end on their own (reset, or at `request_timeout`), so the
+run ends by itself, with a record for every request sent.
 """
 
 from __future__ import annotations
@@ -25,7 +32,15 @@ import aiohttp
 import orjson
 import uvloop
 
-from servelab.metrics.records import ERROR, OK, RecordSink, RequestRecord
+from servelab.metrics.records import (
+    CONNECTION_ERROR,
+    CONNECTION_REFUSED,
+    CONNECTION_RESET,
+    ERROR,
+    OK,
+    RecordSink,
+    RequestRecord,
+)
 from servelab.metrics.scrape import MetricsScraper
 from servelab.targets.base import SampleSink, TargetRun
 from servelab.targets.client_stats import LoopLagMonitor, client_stats
@@ -39,12 +54,14 @@ from servelab.targets.preflight import (
 )
 from servelab.targets.sse import DONE, SSEDecoder
 from servelab.targets.stop_signals import on_stop_signals
-from servelab.targets.stream_client import ConnectError, ProtocolError, StreamingClient
+from servelab.targets.stream_client import ConnectError, ProtocolError, RefusedError, StreamingClient
 from servelab.targets.tally import RunTally, aiter_specs
-from servelab.targets.workers import WorkerPool
+from servelab.targets.workers import SERVER_GONE, WorkerPool
 from servelab.workload.spec import LoadPlan, RequestSpec
 
 CANCELLED = "cancelled"
+EMPTY_STREAM = "empty_stream"
+WRONG_MODEL = "wrong_model"
 
 
 class MalformedStream(Exception):
@@ -75,12 +92,14 @@ def _classify(exc: BaseException) -> str:
         return "malformed_sse"
     if isinstance(exc, asyncio.TimeoutError):
         return "timeout"
+    if isinstance(exc, RefusedError):
+        return CONNECTION_REFUSED
     if isinstance(exc, ConnectError):
-        return "connection_error"
+        return CONNECTION_ERROR
     if isinstance(exc, ProtocolError):
         return "protocol_error"
     if isinstance(exc, OSError):
-        return "connection_reset"
+        return CONNECTION_RESET
     return "client_error"
 
 
@@ -130,6 +149,9 @@ class HttpTarget:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self.server_info: dict[str, Any] | None = None
+        self.model_names: frozenset[str] = frozenset({model} if model else ())
+        """Names a stream may say it came from: the model asked for and, after pre-flight, its aliases
+        (vLLM lists every --served-model-name and answers with the first)."""
         self.clock_zero: float | None = None
         """time.perf_counter() at run time 0 (CLOCK_MONOTONIC: shared by processes on one host)."""
 
@@ -167,6 +189,7 @@ class HttpTarget:
         info = await preflight(session, self.base_url, self.endpoint, self.model, headers=auth)
         self.model = info["model"]
         self.server_info = info
+        self.model_names = frozenset(info["model_names"])
         return info
 
     def _auth_headers(self) -> dict[str, str]:
@@ -264,23 +287,29 @@ class HttpTarget:
         """Send one request and fill `rec` from the stream; raises on transport faults."""
         body = self.body(spec)
         head = client.request_head(self.endpoint, len(body), self._headers)
-        state = _StreamState(rec, self.endpoint == CHAT, zero)
+        state = _StreamState(rec, self.endpoint == CHAT, zero, self.model_names)
         rec.send_time = time.perf_counter() - zero
-        status, error_body, last_read = await client.post(
-            head, body, state.on_body, self.request_timeout, self.idle_timeout
-        )
-        rec.finish_time = last_read - zero
-        state.on_body(b"", last_read)  # flush: an event may lack its final blank line
-        if status != 200:
-            rec.status, rec.error_kind = ERROR, f"http_{status}"
-            rec.error = error_message(error_body.decode("utf-8", "replace")) or f"HTTP {status}"
+        response = await client.post(head, body, state.on_body, self.request_timeout, self.idle_timeout)
+        rec.finish_time = response.last_read - zero
+        state.on_body(b"", response.last_read)  # flush: an event may lack its final blank line
+        if response.status != 200:
+            rec.status, rec.error_kind = ERROR, f"http_{response.status}"
+            rec.error = error_message(response.error_body.decode("utf-8", "replace")) or f"HTTP {response.status}"
+            if response.retry_after is not None:  # a 429/503 that says when to come back: the server is refusing load
+                rec.error = f"{rec.error} (Retry-After: {response.retry_after})"
             return
         if rec.chunk_times:
             rec.first_token_time = rec.chunk_times[0]
         usage = state.usage
+        rec.tokens_estimated = usage is None
         rec.prompt_tokens = int(usage.get("prompt_tokens") or 0) if usage else spec.prompt_len
         rec.output_tokens = int(usage.get("completion_tokens") or 0) if usage else len(rec.chunk_times)
-        if rec.status == OK and not state.done:
+        if rec.status != OK:
+            return
+        if not state.events:
+            rec.status, rec.error_kind = ERROR, EMPTY_STREAM
+            rec.error = "HTTP 200 with no event in the stream" + (" before data: [DONE]" if state.done else "")
+        elif not state.done:
             rec.status, rec.error_kind = ERROR, "incomplete_stream"
             rec.error = "stream ended without data: [DONE]"
 
@@ -292,9 +321,9 @@ class _StreamState:
     arrive together, and it keeps the per-chunk cost to the JSON decode.
     """
 
-    __slots__ = ("rec", "chunk_times", "is_chat", "zero", "decoder", "usage", "done", "last_read")
+    __slots__ = ("rec", "chunk_times", "is_chat", "zero", "decoder", "usage", "done", "last_read", "events", "model_names")
 
-    def __init__(self, rec: RequestRecord, is_chat: bool, zero: float) -> None:
+    def __init__(self, rec: RequestRecord, is_chat: bool, zero: float, model_names: frozenset[str]) -> None:
         self.rec = rec
         self.chunk_times = rec.chunk_times
         self.is_chat = is_chat
@@ -303,6 +332,10 @@ class _StreamState:
         self.usage: dict[str, Any] | None = None
         self.done = False
         self.last_read = time.perf_counter()
+        self.events = 0
+        """JSON events seen: none at all is an empty stream, whatever the status line said."""
+        self.model_names: frozenset[str] | None = model_names or None
+        """What the first event's `model` may say (then None: checked once); None when no model was named."""
 
     def on_body(self, data: bytes, t: float) -> None:
         self.last_read = t
@@ -316,6 +349,9 @@ class _StreamState:
             except orjson.JSONDecodeError:
                 self.rec.finish_time = now
                 raise MalformedStream(f"not JSON: {payload[:120]!r}") from None
+            self.events += 1
+            if self.model_names is not None:
+                self._check_model(obj.get("model"), self.model_names)
             choices = obj.get("choices")
             if choices:
                 choice = choices[0]
@@ -332,6 +368,15 @@ class _StreamState:
                 rec = self.rec
                 rec.status, rec.error_kind = ERROR, "stream_error"
                 rec.error = error_message(payload.decode("utf-8", "replace"))
+
+    def _check_model(self, answered: Any, names: frozenset[str]) -> None:
+        """A stream from another model than the one asked for (a proxy's fallback, a mislabelled server)
+        measures that model: the record keeps its timings but is not counted as a success."""
+        if isinstance(answered, str) and answered not in names:
+            rec = self.rec
+            rec.status, rec.error_kind = ERROR, WRONG_MODEL
+            rec.error = f"asked for model {' or '.join(sorted(names))!r}, the stream came from {answered!r}"
+        self.model_names = None
 
 
 class _Run:
@@ -359,6 +404,8 @@ class _Run:
         self._seen: set[int] = set()
         self.finish_events: dict[int, asyncio.Event] = {}
         self.tasks: set[asyncio.Task[None]] = set()
+        self.requests: set[asyncio.Task[None]] = set()
+        """The tasks of released requests (the rest of `tasks` release them)."""
         self.tally = RunTally()
 
     def now(self) -> float:
@@ -393,6 +440,14 @@ class _Run:
     def _on_signal(self) -> None:
         self.tally.interrupted = True
         self.stop()
+
+    def _server_gone(self, rec: RequestRecord) -> None:
+        """The server refused a connection: release nothing more; requests in flight end on their own."""
+        if SERVER_GONE in self.tally.notes:
+            return
+        self.tally.notes[SERVER_GONE] = f"connection refused at {rec.finish_time:.3f} s: no request released after it"
+        for task in self.tasks - self.requests:
+            task.cancel()
 
     # -- release ----------------------------------------------------------
 
@@ -450,13 +505,16 @@ class _Run:
         while (delay := t - self.now()) > 0:
             await asyncio.sleep(delay)
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
 
     def _launch(self, spec: RequestSpec, intended: float) -> None:
-        self._spawn(self._request(spec, intended))
+        task = self._spawn(self._request(spec, intended))
+        self.requests.add(task)
+        task.add_done_callback(self.requests.discard)
 
     async def _request(self, spec: RequestSpec, intended: float) -> None:
         rec = RequestRecord(
@@ -479,6 +537,8 @@ class _Run:
                 rec.error = self._timeout_text()
             if not rec.finish_time:
                 rec.finish_time = self.now()
+            if rec.error_kind == CONNECTION_REFUSED:
+                self._server_gone(rec)
         finally:
             if rec.chunk_times and rec.first_token_time is None:
                 rec.first_token_time = rec.chunk_times[0]

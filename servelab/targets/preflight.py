@@ -3,6 +3,12 @@
 A wrong port, a typo in the endpoint or the model name should cost the user
 one clear sentence, not a run of 1,000 failed requests. Each check names the
 URL, endpoint or model that is wrong.
+
+The probe is a one-token request streamed the way the run will stream, so
+what would spoil every record is known before any load: a stream with no
+event (fatal), a stream from another model than the one asked for (fatal),
+a 429/503 with its Retry-After (fatal: the server refuses load right now),
+a stream without usage (a warning: token counts will be estimated).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from servelab.targets.errors import TargetError
+from servelab.targets.sse import DONE, SSEDecoder
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -39,10 +46,41 @@ def error_message(body: str, limit: int = 300) -> str:
 
 
 def probe_body(endpoint: str, model: str) -> dict[str, Any]:
-    """The cheapest valid request for an endpoint: one output token, not streamed."""
+    """The cheapest valid request for an endpoint: one output token, streamed with usage as the run asks."""
+    stream = {"stream": True, "stream_options": {"include_usage": True}}
     if endpoint == CHAT:
-        return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 1}
-    return {"model": model, "prompt": "hi", "max_tokens": 1}
+        return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 1, **stream}
+    return {"model": model, "prompt": "hi", "max_tokens": 1, **stream}
+
+
+def model_names(model: str, listed: list[dict[str, Any]]) -> frozenset[str]:
+    """The names a stream for `model` may carry: itself and the names listed with the same root
+    (vLLM lists every --served-model-name and answers with the first)."""
+    root = next((m.get("root") for m in listed if m.get("id") == model), None)
+    return frozenset({model} | {m["id"] for m in listed if root is not None and m.get("root") == root})
+
+
+def _probe_stream(url: str, model: str, names: frozenset[str], body: str) -> list[str]:
+    """Checks the probe's streamed answer; raises TargetError on what would spoil every record, returns warnings."""
+    decoder = SSEDecoder()
+    events = []
+    for payload in decoder.feed(body.encode()) + decoder.close():
+        if payload == DONE:
+            continue
+        try:
+            events.append(json.loads(payload))
+        except ValueError:
+            raise TargetError(f"POST {url} streamed an event that is not JSON: {payload[:120]!r}") from None
+    if not events:
+        raise TargetError(f"POST {url} answered HTTP 200 with an empty stream (no event): every request would fail")
+    answered = events[0].get("model") if isinstance(events[0], dict) else None
+    if isinstance(answered, str) and answered not in names:
+        raise TargetError(f"POST {url} asked for model {model!r} and the stream came from {answered!r}: "
+                          f"the server (or a proxy before it) serves another model")
+    if not any(isinstance(e, dict) and e.get("usage") for e in events):
+        return [f"{url} streams no usage (stream_options.include_usage is ignored): token counts are estimated, "
+                "prompt tokens from the plan and output tokens as chunks with output"]
+    return []
 
 
 async def preflight(
@@ -90,15 +128,22 @@ async def preflight(
         async with session.post(url, json=probe_body(endpoint, model), headers=headers, timeout=client_timeout) as resp:
             body = await resp.text()
             status = resp.status
+            retry_after = resp.headers.get("Retry-After")
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise TargetError(f"POST {url} failed: {type(exc).__name__}: {exc}") from exc
     if status in (404, 405):
         raise TargetError(f"{url} does not exist on this server (HTTP {status}); check --endpoint")
+    if retry_after is not None and status in (429, 503):
+        raise TargetError(f"POST {url} was refused with HTTP {status}, Retry-After: {retry_after} "
+                          f"({error_message(body)}): the server is not taking load now; try again later")
     if status != 200:
         raise TargetError(f"POST {url} with model {model!r} failed with HTTP {status}: {error_message(body)}")
+    names = model_names(model, listed)
     return {
         "base_url": base_url,
         "endpoint": endpoint,
         "model": model,
         "models": listed,
+        "model_names": sorted(names),
+        "warnings": _probe_stream(url, model, names, body),
     }

@@ -21,6 +21,7 @@ import asyncio
 import ssl
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 BodyCallback = Callable[[bytes, float], None]
@@ -31,7 +32,11 @@ MAX_HEAD = 65536
 
 
 class ConnectError(OSError):
-    """The server could not be reached (refused, unresolvable, connect timeout)."""
+    """The server could not be reached (unresolvable, connect timeout)."""
+
+
+class RefusedError(ConnectError):
+    """Nothing listens at the server's address: it has exited, or never started."""
 
 
 class ResetError(ConnectionResetError):
@@ -42,17 +47,31 @@ class ProtocolError(ValueError):
     """The server's bytes are not a valid HTTP/1.1 response."""
 
 
+class Response(NamedTuple):
+    """What is left of a response once its body has gone to the callback."""
+
+    status: int
+    error_body: bytes
+    """The first 64 KiB of a non-200 body (the server's error message); empty for 200."""
+    last_read: float
+    """perf_counter time of the response's last network read."""
+    retry_after: str | None
+    """A non-200 response's Retry-After header, as sent (seconds or an HTTP date)."""
+
+
 class _Exchange:
     """One request/response on a connection: parses the response incrementally."""
 
     __slots__ = (
         "on_body", "done", "state", "buf", "status", "remaining", "keep_alive", "got_bytes",
-        "last_read", "error_body",
+        "last_read", "error_body", "retry_after",
     )
 
     def __init__(self, on_body: BodyCallback, done: asyncio.Future[int]) -> None:
         self.on_body = on_body
         self.error_body = b""
+        self.retry_after: str | None = None
+        """A non-200 response's Retry-After header (seconds or an HTTP date), as sent."""
         self.done = done
         self.state = _HEAD
         self.buf = b""
@@ -167,6 +186,8 @@ class _Exchange:
                 length = int(value)
             elif name == "connection":
                 self.keep_alive = value != "close"
+            elif name == "retry-after" and self.status != 200:
+                self.retry_after = line.partition(":")[2].strip()
         if chunked:
             return _CHUNK_SIZE
         if length is not None:
@@ -254,7 +275,8 @@ class StreamingClient:
                     _Connection, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None
                 )
         except (OSError, TimeoutError) as exc:
-            raise ConnectError(f"cannot connect to {self.host}:{self.port}: {exc or type(exc).__name__}") from exc
+            error = RefusedError if isinstance(exc, ConnectionRefusedError) else ConnectError
+            raise error(f"cannot connect to {self.host}:{self.port}: {exc or type(exc).__name__}") from exc
         return conn
 
     def request_head(self, path: str, body_len: int, headers: dict[str, str]) -> bytes:
@@ -269,11 +291,11 @@ class StreamingClient:
         on_body: BodyCallback,
         timeout: float | None = None,
         idle_timeout: float | None = None,
-    ) -> tuple[int, bytes, float]:
-        """Send a request; returns (status, error body, time of the last read) once the response is complete.
+    ) -> Response:
+        """Send a request; returns its Response once the response is complete.
 
         A 200 body goes to `on_body` as it arrives; any other status's body
-        is collected (its first 64 KiB) and returned instead.
+        is collected (its first 64 KiB) into the Response instead.
 
         A kept-alive connection that the server closed while idle fails
         before any byte of the response; that is retried once on a new
@@ -285,8 +307,9 @@ class StreamingClient:
                 conn = self._idle.pop() if reused else await self._connect()
                 try:
                     status = await self._exchange(conn, head + body, on_body, idle_timeout)
-                    assert conn.exchange is not None
-                    return status, conn.exchange.error_body, conn.exchange.last_read
+                    ex = conn.exchange
+                    assert ex is not None
+                    return Response(status, ex.error_body, ex.last_read, ex.retry_after)
                 except ResetError:
                     ex = conn.exchange
                     if not (reused and attempt == 0 and ex is not None and not ex.got_bytes):

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvloop
 
-from servelab.metrics.records import ERROR, RecordSink, RequestRecord
+from servelab.metrics.records import CLIENT_WORKER_DIED, CONNECTION_REFUSED, ERROR, RecordSink, RequestRecord
 from servelab.targets.errors import TargetError, unmet_dependency
 from servelab.targets.stop_signals import on_stop_signals
 from servelab.targets.tally import RunTally
@@ -56,7 +56,9 @@ READY_TIMEOUT_S = 120.0
 """Starting a worker imports the client stack; on a loaded machine that can take tens of seconds."""
 POLL_S = 0.5
 """How often the parent checks that every worker is still alive."""
-WORKER_DIED = "client_worker_died"
+WORKER_DIED = CLIENT_WORKER_DIED
+SERVER_GONE = "server_gone"
+"""client_stats note: when the run stopped releasing requests because the server refused a connection."""
 
 
 def split_cap(cap: int | None, workers: int) -> list[int | None]:
@@ -83,6 +85,7 @@ class WorkerPool:
         self._progress = asyncio.Event()
         self._zero = 0.0
         self._interrupted = False
+        self._server_gone: str | None = None
 
     # -- start ------------------------------------------------------------
 
@@ -154,6 +157,8 @@ class WorkerPool:
         tally.notes = {"workers": len(self._procs), "coordinator_cpu_s": time.process_time() - cpu0}
         if faults:
             tally.notes["worker_faults"] = faults
+        if self._server_gone:
+            tally.notes[SERVER_GONE] = self._server_gone
         return tally
 
     async def _collect(self, tally: RunTally, faults: list[str], feeding: asyncio.Task[None]) -> None:
@@ -174,6 +179,10 @@ class WorkerPool:
                 self._outstanding[wid].pop(payload.index, None)
                 self._progress.set()
                 self.sink.write(payload)
+                if payload.error_kind == CONNECTION_REFUSED and self._server_gone is None:
+                    # The server is gone: route nothing more; each worker ends once its requests in flight have.
+                    self._server_gone = f"connection refused at {payload.finish_time:.3f} s: no request released after it"
+                    feeding.cancel()
             elif kind == "done":
                 running.discard(wid)
                 tally.merge(payload)

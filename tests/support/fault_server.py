@@ -1,8 +1,10 @@
 """A fake OpenAI-compatible streaming server that misbehaves on request (unit tests only).
 
 Real behaviour is tested against a real vLLM; this server exists for the
-faults a real server rarely shows on cue: HTTP errors, a connection reset
-mid-stream, a stall, malformed SSE, a stream closed without `[DONE]`.
+faults a real server rarely shows on cue: HTTP errors (429/503 with a
+Retry-After when `retry_after` is set), a connection reset mid-stream, a
+stall, malformed SSE, a stream closed without `[DONE]`, an empty stream, a
+stream without usage, a stream that says it came from another model.
 
 The fault comes from the request body's `fault` field (sent through
 HttpTarget's `extra_body`) or from `FaultServer.fault`; `delay` (seconds
@@ -23,8 +25,15 @@ from typing import Any
 
 from aiohttp import web
 
+from servelab.targets.preflight import CHAT, COMPLETIONS, probe_body
+
 MODEL = "fake-model"
-FAULTS = ("ok", "http_500", "http_503", "reset", "stall", "malformed", "early_close", "stream_error")
+FAULTS = (
+    "ok", "http_429", "http_500", "http_503", "reset", "stall", "malformed", "early_close", "stream_error",
+    "empty_stream", "no_usage", "wrong_model",
+)
+OTHER_MODEL = "other-model"
+"""What a `wrong_model` stream says it came from."""
 
 
 @dataclass
@@ -39,8 +48,12 @@ class FaultServer:
     fault: str = "ok"
     delay: float = 0.0
     metrics_status: int = 200
+    retry_after: str | None = None
+    """Sent as Retry-After with the injected HTTP errors."""
     serve_chat: bool = True
     received: list[Received] = field(default_factory=list)
+    """The run's requests; pre-flight probes go to `probes`, so tests count only what the run sent."""
+    probes: list[Received] = field(default_factory=list)
     active: int = 0
     peak_active: int = 0
     port: int = 0
@@ -73,13 +86,19 @@ class FaultServer:
 
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         body = await request.json()
-        self.received.append(Received(time.perf_counter(), body, request.headers.get("Authorization")))
+        is_probe = body == probe_body(CHAT if chat else COMPLETIONS, body.get("model"))
+        (self.probes if is_probe else self.received).append(
+            Received(time.perf_counter(), body, request.headers.get("Authorization"))
+        )
         fault = body.get("fault", self.fault)
         delay = float(body.get("delay", self.delay))
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 1)
-        if fault in ("http_500", "http_503"):
+        if fault in ("http_429", "http_500", "http_503"):
             status = int(fault[-3:])
-            return web.json_response({"error": {"message": f"injected {status}", "code": status}}, status=status)
+            headers = {"Retry-After": self.retry_after} if self.retry_after else None
+            return web.json_response(
+                {"error": {"message": f"injected {status}", "code": status}}, status=status, headers=headers
+            )
         if not body.get("stream"):
             key = "message" if chat else "text"
             return web.json_response({"choices": [{key: "x"}], "usage": {"completion_tokens": 1}})
@@ -88,8 +107,13 @@ class FaultServer:
         self.active += 1
         self.peak_active = max(self.peak_active, self.active)
         try:
+            if fault == "empty_stream":
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+                return resp
             if chat:
                 await self._event(resp, {"choices": [{"delta": {"role": "assistant", "content": ""}}]})
+            model = OTHER_MODEL if fault == "wrong_model" else body.get("model", MODEL)
             for i in range(n):
                 if delay:
                     await asyncio.sleep(delay)
@@ -105,13 +129,14 @@ class FaultServer:
                 if i == 1 and fault == "stream_error":
                     await self._event(resp, {"object": "error", "message": "injected stream error", "code": 500})
                 choice = {"delta": {"content": f"t{i}"}} if chat else {"text": f"t{i}"}
-                await self._event(resp, {"choices": [choice]})
+                await self._event(resp, {"model": model, "choices": [choice]})
             if fault == "early_close":
                 await resp.write_eof()
                 return resp
             prompt = body.get("prompt", "")
             usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
-            await self._event(resp, {"choices": [], "usage": usage})
+            if fault != "no_usage":
+                await self._event(resp, {"model": model, "choices": [], "usage": usage})
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
