@@ -51,7 +51,35 @@ def test_unmodelled_performance_flags_warn():
     assert all("not modelled" in w for w in parsed.warnings) and len(parsed.warnings) == 2
 
 
+def test_vllm_032_scheduler_and_frontend_flags_are_modelled():
+    c = parse_engine_args(
+        "--no-async-scheduling --no-scheduler-reserve-full-isl --watermark 0.01 -asc 2 --stream-interval 4"
+    ).config
+    assert c.async_scheduling is False and c.scheduler_reserve_full_isl is False
+    assert (c.watermark, c.api_server_count, c.stream_interval) == (0.01, 2, 4)
+    defaults = parse_engine_args("").config
+    assert defaults.async_scheduling is None  # resolved per platform: on for GPUs, off on CPU
+    assert defaults.scheduler_reserve_full_isl is True and defaults.gpu_memory_utilization == 0.92
+
+
+def test_device_memory_utilization_is_the_same_setting_as_gpu_memory_utilization():
+    for flag in ("--device-memory-utilization", "--gpu-memory-utilization"):
+        parsed = parse_engine_args(f"{flag} 0.7")
+        assert parsed.config.gpu_memory_utilization == 0.7 and parsed.ignored == [] and parsed.warnings == []
+
+
+@pytest.mark.parametrize("flag", ["--spec-method ngram", "--spec-tokens 3", "--max-cudagraph-capture-size 128",
+                                  "--kv-offloading-size 32"])
+def test_accepted_but_unmodelled_flags_say_why(flag):
+    parsed = parse_engine_args(f"{flag} --max-num-seqs 8")
+    assert parsed.config.max_num_seqs == 8 and parsed.ignored == []
+    (warning,) = parsed.warnings
+    assert warning.startswith(f"{flag} accepted, not modelled: ")
+
+
 @pytest.mark.parametrize("line, message", [
+    ("--watermark 1", r"must be in \[0, 1\)"),
+    ("--api-server-count 0", "must be a positive integer"),
     ("--max-num-seq 3", "did you mean --max-num-seqs"),
     ("--max-num-seqs", "needs a value"),
     ("--max-num-seqs lots", "bad value 'lots' for --max-num-seqs"),

@@ -56,7 +56,7 @@ OBSOLETE_FLAGS: dict[str, str] = {
 # the run is simulated as if they were absent, with a warning.
 UNMODELLED_FLAGS = frozenset(
     {
-        "enforce-eager", "speculative-config", "spec-model", "async-scheduling", "compilation-config",
+        "enforce-eager", "speculative-config", "spec-model", "compilation-config",
         "attention-backend", "attention-config", "cpu-offload-gb", "enable-expert-parallel",
         "max-num-scheduled-tokens", "max-num-active-seqs", "max-num-queued-reqs", "max-num-queued-tokens",
         "long-prefill-token-threshold-adaptive", "pipeline-parallel-size", "decode-context-parallel-size",
@@ -64,6 +64,19 @@ UNMODELLED_FLAGS = frozenset(
     }
 )
 
+# Flags that change performance in vLLM 0.32, are accepted, and are not modelled yet, each with what it would take.
+NOT_MODELLED_BECAUSE: dict[str, str] = {
+    "spec-method": "speculative decoding (draft tokens, acceptance rates) is not modelled; simulated without it",
+    "spec-tokens": "speculative decoding (draft tokens, acceptance rates) is not modelled; simulated without it",
+    "max-cudagraph-capture-size": (
+        "CUDA-graph batch padding to capture sizes is not modelled (the roofline prices the real batch); "
+        "batches above the largest size run eagerly in vLLM, which the cost model does not distinguish either"
+    ),
+    "kv-offloading-size": (
+        "KV offloading to host memory (a second cache tier the prefix cache can hit) is not modelled; "
+        "the GPU KV cache is simulated alone"
+    ),
+}
 
 @dataclass(frozen=True, slots=True)
 class _Flag:
@@ -109,6 +122,13 @@ def _fraction(value: str) -> float:
     return number
 
 
+def _non_negative_fraction(value: str) -> float:
+    number = float(value)
+    if not 0 <= number < 1:
+        raise ValueError("must be in [0, 1)")
+    return number
+
+
 def _positive(value: str) -> int:
     number = _human_int(value)
     if number <= 0:
@@ -123,6 +143,12 @@ _MODELLED: dict[str, _Flag] = {
     "enable-prefix-caching": _Flag("enable_prefix_caching"),
     "long-prefill-token-threshold": _Flag("long_prefill_token_threshold", int),
     "gpu-memory-utilization": _Flag("gpu_memory_utilization", _fraction),
+    "device-memory-utilization": _Flag("gpu_memory_utilization", _fraction),
+    "async-scheduling": _Flag("async_scheduling"),
+    "scheduler-reserve-full-isl": _Flag("scheduler_reserve_full_isl"),
+    "watermark": _Flag("watermark", _non_negative_fraction),
+    "api-server-count": _Flag("api_server_count", _positive),
+    "stream-interval": _Flag("stream_interval", _positive),
     "max-model-len": _Flag("max_model_len", _max_model_len),
     "block-size": _Flag("block_size", _positive),
     "kv-cache-dtype": _Flag("kv_cache_dtype", _choice("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")),
@@ -230,6 +256,8 @@ def parse_engine_args(line: str | Sequence[str], base: EngineConfig | None = Non
                 raise PerfConfigError(f"bad value {inline!r} for {flag}: {exc}") from None
             if name == "max-model-len" and values[spec.target] is None:
                 result.warnings.append("--max-model-len auto is modelled as the model's maximum context length")
+        elif name in NOT_MODELLED_BECAUSE:
+            result.warnings.append(f"{flag} {inline} accepted, not modelled: {NOT_MODELLED_BECAUSE[name]}")
         elif name in UNMODELLED_FLAGS:
             if name == "pipeline-parallel-size" and inline.strip() not in ("1",):
                 raise PerfConfigError("--pipeline-parallel-size > 1 is not supported yet; use tensor or data parallelism")
@@ -306,12 +334,16 @@ def resolve(
         raise PerfConfigError(
             f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs ({max_num_seqs}), as vLLM requires"
         )
+    # VllmConfig turns async scheduling on unless something is incompatible; CpuPlatform.check_and_update_config
+    # then forces it off whatever the flag said ("async scheduling is not required on CPU").
+    async_scheduling = hardware.vendor != "cpu" and config.async_scheduling is not False
     dtype = model.dtype if config.dtype == "auto" else {"half": "float16", "float": "float32"}.get(config.dtype, config.dtype)
     return config.with_(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
         dtype=dtype,
+        async_scheduling=async_scheduling,
     )
 
 

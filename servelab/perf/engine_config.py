@@ -18,7 +18,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     long_prefill_token_threshold: int = 0
     max_num_partial_prefills: int = 1
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = 0.92
+    """vLLM 0.32's CacheConfig default (0.9 before it); `--device-memory-utilization` is the same setting."""
     max_model_len: int | None = None
     block_size: int = 16
     kv_cache_dtype: str = "auto"
@@ -34,6 +35,16 @@ class EngineConfig:
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
     """Fixed KV size (like VLLM_CPU_KVCACHE_SPACE on CPU), overriding gpu_memory_utilization."""
+    async_scheduling: bool | None = None
+    """Schedule step N+1 while step N runs (None: vLLM's default, on for GPUs, forced off on the CPU backend)."""
+    scheduler_reserve_full_isl: bool = True
+    """Admit a waiting request only if the KV blocks of its whole prompt are free, not just of its first chunk."""
+    watermark: float = 0.0
+    """Fraction of all KV blocks kept free when admitting waiting or preempted requests (while others run)."""
+    api_server_count: int = 1
+    """API-server processes; each serves its own share of the connections on its own core."""
+    stream_interval: int = 1
+    """Tokens the API server buffers per streamed chunk (the first token is always sent at once)."""
 
     def with_(self, **changes: object) -> EngineConfig:
         return replace(self, **changes)

@@ -9,19 +9,38 @@ one at the end of the step that completes its prefill, and a request
 finishes when it has max_tokens (ignore_eos semantics). Metrics are taken at
 step ends, which is when vLLM's own stats refresh. A step that starts after
 the engine sat idle also pays the cost model's `wake_time` for that idle spell.
+
+With async scheduling (vLLM 0.32's default on GPUs: `EngineCore.step_with_batch_queue`
+with two batches in flight and `AsyncScheduler`'s output placeholders), the
+engine core schedules step N+1 and prepares its inputs while the GPU runs
+step N. Two things follow, and both are modelled:
+- a step's CPU work (the cost model's step, per-request and prefill-step
+  overheads) overlaps the previous step's GPU work: the GPU starts step N+1 at
+  max(its scheduling + CPU work, the end of step N), so back-to-back steps
+  cost max(GPU, CPU) instead of their sum;
+- step N+1 is scheduled when step N starts on the GPU, so a request that
+  reaches the engine after that joins step N+2, one step later than the
+  synchronous loop would take it (requests wait in an inbox, as in vLLM's
+  input queue, until the scheduling that can see them). If nothing could be
+  scheduled then, the engine core schedules again after step N's output, as
+  the synchronous loop does.
+The logical order (schedule N, apply N's tokens, schedule N+1) is kept: with
+placeholders the decisions vLLM takes are the same, except that a finished
+request's blocks return to the pool one step later in vLLM (not modelled).
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from servelab.sim import vllm_metrics as tl
-from servelab.perf.cost_model import CostModel, StepBatch
+from servelab.perf.cost_model import CostCoefficients, CostModel, StepBatch
 from servelab.perf.engine_config import EngineConfig
 from servelab.sim.block_pool import BlockPool
 from servelab.sim.request import SimRequest
@@ -52,6 +71,7 @@ class SimEngine:
         cost_model: CostModel,
         max_model_len: int | None = None,
         fast_forward: bool = True,
+        cpu_costs: CostCoefficients | None = None,
     ) -> None:
         self.config = config
         self.pool = BlockPool(num_gpu_blocks, config.enable_prefix_caching)
@@ -73,13 +93,27 @@ class SimEngine:
         self._pending_tokens: int | None = None
         self._pending_run: tuple[int, int, int] | None = None
         """(first step, steps, tokens per step) of a decode run in flight, for metrics read mid-run."""
+        self.async_scheduling = bool(config.async_scheduling)
+        self._cpu = cpu_costs
+        """The CPU part of a step's time (it overlaps the GPU under async scheduling); None: all of it is GPU."""
+        self._inbox: deque[SimRequest] = deque()
+        """Async scheduling: requests that reached the engine but no scheduling has seen yet (arrival order)."""
+        self._gpu_start = 0.0
+        """Async scheduling: when the latest step started on the GPU, which is when the next one was scheduled."""
+        self._step_cpu = 0.0
 
     @property
     def num_steps(self) -> int:
         return len(self.step_ends)
 
-    def add_request(self, prompt_ids: Any, max_tokens: int, arrival_time: float, priority: int = 0, tag: Any = None) -> SimRequest:
-        """Queue a request; raises RequestRejected for one vLLM would refuse."""
+    def add_request(
+        self, prompt_ids: Any, max_tokens: int, arrival_time: float, priority: int = 0, tag: Any = None,
+        output_ids: Any = None,
+    ) -> SimRequest:
+        """Queue a request; raises RequestRejected for one vLLM would refuse.
+
+        `output_ids`, when known, are the tokens it will generate (see SimRequest.output_ids).
+        """
         prompt_len = len(prompt_ids)
         total = prompt_len + max_tokens
         if prompt_len == 0 or max_tokens < 1:
@@ -93,13 +127,16 @@ class SimEngine:
             raise RequestRejected(
                 f"{prompt_len}-token prompt exceeds max_num_batched_tokens {self.scheduler.budget} with chunked prefill off"
             )
-        req = SimRequest(self._next_uid, prompt_ids, prompt_len, max_tokens, arrival_time, priority, tag)
+        req = SimRequest(self._next_uid, prompt_ids, prompt_len, max_tokens, arrival_time, priority, tag, output_ids)
         self._next_uid += 1
-        self.scheduler.add(req)
+        if self.async_scheduling:
+            self._inbox.append(req)
+        else:
+            self.scheduler.add(req)
         return req
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self._inbox)
 
     @property
     def in_step(self) -> bool:
@@ -116,6 +153,8 @@ class SimEngine:
         # A step that starts later than the previous one ended follows an idle engine (the first: idle since start).
         idle = now - self.step_ends[-1] if self.step_ends else math.inf
         wake = self.cost_model.wake_time(idle) if idle > 0 else 0.0
+        if self.async_scheduling:
+            return self._begin_async(now, horizon, wake, idle)
         if self.fast_forward:
             k = self.scheduler.steady_decode_steps(len(self.step_ends), 1 << 30)
             if k:
@@ -131,6 +170,32 @@ class SimEngine:
         self._in_step = True
         return end
 
+    def _begin_async(self, now: float, horizon: float, wake: float, idle: float) -> float:
+        """A step under async scheduling: scheduled when the previous one started on the GPU, if there was work then."""
+        inbox = self._inbox
+        scheduled_at = now
+        if idle <= 0:  # back to back: this step was scheduled while the previous one ran, if anything could run
+            early = self._gpu_start
+            if self.scheduler.has_work() or (inbox and inbox[0].arrival_time <= early):
+                scheduled_at = early
+        while inbox and inbox[0].arrival_time <= scheduled_at:
+            self.scheduler.add(inbox.popleft())
+        if self.fast_forward and not inbox:
+            k = self.scheduler.steady_decode_steps(len(self.step_ends), 1 << 30)
+            if k:
+                return self._decode_run(now, horizon, k, start=now, scheduled_at=scheduled_at, wake=wake)
+        granted, before = self.scheduler.schedule(scheduled_at)
+        total = self._step_time(granted, before)
+        if total < 0 or (total == 0 and not self.scheduler.preempted_this_step):
+            raise RuntimeError(f"cost model returned a non-positive step time {total!r}")
+        cpu = min(self._step_cpu, total)
+        self._gpu_start = max(scheduled_at + cpu, now)
+        end = self._gpu_start + total - cpu + wake
+        self.busy_time += end - now
+        self.step_ends.append(end)
+        self._in_step = True
+        return end
+
     def _step_time(self, granted: np.ndarray, before: np.ndarray) -> float:
         decode = granted == 1
         prefill = granted > 1
@@ -138,8 +203,11 @@ class SimEngine:
         num_chunks = int(np.count_nonzero(prefill))
         if num_decodes + num_chunks == 0:
             if self.scheduler.preempted_this_step:
+                self._step_cpu = 0.0
                 return 0.0  # the only candidate preempted itself: vLLM runs an empty step and retries
             raise RuntimeError("simulator stalled: requests are queued but none could be scheduled")
+        if self._cpu is not None:
+            self._step_cpu = self._cpu.cpu_step_time(num_decodes + num_chunks, num_chunks > 0)
         if self._aggregate is None:
             return self.cost_model.step_time(
                 StepBatch(
@@ -164,17 +232,37 @@ class SimEngine:
             return self.cost_model.step_time(StepBatch(decode_contexts=(contexts + k).tolist()))
         return self._aggregate(0, 0, n, base_sum + n * k, n, 0)
 
-    def _decode_run(self, now: float, horizon: float, k: int, start: float) -> float:
-        """Up to k identical decode steps from `now` (after any wake-up time, which began at `start`)."""
+    def _decode_run(
+        self, now: float, horizon: float, k: int, start: float, scheduled_at: float | None = None, wake: float = 0.0
+    ) -> float:
+        """Up to k identical decode steps from `now` (after any wake-up time, which began at `start`).
+
+        Synchronous: each step follows the previous one. Async (`scheduled_at` given): each step's CPU work
+        overlaps the previous step's GPU work, as in `_begin_async`.
+        """
         base = self.scheduler.decode_contexts()
         base_sum = int(base.sum())
         first = len(self.step_ends)
         t = now
         done = 0
-        while done < k and (done == 0 or t < horizon):
-            t += self._decode_step_time(base, base_sum, done)
-            self.step_ends.append(t)
-            done += 1
+        if scheduled_at is None:
+            while done < k and (done == 0 or t < horizon):
+                t += self._decode_step_time(base, base_sum, done)
+                self.step_ends.append(t)
+                done += 1
+        else:
+            n = len(base)
+            cpu = self._cpu.cpu_step_time(n, False) if self._cpu is not None else 0.0
+            sched, gpu_start = scheduled_at, self._gpu_start
+            while done < k and (done == 0 or t < horizon):
+                total = self._decode_step_time(base, base_sum, done)
+                c = min(cpu, total)
+                gpu_start = max(sched + c, t)
+                t = gpu_start + total - c + (wake if done == 0 else 0.0)
+                sched = gpu_start
+                self.step_ends.append(t)
+                done += 1
+            self._gpu_start = gpu_start
         self.busy_time += t - start
         self._pending_tokens = self.scheduler.apply_decode_steps(first, done)
         self._pending_run = (first, done, self._pending_tokens // done)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from servelab.sim.hashing import output_block_hashes, prompt_block_hashes
 
 WAITING = "waiting"
@@ -30,6 +32,9 @@ class SimRequest:
     priority: int = 0
     tag: Any = None
     """Whatever the caller needs to map the request back (the RequestSpec)."""
+    output_ids: Any = None
+    """The tokens it will generate, when the caller knows them (a chat's next turn quotes this reply): its output
+    blocks are then hashed as the next turn's prompt blocks, so that turn hits them, as in vLLM; else None."""
     status: str = WAITING
     num_tokens: int = 0
     """Prompt plus output tokens so far (vLLM's num_tokens)."""
@@ -52,10 +57,16 @@ class SimRequest:
     def num_output_tokens(self) -> int:
         return self.num_tokens - self.prompt_len
 
+    def findable_blocks(self, block_size: int) -> int:
+        """Full blocks whose token ids are known (the prompt's, plus the output's when given): others can hit them."""
+        known = self.prompt_len if self.output_ids is None else self.prompt_len + len(self.output_ids)
+        return known // block_size
+
     def hashes(self, block_size: int, upto: int) -> list[int]:
         """Block hashes of the first `upto` blocks, computed once and extended as output fills blocks."""
         if self.block_hashes is None:
-            self.block_hashes = prompt_block_hashes(self.prompt_ids, block_size)
+            ids = self.prompt_ids if self.output_ids is None else np.concatenate([self.prompt_ids, self.output_ids])
+            self.block_hashes = prompt_block_hashes(ids, block_size)
         have = len(self.block_hashes)
         if upto > have:
             self.block_hashes.extend(output_block_hashes(self.uid, have, upto))

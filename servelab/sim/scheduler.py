@@ -9,7 +9,9 @@ running request (FCFS) or the lowest-priority one (priority), repeatedly,
 until it fits or is itself the victim; then, only if nothing was preempted,
 WAITING requests in FCFS or priority order while budget and
 `max_num_seqs` last, each after a prefix-cache lookup, chunked if chunked
-prefill is on and otherwise only if the whole remainder fits.
+prefill is on and otherwise only if the whole remainder fits, and only if
+the KV blocks of the whole prompt are free (`scheduler_reserve_full_isl`,
+on by default in 0.32) plus the watermark once something runs.
 
 The running queue is held as parallel numpy arrays so that a step's
 budget split (a cumulative sum), block needs and token updates are a few
@@ -86,6 +88,8 @@ class Scheduler:
         self.long_prefill_threshold = config.long_prefill_token_threshold
         self.policy = config.scheduling_policy
         self.block_size = config.block_size
+        self.reserve_full_prompt = config.scheduler_reserve_full_isl
+        self.watermark_blocks = int(config.watermark * pool.num_blocks)
         self.pool = pool
         self.waiting = _WaitingQueue(self.policy)
         self.prefix = PrefixCacheCounters()
@@ -201,10 +205,11 @@ class Scheduler:
     def _cache_blocks(self, req: SimRequest, have: int, full: int) -> None:
         """Queue newly full blocks for the prefix cache; `_flush_cache` registers them before any lookup.
 
-        Blocks past the prompt's full blocks hold generated tokens: only this
-        request could hit them (after a preemption), so they skip the hash index.
+        Blocks past the prompt's full blocks hold generated tokens: unless their
+        ids are known (`SimRequest.output_ids`), only this request could hit them
+        (after a preemption), so they skip the hash index.
         """
-        prompt_blocks = req.prompt_len // self.block_size
+        prompt_blocks = req.findable_blocks(self.block_size)
         if have < prompt_blocks:
             upto = min(full, prompt_blocks)
             self._pending_blocks.extend(req.blocks[have:upto])
@@ -240,7 +245,11 @@ class Scheduler:
                 break
             new_tokens = min(new_tokens, budget)
             need = -((hit_tokens + new_tokens) // -bs) - len(hits)
-            if need + pool.num_evictable(hits) > pool.num_free:
+            # allocate_slots: with full_sequence_must_fit the whole prompt's blocks must be free, not the chunk's
+            # (they include `need`); the watermark is kept free for waiting requests once anything is running.
+            gate = -(req.num_tokens // -bs) - len(hits) if self.reserve_full_prompt else need
+            reserve = self.watermark_blocks if self.reqs else 0
+            if gate + pool.num_evictable(hits) + reserve > pool.num_free:
                 break
             pool.touch(hits)
             req.blocks = hits + pool.allocate(need)
@@ -285,7 +294,7 @@ class Scheduler:
         req = self._save(i)
         if self.caching:
             self._flush_cache()
-            prompt_blocks = req.prompt_len // self.block_size
+            prompt_blocks = req.findable_blocks(self.block_size)
             cached = int(self.cached[i])
             if cached > prompt_blocks:  # its generated-token blocks become findable for its own recompute
                 self.pool.index(req.blocks[prompt_blocks:cached], output_block_hashes(req.uid, prompt_blocks, cached))
