@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import textwrap
+import time
 import urllib.request
 from pathlib import Path
 
@@ -152,3 +154,44 @@ def test_vllm_cpu_command_line_and_env(tmp_path: Path) -> None:
     server = vllm_cpu_server("/venv/bin/python", "/m", log_path=tmp_path / "v.log", served_model_name="x")
     assert server.argv[server.argv.index("--port") + 1] == str(server.port)
     assert server.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def test_a_server_dies_with_the_process_that_started_it_even_on_sigkill(server_script: Path, tmp_path: Path) -> None:
+    """The parent is SIGKILLed (no handler, no atexit): the watchdog still stops the whole group, stubborn child included."""
+    port = free_port()
+    log = tmp_path / "server.log"
+    parent = textwrap.dedent(
+        f"""
+        import sys, time
+        from pathlib import Path
+        from servelab.targets.server_process import ServerProcess
+        server = ServerProcess([sys.executable, {str(server_script)!r}, "{port}"], host="127.0.0.1", port={port},
+                               log_path=Path({str(log)!r}), stop_timeout=1.0).start()
+        print(server.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    try:
+        pgid = int(proc.stdout.readline())
+        child = child_pid(log)
+        assert group_alive(pgid) and pid_alive(child)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while (group_alive(pgid) or pid_alive(child)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(child) and not group_alive(pgid)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_stopped_server_releases_its_watchdog(server_script: Path, tmp_path: Path) -> None:
+    port = free_port()
+    server = ServerProcess([sys.executable, str(server_script), str(port)], host="127.0.0.1", port=port,
+                           log_path=tmp_path / "s.log", stop_timeout=1.0)
+    with server:
+        watchdog = server._watchdog
+        assert watchdog is not None and watchdog.poll() is None
+    assert watchdog.returncode == 0 and server._watchdog is None

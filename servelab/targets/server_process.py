@@ -12,6 +12,17 @@ processes by session, and a busy server in a session of its own starved the
 load generator beside it. With the vLLM CPU server in its own session, the
 client's event loop woke up to 430 ms late and whole streams arrived in one
 read; in the client's session, 1-5 ms (same machine, same runs, alternated).
+
+A server must not outlive the process that started it, even one killed with
+SIGKILL, which runs no handler and no atexit. PR_SET_PDEATHSIG on the server
+is not enough: it signals the group leader only, and a vLLM API server
+SIGKILLed alone leaves its EngineCore and worker processes running (seen on
+the CPU build). So each server gets a watchdog: a small process, in a group
+of its own, that blocks reading a pipe whose only write end this process
+holds. The kernel closes that end however this process ends; the watchdog
+then stops the server's whole group (SIGTERM, the grace period, SIGKILL).
+`stop()` writes one byte before it closes the pipe: the group is already
+gone, and the watchdog leaves without signalling anything.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -32,6 +44,27 @@ READY_PATHS = ("/health", "/v1/models")
 """What an OpenAI-compatible server answers 200 to once it can take requests."""
 
 LOG_TAIL_LINES = 40
+
+WATCHDOG = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle; this only acts when it is gone
+pgid, grace = int(sys.argv[1]), float(sys.argv[2])
+if sys.stdin.buffer.read():  # returns at EOF; a byte before it means the parent stopped the server itself
+    sys.exit(0)
+for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        break
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            sys.exit(0)
+        time.sleep(0.1)
+"""
+"""The watchdog's program (see the module docstring); argv: the server's process group, the grace period."""
 
 
 class ServerStartError(RuntimeError):
@@ -110,6 +143,9 @@ class ServerProcess:
         self.stop_timeout = stop_timeout
         self.cwd = cwd
         self._proc: subprocess.Popen[bytes] | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._lifeline: int | None = None
+        """The write end of the watchdog's pipe; closing it (or dying) sets the watchdog off."""
         self.startup_seconds: float | None = None
         """How long `start()` took until the server was ready."""
 
@@ -152,6 +188,7 @@ class ServerProcess:
                 process_group=0,
             )
         _live.add(self)
+        self._watch(self._proc.pid)
         try:
             self._wait_ready(began + self.startup_timeout)
         except BaseException:
@@ -159,6 +196,31 @@ class ServerProcess:
             raise
         self.startup_seconds = time.monotonic() - began
         return self
+
+    def _watch(self, pgid: int) -> None:
+        """Start the watchdog that stops group `pgid` once this process lets go of the pipe, however it ends."""
+        read_end, self._lifeline = os.pipe()  # both ends close-on-exec: no other child holds the write end
+        try:
+            self._watchdog = subprocess.Popen(
+                [sys.executable, "-c", WATCHDOG, str(pgid), str(self.stop_timeout)],
+                stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0,
+            )
+        finally:
+            os.close(read_end)
+
+    def _release_watchdog(self) -> None:
+        """The group is gone: tell the watchdog so (one byte, then EOF) and reap it."""
+        if self._lifeline is not None:
+            os.write(self._lifeline, b"0")
+            os.close(self._lifeline)
+            self._lifeline = None
+        if self._watchdog is not None:
+            try:
+                self._watchdog.wait(10)
+            except subprocess.TimeoutExpired:
+                self._watchdog.kill()
+                self._watchdog.wait()
+            self._watchdog = None
 
     def _wait_ready(self, deadline: float) -> None:
         assert self._proc is not None
@@ -198,6 +260,7 @@ class ServerProcess:
             reaped_by = time.monotonic() + 5.0
             while group_alive(pgid) and time.monotonic() < reaped_by:
                 time.sleep(0.05)
+        self._release_watchdog()
         return proc.returncode
 
     @staticmethod
