@@ -38,7 +38,10 @@ def bench(
     *,
     load: LoadFlags,
 ) -> None:
-    """Measure a running server: latency, throughput and goodput under the load you describe."""
+    """Measure a running server: latency, throughput and goodput under the load you describe.
+
+    Exit codes: 0 measured; 2 bad input, or a server that fails the pre-flight check (nothing is sent); 3 disturbed: the run ended, but requests failed because the server refused or dropped connections (killed, crashed) or a client worker died, so the numbers do not describe the server; 130 interrupted (Ctrl-C, SIGTERM). Records, summary and timeline are written in every case but 2.
+    """
     out = Console(stderr=True) if load.json else Console()
     with bad_input_exits():
         load.check()
@@ -66,6 +69,8 @@ def bench(
              "request_timeout": request_timeout, "scrape_interval": scrape_interval, "workers": workers, **load.as_dict()}
     run_info: dict[str, Any] = {"verb": "bench", "source": "http", "argv": _argv_without_secrets(api_key), "flags": flags}
     out.print(f"bench: {server['model']} at {base_url}{endpoint} -> {result_dir}", highlight=False)
+    for warning in server["warnings"]:
+        out.print(f"[yellow]warning[/]: {warning}", highlight=False, soft_wrap=True)
     run_and_show(target, load, first_plan, result_dir, run_info, out, report=report)
 
 

@@ -84,8 +84,10 @@ def diagnose(
         deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp, replicas=replicas,
                                            gpu_file=gpu_file)
         observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util)
+        partial = ""
         if results is not None:
             run = load_run(results)
+            partial = run.partial_note()
             dx = diagnose_run(run, deployment, slo=slo, warmup=warmup, observed=observed, slo_share=slo_attainment,
                               with_advice=check_advice)
             if calibration is not None:  # a run measured under other conditions than the profile's is not comparable
@@ -103,6 +105,9 @@ def diagnose(
     except (PerfConfigError, SLOError, FileNotFoundError, ValueError) as exc:
         raise _fail(str(exc)) from None
     data = dx.as_dict()
+    if partial:  # said first and kept in the JSON: every number below rests on a run cut short
+        data["partial_run"] = partial
+        Console(stderr=True).print(f"[yellow]{partial}[/]", highlight=False, soft_wrap=True)
     target = save or (results / DIAGNOSIS if results is not None else None)
     if target is not None:
         target.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")

@@ -2,8 +2,14 @@
 
 The two verbs differ only in what serves the requests (a real server or the
 simulator); from the plan on, the run, the tables, the warnings, the JSON on
-stdout, the report and the exit code on interruption are one code path, so a
-measured and a simulated run always read the same.
+stdout, the report and the exit codes are one code path, so a measured and a
+simulated run always read the same.
+
+Exit codes: 0 for a run that measured what it set out to; 130 when it was
+interrupted (Ctrl-C, SIGTERM); 3 when it ran to its end but was disturbed:
+some requests failed because a process went away (the server refused or
+dropped connections, a client worker died), so its numbers do not describe
+the server under that load. Either way every file is written.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags
 from servelab.cli.report import report_into
 from servelab.experiment.runner import run_point
 from servelab.experiment.sweep import run_sweep
+from servelab.metrics.records import disturbances
 from servelab.metrics.results import SUMMARY, SWEEP
 from servelab.metrics.slo import SLO
 from servelab.report.terminal import (
@@ -31,6 +38,9 @@ from servelab.report.terminal import (
 )
 from servelab.targets.base import Target
 from servelab.workload.spec import LoadPlan
+
+EXIT_DISTURBED = 3
+"""The run ended but a process went away during it (see the module docstring)."""
 
 
 def run_and_show(
@@ -44,7 +54,7 @@ def run_and_show(
     report: bool,
     title: str = "Serving benchmark result",
 ) -> None:
-    """Run and print; raises typer.Exit(EXIT_INTERRUPTED) after writing what completed if the run was interrupted."""
+    """Run and print; after writing everything, raises typer.Exit with EXIT_INTERRUPTED or EXIT_DISTURBED."""
     slo: SLO | None = load.slo()
     percentiles, sweep = load.percentiles(), load.parsed_sweep()
 
@@ -58,13 +68,13 @@ def run_and_show(
             summary = run_point(target, first_plan, result_dir, run_info, slo, percentiles, [progress])
         out.print(summary_table(summary, title=title))
         print_warnings(out, summary)
-        written, interrupted = SUMMARY, summary["interrupted"]
+        written, interrupted, summaries = SUMMARY, summary["interrupted"], [summary]
     else:
         index = run_sweep(target, sweep, load.arrival(), load.make_plan, result_dir, run_info, slo, percentiles, observe)
         out.print(sweep_table(index))
         for point in index["points"]:
             print_warnings(out, point["summary"])
-        written, interrupted = SWEEP, index["interrupted"]
+        written, interrupted, summaries = SWEEP, index["interrupted"], [p["summary"] for p in index["points"]]
     if load.json:
         sys.stdout.write((result_dir / written).read_text())
     if report:
@@ -72,3 +82,24 @@ def run_and_show(
     if interrupted:
         out.print(f"[bold red]interrupted[/]: what completed is in {result_dir}")
         raise typer.Exit(EXIT_INTERRUPTED)
+    disturbed = _disturbed(summaries)
+    if disturbed:
+        out.print(f"[bold red]disturbed[/]: {disturbed}; every request sent has its record in {result_dir}",
+                  highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_DISTURBED)
+
+
+def _disturbed(summaries: list[dict[str, Any]]) -> str:
+    """What disturbed the run(s), in words ('' when nothing did): failures by kind, and why release stopped."""
+    counts: dict[str, int] = {}
+    notes = []
+    for summary in summaries:
+        for kind, n in disturbances(summary.get("errors_by_kind") or {}).items():
+            counts[kind] = counts.get(kind, 0) + n
+        gone = (summary.get("client_stats") or {}).get("server_gone")
+        if gone:
+            notes.append(f"the server went away ({gone})")
+    if not counts:
+        return ""
+    failed = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+    return "; ".join([f"requests failed because a process went away: {failed}", *notes])

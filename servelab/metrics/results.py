@@ -6,6 +6,11 @@
     summary.json    derived from records.jsonl by `summarize`
 
 A sweep is a directory whose `sweep.json` lists one sub-directory per point.
+
+A directory without summary.json is a partial run: the client was killed
+(SIGKILL, out of memory, a reboot) before it could finish. Its records are
+still every request that ended before that, each a whole line, so readers
+take it, derive what they need from the records, and say it is partial.
 """
 
 from __future__ import annotations
@@ -82,6 +87,19 @@ class RunResult:
     records: list[RequestRecord]
     timeline: list[TimelineSample] = field(default_factory=list)
     summary: dict[str, Any] | None = None
+
+    @property
+    def partial(self) -> bool:
+        """The run never finished writing: no summary, so it ended before its end (see the module docstring)."""
+        return self.directory is not None and self.summary is None
+
+    def partial_note(self) -> str:
+        """One sentence for readers to print, '' for a finished run."""
+        if not self.partial:
+            return ""
+        ended = "" if "finished_at" in self.run_info else ", no end time in run.json"
+        return (f"partial run: {self.directory} has no {SUMMARY}{ended} (the client was killed before the end); "
+                f"what follows rests on the {len(self.records)} requests recorded until then")
 
 
 def load_run(directory: Path) -> RunResult:

@@ -119,13 +119,18 @@ class ReportInputs:
 
 
 def _summary_of(result: RunResult, given: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The stored summary when there is one; otherwise derived from the records, as summary.json would be."""
+    """The stored summary when there is one; otherwise derived from the records, as summary.json would be,
+    with a warning that the run is partial."""
     if given:
         return given
     if result.summary:
         return result.summary
     warmup = float(result.run_info.get("warmup", 0.0) or 0.0)
-    return summarize(result.records, warmup=warmup)
+    return {**summarize(result.records, warmup=warmup), "partial": True, "warnings": [result.partial_note()]}
+
+
+PARTIAL = " (partial)"
+"""Appended to the label of a run that never wrote its summary: every legend and table says so."""
 
 
 def _source_suffix(source: str | None) -> str:
@@ -287,11 +292,11 @@ def load_inputs(paths: list[Path]) -> ReportInputs:
     names = _disambiguate([item.label for item in given], [item.directory for item in given])
     for item, name in zip(given, names):
         if isinstance(item, ReportRun):
-            item.label = name + _source_suffix(item.source)
+            item.label = name + _source_suffix(item.source) + (PARTIAL if item.result.partial else "")
         elif isinstance(item, ReportSweep):
             item.label = name + _source_suffix(item.info.get("source") or item.points[0].source)
             for point in item.points:
-                point.label = f"{item.label} · {item.parameter}={point.sweep_value}"
+                point.label = f"{item.label} · {item.parameter}={point.sweep_value}" + (PARTIAL if point.result.partial else "")
         else:
             item.label = name
     return inputs
