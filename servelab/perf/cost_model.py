@@ -16,10 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware
-from servelab.perf.kernel_fit import GpuKernelFit, elementwise_bytes_per_token, load_kernel_fit
+from servelab.perf.kernel_fit import GemmFit, GpuKernelFit, elementwise_bytes_per_token, load_kernel_fit
 from servelab.perf.memory import kv_bytes_per_token_per_rank, kv_heads_per_rank, weight_bytes_per_rank
 from servelab.perf.models import ModelSpec
-from servelab.perf.quantization import weight_format
+from servelab.perf.quantization import WeightFormat, weight_format
 
 
 @dataclass(slots=True)
@@ -142,7 +142,7 @@ DATASHEET = "datasheet-roofline"
 
 
 def kernel_fit_for(
-    hardware: Hardware, model: ModelSpec, engine_config: EngineConfig, compute_dtype: str,
+    hardware: Hardware, model: ModelSpec, engine_config: EngineConfig, weights: WeightFormat,
     coefficients: CostCoefficients,
 ) -> tuple[GpuKernelFit | None, str]:
     """The measured kernel fit this deployment can use, or None and why the datasheet roofline stands."""
@@ -152,8 +152,8 @@ def kernel_fit_for(
         return None, f"no measured kernel tables for {hardware.name}: datasheet peaks x assumed efficiencies"
     if coefficients.model_fields_set & _GPU_FIELDS:
         return None, "GPU efficiencies given (calibrated or set by hand): they replace the kernel fit"
-    if compute_dtype != "bf16" or model.dtype_bytes != 2:
-        return None, f"the kernel fit covers bf16/fp16 weights; {model.name} runs {compute_dtype} at {model.dtype_bytes} B"
+    if weights.compute_dtype != "bf16" or weights.bytes_per_param != 2 or model.dtype_bytes != 2:
+        return None, f"the kernel fit covers bf16/fp16 weights and activations, not {weights.name} in {model.dtype}"
     if tp > 1 and tp not in fit.allreduce:
         return None, f"no all-reduce table for TP={tp} on {hardware.name}"
     return fit, f"fitted to {fit.tables['gemm'].split('/')[0]} kernel tables of {fit.device} (docs/kernels.md)"
@@ -222,13 +222,13 @@ class RooflineCostModel:
         self._wake, self._wake_tau = c.idle_wake_s, c.idle_wake_time_constant_s
 
         fit, self.cost_source_note = (
-            kernel_fit_for(hardware, model, engine_config, self.weight_format.compute_dtype, c)
+            kernel_fit_for(hardware, model, engine_config, self.weight_format, c)
             if kernels else (None, "datasheet form requested")
         )
         self.kernel_fit = fit
         self.cost_source = f"kernel-fit:{hardware.name}" if fit else DATASHEET
         if fit:
-            self._init_fitted(fit, model, tp, streamed, kv_per_token)
+            self._init_fitted(fit, model, tp, kv_per_token)
             return
 
         self._weight_time = streamed / (memory_bw * c.memory_efficiency)
@@ -249,26 +249,21 @@ class RooflineCostModel:
         else:
             self._comm_fixed = self._comm_s_per_token = 0.0
 
-    def _init_fitted(self, fit: GpuKernelFit, model: ModelSpec, tp: int, streamed: float, kv_per_token: float) -> None:
+    def _init_fitted(self, fit: GpuKernelFit, model: ModelSpec, tp: int, kv_per_token: float) -> None:
         """Per-token and per-step constants of the fitted form (formulas: servelab.perf.kernel_fit)."""
         peak, bw, layers = self.hardware.peak_flops("bf16"), self.hardware.memory_bandwidth, model.num_layers
         g, dec, pre, el = fit.gemm, fit.decode_attention, fit.prefill_attention, fit.elementwise
         h, d = model.hidden_size, model.head_dim
         heads, kv_heads = model.num_heads // tp, kv_heads_per_rank(model, tp)
         inter = model.intermediate_size // tp
-        lm_head_weights = model.vocab_size * h * model.dtype_bytes / tp
-        gemm_bw = bw * g.memory_efficiency
-        # Linear layers: qkv, o, gate_up, down (n, k) per rank; activations are read (k) and written (n).
-        activation_elems = ((heads + 2 * kv_heads) * d + h) + (h + heads * d) + (2 * inter + h) + (h + inter)
+        # qkv, o, gate_up, down of one layer, then the LM head: (n, k) per rank.
+        shapes = (((heads + 2 * kv_heads) * d, h), (h, heads * d), (2 * inter, h), (h, inter))
         self._p, self._inv_p, self._half_tokens = g.knee_p, 1.0 / g.knee_p, g.half_tokens
-        self._linear_s_per_token = model.linear_flops_per_token / tp / (peak * g.peak_efficiency)
-        self._weight_time = (streamed - lm_head_weights) / gemm_bw
-        self._activation_s_per_token = layers * activation_elems * model.dtype_bytes / gemm_bw
-        self._linear_fixed = 4 * layers * g.launch_s
-        self._lm_head_s_per_sample = model.lm_head_flops_per_token / tp / (peak * g.peak_efficiency)
-        self._lm_head_weight_time = lm_head_weights / gemm_bw
-        self._lm_head_activation_s = (model.vocab_size / tp + h) * model.dtype_bytes / gemm_bw
-        self._lm_head_fixed = g.launch_s
+        self._throttle, self._throttle_flops = g.throttle, g.throttle_flops
+        self._layer_gemms = tuple(self._gemm_constants(g, n, k) for n, k in shapes)
+        self._lm_head = self._gemm_constants(g, model.vocab_size // tp, h)
+        self._layers = layers
+        self._gemm_fixed = (4 * layers + 1) * g.launch_s
         # Attention, per layer in the tables; summed over layers here.
         kv_layer = kv_per_token / layers
         self._decode_fixed, self._decode_split = layers * dec.launch_s, layers * dec.split_s
@@ -286,6 +281,19 @@ class RooflineCostModel:
             self._comm_s_per_token = 2 * layers * h * model.dtype_bytes * ar.seconds_per_byte
         else:
             self._comm_fixed = self._comm_s_per_token = 0.0
+
+    def _gemm_constants(self, g: GemmFit, n: int, k: int) -> tuple[float, float, float, float]:
+        """(s per token at peak efficiency incl. tile overhead, FLOPs per token, weight s, activation s per token)."""
+        peak, bw = self.hardware.peak_flops("bf16"), self.hardware.memory_bandwidth * g.memory_efficiency
+        size = self.model.dtype_bytes
+        return 2 * n * (k + g.half_depth) / (peak * g.peak_efficiency), 2.0 * n * k, n * k * size / bw, (n + k) * size / bw
+
+    def _gemm_time(self, m: int, constants: tuple[float, float, float, float]) -> float:
+        """One GEMM of m tokens in the fitted form (kernel_fit.gemm_time without its launch floor)."""
+        per_token, flops_per_token, weights, activations = constants
+        flops = m * flops_per_token
+        compute = (m + self._half_tokens) * per_token / (1 - self._throttle * flops / (flops + self._throttle_flops))
+        return (compute**self._p + (weights + m * activations) ** self._p) ** self._inv_p
 
     def step_time_aggregate(
         self,
@@ -330,15 +338,9 @@ class RooflineCostModel:
     ) -> float:
         """`step_time_aggregate` in the fitted form (see the class docstring)."""
         num_tokens = num_prefill_tokens + num_decodes
-        p = self._p
-        gpu = (
-            ((num_tokens + self._half_tokens) * self._linear_s_per_token) ** p
-            + (self._weight_time + num_tokens * self._activation_s_per_token) ** p
-        ) ** self._inv_p + (
-            ((num_sampled + self._half_tokens) * self._lm_head_s_per_sample) ** p
-            + (self._lm_head_weight_time + num_sampled * self._lm_head_activation_s) ** p
-        ) ** self._inv_p
-        gpu += self._linear_fixed + self._lm_head_fixed + self._elementwise_fixed + num_tokens * self._elementwise_s_per_token
+        gemm = self._gemm_time
+        gpu = self._layers * sum(gemm(num_tokens, c) for c in self._layer_gemms) + gemm(num_sampled, self._lm_head)
+        gpu += self._gemm_fixed + self._elementwise_fixed + num_tokens * self._elementwise_s_per_token
         if num_decodes:
             gpu += (
                 self._decode_fixed + self._decode_split * sum_decode_context / (sum_decode_context + self._decode_split_tokens)
@@ -363,15 +365,9 @@ class RooflineCostModel:
     ) -> float:
         """`step_time_aggregate` in the fitted form (see the class docstring)."""
         num_tokens = num_prefill_tokens + num_decodes
-        p = self._p
-        gpu = (
-            ((num_tokens + self._half_tokens) * self._linear_s_per_token) ** p
-            + (self._weight_time + num_tokens * self._activation_s_per_token) ** p
-        ) ** self._inv_p + (
-            ((num_sampled + self._half_tokens) * self._lm_head_s_per_sample) ** p
-            + (self._lm_head_weight_time + num_sampled * self._lm_head_activation_s) ** p
-        ) ** self._inv_p
-        gpu += self._linear_fixed + self._lm_head_fixed + self._elementwise_fixed + num_tokens * self._elementwise_s_per_token
+        gemm = self._gemm_time
+        gpu = self._layers * sum(gemm(num_tokens, c) for c in self._layer_gemms) + gemm(num_sampled, self._lm_head)
+        gpu += self._gemm_fixed + self._elementwise_fixed + num_tokens * self._elementwise_s_per_token
         if num_decodes:
             gpu += (
                 self._decode_fixed + self._decode_split * sum_decode_context / (sum_decode_context + self._decode_split_tokens)

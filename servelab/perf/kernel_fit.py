@@ -86,10 +86,20 @@ class _Frozen(BaseModel):
 
 
 class GemmFit(_Frozen):
-    """t = launch + ((2mnk / (P e(m)))^p + (bytes / (B e_mem))^p)^(1/p),  e(m) = peak_efficiency * m / (m + half_tokens)."""
+    """t = launch + ((2 (m + half_tokens) n (k + half_depth) / (P e))^p + (bytes / (B e_mem))^p)^(1/p),
+    e = peak_efficiency (1 - throttle f / (f + throttle_flops)), f = 2mnk.
+
+    half_tokens: efficiency saturating in tokens, m / (m + half_tokens); half_depth:
+    in the reduction depth, k / (k + half_depth) (each output tile pays a prologue
+    and epilogue whatever its k: a 1k-deep GEMM reaches a third of the peak a 16k-deep one does).
+    """
 
     peak_efficiency: float = Field(gt=0, le=1)
     half_tokens: float = Field(ge=0)
+    half_depth: float = Field(ge=0)
+    throttle: float = Field(ge=0, lt=1)
+    """Fraction of the peak lost by GEMMs far larger than throttle_flops (sustained power draw lowers the clock)."""
+    throttle_flops: float = Field(gt=0)
     memory_efficiency: float = Field(gt=0, le=1)
     knee_p: float = Field(ge=1)
     launch_s: float = Field(ge=0)
@@ -186,7 +196,9 @@ def smooth_roofline(compute_s: float, memory_s: float, p: float) -> float:
 
 
 def gemm_time(fit: GemmFit, hw: Hardware, m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
-    compute = 2.0 * (m + fit.half_tokens) * n * k / (hw.peak_flops("bf16") * fit.peak_efficiency)
+    flops = 2.0 * m * n * k
+    efficiency = fit.peak_efficiency * (1 - fit.throttle * flops / (flops + fit.throttle_flops))
+    compute = 2.0 * (m + fit.half_tokens) * n * (k + fit.half_depth) / (hw.peak_flops("bf16") * efficiency)
     memory = BF16 * (n * k + m * (n + k)) / (hw.memory_bandwidth * fit.memory_efficiency)
     return fit.launch_s + smooth_roofline(compute, memory, fit.knee_p)
 
@@ -302,20 +314,25 @@ def held_out(values: pd.Series) -> np.ndarray:
 
 
 def gemm_rows(t: KernelTables) -> pd.DataFrame:
-    """Layer-sized GEMMs (both weight sides 1k-64k) at 1-16k tokens: what a 7-70B model runs."""
+    """Layer-sized GEMMs (weight sides 2k-64k) at 1-16k tokens: what a 7-70B model runs at TP 1-8."""
     g = t.gemm
-    return g[(g.n >= 1024) & (g.k >= 1024) & (g.m <= 16384)]
+    return g[(g.n >= 2048) & (g.k >= 2048) & (g.m <= 16384)]
+
+
+def _llm_heads(frame: pd.DataFrame) -> pd.Series:
+    """Head layouts of 7-70B models at TP 1-8: 8+ query heads per rank, groups of at most 8 per KV head."""
+    return (frame.num_heads >= 8) & (frame.num_heads <= 8 * frame.num_key_value_heads)
 
 
 def decode_rows(t: KernelTables) -> pd.DataFrame:
     d = t.decode.assign(context=t.decode.step + 1)
-    return d[(d.batch_size <= 1024) & (d.context >= 64) & (d.context <= 16384)]
+    return d[(d.batch_size <= 1024) & (d.context >= 64) & (d.context <= 16384) & _llm_heads(d)]
 
 
 def prefill_rows(t: KernelTables) -> pd.DataFrame:
-    """Chunks of 128+ tokens with 8+ query heads per rank: shorter ones cost little beside their GEMMs."""
+    """Chunks of 128+ tokens (shorter ones cost little beside their GEMMs) with LLM head layouts."""
     p = t.prefill
-    return p[(p.isl >= 128) & (p.num_heads >= 8) & (p.batch_size * p.isl <= 32768)]
+    return p[(p.isl >= 128) & _llm_heads(p) & (p.batch_size * p.isl <= 32768)]
 
 
 def allreduce_rows(t: KernelTables) -> pd.DataFrame:
@@ -359,10 +376,11 @@ def fit_gemm(t: KernelTables, hw: Hardware) -> tuple[GemmFit, Residual]:
     measured = rows.latency.to_numpy()
 
     def make(x: np.ndarray) -> GemmFit:
-        return GemmFit(peak_efficiency=x[0], half_tokens=x[1], memory_efficiency=x[2], knee_p=x[3], launch_s=x[4] * 1e-6)
+        return GemmFit(peak_efficiency=x[0], half_tokens=x[1], half_depth=x[2], memory_efficiency=x[3], knee_p=x[4],
+                       launch_s=x[5] * 1e-6, throttle=x[6], throttle_flops=x[7] * 1e9)
 
     x = _fit_log(lambda x: gemm_time(make(x), hw, m[~hold], n[~hold], k[~hold]), measured[~hold],
-                 [0.8, 32, 0.8, 3, 4], [0.05, 0, 0.05, 1, 0], [1, 4096, 1, 30, 50])
+                 [0.8, 32, 512, 0.8, 3, 4, 0.1, 500], [0.05, 0, 0, 0.05, 1, 0, 0, 1], [1, 4096, 8192, 1, 30, 50, 0.9, 1e5])
     fit = make(x)
     return fit, _residual(gemm_time(fit, hw, m, n, k), measured, hold)
 
