@@ -206,6 +206,19 @@ def summary_table(rows: list[Replay]) -> str:
     return _table(["metric", "runs", "MAPE", "median abs error", "MPE (signed)"], lines)
 
 
+BLIS_COLUMNS = ("mean_e2el_ms", "p90_e2el_ms", "p99_e2el_ms", "mean_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
+                "mean_tpot_ms", "p90_tpot_ms", "p99_tpot_ms")
+"""inference-sim's sim-to-real columns (experiment/report.py _METRIC_COLS), TPOT in place of its ITL."""
+
+
+def blis_table(rows: list[Replay], label: str) -> str:
+    """One row of MAPE per column, in the layout of inference-sim's aggregate table, so the two can sit side by side."""
+    mape = {m: (v, n) for m, n, v, _, _ in summary_rows(rows)}
+    cells = [f"{100 * mape[m][0]:.1f} (n={mape[m][1]})" if m in mape else "N/A" for m in BLIS_COLUMNS]
+    head = ["Simulator", *(m.replace("_ms", "").replace("e2el", "e2e") for m in BLIS_COLUMNS)]
+    return _table(head, [[label, *cells]])
+
+
 def floors(rows: list[Replay]) -> str:
     med = {m: v for m, _, _, v, _ in summary_rows(rows)}
     parts = [f"{SHORT[m]} {100 * med[m]:.1f}% (floor {100 * f:.0f}%: {'met' if med[m] <= f else 'missed'})"
@@ -231,7 +244,8 @@ def report(rows: list[Replay], skipped: list[tuple[dict[str, Any], str]]) -> str
         group = [r for r in rows if r.entry["era"] == era]
         if not group:
             continue
-        parts += [f"### {title}: summary ({sum(r.in_summary for r in group)} runs)", summary_table(group)]
+        parts += [f"### {title}: summary ({sum(r.in_summary for r in group)} runs)", summary_table(group),
+                  "MAPE (%) in inference-sim's column layout:", blis_table(group, "servelab")]
         if era == "v1":
             parts.append(floors(group))
         parts += [f"### {title}: per run", per_run_table(group)]
