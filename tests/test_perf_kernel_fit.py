@@ -1,0 +1,165 @@
+"""Kernel fit: reproducible from the installed tables, honest fallback, a smooth roofline, accuracy on held-out sizes.
+
+Needs aiconfigurator-core (the `kernels` extra, also in `test`): the measured tables the fit reads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from servelab.perf import kernel_fit as kf
+from servelab.perf.cost_model import CostCoefficients, RooflineCostModel, StepBatch
+from servelab.perf.engine_args import resolve
+from servelab.perf.engine_config import EngineConfig
+from servelab.perf.hardware import get_gpu
+from servelab.perf.models import get_model
+
+GPU_ONLY = CostCoefficients(step_overhead_s=0, per_request_overhead_s=0)
+TOKEN_FIELDS = {"half_tokens", "half_depth", "half_context", "half_length"}
+"""Fitted sizes in tokens, some of which converge to ~0 at their bound: compared to 1e-3 token."""
+
+
+def _model(gpu="h100", model="llama-3.1-8b", coefficients=None, **kwargs):
+    hw, spec = get_gpu(gpu), get_model(model)
+    config = {k: v for k, v in kwargs.items() if k != "kernels"}
+    extra = {"kernels": kwargs["kernels"]} if "kernels" in kwargs else {}
+    return RooflineCostModel(hw, spec, resolve(EngineConfig(**config), hw, spec), coefficients, **extra)
+
+
+def _assert_close(committed, fresh, path="") -> None:
+    if isinstance(committed, dict):
+        assert committed.keys() == fresh.keys(), path
+        for key in committed:
+            _assert_close(committed[key], fresh[key], f"{path}.{key}")
+    elif isinstance(committed, float):
+        absolute = 1e-3 if path.rsplit(".", 1)[-1] in TOKEN_FIELDS else 1e-6 if path.endswith("throttle") else 0.0
+        assert fresh == pytest.approx(committed, rel=1e-3, abs=absolute), path
+    else:
+        assert committed == fresh, path
+
+
+def test_committed_coefficients_are_reproduced_by_refitting_the_installed_tables():
+    committed = kf.load_kernel_coefficients()
+    assert committed is not None, "servelab/perf/data/kernel_coefficients.yaml is missing: run scripts/fit_kernels.py"
+    fresh = kf.KernelCoefficients.model_validate(kf.yaml.safe_load(kf.dump_yaml(kf.fit_all())))
+    assert set(committed.gpus) == set(kf.SYSTEMS)
+    _assert_close(committed.model_dump(), fresh.model_dump())
+
+
+def test_stored_residuals_are_what_the_fitted_formulas_give():
+    """The residuals stored beside the coefficients are what the fitted formulas give on the tables."""
+    gpu = "H100-SXM"
+    hw, fit, tables = get_gpu(gpu), kf.load_kernel_fit(get_gpu(gpu)), kf.load_tables(gpu)
+    rows = kf.gemm_rows(tables)
+    pred = kf.gemm_time(fit.gemm, hw, *(rows[c].to_numpy(float) for c in ("m", "n", "k")))
+    held = kf.held_out(rows.m)
+    rms = float(np.sqrt(np.mean((pred[held] / rows.latency.to_numpy()[held] - 1) ** 2)))
+    assert rms == pytest.approx(fit.residuals["gemm"].holdout_rms, rel=1e-3)
+    assert fit.residuals["gemm"].holdout_rows == int(held.sum()) > 1000
+
+
+@pytest.mark.parametrize("gpu", ["h100", "a100-80gb", "h200"])
+def test_gpu_with_tables_uses_the_fit_and_says_so(gpu):
+    model = _model(gpu)
+    assert model.cost_source == f"kernel-fit:{get_gpu(gpu).name}"
+    assert "kernel tables" in model.cost_source_note
+
+
+@pytest.mark.parametrize("gpu, reason", [
+    ("a100-40gb", "no measured kernel tables"),  # the tables were timed on the 80GB part
+    ("l40s", "no measured kernel tables"),
+])
+def test_gpu_without_data_keeps_the_datasheet_roofline_and_says_so(gpu, reason):
+    model = _model(gpu)
+    assert model.cost_source == "datasheet-roofline"
+    assert reason in model.cost_source_note
+    datasheet = _model(gpu, kernels=False)
+    batch = StepBatch(prefill_chunks=[(512, 0)], decode_contexts=[1000] * 16)
+    assert model.step_time(batch) == datasheet.step_time(batch)
+
+
+def test_calibrated_efficiencies_and_other_weight_formats_keep_the_datasheet_form():
+    calibrated = _model(coefficients=CostCoefficients(compute_efficiency=0.6, memory_efficiency=0.75))
+    assert calibrated.cost_source == "datasheet-roofline" and "calibrated" in calibrated.cost_source_note
+    fp8 = _model(quantization="fp8")
+    assert fp8.cost_source == "datasheet-roofline" and "fp8" in fp8.cost_source_note
+    # CPU-side coefficients alone (what the engine defaults set) leave the kernel fit in place.
+    assert _model(coefficients=GPU_ONLY).cost_source == "kernel-fit:H100-SXM"
+
+
+def test_smooth_roofline_lies_between_max_and_sum():
+    for c, m in [(1.0, 0.0), (1.0, 1.0), (2.0, 0.5), (1e-6, 3e-6)]:
+        for p in (1.0, 1.7, 3.0, 12.0):
+            s = kf.smooth_roofline(c, m, p)
+            assert max(c, m) <= s <= c + m + 1e-18
+    assert kf.smooth_roofline(1.0, 1.0, 1.0) == 2.0
+    assert kf.smooth_roofline(1.0, 1.0, 60.0) == pytest.approx(1.0, rel=0.02)
+
+
+@pytest.mark.parametrize("gpu, model, tp", [("h100", "llama-3.1-8b", 1), ("a100-80gb", "qwen2.5-7b", 1),
+                                             ("h200", "llama-3.1-70b", 4)])
+def test_fitted_step_time_is_continuous_and_monotone_in_tokens(gpu, model, tp):
+    cost = _model(gpu, model, GPU_ONLY, tensor_parallel_size=tp)
+    ideal = _model(gpu, model, CostCoefficients.ideal(), tensor_parallel_size=tp, kernels=False)
+    assert cost.cost_source.startswith("kernel-fit:")
+    decode, prefill = range(1, 1025), range(1, 16385, 7)
+    for sizes, batch in ((decode, lambda n: StepBatch(decode_contexts=[2048] * n)),
+                         (prefill, lambda n: StepBatch(prefill_chunks=[(n, 0)]))):
+        times = np.array([cost.step_time(batch(n)) for n in sizes])
+        added = np.diff(times)
+        assert np.all(added > 0), "step time must grow with every added token"
+        # No jump: the added tokens never cost more than 3x their own FLOPs and KV bytes at datasheet peak.
+        own = np.array([ideal.step_time(batch(b)) - ideal.step_time(batch(a)) for a, b in zip(sizes, sizes[1:])])
+        assert added.max() < 3 * own.max()
+    context = [cost.step_time(StepBatch(decode_contexts=[c] * 32)) for c in range(64, 16384, 64)]
+    assert all(b > a for a, b in zip(context, context[1:]))
+
+
+def test_cost_model_adds_the_fitted_ops_of_a_forward_pass():
+    """The cost model's constants implement kernel_fit's op formulas: a decode step is their sum over layers."""
+    hw, spec = get_gpu("h100"), get_model("llama-3.1-8b")
+    cost = _model(coefficients=GPU_ONLY)
+    fit = kf.load_kernel_fit(hw)
+    b, ctx = 64, 2048
+    h, d, heads, kv, inter = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.intermediate_size
+    f = np.float64
+    layer = sum(kf.gemm_time(fit.gemm, hw, f(b), f(n), f(k)) for n, k in (
+        ((heads + 2 * kv) * d, h), (h, heads * d), (2 * inter, h), (h, inter)))
+    layer += kf.decode_attention_time(fit.decode_attention, hw, f(b), f(ctx), f(kv))
+    layer += kf.elementwise_time(fit.elementwise, hw, f(b), kf.elementwise_bytes_per_token(h, heads, kv, inter))
+    expected = spec.num_layers * layer + kf.gemm_time(fit.gemm, hw, f(b), f(spec.vocab_size), f(h))
+    assert cost.step_time(StepBatch(decode_contexts=[ctx] * b)) == pytest.approx(float(expected), rel=1e-9)
+
+
+@pytest.mark.parametrize("gpu", list(kf.SYSTEMS))
+def test_forward_pass_on_held_out_sizes_is_closer_than_the_datasheet(gpu):
+    """Llama-3.1-8B decode (batches 1-512, contexts 512-8k) and prefill (256-16k) at sizes the fit never used."""
+    hw, spec = get_gpu(gpu), get_model("llama-3.1-8b")
+    tables = kf.load_tables(gpu)
+    lookup, fit = kf.TableLookup(tables), kf.load_kernel_fit(hw)
+    odd = lambda values: set(int(v) for v in np.sort(values.unique())[1::2])  # noqa: E731
+    gemm_held, decode_held, prefill_held = odd(kf.gemm_rows(tables).m), odd(kf.decode_rows(tables).context), odd(
+        kf.prefill_rows(tables).isl)
+    fitted, datasheet = _model(gpu, coefficients=GPU_ONLY), _model(gpu, kernels=False)
+    after, before = [], []
+    for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
+        for ctx in (512, 1024, 2048, 4096, 8192):
+            if b in gemm_held and ctx in decode_held and lookup.decode_measured(b, ctx, spec.num_kv_heads):
+                table = kf.forward_pass(lookup, fit.elementwise, hw, spec, 1, tokens=b, decode_context=ctx).total
+                batch = StepBatch(decode_contexts=[ctx] * b)
+                after.append(fitted.step_time(batch) / table - 1)
+                before.append(datasheet.step_time(batch) / table - 1)
+    for s in (256, 512, 1024, 2048, 4096, 8192, 16384):
+        if s in gemm_held and s in prefill_held:
+            table = kf.forward_pass(lookup, fit.elementwise, hw, spec, 1, tokens=s).total
+            batch = StepBatch(prefill_chunks=[(s, 0)])
+            after.append(fitted.step_time(batch) / table - 1)
+            before.append(datasheet.step_time(batch) / table - 1)
+    after, before = np.abs(after), np.abs(before)
+    assert len(after) >= 10
+    assert after.mean() < 0.05 and after.max() < 0.12
+    assert after.mean() < 0.6 * before.mean()
+    assert math.isfinite(after.max())
