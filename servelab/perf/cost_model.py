@@ -167,7 +167,7 @@ class RooflineCostModel:
 
     step = smooth((tokens + h) x linear FLOPs / (peak e), weights + activations / (bw e_mem))   linear layers
          + the same for the LM head over sampled tokens                                       LM head
-         + decode attention: launch + split-KV step + (KV tokens + requests x c) x bytes / bw  per layer
+         + decode attention: launch + L2-miss step + (KV tokens + requests x c) x bytes / bw  per layer
          + prefill attention: launch + causal FLOPs (1 + s_half / chunk length) / peak         per layer
          + per-layer elementwise kernels (norms, RoPE, activation) and GEMM launch floors
          + 2 all-reduces per layer when TP > 1 (measured latency + bytes / bandwidth)
@@ -266,8 +266,8 @@ class RooflineCostModel:
         self._gemm_fixed = (4 * layers + 1) * g.launch_s
         # Attention, per layer in the tables; summed over layers here.
         kv_layer = kv_per_token / layers
-        self._decode_fixed, self._decode_split = layers * dec.launch_s, layers * dec.split_s
-        self._decode_split_tokens = dec.split_bytes / kv_layer
+        self._decode_fixed, self._decode_cold = layers * dec.launch_s, layers * dec.cold_s
+        self._decode_cache_tokens4 = (dec.cache_bytes / kv_layer) ** 4
         self._decode_half_context = dec.half_context
         self._kv_s_per_token = kv_per_token / (bw * dec.memory_efficiency)
         self._prefill_fixed, self._prefill_half_length = layers * pre.launch_s, pre.half_length
@@ -342,35 +342,9 @@ class RooflineCostModel:
         gpu = self._layers * sum(gemm(num_tokens, c) for c in self._layer_gemms) + gemm(num_sampled, self._lm_head)
         gpu += self._gemm_fixed + self._elementwise_fixed + num_tokens * self._elementwise_s_per_token
         if num_decodes:
+            kv4 = sum_decode_context**4
             gpu += (
-                self._decode_fixed + self._decode_split * sum_decode_context / (sum_decode_context + self._decode_split_tokens)
-                + (sum_decode_context + num_decodes * self._decode_half_context) * self._kv_s_per_token
-            )
-        chunks = num_sampled - num_decodes
-        if chunks:
-            # Kernel efficiency grows with the keys a chunk attends to (its new tokens plus its cache).
-            keys = (num_prefill_tokens + prefill_context_tokens) / chunks
-            gpu += self._prefill_fixed + max(
-                prefill_attn_work * self._attn_s_per_pair * (1 + self._prefill_half_length / keys),
-                prefill_context_tokens * self._kv_s_per_token,
-            )
-        cpu = self._step_overhead + num_sampled * self._request_overhead
-        if chunks:
-            cpu += self._prefill_step_overhead
-        return gpu + self._comm_fixed + num_tokens * self._comm_s_per_token + cpu
-
-    def _fitted_step(
-        self, num_prefill_tokens: int, prefill_attn_work: int, num_decodes: int, sum_decode_context: int,
-        num_sampled: int, prefill_context_tokens: int,
-    ) -> float:
-        """`step_time_aggregate` in the fitted form (see the class docstring)."""
-        num_tokens = num_prefill_tokens + num_decodes
-        gemm = self._gemm_time
-        gpu = self._layers * sum(gemm(num_tokens, c) for c in self._layer_gemms) + gemm(num_sampled, self._lm_head)
-        gpu += self._gemm_fixed + self._elementwise_fixed + num_tokens * self._elementwise_s_per_token
-        if num_decodes:
-            gpu += (
-                self._decode_fixed + self._decode_split * sum_decode_context / (sum_decode_context + self._decode_split_tokens)
+                self._decode_fixed + self._decode_cold * kv4 / (kv4 + self._decode_cache_tokens4)
                 + (sum_decode_context + num_decodes * self._decode_half_context) * self._kv_s_per_token
             )
         chunks = num_sampled - num_decodes
