@@ -158,6 +158,10 @@ class ServerProcess:
         """The group leader's pid (also the process-group id), or None before start."""
         return self._proc.pid if self._proc else None
 
+    def exit_code(self) -> int | None:
+        """The leader's exit status once it has exited (negative: killed by that signal); None while it runs."""
+        return None if self._proc is None else self._proc.poll()
+
     def running(self) -> bool:
         """True while any process of the group is alive."""
         return self._proc is not None and group_alive(self._proc.pid)

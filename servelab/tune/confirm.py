@@ -6,8 +6,14 @@ its own server from the user's `--server-cmd` template, started through
 `ServerProcess` (new process group, `/health` wait with the log tail on
 failure, SIGTERM then SIGKILL of the whole group). No server outlives its
 measurement: the context manager stops it on any exit, an interpreter exit
-stops what is still registered, and a marker file naming the live group lets
-the next `--resume` kill a server orphaned by a SIGKILLed tune.
+stops what is still registered, each server's watchdog stops it when tune
+itself is SIGKILLed, and a marker file naming the live group lets the next
+`--resume` kill a server that still outlived it.
+
+A configuration whose server will not start (a bad flag, a crash while
+loading, no answer within --startup-timeout), or whose server dies or drops
+connections during the measurement, is a failed trial: its result keeps the
+error and the server's log tail, and the study goes on to the next one.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab.metrics.records import MemorySink
+from servelab.metrics.records import MemorySink, disturbances
 from servelab.metrics.results import ResultWriter
 from servelab.metrics.summary import summarize
 from servelab.targets.deployment import Deployment
@@ -264,13 +270,25 @@ def _measure(
         result.bench_s = time.monotonic() - began
         if run.interrupted:
             raise KeyboardInterrupt
+        exit_code = server.exit_code()  # before stop(), which would make any server exit
     finally:
         server.stop()
         marker.unlink(missing_ok=True)
     summary = summarize(writer.records.records, slo=objective.slo, percentiles=objective.percentiles)
     writer.write_summary(summary)
+    result.error = _disturbed(exit_code, disturbances(summary["errors_by_kind"]), server)
     gpus = gpu_count(config.deployment)
     result.measured = key_metrics(summary)
     result.measured_score = objective.score_point(summary, config.deployment.hardware.name, gpus)
     result.measured_violation = objective.violation(summary)
     return result
+
+
+def _disturbed(exit_code: int | None, failures: Mapping[str, int], server: ServerProcess) -> str | None:
+    """Why a measurement does not describe its configuration (the server died or dropped connections), with
+    the server's log tail; None when it does."""
+    if exit_code is None and not failures:
+        return None
+    died = "server running" if exit_code is None else f"server exited with code {exit_code}"
+    failed = ", ".join(f"{n} {kind}" for kind, n in sorted(failures.items())) or "no request failed"
+    return f"{died} during the measurement ({failed}; {server.log_path}):\n{server.log_tail()}"
