@@ -165,8 +165,9 @@ class RooflineCostModel:
     Where measured kernel tables exist for the GPU (servelab/perf/data/kernel_coefficients.yaml,
     `cost_source` "kernel-fit:<gpu>"), each part has the fitted form of docs/kernels.md:
 
-    step = smooth((tokens + h) x linear FLOPs / (peak e), weights + activations / (bw e_mem))   linear layers
-         + the same for the LM head over sampled tokens                                       LM head
+    step = per layer, for each of qkv, o, gate_up, down (and the LM head over sampled tokens):
+             smooth(FLOPs (tile costs included) / (peak e), (weights + activations) / (bw e_mem))
+             + a launch floor, e saturating in tokens and falling for very large GEMMs
          + decode attention: launch + L2-miss step + (KV tokens + requests x c) x bytes / bw  per layer
          + prefill attention: launch + causal FLOPs (1 + s_half / chunk length) / peak         per layer
          + per-layer elementwise kernels (norms, RoPE, activation) and GEMM launch floors
@@ -186,7 +187,8 @@ class RooflineCostModel:
     an idle engine (the simulator adds it to the first step after idling).
     The LM head runs only for sampled tokens (one per decode and one per prefill
     chunk, an approximation: vLLM samples only a prefill's last chunk). All
-    per-token constants are precomputed so a step costs a few float operations.
+    per-token constants are precomputed (and the fitted GEMM part memoized per
+    token count) so a step costs a few float operations.
     `kernels=False` forces the datasheet form (the "before" of benchmarks/kernel_accuracy.py).
     """
 
@@ -264,6 +266,10 @@ class RooflineCostModel:
         self._lm_head = self._gemm_constants(g, model.vocab_size // tp, h)
         self._layers = layers
         self._gemm_fixed = (4 * layers + 1) * g.launch_s
+        # Step times repeat their token counts (decode batches, the token budget): the GEMM and
+        # elementwise part depends on nothing else, so it is computed once per count.
+        self._layer_cache: dict[int, float] = {}
+        self._lm_head_cache: dict[int, float] = {}
         # Attention, per layer in the tables; summed over layers here.
         kv_layer = kv_per_token / layers
         self._decode_fixed, self._decode_cold = layers * dec.launch_s, layers * dec.cold_s
@@ -338,11 +344,18 @@ class RooflineCostModel:
     ) -> float:
         """`step_time_aggregate` in the fitted form (see the class docstring)."""
         num_tokens = num_prefill_tokens + num_decodes
-        gemm = self._gemm_time
-        gpu = self._layers * sum(gemm(num_tokens, c) for c in self._layer_gemms) + gemm(num_sampled, self._lm_head)
-        gpu += self._gemm_fixed + self._elementwise_fixed + num_tokens * self._elementwise_s_per_token
+        layers = self._layer_cache.get(num_tokens)
+        if layers is None:
+            layers = self._layer_cache[num_tokens] = self._layers * sum(
+                self._gemm_time(num_tokens, c) for c in self._layer_gemms
+            ) + self._elementwise_fixed + num_tokens * self._elementwise_s_per_token
+        lm_head = self._lm_head_cache.get(num_sampled)
+        if lm_head is None:
+            lm_head = self._lm_head_cache[num_sampled] = self._gemm_time(num_sampled, self._lm_head) + self._gemm_fixed
+        gpu = layers + lm_head
         if num_decodes:
-            kv4 = sum_decode_context**4
+            kv2 = sum_decode_context * sum_decode_context
+            kv4 = kv2 * kv2
             gpu += (
                 self._decode_fixed + self._decode_cold * kv4 / (kv4 + self._decode_cache_tokens4)
                 + (sum_decode_context + num_decodes * self._decode_half_context) * self._kv_s_per_token
