@@ -119,6 +119,7 @@ class SimTarget:
             "engine_config": {k: getattr(self.config, k) for k in self.config.__dataclass_fields__},
             "num_gpu_blocks": self.num_gpu_blocks,
             "cost_model": type(self.cost_model).__name__,
+            "cost_source": getattr(self.cost_model, "cost_source", type(self.cost_model).__name__),
             "router": self.router,
             "network_latency": self.network_latency,
             "frontend_s_per_request": self.frontend_s_per_request,
