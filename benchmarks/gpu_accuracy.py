@@ -244,8 +244,9 @@ def report(rows: list[Replay], skipped: list[tuple[dict[str, Any], str]]) -> str
         group = [r for r in rows if r.entry["era"] == era]
         if not group:
             continue
-        parts += [f"### {title}: summary ({sum(r.in_summary for r in group)} runs)", summary_table(group),
-                  "MAPE (%) in inference-sim's column layout:", blis_table(group, "servelab")]
+        parts += [f"### {title}: summary ({sum(r.in_summary for r in group)} runs)", summary_table(group)]
+        if any(m in BLIS_COLUMNS for m, *_ in summary_rows(group)):
+            parts += ["MAPE (%) in inference-sim's column layout:", blis_table(group, "servelab")]
         if era == "v1":
             parts.append(floors(group))
         parts += [f"### {title}: per run", per_run_table(group)]
