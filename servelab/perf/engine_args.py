@@ -344,6 +344,8 @@ def resolve(
         max_model_len=max_model_len,
         dtype=dtype,
         async_scheduling=async_scheduling,
+        # vllm/entrypoints/cli/serve.py: with the internal load balancer, one API server per data-parallel engine.
+        api_server_count=config.api_server_count or config.data_parallel_size,
     )
 
 

@@ -41,8 +41,9 @@ class EngineConfig:
     """Admit a waiting request only if the KV blocks of its whole prompt are free, not just of its first chunk."""
     watermark: float = 0.0
     """Fraction of all KV blocks kept free when admitting waiting or preempted requests (while others run)."""
-    api_server_count: int = 1
-    """API-server processes; each serves its own share of the connections on its own core."""
+    api_server_count: int | None = None
+    """API-server processes, each serving its share of the connections on its own core (None: vLLM's default,
+    one per data-parallel engine)."""
     stream_interval: int = 1
     """Tokens the API server buffers per streamed chunk (the first token is always sent at once)."""
 

@@ -36,6 +36,13 @@ class MemoryReserve:
     cuda_graph_bytes: vLLM logs ~0.5 GiB for capturing its default sizes on 7-8B
     models. non_torch_bytes: cuBLAS workspace and allocator overhead, plus NCCL
     buffers when tensor parallelism is used.
+
+    Checked against vLLM's own profile run as its log reports it (vllm-project/vllm
+    PR 10511, Llama-3-8B on H100-80GB, 8,192 batched tokens, 256 sequences):
+    activation peak 1.26 GiB measured vs 1.37 GiB here (forward 1.00 + sampler 0.37);
+    non-torch 1.79 GiB measured (CUDA context included) vs 0.25 + 0.5 for graphs here.
+    The reserve in all is smaller than vLLM's, so the plan never refuses a deployment
+    that starts (it grants a little more KV than vLLM did there: 54.6 GiB vs 53.3 GiB).
     """
 
     activation_factor: float = 1.0

@@ -21,10 +21,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import ERROR, OK, RecordSink, RequestRecord
 from servelab.metrics.timeline import TimelineSample
-from servelab.perf.cost_model import CostModel
+from servelab.perf.cost_model import CostCoefficients, CostModel
 from servelab.perf.engine_config import EngineConfig
 from servelab.sim.engine import RequestRejected, SimEngine
 from servelab.sim.request import SimRequest
@@ -45,15 +47,23 @@ class SimTarget:
 
     `frontend_s_per_request` / `frontend_s_per_token` model vLLM's API-server
     process, which tokenizes prompts and detokenizes and streams outputs on one
-    CPU core: a single FIFO server in front of the engines. A request reaches
+    CPU core: a FIFO server in front of the engines. A request reaches
     an engine only after the frontend has spent per_request + per_token x
     prompt_len on it; the tokens of each engine step are delivered after
-    per_token each, as one batch, on the same server. When that work exceeds
-    one core the frontend is the bottleneck: requests queue before the engine
-    (the engine's own TTFT, measured from its arrival, stays low while the
-    client's grows) and tokens queue after it. Both 0 (default): no frontend.
-    The decode fast-forward is off while the frontend is modelled, so that its
-    queue sees every step's tokens in time order.
+    `frontend_s_per_output_token` each (None: per_token), as one batch, on the
+    same server. When that work exceeds one core the frontend is the
+    bottleneck: requests queue before the engine (the engine's own TTFT,
+    measured from its arrival, stays low while the client's grows) and tokens
+    queue after it. Both 0 (default): no frontend. The decode fast-forward is
+    off while the frontend is modelled, so that its queue sees every step's
+    tokens in time order.
+
+    `config.api_server_count` N > 1 (vLLM's default: one per data-parallel
+    engine) runs N such servers, one core each, as `--api-server-count` does (the processes share the listening
+    socket): requests go to them in turn, each serves its requests' tokens,
+    and a step's tokens are split evenly over them. `config.stream_interval`
+    k > 1 sends the first token at once and then one chunk per k tokens (and
+    the rest at the end), as vLLM's output processor does.
     """
 
     def __init__(
@@ -68,13 +78,18 @@ class SimTarget:
         max_model_len: int | None = None,
         frontend_s_per_request: float = 0.0,
         frontend_s_per_token: float = 0.0,
+        frontend_s_per_output_token: float | None = None,
+        cpu_costs: CostCoefficients | None = None,
     ) -> None:
         if scrape_interval <= 0:
             raise TargetError("scrape_interval must be positive")
         if network_latency < 0:
             raise TargetError("network_latency cannot be negative")
-        if frontend_s_per_request < 0 or frontend_s_per_token < 0:
+        if min(frontend_s_per_request, frontend_s_per_token, frontend_s_per_output_token or 0.0) < 0:
             raise TargetError("frontend coefficients cannot be negative")
+        self.api_servers = config.api_server_count or config.data_parallel_size
+        if self.api_servers < 1 or config.stream_interval < 1:
+            raise TargetError("api_server_count and stream_interval must be at least 1")
         if config.data_parallel_size < 1:
             raise TargetError("data_parallel_size must be at least 1")
         self.config = config
@@ -86,6 +101,11 @@ class SimTarget:
         self.max_model_len = max_model_len
         self.frontend_s_per_request = frontend_s_per_request
         self.frontend_s_per_token = frontend_s_per_token
+        self.frontend_s_per_output_token = (
+            frontend_s_per_token if frontend_s_per_output_token is None else frontend_s_per_output_token
+        )
+        self.cpu_costs = cpu_costs if cpu_costs is not None else getattr(cost_model, "coefficients", None)
+        """The engine core's CPU share of each step, which async scheduling overlaps with the GPU."""
         self.last_engines: list[SimEngine] = []
         """Engines of the latest run, for inspection (tests, diagnose)."""
         try:  # every setting is checked here, before any load
@@ -96,11 +116,12 @@ class SimTarget:
 
     @property
     def has_frontend(self) -> bool:
-        return self.frontend_s_per_request > 0 or self.frontend_s_per_token > 0
+        return self.frontend_s_per_request > 0 or self.frontend_s_per_token > 0 or self.frontend_s_per_output_token > 0
 
     def make_engine(self) -> SimEngine:
         return SimEngine(
-            self.config, self.num_gpu_blocks, self.cost_model, self.max_model_len, fast_forward=not self.has_frontend
+            self.config, self.num_gpu_blocks, self.cost_model, self.max_model_len, fast_forward=not self.has_frontend,
+            cpu_costs=self.cpu_costs,
         )
 
     def run(self, plan: LoadPlan, sink: RecordSink, on_sample: SampleSink | None = None) -> TargetRun:
@@ -124,6 +145,9 @@ class SimTarget:
             "network_latency": self.network_latency,
             "frontend_s_per_request": self.frontend_s_per_request,
             "frontend_s_per_token": self.frontend_s_per_token,
+            "frontend_s_per_output_token": self.frontend_s_per_output_token,
+            "api_server_count": self.api_servers,
+            "async_scheduling": bool(self.config.async_scheduling),
             # Wall-clock facts live here, in run.json, so that summary.json is the same on every run of a seed.
             "sim_wall_s": wall,
             "steps_per_s": steps / wall if wall > 0 else 0.0,
@@ -157,10 +181,16 @@ class _Simulation:
         self.latency = target.network_latency
         self.frontend = target.has_frontend
         self.fe_request, self.fe_token = target.frontend_s_per_request, target.frontend_s_per_token
-        self.frontend_free_at = 0.0
+        servers = target.api_servers
+        self.fe_output = target.frontend_s_per_output_token / servers
+        """Per output token of a step, on each API server (a step's tokens are split evenly over them)."""
+        self.frontend_free_at = [0.0] * servers
         self.frontend_busy = 0.0
-        self.delivered: list[list[float]] = [[] for _ in engines]
-        """With a frontend: per engine, when the tokens of each step left the frontend."""
+        self.next_server = 0
+        self.server_of: dict[int, int] = {}
+        self.delivered: list[list[list[float]]] = [[[] for _ in range(servers)] for _ in engines]
+        """With a frontend: per engine and API server, when the tokens of each step left that server."""
+        self.stream_interval = target.config.stream_interval
         self.duration = plan.duration if plan.duration is not None else float("inf")
         self.free_slots = plan.max_concurrency if plan.max_concurrency is not None else None
         self.events: list[tuple[float, int, int, Callable[[float], None]]] = []
@@ -171,6 +201,8 @@ class _Simulation:
         self.seen: set[int] = set()
         self.finished: dict[int, float] = {}
         self.parked: dict[int, list[RequestSpec]] = {}
+        self.in_engine: dict[int, SimRequest] = {}
+        """Requests an engine holds, by plan index, so a chat's next turn can tell its reply's tokens (_quote_reply)."""
         self.send_times: dict[int, float] = {}
         self.begin_pending = [False] * len(engines)
         self.next_scrape = 0.0
@@ -223,6 +255,9 @@ class _Simulation:
                 done = self.finished.get(spec.depends_on)
                 if done is None:
                     self.parked.setdefault(spec.depends_on, []).append(spec)
+                    running = self.in_engine.get(spec.depends_on)
+                    if running is not None:
+                        _quote_reply(running, spec)
                 else:
                     self._wait(max(spec.arrival_time, done + spec.think_time), spec)
                 continue
@@ -269,16 +304,19 @@ class _Simulation:
         else:
             self._arrive(spec, now)
 
-    def _frontend(self, arrival: float, work: float) -> float:
-        """Queue `work` seconds on the frontend's one core; returns when it is done (FIFO, items come in time order)."""
-        done = max(arrival, self.frontend_free_at) + work
-        self.frontend_free_at = done
+    def _frontend(self, arrival: float, work: float, server: int = 0) -> float:
+        """Queue `work` seconds on one API server's core; returns when it is done (FIFO, items come in time order)."""
+        done = max(arrival, self.frontend_free_at[server]) + work
+        self.frontend_free_at[server] = done
         self.frontend_busy += work
         return done
 
     def _arrive(self, spec: RequestSpec, now: float) -> None:
         if self.frontend:
-            done = self._frontend(now, self.fe_request + self.fe_token * spec.prompt_len)
+            server = self.next_server
+            self.next_server = (server + 1) % len(self.frontend_free_at)
+            self.server_of[spec.index] = server
+            done = self._frontend(now, self.fe_request + self.fe_token * spec.prompt_len, server)
             self._push(done, _CLIENT, lambda t, s=spec: self._admit(s, t))
         else:
             self._admit(spec, now)
@@ -288,13 +326,17 @@ class _Simulation:
         i = self.router.pick(self.engines)
         engine = self.engines[i]
         try:
-            engine.add_request(spec.prompt_ids, spec.max_tokens, now, spec.priority, spec)
+            req = engine.add_request(spec.prompt_ids, spec.max_tokens, now, spec.priority, spec)
         except RequestRejected as exc:
             send = self.send_times.pop(spec.index)
+            self.server_of.pop(spec.index, None)
             rec = self._record(spec, send, now + self.latency)
             rec.status, rec.error_kind, rec.error = ERROR, _REJECTED, str(exc)
             self._push(now + self.latency, _CLIENT, lambda t, r=rec: self._deliver(r))
             return
+        self.in_engine[spec.index] = req
+        for follow_up in self.parked.get(spec.index, ()):
+            _quote_reply(req, follow_up)
         self._wake(i, now)
 
     def _wake(self, i: int, now: float) -> None:
@@ -317,7 +359,8 @@ class _Simulation:
         finished = engine.finish_step()
         if self.frontend:
             tokens = engine.counters.generation_tokens - generated
-            self.delivered[i].append(self._frontend(now, self.fe_token * tokens) if tokens else now)
+            for server, delivered in enumerate(self.delivered[i]):
+                delivered.append(self._frontend(now, self.fe_output * tokens, server) if tokens else now)
         for req in finished:
             rec = self._finished_record(i, req)
             if rec.finish_time > now:
@@ -341,12 +384,17 @@ class _Simulation:
 
     def _finished_record(self, i: int, req: SimRequest) -> RequestRecord:
         spec: RequestSpec = req.tag
+        self.in_engine.pop(spec.index, None)
         lat = self.latency
         if self.frontend:
-            delivered = self.delivered[i]
-            times = [delivered[s] for first, last in req.emitted_steps() for s in range(first, last + 1)]
+            delivered = self.delivered[i][self.server_of.pop(spec.index)]
+            times = []
+            for first, last in req.emitted_steps():
+                times.extend(delivered[first : last + 1])
         else:
             times = self.engines[i].token_times(req)
+        if self.stream_interval > 1:
+            times = _chunked(times, self.stream_interval)
         if lat:
             times = [x + lat for x in times]
         rec = self._record(spec, self.send_times.pop(spec.index), times[-1])
@@ -368,3 +416,31 @@ class _Simulation:
         if self.free_slots is not None:
             self.free_slots += 1
         self._arm_release()
+
+
+def _quote_reply(req: SimRequest, follow_up: RequestSpec) -> None:
+    """Give `req` the output tokens that `follow_up` (the chat's next turn) quotes as its reply, if it quotes one.
+
+    vLLM caches the full blocks of generated tokens under their token ids, so
+    the next turn, whose prompt is the history plus this reply, hits them. The
+    simulator knows no output ids, but the workload's next turn carries the
+    reply it stands for right after this prompt: those are the ids. Hashes are
+    recomputed on next use; blocks already cached under private hashes stay so.
+    """
+    n, m = req.prompt_len, req.max_tokens
+    if req.output_ids is not None or follow_up.prompt_len < n + m:
+        return
+    head = np.asarray(follow_up.prompt_ids[:n])
+    if np.array_equal(head, np.asarray(req.prompt_ids)):
+        req.output_ids = np.asarray(follow_up.prompt_ids[n : n + m])
+        req.block_hashes = None
+
+
+def _chunked(times: list[float], interval: int) -> list[float]:
+    """Arrival times of the streamed chunks when the API server sends the first token, then every `interval` tokens.
+
+    vLLM's RequestState.make_request_output: a chunk goes out on the first
+    token, once `interval` tokens are unsent, and when the request finishes.
+    """
+    last = len(times) - 1
+    return [times[0], *(times[min(j, last)] for j in range(interval, last + interval, interval))]
