@@ -11,6 +11,10 @@ in tests/test_faults_vllm.py.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from support.fault_server import MODEL, OTHER_MODEL, FaultServer
@@ -153,3 +157,57 @@ def test_a_run_without_summary_is_read_back_as_partial(tmp_path):
     assert [r.label.endswith(PARTIAL) for r in inputs.runs] == [False, True]
     derived = inputs.runs[1].summary
     assert derived["partial"] and derived["completed"] + derived["failed"] == len(run.records)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_killed_bench_takes_its_client_workers_with_it(tmp_path):
+    """SIGKILL of `bench --workers 2`: each worker gets its parent-death signal and stops at once, not when its
+    streams (a minute long here) would have ended."""
+    out = tmp_path / "r"
+    with FaultServer(delay=0.3) as srv:
+        bench = subprocess.Popen(
+            [str(Path(sys.executable).parent / "servelab"), "bench", "--base-url", srv.base_url, "--workers", "2",
+             "--random-input-len", "8", "--random-output-len", "200", "--num-prompts", "100", "--max-concurrency", "4",
+             "--result-dir", str(out)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while srv.active < 4 and time.monotonic() < deadline and bench.poll() is None:
+                time.sleep(0.05)
+            workers = _children(bench.pid)
+            assert srv.active == 4 and len(workers) >= 2, (srv.active, workers)
+            bench.kill()
+            bench.wait()
+            deadline = time.monotonic() + 20
+            while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not [w for w in workers if _alive(w)]
+        finally:
+            bench.kill()
+            bench.wait()
+    assert whole_lines(out / RECORDS)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+def whole_lines(path: Path) -> bool:
+    data = path.read_bytes() if path.exists() else b""
+    return data == b"" or data.endswith(b"\n")

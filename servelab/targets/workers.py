@@ -43,7 +43,7 @@ import uvloop
 
 from servelab.metrics.records import CLIENT_WORKER_DIED, CONNECTION_REFUSED, ERROR, RecordSink, RequestRecord
 from servelab.targets.errors import TargetError, unmet_dependency
-from servelab.targets.stop_signals import on_stop_signals
+from servelab.targets.stop_signals import on_stop_signals, stop_with_parent
 from servelab.targets.tally import RunTally
 from servelab.workload.spec import LoadPlan, RequestSpec
 
@@ -291,6 +291,9 @@ def worker_main(
 ) -> None:
     """Entry point of a worker process (spawned, so it must be importable at module level)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it forwards a stop as SIGTERM
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.pid is not None:
+        stop_with_parent(parent.pid)  # a SIGTERM before the loop runs ends the process; after, it is the run's stop
     uvloop.run(_work(wid, target, cap, duration, specs, messages))
 
 
