@@ -119,14 +119,14 @@ class ReportInputs:
 
 
 def _summary_of(result: RunResult, given: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The stored summary when there is one; otherwise derived from the records, as summary.json would be,
-    with a warning that the run is partial."""
+    """The stored summary when there is one; otherwise derived from the records, as summary.json would be
+    (a partial run: its label says so)."""
     if given:
         return given
     if result.summary:
         return result.summary
     warmup = float(result.run_info.get("warmup", 0.0) or 0.0)
-    return {**summarize(result.records, warmup=warmup), "partial": True, "warnings": [result.partial_note()]}
+    return summarize(result.records, warmup=warmup)
 
 
 PARTIAL = " (partial)"
