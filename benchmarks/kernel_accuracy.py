@@ -56,19 +56,15 @@ class Row:
         return self.after_s / self.table_s - 1
 
 
-def _odd_sizes(values) -> set[int]:
-    return set(int(v) for v in np.sort(values.unique())[1::2])
-
-
 def forward_rows(gpu: str) -> list[Row]:
     hw = get_gpu(gpu)
     tables = kf.load_tables(gpu)
     lookup = kf.TableLookup(tables)
     fit = kf.load_kernel_fit(hw)
     assert fit is not None, f"no kernel fit for {gpu}: run scripts/fit_kernels.py"
-    gemm_sizes = set(int(m) for m in kf.gemm_rows(tables).m.unique())
-    gemm_held, decode_held = _odd_sizes(kf.gemm_rows(tables).m), _odd_sizes(kf.decode_rows(tables).context)
-    prefill_held = _odd_sizes(kf.prefill_rows(tables).isl)
+    gemm_sizes = {int(m) for m in kf.gemm_rows(tables).m.unique()}
+    gemm_held, decode_held = kf.held_out_sizes(kf.gemm_rows(tables).m), kf.held_out_sizes(kf.decode_rows(tables).context)
+    prefill_held = kf.held_out_sizes(kf.prefill_rows(tables).isl)
     rows = []
     for name, tp in MODELS:
         spec = get_model(name)

@@ -112,10 +112,10 @@ def test_fitted_step_time_is_continuous_and_monotone_in_tokens(gpu, model, tp):
         added = np.diff(times)
         assert np.all(added > 0), "step time must grow with every added token"
         # No jump: the added tokens never cost more than 3x their own FLOPs and KV bytes at datasheet peak.
-        own = np.array([ideal.step_time(batch(b)) - ideal.step_time(batch(a)) for a, b in zip(sizes, sizes[1:])])
+        own = np.diff([ideal.step_time(batch(n)) for n in sizes])
         assert added.max() < 3 * own.max()
     context = [cost.step_time(StepBatch(decode_contexts=[c] * 32)) for c in range(64, 16384, 64)]
-    assert all(b > a for a, b in zip(context, context[1:]))
+    assert np.all(np.diff(context) > 0)
 
 
 def test_cost_model_adds_the_fitted_ops_of_a_forward_pass():
@@ -140,9 +140,9 @@ def test_forward_pass_on_held_out_sizes_is_closer_than_the_datasheet(gpu):
     hw, spec = get_gpu(gpu), get_model("llama-3.1-8b")
     tables = kf.load_tables(gpu)
     lookup, fit = kf.TableLookup(tables), kf.load_kernel_fit(hw)
-    odd = lambda values: set(int(v) for v in np.sort(values.unique())[1::2])  # noqa: E731
-    gemm_held, decode_held, prefill_held = odd(kf.gemm_rows(tables).m), odd(kf.decode_rows(tables).context), odd(
-        kf.prefill_rows(tables).isl)
+    gemm_held = kf.held_out_sizes(kf.gemm_rows(tables).m)
+    decode_held = kf.held_out_sizes(kf.decode_rows(tables).context)
+    prefill_held = kf.held_out_sizes(kf.prefill_rows(tables).isl)
     fitted, datasheet = _model(gpu, coefficients=GPU_ONLY), _model(gpu, kernels=False)
     after, before = [], []
     for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):

@@ -16,8 +16,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware
-from servelab.perf.kernel_fit import GemmFit, GpuKernelFit, elementwise_bytes_per_token, load_kernel_fit
-from servelab.perf.memory import kv_bytes_per_token_per_rank, kv_heads_per_rank, weight_bytes_per_rank
+from servelab.perf.kernel_fit import (
+    GemmFit,
+    GpuKernelFit,
+    elementwise_bytes_per_token,
+    load_kernel_fit,
+)
+from servelab.perf.memory import (
+    kv_bytes_per_token_per_rank,
+    kv_heads_per_rank,
+    weight_bytes_per_rank,
+)
 from servelab.perf.models import ModelSpec
 from servelab.perf.quantization import WeightFormat, weight_format
 

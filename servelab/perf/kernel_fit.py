@@ -231,7 +231,7 @@ def elementwise_bytes_per_token(hidden: int, heads: int, kv_heads: int, intermed
     return BF16 * (2 * 4 * hidden + 2 * (heads + kv_heads) * HEAD_DIM + 3 * intermediate)
 
 
-def elementwise_time(fit: ElementwiseFit, hw: Hardware, tokens: np.ndarray, bytes_per_token: int) -> np.ndarray:
+def elementwise_time(fit: ElementwiseFit, hw: Hardware, tokens: np.ndarray | float, bytes_per_token: int) -> np.ndarray:
     return fit.launch_s + tokens * bytes_per_token / (hw.memory_bandwidth * fit.memory_efficiency)
 
 
@@ -308,10 +308,14 @@ def load_tables(gpu: str, root: Path | None = None) -> KernelTables:
     )
 
 
+def held_out_sizes(values: pd.Series) -> set[int]:
+    """The sizes at odd positions of a table's sorted sizes: every other size, never fitted."""
+    return {int(v) for v in np.sort(values.unique())[1::2]}
+
+
 def held_out(values: pd.Series) -> np.ndarray:
-    """Rows whose size is at an odd position of the table's sorted sizes: every other size, never fitted."""
-    sizes = np.sort(values.unique())
-    return np.isin(values.to_numpy(), sizes[1::2])
+    """Rows whose size is held out (see `held_out_sizes`)."""
+    return np.isin(values.to_numpy(), list(held_out_sizes(values)))
 
 
 def gemm_rows(t: KernelTables) -> pd.DataFrame:
@@ -422,15 +426,15 @@ def fit_allreduce(t: KernelTables) -> tuple[dict[int, AllReduceFit], Residual]:
     hold = held_out(rows.message_size)
     fits: dict[int, AllReduceFit] = {}
     pred = np.zeros(len(rows))
+    def make(x: np.ndarray) -> AllReduceFit:
+        return AllReduceFit(latency_s=x[0] * 1e-6, seconds_per_byte=x[1] * 1e-12)
+
     for tp, group in rows.groupby("num_gpus"):
         mask = (rows.num_gpus == tp).to_numpy()
-        nbytes, measured = group.nbytes.to_numpy(float), group.latency.to_numpy()
         train = ~hold[mask]
-
-        def make(x: np.ndarray) -> AllReduceFit:
-            return AllReduceFit(latency_s=x[0] * 1e-6, seconds_per_byte=x[1] * 1e-12)
-
-        x = _fit_log(lambda x: allreduce_time(make(x), nbytes[train]), measured[train], [5, 10], [0, 0], [100, 1e4])
+        nbytes, measured = group.nbytes.to_numpy(float), group.latency.to_numpy()
+        train_bytes = nbytes[train]
+        x = _fit_log(lambda x, b=train_bytes: allreduce_time(make(x), b), measured[train], [5, 10], [0, 0], [100, 1e4])
         fits[int(tp)] = make(x)
         pred[mask] = allreduce_time(fits[int(tp)], nbytes)
     return fits, _residual(pred, rows.latency.to_numpy(), hold)
