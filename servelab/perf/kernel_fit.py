@@ -109,10 +109,11 @@ class DecodeAttentionFit(_Frozen):
     """Per layer: t = launch + cold (X^4 / (X^4 + cache_bytes^4)) + (X + batch half_context bpt) / (B memory_efficiency).
 
     X is the KV bytes the batch reads, bpt the KV bytes of one token. The cold
-    term is a step of ~20 us where the KV read outgrows the L2 cache (50 MB on
-    Hopper, 40 MB on A100): the tables time a kernel rerun on the same KV, which
-    stays cache-resident below that size. half_context is the per-request cost
-    of short contexts, in tokens.
+    term is the step (~20 us in the H100 table, 7-10 us once smoothed by the fit)
+    where the KV read outgrows the L2 cache (40 MB on A100, 50 MB on Hopper; the
+    fit puts the knee at 26-70 MB): the tables time a kernel rerun on the same KV,
+    which stays cache-resident below that size. half_context is the per-request
+    cost of short contexts, in tokens.
     """
 
     launch_s: float = Field(ge=0)
