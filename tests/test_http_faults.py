@@ -211,3 +211,13 @@ def _alive(pid: int) -> bool:
 def whole_lines(path: Path) -> bool:
     data = path.read_bytes() if path.exists() else b""
     return data == b"" or data.endswith(b"\n")
+
+
+def test_a_refused_connection_stops_every_worker_from_releasing_more():
+    with FaultServer() as srv:
+        target = HttpTarget(srv.base_url, workers=2)
+        target.preflight()
+    sink = MemorySink()  # the server is gone before the run: each worker's first requests are refused, no more
+    result = target.run(LoadPlan([RequestSpec(i, [1, 2, 3], 4) for i in range(200)], max_concurrency=4), sink)
+    assert {r.error_kind for r in sink.records} == {"connection_refused"} and len(sink.records) < 20
+    assert result.client_stats["server_gone"].startswith("connection refused at ") and not result.interrupted
