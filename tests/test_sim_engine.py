@@ -176,7 +176,7 @@ def test_block_accounting_holds_at_every_step(policy):
 
 def test_a_step_after_an_idle_spell_pays_the_wake_up_and_back_to_back_steps_do_not():
     hw, model = get_gpu("a100-80gb"), get_model("qwen2.5-7b")
-    plain = Deployment.build(hw, model, CONFIG)
+    plain = Deployment.build(hw, model, CONFIG, coefficients=CostCoefficients())  # the same CPU terms as below
     waking = Deployment.build(hw, model, CONFIG, coefficients=CostCoefficients(idle_wake_s=4e-3, idle_wake_time_constant_s=0.01))
 
     def step_lengths(deployment: Deployment) -> list[float]:

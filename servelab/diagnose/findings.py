@@ -107,21 +107,77 @@ def client_bound(x: Context) -> Finding | None:
                    [x.e.client_reason or "the client reported that it could not keep its send schedule"])
 
 
+API_BUSY = 0.8
+"""API-server core utilisation above which it limits: one FIFO core at 80% already queues ~2 requests' work."""
+
+
+def api_server_load(x: Context) -> tuple[float, float, float] | None:
+    """(CPU seconds per request on the API server, utilisation of its cores, its ceiling in req/s), or None if unpriced.
+
+    The work is the deployment's frontend costs (vLLM's measured ones for a
+    catalogue GPU, or a calibration's) for this workload's mean lengths; the
+    rate is what was offered when known (a burst or a closed loop: achieved).
+    """
+    d, e = x.d, x.e
+    per_output = d.frontend_s_per_token if d.frontend_s_per_output_token is None else d.frontend_s_per_output_token
+    work = d.frontend_s_per_request + d.frontend_s_per_token * e.mean_input_tokens + per_output * e.mean_output_tokens
+    if work <= 0:
+        return None
+    servers = d.config.api_server_count
+    rate = max(e.request_rate, e.offered_rate or 0.0)
+    return work, rate * work / servers, servers / work
+
+
 def frontend_cpu_bound(x: Context) -> Finding | None:
-    """The API server's CPU (tokenize, detokenize, stream) adds latency the engine does not see."""
+    """The API server's CPU (HTTP, tokenize, detokenize, stream) limits the deployment, or adds latency the engine does not see.
+
+    Two independent signs: the client's TTFT far above the engine's own
+    (requests queue in the API process: measured runs), and the API server's
+    priced work per request times the request rate filling its cores.
+    """
+    evidence: list[str] = []
+    score = 0.0
     server = x.e.server_ttft_mean_ms
-    if server is None:
+    if server is not None:
+        gap = x.e.ttft_mean_ms - server
+        # 50 ms is far above loopback/network noise; half the engine's own TTFT makes it the larger part.
+        if gap >= max(50.0, 0.5 * server):
+            share = gap / (gap + server)
+            score = 0.5 + 0.45 * share
+            evidence.append(
+                f"client-measured mean TTFT {x.e.ttft_mean_ms:.0f} ms vs the engine's own {server:.0f} ms: "
+                f"{gap:.0f} ms spent outside the engine (tokenization, queueing in the API process, streaming)"
+            )
+    load = api_server_load(x)
+    if load is not None and load[1] >= API_BUSY:
+        work, busy, ceiling = load
+        servers = x.d.config.api_server_count
+        score = max(score, 0.5 + 0.45 * min(1.0, busy))
+        source = {"measured": "vLLM's CPU-side costs measured on its CPU build, scaled to this host",
+                  "given": "the calibrated API-server cost"}.get(x.d.cpu_costs_source, "the configured API-server cost")
+        evidence.append(
+            f"the API server spends {1e3 * work:.2f} ms of CPU per request here ({source}): at "
+            f"{max(x.e.request_rate, x.e.offered_rate or 0.0):.1f} req/s that is {_pct(busy)} of "
+            f"{servers} API-server core{'s' if servers > 1 else ''}, whose ceiling is {ceiling:.1f} req/s"
+        )
+        if x.e.engine_busy is not None:
+            evidence.append(
+                f"meanwhile the engine was busy {_pct(x.e.engine_busy)} of the time: the GPU waits for the API server"
+                if x.e.engine_busy < SATURATED else
+                f"the engine was busy {_pct(x.e.engine_busy)} of the time too: both are near their limits"
+            )
+        more = servers * 2
+        while more / work < 1.25 * max(x.e.request_rate, x.e.offered_rate or 0.0) and more < 64:
+            more *= 2
+        evidence.append(
+            f"--api-server-count {more} spreads that work over {more} processes: API-server ceiling {more / work:.1f} req/s "
+            f"(x{more / servers:.0f}), then the engine's own limits apply"
+        )
+    if not evidence:
         return None
-    gap = x.e.ttft_mean_ms - server
-    # 50 ms is far above loopback/network noise; half the engine's own TTFT makes it the larger part.
-    if gap < max(50.0, 0.5 * server):
-        return None
-    share = gap / (gap + server)
-    return Finding(FRONTEND_CPU_BOUND, "Requests wait in the API server before the engine sees them",
-                   0.5 + 0.45 * share, [
-        f"client-measured mean TTFT {x.e.ttft_mean_ms:.0f} ms vs the engine's own {server:.0f} ms: "
-        f"{gap:.0f} ms spent outside the engine (tokenization, queueing in the API process, streaming)",
-    ])
+    title = ("The API server's CPU, not the GPU, limits throughput" if load is not None and load[1] >= API_BUSY
+             else "Requests wait in the API server before the engine sees them")
+    return Finding(FRONTEND_CPU_BOUND, title, score, evidence)
 
 
 def kv_capacity_bound(x: Context) -> Finding | None:

@@ -9,7 +9,7 @@ It lives here so that chain exists once, and a what-if is one `with_flags`.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from servelab.perf.cost_model import CostCoefficients, RooflineCostModel
@@ -18,6 +18,7 @@ from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import Hardware, get_gpu
 from servelab.perf.memory import MemoryPlan, plan_memory
 from servelab.perf.models import ModelSpec, get_model
+from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
 from servelab.sim.router import ROUND_ROBIN
 from servelab.targets.sim import SimTarget
 
@@ -35,8 +36,14 @@ _FLAG_OF = {
     "data_parallel_size": "--data-parallel-size",
     "scheduling_policy": "--scheduling-policy",
     "num_gpu_blocks_override": "--num-gpu-blocks-override",
+    "watermark": "--watermark",
+    "api_server_count": "--api-server-count",
+    "stream_interval": "--stream-interval",
 }
-_SWITCH_OF = {"enable_chunked_prefill": "enable-chunked-prefill", "enable_prefix_caching": "enable-prefix-caching"}
+_SWITCH_OF = {
+    "enable_chunked_prefill": "enable-chunked-prefill", "enable_prefix_caching": "enable-prefix-caching",
+    "async_scheduling": "async-scheduling", "scheduler_reserve_full_isl": "scheduler-reserve-full-isl",
+}
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,10 @@ class Deployment:
     frontend_s_per_request: float = 0.0
     frontend_s_per_token: float = 0.0
     """The API server's CPU cost (see SimTarget); 0 = an infinitely fast frontend."""
+    frontend_s_per_output_token: float | None = None
+    """Per output token (detokenize, SSE) when it differs from the per prompt token cost; None = the same."""
+    cpu_costs_source: str = "none"
+    """Where the CPU-side costs come from: "measured" (vLLM CPU build, scaled), "given" (calibration, caller) or "none"."""
 
     @classmethod
     def build(
@@ -69,14 +80,34 @@ class Deployment:
         router: str = ROUND_ROBIN,
         network_latency: float = 0.0,
         performance_mode: str = "balanced",
-        frontend_s_per_request: float = 0.0,
-        frontend_s_per_token: float = 0.0,
+        frontend_s_per_request: float | None = None,
+        frontend_s_per_token: float | None = None,
+        frontend_s_per_output_token: float | None = None,
+        cpu_speed_factor: float | None = None,
     ) -> Deployment:
+        """Resolve and plan; CPU-side costs not given are vLLM's measured ones on a catalogue GPU.
+
+        For a GPU from the catalogue (or a GPU file) without fitted coefficients,
+        the engine core's per-step CPU terms and the API server's costs default
+        to data/vllm_cpu_costs.yaml x `cpu_speed_factor` (None: the file's
+        default). With `coefficients` (a calibration profile) or on `--gpu cpu`
+        (whose costs `calibrate` fits) nothing is filled in: what is not given is 0.
+        """
         config = resolve(requested, hardware, model, performance_mode=performance_mode)
+        fill = coefficients is None and hardware.vendor != "cpu"
+        source = "given" if coefficients is not None else "none"
+        if fill:
+            costs = measured_cpu_costs()
+            coefficients = costs.coefficients(CostCoefficients(), cpu_speed_factor)
+            per_request, per_prompt_token, per_output_token = costs.frontend(cpu_speed_factor)
+            if frontend_s_per_request is None and frontend_s_per_token is None:
+                frontend_s_per_request, frontend_s_per_token = per_request, per_prompt_token
+                frontend_s_per_output_token = per_output_token if frontend_s_per_output_token is None else frontend_s_per_output_token
+            source = "measured"
         return cls(
             hardware, model, requested, config, plan_memory(hardware, model, config),
             coefficients or CostCoefficients(), warnings, router, network_latency, performance_mode,
-            frontend_s_per_request, frontend_s_per_token,
+            frontend_s_per_request or 0.0, frontend_s_per_token or 0.0, frontend_s_per_output_token, source,
         )
 
     def cost_model(self) -> RooflineCostModel:
@@ -87,18 +118,20 @@ class Deployment:
             self.config, self.memory.num_blocks, self.cost_model(), router=self.router,
             scrape_interval=scrape_interval, network_latency=self.network_latency,
             frontend_s_per_request=self.frontend_s_per_request, frontend_s_per_token=self.frontend_s_per_token,
+            frontend_s_per_output_token=self.frontend_s_per_output_token, cpu_costs=self.coefficients,
         )
 
     def rebuilt(
         self, *, hardware: Hardware | None = None, model: ModelSpec | None = None, **changes: object
     ) -> Deployment:
         """The same deployment on other hardware, another model or with some knobs changed; defaults re-resolved."""
-        return Deployment.build(
+        rebuilt = Deployment.build(
             hardware or self.hardware, model or self.model, self.requested.with_(**changes),
             coefficients=self.coefficients, router=self.router, network_latency=self.network_latency,
             performance_mode=self.performance_mode, frontend_s_per_request=self.frontend_s_per_request,
-            frontend_s_per_token=self.frontend_s_per_token,
+            frontend_s_per_token=self.frontend_s_per_token, frontend_s_per_output_token=self.frontend_s_per_output_token,
         )
+        return replace(rebuilt, cpu_costs_source=self.cpu_costs_source)
 
     def with_changes(self, **changes: object) -> Deployment:
         return self.rebuilt(**changes)
@@ -126,6 +159,11 @@ class Deployment:
             "num_gpu_blocks": self.memory.num_blocks,
             "kv_cache_gib": self.memory.kv_cache_bytes / 2**30,
             "coefficients": self.coefficients.model_dump(),
+            "cpu_costs_source": self.cpu_costs_source,
+            "frontend": {
+                "s_per_request": self.frontend_s_per_request, "s_per_prompt_token": self.frontend_s_per_token,
+                "s_per_output_token": self.frontend_s_per_output_token, "api_server_count": self.config.api_server_count,
+            },
             "warnings": list(self.warnings),
         }
 

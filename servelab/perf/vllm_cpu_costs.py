@@ -1,0 +1,76 @@
+"""vLLM's measured CPU-side costs (data/vllm_cpu_costs.yaml), scaled to a GPU server's host core.
+
+The API server (HTTP, tokenization, detokenization, SSE) and the engine
+core's per-step Python are the same code on a GPU server as on the vLLM CPU
+build, so benchmarks/cpu_side_costs.py times them there, with a tiny model
+whose arithmetic is negligible. A GPU server's host core runs that Python
+`speed_factor` times as long (the file says why its default is what it is).
+These are the defaults for catalogue GPUs; `--gpu cpu` and calibrated
+deployments use their fitted costs instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+from servelab.perf.cost_model import CostCoefficients
+
+DATA = Path(__file__).parent / "data" / "vllm_cpu_costs.yaml"
+
+
+@dataclass(frozen=True, slots=True)
+class VllmCpuCosts:
+    """Seconds of CPU on the measuring host; `scaled` gives them for a GPU server's host."""
+
+    vllm_version: str
+    measured_at: str
+    reference_loop_s: float
+    """The measuring host's pure-Python reference loop time (benchmarks/cpu_side_costs.py:reference_loop_s)."""
+    default_speed_factor: float
+    step_s: float
+    """Engine core, every step: schedule, input preparation, output update."""
+    per_scheduled_request_s: float
+    admit_step_s: float
+    """Engine core, once per step that admits new requests (the persistent batch changes)."""
+    api_per_request_s: float
+    """API server, per request: HTTP, request validation, the response's start and end."""
+    api_per_prompt_token_s: float
+    """API server, per prompt token (tokenization)."""
+    api_per_output_token_s: float
+    """API server, per output token (detokenization, SSE)."""
+
+    def coefficients(self, base: CostCoefficients, speed_factor: float | None = None) -> CostCoefficients:
+        """`base` with its engine-core CPU terms set to these costs on a host `speed_factor` times as slow."""
+        f = self.default_speed_factor if speed_factor is None else speed_factor
+        return base.model_copy(update={
+            "step_overhead_s": f * self.step_s,
+            "per_request_overhead_s": f * self.per_scheduled_request_s,
+            "prefill_step_overhead_s": f * self.admit_step_s,
+        })
+
+    def frontend(self, speed_factor: float | None = None) -> tuple[float, float, float]:
+        """(per request, per prompt token, per output token) seconds of one API-server core."""
+        f = self.default_speed_factor if speed_factor is None else speed_factor
+        return f * self.api_per_request_s, f * self.api_per_prompt_token_s, f * self.api_per_output_token_s
+
+
+@cache
+def measured(path: Path = DATA) -> VllmCpuCosts:
+    doc = yaml.safe_load(path.read_text())
+    engine, api = doc["engine_core"], doc["api_server"]
+    return VllmCpuCosts(
+        vllm_version=str(doc["vllm_version"]),
+        measured_at=str(doc["measured_at"]),
+        reference_loop_s=float(doc["host"]["reference_loop_s"]),
+        default_speed_factor=float(doc["gpu_host"]["speed_factor"]),
+        step_s=float(engine["step_s"]),
+        per_scheduled_request_s=float(engine["per_scheduled_request_s"]),
+        admit_step_s=float(engine["admit_step_s"]),
+        api_per_request_s=float(api["per_request_s"]),
+        api_per_prompt_token_s=float(api["per_prompt_token_s"]),
+        api_per_output_token_s=float(api["per_output_token_s"]),
+    )
