@@ -27,7 +27,7 @@ PLANTED = {
     fk.KV_CAPACITY_BOUND: ("--num-gpu-blocks-override 1500 --max-model-len 4096",
                            dict(input_len=1000, output_len=500, max_concurrency=64), None),
     # long answers at the full batch: decode steps fill the engine's time. Four API servers: vLLM's measured
-    # streaming cost (~0.23 ms of API-server CPU per output token) would otherwise make one API core the limit.
+    # streaming cost (~0.18 ms of API-server CPU per output token) would otherwise make one API core the limit.
     fk.DECODE_BANDWIDTH_BOUND: ("--api-server-count 4", dict(input_len=128, output_len=1024, max_concurrency=256), None),
     # a TPOT bound that 2,048-token prefill chunks break at moderate load.
     fk.SLO_TRADEOFF: ("", dict(input_len=1500, output_len=200, request_rate=5), "ttft:3000 tpot:20"),
