@@ -31,7 +31,6 @@ the summary. Prints Markdown (docs/accuracy.md); deterministic.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import subprocess
 import time
@@ -238,8 +237,8 @@ def _commit() -> str:
 
 
 def report(rows: list[Replay], skipped: list[tuple[dict[str, Any], str]]) -> str:
-    parts = [f"servelab commit {_commit()}; {sum(r.prompts for r in rows):,} requests replayed in "
-             f"{sum(r.seconds for r in rows):.0f} s."]
+    parts = [(f"servelab commit {_commit()}; {sum(r.prompts for r in rows):,} requests replayed in "
+              f"{sum(r.seconds for r in rows):.0f} s.")]
     for era, title in (("v1", "V1 engine (vLLM >= 0.8)"), ("v0", "V0-era engines (vLLM < 0.8)")):
         group = [r for r in rows if r.entry["era"] == era]
         if not group:

@@ -19,7 +19,11 @@ import yaml
 
 from servelab.perf.engine_args import parse_engine_args, resolve
 from servelab.perf.hardware import get_gpu
-from servelab.perf.memory import kv_bytes_per_token_per_rank, plan_memory, weight_bytes_per_rank
+from servelab.perf.memory import (
+    kv_bytes_per_token_per_rank,
+    plan_memory,
+    weight_bytes_per_rank,
+)
 from servelab.perf.models import get_model
 from servelab.perf.quantization import weight_format
 
