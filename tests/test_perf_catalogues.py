@@ -91,7 +91,7 @@ def test_linear_flops_are_twice_the_block_weights():
 
 def test_every_builtin_model_reads_its_own_architecture():
     assert {spec.architecture for spec in builtin_models().values()} == {
-        "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"
+        "Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"
     }
 
 
