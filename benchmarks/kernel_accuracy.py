@@ -2,7 +2,7 @@
 
 A forward pass is rebuilt from aiconfigurator-core's measured tables (per layer:
 the qkv, o, gate_up and down GEMMs, attention, the elementwise kernels, two
-all-reduces at TP > 1; then the LM head) for Llama-3.1-8B, Qwen2.5-7B and
+all-reduces at TP > 1; then the LM head) for Llama-3.1-8B, Qwen2.5-7B, CodeLlama-34B at TP=2 and
 Llama-3.1-70B at TP=4, on decode batches 1-512 at contexts 512-8k and prefills
 256-16k, and set beside `RooflineCostModel.step_time` with the CPU overheads
 zeroed. "held-out" rows use only table sizes the fit never saw (every other
@@ -27,7 +27,7 @@ from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import Hardware, get_gpu
 from servelab.perf.models import get_model
 
-MODELS = (("Llama-3.1-8B", 1), ("Qwen2.5-7B", 1), ("Llama-3.1-70B", 4))
+MODELS = (("Llama-3.1-8B", 1), ("Qwen2.5-7B", 1), ("CodeLlama-34B", 2), ("Llama-3.1-70B", 4))
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 DECODE_CONTEXTS = (512, 1024, 2048, 4096, 8192)
 PREFILLS = (256, 512, 1024, 2048, 4096, 8192, 16384)
