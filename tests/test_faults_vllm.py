@@ -4,8 +4,8 @@
   `report` / `diagnose` read the partial run and say it is partial;
 - the server's process group SIGKILLed mid-bench: the run ends by itself well
   within --request-timeout, every request released has a record (completed,
-  reset or refused), summary and timeline are written, exit code 3; a server
-  restarted on the same port then serves a clean bench;
+  reset or refused), summary and timeline are written, exit code 3; a
+  restarted server then serves a clean bench;
 - a model name the server does not serve: refused at pre-flight, and a
   request sent anyway is a record naming it;
 - tune stage 2: a bad flag and a start-up past --startup-timeout are failed
@@ -15,9 +15,10 @@
 
 Every assertion is structural (records, error kinds, exit codes, processes);
 the only times asserted are generous upper bounds, so a busy second core
-cannot turn them red. Each kill goes to a server these tests started, never
-to the session's default one. Server starts dominate the time (about a
-minute each on two shared cores): five full starts, two cut short.
+cannot turn them red. The bench tests use the session's default server and the
+last of them kills it (the pool restarts it for whoever needs it next); the tune
+tests start their own. Server starts dominate the time (one to two minutes
+each on two shared cores): four full starts, two cut short.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ from servelab.metrics.records import MemorySink
 from servelab.metrics.slo import SLO
 from servelab.targets.deployment import build_deployment
 from servelab.targets.http import HttpTarget
-from servelab.targets.server_process import free_port, vllm_cpu_server
+from servelab.targets.server_process import free_port
 from servelab.tune.confirm import LIVE_SERVER, STAGE2_DIR, ServerCommand, Stage2Config, confirm
 from servelab.tune.objectives import Objective
 from servelab.tune.workload import TuneWorkload
@@ -121,15 +122,8 @@ def whole_records(path: Path) -> list[dict]:
 # -- bench ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def own_server(launch_vllm) -> Iterator:
-    """A server of this module's own, which the last bench test kills."""
-    with launch_vllm() as server:
-        yield server
-
-
-def test_a_model_the_server_does_not_serve_is_refused_before_load(own_server, tmp_path: Path) -> None:
-    url = own_server.base_url
+def test_a_model_the_server_does_not_serve_is_refused_before_load(vllm_server, tmp_path: Path) -> None:
+    url = vllm_server.base_url
     out = tmp_path / "wrong-model"
     result = CliRunner().invoke(app, ["bench", "--base-url", url, "--model", "not-served", *LOAD, "--result-dir", str(out)])
     assert result.exit_code == 2
@@ -146,10 +140,10 @@ def test_a_model_the_server_does_not_serve_is_refused_before_load(own_server, tm
 
 
 def test_a_killed_client_leaves_whole_records_that_report_and_diagnose_read_as_partial(
-    own_server, tiny_model: Path, tmp_path: Path
+    vllm_server, tiny_model: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "cut"
-    bench = bench_process(own_server.base_url, out)
+    bench = bench_process(vllm_server.base_url, out)
     try:
         wait_for(lambda: record_lines(out / "records.jsonl") >= 5 or bench.poll() is not None, 120, "5 records")
         assert bench.poll() is None, (tmp_path / "cut.log").read_text()
@@ -170,7 +164,7 @@ def test_a_killed_client_leaves_whole_records_that_report_and_diagnose_read_as_p
 
     diagnose = subprocess.run(
         [SERVELAB, "diagnose", str(out), "--gpu", "cpu", "--model", str(tiny_model),
-         "--engine-args", f"{' '.join(own_server.extra_args)} --block-size 128", "--json"],
+         "--engine-args", f"{' '.join(vllm_server.extra_args)} --block-size 128", "--json"],
         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"},
     )
     assert diagnose.returncode == 0, diagnose.stderr
@@ -180,9 +174,9 @@ def test_a_killed_client_leaves_whole_records_that_report_and_diagnose_read_as_p
 
 
 def test_a_killed_server_ends_the_run_with_every_request_recorded_and_a_restart_serves(
-    own_server, vllm_python: Path, tiny_model: Path, tmp_path: Path
+    vllm_server, tmp_path: Path
 ) -> None:
-    url, pgid = own_server.base_url, own_server.pid
+    url, pgid = vllm_server.base_url, vllm_server.pid  # the session's default server, restarted below
     out = tmp_path / "killed"
     bench = bench_process(url, out)
     try:
@@ -212,13 +206,10 @@ def test_a_killed_server_ends_the_run_with_every_request_recorded_and_a_restart_
     wait_for(lambda: not group_members(pgid), 30, "the killed server's processes gone")
     print(f"server killed: run ended {ended_after:.1f} s later, records {dict(kinds)}")
 
-    port = int(url.rsplit(":", 1)[1])
-    restarted = vllm_cpu_server(vllm_python, tiny_model, log_path=tmp_path / "restarted.log", port=port,
-                                served_model_name="tiny-qwen", extra_args=own_server.extra_args)
-    with restarted.start():
-        again = CliRunner().invoke(app, ["bench", "--base-url", url, "--random-input-len", "64", "--random-output-len",
-                                         "16", "--ignore-eos", "--max-concurrency", "4", "--num-prompts", "12",
-                                         "--result-dir", str(tmp_path / "again")])
+    # The session's server pool sees its server dead and starts another, as a user would restart it.
+    again = CliRunner().invoke(app, ["bench", "--base-url", vllm_server.base_url, "--random-input-len", "64",
+                                     "--random-output-len", "16", "--ignore-eos", "--max-concurrency", "4",
+                                     "--num-prompts", "12", "--result-dir", str(tmp_path / "again")])
     assert again.exit_code == 0, again.output
     assert json.loads((tmp_path / "again" / "summary.json").read_text())["completed"] == 12
 

@@ -93,7 +93,15 @@ def _answers_ok(url: str) -> bool:
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether any process of the group still exists (one we may not signal counts as alive)."""
+    """Whether any process of the group still runs (one we may not signal counts as alive).
+
+    A zombie does not count: it runs nothing, yet stays in its group until its parent reaps it, and a
+    server's orphaned processes are reaped by PID 1, which in some containers never does. On Linux the
+    group is read from /proc; elsewhere kill(2) answers, zombies included.
+    """
+    proc = Path("/proc")
+    if proc.is_dir():
+        return any(_runs_in_group(entry, pgid) for entry in proc.iterdir() if entry.name.isdigit())
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -101,6 +109,15 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _runs_in_group(entry: Path, pgid: int) -> bool:
+    """/proc/PID/stat: state and process group follow the command name's closing parenthesis."""
+    try:
+        state, _ppid, group = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+    except (OSError, IndexError, ValueError):
+        return False
+    return int(group) == pgid and state != "Z"
 
 
 _live: set[ServerProcess] = set()
@@ -163,7 +180,7 @@ class ServerProcess:
         return None if self._proc is None else self._proc.poll()
 
     def running(self) -> bool:
-        """True while any process of the group is alive."""
+        """True while any process of the group is alive (zombies aside: see group_alive)."""
         return self._proc is not None and group_alive(self._proc.pid)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
