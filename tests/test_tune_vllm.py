@@ -75,6 +75,7 @@ def test_stage2_picks_a_bigger_batch_than_the_bad_baseline_and_leaves_no_server(
             "{engine_args}",
             env={"VLLM_CPU_KVCACHE_SPACE": "1"}, port=PORT, startup_timeout=600,
         ),
+        server_check=lambda url, config, directory: [f"{config.label} checked at {url}"],
     )
     doc = run_tune(request)
 
@@ -88,6 +89,7 @@ def test_stage2_picks_a_bigger_batch_than_the_bad_baseline_and_leaves_no_server(
     assert rec["gain_over_baseline"] > 1
     for r in results.values():
         assert r["measured"]["failed"] == 0
+        assert r["warnings"] == [f"{r['label']} checked at http://127.0.0.1:{PORT}"]  # each server checked when up
         assert r["server_pid"] is not None and _group_gone(r["server_pid"])
     assert _processes_on(tiny_model, PORT) == []
     assert not (tmp_path / "tune" / "stage2" / "live-server.json").exists()

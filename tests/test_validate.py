@@ -25,7 +25,7 @@ from servelab.experiment.validate import (
     validate_on,
 )
 from servelab.metrics.records import RequestRecord
-from servelab.experiment.reference import time_reference
+from servelab.experiment.reference import speed_check, time_reference
 from servelab.perf.calibration import CalibrationProfile, ReferenceTiming, model_spec_dict
 from servelab.perf.cost_model import CostCoefficients
 from servelab.perf.hardware import get_gpu
@@ -202,3 +202,14 @@ def test_reference_speed_change_is_judged_against_both_spreads(then: list, now: 
     change = ReferenceTiming(workload="w", runs_ms=then).speed_change(ReferenceTiming(workload="w", runs_ms=now))
     assert change is not None and change.changed is changed
     assert ReferenceTiming(workload="w", runs_ms=[]).speed_change(ReferenceTiming(workload="w", runs_ms=now)) is None
+
+
+def test_a_speed_check_names_a_server_slower_than_its_calibration(profile: CalibrationProfile, tmp_path: Path) -> None:
+    timed = timed_profile(profile, tmp_path)
+    assert speed_check(timed.reference, profile_sim_target(timed), 32, 4096, tmp_path / "same") == []
+    slow = timed.model_copy(update={"coefficients": timed.coefficients.model_copy(update={"step_overhead_s": 3e-3})})
+    lines = speed_check(timed.reference, profile_sim_target(slow), 32, 4096, tmp_path / "slow")
+    assert len(lines) == 1 and "slower than when calibrated" in lines[0]
+    assert (tmp_path / "slow" / "warmup" / "records.jsonl").is_file()
+    assert "unchecked" in speed_check(timed.reference, profile_sim_target(timed), 2, 4096, tmp_path / "other")[0]
+    assert "schema 2" in speed_check(None, profile_sim_target(timed), 32, 4096, tmp_path / "none")[0]

@@ -14,9 +14,13 @@ from rich.table import Table
 from servelab.cli import app
 from servelab.cli.report import ReportFlag, report_into
 from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags, bad_input_exits, deployment_from_flags, fail, load_options
+from servelab.experiment.probes import PROBE_EXTRA_BODY
+from servelab.experiment.reference import speed_check
+from servelab.perf.calibration import CalibrationProfile, load_profile
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
-from servelab.tune.confirm import ServerCommand, Stage2Config, Stage2Result
+from servelab.targets.http import HttpTarget
+from servelab.tune.confirm import ServerCheck, ServerCommand, Stage2Config, Stage2Result
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective
 from servelab.tune.outcome import TUNE_JSON
@@ -123,6 +127,7 @@ def tune(
                 bench_workload=TuneWorkload(load.workload(), arrival, bench_amount),
                 search=SearchSettings(n_trials, sampler, search_seed),  # type: ignore[arg-type]
                 output=output, resume=resume, server=server, top_k=top_k,
+                server_check=None if calibration is None or server is None else _speed_check(load_profile(calibration)),
             )
             previous = signal.signal(signal.SIGTERM, _interrupt)
             try:
@@ -147,6 +152,19 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _speed_check(profile: CalibrationProfile) -> ServerCheck:
+    """Each stage-2 server re-times the profile's reference step: predictions hold for the calibrated speed."""
+
+    def check(base_url: str, config: Stage2Config, directory: Path) -> list[str]:
+        target = HttpTarget(base_url, ignore_eos=True, extra_body=PROBE_EXTRA_BODY)
+        target.preflight()
+        deployment = config.deployment
+        return speed_check(profile.reference, target, deployment.config.max_num_seqs, deployment.model.vocab_size,
+                           directory)
+
+    return check
+
+
 def _live_progress(console: Console, goal: Objective) -> TuneProgress:
     def on_trial(trial: StudyTrial, evaluated: int, budget: int) -> None:
         o = trial.outcome
@@ -157,6 +175,8 @@ def _live_progress(console: Console, goal: Objective) -> TuneProgress:
         console.print(f"[bold]stage 2[/] {config.label}: starting the server with {config.engine_args or '(vLLM defaults)'}")
 
     def on_result(result: Stage2Result) -> None:
+        for warning in result.warnings:
+            console.print(f"  [yellow]warning[/]: {warning}")
         if result.error:
             console.print(f"  [red]failed[/]: {result.error.splitlines()[0]}")
         else:

@@ -63,3 +63,21 @@ def merged(*timings: ReferenceTiming) -> ReferenceTiming:
     return ReferenceTiming(workload=timings[0].workload, runs_ms=[v for t in timings for v in t.runs_ms],
                            stalled_runs=sum(t.stalled_runs for t in timings))
 
+
+
+def speed_check(calibrated: ReferenceTiming | None, target: Target, max_num_seqs: int | None, vocab_size: int,
+                directory: Path) -> list[str]:
+    """Time the reference on a live server and compare it with a calibration's: one line when the speed changed.
+
+    For a server measured against a profile's predictions (tune's stage 2):
+    the prediction holds for the server's calibrated speed, so a server now
+    slower or faster is said to be so, with the numbers, next to what it measured.
+    """
+    if calibrated is None:
+        return ["the calibration profile has no reference step time (schema 2): this server's speed is unchecked"]
+    timing = time_reference(target, max_num_seqs, vocab_size, directory, {"verb": "speed-check"}, warm_up=True)
+    if timing.workload != calibrated.workload:
+        return [f"this server's reference ({timing.workload}) is not the calibrated one ({calibrated.workload}): "
+                "its speed is unchecked"]
+    change = calibrated.speed_change(timing)
+    return [change.describe()] if change is not None and change.changed else []

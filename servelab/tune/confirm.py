@@ -101,6 +101,10 @@ class Stage2Config:
     """The simulated deployment, for the prediction."""
 
 
+ServerCheck = Callable[[str, "Stage2Config", Path], list[str]]
+"""Called with a started server's base URL, its configuration and a directory for its runs; returns warnings."""
+
+
 @dataclass
 class Stage2Result:
     label: str
@@ -119,6 +123,8 @@ class Stage2Result:
     bench_s: float | None = None
     directory: str | None = None
     error: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    """What the server check found before the measurement (e.g. a server slower than at calibration)."""
 
     @property
     def ok(self) -> bool:
@@ -205,8 +211,12 @@ def confirm(
     http_options: Mapping[str, Any] | None = None,
     on_start: Callable[[Stage2Config], None] | None = None,
     on_result: Callable[[Stage2Result], None] | None = None,
+    check_server: ServerCheck | None = None,
 ) -> list[Stage2Result]:
     """Measure each configuration in turn; a configuration whose server will not start is reported, not fatal.
+
+    `check_server(base_url, config, directory)` runs on each server once it is up, before the
+    measurement; the lines it returns are the result's warnings.
 
     A Ctrl-C (during startup or the bench) stops the server and propagates;
     `resume` skips configurations whose stage2.json is already written.
@@ -222,7 +232,7 @@ def confirm(
         else:
             if on_start:
                 on_start(config)
-            result = _measure(config, command, workload, objective, root / config.label, http_options or {})
+            result = _measure(config, command, workload, objective, root / config.label, http_options or {}, check_server)
             _write_json(done, result.to_dict())
         results.append(result)
         if on_result:
@@ -232,7 +242,7 @@ def confirm(
 
 def _measure(
     config: Stage2Config, command: ServerCommand, workload: TuneWorkload, objective: Objective, out: Path,
-    http_options: Mapping[str, Any],
+    http_options: Mapping[str, Any], check_server: ServerCheck | None,
 ) -> Stage2Result:
     out.mkdir(parents=True, exist_ok=True)
     predicted, predicted_score, predicted_violation = predict(config, workload, objective)
@@ -256,6 +266,8 @@ def _measure(
             return result
         result.server_pid = server.pid
         result.startup_s = server.startup_seconds
+        if check_server is not None:
+            result.warnings = check_server(server.base_url, config, out / "server-check")
         writer = ResultWriter(out, {
             "kind": "tune-stage2", "source": "http", "label": config.label, "engine_args": config.engine_args, "argv": argv,
             "workload": workload.describe(), "base_url": server.base_url,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.targets.deployment import Deployment
-from servelab.tune.confirm import BASELINE, ServerCommand, Stage2Config, Stage2Result, confirm
+from servelab.tune.confirm import BASELINE, ServerCheck, ServerCommand, Stage2Config, Stage2Result, confirm
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective
 from servelab.tune.outcome import pick_for_confirmation, rank, tune_document, write_tune_json
@@ -46,6 +46,8 @@ class TuneRequest:
     server: ServerCommand | None = None
     top_k: int = 3
     http_options: dict[str, Any] = field(default_factory=dict)
+    server_check: ServerCheck | None = None
+    """Run on each stage-2 server before its measurement (the CLI re-times a calibration's reference step)."""
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
@@ -114,7 +116,7 @@ def run_tune(request: TuneRequest, progress: TuneProgress | None = None) -> dict
 
     confirm(configs, request.server, request.bench_workload, request.objective, request.output,
             resume=request.resume, http_options=request.http_options, on_start=progress.on_server_start,
-            on_result=on_result)
+            on_result=on_result, check_server=request.server_check)
     return document(measured, info)
 
 
