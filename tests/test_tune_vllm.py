@@ -9,13 +9,13 @@ that, recommend another setting, and leave no server behind.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from servelab.metrics.slo import SLO
 from servelab.targets.deployment import build_deployment
+from servelab.targets.server_process import group_alive
 from servelab.tune.confirm import ServerCommand
 from servelab.tune.objectives import Objective
 from servelab.tune.space import SearchSpace
@@ -30,11 +30,8 @@ PORT = 18401
 
 
 def _group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
+    """No process of the group runs (zombies aside: PID 1 here never reaps a server's orphans)."""
+    return not group_alive(pgid)
 
 
 def _processes_on(model_dir: Path, port: int) -> list[int]:
