@@ -43,7 +43,7 @@ from servelab.metrics.records import MemorySink
 from servelab.metrics.slo import SLO
 from servelab.targets.deployment import build_deployment
 from servelab.targets.http import HttpTarget
-from servelab.targets.server_process import free_port
+from servelab.targets.server_process import free_port, group_members
 from servelab.tune.confirm import LIVE_SERVER, STAGE2_DIR, ServerCommand, Stage2Config, confirm
 from servelab.tune.objectives import Objective
 from servelab.tune.workload import TuneWorkload
@@ -76,20 +76,6 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
 
 def record_lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of a process group: what a server left running."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                found.append(int(entry.name))
-    return found
 
 
 def server_pgid(port: int) -> int | None:

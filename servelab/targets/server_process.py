@@ -44,6 +44,7 @@ READY_PATHS = ("/health", "/v1/models")
 """What an OpenAI-compatible server answers 200 to once it can take requests."""
 
 LOG_TAIL_LINES = 40
+PROC = Path("/proc")
 
 WATCHDOG = """
 import os, signal, sys, time
@@ -99,9 +100,8 @@ def group_alive(pgid: int) -> bool:
     server's orphaned processes are reaped by PID 1, which in some containers never does. On Linux the
     group is read from /proc; elsewhere kill(2) answers, zombies included.
     """
-    proc = Path("/proc")
-    if proc.is_dir():
-        return any(_runs_in_group(entry, pgid) for entry in proc.iterdir() if entry.name.isdigit())
+    if PROC.is_dir():
+        return bool(group_members(pgid))
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -111,13 +111,17 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def _runs_in_group(entry: Path, pgid: int) -> bool:
-    """/proc/PID/stat: state and process group follow the command name's closing parenthesis."""
-    try:
-        state, _ppid, group = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
-    except (OSError, IndexError, ValueError):
-        return False
-    return int(group) == pgid and state != "Z"
+def group_members(pgid: int) -> list[int]:
+    """The running (not zombie) processes of a process group, from /proc/PID/stat; [] without /proc."""
+    found = []
+    for entry in PROC.iterdir() if PROC.is_dir() else ():
+        try:  # state and process group follow the command name's closing parenthesis
+            state, _ppid, group = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
+            continue
+        if entry.name.isdigit() and int(group) == pgid and state != "Z":
+            found.append(int(entry.name))
+    return found
 
 
 _live: set[ServerProcess] = set()
