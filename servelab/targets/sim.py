@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -47,16 +48,21 @@ class SimTarget:
 
     `frontend_s_per_request` / `frontend_s_per_token` model vLLM's API-server
     process, which tokenizes prompts and detokenizes and streams outputs on one
-    CPU core: a FIFO server in front of the engines. A request reaches
-    an engine only after the frontend has spent per_request + per_token x
-    prompt_len on it; the tokens of each engine step are delivered after
-    `frontend_s_per_output_token` each (None: per_token), as one batch, on the
-    same server. When that work exceeds one core the frontend is the
-    bottleneck: requests queue before the engine (the engine's own TTFT,
-    measured from its arrival, stays low while the client's grows) and tokens
-    queue after it. Both 0 (default): no frontend. The decode fast-forward is
-    off while the frontend is modelled, so that its queue sees every step's
-    tokens in time order.
+    CPU core: a server in front of the engines. A request reaches an engine
+    only after the frontend has spent per_request + per_token x prompt_len on
+    it. Outputs leave it in rounds, as vLLM's AsyncLLM hands them on: its
+    output handler drains every engine step that arrived since its last turn
+    (`frontend_s_per_output_token` per token: detokenization and bookkeeping;
+    None: per_token), and then each request with new tokens sends one SSE
+    chunk (`frontend_s_per_chunk`), which carries all of them, because
+    RequestOutputCollector merges the outputs a request's stream has not
+    taken yet. A frontend that keeps up sends a chunk per step; a saturated
+    one sends fewer, fuller chunks, so its per-token cost falls as its load
+    rises, as on a real server. Requests queue before the engine (the
+    engine's own TTFT, measured from its arrival, stays low while the
+    client's grows) and tokens queue after it. All 0 (default): no frontend.
+    The decode fast-forward is off while the frontend is modelled, so that
+    its rounds see every step's tokens in time order.
 
     `config.api_server_count` N > 1 (vLLM's default: one per data-parallel
     engine) runs N such servers, one core each, as `--api-server-count` does (the processes share the listening
@@ -79,13 +85,14 @@ class SimTarget:
         frontend_s_per_request: float = 0.0,
         frontend_s_per_token: float = 0.0,
         frontend_s_per_output_token: float | None = None,
+        frontend_s_per_chunk: float = 0.0,
         cpu_costs: CostCoefficients | None = None,
     ) -> None:
         if scrape_interval <= 0:
             raise TargetError("scrape_interval must be positive")
         if network_latency < 0:
             raise TargetError("network_latency cannot be negative")
-        if min(frontend_s_per_request, frontend_s_per_token, frontend_s_per_output_token or 0.0) < 0:
+        if min(frontend_s_per_request, frontend_s_per_token, frontend_s_per_output_token or 0.0, frontend_s_per_chunk) < 0:
             raise TargetError("frontend coefficients cannot be negative")
         self.api_servers = config.api_server_count or config.data_parallel_size
         if self.api_servers < 1 or config.stream_interval < 1:
@@ -104,6 +111,7 @@ class SimTarget:
         self.frontend_s_per_output_token = (
             frontend_s_per_token if frontend_s_per_output_token is None else frontend_s_per_output_token
         )
+        self.frontend_s_per_chunk = frontend_s_per_chunk
         self.cpu_costs = cpu_costs if cpu_costs is not None else getattr(cost_model, "coefficients", None)
         """The engine core's CPU share of each step, which async scheduling overlaps with the GPU."""
         self.last_engines: list[SimEngine] = []
@@ -116,7 +124,10 @@ class SimTarget:
 
     @property
     def has_frontend(self) -> bool:
-        return self.frontend_s_per_request > 0 or self.frontend_s_per_token > 0 or self.frontend_s_per_output_token > 0
+        return (
+            self.frontend_s_per_request > 0 or self.frontend_s_per_token > 0
+            or self.frontend_s_per_output_token > 0 or self.frontend_s_per_chunk > 0
+        )
 
     def make_engine(self) -> SimEngine:
         return SimEngine(
@@ -146,6 +157,7 @@ class SimTarget:
             "frontend_s_per_request": self.frontend_s_per_request,
             "frontend_s_per_token": self.frontend_s_per_token,
             "frontend_s_per_output_token": self.frontend_s_per_output_token,
+            "frontend_s_per_chunk": self.frontend_s_per_chunk,
             "api_server_count": self.api_servers,
             "async_scheduling": bool(self.config.async_scheduling),
             # Wall-clock facts live here, in run.json, so that summary.json is the same on every run of a seed.
@@ -182,14 +194,21 @@ class _Simulation:
         self.frontend = target.has_frontend
         self.fe_request, self.fe_token = target.frontend_s_per_request, target.frontend_s_per_token
         servers = target.api_servers
-        self.fe_output = target.frontend_s_per_output_token / servers
-        """Per output token of a step, on each API server (a step's tokens are split evenly over them)."""
+        self.fe_output = target.frontend_s_per_output_token
+        self.fe_chunk = target.frontend_s_per_chunk
+        self.servers = servers
         self.frontend_free_at = [0.0] * servers
         self.frontend_busy = 0.0
         self.next_server = 0
         self.server_of: dict[int, int] = {}
         self.delivered: list[list[list[float]]] = [[[] for _ in range(servers)] for _ in engines]
-        """With a frontend: per engine and API server, when the tokens of each step left that server."""
+        """With a frontend: per engine and API server, when the tokens of each step left that server (nan: not yet)."""
+        self.pending: list[list[tuple[int, int, float]]] = [[] for _ in range(servers)]
+        """Per API server: (engine, step, tokens) its output handler has not taken yet (a step's tokens are split
+        evenly over the servers)."""
+        self.round_armed = [False] * servers
+        self.awaiting: list[list[tuple[int, SimRequest]]] = [[] for _ in range(servers)]
+        """Per API server: finished requests whose last tokens it has not sent yet."""
         self.stream_interval = target.config.stream_interval
         self.duration = plan.duration if plan.duration is not None else float("inf")
         self.free_slots = plan.max_concurrency if plan.max_concurrency is not None else None
@@ -359,15 +378,62 @@ class _Simulation:
         finished = engine.finish_step()
         if self.frontend:
             tokens = engine.counters.generation_tokens - generated
+            step = engine.num_steps - 1
             for server, delivered in enumerate(self.delivered[i]):
-                delivered.append(self._frontend(now, self.fe_output * tokens, server) if tokens else now)
-        for req in finished:
-            rec = self._finished_record(i, req)
-            if rec.finish_time > now:
-                self._push(rec.finish_time, _CLIENT, lambda t, r=rec: self._deliver(r))
-            else:
-                self._deliver(rec)
+                if tokens:
+                    delivered.append(math.nan)
+                    self.pending[server].append((i, step, tokens / self.servers))
+                    self._arm_round(server, now)
+                else:
+                    delivered.append(now)
+            for req in finished:
+                self.awaiting[self.server_of[req.tag.index]].append((i, req))
+        else:
+            for req in finished:
+                self._emit(i, req, now)
         self._wake(i, now)
+
+    # -- the API server's output rounds -------------------------------------
+
+    def _arm_round(self, server: int, now: float) -> None:
+        if not self.round_armed[server]:
+            self.round_armed[server] = True
+            at = max(now, self.frontend_free_at[server])
+            self._push(at, _CLIENT, lambda t, s=server: self._round(s, t))
+
+    def _round(self, server: int, now: float) -> None:
+        """One turn of the output handler: every step not taken yet, then one chunk per request with new tokens.
+
+        A running request emits at most one token per step, so the requests
+        with new tokens are about as many as the widest step's tokens; their
+        chunks go out one after another, and each token is taken as sent at
+        the mean position of that sequence.
+        """
+        free = self.frontend_free_at[server]
+        if free > now:  # a request's admission took the core since this round was armed
+            self._push(free, _CLIENT, lambda t, s=server: self._round(s, t))
+            return
+        self.round_armed[server] = False
+        batch, self.pending[server] = self.pending[server], []
+        handled = now + self.fe_output * sum(n for _, _, n in batch)
+        width = max(n for _, _, n in batch)
+        done = handled + self.fe_chunk * width
+        sent = min(done, handled + self.fe_chunk * (width + 1) / 2)
+        for i, step, _ in batch:
+            self.delivered[i][server][step] = sent
+        self.frontend_free_at[server] = done
+        self.frontend_busy += done - now
+        waiting, self.awaiting[server] = self.awaiting[server], []
+        for i, req in waiting:
+            self._emit(i, req, now)
+
+    def _emit(self, i: int, req: SimRequest, now: float) -> None:
+        """`req`'s last token has left the server: its record reaches the client after its last chunk."""
+        rec = self._finished_record(i, req)
+        if rec.finish_time > now:
+            self._push(rec.finish_time, _CLIENT, lambda t, r=rec: self._deliver(r))
+        else:
+            self._deliver(rec)
 
     # -- records ----------------------------------------------------------
 
