@@ -211,8 +211,9 @@ def test_frontend_coefficients_cannot_be_negative():
 
 
 def _chunks(record):
-    """How many SSE chunks a record's tokens came in: tokens sent together share one arrival time."""
-    return len(set(record.chunk_times))
+    """How many SSE chunks a record's tokens came in (one arrival time per chunk, as a real client records)."""
+    assert record.chunk_times == sorted(set(record.chunk_times))
+    return len(record.chunk_times)
 
 
 def test_a_frontend_that_keeps_up_sends_a_chunk_per_step_and_a_saturated_one_merges_them():

@@ -461,6 +461,9 @@ class _Simulation:
             times = self.engines[i].token_times(req)
         if self.stream_interval > 1:
             times = _chunked(times, self.stream_interval)
+        if self.frontend:
+            # Tokens of one output round went out in one chunk: the client sees one arrival (ITL counts chunks).
+            times = [t for k, t in enumerate(times) if k == 0 or t != times[k - 1]]
         if lat:
             times = [x + lat for x in times]
         rec = self._record(spec, self.send_times.pop(spec.index), times[-1])
