@@ -231,3 +231,17 @@ def test_a_frontend_that_keeps_up_sends_a_chunk_per_step_and_a_saturated_one_mer
     assert heavy_result.duration < engine_result.duration + 0.25 * per_token_work
     assert heavy_result.client_stats["frontend_busy_s"] < 0.5 * per_token_work
     assert max(r.finish_time for r in heavy) > max(r.finish_time for r in engine_only)
+
+
+def test_a_per_step_output_cost_is_paid_for_every_step_and_can_make_the_frontend_the_bottleneck():
+    plan = LoadPlan(specs(8, prompt_len=50, out=64), max_concurrency=8)
+    _, _, engine_result = run(SimTarget(CONFIG, 2000, COST), plan)
+    steps = engine_result.client_stats["engine_steps"]
+    step = engine_result.duration / steps
+    # Receiving a step's outputs costs 3 steps' time: every step is received (no merging of that part), so the one
+    # core falls behind and the run lasts about 3x the engine's; the chunks it sends merge the steps it drained.
+    records, _, result = run(SimTarget(CONFIG, 2000, COST, frontend_s_per_output_step=3 * step), plan)
+    assert all(r.output_tokens == 64 for r in records)
+    assert sum(_chunks(r) for r in records) < 0.6 * 8 * 64
+    assert result.client_stats["frontend_busy_s"] == pytest.approx(3 * step * steps, rel=1e-9)
+    assert result.duration > 2.5 * engine_result.duration

@@ -52,8 +52,9 @@ class SimTarget:
     only after the frontend has spent per_request + per_token x prompt_len on
     it. Outputs leave it in rounds, as vLLM's AsyncLLM hands them on: its
     output handler drains every engine step that arrived since its last turn
-    (`frontend_s_per_output_token` per token: detokenization and bookkeeping;
-    None: per_token), and then each request with new tokens sends one SSE
+    (`frontend_s_per_output_step` per step: receive and decode the step's
+    outputs, record its stats; `frontend_s_per_output_token` per token:
+    detokenization and bookkeeping, None: per_token), and then each request with new tokens sends one SSE
     chunk (`frontend_s_per_chunk`), which carries all of them, because
     RequestOutputCollector merges the outputs a request's stream has not
     taken yet. A frontend that keeps up sends a chunk per step; a saturated
@@ -86,13 +87,15 @@ class SimTarget:
         frontend_s_per_token: float = 0.0,
         frontend_s_per_output_token: float | None = None,
         frontend_s_per_chunk: float = 0.0,
+        frontend_s_per_output_step: float = 0.0,
         cpu_costs: CostCoefficients | None = None,
     ) -> None:
         if scrape_interval <= 0:
             raise TargetError("scrape_interval must be positive")
         if network_latency < 0:
             raise TargetError("network_latency cannot be negative")
-        if min(frontend_s_per_request, frontend_s_per_token, frontend_s_per_output_token or 0.0, frontend_s_per_chunk) < 0:
+        if min(frontend_s_per_request, frontend_s_per_token, frontend_s_per_output_token or 0.0, frontend_s_per_chunk,
+               frontend_s_per_output_step) < 0:
             raise TargetError("frontend coefficients cannot be negative")
         self.api_servers = config.api_server_count or config.data_parallel_size
         if self.api_servers < 1 or config.stream_interval < 1:
@@ -112,6 +115,7 @@ class SimTarget:
             frontend_s_per_token if frontend_s_per_output_token is None else frontend_s_per_output_token
         )
         self.frontend_s_per_chunk = frontend_s_per_chunk
+        self.frontend_s_per_output_step = frontend_s_per_output_step
         self.cpu_costs = cpu_costs if cpu_costs is not None else getattr(cost_model, "coefficients", None)
         """The engine core's CPU share of each step, which async scheduling overlaps with the GPU."""
         self.last_engines: list[SimEngine] = []
@@ -127,6 +131,7 @@ class SimTarget:
         return (
             self.frontend_s_per_request > 0 or self.frontend_s_per_token > 0
             or self.frontend_s_per_output_token > 0 or self.frontend_s_per_chunk > 0
+            or self.frontend_s_per_output_step > 0
         )
 
     def make_engine(self) -> SimEngine:
@@ -158,6 +163,7 @@ class SimTarget:
             "frontend_s_per_token": self.frontend_s_per_token,
             "frontend_s_per_output_token": self.frontend_s_per_output_token,
             "frontend_s_per_chunk": self.frontend_s_per_chunk,
+            "frontend_s_per_output_step": self.frontend_s_per_output_step,
             "api_server_count": self.api_servers,
             "async_scheduling": bool(self.config.async_scheduling),
             # Wall-clock facts live here, in run.json, so that summary.json is the same on every run of a seed.
@@ -196,6 +202,7 @@ class _Simulation:
         servers = target.api_servers
         self.fe_output = target.frontend_s_per_output_token
         self.fe_chunk = target.frontend_s_per_chunk
+        self.fe_step = target.frontend_s_per_output_step
         self.servers = servers
         self.frontend_free_at = [0.0] * servers
         self.frontend_busy = 0.0
@@ -415,7 +422,7 @@ class _Simulation:
             return
         self.round_armed[server] = False
         batch, self.pending[server] = self.pending[server], []
-        handled = now + self.fe_output * sum(n for _, _, n in batch)
+        handled = now + self.fe_step * len(batch) + self.fe_output * sum(n for _, _, n in batch)
         width = max(n for _, _, n in batch)
         done = handled + self.fe_chunk * width
         sent = min(done, handled + self.fe_chunk * (width + 1) / 2)
