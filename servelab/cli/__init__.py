@@ -7,9 +7,12 @@ from collections.abc import Sequence
 
 import typer
 
+from servelab.cli.exits import ServelabCommands
+
 app = typer.Typer(
     name="servelab",
     help="Why is my LLM deployment slow, and which configuration should I run?",
+    cls=ServelabCommands,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -16,34 +16,27 @@ import inspect
 import re
 import time
 import typing
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
 from servelab.experiment.calibrate import deployment_from_profile
 from servelab.experiment.sweep import Sweep, SweepError
-from servelab.metrics.slo import SLO, SLOError
+from servelab.metrics.slo import SLO
 from servelab.metrics.summary import DEFAULT_PERCENTILES
 from servelab.perf.calibration import load_profile
 from servelab.perf.errors import PerfConfigError
 from servelab.sim.router import POLICIES, ROUND_ROBIN
 from servelab.targets.deployment import Deployment, build_deployment
-from servelab.targets.errors import TargetError
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import DATASETS, FILE_DATASETS, WorkloadConfig
 from servelab.workload.errors import WorkloadError
 from servelab.workload.lengths import DISTRIBUTIONS
 from servelab.workload.plan import Amount, build_plan
 from servelab.workload.spec import LoadPlan
-
-EXIT_OK, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 2, 130
-BAD_INPUT = (WorkloadError, SweepError, SLOError, TargetError)
-"""What the layers below raise for input the user must fix; printed as one line, exit code 2."""
 
 _WORKLOAD, _ARRIVAL, _AMOUNT, _SLO, _OUTPUT = "Workload", "Arrival", "Amount", "SLO", "Sweep and output"
 
@@ -277,20 +270,6 @@ def deployment_from_flags(
         rebuilt = deployment.rebuilt(**changes)
         deployment = replace(rebuilt, warnings=deployment.warnings)
     return replace(deployment, router=router)
-
-
-def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
-
-
-@contextmanager
-def bad_input_exits() -> Iterator[None]:
-    """Input errors from any layer become one printed line and exit code 2."""
-    try:
-        yield
-    except BAD_INPUT as exc:
-        raise fail(str(exc)) from None
 
 
 _GOODPUT_VALUE = re.compile(r"^(ttft|tpot|e2el):\S+$")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab import SCHEMA_VERSION, __version__
+from servelab.errors import InputError
 from servelab.metrics.records import JsonlSink, RequestRecord, read_records
 from servelab.metrics.timeline import TimelineSample, read_timeline
 
@@ -102,14 +103,22 @@ class RunResult:
                 f"what follows rests on the {len(self.records)} requests recorded until then")
 
 
+class ResultsDirError(InputError, FileNotFoundError):
+    """A directory that is not a readable servelab results directory (also a FileNotFoundError, as it always was)."""
+
+
 def load_run(directory: Path) -> RunResult:
+    """A results directory read back; ResultsDirError naming the directory when it is not one or cannot be read."""
     if not (directory / RUN).is_file():
-        raise FileNotFoundError(f"{directory} is not a servelab results directory (no {RUN})")
-    run_info = json.loads((directory / RUN).read_text(encoding="utf-8"))
-    records = list(read_records(directory / RECORDS)) if (directory / RECORDS).exists() else []
-    timeline = list(read_timeline(directory / TIMELINE)) if (directory / TIMELINE).exists() else []
-    summary_path = directory / SUMMARY
-    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else None
+        raise ResultsDirError(f"{directory} is not a servelab results directory (no {RUN})")
+    try:
+        run_info = json.loads((directory / RUN).read_text(encoding="utf-8"))
+        records = list(read_records(directory / RECORDS)) if (directory / RECORDS).exists() else []
+        timeline = list(read_timeline(directory / TIMELINE)) if (directory / TIMELINE).exists() else []
+        summary_path = directory / SUMMARY
+        summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else None
+    except (OSError, json.JSONDecodeError, TypeError, KeyError) as exc:
+        raise ResultsDirError(f"cannot read results directory {directory}: {exc}") from exc
     return RunResult(directory, run_info, records, timeline, summary)
 
 
