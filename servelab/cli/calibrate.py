@@ -13,6 +13,8 @@ from rich.table import Table
 
 from servelab.cli import app
 from servelab.experiment.calibrate import calibrate as run_calibration
+from servelab.experiment.schema import ValidationReport
+from servelab.metrics.schema import checked
 from servelab.experiment.validate import METRICS, points_named, validate as run_validation
 from servelab.perf.calibration import CalibrationProfile, load_profile
 
@@ -121,7 +123,7 @@ def validate(
         progress=lambda m: None if json_out else _console.print(f"[dim]{m}[/]"),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    out.write_text(json.dumps(checked(ValidationReport, report), indent=2) + "\n", encoding="utf-8")
     if json_out:
         typer.echo(json.dumps(report, indent=2))
         return

@@ -12,7 +12,9 @@ from rich.console import Console
 from servelab.cli import app
 from servelab.cli.report import ReportFlag, report_into
 from servelab.cli.options import deployment_from_flags
+from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError
+from servelab.metrics.schema import checked
 from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
 from servelab.diagnose.scenario import synthetic
 from servelab.metrics.host import condition_changes
@@ -100,6 +102,7 @@ def diagnose(
     if partial:  # said first and kept in the JSON: every number below rests on a run cut short
         data["partial_run"] = partial
         Console(stderr=True).print(f"[yellow]{partial}[/]", highlight=False, soft_wrap=True)
+    checked(Diagnosis, data)
     target = save or (results / DIAGNOSIS if results is not None else None)
     if target is not None:
         target.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")

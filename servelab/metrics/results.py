@@ -25,6 +25,7 @@ from typing import Any
 from servelab import SCHEMA_VERSION, __version__
 from servelab.errors import InputError
 from servelab.metrics.records import JsonlSink, RequestRecord, read_records
+from servelab.metrics.schema import RunInfo, Summary, SweepIndex, checked
 from servelab.metrics.timeline import TimelineSample, read_timeline
 
 RUN = "run.json"
@@ -58,7 +59,7 @@ class ResultWriter:
             "versions": versions(),
             **run_info,
         }
-        _dump(directory / RUN, self.run_info)
+        _dump(directory / RUN, checked(RunInfo, self.run_info))
         self.records = JsonlSink(directory / RECORDS)
         self._timeline = (directory / TIMELINE).open("a", encoding="utf-8")
 
@@ -68,10 +69,10 @@ class ResultWriter:
 
     def update_run_info(self, **info: Any) -> None:
         self.run_info.update(info)
-        _dump(self.directory / RUN, self.run_info)
+        _dump(self.directory / RUN, checked(RunInfo, self.run_info))
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        _dump(self.directory / SUMMARY, {"schema_version": SCHEMA_VERSION, **summary})
+        _dump(self.directory / SUMMARY, checked(Summary, {"schema_version": SCHEMA_VERSION, **summary}))
 
     def close(self) -> None:
         self.records.close()
@@ -124,4 +125,4 @@ def load_run(directory: Path) -> RunResult:
 
 def write_sweep_index(directory: Path, info: dict[str, Any]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    _dump(directory / SWEEP, {"schema_version": SCHEMA_VERSION, **info})
+    _dump(directory / SWEEP, checked(SweepIndex, {"schema_version": SCHEMA_VERSION, **info}))

@@ -16,7 +16,9 @@ from typing import Any
 
 from servelab import SCHEMA_VERSION
 from servelab.metrics.results import versions
+from servelab.metrics.schema import checked
 from servelab.tune.confirm import BASELINE, Stage2Result
+from servelab.tune.schema import TuneDocument
 from servelab.tune.study import StudyTrial
 from servelab.tune.trial import OK, TrialOutcome
 
@@ -157,7 +159,7 @@ def tune_document(
 def write_tune_json(directory: Path, document: dict[str, Any]) -> Path:
     path = directory / TUNE_JSON
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(checked(TuneDocument, document), indent=2, default=str) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
 
