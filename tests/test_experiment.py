@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
@@ -142,7 +141,8 @@ def test_sweep_writes_one_directory_per_point_and_the_curve(tmp_path):
     target = FakeTarget()
     sweep = Sweep.parse("max-concurrency=1,4,16")
     base = ArrivalConfig()
-    make = lambda arrival: build_plan(WorkloadConfig(input_len=16, output_len=4), arrival, Amount(num_prompts=32))
+    def make(arrival):
+        return build_plan(WorkloadConfig(input_len=16, output_len=4), arrival, Amount(num_prompts=32))
     seen = []
 
     from contextlib import contextmanager
@@ -165,7 +165,8 @@ def test_sweep_writes_one_directory_per_point_and_the_curve(tmp_path):
 
 def test_sweep_stops_at_an_interrupted_point(tmp_path):
     sweep = Sweep.parse("request-rate=1,2,4")
-    make = lambda arrival: build_plan(WorkloadConfig(input_len=16, output_len=4), arrival, Amount(num_prompts=10))
+    def make(arrival):
+        return build_plan(WorkloadConfig(input_len=16, output_len=4), arrival, Amount(num_prompts=10))
     index = run_sweep(FakeTarget(stop_after=3), sweep, ArrivalConfig(), make, tmp_path, {})
     assert len(index["points"]) == 1 and index["interrupted"] is True
     assert json.loads((tmp_path / "sweep.json").read_text())["points"][0]["completed"] == 3

@@ -31,7 +31,7 @@ def cli(*args: str) -> str:
 @pytest.mark.parametrize("name", list(SCHEMAS))
 def test_published_schema_is_the_models(name: str) -> None:
     published = SCHEMA_DIR / f"{name}.json"
-    assert published.is_file(), f"regenerate: servelab schema --write docs/schemas"
+    assert published.is_file(), "regenerate: servelab schema --write docs/schemas"
     assert published.read_text() == schema_text(name), "docs/schemas is stale: run `servelab schema --write docs/schemas`"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -27,7 +27,7 @@ DIAGNOSIS = "diagnosis.json"
 
 # The first case servelab exists for: Qwen2.5-7B on one A100, ~1,500-token prompts, max_num_seqs 256,
 # ~10 req/s, "GPU utilisation 30%, memory full": why won't QPS go up?
-EXAMPLE = {"gpu": "a100-80gb", "model": "qwen2.5-7b", "engine_args": "--max-num-seqs 256", "input_len": 1500,
+EXAMPLE: dict[str, Any] = {"gpu": "a100-80gb", "model": "qwen2.5-7b", "engine_args": "--max-num-seqs 256", "input_len": 1500,
            "output_len": 200, "request_rate": 10.0, "observed_qps": 10.0, "observed_gpu_util": 0.3}
 
 
@@ -40,7 +40,8 @@ def diagnose(
     tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size (overrides engine args).")] = None,
     replicas: Annotated[Optional[int], typer.Option(help="Data-parallel replicas behind a router.")] = None,
     gpu_file: Annotated[Optional[Path], typer.Option(help="YAML file with extra GPUs.")] = None,
-    calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: its fitted hardware and cost model; --engine-args change its server's flags.")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: "
+                                                             "its fitted hardware and cost model; --engine-args change its server's flags.")] = None,
     input_len: Annotated[Optional[int], typer.Option(help="Described deployment: prompt tokens per request.")] = None,
     output_len: Annotated[Optional[int], typer.Option(help="Described deployment: output tokens per request.")] = None,
     request_rate: Annotated[Optional[float], typer.Option(help="Described deployment: offered req/s (Poisson).")] = None,

@@ -265,7 +265,7 @@ def deployment_from_flags(
         if value is not None:
             raise PerfConfigError(f"{flag} and --calibration both name the hardware/model: the profile already does; drop {flag}")
     deployment = deployment_from_profile(load_profile(calibration), engine_args)
-    changes = {k: v for k, v in (("tensor_parallel_size", tp), ("data_parallel_size", replicas)) if v is not None}
+    changes: dict[str, Any] = {k: v for k, v in (("tensor_parallel_size", tp), ("data_parallel_size", replicas)) if v is not None}
     if changes:
         rebuilt = deployment.rebuilt(**changes)
         deployment = replace(rebuilt, warnings=deployment.warnings)

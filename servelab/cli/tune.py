@@ -69,7 +69,8 @@ def parse_env(items: list[str] | None) -> dict[str, str]:
 def tune(
     gpu: Annotated[Optional[str], typer.Option(help="GPU the server runs on (see the catalogue), or cpu.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Built-in model name or a directory with config.json.")] = None,
-    calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: stage 1 runs on its fitted hardware and coefficients, --engine-args change its server's flags.")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: stage 1 runs "
+                                                             "on its fitted hardware and coefficients, --engine-args change its server's flags.")] = None,
     engine_args: Annotated[str, typer.Option(help="Your current launch flags: the baseline every candidate changes.")] = "",
     sim_args: Annotated[str, typer.Option(help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.")] = "",
     space: Annotated[Optional[list[str]], typer.Option(help="KNOB=V1,V2 (or KNOB for built-in values; 'default' = vLLM's). Repeatable.")] = None,

@@ -71,7 +71,8 @@ class Sweep:
         return f"{self.key}={value:g}" if isinstance(value, float) else f"{self.key}={value}"
 
     def arrival(self, base: ArrivalConfig, value: float | int) -> ArrivalConfig:
-        return replace(base, **{SWEEP_KEYS[self.key]: value})
+        change: dict[str, Any] = {SWEEP_KEYS[self.key]: value}
+        return replace(base, **change)
 
 
 def _parse_value(key: str, item: str, text: str) -> float | int:

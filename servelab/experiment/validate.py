@@ -297,7 +297,7 @@ def validate_on(
         "median_abs_error_pct": medians,
         "bounds_pct": BOUNDS_PCT,
         "goals_pct": GOALS_PCT,
-        "within_bounds": all(medians[k] is not None and medians[k] <= b for k, b in BOUNDS_PCT.items()),
+        "within_bounds": all((m := medians[k]) is not None and m <= b for k, b in BOUNDS_PCT.items()),
     }
 
 

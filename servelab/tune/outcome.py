@@ -66,7 +66,7 @@ def pareto_front(trials: Sequence[StudyTrial]) -> list[StudyTrial]:
 def pick_for_confirmation(ranked: Sequence[StudyTrial], k: int, baseline_args: str) -> list[StudyTrial]:
     """The best `k` runnable configurations with distinct launch lines other than the baseline's."""
     seen = {baseline_args}
-    picked = []
+    picked: list[StudyTrial] = []
     for t in ranked:
         if len(picked) == k:
             break
@@ -92,7 +92,7 @@ def recommend(
     measured = [r for r in stage2 if r.ok and r.measured_score is not None]
     if measured:
         feasible = [r for r in measured if (r.measured_violation or 0) <= 0] or measured
-        best = min(feasible, key=lambda r: (_better_first(r.measured_score, direction), r.label != BASELINE))
+        best = min(feasible, key=lambda r: (_better_first(r.measured_score or 0.0, direction), r.label != BASELINE))
         base = next((r for r in measured if r.label == BASELINE), None)
         return {
             "source": "stage2",
