@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from servelab.cli import app
 from servelab.cli.schema import SCHEMAS, schema_text
 from servelab.metrics.results import load_run
+from servelab.perf.calibration import load_profile
 from support.profiles import tiny_profile
 from support.schemas import SCHEMA_DIR, assert_files_match_schemas
 
@@ -60,12 +61,29 @@ def test_every_file_simulate_diagnose_tune_and_a_profile_write_validates(tmp_pat
                     "trial": 2, "profile": 1}, seen
 
 
-def test_a_results_directory_from_before_the_models_still_opens(tmp_path: Path) -> None:
-    """run.json as the first release wrote it (no client_host, no deployment): it reads, and diagnose takes it."""
-    cli("simulate", *SIM, "--num-prompts", "20", "--request-rate", "4", "--result-dir", str(tmp_path))
-    info = json.loads((tmp_path / "run.json").read_text())
-    old = {k: v for k, v in info.items() if k not in ("client_host", "deployment")}
-    (tmp_path / "run.json").write_text(json.dumps(old))
-    assert assert_files_match_schemas(tmp_path)["run"] == 1
-    assert load_run(tmp_path).run_info["verb"] == "simulate"
-    assert json.loads(cli("diagnose", str(tmp_path), "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--json"))["findings"]
+BEFORE = Path(__file__).parent / "data" / "results-before-schemas"
+"""A sweep (two points) and a diagnosis written by servelab at main 319f98e, before the models existed
+(`simulate ... --sweep max-concurrency=2,4`, then `diagnose` of one point)."""
+
+
+def test_a_results_directory_from_before_the_models_validates_and_opens(tmp_path: Path) -> None:
+    assert assert_files_match_schemas(BEFORE) == {"sweep": 1, "run": 2, "summary": 2, "record": 2, "timeline": 2,
+                                                  "diagnosis": 1}
+    point = BEFORE / "max-concurrency=4"
+    assert load_run(point).summary["completed"] == 12
+    diagnosed = json.loads(cli("diagnose", str(point), "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--json",
+                               "--save", str(tmp_path / "diagnosis.json")))
+    assert diagnosed["findings"] and diagnosed["workload"]["requests"] == 12
+    cli("report", str(BEFORE), "-o", str(tmp_path / "report.html"))
+    assert (tmp_path / "report.html").stat().st_size > 0
+
+
+def test_a_schema_2_profile_validates_and_loads(tmp_path: Path) -> None:
+    """Calibration profiles of schema 2 (no host conditions, no reference step) are still read, and still valid."""
+    path = tiny_profile(tmp_path)
+    data = json.loads(path.read_text())
+    old = {k: v for k, v in data.items() if k not in ("host", "reference")} | {"schema_version": 2}
+    path.write_text(json.dumps(old))
+    assert assert_files_match_schemas(tmp_path / "none", {path: "profile"}) == {"profile": 1}
+    profile = load_profile(path)
+    assert profile.schema_version == 2 and profile.reference is None and profile.host == {}
