@@ -67,6 +67,8 @@ def schema(
         for path in write_schemas(write):
             typer.echo(str(path))
         return
+    if name is None:
+        raise InputError(f"give NAME, one of {', '.join(SCHEMAS)} (or --write DIR for all)")
     if name not in SCHEMAS:
         raise InputError(f"schema {name!r}: choose one of {', '.join(SCHEMAS)}")
     typer.echo(schema_text(name), nl=False)
