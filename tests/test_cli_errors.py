@@ -87,3 +87,14 @@ def test_a_described_deployment_with_no_tokens_is_bad_input_not_a_bug():
     result = CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "0",
                                       "--output-len", "10", "--request-rate", "1"])
     assert result.exit_code == EXIT_BAD_INPUT and "--input-len" in result.output, result.output
+
+
+def test_a_file_servelab_cannot_write_is_one_line_exit_2_naming_it(tmp_path: Path):
+    run = tmp_path / "run"
+    assert CliRunner().invoke(app, ["simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--num-prompts", "5",
+                                    "--result-dir", str(run)]).exit_code == 0
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = CliRunner().invoke(app, ["report", str(run), "-o", str(blocker / "report.html")])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert result.output.startswith("error: ") and str(blocker) in result.output and "Traceback" not in result.output
