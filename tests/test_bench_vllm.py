@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import servelab
 from servelab.cli import app
 from servelab.metrics import timeline
 from servelab.metrics.results import load_run
@@ -72,3 +73,13 @@ def test_concurrency_sweep_raises_throughput(vllm_server, tmp_path):
     tput = [p["output_throughput"] for p in index["points"]]
     assert tput[0] < tput[1] < tput[2], tput
     assert tput[2] >= 2 * tput[0], tput
+
+
+def test_the_python_api_measures_the_real_server_like_the_cli(vllm_server, tmp_path):
+    run = servelab.bench(vllm_server.base_url, input_len=64, output_len=16, ignore_eos=True, max_concurrency=4,
+                         num_prompts=12, result_dir=tmp_path)
+    assert run.run_info.source == "http" and run.summary is not None
+    assert run.summary.completed == 12 and run.summary.failed == 0
+    records = run.records()
+    assert (records["output_tokens"] == 16).all() and (records["ttft_s"] > 0).all()
+    assert assert_files_match_schemas(tmp_path) == {"run": 1, "record": 1, "summary": 1, "timeline": 1}
