@@ -2,3 +2,16 @@
 
 __version__ = "0.1.0"
 SCHEMA_VERSION = 1
+
+_API = ("bench", "simulate", "diagnosis", "load_results", "Results")
+"""servelab.api's names. The diagnosis function is not `diagnose`: that is the servelab.diagnose package."""
+
+
+def __getattr__(name: str) -> object:
+    """`servelab.simulate(...)` and the rest of servelab.api, imported on first use: `import servelab` stays light
+    (every module imports SCHEMA_VERSION from here)."""
+    if name in _API:
+        from servelab import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'servelab' has no attribute {name!r}")

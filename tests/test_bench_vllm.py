@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import servelab
 from servelab.cli import app
 from servelab.metrics import timeline
 from servelab.metrics.results import load_run
+from support.schemas import assert_files_match_schemas
 
 pytestmark = pytest.mark.vllm
 runner = CliRunner()
@@ -52,6 +54,7 @@ def test_closed_loop_run_is_complete_and_agrees_with_the_server(vllm_server, tmp
     assert run.summary["completed"] == 40 and run.summary["failed"] == 0
     assert all(r.ok and r.output_tokens == 32 and r.prompt_tokens == 128 for r in run.records)
     assert (timeline.gauge_max(run.timeline, timeline.RUNNING) or 0) > 1
+    assert assert_files_match_schemas(tmp_path) == {"run": 1, "record": 1, "summary": 1, "timeline": 1}
 
     ttft_count = timeline.counter_delta(run.timeline, timeline.TTFT_COUNT)
     ttft_sum = timeline.counter_delta(run.timeline, timeline.TTFT_SUM)
@@ -66,6 +69,17 @@ def test_concurrency_sweep_raises_throughput(vllm_server, tmp_path):
     index = json.loads((tmp_path / "sweep.json").read_text())
     assert [p["max-concurrency"] for p in index["points"]] == [1, 4, 16]
     assert all(p["completed"] == 32 and p["failed"] == 0 for p in index["points"])
+    assert assert_files_match_schemas(tmp_path) == {"sweep": 1, "run": 3, "record": 3, "summary": 3, "timeline": 3}
     tput = [p["output_throughput"] for p in index["points"]]
     assert tput[0] < tput[1] < tput[2], tput
     assert tput[2] >= 2 * tput[0], tput
+
+
+def test_the_python_api_measures_the_real_server_like_the_cli(vllm_server, tmp_path):
+    run = servelab.bench(vllm_server.base_url, input_len=64, output_len=16, ignore_eos=True, max_concurrency=4,
+                         num_prompts=12, result_dir=tmp_path)
+    assert run.run_info.source == "http" and run.summary is not None
+    assert run.summary.completed == 12 and run.summary.failed == 0
+    records = run.records()
+    assert (records["output_tokens"] == 16).all() and (records["ttft_s"] > 0).all()
+    assert assert_files_match_schemas(tmp_path) == {"run": 1, "record": 1, "summary": 1, "timeline": 1}

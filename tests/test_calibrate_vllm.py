@@ -21,8 +21,10 @@ import pytest
 from typer.testing import CliRunner
 
 from servelab.cli import app
+from servelab.experiment.calibrate import probe_dir_for
 from servelab.experiment.validate import METRICS
 from servelab.perf.calibration import load_profile
+from support.schemas import assert_files_match_schemas
 
 pytestmark = pytest.mark.vllm
 BUDGET_S = "45"
@@ -81,6 +83,8 @@ def test_calibration_converges_keeps_its_probes_and_its_simulator_matches_its_fi
         assert probe["passes"] >= 1 and all(Path(d, "records.jsonl").is_file() for d in probe["directories"])
     assert profile.reference is not None and len(profile.reference.runs_ms) + profile.reference.stalled_runs == 6
     assert profile.host["cpu_count"] >= 1 and "load_avg_1m" in profile.host
+    seen = assert_files_match_schemas(probe_dir_for(profile_path), {profile_path: "profile"})
+    assert seen["profile"] == 1 and seen["run"] >= 8 and seen["run"] == seen["summary"] == seen["record"], seen
 
     # The profile re-served through the simulator gives what its own step model predicted for each prefill and
     # decode probe: the simulator runs exactly the fitted costs, whatever the noise in what they were fitted to.
@@ -96,4 +100,6 @@ def test_calibration_converges_keeps_its_probes_and_its_simulator_matches_its_fi
 
 def test_validate_on_held_out_points(profile_path: Path, vllm_server, tmp_path: Path) -> None:
     assert_every_point_accounted_for(run_validate(vllm_server.base_url, profile_path, tmp_path / "validation.json"))
+    seen = assert_files_match_schemas(tmp_path / "validation.runs", {tmp_path / "validation.json": "validation"})
+    assert seen["validation"] == 1 and seen["run"] >= 6 * REPEATS and seen["run"] == seen["summary"], seen
 

@@ -7,13 +7,11 @@ a good run writes the results directory; Ctrl-C leaves a summary and exits 130.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner

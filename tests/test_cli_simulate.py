@@ -122,3 +122,15 @@ def test_goodput_takes_several_values_after_one_flag_as_vllm_does(tmp_path):
     assert json.loads((out / "run.json").read_text())["flags"]["goodput"] == ["ttft:500", "tpot:50"]
     assert spread_goodput_values(["--goodput", "ttft:5", "RESULTS:dir", "--goodput", "e2el:9 x"]) == [
         "--goodput", "ttft:5", "RESULTS:dir", "--goodput", "e2el:9 x"]
+
+
+@pytest.mark.parametrize("verb", ["bench", "simulate", "tune"])
+def test_every_shared_load_flag_is_offered_by_each_verb_that_takes_load(verb):
+    from dataclasses import fields
+
+    from servelab.cli.options import LoadFlags
+
+    result = CliRunner().invoke(app, [verb, "--help"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0
+    flags = [f.name.replace("_", "-") for f in fields(LoadFlags)]
+    assert len(flags) == 23 and [f for f in flags if f"--{f}" not in result.output] == []

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
+from servelab.errors import InputError, RunInterrupted
+from servelab.experiment.probes import run_into
 from servelab.experiment.runner import run_point
 from servelab.experiment.sweep import Sweep, SweepError, run_sweep
 from servelab.metrics.records import MemorySink, RequestRecord
@@ -142,7 +143,8 @@ def test_sweep_writes_one_directory_per_point_and_the_curve(tmp_path):
     target = FakeTarget()
     sweep = Sweep.parse("max-concurrency=1,4,16")
     base = ArrivalConfig()
-    make = lambda arrival: build_plan(WorkloadConfig(input_len=16, output_len=4), arrival, Amount(num_prompts=32))
+    def make(arrival):
+        return build_plan(WorkloadConfig(input_len=16, output_len=4), arrival, Amount(num_prompts=32))
     seen = []
 
     from contextlib import contextmanager
@@ -165,7 +167,15 @@ def test_sweep_writes_one_directory_per_point_and_the_curve(tmp_path):
 
 def test_sweep_stops_at_an_interrupted_point(tmp_path):
     sweep = Sweep.parse("request-rate=1,2,4")
-    make = lambda arrival: build_plan(WorkloadConfig(input_len=16, output_len=4), arrival, Amount(num_prompts=10))
+    def make(arrival):
+        return build_plan(WorkloadConfig(input_len=16, output_len=4), arrival, Amount(num_prompts=10))
     index = run_sweep(FakeTarget(stop_after=3), sweep, ArrivalConfig(), make, tmp_path, {})
     assert len(index["points"]) == 1 and index["interrupted"] is True
     assert json.loads((tmp_path / "sweep.json").read_text())["points"][0]["completed"] == 3
+
+
+def test_an_interrupted_probe_run_ends_the_experiment_as_interrupted_not_as_bad_input(tmp_path):
+    plan = build_plan(WorkloadConfig(input_len=16, output_len=4), ArrivalConfig(), Amount(num_prompts=10))
+    with pytest.raises(RunInterrupted, match="kept under") as raised:
+        run_into(FakeTarget(stop_after=3), plan, tmp_path / "probe", {"verb": "calibrate"})
+    assert raised.value.exit_code == 130 and not isinstance(raised.value, InputError)

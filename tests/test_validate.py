@@ -15,7 +15,7 @@ from servelab.experiment.validate import (
     METRICS,
     QUICK_POINTS,
     Point,
-    ValidationError,
+    ValidateError,
     best_of,
     capacity,
     counted,
@@ -66,13 +66,13 @@ def profile(tmp_path_factory: pytest.TempPathFactory) -> CalibrationProfile:
 )
 def test_bad_points_are_refused(kwargs: dict, message: str) -> None:
     shape = {"prompt_len": (10, 20), "output_len": (5, 10), **kwargs}
-    with pytest.raises(ValidationError, match=message):
+    with pytest.raises(ValidateError, match=message):
         Point("p", num_requests=4, **shape)
 
 
 def test_point_sets_are_held_out_from_the_probes() -> None:
     assert points_named("quick") == QUICK_POINTS and len(QUICK_POINTS) >= 6 and len(DEFAULT_POINTS) >= 6
-    with pytest.raises(ValidationError, match="unknown point set"):
+    with pytest.raises(ValidateError, match="unknown point set"):
         points_named("everything")
     for point in DEFAULT_POINTS + QUICK_POINTS:
         assert point.concurrency not in (1, 2, 4, 8, 16, 32, 64)  # the probed batch sizes

@@ -7,9 +7,12 @@ from collections.abc import Sequence
 
 import typer
 
+from servelab.cli.exits import ServelabCommands
+
 app = typer.Typer(
     name="servelab",
     help="Why is my LLM deployment slow, and which configuration should I run?",
+    cls=ServelabCommands,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -33,3 +36,4 @@ from servelab.cli import bench  # noqa: E402,F401  (registers the command)
 from servelab.cli import calibrate  # noqa: E402,F401  (registers calibrate and validate)
 from servelab.cli import report  # noqa: E402,F401  (registers the command)
 from servelab.cli import simulate  # noqa: E402,F401  (registers the command)
+from servelab.cli import schema  # noqa: E402,F401  (registers the command)

@@ -11,12 +11,11 @@ from rich.console import Console
 from servelab.cli import app
 from servelab.cli.options import (
     LoadFlags,
-    bad_input_exits,
-    fail,
     load_options,
 )
 from servelab.cli.report import ReportFlag
 from servelab.cli.run_and_show import run_and_show
+from servelab.errors import InputError
 from servelab.targets.http import HttpTarget
 from servelab.targets.preflight import ENDPOINTS
 
@@ -40,30 +39,29 @@ def bench(
 ) -> None:
     """Measure a running server: latency, throughput and goodput under the load you describe.
 
-    Exit codes: 0 measured; 2 bad input, or a server that fails the pre-flight check (nothing is sent); 3 disturbed: the run ended, but requests failed because the server refused or dropped connections (killed, crashed) or a client worker died, so the numbers do not describe the server; 130 interrupted (Ctrl-C, SIGTERM). Records, summary and timeline are written in every case but 2.
-    """
+    Exit codes: 0 measured; 2 bad input, or a server that fails the pre-flight check (nothing is sent); 3 disturbed: the run ended, but requests failed because the server refused or dropped connections (killed, crashed) or a client worker died, so the numbers do not describe the server; 130 interrupted (Ctrl-C, SIGTERM); 1 a bug in servelab (reported with its traceback). Records, summary and timeline are written in every case but 1 and 2.
+    """  # noqa: E501  (one paragraph: the help keeps the docstring's line breaks)
     out = Console(stderr=True) if load.json else Console()
-    with bad_input_exits():
-        load.check()
-        first_plan = load.make_plan()  # dataset files are read and checked before the server is touched
-        if endpoint == "/v1/chat/completions" and not (load.tokenizer or first_plan.description["text_prompts"]):
-            raise fail(f"--endpoint {endpoint} sends text: give --tokenizer (or a sharegpt/jsonl dataset) with --dataset-name {load.dataset_name}")
-        if scrape_interval <= 0:
-            raise fail(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
-        if workers < 1:
-            raise fail(f"--workers must be >= 1, got {workers}")
-        target = HttpTarget(
-            base_url,
-            endpoint,
-            model=model,
-            api_key=api_key,
-            ignore_eos=ignore_eos,
-            request_timeout=request_timeout,
-            scrape_interval=scrape_interval,
-            send_text=bool(first_plan.description["text_prompts"]),
-            workers=workers,
-        )
-        server = target.preflight()
+    load.check()
+    first_plan = load.make_plan()  # dataset files are read and checked before the server is touched
+    if endpoint == "/v1/chat/completions" and not (load.tokenizer or first_plan.description["text_prompts"]):
+        raise InputError(f"--endpoint {endpoint} sends text: give --tokenizer (or a sharegpt/jsonl dataset) with --dataset-name {load.dataset_name}")
+    if scrape_interval <= 0:
+        raise InputError(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
+    if workers < 1:
+        raise InputError(f"--workers must be >= 1, got {workers}")
+    target = HttpTarget(
+        base_url,
+        endpoint,
+        model=model,
+        api_key=api_key,
+        ignore_eos=ignore_eos,
+        request_timeout=request_timeout,
+        scrape_interval=scrape_interval,
+        send_text=bool(first_plan.description["text_prompts"]),
+        workers=workers,
+    )
+    server = target.preflight()
     result_dir = load.output_dir("bench")
     flags = {"base_url": base_url, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
              "request_timeout": request_timeout, "scrape_interval": scrape_interval, "workers": workers, **load.as_dict()}

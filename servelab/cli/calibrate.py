@@ -13,17 +13,12 @@ from rich.table import Table
 
 from servelab.cli import app
 from servelab.experiment.calibrate import calibrate as run_calibration
+from servelab.experiment.schema import ValidationReport
+from servelab.metrics.schema import checked
 from servelab.experiment.validate import METRICS, points_named, validate as run_validation
 from servelab.perf.calibration import CalibrationProfile, load_profile
-from servelab.perf.errors import PerfConfigError
-from servelab.targets.errors import TargetError
 
 _console = Console()
-
-
-def _fail(message: str) -> typer.Exit:
-    Console(stderr=True).print(f"[bold red]error:[/] {message}")
-    return typer.Exit(2)
 
 
 def _pct(value: float | None) -> str:
@@ -84,13 +79,10 @@ def calibrate(
     api_key: Annotated[Optional[str], typer.Option(help="API key (default: $OPENAI_API_KEY).")] = None,
 ) -> None:
     """Probe a live server, fit the cost model to it, check the fit in the simulator, write a profile."""
-    try:
-        profile = run_calibration(
-            base_url, gpu, model, out, engine_args=engine_args, budget_s=budget, served_model=served_model,
-            api_key=api_key or os.environ.get("OPENAI_API_KEY"), progress=lambda m: _console.print(f"[dim]{m}[/]"),
-        )
-    except (PerfConfigError, TargetError) as exc:
-        raise _fail(str(exc)) from None
+    profile = run_calibration(
+        base_url, gpu, model, out, engine_args=engine_args, budget_s=budget, served_model=served_model,
+        api_key=api_key or os.environ.get("OPENAI_API_KEY"), progress=lambda m: _console.print(f"[dim]{m}[/]"),
+    )
     _console.print(fit_table(profile))
     rates = profile.rates
     _console.print(
@@ -123,18 +115,15 @@ def validate(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")] = False,
 ) -> None:
     """Run held-out workloads on the server and in the simulator with the profile; print % error per metric."""
-    try:
-        profile = load_profile(calibration)
-        report = run_validation(
-            profile, base_url, out.with_name(out.stem + ".runs"), engine_args=engine_args,
-            points=points_named(points), repeats=repeats, served_model=served_model,
-            api_key=api_key or os.environ.get("OPENAI_API_KEY"),
-            progress=lambda m: None if json_out else _console.print(f"[dim]{m}[/]"),
-        )
-    except (PerfConfigError, TargetError) as exc:
-        raise _fail(str(exc)) from None
+    profile = load_profile(calibration)
+    report = run_validation(
+        profile, base_url, out.with_name(out.stem + ".runs"), engine_args=engine_args,
+        points=points_named(points), repeats=repeats, served_model=served_model,
+        api_key=api_key or os.environ.get("OPENAI_API_KEY"),
+        progress=lambda m: None if json_out else _console.print(f"[dim]{m}[/]"),
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    out.write_text(json.dumps(checked(ValidationReport, report), indent=2) + "\n", encoding="utf-8")
     if json_out:
         typer.echo(json.dumps(report, indent=2))
         return

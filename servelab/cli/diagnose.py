@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -12,26 +12,23 @@ from rich.console import Console
 from servelab.cli import app
 from servelab.cli.report import ReportFlag, report_into
 from servelab.cli.options import deployment_from_flags
+from servelab.diagnose.schema import Diagnosis
+from servelab.errors import InputError
+from servelab.metrics.schema import checked
 from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
 from servelab.diagnose.scenario import synthetic
 from servelab.metrics.host import condition_changes
 from servelab.metrics.results import load_run
-from servelab.metrics.slo import SLO, SLOError
+from servelab.metrics.slo import SLO
 from servelab.perf.calibration import load_profile
-from servelab.perf.errors import PerfConfigError
 from servelab.report.diagnosis_view import render_markdown, render_terminal
 
 DIAGNOSIS = "diagnosis.json"
 
 # The first case servelab exists for: Qwen2.5-7B on one A100, ~1,500-token prompts, max_num_seqs 256,
 # ~10 req/s, "GPU utilisation 30%, memory full": why won't QPS go up?
-EXAMPLE = {"gpu": "a100-80gb", "model": "qwen2.5-7b", "engine_args": "--max-num-seqs 256", "input_len": 1500,
+EXAMPLE: dict[str, Any] = {"gpu": "a100-80gb", "model": "qwen2.5-7b", "engine_args": "--max-num-seqs 256", "input_len": 1500,
            "output_len": 200, "request_rate": 10.0, "observed_qps": 10.0, "observed_gpu_util": 0.3}
-
-
-def _fail(message: str) -> typer.Exit:
-    Console(stderr=True).print(f"[bold red]error:[/] {message}")
-    return typer.Exit(2)
 
 
 @app.command()
@@ -43,7 +40,8 @@ def diagnose(
     tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size (overrides engine args).")] = None,
     replicas: Annotated[Optional[int], typer.Option(help="Data-parallel replicas behind a router.")] = None,
     gpu_file: Annotated[Optional[Path], typer.Option(help="YAML file with extra GPUs.")] = None,
-    calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: its fitted hardware and cost model; --engine-args change its server's flags.")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: "
+                                                             "its fitted hardware and cost model; --engine-args change its server's flags.")] = None,
     input_len: Annotated[Optional[int], typer.Option(help="Described deployment: prompt tokens per request.")] = None,
     output_len: Annotated[Optional[int], typer.Option(help="Described deployment: output tokens per request.")] = None,
     request_rate: Annotated[Optional[float], typer.Option(help="Described deployment: offered req/s (Poisson).")] = None,
@@ -65,49 +63,47 @@ def diagnose(
     With no arguments: the built-in example (Qwen2.5-7B on an A100 at ~10 req/s of 1,500-token prompts).
     """
     if report and results is None:
-        raise _fail("--report draws a results directory: give RESULTS (a described deployment has no records to plot)")
+        raise InputError("--report draws a results directory: give RESULTS (a described deployment has no records to plot)")
     if json_out and markdown:
-        raise _fail("--json and --markdown both choose the output format; pick one")
+        raise InputError("--json and --markdown both choose the output format; pick one")
     described = any(v is not None for v in (input_len, output_len, request_rate, max_concurrency))
     if results is not None and described:
-        raise _fail("RESULTS and --input-len/--output-len/--request-rate/--max-concurrency both describe the workload; "
-                    "give a results directory or a described deployment, not both")
+        raise InputError("RESULTS and --input-len/--output-len/--request-rate/--max-concurrency both describe the workload; "
+                         "give a results directory or a described deployment, not both")
     example = results is None and not described and gpu is None and model is None and calibration is None
     if example:
         gpu, model, engine_args = EXAMPLE["gpu"], EXAMPLE["model"], EXAMPLE["engine_args"]
         input_len, output_len, request_rate = EXAMPLE["input_len"], EXAMPLE["output_len"], EXAMPLE["request_rate"]
         observed_qps, observed_gpu_util = EXAMPLE["observed_qps"], EXAMPLE["observed_gpu_util"]
     if observed_gpu_util is not None and not 0 <= observed_gpu_util <= 1:
-        raise _fail(f"--observed-gpu-util is a fraction in [0, 1], got {observed_gpu_util}")
-    try:
-        slo = SLO.parse(goodput)
-        deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp, replicas=replicas,
-                                           gpu_file=gpu_file)
-        observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util)
-        partial = ""
-        if results is not None:
-            run = load_run(results)
-            partial = run.partial_note()
-            dx = diagnose_run(run, deployment, slo=slo, warmup=warmup, observed=observed, slo_share=slo_attainment,
-                              with_advice=check_advice)
-            if calibration is not None:  # a run measured under other conditions than the profile's is not comparable
-                dx.notes.extend(condition_changes(load_profile(calibration).host, run.run_info.get("client_host", {}),
-                                                  now_label="during this run", then_label="at calibration"))
-        else:
-            if input_len is None or output_len is None:
-                raise _fail("a described deployment needs --input-len and --output-len")
-            rate = request_rate if request_rate is not None else (observed_qps if max_concurrency is None else None)
-            if rate is None and max_concurrency is None:
-                raise _fail("a described deployment needs --request-rate, --max-concurrency or --observed-qps")
-            scenario = synthetic(input_len, output_len, request_rate=rate, max_concurrency=max_concurrency)
-            dx = diagnose_described(deployment, scenario, slo=slo, observed=observed, slo_share=slo_attainment,
-                                    with_advice=check_advice)
-    except (PerfConfigError, SLOError, FileNotFoundError, ValueError) as exc:
-        raise _fail(str(exc)) from None
+        raise InputError(f"--observed-gpu-util is a fraction in [0, 1], got {observed_gpu_util}")
+    slo = SLO.parse(goodput)
+    deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp, replicas=replicas,
+                                       gpu_file=gpu_file)
+    observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util)
+    partial = ""
+    if results is not None:
+        run = load_run(results)
+        partial = run.partial_note()
+        dx = diagnose_run(run, deployment, slo=slo, warmup=warmup, observed=observed, slo_share=slo_attainment,
+                          with_advice=check_advice)
+        if calibration is not None:  # a run measured under other conditions than the profile's is not comparable
+            dx.notes.extend(condition_changes(load_profile(calibration).host, run.run_info.get("client_host", {}),
+                                              now_label="during this run", then_label="at calibration"))
+    else:
+        if input_len is None or output_len is None:
+            raise InputError("a described deployment needs --input-len and --output-len")
+        rate = request_rate if request_rate is not None else (observed_qps if max_concurrency is None else None)
+        if rate is None and max_concurrency is None:
+            raise InputError("a described deployment needs --request-rate, --max-concurrency or --observed-qps")
+        scenario = synthetic(input_len, output_len, request_rate=rate, max_concurrency=max_concurrency)
+        dx = diagnose_described(deployment, scenario, slo=slo, observed=observed, slo_share=slo_attainment,
+                                with_advice=check_advice)
     data = dx.as_dict()
     if partial:  # said first and kept in the JSON: every number below rests on a run cut short
         data["partial_run"] = partial
         Console(stderr=True).print(f"[yellow]{partial}[/]", highlight=False, soft_wrap=True)
+    checked(Diagnosis, data)
     target = save or (results / DIAGNOSIS if results is not None else None)
     if target is not None:
         target.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")

@@ -16,24 +16,21 @@ import inspect
 import re
 import time
 import typing
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
 from servelab.experiment.calibrate import deployment_from_profile
 from servelab.experiment.sweep import Sweep, SweepError
-from servelab.metrics.slo import SLO, SLOError
+from servelab.metrics.slo import SLO
 from servelab.metrics.summary import DEFAULT_PERCENTILES
 from servelab.perf.calibration import load_profile
 from servelab.perf.errors import PerfConfigError
 from servelab.sim.router import POLICIES, ROUND_ROBIN
 from servelab.targets.deployment import Deployment, build_deployment
-from servelab.targets.errors import TargetError
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import DATASETS, FILE_DATASETS, WorkloadConfig
 from servelab.workload.errors import WorkloadError
@@ -41,64 +38,39 @@ from servelab.workload.lengths import DISTRIBUTIONS
 from servelab.workload.plan import Amount, build_plan
 from servelab.workload.spec import LoadPlan
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 2, 130
-BAD_INPUT = (WorkloadError, SweepError, SLOError, TargetError)
-"""What the layers below raise for input the user must fix; printed as one line, exit code 2."""
-
 _WORKLOAD, _ARRIVAL, _AMOUNT, _SLO, _OUTPUT = "Workload", "Arrival", "Amount", "SLO", "Sweep and output"
-
-DatasetName = Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}.", rich_help_panel=_WORKLOAD)]
-DatasetPath = Annotated[Optional[Path], typer.Option(help="ShareGPT JSON or JSONL file (for sharegpt / jsonl).", rich_help_panel=_WORKLOAD)]
-TokenizerPath = Annotated[Optional[Path], typer.Option("--tokenizer", help="Local tokenizer dir (tokenizer.json): real text, exact lengths.", rich_help_panel=_WORKLOAD)]
-RandomInputLen = Annotated[Optional[int], typer.Option(help="Prompt tokens (random/prefix: the random part; multiturn: each user turn). Default 1024.", rich_help_panel=_WORKLOAD)]
-RandomOutputLen = Annotated[Optional[int], typer.Option(help="Output tokens per request. Default 128.", rich_help_panel=_WORKLOAD)]
-RandomRangeRatio = Annotated[Optional[float], typer.Option(help="Length spread: uniform in \\[len*(1-r), len*(1+r)]; std/mean for normal/lognormal. Default 0.", rich_help_panel=_WORKLOAD)]
-LengthDist = Annotated[str, typer.Option(help=f"Length distribution: {', '.join(DISTRIBUTIONS)}.", rich_help_panel=_WORKLOAD)]
-PrefixLen = Annotated[Optional[int], typer.Option(help="prefix: tokens of the shared prefix (system prompt, RAG context).", rich_help_panel=_WORKLOAD)]
-NumPrefixes = Annotated[Optional[int], typer.Option(help="prefix: how many distinct prefixes. Default 1.", rich_help_panel=_WORKLOAD)]
-MultiturnTurns = Annotated[Optional[int], typer.Option(help="multiturn: turns per conversation. Default 3.", rich_help_panel=_WORKLOAD)]
-MultiturnThinkTime = Annotated[Optional[float], typer.Option(help="multiturn: seconds between a reply and the next turn. Default 0.", rich_help_panel=_WORKLOAD)]
-Seed = Annotated[int, typer.Option(help="Seed for prompts, lengths and arrivals.", rich_help_panel=_WORKLOAD)]
-MaxConcurrency = Annotated[Optional[int], typer.Option(help="Closed loop: at most N requests in flight (also caps an open loop).", rich_help_panel=_ARRIVAL)]
-RequestRate = Annotated[Optional[float], typer.Option(help="Open loop: requests per second (inf = all at once, the default).", rich_help_panel=_ARRIVAL)]
-Burstiness = Annotated[Optional[float], typer.Option(help="Gamma shape of the gaps (1 = Poisson, <1 burstier). Needs --request-rate.", rich_help_panel=_ARRIVAL)]
-NumPrompts = Annotated[Optional[int], typer.Option(help="Requests to send. Default 1000.", rich_help_panel=_AMOUNT)]
-Duration = Annotated[Optional[float], typer.Option(help="Send requests for this many seconds instead of a count.", rich_help_panel=_AMOUNT)]
-Warmup = Annotated[float, typer.Option(help="Seconds at the start excluded from statistics.", rich_help_panel=_AMOUNT)]
-Goodput = Annotated[Optional[list[str]], typer.Option(help="SLO in ms, as vLLM spells it: --goodput ttft:500 tpot:50 e2el:10000 (or quoted, or the flag repeated).", rich_help_panel=_SLO)]
-MetricPercentiles = Annotated[str, typer.Option(help="Percentiles reported for TTFT/TPOT/ITL/E2EL, comma-separated.", rich_help_panel=_SLO)]
-SweepOpt = Annotated[Optional[str], typer.Option("--sweep", help="request-rate=1,2,4,8 or max-concurrency=1,8,32: one run per value, sweep.json holds the curve.", rich_help_panel=_OUTPUT)]
-ResultDir = Annotated[Optional[Path], typer.Option(help="Where run.json, records.jsonl, timeline.jsonl, summary.json go. Default results/<verb>-<time>.", rich_help_panel=_OUTPUT)]
-JsonOut = Annotated[bool, typer.Option("--json", help="Print summary.json (sweep.json for a sweep) to stdout.", rich_help_panel=_OUTPUT)]
 
 
 @dataclass(frozen=True)
 class LoadFlags:
-    """The shared flags as given (None = not given), so clashes can name what the user typed."""
+    """The shared flags as given (None = not given), so clashes can name what the user typed.
 
-    dataset_name: str = "random"
-    dataset_path: Path | None = None
-    tokenizer: Path | None = None
-    random_input_len: int | None = None
-    random_output_len: int | None = None
-    random_range_ratio: float | None = None
-    length_distribution: str = "uniform"
-    prefix_len: int | None = None
-    num_prefixes: int | None = None
-    multiturn_turns: int | None = None
-    multiturn_think_time: float | None = None
-    seed: int = 0
-    max_concurrency: int | None = None
-    request_rate: float | None = None
-    burstiness: float | None = None
-    num_prompts: int | None = None
-    duration: float | None = None
-    warmup: float = 0.0
-    goodput: list[str] | None = None
-    metric_percentiles: str = ",".join(f"{p:g}" for p in DEFAULT_PERCENTILES)
-    sweep: str | None = None
-    result_dir: Path | None = None
-    json: bool = False
+    Each field is declared once, with its typer option: `load_options` gives exactly these to bench, simulate and
+    tune (LOAD_OPTIONS), so a flag's name, type, default and help live in one line."""
+
+    dataset_name: Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}.", rich_help_panel=_WORKLOAD)] = "random"
+    dataset_path: Annotated[Optional[Path], typer.Option(help="ShareGPT JSON or JSONL file (for sharegpt / jsonl).", rich_help_panel=_WORKLOAD)] = None
+    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="Local tokenizer dir (tokenizer.json): real text, exact lengths.", rich_help_panel=_WORKLOAD)] = None
+    random_input_len: Annotated[Optional[int], typer.Option(help="Prompt tokens (random/prefix: the random part; multiturn: each user turn). Default 1024.", rich_help_panel=_WORKLOAD)] = None
+    random_output_len: Annotated[Optional[int], typer.Option(help="Output tokens per request. Default 128.", rich_help_panel=_WORKLOAD)] = None
+    random_range_ratio: Annotated[Optional[float], typer.Option(help="Length spread: uniform in \\[len*(1-r), len*(1+r)]; std/mean for normal/lognormal. Default 0.", rich_help_panel=_WORKLOAD)] = None
+    length_distribution: Annotated[str, typer.Option(help=f"Length distribution: {', '.join(DISTRIBUTIONS)}.", rich_help_panel=_WORKLOAD)] = "uniform"
+    prefix_len: Annotated[Optional[int], typer.Option(help="prefix: tokens of the shared prefix (system prompt, RAG context).", rich_help_panel=_WORKLOAD)] = None
+    num_prefixes: Annotated[Optional[int], typer.Option(help="prefix: how many distinct prefixes. Default 1.", rich_help_panel=_WORKLOAD)] = None
+    multiturn_turns: Annotated[Optional[int], typer.Option(help="multiturn: turns per conversation. Default 3.", rich_help_panel=_WORKLOAD)] = None
+    multiturn_think_time: Annotated[Optional[float], typer.Option(help="multiturn: seconds between a reply and the next turn. Default 0.", rich_help_panel=_WORKLOAD)] = None
+    seed: Annotated[int, typer.Option(help="Seed for prompts, lengths and arrivals.", rich_help_panel=_WORKLOAD)] = 0
+    max_concurrency: Annotated[Optional[int], typer.Option(help="Closed loop: at most N requests in flight (also caps an open loop).", rich_help_panel=_ARRIVAL)] = None
+    request_rate: Annotated[Optional[float], typer.Option(help="Open loop: requests per second (inf = all at once, the default).", rich_help_panel=_ARRIVAL)] = None
+    burstiness: Annotated[Optional[float], typer.Option(help="Gamma shape of the gaps (1 = Poisson, <1 burstier). Needs --request-rate.", rich_help_panel=_ARRIVAL)] = None
+    num_prompts: Annotated[Optional[int], typer.Option(help="Requests to send. Default 1000.", rich_help_panel=_AMOUNT)] = None
+    duration: Annotated[Optional[float], typer.Option(help="Send requests for this many seconds instead of a count.", rich_help_panel=_AMOUNT)] = None
+    warmup: Annotated[float, typer.Option(help="Seconds at the start excluded from statistics.", rich_help_panel=_AMOUNT)] = 0.0
+    goodput: Annotated[Optional[list[str]], typer.Option(help="SLO in ms, as vLLM spells it: --goodput ttft:500 tpot:50 e2el:10000 (or quoted, or the flag repeated).", rich_help_panel=_SLO)] = None
+    metric_percentiles: Annotated[str, typer.Option(help="Percentiles reported for TTFT/TPOT/ITL/E2EL, comma-separated.", rich_help_panel=_SLO)] = ",".join(f"{p:g}" for p in DEFAULT_PERCENTILES)
+    sweep: Annotated[Optional[str], typer.Option("--sweep", help="request-rate=1,2,4,8 or max-concurrency=1,8,32: one run per value, sweep.json holds the curve.", rich_help_panel=_OUTPUT)] = None
+    result_dir: Annotated[Optional[Path], typer.Option(help="Where run.json, records.jsonl, timeline.jsonl, summary.json go. Default results/<verb>-<time>.", rich_help_panel=_OUTPUT)] = None
+    json: Annotated[bool, typer.Option("--json", help="Print summary.json (sweep.json for a sweep) to stdout.", rich_help_panel=_OUTPUT)] = False
 
     def check(self) -> None:
         """Flag clashes the layers below cannot see (they only get resolved values)."""
@@ -186,31 +158,9 @@ class LoadFlags:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
 
 
-LOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
-    "dataset_name": (DatasetName, "random"),
-    "dataset_path": (DatasetPath, None),
-    "tokenizer": (TokenizerPath, None),
-    "random_input_len": (RandomInputLen, None),
-    "random_output_len": (RandomOutputLen, None),
-    "random_range_ratio": (RandomRangeRatio, None),
-    "length_distribution": (LengthDist, "uniform"),
-    "prefix_len": (PrefixLen, None),
-    "num_prefixes": (NumPrefixes, None),
-    "multiturn_turns": (MultiturnTurns, None),
-    "multiturn_think_time": (MultiturnThinkTime, None),
-    "seed": (Seed, 0),
-    "max_concurrency": (MaxConcurrency, None),
-    "request_rate": (RequestRate, None),
-    "burstiness": (Burstiness, None),
-    "num_prompts": (NumPrompts, None),
-    "duration": (Duration, None),
-    "warmup": (Warmup, 0.0),
-    "goodput": (Goodput, None),
-    "metric_percentiles": (MetricPercentiles, LoadFlags.metric_percentiles),
-    "sweep": (SweepOpt, None),
-    "result_dir": (ResultDir, None),
-    "json": (JsonOut, False),
-}
+_LOAD_HINTS = typing.get_type_hints(LoadFlags, include_extras=True)
+LOAD_OPTIONS: dict[str, tuple[Any, Any]] = {f.name: (_LOAD_HINTS[f.name], f.default) for f in fields(LoadFlags)}
+"""Every shared flag as `load_options` gives it to typer: LoadFlags' fields, each declared once with its option."""
 
 
 def load_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -272,25 +222,11 @@ def deployment_from_flags(
         if value is not None:
             raise PerfConfigError(f"{flag} and --calibration both name the hardware/model: the profile already does; drop {flag}")
     deployment = deployment_from_profile(load_profile(calibration), engine_args)
-    changes = {k: v for k, v in (("tensor_parallel_size", tp), ("data_parallel_size", replicas)) if v is not None}
+    changes: dict[str, Any] = {k: v for k, v in (("tensor_parallel_size", tp), ("data_parallel_size", replicas)) if v is not None}
     if changes:
         rebuilt = deployment.rebuilt(**changes)
         deployment = replace(rebuilt, warnings=deployment.warnings)
     return replace(deployment, router=router)
-
-
-def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
-
-
-@contextmanager
-def bad_input_exits() -> Iterator[None]:
-    """Input errors from any layer become one printed line and exit code 2."""
-    try:
-        yield
-    except BAD_INPUT as exc:
-        raise fail(str(exc)) from None
 
 
 _GOODPUT_VALUE = re.compile(r"^(ttft|tpot|e2el):\S+$")

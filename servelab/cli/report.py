@@ -14,18 +14,13 @@ from rich.console import Console
 
 from servelab.cli import app
 from servelab.report.html import write_report
-from servelab.report.inputs import ReportInputError
 
 REPORT_HTML = "report.html"
 ReportFlag = Annotated[bool, typer.Option("--report", help=f"Also write {REPORT_HTML} (plots, opens offline) into the results directory.")]
 
 
 def _write(dirs: list[Path], out: Path, title: str | None, console: Console) -> Path:
-    try:
-        path = write_report(dirs, out, title)
-    except ReportInputError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+    path = write_report(dirs, out, title)
     console.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)", highlight=False)
     return path
 

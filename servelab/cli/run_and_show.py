@@ -20,11 +20,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import typer
 from rich.console import Console
 
-from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags
+from servelab.cli.options import LoadFlags
 from servelab.cli.report import report_into
+from servelab.errors import RunDisturbed, RunInterrupted
 from servelab.experiment.runner import run_point
 from servelab.experiment.sweep import run_sweep
 from servelab.metrics.records import disturbances
@@ -39,10 +39,6 @@ from servelab.report.terminal import (
 from servelab.targets.base import Target
 from servelab.workload.spec import LoadPlan
 
-EXIT_DISTURBED = 3
-"""The run ended but a process went away during it (see the module docstring)."""
-
-
 def run_and_show(
     target: Target,
     load: LoadFlags,
@@ -54,7 +50,7 @@ def run_and_show(
     report: bool,
     title: str = "Serving benchmark result",
 ) -> None:
-    """Run and print; after writing everything, raises typer.Exit with EXIT_INTERRUPTED or EXIT_DISTURBED."""
+    """Run and print; after writing everything, raises RunInterrupted or RunDisturbed (exit codes 130 and 3)."""
     slo: SLO | None = load.slo()
     percentiles, sweep = load.percentiles(), load.parsed_sweep()
 
@@ -80,13 +76,10 @@ def run_and_show(
     if report:
         report_into(result_dir, out)
     if interrupted:
-        out.print(f"[bold red]interrupted[/]: what completed is in {result_dir}")
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise RunInterrupted(f"what completed is in {result_dir}")
     disturbed = _disturbed(summaries)
     if disturbed:
-        out.print(f"[bold red]disturbed[/]: {disturbed}; every request sent has its record in {result_dir}",
-                  highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_DISTURBED)
+        raise RunDisturbed(f"{disturbed}; every request sent has its record in {result_dir}")
 
 
 def _disturbed(summaries: list[dict[str, Any]]) -> str:

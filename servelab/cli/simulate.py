@@ -17,14 +17,12 @@ from rich.console import Console
 from servelab.cli import app
 from servelab.cli.options import (
     LoadFlags,
-    bad_input_exits,
     deployment_from_flags,
-    fail,
     load_options,
 )
 from servelab.cli.report import ReportFlag
 from servelab.cli.run_and_show import run_and_show
-from servelab.perf.errors import PerfConfigError
+from servelab.errors import InputError
 from servelab.sim.router import POLICIES, ROUND_ROBIN
 from servelab.targets.deployment import Deployment
 
@@ -59,17 +57,13 @@ def simulate(
 ) -> None:
     """Predict latency, throughput and goodput of a vLLM deployment under the load you describe, without a GPU."""
     out = Console(stderr=True) if load.json else Console()
-    with bad_input_exits():
-        load.check()
-        if scrape_interval <= 0:
-            raise fail(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
-        try:
-            deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp,
-                                               replicas=replicas, router=router, gpu_file=gpu_file)
-        except PerfConfigError as exc:
-            raise fail(str(exc)) from None
-        target = deployment.sim_target(scrape_interval)
-        first_plan = load.make_plan()
+    load.check()
+    if scrape_interval <= 0:
+        raise InputError(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
+    deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp,
+                                       replicas=replicas, router=router, gpu_file=gpu_file)
+    target = deployment.sim_target(scrape_interval)
+    first_plan = load.make_plan()
     for warning in deployment.warnings:
         out.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     result_dir = load.output_dir("simulate")

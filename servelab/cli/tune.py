@@ -13,11 +13,11 @@ from rich.table import Table
 
 from servelab.cli import app
 from servelab.cli.report import ReportFlag, report_into
-from servelab.cli.options import EXIT_INTERRUPTED, LoadFlags, bad_input_exits, deployment_from_flags, fail, load_options
+from servelab.cli.options import LoadFlags, deployment_from_flags, load_options
 from servelab.experiment.probes import PROBE_EXTRA_BODY
+from servelab.errors import RunInterrupted
 from servelab.experiment.reference import speed_check
 from servelab.perf.calibration import CalibrationProfile, load_profile
-from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
 from servelab.targets.http import HttpTarget
 from servelab.tune.confirm import ServerCheck, ServerCommand, Stage2Config, Stage2Result
@@ -69,7 +69,8 @@ def parse_env(items: list[str] | None) -> dict[str, str]:
 def tune(
     gpu: Annotated[Optional[str], typer.Option(help="GPU the server runs on (see the catalogue), or cpu.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Built-in model name or a directory with config.json.")] = None,
-    calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: stage 1 runs on its fitted hardware and coefficients, --engine-args change its server's flags.")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: stage 1 runs "
+                                                             "on its fitted hardware and coefficients, --engine-args change its server's flags.")] = None,
     engine_args: Annotated[str, typer.Option(help="Your current launch flags: the baseline every candidate changes.")] = "",
     sim_args: Annotated[str, typer.Option(help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.")] = "",
     space: Annotated[Optional[list[str]], typer.Option(help="KNOB=V1,V2 (or KNOB for built-in values; 'default' = vLLM's). Repeatable.")] = None,
@@ -97,48 +98,43 @@ def tune(
     run; stage 2 sends --num-prompts (default 200) or --duration to each server.
     """
     console = Console()
+    load.check()
+    if load.sweep is not None:
+        raise TuneError("--sweep does not apply to tune: the goodput objective searches the rate itself")
+    if resume and load.result_dir is None:
+        raise TuneError("--resume needs the --result-dir of the study to continue")
+    output = load.output_dir("tune")
+    search_space = SearchSpace.from_file(space_file) if space_file else SearchSpace.from_items(space or [])
+    if space_file and space:
+        raise TuneError("--space and --space-file both define the search space; give one")
+    arrival = load.arrival()
+    goal = Objective(
+        objective, load.slo(), slo_percentile,  # type: ignore[arg-type]
+        target_rate=arrival.request_rate if arrival.open_loop else None,
+        gpu_cost_per_hour=parse_prices(gpu_cost_per_hour),
+    )
+    server = None
+    if server_cmd:
+        server = ServerCommand(server_cmd, parse_env(server_env), startup_timeout=startup_timeout, port=server_port)
+    bench_amount = load.amount() if load.num_prompts or load.duration else Amount(STAGE2_PROMPTS, warmup=load.warmup)
+    request = TuneRequest(
+        simulated=deployment_from_flags(gpu, model, f"{engine_args} {sim_args}".strip(), calibration=calibration),
+        launch=deployment_from_flags(gpu, model, engine_args, calibration=calibration),
+        sim_args=sim_args, calibration=None if calibration is None else str(calibration),
+        space=search_space, objective=goal,
+        sim_workload=TuneWorkload(load.workload(), arrival, Amount(num_prompts=sim_prompts)),
+        bench_workload=TuneWorkload(load.workload(), arrival, bench_amount),
+        search=SearchSettings(n_trials, sampler, search_seed),  # type: ignore[arg-type]
+        output=output, resume=resume, server=server, top_k=top_k,
+        server_check=None if calibration is None or server is None else _speed_check(load_profile(calibration)),
+    )
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with bad_input_exits():
-            load.check()
-            if load.sweep is not None:
-                raise TuneError("--sweep does not apply to tune: the goodput objective searches the rate itself")
-            if resume and load.result_dir is None:
-                raise TuneError("--resume needs the --result-dir of the study to continue")
-            output = load.output_dir("tune")
-            search_space = SearchSpace.from_file(space_file) if space_file else SearchSpace.from_items(space or [])
-            if space_file and space:
-                raise TuneError("--space and --space-file both define the search space; give one")
-            arrival = load.arrival()
-            goal = Objective(
-                objective, load.slo(), slo_percentile,  # type: ignore[arg-type]
-                target_rate=arrival.request_rate if arrival.open_loop else None,
-                gpu_cost_per_hour=parse_prices(gpu_cost_per_hour),
-            )
-            server = None
-            if server_cmd:
-                server = ServerCommand(server_cmd, parse_env(server_env), startup_timeout=startup_timeout, port=server_port)
-            bench_amount = load.amount() if load.num_prompts or load.duration else Amount(STAGE2_PROMPTS, warmup=load.warmup)
-            request = TuneRequest(
-                simulated=deployment_from_flags(gpu, model, f"{engine_args} {sim_args}".strip(), calibration=calibration),
-                launch=deployment_from_flags(gpu, model, engine_args, calibration=calibration),
-                sim_args=sim_args, calibration=None if calibration is None else str(calibration),
-                space=search_space, objective=goal,
-                sim_workload=TuneWorkload(load.workload(), arrival, Amount(num_prompts=sim_prompts)),
-                bench_workload=TuneWorkload(load.workload(), arrival, bench_amount),
-                search=SearchSettings(n_trials, sampler, search_seed),  # type: ignore[arg-type]
-                output=output, resume=resume, server=server, top_k=top_k,
-                server_check=None if calibration is None or server is None else _speed_check(load_profile(calibration)),
-            )
-            previous = signal.signal(signal.SIGTERM, _interrupt)
-            try:
-                doc = run_tune(request, None if load.json else _live_progress(console, goal))
-            finally:
-                signal.signal(signal.SIGTERM, previous)
-    except (TuneError, PerfConfigError) as exc:
-        raise fail(str(exc)) from None
+        doc = run_tune(request, None if load.json else _live_progress(console, goal))
     except KeyboardInterrupt:
-        Console(stderr=True).print(f"[yellow]interrupted[/]: finished trials are kept; continue with --resume --result-dir {output}")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise RunInterrupted(f"finished trials are kept; continue with --resume --result-dir {output}") from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if load.json:
         print(json.dumps(doc, indent=2, default=str))
     else:

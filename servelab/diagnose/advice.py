@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from servelab.diagnose.findings import FRONTEND_CPU_BOUND
 from servelab.diagnose.recommend import Outcome, run
@@ -39,7 +40,7 @@ class Item:
     id: int
     advice: str
     flag: str | None
-    judge: Callable[[Deployment, Scenario, "AdviceContext"], Variant | tuple[str, str]]
+    judge: Callable[[Deployment, Scenario, AdviceContext], Variant | tuple[str, str]]
     """A Variant to simulate, or a fixed (verdict, why)."""
 
 
@@ -169,10 +170,10 @@ def _flag(item: Item, d: Deployment) -> str:
     return "default already" if defaults.get(item.flag) else "exists"
 
 
-def check_advice(d: Deployment, scenario: Scenario, context: AdviceContext, baseline: Outcome) -> list[dict[str, object]]:
+def check_advice(d: Deployment, scenario: Scenario, context: AdviceContext, baseline: Outcome) -> list[dict[str, Any]]:
     rows = []
     for item in CATALOGUE:
-        row: dict[str, object] = {"id": item.id, "advice": item.advice, "flag_status": _flag(item, d),
+        row: dict[str, Any] = {"id": item.id, "advice": item.advice, "flag_status": _flag(item, d),
                                   "d_throughput": None, "d_ttft_p99": None, "d_tpot_p99": None}
         try:
             judged = item.judge(d, scenario, context)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from servelab.errors import InputError
 from servelab.diagnose.evidence import arrival_of, workload_of
 from servelab.metrics.records import MemorySink
 from servelab.metrics.results import RunResult
@@ -119,7 +120,9 @@ def synthetic(
 ) -> Scenario:
     """A described deployment's workload: fixed lengths, Poisson at `request_rate` or closed loop."""
     if request_rate is None and max_concurrency is None:
-        raise ValueError("a described deployment needs --request-rate or --max-concurrency")
+        raise InputError("a described deployment needs --request-rate or --max-concurrency")
+    if input_len < 1 or output_len < 1:
+        raise InputError(f"a described deployment needs --input-len and --output-len >= 1, got {input_len} and {output_len}")
     if num_requests is None:
         num_requests = int(np.clip((request_rate or 0) * 60, 300, 2000)) if request_rate else max(300, 8 * max_concurrency)
     shapes = tuple(Shape(input_len, output_len, 0.0, 0 if prefix_len else None) for _ in range(num_requests))
@@ -134,7 +137,7 @@ def from_run(run: RunResult, warmup: float = 0.0) -> Scenario:
     """Replay a measured run: each request's lengths, and its arrival time or the run's concurrency."""
     records = sorted((r for r in run.records if r.send_time >= warmup), key=lambda r: r.intended_time)
     if not records:
-        raise ValueError(f"{run.directory} has no records to diagnose")
+        raise InputError(f"{run.directory} has no records to diagnose")
     arrival = arrival_of(run)
     workload = workload_of(run)
     concurrency = arrival.get("max_concurrency")

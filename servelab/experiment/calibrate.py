@@ -444,7 +444,7 @@ def calibrate(
     target = HttpTarget(base_url, model=served_model, api_key=api_key, ignore_eos=True,
                         extra_body=PROBE_EXTRA_BODY, request_timeout=120.0)
     info = target.preflight()
-    served = next((m for m in info["models"] if m.get("id") == info["model"]), {})
+    served: dict[str, Any] = next((m for m in info["models"] if m.get("id") == info["model"]), {})
     cache = server_cache_config(base_url)
     probed_args = mirrored_engine_args(engine_args, cache, served)
     probed = Deployment.build(hardware, spec, parse_engine_args(probed_args).config)

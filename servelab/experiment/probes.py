@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from servelab.errors import RunInterrupted
 from servelab.experiment.runner import run_point
 from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.results import TIMELINE
@@ -78,11 +79,13 @@ def probe_load(probe: Probe, vocab_size: int, seed: int) -> LoadPlan:
 
 
 def run_into(target: Target, plan: LoadPlan, directory: Path, run_info: dict[str, Any]) -> tuple[list[RequestRecord], list[TimelineSample], dict[str, Any]]:
-    """`run_point` (bench's runner: a results directory per run), returning the records and timeline it wrote too."""
+    """`run_point` (bench's runner: a results directory per run), returning the records and timeline it wrote too.
+
+    An interrupted run (Ctrl-C, SIGTERM) ends the whole experiment: RunInterrupted, which the CLI exits 130 on."""
     sink = MemorySink()
     summary = run_point(target, plan, directory, run_info, observers=[sink])
     if summary["interrupted"]:
-        raise CalibrationError(f"interrupted during {directory.name}; the runs so far are kept under {directory.parent}")
+        raise RunInterrupted(f"during {directory.name}; the runs so far are kept under {directory.parent}")
     return sink.records, list(read_timeline(directory / TIMELINE)), summary
 
 

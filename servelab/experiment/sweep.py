@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from servelab.errors import InputError
 from servelab.experiment.runner import run_point
 from servelab.metrics.records import RecordSink
 from servelab.metrics.results import write_sweep_index
@@ -42,7 +43,7 @@ CURVE_KEYS = (
 """The columns of the curve; each point's full summary is alongside."""
 
 
-class SweepError(ValueError):
+class SweepError(InputError):
     """A `--sweep` that cannot be run; the message names the flag."""
 
 
@@ -70,7 +71,8 @@ class Sweep:
         return f"{self.key}={value:g}" if isinstance(value, float) else f"{self.key}={value}"
 
     def arrival(self, base: ArrivalConfig, value: float | int) -> ArrivalConfig:
-        return replace(base, **{SWEEP_KEYS[self.key]: value})
+        change: dict[str, Any] = {SWEEP_KEYS[self.key]: value}
+        return replace(base, **change)
 
 
 def _parse_value(key: str, item: str, text: str) -> float | int:

@@ -68,7 +68,7 @@ BOUNDS_PCT = {"output_throughput": 10.0, "ttft_p50_ms": 20.0, "tpot_p50_ms": 10.
 GOALS_PCT = {"output_throughput": 5.0, "ttft_p50_ms": 10.0, "tpot_p50_ms": 5.0}
 
 
-class ValidationError(PerfConfigError):
+class ValidateError(PerfConfigError):
     """A point list or setting that validate cannot run."""
 
 
@@ -86,12 +86,12 @@ class Point:
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.load is None):
-            raise ValidationError(f"point {self.name}: give exactly one of concurrency or load")
+            raise ValidateError(f"point {self.name}: give exactly one of concurrency or load")
         for lo, hi in (self.prompt_len, self.output_len):
             if not 1 <= lo <= hi:
-                raise ValidationError(f"point {self.name}: length range ({lo}, {hi}) is empty or not positive")
+                raise ValidateError(f"point {self.name}: length range ({lo}, {hi}) is empty or not positive")
         if self.load is not None and not 0 < self.load < 1:
-            raise ValidationError(f"point {self.name}: load is a fraction of capacity in (0, 1), got {self.load}")
+            raise ValidateError(f"point {self.name}: load is a fraction of capacity in (0, 1), got {self.load}")
 
 
 DEFAULT_POINTS = (
@@ -119,7 +119,7 @@ def points_named(name: str) -> tuple[Point, ...]:
     try:
         return POINT_SETS[name]
     except KeyError:
-        raise ValidationError(f"unknown point set {name!r}; known: {', '.join(POINT_SETS)}") from None
+        raise ValidateError(f"unknown point set {name!r}; known: {', '.join(POINT_SETS)}") from None
 
 
 def point_requests(point: Point, vocab_size: int, max_model_len: int, seed: int) -> list[RequestSpec]:
@@ -235,9 +235,9 @@ def validate_on(
     each metric is judged on its best repeat (see the module docstring).
     """
     if not points:
-        raise ValidationError("no validation points")
+        raise ValidateError("no validation points")
     if repeats < 1:
-        raise ValidationError(f"repeats must be at least 1, got {repeats}")
+        raise ValidateError(f"repeats must be at least 1, got {repeats}")
     deployment = deployment_from_profile(profile, engine_args)
     sim = deployment.sim_target()
     plans = [[point_plan(p, deployment, sim, seed + 1000 * r + i) for i, p in enumerate(points)] for r in range(repeats)]
@@ -261,7 +261,7 @@ def validate_on(
             summary = summarize(counted(records, plan))
             if summary["failed"]:
                 kinds = ", ".join(sorted(summary["errors_by_kind"]))
-                raise ValidationError(f"point {point.name}: {summary['failed']} requests failed ({kinds}); see {directory}")
+                raise ValidateError(f"point {point.name}: {summary['failed']} requests failed ({kinds}); see {directory}")
             runs[point.name].append({
                 "workload": plan.description, "directory": str(directory), "bunched": bunched_fraction(counted(records, plan)),
                 "measured": figures(summary), "simulated": figures(simulate(sim, plan)), "round": r,
@@ -297,7 +297,7 @@ def validate_on(
         "median_abs_error_pct": medians,
         "bounds_pct": BOUNDS_PCT,
         "goals_pct": GOALS_PCT,
-        "within_bounds": all(medians[k] is not None and medians[k] <= b for k, b in BOUNDS_PCT.items()),
+        "within_bounds": all((m := medians[k]) is not None and m <= b for k, b in BOUNDS_PCT.items()),
     }
 
 

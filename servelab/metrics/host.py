@@ -146,7 +146,7 @@ def condition_changes(then: dict[str, Any], now: dict[str, Any], *, now_label: s
         old = before.get(gpu["index"])
         ratio = gpu["sm_clock_mhz"] / gpu["sm_clock_max_mhz"] if gpu.get("sm_clock_max_mhz") else None
         old_ratio = old["sm_clock_mhz"] / old["sm_clock_max_mhz"] if old and old.get("sm_clock_max_mhz") else None
-        if ratio is not None and old_ratio is not None and old_ratio - ratio > CLOCK_DROP_NOTICED:
+        if old is not None and ratio is not None and old_ratio is not None and old_ratio - ratio > CLOCK_DROP_NOTICED:
             out.append(f"GPU {gpu['index']} ran at {gpu['sm_clock_mhz']} MHz {now_label}, {old['sm_clock_mhz']} MHz "
                        f"{then_label} (maximum {gpu['sm_clock_max_mhz']} MHz): kernels run slower")
         reasons = (gpu.get("throttle_reasons") or 0) & ~THROTTLE_IDLE

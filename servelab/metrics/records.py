@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 OK = "ok"
 ERROR = "error"
@@ -76,7 +76,7 @@ class RequestRecord:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
-    def from_dict(cls, data: dict) -> RequestRecord:
+    def from_dict(cls, data: dict[str, Any]) -> RequestRecord:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
 

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from servelab import SCHEMA_VERSION, __version__
+from servelab.errors import InputError
 from servelab.metrics.records import JsonlSink, RequestRecord, read_records
+from servelab.metrics.schema import RunInfo, Summary, SweepIndex, checked
 from servelab.metrics.timeline import TimelineSample, read_timeline
 
 RUN = "run.json"
@@ -57,7 +59,7 @@ class ResultWriter:
             "versions": versions(),
             **run_info,
         }
-        _dump(directory / RUN, self.run_info)
+        _dump(directory / RUN, checked(RunInfo, self.run_info))
         self.records = JsonlSink(directory / RECORDS)
         self._timeline = (directory / TIMELINE).open("a", encoding="utf-8")
 
@@ -67,10 +69,10 @@ class ResultWriter:
 
     def update_run_info(self, **info: Any) -> None:
         self.run_info.update(info)
-        _dump(self.directory / RUN, self.run_info)
+        _dump(self.directory / RUN, checked(RunInfo, self.run_info))
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        _dump(self.directory / SUMMARY, {"schema_version": SCHEMA_VERSION, **summary})
+        _dump(self.directory / SUMMARY, checked(Summary, {"schema_version": SCHEMA_VERSION, **summary}))
 
     def close(self) -> None:
         self.records.close()
@@ -102,17 +104,25 @@ class RunResult:
                 f"what follows rests on the {len(self.records)} requests recorded until then")
 
 
+class ResultsDirError(InputError, FileNotFoundError):
+    """A directory that is not a readable servelab results directory (also a FileNotFoundError, as it always was)."""
+
+
 def load_run(directory: Path) -> RunResult:
+    """A results directory read back; ResultsDirError naming the directory when it is not one or cannot be read."""
     if not (directory / RUN).is_file():
-        raise FileNotFoundError(f"{directory} is not a servelab results directory (no {RUN})")
-    run_info = json.loads((directory / RUN).read_text(encoding="utf-8"))
-    records = list(read_records(directory / RECORDS)) if (directory / RECORDS).exists() else []
-    timeline = list(read_timeline(directory / TIMELINE)) if (directory / TIMELINE).exists() else []
-    summary_path = directory / SUMMARY
-    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else None
+        raise ResultsDirError(f"{directory} is not a servelab results directory (no {RUN})")
+    try:
+        run_info = json.loads((directory / RUN).read_text(encoding="utf-8"))
+        records = list(read_records(directory / RECORDS)) if (directory / RECORDS).exists() else []
+        timeline = list(read_timeline(directory / TIMELINE)) if (directory / TIMELINE).exists() else []
+        summary_path = directory / SUMMARY
+        summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else None
+    except (OSError, json.JSONDecodeError, TypeError, KeyError) as exc:
+        raise ResultsDirError(f"cannot read results directory {directory}: {exc}") from exc
     return RunResult(directory, run_info, records, timeline, summary)
 
 
 def write_sweep_index(directory: Path, info: dict[str, Any]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    _dump(directory / SWEEP, {"schema_version": SCHEMA_VERSION, **info})
+    _dump(directory / SWEEP, checked(SweepIndex, {"schema_version": SCHEMA_VERSION, **info}))

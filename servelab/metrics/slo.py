@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from servelab.errors import InputError
 from servelab.metrics.records import RequestRecord
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 
 
-class SLOError(ValueError):
-    pass
+class SLOError(InputError):
+    """A --goodput term that cannot be parsed or names an unknown metric."""
 
 
 @dataclass(frozen=True, slots=True)

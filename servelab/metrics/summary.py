@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ def summarize(
     warmup: float = 0.0,
     slo: SLO | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Statistics over the records sent at or after `warmup` seconds.
 
     `duration` defaults to the span from the first counted send to the last
@@ -61,7 +62,7 @@ def summarize(
     e2els = [r.e2el for r in done]
     good = sum(1 for r in done if slo.is_met(r)) if slo else None
 
-    summary: dict[str, object] = {
+    summary: dict[str, Any] = {
         "duration": duration,
         "completed": len(done),
         "failed": len(failed),

@@ -34,6 +34,32 @@ from servelab.sim.vllm_metrics import (  # re-exported: readers of a timeline na
     WAITING,
 )
 
+__all__ = [  # the re-exported metric names, and this module's own
+    "COUNTERS",
+    "FLOPS",
+    "GAUGES",
+    "GENERATION_TOKENS",
+    "ITERATION_TOKENS_COUNT",
+    "ITERATION_TOKENS_SUM",
+    "KV_USAGE",
+    "PREEMPTIONS",
+    "PREFILL_TIME_COUNT",
+    "PREFILL_TIME_SUM",
+    "PREFIX_HITS",
+    "PREFIX_QUERIES",
+    "PROMPT_TOKENS",
+    "READ_BYTES",
+    "RUNNING",
+    "TRACKED",
+    "TTFT_COUNT",
+    "TTFT_SUM",
+    "WAITING",
+    "TimelineSample",
+    "counter_delta",
+    "gauge_max",
+    "read_timeline",
+]
+
 
 @dataclass(slots=True)
 class TimelineSample:

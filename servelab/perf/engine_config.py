@@ -8,6 +8,7 @@ resolved by `resolve()` (see perf/engine_args.py for the CLI flag parser).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,5 +48,5 @@ class EngineConfig:
     stream_interval: int = 1
     """Tokens the API server buffers per streamed chunk (the first token is always sent at once)."""
 
-    def with_(self, **changes: object) -> EngineConfig:
+    def with_(self, **changes: Any) -> EngineConfig:
         return replace(self, **changes)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from servelab.errors import InputError
 
-class PerfConfigError(ValueError):
+
+class PerfConfigError(InputError):
     """A GPU, model, quantization or engine flag that cannot be modelled as given.
 
     Raised before any simulation starts; the message names the value at fault,

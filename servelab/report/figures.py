@@ -39,7 +39,7 @@ SWEEP_AXES = {"max-concurrency": "Max concurrency (requests in flight)", "reques
 REQUEST_SAMPLE = 60
 """Bars in the per-request timeline: enough to see the pattern, few enough to read each one."""
 
-LAYOUT = dict(
+LAYOUT: dict[str, Any] = dict(
     template="plotly_white",
     margin=dict(l=70, r=30, t=60, b=60),
     legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),

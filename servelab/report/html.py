@@ -84,7 +84,7 @@ def render_report(
     for section in sections:
         html, plots = _section_html(section, plots)
         body.append(html)
-    generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     n_runs = len(inputs.all_runs)
     nav = "".join(f'<a href="#{s.key}">{escape(s.title)}</a>' for s in sections)
     given = "".join(f"<li><b>{escape(item.label)}</b>: {escape(headline(item))}</li>" for item in inputs.given)

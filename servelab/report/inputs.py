@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab.metrics.results import RUN, SWEEP, RunResult, load_run
+from servelab.errors import InputError
+from servelab.metrics.results import RUN, SWEEP, ResultsDirError, RunResult, load_run
 from servelab.metrics.summary import summarize
 
 DIAGNOSIS = "diagnosis.json"
@@ -32,7 +33,7 @@ SOURCE_NAMES = {"http": "measured", "sim": "simulated"}
 """How run.json's `source` reads in a legend."""
 
 
-class ReportInputError(ValueError):
+class ReportInputError(InputError):
     """A directory given to the report cannot be read; the message says which and why."""
 
 
@@ -171,8 +172,8 @@ def _document(path: Path, series: int, label: str) -> tuple[str, ReportDocument]
 def _load_run_dir(directory: Path) -> RunResult:
     try:
         return load_run(directory)
-    except (OSError, json.JSONDecodeError, TypeError, KeyError) as exc:
-        raise ReportInputError(f"cannot read results directory {directory}: {exc}") from exc
+    except ResultsDirError as exc:
+        raise ReportInputError(str(exc)) from exc
 
 
 def _load_sweep(directory: Path, series: int) -> ReportSweep:

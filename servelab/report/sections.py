@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import plotly.graph_objects as go
 
@@ -22,7 +23,7 @@ from servelab.report.inputs import ReportInputs
 from servelab.report.tune_results import tune_blocks
 from servelab.report.validation_results import validation_blocks
 
-Block = str | go.Figure
+Block: TypeAlias = str | go.Figure
 """A trusted HTML fragment (tables, headings) or a figure; a section shows its blocks in order."""
 
 

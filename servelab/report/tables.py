@@ -46,7 +46,7 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def format_parameter(key: str, value: Any) -> str:
     if key == "started_at" and isinstance(value, (int, float)):
-        return dt.datetime.fromtimestamp(value, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return dt.datetime.fromtimestamp(value, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 

@@ -48,7 +48,7 @@ def setup_table(doc: dict[str, Any]) -> str:
     """What was validated against what: the server, the profile, the flags, the verdict."""
     server, profile = doc.get("server") or {}, doc.get("profile") or {}
     created = profile.get("created_at")
-    when = dt.datetime.fromtimestamp(created, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if created else "?"
+    when = dt.datetime.fromtimestamp(created, dt.UTC).strftime("%Y-%m-%d %H:%M UTC") if created else "?"
     repeats = max((len(p.get("repeats") or []) for p in doc["points"]), default=0)
     rows = [
         ("server", f"{server.get('model', '?')} at {server.get('base_url', '?')}"),

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from servelab.errors import ServerFault
 from servelab.sim import vllm_metrics as tl
 from servelab.perf.cost_model import CostCoefficients, CostModel, StepBatch
 from servelab.perf.engine_config import EngineConfig
@@ -47,7 +48,7 @@ from servelab.sim.request import SimRequest
 from servelab.sim.scheduler import Scheduler
 
 
-class RequestRejected(ValueError):
+class RequestRejected(ServerFault, ValueError):
     """The engine refuses the request up front, as vLLM answers HTTP 400."""
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 from pathlib import Path
 
 from servelab.perf.cost_model import CostCoefficients, RooflineCostModel
@@ -133,7 +134,7 @@ class Deployment:
         )
         return replace(rebuilt, cpu_costs_source=self.cpu_costs_source)
 
-    def with_changes(self, **changes: object) -> Deployment:
+    def with_changes(self, **changes: Any) -> Deployment:
         return self.rebuilt(**changes)
 
     def engine_args(self) -> str:

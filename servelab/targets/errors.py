@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from servelab.errors import ServerFault
 from servelab.workload.spec import RequestSpec
 
 
-class TargetError(Exception):
+class TargetError(ServerFault):
     """A target that cannot be used as configured: unreachable URL, missing endpoint, unknown model.
 
     The message names the URL, endpoint or model at fault and is meant to be

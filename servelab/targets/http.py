@@ -32,6 +32,7 @@ import aiohttp
 import orjson
 import uvloop
 
+from servelab.errors import ServerFault
 from servelab.metrics.records import (
     CONNECTION_ERROR,
     CONNECTION_REFUSED,
@@ -64,7 +65,7 @@ EMPTY_STREAM = "empty_stream"
 WRONG_MODEL = "wrong_model"
 
 
-class MalformedStream(Exception):
+class MalformedStream(ServerFault):
     """A `data:` payload that is not JSON: the rest of that stream cannot be trusted."""
 
 

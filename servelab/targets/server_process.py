@@ -40,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from servelab.errors import ServerFault
+
 READY_PATHS = ("/health", "/v1/models")
 """What an OpenAI-compatible server answers 200 to once it can take requests."""
 
@@ -68,7 +70,7 @@ for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
 """The watchdog's program (see the module docstring); argv: the server's process group, the grace period."""
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(ServerFault, RuntimeError):
     """The server exited, or never became ready, before serving; the message carries its log tail."""
 
 

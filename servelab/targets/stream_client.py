@@ -24,6 +24,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
+from servelab.errors import ServerFault
+
 BodyCallback = Callable[[bytes, float], None]
 """Receives decoded body bytes and the perf_counter time their network read arrived."""
 
@@ -31,7 +33,7 @@ _HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _LENGTH, _UNTIL_EOF, _DON
 MAX_HEAD = 65536
 
 
-class ConnectError(OSError):
+class ConnectError(ServerFault, OSError):
     """The server could not be reached (unresolvable, connect timeout)."""
 
 
@@ -39,11 +41,11 @@ class RefusedError(ConnectError):
     """Nothing listens at the server's address: it has exited, or never started."""
 
 
-class ResetError(ConnectionResetError):
+class ResetError(ServerFault, ConnectionResetError):
     """The connection ended before the response was complete."""
 
 
-class ProtocolError(ValueError):
+class ProtocolError(ServerFault, ValueError):
     """The server's bytes are not a valid HTTP/1.1 response."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from servelab.errors import InputError
 
-class TuneError(ValueError):
+
+class TuneError(InputError):
     """A search space, objective, workload or server command that cannot be used as given.
 
     The message names the value at fault and what to change; the CLI prints it as-is.

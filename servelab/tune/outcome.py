@@ -16,7 +16,9 @@ from typing import Any
 
 from servelab import SCHEMA_VERSION
 from servelab.metrics.results import versions
+from servelab.metrics.schema import checked
 from servelab.tune.confirm import BASELINE, Stage2Result
+from servelab.tune.schema import TuneDocument
 from servelab.tune.study import StudyTrial
 from servelab.tune.trial import OK, TrialOutcome
 
@@ -64,7 +66,7 @@ def pareto_front(trials: Sequence[StudyTrial]) -> list[StudyTrial]:
 def pick_for_confirmation(ranked: Sequence[StudyTrial], k: int, baseline_args: str) -> list[StudyTrial]:
     """The best `k` runnable configurations with distinct launch lines other than the baseline's."""
     seen = {baseline_args}
-    picked = []
+    picked: list[StudyTrial] = []
     for t in ranked:
         if len(picked) == k:
             break
@@ -90,7 +92,7 @@ def recommend(
     measured = [r for r in stage2 if r.ok and r.measured_score is not None]
     if measured:
         feasible = [r for r in measured if (r.measured_violation or 0) <= 0] or measured
-        best = min(feasible, key=lambda r: (_better_first(r.measured_score, direction), r.label != BASELINE))
+        best = min(feasible, key=lambda r: (_better_first(r.measured_score or 0.0, direction), r.label != BASELINE))
         base = next((r for r in measured if r.label == BASELINE), None)
         return {
             "source": "stage2",
@@ -157,7 +159,7 @@ def tune_document(
 def write_tune_json(directory: Path, document: dict[str, Any]) -> Path:
     path = directory / TUNE_JSON
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(checked(TuneDocument, document), indent=2, default=str) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
 

@@ -217,7 +217,7 @@ def apply(base: Deployment, candidate: Mapping[str, Value]) -> Deployment:
 
     Raises PerfConfigError when the result cannot run (does not fit, inconsistent limits).
     """
-    changes = dict(candidate)
+    changes: dict[str, Any] = dict(candidate)
     gpu = changes.pop(GPU, None)
     return base.rebuilt(hardware=get_gpu(str(gpu)) if gpu else None, **changes)
 

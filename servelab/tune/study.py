@@ -102,7 +102,7 @@ def open_study(
         raise TuneError(f"--resume: {directory} holds no tune study ({STUDY_DB} is missing)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
-        storage=storage_url(directory), study_name=STUDY_NAME, direction=direction,
+        storage=storage_url(directory), study_name=STUDY_NAME, direction=direction,  # type: ignore[arg-type]  # minimize or maximize, from Objective
         sampler=_sampler(settings, space, settings.budget(space)), load_if_exists=resume,
     )
     stored = study.user_attrs.get("space")

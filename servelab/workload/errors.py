@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from servelab.errors import InputError
 
-class WorkloadError(ValueError):
+
+class WorkloadError(InputError):
     """A workload that cannot be built as asked: a bad length, a malformed dataset line, a flag clash.
 
     The message names the flag, file or line at fault and is meant to be

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 
 @dataclass(slots=True)
@@ -22,7 +25,7 @@ class RequestSpec:
     """
 
     index: int
-    prompt_ids: Sequence[int]
+    prompt_ids: Sequence[int] | np.ndarray
     max_tokens: int
     arrival_time: float = 0.0
     """Intended send time, seconds from the start of the run (0 = as soon as allowed)."""
@@ -58,4 +61,4 @@ class LoadPlan:
     """Stop sending new requests after this many seconds."""
     warmup: float = 0.0
     """Requests sent before this many seconds are excluded from statistics."""
-    description: dict[str, object] = field(default_factory=dict)
+    description: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,119 @@
+"""servelab from Python: run a benchmark or a simulation, diagnose it, read any results directory as DataFrames.
+
+    import servelab
+    run = servelab.simulate("a100-80gb", "qwen2.5-7b", input_len=1500, output_len=200, request_rate=10,
+                            result_dir="results/a100")
+    run.summary.median_ttft_ms, run.summary.p99_ttft_ms  # typed: servelab.metrics.schema.Summary
+    run.records()            # pandas DataFrame, one row per request (records.jsonl), with ttft_s and e2el_s
+    dx = servelab.diagnosis(run, "a100-80gb", "qwen2.5-7b")
+    dx.bottleneck, [f.title for f in dx.findings]          # typed: servelab.diagnose.schema.Diagnosis
+
+The functions write the same results directory as the CLI verbs (`bench`,
+`simulate`) and return what the CLI would print as typed models (the models
+docs/schemas is generated from). Errors are the CLI's: `servelab.errors`.
+A smaller surface than the CLI on purpose: the common load shapes (random
+prompts of fixed lengths, Poisson or closed loop); anything else through
+the CLI's results directories and `load_results`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from servelab.diagnose.analysis import diagnose_run
+from servelab.diagnose.schema import Diagnosis
+from servelab.experiment.runner import run_point
+from servelab.metrics.results import RunResult, load_run
+from servelab.metrics.schema import RunInfo, Summary
+from servelab.metrics.slo import SLO
+from servelab.targets.base import Target
+from servelab.targets.deployment import build_deployment
+from servelab.targets.http import HttpTarget
+from servelab.workload.arrival import ArrivalConfig
+from servelab.workload.datasets import WorkloadConfig
+from servelab.workload.plan import Amount, build_plan
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+@dataclass(frozen=True)
+class Results:
+    """A results directory, read back: what was run and its summary as typed models, records and timeline as tables."""
+
+    directory: Path
+    run_info: RunInfo
+    summary: Summary | None
+    """None for a partial run (the client was killed before the end)."""
+    result: RunResult
+
+    def records(self) -> pd.DataFrame:
+        """One row per request, the columns of records.jsonl plus ttft_s and e2el_s (seconds; NaN without a token)."""
+        import pandas as pd
+
+        rows = [{**asdict(r), "ttft_s": r.ttft if r.ttft is not None else math.nan, "e2el_s": r.e2el}
+                for r in self.result.records]
+        return pd.DataFrame(rows)
+
+    def timeline(self) -> pd.DataFrame:
+        """One row per server sample: `t` (seconds from the start) and one column per metric (vLLM's names)."""
+        import pandas as pd
+
+        return pd.DataFrame([{"t": s.t, **s.values} for s in self.result.timeline])
+
+
+def load_results(directory: str | Path) -> Results:
+    """Any results directory `bench` or `simulate` wrote (a sweep's points are directories of their own)."""
+    result = load_run(Path(directory))
+    summary = Summary.model_validate(result.summary) if result.summary is not None else None
+    return Results(Path(directory), RunInfo.model_validate(result.run_info), summary, result)
+
+
+def _plan(input_len: int, output_len: int, request_rate: float, max_concurrency: int | None, num_prompts: int,
+          seed: int) -> Any:
+    return build_plan(WorkloadConfig(input_len=input_len, output_len=output_len, seed=seed),
+                      ArrivalConfig(request_rate=request_rate, max_concurrency=max_concurrency), Amount(num_prompts=num_prompts))
+
+
+def _run(target: Target, plan: Any, result_dir: str | Path, run_info: dict[str, Any], goodput: dict[str, float] | None) -> Results:
+    slo = SLO.parse([f"{k}:{v:g}" for k, v in (goodput or {}).items()])
+    run_point(target, plan, Path(result_dir), run_info, slo)
+    return load_results(result_dir)
+
+
+def simulate(gpu: str, model: str, *, result_dir: str | Path, engine_args: str = "", input_len: int = 1024,
+             output_len: int = 128, request_rate: float = math.inf, max_concurrency: int | None = None,
+             num_prompts: int = 200, seed: int = 0, goodput: dict[str, float] | None = None) -> Results:
+    """`servelab simulate`: the load served by the simulated deployment; `goodput` as {"ttft": ms, "tpot": ms}."""
+    deployment = build_deployment(gpu, model, engine_args)
+    plan = _plan(input_len, output_len, request_rate, max_concurrency, num_prompts, seed)
+    flags = {"gpu": gpu, "model": model, "engine_args": engine_args, "input_len": input_len, "output_len": output_len,
+             "request_rate": request_rate, "max_concurrency": max_concurrency, "num_prompts": num_prompts, "seed": seed}
+    run_info = {"verb": "simulate", "source": "sim", "flags": flags, "deployment": deployment.describe()}
+    return _run(deployment.sim_target(), plan, result_dir, run_info, goodput)
+
+
+def bench(base_url: str, *, result_dir: str | Path, model: str | None = None, input_len: int = 1024,
+          output_len: int = 128, request_rate: float = math.inf, max_concurrency: int | None = None,
+          num_prompts: int = 200, seed: int = 0, ignore_eos: bool = False, api_key: str | None = None,
+          goodput: dict[str, float] | None = None) -> Results:
+    """`servelab bench`: the load sent to a running OpenAI-compatible server (pre-flight checked first)."""
+    target = HttpTarget(base_url, model=model, api_key=api_key, ignore_eos=ignore_eos)
+    server = target.preflight()
+    plan = _plan(input_len, output_len, request_rate, max_concurrency, num_prompts, seed)
+    flags = {"base_url": base_url, "model": server["model"], "input_len": input_len, "output_len": output_len,
+             "request_rate": request_rate, "max_concurrency": max_concurrency, "num_prompts": num_prompts, "seed": seed,
+             "ignore_eos": ignore_eos}
+    return _run(target, plan, result_dir, {"verb": "bench", "source": "http", "flags": flags}, goodput)
+
+
+def diagnosis(results: Results | str | Path, gpu: str, model: str, engine_args: str = "") -> Diagnosis:
+    """`servelab diagnose RESULTS`: what limits the deployment that produced `results`, and what to change.
+
+    Named `diagnosis`, not `diagnose`: `servelab.diagnose` is the package that does the work."""
+    loaded = results if isinstance(results, Results) else load_results(results)
+    deployment = build_deployment(gpu, model, engine_args)
+    return Diagnosis.model_validate(diagnose_run(loaded.result, deployment).as_dict())

@@ -1,0 +1,74 @@
+"""`servelab schema NAME`: the JSON Schema of a file servelab writes, generated from the model that describes it.
+
+docs/schemas/NAME.json is the published copy (`servelab schema --write docs/schemas` regenerates every one; a test
+fails when they differ from the models). Files other than a results directory's are named as their writer names them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from pydantic import BaseModel
+
+from servelab.cli import app
+from servelab.diagnose.schema import Diagnosis
+from servelab.errors import InputError
+from servelab.experiment.schema import ValidationReport
+from servelab.metrics.schema import RecordRow, RunInfo, Summary, SweepIndex, TimelineRow
+from servelab.perf.calibration import CalibrationProfile
+from servelab.tune.schema import Trial, TuneDocument
+
+SCHEMAS: dict[str, tuple[type[BaseModel], str]] = {
+    "run": (RunInfo, "run.json of a results directory"),
+    "record": (RecordRow, "one line of records.jsonl"),
+    "summary": (Summary, "summary.json of a results directory"),
+    "timeline": (TimelineRow, "one line of timeline.jsonl"),
+    "sweep": (SweepIndex, "sweep.json of a --sweep"),
+    "diagnosis": (Diagnosis, "diagnosis.json, and diagnose --json"),
+    "tune": (TuneDocument, "tune.json of a tune study, and tune --json"),
+    "trial": (Trial, "stage1/trial-NNNN/trial.json of a tune study"),
+    "validation": (ValidationReport, "the report `servelab validate` writes (--out)"),
+    "profile": (CalibrationProfile, "the calibration profile `servelab calibrate` writes (--out)"),
+}
+def json_schema(name: str) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of the file NAME, saying which file it describes and which model it comes from."""
+    model, what = SCHEMAS[name]
+    schema = model.model_json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$comment": f"{what}; generated from {model.__module__}.{model.__qualname__}", **schema}
+
+
+def schema_text(name: str) -> str:
+    return json.dumps(json_schema(name), indent=2, sort_keys=False) + "\n"
+
+
+def write_schemas(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in SCHEMAS:
+        path = directory / f"{name}.json"
+        path.write_text(schema_text(name), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+@app.command()
+def schema(
+    name: Annotated[Optional[str], typer.Argument(help=f"One of {', '.join(SCHEMAS)}.")] = None,
+    write: Annotated[Optional[Path], typer.Option(help="Write every schema as NAME.json into this directory (docs/schemas).")] = None,
+) -> None:
+    """Print the JSON Schema of a file servelab writes (run, record, summary, timeline, sweep, diagnosis, tune, trial,
+    validation, profile), to validate results in your own scripts."""
+    if write is not None:
+        if name is not None:
+            raise InputError("give NAME (print one schema) or --write DIR (write all), not both")
+        for path in write_schemas(write):
+            typer.echo(str(path))
+        return
+    if name is None:
+        raise InputError(f"give NAME, one of {', '.join(SCHEMAS)} (or --write DIR for all)")
+    if name not in SCHEMAS:
+        raise InputError(f"schema {name!r}: choose one of {', '.join(SCHEMAS)}")
+    typer.echo(schema_text(name), nl=False)

@@ -1,0 +1,88 @@
+"""diagnosis.json (`servelab diagnose`, also `--json`) as a typed model; its JSON Schema is docs/schemas/diagnosis.json."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from servelab import SCHEMA_VERSION
+from servelab.metrics.schema import DeploymentInfo, Json, SLOTerms
+from servelab.typed import ClosedModel, OpenModel
+
+
+class WorkloadShape(OpenModel):
+    requests: int
+    mean_input_tokens: float
+    mean_output_tokens: float
+    offered_rate: float | None
+    max_concurrency: int | None
+
+
+class Ceilings(OpenModel):
+    """The physical limits of this workload on this deployment."""
+
+    prefill_compute_rps: float | None
+    decode_bandwidth_tps: float | None
+    kv_capacity_seqs: int | None
+    max_num_seqs: int | None
+    slo_max_rps: float | None
+    saturation_rps: float | None
+    decode_bandwidth_tps_at_max_batch: float | None
+
+
+class Recommendation(OpenModel):
+    change: str
+    engine_args: str | None = Field(description="The full launch flags after the change; null for workload/hardware changes.")
+    metric: str
+    before: float
+    after: float
+    effects: dict[str, tuple[float, float]] = Field(description="Other metrics, before and after.")
+    confirm: str = Field(description="The `servelab bench` line that would confirm the prediction.")
+    gain: float
+
+
+class Finding(OpenModel):
+    kind: str = Field(description="prefill_compute_bound, max_num_seqs_bound, kv_capacity_bound, ...")
+    title: str
+    score: float
+    evidence: list[str]
+    recommendations: list[Recommendation]
+
+
+class AdviceRow(OpenModel):
+    """One common tuning tip (`--check-advice`), judged on this workload."""
+
+    id: int
+    advice: str
+    flag_status: str
+    d_throughput: float | None
+    d_ttft_p99: float | None
+    d_tpot_p99: float | None
+    verdict: str
+    why: str
+
+
+class Observed(ClosedModel):
+    qps: float | None
+    ttft_ms: float | None
+    gpu_util: float | None
+
+
+class Diagnosis(OpenModel):
+    """What limits the deployment, the evidence, the ceilings and what to change."""
+
+    schema_version: int = SCHEMA_VERSION
+    source: str = Field(description="What the evidence came from: a results directory's source, or 'described'.")
+    deployment: DeploymentInfo
+    workload: WorkloadShape
+    bottleneck: str | None = Field(description="The first finding's kind; null when nothing limits.")
+    ceilings: Ceilings
+    standing: dict[str, float | None] = Field(description="Where the deployment stands, as a share of each ceiling.")
+    utilization: Json
+    evidence: Json
+    slo: SLOTerms | None
+    slo_attainment: float | None
+    observed: Observed
+    findings: list[Finding]
+    notes: list[str]
+    advice: list[AdviceRow] | None
+    partial_run: str | None = Field(None, description="Present when the results directory is a partial run.")

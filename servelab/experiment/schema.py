@@ -1,0 +1,42 @@
+"""The `servelab validate` report (validation.json) as a typed model; its JSON Schema is docs/schemas/validation.json."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from servelab import SCHEMA_VERSION
+from servelab.metrics.schema import Json
+from servelab.typed import OpenModel
+
+
+class PointResult(OpenModel):
+    """One held-out point: each metric's best repeat, measured and simulated, and the error between them."""
+
+    point: str
+    shape: Json
+    measured: dict[str, float | None]
+    simulated: dict[str, float | None]
+    error_pct: dict[str, float | None]
+    stalled_repeats: int
+    disturbed_repeats: int
+    repeats: list[Json]
+
+
+class ValidationReport(OpenModel):
+    """validation.json: the simulator with a calibration profile against the live server on unseen points."""
+
+    schema_version: int = SCHEMA_VERSION
+    kind: str = Field(description="Always 'servelab.validation'.")
+    created_at: float
+    server: Json
+    profile: Json = Field(description="Which profile: its created_at, engine_args and gpu.")
+    engine_args: str
+    engine_config: Json
+    host: Json
+    reference: Json
+    warnings: list[str]
+    points: list[PointResult]
+    median_abs_error_pct: dict[str, float | None]
+    bounds_pct: dict[str, float]
+    goals_pct: dict[str, float]
+    within_bounds: bool

@@ -1,0 +1,171 @@
+"""The files of a results directory as typed models: run.json, records.jsonl rows, summary.json, timeline.jsonl rows,
+sweep.json. docs/schemas/ holds the JSON Schema generated from these (`servelab schema NAME`).
+
+They describe what the writers in this package write, key for key: the
+writers check what they write against them (`checked`), the schema test
+walks real results directories, and a reader of the files can validate
+against the published schema. Parts other layers fill (a server's info, the
+client's stats, a deployment's engine flags) are typed as far as every
+writer agrees and open beyond that.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, Field
+
+from servelab import SCHEMA_VERSION
+from servelab.typed import ClosedModel, OpenModel
+
+Json = dict[str, Any]
+M = TypeVar("M", bound=BaseModel)
+
+
+def checked(model: type[M], data: Json) -> Json:
+    """`data` unchanged, after checking its JSON (as the writers serialize it) is what `model`, and so the
+    published schema, says: a writer's bug surfaces here, in the suite, rather than as a file a user's script
+    cannot read. The bytes written stay the same."""
+    model.model_validate_json(json.dumps(data, default=str))
+    return data
+
+
+class Versions(OpenModel):
+    servelab: str
+    python: str
+
+
+class SLOTerms(ClosedModel):
+    """A goodput SLO in milliseconds, as `--goodput ttft:MS tpot:MS e2el:MS` gave it (absent terms unset)."""
+
+    ttft: float | None = None
+    tpot: float | None = None
+    e2el: float | None = None
+
+
+class RecordRow(ClosedModel):
+    """One line of records.jsonl: one request, whatever served it. Times are seconds from the run's start."""
+
+    index: int
+    intended_time: float = Field(description="When the schedule wanted it sent; send_time - intended_time is client lag.")
+    send_time: float
+    finish_time: float
+    first_token_time: float | None = None
+    chunk_times: list[float] = Field(default_factory=list, description="Arrival of every streamed chunk with output.")
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    status: str = Field("ok", description="ok or error.")
+    error_kind: str | None = Field(None, description="http_500, connection_reset, connection_refused, timeout, ...")
+    error: str | None = None
+    prefix_group: int | None = None
+    priority: int = 0
+    tokens_estimated: bool = Field(False, description="No usage in the stream: token counts are the client's estimate.")
+    schedule_time: float | None = Field(None, description="When the engine first scheduled it (simulator only).")
+    preemptions: int = 0
+
+
+class TimelineRow(ClosedModel):
+    """One line of timeline.jsonl: the server's metrics at `t` seconds, keyed by vLLM's Prometheus names."""
+
+    t: float
+    values: dict[str, float] = Field(description="Counters cumulative as scraped, gauges instantaneous.")
+
+
+class Summary(OpenModel):
+    """summary.json: statistics derived from records.jsonl (`servelab.metrics.summary.summarize`).
+
+    Keys follow `vllm bench serve`'s result JSON. Beside the named keys, each of ttft, tpot, itl and e2el has
+    one `p{P}_{metric}_ms` key per requested percentile (`--metric-percentiles`, default 50,90,95,99). A run's
+    summary (bench, simulate) also has requests_recorded, warmup, interrupted, client_stats and warnings.
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    duration: float
+    completed: int
+    failed: int
+    errors_by_kind: dict[str, int]
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    request_goodput: float | None
+    output_throughput: float
+    total_token_throughput: float
+    slo: SLOTerms | None
+    mean_ttft_ms: float
+    median_ttft_ms: float
+    std_ttft_ms: float
+    mean_tpot_ms: float
+    median_tpot_ms: float
+    std_tpot_ms: float
+    mean_itl_ms: float
+    median_itl_ms: float
+    std_itl_ms: float
+    mean_e2el_ms: float
+    median_e2el_ms: float
+    std_e2el_ms: float
+    requests_recorded: int | None = Field(None, description="Records written, warm-up included (a run's summary).")
+    warmup: float | None = None
+    interrupted: bool | None = None
+    client_stats: Json | None = Field(
+        None, description="The load generator's own overhead (bench) or the engine's busy time (simulate).")
+    warnings: list[str] | None = None
+
+
+class DeploymentInfo(OpenModel):
+    """A simulated deployment as run.json, diagnosis.json and tune.json record it."""
+
+    gpu: str
+    model: str
+    engine_args: str
+    engine_config: Json = Field(description="Every EngineConfig field, resolved (servelab.perf.engine_config).")
+    num_gpu_blocks: int
+    kv_cache_gib: float
+    coefficients: dict[str, float | None]
+    cpu_costs_source: str
+    frontend: dict[str, float | None] = Field(description="The API server's CPU costs (null where not modelled, e.g. the cpu device).")
+    warnings: list[str]
+
+
+class RunInfo(OpenModel):
+    """run.json: what was run. Written at the start, completed at the end; `finished_at` absent means the client
+    was killed mid-run (a partial run). The verbs add their own keys (flags, argv, deployment, ...)."""
+
+    schema_version: int = SCHEMA_VERSION
+    started_at: float = Field(description="Unix time of the run's zero, which every time in the files counts from.")
+    versions: Versions
+    verb: str | None = Field(None, description="bench, simulate, calibrate, validate, tune, speed-check, ...")
+    workload: Json | None = Field(None, description="The plan's description: workload, arrival, amount.")
+    source: str | None = Field(None, description="http (measured) or sim (simulated); absent for experiment runs.")
+    argv: list[str] | None = None
+    flags: Json | None = None
+    deployment: DeploymentInfo | None = None
+    server_info: Json | None = None
+    client_host: Json | None = Field(None, description="The client host's conditions during the run (load, CPU steal, GPUs).")
+    interrupted: bool | None = None
+    finished_at: float | None = None
+    error: str | None = Field(None, description="The exception that ended the run, if one did.")
+
+
+class SweepPoint(OpenModel):
+    """One point of a sweep: its directory, the curve's columns, its full summary. The swept flag (e.g.
+    `request-rate`) is a key of its own holding the point's value."""
+
+    directory: str = Field(description="The point's results directory, relative to sweep.json's.")
+    completed: int | None = None
+    failed: int | None = None
+    summary: Summary | None = Field(None, description="The point's summary.json (readers fall back to that file).")
+
+
+class SweepSpec(ClosedModel):
+    key: str
+    values: list[float]
+
+
+class SweepIndex(OpenModel):
+    """sweep.json: the points of a `--sweep`, one results directory each."""
+
+    schema_version: int = SCHEMA_VERSION
+    sweep: SweepSpec
+    points: list[SweepPoint]
+    interrupted: bool | None = Field(None, description="The sweep stopped at an interrupted point (`--sweep` writes it).")

@@ -1,0 +1,43 @@
+"""The Python API: the CLI's results directories and typed results, from a function call."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+import servelab
+from servelab.diagnose.schema import Diagnosis
+from servelab.errors import InputError
+from support.schemas import assert_files_match_schemas
+
+
+def test_simulate_diagnose_and_load_as_dataframes(tmp_path: Path) -> None:
+    run = servelab.simulate("a100-80gb", "qwen2.5-7b", input_len=512, output_len=32, request_rate=8, num_prompts=60,
+                            goodput={"ttft": 200, "tpot": 50}, result_dir=tmp_path / "run")
+    assert run.run_info.source == "sim" and run.run_info.deployment is not None
+    assert run.summary is not None and run.summary.completed == 60 and run.summary.request_goodput is not None
+    assert run.summary.p99_ttft_ms >= run.summary.median_ttft_ms > 0  # percentile keys are attributes too
+    assert assert_files_match_schemas(tmp_path) == {"run": 1, "summary": 1, "record": 1, "timeline": 1}
+
+    records = run.records()
+    assert len(records) == 60 and (records["prompt_tokens"] == 512).all() and (records["ttft_s"] > 0).all()
+    assert math.isclose(records["ttft_s"].median() * 1e3, run.summary.median_ttft_ms, rel_tol=1e-9)
+    timeline = run.timeline()
+    assert "t" in timeline and "vllm:num_requests_running" in timeline and len(timeline) >= 2
+
+    again = servelab.load_results(tmp_path / "run")
+    assert again.summary == run.summary and len(again.records()) == 60
+
+    dx = servelab.diagnosis(run, "a100-80gb", "qwen2.5-7b")
+    assert isinstance(dx, Diagnosis) and dx.findings and dx.bottleneck == dx.findings[0].kind
+    assert dx.ceilings.saturation_rps is not None and dx.ceilings.saturation_rps > 0
+
+
+def test_bad_input_raises_the_clis_error_before_any_load(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="--request-rate"):
+        servelab.simulate("a100-80gb", "qwen2.5-7b", request_rate=0, result_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(AttributeError):
+        servelab.no_such_function  # noqa: B018
