@@ -22,8 +22,9 @@ same workload flags through the same library path (`build_plan` ->
 Errors are predicted / measured - 1 per metric; the summary gives, per metric,
 the number of runs, MAPE, median |error| and the signed mean (MPE), in the
 form of inference-sim's sim-to-real study, for V1-era and V0-era runs
-separately. Runs whose GPU the source does not name are shown but left out of
-the summary. Prints Markdown (docs/accuracy.md); deterministic.
+separately. Runs whose GPU the source does not name, and runs an entry marks
+`in_summary: false` (a flag the simulator does not model), are shown but left
+out of the summary. Prints Markdown (docs/accuracy.md); deterministic.
 
     .venv/bin/python benchmarks/gpu_accuracy.py [--only ID ...] [--max-prompts N]
 """
@@ -114,7 +115,8 @@ class Replay:
 
     @property
     def in_summary(self) -> bool:
-        return bool(self.entry.get("gpu_stated", True))
+        """False for a run whose GPU the source leaves out, or one the entry keeps out (`in_summary: false`)."""
+        return bool(self.entry.get("gpu_stated", True) and self.entry.get("in_summary", True))
 
     def error(self, metric: str) -> float | None:
         measured = self.entry["measured"].get(metric)
@@ -180,7 +182,8 @@ def per_run_table(rows: list[Replay]) -> str:
     for r in rows:
         cells = [f"{SHORT[m]} {_num(r.entry['measured'][m])} / {_num(float(r.predicted[m]))} ({_pct(r.error(m))})"
                  for m in METRICS if r.entry["measured"].get(m) is not None and m in r.predicted]
-        gpu = r.entry["gpu"] + ("" if r.in_summary else " (assumed)")
+        gpu = r.entry["gpu"] + ("" if r.entry.get("gpu_stated", True) else " (assumed)") \
+            + ("" if r.entry.get("in_summary", True) else " (not in summary)")
         tp = r.entry.get("engine_args", "").split("--tensor-parallel-size ")[1].split()[0] \
             if "--tensor-parallel-size" in (r.entry.get("engine_args") or "") else "1"
         lines.append([r.entry["id"], gpu, f"{r.entry['model']} TP{tp}", str(r.entry["vllm_version"]), _load(r.entry),

@@ -23,6 +23,7 @@ def test_entries_have_unique_ids_sources_and_known_metrics():
         assert entry["vllm_version"], entry["id"]
         assert entry["measured"] and set(entry["measured"]) <= SUMMARY_KEYS, entry["id"]
         assert all(v > 0 for v in entry["measured"].values()), entry["id"]
+        assert entry.get("in_summary", True) in (True, False), entry["id"]
         get_gpu(entry["gpu"]), get_model(entry["model"]), parse_engine_args(entry.get("engine_args") or "")
 
 
