@@ -619,7 +619,8 @@ def api_section(api: dict, in_proc: dict) -> dict:
             "engine_steps_per_request")
     return {
         "method": "event-loop (main) thread CPU per request of the API process, API process pinned to its own "
-                  f"core, {api['concurrency']} streams in flight; least squares over the scenarios below",
+                  f"core, {api['concurrency']} streams in flight (and 8, which separate the per-step cost); "
+                  "least squares over the loads under `capacity`",
         "per_request_s": api["per_request_s"],
         "per_request_non_stream_s": api["per_request_non_stream_s"],
         "per_prompt_token_s": api["per_prompt_token_s"],
