@@ -45,12 +45,14 @@ import fcntl
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Self
 
 LOCK = "/tmp/servelab-heavy.lock"
 CACHE = Path(os.environ.get("SERVELAB_CACHE", Path.home() / ".cache" / "servelab"))
@@ -103,7 +105,7 @@ def heavy_lock():
 
 
 def linear_fit(rows: list[list[float]], ys: list[float]) -> list[float]:
-    """Least squares without numpy (the engine worker runs in vLLM's venv, the rest in servelab's)."""
+    """Least squares (numpy; called in servelab's venv only, the workers run in vLLM's)."""
     import numpy as np
 
     coef, *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys, dtype=float), rcond=None)
@@ -117,7 +119,6 @@ def engine_worker(model_dir: str, deadline_s: float) -> None:
     """Time every engine-core step's CPU work; prints one JSON object of per-step records."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    import random
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -256,7 +257,7 @@ def measure_engine(vllm_python: Path, model_dir: Path, deadline_s: float) -> dic
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [str(vllm_python), __file__, "--engine-worker", str(model_dir), "--deadline", str(deadline_s)],
-        capture_output=True, text=True, env=env, timeout=deadline_s + 300,
+        capture_output=True, text=True, env=env, timeout=deadline_s + 300, check=False,
     )
     if proc.returncode != 0:
         raise SystemExit(f"engine worker failed:\n{proc.stderr[-4000:]}")
@@ -416,9 +417,9 @@ class ApiProbe:
         self.server = vllm_cpu_server(vllm_python, model_dir, log_path=log, served_model_name="tiny", kv_cache_gib=2,
                                       extra_args=["--dtype", "float32", "--max-model-len", "4096", "--max-num-seqs", "256",
                                                   "--max-num-batched-tokens", "8192", "--no-enable-prefix-caching"])
-        self.rng = __import__("random").Random(0)
+        self.rng = random.Random(0)
 
-    def __enter__(self) -> ApiProbe:
+    def __enter__(self) -> Self:
         self.server.start()
         self.api_pid = self.server.pid
         self.engine_pids = _descendants(self.api_pid)
@@ -504,7 +505,9 @@ def capacity_row(name: str, stream: bool, concurrency: int, res: dict, api_pid: 
 def latency_row(words: int, max_tokens: int, res: dict, m0: dict, m1: dict) -> dict:
     """Concurrency 1: the client's TTFT split by vLLM's own per-request histograms (means, ms)."""
     rows = res["rows"]
-    mean = lambda xs: 1e3 * statistics.mean(xs)  # noqa: E731
+    def mean(xs: list[float]) -> float:
+        return 1e3 * statistics.mean(xs)
+
     out = {"prompt_tokens": statistics.mean(r["prompt_tokens"] for r in rows), "output_tokens": max_tokens,
            "requests": len(rows),
            "client_headers_ms": mean([r["head"] - r["send"] for r in rows]),
@@ -588,6 +591,19 @@ def fit_api(capacity: list[dict]) -> dict:
     }
 
 
+def fit_latency(latency: list[dict]) -> dict[str, float]:
+    """Concurrency 1: the client's TTFT less vLLM's queue and prefill, as fixed + per prompt token (seconds).
+
+    Everything between the client's send and its first token that is not the model's work: HTTP,
+    tokenization, the ZMQ hops, the output handler, the chunk's way out. Part of it is the event loop's
+    CPU (charged serially by the fit above); the rest is latency that occupies no core.
+    """
+    rows = [r for r in latency if r["output_tokens"] == 1]
+    fixed, per_token = linear_fit([[1.0, r["prompt_tokens"]] for r in rows],
+                                  [(r["client_ttft_ms"] - r["queue_ms"] - r["prefill_ms"]) / 1e3 for r in rows])
+    return {"c1_overhead_s": fixed, "c1_overhead_per_prompt_token_s": per_token}
+
+
 # -- 3. the data file --------------------------------------------------------------------------------------
 
 
@@ -631,6 +647,7 @@ def api_section(api: dict, in_proc: dict) -> dict:
         "loop_per_prompt_token_s": api["loop_per_prompt_token_s"],
         "off_loop_per_request_s": api["off_loop_per_request_s"],
         "off_loop_per_prompt_token_s": api["off_loop_per_prompt_token_s"],
+        **fit_latency(api["latency"]),
         **in_proc,
         "measured_concurrency": api["concurrency"],
         "fit_relative_residuals": api["fit_relative_residuals"],

@@ -61,3 +61,13 @@ def test_data_file_output_costs_are_consistent_and_scale_with_the_speed_factor()
     assert (per_step, per_token, per_chunk) == pytest.approx(
         (2 * costs.api_per_engine_step_s, 2 * costs.api_per_token_s, 2 * costs.api_per_chunk_s))
     assert costs.frontend(2.0)[2] == pytest.approx(per_token + per_chunk)
+
+
+def test_data_file_concurrency_one_overhead_covers_the_loop_cpu_it_contains():
+    """At concurrency 1 nothing queues, so the measured non-model latency holds the loop's CPU for that request."""
+    c = measured()
+    prompt = 128
+    loop_cpu = (c.api_per_request_s + c.api_loop_per_prompt_token_s * prompt + c.api_per_engine_step_s
+                + c.api_per_token_s + c.api_per_chunk_s)
+    assert c.api_c1_overhead_s + c.api_c1_overhead_per_prompt_token_s * prompt > loop_cpu
+    assert 0 < c.api_loop_per_prompt_token_s < c.api_per_prompt_token_s

@@ -47,6 +47,14 @@ class VllmCpuCosts:
     api_per_chunk_s: float
     """Event loop, per SSE chunk (wake the request's task, build and serialize the chunk, write it). Under load a
     request's outputs merge in its RequestOutputCollector, so a chunk carries every token made since the last."""
+    api_loop_per_prompt_token_s: float
+    """The event loop's own share of `api_per_prompt_token_s`; the rest runs on the tokenizer thread beside it."""
+    api_off_loop_per_request_s: float
+    """Tokenizer thread (and ZMQ I/O) per request, beside the loop: latency, not the loop's capacity."""
+    api_c1_overhead_s: float
+    """Concurrency 1: client TTFT minus vLLM's queue and prefill, fixed part (HTTP, hops, output path)."""
+    api_c1_overhead_per_prompt_token_s: float
+    """Its part per prompt token. Less the loop's CPU for such a request, this is latency that occupies no core."""
     api_per_engine_step_s: float
     """Event loop, once per engine step: the output handler receives and decodes the step's outputs, records
     iteration stats and Prometheus metrics, whatever the number of requests in the step."""
@@ -90,4 +98,8 @@ def measured(path: Path = DATA) -> VllmCpuCosts:
         api_per_token_s=float(api["per_token_s"]),
         api_per_chunk_s=float(api["per_chunk_s"]),
         api_per_engine_step_s=float(api["per_engine_step_s"]),
+        api_loop_per_prompt_token_s=float(api["loop_per_prompt_token_s"]),
+        api_off_loop_per_request_s=float(api["off_loop_per_request_s"]),
+        api_c1_overhead_s=float(api["c1_overhead_s"]),
+        api_c1_overhead_per_prompt_token_s=float(api["c1_overhead_per_prompt_token_s"]),
     )
