@@ -37,11 +37,27 @@ class VllmCpuCosts:
     admit_step_s: float
     """Engine core, once per step that admits new requests (the persistent batch changes)."""
     api_per_request_s: float
-    """API server, per request: HTTP, request validation, the response's start and end."""
+    """API server's event loop, per request: HTTP, request validation, the response's start and end."""
     api_per_prompt_token_s: float
-    """API server, per prompt token (tokenization)."""
+    """API server, per prompt token (tokenization, mostly on the renderer's tokenizer thread beside the loop)."""
     api_per_output_token_s: float
-    """API server, per output token (detokenization, SSE)."""
+    """API server's event loop, per output token streamed one token a chunk: `api_per_token_s + api_per_chunk_s`."""
+    api_per_token_s: float
+    """Event loop, per output token whatever the chunking (output handler: detokenize, update the request's state)."""
+    api_per_chunk_s: float
+    """Event loop, per SSE chunk (wake the request's task, build and serialize the chunk, write it). Under load a
+    request's outputs merge in its RequestOutputCollector, so a chunk carries every token made since the last."""
+    api_loop_per_prompt_token_s: float
+    """The event loop's own share of `api_per_prompt_token_s`; the rest runs on the tokenizer thread beside it."""
+    api_off_loop_per_request_s: float
+    """Tokenizer thread (and ZMQ I/O) per request, beside the loop: latency, not the loop's capacity."""
+    api_c1_overhead_s: float
+    """Concurrency 1: client TTFT minus vLLM's queue and prefill, fixed part (HTTP, hops, output path)."""
+    api_c1_overhead_per_prompt_token_s: float
+    """Its part per prompt token. Less the loop's CPU for such a request, this is latency that occupies no core."""
+    api_per_engine_step_s: float
+    """Event loop, once per engine step: the output handler receives and decodes the step's outputs, records
+    iteration stats and Prometheus metrics, whatever the number of requests in the step."""
 
     def coefficients(self, base: CostCoefficients, speed_factor: float | None = None) -> CostCoefficients:
         """`base` with its engine-core CPU terms set to these costs on a host `speed_factor` times as slow."""
@@ -53,9 +69,15 @@ class VllmCpuCosts:
         })
 
     def frontend(self, speed_factor: float | None = None) -> tuple[float, float, float]:
-        """(per request, per prompt token, per output token) seconds of one API-server core."""
+        """(per request, per prompt token, per output token) seconds of one API-server core, one token a chunk."""
         f = self.default_speed_factor if speed_factor is None else speed_factor
         return f * self.api_per_request_s, f * self.api_per_prompt_token_s, f * self.api_per_output_token_s
+
+    def frontend_chunked(self, speed_factor: float | None = None) -> tuple[float, float, float]:
+        """(per engine step, per output token, per SSE chunk) seconds of one API-server core, for a model that
+        charges the output handler per step and merges chunks."""
+        f = self.default_speed_factor if speed_factor is None else speed_factor
+        return f * self.api_per_engine_step_s, f * self.api_per_token_s, f * self.api_per_chunk_s
 
 
 @cache
@@ -73,4 +95,11 @@ def measured(path: Path = DATA) -> VllmCpuCosts:
         api_per_request_s=float(api["per_request_s"]),
         api_per_prompt_token_s=float(api["per_prompt_token_s"]),
         api_per_output_token_s=float(api["per_output_token_s"]),
+        api_per_token_s=float(api["per_token_s"]),
+        api_per_chunk_s=float(api["per_chunk_s"]),
+        api_per_engine_step_s=float(api["per_engine_step_s"]),
+        api_loop_per_prompt_token_s=float(api["loop_per_prompt_token_s"]),
+        api_off_loop_per_request_s=float(api["off_loop_per_request_s"]),
+        api_c1_overhead_s=float(api["c1_overhead_s"]),
+        api_c1_overhead_per_prompt_token_s=float(api["c1_overhead_per_prompt_token_s"]),
     )
