@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.experiment.calibrate import (
     DECODE,
     IDLE,
@@ -216,7 +217,7 @@ def test_probing_a_simulated_server_recovers_it(tiny, tmp_path: Path) -> None:
             if err is not None:
                 assert abs(err) < 10, (row["probe"], metric, err)
     assert fitted.network_latency == pytest.approx(LATENCY, rel=0.1)
-    assert fitted.frontend_s_per_request < 2e-4  # the server has no frontend cost: none is found
+    assert fitted.api.per_request_s < 2e-4  # the server has no frontend cost: none is found
 
 
 def test_profile_round_trip_and_engine_arg_override(tiny, tmp_path: Path) -> None:
@@ -294,12 +295,12 @@ def test_the_api_servers_serial_admission_is_fitted_from_the_bursts(tiny, tmp_pa
     truth_hw = get_gpu("cpu").model_copy(update={"bf16_tflops": 0.3, "memory_bandwidth_gbs": 12})
     start = probed(tiny)
     server = Deployment.build(truth_hw, tiny, start.requested, coefficients=CPU_TRUTH, network_latency=LATENCY,
-                              frontend_s_per_request=1e-3)
+                              api=ApiServerCosts(per_request_s=1e-3))
     ticks = itertools.count()
     runs = run_probes(server.sim_target(), probe_plan(start.config), vocab_size=tiny.vocab_size, budget_s=60,
                       directory=tmp_path, run_info={}, clock=lambda: float(next(ticks)))
     _, fitted = fit_runs(runs, start, "test")
-    assert fitted.frontend_s_per_request == pytest.approx(1e-3, rel=0.25)
+    assert fitted.api.per_request_s == pytest.approx(1e-3, rel=0.25)
     assert fitted.network_latency == pytest.approx(LATENCY, rel=0.15)
     burst = next(r for r in simulate_probes(fitted.sim_target(), runs, tiny.vocab_size) if r["probe"] == "decode-b32")
     assert abs(burst["error_pct"]["ttft_p50_ms"]) < 10

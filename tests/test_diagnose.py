@@ -5,6 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.cli import app
 from servelab.diagnose import findings as fk
 from servelab.diagnose.analysis import analyse, diagnose_described, diagnose_run
@@ -153,7 +154,7 @@ def test_frontend_cpu_bound_when_the_api_server_saturates():
     from dataclasses import replace
 
     # 30 ms of API-server CPU per request caps the frontend at ~33 req/s, far below the engine's capacity.
-    d = replace(build_deployment("a100-80gb", "qwen2.5-7b"), frontend_s_per_request=0.03, frontend_s_per_token=1e-5)
+    d = replace(build_deployment("a100-80gb", "qwen2.5-7b"), api=ApiServerCosts(per_request_s=0.03, per_prompt_token_s=1e-5))
     dx = diagnose_described(d, synthetic(100, 50, request_rate=40), with_recommendations=False)
     assert dx.bottleneck == fk.FRONTEND_CPU_BOUND, [(f.kind, round(f.score, 2)) for f in dx.findings]
     assert dx.evidence.ttft_mean_ms > 10 * dx.evidence.server_ttft_mean_ms

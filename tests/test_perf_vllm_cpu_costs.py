@@ -57,10 +57,12 @@ def test_data_file_output_costs_are_consistent_and_scale_with_the_speed_factor()
     costs = measured()
     assert costs.api_per_output_token_s == pytest.approx(costs.api_per_token_s + costs.api_per_chunk_s)
     assert costs.api_per_chunk_s > 0 and costs.api_per_token_s > 0
-    per_step, per_token, per_chunk = costs.frontend_chunked(2.0)
-    assert (per_step, per_token, per_chunk) == pytest.approx(
-        (2 * costs.api_per_engine_step_s, 2 * costs.api_per_token_s, 2 * costs.api_per_chunk_s))
-    assert costs.frontend(2.0)[2] == pytest.approx(per_token + per_chunk)
+    one, two = costs.api_server(1.0), costs.api_server(2.0)
+    assert (two.per_output_step_s, two.per_output_token_s, two.per_chunk_s, two.per_request_s, two.latency_s) == pytest.approx(
+        (2 * costs.api_per_engine_step_s, 2 * costs.api_per_token_s, 2 * costs.api_per_chunk_s,
+         2 * costs.api_per_request_s, 2 * one.latency_s))
+    assert two.per_streamed_token_s == pytest.approx(2 * costs.api_per_output_token_s)
+    assert one.per_prompt_token_s == pytest.approx(costs.api_loop_per_prompt_token_s)  # the loop's share only
 
 
 def test_data_file_concurrency_one_overhead_covers_the_loop_cpu_it_contains():
@@ -71,3 +73,7 @@ def test_data_file_concurrency_one_overhead_covers_the_loop_cpu_it_contains():
                 + c.api_per_token_s + c.api_per_chunk_s)
     assert c.api_c1_overhead_s + c.api_c1_overhead_per_prompt_token_s * prompt > loop_cpu
     assert 0 < c.api_loop_per_prompt_token_s < c.api_per_prompt_token_s
+    # What is left is latency on no serial core: positive, and the same c=1 total once the loop CPU is added back.
+    api = c.api_server(1.0)
+    assert api.latency_s > 0
+    assert api.latency_s + loop_cpu - c.api_loop_per_prompt_token_s * prompt == pytest.approx(c.api_c1_overhead_s)

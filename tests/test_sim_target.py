@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
@@ -180,7 +181,7 @@ def frontend_gap(target, rate, n=300):
 
 def test_a_saturated_frontend_opens_a_gap_between_client_and_engine_ttft():
     # 10 ms + 200 x 50 us to tokenize, 50 us per streamed token: ~48 req/s on one core, below the engine's ~75.
-    frontend = dict(frontend_s_per_request=0.010, frontend_s_per_token=50e-6)
+    frontend = dict(api=ApiServerCosts(per_request_s=0.010, per_prompt_token_s=50e-6, per_output_token_s=50e-6))
     light_gap, _, _ = frontend_gap(SimTarget(CONFIG, 2000, COST, **frontend), rate=10)
     heavy_gap, heavy_engine_ttft, result = frontend_gap(SimTarget(CONFIG, 2000, COST, **frontend), rate=150)
     assert 0.020 <= light_gap < 0.05  # tokenization plus a little streaming work
@@ -194,10 +195,10 @@ def test_a_saturated_frontend_opens_a_gap_between_client_and_engine_ttft():
 def test_zero_frontend_coefficients_change_nothing_and_a_negligible_frontend_almost_nothing():
     plan = LoadPlan(specs(80, rate=20, seed=6), max_concurrency=16)
     base, base_samples, _ = run(SimTarget(CONFIG, 700, COST), plan)
-    zero, zero_samples, _ = run(SimTarget(CONFIG, 700, COST, frontend_s_per_request=0.0, frontend_s_per_token=0.0), plan)
+    zero, zero_samples, _ = run(SimTarget(CONFIG, 700, COST, api=ApiServerCosts()), plan)
     assert [r.to_json() for r in base] == [r.to_json() for r in zero]
     assert [s.values for s in base_samples] == [s.values for s in zero_samples]
-    tiny, _, _ = run(SimTarget(CONFIG, 700, COST, frontend_s_per_request=1e-12, frontend_s_per_token=1e-12), plan)
+    tiny, _, _ = run(SimTarget(CONFIG, 700, COST, api=ApiServerCosts(per_request_s=1e-12, per_prompt_token_s=1e-12, per_output_token_s=1e-12)), plan)
     by_index = {r.index: r for r in tiny}
     for r in base:
         t = by_index[r.index]
@@ -206,8 +207,8 @@ def test_zero_frontend_coefficients_change_nothing_and_a_negligible_frontend_alm
 
 
 def test_frontend_coefficients_cannot_be_negative():
-    with pytest.raises(TargetError, match="frontend"):
-        SimTarget(CONFIG, 700, COST, frontend_s_per_token=-1e-6)
+    with pytest.raises(TargetError, match="API server"):
+        SimTarget(CONFIG, 700, COST, api=ApiServerCosts(per_prompt_token_s=-1e-6))
 
 
 def _chunks(record):
@@ -219,10 +220,10 @@ def _chunks(record):
 def test_a_frontend_that_keeps_up_sends_a_chunk_per_step_and_a_saturated_one_merges_them():
     plan = LoadPlan(specs(32, prompt_len=50, out=64), max_concurrency=32)
     engine_only, _, engine_result = run(SimTarget(CONFIG, 2000, COST), plan)
-    light, _, _ = run(SimTarget(CONFIG, 2000, COST, frontend_s_per_chunk=1e-6), plan)
+    light, _, _ = run(SimTarget(CONFIG, 2000, COST, api=ApiServerCosts(per_chunk_s=1e-6)), plan)
     assert all(_chunks(r) == r.output_tokens for r in light)
     # 32 streams x 2 ms per chunk = 64 ms a round, many steps of this engine: chunks must carry several tokens.
-    heavy, _, heavy_result = run(SimTarget(CONFIG, 2000, COST, frontend_s_per_chunk=2e-3), plan)
+    heavy, _, heavy_result = run(SimTarget(CONFIG, 2000, COST, api=ApiServerCosts(per_chunk_s=2e-3)), plan)
     assert all(r.output_tokens == 64 for r in heavy)
     assert sum(_chunks(r) for r in heavy) < 0.5 * sum(r.output_tokens for r in heavy)
     # Merging keeps the frontend's cost per round, not per token: it delays tokens but cannot hold the engine back,
@@ -240,7 +241,7 @@ def test_a_per_step_output_cost_is_paid_for_every_step_and_can_make_the_frontend
     step = engine_result.duration / steps
     # Receiving a step's outputs costs 3 steps' time: every step is received (no merging of that part), so the one
     # core falls behind and the run lasts about 3x the engine's; the chunks it sends merge the steps it drained.
-    records, _, result = run(SimTarget(CONFIG, 2000, COST, frontend_s_per_output_step=3 * step), plan)
+    records, _, result = run(SimTarget(CONFIG, 2000, COST, api=ApiServerCosts(per_output_step_s=3 * step)), plan)
     assert all(r.output_tokens == 64 for r in records)
     assert sum(_chunks(r) for r in records) < 0.6 * 8 * 64
     assert result.client_stats["frontend_busy_s"] == pytest.approx(3 * step * steps, rel=1e-9)

@@ -115,12 +115,14 @@ def api_server_load(x: Context) -> tuple[float, float, float] | None:
     """(CPU seconds per request on the API server, utilisation of its cores, its ceiling in req/s), or None if unpriced.
 
     The work is the deployment's frontend costs (vLLM's measured ones for a
-    catalogue GPU, or a calibration's) for this workload's mean lengths; the
-    rate is what was offered when known (a burst or a closed loop: achieved).
+    catalogue GPU, or a calibration's) for this workload's mean lengths, one
+    chunk per token as at light load (a saturated server merges chunks and
+    pays less per token); the rate is what was offered when known (a burst
+    or a closed loop: achieved).
     """
     d, e = x.d, x.e
-    per_output = d.frontend_s_per_token if d.frontend_s_per_output_token is None else d.frontend_s_per_output_token
-    work = d.frontend_s_per_request + d.frontend_s_per_token * e.mean_input_tokens + per_output * e.mean_output_tokens
+    a = d.api
+    work = a.per_request_s + a.per_prompt_token_s * e.mean_input_tokens + a.per_streamed_token_s * e.mean_output_tokens
     if work <= 0:
         return None
     servers = d.config.api_server_count

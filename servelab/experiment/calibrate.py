@@ -61,6 +61,7 @@ from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import get_gpu
 from servelab.perf.models import ModelSpec, get_model
+from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.targets.deployment import Deployment
 from servelab.targets.http import HttpTarget
 from servelab.targets.sim import SimTarget
@@ -355,7 +356,7 @@ def deployment_from_profile(profile: CalibrationProfile, engine_args: str = "") 
     return Deployment.build(
         profile.hardware, profile.model(), parsed.config, coefficients=profile.coefficients,
         warnings=tuple(parsed.warnings), network_latency=profile.network_latency_s,
-        performance_mode=parsed.performance_mode, frontend_s_per_request=profile.frontend_s_per_request,
+        performance_mode=parsed.performance_mode, api=ApiServerCosts(per_request_s=profile.frontend_s_per_request),
     )
 
 
@@ -390,7 +391,7 @@ def fit_frontend(runs: list[ProbeRuns], deployment: Deployment) -> Deployment:
         return deployment
 
     def with_frontend(f: float) -> Deployment:
-        return replace(deployment, frontend_s_per_request=f, network_latency=latency - f / 2)
+        return replace(deployment, api=ApiServerCosts(per_request_s=f), network_latency=latency - f / 2)
 
     def loss(f_ms: float) -> float:
         sim = with_frontend(f_ms / 1e3).sim_target()
@@ -468,7 +469,7 @@ def calibrate(
                 "cache_config": {k: cache[k] for k in ("block_size", "kv_cache_memory_bytes", "num_gpu_blocks") if k in cache}},
         hardware=fit.hardware, gpu=hardware.name, model_source=str(model), model_spec=model_spec_dict(spec),
         engine_args=probed_args, engine_config=asdict(probed.config), coefficients=fit.coefficients,
-        network_latency_s=deployment.network_latency, frontend_s_per_request=deployment.frontend_s_per_request,
+        network_latency_s=deployment.network_latency, frontend_s_per_request=deployment.api.per_request_s,
         rates=fit.rates, fit=fit_report(fit),
         simulated_probes=simulate_probes(deployment.sim_target(), runs, spec.vocab_size),
         probes=[r.describe() for r in runs], budget_s=budget_s, elapsed_s=elapsed,

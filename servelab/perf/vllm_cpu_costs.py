@@ -68,16 +68,52 @@ class VllmCpuCosts:
             "prefill_step_overhead_s": f * self.admit_step_s,
         })
 
-    def frontend(self, speed_factor: float | None = None) -> tuple[float, float, float]:
-        """(per request, per prompt token, per output token) seconds of one API-server core, one token a chunk."""
+    def api_server(self, speed_factor: float | None = None) -> ApiServerCosts:
+        """The API server's costs on a host `speed_factor` times as slow as the measuring one."""
         f = self.default_speed_factor if speed_factor is None else speed_factor
-        return f * self.api_per_request_s, f * self.api_per_prompt_token_s, f * self.api_per_output_token_s
+        # The c=1 overhead less the event-loop CPU a 1-token request costs is time on no serial core: thread
+        # hand-offs (tokenizer thread, ZMQ I/O), the engine core's input handling, waking the loop.
+        loop_cpu_one_token = self.api_per_request_s + self.api_per_token_s + self.api_per_chunk_s + self.api_per_engine_step_s
+        return ApiServerCosts(
+            per_request_s=f * self.api_per_request_s,
+            per_prompt_token_s=f * self.api_loop_per_prompt_token_s,
+            per_output_token_s=f * self.api_per_token_s,
+            per_chunk_s=f * self.api_per_chunk_s,
+            per_output_step_s=f * self.api_per_engine_step_s,
+            latency_s=f * max(0.0, self.api_c1_overhead_s - loop_cpu_one_token),
+            latency_per_prompt_token_s=f * max(
+                0.0, self.api_c1_overhead_per_prompt_token_s - self.api_loop_per_prompt_token_s
+            ),
+        )
 
-    def frontend_chunked(self, speed_factor: float | None = None) -> tuple[float, float, float]:
-        """(per engine step, per output token, per SSE chunk) seconds of one API-server core, for a model that
-        charges the output handler per step and merges chunks."""
-        f = self.default_speed_factor if speed_factor is None else speed_factor
-        return f * self.api_per_engine_step_s, f * self.api_per_token_s, f * self.api_per_chunk_s
+
+@dataclass(frozen=True, slots=True)
+class ApiServerCosts:
+    """What one vLLM API server costs a request, in seconds (see SimTarget for where each is charged).
+
+    The first five are CPU time of its event loop, one core, served in time
+    order; the latencies are time a request spends on no serial core (thread
+    hand-offs, ZMQ hops), so they lengthen TTFT without limiting throughput.
+    """
+
+    per_request_s: float = 0.0
+    per_prompt_token_s: float = 0.0
+    per_output_token_s: float = 0.0
+    per_chunk_s: float = 0.0
+    per_output_step_s: float = 0.0
+    latency_s: float = 0.0
+    latency_per_prompt_token_s: float = 0.0
+
+    @property
+    def per_streamed_token_s(self) -> float:
+        """Loop CPU per output token when every token is its own chunk (a light load)."""
+        return self.per_output_token_s + self.per_chunk_s
+
+    @property
+    def any(self) -> bool:
+        return any(v > 0 for v in (self.per_request_s, self.per_prompt_token_s, self.per_output_token_s,
+                                   self.per_chunk_s, self.per_output_step_s, self.latency_s,
+                                   self.latency_per_prompt_token_s))
 
 
 @cache

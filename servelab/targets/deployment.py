@@ -9,7 +9,7 @@ It lives here so that chain exists once, and a what-if is one `with_flags`.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import Hardware, get_gpu
 from servelab.perf.memory import MemoryPlan, plan_memory
 from servelab.perf.models import ModelSpec, get_model
+from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
 from servelab.sim.router import ROUND_ROBIN
 from servelab.targets.sim import SimTarget
@@ -61,11 +62,8 @@ class Deployment:
     router: str = ROUND_ROBIN
     network_latency: float = 0.0
     performance_mode: str = "balanced"
-    frontend_s_per_request: float = 0.0
-    frontend_s_per_token: float = 0.0
-    """The API server's CPU cost (see SimTarget); 0 = an infinitely fast frontend."""
-    frontend_s_per_output_token: float | None = None
-    """Per output token (detokenize, SSE) when it differs from the per prompt token cost; None = the same."""
+    api: ApiServerCosts = field(default_factory=ApiServerCosts)
+    """The API server's costs (see SimTarget); all 0 = an infinitely fast frontend."""
     cpu_costs_source: str = "none"
     """Where the CPU-side costs come from: "measured" (vLLM CPU build, scaled), "given" (calibration, caller) or "none"."""
 
@@ -81,18 +79,17 @@ class Deployment:
         router: str = ROUND_ROBIN,
         network_latency: float = 0.0,
         performance_mode: str = "balanced",
-        frontend_s_per_request: float | None = None,
-        frontend_s_per_token: float | None = None,
-        frontend_s_per_output_token: float | None = None,
+        api: ApiServerCosts | None = None,
         cpu_speed_factor: float | None = None,
     ) -> Deployment:
         """Resolve and plan; CPU-side costs not given are vLLM's measured ones on a catalogue GPU.
 
         For a GPU from the catalogue (or a GPU file) without fitted coefficients,
-        the engine core's per-step CPU terms and the API server's costs default
-        to data/vllm_cpu_costs.yaml x `cpu_speed_factor` (None: the file's
-        default). With `coefficients` (a calibration profile) or on `--gpu cpu`
-        (whose costs `calibrate` fits) nothing is filled in: what is not given is 0.
+        the engine core's per-step CPU terms and the API server's costs (`api`,
+        unless given) default to data/vllm_cpu_costs.yaml x `cpu_speed_factor`
+        (None: the file's default). With `coefficients` (a calibration profile)
+        or on `--gpu cpu` (whose costs `calibrate` fits) nothing is filled in:
+        what is not given is 0.
         """
         config = resolve(requested, hardware, model, performance_mode=performance_mode)
         fill = coefficients is None and hardware.vendor != "cpu"
@@ -100,15 +97,12 @@ class Deployment:
         if fill:
             costs = measured_cpu_costs()
             coefficients = costs.coefficients(CostCoefficients(), cpu_speed_factor)
-            per_request, per_prompt_token, per_output_token = costs.frontend(cpu_speed_factor)
-            if frontend_s_per_request is None and frontend_s_per_token is None:
-                frontend_s_per_request, frontend_s_per_token = per_request, per_prompt_token
-                frontend_s_per_output_token = per_output_token if frontend_s_per_output_token is None else frontend_s_per_output_token
+            api = costs.api_server(cpu_speed_factor) if api is None else api
             source = "measured"
         return cls(
             hardware, model, requested, config, plan_memory(hardware, model, config),
             coefficients or CostCoefficients(), warnings, router, network_latency, performance_mode,
-            frontend_s_per_request or 0.0, frontend_s_per_token or 0.0, frontend_s_per_output_token, source,
+            api or ApiServerCosts(), source,
         )
 
     def cost_model(self) -> RooflineCostModel:
@@ -118,8 +112,7 @@ class Deployment:
         return SimTarget(
             self.config, self.memory.num_blocks, self.cost_model(), router=self.router,
             scrape_interval=scrape_interval, network_latency=self.network_latency,
-            frontend_s_per_request=self.frontend_s_per_request, frontend_s_per_token=self.frontend_s_per_token,
-            frontend_s_per_output_token=self.frontend_s_per_output_token, cpu_costs=self.coefficients,
+            api=self.api, cpu_costs=self.coefficients,
         )
 
     def rebuilt(
@@ -129,8 +122,7 @@ class Deployment:
         rebuilt = Deployment.build(
             hardware or self.hardware, model or self.model, self.requested.with_(**changes),
             coefficients=self.coefficients, router=self.router, network_latency=self.network_latency,
-            performance_mode=self.performance_mode, frontend_s_per_request=self.frontend_s_per_request,
-            frontend_s_per_token=self.frontend_s_per_token, frontend_s_per_output_token=self.frontend_s_per_output_token,
+            performance_mode=self.performance_mode, api=self.api,
         )
         return replace(rebuilt, cpu_costs_source=self.cpu_costs_source)
 
@@ -161,10 +153,7 @@ class Deployment:
             "kv_cache_gib": self.memory.kv_cache_bytes / 2**30,
             "coefficients": self.coefficients.model_dump(),
             "cpu_costs_source": self.cpu_costs_source,
-            "frontend": {
-                "s_per_request": self.frontend_s_per_request, "s_per_prompt_token": self.frontend_s_per_token,
-                "s_per_output_token": self.frontend_s_per_output_token, "api_server_count": self.config.api_server_count,
-            },
+            "frontend": {**asdict(self.api), "api_server_count": self.config.api_server_count},
             "warnings": list(self.warnings),
         }
 

@@ -20,7 +20,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from servelab.metrics.records import ERROR, OK, RecordSink, RequestRecord
 from servelab.metrics.timeline import TimelineSample
 from servelab.perf.cost_model import CostCoefficients, CostModel
 from servelab.perf.engine_config import EngineConfig
+from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.sim.engine import RequestRejected, SimEngine
 from servelab.sim.request import SimRequest
 from servelab.sim.router import ROUND_ROBIN, Router
@@ -46,24 +47,24 @@ class SimTarget:
     `network_latency` is a one-way client<->server delay in seconds added to
     every request and token; 0 by default.
 
-    `frontend_s_per_request` / `frontend_s_per_token` model vLLM's API-server
-    process, which tokenizes prompts and detokenizes and streams outputs on one
-    CPU core: a server in front of the engines. A request reaches an engine
-    only after the frontend has spent per_request + per_token x prompt_len on
-    it. Outputs leave it in rounds, as vLLM's AsyncLLM hands them on: its
-    output handler drains every engine step that arrived since its last turn
-    (`frontend_s_per_output_step` per step: receive and decode the step's
-    outputs, record its stats; `frontend_s_per_output_token` per token:
-    detokenization and bookkeeping, None: per_token), and then each request with new tokens sends one SSE
-    chunk (`frontend_s_per_chunk`), which carries all of them, because
-    RequestOutputCollector merges the outputs a request's stream has not
-    taken yet. A frontend that keeps up sends a chunk per step; a saturated
-    one sends fewer, fuller chunks, so its per-token cost falls as its load
-    rises, as on a real server. Requests queue before the engine (the
-    engine's own TTFT, measured from its arrival, stays low while the
-    client's grows) and tokens queue after it. All 0 (default): no frontend.
-    The decode fast-forward is off while the frontend is modelled, so that
-    its rounds see every step's tokens in time order.
+    `api` (ApiServerCosts) models vLLM's API-server process, whose event loop
+    tokenizes prompts and detokenizes and streams outputs on one CPU core: a
+    server in front of the engines. A request reaches an engine only after
+    the loop has spent per_request + per_prompt_token x prompt_len on it, and
+    then `latency` (+ per prompt token) on no serial core (thread hand-offs,
+    ZMQ hops). Outputs leave it in rounds, as vLLM's AsyncLLM hands them on:
+    its output handler receives every engine step that arrived since its last
+    turn (`per_output_step` each, `per_output_token` per token: detokenization
+    and bookkeeping), and then each request with new tokens sends one SSE
+    chunk (`per_chunk`), which carries all of them, because
+    RequestOutputCollector merges the outputs a request's stream has not taken
+    yet. A frontend that keeps up sends a chunk per step; a saturated one
+    sends fewer, fuller chunks, so its cost per token falls as its load rises,
+    as on a real server. Requests queue before the engine (the engine's own
+    TTFT, measured from its arrival, stays low while the client's grows) and
+    tokens queue after it. All 0 (default): no frontend. The decode
+    fast-forward is off while the frontend is modelled, so that its rounds
+    see every step's tokens in time order.
 
     `config.api_server_count` N > 1 (vLLM's default: one per data-parallel
     engine) runs N such servers, one core each, as `--api-server-count` does (the processes share the listening
@@ -83,20 +84,16 @@ class SimTarget:
         scrape_interval: float = 1.0,
         network_latency: float = 0.0,
         max_model_len: int | None = None,
-        frontend_s_per_request: float = 0.0,
-        frontend_s_per_token: float = 0.0,
-        frontend_s_per_output_token: float | None = None,
-        frontend_s_per_chunk: float = 0.0,
-        frontend_s_per_output_step: float = 0.0,
+        api: ApiServerCosts | None = None,
         cpu_costs: CostCoefficients | None = None,
     ) -> None:
         if scrape_interval <= 0:
             raise TargetError("scrape_interval must be positive")
         if network_latency < 0:
             raise TargetError("network_latency cannot be negative")
-        if min(frontend_s_per_request, frontend_s_per_token, frontend_s_per_output_token or 0.0, frontend_s_per_chunk,
-               frontend_s_per_output_step) < 0:
-            raise TargetError("frontend coefficients cannot be negative")
+        self.api = api if api is not None else ApiServerCosts()
+        if min(asdict(self.api).values()) < 0:
+            raise TargetError("API server costs cannot be negative")
         self.api_servers = config.api_server_count or config.data_parallel_size
         if self.api_servers < 1 or config.stream_interval < 1:
             raise TargetError("api_server_count and stream_interval must be at least 1")
@@ -109,13 +106,6 @@ class SimTarget:
         self.scrape_interval = scrape_interval
         self.network_latency = network_latency
         self.max_model_len = max_model_len
-        self.frontend_s_per_request = frontend_s_per_request
-        self.frontend_s_per_token = frontend_s_per_token
-        self.frontend_s_per_output_token = (
-            frontend_s_per_token if frontend_s_per_output_token is None else frontend_s_per_output_token
-        )
-        self.frontend_s_per_chunk = frontend_s_per_chunk
-        self.frontend_s_per_output_step = frontend_s_per_output_step
         self.cpu_costs = cpu_costs if cpu_costs is not None else getattr(cost_model, "coefficients", None)
         """The engine core's CPU share of each step, which async scheduling overlaps with the GPU."""
         self.last_engines: list[SimEngine] = []
@@ -128,11 +118,7 @@ class SimTarget:
 
     @property
     def has_frontend(self) -> bool:
-        return (
-            self.frontend_s_per_request > 0 or self.frontend_s_per_token > 0
-            or self.frontend_s_per_output_token > 0 or self.frontend_s_per_chunk > 0
-            or self.frontend_s_per_output_step > 0
-        )
+        return self.api.any
 
     def make_engine(self) -> SimEngine:
         return SimEngine(
@@ -159,11 +145,7 @@ class SimTarget:
             "cost_source": getattr(self.cost_model, "cost_source", type(self.cost_model).__name__),
             "router": self.router,
             "network_latency": self.network_latency,
-            "frontend_s_per_request": self.frontend_s_per_request,
-            "frontend_s_per_token": self.frontend_s_per_token,
-            "frontend_s_per_output_token": self.frontend_s_per_output_token,
-            "frontend_s_per_chunk": self.frontend_s_per_chunk,
-            "frontend_s_per_output_step": self.frontend_s_per_output_step,
+            "api_server": asdict(self.api),
             "api_server_count": self.api_servers,
             "async_scheduling": bool(self.config.async_scheduling),
             # Wall-clock facts live here, in run.json, so that summary.json is the same on every run of a seed.
@@ -198,11 +180,11 @@ class _Simulation:
         self.on_sample = on_sample
         self.latency = target.network_latency
         self.frontend = target.has_frontend
-        self.fe_request, self.fe_token = target.frontend_s_per_request, target.frontend_s_per_token
+        api = target.api
+        self.fe_request, self.fe_token = api.per_request_s, api.per_prompt_token_s
+        self.fe_latency, self.fe_latency_token = api.latency_s, api.latency_per_prompt_token_s
         servers = target.api_servers
-        self.fe_output = target.frontend_s_per_output_token
-        self.fe_chunk = target.frontend_s_per_chunk
-        self.fe_step = target.frontend_s_per_output_step
+        self.fe_output, self.fe_chunk, self.fe_step = api.per_output_token_s, api.per_chunk_s, api.per_output_step_s
         self.servers = servers
         self.frontend_free_at = [0.0] * servers
         self.frontend_busy = 0.0
@@ -343,6 +325,7 @@ class _Simulation:
             self.next_server = (server + 1) % len(self.frontend_free_at)
             self.server_of[spec.index] = server
             done = self._frontend(now, self.fe_request + self.fe_token * spec.prompt_len, server)
+            done += self.fe_latency + self.fe_latency_token * spec.prompt_len
             self._push(done, _CLIENT, lambda t, s=spec: self._admit(s, t))
         else:
             self._admit(spec, now)
