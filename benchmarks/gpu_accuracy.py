@@ -1,7 +1,8 @@
 """The simulator against published real-GPU vLLM runs (servelab/perf/data/published.yaml).
 
 Each run is replayed the way a user would replay it with `servelab simulate`:
-the same `--gpu/--model/--engine-args` (vLLM's defaults for everything the
+the same `--gpu/--model/--engine-args` (plus `--no-async-scheduling` for
+engines older than 0.14, which ran the synchronous loop by default; vLLM's defaults for everything the
 source leaves at default, the default cost model, no calibration) and the
 same workload flags through the same library path (`build_plan` ->
 `Deployment.sim_target().run` -> `summarize`):
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -126,8 +128,27 @@ class Replay:
         return float(predicted) / measured - 1
 
 
+ASYNC_SCHEDULING_DEFAULT_SINCE = (0, 14)
+"""vLLM turned async scheduling on by default in PR #27614 (first released in v0.14.0, January 2026)."""
+
+
+def version_defaults(version: str) -> str:
+    """Flags that give the source's vLLM version's defaults where they differ from the simulator's (0.32's).
+
+    Older engines ran the synchronous loop unless told otherwise; a version
+    the source does not state keeps the simulator's defaults.
+    """
+    found = re.search(r"(\d+)\.(\d+)", version)
+    if found is None or "main" in version:
+        older = "main" in version  # vLLM PR #18566's "main, May 2025" is ~0.9
+    else:
+        older = (int(found[1]), int(found[2])) < ASYNC_SCHEDULING_DEFAULT_SINCE
+    return "--no-async-scheduling" if older else ""
+
+
 def replay(entry: dict[str, Any], published: dict[str, Any], max_prompts: int | None = None) -> Replay:
-    deployment = build_deployment(entry["gpu"], entry["model"], entry.get("engine_args") or "")
+    engine_args = f"{entry.get('engine_args') or ''} {version_defaults(str(entry.get('vllm_version', '')))}".strip()
+    deployment = build_deployment(entry["gpu"], entry["model"], engine_args)
     plan = _plan(entry, published, deployment.model.vocab_size, max_prompts)
     start = time.perf_counter()
     sink = MemorySink()
