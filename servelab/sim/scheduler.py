@@ -96,26 +96,19 @@ class Scheduler:
         self.num_preemptions = 0
         self.preempted_this_step = False
         cap = self.max_num_seqs
-        # Running queue, in vLLM's order: one row per running request.
+        # Running queue, in vLLM's order: one row per running request. The per-request counters are the rows of
+        # one matrix, so that removing finished or preempted requests moves all of them in one copy.
         self.reqs: list[SimRequest] = []
-        self.computed = np.zeros(cap, dtype=np.int64)
-        self.tokens = np.zeros(cap, dtype=np.int64)
-        self.held = np.zeros(cap, dtype=np.int64)
-        self.cached = np.zeros(cap, dtype=np.int64)
-        self.limit = np.zeros(cap, dtype=np.int64)
-        """prompt_len + max_tokens: the request finishes when num_tokens reaches it (ignore_eos)."""
-        self.run_start = np.zeros(cap, dtype=np.int64)
-        self.last_emit = np.zeros(cap, dtype=np.int64)
-        self.scheduled = np.zeros(cap, dtype=np.int64)
-        """Tokens scheduled for each running request in the current step."""
+        self._rows = np.zeros((8, cap), dtype=np.int64)
+        self.computed, self.tokens, self.held, self.cached, self.limit, self.run_start, self.last_emit, self.scheduled = (
+            self._rows
+        )
+        """limit: prompt_len + max_tokens, the request finishes when num_tokens reaches it (ignore_eos);
+        scheduled: tokens scheduled for each running request in the current step."""
         self._pending_blocks: list[int] = []
         self._pending_hashes: list[int] = []
         self._pending_private_blocks: list[int] = []
         self._pending_private_hashes: list[int] = []
-        self._arrays = (
-            self.computed, self.tokens, self.held, self.cached, self.limit,
-            self.run_start, self.last_emit, self.scheduled,
-        )
 
     @property
     def num_running(self) -> int:
@@ -140,25 +133,36 @@ class Scheduler:
         threshold = self.long_prefill_threshold if n + len(self.waiting) > 1 else 0
         preempted = False
         start = 0
+        bs = self.block_size
         while start < len(self.reqs) and budget > 0:
             end = len(self.reqs)
-            want = self.tokens[start:end] - self.computed[start:end]
+            computed = self.computed[start:end]
+            want = self.tokens[start:end] - computed
             if threshold > 0:
                 np.minimum(want, threshold, out=want)
-            granted = np.minimum(np.cumsum(want), budget)
-            granted[1:] -= granted[:-1].copy()
-            need = -((self.computed[start:end] + granted) // -self.block_size) - self.held[start:end]
-            need[granted == 0] = 0
-            np.maximum(need, 0, out=need)
-            cum_need = np.cumsum(need)
+            cum_want = np.cumsum(want)
+            if cum_want[-1] <= budget:  # everyone gets what it asks (the usual step)
+                granted, used = want, int(cum_want[-1])
+            else:
+                granted = np.minimum(cum_want, budget)
+                granted[1:] -= granted[:-1].copy()
+                used = budget
+            # Blocks held always equal ceil(computed / block_size), so this is >= 0, and 0 where nothing is granted.
+            need = computed + granted
+            need += bs - 1
+            need //= bs
+            need -= self.held[start:end]
+            total_need = int(np.add.reduce(need))
             free = self.pool.num_free
-            if cum_need[-1] <= free:
-                self._commit(start, end, granted, need)
-                budget -= int(granted.sum())
+            if total_need <= free:
+                self._commit(start, end, granted, need, total_need)
+                budget -= used
                 break
+            cum_need = np.cumsum(need)
             fits = int(np.searchsorted(cum_need, free, side="right"))
-            self._commit(start, start + fits, granted[:fits], need[:fits])
-            budget -= int(granted[:fits].sum())
+            if fits:
+                self._commit(start, start + fits, granted[:fits], need[:fits], int(cum_need[fits - 1]))
+                budget -= min(int(cum_want[fits - 1]), budget)
             current = start + fits
             victim = self._victim()
             restored = int(self.scheduled[victim])
@@ -183,24 +187,44 @@ class Scheduler:
             return max(range(len(reqs)), key=lambda i: (reqs[i].priority, reqs[i].arrival_time, reqs[i].uid))
         return len(self.reqs) - 1
 
-    def _commit(self, start: int, end: int, granted: np.ndarray, need: np.ndarray) -> None:
-        if end <= start:
-            return
+    def _commit(self, start: int, end: int, granted: np.ndarray, need: np.ndarray, total_need: int) -> None:
+        """Apply the grant of rows start..end: advance computed tokens, hand out `need` new blocks, cache full ones."""
         self.scheduled[start:end] = granted
-        self.computed[start:end] += granted
-        if need.any():
-            new = self.pool.allocate(int(need.sum()))
-            offset = 0
-            for i in np.flatnonzero(need).tolist():
-                k = int(need[i])
-                self.reqs[start + i].blocks.extend(new[offset : offset + k])
-                offset += k
+        computed = self.computed[start:end]
+        computed += granted
+        reqs = self.reqs
+        if total_need:
+            new = self.pool.allocate(total_need)
+            rows = need.nonzero()[0].tolist()
+            if len(rows) == total_need:  # one block each: decodes crossing a block boundary
+                for i, block in zip(rows, new):
+                    reqs[start + i].blocks.append(block)
+            else:
+                offset = 0
+                for i, k in zip(rows, need[rows].tolist()):
+                    reqs[start + i].blocks.extend(new[offset : offset + k])
+                    offset += k
             self.held[start:end] += need
         if self.caching:
-            full = self.computed[start:end] // self.block_size
-            for i in np.flatnonzero(full > self.cached[start:end]).tolist():
-                self._cache_blocks(self.reqs[start + i], int(self.cached[start + i]), int(full[i]))
-                self.cached[start + i] = full[i]
+            full = computed // self.block_size
+            cached = self.cached[start:end]
+            rows = (full > cached).nonzero()[0]
+            if len(rows):
+                self._cache_rows(start, rows.tolist(), cached[rows].tolist(), full[rows].tolist())
+                cached[:] = full  # the others already have every full block cached
+
+    def _cache_rows(self, start: int, rows: list[int], have: list[int], full: list[int]) -> None:
+        """`_cache_blocks` for several running rows; the usual case, generated-token blocks only, inline."""
+        bs = self.block_size
+        reqs = self.reqs
+        private_blocks, private_hashes = self._pending_private_blocks, self._pending_private_hashes
+        for i, h, f in zip(rows, have, full):
+            req = reqs[start + i]
+            if h < req.findable_blocks(bs):
+                self._cache_blocks(req, h, f)
+            else:
+                private_blocks.extend(req.blocks[h:f])
+                private_hashes.extend(output_block_hashes(req.uid, h, f))
 
     def _cache_blocks(self, req: SimRequest, have: int, full: int) -> None:
         """Queue newly full blocks for the prefix cache; `_flush_cache` registers them before any lookup.
@@ -305,8 +329,7 @@ class Scheduler:
         req.preemptions += 1
         self.num_preemptions += 1
         n = len(self.reqs)
-        for arr in self._arrays:
-            arr[i : n - 1] = arr[i + 1 : n]
+        self._rows[:, i : n - 1] = self._rows[:, i + 1 : n]
         del self.reqs[i]
         self.waiting.prepend(req)
 
@@ -380,32 +403,40 @@ class Scheduler:
         n = len(self.reqs)
         if n == 0:
             return 0, [], []
-        sampled = (self.scheduled[:n] > 0) & (self.computed[:n] >= self.tokens[:n])
-        self.tokens[:n] += sampled
-        restarted = np.flatnonzero(sampled & (self.last_emit[:n] != step - 1))
+        tokens, last_emit = self.tokens[:n], self.last_emit[:n]
+        sampled = self.scheduled[:n] > 0
+        sampled &= self.computed[:n] >= tokens
+        tokens += sampled
+        restarted = (sampled & (last_emit != step - 1)).nonzero()[0]
         first: list[SimRequest] = []
         for i in restarted.tolist():
             req = self.reqs[i]
             if self.run_start[i] >= 0:
-                req.runs.append((int(self.run_start[i]), int(self.last_emit[i])))
+                req.runs.append((int(self.run_start[i]), int(last_emit[i])))
             self.run_start[i] = step
             if req.first_token_step is None:
                 req.first_token_step = step
                 first.append(req)
-        self.last_emit[:n][sampled] = step
-        done = sampled & (self.tokens[:n] >= self.limit[:n])
+        np.copyto(last_emit, step, where=sampled)
+        # Only a request that just sampled can reach its limit: the others were removed when they did.
+        done = (tokens >= self.limit[:n]).nonzero()[0].tolist()
         finished: list[SimRequest] = []
-        if done.any():
-            for i in np.flatnonzero(done).tolist():
+        if done:
+            for i in done:
                 req = self._save(i)
                 self.pool.free(req.blocks[::-1])
                 req.blocks = []
                 req.status = FINISHED
                 req.finish_step = step
                 finished.append(req)
-            keep = ~done
-            k = int(keep.sum())
-            for arr in self._arrays:
-                arr[:k] = arr[:n][keep]
-            self.reqs = list(compress(self.reqs, keep.tolist()))
-        return int(sampled.sum()), first, finished
+            rows = self._rows
+            if len(done) == 1:
+                i = done[0]
+                rows[:, i : n - 1] = rows[:, i + 1 : n]
+                del self.reqs[i]
+            else:
+                keep = np.ones(n, dtype=bool)
+                keep[done] = False
+                rows[:, : n - len(done)] = rows[:, :n][:, keep]
+                self.reqs = list(compress(self.reqs, keep.tolist()))
+        return int(np.count_nonzero(sampled)), first, finished
