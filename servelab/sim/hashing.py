@@ -20,15 +20,17 @@ _TOKEN_WEIGHTS = _rng.integers(1, 2**63, size=_MAX_BLOCK_SIZE, dtype=np.uint64) 
 _BLOCK_WEIGHT = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: spreads the linear sum over all 64 bits."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M2
-    return x ^ (x >> np.uint64(31))
+    """splitmix64 finaliser, in place: spreads the linear sum over all 64 bits (array arithmetic wraps silently)."""
+    x ^= x >> _S30
+    x *= _M1
+    x ^= x >> _S27
+    x *= _M2
+    x ^= x >> _S31
+    return x
 
 
 _position_weights = np.zeros(0, dtype=np.uint64)
@@ -53,10 +55,10 @@ def prompt_block_hashes(prompt_ids: Sequence[int] | np.ndarray, block_size: int)
     if num_blocks == 0:
         return []
     tokens = ids[: num_blocks * block_size].astype(np.uint64).reshape(num_blocks, block_size)
-    with np.errstate(over="ignore"):
-        content = (tokens @ _TOKEN_WEIGHTS[:block_size]) + _BLOCK_WEIGHT
-        prefix = np.cumsum(content * _weights_for(num_blocks), dtype=np.uint64)
-        hashes = _mix(prefix).view(np.int64)
+    prefix = tokens @ _TOKEN_WEIGHTS[:block_size]
+    prefix += _BLOCK_WEIGHT
+    prefix *= _weights_for(num_blocks)
+    hashes = _mix(np.cumsum(prefix, out=prefix)).view(np.int64)
     hashes[hashes == 0] = 1
     return hashes.tolist()
 
