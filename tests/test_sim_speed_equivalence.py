@@ -91,7 +91,8 @@ SCENARIOS: dict[str, Scenario] = {
     # Priority preemption, async, without the full-prompt gate, through the StepBatch path.
     "preempt_async_priority": Scenario(
         "h100-sxm", "llama-3.1-8b",
-        "--num-gpu-blocks-override 500 --max-model-len 4096 --scheduling-policy priority --no-scheduler-reserve-full-isl",
+        "--num-gpu-blocks-override 500 --max-model-len 4096 --scheduling-policy priority "
+        "--no-scheduler-reserve-full-isl",
         WorkloadConfig(input_len=500, output_len=250, range_ratio=0.9, seed=11), ArrivalConfig(request_rate=30.0),
         300, priorities=True, batch_only_cost=True,
     ),

@@ -22,19 +22,23 @@ boundary, finish, or start/stop emitting.
 from __future__ import annotations
 
 import heapq
-from itertools import compress
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import compress, islice
 
 import numpy as np
 
 from servelab.perf.engine_config import EngineConfig
 from servelab.sim.block_pool import BlockPool
 from servelab.sim.hashing import output_block_hashes
-from servelab.sim.request import FINISHED, PREEMPTED, RUNNING, SimRequest
+from servelab.sim.request import FINISHED, PREEMPTED, RUNNING, SimRequest, hash_ahead
 
 FCFS = "fcfs"
 PRIORITY = "priority"
+_HASH_AHEAD = 64
+"""Waiting requests whose prompt hashes are computed together (one numpy pass costs about what two prompts
+alone would)."""
 
 
 @dataclass(slots=True)
@@ -71,6 +75,12 @@ class _WaitingQueue:
     def peek(self) -> SimRequest:
         return self._heap[0][3] if self.priority else self._fifo[0]
 
+    def first(self, k: int) -> Iterator[SimRequest]:
+        """Up to k waiting requests, the next to go first (FCFS); some k of them under priority (the heap's order)."""
+        if self.priority:
+            return (entry[3] for entry in self._heap[:k])
+        return islice(self._fifo, k)
+
     def pop(self) -> SimRequest:
         return heapq.heappop(self._heap)[3] if self.priority else self._fifo.popleft()
 
@@ -100,9 +110,8 @@ class Scheduler:
         # one matrix, so that removing finished or preempted requests moves all of them in one copy.
         self.reqs: list[SimRequest] = []
         self._rows = np.zeros((8, cap), dtype=np.int64)
-        self.computed, self.tokens, self.held, self.cached, self.limit, self.run_start, self.last_emit, self.scheduled = (
-            self._rows
-        )
+        (self.computed, self.tokens, self.held, self.cached, self.limit, self.run_start, self.last_emit,
+         self.scheduled) = self._rows
         """limit: prompt_len + max_tokens, the request finishes when num_tokens reaches it (ignore_eos);
         scheduled: tokens scheduled for each running request in the current step."""
         self._pending_blocks: list[int] = []
@@ -260,6 +269,8 @@ class Scheduler:
             if self.caching:
                 self._flush_cache()
                 max_hit_blocks = (req.num_tokens - 1) // bs  # the last token is always recomputed for its logits
+                if req.block_hashes is None:  # hash the queue's head in one go: they all need it soon
+                    hash_ahead(self.waiting.first(_HASH_AHEAD), bs)
                 hits = pool.lookup(req.hashes(bs, max_hit_blocks), max_hit_blocks)
             hit_tokens = len(hits) * bs
             new_tokens = req.num_tokens - hit_tokens
