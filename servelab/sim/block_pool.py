@@ -81,8 +81,16 @@ class BlockPool:
         return out
 
     def _pop_cached(self, n: int) -> np.ndarray:
-        taken: list[np.ndarray] = []
         ring, ring_pos, positions = self._ring, self._ring_pos, self._positions
+        head, end = self._head, self._head + n
+        if end <= self._tail:  # the usual case: the next n entries are all live (no prefix hit took one out)
+            window = ring[head:end]
+            if not np.count_nonzero(ring_pos[window] != positions[head:end]):
+                ring_pos[window] = -1
+                self._head = end
+                self._num_cached_free -= n
+                return window
+        taken: list[np.ndarray] = []
         while n:
             head = self._head
             end = min(self._tail, head + max(2 * n, 256))
@@ -169,7 +177,7 @@ class BlockPool:
             self._num_cached_free -= len(idle)
         self.ref_cnt[ids] += 1
 
-    def cache(self, blocks: Sequence[int], hashes: Sequence[int], findable: bool = True) -> None:
+    def cache(self, blocks: Sequence[int], hashes: Sequence[int] | np.ndarray, findable: bool = True) -> None:
         """Mark newly full blocks as cached under their hashes (duplicates of a cached hash are kept, as in vLLM).
 
         `findable=False` skips the hash index: for blocks only their owner could

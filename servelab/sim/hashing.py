@@ -99,3 +99,8 @@ def output_block_hashes(request_uid: int, start: int, stop: int) -> range:
     """
     base = -(request_uid << 24) - 2
     return range(base - start, base - stop, -1)
+
+
+def output_block_hash_array(request_uids: np.ndarray, block_indices: np.ndarray) -> np.ndarray:
+    """`output_block_hashes` element-wise: the hash of block `block_indices[i]` of request `request_uids[i]`."""
+    return -(request_uids << 24) - 2 - block_indices

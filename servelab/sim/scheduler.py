@@ -31,7 +31,7 @@ import numpy as np
 
 from servelab.perf.engine_config import EngineConfig
 from servelab.sim.block_pool import BlockPool
-from servelab.sim.hashing import output_block_hashes
+from servelab.sim.hashing import output_block_hash_array, output_block_hashes
 from servelab.sim.request import FINISHED, PREEMPTED, RUNNING, SimRequest, hash_ahead
 
 FCFS = "fcfs"
@@ -117,7 +117,10 @@ class Scheduler:
         self._pending_blocks: list[int] = []
         self._pending_hashes: list[int] = []
         self._pending_private_blocks: list[int] = []
-        self._pending_private_hashes: list[int] = []
+        self._pending_private_owners: list[int] = []
+        self._pending_private_positions: list[int] = []
+        """Generated-token blocks to cache, with their request's uid and their index in it: the hashes
+        (`output_block_hash_array`) are computed for all of them at once when they are flushed."""
 
     @property
     def num_running(self) -> int:
@@ -223,17 +226,20 @@ class Scheduler:
                 cached[:] = full  # the others already have every full block cached
 
     def _cache_rows(self, start: int, rows: list[int], have: list[int], full: list[int]) -> None:
-        """`_cache_blocks` for several running rows; the usual case, generated-token blocks only, inline."""
+        """`_cache_blocks` for several running rows; the usual case, one generated-token block, inline."""
         bs = self.block_size
         reqs = self.reqs
-        private_blocks, private_hashes = self._pending_private_blocks, self._pending_private_hashes
+        blocks, owners, positions = (
+            self._pending_private_blocks, self._pending_private_owners, self._pending_private_positions
+        )
         for i, h, f in zip(rows, have, full):
             req = reqs[start + i]
-            if h < req.findable_blocks(bs):
+            if f - h != 1 or h < req.findable_blocks(bs):
                 self._cache_blocks(req, h, f)
             else:
-                private_blocks.extend(req.blocks[h:f])
-                private_hashes.extend(output_block_hashes(req.uid, h, f))
+                blocks.append(req.blocks[h])
+                owners.append(req.uid)
+                positions.append(h)
 
     def _cache_blocks(self, req: SimRequest, have: int, full: int) -> None:
         """Queue newly full blocks for the prefix cache; `_flush_cache` registers them before any lookup.
@@ -250,15 +256,20 @@ class Scheduler:
             have = upto
         if full > have:
             self._pending_private_blocks.extend(req.blocks[have:full])
-            self._pending_private_hashes.extend(output_block_hashes(req.uid, have, full))
+            self._pending_private_owners.extend([req.uid] * (full - have))
+            self._pending_private_positions.extend(range(have, full))
 
     def _flush_cache(self) -> None:
         if self._pending_blocks:
             self.pool.cache(self._pending_blocks, self._pending_hashes)
             self._pending_blocks, self._pending_hashes = [], []
         if self._pending_private_blocks:
-            self.pool.cache(self._pending_private_blocks, self._pending_private_hashes, findable=False)
-            self._pending_private_blocks, self._pending_private_hashes = [], []
+            hashes = output_block_hash_array(
+                np.array(self._pending_private_owners, dtype=np.int64),
+                np.array(self._pending_private_positions, dtype=np.int64),
+            )
+            self.pool.cache(self._pending_private_blocks, hashes, findable=False)
+            self._pending_private_blocks, self._pending_private_owners, self._pending_private_positions = [], [], []
 
     def _admit_waiting(self, budget: int, threshold: int, now: float) -> int:
         bs = self.block_size
