@@ -152,11 +152,11 @@ class Scheduler:
             want = self.tokens[start:end] - computed
             if threshold > 0:
                 np.minimum(want, threshold, out=want)
-            cum_want = np.cumsum(want)
-            if cum_want[-1] <= budget:  # everyone gets what it asks (the usual step)
-                granted, used = want, int(cum_want[-1])
+            total_want = int(np.add.reduce(want))
+            if total_want <= budget:  # everyone gets what it asks (the usual step)
+                granted, used = want, total_want
             else:
-                granted = np.minimum(cum_want, budget)
+                granted = np.minimum(np.cumsum(want), budget)
                 granted[1:] -= granted[:-1].copy()
                 used = budget
             # Blocks held always equal ceil(computed / block_size), so this is >= 0, and 0 where nothing is granted.
@@ -174,7 +174,7 @@ class Scheduler:
             fits = int(np.searchsorted(cum_need, free, side="right"))
             if fits:
                 self._commit(start, start + fits, granted[:fits], need[:fits], int(cum_need[fits - 1]))
-                budget -= min(int(cum_want[fits - 1]), budget)
+                budget -= int(np.add.reduce(granted[:fits]))
             current = start + fits
             victim = self._victim()
             restored = int(self.scheduled[victim])
@@ -426,8 +426,8 @@ class Scheduler:
         if n == 0:
             return 0, [], []
         tokens, last_emit = self.tokens[:n], self.last_emit[:n]
-        sampled = self.scheduled[:n] > 0
-        sampled &= self.computed[:n] >= tokens
+        # A row whose tokens are all computed was scheduled this step (after sampling it is one token behind).
+        sampled = self.computed[:n] >= tokens
         tokens += sampled
         restarted = (sampled & (last_emit != step - 1)).nonzero()[0]
         first: list[SimRequest] = []
