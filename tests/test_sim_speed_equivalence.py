@@ -3,7 +3,7 @@
 Each scenario runs a few hundred requests through `SimTarget` and hashes, in
 order, every record's JSON, every timeline sample's JSON and the run's
 client stats (floats as Python's repr, so a last-bit change shows). The
-digests were taken from the code before the speed-up of issue 11; a change
+digests were taken at 63abd8d, before the speed-up of issue 11; a change
 that alters them alters what the simulator predicts. If that is intended,
 regenerate them deliberately (`python tests/test_sim_speed_equivalence.py`)
 and say why in the commit.
@@ -15,12 +15,19 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import MemorySink
 from servelab.metrics.timeline import TimelineSample
 from servelab.perf.cost_model import CostModel, RooflineCostModel, StepBatch
+from servelab.sim.hashing import (
+    output_block_hash_array,
+    output_block_hashes,
+    prompt_block_hashes,
+    prompt_block_hashes_many,
+)
 from servelab.targets.deployment import Deployment, build_deployment
 from servelab.targets.sim import SimTarget
 from servelab.workload.arrival import ArrivalConfig
@@ -186,6 +193,25 @@ GOLDEN: dict[str, tuple[str, int, int, int]] = {
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_simulator_output_is_bit_identical_to_the_golden_run(name):
     assert digest(name) == GOLDEN[name]
+
+
+def test_hashing_many_prompts_at_once_gives_each_its_own_hashes():
+    rng = np.random.default_rng(4)
+    shared = rng.integers(0, 150_000, 64)
+    prompts = [
+        rng.integers(0, 150_000, n) for n in (0, 15, 16, 17, 1500, 3, 40)
+    ] + [np.concatenate([shared, rng.integers(0, 150_000, 20)]), shared, list(shared[:33])]
+    for block_size in (1, 16, 32):
+        many = prompt_block_hashes_many(prompts, block_size)
+        assert many == [prompt_block_hashes(p, block_size) for p in prompts]
+        assert many[-3][:64 // block_size] == many[-2]  # a shared prefix still hashes alike across the batch
+
+
+def test_output_block_hashes_element_wise_match_the_ranges():
+    uids, positions = np.array([0, 0, 7, 123_456]), np.array([0, 5, 93, 12])
+    assert output_block_hash_array(uids, positions).tolist() == [
+        output_block_hashes(u, j, j + 1)[0] for u, j in zip(uids.tolist(), positions.tolist())
+    ]
 
 
 if __name__ == "__main__":
