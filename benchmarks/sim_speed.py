@@ -1,5 +1,5 @@
 """How fast the simulator runs: 10,000 requests of 1,500 in / 200 out at 10 req/s (Poisson, seed 0)
-on one A100-80GB serving Qwen2.5-7B with vLLM's defaults and the roofline cost model.
+on one A100-80GB serving Qwen2.5-7B with vLLM's defaults and the default cost model (kernel-fitted for the A100).
 
 Goal < 1 s of CPU time, floor: no slower than before. Prints the best CPU time
 (process time: the machine is shared, so wall time says more about the
