@@ -15,6 +15,7 @@ Block 0 is vLLM's null block and is never handed out.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -187,8 +188,8 @@ class BlockPool:
         if not blocks:
             return
         self.block_hash[np.asarray(blocks, dtype=np.int64)] = hashes
-        if findable:
-            self.index(blocks, hashes)
+        if findable:  # the index keys are Python ints: findable hashes come as a list (prompt_block_hashes)
+            self.index(blocks, cast(Sequence[int], hashes))
 
     def index(self, blocks: Sequence[int], hashes: Sequence[int]) -> None:
         self._hash_to_block.update(zip(hashes, blocks))

@@ -220,9 +220,9 @@ class Scheduler:
         if self.caching:
             full = computed // self.block_size
             cached = self.cached[start:end]
-            rows = (full > cached).nonzero()[0]
-            if len(rows):
-                self._cache_rows(start, rows.tolist(), cached[rows].tolist(), full[rows].tolist())
+            crossing = (full > cached).nonzero()[0]
+            if len(crossing):
+                self._cache_rows(start, crossing.tolist(), cached[crossing].tolist(), full[crossing].tolist())
                 cached[:] = full  # the others already have every full block cached
 
     def _cache_rows(self, start: int, rows: list[int], have: list[int], full: list[int]) -> None:
