@@ -65,7 +65,9 @@ def prompt_block_hashes_many(prompts: Sequence[Sequence[int] | np.ndarray], bloc
     total = sum(counts)
     if total == 0:
         return [[] for _ in arrays]
-    tokens = np.concatenate([ids[: c * block_size] for ids, c in zip(arrays, counts)]).astype(np.uint64)
+    tokens = np.concatenate(
+        [ids[: c * block_size] for ids, c in zip(arrays, counts)], dtype=np.uint64, casting="unsafe"
+    )
     prefix = tokens.reshape(total, block_size) @ _TOKEN_WEIGHTS[:block_size]
     prefix += _BLOCK_WEIGHT
     if len(arrays) == 1:
