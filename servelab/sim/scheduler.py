@@ -396,25 +396,12 @@ class Scheduler:
     def apply_decode_steps(self, first_step: int, k: int) -> int:
         """Advance every running request by k decode steps (as k schedule()+update() calls would); returns tokens."""
         n = len(self.reqs)
-        computed = self.computed[:n]
-        need = -((computed + k) // -self.block_size) - self.held[:n]
+        need = -((self.computed[:n] + k) // -self.block_size) - self.held[:n]
+        self._commit(0, n, np.full(n, k, dtype=np.int64), need, int(np.add.reduce(need)))
         self.scheduled[:n] = 0
-        if need.any():
-            new = self.pool.allocate(int(need.sum()))
-            offset = 0
-            for i in np.flatnonzero(need).tolist():
-                m = int(need[i])
-                self.reqs[i].blocks.extend(new[offset : offset + m])
-                offset += m
-            self.held[:n] += need
-        computed += k
         self.tokens[:n] += k
         self.last_emit[:n] = first_step + k - 1
         if self.caching:
-            full = computed // self.block_size
-            for i in np.flatnonzero(full > self.cached[:n]).tolist():
-                self._cache_blocks(self.reqs[i], int(self.cached[i]), int(full[i]))
-                self.cached[i] = full[i]
             self._flush_cache()
         return n * k
 
