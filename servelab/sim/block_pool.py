@@ -15,6 +15,7 @@ Block 0 is vLLM's null block and is never handed out.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -31,6 +32,8 @@ class BlockPool:
         self._uncached: list[int] = list(range(num_blocks - 1, 0, -1))
         """Free blocks without a hash; the end of the list is the front of vLLM's queue."""
         self._ring = np.zeros(max(1024, 2 * num_blocks), dtype=np.int64)
+        self._positions = np.arange(len(self._ring))
+        """0, 1, 2, ... as long as the ring: slices of it stand for ring positions without a new arange."""
         self._head = 0
         self._tail = 0
         self._ring_pos = np.full(num_blocks, -1, dtype=np.int64)
@@ -64,31 +67,43 @@ class BlockPool:
             return []
         if n > self.num_free:
             raise RuntimeError(f"cannot allocate {n} blocks, {self.num_free} free")
-        take = min(n, len(self._uncached))
-        out = self._uncached[len(self._uncached) - take :]
+        uncached = self._uncached
+        take = min(n, len(uncached))
+        out = uncached[len(uncached) - take :]
         out.reverse()
-        del self._uncached[len(self._uncached) - take :]
-        rest = n - take
-        if rest:
-            evicted = self._pop_cached(rest)
+        del uncached[len(uncached) - take :]
+        if out:
+            self.ref_cnt[out] = 1
+        if n > take:
+            evicted = self._pop_cached(n - take)
             self.block_hash[evicted] = 0
+            self.ref_cnt[evicted] = 1
             out.extend(evicted.tolist())
-        self.ref_cnt[out] = 1
         return out
 
     def _pop_cached(self, n: int) -> np.ndarray:
+        ring, ring_pos, positions = self._ring, self._ring_pos, self._positions
+        head, end = self._head, self._head + n
+        if end <= self._tail:  # the usual case: the next n entries are all live (no prefix hit took one out)
+            window = ring[head:end]
+            if not np.count_nonzero(ring_pos[window] != positions[head:end]):
+                ring_pos[window] = -1
+                self._head = end
+                self._num_cached_free -= n
+                return window
         taken: list[np.ndarray] = []
         while n:
-            end = min(self._tail, self._head + max(2 * n, 256))
-            window = self._ring[self._head : end]
-            live = np.flatnonzero(self._ring_pos[window] == np.arange(self._head, end))
+            head = self._head
+            end = min(self._tail, head + max(2 * n, 256))
+            window = ring[head:end]
+            live = (ring_pos[window] == positions[head:end]).nonzero()[0]
             if len(live) >= n:
                 live = live[:n]
-                self._head += int(live[-1]) + 1
+                self._head = head + int(live[-1]) + 1
             else:
                 self._head = end
             got = window[live]
-            self._ring_pos[got] = -1
+            ring_pos[got] = -1
             taken.append(got)
             n -= len(got)
         blocks = np.concatenate(taken) if len(taken) > 1 else taken[0]
@@ -100,8 +115,10 @@ class BlockPool:
         if not blocks:
             return
         ids = np.asarray(blocks, dtype=np.int64)
-        self.ref_cnt[ids] -= 1
-        freed = ids[self.ref_cnt[ids] == 0]
+        left = self.ref_cnt[ids]
+        left -= 1
+        self.ref_cnt[ids] = left
+        freed = ids[left == 0]
         if not len(freed):
             return
         if self.enable_caching:
@@ -118,7 +135,7 @@ class BlockPool:
         if self._tail + k > len(self._ring):
             self._compact_ring(k)
         self._ring[self._tail : self._tail + k] = blocks
-        self._ring_pos[blocks] = np.arange(self._tail, self._tail + k)
+        self._ring_pos[blocks] = self._positions[self._tail : self._tail + k]
         self._tail += k
         self._num_cached_free += k
 
@@ -131,7 +148,9 @@ class BlockPool:
         ring = np.zeros(size, dtype=np.int64)
         ring[: len(live)] = live
         self._ring = ring
-        self._ring_pos[live] = np.arange(len(live))
+        if size != len(self._positions):
+            self._positions = np.arange(size)
+        self._ring_pos[live] = self._positions[: len(live)]
         self._head, self._tail = 0, len(live)
 
     # -- prefix cache -----------------------------------------------------
@@ -159,7 +178,7 @@ class BlockPool:
             self._num_cached_free -= len(idle)
         self.ref_cnt[ids] += 1
 
-    def cache(self, blocks: Sequence[int], hashes: Sequence[int], findable: bool = True) -> None:
+    def cache(self, blocks: Sequence[int], hashes: Sequence[int] | np.ndarray, findable: bool = True) -> None:
         """Mark newly full blocks as cached under their hashes (duplicates of a cached hash are kept, as in vLLM).
 
         `findable=False` skips the hash index: for blocks only their owner could
@@ -169,8 +188,8 @@ class BlockPool:
         if not blocks:
             return
         self.block_hash[np.asarray(blocks, dtype=np.int64)] = hashes
-        if findable:
-            self.index(blocks, hashes)
+        if findable:  # the index keys are Python ints: findable hashes come as a list (prompt_block_hashes)
+            self.index(blocks, cast(Sequence[int], hashes))
 
     def index(self, blocks: Sequence[int], hashes: Sequence[int]) -> None:
         self._hash_to_block.update(zip(hashes, blocks))

@@ -198,32 +198,38 @@ class SimEngine:
         return end
 
     def _step_time(self, granted: np.ndarray, before: np.ndarray) -> float:
-        decode = granted == 1
-        prefill = granted > 1
-        num_decodes = int(np.count_nonzero(decode))
-        num_chunks = int(np.count_nonzero(prefill))
-        if num_decodes + num_chunks == 0:
+        # A prefill chunk is a row granted more than one token; the chunks are few, so their sums are Python's.
+        chunks = (granted > 1).nonzero()[0]
+        num_chunks = len(chunks)
+        num_scheduled = int(np.count_nonzero(granted))
+        num_decodes = num_scheduled - num_chunks
+        if num_scheduled == 0:
             if self.scheduler.preempted_this_step:
                 self._step_cpu = 0.0
                 return 0.0  # the only candidate preempted itself: vLLM runs an empty step and retries
             raise RuntimeError("simulator stalled: requests are queued but none could be scheduled")
         if self._cpu is not None:
-            self._step_cpu = self._cpu.cpu_step_time(num_decodes + num_chunks, num_chunks > 0)
+            self._step_cpu = self._cpu.cpu_step_time(num_scheduled, num_chunks > 0)
         if self._aggregate is None:
+            decode = granted == 1
             return self.cost_model.step_time(
                 StepBatch(
-                    prefill_chunks=list(zip(granted[prefill].tolist(), before[prefill].tolist())),
+                    prefill_chunks=list(zip(granted[chunks].tolist(), before[chunks].tolist())),
                     decode_contexts=before[decode].tolist(),
                 )
             )
-        new, cached = granted[prefill], before[prefill]
+        new, cached = granted[chunks].tolist(), before[chunks].tolist()
+        if num_scheduled == len(granted):  # every row decodes or prefills: the decodes' context is the rest
+            decode_context = int(np.add.reduce(before)) - sum(cached)
+        else:
+            decode_context = int(np.add.reduce(before[granted == 1]))
         return self._aggregate(
-            int(new.sum()),
-            int((new * cached + new * (new + 1) // 2).sum()),
+            sum(new),
+            sum([m * c + m * (m + 1) // 2 for m, c in zip(new, cached)]),
             num_decodes,
-            int(before[decode].sum()),
-            num_decodes + num_chunks,
-            int(cached.sum()),
+            decode_context,
+            num_scheduled,
+            sum(cached),
         )
 
     def _decode_step_time(self, contexts: np.ndarray, base_sum: int, k: int) -> float:

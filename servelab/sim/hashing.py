@@ -20,15 +20,17 @@ _TOKEN_WEIGHTS = _rng.integers(1, 2**63, size=_MAX_BLOCK_SIZE, dtype=np.uint64) 
 _BLOCK_WEIGHT = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: spreads the linear sum over all 64 bits."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M2
-    return x ^ (x >> np.uint64(31))
+    """splitmix64 finaliser, in place: spreads the linear sum over all 64 bits (array arithmetic wraps silently)."""
+    x ^= x >> _S30
+    x *= _M1
+    x ^= x >> _S27
+    x *= _M2
+    x ^= x >> _S31
+    return x
 
 
 _position_weights = np.zeros(0, dtype=np.uint64)
@@ -46,19 +48,49 @@ def _weights_for(num_blocks: int) -> np.ndarray:
 
 def prompt_block_hashes(prompt_ids: Sequence[int] | np.ndarray, block_size: int) -> list[int]:
     """Hashes of the prompt's full blocks; equal prefixes give equal hashes, block by block."""
+    return prompt_block_hashes_many([prompt_ids], block_size)[0]
+
+
+def prompt_block_hashes_many(prompts: Sequence[Sequence[int] | np.ndarray], block_size: int) -> list[list[int]]:
+    """`prompt_block_hashes` of several prompts in one vectorised pass (a few numpy calls for all of them).
+
+    Each prompt's running sum is the running sum over all the prompts minus its
+    value where the prompt starts; arithmetic modulo 2^64 makes that exact, so
+    the hashes are those of one prompt at a time, bit for bit.
+    """
     if block_size > _MAX_BLOCK_SIZE:
         raise ValueError(f"block_size {block_size} exceeds {_MAX_BLOCK_SIZE}")
-    ids = np.asarray(prompt_ids)
-    num_blocks = len(ids) // block_size
-    if num_blocks == 0:
-        return []
-    tokens = ids[: num_blocks * block_size].astype(np.uint64).reshape(num_blocks, block_size)
-    with np.errstate(over="ignore"):
-        content = (tokens @ _TOKEN_WEIGHTS[:block_size]) + _BLOCK_WEIGHT
-        prefix = np.cumsum(content * _weights_for(num_blocks), dtype=np.uint64)
-        hashes = _mix(prefix).view(np.int64)
+    arrays = [np.asarray(p) for p in prompts]
+    counts = [len(ids) // block_size for ids in arrays]
+    total = sum(counts)
+    if total == 0:
+        return [[] for _ in arrays]
+    tokens = np.concatenate(
+        [ids[: c * block_size] for ids, c in zip(arrays, counts)], dtype=np.uint64, casting="unsafe"
+    )
+    prefix = tokens.reshape(total, block_size) @ _TOKEN_WEIGHTS[:block_size]
+    prefix += _BLOCK_WEIGHT
+    if len(arrays) == 1:
+        prefix *= _weights_for(total)
+        np.cumsum(prefix, out=prefix)
+    else:
+        starts = np.cumsum(counts) - counts
+        position = np.arange(total) - np.repeat(starts, counts)
+        prefix *= _weights_for(max(counts))[position]
+        np.cumsum(prefix, out=prefix)
+        before = np.zeros(len(counts), dtype=np.uint64)
+        nonempty = starts > 0
+        before[nonempty] = prefix[starts[nonempty] - 1]
+        prefix -= np.repeat(before, counts)
+    hashes = _mix(prefix).view(np.int64)
     hashes[hashes == 0] = 1
-    return hashes.tolist()
+    flat = hashes.tolist()
+    out: list[list[int]] = []
+    offset = 0
+    for c in counts:
+        out.append(flat[offset : offset + c])
+        offset += c
+    return out
 
 
 def output_block_hashes(request_uid: int, start: int, stop: int) -> range:
@@ -69,3 +101,8 @@ def output_block_hashes(request_uid: int, start: int, stop: int) -> range:
     """
     base = -(request_uid << 24) - 2
     return range(base - start, base - stop, -1)
+
+
+def output_block_hash_array(request_uids: np.ndarray, block_indices: np.ndarray) -> np.ndarray:
+    """`output_block_hashes` element-wise: the hash of block `block_indices[i]` of request `request_uids[i]`."""
+    return -(request_uids << 24) - 2 - block_indices

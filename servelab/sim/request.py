@@ -8,12 +8,13 @@ them in and out when it admits or removes the request.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from servelab.sim.hashing import output_block_hashes, prompt_block_hashes
+from servelab.sim.hashing import output_block_hashes, prompt_block_hashes, prompt_block_hashes_many
 
 WAITING = "waiting"
 RUNNING = "running"
@@ -62,11 +63,14 @@ class SimRequest:
         known = self.prompt_len if self.output_ids is None else self.prompt_len + len(self.output_ids)
         return known // block_size
 
+    def hashed_ids(self) -> Any:
+        """The token ids its block hashes cover: the prompt, then the output when known."""
+        return self.prompt_ids if self.output_ids is None else np.concatenate([self.prompt_ids, self.output_ids])
+
     def hashes(self, block_size: int, upto: int) -> list[int]:
         """Block hashes of the first `upto` blocks, computed once and extended as output fills blocks."""
         if self.block_hashes is None:
-            ids = self.prompt_ids if self.output_ids is None else np.concatenate([self.prompt_ids, self.output_ids])
-            self.block_hashes = prompt_block_hashes(ids, block_size)
+            self.block_hashes = prompt_block_hashes(self.hashed_ids(), block_size)
         have = len(self.block_hashes)
         if upto > have:
             self.block_hashes.extend(output_block_hashes(self.uid, have, upto))
@@ -77,3 +81,10 @@ class SimRequest:
         if self.run_start < 0:
             return list(self.runs)
         return [*self.runs, (self.run_start, self.last_emit)]
+
+
+def hash_ahead(reqs: Iterable[SimRequest], block_size: int) -> None:
+    """Compute the block hashes of those of `reqs` that have none yet, all in one pass (they are needed later)."""
+    todo = [r for r in reqs if r.block_hashes is None]
+    for req, hashes in zip(todo, prompt_block_hashes_many([r.hashed_ids() for r in todo], block_size)):
+        req.block_hashes = hashes

@@ -22,19 +22,23 @@ boundary, finish, or start/stop emitting.
 from __future__ import annotations
 
 import heapq
-from itertools import compress
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 
 from servelab.perf.engine_config import EngineConfig
 from servelab.sim.block_pool import BlockPool
-from servelab.sim.hashing import output_block_hashes
-from servelab.sim.request import FINISHED, PREEMPTED, RUNNING, SimRequest
+from servelab.sim.hashing import output_block_hash_array, output_block_hashes
+from servelab.sim.request import FINISHED, PREEMPTED, RUNNING, SimRequest, hash_ahead
 
 FCFS = "fcfs"
 PRIORITY = "priority"
+_HASH_AHEAD = 64
+"""Waiting requests whose prompt hashes are computed together (one numpy pass costs about what two prompts
+alone would)."""
 
 
 @dataclass(slots=True)
@@ -71,6 +75,12 @@ class _WaitingQueue:
     def peek(self) -> SimRequest:
         return self._heap[0][3] if self.priority else self._fifo[0]
 
+    def first(self, k: int) -> Iterator[SimRequest]:
+        """Up to k waiting requests, the next to go first (FCFS); some k of them under priority (the heap's order)."""
+        if self.priority:
+            return (entry[3] for entry in self._heap[:k])
+        return islice(self._fifo, k)
+
     def pop(self) -> SimRequest:
         return heapq.heappop(self._heap)[3] if self.priority else self._fifo.popleft()
 
@@ -96,26 +106,21 @@ class Scheduler:
         self.num_preemptions = 0
         self.preempted_this_step = False
         cap = self.max_num_seqs
-        # Running queue, in vLLM's order: one row per running request.
+        # Running queue, in vLLM's order: one row per running request. The per-request counters are the rows of
+        # one matrix, so that removing finished or preempted requests moves all of them in one copy.
         self.reqs: list[SimRequest] = []
-        self.computed = np.zeros(cap, dtype=np.int64)
-        self.tokens = np.zeros(cap, dtype=np.int64)
-        self.held = np.zeros(cap, dtype=np.int64)
-        self.cached = np.zeros(cap, dtype=np.int64)
-        self.limit = np.zeros(cap, dtype=np.int64)
-        """prompt_len + max_tokens: the request finishes when num_tokens reaches it (ignore_eos)."""
-        self.run_start = np.zeros(cap, dtype=np.int64)
-        self.last_emit = np.zeros(cap, dtype=np.int64)
-        self.scheduled = np.zeros(cap, dtype=np.int64)
-        """Tokens scheduled for each running request in the current step."""
+        self._rows = np.zeros((8, cap), dtype=np.int64)
+        (self.computed, self.tokens, self.held, self.cached, self.limit, self.run_start, self.last_emit,
+         self.scheduled) = self._rows
+        """limit: prompt_len + max_tokens, the request finishes when num_tokens reaches it (ignore_eos);
+        scheduled: tokens scheduled for each running request in the current step."""
         self._pending_blocks: list[int] = []
         self._pending_hashes: list[int] = []
         self._pending_private_blocks: list[int] = []
-        self._pending_private_hashes: list[int] = []
-        self._arrays = (
-            self.computed, self.tokens, self.held, self.cached, self.limit,
-            self.run_start, self.last_emit, self.scheduled,
-        )
+        self._pending_private_owners: list[int] = []
+        self._pending_private_positions: list[int] = []
+        """Generated-token blocks to cache, with their request's uid and their index in it: the hashes
+        (`output_block_hash_array`) are computed for all of them at once when they are flushed."""
 
     @property
     def num_running(self) -> int:
@@ -140,25 +145,36 @@ class Scheduler:
         threshold = self.long_prefill_threshold if n + len(self.waiting) > 1 else 0
         preempted = False
         start = 0
+        bs = self.block_size
         while start < len(self.reqs) and budget > 0:
             end = len(self.reqs)
-            want = self.tokens[start:end] - self.computed[start:end]
+            computed = self.computed[start:end]
+            want = self.tokens[start:end] - computed
             if threshold > 0:
                 np.minimum(want, threshold, out=want)
-            granted = np.minimum(np.cumsum(want), budget)
-            granted[1:] -= granted[:-1].copy()
-            need = -((self.computed[start:end] + granted) // -self.block_size) - self.held[start:end]
-            need[granted == 0] = 0
-            np.maximum(need, 0, out=need)
-            cum_need = np.cumsum(need)
+            total_want = int(np.add.reduce(want))
+            if total_want <= budget:  # everyone gets what it asks (the usual step)
+                granted, used = want, total_want
+            else:
+                granted = np.minimum(np.cumsum(want), budget)
+                granted[1:] -= granted[:-1].copy()
+                used = budget
+            # Blocks held always equal ceil(computed / block_size), so this is >= 0, and 0 where nothing is granted.
+            need = computed + granted
+            need += bs - 1
+            need //= bs
+            need -= self.held[start:end]
+            total_need = int(np.add.reduce(need))
             free = self.pool.num_free
-            if cum_need[-1] <= free:
-                self._commit(start, end, granted, need)
-                budget -= int(granted.sum())
+            if total_need <= free:
+                self._commit(start, end, granted, need, total_need)
+                budget -= used
                 break
+            cum_need = np.cumsum(need)
             fits = int(np.searchsorted(cum_need, free, side="right"))
-            self._commit(start, start + fits, granted[:fits], need[:fits])
-            budget -= int(granted[:fits].sum())
+            if fits:
+                self._commit(start, start + fits, granted[:fits], need[:fits], int(cum_need[fits - 1]))
+                budget -= int(np.add.reduce(granted[:fits]))
             current = start + fits
             victim = self._victim()
             restored = int(self.scheduled[victim])
@@ -183,24 +199,47 @@ class Scheduler:
             return max(range(len(reqs)), key=lambda i: (reqs[i].priority, reqs[i].arrival_time, reqs[i].uid))
         return len(self.reqs) - 1
 
-    def _commit(self, start: int, end: int, granted: np.ndarray, need: np.ndarray) -> None:
-        if end <= start:
-            return
+    def _commit(self, start: int, end: int, granted: np.ndarray, need: np.ndarray, total_need: int) -> None:
+        """Apply the grant of rows start..end: advance computed tokens, hand out `need` new blocks, cache full ones."""
         self.scheduled[start:end] = granted
-        self.computed[start:end] += granted
-        if need.any():
-            new = self.pool.allocate(int(need.sum()))
-            offset = 0
-            for i in np.flatnonzero(need).tolist():
-                k = int(need[i])
-                self.reqs[start + i].blocks.extend(new[offset : offset + k])
-                offset += k
+        computed = self.computed[start:end]
+        computed += granted
+        reqs = self.reqs
+        if total_need:
+            new = self.pool.allocate(total_need)
+            rows = need.nonzero()[0].tolist()
+            if len(rows) == total_need:  # one block each: decodes crossing a block boundary
+                for i, block in zip(rows, new):
+                    reqs[start + i].blocks.append(block)
+            else:
+                offset = 0
+                for i, k in zip(rows, need[rows].tolist()):
+                    reqs[start + i].blocks.extend(new[offset : offset + k])
+                    offset += k
             self.held[start:end] += need
         if self.caching:
-            full = self.computed[start:end] // self.block_size
-            for i in np.flatnonzero(full > self.cached[start:end]).tolist():
-                self._cache_blocks(self.reqs[start + i], int(self.cached[start + i]), int(full[i]))
-                self.cached[start + i] = full[i]
+            full = computed // self.block_size
+            cached = self.cached[start:end]
+            crossing = (full > cached).nonzero()[0]
+            if len(crossing):
+                self._cache_rows(start, crossing.tolist(), cached[crossing].tolist(), full[crossing].tolist())
+                cached[:] = full  # the others already have every full block cached
+
+    def _cache_rows(self, start: int, rows: list[int], have: list[int], full: list[int]) -> None:
+        """`_cache_blocks` for several running rows; the usual case, one generated-token block, inline."""
+        bs = self.block_size
+        reqs = self.reqs
+        blocks, owners, positions = (
+            self._pending_private_blocks, self._pending_private_owners, self._pending_private_positions
+        )
+        for i, h, f in zip(rows, have, full):
+            req = reqs[start + i]
+            if f - h != 1 or h < req.findable_blocks(bs):
+                self._cache_blocks(req, h, f)
+            else:
+                blocks.append(req.blocks[h])
+                owners.append(req.uid)
+                positions.append(h)
 
     def _cache_blocks(self, req: SimRequest, have: int, full: int) -> None:
         """Queue newly full blocks for the prefix cache; `_flush_cache` registers them before any lookup.
@@ -217,15 +256,20 @@ class Scheduler:
             have = upto
         if full > have:
             self._pending_private_blocks.extend(req.blocks[have:full])
-            self._pending_private_hashes.extend(output_block_hashes(req.uid, have, full))
+            self._pending_private_owners.extend([req.uid] * (full - have))
+            self._pending_private_positions.extend(range(have, full))
 
     def _flush_cache(self) -> None:
         if self._pending_blocks:
             self.pool.cache(self._pending_blocks, self._pending_hashes)
             self._pending_blocks, self._pending_hashes = [], []
         if self._pending_private_blocks:
-            self.pool.cache(self._pending_private_blocks, self._pending_private_hashes, findable=False)
-            self._pending_private_blocks, self._pending_private_hashes = [], []
+            hashes = output_block_hash_array(
+                np.array(self._pending_private_owners, dtype=np.int64),
+                np.array(self._pending_private_positions, dtype=np.int64),
+            )
+            self.pool.cache(self._pending_private_blocks, hashes, findable=False)
+            self._pending_private_blocks, self._pending_private_owners, self._pending_private_positions = [], [], []
 
     def _admit_waiting(self, budget: int, threshold: int, now: float) -> int:
         bs = self.block_size
@@ -236,6 +280,8 @@ class Scheduler:
             if self.caching:
                 self._flush_cache()
                 max_hit_blocks = (req.num_tokens - 1) // bs  # the last token is always recomputed for its logits
+                if req.block_hashes is None:  # hash the queue's head in one go: they all need it soon
+                    hash_ahead(self.waiting.first(_HASH_AHEAD), bs)
                 hits = pool.lookup(req.hashes(bs, max_hit_blocks), max_hit_blocks)
             hit_tokens = len(hits) * bs
             new_tokens = req.num_tokens - hit_tokens
@@ -305,8 +351,7 @@ class Scheduler:
         req.preemptions += 1
         self.num_preemptions += 1
         n = len(self.reqs)
-        for arr in self._arrays:
-            arr[i : n - 1] = arr[i + 1 : n]
+        self._rows[:, i : n - 1] = self._rows[:, i + 1 : n]
         del self.reqs[i]
         self.waiting.prepend(req)
 
@@ -351,25 +396,12 @@ class Scheduler:
     def apply_decode_steps(self, first_step: int, k: int) -> int:
         """Advance every running request by k decode steps (as k schedule()+update() calls would); returns tokens."""
         n = len(self.reqs)
-        computed = self.computed[:n]
-        need = -((computed + k) // -self.block_size) - self.held[:n]
+        need = -((self.computed[:n] + k) // -self.block_size) - self.held[:n]
+        self._commit(0, n, np.full(n, k, dtype=np.int64), need, int(np.add.reduce(need)))
         self.scheduled[:n] = 0
-        if need.any():
-            new = self.pool.allocate(int(need.sum()))
-            offset = 0
-            for i in np.flatnonzero(need).tolist():
-                m = int(need[i])
-                self.reqs[i].blocks.extend(new[offset : offset + m])
-                offset += m
-            self.held[:n] += need
-        computed += k
         self.tokens[:n] += k
         self.last_emit[:n] = first_step + k - 1
         if self.caching:
-            full = computed // self.block_size
-            for i in np.flatnonzero(full > self.cached[:n]).tolist():
-                self._cache_blocks(self.reqs[i], int(self.cached[i]), int(full[i]))
-                self.cached[i] = full[i]
             self._flush_cache()
         return n * k
 
@@ -380,32 +412,38 @@ class Scheduler:
         n = len(self.reqs)
         if n == 0:
             return 0, [], []
-        sampled = (self.scheduled[:n] > 0) & (self.computed[:n] >= self.tokens[:n])
-        self.tokens[:n] += sampled
-        restarted = np.flatnonzero(sampled & (self.last_emit[:n] != step - 1))
+        tokens, last_emit = self.tokens[:n], self.last_emit[:n]
+        # A row whose tokens are all computed was scheduled this step (after sampling it is one token behind).
+        sampled = self.computed[:n] >= tokens
+        tokens += sampled
+        restarted = (sampled & (last_emit != step - 1)).nonzero()[0]
         first: list[SimRequest] = []
         for i in restarted.tolist():
             req = self.reqs[i]
             if self.run_start[i] >= 0:
-                req.runs.append((int(self.run_start[i]), int(self.last_emit[i])))
+                req.runs.append((int(self.run_start[i]), int(last_emit[i])))
             self.run_start[i] = step
             if req.first_token_step is None:
                 req.first_token_step = step
                 first.append(req)
-        self.last_emit[:n][sampled] = step
-        done = sampled & (self.tokens[:n] >= self.limit[:n])
+        np.copyto(last_emit, step, where=sampled)
+        # Only a request that just sampled can reach its limit: the others were removed when they did.
+        done = (tokens >= self.limit[:n]).nonzero()[0].tolist()
         finished: list[SimRequest] = []
-        if done.any():
-            for i in np.flatnonzero(done).tolist():
+        if done:
+            for i in done:
                 req = self._save(i)
                 self.pool.free(req.blocks[::-1])
                 req.blocks = []
                 req.status = FINISHED
                 req.finish_step = step
                 finished.append(req)
-            keep = ~done
-            k = int(keep.sum())
-            for arr in self._arrays:
-                arr[:k] = arr[:n][keep]
-            self.reqs = list(compress(self.reqs, keep.tolist()))
-        return int(sampled.sum()), first, finished
+            # Close the gaps: each stretch between finished rows moves left by the number finished before it
+            # (a few slice copies are cheaper than one boolean gather over the matrix).
+            rows = self._rows
+            for j, i in enumerate(done):
+                stop = done[j + 1] if j + 1 < len(done) else n
+                rows[:, i - j : stop - j - 1] = rows[:, i + 1 : stop]
+            for i in reversed(done):
+                del self.reqs[i]
+        return int(np.count_nonzero(sampled)), first, finished

@@ -1,0 +1,219 @@
+"""The simulator's output, bit for bit, on varied scenarios: speed work must not change behaviour.
+
+Each scenario runs a few hundred requests through `SimTarget` and hashes, in
+order, every record's JSON, every timeline sample's JSON and the run's
+client stats (floats as Python's repr, so a last-bit change shows). The
+digests were taken at 63abd8d, before the speed-up of issue 11; a change
+that alters them alters what the simulator predicts. If that is intended,
+regenerate them deliberately (`python tests/test_sim_speed_equivalence.py`)
+and say why in the commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from servelab.metrics import timeline as tl
+from servelab.metrics.records import MemorySink
+from servelab.metrics.timeline import TimelineSample
+from servelab.perf.cost_model import CostModel, RooflineCostModel, StepBatch
+from servelab.sim.hashing import (
+    output_block_hash_array,
+    output_block_hashes,
+    prompt_block_hashes,
+    prompt_block_hashes_many,
+)
+from servelab.targets.deployment import Deployment, build_deployment
+from servelab.targets.sim import SimTarget
+from servelab.workload.arrival import ArrivalConfig
+from servelab.workload.datasets import WorkloadConfig
+from servelab.workload.plan import Amount, build_plan
+from servelab.workload.spec import LoadPlan
+
+
+class _BatchOnly:
+    """A cost model without `step_time_aggregate`: drives the engine's StepBatch path."""
+
+    def __init__(self, inner: RooflineCostModel) -> None:
+        self._inner = inner
+
+    def step_time(self, batch: StepBatch) -> float:
+        return self._inner.step_time(batch)
+
+    def wake_time(self, idle_s: float) -> float:
+        return self._inner.wake_time(idle_s)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    gpu: str
+    model: str
+    engine_args: str
+    workload: WorkloadConfig
+    arrival: ArrivalConfig
+    requests: int
+    frontend: bool = True
+    """False: no API-server model, which turns the decode fast-forward on."""
+    replicas: int | None = None
+    router: str = "round-robin"
+    tensor_parallel_size: int | None = None
+    network_latency: float = 0.0
+    priorities: bool = False
+    batch_only_cost: bool = False
+    datasheet: bool = False
+
+
+SCENARIOS: dict[str, Scenario] = {
+    # The benchmark's shape, shorter: overloaded, async, API server on.
+    "overload_async_frontend": Scenario(
+        "a100-80gb", "qwen2.5-7b", "",
+        WorkloadConfig(input_len=1500, output_len=200), ArrivalConfig(request_rate=10.0), 300,
+    ),
+    # Shared system prompts, fast-forward on (no frontend), lengths spread.
+    "prefix_fast_forward": Scenario(
+        "h100-sxm", "llama-3.1-8b", "",
+        WorkloadConfig(dataset_name="prefix", prefix_len=700, num_prefixes=4, input_len=300, output_len=120,
+                       range_ratio=0.5, seed=3),
+        ArrivalConfig(request_rate=25.0), 400, frontend=False,
+    ),
+    # Chats whose later turns hit the cached blocks of earlier replies; closed loop with think time.
+    "multiturn_closed_loop": Scenario(
+        "a100-80gb", "qwen2.5-7b", "",
+        WorkloadConfig(dataset_name="multiturn", turns=4, think_time=0.3, input_len=400, output_len=150,
+                       range_ratio=0.8, seed=5),
+        ArrivalConfig(max_concurrency=24), 240,
+    ),
+    # KV pressure: preemption by recompute, synchronous loop, watermark, fast-forward on.
+    "preempt_sync_fcfs": Scenario(
+        "a100-80gb", "qwen2.5-7b",
+        "--num-gpu-blocks-override 700 --max-model-len 4096 --no-async-scheduling --max-num-seqs 64 --watermark 0.01",
+        WorkloadConfig(input_len=600, output_len=300, range_ratio=0.9, seed=7), ArrivalConfig(request_rate=40.0),
+        300, frontend=False,
+    ),
+    # Priority preemption, async, without the full-prompt gate, through the StepBatch path.
+    "preempt_async_priority": Scenario(
+        "h100-sxm", "llama-3.1-8b",
+        "--num-gpu-blocks-override 500 --max-model-len 4096 --scheduling-policy priority "
+        "--no-scheduler-reserve-full-isl",
+        WorkloadConfig(input_len=500, output_len=250, range_ratio=0.9, seed=11), ArrivalConfig(request_rate=30.0),
+        300, priorities=True, batch_only_cost=True,
+    ),
+    # Chunked prefill with a long-prefill threshold, no prefix caching, two replicas, network latency.
+    "chunked_replicas": Scenario(
+        "a100-80gb", "qwen2.5-7b",
+        "--max-num-batched-tokens 512 --long-prefill-token-threshold 128 --no-enable-prefix-caching",
+        WorkloadConfig(input_len=1200, output_len=80, range_ratio=0.7, seed=13), ArrivalConfig(request_rate=12.0),
+        300, replicas=2, router="least-loaded", network_latency=0.002,
+    ),
+    # Chunked prefill off (whole prompts only), synchronous, bursty arrivals.
+    "no_chunking_sync": Scenario(
+        "l40s", "qwen2.5-7b", "--no-enable-chunked-prefill --no-async-scheduling --max-num-seqs 32",
+        WorkloadConfig(input_len=700, output_len=100, range_ratio=0.9, seed=17),
+        ArrivalConfig(request_rate=8.0, burstiness=0.3), 250,
+    ),
+    # A burst of short requests all at once: the API server is the limit.
+    "burst_short": Scenario(
+        "h100-sxm", "llama-3.1-8b", "", WorkloadConfig(input_len=128, output_len=4, seed=23), ArrivalConfig(), 400,
+    ),
+    # TP=4 on the datasheet roofline, two API servers, chunked streaming.
+    "tp2_datasheet_api_servers": Scenario(
+        "h100-sxm", "llama-3.1-70b", "--api-server-count 2 --stream-interval 3",
+        WorkloadConfig(input_len=900, output_len=160, range_ratio=0.5, seed=19), ArrivalConfig(request_rate=6.0),
+        200, tensor_parallel_size=4, datasheet=True,
+    ),
+}
+
+
+def _target(s: Scenario) -> SimTarget:
+    dep: Deployment = build_deployment(
+        s.gpu, s.model, s.engine_args, replicas=s.replicas, router=s.router,
+        tensor_parallel_size=s.tensor_parallel_size,
+    )
+    if not s.frontend:
+        dep = Deployment.build(
+            dep.hardware, dep.model, dep.requested, coefficients=dep.coefficients, router=dep.router,
+            performance_mode=dep.performance_mode, frontend_s_per_request=0.0, frontend_s_per_token=0.0,
+            frontend_s_per_output_token=0.0,
+        )
+    cost = RooflineCostModel(dep.hardware, dep.model, dep.config, dep.coefficients, kernels=not s.datasheet)
+    cost_model: CostModel = _BatchOnly(cost) if s.batch_only_cost else cost
+    return SimTarget(
+        dep.config, dep.memory.num_blocks, cost_model, router=dep.router, scrape_interval=0.5,
+        network_latency=s.network_latency, frontend_s_per_request=dep.frontend_s_per_request,
+        frontend_s_per_token=dep.frontend_s_per_token, frontend_s_per_output_token=dep.frontend_s_per_output_token,
+        cpu_costs=dep.coefficients,
+    )
+
+
+def _plan(s: Scenario) -> LoadPlan:
+    plan = build_plan(s.workload, s.arrival, Amount(num_prompts=s.requests))
+    specs = list(plan.requests)
+    if s.priorities:
+        for spec in specs:
+            spec.priority = (spec.index * 7) % 3
+    plan.requests = specs
+    return plan
+
+
+def digest(name: str) -> tuple[str, int, int, int]:
+    """sha256 over the scenario's records, timeline and client stats, then what shows the scenario covers its
+    case: engine steps, preemptions and prefix-cache hit tokens."""
+    s = SCENARIOS[name]
+    sink = MemorySink()
+    samples: list[TimelineSample] = []
+    run = _target(s).run(_plan(s), sink, samples.append)
+    h = hashlib.sha256()
+    for rec in sink.records:
+        h.update(rec.to_json().encode())
+    for sample in samples:
+        h.update(sample.to_json().encode())
+    h.update(json.dumps([run.duration, run.client_stats]).encode())
+    last = samples[-1].values
+    return h.hexdigest(), run.client_stats["engine_steps"], int(last[tl.PREEMPTIONS]), int(last[tl.PREFIX_HITS])
+
+
+GOLDEN: dict[str, tuple[str, int, int, int]] = {
+    'burst_short': ('49c8419730d6594d12de5fc80897ed46dbcd8f8a4432c333e809bb70125e4809', 48, 0, 0),
+    'chunked_replicas': ('dd05cc5d0be50fe1a30d80909dffa7c4e4086e5cf67c796584ea6a1028281416', 3137, 0, 0),
+    'multiturn_closed_loop': ('370144764c87aa7581499e22c7bbc297a638130f58afcef769189623008f9aaa', 1978, 0, 190192),
+    'no_chunking_sync': ('7607ecd31ca301c91431bbaf4c27c0fa7134b62adffe1772996f75521d47b5be', 960, 0, 0),
+    'overload_async_frontend': ('910ebf58cde2e8809f80b5288301cfa677db3ec00d1009009e5527da287b1ec8', 575, 0, 0),
+    'preempt_async_priority': ('7c49cc10ce133fb36874465d2f3e333c699f0f4d568de3e859da58e3ba25d16b', 6822, 127, 0),
+    'preempt_sync_fcfs': ('08c7d26725cd095418043dbd06bb5b48c39c72fca74e5a52c50dd9f155f3ce10', 7094, 106, 0),
+    'prefix_fast_forward': ('f410eaf46567a130ab74c8016c0bc4c28f5a255d2680674185432d64a778746f', 1988, 0, 272448),
+    'tp2_datasheet_api_servers': ('caf65f24e36f00107e9f1c15e890127ef69407c1003ae02d530b1c7287c05653', 1625, 0, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_simulator_output_is_bit_identical_to_the_golden_run(name):
+    assert digest(name) == GOLDEN[name]
+
+
+def test_hashing_many_prompts_at_once_gives_each_its_own_hashes():
+    rng = np.random.default_rng(4)
+    shared = rng.integers(0, 150_000, 64)
+    prompts = [
+        rng.integers(0, 150_000, n) for n in (0, 15, 16, 17, 1500, 3, 40)
+    ] + [np.concatenate([shared, rng.integers(0, 150_000, 20)]), shared, list(shared[:33])]
+    for block_size in (1, 16, 32):
+        many = prompt_block_hashes_many(prompts, block_size)
+        assert many == [prompt_block_hashes(p, block_size) for p in prompts]
+        assert many[-3][:64 // block_size] == many[-2]  # a shared prefix still hashes alike across the batch
+
+
+def test_output_block_hashes_element_wise_match_the_ranges():
+    uids, positions = np.array([0, 0, 7, 123_456]), np.array([0, 5, 93, 12])
+    assert output_block_hash_array(uids, positions).tolist() == [
+        output_block_hashes(u, j, j + 1)[0] for u, j in zip(uids.tolist(), positions.tolist())
+    ]
+
+
+if __name__ == "__main__":
+    for key in sorted(SCENARIOS):
+        print(f"    {key!r}: {digest(key)!r},")
