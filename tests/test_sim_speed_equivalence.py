@@ -22,6 +22,7 @@ from servelab.metrics import timeline as tl
 from servelab.metrics.records import MemorySink
 from servelab.metrics.timeline import TimelineSample
 from servelab.perf.cost_model import CostModel, RooflineCostModel, StepBatch
+from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.sim.hashing import (
     output_block_hash_array,
     output_block_hashes,
@@ -137,16 +138,13 @@ def _target(s: Scenario) -> SimTarget:
     if not s.frontend:
         dep = Deployment.build(
             dep.hardware, dep.model, dep.requested, coefficients=dep.coefficients, router=dep.router,
-            performance_mode=dep.performance_mode, frontend_s_per_request=0.0, frontend_s_per_token=0.0,
-            frontend_s_per_output_token=0.0,
+            performance_mode=dep.performance_mode, api=ApiServerCosts(),
         )
     cost = RooflineCostModel(dep.hardware, dep.model, dep.config, dep.coefficients, kernels=not s.datasheet)
     cost_model: CostModel = _BatchOnly(cost) if s.batch_only_cost else cost
     return SimTarget(
         dep.config, dep.memory.num_blocks, cost_model, router=dep.router, scrape_interval=0.5,
-        network_latency=s.network_latency, frontend_s_per_request=dep.frontend_s_per_request,
-        frontend_s_per_token=dep.frontend_s_per_token, frontend_s_per_output_token=dep.frontend_s_per_output_token,
-        cpu_costs=dep.coefficients,
+        network_latency=s.network_latency, api=dep.api, cpu_costs=dep.coefficients,
     )
 
 
@@ -178,15 +176,15 @@ def digest(name: str) -> tuple[str, int, int, int]:
 
 
 GOLDEN: dict[str, tuple[str, int, int, int]] = {
-    'burst_short': ('49c8419730d6594d12de5fc80897ed46dbcd8f8a4432c333e809bb70125e4809', 48, 0, 0),
-    'chunked_replicas': ('dd05cc5d0be50fe1a30d80909dffa7c4e4086e5cf67c796584ea6a1028281416', 3137, 0, 0),
-    'multiturn_closed_loop': ('370144764c87aa7581499e22c7bbc297a638130f58afcef769189623008f9aaa', 1978, 0, 190192),
-    'no_chunking_sync': ('7607ecd31ca301c91431bbaf4c27c0fa7134b62adffe1772996f75521d47b5be', 960, 0, 0),
-    'overload_async_frontend': ('910ebf58cde2e8809f80b5288301cfa677db3ec00d1009009e5527da287b1ec8', 575, 0, 0),
-    'preempt_async_priority': ('7c49cc10ce133fb36874465d2f3e333c699f0f4d568de3e859da58e3ba25d16b', 6822, 127, 0),
+    'burst_short': ('159534d5e141a7b0a46078fddf6a72c292af02183e716b1edc0e8084cedce916', 99, 0, 0),
+    'chunked_replicas': ('de456fd9dbf5d4b37a6230780807152c6b8f8e2cc6eab79bb996c3d065e6c451', 3140, 0, 0),
+    'multiturn_closed_loop': ('b45fcd3713d2f6022b6552f502b246487d3e3c18cdb6ba28e495d3ab06c06273', 1995, 0, 190192),
+    'no_chunking_sync': ('8113d37c912de5252b425f644e7a7e988c00ec46f74b431bbcd4efbabebe5194', 959, 0, 0),
+    'overload_async_frontend': ('fd81ab8abaeac2c2088628ebb3f3ec20061b1229fea1f997c0702722c8fe3ae2', 575, 0, 0),
+    'preempt_async_priority': ('629144ee451a78f6d12b0feaac0301543abe30fb275194677b06fae78a1e97ef', 6822, 127, 0),
     'preempt_sync_fcfs': ('08c7d26725cd095418043dbd06bb5b48c39c72fca74e5a52c50dd9f155f3ce10', 7094, 106, 0),
     'prefix_fast_forward': ('f410eaf46567a130ab74c8016c0bc4c28f5a255d2680674185432d64a778746f', 1988, 0, 272448),
-    'tp2_datasheet_api_servers': ('caf65f24e36f00107e9f1c15e890127ef69407c1003ae02d530b1c7287c05653', 1625, 0, 0),
+    'tp2_datasheet_api_servers': ('f945a7268fe1fb1f8758da77e97b1ce017f2f99b486ef27f2ec222c4446235c6', 1626, 0, 0),
 }
 
 
