@@ -216,7 +216,7 @@ def main() -> int:
              (gpu.UTIL, gpu.SM_CLOCK_MHZ, gpu.MEM_USED_BYTES, gpu.POWER_W, gpu.TEMPERATURE_C)}
         means[phase] = m
         cell = lambda v, scale=1.0, fmt="{:.0f}": "—" if v is None else fmt.format(v / scale)  # noqa: E731
-        print(f"{phase:<12} {span[0]:5.1f}-{span[1]:5.1f} {cell(m[gpu.UTIL], 0.01) + "%":>6} {cell(m[gpu.SM_CLOCK_MHZ]):>7} "
+        print(f"{phase:<12} {span[0]:5.1f}-{span[1]:5.1f} {cell(m[gpu.UTIL], 0.01) + '%':>6} {cell(m[gpu.SM_CLOCK_MHZ]):>7} "
               f"{cell(m[gpu.MEM_USED_BYTES], 2**30, '{:.2f}'):>8} {cell(m[gpu.POWER_W]):>6} {cell(m[gpu.TEMPERATURE_C]):>4}")
     if load is not None:
         idle = means["idle before"][gpu.UTIL] or 0.0
