@@ -16,6 +16,7 @@ import numpy as np
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.results import RunResult
+from servelab.metrics.server_timings import TtftSplit, ttft_split
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample, counter_delta
 
@@ -61,12 +62,14 @@ class Evidence:
     """Engine iterations per second (vllm:iteration_tokens_total count)."""
     engine_busy: float | None = None
     """Share of time an engine step was running (known to the simulator only)."""
+    ttft_split: TtftSplit | None = None
+    """The client's mean TTFT split into API server & network, engine queue and prefill (the server's histograms)."""
     client_may_be_bottleneck: bool = False
     client_reason: str | None = None
     source: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "ttft_split": self.ttft_split.as_dict() if self.ttft_split is not None else None}
 
 
 def _gauge(samples: list[TimelineSample], name: str) -> np.ndarray:
@@ -160,6 +163,8 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
         achieved_read_bandwidth=_rate(samples, tl.READ_BYTES),
         steps_per_s=_rate(samples, tl.ITERATION_TOKENS_COUNT),
         engine_busy=_busy(run.run_info, float(summary["duration"])),
+        # The whole run's records: the server's histograms count every request, warm-up included.
+        ttft_split=ttft_split(run.records, run.timeline),
         client_may_be_bottleneck=bool(client.get("client_may_be_bottleneck", False)),
         client_reason=client.get("reason"),
         source=run.run_info.get("source"),

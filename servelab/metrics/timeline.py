@@ -34,6 +34,14 @@ from servelab.sim.vllm_metrics import (  # re-exported: readers of a timeline na
     WAITING,
 )
 
+QUEUE_TIME_SUM = "vllm:request_queue_time_seconds_sum"
+QUEUE_TIME_COUNT = "vllm:request_queue_time_seconds_count"
+"""Engine-core queueing to first scheduling, observed when a request finishes (vLLM; the simulator does not export it)."""
+DECODE_TIME_SUM = "vllm:request_decode_time_seconds_sum"
+DECODE_TIME_COUNT = "vllm:request_decode_time_seconds_count"
+E2E_SUM = "vllm:e2e_request_latency_seconds_sum"
+E2E_COUNT = "vllm:e2e_request_latency_seconds_count"
+
 
 @dataclass(slots=True)
 class TimelineSample:
