@@ -7,12 +7,17 @@ request by request (the real server's version is in test_server_timings_vllm.py)
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+from typer.testing import CliRunner
+
+from servelab.cli import app
 
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import MemorySink, RequestRecord
-from servelab.metrics.server_timings import TtftSplit, describe, ttft_split
+from servelab.metrics.server_timings import TtftSplit, describe, sweep_ttft_splits, ttft_split
 from servelab.metrics.timeline import TimelineSample
 from servelab.perf.engine_config import EngineConfig
 from servelab.sim.linear_cost import LinearCostModel
@@ -107,3 +112,20 @@ def test_without_the_servers_histograms_or_a_first_token_there_is_no_split():
     assert ttft_split(_records([0.5]), [TimelineSample(0, {tl.RUNNING: 1})]) is None
     samples = [_sample(0, ttft=0, ttft_n=0, prefill=0, prefill_n=0), _sample(1, ttft=1, ttft_n=2, prefill=1, prefill_n=2)]
     assert ttft_split([RequestRecord(0, 0.0, 0.0, 1.0)], samples) is None
+
+
+def test_each_sweep_point_has_its_own_split_and_the_queue_grows_with_the_load(tmp_path: Path):
+    result = CliRunner().invoke(app, [
+        "simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--engine-args", "--max-num-seqs 4",
+        "--random-input-len", "512", "--random-output-len", "32", "--num-prompts", "40",
+        "--sweep", "max-concurrency=1,32", "--result-dir", str(tmp_path),
+    ])
+    assert result.exit_code == 0, result.output
+    points = sweep_ttft_splits(tmp_path)
+    assert [label for label, _ in points] == ["max-concurrency=1", "max-concurrency=32"]
+    (_, alone), (_, crowded) = points
+    for split in (alone, crowded):
+        assert split.requests == split.server_requests == 40
+        assert min(split.parts.values()) >= 0 and sum(split.parts.values()) == pytest.approx(split.client_ttft_s)
+    assert alone.queue_s < 0.1 * alone.client_ttft_s  # one at a time: nothing to wait for
+    assert crowded.queue_s > 0.5 * crowded.client_ttft_s  # 32 in flight on 4 slots

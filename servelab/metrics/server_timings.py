@@ -33,12 +33,15 @@ the simulator, which has no transfer between API server and engine core).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import RequestRecord
+from servelab.metrics.results import SWEEP, load_run
 from servelab.metrics.timeline import TimelineSample, counter_delta
 
 COUNT_MISMATCH = 0.02
@@ -135,6 +138,20 @@ def ttft_split(records: Sequence[RequestRecord], samples: Sequence[TimelineSampl
         decode_s=decode[0] if decode else None,
         notes=tuple(notes),
     )
+
+
+def sweep_ttft_splits(directory: Path) -> list[tuple[str, TtftSplit | None]]:
+    """Each point of a sweep (sweep.json's order) with its split: how the TTFT's parts move with the load.
+
+    Every point is its own run with its own bracketing scrapes, so each split
+    covers exactly that point's requests.
+    """
+    index = json.loads((directory / SWEEP).read_text(encoding="utf-8"))
+    out = []
+    for point in index["points"]:
+        run = load_run(directory / point["directory"])
+        out.append((point["directory"], ttft_split(run.records, run.timeline)))
+    return out
 
 
 def describe(split: TtftSplit, queue_reason: str = "") -> str:
