@@ -39,9 +39,10 @@ class Evidence:
     ttft_mean_ms: float
     ttft_p50_ms: float
     ttft_p99_ms: float
-    tpot_p50_ms: float
-    tpot_p99_ms: float
-    itl_p99_ms: float
+    tpot_p50_ms: float | None
+    """None (like ITL) when no request had a second token."""
+    tpot_p99_ms: float | None
+    itl_p99_ms: float | None
     e2el_p50_ms: float
     mean_running: float | None = None
     max_running: float | None = None
@@ -120,8 +121,13 @@ def client_stats_of(run: RunResult) -> dict[str, Any]:
 
 
 def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
+    """The run's evidence; ValueError when no request completed (no latency was measured: nothing to diagnose)."""
     records = [r for r in run.records if r.send_time >= warmup]
     summary = summarize(records)
+    if not summary["completed"]:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(summary["errors_by_kind"].items())) or "none sent"
+        raise ValueError(f"no request completed in this run ({kinds}): there is no latency or throughput to diagnose; "
+                         "fix what the errors say and measure again")
     ok = [r for r in records if r.ok]
     arrival = arrival_of(run)
     rate = arrival.get("request_rate")
@@ -142,9 +148,9 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
         ttft_mean_ms=float(summary["mean_ttft_ms"]),
         ttft_p50_ms=float(summary["median_ttft_ms"]),
         ttft_p99_ms=float(summary["p99_ttft_ms"]),
-        tpot_p50_ms=float(summary["median_tpot_ms"]),
-        tpot_p99_ms=float(summary["p99_tpot_ms"]),
-        itl_p99_ms=float(summary["p99_itl_ms"]),
+        tpot_p50_ms=summary["median_tpot_ms"],
+        tpot_p99_ms=summary["p99_tpot_ms"],
+        itl_p99_ms=summary["p99_itl_ms"],
         e2el_p50_ms=float(summary["median_e2el_ms"]),
         mean_running=float(running.mean()) if running.size else None,
         max_running=float(running.max()) if running.size else None,

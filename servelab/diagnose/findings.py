@@ -287,7 +287,9 @@ def underloaded(x: Context) -> Finding | None:
 
 def slo_tradeoff(x: Context) -> Finding | None:
     """Chunked prefill trades TTFT against ITL through the token budget."""
-    stall = x.e.itl_p99_ms / x.e.tpot_p50_ms if x.e.tpot_p50_ms else 0.0
+    if x.e.itl_p99_ms is None or not x.e.tpot_p50_ms:
+        return None  # no request had a second token: no inter-token latency to trade
+    stall = x.e.itl_p99_ms / x.e.tpot_p50_ms
     evidence = [
         f"ITL p99 {x.e.itl_p99_ms:.0f} ms vs TPOT p50 {x.e.tpot_p50_ms:.0f} ms: decodes that share a step with a "
         f"{x.d.config.max_num_batched_tokens}-token prefill chunk wait for it",

@@ -98,12 +98,10 @@ class GpuTelemetry:
 
     dcgm_url: str | None = None
 
-    @property
-    def source(self) -> str:
-        return self.dcgm_url or "nvml"
-
 
 class GpuSampler(Protocol):
+    """A run's live source of GPU columns; sampling never raises (a failure is an empty dict and a counted error)."""
+
     async def sample(self) -> dict[str, float]: ...
 
     def stats(self) -> dict[str, Any]: ...
