@@ -66,7 +66,7 @@ def gpu_count() -> int:
 class _Server(BaseHTTPRequestHandler):
     """A stand-in for the server's /metrics, so the rows are the merged rows `bench` writes."""
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         body = SERVER_METRICS.encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -140,7 +140,10 @@ async def sample_phases(
 ) -> tuple[dict[str, tuple[float, float]], int, dict]:
     """Scrape through idle, load, idle; returns each phase's run-time span, the bytes the load held, scraper stats."""
     zero = time.perf_counter()
-    clock = lambda: time.perf_counter() - zero  # noqa: E731
+
+    def clock() -> float:
+        return time.perf_counter() - zero
+
     phases: dict[str, tuple[float, float]] = {}
     held = 0
     async with aiohttp.ClientSession() as session, gpu_sampler(GpuTelemetry(), session) as sampler:
@@ -169,6 +172,10 @@ async def sample_phases(
         await scraping
         await scraper.sample_once()
         return phases, held, scraper.stats()
+
+
+def cell(value: float | None, scale: float = 1.0, fmt: str = "{:.0f}") -> str:
+    return "—" if value is None else fmt.format(value / scale)
 
 
 def mean_in(samples: list[TimelineSample], name: str, span: tuple[float, float]) -> float | None:
@@ -215,15 +222,14 @@ def main() -> int:
         m = {f: mean_in(samples, gpu_key(0, f), span) for f in
              (gpu.UTIL, gpu.SM_CLOCK_MHZ, gpu.MEM_USED_BYTES, gpu.POWER_W, gpu.TEMPERATURE_C)}
         means[phase] = m
-        cell = lambda v, scale=1.0, fmt="{:.0f}": "—" if v is None else fmt.format(v / scale)  # noqa: E731
         print(f"{phase:<12} {span[0]:5.1f}-{span[1]:5.1f} {cell(m[gpu.UTIL], 0.01) + '%':>6} {cell(m[gpu.SM_CLOCK_MHZ]):>7} "
               f"{cell(m[gpu.MEM_USED_BYTES], 2**30, '{:.2f}'):>8} {cell(m[gpu.POWER_W]):>6} {cell(m[gpu.TEMPERATURE_C]):>4}")
     if load is not None:
         idle = means["idle before"][gpu.UTIL] or 0.0
         busy = means["load"][gpu.UTIL] or 0.0
         checks.append(("utilisation rises under load", busy >= LOADED_UTIL and busy >= idle + UTIL_RISE,
-                       f"GPU 0 {100 * idle:.0f}% idle -> {100 * busy:.0f}% loaded "
-                       f"(needs >= {100 * LOADED_UTIL:.0f}% and +{100 * UTIL_RISE:.0f} points)"))
+                       (f"GPU 0 {100 * idle:.0f}% idle -> {100 * busy:.0f}% loaded "
+                       f"(needs >= {100 * LOADED_UTIL:.0f}% and +{100 * UTIL_RISE:.0f} points)")))
         mem_idle, mem_busy = means["idle before"][gpu.MEM_USED_BYTES], means["load"][gpu.MEM_USED_BYTES]
         rise = (mem_busy or 0.0) - (mem_idle or 0.0)
         checks.append(("memory used rises by the load's tensors", rise >= 0.9 * held,

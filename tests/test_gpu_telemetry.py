@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import aiohttp
 import pynvml
 import pytest
+from support.dcgm_exporter import DCGM_EXPOSITION, dcgm_exporter
 
 from servelab.metrics import gpu
 from servelab.metrics.gpu import (
@@ -26,7 +27,6 @@ from servelab.metrics.gpu import (
     split_gpu_key,
 )
 from servelab.metrics.scrape import MetricsScraper
-from support.dcgm_exporter import DCGM_EXPOSITION, dcgm_exporter
 
 
 def test_dcgm_default_and_profiling_fields_become_gpu_columns_in_timeline_units() -> None:

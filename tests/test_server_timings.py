@@ -14,10 +14,14 @@ import pytest
 from typer.testing import CliRunner
 
 from servelab.cli import app
-
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import MemorySink, RequestRecord
-from servelab.metrics.server_timings import TtftSplit, describe, sweep_ttft_splits, ttft_split
+from servelab.metrics.server_timings import (
+    TtftSplit,
+    describe,
+    sweep_ttft_splits,
+    ttft_split,
+)
 from servelab.metrics.timeline import TimelineSample
 from servelab.perf.engine_config import EngineConfig
 from servelab.sim.linear_cost import LinearCostModel
@@ -72,7 +76,7 @@ def test_network_latency_is_api_server_and_network_time():
 
 
 def test_a_saturated_api_server_shows_as_api_server_time_not_engine_time():
-    frontend = dict(frontend_s_per_request=0.010, frontend_s_per_token=50e-6)  # ~48 req/s on one core
+    frontend = {"frontend_s_per_request": 0.010, "frontend_s_per_token": 50e-6}  # ~48 req/s on one core
     records, samples = simulate(SimTarget(EngineConfig(max_num_seqs=32, max_num_batched_tokens=1024), 2000, COST,
                                           **frontend), LoadPlan(specs(300, rate=150, seed=4)))
     split = ttft_split(records, samples)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.dcgm_exporter import dcgm_exporter
 from typer.testing import CliRunner
 
 from servelab.cli import app
@@ -22,7 +23,6 @@ from servelab.metrics import timeline as tl
 from servelab.metrics.gpu import gpu_key
 from servelab.metrics.results import load_run
 from servelab.metrics.server_timings import ttft_split
-from support.dcgm_exporter import dcgm_exporter
 
 pytestmark = pytest.mark.vllm
 runner = CliRunner()

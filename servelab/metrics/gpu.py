@@ -209,7 +209,7 @@ class DcgmSampler:
                     raise ValueError(f"HTTP {resp.status}")
                 text = await resp.text()
             values = await asyncio.to_thread(parse_dcgm, text)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, UnicodeDecodeError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError, UnicodeDecodeError) as exc:
             self.failures += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
             return {}

@@ -91,7 +91,7 @@ def _mean(samples: Sequence[TimelineSample], sum_name: str, count_name: str) -> 
     total, count = counter_delta(list(samples), sum_name), counter_delta(list(samples), count_name)
     if total is None or not count:
         return None
-    return total / count, int(round(count))
+    return total / count, round(count)
 
 
 def ttft_split(records: Sequence[RequestRecord], samples: Sequence[TimelineSample]) -> TtftSplit | None:

@@ -60,7 +60,7 @@ DCGM_EXPOSITION = "\n".join([
 class _Exporter(BaseHTTPRequestHandler):
     """Serves DCGM_EXPOSITION at /metrics and 404 elsewhere, as a stand-in for dcgm-exporter on :9400."""
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         body = DCGM_EXPOSITION.encode() if self.path == "/metrics" else b"not found"
         self.send_response(200 if self.path == "/metrics" else 404)
         self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
