@@ -11,6 +11,7 @@ from servelab.diagnose import findings as fk
 from servelab.diagnose.analysis import analyse, diagnose_described, diagnose_run
 from servelab.diagnose.scenario import simulate, synthetic
 from servelab.experiment.calibrate import deployment_from_profile
+from servelab.metrics.records import RequestRecord
 from servelab.metrics.results import ResultWriter, load_run
 from servelab.metrics.slo import SLO
 from servelab.perf.calibration import load_profile
@@ -216,3 +217,13 @@ def test_cli_calibration_beside_gpu_or_model_is_one_error_naming_both(tmp_path, 
                                       "--output-len", "5", "--request-rate", "1"])
     assert result.exit_code == 2
     assert flag[0] in result.output and "--calibration" in result.output and "Traceback" not in result.output
+
+
+def test_cli_a_run_where_nothing_completed_is_one_clear_error_not_a_diagnosis_of_zeros(tmp_path):
+    writer = ResultWriter(tmp_path, {"verb": "bench", "source": "http"})
+    for i in range(3):
+        writer.records.write(RequestRecord(index=i, intended_time=0.0, send_time=0.0, finish_time=0.01, status="error",
+                                           error_kind="http_500", error="Internal Server Error"))
+    writer.close()
+    result = CliRunner().invoke(app, ["diagnose", str(tmp_path), "--gpu", "a100-80gb", "--model", "qwen2.5-7b"])
+    assert result.exit_code == 2 and "no request completed" in result.output and "3 http_500" in result.output

@@ -1,10 +1,12 @@
 """The one summary function: definitions as `vllm bench serve` uses them."""
 
 import pytest
+from rich.console import Console
 
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.slo import SLO, SLOError, tpot_seconds
 from servelab.metrics.summary import summarize
+from servelab.report.terminal import NO_DATA, summary_table, sweep_table
 
 
 def record(i: int, send: float, first: float, finish: float, out: int, **kw) -> RequestRecord:
@@ -68,6 +70,42 @@ def test_tpot_undefined_for_single_token():
     assert tpot_seconds(record(0, 0, 0.1, 0.1, 1)) is None
 
 
-def test_empty_input_gives_zeros_not_errors():
+def test_empty_input_gives_no_latency_not_zeros_or_errors():
     s = summarize([])
-    assert s["completed"] == 0 and s["request_throughput"] == 0.0 and s["mean_ttft_ms"] == 0.0
+    assert s["completed"] == 0 and s["request_throughput"] == 0.0 and s["mean_ttft_ms"] is None
+
+
+def failed_run() -> list[RequestRecord]:
+    return [RequestRecord(index=i, intended_time=0.0, send_time=0.0, finish_time=0.01 * (i + 1), status="error",
+                          error_kind="connection_refused", error="refused") for i in range(3)]
+
+
+def test_a_failed_run_has_no_latencies_not_zero_ones():
+    s = summarize(failed_run(), percentiles=(50, 99))
+    latency = [k for k in s if k.endswith("_ms")]
+    assert len(latency) == 4 * 5 and all(s[k] is None for k in latency)  # mean, median, std, p50, p99 x 4 metrics
+    assert s["failed"] == 3 and s["request_throughput"] == 0.0  # a rate of nothing completed is a measured zero
+
+
+def test_single_token_outputs_have_a_ttft_but_no_tpot_or_itl():
+    s = summarize([record(0, 0.0, 0.1, 0.1, 1), record(1, 0.0, 0.3, 0.3, 1)])
+    assert s["mean_ttft_ms"] == pytest.approx(200.0)
+    assert s["mean_tpot_ms"] is None and s["p99_itl_ms"] is None
+
+
+def rendered(table) -> str:
+    console = Console(record=True, width=120)
+    console.print(table)
+    return console.export_text()
+
+
+def test_the_terminal_shows_a_dash_for_a_metric_without_data_never_0_00():
+    text = rendered(summary_table(summarize(failed_run())))
+    latency_rows = [line for line in text.splitlines() if "_ms" in line]
+    assert latency_rows and all(line.rstrip(" │").endswith(NO_DATA) for line in latency_rows), text
+    assert "0.00" not in "".join(latency_rows)
+    ok = rendered(summary_table(summarize([record(0, 0.0, 0.1, 1.1, 11)])))
+    assert NO_DATA not in ok and "100.00" in ok  # measured values are still numbers
+    point = {"max-concurrency": 4, **summarize(failed_run())}
+    sweep = rendered(sweep_table({"sweep": {"key": "max-concurrency"}, "points": [point]}))
+    assert sweep.count(NO_DATA) == 4  # TTFT mean and p99, TPOT, E2EL; req/s is a measured 0.00

@@ -16,6 +16,7 @@ from servelab.cli.options import (
 from servelab.cli.report import ReportFlag
 from servelab.cli.run_and_show import run_and_show
 from servelab.errors import InputError
+from servelab.metrics.gpu import GpuTelemetry
 from servelab.targets.http import HttpTarget
 from servelab.targets.preflight import ENDPOINTS
 
@@ -32,6 +33,10 @@ def bench(
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="vLLM: generate exactly max_tokens.", rich_help_panel=_TARGET)] = False,
     request_timeout: Annotated[float, typer.Option(help="Seconds a request may take in all.", rich_help_panel=_TARGET)] = 600.0,
     scrape_interval: Annotated[float, typer.Option(help="Seconds between /metrics scrapes.", rich_help_panel=_TARGET)] = 1.0,
+    gpu_metrics_url: Annotated[Optional[str], typer.Option(
+        help="A DCGM exporter's /metrics (e.g. http://gpu-host:9400/metrics): the server's GPUs, sampled with /metrics "
+             "into timeline.jsonl. Default: this host's GPUs through NVML, if any.",
+        rich_help_panel=_TARGET)] = None,
     report: ReportFlag = False,
     workers: Annotated[int, typer.Option(help="Client processes, one event loop each: raise it when the summary warns that the client is the bottleneck.", rich_help_panel=_TARGET)] = 1,
     *,
@@ -50,6 +55,8 @@ def bench(
         raise InputError(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
     if workers < 1:
         raise InputError(f"--workers must be >= 1, got {workers}")
+    if gpu_metrics_url is not None and not gpu_metrics_url.startswith(("http://", "https://")):
+        raise InputError(f"--gpu-metrics-url must be an http(s) URL, got {gpu_metrics_url!r}")
     target = HttpTarget(
         base_url,
         endpoint,
@@ -60,11 +67,13 @@ def bench(
         scrape_interval=scrape_interval,
         send_text=bool(first_plan.description["text_prompts"]),
         workers=workers,
+        gpu_telemetry=GpuTelemetry(dcgm_url=gpu_metrics_url),
     )
     server = target.preflight()
     result_dir = load.output_dir("bench")
     flags = {"base_url": base_url, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
-             "request_timeout": request_timeout, "scrape_interval": scrape_interval, "workers": workers, **load.as_dict()}
+             "request_timeout": request_timeout, "scrape_interval": scrape_interval, "workers": workers,
+             "gpu_metrics_url": gpu_metrics_url, **load.as_dict()}
     run_info: dict[str, Any] = {"verb": "bench", "source": "http", "argv": _argv_without_secrets(api_key), "flags": flags}
     out.print(f"bench: {server['model']} at {base_url}{endpoint} -> {result_dir}", highlight=False)
     for warning in server["warnings"]:

@@ -15,11 +15,12 @@ from servelab.diagnose.advice import AdviceContext, check_advice
 from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, saturation_rps, slo_max_rps
 from servelab.diagnose.ceilings import Ceilings, compute_ceilings
 from servelab.diagnose.evidence import Evidence, gather
-from servelab.diagnose.findings import Context, Finding, detect
+from servelab.diagnose.findings import Context, Finding, detect, queue_reason
 from servelab.diagnose.recommend import recommend, run as simulate_outcome
 from servelab.diagnose.scenario import Scenario, from_run, simulate
 from servelab.diagnose.utilization import Utilization, utilization
 from servelab.metrics.results import RunResult
+from servelab.metrics.server_timings import describe
 from servelab.metrics.slo import SLO
 from servelab.targets.deployment import Deployment
 
@@ -165,6 +166,8 @@ def diagnose_described(deployment: Deployment, scenario: Scenario, *, slo: SLO |
 def notes(dx: Diagnosis) -> list[str]:
     """Plain-language explanations of what users misread most: GPU utilisation and 'memory full'."""
     u, e, out = dx.utilization, dx.evidence, []
+    if e.ttft_split is not None:  # the server's own account of the first token comes first: it is measured
+        out.append(f"Where the first token's time went: {describe(e.ttft_split, queue_reason(e, dx.ceilings))}.")
     busy = f"{100 * u.engine_busy:.0f}%" if u.engine_busy is not None else "unknown"
     gpu_util = dx.observed.gpu_util
     seen = f"You saw {100 * gpu_util:.0f}% GPU utilisation. " if gpu_util is not None else ""

@@ -13,9 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from servelab.errors import InputError
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.results import RunResult
+from servelab.metrics.server_timings import TtftSplit, ttft_split
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample, counter_delta
 
@@ -38,9 +40,10 @@ class Evidence:
     ttft_mean_ms: float
     ttft_p50_ms: float
     ttft_p99_ms: float
-    tpot_p50_ms: float
-    tpot_p99_ms: float
-    itl_p99_ms: float
+    tpot_p50_ms: float | None
+    """None (like ITL) when no request had a second token."""
+    tpot_p99_ms: float | None
+    itl_p99_ms: float | None
     e2el_p50_ms: float
     mean_running: float | None = None
     max_running: float | None = None
@@ -61,12 +64,14 @@ class Evidence:
     """Engine iterations per second (vllm:iteration_tokens_total count)."""
     engine_busy: float | None = None
     """Share of time an engine step was running (known to the simulator only)."""
+    ttft_split: TtftSplit | None = None
+    """The client's mean TTFT split into API server & network, engine queue and prefill (the server's histograms)."""
     client_may_be_bottleneck: bool = False
     client_reason: str | None = None
     source: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "ttft_split": self.ttft_split.as_dict() if self.ttft_split is not None else None}
 
 
 def _gauge(samples: list[TimelineSample], name: str) -> np.ndarray:
@@ -117,8 +122,13 @@ def client_stats_of(run: RunResult) -> dict[str, Any]:
 
 
 def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
+    """The run's evidence; InputError when no request completed (no latency was measured: nothing to diagnose)."""
     records = [r for r in run.records if r.send_time >= warmup]
     summary = summarize(records)
+    if not summary["completed"]:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(summary["errors_by_kind"].items())) or "none sent"
+        raise InputError(f"no request completed in this run ({kinds}): there is no latency or throughput to diagnose; "
+                         "fix what the errors say and measure again")
     ok = [r for r in records if r.ok]
     arrival = arrival_of(run)
     rate = arrival.get("request_rate")
@@ -139,9 +149,9 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
         ttft_mean_ms=float(summary["mean_ttft_ms"]),
         ttft_p50_ms=float(summary["median_ttft_ms"]),
         ttft_p99_ms=float(summary["p99_ttft_ms"]),
-        tpot_p50_ms=float(summary["median_tpot_ms"]),
-        tpot_p99_ms=float(summary["p99_tpot_ms"]),
-        itl_p99_ms=float(summary["p99_itl_ms"]),
+        tpot_p50_ms=summary["median_tpot_ms"],
+        tpot_p99_ms=summary["p99_tpot_ms"],
+        itl_p99_ms=summary["p99_itl_ms"],
         e2el_p50_ms=float(summary["median_e2el_ms"]),
         mean_running=float(running.mean()) if running.size else None,
         max_running=float(running.max()) if running.size else None,
@@ -160,6 +170,8 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
         achieved_read_bandwidth=_rate(samples, tl.READ_BYTES),
         steps_per_s=_rate(samples, tl.ITERATION_TOKENS_COUNT),
         engine_busy=_busy(run.run_info, float(summary["duration"])),
+        # The whole run's records: the server's histograms count every request, warm-up included.
+        ttft_split=ttft_split(run.records, run.timeline),
         client_may_be_bottleneck=bool(client.get("client_may_be_bottleneck", False)),
         client_reason=client.get("reason"),
         source=run.run_info.get("source"),

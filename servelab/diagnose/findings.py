@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from servelab.diagnose.ceilings import Ceilings
 from servelab.diagnose.evidence import Evidence
 from servelab.diagnose.utilization import Utilization
+from servelab.metrics.server_timings import describe
 from servelab.metrics.slo import SLO
 from servelab.targets.deployment import Deployment
 
@@ -100,6 +101,24 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def queue_reason(e: Evidence, c: Ceilings) -> str:
+    """What requests queued in the engine were waiting for, from the server's gauges: a slot, KV blocks, or neither."""
+    if e.max_running is not None and e.max_running >= 0.95 * c.max_num_seqs * c.replicas:
+        return f"waiting for a sequence slot: {e.max_running:.0f} running at max_num_seqs {c.max_num_seqs}"
+    if e.max_kv_usage is not None and e.max_kv_usage >= 0.95:
+        return f"waiting for KV cache blocks: usage peaked at {_pct(e.max_kv_usage)}"
+    return ""
+
+
+def ttft_split_evidence(x: Context, *parts: str) -> list[str]:
+    """The server's own account of the TTFT (servelab/metrics/server_timings.py), when its largest part is one of
+    `parts` ("api_server", "queue", "prefill"): measured evidence for the finding that names that part."""
+    split = x.e.ttft_split
+    if split is None or max(split.parts, key=split.parts.__getitem__) not in parts:
+        return []
+    return [describe(split, queue_reason(x.e, x.c)), *split.notes]
+
+
 def client_bound(x: Context) -> Finding | None:
     if not x.e.client_may_be_bottleneck:
         return None
@@ -177,6 +196,7 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
         )
     if not evidence:
         return None
+    evidence.extend(ttft_split_evidence(x, "api_server"))
     title = ("The API server's CPU, not the GPU, limits throughput" if load is not None and load[1] >= API_BUSY
              else "Requests wait in the API server before the engine sees them")
     return Finding(FRONTEND_CPU_BOUND, title, score, evidence)
@@ -193,6 +213,7 @@ def kv_capacity_bound(x: Context) -> Finding | None:
         f"({per_request:.2f} per completed request) recomputed prompts",
         f"KV holds {x.c.kv_capacity_seqs} sequences of {x.e.mean_input_tokens:.0f}+{x.e.mean_output_tokens:.0f} tokens "
         f"per replica ({x.d.memory.num_blocks} blocks of {x.d.memory.block_size}); max_num_seqs is {x.c.max_num_seqs}",
+        *ttft_split_evidence(x, "queue"),
     ]
     return Finding(KV_CAPACITY_BOUND, "The KV cache is too small for this concurrency",
                    0.8 + 0.15 * min(1.0, per_request) if preempted else 0.75, evidence)
@@ -207,6 +228,7 @@ def max_num_seqs_bound(x: Context) -> Finding | None:
         f"{x.running_per_replica:.0f} requests running per replica = max_num_seqs {x.c.max_num_seqs}, "
         f"with requests waiting in {_pct(x.queueing)} of samples (up to {x.e.max_waiting or 0:.0f})",
         f"the KV cache could hold {x.c.kv_capacity_seqs} such sequences (peak usage {_pct(x.e.max_kv_usage or 0)})",
+        *ttft_split_evidence(x, "queue"),
     ]
     score = 0.6 + 0.3 * x.queueing
     if x.u.compute_headroom >= 0.8:
@@ -225,6 +247,7 @@ def prefill_compute_bound(x: Context) -> Finding | None:
         f"{x.d.hardware.name} (MFU {_pct(x.u.mfu)}; ~{_pct(x.d.coefficients.compute_efficiency)} is the practical maximum)",
         f"prefill alone caps this workload at {x.c.prefill_compute_rps:.2f} req/s; "
         f"the simulated ceiling with decode included is {x.c.saturation_rps or 0:.2f} req/s",
+        *ttft_split_evidence(x, "prefill"),
     ]
     return Finding(PREFILL_COMPUTE_BOUND, "Prompt processing saturates the GPU's tensor cores",
                    0.5 + 0.45 * min(1.0, x.u.compute_headroom), evidence)
@@ -256,6 +279,7 @@ def underloaded(x: Context) -> Finding | None:
         f"{x.e.request_rate:.2f} req/s achieved; the simulator puts this deployment's ceiling for this workload at "
         f"{x.c.saturation_rps:.2f} req/s ({_pct(x.load_ratio)} used)",
         f"on average {x.e.mean_in_flight:.1f} requests were in flight and nothing waited for a slot",
+        *ttft_split_evidence(x, "api_server", "prefill"),
     ]
     if x.e.max_concurrency:
         evidence.append(f"the client keeps at most {x.e.max_concurrency} requests outstanding")
@@ -265,7 +289,9 @@ def underloaded(x: Context) -> Finding | None:
 
 def slo_tradeoff(x: Context) -> Finding | None:
     """Chunked prefill trades TTFT against ITL through the token budget."""
-    stall = x.e.itl_p99_ms / x.e.tpot_p50_ms if x.e.tpot_p50_ms else 0.0
+    if x.e.itl_p99_ms is None or not x.e.tpot_p50_ms:
+        return None  # no request had a second token: no inter-token latency to trade
+    stall = x.e.itl_p99_ms / x.e.tpot_p50_ms
     evidence = [
         f"ITL p99 {x.e.itl_p99_ms:.0f} ms vs TPOT p50 {x.e.tpot_p50_ms:.0f} ms: decodes that share a step with a "
         f"{x.d.config.max_num_batched_tokens}-token prefill chunk wait for it",

@@ -170,8 +170,9 @@ def point_plan(point: Point, deployment: Deployment, sim: SimTarget, seed: int) 
     return LoadPlan(specs, description=description)
 
 
-def figures(summary: dict[str, Any]) -> dict[str, float]:
-    return {name: float(summary[key]) for name, key in METRICS.items()}
+def figures(summary: dict[str, Any]) -> dict[str, float | None]:
+    """The compared figures; None where the run measured nothing (no request completed)."""
+    return {name: None if summary[key] is None else float(summary[key]) for name, key in METRICS.items()}
 
 
 def best_of(repeats: list[dict[str, Any]]) -> tuple[dict[str, float | None], dict[str, float | None]]:
@@ -183,9 +184,12 @@ def best_of(repeats: list[dict[str, Any]]) -> tuple[dict[str, float | None], dic
     valid = [r for r in repeats if not client_stalled(r) and not r.get("disturbed")]
     measured: dict[str, float | None] = dict.fromkeys(METRICS)
     simulated: dict[str, float | None] = dict.fromkeys(METRICS)
-    for k in METRICS if valid else ():
+    for k in METRICS:
+        candidates = [r for r in valid if r["measured"][k] is not None]
+        if not candidates:
+            continue
         pick = max if k == "output_throughput" else min
-        best = pick(valid, key=lambda x: x["measured"][k])
+        best = pick(candidates, key=lambda x: x["measured"][k])
         measured[k], simulated[k] = best["measured"][k], best["simulated"][k]
     return measured, simulated
 

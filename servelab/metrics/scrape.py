@@ -1,8 +1,11 @@
-"""The server's timeline, scraped from its Prometheus `/metrics` endpoint during a run.
+"""The server's timeline, scraped from its Prometheus `/metrics` endpoint during a run, with the GPUs' telemetry.
 
 Scraping is evidence, not load: a missing metric, a server without
 `/metrics`, or a scrape that fails or is slow must never fail or slow the
 run, so every error here degrades to "no sample" and the scraper keeps going.
+GPU telemetry (servelab/metrics/gpu.py), when the run has it, is read at the
+same instants and merged into the same samples: one row per instant, whichever
+of the two answered.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from servelab.metrics import timeline
+from servelab.metrics.gpu import GpuSampler
 from servelab.metrics.timeline import TimelineSample
 
 ALIASES = {
@@ -89,6 +93,7 @@ class MetricsScraper:
         on_sample: Callable[[TimelineSample], None] | None,
         interval: float = 1.0,
         headers: dict[str, str] | None = None,
+        gpu: GpuSampler | None = None,
     ) -> None:
         self.session = session
         self.url = url
@@ -96,11 +101,21 @@ class MetricsScraper:
         self.on_sample = on_sample
         self.interval = interval
         self.headers = headers
+        self.gpu = gpu
         self.samples: list[TimelineSample] = []
         self.failures = 0
         self.last_error: str | None = None
 
     async def fetch(self) -> dict[str, float] | None:
+        """One instant's values: the server's and the GPUs', read concurrently; None when neither answered."""
+        if self.gpu is None:
+            return await self.fetch_server()
+        server, gpu = await asyncio.gather(self.fetch_server(), self.gpu.sample())
+        if server is None and not gpu:
+            return None
+        return {**(server or {}), **gpu}
+
+    async def fetch_server(self) -> dict[str, float] | None:
         """One scrape's values; None (and a counted failure) when the endpoint fails or is not Prometheus text."""
         try:
             timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
@@ -140,4 +155,9 @@ class MetricsScraper:
             next_t = max(next_t + self.interval, self.clock())
 
     def stats(self) -> dict[str, object]:
-        return {"url": self.url, "samples": len(self.samples), "failures": self.failures, "last_error": self.last_error}
+        stats: dict[str, object] = {
+            "url": self.url, "samples": len(self.samples), "failures": self.failures, "last_error": self.last_error,
+        }
+        if self.gpu is not None:
+            stats["gpu"] = self.gpu.stats()
+        return stats

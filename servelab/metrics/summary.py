@@ -2,6 +2,9 @@
 
 Keys follow `vllm bench serve`'s result JSON so users can compare the two
 directly. A Summary is derived data: always recomputable from records.jsonl.
+A latency with nothing to measure (no request completed; no request with a
+second token for TPOT and ITL) is None, written as null and shown as "—":
+never 0, which reads as "instant".
 """
 
 from __future__ import annotations
@@ -18,13 +21,13 @@ from servelab.metrics.slo import SLO, tpot_seconds
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
 
 
-def _stats(name: str, values_s: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
+def _stats(name: str, values_s: Sequence[float], percentiles: Sequence[float]) -> dict[str, float | None]:
     arr = np.asarray(values_s, dtype=float) * 1e3
-    out: dict[str, float] = {}
+    out: dict[str, float | None] = {}
     if arr.size == 0:
-        out[f"mean_{name}_ms"] = out[f"median_{name}_ms"] = out[f"std_{name}_ms"] = 0.0
+        out[f"mean_{name}_ms"] = out[f"median_{name}_ms"] = out[f"std_{name}_ms"] = None
         for p in percentiles:
-            out[f"p{p:g}_{name}_ms"] = 0.0
+            out[f"p{p:g}_{name}_ms"] = None
         return out
     out[f"mean_{name}_ms"] = float(arr.mean())
     out[f"median_{name}_ms"] = float(np.median(arr))

@@ -56,9 +56,20 @@ class LiveProgress:
         self.progress.update(self.task, completed=self.done, rate=rate + errors)
 
 
-def _ms(summary: dict[str, Any], name: str, percentiles: Sequence[str]) -> list[tuple[str, float]]:
+NO_DATA = "—"
+"""A metric with nothing to measure (no request completed): a dash, never 0.00, which would read as instant."""
+
+
+def _ms(summary: dict[str, Any], name: str, percentiles: Sequence[str]) -> list[tuple[str, float | None]]:
     keys = [f"mean_{name}_ms", f"median_{name}_ms", *(f"p{p}_{name}_ms" for p in percentiles)]
     return [(k, summary[k]) for k in keys if k in summary]
+
+
+def _cell(value: Any) -> str:
+    """A table cell: floats to two decimals, None as NO_DATA."""
+    if value is None:
+        return NO_DATA
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
 def summary_table(summary: dict[str, Any], title: str = "Serving benchmark result") -> Table:
@@ -90,7 +101,7 @@ def summary_table(summary: dict[str, Any], title: str = "Serving benchmark resul
         table.add_section()
         table.add_row(f"[bold]{label}[/]", "")
         for key, value in _ms(summary, name, percentiles):
-            table.add_row(f"  {key}", f"{value:.2f}")
+            table.add_row(f"  {key}", _cell(value))
     stats = summary.get("client_stats") or {}
     if "schedule_lag_p99_ms" in stats:
         table.add_section()
@@ -114,8 +125,7 @@ def sweep_table(index: dict[str, Any]) -> Table:
     for point in index["points"]:
         cells = []
         for _, field in columns:
-            value = point.get(field)
-            cells.append(f"{value:.2f}" if isinstance(value, float) else str(value))
+            cells.append(_cell(point.get(field)))
         table.add_row(*cells)
     return table
 

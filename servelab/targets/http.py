@@ -33,6 +33,7 @@ import orjson
 import uvloop
 
 from servelab.errors import ServerFault
+from servelab.metrics.gpu import GpuTelemetry, gpu_sampler
 from servelab.metrics.records import (
     CONNECTION_ERROR,
     CONNECTION_REFUSED,
@@ -126,6 +127,7 @@ class HttpTarget:
         send_text: bool = False,
         run_preflight: bool = True,
         workers: int = 1,
+        gpu_telemetry: GpuTelemetry | None = None,
     ) -> None:
         if endpoint not in ENDPOINTS:
             raise TargetError(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
@@ -146,6 +148,8 @@ class HttpTarget:
         self.run_preflight = run_preflight
         self.workers = workers
         """Client processes: one event loop each (servelab/targets/workers.py)."""
+        self.gpu_telemetry = gpu_telemetry
+        """GPUs sampled beside /metrics (servelab/metrics/gpu.py); None: none."""
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -232,10 +236,10 @@ class HttpTarget:
         workers = min(self.workers, cap) if cap is not None else self.workers
         zero = 0.0
         auth = self._auth_headers() or None
-        async with aiohttp.ClientSession() as scrape_session:
+        async with aiohttp.ClientSession() as scrape_session, gpu_sampler(self.gpu_telemetry, scrape_session) as gpu:
             scraper = MetricsScraper(
                 scrape_session, self.base_url + "/metrics", lambda: time.perf_counter() - zero, on_sample,
-                self.scrape_interval, auth,
+                self.scrape_interval, auth, gpu,
             )
             first = await scraper.fetch()
             pool = WorkerPool(self, plan, sink, workers) if workers > 1 else None
