@@ -92,18 +92,18 @@ class Summary(OpenModel):
     output_throughput: float
     total_token_throughput: float
     slo: SLOTerms | None
-    mean_ttft_ms: float
-    median_ttft_ms: float
-    std_ttft_ms: float
-    mean_tpot_ms: float
-    median_tpot_ms: float
-    std_tpot_ms: float
-    mean_itl_ms: float
-    median_itl_ms: float
-    std_itl_ms: float
-    mean_e2el_ms: float
-    median_e2el_ms: float
-    std_e2el_ms: float
+    mean_ttft_ms: float | None
+    median_ttft_ms: float | None
+    std_ttft_ms: float | None
+    mean_tpot_ms: float | None
+    median_tpot_ms: float | None
+    std_tpot_ms: float | None
+    mean_itl_ms: float | None
+    median_itl_ms: float | None
+    std_itl_ms: float | None
+    mean_e2el_ms: float | None
+    median_e2el_ms: float | None
+    std_e2el_ms: float | None
     requests_recorded: int | None = Field(None, description="Records written, warm-up included (a run's summary).")
     warmup: float | None = None
     interrupted: bool | None = None
