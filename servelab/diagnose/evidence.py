@@ -62,7 +62,10 @@ class Evidence:
     engine_busy: float | None = None
     """Share of time an engine step was running (known to the simulator only)."""
     client_may_be_bottleneck: bool = False
+    """The client's own verdict: its distortion of the figures was material (targets/client_stats.py)."""
     client_reason: str | None = None
+    client_added_delay_ms: float | None = None
+    """Estimated delay the client added to each timestamp it took (mean, weighted by requests in flight)."""
     source: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -162,6 +165,7 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
         engine_busy=_busy(run.run_info, float(summary["duration"])),
         client_may_be_bottleneck=bool(client.get("client_may_be_bottleneck", False)),
         client_reason=client.get("reason"),
+        client_added_delay_ms=(client.get("added_delay") or {}).get("mean_ms"),
         source=run.run_info.get("source"),
     )
 
