@@ -277,3 +277,19 @@ def test_first_wave_stops_at_the_cap_a_later_arrival_or_a_dependent_turn():
     chat = [RequestSpec(0, [1], 1), RequestSpec(1, [1], 1, depends_on=0), RequestSpec(2, [1], 1)]
     wave, rest = first_wave(iter(chat), 1024)
     assert [s.index for s in wave] == [0] and [s.index for s in rest] == [1, 2]
+
+
+@pytest.mark.parametrize("offered", [True, False])
+def test_a_sweep_resets_the_prefix_cache_before_each_point_where_the_server_offers_it(tmp_path, offered):
+    from servelab.experiment.sweep import Sweep, run_sweep
+    from servelab.metrics.results import load_run
+    from servelab.workload.arrival import ArrivalConfig
+
+    with FaultServer(serve_cache_reset=offered) as srv:
+        target = HttpTarget(srv.base_url)
+        index = run_sweep(target, Sweep.parse("max-concurrency=1,2"), ArrivalConfig(),
+                          lambda arrival: LoadPlan(specs(2), max_concurrency=arrival.max_concurrency), tmp_path, {})
+        assert len(index["points"]) == 2
+        assert srv.cache_resets == (2 if offered else 0)
+    for label in ("max-concurrency=1", "max-concurrency=2"):
+        assert load_run(tmp_path / label).run_info["prefix_cache_reset"] == ("reset" if offered else "not offered")

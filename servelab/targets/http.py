@@ -67,6 +67,9 @@ from servelab.workload.spec import LoadPlan, RequestSpec
 
 MAX_WAVE = 1024
 """At most this many first-wave requests are prepared (bodies built, connections opened) before the clock starts."""
+RESET = "reset"
+NOT_OFFERED = "not offered"
+"""What `reset_prefix_cache` says when the server has no such endpoint (vLLM without dev mode)."""
 CANCELLED = "cancelled"
 EMPTY_STREAM = "empty_stream"
 WRONG_MODEL = "wrong_model"
@@ -221,6 +224,28 @@ class HttpTarget:
     def preflight(self) -> dict[str, Any]:
         """Check URL, `/v1/models`, model and endpoint; raises TargetError naming what is wrong."""
         return asyncio.run(self.apreflight())
+
+    def reset_prefix_cache(self) -> str:
+        """Empty the server's prefix cache, where it offers an endpoint for it; says what happened.
+
+        vLLM serves `POST /reset_prefix_cache` only with VLLM_SERVER_DEV_MODE=1; elsewhere the answer is
+        "not offered" and the run goes on: a sweep point then may inherit the previous point's cache.
+        """
+        return asyncio.run(self._areset_prefix_cache())
+
+    async def _areset_prefix_cache(self) -> str:
+        try:
+            async with aiohttp.ClientSession() as session, session.post(
+                self.base_url + "/reset_prefix_cache", headers=self._auth_headers(),
+                timeout=aiohttp.ClientTimeout(total=30),
+            ) as resp:
+                if resp.status == 200:
+                    return RESET
+                if resp.status in (404, 405):
+                    return NOT_OFFERED
+                return f"refused: HTTP {resp.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return f"failed: {type(exc).__name__}: {exc}"
 
     # -- running ----------------------------------------------------------
 
