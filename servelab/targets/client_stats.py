@@ -135,7 +135,7 @@ def _weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> f
     return float(values[order][np.searchsorted(cum, q / 100 * cum[-1])])
 
 
-def added_delay(lags_s: Sequence[float], weights: Sequence[int]) -> dict[str, float] | None:
+def added_delay(lags_s: Sequence[float] | np.ndarray, weights: Sequence[int] | np.ndarray) -> dict[str, float] | None:
     """Estimated delay the client added to each timestamp: probe waits weighted by the requests they affected."""
     w = np.asarray(weights, dtype=float)
     if not len(w) or w.sum() <= 0:
@@ -240,9 +240,9 @@ def _material(
         mean = delay["mean_ms"]
         bar = ADDED_DELAY_FLOOR_MS if typical_gap_ms is None else max(ADDED_DELAY_FLOOR_MS, ADDED_DELAY_SHARE * typical_gap_ms)
         if mean >= bar:
-            share = f", {mean / typical_gap_ms:.0%} of the median inter-token gap ({typical_gap_ms:.1f} ms)" if typical_gap_ms else ""
+            of_gap = f", {mean / typical_gap_ms:.0%} of the median inter-token gap ({typical_gap_ms:.1f} ms)" if typical_gap_ms else ""
             reasons.append(
-                f"it added ~{mean:.1f} ms (p99 {delay['p99_ms']:.1f} ms) to each timestamp it took{share}: "
+                f"it added ~{mean:.1f} ms (p99 {delay['p99_ms']:.1f} ms) to each timestamp it took{of_gap}: "
                 "TTFT and inter-token latencies read that much high"
             )
     steady = stats["steady_send_lag_mean_ms"]
