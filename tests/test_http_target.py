@@ -47,7 +47,9 @@ def test_completions_happy_path_counts_tokens_from_usage_and_times_every_chunk(s
 
 
 def test_chat_sends_messages_and_ignores_the_role_only_chunk(server):
-    plan = LoadPlan([RequestSpec(0, [1], 3, messages=[{"role": "user", "content": "hello"}]), RequestSpec(1, [1], 3, prompt_text="hi")])
+    # One at a time: two requests in flight at once reach the server in either order.
+    plan = LoadPlan([RequestSpec(0, [1], 3, messages=[{"role": "user", "content": "hello"}]), RequestSpec(1, [1], 3, prompt_text="hi")],
+                    max_concurrency=1)
     records, _, _ = run(server, plan, endpoint="/v1/chat/completions")
     assert all(r.ok and len(r.chunk_times) == 3 for r in records)
     sent = [rec.body["messages"] for rec in server.received if rec.body.get("stream")]
