@@ -11,11 +11,23 @@ chunk; the client's first-token time minus that stamp is the TTFT the client
 itself adds. Both processes read CLOCK_MONOTONIC (time.perf_counter), which
 is shared by all processes on a Linux host.
 
+Clients: `servelab` (HttpTarget through run_point, in this process: what
+`servelab bench` does per point, records to JSONL included; CPU counted from
+the run's start), `servelab-cli` (the `servelab bench` command as a fresh
+process: CPU of the whole process, start-up included) and `vllm` (vLLM's
+benchmark(), CPU counted both ways: in its run, and its whole process).
+
 Two phases per client:
   capacity  closed loop at --concurrency streams, unpaced server: chunks/s and
-            requests/s as measured by the server (same yardstick for both clients)
-  accuracy  --concurrency streams, server paced at --step-ms per step (an
-            engine producing one token per stream per step): client-added TTFT
+            requests/s as measured by the server (same yardstick for every client)
+  accuracy  --concurrency streams, server paced: each request's first chunk
+            exactly --ttft-ms after its arrival, then one chunk per stream every
+            --step-ms. Client-added TTFT is measured from both ends: from the
+            server's first write (client first-token time - write stamp) and from
+            the request's arrival (client TTFT - server TTFT, i.e. also what the
+            client adds between stamping the send and the server reading the
+            request); client-added ITL is the client's gap minus the server's gap
+            between the same two writes; first-wave TTFT is set against later waves'.
 
 Usage (from the repository root):
   .venv/bin/python benchmarks/client_capacity.py [--requests 2048] [--concurrency 256] [--out rows.json]
@@ -29,6 +41,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -56,6 +69,7 @@ class _Engine:
 
     def __init__(self, step_s: float) -> None:
         self.step_s = step_s
+        self.ttft_s = 0.0
         self.streams: list[_Stream] = []
         self.wake = asyncio.Event()
         self.reset()
@@ -66,21 +80,55 @@ class _Engine:
         self.cpu0 = time.process_time()
         self.first_arrival: float | None = None
         self.last_done = 0.0
+        self.arrival: dict[int, float] = {}
+        """When each request's bytes were parsed: where "from the request's arrival" starts."""
         self.first_write: dict[int, float] = {}
+        self.writes: dict[int, list[float]] = {}
+        """Paced runs only: the time of every chunk write, for the client-added inter-token gap."""
 
     def add(self, stream: _Stream) -> None:
+        now = time.perf_counter()
         if self.first_arrival is None:
-            self.first_arrival = time.perf_counter()
+            self.first_arrival = now
+        self.arrival[stream.req_id] = now
+        if self.ttft_s:  # an exact, per-request TTFT: the first wave and later ones meet the same server
+            asyncio.get_running_loop().call_later(self.ttft_s, self._first_token, stream)
+            return
         self.streams.append(stream)
         self.wake.set()
+
+    def _first_token(self, stream: _Stream) -> None:
+        if not stream.conn.closed and not stream.conn.paused:
+            self._write(stream)
+        if stream.sent < stream.n:
+            self.streams.append(stream)
+            self.wake.set()
+
+    def _write(self, s: _Stream) -> bool:
+        """Write one chunk (and the end of the stream after the last); True when the stream is finished."""
+        now = time.perf_counter()
+        if s.sent == 0:
+            self.first_write[s.req_id] = now
+        if self.step_s:
+            self.writes.setdefault(s.req_id, []).append(now)
+        conn = s.conn
+        conn.transport.write(self._chunk)
+        s.sent += 1
+        self.chunks += 1
+        if s.sent < s.n:
+            return False
+        usage = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":%d}}\n\n' % s.n
+        conn.transport.write(self._frame(usage) + self._frame(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        self.requests += 1
+        self.last_done = now
+        return True
 
     @staticmethod
     def _frame(payload: bytes) -> bytes:
         return b"%x\r\n%s\r\n" % (len(payload), payload)
 
     async def run(self) -> None:
-        chunk = self._frame(self.CHUNK)
-        clock = time.perf_counter
+        self._chunk = self._frame(self.CHUNK)
         while True:
             if not self.streams:
                 self.wake.clear()
@@ -94,18 +142,8 @@ class _Engine:
                 if conn.paused:
                     keep.append(s)
                     continue
-                if s.sent == 0:
-                    self.first_write[s.req_id] = clock()
-                conn.transport.write(chunk)
-                s.sent += 1
-                self.chunks += 1
                 wrote = True
-                if s.sent >= s.n:
-                    usage = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":%d}}\n\n' % s.n
-                    conn.transport.write(self._frame(usage) + self._frame(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-                    self.requests += 1
-                    self.last_done = clock()
-                else:
+                if not self._write(s):
                     keep.append(s)
             self.streams = keep
             if self.step_s:
@@ -172,7 +210,9 @@ class _Conn(asyncio.Protocol):
         elif path == "/metrics":
             self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n\r\n")
         elif path == "/reset":
-            engine.step_s = float(json.loads(body or b"{}").get("step_s", 0.0))
+            config = json.loads(body or b"{}")
+            engine.step_s = float(config.get("step_s", 0.0))
+            engine.ttft_s = float(config.get("ttft_s", 0.0))
             engine.reset()
             self._reply({"ok": True})
         elif path == "/stats":
@@ -183,7 +223,9 @@ class _Conn(asyncio.Protocol):
                     "requests": engine.requests,
                     "first_arrival": engine.first_arrival,
                     "last_done": engine.last_done,
+                    "arrival": engine.arrival,
                     "first_write": engine.first_write,
+                    "writes": engine.writes,
                 }
             )
         elif method == "POST" and path == "/v1/completions":
@@ -219,13 +261,17 @@ def _vllm_client(args: argparse.Namespace) -> None:
     from vllm.benchmarks.datasets import SampleRequest
     from vllm.benchmarks.lib import endpoint_request_func as erf
 
-    firsts: dict[int, float] = {}
+    timings: dict[int, dict] = {}
     original = erf.ASYNC_REQUEST_FUNCS["openai"]
 
     async def timed(request_func_input, session, pbar=None):
         out = await original(request_func_input, session, pbar)
         if out.success:
-            firsts[request_func_input.prompt[0]] = out.start_time + out.ttft
+            first = out.start_time + out.ttft
+            chunks = [first]
+            for gap in out.itl:
+                chunks.append(chunks[-1] + gap)
+            timings[request_func_input.prompt[0]] = {"send": out.start_time, "chunks": chunks}
         return out
 
     serve.ASYNC_REQUEST_FUNCS["openai"] = timed
@@ -246,7 +292,7 @@ def _vllm_client(args: argparse.Namespace) -> None:
         "completed": result["completed"],
         "cpu_s": time.process_time() - cpu0,
         "wall_s": time.perf_counter() - wall0,
-        "first_token": firsts,
+        "timings": timings,
     }
     Path(args.out).write_text(json.dumps(out))
 
@@ -260,13 +306,21 @@ def _post(port: int, path: str, payload: dict | None = None) -> dict:
         return json.loads(resp.read())
 
 
+def _children_cpu() -> float:
+    """CPU time of this process's finished children: a client run as a subprocess, start-up and all."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
 def _cpu_with_children() -> float:
     """This process's CPU time plus that of its finished worker processes: the whole client's cost."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
 
 
-def _servelab_client(port: int, requests: int, chunks: int, concurrency: int, workers: int) -> dict:
+def _servelab_client(port: int, requests: int, chunks: int, concurrency: int, workers: int, out_dir: Path) -> dict:
+    """As `servelab bench` runs a point (run_point: records to JSONL, summary, self-report), minus start-up."""
+    from servelab.experiment.runner import run_point
     from servelab.metrics.records import MemorySink
     from servelab.targets.http import HttpTarget
     from servelab.workload.spec import LoadPlan, RequestSpec
@@ -275,48 +329,133 @@ def _servelab_client(port: int, requests: int, chunks: int, concurrency: int, wo
     target = HttpTarget(f"http://127.0.0.1:{port}", ignore_eos=True, scrape_interval=3600, workers=workers)
     sink = MemorySink()
     cpu0, wall0 = _cpu_with_children(), time.perf_counter()
-    run = target.run(plan, sink)
-    zero = run.client_stats["clock_zero_perf_counter"]
+    summary = run_point(target, plan, out_dir, {}, observers=[sink])
+    zero = summary["client_stats"]["clock_zero_perf_counter"]
     return {
-        "completed": sum(r.ok for r in sink.records),
+        "completed": summary["completed"],
         "cpu_s": _cpu_with_children() - cpu0,
         "wall_s": time.perf_counter() - wall0,
-        "first_token": {r.index: zero + r.first_token_time for r in sink.records if r.first_token_time is not None},
-        "client_stats": run.client_stats,
+        "timings": {
+            r.index: {"send": zero + r.send_time, "chunks": [zero + t for t in r.chunk_times], "wave": r.intended_time == 0.0}
+            for r in sink.records if r.ok and r.chunk_times
+        },
+        "client_stats": summary["client_stats"],
+        "warnings": summary["warnings"],
     }
 
 
-def _phase(name: str, client: str, args: argparse.Namespace, step_s: float) -> dict:
+def _servelab_cli(port: int, requests: int, chunks: int, concurrency: int, workers: int, out_dir: Path) -> dict:
+    """The `servelab bench` command as a user runs it: a fresh process, start-up included in its CPU."""
+    cmd = [sys.executable, "-c", "from servelab.cli import main; main()", "bench",
+           "--base-url", f"http://127.0.0.1:{port}", "--model", MODEL, "--ignore-eos",
+           "--max-concurrency", str(concurrency), "--num-prompts", str(requests),
+           "--random-input-len", "4", "--random-output-len", str(chunks), "--length-distribution", "fixed",
+           "--scrape-interval", "3600", "--workers", str(workers), "--result-dir", str(out_dir)]
+    cpu0, wall0 = _children_cpu(), time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    summary = json.loads((out_dir / "summary.json").read_text())
+    cpu = _children_cpu() - cpu0
+    return {"completed": summary["completed"], "cpu_s": cpu, "process_cpu_s": cpu, "wall_s": time.perf_counter() - wall0,
+            "timings": {}, "client_stats": summary["client_stats"], "warnings": summary["warnings"]}
+
+
+def _pcts(values: list[float]) -> tuple[float | None, float | None]:
     import numpy as np
 
-    _post(args.port, "/reset", {"step_s": step_s})
-    requests = args.requests if step_s == 0 else args.accuracy_requests
-    chunks = args.chunks if step_s == 0 else args.accuracy_chunks
-    if client == "servelab":
-        result = _servelab_client(args.port, requests, chunks, args.concurrency, args.workers)
+    if not values:
+        return None, None
+    p50, p99 = np.percentile(values, [50, 99])
+    return float(p50), float(p99)
+
+
+def _accuracy(timings: dict[int, dict], stats: dict, concurrency: int) -> dict:
+    """Client-added TTFT from the server's write stamp and from the request's arrival, client-added inter-token
+    gaps against the server's own, and TTFT of the first wave against later waves (all in ms)."""
+    arrival = {int(k): v for k, v in stats["arrival"].items()}
+    first_write = {int(k): v for k, v in stats["first_write"].items()}
+    writes = {int(k): v for k, v in stats["writes"].items()}
+    common = [i for i in timings if i in first_write and i in arrival]
+    from_write = [1e3 * (timings[i]["chunks"][0] - first_write[i]) for i in common]
+    from_arrival = [1e3 * ((timings[i]["chunks"][0] - timings[i]["send"]) - (first_write[i] - arrival[i])) for i in common]
+    itl = []
+    for i in common:
+        client, server = timings[i]["chunks"], writes.get(i, [])
+        if len(client) == len(server):
+            itl += [1e3 * ((c1 - c0) - (s1 - s0)) for c0, c1, s0, s1 in zip(client, client[1:], server, server[1:])]
+    by_send = sorted(common, key=lambda i: timings[i]["send"])
+    marked = any("wave" in timings[i] for i in common)  # servelab knows; for vLLM's client, the first N sent
+    wave = {i for i in common if timings[i]["wave"]} if marked else set(by_send[:concurrency])
+    ttft = {i: 1e3 * (timings[i]["chunks"][0] - timings[i]["send"]) for i in common}
+    row = {}
+    for name, values in (("added_ttft_from_write", from_write), ("added_ttft_from_arrival", from_arrival), ("added_itl", itl)):
+        row[f"{name}_p50_ms"], row[f"{name}_p99_ms"] = _pcts(values)
+    row["wave1_ttft_p50_ms"] = _pcts([ttft[i] for i in common if i in wave])[0]
+    row["later_ttft_p50_ms"] = _pcts([ttft[i] for i in common if i not in wave])[0]
+    row["server_ttft_p50_ms"] = _pcts([1e3 * (first_write[i] - arrival[i]) for i in common])[0]
+    return row
+
+
+def _phase(name: str, client: str, args: argparse.Namespace, step_s: float, work: Path) -> dict:
+    paced = step_s > 0
+    _post(args.port, "/reset", {"step_s": step_s, "ttft_s": args.ttft_ms / 1e3 if paced else 0.0})
+    requests = args.accuracy_requests if paced else args.requests
+    chunks = args.accuracy_chunks if paced else args.chunks
+    if client in ("servelab", "servelab-cli"):
+        run = _servelab_client if client == "servelab" else _servelab_cli
+        result = run(args.port, requests, chunks, args.concurrency, args.workers, work / f"{client}-{name}")
     else:
-        out = Path(f"/tmp/servelab-bench-vllm-{os.getpid()}.json")
+        out = work / "vllm.json"
         cmd = [str(VLLM_PYTHON), __file__, "vllm-client", "--port", str(args.port), "--out", str(out),
                "--requests", str(requests), "--chunks", str(chunks), "--concurrency", str(args.concurrency)]
+        cpu0 = _children_cpu()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         result = json.loads(out.read_text())
-        out.unlink()
-        result["first_token"] = {int(k): v for k, v in result["first_token"].items()}
+        result["process_cpu_s"] = _children_cpu() - cpu0
+        result["timings"] = {int(k): v for k, v in result["timings"].items()}
     stats = _post(args.port, "/stats")
     span = stats["last_done"] - stats["first_arrival"]
-    firsts = {int(k): v for k, v in stats["first_write"].items()}
-    errors_ms = np.array([(t - firsts[i]) * 1e3 for i, t in result["first_token"].items() if i in firsts])
-    return {
+    chunks_served = max(stats["chunks"], 1)
+    self_report = result.get("client_stats") or {}
+    row = {
         "phase": name,
         "client": client,
         "completed": result["completed"],
         "chunks_per_s": stats["chunks"] / span,
         "requests_per_s": stats["requests"] / span,
-        "client_cpu_us_per_chunk": 1e6 * result["cpu_s"] / max(stats["chunks"], 1),
-        "server_cpu_us_per_chunk": 1e6 * stats["cpu_s"] / max(stats["chunks"], 1),
-        "ttft_error_p50_ms": float(np.percentile(errors_ms, 50)) if errors_ms.size else None,
-        "ttft_error_p99_ms": float(np.percentile(errors_ms, 99)) if errors_ms.size else None,
+        "client_cpu_us_per_chunk": 1e6 * result["cpu_s"] / chunks_served,
+        "process_cpu_us_per_chunk": 1e6 * result["process_cpu_s"] / chunks_served if "process_cpu_s" in result else None,
+        "server_cpu_us_per_chunk": 1e6 * stats["cpu_s"] / chunks_served,
+        "self_report_warned": bool(self_report.get("client_may_be_bottleneck")) if self_report else None,
+        "self_report_added_ms": (self_report.get("added_delay") or {}).get("mean_ms") if self_report else None,
+        "warnings": result.get("warnings"),
     }
+    row.update(_accuracy(result["timings"], stats, args.concurrency))
+    return row
+
+
+COLUMNS = [
+    ("chunks/s", "chunks_per_s", ".0f"), ("CPU µs/chunk run", "client_cpu_us_per_chunk", ".2f"),
+    ("CPU µs/chunk process", "process_cpu_us_per_chunk", ".2f"), ("srv CPU µs/chunk", "server_cpu_us_per_chunk", ".2f"),
+    ("+TTFT write p50", "added_ttft_from_write_p50_ms", ".2f"), ("+TTFT write p99", "added_ttft_from_write_p99_ms", ".2f"),
+    ("+TTFT arrival p50", "added_ttft_from_arrival_p50_ms", ".2f"),
+    ("+TTFT arrival p99", "added_ttft_from_arrival_p99_ms", ".2f"),
+    ("+ITL p50", "added_itl_p50_ms", ".2f"), ("+ITL p99", "added_itl_p99_ms", ".2f"),
+    ("wave1 TTFT p50", "wave1_ttft_p50_ms", ".2f"), ("later TTFT p50", "later_ttft_p50_ms", ".2f"),
+    ("server TTFT p50", "server_ttft_p50_ms", ".2f"),
+    ("warned", "self_report_warned", ""), ("self-est. ms", "self_report_added_ms", ".2f"),
+]
+
+
+def _markdown(rows: list[dict]) -> str:
+    head = "| phase | client | done | " + " | ".join(h for h, _, _ in COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (3 + len(COLUMNS))]
+    for row in rows:
+        cells = []
+        for _, key, fmt in COLUMNS:
+            value = row.get(key)
+            cells.append("-" if value is None else (format(value, fmt) if fmt else str(value)))
+        lines.append(f"| {row['phase']} | {row['client']} | {row['completed']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -329,8 +468,10 @@ def main() -> None:
     parser.add_argument("--accuracy-requests", type=int, default=1024)
     parser.add_argument("--accuracy-chunks", type=int, default=64)
     parser.add_argument("--step-ms", type=float, default=20.0)
-    parser.add_argument("--clients", default="servelab,vllm")
-    parser.add_argument("--workers", type=int, default=2, help="servelab client processes (HttpTarget workers)")
+    parser.add_argument("--ttft-ms", type=float, default=10.0, help="paced phase: the server's own TTFT per request")
+    parser.add_argument("--clients", default="servelab,servelab-cli,vllm")
+    parser.add_argument("--phases", default="capacity,accuracy")
+    parser.add_argument("--workers", type=int, default=1, help="servelab client processes (HttpTarget workers)")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.mode == "server":
@@ -347,25 +488,28 @@ def main() -> None:
         assert server.stdout is not None
         server.stdout.readline()
         rows = []
-        for client in args.clients.split(","):
-            rows.append(_phase("capacity", client, args, 0.0))
-            rows.append(_phase("accuracy", client, args, args.step_ms / 1e3))
+        with tempfile.TemporaryDirectory(prefix="servelab-client-capacity-") as tmp:
+            for client in args.clients.split(","):
+                for phase in args.phases.split(","):
+                    rows.append(_phase(phase, client, args, 0.0 if phase == "capacity" else args.step_ms / 1e3, Path(tmp)))
     finally:
         server.terminate()
         server.wait(10)
-    print(f"{os.cpu_count()} CPUs; server, clients share them. concurrency={args.concurrency}")
-    keys = ["chunks_per_s", "requests_per_s", "client_cpu_us_per_chunk", "server_cpu_us_per_chunk",
-            "ttft_error_p50_ms", "ttft_error_p99_ms"]
-    print(f"{'phase':9} {'client':9} {'done':>5} " + " ".join(f"{k:>23}" for k in keys))
-    for row in rows:
-        vals = " ".join(f"{row[k]:>23.2f}" if row[k] is not None else f"{'-':>23}" for k in keys)
-        print(f"{row['phase']:9} {row['client']:9} {row['completed']:>5} {vals}")
+    print(f"{os.cpu_count()} CPUs; server, clients share them. concurrency={args.concurrency}, workers={args.workers}")
+    print(_markdown(rows))
     by = {(r["phase"], r["client"]): r for r in rows}
-    if ("capacity", "servelab") in by and ("capacity", "vllm") in by:
-        s, v = by[("capacity", "servelab")], by[("capacity", "vllm")]
-        print(f"servelab / vLLM chunks/s: {s['chunks_per_s'] / v['chunks_per_s']:.2f}x; "
-              f"requests/s: {s['requests_per_s'] / v['requests_per_s']:.2f}x; "
-              f"CPU per chunk: {v['client_cpu_us_per_chunk'] / s['client_cpu_us_per_chunk']:.2f}x less")
+    for phase in ("capacity", "accuracy"):
+        v = by.get((phase, "vllm"))
+        for ours in ("servelab", "servelab-cli"):
+            s = by.get((phase, ours))
+            if s and v:
+                key = "client_cpu_us_per_chunk" if ours == "servelab" else "process_cpu_us_per_chunk"
+                print(f"{phase}: vLLM / {ours} CPU per chunk: {v[key] / s[key]:.2f}x "
+                      f"({'in the run' if ours == 'servelab' else 'whole processes, start-up included'}); "
+                      f"chunks/s {s['chunks_per_s'] / v['chunks_per_s']:.2f}x")
+    for row in rows:
+        for warning in row.get("warnings") or []:
+            print(f"{row['phase']} {row['client']}: {warning}")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))
 

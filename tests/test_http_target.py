@@ -47,7 +47,9 @@ def test_completions_happy_path_counts_tokens_from_usage_and_times_every_chunk(s
 
 
 def test_chat_sends_messages_and_ignores_the_role_only_chunk(server):
-    plan = LoadPlan([RequestSpec(0, [1], 3, messages=[{"role": "user", "content": "hello"}]), RequestSpec(1, [1], 3, prompt_text="hi")])
+    # One at a time: two requests in flight at once reach the server in either order.
+    plan = LoadPlan([RequestSpec(0, [1], 3, messages=[{"role": "user", "content": "hello"}]), RequestSpec(1, [1], 3, prompt_text="hi")],
+                    max_concurrency=1)
     records, _, _ = run(server, plan, endpoint="/v1/chat/completions")
     assert all(r.ok and len(r.chunk_times) == 3 for r in records)
     sent = [rec.body["messages"] for rec in server.received if rec.body.get("stream")]
@@ -199,3 +201,97 @@ def test_a_refused_connection_mid_run_ends_the_release_of_new_requests():
     assert [r.error_kind for r in sink.records] == ["connection_refused", "connection_refused"]
     assert "connection refused" in result.client_stats["server_gone"]
     assert not result.interrupted
+
+
+class _StallingSink:
+    """Writes on the client's event loop and blocks it: a client too busy to read its sockets."""
+
+    def __init__(self, block_s: float) -> None:
+        self.block_s = block_s
+        self.records = []
+
+    def write(self, record) -> None:
+        self.records.append(record)
+        time.sleep(self.block_s)
+
+
+def test_a_throttled_client_warns_with_the_delay_it_added(server, tmp_path):
+    """Each record blocks the loop for 0.3 s while other streams' chunks arrive: their timestamps are late by up
+    to that much, far more than any material bar (10% of the inter-chunk gap), however slow the host makes the server."""
+    from servelab.experiment.runner import run_point
+
+    plan = LoadPlan(specs(16, max_tokens=8), max_concurrency=4)
+    target = HttpTarget(server.base_url, extra_body={"delay": 0.01})
+    summary = run_point(target, plan, tmp_path, {}, observers=[_StallingSink(0.3)])
+    stats = summary["client_stats"]
+    assert stats["client_may_be_bottleneck"] is True
+    assert stats["added_delay"]["mean_ms"] > stats["typical_gap_ms"] * 0.1
+    warning = summary["warnings"][0]
+    assert warning.startswith("THE CLIENT MAY BE THE BOTTLENECK: ")
+    assert f"added ~{stats['added_delay']['mean_ms']:.1f} ms" in warning and "to each timestamp" in warning
+
+
+def test_the_start_up_wave_is_reported_on_its_own(server):
+    records, _, result = run(server, LoadPlan(specs(12, max_tokens=5), max_concurrency=4), extra_body={"delay": 0.01})
+    wave = result.client_stats["startup_wave"]
+    assert wave["requests"] == 4 and wave["left_within_ms"] >= 0
+    assert wave["ended_at_s"] == max(r.send_time for r in records if r.intended_time == 0.0)
+    assert result.client_stats["steady_send_lag_mean_ms"] is not None  # the 8 later requests
+
+
+def test_connections_are_opened_and_first_wave_bodies_built_before_the_clock_starts(server, monkeypatch):
+    """Connecting is not a request: the first wave must not carry N handshakes and N JSON encodings made at t0."""
+    from servelab.targets import stream_client
+
+    connected, built = [], {}
+    real_connect, real_body = stream_client.StreamingClient._connect, HttpTarget.body
+
+    async def connect(self):
+        conn = await real_connect(self)
+        connected.append(time.perf_counter())
+        return conn
+
+    def body(self, spec):
+        built.setdefault(spec.index, time.perf_counter())
+        return real_body(self, spec)
+
+    monkeypatch.setattr(stream_client.StreamingClient, "_connect", connect)
+    monkeypatch.setattr(HttpTarget, "body", body)
+    records, _, result = run(server, LoadPlan(specs(12, max_tokens=3), max_concurrency=4), extra_body={"delay": 0.01})
+    assert len(records) == 12 and all(r.ok for r in records)
+    zero = result.client_stats["clock_zero_perf_counter"]
+    assert len(connected) == 4 and max(connected) < zero  # one per slot, all before t0, none during the run
+    first = sorted(built, key=built.get)[:4]
+    assert sorted(first) == [0, 1, 2, 3] and all(built[i] < zero for i in first)
+    assert all(built[i] > zero for i in range(4, 12))  # later bodies are built when their turn comes, not all upfront
+    assert sum(1 for r in server.received if r.body.get("stream")) == 12  # the prebuilt bodies went out, once each
+
+
+def test_first_wave_stops_at_the_cap_a_later_arrival_or_a_dependent_turn():
+    from servelab.targets.http import first_wave
+
+    closed = [RequestSpec(i, [1], 1) for i in range(10)]
+    wave, rest = first_wave(closed, 4)
+    assert [s.index for s in wave] == [0, 1, 2, 3] and [s.index for s in rest] == list(range(4, 10))
+    poisson = [RequestSpec(i, [1], 1, arrival_time=0.1 * i) for i in range(3)]
+    wave, rest = first_wave(poisson, 1024)
+    assert [s.index for s in wave] == [0] and [s.index for s in rest] == [1, 2]
+    chat = [RequestSpec(0, [1], 1), RequestSpec(1, [1], 1, depends_on=0), RequestSpec(2, [1], 1)]
+    wave, rest = first_wave(iter(chat), 1024)
+    assert [s.index for s in wave] == [0] and [s.index for s in rest] == [1, 2]
+
+
+@pytest.mark.parametrize("offered", [True, False])
+def test_a_sweep_resets_the_prefix_cache_before_each_point_where_the_server_offers_it(tmp_path, offered):
+    from servelab.experiment.sweep import Sweep, run_sweep
+    from servelab.metrics.results import load_run
+    from servelab.workload.arrival import ArrivalConfig
+
+    with FaultServer(serve_cache_reset=offered) as srv:
+        target = HttpTarget(srv.base_url)
+        index = run_sweep(target, Sweep.parse("max-concurrency=1,2"), ArrivalConfig(),
+                          lambda arrival: LoadPlan(specs(2), max_concurrency=arrival.max_concurrency), tmp_path, {})
+        assert len(index["points"]) == 2
+        assert srv.cache_resets == (2 if offered else 0)
+    for label in ("max-concurrency=1", "max-concurrency=2"):
+        assert load_run(tmp_path / label).run_info["prefix_cache_reset"] == ("reset" if offered else "not offered")

@@ -67,7 +67,10 @@ class Evidence:
     ttft_split: TtftSplit | None = None
     """The client's mean TTFT split into API server & network, engine queue and prefill (the server's histograms)."""
     client_may_be_bottleneck: bool = False
+    """The client's own verdict: its distortion of the figures was material (targets/client_stats.py)."""
     client_reason: str | None = None
+    client_added_delay_ms: float | None = None
+    """Estimated delay the client added to each timestamp it took (mean, weighted by requests in flight)."""
     source: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -174,6 +177,7 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
         ttft_split=ttft_split(run.records, run.timeline),
         client_may_be_bottleneck=bool(client.get("client_may_be_bottleneck", False)),
         client_reason=client.get("reason"),
+        client_added_delay_ms=(client.get("added_delay") or {}).get("mean_ms"),
         source=run.run_info.get("source"),
     )
 

@@ -122,8 +122,13 @@ def ttft_split_evidence(x: Context, *parts: str) -> list[str]:
 def client_bound(x: Context) -> Finding | None:
     if not x.e.client_may_be_bottleneck:
         return None
-    return Finding(CLIENT_BOUND, "The load generator itself may be the bottleneck", 0.97,
-                   [x.e.client_reason or "the client reported that it could not keep its send schedule"])
+    evidence = [x.e.client_reason or "the client reported that it could not keep its send schedule"]
+    if x.e.client_added_delay_ms is not None:
+        evidence.append(
+            f"estimated client-added delay {x.e.client_added_delay_ms:.1f} ms per timestamp against a measured "
+            f"TTFT p50 of {x.e.ttft_p50_ms:.1f} ms: rerun with --workers or on another host before trusting the rest"
+        )
+    return Finding(CLIENT_BOUND, "The load generator itself distorted the measurement", 0.97, evidence)
 
 
 API_BUSY = 0.8

@@ -102,20 +102,28 @@ def run_sweep(
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     observe: Callable[[str, LoadPlan], AbstractContextManager[RecordSink | None]] | None = None,
 ) -> dict[str, Any]:
-    """Run every point into `result_dir/KEY=VALUE/`, updating sweep.json after each; stop at an interruption."""
+    """Run every point into `result_dir/KEY=VALUE/`, updating sweep.json after each; stop at an interruption.
+
+    Before each point a target that can (`reset_prefix_cache`, HttpTarget) empties the server's prefix
+    cache, so points do not inherit each other's hits; each point's run.json says what happened.
+    """
     points: list[dict[str, Any]] = []
     index: dict[str, Any] = {"sweep": {"key": sweep.key, "values": list(_jsonable(sweep.values))}, "points": points}
     index["interrupted"] = False
     for value in sweep.values:
         label = sweep.label(value)
         plan = make_plan(sweep.arrival(base_arrival, value))
+        point_info = {**run_info, "sweep_point": {sweep.key: _jsonable([value])[0]}}
+        reset = getattr(target, "reset_prefix_cache", None)
+        if reset is not None:  # a point must not inherit the previous one's cached prefixes
+            point_info["prefix_cache_reset"] = reset()
         context = observe(label, plan) if observe is not None else nullcontext(None)
         with context as observer:
             summary = run_point(
                 target,
                 plan,
                 result_dir / label,
-                {**run_info, "sweep_point": {sweep.key: _jsonable([value])[0]}},
+                point_info,
                 slo,
                 percentiles,
                 observers=[observer] if observer is not None else [],

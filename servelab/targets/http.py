@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -45,7 +46,7 @@ from servelab.metrics.records import (
 )
 from servelab.metrics.scrape import MetricsScraper
 from servelab.targets.base import SampleSink, TargetRun
-from servelab.targets.client_stats import LoopLagMonitor, client_stats
+from servelab.targets.client_stats import WAVE_SPAN_S, DelayProbe
 from servelab.targets.errors import TargetError, unmet_dependency
 from servelab.targets.preflight import (
     CHAT,
@@ -56,14 +57,38 @@ from servelab.targets.preflight import (
 )
 from servelab.targets.sse import DONE, SSEDecoder
 from servelab.targets.stop_signals import on_stop_signals
-from servelab.targets.stream_client import ConnectError, ProtocolError, RefusedError, StreamingClient
+from servelab.targets.stream_client import (
+    ConnectError,
+    ProtocolError,
+    RefusedError,
+    StreamingClient,
+)
 from servelab.targets.tally import RunTally, aiter_specs
 from servelab.targets.workers import SERVER_GONE, WorkerPool
 from servelab.workload.spec import LoadPlan, RequestSpec
 
+MAX_WAVE = 1024
+"""At most this many first-wave requests are prepared (bodies built, connections opened) before the clock starts."""
+RESET = "reset"
+NOT_OFFERED = "not offered"
+"""What `reset_prefix_cache` says when the server has no such endpoint (vLLM without dev mode)."""
 CANCELLED = "cancelled"
 EMPTY_STREAM = "empty_stream"
 WRONG_MODEL = "wrong_model"
+
+
+def first_wave(specs: Iterable[RequestSpec], limit: int) -> tuple[list[RequestSpec], Iterator[RequestSpec]]:
+    """The requests due at the plan's first instant (at most `limit`, none that waits for another), and the rest.
+
+    Reads the (possibly lazy) plan only as far as the wave: the rest is left for the release loop, in order.
+    """
+    it = iter(specs)
+    wave: list[RequestSpec] = []
+    for spec in it:
+        if spec.depends_on is not None or len(wave) >= limit or (wave and spec.arrival_time > wave[0].arrival_time + WAVE_SPAN_S):
+            return wave, itertools.chain([spec], it)
+        wave.append(spec)
+    return wave, it
 
 
 class MalformedStream(ServerFault):
@@ -205,6 +230,28 @@ class HttpTarget:
         """Check URL, `/v1/models`, model and endpoint; raises TargetError naming what is wrong."""
         return asyncio.run(self.apreflight())
 
+    def reset_prefix_cache(self) -> str:
+        """Empty the server's prefix cache, where it offers an endpoint for it; says what happened.
+
+        vLLM serves `POST /reset_prefix_cache` only with VLLM_SERVER_DEV_MODE=1; elsewhere the answer is
+        "not offered" and the run goes on: a sweep point then may inherit the previous point's cache.
+        """
+        return asyncio.run(self._areset_prefix_cache())
+
+    async def _areset_prefix_cache(self) -> str:
+        try:
+            async with aiohttp.ClientSession() as session, session.post(
+                self.base_url + "/reset_prefix_cache", headers=self._auth_headers(),
+                timeout=aiohttp.ClientTimeout(total=30),
+            ) as resp:
+                if resp.status == 200:
+                    return RESET
+                if resp.status in (404, 405):
+                    return NOT_OFFERED
+                return f"refused: HTTP {resp.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return f"failed: {type(exc).__name__}: {exc}"
+
     # -- running ----------------------------------------------------------
 
     def run(self, plan: LoadPlan, sink: RecordSink, on_sample: SampleSink | None = None) -> TargetRun:
@@ -242,9 +289,15 @@ class HttpTarget:
                 self.scrape_interval, auth, gpu,
             )
             first = await scraper.fetch()
+            wave, rest = first_wave(plan.requests, cap or MAX_WAVE)
             pool = WorkerPool(self, plan, sink, workers) if workers > 1 else None
+            client: StreamingClient | None = None
+            bodies: dict[int, bytes] = {}
             if pool is not None:
-                await pool.start()
+                await pool.start(wave, rest)
+            else:
+                client = StreamingClient(self.base_url)
+                bodies = await self.prepare(client, wave, cap or len(wave))
             zero = self.clock_zero = time.perf_counter()
             if first is not None:
                 scraper.record(0.0, first)
@@ -254,7 +307,9 @@ class HttpTarget:
                 if pool is not None:
                     tally = await pool.run(zero, handle_signals)
                 else:
-                    tally = await self.serve(aiter_specs(plan.requests), cap, plan.duration, sink, zero, handle_signals)
+                    assert client is not None
+                    specs = aiter_specs(itertools.chain(wave, rest))
+                    tally = await self.serve(specs, cap, plan.duration, sink, zero, handle_signals, client, bodies)
             finally:
                 stop_scraping.set()
                 await scraping
@@ -263,7 +318,7 @@ class HttpTarget:
         if tally.plan_error is not None:
             raise TargetError(tally.plan_error)
         duration = max(0.0, tally.last_finish - tally.first_send) if tally.schedule_lags else 0.0
-        stats = client_stats(tally.schedule_lags, tally.loop_lags, tally.cpu_s, tally.wall_s, tally.processes)
+        stats = tally.client_stats()
         stats["clock_zero_perf_counter"] = zero
         stats.update(tally.notes)
         info = dict(self.server_info or {"base_url": self.base_url, "endpoint": self.endpoint})
@@ -278,19 +333,35 @@ class HttpTarget:
         sink: RecordSink,
         zero: float,
         handle_signals: bool,
+        client: StreamingClient,
+        bodies: dict[int, bytes],
     ) -> RunTally:
-        """Release and stream requests on this event loop; the body of a run, in one process or in each worker."""
-        client = StreamingClient(self.base_url)
+        """Release and stream requests on this event loop; the body of a run, in one process or in each worker.
+
+        `client` and `bodies` come from `prepare`, before the clock started; the client is closed here.
+        """
         try:
-            return await _Run(self, specs, max_concurrency, duration, sink, client, zero).execute(handle_signals)
+            return await _Run(self, specs, max_concurrency, duration, sink, client, zero, bodies).execute(handle_signals)
         finally:
             client.close()
 
+    async def prepare(self, client: StreamingClient, wave: Sequence[RequestSpec], connections: int) -> dict[int, bytes]:
+        """What must not happen on the clock: the first wave's request bodies, and the connections they will use.
+
+        A body that cannot be built (a chat request without text) fails here, before any load.
+        """
+        bodies = {spec.index: self.body(spec) for spec in wave}
+        await client.open(connections)
+        return bodies
+
     # -- one request ------------------------------------------------------
 
-    async def stream(self, client: StreamingClient, spec: RequestSpec, rec: RequestRecord, zero: float) -> None:
-        """Send one request and fill `rec` from the stream; raises on transport faults."""
-        body = self.body(spec)
+    async def stream(
+        self, client: StreamingClient, spec: RequestSpec, rec: RequestRecord, zero: float, body: bytes | None = None
+    ) -> None:
+        """Send one request (its `body` when built ahead) and fill `rec` from the stream; raises on transport faults."""
+        if body is None:
+            body = self.body(spec)
         head = client.request_head(self.endpoint, len(body), self._headers)
         state = _StreamState(rec, self.endpoint == CHAT, zero, self.model_names)
         rec.send_time = time.perf_counter() - zero
@@ -396,8 +467,11 @@ class _Run:
         sink: RecordSink,
         client: StreamingClient,
         zero: float,
+        bodies: dict[int, bytes],
     ) -> None:
         self.target = target
+        self.bodies = bodies
+        """Request bodies built before the clock started (the first wave), used once each."""
         self.specs = specs
         self.duration = duration
         self.sink = sink
@@ -420,8 +494,8 @@ class _Run:
 
     async def execute(self, handle_signals: bool) -> RunTally:
         cpu0 = time.process_time()
-        monitor = LoopLagMonitor()
-        monitor.start()
+        probe = DelayProbe(lambda: len(self.requests))
+        probe.start()
         self._spawn(self._release())
         restore = on_stop_signals(self._on_signal) if handle_signals else None
         try:
@@ -430,11 +504,12 @@ class _Run:
         finally:
             if restore is not None:
                 restore()
-            await monitor.stop()
+            await probe.stop()
         tally = self.tally
         tally.wall_s = self.now()
         tally.cpu_s = time.process_time() - cpu0
-        tally.loop_lags = monitor.lags
+        tally.loop_lags, tally.loop_weights = probe.lags, probe.weights
+        tally.loop_at = [t - self.zero for t in probe.at]
         return tally
 
     def stop(self) -> None:
@@ -531,7 +606,7 @@ class _Run:
             priority=spec.priority,
         )
         try:
-            await self.target.stream(self.client, spec, rec, self.zero)
+            await self.target.stream(self.client, spec, rec, self.zero, self.bodies.pop(spec.index, None))
         except asyncio.CancelledError:
             rec.status, rec.error_kind, rec.error = CANCELLED, CANCELLED, "run interrupted"
             rec.finish_time = self.now()

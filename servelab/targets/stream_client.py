@@ -281,6 +281,19 @@ class StreamingClient:
             raise error(f"cannot connect to {self.host}:{self.port}: {exc or type(exc).__name__}") from exc
         return conn
 
+    async def open(self, n: int) -> int:
+        """Open `n` keep-alive connections ahead of use; returns how many opened.
+
+        Connecting is not a request: done before a run's clock starts, the
+        first wave's TTFT does not carry N handshakes made on the event loop at
+        t0. A connection that fails here is not an error: the request that
+        would have used it connects (and fails, and is recorded) on its own.
+        """
+        results = await asyncio.gather(*(self._connect() for _ in range(n)), return_exceptions=True)
+        opened = [conn for conn in results if isinstance(conn, _Connection)]
+        self._idle.extend(opened)
+        return len(opened)
+
     def request_head(self, path: str, body_len: int, headers: dict[str, str]) -> bytes:
         lines = [f"POST {self.prefix}{path} HTTP/1.1", f"Host: {self.host_header}", f"Content-Length: {body_len}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]

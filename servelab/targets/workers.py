@@ -35,15 +35,22 @@ import multiprocessing
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 import uvloop
 
-from servelab.metrics.records import CLIENT_WORKER_DIED, CONNECTION_REFUSED, ERROR, RecordSink, RequestRecord
+from servelab.metrics.records import (
+    CLIENT_WORKER_DIED,
+    CONNECTION_REFUSED,
+    ERROR,
+    RecordSink,
+    RequestRecord,
+)
 from servelab.targets.errors import TargetError, unmet_dependency
 from servelab.targets.stop_signals import on_stop_signals, stop_with_parent
+from servelab.targets.stream_client import StreamingClient
 from servelab.targets.tally import RunTally
 from servelab.workload.spec import LoadPlan, RequestSpec
 
@@ -86,11 +93,26 @@ class WorkerPool:
         self._zero = 0.0
         self._interrupted = False
         self._server_gone: str | None = None
+        self._owner: dict[int, int] = {}
+        """Which worker each routed request went to: a later turn of a conversation follows it."""
+        self._rest: Iterator[RequestSpec] = iter(())
 
     # -- start ------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Spawn the workers and wait until each has its event loop running; raises TargetError if one does not."""
+    async def start(self, wave: Sequence[RequestSpec], rest: Iterator[RequestSpec]) -> None:
+        """Spawn the workers, hand each its share of the first `wave`, and wait until each has built those
+        bodies and opened its connections (before the run's clock starts); raises TargetError if one does not.
+        `rest` is the plan after the wave, routed once the run starts."""
+        self._rest = rest
+        await self._spawn()
+        for spec in wave:
+            wid = max(range(len(self._pipes)), key=lambda w: (self._room(w), -len(self._outstanding[w])))
+            self._route(wid, spec)
+        for pipe in self._pipes:
+            pipe.send(("prepare", None))
+        await self._all_say("prepared")
+
+    async def _spawn(self) -> None:
         loop = asyncio.get_running_loop()
         threading.Thread(target=self._pump, args=(loop,), daemon=True, name="servelab-worker-inbox").start()
         for wid, cap in enumerate(self.caps):
@@ -103,6 +125,11 @@ class WorkerPool:
             reader.close()
             self._pipes.append(writer)
             self._procs.append(proc)
+        await self._all_say("ready")
+
+    async def _all_say(self, what: str) -> None:
+        """Wait until every worker has sent `what`; a worker that dies or stays silent is a TargetError."""
+        loop = asyncio.get_running_loop()
         ready: set[int] = set()
         deadline = loop.time() + READY_TIMEOUT_S
         while len(ready) < len(self._procs):
@@ -117,7 +144,7 @@ class WorkerPool:
                         f"{'exited' if dead else f'not ready after {READY_TIMEOUT_S:g} s'}"
                     ) from None
                 continue
-            if kind == "ready":
+            if kind == what:
                 ready.add(wid)
 
     def _pump(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -208,9 +235,9 @@ class WorkerPool:
         """Route the plan's requests to workers shortly before their send time, in plan order."""
         duration = self.plan.duration
         everyone = range(len(self._pipes))
-        owner: dict[int, int] = {}
+        owner = self._owner
         try:
-            for spec in self.plan.requests:
+            for spec in self._rest:
                 if duration is not None and spec.arrival_time >= duration:
                     return
                 if spec.depends_on is not None and spec.depends_on not in owner:
@@ -219,15 +246,18 @@ class WorkerPool:
                 wid = await self._wait_for_room(candidates, spec)
                 if wid is None:
                     return
-                owner[spec.index] = wid
-                self._outstanding[wid][spec.index] = spec
-                self._pipes[wid].send(("spec", spec))
+                self._route(wid, spec)
         finally:
             for pipe in self._pipes:
                 try:
                     pipe.send(("end", None))
                 except OSError:
                     pass  # that worker is gone; _collect records what it took with it
+
+    def _route(self, wid: int, spec: RequestSpec) -> None:
+        self._owner[spec.index] = wid
+        self._outstanding[wid][spec.index] = spec
+        self._pipes[wid].send(("spec", spec))
 
     def _room(self, wid: int) -> float:
         cap = self.caps[wid]
@@ -315,15 +345,27 @@ async def _work(
 
     threading.Thread(target=read, daemon=True, name="servelab-worker-specs").start()
     messages.put(("ready", wid, None))
+    wave: list[RequestSpec] = []
+    while (msg := await inbox.get())[0] == "spec":
+        wave.append(msg[1])
+    if msg[0] != "prepare":
+        return
+    client = StreamingClient(target.base_url)
+    bodies = await target.prepare(client, wave, cap or len(wave))
+    messages.put(("prepared", wid, None))
     kind, zero = await inbox.get()
     if kind != "start":
+        client.close()
         return
 
     async def routed() -> AsyncIterator[RequestSpec]:
+        for spec in wave:
+            yield spec
         while (msg := await inbox.get())[0] == "spec":
             yield msg[1]
 
-    tally = await target.serve(routed(), cap, duration, _ForwardSink(wid, messages), zero, handle_signals=True)
+    sink = _ForwardSink(wid, messages)
+    tally = await target.serve(routed(), cap, duration, sink, zero, True, client, bodies)
     messages.put(("done", wid, tally))
     messages.close()
     messages.join_thread()

@@ -51,6 +51,9 @@ class FaultServer:
     retry_after: str | None = None
     """Sent as Retry-After with the injected HTTP errors."""
     serve_chat: bool = True
+    serve_cache_reset: bool = False
+    """Offer vLLM's dev-mode `POST /reset_prefix_cache`; each call is counted in `cache_resets`."""
+    cache_resets: int = 0
     received: list[Received] = field(default_factory=list)
     """The run's requests; pre-flight probes go to `probes`, so tests count only what the run sent."""
     probes: list[Received] = field(default_factory=list)
@@ -77,6 +80,10 @@ class FaultServer:
             f'vllm:generation_tokens_total{{model_name="{MODEL}"}} {len(self.received)}\n'
         )
         return web.Response(text=text, content_type="text/plain")
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        self.cache_resets += 1
+        return web.Response(status=200)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)
@@ -161,6 +168,8 @@ class FaultServer:
             app.router.add_post("/v1/completions", self.completions)
             if self.serve_chat:
                 app.router.add_post("/v1/chat/completions", self.chat)
+            if self.serve_cache_reset:
+                app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
             self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
             await self._runner.setup()
             site = web.TCPSite(self._runner, "127.0.0.1", 0)
