@@ -137,8 +137,10 @@ def test_cli_example_runs_without_arguments_and_json_has_the_stable_keys():
     data = json.loads(result.output)
     assert set(data["ceilings"]) >= {"prefill_compute_rps", "decode_bandwidth_tps", "kv_capacity_seqs",
                                      "max_num_seqs", "slo_max_rps"}
-    assert data["findings"][0]["kind"] == fk.PREFILL_COMPUTE_BOUND
-    assert {"kind", "title", "evidence", "recommendations"} <= set(data["findings"][0])
+    # The example's own figures (10 QPS at 30% utilisation) cannot both hold: that comes first (issue 13), then
+    # what limits the server.
+    assert [f["kind"] for f in data["findings"][:2]] == ["observations_inconsistent", fk.PREFILL_COMPUTE_BOUND]
+    assert {"kind", "title", "evidence", "recommendations"} <= set(data["findings"][1])
 
 
 def test_cli_slo_gives_the_highest_rate_meeting_it():
@@ -241,3 +243,45 @@ def test_cli_a_run_where_nothing_completed_is_one_clear_error_not_a_diagnosis_of
     writer.close()
     result = CliRunner().invoke(app, ["diagnose", str(tmp_path), "--gpu", "a100-80gb", "--model", "qwen2.5-7b"])
     assert result.exit_code == 2 and "no request completed" in result.output and "3 http_500" in result.output
+
+
+# -- reported figures checked against the physics (issue 13, section 4) --------------------------------------------
+
+
+def _reported(qps=None, ttft_ms=None, gpu_util=None, rate=10.0, prompt=1500):
+    from servelab.diagnose.analysis import Observed
+
+    d = build_deployment("a100-80gb", "qwen2.5-7b", "--max-num-seqs 256")
+    return diagnose_described(d, synthetic(prompt, 200, request_rate=rate), with_recommendations=False,
+                              observed=Observed(qps, ttft_ms, gpu_util))
+
+
+def test_ten_qps_of_long_prompts_at_thirty_percent_utilisation_is_named_first_as_impossible():
+    from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
+
+    dx = _reported(qps=10.0, gpu_util=0.3)
+    first = dx.findings[0]
+    assert first.kind == OBSERVATIONS_INCONSISTENT and "QPS" in first.title and "GPU utilisation" in first.title
+    text = " ".join(first.evidence)
+    assert "cannot read 30%" in text and "servelab bench" in text and "nvidia-smi dmon" in text
+    fit = float(text.split("prompts are at most ~")[1].split()[0])
+    assert fit < 1500  # what would reconcile them: shorter prompts than described
+    # The server's own bottleneck is still named, after the contradiction.
+    assert dx.bottleneck != OBSERVATIONS_INCONSISTENT and dx.bottleneck in fk.KINDS
+
+
+def test_figures_that_fit_the_deployment_raise_no_contradiction():
+    from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
+
+    dx = _reported(qps=4.0, gpu_util=0.95, ttft_ms=2000.0, rate=4.0)
+    assert all(f.kind != OBSERVATIONS_INCONSISTENT for f in dx.findings)
+
+
+def test_a_ttft_below_an_idle_gpus_prefill_is_a_contradiction():
+    from servelab.diagnose.observations import idle_prefill_ms
+
+    d = build_deployment("a100-80gb", "qwen2.5-7b", "--max-num-seqs 256")
+    least = idle_prefill_ms(d, 1500)
+    assert least > 0
+    dx = _reported(ttft_ms=0.5 * least, rate=1.0)
+    assert dx.findings[0].title.startswith("The reported TTFT cannot hold")

@@ -15,6 +15,8 @@ from servelab.diagnose.advice import AdviceContext, check_advice
 from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, saturation_rps, slo_max_rps
 from servelab.diagnose.ceilings import Ceilings, compute_ceilings
 from servelab.diagnose.evidence import Evidence, gather
+from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
+from servelab.diagnose.observations import check as check_observations
 from servelab.diagnose.findings import Context, Finding, detect, queue_reason
 from servelab.diagnose.recommend import recommend, run as simulate_outcome
 from servelab.diagnose.scenario import Scenario, from_run, simulate
@@ -52,7 +54,8 @@ class Diagnosis:
 
     @property
     def bottleneck(self) -> str | None:
-        return self.findings[0].kind if self.findings else None
+        """What limits the deployment: the first finding that is about the server, not about the figures reported."""
+        return next((f.kind for f in self.findings if f.kind != OBSERVATIONS_INCONSISTENT), None)
 
     def as_dict(self) -> dict[str, Any]:
         c = self.ceilings
@@ -141,7 +144,12 @@ def analyse(
     if with_recommendations and baseline is not None:
         for f in found:
             f.recommendations = recommend(f, ctx, scenario, baseline)
-    dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed or Observed())
+    observed = observed or Observed()
+    contradiction = check_observations(deployment, scenario, c, qps=observed.qps, ttft_ms=observed.ttft_ms,
+                                       gpu_util=observed.gpu_util)
+    if contradiction is not None:  # reported figures that cannot hold come before what they would explain
+        found.insert(0, contradiction)
+    dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed)
     dx.notes = notes(dx)
     if with_advice and baseline is not None:
         longest = max(s.input_len + s.output_len for s in scenario.shapes)

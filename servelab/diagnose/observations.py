@@ -1,0 +1,103 @@
+"""Figures a user reports, checked against what the deployment can physically do.
+
+Users come with numbers that cannot all be true ("10 QPS of 1,500-token
+prompts, GPU utilisation 30%"). A diagnosis built on them would explain a
+deployment that does not exist, so the first finding says which figure is
+off, by the physics that rules it out, what would reconcile it, and the one
+measurement that decides. Each check is a bound, not a fit: the
+deployment's ceiling for the QPS, the prefill FLOPs that must run on the
+chip for the utilisation (even at the chip's peak), an idle GPU's prefill
+for the TTFT.
+"""
+
+from __future__ import annotations
+
+from servelab.diagnose.ceilings import Ceilings
+from servelab.diagnose.findings import Finding
+from servelab.diagnose.scenario import Scenario
+from servelab.perf.cost_model import StepBatch
+from servelab.perf.quantization import weight_format
+from servelab.targets.deployment import Deployment
+
+OBSERVATIONS_INCONSISTENT = "observations_inconsistent"
+
+ABOVE_CEILING = 1.1
+"""Observed QPS above this multiple of the simulated ceiling cannot be sustained (the ceiling's own error is ~5-15%)."""
+UTIL_SLACK = 0.05
+"""nvidia-smi samples over ~1/6 s windows: a reading this far under the physical minimum is still plausible."""
+TTFT_SLACK = 0.8
+"""An observed TTFT under this share of an idle GPU's prefill is below what the kernels take (their error ~5%)."""
+CHARS_PER_TOKEN = 4
+"""English text in the tokenizers of these models: about four characters per token."""
+
+
+def idle_prefill_ms(d: Deployment, prompt_tokens: int) -> float:
+    """One prompt's prefill on an idle GPU, in the step budget's chunks: the least any TTFT can be."""
+    budget = d.config.max_num_batched_tokens or prompt_tokens
+    cost, done, total = d.cost_model(), 0, 0.0
+    while done < prompt_tokens:
+        chunk = min(budget, prompt_tokens - done)
+        total += cost.step_time(StepBatch(prefill_chunks=[(chunk, done)]))
+        done += chunk
+    return 1e3 * total
+
+
+def check(
+    d: Deployment, s: Scenario, c: Ceilings, *, qps: float | None, ttft_ms: float | None, gpu_util: float | None
+) -> Finding | None:
+    """The first finding when the reported figures contradict this deployment and workload's physics; else None."""
+    cfg = d.config
+    gpus = cfg.tensor_parallel_size * cfg.data_parallel_size
+    peak = d.hardware.peak_flops(weight_format(cfg.quantization, d.model, d.hardware).compute_dtype)
+    prompt = s.mean_input
+    evidence: list[str] = []
+    off: list[str] = []
+    if qps is not None and c.saturation_rps and qps > ABOVE_CEILING * c.saturation_rps:
+        off.append("QPS")
+        evidence.append(
+            f"{qps:.2f} req/s observed, but this deployment's simulated ceiling for {prompt:.0f}-token prompts "
+            f"and {s.mean_output:.0f}-token outputs is {c.saturation_rps:.2f} req/s: above it the queue grows without "
+            "bound, so that rate cannot be sustained"
+        )
+    if gpu_util is not None and qps:
+        prefill = qps * c.prefill_flops_per_request / gpus
+        least_busy = prefill / peak
+        if gpu_util + UTIL_SLACK < least_busy:
+            off.append("GPU utilisation")
+            fit_tokens = gpu_util * peak * gpus / (qps * c.prefill_flops_per_request / prompt)
+            fit_qps = gpu_util * peak * gpus / c.prefill_flops_per_request
+            evidence.append(
+                f"{qps:.2f} req/s x {prompt:.0f} prompt tokens needs {prefill / 1e12:.0f} TFLOP/s of prefill "
+                f"per GPU: even at the {d.hardware.name}'s peak of {peak / 1e12:.0f} TFLOP/s its kernels run at least "
+                f"{least_busy:.0%} of the time, so nvidia-smi cannot read {gpu_util:.0%}"
+            )
+            evidence.append(
+                f"they fit together only if the prompts are at most ~{fit_tokens:.0f} tokens (were the {prompt:.0f} characters, "
+                f"they would be ~{prompt / CHARS_PER_TOKEN:.0f} tokens), or the rate at most ~{fit_qps:.2f} req/s"
+            )
+    if ttft_ms is not None:
+        least = idle_prefill_ms(d, round(prompt))
+        if ttft_ms < TTFT_SLACK * least:
+            off.append("TTFT")
+            evidence.append(
+                f"TTFT {ttft_ms:.0f} ms observed, but one {prompt:.0f}-token prompt's prefill alone takes "
+                f"{least:.0f} ms on an idle {d.hardware.name}: the prompts are shorter than described, or hit the "
+                "prefix cache"
+            )
+    if not off:
+        return None
+    evidence.append(
+        "what would reconcile them: prompt lengths counted in characters or words instead of tokens; a QPS "
+        "summed over several replicas or read at a peak minute; a utilisation averaged over several GPUs or "
+        "sampled off-peak, or a different counter (DCGM's SM-active share reads lower than nvidia-smi's)"
+    )
+    evidence.append(
+        "the measurement that decides: during peak load, the server's own token counters (the rate of "
+        "vllm:prompt_tokens_total and vllm:request_success_total on /metrics) beside `nvidia-smi dmon -s u -d 1`; or "
+        f"`servelab bench --base-url URL --dataset-name random --random-input-len {prompt:.0f} --random-output-len "
+        f"{s.mean_output:.0f} --request-rate {qps or 1:.2f} --num-prompts 600`, which records both in one "
+        "timeline (the GPU through NVML, or a DCGM exporter with --gpu-metrics-url)"
+    )
+    names = " and ".join(off) if len(off) < 3 else f"{off[0]}, {off[1]} and {off[2]}"
+    return Finding(OBSERVATIONS_INCONSISTENT, f"The reported {names} cannot hold for this deployment and workload",
+                   1.0, evidence)
