@@ -14,6 +14,10 @@ from pathlib import Path
 
 from servelab.sim.vllm_metrics import (  # re-exported: readers of a timeline name metrics through this module
     COUNTERS,
+    DECODE_TIME_COUNT,
+    DECODE_TIME_SUM,
+    E2E_COUNT,
+    E2E_SUM,
     FLOPS,
     GAUGES,
     GENERATION_TOKENS,
@@ -26,6 +30,8 @@ from servelab.sim.vllm_metrics import (  # re-exported: readers of a timeline na
     PREFIX_HITS,
     PREFIX_QUERIES,
     PROMPT_TOKENS,
+    QUEUE_TIME_COUNT,
+    QUEUE_TIME_SUM,
     READ_BYTES,
     RUNNING,
     TRACKED,
@@ -65,15 +71,6 @@ __all__ = [  # the re-exported metric names, and this module's own
     "gauge_max",
     "read_timeline",
 ]
-
-QUEUE_TIME_SUM = "vllm:request_queue_time_seconds_sum"
-QUEUE_TIME_COUNT = "vllm:request_queue_time_seconds_count"
-"""Engine-core queueing to first scheduling, observed when a request finishes (vLLM; the simulator does not export it)."""
-DECODE_TIME_SUM = "vllm:request_decode_time_seconds_sum"
-DECODE_TIME_COUNT = "vllm:request_decode_time_seconds_count"
-E2E_SUM = "vllm:e2e_request_latency_seconds_sum"
-E2E_COUNT = "vllm:e2e_request_latency_seconds_count"
-
 
 @dataclass(slots=True)
 class TimelineSample:

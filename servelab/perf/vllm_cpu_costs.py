@@ -11,7 +11,7 @@ deployments use their fitted costs instead.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from functools import cache
 from pathlib import Path
 
@@ -49,8 +49,6 @@ class VllmCpuCosts:
     request's outputs merge in its RequestOutputCollector, so a chunk carries every token made since the last."""
     api_loop_per_prompt_token_s: float
     """The event loop's own share of `api_per_prompt_token_s`; the rest runs on the tokenizer thread beside it."""
-    api_off_loop_per_request_s: float
-    """Tokenizer thread (and ZMQ I/O) per request, beside the loop: latency, not the loop's capacity."""
     api_c1_overhead_s: float
     """Concurrency 1: client TTFT minus vLLM's queue and prefill, fixed part (HTTP, hops, output path)."""
     api_c1_overhead_per_prompt_token_s: float
@@ -111,9 +109,7 @@ class ApiServerCosts:
 
     @property
     def any(self) -> bool:
-        return any(v > 0 for v in (self.per_request_s, self.per_prompt_token_s, self.per_output_token_s,
-                                   self.per_chunk_s, self.per_output_step_s, self.latency_s,
-                                   self.latency_per_prompt_token_s))
+        return any(v > 0 for v in astuple(self))
 
 
 @cache
@@ -135,7 +131,6 @@ def measured(path: Path = DATA) -> VllmCpuCosts:
         api_per_chunk_s=float(api["per_chunk_s"]),
         api_per_engine_step_s=float(api["per_engine_step_s"]),
         api_loop_per_prompt_token_s=float(api["loop_per_prompt_token_s"]),
-        api_off_loop_per_request_s=float(api["off_loop_per_request_s"]),
         api_c1_overhead_s=float(api["c1_overhead_s"]),
         api_c1_overhead_per_prompt_token_s=float(api["c1_overhead_per_prompt_token_s"]),
     )

@@ -183,9 +183,8 @@ class _Simulation:
         api = target.api
         self.fe_request, self.fe_token = api.per_request_s, api.per_prompt_token_s
         self.fe_latency, self.fe_latency_token = api.latency_s, api.latency_per_prompt_token_s
-        servers = target.api_servers
         self.fe_output, self.fe_chunk, self.fe_step = api.per_output_token_s, api.per_chunk_s, api.per_output_step_s
-        self.servers = servers
+        self.servers = servers = target.api_servers
         self.frontend_free_at = [0.0] * servers
         self.frontend_busy = 0.0
         self.next_server = 0
@@ -322,7 +321,7 @@ class _Simulation:
     def _arrive(self, spec: RequestSpec, now: float) -> None:
         if self.frontend:
             server = self.next_server
-            self.next_server = (server + 1) % len(self.frontend_free_at)
+            self.next_server = (server + 1) % self.servers
             self.server_of[spec.index] = server
             done = self._frontend(now, self.fe_request + self.fe_token * spec.prompt_len, server)
             done += self.fe_latency + self.fe_latency_token * spec.prompt_len
