@@ -22,9 +22,7 @@ Needs the vLLM venv and the tiny model that scripts/test builds
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
-import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -38,19 +36,9 @@ from servelab.metrics.host import HostWatch
 from servelab.perf.calibration import CalibrationProfile
 from servelab.targets.server_process import vllm_cpu_server
 
-LOCK = Path("/tmp/servelab-heavy.lock")
-CACHE = Path(os.environ.get("SERVELAB_CACHE", Path.home() / ".cache" / "servelab"))
-VLLM_PYTHON = Path(os.environ.get("SERVELAB_VLLM_PYTHON", CACHE / "vllm-venv" / "bin" / "python"))
-TINY_MODEL = Path(os.environ.get("SERVELAB_TINY_MODEL", CACHE / "tiny-model"))
+from heavy_run import TINY_MODEL, VLLM_PYTHON, heavy_lock
+
 ENGINE_ARGS = ("--max-model-len", "4096", "--max-num-seqs", "32")
-
-
-@contextmanager
-def heavy_lock() -> Iterator[None]:
-    """The machine-wide lock every heavy run of this repository takes (the one docs/validation.md names)."""
-    with LOCK.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
 
 
 @contextmanager

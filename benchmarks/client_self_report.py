@@ -21,9 +21,7 @@ Needs the vLLM venv and the tiny model that scripts/test builds
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -35,10 +33,7 @@ from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.plan import Amount, build_plan
 
-LOCK = Path("/tmp/servelab-heavy.lock")
-CACHE = Path(os.environ.get("SERVELAB_CACHE", Path.home() / ".cache" / "servelab"))
-VLLM_PYTHON = Path(os.environ.get("SERVELAB_VLLM_PYTHON", CACHE / "vllm-venv" / "bin" / "python"))
-TINY_MODEL = Path(os.environ.get("SERVELAB_TINY_MODEL", CACHE / "tiny-model"))
+from heavy_run import TINY_MODEL, VLLM_PYTHON, heavy_lock
 
 
 def point(base_url: str, concurrency: int, requests: int, out: Path) -> dict:
@@ -78,8 +73,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     rows = []
-    with LOCK.open("a") as lock, tempfile.TemporaryDirectory(prefix="servelab-self-report-") as tmp:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with heavy_lock(), tempfile.TemporaryDirectory(prefix="servelab-self-report-") as tmp:
         host = HostWatch().start()
         server = vllm_cpu_server(VLLM_PYTHON, TINY_MODEL, log_path=Path(tmp) / "vllm.log", served_model_name="tiny-qwen",
                                  extra_args=("--max-model-len", "4096", "--max-num-seqs", "32"), startup_timeout=600)

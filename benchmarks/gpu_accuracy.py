@@ -139,10 +139,9 @@ def version_defaults(version: str) -> str:
     the source does not state keeps the simulator's defaults.
     """
     found = re.search(r"(\d+)\.(\d+)", version)
-    if found is None or "main" in version:
-        older = "main" in version  # vLLM PR #18566's "main, May 2025" is ~0.9
-    else:
-        older = (int(found[1]), int(found[2])) < ASYNC_SCHEDULING_DEFAULT_SINCE
+    older = "main" in version or (  # vLLM PR #18566's "main, May 2025" is ~0.9
+        found is not None and (int(found[1]), int(found[2])) < ASYNC_SCHEDULING_DEFAULT_SINCE
+    )
     return "--no-async-scheduling" if older else ""
 
 
