@@ -140,6 +140,11 @@ class SimEngine:
         return self.scheduler.has_work() or bool(self._inbox)
 
     @property
+    def decode_run(self) -> tuple[int, int, int] | None:
+        """(first step, steps, tokens per step) of the decode run in flight; None while a single step is."""
+        return self._pending_run
+
+    @property
     def in_step(self) -> bool:
         return self._in_step
 
@@ -322,6 +327,8 @@ class SimEngine:
             ended = bisect.bisect_right(self.step_ends, t, first, first + steps) - first
             generated += ended * per_step
             iterations += ended
+            if ended:
+                usage = self.scheduler.decode_run_usage(ended)
         prefix = self.scheduler.prefix
         return {
             tl.RUNNING: running,

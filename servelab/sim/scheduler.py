@@ -119,6 +119,8 @@ class Scheduler:
         self._pending_private_blocks: list[int] = []
         self._pending_private_owners: list[int] = []
         self._pending_private_positions: list[int] = []
+        self._run_base: tuple[np.ndarray, np.ndarray, int] = (np.zeros(0, np.int64), np.zeros(0, np.int64), 0)
+        """(computed tokens, held blocks, free blocks) before the latest decode run, for its mid-run KV usage."""
         """Generated-token blocks to cache, with their request's uid and their index in it: the hashes
         (`output_block_hash_array`) are computed for all of them at once when they are flushed."""
 
@@ -396,6 +398,7 @@ class Scheduler:
     def apply_decode_steps(self, first_step: int, k: int) -> int:
         """Advance every running request by k decode steps (as k schedule()+update() calls would); returns tokens."""
         n = len(self.reqs)
+        self._run_base = (self.computed[:n].copy(), self.held[:n].copy(), self.pool.num_free)
         need = -((self.computed[:n] + k) // -self.block_size) - self.held[:n]
         self._commit(0, n, np.full(n, k, dtype=np.int64), need, int(np.add.reduce(need)))
         self.scheduled[:n] = 0
@@ -404,6 +407,12 @@ class Scheduler:
         if self.caching:
             self._flush_cache()
         return n * k
+
+    def decode_run_usage(self, steps: int) -> float:
+        """KV usage after the first `steps` steps of the latest `apply_decode_steps`, as step-by-step would show it."""
+        computed, held, free = self._run_base
+        need = int(np.add.reduce(-((computed + steps) // -self.block_size) - held))
+        return 1.0 - (free - need) / (self.pool.num_blocks - 1)
 
     # -- after the step ---------------------------------------------------
 

@@ -62,9 +62,9 @@ class SimTarget:
     sends fewer, fuller chunks, so its cost per token falls as its load rises,
     as on a real server. Requests queue before the engine (the engine's own
     TTFT, measured from its arrival, stays low while the client's grows) and
-    tokens queue after it. All 0 (default): no frontend. The decode
-    fast-forward is off while the frontend is modelled, so that its rounds
-    see every step's tokens in time order.
+    tokens queue after it. All 0 (default): no frontend. A decode run that
+    the engine fast-forwards hands its steps to the rounds as the step-by-step
+    loop would (`_run_rounds`).
 
     `config.api_server_count` N > 1 (vLLM's default: one per data-parallel
     engine) runs N such servers, one core each, as `--api-server-count` does (the processes share the listening
@@ -86,6 +86,7 @@ class SimTarget:
         max_model_len: int | None = None,
         api: ApiServerCosts | None = None,
         cpu_costs: CostCoefficients | None = None,
+        fast_forward: bool = True,
     ) -> None:
         if scrape_interval <= 0:
             raise TargetError("scrape_interval must be positive")
@@ -106,6 +107,8 @@ class SimTarget:
         self.scrape_interval = scrape_interval
         self.network_latency = network_latency
         self.max_model_len = max_model_len
+        self.fast_forward = fast_forward
+        """Simulate runs of identical decode steps at once (SimEngine); False steps one by one, with the same results."""
         self.cpu_costs = cpu_costs if cpu_costs is not None else getattr(cost_model, "coefficients", None)
         """The engine core's CPU share of each step, which async scheduling overlaps with the GPU."""
         self.last_engines: list[SimEngine] = []
@@ -122,7 +125,7 @@ class SimTarget:
 
     def make_engine(self) -> SimEngine:
         return SimEngine(
-            self.config, self.num_gpu_blocks, self.cost_model, self.max_model_len, fast_forward=not self.has_frontend,
+            self.config, self.num_gpu_blocks, self.cost_model, self.max_model_len, fast_forward=self.fast_forward,
             cpu_costs=self.cpu_costs,
         )
 
@@ -358,15 +361,21 @@ class _Simulation:
     def _begin(self, i: int, now: float) -> None:
         self.begin_pending[i] = False
         horizon = self.events[0][0] if self.events else float("inf")
-        end = self.engines[i].begin_step(now, min(horizon, self.next_scrape))
+        engine = self.engines[i]
+        end = engine.begin_step(now, min(horizon, self.next_scrape))
+        run = engine.decode_run
+        if self.frontend and run is not None:
+            self._run_rounds(i, *run)
         self._push(end, _STEP_END, lambda t, i=i: self._end(i, t))
 
     def _end(self, i: int, now: float) -> None:
         engine = self.engines[i]
+        run = engine.decode_run
         generated = engine.counters.generation_tokens
         finished = engine.finish_step()
         if self.frontend:
-            tokens = engine.counters.generation_tokens - generated
+            # A decode run's earlier steps went to the API servers in _run_rounds; this is its last.
+            tokens = run[2] if run is not None else engine.counters.generation_tokens - generated
             step = engine.num_steps - 1
             for server, delivered in enumerate(self.delivered[i]):
                 if tokens:
@@ -390,7 +399,42 @@ class _Simulation:
             at = max(now, self.frontend_free_at[server])
             self._push(at, _CLIENT, lambda t, s=server: self._round(s, t))
 
+    def _run_rounds(self, i: int, first: int, steps: int, tokens: int) -> None:
+        """The output rounds of a decode run's steps but its last (which `_end` takes, as any step's).
+
+        Those steps all end before the run's horizon, the next event of any
+        kind, so nothing but their own rounds uses the API servers until then:
+        a round due before the next of them ends is served here, exactly as
+        the event loop would serve it, and the last one due is left to it
+        (armed), as is everything when a round was already armed before the run.
+        """
+        ends = self.engines[i].step_ends
+        share = tokens / self.servers
+        for server in range(self.servers):
+            delivered = self.delivered[i][server]
+            own = not self.round_armed[server]
+            due: float | None = None
+            for step in range(first, first + steps - 1):
+                end = ends[step]
+                if due is not None and due < end:  # at a tie the step's end comes first (_STEP_END < _CLIENT)
+                    self._serve_round(server, due)
+                    due = None
+                delivered.append(math.nan)
+                self.pending[server].append((i, step, share))  # a served round replaced the list
+                if own and due is None:
+                    due = max(end, self.frontend_free_at[server])
+            if due is not None:
+                self.round_armed[server] = True
+                self._push(due, _CLIENT, lambda t, s=server: self._round(s, t))
+
     def _round(self, server: int, now: float) -> None:
+        free = self.frontend_free_at[server]
+        if free > now:  # a request's admission took the core since this round was armed
+            self._push(free, _CLIENT, lambda t, s=server: self._round(s, t))
+            return
+        self._serve_round(server, now)
+
+    def _serve_round(self, server: int, now: float) -> None:
         """One turn of the output handler: every step not taken yet, then one chunk per request with new tokens.
 
         A running request emits at most one token per step, so the requests
@@ -398,10 +442,6 @@ class _Simulation:
         chunks go out one after another, and each token is taken as sent at
         the mean position of that sequence.
         """
-        free = self.frontend_free_at[server]
-        if free > now:  # a request's admission took the core since this round was armed
-            self._push(free, _CLIENT, lambda t, s=server: self._round(s, t))
-            return
         self.round_armed[server] = False
         batch, self.pending[server] = self.pending[server], []
         handled = now + self.fe_step * len(batch) + self.fe_output * sum(n for _, _, n in batch)
