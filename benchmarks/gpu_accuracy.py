@@ -128,26 +128,19 @@ class Replay:
         return float(predicted) / measured - 1
 
 
-ASYNC_SCHEDULING_DEFAULT_SINCE = (0, 14)
-"""vLLM turned async scheduling on by default in PR #27614 (first released in v0.14.0, January 2026)."""
+def stated_version(text: str) -> str | None:
+    """The vLLM release a source states ("0.15.1"; "main, May 2025 (~0.9)" is 0.9); None: not stated.
 
-
-def version_defaults(version: str) -> str:
-    """Flags that give the source's vLLM version's defaults where they differ from the simulator's (0.32's).
-
-    Older engines ran the synchronous loop unless told otherwise; a version
-    the source does not state keeps the simulator's defaults.
+    The replay runs that release's defaults and CPU costs (perf/vllm_versions.py,
+    perf/vllm_cpu_costs.py); a run whose version is not stated keeps the modelled release's.
     """
-    found = re.search(r"(\d+)\.(\d+)", version)
-    older = "main" in version or (  # vLLM PR #18566's "main, May 2025" is ~0.9
-        found is not None and (int(found[1]), int(found[2])) < ASYNC_SCHEDULING_DEFAULT_SINCE
-    )
-    return "--no-async-scheduling" if older else ""
+    found = re.search(r"(\d+)\.(\d+)", text)
+    return f"{found[1]}.{found[2]}" if found else None
 
 
 def replay(entry: dict[str, Any], published: dict[str, Any], max_prompts: int | None = None) -> Replay:
-    engine_args = f"{entry.get('engine_args') or ''} {version_defaults(str(entry.get('vllm_version', '')))}".strip()
-    deployment = build_deployment(entry["gpu"], entry["model"], engine_args)
+    version = stated_version(str(entry.get("vllm_version", "")))
+    deployment = build_deployment(entry["gpu"], entry["model"], entry.get("engine_args") or "", vllm_version=version)
     plan = _plan(entry, published, deployment.model.vocab_size, max_prompts)
     start = time.perf_counter()
     sink = MemorySink()

@@ -75,6 +75,15 @@ def test_an_obsolete_flag_is_reported_and_the_run_goes_on(tmp_path: Path):
     assert any("--use-v2-block-manager" in w for w in info["deployment"]["warnings"])
 
 
+def test_the_served_vllm_release_sets_the_defaults_the_run_uses(tmp_path: Path):
+    result = simulate(*A100, *SMALL, "--vllm-version", "0.11.0", "--result-dir", str(tmp_path / "r"))
+    assert result.exit_code == 0, result.output
+    deployment = json.loads((tmp_path / "r" / RUN).read_text())["deployment"]
+    assert deployment["vllm_version"] == "0.11"
+    assert deployment["engine_config"]["async_scheduling"] is False
+    assert deployment["engine_config"]["gpu_memory_utilization"] == 0.9
+
+
 @pytest.mark.parametrize(
     ("args", "named"),
     [
@@ -87,6 +96,7 @@ def test_an_obsolete_flag_is_reported_and_the_run_goes_on(tmp_path: Path):
         (["--calibration", "no-such-profile.json"], ["no-such-profile.json"]),
         ([*A100, "--num-prompts", "5", "--duration", "3"], ["--num-prompts", "--duration"]),
         ([*A100, "--sweep", "prompts=1,2"], ["--sweep"]),
+        ([*A100, "--vllm-version", "0.7.3"], ["0.7.3", "V1"]),
     ],
 )
 def test_bad_input_is_one_clear_error_with_exit_code_2(tmp_path: Path, args, named):

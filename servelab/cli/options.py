@@ -202,6 +202,7 @@ def deployment_from_flags(
     replicas: int | None = None,
     router: str = ROUND_ROBIN,
     gpu_file: Path | None = None,
+    vllm_version: str | None = None,
 ) -> Deployment:
     """The deployment the flags describe: --gpu and --model from the catalogues, or a `servelab calibrate` profile.
 
@@ -217,8 +218,8 @@ def deployment_from_flags(
         if gpu is None or model is None:
             raise PerfConfigError("give --gpu and --model (or --calibration with a profile from `servelab calibrate`)")
         return build_deployment(gpu, model, engine_args, tensor_parallel_size=tp, replicas=replicas,
-                                gpu_file=gpu_file, router=router)
-    for flag, value in (("--gpu", gpu), ("--model", model), ("--gpu-file", gpu_file)):
+                                gpu_file=gpu_file, router=router, vllm_version=vllm_version)
+    for flag, value in (("--gpu", gpu), ("--model", model), ("--gpu-file", gpu_file), ("--vllm-version", vllm_version)):
         if value is not None:
             raise PerfConfigError(f"{flag} and --calibration both name the hardware/model: the profile already does; drop {flag}")
     deployment = deployment_from_profile(load_profile(calibration), engine_args)

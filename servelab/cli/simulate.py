@@ -50,6 +50,7 @@ def simulate(
     router: Annotated[str, typer.Option(help=f"How replicas are picked: {', '.join(POLICIES)}.", rich_help_panel=_DEPLOYMENT)] = ROUND_ROBIN,
     gpu_file: Annotated[Optional[Path], typer.Option(help="YAML with your own GPUs, added to the catalogue.", rich_help_panel=_DEPLOYMENT)] = None,
     calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate`: its hardware, model and fitted coefficients.", rich_help_panel=_DEPLOYMENT)] = None,
+    vllm_version: Annotated[Optional[str], typer.Option(help="The vLLM release served (e.g. 0.11.0): its defaults, its measured CPU costs. Default: 0.32.", rich_help_panel=_DEPLOYMENT)] = None,
     scrape_interval: Annotated[float, typer.Option(help="Simulated seconds between timeline samples.", rich_help_panel=_DEPLOYMENT)] = 1.0,
     report: ReportFlag = False,
     *,
@@ -61,7 +62,7 @@ def simulate(
     if scrape_interval <= 0:
         raise InputError(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
     deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp,
-                                       replicas=replicas, router=router, gpu_file=gpu_file)
+                                       replicas=replicas, router=router, gpu_file=gpu_file, vllm_version=vllm_version)
     target = deployment.sim_target(scrape_interval)
     first_plan = load.make_plan()
     for warning in deployment.warnings:
@@ -69,7 +70,7 @@ def simulate(
     result_dir = load.output_dir("simulate")
     flags = {"gpu": gpu, "model": model, "engine_args": engine_args, "tp": tp, "replicas": replicas, "router": router,
              "gpu_file": str(gpu_file) if gpu_file else None, "calibration": str(calibration) if calibration else None,
-             "scrape_interval": scrape_interval, **load.as_dict()}
+             "vllm_version": vllm_version, "scrape_interval": scrape_interval, **load.as_dict()}
     run_info: dict[str, Any] = {"verb": "simulate", "source": "sim", "argv": list(sys.argv), "flags": flags,
                                 "deployment": deployment.describe()}
     out.print(f"simulate: {_describe_line(deployment)} -> {result_dir}", highlight=False)

@@ -29,6 +29,7 @@ from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware
 from servelab.perf.models import ModelSpec
+from servelab.perf.vllm_versions import LARGEST_BATCH_DEFAULTS_SINCE
 
 VLLM_FLAGS = Path(__file__).parent / "data" / "vllm_flags.yaml"
 GiB = 2**30
@@ -272,18 +273,22 @@ def parse_engine_args(line: str | Sequence[str], base: EngineConfig | None = Non
     return result
 
 
-def default_batch_limits(hardware: Hardware, world_size: int, usage: str = "api_server") -> tuple[int, int]:
+def default_batch_limits(
+    hardware: Hardware, world_size: int, usage: str = "api_server", vllm_version: tuple[int, int] | None = None
+) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) that vLLM 0.32 picks for this chip when the user sets neither.
 
     `usage` is "api_server" (vllm serve) or "llm" (the offline LLM class). The split
     follows EngineArgs.get_batch_defaults: >= 160 GiB chips get the largest
-    defaults, >= 70 GiB chips other than A100 the H100/H200 ones, the rest the
-    conservative ones; the CPU backend scales with world size.
+    defaults (from 0.28; `vllm_version` None is today's), >= 70 GiB chips other
+    than A100 the H100/H200 ones, the rest the conservative ones; the CPU
+    backend scales with world size.
     """
     api = usage == "api_server"
     if hardware.vendor == "cpu":
         return (2048 if api else 4096) * world_size, (128 if api else 256) * world_size
-    if hardware.memory_bytes >= 160 * GiB:
+    largest = vllm_version is None or vllm_version >= LARGEST_BATCH_DEFAULTS_SINCE
+    if hardware.memory_bytes >= 160 * GiB and largest:
         return 16384, 1024
     if hardware.memory_bytes >= 70 * GiB and "a100" not in hardware.name.lower():
         return (8192 if api else 16384), 1024
@@ -297,8 +302,13 @@ def resolve(
     *,
     performance_mode: str = "balanced",
     usage: str = "api_server",
+    vllm_version: tuple[int, int] | None = None,
 ) -> EngineConfig:
-    """Fill every None in `config` as vLLM 0.32 would on `hardware`, and apply vLLM's consistency checks."""
+    """Fill every None in `config` as vLLM 0.32 (or `vllm_version`) would on `hardware`, and apply vLLM's checks.
+
+    Defaults that are not None (async scheduling's aside) come from the
+    EngineConfig the flags were parsed onto (perf/vllm_versions.py).
+    """
     tp = config.tensor_parallel_size
     if model.num_heads % tp:
         raise PerfConfigError(
@@ -310,7 +320,7 @@ def resolve(
             f"max_model_len {max_model_len} exceeds {model.name}'s max_position_embeddings "
             f"{model.max_position_embeddings}; vLLM refuses it"
         )
-    default_tokens, default_seqs = default_batch_limits(hardware, tp, usage)
+    default_tokens, default_seqs = default_batch_limits(hardware, tp, usage, vllm_version)
     if performance_mode == "throughput":
         default_tokens, default_seqs = 2 * default_tokens, 2 * default_seqs
 

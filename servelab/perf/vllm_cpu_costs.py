@@ -112,8 +112,36 @@ class ApiServerCosts:
         return any(v > 0 for v in astuple(self))
 
 
+def measured(vllm_version: tuple[int, int] | None = None) -> VllmCpuCosts:
+    """The costs measured on the release nearest `vllm_version` (None: the modelled release's, DATA).
+
+    The API server's and engine core's Python changed between releases, so an
+    older server is priced by the measurement of the nearest older-or-newer
+    release (data/vllm_cpu_costs*.yaml, one file per measured release; ties
+    go to the older one).
+    """
+    if vllm_version is None:
+        return load(DATA)
+    return min(_measured_releases(), key=lambda c: (_distance(c, vllm_version), _release(c)))
+
+
+def _release(costs: VllmCpuCosts) -> tuple[int, int]:
+    major, minor = costs.vllm_version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def _distance(costs: VllmCpuCosts, version: tuple[int, int]) -> int:
+    (a, b), (c, d) = _release(costs), version
+    return abs((a - c) * 1000 + (b - d))
+
+
 @cache
-def measured(path: Path = DATA) -> VllmCpuCosts:
+def _measured_releases() -> tuple[VllmCpuCosts, ...]:
+    return tuple(load(p) for p in sorted(DATA.parent.glob("vllm_cpu_costs*.yaml")))
+
+
+@cache
+def load(path: Path) -> VllmCpuCosts:
     doc = yaml.safe_load(path.read_text())
     engine, api = doc["engine_core"], doc["api_server"]
     return VllmCpuCosts(

