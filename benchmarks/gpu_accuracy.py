@@ -133,9 +133,12 @@ def stated_version(text: str) -> str | None:
 
     The replay runs that release's defaults and CPU costs (perf/vllm_versions.py,
     perf/vllm_cpu_costs.py); a run whose version is not stated keeps the modelled release's.
+    A V0-era run (before 0.8, its own table) is replayed as the earliest V1 release, 0.8.
     """
     found = re.search(r"(\d+)\.(\d+)", text)
-    return f"{found[1]}.{found[2]}" if found else None
+    if not found:
+        return None
+    return f"{found[1]}.{found[2]}" if (int(found[1]), int(found[2])) >= (0, 8) else "0.8"
 
 
 def replay(entry: dict[str, Any], published: dict[str, Any], max_prompts: int | None = None) -> Replay:
