@@ -31,6 +31,7 @@ from servelab.perf.cost_model import CostCoefficients, CostModel
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.sim.engine import RequestRejected, SimEngine
+from servelab.sim.engines import SchedulerFactory
 from servelab.sim.request import SimRequest
 from servelab.sim.router import ROUND_ROBIN, Router
 from servelab.targets.base import SampleSink, TargetRun
@@ -86,6 +87,7 @@ class SimTarget:
         max_model_len: int | None = None,
         api: ApiServerCosts | None = None,
         cpu_costs: CostCoefficients | None = None,
+        scheduler_factory: SchedulerFactory | None = None,
     ) -> None:
         if scrape_interval <= 0:
             raise TargetError("scrape_interval must be positive")
@@ -108,6 +110,8 @@ class SimTarget:
         self.max_model_len = max_model_len
         self.cpu_costs = cpu_costs if cpu_costs is not None else getattr(cost_model, "coefficients", None)
         """The engine core's CPU share of each step, which async scheduling overlaps with the GPU."""
+        self.scheduler_factory = scheduler_factory
+        """Another engine's scheduler (SGLang, TensorRT-LLM: servelab.sim.engines); None: vLLM's."""
         self.last_engines: list[SimEngine] = []
         """Engines of the latest run, for inspection (tests, diagnose)."""
         try:  # every setting is checked here, before any load
@@ -123,7 +127,7 @@ class SimTarget:
     def make_engine(self) -> SimEngine:
         return SimEngine(
             self.config, self.num_gpu_blocks, self.cost_model, self.max_model_len, fast_forward=not self.has_frontend,
-            cpu_costs=self.cpu_costs,
+            cpu_costs=self.cpu_costs, scheduler_factory=self.scheduler_factory,
         )
 
     def run(self, plan: LoadPlan, sink: RecordSink, on_sample: SampleSink | None = None) -> TargetRun:
