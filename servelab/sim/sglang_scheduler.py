@@ -9,7 +9,7 @@ Admission (PrefillAdder): waiting requests in policy order — fcfs, or lpm
 requests, fcfs beyond that — each after a radix-cache match (the last token
 is always recomputed). A request is admitted while
 - running + admitted < max_running_requests,
-- its new tokens + min(max_new_tokens, 4096) < the remaining total, which
+- its new tokens + min(its remaining max_new_tokens, 4096) < the remaining total, which
   starts at free + evictable KV minus, for every running request,
   min(its remaining max_new_tokens, 4096) x new_token_ratio,
 - its new tokens < the remaining max_prefill_tokens (unless it is the first),
@@ -27,7 +27,8 @@ first, longest prompt among equals — until 20 decode steps' worth of tokens
 per remaining request are free (one request is never retracted). A retracted
 request keeps its generated tokens (it re-prefills prompt + output later) and
 keeps in the radix tree whatever of it was cached there; its other KV is
-freed. It goes to the back of the waiting queue.
+freed. It goes to the back of the waiting queue. (Its admission counts the output tokens it has left, not
+max_new_tokens again, so a retracted request never asks for more than the pool.)
 
 Overlap scheduling (on by default) is the engine's async scheduling.
 """

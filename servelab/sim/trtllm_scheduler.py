@@ -52,7 +52,7 @@ class TRTLLMScheduler(ListScheduler):
     def schedule(self, now: float) -> tuple[np.ndarray, np.ndarray]:
         self.preempted_this_step = False
         if not self.no_evict:
-            self._make_room()
+            self._make_room()  # sets preempted_this_step; what it paused is not re-admitted in the same iteration
         self._admit(now)
         self._micro_batch()
         return self._arrays()
@@ -66,6 +66,8 @@ class TRTLLMScheduler(ListScheduler):
             reserved = sum(self._blocks(r.prompt_len + r.max_tokens) - len(r.blocks) for r in self.running)
         while self.waiting and len(self.running) < self.max_batch:
             req = self.waiting[0]
+            if self.preempted_this_step and req.status == PREEMPTED:
+                break
             hits: list[int] = []
             if self.reuse:
                 most = (req.num_tokens - 1) // self.bs
