@@ -73,6 +73,8 @@ class Deployment:
     scheduler_factory: SchedulerFactory | None = None
     engine_flags: str = ""
     """Another engine's launch flags as the user gave them (vLLM's are re-derived by engine_args())."""
+    engine_settings: dict[str, Any] = field(default_factory=dict)
+    """Another engine's own resolved settings (SGLangSettings, TRTLLMSettings as a dict); empty for vLLM."""
 
     @classmethod
     def build(

@@ -9,7 +9,7 @@ factory supply.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from servelab.perf.cost_model import CostCoefficients
@@ -56,6 +56,7 @@ def build_engine_deployment(
         spec = get_model(settings.model or model)
         plan = resolve_sglang(settings, hardware, spec)
         config, memory, factory = plan.config, plan.memory, sglang_factory(plan.config, plan.settings)
+        own = asdict(plan.settings)
     else:
         assert engine == TRTLLM
         parsed_trt = parse_trtllm_args(flags)
@@ -68,8 +69,9 @@ def build_engine_deployment(
         if replicas is not None:
             config = config.with_(data_parallel_size=replicas)
         factory = trtllm_factory(config, trt_plan.settings)
+        own = asdict(trt_plan.settings)
         warnings = parsed_trt.warnings
     deployment = Deployment(hardware, spec, config, config, memory, coefficients, tuple(warnings), router,
                             cpu_costs_source="measured" if hardware.vendor != "cpu" else "none",
-                            engine=engine, scheduler_factory=factory, engine_flags=flags)
+                            engine=engine, scheduler_factory=factory, engine_flags=flags, engine_settings=own)
     return deployment if api is None else replace(deployment, api=api)
