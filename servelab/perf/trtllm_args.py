@@ -50,6 +50,8 @@ class TRTLLMSettings:
     capacity_scheduler_policy: str = GUARANTEED_NO_EVICT
     disable_overlap_scheduler: bool = False
     kv_cache_dtype: str = "auto"
+    quantization: str | None = None
+    """Weight format, servelab's name (fp8, int8, awq): TensorRT-LLM reads it from the checkpoint or quant_config."""
 
 
 FLAGS = FlagTable(
@@ -91,7 +93,10 @@ _YAML_KEYS: dict[tuple[str, ...], str] = {
     ("kv_cache_config", "tokens_per_block"): "tokens_per_block",
     ("kv_cache_config", "dtype"): "kv_cache_dtype",
     ("scheduler_config", "capacity_scheduler_policy"): "capacity_scheduler_policy",
+    ("quant_config", "quant_algo"): "quantization",
 }
+_QUANT_ALGOS = {"FP8": "fp8", "FP8_PER_CHANNEL_PER_TOKEN": "fp8", "W8A8_SQ_PER_CHANNEL": "int8", "W4A16_AWQ": "awq",
+                "W4A16_GPTQ": "gptq"}
 _YAML_OBSOLETE = {
     ("enable_overlap_scheduler",): "replaced by disable_overlap_scheduler (the overlap scheduler is on by default)",
     ("use_cuda_graph",): "replaced by cuda_graph_config",
@@ -146,6 +151,11 @@ def parse_trtllm_args(line: str | Sequence[str]) -> ParsedTRTLLM:
     options = values.pop("extra_llm_api_options", None)
     if options is not None:
         _read_options(options, out, values)
+    if "quantization" in values:
+        algo = str(values["quantization"]).upper()
+        if algo not in _QUANT_ALGOS:
+            raise PerfConfigError(f"quant_config.quant_algo {algo}: modelled are {', '.join(_QUANT_ALGOS)}")
+        values["quantization"] = _QUANT_ALGOS[algo]
     policy = str(values.get("capacity_scheduler_policy", GUARANTEED_NO_EVICT)).upper()
     if policy not in CAPACITY_POLICIES:
         out.warnings.append(f"capacity_scheduler_policy {policy} is not modelled; simulated as {GUARANTEED_NO_EVICT}")
@@ -180,12 +190,13 @@ def resolve_trtllm(settings: TRTLLMSettings, hardware: Hardware, model: ModelSpe
         max_model_len=seq_len,
         block_size=s.tokens_per_block,
         kv_cache_dtype="fp8" if str(s.kv_cache_dtype).startswith("fp8") else "auto",
+        quantization=s.quantization,
         tensor_parallel_size=s.tp_size,
         async_scheduling=not s.disable_overlap_scheduler,
     )
     reserve = MemoryReserve()
     total = hardware.memory_bytes
-    weights = weight_bytes_per_rank(model, None, hardware, s.tp_size)
+    weights = weight_bytes_per_rank(model, s.quantization, hardware, s.tp_size)
     # The warm-up pass is max_num_tokens of activations with up to max_batch_size logits rows; the sampler term
     # uses at most max_num_tokens rows, as the engine never samples more rows than it has tokens.
     activations = activation_bytes(model, replace(config, max_num_seqs=min(s.max_batch_size, s.max_num_tokens)), reserve)
