@@ -46,7 +46,7 @@ def _describe_line(deployment: Deployment) -> str:
 def simulate(
     gpu: Annotated[Optional[str], typer.Option(help="GPU from the catalogue, e.g. a100-80gb, h100-sxm.", rich_help_panel=_DEPLOYMENT)] = None,
     model: Annotated[Optional[str], typer.Option(help="Built-in model (qwen2.5-7b, llama-3.1-8b, ...) or a Hugging Face model dir with config.json.", rich_help_panel=_DEPLOYMENT)] = None,
-    engine_args: Annotated[str, typer.Option(help="Your `vllm serve` flags, as you would paste them: \"--max-num-seqs 128 --no-enable-prefix-caching\" (--engine: its own).", rich_help_panel=_DEPLOYMENT)] = "",
+    engine_args: Annotated[str, typer.Option(help="Your `vllm serve` flags (with --engine, that engine's) as you would paste them: \"--max-num-seqs 128\".", rich_help_panel=_DEPLOYMENT)] = "",
     engine: Annotated[str, typer.Option(help=f"Which engine's scheduler and memory plan: {', '.join(ENGINES)}.", rich_help_panel=_DEPLOYMENT)] = VLLM,
     tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size (same as --tensor-parallel-size in --engine-args).", rich_help_panel=_DEPLOYMENT)] = None,
     replicas: Annotated[Optional[int], typer.Option(help="Data-parallel replicas behind one router.", rich_help_panel=_DEPLOYMENT)] = None,
