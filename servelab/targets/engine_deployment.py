@@ -9,10 +9,11 @@ factory supply.
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from servelab.perf.cost_model import CostCoefficients
+from servelab.perf.engine_kernels import KernelRatio, ScaledCostModel, kernel_ratio
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
 from servelab.perf.models import get_model
@@ -22,6 +23,19 @@ from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
 from servelab.sim.engines import ENGINES, SGLANG, TRTLLM, VLLM, sglang_factory, trtllm_factory
 from servelab.sim.router import ROUND_ROBIN
 from servelab.targets.deployment import Deployment, build_deployment
+from servelab.targets.sim import SimTarget
+
+
+@dataclass(frozen=True)
+class EngineDeployment(Deployment):
+    """A deployment on SGLang or TensorRT-LLM: vLLM's step model scaled by the engine's measured kernels."""
+
+    kernels: KernelRatio = KernelRatio()
+
+    def sim_target(self, scrape_interval: float = 1.0) -> SimTarget:
+        target = super().sim_target(scrape_interval)
+        target.cost_model = ScaledCostModel(target.cost_model, self.kernels)
+        return target
 
 
 def build_engine_deployment(
@@ -71,7 +85,10 @@ def build_engine_deployment(
         factory = trtllm_factory(config, trt_plan.settings)
         own = asdict(trt_plan.settings)
         warnings = parsed_trt.warnings
-    deployment = Deployment(hardware, spec, config, config, memory, coefficients, tuple(warnings), router,
-                            cpu_costs_source="measured" if hardware.vendor != "cpu" else "none",
-                            engine=engine, scheduler_factory=factory, engine_flags=flags, engine_settings=own)
+    deployment = EngineDeployment(
+        hardware, spec, config, config, memory, coefficients, tuple(warnings), router,
+        cpu_costs_source="measured" if hardware.vendor != "cpu" else "none", engine=engine, scheduler_factory=factory,
+        engine_flags=flags, engine_settings=own,
+        kernels=kernel_ratio(engine, hardware, spec, config.quantization, config.tensor_parallel_size),
+    )
     return deployment if api is None else replace(deployment, api=api)
