@@ -15,7 +15,7 @@ of min(max(pool / context_len x 512, 2048), 4096)).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.engine_flags import Flag, FlagTable, choice, fraction, parse_flags, positive_int
@@ -224,16 +224,3 @@ def resolve_sglang(settings: SGLangSettings, hardware: Hardware, model: ModelSpe
     )
     return SGLangPlan(resolved, config, memory, tokens)
 
-
-def sglang_launch_flags(settings: SGLangSettings) -> str:
-    """The flags that differ from SGLang's defaults, as they would follow `python -m sglang.launch_server`."""
-    default = SGLangSettings()
-    by_target = {spec.target: name for name, spec in FLAGS.modelled.items()}
-    parts = []
-    for f in fields(SGLangSettings):
-        value = getattr(settings, f.name)
-        if f.name == "model" or value == getattr(default, f.name):
-            continue
-        flag = "--" + by_target[f.name]
-        parts.append(flag if value is True else f"{flag} {value}")
-    return " ".join(parts)

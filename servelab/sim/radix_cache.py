@@ -50,10 +50,6 @@ class RadixCache:
         """SGLang's token_usage: slots neither free nor evictable cache, over the pool."""
         return (self.num_blocks - self.free - self.evictable) / self.num_blocks
 
-    @property
-    def num_free(self) -> int:
-        return self.free
-
     def _split(self, node: RadixNode, at: int) -> RadixNode:
         """Cut node's edge after `at` tokens; returns the new upper node (which inherits the lock count)."""
         parent = node.parent
