@@ -94,3 +94,15 @@ def test_new_token_ratio_gates_admission_then_retraction_resets_it():
     assert a.finish_step is not None and b.finish_step is not None and b.finish_step > a.finish_step
     assert s.new_token_ratio == pytest.approx(min(INIT_NEW_TOKEN_RATIO * 0.01, 1.0))
     assert s.cache.free == 20
+
+
+
+def test_a_retracted_request_matches_only_its_known_tokens_when_readmitted():
+    s = make(64)
+    s.add(req(0, [5, 6, 7, 8], 1))
+    step(s, 0)  # [5, 6, 7, 8] now cached
+    b = req(1, [5, 6, 7, 8], 10)
+    b.num_tokens, b.preemptions = 11, 1  # retracted after 7 generated tokens, whose ids are unknown
+    s.add(b)
+    # All 4 known tokens match (a fresh request would stop at 3: its last token is recomputed); the 7 others are new.
+    assert step(s, 1) == ([7], [4])

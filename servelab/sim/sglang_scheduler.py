@@ -132,7 +132,7 @@ class SGLangScheduler(ListScheduler):
             if len(self.running) + added >= self.max_running:
                 break
             ids = self._ids(req)
-            hit, node = cache.match(ids, req.num_tokens - 1)
+            hit, node = cache.match(ids, self._match_limit(req, ids))
             extend = req.num_tokens - hit
             if extend + self._remaining_new(req) >= rem_total:
                 break
@@ -173,9 +173,15 @@ class SGLangScheduler(ListScheduler):
     def _ordered(self) -> list[SimRequest]:
         reqs = list(self.waiting)
         if self.policy == "lpm" and self.cache.enabled and len(reqs) <= LPM_QUEUE_LIMIT:
-            hits = {r.uid: self.cache.match(self._ids(r), r.num_tokens - 1)[0] for r in reqs}
+            hits = {r.uid: self.cache.match(ids, self._match_limit(r, ids))[0] for r in reqs for ids in (self._ids(r),)}
             reqs.sort(key=lambda r: -hits[r.uid])
         return reqs
+
+    @staticmethod
+    def _match_limit(req: SimRequest, ids: tuple[int, ...]) -> int:
+        """Tokens a match may cover: all but the last (recomputed for its logits), and only those whose ids are known
+        (a retracted request's generated tokens are not, unless the caller gave them)."""
+        return min(req.num_tokens - 1, len(ids))
 
     def _ids(self, req: SimRequest) -> tuple[int, ...]:
         slot = self._slots.get(req.uid)
