@@ -37,3 +37,4 @@ from servelab.cli import calibrate  # noqa: E402,F401  (registers calibrate and 
 from servelab.cli import report  # noqa: E402,F401  (registers the command)
 from servelab.cli import simulate  # noqa: E402,F401  (registers the command)
 from servelab.cli import schema  # noqa: E402,F401  (registers the command)
+from servelab.cli import compare  # noqa: E402,F401  (registers the command)

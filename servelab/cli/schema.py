@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from servelab.cli import app
 from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError
+from servelab.experiment.compare import EngineComparison
 from servelab.experiment.schema import ValidationReport
 from servelab.metrics.schema import RecordRow, RunInfo, Summary, SweepIndex, TimelineRow
 from servelab.perf.calibration import CalibrationProfile
@@ -32,6 +33,7 @@ SCHEMAS: dict[str, tuple[type[BaseModel], str]] = {
     "trial": (Trial, "stage1/trial-NNNN/trial.json of a tune study"),
     "validation": (ValidationReport, "the report `servelab validate` writes (--out)"),
     "profile": (CalibrationProfile, "the calibration profile `servelab calibrate` writes (--out)"),
+    "compare": (EngineComparison, "the comparison `servelab compare` writes (--out, --json)"),
 }
 def json_schema(name: str) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of the file NAME, saying which file it describes and which model it comes from."""

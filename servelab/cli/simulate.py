@@ -24,7 +24,9 @@ from servelab.cli.report import ReportFlag
 from servelab.cli.run_and_show import run_and_show
 from servelab.errors import InputError
 from servelab.sim.router import POLICIES, ROUND_ROBIN
+from servelab.sim.engines import ENGINES, VLLM
 from servelab.targets.deployment import Deployment
+from servelab.targets.engine_deployment import build_engine_deployment
 
 _DEPLOYMENT = "Deployment"
 
@@ -44,7 +46,8 @@ def _describe_line(deployment: Deployment) -> str:
 def simulate(
     gpu: Annotated[Optional[str], typer.Option(help="GPU from the catalogue, e.g. a100-80gb, h100-sxm.", rich_help_panel=_DEPLOYMENT)] = None,
     model: Annotated[Optional[str], typer.Option(help="Built-in model (qwen2.5-7b, llama-3.1-8b, ...) or a Hugging Face model dir with config.json.", rich_help_panel=_DEPLOYMENT)] = None,
-    engine_args: Annotated[str, typer.Option(help="Your `vllm serve` flags, as you would paste them: \"--max-num-seqs 128 --no-enable-prefix-caching\".", rich_help_panel=_DEPLOYMENT)] = "",
+    engine_args: Annotated[str, typer.Option(help="Your `vllm serve` flags (with --engine, that engine's) as you would paste them: \"--max-num-seqs 128\".", rich_help_panel=_DEPLOYMENT)] = "",
+    engine: Annotated[str, typer.Option(help=f"Which engine's scheduler and memory plan: {', '.join(ENGINES)}.", rich_help_panel=_DEPLOYMENT)] = VLLM,
     tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size (same as --tensor-parallel-size in --engine-args).", rich_help_panel=_DEPLOYMENT)] = None,
     replicas: Annotated[Optional[int], typer.Option(help="Data-parallel replicas behind one router.", rich_help_panel=_DEPLOYMENT)] = None,
     router: Annotated[str, typer.Option(help=f"How replicas are picked: {', '.join(POLICIES)}.", rich_help_panel=_DEPLOYMENT)] = ROUND_ROBIN,
@@ -61,14 +64,22 @@ def simulate(
     load.check()
     if scrape_interval <= 0:
         raise InputError(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
-    deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp,
-                                       replicas=replicas, router=router, gpu_file=gpu_file, vllm_version=vllm_version)
+    if engine == VLLM:
+        deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp,
+                                           replicas=replicas, router=router, gpu_file=gpu_file, vllm_version=vllm_version)
+    elif vllm_version is not None:
+        raise InputError(f"--vllm-version describes a vLLM server, not --engine {engine}")
+    elif calibration is not None or gpu is None or model is None:
+        raise InputError(f"--engine {engine} needs --gpu and --model (calibration profiles are vLLM's)")
+    else:
+        deployment = build_engine_deployment(engine, gpu, model, engine_args, tensor_parallel_size=tp, replicas=replicas,
+                                             gpu_file=gpu_file, router=router)
     target = deployment.sim_target(scrape_interval)
     first_plan = load.make_plan()
     for warning in deployment.warnings:
         out.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     result_dir = load.output_dir("simulate")
-    flags = {"gpu": gpu, "model": model, "engine_args": engine_args, "tp": tp, "replicas": replicas, "router": router,
+    flags = {"gpu": gpu, "model": model, "engine": engine, "engine_args": engine_args, "tp": tp, "replicas": replicas, "router": router,
              "gpu_file": str(gpu_file) if gpu_file else None, "calibration": str(calibration) if calibration else None,
              "vllm_version": vllm_version, "scrape_interval": scrape_interval, **load.as_dict()}
     run_info: dict[str, Any] = {"verb": "simulate", "source": "sim", "argv": list(sys.argv), "flags": flags,

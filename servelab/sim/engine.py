@@ -44,6 +44,7 @@ from servelab.sim import vllm_metrics as tl
 from servelab.perf.cost_model import CostCoefficients, CostModel, StepBatch
 from servelab.perf.engine_config import EngineConfig
 from servelab.sim.block_pool import BlockPool
+from servelab.sim.engines import SchedulerFactory
 from servelab.sim.request import SimRequest
 from servelab.sim.scheduler import Scheduler
 
@@ -73,10 +74,14 @@ class SimEngine:
         max_model_len: int | None = None,
         fast_forward: bool = True,
         cpu_costs: CostCoefficients | None = None,
+        scheduler_factory: SchedulerFactory | None = None,
     ) -> None:
         self.config = config
-        self.pool = BlockPool(num_gpu_blocks, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, self.pool)
+        if scheduler_factory is None:
+            self.pool = BlockPool(num_gpu_blocks, config.enable_prefix_caching)
+            self.scheduler = Scheduler(config, self.pool)
+        else:  # another engine's scheduler and KV pool (sim/engines.py)
+            self.scheduler, self.pool = scheduler_factory(num_gpu_blocks)
         self.cost_model = cost_model
         self.max_model_len = max_model_len if max_model_len is not None else config.max_model_len
         self.block_size = config.block_size

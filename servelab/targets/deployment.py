@@ -16,12 +16,14 @@ from pathlib import Path
 from servelab.perf.cost_model import CostCoefficients, RooflineCostModel
 from servelab.perf.engine_args import parse_engine_args, resolve
 from servelab.perf.engine_config import EngineConfig
+from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware, get_gpu
 from servelab.perf.memory import MemoryPlan, plan_memory
 from servelab.perf.models import ModelSpec, get_model
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
 from servelab.perf.vllm_versions import parse_version, version_defaults
+from servelab.sim.engines import VLLM, SchedulerFactory
 from servelab.sim.router import ROUND_ROBIN
 from servelab.targets.sim import SimTarget
 
@@ -69,6 +71,13 @@ class Deployment:
     """Where the CPU-side costs come from: "measured" (vLLM CPU build, scaled), "given" (calibration, caller) or "none"."""
     vllm_version: tuple[int, int] | None = None
     """The vLLM release served (its defaults, its measured CPU costs); None: the modelled one (perf/vllm_versions.py)."""
+    engine: str = VLLM
+    """Which engine's scheduler and memory plan (servelab.sim.engines); other engines: targets/engine_deployment.py."""
+    scheduler_factory: SchedulerFactory | None = None
+    engine_flags: str = ""
+    """Another engine's launch flags as the user gave them (vLLM's are re-derived by engine_args())."""
+    engine_settings: dict[str, Any] = field(default_factory=dict)
+    """Another engine's own resolved settings (SGLangSettings, TRTLLMSettings as a dict); empty for vLLM."""
 
     @classmethod
     def build(
@@ -116,13 +125,15 @@ class Deployment:
         return SimTarget(
             self.config, self.memory.num_blocks, self.cost_model(), router=self.router,
             scrape_interval=scrape_interval, network_latency=self.network_latency,
-            api=self.api, cpu_costs=self.coefficients,
+            api=self.api, cpu_costs=self.coefficients, scheduler_factory=self.scheduler_factory,
         )
 
     def rebuilt(
         self, *, hardware: Hardware | None = None, model: ModelSpec | None = None, **changes: object
     ) -> Deployment:
         """The same deployment on other hardware, another model or with some knobs changed; defaults re-resolved."""
+        if self.engine != VLLM:
+            raise PerfConfigError(f"changing a simulated {self.engine} deployment's knobs is not modelled yet (vLLM only)")
         rebuilt = Deployment.build(
             hardware or self.hardware, model or self.model, self.requested.with_(**changes),
             coefficients=self.coefficients, router=self.router, network_latency=self.network_latency,
@@ -135,6 +146,8 @@ class Deployment:
 
     def engine_args(self) -> str:
         """The flags that differ from the served vLLM's defaults, as a user would paste them after `vllm serve`."""
+        if self.engine != VLLM:
+            return self.engine_flags
         default = version_defaults(self.vllm_version)
         parts: list[str] = []
         for f in fields(EngineConfig):
@@ -149,6 +162,7 @@ class Deployment:
 
     def describe(self) -> dict[str, object]:
         return {
+            "engine": self.engine,
             "gpu": self.hardware.name,
             "model": self.model.name,
             "engine_args": self.engine_args(),

@@ -31,6 +31,7 @@ from servelab.perf.cost_model import CostCoefficients, CostModel
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.sim.engine import RequestRejected, SimEngine
+from servelab.sim.engines import SchedulerFactory
 from servelab.sim.request import SimRequest
 from servelab.sim.router import ROUND_ROBIN, Router
 from servelab.targets.base import SampleSink, TargetRun
@@ -87,6 +88,7 @@ class SimTarget:
         api: ApiServerCosts | None = None,
         cpu_costs: CostCoefficients | None = None,
         fast_forward: bool = True,
+        scheduler_factory: SchedulerFactory | None = None,
     ) -> None:
         if scrape_interval <= 0:
             raise TargetError("scrape_interval must be positive")
@@ -111,6 +113,8 @@ class SimTarget:
         """Simulate runs of identical decode steps at once (SimEngine); False steps one by one, with the same results."""
         self.cpu_costs = cpu_costs if cpu_costs is not None else getattr(cost_model, "coefficients", None)
         """The engine core's CPU share of each step, which async scheduling overlaps with the GPU."""
+        self.scheduler_factory = scheduler_factory
+        """Another engine's scheduler (SGLang, TensorRT-LLM: servelab.sim.engines); None: vLLM's."""
         self.last_engines: list[SimEngine] = []
         """Engines of the latest run, for inspection (tests, diagnose)."""
         try:  # every setting is checked here, before any load
@@ -126,7 +130,7 @@ class SimTarget:
     def make_engine(self) -> SimEngine:
         return SimEngine(
             self.config, self.num_gpu_blocks, self.cost_model, self.max_model_len, fast_forward=self.fast_forward,
-            cpu_costs=self.cpu_costs,
+            cpu_costs=self.cpu_costs, scheduler_factory=self.scheduler_factory,
         )
 
     def run(self, plan: LoadPlan, sink: RecordSink, on_sample: SampleSink | None = None) -> TargetRun:

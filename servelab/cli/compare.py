@@ -1,0 +1,88 @@
+"""`servelab compare`: the same deployment and workload simulated on vLLM, SGLang and TensorRT-LLM."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from servelab.cli import app
+from servelab.cli.options import LoadFlags, load_options
+from servelab.errors import InputError
+from servelab.experiment.compare import EngineComparison, compare_engines
+from servelab.sim.engines import ENGINES, SGLANG, TRTLLM, VLLM
+from servelab.targets.engine_deployment import build_engine_deployment
+from servelab.workload.spec import LoadPlan
+
+_DEPLOYMENT = "Deployment"
+
+
+def _engines(text: str) -> list[str]:
+    names = [e.strip().lower() for e in text.split(",") if e.strip()]
+    bad = [e for e in names if e not in ENGINES]
+    if bad or not names:
+        raise InputError(f"--engines {text!r}: give a comma-separated subset of {', '.join(ENGINES)}")
+    if len(set(names)) != len(names):
+        raise InputError(f"--engines {text!r}: an engine is repeated")
+    return names
+
+
+def _show(result: EngineComparison, out: Console) -> None:
+    table = Table(title=f"{result.model} on {result.gpu}: {result.mean_prompt_tokens:,.0f} prompt + "
+                        f"{result.mean_output_tokens:,.0f} output tokens per request (simulated)")
+    for column in ("engine", "point", "req/s", "output tok/s", "mean TTFT ms", "p99 TTFT ms", "mean TPOT ms", "goodput req/s",
+                   "preempt"):
+        table.add_column(column, justify="left" if column in ("engine", "point") else "right")
+    fmt = lambda v, spec=",.1f": "—" if v is None else format(v, spec)  # noqa: E731
+    for r in result.engines:
+        for p in r.points:
+            table.add_row(r.label, p.label, fmt(p.request_throughput, ".2f"), fmt(p.output_throughput, ",.0f"),
+                          fmt(p.mean_ttft_ms), fmt(p.p99_ttft_ms), fmt(p.mean_tpot_ms), fmt(p.request_goodput, ".2f"),
+                          str(p.preemptions))
+    out.print(table)
+    for line in result.explanations:
+        out.print(f"- {line}", highlight=False, soft_wrap=True)
+    for r in result.engines:
+        for warning in r.warnings:
+            out.print(f"[yellow]warning ({r.label}):[/] {warning}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+@load_options
+def compare(
+    gpu: Annotated[str, typer.Option(help="GPU from the catalogue, e.g. h100-sxm.", rich_help_panel=_DEPLOYMENT)],
+    model: Annotated[str, typer.Option(help="Built-in model or a Hugging Face model dir with config.json.", rich_help_panel=_DEPLOYMENT)],
+    engines: Annotated[str, typer.Option(help=f"Comma-separated: {', '.join(ENGINES)}.", rich_help_panel=_DEPLOYMENT)] = ",".join(ENGINES),
+    vllm_args: Annotated[str, typer.Option(help="`vllm serve` flags for the vLLM run.", rich_help_panel=_DEPLOYMENT)] = "",
+    sglang_args: Annotated[str, typer.Option(help="`python -m sglang.launch_server` flags for the SGLang run.", rich_help_panel=_DEPLOYMENT)] = "",
+    trtllm_args: Annotated[str, typer.Option(help="`trtllm-serve` flags for the TensorRT-LLM run.", rich_help_panel=_DEPLOYMENT)] = "",
+    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size for every engine.", rich_help_panel=_DEPLOYMENT)] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write the comparison as JSON (docs/schemas/compare.json).", rich_help_panel=_DEPLOYMENT)] = None,
+    *,
+    load: LoadFlags,
+) -> None:
+    """Would another engine serve this workload better? The same load simulated on each engine, and why they differ."""
+    console = Console(stderr=True) if load.json else Console()
+    load.check()
+    names = _engines(engines)
+    flags = {VLLM: vllm_args, SGLANG: sglang_args, TRTLLM: trtllm_args}
+    deployments = [build_engine_deployment(e, gpu, model, flags[e], tensor_parallel_size=tp) for e in names]
+    sweep = load.parsed_sweep()
+    points: list[tuple[str, Callable[[], LoadPlan]]] = [("as given", load.make_plan)]
+    if sweep is not None:
+        points = [(sweep.label(v), partial(load.make_plan, sweep.arrival(load.arrival(), v))) for v in sweep.values]
+    result = compare_engines(deployments, points, load.slo())
+    if out is not None:
+        try:
+            out.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"--out {out}: cannot write it ({exc})") from None
+    if load.json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        _show(result, console)
