@@ -51,6 +51,10 @@ def simulate(
     gpu_file: Annotated[Optional[Path], typer.Option(help="YAML with your own GPUs, added to the catalogue.", rich_help_panel=_DEPLOYMENT)] = None,
     calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate`: its hardware, model and fitted coefficients.", rich_help_panel=_DEPLOYMENT)] = None,
     scrape_interval: Annotated[float, typer.Option(help="Simulated seconds between timeline samples.", rich_help_panel=_DEPLOYMENT)] = 1.0,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="As `bench --ignore-eos`: generate exactly max_tokens. "
+                                             "The simulator always does (where EOS falls is the text's, not the engine's: "
+                                             "vary --random-output-len with --random-range-ratio instead); taken so a bench "
+                                             "line pastes as is.", rich_help_panel=_DEPLOYMENT)] = False,
     report: ReportFlag = False,
     *,
     load: LoadFlags,
@@ -69,7 +73,7 @@ def simulate(
     result_dir = load.output_dir("simulate")
     flags = {"gpu": gpu, "model": model, "engine_args": engine_args, "tp": tp, "replicas": replicas, "router": router,
              "gpu_file": str(gpu_file) if gpu_file else None, "calibration": str(calibration) if calibration else None,
-             "scrape_interval": scrape_interval, **load.as_dict()}
+             "scrape_interval": scrape_interval, "ignore_eos": ignore_eos, **load.as_dict()}
     run_info: dict[str, Any] = {"verb": "simulate", "source": "sim", "argv": list(sys.argv), "flags": flags,
                                 "deployment": deployment.describe()}
     out.print(f"simulate: {_describe_line(deployment)} -> {result_dir}", highlight=False)
