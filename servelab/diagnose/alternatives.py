@@ -83,8 +83,9 @@ def loaded_step(e: Evidence, scenario: Scenario, replicas: int) -> StepBatch:
 
 def _options(d: Deployment, e: Evidence, scenario: Scenario) -> list[Option]:
     cfg = d.config
-    budget = cfg.max_num_batched_tokens
-    lower = max(cfg.max_num_seqs, budget // 4)
+    seqs = cfg.max_num_seqs or 1  # both resolved by Deployment.build: never None here
+    budget = cfg.max_num_batched_tokens or seqs
+    lower = max(seqs, budget // 4)
     step = loaded_step(e, scenario, cfg.data_parallel_size)
     lone = StepBatch(decode_contexts=[step.decode_contexts[0] if step.decode_contexts else round(scenario.mean_input)])
 
@@ -98,8 +99,9 @@ def _options(d: Deployment, e: Evidence, scenario: Scenario) -> list[Option]:
 
     def budget_why(changed: Deployment, out: Outcome) -> str:
         new = changed.config.max_num_batched_tokens
-        return (f"a {new}-token budget instead of {budget} only moves prefill between steps: every prompt's "
-                f"{scenario.mean_input:.0f} tokens are still computed, and every answer still takes one step per token "
+        computed = scenario.mean_input * (1 - (e.prefix_hit_rate or 0.0))
+        return (f"a {new}-token budget instead of {budget} only moves prefill between steps: the same {computed:.0f} "
+                "prompt tokens a request brings past the prefix cache are computed, and every answer still takes one step per token "
                 f"at a batch of {len(step.decode_contexts)} (TPOT p50 {_num(_ms(out.summary, 'median_tpot_ms'))} ms)")
 
     def weights_why(changed: Deployment, out: Outcome) -> str:
@@ -115,22 +117,23 @@ def _options(d: Deployment, e: Evidence, scenario: Scenario) -> list[Option]:
     options = [
         Option(f"--max-num-batched-tokens {2 * budget}", lambda: d.with_changes(max_num_batched_tokens=2 * budget), budget_why),
         Option(f"--max-num-batched-tokens {lower}", lambda: d.with_changes(max_num_batched_tokens=lower), budget_why),
-        Option("4-bit weights: an AWQ or GPTQ checkpoint (W4A16, Marlin)", lambda: d.with_changes(quantization="awq"),
-               weights_why),
-        Option("FP8 weights (--quantization fp8)", lambda: d.with_changes(quantization="fp8"), weights_why),
-        Option("FP8 KV cache (--kv-cache-dtype fp8)", lambda: d.with_changes(kv_cache_dtype="fp8")),
-        Option(f"a second GPU as a replica ({2 * cfg.data_parallel_size} replicas behind a load balancer)",
-               lambda: d.with_changes(data_parallel_size=2 * cfg.data_parallel_size)),
+        Option("AWQ/GPTQ 4-bit weights", lambda: d.with_changes(quantization="awq"), weights_why),
+        Option("FP8 weights", lambda: d.with_changes(quantization="fp8"), weights_why),
     ]
+    if d.hardware.fp8_tflops <= 0 < d.hardware.int8_tflops:  # weights *and* activations: INT8 tensor cores
+        options.append(Option("INT8 W8A8 weights", lambda: d.with_changes(quantization="int8"), weights_why))
+    options.append(Option("FP8 KV cache", lambda: d.with_changes(kv_cache_dtype="fp8")))
+    options.append(Option(f"+1 GPU: {2 * cfg.data_parallel_size} replicas",
+                          lambda: d.with_changes(data_parallel_size=2 * cfg.data_parallel_size)))
     if d.hardware.interconnect_bandwidth > 0:
-        options.append(Option(f"a second GPU as tensor parallelism (--tensor-parallel-size {2 * cfg.tensor_parallel_size})",
+        options.append(Option(f"+1 GPU: TP={2 * cfg.tensor_parallel_size}",
                               lambda: d.with_changes(tensor_parallel_size=2 * cfg.tensor_parallel_size)))
     upgrade = UPGRADE.get(d.hardware.name)
     if upgrade:
         chip = get_gpu(upgrade)
-        options.append(Option(f"the same deployment on one {chip.name}", lambda: d.rebuilt(hardware=chip)))
+        options.append(Option(f"one {chip.name} instead", lambda: d.rebuilt(hardware=chip)))
         if chip.fp8_tflops > 0:
-            options.append(Option(f"{chip.name} with FP8 weights", lambda: d.rebuilt(hardware=chip, quantization="fp8"),
+            options.append(Option(f"one {chip.name}, FP8 weights", lambda: d.rebuilt(hardware=chip, quantization="fp8"),
                                   weights_why))
     return options
 

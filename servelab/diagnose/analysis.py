@@ -148,7 +148,8 @@ def analyse(
     e = gather(run)
     batch = (e.mean_running if e.mean_running is not None else e.mean_in_flight) / deployment.config.data_parallel_size
     c = compute_ceilings(deployment.cost_model(), deployment.config, deployment.memory,
-                         input_len=scenario.mean_input, output_len=scenario.mean_output, achieved_batch=batch)
+                         input_len=scenario.mean_input, output_len=scenario.mean_output, achieved_batch=batch,
+                         cached_len=scenario.mean_input * (e.prefix_hit_rate or 0.0))
     sat = saturation_rps(deployment, scenario)
     slo_rps = slo_max_rps(deployment, scenario, slo, upper=1.2 * sat, share=slo_share) if slo else None
     c = Ceilings(**{**c.as_dict(), "saturation_rps": sat, "slo_max_rps": slo_rps})
@@ -235,8 +236,8 @@ def latency_note(dx: Diagnosis) -> str:
     alone = idle_decode_ms(dx.deployment, round(e.mean_input_tokens + e.mean_output_tokens / 2))
     return (
         f"You observe {seen}. An answer is its first token (TTFT p50 {e.ttft_p50_ms:,.0f} ms here) and then one engine "
-        f"step per token: {e.mean_output_tokens:.0f} tokens x TPOT p50 {tpot:.1f} ms = "
-        f"{e.mean_output_tokens * tpot:,.0f} ms, E2E p50 {e.e2el_p50_ms:,.0f} ms at this load. A step decodes every "
+        f"step per token: ~{e.mean_output_tokens:.0f} tokens x TPOT p50 {tpot:.1f} ms = "
+        f"~{e.mean_output_tokens * tpot:,.0f} ms (E2E p50 {e.e2el_p50_ms:,.0f} ms at this load). A step decodes every "
         f"running sequence at once (~{running:.0f} here, each reading its {e.mean_input_tokens:.0f}-token context "
         f"from the KV cache) and carries the prefill of newly arrived turns, so TPOT grows with concurrency: "
         f"alone, a sequence's step takes {alone:.1f} ms. Fine at low load and slow under concurrency is this, "

@@ -256,9 +256,13 @@ def max_num_seqs_bound(x: Context) -> Finding | None:
 def prefill_compute_bound(x: Context) -> Finding | None:
     if x.u.compute_headroom < 0.6 or x.u.prefill_flop_share < 0.5:
         return None
-    flops_per_token = x.c.prefill_flops_per_request / max(1.0, x.e.mean_input_tokens)
+    hit = x.e.prefix_hit_rate or 0.0
+    computed = x.e.mean_input_tokens * (1 - hit)  # the prefix cache serves the rest
+    flops_per_token = x.c.prefill_flops_per_request / max(1.0, computed)
+    tokens = f"{computed:.0f} computed prompt tokens ({_pct(hit)} from the prefix cache)" if hit else \
+        f"{computed:.0f} prompt tokens"
     evidence = [
-        f"{x.e.request_rate:.2f} req/s x {x.e.mean_input_tokens:.0f} prompt tokens x "
+        f"{x.e.request_rate:.2f} req/s x {tokens} x "
         f"{flops_per_token / 1e9:.1f} GFLOP/token = {x.u.flops_per_gpu * x.u.prefill_flop_share / 1e12:.0f} TFLOP/s "
         f"of prefill per GPU, {x.u.flops_per_gpu / 1e12:.0f} TFLOP/s in all, on a {x.u.peak_flops / 1e12:.0f} TFLOP/s "
         f"{x.d.hardware.name} (MFU {_pct(x.u.mfu)}; ~{_pct(x.d.coefficients.compute_efficiency)} is the practical maximum)",

@@ -57,14 +57,14 @@ def headline(d: dict[str, Any]) -> str:
             f"{w['mean_input_tokens']:.0f} in / {w['mean_output_tokens']:.0f} out · {load} · {d['source']}")
 
 
-ALTERNATIVE_COLUMNS = ("option", "GPUs", "TTFT p50", "TTFT p99", "E2E p50", "E2E p99", "$/Mtok out", "verdict (E2E)")
+ALTERNATIVE_COLUMNS = ("option", "GPUs", "TTFT p50 ms", "E2E p50 ms", "E2E p99 ms", "$/M out tok", "E2E verdict")
+"""The terminal's columns; TTFT p99, TPOT and throughput are in the JSON."""
 
 
 def alternative_row(a: dict[str, Any]) -> list[str]:
-    gpus = f"{a['gpus']} x {a['gpu']}" if a["gpus"] else "—"
     dollars = "—" if a["usd_per_mtok"] is None else f"${a['usd_per_mtok']:.2f}"
-    return [a["change"], gpus, _num(a["ttft_p50_ms"], "ms"), _num(a["ttft_p99_ms"], "ms"), _num(a["e2e_p50_ms"], "ms"),
-            _num(a["e2e_p99_ms"], "ms"), dollars, a["verdict"]]
+    return [a["change"], str(a["gpus"] or "—"), _num(a["ttft_p50_ms"]), _num(a["e2e_p50_ms"]), _num(a["e2e_p99_ms"]),
+            dollars, a["verdict"]]
 
 
 def price_notes(alternatives: list[dict[str, Any]]) -> list[str]:
@@ -97,8 +97,8 @@ def render_terminal(d: dict[str, Any], console: Console) -> None:
         console.print(Panel(Group(*body), title=f"{i}. {f['title']} [{f['kind']}]", border_style=style))
     if d.get("alternatives"):
         t = Table(title="Options at this load (simulated)", header_style="bold")
-        for col in ALTERNATIVE_COLUMNS:
-            t.add_column(col, overflow="fold")
+        for i, col in enumerate(ALTERNATIVE_COLUMNS):
+            t.add_column(col, overflow="fold", no_wrap=i > 0, min_width=24 if i == 0 else None)
         for a in d["alternatives"]:
             t.add_row(*alternative_row(a))
         console.print(t)
