@@ -77,8 +77,7 @@ class Scenario:
     def specs(self) -> list[RequestSpec]:
         rng = np.random.default_rng(self.seed)
         prefixes: dict[int, np.ndarray] = {}
-        histories: dict[int, np.ndarray] = {}
-        """A turn's prompt and its reply: what the conversation's next turn resends."""
+        histories: dict[int, np.ndarray] = {}  # a turn's prompt and its reply: what the next turn resends
         out = []
         for i, s in enumerate(self.shapes):
             ids = rng.integers(_ID_LOW, _ID_HIGH, size=s.input_len, dtype=np.int32)
