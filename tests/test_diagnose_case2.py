@@ -153,3 +153,17 @@ def test_the_servers_cache_config_replaces_the_kv_estimate(tmp_path):
 def test_bad_case_two_input_is_one_clear_error(args, needle):
     result = CliRunner().invoke(app, ["diagnose", *args])
     assert result.exit_code == 2 and needle in result.output and "Traceback" not in result.output
+
+
+def test_the_caveat_is_printed_above_the_findings():
+    from servelab.diagnose.analysis import analyse
+    from servelab.diagnose.scenario import simulate
+    from servelab.report.diagnosis_view import render_markdown
+
+    d = build_deployment("a100-80gb", "qwen2.5-7b")
+    scenario = synthetic(100, 100, max_concurrency=4)
+    run = simulate(d, scenario)
+    run.run_info["client_stats"] = {"client_may_be_bottleneck": True, "reason": "send lag p99 120 ms"}
+    text = render_markdown(analyse(d, scenario, run, source="measured", with_recommendations=False).as_dict())
+    assert text.index("Caveat: The load generator itself distorted the measurement") < text.index("## 1. ")
+    assert "(`underloaded`)" in text.split("## 1. ")[1].splitlines()[0]
