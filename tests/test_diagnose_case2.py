@@ -167,3 +167,15 @@ def test_the_caveat_is_printed_above_the_findings():
     text = render_markdown(analyse(d, scenario, run, source="measured", with_recommendations=False).as_dict())
     assert text.index("Caveat: The load generator itself distorted the measurement") < text.index("## 1. ")
     assert "(`underloaded`)" in text.split("## 1. ")[1].splitlines()[0]
+
+
+def test_the_html_report_shows_the_caveat_and_the_priced_options():
+    from servelab.report.diagnosis_html import diagnosis_html
+
+    dx = _bot(4, observed=Observed(e2e_ms=3000.0))
+    data = dx.as_dict()
+    data["caveats"] = [{"kind": fk.CLIENT_BOUND, "title": "The load generator itself distorted the measurement",
+                        "score": 1.0, "evidence": ["send lag p99 120 ms"], "recommendations": []}]
+    html = diagnosis_html("bot", data)
+    assert html.index("Caveat: The load generator") < html.index("Options at this load") < html.index("Ceilings")
+    assert "+1 GPU: 2 replicas" in html and "mercatus" in html
