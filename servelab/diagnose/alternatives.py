@@ -60,9 +60,12 @@ class Alternative:
 
 @dataclass(frozen=True)
 class Option:
+    """A change to price: built only when priced (a change the hardware cannot take raises PerfConfigError then)."""
+
     change: str
     build: Callable[[], Deployment]
     explain: Callable[[Deployment, Outcome], str] | None = None
+    """Why it does not help, in the numbers of the step it does not shorten; None where the table says enough."""
 
 
 def _ms(summary: dict[str, object], key: str) -> float | None:
