@@ -109,7 +109,7 @@ def diagnose(
     deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp, replicas=replicas,
                                        gpu_file=gpu_file)
     observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms)
-    priced = {"with_alternatives": price_options, "gpu_cost_per_hour": gpu_cost_per_hour}
+    priced = {"with_alternatives": price_options or None, "gpu_cost_per_hour": gpu_cost_per_hour}
     partial = ""
     if run is not None and results is not None:
         partial = run.partial_note()

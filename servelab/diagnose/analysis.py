@@ -141,10 +141,11 @@ def analyse(
     slo_share: float = DEFAULT_ATTAINMENT,
     with_recommendations: bool = True,
     with_advice: bool = False,
-    with_alternatives: bool = False,
+    with_alternatives: bool | None = None,
     gpu_cost_per_hour: float | None = None,
 ) -> Diagnosis:
-    """Rank what limits the server; `with_alternatives` (or a reported latency) also prices the common options."""
+    """Rank what limits the server, and price the common options when `with_alternatives` says so (None: when a
+    latency is reported or a GPU price given, as a user asking "should we buy a GPU?" does)."""
     e = gather(run)
     batch = (e.mean_running if e.mean_running is not None else e.mean_in_flight) / deployment.config.data_parallel_size
     c = compute_ceilings(deployment.cost_model(), deployment.config, deployment.memory,
@@ -158,7 +159,8 @@ def analyse(
     ctx = Context(e, c, u, deployment, slo, attained, scenario.mean_shared)
     found = detect(ctx)
     observed = observed or Observed()
-    priced = with_alternatives or observed.latency or gpu_cost_per_hour is not None
+    priced = with_alternatives if with_alternatives is not None else (
+        observed.latency or gpu_cost_per_hour is not None)
     baseline = (simulate_outcome(deployment, scenario, slo)
                 if (with_recommendations and found) or with_advice or priced else None)
     if with_recommendations and baseline is not None:
