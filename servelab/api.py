@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from servelab.diagnose.analysis import diagnose_run
 from servelab.diagnose.schema import Diagnosis
+from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
 from servelab.experiment.runner import run_point
 from servelab.metrics.results import RunResult, load_run
 from servelab.metrics.schema import RunInfo, Summary
@@ -115,5 +116,9 @@ def diagnosis(results: Results | str | Path, gpu: str, model: str, engine_args: 
 
     Named `diagnosis`, not `diagnose`: `servelab.diagnose` is the package that does the work."""
     loaded = results if isinstance(results, Results) else load_results(results)
-    deployment = build_deployment(gpu, model, engine_args)
-    return Diagnosis.model_validate(diagnose_run(loaded.result, deployment).as_dict())
+    # The KV blocks and prefix-cache switch the server reported (bench records them) beat an estimate from flags.
+    engine_args, note = engine_args_from_server(engine_args, loaded.result.run_info.get(CACHE_CONFIG) or {})
+    dx = diagnose_run(loaded.result, build_deployment(gpu, model, engine_args))
+    if note is not None:
+        dx.notes.insert(0, note)
+    return Diagnosis.model_validate(dx.as_dict())

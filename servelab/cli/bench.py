@@ -15,7 +15,9 @@ from servelab.cli.options import (
 )
 from servelab.cli.report import ReportFlag
 from servelab.cli.run_and_show import run_and_show
+from servelab.diagnose.server_config import CACHE_CONFIG
 from servelab.errors import InputError
+from servelab.experiment.calibrate import server_cache_config
 from servelab.metrics.gpu import GpuTelemetry
 from servelab.targets.http import HttpTarget
 from servelab.targets.preflight import ENDPOINTS
@@ -74,7 +76,9 @@ def bench(
     flags = {"base_url": base_url, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
              "request_timeout": request_timeout, "scrape_interval": scrape_interval, "workers": workers,
              "gpu_metrics_url": gpu_metrics_url, **load.as_dict()}
-    run_info: dict[str, Any] = {"verb": "bench", "source": "http", "argv": _argv_without_secrets(api_key), "flags": flags}
+    run_info: dict[str, Any] = {"verb": "bench", "source": "http", "argv": _argv_without_secrets(api_key), "flags": flags,
+                                # the server's own KV blocks and prefix-cache switch, which diagnose reads back
+                                CACHE_CONFIG: server_cache_config(base_url)}
     out.print(f"bench: {server['model']} at {base_url}{endpoint} -> {result_dir}", highlight=False)
     for warning in server["warnings"]:
         out.print(f"[yellow]warning[/]: {warning}", highlight=False, soft_wrap=True)

@@ -17,11 +17,13 @@ from servelab.errors import InputError
 from servelab.metrics.schema import checked
 from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
 from servelab.diagnose.scenario import synthetic
+from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
 from servelab.metrics.host import condition_changes
 from servelab.metrics.results import load_run
 from servelab.metrics.slo import SLO
 from servelab.perf.calibration import load_profile
 from servelab.report.diagnosis_view import render_markdown, render_terminal
+from servelab.workload.lengths import DISTRIBUTIONS, LengthDistribution
 
 DIAGNOSIS = "diagnosis.json"
 
@@ -49,6 +51,19 @@ def diagnose(
     observed_qps: Annotated[Optional[float], typer.Option(help="What you see in production, req/s.")] = None,
     observed_ttft_ms: Annotated[Optional[float], typer.Option(help="What you see in production, TTFT ms.")] = None,
     observed_gpu_util: Annotated[Optional[float], typer.Option(help="nvidia-smi's utilisation, 0-1.")] = None,
+    observed_e2e_ms: Annotated[Optional[float], typer.Option(help="What you see in production: whole-answer latency, ms.")] = None,
+    observed_tpot_ms: Annotated[Optional[float], typer.Option(help="What you see in production: time per output token, ms.")] = None,
+    output_len_distribution: Annotated[str, typer.Option(
+        help="Described deployment: how output lengths vary, SHAPE[:SPREAD] with SHAPE one of "
+             f"{', '.join(DISTRIBUTIONS)} (spread as --random-range-ratio): answers that end at EOS vary, "
+             "e.g. lognormal:0.5. Default: every answer exactly --output-len.")] = "fixed",
+    prefix_len: Annotated[int, typer.Option(help="Described deployment: tokens of a system prompt every request starts with.")] = 0,
+    turns: Annotated[int, typer.Option(help="Described deployment: turns per conversation; each turn resends the "
+                                            "system prompt, every earlier turn and every earlier answer (a chat client).")] = 1,
+    gpu_cost_per_hour: Annotated[Optional[float], typer.Option(
+        help="$ per GPU-hour of --gpu (default: documented prices in servelab/diagnose/pricing.py); prices the options.")] = None,
+    price_options: Annotated[bool, typer.Option("--price-options", help="Price the common options (token budget, quantized "
+                                                "weights, FP8 KV, a replica, TP=2, a bigger GPU) at this load.")] = False,
     goodput: Annotated[Optional[list[str]], typer.Option(help="SLO as vLLM spells it: ttft:500 tpot:50 e2el:10000 (ms).")] = None,
     slo_attainment: Annotated[float, typer.Option(help="Share of requests that must meet the SLO.")] = 0.9,
     check_advice: Annotated[bool, typer.Option("--check-advice", help="Also evaluate 25 common tuning tips.")] = False,
@@ -77,28 +92,44 @@ def diagnose(
         observed_qps, observed_gpu_util = EXAMPLE["observed_qps"], EXAMPLE["observed_gpu_util"]
     if observed_gpu_util is not None and not 0 <= observed_gpu_util <= 1:
         raise InputError(f"--observed-gpu-util is a fraction in [0, 1], got {observed_gpu_util}")
+    for flag, value in (("--observed-e2e-ms", observed_e2e_ms), ("--observed-tpot-ms", observed_tpot_ms),
+                        ("--observed-ttft-ms", observed_ttft_ms), ("--gpu-cost-per-hour", gpu_cost_per_hour)):
+        if value is not None and value <= 0:
+            raise InputError(f"{flag} must be > 0, got {value}")
+    shaped = output_len_distribution != "fixed" or prefix_len or turns != 1
+    if results is not None and shaped:
+        raise InputError("--output-len-distribution, --prefix-len and --turns describe a workload; a results directory "
+                         "already holds the measured one")
+    output_lengths = _output_lengths(output_len_distribution, output_len) if output_len is not None else None
     slo = SLO.parse(goodput)
+    run = load_run(results) if results is not None else None
+    server_note = None
+    if run is not None and calibration is None:  # the server's own KV figures beat an estimate from its flags
+        engine_args, server_note = engine_args_from_server(engine_args, run.run_info.get(CACHE_CONFIG) or {})
     deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp, replicas=replicas,
                                        gpu_file=gpu_file)
-    observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util)
+    observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms)
+    priced = {"with_alternatives": price_options or None, "gpu_cost_per_hour": gpu_cost_per_hour}
     partial = ""
-    if results is not None:
-        run = load_run(results)
+    if run is not None and results is not None:
         partial = run.partial_note()
         dx = diagnose_run(run, deployment, slo=slo, warmup=warmup, observed=observed, slo_share=slo_attainment,
-                          with_advice=check_advice)
+                          with_advice=check_advice, **priced)
         if calibration is not None:  # a run measured under other conditions than the profile's is not comparable
             dx.notes.extend(condition_changes(load_profile(calibration).host, run.run_info.get("client_host", {}),
                                               now_label="during this run", then_label="at calibration"))
+        if server_note is not None:
+            dx.notes.insert(0, server_note)
     else:
         if input_len is None or output_len is None:
             raise InputError("a described deployment needs --input-len and --output-len")
         rate = request_rate if request_rate is not None else (observed_qps if max_concurrency is None else None)
         if rate is None and max_concurrency is None:
             raise InputError("a described deployment needs --request-rate, --max-concurrency or --observed-qps")
-        scenario = synthetic(input_len, output_len, request_rate=rate, max_concurrency=max_concurrency)
+        scenario = synthetic(input_len, output_len, request_rate=rate, max_concurrency=max_concurrency,
+                             prefix_len=prefix_len, turns=turns, output_lengths=output_lengths)
         dx = diagnose_described(deployment, scenario, slo=slo, observed=observed, slo_share=slo_attainment,
-                                with_advice=check_advice)
+                                with_advice=check_advice, **priced)
     data = dx.as_dict()
     if partial:  # said first and kept in the JSON: every number below rests on a run cut short
         data["partial_run"] = partial
@@ -119,3 +150,13 @@ def diagnose(
         render_terminal(data, console)
     if report and results is not None:
         report_into(results, Console(stderr=json_out or markdown))
+
+
+def _output_lengths(spec: str, mean: int) -> LengthDistribution:
+    """`--output-len-distribution SHAPE[:SPREAD]` around --output-len; one error naming the flag when malformed."""
+    shape, _, spread = spec.partition(":")
+    try:
+        return LengthDistribution(mean, shape, float(spread) if spread else (0.0 if shape == "fixed" else 0.5))
+    except ValueError as exc:  # WorkloadError is one
+        raise InputError(f"--output-len-distribution {spec!r}: give SHAPE[:SPREAD], SHAPE one of "
+                         f"{', '.join(DISTRIBUTIONS)}, e.g. lognormal:0.5 ({exc})") from None

@@ -55,6 +55,10 @@ def simulate(
     calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate`: its hardware, model and fitted coefficients.", rich_help_panel=_DEPLOYMENT)] = None,
     vllm_version: Annotated[Optional[str], typer.Option(help="The vLLM release served (e.g. 0.11.0): its defaults, its measured CPU costs. Default: 0.32.", rich_help_panel=_DEPLOYMENT)] = None,
     scrape_interval: Annotated[float, typer.Option(help="Simulated seconds between timeline samples.", rich_help_panel=_DEPLOYMENT)] = 1.0,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="As `bench --ignore-eos`: generate exactly max_tokens. "
+                                             "The simulator always does (where EOS falls is the text's, not the engine's: "
+                                             "vary --random-output-len with --random-range-ratio instead); taken so a bench "
+                                             "line pastes as is.", rich_help_panel=_DEPLOYMENT)] = False,
     report: ReportFlag = False,
     *,
     load: LoadFlags,
@@ -81,7 +85,7 @@ def simulate(
     result_dir = load.output_dir("simulate")
     flags = {"gpu": gpu, "model": model, "engine": engine, "engine_args": engine_args, "tp": tp, "replicas": replicas, "router": router,
              "gpu_file": str(gpu_file) if gpu_file else None, "calibration": str(calibration) if calibration else None,
-             "vllm_version": vllm_version, "scrape_interval": scrape_interval, **load.as_dict()}
+             "vllm_version": vllm_version, "scrape_interval": scrape_interval, "ignore_eos": ignore_eos, **load.as_dict()}
     run_info: dict[str, Any] = {"verb": "simulate", "source": "sim", "argv": list(sys.argv), "flags": flags,
                                 "deployment": deployment.describe()}
     out.print(f"simulate: {_describe_line(deployment)} -> {result_dir}", highlight=False)

@@ -96,8 +96,13 @@ def _frontend(d: Deployment, s: Scenario, x: AdviceContext) -> tuple[str, str]:
 
 
 def _streaming(d: Deployment, s: Scenario, x: AdviceContext) -> tuple[str, str]:
-    return NO_EFFECT, (f"throughput is unchanged; users would see the first token after {x.ttft_p50_ms:.0f} ms (p50) "
-                       f"instead of the whole answer after {x.e2el_p50_ms:.0f} ms")
+    """Judged on what it is meant to move, the wait a user perceives (first token vs whole answer), not throughput."""
+    why = (f"users would see the first token after {x.ttft_p50_ms:.0f} ms (p50) instead of the whole answer after "
+           f"{x.e2el_p50_ms:.0f} ms; throughput is unchanged")
+    if x.e2el_p50_ms <= 0:
+        return NO_EFFECT, why
+    cut = 1 - x.ttft_p50_ms / x.e2el_p50_ms
+    return (HELPS if cut >= 2 * EFFECT else NO_EFFECT), f"{why} (perceived wait {-cut:+.0%})"
 
 
 CATALOGUE: tuple[Item, ...] = (

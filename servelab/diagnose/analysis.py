@@ -16,8 +16,9 @@ from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, saturation_rps, slo_m
 from servelab.diagnose.ceilings import Ceilings, compute_ceilings
 from servelab.diagnose.evidence import Evidence, gather
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
-from servelab.diagnose.observations import check as check_observations
-from servelab.diagnose.findings import Context, Finding, detect, queue_reason
+from servelab.diagnose.observations import check as check_observations, idle_decode_ms
+from servelab.diagnose.alternatives import Alternative, price_alternatives
+from servelab.diagnose.findings import Context, Finding, caveats, detect, queue_reason
 from servelab.diagnose.recommend import recommend, run as simulate_outcome
 from servelab.diagnose.scenario import Scenario, from_run, simulate
 from servelab.diagnose.utilization import Utilization, utilization
@@ -34,6 +35,13 @@ class Observed:
     qps: float | None = None
     ttft_ms: float | None = None
     gpu_util: float | None = None
+    e2e_ms: float | None = None
+    tpot_ms: float | None = None
+
+    @property
+    def latency(self) -> bool:
+        """A reported latency: the complaint is how long answers take, so the alternatives are priced on it."""
+        return self.e2e_ms is not None or self.tpot_ms is not None
 
 
 @dataclass
@@ -51,6 +59,9 @@ class Diagnosis:
     observed: Observed = field(default_factory=Observed)
     notes: list[str] = field(default_factory=list)
     advice: list[dict[str, Any]] = field(default_factory=list)
+    caveats: list[Finding] = field(default_factory=list)
+    """Doubts on the measurement (a starved client), shown above the findings, never ranked among them."""
+    alternatives: list[Alternative] = field(default_factory=list)
 
     @property
     def bottleneck(self) -> str | None:
@@ -85,8 +96,10 @@ class Diagnosis:
             "evidence": self.evidence.as_dict(),
             "slo": self.slo.as_dict() if self.slo else None,
             "slo_attainment": self.slo_attainment,
-            "observed": self.observed.__dict__,
+            "observed": {k: getattr(self.observed, k) for k in ("qps", "ttft_ms", "gpu_util", "e2e_ms", "tpot_ms")},
+            "caveats": [f.as_dict() for f in self.caveats],
             "findings": [f.as_dict() for f in self.findings],
+            "alternatives": [a.as_dict() for a in self.alternatives],
             "notes": self.notes,
             "advice": self.advice,
         }
@@ -128,28 +141,38 @@ def analyse(
     slo_share: float = DEFAULT_ATTAINMENT,
     with_recommendations: bool = True,
     with_advice: bool = False,
+    with_alternatives: bool | None = None,
+    gpu_cost_per_hour: float | None = None,
 ) -> Diagnosis:
+    """Rank what limits the server, and price the common options when `with_alternatives` says so (None: when a
+    latency is reported or a GPU price given, as a user asking "should we buy a GPU?" does)."""
     e = gather(run)
     batch = (e.mean_running if e.mean_running is not None else e.mean_in_flight) / deployment.config.data_parallel_size
     c = compute_ceilings(deployment.cost_model(), deployment.config, deployment.memory,
-                         input_len=scenario.mean_input, output_len=scenario.mean_output, achieved_batch=batch)
+                         input_len=scenario.mean_input, output_len=scenario.mean_output, achieved_batch=batch,
+                         cached_len=scenario.mean_input * (e.prefix_hit_rate or 0.0))
     sat = saturation_rps(deployment, scenario)
     slo_rps = slo_max_rps(deployment, scenario, slo, upper=1.2 * sat, share=slo_share) if slo else None
     c = Ceilings(**{**c.as_dict(), "saturation_rps": sat, "slo_max_rps": slo_rps})
     u = utilization(e, deployment)
     attained = _attainment(run, slo)
-    ctx = Context(e, c, u, deployment, slo, attained)
+    ctx = Context(e, c, u, deployment, slo, attained, scenario.mean_shared)
     found = detect(ctx)
-    baseline = simulate_outcome(deployment, scenario, slo) if (with_recommendations and found) or with_advice else None
+    observed = observed or Observed()
+    priced = with_alternatives if with_alternatives is not None else (
+        observed.latency or gpu_cost_per_hour is not None)
+    baseline = (simulate_outcome(deployment, scenario, slo)
+                if (with_recommendations and found) or with_advice or priced else None)
     if with_recommendations and baseline is not None:
         for f in found:
             f.recommendations = recommend(f, ctx, scenario, baseline)
-    observed = observed or Observed()
     contradiction = check_observations(deployment, scenario, c, qps=observed.qps, ttft_ms=observed.ttft_ms,
-                                       gpu_util=observed.gpu_util)
+                                       gpu_util=observed.gpu_util, e2e_ms=observed.e2e_ms, tpot_ms=observed.tpot_ms)
     if contradiction is not None:  # reported figures that cannot hold come before what they would explain
         found.insert(0, contradiction)
-    dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed)
+    dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed, caveats=caveats(ctx))
+    if priced and baseline is not None:
+        dx.alternatives = price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour)
     dx.notes = notes(dx)
     if with_advice and baseline is not None:
         longest = max(s.input_len + s.output_len for s in scenario.shapes)
@@ -199,5 +222,26 @@ def notes(dx: Diagnosis) -> list[str]:
     if dx.observed.ttft_ms is not None:
         out.append(f"You observe TTFT {dx.observed.ttft_ms:.0f} ms; the simulation gives p50 {e.ttft_p50_ms:.0f} ms "
                    f"and p99 {e.ttft_p99_ms:.0f} ms at this load.")
+    if dx.observed.latency:
+        out.append(latency_note(dx))
     out.extend(dx.deployment.warnings)
     return out
+
+
+def latency_note(dx: Diagnosis) -> str:
+    """Why an answer takes as long as it does at this load: its first token, then one engine step per token."""
+    e, o = dx.evidence, dx.observed
+    seen = ", ".join(f"{label} {value:,.0f} ms" for label, value in (("E2E", o.e2e_ms), ("TPOT", o.tpot_ms))
+                     if value is not None)
+    tpot = e.tpot_p50_ms or 0.0
+    running = e.mean_running if e.mean_running is not None else e.mean_in_flight
+    alone = idle_decode_ms(dx.deployment, round(e.mean_input_tokens + e.mean_output_tokens / 2))
+    return (
+        f"You observe {seen}. An answer is its first token (TTFT p50 {e.ttft_p50_ms:,.0f} ms here) and then one engine "
+        f"step per token: ~{e.mean_output_tokens:.0f} tokens x TPOT p50 {tpot:.1f} ms = "
+        f"~{e.mean_output_tokens * tpot:,.0f} ms (E2E p50 {e.e2el_p50_ms:,.0f} ms at this load). A step decodes every "
+        f"running sequence at once (~{running:.0f} here, each reading its {e.mean_input_tokens:.0f}-token context "
+        f"from the KV cache) and carries the prefill of newly arrived turns, so TPOT grows with concurrency: "
+        f"alone, a sequence's step takes {alone:.1f} ms. Fine at low load and slow under concurrency is this, "
+        "not a fault: only more compute and bandwidth per running sequence (or fewer of them) shortens it."
+    )

@@ -67,20 +67,28 @@ def compute_ceilings(
     input_len: float,
     output_len: float,
     achieved_batch: float,
+    cached_len: float = 0.0,
 ) -> Ceilings:
-    """`config` must be resolved; lengths are the workload's means (tokens)."""
+    """`config` must be resolved; lengths are the workload's means (tokens).
+
+    `cached_len` prompt tokens per request come from the prefix cache (a
+    shared system prompt, resent history): prefill computes only the rest,
+    which still attends to them.
+    """
     assert config.max_num_seqs is not None and config.max_num_batched_tokens is not None
     replicas = config.data_parallel_size
     input_len_i, output_len_i = max(1, round(input_len)), max(1, round(output_len))
     kv_seqs = memory.max_concurrency(input_len_i + output_len_i)
     max_batch = max(1, min(config.max_num_seqs, kv_seqs))
     mid_context = input_len_i + output_len_i // 2
-    prefill_s = prefill_request_time(cost, input_len_i, config.max_num_batched_tokens)
+    computed = max(1, round(input_len - cached_len))
+    prefill_s = prefill_request_time(cost, computed, config.max_num_batched_tokens)
     model = cost.model
     return Ceilings(
         prefill_compute_rps=replicas / prefill_s,
         prefill_flops_per_request=float(
-            input_len_i * model.linear_flops_per_token + model.attention_flops_per_pair * input_len_i**2 / 2
+            computed * model.linear_flops_per_token
+            + model.attention_flops_per_pair * computed * (input_len_i - computed / 2)
         ),
         decode_bandwidth_tps=replicas * decode_tps(cost, math.ceil(achieved_batch), mid_context),
         decode_batch=achieved_batch,

@@ -5,6 +5,11 @@ evidence says this is what limits the deployment) and the numbers it
 rests on. Ranking is by score; recommendations are attached afterwards by
 simulation (diagnose/recommend.py). Thresholds are stated where they are
 used, with the reason.
+
+Findings are about the server. A starved or slow load generator is not a
+limit of the server but a doubt on the figures, so it is a caveat
+(`caveats`), shown above the findings with the size of the distortion and
+never ranked among them.
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ PREFILL_COMPUTE_BOUND = "prefill_compute_bound"
 DECODE_BANDWIDTH_BOUND = "decode_bandwidth_bound"
 FRONTEND_CPU_BOUND = "frontend_cpu_bound"
 SLO_TRADEOFF = "slo_tradeoff"
+PREFIX_CACHING_OFF = "prefix_caching_off"
 KINDS = (
-    CLIENT_BOUND, UNDERLOADED, MAX_NUM_SEQS_BOUND, KV_CAPACITY_BOUND,
-    PREFILL_COMPUTE_BOUND, DECODE_BANDWIDTH_BOUND, FRONTEND_CPU_BOUND, SLO_TRADEOFF,
+    UNDERLOADED, MAX_NUM_SEQS_BOUND, KV_CAPACITY_BOUND, PREFILL_COMPUTE_BOUND, DECODE_BANDWIDTH_BOUND,
+    FRONTEND_CPU_BOUND, SLO_TRADEOFF, PREFIX_CACHING_OFF,
 )
+"""What a finding can name: a limit of the server. CLIENT_BOUND is a caveat's kind, never a finding's."""
 
 QUEUEING = 0.1
 """Share of samples with requests waiting above which the engine counts as turning work away."""
@@ -82,6 +89,8 @@ class Context:
     d: Deployment
     slo: SLO | None
     slo_attainment: float | None
+    shared_prompt_tokens: float = 0.0
+    """Mean prompt tokens a request shares with an earlier one (system prompt, resent chat history)."""
 
     @property
     def load_ratio(self) -> float:
@@ -119,16 +128,19 @@ def ttft_split_evidence(x: Context, *parts: str) -> list[str]:
     return [describe(split, queue_reason(x.e, x.c)), *split.notes]
 
 
-def client_bound(x: Context) -> Finding | None:
+def caveats(x: Context) -> list[Finding]:
+    """Doubts on the measurement itself (a starved or slow client), each with the size of its distortion."""
     if not x.e.client_may_be_bottleneck:
-        return None
+        return []
     evidence = [x.e.client_reason or "the client reported that it could not keep its send schedule"]
     if x.e.client_added_delay_ms is not None:
         evidence.append(
             f"estimated client-added delay {x.e.client_added_delay_ms:.1f} ms per timestamp against a measured "
-            f"TTFT p50 of {x.e.ttft_p50_ms:.1f} ms: rerun with --workers or on another host before trusting the rest"
+            f"TTFT p50 of {x.e.ttft_p50_ms:.1f} ms ({x.e.client_added_delay_ms / max(x.e.ttft_p50_ms, 1e-9):.0%} of it): "
+            "client-side latencies read that much high; the server's own gauges and histograms below are not "
+            "affected. Rerun with --workers or on another host before trusting the latencies"
         )
-    return Finding(CLIENT_BOUND, "The load generator itself distorted the measurement", 0.97, evidence)
+    return [Finding(CLIENT_BOUND, "The load generator itself distorted the measurement", 1.0, evidence)]
 
 
 API_BUSY = 0.8
@@ -244,9 +256,13 @@ def max_num_seqs_bound(x: Context) -> Finding | None:
 def prefill_compute_bound(x: Context) -> Finding | None:
     if x.u.compute_headroom < 0.6 or x.u.prefill_flop_share < 0.5:
         return None
-    flops_per_token = x.c.prefill_flops_per_request / max(1.0, x.e.mean_input_tokens)
+    hit = x.e.prefix_hit_rate or 0.0
+    computed = x.e.mean_input_tokens * (1 - hit)  # the prefix cache serves the rest
+    flops_per_token = x.c.prefill_flops_per_request / max(1.0, computed)
+    tokens = f"{computed:.0f} computed prompt tokens ({_pct(hit)} from the prefix cache)" if hit else \
+        f"{computed:.0f} prompt tokens"
     evidence = [
-        f"{x.e.request_rate:.2f} req/s x {x.e.mean_input_tokens:.0f} prompt tokens x "
+        f"{x.e.request_rate:.2f} req/s x {tokens} x "
         f"{flops_per_token / 1e9:.1f} GFLOP/token = {x.u.flops_per_gpu * x.u.prefill_flop_share / 1e12:.0f} TFLOP/s "
         f"of prefill per GPU, {x.u.flops_per_gpu / 1e12:.0f} TFLOP/s in all, on a {x.u.peak_flops / 1e12:.0f} TFLOP/s "
         f"{x.d.hardware.name} (MFU {_pct(x.u.mfu)}; ~{_pct(x.d.coefficients.compute_efficiency)} is the practical maximum)",
@@ -312,8 +328,30 @@ def slo_tradeoff(x: Context) -> Finding | None:
     return Finding(SLO_TRADEOFF, "Prefill chunks stall running decodes", 0.4, evidence)
 
 
+def prefix_caching_off(x: Context) -> Finding | None:
+    """Requests share prompt tokens (a system prompt, resent history) that the server recomputes every time.
+
+    Evidence: the deployment runs with prefix caching off, or the server
+    counted prefix-cache queries and no hit, while the workload shares a
+    material part of each prompt.
+    """
+    share = x.shared_prompt_tokens / max(1.0, x.e.mean_input_tokens)
+    no_hits = x.e.prefix_hit_rate is not None and x.e.prefix_hit_rate < 0.01
+    if share < 0.1 or not (not x.d.config.enable_prefix_caching or no_hits):
+        return None
+    evidence = [
+        f"{x.shared_prompt_tokens:.0f} of each prompt's {x.e.mean_input_tokens:.0f} tokens ({_pct(share)}) repeat an "
+        "earlier request's (a shared system prompt or resent history), and the server computes them again every time",
+        "--no-enable-prefix-caching is set: KV blocks of a finished request are never reused"
+        if not x.d.config.enable_prefix_caching else
+        f"the server's prefix cache answered {_pct(x.e.prefix_hit_rate or 0.0)} of its lookups",
+    ]
+    return Finding(PREFIX_CACHING_OFF, "Shared prompt tokens are recomputed: prefix caching is off",
+                   0.6 + 0.4 * min(1.0, share), evidence)
+
+
 DETECTORS: tuple[Callable[[Context], Finding | None], ...] = (
-    client_bound, frontend_cpu_bound, kv_capacity_bound, max_num_seqs_bound,
+    prefix_caching_off, frontend_cpu_bound, kv_capacity_bound, max_num_seqs_bound,
     prefill_compute_bound, decode_bandwidth_bound, underloaded, slo_tradeoff,
 )
 

@@ -7,7 +7,9 @@ off, by the physics that rules it out, what would reconcile it, and the one
 measurement that decides. Each check is a bound, not a fit: the
 deployment's ceiling for the QPS, the prefill FLOPs that must run on the
 chip for the utilisation (even at the chip's peak), an idle GPU's prefill
-for the TTFT.
+for the TTFT, a lone sequence's decode step for the TPOT, and both for the
+E2E latency. A figure *above* what the simulation gives is no contradiction
+(the real load may be higher than described); the notes compare it.
 """
 
 from __future__ import annotations
@@ -42,8 +44,14 @@ def idle_prefill_ms(d: Deployment, prompt_tokens: int) -> float:
     return 1e3 * total
 
 
+def idle_decode_ms(d: Deployment, context: int) -> float:
+    """One decode step of a lone sequence with `context` tokens in KV: the least any TPOT can be (weights read once)."""
+    return 1e3 * d.cost_model().step_time(StepBatch(decode_contexts=[context]))
+
+
 def check(
-    d: Deployment, s: Scenario, c: Ceilings, *, qps: float | None, ttft_ms: float | None, gpu_util: float | None
+    d: Deployment, s: Scenario, c: Ceilings, *, qps: float | None, ttft_ms: float | None, gpu_util: float | None,
+    e2e_ms: float | None = None, tpot_ms: float | None = None,
 ) -> Finding | None:
     """The first finding when the reported figures contradict this deployment and workload's physics; else None."""
     cfg = d.config
@@ -84,6 +92,23 @@ def check(
                 f"{least:.0f} ms on an idle {d.hardware.name}: the prompts are shorter than described, or hit the "
                 "prefix cache"
             )
+    least_tpot = idle_decode_ms(d, round(prompt + s.mean_output / 2)) if tpot_ms is not None or e2e_ms is not None else 0.0
+    if tpot_ms is not None and tpot_ms < TTFT_SLACK * least_tpot:
+        off.append("TPOT")
+        evidence.append(
+            f"TPOT {tpot_ms:.1f} ms observed, but one decode step of a single sequence reads the weights once and "
+            f"takes {least_tpot:.1f} ms on an idle {d.hardware.name}: no batch decodes faster (speculative decoding, "
+            "or a TPOT averaged over tokens that arrived in one chunk, would explain it)"
+        )
+    if e2e_ms is not None:
+        least_e2e = idle_prefill_ms(d, round(prompt)) + (s.mean_output - 1) * least_tpot
+        if e2e_ms < TTFT_SLACK * least_e2e:
+            off.append("E2E latency")
+            evidence.append(
+                f"E2E {e2e_ms:.0f} ms observed, but a {prompt:.0f}-token prompt and a {s.mean_output:.0f}-token answer "
+                f"take at least {least_e2e:.0f} ms on an idle {d.hardware.name} (prefill, then one decode step per "
+                "token): the answers are shorter than described (they end at EOS?), or the prompts hit the prefix cache"
+            )
     if not off:
         return None
     evidence.append(
@@ -98,6 +123,6 @@ def check(
         f"{s.mean_output:.0f} --request-rate {qps or 1:.2f} --num-prompts 600`, which records both in one "
         "timeline (the GPU through NVML, or a DCGM exporter with --gpu-metrics-url)"
     )
-    names = " and ".join(off) if len(off) < 3 else f"{off[0]}, {off[1]} and {off[2]}"
+    names = " and ".join(off) if len(off) < 3 else ", ".join(off[:-1]) + f" and {off[-1]}"
     return Finding(OBSERVATIONS_INCONSISTENT, f"The reported {names} cannot hold for this deployment and workload",
                    1.0, evidence)

@@ -8,6 +8,7 @@ comparison is like for like (the measured numbers are in the evidence).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,9 +23,9 @@ from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
 from servelab.targets.deployment import Deployment
 
-# The next chip up a user would rent for each common one.
-_UPGRADE = {"A100-40GB-SXM": "h100", "A100-80GB-SXM": "h100", "A100-80GB-PCIe": "h100", "H100-SXM": "h200",
-            "H100-PCIe": "h100", "L4": "l40s", "A10G": "l40s", "L40S": "h100", "RTX-4090": "l40s", "H20": "h200"}
+UPGRADE = {"A100-40GB-SXM": "h100", "A100-80GB-SXM": "h100", "A100-80GB-PCIe": "h100", "H100-SXM": "h200",
+           "H100-PCIe": "h100", "L4": "l40s", "A10G": "l40s", "L40S": "h100", "RTX-4090": "l40s", "H20": "h200"}
+"""The next chip up a user would rent for each common one."""
 MIN_GAIN = 0.05
 """A change must move its metric by 5% to be worth a restart; below that the model cannot tell."""
 
@@ -51,8 +52,20 @@ HIGHER_IS_BETTER = {"request_throughput", "request_goodput", "output_throughput"
 SHOWN = ("request_throughput", "p99_ttft_ms", "p99_tpot_ms")
 
 
+_OUTCOMES: dict[tuple[object, ...], Outcome] = {}
+_KEPT = 64
+"""Outcomes remembered: findings, advice and the priced options often simulate the same change on the same workload."""
+
+
 def run(d: Deployment, scenario: Scenario, slo: SLO | None) -> Outcome:
-    return Outcome(summarize(simulate(d, scenario).records, slo=slo))
+    """The simulated summary of `d` serving `scenario`; a repeat of the same deployment and workload is not re-run."""
+    key = (json.dumps(d.describe(), sort_keys=True, default=str), scenario.shapes, scenario.max_concurrency,
+           scenario.prefix_len, scenario.seed, scenario.nominal_rate, json.dumps(slo.as_dict() if slo else None))
+    if key not in _OUTCOMES:
+        if len(_OUTCOMES) >= _KEPT:
+            _OUTCOMES.pop(next(iter(_OUTCOMES)))
+        _OUTCOMES[key] = Outcome(summarize(simulate(d, scenario).records, slo=slo))
+    return _OUTCOMES[key]
 
 
 def _pow2_at_most(n: float) -> int:
@@ -78,7 +91,7 @@ def _more_hardware(d: Deployment) -> Iterator[Candidate]:
         tp = d.config.tensor_parallel_size
         yield Candidate(f"tensor parallel on {tp * 2} GPUs (--tensor-parallel-size {tp * 2})",
                         lambda: d.with_changes(tensor_parallel_size=tp * 2))
-    upgrade = _UPGRADE.get(d.hardware.name)
+    upgrade = UPGRADE.get(d.hardware.name)
     if upgrade:
         chip = get_gpu(upgrade)
         yield Candidate(f"the same deployment on {chip.name}", lambda: d.rebuilt(hardware=chip))
@@ -130,6 +143,10 @@ def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]
             yield Candidate("FP8 KV cache (--kv-cache-dtype fp8): half the bytes read per decoded token",
                             lambda: d.with_changes(kv_cache_dtype="fp8"))
         yield from _more_hardware(d)
+    elif kind == fk.PREFIX_CACHING_OFF:
+        if not cfg.enable_prefix_caching:
+            yield Candidate("enable prefix caching (drop --no-enable-prefix-caching; on by default)",
+                            lambda: d.with_changes(enable_prefix_caching=True))
     elif kind == fk.SLO_TRADEOFF:
         budget = cfg.max_num_batched_tokens
         for tokens in (budget // 4, budget // 2, budget * 2, budget * 4):

@@ -20,6 +20,7 @@ from servelab.metrics.records import MemorySink
 from servelab.metrics.results import RunResult
 from servelab.metrics.timeline import TimelineSample
 from servelab.targets.deployment import Deployment
+from servelab.workload.lengths import LengthDistribution
 from servelab.workload.spec import LoadPlan, RequestSpec
 
 _ID_LOW, _ID_HIGH = 1000, 30000
@@ -33,6 +34,8 @@ class Shape:
     output_len: int
     arrival: float
     prefix_group: int | None = None
+    after: int | None = None
+    """Index of the previous turn of the same conversation: this prompt resends that one's prompt and reply."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,16 @@ class Scenario:
         return float(np.mean([s.output_len for s in self.shapes]))
 
     @property
+    def mean_shared(self) -> float:
+        """Mean prompt tokens a request shares with an earlier one: the shared prefix, or the history a turn resends."""
+        def shared(s: Shape) -> int:
+            if s.after is not None:
+                previous = self.shapes[s.after]
+                return min(s.input_len, previous.input_len + previous.output_len)
+            return min(self.prefix_len, s.input_len) if s.prefix_group is not None else 0
+        return float(np.mean([shared(s) for s in self.shapes]))
+
+    @property
     def offered_rate(self) -> float | None:
         if self.nominal_rate is not None:
             return self.nominal_rate
@@ -64,6 +77,7 @@ class Scenario:
     def specs(self) -> list[RequestSpec]:
         rng = np.random.default_rng(self.seed)
         prefixes: dict[int, np.ndarray] = {}
+        histories: dict[int, np.ndarray] = {}  # a turn's prompt and its reply: what the next turn resends
         out = []
         for i, s in enumerate(self.shapes):
             ids = rng.integers(_ID_LOW, _ID_HIGH, size=s.input_len, dtype=np.int32)
@@ -73,9 +87,14 @@ class Scenario:
                     s.prefix_group, rng.integers(_ID_LOW, _ID_HIGH, size=self.prefix_len, dtype=np.int32)
                 )
                 ids[:shared] = group[:shared]
+            if s.after is not None:
+                history = histories[s.after]
+                shared = min(len(history), s.input_len)
+                ids[:shared] = history[:shared]
+            histories[i] = np.concatenate([ids, rng.integers(_ID_LOW, _ID_HIGH, size=s.output_len, dtype=np.int32)])
             out.append(RequestSpec(
                 index=i, prompt_ids=ids, max_tokens=s.output_len, arrival_time=s.arrival,
-                prefix_group=s.prefix_group, prefix_len=shared,
+                prefix_group=s.prefix_group, prefix_len=shared, depends_on=s.after,
             ))
         return out
 
@@ -117,16 +136,38 @@ def synthetic(
     num_requests: int | None = None,
     prefix_len: int = 0,
     seed: int = 0,
+    output_lengths: LengthDistribution | None = None,
+    turns: int = 1,
 ) -> Scenario:
-    """A described deployment's workload: fixed lengths, Poisson at `request_rate` or closed loop."""
+    """A described deployment's workload, Poisson at `request_rate` or closed loop.
+
+    `input_len` is each request's new prompt tokens after a shared prefix of
+    `prefix_len` (a system prompt); `output_lengths` draws each answer's
+    length (EOS ends answers at varying lengths; default: exactly
+    `output_len`). With `turns` > 1 requests are conversations whose turn k
+    resends the prefix, every earlier prompt and every earlier reply, as a
+    chat client does, and is sent when turn k-1's answer is complete.
+    """
     if request_rate is None and max_concurrency is None:
         raise InputError("a described deployment needs --request-rate or --max-concurrency")
     if input_len < 1 or output_len < 1:
         raise InputError(f"a described deployment needs --input-len and --output-len >= 1, got {input_len} and {output_len}")
+    if turns < 1 or prefix_len < 0:
+        raise InputError(f"--turns must be >= 1 and --prefix-len >= 0, got {turns} and {prefix_len}")
     if num_requests is None:
         num_requests = int(np.clip((request_rate or 0) * 60, 300, 2000)) if request_rate else max(300, 8 * max_concurrency)
-    shapes = tuple(Shape(input_len, output_len, 0.0, 0 if prefix_len else None) for _ in range(num_requests))
-    base = Scenario(shapes, None, prefix_len, seed, {"input_len": input_len, "output_len": output_len})
+    num_requests = max(turns, num_requests - num_requests % turns)
+    lengths = output_lengths or LengthDistribution(output_len, "fixed")
+    outs = lengths.sample(num_requests, np.random.default_rng(seed + 2))
+    shapes: list[Shape] = []
+    for i, out in enumerate(outs):
+        turn = i % turns
+        previous = shapes[-1] if turn else None
+        resent = previous.input_len + previous.output_len if previous is not None else prefix_len
+        shapes.append(Shape(resent + input_len, int(out), 0.0, 0 if prefix_len else None, i - 1 if turn else None))
+    described: dict[str, object] = {"input_len": input_len, "output_len": lengths.describe(), "prefix_len": prefix_len,
+                                    "turns": turns}
+    base = Scenario(tuple(shapes), None, prefix_len, seed, described)
     scenario = base.at_rate(request_rate) if request_rate else base.closed_loop(max_concurrency)
     if request_rate and max_concurrency:
         scenario = replace(scenario, max_concurrency=max_concurrency)

@@ -65,6 +65,28 @@ class Observed(ClosedModel):
     qps: float | None
     ttft_ms: float | None
     gpu_util: float | None
+    e2e_ms: float | None = None
+    tpot_ms: float | None = None
+
+
+class Alternative(OpenModel):
+    """One option priced at the user's load (diagnose/alternatives.py): latency users feel, and dollars."""
+
+    change: str
+    engine_args: str | None
+    gpus: int
+    gpu: str
+    usd_per_hour: float | None = Field(description="Per GPU: --gpu-cost-per-hour, or the documented default; null if none.")
+    price_source: str | None
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    e2e_p50_ms: float | None
+    e2e_p99_ms: float | None
+    tpot_p50_ms: float | None
+    output_throughput: float
+    usd_per_mtok: float | None = Field(description="Dollars per million output tokens at this load.")
+    verdict: str = Field(description="helps, no effect or hurts, judged on E2E p50; '—' for the deployment as it is.")
+    why: str
 
 
 class Diagnosis(OpenModel):
@@ -82,7 +104,11 @@ class Diagnosis(OpenModel):
     slo: SLOTerms | None
     slo_attainment: float | None
     observed: Observed
+    caveats: list[Finding] = Field([], description="Doubts on the measurement itself (a starved client), with their size; "
+                                               "shown above the findings, never ranked among them.")
     findings: list[Finding]
+    alternatives: list[Alternative] = Field([], description="The common options priced at this load (--gpu-cost-per-hour, "
+                                                        "--observed-e2e-ms, --observed-tpot-ms or --price-options).")
     notes: list[str]
     advice: list[AdviceRow] | None
     partial_run: str | None = Field(None, description="Present when the results directory is a partial run.")

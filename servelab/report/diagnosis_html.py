@@ -5,7 +5,14 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from servelab.report.diagnosis_view import CEILING_ROWS, headline, recommendation_row
+from servelab.report.diagnosis_view import (
+    ALTERNATIVE_COLUMNS,
+    CEILING_ROWS,
+    alternative_row,
+    headline,
+    price_notes,
+    recommendation_row,
+)
 from servelab.report.inputs import ReportInputs
 from servelab.report.tables import html_table
 
@@ -30,6 +37,9 @@ def _ceiling(value: Any, unit: str) -> str:
 
 def diagnosis_html(label: str, d: dict[str, Any]) -> str:
     parts = [f'<div class="diagnosis"><h3>{escape(label)}</h3><p class="headline">{escape(headline(d))}</p>']
+    for caveat in d.get("caveats") or []:  # a doubt on the figures comes before anything read from them
+        parts.append(f'<div class="caveat"><h4>Caveat: {escape(caveat["title"])} <code>{escape(caveat["kind"])}</code></h4>'
+                     "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in caveat["evidence"]) + "</ul></div>")
     if not d["findings"]:
         parts.append("<p>No bottleneck stands out: the deployment runs within its ceilings for this workload.</p>")
     for i, finding in enumerate(d["findings"], 1):
@@ -45,6 +55,11 @@ def diagnosis_html(label: str, d: dict[str, Any]) -> str:
             parts.append(html_table(("change", "predicted (simulated)", "side effects at this load"), rows, "recommendations"))
             parts.append(f'<p class="confirm">confirm: <code>{escape(recommendations[0]["confirm"])}</code></p>')
         parts.append("</div>")
+    if d.get("alternatives"):
+        parts.append("<h4>Options at this load (simulated)</h4>"
+                     + html_table(ALTERNATIVE_COLUMNS, [alternative_row(a) for a in d["alternatives"]], "alternatives")
+                     + '<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in price_notes(d["alternatives"]))
+                     + "</ul>")
     rows = [
         [title, _ceiling(d["ceilings"].get(key), unit), _share(d["standing"].get(stand))]
         for key, stand, title, unit in CEILING_ROWS

@@ -57,8 +57,30 @@ def headline(d: dict[str, Any]) -> str:
             f"{w['mean_input_tokens']:.0f} in / {w['mean_output_tokens']:.0f} out · {load} · {d['source']}")
 
 
+ALTERNATIVE_COLUMNS = ("option", "GPUs", "TTFT p50 ms", "E2E p50 ms", "E2E p99 ms", "$/M out tok", "E2E verdict")
+"""The terminal's columns; TTFT p99, TPOT and throughput are in the JSON."""
+
+
+def alternative_row(a: dict[str, Any]) -> list[str]:
+    dollars = "—" if a["usd_per_mtok"] is None else f"${a['usd_per_mtok']:.2f}"
+    return [a["change"], str(a["gpus"] or "—"), _num(a["ttft_p50_ms"]), _num(a["e2e_p50_ms"]), _num(a["e2e_p99_ms"]),
+            dollars, a["verdict"]]
+
+
+def price_notes(alternatives: list[dict[str, Any]]) -> list[str]:
+    """Each option's reason where it does not help, then where each price came from."""
+    whys = [f"{a['change']}: {a['why']}" for a in alternatives if a["why"]]
+    sources = sorted({f"{a['gpu']} at ${a['usd_per_hour']:.2f}/h ({a['price_source']})"
+                      for a in alternatives if a["usd_per_hour"] is not None})
+    return whys + (["prices per GPU-hour: " + "; ".join(sources)] if sources else
+                   ["no price for these GPUs: give --gpu-cost-per-hour"])
+
+
 def render_terminal(d: dict[str, Any], console: Console) -> None:
     console.print(Panel(headline(d), title="servelab diagnose", expand=False))
+    for c in d.get("caveats", []):  # a doubt on the figures comes before anything read from them
+        console.print(Panel(Group(*[Text("• " + line) for line in c["evidence"]]),
+                            title=f"Caveat: {c['title']} [{c['kind']}]", border_style="magenta"))
     if not d["findings"]:
         console.print("No bottleneck stands out: the deployment runs within its ceilings for this workload.")
     for i, f in enumerate(d["findings"], 1):
@@ -73,6 +95,15 @@ def render_terminal(d: dict[str, Any], console: Console) -> None:
             body.append(Text("confirm: " + f["recommendations"][0]["confirm"], style="dim"))
         style = "red" if i == 1 else "yellow"
         console.print(Panel(Group(*body), title=f"{i}. {f['title']} [{f['kind']}]", border_style=style))
+    if d.get("alternatives"):
+        t = Table(title="Options at this load (simulated)", header_style="bold")
+        for i, col in enumerate(ALTERNATIVE_COLUMNS):
+            t.add_column(col, overflow="fold", no_wrap=i > 0, min_width=24 if i == 0 else None)
+        for a in d["alternatives"]:
+            t.add_row(*alternative_row(a))
+        console.print(t)
+        for line in price_notes(d["alternatives"]):
+            console.print(Text("• " + line, style="dim"))
     t = Table(title="Ceilings for this workload", header_style="bold")
     for col in ("limit", "ceiling", "where it stands"):
         t.add_column(col)
@@ -102,6 +133,10 @@ def _pct(x: float | None) -> str:
 
 def render_markdown(d: dict[str, Any]) -> str:
     out = [f"# servelab diagnose\n\n{headline(d)}\n"]
+    for c in d.get("caveats", []):
+        out.append(f"> **Caveat: {c['title']}** (`{c['kind']}`)")
+        out.extend(f"> - {line}" for line in c["evidence"])
+        out.append("")
     for i, f in enumerate(d["findings"], 1):
         out.append(f"## {i}. {f['title']} (`{f['kind']}`)\n")
         out.extend(f"- {line}" for line in f["evidence"])
@@ -109,6 +144,13 @@ def render_markdown(d: dict[str, Any]) -> str:
             out.append("\n| change | predicted (simulated) | side effects at this load |\n|---|---|---|")
             out.extend("| " + " | ".join(recommendation_row(r)) + " |" for r in f["recommendations"])
             out.append(f"\nConfirm: `{f['recommendations'][0]['confirm']}`")
+        out.append("")
+    if d.get("alternatives"):
+        out.append("## Options at this load (simulated)\n\n| " + " | ".join(ALTERNATIVE_COLUMNS) + " |\n|"
+                   + "---|" * len(ALTERNATIVE_COLUMNS))
+        out.extend("| " + " | ".join(alternative_row(a)) + " |" for a in d["alternatives"])
+        out.append("")
+        out.extend(f"- {line}" for line in price_notes(d["alternatives"]))
         out.append("")
     out.append("## Ceilings for this workload\n\n| limit | ceiling | where it stands |\n|---|---|---|")
     for key, stand, label, unit in CEILING_ROWS:

@@ -1,0 +1,188 @@
+"""The changes a team weighs before buying hardware, priced side by side at the user's own load.
+
+"Should we buy a second GPU?" has no answer without the cheaper knobs next
+to it: the token budget up and down, quantized weights, an FP8 KV cache,
+then a second GPU as a replica or as tensor parallelism, or a bigger chip.
+Each is simulated on the same workload at the same load and read on the
+metrics users feel (TTFT, whole-answer latency) and on what it costs per
+million output tokens. A change judged "no effect" says why, from the step
+it does not shorten (the cost model's time for a lone sequence's step and
+for a step at this load), so "it did not help" becomes physics, not luck.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from servelab.diagnose.evidence import Evidence
+from servelab.diagnose.recommend import UPGRADE, Outcome, run
+from servelab.diagnose.scenario import Scenario
+from servelab.diagnose.pricing import price_of, usd_per_million_tokens
+from servelab.perf.cost_model import StepBatch
+from servelab.perf.errors import PerfConfigError
+from servelab.perf.hardware import get_gpu
+from servelab.perf.memory import kv_bytes_per_token_per_rank
+from servelab.perf.quantization import weight_format
+from servelab.targets.deployment import Deployment
+
+EFFECT = 0.1
+"""A change must move whole-answer latency by this much to count: the simulator's error on real GPUs is ~5-15%
+(docs/accuracy.md), and a user does not notice less."""
+HELPS, NO_EFFECT, HURTS = "helps", "no effect", "hurts"
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One priced option: what it is, what it would do at this load, what it costs."""
+
+    change: str
+    engine_args: str | None
+    gpus: int
+    gpu: str
+    usd_per_hour: float | None
+    """Per GPU; None when the chip has no sourced default and none was given."""
+    price_source: str | None
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    e2e_p50_ms: float | None
+    e2e_p99_ms: float | None
+    tpot_p50_ms: float | None
+    output_throughput: float
+    usd_per_mtok: float | None
+    """Dollars per million output tokens at this load."""
+    verdict: str
+    why: str
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A change to price: built only when priced (a change the hardware cannot take raises PerfConfigError then)."""
+
+    change: str
+    build: Callable[[], Deployment]
+    explain: Callable[[Deployment, Outcome], str] | None = None
+    """Why it does not help, in the numbers of the step it does not shorten; None where the table says enough."""
+
+
+def _ms(summary: dict[str, object], key: str) -> float | None:
+    value = summary.get(key)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def loaded_step(e: Evidence, scenario: Scenario, replicas: int) -> StepBatch:
+    """A typical step at this load, from the run's own gauges: its decodes at their mean context, and the prompt
+    tokens computed per step (those the prefix cache did not serve, spread over the steps the engine ran)."""
+    running = max(1, round((e.mean_running if e.mean_running is not None else e.mean_in_flight) / replicas))
+    context = round(scenario.mean_input + scenario.mean_output / 2)
+    computed = e.request_rate * e.mean_input_tokens * (1 - (e.prefix_hit_rate or 0.0)) / replicas
+    steps = e.steps_per_s / replicas if e.steps_per_s else e.output_throughput / replicas / running
+    prefill = round(computed / steps) if steps > 0 else 0
+    return StepBatch(prefill_chunks=[(prefill, context)] if prefill else [], decode_contexts=[context] * running)
+
+
+def _options(d: Deployment, e: Evidence, scenario: Scenario) -> list[Option]:
+    cfg = d.config
+    seqs = cfg.max_num_seqs or 1  # both resolved by Deployment.build: never None here
+    budget = cfg.max_num_batched_tokens or seqs
+    lower = max(seqs, budget // 4)
+    step = loaded_step(e, scenario, cfg.data_parallel_size)
+    lone = StepBatch(decode_contexts=[step.decode_contexts[0] if step.decode_contexts else round(scenario.mean_input)])
+
+    def step_ms(x: Deployment, batch: StepBatch) -> float:
+        return 1e3 * x.cost_model().step_time(batch)
+
+    def shape() -> str:
+        prefill = sum(n for n, _ in step.prefill_chunks)
+        return (f"{len(step.decode_contexts)} sequences decoding ~{step.decode_contexts[0] if step.decode_contexts else 0}"
+                f"-token contexts plus {prefill} prefill tokens")
+
+    def budget_why(changed: Deployment, out: Outcome) -> str:
+        new = changed.config.max_num_batched_tokens
+        computed = scenario.mean_input * (1 - (e.prefix_hit_rate or 0.0))
+        return (f"a {new}-token budget instead of {budget} only moves prefill between steps: the same {computed:.0f} "
+                "prompt tokens a request brings past the prefix cache are computed, and every answer still takes one step per token "
+                f"at a batch of {len(step.decode_contexts)} (TPOT p50 {_num(_ms(out.summary, 'median_tpot_ms'))} ms)")
+
+    def weights_why(changed: Deployment, out: Outcome) -> str:
+        fmt = weight_format(changed.config.quantization, changed.model, changed.hardware)
+        kv = kv_bytes_per_token_per_rank(d.model, cfg.kv_cache_dtype, cfg.tensor_parallel_size) * sum(step.decode_contexts)
+        return (f"{fmt.name} weights make a lone sequence's decode step {step_ms(d, lone):.1f} → "
+                f"{step_ms(changed, lone):.1f} ms (the weight read shrinks), but a step at this load ({shape()}) only "
+                f"{step_ms(d, step):.1f} → {step_ms(changed, step):.1f} ms: it also reads {kv / 1e9:.1f} GB of KV cache "
+                f"({1e3 * kv / d.hardware.memory_bandwidth:.0f} ms at {d.hardware.memory_bandwidth_gbs:,.0f} GB/s) and "
+                f"multiplies on {fmt.compute_dtype} tensor cores either way; E2E p50 "
+                f"{_num(_ms(out.summary, 'median_e2el_ms'))} ms")
+
+    options = [
+        Option(f"--max-num-batched-tokens {2 * budget}", lambda: d.with_changes(max_num_batched_tokens=2 * budget), budget_why),
+        Option(f"--max-num-batched-tokens {lower}", lambda: d.with_changes(max_num_batched_tokens=lower), budget_why),
+        Option("AWQ/GPTQ 4-bit weights", lambda: d.with_changes(quantization="awq"), weights_why),
+        Option("FP8 weights", lambda: d.with_changes(quantization="fp8"), weights_why),
+    ]
+    if d.hardware.fp8_tflops <= 0 < d.hardware.int8_tflops:  # weights *and* activations: INT8 tensor cores
+        options.append(Option("INT8 W8A8 weights", lambda: d.with_changes(quantization="int8"), weights_why))
+    options.append(Option("FP8 KV cache", lambda: d.with_changes(kv_cache_dtype="fp8")))
+    options.append(Option(f"+1 GPU: {2 * cfg.data_parallel_size} replicas",
+                          lambda: d.with_changes(data_parallel_size=2 * cfg.data_parallel_size)))
+    if d.hardware.interconnect_bandwidth > 0:
+        options.append(Option(f"+1 GPU: TP={2 * cfg.tensor_parallel_size}",
+                              lambda: d.with_changes(tensor_parallel_size=2 * cfg.tensor_parallel_size)))
+    upgrade = UPGRADE.get(d.hardware.name)
+    if upgrade:
+        chip = get_gpu(upgrade)
+        options.append(Option(f"one {chip.name} instead", lambda: d.rebuilt(hardware=chip)))
+        if chip.fp8_tflops > 0:
+            options.append(Option(f"one {chip.name}, FP8 weights", lambda: d.rebuilt(hardware=chip, quantization="fp8"),
+                                  weights_why))
+    return options
+
+
+def _num(x: float | None) -> str:
+    return "—" if x is None else f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}"
+
+
+def _verdict(before: float | None, after: float | None) -> str:
+    if not before or after is None:
+        return NO_EFFECT
+    change = (after - before) / before
+    return HELPS if change <= -EFFECT else HURTS if change >= EFFECT else NO_EFFECT
+
+
+def _row(change: str, d: Deployment, out: Outcome, base: Deployment, gpu_cost: float | None, verdict: str,
+         why: str, engine_args: str | None) -> Alternative:
+    s = out.summary
+    gpus = d.config.tensor_parallel_size * d.config.data_parallel_size
+    price = price_of(d.hardware.name, gpu_cost, base.hardware.name)
+    tps = float(s.get("output_throughput") or 0.0)  # type: ignore[arg-type]
+    return Alternative(
+        change=change, engine_args=engine_args, gpus=gpus, gpu=d.hardware.name,
+        usd_per_hour=price.usd_per_hour if price else None, price_source=price.source if price else None,
+        ttft_p50_ms=_ms(s, "median_ttft_ms"), ttft_p99_ms=_ms(s, "p99_ttft_ms"),
+        e2e_p50_ms=_ms(s, "median_e2el_ms"), e2e_p99_ms=_ms(s, "p99_e2el_ms"), tpot_p50_ms=_ms(s, "median_tpot_ms"),
+        output_throughput=tps,
+        usd_per_mtok=usd_per_million_tokens(price.usd_per_hour, gpus, tps) if price else None,
+        verdict=verdict, why=why,
+    )
+
+
+def price_alternatives(d: Deployment, e: Evidence, scenario: Scenario, baseline: Outcome,
+                       gpu_cost_per_hour: float | None = None) -> list[Alternative]:
+    """The deployment as it is, then each option, simulated on `scenario` at its own load; judged on E2E p50."""
+    before = _ms(baseline.summary, "median_e2el_ms")
+    rows = [_row("as deployed", d, baseline, d, gpu_cost_per_hour, "—", "", d.engine_args())]
+    for option in _options(d, e, scenario):
+        try:
+            changed = option.build()
+            out = run(changed, scenario, None)
+        except PerfConfigError as exc:
+            rows.append(Alternative(option.change, None, 0, d.hardware.name, None, None, None, None, None, None, None,
+                                    0.0, None, HURTS, f"not possible here: {exc}"))
+            continue
+        verdict = _verdict(before, _ms(out.summary, "median_e2el_ms"))
+        why = option.explain(changed, out) if option.explain is not None and verdict != HELPS else ""
+        rows.append(_row(option.change, changed, out, d, gpu_cost_per_hour, verdict, why, changed.engine_args()))
+    return rows
