@@ -16,6 +16,7 @@ from servelab.cli.options import (
 from servelab.cli.report import ReportFlag
 from servelab.cli.run_and_show import run_and_show
 from servelab.errors import InputError
+from servelab.metrics.engines import AUTO, ENGINE_CHOICES
 from servelab.metrics.gpu import GpuTelemetry
 from servelab.targets.http import HttpTarget
 from servelab.targets.preflight import ENDPOINTS
@@ -37,6 +38,10 @@ def bench(
         help="A DCGM exporter's /metrics (e.g. http://gpu-host:9400/metrics): the server's GPUs, sampled with /metrics "
              "into timeline.jsonl. Default: this host's GPUs through NVML, if any.",
         rich_help_panel=_TARGET)] = None,
+    engine: Annotated[str, typer.Option(
+        help=f"Whose /metrics names to read: {', '.join(ENGINE_CHOICES)} (auto: the names the server exports). "
+             "The engine and its version, as the server reports them, go into run.json.",
+        rich_help_panel=_TARGET)] = AUTO,
     report: ReportFlag = False,
     workers: Annotated[int, typer.Option(help="Client processes, one event loop each: raise it when the summary warns that the client is the bottleneck.", rich_help_panel=_TARGET)] = 1,
     *,
@@ -55,6 +60,8 @@ def bench(
         raise InputError(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
     if workers < 1:
         raise InputError(f"--workers must be >= 1, got {workers}")
+    if engine not in ENGINE_CHOICES:
+        raise InputError(f"--engine must be one of {', '.join(ENGINE_CHOICES)}, got {engine!r}")
     if gpu_metrics_url is not None and not gpu_metrics_url.startswith(("http://", "https://")):
         raise InputError(f"--gpu-metrics-url must be an http(s) URL, got {gpu_metrics_url!r}")
     target = HttpTarget(
@@ -68,12 +75,13 @@ def bench(
         send_text=bool(first_plan.description["text_prompts"]),
         workers=workers,
         gpu_telemetry=GpuTelemetry(dcgm_url=gpu_metrics_url),
+        engine=engine,
     )
     server = target.preflight()
     result_dir = load.output_dir("bench")
     flags = {"base_url": base_url, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
              "request_timeout": request_timeout, "scrape_interval": scrape_interval, "workers": workers,
-             "gpu_metrics_url": gpu_metrics_url, **load.as_dict()}
+             "gpu_metrics_url": gpu_metrics_url, "engine": engine, **load.as_dict()}
     run_info: dict[str, Any] = {"verb": "bench", "source": "http", "argv": _argv_without_secrets(api_key), "flags": flags}
     out.print(f"bench: {server['model']} at {base_url}{endpoint} -> {result_dir}", highlight=False)
     for warning in server["warnings"]:
