@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,7 @@ def bench(server, result_dir: Path, *args: str) -> None:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_closed_loop_run_is_complete_and_agrees_with_the_server(vllm_server, tmp_path, workers):
+def test_closed_loop_run_is_complete_and_agrees_with_the_server(vllm_server, vllm_python, tmp_path, workers):
     bench(vllm_server, tmp_path, "--num-prompts", "40", "--max-concurrency", "8", "--scrape-interval", "0.25",
           "--workers", str(workers))
     run = load_run(tmp_path)
@@ -55,6 +56,10 @@ def test_closed_loop_run_is_complete_and_agrees_with_the_server(vllm_server, tmp
     assert all(r.ok and r.output_tokens == 32 and r.prompt_tokens == 128 for r in run.records)
     assert (timeline.gauge_max(run.timeline, timeline.RUNNING) or 0) > 1
     assert assert_files_match_schemas(tmp_path) == {"run": 1, "record": 1, "summary": 1, "timeline": 1}
+    vllm_version = subprocess.run([str(vllm_python), "-c", "import vllm; print(vllm.__version__)"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+    assert run.run_info["server_info"]["engine"] == {"name": "vllm", "version": vllm_version, "reported_by": "GET /version"}
+    assert run.run_info["server_info"]["metrics_scrape"]["engine"] == "vllm"
 
     ttft_count = timeline.counter_delta(run.timeline, timeline.TTFT_COUNT)
     ttft_sum = timeline.counter_delta(run.timeline, timeline.TTFT_SUM)
@@ -62,6 +67,14 @@ def test_closed_loop_run_is_complete_and_agrees_with_the_server(vllm_server, tmp
     server_ms = ttft_sum / ttft_count * 1e3
     client_ms = run.summary["mean_ttft_ms"]
     assert server_ms - 5.0 <= client_ms <= server_ms * (1 + TTFT_SLACK_SHARE) + TTFT_SLACK_MS, (client_ms, server_ms)
+
+
+def test_an_engine_the_server_is_not_is_refused_before_any_load(vllm_server, tmp_path):
+    result = runner.invoke(app, ["bench", "--base-url", vllm_server.base_url, "--engine", "sglang", "--num-prompts", "4",
+                                 "--result-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert "--engine sglang" in result.output and "vllm" in result.output
+    assert not (tmp_path / "run").exists()
 
 
 def test_concurrency_sweep_raises_throughput(vllm_server, tmp_path):

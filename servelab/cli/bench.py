@@ -18,6 +18,7 @@ from servelab.cli.run_and_show import run_and_show
 from servelab.diagnose.server_config import CACHE_CONFIG
 from servelab.errors import InputError
 from servelab.experiment.calibrate import server_cache_config
+from servelab.metrics.engines import AUTO, ENGINE_CHOICES
 from servelab.metrics.gpu import GpuTelemetry
 from servelab.targets.http import HttpTarget
 from servelab.targets.preflight import ENDPOINTS
@@ -39,6 +40,10 @@ def bench(
         help="A DCGM exporter's /metrics (e.g. http://gpu-host:9400/metrics): the server's GPUs, sampled with /metrics "
              "into timeline.jsonl. Default: this host's GPUs through NVML, if any.",
         rich_help_panel=_TARGET)] = None,
+    engine: Annotated[str, typer.Option(
+        help=f"Whose /metrics names to read: {', '.join(ENGINE_CHOICES)} (auto: the names the server exports). "
+             "The engine and its version, as the server reports them, go into run.json.",
+        rich_help_panel=_TARGET)] = AUTO,
     report: ReportFlag = False,
     workers: Annotated[int, typer.Option(help="Client processes, one event loop each: raise it when the summary warns that the client is the bottleneck.", rich_help_panel=_TARGET)] = 1,
     *,
@@ -57,6 +62,8 @@ def bench(
         raise InputError(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
     if workers < 1:
         raise InputError(f"--workers must be >= 1, got {workers}")
+    if engine not in ENGINE_CHOICES:
+        raise InputError(f"--engine must be one of {', '.join(ENGINE_CHOICES)}, got {engine!r}")
     if gpu_metrics_url is not None and not gpu_metrics_url.startswith(("http://", "https://")):
         raise InputError(f"--gpu-metrics-url must be an http(s) URL, got {gpu_metrics_url!r}")
     target = HttpTarget(
@@ -70,12 +77,13 @@ def bench(
         send_text=bool(first_plan.description["text_prompts"]),
         workers=workers,
         gpu_telemetry=GpuTelemetry(dcgm_url=gpu_metrics_url),
+        engine=engine,
     )
     server = target.preflight()
     result_dir = load.output_dir("bench")
     flags = {"base_url": base_url, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
              "request_timeout": request_timeout, "scrape_interval": scrape_interval, "workers": workers,
-             "gpu_metrics_url": gpu_metrics_url, **load.as_dict()}
+             "gpu_metrics_url": gpu_metrics_url, "engine": engine, **load.as_dict()}
     run_info: dict[str, Any] = {"verb": "bench", "source": "http", "argv": _argv_without_secrets(api_key), "flags": flags,
                                 # the server's own KV blocks and prefix-cache switch, which diagnose reads back
                                 CACHE_CONFIG: server_cache_config(base_url)}

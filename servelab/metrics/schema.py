@@ -66,7 +66,8 @@ class RecordRow(ClosedModel):
 
 
 class TimelineRow(ClosedModel):
-    """One line of timeline.jsonl: the server's metrics at `t` seconds, keyed by vLLM's Prometheus names."""
+    """One line of timeline.jsonl: the server's metrics at `t` seconds, keyed by vLLM's Prometheus names (the common
+    names; another engine's own names beside them, servelab/metrics/engines.py)."""
 
     t: float
     values: dict[str, float] = Field(description="Counters cumulative as scraped, gauges instantaneous.")
@@ -127,6 +128,21 @@ class DeploymentInfo(OpenModel):
     warnings: list[str]
 
 
+class EngineIdentity(ClosedModel):
+    """The serving engine as the server reported it at pre-flight (servelab/targets/engine_identity.py)."""
+
+    name: str | None = Field(description="vllm, sglang, trtllm or llamacpp; null when the server showed no known engine.")
+    version: str | None = Field(description="The engine's own version string (llama.cpp: its build_info); null when not reported.")
+    reported_by: str | None = Field(description="Where name and version came from: `GET /version`, `GET /server_info`, "
+                                                "`GET /props`, `/metrics` (names only) or `--engine`.")
+
+
+class ServerInfo(OpenModel):
+    """A measured run's server, as pre-flight found it (model, endpoint, ...) and the engine it reported."""
+
+    engine: EngineIdentity | None = None
+
+
 class RunInfo(OpenModel):
     """run.json: what was run. Written at the start, completed at the end; `finished_at` absent means the client
     was killed mid-run (a partial run). The verbs add their own keys (flags, argv, deployment, ...)."""
@@ -140,7 +156,7 @@ class RunInfo(OpenModel):
     argv: list[str] | None = None
     flags: Json | None = None
     deployment: DeploymentInfo | None = None
-    server_info: Json | None = None
+    server_info: ServerInfo | None = None
     client_host: Json | None = Field(None, description="The client host's conditions during the run (load, CPU steal, GPUs).")
     interrupted: bool | None = None
     finished_at: float | None = None

@@ -16,36 +16,32 @@ from collections.abc import Callable
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from servelab.metrics import timeline
+from servelab.metrics import engines
+from servelab.metrics.engines import EngineMetrics
 from servelab.metrics.gpu import GpuSampler
 from servelab.metrics.timeline import TimelineSample
-
-ALIASES = {
-    "vllm:gpu_cache_usage_perc": timeline.KV_USAGE,
-    "vllm:gpu_prefix_cache_queries_total": timeline.PREFIX_QUERIES,
-    "vllm:gpu_prefix_cache_hits_total": timeline.PREFIX_HITS,
-}
-"""Names older vLLM releases used for the same quantities."""
-
-AVERAGED = frozenset({timeline.KV_USAGE})
-"""Fractions are averaged over label sets (engines); counts and counters are summed."""
 
 SCRAPE_TIMEOUT_S = 2.0
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """vLLM metric values from an exposition text, keyed by the names in `timeline`.
+def parse_metrics(text: str, engine: EngineMetrics | None = None) -> dict[str, float]:
+    """An engine's metric values from an exposition text: its own names and the timeline's common ones.
 
-    Every `vllm:` gauge and counter is kept and so are histograms' `_sum` and
-    `_count` (enough for means over any window; buckets are too bulky to keep
-    every second). Values of one name with several label sets (models,
-    engines) are combined. Raises ValueError on text that is not Prometheus
+    `engine` None: whichever engine the text's names show (servelab/metrics/engines.py); a text with
+    no known engine's names gives no values. Every gauge and counter of the engine is kept and so are
+    histograms' `_sum` and `_count` (enough for means over any window; buckets are too bulky to keep
+    every second). Values of one name with several label sets (models, engines, DP ranks) are
+    combined: fractions averaged, the rest summed. Raises ValueError on text that is not Prometheus
     exposition format.
     """
+    if engine is None:
+        engine = engines.detect(text)
+        if engine is None:
+            return {}
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
-    for family in text_string_to_metric_families(_vllm_lines(text)):
-        if not family.name.startswith("vllm:"):
+    for family in text_string_to_metric_families(_engine_lines(text, engine.prefix)):
+        if not family.name.startswith(engine.prefix):
             continue
         for sample in family.samples:
             name = sample.name
@@ -54,25 +50,26 @@ def parse_metrics(text: str) -> dict[str, float]:
                     continue
             elif name.endswith("_created"):
                 continue
-            name = ALIASES.get(name, name)
-            sums[name] = sums.get(name, 0.0) + float(sample.value)
-            counts[name] = counts.get(name, 0) + 1
-    return {name: (value / counts[name] if name in AVERAGED else value) for name, value in sums.items()}
+            for key in (name, *engines.common_names(engine, name)):
+                sums[key] = sums.get(key, 0.0) + float(sample.value)
+                counts[key] = counts.get(key, 0) + 1
+    return {name: (value / counts[name] if name in engine.fractions else value) for name, value in sums.items()}
 
 
-def _vllm_lines(text: str) -> str:
-    """Only vLLM's lines, without histogram buckets.
+def _engine_lines(text: str, prefix: str) -> str:
+    """Only the engine's lines, without histogram buckets.
 
-    Buckets are most of a vLLM exposition and parsing them would stall the
-    event loop that is timing the requests; dropping them first keeps a
+    Buckets are most of an engine's exposition and parsing them would stall
+    the event loop that is timing the requests; dropping them first keeps a
     scrape well under a millisecond of client CPU.
     """
+    comments = (f"# HELP {prefix}", f"# TYPE {prefix}")
     keep = []
     for line in text.splitlines():
-        if line.startswith("vllm:"):
+        if line.startswith(prefix):
             if "_bucket{" not in line:
                 keep.append(line)
-        elif line.startswith(("# HELP vllm:", "# TYPE vllm:")):
+        elif line.startswith(comments):
             keep.append(line)
     keep.append("")
     return "\n".join(keep)
@@ -94,6 +91,7 @@ class MetricsScraper:
         interval: float = 1.0,
         headers: dict[str, str] | None = None,
         gpu: GpuSampler | None = None,
+        engine: EngineMetrics | None = None,
     ) -> None:
         self.session = session
         self.url = url
@@ -102,6 +100,8 @@ class MetricsScraper:
         self.interval = interval
         self.headers = headers
         self.gpu = gpu
+        self.engine = engine
+        """Whose names to read; None until a scrape shows them (then fixed for the run)."""
         self.samples: list[TimelineSample] = []
         self.failures = 0
         self.last_error: str | None = None
@@ -125,7 +125,9 @@ class MetricsScraper:
                 text = await resp.text()
             # Parsing takes milliseconds; in a worker thread the event loop that times requests
             # gets the interpreter back at every switch interval instead of waiting for the parse.
-            return await asyncio.to_thread(parse_metrics, text)
+            if self.engine is None:
+                self.engine = engines.detect(text)
+            return await asyncio.to_thread(parse_metrics, text, self.engine) if self.engine is not None else {}
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, UnicodeDecodeError) as exc:
             self.failures += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
@@ -156,7 +158,7 @@ class MetricsScraper:
 
     def stats(self) -> dict[str, object]:
         stats: dict[str, object] = {
-            "url": self.url, "samples": len(self.samples), "failures": self.failures, "last_error": self.last_error,
+            "url": self.url, "engine": None if self.engine is None else self.engine.name, "samples": len(self.samples), "failures": self.failures, "last_error": self.last_error,
         }
         if self.gpu is not None:
             stats["gpu"] = self.gpu.stats()

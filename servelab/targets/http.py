@@ -34,6 +34,8 @@ import orjson
 import uvloop
 
 from servelab.errors import ServerFault
+from servelab.metrics import engines
+from servelab.metrics.engines import EngineMetrics
 from servelab.metrics.gpu import GpuTelemetry, gpu_sampler
 from servelab.metrics.records import (
     CONNECTION_ERROR,
@@ -47,6 +49,7 @@ from servelab.metrics.records import (
 from servelab.metrics.scrape import MetricsScraper
 from servelab.targets.base import SampleSink, TargetRun
 from servelab.targets.client_stats import WAVE_SPAN_S, DelayProbe
+from servelab.targets.engine_identity import identify
 from servelab.targets.errors import TargetError, unmet_dependency
 from servelab.targets.preflight import (
     CHAT,
@@ -153,6 +156,7 @@ class HttpTarget:
         run_preflight: bool = True,
         workers: int = 1,
         gpu_telemetry: GpuTelemetry | None = None,
+        engine: str = engines.AUTO,
     ) -> None:
         if endpoint not in ENDPOINTS:
             raise TargetError(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
@@ -160,6 +164,8 @@ class HttpTarget:
             raise TargetError("request_timeout and idle_timeout must be positive")
         if workers < 1:
             raise TargetError(f"workers must be at least 1, got {workers}")
+        if engine not in engines.ENGINE_CHOICES:
+            raise TargetError(f"engine {engine!r} is not known; use one of {', '.join(engines.ENGINE_CHOICES)}")
         base_url = base_url.rstrip("/")
         self.base_url = base_url.removesuffix("/v1")
         self.endpoint = endpoint
@@ -175,6 +181,8 @@ class HttpTarget:
         """Client processes: one event loop each (servelab/targets/workers.py)."""
         self.gpu_telemetry = gpu_telemetry
         """GPUs sampled beside /metrics (servelab/metrics/gpu.py); None: none."""
+        self.engine = engine
+        """Whose /metrics names to read (servelab/metrics/engines.py), or `auto`: the server's."""
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -217,10 +225,17 @@ class HttpTarget:
                 return await self.apreflight(own)
         auth = self._auth_headers()
         info = await preflight(session, self.base_url, self.endpoint, self.model, headers=auth)
+        info["engine"] = await identify(session, self.base_url, self.engine, auth or None)
         self.model = info["model"]
         self.server_info = info
         self.model_names = frozenset(info["model_names"])
         return info
+
+    def _engine_metrics(self) -> EngineMetrics | None:
+        """The metric names to scrape: the engine pre-flight identified, else the one named; None: found on the first scrape."""
+        identified = (self.server_info or {}).get("engine") or {}
+        name = identified.get("name") or (self.engine if self.engine != engines.AUTO else None)
+        return engines.ENGINES.get(name) if name else None
 
     def _auth_headers(self) -> dict[str, str]:
         """The Authorization header alone, for requests that are not the stream (pre-flight, /metrics)."""
@@ -286,7 +301,7 @@ class HttpTarget:
         async with aiohttp.ClientSession() as scrape_session, gpu_sampler(self.gpu_telemetry, scrape_session) as gpu:
             scraper = MetricsScraper(
                 scrape_session, self.base_url + "/metrics", lambda: time.perf_counter() - zero, on_sample,
-                self.scrape_interval, auth, gpu,
+                self.scrape_interval, auth, gpu, self._engine_metrics(),
             )
             first = await scraper.fetch()
             wave, rest = first_wave(plan.requests, cap or MAX_WAVE)
