@@ -284,7 +284,7 @@ def test_validation_overlays_measured_and_simulated_with_the_error(tmp_path: Pat
         assert (measured.name, simulated.name) == ("measured", "simulated")
         assert list(measured.y) == [p["measured"][metric] for p in doc["points"]]
         assert list(simulated.y) == [p["simulated"][metric] for p in doc["points"]]
-    ttft = fig.data[2 * metrics.index("ttft_p50_ms") + 1]
+    ttft = fig.data[2 * metrics.index("median_ttft_ms") + 1]
     assert list(ttft.text) == ["-14%"] * 3  # the toy simulator is 14% fast on TTFT p50
     assert "median |error|" in page and "14.0% (bound 20%)" in page and "outside the bounds" in page
 

@@ -38,7 +38,7 @@ def fit_table(profile: CalibrationProfile) -> Table:
     for row in profile.simulated_probes:
         m, s, e = row["measured"], row["simulated"], row["error_pct"]
         cells = [row["probe"]]
-        for key in ("ttft_p50_ms", "tpot_p50_ms", "output_throughput"):
+        for key in ("median_ttft_ms", "median_tpot_ms", "output_throughput"):
             cells.append("-" if m[key] is None else f"{_num(m[key])} / {_num(s[key])} ({_pct(e[key])})")
         table.add_row(*cells)
     return table

@@ -153,7 +153,7 @@ def analyse(
     dx.notes = notes(dx)
     if with_advice and baseline is not None:
         longest = max(s.input_len + s.output_len for s in scenario.shapes)
-        context = AdviceContext(tuple(f.kind for f in found), longest, e.ttft_p50_ms, e.e2el_p50_ms, source == "measured")
+        context = AdviceContext(tuple(f.kind for f in found), longest, e.median_ttft_ms, e.median_e2el_ms, source == "measured")
         dx.advice = check_advice(deployment, scenario, context, baseline)
     return dx
 
@@ -197,7 +197,7 @@ def notes(dx: Diagnosis) -> list[str]:
             f"{dx.ceilings.saturation_rps:.2f} req/s."
         )
     if dx.observed.ttft_ms is not None:
-        out.append(f"You observe TTFT {dx.observed.ttft_ms:.0f} ms; the simulation gives p50 {e.ttft_p50_ms:.0f} ms "
-                   f"and p99 {e.ttft_p99_ms:.0f} ms at this load.")
+        out.append(f"You observe TTFT {dx.observed.ttft_ms:.0f} ms; the simulation gives p50 {e.median_ttft_ms:.0f} ms "
+                   f"and p99 {e.p99_ttft_ms:.0f} ms at this load.")
     out.extend(dx.deployment.warnings)
     return out

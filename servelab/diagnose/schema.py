@@ -55,8 +55,8 @@ class AdviceRow(OpenModel):
     advice: str
     flag_status: str
     d_throughput: float | None
-    d_ttft_p99: float | None
-    d_tpot_p99: float | None
+    d_p99_ttft: float | None
+    d_p99_tpot: float | None
     verdict: str
     why: str
 

@@ -91,8 +91,8 @@ def render_advice_terminal(advice: list[dict[str, Any]], console: Console) -> No
     for col in ("#", "advice", "in vLLM", "Δ throughput", "Δ TTFT p99", "Δ TPOT p99", "verdict", "why"):
         t.add_column(col, overflow="fold")
     for a in advice:
-        t.add_row(str(a["id"]), a["advice"], a["flag_status"], _pct(a.get("d_throughput")), _pct(a.get("d_ttft_p99")),
-                  _pct(a.get("d_tpot_p99")), a["verdict"], a["why"])
+        t.add_row(str(a["id"]), a["advice"], a["flag_status"], _pct(a.get("d_throughput")), _pct(a.get("d_p99_ttft")),
+                  _pct(a.get("d_p99_tpot")), a["verdict"], a["why"])
     console.print(t)
 
 
@@ -121,5 +121,5 @@ def render_markdown(d: dict[str, Any]) -> str:
         out.append("|---|---|---|---|---|---|---|---|")
         for a in d["advice"]:
             out.append(f"| {a['id']} | {a['advice']} | {a['flag_status']} | {_pct(a.get('d_throughput'))} | "
-                       f"{_pct(a.get('d_ttft_p99'))} | {_pct(a.get('d_tpot_p99'))} | {a['verdict']} | {a['why']} |")
+                       f"{_pct(a.get('d_p99_ttft'))} | {_pct(a.get('d_p99_tpot'))} | {a['verdict']} | {a['why']} |")
     return "\n".join(out) + "\n"

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servelab import SCHEMA_VERSION
 from servelab.errors import InputError
 from servelab.metrics.results import RUN, SWEEP, ResultsDirError, RunResult, load_run
 from servelab.metrics.summary import summarize
+from servelab.renames import upgraded
 
 DIAGNOSIS = "diagnosis.json"
 """Written into a results directory by `servelab diagnose RESULTS`."""
@@ -140,7 +142,7 @@ def _source_suffix(source: str | None) -> str:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return upgraded(json.loads(path.read_text(encoding="utf-8")), SCHEMA_VERSION)
     except (OSError, json.JSONDecodeError) as exc:
         raise ReportInputError(f"cannot read {path}: {exc}") from exc
 

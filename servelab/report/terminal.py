@@ -103,9 +103,9 @@ def summary_table(summary: dict[str, Any], title: str = "Serving benchmark resul
         for key, value in _ms(summary, name, percentiles):
             table.add_row(f"  {key}", _cell(value))
     stats = summary.get("client_stats") or {}
-    if "schedule_lag_p99_ms" in stats:
+    if "p99_schedule_lag_ms" in stats:
         table.add_section()
-        lag = stats.get("schedule_lag_p99_ms")
+        lag = stats.get("p99_schedule_lag_ms")
         table.add_row("Client send lag p99 (ms)", "-" if lag is None else f"{lag:.2f}")
         table.add_row("Client CPU (share of a core)", f"{stats.get('cpu_share', 0):.0%}")
     return table

@@ -21,10 +21,10 @@ from servelab.report.tables import html_table, number
 
 METRIC_TITLES = {
     "output_throughput": "Output throughput (tokens/s)",
-    "ttft_p50_ms": "TTFT p50 (ms)",
-    "ttft_p99_ms": "TTFT p99 (ms)",
-    "tpot_p50_ms": "TPOT p50 (ms)",
-    "e2el_p50_ms": "E2E latency p50 (ms)",
+    "median_ttft_ms": "TTFT p50 (ms)",
+    "p99_ttft_ms": "TTFT p99 (ms)",
+    "median_tpot_ms": "TPOT p50 (ms)",
+    "median_e2el_ms": "E2E latency p50 (ms)",
 }
 """validate's metric names -> titles with units; a metric not listed here is shown by its name."""
 MEASURED_COLOR, SIMULATED_COLOR = "#4c78a8", "#f58518"

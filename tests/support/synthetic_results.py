@@ -148,11 +148,11 @@ def toy_validation() -> dict:
     from servelab.experiment.validate import BOUNDS_PCT, GOALS_PCT, median_abs_errors
 
     measured = {
-        "closed-c3": {"output_throughput": 310.0, "ttft_p50_ms": 41.0, "ttft_p99_ms": 95.0, "tpot_p50_ms": 9.1, "e2el_p50_ms": 780.0},
-        "closed-c12": {"output_throughput": 820.0, "ttft_p50_ms": 66.0, "ttft_p99_ms": 210.0, "tpot_p50_ms": 13.5, "e2el_p50_ms": 1650.0},
-        "poisson-70pct": {"output_throughput": 540.0, "ttft_p50_ms": 52.0, "ttft_p99_ms": 340.0, "tpot_p50_ms": 11.8, "e2el_p50_ms": 1200.0},
+        "closed-c3": {"output_throughput": 310.0, "median_ttft_ms": 41.0, "p99_ttft_ms": 95.0, "median_tpot_ms": 9.1, "median_e2el_ms": 780.0},
+        "closed-c12": {"output_throughput": 820.0, "median_ttft_ms": 66.0, "p99_ttft_ms": 210.0, "median_tpot_ms": 13.5, "median_e2el_ms": 1650.0},
+        "poisson-70pct": {"output_throughput": 540.0, "median_ttft_ms": 52.0, "p99_ttft_ms": 340.0, "median_tpot_ms": 11.8, "median_e2el_ms": 1200.0},
     }
-    scale = {"output_throughput": 1.06, "ttft_p50_ms": 0.86, "ttft_p99_ms": 0.7, "tpot_p50_ms": 1.12, "e2el_p50_ms": 1.04}
+    scale = {"output_throughput": 1.06, "median_ttft_ms": 0.86, "p99_ttft_ms": 0.7, "median_tpot_ms": 1.12, "median_e2el_ms": 1.04}
     points = []
     for name, m in measured.items():
         s = {k: v * scale[k] for k, v in m.items()}
