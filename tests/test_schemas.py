@@ -18,6 +18,7 @@ from rich.console import Console
 from servelab.cli import app
 from servelab.cli.schema import SCHEMAS, schema_text
 from servelab.metrics.results import load_run
+from servelab.metrics.schema import Summary
 from servelab.perf.calibration import load_profile
 from servelab.report.terminal import summary_table
 from support.profiles import tiny_profile
@@ -105,10 +106,11 @@ def test_a_results_directory_of_schema_1_validates_opens_reports_and_diagnoses(t
     assert stats["p99_schedule_lag_ms"] is not None and stats["added_delay"]["median_ms"] is not None
     assert "schedule_lag_p99_ms" not in stats
     console = Console(record=True, width=120)
-    console.print(summary_table(load_run(SCHEMA_1 / "bench").summary))
+    console.print(summary_table(Summary.model_validate(load_run(SCHEMA_1 / "bench").summary)))
     assert "Client send lag p99 (ms)" in console.export_text()
 
-    diagnosed = json.loads(cli("diagnose", str(SCHEMA_1 / "bench"), "--calibration", str(SCHEMA_1 / "profile.json"), "--json"))
+    diagnosed = json.loads(cli("diagnose", str(SCHEMA_1 / "bench"), "--calibration", str(SCHEMA_1 / "profile.json"), "--json",
+                               "--save", str(tmp_path / "diagnosis.json")))
     assert diagnosed["evidence"]["median_ttft_ms"] > 0 and diagnosed["workload"]["requests"] == 8
     cli("report", str(SCHEMA_1 / "sweep"), str(SCHEMA_1 / "validation.json"), "-o", str(tmp_path / "report.html"))
     html = (tmp_path / "report.html").read_text()

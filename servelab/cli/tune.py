@@ -13,7 +13,15 @@ from rich.table import Table
 
 from servelab.cli import app
 from servelab.cli.report import ReportFlag, report_into
-from servelab.cli.options import LoadFlags, deployment_from_flags, load_options
+from servelab.cli.options import (
+    CalibrationFlag,
+    EngineArgsFlag,
+    GpuFlag,
+    LoadFlags,
+    ModelFlag,
+    deployment_from_flags,
+    load_options,
+)
 from servelab.experiment.probes import PROBE_EXTRA_BODY
 from servelab.errors import RunInterrupted
 from servelab.experiment.reference import speed_check
@@ -67,11 +75,10 @@ def parse_env(items: list[str] | None) -> dict[str, str]:
 @app.command()
 @load_options
 def tune(
-    gpu: Annotated[Optional[str], typer.Option(help="GPU the server runs on (see the catalogue), or cpu.")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Built-in model name or a directory with config.json.")] = None,
-    calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: stage 1 runs "
-                                                             "on its fitted hardware and coefficients, --engine-args change its server's flags.")] = None,
-    engine_args: Annotated[str, typer.Option(help="Your current launch flags: the baseline every candidate changes.")] = "",
+    gpu: GpuFlag = None,
+    model: ModelFlag = None,
+    calibration: CalibrationFlag = None,
+    engine_args: EngineArgsFlag = "",
     sim_args: Annotated[str, typer.Option(help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.")] = "",
     space: Annotated[Optional[list[str]], typer.Option(help="KNOB=V1,V2 (or KNOB for built-in values; 'default' = vLLM's). Repeatable.")] = None,
     space_file: Annotated[Optional[Path], typer.Option(help="YAML/JSON mapping knob -> list of values.")] = None,

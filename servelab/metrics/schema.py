@@ -148,12 +148,24 @@ class RunInfo(OpenModel):
 
 
 class SweepPoint(OpenModel):
-    """One point of a sweep: its directory, the curve's columns, its full summary. The swept flag (e.g.
-    `request-rate`) is a key of its own holding the point's value."""
+    """One point of a sweep: its directory, the curve's columns (experiment.sweep.CURVE_KEYS, null where the
+    summary has none), its full summary. The swept flag (e.g. `request-rate`) is a key of its own holding the
+    point's value."""
 
     directory: str = Field(description="The point's results directory, relative to sweep.json's.")
     completed: int | None = None
     failed: int | None = None
+    request_throughput: float | None = None
+    output_throughput: float | None = None
+    total_token_throughput: float | None = None
+    request_goodput: float | None = None
+    mean_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = Field(None, description="Null also when --metric-percentiles has no 99.")
+    mean_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    mean_itl_ms: float | None = None
+    mean_e2el_ms: float | None = None
+    p99_e2el_ms: float | None = None
     summary: Summary | None = Field(None, description="The point's summary.json (readers fall back to that file).")
 
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from html import escape
-from typing import Any
-
-from servelab.report.diagnosis_view import CEILING_ROWS, headline, recommendation_row
+from servelab.diagnose.schema import Diagnosis
+from servelab.report.diagnosis_view import ceiling_rows, headline, recommendation_row
 from servelab.report.inputs import ReportInputs
 from servelab.report.tables import html_table
 
 
-def diagnosed(inputs: ReportInputs) -> list[tuple[str, dict[str, Any]]]:
+def diagnosed(inputs: ReportInputs) -> list[tuple[str, Diagnosis]]:
     """(label, diagnosis) for each input, and for each sweep point diagnosed on its own."""
     out = [(item.label, item.diagnosis) for item in inputs.tops if item.diagnosis is not None]
     for sweep in inputs.sweeps:
@@ -18,39 +17,24 @@ def diagnosed(inputs: ReportInputs) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _share(value: Any) -> str:
-    return "—" if not isinstance(value, (int, float)) else f"{value:.0%}"
-
-
-def _ceiling(value: Any, unit: str) -> str:
-    if not isinstance(value, (int, float)):
-        return "—"
-    return f"{value:,.0f} {unit}" if abs(value) >= 100 else f"{value:,.2f} {unit}"
-
-
-def diagnosis_html(label: str, d: dict[str, Any]) -> str:
+def diagnosis_html(label: str, d: Diagnosis) -> str:
     parts = [f'<div class="diagnosis"><h3>{escape(label)}</h3><p class="headline">{escape(headline(d))}</p>']
-    if not d["findings"]:
+    if not d.findings:
         parts.append("<p>No bottleneck stands out: the deployment runs within its ceilings for this workload.</p>")
-    for i, finding in enumerate(d["findings"], 1):
+    for i, finding in enumerate(d.findings, 1):
         parts.append(
-            f'<div class="finding{" first" if i == 1 else ""}"><h4>{i}. {escape(finding["title"])} '
-            f'<code>{escape(finding["kind"])}</code></h4><ul>'
-            + "".join(f"<li>{escape(line)}</li>" for line in finding["evidence"])
+            f'<div class="finding{" first" if i == 1 else ""}"><h4>{i}. {escape(finding.title)} '
+            f'<code>{escape(finding.kind)}</code></h4><ul>'
+            + "".join(f"<li>{escape(line)}</li>" for line in finding.evidence)
             + "</ul>"
         )
-        recommendations = finding.get("recommendations") or []
-        if recommendations:
-            rows = [recommendation_row(r) for r in recommendations]
+        if finding.recommendations:
+            rows = [recommendation_row(r) for r in finding.recommendations]
             parts.append(html_table(("change", "predicted (simulated)", "side effects at this load"), rows, "recommendations"))
-            parts.append(f'<p class="confirm">confirm: <code>{escape(recommendations[0]["confirm"])}</code></p>')
+            parts.append(f'<p class="confirm">confirm: <code>{escape(finding.recommendations[0].confirm)}</code></p>')
         parts.append("</div>")
-    rows = [
-        [title, _ceiling(d["ceilings"].get(key), unit), _share(d["standing"].get(stand))]
-        for key, stand, title, unit in CEILING_ROWS
-    ]
-    parts.append("<h4>Ceilings for this workload</h4>" + html_table(("limit", "ceiling", "where it stands"), rows, "ceilings"))
-    if d.get("notes"):
-        parts.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in d["notes"]) + "</ul>")
+    parts.append("<h4>Ceilings for this workload</h4>" + html_table(("limit", "ceiling", "where it stands"), ceiling_rows(d), "ceilings"))
+    if d.notes:
+        parts.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in d.notes) + "</ul>")
     parts.append("</div>")
     return "".join(parts)

@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from servelab import SCHEMA_VERSION
+from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError
 from servelab.metrics.results import RUN, SWEEP, ResultsDirError, RunResult, load_run
 from servelab.metrics.summary import summarize
@@ -50,7 +53,7 @@ class ReportRun:
     """Index of the top-level input (run or sweep) it came from; runs of one sweep share it."""
     sweep_value: Any = None
     """The swept parameter's value for a sweep point; None for a standalone run."""
-    diagnosis: dict[str, Any] | None = None
+    diagnosis: Diagnosis | None = None
     """diagnosis.json from the run's directory, when diagnose has been run on it."""
     within: Path | None = None
     """The tune study whose stage 2 measured it, for runs loaded with their study rather than given by path."""
@@ -76,7 +79,7 @@ class ReportSweep:
     points: list[ReportRun]
     info: dict[str, Any]
     series: int
-    diagnosis: dict[str, Any] | None = None
+    diagnosis: Diagnosis | None = None
     """diagnosis.json from the sweep's directory, else from its first diagnosed point."""
 
 
@@ -147,14 +150,17 @@ def _read_json(path: Path) -> Any:
         raise ReportInputError(f"cannot read {path}: {exc}") from exc
 
 
-def read_diagnosis(directory: Path) -> dict[str, Any] | None:
+def read_diagnosis(directory: Path) -> Diagnosis | None:
     path = directory / DIAGNOSIS
     if not path.is_file():
         return None
     data = _read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("findings"), list):
         raise ReportInputError(f"{path} is not a servelab diagnosis (no findings list)")
-    return data
+    try:
+        return Diagnosis.model_validate(data)
+    except ValidationError as exc:
+        raise ReportInputError(f"{path} is not a diagnosis this servelab reads: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
 
 
 def _document(path: Path, series: int, label: str) -> tuple[str, ReportDocument]:
