@@ -66,7 +66,9 @@ class ReportRun:
 
     @property
     def directory(self) -> Path:
-        return self.result.directory
+        directory = self.result.directory
+        assert directory is not None  # loaded from a results directory, never an in-memory run
+        return directory
 
 
 @dataclass
