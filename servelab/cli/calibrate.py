@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -52,22 +52,22 @@ def fit_table(profile: CalibrationProfile) -> Table:
     return table
 
 
-def validation_table(report: dict[str, Any]) -> Table:
-    table = Table(title=f"held-out points: measured / predicted (engine args: {report['engine_args'] or 'as calibrated'})",
+def validation_table(report: ValidationReport) -> Table:
+    table = Table(title=f"held-out points: measured / predicted (engine args: {report.engine_args or 'as calibrated'})",
                   caption="each metric from its best repeat, against the simulation of that repeat's requests; "
                           "repeats in which the client stalled (tokens read in bunches) or that ran while the server's "
                           "speed differed from calibration (disturbed) are not judged")
     table.add_column("point", no_wrap=True)
     for key in METRICS:
         table.add_column(key, justify="right", no_wrap=True)
-    for row in report["points"]:
-        set_aside = [f"{n} {why}" for why in ("stalled", "disturbed") if (n := row.get(f"{why}_repeats", 0))]
-        name = row["point"] + (f" ({', '.join(set_aside)})" if set_aside else "")
+    for row in report.points:
+        set_aside = [f"{n} {why}" for why, n in (("stalled", row.stalled_repeats), ("disturbed", row.disturbed_repeats)) if n]
+        name = row.point + (f" ({', '.join(set_aside)})" if set_aside else "")
         table.add_row(name, *(
-            "-" if row["measured"][k] is None else
-            f"{row['measured'][k]:.1f} / {row['simulated'][k]:.1f} ({_pct(row['error_pct'][k])})" for k in METRICS
+            "-" if row.measured[k] is None else
+            f"{row.measured[k]:.1f} / {row.simulated[k]:.1f} ({_pct(row.error_pct[k])})" for k in METRICS
         ))
-    medians, bounds = report["median_abs_error_pct"], report["bounds_pct"]
+    medians, bounds = report.median_abs_error_pct, report.bounds_pct
     table.add_row("median |error|", *(
         "-" if medians[k] is None else f"{medians[k]:.1f}%" + (f" (<= {bounds[k]:g}%)" if k in bounds else "")
         for k in METRICS
@@ -135,7 +135,7 @@ def validate(
     if json_out:
         typer.echo(json.dumps(report, indent=2))
         return
-    _console.print(validation_table(report))
+    _console.print(validation_table(ValidationReport.model_validate(report)))
     for warning in report["warnings"]:
         _console.print(f"[bold yellow]warning:[/] {warning}")
     verdict = "[green]within[/]" if report["within_bounds"] else "[red]outside[/]"

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from servelab import SCHEMA_VERSION
 from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError
+from servelab.experiment.schema import ValidationReport
 from servelab.metrics.results import RUN, SWEEP, ResultsDirError, RunResult, load_run
 from servelab.metrics.summary import summarize
 from servelab.renames import upgraded
@@ -102,12 +103,26 @@ class ReportDocument:
 
 
 @dataclass
+class ReportValidation:
+    """A `servelab validate` report, typed (servelab.experiment.schema)."""
+
+    label: str
+    path: Path
+    report: ValidationReport
+    series: int
+
+    @property
+    def directory(self) -> Path:
+        return self.path
+
+
+@dataclass
 class ReportInputs:
     runs: list[ReportRun] = field(default_factory=list)
     """Standalone runs (not sweep points), in the order given."""
     sweeps: list[ReportSweep] = field(default_factory=list)
     tunes: list[ReportDocument] = field(default_factory=list)
-    validations: list[ReportDocument] = field(default_factory=list)
+    validations: list[ReportValidation] = field(default_factory=list)
 
     @property
     def tops(self) -> list[ReportRun | ReportSweep]:
@@ -115,7 +130,7 @@ class ReportInputs:
         return sorted([*self.runs, *self.sweeps], key=lambda item: item.series)
 
     @property
-    def given(self) -> list[ReportRun | ReportSweep | ReportDocument]:
+    def given(self) -> list[ReportRun | ReportSweep | ReportDocument | ReportValidation]:
         """Everything as given: one entry per path on the command line."""
         return sorted([*self.runs, *self.sweeps, *self.tunes, *self.validations], key=lambda item: item.series)
 
@@ -165,7 +180,7 @@ def read_diagnosis(directory: Path) -> Diagnosis | None:
         raise ReportInputError(f"{path} is not a diagnosis this servelab reads: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
 
 
-def _document(path: Path, series: int, label: str) -> tuple[str, ReportDocument]:
+def _document(path: Path, series: int, label: str) -> ReportDocument | ReportValidation:
     """A tune.json or a validate report, checked for the parts its section draws; (kind, document)."""
     file = path / TUNE if path.is_dir() else path
     data = _read_json(file)
@@ -176,7 +191,13 @@ def _document(path: Path, series: int, label: str) -> tuple[str, ReportDocument]
     missing = [key for key in needs[kind] if not data.get(key)]
     if missing:
         raise ReportInputError(f"{file} has no {', '.join(missing)}")
-    return kind, ReportDocument(label=label, path=path, data=data, series=series)
+    if kind == TUNE_KIND:
+        return ReportDocument(label=label, path=path, data=data, series=series)
+    try:
+        return ReportValidation(label=label, path=path, report=ValidationReport.model_validate(data), series=series)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ReportInputError(f"{file} is not a validate report this servelab reads: {first['loc']}: {first['msg']}") from exc
 
 
 def _load_run_dir(directory: Path) -> RunResult:
@@ -277,11 +298,10 @@ def load_inputs(paths: list[Path]) -> ReportInputs:
     inputs = ReportInputs()
     series = 0
     for path in paths:
-        kind = None
+        document: ReportDocument | ReportValidation | None = None
         if path.is_file():
             name = path.resolve().parent.name if path.name == TUNE else path.stem
-            kind, document = _document(path, series, name)
-            (inputs.tunes if kind == TUNE_KIND else inputs.validations).append(document)
+            document = _document(path, series, name)
         elif not path.is_dir():
             raise ReportInputError(f"{path} is not a directory")
         elif (path / SWEEP).is_file():
@@ -289,13 +309,16 @@ def load_inputs(paths: list[Path]) -> ReportInputs:
         elif (path / RUN).is_file():
             inputs.runs.append(_load_run(path, series))
         elif (path / TUNE).is_file():
-            kind, document = _document(path, series, path.resolve().name)
-            inputs.tunes.append(document)
+            document = _document(path, series, path.resolve().name)
         else:
             raise ReportInputError(f"{path} is not a servelab results directory (no {RUN}, {SWEEP} or {TUNE})")
+        if isinstance(document, ReportValidation):
+            inputs.validations.append(document)
+        elif document is not None:
+            inputs.tunes.append(document)
         series += 1
-        if kind == TUNE_KIND:
-            stage2 = _stage2_runs(inputs.tunes[-1], series)
+        if isinstance(document, ReportDocument):
+            stage2 = _stage2_runs(document, series)
             inputs.runs += stage2
             series += len(stage2)
 
