@@ -116,3 +116,16 @@ def test_a_results_directory_of_schema_1_validates_opens_reports_and_diagnoses(t
     html = (tmp_path / "report.html").read_text()
     assert "TTFT p50 (ms)" in html and "max_num_seqs" in html
     assert load_profile(SCHEMA_1 / "profile.json").schema_version == 3
+
+
+def test_a_schema_3_profile_has_its_probe_figures_renamed_on_reading_and_a_schema_4_one_is_read_as_written(tmp_path: Path) -> None:
+    data = json.loads((SCHEMA_1 / "profile.json").read_text())
+    assert data["schema_version"] == 3
+    old = {"ttft_p50_ms": 5.0, "tpot_p50_ms": None, "output_throughput": 80.0}
+    data["simulated_probes"] = [{"probe": "prefill-256", "kind": "prefill", "measured": old, "simulated": old, "error_pct": old}]
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(data))
+    renamed = {"median_ttft_ms": 5.0, "median_tpot_ms": None, "output_throughput": 80.0}
+    assert load_profile(path).simulated_probes[0]["measured"] == renamed
+    path.write_text(json.dumps(data | {"schema_version": 4}))
+    assert load_profile(path).simulated_probes[0]["measured"] == old  # only older versions are renamed
