@@ -277,7 +277,7 @@ def test_validation_overlays_measured_and_simulated_with_the_error(tmp_path: Pat
     page = render_report(inputs)
     assert _section_ids(page) == ["validation"]
     fig = validation_results.overlay_figure(inputs.validations[0])
-    metrics = validation_results.metrics_of(doc)
+    metrics = validation_results.metrics_of(inputs.validations[0].report)
     assert len(metrics) == 5 and len(fig.data) == 2 * len(metrics)
     for i, metric in enumerate(metrics):
         measured, simulated = fig.data[2 * i], fig.data[2 * i + 1]
