@@ -14,6 +14,7 @@ from servelab.cli import app
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.results import SWEEP, load_run
+from servelab.metrics.schema import Summary
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample
 from servelab.report import figures, tune_results, validation_results
@@ -46,12 +47,13 @@ def test_sweep_and_runs_get_unique_labels_with_their_source(tmp_path: Path) -> N
 def test_summary_comes_from_sweep_json_then_summary_json_then_the_records(tmp_path: Path) -> None:
     sweep = write_toy_sweep(tmp_path / "s", (2,))
     index = json.loads((sweep / SWEEP).read_text())
-    index["points"][0]["summary"] = {"output_throughput": 123.0}
+    stored = json.loads((sweep / index["points"][0]["directory"] / "summary.json").read_text())
+    index["points"][0]["summary"] = stored | {"output_throughput": 123.0}
     (sweep / SWEEP).write_text(json.dumps(index))
     no_summary = write_toy_run(tmp_path / "raw", with_summary=False)
     inputs = load_inputs([sweep, no_summary])
-    assert inputs.sweeps[0].points[0].summary == {"output_throughput": 123.0}
-    assert inputs.runs[0].summary == summarize(load_run(no_summary).records)
+    assert inputs.sweeps[0].points[0].summary.output_throughput == 123.0
+    assert inputs.runs[0].summary == Summary.model_validate(summarize(load_run(no_summary).records))
 
 
 def _with_sweep_json(text: str):

@@ -71,7 +71,7 @@ def run_dash(run: ReportRun) -> str:
 
 
 def _summary_value(run: ReportRun, key: str) -> float | None:
-    value = run.summary.get(key)
+    value = run.summary.statistic(key)
     return float(value) if isinstance(value, (int, float)) else None
 
 

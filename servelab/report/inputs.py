@@ -20,6 +20,7 @@ from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError
 from servelab.experiment.schema import ValidationReport
 from servelab.metrics.results import RUN, SWEEP, ResultsDirError, RunResult, load_run
+from servelab.metrics.schema import Summary
 from servelab.metrics.summary import summarize
 from servelab.renames import upgraded
 
@@ -49,7 +50,7 @@ class ReportRun:
 
     label: str
     result: RunResult
-    summary: dict[str, Any]
+    summary: Summary
     series: int
     """Index of the top-level input (run or sweep) it came from; runs of one sweep share it."""
     sweep_value: Any = None
@@ -141,15 +142,15 @@ class ReportInputs:
         return [run for _, runs in sorted(by_series, key=lambda item: item[0]) for run in runs]
 
 
-def _summary_of(result: RunResult, given: dict[str, Any] | None = None) -> dict[str, Any]:
+def _summary_of(result: RunResult, given: dict[str, Any] | None = None) -> Summary:
     """The stored summary when there is one; otherwise derived from the records, as summary.json would be
-    (a partial run: its label says so)."""
-    if given:
-        return given
-    if result.summary:
-        return result.summary
+    (a partial run: its label says so). ReportInputError naming the run when the stored one is not a summary."""
     warmup = float(result.run_info.get("warmup", 0.0) or 0.0)
-    return summarize(result.records, warmup=warmup)
+    try:
+        return Summary.model_validate(given or result.summary or summarize(result.records, warmup=warmup))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ReportInputError(f"the summary of {result.directory} is not one this servelab reads: {first['loc']}: {first['msg']}") from exc
 
 
 PARTIAL = " (partial)"

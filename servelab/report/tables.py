@@ -171,11 +171,11 @@ def _format_stat(value: Any, fmt: str) -> str:
 
 def summary_table(runs: Sequence[ReportRun]) -> str:
     """The numbers behind the plots, in `vllm bench serve`'s terms, one row per run."""
-    columns = [c for c in SUMMARY_COLUMNS if any(isinstance(r.summary.get(c[0]), (int, float)) for r in runs)]
+    columns = [c for c in SUMMARY_COLUMNS if any(isinstance(r.summary.statistic(c[0]), (int, float)) for r in runs)]
     head = "".join(f"<th>{escape(title)}</th>" for _, title, _ in columns)
     rows = [
         f'<tr><th scope="row">{escape(run.label)}</th>'
-        + "".join(f"<td>{_format_stat(run.summary.get(key), fmt)}</td>" for key, _, fmt in columns)
+        + "".join(f"<td>{_format_stat(run.summary.statistic(key), fmt)}</td>" for key, _, fmt in columns)
         + "</tr>"
         for run in runs
     ]

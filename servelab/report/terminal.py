@@ -64,7 +64,7 @@ NO_DATA = "—"
 def _ms(summary: Summary, name: str, percentiles: Sequence[str]) -> list[tuple[str, float | None]]:
     """mean, median (fields: a misspelt name is an AttributeError) and the percentile columns the summary has."""
     keys = [f"mean_{name}_ms", f"median_{name}_ms", *(f"p{p}_{name}_ms" for p in percentiles)]
-    return [(k, getattr(summary, k)) for k in keys if k in Summary.model_fields or k in (summary.model_extra or {})]
+    return [(k, summary.statistic(k)) for k in keys]
 
 
 def _cell(value: Any) -> str:
