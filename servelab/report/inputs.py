@@ -89,7 +89,7 @@ class ReportSweep:
 
 @dataclass
 class ReportDocument:
-    """A verb's own JSON that holds no request records: tune.json, or validate's report."""
+    """tune.json: a study's own JSON, which holds no request records (read as parsed; validate's report is a ReportValidation)."""
 
     label: str
     path: Path
