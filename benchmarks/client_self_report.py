@@ -44,9 +44,9 @@ def point(base_url: str, concurrency: int, requests: int, out: Path) -> dict:
     delay = stats.get("added_delay") or {}
     return {
         "concurrency": concurrency,
-        "old_trigger_send_lag_p99_ms": stats["schedule_lag_p99_ms"],
+        "old_trigger_send_lag_p99_ms": stats["p99_schedule_lag_ms"],
         "startup_wave_left_within_ms": stats["startup_wave"]["left_within_ms"],
-        "steady_send_lag_mean_ms": stats["steady_send_lag_mean_ms"],
+        "mean_steady_send_lag_ms": stats["mean_steady_send_lag_ms"],
         "cpu_share": stats["cpu_share"],
         "added_delay_mean_ms": delay.get("mean_ms"),
         "added_delay_p99_ms": delay.get("p99_ms"),
@@ -60,7 +60,7 @@ def point(base_url: str, concurrency: int, requests: int, out: Path) -> dict:
 COLUMNS = [
     ("conc.", "concurrency", "d"), ("old trigger: send lag p99 ms", "old_trigger_send_lag_p99_ms", ".1f"),
     ("start-up wave left within ms", "startup_wave_left_within_ms", ".1f"),
-    ("steady send lag mean ms", "steady_send_lag_mean_ms", ".2f"), ("client CPU", "cpu_share", ".0%"),
+    ("steady send lag mean ms", "mean_steady_send_lag_ms", ".2f"), ("client CPU", "cpu_share", ".0%"),
     ("est. added ms mean", "added_delay_mean_ms", ".2f"), ("est. added ms p99", "added_delay_p99_ms", ".2f"),
     ("ITL p50 ms", "median_itl_ms", ".1f"), ("TTFT p50 ms", "median_ttft_ms", ".1f"), ("warned", "warned", ""),
 ]

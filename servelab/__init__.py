@@ -1,7 +1,9 @@
 """servelab: measure, explain, predict and choose LLM serving configurations."""
 
 __version__ = "0.1.0"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""Of the results files (run, summary, sweep, diagnosis, tune, trial, validation). 2: statistics named as `vllm bench
+serve` names them; servelab.renames reads version 1."""
 
 _API = ("bench", "simulate", "diagnosis", "load_results", "Results")
 """servelab.api's names. The diagnosis function is not `diagnose`: that is the servelab.diagnose package."""

@@ -91,7 +91,7 @@ def test_calibration_converges_keeps_its_probes_and_its_simulator_matches_its_fi
     predicted = {o["label"]: o["predicted_ms"] for o in profile.fit["observations"]}
     errors = []
     for row in profile.simulated_probes:
-        metric = {"prefill": "ttft_p50_ms", "decode": "tpot_p50_ms"}.get(row["kind"])
+        metric = {"prefill": "median_ttft_ms", "decode": "median_tpot_ms"}.get(row["kind"])
         if metric and row["probe"] in predicted:
             errors.append(abs(row["simulated"][metric] / predicted[row["probe"]] - 1))
     assert len(errors) >= 8

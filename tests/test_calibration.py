@@ -152,7 +152,7 @@ def test_prefill_steps_are_chunks_of_the_token_budget(tiny) -> None:
 def test_decode_observation_uses_the_engines_realized_batch(tiny) -> None:
     config = probed(tiny).config
     probe = Probe("decode-b8", DECODE, 16, 64, 8, 16)
-    runs = ProbeRuns(probe, passes=[{"tpot_p50_ms": 3.0, "tokens_per_step": 6.2, "failed": 0}])
+    runs = ProbeRuns(probe, passes=[{"median_tpot_ms": 3.0, "tokens_per_step": 6.2, "failed": 0}])
     (obs,) = observations([runs], config)
     assert len(obs.steps[0].decode_contexts) == 6
     assert obs.seconds == pytest.approx(3e-3)
@@ -163,24 +163,24 @@ def test_decode_observation_uses_the_engines_realized_batch(tiny) -> None:
 def test_prefill_observations_carry_the_engines_idle_time(tiny) -> None:
     config = probed(tiny).config
     back_to_back = ProbeRuns(Probe("prefill-16", PREFILL, 16, 1, 1, 6),
-                             passes=[{"ttft_p50_ms": 6.0, "server_prefill_ms": 2.5, "failed": 0}])
+                             passes=[{"median_ttft_ms": 6.0, "server_prefill_ms": 2.5, "failed": 0}])
     spaced = ProbeRuns(Probe("idle-16", IDLE, 16, 1, 1, 8, spacing_s=0.05),
-                       passes=[{"ttft_p50_ms": 8.0, "server_prefill_ms": 4.0, "failed": 0}])
+                       passes=[{"median_ttft_ms": 8.0, "server_prefill_ms": 4.0, "failed": 0}])
     client, engine, client_spaced, engine_spaced = observations([back_to_back, spaced], config)
     # Back to back, the engine idles while the token goes out and the next request comes in: the TTFT's non-engine part.
     assert client.idle_before_s == engine.idle_before_s == pytest.approx(3.5e-3)
     assert (client.latency_legs, engine.latency_legs) == (2, 0) and engine.seconds == pytest.approx(2.5e-3)
     # Spaced, it idles for the rest of each period.
     assert client_spaced.idle_before_s == engine_spaced.idle_before_s == pytest.approx(0.046)
-    no_engine = ProbeRuns(back_to_back.probe, passes=[{"ttft_p50_ms": 6.0, "failed": 0}])
+    no_engine = ProbeRuns(back_to_back.probe, passes=[{"median_ttft_ms": 6.0, "failed": 0}])
     (only,) = observations([no_engine], config)
     assert only.idle_before_s == 0.0
 
 
 def test_probe_figure_is_the_quiet_quartile() -> None:
     runs = ProbeRuns(Probe("p", PREFILL, 16, 1, 1, 6),
-                     passes=[{"ttft_p50_ms": v, "output_throughput": 10 * v, "failed": 0} for v in (10, 11, 12, 30, 40)])
-    assert runs.figure("ttft_p50_ms") == pytest.approx(11.0)
+                     passes=[{"median_ttft_ms": v, "output_throughput": 10 * v, "failed": 0} for v in (10, 11, 12, 30, 40)])
+    assert runs.figure("median_ttft_ms") == pytest.approx(11.0)
     assert runs.figure("output_throughput") == pytest.approx(300.0)
 
 
@@ -283,10 +283,10 @@ def test_bunched_tokens_mark_a_stalled_client_and_its_pass_is_left_out() -> None
     assert bunched_fraction([record([0.01, 0.2, 0.2, 0.2, 0.2])]) == pytest.approx(0.75)
     assert bunched_fraction([record([0.01])]) == 0.0  # one token: nothing to judge
     runs = ProbeRuns(Probe("decode-b4", DECODE, 16, 64, 4, 8), passes=[
-        {"tpot_p50_ms": 0.0, "server_prefill_ms": 2.0, "bunched": 0.9, "failed": 0},
-        {"tpot_p50_ms": 1.8, "server_prefill_ms": 3.0, "bunched": 0.02, "failed": 0},
+        {"median_tpot_ms": 0.0, "server_prefill_ms": 2.0, "bunched": 0.9, "failed": 0},
+        {"median_tpot_ms": 1.8, "server_prefill_ms": 3.0, "bunched": 0.02, "failed": 0},
     ])
-    assert runs.figure("tpot_p50_ms") == pytest.approx(1.8)  # the stalled pass's TPOT of 0 is not a measurement
+    assert runs.figure("median_tpot_ms") == pytest.approx(1.8)  # the stalled pass's TPOT of 0 is not a measurement
     assert runs.figure("server_prefill_ms") == pytest.approx(2.25)  # the server's own figures stay
     assert runs.describe()["stalled_passes"] == 1
 
@@ -303,4 +303,4 @@ def test_the_api_servers_serial_admission_is_fitted_from_the_bursts(tiny, tmp_pa
     assert fitted.api.per_request_s == pytest.approx(1e-3, rel=0.25)
     assert fitted.network_latency == pytest.approx(LATENCY, rel=0.15)
     burst = next(r for r in simulate_probes(fitted.sim_target(), runs, tiny.vocab_size) if r["probe"] == "decode-b32")
-    assert abs(burst["error_pct"]["ttft_p50_ms"]) < 10
+    assert abs(burst["error_pct"]["median_ttft_ms"]) < 10

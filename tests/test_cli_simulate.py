@@ -144,3 +144,29 @@ def test_every_shared_load_flag_is_offered_by_each_verb_that_takes_load(verb):
     assert result.exit_code == 0
     flags = [f.name.replace("_", "-") for f in fields(LoadFlags)]
     assert len(flags) == 23 and [f for f in flags if f"--{f}" not in result.output] == []
+
+
+SHARED_DEPLOYMENT_FLAGS = {
+    "simulate": ("gpu", "model", "engine_args", "tp", "replicas", "router", "gpu_file", "calibration"),
+    "diagnose": ("gpu", "model", "engine_args", "tp", "replicas", "gpu_file", "calibration", "goodput"),
+    "tune": ("gpu", "model", "engine_args", "calibration", "goodput"),
+    "calibrate": ("gpu", "model", "engine_args", "base_url", "served_model", "api_key"),
+    "validate": ("calibration", "engine_args", "base_url", "served_model", "api_key"),
+    "bench": ("base_url", "api_key", "goodput"),
+}
+
+
+def test_deployment_server_and_slo_flags_are_one_declaration_in_every_verb():
+    """Each shared flag (servelab.cli.options) reads the same in every verb that takes it: same option name, help,
+    type, environment variable and help panel, whether the verb needs it (calibrate's --gpu) or not (simulate's)."""
+    import typer.main
+
+    commands = typer.main.get_command(app).commands
+    seen: dict[str, tuple] = {}
+    for verb, names in SHARED_DEPLOYMENT_FLAGS.items():
+        params = {p.name: p for p in commands[verb].params}
+        for name in names:
+            p = params[name]
+            shape = (tuple(p.opts), p.help, p.type_descriptor.annotation, p.envvar, p.multiple, p.rich_help_panel)
+            assert seen.setdefault(name, shape) == shape, (verb, name)
+    assert commands["calibrate"].params[[p.name for p in commands["calibrate"].params].index("gpu")].required

@@ -176,7 +176,7 @@ def test_frontend_cpu_bound_when_the_api_server_saturates():
     d = replace(build_deployment("a100-80gb", "qwen2.5-7b"), api=ApiServerCosts(per_request_s=0.03, per_prompt_token_s=1e-5))
     dx = diagnose_described(d, synthetic(100, 50, request_rate=40), with_recommendations=False)
     assert dx.bottleneck == fk.FRONTEND_CPU_BOUND, [(f.kind, round(f.score, 2)) for f in dx.findings]
-    assert dx.evidence.ttft_mean_ms > 10 * dx.evidence.server_ttft_mean_ms
+    assert dx.evidence.mean_ttft_ms > 10 * dx.evidence.mean_server_ttft_ms
 
 
 # -- a calibration profile as the deployment --------------------------------

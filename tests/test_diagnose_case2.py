@@ -20,6 +20,7 @@ from servelab.diagnose.advice import HELPS, AdviceContext, _streaming
 from servelab.diagnose.analysis import Observed, diagnose_described
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.scenario import synthetic
+from servelab.diagnose.schema import Diagnosis
 from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
 from servelab.targets.deployment import build_deployment
 from servelab.workload.lengths import LengthDistribution
@@ -81,15 +82,15 @@ def test_ten_second_answers_under_concurrency_are_consistent_and_explained(case_
 
 def test_the_bot_is_fine_at_low_load_and_ten_seconds_under_concurrency(case_two):
     low, high = _bot(4).evidence, case_two["evidence"]
-    assert low.e2el_p50_ms < 5_000 < 8_000 < high["e2el_p50_ms"]
-    assert high["tpot_p50_ms"] > 3 * low.tpot_p50_ms  # the step per token is what grew
+    assert low.median_e2el_ms < 5_000 < 8_000 < high["median_e2el_ms"]
+    assert high["median_tpot_ms"] > 3 * low.median_tpot_ms  # the step per token is what grew
 
 
 def test_case_two_prices_the_options_and_says_why_the_budget_and_quantization_cannot_help(case_two):
     data = case_two
     deployed = data["alternatives"][0]
     assert deployed["change"] == "as deployed"
-    assert deployed["e2e_p50_ms"] > 8_000 and deployed["usd_per_hour"] == 1.8
+    assert deployed["median_e2el_ms"] > 8_000 and deployed["usd_per_hour"] == 1.8
     assert deployed["price_source"] == "--gpu-cost-per-hour"
     lower = next(a for a in data["alternatives"] if a["change"] == "--max-num-batched-tokens 512")
     assert lower["verdict"] == "no effect" and "only moves prefill between steps" in lower["why"]
@@ -100,8 +101,8 @@ def test_case_two_prices_the_options_and_says_why_the_budget_and_quantization_ca
     h100 = next(a for a in data["alternatives"] if a["change"] == "one H100-SXM instead")
     assert replica["gpus"] == tp2["gpus"] == 2 and h100["gpus"] == 1
     for option in (replica, tp2, h100):
-        assert option["verdict"] == "helps" and option["e2e_p50_ms"] < deployed["e2e_p50_ms"]
-        assert option["usd_per_mtok"] is not None and option["ttft_p50_ms"] is not None
+        assert option["verdict"] == "helps" and option["median_e2el_ms"] < deployed["median_e2el_ms"]
+        assert option["usd_per_mtok"] is not None and option["median_ttft_ms"] is not None
     assert h100["price_source"] and "mercatus" in h100["price_source"]  # a documented default, with its source
     assert any(a["change"] == "FP8 KV cache" for a in data["alternatives"])
     assert all(a["engine_args"] is not None for a in data["alternatives"])  # each option as `vllm serve` flags
@@ -169,7 +170,8 @@ def test_the_caveat_is_printed_above_the_findings():
     scenario = synthetic(100, 100, max_concurrency=4)
     run = simulate(d, scenario)
     run.run_info["client_stats"] = {"client_may_be_bottleneck": True, "reason": "send lag p99 120 ms"}
-    text = render_markdown(analyse(d, scenario, run, source="measured", with_recommendations=False).as_dict())
+    dx = analyse(d, scenario, run, source="measured", with_recommendations=False)
+    text = render_markdown(Diagnosis.model_validate_json(json.dumps(dx.as_dict(), default=str)))
     assert text.index("Caveat: The load generator itself distorted the measurement") < text.index("## 1. ")
     assert "(`underloaded`)" in text.split("## 1. ")[1].splitlines()[0]
 
@@ -181,6 +183,6 @@ def test_the_html_report_shows_the_caveat_and_the_priced_options():
     data = dx.as_dict()
     data["caveats"] = [{"kind": fk.CLIENT_BOUND, "title": "The load generator itself distorted the measurement",
                         "score": 1.0, "evidence": ["send lag p99 120 ms"], "recommendations": []}]
-    html = diagnosis_html("bot", data)
+    html = diagnosis_html("bot", Diagnosis.model_validate_json(json.dumps(data, default=str)))
     assert html.index("Caveat: The load generator") < html.index("Options at this load") < html.index("Ceilings")
     assert "+1 GPU: 2 replicas" in html and "mercatus" in html

@@ -156,7 +156,7 @@ def test_a_run_without_summary_is_read_back_as_partial(tmp_path):
     inputs = load_inputs([done, cut])
     assert [r.label.endswith(PARTIAL) for r in inputs.runs] == [False, True]
     derived = inputs.runs[1].summary
-    assert derived["completed"] + derived["failed"] == len(run.records)
+    assert derived.completed + derived.failed == len(run.records)
 
 
 def _children(pid: int) -> list[int]:

@@ -46,7 +46,7 @@ def test_closed_loop_over_two_processes_keeps_the_global_cap_and_records_every_r
     assert all(r.ok and len(r.chunk_times) == 5 and r.send_time >= r.intended_time for r in records)
     assert server.peak_active <= 3
     stats = result.client_stats
-    assert stats["processes"] == 2 and stats["workers"] == 2 and stats["schedule_lag_p50_ms"] is not None
+    assert stats["processes"] == 2 and stats["workers"] == 2 and stats["median_schedule_lag_ms"] is not None
     assert len(samples) >= 2 and samples[0].t == 0.0
 
 

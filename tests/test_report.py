@@ -14,6 +14,7 @@ from servelab.cli import app
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.results import SWEEP, load_run
+from servelab.metrics.schema import Summary
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample
 from servelab.report import figures, tune_results, validation_results
@@ -46,12 +47,13 @@ def test_sweep_and_runs_get_unique_labels_with_their_source(tmp_path: Path) -> N
 def test_summary_comes_from_sweep_json_then_summary_json_then_the_records(tmp_path: Path) -> None:
     sweep = write_toy_sweep(tmp_path / "s", (2,))
     index = json.loads((sweep / SWEEP).read_text())
-    index["points"][0]["summary"] = {"output_throughput": 123.0}
+    stored = json.loads((sweep / index["points"][0]["directory"] / "summary.json").read_text())
+    index["points"][0]["summary"] = stored | {"output_throughput": 123.0}
     (sweep / SWEEP).write_text(json.dumps(index))
     no_summary = write_toy_run(tmp_path / "raw", with_summary=False)
     inputs = load_inputs([sweep, no_summary])
-    assert inputs.sweeps[0].points[0].summary == {"output_throughput": 123.0}
-    assert inputs.runs[0].summary == summarize(load_run(no_summary).records)
+    assert inputs.sweeps[0].points[0].summary.output_throughput == 123.0
+    assert inputs.runs[0].summary == Summary.model_validate(summarize(load_run(no_summary).records))
 
 
 def _with_sweep_json(text: str):
@@ -277,14 +279,14 @@ def test_validation_overlays_measured_and_simulated_with_the_error(tmp_path: Pat
     page = render_report(inputs)
     assert _section_ids(page) == ["validation"]
     fig = validation_results.overlay_figure(inputs.validations[0])
-    metrics = validation_results.metrics_of(doc)
+    metrics = validation_results.metrics_of(inputs.validations[0].report)
     assert len(metrics) == 5 and len(fig.data) == 2 * len(metrics)
     for i, metric in enumerate(metrics):
         measured, simulated = fig.data[2 * i], fig.data[2 * i + 1]
         assert (measured.name, simulated.name) == ("measured", "simulated")
         assert list(measured.y) == [p["measured"][metric] for p in doc["points"]]
         assert list(simulated.y) == [p["simulated"][metric] for p in doc["points"]]
-    ttft = fig.data[2 * metrics.index("ttft_p50_ms") + 1]
+    ttft = fig.data[2 * metrics.index("median_ttft_ms") + 1]
     assert list(ttft.text) == ["-14%"] * 3  # the toy simulator is 14% fast on TTFT p50
     assert "median |error|" in page and "14.0% (bound 20%)" in page and "outside the bounds" in page
 

@@ -45,7 +45,7 @@ def test_measured_and_simulated_sweeps_overlay_on_the_same_curves(vllm_server, t
     assert [s.label for s in inputs.sweeps] == ["bench (measured)", "simulate (simulated)"]
     for sweep in inputs.sweeps:
         assert [p.sweep_value for p in sweep.points] == [1, 4]
-        assert all(p.summary["completed"] == 16 and p.summary["failed"] == 0 for p in sweep.points)
+        assert all(p.summary.completed == 16 and p.summary.failed == 0 for p in sweep.points)
     first_prompts = [[r.prompt_tokens for r in load_run(d / "max-concurrency=1").records] for d in (measured, simulated)]
     assert first_prompts[0] == first_prompts[1]  # the same requests, measured and simulated
 
@@ -56,7 +56,7 @@ def test_measured_and_simulated_sweeps_overlay_on_the_same_curves(vllm_server, t
             "bench (measured) — p50", "bench (measured) — p99", "simulate (simulated) — p50", "simulate (simulated) — p99"]
         assert all(len(t.x) == 2 and None not in t.x and None not in t.y for t in traces)
     measured_x = next(t.x for t in curves.data if t.name == "bench (measured) — p50")
-    assert list(measured_x) == [p.summary["output_throughput"] for p in inputs.sweeps[0].points]
+    assert list(measured_x) == [p.summary.output_throughput for p in inputs.sweeps[0].points]
     html = page.read_text()
     assert html.count("bench (measured) — p50") >= 1 and html.count("simulate (simulated) — p50") >= 1
 

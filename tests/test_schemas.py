@@ -13,10 +13,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from rich.console import Console
+
 from servelab.cli import app
 from servelab.cli.schema import SCHEMAS, schema_text
 from servelab.metrics.results import load_run
+from servelab.metrics.schema import Summary
 from servelab.perf.calibration import load_profile
+from servelab.report.terminal import summary_table
 from support.profiles import tiny_profile
 from support.schemas import SCHEMA_DIR, assert_files_match_schemas
 
@@ -87,3 +91,41 @@ def test_a_schema_2_profile_validates_and_loads(tmp_path: Path) -> None:
     assert assert_files_match_schemas(tmp_path / "none", {path: "profile"}) == {"profile": 1}
     profile = load_profile(path)
     assert profile.schema_version == 2 and profile.reference is None and profile.host == {}
+
+
+SCHEMA_1 = Path(__file__).parent / "data" / "results-schema-1"
+"""Written by servelab at main d375cc9, before the statistics took vLLM's names (see its README.md): a simulated
+sweep with a diagnosis (--check-advice), a bench of the real vLLM server, a validate report (the trimmed one of
+support/synthetic_results, so not checked against the schema) and a profile."""
+
+
+def test_a_results_directory_of_schema_1_validates_opens_reports_and_diagnoses(tmp_path: Path) -> None:
+    assert assert_files_match_schemas(SCHEMA_1, {SCHEMA_1 / "profile.json": "profile"}) == {
+        "sweep": 1, "run": 3, "summary": 3, "record": 3, "timeline": 3, "diagnosis": 1, "profile": 1}
+    stats = load_run(SCHEMA_1 / "bench").summary["client_stats"]
+    assert stats["p99_schedule_lag_ms"] is not None and stats["added_delay"]["median_ms"] is not None
+    assert "schedule_lag_p99_ms" not in stats
+    console = Console(record=True, width=120)
+    console.print(summary_table(Summary.model_validate(load_run(SCHEMA_1 / "bench").summary)))
+    assert "Client send lag p99 (ms)" in console.export_text()
+
+    diagnosed = json.loads(cli("diagnose", str(SCHEMA_1 / "bench"), "--calibration", str(SCHEMA_1 / "profile.json"), "--json",
+                               "--save", str(tmp_path / "diagnosis.json")))
+    assert diagnosed["evidence"]["median_ttft_ms"] > 0 and diagnosed["workload"]["requests"] == 8
+    cli("report", str(SCHEMA_1 / "sweep"), str(SCHEMA_1 / "validation.json"), "-o", str(tmp_path / "report.html"))
+    html = (tmp_path / "report.html").read_text()
+    assert "TTFT p50 (ms)" in html and "max_num_seqs" in html
+    assert load_profile(SCHEMA_1 / "profile.json").schema_version == 3
+
+
+def test_a_schema_3_profile_has_its_probe_figures_renamed_on_reading_and_a_schema_4_one_is_read_as_written(tmp_path: Path) -> None:
+    data = json.loads((SCHEMA_1 / "profile.json").read_text())
+    assert data["schema_version"] == 3
+    old = {"ttft_p50_ms": 5.0, "tpot_p50_ms": None, "output_throughput": 80.0}
+    data["simulated_probes"] = [{"probe": "prefill-256", "kind": "prefill", "measured": old, "simulated": old, "error_pct": old}]
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(data))
+    renamed = {"median_ttft_ms": 5.0, "median_tpot_ms": None, "output_throughput": 80.0}
+    assert load_profile(path).simulated_probes[0]["measured"] == renamed
+    path.write_text(json.dumps(data | {"schema_version": 4}))
+    assert load_profile(path).simulated_probes[0]["measured"] == old  # only older versions are renamed

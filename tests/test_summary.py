@@ -4,6 +4,7 @@ import pytest
 from rich.console import Console
 
 from servelab.metrics.records import RequestRecord
+from servelab.metrics.schema import Summary, SweepIndex
 from servelab.metrics.slo import SLO, SLOError, tpot_seconds
 from servelab.metrics.summary import summarize
 from servelab.report.terminal import NO_DATA, summary_table, sweep_table
@@ -100,12 +101,22 @@ def rendered(table) -> str:
 
 
 def test_the_terminal_shows_a_dash_for_a_metric_without_data_never_0_00():
-    text = rendered(summary_table(summarize(failed_run())))
+    text = rendered(summary_table(Summary.model_validate(summarize(failed_run()))))
     latency_rows = [line for line in text.splitlines() if "_ms" in line]
     assert latency_rows and all(line.rstrip(" │").endswith(NO_DATA) for line in latency_rows), text
     assert "0.00" not in "".join(latency_rows)
-    ok = rendered(summary_table(summarize([record(0, 0.0, 0.1, 1.1, 11)])))
+    ok = rendered(summary_table(Summary.model_validate(summarize([record(0, 0.0, 0.1, 1.1, 11)]))))
     assert NO_DATA not in ok and "100.00" in ok  # measured values are still numbers
-    point = {"max-concurrency": 4, **summarize(failed_run())}
-    sweep = rendered(sweep_table({"sweep": {"key": "max-concurrency"}, "points": [point]}))
+    point = {"max-concurrency": 4, "directory": "max-concurrency=4", **summarize(failed_run())}
+    sweep = rendered(sweep_table(SweepIndex.model_validate({"sweep": {"key": "max-concurrency", "values": [4]}, "points": [point]})))
     assert sweep.count(NO_DATA) == 4  # TTFT mean and p99, TPOT, E2EL; req/s is a measured 0.00
+
+
+def test_a_statistic_is_read_by_its_key_and_a_misspelt_key_fails_instead_of_showing_a_dash():
+    summary = Summary.model_validate(summarize([record(0, 0.0, 0.1, 1.1, 11)], percentiles=(50, 99)))
+    assert summary.statistic("p99_ttft_ms") == summary.model_extra["p99_ttft_ms"]
+    assert summary.statistic("median_ttft_ms") == summary.median_ttft_ms
+    assert summary.statistic("p90_ttft_ms") is None  # a percentile the run did not ask for
+    for misspelt in ("ttft_p99_ms", "mean_ttft", "output_througput"):
+        with pytest.raises(AttributeError, match=misspelt):
+            summary.statistic(misspelt)

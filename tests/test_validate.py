@@ -110,12 +110,12 @@ def test_first_wave_of_a_closed_loop_is_not_counted() -> None:
 
 def test_best_repeat_is_paired_with_its_own_simulation() -> None:
     def repeat(tput: float, ttft: float) -> dict:
-        m = {k: 100.0 for k in METRICS} | {"output_throughput": tput, "ttft_p50_ms": ttft}
+        m = {k: 100.0 for k in METRICS} | {"output_throughput": tput, "median_ttft_ms": ttft}
         return {"measured": m, "simulated": {k: v + 1 for k, v in m.items()}}
 
     measured, simulated = best_of([repeat(50, 9), repeat(70, 12), repeat(60, 10)])
     assert measured["output_throughput"] == 70 and simulated["output_throughput"] == 71
-    assert measured["ttft_p50_ms"] == 9 and simulated["ttft_p50_ms"] == 10
+    assert measured["median_ttft_ms"] == 9 and simulated["median_ttft_ms"] == 10
 
 
 def test_a_server_that_is_the_profile_validates_exactly(profile: CalibrationProfile, tmp_path: Path) -> None:
@@ -131,9 +131,9 @@ def test_engine_args_given_to_validate_override_the_profiles(profile: Calibratio
     small = profile_sim_target(profile, "--max-num-seqs 4")
     right = validate_on(small, profile, tmp_path / "a", engine_args="--max-num-seqs 4", points=point, repeats=1)
     assert right["engine_config"]["max_num_seqs"] == 4
-    assert abs(right["points"][0]["error_pct"]["ttft_p50_ms"]) < 1e-6
+    assert abs(right["points"][0]["error_pct"]["median_ttft_ms"]) < 1e-6
     wrong = validate_on(small, profile, tmp_path / "b", points=point, repeats=1)  # simulated with 32 slots
-    assert abs(wrong["points"][0]["error_pct"]["ttft_p50_ms"]) > 50
+    assert abs(wrong["points"][0]["error_pct"]["median_ttft_ms"]) > 50
 
 
 def test_validate_cli_refuses_a_missing_profile_with_one_message(tmp_path: Path) -> None:
@@ -145,11 +145,11 @@ def test_validate_cli_refuses_a_missing_profile_with_one_message(tmp_path: Path)
 
 def test_a_repeat_in_which_the_client_stalled_is_not_judged() -> None:
     def repeat(tput: float, bunched: float) -> dict:
-        m = {k: 100.0 for k in METRICS} | {"output_throughput": tput, "tpot_p50_ms": 0.0 if bunched else 2.0}
+        m = {k: 100.0 for k in METRICS} | {"output_throughput": tput, "median_tpot_ms": 0.0 if bunched else 2.0}
         return {"measured": m, "simulated": dict(m), "bunched": bunched}
 
     measured, _ = best_of([repeat(50, 0.0), repeat(90, 0.9)])  # the stalled one read everything at once: TPOT 0
-    assert measured["output_throughput"] == 50 and measured["tpot_p50_ms"] == 2.0
+    assert measured["output_throughput"] == 50 and measured["median_tpot_ms"] == 2.0
     nothing, _ = best_of([repeat(90, 0.9)])
     assert all(v is None for v in nothing.values())
 

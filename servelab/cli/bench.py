@@ -10,6 +10,9 @@ from rich.console import Console
 
 from servelab.cli import app
 from servelab.cli.options import (
+    SERVER_PANEL,
+    ApiKeyFlag,
+    BaseUrlFlag,
     LoadFlags,
     load_options,
 )
@@ -23,29 +26,27 @@ from servelab.metrics.gpu import GpuTelemetry
 from servelab.targets.http import HttpTarget
 from servelab.targets.preflight import ENDPOINTS
 
-_TARGET = "Target"
-
 
 @app.command()
 @load_options
 def bench(
-    base_url: Annotated[str, typer.Option(help="Server root, e.g. http://127.0.0.1:8000.", rich_help_panel=_TARGET)] = "http://127.0.0.1:8000",
-    endpoint: Annotated[str, typer.Option(help=f"One of {', '.join(ENDPOINTS)}.", rich_help_panel=_TARGET)] = "/v1/completions",
-    model: Annotated[Optional[str], typer.Option(help="Served model name (default: the first of /v1/models).", rich_help_panel=_TARGET)] = None,
-    api_key: Annotated[Optional[str], typer.Option(envvar="OPENAI_API_KEY", show_envvar=True, help="Bearer token; never written anywhere.", rich_help_panel=_TARGET)] = None,
-    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="vLLM: generate exactly max_tokens.", rich_help_panel=_TARGET)] = False,
-    request_timeout: Annotated[float, typer.Option(help="Seconds a request may take in all.", rich_help_panel=_TARGET)] = 600.0,
-    scrape_interval: Annotated[float, typer.Option(help="Seconds between /metrics scrapes.", rich_help_panel=_TARGET)] = 1.0,
+    base_url: BaseUrlFlag = "http://127.0.0.1:8000",
+    endpoint: Annotated[str, typer.Option(help=f"One of {', '.join(ENDPOINTS)}.", rich_help_panel=SERVER_PANEL)] = "/v1/completions",
+    model: Annotated[Optional[str], typer.Option(help="Served model name (default: the first of /v1/models).", rich_help_panel=SERVER_PANEL)] = None,
+    api_key: ApiKeyFlag = None,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="vLLM: generate exactly max_tokens.", rich_help_panel=SERVER_PANEL)] = False,
+    request_timeout: Annotated[float, typer.Option(help="Seconds a request may take in all.", rich_help_panel=SERVER_PANEL)] = 600.0,
+    scrape_interval: Annotated[float, typer.Option(help="Seconds between /metrics scrapes.", rich_help_panel=SERVER_PANEL)] = 1.0,
     gpu_metrics_url: Annotated[Optional[str], typer.Option(
         help="A DCGM exporter's /metrics (e.g. http://gpu-host:9400/metrics): the server's GPUs, sampled with /metrics "
              "into timeline.jsonl. Default: this host's GPUs through NVML, if any.",
-        rich_help_panel=_TARGET)] = None,
+        rich_help_panel=SERVER_PANEL)] = None,
     engine: Annotated[str, typer.Option(
         help=f"Whose /metrics names to read: {', '.join(ENGINE_CHOICES)} (auto: the names the server exports). "
              "The engine and its version, as the server reports them, go into run.json.",
-        rich_help_panel=_TARGET)] = AUTO,
+        rich_help_panel=SERVER_PANEL)] = AUTO,
     report: ReportFlag = False,
-    workers: Annotated[int, typer.Option(help="Client processes, one event loop each: raise it when the summary warns that the client is the bottleneck.", rich_help_panel=_TARGET)] = 1,
+    workers: Annotated[int, typer.Option(help="Client processes, one event loop each: raise it when the summary warns that the client is the bottleneck.", rich_help_panel=SERVER_PANEL)] = 1,
     *,
     load: LoadFlags,
 ) -> None:

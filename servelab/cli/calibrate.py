@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from servelab.cli import app
+from servelab.cli.options import (
+    ApiKeyFlag,
+    BaseUrlFlag,
+    EngineArgsFlag,
+    RequiredCalibrationFlag,
+    RequiredGpuFlag,
+    RequiredModelFlag,
+    ServedModelFlag,
+)
 from servelab.experiment.calibrate import calibrate as run_calibration
 from servelab.experiment.schema import ValidationReport
 from servelab.metrics.schema import checked
@@ -38,28 +46,28 @@ def fit_table(profile: CalibrationProfile) -> Table:
     for row in profile.simulated_probes:
         m, s, e = row["measured"], row["simulated"], row["error_pct"]
         cells = [row["probe"]]
-        for key in ("ttft_p50_ms", "tpot_p50_ms", "output_throughput"):
+        for key in ("median_ttft_ms", "median_tpot_ms", "output_throughput"):
             cells.append("-" if m[key] is None else f"{_num(m[key])} / {_num(s[key])} ({_pct(e[key])})")
         table.add_row(*cells)
     return table
 
 
-def validation_table(report: dict[str, Any]) -> Table:
-    table = Table(title=f"held-out points: measured / predicted (engine args: {report['engine_args'] or 'as calibrated'})",
+def validation_table(report: ValidationReport) -> Table:
+    table = Table(title=f"held-out points: measured / predicted (engine args: {report.engine_args or 'as calibrated'})",
                   caption="each metric from its best repeat, against the simulation of that repeat's requests; "
                           "repeats in which the client stalled (tokens read in bunches) or that ran while the server's "
                           "speed differed from calibration (disturbed) are not judged")
     table.add_column("point", no_wrap=True)
     for key in METRICS:
         table.add_column(key, justify="right", no_wrap=True)
-    for row in report["points"]:
-        set_aside = [f"{n} {why}" for why in ("stalled", "disturbed") if (n := row.get(f"{why}_repeats", 0))]
-        name = row["point"] + (f" ({', '.join(set_aside)})" if set_aside else "")
+    for row in report.points:
+        set_aside = [f"{n} {why}" for why, n in (("stalled", row.stalled_repeats), ("disturbed", row.disturbed_repeats)) if n]
+        name = row.point + (f" ({', '.join(set_aside)})" if set_aside else "")
         table.add_row(name, *(
-            "-" if row["measured"][k] is None else
-            f"{row['measured'][k]:.1f} / {row['simulated'][k]:.1f} ({_pct(row['error_pct'][k])})" for k in METRICS
+            "-" if row.measured[k] is None else
+            f"{row.measured[k]:.1f} / {row.simulated[k]:.1f} ({_pct(row.error_pct[k])})" for k in METRICS
         ))
-    medians, bounds = report["median_abs_error_pct"], report["bounds_pct"]
+    medians, bounds = report.median_abs_error_pct, report.bounds_pct
     table.add_row("median |error|", *(
         "-" if medians[k] is None else f"{medians[k]:.1f}%" + (f" (<= {bounds[k]:g}%)" if k in bounds else "")
         for k in METRICS
@@ -69,19 +77,19 @@ def validation_table(report: dict[str, Any]) -> Table:
 
 @app.command()
 def calibrate(
-    base_url: Annotated[str, typer.Option(help="The live server, e.g. http://127.0.0.1:8000.")],
-    gpu: Annotated[str, typer.Option(help="Catalogue GPU the server runs on, or cpu (all rates fitted).")],
-    model: Annotated[str, typer.Option(help="Built-in model name or a directory with config.json.")],
+    base_url: BaseUrlFlag,
+    gpu: RequiredGpuFlag,
+    model: RequiredModelFlag,
     out: Annotated[Path, typer.Option(help="Profile JSON to write; raw probe runs go to <out>.probes/.")],
-    engine_args: Annotated[str, typer.Option(help="The server's launch flags, as pasted from `vllm serve ...`.")] = "",
+    engine_args: EngineArgsFlag = "",
     budget: Annotated[float, typer.Option(help="Seconds of probing (repeated passes until spent).")] = 300.0,
-    served_model: Annotated[Optional[str], typer.Option(help="Model name on the server (default: the first listed).")] = None,
-    api_key: Annotated[Optional[str], typer.Option(help="API key (default: $OPENAI_API_KEY).")] = None,
+    served_model: ServedModelFlag = None,
+    api_key: ApiKeyFlag = None,
 ) -> None:
     """Probe a live server, fit the cost model to it, check the fit in the simulator, write a profile."""
     profile = run_calibration(
         base_url, gpu, model, out, engine_args=engine_args, budget_s=budget, served_model=served_model,
-        api_key=api_key or os.environ.get("OPENAI_API_KEY"), progress=lambda m: _console.print(f"[dim]{m}[/]"),
+        api_key=api_key, progress=lambda m: _console.print(f"[dim]{m}[/]"),
     )
     _console.print(fit_table(profile))
     rates = profile.rates
@@ -104,14 +112,14 @@ def calibrate(
 
 @app.command()
 def validate(
-    calibration: Annotated[Path, typer.Option(help="A profile written by `servelab calibrate`.")],
-    base_url: Annotated[str, typer.Option(help="The live server to measure.")],
+    calibration: RequiredCalibrationFlag,
+    base_url: BaseUrlFlag,
     points: Annotated[str, typer.Option(help="Point set: default (7 points) or quick (6 shorter ones).")] = "default",
-    engine_args: Annotated[str, typer.Option(help="Flags the server runs with now, where they differ from the calibrated ones.")] = "",
+    engine_args: EngineArgsFlag = "",
     repeats: Annotated[int, typer.Option(help="Runs of each point; each metric is judged on its best run.")] = 3,
     out: Annotated[Path, typer.Option(help="Report JSON; the measured runs go to <out>.runs/.")] = Path("validation.json"),
-    served_model: Annotated[Optional[str], typer.Option(help="Model name on the server (default: the first listed).")] = None,
-    api_key: Annotated[Optional[str], typer.Option(help="API key (default: $OPENAI_API_KEY).")] = None,
+    served_model: ServedModelFlag = None,
+    api_key: ApiKeyFlag = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")] = False,
 ) -> None:
     """Run held-out workloads on the server and in the simulator with the profile; print % error per metric."""
@@ -119,7 +127,7 @@ def validate(
     report = run_validation(
         profile, base_url, out.with_name(out.stem + ".runs"), engine_args=engine_args,
         points=points_named(points), repeats=repeats, served_model=served_model,
-        api_key=api_key or os.environ.get("OPENAI_API_KEY"),
+        api_key=api_key,
         progress=lambda m: None if json_out else _console.print(f"[dim]{m}[/]"),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +135,7 @@ def validate(
     if json_out:
         typer.echo(json.dumps(report, indent=2))
         return
-    _console.print(validation_table(report))
+    _console.print(validation_table(ValidationReport.model_validate(report)))
     for warning in report["warnings"]:
         _console.print(f"[bold yellow]warning:[/] {warning}")
     verdict = "[green]within[/]" if report["within_bounds"] else "[red]outside[/]"

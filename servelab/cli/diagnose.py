@@ -11,10 +11,20 @@ from rich.console import Console
 
 from servelab.cli import app
 from servelab.cli.report import ReportFlag, report_into
-from servelab.cli.options import deployment_from_flags
+from servelab.cli.options import (
+    CalibrationFlag,
+    EngineArgsFlag,
+    GoodputFlag,
+    GpuFileFlag,
+    GpuFlag,
+    ModelFlag,
+    ReplicasFlag,
+    TpFlag,
+    VllmVersionFlag,
+    deployment_from_flags,
+)
 from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError
-from servelab.metrics.schema import checked
 from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
 from servelab.diagnose.scenario import synthetic
 from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
@@ -36,14 +46,13 @@ EXAMPLE: dict[str, Any] = {"gpu": "a100-80gb", "model": "qwen2.5-7b", "engine_ar
 @app.command()
 def diagnose(
     results: Annotated[Optional[Path], typer.Argument(help="A results directory from `servelab bench` (or simulate).")] = None,
-    gpu: Annotated[Optional[str], typer.Option(help="GPU the server runs on (see the catalogue), or cpu.")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Built-in model name or a directory with config.json.")] = None,
-    engine_args: Annotated[str, typer.Option(help="The server's launch flags, as pasted from `vllm serve ...`.")] = "",
-    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size (overrides engine args).")] = None,
-    replicas: Annotated[Optional[int], typer.Option(help="Data-parallel replicas behind a router.")] = None,
-    gpu_file: Annotated[Optional[Path], typer.Option(help="YAML file with extra GPUs.")] = None,
-    calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: "
-                                                             "its fitted hardware and cost model; --engine-args change its server's flags.")] = None,
+    gpu: GpuFlag = None,
+    model: ModelFlag = None,
+    engine_args: EngineArgsFlag = "",
+    tp: TpFlag = None,
+    replicas: ReplicasFlag = None,
+    gpu_file: GpuFileFlag = None,
+    calibration: CalibrationFlag = None,
     input_len: Annotated[Optional[int], typer.Option(help="Described deployment: prompt tokens per request.")] = None,
     output_len: Annotated[Optional[int], typer.Option(help="Described deployment: output tokens per request.")] = None,
     request_rate: Annotated[Optional[float], typer.Option(help="Described deployment: offered req/s (Poisson).")] = None,
@@ -64,7 +73,8 @@ def diagnose(
         help="$ per GPU-hour of --gpu (default: documented prices in servelab/diagnose/pricing.py); prices the options.")] = None,
     price_options: Annotated[bool, typer.Option("--price-options", help="Price the common options (token budget, quantized "
                                                 "weights, FP8 KV, a replica, TP=2, a bigger GPU) at this load.")] = False,
-    goodput: Annotated[Optional[list[str]], typer.Option(help="SLO as vLLM spells it: ttft:500 tpot:50 e2el:10000 (ms).")] = None,
+    vllm_version: VllmVersionFlag = None,
+    goodput: GoodputFlag = None,
     slo_attainment: Annotated[float, typer.Option(help="Share of requests that must meet the SLO.")] = 0.9,
     check_advice: Annotated[bool, typer.Option("--check-advice", help="Also evaluate 25 common tuning tips.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON.")] = False,
@@ -107,7 +117,7 @@ def diagnose(
     if run is not None and calibration is None:  # the server's own KV figures beat an estimate from its flags
         engine_args, server_note = engine_args_from_server(engine_args, run.run_info.get(CACHE_CONFIG) or {})
     deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp, replicas=replicas,
-                                       gpu_file=gpu_file)
+                                       gpu_file=gpu_file, vllm_version=vllm_version)
     observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms)
     priced = {"with_alternatives": price_options or None, "gpu_cost_per_hour": gpu_cost_per_hour}
     partial = ""
@@ -134,20 +144,20 @@ def diagnose(
     if partial:  # said first and kept in the JSON: every number below rests on a run cut short
         data["partial_run"] = partial
         Console(stderr=True).print(f"[yellow]{partial}[/]", highlight=False, soft_wrap=True)
-    checked(Diagnosis, data)
+    typed = Diagnosis.model_validate_json(json.dumps(data, default=str))
     target = save or (results / DIAGNOSIS if results is not None else None)
     if target is not None:
         target.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
     if json_out:
         typer.echo(json.dumps(data, indent=2, default=str))
     elif markdown:
-        typer.echo(render_markdown(data))
+        typer.echo(render_markdown(typed))
     else:
         console = Console()
         if example:
             console.print("[dim]No deployment given: diagnosing the built-in example "
                           "(servelab diagnose --help for your own).[/]")
-        render_terminal(data, console)
+        render_terminal(typed, console)
     if report and results is not None:
         report_into(results, Console(stderr=json_out or markdown))
 

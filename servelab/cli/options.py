@@ -1,10 +1,14 @@
-"""The flags several verbs share: the load flags and the deployment (or calibration profile) flags.
+"""The flags several verbs share: the load flags, the deployment (or calibration profile) flags, the server flags.
 
 `@load_options` adds every load flag (workload, arrival, amount, SLO, sweep,
 output) to a typer command and hands the command one `LoadFlags`, so `bench`,
 `simulate` and `tune` take exactly the same flags with the same names as
 `vllm bench serve`, and validate them the same way: every impossible
 combination is one error naming both flags, before any load.
+The deployment flags (GpuFlag, ModelFlag, EngineArgsFlag, ...) and the live
+server's (BaseUrlFlag, ServedModelFlag, ApiKeyFlag) are typer annotations declared
+here once: a verb writes `gpu: GpuFlag = None`, so the flag's name, type and
+help are the same in simulate, diagnose, tune, calibrate and validate.
 `deployment_from_flags` is the one reading of --gpu/--model/--engine-args or
 --calibration, for every verb that simulates.
 """
@@ -39,6 +43,39 @@ from servelab.workload.plan import Amount, build_plan
 from servelab.workload.spec import LoadPlan
 
 _WORKLOAD, _ARRIVAL, _AMOUNT, _SLO, _OUTPUT = "Workload", "Arrival", "Amount", "SLO", "Sweep and output"
+DEPLOYMENT_PANEL, SERVER_PANEL = "Deployment", "Target"
+
+_GPU = typer.Option(help="GPU from the catalogue (a100-80gb, h100-sxm, ...), or cpu.", rich_help_panel=DEPLOYMENT_PANEL)
+_MODEL = typer.Option(help="Built-in model (qwen2.5-7b, llama-3.1-8b, ...) or a Hugging Face model dir with config.json.",
+                      rich_help_panel=DEPLOYMENT_PANEL)
+GpuFlag = Annotated[Optional[str], _GPU]
+RequiredGpuFlag = Annotated[str, _GPU]
+"""--gpu where a verb cannot do without it (calibrate: the catalogue entry the fit starts from)."""
+ModelFlag = Annotated[Optional[str], _MODEL]
+RequiredModelFlag = Annotated[str, _MODEL]
+EngineArgsFlag = Annotated[str, typer.Option(
+    help="The server's `vllm serve` flags, as you would paste them: \"--max-num-seqs 128 --no-enable-prefix-caching\".",
+    rich_help_panel=DEPLOYMENT_PANEL)]
+TpFlag = Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size (same as --tensor-parallel-size in --engine-args).",
+                                               rich_help_panel=DEPLOYMENT_PANEL)]
+ReplicasFlag = Annotated[Optional[int], typer.Option(help="Data-parallel replicas behind one router.", rich_help_panel=DEPLOYMENT_PANEL)]
+RouterFlag = Annotated[str, typer.Option(help=f"How replicas are picked: {', '.join(POLICIES)}.", rich_help_panel=DEPLOYMENT_PANEL)]
+GpuFileFlag = Annotated[Optional[Path], typer.Option(help="YAML with your own GPUs, added to the catalogue.", rich_help_panel=DEPLOYMENT_PANEL)]
+_CALIBRATION = typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: its fitted hardware, model and "
+                                 "coefficients (--engine-args change its server's flags).", rich_help_panel=DEPLOYMENT_PANEL)
+CalibrationFlag = Annotated[Optional[Path], _CALIBRATION]
+RequiredCalibrationFlag = Annotated[Path, _CALIBRATION]
+VllmVersionFlag = Annotated[Optional[str], typer.Option(
+    help="The vLLM release served (e.g. 0.11.0): its defaults, its measured CPU costs. Default: 0.32.",
+    rich_help_panel=DEPLOYMENT_PANEL)]
+
+BaseUrlFlag = Annotated[str, typer.Option(help="Server root, e.g. http://127.0.0.1:8000.", rich_help_panel=SERVER_PANEL)]
+ServedModelFlag = Annotated[Optional[str], typer.Option(help="Model name on the server (default: the first of /v1/models).",
+                                                        rich_help_panel=SERVER_PANEL)]
+ApiKeyFlag = Annotated[Optional[str], typer.Option(envvar="OPENAI_API_KEY", show_envvar=True, help="Bearer token; never written anywhere.",
+                                                   rich_help_panel=SERVER_PANEL)]
+GoodputFlag = Annotated[Optional[list[str]], typer.Option(
+    help="SLO in ms, as vLLM spells it: --goodput ttft:500 tpot:50 e2el:10000 (or quoted, or the flag repeated).", rich_help_panel=_SLO)]
 
 
 @dataclass(frozen=True)
@@ -66,7 +103,7 @@ class LoadFlags:
     num_prompts: Annotated[Optional[int], typer.Option(help="Requests to send. Default 1000.", rich_help_panel=_AMOUNT)] = None
     duration: Annotated[Optional[float], typer.Option(help="Send requests for this many seconds instead of a count.", rich_help_panel=_AMOUNT)] = None
     warmup: Annotated[float, typer.Option(help="Seconds at the start excluded from statistics.", rich_help_panel=_AMOUNT)] = 0.0
-    goodput: Annotated[Optional[list[str]], typer.Option(help="SLO in ms, as vLLM spells it: --goodput ttft:500 tpot:50 e2el:10000 (or quoted, or the flag repeated).", rich_help_panel=_SLO)] = None
+    goodput: GoodputFlag = None
     metric_percentiles: Annotated[str, typer.Option(help="Percentiles reported for TTFT/TPOT/ITL/E2EL, comma-separated.", rich_help_panel=_SLO)] = ",".join(f"{p:g}" for p in DEFAULT_PERCENTILES)
     sweep: Annotated[Optional[str], typer.Option("--sweep", help="request-rate=1,2,4,8 or max-concurrency=1,8,32: one run per value, sweep.json holds the curve.", rich_help_panel=_OUTPUT)] = None
     result_dir: Annotated[Optional[Path], typer.Option(help="Where run.json, records.jsonl, timeline.jsonl, summary.json go. Default results/<verb>-<time>.", rich_help_panel=_OUTPUT)] = None

@@ -29,6 +29,7 @@ from servelab.experiment.runner import run_point
 from servelab.experiment.sweep import run_sweep
 from servelab.metrics.records import disturbances
 from servelab.metrics.results import SUMMARY, SWEEP
+from servelab.metrics.schema import Summary, SweepIndex
 from servelab.metrics.slo import SLO
 from servelab.report.terminal import (
     LiveProgress,
@@ -62,15 +63,18 @@ def run_and_show(
     if sweep is None:
         with observe(run_info["verb"], first_plan) as progress:
             summary = run_point(target, first_plan, result_dir, run_info, slo, percentiles, [progress])
-        out.print(summary_table(summary, title=title))
-        print_warnings(out, summary)
-        written, interrupted, summaries = SUMMARY, summary["interrupted"], [summary]
+        typed = Summary.model_validate(summary)
+        out.print(summary_table(typed, title=title))
+        print_warnings(out, typed)
+        written, interrupted, summaries = SUMMARY, bool(typed.interrupted), [typed]
     else:
-        index = run_sweep(target, sweep, load.arrival(), load.make_plan, result_dir, run_info, slo, percentiles, observe)
+        index = SweepIndex.model_validate(
+            run_sweep(target, sweep, load.arrival(), load.make_plan, result_dir, run_info, slo, percentiles, observe))
         out.print(sweep_table(index))
-        for point in index["points"]:
-            print_warnings(out, point["summary"])
-        written, interrupted, summaries = SWEEP, index["interrupted"], [p["summary"] for p in index["points"]]
+        summaries = [p.summary for p in index.points if p.summary is not None]
+        for point_summary in summaries:
+            print_warnings(out, point_summary)
+        written, interrupted = SWEEP, bool(index.interrupted)
     if load.json:
         sys.stdout.write((result_dir / written).read_text())
     if report:
@@ -82,14 +86,14 @@ def run_and_show(
         raise RunDisturbed(f"{disturbed}; every request sent has its record in {result_dir}")
 
 
-def _disturbed(summaries: list[dict[str, Any]]) -> str:
+def _disturbed(summaries: list[Summary]) -> str:
     """What disturbed the run(s), in words ('' when nothing did): failures by kind, and why release stopped."""
     counts: dict[str, int] = {}
     notes = []
     for summary in summaries:
-        for kind, n in disturbances(summary.get("errors_by_kind") or {}).items():
+        for kind, n in disturbances(summary.errors_by_kind).items():
             counts[kind] = counts.get(kind, 0) + n
-        gone = (summary.get("client_stats") or {}).get("server_gone")
+        gone = (summary.client_stats or {}).get("server_gone")
         if gone:
             notes.append(f"the server went away ({gone})")
     if not counts:

@@ -8,27 +8,34 @@ every later verb reads a simulated run exactly like a measured one.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from servelab.cli import app
 from servelab.cli.options import (
+    DEPLOYMENT_PANEL,
+    CalibrationFlag,
+    EngineArgsFlag,
+    GpuFileFlag,
+    GpuFlag,
     LoadFlags,
+    ModelFlag,
+    ReplicasFlag,
+    RouterFlag,
+    TpFlag,
+    VllmVersionFlag,
     deployment_from_flags,
     load_options,
 )
 from servelab.cli.report import ReportFlag
 from servelab.cli.run_and_show import run_and_show
 from servelab.errors import InputError
-from servelab.sim.router import POLICIES, ROUND_ROBIN
 from servelab.sim.engines import ENGINES, VLLM
+from servelab.sim.router import ROUND_ROBIN
 from servelab.targets.deployment import Deployment
 from servelab.targets.engine_deployment import build_engine_deployment
-
-_DEPLOYMENT = "Deployment"
 
 
 def _describe_line(deployment: Deployment) -> str:
@@ -44,21 +51,21 @@ def _describe_line(deployment: Deployment) -> str:
 @app.command()
 @load_options
 def simulate(
-    gpu: Annotated[Optional[str], typer.Option(help="GPU from the catalogue, e.g. a100-80gb, h100-sxm.", rich_help_panel=_DEPLOYMENT)] = None,
-    model: Annotated[Optional[str], typer.Option(help="Built-in model (qwen2.5-7b, llama-3.1-8b, ...) or a Hugging Face model dir with config.json.", rich_help_panel=_DEPLOYMENT)] = None,
-    engine_args: Annotated[str, typer.Option(help="Your `vllm serve` flags (with --engine, that engine's) as you would paste them: \"--max-num-seqs 128\".", rich_help_panel=_DEPLOYMENT)] = "",
-    engine: Annotated[str, typer.Option(help=f"Which engine's scheduler and memory plan: {', '.join(ENGINES)}.", rich_help_panel=_DEPLOYMENT)] = VLLM,
-    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size (same as --tensor-parallel-size in --engine-args).", rich_help_panel=_DEPLOYMENT)] = None,
-    replicas: Annotated[Optional[int], typer.Option(help="Data-parallel replicas behind one router.", rich_help_panel=_DEPLOYMENT)] = None,
-    router: Annotated[str, typer.Option(help=f"How replicas are picked: {', '.join(POLICIES)}.", rich_help_panel=_DEPLOYMENT)] = ROUND_ROBIN,
-    gpu_file: Annotated[Optional[Path], typer.Option(help="YAML with your own GPUs, added to the catalogue.", rich_help_panel=_DEPLOYMENT)] = None,
-    calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate`: its hardware, model and fitted coefficients.", rich_help_panel=_DEPLOYMENT)] = None,
-    vllm_version: Annotated[Optional[str], typer.Option(help="The vLLM release served (e.g. 0.11.0): its defaults, its measured CPU costs. Default: 0.32.", rich_help_panel=_DEPLOYMENT)] = None,
-    scrape_interval: Annotated[float, typer.Option(help="Simulated seconds between timeline samples.", rich_help_panel=_DEPLOYMENT)] = 1.0,
+    gpu: GpuFlag = None,
+    model: ModelFlag = None,
+    engine_args: EngineArgsFlag = "",
+    engine: Annotated[str, typer.Option(help=f"Which engine's scheduler and memory plan: {', '.join(ENGINES)}.", rich_help_panel=DEPLOYMENT_PANEL)] = VLLM,
+    tp: TpFlag = None,
+    replicas: ReplicasFlag = None,
+    router: RouterFlag = ROUND_ROBIN,
+    gpu_file: GpuFileFlag = None,
+    calibration: CalibrationFlag = None,
+    vllm_version: VllmVersionFlag = None,
+    scrape_interval: Annotated[float, typer.Option(help="Simulated seconds between timeline samples.", rich_help_panel=DEPLOYMENT_PANEL)] = 1.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="As `bench --ignore-eos`: generate exactly max_tokens. "
                                              "The simulator always does (where EOS falls is the text's, not the engine's: "
                                              "vary --random-output-len with --random-range-ratio instead); taken so a bench "
-                                             "line pastes as is.", rich_help_panel=_DEPLOYMENT)] = False,
+                                             "line pastes as is.", rich_help_panel=DEPLOYMENT_PANEL)] = False,
     report: ReportFlag = False,
     *,
     load: LoadFlags,

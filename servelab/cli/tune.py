@@ -13,7 +13,15 @@ from rich.table import Table
 
 from servelab.cli import app
 from servelab.cli.report import ReportFlag, report_into
-from servelab.cli.options import LoadFlags, deployment_from_flags, load_options
+from servelab.cli.options import (
+    CalibrationFlag,
+    EngineArgsFlag,
+    GpuFlag,
+    LoadFlags,
+    ModelFlag,
+    deployment_from_flags,
+    load_options,
+)
 from servelab.experiment.probes import PROBE_EXTRA_BODY
 from servelab.errors import RunInterrupted
 from servelab.experiment.reference import speed_check
@@ -24,6 +32,7 @@ from servelab.tune.confirm import ServerCheck, ServerCommand, Stage2Config, Stag
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective
 from servelab.tune.outcome import TUNE_JSON
+from servelab.tune.schema import TuneDeployment, TuneDocument
 from servelab.tune.space import SearchSpace
 from servelab.tune.study import SearchSettings, StudyTrial
 from servelab.tune.tuner import TuneProgress, TuneRequest, run_tune
@@ -67,11 +76,10 @@ def parse_env(items: list[str] | None) -> dict[str, str]:
 @app.command()
 @load_options
 def tune(
-    gpu: Annotated[Optional[str], typer.Option(help="GPU the server runs on (see the catalogue), or cpu.")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Built-in model name or a directory with config.json.")] = None,
-    calibration: Annotated[Optional[Path], typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: stage 1 runs "
-                                                             "on its fitted hardware and coefficients, --engine-args change its server's flags.")] = None,
-    engine_args: Annotated[str, typer.Option(help="Your current launch flags: the baseline every candidate changes.")] = "",
+    gpu: GpuFlag = None,
+    model: ModelFlag = None,
+    calibration: CalibrationFlag = None,
+    engine_args: EngineArgsFlag = "",
     sim_args: Annotated[str, typer.Option(help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.")] = "",
     space: Annotated[Optional[list[str]], typer.Option(help="KNOB=V1,V2 (or KNOB for built-in values; 'default' = vLLM's). Repeatable.")] = None,
     space_file: Annotated[Optional[Path], typer.Option(help="YAML/JSON mapping knob -> list of values.")] = None,
@@ -138,7 +146,7 @@ def tune(
     if load.json:
         print(json.dumps(doc, indent=2, default=str))
     else:
-        render(console, doc)
+        render(console, TuneDocument.model_validate_json(json.dumps(doc, default=str)))
         console.print(f"all trials: {output / TUNE_JSON}")
     if report:
         report_into(output, Console(stderr=True) if load.json else console)
@@ -190,56 +198,56 @@ def _num(value: Any, fmt: str = ",.4g") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _simulator(deployment: dict[str, Any]) -> str:
+def _simulator(deployment: TuneDeployment) -> str:
     """Which simulator the predictions come from: a calibrated one is worth naming, an uncalibrated one worth flagging."""
-    profile = deployment.get("calibration")
-    return f"simulated, calibrated by {profile}" if profile else f"simulated on catalogue rates of {deployment['gpu']}"
+    profile = deployment.calibration
+    return f"simulated, calibrated by {profile}" if profile else f"simulated on catalogue rates of {deployment.gpu}"
 
 
-def render(console: Console, doc: dict[str, Any]) -> None:
-    objective = doc["objective"]
-    unit = objective["unit"]
-    trials = {t["number"]: t for t in doc["trials"]}
-    simulator = _simulator(doc["deployment"])
-    table = Table(title=f"stage 1 ({simulator}): {objective['kind']} ({unit}), SLO {objective['slo']} at p{objective['percentile']:g}")
+def render(console: Console, doc: TuneDocument) -> None:
+    objective = doc.objective
+    unit = objective.unit
+    trials = {t.number: t for t in doc.trials}
+    simulator = _simulator(doc.deployment)
+    slo_terms = objective.slo.model_dump(exclude_none=True) if objective.slo else None
+    table = Table(title=f"stage 1 ({simulator}): {objective.kind} ({unit}), SLO {slo_terms} at p{objective.percentile:g}")
     for column in ("#", "trial", "configuration", unit, "SLO", "req/s", "out tok/s", "p99 TTFT ms", "p99 TPOT ms"):
         table.add_column(column, justify="right" if column not in ("configuration",) else "left")
-    base = doc["baseline"]
-    rows = [("base", "-", base)] + [(str(i + 1), str(n), trials[n]) for i, n in enumerate(doc["ranking"][:RANKED_ROWS])]
+    rows = [("base", "-", doc.baseline)] + [(str(i + 1), str(n), trials[n]) for i, n in enumerate(doc.ranking[:RANKED_ROWS])]
     for rank, number, t in rows:
-        m = t["metrics"]
-        slo = "cannot run" if t["status"] != "ok" else ("met" if t["feasible"] else "missed")
-        table.add_row(rank, number, _knobs(t["params"]) if number != "-" else (t["engine_args"] or "(vLLM defaults)"),
-                      _num(t["score"]), slo, _num(m.get("request_throughput")), _num(m.get("output_throughput")),
+        m = t.metrics
+        slo = "cannot run" if t.status != "ok" else ("met" if t.feasible else "missed")
+        table.add_row(rank, number, _knobs(t.params) if number != "-" else (t.engine_args or "(vLLM defaults)"),
+                      _num(t.score), slo, _num(m.get("request_throughput")), _num(m.get("output_throughput")),
                       _num(m.get("p99_ttft_ms")), _num(m.get("p99_tpot_ms")))
     console.print(table)
-    console.print(f"evaluated {doc['search']['evaluated']} of {doc['search']['space_size']} configurations "
-                  f"({doc['search']['sampler']})")
+    console.print(f"evaluated {doc.search['evaluated']} of {doc.search['space_size']} configurations "
+                  f"({doc.search['sampler']})")
     front = ", ".join(
-        f"#{n} {_num(trials[n]['metrics'][doc['pareto']['x']])} tok/s @ {_num(trials[n]['metrics'][doc['pareto']['y']])} ms"
-        for n in doc["pareto"]["trials"]
+        f"#{n} {_num(trials[n].metrics[doc.pareto.x])} tok/s @ {_num(trials[n].metrics[doc.pareto.y])} ms"
+        for n in doc.pareto.trials
     )
     console.print(f"Pareto front (output tok/s vs p99 TTFT): {front or '-'}")
-    if doc["stage2"]:
+    if doc.stage2:
         measured = Table(title="stage 2: measured on the real server vs predicted")
         for column in ("config", "changes", f"predicted {unit}", f"measured {unit}", "pred p99 TTFT", "meas p99 TTFT",
                        "meas req/s", "SLO"):
             measured.add_column(column)
-        for r in doc["stage2"]["results"]:
-            m = r["measured"] or {}
-            slo = "-" if r["measured_violation"] is None else ("met" if r["measured_violation"] <= 0 else "missed")
-            measured.add_row(r["label"], _knobs(r["params"]), _num(r["predicted_score"]),
-                             "failed" if r["error"] else _num(r["measured_score"]), _num(r["predicted"].get("p99_ttft_ms")),
+        for r in doc.stage2.results:
+            m = r.measured or {}
+            slo = "-" if r.measured_violation is None else ("met" if r.measured_violation <= 0 else "missed")
+            measured.add_row(r.label, _knobs(r.params), _num(r.predicted_score),
+                             "failed" if r.error else _num(r.measured_score), _num(r.predicted.get("p99_ttft_ms")),
                              _num(m.get("p99_ttft_ms")), _num(m.get("request_throughput")), slo)
         console.print(measured)
         console.print(f"predicted: {simulator}", highlight=False, soft_wrap=True)
-    rec = doc["recommendation"]
+    rec = doc.recommendation
     if rec is None:
         console.print("[red]no configuration in the space can run[/]")
         return
-    source = "measured" if rec["source"] == "stage2" else "predicted"
-    gain = rec["gain_over_baseline"]
-    console.print(f"[bold green]recommended[/] ({source}): {rec['engine_args'] or '(vLLM defaults)'}: "
-                  f"{_num(rec['score'])} {unit}" + ("" if gain is None else f", {gain:.2f}x the baseline"))
-    if rec["launch_line"]:
-        console.print(f"launch line: {rec['launch_line']}")
+    source = "measured" if rec.source == "stage2" else "predicted"
+    gain = rec.gain_over_baseline
+    console.print(f"[bold green]recommended[/] ({source}): {rec.engine_args or '(vLLM defaults)'}: "
+                  f"{_num(rec.score)} {unit}" + ("" if gain is None else f", {gain:.2f}x the baseline"))
+    if rec.launch_line:
+        console.print(f"launch line: {rec.launch_line}")

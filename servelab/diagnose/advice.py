@@ -48,8 +48,8 @@ class Item:
 class AdviceContext:
     findings: tuple[str, ...]
     max_len: int
-    ttft_p50_ms: float
-    e2el_p50_ms: float
+    median_ttft_ms: float
+    median_e2el_ms: float
     measured: bool
     """A real run: only then can client and engine timings be compared."""
 
@@ -97,11 +97,11 @@ def _frontend(d: Deployment, s: Scenario, x: AdviceContext) -> tuple[str, str]:
 
 def _streaming(d: Deployment, s: Scenario, x: AdviceContext) -> tuple[str, str]:
     """Judged on what it is meant to move, the wait a user perceives (first token vs whole answer), not throughput."""
-    why = (f"users would see the first token after {x.ttft_p50_ms:.0f} ms (p50) instead of the whole answer after "
-           f"{x.e2el_p50_ms:.0f} ms; throughput is unchanged")
-    if x.e2el_p50_ms <= 0:
+    why = (f"users would see the first token after {x.median_ttft_ms:.0f} ms (p50) instead of the whole answer after "
+           f"{x.median_e2el_ms:.0f} ms; throughput is unchanged")
+    if x.median_e2el_ms <= 0:
         return NO_EFFECT, why
-    cut = 1 - x.ttft_p50_ms / x.e2el_p50_ms
+    cut = 1 - x.median_ttft_ms / x.median_e2el_ms
     return (HELPS if cut >= 2 * EFFECT else NO_EFFECT), f"{why} (perceived wait {-cut:+.0%})"
 
 
@@ -179,16 +179,16 @@ def check_advice(d: Deployment, scenario: Scenario, context: AdviceContext, base
     rows = []
     for item in CATALOGUE:
         row: dict[str, Any] = {"id": item.id, "advice": item.advice, "flag_status": _flag(item, d),
-                                  "d_throughput": None, "d_ttft_p99": None, "d_tpot_p99": None}
+                                  "d_throughput": None, "d_p99_ttft": None, "d_p99_tpot": None}
         try:
             judged = item.judge(d, scenario, context)
             if isinstance(judged, Variant):
                 after = run(judged.deployment, judged.scenario, None)
                 before = run(*judged.reference, None) if judged.reference else baseline
                 row["d_throughput"] = _delta(after, before, "request_throughput")
-                row["d_ttft_p99"] = _delta(after, before, "p99_ttft_ms")
-                row["d_tpot_p99"] = _delta(after, before, "p99_tpot_ms")
-                row["verdict"] = verdict(row["d_throughput"], row["d_ttft_p99"], row["d_tpot_p99"])
+                row["d_p99_ttft"] = _delta(after, before, "p99_ttft_ms")
+                row["d_p99_tpot"] = _delta(after, before, "p99_tpot_ms")
+                row["verdict"] = verdict(row["d_throughput"], row["d_p99_ttft"], row["d_p99_tpot"])
                 row["why"] = "simulated on this workload at the same load" + (
                     "; compared with the alternative it replaces" if judged.reference else "")
             else:

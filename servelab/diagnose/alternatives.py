@@ -43,11 +43,11 @@ class Alternative:
     usd_per_hour: float | None
     """Per GPU; None when the chip has no sourced default and none was given."""
     price_source: str | None
-    ttft_p50_ms: float | None
-    ttft_p99_ms: float | None
-    e2e_p50_ms: float | None
-    e2e_p99_ms: float | None
-    tpot_p50_ms: float | None
+    median_ttft_ms: float | None
+    p99_ttft_ms: float | None
+    median_e2el_ms: float | None
+    p99_e2el_ms: float | None
+    median_tpot_ms: float | None
     output_throughput: float
     usd_per_mtok: float | None
     """Dollars per million output tokens at this load."""
@@ -161,8 +161,8 @@ def _row(change: str, d: Deployment, out: Outcome, base: Deployment, gpu_cost: f
     return Alternative(
         change=change, engine_args=engine_args, gpus=gpus, gpu=d.hardware.name,
         usd_per_hour=price.usd_per_hour if price else None, price_source=price.source if price else None,
-        ttft_p50_ms=_ms(s, "median_ttft_ms"), ttft_p99_ms=_ms(s, "p99_ttft_ms"),
-        e2e_p50_ms=_ms(s, "median_e2el_ms"), e2e_p99_ms=_ms(s, "p99_e2el_ms"), tpot_p50_ms=_ms(s, "median_tpot_ms"),
+        median_ttft_ms=_ms(s, "median_ttft_ms"), p99_ttft_ms=_ms(s, "p99_ttft_ms"),
+        median_e2el_ms=_ms(s, "median_e2el_ms"), p99_e2el_ms=_ms(s, "p99_e2el_ms"), median_tpot_ms=_ms(s, "median_tpot_ms"),
         output_throughput=tps,
         usd_per_mtok=usd_per_million_tokens(price.usd_per_hour, gpus, tps) if price else None,
         verdict=verdict, why=why,

@@ -176,7 +176,7 @@ def analyse(
     dx.notes = notes(dx)
     if with_advice and baseline is not None:
         longest = max(s.input_len + s.output_len for s in scenario.shapes)
-        context = AdviceContext(tuple(f.kind for f in found), longest, e.ttft_p50_ms, e.e2el_p50_ms, source == "measured")
+        context = AdviceContext(tuple(f.kind for f in found), longest, e.median_ttft_ms, e.median_e2el_ms, source == "measured")
         dx.advice = check_advice(deployment, scenario, context, baseline)
     return dx
 
@@ -220,8 +220,8 @@ def notes(dx: Diagnosis) -> list[str]:
             f"{dx.ceilings.saturation_rps:.2f} req/s."
         )
     if dx.observed.ttft_ms is not None:
-        out.append(f"You observe TTFT {dx.observed.ttft_ms:.0f} ms; the simulation gives p50 {e.ttft_p50_ms:.0f} ms "
-                   f"and p99 {e.ttft_p99_ms:.0f} ms at this load.")
+        out.append(f"You observe TTFT {dx.observed.ttft_ms:.0f} ms; the simulation gives p50 {e.median_ttft_ms:.0f} ms "
+                   f"and p99 {e.p99_ttft_ms:.0f} ms at this load.")
     if dx.observed.latency:
         out.append(latency_note(dx))
     out.extend(dx.deployment.warnings)
@@ -233,13 +233,13 @@ def latency_note(dx: Diagnosis) -> str:
     e, o = dx.evidence, dx.observed
     seen = ", ".join(f"{label} {value:,.0f} ms" for label, value in (("E2E", o.e2e_ms), ("TPOT", o.tpot_ms))
                      if value is not None)
-    tpot = e.tpot_p50_ms or 0.0
+    tpot = e.median_tpot_ms or 0.0
     running = e.mean_running if e.mean_running is not None else e.mean_in_flight
     alone = idle_decode_ms(dx.deployment, round(e.mean_input_tokens + e.mean_output_tokens / 2))
     return (
-        f"You observe {seen}. An answer is its first token (TTFT p50 {e.ttft_p50_ms:,.0f} ms here) and then one engine "
+        f"You observe {seen}. An answer is its first token (TTFT p50 {e.median_ttft_ms:,.0f} ms here) and then one engine "
         f"step per token: ~{e.mean_output_tokens:.0f} tokens x TPOT p50 {tpot:.1f} ms = "
-        f"~{e.mean_output_tokens * tpot:,.0f} ms (E2E p50 {e.e2el_p50_ms:,.0f} ms at this load). A step decodes every "
+        f"~{e.mean_output_tokens * tpot:,.0f} ms (E2E p50 {e.median_e2el_ms:,.0f} ms at this load). A step decodes every "
         f"running sequence at once (~{running:.0f} here, each reading its {e.mean_input_tokens:.0f}-token context "
         f"from the KV cache) and carries the prefill of newly arrived turns, so TPOT grows with concurrency: "
         f"alone, a sequence's step takes {alone:.1f} ms. Fine at low load and slow under concurrency is this, "

@@ -19,7 +19,9 @@ DEFAULT_ATTAINMENT = 0.9
 def max_batch(deployment: Deployment, scenario: Scenario) -> int:
     """Sequences one replica can run at once at this workload's lengths."""
     seq_len = round(scenario.mean_input + scenario.mean_output)
-    return max(1, min(deployment.config.max_num_seqs, deployment.memory.max_concurrency(seq_len)))
+    max_num_seqs = deployment.config.max_num_seqs
+    assert max_num_seqs is not None  # a Deployment's config is resolved: every knob set
+    return max(1, min(max_num_seqs, deployment.memory.max_concurrency(seq_len)))
 
 
 def saturation_rps(deployment: Deployment, scenario: Scenario) -> float:

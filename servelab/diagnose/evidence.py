@@ -37,14 +37,14 @@ class Evidence:
     mean_in_flight: float
     """Client-side requests outstanding, averaged over the run."""
     output_throughput: float
-    ttft_mean_ms: float
-    ttft_p50_ms: float
-    ttft_p99_ms: float
-    tpot_p50_ms: float | None
+    mean_ttft_ms: float
+    median_ttft_ms: float
+    p99_ttft_ms: float
+    median_tpot_ms: float | None
     """None (like ITL) when no request had a second token."""
-    tpot_p99_ms: float | None
-    itl_p99_ms: float | None
-    e2el_p50_ms: float
+    p99_tpot_ms: float | None
+    p99_itl_ms: float | None
+    median_e2el_ms: float
     mean_running: float | None = None
     max_running: float | None = None
     mean_waiting: float | None = None
@@ -55,7 +55,7 @@ class Evidence:
     mean_kv_usage: float | None = None
     preemptions: float | None = None
     prefix_hit_rate: float | None = None
-    server_ttft_mean_ms: float | None = None
+    mean_server_ttft_ms: float | None = None
     mean_iteration_tokens: float | None = None
     achieved_flops: float | None = None
     """FLOP/s the server estimated for itself (vllm:estimated_flops_per_gpu_total)."""
@@ -149,13 +149,13 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
         mean_output_tokens=float(np.mean([r.output_tokens for r in ok])) if ok else 0.0,
         mean_in_flight=mean_in_flight(records),
         output_throughput=float(summary["output_throughput"]),
-        ttft_mean_ms=float(summary["mean_ttft_ms"]),
-        ttft_p50_ms=float(summary["median_ttft_ms"]),
-        ttft_p99_ms=float(summary["p99_ttft_ms"]),
-        tpot_p50_ms=summary["median_tpot_ms"],
-        tpot_p99_ms=summary["p99_tpot_ms"],
-        itl_p99_ms=summary["p99_itl_ms"],
-        e2el_p50_ms=float(summary["median_e2el_ms"]),
+        mean_ttft_ms=float(summary["mean_ttft_ms"]),
+        median_ttft_ms=float(summary["median_ttft_ms"]),
+        p99_ttft_ms=float(summary["p99_ttft_ms"]),
+        median_tpot_ms=summary["median_tpot_ms"],
+        p99_tpot_ms=summary["p99_tpot_ms"],
+        p99_itl_ms=summary["p99_itl_ms"],
+        median_e2el_ms=float(summary["median_e2el_ms"]),
         mean_running=float(running.mean()) if running.size else None,
         max_running=float(running.max()) if running.size else None,
         mean_waiting=float(waiting.mean()) if waiting.size else None,
@@ -165,7 +165,7 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
         mean_kv_usage=float(kv.mean()) if kv.size else None,
         preemptions=counter_delta(run.timeline, tl.PREEMPTIONS),
         prefix_hit_rate=_ratio(counter_delta(run.timeline, tl.PREFIX_HITS), counter_delta(run.timeline, tl.PREFIX_QUERIES)),
-        server_ttft_mean_ms=_ms(_ratio(counter_delta(run.timeline, tl.TTFT_SUM), counter_delta(run.timeline, tl.TTFT_COUNT))),
+        mean_server_ttft_ms=_ms(_ratio(counter_delta(run.timeline, tl.TTFT_SUM), counter_delta(run.timeline, tl.TTFT_COUNT))),
         mean_iteration_tokens=_ratio(
             counter_delta(run.timeline, tl.ITERATION_TOKENS_SUM), counter_delta(run.timeline, tl.ITERATION_TOKENS_COUNT)
         ),

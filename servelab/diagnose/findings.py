@@ -136,7 +136,7 @@ def caveats(x: Context) -> list[Finding]:
     if x.e.client_added_delay_ms is not None:
         evidence.append(
             f"estimated client-added delay {x.e.client_added_delay_ms:.1f} ms per timestamp against a measured "
-            f"TTFT p50 of {x.e.ttft_p50_ms:.1f} ms ({x.e.client_added_delay_ms / max(x.e.ttft_p50_ms, 1e-9):.0%} of it): "
+            f"TTFT p50 of {x.e.median_ttft_ms:.1f} ms ({x.e.client_added_delay_ms / max(x.e.median_ttft_ms, 1e-9):.0%} of it): "
             "client-side latencies read that much high; the server's own gauges and histograms below are not "
             "affected. Rerun with --workers or on another host before trusting the latencies"
         )
@@ -175,15 +175,15 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
     """
     evidence: list[str] = []
     score = 0.0
-    server = x.e.server_ttft_mean_ms
+    server = x.e.mean_server_ttft_ms
     if server is not None:
-        gap = x.e.ttft_mean_ms - server
+        gap = x.e.mean_ttft_ms - server
         # 50 ms is far above loopback/network noise; half the engine's own TTFT makes it the larger part.
         if gap >= max(50.0, 0.5 * server):
             share = gap / (gap + server)
             score = 0.5 + 0.45 * share
             evidence.append(
-                f"client-measured mean TTFT {x.e.ttft_mean_ms:.0f} ms vs the engine's own {server:.0f} ms: "
+                f"client-measured mean TTFT {x.e.mean_ttft_ms:.0f} ms vs the engine's own {server:.0f} ms: "
                 f"{gap:.0f} ms spent outside the engine (tokenization, queueing in the API process, streaming)"
             )
     load = api_server_load(x)
@@ -310,11 +310,11 @@ def underloaded(x: Context) -> Finding | None:
 
 def slo_tradeoff(x: Context) -> Finding | None:
     """Chunked prefill trades TTFT against ITL through the token budget."""
-    if x.e.itl_p99_ms is None or not x.e.tpot_p50_ms:
+    if x.e.p99_itl_ms is None or not x.e.median_tpot_ms:
         return None  # no request had a second token: no inter-token latency to trade
-    stall = x.e.itl_p99_ms / x.e.tpot_p50_ms
+    stall = x.e.p99_itl_ms / x.e.median_tpot_ms
     evidence = [
-        f"ITL p99 {x.e.itl_p99_ms:.0f} ms vs TPOT p50 {x.e.tpot_p50_ms:.0f} ms: decodes that share a step with a "
+        f"ITL p99 {x.e.p99_itl_ms:.0f} ms vs TPOT p50 {x.e.median_tpot_ms:.0f} ms: decodes that share a step with a "
         f"{x.d.config.max_num_batched_tokens}-token prefill chunk wait for it",
     ]
     if x.slo is not None and x.slo_attainment is not None:

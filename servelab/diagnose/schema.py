@@ -55,8 +55,8 @@ class AdviceRow(OpenModel):
     advice: str
     flag_status: str
     d_throughput: float | None
-    d_ttft_p99: float | None
-    d_tpot_p99: float | None
+    d_p99_ttft: float | None
+    d_p99_tpot: float | None
     verdict: str
     why: str
 
@@ -78,11 +78,11 @@ class Alternative(OpenModel):
     gpu: str
     usd_per_hour: float | None = Field(description="Per GPU: --gpu-cost-per-hour, or the documented default; null if none.")
     price_source: str | None
-    ttft_p50_ms: float | None
-    ttft_p99_ms: float | None
-    e2e_p50_ms: float | None
-    e2e_p99_ms: float | None
-    tpot_p50_ms: float | None
+    median_ttft_ms: float | None
+    p99_ttft_ms: float | None
+    median_e2el_ms: float | None
+    p99_e2el_ms: float | None
+    median_tpot_ms: float | None
     output_throughput: float
     usd_per_mtok: float | None = Field(description="Dollars per million output tokens at this load.")
     verdict: str = Field(description="helps, no effect or hurts, judged on E2E p50; '—' for the deployment as it is.")

@@ -128,8 +128,8 @@ def measured_figures(records: list[RequestRecord], samples: list[TimelineSample]
     prefill_s = tl.counter_delta(samples, tl.PREFILL_TIME_SUM)
     prefills = tl.counter_delta(samples, tl.PREFILL_TIME_COUNT)
     return {
-        "ttft_p50_ms": summary["median_ttft_ms"] if summary["completed"] else None,
-        "tpot_p50_ms": summary["median_tpot_ms"] if summary["completed"] else None,
+        "median_ttft_ms": summary["median_ttft_ms"] if summary["completed"] else None,
+        "median_tpot_ms": summary["median_tpot_ms"] if summary["completed"] else None,
         "output_throughput": summary["output_throughput"],
         "failed": summary["failed"],
         "engine_steps": iterations,
@@ -139,7 +139,7 @@ def measured_figures(records: list[RequestRecord], samples: list[TimelineSample]
     }
 
 
-_CLIENT_FIGURES = frozenset({"ttft_p50_ms", "tpot_p50_ms", "output_throughput"})
+_CLIENT_FIGURES = frozenset({"median_ttft_ms", "median_tpot_ms", "output_throughput"})
 
 
 @dataclass
@@ -161,11 +161,11 @@ class ProbeRuns:
                   and not (client and client_stalled(p))]
         if not values:
             return None
-        q = {"ttft_p50_ms": 25, "tpot_p50_ms": 25, "server_prefill_ms": 25, "output_throughput": 75}.get(key, 50)
+        q = {"median_ttft_ms": 25, "median_tpot_ms": 25, "server_prefill_ms": 25, "output_throughput": 75}.get(key, 50)
         return float(np.percentile(values, q))
 
     def describe(self) -> dict[str, Any]:
-        keys = ("ttft_p50_ms", "tpot_p50_ms", "output_throughput", "tokens_per_step", "server_prefill_ms")
+        keys = ("median_ttft_ms", "median_tpot_ms", "output_throughput", "tokens_per_step", "server_prefill_ms")
         return {
             **asdict(self.probe),
             "passes": len(self.passes),
@@ -250,7 +250,7 @@ def observations(runs: Iterable[ProbeRuns], config: EngineConfig) -> list[StepOb
         p, weight = r.probe, float(len(r.passes))
         if not r.passes:
             continue
-        if p.kind in (PREFILL, IDLE) and (ttft := r.figure("ttft_p50_ms")):
+        if p.kind in (PREFILL, IDLE) and (ttft := r.figure("median_ttft_ms")):
             steps = prefill_steps(p.prompt_len, config)
             server = r.figure("server_prefill_ms")
             engine_ms = server if server is not None else (ttft if p.spacing_s else None)
@@ -261,7 +261,7 @@ def observations(runs: Iterable[ProbeRuns], config: EngineConfig) -> list[StepOb
             out.append(StepObservation(p.name, steps, ttft / 1e3, 2, weight, idle))
             if server is not None:
                 out.append(StepObservation(f"{p.name} (engine)", steps, server / 1e3, 0, weight, idle))
-        elif p.kind == DECODE and (tpot := r.figure("tpot_p50_ms")):
+        elif p.kind == DECODE and (tpot := r.figure("median_tpot_ms")):
             realized = r.figure("tokens_per_step")
             batch = p.concurrency if realized is None else int(round(min(max(realized, 1.0), p.concurrency)))
             context = p.prompt_len + p.max_tokens // 2
@@ -284,19 +284,19 @@ def compare(measured: dict[str, float | None], simulated: dict[str, float | None
 def simulate_probes(target: SimTarget, runs: list[ProbeRuns], vocab_size: int) -> list[dict[str, Any]]:
     """Every probe re-served by the simulated engine with the fitted profile, against its measured figures."""
     out = []
-    keys = ("ttft_p50_ms", "tpot_p50_ms", "output_throughput")
+    keys = ("median_ttft_ms", "median_tpot_ms", "output_throughput")
     for r in runs:
         sink = MemorySink()
         target.run(probe_load(r.probe, vocab_size, seed=0), sink)
         summary = summarize(sink.records)
         simulated = {
-            "ttft_p50_ms": summary["median_ttft_ms"],
-            "tpot_p50_ms": summary["median_tpot_ms"] if r.probe.max_tokens > 1 else None,
+            "median_ttft_ms": summary["median_ttft_ms"],
+            "median_tpot_ms": summary["median_tpot_ms"] if r.probe.max_tokens > 1 else None,
             "output_throughput": summary["output_throughput"],
         }
         measured = {k: r.figure(k) for k in keys}
         if r.probe.max_tokens <= 1:
-            measured["tpot_p50_ms"] = None
+            measured["median_tpot_ms"] = None
         out.append({"probe": r.probe.name, "kind": r.probe.kind, "measured": measured, "simulated": simulated,
                     "error_pct": compare(measured, simulated)})
     return out
@@ -385,7 +385,7 @@ def fit_frontend(runs: list[ProbeRuns], deployment: Deployment) -> Deployment:
     that a lone request's TTFT stays what the step model fitted.
     """
     bursts = [(r.probe, ttft) for r in runs
-              if r.probe.kind == DECODE and r.probe.concurrency > 1 and (ttft := r.figure("ttft_p50_ms"))]
+              if r.probe.kind == DECODE and r.probe.concurrency > 1 and (ttft := r.figure("median_ttft_ms"))]
     latency = deployment.network_latency
     if not bursts or latency <= 0:
         return deployment

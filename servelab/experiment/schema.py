@@ -17,8 +17,8 @@ class PointResult(OpenModel):
     measured: dict[str, float | None]
     simulated: dict[str, float | None]
     error_pct: dict[str, float | None]
-    stalled_repeats: int
-    disturbed_repeats: int
+    stalled_repeats: int = Field(0, description="Absent in reports of before validate set stalled repeats aside.")
+    disturbed_repeats: int = Field(0, description="Absent in reports of before validate checked the server's speed.")
     repeats: list[Json]
 
 
@@ -32,9 +32,9 @@ class ValidationReport(OpenModel):
     profile: Json = Field(description="Which profile: its created_at, engine_args and gpu.")
     engine_args: str
     engine_config: Json
-    host: Json
-    reference: Json
-    warnings: list[str]
+    host: Json = Field(default_factory=dict, description="The host's conditions; absent in reports of before they were recorded.")
+    reference: Json = Field(default_factory=dict, description="The reference step timings; absent in reports of before them.")
+    warnings: list[str] = Field(default_factory=list)
     points: list[PointResult]
     median_abs_error_pct: dict[str, float | None]
     bounds_pct: dict[str, float]

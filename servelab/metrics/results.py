@@ -27,6 +27,7 @@ from servelab.errors import InputError
 from servelab.metrics.records import JsonlSink, RequestRecord, read_records
 from servelab.metrics.schema import RunInfo, Summary, SweepIndex, checked
 from servelab.metrics.timeline import TimelineSample, read_timeline
+from servelab.renames import upgraded
 
 RUN = "run.json"
 RECORDS = "records.jsonl"
@@ -113,11 +114,11 @@ def load_run(directory: Path) -> RunResult:
     if not (directory / RUN).is_file():
         raise ResultsDirError(f"{directory} is not a servelab results directory (no {RUN})")
     try:
-        run_info = json.loads((directory / RUN).read_text(encoding="utf-8"))
+        run_info = upgraded(json.loads((directory / RUN).read_text(encoding="utf-8")), SCHEMA_VERSION)
         records = list(read_records(directory / RECORDS)) if (directory / RECORDS).exists() else []
         timeline = list(read_timeline(directory / TIMELINE)) if (directory / TIMELINE).exists() else []
         summary_path = directory / SUMMARY
-        summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else None
+        summary = upgraded(json.loads(summary_path.read_text(encoding="utf-8")), SCHEMA_VERSION) if summary_path.exists() else None
     except (OSError, json.JSONDecodeError, TypeError, KeyError) as exc:
         raise ResultsDirError(f"cannot read results directory {directory}: {exc}") from exc
     return RunResult(directory, run_info, records, timeline, summary)

@@ -12,6 +12,7 @@ writer agrees and open beyond that.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
@@ -73,6 +74,10 @@ class TimelineRow(ClosedModel):
     values: dict[str, float] = Field(description="Counters cumulative as scraped, gauges instantaneous.")
 
 
+PERCENTILE_KEY = re.compile(r"p\d+(\.\d+)?_(ttft|tpot|itl|e2el)_ms")
+"""The per-percentile columns a summary has beside its named fields, as `vllm bench serve` spells them."""
+
+
 class Summary(OpenModel):
     """summary.json: statistics derived from records.jsonl (`servelab.metrics.summary.summarize`).
 
@@ -111,6 +116,16 @@ class Summary(OpenModel):
     client_stats: Json | None = Field(
         None, description="The load generator's own overhead (bench) or the engine's busy time (simulate).")
     warnings: list[str] | None = None
+
+    def statistic(self, key: str) -> Any:
+        """A statistic by its key, for tables that list their columns by name: a named field as its attribute (a
+        misspelt name is an AttributeError, not a blank cell), a percentile column (`p99_ttft_ms`) as stored,
+        None when --metric-percentiles did not ask for it."""
+        if key in Summary.model_fields:
+            return getattr(self, key)
+        if not PERCENTILE_KEY.fullmatch(key):
+            raise AttributeError(f"a summary has no statistic {key!r}")
+        return (self.model_extra or {}).get(key)
 
 
 class DeploymentInfo(OpenModel):
@@ -164,12 +179,24 @@ class RunInfo(OpenModel):
 
 
 class SweepPoint(OpenModel):
-    """One point of a sweep: its directory, the curve's columns, its full summary. The swept flag (e.g.
-    `request-rate`) is a key of its own holding the point's value."""
+    """One point of a sweep: its directory, the curve's columns (experiment.sweep.CURVE_KEYS, null where the
+    summary has none), its full summary. The swept flag (e.g. `request-rate`) is a key of its own holding the
+    point's value."""
 
     directory: str = Field(description="The point's results directory, relative to sweep.json's.")
     completed: int | None = None
     failed: int | None = None
+    request_throughput: float | None = None
+    output_throughput: float | None = None
+    total_token_throughput: float | None = None
+    request_goodput: float | None = None
+    mean_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = Field(None, description="Null also when --metric-percentiles has no 99.")
+    mean_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    mean_itl_ms: float | None = None
+    mean_e2el_ms: float | None = None
+    p99_e2el_ms: float | None = None
     summary: Summary | None = Field(None, description="The point's summary.json (readers fall back to that file).")
 
 

@@ -37,12 +37,14 @@ from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware
 from servelab.perf.models import ModelSpec
+from servelab.renames import upgraded
 
 PROFILE_KIND = "servelab.calibration"
-PROFILE_SCHEMA_VERSION = 3
-"""3: the host's conditions and a reference step time, so later runs can tell a changed host (2 is read without them).
+PROFILE_SCHEMA_VERSION = 4
+"""4: probe figures named as `vllm bench serve` names them (median_ttft_ms; 3 and 2 said ttft_p50_ms, renamed on reading).
+3: the host's conditions and a reference step time, so later runs can tell a changed host (2 is read without them).
 2: the prefill and idle-wake costs are CostCoefficients terms (1 had a per-prefill-chunk cost beside them)."""
-READABLE_SCHEMA_VERSIONS = (2, PROFILE_SCHEMA_VERSION)
+READABLE_SCHEMA_VERSIONS = (2, 3, PROFILE_SCHEMA_VERSION)
 
 _RATES = ("linear_flops", "attention_flops", "weight_bandwidth", "kv_bandwidth")
 _COEFFICIENT_OVERHEADS = (
@@ -394,7 +396,7 @@ def load_profile(path: str | Path) -> CalibrationProfile:
             f"this servelab reads versions {', '.join(map(str, READABLE_SCHEMA_VERSIONS))}: re-run calibrate"
         )
     try:
-        return CalibrationProfile.model_validate(raw)
+        return CalibrationProfile.model_validate(upgraded(raw, PROFILE_SCHEMA_VERSION))
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise ProfileError(f"calibration profile {path} is invalid: {problems}") from exc

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import yaml
@@ -35,6 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware, get_gpu
+
+Times = TypeVar("Times", float, np.ndarray)
+"""Seconds: one time, or an array of them (the fits evaluate whole tables at once)."""
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -192,7 +195,7 @@ def load_kernel_fit(hardware: Hardware) -> GpuKernelFit | None:
 
 # ---------------------------------------------------------------- op-level model (the fitted formulas)
 
-def smooth_roofline(compute_s: float, memory_s: float, p: float) -> float:
+def smooth_roofline(compute_s: Times, memory_s: Times, p: float) -> Times:
     """(c^p + m^p)^(1/p): continuous, monotone in both, max(c, m) as p grows, c + m at p = 1."""
     return (compute_s**p + memory_s**p) ** (1.0 / p)
 
@@ -232,7 +235,7 @@ def elementwise_bytes_per_token(hidden: int, heads: int, kv_heads: int, intermed
     return BF16 * (2 * 4 * hidden + 2 * (heads + kv_heads) * HEAD_DIM + 3 * intermediate)
 
 
-def elementwise_time(fit: ElementwiseFit, hw: Hardware, tokens: np.ndarray | float, bytes_per_token: int) -> np.ndarray:
+def elementwise_time(fit: ElementwiseFit, hw: Hardware, tokens: np.ndarray, bytes_per_token: int) -> np.ndarray:
     return fit.launch_s + tokens * bytes_per_token / (hw.memory_bandwidth * fit.memory_efficiency)
 
 
@@ -435,7 +438,11 @@ def fit_allreduce(t: KernelTables) -> tuple[dict[int, AllReduceFit], Residual]:
         train = ~hold[mask]
         nbytes, measured = group.nbytes.to_numpy(float), group.latency.to_numpy()
         train_bytes = nbytes[train]
-        x = _fit_log(lambda x, b=train_bytes: allreduce_time(make(x), b), measured[train], [5, 10], [0, 0], [100, 1e4])
+
+        def predict(x: np.ndarray, b: np.ndarray = train_bytes) -> np.ndarray:  # b bound now, not at the loop's end
+            return allreduce_time(make(x), b)
+
+        x = _fit_log(predict, measured[train], [5, 10], [0, 0], [100, 1e4])
         fits[int(tp)] = make(x)
         pred[mask] = allreduce_time(fits[int(tp)], nbytes)
     return fits, _residual(pred, rows.latency.to_numpy(), hold)
@@ -596,7 +603,7 @@ def forward_pass(
         attention, sampled = lookup.prefill_attention(tokens, heads, kv_heads), 1
     else:
         attention, sampled = lookup.decode_attention(tokens, decode_context, heads, kv_heads), tokens
-    elementwise = float(elementwise_time(fit, hw, np.float64(tokens), elementwise_bytes_per_token(h, heads, kv_heads, inter)))
+    elementwise = float(elementwise_time(fit, hw, np.asarray(float(tokens)), elementwise_bytes_per_token(h, heads, kv_heads, inter)))
     allreduce = 2 * lookup.allreduce(tokens * h * model.dtype_bytes, tp) if tp > 1 else 0.0
     layers = model.num_layers
     return ForwardPass(

@@ -68,11 +68,13 @@ def roofline_ceiling(entry: dict[str, Any]) -> Ceiling | None:
     model = model.with_dtype(config.dtype)
     tp = config.tensor_parallel_size
     plan = plan_memory(hardware, model, config)
-    batch = min(
-        workload.get("max_concurrency") or config.max_num_seqs,
-        config.max_num_seqs,
+    max_num_seqs = config.max_num_seqs
+    assert max_num_seqs is not None  # resolve() sets every knob
+    batch: int = min(
+        workload.get("max_concurrency") or max_num_seqs,
+        max_num_seqs,
         plan.max_concurrency(int(prompt + output)),
-        workload.get("num_prompts") or config.max_num_seqs,
+        workload.get("num_prompts") or max_num_seqs,
     )
     # One "cycle": `batch` requests each prefill `prompt` tokens and decode `output` tokens.
     peak = hardware.peak_flops(weight_format(config.quantization, model, hardware).compute_dtype)

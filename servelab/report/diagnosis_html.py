@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from html import escape
-from typing import Any
-
+from servelab.diagnose.schema import Diagnosis
 from servelab.report.diagnosis_view import (
     ALTERNATIVE_COLUMNS,
-    CEILING_ROWS,
     alternative_row,
+    ceiling_rows,
     headline,
     price_notes,
     recommendation_row,
@@ -17,7 +16,7 @@ from servelab.report.inputs import ReportInputs
 from servelab.report.tables import html_table
 
 
-def diagnosed(inputs: ReportInputs) -> list[tuple[str, dict[str, Any]]]:
+def diagnosed(inputs: ReportInputs) -> list[tuple[str, Diagnosis]]:
     """(label, diagnosis) for each input, and for each sweep point diagnosed on its own."""
     out = [(item.label, item.diagnosis) for item in inputs.tops if item.diagnosis is not None]
     for sweep in inputs.sweeps:
@@ -25,47 +24,32 @@ def diagnosed(inputs: ReportInputs) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _share(value: Any) -> str:
-    return "—" if not isinstance(value, (int, float)) else f"{value:.0%}"
-
-
-def _ceiling(value: Any, unit: str) -> str:
-    if not isinstance(value, (int, float)):
-        return "—"
-    return f"{value:,.0f} {unit}" if abs(value) >= 100 else f"{value:,.2f} {unit}"
-
-
-def diagnosis_html(label: str, d: dict[str, Any]) -> str:
+def diagnosis_html(label: str, d: Diagnosis) -> str:
     parts = [f'<div class="diagnosis"><h3>{escape(label)}</h3><p class="headline">{escape(headline(d))}</p>']
-    for caveat in d.get("caveats") or []:  # a doubt on the figures comes before anything read from them
-        parts.append(f'<div class="caveat"><h4>Caveat: {escape(caveat["title"])} <code>{escape(caveat["kind"])}</code></h4>'
-                     "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in caveat["evidence"]) + "</ul></div>")
-    if not d["findings"]:
+    for caveat in d.caveats:  # a doubt on the figures comes before anything read from them
+        parts.append(f'<div class="caveat"><h4>Caveat: {escape(caveat.title)} <code>{escape(caveat.kind)}</code></h4>'
+                     "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in caveat.evidence) + "</ul></div>")
+    if not d.findings:
         parts.append("<p>No bottleneck stands out: the deployment runs within its ceilings for this workload.</p>")
-    for i, finding in enumerate(d["findings"], 1):
+    for i, finding in enumerate(d.findings, 1):
         parts.append(
-            f'<div class="finding{" first" if i == 1 else ""}"><h4>{i}. {escape(finding["title"])} '
-            f'<code>{escape(finding["kind"])}</code></h4><ul>'
-            + "".join(f"<li>{escape(line)}</li>" for line in finding["evidence"])
+            f'<div class="finding{" first" if i == 1 else ""}"><h4>{i}. {escape(finding.title)} '
+            f'<code>{escape(finding.kind)}</code></h4><ul>'
+            + "".join(f"<li>{escape(line)}</li>" for line in finding.evidence)
             + "</ul>"
         )
-        recommendations = finding.get("recommendations") or []
-        if recommendations:
-            rows = [recommendation_row(r) for r in recommendations]
+        if finding.recommendations:
+            rows = [recommendation_row(r) for r in finding.recommendations]
             parts.append(html_table(("change", "predicted (simulated)", "side effects at this load"), rows, "recommendations"))
-            parts.append(f'<p class="confirm">confirm: <code>{escape(recommendations[0]["confirm"])}</code></p>')
+            parts.append(f'<p class="confirm">confirm: <code>{escape(finding.recommendations[0].confirm)}</code></p>')
         parts.append("</div>")
-    if d.get("alternatives"):
+    if d.alternatives:
         parts.append("<h4>Options at this load (simulated)</h4>"
-                     + html_table(ALTERNATIVE_COLUMNS, [alternative_row(a) for a in d["alternatives"]], "alternatives")
-                     + '<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in price_notes(d["alternatives"]))
+                     + html_table(ALTERNATIVE_COLUMNS, [alternative_row(a) for a in d.alternatives], "alternatives")
+                     + '<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in price_notes(d.alternatives))
                      + "</ul>")
-    rows = [
-        [title, _ceiling(d["ceilings"].get(key), unit), _share(d["standing"].get(stand))]
-        for key, stand, title, unit in CEILING_ROWS
-    ]
-    parts.append("<h4>Ceilings for this workload</h4>" + html_table(("limit", "ceiling", "where it stands"), rows, "ceilings"))
-    if d.get("notes"):
-        parts.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in d["notes"]) + "</ul>")
+    parts.append("<h4>Ceilings for this workload</h4>" + html_table(("limit", "ceiling", "where it stands"), ceiling_rows(d), "ceilings"))
+    if d.notes:
+        parts.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in d.notes) + "</ul>")
     parts.append("</div>")
     return "".join(parts)

@@ -1,7 +1,8 @@
 """How a Diagnosis reads: findings first, their evidence beneath, then ceilings.
 
 One function builds the content as plain rows; the terminal (rich) and the
-Markdown renderers only lay it out, so the two never disagree.
+Markdown renderers only lay it out, so the two never disagree. They read the
+typed model (servelab.diagnose.schema), so a misspelt field is an error, not a "—".
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+
+from servelab.diagnose.schema import AdviceRow, Alternative, Diagnosis, Recommendation
 
 CEILING_ROWS = (
     ("prefill_compute_rps", "prefill_compute", "Prefill compute", "req/s"),
@@ -41,89 +44,97 @@ def _metric(name: str) -> tuple[str, str]:
     }.get(name, (name, ""))
 
 
-def recommendation_row(r: dict[str, Any]) -> list[str]:
-    label, unit = _metric(r["metric"])
+def recommendation_row(r: Recommendation) -> list[str]:
+    label, unit = _metric(r.metric)
     effects = ", ".join(
-        f"{_metric(m)[0]} {_num(a)}→{_num(b)}" for m, (a, b) in r["effects"].items()
+        f"{_metric(m)[0]} {_num(a)}→{_num(b)}" for m, (a, b) in r.effects.items()
     )
-    return [r["change"], f"{label} {_num(r['before'], unit)} → {_num(r['after'], unit)} ({r['gain']:+.0%})", effects]
+    return [r.change, f"{label} {_num(r.before, unit)} → {_num(r.after, unit)} ({r.gain:+.0%})", effects]
 
 
-def headline(d: dict[str, Any]) -> str:
-    dep, w = d["deployment"], d["workload"]
-    load = (f"{w['offered_rate']:.2f} req/s offered" if w["offered_rate"] and not w["max_concurrency"]
-            else f"concurrency {w['max_concurrency']}")
-    return (f"{dep['model']} on {dep['gpu']} · {dep['engine_args'] or 'vLLM defaults'} · "
-            f"{w['mean_input_tokens']:.0f} in / {w['mean_output_tokens']:.0f} out · {load} · {d['source']}")
+def headline(d: Diagnosis) -> str:
+    dep, w = d.deployment, d.workload
+    load = (f"{w.offered_rate:.2f} req/s offered" if w.offered_rate and not w.max_concurrency
+            else f"concurrency {w.max_concurrency}")
+    return (f"{dep.model} on {dep.gpu} · {dep.engine_args or 'vLLM defaults'} · "
+            f"{w.mean_input_tokens:.0f} in / {w.mean_output_tokens:.0f} out · {load} · {d.source}")
+
+
+def ceiling_rows(d: Diagnosis) -> list[tuple[str, str, str]]:
+    """(limit, ceiling, where it stands) per CEILING_ROWS, formatted; an unknown ceiling name is an AttributeError."""
+    rows = []
+    for key, stand, label, unit in CEILING_ROWS:
+        share = d.standing.get(stand)
+        rows.append((label, _num(getattr(d.ceilings, key), unit), "—" if share is None else f"{share:.0%}"))
+    return rows
 
 
 ALTERNATIVE_COLUMNS = ("option", "GPUs", "TTFT p50 ms", "E2E p50 ms", "E2E p99 ms", "$/M out tok", "E2E verdict")
 """The terminal's columns; TTFT p99, TPOT and throughput are in the JSON."""
 
 
-def alternative_row(a: dict[str, Any]) -> list[str]:
-    dollars = "—" if a["usd_per_mtok"] is None else f"${a['usd_per_mtok']:.2f}"
-    return [a["change"], str(a["gpus"] or "—"), _num(a["ttft_p50_ms"]), _num(a["e2e_p50_ms"]), _num(a["e2e_p99_ms"]),
-            dollars, a["verdict"]]
+def alternative_row(a: Alternative) -> list[str]:
+    dollars = "—" if a.usd_per_mtok is None else f"${a.usd_per_mtok:.2f}"
+    return [a.change, str(a.gpus or "—"), _num(a.median_ttft_ms), _num(a.median_e2el_ms), _num(a.p99_e2el_ms),
+            dollars, a.verdict]
 
 
-def price_notes(alternatives: list[dict[str, Any]]) -> list[str]:
+def price_notes(alternatives: list[Alternative]) -> list[str]:
     """Each option's reason where it does not help, then where each price came from."""
-    whys = [f"{a['change']}: {a['why']}" for a in alternatives if a["why"]]
-    sources = sorted({f"{a['gpu']} at ${a['usd_per_hour']:.2f}/h ({a['price_source']})"
-                      for a in alternatives if a["usd_per_hour"] is not None})
+    whys = [f"{a.change}: {a.why}" for a in alternatives if a.why]
+    sources = sorted({f"{a.gpu} at ${a.usd_per_hour:.2f}/h ({a.price_source})"
+                      for a in alternatives if a.usd_per_hour is not None})
     return whys + (["prices per GPU-hour: " + "; ".join(sources)] if sources else
                    ["no price for these GPUs: give --gpu-cost-per-hour"])
 
 
-def render_terminal(d: dict[str, Any], console: Console) -> None:
+def render_terminal(d: Diagnosis, console: Console) -> None:
     console.print(Panel(headline(d), title="servelab diagnose", expand=False))
-    for c in d.get("caveats", []):  # a doubt on the figures comes before anything read from them
-        console.print(Panel(Group(*[Text("• " + line) for line in c["evidence"]]),
-                            title=f"Caveat: {c['title']} [{c['kind']}]", border_style="magenta"))
-    if not d["findings"]:
+    for c in d.caveats:  # a doubt on the figures comes before anything read from them
+        console.print(Panel(Group(*[Text("• " + line) for line in c.evidence]),
+                            title=f"Caveat: {c.title} [{c.kind}]", border_style="magenta"))
+    if not d.findings:
         console.print("No bottleneck stands out: the deployment runs within its ceilings for this workload.")
-    for i, f in enumerate(d["findings"], 1):
-        body: list[Any] = [Text("• " + line) for line in f["evidence"]]
-        if f["recommendations"]:
+    for i, f in enumerate(d.findings, 1):
+        body: list[Any] = [Text("• " + line) for line in f.evidence]
+        if f.recommendations:
             t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
             for col in ("change", "predicted (simulated)", "side effects at this load"):
                 t.add_column(col, overflow="fold")
-            for r in f["recommendations"]:
+            for r in f.recommendations:
                 t.add_row(*recommendation_row(r))
             body.append(t)
-            body.append(Text("confirm: " + f["recommendations"][0]["confirm"], style="dim"))
+            body.append(Text("confirm: " + f.recommendations[0].confirm, style="dim"))
         style = "red" if i == 1 else "yellow"
-        console.print(Panel(Group(*body), title=f"{i}. {f['title']} [{f['kind']}]", border_style=style))
-    if d.get("alternatives"):
+        console.print(Panel(Group(*body), title=f"{i}. {f.title} [{f.kind}]", border_style=style))
+    if d.alternatives:
         t = Table(title="Options at this load (simulated)", header_style="bold")
         for i, col in enumerate(ALTERNATIVE_COLUMNS):
             t.add_column(col, overflow="fold", no_wrap=i > 0, min_width=24 if i == 0 else None)
-        for a in d["alternatives"]:
+        for a in d.alternatives:
             t.add_row(*alternative_row(a))
         console.print(t)
-        for line in price_notes(d["alternatives"]):
+        for line in price_notes(d.alternatives):
             console.print(Text("• " + line, style="dim"))
     t = Table(title="Ceilings for this workload", header_style="bold")
     for col in ("limit", "ceiling", "where it stands"):
         t.add_column(col)
-    for key, stand, label, unit in CEILING_ROWS:
-        share = d["standing"].get(stand)
-        t.add_row(label, _num(d["ceilings"].get(key), unit), "—" if share is None else f"{share:.0%}")
+    for row in ceiling_rows(d):
+        t.add_row(*row)
     console.print(t)
-    for note in d["notes"]:
+    for note in d.notes:
         console.print(Text("• " + note, style="cyan"))
-    if d["advice"]:
-        render_advice_terminal(d["advice"], console)
+    if d.advice:
+        render_advice_terminal(d.advice, console)
 
 
-def render_advice_terminal(advice: list[dict[str, Any]], console: Console) -> None:
+def render_advice_terminal(advice: list[AdviceRow], console: Console) -> None:
     t = Table(title="Common advice, checked against this deployment", header_style="bold", show_lines=False)
     for col in ("#", "advice", "in vLLM", "Δ throughput", "Δ TTFT p99", "Δ TPOT p99", "verdict", "why"):
         t.add_column(col, overflow="fold")
     for a in advice:
-        t.add_row(str(a["id"]), a["advice"], a["flag_status"], _pct(a.get("d_throughput")), _pct(a.get("d_ttft_p99")),
-                  _pct(a.get("d_tpot_p99")), a["verdict"], a["why"])
+        t.add_row(str(a.id), a.advice, a.flag_status, _pct(a.d_throughput), _pct(a.d_p99_ttft), _pct(a.d_p99_tpot),
+                  a.verdict, a.why)
     console.print(t)
 
 
@@ -131,37 +142,35 @@ def _pct(x: float | None) -> str:
     return "—" if x is None else f"{x:+.0%}"
 
 
-def render_markdown(d: dict[str, Any]) -> str:
+def render_markdown(d: Diagnosis) -> str:
     out = [f"# servelab diagnose\n\n{headline(d)}\n"]
-    for c in d.get("caveats", []):
-        out.append(f"> **Caveat: {c['title']}** (`{c['kind']}`)")
-        out.extend(f"> - {line}" for line in c["evidence"])
+    for c in d.caveats:
+        out.append(f"> **Caveat: {c.title}** (`{c.kind}`)")
+        out.extend(f"> - {line}" for line in c.evidence)
         out.append("")
-    for i, f in enumerate(d["findings"], 1):
-        out.append(f"## {i}. {f['title']} (`{f['kind']}`)\n")
-        out.extend(f"- {line}" for line in f["evidence"])
-        if f["recommendations"]:
+    for i, f in enumerate(d.findings, 1):
+        out.append(f"## {i}. {f.title} (`{f.kind}`)\n")
+        out.extend(f"- {line}" for line in f.evidence)
+        if f.recommendations:
             out.append("\n| change | predicted (simulated) | side effects at this load |\n|---|---|---|")
-            out.extend("| " + " | ".join(recommendation_row(r)) + " |" for r in f["recommendations"])
-            out.append(f"\nConfirm: `{f['recommendations'][0]['confirm']}`")
+            out.extend("| " + " | ".join(recommendation_row(r)) + " |" for r in f.recommendations)
+            out.append(f"\nConfirm: `{f.recommendations[0].confirm}`")
         out.append("")
-    if d.get("alternatives"):
+    if d.alternatives:
         out.append("## Options at this load (simulated)\n\n| " + " | ".join(ALTERNATIVE_COLUMNS) + " |\n|"
                    + "---|" * len(ALTERNATIVE_COLUMNS))
-        out.extend("| " + " | ".join(alternative_row(a)) + " |" for a in d["alternatives"])
+        out.extend("| " + " | ".join(alternative_row(a)) + " |" for a in d.alternatives)
         out.append("")
-        out.extend(f"- {line}" for line in price_notes(d["alternatives"]))
+        out.extend(f"- {line}" for line in price_notes(d.alternatives))
         out.append("")
     out.append("## Ceilings for this workload\n\n| limit | ceiling | where it stands |\n|---|---|---|")
-    for key, stand, label, unit in CEILING_ROWS:
-        share = d["standing"].get(stand)
-        out.append(f"| {label} | {_num(d['ceilings'].get(key), unit)} | {'—' if share is None else f'{share:.0%}'} |")
+    out.extend(f"| {label} | {ceiling} | {share} |" for label, ceiling, share in ceiling_rows(d))
     out.append("")
-    out.extend(f"- {note}" for note in d["notes"])
-    if d["advice"]:
+    out.extend(f"- {note}" for note in d.notes)
+    if d.advice:
         out.append("\n## Common advice, checked\n\n| # | advice | in vLLM | Δ throughput | Δ TTFT p99 | Δ TPOT p99 | verdict | why |")
         out.append("|---|---|---|---|---|---|---|---|")
-        for a in d["advice"]:
-            out.append(f"| {a['id']} | {a['advice']} | {a['flag_status']} | {_pct(a.get('d_throughput'))} | "
-                       f"{_pct(a.get('d_ttft_p99'))} | {_pct(a.get('d_tpot_p99'))} | {a['verdict']} | {a['why']} |")
+        for a in d.advice:
+            out.append(f"| {a.id} | {a.advice} | {a.flag_status} | {_pct(a.d_throughput)} | "
+                       f"{_pct(a.d_p99_ttft)} | {_pct(a.d_p99_tpot)} | {a.verdict} | {a.why} |")
     return "\n".join(out) + "\n"

@@ -71,7 +71,7 @@ def run_dash(run: ReportRun) -> str:
 
 
 def _summary_value(run: ReportRun, key: str) -> float | None:
-    value = run.summary.get(key)
+    value = run.summary.statistic(key)
     return float(value) if isinstance(value, (int, float)) else None
 
 
@@ -156,9 +156,10 @@ def sweep_throughput_figure(sweeps: Sequence[ReportSweep]) -> go.Figure:
 
 def _draw_ceilings(fig: go.Figure, sweep: ReportSweep, panel_keys: Sequence[str]) -> None:
     """diagnose's ceilings as dashed lines in the sweep's colour on the panel of their unit."""
-    ceilings = (sweep.diagnosis or {}).get("ceilings") or {}
+    if sweep.diagnosis is None:
+        return
     for key, panel, label in CEILING_LINES:
-        value = ceilings.get(key)
+        value = getattr(sweep.diagnosis.ceilings, key)
         if isinstance(value, (int, float)) and value > 0:
             fig.add_hline(
                 y=value,

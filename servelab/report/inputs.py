@@ -13,9 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from servelab import SCHEMA_VERSION
+from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError
+from servelab.experiment.schema import ValidationReport
 from servelab.metrics.results import RUN, SWEEP, ResultsDirError, RunResult, load_run
+from servelab.metrics.schema import Summary
 from servelab.metrics.summary import summarize
+from servelab.renames import upgraded
 
 DIAGNOSIS = "diagnosis.json"
 """Written into a results directory by `servelab diagnose RESULTS`."""
@@ -43,12 +50,12 @@ class ReportRun:
 
     label: str
     result: RunResult
-    summary: dict[str, Any]
+    summary: Summary
     series: int
     """Index of the top-level input (run or sweep) it came from; runs of one sweep share it."""
     sweep_value: Any = None
     """The swept parameter's value for a sweep point; None for a standalone run."""
-    diagnosis: dict[str, Any] | None = None
+    diagnosis: Diagnosis | None = None
     """diagnosis.json from the run's directory, when diagnose has been run on it."""
     within: Path | None = None
     """The tune study whose stage 2 measured it, for runs loaded with their study rather than given by path."""
@@ -61,7 +68,9 @@ class ReportRun:
 
     @property
     def directory(self) -> Path:
-        return self.result.directory
+        directory = self.result.directory
+        assert directory is not None  # loaded from a results directory, never an in-memory run
+        return directory
 
 
 @dataclass
@@ -74,13 +83,13 @@ class ReportSweep:
     points: list[ReportRun]
     info: dict[str, Any]
     series: int
-    diagnosis: dict[str, Any] | None = None
+    diagnosis: Diagnosis | None = None
     """diagnosis.json from the sweep's directory, else from its first diagnosed point."""
 
 
 @dataclass
 class ReportDocument:
-    """A verb's own JSON that holds no request records: tune.json, or validate's report."""
+    """tune.json: a study's own JSON, which holds no request records (read as parsed; validate's report is a ReportValidation)."""
 
     label: str
     path: Path
@@ -95,12 +104,26 @@ class ReportDocument:
 
 
 @dataclass
+class ReportValidation:
+    """A `servelab validate` report, typed (servelab.experiment.schema)."""
+
+    label: str
+    path: Path
+    report: ValidationReport
+    series: int
+
+    @property
+    def directory(self) -> Path:
+        return self.path
+
+
+@dataclass
 class ReportInputs:
     runs: list[ReportRun] = field(default_factory=list)
     """Standalone runs (not sweep points), in the order given."""
     sweeps: list[ReportSweep] = field(default_factory=list)
     tunes: list[ReportDocument] = field(default_factory=list)
-    validations: list[ReportDocument] = field(default_factory=list)
+    validations: list[ReportValidation] = field(default_factory=list)
 
     @property
     def tops(self) -> list[ReportRun | ReportSweep]:
@@ -108,7 +131,7 @@ class ReportInputs:
         return sorted([*self.runs, *self.sweeps], key=lambda item: item.series)
 
     @property
-    def given(self) -> list[ReportRun | ReportSweep | ReportDocument]:
+    def given(self) -> list[ReportRun | ReportSweep | ReportDocument | ReportValidation]:
         """Everything as given: one entry per path on the command line."""
         return sorted([*self.runs, *self.sweeps, *self.tunes, *self.validations], key=lambda item: item.series)
 
@@ -119,15 +142,15 @@ class ReportInputs:
         return [run for _, runs in sorted(by_series, key=lambda item: item[0]) for run in runs]
 
 
-def _summary_of(result: RunResult, given: dict[str, Any] | None = None) -> dict[str, Any]:
+def _summary_of(result: RunResult, given: dict[str, Any] | None = None) -> Summary:
     """The stored summary when there is one; otherwise derived from the records, as summary.json would be
-    (a partial run: its label says so)."""
-    if given:
-        return given
-    if result.summary:
-        return result.summary
+    (a partial run: its label says so). ReportInputError naming the run when the stored one is not a summary."""
     warmup = float(result.run_info.get("warmup", 0.0) or 0.0)
-    return summarize(result.records, warmup=warmup)
+    try:
+        return Summary.model_validate(given or result.summary or summarize(result.records, warmup=warmup))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ReportInputError(f"the summary of {result.directory} is not one this servelab reads: {first['loc']}: {first['msg']}") from exc
 
 
 PARTIAL = " (partial)"
@@ -140,22 +163,25 @@ def _source_suffix(source: str | None) -> str:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return upgraded(json.loads(path.read_text(encoding="utf-8")), SCHEMA_VERSION)
     except (OSError, json.JSONDecodeError) as exc:
         raise ReportInputError(f"cannot read {path}: {exc}") from exc
 
 
-def read_diagnosis(directory: Path) -> dict[str, Any] | None:
+def read_diagnosis(directory: Path) -> Diagnosis | None:
     path = directory / DIAGNOSIS
     if not path.is_file():
         return None
     data = _read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("findings"), list):
         raise ReportInputError(f"{path} is not a servelab diagnosis (no findings list)")
-    return data
+    try:
+        return Diagnosis.model_validate(data)
+    except ValidationError as exc:
+        raise ReportInputError(f"{path} is not a diagnosis this servelab reads: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
 
 
-def _document(path: Path, series: int, label: str) -> tuple[str, ReportDocument]:
+def _document(path: Path, series: int, label: str) -> ReportDocument | ReportValidation:
     """A tune.json or a validate report, checked for the parts its section draws; (kind, document)."""
     file = path / TUNE if path.is_dir() else path
     data = _read_json(file)
@@ -166,7 +192,13 @@ def _document(path: Path, series: int, label: str) -> tuple[str, ReportDocument]
     missing = [key for key in needs[kind] if not data.get(key)]
     if missing:
         raise ReportInputError(f"{file} has no {', '.join(missing)}")
-    return kind, ReportDocument(label=label, path=path, data=data, series=series)
+    if kind == TUNE_KIND:
+        return ReportDocument(label=label, path=path, data=data, series=series)
+    try:
+        return ReportValidation(label=label, path=path, report=ValidationReport.model_validate(data), series=series)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ReportInputError(f"{file} is not a validate report this servelab reads: {first['loc']}: {first['msg']}") from exc
 
 
 def _load_run_dir(directory: Path) -> RunResult:
@@ -267,11 +299,10 @@ def load_inputs(paths: list[Path]) -> ReportInputs:
     inputs = ReportInputs()
     series = 0
     for path in paths:
-        kind = None
+        document: ReportDocument | ReportValidation | None = None
         if path.is_file():
             name = path.resolve().parent.name if path.name == TUNE else path.stem
-            kind, document = _document(path, series, name)
-            (inputs.tunes if kind == TUNE_KIND else inputs.validations).append(document)
+            document = _document(path, series, name)
         elif not path.is_dir():
             raise ReportInputError(f"{path} is not a directory")
         elif (path / SWEEP).is_file():
@@ -279,13 +310,16 @@ def load_inputs(paths: list[Path]) -> ReportInputs:
         elif (path / RUN).is_file():
             inputs.runs.append(_load_run(path, series))
         elif (path / TUNE).is_file():
-            kind, document = _document(path, series, path.resolve().name)
-            inputs.tunes.append(document)
+            document = _document(path, series, path.resolve().name)
         else:
             raise ReportInputError(f"{path} is not a servelab results directory (no {RUN}, {SWEEP} or {TUNE})")
+        if isinstance(document, ReportValidation):
+            inputs.validations.append(document)
+        elif document is not None:
+            inputs.tunes.append(document)
         series += 1
-        if kind == TUNE_KIND:
-            stage2 = _stage2_runs(inputs.tunes[-1], series)
+        if isinstance(document, ReportDocument):
+            stage2 = _stage2_runs(document, series)
             inputs.runs += stage2
             series += len(stage2)
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from servelab.report.inputs import TUNE_KIND, ReportDocument, ReportInputs, ReportRun, ReportSweep
+from servelab.report.inputs import ReportDocument, ReportInputs, ReportRun, ReportSweep, ReportValidation
 
 HIDDEN_PARAMETERS = frozenset({"schema_version"})
 MAX_CELL = 120
@@ -145,17 +145,16 @@ def _served_text(info: Mapping[str, Any]) -> str:
     return (f"{model} at {base_url}" if base_url else str(model)) + engine_args
 
 
-def headline(item: ReportRun | ReportSweep | ReportDocument) -> str:
+def headline(item: ReportRun | ReportSweep | ReportDocument | ReportValidation) -> str:
     """One line per input for the page header: what served which load, and where the files are."""
-    if isinstance(item, ReportDocument):
+    if isinstance(item, ReportValidation):
+        server, points = item.report.server, item.report.points
+        text = f"validate of {server.get('model', '?')} at {server.get('base_url', '?')}, {len(points)} held-out points"
+    elif isinstance(item, ReportDocument):
         data = item.data
-        if data.get("kind") == TUNE_KIND:
-            deployment, objective = data.get("deployment") or {}, data["objective"]
-            text = (f"tune of {deployment.get('model', '?')} on {deployment.get('gpu', '?')} for {objective.get('kind')}, "
-                    f"{len(data['trials'])} configurations simulated" + (", stage 2 measured" if data.get("stage2") else ""))
-        else:
-            server = data.get("server") or {}
-            text = f"validate of {server.get('model', '?')} at {server.get('base_url', '?')}, {len(data['points'])} held-out points"
+        deployment, objective = data.get("deployment") or {}, data["objective"]
+        text = (f"tune of {deployment.get('model', '?')} on {deployment.get('gpu', '?')} for {objective.get('kind')}, "
+                f"{len(data['trials'])} configurations simulated" + (", stage 2 measured" if data.get("stage2") else ""))
     elif isinstance(item, ReportSweep):
         info = item.points[0].result.run_info
         values = ", ".join(str(p.sweep_value) for p in item.points)
@@ -172,11 +171,11 @@ def _format_stat(value: Any, fmt: str) -> str:
 
 def summary_table(runs: Sequence[ReportRun]) -> str:
     """The numbers behind the plots, in `vllm bench serve`'s terms, one row per run."""
-    columns = [c for c in SUMMARY_COLUMNS if any(isinstance(r.summary.get(c[0]), (int, float)) for r in runs)]
+    columns = [c for c in SUMMARY_COLUMNS if any(isinstance(r.summary.statistic(c[0]), (int, float)) for r in runs)]
     head = "".join(f"<th>{escape(title)}</th>" for _, title, _ in columns)
     rows = [
         f'<tr><th scope="row">{escape(run.label)}</th>'
-        + "".join(f"<td>{_format_stat(run.summary.get(key), fmt)}</td>" for key, _, fmt in columns)
+        + "".join(f"<td>{_format_stat(run.summary.statistic(key), fmt)}</td>" for key, _, fmt in columns)
         + "</tr>"
         for run in runs
     ]

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from servelab.metrics.records import RequestRecord
+from servelab.metrics.schema import Summary, SweepIndex
 
 
 class LiveProgress:
@@ -60,9 +61,10 @@ NO_DATA = "—"
 """A metric with nothing to measure (no request completed): a dash, never 0.00, which would read as instant."""
 
 
-def _ms(summary: dict[str, Any], name: str, percentiles: Sequence[str]) -> list[tuple[str, float | None]]:
+def _ms(summary: Summary, name: str, percentiles: Sequence[str]) -> list[tuple[str, float | None]]:
+    """mean, median (fields: a misspelt name is an AttributeError) and the percentile columns the summary has."""
     keys = [f"mean_{name}_ms", f"median_{name}_ms", *(f"p{p}_{name}_ms" for p in percentiles)]
-    return [(k, summary[k]) for k in keys if k in summary]
+    return [(k, summary.statistic(k)) for k in keys]
 
 
 def _cell(value: Any) -> str:
@@ -72,29 +74,29 @@ def _cell(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
-def summary_table(summary: dict[str, Any], title: str = "Serving benchmark result") -> Table:
+def summary_table(summary: Summary, title: str = "Serving benchmark result") -> Table:
     """vLLM bench serve's result block, as a table with the same key names."""
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows: list[tuple[str, Any]] = [
-        ("Successful requests", summary["completed"]),
-        ("Failed requests", summary["failed"]),
-        ("Benchmark duration (s)", f"{summary['duration']:.2f}"),
-        ("Total input tokens", summary["total_input_tokens"]),
-        ("Total generated tokens", summary["total_output_tokens"]),
-        ("Request throughput (req/s)", f"{summary['request_throughput']:.2f}"),
-        ("Output token throughput (tok/s)", f"{summary['output_throughput']:.2f}"),
-        ("Total token throughput (tok/s)", f"{summary['total_token_throughput']:.2f}"),
+        ("Successful requests", summary.completed),
+        ("Failed requests", summary.failed),
+        ("Benchmark duration (s)", f"{summary.duration:.2f}"),
+        ("Total input tokens", summary.total_input_tokens),
+        ("Total generated tokens", summary.total_output_tokens),
+        ("Request throughput (req/s)", f"{summary.request_throughput:.2f}"),
+        ("Output token throughput (tok/s)", f"{summary.output_throughput:.2f}"),
+        ("Total token throughput (tok/s)", f"{summary.total_token_throughput:.2f}"),
     ]
-    if summary.get("request_goodput") is not None:
-        rows.append(("Request goodput (req/s)", f"{summary['request_goodput']:.2f}"))
-    for kind, count in sorted((summary.get("errors_by_kind") or {}).items()):
+    if summary.request_goodput is not None:
+        rows.append(("Request goodput (req/s)", f"{summary.request_goodput:.2f}"))
+    for kind, count in sorted(summary.errors_by_kind.items()):
         rows.append((f"  errors: {kind}", count))
     for key, value in rows:
         table.add_row(key, str(value))
     percentiles = sorted(
-        {k.split("_")[0][1:] for k in summary if k.startswith("p") and k.endswith("_ttft_ms")}, key=float
+        {k.split("_")[0][1:] for k in summary.model_extra or {} if k.startswith("p") and k.endswith("_ttft_ms")}, key=float
     )
     for name, label in (("ttft", "Time to first token"), ("tpot", "Time per output token (excl. 1st)"),
                         ("itl", "Inter-token latency"), ("e2el", "End-to-end latency")):
@@ -102,18 +104,18 @@ def summary_table(summary: dict[str, Any], title: str = "Serving benchmark resul
         table.add_row(f"[bold]{label}[/]", "")
         for key, value in _ms(summary, name, percentiles):
             table.add_row(f"  {key}", _cell(value))
-    stats = summary.get("client_stats") or {}
-    if "schedule_lag_p99_ms" in stats:
+    stats = summary.client_stats or {}
+    if "p99_schedule_lag_ms" in stats:
         table.add_section()
-        lag = stats.get("schedule_lag_p99_ms")
+        lag = stats.get("p99_schedule_lag_ms")
         table.add_row("Client send lag p99 (ms)", "-" if lag is None else f"{lag:.2f}")
         table.add_row("Client CPU (share of a core)", f"{stats.get('cpu_share', 0):.0%}")
     return table
 
 
-def sweep_table(index: dict[str, Any]) -> Table:
+def sweep_table(index: SweepIndex) -> Table:
     """The throughput-latency curve, one row per point."""
-    key = index["sweep"]["key"]
+    key = index.sweep.key
     table = Table(title=f"Sweep over {key}", title_justify="left")
     columns = [
         (key, key), ("req/s", "request_throughput"), ("out tok/s", "output_throughput"),
@@ -122,14 +124,11 @@ def sweep_table(index: dict[str, Any]) -> Table:
     ]
     for header, _ in columns:
         table.add_column(header, justify="right")
-    for point in index["points"]:
-        cells = []
-        for _, field in columns:
-            cells.append(_cell(point.get(field)))
-        table.add_row(*cells)
+    for point in index.points:
+        table.add_row(*(_cell(getattr(point, field)) for _, field in columns))
     return table
 
 
-def print_warnings(console: Console, summary: dict[str, Any]) -> None:
-    for warning in summary.get("warnings") or []:
+def print_warnings(console: Console, summary: Summary) -> None:
+    for warning in summary.warnings or []:
         console.print(f"[bold red]WARNING:[/] {warning}", highlight=False)

@@ -290,6 +290,7 @@ class SimEngine:
         step = len(self.step_ends) - 1
         end = self.step_ends[step]
         if self._pending_tokens is not None:
+            assert self._pending_run is not None  # set with _pending_tokens, by the same step
             c = self.counters
             c.generation_tokens += self._pending_tokens
             c.iteration_tokens_sum += self._pending_tokens
@@ -303,6 +304,7 @@ class SimEngine:
         c = self.counters
         prompt = 0
         for req in first:
+            assert req.schedule_time is not None  # its first token came from a step that scheduled it
             prompt += req.prompt_len
             c.ttft_sum += end - req.arrival_time
             c.prefill_time_sum += end - req.schedule_time

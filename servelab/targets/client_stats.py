@@ -121,12 +121,12 @@ class DelayProbe:
             self._socks = None
 
 
-def _ms_stats(prefix: str, values_s: Sequence[float]) -> dict[str, float | None]:
+def _ms_stats(name: str, values_s: Sequence[float]) -> dict[str, float | None]:
     if not values_s:
-        return {f"{prefix}_p50_ms": None, f"{prefix}_p99_ms": None, f"{prefix}_max_ms": None}
+        return {f"median_{name}_ms": None, f"p99_{name}_ms": None, f"max_{name}_ms": None}
     arr = np.asarray(values_s, dtype=float) * 1e3
     p50, p99 = np.percentile(arr, [50, 99])
-    return {f"{prefix}_p50_ms": float(p50), f"{prefix}_p99_ms": float(p99), f"{prefix}_max_ms": float(arr.max())}
+    return {f"median_{name}_ms": float(p50), f"p99_{name}_ms": float(p99), f"max_{name}_ms": float(arr.max())}
 
 
 def _weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
@@ -143,7 +143,7 @@ def added_delay(lags_s: Sequence[float] | np.ndarray, weights: Sequence[int] | n
     v = np.asarray(lags_s, dtype=float) * 1e3
     return {
         "mean_ms": float(np.average(v, weights=w)),
-        "p50_ms": _weighted_percentile(v, w, 50),
+        "median_ms": _weighted_percentile(v, w, 50),
         "p99_ms": _weighted_percentile(v, w, 99),
         "samples": int((w > 0).sum()),
     }
@@ -158,7 +158,7 @@ def startup_wave(intended: Sequence[float], sends: Sequence[float]) -> tuple[dic
     wave = {
         "requests": int(mask.sum()),
         "left_within_ms": float(lags.max()),
-        "send_lag_p50_ms": float(np.percentile(lags, 50)),
+        "median_send_lag_ms": float(np.percentile(lags, 50)),
         "ended_at_s": float(sent[mask].max()),
     }
     return wave, mask
@@ -208,7 +208,7 @@ def client_stats(
                     loop_lags, weights = loop_lags[after], weights[after]
     delay = added_delay(loop_lags, weights)
     stats["added_delay"] = delay
-    stats["steady_send_lag_mean_ms"] = float(steady_lags.mean() * 1e3) if len(steady_lags) else None
+    stats["mean_steady_send_lag_ms"] = float(steady_lags.mean() * 1e3) if len(steady_lags) else None
     stats["typical_gap_ms"] = typical_gap_ms
 
     reasons = _material(stats, delay, typical_gap_ms, mean_lifetime_ms, cpu_share)
@@ -245,7 +245,7 @@ def _material(
                 f"it added ~{mean:.1f} ms (p99 {delay['p99_ms']:.1f} ms) to each timestamp it took{of_gap}: "
                 "TTFT and inter-token latencies read that much high"
             )
-    steady = stats["steady_send_lag_mean_ms"]
+    steady = stats["mean_steady_send_lag_ms"]
     if isinstance(steady, float) and mean_lifetime_ms and steady >= ADDED_DELAY_FLOOR_MS:
         share = steady / mean_lifetime_ms
         if share >= SEND_LAG_SHARE:

@@ -20,6 +20,7 @@ from servelab.metrics.schema import checked
 from servelab.tune.confirm import BASELINE, Stage2Result
 from servelab.tune.schema import TuneDocument
 from servelab.tune.study import StudyTrial
+from servelab.renames import upgraded
 from servelab.tune.trial import OK, TrialOutcome
 
 TUNE_JSON = "tune.json"
@@ -165,4 +166,5 @@ def write_tune_json(directory: Path, document: dict[str, Any]) -> Path:
 
 
 def read_tune_json(directory: Path) -> dict[str, Any]:
-    return json.loads((directory / TUNE_JSON).read_text(encoding="utf-8"))
+    document: dict[str, Any] = upgraded(json.loads((directory / TUNE_JSON).read_text(encoding="utf-8")), SCHEMA_VERSION)
+    return document

@@ -112,8 +112,10 @@ def write_toy_sweep(directory: Path, values: tuple[int, ...] = (1, 2, 4, 8, 16),
 
 TOY_DIAGNOSIS = {
     "source": "measured",
-    "deployment": {"model": "Qwen2.5-7B", "gpu": "A100-80GB-SXM", "engine_args": "--max-num-seqs 256"},
-    "workload": {"offered_rate": None, "max_concurrency": 16, "mean_input_tokens": 250.0, "mean_output_tokens": 40.0},
+    "deployment": {"model": "Qwen2.5-7B", "gpu": "A100-80GB-SXM", "engine_args": "--max-num-seqs 256", "engine_config": {},
+                   "num_gpu_blocks": 4000, "kv_cache_gib": 60.0, "coefficients": {}, "cpu_costs_source": "default",
+                   "frontend": {}, "warnings": []},
+    "workload": {"requests": 400, "offered_rate": None, "max_concurrency": 16, "mean_input_tokens": 250.0, "mean_output_tokens": 40.0},
     "bottleneck": "max_num_seqs_bound",
     "findings": [
         {
@@ -124,6 +126,7 @@ TOY_DIAGNOSIS = {
             "recommendations": [
                 {
                     "change": "--max-num-seqs 512",
+                    "engine_args": "--max-num-seqs 512",
                     "metric": "capacity_rps",
                     "before": 8.0,
                     "after": 12.0,
@@ -134,12 +137,16 @@ TOY_DIAGNOSIS = {
             ],
         }
     ],
-    "ceilings": {"prefill_compute_rps": 10.7, "decode_bandwidth_tps_at_max_batch": 7135.0, "saturation_rps": 8.4,
+    "ceilings": {"prefill_compute_rps": 10.7, "decode_bandwidth_tps": 9000.0, "decode_bandwidth_tps_at_max_batch": 7135.0, "saturation_rps": 8.4,
                  "slo_max_rps": None, "kv_capacity_seqs": 616, "max_num_seqs": 256},
     "standing": {"prefill_compute": 0.77, "decode_bandwidth": 0.23, "saturation": 0.99},
+    "utilization": {}, "evidence": {}, "slo": None, "slo_attainment": None,
+    "observed": {"qps": None, "ttft_ms": None, "gpu_util": None},
     "notes": ["'GPU memory full' is by design"],
+    "advice": None,
 }
-"""The shape of diagnosis.json as `servelab diagnose RESULTS` writes it (Diagnosis.as_dict), trimmed."""
+"""The shape of diagnosis.json as `servelab diagnose RESULTS` writes it (Diagnosis.as_dict): every required key, the
+open parts (utilization, evidence) empty."""
 
 
 def toy_validation() -> dict:
@@ -148,11 +155,11 @@ def toy_validation() -> dict:
     from servelab.experiment.validate import BOUNDS_PCT, GOALS_PCT, median_abs_errors
 
     measured = {
-        "closed-c3": {"output_throughput": 310.0, "ttft_p50_ms": 41.0, "ttft_p99_ms": 95.0, "tpot_p50_ms": 9.1, "e2el_p50_ms": 780.0},
-        "closed-c12": {"output_throughput": 820.0, "ttft_p50_ms": 66.0, "ttft_p99_ms": 210.0, "tpot_p50_ms": 13.5, "e2el_p50_ms": 1650.0},
-        "poisson-70pct": {"output_throughput": 540.0, "ttft_p50_ms": 52.0, "ttft_p99_ms": 340.0, "tpot_p50_ms": 11.8, "e2el_p50_ms": 1200.0},
+        "closed-c3": {"output_throughput": 310.0, "median_ttft_ms": 41.0, "p99_ttft_ms": 95.0, "median_tpot_ms": 9.1, "median_e2el_ms": 780.0},
+        "closed-c12": {"output_throughput": 820.0, "median_ttft_ms": 66.0, "p99_ttft_ms": 210.0, "median_tpot_ms": 13.5, "median_e2el_ms": 1650.0},
+        "poisson-70pct": {"output_throughput": 540.0, "median_ttft_ms": 52.0, "p99_ttft_ms": 340.0, "median_tpot_ms": 11.8, "median_e2el_ms": 1200.0},
     }
-    scale = {"output_throughput": 1.06, "ttft_p50_ms": 0.86, "ttft_p99_ms": 0.7, "tpot_p50_ms": 1.12, "e2el_p50_ms": 1.04}
+    scale = {"output_throughput": 1.06, "median_ttft_ms": 0.86, "p99_ttft_ms": 0.7, "median_tpot_ms": 1.12, "median_e2el_ms": 1.04}
     points = []
     for name, m in measured.items():
         s = {k: v * scale[k] for k, v in m.items()}
