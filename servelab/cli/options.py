@@ -24,6 +24,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from servelab.experiment.calibrate import deployment_from_profile
+from servelab.experiment.auto_sweep import AutoSweep, parse_sweep
 from servelab.experiment.sweep import Sweep, SweepError
 from servelab.metrics.slo import SLO
 from servelab.metrics.summary import DEFAULT_PERCENTILES
@@ -68,7 +69,10 @@ class LoadFlags:
     warmup: Annotated[float, typer.Option(help="Seconds at the start excluded from statistics.", rich_help_panel=_AMOUNT)] = 0.0
     goodput: Annotated[Optional[list[str]], typer.Option(help="SLO in ms, as vLLM spells it: --goodput ttft:500 tpot:50 e2el:10000 (or quoted, or the flag repeated).", rich_help_panel=_SLO)] = None
     metric_percentiles: Annotated[str, typer.Option(help="Percentiles reported for TTFT/TPOT/ITL/E2EL, comma-separated.", rich_help_panel=_SLO)] = ",".join(f"{p:g}" for p in DEFAULT_PERCENTILES)
-    sweep: Annotated[Optional[str], typer.Option("--sweep", help="request-rate=1,2,4,8 or max-concurrency=1,8,32: one run per value, sweep.json holds the curve.", rich_help_panel=_OUTPUT)] = None
+    sweep: Annotated[Optional[str], typer.Option("--sweep", help="request-rate=1,2,4,8 or max-concurrency=1,8,32: one run per value, sweep.json holds the curve. "
+                                          "auto (or auto=N): one request at a time, then all at once, then N rates "
+                                          "between (default 4); a rate point stops early once the server is "
+                                          "over-saturated; sweep.json names the knee and the highest rate meeting --goodput.", rich_help_panel=_OUTPUT)] = None
     result_dir: Annotated[Optional[Path], typer.Option(help="Where run.json, records.jsonl, timeline.jsonl, summary.json go. Default results/<verb>-<time>.", rich_help_panel=_OUTPUT)] = None
     json: Annotated[bool, typer.Option("--json", help="Print summary.json (sweep.json for a sweep) to stdout.", rich_help_panel=_OUTPUT)] = False
 
@@ -92,12 +96,14 @@ class LoadFlags:
             ):
                 if value is not None:
                     raise WorkloadError(f"{flag} does not apply to --dataset-name {name}: lengths come from the file")
-        if self.sweep is not None:
-            sweep = Sweep.parse(self.sweep)
+        sweep = self.parsed_sweep()
+        if isinstance(sweep, Sweep):
             given = {"request-rate": self.request_rate, "max-concurrency": self.max_concurrency}[sweep.key]
             if given is not None:
                 raise SweepError(f"--sweep {sweep.key}=... and --{sweep.key} both set the {sweep.key}; give one of them")
-        sweeps_rate = self.sweep is not None and self.sweep.strip().startswith("request-rate")
+        if isinstance(sweep, AutoSweep) and self.request_rate is not None:
+            raise SweepError("--sweep auto chooses the request rates itself: drop --request-rate")
+        sweeps_rate = sweep is not None and (isinstance(sweep, AutoSweep) or sweep.key == "request-rate")
         if self.burstiness is not None and self.request_rate is None and not sweeps_rate:
             raise WorkloadError("--burstiness shapes an open loop's gaps: it needs --request-rate (or --sweep request-rate=...)")
         # Each parses its own flag; called here so a bad value is refused before any load is sent.
@@ -145,8 +151,8 @@ class LoadFlags:
             raise WorkloadError(f"--metric-percentiles {self.metric_percentiles!r}: give numbers in (0, 100), e.g. 50,90,99")
         return values
 
-    def parsed_sweep(self) -> Sweep | None:
-        return Sweep.parse(self.sweep) if self.sweep is not None else None
+    def parsed_sweep(self) -> Sweep | AutoSweep | None:
+        return parse_sweep(self.sweep) if self.sweep is not None else None
 
     def make_plan(self, arrival: ArrivalConfig | None = None) -> LoadPlan:
         return build_plan(self.workload(), arrival or self.arrival(), self.amount())

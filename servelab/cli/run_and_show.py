@@ -26,12 +26,14 @@ from servelab.cli.options import LoadFlags
 from servelab.cli.report import report_into
 from servelab.errors import RunDisturbed, RunInterrupted
 from servelab.experiment.runner import run_point
+from servelab.experiment.auto_sweep import AutoSweep, run_auto_sweep
 from servelab.experiment.sweep import run_sweep
 from servelab.metrics.records import disturbances
 from servelab.metrics.results import SUMMARY, SWEEP
 from servelab.metrics.slo import SLO
 from servelab.report.terminal import (
     LiveProgress,
+    auto_sweep_lines,
     print_warnings,
     summary_table,
     sweep_table,
@@ -66,8 +68,14 @@ def run_and_show(
         print_warnings(out, summary)
         written, interrupted, summaries = SUMMARY, summary["interrupted"], [summary]
     else:
-        index = run_sweep(target, sweep, load.arrival(), load.make_plan, result_dir, run_info, slo, percentiles, observe)
+        args = (load.arrival(), load.make_plan, result_dir, run_info, slo, percentiles, observe)
+        if isinstance(sweep, AutoSweep):
+            index = run_auto_sweep(target, sweep, *args)
+        else:
+            index = run_sweep(target, sweep, *args)
         out.print(sweep_table(index))
+        for line in auto_sweep_lines(index):
+            out.print(line, highlight=False)
         for point in index["points"]:
             print_warnings(out, point["summary"])
         written, interrupted, summaries = SWEEP, index["interrupted"], [p["summary"] for p in index["points"]]

@@ -12,7 +12,7 @@ writer agrees and open beyond that.
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -155,11 +155,29 @@ class SweepPoint(OpenModel):
     completed: int | None = None
     failed: int | None = None
     summary: Summary | None = Field(None, description="The point's summary.json (readers fall back to that file).")
+    profile: str | None = Field(None, description="`--sweep auto`: synchronous, throughput or constant (a rate).")
+    stopped_early: bool | None = Field(
+        None, description="`--sweep auto`, a rate point: release stopped once the server was over-saturated.")
+    over_saturated: str | None = Field(
+        None, description="`--sweep auto`, a rate point: the backlog and TTFT trends that showed over-saturation.")
 
 
 class SweepSpec(ClosedModel):
     key: str
-    values: list[float]
+    values: list[float | Literal["inf"]] = Field(description='The swept values in order; an unbounded rate is "inf".')
+
+
+class AutoSweepResult(OpenModel):
+    """What `--sweep auto` concluded from its points (servelab/experiment/auto_sweep.py); rates in requests/s."""
+
+    synchronous_rate: float | None = Field(description="One request at a time.")
+    throughput_rate: float | None = Field(description="Everything at once (or at --max-concurrency).")
+    knee_rate: float | None = Field(description="The highest offered rate the server kept up with.")
+    first_over_saturated_rate: float | None = Field(description="The lowest offered rate found over-saturated.")
+    max_goodput_rate: float | None = Field(
+        description="The highest offered rate at which slo_attainment of the requests met --goodput.")
+    slo_attainment: float | None = Field(description="The share of requests that must meet the SLO; null: no --goodput.")
+    note: str | None = None
 
 
 class SweepIndex(OpenModel):
@@ -169,3 +187,4 @@ class SweepIndex(OpenModel):
     sweep: SweepSpec
     points: list[SweepPoint]
     interrupted: bool | None = Field(None, description="The sweep stopped at an interrupted point (`--sweep` writes it).")
+    auto: AutoSweepResult | None = Field(None, description="`--sweep auto`: the knee and the rates around it.")

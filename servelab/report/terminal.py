@@ -130,6 +130,28 @@ def sweep_table(index: dict[str, Any]) -> Table:
     return table
 
 
+def auto_sweep_lines(index: dict[str, Any]) -> list[str]:
+    """What `--sweep auto` concluded, one line each: the knee, the peak, the rate meeting --goodput, early stops."""
+    auto = index.get("auto")
+    if not auto:
+        return []
+    rate = lambda value: "—" if value is None else f"{value:.3g} req/s"  # noqa: E731
+    lines = [
+        f"Knee (highest offered rate the server kept up with): {rate(auto.get('knee_rate'))}; "
+        f"one at a time {rate(auto.get('synchronous_rate'))}, all at once {rate(auto.get('throughput_rate'))}"
+    ]
+    if auto.get("slo_attainment") is not None:
+        lines.append(f"Highest rate with >= {auto['slo_attainment']:.0%} of requests meeting --goodput: "
+                     f"{rate(auto.get('max_goodput_rate'))}")
+    for point in index["points"]:
+        if point.get("over_saturated"):
+            stop = "stopped early" if point.get("stopped_early") else "ran to its end"
+            lines.append(f"{point['directory']}: {point['over_saturated']} ({stop})")
+    if auto.get("note"):
+        lines.append(auto["note"])
+    return lines
+
+
 def print_warnings(console: Console, summary: dict[str, Any]) -> None:
     for warning in summary.get("warnings") or []:
         console.print(f"[bold red]WARNING:[/] {warning}", highlight=False)
