@@ -62,7 +62,9 @@ class LoadFlags:
     multiturn_think_time: Annotated[Optional[float], typer.Option(help="multiturn: seconds between a reply and the next turn. Default 0.", rich_help_panel=_WORKLOAD)] = None
     seed: Annotated[int, typer.Option(help="Seed for prompts, lengths and arrivals.", rich_help_panel=_WORKLOAD)] = 0
     max_concurrency: Annotated[Optional[int], typer.Option(help="Closed loop: at most N requests in flight (also caps an open loop).", rich_help_panel=_ARRIVAL)] = None
-    ramp_up_strategy: Annotated[Optional[str], typer.Option(help=f"Open loop whose rate rises over the run ({', '.join(RAMPS)}), from --ramp-up-start-rps to --ramp-up-end-rps (vLLM's flags): by request index, or over --duration.", rich_help_panel=_ARRIVAL)] = None
+    ramp_up_strategy: Annotated[Optional[str], typer.Option(
+        help=f"Open loop whose rate rises over the run ({', '.join(RAMPS)}), from --ramp-up-start-rps to --ramp-up-end-rps "
+             "(vLLM's flags): by request index, or over --duration.", rich_help_panel=_ARRIVAL)] = None
     ramp_up_start_rps: Annotated[Optional[float], typer.Option(help="A ramp's first rate (req/s).", rich_help_panel=_ARRIVAL)] = None
     ramp_up_end_rps: Annotated[Optional[float], typer.Option(help="A ramp's last rate (req/s).", rich_help_panel=_ARRIVAL)] = None
     request_rate: Annotated[Optional[float], typer.Option(help="Open loop: requests per second (inf = all at once, the default).", rich_help_panel=_ARRIVAL)] = None
