@@ -37,6 +37,12 @@ def bench(
         help="A DCGM exporter's /metrics (e.g. http://gpu-host:9400/metrics): the server's GPUs, sampled with /metrics "
              "into timeline.jsonl. Default: this host's GPUs through NVML, if any.",
         rich_help_panel=_TARGET)] = None,
+    abandon_after: Annotated[Optional[float], typer.Option(
+        help="Seconds after which a request still streaming is abandoned (connection closed, as a user closing the "
+             "tab): recorded as abandoned, not an error; the summary counts them apart.", rich_help_panel=_TARGET)] = None,
+    abandon_share: Annotated[float, typer.Option(
+        help="The share of requests that abandon after --abandon-after (the same ones in every run).",
+        rich_help_panel=_TARGET)] = 1.0,
     report: ReportFlag = False,
     workers: Annotated[int, typer.Option(help="Client processes, one event loop each: raise it when the summary warns that the client is the bottleneck.", rich_help_panel=_TARGET)] = 1,
     *,
@@ -55,6 +61,12 @@ def bench(
         raise InputError(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
     if workers < 1:
         raise InputError(f"--workers must be >= 1, got {workers}")
+    if abandon_after is not None and not abandon_after > 0:
+        raise InputError(f"--abandon-after must be > 0 seconds, got {abandon_after}")
+    if not 0 < abandon_share <= 1:
+        raise InputError(f"--abandon-share must be in (0, 1], got {abandon_share}")
+    if abandon_share != 1.0 and abandon_after is None:
+        raise InputError("--abandon-share picks the requests that abandon: it needs --abandon-after")
     if gpu_metrics_url is not None and not gpu_metrics_url.startswith(("http://", "https://")):
         raise InputError(f"--gpu-metrics-url must be an http(s) URL, got {gpu_metrics_url!r}")
     target = HttpTarget(
@@ -68,12 +80,15 @@ def bench(
         send_text=bool(first_plan.description["text_prompts"]),
         workers=workers,
         gpu_telemetry=GpuTelemetry(dcgm_url=gpu_metrics_url),
+        abandon_after=abandon_after,
+        abandon_share=abandon_share,
     )
     server = target.preflight()
     result_dir = load.output_dir("bench")
     flags = {"base_url": base_url, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
              "request_timeout": request_timeout, "scrape_interval": scrape_interval, "workers": workers,
-             "gpu_metrics_url": gpu_metrics_url, **load.as_dict()}
+             "gpu_metrics_url": gpu_metrics_url, "abandon_after": abandon_after, "abandon_share": abandon_share,
+             **load.as_dict()}
     run_info: dict[str, Any] = {"verb": "bench", "source": "http", "argv": _argv_without_secrets(api_key), "flags": flags}
     out.print(f"bench: {server['model']} at {base_url}{endpoint} -> {result_dir}", highlight=False)
     for warning in server["warnings"]:

@@ -63,6 +63,12 @@ class RecordRow(ClosedModel):
     tokens_estimated: bool = Field(False, description="No usage in the stream: token counts are the client's estimate.")
     schedule_time: float | None = Field(None, description="When the engine first scheduled it (simulator only).")
     preemptions: int = 0
+    connection_reused: bool | None = Field(None, description="HTTP: sent on a kept-alive connection (null: not HTTP, or no response).")
+    http_connect_s: float | None = Field(None, description="HTTP: handshake of the new connection it needed (null when reused).")
+    http_send_s: float | None = Field(None, description="HTTP: from send_time (after any connect) to its bytes handed to the kernel.")
+    http_wait_s: float | None = Field(None, description="HTTP: from sent to the response's first byte.")
+    http_receive_s: float | None = Field(None, description="HTTP: from the first byte to the last.")
+    abandoned: bool = Field(False, description="The client gave up on it mid-way (--abandon-after); status abandoned, not an error.")
 
 
 class TimelineRow(ClosedModel):
@@ -70,6 +76,26 @@ class TimelineRow(ClosedModel):
 
     t: float
     values: dict[str, float] = Field(description="Counters cumulative as scraped, gauges instantaneous.")
+
+
+class HttpPhases(ClosedModel):
+    """Where the HTTP requests' time went (servelab.metrics.http_phases), in ms: mean, median and p99 of connect
+    (new connections only), send, wait (sent to the first byte) and receive (first byte to last)."""
+
+    requests: int
+    connection_reused_share: float
+    mean_connect_ms: float | None
+    median_connect_ms: float | None
+    p99_connect_ms: float | None
+    mean_send_ms: float | None
+    median_send_ms: float | None
+    p99_send_ms: float | None
+    mean_wait_ms: float | None
+    median_wait_ms: float | None
+    p99_wait_ms: float | None
+    mean_receive_ms: float | None
+    median_receive_ms: float | None
+    p99_receive_ms: float | None
 
 
 class Summary(OpenModel):
@@ -104,6 +130,9 @@ class Summary(OpenModel):
     mean_e2el_ms: float | None
     median_e2el_ms: float | None
     std_e2el_ms: float | None
+    abandoned: int | None = Field(None, description="Requests the client gave up on (--abandon-after): neither completed nor failed.")
+    abandoned_output_chunks: int | None = Field(None, description="Chunks the abandoned requests had received: work done for nobody.")
+    http_phases: HttpPhases | None = Field(None, description="HTTP phase breakdown (bench); null for the simulator.")
     requests_recorded: int | None = Field(None, description="Records written, warm-up included (a run's summary).")
     warmup: float | None = None
     interrupted: bool | None = None

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from servelab.metrics.http_phases import http_phases
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.slo import SLO, tpot_seconds
 
@@ -47,12 +48,16 @@ def summarize(
 ) -> dict[str, Any]:
     """Statistics over the records sent at or after `warmup` seconds.
 
+    Abandoned requests (the client gave up, `--abandon-after`) are neither completed nor failed: they are
+    counted apart, with the chunks they had received (work the server did for nobody).
+
     `duration` defaults to the span from the first counted send to the last
     counted finish, which is what a throughput figure should be divided by.
     """
     counted = [r for r in records if r.send_time >= warmup]
     done = [r for r in counted if r.ok]
-    failed = [r for r in counted if not r.ok]
+    abandoned = [r for r in counted if r.abandoned]
+    failed = [r for r in counted if not r.ok and not r.abandoned]
     if duration is None:
         duration = (max(r.finish_time for r in counted) - min(r.send_time for r in counted)) if counted else 0.0
     per_s = (1.0 / duration) if duration > 0 else 0.0
@@ -77,6 +82,9 @@ def summarize(
         "output_throughput": output_tokens * per_s,
         "total_token_throughput": (input_tokens + output_tokens) * per_s,
         "slo": slo.as_dict() if slo else None,
+        "abandoned": len(abandoned),
+        "abandoned_output_chunks": sum(len(r.chunk_times) for r in abandoned),
+        "http_phases": http_phases(counted),
     }
     for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
         summary.update(_stats(name, values, percentiles))

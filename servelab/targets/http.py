@@ -59,6 +59,7 @@ from servelab.targets.sse import DONE, SSEDecoder
 from servelab.targets.stop_signals import on_stop_signals
 from servelab.targets.stream_client import (
     ConnectError,
+    Phases,
     ProtocolError,
     RefusedError,
     StreamingClient,
@@ -73,6 +74,10 @@ RESET = "reset"
 NOT_OFFERED = "not offered"
 """What `reset_prefix_cache` says when the server has no such endpoint (vLLM without dev mode)."""
 CANCELLED = "cancelled"
+ABANDONED = "abandoned"
+"""A record's status when the client gave up on it on purpose (`abandon_after`): not an error."""
+_GOLDEN = 2654435761
+"""Knuth's multiplicative hash constant: spreads consecutive indices evenly over [0, 2**32)."""
 EMPTY_STREAM = "empty_stream"
 WRONG_MODEL = "wrong_model"
 
@@ -153,6 +158,8 @@ class HttpTarget:
         run_preflight: bool = True,
         workers: int = 1,
         gpu_telemetry: GpuTelemetry | None = None,
+        abandon_after: float | None = None,
+        abandon_share: float = 1.0,
     ) -> None:
         if endpoint not in ENDPOINTS:
             raise TargetError(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
@@ -160,6 +167,10 @@ class HttpTarget:
             raise TargetError("request_timeout and idle_timeout must be positive")
         if workers < 1:
             raise TargetError(f"workers must be at least 1, got {workers}")
+        if abandon_after is not None and not abandon_after > 0:
+            raise TargetError(f"--abandon-after must be > 0 seconds, got {abandon_after}")
+        if not 0 < abandon_share <= 1:
+            raise TargetError(f"--abandon-share must be in (0, 1], got {abandon_share}")
         base_url = base_url.rstrip("/")
         self.base_url = base_url.removesuffix("/v1")
         self.endpoint = endpoint
@@ -175,6 +186,11 @@ class HttpTarget:
         """Client processes: one event loop each (servelab/targets/workers.py)."""
         self.gpu_telemetry = gpu_telemetry
         """GPUs sampled beside /metrics (servelab/metrics/gpu.py); None: none."""
+        self.abandon_after = abandon_after
+        """Seconds after its send at which a request still streaming is abandoned (the connection closed, like a
+        user closing the tab); None: never."""
+        self.abandon_share = abandon_share
+        """The share of requests that abandon (chosen by their index, the same ones in every run of a plan)."""
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -221,6 +237,13 @@ class HttpTarget:
         self.server_info = info
         self.model_names = frozenset(info["model_names"])
         return info
+
+    def abandons(self, index: int) -> bool:
+        """Whether request `index` is one that gives up after `abandon_after` (a fixed hash of the index, so the
+        share holds over any run and the same requests abandon in every point of a sweep)."""
+        if self.abandon_after is None:
+            return False
+        return self.abandon_share >= 1 or (index * _GOLDEN % 2**32) / 2**32 < self.abandon_share
 
     def _auth_headers(self) -> dict[str, str]:
         """The Authorization header alone, for requests that are not the stream (pre-flight, /metrics)."""
@@ -364,9 +387,11 @@ class HttpTarget:
             body = self.body(spec)
         head = client.request_head(self.endpoint, len(body), self._headers)
         state = _StreamState(rec, self.endpoint == CHAT, zero, self.model_names)
-        rec.send_time = time.perf_counter() - zero
+        start = time.perf_counter()
+        rec.send_time = start - zero
         response = await client.post(head, body, state.on_body, self.request_timeout, self.idle_timeout)
         rec.finish_time = response.last_read - zero
+        _record_phases(rec, response.phases, start)
         state.on_body(b"", response.last_read)  # flush: an event may lack its final blank line
         if response.status != 200:
             rec.status, rec.error_kind = ERROR, f"http_{response.status}"
@@ -388,6 +413,17 @@ class HttpTarget:
         elif not state.done:
             rec.status, rec.error_kind = ERROR, "incomplete_stream"
             rec.error = "stream ended without data: [DONE]"
+
+
+def _record_phases(rec: RequestRecord, phases: Phases, start: float) -> None:
+    """The request's HTTP phases (stream_client.Phases) as the record's durations."""
+    connect = phases.connect_s
+    rec.connection_reused = connect is None
+    rec.http_connect_s = connect
+    rec.http_send_s = max(0.0, phases.sent - start - (connect or 0.0))
+    if phases.first_byte is not None:
+        rec.http_wait_s = phases.first_byte - phases.sent
+        rec.http_receive_s = phases.last_byte - phases.first_byte
 
 
 class _StreamState:
@@ -453,6 +489,16 @@ class _StreamState:
             rec.status, rec.error_kind = ERROR, WRONG_MODEL
             rec.error = f"asked for model {' or '.join(sorted(names))!r}, the stream came from {answered!r}"
         self.model_names = None
+
+
+class _Abandon:
+    """One request's armed abandonment: the timer, and whether it fired (its cancel, not the run's)."""
+
+    __slots__ = ("handle", "fired")
+
+    def __init__(self) -> None:
+        self.handle: asyncio.TimerHandle
+        self.fired = False
 
 
 class _Run:
@@ -605,11 +651,16 @@ class _Run:
             prefix_group=spec.prefix_group,
             priority=spec.priority,
         )
+        abandon = self._abandon_later(spec)
         try:
             await self.target.stream(self.client, spec, rec, self.zero, self.bodies.pop(spec.index, None))
         except asyncio.CancelledError:
-            rec.status, rec.error_kind, rec.error = CANCELLED, CANCELLED, "run interrupted"
             rec.finish_time = self.now()
+            if abandon is not None and abandon.fired:
+                rec.status, rec.abandoned = ABANDONED, True
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]  # our own cancel, handled here
+            else:
+                rec.status, rec.error_kind, rec.error = CANCELLED, CANCELLED, "run interrupted"
         except Exception as exc:  # every fault becomes a record, never a lost request
             rec.status, rec.error_kind = ERROR, _classify(exc)
             rec.error = f"{type(exc).__name__}: {exc}"[:500]
@@ -620,6 +671,8 @@ class _Run:
             if rec.error_kind == CONNECTION_REFUSED:
                 self._server_gone(rec)
         finally:
+            if abandon is not None:
+                abandon.handle.cancel()
             if rec.chunk_times and rec.first_token_time is None:
                 rec.first_token_time = rec.chunk_times[0]
             if not rec.prompt_tokens:
@@ -627,6 +680,22 @@ class _Run:
             if not rec.output_tokens:
                 rec.output_tokens = len(rec.chunk_times)
             self._finish(spec.index, rec)
+
+    def _abandon_later(self, spec: RequestSpec) -> _Abandon | None:
+        """Arm the cancel of this request's task at `abandon_after` seconds, if it is one that abandons."""
+        after = self.target.abandon_after
+        if after is None or not self.target.abandons(spec.index):
+            return None
+        task = asyncio.current_task()
+        assert task is not None
+        abandon = _Abandon()
+
+        def fire() -> None:
+            abandon.fired = True
+            task.cancel()
+
+        abandon.handle = asyncio.get_running_loop().call_later(after, fire)
+        return abandon
 
     def _timeout_text(self) -> str:
         idle = self.target.idle_timeout
