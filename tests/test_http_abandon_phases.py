@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import pytest
 from support.fault_server import FaultServer
+from support.schemas import assert_files_match_schemas
+from typer.testing import CliRunner
+
+from servelab.cli import app
+from servelab.metrics.results import load_run
 
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
@@ -63,3 +68,57 @@ def test_every_record_has_its_http_phases_and_the_first_wave_reuses_connections_
     phases = summarize(records)["http_phases"]
     assert phases["requests"] == 12 and phases["connection_reused_share"] == sum(r.connection_reused for r in records) / 12
     assert phases["median_wait_ms"] is not None and phases["p99_receive_ms"] >= phases["median_receive_ms"]
+
+
+@pytest.mark.parametrize("route", ["round-robin", "least-outstanding"])
+def test_load_spread_over_replicas_names_the_one_that_served_each_request(route):
+    with FaultServer() as a, FaultServer(delay=0.02) as b:  # b streams slower: it keeps its requests longer
+        records = _run(HttpTarget([a.base_url, b.base_url], route=route), 24, 10, cap=4)
+        served = {a.base_url: len(a.received), b.base_url: len(b.received)}
+    assert {r.base_url for r in records} == set(served)
+    assert {url: sum(r.base_url == url for r in records) for url in served} == served
+    assert all(r.ok for r in records)
+    if route == "round-robin":
+        assert served[a.base_url] == served[b.base_url] == 12
+    else:
+        assert served[a.base_url] > served[b.base_url]  # the faster replica frees its slots sooner
+    replicas = summarize(records)["replicas"]
+    assert {url: share["completed"] for url, share in replicas.items()} == served
+
+
+def test_one_replica_records_no_url_and_a_repeated_url_is_refused():
+    with FaultServer() as srv:
+        records = _run(HttpTarget(srv.base_url), 2, 2)
+        with pytest.raises(TargetError, match="twice"):
+            HttpTarget([srv.base_url, srv.base_url + "/"])
+    assert all(r.base_url is None for r in records) and summarize(records)["replicas"] is None
+
+
+def test_bench_spreads_over_replicas_abandons_and_writes_it_all_in_typed_files(tmp_path):
+    out = tmp_path / "run"
+    with FaultServer(delay=0.05) as a, FaultServer(delay=0.05) as b:
+        result = CliRunner().invoke(app, [
+            "bench", "--base-url", a.base_url, "--base-url", b.base_url, "--route", "least-outstanding",
+            "--random-input-len", "16", "--random-output-len", "20", "--num-prompts", "6", "--max-concurrency", "2",
+            "--abandon-after", "0.3", "--abandon-share", "0.5", "--result-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    run = load_run(out)
+    assert run.run_info["flags"]["base_urls"] == [a.base_url, b.base_url]
+    assert run.run_info["server_info"]["base_urls"] == [a.base_url, b.base_url]
+    summary = run.summary
+    assert summary["abandoned"] == sum(r.abandoned for r in run.records) > 0 and summary["failed"] == 0
+    assert set(summary["replicas"]) == {a.base_url, b.base_url}
+    assert summary["http_phases"]["requests"] == summary["completed"]
+    assert assert_files_match_schemas(out) == {"run": 1, "record": 1, "summary": 1, "timeline": 1}
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--abandon-after", "0"], "--abandon-after"),
+    (["--abandon-share", "0.5"], "needs --abandon-after"),
+    (["--route", "random"], "--route"),
+    (["--base-url", "http://127.0.0.1:1", "--base-url", "http://127.0.0.1:1"], "twice"),
+])
+def test_bad_bench_flags_are_refused_before_any_load(tmp_path, args, words):
+    result = CliRunner().invoke(app, ["bench", *args, "--result-dir", str(tmp_path / "x")])
+    assert result.exit_code == 2 and words in result.output, result.output
+    assert not (tmp_path / "x").exists()

@@ -19,14 +19,20 @@ from servelab.errors import InputError
 from servelab.metrics.gpu import GpuTelemetry
 from servelab.targets.http import HttpTarget
 from servelab.targets.preflight import ENDPOINTS
+from servelab.targets.replicas import ROUND_ROBIN, ROUTES
 
 _TARGET = "Target"
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 
 
 @app.command()
 @load_options
 def bench(
-    base_url: Annotated[str, typer.Option(help="Server root, e.g. http://127.0.0.1:8000.", rich_help_panel=_TARGET)] = "http://127.0.0.1:8000",
+    base_url: Annotated[Optional[list[str]], typer.Option(
+        help="Server root, e.g. http://127.0.0.1:8000. Repeat it for replicas of one model with no router in front: "
+             "the load is spread over them (--route) and each record names the URL that served it.",
+        rich_help_panel=_TARGET)] = None,
+    route: Annotated[str, typer.Option(help=f"How requests are spread over several --base-url: {', '.join(ROUTES)}.", rich_help_panel=_TARGET)] = ROUND_ROBIN,
     endpoint: Annotated[str, typer.Option(help=f"One of {', '.join(ENDPOINTS)}.", rich_help_panel=_TARGET)] = "/v1/completions",
     model: Annotated[Optional[str], typer.Option(help="Served model name (default: the first of /v1/models).", rich_help_panel=_TARGET)] = None,
     api_key: Annotated[Optional[str], typer.Option(envvar="OPENAI_API_KEY", show_envvar=True, help="Bearer token; never written anywhere.", rich_help_panel=_TARGET)] = None,
@@ -69,8 +75,13 @@ def bench(
         raise InputError("--abandon-share picks the requests that abandon: it needs --abandon-after")
     if gpu_metrics_url is not None and not gpu_metrics_url.startswith(("http://", "https://")):
         raise InputError(f"--gpu-metrics-url must be an http(s) URL, got {gpu_metrics_url!r}")
+    urls = base_url or [DEFAULT_BASE_URL]
+    if route not in ROUTES:
+        raise InputError(f"--route {route!r}: choose one of {', '.join(ROUTES)}")
+    if len(set(urls)) != len(urls):
+        raise InputError(f"--base-url: a URL is given twice ({', '.join(urls)})")
     target = HttpTarget(
-        base_url,
+        urls,
         endpoint,
         model=model,
         api_key=api_key,
@@ -82,15 +93,16 @@ def bench(
         gpu_telemetry=GpuTelemetry(dcgm_url=gpu_metrics_url),
         abandon_after=abandon_after,
         abandon_share=abandon_share,
+        route=route,
     )
     server = target.preflight()
     result_dir = load.output_dir("bench")
-    flags = {"base_url": base_url, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
+    flags = {"base_url": urls[0], "base_urls": urls, "route": route, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
              "request_timeout": request_timeout, "scrape_interval": scrape_interval, "workers": workers,
              "gpu_metrics_url": gpu_metrics_url, "abandon_after": abandon_after, "abandon_share": abandon_share,
              **load.as_dict()}
     run_info: dict[str, Any] = {"verb": "bench", "source": "http", "argv": _argv_without_secrets(api_key), "flags": flags}
-    out.print(f"bench: {server['model']} at {base_url}{endpoint} -> {result_dir}", highlight=False)
+    out.print(f"bench: {server['model']} at {' + '.join(urls)}{endpoint} -> {result_dir}", highlight=False)
     for warning in server["warnings"]:
         out.print(f"[yellow]warning[/]: {warning}", highlight=False, soft_wrap=True)
     run_and_show(target, load, first_plan, result_dir, run_info, out, report=report)

@@ -70,6 +70,8 @@ class RequestRecord:
     sends its headers with the first token, queueing and prefill."""
     http_receive_s: float | None = None
     """HTTP: from the first byte to the last: the stream."""
+    base_url: str | None = None
+    """The replica that served it, when the load was spread over several (`bench --base-url A --base-url B`)."""
     abandoned: bool = False
     """The client gave up on it mid-way, like a user closing the tab (`--abandon-after`): not an error."""
 

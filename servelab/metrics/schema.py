@@ -68,6 +68,7 @@ class RecordRow(ClosedModel):
     http_send_s: float | None = Field(None, description="HTTP: from send_time (after any connect) to its bytes handed to the kernel.")
     http_wait_s: float | None = Field(None, description="HTTP: from sent to the response's first byte.")
     http_receive_s: float | None = Field(None, description="HTTP: from the first byte to the last.")
+    base_url: str | None = Field(None, description="The replica that served it, when the load was spread over several --base-url.")
     abandoned: bool = Field(False, description="The client gave up on it mid-way (--abandon-after); status abandoned, not an error.")
 
 
@@ -96,6 +97,15 @@ class HttpPhases(ClosedModel):
     mean_receive_ms: float | None
     median_receive_ms: float | None
     p99_receive_ms: float | None
+
+
+class ReplicaShare(ClosedModel):
+    """One replica's part of a run spread over several --base-url."""
+
+    completed: int
+    failed: int
+    mean_ttft_ms: float | None
+    mean_e2el_ms: float | None
 
 
 class Summary(OpenModel):
@@ -133,6 +143,8 @@ class Summary(OpenModel):
     abandoned: int | None = Field(None, description="Requests the client gave up on (--abandon-after): neither completed nor failed.")
     abandoned_output_chunks: int | None = Field(None, description="Chunks the abandoned requests had received: work done for nobody.")
     http_phases: HttpPhases | None = Field(None, description="HTTP phase breakdown (bench); null for the simulator.")
+    replicas: dict[str, ReplicaShare] | None = Field(
+        None, description="Per --base-url, when bench spread the load over several; null otherwise.")
     requests_recorded: int | None = Field(None, description="Records written, warm-up included (a run's summary).")
     warmup: float | None = None
     interrupted: bool | None = None

@@ -85,7 +85,27 @@ def summarize(
         "abandoned": len(abandoned),
         "abandoned_output_chunks": sum(len(r.chunk_times) for r in abandoned),
         "http_phases": http_phases(counted),
+        "replicas": _by_replica(counted),
     }
     for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
         summary.update(_stats(name, values, percentiles))
     return summary
+
+
+def _by_replica(records: Sequence[RequestRecord]) -> dict[str, dict[str, Any]] | None:
+    """Per base URL, when the load was spread over several: requests served, failed, and mean TTFT and E2EL (ms)."""
+    urls = sorted({r.base_url for r in records if r.base_url is not None})
+    if not urls:
+        return None
+    out: dict[str, dict[str, Any]] = {}
+    for url in urls:
+        mine = [r for r in records if r.base_url == url]
+        done = [r for r in mine if r.ok]
+        ttfts = [r.ttft for r in done if r.ttft is not None]
+        out[url] = {
+            "completed": len(done),
+            "failed": sum(1 for r in mine if not r.ok and not r.abandoned),
+            "mean_ttft_ms": float(np.mean(ttfts)) * 1e3 if ttfts else None,
+            "mean_e2el_ms": float(np.mean([r.e2el for r in done])) * 1e3 if done else None,
+        }
+    return out

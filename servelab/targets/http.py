@@ -55,6 +55,7 @@ from servelab.targets.preflight import (
     error_message,
     preflight,
 )
+from servelab.targets.replicas import ROUND_ROBIN, ROUTES, Replicas
 from servelab.targets.sse import DONE, SSEDecoder
 from servelab.targets.stop_signals import on_stop_signals
 from servelab.targets.stream_client import (
@@ -145,7 +146,7 @@ class HttpTarget:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         endpoint: str = COMPLETIONS,
         model: str | None = None,
         api_key: str | None = None,
@@ -160,6 +161,7 @@ class HttpTarget:
         gpu_telemetry: GpuTelemetry | None = None,
         abandon_after: float | None = None,
         abandon_share: float = 1.0,
+        route: str = ROUND_ROBIN,
     ) -> None:
         if endpoint not in ENDPOINTS:
             raise TargetError(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
@@ -171,8 +173,18 @@ class HttpTarget:
             raise TargetError(f"--abandon-after must be > 0 seconds, got {abandon_after}")
         if not 0 < abandon_share <= 1:
             raise TargetError(f"--abandon-share must be in (0, 1], got {abandon_share}")
-        base_url = base_url.rstrip("/")
-        self.base_url = base_url.removesuffix("/v1")
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise TargetError("give at least one base URL")
+        if route not in ROUTES:
+            raise TargetError(f"route {route!r}: choose one of {', '.join(ROUTES)}")
+        self.base_urls = [url.rstrip("/").removesuffix("/v1") for url in urls]
+        """Replicas of one model, no router in front: requests are spread over them by `route` (replicas.py)."""
+        if len(set(self.base_urls)) != len(self.base_urls):
+            raise TargetError(f"a base URL is given twice: {', '.join(self.base_urls)}")
+        self.base_url = self.base_urls[0]
+        """The first replica: /metrics, /reset_prefix_cache and the server info come from it."""
+        self.route = route
         self.endpoint = endpoint
         self.model = model
         self.ignore_eos = ignore_eos
@@ -233,6 +245,10 @@ class HttpTarget:
                 return await self.apreflight(own)
         auth = self._auth_headers()
         info = await preflight(session, self.base_url, self.endpoint, self.model, headers=auth)
+        for other in self.base_urls[1:]:  # every replica must serve the same model, under the name the first gave
+            await preflight(session, other, self.endpoint, info["model"], headers=auth)
+        if len(self.base_urls) > 1:
+            info = {**info, "base_urls": self.base_urls, "route": self.route}
         self.model = info["model"]
         self.server_info = info
         self.model_names = frozenset(info["model_names"])
@@ -254,7 +270,7 @@ class HttpTarget:
         return asyncio.run(self.apreflight())
 
     def reset_prefix_cache(self) -> str:
-        """Empty the server's prefix cache, where it offers an endpoint for it; says what happened.
+        """Empty the server's prefix cache (every replica's), where it offers an endpoint for it; says what happened.
 
         vLLM serves `POST /reset_prefix_cache` only with VLLM_SERVER_DEV_MODE=1; elsewhere the answer is
         "not offered" and the run goes on: a sweep point then may inherit the previous point's cache.
@@ -262,10 +278,16 @@ class HttpTarget:
         return asyncio.run(self._areset_prefix_cache())
 
     async def _areset_prefix_cache(self) -> str:
+        async with aiohttp.ClientSession() as session:
+            said = [await self._reset_one(session, url) for url in self.base_urls]
+        if len(set(said)) == 1:
+            return said[0]
+        return "; ".join(f"{url}: {what}" for url, what in zip(self.base_urls, said))
+
+    async def _reset_one(self, session: aiohttp.ClientSession, base_url: str) -> str:
         try:
-            async with aiohttp.ClientSession() as session, session.post(
-                self.base_url + "/reset_prefix_cache", headers=self._auth_headers(),
-                timeout=aiohttp.ClientTimeout(total=30),
+            async with session.post(
+                base_url + "/reset_prefix_cache", headers=self._auth_headers(), timeout=aiohttp.ClientTimeout(total=30),
             ) as resp:
                 if resp.status == 200:
                     return RESET
@@ -314,12 +336,12 @@ class HttpTarget:
             first = await scraper.fetch()
             wave, rest = first_wave(plan.requests, cap or MAX_WAVE)
             pool = WorkerPool(self, plan, sink, workers) if workers > 1 else None
-            client: StreamingClient | None = None
+            client: Replicas | None = None
             bodies: dict[int, bytes] = {}
             if pool is not None:
                 await pool.start(wave, rest)
             else:
-                client = StreamingClient(self.base_url)
+                client = Replicas(self.base_urls, self.route)
                 bodies = await self.prepare(client, wave, cap or len(wave))
             zero = self.clock_zero = time.perf_counter()
             if first is not None:
@@ -356,7 +378,7 @@ class HttpTarget:
         sink: RecordSink,
         zero: float,
         handle_signals: bool,
-        client: StreamingClient,
+        client: Replicas,
         bodies: dict[int, bytes],
     ) -> RunTally:
         """Release and stream requests on this event loop; the body of a run, in one process or in each worker.
@@ -368,7 +390,7 @@ class HttpTarget:
         finally:
             client.close()
 
-    async def prepare(self, client: StreamingClient, wave: Sequence[RequestSpec], connections: int) -> dict[int, bytes]:
+    async def prepare(self, client: Replicas, wave: Sequence[RequestSpec], connections: int) -> dict[int, bytes]:
         """What must not happen on the clock: the first wave's request bodies, and the connections they will use.
 
         A body that cannot be built (a chat request without text) fails here, before any load.
@@ -511,7 +533,7 @@ class _Run:
         max_concurrency: int | None,
         duration: float | None,
         sink: RecordSink,
-        client: StreamingClient,
+        client: Replicas,
         zero: float,
         bodies: dict[int, bytes],
     ) -> None:
@@ -652,8 +674,11 @@ class _Run:
             priority=spec.priority,
         )
         abandon = self._abandon_later(spec)
+        replica = self.client.pick()
+        if len(self.client.clients) > 1:
+            rec.base_url = self.client.urls[replica]
         try:
-            await self.target.stream(self.client, spec, rec, self.zero, self.bodies.pop(spec.index, None))
+            await self.target.stream(self.client.clients[replica], spec, rec, self.zero, self.bodies.pop(spec.index, None))
         except asyncio.CancelledError:
             rec.finish_time = self.now()
             if abandon is not None and abandon.fired:
@@ -671,6 +696,7 @@ class _Run:
             if rec.error_kind == CONNECTION_REFUSED:
                 self._server_gone(rec)
         finally:
+            self.client.done(replica)
             if abandon is not None:
                 abandon.handle.cancel()
             if rec.chunk_times and rec.first_token_time is None:
