@@ -109,6 +109,8 @@ def test_bench_spreads_over_replicas_abandons_and_writes_it_all_in_typed_files(t
     assert summary["abandoned"] == sum(r.abandoned for r in run.records) > 0 and summary["failed"] == 0
     assert set(summary["replicas"]) == {a.base_url, b.base_url}
     assert summary["http_phases"]["requests"] == summary["completed"]
+    for said in ("Abandoned requests (not errors)", "HTTP phases", "Replicas", a.base_url):
+        assert said in result.output
     assert assert_files_match_schemas(out) == {"run": 1, "record": 1, "summary": 1, "timeline": 1}
 
 

@@ -91,6 +91,9 @@ def summary_table(summary: dict[str, Any], title: str = "Serving benchmark resul
         rows.append(("Request goodput (req/s)", f"{summary['request_goodput']:.2f}"))
     for kind, count in sorted((summary.get("errors_by_kind") or {}).items()):
         rows.append((f"  errors: {kind}", count))
+    if summary.get("abandoned"):
+        rows.append(("Abandoned requests (not errors)", summary["abandoned"]))
+        rows.append(("  chunks they had received", summary.get("abandoned_output_chunks", 0)))
     for key, value in rows:
         table.add_row(key, str(value))
     percentiles = sorted(
@@ -102,6 +105,19 @@ def summary_table(summary: dict[str, Any], title: str = "Serving benchmark resul
         table.add_row(f"[bold]{label}[/]", "")
         for key, value in _ms(summary, name, percentiles):
             table.add_row(f"  {key}", _cell(value))
+    phases = summary.get("http_phases")
+    if phases:
+        table.add_section()
+        table.add_row("[bold]HTTP phases, median / p99 (ms)[/]", f"reused {phases['connection_reused_share']:.0%}")
+        for phase in ("connect", "send", "wait", "receive"):
+            median, p99 = phases.get(f"median_{phase}_ms"), phases.get(f"p99_{phase}_ms")
+            table.add_row(f"  {phase}", f"{_cell(median)} / {_cell(p99)}")
+    replicas = summary.get("replicas") or {}
+    if replicas:
+        table.add_section()
+        table.add_row("[bold]Replicas[/]", "")
+    for url, share in replicas.items():
+        table.add_row(f"  {url}", f"{share['completed']} ok, {share['failed']} failed, TTFT {_cell(share['mean_ttft_ms'])} ms")
     stats = summary.get("client_stats") or {}
     if "schedule_lag_p99_ms" in stats:
         table.add_section()
