@@ -199,6 +199,8 @@ class SweepPoint(OpenModel):
     profile: str | None = Field(None, description="`--sweep auto`: synchronous, throughput or constant (a rate).")
     stopped_early: bool | None = Field(
         None, description="`--sweep auto`, a rate point: release stopped once the server was over-saturated.")
+    offered_rate_realized: float | None = Field(
+        None, description="`--sweep auto`, a rate point: the rate its arrivals came at, (n - 1) / their span.")
     over_saturated: str | None = Field(
         None, description="`--sweep auto`, a rate point: the backlog and TTFT trends that showed over-saturation.")
 
