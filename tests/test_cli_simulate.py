@@ -143,16 +143,16 @@ def test_every_shared_load_flag_is_offered_by_each_verb_that_takes_load(verb):
     result = CliRunner().invoke(app, [verb, "--help"], env={"COLUMNS": "250"})
     assert result.exit_code == 0
     flags = [f.name.replace("_", "-") for f in fields(LoadFlags)]
-    assert len(flags) == 23 and [f for f in flags if f"--{f}" not in result.output] == []
+    assert len(flags) == 26 and [f for f in flags if f"--{f}" not in result.output] == []
 
 
 SHARED_DEPLOYMENT_FLAGS = {
-    "simulate": ("gpu", "model", "engine_args", "tp", "replicas", "router", "gpu_file", "calibration"),
-    "diagnose": ("gpu", "model", "engine_args", "tp", "replicas", "gpu_file", "calibration", "goodput"),
+    "simulate": ("gpu", "model", "engine_args", "tp", "replicas", "router", "gpu_file", "calibration", "vllm_version"),
+    "diagnose": ("gpu", "model", "engine_args", "tp", "replicas", "gpu_file", "calibration", "vllm_version", "goodput"),
     "tune": ("gpu", "model", "engine_args", "calibration", "goodput"),
     "calibrate": ("gpu", "model", "engine_args", "base_url", "served_model", "api_key"),
     "validate": ("calibration", "engine_args", "base_url", "served_model", "api_key"),
-    "bench": ("base_url", "api_key", "goodput"),
+    "bench": ("api_key", "goodput"),  # its --base-url repeats (replicas)
 }
 
 

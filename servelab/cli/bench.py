@@ -12,7 +12,6 @@ from servelab.cli import app
 from servelab.cli.options import (
     SERVER_PANEL,
     ApiKeyFlag,
-    BaseUrlFlag,
     LoadFlags,
     load_options,
 )
@@ -25,12 +24,19 @@ from servelab.metrics.engines import AUTO, ENGINE_CHOICES
 from servelab.metrics.gpu import GpuTelemetry
 from servelab.targets.http import HttpTarget
 from servelab.targets.preflight import ENDPOINTS
+from servelab.targets.replicas import ROUND_ROBIN, ROUTES
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 
 
 @app.command()
 @load_options
 def bench(
-    base_url: BaseUrlFlag = "http://127.0.0.1:8000",
+    base_url: Annotated[Optional[list[str]], typer.Option(
+        help="Server root, e.g. http://127.0.0.1:8000. Repeat it for replicas of one model with no router in front: "
+             "the load is spread over them (--route) and each record names the URL that served it.",
+        rich_help_panel=SERVER_PANEL)] = None,
+    route: Annotated[str, typer.Option(help=f"How requests are spread over several --base-url: {', '.join(ROUTES)}.", rich_help_panel=SERVER_PANEL)] = ROUND_ROBIN,
     endpoint: Annotated[str, typer.Option(help=f"One of {', '.join(ENDPOINTS)}.", rich_help_panel=SERVER_PANEL)] = "/v1/completions",
     model: Annotated[Optional[str], typer.Option(help="Served model name (default: the first of /v1/models).", rich_help_panel=SERVER_PANEL)] = None,
     api_key: ApiKeyFlag = None,
@@ -45,6 +51,12 @@ def bench(
         help=f"Whose /metrics names to read: {', '.join(ENGINE_CHOICES)} (auto: the names the server exports). "
              "The engine and its version, as the server reports them, go into run.json.",
         rich_help_panel=SERVER_PANEL)] = AUTO,
+    abandon_after: Annotated[Optional[float], typer.Option(
+        help="Seconds after which a request still streaming is abandoned (connection closed, as a user closing the "
+             "tab): recorded as abandoned, not an error; the summary counts them apart.", rich_help_panel=SERVER_PANEL)] = None,
+    abandon_share: Annotated[float, typer.Option(
+        help="The share of requests that abandon after --abandon-after (the same ones in every run).",
+        rich_help_panel=SERVER_PANEL)] = 1.0,
     report: ReportFlag = False,
     workers: Annotated[int, typer.Option(help="Client processes, one event loop each: raise it when the summary warns that the client is the bottleneck.", rich_help_panel=SERVER_PANEL)] = 1,
     *,
@@ -65,10 +77,21 @@ def bench(
         raise InputError(f"--workers must be >= 1, got {workers}")
     if engine not in ENGINE_CHOICES:
         raise InputError(f"--engine must be one of {', '.join(ENGINE_CHOICES)}, got {engine!r}")
+    if abandon_after is not None and not abandon_after > 0:
+        raise InputError(f"--abandon-after must be > 0 seconds, got {abandon_after}")
+    if not 0 < abandon_share <= 1:
+        raise InputError(f"--abandon-share must be in (0, 1], got {abandon_share}")
+    if abandon_share != 1.0 and abandon_after is None:
+        raise InputError("--abandon-share picks the requests that abandon: it needs --abandon-after")
     if gpu_metrics_url is not None and not gpu_metrics_url.startswith(("http://", "https://")):
         raise InputError(f"--gpu-metrics-url must be an http(s) URL, got {gpu_metrics_url!r}")
+    urls = base_url or [DEFAULT_BASE_URL]
+    if route not in ROUTES:
+        raise InputError(f"--route {route!r}: choose one of {', '.join(ROUTES)}")
+    if len(set(urls)) != len(urls):
+        raise InputError(f"--base-url: a URL is given twice ({', '.join(urls)})")
     target = HttpTarget(
-        base_url,
+        urls,
         endpoint,
         model=model,
         api_key=api_key,
@@ -79,16 +102,20 @@ def bench(
         workers=workers,
         gpu_telemetry=GpuTelemetry(dcgm_url=gpu_metrics_url),
         engine=engine,
+        abandon_after=abandon_after,
+        abandon_share=abandon_share,
+        route=route,
     )
     server = target.preflight()
     result_dir = load.output_dir("bench")
-    flags = {"base_url": base_url, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
+    flags = {"base_url": urls[0], "base_urls": urls, "route": route, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
              "request_timeout": request_timeout, "scrape_interval": scrape_interval, "workers": workers,
-             "gpu_metrics_url": gpu_metrics_url, "engine": engine, **load.as_dict()}
+             "gpu_metrics_url": gpu_metrics_url, "engine": engine, "abandon_after": abandon_after,
+             "abandon_share": abandon_share, **load.as_dict()}
     run_info: dict[str, Any] = {"verb": "bench", "source": "http", "argv": _argv_without_secrets(api_key), "flags": flags,
                                 # the server's own KV blocks and prefix-cache switch, which diagnose reads back
-                                CACHE_CONFIG: server_cache_config(base_url)}
-    out.print(f"bench: {server['model']} at {base_url}{endpoint} -> {result_dir}", highlight=False)
+                                CACHE_CONFIG: server_cache_config(urls[0])}
+    out.print(f"bench: {server['model']} at {' + '.join(urls)}{endpoint} -> {result_dir}", highlight=False)
     for warning in server["warnings"]:
         out.print(f"[yellow]warning[/]: {warning}", highlight=False, soft_wrap=True)
     run_and_show(target, load, first_plan, result_dir, run_info, out, report=report)

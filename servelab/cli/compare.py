@@ -14,6 +14,7 @@ from rich.table import Table
 from servelab.cli import app
 from servelab.cli.options import LoadFlags, load_options
 from servelab.errors import InputError
+from servelab.experiment.auto_sweep import AutoSweep
 from servelab.experiment.compare import EngineComparison, compare_engines
 from servelab.sim.engines import ENGINES, SGLANG, TRTLLM, VLLM
 from servelab.targets.engine_deployment import build_engine_deployment
@@ -74,6 +75,9 @@ def compare(
     deployments = [build_engine_deployment(e, gpu, model, flags[e], tensor_parallel_size=tp) for e in names]
     sweep = load.parsed_sweep()
     points: list[tuple[str, Callable[[], LoadPlan]]] = [("as given", load.make_plan)]
+    if isinstance(sweep, AutoSweep):
+        raise InputError("compare takes the load points you list (--sweep request-rate=4,16,inf); --sweep auto is bench's "
+                         "and simulate's")
     if sweep is not None:
         points = [(sweep.label(v), partial(load.make_plan, sweep.arrival(load.arrival(), v))) for v in sweep.values]
     result = compare_engines(deployments, points, load.slo())

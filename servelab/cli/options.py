@@ -28,6 +28,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from servelab.experiment.calibrate import deployment_from_profile
+from servelab.experiment.auto_sweep import AutoSweep, parse_sweep
 from servelab.experiment.sweep import Sweep, SweepError
 from servelab.metrics.slo import SLO
 from servelab.metrics.summary import DEFAULT_PERCENTILES
@@ -35,7 +36,7 @@ from servelab.perf.calibration import load_profile
 from servelab.perf.errors import PerfConfigError
 from servelab.sim.router import POLICIES, ROUND_ROBIN
 from servelab.targets.deployment import Deployment, build_deployment
-from servelab.workload.arrival import ArrivalConfig
+from servelab.workload.arrival import RAMPS, ArrivalConfig, Ramp
 from servelab.workload.datasets import DATASETS, FILE_DATASETS, WorkloadConfig
 from servelab.workload.errors import WorkloadError
 from servelab.workload.lengths import DISTRIBUTIONS
@@ -98,6 +99,11 @@ class LoadFlags:
     multiturn_think_time: Annotated[Optional[float], typer.Option(help="multiturn: seconds between a reply and the next turn. Default 0.", rich_help_panel=_WORKLOAD)] = None
     seed: Annotated[int, typer.Option(help="Seed for prompts, lengths and arrivals.", rich_help_panel=_WORKLOAD)] = 0
     max_concurrency: Annotated[Optional[int], typer.Option(help="Closed loop: at most N requests in flight (also caps an open loop).", rich_help_panel=_ARRIVAL)] = None
+    ramp_up_strategy: Annotated[Optional[str], typer.Option(
+        help=f"Open loop whose rate rises over the run ({', '.join(RAMPS)}), from --ramp-up-start-rps to --ramp-up-end-rps "
+             "(vLLM's flags): by request index, or over --duration.", rich_help_panel=_ARRIVAL)] = None
+    ramp_up_start_rps: Annotated[Optional[float], typer.Option(help="A ramp's first rate (req/s).", rich_help_panel=_ARRIVAL)] = None
+    ramp_up_end_rps: Annotated[Optional[float], typer.Option(help="A ramp's last rate (req/s).", rich_help_panel=_ARRIVAL)] = None
     request_rate: Annotated[Optional[float], typer.Option(help="Open loop: requests per second (inf = all at once, the default).", rich_help_panel=_ARRIVAL)] = None
     burstiness: Annotated[Optional[float], typer.Option(help="Gamma shape of the gaps (1 = Poisson, <1 burstier). Needs --request-rate.", rich_help_panel=_ARRIVAL)] = None
     num_prompts: Annotated[Optional[int], typer.Option(help="Requests to send. Default 1000.", rich_help_panel=_AMOUNT)] = None
@@ -105,7 +111,10 @@ class LoadFlags:
     warmup: Annotated[float, typer.Option(help="Seconds at the start excluded from statistics.", rich_help_panel=_AMOUNT)] = 0.0
     goodput: GoodputFlag = None
     metric_percentiles: Annotated[str, typer.Option(help="Percentiles reported for TTFT/TPOT/ITL/E2EL, comma-separated.", rich_help_panel=_SLO)] = ",".join(f"{p:g}" for p in DEFAULT_PERCENTILES)
-    sweep: Annotated[Optional[str], typer.Option("--sweep", help="request-rate=1,2,4,8 or max-concurrency=1,8,32: one run per value, sweep.json holds the curve.", rich_help_panel=_OUTPUT)] = None
+    sweep: Annotated[Optional[str], typer.Option("--sweep", help="request-rate=1,2,4,8 or max-concurrency=1,8,32: one run per value, sweep.json holds the curve. "
+                                          "auto (or auto=N): one request at a time, then all at once, then N rates "
+                                          "between (default 4); a rate point stops early once the server is "
+                                          "over-saturated; sweep.json names the knee and the highest rate meeting --goodput.", rich_help_panel=_OUTPUT)] = None
     result_dir: Annotated[Optional[Path], typer.Option(help="Where run.json, records.jsonl, timeline.jsonl, summary.json go. Default results/<verb>-<time>.", rich_help_panel=_OUTPUT)] = None
     json: Annotated[bool, typer.Option("--json", help="Print summary.json (sweep.json for a sweep) to stdout.", rich_help_panel=_OUTPUT)] = False
 
@@ -129,17 +138,25 @@ class LoadFlags:
             ):
                 if value is not None:
                     raise WorkloadError(f"{flag} does not apply to --dataset-name {name}: lengths come from the file")
-        if self.sweep is not None:
-            sweep = Sweep.parse(self.sweep)
+        sweep = self.parsed_sweep()
+        if isinstance(sweep, Sweep):
             given = {"request-rate": self.request_rate, "max-concurrency": self.max_concurrency}[sweep.key]
             if given is not None:
                 raise SweepError(f"--sweep {sweep.key}=... and --{sweep.key} both set the {sweep.key}; give one of them")
-        sweeps_rate = self.sweep is not None and self.sweep.strip().startswith("request-rate")
+        if isinstance(sweep, AutoSweep) and self.request_rate is not None:
+            raise SweepError("--sweep auto chooses the request rates itself: drop --request-rate")
+        ramp_flags = (self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps)
+        if any(v is not None for v in ramp_flags) and not all(v is not None for v in ramp_flags):
+            raise WorkloadError("a ramp needs all three of --ramp-up-strategy, --ramp-up-start-rps and --ramp-up-end-rps")
+        if self.ramp_up_strategy is not None and sweep is not None:
+            raise SweepError("--ramp-up-strategy and --sweep both vary the load over runs; give one of them")
+        sweeps_rate = self.ramp_up_strategy is not None or sweep is not None and (isinstance(sweep, AutoSweep) or sweep.key == "request-rate")
         if self.burstiness is not None and self.request_rate is None and not sweeps_rate:
             raise WorkloadError("--burstiness shapes an open loop's gaps: it needs --request-rate (or --sweep request-rate=...)")
         # Each parses its own flag; called here so a bad value is refused before any load is sent.
         self.slo()
         self.percentiles()
+        self.arrival()
         self.parsed_sweep()
 
     def workload(self) -> WorkloadConfig:
@@ -165,7 +182,13 @@ class LoadFlags:
             request_rate=float("inf") if self.request_rate is None else self.request_rate,
             burstiness=1.0 if self.burstiness is None else self.burstiness,
             max_concurrency=self.max_concurrency,
+            ramp=self.ramp(),
         )
+
+    def ramp(self) -> Ramp | None:
+        if self.ramp_up_strategy is None or self.ramp_up_start_rps is None or self.ramp_up_end_rps is None:
+            return None
+        return Ramp(self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps)
 
     def amount(self) -> Amount:
         return Amount(num_prompts=self.num_prompts, duration=self.duration, warmup=self.warmup)
@@ -182,8 +205,8 @@ class LoadFlags:
             raise WorkloadError(f"--metric-percentiles {self.metric_percentiles!r}: give numbers in (0, 100), e.g. 50,90,99")
         return values
 
-    def parsed_sweep(self) -> Sweep | None:
-        return Sweep.parse(self.sweep) if self.sweep is not None else None
+    def parsed_sweep(self) -> Sweep | AutoSweep | None:
+        return parse_sweep(self.sweep) if self.sweep is not None else None
 
     def make_plan(self, arrival: ArrivalConfig | None = None) -> LoadPlan:
         return build_plan(self.workload(), arrival or self.arrival(), self.amount())

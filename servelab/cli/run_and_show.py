@@ -26,6 +26,7 @@ from servelab.cli.options import LoadFlags
 from servelab.cli.report import report_into
 from servelab.errors import RunDisturbed, RunInterrupted
 from servelab.experiment.runner import run_point
+from servelab.experiment.auto_sweep import AutoSweep, run_auto_sweep
 from servelab.experiment.sweep import run_sweep
 from servelab.metrics.records import disturbances
 from servelab.metrics.results import SUMMARY, SWEEP
@@ -33,6 +34,7 @@ from servelab.metrics.schema import Summary, SweepIndex
 from servelab.metrics.slo import SLO
 from servelab.report.terminal import (
     LiveProgress,
+    auto_sweep_lines,
     print_warnings,
     summary_table,
     sweep_table,
@@ -68,9 +70,12 @@ def run_and_show(
         print_warnings(out, typed)
         written, interrupted, summaries = SUMMARY, bool(typed.interrupted), [typed]
     else:
-        index = SweepIndex.model_validate(
-            run_sweep(target, sweep, load.arrival(), load.make_plan, result_dir, run_info, slo, percentiles, observe))
+        args = (load.arrival(), load.make_plan, result_dir, run_info, slo, percentiles, observe)
+        raw = run_auto_sweep(target, sweep, *args) if isinstance(sweep, AutoSweep) else run_sweep(target, sweep, *args)
+        index = SweepIndex.model_validate(raw)
         out.print(sweep_table(index))
+        for line in auto_sweep_lines(raw):
+            out.print(line, highlight=False)
         summaries = [p.summary for p in index.points if p.summary is not None]
         for point_summary in summaries:
             print_warnings(out, point_summary)

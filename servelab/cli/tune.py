@@ -109,6 +109,8 @@ def tune(
     load.check()
     if load.sweep is not None:
         raise TuneError("--sweep does not apply to tune: the goodput objective searches the rate itself")
+    if load.ramp_up_strategy is not None:
+        raise TuneError("--ramp-up-strategy does not apply to tune: the goodput objective searches the rate itself")
     if resume and load.result_dir is None:
         raise TuneError("--resume needs the --result-dir of the study to continue")
     output = load.output_dir("tune")

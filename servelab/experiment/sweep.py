@@ -1,6 +1,7 @@
 """Sweeps: one run per value of the arrival knob, then the throughput-latency curve in sweep.json.
 
-Only the arrival process changes between points (`request-rate` or
+A request-rate point also says whether the server was over-saturated (servelab/experiment/saturation.py);
+`--sweep auto` (auto_sweep.py) picks its own points. Only the arrival process changes between points (`request-rate` or
 `max-concurrency`); every point gets a fresh plan from the same seed, so
 the prompts are the same and the curve shows load, not sampling noise.
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 from servelab.errors import InputError
 from servelab.experiment.runner import run_point
+from servelab.experiment.saturation import SaturationGuard, guard_fields
 from servelab.metrics.records import RecordSink
 from servelab.metrics.results import write_sweep_index
 from servelab.metrics.slo import SLO
@@ -41,6 +43,8 @@ CURVE_KEYS = (
     "p99_e2el_ms",
 )
 """The columns of the curve; each point's full summary is alongside."""
+Observe = Callable[[str, LoadPlan], AbstractContextManager[RecordSink | None]]
+"""Gives a point's live observer (a progress bar) from its label and plan."""
 
 
 class SweepError(InputError):
@@ -100,13 +104,10 @@ def run_sweep(
     run_info: dict[str, Any],
     slo: SLO | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
-    observe: Callable[[str, LoadPlan], AbstractContextManager[RecordSink | None]] | None = None,
+    observe: Observe | None = None,
 ) -> dict[str, Any]:
-    """Run every point into `result_dir/KEY=VALUE/`, updating sweep.json after each; stop at an interruption.
-
-    Before each point a target that can (`reset_prefix_cache`, HttpTarget) empties the server's prefix
-    cache, so points do not inherit each other's hits; each point's run.json says what happened.
-    """
+    """Run every point into `result_dir/KEY=VALUE/` (`run_sweep_point`), updating sweep.json after each; stop at
+    an interruption."""
     points: list[dict[str, Any]] = []
     index: dict[str, Any] = {"sweep": {"key": sweep.key, "values": list(_jsonable(sweep.values))}, "points": points}
     index["interrupted"] = False
@@ -114,33 +115,49 @@ def run_sweep(
         label = sweep.label(value)
         plan = make_plan(sweep.arrival(base_arrival, value))
         point_info = {**run_info, "sweep_point": {sweep.key: _jsonable([value])[0]}}
-        reset = getattr(target, "reset_prefix_cache", None)
-        if reset is not None:  # a point must not inherit the previous one's cached prefixes
-            point_info["prefix_cache_reset"] = reset()
-        context = observe(label, plan) if observe is not None else nullcontext(None)
-        with context as observer:
-            summary = run_point(
-                target,
-                plan,
-                result_dir / label,
-                point_info,
-                slo,
-                percentiles,
-                observers=[observer] if observer is not None else [],
-            )
-        points.append(
-            {
-                sweep.key: _jsonable([value])[0],
-                "directory": label,
-                **{k: summary.get(k) for k in CURVE_KEYS},
-                "summary": summary,
-            }
-        )
+        open_loop = sweep.key == "request-rate" and math.isfinite(value)
+        guard = SaturationGuard(value, stop=False) if open_loop else None
+        if guard is not None:
+            plan = replace(plan, requests=guard.requests(plan.requests))
+        summary = run_sweep_point(target, plan, result_dir, label, point_info, slo, percentiles, observe,
+                                  [guard] if guard is not None else [])
+        point = curve_point({sweep.key: _jsonable([value])[0]}, label, summary)
+        if guard is not None:
+            point["over_saturated"] = guard_fields(guard)["over_saturated"]
+        points.append(point)
         index["interrupted"] = bool(summary.get("interrupted"))
         write_sweep_index(result_dir, index)
         if index["interrupted"]:
             break
     return index
+
+
+def run_sweep_point(
+    target: Target,
+    plan: LoadPlan,
+    result_dir: Path,
+    label: str,
+    point_info: dict[str, Any],
+    slo: SLO | None,
+    percentiles: Sequence[float],
+    observe: Observe | None,
+    watchers: Sequence[RecordSink] = (),
+) -> dict[str, Any]:
+    """One point into `result_dir/label/`, after emptying the server's prefix cache where the target can
+    (`reset_prefix_cache`, HttpTarget): a point must not inherit the previous one's cached prefixes; its
+    run.json says what happened. `watchers` see every record, beside the live observer."""
+    reset = getattr(target, "reset_prefix_cache", None)
+    if reset is not None:
+        point_info["prefix_cache_reset"] = reset()
+    context = observe(label, plan) if observe is not None else nullcontext(None)
+    with context as observer:
+        observers = [*watchers, *([observer] if observer is not None else [])]
+        return run_point(target, plan, result_dir / label, point_info, slo, percentiles, observers=observers)
+
+
+def curve_point(values: dict[str, Any], label: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """One entry of sweep.json's `points`: the point's knob values, its directory, the curve's columns, its summary."""
+    return {**values, "directory": label, **{k: summary.get(k) for k in CURVE_KEYS}, "summary": summary}
 
 
 def _jsonable(values: Sequence[float | int]) -> list[float | int | str]:

@@ -59,6 +59,21 @@ class RequestRecord:
     schedule_time: float | None = None
     """When the engine first scheduled it (known to the simulator only)."""
     preemptions: int = 0
+    connection_reused: bool | None = None
+    """HTTP: the request went out on a kept-alive connection (False: a new one; None: not HTTP, or no response)."""
+    http_connect_s: float | None = None
+    """HTTP: the handshake of the new connection it needed (None when one was reused)."""
+    http_send_s: float | None = None
+    """HTTP: from send_time (plus any connect) until its bytes were handed to the kernel."""
+    http_wait_s: float | None = None
+    """HTTP: from sent to the response's first byte: network both ways, the API server and, for a server that
+    sends its headers with the first token, queueing and prefill."""
+    http_receive_s: float | None = None
+    """HTTP: from the first byte to the last: the stream."""
+    base_url: str | None = None
+    """The replica that served it, when the load was spread over several (`bench --base-url A --base-url B`)."""
+    abandoned: bool = False
+    """The client gave up on it mid-way, like a user closing the tab (`--abandon-after`): not an error."""
 
     @property
     def ok(self) -> bool:

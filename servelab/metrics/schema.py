@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -64,6 +64,13 @@ class RecordRow(ClosedModel):
     tokens_estimated: bool = Field(False, description="No usage in the stream: token counts are the client's estimate.")
     schedule_time: float | None = Field(None, description="When the engine first scheduled it (simulator only).")
     preemptions: int = 0
+    connection_reused: bool | None = Field(None, description="HTTP: sent on a kept-alive connection (null: not HTTP, or no response).")
+    http_connect_s: float | None = Field(None, description="HTTP: handshake of the new connection it needed (null when reused).")
+    http_send_s: float | None = Field(None, description="HTTP: from send_time (after any connect) to its bytes handed to the kernel.")
+    http_wait_s: float | None = Field(None, description="HTTP: from sent to the response's first byte.")
+    http_receive_s: float | None = Field(None, description="HTTP: from the first byte to the last.")
+    base_url: str | None = Field(None, description="The replica that served it, when the load was spread over several --base-url.")
+    abandoned: bool = Field(False, description="The client gave up on it mid-way (--abandon-after); status abandoned, not an error.")
 
 
 class TimelineRow(ClosedModel):
@@ -76,6 +83,35 @@ class TimelineRow(ClosedModel):
 
 PERCENTILE_KEY = re.compile(r"p\d+(\.\d+)?_(ttft|tpot|itl|e2el)_ms")
 """The per-percentile columns a summary has beside its named fields, as `vllm bench serve` spells them."""
+
+
+class HttpPhases(ClosedModel):
+    """Where the HTTP requests' time went (servelab.metrics.http_phases), in ms: mean, median and p99 of connect
+    (new connections only), send, wait (sent to the first byte) and receive (first byte to last)."""
+
+    requests: int
+    connection_reused_share: float
+    mean_connect_ms: float | None
+    median_connect_ms: float | None
+    p99_connect_ms: float | None
+    mean_send_ms: float | None
+    median_send_ms: float | None
+    p99_send_ms: float | None
+    mean_wait_ms: float | None
+    median_wait_ms: float | None
+    p99_wait_ms: float | None
+    mean_receive_ms: float | None
+    median_receive_ms: float | None
+    p99_receive_ms: float | None
+
+
+class ReplicaShare(ClosedModel):
+    """One replica's part of a run spread over several --base-url."""
+
+    completed: int
+    failed: int
+    mean_ttft_ms: float | None
+    mean_e2el_ms: float | None
 
 
 class Summary(OpenModel):
@@ -110,6 +146,11 @@ class Summary(OpenModel):
     mean_e2el_ms: float | None
     median_e2el_ms: float | None
     std_e2el_ms: float | None
+    abandoned: int | None = Field(None, description="Requests the client gave up on (--abandon-after): neither completed nor failed.")
+    abandoned_output_chunks: int | None = Field(None, description="Chunks the abandoned requests had received: work done for nobody.")
+    http_phases: HttpPhases | None = Field(None, description="HTTP phase breakdown (bench); null for the simulator.")
+    replicas: dict[str, ReplicaShare] | None = Field(
+        None, description="Per --base-url, when bench spread the load over several; null otherwise.")
     requests_recorded: int | None = Field(None, description="Records written, warm-up included (a run's summary).")
     warmup: float | None = None
     interrupted: bool | None = None
@@ -198,11 +239,31 @@ class SweepPoint(OpenModel):
     mean_e2el_ms: float | None = None
     p99_e2el_ms: float | None = None
     summary: Summary | None = Field(None, description="The point's summary.json (readers fall back to that file).")
+    profile: str | None = Field(None, description="`--sweep auto`: synchronous, throughput or constant (a rate).")
+    stopped_early: bool | None = Field(
+        None, description="`--sweep auto`, a rate point: release stopped once the server was over-saturated.")
+    offered_rate_realized: float | None = Field(
+        None, description="`--sweep auto`, a rate point: the rate its arrivals came at, (n - 1) / their span.")
+    over_saturated: str | None = Field(
+        None, description="`--sweep auto`, a rate point: the backlog and TTFT trends that showed over-saturation.")
 
 
 class SweepSpec(ClosedModel):
     key: str
-    values: list[float]
+    values: list[float | Literal["inf"]] = Field(description='The swept values in order; an unbounded rate is "inf".')
+
+
+class AutoSweepResult(OpenModel):
+    """What `--sweep auto` concluded from its points (servelab/experiment/auto_sweep.py); rates in requests/s."""
+
+    synchronous_rate: float | None = Field(description="One request at a time.")
+    throughput_rate: float | None = Field(description="Everything at once (or at --max-concurrency).")
+    knee_rate: float | None = Field(description="The highest offered rate the server kept up with.")
+    first_over_saturated_rate: float | None = Field(description="The lowest offered rate found over-saturated.")
+    max_goodput_rate: float | None = Field(
+        description="The highest offered rate at which slo_attainment of the requests met --goodput.")
+    slo_attainment: float | None = Field(description="The share of requests that must meet the SLO; null: no --goodput.")
+    note: str | None = None
 
 
 class SweepIndex(OpenModel):
@@ -212,3 +273,4 @@ class SweepIndex(OpenModel):
     sweep: SweepSpec
     points: list[SweepPoint]
     interrupted: bool | None = Field(None, description="The sweep stopped at an interrupted point (`--sweep` writes it).")
+    auto: AutoSweepResult | None = Field(None, description="`--sweep auto`: the knee and the rates around it.")

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from servelab.metrics.http_phases import http_phases
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.slo import SLO, tpot_seconds
 
@@ -47,12 +48,16 @@ def summarize(
 ) -> dict[str, Any]:
     """Statistics over the records sent at or after `warmup` seconds.
 
+    Abandoned requests (the client gave up, `--abandon-after`) are neither completed nor failed: they are
+    counted apart, with the chunks they had received (work the server did for nobody).
+
     `duration` defaults to the span from the first counted send to the last
     counted finish, which is what a throughput figure should be divided by.
     """
     counted = [r for r in records if r.send_time >= warmup]
     done = [r for r in counted if r.ok]
-    failed = [r for r in counted if not r.ok]
+    abandoned = [r for r in counted if r.abandoned]
+    failed = [r for r in counted if not r.ok and not r.abandoned]
     if duration is None:
         duration = (max(r.finish_time for r in counted) - min(r.send_time for r in counted)) if counted else 0.0
     per_s = (1.0 / duration) if duration > 0 else 0.0
@@ -77,7 +82,30 @@ def summarize(
         "output_throughput": output_tokens * per_s,
         "total_token_throughput": (input_tokens + output_tokens) * per_s,
         "slo": slo.as_dict() if slo else None,
+        "abandoned": len(abandoned),
+        "abandoned_output_chunks": sum(len(r.chunk_times) for r in abandoned),
+        "http_phases": http_phases(counted),
+        "replicas": _by_replica(counted),
     }
     for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
         summary.update(_stats(name, values, percentiles))
     return summary
+
+
+def _by_replica(records: Sequence[RequestRecord]) -> dict[str, dict[str, Any]] | None:
+    """Per base URL, when the load was spread over several: requests served, failed, and mean TTFT and E2EL (ms)."""
+    urls = sorted({r.base_url for r in records if r.base_url is not None})
+    if not urls:
+        return None
+    out: dict[str, dict[str, Any]] = {}
+    for url in urls:
+        mine = [r for r in records if r.base_url == url]
+        done = [r for r in mine if r.ok]
+        ttfts = [r.ttft for r in done if r.ttft is not None]
+        out[url] = {
+            "completed": len(done),
+            "failed": sum(1 for r in mine if not r.ok and not r.abandoned),
+            "mean_ttft_ms": float(np.mean(ttfts)) * 1e3 if ttfts else None,
+            "mean_e2el_ms": float(np.mean([r.e2el for r in done])) * 1e3 if done else None,
+        }
+    return out

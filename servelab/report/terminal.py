@@ -93,6 +93,9 @@ def summary_table(summary: Summary, title: str = "Serving benchmark result") -> 
         rows.append(("Request goodput (req/s)", f"{summary.request_goodput:.2f}"))
     for kind, count in sorted(summary.errors_by_kind.items()):
         rows.append((f"  errors: {kind}", count))
+    if summary.abandoned:
+        rows.append(("Abandoned requests (not errors)", summary.abandoned))
+        rows.append(("  chunks they had received", summary.abandoned_output_chunks or 0))
     for key, value in rows:
         table.add_row(key, str(value))
     percentiles = sorted(
@@ -104,6 +107,19 @@ def summary_table(summary: Summary, title: str = "Serving benchmark result") -> 
         table.add_row(f"[bold]{label}[/]", "")
         for key, value in _ms(summary, name, percentiles):
             table.add_row(f"  {key}", _cell(value))
+    phases = summary.http_phases
+    if phases:
+        table.add_section()
+        table.add_row("[bold]HTTP phases, median / p99 (ms)[/]", f"reused {phases.connection_reused_share:.0%}")
+        for phase in ("connect", "send", "wait", "receive"):
+            median, p99 = getattr(phases, f"median_{phase}_ms"), getattr(phases, f"p99_{phase}_ms")
+            table.add_row(f"  {phase}", f"{_cell(median)} / {_cell(p99)}")
+    replicas = summary.replicas or {}
+    if replicas:
+        table.add_section()
+        table.add_row("[bold]Replicas[/]", "")
+    for url, share in replicas.items():
+        table.add_row(f"  {url}", f"{share.completed} ok, {share.failed} failed, TTFT {_cell(share.mean_ttft_ms)} ms")
     stats = summary.client_stats or {}
     if "p99_schedule_lag_ms" in stats:
         table.add_section()
@@ -127,6 +143,28 @@ def sweep_table(index: SweepIndex) -> Table:
     for point in index.points:
         table.add_row(*(_cell(getattr(point, field)) for _, field in columns))
     return table
+
+
+def auto_sweep_lines(index: dict[str, Any]) -> list[str]:
+    """What `--sweep auto` concluded, one line each: the knee, the peak, the rate meeting --goodput, early stops."""
+    auto = index.get("auto")
+    if not auto:
+        return []
+    rate = lambda value: "—" if value is None else f"{value:.3g} req/s"  # noqa: E731
+    lines = [
+        f"Knee (highest offered rate the server kept up with): {rate(auto.get('knee_rate'))}; "
+        f"one at a time {rate(auto.get('synchronous_rate'))}, all at once {rate(auto.get('throughput_rate'))}"
+    ]
+    if auto.get("slo_attainment") is not None:
+        lines.append(f"Highest rate with >= {auto['slo_attainment']:.0%} of requests meeting --goodput: "
+                     f"{rate(auto.get('max_goodput_rate'))}")
+    for point in index["points"]:
+        if point.get("over_saturated"):
+            stop = "stopped early" if point.get("stopped_early") else "ran to its end"
+            lines.append(f"{point['directory']}: {point['over_saturated']} ({stop})")
+    if auto.get("note"):
+        lines.append(auto["note"])
+    return lines
 
 
 def print_warnings(console: Console, summary: Summary) -> None:

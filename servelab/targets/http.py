@@ -58,10 +58,12 @@ from servelab.targets.preflight import (
     error_message,
     preflight,
 )
+from servelab.targets.replicas import ROUND_ROBIN, ROUTES, Replicas
 from servelab.targets.sse import DONE, SSEDecoder
 from servelab.targets.stop_signals import on_stop_signals
 from servelab.targets.stream_client import (
     ConnectError,
+    Phases,
     ProtocolError,
     RefusedError,
     StreamingClient,
@@ -76,6 +78,10 @@ RESET = "reset"
 NOT_OFFERED = "not offered"
 """What `reset_prefix_cache` says when the server has no such endpoint (vLLM without dev mode)."""
 CANCELLED = "cancelled"
+ABANDONED = "abandoned"
+"""A record's status when the client gave up on it on purpose (`abandon_after`): not an error."""
+_GOLDEN = 2654435761
+"""Knuth's multiplicative hash constant: spreads consecutive indices evenly over [0, 2**32)."""
 EMPTY_STREAM = "empty_stream"
 WRONG_MODEL = "wrong_model"
 
@@ -143,7 +149,7 @@ class HttpTarget:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         endpoint: str = COMPLETIONS,
         model: str | None = None,
         api_key: str | None = None,
@@ -157,6 +163,9 @@ class HttpTarget:
         workers: int = 1,
         gpu_telemetry: GpuTelemetry | None = None,
         engine: str = engines.AUTO,
+        abandon_after: float | None = None,
+        abandon_share: float = 1.0,
+        route: str = ROUND_ROBIN,
     ) -> None:
         if endpoint not in ENDPOINTS:
             raise TargetError(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
@@ -166,8 +175,22 @@ class HttpTarget:
             raise TargetError(f"workers must be at least 1, got {workers}")
         if engine not in engines.ENGINE_CHOICES:
             raise TargetError(f"engine {engine!r} is not known; use one of {', '.join(engines.ENGINE_CHOICES)}")
-        base_url = base_url.rstrip("/")
-        self.base_url = base_url.removesuffix("/v1")
+        if abandon_after is not None and not abandon_after > 0:
+            raise TargetError(f"--abandon-after must be > 0 seconds, got {abandon_after}")
+        if not 0 < abandon_share <= 1:
+            raise TargetError(f"--abandon-share must be in (0, 1], got {abandon_share}")
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise TargetError("give at least one base URL")
+        if route not in ROUTES:
+            raise TargetError(f"route {route!r}: choose one of {', '.join(ROUTES)}")
+        self.base_urls = [url.rstrip("/").removesuffix("/v1") for url in urls]
+        """Replicas of one model, no router in front: requests are spread over them by `route` (replicas.py)."""
+        if len(set(self.base_urls)) != len(self.base_urls):
+            raise TargetError(f"a base URL is given twice: {', '.join(self.base_urls)}")
+        self.base_url = self.base_urls[0]
+        """The first replica: /metrics, /reset_prefix_cache and the server info come from it."""
+        self.route = route
         self.endpoint = endpoint
         self.model = model
         self.ignore_eos = ignore_eos
@@ -183,6 +206,11 @@ class HttpTarget:
         """GPUs sampled beside /metrics (servelab/metrics/gpu.py); None: none."""
         self.engine = engine
         """Whose /metrics names to read (servelab/metrics/engines.py), or `auto`: the server's."""
+        self.abandon_after = abandon_after
+        """Seconds after its send at which a request still streaming is abandoned (the connection closed, like a
+        user closing the tab); None: never."""
+        self.abandon_share = abandon_share
+        """The share of requests that abandon (chosen by their index, the same ones in every run of a plan)."""
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -226,6 +254,10 @@ class HttpTarget:
         auth = self._auth_headers()
         info = await preflight(session, self.base_url, self.endpoint, self.model, headers=auth)
         info["engine"] = await identify(session, self.base_url, self.engine, auth or None)
+        for other in self.base_urls[1:]:  # every replica must serve the same model, under the name the first gave
+            await preflight(session, other, self.endpoint, info["model"], headers=auth)
+        if len(self.base_urls) > 1:
+            info = {**info, "base_urls": self.base_urls, "route": self.route}
         self.model = info["model"]
         self.server_info = info
         self.model_names = frozenset(info["model_names"])
@@ -237,6 +269,13 @@ class HttpTarget:
         name = identified.get("name") or (self.engine if self.engine != engines.AUTO else None)
         return engines.ENGINES.get(name) if name else None
 
+    def abandons(self, index: int) -> bool:
+        """Whether request `index` is one that gives up after `abandon_after` (a fixed hash of the index, so the
+        share holds over any run and the same requests abandon in every point of a sweep)."""
+        if self.abandon_after is None:
+            return False
+        return self.abandon_share >= 1 or (index * _GOLDEN % 2**32) / 2**32 < self.abandon_share
+
     def _auth_headers(self) -> dict[str, str]:
         """The Authorization header alone, for requests that are not the stream (pre-flight, /metrics)."""
         return {k: v for k, v in self._headers.items() if k == "Authorization"}
@@ -246,7 +285,7 @@ class HttpTarget:
         return asyncio.run(self.apreflight())
 
     def reset_prefix_cache(self) -> str:
-        """Empty the server's prefix cache, where it offers an endpoint for it; says what happened.
+        """Empty the server's prefix cache (every replica's), where it offers an endpoint for it; says what happened.
 
         vLLM serves `POST /reset_prefix_cache` only with VLLM_SERVER_DEV_MODE=1; elsewhere the answer is
         "not offered" and the run goes on: a sweep point then may inherit the previous point's cache.
@@ -254,10 +293,16 @@ class HttpTarget:
         return asyncio.run(self._areset_prefix_cache())
 
     async def _areset_prefix_cache(self) -> str:
+        async with aiohttp.ClientSession() as session:
+            said = [await self._reset_one(session, url) for url in self.base_urls]
+        if len(set(said)) == 1:
+            return said[0]
+        return "; ".join(f"{url}: {what}" for url, what in zip(self.base_urls, said))
+
+    async def _reset_one(self, session: aiohttp.ClientSession, base_url: str) -> str:
         try:
-            async with aiohttp.ClientSession() as session, session.post(
-                self.base_url + "/reset_prefix_cache", headers=self._auth_headers(),
-                timeout=aiohttp.ClientTimeout(total=30),
+            async with session.post(
+                base_url + "/reset_prefix_cache", headers=self._auth_headers(), timeout=aiohttp.ClientTimeout(total=30),
             ) as resp:
                 if resp.status == 200:
                     return RESET
@@ -306,12 +351,12 @@ class HttpTarget:
             first = await scraper.fetch()
             wave, rest = first_wave(plan.requests, cap or MAX_WAVE)
             pool = WorkerPool(self, plan, sink, workers) if workers > 1 else None
-            client: StreamingClient | None = None
+            client: Replicas | None = None
             bodies: dict[int, bytes] = {}
             if pool is not None:
                 await pool.start(wave, rest)
             else:
-                client = StreamingClient(self.base_url)
+                client = Replicas(self.base_urls, self.route)
                 bodies = await self.prepare(client, wave, cap or len(wave))
             zero = self.clock_zero = time.perf_counter()
             if first is not None:
@@ -348,7 +393,7 @@ class HttpTarget:
         sink: RecordSink,
         zero: float,
         handle_signals: bool,
-        client: StreamingClient,
+        client: Replicas,
         bodies: dict[int, bytes],
     ) -> RunTally:
         """Release and stream requests on this event loop; the body of a run, in one process or in each worker.
@@ -360,7 +405,7 @@ class HttpTarget:
         finally:
             client.close()
 
-    async def prepare(self, client: StreamingClient, wave: Sequence[RequestSpec], connections: int) -> dict[int, bytes]:
+    async def prepare(self, client: Replicas, wave: Sequence[RequestSpec], connections: int) -> dict[int, bytes]:
         """What must not happen on the clock: the first wave's request bodies, and the connections they will use.
 
         A body that cannot be built (a chat request without text) fails here, before any load.
@@ -379,9 +424,11 @@ class HttpTarget:
             body = self.body(spec)
         head = client.request_head(self.endpoint, len(body), self._headers)
         state = _StreamState(rec, self.endpoint == CHAT, zero, self.model_names)
-        rec.send_time = time.perf_counter() - zero
+        start = time.perf_counter()
+        rec.send_time = start - zero
         response = await client.post(head, body, state.on_body, self.request_timeout, self.idle_timeout)
         rec.finish_time = response.last_read - zero
+        _record_phases(rec, response.phases, start)
         state.on_body(b"", response.last_read)  # flush: an event may lack its final blank line
         if response.status != 200:
             rec.status, rec.error_kind = ERROR, f"http_{response.status}"
@@ -403,6 +450,17 @@ class HttpTarget:
         elif not state.done:
             rec.status, rec.error_kind = ERROR, "incomplete_stream"
             rec.error = "stream ended without data: [DONE]"
+
+
+def _record_phases(rec: RequestRecord, phases: Phases, start: float) -> None:
+    """The request's HTTP phases (stream_client.Phases) as the record's durations."""
+    connect = phases.connect_s
+    rec.connection_reused = connect is None
+    rec.http_connect_s = connect
+    rec.http_send_s = max(0.0, phases.sent - start - (connect or 0.0))
+    if phases.first_byte is not None:
+        rec.http_wait_s = phases.first_byte - phases.sent
+        rec.http_receive_s = phases.last_byte - phases.first_byte
 
 
 class _StreamState:
@@ -470,6 +528,16 @@ class _StreamState:
         self.model_names = None
 
 
+class _Abandon:
+    """One request's armed abandonment: the timer, and whether it fired (its cancel, not the run's)."""
+
+    __slots__ = ("handle", "fired")
+
+    def __init__(self) -> None:
+        self.handle: asyncio.TimerHandle
+        self.fired = False
+
+
 class _Run:
     """The state of one event loop's share of a run: release schedule, in-flight requests, dependencies, stop."""
 
@@ -480,7 +548,7 @@ class _Run:
         max_concurrency: int | None,
         duration: float | None,
         sink: RecordSink,
-        client: StreamingClient,
+        client: Replicas,
         zero: float,
         bodies: dict[int, bytes],
     ) -> None:
@@ -620,11 +688,19 @@ class _Run:
             prefix_group=spec.prefix_group,
             priority=spec.priority,
         )
+        abandon = self._abandon_later(spec)
+        replica = self.client.pick()
+        if len(self.client.clients) > 1:
+            rec.base_url = self.client.urls[replica]
         try:
-            await self.target.stream(self.client, spec, rec, self.zero, self.bodies.pop(spec.index, None))
+            await self.target.stream(self.client.clients[replica], spec, rec, self.zero, self.bodies.pop(spec.index, None))
         except asyncio.CancelledError:
-            rec.status, rec.error_kind, rec.error = CANCELLED, CANCELLED, "run interrupted"
             rec.finish_time = self.now()
+            if abandon is not None and abandon.fired:
+                rec.status, rec.abandoned = ABANDONED, True
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]  # our own cancel, handled here
+            else:
+                rec.status, rec.error_kind, rec.error = CANCELLED, CANCELLED, "run interrupted"
         except Exception as exc:  # every fault becomes a record, never a lost request
             rec.status, rec.error_kind = ERROR, _classify(exc)
             rec.error = f"{type(exc).__name__}: {exc}"[:500]
@@ -635,6 +711,9 @@ class _Run:
             if rec.error_kind == CONNECTION_REFUSED:
                 self._server_gone(rec)
         finally:
+            self.client.done(replica)
+            if abandon is not None:
+                abandon.handle.cancel()
             if rec.chunk_times and rec.first_token_time is None:
                 rec.first_token_time = rec.chunk_times[0]
             if not rec.prompt_tokens:
@@ -642,6 +721,22 @@ class _Run:
             if not rec.output_tokens:
                 rec.output_tokens = len(rec.chunk_times)
             self._finish(spec.index, rec)
+
+    def _abandon_later(self, spec: RequestSpec) -> _Abandon | None:
+        """Arm the cancel of this request's task at `abandon_after` seconds, if it is one that abandons."""
+        after = self.target.abandon_after
+        if after is None or not self.target.abandons(spec.index):
+            return None
+        task = asyncio.current_task()
+        assert task is not None
+        abandon = _Abandon()
+
+        def fire() -> None:
+            abandon.fired = True
+            task.cancel()
+
+        abandon.handle = asyncio.get_running_loop().call_later(after, fire)
+        return abandon
 
     def _timeout_text(self) -> str:
         idle = self.target.idle_timeout

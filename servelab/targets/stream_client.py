@@ -49,6 +49,20 @@ class ProtocolError(ServerFault, ValueError):
     """The server's bytes are not a valid HTTP/1.1 response."""
 
 
+class Phases(NamedTuple):
+    """Where one request's time went on the wire (perf_counter times; AIPerf's breakdown): the evidence that
+    separates network and API-server time from the engine's. `connect_s` is None on a kept-alive connection."""
+
+    connect_s: float | None
+    """TCP (and TLS) handshake of a new connection; None when a kept-alive one was reused."""
+    sent: float
+    """The request's bytes were handed to the kernel (one write; a body larger than the socket buffer may still be
+    leaving, which shows as wait)."""
+    first_byte: float | None
+    """The response's first byte arrived (status line and headers: the server accepted the request)."""
+    last_byte: float
+
+
 class Response(NamedTuple):
     """What is left of a response once its body has gone to the callback."""
 
@@ -59,6 +73,7 @@ class Response(NamedTuple):
     """perf_counter time of the response's last network read."""
     retry_after: str | None
     """A non-200 response's Retry-After header, as sent (seconds or an HTTP date)."""
+    phases: Phases
 
 
 class _Exchange:
@@ -66,7 +81,7 @@ class _Exchange:
 
     __slots__ = (
         "on_body", "done", "state", "buf", "status", "remaining", "keep_alive", "got_bytes",
-        "last_read", "error_body", "retry_after",
+        "last_read", "error_body", "retry_after", "first_read", "sent",
     )
 
     def __init__(self, on_body: BodyCallback, done: asyncio.Future[int]) -> None:
@@ -82,6 +97,8 @@ class _Exchange:
         self.keep_alive = True
         self.got_bytes = False
         self.last_read = 0.0
+        self.first_read: float | None = None
+        self.sent = 0.0
 
     def feed(self, data: bytes, t: float) -> None:
         """Parse one network read; its body bytes reach `on_body` in one call, however many chunks carried them.
@@ -90,7 +107,9 @@ class _Exchange:
         carries dozens of chunks, and the callback's fixed cost per call
         was a third of the client's CPU per streamed token.
         """
-        self.got_bytes = True
+        if not self.got_bytes:
+            self.got_bytes = True
+            self.first_read = t
         self.last_read = t
         if self.buf:
             data = self.buf + data
@@ -319,12 +338,19 @@ class StreamingClient:
         async with asyncio.timeout(timeout):
             for attempt in (0, 1):
                 reused = attempt == 0 and bool(self._idle)
-                conn = self._idle.pop() if reused else await self._connect()
+                connect_s: float | None = None
+                if reused:
+                    conn = self._idle.pop()
+                else:
+                    start = time.perf_counter()
+                    conn = await self._connect()
+                    connect_s = time.perf_counter() - start
                 try:
                     status = await self._exchange(conn, head + body, on_body, idle_timeout)
                     ex = conn.exchange
                     assert ex is not None
-                    return Response(status, ex.error_body, ex.last_read, ex.retry_after)
+                    phases = Phases(connect_s, ex.sent, ex.first_read, ex.last_read)
+                    return Response(status, ex.error_body, ex.last_read, ex.retry_after, phases)
                 except ResetError:
                     ex = conn.exchange
                     if not (reused and attempt == 0 and ex is not None and not ex.got_bytes):
@@ -343,6 +369,7 @@ class StreamingClient:
             ex.end_of_stream(None)
         else:
             conn.transport.write(data)
+        ex.sent = time.perf_counter()
         if idle is None:
             return await done
         handle = None

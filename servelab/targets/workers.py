@@ -50,7 +50,7 @@ from servelab.metrics.records import (
 )
 from servelab.targets.errors import TargetError, unmet_dependency
 from servelab.targets.stop_signals import on_stop_signals, stop_with_parent
-from servelab.targets.stream_client import StreamingClient
+from servelab.targets.replicas import Replicas
 from servelab.targets.tally import RunTally
 from servelab.workload.spec import LoadPlan, RequestSpec
 
@@ -350,7 +350,7 @@ async def _work(
         wave.append(msg[1])
     if msg[0] != "prepare":
         return
-    client = StreamingClient(target.base_url)
+    client = Replicas(target.base_urls, target.route)
     bodies = await target.prepare(client, wave, cap or len(wave))
     messages.put(("prepared", wid, None))
     kind, zero = await inbox.get()

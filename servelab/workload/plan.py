@@ -67,6 +67,7 @@ def build_plan(workload: WorkloadConfig, arrival: ArrivalConfig, amount: Amount)
         np.random.default_rng(arrival_seed),
         trace=dataset.timestamps,
         duration=amount.duration,
+        count=amount.count,
     )
     if amount.count is None:
         specs = islice(specs, DURATION_REQUEST_CAP)
