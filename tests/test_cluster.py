@@ -292,3 +292,33 @@ def _healthy(pid: int) -> bool:
             return bool(response.status == 200)
     except (OSError, ValueError, IndexError):
         return False
+
+
+@pytest.mark.ray
+def test_simulate_sweep_on_two_nodes_writes_the_sequential_sweep(tmp_path: Path, tiny_config: Path, two_nodes: TwoNodes) -> None:
+    """`simulate --sweep ... --ray-address`: every point simulated on the cluster, the same curve and files here."""
+    argv = _servelab("simulate", "--gpu", "cpu", "--model", str(tiny_config), "--engine-args", f"{LINE} {SIM_ARGS}",
+                     "--random-input-len", "256", "--random-output-len", "32", "--num-prompts", "60",
+                     "--sweep", "request-rate=1,2,4,8,16", "--json")
+    one = subprocess.run([*argv, "--result-dir", str(tmp_path / "one")], capture_output=True, text=True, timeout=600)
+    spread = subprocess.run([*argv, "--result-dir", str(tmp_path / "two"), "--ray-address", two_nodes.address],
+                            capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0 and spread.returncode == 0, spread.stderr
+
+    def curve(doc: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return [(p["request-rate"], p["directory"], p["completed"], p["mean_ttft_ms"], p["output_throughput"]) for p in doc["points"]]
+
+    assert curve(json.loads(spread.stdout)) == curve(json.loads(one.stdout))
+    assert len(json.loads(spread.stdout)["points"]) == 5
+    for point in json.loads(spread.stdout)["points"]:
+        directory = tmp_path / "two" / point["directory"]
+        assert sorted(p.name for p in directory.iterdir()) == sorted(p.name for p in (tmp_path / "one" / point["directory"]).iterdir())
+        assert (directory / "records.jsonl").read_text() == (tmp_path / "one" / point["directory"] / "records.jsonl").read_text()
+
+
+def test_simulate_ray_address_without_sweep_is_refused(tmp_path: Path, tiny_config: Path) -> None:
+    done = subprocess.run(_servelab("simulate", "--gpu", "cpu", "--model", str(tiny_config), "--num-prompts", "10",
+                                    "--ray-address", "auto", "--result-dir", str(tmp_path / "sim")),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "--ray-address spreads the points of a --sweep" in done.stderr and not (tmp_path / "sim").exists()

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from servelab.tune.pool import TaskPool
+from servelab.pool import TaskPool
 
 _CLUSTER = "Ray cluster"
 

@@ -30,6 +30,7 @@ from servelab.experiment.sweep import run_sweep
 from servelab.metrics.records import disturbances
 from servelab.metrics.results import SUMMARY, SWEEP
 from servelab.metrics.slo import SLO
+from servelab.pool import TaskPool
 from servelab.report.terminal import (
     LiveProgress,
     print_warnings,
@@ -49,6 +50,7 @@ def run_and_show(
     *,
     report: bool,
     title: str = "Serving benchmark result",
+    pool: TaskPool | None = None,
 ) -> None:
     """Run and print; after writing everything, raises RunInterrupted or RunDisturbed (exit codes 130 and 3)."""
     slo: SLO | None = load.slo()
@@ -66,7 +68,8 @@ def run_and_show(
         print_warnings(out, summary)
         written, interrupted, summaries = SUMMARY, summary["interrupted"], [summary]
     else:
-        index = run_sweep(target, sweep, load.arrival(), load.make_plan, result_dir, run_info, slo, percentiles, observe)
+        index = run_sweep(target, sweep, load.arrival(), load.make_plan, result_dir, run_info, slo, percentiles, observe,
+                          pool=pool)
         out.print(sweep_table(index))
         for point in index["points"]:
             print_warnings(out, point["summary"])

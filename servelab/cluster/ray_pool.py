@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from servelab.errors import InputError
-from servelab.tune.pool import TaskLost
+from servelab.pool import TaskLost
 
 class ClusterError(InputError):
     """--ray-address cannot be used: Ray is not installed, or no cluster answers there."""

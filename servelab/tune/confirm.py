@@ -39,7 +39,7 @@ from servelab.targets.http import HttpTarget
 from servelab.targets.server_process import ServerProcess, ServerStartError, free_port, group_alive
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective, key_metrics
-from servelab.tune.pool import TaskLost, TaskPool
+from servelab.pool import TaskLost, TaskPool
 from servelab.tune.space import gpu_count
 from servelab.tune.workload import TuneWorkload
 

@@ -28,7 +28,7 @@ import optuna
 from optuna.trial import TrialState
 
 from servelab.tune.errors import TuneError
-from servelab.tune.pool import TaskLost, TaskPool
+from servelab.pool import TaskLost, TaskPool
 from servelab.tune.space import Candidate, SearchSpace, candidate_key
 from servelab.tune.trial import OK, TrialOutcome
 

@@ -17,7 +17,7 @@ from servelab.tune.confirm import BASELINE, ServerCheck, ServerCommand, Stage2Co
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective
 from servelab.tune.outcome import pick_for_confirmation, rank, tune_document, write_tune_json
-from servelab.tune.pool import TaskPool
+from servelab.pool import TaskPool
 from servelab.tune.space import GPU, SearchSpace, apply
 from servelab.tune.study import SearchSettings, StudyTrial, run_search
 from servelab.tune.trial import OK, SimJudge

@@ -1,9 +1,10 @@
-"""What tune needs from a pool of workers to run its trials side by side (Ray's is in servelab.cluster).
+"""What tune and sweeps need from a pool of workers to run side by side (Ray's is in servelab.cluster).
 
-Declared here, implemented above: tune keeps its one sequential code path
-and, given a pool, the same functions submit work to it instead of calling
-it. The pool decides where work runs; tune decides what runs and records
-every outcome, so the optuna study and tune.json stay the single truth.
+Declared here, at the bottom (it imports nothing from servelab), implemented
+at the top: each layer keeps its one sequential code path and, given a pool,
+submits the same functions to it instead of calling them. The pool decides
+where work runs; the caller decides what runs and records every outcome, so
+the optuna study, tune.json and sweep.json stay the single truth.
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from servelab.errors import ServerFault
 
-class TaskLost(Exception):
-    """A task that never returned: its worker or node died, or it was cancelled. The message says which."""
+
+class TaskLost(ServerFault):
+    """A task that never returned: its worker or node died, or it was cancelled. The message says which.
+
+    Where no caller records it as a failed trial, the command ends with it as a machine that broke down (exit 2)."""
 
 
 class TaskPool(Protocol):
