@@ -322,3 +322,31 @@ def test_simulate_ray_address_without_sweep_is_refused(tmp_path: Path, tiny_conf
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     assert "--ray-address spreads the points of a --sweep" in done.stderr and not (tmp_path / "sim").exists()
+
+
+@pytest.mark.vllm
+@pytest.mark.ray
+def test_bench_from_two_client_actors_sends_the_same_requests_as_one(tmp_path: Path, vllm_server: Any, two_nodes: TwoNodes) -> None:
+    """`bench --ray-address --clients 2` against the real server: every request of the plan once, in one
+    records.jsonl on the driver, the same tokens as `--clients 1`, and each client's clock and overhead recorded."""
+    def bench(clients: int) -> dict[str, Any]:
+        out = tmp_path / f"clients-{clients}"
+        done = subprocess.run(_servelab(
+            "bench", "--base-url", vllm_server.base_url, "--model", vllm_server.model_name, "--ignore-eos",
+            "--random-input-len", "64", "--random-output-len", "16", "--num-prompts", "24", "--max-concurrency", "4",
+            "--dataset-name", "multiturn", "--multiturn-turns", "2", "--result-dir", str(out), "--json",
+            "--ray-address", two_nodes.address, "--clients", str(clients)), capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)
+        records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+        return {"summary": summary, "indices": sorted(r["index"] for r in records), "statuses": {r["status"] for r in records}}
+
+    one, two = bench(1), bench(2)
+    assert two["indices"] == one["indices"] == list(range(24)) and two["statuses"] == one["statuses"] == {"ok"}
+    for key in ("completed", "failed", "total_input_tokens", "total_output_tokens"):
+        assert two["summary"][key] == one["summary"][key], key
+    clients = two["summary"]["client_stats"]["clients"]
+    assert [c["client"] for c in clients] == [0, 1]
+    for c in clients:
+        assert c["clock_rtt_ms"] > 0 and abs(c["clock_offset_ms"]) <= 1000 * 60  # one host here: a small offset
+        assert c["start_skew_ms"] is not None and "cpu_share" in c and "schedule_lag_p50_ms" in c

@@ -13,6 +13,7 @@ from servelab.cli.options import (
     LoadFlags,
     load_options,
 )
+from servelab.cli.cluster import Clients, RayAddress, check_clients, ray_clients
 from servelab.cli.report import ReportFlag
 from servelab.cli.run_and_show import run_and_show
 from servelab.errors import InputError
@@ -39,6 +40,8 @@ def bench(
         rich_help_panel=_TARGET)] = None,
     report: ReportFlag = False,
     workers: Annotated[int, typer.Option(help="Client processes, one event loop each: raise it when the summary warns that the client is the bottleneck.", rich_help_panel=_TARGET)] = 1,
+    ray_address: RayAddress = None,
+    clients: Clients = 1,
     *,
     load: LoadFlags,
 ) -> None:
@@ -57,18 +60,13 @@ def bench(
         raise InputError(f"--workers must be >= 1, got {workers}")
     if gpu_metrics_url is not None and not gpu_metrics_url.startswith(("http://", "https://")):
         raise InputError(f"--gpu-metrics-url must be an http(s) URL, got {gpu_metrics_url!r}")
-    target = HttpTarget(
-        base_url,
-        endpoint,
-        model=model,
-        api_key=api_key,
-        ignore_eos=ignore_eos,
-        request_timeout=request_timeout,
-        scrape_interval=scrape_interval,
-        send_text=bool(first_plan.description["text_prompts"]),
-        workers=workers,
-        gpu_telemetry=GpuTelemetry(dcgm_url=gpu_metrics_url),
+    check_clients(clients, ray_address, load.sweep)
+    options: dict[str, Any] = dict(
+        base_url=base_url, endpoint=endpoint, model=model, api_key=api_key, ignore_eos=ignore_eos,
+        request_timeout=request_timeout, scrape_interval=scrape_interval,
+        send_text=bool(first_plan.description["text_prompts"]), workers=workers,
     )
+    target = HttpTarget(**options, gpu_telemetry=GpuTelemetry(dcgm_url=gpu_metrics_url))
     server = target.preflight()
     result_dir = load.output_dir("bench")
     flags = {"base_url": base_url, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
@@ -78,6 +76,11 @@ def bench(
     out.print(f"bench: {server['model']} at {base_url}{endpoint} -> {result_dir}", highlight=False)
     for warning in server["warnings"]:
         out.print(f"[yellow]warning[/]: {warning}", highlight=False, soft_wrap=True)
+    if ray_address is not None:
+        flags.update(ray_address=ray_address, clients=clients)
+        run_and_show(ray_clients(ray_address, clients, options, load.make_plan), load, first_plan, result_dir, run_info,
+                     out, report=report)
+        return
     run_and_show(target, load, first_plan, result_dir, run_info, out, report=report)
 
 

@@ -248,8 +248,7 @@ def confirm(
         else:
             if on_start:
                 on_start(config)
-            result = _timed(lambda: _measure(config, command, workload, objective, root / config.label,
-                                             http_options or {}, check_server))
+            result = _timed(config, command, workload, objective, root / config.label, http_options or {}, check_server)
             _write_json(done, result.to_dict())
         results.append(result)
         if on_result:
@@ -257,9 +256,10 @@ def confirm(
     return results
 
 
-def _timed(measure: Callable[[], Stage2Result]) -> Stage2Result:
+def _timed(*args: Any) -> Stage2Result:
+    """`_measure(*args)`, with when and where it ran."""
     began = time.time()
-    result = measure()
+    result = _measure(*args)
     result.started_at, result.ended_at, result.host = began, time.time(), socket.gethostname()
     return result
 
@@ -282,8 +282,7 @@ class _Stage2Job:
         """
         with tempfile.TemporaryDirectory(prefix="servelab-trial-") as scratch:
             out = Path(scratch) / config.label
-            result = _timed(lambda: _measure(config, self.command, self.workload, self.objective, out,
-                                             self.http_options, self.check_server))
+            result = _timed(config, self.command, self.workload, self.objective, out, self.http_options, self.check_server)
             files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
         return result, files
 
