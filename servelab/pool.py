@@ -28,15 +28,13 @@ class TaskPool(Protocol):
     """How many tasks are worth keeping in flight (the workers' total CPUs for simulations)."""
 
     def submit(self, fn: Callable[[Any], Any], arg: Any, resources: Mapping[str, float] | None = None) -> int:
-        """Start `fn(arg)` on a worker holding `resources`; returns the task's id."""
+        """Start `fn(arg)` on a worker holding `resources` ({"CPU": n} CPUs, 1 when not named; {"GPU": n} GPUs;
+        any other name a custom resource); returns the task's id."""
         ...
 
     def next_done(self) -> tuple[int, Any]:
         """Block until a task ends; its id and its return value, or the exception it raised (TaskLost when
         it never returned)."""
-        ...
-
-    def pending(self) -> int:
         ...
 
     def cancel_all(self) -> None:

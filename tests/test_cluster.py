@@ -178,6 +178,11 @@ def test_stage1_on_two_nodes_is_the_sequential_study(tmp_path: Path, tiny_config
     assert sorted(p.name for p in (tmp_path / "two" / "stage1").iterdir()) == sorted(
         p.name for p in (tmp_path / "one" / "stage1").iterdir())
 
+    written = {p: p.stat().st_mtime_ns for p in (tmp_path / "two" / "stage1").glob("*/trial.json")}
+    resumed = run_tune(_request(tiny_config, tmp_path / "two", space, pool=pool, resume=True))
+    assert scores(resumed) == scores(spread)  # --resume on the cluster: every trial read back, none simulated again
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "two" / "stage1").glob("*/trial.json")} == written
+
 
 def _vllm_command(vllm_python: Path, tiny_model: Path, pids: Path) -> str:
     """The real vLLM CPU server, started through a shell that first appends its PID (the server's, after
@@ -230,6 +235,9 @@ def test_stage2_trials_run_side_by_side_on_two_nodes(
     assert doc["recommendation"]["source"] == "stage2" and doc["recommendation"]["params"] != {}
     started = [int(line) for line in pids.read_text().split()]
     assert len(started) == 3 and not _wait_gone(started, within=10.0)
+    report = subprocess.run(_servelab("report", str(tmp_path / "tune"), "-o", str(tmp_path / "report.html")),
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0 and (tmp_path / "report.html").stat().st_size > 0, report.stderr
 
 
 @pytest.mark.vllm

@@ -64,9 +64,6 @@ class RayPool:
         self._refs[ref] = self._next
         return self._next
 
-    def pending(self) -> int:
-        return len(self._refs)
-
     def next_done(self) -> tuple[int, Any]:
         if not self._refs:
             raise RuntimeError("next_done() with no task in flight")
@@ -79,8 +76,7 @@ class RayPool:
         except exceptions.RayTaskError as exc:  # the task raised: its own exception, with the remote traceback
             cause = exc.as_instanceof_cause()
             return number, cause if isinstance(cause, Exception) else TaskLost(str(exc))
-        except (exceptions.WorkerCrashedError, exceptions.NodeDiedError, exceptions.TaskCancelledError,
-                exceptions.ObjectLostError, exceptions.RaySystemError) as exc:
+        except exceptions.RayError as exc:  # never returned: worker crashed, node died, cancelled, result lost
             return number, TaskLost(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}")
 
     def cancel_all(self) -> None:
