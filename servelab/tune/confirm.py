@@ -34,12 +34,12 @@ from typing import Any
 from servelab.metrics.records import MemorySink, disturbances
 from servelab.metrics.results import ResultWriter
 from servelab.metrics.summary import summarize
+from servelab.pool import TaskLost, TaskPool
 from servelab.targets.deployment import Deployment
 from servelab.targets.http import HttpTarget
 from servelab.targets.server_process import ServerProcess, ServerStartError, free_port, group_alive
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective, key_metrics
-from servelab.pool import TaskLost, TaskPool
 from servelab.tune.space import gpu_count
 from servelab.tune.workload import TuneWorkload
 

@@ -27,8 +27,8 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import TrialState
 
-from servelab.tune.errors import TuneError
 from servelab.pool import TaskLost, TaskPool
+from servelab.tune.errors import TuneError
 from servelab.tune.space import Candidate, SearchSpace, candidate_key
 from servelab.tune.trial import OK, TrialOutcome
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servelab.pool import TaskPool
 from servelab.targets.deployment import Deployment
 from servelab.tune.confirm import BASELINE, ServerCheck, ServerCommand, Stage2Config, Stage2Result, confirm
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective
 from servelab.tune.outcome import pick_for_confirmation, rank, tune_document, write_tune_json
-from servelab.pool import TaskPool
 from servelab.tune.space import GPU, SearchSpace, apply
 from servelab.tune.study import SearchSettings, StudyTrial, run_search
 from servelab.tune.trial import OK, SimJudge
