@@ -21,8 +21,10 @@ clock starts (connections, first bodies), recorded with the offsets and round
 trips in client_stats.clients as `start_skew_ms`.
 
 Records reach the driver's records.jsonl as they arrive (polled every
-POLL_S), so a client that dies loses only what it had not yet handed over;
-its death is recorded in its client_stats entry and warned about.
+POLL_S), so a client that dies loses only the requests it had in hand: each
+of those the driver had heard of gets a record as a `client_worker_died`
+error (the run then ends "disturbed", exit code 3, as with a dead --workers
+process); its death is in its client_stats entry and warned about.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvloop
 
 from servelab.cluster.ray_pool import connect
-from servelab.metrics.records import RecordSink, RequestRecord
+from servelab.metrics.records import CLIENT_WORKER_DIED, ERROR, RecordSink, RequestRecord
 from servelab.targets.base import SampleSink, TargetRun
 from servelab.targets.http import HttpTarget
 from servelab.workload.spec import LoadPlan, RequestSpec
@@ -48,17 +51,28 @@ CLOCK_SAMPLES = 8
 
 
 class _Buffer:
-    """The actor's sink: records wait here until the driver drains them."""
+    """The actor's sink: records wait here until the driver drains them (a deque: the run's thread appends while
+    `drain`'s takes, and neither loses an item)."""
 
     def __init__(self) -> None:
-        self.records: list[RequestRecord] = []
+        self.records: deque[RequestRecord] = deque()
 
     def write(self, record: RequestRecord) -> None:
         self.records.append(record)
 
 
-def owned(plan: LoadPlan, clients: int, me: int) -> LoadPlan:
-    """The requests of `plan` that client `me` of `clients` sends: whole conversations, the rest round-robin."""
+def _take_all(items: deque[Any]) -> list[Any]:
+    taken = []
+    while items:
+        taken.append(items.popleft())
+    return taken
+
+
+def owned(plan: LoadPlan, clients: int, me: int, taken: deque[RequestSpec]) -> LoadPlan:
+    """The requests of `plan` that client `me` of `clients` sends: whole conversations, the rest round-robin.
+
+    Each request the client takes from its share is appended to `taken` (the driver's list of what a client that
+    dies had in hand)."""
     roots: dict[int, int] = {}
 
     def mine(spec: RequestSpec) -> bool:
@@ -66,9 +80,15 @@ def owned(plan: LoadPlan, clients: int, me: int) -> LoadPlan:
         roots[spec.index] = root
         return root % clients == me
 
+    def share_of_requests() -> Iterator[RequestSpec]:
+        for spec in plan.requests:
+            if mine(spec):
+                taken.append(spec)
+                yield spec
+
     cap = plan.max_concurrency
     share = None if cap is None else cap // clients + (1 if me < cap % clients else 0)
-    return LoadPlan((s for s in plan.requests if mine(s)), share, plan.duration, plan.warmup, plan.description)
+    return LoadPlan(share_of_requests(), share, plan.duration, plan.warmup, plan.description)
 
 
 class ClientActor:
@@ -76,7 +96,8 @@ class ClientActor:
 
     def __init__(self, target_options: dict[str, Any], make_plan: Callable[[], LoadPlan], clients: int, me: int) -> None:
         self.target = HttpTarget(**target_options)
-        self.plan = owned(make_plan(), clients, me)
+        self.taken: deque[RequestSpec] = deque()
+        self.plan = owned(make_plan(), clients, me, self.taken)
         self.buffer = _Buffer()
 
     def now(self) -> float:
@@ -93,12 +114,13 @@ class ClientActor:
         return {"duration": run.duration, "server_info": run.server_info, "client_stats": run.client_stats,
                 "interrupted": run.interrupted}
 
-    def drain(self) -> tuple[float | None, list[RequestRecord]]:
-        """The run's zero on this host's wall clock (None before it starts) and the records finished since the last
-        call."""
+    def drain(self) -> tuple[float | None, list[tuple[int, float, int]], list[RequestRecord]]:
+        """The run's zero on this host's wall clock (None before it starts), the requests taken from the plan
+        (index, planned time, prompt tokens) and the records finished, each since the last call."""
         zero = self.target.clock_zero
-        records, self.buffer.records = self.buffer.records, []
-        return (None if zero is None else zero + time.time() - time.perf_counter()), records
+        taken = [(s.index, s.arrival_time, s.prompt_len) for s in _take_all(self.taken)]
+        records = _take_all(self.buffer.records)
+        return (None if zero is None else zero + time.time() - time.perf_counter()), taken, records
 
 
 def _shift(record: RequestRecord, by: float) -> RequestRecord:
@@ -145,18 +167,30 @@ class RayClients:
         zero = time.time() + START_AHEAD_S
         runs = {actor.run.remote(zero + info[i]["clock_offset_ms"] / 1000): i for i, actor in enumerate(actors)}
         shifts: list[float | None] = [None] * self.clients
+        open_: list[dict[int, tuple[float, int]]] = [{} for _ in actors]  # per client: taken, not yet recorded
         results: dict[int, dict[str, Any]] = {}
         interrupted = False
 
         def drain(i: int) -> None:
             try:
-                their_zero, records = ray.get(actors[i].drain.remote())
+                their_zero, taken, records = ray.get(actors[i].drain.remote())
             except ray.exceptions.RayActorError:
                 return
             if their_zero is not None and shifts[i] is None:
                 shifts[i] = their_zero - info[i]["clock_offset_ms"] / 1000 - zero
+            open_[i].update((index, (planned, prompt)) for index, planned, prompt in taken)
             for record in records:
+                open_[i].pop(record.index, None)
                 sink.write(_shift(record, shifts[i] or 0.0))
+
+        def lose(i: int, why: str) -> None:
+            """A dead client's requests in hand still get a record each, as errors (as a dead --workers process's do)."""
+            now = time.time() - zero
+            for index, (planned, prompt) in sorted(open_[i].items()):
+                sink.write(RequestRecord(index=index, intended_time=planned + (shifts[i] or 0.0), send_time=now,
+                                         finish_time=now, prompt_tokens=prompt, status=ERROR, error_kind=CLIENT_WORKER_DIED,
+                                         error=f"client {i} died before reporting this request: {why}"))
+            open_[i].clear()
 
         try:
             while runs:
@@ -171,6 +205,7 @@ class RayClients:
                         results[i] = ray.get(ref)
                     except ray.exceptions.RayError as exc:
                         results[i] = {"died": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+                        lose(i, results[i]["died"])
         except KeyboardInterrupt:
             interrupted = True
         finally:
