@@ -32,12 +32,29 @@ def connect(address: str) -> Any:
     they would on a real cluster, so a node without servelab fails loudly rather than running another version.
     """
     ray = _ray()
+    _errors_to_stderr(ray)
     if not ray.is_initialized():
         try:
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ClusterError(f"--ray-address {address}: no Ray cluster answers there ({exc})") from None
     return ray
+
+
+def _errors_to_stderr(ray: Any) -> None:
+    """Ray's driver prints the cluster's error messages (a raylet that died, with its log tail) on stdout, where
+    `--json` writes its document; they are diagnostics, so they go to stderr. Ray offers no setting for it: its
+    printer (private, in the pinned version) is wrapped to mark every message an error; absent, nothing changes."""
+    worker = getattr(getattr(ray, "_private", None), "worker", None)
+    printer = getattr(worker, "print_to_stdstream", None)
+    if worker is None or printer is None or getattr(printer, "servelab_stderr", False):
+        return
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+        printer({**data, "is_err": True}, ignore_prefix=ignore_prefix)
+
+    to_stderr.servelab_stderr = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_stderr
 
 
 def _call(fn: Callable[[Any], Any], arg: Any) -> Any:

@@ -274,8 +274,9 @@ class _Stage2Job:
     http_options: dict[str, Any]
     check_server: ServerCheck | None
 
-    def __call__(self, config: Stage2Config) -> tuple[Stage2Result, dict[str, bytes]]:
-        """Run on the worker's node: measure into a scratch directory, return the result and that directory's files.
+    def __call__(self, config: Stage2Config) -> tuple[Stage2Result, dict[str, bytes], str]:
+        """Run on the worker's node: measure into a scratch directory; return the result, that directory's files
+        and its path (which the driver replaces with its own copy's wherever the result names it).
 
         The server is this task's child (in its own process group, with its watchdog): a cancelled task, or a
         worker killed with its node, takes the server down with it.
@@ -284,7 +285,7 @@ class _Stage2Job:
             out = Path(scratch) / config.label
             result = _timed(config, self.command, self.workload, self.objective, out, self.http_options, self.check_server)
             files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-        return result, files
+        return result, files, str(out)
 
 
 def confirm_on_pool(
@@ -325,11 +326,13 @@ def confirm_on_pool(
             if isinstance(value, BaseException):
                 result = _lost(config, job, value, out)
             else:
-                result, files = value
+                result, files, scratch = value
                 for name, data in files.items():
                     (out / name).parent.mkdir(parents=True, exist_ok=True)
                     (out / name).write_bytes(data)
                 result.directory = str(out)
+                if result.error:  # it names the server's log where the node wrote it; the copy is here
+                    result.error = result.error.replace(scratch, str(out))
             out.mkdir(parents=True, exist_ok=True)
             _write_json(out / RESULT, result.to_dict())
             results[config.label] = result
