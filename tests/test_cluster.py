@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +64,9 @@ class TwoNodes:
     def __init__(self, slots: tuple[int, int]) -> None:
         from ray.cluster_utils import Cluster
 
+        # Ray's head node installs its own SIGTERM/SIGINT handlers in this process; the rest of the session
+        # (run_point's interruption tests) must find them as they were.
+        self.handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
         self.nodes = [self.cluster.add_node(num_cpus=1, resources={TRIAL_GPU: n}) for n in slots]
         self.cluster.wait_for_nodes()
@@ -73,6 +77,8 @@ class TwoNodes:
 
         ray.shutdown()
         self.cluster.shutdown()
+        for sig, handler in self.handlers.items():
+            signal.signal(sig, handler)
 
 
 @pytest.fixture
