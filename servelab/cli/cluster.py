@@ -19,7 +19,7 @@ from servelab.workload.spec import LoadPlan
 _CLUSTER = "Ray cluster"
 
 RayAddress = Annotated[Optional[str], typer.Option(
-    help="Run on this Ray cluster (host:port of its head, ray://host:10001, or auto); needs `pip install 'servelab[ray]'`.",
+    help="Run on this Ray cluster (host:port of its head, ray://host:10001, or auto); needs `pip install 'servelab\\[ray]'`.",
     rich_help_panel=_CLUSTER)]
 RayGpuResource = Annotated[str, typer.Option(
     help="The Ray resource a stage-2 trial holds, one per GPU of its configuration: GPU, or a custom resource name.",
