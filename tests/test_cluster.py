@@ -364,3 +364,25 @@ def test_bench_from_two_client_actors_sends_the_same_requests_as_one(tmp_path: P
     for c in clients:
         assert c["clock_rtt_ms"] > 0 and abs(c["clock_offset_ms"]) <= 1000 * 60  # one host here: a small offset
         assert c["start_skew_ms"] is not None and "cpu_share" in c and "schedule_lag_p50_ms" in c
+
+
+def test_clients_share_one_plan_with_conversations_whole_and_the_cap_split() -> None:
+    """How `--clients` divides a plan: every request once, each conversation on one client, the cap's shares adding up."""
+    from collections import deque
+
+    from servelab.cluster.clients import owned
+    from servelab.workload.plan import build_plan
+
+    def plan() -> Any:
+        return build_plan(WorkloadConfig(dataset_name="multiturn", turns=3, input_len=32, output_len=8),
+                          ArrivalConfig(max_concurrency=7), Amount(num_prompts=30))
+
+    whole = list(plan().requests)
+    shares = [owned(plan(), 3, i, deque()) for i in range(3)]
+    caps = [s.max_concurrency for s in shares]
+    parts = [list(s.requests) for s in shares]
+    assert sorted(r.index for part in parts for r in part) == [r.index for r in whole]
+    assert caps == [3, 2, 2] and all(parts)
+    owner = {r.index: i for i, part in enumerate(parts) for r in part}
+    assert all(owner[r.index] == owner[r.depends_on] for r in whole if r.depends_on is not None)
+    assert [(r.index, r.arrival_time) for r in parts[1]] == [(r.index, r.arrival_time) for r in whole if owner[r.index] == 1]

@@ -73,12 +73,17 @@ def owned(plan: LoadPlan, clients: int, me: int, taken: deque[RequestSpec]) -> L
 
     Each request the client takes from its share is appended to `taken` (the driver's list of what a client that
     dies had in hand)."""
-    roots: dict[int, int] = {}
+    owner: dict[int, int] = {}  # request index -> client; a first turn opens the next conversation in turn
+    opened = 0
 
     def mine(spec: RequestSpec) -> bool:
-        root = spec.index if spec.depends_on is None else roots[spec.depends_on]
-        roots[spec.index] = root
-        return root % clients == me
+        nonlocal opened
+        if spec.depends_on is None:
+            owner[spec.index] = opened % clients
+            opened += 1
+        else:
+            owner[spec.index] = owner[spec.depends_on]
+        return owner[spec.index] == me
 
     def share_of_requests() -> Iterator[RequestSpec]:
         for spec in plan.requests:
