@@ -210,6 +210,7 @@ def _wait_gone(pids: list[int], within: float = 120.0) -> list[int]:
 
 @pytest.mark.vllm
 @pytest.mark.ray
+@pytest.mark.timeout(1800)  # three vLLM servers loading at once on a busy machine
 @pytest.mark.parametrize("two_nodes", [(2, 1)], indirect=True)
 def test_stage2_trials_run_side_by_side_on_two_nodes(
     tmp_path: Path, tiny_model: Path, vllm_python: Path, _vllm_pool: Any, two_nodes: TwoNodes
@@ -248,6 +249,7 @@ def test_stage2_trials_run_side_by_side_on_two_nodes(
 
 @pytest.mark.vllm
 @pytest.mark.ray
+@pytest.mark.timeout(1800)
 def test_trial_on_a_killed_node_is_recorded_failed_and_leaves_no_server(
     tmp_path: Path, tiny_model: Path, vllm_python: Path, tiny_config: Path, _vllm_pool: Any, two_nodes: TwoNodes
 ) -> None:
