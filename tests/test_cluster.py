@@ -39,6 +39,8 @@ from servelab.workload.plan import Amount
 REQUIRE_RAY = os.environ.get("SERVELAB_REQUIRE_RAY") == "1"
 TRIAL_GPU = "trial_gpu"
 """The custom resource standing in for a GPU here: a stage-2 trial holds one per GPU of its configuration."""
+NODE_SLOT = "node_slot"
+"""One per node: trials that hold it land one on each node (the killed-node test)."""
 SIM_ARGS = "--block-size 128 --kv-cache-memory-bytes 1G"
 LINE = "--max-model-len 4096 --max-num-seqs 2"
 TINY_CONFIG = {
@@ -68,7 +70,7 @@ class TwoNodes:
         # (run_point's interruption tests) must find them as they were.
         self.handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-        self.nodes = [self.cluster.add_node(num_cpus=1, resources={TRIAL_GPU: n}) for n in slots]
+        self.nodes = [self.cluster.add_node(num_cpus=1, resources={TRIAL_GPU: n, NODE_SLOT: 1}) for n in slots]
         self.cluster.wait_for_nodes()
         self.address = self.cluster.address
 
@@ -81,10 +83,12 @@ class TwoNodes:
             signal.signal(sig, handler)
 
 
-@pytest.fixture
-def two_nodes(request: pytest.FixtureRequest) -> Iterator[TwoNodes]:
+@pytest.fixture(scope="module")
+def two_nodes() -> Iterator[TwoNodes]:
+    """One cluster for the module's tests (starting one takes ~30 s here, and longer on a loaded machine): trial
+    GPUs 2 + 1, so three stage-2 trials fit at once. The killed-node test, last in the file, removes a node."""
     _ray()
-    cluster = TwoNodes(getattr(request, "param", (1, 1)))
+    cluster = TwoNodes((2, 1))
     try:
         yield cluster
     finally:
@@ -211,7 +215,6 @@ def _wait_gone(pids: list[int], within: float = 120.0) -> list[int]:
 @pytest.mark.vllm
 @pytest.mark.ray
 @pytest.mark.timeout(1800)  # three vLLM servers loading at once on a busy machine
-@pytest.mark.parametrize("two_nodes", [(2, 1)], indirect=True)
 def test_stage2_trials_run_side_by_side_on_two_nodes(
     tmp_path: Path, tiny_model: Path, vllm_python: Path, _vllm_pool: Any, two_nodes: TwoNodes
 ) -> None:
@@ -245,49 +248,6 @@ def test_stage2_trials_run_side_by_side_on_two_nodes(
     report = subprocess.run(_servelab("report", str(tmp_path / "tune"), "-o", str(tmp_path / "report.html")),
                             capture_output=True, text=True, timeout=300)
     assert report.returncode == 0 and (tmp_path / "report.html").stat().st_size > 0, report.stderr
-
-
-@pytest.mark.vllm
-@pytest.mark.ray
-@pytest.mark.timeout(1800)
-def test_trial_on_a_killed_node_is_recorded_failed_and_leaves_no_server(
-    tmp_path: Path, tiny_model: Path, vllm_python: Path, tiny_config: Path, _vllm_pool: Any, two_nodes: TwoNodes
-) -> None:
-    """`servelab tune --ray-address` with one trial per node; a node dies while its server is up: that trial is
-    recorded failed with the reason, the other is measured, tune ends normally, and both servers are gone."""
-    _vllm_pool.stop_default()
-    pids = tmp_path / "pids"
-    output = tmp_path / "tune"
-    argv = _servelab(
-        "tune", "--gpu", "cpu", "--model", str(tiny_config), "--engine-args", LINE, "--sim-args", SIM_ARGS,
-        "--space", "max_num_seqs=2,8", "--top-k", "1", "--sim-prompts", "60", "--goodput", "ttft:500",
-        "--random-input-len", "256", "--random-output-len", "32", "--max-concurrency", "8",
-        "--num-prompts", "400", "--result-dir", str(output), "--json",
-        "--server-cmd", _vllm_command(vllm_python, tiny_model, pids), "--server-env", "VLLM_CPU_KVCACHE_SPACE=1",
-        "--startup-timeout", "900", "--ray-address", two_nodes.address, "--ray-gpu-resource", TRIAL_GPU,
-    )
-    log = (tmp_path / "tune.log").open("w")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
-    try:
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline and proc.poll() is None and not _both_serving(output):
-            time.sleep(0.5)
-        assert proc.poll() is None, (tmp_path / "tune.log").read_text()
-        assert _both_serving(output), "the two servers never both came up"
-        two_nodes.cluster.remove_node(two_nodes.nodes[1], allow_graceful=False)
-        stdout, _ = proc.communicate(timeout=900)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == 0, (tmp_path / "tune.log").read_text()
-    results = json.loads(stdout)["stage2"]["results"]
-    lost = [r for r in results if r["error"]]
-    assert len(results) == 2 and len(lost) == 1, results
-    assert lost[0]["error"].startswith("the trial was lost on the cluster: ")
-    assert lost[0]["measured"] is None and lost[0]["predicted_score"] is not None
-    assert json.loads((output / "stage2" / lost[0]["label"] / "stage2.json").read_text())["error"] == lost[0]["error"]
-    started = [int(line) for line in pids.read_text().split()]
-    assert len(started) == 2 and not _wait_gone(started)
 
 
 def _both_serving(output: Path) -> bool:
@@ -388,3 +348,47 @@ def test_clients_share_one_plan_with_conversations_whole_and_the_cap_split() -> 
     owner = {r.index: i for i, part in enumerate(parts) for r in part}
     assert all(owner[r.index] == owner[r.depends_on] for r in whole if r.depends_on is not None)
     assert [(r.index, r.arrival_time) for r in parts[1]] == [(r.index, r.arrival_time) for r in whole if owner[r.index] == 1]
+
+
+@pytest.mark.vllm
+@pytest.mark.ray
+@pytest.mark.timeout(1800)
+def test_trial_on_a_killed_node_is_recorded_failed_and_leaves_no_server(
+    tmp_path: Path, tiny_model: Path, vllm_python: Path, tiny_config: Path, _vllm_pool: Any, two_nodes: TwoNodes
+) -> None:
+    """(Last in the file: it takes a node from the module's cluster.) `servelab tune --ray-address` with one trial
+    per node (each holds the node's one NODE_SLOT); a node dies while its server is up: that trial is
+    recorded failed with the reason, the other is measured, tune ends normally, and both servers are gone."""
+    _vllm_pool.stop_default()
+    pids = tmp_path / "pids"
+    output = tmp_path / "tune"
+    argv = _servelab(
+        "tune", "--gpu", "cpu", "--model", str(tiny_config), "--engine-args", LINE, "--sim-args", SIM_ARGS,
+        "--space", "max_num_seqs=2,8", "--top-k", "1", "--sim-prompts", "60", "--goodput", "ttft:500",
+        "--random-input-len", "256", "--random-output-len", "32", "--max-concurrency", "8",
+        "--num-prompts", "400", "--result-dir", str(output), "--json",
+        "--server-cmd", _vllm_command(vllm_python, tiny_model, pids), "--server-env", "VLLM_CPU_KVCACHE_SPACE=1",
+        "--startup-timeout", "900", "--ray-address", two_nodes.address, "--ray-gpu-resource", NODE_SLOT,
+    )
+    log = (tmp_path / "tune.log").open("w")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and proc.poll() is None and not _both_serving(output):
+            time.sleep(0.5)
+        assert proc.poll() is None, (tmp_path / "tune.log").read_text()
+        assert _both_serving(output), "the two servers never both came up"
+        two_nodes.cluster.remove_node(two_nodes.nodes[1], allow_graceful=False)
+        stdout, _ = proc.communicate(timeout=900)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, (tmp_path / "tune.log").read_text()
+    results = json.loads(stdout)["stage2"]["results"]
+    lost = [r for r in results if r["error"]]
+    assert len(results) == 2 and len(lost) == 1, results
+    assert lost[0]["error"].startswith("the trial was lost on the cluster: ")
+    assert lost[0]["measured"] is None and lost[0]["predicted_score"] is not None
+    assert json.loads((output / "stage2" / lost[0]["label"] / "stage2.json").read_text())["error"] == lost[0]["error"]
+    started = [int(line) for line in pids.read_text().split()]
+    assert len(started) == 2 and not _wait_gone(started)
