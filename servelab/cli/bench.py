@@ -15,6 +15,7 @@ from servelab.cli.options import (
     LoadFlags,
     load_options,
 )
+from servelab.cli.cluster import Clients, RayAddress, check_clients, ray_clients
 from servelab.cli.report import ReportFlag
 from servelab.cli.run_and_show import run_and_show
 from servelab.diagnose.server_config import CACHE_CONFIG
@@ -59,6 +60,8 @@ def bench(
         rich_help_panel=SERVER_PANEL)] = 1.0,
     report: ReportFlag = False,
     workers: Annotated[int, typer.Option(help="Client processes, one event loop each: raise it when the summary warns that the client is the bottleneck.", rich_help_panel=SERVER_PANEL)] = 1,
+    ray_address: RayAddress = None,
+    clients: Clients = 1,
     *,
     load: LoadFlags,
 ) -> None:
@@ -90,22 +93,14 @@ def bench(
         raise InputError(f"--route {route!r}: choose one of {', '.join(ROUTES)}")
     if len(set(urls)) != len(urls):
         raise InputError(f"--base-url: a URL is given twice ({', '.join(urls)})")
-    target = HttpTarget(
-        urls,
-        endpoint,
-        model=model,
-        api_key=api_key,
-        ignore_eos=ignore_eos,
-        request_timeout=request_timeout,
-        scrape_interval=scrape_interval,
-        send_text=bool(first_plan.description["text_prompts"]),
-        workers=workers,
-        gpu_telemetry=GpuTelemetry(dcgm_url=gpu_metrics_url),
-        engine=engine,
-        abandon_after=abandon_after,
-        abandon_share=abandon_share,
-        route=route,
+    check_clients(clients, ray_address, load.sweep)
+    options: dict[str, Any] = dict(
+        base_url=urls, endpoint=endpoint, model=model, api_key=api_key, ignore_eos=ignore_eos,
+        request_timeout=request_timeout, scrape_interval=scrape_interval,
+        send_text=bool(first_plan.description["text_prompts"]), workers=workers, engine=engine,
+        abandon_after=abandon_after, abandon_share=abandon_share, route=route,
     )
+    target = HttpTarget(**options, gpu_telemetry=GpuTelemetry(dcgm_url=gpu_metrics_url))
     server = target.preflight()
     result_dir = load.output_dir("bench")
     flags = {"base_url": urls[0], "base_urls": urls, "route": route, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
@@ -118,6 +113,11 @@ def bench(
     out.print(f"bench: {server['model']} at {' + '.join(urls)}{endpoint} -> {result_dir}", highlight=False)
     for warning in server["warnings"]:
         out.print(f"[yellow]warning[/]: {warning}", highlight=False, soft_wrap=True)
+    if ray_address is not None:
+        flags.update(ray_address=ray_address, clients=clients)
+        run_and_show(ray_clients(ray_address, clients, options, load.make_plan), load, first_plan, result_dir, run_info,
+                     out, report=report)
+        return
     run_and_show(target, load, first_plan, result_dir, run_info, out, report=report)
 
 

@@ -32,6 +32,7 @@ from servelab.metrics.records import disturbances
 from servelab.metrics.results import SUMMARY, SWEEP
 from servelab.metrics.schema import Summary, SweepIndex
 from servelab.metrics.slo import SLO
+from servelab.pool import TaskPool
 from servelab.report.terminal import (
     LiveProgress,
     auto_sweep_lines,
@@ -52,6 +53,7 @@ def run_and_show(
     *,
     report: bool,
     title: str = "Serving benchmark result",
+    pool: TaskPool | None = None,
 ) -> None:
     """Run and print; after writing everything, raises RunInterrupted or RunDisturbed (exit codes 130 and 3)."""
     slo: SLO | None = load.slo()
@@ -71,7 +73,8 @@ def run_and_show(
         written, interrupted, summaries = SUMMARY, bool(typed.interrupted), [typed]
     else:
         args = (load.arrival(), load.make_plan, result_dir, run_info, slo, percentiles, observe)
-        raw = run_auto_sweep(target, sweep, *args) if isinstance(sweep, AutoSweep) else run_sweep(target, sweep, *args)
+        raw = (run_auto_sweep(target, sweep, *args) if isinstance(sweep, AutoSweep)
+               else run_sweep(target, sweep, *args, pool=pool))
         index = SweepIndex.model_validate(raw)
         out.print(sweep_table(index))
         for line in auto_sweep_lines(raw):

@@ -29,6 +29,7 @@ from servelab.cli.options import (
     deployment_from_flags,
     load_options,
 )
+from servelab.cli.cluster import RayAddress, ray_pool
 from servelab.cli.report import ReportFlag
 from servelab.cli.run_and_show import run_and_show
 from servelab.errors import InputError
@@ -67,6 +68,7 @@ def simulate(
                                              "vary --random-output-len with --random-range-ratio instead); taken so a bench "
                                              "line pastes as is.", rich_help_panel=DEPLOYMENT_PANEL)] = False,
     report: ReportFlag = False,
+    ray_address: RayAddress = None,
     *,
     load: LoadFlags,
 ) -> None:
@@ -75,6 +77,8 @@ def simulate(
     load.check()
     if scrape_interval <= 0:
         raise InputError(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
+    if ray_address is not None and load.sweep is None:
+        raise InputError("--ray-address spreads the points of a --sweep over the cluster; a single run has nothing to spread")
     if engine == VLLM:
         deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp,
                                            replicas=replicas, router=router, gpu_file=gpu_file, vllm_version=vllm_version)
@@ -96,4 +100,5 @@ def simulate(
     run_info: dict[str, Any] = {"verb": "simulate", "source": "sim", "argv": list(sys.argv), "flags": flags,
                                 "deployment": deployment.describe()}
     out.print(f"simulate: {_describe_line(deployment)} -> {result_dir}", highlight=False)
-    run_and_show(target, load, first_plan, result_dir, run_info, out, report=report, title="Simulated serving result")
+    run_and_show(target, load, first_plan, result_dir, run_info, out, report=report, title="Simulated serving result",
+                 pool=ray_pool(ray_address))

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.cli import app
+from servelab.cli.cluster import RayAddress, RayGpuResource, ray_pool
 from servelab.cli.report import ReportFlag, report_into
 from servelab.cli.options import (
     CalibrationFlag,
@@ -97,6 +98,8 @@ def tune(
     top_k: Annotated[int, typer.Option(help="Stage 2: how many of the simulator's best to measure (plus the baseline).")] = 3,
     startup_timeout: Annotated[float, typer.Option(help="Stage 2: seconds to wait for /health.")] = 300.0,
     report: ReportFlag = False,
+    ray_address: RayAddress = None,
+    ray_gpu_resource: RayGpuResource = "GPU",
     *,
     load: LoadFlags,
 ) -> None:
@@ -137,6 +140,7 @@ def tune(
         search=SearchSettings(n_trials, sampler, search_seed),  # type: ignore[arg-type]
         output=output, resume=resume, server=server, top_k=top_k,
         server_check=None if calibration is None or server is None else _speed_check(load_profile(calibration)),
+        pool=ray_pool(ray_address), gpu_resource=ray_gpu_resource,
     )
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:

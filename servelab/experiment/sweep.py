@@ -9,6 +9,7 @@ the prompts are the same and the curve shows load, not sampling noise.
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
@@ -21,6 +22,7 @@ from servelab.experiment.saturation import SaturationGuard, guard_fields
 from servelab.metrics.records import RecordSink
 from servelab.metrics.results import write_sweep_index
 from servelab.metrics.slo import SLO
+from servelab.pool import TaskPool
 from servelab.metrics.summary import DEFAULT_PERCENTILES
 from servelab.targets.base import Target
 from servelab.workload.arrival import ArrivalConfig
@@ -105,12 +107,16 @@ def run_sweep(
     slo: SLO | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     observe: Observe | None = None,
+    pool: TaskPool | None = None,
 ) -> dict[str, Any]:
     """Run every point into `result_dir/KEY=VALUE/` (`run_sweep_point`), updating sweep.json after each; stop at
-    an interruption."""
+    an interruption. With a `pool` (simulate --ray-address) every point runs at once where the pool puts it
+    (see `_spread`)."""
     points: list[dict[str, Any]] = []
     index: dict[str, Any] = {"sweep": {"key": sweep.key, "values": list(_jsonable(sweep.values))}, "points": points}
     index["interrupted"] = False
+    if pool is not None:
+        return _spread(target, sweep, base_arrival, make_plan, result_dir, run_info, slo, percentiles, pool, index)
     for value in sweep.values:
         label = sweep.label(value)
         plan = make_plan(sweep.arrival(base_arrival, value))
@@ -158,6 +164,60 @@ def run_sweep_point(
 def curve_point(values: dict[str, Any], label: str, summary: dict[str, Any]) -> dict[str, Any]:
     """One entry of sweep.json's `points`: the point's knob values, its directory, the curve's columns, its summary."""
     return {**values, "directory": label, **{k: summary.get(k) for k in CURVE_KEYS}, "summary": summary}
+
+
+@dataclass(frozen=True)
+class _RemotePoint:
+    """One sweep point as a pool task: run into a scratch directory on the worker, return the summary and files.
+
+    The plan is built on the worker from the point's arrival (a plan is drawn lazily, so it does not travel)."""
+
+    target: Target
+    make_plan: Callable[[ArrivalConfig], LoadPlan]
+    run_info: dict[str, Any]
+    slo: SLO | None
+    percentiles: tuple[float, ...]
+
+    def __call__(self, arrival: ArrivalConfig) -> tuple[dict[str, Any], dict[str, bytes]]:
+        with tempfile.TemporaryDirectory(prefix="servelab-point-") as scratch:
+            out = Path(scratch)
+            summary = run_point(self.target, self.make_plan(arrival), out, self.run_info, self.slo, self.percentiles)
+            return summary, {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def _spread(
+    target: Target, sweep: Sweep, base_arrival: ArrivalConfig, make_plan: Callable[[ArrivalConfig], LoadPlan],
+    result_dir: Path, run_info: dict[str, Any], slo: SLO | None, percentiles: Sequence[float], pool: TaskPool,
+    index: dict[str, Any],
+) -> dict[str, Any]:
+    """Every point submitted at once; each point's files land in its directory here, sweep.json rewritten (in
+    value order) as each returns. Only for targets that do not share a server: points on one server would
+    measure each other."""
+    tasks: dict[int, float | int] = {}
+    summaries: dict[float | int, dict[str, Any]] = {}
+    try:
+        for value in sweep.values:
+            job = _RemotePoint(target, make_plan, {**run_info, "sweep_point": {sweep.key: _jsonable([value])[0]}}, slo,
+                               tuple(percentiles))
+            tasks[pool.submit(job, sweep.arrival(base_arrival, value))] = value
+        while tasks:
+            task, returned = pool.next_done()
+            value = tasks.pop(task)
+            if isinstance(returned, BaseException):
+                raise returned
+            summary, files = returned
+            for name, data in files.items():
+                path = result_dir / sweep.label(value) / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            summaries[value] = summary
+            index["points"] = [curve_point({sweep.key: _jsonable([v])[0]}, sweep.label(v), summaries[v])
+                               for v in sweep.values if v in summaries]
+            write_sweep_index(result_dir, index)
+    except BaseException:
+        pool.cancel_all()
+        raise
+    return index
 
 
 def _jsonable(values: Sequence[float | int]) -> list[float | int | str]:

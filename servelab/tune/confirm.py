@@ -22,7 +22,9 @@ import json
 import os
 import shlex
 import signal
+import socket
 import string
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,6 +34,7 @@ from typing import Any
 from servelab.metrics.records import MemorySink, disturbances
 from servelab.metrics.results import ResultWriter
 from servelab.metrics.summary import summarize
+from servelab.pool import TaskLost, TaskPool
 from servelab.targets.deployment import Deployment
 from servelab.targets.http import HttpTarget
 from servelab.targets.server_process import ServerProcess, ServerStartError, free_port, group_alive
@@ -125,6 +128,11 @@ class Stage2Result:
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
     """What the server check found before the measurement (e.g. a server slower than at calibration)."""
+    started_at: float | None = None
+    ended_at: float | None = None
+    """Wall-clock span of the trial (server start to stop), on the host that ran it."""
+    host: str | None = None
+    """Where it ran (the node's hostname): trials on a Ray cluster spread over several."""
 
     @property
     def ok(self) -> bool:
@@ -212,8 +220,13 @@ def confirm(
     on_start: Callable[[Stage2Config], None] | None = None,
     on_result: Callable[[Stage2Result], None] | None = None,
     check_server: ServerCheck | None = None,
+    pool: TaskPool | None = None,
+    gpu_resource: str = "GPU",
 ) -> list[Stage2Result]:
     """Measure each configuration in turn; a configuration whose server will not start is reported, not fatal.
+
+    With a `pool` (Ray, `--ray-address`) the configurations run side by side, each as a task holding
+    `gpu_resource` x its GPU count on the node it lands on (see `confirm_on_pool`).
 
     `check_server(base_url, config, directory)` runs on each server once it is up, before the
     measurement; the lines it returns are the result's warnings.
@@ -223,6 +236,9 @@ def confirm(
     """
     root = directory / STAGE2_DIR
     root.mkdir(parents=True, exist_ok=True)
+    if pool is not None:
+        job = _Stage2Job(command, workload, objective, dict(http_options or {}), check_server)
+        return confirm_on_pool(configs, job, root, pool, gpu_resource, resume=resume, on_start=on_start, on_result=on_result)
     reap_orphaned_server(directory)
     results = []
     for config in configs:
@@ -232,12 +248,109 @@ def confirm(
         else:
             if on_start:
                 on_start(config)
-            result = _measure(config, command, workload, objective, root / config.label, http_options or {}, check_server)
+            result = _timed(config, command, workload, objective, root / config.label, http_options or {}, check_server)
             _write_json(done, result.to_dict())
         results.append(result)
         if on_result:
             on_result(result)
     return results
+
+
+def _timed(*args: Any) -> Stage2Result:
+    """`_measure(*args)`, with when and where it ran."""
+    began = time.time()
+    result = _measure(*args)
+    result.started_at, result.ended_at, result.host = began, time.time(), socket.gethostname()
+    return result
+
+
+@dataclass(frozen=True)
+class _Stage2Job:
+    """Everything a remote trial needs besides its configuration (pickled to the worker once per trial)."""
+
+    command: ServerCommand
+    workload: TuneWorkload
+    objective: Objective
+    http_options: dict[str, Any]
+    check_server: ServerCheck | None
+
+    def __call__(self, config: Stage2Config) -> tuple[Stage2Result, dict[str, bytes], str]:
+        """Run on the worker's node: measure into a scratch directory; return the result, that directory's files
+        and its path (which the driver replaces with its own copy's wherever the result names it).
+
+        The server is this task's child (in its own process group, with its watchdog): a cancelled task, or a
+        worker killed with its node, takes the server down with it.
+        """
+        with tempfile.TemporaryDirectory(prefix="servelab-trial-") as scratch:
+            out = Path(scratch) / config.label
+            result = _timed(config, self.command, self.workload, self.objective, out, self.http_options, self.check_server)
+            files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+        return result, files, str(out)
+
+
+def confirm_on_pool(
+    configs: Sequence[Stage2Config],
+    job: _Stage2Job,
+    root: Path,
+    pool: TaskPool,
+    gpu_resource: str,
+    *,
+    resume: bool,
+    on_start: Callable[[Stage2Config], None] | None,
+    on_result: Callable[[Stage2Result], None] | None,
+) -> list[Stage2Result]:
+    """Every configuration at once, each a task holding its GPUs; results written as they come back.
+
+    The files a trial wrote on its node land in `stage2/<label>/` here, as a sequential trial's would. A trial
+    whose worker or node was lost is a failed trial with the reason, like a server that would not start;
+    a Ctrl-C cancels every trial still running (their servers stop with their workers) and propagates.
+    """
+    results: dict[str, Stage2Result] = {}
+    tasks: dict[int, Stage2Config] = {}
+    try:
+        for config in configs:
+            done = root / config.label / RESULT
+            if resume and done.exists():
+                results[config.label] = Stage2Result.from_dict(json.loads(done.read_text(encoding="utf-8")))
+                if on_result:
+                    on_result(results[config.label])
+                continue
+            if on_start:
+                on_start(config)
+            # A trial holds its GPUs; the CPU its server and client use is the node's to share, as on one machine.
+            tasks[pool.submit(job, config, {gpu_resource: gpu_count(config.deployment), "CPU": 0})] = config
+        while tasks:
+            task, value = pool.next_done()
+            config = tasks.pop(task)
+            out = root / config.label
+            if isinstance(value, BaseException):
+                result = _lost(config, job, value, out)
+            else:
+                result, files, scratch = value
+                for name, data in files.items():
+                    (out / name).parent.mkdir(parents=True, exist_ok=True)
+                    (out / name).write_bytes(data)
+                result.directory = str(out)
+                if result.error:  # it names the server's log where the node wrote it; the copy is here
+                    result.error = result.error.replace(scratch, str(out))
+            out.mkdir(parents=True, exist_ok=True)
+            _write_json(out / RESULT, result.to_dict())
+            results[config.label] = result
+            if on_result:
+                on_result(result)
+    except BaseException:
+        pool.cancel_all()
+        raise
+    return [results[c.label] for c in configs]
+
+
+def _lost(config: Stage2Config, job: _Stage2Job, error: BaseException, out: Path) -> Stage2Result:
+    """The record of a trial that never reported back: its prediction, and why it has no measurement."""
+    predicted, score, violation = predict(config, job.workload, job.objective)
+    reason = str(error) if isinstance(error, TaskLost) else f"{type(error).__name__}: {error}"
+    return Stage2Result(config.label, config.params, config.engine_args, job.command.launch_line(config.engine_args),
+                        key_metrics(predicted), score, violation, directory=str(out),
+                        error=f"the trial was lost on the cluster: {reason}")
 
 
 def _measure(

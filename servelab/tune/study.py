@@ -27,6 +27,7 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import TrialState
 
+from servelab.pool import TaskLost, TaskPool
 from servelab.tune.errors import TuneError
 from servelab.tune.space import Candidate, SearchSpace, candidate_key
 from servelab.tune.trial import OK, TrialOutcome
@@ -39,6 +40,8 @@ BASIS = "basis"
 DUPLICATE_OF = "duplicate_of"
 SamplerName = Literal["auto", "grid", "tpe"]
 SAMPLERS = ("auto", "grid", "tpe")
+LOST_SIMULATION_ATTEMPTS = 3
+"""Times a stage-1 simulation is submitted before a lost worker ends the search."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,7 @@ def run_search(
     resume: bool = False,
     basis: Mapping[str, Any] | None = None,
     on_trial: Callable[[StudyTrial, int, int], None] | None = None,
+    pool: TaskPool | None = None,
 ) -> list[StudyTrial]:
     """Evaluate up to the budget of distinct candidates; returns every distinct one evaluated (old and new).
 
@@ -190,6 +194,12 @@ def run_search(
     `on_trial(trial, evaluated, budget)` is called after each new evaluation.
     A KeyboardInterrupt fails the running trial (its point is re-queued on
     resume) and propagates.
+
+    With a `pool` (Ray, `--ray-address`), up to `pool.slots` candidates are
+    simulated at once; each is told to the study as it returns, so the study
+    and the trial directories are exactly what a sequential run leaves (trial
+    numbers follow the order of asking, so a grid numbers its points alike).
+    A simulation whose worker was lost is run again (it is deterministic).
     """
     study = open_study(directory, direction, settings, space, resume=resume, basis=basis)
     _requeue_interrupted(study, space)
@@ -203,32 +213,69 @@ def run_search(
         _queue_grid(study, space, set(by_key))
     max_asks = 20 * budget  # TPE circling points it has seen: stop rather than spin
     asks = 0
-    while len(by_key) < budget and asks < max_asks:
-        asks += 1
-        trial = study.ask()
-        candidate = space.suggest(trial)
-        key = candidate_key(candidate)
-        if key in by_key:
-            seen = by_key[key]
-            trial.set_user_attr(OUTCOME, seen.outcome.to_dict())
-            trial.set_user_attr(DUPLICATE_OF, seen.number)
-            trial.set_constraint("slo", _constraint(seen.outcome))
-            study.tell(trial, _value(seen.outcome, direction))
-            continue
-        try:
-            outcome = judge(candidate)
-        except BaseException:
-            study.tell(trial, state=TrialState.FAIL)
-            raise
+    in_flight: dict[int, tuple[optuna.trial.Trial, Candidate, int]] = {}  # task id -> (trial, candidate, attempts)
+    running: set[str] = set()  # the keys of the candidates in flight
+
+    def record(trial: optuna.trial.Trial, candidate: Candidate, outcome: TrialOutcome) -> None:
         trial.set_user_attr(OUTCOME, json.loads(json.dumps(outcome.to_dict(), default=str)))
         trial.set_constraint("slo", _constraint(outcome))
         study.tell(trial, _value(outcome, direction))
         write_trial_dir(directory, trial.number, outcome)  # after tell: a dir always means a finished trial
         done = StudyTrial(trial.number, outcome)
         trials.append(done)
-        by_key[key] = done
+        by_key[candidate_key(candidate)] = done
         if on_trial:
             on_trial(done, len(by_key), budget)
+
+    try:
+        while True:
+            room = len(by_key) + len(in_flight) < budget and asks < max_asks
+            if room and (pool is None or len(in_flight) < pool.slots):
+                asks += 1
+                trial = study.ask()
+                candidate = space.suggest(trial)
+                key = candidate_key(candidate)
+                if key in by_key:
+                    seen = by_key[key]
+                    trial.set_user_attr(OUTCOME, seen.outcome.to_dict())
+                    trial.set_user_attr(DUPLICATE_OF, seen.number)
+                    trial.set_constraint("slo", _constraint(seen.outcome))
+                    study.tell(trial, _value(seen.outcome, direction))
+                elif key in running:  # TPE proposing a point already being simulated: nothing to learn yet
+                    study.tell(trial, state=TrialState.PRUNED)
+                elif pool is None:
+                    try:
+                        outcome = judge(candidate)
+                    except BaseException:
+                        study.tell(trial, state=TrialState.FAIL)
+                        raise
+                    record(trial, candidate, outcome)
+                else:
+                    in_flight[pool.submit(judge, candidate)] = (trial, candidate, 1)
+                    running.add(key)
+                continue
+            if not in_flight:
+                break
+            assert pool is not None
+            task, value = pool.next_done()
+            trial, candidate, attempts = in_flight.pop(task)
+            if isinstance(value, TaskLost) and attempts < LOST_SIMULATION_ATTEMPTS:
+                in_flight[pool.submit(judge, candidate)] = (trial, candidate, attempts + 1)  # deterministic: rerun
+                continue
+            running.discard(candidate_key(candidate))
+            if isinstance(value, BaseException):
+                study.tell(trial, state=TrialState.FAIL)
+                if isinstance(value, TaskLost):
+                    raise TuneError(f"a stage-1 simulation was lost {attempts} times on the cluster ({value}); "
+                                    f"the study is kept: continue with --resume")
+                raise value
+            record(trial, candidate, value)
+    except BaseException:
+        for trial, _, _ in in_flight.values():
+            study.tell(trial, state=TrialState.FAIL)
+        if pool is not None:
+            pool.cancel_all()
+        raise
     return sorted(trials, key=lambda t: t.number)
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servelab.pool import TaskPool
 from servelab.targets.deployment import Deployment
 from servelab.tune.confirm import BASELINE, ServerCheck, ServerCommand, Stage2Config, Stage2Result, confirm
 from servelab.tune.errors import TuneError
@@ -48,6 +49,10 @@ class TuneRequest:
     http_options: dict[str, Any] = field(default_factory=dict)
     server_check: ServerCheck | None = None
     """Run on each stage-2 server before its measurement (the CLI re-times a calibration's reference step)."""
+    pool: TaskPool | None = None
+    """Where trials run side by side (`--ray-address`); None: one after another in this process."""
+    gpu_resource: str = "GPU"
+    """What a stage-2 trial holds on a pool, one per GPU of its configuration (a custom Ray resource name works too)."""
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
@@ -58,6 +63,9 @@ class TuneRequest:
                 f"--calibration {self.calibration} is fitted to one device ({self.simulated.hardware.name}); "
                 f"drop the {GPU} dimension or the profile"
             )
+        if self.pool is not None and self.server is not None and self.server.port is not None:
+            raise TuneError("--server-port with --ray-address: trials run side by side and may share a node; "
+                            "leave the port out so that each server picks a free one")
 
 
 @dataclass
@@ -79,7 +87,7 @@ def run_tune(request: TuneRequest, progress: TuneProgress | None = None) -> dict
     direction = request.objective.direction
     trials = run_search(
         request.space, judge.judge, request.output, direction=direction, settings=request.search,
-        resume=request.resume, basis=_basis(request), on_trial=progress.on_trial,
+        resume=request.resume, basis=_basis(request), on_trial=progress.on_trial, pool=request.pool,
     )
 
     def document(stage2: list[Stage2Result], stage2_info: dict[str, Any] | None) -> dict[str, Any]:
@@ -108,15 +116,19 @@ def run_tune(request: TuneRequest, progress: TuneProgress | None = None) -> dict
             "configs": [c.label for c in configs]}
     measured: list[Stage2Result] = []
 
+    order = [c.label for c in configs]
+
     def on_result(result: Stage2Result) -> None:
         measured.append(result)
+        measured.sort(key=lambda r: order.index(r.label))  # a pool returns them as they finish
         document(measured, info)
         if progress.on_server_result:
             progress.on_server_result(result)
 
     confirm(configs, request.server, request.bench_workload, request.objective, request.output,
             resume=request.resume, http_options=request.http_options, on_start=progress.on_server_start,
-            on_result=on_result, check_server=request.server_check)
+            on_result=on_result, check_server=request.server_check, pool=request.pool,
+            gpu_resource=request.gpu_resource)
     return document(measured, info)
 
 

@@ -1,0 +1,237 @@
+"""`bench --ray-address ADDR --clients N`: one plan sent by N client actors, records merged here as they arrive.
+
+Each actor runs the single-machine client (`HttpTarget.arun`, with its own
+`--workers` processes if asked) on its share of the plan: every actor builds
+the same plan from the same flags and seed, and keeps the requests it owns. A
+conversation is owned whole by the client of its first turn (a later turn
+waits for the earlier one's finish, which only that client sees); other
+requests go round-robin. An open loop keeps its global schedule (each
+client sends its requests at their planned times); a concurrency cap is
+split into per-client shares that add up to it, so a slot freed on one client
+is not used by another: a closed loop over several clients is a set of
+smaller closed loops, which is what N separate client hosts are.
+
+Clocks: each actor's offset to the driver is measured as NTP does (the
+driver's send and receive times around the actor's reading, the sample with
+the shortest round trip kept, half of it being the error bound), and each
+client's records are shifted onto the driver's time line by its own run zero
+minus that offset. All clients wait for one common start (the driver's clock
+through each offset); what differs is their own preparation before the
+clock starts (connections, first bodies), recorded with the offsets and round
+trips in client_stats.clients as `start_skew_ms`.
+
+Records reach the driver's records.jsonl as they arrive (polled every
+POLL_S), so a client that dies loses only the requests it had in hand: each
+of those the driver had heard of gets a record as a `client_worker_died`
+error (the run then ends "disturbed", exit code 3, as with a dead --workers
+process); its death is in its client_stats entry and warned about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import uvloop
+
+from servelab.cluster.ray_pool import connect
+from servelab.metrics.records import CLIENT_WORKER_DIED, ERROR, RecordSink, RequestRecord
+from servelab.targets.base import SampleSink, TargetRun
+from servelab.targets.http import HttpTarget
+from servelab.workload.spec import LoadPlan, RequestSpec
+
+POLL_S = 0.5
+START_AHEAD_S = 1.0
+"""The clients start together this long after the driver asks them to (each waits for it on its own clock)."""
+CLOCK_SAMPLES = 8
+
+
+class _Buffer:
+    """The actor's sink: records wait here until the driver drains them (a deque: the run's thread appends while
+    `drain`'s takes, and neither loses an item)."""
+
+    def __init__(self) -> None:
+        self.records: deque[RequestRecord] = deque()
+
+    def write(self, record: RequestRecord) -> None:
+        self.records.append(record)
+
+
+def _take_all(items: deque[Any]) -> list[Any]:
+    taken = []
+    while items:
+        taken.append(items.popleft())
+    return taken
+
+
+def owned(plan: LoadPlan, clients: int, me: int, taken: deque[RequestSpec]) -> LoadPlan:
+    """The requests of `plan` that client `me` of `clients` sends: whole conversations, the rest round-robin.
+
+    Each request the client takes from its share is appended to `taken` (the driver's list of what a client that
+    dies had in hand)."""
+    owner: dict[int, int] = {}  # request index -> client; a first turn opens the next conversation in turn
+    opened = 0
+
+    def mine(spec: RequestSpec) -> bool:
+        nonlocal opened
+        if spec.depends_on is None:
+            owner[spec.index] = opened % clients
+            opened += 1
+        else:
+            owner[spec.index] = owner[spec.depends_on]
+        return owner[spec.index] == me
+
+    def share_of_requests() -> Iterator[RequestSpec]:
+        for spec in plan.requests:
+            if mine(spec):
+                taken.append(spec)
+                yield spec
+
+    cap = plan.max_concurrency
+    share = None if cap is None else cap // clients + (1 if me < cap % clients else 0)
+    return LoadPlan(share_of_requests(), share, plan.duration, plan.warmup, plan.description)
+
+
+class ClientActor:
+    """One load-generating client on a cluster node (a threaded Ray actor: `drain` runs while `run` does)."""
+
+    def __init__(self, target_options: dict[str, Any], make_plan: Callable[[], LoadPlan], clients: int, me: int) -> None:
+        self.target = HttpTarget(**target_options)
+        self.taken: deque[RequestSpec] = deque()
+        self.plan = owned(make_plan(), clients, me, self.taken)
+        self.buffer = _Buffer()
+
+    def now(self) -> float:
+        return time.time()
+
+    def host(self) -> str:
+        return socket.gethostname()
+
+    def run(self, start_at: float) -> dict[str, Any]:
+        """Start at `start_at` on this host's clock (the driver's common start, through this host's offset)."""
+        time.sleep(max(0.0, start_at - time.time()))
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            run = runner.run(self.target.arun(self.plan, self.buffer))
+        return {"duration": run.duration, "server_info": run.server_info, "client_stats": run.client_stats,
+                "interrupted": run.interrupted}
+
+    def drain(self) -> tuple[float | None, list[tuple[int, float, int]], list[RequestRecord]]:
+        """The run's zero on this host's wall clock (None before it starts), the requests taken from the plan
+        (index, planned time, prompt tokens) and the records finished, each since the last call."""
+        zero = self.target.clock_zero
+        taken = [(s.index, s.arrival_time, s.prompt_len) for s in _take_all(self.taken)]
+        records = _take_all(self.buffer.records)
+        return (None if zero is None else zero + time.time() - time.perf_counter()), taken, records
+
+
+def _shift(record: RequestRecord, by: float) -> RequestRecord:
+    record.intended_time += by
+    record.send_time += by
+    record.finish_time += by
+    if record.first_token_time is not None:
+        record.first_token_time += by
+    record.chunk_times = [t + by for t in record.chunk_times]
+    return record
+
+
+class RayClients:
+    """A Target whose load comes from `clients` actors on the cluster at `address` (see the module docstring)."""
+
+    def __init__(self, address: str, clients: int, target_options: dict[str, Any], make_plan: Callable[[], LoadPlan]) -> None:
+        self.ray = connect(address)
+        self.clients = clients
+        self.target_options = target_options
+        self.make_plan = make_plan
+
+    def _clock(self, actor: Any) -> tuple[float, float]:
+        """(offset of the actor's clock to ours, round trip) in seconds, from the quickest of CLOCK_SAMPLES readings."""
+        best: tuple[float, float] | None = None
+        for _ in range(CLOCK_SAMPLES):
+            sent = time.time()
+            theirs = self.ray.get(actor.now.remote())
+            back = time.time()
+            if best is None or back - sent < best[1]:
+                best = (theirs - (sent + back) / 2, back - sent)
+        assert best is not None
+        return best
+
+    def run(self, plan: LoadPlan, sink: RecordSink, on_sample: SampleSink | None = None) -> TargetRun:
+        ray = self.ray
+        remote = ray.remote(num_cpus=0, max_concurrency=2, max_restarts=0)(ClientActor)
+        actors = [remote.options(scheduling_strategy="SPREAD").remote(self.target_options, self.make_plan, self.clients, i)
+                  for i in range(self.clients)]
+        info: list[dict[str, Any]] = []
+        for i, actor in enumerate(actors):
+            offset, rtt = self._clock(actor)
+            info.append({"client": i, "host": ray.get(actor.host.remote()), "clock_offset_ms": 1000 * offset,
+                         "clock_rtt_ms": 1000 * rtt})
+        zero = time.time() + START_AHEAD_S
+        runs = {actor.run.remote(zero + info[i]["clock_offset_ms"] / 1000): i for i, actor in enumerate(actors)}
+        shifts: list[float | None] = [None] * self.clients
+        open_: list[dict[int, tuple[float, int]]] = [{} for _ in actors]  # per client: taken, not yet recorded
+        results: dict[int, dict[str, Any]] = {}
+        interrupted = False
+
+        def drain(i: int) -> None:
+            try:
+                their_zero, taken, records = ray.get(actors[i].drain.remote())
+            except ray.exceptions.RayActorError:
+                return
+            if their_zero is not None and shifts[i] is None:
+                shifts[i] = their_zero - info[i]["clock_offset_ms"] / 1000 - zero
+            open_[i].update((index, (planned, prompt)) for index, planned, prompt in taken)
+            for record in records:
+                open_[i].pop(record.index, None)
+                sink.write(_shift(record, shifts[i] or 0.0))
+
+        def lose(i: int, why: str) -> None:
+            """A dead client's requests in hand still get a record each, as errors (as a dead --workers process's do)."""
+            now = time.time() - zero
+            for index, (planned, prompt) in sorted(open_[i].items()):
+                sink.write(RequestRecord(index=index, intended_time=planned + (shifts[i] or 0.0), send_time=now,
+                                         finish_time=now, prompt_tokens=prompt, status=ERROR, error_kind=CLIENT_WORKER_DIED,
+                                         error=f"client {i} died before reporting this request: {why}"))
+            open_[i].clear()
+
+        try:
+            while runs:
+                done, _ = ray.wait(list(runs), num_returns=1, timeout=POLL_S)
+                for i in range(self.clients):
+                    if i not in results:
+                        drain(i)
+                for ref in done:
+                    i = runs.pop(ref)
+                    drain(i)
+                    try:
+                        results[i] = ray.get(ref)
+                    except ray.exceptions.RayError as exc:
+                        results[i] = {"died": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+                        lose(i, results[i]["died"])
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            for actor in actors:
+                ray.kill(actor)
+        return self._merged(info, shifts, results, interrupted, time.time() - zero)
+
+    def _merged(self, info: list[dict[str, Any]], shifts: list[float | None], results: dict[int, dict[str, Any]],
+                interrupted: bool, wall: float) -> TargetRun:
+        clients = []
+        for i, entry in enumerate(info):
+            result = results.get(i, {"died": "interrupted"})
+            shift = shifts[i]
+            clients.append({**entry, "start_skew_ms": None if shift is None else 1000 * shift,
+                            **({"died": result["died"]} if "died" in result else result["client_stats"])})
+        bottlenecks = [f"client {c['client']} ({c['host']}): {c.get('reason', '')}" for c in clients if c.get("client_may_be_bottleneck")]
+        dead = [f"client {c['client']} ({c['host']}) died: {c['died']}" for c in clients if "died" in c]
+        stats: dict[str, Any] = {"clients": clients, "client_may_be_bottleneck": bool(bottlenecks or dead)}
+        if bottlenecks or dead:
+            stats["reason"] = "; ".join(dead + bottlenecks)
+        ok = [r for r in results.values() if "died" not in r]
+        return TargetRun(duration=max((r["duration"] for r in ok), default=wall),
+                         interrupted=interrupted or any(r.get("interrupted") for r in ok),
+                         server_info=ok[0]["server_info"] if ok else {}, client_stats=stats)

@@ -1,0 +1,394 @@
+"""servelab on Ray (`--ray-address`): a two-node cluster on this machine (`ray.cluster_utils.Cluster`).
+
+What holds under any load is asserted (same study, same files, trials that
+overlapped, failures recorded, no process left behind); how much faster the
+cluster is lives in benchmarks/ray_scaling.py and docs/cluster.md.
+
+The Ray tests are skipped when Ray is not installed, unless SERVELAB_REQUIRE_RAY=1
+(scripts/test sets it, and installs the `ray` extra): then they fail loudly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servelab.metrics.slo import SLO
+from servelab.targets.deployment import build_deployment
+from servelab.targets.server_process import group_alive
+from servelab.tune.confirm import ServerCommand
+from servelab.tune.objectives import Objective
+from servelab.tune.space import SearchSpace
+from servelab.tune.study import SearchSettings
+from servelab.tune.tuner import TuneRequest, run_tune
+from servelab.tune.workload import TuneWorkload
+from servelab.workload.arrival import ArrivalConfig
+from servelab.workload.datasets import WorkloadConfig
+from servelab.workload.plan import Amount
+
+REQUIRE_RAY = os.environ.get("SERVELAB_REQUIRE_RAY") == "1"
+TRIAL_GPU = "trial_gpu"
+"""The custom resource standing in for a GPU here: a stage-2 trial holds one per GPU of its configuration."""
+NODE_SLOT = "node_slot"
+"""One per node: trials that hold it land one on each node (the killed-node test)."""
+SIM_ARGS = "--block-size 128 --kv-cache-memory-bytes 1G"
+LINE = "--max-model-len 4096 --max-num-seqs 2"
+TINY_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 128, "intermediate_size": 352,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 4096,
+    "max_position_embeddings": 8192, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+}
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        if REQUIRE_RAY:
+            pytest.fail("SERVELAB_REQUIRE_RAY=1 but ray is not installed (pip install 'servelab[ray]')", pytrace=False)
+        pytest.skip("ray is not installed (pip install 'servelab[ray]')")
+    return ray
+
+
+class TwoNodes:
+    """A head that runs nothing plus two worker nodes, each with `slots` trial GPUs; shut down by the fixture."""
+
+    def __init__(self, slots: tuple[int, int]) -> None:
+        from ray.cluster_utils import Cluster
+
+        # Ray's head node installs its own SIGTERM/SIGINT handlers in this process; the rest of the session
+        # (run_point's interruption tests) must find them as they were.
+        self.handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+        self.nodes = [self.cluster.add_node(num_cpus=1, resources={TRIAL_GPU: n, NODE_SLOT: 1}) for n in slots]
+        self.cluster.wait_for_nodes()
+        self.address = self.cluster.address
+
+    def shutdown(self) -> None:
+        import ray
+
+        ray.shutdown()
+        self.cluster.shutdown()
+        for sig, handler in self.handlers.items():
+            signal.signal(sig, handler)
+
+
+@pytest.fixture(scope="module")
+def two_nodes() -> Iterator[TwoNodes]:
+    """One cluster for the module's tests (starting one takes ~30 s here, and longer on a loaded machine): trial
+    GPUs 2 + 1, so three stage-2 trials fit at once. The killed-node test, last in the file, removes a node."""
+    _ray()
+    cluster = TwoNodes((2, 1))
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2's config.json alone: the simulator needs the shape, not the weights."""
+    directory = tmp_path_factory.mktemp("tiny-config")
+    (directory / "config.json").write_text(json.dumps(TINY_CONFIG))
+    return directory
+
+
+def _request(model: Path, output: Path, space: list[str], **changes: Any) -> TuneRequest:
+    workload = WorkloadConfig(input_len=256, output_len=32)
+    arrival = ArrivalConfig(max_concurrency=32)
+    fields: dict[str, Any] = dict(
+        simulated=build_deployment("cpu", model, f"{LINE} {SIM_ARGS}"),
+        launch=build_deployment("cpu", model, LINE),
+        sim_args=SIM_ARGS,
+        space=SearchSpace.from_items(space),
+        objective=Objective("goodput", SLO.parse("ttft:500")),
+        sim_workload=TuneWorkload(workload, arrival, Amount(num_prompts=120)),
+        bench_workload=TuneWorkload(workload, arrival, Amount(num_prompts=64)),
+        search=SearchSettings(n_trials=100, sampler="grid"),
+        output=output,
+    )
+    fields.update(changes)
+    return TuneRequest(**fields)
+
+
+def _servelab(*args: str) -> list[str]:
+    return [str(Path(sys.executable).parent / "servelab"), *args]
+
+
+def test_ray_is_not_imported_without_ray_address(tmp_path: Path, tiny_config: Path) -> None:
+    """The single-machine commands never load Ray: tune and simulate run, then sys.modules is checked."""
+    program = (
+        "import sys\n"
+        "from servelab.cli import main\n"
+        "for argv in sys.argv[1:]:\n"
+        "    try:\n"
+        "        main(argv.split('\\x1f'))\n"
+        "    except SystemExit as exc:\n"
+        "        assert exc.code in (0, None), exc.code\n"
+        "    except Exception as exc:  # typer.Exit, as main() raises it outside a console script\n"
+        "        assert getattr(exc, 'exit_code', 1) == 0, exc\n"
+        "print('ray' in sys.modules, 'servelab.cluster.ray_pool' in sys.modules)\n"
+    )
+    common = ["--random-input-len", "256", "--random-output-len", "32", "--json"]
+    tune = ["tune", "--gpu", "cpu", "--model", str(tiny_config), "--engine-args", LINE, "--sim-args", SIM_ARGS,
+            "--space", "max_num_seqs=2,8", "--sim-prompts", "40", "--goodput", "ttft:500", "--result-dir", str(tmp_path / "tune"), *common]
+    simulate = ["simulate", "--gpu", "cpu", "--model", str(tiny_config), "--engine-args", f"{LINE} {SIM_ARGS}",
+                "--num-prompts", "20", "--result-dir", str(tmp_path / "sim"), *common]
+    done = subprocess.run([sys.executable, "-c", program, "\x1f".join(tune), "\x1f".join(simulate)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False False"
+    assert (tmp_path / "tune" / "tune.json").exists() and (tmp_path / "sim" / "summary.json").exists()
+
+
+def test_ray_address_without_ray_installed_is_one_clear_error(tmp_path: Path, tiny_config: Path) -> None:
+    """Ray missing (hidden from the import system here) is bad input (exit 2) before anything runs."""
+    program = (
+        "import sys\n"
+        "sys.modules['ray'] = None  # what `import ray` meets where the extra is not installed\n"
+        "from servelab.cli import main\n"
+        "main(sys.argv[1:])\n"
+    )
+    argv = ["tune", "--gpu", "cpu", "--model", str(tiny_config), "--engine-args", LINE, "--space", "max_num_seqs=2,8",
+            "--goodput", "ttft:500", "--ray-address", "auto", "--result-dir", str(tmp_path / "tune")]
+    done = subprocess.run([sys.executable, "-c", program, *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == "error: --ray-address needs Ray: pip install 'servelab[ray]'"
+    assert not (tmp_path / "tune").exists()
+
+
+@pytest.mark.ray
+def test_stage1_on_two_nodes_is_the_sequential_study(tmp_path: Path, tiny_config: Path, two_nodes: TwoNodes) -> None:
+    """A grid simulated over the cluster leaves the same scores, trial numbers and ranking as one process."""
+    from servelab.cluster.ray_pool import RayPool
+
+    space = ["max_num_seqs=2,4,8,16,32", "max_num_batched_tokens=default,512"]
+    sequential = run_tune(_request(tiny_config, tmp_path / "one", space))
+    pool = RayPool(two_nodes.address)
+    assert pool.slots == 2
+    spread = run_tune(_request(tiny_config, tmp_path / "two", space, pool=pool))
+
+    def scores(doc: dict[str, Any]) -> dict[int, tuple[Any, ...]]:
+        return {t["number"]: (json.dumps(t["params"], sort_keys=True), t["score"], t["feasible"]) for t in doc["trials"]}
+
+    assert len(spread["trials"]) == 10
+    assert scores(spread) == scores(sequential)
+    assert spread["ranking"] == sequential["ranking"]
+    assert spread["recommendation"] == sequential["recommendation"]
+    assert sorted(p.name for p in (tmp_path / "two" / "stage1").iterdir()) == sorted(
+        p.name for p in (tmp_path / "one" / "stage1").iterdir())
+
+    written = {p: p.stat().st_mtime_ns for p in (tmp_path / "two" / "stage1").glob("*/trial.json")}
+    resumed = run_tune(_request(tiny_config, tmp_path / "two", space, pool=pool, resume=True))
+    assert scores(resumed) == scores(spread)  # --resume on the cluster: every trial read back, none simulated again
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "two" / "stage1").glob("*/trial.json")} == written
+
+
+def _vllm_command(vllm_python: Path, tiny_model: Path, pids: Path) -> str:
+    """The real vLLM CPU server, started through a shell that first appends its PID (the server's, after
+    exec) to `pids`: the test can then check by PID that no server outlived its trial, wherever it ran."""
+    server = (f"{vllm_python} -m vllm.entrypoints.openai.api_server --model {tiny_model} "
+              "--served-model-name tiny-qwen {engine_args} --host {host} --port {port}")
+    return f"sh -c 'echo $$ >> {pids}; exec {server}'"
+
+
+def _wait_gone(pids: list[int], within: float = 120.0) -> list[int]:
+    """The PIDs whose process group still runs after `within` seconds (the watchdog's grace, then SIGKILL)."""
+    deadline = time.monotonic() + within
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if group_alive(pid)]
+        time.sleep(0.5)
+    return alive
+
+
+@pytest.mark.vllm
+@pytest.mark.ray
+@pytest.mark.timeout(1800)  # three vLLM servers loading at once on a busy machine
+def test_stage2_trials_run_side_by_side_on_two_nodes(
+    tmp_path: Path, tiny_model: Path, vllm_python: Path, _vllm_pool: Any, two_nodes: TwoNodes
+) -> None:
+    """The baseline and the top 2, one real server each, all at once on two nodes: the measured verdict is the
+    sequential one (tests/test_tune_vllm.py: batch 2 under 32 concurrent requests misses the TTFT SLO, a bigger
+    batch does better), every trial's files are on the driver, the trials overlapped, and no server is left."""
+    from servelab.cluster.ray_pool import RayPool
+
+    _vllm_pool.stop_default()  # the session's server would share the 2 cores with these three
+    pids = tmp_path / "pids"
+    server = ServerCommand(_vllm_command(vllm_python, tiny_model, pids), env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+                           startup_timeout=900)
+    request = _request(tiny_model, tmp_path / "tune", ["max_num_seqs=2,8,32"], top_k=2, server=server,
+                       pool=RayPool(two_nodes.address), gpu_resource=TRIAL_GPU)
+    doc = run_tune(request)
+
+    results = doc["stage2"]["results"]
+    assert [r["label"] for r in results][0] == "baseline" and len(results) == 3
+    assert all(r["error"] is None for r in results), [r["error"] for r in results]
+    assert max(r["started_at"] for r in results) < min(r["ended_at"] for r in results)  # all three ran at once
+    for r in results:
+        directory = Path(r["directory"])
+        assert directory.parent == tmp_path / "tune" / "stage2"
+        summary = json.loads((directory / "summary.json").read_text())
+        assert summary["completed"] == 64 and (directory / "records.jsonl").exists() and (directory / "server.log").exists()
+    measured = {r["params"].get("max_num_seqs", 2): r["measured_score"] for r in results}
+    assert measured[2] < min(measured[8], measured[32])
+    assert doc["recommendation"]["source"] == "stage2" and doc["recommendation"]["params"] != {}
+    started = [int(line) for line in pids.read_text().split()]
+    assert len(started) == 3 and not _wait_gone(started, within=10.0)
+    report = subprocess.run(_servelab("report", str(tmp_path / "tune"), "-o", str(tmp_path / "report.html")),
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0 and (tmp_path / "report.html").stat().st_size > 0, report.stderr
+
+
+def _both_serving(output: Path) -> bool:
+    """Both trials' servers answer /health (found through the PIDs file and their command lines' --port: their
+    nodes' scratch directories are not the driver's to read)."""
+    pids_file = output.parent / "pids"
+    if not pids_file.exists():
+        return False
+    started = [int(line) for line in pids_file.read_text().split()]
+    return len(started) == 2 and all(_healthy(pid) for pid in started)
+
+
+def _healthy(pid: int) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        port = int(argv[argv.index("--port") + 1])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2.0) as response:
+            return bool(response.status == 200)
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+@pytest.mark.ray
+def test_simulate_sweep_on_two_nodes_writes_the_sequential_sweep(tmp_path: Path, tiny_config: Path, two_nodes: TwoNodes) -> None:
+    """`simulate --sweep ... --ray-address`: every point simulated on the cluster, the same curve and files here."""
+    argv = _servelab("simulate", "--gpu", "cpu", "--model", str(tiny_config), "--engine-args", f"{LINE} {SIM_ARGS}",
+                     "--random-input-len", "256", "--random-output-len", "32", "--num-prompts", "60",
+                     "--sweep", "request-rate=1,2,4,8,16", "--json")
+    one = subprocess.run([*argv, "--result-dir", str(tmp_path / "one")], capture_output=True, text=True, timeout=600)
+    spread = subprocess.run([*argv, "--result-dir", str(tmp_path / "two"), "--ray-address", two_nodes.address],
+                            capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0 and spread.returncode == 0, spread.stderr
+
+    def curve(doc: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return [(p["request-rate"], p["directory"], p["completed"], p["mean_ttft_ms"], p["output_throughput"]) for p in doc["points"]]
+
+    assert curve(json.loads(spread.stdout)) == curve(json.loads(one.stdout))
+    assert len(json.loads(spread.stdout)["points"]) == 5
+    for point in json.loads(spread.stdout)["points"]:
+        directory = tmp_path / "two" / point["directory"]
+        assert sorted(p.name for p in directory.iterdir()) == sorted(p.name for p in (tmp_path / "one" / point["directory"]).iterdir())
+        assert (directory / "records.jsonl").read_text() == (tmp_path / "one" / point["directory"] / "records.jsonl").read_text()
+
+
+def test_simulate_ray_address_without_sweep_is_refused(tmp_path: Path, tiny_config: Path) -> None:
+    done = subprocess.run(_servelab("simulate", "--gpu", "cpu", "--model", str(tiny_config), "--num-prompts", "10",
+                                    "--ray-address", "auto", "--result-dir", str(tmp_path / "sim")),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "--ray-address spreads the points of a --sweep" in done.stderr and not (tmp_path / "sim").exists()
+
+
+@pytest.mark.vllm
+@pytest.mark.ray
+def test_bench_from_two_client_actors_sends_the_same_requests_as_one(tmp_path: Path, vllm_server: Any, two_nodes: TwoNodes) -> None:
+    """`bench --ray-address --clients 2` against the real server: every request of the plan once, in one
+    records.jsonl on the driver, the same tokens as `--clients 1`, and each client's clock and overhead recorded."""
+    def bench(clients: int) -> dict[str, Any]:
+        out = tmp_path / f"clients-{clients}"
+        done = subprocess.run(_servelab(
+            "bench", "--base-url", vllm_server.base_url, "--model", vllm_server.model_name, "--ignore-eos",
+            "--random-input-len", "64", "--random-output-len", "16", "--num-prompts", "24", "--max-concurrency", "4",
+            "--dataset-name", "multiturn", "--multiturn-turns", "2", "--result-dir", str(out), "--json",
+            "--ray-address", two_nodes.address, "--clients", str(clients)), capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)
+        records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+        return {"summary": summary, "indices": sorted(r["index"] for r in records), "statuses": {r["status"] for r in records}}
+
+    one, two = bench(1), bench(2)
+    assert two["indices"] == one["indices"] == list(range(24)) and two["statuses"] == one["statuses"] == {"ok"}
+    for key in ("completed", "failed", "total_input_tokens", "total_output_tokens"):
+        assert two["summary"][key] == one["summary"][key], key
+    clients = two["summary"]["client_stats"]["clients"]
+    assert [c["client"] for c in clients] == [0, 1]
+    for c in clients:
+        assert c["clock_rtt_ms"] > 0 and abs(c["clock_offset_ms"]) <= 1000 * 60  # one host here: a small offset
+        assert c["start_skew_ms"] is not None and "cpu_share" in c and "schedule_lag_p50_ms" in c
+
+
+def test_clients_share_one_plan_with_conversations_whole_and_the_cap_split() -> None:
+    """How `--clients` divides a plan: every request once, each conversation on one client, the cap's shares adding up."""
+    from collections import deque
+
+    from servelab.cluster.clients import owned
+    from servelab.workload.plan import build_plan
+
+    def plan() -> Any:
+        return build_plan(WorkloadConfig(dataset_name="multiturn", turns=3, input_len=32, output_len=8),
+                          ArrivalConfig(max_concurrency=7), Amount(num_prompts=30))
+
+    whole = list(plan().requests)
+    shares = [owned(plan(), 3, i, deque()) for i in range(3)]
+    caps = [s.max_concurrency for s in shares]
+    parts = [list(s.requests) for s in shares]
+    assert sorted(r.index for part in parts for r in part) == [r.index for r in whole]
+    assert caps == [3, 2, 2] and all(parts)
+    owner = {r.index: i for i, part in enumerate(parts) for r in part}
+    assert all(owner[r.index] == owner[r.depends_on] for r in whole if r.depends_on is not None)
+    assert [(r.index, r.arrival_time) for r in parts[1]] == [(r.index, r.arrival_time) for r in whole if owner[r.index] == 1]
+
+
+@pytest.mark.vllm
+@pytest.mark.ray
+@pytest.mark.timeout(1800)
+def test_trial_on_a_killed_node_is_recorded_failed_and_leaves_no_server(
+    tmp_path: Path, tiny_model: Path, vllm_python: Path, tiny_config: Path, _vllm_pool: Any, two_nodes: TwoNodes
+) -> None:
+    """(Last in the file: it takes a node from the module's cluster.) `servelab tune --ray-address` with one trial
+    per node (each holds the node's one NODE_SLOT); a node dies while its server is up: that trial is
+    recorded failed with the reason, the other is measured, tune ends normally, and both servers are gone."""
+    _vllm_pool.stop_default()
+    pids = tmp_path / "pids"
+    output = tmp_path / "tune"
+    argv = _servelab(
+        "tune", "--gpu", "cpu", "--model", str(tiny_config), "--engine-args", LINE, "--sim-args", SIM_ARGS,
+        "--space", "max_num_seqs=2,8", "--top-k", "1", "--sim-prompts", "60", "--goodput", "ttft:500",
+        "--random-input-len", "256", "--random-output-len", "32", "--max-concurrency", "8",
+        "--num-prompts", "400", "--result-dir", str(output), "--json",
+        "--server-cmd", _vllm_command(vllm_python, tiny_model, pids), "--server-env", "VLLM_CPU_KVCACHE_SPACE=1",
+        "--startup-timeout", "900", "--ray-address", two_nodes.address, "--ray-gpu-resource", NODE_SLOT,
+    )
+    log = (tmp_path / "tune.log").open("w")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and proc.poll() is None and not _both_serving(output):
+            time.sleep(0.5)
+        assert proc.poll() is None, (tmp_path / "tune.log").read_text()
+        assert _both_serving(output), "the two servers never both came up"
+        two_nodes.cluster.remove_node(two_nodes.nodes[1], allow_graceful=False)
+        stdout, _ = proc.communicate(timeout=900)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, (tmp_path / "tune.log").read_text()
+    results = json.loads(stdout)["stage2"]["results"]
+    lost = [r for r in results if r["error"]]
+    assert len(results) == 2 and len(lost) == 1, results
+    assert lost[0]["error"].startswith("the trial was lost on the cluster: ")
+    assert lost[0]["measured"] is None and lost[0]["predicted_score"] is not None
+    assert json.loads((output / "stage2" / lost[0]["label"] / "stage2.json").read_text())["error"] == lost[0]["error"]
+    started = [int(line) for line in pids.read_text().split()]
+    assert len(started) == 2 and not _wait_gone(started)
