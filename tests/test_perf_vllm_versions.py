@@ -65,7 +65,7 @@ def test_an_older_release_prints_only_the_flags_it_was_given():
     assert deployment.rebuilt(max_num_seqs=32).config.async_scheduling is False
 
 
-def test_cpu_costs_come_from_the_nearest_measured_release(tmp_path: Path, monkeypatch):
+def test_cpu_costs_come_from_the_oldest_measured_release_at_or_after_the_served_one(tmp_path: Path, monkeypatch):
     doc = yaml.safe_load(vllm_cpu_costs.DATA.read_text())
     for version, per_request in (("0.32.0", 0.003), ("0.11.0", 0.006), ("0.20.0", 0.004)):
         name = "vllm_cpu_costs.yaml" if version == "0.32.0" else f"vllm_cpu_costs-{version}.yaml"
@@ -74,8 +74,8 @@ def test_cpu_costs_come_from_the_nearest_measured_release(tmp_path: Path, monkey
     monkeypatch.setattr(vllm_cpu_costs, "DATA", tmp_path / "vllm_cpu_costs.yaml")
     vllm_cpu_costs._measured_releases.cache_clear()
     try:
-        picked = {v: vllm_cpu_costs.measured(v).api_per_request_s for v in [(0, 9), (0, 15), (0, 16), (0, 27), (0, 40)]}
-        assert picked == {(0, 9): 0.006, (0, 15): 0.006, (0, 16): 0.004, (0, 27): 0.003, (0, 40): 0.003}
+        picked = {v: vllm_cpu_costs.measured(v).api_per_request_s for v in [(0, 9), (0, 11), (0, 12), (0, 20), (0, 27), (0, 40)]}
+        assert picked == {(0, 9): 0.006, (0, 11): 0.006, (0, 12): 0.004, (0, 20): 0.004, (0, 27): 0.003, (0, 40): 0.003}
         assert vllm_cpu_costs.measured().api_per_request_s == 0.003
     finally:
         vllm_cpu_costs._measured_releases.cache_clear()
