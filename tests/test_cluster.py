@@ -325,7 +325,7 @@ def test_bench_from_two_client_actors_sends_the_same_requests_as_one(tmp_path: P
     assert [c["client"] for c in clients] == [0, 1]
     for c in clients:
         assert c["clock_rtt_ms"] > 0 and abs(c["clock_offset_ms"]) <= 1000 * 60  # one host here: a small offset
-        assert c["start_skew_ms"] is not None and "cpu_share" in c and "schedule_lag_p50_ms" in c
+        assert c["start_skew_ms"] is not None and "cpu_share" in c and "median_schedule_lag_ms" in c
 
 
 def test_clients_share_one_plan_with_conversations_whole_and_the_cap_split() -> None:
