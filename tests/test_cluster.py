@@ -214,13 +214,13 @@ def _wait_gone(pids: list[int], within: float = 120.0) -> list[int]:
 
 @pytest.mark.vllm
 @pytest.mark.ray
+@pytest.mark.ray_servers
 @pytest.mark.timeout(1800)  # three vLLM servers loading at once on a busy machine
 def test_stage2_trials_run_side_by_side_on_two_nodes(
     tmp_path: Path, tiny_model: Path, vllm_python: Path, _vllm_pool: Any, two_nodes: TwoNodes
 ) -> None:
-    """The baseline and the top 2, one real server each, all at once on two nodes: the measured verdict is the
-    sequential one (tests/test_tune_vllm.py: batch 2 under 32 concurrent requests misses the TTFT SLO, a bigger
-    batch does better), every trial's files are on the driver, the trials overlapped, and no server is left."""
+    """The baseline and the top 2, one real server each, all at once on two nodes: every trial measured, its files
+    on the driver, the trials overlapped, and no server is left."""
     from servelab.cluster.ray_pool import RayPool
 
     _vllm_pool.stop_default()  # the session's server would share the 2 cores with these three
@@ -240,8 +240,7 @@ def test_stage2_trials_run_side_by_side_on_two_nodes(
         assert directory.parent == tmp_path / "tune" / "stage2"
         summary = json.loads((directory / "summary.json").read_text())
         assert summary["completed"] == 64 and (directory / "records.jsonl").exists() and (directory / "server.log").exists()
-    measured = {r["params"].get("max_num_seqs", 2): r["measured_score"] for r in results}
-    assert measured[2] < min(measured[8], measured[32])
+    # (the three servers share the host's cores, so their scores rank nothing: benchmarks/ray_scaling.py's job)
     assert doc["recommendation"]["source"] == "stage2" and doc["recommendation"]["params"] != {}
     started = [int(line) for line in pids.read_text().split()]
     assert len(started) == 3 and not _wait_gone(started, within=10.0)
@@ -352,6 +351,7 @@ def test_clients_share_one_plan_with_conversations_whole_and_the_cap_split() -> 
 
 @pytest.mark.vllm
 @pytest.mark.ray
+@pytest.mark.ray_servers
 @pytest.mark.timeout(1800)
 def test_trial_on_a_killed_node_is_recorded_failed_and_leaves_no_server(
     tmp_path: Path, tiny_model: Path, vllm_python: Path, tiny_config: Path, _vllm_pool: Any, two_nodes: TwoNodes
