@@ -66,12 +66,3 @@ def version_defaults(version: tuple[int, int] | None) -> EngineConfig:
     older = {c.field: c.before for c in CHANGES if version < c.since}
     return EngineConfig().with_(**older)
 
-
-def describe(version: tuple[int, int] | None) -> list[str]:
-    """One line per default that `version` has and the modelled release does not."""
-    if version is None:
-        return []
-    lines = [f"{c.field}={c.before}: {c.why}" for c in CHANGES if version < c.since]
-    if version < LARGEST_BATCH_DEFAULTS_SINCE:
-        lines.append("chips of >= 160 GiB get the H100 batch defaults (the larger ones came in 0.28)")
-    return lines
