@@ -496,7 +496,8 @@ class _Simulation:
             times = _chunked(times, self.stream_interval)
         if self.frontend:
             # Tokens of one output round went out in one chunk: the client sees one arrival (ITL counts chunks).
-            times = [t for k, t in enumerate(times) if k == 0 or t != times[k - 1]]
+            # Delivery times never decrease, so equal times are adjacent and dict.fromkeys keeps the first of each.
+            times = list(dict.fromkeys(times))
         if lat:
             times = [x + lat for x in times]
         rec = self._record(spec, self.send_times.pop(spec.index), times[-1])
