@@ -14,6 +14,7 @@ Markdown; deterministic.
 
 from __future__ import annotations
 
+import re
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +25,8 @@ import yaml
 
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
-from servelab.sim.engines import LABELS
+from servelab.sim.engines import LABELS, VLLM
+from servelab.targets.deployment import build_deployment
 from servelab.targets.engine_deployment import build_engine_deployment
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
@@ -46,11 +48,12 @@ def _sharegpt_ok(spec: RequestSpec) -> bool:
             and prompt + spec.max_tokens <= SHAREGPT_MAX_TOTAL)
 
 
-def load_plan(run: dict[str, Any], vocab: int) -> LoadPlan:
-    """The run's requests: the source's own lengths where servelab holds them, else drawn as the entry says."""
+def load_plan(run: dict[str, Any], vocab: int, max_prompts: int | None = None) -> LoadPlan:
+    """The run's requests (the first `max_prompts`): the source's own lengths where servelab holds them, else drawn
+    as the entry says."""
     w = run["workload"]
     arrival = ArrivalConfig(max_concurrency=w.get("max_concurrency"))
-    n = w["num_prompts"]
+    n = min(w["num_prompts"], max_prompts or w["num_prompts"])
     if run.get("lengths"):
         # Each request as the source sent it; a resent prompt (same_prompt_as) sends the same tokens again.
         lens = yaml.safe_load(LENGTHS.read_text())[run["lengths"]]
@@ -74,15 +77,28 @@ def load_plan(run: dict[str, Any], vocab: int) -> LoadPlan:
     return plan
 
 
-def predict(run: dict[str, Any], engine: str, scratch: Path) -> float:
+def stated_version(text: str) -> str | None:
+    """The vLLM release a source states ("0.9.0 (V1)" is 0.9); None: not stated (the modelled release)."""
+    found = re.search(r"(\d+)\.(\d+)", text)
+    return f"{found[1]}.{found[2]}" if found else None
+
+
+def predict(run: dict[str, Any], engine: str, scratch: Path, max_prompts: int | None = None) -> float:
+    """Predicted output throughput (tokens/s) of `engine` on the run, with the entry's flags."""
     flags = run["flags"][engine]
     options = run["flags"].get(f"{engine}_options")
     if options:
         path = scratch / f"{run['id']}-{engine}.yaml"
         path.write_text(yaml.safe_dump(options))
         flags = f"{flags} --extra_llm_api_options {path}"
-    deployment = build_engine_deployment(engine, run["gpu"], run["model"], flags)
-    plan = load_plan(run, deployment.model.vocab_size)
+    if engine == VLLM:
+        # vLLM's side runs the stated release's defaults and CPU costs (synchronous scheduling before 0.14), as
+        # benchmarks/gpu_accuracy.py replays it.
+        version = stated_version(str(run.get("versions", {}).get(VLLM, "")))
+        deployment = build_deployment(run["gpu"], run["model"], flags, vllm_version=version)
+    else:
+        deployment = build_engine_deployment(engine, run["gpu"], run["model"], flags)
+    plan = load_plan(run, deployment.model.vocab_size, max_prompts)
     sink = MemorySink()
     result = deployment.sim_target().run(plan, sink)
     return float(summarize(sink.records, duration=result.duration)["output_throughput"])
