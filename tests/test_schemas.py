@@ -105,9 +105,14 @@ def test_a_results_directory_of_schema_1_validates_opens_reports_and_diagnoses(t
     stats = load_run(SCHEMA_1 / "bench").summary["client_stats"]
     assert stats["p99_schedule_lag_ms"] is not None and stats["added_delay"]["median_ms"] is not None
     assert "schedule_lag_p99_ms" not in stats
+    typed = Summary.model_validate(load_run(SCHEMA_1 / "bench").summary).client_stats
+    assert typed is not None and typed.added_delay is not None and typed.startup_wave is not None
+    assert typed.added_delay.median_ms == stats["added_delay"]["median_ms"] and typed.startup_wave.median_send_lag_ms > 0
     console = Console(record=True, width=120)
     console.print(summary_table(Summary.model_validate(load_run(SCHEMA_1 / "bench").summary)))
-    assert "Client send lag p99 (ms)" in console.export_text()
+    rows = {cells[1].strip(): cells[2].strip() for line in console.export_text().splitlines()
+            if len(cells := line.split("│")) == 4}
+    assert rows["Client send lag p99 (ms)"] == f"{typed.p99_schedule_lag_ms:.2f}" and rows["Client CPU (share of a core)"] == "5%"
 
     diagnosed = json.loads(cli("diagnose", str(SCHEMA_1 / "bench"), "--calibration", str(SCHEMA_1 / "profile.json"), "--json",
                                "--save", str(tmp_path / "diagnosis.json")))

@@ -101,7 +101,7 @@ def _disturbed(summaries: list[Summary]) -> str:
     for summary in summaries:
         for kind, n in disturbances(summary.errors_by_kind).items():
             counts[kind] = counts.get(kind, 0) + n
-        gone = (summary.client_stats or {}).get("server_gone")
+        gone = summary.client_stats.server_gone if summary.client_stats else None
         if gone:
             notes.append(f"the server went away ({gone})")
     if not counts:

@@ -114,6 +114,50 @@ class ReplicaShare(ClosedModel):
     mean_e2el_ms: float | None
 
 
+class AddedDelay(OpenModel):
+    """The delay the client estimates it added to each timestamp (its event-loop probe, weighted by requests)."""
+
+    mean_ms: float
+    median_ms: float
+    p99_ms: float
+    samples: int
+
+
+class StartupWave(OpenModel):
+    """The requests a run released at once at its start, and how long the client took to send them."""
+
+    requests: int
+    left_within_ms: float
+    median_send_lag_ms: float
+    ended_at_s: float
+
+
+class ClientStats(OpenModel):
+    """client_stats: what the load generator says of itself (bench, servelab/targets/client_stats.py), the
+    simulated engine's busy time (simulate), or one entry per client (a run from several clients, `clients`).
+    Each source writes its own keys, so every named one is optional; the renderers read them as attributes."""
+
+    median_schedule_lag_ms: float | None = Field(None, description="Send time minus intended time.")
+    p99_schedule_lag_ms: float | None = None
+    max_schedule_lag_ms: float | None = None
+    median_loop_lag_ms: float | None = Field(None, description="The client's event-loop probe: how late it woke.")
+    p99_loop_lag_ms: float | None = None
+    max_loop_lag_ms: float | None = None
+    cpu_share: float | None = Field(None, description="Client CPU seconds per wall second, per process.")
+    processes: int | None = None
+    startup_wave: StartupWave | None = None
+    added_delay: AddedDelay | None = None
+    mean_steady_send_lag_ms: float | None = Field(None, description="Mean send lag after the startup wave.")
+    typical_gap_ms: float | None = Field(None, description="The run's median inter-token gap (else median TTFT).")
+    client_may_be_bottleneck: bool | None = Field(None, description="The client's distortion of the figures was material.")
+    reason: str | None = None
+    server_gone: str | None = Field(None, description="Why release stopped: the server refused connections.")
+    engine_steps: int | None = Field(None, description="Simulate: engine steps run.")
+    engine_busy_s: list[float] | None = Field(None, description="Simulate: busy seconds per engine (replica).")
+    frontend_busy_s: float | None = Field(None, description="Simulate: the API server's busy seconds.")
+    clients: list[Json] | None = Field(None, description="A run from several clients: each client's own stats.")
+
+
 class Summary(OpenModel):
     """summary.json: statistics derived from records.jsonl (`servelab.metrics.summary.summarize`).
 
@@ -154,7 +198,7 @@ class Summary(OpenModel):
     requests_recorded: int | None = Field(None, description="Records written, warm-up included (a run's summary).")
     warmup: float | None = None
     interrupted: bool | None = None
-    client_stats: Json | None = Field(
+    client_stats: ClientStats | None = Field(
         None, description="The load generator's own overhead (bench) or the engine's busy time (simulate).")
     warnings: list[str] | None = None
 
