@@ -20,6 +20,7 @@ from servelab.metrics.timeline import TimelineSample
 from servelab.report import figures, tune_results, validation_results
 from servelab.report.html import default_title, render_report, write_report
 from servelab.report.inputs import ReportInputError, load_inputs
+from servelab.report.tables import headline
 from support.synthetic_results import TOY_DIAGNOSIS, toy_validation, write_toy_run, write_toy_sweep
 
 
@@ -246,7 +247,8 @@ def test_tune_stage2_measurements_sit_beside_their_predictions(tune_dir: Path, t
     doc = json.loads((tune_dir / "tune.json").read_text())
     best = doc["trials"][doc["ranking"][0]]
     results = [
-        {"label": label, "params": trial["params"], "engine_args": trial["engine_args"], "launch_line": None,
+        {"label": label, "params": trial["params"], "engine_args": trial["engine_args"],
+         "launch_line": f"vllm serve m {trial['engine_args']}",
          "predicted": trial["metrics"], "predicted_score": trial["score"], "predicted_violation": 0.0,
          "measured": {k: v * 0.5 for k, v in trial["metrics"].items()}, "measured_score": trial["score"] * 0.5,
          "measured_violation": 0.0, "error": None}
@@ -269,6 +271,35 @@ def test_tune_stage2_measurements_sit_beside_their_predictions(tune_dir: Path, t
     joins = _trace(fig, "predicted → measured")
     assert list(joins.x[:3]) == [doc["baseline"]["metrics"]["output_throughput"], measured.x[0], None]
     assert "Stage 2: measured on the real server vs. predicted" in render_report(inputs)
+
+
+def test_a_tune_study_is_read_typed_so_a_misspelt_statistic_fails_and_a_wrong_one_is_refused_on_loading(
+    tune_dir: Path, tmp_path: Path
+) -> None:
+    doc = json.loads((tune_dir / "tune.json").read_text())
+    study = load_inputs([tune_dir]).tunes[0].tune
+    assert study.baseline.metrics.statistic("p99_ttft_ms") == doc["baseline"]["metrics"]["p99_ttft_ms"]
+    for misspelt in ("ttft_p99_ms", "p99_ttft", "engine_args"):
+        with pytest.raises(AttributeError, match=misspelt):
+            study.baseline.metrics.statistic(misspelt)
+    (tmp_path / "tune.json").write_text(json.dumps(doc | {"search": {"sampler": "grid"}}))
+    with pytest.raises(ReportInputError, match=r"tune.json is not a tune.json this servelab reads: \('search', 'space_size'\)"):
+        load_inputs([tmp_path])
+
+
+def test_the_header_reads_run_json_typed_and_a_run_json_it_cannot_read_is_refused_naming_it(tmp_path: Path) -> None:
+    run = tmp_path / "sim"
+    result = CliRunner().invoke(app, ["simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--random-input-len", "256",
+                                      "--random-output-len", "32", "--num-prompts", "20", "--request-rate", "8",
+                                      "--result-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    [item] = load_inputs([run]).runs
+    assert headline(item) == f"Qwen2.5-7B on A100-80GB-SXM · random prompts of 256 → 32 tokens, poisson, 8.0 req/s, 20 requests · {run}"
+    info = json.loads((run / "run.json").read_text())
+    info["workload"]["arrival"]["max_concurrency"] = "four"
+    (run / "run.json").write_text(json.dumps(info))
+    with pytest.raises(ReportInputError, match=r"run.json of .*sim is not one this servelab reads: .*max_concurrency"):
+        load_inputs([run])
 
 
 def test_validation_overlays_measured_and_simulated_with_the_error(tmp_path: Path) -> None:

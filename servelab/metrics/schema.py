@@ -241,6 +241,54 @@ class ServerInfo(OpenModel):
     """A measured run's server, as pre-flight found it (model, endpoint, ...) and the engine it reported."""
 
     engine: EngineIdentity | None = None
+    model: str | None = Field(None, description="The model the server said it serves.")
+
+
+class LengthInfo(OpenModel):
+    """A length distribution of the plan (servelab.workload.lengths): its shape, mean and spread in tokens."""
+
+    shape: str | None = None
+    mean: float | None = None
+    spread: float | None = None
+
+
+class DatasetInfo(OpenModel):
+    """What the requests were: the dataset and, for synthetic ones, the prompt and output lengths."""
+
+    dataset_name: str | None = None
+    seed: int | None = None
+    input_len: LengthInfo | None = None
+    output_len: LengthInfo | None = None
+
+
+class ArrivalInfo(OpenModel):
+    """How the requests were sent (servelab.workload.arrival): the process in words, its rate and cap."""
+
+    process: str | None = None
+    request_rate: float | Literal["inf"] | None = None
+    burstiness: float | None = None
+    max_concurrency: int | None = None
+
+
+class AmountInfo(OpenModel):
+    num_prompts: int | None = None
+    duration: float | None = None
+    warmup: float | None = None
+
+
+class PlanInfo(OpenModel):
+    """A load plan's description (servelab.workload.plan): what was sent, how, how many."""
+
+    workload: DatasetInfo | None = None
+    arrival: ArrivalInfo | None = None
+    amount: AmountInfo | None = None
+
+
+class RunFlags(OpenModel):
+    """The command's flags as run.json keeps them; the ones read back by name are typed, the rest kept as given."""
+
+    model: str | None = None
+    base_url: str | None = None
 
 
 class RunInfo(OpenModel):
@@ -251,10 +299,14 @@ class RunInfo(OpenModel):
     started_at: float = Field(description="Unix time of the run's zero, which every time in the files counts from.")
     versions: Versions
     verb: str | None = Field(None, description="bench, simulate, calibrate, validate, tune, speed-check, ...")
-    workload: Json | None = Field(None, description="The plan's description: workload, arrival, amount.")
+    workload: PlanInfo | None = Field(None, description="The plan's description: workload, arrival, amount.")
     source: str | None = Field(None, description="http (measured) or sim (simulated); absent for experiment runs.")
     argv: list[str] | None = None
-    flags: Json | None = None
+    flags: RunFlags | None = None
+    model: str | None = Field(None, description="The model served, where no flags name it (tune's stage-2 runs).")
+    base_url: str | None = Field(None, description="The server measured, where no flags name it (tune's stage-2 runs).")
+    engine_args: str | None = Field(None, description="The server's engine flags (tune's stage-2 runs).")
+    kind: str | None = Field(None, description="tune-stage2 for tune's stage-2 runs.")
     deployment: DeploymentInfo | None = None
     server_info: ServerInfo | None = None
     client_host: Json | None = Field(None, description="The client host's conditions during the run (load, CPU steal, GPUs).")

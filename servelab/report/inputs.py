@@ -20,9 +20,10 @@ from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError
 from servelab.experiment.schema import ValidationReport
 from servelab.metrics.results import RUN, SWEEP, ResultsDirError, RunResult, load_run
-from servelab.metrics.schema import Summary
+from servelab.metrics.schema import RunInfo, Summary
 from servelab.metrics.summary import summarize
 from servelab.renames import upgraded
+from servelab.tune.schema import TuneDocument
 
 DIAGNOSIS = "diagnosis.json"
 """Written into a results directory by `servelab diagnose RESULTS`."""
@@ -50,6 +51,8 @@ class ReportRun:
 
     label: str
     result: RunResult
+    info: RunInfo
+    """run.json, typed: what the header and the tables read (the parameters table lists every key as stored)."""
     summary: Summary
     series: int
     """Index of the top-level input (run or sweep) it came from; runs of one sweep share it."""
@@ -63,8 +66,7 @@ class ReportRun:
     @property
     def source(self) -> str | None:
         """run.json's source; stage-2 runs of studies written before tune recorded it are measured too."""
-        info = self.result.run_info
-        return info.get("source") or ("http" if info.get("kind") == STAGE2_KIND else None)
+        return self.info.source or ("http" if self.info.kind == STAGE2_KIND else None)
 
     @property
     def directory(self) -> Path:
@@ -89,12 +91,12 @@ class ReportSweep:
 
 @dataclass
 class ReportDocument:
-    """tune.json: a study's own JSON, which holds no request records (read as parsed; validate's report is a ReportValidation)."""
+    """tune.json: a study's own JSON, which holds no request records, typed (validate's report is a ReportValidation)."""
 
     label: str
     path: Path
     """What was given: a tune results directory, or the JSON file itself."""
-    data: dict[str, Any]
+    tune: TuneDocument
     series: int
 
     @property
@@ -192,13 +194,14 @@ def _document(path: Path, series: int, label: str) -> ReportDocument | ReportVal
     missing = [key for key in needs[kind] if not data.get(key)]
     if missing:
         raise ReportInputError(f"{file} has no {', '.join(missing)}")
-    if kind == TUNE_KIND:
-        return ReportDocument(label=label, path=path, data=data, series=series)
     try:
+        if kind == TUNE_KIND:
+            return ReportDocument(label=label, path=path, tune=TuneDocument.model_validate(data), series=series)
         return ReportValidation(label=label, path=path, report=ValidationReport.model_validate(data), series=series)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise ReportInputError(f"{file} is not a validate report this servelab reads: {first['loc']}: {first['msg']}") from exc
+        what = "tune.json" if kind == TUNE_KIND else "validate report"
+        raise ReportInputError(f"{file} is not a {what} this servelab reads: {first['loc']}: {first['msg']}") from exc
 
 
 def _load_run_dir(directory: Path) -> RunResult:
@@ -206,6 +209,15 @@ def _load_run_dir(directory: Path) -> RunResult:
         return load_run(directory)
     except ResultsDirError as exc:
         raise ReportInputError(str(exc)) from exc
+
+
+def _info_of(result: RunResult) -> RunInfo:
+    """run.json typed; ReportInputError naming the run when it is not one this servelab reads."""
+    try:
+        return RunInfo.model_validate(result.run_info)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ReportInputError(f"the run.json of {result.directory} is not one this servelab reads: {first['loc']}: {first['msg']}") from exc
 
 
 def _load_sweep(directory: Path, series: int) -> ReportSweep:
@@ -232,6 +244,7 @@ def _load_sweep(directory: Path, series: int) -> ReportSweep:
             ReportRun(
                 label="",
                 result=result,
+                info=_info_of(result),
                 summary=_summary_of(result, point.get("summary")),
                 series=series,
                 sweep_value=point.get(parameter, name),
@@ -270,6 +283,7 @@ def _load_run(directory: Path, series: int, label: str | None = None) -> ReportR
     return ReportRun(
         label=label or str(result.run_info.get("label") or directory.resolve().name),
         result=result,
+        info=_info_of(result),
         summary=_summary_of(result),
         series=series,
         diagnosis=read_diagnosis(directory),
@@ -279,9 +293,9 @@ def _load_run(directory: Path, series: int, label: str | None = None) -> ReportR
 def _stage2_runs(study: ReportDocument, first_series: int) -> list[ReportRun]:
     """The bench runs of tune's stage 2 (<result-dir>/stage2/<label>/), so a study's report shows how the
     confirmed configurations measured, request by request, and not only their summary numbers."""
-    results = (study.data.get("stage2") or {}).get("results") or []
+    results = study.tune.stage2.results if study.tune.stage2 else []
     root = (study.path if study.path.is_dir() else study.path.parent) / STAGE2
-    found = [r["label"] for r in results if (root / str(r.get("label")) / RUN).is_file()]
+    found = [r.label for r in results if (root / r.label / RUN).is_file()]
     runs = [_load_run(root / label, first_series + i, f"{study.label} · stage 2 {label}") for i, label in enumerate(found)]
     for run in runs:
         run.within = study.path
