@@ -35,6 +35,7 @@ from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.plan import Amount
 from support.profiles import tiny_profile
+from support.schemas import assert_files_match_schemas
 
 TTFT_500 = SLO.parse("ttft:500")
 
@@ -466,8 +467,10 @@ def test_stage2_resume_reads_a_result_of_schema_1_under_this_releases_statistic_
     [resumed] = confirm([config], ServerCommand("false {engine_args}"), _cpu_workload(20), Objective("goodput", TTFT_500),
                         tmp_path, resume=True, on_start=lambda c: started.append(c.label))
     assert not started and resumed.measured == measured and resumed.measured_score == 0.9
+    assert assert_files_match_schemas(tmp_path) == {"stage2": 1}  # the old file, as servelab reads it
     write_result(done, resumed)
     assert json.loads(done.read_text())["schema_version"] == SCHEMA_VERSION
+    assert assert_files_match_schemas(tmp_path) == {"stage2": 1}
     assert read_result(done) == resumed
 
 

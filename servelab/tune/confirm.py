@@ -34,6 +34,7 @@ from typing import Any
 from servelab import SCHEMA_VERSION
 from servelab.metrics.records import MemorySink, disturbances
 from servelab.metrics.results import ResultWriter
+from servelab.metrics.schema import checked
 from servelab.metrics.summary import summarize
 from servelab.pool import TaskLost, TaskPool
 from servelab.renames import upgraded
@@ -42,6 +43,7 @@ from servelab.targets.http import HttpTarget
 from servelab.targets.server_process import ServerProcess, ServerStartError, free_port, group_alive
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective, key_metrics
+from servelab.tune.schema import Stage2File
 from servelab.tune.space import gpu_count
 from servelab.tune.workload import TuneWorkload
 
@@ -155,8 +157,9 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def write_result(path: Path, result: Stage2Result) -> None:
-    """A configuration's stage2.json, with the results schema version its statistics are named by."""
-    _write_json(path, {"schema_version": SCHEMA_VERSION, **result.to_dict()})
+    """A configuration's stage2.json (docs/schemas/stage2.json), with the results schema version its statistics are
+    named by."""
+    _write_json(path, checked(Stage2File, {"schema_version": SCHEMA_VERSION, **result.to_dict()}))
 
 
 def read_result(path: Path) -> Stage2Result:
