@@ -88,6 +88,15 @@ def test_bad_input_is_one_clear_error_and_no_file(tmp_path: Path, make, message:
     assert not out.exists()
 
 
+def test_a_sweep_json_whose_points_load_but_whose_fields_are_not_sweep_json_is_refused_naming_it(tmp_path: Path) -> None:
+    sweep = write_toy_sweep(tmp_path / "sweep", (1, 2))
+    index = json.loads((sweep / SWEEP).read_text())
+    assert load_inputs([sweep]).sweeps[0].index.interrupted is None
+    (sweep / SWEEP).write_text(json.dumps(index | {"interrupted": [True]}))
+    with pytest.raises(ReportInputError, match=r"sweep.json is not a sweep.json this servelab reads: \('interrupted',\)"):
+        load_inputs([sweep])
+
+
 def test_sections_appear_only_where_their_data_exists(tmp_path: Path) -> None:
     bare = write_toy_run(tmp_path / "bare", with_timeline=False)
     assert _section_ids(render_report(load_inputs([bare]))) == ["parameters", "summary", "latency", "requests"]

@@ -77,7 +77,7 @@ def run_and_show(
                else run_sweep(target, sweep, *args, pool=pool))
         index = SweepIndex.model_validate(raw)
         out.print(sweep_table(index))
-        for line in auto_sweep_lines(raw):
+        for line in auto_sweep_lines(index):
             out.print(line, highlight=False)
         summaries = [p.summary for p in index.points if p.summary is not None]
         for point_summary in summaries:

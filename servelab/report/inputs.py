@@ -20,7 +20,7 @@ from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError
 from servelab.experiment.schema import ValidationReport
 from servelab.metrics.results import RUN, SWEEP, ResultsDirError, RunResult, load_run
-from servelab.metrics.schema import RunInfo, Summary
+from servelab.metrics.schema import RunInfo, Summary, SweepIndex
 from servelab.metrics.summary import summarize
 from servelab.renames import upgraded
 from servelab.tune.schema import TuneDocument
@@ -83,7 +83,8 @@ class ReportSweep:
     directory: Path
     parameter: str
     points: list[ReportRun]
-    info: dict[str, Any]
+    index: SweepIndex
+    """sweep.json, typed."""
     series: int
     diagnosis: Diagnosis | None = None
     """diagnosis.json from the sweep's directory, else from its first diagnosed point."""
@@ -252,12 +253,17 @@ def _load_sweep(directory: Path, series: int) -> ReportSweep:
             )
         )
     diagnosed = [p.diagnosis for p in runs if p.diagnosis is not None]
+    try:
+        typed = SweepIndex.model_validate(info)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ReportInputError(f"{index} is not a sweep.json this servelab reads: {first['loc']}: {first['msg']}") from exc
     return ReportSweep(
         label=str(info.get("label") or directory.resolve().name),
         directory=directory,
         parameter=parameter,
         points=runs,
-        info=info,
+        index=typed,
         series=series,
         diagnosis=read_diagnosis(directory) or (diagnosed[0] if diagnosed else None),
     )
@@ -343,7 +349,7 @@ def load_inputs(paths: list[Path]) -> ReportInputs:
         if isinstance(item, ReportRun):
             item.label = name + _source_suffix(item.source) + (PARTIAL if item.result.partial else "")
         elif isinstance(item, ReportSweep):
-            item.label = name + _source_suffix(item.info.get("source") or item.points[0].source)
+            item.label = name + _source_suffix(item.points[0].source)
             for point in item.points:
                 point.label = f"{item.label} · {item.parameter}={point.sweep_value}" + (PARTIAL if point.result.partial else "")
         else:

@@ -63,7 +63,7 @@ def _parameters_of(item: ReportRun | ReportSweep) -> dict[str, str]:
         params["directory"] = str(item.directory)
         params["sweep.parameter"] = item.parameter
         params["sweep.values"] = [p.sweep_value for p in item.points]
-        if item.info.get("interrupted"):
+        if item.index.interrupted:
             params["sweep.interrupted"] = True
     return {key: format_parameter(key, value) for key, value in params.items()}
 

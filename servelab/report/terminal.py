@@ -148,25 +148,25 @@ def sweep_table(index: SweepIndex) -> Table:
     return table
 
 
-def auto_sweep_lines(index: dict[str, Any]) -> list[str]:
+def auto_sweep_lines(index: SweepIndex) -> list[str]:
     """What `--sweep auto` concluded, one line each: the knee, the peak, the rate meeting --goodput, early stops."""
-    auto = index.get("auto")
-    if not auto:
+    auto = index.auto
+    if auto is None:
         return []
     rate = lambda value: "—" if value is None else f"{value:.3g} req/s"  # noqa: E731
     lines = [
-        f"Knee (highest offered rate the server kept up with): {rate(auto.get('knee_rate'))}; "
-        f"one at a time {rate(auto.get('synchronous_rate'))}, all at once {rate(auto.get('throughput_rate'))}"
+        f"Knee (highest offered rate the server kept up with): {rate(auto.knee_rate)}; "
+        f"one at a time {rate(auto.synchronous_rate)}, all at once {rate(auto.throughput_rate)}"
     ]
-    if auto.get("slo_attainment") is not None:
-        lines.append(f"Highest rate with >= {auto['slo_attainment']:.0%} of requests meeting --goodput: "
-                     f"{rate(auto.get('max_goodput_rate'))}")
-    for point in index["points"]:
-        if point.get("over_saturated"):
-            stop = "stopped early" if point.get("stopped_early") else "ran to its end"
-            lines.append(f"{point['directory']}: {point['over_saturated']} ({stop})")
-    if auto.get("note"):
-        lines.append(auto["note"])
+    if auto.slo_attainment is not None:
+        lines.append(f"Highest rate with >= {auto.slo_attainment:.0%} of requests meeting --goodput: "
+                     f"{rate(auto.max_goodput_rate)}")
+    for point in index.points:
+        if point.over_saturated:
+            stop = "stopped early" if point.stopped_early else "ran to its end"
+            lines.append(f"{point.directory}: {point.over_saturated} ({stop})")
+    if auto.note:
+        lines.append(auto.note)
     return lines
 
 
