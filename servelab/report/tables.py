@@ -151,7 +151,7 @@ def headline(item: ReportRun | ReportSweep | ReportDocument | ReportValidation) 
     """One line per input for the page header: what served which load, and where the files are."""
     if isinstance(item, ReportValidation):
         server, points = item.report.server, item.report.points
-        text = f"validate of {server.get('model', '?')} at {server.get('base_url', '?')}, {len(points)} held-out points"
+        text = f"validate of {server.model or '?'} at {server.base_url or '?'}, {len(points)} held-out points"
     elif isinstance(item, ReportDocument):
         doc = item.tune
         text = (f"tune of {doc.deployment.model} on {doc.deployment.gpu} for {doc.objective.kind}, "
