@@ -311,6 +311,24 @@ def test_the_header_reads_run_json_typed_and_a_run_json_it_cannot_read_is_refuse
         load_inputs([run])
 
 
+def test_the_warm_up_run_json_records_is_left_out_of_the_plots_and_of_a_partial_runs_summary(tmp_path: Path) -> None:
+    """--warmup sits in run.json's plan (workload.amount.warmup): the latency plots count what summary.json
+    counts, and a partial run's derived summary leaves the warm-up out as the run would have."""
+    run = tmp_path / "warm"
+    result = CliRunner().invoke(app, ["simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--random-input-len", "256",
+                                      "--random-output-len", "32", "--num-prompts", "40", "--request-rate", "8",
+                                      "--warmup", "1", "--result-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    [item] = load_inputs([run]).runs
+    records = item.result.records
+    assert item.info.workload.amount.warmup == 1.0 and any(r.send_time < 1.0 for r in records)
+    assert len(figures._counted_ok(item)) == item.summary.completed < len(records)
+    (run / "summary.json").unlink()
+    [partial] = load_inputs([run]).runs
+    assert partial.result.partial and partial.summary.completed == item.summary.completed
+    assert len(figures._counted_ok(partial)) == item.summary.completed
+
+
 def test_validation_overlays_measured_and_simulated_with_the_error(tmp_path: Path) -> None:
     doc = toy_validation()
     path = tmp_path / "validation.json"

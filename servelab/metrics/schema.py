@@ -307,6 +307,7 @@ class RunInfo(OpenModel):
     base_url: str | None = Field(None, description="The server measured, where no flags name it (tune's stage-2 runs).")
     engine_args: str | None = Field(None, description="The server's engine flags (tune's stage-2 runs).")
     kind: str | None = Field(None, description="tune-stage2 for tune's stage-2 runs.")
+    label: str | None = Field(None, description="The run's name in a report (tune's stage-2 runs: the configuration's label).")
     deployment: DeploymentInfo | None = None
     server_info: ServerInfo | None = None
     client_host: Json | None = Field(None, description="The client host's conditions during the run (load, CPU steal, GPUs).")

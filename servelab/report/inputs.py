@@ -145,12 +145,18 @@ class ReportInputs:
         return [run for _, runs in sorted(by_series, key=lambda item: item[0]) for run in runs]
 
 
-def _summary_of(result: RunResult, given: dict[str, Any] | None = None) -> Summary:
+def planned_warmup(info: RunInfo) -> float:
+    """The seconds at the start the run's statistics leave out (--warmup), as run.json's plan recorded them."""
+    amount = info.workload.amount if info.workload else None
+    return (amount.warmup if amount else None) or 0.0
+
+
+def _summary_of(result: RunResult, info: RunInfo, given: dict[str, Any] | None = None) -> Summary:
     """The stored summary when there is one; otherwise derived from the records, as summary.json would be
-    (a partial run: its label says so). ReportInputError naming the run when the stored one is not a summary."""
-    warmup = float(result.run_info.get("warmup", 0.0) or 0.0)
+    (a partial run: its label says so), warm-up left out as the run would have. ReportInputError naming the run
+    when the stored one is not a summary."""
     try:
-        return Summary.model_validate(given or result.summary or summarize(result.records, warmup=warmup))
+        return Summary.model_validate(given or result.summary or summarize(result.records, warmup=planned_warmup(info)))
     except ValidationError as exc:
         first = exc.errors()[0]
         raise ReportInputError(f"the summary of {result.directory} is not one this servelab reads: {first['loc']}: {first['msg']}") from exc
@@ -241,12 +247,13 @@ def _load_sweep(directory: Path, series: int) -> ReportSweep:
         if not isinstance(name, str) or not name:
             raise ReportInputError(f"{index}: point {position} names no results directory ('directory')")
         result = _load_run_dir(directory / name)
+        run_info = _info_of(result)
         runs.append(
             ReportRun(
                 label="",
                 result=result,
-                info=_info_of(result),
-                summary=_summary_of(result, point.get("summary")),
+                info=run_info,
+                summary=_summary_of(result, run_info, point.get("summary")),
                 series=series,
                 sweep_value=point.get(parameter, name),
                 diagnosis=read_diagnosis(directory / name),
@@ -286,11 +293,12 @@ def _disambiguate(labels: list[str], directories: list[Path]) -> list[str]:
 
 def _load_run(directory: Path, series: int, label: str | None = None) -> ReportRun:
     result = _load_run_dir(directory)
+    info = _info_of(result)
     return ReportRun(
-        label=label or str(result.run_info.get("label") or directory.resolve().name),
+        label=label or info.label or directory.resolve().name,
         result=result,
-        info=_info_of(result),
-        summary=_summary_of(result),
+        info=info,
+        summary=_summary_of(result, info),
         series=series,
         diagnosis=read_diagnosis(directory),
     )
