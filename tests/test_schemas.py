@@ -1,8 +1,9 @@
 """The published JSON Schemas (docs/schemas) are the models' own, and every file servelab writes validates against them.
 
 The files come from real runs in this test (simulate, a sweep, diagnose of a run and of a described deployment,
-tune's stage 1, a profile) checked with a JSON Schema validator; bench, calibrate and validate against the real
-vLLM are checked where their tests already produce them (test_bench_vllm.py, test_calibrate_vllm.py).
+tune's stage 1, a profile) checked with a JSON Schema validator; bench, calibrate, validate and tune's stage 2
+against the real vLLM are checked where their tests already produce them (test_bench_vllm.py,
+test_calibrate_vllm.py, test_tune_vllm.py, test_faults_vllm.py), compare's file in test_compare.py.
 """
 
 from __future__ import annotations
