@@ -51,6 +51,7 @@ from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.plan import Amount
 from servelab.workload.spec import LoadPlan, RequestSpec
+from support.schemas import assert_files_match_schemas
 
 pytestmark = pytest.mark.vllm
 
@@ -232,6 +233,7 @@ def test_stage2_servers_that_do_not_start_are_failed_trials_with_their_log_tail(
         assert result.error and re.search(error, result.error), result.error
         stored = json.loads((tmp_path / label / STAGE2_DIR / label / "stage2.json").read_text())
         assert stored["error"] == result.error
+        assert assert_files_match_schemas(tmp_path / label) == {"stage2": 1}
         assert server_pgid(port) is None and not (tmp_path / label / STAGE2_DIR / LIVE_SERVER).exists()
         print(f"{label}: failed trial after {time.monotonic() - began:.0f} s: {result.error.splitlines()[0]}")
 

@@ -20,6 +20,7 @@ from servelab.metrics.timeline import TimelineSample
 from servelab.report import figures, tune_results, validation_results
 from servelab.report.html import default_title, render_report, write_report
 from servelab.report.inputs import ReportInputError, load_inputs
+from servelab.report.tables import headline
 from support.synthetic_results import TOY_DIAGNOSIS, toy_validation, write_toy_run, write_toy_sweep
 
 
@@ -85,6 +86,15 @@ def test_bad_input_is_one_clear_error_and_no_file(tmp_path: Path, make, message:
     with pytest.raises(ReportInputError, match=message):
         write_report([directory], out)
     assert not out.exists()
+
+
+def test_a_sweep_json_whose_points_load_but_whose_fields_are_not_sweep_json_is_refused_naming_it(tmp_path: Path) -> None:
+    sweep = write_toy_sweep(tmp_path / "sweep", (1, 2))
+    index = json.loads((sweep / SWEEP).read_text())
+    assert load_inputs([sweep]).sweeps[0].index.interrupted is None
+    (sweep / SWEEP).write_text(json.dumps(index | {"interrupted": [True]}))
+    with pytest.raises(ReportInputError, match=r"sweep.json is not a sweep.json this servelab reads: \('interrupted',\)"):
+        load_inputs([sweep])
 
 
 def test_sections_appear_only_where_their_data_exists(tmp_path: Path) -> None:
@@ -246,7 +256,8 @@ def test_tune_stage2_measurements_sit_beside_their_predictions(tune_dir: Path, t
     doc = json.loads((tune_dir / "tune.json").read_text())
     best = doc["trials"][doc["ranking"][0]]
     results = [
-        {"label": label, "params": trial["params"], "engine_args": trial["engine_args"], "launch_line": None,
+        {"label": label, "params": trial["params"], "engine_args": trial["engine_args"],
+         "launch_line": f"vllm serve m {trial['engine_args']}",
          "predicted": trial["metrics"], "predicted_score": trial["score"], "predicted_violation": 0.0,
          "measured": {k: v * 0.5 for k, v in trial["metrics"].items()}, "measured_score": trial["score"] * 0.5,
          "measured_violation": 0.0, "error": None}
@@ -269,6 +280,53 @@ def test_tune_stage2_measurements_sit_beside_their_predictions(tune_dir: Path, t
     joins = _trace(fig, "predicted → measured")
     assert list(joins.x[:3]) == [doc["baseline"]["metrics"]["output_throughput"], measured.x[0], None]
     assert "Stage 2: measured on the real server vs. predicted" in render_report(inputs)
+
+
+def test_a_tune_study_is_read_typed_so_a_misspelt_statistic_fails_and_a_wrong_one_is_refused_on_loading(
+    tune_dir: Path, tmp_path: Path
+) -> None:
+    doc = json.loads((tune_dir / "tune.json").read_text())
+    study = load_inputs([tune_dir]).tunes[0].tune
+    assert study.baseline.metrics.statistic("p99_ttft_ms") == doc["baseline"]["metrics"]["p99_ttft_ms"]
+    for misspelt in ("ttft_p99_ms", "p99_ttft", "engine_args"):
+        with pytest.raises(AttributeError, match=misspelt):
+            study.baseline.metrics.statistic(misspelt)
+    (tmp_path / "tune.json").write_text(json.dumps(doc | {"search": {"sampler": "grid"}}))
+    with pytest.raises(ReportInputError, match=r"tune.json is not a tune.json this servelab reads: \('search', 'space_size'\)"):
+        load_inputs([tmp_path])
+
+
+def test_the_header_reads_run_json_typed_and_a_run_json_it_cannot_read_is_refused_naming_it(tmp_path: Path) -> None:
+    run = tmp_path / "sim"
+    result = CliRunner().invoke(app, ["simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--random-input-len", "256",
+                                      "--random-output-len", "32", "--num-prompts", "20", "--request-rate", "8",
+                                      "--result-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    [item] = load_inputs([run]).runs
+    assert headline(item) == f"Qwen2.5-7B on A100-80GB-SXM · random prompts of 256 → 32 tokens, poisson, 8.0 req/s, 20 requests · {run}"
+    info = json.loads((run / "run.json").read_text())
+    info["workload"]["arrival"]["max_concurrency"] = "four"
+    (run / "run.json").write_text(json.dumps(info))
+    with pytest.raises(ReportInputError, match=r"run.json of .*sim is not one this servelab reads: .*max_concurrency"):
+        load_inputs([run])
+
+
+def test_the_warm_up_run_json_records_is_left_out_of_the_plots_and_of_a_partial_runs_summary(tmp_path: Path) -> None:
+    """--warmup sits in run.json's plan (workload.amount.warmup): the latency plots count what summary.json
+    counts, and a partial run's derived summary leaves the warm-up out as the run would have."""
+    run = tmp_path / "warm"
+    result = CliRunner().invoke(app, ["simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--random-input-len", "256",
+                                      "--random-output-len", "32", "--num-prompts", "40", "--request-rate", "8",
+                                      "--warmup", "1", "--result-dir", str(run)])
+    assert result.exit_code == 0, result.output
+    [item] = load_inputs([run]).runs
+    records = item.result.records
+    assert item.info.workload.amount.warmup == 1.0 and any(r.send_time < 1.0 for r in records)
+    assert len(figures._counted_ok(item)) == item.summary.completed < len(records)
+    (run / "summary.json").unlink()
+    [partial] = load_inputs([run]).runs
+    assert partial.result.partial and partial.summary.completed == item.summary.completed
+    assert len(figures._counted_ok(partial)) == item.summary.completed
 
 
 def test_validation_overlays_measured_and_simulated_with_the_error(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """The published JSON Schemas (docs/schemas) are the models' own, and every file servelab writes validates against them.
 
 The files come from real runs in this test (simulate, a sweep, diagnose of a run and of a described deployment,
-tune's stage 1, a profile) checked with a JSON Schema validator; bench, calibrate and validate against the real
-vLLM are checked where their tests already produce them (test_bench_vllm.py, test_calibrate_vllm.py).
+tune's stage 1, a profile) checked with a JSON Schema validator; bench, calibrate, validate and tune's stage 2
+against the real vLLM are checked where their tests already produce them (test_bench_vllm.py,
+test_calibrate_vllm.py, test_tune_vllm.py, test_faults_vllm.py), compare's file in test_compare.py.
 """
 
 from __future__ import annotations
@@ -96,18 +97,23 @@ def test_a_schema_2_profile_validates_and_loads(tmp_path: Path) -> None:
 SCHEMA_1 = Path(__file__).parent / "data" / "results-schema-1"
 """Written by servelab at main d375cc9, before the statistics took vLLM's names (see its README.md): a simulated
 sweep with a diagnosis (--check-advice), a bench of the real vLLM server, a validate report (the trimmed one of
-support/synthetic_results, so not checked against the schema) and a profile."""
+support/synthetic_results, so not checked against the schema), a profile and a tune study's tune.json and trials."""
 
 
 def test_a_results_directory_of_schema_1_validates_opens_reports_and_diagnoses(tmp_path: Path) -> None:
     assert assert_files_match_schemas(SCHEMA_1, {SCHEMA_1 / "profile.json": "profile"}) == {
-        "sweep": 1, "run": 3, "summary": 3, "record": 3, "timeline": 3, "diagnosis": 1, "profile": 1}
+        "sweep": 1, "run": 3, "summary": 3, "record": 3, "timeline": 3, "diagnosis": 1, "profile": 1, "tune": 1, "trial": 2}
     stats = load_run(SCHEMA_1 / "bench").summary["client_stats"]
     assert stats["p99_schedule_lag_ms"] is not None and stats["added_delay"]["median_ms"] is not None
     assert "schedule_lag_p99_ms" not in stats
+    typed = Summary.model_validate(load_run(SCHEMA_1 / "bench").summary).client_stats
+    assert typed is not None and typed.added_delay is not None and typed.startup_wave is not None
+    assert typed.added_delay.median_ms == stats["added_delay"]["median_ms"] and typed.startup_wave.median_send_lag_ms > 0
     console = Console(record=True, width=120)
     console.print(summary_table(Summary.model_validate(load_run(SCHEMA_1 / "bench").summary)))
-    assert "Client send lag p99 (ms)" in console.export_text()
+    rows = {cells[1].strip(): cells[2].strip() for line in console.export_text().splitlines()
+            if len(cells := line.split("│")) == 4}
+    assert rows["Client send lag p99 (ms)"] == f"{typed.p99_schedule_lag_ms:.2f}" and rows["Client CPU (share of a core)"] == "5%"
 
     diagnosed = json.loads(cli("diagnose", str(SCHEMA_1 / "bench"), "--calibration", str(SCHEMA_1 / "profile.json"), "--json",
                                "--save", str(tmp_path / "diagnosis.json")))
@@ -115,6 +121,10 @@ def test_a_results_directory_of_schema_1_validates_opens_reports_and_diagnoses(t
     cli("report", str(SCHEMA_1 / "sweep"), str(SCHEMA_1 / "validation.json"), "-o", str(tmp_path / "report.html"))
     html = (tmp_path / "report.html").read_text()
     assert "TTFT p50 (ms)" in html and "max_num_seqs" in html
+    cli("report", str(SCHEMA_1 / "tune"), "-o", str(tmp_path / "tune.html"))
+    study = json.loads((SCHEMA_1 / "tune" / "tune.json").read_text())
+    html = (tmp_path / "tune.html").read_text()
+    assert "Ranking (simulated)" in html and f"{study['search']['evaluated']} of {study['search']['space_size']} configurations" in html
     assert load_profile(SCHEMA_1 / "profile.json").schema_version == 3
 
 

@@ -120,3 +120,12 @@ def test_a_statistic_is_read_by_its_key_and_a_misspelt_key_fails_instead_of_show
     for misspelt in ("ttft_p99_ms", "mean_ttft", "output_througput"):
         with pytest.raises(AttributeError, match=misspelt):
             summary.statistic(misspelt)
+
+
+def test_the_terminal_shows_the_median_once_though_summary_json_keeps_p50_beside_it():
+    stats = summarize([record(0, 0.0, 0.1, 1.1, 11), record(1, 0.0, 0.3, 1.3, 11)], percentiles=(50, 90, 99))
+    assert stats["p50_ttft_ms"] == stats["median_ttft_ms"]  # vLLM's keys: both stay in the file
+    text = rendered(summary_table(Summary.model_validate(stats)))
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        assert text.count(f"median_{metric}_ms") == 1 and f"p50_{metric}_ms" not in text, text
+        assert f"p90_{metric}_ms" in text and f"p99_{metric}_ms" in text

@@ -20,7 +20,10 @@ from servelab.metrics.slo import SLO
 from servelab.perf.calibration import load_profile
 from servelab.targets.deployment import build_deployment
 from servelab.tune import tuner
-from servelab.tune.confirm import LIVE_SERVER, STAGE2_DIR, ServerCommand, Stage2Config, Stage2Result, predict, reap_orphaned_server
+from servelab import SCHEMA_VERSION
+from servelab.renames import STATISTICS_RENAMED, upgraded
+from servelab.tune.confirm import (LIVE_SERVER, STAGE2_DIR, ServerCommand, Stage2Config, Stage2Result, confirm, predict,
+                                   read_result, reap_orphaned_server, write_result)
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective, evaluate, key_metrics, max_goodput_rate
 from servelab.tune.outcome import gain, pareto_front, pick_for_confirmation, rank, read_tune_json
@@ -32,6 +35,7 @@ from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.plan import Amount
 from support.profiles import tiny_profile
+from support.schemas import assert_files_match_schemas
 
 TTFT_500 = SLO.parse("ttft:500")
 
@@ -444,3 +448,33 @@ def test_stage2_predictions_come_from_the_calibrated_simulator(tmp_path: Path, m
     first = read_tune_json(out)["stage2"]["results"][0]
     assert f"measured {first['measured_score']:,.4g} req/s (predicted {first['predicted_score']:,.4g})" in result.output
     assert f"predicted: simulated, calibrated by {path}" in result.output
+
+
+def test_stage2_resume_reads_a_result_of_schema_1_under_this_releases_statistic_names(tmp_path: Path, tiny_config: Path) -> None:
+    """A stage2.json written before the statistics took vLLM's names (no schema_version) is renamed on --resume, as
+    every older file is (servelab.renames); the configuration is not measured again, and a result written now says
+    its schema version."""
+    old_names = {new: old for old, new in STATISTICS_RENAMED.items()}
+    measured = {"completed": 20, "failed": 0, "median_ttft_ms": 12.0, "p99_ttft_ms": 30.0, "median_tpot_ms": 4.0}
+    result = Stage2Result("baseline", {}, "--max-num-seqs 2", "vllm serve m --max-num-seqs 2", dict(measured), 1.0, 0.0,
+                          measured={old_names.get(k, k): v for k, v in measured.items()}, measured_score=0.9)
+    assert "ttft_p50_ms" in result.measured  # the file as schema 1 spelled it
+    done = tmp_path / STAGE2_DIR / "baseline" / "stage2.json"
+    done.parent.mkdir(parents=True)
+    done.write_text(json.dumps(result.to_dict()))
+    config = Stage2Config("baseline", {}, "--max-num-seqs 2", build_deployment("cpu", tiny_config, "--max-model-len 4096"))
+    started: list[str] = []
+    [resumed] = confirm([config], ServerCommand("false {engine_args}"), _cpu_workload(20), Objective("goodput", TTFT_500),
+                        tmp_path, resume=True, on_start=lambda c: started.append(c.label))
+    assert not started and resumed.measured == measured and resumed.measured_score == 0.9
+    assert assert_files_match_schemas(tmp_path) == {"stage2": 1}  # the old file, as servelab reads it
+    write_result(done, resumed)
+    assert json.loads(done.read_text())["schema_version"] == SCHEMA_VERSION
+    assert assert_files_match_schemas(tmp_path) == {"stage2": 1}
+    assert read_result(done) == resumed
+
+
+def test_no_new_statistic_name_is_an_old_one_so_reading_a_current_file_as_old_changes_nothing() -> None:
+    assert not set(STATISTICS_RENAMED.values()) & set(STATISTICS_RENAMED)
+    current = {"schema_version": SCHEMA_VERSION - 1, "metrics": {new: 1.0 for new in STATISTICS_RENAMED.values()}}
+    assert upgraded(current, SCHEMA_VERSION) == current

@@ -25,6 +25,7 @@ from servelab.tune.workload import TuneWorkload
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.plan import Amount
+from support.schemas import assert_files_match_schemas
 
 PORT = 18401
 
@@ -90,5 +91,8 @@ def test_stage2_picks_a_bigger_batch_than_the_bad_baseline_and_leaves_no_server(
         assert r["server_pid"] is not None and _group_gone(r["server_pid"])
     assert _processes_on(tiny_model, PORT) == []
     assert not (tmp_path / "tune" / "stage2" / "live-server.json").exists()
+    # Every file the study wrote, stage 2's bench directories included, is what its published schema says.
+    seen = assert_files_match_schemas(tmp_path / "tune")
+    assert seen == {"tune": 1, "trial": 3, "stage2": 2, "run": 2, "record": 2, "summary": 2, "timeline": 2}, seen
     print({label: (r["engine_args"], r["predicted_score"], r["measured_score"], r["measured"]["median_ttft_ms"],
                    r["startup_s"], r["bench_s"]) for label, r in results.items()})

@@ -135,8 +135,9 @@ def validate(
     if json_out:
         typer.echo(json.dumps(report, indent=2))
         return
-    _console.print(validation_table(ValidationReport.model_validate(report)))
-    for warning in report["warnings"]:
+    typed = ValidationReport.model_validate(report)
+    _console.print(validation_table(typed))
+    for warning in typed.warnings:
         _console.print(f"[bold yellow]warning:[/] {warning}")
-    verdict = "[green]within[/]" if report["within_bounds"] else "[red]outside[/]"
+    verdict = "[green]within[/]" if typed.within_bounds else "[red]outside[/]"
     _console.print(f"{verdict} the bounds (median |error|: output throughput <= 10%, TTFT p50 <= 20%, TPOT p50 <= 10%); report in {out}")

@@ -77,7 +77,7 @@ def run_and_show(
                else run_sweep(target, sweep, *args, pool=pool))
         index = SweepIndex.model_validate(raw)
         out.print(sweep_table(index))
-        for line in auto_sweep_lines(raw):
+        for line in auto_sweep_lines(index):
             out.print(line, highlight=False)
         summaries = [p.summary for p in index.points if p.summary is not None]
         for point_summary in summaries:
@@ -101,7 +101,7 @@ def _disturbed(summaries: list[Summary]) -> str:
     for summary in summaries:
         for kind, n in disturbances(summary.errors_by_kind).items():
             counts[kind] = counts.get(kind, 0) + n
-        gone = (summary.client_stats or {}).get("server_gone")
+        gone = summary.client_stats.server_gone if summary.client_stats else None
         if gone:
             notes.append(f"the server went away ({gone})")
     if not counts:

@@ -20,7 +20,7 @@ from servelab.experiment.compare import EngineComparison
 from servelab.experiment.schema import ValidationReport
 from servelab.metrics.schema import RecordRow, RunInfo, Summary, SweepIndex, TimelineRow
 from servelab.perf.calibration import CalibrationProfile
-from servelab.tune.schema import Trial, TuneDocument
+from servelab.tune.schema import Stage2File, Trial, TuneDocument
 
 SCHEMAS: dict[str, tuple[type[BaseModel], str]] = {
     "run": (RunInfo, "run.json of a results directory"),
@@ -31,6 +31,7 @@ SCHEMAS: dict[str, tuple[type[BaseModel], str]] = {
     "diagnosis": (Diagnosis, "diagnosis.json, and diagnose --json"),
     "tune": (TuneDocument, "tune.json of a tune study, and tune --json"),
     "trial": (Trial, "stage1/trial-NNNN/trial.json of a tune study"),
+    "stage2": (Stage2File, "stage2/<label>/stage2.json of a tune study (one configuration measured on a real server)"),
     "validation": (ValidationReport, "the report `servelab validate` writes (--out)"),
     "profile": (CalibrationProfile, "the calibration profile `servelab calibrate` writes (--out)"),
     "compare": (EngineComparison, "the comparison `servelab compare` writes (--out, --json)"),
@@ -62,7 +63,7 @@ def schema(
     write: Annotated[Optional[Path], typer.Option(help="Write every schema as NAME.json into this directory (docs/schemas).")] = None,
 ) -> None:
     """Print the JSON Schema of a file servelab writes (run, record, summary, timeline, sweep, diagnosis, tune, trial,
-    validation, profile), to validate results in your own scripts."""
+    stage2, validation, profile, compare), to validate results in your own scripts."""
     if write is not None:
         if name is not None:
             raise InputError("give NAME (print one schema) or --write DIR (write all), not both")

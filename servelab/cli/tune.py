@@ -33,7 +33,7 @@ from servelab.tune.confirm import ServerCheck, ServerCommand, Stage2Config, Stag
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective
 from servelab.tune.outcome import TUNE_JSON
-from servelab.tune.schema import TuneDeployment, TuneDocument
+from servelab.tune.schema import KeyMetrics, TuneDeployment, TuneDocument
 from servelab.tune.space import SearchSpace
 from servelab.tune.study import SearchSettings, StudyTrial
 from servelab.tune.tuner import TuneProgress, TuneRequest, run_tune
@@ -224,13 +224,13 @@ def render(console: Console, doc: TuneDocument) -> None:
         m = t.metrics
         slo = "cannot run" if t.status != "ok" else ("met" if t.feasible else "missed")
         table.add_row(rank, number, _knobs(t.params) if number != "-" else (t.engine_args or "(vLLM defaults)"),
-                      _num(t.score), slo, _num(m.get("request_throughput")), _num(m.get("output_throughput")),
-                      _num(m.get("p99_ttft_ms")), _num(m.get("p99_tpot_ms")))
+                      _num(t.score), slo, _num(m.request_throughput), _num(m.output_throughput),
+                      _num(m.p99_ttft_ms), _num(m.p99_tpot_ms))
     console.print(table)
-    console.print(f"evaluated {doc.search['evaluated']} of {doc.search['space_size']} configurations "
-                  f"({doc.search['sampler']})")
+    console.print(f"evaluated {doc.search.evaluated} of {doc.search.space_size} configurations "
+                  f"({doc.search.sampler})")
     front = ", ".join(
-        f"#{n} {_num(trials[n].metrics[doc.pareto.x])} tok/s @ {_num(trials[n].metrics[doc.pareto.y])} ms"
+        f"#{n} {_num(trials[n].metrics.statistic(doc.pareto.x))} tok/s @ {_num(trials[n].metrics.statistic(doc.pareto.y))} ms"
         for n in doc.pareto.trials
     )
     console.print(f"Pareto front (output tok/s vs p99 TTFT): {front or '-'}")
@@ -240,11 +240,11 @@ def render(console: Console, doc: TuneDocument) -> None:
                        "meas req/s", "SLO"):
             measured.add_column(column)
         for r in doc.stage2.results:
-            m = r.measured or {}
+            m = r.measured or KeyMetrics()
             slo = "-" if r.measured_violation is None else ("met" if r.measured_violation <= 0 else "missed")
             measured.add_row(r.label, _knobs(r.params), _num(r.predicted_score),
-                             "failed" if r.error else _num(r.measured_score), _num(r.predicted.get("p99_ttft_ms")),
-                             _num(m.get("p99_ttft_ms")), _num(m.get("request_throughput")), slo)
+                             "failed" if r.error else _num(r.measured_score), _num(r.predicted.p99_ttft_ms),
+                             _num(m.p99_ttft_ms), _num(m.request_throughput), slo)
         console.print(measured)
         console.print(f"predicted: {simulator}", highlight=False, soft_wrap=True)
     rec = doc.recommendation

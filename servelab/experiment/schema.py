@@ -22,14 +22,29 @@ class PointResult(OpenModel):
     repeats: list[Json]
 
 
+class ServerRef(OpenModel):
+    """The live server validated against (calibrate and validate record more of it as they found it)."""
+
+    model: str | None = None
+    base_url: str | None = None
+
+
+class ProfileRef(OpenModel):
+    """Which calibration profile was validated."""
+
+    created_at: float | None = None
+    engine_args: str | None = None
+    gpu: str | None = None
+
+
 class ValidationReport(OpenModel):
     """validation.json: the simulator with a calibration profile against the live server on unseen points."""
 
     schema_version: int = SCHEMA_VERSION
     kind: str = Field(description="Always 'servelab.validation'.")
     created_at: float
-    server: Json
-    profile: Json = Field(description="Which profile: its created_at, engine_args and gpu.")
+    server: ServerRef
+    profile: ProfileRef = Field(description="Which profile: its created_at, engine_args and gpu.")
     engine_args: str
     engine_config: Json
     host: Json = Field(default_factory=dict, description="The host's conditions; absent in reports of before they were recorded.")

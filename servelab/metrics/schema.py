@@ -114,6 +114,50 @@ class ReplicaShare(ClosedModel):
     mean_e2el_ms: float | None
 
 
+class AddedDelay(OpenModel):
+    """The delay the client estimates it added to each timestamp (its event-loop probe, weighted by requests)."""
+
+    mean_ms: float
+    median_ms: float
+    p99_ms: float
+    samples: int
+
+
+class StartupWave(OpenModel):
+    """The requests a run released at once at its start, and how long the client took to send them."""
+
+    requests: int
+    left_within_ms: float
+    median_send_lag_ms: float
+    ended_at_s: float
+
+
+class ClientStats(OpenModel):
+    """client_stats: what the load generator says of itself (bench, servelab/targets/client_stats.py), the
+    simulated engine's busy time (simulate), or one entry per client (a run from several clients, `clients`).
+    Each source writes its own keys, so every named one is optional; the renderers read them as attributes."""
+
+    median_schedule_lag_ms: float | None = Field(None, description="Send time minus intended time.")
+    p99_schedule_lag_ms: float | None = None
+    max_schedule_lag_ms: float | None = None
+    median_loop_lag_ms: float | None = Field(None, description="The client's event-loop probe: how late it woke.")
+    p99_loop_lag_ms: float | None = None
+    max_loop_lag_ms: float | None = None
+    cpu_share: float | None = Field(None, description="Client CPU seconds per wall second, per process.")
+    processes: int | None = None
+    startup_wave: StartupWave | None = None
+    added_delay: AddedDelay | None = None
+    mean_steady_send_lag_ms: float | None = Field(None, description="Mean send lag after the startup wave.")
+    typical_gap_ms: float | None = Field(None, description="The run's median inter-token gap (else median TTFT).")
+    client_may_be_bottleneck: bool | None = Field(None, description="The client's distortion of the figures was material.")
+    reason: str | None = None
+    server_gone: str | None = Field(None, description="Why release stopped: the server refused connections.")
+    engine_steps: int | None = Field(None, description="Simulate: engine steps run.")
+    engine_busy_s: list[float] | None = Field(None, description="Simulate: busy seconds per engine (replica).")
+    frontend_busy_s: float | None = Field(None, description="Simulate: the API server's busy seconds.")
+    clients: list[Json] | None = Field(None, description="A run from several clients: each client's own stats.")
+
+
 class Summary(OpenModel):
     """summary.json: statistics derived from records.jsonl (`servelab.metrics.summary.summarize`).
 
@@ -154,7 +198,7 @@ class Summary(OpenModel):
     requests_recorded: int | None = Field(None, description="Records written, warm-up included (a run's summary).")
     warmup: float | None = None
     interrupted: bool | None = None
-    client_stats: Json | None = Field(
+    client_stats: ClientStats | None = Field(
         None, description="The load generator's own overhead (bench) or the engine's busy time (simulate).")
     warnings: list[str] | None = None
 
@@ -197,6 +241,54 @@ class ServerInfo(OpenModel):
     """A measured run's server, as pre-flight found it (model, endpoint, ...) and the engine it reported."""
 
     engine: EngineIdentity | None = None
+    model: str | None = Field(None, description="The model the server said it serves.")
+
+
+class LengthInfo(OpenModel):
+    """A length distribution of the plan (servelab.workload.lengths): its shape, mean and spread in tokens."""
+
+    shape: str | None = None
+    mean: float | None = None
+    spread: float | None = None
+
+
+class DatasetInfo(OpenModel):
+    """What the requests were: the dataset and, for synthetic ones, the prompt and output lengths."""
+
+    dataset_name: str | None = None
+    seed: int | None = None
+    input_len: LengthInfo | None = None
+    output_len: LengthInfo | None = None
+
+
+class ArrivalInfo(OpenModel):
+    """How the requests were sent (servelab.workload.arrival): the process in words, its rate and cap."""
+
+    process: str | None = None
+    request_rate: float | Literal["inf"] | None = None
+    burstiness: float | None = None
+    max_concurrency: int | None = None
+
+
+class AmountInfo(OpenModel):
+    num_prompts: int | None = None
+    duration: float | None = None
+    warmup: float | None = None
+
+
+class PlanInfo(OpenModel):
+    """A load plan's description (servelab.workload.plan): what was sent, how, how many."""
+
+    workload: DatasetInfo | None = None
+    arrival: ArrivalInfo | None = None
+    amount: AmountInfo | None = None
+
+
+class RunFlags(OpenModel):
+    """The command's flags as run.json keeps them; the ones read back by name are typed, the rest kept as given."""
+
+    model: str | None = None
+    base_url: str | None = None
 
 
 class RunInfo(OpenModel):
@@ -207,10 +299,15 @@ class RunInfo(OpenModel):
     started_at: float = Field(description="Unix time of the run's zero, which every time in the files counts from.")
     versions: Versions
     verb: str | None = Field(None, description="bench, simulate, calibrate, validate, tune, speed-check, ...")
-    workload: Json | None = Field(None, description="The plan's description: workload, arrival, amount.")
+    workload: PlanInfo | None = Field(None, description="The plan's description: workload, arrival, amount.")
     source: str | None = Field(None, description="http (measured) or sim (simulated); absent for experiment runs.")
     argv: list[str] | None = None
-    flags: Json | None = None
+    flags: RunFlags | None = None
+    model: str | None = Field(None, description="The model served, where no flags name it (tune's stage-2 runs).")
+    base_url: str | None = Field(None, description="The server measured, where no flags name it (tune's stage-2 runs).")
+    engine_args: str | None = Field(None, description="The server's engine flags (tune's stage-2 runs).")
+    kind: str | None = Field(None, description="tune-stage2 for tune's stage-2 runs.")
+    label: str | None = Field(None, description="The run's name in a report (tune's stage-2 runs: the configuration's label).")
     deployment: DeploymentInfo | None = None
     server_info: ServerInfo | None = None
     client_host: Json | None = Field(None, description="The client host's conditions during the run (load, CPU steal, GPUs).")

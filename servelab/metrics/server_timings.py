@@ -39,10 +39,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from servelab import SCHEMA_VERSION
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.results import SWEEP, load_run
 from servelab.metrics.timeline import TimelineSample, counter_delta
+from servelab.renames import upgraded
 
 COUNT_MISMATCH = 0.02
 """Server and client counts further apart than this share: the server served other traffic, or requests failed
@@ -146,7 +148,7 @@ def sweep_ttft_splits(directory: Path) -> list[tuple[str, TtftSplit | None]]:
     Every point is its own run with its own bracketing scrapes, so each split
     covers exactly that point's requests.
     """
-    index = json.loads((directory / SWEEP).read_text(encoding="utf-8"))
+    index = upgraded(json.loads((directory / SWEEP).read_text(encoding="utf-8")), SCHEMA_VERSION)
     out = []
     for point in index["points"]:
         run = load_run(directory / point["directory"])

@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.slo import tpot_seconds
-from servelab.report.inputs import ReportInputs, ReportRun, ReportSweep
+from servelab.report.inputs import ReportInputs, ReportRun, ReportSweep, planned_warmup
 
 PALETTE = qualitative.Plotly
 DASHES = ("solid", "dot", "dash", "dashdot", "longdash", "longdashdot")
@@ -182,7 +182,8 @@ _CDF_METRICS: tuple[tuple[str, str, Callable[[RequestRecord], float | None]], ..
 
 
 def _counted_ok(run: ReportRun) -> list[RequestRecord]:
-    warmup = float(run.result.run_info.get("warmup", 0.0) or 0.0)
+    """The requests the run's statistics count: completed, sent after the warm-up."""
+    warmup = run.summary.warmup if run.summary.warmup is not None else planned_warmup(run.info)
     return [r for r in run.result.records if r.ok and r.send_time >= warmup]
 
 

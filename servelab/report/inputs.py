@@ -20,9 +20,10 @@ from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError
 from servelab.experiment.schema import ValidationReport
 from servelab.metrics.results import RUN, SWEEP, ResultsDirError, RunResult, load_run
-from servelab.metrics.schema import Summary
+from servelab.metrics.schema import RunInfo, Summary, SweepIndex
 from servelab.metrics.summary import summarize
 from servelab.renames import upgraded
+from servelab.tune.schema import TuneDocument
 
 DIAGNOSIS = "diagnosis.json"
 """Written into a results directory by `servelab diagnose RESULTS`."""
@@ -50,6 +51,8 @@ class ReportRun:
 
     label: str
     result: RunResult
+    info: RunInfo
+    """run.json, typed: what the header and the tables read (the parameters table lists every key as stored)."""
     summary: Summary
     series: int
     """Index of the top-level input (run or sweep) it came from; runs of one sweep share it."""
@@ -63,8 +66,7 @@ class ReportRun:
     @property
     def source(self) -> str | None:
         """run.json's source; stage-2 runs of studies written before tune recorded it are measured too."""
-        info = self.result.run_info
-        return info.get("source") or ("http" if info.get("kind") == STAGE2_KIND else None)
+        return self.info.source or ("http" if self.info.kind == STAGE2_KIND else None)
 
     @property
     def directory(self) -> Path:
@@ -81,7 +83,8 @@ class ReportSweep:
     directory: Path
     parameter: str
     points: list[ReportRun]
-    info: dict[str, Any]
+    index: SweepIndex
+    """sweep.json, typed."""
     series: int
     diagnosis: Diagnosis | None = None
     """diagnosis.json from the sweep's directory, else from its first diagnosed point."""
@@ -89,12 +92,12 @@ class ReportSweep:
 
 @dataclass
 class ReportDocument:
-    """tune.json: a study's own JSON, which holds no request records (read as parsed; validate's report is a ReportValidation)."""
+    """tune.json: a study's own JSON, which holds no request records, typed (validate's report is a ReportValidation)."""
 
     label: str
     path: Path
     """What was given: a tune results directory, or the JSON file itself."""
-    data: dict[str, Any]
+    tune: TuneDocument
     series: int
 
     @property
@@ -142,12 +145,18 @@ class ReportInputs:
         return [run for _, runs in sorted(by_series, key=lambda item: item[0]) for run in runs]
 
 
-def _summary_of(result: RunResult, given: dict[str, Any] | None = None) -> Summary:
+def planned_warmup(info: RunInfo) -> float:
+    """The seconds at the start the run's statistics leave out (--warmup), as run.json's plan recorded them."""
+    amount = info.workload.amount if info.workload else None
+    return (amount.warmup if amount else None) or 0.0
+
+
+def _summary_of(result: RunResult, info: RunInfo, given: dict[str, Any] | None = None) -> Summary:
     """The stored summary when there is one; otherwise derived from the records, as summary.json would be
-    (a partial run: its label says so). ReportInputError naming the run when the stored one is not a summary."""
-    warmup = float(result.run_info.get("warmup", 0.0) or 0.0)
+    (a partial run: its label says so), warm-up left out as the run would have. ReportInputError naming the run
+    when the stored one is not a summary."""
     try:
-        return Summary.model_validate(given or result.summary or summarize(result.records, warmup=warmup))
+        return Summary.model_validate(given or result.summary or summarize(result.records, warmup=planned_warmup(info)))
     except ValidationError as exc:
         first = exc.errors()[0]
         raise ReportInputError(f"the summary of {result.directory} is not one this servelab reads: {first['loc']}: {first['msg']}") from exc
@@ -192,13 +201,14 @@ def _document(path: Path, series: int, label: str) -> ReportDocument | ReportVal
     missing = [key for key in needs[kind] if not data.get(key)]
     if missing:
         raise ReportInputError(f"{file} has no {', '.join(missing)}")
-    if kind == TUNE_KIND:
-        return ReportDocument(label=label, path=path, data=data, series=series)
     try:
+        if kind == TUNE_KIND:
+            return ReportDocument(label=label, path=path, tune=TuneDocument.model_validate(data), series=series)
         return ReportValidation(label=label, path=path, report=ValidationReport.model_validate(data), series=series)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise ReportInputError(f"{file} is not a validate report this servelab reads: {first['loc']}: {first['msg']}") from exc
+        what = "tune.json" if kind == TUNE_KIND else "validate report"
+        raise ReportInputError(f"{file} is not a {what} this servelab reads: {first['loc']}: {first['msg']}") from exc
 
 
 def _load_run_dir(directory: Path) -> RunResult:
@@ -206,6 +216,15 @@ def _load_run_dir(directory: Path) -> RunResult:
         return load_run(directory)
     except ResultsDirError as exc:
         raise ReportInputError(str(exc)) from exc
+
+
+def _info_of(result: RunResult) -> RunInfo:
+    """run.json typed; ReportInputError naming the run when it is not one this servelab reads."""
+    try:
+        return RunInfo.model_validate(result.run_info)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ReportInputError(f"the run.json of {result.directory} is not one this servelab reads: {first['loc']}: {first['msg']}") from exc
 
 
 def _load_sweep(directory: Path, series: int) -> ReportSweep:
@@ -228,23 +247,30 @@ def _load_sweep(directory: Path, series: int) -> ReportSweep:
         if not isinstance(name, str) or not name:
             raise ReportInputError(f"{index}: point {position} names no results directory ('directory')")
         result = _load_run_dir(directory / name)
+        run_info = _info_of(result)
         runs.append(
             ReportRun(
                 label="",
                 result=result,
-                summary=_summary_of(result, point.get("summary")),
+                info=run_info,
+                summary=_summary_of(result, run_info, point.get("summary")),
                 series=series,
                 sweep_value=point.get(parameter, name),
                 diagnosis=read_diagnosis(directory / name),
             )
         )
     diagnosed = [p.diagnosis for p in runs if p.diagnosis is not None]
+    try:
+        typed = SweepIndex.model_validate(info)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ReportInputError(f"{index} is not a sweep.json this servelab reads: {first['loc']}: {first['msg']}") from exc
     return ReportSweep(
         label=str(info.get("label") or directory.resolve().name),
         directory=directory,
         parameter=parameter,
         points=runs,
-        info=info,
+        index=typed,
         series=series,
         diagnosis=read_diagnosis(directory) or (diagnosed[0] if diagnosed else None),
     )
@@ -267,10 +293,12 @@ def _disambiguate(labels: list[str], directories: list[Path]) -> list[str]:
 
 def _load_run(directory: Path, series: int, label: str | None = None) -> ReportRun:
     result = _load_run_dir(directory)
+    info = _info_of(result)
     return ReportRun(
-        label=label or str(result.run_info.get("label") or directory.resolve().name),
+        label=label or info.label or directory.resolve().name,
         result=result,
-        summary=_summary_of(result),
+        info=info,
+        summary=_summary_of(result, info),
         series=series,
         diagnosis=read_diagnosis(directory),
     )
@@ -279,9 +307,9 @@ def _load_run(directory: Path, series: int, label: str | None = None) -> ReportR
 def _stage2_runs(study: ReportDocument, first_series: int) -> list[ReportRun]:
     """The bench runs of tune's stage 2 (<result-dir>/stage2/<label>/), so a study's report shows how the
     confirmed configurations measured, request by request, and not only their summary numbers."""
-    results = (study.data.get("stage2") or {}).get("results") or []
+    results = study.tune.stage2.results if study.tune.stage2 else []
     root = (study.path if study.path.is_dir() else study.path.parent) / STAGE2
-    found = [r["label"] for r in results if (root / str(r.get("label")) / RUN).is_file()]
+    found = [r.label for r in results if (root / r.label / RUN).is_file()]
     runs = [_load_run(root / label, first_series + i, f"{study.label} · stage 2 {label}") for i, label in enumerate(found)]
     for run in runs:
         run.within = study.path
@@ -329,7 +357,7 @@ def load_inputs(paths: list[Path]) -> ReportInputs:
         if isinstance(item, ReportRun):
             item.label = name + _source_suffix(item.source) + (PARTIAL if item.result.partial else "")
         elif isinstance(item, ReportSweep):
-            item.label = name + _source_suffix(item.info.get("source") or item.points[0].source)
+            item.label = name + _source_suffix(item.points[0].source)
             for point in item.points:
                 point.label = f"{item.label} · {item.parameter}={point.sweep_value}" + (PARTIAL if point.result.partial else "")
         else:

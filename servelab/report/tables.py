@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from servelab.metrics.schema import AmountInfo, ArrivalInfo, DatasetInfo, LengthInfo, PlanInfo, RunFlags, RunInfo
 from servelab.report.inputs import ReportDocument, ReportInputs, ReportRun, ReportSweep, ReportValidation
 
 HIDDEN_PARAMETERS = frozenset({"schema_version"})
@@ -62,7 +63,7 @@ def _parameters_of(item: ReportRun | ReportSweep) -> dict[str, str]:
         params["directory"] = str(item.directory)
         params["sweep.parameter"] = item.parameter
         params["sweep.values"] = [p.sweep_value for p in item.points]
-        if item.info.get("interrupted"):
+        if item.index.interrupted:
             params["sweep.interrupted"] = True
     return {key: format_parameter(key, value) for key, value in params.items()}
 
@@ -113,35 +114,36 @@ def number(value: Any, fmt: str = ",.4g", missing: str = "—") -> str:
     return format(value, fmt) if isinstance(value, (int, float)) else missing
 
 
-def plan_text(plan: Mapping[str, Any] | None, with_arrival: bool = True) -> str:
+def plan_text(plan: PlanInfo | None, with_arrival: bool = True) -> str:
     """One line from a load plan's description (run.json's `workload`): what was sent, how, how many."""
-    if not plan:
+    if plan is None or not (plan.workload or plan.arrival or plan.amount):
         return "workload not recorded"
-    workload, arrival, amount = plan.get("workload") or {}, plan.get("arrival") or {}, plan.get("amount") or {}
+    workload, arrival, amount = plan.workload or DatasetInfo(), plan.arrival or ArrivalInfo(), plan.amount or AmountInfo()
+    input_len, output_len = workload.input_len or LengthInfo(), workload.output_len or LengthInfo()
     parts = [
-        f"{workload.get('dataset_name', '?')} prompts of {number((workload.get('input_len') or {}).get('mean'), missing='?')} → "
-        f"{number((workload.get('output_len') or {}).get('mean'), missing='?')} tokens"
+        f"{workload.dataset_name or '?'} prompts of {number(input_len.mean, missing='?')} → "
+        f"{number(output_len.mean, missing='?')} tokens"
     ]
     if with_arrival:
-        parts.append(str(arrival.get("process") or ""))
-        if arrival.get("max_concurrency"):
-            parts.append(f"max concurrency {arrival['max_concurrency']}")
-        if arrival.get("request_rate") not in (None, "inf", float("inf")):
-            parts.append(f"{arrival['request_rate']} req/s")
-    if amount.get("num_prompts"):
-        parts.append(f"{amount['num_prompts']} requests")
+        parts.append(arrival.process or "")
+        if arrival.max_concurrency:
+            parts.append(f"max concurrency {arrival.max_concurrency}")
+        if arrival.request_rate not in (None, "inf", float("inf")):
+            parts.append(f"{arrival.request_rate} req/s")
+    if amount.num_prompts:
+        parts.append(f"{amount.num_prompts} requests")
     return ", ".join(p for p in parts if p)
 
 
-def _served_text(info: Mapping[str, Any]) -> str:
+def _served_text(info: RunInfo) -> str:
     """The simulated deployment, or the measured server and model."""
-    deployment, flags = info.get("deployment") or {}, info.get("flags") or {}
+    deployment, flags = info.deployment, info.flags or RunFlags()
     if deployment:
-        flags_text = f" with {deployment['engine_args']}" if deployment.get("engine_args") else ""
-        return f"{deployment.get('model', '?')} on {deployment.get('gpu', '?')}{flags_text}"
-    model = flags.get("model") or (info.get("server_info") or {}).get("model") or info.get("model") or "?"
-    base_url = flags.get("base_url") or info.get("base_url")
-    engine_args = f" with {info['engine_args']}" if info.get("engine_args") else ""
+        flags_text = f" with {deployment.engine_args}" if deployment.engine_args else ""
+        return f"{deployment.model} on {deployment.gpu}{flags_text}"
+    model = flags.model or (info.server_info.model if info.server_info else None) or info.model or "?"
+    base_url = flags.base_url or info.base_url
+    engine_args = f" with {info.engine_args}" if info.engine_args else ""
     return (f"{model} at {base_url}" if base_url else str(model)) + engine_args
 
 
@@ -149,19 +151,18 @@ def headline(item: ReportRun | ReportSweep | ReportDocument | ReportValidation) 
     """One line per input for the page header: what served which load, and where the files are."""
     if isinstance(item, ReportValidation):
         server, points = item.report.server, item.report.points
-        text = f"validate of {server.get('model', '?')} at {server.get('base_url', '?')}, {len(points)} held-out points"
+        text = f"validate of {server.model or '?'} at {server.base_url or '?'}, {len(points)} held-out points"
     elif isinstance(item, ReportDocument):
-        data = item.data
-        deployment, objective = data.get("deployment") or {}, data["objective"]
-        text = (f"tune of {deployment.get('model', '?')} on {deployment.get('gpu', '?')} for {objective.get('kind')}, "
-                f"{len(data['trials'])} configurations simulated" + (", stage 2 measured" if data.get("stage2") else ""))
+        doc = item.tune
+        text = (f"tune of {doc.deployment.model} on {doc.deployment.gpu} for {doc.objective.kind}, "
+                f"{len(doc.trials)} configurations simulated" + (", stage 2 measured" if doc.stage2 else ""))
     elif isinstance(item, ReportSweep):
-        info = item.points[0].result.run_info
+        info = item.points[0].info
         values = ", ".join(str(p.sweep_value) for p in item.points)
-        text = f"{_served_text(info)} · {plan_text(info.get('workload'), with_arrival=False)} · sweep {item.parameter} = {values}"
+        text = f"{_served_text(info)} · {plan_text(info.workload, with_arrival=False)} · sweep {item.parameter} = {values}"
     else:
-        info = item.result.run_info
-        text = f"{_served_text(info)} · {plan_text(info.get('workload'))}"
+        info = item.info
+        text = f"{_served_text(info)} · {plan_text(info.workload)}"
     return f"{text} · {item.directory}"
 
 

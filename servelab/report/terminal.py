@@ -62,8 +62,11 @@ NO_DATA = "—"
 
 
 def _ms(summary: Summary, name: str, percentiles: Sequence[str]) -> list[tuple[str, float | None]]:
-    """mean, median (fields: a misspelt name is an AttributeError) and the percentile columns the summary has."""
-    keys = [f"mean_{name}_ms", f"median_{name}_ms", *(f"p{p}_{name}_ms" for p in percentiles)]
+    """mean, median (fields: a misspelt name is an AttributeError) and the percentile columns the summary has.
+
+    The p50 column is left out: summary.json keeps it beside median (vLLM's keys have both), but it is the
+    median under another name, and one statistic gets one row."""
+    keys = [f"mean_{name}_ms", f"median_{name}_ms", *(f"p{p}_{name}_ms" for p in percentiles if float(p) != 50)]
     return [(k, summary.statistic(k)) for k in keys]
 
 
@@ -120,12 +123,12 @@ def summary_table(summary: Summary, title: str = "Serving benchmark result") -> 
         table.add_row("[bold]Replicas[/]", "")
     for url, share in replicas.items():
         table.add_row(f"  {url}", f"{share.completed} ok, {share.failed} failed, TTFT {_cell(share.mean_ttft_ms)} ms")
-    stats = summary.client_stats or {}
-    if "p99_schedule_lag_ms" in stats:
+    stats = summary.client_stats
+    if stats is not None and "p99_schedule_lag_ms" in stats.model_fields_set:  # a bench client's self-report
         table.add_section()
-        lag = stats.get("p99_schedule_lag_ms")
+        lag = stats.p99_schedule_lag_ms
         table.add_row("Client send lag p99 (ms)", "-" if lag is None else f"{lag:.2f}")
-        table.add_row("Client CPU (share of a core)", f"{stats.get('cpu_share', 0):.0%}")
+        table.add_row("Client CPU (share of a core)", f"{stats.cpu_share or 0:.0%}")
     return table
 
 
@@ -145,25 +148,25 @@ def sweep_table(index: SweepIndex) -> Table:
     return table
 
 
-def auto_sweep_lines(index: dict[str, Any]) -> list[str]:
+def auto_sweep_lines(index: SweepIndex) -> list[str]:
     """What `--sweep auto` concluded, one line each: the knee, the peak, the rate meeting --goodput, early stops."""
-    auto = index.get("auto")
-    if not auto:
+    auto = index.auto
+    if auto is None:
         return []
     rate = lambda value: "—" if value is None else f"{value:.3g} req/s"  # noqa: E731
     lines = [
-        f"Knee (highest offered rate the server kept up with): {rate(auto.get('knee_rate'))}; "
-        f"one at a time {rate(auto.get('synchronous_rate'))}, all at once {rate(auto.get('throughput_rate'))}"
+        f"Knee (highest offered rate the server kept up with): {rate(auto.knee_rate)}; "
+        f"one at a time {rate(auto.synchronous_rate)}, all at once {rate(auto.throughput_rate)}"
     ]
-    if auto.get("slo_attainment") is not None:
-        lines.append(f"Highest rate with >= {auto['slo_attainment']:.0%} of requests meeting --goodput: "
-                     f"{rate(auto.get('max_goodput_rate'))}")
-    for point in index["points"]:
-        if point.get("over_saturated"):
-            stop = "stopped early" if point.get("stopped_early") else "ran to its end"
-            lines.append(f"{point['directory']}: {point['over_saturated']} ({stop})")
-    if auto.get("note"):
-        lines.append(auto["note"])
+    if auto.slo_attainment is not None:
+        lines.append(f"Highest rate with >= {auto.slo_attainment:.0%} of requests meeting --goodput: "
+                     f"{rate(auto.max_goodput_rate)}")
+    for point in index.points:
+        if point.over_saturated:
+            stop = "stopped early" if point.stopped_early else "ran to its end"
+            lines.append(f"{point.directory}: {point.over_saturated} ({stop})")
+    if auto.note:
+        lines.append(auto.note)
     return lines
 
 

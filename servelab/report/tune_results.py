@@ -1,8 +1,8 @@
 """tune's study in the report: what was searched, every simulated trial against the Pareto front, the ranking,
 and stage 2's measurements beside their predictions.
 
-Everything comes from tune.json (schema in docs/tune.md), so a report can be
-drawn from a study long after it ran, or while stage 2 is still measuring.
+Everything comes from tune.json, read as the typed TuneDocument (docs/schemas/tune.json), so a report can be
+drawn from a study long after it ran, or while stage 2 is still measuring, and a misspelt field fails.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from servelab.report.figures import LAYOUT, legend_below
 from servelab.report.inputs import ReportDocument
 from servelab.report.tables import html_table, number, plan_text
+from servelab.tune.schema import KeyMetrics, ObjectiveInfo, Trial, TuneDocument
 
 RANKED_ROWS = 15
 """Ranked trials listed under the plot; the plot shows them all."""
@@ -37,112 +38,112 @@ def knobs(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={'default' if v is None else v}" for k, v in params.items()) or "(current flags)"
 
 
-def _score_title(objective: dict[str, Any]) -> str:
+def _score_title(objective: ObjectiveInfo) -> str:
     """What a trial's score is, with its unit: 'goodput (req/s)'."""
-    return f"{objective.get('kind', 'score')} ({objective.get('unit', '')})"
+    return f"{objective.kind} ({objective.unit})"
 
 
-def _slo_text(objective: dict[str, Any]) -> str:
-    bounds = objective.get("slo") or {}
+def _slo_text(objective: ObjectiveInfo) -> str:
+    bounds = objective.slo.model_dump(exclude_none=True) if objective.slo else {}
     if not bounds:
         return "none"
     within = ", ".join(f"{metric.upper()} ≤ {number(ms)} ms" for metric, ms in bounds.items())
-    return f"{within} at p{number(objective.get('percentile'), 'g')}"
+    return f"{within} at p{number(objective.percentile, 'g')}"
 
 
-def _recommendation_text(doc: dict[str, Any]) -> str:
-    rec = doc.get("recommendation")
+def _recommendation_text(doc: TuneDocument) -> str:
+    rec = doc.recommendation
     if rec is None:
         return "none: no configuration in the space can run"
-    unit = doc["objective"].get("unit", "")
-    how = "measured on the real server" if rec.get("source") == "stage2" else "predicted by the simulator"
-    gain = rec.get("gain_over_baseline")
+    how = "measured on the real server" if rec.source == "stage2" else "predicted by the simulator"
+    gain = rec.gain_over_baseline
     times = "" if gain is None else f", {gain:.2f}× the baseline"
-    return f"{rec.get('engine_args') or '(vLLM defaults)'}: {number(rec.get('score'))} {unit} ({how}{times})"
+    return f"{rec.engine_args or '(vLLM defaults)'}: {number(rec.score)} {doc.objective.unit} ({how}{times})"
 
 
-def study_table(doc: dict[str, Any]) -> str:
+def study_table(doc: TuneDocument) -> str:
     """The study's parameters and its answer, as one two-column table."""
-    objective, deployment, search = doc["objective"], doc.get("deployment") or {}, doc.get("search") or {}
-    space = "; ".join(f"{k}: {', '.join('default' if v is None else str(v) for v in vs)}" for k, vs in (doc.get("space") or {}).items())
+    objective, deployment, search = doc.objective, doc.deployment, doc.search
+    space = "; ".join(f"{k}: {', '.join('default' if v is None else str(v) for v in vs)}" for k, vs in doc.space.items())
     rows = [
-        ("objective", f"{objective.get('kind')} ({objective.get('unit')}, {objective.get('direction')})"),
+        ("objective", f"{objective.kind} ({objective.unit}, {objective.direction})"),
         ("SLO", _slo_text(objective)),
-        ("deployment", f"{deployment.get('model', '?')} on {deployment.get('gpu', '?')}; current flags: "
-                       f"{deployment.get('engine_args') or '(vLLM defaults)'}"),
-        ("simulator", f"calibrated by {deployment['calibration']}" if deployment.get("calibration")
+        ("deployment", f"{deployment.model} on {deployment.gpu}; current flags: {deployment.engine_args or '(vLLM defaults)'}"),
+        ("simulator", f"calibrated by {deployment.calibration}" if deployment.calibration
                       else "uncalibrated: the GPU catalogue's rates"),
         ("search space", space or "—"),
-        ("search", f"{search.get('evaluated', len(doc['trials']))} of {search.get('space_size', '?')} configurations "
-                   f"simulated ({search.get('sampler', '?')})"),
-        ("workload per simulated run", plan_text((doc.get("workload") or {}).get("stage1"))),
+        ("search", f"{search.evaluated} of {search.space_size} configurations simulated ({search.sampler})"),
+        ("workload per simulated run", plan_text(doc.workload.stage1)),
         ("recommended", _recommendation_text(doc)),
     ]
-    launch = (doc.get("recommendation") or {}).get("launch_line")
+    launch = doc.recommendation.launch_line if doc.recommendation else None
     if launch:
         rows.append(("launch line", launch))
     return html_table(None, rows, "params", row_headers=True)
 
 
-def _slo_verdict(trial: dict[str, Any]) -> str:
-    if trial.get("status") != "ok":
+def _slo_verdict(trial: Trial) -> str:
+    if trial.status != "ok":
         return "cannot run"
-    return "met" if trial.get("feasible") else "missed"
+    return "met" if trial.feasible else "missed"
 
 
-def ranking_table(doc: dict[str, Any]) -> str:
+def ranking_table(doc: TuneDocument) -> str:
     """The baseline, then the best trials in tune's ranking (SLO met by score, then nearest misses)."""
-    objective = doc["objective"]
-    trials = {t["number"]: t for t in doc["trials"]}
-    head = ("configuration", "rank", "trial", _score_title(objective), "SLO",
+    trials = {t.number: t for t in doc.trials}
+    head = ("configuration", "rank", "trial", _score_title(doc.objective), "SLO",
             "achieved req/s", "output tok/s", "TTFT p99 (ms)", "TPOT p99 (ms)")
 
-    def row(config: str, rank: str, trial_number: str, trial: dict[str, Any]) -> list[str]:
-        m = trial.get("metrics") or {}
-        return [config, rank, trial_number, number(trial.get("score")), _slo_verdict(trial), number(m.get("request_throughput")),
-                number(m.get("output_throughput")), number(m.get("p99_ttft_ms")), number(m.get("p99_tpot_ms"))]
+    def row(config: str, rank: str, trial_number: str, trial: Trial) -> list[str]:
+        m = trial.metrics
+        return [config, rank, trial_number, number(trial.score), _slo_verdict(trial), number(m.request_throughput),
+                number(m.output_throughput), number(m.p99_ttft_ms), number(m.p99_tpot_ms)]
 
-    base = doc["baseline"]
-    rows = [row(f"baseline: {base.get('engine_args') or '(vLLM defaults)'}", "—", "—", base)]
-    ranked = doc.get("ranking") or []
-    rows += [row(knobs(trials[n]["params"]), str(i), str(n), trials[n]) for i, n in enumerate(ranked[:RANKED_ROWS], 1)]
+    base = doc.baseline
+    rows = [row(f"baseline: {base.engine_args or '(vLLM defaults)'}", "—", "—", base)]
+    ranked = doc.ranking
+    rows += [row(knobs(trials[n].params), str(i), str(n), trials[n]) for i, n in enumerate(ranked[:RANKED_ROWS], 1)]
     table = html_table(head, rows, "summary", row_headers=True)
     hidden = len(ranked) - RANKED_ROWS
     return table + (f'<p class="confirm">… and {hidden} more trials, all in the plot and in tune.json.</p>' if hidden > 0 else "")
 
 
-def stage2_table(doc: dict[str, Any]) -> str | None:
+def stage2_table(doc: TuneDocument) -> str | None:
     """Measured on the real server vs predicted, per confirmed configuration; None when stage 2 did not run."""
-    stage2 = doc.get("stage2")
-    if not stage2 or not stage2.get("results"):
+    if doc.stage2 is None or not doc.stage2.results:
         return None
-    score = _score_title(doc["objective"])
+    score = _score_title(doc.objective)
     head = ("configuration", f"predicted {score}", f"measured {score}", "predicted TTFT p99 (ms)",
             "measured TTFT p99 (ms)", "measured throughput (req/s)", "SLO (measured)")
     rows = []
-    for r in stage2["results"]:
-        measured = r.get("measured") or {}
-        violation = r.get("measured_violation")
+    for r in doc.stage2.results:
+        measured = r.measured or KeyMetrics()
+        violation = r.measured_violation
         slo = "—" if violation is None else ("met" if violation <= 0 else "missed")
-        rows.append([f"{r['label']}: {knobs(r.get('params') or {})}", number(r.get("predicted_score")),
-                     "failed: " + str(r["error"]).splitlines()[0] if r.get("error") else number(r.get("measured_score")),
-                     number((r.get("predicted") or {}).get("p99_ttft_ms")), number(measured.get("p99_ttft_ms")),
-                     number(measured.get("request_throughput")), slo])
+        rows.append([f"{r.label}: {knobs(r.params)}", number(r.predicted_score),
+                     "failed: " + r.error.splitlines()[0] if r.error else number(r.measured_score),
+                     number(r.predicted.p99_ttft_ms), number(measured.p99_ttft_ms),
+                     number(measured.request_throughput), slo])
     return "<h4>Stage 2: measured on the real server vs. predicted</h4>" + html_table(head, rows, "summary", row_headers=True)
 
 
-def _point(trial: dict[str, Any], x: str, y: str) -> tuple[float, float] | None:
-    m = trial.get("metrics") or {}
-    if trial.get("status") != "ok" or not isinstance(m.get(x), (int, float)) or not isinstance(m.get(y), (int, float)):
+def _place(metrics: KeyMetrics | None, x: str, y: str) -> tuple[float, float] | None:
+    """Where a run sits on the plot's axes (metric names from tune.json's pareto); None without both."""
+    if metrics is None:
         return None
-    return float(m[x]), float(m[y])
+    px, py = metrics.statistic(x), metrics.statistic(y)
+    return None if px is None or py is None else (px, py)
 
 
-def _hover(trial: dict[str, Any], name: str, unit: str) -> str:
-    return f"{name}: {knobs(trial.get('params') or {})}<br>score {number(trial.get('score'))} {unit}, SLO {_slo_verdict(trial)}"
+def _point(trial: Trial, x: str, y: str) -> tuple[float, float] | None:
+    return _place(trial.metrics, x, y) if trial.status == "ok" else None
 
 
-def _scatter(trials: Sequence[tuple[dict[str, Any], str]], x: str, y: str, unit: str, **style: Any) -> go.Scatter:
+def _hover(trial: Trial, name: str, unit: str) -> str:
+    return f"{name}: {knobs(trial.params)}<br>score {number(trial.score)} {unit}, SLO {_slo_verdict(trial)}"
+
+
+def _scatter(trials: Sequence[tuple[Trial, str]], x: str, y: str, unit: str, **style: Any) -> go.Scatter:
     """One trace of (trial, name) pairs placed by their metrics; those without both metrics are left out."""
     placed = [(p, t, name) for t, name in trials if (p := _point(t, x, y)) is not None]
     return go.Scatter(
@@ -156,10 +157,10 @@ def _scatter(trials: Sequence[tuple[dict[str, Any], str]], x: str, y: str, unit:
 
 def pareto_figure(tune: ReportDocument) -> go.Figure:
     """Every runnable trial by throughput and tail latency; the front, the baseline and the recommendation marked."""
-    doc = tune.data
-    x, y = doc["pareto"]["x"], doc["pareto"]["y"]
-    unit = doc["objective"].get("unit", "")
-    trials = {t["number"]: t for t in doc["trials"]}
+    doc = tune.tune
+    x, y = doc.pareto.x, doc.pareto.y
+    unit = doc.objective.unit
+    trials = {t.number: t for t in doc.trials}
     named = {n: (t, f"trial {n}") for n, t in trials.items()}
     fig = go.Figure()
     for verdict, symbol in (("met", "circle"), ("missed", "x")):
@@ -167,11 +168,11 @@ def pareto_figure(tune: ReportDocument) -> go.Figure:
         if chosen:
             fig.add_trace(_scatter(chosen, x, y, unit, mode="markers", name=f"trial, SLO {verdict} (simulated)",
                                    marker=dict(color=_COLORS[verdict], symbol=symbol, size=8, opacity=0.75)))
-    front = sorted((named[n] for n in doc["pareto"]["trials"] if n in named), key=lambda tn: _point(tn[0], x, y) or (0, 0))
+    front = sorted((named[n] for n in doc.pareto.trials if n in named), key=lambda tn: _point(tn[0], x, y) or (0, 0))
     if front:
         fig.add_trace(_scatter(front, x, y, unit, mode="lines+markers", name="Pareto front (no other trial is better on both)",
                                line=dict(color=_COLORS["front"], width=2), marker=dict(color=_COLORS["front"], size=9)))
-    fig.add_trace(_scatter([(doc["baseline"], "baseline")], x, y, unit, mode="markers", name="baseline (current flags)",
+    fig.add_trace(_scatter([(doc.baseline, "baseline")], x, y, unit, mode="markers", name="baseline (current flags)",
                            marker=dict(color=_COLORS["baseline"], symbol="diamond", size=13)))
     recommended = _recommended_trial(doc, trials)
     where = None if recommended is None else _point(recommended, x, y)
@@ -191,24 +192,21 @@ def pareto_figure(tune: ReportDocument) -> go.Figure:
     return fig
 
 
-def _recommended_trial(doc: dict[str, Any], trials: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+def _recommended_trial(doc: TuneDocument, trials: dict[int | None, Trial]) -> Trial | None:
     """The trial the recommendation names ('baseline' or 'trial-N'), as simulated in stage 1."""
-    rec = doc.get("recommendation")
+    rec = doc.recommendation
     if rec is None:
         return None
-    label = rec.get("label", "")
-    if label == "baseline":
-        return doc["baseline"]
-    suffix = label.removeprefix("trial-")
+    if rec.label == "baseline":
+        return doc.baseline
+    suffix = rec.label.removeprefix("trial-")
     return trials.get(int(suffix)) if suffix.isdigit() else None
 
 
-def _add_measured(fig: go.Figure, doc: dict[str, Any], x: str, y: str) -> None:
+def _add_measured(fig: go.Figure, doc: TuneDocument, x: str, y: str) -> None:
     """Stage 2: each measured configuration, joined by a dotted line to where the simulator put it."""
-    results = [r for r in ((doc.get("stage2") or {}).get("results") or []) if r.get("measured")]
-    pairs = [(r, _point({"status": "ok", "metrics": r["predicted"]}, x, y), _point({"status": "ok", "metrics": r["measured"]}, x, y))
-             for r in results]
-    pairs = [(r, p, m) for r, p, m in pairs if m is not None]
+    results = [r for r in (doc.stage2.results if doc.stage2 else []) if r.measured]
+    pairs = [(r, _place(r.predicted, x, y), measured) for r in results if (measured := _place(r.measured, x, y)) is not None]
     if not pairs:
         return
     xs: list[float | None] = []
@@ -223,24 +221,24 @@ def _add_measured(fig: go.Figure, doc: dict[str, Any], x: str, y: str) -> None:
     fig.add_trace(go.Scatter(
         x=[p[0] for _, p in predicted_only], y=[p[1] for _, p in predicted_only], mode="markers",
         name="stage 2 predicted (its workload)", marker=dict(color=_COLORS["measured"], symbol="triangle-up-open", size=11),
-        text=[r["label"] for r, _ in predicted_only],
+        text=[r.label for r, _ in predicted_only],
         hovertemplate="%{text} predicted for the stage-2 workload<br>%{x:,.4g} / %{y:,.4g}<extra></extra>",
     ))
     fig.add_trace(go.Scatter(
         x=[m[0] for _, _, m in pairs], y=[m[1] for _, _, m in pairs], mode="markers+text",
-        text=[r["label"] for r, _, _ in pairs], textposition="top center", textfont=dict(color=_COLORS["measured"], size=10),
+        text=[r.label for r, _, _ in pairs], textposition="top center", textfont=dict(color=_COLORS["measured"], size=10),
         cliponaxis=False,
         name="measured on the real server (stage 2)", marker=dict(color=_COLORS["measured"], symbol="triangle-up", size=12),
-        customdata=[knobs(r.get("params") or {}) for r, _, _ in pairs],
+        customdata=[knobs(r.params) for r, _, _ in pairs],
         hovertemplate="%{text} measured: %{customdata}<br>%{x:,.4g} / %{y:,.4g}<extra></extra>",
     ))
 
 
 def tune_blocks(tune: ReportDocument) -> list[str | go.Figure]:
     """One study's part of the section: its parameters, the plot, the ranking, stage 2."""
-    blocks: list[str | go.Figure] = [f"<h3>{escape(tune.label)}</h3>" + study_table(tune.data), pareto_figure(tune),
-                                     "<h4>Ranking (simulated)</h4>" + ranking_table(tune.data)]
-    stage2 = stage2_table(tune.data)
+    blocks: list[str | go.Figure] = [f"<h3>{escape(tune.label)}</h3>" + study_table(tune.tune), pareto_figure(tune),
+                                     "<h4>Ranking (simulated)</h4>" + ranking_table(tune.tune)]
+    stage2 = stage2_table(tune.tune)
     if stage2 is not None:
         blocks.append(stage2)
     return blocks

@@ -46,12 +46,12 @@ def _pct(value: float | None) -> str:
 def setup_table(doc: ValidationReport) -> str:
     """What was validated against what: the server, the profile, the flags, the verdict."""
     server, profile = doc.server, doc.profile
-    created = profile.get("created_at")
+    created = profile.created_at
     when = dt.datetime.fromtimestamp(created, dt.UTC).strftime("%Y-%m-%d %H:%M UTC") if created else "?"
     repeats = max((len(p.repeats) for p in doc.points), default=0)
     rows = [
-        ("server", f"{server.get('model', '?')} at {server.get('base_url', '?')}"),
-        ("calibration profile", f"{profile.get('gpu', '?')}, fitted {when}, flags {profile.get('engine_args') or '—'}"),
+        ("server", f"{server.model or '?'} at {server.base_url or '?'}"),
+        ("calibration profile", f"{profile.gpu or '?'}, fitted {when}, flags {profile.engine_args or '—'}"),
         ("engine args validated", doc.engine_args or "as calibrated"),
         ("points", f"{len(doc.points)} held-out workloads, {repeats} repeat(s) each; each metric from its best repeat"),
         ("verdict", "within the bounds" if doc.within_bounds else "outside the bounds"),

@@ -31,15 +31,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servelab import SCHEMA_VERSION
 from servelab.metrics.records import MemorySink, disturbances
 from servelab.metrics.results import ResultWriter
+from servelab.metrics.schema import checked
 from servelab.metrics.summary import summarize
 from servelab.pool import TaskLost, TaskPool
+from servelab.renames import upgraded
 from servelab.targets.deployment import Deployment
 from servelab.targets.http import HttpTarget
 from servelab.targets.server_process import ServerProcess, ServerStartError, free_port, group_alive
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective, key_metrics
+from servelab.tune.schema import Stage2File
 from servelab.tune.space import gpu_count
 from servelab.tune.workload import TuneWorkload
 
@@ -152,6 +156,18 @@ def _write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
+def write_result(path: Path, result: Stage2Result) -> None:
+    """A configuration's stage2.json (docs/schemas/stage2.json), with the results schema version its statistics are
+    named by."""
+    _write_json(path, checked(Stage2File, {"schema_version": SCHEMA_VERSION, **result.to_dict()}))
+
+
+def read_result(path: Path) -> Stage2Result:
+    """A stage2.json `--resume` finds, as this release names its statistics: one written before they took vLLM's
+    names (results schema 1, no schema_version) is read through servelab.renames like every older file."""
+    return Stage2Result.from_dict(upgraded(json.loads(path.read_text(encoding="utf-8")), SCHEMA_VERSION))
+
+
 def reap_orphaned_server(directory: Path, grace: float = 10.0) -> list[int]:
     """Stop any server a killed tune left running; returns the process groups it stopped.
 
@@ -244,12 +260,12 @@ def confirm(
     for config in configs:
         done = root / config.label / RESULT
         if resume and done.exists():
-            result = Stage2Result.from_dict(json.loads(done.read_text(encoding="utf-8")))
+            result = read_result(done)
         else:
             if on_start:
                 on_start(config)
             result = _timed(config, command, workload, objective, root / config.label, http_options or {}, check_server)
-            _write_json(done, result.to_dict())
+            write_result(done, result)
         results.append(result)
         if on_result:
             on_result(result)
@@ -311,7 +327,7 @@ def confirm_on_pool(
         for config in configs:
             done = root / config.label / RESULT
             if resume and done.exists():
-                results[config.label] = Stage2Result.from_dict(json.loads(done.read_text(encoding="utf-8")))
+                results[config.label] = read_result(done)
                 if on_result:
                     on_result(results[config.label])
                 continue
@@ -334,7 +350,7 @@ def confirm_on_pool(
                 if result.error:  # it names the server's log where the node wrote it; the copy is here
                     result.error = result.error.replace(scratch, str(out))
             out.mkdir(parents=True, exist_ok=True)
-            _write_json(out / RESULT, result.to_dict())
+            write_result(out / RESULT, result)
             results[config.label] = result
             if on_result:
                 on_result(result)

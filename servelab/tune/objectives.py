@@ -27,6 +27,7 @@ from servelab.metrics.slo import SLO
 from servelab.metrics.summary import DEFAULT_PERCENTILES, summarize
 from servelab.targets.base import Target
 from servelab.tune.errors import TuneError
+from servelab.tune.schema import KeyMetrics
 from servelab.tune.workload import TuneWorkload
 
 ObjectiveKind = Literal["goodput", "throughput", "cost"]
@@ -142,10 +143,8 @@ class Evaluation:
         return self.violation <= 0
 
 
-KEY_METRICS = (
-    "completed", "failed", "request_throughput", "request_goodput", "output_throughput",
-    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "p99_e2el_ms",
-)
+KEY_METRICS = tuple(KeyMetrics.model_fields)
+"""What a trial keeps of its run's summary: the fields of tune.json's typed metrics, so the two cannot drift."""
 
 
 def key_metrics(summary: Summary) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from servelab import SCHEMA_VERSION
-from servelab.metrics.schema import DeploymentInfo, Json, SLOTerms, Versions
+from servelab.metrics.schema import DeploymentInfo, Json, PlanInfo, SLOTerms, Versions
 from servelab.typed import ClosedModel, OpenModel
 
 
@@ -19,6 +19,31 @@ class ObjectiveInfo(OpenModel):
     percentile: float
     target_rate: float | None
     gpu_cost_per_hour: dict[str, float]
+
+
+class KeyMetrics(OpenModel):
+    """The key statistics of a run a trial's score rests on (servelab.tune.objectives.key_metrics), each null when
+    the run had nothing to measure it by. The report and tune's table read them as attributes or through
+    `statistic`, so a misspelt name fails instead of printing a blank cell."""
+
+    completed: int | None = None
+    failed: int | None = None
+    request_throughput: float | None = None
+    request_goodput: float | None = None
+    output_throughput: float | None = None
+    median_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = Field(None, description="Null also when the objective's percentiles have no 99.")
+    median_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    p99_e2el_ms: float | None = None
+
+    def statistic(self, key: str) -> float | None:
+        """A statistic named by a string (the Pareto plot's axes come from tune.json); AttributeError for a name
+        that is not one of the fields, even one an old file happens to carry."""
+        if key not in KeyMetrics.model_fields:
+            raise AttributeError(f"a trial's metrics have no statistic {key!r}")
+        value = getattr(self, key)
+        return None if value is None else float(value)
 
 
 class Trial(OpenModel):
@@ -35,7 +60,7 @@ class Trial(OpenModel):
     gpu: str | None
     gpus: int | None
     cost_per_million_tokens: float | None
-    metrics: Json = Field(description="Key statistics of the run the score rests on.")
+    metrics: KeyMetrics = Field(description="Key statistics of the run the score rests on.")
     probes: list[Json]
     error: str | None
     sim_wall_s: float
@@ -43,24 +68,34 @@ class Trial(OpenModel):
 
 
 class Stage2Row(OpenModel):
-    """One configuration measured on a real server (stage 2), beside its prediction."""
+    """One configuration measured on a real server (stage 2), beside its prediction (servelab.tune.confirm's
+    Stage2Result, whose defaults these are)."""
 
     label: str
     params: dict[str, Any]
     engine_args: str
     launch_line: str
-    predicted: Json
+    predicted: KeyMetrics
     predicted_score: float | None
     predicted_violation: float | None
-    measured: Json | None
-    measured_score: float | None
-    measured_violation: float | None
-    server_pid: int | None
-    startup_s: float | None
-    bench_s: float | None
-    directory: str | None
-    error: str | None
-    warnings: list[str]
+    measured: KeyMetrics | None = Field(None, description="Null when the configuration could not be measured.")
+    measured_score: float | None = None
+    measured_violation: float | None = None
+    server_pid: int | None = None
+    startup_s: float | None = None
+    bench_s: float | None = None
+    directory: str | None = None
+    error: str | None = None
+    warnings: list[str] = Field(default_factory=list)
+    started_at: float | None = Field(None, description="Wall-clock span of the trial, server start to stop.")
+    ended_at: float | None = None
+    host: str | None = Field(None, description="The node it ran on (a Ray cluster spreads trials over several).")
+
+
+class Stage2File(Stage2Row):
+    """stage2/<label>/stage2.json: one configuration's stage-2 result, which `tune --resume` reads back."""
+
+    schema_version: int = Field(1, description="Absent (schema 1) in files written before it was recorded.")
 
 
 class Stage2(OpenModel):
@@ -91,6 +126,24 @@ class TuneDeployment(DeploymentInfo):
     simulated: DeploymentInfo
 
 
+class SearchInfo(OpenModel):
+    """How stage 1 searched: the sampler, the space's size and how many configurations it simulated."""
+
+    sampler: str = Field(description="grid (the whole space) or tpe.")
+    space_size: int
+    evaluated: int
+    n_trials: int | None = None
+    budget: int | None = None
+    seed: int | None = None
+
+
+class TuneWorkloads(OpenModel):
+    """The load plans: stage 1's simulated runs and stage 2's measurements."""
+
+    stage1: PlanInfo | None = None
+    stage2: PlanInfo | None = None
+
+
 class TuneDocument(OpenModel):
     """tune.json: the study: objective, search, every trial, the ranking and Pareto front, stage 2, the choice."""
 
@@ -101,8 +154,8 @@ class TuneDocument(OpenModel):
     objective: ObjectiveInfo
     deployment: TuneDeployment
     space: dict[str, list[Any]]
-    search: Json
-    workload: Json
+    search: SearchInfo
+    workload: TuneWorkloads
     baseline: Trial
     trials: list[Trial]
     ranking: list[int]

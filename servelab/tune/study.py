@@ -27,7 +27,9 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import TrialState
 
+from servelab import SCHEMA_VERSION
 from servelab.pool import TaskLost, TaskPool
+from servelab.renames import upgraded
 from servelab.tune.errors import TuneError
 from servelab.tune.space import Candidate, SearchSpace, candidate_key
 from servelab.tune.trial import OK, TrialOutcome
@@ -133,9 +135,13 @@ def open_study(
 
 
 def finished_trials(study: optuna.Study) -> list[StudyTrial]:
-    """The distinct configurations evaluated so far (duplicates and interrupted trials left out)."""
+    """The distinct configurations evaluated so far (duplicates and interrupted trials left out).
+
+    An outcome stored in the study carries no schema version, so each is read through servelab.renames as an
+    old one: a study begun by an earlier release resumes under this one's statistic names (renaming a current
+    outcome changes nothing, no new name being an old one)."""
     return [
-        StudyTrial(t.number, TrialOutcome.from_dict(t.user_attrs[OUTCOME]))
+        StudyTrial(t.number, TrialOutcome.from_dict(upgraded(t.user_attrs[OUTCOME], SCHEMA_VERSION)))
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if OUTCOME in t.user_attrs and DUPLICATE_OF not in t.user_attrs
     ]

@@ -16,7 +16,7 @@ from servelab.renames import upgraded
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 BY_FILE_NAME = {"run.json": "run", "summary.json": "summary", "sweep.json": "sweep", "diagnosis.json": "diagnosis",
-                "tune.json": "tune", "trial.json": "trial", "records.jsonl": "record", "timeline.jsonl": "timeline"}
+                "tune.json": "tune", "trial.json": "trial", "stage2.json": "stage2", "records.jsonl": "record", "timeline.jsonl": "timeline"}
 """Files whose name says what they are; a validate report and a profile are named by the user and given explicitly."""
 
 
