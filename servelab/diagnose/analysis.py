@@ -18,6 +18,7 @@ from servelab.diagnose.evidence import Evidence, gather
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.observations import check as check_observations, idle_decode_ms
 from servelab.diagnose.alternatives import Alternative, price_alternatives
+from servelab.diagnose.outside_engine import describe as describe_outside
 from servelab.diagnose.findings import Context, Finding, caveats, detect, queue_reason
 from servelab.diagnose.recommend import recommend, run as simulate_outcome
 from servelab.diagnose.scenario import Scenario, from_run, simulate
@@ -199,6 +200,8 @@ def notes(dx: Diagnosis) -> list[str]:
     u, e, out = dx.utilization, dx.evidence, []
     if e.ttft_split is not None:  # the server's own account of the first token comes first: it is measured
         out.append(f"Where the first token's time went: {describe(e.ttft_split, queue_reason(e, dx.ceilings))}.")
+        if e.outside_engine is not None:
+            out.append(f"Outside the engine, by the client's HTTP phases: {describe_outside(e.outside_engine)}.")
     busy = f"{100 * u.engine_busy:.0f}%" if u.engine_busy is not None else "unknown"
     gpu_util = dx.observed.gpu_util
     seen = f"You saw {100 * gpu_util:.0f}% GPU utilisation. " if gpu_util is not None else ""

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from servelab.diagnose.ceilings import Ceilings
 from servelab.diagnose.evidence import Evidence
+from servelab.diagnose.outside_engine import describe as describe_outside
 from servelab.diagnose.utilization import Utilization
 from servelab.metrics.server_timings import describe
 from servelab.metrics.slo import SLO
@@ -123,9 +124,13 @@ def ttft_split_evidence(x: Context, *parts: str) -> list[str]:
     """The server's own account of the TTFT (servelab/metrics/server_timings.py), when its largest part is one of
     `parts` ("api_server", "queue", "prefill"): measured evidence for the finding that names that part."""
     split = x.e.ttft_split
-    if split is None or max(split.parts, key=split.parts.__getitem__) not in parts:
+    if split is None:
         return []
-    return [describe(split, queue_reason(x.e, x.c)), *split.notes]
+    largest = max(split.parts, key=split.parts.__getitem__)
+    if largest not in parts:
+        return []
+    http = [describe_outside(x.e.outside_engine)] if largest == "api_server" and x.e.outside_engine is not None else []
+    return [describe(split, queue_reason(x.e, x.c)), *http, *split.notes]
 
 
 def caveats(x: Context) -> list[Finding]:
@@ -166,6 +171,29 @@ def api_server_load(x: Context) -> tuple[float, float, float] | None:
     return work, rate * work / servers, servers / work
 
 
+def outside_engine_gap(e: Evidence) -> tuple[float, float, str] | None:
+    """(ms outside the engine, ms inside it, what "inside" is) for the mean request, or None without server timings.
+
+    With the server's queue and prefill histograms, inside is the engine core's queue + prefill and the rest of
+    the client's TTFT is outside (servelab/metrics/server_timings.py): the server's own TTFT starts after HTTP
+    and tokenization but still includes the API process's event loop and the trip to the engine core, which is
+    where a burst of short requests waits. Without them, the server's TTFT is the best inside there is.
+    """
+    split = e.ttft_split
+    if split is not None:
+        return 1e3 * split.api_server_s, 1e3 * (split.queue_s + split.prefill_s), "in the engine core (queue + prefill)"
+    if e.mean_server_ttft_ms is not None:
+        return e.mean_ttft_ms - e.mean_server_ttft_ms, e.mean_server_ttft_ms, "the engine's own TTFT"
+    return None
+
+
+def waits_outside_engine(e: Evidence) -> bool:
+    """The mean request waited outside the engine for a material time: 50 ms is far above loopback/network noise,
+    and half the engine's own time makes it a large part of the first token's."""
+    gap_engine = outside_engine_gap(e)
+    return gap_engine is not None and gap_engine[0] >= max(50.0, 0.5 * gap_engine[1])
+
+
 def frontend_cpu_bound(x: Context) -> Finding | None:
     """The API server's CPU (HTTP, tokenize, detokenize, stream) limits the deployment, or adds latency the engine does not see.
 
@@ -175,15 +203,14 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
     """
     evidence: list[str] = []
     score = 0.0
-    server = x.e.mean_server_ttft_ms
-    if server is not None:
-        gap = x.e.mean_ttft_ms - server
-        # 50 ms is far above loopback/network noise; half the engine's own TTFT makes it the larger part.
-        if gap >= max(50.0, 0.5 * server):
-            share = gap / (gap + server)
+    gap_engine = outside_engine_gap(x.e)
+    if gap_engine is not None:
+        gap, engine, inside = gap_engine
+        if waits_outside_engine(x.e):
+            share = gap / (gap + engine)
             score = 0.5 + 0.45 * share
             evidence.append(
-                f"client-measured mean TTFT {x.e.mean_ttft_ms:.0f} ms vs the engine's own {server:.0f} ms: "
+                f"client-measured mean TTFT {x.e.mean_ttft_ms:.0f} ms vs {engine:.0f} ms {inside}: "
                 f"{gap:.0f} ms spent outside the engine (tokenization, queueing in the API process, streaming)"
             )
     load = api_server_load(x)
@@ -296,6 +323,8 @@ def decode_bandwidth_bound(x: Context) -> Finding | None:
 def underloaded(x: Context) -> Finding | None:
     if not x.c.saturation_rps or x.load_ratio >= 0.75 or x.queueing >= QUEUEING:
         return None
+    if waits_outside_engine(x.e):
+        return None  # requests are stuck in front of the engine (frontend_cpu_bound): the load is not light
     evidence = [
         f"{x.e.request_rate:.2f} req/s achieved; the simulator puts this deployment's ceiling for this workload at "
         f"{x.c.saturation_rps:.2f} req/s ({_pct(x.load_ratio)} used)",
