@@ -280,9 +280,62 @@ def max_num_seqs_bound(x: Context) -> Finding | None:
     return Finding(MAX_NUM_SEQS_BOUND, "max_num_seqs caps the batch while requests queue", score, evidence)
 
 
+PREFILL_SHARE = 0.5
+"""Share of the client's mean TTFT that prefill, measured, accounts for above which the prompts set the first
+token's time: more than everything else (network, API server, waiting for a slot or KV) together."""
+
+
+@dataclass(frozen=True)
+class PrefillTime:
+    """What prefill costs the mean request by the server's histograms (the split), ms."""
+
+    prefill_ms: float
+    budget_queue_ms: float
+    """The engine queue when it waits for other prompts' prefill: prompts longer than the token budget fill every
+    step, so a waiting request (no slot or KV shortage) waits for the running prompt's chunks; else 0."""
+    share: float
+    """(prefill + budget queue) / the client's mean TTFT."""
+
+
+def prefill_time(x: Context) -> PrefillTime | None:
+    """The measured prefill account, or None without the split or when the answer after its first token took the
+    engine longer than the prefill (then the prompt is not what a request's time goes to, however much of the first
+    token's wait it is: four users with short prompts are not prefill-bound). The answer's time is the client's
+    (E2E - TTFT, medians): the simulator exports no decode histogram."""
+    split, e = x.e.ttft_split, x.e
+    if split is None or split.client_ttft_s <= 0 or e.median_e2el_ms - e.median_ttft_ms > 1e3 * split.prefill_s:
+        return None
+    budget = x.d.config.max_num_batched_tokens or 0
+    computed = e.mean_input_tokens * (1 - (e.prefix_hit_rate or 0.0))
+    queue = split.queue_s if computed >= budget and not queue_reason(e, x.c) else 0.0
+    return PrefillTime(1e3 * split.prefill_s, 1e3 * queue, (split.prefill_s + queue) / split.client_ttft_s)
+
+
+def prefill_measured(x: Context, p: PrefillTime) -> Finding:
+    """Prefill, by the server's own histograms, takes most of the first token's time (a real server whose chip the
+    cost model cannot price in FLOPs, such as the CPU build): the evidence is the split, not an MFU estimate."""
+    computed = x.e.mean_input_tokens * (1 - (x.e.prefix_hit_rate or 0.0))
+    budget = x.d.config.max_num_batched_tokens or 0
+    evidence = [
+        f"the engine spent {p.prefill_ms:.0f} ms per request on prefill: {computed:.0f} computed prompt tokens at "
+        f"{1e3 * computed / max(p.prefill_ms, 1e-9):,.0f} tokens/s, in steps of at most {budget} tokens "
+        f"(--max-num-batched-tokens; ~{-(-computed // max(budget, 1)):.0f} steps a prompt)",
+    ]
+    if p.budget_queue_ms:
+        evidence.append(
+            f"and {p.budget_queue_ms:.0f} ms queued behind other prompts: each fills every step's {budget}-token "
+            "budget, so a waiting prompt is scheduled only in the last chunk of the one before it"
+        )
+    evidence.append(f"prefill accounts for {_pct(p.share)} of the client's mean TTFT")
+    evidence.extend(ttft_split_evidence(x, "prefill", "queue"))
+    return Finding(PREFILL_COMPUTE_BOUND, "Prompt processing takes most of the time to the first token",
+                   0.5 + 0.4 * p.share, evidence)
+
+
 def prefill_compute_bound(x: Context) -> Finding | None:
     if x.u.compute_headroom < 0.6 or x.u.prefill_flop_share < 0.5:
-        return None
+        measured = prefill_time(x)
+        return prefill_measured(x, measured) if measured is not None and measured.share >= PREFILL_SHARE else None
     hit = x.e.prefix_hit_rate or 0.0
     computed = x.e.mean_input_tokens * (1 - hit)  # the prefix cache serves the rest
     flops_per_token = x.c.prefill_flops_per_request / max(1.0, computed)
