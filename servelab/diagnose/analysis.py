@@ -40,6 +40,11 @@ class Observed:
     tpot_ms: float | None = None
 
     @property
+    def reported(self) -> bool:
+        """A figure seen in production besides the QPS: the described deployment is the user's own."""
+        return any(v is not None for v in (self.ttft_ms, self.gpu_util, self.e2e_ms, self.tpot_ms))
+
+    @property
     def latency(self) -> bool:
         """A reported latency: the complaint is how long answers take, so the alternatives are priced on it."""
         return self.e2e_ms is not None or self.tpot_ms is not None
@@ -167,8 +172,14 @@ def analyse(
     if with_recommendations and baseline is not None:
         for f in found:
             f.recommendations = recommend(f, ctx, scenario, baseline)
-    contradiction = check_observations(deployment, scenario, c, qps=observed.qps, ttft_ms=observed.ttft_ms,
-                                       gpu_util=observed.gpu_util, e2e_ms=observed.e2e_ms, tpot_ms=observed.tpot_ms)
+    qps, qps_source = observed.qps, "observed"
+    if qps is None and source == "simulated" and scenario.nominal_rate and observed.reported:
+        # A described deployment that comes with a figure seen in production describes that production: its
+        # --request-rate is the QPS the user sees, and must fit with the figure they report beside it.
+        qps, qps_source = scenario.nominal_rate, "offered (your --request-rate)"
+    contradiction = check_observations(deployment, scenario, c, qps=qps, ttft_ms=observed.ttft_ms,
+                                       gpu_util=observed.gpu_util, e2e_ms=observed.e2e_ms, tpot_ms=observed.tpot_ms,
+                                       qps_source=qps_source)
     if contradiction is not None:  # reported figures that cannot hold come before what they would explain
         found.insert(0, contradiction)
     dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed, caveats=caveats(ctx))
