@@ -213,12 +213,12 @@ def notes(dx: Diagnosis) -> list[str]:
         out.append(f"Where the first token's time went: {describe(e.ttft_split, queue_reason(e, dx.ceilings))}.")
         if e.outside_engine is not None:
             out.append(f"Outside the engine, by the client's HTTP phases: {describe_outside(e.outside_engine)}.")
-    busy = f"{100 * u.engine_busy:.0f}%" if u.engine_busy is not None else "unknown"
+    busy = (f"here a step is running {100 * u.engine_busy:.0f}% of the time" if u.engine_busy is not None
+            else "how much of the time a step runs is not known here")
     gpu_util = dx.observed.gpu_util
     seen = f"You saw {100 * gpu_util:.0f}% GPU utilisation. " if gpu_util is not None else ""
     out.append(
-        f"{seen}nvidia-smi's utilisation is the share of time any kernel runs (here a step is running {busy} of the "
-        f"time), not how busy the chip is: MFU is {100 * u.mfu:.0f}% of {u.peak_flops / 1e12:.0f} TFLOP/s and memory "
+        f"{seen}nvidia-smi's utilisation is the share of time any kernel runs ({busy}), not how busy the chip is: MFU is {100 * u.mfu:.0f}% of {u.peak_flops / 1e12:.0f} TFLOP/s and memory "
         f"bandwidth utilisation {100 * u.mbu:.0f}% of {u.peak_bandwidth / 1e9:.0f} GB/s ({u.source} estimate). "
         "Decode is memory-bound by nature; prefill is compute-bound."
     )

@@ -166,8 +166,12 @@ def metric_for(kind: str, x: Context, scenario: Scenario) -> str:
 
 
 def confirm_command(scenario: Scenario, engine_args: str | None) -> str:
-    load = (f"--max-concurrency {scenario.max_concurrency}" if scenario.offered_rate is None
-            else f"--request-rate {scenario.offered_rate:.2f}")
+    if scenario.offered_rate is not None:
+        load = f"--request-rate {scenario.offered_rate:.2f}"
+    elif scenario.max_concurrency is not None:
+        load = f"--max-concurrency {scenario.max_concurrency}"
+    else:  # every request at once, as the measured burst was sent
+        load = "--request-rate inf"
     restart = f"restart the server with `vllm serve MODEL {engine_args}`, then " if engine_args else ""
     return (f"{restart}servelab bench --base-url URL --dataset-name random --random-input-len {scenario.mean_input:.0f} "
             f"--random-output-len {scenario.mean_output:.0f} --ignore-eos {load} --num-prompts {len(scenario.shapes)}")
