@@ -311,6 +311,11 @@ def prefill_time(x: Context) -> PrefillTime | None:
     return PrefillTime(1e3 * split.prefill_s, 1e3 * queue, (split.prefill_s + queue) / split.client_ttft_s)
 
 
+def _steps(tokens: float, budget: int) -> str:
+    steps = max(1, -(-round(tokens) // max(budget, 1)))
+    return f"~{steps} step" + ("s" if steps > 1 else "")
+
+
 def prefill_measured(x: Context, p: PrefillTime) -> Finding:
     """Prefill, by the server's own histograms, takes most of the first token's time (a real server whose chip the
     cost model cannot price in FLOPs, such as the CPU build): the evidence is the split, not an MFU estimate."""
@@ -319,7 +324,7 @@ def prefill_measured(x: Context, p: PrefillTime) -> Finding:
     evidence = [
         f"the engine spent {p.prefill_ms:.0f} ms per request on prefill: {computed:.0f} computed prompt tokens at "
         f"{1e3 * computed / max(p.prefill_ms, 1e-9):,.0f} tokens/s, in steps of at most {budget} tokens "
-        f"(--max-num-batched-tokens; ~{-(-computed // max(budget, 1)):.0f} steps a prompt)",
+        f"(--max-num-batched-tokens; {_steps(computed, budget)} a prompt)",
     ]
     if p.budget_queue_ms:
         evidence.append(
