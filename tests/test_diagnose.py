@@ -308,3 +308,15 @@ def test_a_described_rate_alone_is_a_what_if_not_a_reported_figure():
 
     dx = _reported(rate=10.0)  # above the ceiling, but nothing was reported as seen in production
     assert all(f.kind != OBSERVATIONS_INCONSISTENT for f in dx.findings)
+
+
+def test_the_confirm_line_sends_a_shared_prefix_as_one_and_a_burst_as_a_burst():
+    from dataclasses import replace
+
+    from servelab.diagnose.recommend import confirm_command
+
+    shared = synthetic(32, 16, max_concurrency=4, prefix_len=512)
+    line = confirm_command(shared, None)
+    assert f"--dataset-name prefix --prefix-len 512 --random-input-len {shared.mean_input - 512:.0f} " in line, line
+    burst = replace(synthetic(16, 2, max_concurrency=4), max_concurrency=None)  # every arrival at 0, no cap
+    assert "--request-rate inf --num-prompts" in confirm_command(burst, None)
