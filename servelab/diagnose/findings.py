@@ -204,15 +204,13 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
     evidence: list[str] = []
     score = 0.0
     gap_engine = outside_engine_gap(x.e)
-    if gap_engine is not None:
+    if gap_engine is not None and waits_outside_engine(x.e):
         gap, engine, inside = gap_engine
-        if waits_outside_engine(x.e):
-            share = gap / (gap + engine)
-            score = 0.5 + 0.45 * share
-            evidence.append(
-                f"client-measured mean TTFT {x.e.mean_ttft_ms:.0f} ms vs {engine:.0f} ms {inside}: "
-                f"{gap:.0f} ms spent outside the engine (tokenization, queueing in the API process, streaming)"
-            )
+        score = 0.5 + 0.45 * gap / (gap + engine)
+        evidence.append(
+            f"client-measured mean TTFT {x.e.mean_ttft_ms:.0f} ms vs {engine:.0f} ms {inside}: "
+            f"{gap:.0f} ms spent outside the engine (tokenization, queueing in the API process, streaming)"
+        )
     load = api_server_load(x)
     if load is not None and load[1] >= API_BUSY:
         work, busy, ceiling = load
