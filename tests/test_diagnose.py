@@ -287,3 +287,36 @@ def test_a_ttft_below_an_idle_gpus_prefill_is_a_contradiction():
     assert least > 0
     dx = _reported(ttft_ms=0.5 * least, rate=1.0)
     assert dx.findings[0].title.startswith("The reported TTFT cannot hold")
+
+
+def test_the_issues_own_command_without_observed_qps_names_the_contradiction_from_the_described_rate():
+    """`--request-rate 10 --observed-gpu-util 0.3`, as a new user types it (issue 13): a described deployment that
+    comes with a figure seen in production is that production, so its rate is the QPS checked against the 30%."""
+    result = CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "1500",
+                                      "--output-len", "200", "--request-rate", "10", "--observed-gpu-util", "0.3", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    first = data["findings"][0]
+    assert first["kind"] == "observations_inconsistent" and "GPU utilisation" in first["title"], first["title"]
+    assert any("10.00 req/s offered (your --request-rate)" in line for line in first["evidence"])
+    assert any("cannot read 30%" in line for line in first["evidence"])
+    assert data["observed"]["qps"] is None  # the user did not say they see it: the JSON keeps what they said
+
+
+def test_a_described_rate_alone_is_a_what_if_not_a_reported_figure():
+    from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
+
+    dx = _reported(rate=10.0)  # above the ceiling, but nothing was reported as seen in production
+    assert all(f.kind != OBSERVATIONS_INCONSISTENT for f in dx.findings)
+
+
+def test_the_confirm_line_sends_a_shared_prefix_as_one_and_a_burst_as_a_burst():
+    from dataclasses import replace
+
+    from servelab.diagnose.recommend import confirm_command
+
+    shared = synthetic(32, 16, max_concurrency=4, prefix_len=512)
+    line = confirm_command(shared, None)
+    assert f"--dataset-name prefix --prefix-len 512 --random-input-len {shared.mean_input - 512:.0f} " in line, line
+    burst = replace(synthetic(16, 2, max_concurrency=4), max_concurrency=None)  # every arrival at 0, no cap
+    assert "--request-rate inf --num-prompts" in confirm_command(burst, None)

@@ -48,6 +48,10 @@ def test_max_num_seqs_2_at_concurrency_16_is_max_num_seqs_bound(launch_vllm, tin
     dx = diagnose(tmp_path, tiny_model, f"--max-num-seqs 2 --max-model-len 4096 {CPU_BLOCK}")
     assert engine_bottleneck(dx) == fk.MAX_NUM_SEQS_BOUND, [(f["kind"], f["score"]) for f in dx["findings"]]
     assert dx["evidence"]["max_running"] == 2 and dx["evidence"]["max_waiting"] >= 8
+    # The server's own split is the evidence: the mean request's TTFT went mostly to waiting for one of 2 slots.
+    queue_bound = next(f for f in dx["findings"] if f["kind"] == fk.MAX_NUM_SEQS_BOUND)
+    assert any(line.startswith("TTFT mean ") and "(waiting for a sequence slot: 2 running at max_num_seqs 2)" in line
+               for line in queue_bound["evidence"]), queue_bound["evidence"]
     assert (tmp_path / "diagnosis.json").is_file()
 
 

@@ -18,6 +18,7 @@ from servelab.diagnose.evidence import Evidence, gather
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.observations import check as check_observations, idle_decode_ms
 from servelab.diagnose.alternatives import Alternative, price_alternatives
+from servelab.diagnose.outside_engine import describe as describe_outside
 from servelab.diagnose.findings import Context, Finding, caveats, detect, queue_reason
 from servelab.diagnose.recommend import recommend, run as simulate_outcome
 from servelab.diagnose.scenario import Scenario, from_run, simulate
@@ -37,6 +38,11 @@ class Observed:
     gpu_util: float | None = None
     e2e_ms: float | None = None
     tpot_ms: float | None = None
+
+    @property
+    def reported(self) -> bool:
+        """A figure seen in production besides the QPS: the described deployment is the user's own."""
+        return any(v is not None for v in (self.ttft_ms, self.gpu_util, self.e2e_ms, self.tpot_ms))
 
     @property
     def latency(self) -> bool:
@@ -166,8 +172,14 @@ def analyse(
     if with_recommendations and baseline is not None:
         for f in found:
             f.recommendations = recommend(f, ctx, scenario, baseline)
-    contradiction = check_observations(deployment, scenario, c, qps=observed.qps, ttft_ms=observed.ttft_ms,
-                                       gpu_util=observed.gpu_util, e2e_ms=observed.e2e_ms, tpot_ms=observed.tpot_ms)
+    qps, qps_source = observed.qps, "observed"
+    if qps is None and source == "simulated" and scenario.nominal_rate and observed.reported:
+        # A described deployment that comes with a figure seen in production describes that production: its
+        # --request-rate is the QPS the user sees, and must fit with the figure they report beside it.
+        qps, qps_source = scenario.nominal_rate, "offered (your --request-rate)"
+    contradiction = check_observations(deployment, scenario, c, qps=qps, ttft_ms=observed.ttft_ms,
+                                       gpu_util=observed.gpu_util, e2e_ms=observed.e2e_ms, tpot_ms=observed.tpot_ms,
+                                       qps_source=qps_source)
     if contradiction is not None:  # reported figures that cannot hold come before what they would explain
         found.insert(0, contradiction)
     dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed, caveats=caveats(ctx))
@@ -199,12 +211,14 @@ def notes(dx: Diagnosis) -> list[str]:
     u, e, out = dx.utilization, dx.evidence, []
     if e.ttft_split is not None:  # the server's own account of the first token comes first: it is measured
         out.append(f"Where the first token's time went: {describe(e.ttft_split, queue_reason(e, dx.ceilings))}.")
-    busy = f"{100 * u.engine_busy:.0f}%" if u.engine_busy is not None else "unknown"
+        if e.outside_engine is not None:
+            out.append(f"Outside the engine, by the client's HTTP phases: {describe_outside(e.outside_engine)}.")
+    busy = (f"here a step is running {100 * u.engine_busy:.0f}% of the time" if u.engine_busy is not None
+            else "how much of the time a step runs is not known here")
     gpu_util = dx.observed.gpu_util
     seen = f"You saw {100 * gpu_util:.0f}% GPU utilisation. " if gpu_util is not None else ""
     out.append(
-        f"{seen}nvidia-smi's utilisation is the share of time any kernel runs (here a step is running {busy} of the "
-        f"time), not how busy the chip is: MFU is {100 * u.mfu:.0f}% of {u.peak_flops / 1e12:.0f} TFLOP/s and memory "
+        f"{seen}nvidia-smi's utilisation is the share of time any kernel runs ({busy}), not how busy the chip is: MFU is {100 * u.mfu:.0f}% of {u.peak_flops / 1e12:.0f} TFLOP/s and memory "
         f"bandwidth utilisation {100 * u.mbu:.0f}% of {u.peak_bandwidth / 1e9:.0f} GB/s ({u.source} estimate). "
         "Decode is memory-bound by nature; prefill is compute-bound."
     )

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from servelab.diagnose.outside_engine import OutsideEngine, outside_engine
 from servelab.errors import InputError
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import RequestRecord
@@ -66,6 +67,8 @@ class Evidence:
     """Share of time an engine step was running (known to the simulator only)."""
     ttft_split: TtftSplit | None = None
     """The client's mean TTFT split into API server & network, engine queue and prefill (the server's histograms)."""
+    outside_engine: OutsideEngine | None = None
+    """The split's API server & network part divided by the client's HTTP phases (None for the simulator)."""
     client_may_be_bottleneck: bool = False
     """The client's own verdict: its distortion of the figures was material (targets/client_stats.py)."""
     client_reason: str | None = None
@@ -74,7 +77,8 @@ class Evidence:
     source: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ttft_split": self.ttft_split.as_dict() if self.ttft_split is not None else None}
+        return {**asdict(self), "ttft_split": self.ttft_split.as_dict() if self.ttft_split is not None else None,
+                "outside_engine": self.outside_engine.as_dict() if self.outside_engine is not None else None}
 
 
 def _gauge(samples: list[TimelineSample], name: str) -> np.ndarray:
@@ -138,6 +142,8 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
     samples = _loaded_window(run.timeline)
     running, waiting, kv = (_gauge(samples, n) for n in (tl.RUNNING, tl.WAITING, tl.KV_USAGE))
     client = client_stats_of(run)
+    # The whole run's records: the server's histograms count every request, warm-up included.
+    split = ttft_split(run.records, run.timeline)
     return Evidence(
         completed=int(summary["completed"]),
         failed=int(summary["failed"]),
@@ -173,8 +179,8 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
         achieved_read_bandwidth=_rate(samples, tl.READ_BYTES),
         steps_per_s=_rate(samples, tl.ITERATION_TOKENS_COUNT),
         engine_busy=_busy(run.run_info, float(summary["duration"])),
-        # The whole run's records: the server's histograms count every request, warm-up included.
-        ttft_split=ttft_split(run.records, run.timeline),
+        ttft_split=split,
+        outside_engine=outside_engine(run.records, split),
         client_may_be_bottleneck=bool(client.get("client_may_be_bottleneck", False)),
         client_reason=client.get("reason"),
         client_added_delay_ms=(client.get("added_delay") or {}).get("mean_ms"),

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from servelab.diagnose.ceilings import Ceilings
 from servelab.diagnose.evidence import Evidence
+from servelab.diagnose.outside_engine import describe as describe_outside
 from servelab.diagnose.utilization import Utilization
 from servelab.metrics.server_timings import describe
 from servelab.metrics.slo import SLO
@@ -123,9 +124,13 @@ def ttft_split_evidence(x: Context, *parts: str) -> list[str]:
     """The server's own account of the TTFT (servelab/metrics/server_timings.py), when its largest part is one of
     `parts` ("api_server", "queue", "prefill"): measured evidence for the finding that names that part."""
     split = x.e.ttft_split
-    if split is None or max(split.parts, key=split.parts.__getitem__) not in parts:
+    if split is None:
         return []
-    return [describe(split, queue_reason(x.e, x.c)), *split.notes]
+    largest = max(split.parts, key=split.parts.__getitem__)
+    if largest not in parts:
+        return []
+    http = [describe_outside(x.e.outside_engine)] if largest == "api_server" and x.e.outside_engine is not None else []
+    return [describe(split, queue_reason(x.e, x.c)), *http, *split.notes]
 
 
 def caveats(x: Context) -> list[Finding]:
@@ -166,6 +171,29 @@ def api_server_load(x: Context) -> tuple[float, float, float] | None:
     return work, rate * work / servers, servers / work
 
 
+def outside_engine_gap(e: Evidence) -> tuple[float, float, str] | None:
+    """(ms outside the engine, ms inside it, what "inside" is) for the mean request, or None without server timings.
+
+    With the server's queue and prefill histograms, inside is the engine core's queue + prefill and the rest of
+    the client's TTFT is outside (servelab/metrics/server_timings.py): the server's own TTFT starts after HTTP
+    and tokenization but still includes the API process's event loop and the trip to the engine core, which is
+    where a burst of short requests waits. Without them, the server's TTFT is the best inside there is.
+    """
+    split = e.ttft_split
+    if split is not None:
+        return 1e3 * split.api_server_s, 1e3 * (split.queue_s + split.prefill_s), "in the engine core (queue + prefill)"
+    if e.mean_server_ttft_ms is not None:
+        return e.mean_ttft_ms - e.mean_server_ttft_ms, e.mean_server_ttft_ms, "the engine's own TTFT"
+    return None
+
+
+def waits_outside_engine(e: Evidence) -> bool:
+    """The mean request waited outside the engine for a material time: 50 ms is far above loopback/network noise,
+    and half the engine's own time makes it a large part of the first token's."""
+    gap_engine = outside_engine_gap(e)
+    return gap_engine is not None and gap_engine[0] >= max(50.0, 0.5 * gap_engine[1])
+
+
 def frontend_cpu_bound(x: Context) -> Finding | None:
     """The API server's CPU (HTTP, tokenize, detokenize, stream) limits the deployment, or adds latency the engine does not see.
 
@@ -175,17 +203,14 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
     """
     evidence: list[str] = []
     score = 0.0
-    server = x.e.mean_server_ttft_ms
-    if server is not None:
-        gap = x.e.mean_ttft_ms - server
-        # 50 ms is far above loopback/network noise; half the engine's own TTFT makes it the larger part.
-        if gap >= max(50.0, 0.5 * server):
-            share = gap / (gap + server)
-            score = 0.5 + 0.45 * share
-            evidence.append(
-                f"client-measured mean TTFT {x.e.mean_ttft_ms:.0f} ms vs the engine's own {server:.0f} ms: "
-                f"{gap:.0f} ms spent outside the engine (tokenization, queueing in the API process, streaming)"
-            )
+    gap_engine = outside_engine_gap(x.e)
+    if gap_engine is not None and waits_outside_engine(x.e):
+        gap, engine, inside = gap_engine
+        score = 0.5 + 0.45 * gap / (gap + engine)
+        evidence.append(
+            f"client-measured mean TTFT {x.e.mean_ttft_ms:.0f} ms vs {engine:.0f} ms {inside}: "
+            f"{gap:.0f} ms spent outside the engine (tokenization, queueing in the API process, streaming)"
+        )
     load = api_server_load(x)
     if load is not None and load[1] >= API_BUSY:
         work, busy, ceiling = load
@@ -253,9 +278,67 @@ def max_num_seqs_bound(x: Context) -> Finding | None:
     return Finding(MAX_NUM_SEQS_BOUND, "max_num_seqs caps the batch while requests queue", score, evidence)
 
 
+PREFILL_SHARE = 0.5
+"""Share of the client's mean TTFT that prefill, measured, accounts for above which the prompts set the first
+token's time: more than everything else (network, API server, waiting for a slot or KV) together."""
+
+
+@dataclass(frozen=True)
+class PrefillTime:
+    """What prefill costs the mean request by the server's histograms (the split), ms."""
+
+    prefill_ms: float
+    budget_queue_ms: float
+    """The engine queue when it waits for other prompts' prefill: prompts longer than the token budget fill every
+    step, so a waiting request (no slot or KV shortage) waits for the running prompt's chunks; else 0."""
+    share: float
+    """(prefill + budget queue) / the client's mean TTFT."""
+
+
+def prefill_time(x: Context) -> PrefillTime | None:
+    """The measured prefill account, or None without the split or when the answer after its first token took the
+    engine longer than the prefill (then the prompt is not what a request's time goes to, however much of the first
+    token's wait it is: four users with short prompts are not prefill-bound). The answer's time is the client's
+    (E2E - TTFT, medians): the simulator exports no decode histogram."""
+    split, e = x.e.ttft_split, x.e
+    if split is None or split.client_ttft_s <= 0 or e.median_e2el_ms - e.median_ttft_ms > 1e3 * split.prefill_s:
+        return None
+    budget = x.d.config.max_num_batched_tokens or 0
+    computed = e.mean_input_tokens * (1 - (e.prefix_hit_rate or 0.0))
+    queue = split.queue_s if computed >= budget and not queue_reason(e, x.c) else 0.0
+    return PrefillTime(1e3 * split.prefill_s, 1e3 * queue, (split.prefill_s + queue) / split.client_ttft_s)
+
+
+def _steps(tokens: float, budget: int) -> str:
+    steps = max(1, -(-round(tokens) // max(budget, 1)))
+    return f"~{steps} step" + ("s" if steps > 1 else "")
+
+
+def prefill_measured(x: Context, p: PrefillTime) -> Finding:
+    """Prefill, by the server's own histograms, takes most of the first token's time (a real server whose chip the
+    cost model cannot price in FLOPs, such as the CPU build): the evidence is the split, not an MFU estimate."""
+    computed = x.e.mean_input_tokens * (1 - (x.e.prefix_hit_rate or 0.0))
+    budget = x.d.config.max_num_batched_tokens or 0
+    evidence = [
+        f"the engine spent {p.prefill_ms:.0f} ms per request on prefill: {computed:.0f} computed prompt tokens at "
+        f"{1e3 * computed / max(p.prefill_ms, 1e-9):,.0f} tokens/s, in steps of at most {budget} tokens "
+        f"(--max-num-batched-tokens; {_steps(computed, budget)} a prompt)",
+    ]
+    if p.budget_queue_ms:
+        evidence.append(
+            f"and {p.budget_queue_ms:.0f} ms queued behind other prompts: each fills every step's {budget}-token "
+            "budget, so a waiting prompt is scheduled only in the last chunk of the one before it"
+        )
+    evidence.append(f"prefill accounts for {_pct(p.share)} of the client's mean TTFT")
+    evidence.extend(ttft_split_evidence(x, "prefill", "queue"))
+    return Finding(PREFILL_COMPUTE_BOUND, "Prompt processing takes most of the time to the first token",
+                   0.5 + 0.4 * p.share, evidence)
+
+
 def prefill_compute_bound(x: Context) -> Finding | None:
     if x.u.compute_headroom < 0.6 or x.u.prefill_flop_share < 0.5:
-        return None
+        measured = prefill_time(x)
+        return prefill_measured(x, measured) if measured is not None and measured.share >= PREFILL_SHARE else None
     hit = x.e.prefix_hit_rate or 0.0
     computed = x.e.mean_input_tokens * (1 - hit)  # the prefix cache serves the rest
     flops_per_token = x.c.prefill_flops_per_request / max(1.0, computed)
@@ -296,6 +379,8 @@ def decode_bandwidth_bound(x: Context) -> Finding | None:
 def underloaded(x: Context) -> Finding | None:
     if not x.c.saturation_rps or x.load_ratio >= 0.75 or x.queueing >= QUEUEING:
         return None
+    if waits_outside_engine(x.e):
+        return None  # requests are stuck in front of the engine (frontend_cpu_bound): the load is not light
     evidence = [
         f"{x.e.request_rate:.2f} req/s achieved; the simulator puts this deployment's ceiling for this workload at "
         f"{x.c.saturation_rps:.2f} req/s ({_pct(x.load_ratio)} used)",

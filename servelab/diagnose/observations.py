@@ -51,9 +51,12 @@ def idle_decode_ms(d: Deployment, context: int) -> float:
 
 def check(
     d: Deployment, s: Scenario, c: Ceilings, *, qps: float | None, ttft_ms: float | None, gpu_util: float | None,
-    e2e_ms: float | None = None, tpot_ms: float | None = None,
+    e2e_ms: float | None = None, tpot_ms: float | None = None, qps_source: str = "observed",
 ) -> Finding | None:
-    """The first finding when the reported figures contradict this deployment and workload's physics; else None."""
+    """The first finding when the reported figures contradict this deployment and workload's physics; else None.
+
+    `qps_source` says where the QPS came from in the evidence: "observed" (--observed-qps) or the described load.
+    """
     cfg = d.config
     gpus = cfg.tensor_parallel_size * cfg.data_parallel_size
     peak = d.hardware.peak_flops(weight_format(cfg.quantization, d.model, d.hardware).compute_dtype)
@@ -63,7 +66,7 @@ def check(
     if qps is not None and c.saturation_rps and qps > ABOVE_CEILING * c.saturation_rps:
         off.append("QPS")
         evidence.append(
-            f"{qps:.2f} req/s observed, but this deployment's simulated ceiling for {prompt:.0f}-token prompts "
+            f"{qps:.2f} req/s {qps_source}, but this deployment's simulated ceiling for {prompt:.0f}-token prompts "
             f"and {s.mean_output:.0f}-token outputs is {c.saturation_rps:.2f} req/s: above it the queue grows without "
             "bound, so that rate cannot be sustained"
         )

@@ -166,10 +166,19 @@ def metric_for(kind: str, x: Context, scenario: Scenario) -> str:
 
 
 def confirm_command(scenario: Scenario, engine_args: str | None) -> str:
-    load = (f"--max-concurrency {scenario.max_concurrency}" if scenario.offered_rate is None
-            else f"--request-rate {scenario.offered_rate:.2f}")
+    if scenario.offered_rate is not None:
+        load = f"--request-rate {scenario.offered_rate:.2f}"
+    elif scenario.max_concurrency is not None:
+        load = f"--max-concurrency {scenario.max_concurrency}"
+    else:  # every request at once, as the measured burst was sent
+        load = "--request-rate inf"
     restart = f"restart the server with `vllm serve MODEL {engine_args}`, then " if engine_args else ""
-    return (f"{restart}servelab bench --base-url URL --dataset-name random --random-input-len {scenario.mean_input:.0f} "
+    # A shared prefix must be sent as one, or the run confirming a prefix-cache change cannot show it (chats, whose
+    # turns resend their history, keep the random line: bench's prefix dataset has no history).
+    chat = any(s.after is not None for s in scenario.shapes)
+    dataset = (f"prefix --prefix-len {scenario.prefix_len} --random-input-len {scenario.mean_input - scenario.prefix_len:.0f}"
+               if scenario.prefix_len and not chat else f"random --random-input-len {scenario.mean_input:.0f}")
+    return (f"{restart}servelab bench --base-url URL --dataset-name {dataset} "
             f"--random-output-len {scenario.mean_output:.0f} --ignore-eos {load} --num-prompts {len(scenario.shapes)}")
 
 
