@@ -327,6 +327,24 @@ def test_bench_from_two_client_actors_sends_the_same_requests_as_one(tmp_path: P
         assert c["start_skew_ms"] is not None and "cpu_share" in c and "median_schedule_lag_ms" in c
 
 
+@pytest.mark.ray
+def test_a_cap_below_the_clients_is_refused_before_any_client_starts(two_nodes: TwoNodes) -> None:
+    """`--max-concurrency 1 --clients 2`: the cap is split between the clients, so one would have no slot; one clear
+    error, no request sent (the base URL answers nothing: no client got as far as trying it)."""
+    from servelab.cluster.clients import RayClients
+    from servelab.errors import InputError
+    from servelab.workload.plan import build_plan
+
+    def plan() -> Any:
+        return build_plan(WorkloadConfig(input_len=32, output_len=8), ArrivalConfig(max_concurrency=1), Amount(num_prompts=4))
+
+    written: list[Any] = []
+    clients = RayClients(two_nodes.address, 2, {"base_url": "http://127.0.0.1:9", "model": "tiny"}, plan)
+    with pytest.raises(InputError, match="--max-concurrency 1 is split between the clients: --clients 2"):
+        clients.run(plan(), type("Sink", (), {"write": staticmethod(written.append)})())
+    assert written == []
+
+
 def test_clients_share_one_plan_with_conversations_whole_and_the_cap_split() -> None:
     """How `--clients` divides a plan: every request once, each conversation on one client, the cap's shares adding up."""
     from collections import deque
@@ -351,7 +369,6 @@ def test_clients_share_one_plan_with_conversations_whole_and_the_cap_split() -> 
 
 @pytest.mark.vllm
 @pytest.mark.ray
-@pytest.mark.ray_servers
 @pytest.mark.timeout(1800)
 def test_trial_on_a_killed_node_is_recorded_failed_and_leaves_no_server(
     tmp_path: Path, tiny_model: Path, vllm_python: Path, tiny_config: Path, _vllm_pool: Any, two_nodes: TwoNodes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -156,10 +157,9 @@ def test_vllm_cpu_command_line_and_env(tmp_path: Path) -> None:
     assert server.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
 
 
-def test_a_server_dies_with_the_process_that_started_it_even_on_sigkill(server_script: Path, tmp_path: Path) -> None:
-    """The parent is SIGKILLed (no handler, no atexit): the watchdog still stops the whole group, stubborn child included."""
+def _start_owner(server_script: Path, log: Path) -> tuple[subprocess.Popen[str], int]:
+    """A process that starts a server (stubborn child and all) and sleeps; returns it and the server's group."""
     port = free_port()
-    log = tmp_path / "server.log"
     parent = textwrap.dedent(
         f"""
         import sys, time
@@ -172,10 +172,37 @@ def test_a_server_dies_with_the_process_that_started_it_even_on_sigkill(server_s
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of `pid`, from /proc (what Ray's CoreWorker::KillChildProcs reads)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("children_too", [False, True], ids=["parent", "parent-and-its-children"])
+def test_a_server_dies_with_the_process_that_started_it_even_on_sigkill(server_script: Path, tmp_path: Path, children_too: bool) -> None:
+    """The parent is SIGKILLed (no handler, no atexit): the watchdog still stops the whole group, stubborn child
+    included. `parent-and-its-children` is how a Ray worker ends when its node's raylet dies or its task is
+    force-cancelled: it SIGKILLs each of its direct children first, the server's leader among them."""
+    log = tmp_path / "server.log"
+    proc, pgid = _start_owner(server_script, log)
     try:
-        pgid = int(proc.stdout.readline())
         child = child_pid(log)
         assert group_alive(pgid) and pid_alive(child)
+        doomed = _children(proc.pid) if children_too else []
+        if children_too:
+            assert pgid in doomed
+        for pid in doomed:
+            os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.wait()
         deadline = time.monotonic() + 30
@@ -188,10 +215,11 @@ def test_a_server_dies_with_the_process_that_started_it_even_on_sigkill(server_s
 
 
 def test_a_stopped_server_releases_its_watchdog(server_script: Path, tmp_path: Path) -> None:
+    """The watchdog is detached (nobody's child here), watches while the server runs, and leaves once it is stopped."""
     port = free_port()
     server = ServerProcess([sys.executable, str(server_script), str(port)], host="127.0.0.1", port=port,
                            log_path=tmp_path / "s.log", stop_timeout=1.0)
     with server:
-        watchdog = server._watchdog
-        assert watchdog is not None and watchdog.poll() is None
-    assert watchdog.returncode == 0 and server._watchdog is None
+        watchdog = server.watchdog_pid
+        assert watchdog is not None and pid_alive(watchdog) and watchdog not in _children(os.getpid())
+    assert not pid_alive(watchdog) and server.watchdog_pid is None

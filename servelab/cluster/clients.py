@@ -9,7 +9,14 @@ requests go round-robin. An open loop keeps its global schedule (each
 client sends its requests at their planned times); a concurrency cap is
 split into per-client shares that add up to it, so a slot freed on one client
 is not used by another: a closed loop over several clients is a set of
-smaller closed loops, which is what N separate client hosts are.
+smaller closed loops, which is what N separate client hosts are (and what
+`--workers` does with one host's cap). A cap shared through a Ray actor (a
+semaphore) was left out on purpose: every finish-to-next-send would wait for
+a round trip to that actor (another node, on a cluster), a slot idle in the
+middle of the measured loop, and the slot's free time, which bench uses as
+the next request's intended send time, would be read on one host's clock and
+used on another's. A cap below the number of clients is refused before any
+client starts (a client with no slot would send nothing).
 
 Clocks: each actor's offset to the driver is measured as NTP does (the
 driver's send and receive times around the actor's reading, the sample with
@@ -39,6 +46,7 @@ from typing import Any
 import uvloop
 
 from servelab.cluster.ray_pool import connect
+from servelab.errors import InputError
 from servelab.metrics.records import CLIENT_WORKER_DIED, ERROR, RecordSink, RequestRecord
 from servelab.targets.base import SampleSink, TargetRun
 from servelab.targets.http import HttpTarget
@@ -160,6 +168,9 @@ class RayClients:
         return best
 
     def run(self, plan: LoadPlan, sink: RecordSink, on_sample: SampleSink | None = None) -> TargetRun:
+        if plan.max_concurrency is not None and plan.max_concurrency < self.clients:
+            raise InputError(f"--max-concurrency {plan.max_concurrency} is split between the clients: "
+                             f"--clients {self.clients} would leave a client without a slot")
         ray = self.ray
         remote = ray.remote(num_cpus=0, max_concurrency=2, max_restarts=0)(ClientActor)
         actors = [remote.options(scheduling_strategy="SPREAD").remote(self.target_options, self.make_plan, self.clients, i)

@@ -23,6 +23,16 @@ holds. The kernel closes that end however this process ends; the watchdog
 then stops the server's whole group (SIGTERM, the grace period, SIGKILL).
 `stop()` writes one byte before it closes the pipe: the group is already
 gone, and the watchdog leaves without signalling anything.
+
+The watchdog is not this process's child: it forks once more and its first
+process exits, so it is nobody's child here. A process that ends may take its
+direct children with it, and a Ray worker does: on its way out (its node's
+raylet died, or the task was cancelled with force) Ray SIGKILLs each of the
+worker's child processes (CoreWorker::KillChildProcs, on by default). That
+killed both the server's leader and a child watchdog, and left vLLM's
+EngineCore serving with nobody to stop it (a removed node's trial, seen here
+with Ray 2.58). A detached watchdog outlives that, reads EOF, and stops what
+is left of the group.
 """
 
 from __future__ import annotations
@@ -50,7 +60,11 @@ PROC = Path("/proc")
 
 WATCHDOG = """
 import os, signal, sys, time
+if os.fork():  # detached: the first process exits, the watchdog is nobody's child (see the module docstring)
+    os._exit(0)
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle; this only acts when it is gone
+print(os.getpid(), flush=True)
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 pgid, grace = int(sys.argv[1]), float(sys.argv[2])
 if sys.stdin.buffer.read():  # returns at EOF; a byte before it means the parent stopped the server itself
     sys.exit(0)
@@ -67,7 +81,8 @@ for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
             sys.exit(0)
         time.sleep(0.1)
 """
-"""The watchdog's program (see the module docstring); argv: the server's process group, the grace period."""
+"""The watchdog's program (see the module docstring); argv: the server's process group, the grace period. It prints
+its pid once detached."""
 
 
 class ServerStartError(ServerFault, RuntimeError):
@@ -106,6 +121,22 @@ def group_alive(pgid: int) -> bool:
         return bool(group_members(pgid))
     try:
         os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def process_running(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie does not: see group_alive); kill(2) answers where there is no /proc."""
+    if PROC.is_dir():
+        try:
+            return (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
+    try:
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
@@ -166,7 +197,8 @@ class ServerProcess:
         self.stop_timeout = stop_timeout
         self.cwd = cwd
         self._proc: subprocess.Popen[bytes] | None = None
-        self._watchdog: subprocess.Popen[bytes] | None = None
+        self.watchdog_pid: int | None = None
+        """The detached watchdog's pid while it watches (it is not this process's child: see the module docstring)."""
         self._lifeline: int | None = None
         """The write end of the watchdog's pipe; closing it (or dying) sets the watchdog off."""
         self.startup_seconds: float | None = None
@@ -228,26 +260,30 @@ class ServerProcess:
         """Start the watchdog that stops group `pgid` once this process lets go of the pipe, however it ends."""
         read_end, self._lifeline = os.pipe()  # both ends close-on-exec: no other child holds the write end
         try:
-            self._watchdog = subprocess.Popen(
+            with subprocess.Popen(
                 [sys.executable, "-c", WATCHDOG, str(pgid), str(self.stop_timeout)],
-                stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0,
-            )
+                stdin=read_end, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, process_group=0,
+            ) as launcher:
+                assert launcher.stdout is not None
+                self.watchdog_pid = int(launcher.stdout.readline())
         finally:
             os.close(read_end)
 
     def _release_watchdog(self) -> None:
-        """The group is gone: tell the watchdog so (one byte, then EOF) and reap it."""
+        """The group is gone: tell the watchdog so (one byte, then EOF) and wait (bounded) until it has left.
+
+        It is not our child, so there is nothing to reap: its exit is watched in /proc (a zombie has left)."""
         if self._lifeline is not None:
             os.write(self._lifeline, b"0")
             os.close(self._lifeline)
             self._lifeline = None
-        if self._watchdog is not None:
-            try:
-                self._watchdog.wait(10)
-            except subprocess.TimeoutExpired:
-                self._watchdog.kill()
-                self._watchdog.wait()
-            self._watchdog = None
+        pid, self.watchdog_pid = self.watchdog_pid, None
+        if pid is not None:
+            deadline = time.monotonic() + 10.0
+            while process_running(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if process_running(pid):
+                os.kill(pid, signal.SIGKILL)
 
     def _wait_ready(self, deadline: float) -> None:
         assert self._proc is not None
