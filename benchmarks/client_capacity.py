@@ -1,4 +1,4 @@
-"""How fast and how accurate is servelab's streaming client, against vLLM's own, in one run.
+"""How fast and how accurate is servelab's streaming client, against vLLM's, AIPerf's and GuideLLM's, in one run.
 
 Three processes: a fast SSE server (this file, `server` mode, stdlib asyncio
 only), servelab's HttpTarget (this process), and vLLM's benchmark harness
@@ -14,8 +14,20 @@ is shared by all processes on a Linux host.
 Clients: `servelab` (HttpTarget through run_point, in this process: what
 `servelab bench` does per point, records to JSONL included; CPU counted from
 the run's start), `servelab-cli` (the `servelab bench` command as a fresh
-process: CPU of the whole process, start-up included) and `vllm` (vLLM's
-benchmark(), CPU counted both ways: in its run, and its whole process).
+process: CPU of the whole process, start-up included), `vllm` (vLLM's
+benchmark(), CPU counted both ways: in its run, and its whole process),
+`aiperf` (`aiperf profile`, aiperf==0.13.0, output tokens from the server's
+usage field as the server counts them) and `guidellm` (`guidellm run` from a
+scenario file, guidellm==0.8.1): each peer's command as its users run it,
+from its own venv, CPU of the whole process tree. For every client started as
+a process, the capacity phase also runs the same command with one wave of
+requests: (CPU of the run - CPU of the one wave) / (chunks - chunks) is the
+marginal CPU per chunk, start-up taken out. A peer that is not installed or
+fails is named with its error under the table; the others still run.
+
+Peers' venvs (outside the heavy lock; the tiny model's tokenizer builds their prompts, $SERVELAB_TINY_MODEL):
+  python3 -m venv ~/.cache/servelab/aiperf-venv && ~/.cache/servelab/aiperf-venv/bin/pip install aiperf==0.13.0
+  python3 -m venv ~/.cache/servelab/guidellm-venv && ~/.cache/servelab/guidellm-venv/bin/pip install guidellm==0.8.1
 
 Two phases per client:
   capacity  closed loop at --concurrency streams, unpaced server: chunks/s and
