@@ -401,3 +401,25 @@ def test_server_timeline_never_draws_two_runs_alike(tmp_path: Path) -> None:
     assert len(styles) == len(fig.data)
     colors = {t.legendgroup: t.line.color for t in fig.data}
     assert len(set(colors.values())) == len(inputs.all_runs) == 4
+
+
+def test_ttft_split_section_draws_each_sweep_points_split_in_sweep_order(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    simulated = CliRunner().invoke(app, [
+        "simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--random-input-len", "1500",
+        "--random-output-len", "50", "--num-prompts", "200", "--sweep", "request-rate=2,40", "--result-dir", str(out),
+    ])
+    assert simulated.exit_code == 0, simulated.output
+    inputs = load_inputs([out])
+    page = render_report(inputs)
+    assert "ttft" in _section_ids(page)
+    splits = [(run, figures.run_ttft_split(run)) for run in inputs.all_runs]
+    assert all(split is not None for _, split in splits)
+    fig = figures.ttft_split_figure(splits)  # type: ignore[arg-type]
+    assert [t.name for t in fig.data] == ["API server & network", "queued in the engine", "prefill"]
+    assert list(fig.data[0].y) == [run.label for run, _ in splits]
+    for position, (_, split) in enumerate(splits):
+        stacked = sum(trace.x[position] for trace in fig.data)
+        assert stacked == pytest.approx(1e3 * split.client_ttft_s, rel=1e-6)  # the parts tile the client's mean TTFT
+    light, heavy = (split for _, split in splits)
+    assert heavy.queue_s > light.queue_s  # past the A100's prefill capacity the queue is what grows

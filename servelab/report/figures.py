@@ -19,12 +19,19 @@ from plotly.subplots import make_subplots
 
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import RequestRecord
+from servelab.metrics.server_timings import TtftSplit, ttft_split
 from servelab.metrics.slo import tpot_seconds
 from servelab.report.inputs import ReportInputs, ReportRun, ReportSweep, planned_warmup
 
 PALETTE = qualitative.Plotly
 DASHES = ("solid", "dot", "dash", "dashdot", "longdash", "longdashdot")
 PHASE_COLORS = {"queued": "#bab0ac", "prefill": "#f58518", "decode": "#4c78a8", "failed": "#e45756"}
+SPLIT_PARTS: tuple[tuple[str, str, str], ...] = (
+    ("api_server", "API server & network", "#72b7b2"),
+    ("queue", "queued in the engine", PHASE_COLORS["queued"]),
+    ("prefill", "prefill", PHASE_COLORS["prefill"]),
+)
+"""The parts of a mean TTFT as the server's own histograms split it (metrics.server_timings), in time order."""
 CEILING_LINES: tuple[tuple[str, str, str], ...] = (
     ("decode_bandwidth_tps_at_max_batch", "output_throughput", "decode ceiling"),
     ("prefill_compute_rps", "request_throughput", "prefill-compute ceiling"),
@@ -432,3 +439,32 @@ def server_timeline_figure(runs: Sequence[ReportRun]) -> go.Figure:
 
 def has_server_timeline(run: ReportRun) -> bool:
     return any(fn(run.result.timeline)[0] for _, _, lines in _SERVER_PANELS for _, _, fn in lines)
+
+
+def run_ttft_split(run: ReportRun) -> TtftSplit | None:
+    """The run's mean TTFT split by the server's own timings; None without a first token or the server's histograms."""
+    return ttft_split(run.result.records, run.result.timeline)
+
+
+def ttft_split_figure(splits: Sequence[tuple[ReportRun, TtftSplit]]) -> go.Figure:
+    """One stacked bar per run: where its mean TTFT went, in time order.
+
+    Runs of a sweep come in their sweep order, so the bars show which part
+    grows with the load (a queue that grows is a server past its capacity; an
+    API-server part that grows is its frontend).
+    """
+    labels = [run.label for run, _ in splits]
+    fig = go.Figure()
+    for key, name, color in SPLIT_PARTS:
+        values = [1e3 * split.parts[key] for _, split in splits]
+        fig.add_trace(go.Bar(
+            y=labels, x=values, orientation="h", name=name, marker_color=color,
+            hovertemplate=f"%{{x:.1f}} ms {name}<extra>%{{y}}</extra>",
+        ))
+    height = 220 + 32 * len(splits)
+    fig.update_layout(
+        title="Mean TTFT split by the server's own timings", barmode="stack", height=height,
+        xaxis_title="Mean time to first token (ms)", yaxis=dict(autorange="reversed"), **LAYOUT,
+    )
+    fig.update_layout(legend=legend_below(height))
+    return fig

@@ -107,6 +107,20 @@ def request_timeline_section(inputs: ReportInputs) -> Section | None:
     return Section(key="requests", title="Per-request timeline", lead=lead, blocks=[figures.request_timeline_figure(runs)])
 
 
+def ttft_split_section(inputs: ReportInputs) -> Section | None:
+    splits = [(run, split) for run in inputs.all_runs if (split := figures.run_ttft_split(run)) is not None]
+    if not splits:
+        return None
+    return Section(
+        key="ttft",
+        title="Where the first token's time went",
+        lead="Each run's mean TTFT from the client, split by the server's own histograms: time outside the engine "
+        "(network, HTTP, tokenization, the API server), queued in the engine before it was first scheduled, and "
+        "the prompt's prefill. Within a sweep, the part that grows with the load is what limits it.",
+        blocks=[figures.ttft_split_figure(splits)],
+    )
+
+
 def server_timeline_section(inputs: ReportInputs) -> Section | None:
     runs = [run for run in inputs.all_runs if figures.has_server_timeline(run)]
     if not runs:
@@ -171,6 +185,7 @@ SECTIONS: tuple[SectionBuilder, ...] = (
     validation_section,
     sweep_section,
     latency_section,
+    ttft_split_section,
     request_timeline_section,
     server_timeline_section,
 )
