@@ -54,6 +54,13 @@ class SimRequest:
     def __post_init__(self) -> None:
         self.num_tokens = self.prompt_len
 
+    def restart(self) -> None:
+        """Back to the queue with nothing computed, its KV dropped by the caller: vLLM's recompute preemption,
+        SGLang's retraction and TensorRT-LLM's pause all start the prompt over."""
+        self.num_computed_tokens = 0
+        self.status = PREEMPTED
+        self.preemptions += 1
+
     @property
     def num_output_tokens(self) -> int:
         return self.num_tokens - self.prompt_len

@@ -32,7 +32,7 @@ import numpy as np
 from servelab.perf.engine_config import EngineConfig
 from servelab.sim.block_pool import BlockPool
 from servelab.sim.hashing import output_block_hash_array, output_block_hashes
-from servelab.sim.request import FINISHED, PREEMPTED, RUNNING, SimRequest, hash_ahead
+from servelab.sim.request import FINISHED, RUNNING, SimRequest, hash_ahead
 
 FCFS = "fcfs"
 PRIORITY = "priority"
@@ -348,9 +348,7 @@ class Scheduler:
                 self.pool.index(req.blocks[prompt_blocks:cached], output_block_hashes(req.uid, prompt_blocks, cached))
         self.pool.free(req.blocks[::-1])
         req.blocks = []
-        req.num_computed_tokens = 0
-        req.status = PREEMPTED
-        req.preemptions += 1
+        req.restart()
         self.num_preemptions += 1
         n = len(self.reqs)
         self._rows[:, i : n - 1] = self._rows[:, i + 1 : n]

@@ -44,7 +44,7 @@ from servelab.perf.engine_config import EngineConfig
 from servelab.perf.sglang_args import SGLangSettings
 from servelab.sim.list_scheduler import ListScheduler
 from servelab.sim.radix_cache import RadixCache, RadixNode
-from servelab.sim.request import PREEMPTED, RUNNING, SimRequest
+from servelab.sim.request import RUNNING, SimRequest
 
 CLIP_MAX_NEW_TOKENS = 4096
 RETRACT_DECODE_STEPS = 20
@@ -208,9 +208,7 @@ class SGLangScheduler(ListScheduler):
                 break
             req = order.pop()
             self._free_slot(req)
-            req.num_computed_tokens = 0
-            req.status = PREEMPTED
-            req.preemptions += 1
+            req.restart()
             self.num_preemptions += 1
             retracted.append(req)
             residual = len(order) * RETRACT_DECODE_STEPS - self.cache.free

@@ -106,9 +106,7 @@ class TRTLLMScheduler(ListScheduler):
     def _pause(self, req: SimRequest) -> None:
         self.pool.free(req.blocks[::-1])
         req.blocks = []
-        req.num_computed_tokens = 0
-        req.status = PREEMPTED
-        req.preemptions += 1
+        req.restart()
         self.num_preemptions += 1
         self._in_context.discard(req.uid)
         self._cached_blocks.pop(req.uid, None)
