@@ -14,7 +14,7 @@ import difflib
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from servelab.perf.errors import PerfConfigError
 
@@ -56,6 +56,19 @@ class ParsedFlags:
     obsolete: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+
+
+Settings = TypeVar("Settings")
+
+
+@dataclass(slots=True)
+class ParsedLaunch(Generic[Settings]):
+    """An engine's launch line as its settings, with what the model leaves out (each engine's parser returns one)."""
+
+    settings: Settings
+    warnings: list[str] = field(default_factory=list)
+    obsolete: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
 
 
 def _canonical(token: str, table: FlagTable) -> str:

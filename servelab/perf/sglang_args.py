@@ -15,10 +15,10 @@ of min(max(pool / context_len x 512, 2048), 4096)).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from servelab.perf.engine_config import EngineConfig
-from servelab.perf.engine_flags import Flag, FlagTable, choice, fraction, parse_flags, positive_int
+from servelab.perf.engine_flags import Flag, FlagTable, ParsedLaunch, choice, fraction, parse_flags, positive_int
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware
 from servelab.perf.memory import MemoryPlan, MemoryReserve, kv_bytes_per_token_per_rank, weight_bytes_per_rank
@@ -114,12 +114,7 @@ FLAGS = FlagTable(
 )
 
 
-@dataclass(slots=True)
-class ParsedSGLang:
-    settings: SGLangSettings
-    warnings: list[str] = field(default_factory=list)
-    obsolete: list[str] = field(default_factory=list)
-    unknown: list[str] = field(default_factory=list)
+ParsedSGLang = ParsedLaunch[SGLangSettings]
 
 
 def parse_sglang_args(line: str | Sequence[str]) -> ParsedSGLang:

@@ -12,14 +12,14 @@ max_num_tokens has run (KvCacheCreator in the PyTorch executor).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from servelab.perf.engine_config import EngineConfig
-from servelab.perf.engine_flags import Flag, FlagTable, fraction, parse_flags, positive_int
+from servelab.perf.engine_flags import Flag, FlagTable, ParsedLaunch, fraction, parse_flags, positive_int
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware
 from servelab.perf.memory import (
@@ -104,12 +104,7 @@ _YAML_OBSOLETE = {
 }
 
 
-@dataclass(slots=True)
-class ParsedTRTLLM:
-    settings: TRTLLMSettings
-    warnings: list[str] = field(default_factory=list)
-    obsolete: list[str] = field(default_factory=list)
-    unknown: list[str] = field(default_factory=list)
+ParsedTRTLLM = ParsedLaunch[TRTLLMSettings]
 
 
 def _walk(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
