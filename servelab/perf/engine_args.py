@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from servelab.perf.engine_config import EngineConfig
+from servelab.perf.engine_flags import choice, fraction
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware
 from servelab.perf.models import ModelSpec
@@ -103,24 +104,8 @@ def _max_model_len(value: str) -> int | None:
     return None if value.strip().lower() in ("-1", "auto") else _human_int(value)
 
 
-def _choice(*allowed: str) -> Callable[[str], str]:
-    def convert(value: str) -> str:
-        if value not in allowed:
-            raise ValueError(f"must be one of {', '.join(allowed)}")
-        return value
-
-    return convert
-
-
 def _quantization(value: str) -> str | None:
     return None if value.lower() in ("none", "") else value.lower()
-
-
-def _fraction(value: str) -> float:
-    number = float(value)
-    if not 0 < number <= 1:
-        raise ValueError("must be in (0, 1]")
-    return number
 
 
 def _non_negative_fraction(value: str) -> float:
@@ -143,8 +128,8 @@ _MODELLED: dict[str, _Flag] = {
     "enable-chunked-prefill": _Flag("enable_chunked_prefill"),
     "enable-prefix-caching": _Flag("enable_prefix_caching"),
     "long-prefill-token-threshold": _Flag("long_prefill_token_threshold", int),
-    "gpu-memory-utilization": _Flag("gpu_memory_utilization", _fraction),
-    "device-memory-utilization": _Flag("gpu_memory_utilization", _fraction),
+    "gpu-memory-utilization": _Flag("gpu_memory_utilization", fraction),
+    "device-memory-utilization": _Flag("gpu_memory_utilization", fraction),
     "async-scheduling": _Flag("async_scheduling"),
     "scheduler-reserve-full-isl": _Flag("scheduler_reserve_full_isl"),
     "watermark": _Flag("watermark", _non_negative_fraction),
@@ -152,16 +137,16 @@ _MODELLED: dict[str, _Flag] = {
     "stream-interval": _Flag("stream_interval", _positive),
     "max-model-len": _Flag("max_model_len", _max_model_len),
     "block-size": _Flag("block_size", _positive),
-    "kv-cache-dtype": _Flag("kv_cache_dtype", _choice("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")),
+    "kv-cache-dtype": _Flag("kv_cache_dtype", choice("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")),
     "quantization": _Flag("quantization", _quantization),
-    "dtype": _Flag("dtype", _choice("auto", "bfloat16", "float16", "half", "float", "float32")),
+    "dtype": _Flag("dtype", choice("auto", "bfloat16", "float16", "half", "float", "float32")),
     "tensor-parallel-size": _Flag("tensor_parallel_size", _positive),
     "data-parallel-size": _Flag("data_parallel_size", _positive),
-    "scheduling-policy": _Flag("scheduling_policy", _choice("fcfs", "priority")),
+    "scheduling-policy": _Flag("scheduling_policy", choice("fcfs", "priority")),
     "num-gpu-blocks-override": _Flag("num_gpu_blocks_override", _positive),
     "kv-cache-memory-bytes": _Flag("kv_cache_memory_bytes", _human_int),
     "model": _Flag("model", str),
-    "performance-mode": _Flag("performance_mode", _choice("balanced", "interactivity", "throughput")),
+    "performance-mode": _Flag("performance_mode", choice("balanced", "interactivity", "throughput")),
 }
 
 

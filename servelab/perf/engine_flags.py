@@ -143,6 +143,7 @@ def positive_int(text: str) -> int:
 
 
 def fraction(text: str) -> float:
+    """A share of something (memory, a ratio) in (0, 1]; vLLM's parser uses it too."""
     value = float(text)
     if not 0 < value <= 1:
         raise ValueError("must be in (0, 1]")
@@ -150,8 +151,9 @@ def fraction(text: str) -> float:
 
 
 def choice(*options: str) -> Callable[[str], str]:
+    """A converter that accepts exactly `options`; vLLM's parser uses it too."""
     def convert(text: str) -> str:
         if text not in options:
-            raise ValueError(f"choose one of {', '.join(options)}")
+            raise ValueError(f"must be one of {', '.join(options)}")
         return text
     return convert
