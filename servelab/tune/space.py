@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from servelab.perf.engine_flags import fraction
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
 from servelab.targets.deployment import Deployment
@@ -46,13 +47,6 @@ def _non_negative_int(text: str) -> int:
     number = int(text)
     if number < 0:
         raise ValueError("must be >= 0")
-    return number
-
-
-def _fraction(text: str) -> float:
-    number = float(text)
-    if not 0 < number <= 1:
-        raise ValueError("must be in (0, 1]")
     return number
 
 
@@ -104,7 +98,7 @@ KNOBS: dict[str, Knob] = {
         Knob("enable_chunked_prefill", _bool, (True, False), False, "split long prompts over steps"),
         Knob("long_prefill_token_threshold", _non_negative_int, (0, 256, 1024, 4096), False,
              "prompts longer than this are chunked to it (0 = off)"),
-        Knob("gpu_memory_utilization", _fraction, (0.8, 0.9, 0.95), False, "share of GPU memory vLLM may use"),
+        Knob("gpu_memory_utilization", fraction, (0.8, 0.9, 0.95), False, "share of GPU memory vLLM may use"),
         Knob("max_model_len", _int, (None,), True, "longest prompt + output accepted"),
         Knob("kv_cache_dtype", _kv_dtype, ("auto", "fp8"), False, "KV-cache element type"),
         Knob("quantization", _quantization, (None,), True, "weight quantization (name the variants you have)"),
