@@ -34,8 +34,10 @@ from servelab.metrics.slo import SLO
 from servelab.metrics.summary import DEFAULT_PERCENTILES
 from servelab.perf.calibration import load_profile
 from servelab.perf.errors import PerfConfigError
+from servelab.sim.engines import ENGINES, VLLM
 from servelab.sim.router import POLICIES, ROUND_ROBIN
 from servelab.targets.deployment import Deployment, build_deployment
+from servelab.targets.engine_deployment import build_engine_deployment
 from servelab.workload.arrival import RAMPS, ArrivalConfig, Ramp
 from servelab.workload.datasets import DATASETS, FILE_DATASETS, WorkloadConfig
 from servelab.workload.errors import WorkloadError
@@ -66,6 +68,9 @@ _CALIBRATION = typer.Option(help="A profile from `servelab calibrate` instead of
                                  "coefficients (--engine-args change its server's flags).", rich_help_panel=DEPLOYMENT_PANEL)
 CalibrationFlag = Annotated[Optional[Path], _CALIBRATION]
 RequiredCalibrationFlag = Annotated[Path, _CALIBRATION]
+EngineFlag = Annotated[str, typer.Option(
+    help=f"Which engine's scheduler, flags and memory plan: {', '.join(ENGINES)}. --engine-args are then in that engine's "
+         "spelling (`python -m sglang.launch_server ...`, `trtllm-serve ...`).", rich_help_panel=DEPLOYMENT_PANEL)]
 VllmVersionFlag = Annotated[Optional[str], typer.Option(
     help="The vLLM release served (e.g. 0.11.0): its defaults, its measured CPU costs. Default: 0.32.",
     rich_help_panel=DEPLOYMENT_PANEL)]
@@ -263,17 +268,29 @@ def deployment_from_flags(
     router: str = ROUND_ROBIN,
     gpu_file: Path | None = None,
     vllm_version: str | None = None,
+    engine: str = VLLM,
 ) -> Deployment:
     """The deployment the flags describe: --gpu and --model from the catalogues, or a `servelab calibrate` profile.
 
     A profile already names the hardware (its fitted rates) and the model, so
     --gpu, --model or --gpu-file beside --calibration is an error naming both
     flags rather than a silent choice of one; --engine-args then override the
-    calibrated server's flags one by one. PerfConfigError for anything that
+    calibrated server's flags one by one. Another --engine than vLLM reads
+    --engine-args with that engine's parser; profiles and --vllm-version are
+    vLLM's, so either beside it is an error. PerfConfigError for anything that
     cannot be modelled.
     """
     if router not in POLICIES:
         raise PerfConfigError(f"--router {router!r}: choose one of {', '.join(POLICIES)}")
+    if engine != VLLM:
+        if engine not in ENGINES:
+            raise PerfConfigError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
+        if vllm_version is not None:
+            raise PerfConfigError(f"--vllm-version describes a vLLM server, not --engine {engine}")
+        if calibration is not None or gpu is None or model is None:
+            raise PerfConfigError(f"--engine {engine} needs --gpu and --model (calibration profiles are vLLM's)")
+        return build_engine_deployment(engine, gpu, model, engine_args, tensor_parallel_size=tp, replicas=replicas,
+                                       gpu_file=gpu_file, router=router)
     if calibration is None:
         if gpu is None or model is None:
             raise PerfConfigError("give --gpu and --model (or --calibration with a profile from `servelab calibrate`)")

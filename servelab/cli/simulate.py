@@ -18,6 +18,7 @@ from servelab.cli.options import (
     DEPLOYMENT_PANEL,
     CalibrationFlag,
     EngineArgsFlag,
+    EngineFlag,
     GpuFileFlag,
     GpuFlag,
     LoadFlags,
@@ -33,10 +34,9 @@ from servelab.cli.cluster import RayAddress, ray_pool
 from servelab.cli.report import ReportFlag
 from servelab.cli.run_and_show import run_and_show
 from servelab.errors import InputError
-from servelab.sim.engines import ENGINES, VLLM
+from servelab.sim.engines import VLLM
 from servelab.sim.router import ROUND_ROBIN
 from servelab.targets.deployment import Deployment
-from servelab.targets.engine_deployment import build_engine_deployment
 
 
 def _describe_line(deployment: Deployment) -> str:
@@ -55,7 +55,7 @@ def simulate(
     gpu: GpuFlag = None,
     model: ModelFlag = None,
     engine_args: EngineArgsFlag = "",
-    engine: Annotated[str, typer.Option(help=f"Which engine's scheduler and memory plan: {', '.join(ENGINES)}.", rich_help_panel=DEPLOYMENT_PANEL)] = VLLM,
+    engine: EngineFlag = VLLM,
     tp: TpFlag = None,
     replicas: ReplicasFlag = None,
     router: RouterFlag = ROUND_ROBIN,
@@ -79,16 +79,8 @@ def simulate(
         raise InputError(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
     if ray_address is not None and load.sweep is None:
         raise InputError("--ray-address spreads the points of a --sweep over the cluster; a single run has nothing to spread")
-    if engine == VLLM:
-        deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp,
-                                           replicas=replicas, router=router, gpu_file=gpu_file, vllm_version=vllm_version)
-    elif vllm_version is not None:
-        raise InputError(f"--vllm-version describes a vLLM server, not --engine {engine}")
-    elif calibration is not None or gpu is None or model is None:
-        raise InputError(f"--engine {engine} needs --gpu and --model (calibration profiles are vLLM's)")
-    else:
-        deployment = build_engine_deployment(engine, gpu, model, engine_args, tensor_parallel_size=tp, replicas=replicas,
-                                             gpu_file=gpu_file, router=router)
+    deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp, replicas=replicas,
+                                       router=router, gpu_file=gpu_file, vllm_version=vllm_version, engine=engine)
     target = deployment.sim_target(scrape_interval)
     first_plan = load.make_plan()
     for warning in deployment.warnings:
