@@ -14,6 +14,8 @@ same workload flags through the same library path (`build_plan` ->
 - `sharegpt`: no ShareGPT file ships here, so `--dataset-name random
   --length-distribution lognormal --random-range-ratio 1` with the published
   means;
+- `prompt_pool` (inference-perf's shared-prefix load): that many prompts made once, with the
+  prefix groups above, resent whole in one fixed cycle;
 - where the source published every request's lengths (published_lengths.yaml),
   those requests as they are (a JSONL dataset of token ids), a resent prompt
   with the same tokens;
@@ -37,6 +39,7 @@ import statistics
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +51,7 @@ from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
 from servelab.perf.published import LENGTHS, published_entries
 from servelab.targets.deployment import build_deployment
-from servelab.workload.arrival import ArrivalConfig
+from servelab.workload.arrival import ArrivalConfig, schedule
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.plan import Amount, build_plan
 from servelab.workload.spec import LoadPlan, RequestSpec
@@ -96,6 +99,8 @@ def _plan(entry: dict[str, Any], published: dict[str, Any], vocab: int, max_prom
                  for i, (p, o, s) in enumerate(zip(lens["input_lens"][:n], lens["output_lens"][:n], same))]
         return LoadPlan(specs, max_concurrency=arrival.max_concurrency)
     inp, out = round(w["mean_input_len"]), round(w["mean_output_len"])
+    if w.get("prompt_pool"):
+        return LoadPlan(schedule(_pooled_prompts(w, inp, out, vocab, n), arrival, np.random.default_rng(1), count=n))
     if w["dataset"] == "prefix":
         workload = WorkloadConfig("prefix", input_len=inp - w["prefix_len"], output_len=out, length_distribution="fixed",
                                   prefix_len=w["prefix_len"], num_prefixes=w["num_prefixes"])
@@ -104,6 +109,21 @@ def _plan(entry: dict[str, Any], published: dict[str, Any], vocab: int, max_prom
     else:
         workload = WorkloadConfig("random", input_len=inp, output_len=out, range_ratio=float(w.get("range_ratio", 0.0)))
     return build_plan(workload, arrival, Amount(num_prompts=n))
+
+
+def _pooled_prompts(w: dict[str, Any], inp: int, out: int, vocab: int, n: int) -> Iterator[RequestSpec]:
+    """inference-perf's shared-prefix load: `prompt_pool` prompts made once (num_prefixes groups, each prompt its
+    group's prefix_len tokens then its own), sent in one fixed shuffled cycle, so later requests resend earlier
+    prompts whole and vLLM's prefix cache holds them (SharedPrefixDataGenerator, see published.yaml)."""
+    rng = np.random.default_rng(0)
+    groups, pool, prefix_len = w["num_prefixes"], w["prompt_pool"], w["prefix_len"]
+    prefixes = [rng.integers(0, vocab, prefix_len, dtype=np.int32) for _ in range(groups)]
+    prompts = [np.concatenate([prefixes[g % groups], rng.integers(0, vocab, inp - prefix_len, dtype=np.int32)])
+               for g in range(pool)]
+    order = rng.permutation(pool)
+    for i in range(n):
+        k = int(order[i % pool])
+        yield RequestSpec(i, prompts[k], out, prefix_group=k % groups, prefix_len=prefix_len)
 
 
 @dataclass(frozen=True)

@@ -48,3 +48,23 @@ def test_the_replay_is_deterministic(accuracy):
     one = accuracy.run({"musgrave-a100-40gb-llama31-8b-c8"}, max_prompts=16)[0][0]
     two = accuracy.run({"musgrave-a100-40gb-llama31-8b-c8"}, max_prompts=16)[0][0]
     assert one.predicted["output_throughput"] == two.predicted["output_throughput"]
+
+
+def test_a_prompt_pool_resends_the_same_prompts_in_one_cycle(accuracy):
+    """inference-perf's shared-prefix load: `prompt_pool` distinct prompts, resent whole in a fixed order."""
+    entry = next(e for e in accuracy.published_entries() if e["workload"].get("prompt_pool"))
+    w = entry["workload"]
+    pool, groups, prefix_len = w["prompt_pool"], w["num_prefixes"], w["prefix_len"]
+    plan = accuracy._plan(entry, {}, 32_000, 3 * pool)
+    specs = list(plan.requests)
+    prompts = [tuple(int(t) for t in s.prompt_ids) for s in specs]
+    assert len(set(prompts)) == pool
+    assert prompts[:pool] == prompts[pool:2 * pool] == prompts[2 * pool:]
+    assert {len(p) for p in prompts} == {round(w["mean_input_len"])}
+    assert {s.max_tokens for s in specs} == {w["mean_output_len"]}
+    by_group: dict[int, set[tuple[int, ...]]] = {}
+    for spec, prompt in zip(specs, prompts):
+        by_group.setdefault(spec.prefix_group, set()).add(prompt[:prefix_len])
+    assert len(by_group) == groups and all(len(prefixes) == 1 for prefixes in by_group.values())
+    times = [s.arrival_time for s in specs]
+    assert times == sorted(times) and times[-1] > 0

@@ -45,7 +45,9 @@ def published_entries() -> list[dict[str, Any]]:
 
 
 def _resends_prompts(entry: dict[str, Any]) -> bool:
-    """Whether some requests repeat an earlier prompt (published_lengths.yaml `same_prompt_as`)."""
+    """Whether some requests repeat an earlier prompt (a `prompt_pool`, or published_lengths.yaml `same_prompt_as`)."""
+    if entry["workload"].get("prompt_pool"):
+        return True
     if not entry.get("lengths"):
         return False
     same = yaml.safe_load(LENGTHS.read_text())[entry["lengths"]].get("same_prompt_as") or []
