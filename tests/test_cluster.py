@@ -327,26 +327,9 @@ def test_bench_from_two_client_actors_sends_the_same_requests_as_one(tmp_path: P
         assert c["start_skew_ms"] is not None and "cpu_share" in c and "median_schedule_lag_ms" in c
 
 
-@pytest.mark.ray
-def test_a_cap_below_the_clients_is_refused_before_any_client_starts(two_nodes: TwoNodes) -> None:
-    """`--max-concurrency 1 --clients 2`: the cap is split between the clients, so one would have no slot; one clear
-    error, no request sent (the base URL answers nothing: no client got as far as trying it)."""
-    from servelab.cluster.clients import RayClients
-    from servelab.errors import InputError
-    from servelab.workload.plan import build_plan
-
-    def plan() -> Any:
-        return build_plan(WorkloadConfig(input_len=32, output_len=8), ArrivalConfig(max_concurrency=1), Amount(num_prompts=4))
-
-    written: list[Any] = []
-    clients = RayClients(two_nodes.address, 2, {"base_url": "http://127.0.0.1:9", "model": "tiny"}, plan)
-    with pytest.raises(InputError, match="--max-concurrency 1 is split between the clients: --clients 2"):
-        clients.run(plan(), type("Sink", (), {"write": staticmethod(written.append)})())
-    assert written == []
-
-
-def test_clients_share_one_plan_with_conversations_whole_and_the_cap_split() -> None:
-    """How `--clients` divides a plan: every request once, each conversation on one client, the cap's shares adding up."""
+def test_clients_share_one_plan_with_conversations_whole_and_the_whole_cap() -> None:
+    """How `--clients` divides a plan: every request once, each conversation on one client, and each client's plan
+    carrying the whole cap (one cap, shared through the broker, not split into shares)."""
     from collections import deque
 
     from servelab.cluster.clients import owned
@@ -358,13 +341,45 @@ def test_clients_share_one_plan_with_conversations_whole_and_the_cap_split() -> 
 
     whole = list(plan().requests)
     shares = [owned(plan(), 3, i, deque()) for i in range(3)]
-    caps = [s.max_concurrency for s in shares]
     parts = [list(s.requests) for s in shares]
     assert sorted(r.index for part in parts for r in part) == [r.index for r in whole]
-    assert caps == [3, 2, 2] and all(parts)
+    assert [s.max_concurrency for s in shares] == [7, 7, 7] and all(parts)
     owner = {r.index: i for i, part in enumerate(parts) for r in part}
     assert all(owner[r.index] == owner[r.depends_on] for r in whole if r.depends_on is not None)
     assert [(r.index, r.arrival_time) for r in parts[1]] == [(r.index, r.arrival_time) for r in whole if owner[r.index] == 1]
+
+
+def test_slot_broker_lends_each_slot_once_and_takes_back_a_leaving_clients() -> None:
+    """The shared cap's broker (a plain class; Ray makes it an actor): a freed slot goes to the first waiter with
+    its free time, a withdrawn wait takes nothing (and a withdrawn grant comes back), and a client that leaves
+    (dead, or done) gives back every slot it holds, its later releases ignored."""
+    import asyncio
+
+    from servelab.cluster.slot_broker import SlotBroker
+
+    async def scenario() -> None:
+        broker = SlotBroker(2)
+        assert (await broker.acquire(0, 0))[0] == 0.0
+        assert (await broker.acquire(1, 0))[0] == 0.0
+        waiting = [asyncio.create_task(broker.acquire(2, 0)), asyncio.create_task(broker.acquire(1, 1))]
+        await asyncio.sleep(0)
+        assert not any(w.done() for w in waiting) and not broker.free
+        await broker.release(0, 1.5)  # client 0's request ended at 1.5: the first waiter (client 2) gets that slot
+        assert (await waiting[0])[0] == 1.5 and not waiting[1].done()
+        await broker.withdraw(1, 1)  # client 1 stops waiting: it gets nothing
+        assert await waiting[1] is None
+        await broker.withdraw(1, 7)  # withdrawn before its acquire arrived
+        assert await broker.acquire(1, 7) is None
+        assert dict(broker.held) == {0: 0, 1: 1, 2: 1} and not broker.free
+        assert await broker.leave(1, 2.0) == 1  # client 1 died holding one slot: it is free again
+        await broker.release(1, 3.0)  # ... and what it says afterwards changes nothing
+        assert list(broker.free) == [2.0] and await broker.acquire(1, 8) is None
+        granted = asyncio.create_task(broker.acquire(0, 1))
+        assert (await granted)[0] == 2.0
+        await broker.withdraw(0, 1)  # granted, but its client had stopped waiting: the slot comes back
+        assert list(broker.free) == [2.0] and broker.held[0] == 0
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.vllm
