@@ -299,32 +299,130 @@ def test_simulate_ray_address_without_sweep_is_refused(tmp_path: Path, tiny_conf
     assert "--ray-address spreads the points of a --sweep" in done.stderr and not (tmp_path / "sim").exists()
 
 
+def _bench_clients(vllm_server: Any, two_nodes: TwoNodes, out: Path, clients: int, *load: str) -> list[str]:
+    """`servelab bench` against the real server from `clients` actors on the module's cluster, capped at CAP."""
+    return _servelab(
+        "bench", "--base-url", vllm_server.base_url, "--model", vllm_server.model_name, "--ignore-eos",
+        "--random-input-len", "64", "--random-output-len", "16", "--max-concurrency", str(CAP), *load,
+        "--result-dir", str(out), "--json", "--ray-address", two_nodes.address, "--clients", str(clients))
+
+
+CAP = 4
+
+
+def _records(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+
+
+def _peak_in_flight(records: list[dict[str, Any]], tolerance: float, after: float = float("-inf")) -> int:
+    """The most requests in flight at once (at a send after `after`) in merged records, counting two requests as
+    overlapping only beyond `tolerance` (the clients' clock error bound: their times are aligned to that)."""
+    return max((sum(1 for q in records if q["send_time"] <= r["send_time"] < q["finish_time"] - tolerance)
+                for r in records if r["send_time"] > after), default=0)
+
+
 @pytest.mark.vllm
 @pytest.mark.ray
-def test_bench_from_two_client_actors_sends_the_same_requests_as_one(tmp_path: Path, vllm_server: Any, two_nodes: TwoNodes) -> None:
-    """`bench --ray-address --clients 2` against the real server: every request of the plan once, in one
-    records.jsonl on the driver, the same tokens as `--clients 1`, and each client's clock and overhead recorded."""
+def test_bench_from_three_clients_shares_one_cap_and_sends_the_same_requests_as_one(
+    tmp_path: Path, vllm_server: Any, two_nodes: TwoNodes
+) -> None:
+    """`bench --ray-address --clients 3 --max-concurrency 4` against the real server: every request of the plan once,
+    in one records.jsonl on the driver, the same tokens as `--clients 1`; across the clients never more than 4
+    requests in flight (from the records' send and finish times), and 4 at some point (one cap, not 2+1+1); each
+    client's clock, overhead and slot-broker round trips recorded."""
     def bench(clients: int) -> dict[str, Any]:
         out = tmp_path / f"clients-{clients}"
-        done = subprocess.run(_servelab(
-            "bench", "--base-url", vllm_server.base_url, "--model", vllm_server.model_name, "--ignore-eos",
-            "--random-input-len", "64", "--random-output-len", "16", "--num-prompts", "24", "--max-concurrency", "4",
-            "--dataset-name", "multiturn", "--multiturn-turns", "2", "--result-dir", str(out), "--json",
-            "--ray-address", two_nodes.address, "--clients", str(clients)), capture_output=True, text=True, timeout=900)
+        done = subprocess.run(_bench_clients(vllm_server, two_nodes, out, clients, "--num-prompts", "24",
+                                             "--dataset-name", "multiturn", "--multiturn-turns", "2"),
+                              capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr
-        summary = json.loads(done.stdout)
-        records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
-        return {"summary": summary, "indices": sorted(r["index"] for r in records), "statuses": {r["status"] for r in records}}
+        records = _records(out)
+        return {"summary": json.loads(done.stdout), "records": records,
+                "indices": sorted(r["index"] for r in records), "statuses": {r["status"] for r in records}}
 
-    one, two = bench(1), bench(2)
-    assert two["indices"] == one["indices"] == list(range(24)) and two["statuses"] == one["statuses"] == {"ok"}
+    one, three = bench(1), bench(3)
+    assert three["indices"] == one["indices"] == list(range(24)) and three["statuses"] == one["statuses"] == {"ok"}
     for key in ("completed", "failed", "total_input_tokens", "total_output_tokens"):
-        assert two["summary"][key] == one["summary"][key], key
-    clients = two["summary"]["client_stats"]["clients"]
-    assert [c["client"] for c in clients] == [0, 1]
+        assert three["summary"][key] == one["summary"][key], key
+    clients = three["summary"]["client_stats"]["clients"]
+    assert [c["client"] for c in clients] == [0, 1, 2]
     for c in clients:
         assert c["clock_rtt_ms"] > 0 and abs(c["clock_offset_ms"]) <= 1000 * 60  # one host here: a small offset
         assert c["start_skew_ms"] is not None and "cpu_share" in c and "median_schedule_lag_ms" in c
+        broker = c["slot_broker"]
+        assert 0 <= broker["median_round_trip_ms"] <= broker["p99_round_trip_ms"] <= broker["max_round_trip_ms"]
+    assert sum(c["slot_broker"]["acquires"] for c in clients) == 24  # one slot per request sent
+    tolerance = max(c["clock_rtt_ms"] for c in clients) / 1000
+    assert _peak_in_flight(three["records"], tolerance) == CAP
+
+
+def _ray_children(two_nodes: TwoNodes, title: str) -> list[int]:
+    """PIDs of this cluster's worker processes whose title (Ray sets `ray::Class.method`) contains `title`."""
+    parents = {info.process.pid for node in two_nodes.nodes for info in node.all_processes["raylet"]}
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid in parents and title in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.vllm
+@pytest.mark.ray
+def test_a_killed_clients_slots_go_back_to_the_others(tmp_path: Path, vllm_server: Any, two_nodes: TwoNodes) -> None:
+    """`--clients 3 --max-concurrency 4`, one client killed (SIGKILL) mid-run: the broker takes back its slots, so
+    the two others still reach the whole cap after its death and never pass it; they finish every request they
+    own; its requests in hand are recorded as `client_worker_died`; the run ends disturbed (exit 3)."""
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(_bench_clients(vllm_server, two_nodes, out, 3, "--num-prompts", "120"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None and (
+                not (out / "records.jsonl").exists() or len(_records(out)) < 8):
+            time.sleep(0.2)
+        victims = _ray_children(two_nodes, "ClientActor.run")
+        assert proc.poll() is None and len(victims) == 3, victims
+        os.kill(victims[0], signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 3, stderr
+    summary = json.loads(stdout)
+    clients = summary["client_stats"]["clients"]
+    dead = [c for c in clients if "died" in c]
+    assert len(dead) == 1 and isinstance(dead[0]["slots_reclaimed"], int), clients
+    assert all(c["slot_broker"]["acquires"] > 0 for c in clients if "died" not in c)
+    records = _records(out)
+    died = [r for r in records if r["error_kind"] == "client_worker_died"]
+    assert died and all(r["status"] == "ok" for r in records if r not in died)
+    assert len({r["index"] for r in records}) == len(records)
+    tolerance = max(c["clock_rtt_ms"] for c in clients) / 1000
+    assert _peak_in_flight(records, tolerance) == CAP
+    assert _peak_in_flight(records, tolerance, after=died[0]["send_time"]) == CAP
+
+
+@pytest.mark.ray
+def test_a_shared_cap_with_workers_is_refused_before_any_client_starts(two_nodes: TwoNodes) -> None:
+    """`--max-concurrency 4 --clients 2 --workers 2`: a shared cap runs one event loop per client, so one clear error,
+    no request sent (the base URL answers nothing: no client got as far as trying it)."""
+    from servelab.cluster.clients import RayClients
+    from servelab.errors import InputError
+    from servelab.workload.plan import build_plan
+
+    def plan() -> Any:
+        return build_plan(WorkloadConfig(input_len=32, output_len=8), ArrivalConfig(max_concurrency=4), Amount(num_prompts=4))
+
+    written: list[Any] = []
+    clients = RayClients(two_nodes.address, 2, {"base_url": "http://127.0.0.1:9", "model": "tiny", "workers": 2}, plan)
+    with pytest.raises(InputError, match="one cap shared by the --clients 2, each on one event loop: drop --workers"):
+        clients.run(plan(), type("Sink", (), {"write": staticmethod(written.append)})())
+    assert written == []
 
 
 def test_clients_share_one_plan_with_conversations_whole_and_the_whole_cap() -> None:
