@@ -10,6 +10,7 @@ The Ray tests are skipped when Ray is not installed, unless SERVELAB_REQUIRE_RAY
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -452,8 +453,6 @@ def test_slot_broker_lends_each_slot_once_and_takes_back_a_leaving_clients() -> 
     """The shared cap's broker (a plain class; Ray makes it an actor): a freed slot goes to the first waiter with
     its free time, a withdrawn wait takes nothing (and a withdrawn grant comes back), and a client that leaves
     (dead, or done) gives back every slot it holds, its later releases ignored."""
-    import asyncio
-
     from servelab.cluster.slot_broker import SlotBroker
 
     async def scenario() -> None:
@@ -477,6 +476,57 @@ def test_slot_broker_lends_each_slot_once_and_takes_back_a_leaving_clients() -> 
         assert (await granted)[0] == 2.0
         await broker.withdraw(0, 1)  # granted, but its client had stopped waiting: the slot comes back
         assert list(broker.free) == [2.0] and broker.held[0] == 0
+
+    asyncio.run(scenario())
+
+
+class _ActorHandle:
+    """Ray's actor-handle call shape (`handle.method.remote(...)`) over a plain object on this event loop: the
+    library boundary, so the client's side of the shared cap runs against the real broker without a cluster."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.actor, name)
+        return type("Method", (), {"remote": staticmethod(lambda *a: asyncio.ensure_future(method(*a)))})
+
+
+async def _settle() -> None:
+    """Let every task this loop has ready run its course (a handful of hops each): by iterations, not by time."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+def test_a_client_passes_a_slot_it_frees_to_its_own_waiting_request_and_gives_back_the_rest() -> None:
+    """Two clients' SharedSlots over one broker (cap 2): a slot freed while the same client has a request waiting
+    goes to that request without the broker (its wait there withdrawn); a slot freed with nobody waiting here goes
+    to the broker and on to the other client; a wait cancelled takes nothing."""
+    _ray()  # the client side reads Ray's error types
+    from servelab.cluster.slot_broker import SharedSlots, SlotBroker
+
+    async def scenario() -> None:
+        broker = SlotBroker(2)
+        handle = _ActorHandle(broker)
+        one, two = (SharedSlots(handle, me, lambda: 0.0) for me in (0, 1))
+        assert [await one.acquire(), await one.acquire()] == [0.0, 0.0]
+        mine, theirs = asyncio.create_task(one.acquire()), asyncio.create_task(two.acquire())
+        await _settle()
+        assert not mine.done() and not theirs.done() and len(broker.waiting) == 2
+        one.release(1.0)  # client 0's own waiting request takes it, no round trip
+        assert await mine == 1.0 and one.kept == 1
+        await _settle()
+        assert list(broker.waiting) == [(1, 0)] and broker.held[0] == 2  # its wait at the broker withdrawn
+        one.release(2.0)  # nobody waits on client 0: through the broker to client 1
+        assert await theirs == 2.0 and dict(broker.held) == {0: 1, 1: 1}
+        waiting = asyncio.create_task(two.acquire())
+        await _settle()
+        waiting.cancel()
+        await _settle()
+        assert not broker.waiting
+        one.release(3.0)
+        await _settle()
+        assert list(broker.free) == [3.0] and one.stats()["acquires"] == 2 and two.stats()["acquires"] == 1
 
     asyncio.run(scenario())
 

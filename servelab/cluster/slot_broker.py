@@ -110,6 +110,11 @@ class SharedSlots:
     """A client's side of the shared cap (`servelab.targets.base.Slots`): asks the broker, converting slot times
     between this client's run time and the driver's time line, and times each round trip.
 
+    A slot this client frees while one of its own requests waits for a slot goes straight to that request: the
+    broker still counts it as this client's, so the cap holds, and the request is spared a round trip (the wait
+    it had already sent is withdrawn). Only a slot nobody here waits for goes back to the broker, where any client
+    can take it: no slot stays idle while a client has a request waiting (benchmarks/slot_broker_cost.py).
+
     `shift` is this client's run time 0 on the driver's time line (its run zero on its wall clock, minus its clock
     offset to the driver, minus the driver's common start): known once the client's clock has started.
     """
@@ -119,34 +124,78 @@ class SharedSlots:
         self.me = me
         self.shift = shift
         self.tickets = itertools.count()
+        self.waiting: deque[asyncio.Future[float]] = deque()
+        """This client's requests waiting for a slot, first come first served: a slot freed here goes to them."""
         self.round_trips: list[float] = []
-        """Seconds each acquire took beyond its wait for a free slot: what asking another process costs."""
+        """Seconds each slot from the broker took beyond its wait for a free one: what asking it costs."""
+        self.kept = 0
+        """Slots passed from a finished request of this client to a waiting one, without the broker."""
 
     async def acquire(self) -> float:
-        import ray
-
         ticket = next(self.tickets)
         asked = time.perf_counter()
+        here: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self.waiting.append(here)
+        there = asyncio.ensure_future(self._ask(ticket))
+        there.add_done_callback(_consume)
+        try:
+            await asyncio.wait((here, there), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the request no longer wants a slot: neither one it was given is lost
+            self._drop_here(here)
+            self._drop_there(there, ticket)
+            raise
+        if not there.done():  # a slot freed here came first (release() took `here` off the waiting list)
+            self._drop_there(there, ticket)
+            self.kept += 1
+            return here.result()
+        self._drop_here(here)
+        free_at, waited = there.result()
+        self.round_trips.append(time.perf_counter() - asked - waited)
+        return free_at - self.shift()
+
+    async def _ask(self, ticket: int) -> tuple[float, float]:
+        import ray
+
         try:
             answer = await self.broker.acquire.remote(self.me, ticket)
-        except asyncio.CancelledError:
-            self.broker.withdraw.remote(self.me, ticket)
-            raise
         except ray.exceptions.RayError as exc:
             raise TargetError(f"the slot broker was lost: {type(exc).__name__}") from None
         if answer is None:
             raise TargetError(f"the slot broker no longer serves client {self.me}")
         free_at, waited = answer
-        self.round_trips.append(time.perf_counter() - asked - waited)
-        return free_at - self.shift()
+        return float(free_at), float(waited)
+
+    def _drop_here(self, here: asyncio.Future[float]) -> None:
+        """A wait is over without using a local slot: stop offering it one, or pass on the one it got."""
+        if here in self.waiting:
+            self.waiting.remove(here)
+        elif here.done() and not here.cancelled():
+            self.release(here.result())
+
+    def _drop_there(self, there: asyncio.Future[tuple[float, float]], ticket: int) -> None:
+        """A wait is over without the broker's slot: withdraw it, or pass it on if it came."""
+        if not there.done():
+            self.broker.withdraw.remote(self.me, ticket)
+        elif not there.cancelled() and there.exception() is None:
+            self.release(there.result()[0] - self.shift())
 
     def release(self, free_at: float) -> None:
-        self.broker.release.remote(self.me, free_at + self.shift())
+        if self.waiting:
+            self.waiting.popleft().set_result(free_at)
+        else:
+            self.broker.release.remote(self.me, free_at + self.shift())
 
     def leave(self, now: float) -> None:
         """The client's run is over (at its run time `now`): whatever it still holds goes back to the others."""
         self.broker.leave.remote(self.me, now + self.shift())
 
     def stats(self) -> dict[str, float | int | None]:
-        """The broker's cost to this client: its acquires and their round trips (ms: the send lag each added)."""
-        return {"acquires": len(self.round_trips), **ms_stats("round_trip", self.round_trips)}
+        """The broker's cost to this client: slots from it and their round trips (ms: the send lag each added), and
+        slots passed on here without one."""
+        return {"acquires": len(self.round_trips), "kept": self.kept, **ms_stats("round_trip", self.round_trips)}
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    """A broker answer nobody awaits any more (withdrawn): read its error, so asyncio does not log it as lost."""
+    if not future.cancelled():
+        future.exception()
