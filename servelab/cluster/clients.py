@@ -121,6 +121,10 @@ class ClientActor:
     def run(self, start_at: float, broker: Any | None = None) -> dict[str, Any]:
         """Start at `start_at` on this host's clock (the driver's common start, through this host's offset); take
         the cap's slots from `broker` when the clients share one."""
+        if broker is not None:
+            import ray
+
+            ray.get(broker.ready.remote())
         time.sleep(max(0.0, start_at - time.time()))
         slots = None if broker is None else SharedSlots(broker, self.me, functools.cache(lambda: self._shift(start_at)))
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

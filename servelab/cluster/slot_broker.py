@@ -42,6 +42,10 @@ class SlotBroker:
         self.withdrawn: set[Ticket] = set()
         """Tickets withdrawn before their acquire arrived (the two calls may interleave)."""
 
+    async def ready(self) -> None:
+        """Nothing: a client's first call to an actor resolves where it lives (tens of ms), so each makes this one
+        before its clock starts rather than charge it to its first request."""
+
     async def acquire(self, client: int, ticket: int) -> tuple[float, float] | None:
         """A slot for `client`: (when it became free, seconds spent waiting here for it); None if the client left
         or withdrew this ticket. The caller subtracts the wait from its own timing: what is left is the round trip."""

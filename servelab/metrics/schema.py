@@ -160,9 +160,11 @@ class ClientStats(OpenModel):
 
 class SlotBrokerCost(OpenModel):
     """What the shared concurrency cap cost one client of `bench --clients N` (servelab/cluster/slot_broker.py): each
-    acquire's round trip to the broker, beyond its wait for a free slot, is send lag the cap added to that request."""
+    slot taken from the broker cost a round trip, beyond its wait for a free slot: send lag the cap added to that
+    request (a kept slot costs none)."""
 
-    acquires: int
+    acquires: int = Field(description="Slots it took from the broker.")
+    kept: int = Field(description="Slots it passed from a finished request of its own to a waiting one, no round trip.")
     median_round_trip_ms: float | None
     p99_round_trip_ms: float | None
     max_round_trip_ms: float | None
