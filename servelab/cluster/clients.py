@@ -179,6 +179,14 @@ class RayClients:
         here = NodeAffinitySchedulingStrategy(self.ray.get_runtime_context().get_node_id(), soft=True)
         return self.ray.remote(num_cpus=0, max_restarts=0)(SlotBroker).options(scheduling_strategy=here).remote(cap)
 
+    def _reclaim(self, broker: Any, client: int, now: float) -> int | None:
+        """A dead client's slots, given back to the others; None if the broker is gone too (then so is the cap)."""
+        try:
+            held: int = self.ray.get(broker.leave.remote(client, now))
+        except self.ray.exceptions.RayActorError:
+            return None
+        return held
+
     def _clock(self, actor: Any) -> tuple[float, float]:
         """(offset of the actor's clock to ours, round trip) in seconds, from the quickest of CLOCK_SAMPLES readings."""
         best: tuple[float, float] | None = None
@@ -249,7 +257,7 @@ class RayClients:
                         results[i] = {"died": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
                         lose(i, results[i]["died"])
                         if broker is not None:  # its slots go back to the others, and the broker ignores it from now
-                            results[i]["slots_reclaimed"] = ray.get(broker.leave.remote(i, time.time() - zero))
+                            results[i]["slots_reclaimed"] = self._reclaim(broker, i, time.time() - zero)
         except KeyboardInterrupt:
             interrupted = True
         finally:
