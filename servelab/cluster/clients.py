@@ -9,9 +9,10 @@ its global schedule (each client sends its requests at their planned times).
 A concurrency cap is one cap for all clients, held by a `SlotBroker` actor
 (slot_broker.py) on the driver's node: a client asks it for a slot before
 each send and gives the slot back at each record, so the requests in flight
-across the clients never exceed the cap and a slot freed on one client is
-taken by whichever client asks next. A dead client's slots are reclaimed
-when the driver sees it dead. One client (`--clients 1`) keeps its own local
+across the clients never exceed the cap; a slot a client frees goes to its
+own waiting request if it has one (no round trip), else back to the broker,
+for whichever client asks next. A dead client's slots are reclaimed when the
+driver sees it dead. One client (`--clients 1`) keeps its own local
 cap (and its `--workers`); with several, a shared cap runs one event loop per
 client (`--workers` is refused with it: the clients are the scale-out).
 
