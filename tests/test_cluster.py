@@ -10,6 +10,7 @@ The Ray tests are skipped when Ray is not installed, unless SERVELAB_REQUIRE_RAY
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -299,54 +300,136 @@ def test_simulate_ray_address_without_sweep_is_refused(tmp_path: Path, tiny_conf
     assert "--ray-address spreads the points of a --sweep" in done.stderr and not (tmp_path / "sim").exists()
 
 
+def _bench_clients(vllm_server: Any, two_nodes: TwoNodes, out: Path, clients: int, *load: str) -> list[str]:
+    """`servelab bench` against the real server from `clients` actors on the module's cluster, capped at CAP."""
+    return _servelab(
+        "bench", "--base-url", vllm_server.base_url, "--model", vllm_server.model_name, "--ignore-eos",
+        "--random-input-len", "64", "--random-output-len", "16", "--max-concurrency", str(CAP), *load,
+        "--result-dir", str(out), "--json", "--ray-address", two_nodes.address, "--clients", str(clients))
+
+
+CAP = 4
+
+
+def _records(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+
+
+def _peak_in_flight(records: list[dict[str, Any]], tolerance: float, after: float = float("-inf")) -> int:
+    """The most requests in flight at once (at a send after `after`) in merged records, counting two requests as
+    overlapping only beyond `tolerance` (the clients' clock error bound: their times are aligned to that)."""
+    return max((sum(1 for q in records if q["send_time"] <= r["send_time"] < q["finish_time"] - tolerance)
+                for r in records if r["send_time"] > after), default=0)
+
+
 @pytest.mark.vllm
 @pytest.mark.ray
-def test_bench_from_two_client_actors_sends_the_same_requests_as_one(tmp_path: Path, vllm_server: Any, two_nodes: TwoNodes) -> None:
-    """`bench --ray-address --clients 2` against the real server: every request of the plan once, in one
-    records.jsonl on the driver, the same tokens as `--clients 1`, and each client's clock and overhead recorded."""
+def test_bench_from_three_clients_shares_one_cap_and_sends_the_same_requests_as_one(
+    tmp_path: Path, vllm_server: Any, two_nodes: TwoNodes
+) -> None:
+    """`bench --ray-address --clients 3 --max-concurrency 4` against the real server: every request of the plan once,
+    in one records.jsonl on the driver, the same tokens as `--clients 1`; across the clients never more than 4
+    requests in flight (from the records' send and finish times), and 4 at some point (one cap, not 2+1+1); each
+    client's clock, overhead and slot-broker round trips recorded."""
     def bench(clients: int) -> dict[str, Any]:
         out = tmp_path / f"clients-{clients}"
-        done = subprocess.run(_servelab(
-            "bench", "--base-url", vllm_server.base_url, "--model", vllm_server.model_name, "--ignore-eos",
-            "--random-input-len", "64", "--random-output-len", "16", "--num-prompts", "24", "--max-concurrency", "4",
-            "--dataset-name", "multiturn", "--multiturn-turns", "2", "--result-dir", str(out), "--json",
-            "--ray-address", two_nodes.address, "--clients", str(clients)), capture_output=True, text=True, timeout=900)
+        done = subprocess.run(_bench_clients(vllm_server, two_nodes, out, clients, "--num-prompts", "24",
+                                             "--dataset-name", "multiturn", "--multiturn-turns", "2"),
+                              capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr
-        summary = json.loads(done.stdout)
-        records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
-        return {"summary": summary, "indices": sorted(r["index"] for r in records), "statuses": {r["status"] for r in records}}
+        records = _records(out)
+        return {"summary": json.loads(done.stdout), "records": records,
+                "indices": sorted(r["index"] for r in records), "statuses": {r["status"] for r in records}}
 
-    one, two = bench(1), bench(2)
-    assert two["indices"] == one["indices"] == list(range(24)) and two["statuses"] == one["statuses"] == {"ok"}
+    one, three = bench(1), bench(3)
+    assert three["indices"] == one["indices"] == list(range(24)) and three["statuses"] == one["statuses"] == {"ok"}
     for key in ("completed", "failed", "total_input_tokens", "total_output_tokens"):
-        assert two["summary"][key] == one["summary"][key], key
-    clients = two["summary"]["client_stats"]["clients"]
-    assert [c["client"] for c in clients] == [0, 1]
+        assert three["summary"][key] == one["summary"][key], key
+    clients = three["summary"]["client_stats"]["clients"]
+    assert [c["client"] for c in clients] == [0, 1, 2]
     for c in clients:
         assert c["clock_rtt_ms"] > 0 and abs(c["clock_offset_ms"]) <= 1000 * 60  # one host here: a small offset
         assert c["start_skew_ms"] is not None and "cpu_share" in c and "median_schedule_lag_ms" in c
+        broker = c["slot_broker"]
+        assert 0 <= broker["median_round_trip_ms"] <= broker["p99_round_trip_ms"] <= broker["max_round_trip_ms"]
+    assert sum(c["slot_broker"]["acquires"] + c["slot_broker"]["kept"] for c in clients) == 24  # a slot per request
+    tolerance = max(c["clock_rtt_ms"] for c in clients) / 1000
+    assert _peak_in_flight(three["records"], tolerance) == CAP
+
+
+def _ray_children(two_nodes: TwoNodes, title: str) -> list[int]:
+    """PIDs of this cluster's worker processes whose title (Ray sets `ray::Class.method`) contains `title`."""
+    nodes = [two_nodes.cluster.head_node, *two_nodes.nodes]  # actors that ask for no CPU may land on the head too
+    parents = {info.process.pid for node in nodes for info in node.all_processes["raylet"]}
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid in parents and title in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.vllm
+@pytest.mark.ray
+def test_a_killed_clients_slots_go_back_to_the_others(tmp_path: Path, vllm_server: Any, two_nodes: TwoNodes) -> None:
+    """`--clients 3 --max-concurrency 4`, one client killed (SIGKILL) mid-run: the broker takes back its slots, so
+    the two others still reach the whole cap after its death and never pass it; they finish every request they
+    own; its requests in hand are recorded as `client_worker_died`; the run ends disturbed (exit 3)."""
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(_bench_clients(vllm_server, two_nodes, out, 3, "--num-prompts", "120"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None and (
+                not (out / "records.jsonl").exists() or len(_records(out)) < 8):
+            time.sleep(0.2)
+        victims = _ray_children(two_nodes, "ClientActor")
+        assert proc.poll() is None and len(victims) == 3, victims
+        os.kill(victims[0], signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 3, stderr
+    summary = json.loads(stdout)
+    clients = summary["client_stats"]["clients"]
+    dead = [c for c in clients if "died" in c]
+    assert len(dead) == 1 and isinstance(dead[0]["slots_reclaimed"], int), clients
+    assert all(c["slot_broker"]["acquires"] > 0 for c in clients if "died" not in c)
+    records = _records(out)
+    died = [r for r in records if r["error_kind"] == "client_worker_died"]
+    assert died and all(r["status"] == "ok" for r in records if r not in died)
+    assert len({r["index"] for r in records}) == len(records)
+    tolerance = max(c["clock_rtt_ms"] for c in clients) / 1000
+    assert _peak_in_flight(records, tolerance) == CAP
+    assert _peak_in_flight(records, tolerance, after=died[0]["send_time"]) == CAP
 
 
 @pytest.mark.ray
-def test_a_cap_below_the_clients_is_refused_before_any_client_starts(two_nodes: TwoNodes) -> None:
-    """`--max-concurrency 1 --clients 2`: the cap is split between the clients, so one would have no slot; one clear
-    error, no request sent (the base URL answers nothing: no client got as far as trying it)."""
+def test_a_shared_cap_with_workers_is_refused_before_any_client_starts(two_nodes: TwoNodes) -> None:
+    """`--max-concurrency 4 --clients 2 --workers 2`: a shared cap runs one event loop per client, so one clear error,
+    no request sent (the base URL answers nothing: no client got as far as trying it)."""
     from servelab.cluster.clients import RayClients
     from servelab.errors import InputError
     from servelab.workload.plan import build_plan
 
     def plan() -> Any:
-        return build_plan(WorkloadConfig(input_len=32, output_len=8), ArrivalConfig(max_concurrency=1), Amount(num_prompts=4))
+        return build_plan(WorkloadConfig(input_len=32, output_len=8), ArrivalConfig(max_concurrency=4), Amount(num_prompts=4))
 
     written: list[Any] = []
-    clients = RayClients(two_nodes.address, 2, {"base_url": "http://127.0.0.1:9", "model": "tiny"}, plan)
-    with pytest.raises(InputError, match="--max-concurrency 1 is split between the clients: --clients 2"):
+    clients = RayClients(two_nodes.address, 2, {"base_url": "http://127.0.0.1:9", "model": "tiny", "workers": 2}, plan)
+    with pytest.raises(InputError, match="one cap shared by the --clients 2, each on one event loop: drop --workers"):
         clients.run(plan(), type("Sink", (), {"write": staticmethod(written.append)})())
     assert written == []
 
 
-def test_clients_share_one_plan_with_conversations_whole_and_the_cap_split() -> None:
-    """How `--clients` divides a plan: every request once, each conversation on one client, the cap's shares adding up."""
+def test_clients_share_one_plan_with_conversations_whole_and_the_whole_cap() -> None:
+    """How `--clients` divides a plan: every request once, each conversation on one client, and each client's plan
+    carrying the whole cap (one cap, shared through the broker, not split into shares)."""
     from collections import deque
 
     from servelab.cluster.clients import owned
@@ -358,13 +441,94 @@ def test_clients_share_one_plan_with_conversations_whole_and_the_cap_split() -> 
 
     whole = list(plan().requests)
     shares = [owned(plan(), 3, i, deque()) for i in range(3)]
-    caps = [s.max_concurrency for s in shares]
     parts = [list(s.requests) for s in shares]
     assert sorted(r.index for part in parts for r in part) == [r.index for r in whole]
-    assert caps == [3, 2, 2] and all(parts)
+    assert [s.max_concurrency for s in shares] == [7, 7, 7] and all(parts)
     owner = {r.index: i for i, part in enumerate(parts) for r in part}
     assert all(owner[r.index] == owner[r.depends_on] for r in whole if r.depends_on is not None)
     assert [(r.index, r.arrival_time) for r in parts[1]] == [(r.index, r.arrival_time) for r in whole if owner[r.index] == 1]
+
+
+def test_slot_broker_lends_each_slot_once_and_takes_back_a_leaving_clients() -> None:
+    """The shared cap's broker (a plain class; Ray makes it an actor): a freed slot goes to the first waiter with
+    its free time, a withdrawn wait takes nothing (and a withdrawn grant comes back), and a client that leaves
+    (dead, or done) gives back every slot it holds, its later releases ignored."""
+    from servelab.cluster.slot_broker import SlotBroker
+
+    async def scenario() -> None:
+        broker = SlotBroker(2)
+        assert (await broker.acquire(0, 0))[0] == 0.0
+        assert (await broker.acquire(1, 0))[0] == 0.0
+        waiting = [asyncio.create_task(broker.acquire(2, 0)), asyncio.create_task(broker.acquire(1, 1))]
+        await asyncio.sleep(0)
+        assert not any(w.done() for w in waiting) and not broker.free
+        await broker.release(0, 1.5)  # client 0's request ended at 1.5: the first waiter (client 2) gets that slot
+        assert (await waiting[0])[0] == 1.5 and not waiting[1].done()
+        await broker.withdraw(1, 1)  # client 1 stops waiting: it gets nothing
+        assert await waiting[1] is None
+        await broker.withdraw(1, 7)  # withdrawn before its acquire arrived
+        assert await broker.acquire(1, 7) is None
+        assert dict(broker.held) == {0: 0, 1: 1, 2: 1} and not broker.free
+        assert await broker.leave(1, 2.0) == 1  # client 1 died holding one slot: it is free again
+        await broker.release(1, 3.0)  # ... and what it says afterwards changes nothing
+        assert list(broker.free) == [2.0] and await broker.acquire(1, 8) is None
+        granted = asyncio.create_task(broker.acquire(0, 1))
+        assert (await granted)[0] == 2.0
+        await broker.withdraw(0, 1)  # granted, but its client had stopped waiting: the slot comes back
+        assert list(broker.free) == [2.0] and broker.held[0] == 0
+
+    asyncio.run(scenario())
+
+
+class _ActorHandle:
+    """Ray's actor-handle call shape (`handle.method.remote(...)`) over a plain object on this event loop: the
+    library boundary, so the client's side of the shared cap runs against the real broker without a cluster."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.actor, name)
+        return type("Method", (), {"remote": staticmethod(lambda *a: asyncio.ensure_future(method(*a)))})
+
+
+async def _settle() -> None:
+    """Let every task this loop has ready run its course (a handful of hops each): by iterations, not by time."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+def test_a_client_passes_a_slot_it_frees_to_its_own_waiting_request_and_gives_back_the_rest() -> None:
+    """Two clients' SharedSlots over one broker (cap 2): a slot freed while the same client has a request waiting
+    goes to that request without the broker (its wait there withdrawn); a slot freed with nobody waiting here goes
+    to the broker and on to the other client; a wait cancelled takes nothing."""
+    _ray()  # the client side reads Ray's error types
+    from servelab.cluster.slot_broker import SharedSlots, SlotBroker
+
+    async def scenario() -> None:
+        broker = SlotBroker(2)
+        handle = _ActorHandle(broker)
+        one, two = (SharedSlots(handle, me, lambda: 0.0) for me in (0, 1))
+        assert [await one.acquire(), await one.acquire()] == [0.0, 0.0]
+        mine, theirs = asyncio.create_task(one.acquire()), asyncio.create_task(two.acquire())
+        await _settle()
+        assert not mine.done() and not theirs.done() and len(broker.waiting) == 2
+        one.release(1.0)  # client 0's own waiting request takes it, no round trip
+        assert await mine == 1.0 and one.kept == 1
+        await _settle()
+        assert list(broker.waiting) == [(1, 0)] and broker.held[0] == 2  # its wait at the broker withdrawn
+        one.release(2.0)  # nobody waits on client 0: through the broker to client 1
+        assert await theirs == 2.0 and dict(broker.held) == {0: 1, 1: 1}
+        waiting = asyncio.create_task(two.acquire())
+        await _settle()
+        waiting.cancel()
+        await _settle()
+        assert not broker.waiting
+        one.release(3.0)
+        await _settle()
+        assert list(broker.free) == [3.0] and one.stats()["acquires"] == 2 and two.stats()["acquires"] == 1
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.vllm

@@ -1,22 +1,20 @@
 """`bench --ray-address ADDR --clients N`: one plan sent by N client actors, records merged here as they arrive.
 
-Each actor runs the single-machine client (`HttpTarget.arun`, with its own
-`--workers` processes if asked) on its share of the plan: every actor builds
-the same plan from the same flags and seed, and keeps the requests it owns. A
-conversation is owned whole by the client of its first turn (a later turn
-waits for the earlier one's finish, which only that client sees); other
-requests go round-robin. An open loop keeps its global schedule (each
-client sends its requests at their planned times); a concurrency cap is
-split into per-client shares that add up to it, so a slot freed on one client
-is not used by another: a closed loop over several clients is a set of
-smaller closed loops, which is what N separate client hosts are (and what
-`--workers` does with one host's cap). A cap shared through a Ray actor (a
-semaphore) was left out on purpose: every finish-to-next-send would wait for
-a round trip to that actor (another node, on a cluster), a slot idle in the
-middle of the measured loop, and the slot's free time, which bench uses as
-the next request's intended send time, would be read on one host's clock and
-used on another's. A cap below the number of clients is refused before any
-client starts (a client with no slot would send nothing).
+Each actor runs the single-machine client (`HttpTarget.arun`) on its share
+of the plan: every actor builds the same plan from the same flags and seed,
+and keeps the requests it owns. A conversation is owned whole by the client
+of its first turn (a later turn waits for the earlier one's finish, which
+only that client sees); other requests go round-robin. An open loop keeps
+its global schedule (each client sends its requests at their planned times).
+A concurrency cap is one cap for all clients, held by a `SlotBroker` actor
+(slot_broker.py) on the driver's node: a client asks it for a slot before
+each send and gives the slot back at each record, so the requests in flight
+across the clients never exceed the cap; a slot a client frees goes to its
+own waiting request if it has one (no round trip), else back to the broker,
+for whichever client asks next. A dead client's slots are reclaimed when the
+driver sees it dead. One client (`--clients 1`) keeps its own local
+cap (and its `--workers`); with several, a shared cap runs one event loop per
+client (`--workers` is refused with it: the clients are the scale-out).
 
 Clocks: each actor's offset to the driver is measured as NTP does (the
 driver's send and receive times around the actor's reading, the sample with
@@ -37,6 +35,7 @@ process); its death is in its client_stats entry and warned about.
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import time
 from collections import deque
@@ -46,6 +45,7 @@ from typing import Any
 import uvloop
 
 from servelab.cluster.ray_pool import connect
+from servelab.cluster.slot_broker import SharedSlots, SlotBroker
 from servelab.errors import InputError
 from servelab.metrics.records import CLIENT_WORKER_DIED, ERROR, RecordSink, RequestRecord
 from servelab.targets.base import SampleSink, TargetRun
@@ -77,7 +77,8 @@ def _take_all(items: deque[Any]) -> list[Any]:
 
 
 def owned(plan: LoadPlan, clients: int, me: int, taken: deque[RequestSpec]) -> LoadPlan:
-    """The requests of `plan` that client `me` of `clients` sends: whole conversations, the rest round-robin.
+    """The requests of `plan` that client `me` of `clients` sends: whole conversations, the rest round-robin; the
+    cap stays the whole plan's (shared through the broker when there are several clients).
 
     Each request the client takes from its share is appended to `taken` (the driver's list of what a client that
     dies had in hand)."""
@@ -99,9 +100,7 @@ def owned(plan: LoadPlan, clients: int, me: int, taken: deque[RequestSpec]) -> L
                 taken.append(spec)
                 yield spec
 
-    cap = plan.max_concurrency
-    share = None if cap is None else cap // clients + (1 if me < cap % clients else 0)
-    return LoadPlan(share_of_requests(), share, plan.duration, plan.warmup, plan.description)
+    return LoadPlan(share_of_requests(), plan.max_concurrency, plan.duration, plan.warmup, plan.description)
 
 
 class ClientActor:
@@ -112,6 +111,7 @@ class ClientActor:
         self.taken: deque[RequestSpec] = deque()
         self.plan = owned(make_plan(), clients, me, self.taken)
         self.buffer = _Buffer()
+        self.me = me
 
     def now(self) -> float:
         return time.time()
@@ -119,13 +119,31 @@ class ClientActor:
     def host(self) -> str:
         return socket.gethostname()
 
-    def run(self, start_at: float) -> dict[str, Any]:
-        """Start at `start_at` on this host's clock (the driver's common start, through this host's offset)."""
+    def run(self, start_at: float, broker: Any | None = None) -> dict[str, Any]:
+        """Start at `start_at` on this host's clock (the driver's common start, through this host's offset); take
+        the cap's slots from `broker` when the clients share one."""
+        if broker is not None:
+            import ray
+
+            ray.get(broker.ready.remote())
         time.sleep(max(0.0, start_at - time.time()))
+        slots = None if broker is None else SharedSlots(broker, self.me, functools.cache(lambda: self._shift(start_at)))
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            run = runner.run(self.target.arun(self.plan, self.buffer))
-        return {"duration": run.duration, "server_info": run.server_info, "client_stats": run.client_stats,
+            try:
+                run = runner.run(self.target.arun(self.plan, self.buffer, slots=slots))
+            finally:
+                if slots is not None and self.target.clock_zero is not None:
+                    slots.leave(time.perf_counter() - self.target.clock_zero)
+        stats = run.client_stats if slots is None else {**run.client_stats, "slot_broker": slots.stats()}
+        return {"duration": run.duration, "server_info": run.server_info, "client_stats": stats,
                 "interrupted": run.interrupted}
+
+    def _shift(self, start_at: float) -> float:
+        """This client's run time 0 on the driver's time line: its clock's zero on this host's wall clock, less the
+        common start on it (which is the driver's zero through this host's offset)."""
+        zero = self.target.clock_zero
+        assert zero is not None, "the shared slots are used only once the client's clock has started"
+        return zero + time.time() - time.perf_counter() - start_at
 
     def drain(self) -> tuple[float | None, list[tuple[int, float, int]], list[RequestRecord]]:
         """The run's zero on this host's wall clock (None before it starts), the requests taken from the plan
@@ -155,6 +173,21 @@ class RayClients:
         self.target_options = target_options
         self.make_plan = make_plan
 
+    def _broker(self, cap: int) -> Any:
+        """The shared cap's actor, on the driver's node: if that node is lost, so is the driver, and the run with it."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(self.ray.get_runtime_context().get_node_id(), soft=True)
+        return self.ray.remote(num_cpus=0, max_restarts=0)(SlotBroker).options(scheduling_strategy=here).remote(cap)
+
+    def _reclaim(self, broker: Any, client: int, now: float) -> int | None:
+        """A dead client's slots, given back to the others; None if the broker is gone too (then so is the cap)."""
+        try:
+            held: int = self.ray.get(broker.leave.remote(client, now))
+        except self.ray.exceptions.RayActorError:
+            return None
+        return held
+
     def _clock(self, actor: Any) -> tuple[float, float]:
         """(offset of the actor's clock to ours, round trip) in seconds, from the quickest of CLOCK_SAMPLES readings."""
         best: tuple[float, float] | None = None
@@ -168,10 +201,12 @@ class RayClients:
         return best
 
     def run(self, plan: LoadPlan, sink: RecordSink, on_sample: SampleSink | None = None) -> TargetRun:
-        if plan.max_concurrency is not None and plan.max_concurrency < self.clients:
-            raise InputError(f"--max-concurrency {plan.max_concurrency} is split between the clients: "
-                             f"--clients {self.clients} would leave a client without a slot")
+        cap = plan.max_concurrency if self.clients > 1 else None  # one client keeps its own (local) cap
+        if cap is not None and self.target_options.get("workers", 1) > 1:
+            raise InputError(f"--max-concurrency is one cap shared by the --clients {self.clients}, each on one event "
+                             "loop: drop --workers (more clients are the way to more client processes)")
         ray = self.ray
+        broker = None if cap is None else self._broker(cap)
         remote = ray.remote(num_cpus=0, max_concurrency=2, max_restarts=0)(ClientActor)
         actors = [remote.options(scheduling_strategy="SPREAD").remote(self.target_options, self.make_plan, self.clients, i)
                   for i in range(self.clients)]
@@ -181,7 +216,7 @@ class RayClients:
             info.append({"client": i, "host": ray.get(actor.host.remote()), "clock_offset_ms": 1000 * offset,
                          "clock_rtt_ms": 1000 * rtt})
         zero = time.time() + START_AHEAD_S
-        runs = {actor.run.remote(zero + info[i]["clock_offset_ms"] / 1000): i for i, actor in enumerate(actors)}
+        runs = {actor.run.remote(zero + info[i]["clock_offset_ms"] / 1000, broker): i for i, actor in enumerate(actors)}
         shifts: list[float | None] = [None] * self.clients
         open_: list[dict[int, tuple[float, int]]] = [{} for _ in actors]  # per client: taken, not yet recorded
         results: dict[int, dict[str, Any]] = {}
@@ -222,10 +257,12 @@ class RayClients:
                     except ray.exceptions.RayError as exc:
                         results[i] = {"died": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
                         lose(i, results[i]["died"])
+                        if broker is not None:  # its slots go back to the others, and the broker ignores it from now
+                            results[i]["slots_reclaimed"] = self._reclaim(broker, i, time.time() - zero)
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            for actor in actors:
+            for actor in [*actors, *([broker] if broker is not None else [])]:
                 ray.kill(actor)
         return self._merged(info, shifts, results, interrupted, time.time() - zero)
 
@@ -236,7 +273,8 @@ class RayClients:
             result = results.get(i, {"died": "interrupted"})
             shift = shifts[i]
             clients.append({**entry, "start_skew_ms": None if shift is None else 1000 * shift,
-                            **({"died": result["died"]} if "died" in result else result["client_stats"])})
+                            **({k: result[k] for k in ("died", "slots_reclaimed") if k in result} if "died" in result
+                               else result["client_stats"])})
         bottlenecks = [f"client {c['client']} ({c['host']}): {c.get('reason', '')}" for c in clients if c.get("client_may_be_bottleneck")]
         dead = [f"client {c['client']} ({c['host']}) died: {c['died']}" for c in clients if "died" in c]
         stats: dict[str, Any] = {"clients": clients, "client_may_be_bottleneck": bool(bottlenecks or dead)}

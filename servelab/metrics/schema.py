@@ -155,7 +155,33 @@ class ClientStats(OpenModel):
     engine_steps: int | None = Field(None, description="Simulate: engine steps run.")
     engine_busy_s: list[float] | None = Field(None, description="Simulate: busy seconds per engine (replica).")
     frontend_busy_s: float | None = Field(None, description="Simulate: the API server's busy seconds.")
-    clients: list[Json] | None = Field(None, description="A run from several clients: each client's own stats.")
+    clients: list[ClientEntry] | None = Field(None, description="A run from several clients: each client's own stats.")
+
+
+class SlotBrokerCost(OpenModel):
+    """What the shared concurrency cap cost one client of `bench --clients N` (servelab/cluster/slot_broker.py): each
+    slot taken from the broker cost a round trip, beyond its wait for a free slot: send lag the cap added to that
+    request (a kept slot costs none)."""
+
+    acquires: int = Field(description="Slots it took from the broker.")
+    kept: int = Field(description="Slots it passed from a finished request of its own to a waiting one, no round trip.")
+    median_round_trip_ms: float | None
+    p99_round_trip_ms: float | None
+    max_round_trip_ms: float | None
+
+
+class ClientEntry(ClientStats):
+    """One client of a run from several (`bench --ray-address --clients N`, servelab/cluster/clients.py): its place
+    and clock beside its own stats; a client that died has `died` (and `slots_reclaimed`) instead of stats."""
+
+    client: int
+    host: str
+    clock_offset_ms: float = Field(description="Its wall clock minus the driver's (NTP-style, quickest of 8 readings).")
+    clock_rtt_ms: float = Field(description="That reading's round trip: half of it bounds the offset's error.")
+    start_skew_ms: float | None = Field(None, description="Its preparation before its clock started.")
+    slot_broker: SlotBrokerCost | None = Field(None, description="The shared cap's cost to it (several clients, a cap).")
+    died: str | None = Field(None, description="Why it died, as Ray said.")
+    slots_reclaimed: int | None = Field(None, description="Slots of the shared cap it held at its death, given back.")
 
 
 class Summary(OpenModel):

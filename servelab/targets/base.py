@@ -30,5 +30,17 @@ class TargetRun:
     """The load generator's own overhead: schedule lag, loop lag, CPU share."""
 
 
+class Slots(Protocol):
+    """A concurrency cap: `acquire` waits for a free slot and says when it became free (run time, the intended send
+    time of the request that takes it); `release` gives one back at a request's finish time, whatever its end.
+
+    One event loop's own cap is a local queue (http.py); `bench --clients N` shares one cap between all clients
+    through a Ray actor (servelab/cluster/slot_broker.py)."""
+
+    async def acquire(self) -> float: ...
+
+    def release(self, free_at: float) -> None: ...
+
+
 class Target(Protocol):
     def run(self, plan: LoadPlan, sink: RecordSink, on_sample: SampleSink | None = None) -> TargetRun: ...

@@ -121,7 +121,8 @@ class DelayProbe:
             self._socks = None
 
 
-def _ms_stats(name: str, values_s: Sequence[float]) -> dict[str, float | None]:
+def ms_stats(name: str, values_s: Sequence[float]) -> dict[str, float | None]:
+    """Median, p99 and max of `values_s` in milliseconds, keyed `median_{name}_ms`...; None each when empty."""
     if not values_s:
         return {f"median_{name}_ms": None, f"p99_{name}_ms": None, f"max_{name}_ms": None}
     arr = np.asarray(values_s, dtype=float) * 1e3
@@ -187,8 +188,8 @@ def client_stats(
     Without the probe's weights every loop sample counts once.
     """
     stats: dict[str, object] = {}
-    stats.update(_ms_stats("schedule_lag", schedule_lags_s))
-    stats.update(_ms_stats("loop_lag", loop_lags_s))
+    stats.update(ms_stats("schedule_lag", schedule_lags_s))
+    stats.update(ms_stats("loop_lag", loop_lags_s))
     cpu_share = cpu_seconds / wall_seconds / processes if wall_seconds > 0 else 0.0
     stats["cpu_share"] = cpu_share
     stats["processes"] = processes

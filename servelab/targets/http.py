@@ -47,7 +47,7 @@ from servelab.metrics.records import (
     RequestRecord,
 )
 from servelab.metrics.scrape import MetricsScraper
-from servelab.targets.base import SampleSink, TargetRun
+from servelab.targets.base import SampleSink, Slots, TargetRun
 from servelab.targets.client_stats import WAVE_SPAN_S, DelayProbe
 from servelab.targets.engine_identity import identify
 from servelab.targets.errors import TargetError, unmet_dependency
@@ -334,13 +334,18 @@ class HttpTarget:
         sink: RecordSink,
         on_sample: SampleSink | None = None,
         handle_signals: bool = False,
+        slots: Slots | None = None,
     ) -> TargetRun:
+        """The run on the running event loop; `slots`, when given, is the plan's cap shared with other clients
+        (one event loop then: a shared cap is not split between --workers processes)."""
         if self.run_preflight and self.server_info is None:
             await self.apreflight()
         cap = plan.max_concurrency
         if cap is not None and cap < 1:
             raise TargetError(f"max_concurrency must be at least 1, got {cap}")
         workers = min(self.workers, cap) if cap is not None else self.workers
+        if slots is not None and workers > 1:
+            raise TargetError("a concurrency cap shared with other clients runs on one event loop: --workers 1")
         zero = 0.0
         auth = self._auth_headers() or None
         async with aiohttp.ClientSession() as scrape_session, gpu_sampler(self.gpu_telemetry, scrape_session) as gpu:
@@ -369,7 +374,7 @@ class HttpTarget:
                 else:
                     assert client is not None
                     specs = aiter_specs(itertools.chain(wave, rest))
-                    tally = await self.serve(specs, cap, plan.duration, sink, zero, handle_signals, client, bodies)
+                    tally = await self.serve(specs, cap, plan.duration, sink, zero, handle_signals, client, bodies, slots)
             finally:
                 stop_scraping.set()
                 await scraping
@@ -395,13 +400,17 @@ class HttpTarget:
         handle_signals: bool,
         client: Replicas,
         bodies: dict[int, bytes],
+        slots: Slots | None = None,
     ) -> RunTally:
         """Release and stream requests on this event loop; the body of a run, in one process or in each worker.
 
-        `client` and `bodies` come from `prepare`, before the clock started; the client is closed here.
+        `client` and `bodies` come from `prepare`, before the clock started; the client is closed here. The cap is
+        `slots` when given (shared with other clients), else this loop's own `max_concurrency` slots.
         """
+        if slots is None and max_concurrency:
+            slots = _Slots(max_concurrency)
         try:
-            return await _Run(self, specs, max_concurrency, duration, sink, client, zero, bodies).execute(handle_signals)
+            return await _Run(self, specs, slots, duration, sink, client, zero, bodies).execute(handle_signals)
         finally:
             client.close()
 
@@ -545,7 +554,7 @@ class _Run:
         self,
         target: HttpTarget,
         specs: AsyncIterator[RequestSpec],
-        max_concurrency: int | None,
+        slots: Slots | None,
         duration: float | None,
         sink: RecordSink,
         client: Replicas,
@@ -560,7 +569,7 @@ class _Run:
         self.sink = sink
         self.client = client
         self.zero = zero
-        self.slots = _Slots(max_concurrency) if max_concurrency else None
+        self.slots = slots
         self.finished: dict[int, float] = {}
         """Finish time of every finished request, for `depends_on` (indices point backwards)."""
         self._seen: set[int] = set()
@@ -625,8 +634,12 @@ class _Run:
         except TimeoutError:
             pass
         except TargetError as exc:
-            self.tally.plan_error = str(exc)
-            self.stop()
+            self._fail(exc)
+
+    def _fail(self, exc: TargetError) -> None:
+        """The plan (or a shared cap's broker) cannot go on: stop; the run raises it once every record is written."""
+        self.tally.plan_error = str(exc)
+        self.stop()
 
     async def _release_all(self) -> None:
         duration = self.duration
@@ -662,6 +675,8 @@ class _Run:
                 self._launch(spec, intended)
         except TimeoutError:
             pass
+        except TargetError as exc:  # a shared cap's broker was lost
+            self._fail(exc)
 
     async def _sleep_until(self, t: float) -> None:
         """Never early: uvloop's timers have millisecond granularity and may fire just before `t`."""
