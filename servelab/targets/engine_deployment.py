@@ -15,8 +15,8 @@ from pathlib import Path
 from servelab.perf.cost_model import CostCoefficients
 from servelab.perf.engine_kernels import KernelRatio, ScaledCostModel, kernel_ratio
 from servelab.perf.errors import PerfConfigError
-from servelab.perf.hardware import get_gpu
-from servelab.perf.models import get_model
+from servelab.perf.hardware import Hardware, get_gpu
+from servelab.perf.models import ModelSpec, get_model
 from servelab.perf.sglang_args import parse_sglang_args, resolve_sglang
 from servelab.perf.trtllm_args import parse_trtllm_args, resolve_trtllm
 from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
@@ -37,6 +37,11 @@ class EngineDeployment(Deployment):
         target.cost_model = ScaledCostModel(target.cost_model, self.kernels)
         return target
 
+    def relaunched(self, flags: str, hardware: Hardware | None = None) -> EngineDeployment:
+        """The same engine, model and router started with another launch line (on other hardware): what `tune`
+        simulates for a candidate. Every setting comes from `flags`, as a server started with them would have it."""
+        return _engine_deployment(self.engine, hardware or self.hardware, self.model, flags, router=self.router)
+
 
 def build_engine_deployment(
     engine: str,
@@ -55,10 +60,30 @@ def build_engine_deployment(
     if engine == VLLM:
         return build_deployment(gpu, model, flags, tensor_parallel_size=tensor_parallel_size, replicas=replicas,
                                 gpu_file=gpu_file, router=router)
-    hardware = get_gpu(gpu, gpu_file)
+    return _engine_deployment(engine, get_gpu(gpu, gpu_file), model, flags, tensor_parallel_size=tensor_parallel_size,
+                              replicas=replicas, router=router)
+
+
+def _engine_deployment(
+    engine: str,
+    hardware: Hardware,
+    model: str | Path | ModelSpec,
+    flags: str,
+    *,
+    tensor_parallel_size: int | None = None,
+    replicas: int | None = None,
+    router: str = ROUND_ROBIN,
+) -> EngineDeployment:
+    """An SGLang or TensorRT-LLM deployment; a model the flags name (`--model-path`, trtllm-serve's MODEL) wins."""
     costs = measured_cpu_costs()
     coefficients = costs.coefficients(CostCoefficients(), None) if hardware.vendor != "cpu" else CostCoefficients()
     api = costs.api_server(None) if hardware.vendor != "cpu" else None
+
+    def spec_of(named: str | None) -> ModelSpec:
+        if named:
+            return get_model(named)
+        return model if isinstance(model, ModelSpec) else get_model(model)
+
     if engine == SGLANG:
         parsed = parse_sglang_args(flags)
         warnings = parsed.warnings
@@ -67,7 +92,7 @@ def build_engine_deployment(
             settings = replace(settings, tp_size=tensor_parallel_size)
         if replicas is not None:
             settings = replace(settings, dp_size=replicas)
-        spec = get_model(settings.model or model)
+        spec = spec_of(settings.model)
         plan = resolve_sglang(settings, hardware, spec)
         config, memory, factory = plan.config, plan.memory, sglang_factory(plan.config, plan.settings)
         own = asdict(plan.settings)
@@ -77,7 +102,7 @@ def build_engine_deployment(
         trt = parsed_trt.settings
         if tensor_parallel_size is not None:
             trt = replace(trt, tp_size=tensor_parallel_size)
-        spec = get_model(trt.model or model)
+        spec = spec_of(trt.model)
         trt_plan = resolve_trtllm(trt, hardware, spec)
         config, memory = trt_plan.config, trt_plan.memory
         if replicas is not None:
