@@ -169,6 +169,12 @@ ENGINE_DEFAULT_KNOBS = {VLLM: DEFAULT_KNOBS, SGLANG: ("max_running_requests", "c
                         TRTLLM: ("max_batch_size", "max_num_tokens")}
 
 
+def _known(engine: str) -> str:
+    if engine not in ENGINE_KNOBS:
+        raise TuneError(f"--engine {engine!r}: choose one of {', '.join(ENGINE_KNOBS)}")
+    return engine
+
+
 def knob_named(name: str, engine: str = VLLM) -> Knob:
     key = name.strip().lstrip("-").replace("-", "_")
     aliases, knobs = ENGINE_ALIASES[engine], ENGINE_KNOBS[engine]
@@ -212,7 +218,7 @@ class SearchSpace:
     def from_items(cls, items: Sequence[str], engine: str = VLLM) -> SearchSpace:
         """From CLI words: `max_num_seqs=8,32,128` or a bare knob name for its built-in candidates."""
         dims: dict[str, tuple[Value, ...]] = {}
-        for item in items or ENGINE_DEFAULT_KNOBS[engine]:
+        for item in items or ENGINE_DEFAULT_KNOBS[_known(engine)]:
             name, sep, values = item.partition("=")
             knob = knob_named(name, engine)
             if knob.name in dims:
@@ -236,7 +242,7 @@ class SearchSpace:
             raise TuneError(f"{path}: expected a mapping of knob -> list of values")
         dims: dict[str, tuple[Value, ...]] = {}
         for name, values in data.items():
-            knob = knob_named(str(name), engine)
+            knob = knob_named(str(name), _known(engine))
             if values is None:
                 dims[knob.name] = knob.candidates
             else:
