@@ -40,7 +40,8 @@ class EngineDeployment(Deployment):
     def relaunched(self, flags: str, hardware: Hardware | None = None) -> EngineDeployment:
         """The same engine, model and router started with another launch line (on other hardware): what `tune`
         simulates for a candidate. Every setting comes from `flags`, as a server started with them would have it."""
-        return _engine_deployment(self.engine, hardware or self.hardware, self.model, flags, router=self.router)
+        return _engine_deployment(self.engine, hardware or self.hardware, self.model, flags, router=self.router,
+                                  kernels_of=self)
 
 
 def build_engine_deployment(
@@ -73,8 +74,12 @@ def _engine_deployment(
     tensor_parallel_size: int | None = None,
     replicas: int | None = None,
     router: str = ROUND_ROBIN,
+    kernels_of: EngineDeployment | None = None,
 ) -> EngineDeployment:
-    """An SGLang or TensorRT-LLM deployment; a model the flags name (`--model-path`, trtllm-serve's MODEL) wins."""
+    """An SGLang or TensorRT-LLM deployment; a model the flags name (`--model-path`, trtllm-serve's MODEL) wins.
+
+    `kernels_of`: a deployment whose kernel ratio stands when GPU, model, weight format and TP are its own (reading
+    the kernel tables again costs most of a second, a tune candidate's simulation a fraction of one)."""
     costs = measured_cpu_costs()
     coefficients = costs.coefficients(CostCoefficients(), None) if hardware.vendor != "cpu" else CostCoefficients()
     api = costs.api_server(None) if hardware.vendor != "cpu" else None
@@ -110,10 +115,13 @@ def _engine_deployment(
         factory = trtllm_factory(config, trt_plan.settings)
         own = asdict(trt_plan.settings)
         warnings = parsed_trt.warnings
+    shape = (hardware, spec, config.quantization, config.tensor_parallel_size)
+    same = kernels_of is not None and shape == (kernels_of.hardware, kernels_of.model, kernels_of.config.quantization,
+                                                kernels_of.config.tensor_parallel_size)
     deployment = EngineDeployment(
         hardware, spec, config, config, memory, coefficients, tuple(warnings), router,
         cpu_costs_source="measured" if hardware.vendor != "cpu" else "none", engine=engine, scheduler_factory=factory,
         engine_flags=flags, engine_settings=own,
-        kernels=kernel_ratio(engine, hardware, spec, config.quantization, config.tensor_parallel_size),
+        kernels=kernels_of.kernels if same and kernels_of is not None else kernel_ratio(engine, *shape),
     )
     return deployment if api is None else replace(deployment, api=api)
