@@ -149,6 +149,7 @@ def test_stage2_fills_the_template_with_the_engines_own_flags(tmp_path: Path, mo
         (["--engine", "trtllm", "--space", "capacity_scheduler_policy=STATIC_BATCH"], ["STATIC_BATCH"]),
         (["--engine", "trtllm", "--space", "tp_size=default"], ["tp_size", "TensorRT-LLM default"]),
         (["--engine", "tgi"], ["--engine", "tgi"]),
+        (["--engine", "tgi", "--space", "max_batch_size=8"], ["--engine", "tgi"]),
     ],
 )
 def test_bad_engine_spaces_are_refused_before_any_trial(tmp_path: Path, args: list[str], named: list[str]) -> None:

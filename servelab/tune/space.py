@@ -177,7 +177,7 @@ def _known(engine: str) -> str:
 
 def knob_named(name: str, engine: str = VLLM) -> Knob:
     key = name.strip().lstrip("-").replace("-", "_")
-    aliases, knobs = ENGINE_ALIASES[engine], ENGINE_KNOBS[engine]
+    aliases, knobs = ENGINE_ALIASES[_known(engine)], ENGINE_KNOBS[engine]
     key = aliases.get(key, key)
     if key not in knobs:
         known = ", ".join([*knobs, *aliases])
@@ -242,7 +242,7 @@ class SearchSpace:
             raise TuneError(f"{path}: expected a mapping of knob -> list of values")
         dims: dict[str, tuple[Value, ...]] = {}
         for name, values in data.items():
-            knob = knob_named(str(name), _known(engine))
+            knob = knob_named(str(name), engine)
             if values is None:
                 dims[knob.name] = knob.candidates
             else:
