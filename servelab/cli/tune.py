@@ -17,6 +17,7 @@ from servelab.cli.report import ReportFlag, report_into
 from servelab.cli.options import (
     CalibrationFlag,
     EngineArgsFlag,
+    EngineFlag,
     GpuFlag,
     LoadFlags,
     ModelFlag,
@@ -28,6 +29,7 @@ from servelab.errors import RunInterrupted
 from servelab.experiment.reference import speed_check
 from servelab.perf.calibration import CalibrationProfile, load_profile
 from servelab.perf.hardware import get_gpu
+from servelab.sim.engines import LABELS, VLLM
 from servelab.targets.http import HttpTarget
 from servelab.tune.confirm import ServerCheck, ServerCommand, Stage2Config, Stage2Result
 from servelab.tune.errors import TuneError
@@ -81,8 +83,10 @@ def tune(
     model: ModelFlag = None,
     calibration: CalibrationFlag = None,
     engine_args: EngineArgsFlag = "",
+    engine: EngineFlag = VLLM,
     sim_args: Annotated[str, typer.Option(help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.")] = "",
-    space: Annotated[Optional[list[str]], typer.Option(help="KNOB=V1,V2 (or KNOB for built-in values; 'default' = vLLM's). Repeatable.")] = None,
+    space: Annotated[Optional[list[str]], typer.Option(help="KNOB=V1,V2 (or KNOB for built-in values; 'default' = the engine's). "
+                                                           "Another --engine's knobs are its flags: max_running_requests, max_batch_size... Repeatable.")] = None,
     space_file: Annotated[Optional[Path], typer.Option(help="YAML/JSON mapping knob -> list of values.")] = None,
     objective: Annotated[str, typer.Option(help="goodput (max rate under the SLO), throughput (under p-limits), or cost.")] = "goodput",
     slo_percentile: Annotated[float, typer.Option(help="The percentile each --goodput bound applies to.")] = 99.0,
@@ -117,7 +121,7 @@ def tune(
     if resume and load.result_dir is None:
         raise TuneError("--resume needs the --result-dir of the study to continue")
     output = load.output_dir("tune")
-    search_space = SearchSpace.from_file(space_file) if space_file else SearchSpace.from_items(space or [])
+    search_space = SearchSpace.from_file(space_file, engine) if space_file else SearchSpace.from_items(space or [], engine)
     if space_file and space:
         raise TuneError("--space and --space-file both define the search space; give one")
     arrival = load.arrival()
@@ -131,8 +135,9 @@ def tune(
         server = ServerCommand(server_cmd, parse_env(server_env), startup_timeout=startup_timeout, port=server_port)
     bench_amount = load.amount() if load.num_prompts or load.duration else Amount(STAGE2_PROMPTS, warmup=load.warmup)
     request = TuneRequest(
-        simulated=deployment_from_flags(gpu, model, f"{engine_args} {sim_args}".strip(), calibration=calibration),
-        launch=deployment_from_flags(gpu, model, engine_args, calibration=calibration),
+        simulated=deployment_from_flags(gpu, model, f"{engine_args} {sim_args}".strip(), calibration=calibration,
+                                        engine=engine),
+        launch=deployment_from_flags(gpu, model, engine_args, calibration=calibration, engine=engine),
         sim_args=sim_args, calibration=None if calibration is None else str(calibration),
         space=search_space, objective=goal,
         sim_workload=TuneWorkload(load.workload(), arrival, Amount(num_prompts=sim_prompts)),
@@ -144,7 +149,7 @@ def tune(
     )
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        doc = run_tune(request, None if load.json else _live_progress(console, goal))
+        doc = run_tune(request, None if load.json else _live_progress(console, goal, engine))
     except KeyboardInterrupt:
         raise RunInterrupted(f"finished trials are kept; continue with --resume --result-dir {output}") from None
     finally:
@@ -175,14 +180,19 @@ def _speed_check(profile: CalibrationProfile) -> ServerCheck:
     return check
 
 
-def _live_progress(console: Console, goal: Objective) -> TuneProgress:
+def _defaults(engine: str) -> str:
+    """What an empty launch line means, in words."""
+    return f"({LABELS[engine]} defaults)"
+
+
+def _live_progress(console: Console, goal: Objective, engine: str) -> TuneProgress:
     def on_trial(trial: StudyTrial, evaluated: int, budget: int) -> None:
         o = trial.outcome
         score = "cannot run" if o.score is None else f"{o.score:,.4g} {goal.unit}{'' if o.feasible else ' (SLO missed)'}"
         console.print(f"[dim]trial {evaluated}/{budget}[/] {_knobs(o.params)}: {score}")
 
     def on_start(config: Stage2Config) -> None:
-        console.print(f"[bold]stage 2[/] {config.label}: starting the server with {config.engine_args or '(vLLM defaults)'}")
+        console.print(f"[bold]stage 2[/] {config.label}: starting the server with {config.engine_args or _defaults(engine)}")
 
     def on_result(result: Stage2Result) -> None:
         for warning in result.warnings:
@@ -207,7 +217,8 @@ def _num(value: Any, fmt: str = ",.4g") -> str:
 def _simulator(deployment: TuneDeployment) -> str:
     """Which simulator the predictions come from: a calibrated one is worth naming, an uncalibrated one worth flagging."""
     profile = deployment.calibration
-    return f"simulated, calibrated by {profile}" if profile else f"simulated on catalogue rates of {deployment.gpu}"
+    engine = "" if deployment.engine == VLLM else f" {LABELS[deployment.engine]}"
+    return f"simulated{engine}, calibrated by {profile}" if profile else f"simulated{engine} on catalogue rates of {deployment.gpu}"
 
 
 def render(console: Console, doc: TuneDocument) -> None:
@@ -223,7 +234,7 @@ def render(console: Console, doc: TuneDocument) -> None:
     for rank, number, t in rows:
         m = t.metrics
         slo = "cannot run" if t.status != "ok" else ("met" if t.feasible else "missed")
-        table.add_row(rank, number, _knobs(t.params) if number != "-" else (t.engine_args or "(vLLM defaults)"),
+        table.add_row(rank, number, _knobs(t.params) if number != "-" else (t.engine_args or _defaults(doc.deployment.engine)),
                       _num(t.score), slo, _num(m.request_throughput), _num(m.output_throughput),
                       _num(m.p99_ttft_ms), _num(m.p99_tpot_ms))
     console.print(table)
@@ -253,7 +264,7 @@ def render(console: Console, doc: TuneDocument) -> None:
         return
     source = "measured" if rec.source == "stage2" else "predicted"
     gain = rec.gain_over_baseline
-    console.print(f"[bold green]recommended[/] ({source}): {rec.engine_args or '(vLLM defaults)'}: "
+    console.print(f"[bold green]recommended[/] ({source}): {rec.engine_args or _defaults(doc.deployment.engine)}: "
                   f"{_num(rec.score)} {unit}" + ("" if gain is None else f", {gain:.2f}x the baseline"))
     if rec.launch_line:
         console.print(f"launch line: {rec.launch_line}")

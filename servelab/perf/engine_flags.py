@@ -47,6 +47,12 @@ class FlagTable:
     aliases: dict[str, str] = field(default_factory=dict)
     positional: str | None = None
     """The settings field a positional argument sets (the model), if the engine takes one."""
+    separator: str = "-"
+    """How the engine joins a flag's words (`--max-running-requests`; TensorRT-LLM's `--max_batch_size`)."""
+
+    def spelled(self, name: str) -> str:
+        """A canonical flag name (`max-batch-size`) as the engine's own help spells it."""
+        return "--" + name.replace("-", self.separator)
 
 
 @dataclass(slots=True)
@@ -76,16 +82,47 @@ def _canonical(token: str, table: FlagTable) -> str:
     return table.aliases.get(name, name)
 
 
-def _strip_launcher(tokens: list[str], table: FlagTable) -> list[str]:
+def split_launcher(tokens: Sequence[str], table: FlagTable) -> tuple[list[str], list[str]]:
+    """(the launcher the line starts with, if any: `python -m sglang.launch_server`; the rest)."""
     for launcher in table.launchers:
         if tuple(tokens[: len(launcher)]) == launcher:
-            return tokens[len(launcher):]
-    return tokens
+            return list(launcher), list(tokens[len(launcher):])
+    return [], list(tokens)
+
+
+def with_flag(line: str | Sequence[str], table: FlagTable, name: str, value: object) -> list[str]:
+    """`line` with the modelled flag `name` (canonical: `max-running-requests`) set to `value`, however and
+    wherever the line spelled it (an alias, `--flag=value`, once or twice): every occurrence is dropped and the
+    flag appended once; None, or False for a switch, leaves it out; True gives a switch bare.
+
+    A value starting with '-' (SGLang's `--chunked-prefill-size -1`) is written `--flag=-1`, the one form
+    `parse_flags` does not read as a missing value.
+    """
+    spec = table.modelled[name]
+    launcher, rest = split_launcher(shlex.split(line) if isinstance(line, str) else list(line), table)
+    kept: list[str] = []
+    i = 0
+    while i < len(rest):
+        token = rest[i]
+        i += 1
+        flag, eq, _ = token.partition("=")
+        if token.startswith("-") and _canonical(flag, table) == name:
+            if not eq and spec.convert is not None and i < len(rest) and not rest[i].startswith("-"):
+                i += 1  # its value
+            continue
+        kept.append(token)
+    if value is None or value is False:
+        return launcher + kept
+    if value is True and spec.convert is None:
+        return [*launcher, *kept, table.spelled(name)]
+    text = str(value)
+    flag_tokens = [f"{table.spelled(name)}={text}"] if text.startswith("-") else [table.spelled(name), text]
+    return [*launcher, *kept, *flag_tokens]
 
 
 def parse_flags(line: str | Sequence[str], table: FlagTable) -> ParsedFlags:
     """Read `line` against `table`; PerfConfigError only for a modelled flag with a missing or bad value."""
-    tokens = _strip_launcher(shlex.split(line) if isinstance(line, str) else list(line), table)
+    tokens = split_launcher(shlex.split(line) if isinstance(line, str) else list(line), table)[1]
     known = set(table.modelled) | set(table.obsolete) | table.not_modelled | table.harmless
     out = ParsedFlags()
     i = 0

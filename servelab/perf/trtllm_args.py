@@ -79,6 +79,7 @@ FLAGS = FlagTable(
                         "fail-fast-on-attention-window-too-large"}),
     aliases={"tensor-parallel-size": "tp-size"},
     positional="model",
+    separator="_",
 )
 
 # --extra_llm_api_options keys (nested as in the YAML) -> settings field; the rest are reported like flags.
@@ -95,6 +96,8 @@ _YAML_KEYS: dict[tuple[str, ...], str] = {
     ("scheduler_config", "capacity_scheduler_policy"): "capacity_scheduler_policy",
     ("quant_config", "quant_algo"): "quantization",
 }
+YAML_KEY_OF = {target: key for key, target in _YAML_KEYS.items()}
+"""Settings field -> where the --extra_llm_api_options YAML sets it (the YAML overrides a flag for the same field)."""
 _QUANT_ALGOS = {"FP8": "fp8", "FP8_PER_CHANNEL_PER_TOKEN": "fp8", "W8A8_SQ_PER_CHANNEL": "int8", "W4A16_AWQ": "awq",
                 "W4A16_GPTQ": "gptq"}
 _YAML_OBSOLETE = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +88,12 @@ def gain(best: float | None, baseline: float | None, direction: str) -> float | 
 
 def recommend(
     ranked: Sequence[StudyTrial], baseline: TrialOutcome, stage2: Sequence[Stage2Result], direction: str,
+    launch_line: Callable[[str], str] | None = None,
 ) -> dict[str, Any] | None:
-    """The configuration to run, from measurements when there are any, with its gain over the baseline."""
+    """The configuration to run, from measurements when there are any, with its gain over the baseline.
+
+    `launch_line` turns a simulated recommendation's flags into the command to paste (SGLang's and
+    TensorRT-LLM's, whose flags are their own launch line); without it only stage 2's measured ones carry one."""
     measured = [r for r in stage2 if r.ok and r.measured_score is not None]
     if measured:
         feasible = [r for r in measured if (r.measured_violation or 0) <= 0] or measured
@@ -116,7 +120,7 @@ def recommend(
         "label": BASELINE if best_trial.number < 0 else f"trial-{best_trial.number}",
         "params": best_trial.outcome.params,
         "engine_args": best_trial.outcome.engine_args,
-        "launch_line": None,
+        "launch_line": None if launch_line is None else launch_line(best_trial.outcome.engine_args),
         "score": best_trial.outcome.score,
         "slo_met": best_trial.outcome.feasible,
         "baseline_score": baseline.score,
@@ -136,6 +140,7 @@ def tune_document(
     direction: str,
     stage2: Sequence[Stage2Result] = (),
     stage2_info: dict[str, Any] | None = None,
+    launch_line: Callable[[str], str] | None = None,
 ) -> dict[str, Any]:
     ranked = rank(trials, direction)
     return {
@@ -153,7 +158,7 @@ def tune_document(
         "ranking": [t.number for t in ranked],
         "pareto": {"x": PARETO_X, "y": PARETO_Y, "trials": [t.number for t in pareto_front(trials)]},
         "stage2": None if stage2_info is None else {**stage2_info, "results": [r.to_dict() for r in stage2]},
-        "recommendation": recommend(ranked, baseline, stage2, direction),
+        "recommendation": recommend(ranked, baseline, stage2, direction, launch_line),
     }
 
 

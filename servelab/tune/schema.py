@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from servelab import SCHEMA_VERSION
+from servelab.sim.engines import VLLM
 from servelab.metrics.schema import DeploymentInfo, Json, PlanInfo, SLOTerms, Versions
 from servelab.typed import ClosedModel, OpenModel
 
@@ -121,6 +122,8 @@ class Recommendation(OpenModel):
 
 
 class TuneDeployment(DeploymentInfo):
+    engine: str = Field(VLLM, description="Whose configurations the study searched (vllm, sglang, trtllm); absent "
+                                          "in a tune.json written before tune took --engine, which searched vLLM's.")
     sim_args: str
     calibration: str | None
     simulated: DeploymentInfo

@@ -7,6 +7,12 @@ launch line sets). A knob named without values gets the built-in candidates
 below, each list starting with vLLM's own default so the baseline's neighbours
 are always in the space. Values are typed and checked here, before any trial,
 so a typo is one error message rather than a hundred failed trials.
+
+SGLang's and TensorRT-LLM's knobs are named as their own flags
+(`max_running_requests`, `max_batch_size`) and read by the converter of that
+engine's flag table (perf/sglang_args.py, perf/trtllm_args.py), so a value the
+space accepts is one the engine's parser accepts; servelab/tune/engine_lines.py
+writes a candidate into the engine's launch line.
 """
 
 from __future__ import annotations
@@ -21,15 +27,19 @@ from typing import Any
 
 import yaml
 
-from servelab.perf.engine_flags import fraction
+from servelab.perf import sglang_args, trtllm_args
+from servelab.perf.engine_flags import FlagTable, choice, fraction
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
+from servelab.sim.engines import LABELS, SGLANG, TRTLLM, VLLM
 from servelab.targets.deployment import Deployment
+from servelab.targets.engine_deployment import EngineDeployment
+from servelab.tune.engine_lines import TABLES, engine_line, flag_of
 from servelab.tune.errors import TuneError
 
 Value = int | float | bool | str | None
 Candidate = dict[str, Value]
-"""One point of the space: knob name -> value (None = vLLM's default)."""
+"""One point of the space: knob name -> value (None = the engine's default)."""
 
 DEFAULT = "default"
 GPU = "gpu"
@@ -85,7 +95,7 @@ class Knob:
     parse: Callable[[str], Value]
     candidates: tuple[Value, ...]
     nullable: bool
-    """Whether `default` (None: vLLM chooses) is a value."""
+    """Whether `default` (None: the engine chooses) is a value."""
     help: str
 
 
@@ -113,19 +123,73 @@ DEFAULT_KNOBS = ("max_num_seqs", "max_num_batched_tokens")
 """Searched when the user names no knob: the two that decide batching, vLLM's biggest lever."""
 
 
-def knob_named(name: str) -> Knob:
+def _flag_knob(table: FlagTable, name: str, candidates: tuple[Value, ...], nullable: bool, help: str,
+               parse: Callable[[str], Value] | None = None) -> Knob:
+    """A knob named as the engine's flag, read by that flag's own converter unless `parse` narrows it (or reads
+    a switch's or a YAML-only setting's value)."""
+    convert = parse or table.modelled[flag_of(name)].convert
+    assert convert is not None, f"{name} needs a parse: its flag is a switch"
+    return Knob(name, convert, candidates, nullable, help)
+
+
+_SGL, _TRT = sglang_args.FLAGS, trtllm_args.FLAGS
+_GPU_KNOB = KNOBS[GPU]
+ENGINE_KNOBS: dict[str, dict[str, Knob]] = {
+    VLLM: KNOBS,
+    SGLANG: {k.name: k for k in (
+        _flag_knob(_SGL, "max_running_requests", (None, 16, 32, 64, 128, 256, 512), True, "requests in one batch"),
+        _flag_knob(_SGL, "chunked_prefill_size", (None, 2048, 4096, 8192, 16384), True,
+                   "prefill tokens per batch (-1: prompts go whole)"),
+        _flag_knob(_SGL, "schedule_policy", sglang_args.MODELLED_POLICIES, False, "admission order (lpm: longest "
+                   "cached prefix first)", choice(*sglang_args.MODELLED_POLICIES)),
+        _flag_knob(_SGL, "mem_fraction_static", (None, 0.8, 0.85, 0.9), True, "share of GPU memory for weights + KV"),
+        _flag_knob(_SGL, "tp_size", (1, 2, 4, 8), False, "GPUs per replica"),
+        _GPU_KNOB,
+    )},
+    TRTLLM: {k.name: k for k in (
+        _flag_knob(_TRT, "max_batch_size", (None, 16, 32, 64, 128, 256, 512), True, "requests in one batch"),
+        _flag_knob(_TRT, "max_num_tokens", (None, 2048, 4096, 16384), True, "token budget per iteration"),
+        _flag_knob(_TRT, "capacity_scheduler_policy", trtllm_args.CAPACITY_POLICIES, False,
+                   "admission: reserve whole requests, or fill and pause", choice(*trtllm_args.CAPACITY_POLICIES)),
+        _flag_knob(_TRT, "enable_chunked_prefill", (False, True), False, "chunked context", _bool),
+        _flag_knob(_TRT, "kv_cache_free_gpu_memory_fraction", (None, 0.8, 0.95), True,
+                   "share of the free memory for the KV cache"),
+        _flag_knob(_TRT, "tp_size", (1, 2, 4, 8), False, "GPUs per replica"),
+        _GPU_KNOB,
+    )},
+}
+"""Each engine's knobs; SGLang's and TensorRT-LLM's under their own flag names."""
+ENGINE_ALIASES: dict[str, dict[str, str]] = {
+    VLLM: ALIASES,
+    **{engine: {alias.replace("-", "_"): flag.replace("-", "_") for alias, flag in TABLES[engine].aliases.items()
+                if flag.replace("-", "_") in ENGINE_KNOBS[engine]} | {"hardware": GPU}
+       for engine in (SGLANG, TRTLLM)},
+}
+ENGINE_DEFAULT_KNOBS = {VLLM: DEFAULT_KNOBS, SGLANG: ("max_running_requests", "chunked_prefill_size"),
+                        TRTLLM: ("max_batch_size", "max_num_tokens")}
+
+
+def _known(engine: str) -> str:
+    if engine not in ENGINE_KNOBS:
+        raise TuneError(f"--engine {engine!r}: choose one of {', '.join(ENGINE_KNOBS)}")
+    return engine
+
+
+def knob_named(name: str, engine: str = VLLM) -> Knob:
     key = name.strip().lstrip("-").replace("-", "_")
-    key = ALIASES.get(key, key)
-    if key not in KNOBS:
-        known = ", ".join([*KNOBS, *ALIASES])
-        raise TuneError(f"unknown knob {name!r} in the search space; known: {known}")
-    return KNOBS[key]
+    aliases, knobs = ENGINE_ALIASES[_known(engine)], ENGINE_KNOBS[engine]
+    key = aliases.get(key, key)
+    if key not in knobs:
+        known = ", ".join([*knobs, *aliases])
+        what = "" if engine == VLLM else f" of --engine {engine}"
+        raise TuneError(f"unknown knob {name!r}{what} in the search space; known: {known}")
+    return knobs[key]
 
 
-def _parse_value(knob: Knob, raw: object) -> Value:
+def _parse_value(knob: Knob, raw: object, engine: str) -> Value:
     if raw is None or (isinstance(raw, str) and raw.strip().lower() == DEFAULT):
         if not knob.nullable:
-            raise TuneError(f"{knob.name} has no vLLM default to fall back on; list explicit values")
+            raise TuneError(f"{knob.name} has no {LABELS[engine]} default to fall back on; list explicit values")
         return None
     try:
         return knob.parse(str(raw).strip())
@@ -138,6 +202,8 @@ class SearchSpace:
     """Knob -> the values to try, in the user's order (the first value is where a grid starts)."""
 
     dimensions: dict[str, tuple[Value, ...]]
+    engine: str = VLLM
+    """Whose knobs these are (servelab.sim.engines)."""
 
     def __post_init__(self) -> None:
         if not self.dimensions:
@@ -149,24 +215,24 @@ class SearchSpace:
                 raise TuneError(f"{name} lists a value twice: {list(values)}")
 
     @classmethod
-    def from_items(cls, items: Sequence[str]) -> SearchSpace:
+    def from_items(cls, items: Sequence[str], engine: str = VLLM) -> SearchSpace:
         """From CLI words: `max_num_seqs=8,32,128` or a bare knob name for its built-in candidates."""
         dims: dict[str, tuple[Value, ...]] = {}
-        for item in items or DEFAULT_KNOBS:
+        for item in items or ENGINE_DEFAULT_KNOBS[_known(engine)]:
             name, sep, values = item.partition("=")
-            knob = knob_named(name)
+            knob = knob_named(name, engine)
             if knob.name in dims:
                 raise TuneError(f"{knob.name} appears twice in the search space")
             if sep:
-                dims[knob.name] = tuple(_parse_value(knob, v) for v in values.split(",") if v.strip())
+                dims[knob.name] = tuple(_parse_value(knob, v, engine) for v in values.split(",") if v.strip())
             elif knob.candidates:
                 dims[knob.name] = knob.candidates
             else:
                 raise TuneError(f"{knob.name} has no built-in candidates; list them: {knob.name}=A,B")
-        return cls(dims)
+        return cls(dims, engine)
 
     @classmethod
-    def from_file(cls, path: Path) -> SearchSpace:
+    def from_file(cls, path: Path, engine: str = VLLM) -> SearchSpace:
         """A YAML or JSON mapping knob -> list of values (or null for the built-in candidates)."""
         try:
             data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
@@ -176,13 +242,13 @@ class SearchSpace:
             raise TuneError(f"{path}: expected a mapping of knob -> list of values")
         dims: dict[str, tuple[Value, ...]] = {}
         for name, values in data.items():
-            knob = knob_named(str(name))
+            knob = knob_named(str(name), engine)
             if values is None:
                 dims[knob.name] = knob.candidates
             else:
                 listed = values if isinstance(values, list) else [values]
-                dims[knob.name] = tuple(_parse_value(knob, v) for v in listed)
-        return cls(dims)
+                dims[knob.name] = tuple(_parse_value(knob, v, engine) for v in listed)
+        return cls(dims, engine)
 
     @property
     def size(self) -> int:
@@ -206,14 +272,26 @@ def candidate_key(candidate: Mapping[str, Value]) -> str:
     return json.dumps(dict(sorted(candidate.items())), separators=(",", ":"))
 
 
-def apply(base: Deployment, candidate: Mapping[str, Value]) -> Deployment:
-    """The base deployment with the candidate's knobs (and hardware) changed; vLLM's defaults re-resolved.
+def apply(base: Deployment, candidate: Mapping[str, Value], options_dir: Path | None = None) -> Deployment:
+    """The base deployment with the candidate's knobs (and hardware) changed; the engine's defaults re-resolved.
 
-    Raises PerfConfigError when the result cannot run (does not fit, inconsistent limits).
+    Another engine than vLLM is started anew from its launch line with the knobs written in (`options_dir`:
+    where a TensorRT-LLM candidate's own options YAML goes, see engine_lines). Raises PerfConfigError when the
+    result cannot run (does not fit, inconsistent limits).
     """
     changes: dict[str, Any] = dict(candidate)
     gpu = changes.pop(GPU, None)
-    return base.rebuilt(hardware=get_gpu(str(gpu)) if gpu else None, **changes)
+    hardware = get_gpu(str(gpu)) if gpu else None
+    if isinstance(base, EngineDeployment):
+        return base.relaunched(engine_line(base.engine, base.engine_flags, changes, options_dir), hardware)
+    return base.rebuilt(hardware=hardware, **changes)
+
+
+def candidate_flags(launch: Deployment, candidate: Mapping[str, Value], options_dir: Path | None = None) -> str:
+    """The launch flags of another engine than vLLM for a candidate: the user's line (`launch`) with its knobs
+    written in, whether or not that configuration can run (vLLM's come from the resolved deployment)."""
+    changes = {k: v for k, v in candidate.items() if k != GPU}
+    return engine_line(launch.engine, launch.engine_flags, changes, options_dir)
 
 
 def gpu_count(deployment: Deployment) -> int:

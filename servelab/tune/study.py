@@ -30,6 +30,7 @@ from optuna.trial import TrialState
 from servelab import SCHEMA_VERSION
 from servelab.pool import TaskLost, TaskPool
 from servelab.renames import upgraded
+from servelab.sim.engines import VLLM
 from servelab.tune.errors import TuneError
 from servelab.tune.space import Candidate, SearchSpace, candidate_key
 from servelab.tune.trial import OK, TrialOutcome
@@ -39,6 +40,7 @@ STUDY_NAME = "stage1"
 TRIALS_DIR = "stage1"
 OUTCOME = "outcome"
 BASIS = "basis"
+ENGINE = "engine"
 DUPLICATE_OF = "duplicate_of"
 SamplerName = Literal["auto", "grid", "tpe"]
 SAMPLERS = ("auto", "grid", "tpe")
@@ -88,6 +90,23 @@ def _sampler(settings: SearchSettings, space: SearchSpace, budget: int) -> optun
         )
 
 
+def _check_engine(study: optuna.Study, directory: Path, engine: str) -> None:
+    """A study holds one engine's configurations; one begun before tune took --engine is vLLM's."""
+    recorded = study.user_attrs.get(ENGINE, VLLM)
+    if recorded != engine:
+        raise TuneError(f"--resume: the study in {directory} searched --engine {recorded}, not --engine {engine}; "
+                        f"resume it with --engine {recorded}, or pick another --result-dir")
+
+
+def check_resumable(directory: Path, engine: str) -> None:
+    """Refuse early (before the baseline is simulated) to resume a study of another engine; a directory without a
+    study is left for open_study to refuse."""
+    if not (directory / STUDY_DB).exists():
+        return
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    _check_engine(optuna.load_study(study_name=STUDY_NAME, storage=storage_url(directory)), directory, engine)
+
+
 def open_study(
     directory: Path, direction: str, settings: SearchSettings, space: SearchSpace, *, resume: bool,
     basis: Mapping[str, Any] | None = None,
@@ -114,11 +133,14 @@ def open_study(
     if stored is None:
         study.set_user_attr("space", json.loads(json.dumps(space.describe())))
         study.set_user_attr("direction", direction)
-    elif stored != json.loads(json.dumps(space.describe())) or study.user_attrs.get("direction") != direction:
-        raise TuneError(
-            f"--resume: the study in {directory} was run with another search space or objective "
-            f"({stored}); resume with the same flags, or pick another --output"
-        )
+        study.set_user_attr(ENGINE, space.engine)
+    else:
+        _check_engine(study, directory, space.engine)
+        if stored != json.loads(json.dumps(space.describe())) or study.user_attrs.get("direction") != direction:
+            raise TuneError(
+                f"--resume: the study in {directory} was run with another search space or objective "
+                f"({stored}); resume with the same flags, or pick another --output"
+            )
     if basis is not None:
         expected = json.loads(json.dumps(basis, default=str))
         recorded = study.user_attrs.get(BASIS)

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from servelab.perf.errors import PerfConfigError
+from servelab.sim.engines import VLLM
 from servelab.targets.deployment import Deployment
 from servelab.targets.errors import TargetError
 from servelab.tune.objectives import Evaluation, Objective, evaluate, key_metrics
-from servelab.tune.space import Candidate, apply, gpu_count
+from servelab.tune.space import Candidate, apply, candidate_flags, gpu_count
 from servelab.tune.workload import TuneWorkload
 
 OK = "ok"
@@ -66,9 +68,14 @@ class SimJudge:
     """The user's line alone: what candidate launch lines are printed from."""
     workload: TuneWorkload
     objective: Objective
+    options_dir: Path | None = None
+    """Where a TensorRT-LLM candidate's own --extra_llm_api_options YAML is written (servelab.tune.engine_lines)."""
 
     def engine_args(self, candidate: Candidate) -> str:
-        """The flags a server would be started with for this candidate (vLLM defaults left out)."""
+        """The flags a server would be started with for this candidate (vLLM defaults left out; another engine's
+        line is the user's with the candidate's flags written in)."""
+        if self.launch_base.engine != VLLM:
+            return candidate_flags(self.launch_base, candidate, self.options_dir)
         try:
             return apply(self.launch_base, candidate).engine_args()
         except PerfConfigError:
@@ -77,10 +84,12 @@ class SimJudge:
     def judge(self, candidate: Candidate) -> TrialOutcome:
         began = time.perf_counter()
         try:
-            deployment = apply(self.base, candidate)
+            deployment = apply(self.base, candidate, self.options_dir)
             target = deployment.sim_target()
         except (PerfConfigError, TargetError) as exc:
-            return TrialOutcome(dict(candidate), _requested_args(self.launch_base, candidate), INVALID, error=str(exc),
+            requested = (_requested_args(self.launch_base, candidate) if self.launch_base.engine == VLLM
+                         else self.engine_args(candidate))
+            return TrialOutcome(dict(candidate), requested, INVALID, error=str(exc),
                                 sim_wall_s=time.perf_counter() - began)
         gpus = gpu_count(deployment)
         result = evaluate(target, self.workload, self.objective, gpu=deployment.hardware.name, gpus=gpus)

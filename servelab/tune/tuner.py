@@ -18,10 +18,15 @@ from servelab.tune.confirm import BASELINE, ServerCheck, ServerCommand, Stage2Co
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective
 from servelab.tune.outcome import pick_for_confirmation, rank, tune_document, write_tune_json
+from servelab.sim.engines import VLLM
+from servelab.tune.engine_lines import launch_line
 from servelab.tune.space import GPU, SearchSpace, apply
-from servelab.tune.study import SearchSettings, StudyTrial, run_search
+from servelab.tune.study import SearchSettings, StudyTrial, check_resumable, run_search
 from servelab.tune.trial import OK, SimJudge
 from servelab.tune.workload import TuneWorkload
+
+OPTIONS_DIR = "llm-api-options"
+"""Under the study's directory: the --extra_llm_api_options YAML files TensorRT-LLM candidates name."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,9 @@ class TuneRequest:
     """What a stage-2 trial holds on a pool, one per GPU of its configuration (a custom Ray resource name works too)."""
 
     def __post_init__(self) -> None:
+        if self.space.engine != self.simulated.engine:
+            raise TuneError(f"the search space holds --engine {self.space.engine}'s knobs, the deployment is "
+                            f"{self.simulated.engine}'s")
         if self.top_k < 1:
             raise TuneError(f"--top-k must be at least 1, got {self.top_k}")
         if self.calibration is not None and GPU in self.space.dimensions:
@@ -80,7 +88,10 @@ class TuneProgress:
 def run_tune(request: TuneRequest, progress: TuneProgress | None = None) -> dict[str, Any]:
     progress = progress or TuneProgress()
     simulated, launch = request.simulated, request.launch
-    judge = SimJudge(simulated, launch, request.sim_workload, request.objective)
+    if request.resume:
+        check_resumable(request.output, simulated.engine)
+    options_dir = request.output / OPTIONS_DIR
+    judge = SimJudge(simulated, launch, request.sim_workload, request.objective, options_dir)
     baseline = judge.judge({})
     if baseline.status != OK:
         raise TuneError(f"the current configuration cannot be simulated: {baseline.error}")
@@ -101,6 +112,7 @@ def run_tune(request: TuneRequest, progress: TuneProgress | None = None) -> dict
                     "space_size": request.space.size, "seed": request.search.seed, "evaluated": len(trials)},
             workload={"stage1": request.sim_workload.describe(), "stage2": request.bench_workload.describe()},
             baseline=baseline, trials=trials, direction=direction, stage2=stage2, stage2_info=stage2_info,
+            launch_line=None if launch.engine == VLLM else lambda args: launch_line(launch.engine, args, launch.model.name),
         )
         write_tune_json(request.output, doc)
         return doc
@@ -111,7 +123,7 @@ def run_tune(request: TuneRequest, progress: TuneProgress | None = None) -> dict
     configs = [Stage2Config(BASELINE, {}, baseline.engine_args, simulated)]
     for t in pick_for_confirmation(rank(trials, direction), request.top_k, baseline.engine_args):
         configs.append(Stage2Config(f"trial-{t.number}", t.outcome.params, t.outcome.engine_args,
-                                    apply(simulated, t.outcome.params)))
+                                    apply(simulated, t.outcome.params, options_dir)))
     info = {"server_cmd": request.server.template, "env": dict(request.server.env), "top_k": request.top_k,
             "configs": [c.label for c in configs]}
     measured: list[Stage2Result] = []
