@@ -157,3 +157,32 @@ def choice(*options: str) -> Callable[[str], str]:
             raise ValueError(f"must be one of {', '.join(options)}")
         return text
     return convert
+
+
+def set_flag(line: str, table: FlagTable, flag: str, value: object) -> str:
+    """`line` with `flag` set to `value`: every earlier occurrence (any spelling or alias) removed, then `flag value`
+    appended. A modelled switch is appended bare when `value` is true and only removed when false.
+
+    A what-if on another engine's deployment is shown as the launch line the user would run, so a change replaces
+    the flag the user gave rather than repeating it.
+    """
+    name = _canonical(flag, table)
+    spec = table.modelled.get(name)
+    switch = spec is not None and spec.convert is None
+    tokens = shlex.split(line)
+    kept: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        head, eq, _ = token.partition("=")
+        if token.startswith("-") and _canonical(head, table) == name:
+            if not switch and not eq and i < len(tokens) and not tokens[i].startswith("-"):
+                i += 1  # its value goes with it
+            continue
+        kept.append(token)
+    if switch:
+        kept += [flag] if value else []
+    else:
+        kept += [flag, str(value)]
+    return shlex.join(kept)
