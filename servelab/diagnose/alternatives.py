@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from servelab.diagnose.engine_terms import terms
 from servelab.diagnose.evidence import Evidence
 from servelab.diagnose.recommend import UPGRADE, Outcome, run
 from servelab.diagnose.scenario import Scenario
@@ -117,9 +118,11 @@ def _options(d: Deployment, e: Evidence, scenario: Scenario) -> list[Option]:
                 f"multiplies on {fmt.compute_dtype} tensor cores either way; E2E p50 "
                 f"{_num(_ms(out.summary, 'median_e2el_ms'))} ms")
 
+    t = terms(d.engine)
     options = [
-        Option(f"--max-num-batched-tokens {2 * budget}", lambda: d.with_changes(max_num_batched_tokens=2 * budget), budget_why),
-        Option(f"--max-num-batched-tokens {lower}", lambda: d.with_changes(max_num_batched_tokens=lower), budget_why),
+        Option(t.setting("max_num_batched_tokens", 2 * budget), lambda: d.with_changes(max_num_batched_tokens=2 * budget),
+               budget_why),
+        Option(t.setting("max_num_batched_tokens", lower), lambda: d.with_changes(max_num_batched_tokens=lower), budget_why),
         Option("AWQ/GPTQ 4-bit weights", lambda: d.with_changes(quantization="awq"), weights_why),
         Option("FP8 weights", lambda: d.with_changes(quantization="fp8"), weights_why),
     ]

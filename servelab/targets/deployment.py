@@ -27,8 +27,8 @@ from servelab.sim.engines import VLLM, SchedulerFactory
 from servelab.sim.router import ROUND_ROBIN
 from servelab.targets.sim import SimTarget
 
-# EngineConfig field -> the vLLM flag that sets it, for printing a launch line.
-_FLAG_OF = {
+# EngineConfig field -> the vLLM flag that sets it, for printing a launch line (and naming it in advice).
+VLLM_FLAGS = {
     "max_num_seqs": "--max-num-seqs",
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "long_prefill_token_threshold": "--long-prefill-token-threshold",
@@ -45,7 +45,7 @@ _FLAG_OF = {
     "api_server_count": "--api-server-count",
     "stream_interval": "--stream-interval",
 }
-_SWITCH_OF = {
+VLLM_SWITCHES = {
     "enable_chunked_prefill": "enable-chunked-prefill", "enable_prefix_caching": "enable-prefix-caching",
     "async_scheduling": "async-scheduling", "scheduler_reserve_full_isl": "scheduler-reserve-full-isl",
 }
@@ -154,10 +154,10 @@ class Deployment:
             value = getattr(self.requested, f.name)
             if value == getattr(default, f.name):
                 continue
-            if f.name in _SWITCH_OF:
-                parts.append(("--" if value else "--no-") + _SWITCH_OF[f.name])
-            elif f.name in _FLAG_OF:
-                parts.append(f"{_FLAG_OF[f.name]} {shlex.quote(str(value))}")
+            if f.name in VLLM_SWITCHES:
+                parts.append(("--" if value else "--no-") + VLLM_SWITCHES[f.name])
+            elif f.name in VLLM_FLAGS:
+                parts.append(f"{VLLM_FLAGS[f.name]} {shlex.quote(str(value))}")
         return " ".join(parts)
 
     def describe(self) -> dict[str, object]:

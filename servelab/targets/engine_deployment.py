@@ -80,6 +80,13 @@ KNOBS: dict[str, dict[str, Knob]] = {
 }
 """Per engine: common knob -> how that engine takes it. SGLang's schedule_policy and TensorRT-LLM's
 capacity_scheduler_policy have no common counterpart and are named by their own field."""
+
+
+def config_line(knob: Knob, value: Any) -> str:
+    """`key: value` as the --extra_llm_api_options YAML spells it (booleans lower-case)."""
+    return f"{knob.config_key}: {str(value).lower() if isinstance(value, bool) else value}"
+
+
 _TABLES = {SGLANG: sglang_args.FLAGS, TRTLLM: trtllm_args.FLAGS}
 
 
@@ -122,7 +129,7 @@ class EngineDeployment(Deployment):
                 flags = set_flag(flags, _TABLES[self.engine], knob.flag, own)
             else:
                 config_file = [item for item in config_file if not item.startswith(f"{knob.config_key}:")]
-                config_file.append(f"{knob.config_key}: {own}")
+                config_file.append(config_line(knob, own))
         assert settings is not None
         rebuilt = _assemble(self.engine, hardware or self.hardware, model or self.model, settings, flags,
                             tuple(self.warnings), self.router, replicas)
