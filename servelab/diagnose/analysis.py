@@ -7,6 +7,7 @@ simulator-backed parts (saturation, SLO rate, what-ifs) need the scenario.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from servelab import SCHEMA_VERSION
 from servelab.diagnose.advice import AdviceContext, check_advice
 from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, saturation_rps, slo_max_rps
 from servelab.diagnose.ceilings import Ceilings, compute_ceilings
+from servelab.diagnose.engine_choice import compare_on_engines
 from servelab.diagnose.engine_terms import terms
 from servelab.diagnose.evidence import Evidence, gather
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
@@ -23,6 +25,7 @@ from servelab.diagnose.outside_engine import describe as describe_outside
 from servelab.diagnose.findings import Context, Finding, caveats, detect, queue_reason
 from servelab.diagnose.recommend import recommend, run as simulate_outcome
 from servelab.diagnose.scenario import Scenario, from_run, simulate
+from servelab.diagnose.schema import EngineSwitch
 from servelab.diagnose.utilization import Utilization, utilization
 from servelab.metrics.results import RunResult
 from servelab.metrics.server_timings import describe
@@ -70,6 +73,8 @@ class Diagnosis:
     caveats: list[Finding] = field(default_factory=list)
     """Doubts on the measurement (a starved client), shown above the findings, never ranked among them."""
     alternatives: list[Alternative] = field(default_factory=list)
+    engine_comparison: EngineSwitch | None = None
+    """`--compare-engines`: the same workload and load on each engine."""
 
     @property
     def bottleneck(self) -> str | None:
@@ -108,6 +113,7 @@ class Diagnosis:
             "caveats": [f.as_dict() for f in self.caveats],
             "findings": [f.as_dict() for f in self.findings],
             "alternatives": [a.as_dict() for a in self.alternatives],
+            "engine_comparison": self.engine_comparison.model_dump() if self.engine_comparison is not None else None,
             "notes": self.notes,
             "advice": self.advice,
         }
@@ -151,9 +157,11 @@ def analyse(
     with_advice: bool = False,
     with_alternatives: bool | None = None,
     gpu_cost_per_hour: float | None = None,
+    engines: Sequence[str] = (),
 ) -> Diagnosis:
     """Rank what limits the server, and price the common options when `with_alternatives` says so (None: when a
-    latency is reported or a GPU price given, as a user asking "should we buy a GPU?" does)."""
+    latency is reported or a GPU price given, as a user asking "should we buy a GPU?" does); with `engines`, what
+    switching to each would buy at this load."""
     e = gather(run)
     batch = (e.mean_running if e.mean_running is not None else e.mean_in_flight) / deployment.config.data_parallel_size
     c = compute_ceilings(deployment.cost_model(), deployment.config, deployment.memory,
@@ -187,6 +195,8 @@ def analyse(
     dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed, caveats=caveats(ctx))
     if priced and baseline is not None:
         dx.alternatives = price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour)
+    if engines:
+        dx.engine_comparison = compare_on_engines(deployment, scenario, slo, engines)
     dx.notes = notes(dx)
     if with_advice and baseline is not None:
         longest = max(s.input_len + s.output_len for s in scenario.shapes)

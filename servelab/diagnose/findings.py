@@ -172,7 +172,7 @@ def api_server_load(x: Context) -> tuple[float, float, float] | None:
     work = a.per_request_s + a.per_prompt_token_s * e.mean_input_tokens + a.per_streamed_token_s * e.mean_output_tokens
     if work <= 0:
         return None
-    servers = d.config.api_server_count
+    servers = d.config.api_servers
     rate = max(e.request_rate, e.offered_rate or 0.0)
     return work, rate * work / servers, servers / work
 
@@ -220,7 +220,7 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
     load = api_server_load(x)
     if load is not None and load[1] >= API_BUSY:
         work, busy, ceiling = load
-        servers = x.d.config.api_server_count
+        servers = x.d.config.api_servers
         score = max(score, 0.5 + 0.45 * min(1.0, busy))
         source = {"measured": "vLLM's CPU-side costs measured on its CPU build, scaled to this host"
                               + ("" if x.terms.vllm else f", standing in for {x.terms.label}'s (not measured)"),

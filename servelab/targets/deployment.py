@@ -177,9 +177,19 @@ class Deployment:
         }
 
 
+def resolve_parts(gpu: str | Hardware, model: str | Path | ModelSpec, named_model: str | None,
+                  gpu_file: str | Path | None = None) -> tuple[Hardware, ModelSpec]:
+    """The chip and the model a deployment runs: catalogue names are looked up, resolved ones kept (a chip from a GPU
+    file stays itself when another engine is built on it); a model named in the engine's own flags wins."""
+    hardware = gpu if isinstance(gpu, Hardware) else get_gpu(gpu, gpu_file)
+    if named_model is not None:
+        return hardware, get_model(named_model)
+    return hardware, model if isinstance(model, ModelSpec) else get_model(model)
+
+
 def build_deployment(
-    gpu: str,
-    model: str | Path,
+    gpu: str | Hardware,
+    model: str | Path | ModelSpec,
     engine_args: str = "",
     *,
     tensor_parallel_size: int | None = None,
@@ -200,8 +210,9 @@ def build_deployment(
         requested = requested.with_(tensor_parallel_size=tensor_parallel_size)
     if replicas is not None:
         requested = requested.with_(data_parallel_size=replicas)
+    hardware, spec = resolve_parts(gpu, model, parsed.model, gpu_file)
     return Deployment.build(
-        get_gpu(gpu, gpu_file), get_model(parsed.model or model), requested,
+        hardware, spec, requested,
         coefficients=coefficients, warnings=tuple(parsed.warnings), router=router,
         performance_mode=parsed.performance_mode, vllm_version=version,
     )

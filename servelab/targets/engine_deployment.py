@@ -25,14 +25,14 @@ from servelab.perf.cost_model import CostCoefficients
 from servelab.perf.engine_flags import set_flag
 from servelab.perf.engine_kernels import KernelRatio, ScaledCostModel, kernel_ratio
 from servelab.perf.errors import PerfConfigError
-from servelab.perf.hardware import Hardware, get_gpu
-from servelab.perf.models import ModelSpec, get_model
+from servelab.perf.hardware import Hardware
+from servelab.perf.models import ModelSpec
 from servelab.perf.sglang_args import SGLangSettings, parse_sglang_args, resolve_sglang
 from servelab.perf.trtllm_args import TRTLLMSettings, parse_trtllm_args, resolve_trtllm
 from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
 from servelab.sim.engines import ENGINES, SGLANG, TRTLLM, VLLM, sglang_factory, trtllm_factory
 from servelab.sim.router import ROUND_ROBIN
-from servelab.targets.deployment import Deployment, build_deployment
+from servelab.targets.deployment import Deployment, build_deployment, resolve_parts
 from servelab.targets.sim import SimTarget
 
 
@@ -163,8 +163,8 @@ def _assemble(engine: str, hardware: Hardware, spec: ModelSpec, settings: SGLang
 
 def build_engine_deployment(
     engine: str,
-    gpu: str,
-    model: str | Path,
+    gpu: str | Hardware,
+    model: str | Path | ModelSpec,
     flags: str = "",
     *,
     tensor_parallel_size: int | None = None,
@@ -178,7 +178,6 @@ def build_engine_deployment(
     if engine == VLLM:
         return build_deployment(gpu, model, flags, tensor_parallel_size=tensor_parallel_size, replicas=replicas,
                                 gpu_file=gpu_file, router=router)
-    hardware = get_gpu(gpu, gpu_file)
     settings: SGLangSettings | TRTLLMSettings
     if engine == SGLANG:
         parsed = parse_sglang_args(flags)
@@ -192,4 +191,5 @@ def build_engine_deployment(
         settings, warnings = parsed_trt.settings, parsed_trt.warnings
     if tensor_parallel_size is not None:
         settings = replace(settings, tp_size=tensor_parallel_size)
-    return _assemble(engine, hardware, get_model(settings.model or model), settings, flags, tuple(warnings), router, replicas)
+    hardware, spec = resolve_parts(gpu, model, settings.model, gpu_file)
+    return _assemble(engine, hardware, spec, settings, flags, tuple(warnings), router, replicas)
