@@ -117,7 +117,8 @@ def diagnose(
     if results is not None and described:
         raise InputError("RESULTS and --input-len/--output-len/--request-rate/--max-concurrency both describe the workload; "
                          "give a results directory or a described deployment, not both")
-    example = results is None and not described and gpu is None and model is None and calibration is None
+    example = (results is None and not described and gpu is None and model is None and calibration is None
+               and engine in (AUTO, VLLM))  # the example is a vLLM deployment
     if example:
         gpu, model, engine_args = EXAMPLE["gpu"], EXAMPLE["model"], EXAMPLE["engine_args"]
         input_len, output_len, request_rate = EXAMPLE["input_len"], EXAMPLE["output_len"], EXAMPLE["request_rate"]

@@ -52,6 +52,10 @@ class Terms:
         own = KNOBS[self.engine][knob]
         return own.flag or f"{own.config_key} (--extra_llm_api_options YAML)"
 
+    def knob(self, knob: str) -> str:
+        """The word evidence uses for `knob`: vLLM's own field name (max_num_seqs), another engine's flag."""
+        return knob if self.vllm else self.name(knob)
+
     def setting(self, knob: str, value: Any) -> str:
         """`knob` set to `value`, as the user would write it on this engine."""
         if self.vllm:

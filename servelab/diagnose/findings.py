@@ -24,6 +24,7 @@ from servelab.diagnose.outside_engine import describe as describe_outside
 from servelab.diagnose.utilization import Utilization
 from servelab.metrics.server_timings import describe
 from servelab.metrics.slo import SLO
+from servelab.sim.engines import SGLANG
 from servelab.targets.deployment import Deployment
 
 CLIENT_BOUND = "client_bound"
@@ -120,7 +121,7 @@ def _pct(x: float) -> str:
 def queue_reason(e: Evidence, c: Ceilings, t: Terms) -> str:
     """What requests queued in the engine were waiting for, from the server's gauges: a slot, KV blocks, or neither."""
     if e.max_running is not None and e.max_running >= 0.95 * c.max_num_seqs * c.replicas:
-        return f"waiting for a sequence slot: {e.max_running:.0f} running at {t.name('max_num_seqs')} {c.max_num_seqs}"
+        return f"waiting for a sequence slot: {e.max_running:.0f} running at {t.knob('max_num_seqs')} {c.max_num_seqs}"
     if e.max_kv_usage is not None and e.max_kv_usage >= 0.95:
         return f"waiting for KV cache blocks: usage peaked at {_pct(e.max_kv_usage)}"
     return ""
@@ -262,7 +263,7 @@ def kv_capacity_bound(x: Context) -> Finding | None:
         f"KV cache usage peaked at {_pct(kv)}; {preempted:.0f} {x.terms.preemptions} "
         f"({per_request:.2f} per completed request) recomputed prompts",
         f"KV holds {x.c.kv_capacity_seqs} sequences of {x.e.mean_input_tokens:.0f}+{x.e.mean_output_tokens:.0f} tokens "
-        f"per replica ({x.d.memory.num_blocks} blocks of {x.d.memory.block_size}); {x.terms.name('max_num_seqs')} is "
+        f"per replica ({x.d.memory.num_blocks} blocks of {x.d.memory.block_size}); {x.terms.knob('max_num_seqs')} is "
         f"{x.c.max_num_seqs}",
         *ttft_split_evidence(x, "queue"),
     ]
@@ -276,7 +277,7 @@ def max_num_seqs_bound(x: Context) -> Finding | None:
     if (x.e.preemptions or 0) > 0:
         return None
     evidence = [
-        f"{x.running_per_replica:.0f} requests running per replica = {x.terms.name('max_num_seqs')} {x.c.max_num_seqs}, "
+        f"{x.running_per_replica:.0f} requests running per replica = {x.terms.knob('max_num_seqs')} {x.c.max_num_seqs}, "
         f"with requests waiting in {_pct(x.queueing)} of samples (up to {x.e.max_waiting or 0:.0f})",
         f"the KV cache could hold {x.c.kv_capacity_seqs} such sequences (peak usage {_pct(x.e.max_kv_usage or 0)})",
         *ttft_split_evidence(x, "queue"),
@@ -284,7 +285,7 @@ def max_num_seqs_bound(x: Context) -> Finding | None:
     score = 0.6 + 0.3 * x.queueing
     if x.u.compute_headroom >= 0.8:
         score *= 0.7  # the GPU is already compute-saturated: more sequences mostly add latency
-    return Finding(MAX_NUM_SEQS_BOUND, f"{x.terms.name('max_num_seqs')} caps the batch while requests queue", score, evidence)
+    return Finding(MAX_NUM_SEQS_BOUND, f"{x.terms.knob('max_num_seqs')} caps the batch while requests queue", score, evidence)
 
 
 PREFILL_SHARE = 0.5
@@ -407,10 +408,10 @@ def slo_tradeoff(x: Context) -> Finding | None:
     if x.e.p99_itl_ms is None or not x.e.median_tpot_ms:
         return None  # no request had a second token: no inter-token latency to trade
     stall = x.e.p99_itl_ms / x.e.median_tpot_ms
-    evidence = [
-        f"ITL p99 {x.e.p99_itl_ms:.0f} ms vs TPOT p50 {x.e.median_tpot_ms:.0f} ms: decodes that share a step with a "
-        f"{x.d.config.max_num_batched_tokens}-token prefill chunk wait for it",
-    ]
+    how = (f"decodes pause while a prefill batch of up to {x.d.config.max_num_batched_tokens} tokens runs (SGLang runs "
+           "prefill and decode batches apart)" if x.d.engine == SGLANG else
+           f"decodes that share a step with a {x.d.config.max_num_batched_tokens}-token prefill chunk wait for it")
+    evidence = [f"ITL p99 {x.e.p99_itl_ms:.0f} ms vs TPOT p50 {x.e.median_tpot_ms:.0f} ms: {how}"]
     if x.slo is not None and x.slo_attainment is not None:
         if x.slo_attainment >= 0.9:
             return None

@@ -14,6 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from servelab.diagnose.engine_terms import terms
 from servelab.diagnose.schema import AdviceRow, Alternative, Diagnosis, EngineSwitch, Recommendation, WorkloadShape
 from servelab.sim.engines import LABELS
 
@@ -76,6 +77,7 @@ def ceiling_rows(d: Diagnosis) -> list[tuple[str, str, str]]:
     rows = []
     for key, stand, label, unit in CEILING_ROWS:
         share = d.standing.get(stand)
+        label = terms(d.deployment.engine).knob(label) if key == "max_num_seqs" else label
         rows.append((label, _num(getattr(d.ceilings, key), unit), "—" if share is None else f"{share:.0%}"))
     return rows
 
@@ -157,8 +159,8 @@ def render_terminal(d: Diagnosis, console: Console) -> None:
         t = Table(title=engine_title(d.engine_comparison), header_style="bold")
         for i, col in enumerate(ENGINE_COLUMNS):
             t.add_column(col, justify="left" if i == 0 else "right")
-        for row in engine_rows(d.engine_comparison):
-            t.add_row(*row)
+        for cells in engine_rows(d.engine_comparison):
+            t.add_row(*cells)
         console.print(t)
         for line in engine_lines(d.engine_comparison):
             console.print(Text("• " + line), highlight=False)

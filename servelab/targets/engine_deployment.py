@@ -115,6 +115,7 @@ class EngineDeployment(Deployment):
         PerfConfigError for a knob the engine has no counterpart of."""
         knobs = KNOBS[self.engine]
         settings, flags, config_file = self.requested_settings, self.engine_flags, list(self.config_file)
+        assert settings is not None  # set by _assemble, the only way an EngineDeployment is made
         replicas = self.config.data_parallel_size if self.engine == TRTLLM else None
         for name, value in changes.items():
             if self.engine == TRTLLM and name == "data_parallel_size":
@@ -124,13 +125,12 @@ class EngineDeployment(Deployment):
             if knob is None:
                 raise PerfConfigError(f"{name} has no {self.engine} counterpart servelab models")
             own = knob.convert(value)
-            settings = replace(settings, **{knob.setting: own})  # type: ignore[arg-type]
+            settings = replace(settings, **{knob.setting: own})
             if knob.flag is not None:
                 flags = set_flag(flags, _TABLES[self.engine], knob.flag, own)
             else:
                 config_file = [item for item in config_file if not item.startswith(f"{knob.config_key}:")]
                 config_file.append(config_line(knob, own))
-        assert settings is not None
         rebuilt = _assemble(self.engine, hardware or self.hardware, model or self.model, settings, flags,
                             tuple(self.warnings), self.router, replicas)
         return replace(rebuilt, config_file=tuple(config_file))

@@ -1,0 +1,132 @@
+"""diagnose on SGLang and TensorRT-LLM deployments (simulated runs): the engine is picked from run.json, advice is in
+that engine's flags, and --compare-engines gives `servelab compare`'s numbers for the same deployment and load."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from servelab.cli import app
+from servelab.diagnose.schema import Diagnosis
+from servelab.experiment.compare import EngineComparison
+from servelab.perf import sglang_args, trtllm_args
+from servelab.targets.deployment import VLLM_FLAGS, VLLM_SWITCHES
+
+runner = CliRunner()
+H100 = ["--gpu", "h100-sxm", "--model", "llama-3.1-8b"]
+LOAD = ["--random-input-len", "600", "--random-output-len", "40", "--num-prompts", "60", "--request-rate", "20"]
+# A batch cap far below what the load needs: a queue forms, so the finding and its what-ifs name the cap's flag.
+CAPPED = {"sglang": "--max-running-requests 4", "trtllm": "--max_batch_size 4"}
+VLLM_ONLY = ("vllm serve", "--api-server-count", "--vllm-version", "--async-scheduling", "cache_config_info", "vllm:")
+
+
+def _vllm_only_flags(table) -> set[str]:
+    """vLLM's flags that the other engine does not spell the same way (both have --quantization, for one)."""
+    theirs = {name.replace("_", "-") for name in (*table.modelled, *table.aliases)}
+    ours = {*VLLM_FLAGS.values(), *(f"--{s}" for s in VLLM_SWITCHES.values()), *(f"--no-{s}" for s in VLLM_SWITCHES.values())}
+    return {flag for flag in ours if flag.removeprefix("--").removeprefix("no-") not in theirs}
+
+
+def _simulated(tmp_path: Path, engine: str) -> Path:
+    out = tmp_path / engine
+    result = runner.invoke(app, ["simulate", *H100, "--engine", engine, "--engine-args", CAPPED[engine], *LOAD,
+                                 "--result-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _advice_text(doc: dict) -> str:
+    """Everything a diagnosis tells the user to do or reads as evidence (not the deployment's own description)."""
+    return json.dumps([doc["findings"], doc["alternatives"], doc["notes"]])
+
+
+@pytest.mark.parametrize(("engine", "flag"), [("sglang", []), ("trtllm", ["--engine", "trtllm"])])
+def test_diagnose_picks_the_recorded_engine_and_advises_in_its_flags(tmp_path: Path, engine: str, flag: list[str]):
+    """SGLang by auto (run.json's flags.engine), TensorRT-LLM named: either way the advice is that engine's."""
+    results = _simulated(tmp_path, engine)
+    result = runner.invoke(app, ["diagnose", str(results), *H100, *flag, "--engine-args", CAPPED[engine], "--price-options",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    dx = Diagnosis.model_validate(doc)
+    assert dx.deployment.engine == engine
+    cap = CAPPED[engine].split()[0]
+    assert dx.findings[0].title.startswith(cap)  # max_num_seqs_bound, in the engine's word for the cap
+    changes = [r for f in dx.findings for r in f.recommendations]
+    assert changes and all(r.engine_args is None or cap in r.engine_args for r in changes)
+    assert any(f"raise {cap} to" in r.change for r in changes)
+    launch = {"sglang": "python -m sglang.launch_server", "trtllm": "trtllm-serve MODEL"}[engine]
+    assert all(launch in r.confirm for r in changes if r.engine_args is not None)
+    text = _advice_text(doc)
+    table = {"sglang": sglang_args.FLAGS, "trtllm": trtllm_args.FLAGS}[engine]
+    named = {flag for flag in _vllm_only_flags(table) if re.search(re.escape(flag) + r"(?![\w-])", text)}
+    assert not named, f"vLLM's flags offered for {engine}: {named}"
+    assert not [word for word in VLLM_ONLY if word in text]
+
+
+def test_an_explicit_engine_wins_over_the_record_with_a_warning_naming_both(tmp_path: Path):
+    results = _simulated(tmp_path, "sglang")
+    result = runner.invoke(app, ["diagnose", str(results), *H100, "--engine", "trtllm", "--engine-args", CAPPED["trtllm"],
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["deployment"]["engine"] == "trtllm"
+    warning = next(n for n in doc["notes"] if n.startswith("--engine trtllm"))
+    assert "sglang" in warning and "trtllm" in warning
+    assert "--engine trtllm but run.json records" in result.stderr
+
+
+def test_compare_engines_gives_servelab_compares_numbers_for_the_same_deployment_and_load(tmp_path: Path):
+    results = _simulated(tmp_path, "sglang")
+    result = runner.invoke(app, ["diagnose", str(results), *H100, "--engine-args", CAPPED["sglang"], "--compare-engines",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    section = Diagnosis.model_validate_json(result.stdout).engine_comparison
+    assert section is not None and section.current == "sglang"
+    compared = runner.invoke(app, ["compare", *H100, *LOAD, "--sglang-args", CAPPED["sglang"], "--engines",
+                                   "sglang,vllm,trtllm", "--json"])
+    assert compared.exit_code == 0, compared.output
+    expected = EngineComparison.model_validate_json(compared.stdout)
+    assert [e.engine for e in section.comparison.engines] == ["sglang", "vllm", "trtllm"]
+    for ours, theirs in zip(section.comparison.engines, expected.engines):
+        assert ours.memory == theirs.memory
+        assert ours.launch_flags == theirs.launch_flags
+        assert ours.points[0].model_dump(exclude={"label"}) == theirs.points[0].model_dump(exclude={"label"})
+    assert section.comparison.ranking == expected.ranking
+    assert [v.split(" instead of ")[0] for v in section.verdicts] == ["vLLM", "TensorRT-LLM"]
+    markdown = runner.invoke(app, ["diagnose", str(results), *H100, "--engine-args", CAPPED["sglang"], "--compare-engines",
+                                   "--engines", "sglang,trtllm", "--markdown"])
+    assert markdown.exit_code == 0, markdown.output
+    assert "Other engines at this load" in markdown.stdout and "TensorRT-LLM instead of SGLang" in markdown.stdout
+    assert "vLLM instead of" not in markdown.stdout
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--engine", "tgi"], "--engine 'tgi': choose one of vllm, sglang, trtllm or auto"),
+    (["--engine", "sglang", "--vllm-version", "0.11.0"], "--vllm-version describes a vLLM server, not --engine sglang"),
+    (["--compare-engines", "--engines", "vllm,tgi"], "--engines 'vllm,tgi': give a comma-separated subset"),
+    (["--engines", "vllm"], "--engines chooses the engines --compare-engines runs"),
+    (["--engine", "sglang", "--check-advice"], "--check-advice judges vLLM's common tuning tips"),
+])
+def test_bad_engine_flags_are_one_clear_error_before_anything_runs(tmp_path: Path, flags: list[str], message: str):
+    save = tmp_path / "diagnosis.json"
+    result = runner.invoke(app, ["diagnose", *H100, "--input-len", "600", "--output-len", "40", "--request-rate", "2",
+                                 *flags, "--save", str(save)])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.stderr.split())
+    assert not save.exists()
+
+
+def test_a_burst_run_says_how_requests_arrived_not_concurrency_none(tmp_path: Path):
+    out = tmp_path / "burst"
+    result = runner.invoke(app, ["simulate", *H100, "--random-input-len", "200", "--random-output-len", "20",
+                                 "--num-prompts", "20", "--result-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    shown = runner.invoke(app, ["diagnose", str(out), *H100, "--markdown"])
+    assert shown.exit_code == 0, shown.output
+    assert "concurrency None" not in shown.stdout
+    assert "every request sent at once" in shown.stdout.splitlines()[2]
