@@ -15,6 +15,7 @@ from servelab.diagnose.schema import Diagnosis
 from servelab.experiment.compare import EngineComparison
 from servelab.perf import sglang_args, trtllm_args
 from servelab.targets.deployment import VLLM_FLAGS, VLLM_SWITCHES
+from servelab.targets.engine_deployment import build_engine_deployment
 
 runner = CliRunner()
 H100 = ["--gpu", "h100-sxm", "--model", "llama-3.1-8b"]
@@ -130,3 +131,29 @@ def test_a_burst_run_says_how_requests_arrived_not_concurrency_none(tmp_path: Pa
     assert shown.exit_code == 0, shown.output
     assert "concurrency None" not in shown.stdout
     assert "every request sent at once" in shown.stdout.splitlines()[2]
+
+
+@pytest.mark.parametrize(("engine", "flags", "changes"), [
+    ("sglang", "--max-running-requests 64 --schedule-policy lpm --disable-radix-cache",
+     dict(max_num_seqs=256, enable_prefix_caching=True, kv_cache_dtype="fp8", tensor_parallel_size=2)),
+    ("trtllm", "--max_batch_size=64 --max_num_tokens 4096", dict(max_num_seqs=128, max_num_batched_tokens=2048)),
+])
+def test_a_what_if_is_the_users_launch_line_with_the_engines_flag_set(engine: str, flags: str, changes: dict):
+    """What a recommendation prints is what it simulated: its flags, read back by the engine's parser, give the same
+    deployment; the flag the user gave is replaced, not repeated."""
+    base = build_engine_deployment(engine, "h100-sxm", "llama-3.1-8b", flags)
+    changed = base.with_changes(**changes)
+    line = changed.engine_args()
+    again = build_engine_deployment(engine, "h100-sxm", "llama-3.1-8b", line)
+    assert again.config == changed.config and again.memory == changed.memory and again.engine_settings == changed.engine_settings
+    cap = {"sglang": "--max-running-requests", "trtllm": "--max_batch_size"}[engine]
+    assert line.count(cap) == 1 and changed.config.max_num_seqs == changes["max_num_seqs"]
+
+
+def test_a_trtllm_option_only_its_yaml_takes_is_printed_for_that_file():
+    base = build_engine_deployment("trtllm", "h100-sxm", "llama-3.1-8b", "--max_batch_size 64")
+    changed = base.with_changes(capacity_scheduler_policy="MAX_UTILIZATION", enable_prefix_caching=False)
+    assert changed.engine_settings["capacity_scheduler_policy"] == "MAX_UTILIZATION"
+    assert changed.engine_args() == ("--max_batch_size 64 (in the --extra_llm_api_options YAML: "
+                                     "scheduler_config.capacity_scheduler_policy: MAX_UTILIZATION, "
+                                     "kv_cache_config.enable_block_reuse: false)")

@@ -94,7 +94,7 @@ def _options(d: Deployment, e: Evidence, scenario: Scenario) -> list[Option]:
     lone = StepBatch(decode_contexts=[step.decode_contexts[0] if step.decode_contexts else round(scenario.mean_input)])
 
     def step_ms(x: Deployment, batch: StepBatch) -> float:
-        return 1e3 * x.cost_model().step_time(batch)
+        return 1e3 * x.step_cost().step_time(batch)
 
     def shape() -> str:
         prefill = sum(n for n, _ in step.prefill_chunks)

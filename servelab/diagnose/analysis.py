@@ -164,7 +164,7 @@ def analyse(
     switching to each would buy at this load."""
     e = gather(run)
     batch = (e.mean_running if e.mean_running is not None else e.mean_in_flight) / deployment.config.data_parallel_size
-    c = compute_ceilings(deployment.cost_model(), deployment.config, deployment.memory,
+    c = compute_ceilings(deployment.step_cost(), deployment.model, deployment.config, deployment.memory,
                          input_len=scenario.mean_input, output_len=scenario.mean_output, achieved_batch=batch,
                          cached_len=scenario.mean_input * (e.prefix_hit_rate or 0.0))
     sat = saturation_rps(deployment, scenario)

@@ -37,7 +37,7 @@ CHARS_PER_TOKEN = 4
 def idle_prefill_ms(d: Deployment, prompt_tokens: int) -> float:
     """One prompt's prefill on an idle GPU, in the step budget's chunks: the least any TTFT can be."""
     budget = d.config.max_num_batched_tokens or prompt_tokens
-    cost, done, total = d.cost_model(), 0, 0.0
+    cost, done, total = d.step_cost(), 0, 0.0
     while done < prompt_tokens:
         chunk = min(budget, prompt_tokens - done)
         total += cost.step_time(StepBatch(prefill_chunks=[(chunk, done)]))
@@ -47,7 +47,7 @@ def idle_prefill_ms(d: Deployment, prompt_tokens: int) -> float:
 
 def idle_decode_ms(d: Deployment, context: int) -> float:
     """One decode step of a lone sequence with `context` tokens in KV: the least any TPOT can be (weights read once)."""
-    return 1e3 * d.cost_model().step_time(StepBatch(decode_contexts=[context]))
+    return 1e3 * d.step_cost().step_time(StepBatch(decode_contexts=[context]))
 
 
 def check(

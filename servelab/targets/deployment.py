@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 from pathlib import Path
 
-from servelab.perf.cost_model import CostCoefficients, RooflineCostModel
+from servelab.perf.cost_model import CostCoefficients, CostModel, RooflineCostModel
 from servelab.perf.engine_args import parse_engine_args, resolve
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
@@ -121,9 +121,13 @@ class Deployment:
     def cost_model(self) -> RooflineCostModel:
         return RooflineCostModel(self.hardware, self.model, self.config, self.coefficients)
 
+    def step_cost(self) -> CostModel:
+        """The step model the simulator runs: vLLM's roofline here; another engine scales it by its own kernels."""
+        return self.cost_model()
+
     def sim_target(self, scrape_interval: float = 1.0) -> SimTarget:
         return SimTarget(
-            self.config, self.memory.num_blocks, self.cost_model(), router=self.router,
+            self.config, self.memory.num_blocks, self.step_cost(), router=self.router,
             scrape_interval=scrape_interval, network_latency=self.network_latency,
             api=self.api, cpu_costs=self.coefficients, scheduler_factory=self.scheduler_factory,
         )

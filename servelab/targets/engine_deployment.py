@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.perf import sglang_args, trtllm_args
-from servelab.perf.cost_model import CostCoefficients
+from servelab.perf.cost_model import CostCoefficients, CostModel
 from servelab.perf.engine_flags import set_flag
 from servelab.perf.engine_kernels import KernelRatio, ScaledCostModel, kernel_ratio
 from servelab.perf.errors import PerfConfigError
@@ -33,7 +33,6 @@ from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
 from servelab.sim.engines import ENGINES, SGLANG, TRTLLM, VLLM, sglang_factory, trtllm_factory
 from servelab.sim.router import ROUND_ROBIN
 from servelab.targets.deployment import Deployment, build_deployment, resolve_parts
-from servelab.targets.sim import SimTarget
 
 
 def _same(value: Any) -> Any:
@@ -100,10 +99,8 @@ class EngineDeployment(Deployment):
     config_file: tuple[str, ...] = field(default=())
     """TensorRT-LLM options a what-if set that only its --extra_llm_api_options YAML takes, as `key: value`."""
 
-    def sim_target(self, scrape_interval: float = 1.0) -> SimTarget:
-        target = super().sim_target(scrape_interval)
-        target.cost_model = ScaledCostModel(target.cost_model, self.kernels)
-        return target
+    def step_cost(self) -> CostModel:
+        return ScaledCostModel(self.cost_model(), self.kernels)
 
     def engine_args(self) -> str:
         if not self.config_file:
