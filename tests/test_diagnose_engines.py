@@ -100,10 +100,12 @@ def test_compare_engines_gives_servelab_compares_numbers_for_the_same_deployment
     assert section.comparison.ranking == expected.ranking
     assert [v.split(" instead of ")[0] for v in section.verdicts] == ["vLLM", "TensorRT-LLM"]
     markdown = runner.invoke(app, ["diagnose", str(results), *H100, "--engine-args", CAPPED["sglang"], "--compare-engines",
-                                   "--engines", "sglang,trtllm", "--markdown"])
+                                   "--engines", "sglang,trtllm", "--markdown", "--report"])
     assert markdown.exit_code == 0, markdown.output
     assert "Other engines at this load" in markdown.stdout and "TensorRT-LLM instead of SGLang" in markdown.stdout
     assert "vLLM instead of" not in markdown.stdout
+    page = (results / "report.html").read_text()  # the HTML view of the same section, from diagnosis.json
+    assert '<table class="engines">' in page and "TensorRT-LLM instead of SGLang" in page
 
 
 @pytest.mark.parametrize(("flags", "message"), [
