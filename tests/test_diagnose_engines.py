@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import servelab
 from typer.testing import CliRunner
 
 from servelab.cli import app
@@ -67,6 +68,7 @@ def test_diagnose_picks_the_recorded_engine_and_advises_in_its_flags(tmp_path: P
     named = {flag for flag in _vllm_only_flags(table) if re.search(re.escape(flag) + r"(?![\w-])", text)}
     assert not named, f"vLLM's flags offered for {engine}: {named}"
     assert not [word for word in VLLM_ONLY if word in text]
+    assert servelab.diagnosis(results, "h100-sxm", "llama-3.1-8b", CAPPED[engine]).deployment.engine == engine  # the API too
 
 
 def test_an_explicit_engine_wins_over_the_record_with_a_warning_naming_both(tmp_path: Path):

@@ -28,7 +28,7 @@ from servelab.cli.options import (
 from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError
 from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
-from servelab.diagnose.engine_terms import recorded_engine
+from servelab.diagnose.engine_terms import check_engine, served_engine
 from servelab.diagnose.scenario import synthetic
 from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
 from servelab.metrics.host import condition_changes
@@ -102,8 +102,7 @@ def diagnose(
 
     With no arguments: the built-in example (Qwen2.5-7B on an A100 at ~10 req/s of 1,500-token prompts).
     """
-    if engine not in (*ENGINES, AUTO):
-        raise InputError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)} or {AUTO}")
+    check_engine(engine)
     if vllm_version is not None and engine not in (VLLM, AUTO):
         raise InputError(f"--vllm-version describes a vLLM server, not --engine {engine}")
     if engines is not None and not compare_engines:
@@ -136,7 +135,7 @@ def diagnose(
     output_lengths = _output_lengths(output_len_distribution, output_len) if output_len is not None else None
     slo = SLO.parse(goodput)
     run = load_run(results) if results is not None else None
-    served, engine_note = _served_engine(engine, run.run_info if run is not None else {})
+    served, engine_note = served_engine(engine, run.run_info if run is not None else {})
     if check_advice and served != VLLM:
         raise InputError(f"--check-advice judges vLLM's common tuning tips; the deployment is {LABELS[served]}'s")
     server_note = None
@@ -190,25 +189,6 @@ def diagnose(
         render_terminal(typed, console)
     if report and results is not None:
         report_into(results, Console(stderr=json_out or markdown))
-
-
-def _served_engine(flag: str, run_info: dict[str, Any]) -> tuple[str, str | None]:
-    """The engine to diagnose, and a warning when --engine and run.json disagree (or the recorded one is not modelled).
-
-    `auto` takes what the run recorded (the server's reported identity, or a simulated run's --engine), vLLM when
-    nothing is; an explicit --engine wins over the record, since the user may know better (an old run.json, a proxy
-    in front of the server), but the contradiction is said, naming both.
-    """
-    recorded = recorded_engine(run_info)
-    if flag == AUTO:
-        if recorded is None or recorded in ENGINES:
-            return recorded or VLLM, None
-        return VLLM, (f"run.json records the engine {recorded!r}, which servelab does not model; diagnosed as vLLM "
-                      f"(give --engine {'|'.join(ENGINES)} to choose)")
-    if recorded is not None and recorded != flag:
-        return flag, (f"--engine {flag} but run.json records the run as served by {recorded}: diagnosing it as "
-                      f"{LABELS[flag]}, with --engine-args read as {LABELS[flag]}'s flags")
-    return flag, None
 
 
 def _output_lengths(spec: str, mean: int) -> LengthDistribution:

@@ -20,9 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from servelab.errors import InputError
 from servelab.metrics import engines as metric_names
 from servelab.metrics import timeline as tl
-from servelab.sim.engines import LABELS, SGLANG, TRTLLM, VLLM
+from servelab.sim.engines import ENGINES, LABELS, SGLANG, TRTLLM, VLLM
 from servelab.targets.deployment import VLLM_FLAGS, VLLM_SWITCHES
 from servelab.targets.engine_deployment import KNOBS, config_line
 
@@ -104,3 +105,29 @@ def recorded_engine(run_info: Mapping[str, Any]) -> str | None:
         return str(identity)
     flagged = (run_info.get("flags") or {}).get("engine") or (run_info.get("deployment") or {}).get("engine")
     return str(flagged) if flagged else None
+
+
+def check_engine(flag: str) -> None:
+    """--engine names a modelled engine or auto; InputError otherwise (before any run is read)."""
+    if flag not in (*ENGINES, metric_names.AUTO):
+        raise InputError(f"--engine {flag!r}: choose one of {', '.join(ENGINES)} or {metric_names.AUTO}")
+
+
+def served_engine(flag: str, run_info: Mapping[str, Any]) -> tuple[str, str | None]:
+    """The engine to diagnose, and a warning when --engine and run.json disagree (or the recorded one is not modelled).
+
+    `auto` takes what the run recorded (the server's reported identity, or a simulated run's --engine), vLLM when
+    nothing is; an explicit --engine wins over the record, since the user may know better (an old run.json, a proxy
+    in front of the server), but the contradiction is said, naming both.
+    """
+    check_engine(flag)
+    recorded = recorded_engine(run_info)
+    if flag == metric_names.AUTO:
+        if recorded is None or recorded in ENGINES:
+            return recorded or VLLM, None
+        return VLLM, (f"run.json records the engine {recorded!r}, which servelab does not model; diagnosed as vLLM "
+                      f"(give --engine {'|'.join(ENGINES)} to choose)")
+    if recorded is not None and recorded != flag:
+        return flag, (f"--engine {flag} but run.json records the run as served by {recorded}: diagnosing it as "
+                      f"{LABELS[flag]}, with --engine-args read as {LABELS[flag]}'s flags")
+    return flag, None
