@@ -12,8 +12,13 @@ import servelab
 from typer.testing import CliRunner
 
 from servelab.cli import app
+from servelab.diagnose.engine_terms import served_engine
+from servelab.diagnose.evidence import gather
+from servelab.diagnose.scenario import simulate, synthetic
 from servelab.diagnose.schema import Diagnosis
 from servelab.experiment.compare import EngineComparison
+from servelab.metrics.scrape import parse_metrics
+from servelab.metrics.timeline import TimelineSample
 from servelab.perf import sglang_args, trtllm_args
 from servelab.targets.deployment import VLLM_FLAGS, VLLM_SWITCHES
 from servelab.targets.engine_deployment import build_engine_deployment
@@ -161,3 +166,18 @@ def test_a_trtllm_option_only_its_yaml_takes_is_printed_for_that_file():
     assert changed.engine_args() == ("--max_batch_size 64 (in the --extra_llm_api_options YAML: "
                                      "scheduler_config.capacity_scheduler_policy: MAX_UTILIZATION, "
                                      "kv_cache_config.enable_block_reuse: false)")
+
+
+@pytest.mark.parametrize(("engine", "running", "kv"), [("sglang", 20, 0.4), ("trtllm", 16, 0.45)])
+def test_a_measured_runs_engine_comes_from_the_server_and_its_gauges_reach_the_evidence(engine: str, running: int,
+                                                                                        kv: float):
+    """A bench run of SGLang or TensorRT-LLM: run.json names the engine the server reported, and its /metrics,
+    mapped onto the timeline's common names at scrape time, are what the evidence reads."""
+    deployment = build_engine_deployment(engine, "h100-sxm", "llama-3.1-8b")
+    run = simulate(deployment, synthetic(600, 40, request_rate=2, num_requests=20))
+    scraped = parse_metrics((Path(__file__).parent / "fixtures" / "engine_metrics" / f"{engine}.prom").read_text())
+    run.timeline = [TimelineSample(t, dict(scraped)) for t in (0.0, 1.0)]
+    run.run_info = {**run.run_info, "source": "http", "server_info": {"engine": {"name": engine, "version": "x"}}}
+    assert served_engine("auto", run.run_info) == (engine, None)
+    e = gather(run)
+    assert (e.mean_running, e.max_kv_usage) == (running, pytest.approx(kv))
