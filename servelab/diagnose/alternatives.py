@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from servelab.diagnose.engine_terms import terms
+from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import Evidence
 from servelab.diagnose.recommend import UPGRADE, Outcome, run
 from servelab.diagnose.scenario import Scenario
@@ -118,7 +118,7 @@ def _options(d: Deployment, e: Evidence, scenario: Scenario) -> list[Option]:
                 f"multiplies on {fmt.compute_dtype} tensor cores either way; E2E p50 "
                 f"{_num(_ms(out.summary, 'median_e2el_ms'))} ms")
 
-    t = terms(d.engine)
+    t = Terms(d.engine)
     options = [
         Option(t.setting("max_num_batched_tokens", 2 * budget), lambda: d.with_changes(max_num_batched_tokens=2 * budget),
                budget_why),

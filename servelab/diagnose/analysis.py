@@ -16,7 +16,7 @@ from servelab.diagnose.advice import AdviceContext, check_advice
 from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, saturation_rps, slo_max_rps
 from servelab.diagnose.ceilings import Ceilings, compute_ceilings
 from servelab.diagnose.engine_choice import compare_on_engines
-from servelab.diagnose.engine_terms import terms
+from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import Evidence, gather
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.observations import check as check_observations, idle_decode_ms
@@ -223,7 +223,7 @@ def notes(dx: Diagnosis) -> list[str]:
     u, e, out = dx.utilization, dx.evidence, []
     if e.ttft_split is not None:  # the server's own account of the first token comes first: it is measured
         out.append(f"Where the first token's time went: "
-                   f"{describe(e.ttft_split, queue_reason(e, dx.ceilings, terms(dx.deployment.engine)))}.")
+                   f"{describe(e.ttft_split, queue_reason(e, dx.ceilings, Terms(dx.deployment.engine)))}.")
         if e.outside_engine is not None:
             out.append(f"Outside the engine, by the client's HTTP phases: {describe_outside(e.outside_engine)}.")
     busy = (f"here a step is running {100 * u.engine_busy:.0f}% of the time" if u.engine_busy is not None

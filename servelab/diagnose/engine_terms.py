@@ -94,10 +94,6 @@ class Terms:
         return " and ".join(names)
 
 
-def terms(engine: str) -> Terms:
-    return Terms(engine)
-
-
 def recorded_engine(run_info: Mapping[str, Any]) -> str | None:
     """The engine run.json says served the run: the server's reported identity (bench), or `flags.engine` (simulate)."""
     identity = ((run_info.get("server_info") or {}).get("engine") or {}).get("name")

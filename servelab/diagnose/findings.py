@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from servelab.diagnose.ceilings import Ceilings
-from servelab.diagnose.engine_terms import Terms, terms
+from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import Evidence
 from servelab.diagnose.outside_engine import describe as describe_outside
 from servelab.diagnose.utilization import Utilization
@@ -106,7 +106,7 @@ class Context:
     @property
     def terms(self) -> Terms:
         """The diagnosed engine's names for its knobs: advice is in the flags the user runs."""
-        return terms(self.d.engine)
+        return Terms(self.d.engine)
 
     @property
     def running_per_replica(self) -> float:

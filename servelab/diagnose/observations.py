@@ -15,7 +15,7 @@ E2E latency. A figure *above* what the simulation gives is no contradiction
 from __future__ import annotations
 
 from servelab.diagnose.ceilings import Ceilings
-from servelab.diagnose.engine_terms import terms
+from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.findings import Finding
 from servelab.diagnose.scenario import Scenario
 from servelab.perf.cost_model import StepBatch
@@ -122,7 +122,7 @@ def check(
     )
     evidence.append(
         "the measurement that decides: during peak load, the server's own token counters (the rate of "
-        f"{terms(d.engine).token_counters} on /metrics) beside `nvidia-smi dmon -s u -d 1`; or "
+        f"{Terms(d.engine).token_counters} on /metrics) beside `nvidia-smi dmon -s u -d 1`; or "
         f"`servelab bench --base-url URL --dataset-name random --random-input-len {prompt:.0f} --random-output-len "
         f"{s.mean_output:.0f} --request-rate {qps or 1:.2f} --num-prompts 600`, which records both in one "
         "timeline (the GPU through NVML, or a DCGM exporter with --gpu-metrics-url)"

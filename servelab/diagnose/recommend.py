@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from servelab.diagnose import findings as fk
 from servelab.diagnose.capacity import saturation_rps
-from servelab.diagnose.engine_terms import Terms, terms
+from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.findings import Context, Finding, Recommendation
 from servelab.diagnose.scenario import Scenario, simulate
 from servelab.metrics.slo import SLO
@@ -191,7 +191,7 @@ def confirm_command(scenario: Scenario, engine_args: str | None, engine: str = V
         load = f"--max-concurrency {scenario.max_concurrency}"
     else:  # every request at once, as the measured burst was sent
         load = "--request-rate inf"
-    restart = f"restart the server with `{terms(engine).launch} {engine_args}`, then " if engine_args else ""
+    restart = f"restart the server with `{Terms(engine).launch} {engine_args}`, then " if engine_args else ""
     # A shared prefix must be sent as one, or the run confirming a prefix-cache change cannot show it (chats, whose
     # turns resend their history, keep the random line: bench's prefix dataset has no history).
     chat = any(s.after is not None for s in scenario.shapes)

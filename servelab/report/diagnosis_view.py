@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from servelab.diagnose.engine_terms import terms
+from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.schema import AdviceRow, Alternative, Diagnosis, EngineSwitch, Recommendation, WorkloadShape
 from servelab.sim.engines import LABELS
 
@@ -77,7 +77,7 @@ def ceiling_rows(d: Diagnosis) -> list[tuple[str, str, str]]:
     rows = []
     for key, stand, label, unit in CEILING_ROWS:
         share = d.standing.get(stand)
-        label = terms(d.deployment.engine).knob(label) if key == "max_num_seqs" else label
+        label = Terms(d.deployment.engine).knob(label) if key == "max_num_seqs" else label
         rows.append((label, _num(getattr(d.ceilings, key), unit), "—" if share is None else f"{share:.0%}"))
     return rows
 
