@@ -102,7 +102,7 @@ def price_notes(alternatives: list[Alternative]) -> list[str]:
 
 
 ENGINE_COLUMNS = ("engine", "output tok/s", "req/s", "mean TTFT ms", "mean TPOT ms", "mean E2E ms", "p99 E2E ms",
-                  "goodput req/s", "requests fitting in KV", "preemptions")
+                  "goodput req/s", "fit in KV", "preempt")
 
 
 def engine_title(s: EngineSwitch) -> str:
