@@ -25,13 +25,17 @@ from typing import TYPE_CHECKING, Any
 
 from servelab.diagnose.analysis import diagnose_run
 from servelab.diagnose.schema import Diagnosis
+from servelab.diagnose.engine_terms import served_engine
 from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
 from servelab.experiment.runner import run_point
 from servelab.metrics.results import RunResult, load_run
 from servelab.metrics.schema import RunInfo, Summary
 from servelab.metrics.slo import SLO
 from servelab.targets.base import Target
+from servelab.metrics.engines import AUTO
+from servelab.sim.engines import VLLM
 from servelab.targets.deployment import build_deployment
+from servelab.targets.engine_deployment import build_engine_deployment
 from servelab.targets.http import HttpTarget
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
@@ -111,14 +115,18 @@ def bench(base_url: str, *, result_dir: str | Path, model: str | None = None, in
     return _run(target, plan, result_dir, {"verb": "bench", "source": "http", "flags": flags}, goodput)
 
 
-def diagnosis(results: Results | str | Path, gpu: str, model: str, engine_args: str = "") -> Diagnosis:
+def diagnosis(results: Results | str | Path, gpu: str, model: str, engine_args: str = "", engine: str = AUTO) -> Diagnosis:
     """`servelab diagnose RESULTS`: what limits the deployment that produced `results`, and what to change.
 
-    Named `diagnosis`, not `diagnose`: `servelab.diagnose` is the package that does the work."""
+    `engine` as `diagnose --engine`: auto takes the one run.json recorded (vLLM when none is); `engine_args` are in
+    its spelling. Named `diagnosis`, not `diagnose`: `servelab.diagnose` is the package that does the work."""
     loaded = results if isinstance(results, Results) else load_results(results)
-    # The KV blocks and prefix-cache switch the server reported (bench records them) beat an estimate from flags.
-    engine_args, note = engine_args_from_server(engine_args, loaded.result.run_info.get(CACHE_CONFIG) or {})
-    dx = diagnose_run(loaded.result, build_deployment(gpu, model, engine_args))
-    if note is not None:
-        dx.notes.insert(0, note)
+    served, engine_note = served_engine(engine, loaded.result.run_info)
+    note = None
+    if served == VLLM:  # the KV blocks and prefix-cache switch a vLLM server reported beat an estimate from flags
+        engine_args, note = engine_args_from_server(engine_args, loaded.result.run_info.get(CACHE_CONFIG) or {})
+    dx = diagnose_run(loaded.result, build_engine_deployment(served, gpu, model, engine_args))
+    for said in (note, engine_note):
+        if said is not None:
+            dx.notes.insert(0, said)
     return Diagnosis.model_validate(dx.as_dict())

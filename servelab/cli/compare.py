@@ -23,13 +23,14 @@ from servelab.workload.spec import LoadPlan
 _DEPLOYMENT = "Deployment"
 
 
-def _engines(text: str) -> list[str]:
+def parse_engines(text: str, flag: str = "--engines") -> list[str]:
+    """A comma-separated list of modelled engines (compare's --engines, diagnose's --compare-engines)."""
     names = [e.strip().lower() for e in text.split(",") if e.strip()]
     bad = [e for e in names if e not in ENGINES]
     if bad or not names:
-        raise InputError(f"--engines {text!r}: give a comma-separated subset of {', '.join(ENGINES)}")
+        raise InputError(f"{flag} {text!r}: give a comma-separated subset of {', '.join(ENGINES)}")
     if len(set(names)) != len(names):
-        raise InputError(f"--engines {text!r}: an engine is repeated")
+        raise InputError(f"{flag} {text!r}: an engine is repeated")
     return names
 
 
@@ -70,7 +71,7 @@ def compare(
     """Would another engine serve this workload better? The same load simulated on each engine, and why they differ."""
     console = Console(stderr=True) if load.json else Console()
     load.check()
-    names = _engines(engines)
+    names = parse_engines(engines)
     flags = {VLLM: vllm_args, SGLANG: sglang_args, TRTLLM: trtllm_args}
     deployments = [build_engine_deployment(e, gpu, model, flags[e], tensor_parallel_size=tp) for e in names]
     sweep = load.parsed_sweep()

@@ -11,7 +11,9 @@ from rich.console import Console
 
 from servelab.cli import app
 from servelab.cli.report import ReportFlag, report_into
+from servelab.cli.compare import parse_engines
 from servelab.cli.options import (
+    DEPLOYMENT_PANEL,
     CalibrationFlag,
     EngineArgsFlag,
     GoodputFlag,
@@ -26,13 +28,16 @@ from servelab.cli.options import (
 from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError
 from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
+from servelab.diagnose.engine_terms import check_engine, served_engine
 from servelab.diagnose.scenario import synthetic
 from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
 from servelab.metrics.host import condition_changes
 from servelab.metrics.results import load_run
 from servelab.metrics.slo import SLO
+from servelab.metrics.engines import AUTO
 from servelab.perf.calibration import load_profile
 from servelab.report.diagnosis_view import render_markdown, render_terminal
+from servelab.sim.engines import ENGINES, LABELS, VLLM
 from servelab.workload.lengths import DISTRIBUTIONS, LengthDistribution
 
 DIAGNOSIS = "diagnosis.json"
@@ -74,6 +79,16 @@ def diagnose(
     price_options: Annotated[bool, typer.Option("--price-options", help="Price the common options (token budget, quantized "
                                                 "weights, FP8 KV, a replica, TP=2, a bigger GPU) at this load.")] = False,
     vllm_version: VllmVersionFlag = None,
+    engine: Annotated[str, typer.Option(
+        help=f"Which engine served the deployment: {', '.join(ENGINES)}, or auto (the one the run's run.json recorded; "
+             "vLLM when none is, or for a described deployment). --engine-args are then in that engine's spelling.",
+        rich_help_panel=DEPLOYMENT_PANEL)] = AUTO,
+    compare_engines: Annotated[bool, typer.Option(
+        "--compare-engines", help="Also run this workload at this load on the other engines (at their defaults, same "
+                                  "GPU, model, TP and replicas) and say what switching would buy.")] = False,
+    engines: Annotated[Optional[str], typer.Option(
+        help=f"With --compare-engines: which engines, comma-separated (default all: {','.join(ENGINES)}), as "
+             "`servelab compare --engines` takes them.")] = None,
     goodput: GoodputFlag = None,
     slo_attainment: Annotated[float, typer.Option(help="Share of requests that must meet the SLO.")] = 0.9,
     check_advice: Annotated[bool, typer.Option("--check-advice", help="Also evaluate 25 common tuning tips.")] = False,
@@ -87,6 +102,12 @@ def diagnose(
 
     With no arguments: the built-in example (Qwen2.5-7B on an A100 at ~10 req/s of 1,500-token prompts).
     """
+    check_engine(engine)
+    if vllm_version is not None and engine not in (VLLM, AUTO):
+        raise InputError(f"--vllm-version describes a vLLM server, not --engine {engine}")
+    if engines is not None and not compare_engines:
+        raise InputError("--engines chooses the engines --compare-engines runs: add --compare-engines")
+    switch_to = parse_engines(engines or ",".join(ENGINES)) if compare_engines else []
     if report and results is None:
         raise InputError("--report draws a results directory: give RESULTS (a described deployment has no records to plot)")
     if json_out and markdown:
@@ -95,7 +116,8 @@ def diagnose(
     if results is not None and described:
         raise InputError("RESULTS and --input-len/--output-len/--request-rate/--max-concurrency both describe the workload; "
                          "give a results directory or a described deployment, not both")
-    example = results is None and not described and gpu is None and model is None and calibration is None
+    example = (results is None and not described and gpu is None and model is None and calibration is None
+               and engine in (AUTO, VLLM))  # the example is a vLLM deployment
     if example:
         gpu, model, engine_args = EXAMPLE["gpu"], EXAMPLE["model"], EXAMPLE["engine_args"]
         input_len, output_len, request_rate = EXAMPLE["input_len"], EXAMPLE["output_len"], EXAMPLE["request_rate"]
@@ -113,13 +135,18 @@ def diagnose(
     output_lengths = _output_lengths(output_len_distribution, output_len) if output_len is not None else None
     slo = SLO.parse(goodput)
     run = load_run(results) if results is not None else None
+    served, engine_note = served_engine(engine, run.run_info if run is not None else {})
+    if check_advice and served != VLLM:
+        raise InputError(f"--check-advice judges vLLM's common tuning tips; the deployment is {LABELS[served]}'s")
     server_note = None
-    if run is not None and calibration is None:  # the server's own KV figures beat an estimate from its flags
+    if run is not None and calibration is None and served == VLLM:  # the server's own KV figures beat an estimate
         engine_args, server_note = engine_args_from_server(engine_args, run.run_info.get(CACHE_CONFIG) or {})
     deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp, replicas=replicas,
-                                       gpu_file=gpu_file, vllm_version=vllm_version)
+                                       gpu_file=gpu_file, vllm_version=vllm_version, engine=served)
+    if engine_note is not None:
+        Console(stderr=True).print(f"[yellow]warning:[/] {engine_note}", highlight=False, soft_wrap=True)
     observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms)
-    priced = {"with_alternatives": price_options or None, "gpu_cost_per_hour": gpu_cost_per_hour}
+    priced = {"with_alternatives": price_options or None, "gpu_cost_per_hour": gpu_cost_per_hour, "engines": switch_to}
     partial = ""
     if run is not None and results is not None:
         partial = run.partial_note()
@@ -130,6 +157,8 @@ def diagnose(
                                               now_label="during this run", then_label="at calibration"))
         if server_note is not None:
             dx.notes.insert(0, server_note)
+        if engine_note is not None:
+            dx.notes.insert(0, engine_note)
     else:
         if input_len is None or output_len is None:
             raise InputError("a described deployment needs --input-len and --output-len")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import Evidence
 from servelab.diagnose.recommend import UPGRADE, Outcome, run
 from servelab.diagnose.scenario import Scenario
@@ -93,7 +94,7 @@ def _options(d: Deployment, e: Evidence, scenario: Scenario) -> list[Option]:
     lone = StepBatch(decode_contexts=[step.decode_contexts[0] if step.decode_contexts else round(scenario.mean_input)])
 
     def step_ms(x: Deployment, batch: StepBatch) -> float:
-        return 1e3 * x.cost_model().step_time(batch)
+        return 1e3 * x.step_cost().step_time(batch)
 
     def shape() -> str:
         prefill = sum(n for n, _ in step.prefill_chunks)
@@ -117,9 +118,11 @@ def _options(d: Deployment, e: Evidence, scenario: Scenario) -> list[Option]:
                 f"multiplies on {fmt.compute_dtype} tensor cores either way; E2E p50 "
                 f"{_num(_ms(out.summary, 'median_e2el_ms'))} ms")
 
+    t = Terms(d.engine)
     options = [
-        Option(f"--max-num-batched-tokens {2 * budget}", lambda: d.with_changes(max_num_batched_tokens=2 * budget), budget_why),
-        Option(f"--max-num-batched-tokens {lower}", lambda: d.with_changes(max_num_batched_tokens=lower), budget_why),
+        Option(t.setting("max_num_batched_tokens", 2 * budget), lambda: d.with_changes(max_num_batched_tokens=2 * budget),
+               budget_why),
+        Option(t.setting("max_num_batched_tokens", lower), lambda: d.with_changes(max_num_batched_tokens=lower), budget_why),
         Option("AWQ/GPTQ 4-bit weights", lambda: d.with_changes(quantization="awq"), weights_why),
         Option("FP8 weights", lambda: d.with_changes(quantization="fp8"), weights_why),
     ]

@@ -7,6 +7,7 @@ simulator-backed parts (saturation, SLO rate, what-ifs) need the scenario.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,8 @@ from servelab import SCHEMA_VERSION
 from servelab.diagnose.advice import AdviceContext, check_advice
 from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, saturation_rps, slo_max_rps
 from servelab.diagnose.ceilings import Ceilings, compute_ceilings
+from servelab.diagnose.engine_choice import compare_on_engines
+from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import Evidence, gather
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.observations import check as check_observations, idle_decode_ms
@@ -22,10 +25,12 @@ from servelab.diagnose.outside_engine import describe as describe_outside
 from servelab.diagnose.findings import Context, Finding, caveats, detect, queue_reason
 from servelab.diagnose.recommend import recommend, run as simulate_outcome
 from servelab.diagnose.scenario import Scenario, from_run, simulate
+from servelab.diagnose.schema import EngineSwitch
 from servelab.diagnose.utilization import Utilization, utilization
 from servelab.metrics.results import RunResult
 from servelab.metrics.server_timings import describe
 from servelab.metrics.slo import SLO
+from servelab.sim.engines import SGLANG, TRTLLM
 from servelab.targets.deployment import Deployment
 
 
@@ -68,6 +73,8 @@ class Diagnosis:
     caveats: list[Finding] = field(default_factory=list)
     """Doubts on the measurement (a starved client), shown above the findings, never ranked among them."""
     alternatives: list[Alternative] = field(default_factory=list)
+    engine_comparison: EngineSwitch | None = None
+    """`--compare-engines`: the same workload and load on each engine."""
 
     @property
     def bottleneck(self) -> str | None:
@@ -106,6 +113,7 @@ class Diagnosis:
             "caveats": [f.as_dict() for f in self.caveats],
             "findings": [f.as_dict() for f in self.findings],
             "alternatives": [a.as_dict() for a in self.alternatives],
+            "engine_comparison": self.engine_comparison.model_dump() if self.engine_comparison is not None else None,
             "notes": self.notes,
             "advice": self.advice,
         }
@@ -149,12 +157,14 @@ def analyse(
     with_advice: bool = False,
     with_alternatives: bool | None = None,
     gpu_cost_per_hour: float | None = None,
+    engines: Sequence[str] = (),
 ) -> Diagnosis:
     """Rank what limits the server, and price the common options when `with_alternatives` says so (None: when a
-    latency is reported or a GPU price given, as a user asking "should we buy a GPU?" does)."""
+    latency is reported or a GPU price given, as a user asking "should we buy a GPU?" does); with `engines`, what
+    switching to each would buy at this load."""
     e = gather(run)
     batch = (e.mean_running if e.mean_running is not None else e.mean_in_flight) / deployment.config.data_parallel_size
-    c = compute_ceilings(deployment.cost_model(), deployment.config, deployment.memory,
+    c = compute_ceilings(deployment.step_cost(), deployment.model, deployment.config, deployment.memory,
                          input_len=scenario.mean_input, output_len=scenario.mean_output, achieved_batch=batch,
                          cached_len=scenario.mean_input * (e.prefix_hit_rate or 0.0))
     sat = saturation_rps(deployment, scenario)
@@ -185,6 +195,8 @@ def analyse(
     dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed, caveats=caveats(ctx))
     if priced and baseline is not None:
         dx.alternatives = price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour)
+    if engines:
+        dx.engine_comparison = compare_on_engines(deployment, scenario, slo, engines)
     dx.notes = notes(dx)
     if with_advice and baseline is not None:
         longest = max(s.input_len + s.output_len for s in scenario.shapes)
@@ -210,7 +222,8 @@ def notes(dx: Diagnosis) -> list[str]:
     """Plain-language explanations of what users misread most: GPU utilisation and 'memory full'."""
     u, e, out = dx.utilization, dx.evidence, []
     if e.ttft_split is not None:  # the server's own account of the first token comes first: it is measured
-        out.append(f"Where the first token's time went: {describe(e.ttft_split, queue_reason(e, dx.ceilings))}.")
+        out.append(f"Where the first token's time went: "
+                   f"{describe(e.ttft_split, queue_reason(e, dx.ceilings, Terms(dx.deployment.engine)))}.")
         if e.outside_engine is not None:
             out.append(f"Outside the engine, by the client's HTTP phases: {describe_outside(e.outside_engine)}.")
     busy = (f"here a step is running {100 * u.engine_busy:.0f}% of the time" if u.engine_busy is not None
@@ -222,12 +235,8 @@ def notes(dx: Diagnosis) -> list[str]:
         f"bandwidth utilisation {100 * u.mbu:.0f}% of {u.peak_bandwidth / 1e9:.0f} GB/s ({u.source} estimate). "
         "Decode is memory-bound by nature; prefill is compute-bound."
     )
-    m = dx.deployment.memory
-    out.append(
-        f"'GPU memory full' is by design: vLLM reserves {dx.deployment.config.gpu_memory_utilization:.0%} of the GPU at "
-        f"start-up and gives {m.kv_cache_bytes / 2**30:.1f} GiB of it to the KV cache ({m.num_blocks} blocks); "
-        f"the KV actually in use peaked at {100 * (e.max_kv_usage or 0):.0f}%."
-    )
+    out.append(f"'GPU memory full' is by design: {memory_plan(dx.deployment)}; the KV actually in use peaked at "
+               f"{100 * (e.max_kv_usage or 0):.0f}%.")
     if dx.observed.qps is not None and dx.ceilings.saturation_rps:
         out.append(
             f"You observe {dx.observed.qps:.2f} req/s; the simulated ceiling for this workload is "
@@ -240,6 +249,21 @@ def notes(dx: Diagnosis) -> list[str]:
         out.append(latency_note(dx))
     out.extend(dx.deployment.warnings)
     return out
+
+
+def memory_plan(d: Deployment) -> str:
+    """How the engine sized its KV cache at start-up, in its own knob's words."""
+    m, share = d.memory, d.config.gpu_memory_utilization
+    kv = f"{m.kv_cache_bytes / 2**30:.1f} GiB"
+    if d.engine == SGLANG:
+        return (f"SGLang takes {share:.0%} of the GPU (--mem-fraction-static {share:g}) for the weights and its KV pool "
+                f"at start-up, and the pool gets {kv} of it ({m.num_blocks:,} tokens)")
+    if d.engine == TRTLLM:
+        return (f"TensorRT-LLM gives {share:.0%} (--kv_cache_free_gpu_memory_fraction {share:g}) of the memory still free "
+                f"after the weights and a warm-up pass to the KV cache at start-up: {kv} ({m.num_blocks:,} blocks of "
+                f"{m.block_size})")
+    return (f"vLLM reserves {share:.0%} of the GPU at start-up and gives {kv} of it to the KV cache "
+            f"({m.num_blocks} blocks)")
 
 
 def latency_note(dx: Diagnosis) -> str:

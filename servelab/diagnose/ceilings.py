@@ -12,9 +12,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from servelab.perf.cost_model import RooflineCostModel, StepBatch
+from servelab.perf.cost_model import CostModel, StepBatch
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.memory import MemoryPlan
+from servelab.perf.models import ModelSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +42,7 @@ class Ceilings:
         return asdict(self)
 
 
-def prefill_request_time(cost: RooflineCostModel, input_len: int, budget: int) -> float:
+def prefill_request_time(cost: CostModel, input_len: int, budget: int) -> float:
     """Engine seconds one prompt costs when prefills fill every step's token budget."""
     if input_len <= budget:
         per_step = max(1, budget // input_len)
@@ -54,13 +55,14 @@ def prefill_request_time(cost: RooflineCostModel, input_len: int, budget: int) -
     return total
 
 
-def decode_tps(cost: RooflineCostModel, batch: int, context: int) -> float:
+def decode_tps(cost: CostModel, batch: int, context: int) -> float:
     batch = max(1, batch)
     return batch / cost.step_time(StepBatch(decode_contexts=[context] * batch))
 
 
 def compute_ceilings(
-    cost: RooflineCostModel,
+    cost: CostModel,
+    model: ModelSpec,
     config: EngineConfig,
     memory: MemoryPlan,
     *,
@@ -83,7 +85,6 @@ def compute_ceilings(
     mid_context = input_len_i + output_len_i // 2
     computed = max(1, round(input_len - cached_len))
     prefill_s = prefill_request_time(cost, computed, config.max_num_batched_tokens)
-    model = cost.model
     return Ceilings(
         prefill_compute_rps=replicas / prefill_s,
         prefill_flops_per_request=float(

@@ -18,11 +18,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from servelab.diagnose.ceilings import Ceilings
+from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import Evidence
 from servelab.diagnose.outside_engine import describe as describe_outside
 from servelab.diagnose.utilization import Utilization
 from servelab.metrics.server_timings import describe
 from servelab.metrics.slo import SLO
+from servelab.sim.engines import SGLANG
 from servelab.targets.deployment import Deployment
 
 CLIENT_BOUND = "client_bound"
@@ -102,6 +104,11 @@ class Context:
         return self.e.frac_waiting or 0.0
 
     @property
+    def terms(self) -> Terms:
+        """The diagnosed engine's names for its knobs: advice is in the flags the user runs."""
+        return Terms(self.d.engine)
+
+    @property
     def running_per_replica(self) -> float:
         running = self.e.max_running if self.e.max_running is not None else self.e.mean_in_flight
         return running / self.c.replicas
@@ -111,10 +118,10 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def queue_reason(e: Evidence, c: Ceilings) -> str:
+def queue_reason(e: Evidence, c: Ceilings, t: Terms) -> str:
     """What requests queued in the engine were waiting for, from the server's gauges: a slot, KV blocks, or neither."""
     if e.max_running is not None and e.max_running >= 0.95 * c.max_num_seqs * c.replicas:
-        return f"waiting for a sequence slot: {e.max_running:.0f} running at max_num_seqs {c.max_num_seqs}"
+        return f"waiting for a sequence slot: {e.max_running:.0f} running at {t.knob('max_num_seqs')} {c.max_num_seqs}"
     if e.max_kv_usage is not None and e.max_kv_usage >= 0.95:
         return f"waiting for KV cache blocks: usage peaked at {_pct(e.max_kv_usage)}"
     return ""
@@ -130,7 +137,7 @@ def ttft_split_evidence(x: Context, *parts: str) -> list[str]:
     if largest not in parts:
         return []
     http = [describe_outside(x.e.outside_engine)] if largest == "api_server" and x.e.outside_engine is not None else []
-    return [describe(split, queue_reason(x.e, x.c)), *http, *split.notes]
+    return [describe(split, queue_reason(x.e, x.c, x.terms)), *http, *split.notes]
 
 
 def caveats(x: Context) -> list[Finding]:
@@ -166,7 +173,7 @@ def api_server_load(x: Context) -> tuple[float, float, float] | None:
     work = a.per_request_s + a.per_prompt_token_s * e.mean_input_tokens + a.per_streamed_token_s * e.mean_output_tokens
     if work <= 0:
         return None
-    servers = d.config.api_server_count
+    servers = d.config.api_servers
     rate = max(e.request_rate, e.offered_rate or 0.0)
     return work, rate * work / servers, servers / work
 
@@ -214,9 +221,10 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
     load = api_server_load(x)
     if load is not None and load[1] >= API_BUSY:
         work, busy, ceiling = load
-        servers = x.d.config.api_server_count
+        servers = x.d.config.api_servers
         score = max(score, 0.5 + 0.45 * min(1.0, busy))
-        source = {"measured": "vLLM's CPU-side costs measured on its CPU build, scaled to this host",
+        source = {"measured": "vLLM's CPU-side costs measured on its CPU build, scaled to this host"
+                              + ("" if x.terms.vllm else f", standing in for {x.terms.label}'s (not measured)"),
                   "given": "the calibrated API-server cost"}.get(x.d.cpu_costs_source, "the configured API-server cost")
         evidence.append(
             f"the API server spends {1e3 * work:.2f} ms of CPU per request here ({source}): at "
@@ -229,13 +237,14 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
                 if x.e.engine_busy < SATURATED else
                 f"the engine was busy {_pct(x.e.engine_busy)} of the time too: both are near their limits"
             )
-        more = servers * 2
-        while more / work < 1.25 * max(x.e.request_rate, x.e.offered_rate or 0.0) and more < 64:
-            more *= 2
-        evidence.append(
-            f"--api-server-count {more} spreads that work over {more} processes: API-server ceiling {more / work:.1f} req/s "
-            f"(x{more / servers:.0f}), then the engine's own limits apply"
-        )
+        if x.terms.vllm:  # vLLM's flag; the other engines' frontend processes are not modelled
+            more = servers * 2
+            while more / work < 1.25 * max(x.e.request_rate, x.e.offered_rate or 0.0) and more < 64:
+                more *= 2
+            evidence.append(
+                f"--api-server-count {more} spreads that work over {more} processes: API-server ceiling {more / work:.1f} "
+                f"req/s (x{more / servers:.0f}), then the engine's own limits apply"
+            )
     if not evidence:
         return None
     evidence.extend(ttft_split_evidence(x, "api_server"))
@@ -251,10 +260,11 @@ def kv_capacity_bound(x: Context) -> Finding | None:
         return None
     per_request = preempted / max(1, x.e.completed)
     evidence = [
-        f"KV cache usage peaked at {_pct(kv)}; {preempted:.0f} preemptions "
+        f"KV cache usage peaked at {_pct(kv)}; {preempted:.0f} {x.terms.preemptions} "
         f"({per_request:.2f} per completed request) recomputed prompts",
         f"KV holds {x.c.kv_capacity_seqs} sequences of {x.e.mean_input_tokens:.0f}+{x.e.mean_output_tokens:.0f} tokens "
-        f"per replica ({x.d.memory.num_blocks} blocks of {x.d.memory.block_size}); max_num_seqs is {x.c.max_num_seqs}",
+        f"per replica ({x.d.memory.num_blocks} blocks of {x.d.memory.block_size}); {x.terms.knob('max_num_seqs')} is "
+        f"{x.c.max_num_seqs}",
         *ttft_split_evidence(x, "queue"),
     ]
     return Finding(KV_CAPACITY_BOUND, "The KV cache is too small for this concurrency",
@@ -267,7 +277,7 @@ def max_num_seqs_bound(x: Context) -> Finding | None:
     if (x.e.preemptions or 0) > 0:
         return None
     evidence = [
-        f"{x.running_per_replica:.0f} requests running per replica = max_num_seqs {x.c.max_num_seqs}, "
+        f"{x.running_per_replica:.0f} requests running per replica = {x.terms.knob('max_num_seqs')} {x.c.max_num_seqs}, "
         f"with requests waiting in {_pct(x.queueing)} of samples (up to {x.e.max_waiting or 0:.0f})",
         f"the KV cache could hold {x.c.kv_capacity_seqs} such sequences (peak usage {_pct(x.e.max_kv_usage or 0)})",
         *ttft_split_evidence(x, "queue"),
@@ -275,7 +285,7 @@ def max_num_seqs_bound(x: Context) -> Finding | None:
     score = 0.6 + 0.3 * x.queueing
     if x.u.compute_headroom >= 0.8:
         score *= 0.7  # the GPU is already compute-saturated: more sequences mostly add latency
-    return Finding(MAX_NUM_SEQS_BOUND, "max_num_seqs caps the batch while requests queue", score, evidence)
+    return Finding(MAX_NUM_SEQS_BOUND, f"{x.terms.knob('max_num_seqs')} caps the batch while requests queue", score, evidence)
 
 
 PREFILL_SHARE = 0.5
@@ -305,7 +315,7 @@ def prefill_time(x: Context) -> PrefillTime | None:
         return None
     budget = x.d.config.max_num_batched_tokens or 0
     computed = e.mean_input_tokens * (1 - (e.prefix_hit_rate or 0.0))
-    queue = split.queue_s if computed >= budget and not queue_reason(e, x.c) else 0.0
+    queue = split.queue_s if computed >= budget and not queue_reason(e, x.c, x.terms) else 0.0
     return PrefillTime(1e3 * split.prefill_s, 1e3 * queue, (split.prefill_s + queue) / split.client_ttft_s)
 
 
@@ -322,7 +332,7 @@ def prefill_measured(x: Context, p: PrefillTime) -> Finding:
     evidence = [
         f"the engine spent {p.prefill_ms:.0f} ms per request on prefill: {computed:.0f} computed prompt tokens at "
         f"{1e3 * computed / max(p.prefill_ms, 1e-9):,.0f} tokens/s, in steps of at most {budget} tokens "
-        f"(--max-num-batched-tokens; {_steps(computed, budget)} a prompt)",
+        f"({x.terms.name('max_num_batched_tokens')}; {_steps(computed, budget)} a prompt)",
     ]
     if p.budget_queue_ms:
         evidence.append(
@@ -398,10 +408,10 @@ def slo_tradeoff(x: Context) -> Finding | None:
     if x.e.p99_itl_ms is None or not x.e.median_tpot_ms:
         return None  # no request had a second token: no inter-token latency to trade
     stall = x.e.p99_itl_ms / x.e.median_tpot_ms
-    evidence = [
-        f"ITL p99 {x.e.p99_itl_ms:.0f} ms vs TPOT p50 {x.e.median_tpot_ms:.0f} ms: decodes that share a step with a "
-        f"{x.d.config.max_num_batched_tokens}-token prefill chunk wait for it",
-    ]
+    how = (f"decodes pause while a prefill batch of up to {x.d.config.max_num_batched_tokens} tokens runs (SGLang runs "
+           "prefill and decode batches apart)" if x.d.engine == SGLANG else
+           f"decodes that share a step with a {x.d.config.max_num_batched_tokens}-token prefill chunk wait for it")
+    evidence = [f"ITL p99 {x.e.p99_itl_ms:.0f} ms vs TPOT p50 {x.e.median_tpot_ms:.0f} ms: {how}"]
     if x.slo is not None and x.slo_attainment is not None:
         if x.slo_attainment >= 0.9:
             return None
@@ -427,7 +437,7 @@ def prefix_caching_off(x: Context) -> Finding | None:
     evidence = [
         f"{x.shared_prompt_tokens:.0f} of each prompt's {x.e.mean_input_tokens:.0f} tokens ({_pct(share)}) repeat an "
         "earlier request's (a shared system prompt or resent history), and the server computes them again every time",
-        "--no-enable-prefix-caching is set: KV blocks of a finished request are never reused"
+        f"{x.terms.setting('enable_prefix_caching', False)} is set: KV blocks of a finished request are never reused"
         if not x.d.config.enable_prefix_caching else
         f"the server's prefix cache answered {_pct(x.e.prefix_hit_rate or 0.0)} of its lookups",
     ]

@@ -15,6 +15,7 @@ E2E latency. A figure *above* what the simulation gives is no contradiction
 from __future__ import annotations
 
 from servelab.diagnose.ceilings import Ceilings
+from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.findings import Finding
 from servelab.diagnose.scenario import Scenario
 from servelab.perf.cost_model import StepBatch
@@ -36,7 +37,7 @@ CHARS_PER_TOKEN = 4
 def idle_prefill_ms(d: Deployment, prompt_tokens: int) -> float:
     """One prompt's prefill on an idle GPU, in the step budget's chunks: the least any TTFT can be."""
     budget = d.config.max_num_batched_tokens or prompt_tokens
-    cost, done, total = d.cost_model(), 0, 0.0
+    cost, done, total = d.step_cost(), 0, 0.0
     while done < prompt_tokens:
         chunk = min(budget, prompt_tokens - done)
         total += cost.step_time(StepBatch(prefill_chunks=[(chunk, done)]))
@@ -46,7 +47,7 @@ def idle_prefill_ms(d: Deployment, prompt_tokens: int) -> float:
 
 def idle_decode_ms(d: Deployment, context: int) -> float:
     """One decode step of a lone sequence with `context` tokens in KV: the least any TPOT can be (weights read once)."""
-    return 1e3 * d.cost_model().step_time(StepBatch(decode_contexts=[context]))
+    return 1e3 * d.step_cost().step_time(StepBatch(decode_contexts=[context]))
 
 
 def check(
@@ -121,7 +122,7 @@ def check(
     )
     evidence.append(
         "the measurement that decides: during peak load, the server's own token counters (the rate of "
-        "vllm:prompt_tokens_total and vllm:request_success_total on /metrics) beside `nvidia-smi dmon -s u -d 1`; or "
+        f"{Terms(d.engine).token_counters} on /metrics) beside `nvidia-smi dmon -s u -d 1`; or "
         f"`servelab bench --base-url URL --dataset-name random --random-input-len {prompt:.0f} --random-output-len "
         f"{s.mean_output:.0f} --request-rate {qps or 1:.2f} --num-prompts 600`, which records both in one "
         "timeline (the GPU through NVML, or a DCGM exporter with --gpu-metrics-url)"

@@ -15,12 +15,15 @@ from dataclasses import dataclass
 
 from servelab.diagnose import findings as fk
 from servelab.diagnose.capacity import saturation_rps
+from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.findings import Context, Finding, Recommendation
 from servelab.diagnose.scenario import Scenario, simulate
 from servelab.metrics.slo import SLO
 from servelab.metrics.summary import summarize
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
+from servelab.perf.trtllm_args import GUARANTEED_NO_EVICT, MAX_UTILIZATION
+from servelab.sim.engines import VLLM
 from servelab.targets.deployment import Deployment
 
 UPGRADE = {"A100-40GB-SXM": "h100", "A100-80GB-SXM": "h100", "A100-80GB-PCIe": "h100", "H100-SXM": "h200",
@@ -72,24 +75,26 @@ def _pow2_at_most(n: float) -> int:
     return 2 ** int(math.log2(max(1.0, n)))
 
 
-def _quantized(d: Deployment) -> Iterator[Candidate]:
+def _quantized(d: Deployment, t: Terms) -> Iterator[Candidate]:
     """Weight formats with faster tensor cores or fewer bytes, where the chip runs them."""
     hw = d.hardware
     if hw.fp8_tflops > 0:
-        yield Candidate("FP8 weights and activations (--quantization fp8)", lambda: d.with_changes(quantization="fp8"))
+        yield Candidate(f"FP8 weights and activations ({t.setting('quantization', 'fp8')})",
+                        lambda: d.with_changes(quantization="fp8"))
     elif hw.int8_tflops > 0:
-        yield Candidate("INT8 W8A8 weights (a w8a8 checkpoint; --quantization compressed-tensors)",
-                        lambda: d.with_changes(quantization="int8"))
-    yield Candidate("4-bit AWQ weights (an AWQ checkpoint; --quantization awq_marlin)", lambda: d.with_changes(quantization="awq"))
+        int8 = "--quantization compressed-tensors" if t.vllm else t.setting("quantization", "int8")
+        yield Candidate(f"INT8 W8A8 weights (a w8a8 checkpoint; {int8})", lambda: d.with_changes(quantization="int8"))
+    awq = "--quantization awq_marlin" if t.vllm else t.setting("quantization", "awq")
+    yield Candidate(f"4-bit AWQ weights (an AWQ checkpoint; {awq})", lambda: d.with_changes(quantization="awq"))
 
 
-def _more_hardware(d: Deployment) -> Iterator[Candidate]:
+def _more_hardware(d: Deployment, t: Terms) -> Iterator[Candidate]:
     replicas = d.config.data_parallel_size
     yield Candidate(f"{replicas * 2} replicas behind a load balancer (a second GPU as data parallelism)",
                     lambda: d.with_changes(data_parallel_size=replicas * 2))
     if d.hardware.interconnect_bandwidth > 0:
         tp = d.config.tensor_parallel_size
-        yield Candidate(f"tensor parallel on {tp * 2} GPUs (--tensor-parallel-size {tp * 2})",
+        yield Candidate(f"tensor parallel on {tp * 2} GPUs ({t.setting('tensor_parallel_size', tp * 2)})",
                         lambda: d.with_changes(tensor_parallel_size=tp * 2))
     upgrade = UPGRADE.get(d.hardware.name)
     if upgrade:
@@ -98,7 +103,8 @@ def _more_hardware(d: Deployment) -> Iterator[Candidate]:
 
 
 def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]:
-    d, cfg = x.d, x.d.config
+    """The changes worth pricing for a finding, each named in the diagnosed engine's own flags."""
+    d, cfg, t = x.d, x.d.config, x.terms
     if kind == fk.UNDERLOADED:
         if scenario.max_concurrency is not None and scenario.offered_rate is None:
             deeper = max(2 * scenario.max_concurrency, min(cfg.max_num_seqs, x.c.kv_capacity_seqs) * cfg.data_parallel_size)
@@ -114,44 +120,57 @@ def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]
         for seqs in sorted({target, 2 * cfg.max_num_seqs}):
             if seqs > cfg.max_num_seqs:
                 budget = {"max_num_batched_tokens": seqs} if seqs > cfg.max_num_batched_tokens else {}
-                yield Candidate(f"raise --max-num-seqs to {seqs}",
+                yield Candidate(f"raise {t.name('max_num_seqs')} to {seqs}",
                                 lambda seqs=seqs, budget=budget: d.with_changes(max_num_seqs=seqs, **budget))
     elif kind == fk.KV_CAPACITY_BOUND:
-        yield Candidate("FP8 KV cache (--kv-cache-dtype fp8): twice the tokens in the same memory",
+        yield Candidate(f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')}): twice the tokens in the same memory",
                         lambda: d.with_changes(kv_cache_dtype="fp8"))
         if cfg.gpu_memory_utilization < 0.95:
-            yield Candidate("--gpu-memory-utilization 0.95", lambda: d.with_changes(gpu_memory_utilization=0.95))
+            yield Candidate(t.setting("gpu_memory_utilization", 0.95), lambda: d.with_changes(gpu_memory_utilization=0.95))
         if x.c.kv_capacity_seqs < cfg.max_num_seqs:
-            yield Candidate(f"cap the batch at what the KV holds (--max-num-seqs {max(1, x.c.kv_capacity_seqs)})",
+            yield Candidate(f"cap the batch at what the KV holds ({t.setting('max_num_seqs', max(1, x.c.kv_capacity_seqs))})",
                             lambda: d.with_changes(max_num_seqs=max(1, x.c.kv_capacity_seqs)))
-        yield from _quantized(d)
-        yield from _more_hardware(d)
+        if d.engine_settings.get("capacity_scheduler_policy") == GUARANTEED_NO_EVICT:
+            yield Candidate(f"admit on the prompt's KV, pausing when short ({t.setting('capacity_scheduler_policy', MAX_UTILIZATION)}"
+                            f"; {GUARANTEED_NO_EVICT}, the default, reserves every request's whole length)",
+                            lambda: d.with_changes(capacity_scheduler_policy=MAX_UTILIZATION))
+        yield from _quantized(d, t)
+        yield from _more_hardware(d, t)
     elif kind == fk.PREFILL_COMPUTE_BOUND:
         if scenario.prefix_len == 0:
             shared = int(scenario.mean_input * 2 / 3)
             yield Candidate(f"put the first {shared} prompt tokens in one shared system prompt (prefix caching, on by "
                             "default, then skips them)", scenario=scenario.with_shared_prefix(shared))
         if not cfg.enable_prefix_caching:
-            yield Candidate("enable prefix caching (--enable-prefix-caching)", lambda: d.with_changes(enable_prefix_caching=True))
-        yield from _quantized(d)
-        yield from _more_hardware(d)
+            yield Candidate(f"enable prefix caching ({t.setting('enable_prefix_caching', True)})",
+                            lambda: d.with_changes(enable_prefix_caching=True))
+        if scenario.prefix_len and d.engine_settings.get("schedule_policy") == "fcfs":
+            yield Candidate(f"serve requests that share the longest cached prefix first ({t.setting('schedule_policy', 'lpm')})",
+                            lambda: d.with_changes(schedule_policy="lpm"))
+        yield from _quantized(d, t)
+        yield from _more_hardware(d, t)
         yield Candidate("halve the prompts (truncate history, compress retrieved context)",
                         scenario=scenario.with_input_scale(0.5))
     elif kind == fk.DECODE_BANDWIDTH_BOUND:
-        yield from _quantized(d)
+        yield from _quantized(d, t)
         if cfg.kv_cache_dtype != "fp8":
-            yield Candidate("FP8 KV cache (--kv-cache-dtype fp8): half the bytes read per decoded token",
+            yield Candidate(f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')}): half the bytes read per decoded token",
                             lambda: d.with_changes(kv_cache_dtype="fp8"))
-        yield from _more_hardware(d)
+        yield from _more_hardware(d, t)
     elif kind == fk.PREFIX_CACHING_OFF:
         if not cfg.enable_prefix_caching:
-            yield Candidate("enable prefix caching (drop --no-enable-prefix-caching; on by default)",
+            yield Candidate(f"enable prefix caching ({'drop --no-enable-prefix-caching' if t.vllm else t.setting('enable_prefix_caching', True)}"
+                            "; on by default)",
                             lambda: d.with_changes(enable_prefix_caching=True))
     elif kind == fk.SLO_TRADEOFF:
         budget = cfg.max_num_batched_tokens
+        if not cfg.enable_chunked_prefill and t.knows("enable_chunked_prefill"):  # TensorRT-LLM: off by default
+            yield Candidate(f"chunk long prompts ({t.setting('enable_chunked_prefill', True)})",
+                            lambda: d.with_changes(enable_chunked_prefill=True))
         for tokens in (budget // 4, budget // 2, budget * 2, budget * 4):
             if tokens >= max(cfg.max_num_seqs, 256):
-                yield Candidate(f"--max-num-batched-tokens {tokens}", lambda tokens=tokens: d.with_changes(max_num_batched_tokens=tokens))
+                yield Candidate(t.setting("max_num_batched_tokens", tokens),
+                                lambda tokens=tokens: d.with_changes(max_num_batched_tokens=tokens))
 
 
 def metric_for(kind: str, x: Context, scenario: Scenario) -> str:
@@ -165,14 +184,14 @@ def metric_for(kind: str, x: Context, scenario: Scenario) -> str:
     return "p99_ttft_ms" if x.load_ratio < fk.SATURATED else CAPACITY
 
 
-def confirm_command(scenario: Scenario, engine_args: str | None) -> str:
+def confirm_command(scenario: Scenario, engine_args: str | None, engine: str = VLLM) -> str:
     if scenario.offered_rate is not None:
         load = f"--request-rate {scenario.offered_rate:.2f}"
     elif scenario.max_concurrency is not None:
         load = f"--max-concurrency {scenario.max_concurrency}"
     else:  # every request at once, as the measured burst was sent
         load = "--request-rate inf"
-    restart = f"restart the server with `vllm serve MODEL {engine_args}`, then " if engine_args else ""
+    restart = f"restart the server with `{Terms(engine).launch} {engine_args}`, then " if engine_args else ""
     # A shared prefix must be sent as one, or the run confirming a prefix-cache change cannot show it (chats, whose
     # turns resend their history, keep the random line: bench's prefix dataset has no history).
     chat = any(s.after is not None for s in scenario.shapes)
@@ -202,7 +221,7 @@ def recommend(finding: Finding, x: Context, scenario: Scenario, baseline: Outcom
         out.append(Recommendation(
             change=cand.change, engine_args=engine_args, metric=metric, before=before, after=after,
             effects={m: (baseline.value(m), outcome.value(m)) for m in SHOWN if m != metric},
-            confirm=confirm_command(cand.scenario or scenario, engine_args),
+            confirm=confirm_command(cand.scenario or scenario, engine_args, d.engine),
         ))
     out.sort(key=lambda r: r.gain if higher else -r.gain, reverse=True)
     return out[:limit]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from servelab import SCHEMA_VERSION
+from servelab.experiment.compare import EngineComparison
 from servelab.metrics.schema import DeploymentInfo, Json, SLOTerms
 from servelab.typed import ClosedModel, OpenModel
 
@@ -89,6 +90,15 @@ class Alternative(OpenModel):
     why: str
 
 
+class EngineSwitch(OpenModel):
+    """The diagnosed deployment's workload and load on each engine, and what switching would buy."""
+
+    current: str = Field(description="The diagnosed engine, run with its own flags; the others run their defaults.")
+    comparison: EngineComparison = Field(description="`servelab compare`'s result for this deployment at this load.")
+    verdicts: list[str] = Field(description="Per other engine: throughput, latency, goodput and KV memory against the "
+                                            "current engine's, before → after.")
+
+
 class Diagnosis(OpenModel):
     """What limits the deployment, the evidence, the ceilings and what to change."""
 
@@ -109,6 +119,8 @@ class Diagnosis(OpenModel):
     findings: list[Finding]
     alternatives: list[Alternative] = Field([], description="The common options priced at this load (--gpu-cost-per-hour, "
                                                         "--observed-e2e-ms, --observed-tpot-ms or --price-options).")
+    engine_comparison: EngineSwitch | None = Field(None, description="`--compare-engines`: this deployment's workload and "
+                                                                     "load on each engine, and what switching would buy.")
     notes: list[str]
     advice: list[AdviceRow] | None
     partial_run: str | None = Field(None, description="Present when the results directory is a partial run.")

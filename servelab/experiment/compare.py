@@ -49,6 +49,8 @@ class EnginePoint(_Model):
     p99_ttft_ms: float | None
     mean_tpot_ms: float | None
     p99_tpot_ms: float | None
+    mean_e2el_ms: float | None = Field(None, description="Whole-answer latency; null in comparisons written before it was.")
+    p99_e2el_ms: float | None = None
     request_goodput: float | None = Field(description="Requests per second meeting every SLO bound; None without --goodput.")
     preemptions: int = Field(description="vLLM/TensorRT-LLM preemptions (pauses), SGLang retractions.")
     completed: int
@@ -93,7 +95,8 @@ def _point(d: Deployment, label: str, plan: LoadPlan, slo: SLO | None) -> Engine
     return EnginePoint(
         label=label, request_throughput=s["request_throughput"], output_throughput=s["output_throughput"],
         mean_ttft_ms=s["mean_ttft_ms"], p99_ttft_ms=s.get("p99_ttft_ms"), mean_tpot_ms=s["mean_tpot_ms"],
-        p99_tpot_ms=s.get("p99_tpot_ms"), request_goodput=s.get("request_goodput"),
+        p99_tpot_ms=s.get("p99_tpot_ms"), mean_e2el_ms=s.get("mean_e2el_ms"), p99_e2el_ms=s.get("p99_e2el_ms"),
+        request_goodput=s.get("request_goodput"),
         preemptions=sum(e.scheduler.num_preemptions for e in target.last_engines), completed=s["completed"],
     )
 

@@ -244,6 +244,7 @@ class DeploymentInfo(OpenModel):
 
     gpu: str
     model: str
+    engine: str = Field("vllm", description="The simulated engine (vllm, sglang, trtllm); vllm in files written before it was recorded.")
     engine_args: str
     engine_config: Json = Field(description="Every EngineConfig field, resolved (servelab.perf.engine_config).")
     num_gpu_blocks: int

@@ -50,3 +50,9 @@ class EngineConfig:
 
     def with_(self, **changes: Any) -> EngineConfig:
         return replace(self, **changes)
+
+    @property
+    def api_servers(self) -> int:
+        """API-server processes serving: `api_server_count`, else one per data-parallel engine (vLLM's default; the
+        other engines' configs leave the count unset)."""
+        return self.api_server_count or self.data_parallel_size

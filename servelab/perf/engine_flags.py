@@ -194,3 +194,12 @@ def choice(*options: str) -> Callable[[str], str]:
             raise ValueError(f"must be one of {', '.join(options)}")
         return text
     return convert
+
+
+def set_flag(line: str, table: FlagTable, flag: str, value: object) -> str:
+    """`line` with `flag` (as spelled: `--max-running-requests`) set to `value`, as `with_flag` does it.
+
+    A what-if on another engine's deployment is shown as the launch line the user would run, so a change replaces
+    the flag the user gave rather than repeating it.
+    """
+    return shlex.join(with_flag(line, table, _canonical(flag, table), value))

@@ -6,8 +6,12 @@ from html import escape
 from servelab.diagnose.schema import Diagnosis
 from servelab.report.diagnosis_view import (
     ALTERNATIVE_COLUMNS,
+    ENGINE_COLUMNS,
     alternative_row,
     ceiling_rows,
+    engine_lines,
+    engine_rows,
+    engine_title,
     headline,
     price_notes,
     recommendation_row,
@@ -47,6 +51,11 @@ def diagnosis_html(label: str, d: Diagnosis) -> str:
         parts.append("<h4>Options at this load (simulated)</h4>"
                      + html_table(ALTERNATIVE_COLUMNS, [alternative_row(a) for a in d.alternatives], "alternatives")
                      + '<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in price_notes(d.alternatives))
+                     + "</ul>")
+    if d.engine_comparison is not None:
+        parts.append(f"<h4>{escape(engine_title(d.engine_comparison))}</h4>"
+                     + html_table(ENGINE_COLUMNS, engine_rows(d.engine_comparison), "engines")
+                     + '<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in engine_lines(d.engine_comparison))
                      + "</ul>")
     parts.append("<h4>Ceilings for this workload</h4>" + html_table(("limit", "ceiling", "where it stands"), ceiling_rows(d), "ceilings"))
     if d.notes:

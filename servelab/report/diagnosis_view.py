@@ -14,7 +14,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from servelab.diagnose.schema import AdviceRow, Alternative, Diagnosis, Recommendation
+from servelab.diagnose.engine_terms import Terms
+from servelab.diagnose.schema import AdviceRow, Alternative, Diagnosis, EngineSwitch, Recommendation, WorkloadShape
+from servelab.sim.engines import LABELS
 
 CEILING_ROWS = (
     ("prefill_compute_rps", "prefill_compute", "Prefill compute", "req/s"),
@@ -52,12 +54,22 @@ def recommendation_row(r: Recommendation) -> list[str]:
     return [r.change, f"{label} {_num(r.before, unit)} → {_num(r.after, unit)} ({r.gain:+.0%})", effects]
 
 
+def arrival(w: WorkloadShape) -> str:
+    """How the requests arrived: a rate, a concurrency, both, or all at once (a burst has neither)."""
+    if w.offered_rate and w.max_concurrency:
+        return f"{w.offered_rate:.2f} req/s offered, at most {w.max_concurrency} in flight"
+    if w.offered_rate:
+        return f"{w.offered_rate:.2f} req/s offered"
+    if w.max_concurrency:
+        return f"concurrency {w.max_concurrency}"
+    return "every request sent at once (no rate, no concurrency cap)"
+
+
 def headline(d: Diagnosis) -> str:
     dep, w = d.deployment, d.workload
-    load = (f"{w.offered_rate:.2f} req/s offered" if w.offered_rate and not w.max_concurrency
-            else f"concurrency {w.max_concurrency}")
-    return (f"{dep.model} on {dep.gpu} · {dep.engine_args or 'vLLM defaults'} · "
-            f"{w.mean_input_tokens:.0f} in / {w.mean_output_tokens:.0f} out · {load} · {d.source}")
+    label = LABELS.get(dep.engine, dep.engine)
+    return (f"{dep.model} on {dep.gpu} · {label} {dep.engine_args or 'defaults'} · "
+            f"{w.mean_input_tokens:.0f} in / {w.mean_output_tokens:.0f} out · {arrival(w)} · {d.source}")
 
 
 def ceiling_rows(d: Diagnosis) -> list[tuple[str, str, str]]:
@@ -65,6 +77,7 @@ def ceiling_rows(d: Diagnosis) -> list[tuple[str, str, str]]:
     rows = []
     for key, stand, label, unit in CEILING_ROWS:
         share = d.standing.get(stand)
+        label = Terms(d.deployment.engine).knob(label) if key == "max_num_seqs" else label
         rows.append((label, _num(getattr(d.ceilings, key), unit), "—" if share is None else f"{share:.0%}"))
     return rows
 
@@ -86,6 +99,32 @@ def price_notes(alternatives: list[Alternative]) -> list[str]:
                       for a in alternatives if a.usd_per_hour is not None})
     return whys + (["prices per GPU-hour: " + "; ".join(sources)] if sources else
                    ["no price for these GPUs: give --gpu-cost-per-hour"])
+
+
+ENGINE_COLUMNS = ("engine", "output tok/s", "req/s", "mean TTFT ms", "mean TPOT ms", "mean E2E ms", "p99 E2E ms",
+                  "goodput req/s", "fit in KV", "preempt")
+
+
+def engine_title(s: EngineSwitch) -> str:
+    c = s.comparison
+    return (f"Other engines at this load (simulated: {c.mean_prompt_tokens:,.0f} prompt + {c.mean_output_tokens:,.0f} "
+            f"output tokens per request; {LABELS.get(s.current, s.current)} with your flags, the others at their defaults)")
+
+
+def engine_rows(s: EngineSwitch) -> list[list[str]]:
+    """One row per engine at the diagnosed load, the diagnosed engine first."""
+    rows = []
+    for r in s.comparison.engines:
+        p = r.points[0]
+        rows.append([r.label + (" (yours)" if r.engine == s.current else ""), _num(p.output_throughput),
+                     _num(p.request_throughput), _num(p.mean_ttft_ms), _num(p.mean_tpot_ms), _num(p.mean_e2el_ms),
+                     _num(p.p99_e2el_ms), _num(p.request_goodput), f"{r.memory.sequences_fit:,}", str(p.preemptions)])
+    return rows
+
+
+def engine_lines(s: EngineSwitch) -> list[str]:
+    """What switching would buy, per engine, then the scheduler and memory differences behind it."""
+    return [*s.verdicts, *s.comparison.explanations]
 
 
 def render_terminal(d: Diagnosis, console: Console) -> None:
@@ -116,6 +155,15 @@ def render_terminal(d: Diagnosis, console: Console) -> None:
         console.print(t)
         for line in price_notes(d.alternatives):
             console.print(Text("• " + line, style="dim"))
+    if d.engine_comparison is not None:
+        t = Table(title=engine_title(d.engine_comparison), header_style="bold")
+        for i, col in enumerate(ENGINE_COLUMNS):
+            t.add_column(col, justify="left" if i == 0 else "right")
+        for cells in engine_rows(d.engine_comparison):
+            t.add_row(*cells)
+        console.print(t)
+        for line in engine_lines(d.engine_comparison):
+            console.print(Text("• " + line), highlight=False)
     t = Table(title="Ceilings for this workload", header_style="bold")
     for col in ("limit", "ceiling", "where it stands"):
         t.add_column(col)
@@ -162,6 +210,13 @@ def render_markdown(d: Diagnosis) -> str:
         out.extend("| " + " | ".join(alternative_row(a)) + " |" for a in d.alternatives)
         out.append("")
         out.extend(f"- {line}" for line in price_notes(d.alternatives))
+        out.append("")
+    if d.engine_comparison is not None:
+        out.append(f"## {engine_title(d.engine_comparison)}\n\n| " + " | ".join(ENGINE_COLUMNS) + " |\n|"
+                   + "---|" * len(ENGINE_COLUMNS))
+        out.extend("| " + " | ".join(row) + " |" for row in engine_rows(d.engine_comparison))
+        out.append("")
+        out.extend(f"- {line}" for line in engine_lines(d.engine_comparison))
         out.append("")
     out.append("## Ceilings for this workload\n\n| limit | ceiling | where it stands |\n|---|---|---|")
     out.extend(f"| {label} | {ceiling} | {share} |" for label, ceiling, share in ceiling_rows(d))

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 from pathlib import Path
 
-from servelab.perf.cost_model import CostCoefficients, RooflineCostModel
+from servelab.perf.cost_model import CostCoefficients, CostModel, RooflineCostModel
 from servelab.perf.engine_args import parse_engine_args, resolve
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
@@ -27,8 +27,8 @@ from servelab.sim.engines import VLLM, SchedulerFactory
 from servelab.sim.router import ROUND_ROBIN
 from servelab.targets.sim import SimTarget
 
-# EngineConfig field -> the vLLM flag that sets it, for printing a launch line.
-_FLAG_OF = {
+# EngineConfig field -> the vLLM flag that sets it, for printing a launch line (and naming it in advice).
+VLLM_FLAGS = {
     "max_num_seqs": "--max-num-seqs",
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "long_prefill_token_threshold": "--long-prefill-token-threshold",
@@ -45,7 +45,7 @@ _FLAG_OF = {
     "api_server_count": "--api-server-count",
     "stream_interval": "--stream-interval",
 }
-_SWITCH_OF = {
+VLLM_SWITCHES = {
     "enable_chunked_prefill": "enable-chunked-prefill", "enable_prefix_caching": "enable-prefix-caching",
     "async_scheduling": "async-scheduling", "scheduler_reserve_full_isl": "scheduler-reserve-full-isl",
 }
@@ -121,9 +121,13 @@ class Deployment:
     def cost_model(self) -> RooflineCostModel:
         return RooflineCostModel(self.hardware, self.model, self.config, self.coefficients)
 
+    def step_cost(self) -> CostModel:
+        """The step model the simulator runs: vLLM's roofline here; another engine scales it by its own kernels."""
+        return self.cost_model()
+
     def sim_target(self, scrape_interval: float = 1.0) -> SimTarget:
         return SimTarget(
-            self.config, self.memory.num_blocks, self.cost_model(), router=self.router,
+            self.config, self.memory.num_blocks, self.step_cost(), router=self.router,
             scrape_interval=scrape_interval, network_latency=self.network_latency,
             api=self.api, cpu_costs=self.coefficients, scheduler_factory=self.scheduler_factory,
         )
@@ -154,10 +158,10 @@ class Deployment:
             value = getattr(self.requested, f.name)
             if value == getattr(default, f.name):
                 continue
-            if f.name in _SWITCH_OF:
-                parts.append(("--" if value else "--no-") + _SWITCH_OF[f.name])
-            elif f.name in _FLAG_OF:
-                parts.append(f"{_FLAG_OF[f.name]} {shlex.quote(str(value))}")
+            if f.name in VLLM_SWITCHES:
+                parts.append(("--" if value else "--no-") + VLLM_SWITCHES[f.name])
+            elif f.name in VLLM_FLAGS:
+                parts.append(f"{VLLM_FLAGS[f.name]} {shlex.quote(str(value))}")
         return " ".join(parts)
 
     def describe(self) -> dict[str, object]:
@@ -177,9 +181,19 @@ class Deployment:
         }
 
 
+def resolve_parts(gpu: str | Hardware, model: str | Path | ModelSpec, named_model: str | None,
+                  gpu_file: str | Path | None = None) -> tuple[Hardware, ModelSpec]:
+    """The chip and the model a deployment runs: catalogue names are looked up, resolved ones kept (a chip from a GPU
+    file stays itself when another engine is built on it); a model named in the engine's own flags wins."""
+    hardware = gpu if isinstance(gpu, Hardware) else get_gpu(gpu, gpu_file)
+    if named_model is not None:
+        return hardware, get_model(named_model)
+    return hardware, model if isinstance(model, ModelSpec) else get_model(model)
+
+
 def build_deployment(
-    gpu: str,
-    model: str | Path,
+    gpu: str | Hardware,
+    model: str | Path | ModelSpec,
     engine_args: str = "",
     *,
     tensor_parallel_size: int | None = None,
@@ -200,8 +214,9 @@ def build_deployment(
         requested = requested.with_(tensor_parallel_size=tensor_parallel_size)
     if replicas is not None:
         requested = requested.with_(data_parallel_size=replicas)
+    hardware, spec = resolve_parts(gpu, model, parsed.model, gpu_file)
     return Deployment.build(
-        get_gpu(gpu, gpu_file), get_model(parsed.model or model), requested,
+        hardware, spec, requested,
         coefficients=coefficients, warnings=tuple(parsed.warnings), router=router,
         performance_mode=parsed.performance_mode, vllm_version=version,
     )

@@ -97,7 +97,7 @@ class SimTarget:
         self.api = api if api is not None else ApiServerCosts()
         if min(asdict(self.api).values()) < 0:
             raise TargetError("API server costs cannot be negative")
-        self.api_servers = config.api_server_count or config.data_parallel_size
+        self.api_servers = config.api_servers
         if self.api_servers < 1 or config.stream_interval < 1:
             raise TargetError("api_server_count and stream_interval must be at least 1")
         if config.data_parallel_size < 1:
