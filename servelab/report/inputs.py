@@ -96,13 +96,12 @@ class ReportSweep:
 
 
 @dataclass
-class ReportDocument:
-    """tune.json: a study's own JSON, which holds no request records, typed (validate's report is a ReportValidation)."""
+class ReportFile:
+    """An input read from one JSON file of a verb that writes no request records (tune, validate, compare)."""
 
     label: str
     path: Path
-    """What was given: a tune results directory, or the JSON file itself."""
-    tune: TuneDocument
+    """What was given: the JSON file itself, or the directory holding it."""
     series: int
 
     @property
@@ -112,32 +111,24 @@ class ReportDocument:
 
 
 @dataclass
-class ReportValidation:
-    """A `servelab validate` report, typed (servelab.experiment.schema)."""
+class ReportDocument(ReportFile):
+    """tune.json: a study's own JSON, typed (validate's report is a ReportValidation)."""
 
-    label: str
-    path: Path
-    report: ValidationReport
-    series: int
-
-    @property
-    def directory(self) -> Path:
-        return self.path
+    tune: TuneDocument
 
 
 @dataclass
-class ReportComparison:
+class ReportValidation(ReportFile):
+    """A `servelab validate` report, typed (servelab.experiment.schema)."""
+
+    report: ValidationReport
+
+
+@dataclass
+class ReportComparison(ReportFile):
     """A `servelab compare` result, typed (servelab.experiment.compare): the same load on each engine."""
 
-    label: str
-    path: Path
-    """What was given: the JSON file, or a directory holding compare.json."""
     comparison: EngineComparison
-    series: int
-
-    @property
-    def directory(self) -> Path:
-        return self.path
 
 
 Document = ReportDocument | ReportValidation | ReportComparison
