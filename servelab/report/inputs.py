@@ -132,7 +132,7 @@ class ReportComparison(ReportFile):
 
 
 Document = ReportDocument | ReportValidation | ReportComparison
-"""An input read from one JSON file of a verb that writes no request records."""
+"""Every kind of ReportFile, one per verb, so a branch on the kind is checked to cover them all."""
 
 
 @dataclass
