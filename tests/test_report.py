@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servelab.cli import app
+from servelab.experiment.compare import EngineComparison
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.results import SWEEP, load_run
@@ -423,3 +424,75 @@ def test_ttft_split_section_draws_each_sweep_points_split_in_sweep_order(tmp_pat
         assert stacked == pytest.approx(1e3 * split.client_ttft_s, rel=1e-6)  # the parts tile the client's mean TTFT
     light, heavy = (split for _, split in splits)
     assert heavy.queue_s > light.queue_s  # past the A100's prefill capacity the queue is what grows
+
+
+# --- compare ------------------------------------------------------------------------------------
+
+COMPARE_ARGS = ("compare", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--random-input-len", "600",
+                "--random-output-len", "40", "--num-prompts", "20", "--sweep", "request-rate=4,inf", "--goodput", "ttft:2000")
+
+
+@pytest.fixture(scope="module")
+def compare_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real comparison of the three engines on the simulator (seconds), written by `servelab compare --out --report`."""
+    out = tmp_path_factory.mktemp("compare") / "h100" / "compare.json"
+    result = CliRunner().invoke(app, [*COMPARE_ARGS, "--out", str(out), "--report"])
+    assert result.exit_code == 0, result.output
+    return out.parent
+
+
+def _plots(page: str) -> list[list[dict]]:
+    """Each figure's traces as the page hands them to plotly.js, in page order."""
+    decoder = json.JSONDecoder()
+    found = []
+    for match in re.finditer(r'Plotly\.newPlot\(\s*"plot-\d+",\s*', page):
+        traces, _ = decoder.raw_decode(page, match.end())
+        found.append(traces)
+    return found
+
+
+def test_compare_report_overlays_one_curve_per_engine_whose_points_are_the_jsons(compare_dir: Path) -> None:
+    page = (compare_dir / "compare.html").read_text()  # written by compare --report, beside its JSON
+    doc = EngineComparison.model_validate_json((compare_dir / "compare.json").read_text())
+    assert _section_ids(page) == ["engines"]
+    assert [item.comparison for item in load_inputs([compare_dir]).comparisons] == [doc]  # a directory holding compare.json
+    curves, goodput = _plots(page)
+    for panel, axis in (("ttft", "x"), ("tpot", "x2")):
+        for stat in ("mean", "p99"):
+            traces = [t for t in curves if t["xaxis"] == axis and t["name"].endswith(f" — {stat}")]
+            assert [t["name"] for t in traces] == [f"{e.label} — {stat}" for e in doc.engines]
+            for trace, engine in zip(traces, doc.engines):
+                assert trace["x"] == [p.output_throughput for p in engine.points]
+                assert trace["y"] == [getattr(p, f"{stat}_{panel}_ms") for p in engine.points]
+                assert trace["customdata"] == ["request-rate=4", "request-rate=inf"]
+    assert len(curves) == 4 * len(doc.engines) == 12
+    assert [(t["name"], t["y"]) for t in goodput] == [(e.label, [p.request_goodput for p in e.points]) for e in doc.engines]
+    for line in doc.explanations:
+        assert escape(line) in page
+    for engine in doc.engines:
+        assert f"<td>{engine.memory.sequences_fit:,} of 640 tokens</td>" in page
+    header = page.split("</header>")[0]
+    assert "compare of Llama-3.1-8B on H100-SXM: vLLM, SGLang, TensorRT-LLM, 2 load points, 600 → 40 tokens per request" in header
+
+
+def test_a_compare_json_this_servelab_cannot_read_is_one_error_naming_the_file(compare_dir: Path, tmp_path: Path) -> None:
+    doc = json.loads((compare_dir / "compare.json").read_text())
+    doc["engines"][1]["memory"]["sequences_fit"] = "many"
+    bad = tmp_path / "cmp.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ReportInputError, match=rf"{re.escape(str(bad))} is not a compare JSON this servelab reads: "
+                                               r"\('engines', 1, 'memory', 'sequences_fit'\)"):
+        load_inputs([bad])
+    (tmp_path / "compare.json").write_text(json.dumps({k: v for k, v in doc.items() if k != "kind"}))
+    refused = CliRunner().invoke(app, ["report", str(tmp_path), "-o", str(tmp_path / "r.html")])
+    assert refused.exit_code == 2 and not (tmp_path / "r.html").exists()
+    assert "compare.json is neither a tune.json nor a `servelab validate` report nor a `servelab compare` JSON (kind None)" in (
+        " ".join(refused.output.split()))
+
+
+def test_compare_report_without_a_json_to_draw_is_refused_before_any_load(tmp_path: Path) -> None:
+    for out in ([], ["--out", str(tmp_path / "c.html")]):
+        refused = CliRunner().invoke(app, [*COMPARE_ARGS, *out, "--report"])
+        assert refused.exit_code == 2
+        assert "--report draws the comparison --out writes" in " ".join(refused.output.split())
+    assert list(tmp_path.iterdir()) == []

@@ -46,13 +46,19 @@ def test_report_renders_in_headless_chromium(tmp_path: Path, chromium: None) -> 
     assert tuned.exit_code == 0, tuned.output
     validation = tmp_path / "validation.json"
     validation.write_text(json.dumps(toy_validation()))
-    page = write_report([measured, simulated, single, study, validation], tmp_path / "report.html")
+    comparison = tmp_path / "compare.json"
+    compared = CliRunner().invoke(app, [
+        "compare", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--random-input-len", "600", "--random-output-len", "40",
+        "--num-prompts", "20", "--sweep", "request-rate=4,inf", "--goodput", "ttft:2000", "--out", str(comparison),
+    ])
+    assert compared.exit_code == 0, compared.output
+    page = write_report([measured, simulated, single, study, validation, comparison], tmp_path / "report.html")
     artifacts = Path(os.environ.get("SERVELAB_ARTIFACTS", tmp_path))
 
     check = browser.open_page(page, artifacts / "report.png")
 
     assert check.errors == []
-    assert len(check.plots) == 7
+    assert len(check.plots) == 9
     not_drawn = [p.id for p in check.plots if not p.rendered]
     assert not_drawn == [], f"plots without svg.main-svg: {not_drawn}"
     assert all(p.traces > 0 for p in check.plots)
@@ -62,6 +68,7 @@ def test_report_renders_in_headless_chromium(tmp_path: Path, chromium: None) -> 
         "Diagnosis",
         "Tune",
         "Simulated vs. measured (validate)",
+        "Engines compared (compare)",
         "Sweeps",
         "Latency distributions",
         "Per-request timeline",

@@ -13,9 +13,11 @@ from rich.table import Table
 
 from servelab.cli import app
 from servelab.cli.options import LoadFlags, load_options
+from servelab.cli.report import report_beside
 from servelab.errors import InputError
 from servelab.experiment.auto_sweep import AutoSweep
 from servelab.experiment.compare import EngineComparison, compare_engines
+from servelab.report.compare_results import POINT_COLUMNS, point_rows
 from servelab.sim.engines import ENGINES, SGLANG, TRTLLM, VLLM
 from servelab.targets.engine_deployment import build_engine_deployment
 from servelab.workload.spec import LoadPlan
@@ -37,15 +39,10 @@ def parse_engines(text: str, flag: str = "--engines") -> list[str]:
 def _show(result: EngineComparison, out: Console) -> None:
     table = Table(title=f"{result.model} on {result.gpu}: {result.mean_prompt_tokens:,.0f} prompt + "
                         f"{result.mean_output_tokens:,.0f} output tokens per request (simulated)")
-    for column in ("engine", "point", "req/s", "output tok/s", "mean TTFT ms", "p99 TTFT ms", "mean TPOT ms", "goodput req/s",
-                   "preempt"):
+    for column in POINT_COLUMNS:
         table.add_column(column, justify="left" if column in ("engine", "point") else "right")
-    fmt = lambda v, spec=",.1f": "—" if v is None else format(v, spec)  # noqa: E731
-    for r in result.engines:
-        for p in r.points:
-            table.add_row(r.label, p.label, fmt(p.request_throughput, ".2f"), fmt(p.output_throughput, ",.0f"),
-                          fmt(p.mean_ttft_ms), fmt(p.p99_ttft_ms), fmt(p.mean_tpot_ms), fmt(p.request_goodput, ".2f"),
-                          str(p.preemptions))
+    for row in point_rows(result):
+        table.add_row(*row)
     out.print(table)
     for line in result.explanations:
         out.print(f"- {line}", highlight=False, soft_wrap=True)
@@ -65,12 +62,16 @@ def compare(
     trtllm_args: Annotated[str, typer.Option(help="`trtllm-serve` flags for the TensorRT-LLM run.", rich_help_panel=_DEPLOYMENT)] = "",
     tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size for every engine.", rich_help_panel=_DEPLOYMENT)] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the comparison as JSON (docs/schemas/compare.json).", rich_help_panel=_DEPLOYMENT)] = None,
+    report: Annotated[bool, typer.Option("--report", help="Also write the HTML report (curves overlaid, opens offline) "
+                                         "beside --out's JSON, named as it with .html.", rich_help_panel=_DEPLOYMENT)] = False,
     *,
     load: LoadFlags,
 ) -> None:
     """Would another engine serve this workload better? The same load simulated on each engine, and why they differ."""
     console = Console(stderr=True) if load.json else Console()
     load.check()
+    if report and (out is None or out.suffix == ".html"):
+        raise InputError("--report draws the comparison --out writes, into the same name with .html: give --out FILE.json")
     names = parse_engines(engines)
     flags = {VLLM: vllm_args, SGLANG: sglang_args, TRTLLM: trtllm_args}
     deployments = [build_engine_deployment(e, gpu, model, flags[e], tensor_parallel_size=tp) for e in names]
@@ -84,6 +85,7 @@ def compare(
     result = compare_engines(deployments, points, load.slo())
     if out is not None:
         try:
+            out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
         except OSError as exc:
             raise InputError(f"--out {out}: cannot write it ({exc})") from None
@@ -91,3 +93,5 @@ def compare(
         typer.echo(result.model_dump_json(indent=2))
     else:
         _show(result, console)
+    if report and out is not None:
+        report_beside(out, console)

@@ -30,12 +30,19 @@ def report_into(results: Path, console: Console) -> Path:
     return _write([results], results / REPORT_HTML, None, console)
 
 
+def report_beside(document: Path, console: Console) -> Path:
+    """`--report` of a verb that writes one JSON file (compare --out X.json): its report as X.html, next to it, so
+    two comparisons in one directory keep a page each."""
+    return _write([document], document.with_suffix(".html"), None, console)
+
+
 @app.command()
 def report(
-    dirs: Annotated[list[Path], typer.Argument(help="Results directories of runs, sweeps and tune studies, and validate's JSON reports, in any mix; several overlay.")],
+    dirs: Annotated[list[Path], typer.Argument(help="Results directories of runs, sweeps and tune studies, validate's JSON reports "
+                                               "and compare's JSON (or a directory holding compare.json), in any mix; several overlay.")],
     out: Annotated[Path, typer.Option("-o", "--out", help="The HTML file to write.")] = Path(REPORT_HTML),
     title: Annotated[Optional[str], typer.Option(help="Page title (default: the inputs' names).")] = None,
 ) -> None:
     """Write an HTML report (plotly, works offline): sweep curves, latency CDFs, request and server timelines,
-    diagnose's findings, tune's trials and Pareto front, validate's simulated vs. measured."""
+    diagnose's findings, tune's trials and Pareto front, validate's simulated vs. measured, compare's engines overlaid."""
     _write(dirs, out, title, Console())

@@ -13,7 +13,7 @@ differences that explain the gap, in words with the numbers they rest on.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +26,8 @@ from servelab.targets.deployment import Deployment
 from servelab.workload.spec import LoadPlan
 
 SCHEMA_VERSION = 1
+KIND: Final = "servelab.compare"
+"""The `kind` of the JSON `servelab compare --out` writes: how `servelab report` tells it from the other files it reads."""
 
 
 class _Model(BaseModel):
@@ -68,6 +70,7 @@ class EngineResult(_Model):
 
 class EngineComparison(_Model):
     schema_version: int = SCHEMA_VERSION
+    kind: Literal["servelab.compare"] = Field(KIND, description="Always 'servelab.compare'.")
     gpu: str
     model: str
     mean_prompt_tokens: float

@@ -10,6 +10,8 @@ The server timeline, whose dashes tell running from waiting, gives each run a co
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -88,32 +90,49 @@ _CURVES = (
     ("TTFT", "ttft", "Time to first token (ms)"),
     ("TPOT", "tpot", "Time per output token (ms)"),
 )
+SWEEP_STATISTICS = (("median", "p50"), ("p99", "p99"))
+"""The statistics a latency-vs-throughput figure draws, (name in the statistic keys, legend name): solid, then dotted."""
 
 
-def sweep_curves_figure(sweeps: Sequence[ReportSweep]) -> go.Figure:
-    """Latency against achieved throughput: where the knee is, and what it costs to go past it."""
+@dataclass
+class LatencyCurve:
+    """One series of a latency-vs-throughput figure: a sweep's points, or one engine's load points in a comparison."""
+
+    label: str
+    color: str
+    throughput: Sequence[float | None]
+    """Output tokens/s at each point: the x of every line."""
+    points: Sequence[str]
+    """Each point's name ("max-concurrency=4"), shown on hover."""
+    latency: Callable[[str], Sequence[float | None]]
+    """A statistic's key ("p99_ttft_ms") -> its value at each point, in ms."""
+    marks: Sequence[str] | None = None
+    """Text beside each solid-line marker (a sweep's value); None for none."""
+
+
+def latency_curves_figure(curves: Sequence[LatencyCurve], statistics: Sequence[tuple[str, str]], title: str) -> go.Figure:
+    """Latency against achieved throughput, TTFT and TPOT side by side: where the knee is, and what it costs to go
+    past it. Each curve keeps its colour; the first statistic is solid, the second dotted."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=[f"{name} vs. throughput" for name, _, _ in _CURVES])
-    for sweep in sweeps:
-        color = series_color(sweep.series)
-        x = [_summary_value(p, "output_throughput") for p in sweep.points]
-        values = [f"{sweep.parameter}={p.sweep_value}" for p in sweep.points]
+    for curve in curves:
         for col, (name, key, _) in enumerate(_CURVES, start=1):
-            for stat, label, dash in (("median", "p50", "solid"), ("p99", "p99", "dot")):
+            for (stat, label), dash in zip(statistics, ("solid", "dot")):
+                text = list(curve.marks) if curve.marks is not None and dash == "solid" else None
                 fig.add_trace(
                     go.Scatter(
-                        x=x,
-                        y=[_summary_value(p, f"{stat}_{key}_ms") for p in sweep.points],
-                        mode="lines+markers+text" if stat == "median" else "lines+markers",
-                        text=[str(p.sweep_value) for p in sweep.points] if stat == "median" else None,
+                        x=list(curve.throughput),
+                        y=list(curve.latency(f"{stat}_{key}_ms")),
+                        mode="lines+markers+text" if text else "lines+markers",
+                        text=text,
                         textposition="top left",
-                        textfont=dict(size=10, color=color),
-                        customdata=values,
-                        name=f"{sweep.label} — {label}",
-                        legendgroup=f"{sweep.label} — {label}",
+                        textfont=dict(size=10, color=curve.color),
+                        customdata=list(curve.points),
+                        name=f"{curve.label} — {label}",
+                        legendgroup=f"{curve.label} — {label}",
                         showlegend=col == 1,
-                        line=dict(color=color, dash=dash),
-                        marker=dict(symbol="circle" if stat == "median" else "diamond-open", size=7),
-                        hovertemplate=f"%{{customdata}}<br>%{{x:.1f}} tok/s<br>{name} {label} %{{y:.1f}} ms<extra>{sweep.label}</extra>",
+                        line=dict(color=curve.color, dash=dash),
+                        marker=dict(symbol="circle" if dash == "solid" else "diamond-open", size=7),
+                        hovertemplate=f"%{{customdata}}<br>%{{x:.1f}} tok/s<br>{name} {label} %{{y:.1f}} ms<extra>{curve.label}</extra>",
                     ),
                     row=1,
                     col=col,
@@ -121,8 +140,28 @@ def sweep_curves_figure(sweeps: Sequence[ReportSweep]) -> go.Figure:
     for col, (_, _, axis) in enumerate(_CURVES, start=1):
         fig.update_xaxes(title_text="Output throughput (tokens/s)", rangemode="tozero", row=1, col=col)
         fig.update_yaxes(title_text=axis, rangemode="tozero", row=1, col=col)
-    fig.update_layout(title="Latency vs. throughput (labels: swept value)", height=480, **LAYOUT)
+    fig.update_layout(title=title, height=480, **LAYOUT)
     return fig
+
+
+def _sweep_statistic(sweep: ReportSweep, key: str) -> list[float | None]:
+    return [_summary_value(p, key) for p in sweep.points]
+
+
+def sweep_curves_figure(sweeps: Sequence[ReportSweep]) -> go.Figure:
+    """Each sweep's latency against its achieved throughput, p50 and p99, labelled with the swept values."""
+    curves = [
+        LatencyCurve(
+            label=sweep.label,
+            color=series_color(sweep.series),
+            throughput=[_summary_value(p, "output_throughput") for p in sweep.points],
+            points=[f"{sweep.parameter}={p.sweep_value}" for p in sweep.points],
+            latency=partial(_sweep_statistic, sweep),
+            marks=[str(p.sweep_value) for p in sweep.points],
+        )
+        for sweep in sweeps
+    ]
+    return latency_curves_figure(curves, SWEEP_STATISTICS, "Latency vs. throughput (labels: swept value)")
 
 
 def sweep_throughput_figure(sweeps: Sequence[ReportSweep]) -> go.Figure:

@@ -1,4 +1,5 @@
-"""What a report is drawn from: results directories of runs and sweeps, tune studies and validate reports, loaded once.
+"""What a report is drawn from: results directories of runs and sweeps, tune studies, validate reports and engine
+comparisons, loaded once.
 
 Every section reads the same `ReportInputs`, so adding a section never means
 re-reading files, and every input carries a label that is unique across the
@@ -18,6 +19,8 @@ from pydantic import ValidationError
 from servelab import SCHEMA_VERSION
 from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError
+from servelab.experiment.compare import KIND as COMPARE_KIND
+from servelab.experiment.compare import EngineComparison
 from servelab.experiment.schema import ValidationReport
 from servelab.metrics.results import RUN, SWEEP, ResultsDirError, RunResult, load_run
 from servelab.metrics.schema import RunInfo, Summary, SweepIndex
@@ -36,6 +39,8 @@ STAGE2_KIND = "tune-stage2"
 """tune's measured servers: bench results directories <result-dir>/stage2/<label>/, run.json kind tune-stage2."""
 VALIDATION_KIND = "servelab.validation"
 """The `kind` of the JSON file `servelab validate --out FILE` writes."""
+COMPARE = "compare.json"
+"""The name a directory's engine comparison is looked up by (`servelab compare --out DIR/compare.json`)."""
 
 SOURCE_NAMES = {"http": "measured", "sim": "simulated"}
 """How run.json's `source` reads in a legend."""
@@ -91,13 +96,12 @@ class ReportSweep:
 
 
 @dataclass
-class ReportDocument:
-    """tune.json: a study's own JSON, which holds no request records, typed (validate's report is a ReportValidation)."""
+class ReportFile:
+    """An input read from one JSON file of a verb that writes no request records (tune, validate, compare)."""
 
     label: str
     path: Path
-    """What was given: a tune results directory, or the JSON file itself."""
-    tune: TuneDocument
+    """What was given: the JSON file itself, or the directory holding it."""
     series: int
 
     @property
@@ -107,17 +111,28 @@ class ReportDocument:
 
 
 @dataclass
-class ReportValidation:
+class ReportDocument(ReportFile):
+    """tune.json: a study's own JSON, typed (validate's report is a ReportValidation)."""
+
+    tune: TuneDocument
+
+
+@dataclass
+class ReportValidation(ReportFile):
     """A `servelab validate` report, typed (servelab.experiment.schema)."""
 
-    label: str
-    path: Path
     report: ValidationReport
-    series: int
 
-    @property
-    def directory(self) -> Path:
-        return self.path
+
+@dataclass
+class ReportComparison(ReportFile):
+    """A `servelab compare` result, typed (servelab.experiment.compare): the same load on each engine."""
+
+    comparison: EngineComparison
+
+
+Document = ReportDocument | ReportValidation | ReportComparison
+"""Every kind of ReportFile, one per verb, so a branch on the kind is checked to cover them all."""
 
 
 @dataclass
@@ -127,6 +142,7 @@ class ReportInputs:
     sweeps: list[ReportSweep] = field(default_factory=list)
     tunes: list[ReportDocument] = field(default_factory=list)
     validations: list[ReportValidation] = field(default_factory=list)
+    comparisons: list[ReportComparison] = field(default_factory=list)
 
     @property
     def tops(self) -> list[ReportRun | ReportSweep]:
@@ -134,9 +150,10 @@ class ReportInputs:
         return sorted([*self.runs, *self.sweeps], key=lambda item: item.series)
 
     @property
-    def given(self) -> list[ReportRun | ReportSweep | ReportDocument | ReportValidation]:
+    def given(self) -> list[ReportRun | ReportSweep | Document]:
         """Everything as given: one entry per path on the command line."""
-        return sorted([*self.runs, *self.sweeps, *self.tunes, *self.validations], key=lambda item: item.series)
+        return sorted([*self.runs, *self.sweeps, *self.tunes, *self.validations, *self.comparisons],
+                      key=lambda item: item.series)
 
     @property
     def all_runs(self) -> list[ReportRun]:
@@ -190,24 +207,34 @@ def read_diagnosis(directory: Path) -> Diagnosis | None:
         raise ReportInputError(f"{path} is not a diagnosis this servelab reads: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
 
 
-def _document(path: Path, series: int, label: str) -> ReportDocument | ReportValidation:
-    """A tune.json or a validate report, checked for the parts its section draws; (kind, document)."""
-    file = path / TUNE if path.is_dir() else path
+_NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    TUNE_KIND: ("tune.json", ("trials", "pareto", "objective")),
+    VALIDATION_KIND: ("validate report", ("points", "median_abs_error_pct")),
+    COMPARE_KIND: ("compare JSON", ("engines",)),
+}
+"""Each document kind: what its errors call it, and the parts its section cannot be drawn without."""
+
+
+def _document(file: Path, path: Path, series: int, label: str) -> Document:
+    """A tune.json, a validate report or a compare JSON (`file`, given as `path`), checked for the parts its section
+    draws and read typed; ReportInputError naming the file when it is none of these or not one this servelab reads."""
     data = _read_json(file)
     kind = data.get("kind") if isinstance(data, dict) else None
-    needs = {TUNE_KIND: ("trials", "pareto", "objective"), VALIDATION_KIND: ("points", "median_abs_error_pct")}
-    if kind not in needs:
-        raise ReportInputError(f"{file} is neither a tune.json nor a `servelab validate` report (kind {kind!r})")
-    missing = [key for key in needs[kind] if not data.get(key)]
+    if kind not in _NEEDS:
+        raise ReportInputError(f"{file} is neither a tune.json nor a `servelab validate` report nor a `servelab compare` "
+                               f"JSON (kind {kind!r})")
+    what, needs = _NEEDS[kind]
+    missing = [key for key in needs if not data.get(key)]
     if missing:
         raise ReportInputError(f"{file} has no {', '.join(missing)}")
     try:
         if kind == TUNE_KIND:
             return ReportDocument(label=label, path=path, tune=TuneDocument.model_validate(data), series=series)
-        return ReportValidation(label=label, path=path, report=ValidationReport.model_validate(data), series=series)
+        if kind == VALIDATION_KIND:
+            return ReportValidation(label=label, path=path, report=ValidationReport.model_validate(data), series=series)
+        return ReportComparison(label=label, path=path, comparison=EngineComparison.model_validate(data), series=series)
     except ValidationError as exc:
         first = exc.errors()[0]
-        what = "tune.json" if kind == TUNE_KIND else "validate report"
         raise ReportInputError(f"{file} is not a {what} this servelab reads: {first['loc']}: {first['msg']}") from exc
 
 
@@ -318,7 +345,8 @@ def _stage2_runs(study: ReportDocument, first_series: int) -> list[ReportRun]:
 
 def load_inputs(paths: list[Path]) -> ReportInputs:
     """Loads each path as a sweep (sweep.json), a run (run.json), a tune study (tune.json, with its stage-2
-    runs), or a JSON file (tune.json, or the report `servelab validate --out` writes).
+    runs), an engine comparison (compare.json), or a JSON file (tune.json, the report `servelab validate --out`
+    writes, or the comparison `servelab compare --out` writes).
 
     Raises ReportInputError naming the first path that is none of these, before anything is drawn.
     """
@@ -327,10 +355,10 @@ def load_inputs(paths: list[Path]) -> ReportInputs:
     inputs = ReportInputs()
     series = 0
     for path in paths:
-        document: ReportDocument | ReportValidation | None = None
+        document: Document | None = None
         if path.is_file():
             name = path.resolve().parent.name if path.name == TUNE else path.stem
-            document = _document(path, series, name)
+            document = _document(path, path, series, name)
         elif not path.is_dir():
             raise ReportInputError(f"{path} is not a directory")
         elif (path / SWEEP).is_file():
@@ -338,11 +366,15 @@ def load_inputs(paths: list[Path]) -> ReportInputs:
         elif (path / RUN).is_file():
             inputs.runs.append(_load_run(path, series))
         elif (path / TUNE).is_file():
-            document = _document(path, series, path.resolve().name)
+            document = _document(path / TUNE, path, series, path.resolve().name)
+        elif (path / COMPARE).is_file():
+            document = _document(path / COMPARE, path, series, path.resolve().name)
         else:
-            raise ReportInputError(f"{path} is not a servelab results directory (no {RUN}, {SWEEP} or {TUNE})")
+            raise ReportInputError(f"{path} is not a servelab results directory (no {RUN}, {SWEEP}, {TUNE} or {COMPARE})")
         if isinstance(document, ReportValidation):
             inputs.validations.append(document)
+        elif isinstance(document, ReportComparison):
+            inputs.comparisons.append(document)
         elif document is not None:
             inputs.tunes.append(document)
         series += 1

@@ -6,7 +6,7 @@ plot or a "no data" placeholder. A later verb that writes its own JSON into a
 results directory (diagnose's findings) adds its view by writing one
 builder that reads that file from `run.result.directory` / `sweep.directory`
 and listing it in `SECTIONS`; a verb's JSON without records (tune.json,
-validate's report) is loaded by `inputs` as a `ReportDocument` instead.
+validate's report, compare's result) is loaded by `inputs` as a document instead.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import TypeAlias
 import plotly.graph_objects as go
 
 from servelab.report import figures, tables
+from servelab.report.compare_results import compare_blocks
 from servelab.report.diagnosis_html import diagnosed, diagnosis_html
 from servelab.report.inputs import ReportInputs
 from servelab.report.tune_results import tune_blocks
@@ -177,12 +178,28 @@ def validation_section(inputs: ReportInputs) -> Section | None:
     )
 
 
+def compare_section(inputs: ReportInputs) -> Section | None:
+    if not inputs.comparisons:
+        return None
+    return Section(
+        key="engines",
+        title="Engines compared (compare)",
+        lead="From servelab compare: the same deployment and load points simulated on each engine (one colour per "
+        "engine). Each curve joins an engine's load points by the output throughput they reached; solid is mean, "
+        "dotted p99. A curve that stays low further right serves more at the same latency. The bars are the "
+        "requests/s that met every SLO bound; the memory plan says how many of these requests fit in each engine's "
+        "KV cache at once, and the sentences under it the scheduler differences behind the gap.",
+        blocks=[block for comparison in inputs.comparisons for block in compare_blocks(comparison)],
+    )
+
+
 SECTIONS: tuple[SectionBuilder, ...] = (
     parameters_section,
     summary_section,
     diagnosis_section,
     tune_section,
     validation_section,
+    compare_section,
     sweep_section,
     latency_section,
     ttft_split_section,

@@ -9,7 +9,7 @@ from html import escape
 from typing import Any
 
 from servelab.metrics.schema import AmountInfo, ArrivalInfo, DatasetInfo, LengthInfo, PlanInfo, RunFlags, RunInfo
-from servelab.report.inputs import ReportDocument, ReportInputs, ReportRun, ReportSweep, ReportValidation
+from servelab.report.inputs import Document, ReportComparison, ReportDocument, ReportInputs, ReportRun, ReportSweep, ReportValidation
 
 HIDDEN_PARAMETERS = frozenset({"schema_version"})
 MAX_CELL = 120
@@ -147,9 +147,15 @@ def _served_text(info: RunInfo) -> str:
     return (f"{model} at {base_url}" if base_url else str(model)) + engine_args
 
 
-def headline(item: ReportRun | ReportSweep | ReportDocument | ReportValidation) -> str:
+def headline(item: ReportRun | ReportSweep | Document) -> str:
     """One line per input for the page header: what served which load, and where the files are."""
-    if isinstance(item, ReportValidation):
+    if isinstance(item, ReportComparison):
+        c = item.comparison
+        n = len(c.engines[0].points)
+        text = (f"compare of {c.model} on {c.gpu}: {', '.join(e.label for e in c.engines)}, {n} load "
+                f"point{'s' if n != 1 else ''}, {c.mean_prompt_tokens:,.0f} → {c.mean_output_tokens:,.0f} tokens "
+                "per request (simulated)")
+    elif isinstance(item, ReportValidation):
         server, points = item.report.server, item.report.points
         text = f"validate of {server.model or '?'} at {server.base_url or '?'}, {len(points)} held-out points"
     elif isinstance(item, ReportDocument):
