@@ -368,7 +368,8 @@ def _servelab_client(port: int, requests: int, chunks: int, concurrency: int, wo
         "cpu_s": _cpu_with_children() - cpu0,
         "wall_s": time.perf_counter() - wall0,
         "timings": {
-            str(r.index): {"send": zero + r.send_time, "chunks": [zero + t for t in r.chunk_times], "wave": r.intended_time == 0.0}
+            str(r.index): {"send": zero + r.send_time, "chunks": [zero + t for t in r.chunk_times], "wave": r.intended_time == 0.0,
+                            "write": r.http_send_s}
             for r in sink.records if r.ok and r.chunk_times
         },
         "client_stats": summary["client_stats"],
@@ -496,6 +497,16 @@ def _accuracy(timings: dict[int, dict], stats: dict, concurrency: int) -> dict:
         row[f"{name}_p50_ms"], row[f"{name}_p99_ms"] = _pcts(values)
     row["wave1_ttft_p50_ms"] = _pcts([ttft[i] for i in common if i in wave])[0]
     row["later_ttft_p50_ms"] = _pcts([ttft[i] for i in common if i not in wave])[0]
+    for name, in_wave in (("wave1", True), ("later", False)):
+        ids = [i for i in common if (i in wave) == in_wave]
+        # The client's own part of the first token's delay (its read after the server's write), and the time from
+        # the client's send to the server parsing the request: the client's write (servelab's http_send_s, ~10 us
+        # here) plus the harness server's queue when a whole wave lands on its one event loop at once.
+        row[f"{name}_added_ttft_p50_ms"] = _pcts([1e3 * (timings[i]["chunks"][0] - first_write[i]) for i in ids])[0]
+        row[f"{name}_to_server_p50_ms"] = _pcts([1e3 * (arrival[i] - timings[i]["send"]) for i in ids])[0]
+        writes_s = [timings[i]["write"] for i in ids if timings[i].get("write") is not None]  # servelab's only
+        if writes_s:
+            row[f"{name}_write_p50_ms"] = _pcts([1e3 * w for w in writes_s])[0]
     row["server_ttft_p50_ms"] = _pcts([1e3 * (first_write[i] - arrival[i]) for i in common])[0]
     return row
 
@@ -568,6 +579,9 @@ COLUMNS = [
     ("+TTFT arrival p99", "added_ttft_from_arrival_p99_ms", ".2f"),
     ("+ITL p50", "added_itl_p50_ms", ".2f"), ("+ITL p99", "added_itl_p99_ms", ".2f"),
     ("wave1 TTFT p50", "wave1_ttft_p50_ms", ".2f"), ("later TTFT p50", "later_ttft_p50_ms", ".2f"),
+    ("wave1 +TTFT write p50", "wave1_added_ttft_p50_ms", ".2f"), ("later +TTFT write p50", "later_added_ttft_p50_ms", ".2f"),
+    ("wave1 send→server p50", "wave1_to_server_p50_ms", ".2f"), ("later send→server p50", "later_to_server_p50_ms", ".2f"),
+    ("wave1 write p50", "wave1_write_p50_ms", ".2f"),
     ("server TTFT p50", "server_ttft_p50_ms", ".2f"),
     ("warned", "self_report_warned", ""), ("self-est. ms", "self_report_added_ms", ".2f"),
 ]
