@@ -241,7 +241,7 @@ def test_stage2_trials_run_side_by_side_on_two_nodes(
         assert directory.parent == tmp_path / "tune" / "stage2"
         summary = json.loads((directory / "summary.json").read_text())
         assert summary["completed"] == 64 and (directory / "records.jsonl").exists() and (directory / "server.log").exists()
-    # (the three servers share the host's cores, so their scores rank nothing: benchmarks/ray_scaling.py's job)
+    # (the three servers share the host's cores, so their scores rank nothing: benchmarks/ray_stage2_speed.py times them)
     assert doc["recommendation"]["source"] == "stage2" and doc["recommendation"]["params"] != {}
     started = [int(line) for line in pids.read_text().split()]
     assert len(started) == 3 and not _wait_gone(started, within=10.0)

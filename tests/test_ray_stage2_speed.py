@@ -1,0 +1,41 @@
+"""benchmarks/ray_stage2_speed.py says whether the sequential and the Ray stage 2 rank the candidates alike; the
+ranking it compares is checked here on hand-made results (no server, no cluster)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "ray_stage2_speed.py"
+
+
+@pytest.fixture(scope="module")
+def speed() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ray_stage2_speed", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def result(label: str, score: float | None, violation: float | None = 0.0) -> dict[str, Any]:
+    return {"label": label, "measured_score": score, "measured_violation": violation}
+
+
+def test_higher_goodput_ranks_first(speed: ModuleType) -> None:
+    results = [result("baseline", 1.9), result("trial-1", 1.95), result("trial-2", 1.8)]
+    assert speed.ranking(results) == ["trial-1", "baseline", "trial-2"]
+
+
+def test_a_trial_within_the_slo_beats_a_higher_score_that_misses_it(speed: ModuleType) -> None:
+    results = [result("trial-1", 3.0, violation=0.2), result("trial-2", 1.0)]
+    assert speed.ranking(results) == ["trial-2", "trial-1"]
+
+
+def test_the_baseline_loses_a_tie_and_an_unmeasured_trial_comes_last(speed: ModuleType) -> None:
+    results = [result("baseline", 2.0), result("trial-3", None, violation=None), result("trial-1", 2.0)]
+    assert speed.ranking(results) == ["trial-1", "baseline", "trial-3"]
