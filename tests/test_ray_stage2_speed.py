@@ -39,3 +39,11 @@ def test_a_trial_within_the_slo_beats_a_higher_score_that_misses_it(speed: Modul
 def test_the_baseline_loses_a_tie_and_an_unmeasured_trial_comes_last(speed: ModuleType) -> None:
     results = [result("baseline", 2.0), result("trial-3", None, violation=None), result("trial-1", 2.0)]
     assert speed.ranking(results) == ["trial-1", "baseline", "trial-3"]
+
+
+def test_only_pairs_both_runs_separate_are_compared(speed: ModuleType) -> None:
+    one = [result("baseline", 1.0), result("trial-1", 2.0), result("trial-2", 2.02)]
+    other = [result("baseline", 1.1), result("trial-1", 1.98), result("trial-2", 2.0)]
+    assert speed.separated_pairs(one, other) == (2, 2)  # trial-1 vs trial-2 is a tie in both
+    flipped = [result("baseline", 2.5), result("trial-1", 2.0), result("trial-2", 2.02)]
+    assert speed.separated_pairs(one, flipped) == (2, 0)
