@@ -457,7 +457,7 @@ def test_compare_report_overlays_one_curve_per_engine_whose_points_are_the_jsons
     assert _section_ids(page) == ["engines"]
     assert [item.comparison for item in load_inputs([compare_dir]).comparisons] == [doc]  # a directory holding compare.json
     curves, goodput = _plots(page)
-    for panel, axis in (("ttft", "x"), ("tpot", "x2")):
+    for panel, axis in (("ttft", "x"), ("tpot", "x2"), ("e2el", "x3")):
         for stat in ("mean", "p99"):
             traces = [t for t in curves if t["xaxis"] == axis and t["name"].endswith(f" — {stat}")]
             assert [t["name"] for t in traces] == [f"{e.label} — {stat}" for e in doc.engines]
@@ -465,7 +465,7 @@ def test_compare_report_overlays_one_curve_per_engine_whose_points_are_the_jsons
                 assert trace["x"] == [p.output_throughput for p in engine.points]
                 assert trace["y"] == [getattr(p, f"{stat}_{panel}_ms") for p in engine.points]
                 assert trace["customdata"] == ["request-rate=4", "request-rate=inf"]
-    assert len(curves) == 4 * len(doc.engines) == 12
+    assert len(curves) == 6 * len(doc.engines) == 18
     assert [(t["name"], t["y"]) for t in goodput] == [(e.label, [p.request_goodput for p in e.points]) for e in doc.engines]
     for line in doc.explanations:
         assert escape(line) in page

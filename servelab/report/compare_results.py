@@ -15,7 +15,7 @@ from html import escape
 import plotly.graph_objects as go
 
 from servelab.experiment.compare import EngineComparison, EnginePoint, EngineResult
-from servelab.report.figures import LAYOUT, PALETTE, LatencyCurve, latency_curves_figure, legend_below
+from servelab.report.figures import E2E, LAYOUT, PALETTE, TTFT_TPOT, LatencyCurve, latency_curves_figure, legend_below
 from servelab.report.inputs import ReportComparison
 from servelab.report.tables import html_table, number
 
@@ -60,14 +60,16 @@ def _statistic(engine: EngineResult, key: str) -> list[float | None]:
 
 
 def curves_figure(item: ReportComparison) -> go.Figure:
-    """Every engine's TTFT and TPOT against its output throughput, one point per load point, overlaid."""
+    """Every engine's TTFT, TPOT and E2E against its output throughput, one point per load point, overlaid."""
     c = item.comparison
     curves = [
         LatencyCurve(label=r.label, color=engine_color(i), throughput=[p.output_throughput for p in r.points],
                      points=[p.label for p in r.points], latency=partial(_statistic, r))
         for i, r in enumerate(c.engines)
     ]
-    return latency_curves_figure(curves, STATISTICS, f"{item.label}: latency vs. throughput per engine (simulated)")
+    # E2E is null in comparisons written before EnginePoint had it: its panel then stays empty, not wrong
+    return latency_curves_figure(curves, STATISTICS, f"{item.label}: latency vs. throughput per engine (simulated)",
+                                 panels=(*TTFT_TPOT, E2E))
 
 
 def _slo_text(c: EngineComparison) -> str:

@@ -86,10 +86,13 @@ def _summary_value(run: ReportRun, key: str) -> float | None:
 
 # --- sweeps -------------------------------------------------------------------------------------
 
-_CURVES = (
+LatencyPanel = tuple[str, str, str]
+"""(title, metric key in the statistic keys, y-axis title): one panel of a latency-vs-throughput figure."""
+TTFT_TPOT: tuple[LatencyPanel, ...] = (
     ("TTFT", "ttft", "Time to first token (ms)"),
     ("TPOT", "tpot", "Time per output token (ms)"),
 )
+E2E: LatencyPanel = ("E2E", "e2el", "End-to-end latency (ms)")
 SWEEP_STATISTICS = (("median", "p50"), ("p99", "p99"))
 """The statistics a latency-vs-throughput figure draws, (name in the statistic keys, legend name): solid, then dotted."""
 
@@ -110,12 +113,14 @@ class LatencyCurve:
     """Text beside each solid-line marker (a sweep's value); None for none."""
 
 
-def latency_curves_figure(curves: Sequence[LatencyCurve], statistics: Sequence[tuple[str, str]], title: str) -> go.Figure:
-    """Latency against achieved throughput, TTFT and TPOT side by side: where the knee is, and what it costs to go
-    past it. Each curve keeps its colour; the first statistic is solid, the second dotted."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=[f"{name} vs. throughput" for name, _, _ in _CURVES])
+def latency_curves_figure(curves: Sequence[LatencyCurve], statistics: Sequence[tuple[str, str]], title: str,
+                          panels: Sequence[LatencyPanel] = TTFT_TPOT) -> go.Figure:
+    """Latency against achieved throughput, one panel per metric side by side (TTFT and TPOT unless `panels` says
+    otherwise): where the knee is, and what it costs to go past it. Each curve keeps its colour; the first statistic
+    is solid, the second dotted."""
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[f"{name} vs. throughput" for name, _, _ in panels])
     for curve in curves:
-        for col, (name, key, _) in enumerate(_CURVES, start=1):
+        for col, (name, key, _) in enumerate(panels, start=1):
             for (stat, label), dash in zip(statistics, ("solid", "dot")):
                 text = list(curve.marks) if curve.marks is not None and dash == "solid" else None
                 fig.add_trace(
@@ -137,7 +142,7 @@ def latency_curves_figure(curves: Sequence[LatencyCurve], statistics: Sequence[t
                     row=1,
                     col=col,
                 )
-    for col, (_, _, axis) in enumerate(_CURVES, start=1):
+    for col, (_, _, axis) in enumerate(panels, start=1):
         fig.update_xaxes(title_text="Output throughput (tokens/s)", rangemode="tozero", row=1, col=col)
         fig.update_yaxes(title_text=axis, rangemode="tozero", row=1, col=col)
     fig.update_layout(title=title, height=480, **LAYOUT)
