@@ -84,3 +84,29 @@ def test_stated_versions_pick_the_vllm_release(ranking):
     assert ranking.stated_version("0.9.0 (V1)") == "0.9"
     assert ranking.stated_version("0.20.1") == "0.20"
     assert ranking.stated_version("not stated") is None
+
+
+def test_a_three_engine_run_is_scored_on_every_pair(ranking):
+    measured = {"vllm": 100.0, "sglang": 120.0, "trtllm": 150.0}
+    predicted = {"vllm": 100.0, "sglang": 110.0, "trtllm": 165.0}
+    pairs = {(a, b): error for a, b, error in ranking.pair_errors(measured, predicted)}
+    assert set(pairs) == {("trtllm", "sglang"), ("trtllm", "vllm"), ("sglang", "vllm")}
+    assert pairs[("trtllm", "vllm")] == pytest.approx(0.10)
+    assert pairs[("sglang", "vllm")] == pytest.approx(110 / 120 - 1)
+    # Both ratios to the slowest within 15%, the third pair outside: it is scored, not implied.
+    assert pairs[("trtllm", "sglang")] == pytest.approx((165 / 110) / (150 / 120) - 1)
+    assert pairs[("trtllm", "sglang")] > 0.15
+
+
+def test_a_two_engine_run_has_one_pair(ranking):
+    assert [(a, b) for a, b, _ in ranking.pair_errors({"vllm": 2.0, "sglang": 3.0}, {"vllm": 1.0, "sglang": 1.0})] \
+        == [("sglang", "vllm")]
+
+
+def test_a_tensorrt_llm_side_replays_with_its_llm_api_options(ranking, tmp_path):
+    # No scored run has a TensorRT-LLM side yet: its replay path (flags + --extra_llm_api_options YAML) is checked here.
+    run = {"id": "t", "gpu": "H100-SXM", "model": "Llama-3.1-8B", "versions": {},
+           "flags": {"trtllm": "--max_batch_size 8", "trtllm_options": {"kv_cache_config": {"enable_block_reuse": False}}},
+           "workload": {"input_len": 128, "output_len": 16, "max_concurrency": 4, "num_prompts": 4}}
+    assert ranking.predict(run, "trtllm", tmp_path) > 0
+    assert (tmp_path / "t-trtllm.yaml").exists()
