@@ -495,10 +495,9 @@ def _accuracy(timings: dict[int, dict], stats: dict, concurrency: int) -> dict:
     row = {}
     for name, values in (("added_ttft_from_write", from_write), ("added_ttft_from_arrival", from_arrival), ("added_itl", itl)):
         row[f"{name}_p50_ms"], row[f"{name}_p99_ms"] = _pcts(values)
-    row["wave1_ttft_p50_ms"] = _pcts([ttft[i] for i in common if i in wave])[0]
-    row["later_ttft_p50_ms"] = _pcts([ttft[i] for i in common if i not in wave])[0]
     for name, in_wave in (("wave1", True), ("later", False)):
         ids = [i for i in common if (i in wave) == in_wave]
+        row[f"{name}_ttft_p50_ms"] = _pcts([ttft[i] for i in ids])[0]
         # The client's own part of the first token's delay (its read after the server's write), and the time from
         # the client's send to the server parsing the request: the client's write (servelab's http_send_s, ~10 us
         # here) plus the harness server's queue when a whole wave lands on its one event loop at once.
