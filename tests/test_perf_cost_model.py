@@ -128,3 +128,33 @@ def test_wake_time_grows_with_idleness_toward_its_ceiling():
     assert times == sorted(times) and times[-1] == pytest.approx(2e-3)
     assert _model().wake_time(math.inf) == 0.0  # catalogue defaults: not known, not charged
     assert _model(coefficients=CostCoefficients.ideal()).wake_time(math.inf) == 0.0
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_an_eager_step_takes_at_least_the_hosts_launch_time(kernels):
+    """Without CUDA graphs a step ends no sooner than the host launches every layer's kernels; a step whose kernels
+    take longer than that is unchanged (the launches run ahead of the GPU)."""
+    hw, spec = get_gpu("a100-80gb"), get_model("llama-3.1-8b")
+    c = CostCoefficients(step_overhead_s=0, per_request_overhead_s=0)
+
+    def model(**config):
+        return RooflineCostModel(hw, spec, resolve(EngineConfig(**config), hw, spec), c, kernels=kernels)
+
+    graphs, eager = model(), model(enforce_eager=True)
+    launch = spec.num_layers * c.eager_launch_s_per_layer
+    decode, prefill = StepBatch(decode_contexts=[512]), StepBatch(prefill_chunks=[(8192, 0)])
+    assert graphs.step_time(decode) < launch
+    assert eager.step_time(decode) == pytest.approx(launch)
+    assert graphs.step_time(prefill) > launch and eager.step_time(prefill) == graphs.step_time(prefill)
+
+
+def test_sglang_runs_prefill_and_decode_batches_past_its_graphs_eagerly():
+    """SGLang captures decode batches up to cuda_graph_max_bs; its extend (prefill) batches and larger decode
+    batches launch op by op."""
+    hw, spec = get_gpu("h100"), get_model("llama-3.1-8b")
+    config = resolve(EngineConfig(cuda_graph_max_batch=8, eager_prefill=True), hw, spec)
+    sglang, vllm = RooflineCostModel(hw, spec, config), RooflineCostModel(hw, spec, resolve(EngineConfig(), hw, spec))
+    for batch in (StepBatch(decode_contexts=[512] * 8), StepBatch(prefill_chunks=[(8192, 0)])):
+        assert sglang.step_time(batch) == vllm.step_time(batch)
+    for batch in (StepBatch(decode_contexts=[512] * 9), StepBatch(prefill_chunks=[(64, 0)])):
+        assert sglang.step_time(batch) > vllm.step_time(batch)

@@ -47,8 +47,17 @@ def test_chunked_prefill_flag_is_reported_as_default():
 
 
 def test_unmodelled_performance_flags_warn():
-    parsed = parse_engine_args("--enforce-eager --speculative-config {}")
+    parsed = parse_engine_args("--attention-backend FLASHINFER --speculative-config {}")
     assert all("not modelled" in w for w in parsed.warnings) and len(parsed.warnings) == 2
+
+
+def test_enforce_eager_is_modelled_and_pasted_back():
+    from servelab.targets.deployment import build_deployment
+
+    parsed = parse_engine_args("--enforce-eager")
+    assert parsed.config.enforce_eager is True and parsed.warnings == []
+    assert parse_engine_args("--no-enforce-eager").config.enforce_eager is False
+    assert "--enforce-eager" in build_deployment("a100-80gb", "llama-3.1-8b", "--enforce-eager").engine_args().split()
 
 
 def test_vllm_032_scheduler_and_frontend_flags_are_modelled():

@@ -106,3 +106,18 @@ def test_a_retracted_request_matches_only_its_known_tokens_when_readmitted():
     s.add(b)
     # All 4 known tokens match (a fresh request would stop at 3: its last token is recomputed); the 7 others are new.
     assert step(s, 1) == ([7], [4])
+
+
+def test_sglang_cuda_graph_flags_reach_the_common_config():
+    """--disable-cuda-graph turns every step eager; otherwise decode batches up to cuda_graph_max_bs replay graphs
+    and extend batches are eager (SGLang's model runner)."""
+    from servelab.perf.hardware import get_gpu
+    from servelab.perf.models import get_model
+    from servelab.perf.sglang_args import parse_sglang_args, resolve_sglang
+
+    hw, spec = get_gpu("a100-40gb"), get_model("qwen2.5-7b")
+    default = resolve_sglang(parse_sglang_args("").settings, hw, spec).config
+    assert (default.enforce_eager, default.cuda_graph_max_batch, default.eager_prefill) == (False, 32, True)
+    parsed = parse_sglang_args("--disable-cuda-graph --cuda-graph-max-bs 16")
+    assert parsed.warnings == [] and resolve_sglang(parsed.settings, hw, spec).config.enforce_eager is True
+    assert resolve_sglang(parsed.settings, hw, spec).config.cuda_graph_max_batch == 16

@@ -114,6 +114,18 @@ class CostCoefficients(BaseModel):
     """
     idle_wake_time_constant_s: float = Field(0.02, gt=0)
     """How fast the wake-up cost approaches `idle_wake_s` with idle time (about 20 ms on the CPU server)."""
+    eager_launch_s_per_layer: float = Field(6.3e-4, ge=0)
+    """Host time to launch one decoder layer's kernels op by op from Python, for a step run without CUDA graphs.
+
+    Such a step cannot end before the host has launched every kernel, so its GPU part is at least
+    layers x this (the GPU waits on the launches when they are slower than its kernels). Measured on an H200
+    host (benchmarks/gpu_step_probe.py, 2026-12-04, torch 2.11; benchmarks/measured/): an engine-like decoder
+    (fused QKV and gate-up GEMMs, one RMSNorm kernel, SDPA over a static cache), median 0.63 ms per layer over
+    Qwen2.5-7B and Llama-3.1-8B at decode batches 1-128 (0.50-0.79), while its CUDA-graph replay took
+    5.4-9.0 ms a step. A host property: that host enqueues a small PyTorch op in 12 us; a faster host launches
+    proportionally faster (calibrate against your own server). transformers' own model class took 3.7 ms per
+    layer there, the cost of a framework that fuses nothing.
+    """
 
     def cpu_step_time(self, num_scheduled: int, admits_prefill: bool) -> float:
         """The engine core's CPU share of a step's time: the part async scheduling overlaps with the GPU.
@@ -231,6 +243,9 @@ class RooflineCostModel:
         self._request_overhead = c.per_request_overhead_s
         self._prefill_step_overhead = c.prefill_step_overhead_s
         self._wake, self._wake_tau = c.idle_wake_s, c.idle_wake_time_constant_s
+        self._eager_launch = model.num_layers * c.eager_launch_s_per_layer
+        self._all_eager, self._eager_prefill = engine_config.enforce_eager, engine_config.eager_prefill
+        self._graph_max_batch = engine_config.cuda_graph_max_batch
 
         fit, self.cost_source_note = (
             kernel_fit_for(hardware, model, engine_config, self.weight_format, c)
@@ -345,7 +360,14 @@ class RooflineCostModel:
         cpu = self._step_overhead + num_sampled * self._request_overhead
         if num_sampled > num_decodes:  # at least one prefill chunk
             cpu += self._prefill_step_overhead
-        return linear + attention + communication + cpu
+        return self._launched(linear + attention, num_decodes, num_sampled > num_decodes) + communication + cpu
+
+    def _launched(self, gpu: float, num_decodes: int, has_prefill: bool) -> float:
+        """A step's kernel time, or the host's time to launch them one by one when the step runs without CUDA graphs
+        and the launches are the slower (see CostCoefficients.eager_launch_s_per_layer)."""
+        eager = self._all_eager or (self._eager_prefill if has_prefill else (
+            self._graph_max_batch is not None and num_decodes > self._graph_max_batch))
+        return max(gpu, self._eager_launch) if eager else gpu
 
     def _fitted_step(
         self, num_prefill_tokens: int, prefill_attn_work: int, num_decodes: int, sum_decode_context: int,
@@ -380,7 +402,7 @@ class RooflineCostModel:
         cpu = self._step_overhead + num_sampled * self._request_overhead
         if chunks:
             cpu += self._prefill_step_overhead
-        return gpu + self._comm_fixed + num_tokens * self._comm_s_per_token + cpu
+        return self._launched(gpu, num_decodes, chunks > 0) + self._comm_fixed + num_tokens * self._comm_s_per_token + cpu
 
     def wake_time(self, idle_s: float) -> float:
         """`idle_wake_s` scaled by how long the engine idled (see CostCoefficients.idle_wake_s); 0 when it never did."""

@@ -58,7 +58,7 @@ OBSOLETE_FLAGS: dict[str, str] = {
 # the run is simulated as if they were absent, with a warning.
 UNMODELLED_FLAGS = frozenset(
     {
-        "enforce-eager", "speculative-config", "spec-model", "compilation-config",
+        "speculative-config", "spec-model", "compilation-config",
         "attention-backend", "attention-config", "cpu-offload-gb", "enable-expert-parallel",
         "max-num-scheduled-tokens", "max-num-active-seqs", "max-num-queued-reqs", "max-num-queued-tokens",
         "long-prefill-token-threshold-adaptive", "pipeline-parallel-size", "decode-context-parallel-size",
@@ -131,6 +131,7 @@ _MODELLED: dict[str, _Flag] = {
     "gpu-memory-utilization": _Flag("gpu_memory_utilization", fraction),
     "device-memory-utilization": _Flag("gpu_memory_utilization", fraction),
     "async-scheduling": _Flag("async_scheduling"),
+    "enforce-eager": _Flag("enforce_eager"),
     "scheduler-reserve-full-isl": _Flag("scheduler_reserve_full_isl"),
     "watermark": _Flag("watermark", _non_negative_fraction),
     "api-server-count": _Flag("api_server_count", _positive),

@@ -47,6 +47,16 @@ class EngineConfig:
     one per data-parallel engine)."""
     stream_interval: int = 1
     """Tokens the API server buffers per streamed chunk (the first token is always sent at once)."""
+    enforce_eager: bool = False
+    """No CUDA graphs at all (vLLM's `--enforce-eager`, SGLang's `--disable-cuda-graph`): every step's kernels are
+    launched one by one from Python, so a step takes at least the host's launch time (CostCoefficients)."""
+    cuda_graph_max_batch: int | None = None
+    """The largest decode batch a captured CUDA graph replays; larger decode batches run eagerly (SGLang's
+    `cuda_graph_max_bs`). None: every decode batch replays one (vLLM V1's capture sizes, padded, cover the batches
+    the model prices; beyond them vLLM runs its compiled graph pieces, not op-by-op Python)."""
+    eager_prefill: bool = False
+    """Steps with prefill run eagerly: SGLang's extend batches (no piecewise graphs by default); vLLM V1 runs them
+    through piecewise CUDA graphs, so False."""
 
     def with_(self, **changes: Any) -> EngineConfig:
         return replace(self, **changes)

@@ -52,6 +52,7 @@ class SGLangSettings:
     quantization: str | None = None
     dtype: str = "auto"
     cuda_graph_max_bs: int | None = None
+    disable_cuda_graph: bool = False
     stream_interval: int = 1
 
 
@@ -84,6 +85,7 @@ FLAGS = FlagTable(
         "quantization": Flag("quantization", str),
         "dtype": Flag("dtype", str),
         "cuda-graph-max-bs": Flag("cuda_graph_max_bs", positive_int),
+        "disable-cuda-graph": Flag("disable_cuda_graph"),
         "stream-interval": Flag("stream_interval", positive_int),
     },
     obsolete={
@@ -95,7 +97,7 @@ FLAGS = FlagTable(
     },
     not_modelled=frozenset({
         "enable-mixed-chunk", "num-continuous-decode-steps", "speculative-algorithm", "enable-dp-attention",
-        "attention-backend", "disable-cuda-graph", "enable-torch-compile", "radix-eviction-policy", "pp-size",
+        "attention-backend", "enable-torch-compile", "radix-eviction-policy", "pp-size",
         "enable-hierarchical-cache", "retraction-policy", "enable-priority-scheduling",
     }),
     harmless=frozenset({
@@ -216,6 +218,9 @@ def resolve_sglang(settings: SGLangSettings, hardware: Hardware, model: ModelSpe
         data_parallel_size=s.dp_size,
         async_scheduling=not s.disable_overlap_schedule,
         stream_interval=s.stream_interval,
+        enforce_eager=s.disable_cuda_graph,
+        cuda_graph_max_batch=graph_bs,
+        eager_prefill=True,
     )
     return SGLangPlan(resolved, config, memory, tokens)
 
