@@ -195,12 +195,13 @@ def print_eager(probe: dict[str, Any]) -> None:
             per_layer_us = r["eager_ms"] / layers * 1e3
             out.append([
                 model_name, impl, r["batch"], f"{r['eager_ms']:.2f}", f"{r['enqueue_ms']:.2f}",
-                "-" if gpu_ms is None else f"{gpu_ms:.2f}", "-" if gpu_ms is None else f"{r['eager_ms'] / gpu_ms:.1f}",
+                *(("-", "-", "-") if gpu_ms is None else
+                  (f"{gpu_ms:.2f}", f"{r['eager_ms'] - gpu_ms:.2f}", f"{r['eager_ms'] / gpu_ms:.1f}")),
                 f"{per_layer_us:.0f}", f"{per_layer_us / launch['add_us']:.0f}",
                 f"{r['kernels'] / layers:.0f}" if "kernels" in r else "-",
             ])
     print(markdown(["model", "impl", "batch", "eager ms", "enqueue ms", "GPU ms (lean: graph, hf: kernels)",
-                    "eager / GPU", "eager µs / layer", "/ add_us", "kernels / layer"], out))
+                    "eager − GPU ms", "eager / GPU", "eager µs / layer", "µs / layer ÷ add_us", "kernels / layer"], out))
 
 
 def main() -> None:
