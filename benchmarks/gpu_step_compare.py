@@ -84,11 +84,10 @@ class GemmRow:
     measured_s: float
     fit_s: float
     datasheet_s: float
-    floor_s: float
-    """The GPU's hard floor: datasheet peak FLOP/s and bandwidth, no launch."""
     table_s: float | None
     host_bound: bool
-    """The floor is under the host's enqueue cost of one call: the probe's loop may time the host."""
+    """The GPU's hard floor (datasheet peaks, no launch) is under the host's enqueue cost of one call:
+    the probe's loop may time the host."""
 
     def error(self, predicted_s: float | None) -> float | None:
         return None if predicted_s is None else predicted_s / self.measured_s - 1
@@ -112,7 +111,7 @@ def gemm_rows(probe: dict[str, Any], hw: Hardware, fit: kf.GpuKernelFit, lookup:
                 model=key.split("/", 1)[1], gemm=r["gemm"], m=r["m"], n=r["n"], k=r["k"], measured_s=r["ms"] * 1e-3,
                 fit_s=float(kf.gemm_time(fit.gemm, hw, m, n, k)),
                 datasheet_s=float(kf.datasheet_gemm_time(hw, m, n, k, c.compute_efficiency, c.memory_efficiency)),
-                floor_s=floor, table_s=lookup.gemm(r["m"], r["n"], r["k"]) if lookup else None, host_bound=floor < host_s,
+                table_s=lookup.gemm(r["m"], r["n"], r["k"]) if lookup else None, host_bound=floor < host_s,
             ))
     return rows
 
