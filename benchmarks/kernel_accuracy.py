@@ -126,7 +126,7 @@ def _datasheet_ops(hw: Hardware, tables: kf.KernelTables) -> dict[str, tuple[np.
     peak, bw = hw.peak_flops("bf16"), hw.memory_bandwidth
     g = kf.gemm_rows(tables)
     m, n, k = (g[col].to_numpy(float) for col in ("m", "n", "k"))
-    gemm = np.maximum(2 * m * n * k / (peak * c.compute_efficiency), 2 * n * k / (bw * c.memory_efficiency))
+    gemm = kf.datasheet_gemm_time(hw, m, n, k, c.compute_efficiency, c.memory_efficiency)
     d = kf.decode_rows(tables)
     pairs = d.batch_size * d.context
     decode = np.maximum(4 * kf.HEAD_DIM * d.num_heads * pairs / (peak * c.attention_compute_efficiency),

@@ -208,6 +208,18 @@ def gemm_time(fit: GemmFit, hw: Hardware, m: np.ndarray, n: np.ndarray, k: np.nd
     return fit.launch_s + smooth_roofline(compute, memory, fit.knee_p)
 
 
+def datasheet_gemm_time(hw: Hardware, m: np.ndarray, n: np.ndarray, k: np.ndarray, compute_efficiency: float,
+                        memory_efficiency: float) -> np.ndarray:
+    """One GEMM in the datasheet roofline: max(FLOPs / (P e), weight bytes / (B e_mem)), no launch floor.
+
+    The linear part of RooflineCostModel's datasheet form, op by op: its crossover, m = P e / (B e_mem),
+    is the same for every shape, so these maxima add up to that model's. The efficiencies are
+    CostCoefficients' (passed in: this module sits below the cost model); 1 and 1 give the GPU's hard floor.
+    """
+    return np.maximum(2.0 * m * n * k / (hw.peak_flops("bf16") * compute_efficiency),
+                      BF16 * n * k / (hw.memory_bandwidth * memory_efficiency))
+
+
 def decode_attention_time(fit: DecodeAttentionFit, hw: Hardware, batch: np.ndarray, context: np.ndarray,
                           kv_heads: np.ndarray) -> np.ndarray:
     kv_bytes_per_token = 2 * kv_heads * HEAD_DIM * BF16

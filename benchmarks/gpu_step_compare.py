@@ -1,0 +1,229 @@
+"""Set the H200 measurements of `benchmarks/gpu_step_probe.py` beside servelab's kernel model: markdown tables.
+
+Why: the H200 kernel fit (servelab/perf/kernel_fit.py, docs/kernels.md) rests on aiconfigurator-core's
+tables of vLLM's kernels; the probe timed the same cuBLAS bf16 GEMMs and whole decode steps on a lent H200,
+a second, independent measurement. Runs here, on CPU, from the probe's JSON:
+
+1. GEMMs: each measured GEMM beside the kernel fit (`kernel_fit.gemm_time`), the datasheet roofline
+   (`kernel_fit.datasheet_gemm_time` with CostCoefficients' default efficiencies) and, when
+   aiconfigurator-core is installed, the table's own interpolated value (`TableLookup.gemm`). The probe
+   times 30 back-to-back calls from Python, so a GEMM whose GPU time is under the host's enqueue cost of
+   one call is timed at the host's pace: rows whose datasheet floor (peak FLOP/s and bandwidth, no launch)
+   is under the measured `launch.linear_us` are marked host-bound and summarised apart.
+2. Decode step: the lean decoder's CUDA-graph replay (GPU time of a whole step) beside the simulator's
+   GPU-only step (RooflineCostModel, CPU overheads zeroed, fitted and datasheet forms), the forward pass
+   rebuilt from the tables part by part (`kernel_fit.forward_pass`), and transformers' summed kernel time.
+3. Eager launch cost: eager step, host enqueue and GPU time per row, per layer, against the host's per-op cost.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/gpu_step_compare.py [--rows] [--measured PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servelab.perf import kernel_fit as kf
+from servelab.perf.cost_model import CostCoefficients, RooflineCostModel, StepBatch
+from servelab.perf.engine_args import resolve
+from servelab.perf.engine_config import EngineConfig
+from servelab.perf.errors import PerfConfigError
+from servelab.perf.hardware import Hardware, get_gpu
+from servelab.perf.models import get_model
+
+MEASURED = Path(__file__).parent / "measured" / "gpu_step_probe-h200-2026-12-04.json"
+GPU = "H200"
+GPU_ONLY = CostCoefficients(step_overhead_s=0, per_request_overhead_s=0)
+"""Kernel time only: a graph replay and summed kernel times hold no CPU step overhead."""
+TOKEN_RANGES = (("m ≤ 64", 1, 64), ("128-1024", 128, 1024), ("≥ 2048", 2048, math.inf))
+"""Decode-sized (memory-bound), the knee, prefill-sized (compute-bound)."""
+
+
+def markdown(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def _pct(error: float | None) -> str:
+    return "-" if error is None else f"{error:+.1%}"
+
+
+def _us(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e6:.1f}"
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def table_lookup() -> kf.TableLookup | None:
+    """aiconfigurator-core's H200 tables, or None when the optional package (or pandas) is absent."""
+    try:
+        return kf.TableLookup(kf.load_tables(GPU))
+    except (PerfConfigError, ImportError) as error:
+        print(f"(no aiconfigurator tables: {error}; table columns left out)\n")
+        return None
+
+
+# ---------------------------------------------------------------- 1. GEMMs
+
+@dataclass(frozen=True)
+class GemmRow:
+    model: str
+    gemm: str
+    m: int
+    n: int
+    k: int
+    measured_s: float
+    fit_s: float
+    datasheet_s: float
+    table_s: float | None
+    host_bound: bool
+    """The GPU's hard floor (datasheet peaks, no launch) is under the host's enqueue cost of one call:
+    the probe's loop may time the host."""
+
+    def error(self, predicted_s: float | None) -> float | None:
+        return None if predicted_s is None else predicted_s / self.measured_s - 1
+
+    @property
+    def weight_tbps(self) -> float:
+        return kf.BF16 * self.n * self.k / self.measured_s / 1e12
+
+
+def gemm_rows(probe: dict[str, Any], hw: Hardware, fit: kf.GpuKernelFit, lookup: kf.TableLookup | None) -> list[GemmRow]:
+    c = CostCoefficients()
+    host_s = probe["launch"]["linear_us"] * 1e-6
+    rows = []
+    for key, measured in probe.items():
+        if not key.startswith("gemm/"):
+            continue
+        for r in measured:
+            m, n, k = (np.asarray(float(r[x])) for x in ("m", "n", "k"))
+            floor = float(kf.datasheet_gemm_time(hw, m, n, k, 1.0, 1.0))
+            rows.append(GemmRow(
+                model=key.split("/", 1)[1], gemm=r["gemm"], m=r["m"], n=r["n"], k=r["k"], measured_s=r["ms"] * 1e-3,
+                fit_s=float(kf.gemm_time(fit.gemm, hw, m, n, k)),
+                datasheet_s=float(kf.datasheet_gemm_time(hw, m, n, k, c.compute_efficiency, c.memory_efficiency)),
+                table_s=lookup.gemm(r["m"], r["n"], r["k"]) if lookup else None, host_bound=floor < host_s,
+            ))
+    return rows
+
+
+def _abs_errors(rows: Sequence[GemmRow], model: str) -> list[float]:
+    errors = [r.error(getattr(r, f"{model}_s")) for r in rows]
+    return [abs(e) for e in errors if e is not None]
+
+
+def _median_max(errors: list[float]) -> str:
+    return f"{np.median(errors):.1%} / {max(errors):.1%}" if errors else "-"
+
+
+def print_gemm_summary(rows: list[GemmRow], with_table: bool, host_us: float) -> None:
+    models = ("fit", "datasheet") + (("table",) if with_table else ())
+    print(f"\n### GEMMs: predicted vs measured, median / max |error| (host-bound: datasheet floor < {host_us:.1f} µs, "
+          "the host's F.linear enqueue)\n")
+    out = []
+    for label, low, high in TOKEN_RANGES:
+        in_range = [r for r in rows if low <= r.m <= high]
+        for subset, which in ((in_range, "all"), ([r for r in in_range if not r.host_bound], "GPU-bound")):
+            out.append([label, which, len(subset)] + [_median_max(_abs_errors(subset, m)) for m in models])
+    print(markdown(["tokens m", "rows", "n"] + list(models), out))
+
+
+def print_gemm_rows(rows: list[GemmRow]) -> None:
+    print("\n### GEMMs, every row (µs; error = predicted / measured − 1)\n")
+    print(markdown(
+        ["model", "gemm", "m", "n × k", "measured", "weights TB/s", "fit", "err", "datasheet", "err", "table", "err",
+         "host-bound"],
+        [[r.model, r.gemm, r.m, f"{r.n} × {r.k}", _us(r.measured_s), f"{r.weight_tbps:.2f}", _us(r.fit_s),
+          _pct(r.error(r.fit_s)), _us(r.datasheet_s), _pct(r.error(r.datasheet_s)), _us(r.table_s),
+          _pct(r.error(r.table_s)), "yes" if r.host_bound else ""] for r in rows],
+    ))
+
+
+# ---------------------------------------------------------------- 2. decode step
+
+def print_decode(probe: dict[str, Any], hw: Hardware, fit: kf.GpuKernelFit, lookup: kf.TableLookup | None) -> None:
+    print("\n### Decode step GPU time, context 512 (ms; error vs the lean decoder's graph replay)\n")
+    out = []
+    for model_name in sorted({key.split("/", 1)[1] for key in probe if key.startswith("lean/")}):
+        spec = get_model(model_name)
+        config = resolve(EngineConfig(), hw, spec)
+        fitted = RooflineCostModel(hw, spec, config, GPU_ONLY)
+        datasheet = RooflineCostModel(hw, spec, config, GPU_ONLY, kernels=False)
+        assert fitted.cost_source == f"kernel-fit:{GPU}", fitted.cost_source_note
+        hf = {r["batch"]: r for r in probe.get(f"hf/{model_name}", [])}
+        for r in probe[f"lean/{model_name}"]:
+            graph_s, batch = r["graph_ms"] * 1e-3, r["batch"]
+            step = StepBatch(decode_contexts=[r["context"]] * batch)
+            fit_s, sheet_s = fitted.step_time(step), datasheet.step_time(step)
+            hf_s = hf[batch]["kernel_ms"] * 1e-3 if "kernel_ms" in hf.get(batch, {}) else None
+            parts = (kf.forward_pass(lookup, fit.elementwise, hw, spec, 1, tokens=batch, decode_context=r["context"])
+                     if lookup else None)
+            out.append([
+                model_name, batch, _ms(graph_s), _ms(fit_s), _pct(fit_s / graph_s - 1), _ms(sheet_s),
+                _pct(sheet_s / graph_s - 1),
+                *((_ms(parts.total), _pct(parts.total / graph_s - 1),
+                   " / ".join(_ms(x) for x in (parts.gemm, parts.attention, parts.elementwise, parts.lm_head)))
+                  if parts else ("-", "-", "-")),
+                _ms(hf_s), _pct(None if hf_s is None else hf_s / graph_s - 1),
+            ])
+    print(markdown(["model", "batch", "lean graph", "fit", "err", "datasheet", "err", "tables", "err",
+                    "tables: GEMM / attention / elementwise / LM head", "hf kernels", "err"], out))
+
+
+# ---------------------------------------------------------------- 3. eager launch cost
+
+def print_eager(probe: dict[str, Any]) -> None:
+    launch = probe["launch"]
+    print(f"\n### Eager launch cost (host: {probe['host']['cpu']}, {probe['host']['cpus']} CPUs; per-op enqueue: "
+          f"add {launch['add_us']:.1f} µs, small F.linear {launch['linear_us']:.1f} µs)\n")
+    out = []
+    for key in (k for k in probe if k.split("/", 1)[0] in ("lean", "hf")):
+        impl, model_name = key.split("/", 1)
+        layers = get_model(model_name).num_layers
+        for r in probe[key]:
+            gpu_ms = r.get("graph_ms", r.get("kernel_ms"))
+            per_layer_us = r["eager_ms"] / layers * 1e3
+            out.append([
+                model_name, impl, r["batch"], f"{r['eager_ms']:.2f}", f"{r['enqueue_ms']:.2f}",
+                *(("-", "-", "-") if gpu_ms is None else
+                  (f"{gpu_ms:.2f}", f"{r['eager_ms'] - gpu_ms:.2f}", f"{r['eager_ms'] / gpu_ms:.1f}")),
+                f"{per_layer_us:.0f}", f"{per_layer_us / launch['add_us']:.0f}",
+                f"{r['kernels'] / layers:.0f}" if "kernels" in r else "-",
+            ])
+    print(markdown(["model", "impl", "batch", "eager ms", "enqueue ms", "GPU ms (lean: graph, hf: kernels)",
+                    "eager − GPU ms", "eager / GPU", "eager µs / layer", "µs / layer ÷ add_us", "kernels / layer"], out))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--measured", type=Path, default=MEASURED, help="the probe's JSON (default: the H200 run)")
+    ap.add_argument("--rows", action="store_true", help="print every GEMM row")
+    args = ap.parse_args()
+    probe = json.loads(args.measured.read_text())
+    hw = get_gpu(GPU)
+    fit = kf.load_kernel_fit(hw)
+    if fit is None:
+        raise SystemExit(f"no kernel fit for {GPU}: run scripts/fit_kernels.py")
+    host = probe["host"]
+    print(f"Measured: {args.measured.name}: {host['gpu']} ({host['nvidia_smi']}), torch {host['torch']}, "
+          f"transformers {host['transformers']}. Fit: {fit.tables['gemm']} of {fit.device}.\n")
+    lookup = table_lookup()
+    rows = gemm_rows(probe, hw, fit, lookup)
+    print_gemm_summary(rows, lookup is not None, probe["launch"]["linear_us"])
+    if args.rows:
+        print_gemm_rows(rows)
+    print_decode(probe, hw, fit, lookup)
+    print_eager(probe)
+
+
+if __name__ == "__main__":
+    main()
