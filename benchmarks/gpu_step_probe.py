@@ -122,20 +122,29 @@ def layer_gemms(cfg: dict[str, Any]) -> dict[str, tuple[int, int]]:
 
 
 def gemm_times(cfg: dict[str, Any], device: torch.device, tokens: tuple[int, ...], l2_bytes: int) -> list[dict[str, Any]]:
+    """Each GEMM timed inside a CUDA graph of at least 16 calls over the rotated weights: back-to-back Python calls
+    would time a small GEMM at the host's enqueue pace (~25 us a call on the first H200 host), not the GPU's."""
     rows = []
     for name, (k, n) in layer_gemms(cfg).items():
         copies = max(2, -(-L2_MULTIPLE * l2_bytes // (k * n * 2)))
         weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(copies)]
+        calls = copies * -(-16 // copies)
         for m in tokens:
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-            turn = iter(range(1 << 62))
 
-            def step() -> object:
-                return F.linear(x, weights[next(turn) % copies])
+            def every_weight() -> object:
+                return [F.linear(x, weights[i % copies]) for i in range(calls)]
 
-            seconds = gpu_time(step, device, repeats=max(copies, 30 if m <= 1024 else 10))
+            run: Callable[[], object] = every_weight
+            if device.type == "cuda":
+                every_weight()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    every_weight()
+                run = graph.replay
+            seconds = gpu_time(run, device, repeats=5 if m <= 1024 else 2) / calls
             rows.append({"gemm": name, "m": m, "k": k, "n": n, "ms": seconds * 1e3,
-                         "tflops": 2 * m * n * k / seconds / 1e12, "weight_copies": copies})
+                         "tflops": 2 * m * n * k / seconds / 1e12, "weight_copies": copies, "graph": device.type == "cuda"})
     return rows
 
 
@@ -283,6 +292,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="tiny sizes on whatever device: a dry run of the code")
+    parser.add_argument("--stages", default="gemm,lean,hf", help="which measurements, comma-separated")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the lean eager/graph steps, models interleaved")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     repo = Path(__file__).resolve().parent.parent
@@ -301,10 +312,15 @@ def main() -> int:
 
     l2 = int(result["host"].get("l2_bytes") or 50 * 2**20)
     stages: list[tuple[str, Callable[[], object]]] = [("launch", lambda: launch_cost(device, 2000 if not args.quick else 100))]
+    wanted = set(args.stages.split(","))
     for name, cfg in configs.items():
-        stages += [(f"gemm/{name}", lambda cfg=cfg: gemm_times(cfg, device, tokens, l2)),
-                   (f"lean/{name}", lambda cfg=cfg: lean_steps(cfg, device, batches, steps)),
-                   (f"hf/{name}", lambda cfg=cfg: hf_steps(cfg, device, batches, steps))]
+        stages += [(f"gemm/{name}", lambda cfg=cfg: gemm_times(cfg, device, tokens, l2))] if "gemm" in wanted else []
+    for round_ in range(args.rounds if "lean" in wanted else 0):
+        suffix = f"/round{round_ + 1}" if args.rounds > 1 else ""
+        stages += [(f"lean/{name}{suffix}", lambda cfg=cfg: lean_steps(cfg, device, batches, steps))
+                   for name, cfg in configs.items()]
+    for name, cfg in configs.items():
+        stages += [(f"hf/{name}", lambda cfg=cfg: hf_steps(cfg, device, batches, steps))] if "hf" in wanted else []
     for key, run in stages:
         began = time.perf_counter()
         try:
