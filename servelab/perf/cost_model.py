@@ -114,17 +114,16 @@ class CostCoefficients(BaseModel):
     """
     idle_wake_time_constant_s: float = Field(0.02, gt=0)
     """How fast the wake-up cost approaches `idle_wake_s` with idle time (about 20 ms on the CPU server)."""
-    eager_launch_s_per_layer: float = Field(6.3e-4, ge=0)
+    eager_launch_s_per_layer: float = Field(6.4e-4, ge=0)
     """Host time to launch one decoder layer's kernels op by op from Python, for a step run without CUDA graphs.
 
     Such a step cannot end before the host has launched every kernel, so its GPU part is at least
-    layers x this (the GPU waits on the launches when they are slower than its kernels). Measured on an H200
-    host (benchmarks/gpu_step_probe.py, 2026-12-04, torch 2.11; benchmarks/measured/): an engine-like decoder
-    (fused QKV and gate-up GEMMs, one RMSNorm kernel, SDPA over a static cache), median 0.63 ms per layer over
-    Qwen2.5-7B and Llama-3.1-8B at decode batches 1-128 (0.50-0.79), while its CUDA-graph replay took
-    5.4-9.0 ms a step. A host property: that host enqueues a small PyTorch op in 12 us; a faster host launches
-    proportionally faster (calibrate against your own server). transformers' own model class took 3.7 ms per
-    layer there, the cost of a framework that fuses nothing.
+    layers x this (the GPU waits on the launches when they are slower than its kernels). A host property,
+    so the default is read off a published eager run: vLLM `--enforce-eager` on an A100-80GB host, Llama-3.1-8B
+    at 20 concurrent requests, median TPOT 20.8 ms (staru09/llm_infra_bench, published.yaml), which the
+    replay meets at 0.64 ms. Measured on two H200 hosts for an engine-like decoder (benchmarks/gpu_step_probe.py,
+    2026-12-04): 0.63 and 0.34 ms median, so hosts differ ~2x; a calibration profile's coefficients carry
+    another host's value.
     """
 
     def cpu_step_time(self, num_scheduled: int, admits_prefill: bool) -> float:
