@@ -33,6 +33,8 @@ PLANTED = {
     fk.DECODE_BANDWIDTH_BOUND: ("--api-server-count 4", dict(input_len=128, output_len=1024, max_concurrency=256), None),
     # a TPOT bound that 2,048-token prefill chunks break at moderate load.
     fk.SLO_TRADEOFF: ("", dict(input_len=1500, output_len=200, request_rate=5), "ttft:3000 tpot:20"),
+    # CUDA graphs off at a small batch: launching 28 layers' kernels takes longer than running them.
+    fk.LAUNCH_BOUND: ("--enforce-eager", dict(input_len=128, output_len=256, max_concurrency=32), None),
 }
 
 
@@ -97,6 +99,15 @@ def test_max_num_seqs_fix_is_raising_it_and_the_simulator_agrees():
     recs = dx.findings[0].recommendations
     assert recs and "--max-num-seqs" in recs[0].change
     assert recs[0].after > 1.5 * recs[0].before
+
+
+def test_launch_bound_fix_is_cuda_graphs_and_its_launch_line_drops_the_flag():
+    dx = _diagnose(*PLANTED[fk.LAUNCH_BOUND])
+    finding = dx.findings[0]
+    assert "--enforce-eager is set" in finding.evidence[0] and "layers' kernels" in finding.evidence[1]
+    rec = finding.recommendations[0]
+    assert "CUDA graphs on" in rec.change and "--enforce-eager" not in (rec.engine_args or "")
+    assert rec.after > 1.3 * rec.before  # the launches were most of each step
 
 
 def test_kv_finding_cites_preemptions():

@@ -181,3 +181,19 @@ def test_a_measured_runs_engine_comes_from_the_server_and_its_gauges_reach_the_e
     assert served_engine("auto", run.run_info) == (engine, None)
     e = gather(run)
     assert (e.mean_running, e.max_kv_usage) == (running, pytest.approx(kv))
+
+
+def test_sglang_decode_batches_above_its_captured_graphs_are_launch_bound_and_the_fix_captures_them():
+    """SGLang on a 40 GB A100 captures decode batches up to 32 (its memory-bucket default): at 64 concurrent chats the
+    steps run eagerly, and the what-if raises --cuda-graph-max-bs in SGLang's own launch line."""
+    from servelab.diagnose import findings as fk
+    from servelab.diagnose.analysis import diagnose_described
+
+    d = build_engine_deployment("sglang", "a100-40gb", "qwen2.5-7b")
+    dx = diagnose_described(d, synthetic(128, 256, max_concurrency=64))
+    found = {f.kind: f for f in dx.findings}
+    assert fk.LAUNCH_BOUND in found, [(f.kind, round(f.score, 2)) for f in dx.findings]
+    assert "--cuda-graph-max-bs 32" in found[fk.LAUNCH_BOUND].evidence[0]
+    rec = found[fk.LAUNCH_BOUND].recommendations[0]
+    assert "--cuda-graph-max-bs 64" in rec.change and "--cuda-graph-max-bs 64" in (rec.engine_args or "")
+    assert "--enforce-eager" not in json.dumps([f.as_dict() for f in dx.findings])

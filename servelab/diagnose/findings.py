@@ -14,8 +14,9 @@ never ranked among them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from servelab.diagnose.ceilings import Ceilings
 from servelab.diagnose.engine_terms import Terms
@@ -24,6 +25,7 @@ from servelab.diagnose.outside_engine import describe as describe_outside
 from servelab.diagnose.utilization import Utilization
 from servelab.metrics.server_timings import describe
 from servelab.metrics.slo import SLO
+from servelab.perf.cost_model import RooflineCostModel, StepBatch
 from servelab.sim.engines import SGLANG
 from servelab.targets.deployment import Deployment
 
@@ -36,9 +38,10 @@ DECODE_BANDWIDTH_BOUND = "decode_bandwidth_bound"
 FRONTEND_CPU_BOUND = "frontend_cpu_bound"
 SLO_TRADEOFF = "slo_tradeoff"
 PREFIX_CACHING_OFF = "prefix_caching_off"
+LAUNCH_BOUND = "launch_bound"
 KINDS = (
     UNDERLOADED, MAX_NUM_SEQS_BOUND, KV_CAPACITY_BOUND, PREFILL_COMPUTE_BOUND, DECODE_BANDWIDTH_BOUND,
-    FRONTEND_CPU_BOUND, SLO_TRADEOFF, PREFIX_CACHING_OFF,
+    FRONTEND_CPU_BOUND, SLO_TRADEOFF, PREFIX_CACHING_OFF, LAUNCH_BOUND,
 )
 """What a finding can name: a limit of the server. CLIENT_BOUND is a caveat's kind, never a finding's."""
 
@@ -445,9 +448,45 @@ def prefix_caching_off(x: Context) -> Finding | None:
                    0.6 + 0.4 * min(1.0, share), evidence)
 
 
+def launch_bound(x: Context) -> Finding | None:
+    """Decode steps wait on the host launching their kernels one by one: CUDA graphs are off, or (SGLang) the batch
+    is above the largest one captured.
+
+    Evidence: the modelled decode step at the observed batch is at least 10% longer than the same step replayed
+    from a graph (below that the launches hide behind the kernels, as on a slow GPU or at a large batch).
+    """
+    cfg = x.d.config
+    batch = max(1, math.ceil(x.c.decode_batch))
+    graph_max = cfg.cuda_graph_max_batch
+    if not (cfg.enforce_eager or (graph_max is not None and batch > graph_max)):
+        return None
+    context = round(x.e.mean_input_tokens + x.e.mean_output_tokens / 2)
+    step = StepBatch(decode_contexts=[context] * batch)
+    eager = x.d.cost_model().step_time(step)
+    graphs = RooflineCostModel(x.d.hardware, x.d.model, replace(cfg, enforce_eager=False, cuda_graph_max_batch=None),
+                               x.d.coefficients).step_time(step)
+    if eager < 1.1 * graphs:
+        return None
+    layers, per_layer = x.d.model.num_layers, x.d.coefficients.eager_launch_s_per_layer
+    why = (f"{x.terms.setting('enforce_eager', True)} is set: every step's kernels are launched one by one from Python"
+           if cfg.enforce_eager else
+           f"decode batches of ~{batch} are above {x.terms.setting('cuda_graph_max_batch', graph_max)}: they run without "
+           "a CUDA graph, launched one by one from Python")
+    evidence = [
+        why,
+        f"at ~{batch} sequences a decode step's kernels take {graphs * 1e3:.1f} ms, but launching {layers} layers' "
+        f"kernels takes ~{layers * per_layer * 1e3:.1f} ms ({per_layer * 1e3:.2f} ms a layer, the default host figure), "
+        f"so a step takes {eager * 1e3:.1f} ms",
+    ]
+    if x.e.median_tpot_ms:
+        evidence.append(f"measured TPOT p50 {x.e.median_tpot_ms:.1f} ms")
+    return Finding(LAUNCH_BOUND, "Decode steps wait on the CPU launching kernels: CUDA graphs do not cover them",
+                   min(0.95, 0.6 + 0.4 * (eager / graphs - 1)), evidence)
+
+
 DETECTORS: tuple[Callable[[Context], Finding | None], ...] = (
     prefix_caching_off, frontend_cpu_bound, kv_capacity_bound, max_num_seqs_bound,
-    prefill_compute_bound, decode_bandwidth_bound, underloaded, slo_tradeoff,
+    prefill_compute_bound, decode_bandwidth_bound, underloaded, slo_tradeoff, launch_bound,
 )
 
 

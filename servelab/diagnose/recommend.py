@@ -162,6 +162,14 @@ def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]
             yield Candidate(f"enable prefix caching ({'drop --no-enable-prefix-caching' if t.vllm else t.setting('enable_prefix_caching', True)}"
                             "; on by default)",
                             lambda: d.with_changes(enable_prefix_caching=True))
+    elif kind == fk.LAUNCH_BOUND:
+        if cfg.enforce_eager:
+            yield Candidate(f"CUDA graphs on (drop {t.name('enforce_eager')}; on by default)",
+                            lambda: d.with_changes(enforce_eager=False))
+        elif cfg.cuda_graph_max_batch is not None:
+            size = 2 ** math.ceil(math.log2(max(2.0, x.c.decode_batch)))
+            yield Candidate(f"capture graphs up to the batch it runs ({t.setting('cuda_graph_max_batch', size)})",
+                            lambda: d.with_changes(cuda_graph_max_batch=size))
     elif kind == fk.SLO_TRADEOFF:
         budget = cfg.max_num_batched_tokens
         if not cfg.enable_chunked_prefill and t.knows("enable_chunked_prefill"):  # TensorRT-LLM: off by default

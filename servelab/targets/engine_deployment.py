@@ -64,6 +64,8 @@ KNOBS: dict[str, dict[str, Knob]] = {
         "data_parallel_size": Knob("dp_size", "--dp-size"),
         "enable_prefix_caching": Knob("disable_radix_cache", "--disable-radix-cache", convert=lambda v: not v),
         "schedule_policy": Knob("schedule_policy", "--schedule-policy"),
+        "enforce_eager": Knob("disable_cuda_graph", "--disable-cuda-graph"),
+        "cuda_graph_max_batch": Knob("cuda_graph_max_bs", "--cuda-graph-max-bs"),
     },
     TRTLLM: {
         "max_num_seqs": Knob("max_batch_size", "--max_batch_size"),
