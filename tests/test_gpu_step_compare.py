@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
 from servelab.perf import kernel_fit as kf
 from servelab.perf.hardware import get_gpu
-
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "gpu_step_compare.py"
+from support.benchmark_script import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def compare():
-    spec = importlib.util.spec_from_file_location("gpu_step_compare", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_step_compare")
 
 
 @pytest.fixture(scope="module")
