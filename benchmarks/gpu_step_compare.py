@@ -6,16 +6,22 @@ a second, independent measurement. Runs here, on CPU, from the probe's JSON:
 
 1. GEMMs: each measured GEMM beside the kernel fit (`kernel_fit.gemm_time`), the datasheet roofline
    (`kernel_fit.datasheet_gemm_time` with CostCoefficients' default efficiencies) and, when
-   aiconfigurator-core is installed, the table's own interpolated value (`TableLookup.gemm`). The probe
-   times 30 back-to-back calls from Python, so a GEMM whose GPU time is under the host's enqueue cost of
-   one call is timed at the host's pace: rows whose datasheet floor (peak FLOP/s and bandwidth, no launch)
-   is under the measured `launch.linear_us` are marked host-bound and summarised apart.
+   aiconfigurator-core is installed, the table's own interpolated value (`TableLookup.gemm`). The first
+   run timed back-to-back calls from Python, so a GEMM whose GPU time is under the host's enqueue cost of
+   one call was timed at the host's pace: such rows (no `"graph": true`) whose datasheet floor (peak
+   FLOP/s and bandwidth, no launch) is under the measured `launch.linear_us` are marked host-bound and
+   summarised apart. Rows timed inside a CUDA graph (`"graph": true`, the second run) are GPU time.
 2. Decode step: the lean decoder's CUDA-graph replay (GPU time of a whole step) beside the simulator's
    GPU-only step (RooflineCostModel, CPU overheads zeroed, fitted and datasheet forms), the forward pass
-   rebuilt from the tables part by part (`kernel_fit.forward_pass`), and transformers' summed kernel time.
-3. Eager launch cost: eager step, host enqueue and GPU time per row, per layer, against the host's per-op cost.
+   rebuilt from the tables part by part (`kernel_fit.forward_pass`), and transformers' summed kernel time
+   (runs with an `hf` stage).
+3. Eager launch cost: eager step, host enqueue and GPU time per row, per layer, against the host's per-op
+   cost; then per model the median eager ms per layer over every batch and round (`--rounds` runs key
+   their steps `lean/<model>/round<N>`).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/gpu_step_compare.py [--rows] [--measured PATH]
+Each file given is set out in turn; by default both H200 runs of 2026-12-04 (two machines).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/gpu_step_compare.py [--rows] [--measured PATH ...]
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +45,9 @@ from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware, get_gpu
 from servelab.perf.models import get_model
 
-MEASURED = Path(__file__).parent / "measured" / "gpu_step_probe-h200-2026-12-04.json"
+MEASURED = tuple(Path(__file__).parent / "measured" / f"gpu_step_probe-h200-2026-12-04{run}.json" for run in ("", "-b"))
+"""The first H200 machine's run (GEMMs timed by back-to-back calls, hf stage) and the second's (GEMMs timed
+inside a CUDA graph, lean steps in three rounds)."""
 GPU = "H200"
 GPU_ONLY = CostCoefficients(step_overhead_s=0, per_request_overhead_s=0)
 """Kernel time only: a graph replay and summed kernel times hold no CPU step overhead."""
@@ -86,8 +95,8 @@ class GemmRow:
     datasheet_s: float
     table_s: float | None
     host_bound: bool
-    """The GPU's hard floor (datasheet peaks, no launch) is under the host's enqueue cost of one call:
-    the probe's loop may time the host."""
+    """Timed by back-to-back calls (not in a CUDA graph) and the GPU's hard floor (datasheet peaks, no launch)
+    is under the host's enqueue cost of one call: the probe's loop may time the host."""
 
     def error(self, predicted_s: float | None) -> float | None:
         return None if predicted_s is None else predicted_s / self.measured_s - 1
@@ -111,7 +120,8 @@ def gemm_rows(probe: dict[str, Any], hw: Hardware, fit: kf.GpuKernelFit, lookup:
                 model=key.split("/", 1)[1], gemm=r["gemm"], m=r["m"], n=r["n"], k=r["k"], measured_s=r["ms"] * 1e-3,
                 fit_s=float(kf.gemm_time(fit.gemm, hw, m, n, k)),
                 datasheet_s=float(kf.datasheet_gemm_time(hw, m, n, k, c.compute_efficiency, c.memory_efficiency)),
-                table_s=lookup.gemm(r["m"], r["n"], r["k"]) if lookup else None, host_bound=floor < host_s,
+                table_s=lookup.gemm(r["m"], r["n"], r["k"]) if lookup else None,
+                host_bound=not r.get("graph", False) and floor < host_s,
             ))
     return rows
 
@@ -126,13 +136,18 @@ def _median_max(errors: list[float]) -> str:
 
 
 def print_gemm_summary(rows: list[GemmRow], with_table: bool, host_us: float) -> None:
+    """Rows split into all and GPU-bound only when some are host-bound (a run timed by back-to-back calls)."""
     models = ("fit", "datasheet") + (("table",) if with_table else ())
-    print(f"\n### GEMMs: predicted vs measured, median / max |error| (host-bound: datasheet floor < {host_us:.1f} µs, "
-          "the host's F.linear enqueue)\n")
+    split = any(r.host_bound for r in rows)
+    timing = (f"host-bound: timed by back-to-back calls, datasheet floor < {host_us:.1f} µs, the host's F.linear "
+              "enqueue" if split else "no row host-bound")
+    print(f"\n### GEMMs: predicted vs measured, median / max |error| ({timing})\n")
     out = []
     for label, low, high in TOKEN_RANGES:
         in_range = [r for r in rows if low <= r.m <= high]
-        for subset, which in ((in_range, "all"), ([r for r in in_range if not r.host_bound], "GPU-bound")):
+        subsets = ((in_range, "all"), ([r for r in in_range if not r.host_bound], "GPU-bound")) if split else (
+            (in_range, "all"),)
+        for subset, which in subsets:
             out.append([label, which, len(subset)] + [_median_max(_abs_errors(subset, m)) for m in models])
     print(markdown(["tokens m", "rows", "n"] + list(models), out))
 
@@ -150,79 +165,132 @@ def print_gemm_rows(rows: list[GemmRow]) -> None:
 
 # ---------------------------------------------------------------- 2. decode step
 
-def print_decode(probe: dict[str, Any], hw: Hardware, fit: kf.GpuKernelFit, lookup: kf.TableLookup | None) -> None:
+@dataclass(frozen=True)
+class StepRun:
+    """One stage's decode steps of one model: key `lean/<model>`, `hf/<model>` or, from a `--rounds` run,
+    `lean/<model>/round<N>` (the rounds repeat every batch, so the host's drift between them shows)."""
+
+    impl: str
+    model: str
+    round: int | None
+    rows: list[dict[str, Any]]
+
+    @property
+    def round_label(self) -> str:
+        return "-" if self.round is None else str(self.round)
+
+
+def step_runs(probe: dict[str, Any]) -> list[StepRun]:
+    """Every decode-step stage of the run, grouped per model, then implementation, then round."""
+    runs = []
+    for key, rows in probe.items():
+        impl, _, rest = key.partition("/")
+        if impl in ("lean", "hf"):
+            model, _, round_ = rest.partition("/")
+            runs.append(StepRun(impl, model, int(round_.removeprefix("round")) if round_ else None, rows))
+    return sorted(runs, key=lambda run: (run.model, run.impl, run.round or 0))
+
+
+def print_decode(runs: list[StepRun], hw: Hardware, fit: kf.GpuKernelFit, lookup: kf.TableLookup | None) -> None:
     print("\n### Decode step GPU time, context 512 (ms; error vs the lean decoder's graph replay)\n")
+    hf = {(run.model, r["batch"]): r["kernel_ms"] * 1e-3 for run in runs if run.impl == "hf"
+          for r in run.rows if "kernel_ms" in r}
     out = []
-    for model_name in sorted({key.split("/", 1)[1] for key in probe if key.startswith("lean/")}):
+    for model_name, lean in groupby((run for run in runs if run.impl == "lean"), key=lambda run: run.model):
         spec = get_model(model_name)
         config = resolve(EngineConfig(), hw, spec)
         fitted = RooflineCostModel(hw, spec, config, GPU_ONLY)
         datasheet = RooflineCostModel(hw, spec, config, GPU_ONLY, kernels=False)
         assert fitted.cost_source == f"kernel-fit:{GPU}", fitted.cost_source_note
-        hf = {r["batch"]: r for r in probe.get(f"hf/{model_name}", [])}
-        for r in probe[f"lean/{model_name}"]:
-            graph_s, batch = r["graph_ms"] * 1e-3, r["batch"]
-            step = StepBatch(decode_contexts=[r["context"]] * batch)
-            fit_s, sheet_s = fitted.step_time(step), datasheet.step_time(step)
-            hf_s = hf[batch]["kernel_ms"] * 1e-3 if "kernel_ms" in hf.get(batch, {}) else None
-            parts = (kf.forward_pass(lookup, fit.elementwise, hw, spec, 1, tokens=batch, decode_context=r["context"])
-                     if lookup else None)
-            out.append([
-                model_name, batch, _ms(graph_s), _ms(fit_s), _pct(fit_s / graph_s - 1), _ms(sheet_s),
-                _pct(sheet_s / graph_s - 1),
-                *((_ms(parts.total), _pct(parts.total / graph_s - 1),
-                   " / ".join(_ms(x) for x in (parts.gemm, parts.attention, parts.elementwise, parts.lm_head)))
-                  if parts else ("-", "-", "-")),
-                _ms(hf_s), _pct(None if hf_s is None else hf_s / graph_s - 1),
-            ])
-    print(markdown(["model", "batch", "lean graph", "fit", "err", "datasheet", "err", "tables", "err",
+        for run in lean:
+            for r in run.rows:
+                graph_s, batch = r["graph_ms"] * 1e-3, r["batch"]
+                step = StepBatch(decode_contexts=[r["context"]] * batch)
+                fit_s, sheet_s = fitted.step_time(step), datasheet.step_time(step)
+                hf_s = hf.get((model_name, batch))
+                parts = (kf.forward_pass(lookup, fit.elementwise, hw, spec, 1, tokens=batch, decode_context=r["context"])
+                         if lookup else None)
+                out.append([
+                    model_name, run.round_label, batch, _ms(graph_s), _ms(fit_s), _pct(fit_s / graph_s - 1),
+                    _ms(sheet_s), _pct(sheet_s / graph_s - 1),
+                    *((_ms(parts.total), _pct(parts.total / graph_s - 1),
+                       " / ".join(_ms(x) for x in (parts.gemm, parts.attention, parts.elementwise, parts.lm_head)))
+                      if parts else ("-", "-", "-")),
+                    _ms(hf_s), _pct(None if hf_s is None else hf_s / graph_s - 1),
+                ])
+    print(markdown(["model", "round", "batch", "lean graph", "fit", "err", "datasheet", "err", "tables", "err",
                     "tables: GEMM / attention / elementwise / LM head", "hf kernels", "err"], out))
 
 
 # ---------------------------------------------------------------- 3. eager launch cost
 
-def print_eager(probe: dict[str, Any]) -> None:
+def print_eager(runs: list[StepRun], probe: dict[str, Any]) -> None:
     launch = probe["launch"]
     print(f"\n### Eager launch cost (host: {probe['host']['cpu']}, {probe['host']['cpus']} CPUs; per-op enqueue: "
           f"add {launch['add_us']:.1f} µs, small F.linear {launch['linear_us']:.1f} µs)\n")
     out = []
-    for key in (k for k in probe if k.split("/", 1)[0] in ("lean", "hf")):
-        impl, model_name = key.split("/", 1)
-        layers = get_model(model_name).num_layers
-        for r in probe[key]:
+    for run in runs:
+        layers = get_model(run.model).num_layers
+        for r in run.rows:
             gpu_ms = r.get("graph_ms", r.get("kernel_ms"))
             per_layer_us = r["eager_ms"] / layers * 1e3
             out.append([
-                model_name, impl, r["batch"], f"{r['eager_ms']:.2f}", f"{r['enqueue_ms']:.2f}",
+                run.model, run.impl, run.round_label, r["batch"], f"{r['eager_ms']:.2f}", f"{r['enqueue_ms']:.2f}",
                 *(("-", "-", "-") if gpu_ms is None else
                   (f"{gpu_ms:.2f}", f"{r['eager_ms'] - gpu_ms:.2f}", f"{r['eager_ms'] / gpu_ms:.1f}")),
                 f"{per_layer_us:.0f}", f"{per_layer_us / launch['add_us']:.0f}",
                 f"{r['kernels'] / layers:.0f}" if "kernels" in r else "-",
             ])
-    print(markdown(["model", "impl", "batch", "eager ms", "enqueue ms", "GPU ms (lean: graph, hf: kernels)",
+    print(markdown(["model", "impl", "round", "batch", "eager ms", "enqueue ms", "GPU ms (lean: graph, hf: kernels)",
                     "eager − GPU ms", "eager / GPU", "eager µs / layer", "µs / layer ÷ add_us", "kernels / layer"], out))
+    print_eager_per_layer(runs)
+
+
+def print_eager_per_layer(runs: list[StepRun]) -> None:
+    """Eager ms per layer over every batch and round, per model and over all models: the figure an eager-mode
+    launch floor per layer would be read from (docs/simulator.md, "Steps without CUDA graphs")."""
+    print("\n### Eager ms per layer, every batch and round\n")
+    out = []
+    for impl in sorted({run.impl for run in runs}, reverse=True):
+        of_impl = [run for run in runs if run.impl == impl]
+        groups = [(model, list(group)) for model, group in groupby(of_impl, key=lambda run: run.model)]
+        for model, group in groups + ([("all models", of_impl)] if len(groups) > 1 else []):
+            per_layer = [r["eager_ms"] / get_model(run.model).num_layers for run in group for r in run.rows]
+            rounds = len({run.round for run in group if run.round is not None}) or 1
+            out.append([model, impl, rounds, len(per_layer), f"{min(per_layer):.2f}–{max(per_layer):.2f}",
+                        f"{np.median(per_layer):.2f}"])
+    print(markdown(["model", "impl", "rounds", "rows", "eager ms / layer", "median"], out))
+
+
+def compare(path: Path, hw: Hardware, fit: kf.GpuKernelFit, lookup: kf.TableLookup | None, every_gemm: bool) -> None:
+    """All three comparisons for one probe run."""
+    probe = json.loads(path.read_text())
+    host = probe["host"]
+    print(f"## {path.name}: {host['gpu']} ({host['nvidia_smi']}), torch {host['torch']}, "
+          f"transformers {host['transformers']}. Fit: {fit.tables['gemm']} of {fit.device}.")
+    rows = gemm_rows(probe, hw, fit, lookup)
+    print_gemm_summary(rows, lookup is not None, probe["launch"]["linear_us"])
+    if every_gemm:
+        print_gemm_rows(rows)
+    runs = step_runs(probe)
+    print_decode(runs, hw, fit, lookup)
+    print_eager(runs, probe)
+    print()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--measured", type=Path, default=MEASURED, help="the probe's JSON (default: the H200 run)")
+    ap.add_argument("--measured", type=Path, nargs="+", default=MEASURED,
+                    help="the probe's JSON files, each set out in turn (default: both H200 runs of 2026-12-04)")
     ap.add_argument("--rows", action="store_true", help="print every GEMM row")
     args = ap.parse_args()
-    probe = json.loads(args.measured.read_text())
     hw = get_gpu(GPU)
     fit = kf.load_kernel_fit(hw)
     if fit is None:
         raise SystemExit(f"no kernel fit for {GPU}: run scripts/fit_kernels.py")
-    host = probe["host"]
-    print(f"Measured: {args.measured.name}: {host['gpu']} ({host['nvidia_smi']}), torch {host['torch']}, "
-          f"transformers {host['transformers']}. Fit: {fit.tables['gemm']} of {fit.device}.\n")
     lookup = table_lookup()
-    rows = gemm_rows(probe, hw, fit, lookup)
-    print_gemm_summary(rows, lookup is not None, probe["launch"]["linear_us"])
-    if args.rows:
-        print_gemm_rows(rows)
-    print_decode(probe, hw, fit, lookup)
-    print_eager(probe)
+    for path in args.measured:
+        compare(path, hw, fit, lookup, args.rows)
 
 
 if __name__ == "__main__":
