@@ -69,7 +69,7 @@ def forward_rows(gpu: str) -> list[Row]:
     for name, tp in MODELS:
         spec = get_model(name)
         config = resolve(EngineConfig(tensor_parallel_size=tp), hw, spec)
-        before = RooflineCostModel(hw, spec, config, kernels=False)
+        before = RooflineCostModel(hw, spec, config, GPU_ONLY, kernels=False)
         after = RooflineCostModel(hw, spec, config, GPU_ONLY)
         assert after.cost_source == f"kernel-fit:{gpu}", after.cost_source_note
         label = f"{name} TP{tp}" if tp > 1 else name
