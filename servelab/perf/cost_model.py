@@ -121,8 +121,8 @@ class CostCoefficients(BaseModel):
     layers x this (the GPU waits on the launches when they are slower than its kernels). A host property,
     so the default is read off a published eager run: vLLM `--enforce-eager` on an A100-80GB host, Llama-3.1-8B
     at 20 concurrent requests, median TPOT 20.8 ms (staru09/llm_infra_bench, published.yaml), which the
-    replay meets at 0.64 ms. Measured on two H200 hosts for an engine-like decoder (benchmarks/gpu_step_probe.py,
-    2026-12-04): 0.63 and 0.34 ms median, so hosts differ ~2x; a calibration profile's coefficients carry
+    replay meets at 0.64 ms. Measured on three H200 hosts for an engine-like decoder (benchmarks/gpu_step_probe.py,
+    2026-12-04): medians 0.63, 0.34 and 0.48 ms, so hosts differ ~2x; a calibration profile's coefficients carry
     another host's value.
     """
 
