@@ -45,7 +45,7 @@ from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware, get_gpu
 from servelab.perf.models import get_model
 
-MEASURED = tuple(Path(__file__).parent / "measured" / f"gpu_step_probe-h200-2026-12-04{run}.json" for run in ("", "-b"))
+MEASURED = tuple(Path(__file__).parent / "measured" / f"gpu_step_probe-h200-2026-12-04{run}.json" for run in ("", "-b", "-c"))
 """The first H200 machine's run (GEMMs timed by back-to-back calls, hf stage) and the second's (GEMMs timed
 inside a CUDA graph, lean steps in three rounds)."""
 GPU = "H200"
