@@ -14,11 +14,13 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -378,7 +380,8 @@ def _ray_children(two_nodes: TwoNodes, title: str) -> list[int]:
 def test_a_killed_clients_slots_go_back_to_the_others(tmp_path: Path, vllm_server: Any, two_nodes: TwoNodes) -> None:
     """`--clients 3 --max-concurrency 4`, one client killed (SIGKILL) mid-run: the broker takes back its slots, so
     the two others still reach the whole cap after its death and never pass it; they finish every request they
-    own; its requests in hand are recorded as `client_worker_died`; the run ends disturbed (exit 3)."""
+    own; its unfinished requests are recorded as `client_worker_died`, so every request of the plan has one record;
+    the run ends disturbed (exit 3)."""
     out = tmp_path / "killed"
     proc = subprocess.Popen(_bench_clients(vllm_server, two_nodes, out, 3, "--num-prompts", "120"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -403,10 +406,70 @@ def test_a_killed_clients_slots_go_back_to_the_others(tmp_path: Path, vllm_serve
     records = _records(out)
     died = [r for r in records if r["error_kind"] == "client_worker_died"]
     assert died and all(r["status"] == "ok" for r in records if r not in died)
-    assert len({r["index"] for r in records}) == len(records)
+    assert sorted(r["index"] for r in records) == list(range(120))  # the dead client's unfinished share included
     tolerance = max(c["clock_rtt_ms"] for c in clients) / 1000
     assert _peak_in_flight(records, tolerance) == CAP
     assert _peak_in_flight(records, tolerance, after=died[0]["send_time"]) == CAP
+
+
+def _children_alone(two_nodes: TwoNodes, title: str, count: int) -> list[int]:
+    """`_ray_children` once exactly `count` are left: the actors of an earlier test are killed when it ends, but
+    their processes may take a moment to go."""
+    deadline = time.monotonic() + 60
+    while len(found := _ray_children(two_nodes, title)) != count and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
+@pytest.mark.ray
+def test_a_client_killed_before_it_reported_anything_leaves_a_record_of_each_request_of_its_share(
+    two_nodes: TwoNodes,
+) -> None:
+    """Issue 15: a client killed before the driver heard of any request it took (here: while its pre-flight waits on
+    a socket that accepts and never answers) still leaves its whole share on record, as `client_worker_died`; so
+    does the other, whose pre-flight then fails (the socket closed). Before, the driver recorded only what a
+    client had reported taking, and such a death left no record at all."""
+    from servelab.cluster.clients import RayClients
+    from servelab.workload.plan import build_plan
+
+    def plan() -> Any:
+        return build_plan(WorkloadConfig(input_len=32, output_len=8), ArrivalConfig(max_concurrency=CAP), Amount(num_prompts=12))
+
+    written: list[Any] = []
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        clients = RayClients(two_nodes.address, 2, {"base_url": f"http://127.0.0.1:{listener.getsockname()[1]}",
+                                                    "model": "tiny"}, plan)
+        with ThreadPoolExecutor(1) as pool:
+            run = pool.submit(clients.run, plan(), type("Sink", (), {"write": staticmethod(written.append)})())
+            listener.settimeout(120)
+            waiting = [listener.accept()[0] for _ in range(2)]  # both clients are in their pre-flight: nothing taken
+            victims = _children_alone(two_nodes, "ClientActor", 2)
+            assert len(victims) == 2, victims
+            os.kill(victims[0], signal.SIGKILL)
+            for connection in waiting:
+                connection.close()
+            result = run.result(timeout=300)
+    assert sorted(r.index for r in written) == list(range(12)), written
+    assert {r.error_kind for r in written} == {"client_worker_died"}
+    died = [c["died"] for c in result.client_stats["clients"]]
+    assert len(died) == 2 and any(d.startswith("ActorDiedError") for d in died), died
+
+
+def test_a_dead_client_disturbs_the_run_even_with_no_request_failed() -> None:
+    """A client of `--clients N` that died makes the run disturbed (exit 3) by itself: with a --duration plan the
+    driver cannot know what it would still have sent, so its death may leave no failed request behind."""
+    from servelab.cli.run_and_show import _disturbed
+    from servelab.metrics.records import RequestRecord
+    from servelab.metrics.schema import Summary
+    from servelab.metrics.summary import summarize
+
+    def summary(**died: str) -> Summary:
+        clients = [{"client": 0, "host": "a", "clock_offset_ms": 0.0, "clock_rtt_ms": 1.0, **died}]
+        ok = RequestRecord(index=0, intended_time=0.0, send_time=0.0, finish_time=1.0, output_tokens=1)
+        return Summary.model_validate({**summarize([ok]), "client_stats": {"clients": clients}})
+
+    assert _disturbed([summary()]) == ""
+    assert _disturbed([summary(died="ActorDiedError: gone")]) == "client 0 (a) died: ActorDiedError: gone"
 
 
 @pytest.mark.ray

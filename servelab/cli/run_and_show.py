@@ -8,8 +8,9 @@ simulated run always read the same.
 Exit codes: 0 for a run that measured what it set out to; 130 when it was
 interrupted (Ctrl-C, SIGTERM); 3 when it ran to its end but was disturbed:
 some requests failed because a process went away (the server refused or
-dropped connections, a client worker died), so its numbers do not describe
-the server under that load. Either way every file is written.
+dropped connections, a client worker died), or a client actor of a
+`--clients N` run died, so its numbers do not describe the server under that
+load. Either way every file is written.
 """
 
 from __future__ import annotations
@@ -95,16 +96,20 @@ def run_and_show(
 
 
 def _disturbed(summaries: list[Summary]) -> str:
-    """What disturbed the run(s), in words ('' when nothing did): failures by kind, and why release stopped."""
+    """What disturbed the run(s), in words ('' when nothing did): failures by kind, why release stopped, and the
+    clients of a `--clients N` run that died (a death disturbs the run even if it left no failed request: with a
+    --duration plan the driver cannot know what a dead client would still have sent)."""
     counts: dict[str, int] = {}
     notes = []
+    dead = []
     for summary in summaries:
         for kind, n in disturbances(summary.errors_by_kind).items():
             counts[kind] = counts.get(kind, 0) + n
-        gone = summary.client_stats.server_gone if summary.client_stats else None
-        if gone:
-            notes.append(f"the server went away ({gone})")
-    if not counts:
+        stats = summary.client_stats
+        if stats and stats.server_gone:
+            notes.append(f"the server went away ({stats.server_gone})")
+        dead += [f"client {c.client} ({c.host}) died: {c.died}" for c in (stats.clients or []) if c.died] if stats else []
+    if not counts and not dead:
         return ""
     failed = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
-    return "; ".join([f"requests failed because a process went away: {failed}", *notes])
+    return "; ".join([*([f"requests failed because a process went away: {failed}"] if counts else []), *dead, *notes])

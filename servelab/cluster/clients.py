@@ -26,10 +26,18 @@ clock starts (connections, first bodies), recorded with the offsets and round
 trips in client_stats.clients as `start_skew_ms`.
 
 Records reach the driver's records.jsonl as they arrive (polled every
-POLL_S), so a client that dies loses only the requests it had in hand: each
-of those the driver had heard of gets a record as a `client_worker_died`
-error (the run then ends "disturbed", exit code 3, as with a dead --workers
-process); its death is in its client_stats entry and warned about.
+POLL_S), so a client that dies loses only what it had not yet reported; its
+death is in its client_stats entry (which alone makes the run "disturbed",
+exit code 3, as with a dead --workers process) and each request of its share
+still unfinished gets a record as a `client_worker_died` error. The driver
+does not learn that share from the client, which takes it lazily and reports
+what it took only at the next poll (a client killed in its start-up, or
+within a poll of taking a request, would take that news with it): it
+divides its own copy of the plan as the clients do (`owned`), so for a plan
+of --num-prompts every request of the dead client's share without a record
+gets one. A --duration plan's share is open-ended (a closed loop's requests
+are all due at once), so there only the requests the client reported taking
+do.
 """
 
 from __future__ import annotations
@@ -219,6 +227,7 @@ class RayClients:
         runs = {actor.run.remote(zero + info[i]["clock_offset_ms"] / 1000, broker): i for i, actor in enumerate(actors)}
         shifts: list[float | None] = [None] * self.clients
         open_: list[dict[int, tuple[float, int]]] = [{} for _ in actors]  # per client: taken, not yet recorded
+        recorded: list[set[int]] = [set() for _ in actors]
         results: dict[int, dict[str, Any]] = {}
         interrupted = False
 
@@ -232,12 +241,19 @@ class RayClients:
             open_[i].update((index, (planned, prompt)) for index, planned, prompt in taken)
             for record in records:
                 open_[i].pop(record.index, None)
+                recorded[i].add(record.index)
                 sink.write(_shift(record, shifts[i] or 0.0))
 
         def lose(i: int, why: str) -> None:
-            """A dead client's requests in hand still get a record each, as errors (as a dead --workers process's do)."""
+            """A dead client's unfinished requests still get a record each, as errors (as a dead --workers process's
+            do): those it reported taking, and with a finite plan the rest of its share (see the module docstring)."""
             now = time.time() - zero
-            for index, (planned, prompt) in sorted(open_[i].items()):
+            unfinished = dict(open_[i])
+            if plan.duration is None:
+                share = owned(self.make_plan(), self.clients, i, deque()).requests
+                unfinished.update((spec.index, (spec.arrival_time, spec.prompt_len)) for spec in share
+                                  if spec.index not in recorded[i])
+            for index, (planned, prompt) in sorted(unfinished.items()):
                 sink.write(RequestRecord(index=index, intended_time=planned + (shifts[i] or 0.0), send_time=now,
                                          finish_time=now, prompt_tokens=prompt, status=ERROR, error_kind=CLIENT_WORKER_DIED,
                                          error=f"client {i} died before reporting this request: {why}"))
