@@ -383,7 +383,9 @@ def test_a_killed_clients_slots_go_back_to_the_others(tmp_path: Path, vllm_serve
     own; its unfinished requests are recorded as `client_worker_died`, so every request of the plan has one record;
     the run ends disturbed (exit 3)."""
     out = tmp_path / "killed"
-    proc = subprocess.Popen(_bench_clients(vllm_server, two_nodes, out, 3, "--num-prompts", "120"),
+    # 64-token answers (the other tests' 16 end in ~70 ms, no longer than a loaded host's broker round trip and
+    # near the clock tolerance the overlaps are counted beyond): the two survivors must be able to fill the cap.
+    proc = subprocess.Popen(_bench_clients(vllm_server, two_nodes, out, 3, "--num-prompts", "120", "--random-output-len", "64"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 600
