@@ -492,6 +492,40 @@ def test_a_shared_cap_with_workers_is_refused_before_any_client_starts(two_nodes
     assert written == []
 
 
+@pytest.mark.ray
+def test_a_client_that_dies_before_the_run_starts_is_one_clear_error_and_nothing_is_sent(
+    two_nodes: TwoNodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client actor killed (for real, by Ray) while the driver reads its clock: one ClusterError naming it, every
+    actor started for the run stopped, no record written (nothing was sent)."""
+    import ray
+
+    from servelab.cluster.clients import RayClients
+    from servelab.cluster.ray_pool import ClusterError
+    from servelab.workload.plan import build_plan
+
+    def plan() -> Any:
+        return build_plan(WorkloadConfig(input_len=32, output_len=8), ArrivalConfig(max_concurrency=4), Amount(num_prompts=4))
+
+    clients = RayClients(two_nodes.address, 2, {"base_url": "http://127.0.0.1:9", "model": "tiny"}, plan)
+    seen: list[Any] = []
+    read_clock = RayClients._clock
+
+    def clock_of_a_dying_second_client(self: RayClients, actor: Any) -> tuple[float, float]:
+        seen.append(actor)
+        if len(seen) == 2:
+            ray.kill(actor)
+        return read_clock(self, actor)
+
+    monkeypatch.setattr(RayClients, "_clock", clock_of_a_dying_second_client)
+    written: list[Any] = []
+    with pytest.raises(ClusterError, match="client 1 died before the run started"):
+        clients.run(plan(), type("Sink", (), {"write": staticmethod(written.append)})())
+    assert written == []
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(seen[0].host.remote(), timeout=60)  # the live one was stopped too
+
+
 def test_clients_share_one_plan_with_conversations_whole_and_the_whole_cap() -> None:
     """How `--clients` divides a plan: every request once, each conversation on one client, and each client's plan
     carrying the whole cap (one cap, shared through the broker, not split into shares)."""

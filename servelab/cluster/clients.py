@@ -52,7 +52,7 @@ from typing import Any
 
 import uvloop
 
-from servelab.cluster.ray_pool import connect
+from servelab.cluster.ray_pool import ClusterError, connect
 from servelab.cluster.slot_broker import SharedSlots, SlotBroker
 from servelab.errors import InputError
 from servelab.metrics.records import CLIENT_WORKER_DIED, ERROR, RecordSink, RequestRecord
@@ -220,9 +220,15 @@ class RayClients:
                   for i in range(self.clients)]
         info: list[dict[str, Any]] = []
         for i, actor in enumerate(actors):
-            offset, rtt = self._clock(actor)
-            info.append({"client": i, "host": ray.get(actor.host.remote()), "clock_offset_ms": 1000 * offset,
-                         "clock_rtt_ms": 1000 * rtt})
+            try:
+                offset, rtt = self._clock(actor)
+                host = ray.get(actor.host.remote())
+            except ray.exceptions.RayActorError as exc:  # before the run: nothing was sent, so nothing is lost
+                for started in [*actors, *([broker] if broker is not None else [])]:
+                    ray.kill(started)
+                raise ClusterError(f"client {i} died before the run started ({type(exc).__name__}); nothing was sent "
+                                   "(see `ray status` for its node)") from None
+            info.append({"client": i, "host": host, "clock_offset_ms": 1000 * offset, "clock_rtt_ms": 1000 * rtt})
         zero = time.time() + START_AHEAD_S
         runs = {actor.run.remote(zero + info[i]["clock_offset_ms"] / 1000, broker): i for i, actor in enumerate(actors)}
         shifts: list[float | None] = [None] * self.clients
