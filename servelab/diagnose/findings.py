@@ -457,12 +457,12 @@ def launch_bound(x: Context) -> Finding | None:
     """
     cfg = x.d.config
     batch = max(1, math.ceil(x.c.decode_batch))
-    graph_max = cfg.cuda_graph_max_batch
-    if not (cfg.enforce_eager or (graph_max is not None and batch > graph_max)):
+    cost = x.d.cost_model()
+    if not cost.runs_eagerly(batch, has_prefill=False):
         return None
     context = round(x.e.mean_input_tokens + x.e.mean_output_tokens / 2)
     step = StepBatch(decode_contexts=[context] * batch)
-    eager = x.d.cost_model().step_time(step)
+    eager = cost.step_time(step)
     graphs = RooflineCostModel(x.d.hardware, x.d.model, replace(cfg, enforce_eager=False, cuda_graph_max_batch=None),
                                x.d.coefficients).step_time(step)
     if eager < 1.1 * graphs:
@@ -470,12 +470,12 @@ def launch_bound(x: Context) -> Finding | None:
     layers, per_layer = x.d.model.num_layers, x.d.coefficients.eager_launch_s_per_layer
     why = (f"{x.terms.setting('enforce_eager', True)} is set: every step's kernels are launched one by one from Python"
            if cfg.enforce_eager else
-           f"decode batches of ~{batch} are above {x.terms.setting('cuda_graph_max_batch', graph_max)}: they run without "
-           "a CUDA graph, launched one by one from Python")
+           f"decode batches of ~{batch} are above {x.terms.setting('cuda_graph_max_batch', cfg.cuda_graph_max_batch)}: "
+           "they run without a CUDA graph, launched one by one from Python")
     evidence = [
         why,
         f"at ~{batch} sequences a decode step's kernels take {graphs * 1e3:.1f} ms, but launching {layers} layers' "
-        f"kernels takes ~{layers * per_layer * 1e3:.1f} ms ({per_layer * 1e3:.2f} ms a layer, the default host figure), "
+        f"kernels takes ~{cost.eager_launch_s * 1e3:.1f} ms ({per_layer * 1e3:.2f} ms a layer, the default host figure), "
         f"so a step takes {eager * 1e3:.1f} ms",
     ]
     if x.e.median_tpot_ms:

@@ -242,9 +242,12 @@ class RooflineCostModel:
         self._request_overhead = c.per_request_overhead_s
         self._prefill_step_overhead = c.prefill_step_overhead_s
         self._wake, self._wake_tau = c.idle_wake_s, c.idle_wake_time_constant_s
-        self._eager_launch = model.num_layers * c.eager_launch_s_per_layer
+        self.eager_launch_s = model.num_layers * c.eager_launch_s_per_layer
+        """The host's time to launch one step's layers op by op: the least a step without CUDA graphs takes."""
         self._all_eager, self._eager_prefill = engine_config.enforce_eager, engine_config.eager_prefill
         self._graph_max_batch = engine_config.cuda_graph_max_batch
+        self._any_eager = self._all_eager or self._eager_prefill or self._graph_max_batch is not None
+        """Whether any step can run without graphs: the per-step check is skipped for vLLM's default deployments."""
 
         fit, self.cost_source_note = (
             kernel_fit_for(hardware, model, engine_config, self.weight_format, c)
@@ -361,12 +364,21 @@ class RooflineCostModel:
             cpu += self._prefill_step_overhead
         return self._launched(linear + attention, num_decodes, num_sampled > num_decodes) + communication + cpu
 
+    def runs_eagerly(self, num_decodes: int, has_prefill: bool) -> bool:
+        """Whether a step of this shape runs without a CUDA graph: always under enforce_eager; a step with prefill
+        when prefills are not captured (SGLang's extend batches); a decode batch above the largest captured one."""
+        if self._all_eager:
+            return True
+        if has_prefill:
+            return self._eager_prefill
+        return self._graph_max_batch is not None and num_decodes > self._graph_max_batch
+
     def _launched(self, gpu: float, num_decodes: int, has_prefill: bool) -> float:
         """A step's kernel time, or the host's time to launch them one by one when the step runs without CUDA graphs
         and the launches are the slower (see CostCoefficients.eager_launch_s_per_layer)."""
-        eager = self._all_eager or (self._eager_prefill if has_prefill else (
-            self._graph_max_batch is not None and num_decodes > self._graph_max_batch))
-        return max(gpu, self._eager_launch) if eager else gpu
+        if self._any_eager and self.runs_eagerly(num_decodes, has_prefill):
+            return max(gpu, self.eager_launch_s)
+        return gpu
 
     def _fitted_step(
         self, num_prefill_tokens: int, prefill_attn_work: int, num_decodes: int, sum_decode_context: int,
