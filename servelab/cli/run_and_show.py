@@ -106,9 +106,11 @@ def _disturbed(summaries: list[Summary]) -> str:
         for kind, n in disturbances(summary.errors_by_kind).items():
             counts[kind] = counts.get(kind, 0) + n
         stats = summary.client_stats
-        if stats and stats.server_gone:
+        if stats is None:
+            continue
+        if stats.server_gone:
             notes.append(f"the server went away ({stats.server_gone})")
-        dead += [f"client {c.client} ({c.host}) died: {c.died}" for c in (stats.clients or []) if c.died] if stats else []
+        dead += [f"client {c.client} ({c.host}) died: {c.died}" for c in stats.clients or [] if c.died]
     if not counts and not dead:
         return ""
     failed = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))

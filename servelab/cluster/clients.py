@@ -218,14 +218,16 @@ class RayClients:
         remote = ray.remote(num_cpus=0, max_concurrency=2, max_restarts=0)(ClientActor)
         actors = [remote.options(scheduling_strategy="SPREAD").remote(self.target_options, self.make_plan, self.clients, i)
                   for i in range(self.clients)]
+        started = [*actors, *([broker] if broker is not None else [])]
+        """Every actor of this run, all stopped when it ends (or fails to start)."""
         info: list[dict[str, Any]] = []
         for i, actor in enumerate(actors):
             try:
                 offset, rtt = self._clock(actor)
                 host = ray.get(actor.host.remote())
             except ray.exceptions.RayActorError as exc:  # before the run: nothing was sent, so nothing is lost
-                for started in [*actors, *([broker] if broker is not None else [])]:
-                    ray.kill(started)
+                for each in started:
+                    ray.kill(each)
                 raise ClusterError(f"client {i} died before the run started ({type(exc).__name__}); nothing was sent "
                                    "(see `ray status` for its node)") from None
             info.append({"client": i, "host": host, "clock_offset_ms": 1000 * offset, "clock_rtt_ms": 1000 * rtt})
@@ -284,8 +286,8 @@ class RayClients:
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            for actor in [*actors, *([broker] if broker is not None else [])]:
-                ray.kill(actor)
+            for each in started:
+                ray.kill(each)
         return self._merged(info, shifts, results, interrupted, time.time() - zero)
 
     def _merged(self, info: list[dict[str, Any]], shifts: list[float | None], results: dict[int, dict[str, Any]],
