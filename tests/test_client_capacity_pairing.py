@@ -3,21 +3,14 @@ client-added TTFT and ITL rest on that arithmetic, so it is checked here on hand
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "client_capacity.py"
+from support.benchmark_script import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def capacity():
-    spec = importlib.util.spec_from_file_location("client_capacity", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("client_capacity")
 
 
 def server_stats(writes: dict[str, list[float]], arrival: dict[str, float], wall_minus_perf: float) -> dict:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -12,17 +9,12 @@ import yaml
 from servelab.perf.hardware import get_gpu
 from servelab.perf.models import get_model
 from servelab.sim.engines import ENGINES
-
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "engine_ranking.py"
+from support.benchmark_script import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def ranking():
-    spec = importlib.util.spec_from_file_location("engine_ranking", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("engine_ranking")
 
 
 @pytest.fixture(scope="module")

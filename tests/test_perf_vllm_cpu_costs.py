@@ -7,21 +7,15 @@ checked on rows made from known costs, and the data file for consistency.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from servelab.perf.vllm_cpu_costs import measured
-
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "cpu_side_costs.py"
+from support.benchmark_script import load_benchmark
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("cpu_side_costs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("cpu_side_costs")
 
 
 def _row(name: str, prompt: float, out: float, stream: bool, chunks: float, steps: float) -> dict:

@@ -3,23 +3,16 @@ ranking it compares is checked here on hand-made results (no server, no cluster)
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "ray_stage2_speed.py"
+from support.benchmark_script import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def speed() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("ray_stage2_speed", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("ray_stage2_speed")
 
 
 def result(label: str, score: float | None, violation: float | None = 0.0) -> dict[str, Any]:

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
-
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "gpu_accuracy.py"
+from support.benchmark_script import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def accuracy():
-    spec = importlib.util.spec_from_file_location("gpu_accuracy", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_accuracy")
 
 
 def test_published_lengths_match_their_entries(accuracy):

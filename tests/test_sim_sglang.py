@@ -119,5 +119,5 @@ def test_sglang_cuda_graph_flags_reach_the_common_config():
     default = resolve_sglang(parse_sglang_args("").settings, hw, spec).config
     assert (default.enforce_eager, default.cuda_graph_max_batch, default.eager_prefill) == (False, 32, True)
     parsed = parse_sglang_args("--disable-cuda-graph --cuda-graph-max-bs 16")
-    assert parsed.warnings == [] and resolve_sglang(parsed.settings, hw, spec).config.enforce_eager is True
-    assert resolve_sglang(parsed.settings, hw, spec).config.cuda_graph_max_batch == 16
+    flagged = resolve_sglang(parsed.settings, hw, spec).config
+    assert parsed.warnings == [] and flagged.enforce_eager is True and flagged.cuda_graph_max_batch == 16
