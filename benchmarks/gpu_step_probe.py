@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def host_facts(device: torch.device) -> dict[str, Any]:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     facts: dict[str, Any] = {"torch": torch.__version__, "python": sys.version.split()[0], "cpu": cpu,
-                             "cpus": len(__import__("os").sched_getaffinity(0))}
+                             "cpus": len(os.sched_getaffinity(0))}
     try:
         import transformers
         facts["transformers"] = transformers.__version__
