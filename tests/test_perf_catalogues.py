@@ -11,7 +11,7 @@ from servelab.perf.hardware import builtin_gpus, get_gpu, load_gpu_file
 from servelab.perf.models import builtin_models, get_model, load_hf_config
 
 REQUIRED_GPUS = [
-    "A100-40GB-SXM", "A100-80GB-SXM", "A100-80GB-PCIe", "H100-SXM", "H100-PCIe", "H200",
+    "A100-40GB-SXM", "A100-80GB-SXM", "A100-80GB-PCIe", "H100-SXM", "H100-PCIe", "H100-NVL", "H200",
     "H20", "L40S", "L4", "A10G", "RTX-4090", "MI300X", "cpu",
 ]
 
