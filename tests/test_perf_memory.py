@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.perf.engine_args import resolve
+from servelab.perf.engine_args import parse_engine_args, resolve
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
-from servelab.perf.memory import plan_memory, weight_bytes_per_rank
+from servelab.perf.memory import (
+    MemoryReserve,
+    activation_bytes,
+    forward_activation_bytes,
+    plan_memory,
+    sampler_activation_bytes,
+    weight_bytes_per_rank,
+)
 from servelab.perf.models import get_model
 from servelab.perf.quantization import kv_bytes_per_element, weight_format
+from servelab.perf.vllm_versions import parse_version, version_defaults
 
 GB = 1e9
 
@@ -101,3 +109,50 @@ def test_unknown_quantization_and_kv_dtype_are_refused():
     with pytest.raises(PerfConfigError, match="not modelled"):
         kv_bytes_per_element("nvfp4", model)
     assert kv_bytes_per_element("auto", model) == 2 and kv_bytes_per_element("fp8", model) == 1
+
+
+def _resolved(gpu: str, model: str, version: str | None = None, flags: str = ""):
+    hw, spec, v = get_gpu(gpu), get_model(model), parse_version(version)
+    return hw, spec, resolve(parse_engine_args(flags, base=version_defaults(v)).config, hw, spec, vllm_version=v)
+
+
+def test_activation_peak_is_the_larger_of_forward_and_sampler_not_their_sum():
+    _, spec, config = _resolved("h100", "llama-3.1-8b")
+    reserve = MemoryReserve()
+    forward, sampler = forward_activation_bytes(spec, config, reserve), sampler_activation_bytes(spec, config, reserve)
+    assert activation_bytes(spec, config, reserve) == max(forward, sampler) < forward + sampler
+
+
+def test_sampler_peak_grows_with_sequences_and_vocabulary():
+    _, spec, config = _resolved("h100", "llama-3.1-8b")
+    reserve = MemoryReserve()
+    few = sampler_activation_bytes(spec, config.with_(max_num_seqs=64), reserve)
+    many = sampler_activation_bytes(spec, config, reserve)
+    assert config.max_num_seqs == 1024 and many > 8 * few
+    _, qwen, qconfig = _resolved("h100", "qwen3-0.6b")  # a 152k vocabulary, 1024 rows too
+    assert sampler_activation_bytes(qwen, qconfig, reserve) > sampler_activation_bytes(spec, config, reserve) * 0.95
+    # The full-vocabulary sort holds at least the fp32 logits, the sorted values and their int64 indices.
+    rows = min(config.max_num_seqs, config.max_num_batched_tokens)
+    assert many > rows * spec.vocab_size * (4 + 4 + 8)
+
+
+def test_forward_peak_wins_at_a_huge_token_budget_with_few_sequences():
+    _, spec, config = _resolved("h100", "llama-3.1-8b", flags="--max-num-batched-tokens 65536 --max-num-seqs 8")
+    reserve = MemoryReserve()
+    assert activation_bytes(spec, config, reserve) == forward_activation_bytes(spec, config, reserve)
+    smaller = config.with_(max_num_batched_tokens=32768)
+    assert forward_activation_bytes(spec, smaller, reserve) < forward_activation_bytes(spec, config, reserve)
+
+
+def test_cuda_graphs_leave_the_kv_budget_only_from_vllm_0_21_and_never_when_eager():
+    old = plan_memory(*_resolved("h100", "qwen2.5-7b", "0.11.0"))
+    new = plan_memory(*_resolved("h100", "qwen2.5-7b", "0.21.0"))
+    eager = plan_memory(*_resolved("h100", "qwen2.5-7b", "0.21.0", "--enforce-eager"))
+    assert old.cuda_graph_bytes == 0 == eager.cuda_graph_bytes < new.cuda_graph_bytes
+    assert eager.kv_cache_bytes - new.kv_cache_bytes == new.cuda_graph_bytes
+
+
+def test_releases_0_17_to_0_19_profile_a_smaller_sampler_peak():
+    sorted_peak = plan_memory(*_resolved("h100", "qwen2.5-7b", "0.16.0")).activation_bytes
+    unsorted_peak = plan_memory(*_resolved("h100", "qwen2.5-7b", "0.19.0")).activation_bytes
+    assert unsorted_peak < sorted_peak / 2

@@ -54,6 +54,15 @@ class EngineConfig:
     """The largest decode batch a captured CUDA graph replays; larger decode batches run eagerly (SGLang's
     `cuda_graph_max_bs`). None: every decode batch replays one (vLLM V1's capture sizes, padded, cover the batches
     the model prices; beyond them vLLM runs its compiled graph pieces, not op-by-op Python)."""
+    cuda_graph_memory_in_kv_budget: bool = True
+    """vLLM profiles the CUDA graphs' memory and takes it from the KV budget (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
+    the default from 0.21); before, the graphs were captured after the KV cache, in the memory left outside
+    gpu_memory_utilization, and the KV cache got that much more."""
+    profile_sampler_sorts_vocabulary: bool = True
+    """vLLM's start-up profile runs a sampler pass whose top-k/top-p sorts the whole vocabulary for max_num_seqs
+    rows, and that pass sets the activation peak the KV cache gives way to (perf.memory.MemoryReserve). True in
+    releases before 0.17 (their logs and source) and in the modelled one (0.32's dummy pass warms the PyTorch path);
+    vLLM 0.17-0.19 log a peak without the sort."""
     eager_prefill: bool = False
     """Steps with prefill run eagerly: SGLang's extend batches (no piecewise graphs by default); vLLM V1 runs them
     through piecewise CUDA graphs, so False."""

@@ -27,26 +27,45 @@ GiB = 2**30
 class MemoryReserve:
     """Estimates of what vLLM's profiling run measures, per GPU.
 
-    activation: the profiling pass holds, per batched token, about four hidden-size
-    vectors (residual, normed input, attention output, MLP output), the fused q/k/v
-    projection output and the gate_up + activated MLP outputs (3 x intermediate),
-    all in the activation dtype; `activation_factor` scales that for allocator slack.
-    sampler: the dummy sampler pass keeps fp32 logits for max_num_seqs rows and about
-    two more copies of that size (softmax probabilities, sorted values for top-p).
-    cuda_graph_bytes: vLLM logs ~0.5 GiB for capturing its default sizes on 7-8B
-    models. non_torch_bytes: cuBLAS workspace and allocator overhead, plus NCCL
-    buffers when tensor parallelism is used.
+    The profile run is a forward pass of max_num_batched_tokens tokens, then a
+    dummy sampler pass over min(max_num_seqs, max_num_batched_tokens) rows
+    (vllm/v1/worker/gpu_model_runner.py: profile_run, _dummy_sampler_run). The
+    forward's intermediates are freed before the sampler runs, so the activation
+    peak is the larger of the two, not their sum:
 
-    Checked against vLLM's own profile run as its log reports it (vllm-project/vllm
-    PR 10511, Llama-3-8B on H100-80GB, 8,192 batched tokens, 256 sequences):
-    activation peak 1.26 GiB measured vs 1.37 GiB here (forward 1.00 + sampler 0.37);
-    non-torch 1.79 GiB measured (CUDA context included) vs 0.25 + 0.5 for graphs here.
-    The reserve in all is smaller than vLLM's, so the plan never refuses a deployment
-    that starts (it grants a little more KV than vLLM did there: 54.6 GiB vs 53.3 GiB).
+    forward: per batched token about four hidden-size vectors (residual, normed
+    input, attention output, MLP output), the fused q/k/v projection output and
+    the gate_up + activated MLP outputs (3 x intermediate), in the activation
+    dtype; `activation_factor` scales that for allocator slack.
+    sampler: the forward's hidden states (tokens x hidden) stay alive, and the
+    logits of every row over the full vocabulary (gathered on every TP rank) are
+    held as `sampler_bytes_per_logit` bytes per element at the sampler's peak.
+    The dummy pass asks for top-k and top-p, so vLLM's PyTorch top-k/top-p path
+    sorts the whole vocabulary (sampler.py, ops/topk_topp_sampler.py
+    apply_top_k_top_p): the model-dtype logits (2 bytes), their fp32 copy (4),
+    the sorted values (4) and int64 indices (8) the sort returns, and the sort's
+    own scratch, an int64 index input and the radix sort's alternate key and
+    value buffers (8 + 4 + 8): 38 bytes in all. That count is read from the
+    code, not fitted; vLLM's logs of releases before 0.17 put the whole peak at
+    38.0-38.4 bytes per logit for five models (data/measured_startups.yaml,
+    benchmarks/memory_plan_check.py). vLLM 0.17-0.19 log a peak of about 15
+    bytes per logit (their dummy pass does not sort the vocabulary:
+    EngineConfig.profile_sampler_sorts_vocabulary); `unsorted_sampler_bytes_per_logit`
+    is read off those logs (Llama-3.1-8B, Qwen2.5-7B, Qwen3-8B on vLLM 0.19),
+    so the check does not score them.
+    cuda_graph_bytes: vLLM logs ~0.5 GiB for capturing its default sizes on 7-8B
+    models; it comes out of the KV budget only where vLLM profiles it (from 0.21,
+    EngineConfig.cuda_graph_memory_in_kv_budget). Before, the graphs are captured
+    after the KV cache is allocated, in the memory gpu_memory_utilization leaves.
+    non_torch_bytes: cuBLAS workspace and allocator overhead that the profile run
+    adds outside PyTorch (the CUDA context is not counted: vLLM's baseline
+    snapshot is taken after it), plus NCCL and custom all-reduce buffers when
+    tensor parallelism is used.
     """
 
     activation_factor: float = 1.0
-    sampler_copies: float = 3.0
+    sampler_bytes_per_logit: float = 38.0
+    unsorted_sampler_bytes_per_logit: float = 15.0
     cuda_graph_bytes: int = GiB // 2
     non_torch_bytes: int = GiB // 4
     nccl_bytes: int = GiB // 2
@@ -102,14 +121,37 @@ def kv_bytes_per_token_per_rank(model: ModelSpec, kv_cache_dtype: str, tp: int) 
     return 2 * model.num_layers * kv_heads_per_rank(model, tp) * model.head_dim * element
 
 
-def activation_bytes(model: ModelSpec, config: EngineConfig, reserve: MemoryReserve) -> int:
-    assert config.max_num_batched_tokens is not None and config.max_num_seqs is not None, "resolve() first"
+def forward_activation_bytes(model: ModelSpec, config: EngineConfig, reserve: MemoryReserve) -> int:
+    """Peak of the profile run's forward pass over max_num_batched_tokens tokens (see MemoryReserve)."""
+    assert config.max_num_batched_tokens is not None, "resolve() first"
     tp = config.tensor_parallel_size
     qkv = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim / tp
     per_token = (4 * model.hidden_size + qkv + 3 * model.intermediate_size / tp) * model.dtype_bytes
-    forward = config.max_num_batched_tokens * per_token * reserve.activation_factor
-    sampler = config.max_num_seqs * model.vocab_size * 4 * reserve.sampler_copies
-    return int(forward + sampler)
+    return int(config.max_num_batched_tokens * per_token * reserve.activation_factor)
+
+
+def sampler_activation_bytes(model: ModelSpec, config: EngineConfig, reserve: MemoryReserve) -> int:
+    """Peak of the dummy sampler pass: the forward's hidden states plus the sorted full-vocabulary logits."""
+    assert config.max_num_batched_tokens is not None and config.max_num_seqs is not None, "resolve() first"
+    rows = min(config.max_num_seqs, config.max_num_batched_tokens)
+    hidden = config.max_num_batched_tokens * model.hidden_size * model.dtype_bytes
+    per_logit = (
+        reserve.sampler_bytes_per_logit if config.profile_sampler_sorts_vocabulary
+        else reserve.unsorted_sampler_bytes_per_logit
+    )
+    return int(hidden + rows * model.vocab_size * per_logit)
+
+
+def activation_bytes(model: ModelSpec, config: EngineConfig, reserve: MemoryReserve) -> int:
+    """PyTorch's activation peak in the profile run: the forward's or the sampler's, whichever is larger."""
+    return max(forward_activation_bytes(model, config, reserve), sampler_activation_bytes(model, config, reserve))
+
+
+def cuda_graph_reserve(hardware: Hardware, config: EngineConfig, reserve: MemoryReserve) -> int:
+    """CUDA-graph memory taken from the KV budget: none on CPU, under --enforce-eager, or in releases before 0.21."""
+    if hardware.vendor == "cpu" or config.enforce_eager or not config.cuda_graph_memory_in_kv_budget:
+        return 0
+    return reserve.cuda_graph_bytes
 
 
 def plan_memory(
@@ -132,7 +174,7 @@ def plan_memory(
     weights = weight_bytes_per_rank(model, config.quantization, hardware, tp)
     activations = activation_bytes(model, config, reserve)
     non_torch = reserve.non_torch_bytes + (reserve.nccl_bytes if tp > 1 else 0)
-    graphs = reserve.cuda_graph_bytes if hardware.vendor != "cpu" else 0
+    graphs = cuda_graph_reserve(hardware, config, reserve)
     non_kv = weights + activations + non_torch + graphs
 
     if config.kv_cache_memory_bytes is not None:

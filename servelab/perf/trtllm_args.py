@@ -192,7 +192,8 @@ def resolve_trtllm(settings: TRTLLMSettings, hardware: Hardware, model: ModelSpe
         tensor_parallel_size=s.tp_size,
         async_scheduling=not s.disable_overlap_scheduler,
     )
-    reserve = MemoryReserve()
+    # TRT-LLM's warm-up samples without vLLM's full-vocabulary sort: fp32 logits and about two copies of them.
+    reserve = MemoryReserve(sampler_bytes_per_logit=12.0)
     total = hardware.memory_bytes
     weights = weight_bytes_per_rank(model, s.quantization, hardware, s.tp_size)
     # The warm-up pass is max_num_tokens of activations with up to max_batch_size logits rows; the sampler term
