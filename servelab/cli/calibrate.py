@@ -180,8 +180,7 @@ _PARAMETER_WORDS = {
 
 
 def runs_table(fit: RunFit) -> Table:
-    table = Table(title=f"{fit.source} ({fit.format}, {fit.requests} requests, lengths from {fit.lengths_from}): "
-                        "measured / fitted / specs-only")
+    table = Table(title="measured / fitted / specs-only")
     for column in ("metric", "measured", "fitted", "specs-only"):
         table.add_column(column, justify="left" if column == "metric" else "right", no_wrap=True)
     for key, m in fit.metrics.items():
@@ -194,6 +193,8 @@ def show_runs_fit(profile: CalibrationProfile) -> None:
     env = profile.environment
     assert env is not None
     for run in env.runs:
+        _console.print(f"{run.source} ({run.format}, {run.requests} requests, lengths from {run.lengths_from}):",
+                       highlight=False, soft_wrap=True)
         _console.print(runs_table(run))
         for note in run.notes:
             _console.print(f"  note: {note}", highlight=False)
