@@ -45,6 +45,11 @@ BENCH_RUNS = {
 VLLM_BENCH = ("--dataset-name", "random", "--random-input-len", "192", "--random-output-len", "48", "--num-prompts", "32",
               "--max-concurrency", "8", "--ignore-eos", "--seed", "3")
 METRICS = ("request_throughput", "mean_ttft_ms", "mean_tpot_ms")
+VLLM_BENCH_SERVE = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+                    "from vllm.benchmarks.serve import add_cli_args, main; parser = FlexibleArgumentParser(); "
+                    "add_cli_args(parser); main(parser.parse_args(sys.argv[1:]))")
+"""What `vllm bench serve` runs (vllm/entrypoints/cli/benchmark/serve.py), called as the vLLM venv's python: that
+venv's `vllm` script stops at its version lookup, as the CPU build is installed without package metadata."""
 
 
 def servelab_bench(base_url: str, directory: Path, args: tuple[str, ...]) -> None:
@@ -55,9 +60,8 @@ def servelab_bench(base_url: str, directory: Path, args: tuple[str, ...]) -> Non
 
 def vllm_bench_serve(base_url: str, directory: Path, detailed: bool = True) -> Path:
     """`vllm bench serve --save-result` from the vLLM venv against the server; the JSON it wrote."""
-    vllm = Path(VLLM_PYTHON).parent / "vllm"
     name = "vllm-bench.json"
-    cmd = [str(vllm), "bench", "serve", "--backend", "openai", "--base-url", base_url, "--model", "tiny-qwen",
+    cmd = [str(VLLM_PYTHON), "-c", VLLM_BENCH_SERVE, "--backend", "openai", "--base-url", base_url, "--model", "tiny-qwen",
            "--tokenizer", str(TINY_MODEL), *VLLM_BENCH, "--save-result", "--result-dir", str(directory),
            "--result-filename", name, *(["--save-detailed"] if detailed else [])]
     subprocess.run(cmd, check=True, timeout=600, stdout=subprocess.DEVNULL, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})

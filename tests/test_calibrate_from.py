@@ -308,3 +308,12 @@ def test_live_calibrate_on_a_noisy_host_writes_the_profile_marked_unreliable_and
 def test_the_servelab_fixture_was_measured_not_simulated() -> None:
     run_info = json.loads((SERVELAB_RUN / "run.json").read_text())
     assert run_info["verb"] == "bench" and run_info.get("source") != "sim"
+
+
+def test_a_servelab_sweep_is_one_measured_run_per_point(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    result = _cli("simulate", "--gpu", "h100-sxm", "--model", "qwen2.5-7b", "--num-prompts", "12", "--random-input-len", "64",
+                  "--random-output-len", "16", "--sweep", "max-concurrency=1,4", "--result-dir", str(sweep))
+    assert result.exit_code == 0, result.output
+    runs = read_measured_runs(sweep)
+    assert [r.max_concurrency for r in runs] == [1, 4] and all(len(r.requests) == 12 and r.burst for r in runs)

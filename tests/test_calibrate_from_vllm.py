@@ -25,6 +25,11 @@ pytestmark = pytest.mark.vllm
 runner = CliRunner()
 ENGINE_ARGS = "--max-model-len 4096 --max-num-seqs 32 --block-size 128 --kv-cache-memory-bytes 1073741824"
 """The test server's flags (tests/conftest.py) as the simulator reads them: the CPU backend's blocks and 1 GiB KV."""
+VLLM_BENCH_SERVE = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+                    "from vllm.benchmarks.serve import add_cli_args, main; parser = FlexibleArgumentParser(); "
+                    "add_cli_args(parser); main(parser.parse_args(sys.argv[1:]))")
+"""What `vllm bench serve` runs (vllm/entrypoints/cli/benchmark/serve.py), called as the vLLM venv's python: that
+venv's `vllm` script stops at its version lookup, as the CPU build is installed without package metadata."""
 VLLM_BENCH_LOAD = ("--random-input-len", "192", "--random-output-len", "48", "--num-prompts", "16", "--max-concurrency", "8")
 
 
@@ -40,7 +45,7 @@ def _bench(server, directory: Path, *args: str) -> None:
 
 def _vllm_bench_serve(server, vllm_python: Path, directory: Path) -> Path:
     """The vLLM venv's own benchmark client against the server, bounded; the JSON it saved (no --save-detailed)."""
-    command = [str(vllm_python.parent / "vllm"), "bench", "serve", "--backend", "openai", "--base-url", server.base_url,
+    command = [str(vllm_python), "-c", VLLM_BENCH_SERVE, "--backend", "openai", "--base-url", server.base_url,
                "--model", server.model_name, "--tokenizer", str(server.model_dir), "--dataset-name", "random",
                *VLLM_BENCH_LOAD, "--ignore-eos", "--save-result", "--result-dir", str(directory),
                "--result-filename", "vllm-bench.json"]

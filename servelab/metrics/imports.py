@@ -6,7 +6,8 @@ arrival times, and the concurrency cap) and what was measured (the summary
 keys `vllm bench serve` and servelab's summary.json share). Formats:
 
   servelab      a results directory (run.json, records.jsonl, summary.json):
-                every request's lengths and intended send time
+                every request's lengths and intended send time; a sweep
+                (sweep.json) is one run per point
   vllm-bench    the JSON of `vllm bench serve --save-result`
                 (vllm/benchmarks/serve.py); with `--save-detailed` it lists
                 every request's input/output length and start time, without
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from servelab.errors import InputError
-from servelab.metrics.results import RUN, load_run
+from servelab.metrics.results import RUN, SWEEP, load_run
 from servelab.metrics.summary import summarize
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
@@ -240,13 +241,23 @@ def read_servelab(directory: Path, flags: WorkloadFlags) -> list[MeasuredRun]:
     if not ok or not summary.get("completed"):
         raise ResultImportError(f"{source} has no completed requests: there is nothing measured to calibrate on")
     start = min(r.intended_time for r in ok)
-    loop = run.run_info.get("flags", {})
-    rate = loop.get("request_rate")
+    flags_given, point = run.run_info.get("flags", {}), run.run_info.get("sweep_point", {})
+    rate = point.get("request-rate", flags_given.get("request_rate"))
+    concurrency = point.get("max-concurrency", flags_given.get("max_concurrency"))
     open_loop = rate is not None and math.isfinite(float(rate))
     arrivals = [r.intended_time - start if open_loop else 0.0 for r in ok]
     requests = _specs([r.prompt_tokens for r in ok], [r.output_tokens for r in ok], arrivals)
     notes = [run.partial_note()] if run.partial else []
-    return [_run(source, ResultFormat.SERVELAB, requests, loop.get("max_concurrency"), summary, "file", notes)]
+    return [_run(source, ResultFormat.SERVELAB, requests, concurrency, summary, "file", notes)]
+
+
+def read_servelab_sweep(directory: Path, flags: WorkloadFlags) -> list[MeasuredRun]:
+    """A servelab sweep: one measured run per point (its own results directory, listed in sweep.json)."""
+    try:
+        points = json.loads((directory / SWEEP).read_text(encoding="utf-8"))["points"]
+        return [run for point in points for run in read_servelab(directory / point["directory"], flags)]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ResultImportError(f"cannot read the sweep {directory / SWEEP}: {exc}") from exc
 
 
 # -- vllm bench serve --save-result -----------------------------------------------------------------------------
@@ -435,8 +446,10 @@ def read_measured_runs(path: Path, flags: WorkloadFlags | None = None) -> list[M
     """Every measured run in `path` (a results directory or a JSON file); ResultImportError naming it otherwise."""
     flags = flags or WorkloadFlags()
     if path.is_dir():
+        if (path / SWEEP).is_file():
+            return read_servelab_sweep(path, flags)
         if not (path / RUN).is_file():
-            raise ResultImportError(f"{path} is a directory but not a servelab results directory (no {RUN})")
+            raise ResultImportError(f"{path} is a directory but not a servelab results directory (no {RUN} or {SWEEP})")
         return read_servelab(path, flags)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
