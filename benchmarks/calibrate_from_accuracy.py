@@ -9,7 +9,7 @@ that run alone (servelab.experiment.calibrate_from.fit_from_runs) and
 predicts every other run, specs-only and calibrated. It prints the median
 |error| per metric for both (the table in docs/validation.md).
 
-    .venv/bin/python benchmarks/calibrate_from_accuracy.py [--out DIR] [--keep]
+    .venv/bin/python benchmarks/calibrate_from_accuracy.py [--out DIR] [--reuse]
 
 Needs the vLLM venv and the tiny model that scripts/test builds ($SERVELAB_VLLM_PYTHON, $SERVELAB_TINY_MODEL).
 """
@@ -34,8 +34,9 @@ from servelab.targets.server_process import vllm_cpu_server
 from heavy_run import TINY_MODEL, VLLM_PYTHON, heavy_lock
 
 SERVER_ARGS = ("--max-model-len", "4096", "--max-num-seqs", "32")
-ENGINE_ARGS = "--max-model-len 4096 --max-num-seqs 32 --block-size 128 --kv-cache-memory-bytes 1073741824"
-"""The server's flags as the simulator reads them: the CPU backend's 128-token blocks and its 1 GiB KV space."""
+ENGINE_ARGS = "--max-model-len 4096 --max-num-seqs 32 --block-size 128 --kv-cache-memory-bytes 1073741824 --enforce-eager"
+"""The server's flags as the simulator reads them: the CPU backend's 128-token blocks, its 1 GiB KV space, and no
+CUDA graphs (every step's ops are dispatched one by one from Python, as `--enforce-eager` runs a GPU)."""
 BENCH_RUNS = {
     "closed-c4-p128-o64": ("--max-concurrency", "4", "--num-prompts", "32", "--random-input-len", "128", "--random-output-len", "64"),
     "burst-n48-p256-o32": ("--num-prompts", "48", "--random-input-len", "256", "--random-output-len", "32"),
@@ -90,13 +91,19 @@ def errors(predicted: dict[str, float | None], run: MeasuredRun) -> dict[str, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="Keep the runs and profiles here (default: a temp dir).")
+    parser.add_argument("--reuse", action="store_true", help="Fit to the runs already in --out instead of measuring.")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="calibrate-from-"))
     out.mkdir(parents=True, exist_ok=True)
-    with heavy_lock():
-        host = HostWatch().start()
-        runs = measure(out)
-        conditions = host.conditions(gpus=False)
+    if args.reuse:
+        runs = {name: read_measured_runs(out / name)[0] for name in BENCH_RUNS}
+        runs["vllm-bench-c8-p192-o48"] = read_measured_runs(out / "vllm-bench.json")[0]
+        conditions: dict[str, object] = {"reused": str(out)}
+    else:
+        with heavy_lock():
+            host = HostWatch().start()
+            runs = measure(out)
+            conditions = host.conditions(gpus=False)
     specs = build_deployment("cpu", TINY_MODEL, ENGINE_ARGS)
     spec_errors = {name: errors(simulated(specs, run), run) for name, run in runs.items()}
     rows = []
@@ -109,7 +116,8 @@ def main() -> None:
         for name, other in runs.items():
             if name != source:
                 rows.append((source, name, spec_errors[name], errors(simulated(fitted, other), other)))
-        print(f"from {source}: compute x{env.compute_scale:.2f}, memory x{env.memory_scale:.2f}, CPU x{env.cpu_speed_factor:.2f}, "
+        print(f"from {source}: compute x{env.compute_scale:.2f}, memory x{env.memory_scale:.2f}, engine CPU x{env.engine_cpu_factor:.2f}, "
+              f"API CPU x{env.api_cpu_factor:.2f}, "
               f"outside {1e3 * env.outside_engine_s:.1f} ms; unconstrained: {', '.join(env.unconstrained) or 'none'}")
     print("\n| calibrated from | predicted run | " + " | ".join(f"{m} specs-only / calibrated" for m in METRICS) + " |")
     print("|---|---|" + "---|" * len(METRICS))

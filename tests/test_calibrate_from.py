@@ -78,7 +78,7 @@ def test_vllm_detailed_json_lists_every_request_and_inf_means_a_burst() -> None:
     assert [r.prompt_len for r in run.requests] == data["input_lens"]
     assert [r.max_tokens for r in run.requests] == data["output_lens"]
     assert data["request_rate"] == "inf" and run.burst and run.max_concurrency == data["max_concurrency"]
-    for key in ("request_throughput", "mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "duration"):
+    for key in ("request_throughput", "mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "duration"):
         assert run.measured[key] == pytest.approx(data[key])
 
 
@@ -209,26 +209,30 @@ def _synthetic_run(deployment, prompt: int, output: int, n: int, concurrency: in
 
 
 def test_the_fit_recovers_an_environment_the_simulator_measured() -> None:
+    """Three runs that each lean on other parameters: long prompts at once (compute), one request at a time (memory
+    bandwidth, the outside time), hundreds of tiny requests at once (the API server). The engine core's CPU costs
+    hide under an H100's GPU time (async scheduling overlaps them): that one is left at its specs-only value."""
     specs = build_deployment("h100-sxm", "qwen2.5-7b")
-    truth = Environment(compute_scale=0.55, memory_scale=0.8, cpu_speed_factor=1.6, outside_engine_s=0.04)
+    truth = Environment(compute_scale=0.55, memory_scale=0.8, engine_cpu_factor=1.0, api_cpu_factor=1.6, outside_engine_s=0.04)
     host = with_environment(specs, truth)
     runs = [_synthetic_run(host, 2048, 64, 96, None, "long-prompt burst"),
-            _synthetic_run(host, 128, 256, 48, 4, "closed c4")]
-    profile = fit_from_runs(runs, specs, max_evaluations=40)
-    env = profile.environment
-    assert env is not None and env.unconstrained == []
-    assert env.compute_scale == pytest.approx(truth.compute_scale, rel=0.15)
-    assert env.memory_scale == pytest.approx(truth.memory_scale, rel=0.15)
-    assert env.outside_engine_s == pytest.approx(truth.outside_engine_s, abs=0.015)
+            _synthetic_run(host, 64, 128, 8, 1, "one at a time"),
+            _synthetic_run(host, 128, 4, 600, None, "many tiny requests at once")]
+    env = fit_from_runs(runs, specs, max_evaluations=40).environment
+    assert env is not None and env.unconstrained == ["engine_cpu_factor"]
+    assert env.compute_scale == pytest.approx(truth.compute_scale, rel=0.1)
+    assert env.memory_scale == pytest.approx(truth.memory_scale, rel=0.1)
+    assert env.api_cpu_factor == pytest.approx(truth.api_cpu_factor, rel=0.1)
+    assert env.outside_engine_s == pytest.approx(truth.outside_engine_s, abs=0.005)
     for run in env.runs:
-        for key in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms"):
+        for key in ("request_throughput", "mean_ttft_ms"):
             m = run.metrics[key]
-            assert abs(m.fitted_error_pct) < 5 and abs(m.fitted_error_pct) < abs(m.specs_only_error_pct), (run.source, key)
+            assert abs(m.fitted_error_pct) < 5 < abs(m.specs_only_error_pct), (run.source, key)
 
 
 def test_a_parameter_the_runs_cannot_move_keeps_its_specs_only_value() -> None:
     specs = build_deployment("h100-sxm", "qwen2.5-7b")
-    host = with_environment(specs, Environment(0.5, 0.9, 1.0, 0.0))
+    host = with_environment(specs, Environment(0.5, 0.9, 1.0, 1.0, 0.0))
     decode_only = _synthetic_run(host, 8, 200, 4, 1, "one request at a time, tiny prompts")
     env = fit_from_runs([decode_only], specs, max_evaluations=20).environment
     assert env is not None and "compute_scale" in env.unconstrained

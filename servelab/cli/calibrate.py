@@ -174,7 +174,8 @@ def show_probe_fit(profile: CalibrationProfile) -> None:
 _PARAMETER_WORDS = {
     "compute_scale": ("GPU compute (peak FLOP/s x)", "{:.2f}"),
     "memory_scale": ("GPU memory bandwidth (x)", "{:.2f}"),
-    "cpu_speed_factor": ("CPU-side costs (vLLM's measured x)", "{:.2f}"),
+    "engine_cpu_factor": ("CPU-side costs, engine core (vLLM's measured x)", "{:.2f}"),
+    "api_cpu_factor": ("CPU-side costs, API server (vLLM's measured x)", "{:.2f}"),
     "outside_engine_s": ("time outside the engine (added to TTFT)", "{:.1f} ms"),
 }
 

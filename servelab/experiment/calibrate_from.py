@@ -8,8 +8,13 @@ scale factors, so only those are fitted:
 
   compute_scale      the GPU's compute peaks x this (its kernels run at another share of peak: clocks, power caps)
   memory_scale       its memory bandwidth x this
-  cpu_speed_factor   vLLM's measured CPU-side costs (engine core per step, API server per request and token;
-                     servelab/perf/vllm_cpu_costs.py) x this: the host core's speed
+  engine_cpu_factor  vLLM's measured engine-core CPU costs (per step, per scheduled request, per admitting step;
+                     servelab/perf/vllm_cpu_costs.py) and the host's time to launch a layer's kernels in a step
+                     without CUDA graphs, x this: the host core's speed for the engine process
+  api_cpu_factor     vLLM's measured API-server costs (per request, prompt token, output token, SSE chunk,
+                     engine step) x this: the same for the API server's event loop. Two factors, not one: the
+                     API server shares its host with the client and other processes and its loop's load
+                     decides how tokens are bunched into chunks, so its speed can differ from the engine's
   outside_engine_s   a fixed time added to every time to first token: a gateway or proxy in front of vLLM
 
 The simulator is in the loop: every candidate is judged by simulating the
@@ -54,7 +59,7 @@ from servelab.perf.vllm_versions import parse_version, version_defaults
 from servelab.targets.deployment import Deployment, build_deployment
 from servelab.workload.spec import LoadPlan
 
-PARAMETERS = ("compute_scale", "memory_scale", "cpu_speed_factor", "outside_engine_s")
+PARAMETERS = ("compute_scale", "memory_scale", "engine_cpu_factor", "api_cpu_factor", "outside_engine_s")
 FITTED_METRICS = ("request_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms")
 """What the fit reproduces: throughput, and TTFT and TPOT by mean and median (a run's p99 is too noisy to fit)."""
 REPORTED_METRICS = (*FITTED_METRICS, "output_throughput", "mean_itl_ms", "mean_e2el_ms", "p99_ttft_ms", "p99_tpot_ms")
@@ -85,24 +90,28 @@ class Environment:
 
     compute_scale: float
     memory_scale: float
-    cpu_speed_factor: float
+    engine_cpu_factor: float
+    api_cpu_factor: float
     outside_engine_s: float
 
     def vector(self) -> np.ndarray:
-        return np.array([math.log(self.compute_scale), math.log(self.memory_scale), math.log(self.cpu_speed_factor),
-                         self.outside_engine_s / _OUTSIDE_UNIT_S])
+        return np.array([math.log(self.compute_scale), math.log(self.memory_scale), math.log(self.engine_cpu_factor),
+                         math.log(self.api_cpu_factor), self.outside_engine_s / _OUTSIDE_UNIT_S])
 
     @classmethod
     def from_vector(cls, x: np.ndarray) -> Environment:
-        return cls(math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), max(0.0, float(x[3])) * _OUTSIDE_UNIT_S)
+        return cls(*(math.exp(v) for v in x[:4]), max(0.0, float(x[4])) * _OUTSIDE_UNIT_S)
 
 
 def with_environment(deployment: Deployment, env: Environment | EnvironmentFit) -> Deployment:
     """`deployment` in the environment `env`: scaled peaks, vLLM's CPU costs x the host factor, the outside time.
 
     The CPU costs are vLLM's measured ones whatever the device (the fitted host
-    factor is what makes them this host's); only the CPU terms of the
-    coefficients are set, so a GPU with measured kernel tables keeps them.
+    factor is what makes them this host's), and so is the host's time to
+    launch a layer's kernels one by one in a step without CUDA graphs (the
+    default read off a published eager run, also a host property); only these
+    CPU terms of the coefficients are set, so a GPU with measured kernel
+    tables keeps them.
     """
     hw = deployment.hardware
     scaled = hw.model_copy(update={
@@ -110,10 +119,12 @@ def with_environment(deployment: Deployment, env: Environment | EnvironmentFit) 
         "int8_tflops": hw.int8_tflops * env.compute_scale, "memory_bandwidth_gbs": hw.memory_bandwidth_gbs * env.memory_scale,
     })
     costs = measured_cpu_costs(deployment.vllm_version)
+    default = CostCoefficients()
+    host = default.model_copy(update={"eager_launch_s_per_layer": default.eager_launch_s_per_layer * env.engine_cpu_factor})
     built = Deployment.build(
         scaled, deployment.model, deployment.requested,
-        coefficients=costs.coefficients(CostCoefficients(), env.cpu_speed_factor),
-        api=costs.api_server(env.cpu_speed_factor), warnings=deployment.warnings,
+        coefficients=costs.coefficients(host, env.engine_cpu_factor),
+        api=costs.api_server(env.api_cpu_factor), warnings=deployment.warnings,
         network_latency=deployment.network_latency + env.outside_engine_s / 2, performance_mode=deployment.performance_mode,
         vllm_version=deployment.vllm_version,
     )
@@ -190,15 +201,16 @@ class _Objective:
 
 def _bounds(base: Deployment) -> tuple[np.ndarray, np.ndarray]:
     lo, hi = _PLACEHOLDER_SCALE_RANGE if base.hardware.placeholder else _GPU_SCALE_RANGE
-    lower = np.array([math.log(lo), math.log(lo), math.log(_CPU_FACTOR_RANGE[0]), 0.0])
-    upper = np.array([math.log(hi), math.log(hi), math.log(_CPU_FACTOR_RANGE[1]), _MAX_OUTSIDE_S / _OUTSIDE_UNIT_S])
+    cpu_lo, cpu_hi = math.log(_CPU_FACTOR_RANGE[0]), math.log(_CPU_FACTOR_RANGE[1])
+    lower = np.array([math.log(lo), math.log(lo), cpu_lo, cpu_lo, 0.0])
+    upper = np.array([math.log(hi), math.log(hi), cpu_hi, cpu_hi, _MAX_OUTSIDE_S / _OUTSIDE_UNIT_S])
     return lower, upper
 
 
 def sensitivities(objective: _Objective, x: np.ndarray) -> dict[str, float]:
     """Per parameter, the largest |change| of any fitted figure (log ratio) when it moves by its test step, up and down."""
     here = objective.residuals_at(x)
-    steps = (_SCALE_TEST_STEP, _SCALE_TEST_STEP, _SCALE_TEST_STEP, _OUTSIDE_TEST_STEP_S / _OUTSIDE_UNIT_S)
+    steps = (*[_SCALE_TEST_STEP] * 4, _OUTSIDE_TEST_STEP_S / _OUTSIDE_UNIT_S)
     out = {}
     for i, name in enumerate(PARAMETERS):
         moved = 0.0
@@ -210,6 +222,35 @@ def sensitivities(objective: _Objective, x: np.ndarray) -> dict[str, float]:
             moved = max(moved, float(np.max(np.abs(objective.residuals_at(y) - here), initial=0.0)))
         out[name] = moved
     return out
+
+
+_COARSE_STEPS = (*[math.log(2.0)] * 4, 5.0)
+"""The coarse search's steps: halve and double each scale, and the outside time +-50 ms."""
+
+
+def coarse_search(objective: _Objective, start: np.ndarray, free: list[int], lower: np.ndarray, upper: np.ndarray,
+                  passes: int = 2) -> np.ndarray:
+    """A start for the local fit: each free parameter in turn moved by a coarse step while that lowers the loss.
+
+    The simulated figures move in small jumps (a request more or less in a
+    step), so a gradient from a specs-only start can stall far from the
+    optimum; a few coordinate moves of 2x first put it in the right basin.
+    """
+    best = start.copy()
+    best_loss = float(np.sum(np.square(objective.residuals_at(best))))
+    for _ in range(passes):
+        for i in free:
+            for sign in (1, -1):
+                while True:
+                    trial = best.copy()
+                    trial[i] = float(np.clip(best[i] + sign * _COARSE_STEPS[i], lower[i], upper[i]))
+                    if trial[i] == best[i]:
+                        break
+                    loss = float(np.sum(np.square(objective.residuals_at(trial))))
+                    if loss >= best_loss:
+                        break
+                    best, best_loss = trial, loss
+    return best
 
 
 # -- the fit --------------------------------------------------------------------------------------------------------
@@ -246,7 +287,7 @@ def fit_from_runs(
     check_runs_fit_deployment(runs, deployment)
     t0 = time.monotonic()
     costs = measured_cpu_costs(deployment.vllm_version)
-    specs = Environment(1.0, 1.0, costs.default_speed_factor, 0.0)
+    specs = Environment(1.0, 1.0, costs.default_speed_factor, costs.default_speed_factor, 0.0)
     start = specs.vector()
     lower, upper = _bounds(deployment)
     objective = _Objective(runs, deployment, start, list(range(len(PARAMETERS))))
@@ -256,8 +297,9 @@ def fit_from_runs(
     best = start
     if free:
         objective.free = free
+        coarse = coarse_search(objective, start, free, lower, upper)
         span = upper[free] - lower[free]
-        inside = np.clip(start[free], lower[free] + 1e-6 * span, upper[free] - 1e-6 * span)  # least_squares refuses a bound
+        inside = np.clip(coarse[free], lower[free] + 1e-6 * span, upper[free] - 1e-6 * span)  # least_squares refuses a bound
         result = least_squares(objective, inside, bounds=(lower[free], upper[free]), diff_step=0.03,
                                x_scale=1.0, max_nfev=max_evaluations)
         best = objective.full(result.x)

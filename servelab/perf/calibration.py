@@ -47,6 +47,8 @@ PROFILE_SCHEMA_VERSION = 5
 3: the host's conditions and a reference step time, so later runs can tell a changed host (2 is read without them).
 2: the prefill and idle-wake costs are CostCoefficients terms (1 had a per-prefill-chunk cost beside them)."""
 READABLE_SCHEMA_VERSIONS = (2, 3, 4, PROFILE_SCHEMA_VERSION)
+STATISTICS_RENAMED_IN = 4
+"""The schema that took vLLM's statistic names: older profiles are renamed on reading (servelab/renames.py)."""
 
 _RATES = ("linear_flops", "attention_flops", "weight_bandwidth", "kv_bandwidth")
 _COEFFICIENT_OVERHEADS = (
@@ -372,8 +374,9 @@ class EnvironmentFit(BaseModel):
 
     The same GPU from the catalogue, the same vLLM CPU-side costs, the same
     step model, with: its compute and memory peaks x `compute_scale` and
-    `memory_scale`; vLLM's measured CPU costs (engine core and API server)
-    x `cpu_speed_factor` (servelab/perf/vllm_cpu_costs.py); and a fixed
+    `memory_scale`; vLLM's measured engine-core CPU costs (and the host's
+    eager kernel launches) x `engine_cpu_factor`, its API server's x
+    `api_cpu_factor` (servelab/perf/vllm_cpu_costs.py); and a fixed
     `outside_engine_s` added to every time to first token (a gateway or proxy
     in front). A parameter the runs could not move is kept at its specs-only
     value and named in `unconstrained`.
@@ -383,7 +386,8 @@ class EnvironmentFit(BaseModel):
 
     compute_scale: float = Field(1.0, gt=0)
     memory_scale: float = Field(1.0, gt=0)
-    cpu_speed_factor: float = Field(gt=0)
+    engine_cpu_factor: float = Field(gt=0)
+    api_cpu_factor: float = Field(gt=0)
     outside_engine_s: float = Field(0.0, ge=0)
     vllm_version: str | None = None
     """The --vllm-version the runs were served by (None: the modelled release)."""
@@ -492,7 +496,7 @@ def load_profile(path: str | Path) -> CalibrationProfile:
             f"this servelab reads versions {', '.join(map(str, READABLE_SCHEMA_VERSIONS))}: re-run calibrate"
         )
     try:
-        return CalibrationProfile.model_validate(upgraded(raw, PROFILE_SCHEMA_VERSION))
+        return CalibrationProfile.model_validate(upgraded(raw, STATISTICS_RENAMED_IN))
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise ProfileError(f"calibration profile {path} is invalid: {problems}") from exc
