@@ -100,7 +100,7 @@ class Environment:
 
     @classmethod
     def from_vector(cls, x: np.ndarray) -> Environment:
-        return cls(*(math.exp(v) for v in x[:4]), max(0.0, float(x[4])) * _OUTSIDE_UNIT_S)
+        return cls(math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), math.exp(x[3]), max(0.0, float(x[4])) * _OUTSIDE_UNIT_S)
 
 
 def with_environment(deployment: Deployment, env: Environment | EnvironmentFit) -> Deployment:
