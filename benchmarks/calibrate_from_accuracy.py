@@ -129,6 +129,23 @@ def main() -> None:
         b = [abs(e) for *_, before, _ in rows if (e := before[m]) is not None]
         a = [abs(e) for *_, after in rows if (e := after[m]) is not None]
         print(f"  {m}: specs-only {statistics.median(b):.1f}%, calibrated from one run {statistics.median(a):.1f}%")
+    print("\nleave one out: calibrated from every other run, predicting the one left out")
+    print("\n| predicted run | " + " | ".join(f"{m} specs-only / calibrated" for m in METRICS) + " | fitted environment |")
+    print("|---|" + "---|" * (len(METRICS) + 1))
+    left_out = []
+    for name, run in runs.items():
+        profile = fit_from_runs([r for n, r in runs.items() if n != name], specs)
+        env = profile.environment
+        assert env is not None
+        after = errors(simulated(profile_deployment(profile), run), run)
+        left_out.append((spec_errors[name], after))
+        cells = [f"{_pct(spec_errors[name][m])} / {_pct(after[m])}" for m in METRICS]
+        print(f"| {name} | " + " | ".join(cells) + f" | engine CPU x{env.engine_cpu_factor:.2f}, API CPU x{env.api_cpu_factor:.2f}, "
+              f"outside {1e3 * env.outside_engine_s:.1f} ms |")
+    for m in METRICS:
+        b_ = [abs(e) for before, _ in left_out if (e := before[m]) is not None]
+        a_ = [abs(e) for _, after in left_out if (e := after[m]) is not None]
+        print(f"  {m}: specs-only {statistics.median(b_):.1f}%, calibrated from the other runs {statistics.median(a_):.1f}%")
     print(f"\nhost during the runs: {json.dumps(conditions)}\nruns and profiles in {out}")
 
 
