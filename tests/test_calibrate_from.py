@@ -321,3 +321,10 @@ def test_a_servelab_sweep_is_one_measured_run_per_point(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     runs = read_measured_runs(sweep)
     assert [r.max_concurrency for r in runs] == [1, 4] and all(len(r.requests) == 12 and r.burst for r in runs)
+
+
+def test_the_python_api_calibrates_from_the_same_files(tmp_path: Path) -> None:
+    import servelab
+
+    profile = servelab.calibrate_from(VLLM_DETAILED, "h100-sxm", "qwen2.5-7b", out=tmp_path / "p.json")
+    assert profile.origin == CalibrationOrigin.RUNS and load_profile(tmp_path / "p.json").environment == profile.environment
