@@ -108,7 +108,7 @@ def main() -> None:
     spec_errors = {name: errors(simulated(specs, run), run) for name, run in runs.items()}
     rows = []
     for source, run in runs.items():
-        profile = fit_from_runs([run], specs)
+        profile = fit_from_runs([run], specs, engine_args=ENGINE_ARGS)
         profile.save(out / f"profile-from-{source}.json")
         env = profile.environment
         assert env is not None
@@ -134,7 +134,7 @@ def main() -> None:
     print("|---|" + "---|" * (len(METRICS) + 1))
     left_out = []
     for name, run in runs.items():
-        profile = fit_from_runs([r for n, r in runs.items() if n != name], specs)
+        profile = fit_from_runs([r for n, r in runs.items() if n != name], specs, engine_args=ENGINE_ARGS)
         env = profile.environment
         assert env is not None
         after = errors(simulated(profile_deployment(profile), run), run)

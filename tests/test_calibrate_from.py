@@ -328,3 +328,12 @@ def test_the_python_api_calibrates_from_the_same_files(tmp_path: Path) -> None:
 
     profile = servelab.calibrate_from(VLLM_DETAILED, "h100-sxm", "qwen2.5-7b", out=tmp_path / "p.json")
     assert profile.origin == CalibrationOrigin.RUNS and load_profile(tmp_path / "p.json").environment == profile.environment
+
+
+def test_the_profile_keeps_the_servers_flags_as_given() -> None:
+    (run,) = read_measured_runs(VLLM_DETAILED)
+    args = "--max-model-len 4096 --max-num-seqs 32 --block-size 128 --kv-cache-memory-bytes 1073741824"
+    specs = build_deployment("cpu", "qwen3-0.6b", args)
+    profile = fit_from_runs([run], specs, engine_args=args, max_evaluations=5)
+    again = profile_deployment(profile)
+    assert profile.engine_args == args and again.memory.num_blocks == specs.memory.num_blocks

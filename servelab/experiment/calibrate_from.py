@@ -274,6 +274,7 @@ def fit_from_runs(
     *,
     max_evaluations: int = 40,
     model_source: str | None = None,
+    engine_args: str | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> CalibrationProfile:
     """The environment of `deployment` fitted to `runs`, as a calibration profile `--calibration` reads.
@@ -281,6 +282,8 @@ def fit_from_runs(
     `deployment` is the specs-only one (as `simulate --gpu --model --engine-args
     --vllm-version` builds it). One run is enough; more constrain more.
     `max_evaluations` bounds the least-squares iterations (each simulates every run).
+    `model_source` and `engine_args` are what the user gave (the --model, the
+    server's flags), kept in the profile; by default the deployment's own.
     """
     if not runs:
         raise CalibrateFromError("no measured runs to calibrate on")
@@ -318,7 +321,8 @@ def fit_from_runs(
     return CalibrationProfile(
         created_at=time.time(), server={"from_runs": [r.source for r in runs]},
         hardware=deployment.hardware, gpu=deployment.hardware.name, model_source=model_source or deployment.model.name,
-        model_spec=model_spec_dict(deployment.model), engine_args=deployment.engine_args(),
+        model_spec=model_spec_dict(deployment.model),
+        engine_args=deployment.engine_args() if engine_args is None else engine_args,
         engine_config=asdict(deployment.config), coefficients=fitted.coefficients,
         network_latency_s=fitted.network_latency, frontend_s_per_request=fitted.api.per_request_s,
         elapsed_s=time.monotonic() - t0, origin=CalibrationOrigin.RUNS, environment=environment,
@@ -366,6 +370,6 @@ def calibrate_from(request: CalibrateFromRequest, progress: Callable[[str], None
         raise CalibrateFromError(f"the deployment --gpu {request.gpu} --model {request.model} cannot have produced "
                                  f"{', '.join(map(str, request.sources))}: {exc}") from exc
     profile = fit_from_runs(runs, deployment, max_evaluations=request.max_evaluations, model_source=request.model,
-                            progress=progress)
+                            engine_args=request.engine_args, progress=progress)
     profile.save(request.out)
     return profile
