@@ -337,3 +337,16 @@ def test_the_profile_keeps_the_servers_flags_as_given() -> None:
     profile = fit_from_runs([run], specs, engine_args=args, max_evaluations=5)
     again = profile_deployment(profile)
     assert profile.engine_args == args and again.memory.num_blocks == specs.memory.num_blocks
+
+
+def test_guidellm_requests_listed_in_the_report_give_their_own_lengths(tmp_path: Path) -> None:
+    data = json.loads(GUIDELLM.read_text())
+    data["benchmarks"] = data["benchmarks"][1:]  # the constant-rate one
+    data["benchmarks"][0]["requests"]["successful"] = [  # GenerativeRequestStats' computed token counts and start
+        {"type_": "generative_request_stats", "request_id": str(i), "prompt_tokens": 100 + i, "output_tokens": 20 + i,
+         "request_start_time": 1764892800.0 + 0.5 * i} for i in range(6)]
+    path = tmp_path / "guidellm.json"
+    path.write_text(json.dumps(data))
+    (run,) = read_measured_runs(path)
+    assert run.lengths_from == "file" and [r.prompt_len for r in run.requests] == [100 + i for i in range(6)]
+    assert [r.arrival_time for r in run.requests] == pytest.approx([0.5 * i for i in range(6)])

@@ -372,7 +372,7 @@ def read_guidellm(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> lis
         if per_request and all(r.get("prompt_tokens") and r.get("output_tokens") for r in per_request):
             if flags.given:
                 raise ResultImportError(f"{source} lists every request: the workload flags would say it twice; drop them")
-            starts = [float(r.get("request_start_time") or 0.0) for r in per_request]
+            starts = [float(r.get("request_start_time", r.get("start_time")) or 0.0) for r in per_request]
             t0 = min(starts)
             arrivals = [s - t0 if rate is not None and math.isfinite(rate) and concurrency is None else 0.0 for s in starts]
             requests = _specs([r["prompt_tokens"] for r in per_request], [r["output_tokens"] for r in per_request], arrivals)
