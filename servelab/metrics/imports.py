@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -128,7 +128,6 @@ class _FileFacts:
     mean_input_len: float | None = None
     mean_output_len: float | None = None
     burstiness: float = 1.0
-    notes: list[str] = field(default_factory=list)
 
 
 def _flag(name: str) -> str:
