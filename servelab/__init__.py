@@ -5,7 +5,7 @@ SCHEMA_VERSION = 2
 """Of the results files (run, summary, sweep, diagnosis, tune, trial, validation). 2: statistics named as `vllm bench
 serve` names them; servelab.renames reads version 1."""
 
-_API = ("bench", "simulate", "diagnosis", "load_results", "Results")
+_API = ("bench", "simulate", "diagnosis", "calibrate_from", "load_results", "Results")
 """servelab.api's names. The diagnosis function is not `diagnose`: that is the servelab.diagnose package."""
 
 

@@ -27,10 +27,12 @@ from servelab.diagnose.analysis import diagnose_run
 from servelab.diagnose.schema import Diagnosis
 from servelab.diagnose.engine_terms import served_engine
 from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
+from servelab.experiment.calibrate_from import CalibrateFromRequest, calibrate_from as run_calibrate_from
 from servelab.experiment.runner import run_point
 from servelab.metrics.results import RunResult, load_run
 from servelab.metrics.schema import RunInfo, Summary
 from servelab.metrics.slo import SLO
+from servelab.perf.calibration import CalibrationProfile
 from servelab.targets.base import Target
 from servelab.metrics.engines import AUTO
 from servelab.sim.engines import VLLM
@@ -130,3 +132,16 @@ def diagnosis(results: Results | str | Path, gpu: str, model: str, engine_args: 
         if said is not None:
             dx.notes.insert(0, said)
     return Diagnosis.model_validate(dx.as_dict())
+
+
+def calibrate_from(results: str | Path | list[str | Path], gpu: str, model: str, *, out: str | Path, engine_args: str = "",
+                   vllm_version: str | None = None, overwrite: bool = False) -> CalibrationProfile:
+    """`servelab calibrate --from`: the environment fitted to benchmark results you already have, written to `out`.
+
+    `results`: servelab results directories, `vllm bench serve --save-result` JSONs, GuideLLM or AIPerf exports
+    holding every request or their lengths (a file of aggregates only needs the CLI's workload flags).
+    """
+    sources = tuple(Path(r) for r in (results if isinstance(results, list) else [results]))
+    request = CalibrateFromRequest(sources, gpu, model, Path(out), engine_args=engine_args, vllm_version=vllm_version,
+                                   overwrite=overwrite)
+    return run_calibrate_from(request)

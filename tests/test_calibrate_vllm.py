@@ -38,7 +38,8 @@ def profile_path(vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Path:
         "calibrate", "--base-url", vllm_server.base_url, "--gpu", "cpu", "--model", str(vllm_server.model_dir),
         "--engine-args", " ".join(vllm_server.extra_args), "--out", str(out), "--budget", BUDGET_S,
     ])
-    assert result.exit_code == 0, result.output
+    # 3: written, but the host was too busy to time its reference step steadily (marked unreliable, said so)
+    assert result.exit_code == 0 or (result.exit_code == 3 and "unreliable" in result.output), result.output
     assert "reference step" in result.output
     return out
 

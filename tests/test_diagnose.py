@@ -243,8 +243,9 @@ def test_cli_results_directory_on_a_calibration_profile(tmp_path):
     assert any("20% of the host's CPU time" in note and "at calibration" in note for note in stolen["notes"])
 
 
-@pytest.mark.parametrize("flag", [["--gpu", "cpu"], ["--model", "qwen2.5-7b"]])
-def test_cli_calibration_beside_gpu_or_model_is_one_error_naming_both(tmp_path, flag):
+@pytest.mark.parametrize("flag", [["--gpu", "cpu"], ["--vllm-version", "0.11.0"]])
+def test_cli_calibration_beside_gpu_or_version_is_one_error_naming_both(tmp_path, flag):
+    """(--model beside a profile is another model on the calibrated hardware: tests/test_calibrate_from.py.)"""
     path = tiny_profile(tmp_path)
     result = CliRunner().invoke(app, ["diagnose", "--calibration", str(path), *flag, "--input-len", "5",
                                       "--output-len", "5", "--request-rate", "1"])

@@ -395,7 +395,6 @@ def test_tune_with_a_calibration_profile_scores_every_trial_on_its_coefficients(
     ("args", "named"),
     [
         (["--calibration", "PROFILE", "--gpu", "cpu"], ["--gpu", "--calibration"]),
-        (["--calibration", "PROFILE", "--model", "qwen2.5-7b"], ["--model", "--calibration"]),
         (["--calibration", "PROFILE", "--space", "gpu=h100-sxm,a100-80gb-sxm"], ["gpu", "--calibration"]),
         (["--calibration", "absent.json"], ["absent.json"]),
         (["--model", "qwen2.5-7b"], ["--gpu", "--calibration"]),

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -15,16 +16,23 @@ from servelab.cli.options import (
     ApiKeyFlag,
     BaseUrlFlag,
     EngineArgsFlag,
+    LoadFlags,
+    OptionalBaseUrlFlag,
     RequiredCalibrationFlag,
     RequiredGpuFlag,
     RequiredModelFlag,
     ServedModelFlag,
+    VllmVersionFlag,
+    load_options,
 )
-from servelab.experiment.calibrate import calibrate as run_calibration
+from servelab.errors import InputError
+from servelab.experiment.calibrate import CalibrationUnreliable, calibrate as run_calibration
+from servelab.experiment.calibrate_from import CalibrateFromRequest, calibrate_from
+from servelab.metrics.imports import WorkloadFlags
 from servelab.experiment.schema import ValidationReport
 from servelab.metrics.schema import checked
 from servelab.experiment.validate import METRICS, points_named, validate as run_validation
-from servelab.perf.calibration import CalibrationProfile, load_profile
+from servelab.perf.calibration import CalibrationProfile, RunFit, load_profile
 
 _console = Console()
 
@@ -75,22 +83,76 @@ def validation_table(report: ValidationReport) -> Table:
     return table
 
 
+FromFlag = Annotated[Optional[list[Path]], typer.Option(
+    "--from", help="A benchmark you already ran (repeat for more): a servelab results directory, a `vllm bench serve "
+                   "--save-result` JSON, a GuideLLM benchmarks JSON or AIPerf's profile_export_aiperf.json. No server needed.")]
+OutFlag = Annotated[Path, typer.Option("--out", "-o", help="Profile JSON to write (live: raw probe runs go to <out>.probes/).")]
+_WORKLOAD_FLAGS = ("random_input_len", "random_output_len", "num_prompts", "request_rate", "max_concurrency",
+                   "dataset_name", "dataset_path", "random_range_ratio", "seed")
+"""The load flags `calibrate --from` reads: the workload of a result that holds only aggregates."""
+
+
+def _refuse_other_load_flags(load: LoadFlags, used: tuple[str, ...], mode: str) -> None:
+    default = LoadFlags()
+    for name in (f.name for f in fields(LoadFlags)):
+        if name not in used and getattr(load, name) != getattr(default, name):
+            raise InputError(f"--{name.replace('_', '-')} does not apply to calibrate {mode}")
+
+
+def _workload(load: LoadFlags) -> WorkloadFlags:
+    return WorkloadFlags(
+        random_input_len=load.random_input_len, random_output_len=load.random_output_len, num_prompts=load.num_prompts,
+        request_rate=load.request_rate, max_concurrency=load.max_concurrency,
+        dataset_name=None if load.dataset_name == LoadFlags().dataset_name and load.dataset_path is None else load.dataset_name,
+        dataset_path=load.dataset_path, random_range_ratio=load.random_range_ratio, seed=load.seed,
+    )
+
+
 @app.command()
+@load_options
 def calibrate(
-    base_url: BaseUrlFlag,
     gpu: RequiredGpuFlag,
     model: RequiredModelFlag,
-    out: Annotated[Path, typer.Option(help="Profile JSON to write; raw probe runs go to <out>.probes/.")],
+    base_url: OptionalBaseUrlFlag = None,
+    from_results: FromFlag = None,
+    out: OutFlag = Path("profile.json"),
     engine_args: EngineArgsFlag = "",
-    budget: Annotated[float, typer.Option(help="Seconds of probing (repeated passes until spent).")] = 300.0,
+    vllm_version: VllmVersionFlag = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing profile at --out.")] = False,
+    budget: Annotated[float, typer.Option(help="Live: seconds of probing (repeated passes until spent).")] = 300.0,
     served_model: ServedModelFlag = None,
     api_key: ApiKeyFlag = None,
+    *,
+    load: LoadFlags,
 ) -> None:
-    """Probe a live server, fit the cost model to it, check the fit in the simulator, write a profile."""
+    """Fit the simulator to your server: probe it live (--base-url), or fit to benchmarks you already ran (--from)."""
+    if (base_url is None) == (not from_results):
+        raise InputError("give --base-url (probe a live server) or --from RESULT (benchmarks you already ran), one of them")
+    if out.exists() and not overwrite:
+        raise InputError(f"{out} exists: give --overwrite to replace it, or another --out")
+    if from_results:
+        _refuse_other_load_flags(load, _WORKLOAD_FLAGS, "--from")
+        request = CalibrateFromRequest(tuple(from_results), gpu, model, out, engine_args=engine_args,
+                                       vllm_version=vllm_version, workload=_workload(load), overwrite=overwrite)
+        show_runs_fit(calibrate_from(request, progress=lambda m: _console.print(f"[dim]{m}[/]")))
+        _console.print(f"profile written to {out}; use it with --calibration {out} (add --model to predict another model)")
+        return
+    assert base_url is not None
+    _refuse_other_load_flags(load, (), "--base-url (its probes are its own workload)")
+    if vllm_version is not None:
+        raise InputError("--vllm-version describes the runs of calibrate --from; a live server is probed as it is")
     profile = run_calibration(
         base_url, gpu, model, out, engine_args=engine_args, budget_s=budget, served_model=served_model,
         api_key=api_key, progress=lambda m: _console.print(f"[dim]{m}[/]"),
     )
+    show_probe_fit(profile)
+    _console.print(f"profile written to {out}")
+    if (why := profile.unreliable) is not None:
+        raise CalibrationUnreliable(f"{why}. The profile is written but marked unreliable: validate cannot judge a "
+                                    "server's speed against it. Re-run calibrate when the host is quiet.")
+
+
+def show_probe_fit(profile: CalibrationProfile) -> None:
     _console.print(fit_table(profile))
     rates = profile.rates
     _console.print(
@@ -107,7 +169,45 @@ def calibrate(
                        f"over {len(ref.runs_ms)} runs; validate re-times it to check the host")
     else:
         _console.print("reference step: not measured (the client stalled in every run); validate cannot check the host")
-    _console.print(f"profile written to {out}")
+
+
+_PARAMETER_WORDS = {
+    "compute_scale": ("GPU compute (peak FLOP/s x)", "{:.2f}"),
+    "memory_scale": ("GPU memory bandwidth (x)", "{:.2f}"),
+    "engine_cpu_factor": ("CPU-side costs, engine core (vLLM's measured x)", "{:.2f}"),
+    "api_cpu_factor": ("CPU-side costs, API server (vLLM's measured x)", "{:.2f}"),
+    "outside_engine_s": ("time outside the engine (added to TTFT)", "{:.1f} ms"),
+}
+
+
+def runs_table(fit: RunFit) -> Table:
+    table = Table(title="measured / fitted / specs-only")
+    for column in ("metric", "measured", "fitted", "specs-only"):
+        table.add_column(column, justify="left" if column == "metric" else "right", no_wrap=True)
+    for key, m in fit.metrics.items():
+        table.add_row(key, _num(m.measured), f"{_num(m.fitted)} ({_pct(m.fitted_error_pct)})",
+                      f"{_num(m.specs_only)} ({_pct(m.specs_only_error_pct)})")
+    return table
+
+
+def show_runs_fit(profile: CalibrationProfile) -> None:
+    env = profile.environment
+    assert env is not None
+    for run in env.runs:
+        _console.print(f"{run.source} ({run.format}, {run.requests} requests, lengths from {run.lengths_from}):",
+                       highlight=False, soft_wrap=True)
+        _console.print(runs_table(run))
+        for note in run.notes:
+            _console.print(f"  note: {note}", highlight=False)
+    for name, (words, fmt) in _PARAMETER_WORDS.items():
+        value, spec = getattr(env, name), env.specs_only[name]
+        scale = 1e3 if name == "outside_engine_s" else 1.0
+        line = f"{words}: {fmt.format(value * scale)} (specs-only {fmt.format(spec * scale)})"
+        if name in env.unconstrained:
+            line += (f": kept, the runs cannot constrain it (its test step moves no figure by more than "
+                     f"{100 * env.sensitivity[name]:.1f}%)")
+        _console.print(line, highlight=False)
+    _console.print(f"fit: mean squared log error {env.objective:.4f} after {env.evaluations} simulations of every run")
 
 
 @app.command()

@@ -34,6 +34,7 @@ from servelab.metrics.slo import SLO
 from servelab.metrics.summary import DEFAULT_PERCENTILES
 from servelab.perf.calibration import load_profile
 from servelab.perf.errors import PerfConfigError
+from servelab.perf.models import get_model
 from servelab.sim.engines import ENGINES, VLLM
 from servelab.sim.router import POLICIES, ROUND_ROBIN
 from servelab.targets.deployment import Deployment, build_deployment
@@ -65,7 +66,8 @@ ReplicasFlag = Annotated[Optional[int], typer.Option(help="Data-parallel replica
 RouterFlag = Annotated[str, typer.Option(help=f"How replicas are picked: {', '.join(POLICIES)}.", rich_help_panel=DEPLOYMENT_PANEL)]
 GpuFileFlag = Annotated[Optional[Path], typer.Option(help="YAML with your own GPUs, added to the catalogue.", rich_help_panel=DEPLOYMENT_PANEL)]
 _CALIBRATION = typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: its fitted hardware, model and "
-                                 "coefficients (--engine-args change its server's flags).", rich_help_panel=DEPLOYMENT_PANEL)
+                                 "coefficients (--engine-args change its server's flags; --model puts another model on the "
+                                 "same hardware and host).", rich_help_panel=DEPLOYMENT_PANEL)
 CalibrationFlag = Annotated[Optional[Path], _CALIBRATION]
 RequiredCalibrationFlag = Annotated[Path, _CALIBRATION]
 EngineFlag = Annotated[str, typer.Option(
@@ -75,7 +77,9 @@ VllmVersionFlag = Annotated[Optional[str], typer.Option(
     help="The vLLM release served (e.g. 0.11.0): its defaults, its measured CPU costs. Default: 0.32.",
     rich_help_panel=DEPLOYMENT_PANEL)]
 
-BaseUrlFlag = Annotated[str, typer.Option(help="Server root, e.g. http://127.0.0.1:8000.", rich_help_panel=SERVER_PANEL)]
+_BASE_URL = typer.Option(help="Server root, e.g. http://127.0.0.1:8000.", rich_help_panel=SERVER_PANEL)
+BaseUrlFlag = Annotated[str, _BASE_URL]
+OptionalBaseUrlFlag = Annotated[Optional[str], _BASE_URL]
 ServedModelFlag = Annotated[Optional[str], typer.Option(help="Model name on the server (default: the first of /v1/models).",
                                                         rich_help_panel=SERVER_PANEL)]
 ApiKeyFlag = Annotated[Optional[str], typer.Option(envvar="OPENAI_API_KEY", show_envvar=True, help="Bearer token; never written anywhere.",
@@ -272,9 +276,10 @@ def deployment_from_flags(
 ) -> Deployment:
     """The deployment the flags describe: --gpu and --model from the catalogues, or a `servelab calibrate` profile.
 
-    A profile already names the hardware (its fitted rates) and the model, so
-    --gpu, --model or --gpu-file beside --calibration is an error naming both
-    flags rather than a silent choice of one; --engine-args then override the
+    A profile already names the hardware (its fitted rates), so --gpu,
+    --gpu-file or --vllm-version beside --calibration is an error naming both
+    flags rather than a silent choice of one; --model puts another model on
+    the calibrated hardware; --engine-args then override the
     calibrated server's flags one by one. Another --engine than vLLM reads
     --engine-args with that engine's parser; profiles and --vllm-version are
     vLLM's, so either beside it is an error. PerfConfigError for anything that
@@ -296,10 +301,11 @@ def deployment_from_flags(
             raise PerfConfigError("give --gpu and --model (or --calibration with a profile from `servelab calibrate`)")
         return build_deployment(gpu, model, engine_args, tensor_parallel_size=tp, replicas=replicas,
                                 gpu_file=gpu_file, router=router, vllm_version=vllm_version)
-    for flag, value in (("--gpu", gpu), ("--model", model), ("--gpu-file", gpu_file), ("--vllm-version", vllm_version)):
+    for flag, value in (("--gpu", gpu), ("--gpu-file", gpu_file), ("--vllm-version", vllm_version)):
         if value is not None:
-            raise PerfConfigError(f"{flag} and --calibration both name the hardware/model: the profile already does; drop {flag}")
-    deployment = deployment_from_profile(load_profile(calibration), engine_args)
+            raise PerfConfigError(f"{flag} and --calibration both name the hardware: the profile already does; drop {flag}")
+    # --model beside a profile: another model on the calibrated hardware and host.
+    deployment = deployment_from_profile(load_profile(calibration), engine_args, get_model(model) if model else None)
     changes: dict[str, Any] = {k: v for k, v in (("tensor_parallel_size", tp), ("data_parallel_size", replicas)) if v is not None}
     if changes:
         rebuilt = deployment.rebuilt(**changes)

@@ -49,7 +49,10 @@ from servelab.metrics.host import HostWatch
 from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample
+from servelab.errors import EXIT_DISTURBED, ServelabError
+from servelab.experiment.calibrate_from import profile_deployment
 from servelab.perf.calibration import (
+    CalibrationOrigin,
     CalibrationProfile,
     CostFit,
     StepObservation,
@@ -66,6 +69,13 @@ from servelab.targets.deployment import Deployment
 from servelab.targets.http import HttpTarget
 from servelab.targets.sim import SimTarget
 from servelab.targets.base import Target
+
+class CalibrationUnreliable(ServelabError):
+    """The profile is written, but its reference step time spread too wide to judge a server's speed by."""
+
+    exit_code = EXIT_DISTURBED
+    label = "unreliable"
+
 
 MIN_BUDGET_S = 20.0
 """Below this not even one pass of the probe plan fits."""
@@ -344,17 +354,20 @@ def mirrored_engine_args(engine_args: str, cache: dict[str, str], served: dict[s
 # -- the whole verb --------------------------------------------------------------
 
 
-def deployment_from_profile(profile: CalibrationProfile, engine_args: str = "") -> Deployment:
+def deployment_from_profile(profile: CalibrationProfile, engine_args: str = "", model: ModelSpec | None = None) -> Deployment:
     """The calibrated hardware + model as a simulated deployment; `engine_args` override the probed flags one by one.
 
     The Deployment carries everything the profile fitted: the roofline's
     coefficients (prefill-step and idle-wake costs included), the latency and
-    the API server's per-request cost.
+    the API server's per-request cost. `model` puts another model on the same
+    calibrated hardware (the profile's own by default).
     """
+    if profile.origin == CalibrationOrigin.RUNS:
+        return profile_deployment(profile, engine_args, model)
     probed = parse_engine_args(profile.engine_args)
     parsed = parse_engine_args(engine_args, base=probed.config) if engine_args.strip() else probed
     return Deployment.build(
-        profile.hardware, profile.model(), parsed.config, coefficients=profile.coefficients,
+        profile.hardware, model or profile.model(), parsed.config, coefficients=profile.coefficients,
         warnings=tuple(parsed.warnings), network_latency=profile.network_latency_s,
         performance_mode=parsed.performance_mode, api=ApiServerCosts(per_request_s=profile.frontend_s_per_request),
     )

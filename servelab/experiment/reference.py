@@ -74,7 +74,8 @@ def speed_check(calibrated: ReferenceTiming | None, target: Target, max_num_seqs
     slower or faster is said to be so, with the numbers, next to what it measured.
     """
     if calibrated is None:
-        return ["the calibration profile has no reference step time (schema 2): this server's speed is unchecked"]
+        return ["the calibration profile has no reference step time (schema 2, or fitted from runs by calibrate --from): "
+                "this server's speed is unchecked"]
     timing = time_reference(target, max_num_seqs, vocab_size, directory, {"verb": "speed-check"}, warm_up=True)
     if timing.workload != calibrated.workload:
         return [f"this server's reference ({timing.workload}) is not the calibrated one ({calibrated.workload}): "

@@ -47,7 +47,7 @@ from servelab.experiment.reference import time_reference
 from servelab.metrics.host import HostWatch, condition_changes
 from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.summary import summarize
-from servelab.perf.calibration import CalibrationProfile, ReferenceTiming, SpeedChange
+from servelab.perf.calibration import CalibrationProfile, ReferenceTiming, SpeedChange, reference_too_wide
 from servelab.perf.errors import PerfConfigError
 from servelab.targets.deployment import Deployment
 from servelab.targets.base import Target
@@ -322,9 +322,14 @@ def speed_warnings(calibrated: ReferenceTiming | None, timings: list[tuple[str, 
                    speed: list[SpeedChange | None]) -> list[str]:
     """One line per timing that found the server at another speed, or why no comparison was possible."""
     if calibrated is None:
-        return ["the profile has no reference step time (written before schema 3): the server's speed since calibration "
-                "cannot be checked; re-run calibrate"]
-    out = [f"{label}: {c.describe()}; the repeats it brackets are reported as disturbed and not judged"
+        return ["the profile has no reference step time (written before schema 3, or fitted from runs by calibrate "
+                "--from): the server's speed since calibration cannot be checked; re-run calibrate against the server"]
+    out = []
+    if (too_wide := reference_too_wide(calibrated)) is not None:
+        out.append(f"the calibration profile is unreliable: {too_wide}. A round counts as disturbed only when the "
+                   "speed moved beyond the spreads of both timings, so against this one no round can be: the errors "
+                   "below may be the host's, not the model's; re-run calibrate on a quiet host")
+    out += [f"{label}: {c.describe()}; the repeats it brackets are reported as disturbed and not judged"
            for (label, _), c in zip(timings, speed) if c is not None and c.changed]
     if all(c is None for c in speed):
         workloads = {t.workload for _, t in timings}

@@ -25,6 +25,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +41,14 @@ from servelab.perf.models import ModelSpec
 from servelab.renames import upgraded
 
 PROFILE_KIND = "servelab.calibration"
-PROFILE_SCHEMA_VERSION = 4
-"""4: probe figures named as `vllm bench serve` names them (median_ttft_ms; 3 and 2 said ttft_p50_ms, renamed on reading).
+PROFILE_SCHEMA_VERSION = 5
+"""5: a profile may be fitted from measured runs (`origin` "runs", `environment`); older ones are all "probes".
+4: probe figures named as `vllm bench serve` names them (median_ttft_ms; 3 and 2 said ttft_p50_ms, renamed on reading).
 3: the host's conditions and a reference step time, so later runs can tell a changed host (2 is read without them).
 2: the prefill and idle-wake costs are CostCoefficients terms (1 had a per-prefill-chunk cost beside them)."""
-READABLE_SCHEMA_VERSIONS = (2, 3, PROFILE_SCHEMA_VERSION)
+READABLE_SCHEMA_VERSIONS = (2, 3, 4, PROFILE_SCHEMA_VERSION)
+STATISTICS_RENAMED_IN = 4
+"""The schema that took vLLM's statistic names: older profiles are renamed on reading (servelab/renames.py)."""
 
 _RATES = ("linear_flops", "attention_flops", "weight_bandwidth", "kv_bandwidth")
 _COEFFICIENT_OVERHEADS = (
@@ -311,6 +315,94 @@ class SpeedChange:
                 f"(run-to-run spread of both: {self.noise_pct:.1f}%)")
 
 
+MAX_REFERENCE_SPREAD_PCT = 15.0
+"""A reference step time whose runs spread wider than this (half range over median) cannot judge a speed change:
+validate's disturbed-round check compares timings within their spreads, and at 15% a server 30% slower passes as
+steady. The vLLM CPU server on a quiet two-core host spreads 1-5%; a host with other jobs spread 87% (5.7-30 ms)."""
+
+
+def reference_too_wide(reference: ReferenceTiming | None) -> str | None:
+    """One sentence when `reference` is too noisy to judge a server's speed by (None when it is fine or absent)."""
+    if reference is None or reference.spread_pct is None or reference.spread_pct <= MAX_REFERENCE_SPREAD_PCT:
+        return None
+    lo, hi = min(reference.runs_ms), max(reference.runs_ms)
+    return (f"the reference step time ({reference.workload}) ranged {lo:.1f}-{hi:.1f} ms over {len(reference.runs_ms)} "
+            f"runs, a spread of {reference.spread_pct:.0f}% (at most {MAX_REFERENCE_SPREAD_PCT:g}% can judge a speed "
+            "change): the host was busy while it was measured")
+
+
+class CalibrationOrigin(StrEnum):
+    PROBES = "probes"
+    """`calibrate --base-url`: probes of a live server, the roofline's coefficients fitted to them."""
+    RUNS = "runs"
+    """`calibrate --from`: the environment's few parameters fitted to benchmark runs the user already had."""
+
+
+class MetricFit(BaseModel):
+    """One figure of one run: measured, simulated with the fitted environment, and simulated from specs alone."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    measured: float
+    fitted: float | None
+    specs_only: float | None
+
+    @property
+    def fitted_error_pct(self) -> float | None:
+        return None if self.fitted is None else 100.0 * (self.fitted - self.measured) / self.measured
+
+    @property
+    def specs_only_error_pct(self) -> float | None:
+        return None if self.specs_only is None else 100.0 * (self.specs_only - self.measured) / self.measured
+
+
+class RunFit(BaseModel):
+    """One measured run the environment was fitted to, and how well the fit reproduces it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str
+    format: str
+    requests: int
+    lengths_from: str
+    metrics: dict[str, MetricFit]
+    notes: list[str] = Field(default_factory=list)
+
+
+class EnvironmentFit(BaseModel):
+    """What `calibrate --from` fitted: the few parameters an environment changes, as scale factors on the specs.
+
+    The same GPU from the catalogue, the same vLLM CPU-side costs, the same
+    step model, with: its compute and memory peaks x `compute_scale` and
+    `memory_scale`; vLLM's measured engine-core CPU costs (and the host's
+    eager kernel launches) x `engine_cpu_factor`, its API server's x
+    `api_cpu_factor` (servelab/perf/vllm_cpu_costs.py); and a fixed
+    `outside_engine_s` added to every time to first token (a gateway or proxy
+    in front). A parameter the runs could not move is kept at its specs-only
+    value and named in `unconstrained`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    compute_scale: float = Field(1.0, gt=0)
+    memory_scale: float = Field(1.0, gt=0)
+    engine_cpu_factor: float = Field(gt=0)
+    api_cpu_factor: float = Field(gt=0)
+    outside_engine_s: float = Field(0.0, ge=0)
+    vllm_version: str | None = None
+    """The --vllm-version the runs were served by (None: the modelled release)."""
+    specs_only: dict[str, float]
+    """Each parameter's specs-only value, where the fit started."""
+    unconstrained: list[str] = Field(default_factory=list)
+    """Parameters the runs could not constrain (kept at their specs-only value)."""
+    sensitivity: dict[str, float] = Field(default_factory=dict)
+    """Per parameter, the largest change of any run's figure (log ratio) when it moves by its test step."""
+    objective: float
+    """Mean squared log error of the fitted figures (0: every figure reproduced exactly)."""
+    evaluations: int
+    runs: list[RunFit]
+
+
 class ProfileError(PerfConfigError):
     """A calibration profile that cannot be read or is of another schema."""
 
@@ -345,19 +437,27 @@ class CalibrationProfile(BaseModel):
     """One-way client<->server latency, without the API server's per-request cost when that was fitted."""
     frontend_s_per_request: float = Field(0.0, ge=0)
     """The API server's serial admission cost per request (SimTarget's frontend), fitted from burst arrivals."""
-    rates: dict[str, float]
-    fit: dict[str, Any]
-    """Residuals of the step-model fit: per observation, rms, max, convergence."""
-    simulated_probes: list[dict[str, Any]]
+    rates: dict[str, float] = Field(default_factory=dict)
+    fit: dict[str, Any] = Field(default_factory=dict)
+    """Residuals of the step-model fit: per observation, rms, max, convergence (probes only)."""
+    simulated_probes: list[dict[str, Any]] = Field(default_factory=list)
     """Each probe re-run through the simulator with the fitted profile: predicted vs measured."""
-    probes: list[dict[str, Any]]
+    probes: list[dict[str, Any]] = Field(default_factory=list)
     """What it was fitted on: every probe's shape, repeats, measured medians and results directories."""
-    budget_s: float
-    elapsed_s: float
+    budget_s: float = 0.0
+    elapsed_s: float = 0.0
     host: dict[str, Any] = Field(default_factory=dict)
     """The host's conditions over the calibration (servelab.metrics.host): load, CPU steal, GPU clocks; {} in schema 2."""
     reference: ReferenceTiming | None = None
     """The reference step time before and after the probes, for later speed checks; None in schema 2."""
+    origin: CalibrationOrigin = CalibrationOrigin.PROBES
+    environment: EnvironmentFit | None = None
+    """What `calibrate --from` fitted (origin "runs"); None for probes."""
+
+    @property
+    def unreliable(self) -> str | None:
+        """Why this profile's speed gauge cannot be trusted (its reference spread too wide), or None."""
+        return reference_too_wide(self.reference)
 
     def model(self) -> ModelSpec:
         return ModelSpec(**self.model_spec)
@@ -396,7 +496,7 @@ def load_profile(path: str | Path) -> CalibrationProfile:
             f"this servelab reads versions {', '.join(map(str, READABLE_SCHEMA_VERSIONS))}: re-run calibrate"
         )
     try:
-        return CalibrationProfile.model_validate(upgraded(raw, PROFILE_SCHEMA_VERSION))
+        return CalibrationProfile.model_validate(upgraded(raw, STATISTICS_RENAMED_IN))
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise ProfileError(f"calibration profile {path} is invalid: {problems}") from exc
