@@ -418,6 +418,8 @@ class ApiProbe:
                                       extra_args=["--dtype", "float32", "--max-model-len", "4096", "--max-num-seqs", "256",
                                                   "--max-num-batched-tokens", "8192", "--no-enable-prefix-caching"])
         self.rng = random.Random(0)
+        self.client_core = 1
+        """The core the load generator is pinned to while the server is pinned (1: the engine's)."""
 
     def __enter__(self) -> Self:
         self.server.start()
@@ -450,7 +452,7 @@ class ApiProbe:
         proc = subprocess.Popen([str(self.vllm_python), __file__, "--client-worker"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if self.pinned:
-            os.sched_setaffinity(proc.pid, {1})
+            os.sched_setaffinity(proc.pid, {self.client_core})
         out, err = proc.communicate(json.dumps(spec), timeout=deadline_s + 60)
         if proc.returncode != 0:
             raise SystemExit(f"client worker failed:\n{err[-3000:]}")

@@ -8,9 +8,11 @@ think time), waiting for slots first-come first-served, never at or after
 `plan.duration`. The result is the same RequestRecords and timeline samples a
 real run produces, deterministically.
 
-Event order at equal times: step ends, then client events, then slot
-releases, then step starts, so a request released the moment another
-finishes (with zero latency) joins the very next step.
+Event order at equal times: step ends, then client events (an API server's
+output round among them), then the API server taking in its next request,
+then slot releases, then step starts, so a request released the moment
+another finishes (with zero latency) joins the very next step, and an output
+round due when a request's intake ends goes before the next request's.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import heapq
 import itertools
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
@@ -38,7 +41,7 @@ from servelab.targets.base import SampleSink, TargetRun
 from servelab.targets.errors import TargetError, unmet_dependency
 from servelab.workload.spec import LoadPlan, RequestSpec
 
-_STEP_END, _CLIENT, _RELEASE, _STEP_BEGIN = 0, 1, 2, 3
+_STEP_END, _CLIENT, _INTAKE, _RELEASE, _STEP_BEGIN = 0, 1, 2, 3, 4
 _REJECTED = "http_400"
 
 
@@ -53,7 +56,11 @@ class SimTarget:
     server in front of the engines. A request reaches an engine only after
     the loop has spent per_request + per_prompt_token x prompt_len on it, and
     then `latency` (+ per prompt token) on no serial core (thread hand-offs,
-    ZMQ hops). Outputs leave it in rounds, as vLLM's AsyncLLM hands them on:
+    ZMQ hops). The loop takes requests in one at a time, in arrival order, and
+    an output round that falls due meanwhile goes before the next request's
+    intake: asyncio runs the output handler's task beside the requests' own
+    tasks, so a burst's intake delays outputs by one request's work, not by
+    the whole backlog. Outputs leave it in rounds, as vLLM's AsyncLLM hands them on:
     its output handler receives every engine step that arrived since its last
     turn (`per_output_step` each, `per_output_token` per token: detokenization
     and bookkeeping), and then each request with new tokens sends one SSE
@@ -194,6 +201,9 @@ class _Simulation:
         self.servers = servers = target.api_servers
         self.frontend_free_at = [0.0] * servers
         self.frontend_busy = 0.0
+        self.intake: list[deque[RequestSpec]] = [deque() for _ in range(servers)]
+        """Per API server: requests that reached it and wait for its event loop to take them in."""
+        self.intake_armed = [False] * servers
         self.next_server = 0
         self.server_of: dict[int, int] = {}
         self.delivered: list[list[list[float]]] = [[[] for _ in range(servers)] for _ in engines]
@@ -330,11 +340,28 @@ class _Simulation:
             server = self.next_server
             self.next_server = (server + 1) % self.servers
             self.server_of[spec.index] = server
-            done = self._frontend(now, self.fe_request + self.fe_token * spec.prompt_len, server)
-            done += self.fe_latency + self.fe_latency_token * spec.prompt_len
-            self._push(done, _CLIENT, lambda t, s=spec: self._admit(s, t))
+            self.intake[server].append(spec)
+            if not self.intake_armed[server]:
+                self.intake_armed[server] = True
+                self._take_in(server, now)
         else:
             self._admit(spec, now)
+
+    def _take_in(self, server: int, now: float) -> None:
+        """The API server's loop takes in its next waiting request, once its core is free (an output round due by
+        then has gone first: it is a _CLIENT event, and this one an _INTAKE event at the same time)."""
+        free = self.frontend_free_at[server]
+        if free > now:
+            self._push(free, _INTAKE, lambda t, s=server: self._take_in(s, t))
+            return
+        if not self.intake[server]:
+            self.intake_armed[server] = False
+            return
+        spec = self.intake[server].popleft()
+        done = self._frontend(now, self.fe_request + self.fe_token * spec.prompt_len, server)
+        admitted = done + self.fe_latency + self.fe_latency_token * spec.prompt_len
+        self._push(admitted, _CLIENT, lambda t, s=spec: self._admit(s, t))
+        self._push(done, _INTAKE, lambda t, s=server: self._take_in(s, t))
 
     def _admit(self, spec: RequestSpec, now: float) -> None:
         """The request reaches an engine (after the frontend, if any): the engine's clock for it starts here."""
