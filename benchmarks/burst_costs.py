@@ -32,6 +32,7 @@ is bounded in count and time.
 
     .venv/bin/python benchmarks/burst_costs.py --raw burst.json      # measure (~6 min), fit, print the table
     .venv/bin/python benchmarks/burst_costs.py --from-raw burst.json # refit and replay only
+    .venv/bin/python benchmarks/burst_costs.py --from-raw benchmarks/measured/burst_costs-cpu-2026-12-05.json.gz
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ from cpu_side_costs import (  # noqa: E402  (the sibling script's helpers)
     LATENCY_METRICS,
     STEPS_METRIC,
     ApiProbe,
+    _descendants,
+    _pin,
     heavy_lock,
     linear_fit,
     reference_loop_s,
@@ -65,13 +68,16 @@ SHAPES = {"128/4": (21, 4), "16/32": (3, 32)}
 STEADY = ((64, 640), (512, 1536))
 """Closed loops of 128 in / 4 out: (concurrency, requests)."""
 MAX_NUM_SEQS, MAX_BATCHED_TOKENS = 256, 8192
+SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "4096", "--max-num-seqs", str(MAX_NUM_SEQS),
+               "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS), "--no-enable-prefix-caching")
+"""cpu_side_costs.ApiProbe's server flags, which part 1 and the replay mirror."""
 SERVED_REPEATS = 2
 
 
 # -- 1. engine core, in process (runs under the vLLM venv's python) -----------------------------------------
 
 
-def engine_worker(model_dir: str, deadline_s: float) -> None:
+def engine_worker(model_dir: str, deadline_s: float, sizes: tuple[int, ...], shapes: tuple[str, ...]) -> None:
     """Per-step CPU and wall time with the running/waiting counts each step saw; prints one JSON object."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -122,10 +128,11 @@ def engine_worker(model_dir: str, deadline_s: float) -> None:
     records, adds = [], []
     start = time.monotonic()
     for repeat in range(2):  # the first pass warms caches and compiles
-        for shape, (words, out) in SHAPES.items():
+        for shape in shapes:
+            words, out = SHAPES[shape]
             prompt_len = 6 * words + (2 if words < 10 else 4)
             params = SamplingParams(max_tokens=out, ignore_eos=True, temperature=0)
-            for n in BURST_SIZES:
+            for n in sizes:
                 timers.clear()
                 t0 = time.thread_time()
                 for i in range(n):
@@ -145,9 +152,11 @@ def engine_worker(model_dir: str, deadline_s: float) -> None:
     print(json.dumps({"records": records, "adds": adds}))
 
 
-def measure_engine(vllm_python: Path, model_dir: Path, deadline_s: float) -> dict:
+def measure_engine(vllm_python: Path, model_dir: Path, deadline_s: float, sizes: tuple[int, ...] = BURST_SIZES,
+                   shapes: tuple[str, ...] = tuple(SHAPES)) -> dict:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(vllm_python), __file__, "--engine-worker", str(model_dir), "--deadline", str(deadline_s)],
+    proc = subprocess.run([str(vllm_python), __file__, "--engine-worker", str(model_dir), "--deadline", str(deadline_s),
+                           "--sizes", ",".join(map(str, sizes)), "--shapes", ",".join(shapes)],
                           capture_output=True, text=True, env=env, timeout=deadline_s + 300, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"engine worker failed:\n{proc.stderr[-4000:]}")
@@ -222,48 +231,77 @@ def burst_row(kind: str, shape: str, n: int, concurrency: int, res: dict, m0: di
     }
 
 
-def measure_served(vllm_python: Path, model_dir: Path, deadline_s: float, repeats: int) -> list[dict]:
+LOADS = [("burst", shape, n, n) for shape in SHAPES for n in BURST_SIZES] + [("steady", "128/4", n, c) for c, n in STEADY]
+"""(kind, shape, requests, concurrency) of every served load, in the order served."""
+
+
+class AttachedProbe(ApiProbe):
+    """ApiProbe on a vLLM CPU server started elsewhere (the test suite's fixture), pinned the same way."""
+
+    def __init__(self, vllm_python: Path, base_url: str, api_pid: int, served_model_name: str) -> None:
+        from types import SimpleNamespace
+
+        self.vllm_python, self.server = vllm_python, SimpleNamespace(base_url=base_url, pid=api_pid)
+        self.rng, self.client_core, self.served_model_name = random.Random(0), 0, served_model_name
+
+    def __enter__(self) -> AttachedProbe:
+        self.api_pid = self.server.pid
+        self.engine_pids = _descendants(self.api_pid)
+        self.pinned = True
+        _pin(self.api_pid, 0)
+        for pid in self.engine_pids:
+            _pin(pid, 1)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.unpin()
+
+
+def serve_loads(probe: ApiProbe, loads: list[tuple[str, str, int, int]], repeats: int, deadline_s: float) -> list[dict]:
+    """Every load `repeats` times after a warm-up, the client pinned beside the API server (core 0).
+
+    Core 1 is the engine core's and its busy-polling model worker's: a client starved there sends late and
+    reads late, which client TTFT would count as the server's (served with the client on core 1, the same
+    bursts ran at 0.6-0.7x the throughput with twice the repeat-to-repeat spread).
+    """
+    probe.client_core = 0
+    t_start = time.monotonic()
+    probe.load(21, 4, True, 64, 16, deadline_s)  # warm-up
     out: list[dict] = []
+    for repeat in range(repeats):
+        for kind, shape, n, concurrency in loads:
+            words, max_tokens = SHAPES[shape]
+            m0 = probe.metrics()
+            res = probe.load(words, max_tokens, True, n, concurrency, deadline_s)
+            row = burst_row(kind, shape, n, concurrency, res, m0, probe.metrics(), probe.api_pid)
+            out.append({**row, "repeat": repeat})
+            print(f"  {kind} {shape} n={n} c={concurrency}: {row['requests_per_s']:.1f} req/s, TTFT "
+                  f"{row['mean_ttft_ms']:.0f} ms (vLLM {row['vllm_ttft_ms']:.0f}), TPOT {row['mean_tpot_ms'] or 0:.1f} ms, "
+                  f"loop {1e3 * row['loop_cpu_s'] / n:.2f} ms/req, steps {row['engine_steps']:.0f}",
+                  file=sys.stderr, flush=True)
+            if time.monotonic() - t_start > deadline_s:
+                raise SystemExit("served measurement ran past its time limit")
+    return out
+
+
+def measure_served(vllm_python: Path, model_dir: Path, deadline_s: float, repeats: int) -> list[dict]:
     log = Path("/tmp") / f"burst-costs-{os.getpid()}.log"
     with ApiProbe(vllm_python, model_dir, log) as probe:
-        # The client beside the API server: core 1 is the engine core's and its busy-polling model worker's, and a
-        # client starved there sends late and reads late, which client TTFT would count as the server's.
-        probe.client_core = 0
-        t_start = time.monotonic()
-        probe.load(21, 4, True, 64, 16, deadline_s)  # warm-up
-        loads = [("burst", shape, n, n) for shape in SHAPES for n in BURST_SIZES]
-        loads += [("steady", "128/4", n, c) for c, n in STEADY]
-        for repeat in range(repeats):
-            for kind, shape, n, concurrency in loads:
-                words, max_tokens = SHAPES[shape]
-                m0 = probe.metrics()
-                res = probe.load(words, max_tokens, True, n, concurrency, deadline_s)
-                row = burst_row(kind, shape, n, concurrency, res, m0, probe.metrics(), probe.api_pid)
-                out.append({**row, "repeat": repeat})
-                print(f"  {kind} {shape} n={n} c={concurrency}: {row['requests_per_s']:.1f} req/s, TTFT "
-                      f"{row['mean_ttft_ms']:.0f} ms (vLLM {row['vllm_ttft_ms']:.0f}), TPOT {row['mean_tpot_ms'] or 0:.1f} ms, "
-                      f"loop {1e3 * row['loop_cpu_s'] / n:.2f} ms/req, steps {row['engine_steps']:.0f}",
-                      file=sys.stderr, flush=True)
-                if time.monotonic() - t_start > deadline_s:
-                    raise SystemExit("served measurement ran past its time limit")
-    return out
+        return serve_loads(probe, LOADS, repeats, deadline_s)
 
 
 # -- 3. the replay (servelab's venv) --------------------------------------------------------------------
 
 
 class BuildStep:
-    """The CPU build's engine step as part 1 timed it, plus the load generator's share of the engine's core.
+    """The CPU build's engine step as part 1 timed it, times the served engine's factor (a CostModel).
 
-    A CostModel: the replay's stand-in for the GPU step. On this 2-core host the client runs on the engine's
-    core, so every token it reads takes that core from the engine: each scheduled request's token costs the
-    step the client's measured CPU per output token of the load being replayed (a GPU server's client runs
-    elsewhere; this term exists only in the replay).
+    The replay's stand-in for a GPU's step: fixed + per scheduled request + per scheduled token.
     """
 
-    def __init__(self, fit: dict, client_per_token_s: float, served_factor: float = 1.0) -> None:
+    def __init__(self, fit: dict, served_factor: float = 1.0) -> None:
         self.fixed, self.per_token = served_factor * fit["fixed_s"], served_factor * fit["per_token_s"]
-        self.per_request = served_factor * fit["per_request_s"] + client_per_token_s
+        self.per_request = served_factor * fit["per_request_s"]
 
     def step_time(self, batch) -> float:
         requests = len(batch.prefill_chunks) + len(batch.decode_contexts)
@@ -273,23 +311,31 @@ class BuildStep:
         return 0.0
 
 
-def fit_api(raw: dict):
-    """The event loop's CPU over every served load: per request + per SSE chunk + per engine step + per output token.
+def fit_api(raw: dict, with_client: bool = False):
+    """The API server's core over every served load: per request + per SSE chunk + per engine step + per output token.
 
-    Returns ApiServerCosts for this host; the latency on no core (thread hand-offs, ZMQ hops) is the data
-    file's, scaled by the reference loops' ratio (a burst's TTFT is seconds, this is milliseconds).
+    Fitted to the event loop's CPU (non-negative least squares); with `with_client`, to the loop's plus the load generator's,
+    which shares that core here (pinned beside the API server), so the replay charges both to the one core.
+    The latency on no core (thread hand-offs, ZMQ hops) is the data file's, scaled by the reference loops' ratio
+    (a burst's TTFT is seconds, this is milliseconds). Returns (ApiServerCosts, the fit as a dict).
     """
     from servelab.perf.vllm_cpu_costs import ApiServerCosts, measured
 
     rows = raw["served"]
     x = [[r["n"], sum(q[5] for q in r["requests"]), r["engine_steps"], sum(q[4] for q in r["requests"])] for r in rows]
-    per_request, per_chunk, per_step, per_token = linear_fit(x, [r["loop_cpu_s"] for r in rows])
-    file = measured()
-    return ApiServerCosts(per_request_s=per_request, per_output_token_s=per_token, per_chunk_s=per_chunk,
-                          per_output_step_s=per_step,
-                          **{k: v * raw["reference_s"] / file.reference_loop_s
-                             for k, v in (("latency_s", file.api_server(1.0).latency_s),
-                                          ("latency_per_prompt_token_s", file.api_server(1.0).latency_per_prompt_token_s))})
+    y = [r["loop_cpu_s"] + (r["client_cpu_s"] if with_client else 0.0) for r in rows]
+    import numpy as np
+    from scipy.optimize import nnls
+
+    per_request, per_chunk, per_step, per_token = (float(c) for c in nnls(np.array(x, float), np.array(y))[0])
+    file = measured().api_server(raw["reference_s"] / measured().reference_loop_s)
+    costs = ApiServerCosts(per_request_s=per_request, per_output_token_s=per_token, per_chunk_s=per_chunk,
+                           per_output_step_s=per_step, latency_s=file.latency_s,
+                           latency_per_prompt_token_s=file.latency_per_prompt_token_s)
+    residuals = [sum(c * v for c, v in zip((per_request, per_chunk, per_step, per_token), xi)) / yi - 1
+                 for xi, yi in zip(x, y)]
+    return costs, {"per_request_s": per_request, "per_chunk_s": per_chunk, "per_engine_step_s": per_step,
+                   "per_output_token_s": per_token, "max_relative_residual": max(map(abs, residuals))}
 
 
 def replay(row: dict, engine_fit: dict, api, served_factor: float = 1.0) -> dict:
@@ -307,8 +353,7 @@ def replay(row: dict, engine_fit: dict, api, served_factor: float = 1.0) -> dict
     rng = np.random.default_rng(0)
     specs = [RequestSpec(index=i, prompt_ids=rng.integers(10, 4000, size=int(r[3])), max_tokens=int(r[4]))
              for i, r in enumerate(row["requests"])]
-    step = BuildStep(engine_fit["build_step_wall"], row["client_cpu_s"] / sum(r[4] for r in row["requests"]),
-                     served_factor)
+    step = BuildStep(engine_fit["build_step_wall"], served_factor)
     concurrency = None if row["kind"] == "burst" else row["concurrency"]
     sink = MemorySink()
     target = SimTarget(config, 200_000, step, api=api)
@@ -337,6 +382,13 @@ def fit_served_factor(raw: dict, api) -> float:
         return sum((replay(r, engine_fit, api, k)["requests_per_s"] / r["requests_per_s"] - 1) ** 2 for r in steady)
 
     return float(minimize_scalar(loss, bounds=(1.0, 5.0), method="bounded", options={"xatol": 0.01}).x)
+
+
+def repeat_spread(rows: list[dict], metric: str) -> float:
+    """The largest relative deviation of one repeat of a load from the repeats' mean: the measurement's own noise."""
+    vals = [r[metric] for r in rows]
+    mean = statistics.mean(vals)
+    return max(abs(v / mean - 1) for v in vals)
 
 
 def api_ttft(row: dict) -> float:
@@ -369,25 +421,78 @@ def table(raw: dict, models: dict, served_factor: float) -> str:
     return "\n".join(lines)
 
 
+MODERATE = (200, 500)
+"""Burst sizes whose repeat spread is recorded as the measurement's noise (tests/test_burst_cpu_side_vllm.py)."""
+
+
+def bursts_section(raw: dict) -> dict:
+    """The data file's `bursts` section: what grows with requests in flight, and the bursts' own noise."""
+    engine = fit_engine(raw["engine"])
+    api, api_fit = fit_api(raw)
+    groups: dict[tuple, list[dict]] = {}
+    for r in raw["served"]:
+        groups.setdefault((r["kind"], r["shape"], r["n"]), []).append(r)
+    moderate = [rows for (kind, _, n), rows in groups.items() if kind == "burst" and n in MODERATE and len(rows) > 1]
+    return {
+        "measured_at": raw["measured_at"],
+        "command": "flock-guarded: .venv/bin/python benchmarks/burst_costs.py --raw burst.json (refit: --from-raw)",
+        "reference_loop_s": round(raw["reference_s"], 4),
+        "engine_core": {
+            "per_waiting_request_s": engine["per_waiting_request_s"],
+            "full_batch_decode_cpu_ms_by_waiting": engine["full_batch_decode_cpu_ms_by_waiting"],
+            "core_add_per_request_s": engine["core_add_per_request_s"],
+            "note": "per-step CPU (schedule + output bookkeeping + update) against running and waiting counts, 2,000 "
+                    "requests added at once, max_num_seqs 256: no growth with the waiting queue, so none is charged",
+        },
+        "api_server_loop": {**api_fit, "note": "event-loop CPU over every served load of this host (non-negative least "
+                                               "squares); per request it grows by 15-20% from 200 to 2,000 in flight "
+                                               "(loop_ms_per_request), not with the count as such"},
+        "loop_ms_per_request": {f"{k} {s} n={n}": round(1e3 * statistics.mean(r["loop_cpu_s"] / r["n"] for r in rows), 3)
+                                for (k, s, n), rows in groups.items()},
+        "repeat_noise": {m: round(max(repeat_spread(rows, m) for rows in moderate), 3)
+                         for m in ("requests_per_s", "mean_ttft_ms", "mean_tpot_ms")},
+    }
+
+
+def write_bursts(out: Path, raw: dict) -> None:
+    """Replace the data file's `bursts` section, keeping everything else."""
+    import yaml
+
+    from cpu_side_costs import write_yaml
+
+    doc = yaml.safe_load(out.read_text())
+    doc["bursts"] = bursts_section(raw)
+    write_yaml(out, doc)
+
+
 # -- entry point ------------------------------------------------------------------------------------------
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine-worker", metavar="MODEL_DIR", help=argparse.SUPPRESS)
+    ap.add_argument("--sizes", default=",".join(map(str, BURST_SIZES)), help=argparse.SUPPRESS)
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, default=900.0, help="time limit of each part, seconds")
     ap.add_argument("--repeats", type=int, default=SERVED_REPEATS, help="passes over the served loads")
     ap.add_argument("--vllm-python", type=Path, default=CACHE / "vllm-venv" / "bin" / "python")
     ap.add_argument("--model-dir", type=Path, default=CACHE / "tiny-model")
     ap.add_argument("--raw", type=Path, help="write the raw measurements as JSON here (refused if it exists)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "servelab/perf/data/vllm_cpu_costs.yaml",
+                    help="the data file whose `bursts` section is rewritten")
     ap.add_argument("--from-raw", type=Path, help="refit and replay raw measurements written by --raw")
     ap.add_argument("--engine-from", type=Path, help="reuse part 1's output (the engine worker's JSON) from this file")
     args = ap.parse_args()
     if args.engine_worker:
-        engine_worker(args.engine_worker, args.deadline)
+        engine_worker(args.engine_worker, args.deadline, tuple(map(int, args.sizes.split(","))),
+                      tuple(args.shapes.split(",")))
         return
     if args.from_raw:
-        raw = json.loads(args.from_raw.read_text())
+        import gzip
+
+        opened = gzip.open if args.from_raw.suffix == ".gz" else open
+        with opened(args.from_raw, "rt") as fh:
+            raw = json.load(fh)
     else:
         if args.raw and args.raw.exists():
             raise SystemExit(f"--raw {args.raw} exists; give another path (measurements are never overwritten)")
@@ -401,7 +506,11 @@ def main() -> None:
                "engine": engine, "served": served}
         if args.raw:
             args.raw.write_text(json.dumps(raw))
-    print(json.dumps(fit_engine(raw["engine"]), indent=1))
+    write_bursts(args.out, raw)
+    api, _ = fit_api(raw)
+    factor = fit_served_factor(raw, api)
+    print(f"served engine factor {factor:.2f} (steady loads); replay of every load:\n")
+    print(table(raw, {"simulated": api}, factor))
 
 
 if __name__ == "__main__":

@@ -419,6 +419,7 @@ class ApiProbe:
                                                   "--max-num-batched-tokens", "8192", "--no-enable-prefix-caching"])
         self.rng = random.Random(0)
         self.client_core = 1
+        self.served_model_name = "tiny"
         """The core the load generator is pinned to while the server is pinned (1: the engine's)."""
 
     def __enter__(self) -> Self:
@@ -445,7 +446,7 @@ class ApiProbe:
     def load(self, words: int, max_tokens: int, stream: bool, requests: int, concurrency: int,
              deadline_s: float) -> dict:
         """Run one client (pinned to core 1) to the end; its rows, wall time and the server's per-thread CPU."""
-        spec = {"base_url": self.server.base_url, "model": "tiny", "max_tokens": max_tokens, "stream": stream,
+        spec = {"base_url": self.server.base_url, "model": self.served_model_name, "max_tokens": max_tokens, "stream": stream,
                 "concurrency": concurrency, "deadline_s": deadline_s, "pids": [self.api_pid, *self.engine_pids],
                 "prompts": [self.prompt(words) for _ in range(requests)]}
         steps0 = self.metrics().get(STEPS_METRIC, 0.0)
