@@ -13,8 +13,8 @@ All were regenerated once more when every record gained bench's HTTP-phase,
 replica and abandonment fields (null for the simulator): with those fields
 left out of the JSON, every digest was the earlier one. Those with an API
 server were regenerated when its event loop stopped serving a burst's whole
-intake before any output round (an output round due during intake now goes
-before the next request's; benchmarks/burst_costs.py, docs/simulator.md).
+intake before any output round (it now alternates a waiting request's intake
+and an output round; benchmarks/burst_costs.py, docs/simulator.md).
 
 The fast-forward itself is checked the same way: with it off, every
 scenario gives the same digest.

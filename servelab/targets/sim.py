@@ -11,8 +11,8 @@ real run produces, deterministically.
 Event order at equal times: step ends, then client events (an API server's
 output round among them), then the API server taking in its next request,
 then slot releases, then step starts, so a request released the moment
-another finishes (with zero latency) joins the very next step, and an output
-round due when a request's intake ends goes before the next request's.
+another finishes (with zero latency) joins the very next step; an API
+server alternates a request's intake and an output round when both wait.
 """
 
 from __future__ import annotations
@@ -57,10 +57,12 @@ class SimTarget:
     the loop has spent per_request + per_prompt_token x prompt_len on it, and
     then `latency` (+ per prompt token) on no serial core (thread hand-offs,
     ZMQ hops). The loop takes requests in one at a time, in arrival order, and
-    an output round that falls due meanwhile goes before the next request's
-    intake: asyncio runs the output handler's task beside the requests' own
-    tasks, so a burst's intake delays outputs by one request's work, not by
-    the whole backlog. Outputs leave it in rounds, as vLLM's AsyncLLM hands them on:
+    alternates with the output rounds: a round that falls due during a
+    request's intake goes before the next request's, and after a round the
+    next waiting request goes before the next round. asyncio runs the output
+    handler's task beside the requests' own tasks, so a burst's intake delays
+    outputs by about one request's work, not by the whole backlog, and a busy
+    output handler does not shut new requests out either. Outputs leave it in rounds, as vLLM's AsyncLLM hands them on:
     its output handler receives every engine step that arrived since its last
     turn (`per_output_step` each, `per_output_token` per token: detokenization
     and bookkeeping), and then each request with new tokens sends one SSE
@@ -204,6 +206,9 @@ class _Simulation:
         self.intake: list[deque[RequestSpec]] = [deque() for _ in range(servers)]
         """Per API server: requests that reached it and wait for its event loop to take them in."""
         self.intake_armed = [False] * servers
+        self.intake_owed = [False] * servers
+        """Per API server: an output round was served while requests waited, so one of them goes next."""
+        self.round_deferred = [False] * servers
         self.next_server = 0
         self.server_of: dict[int, int] = {}
         self.delivered: list[list[list[float]]] = [[[] for _ in range(servers)] for _ in engines]
@@ -361,6 +366,10 @@ class _Simulation:
         done = self._frontend(now, self.fe_request + self.fe_token * spec.prompt_len, server)
         admitted = done + self.fe_latency + self.fe_latency_token * spec.prompt_len
         self._push(admitted, _CLIENT, lambda t, s=spec: self._admit(s, t))
+        self.intake_owed[server] = False
+        if self.round_deferred[server]:  # the round that gave way to this request goes right after it
+            self.round_deferred[server] = False
+            self._push(done, _CLIENT, lambda t, s=server: self._round(s, t))
         self._push(done, _INTAKE, lambda t, s=server: self._take_in(s, t))
 
     def _admit(self, spec: RequestSpec, now: float) -> None:
@@ -463,6 +472,9 @@ class _Simulation:
         if free > now:  # a request's admission took the core since this round was armed
             self._push(free, _CLIENT, lambda t, s=server: self._round(s, t))
             return
+        if self.intake_owed[server]:  # the loop alternates: a waiting request's intake (due now) goes first
+            self.round_deferred[server] = True
+            return
         self._serve_round(server, now)
 
     def _serve_round(self, server: int, now: float) -> None:
@@ -483,6 +495,7 @@ class _Simulation:
             self.delivered[i][server][step] = sent
         self.frontend_free_at[server] = done
         self.frontend_busy += done - now
+        self.intake_owed[server] = bool(self.intake[server])
         waiting, self.awaiting[server] = self.awaiting[server], []
         for i, req in waiting:
             self._emit(i, req, now)
