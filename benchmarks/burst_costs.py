@@ -338,6 +338,18 @@ def fit_api(raw: dict, with_client: bool = False):
                    "per_output_token_s": per_token, "max_relative_residual": max(map(abs, residuals))}
 
 
+def per_request_api(raw: dict):
+    """The API server's core when the loads have one shape (per-token and per-request work cannot be told apart):
+    the mean CPU per request of the event loop and of the load generator, which shares that core here (pinned
+    beside it), all charged at intake, and the data file's no-core latency."""
+    from servelab.perf.vllm_cpu_costs import ApiServerCosts, measured
+
+    file = measured().api_server(raw["reference_s"] / measured().reference_loop_s)
+    per_request = statistics.mean((r["loop_cpu_s"] + r["client_cpu_s"]) / r["n"] for r in raw["served"])
+    return ApiServerCosts(per_request_s=per_request, latency_s=file.latency_s,
+                          latency_per_prompt_token_s=file.latency_per_prompt_token_s)
+
+
 def replay(row: dict, engine_fit: dict, api, served_factor: float = 1.0) -> dict:
     """`row`'s own requests (their measured prompt and output lengths) served by SimTarget: req/s, mean TTFT, TPOT."""
     import numpy as np

@@ -206,8 +206,8 @@ class _Simulation:
         self.intake: list[deque[RequestSpec]] = [deque() for _ in range(servers)]
         """Per API server: requests that reached it and wait for its event loop to take them in."""
         self.intake_armed = [False] * servers
-        self.intake_owed = [False] * servers
-        """Per API server: an output round was served while requests waited, so one of them goes next."""
+        self.intake_owed = [0] * servers
+        """Per API server: how many waiting requests' intakes go before the next output round (see _serve_round)."""
         self.round_deferred = [False] * servers
         self.next_server = 0
         self.server_of: dict[int, int] = {}
@@ -366,8 +366,8 @@ class _Simulation:
         done = self._frontend(now, self.fe_request + self.fe_token * spec.prompt_len, server)
         admitted = done + self.fe_latency + self.fe_latency_token * spec.prompt_len
         self._push(admitted, _CLIENT, lambda t, s=spec: self._admit(s, t))
-        self.intake_owed[server] = False
-        if self.round_deferred[server]:  # the round that gave way to this request goes right after it
+        self.intake_owed[server] = max(0, self.intake_owed[server] - 1)
+        if self.round_deferred[server] and not (self.intake_owed[server] and self.intake[server]):  # its turn now
             self.round_deferred[server] = False
             self._push(done, _CLIENT, lambda t, s=server: self._round(s, t))
         self._push(done, _INTAKE, lambda t, s=server: self._take_in(s, t))
@@ -472,7 +472,7 @@ class _Simulation:
         if free > now:  # a request's admission took the core since this round was armed
             self._push(free, _CLIENT, lambda t, s=server: self._round(s, t))
             return
-        if self.intake_owed[server]:  # the loop alternates: a waiting request's intake (due now) goes first
+        if self.intake_owed[server] and self.intake[server]:  # waiting requests' intakes (one due now) go first
             self.round_deferred[server] = True
             return
         self._serve_round(server, now)
@@ -495,7 +495,9 @@ class _Simulation:
             self.delivered[i][server][step] = sent
         self.frontend_free_at[server] = done
         self.frontend_busy += done - now
-        self.intake_owed[server] = bool(self.intake[server])
+        # asyncio gives every ready task a turn: the requests in intake against the output handler and the streams
+        # it has just woken, so about (in intake) / (streams + 1) requests are taken in before the next round.
+        self.intake_owed[server] = -(-len(self.intake[server]) // (int(width) + 1))
         waiting, self.awaiting[server] = self.awaiting[server], []
         for i, req in waiting:
             self._emit(i, req, now)
