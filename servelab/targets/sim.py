@@ -12,7 +12,7 @@ Event order at equal times: step ends, then client events (an API server's
 output round among them), then the API server taking in its next request,
 then slot releases, then step starts, so a request released the moment
 another finishes (with zero latency) joins the very next step; an API
-server alternates a request's intake and an output round when both wait.
+server shares its core between intake and output rounds (SimTarget).
 """
 
 from __future__ import annotations
@@ -56,13 +56,14 @@ class SimTarget:
     server in front of the engines. A request reaches an engine only after
     the loop has spent per_request + per_prompt_token x prompt_len on it, and
     then `latency` (+ per prompt token) on no serial core (thread hand-offs,
-    ZMQ hops). The loop takes requests in one at a time, in arrival order, and
-    alternates with the output rounds: a round that falls due during a
-    request's intake goes before the next request's, and after a round the
-    next waiting request goes before the next round. asyncio runs the output
-    handler's task beside the requests' own tasks, so a burst's intake delays
-    outputs by about one request's work, not by the whole backlog, and a busy
-    output handler does not shut new requests out either. Outputs leave it in rounds, as vLLM's AsyncLLM hands them on:
+    ZMQ hops). The loop takes requests in one at a time, in arrival order,
+    and shares itself with the output rounds as asyncio shares a loop among
+    its ready tasks (the requests being taken in, the output handler, the
+    streams it woke): after a round, about (requests waiting) / (streams the
+    round woke + 1) requests are taken in before the next round, and a round
+    due during an intake goes after that one. So a burst's intake delays
+    outputs by a share of the backlog, not all of it, and a busy output
+    handler does not shut new requests out. Outputs leave it in rounds, as vLLM's AsyncLLM hands them on:
     its output handler receives every engine step that arrived since its last
     turn (`per_output_step` each, `per_output_token` per token: detokenization
     and bookkeeping), and then each request with new tokens sends one SSE
