@@ -377,18 +377,18 @@ def replay(row: dict, engine_fit: dict, api, served_factor: float = 1.0) -> dict
             "api_ttft_ms": s["mean_ttft_ms"] - engine_ttft_ms}
 
 
-def fit_served_factor(raw: dict, api) -> float:
+def fit_served_factor(raw: dict, api, rows: list[dict] | None = None) -> float:
     """How much slower the served engine's step is than the in-process one, from the steady loads only.
 
     Served, the CPU build's model runs in a worker process whose shared-memory reader busy-polls on the
     engine core's own core, and the engine core's input and output threads (de)serialize every request and
     step there too: one factor on part 1's step, fitted to the steady closed loops' request throughput
-    (scipy), so that the bursts, the loads this benchmark is about, stay held out.
+    (scipy), so that the bursts, the loads this benchmark is about, stay held out; or to `rows`.
     """
     from scipy.optimize import minimize_scalar
 
     engine_fit = fit_engine(raw["engine"])
-    steady = [r for r in raw["served"] if r["kind"] == "steady"]
+    steady = rows if rows is not None else [r for r in raw["served"] if r["kind"] == "steady"]
 
     def loss(k: float) -> float:
         return sum((replay(r, engine_fit, api, k)["requests_per_s"] / r["requests_per_s"] - 1) ** 2 for r in steady)
