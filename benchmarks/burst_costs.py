@@ -16,21 +16,26 @@ of requests running and waiting:
    scheduled request + per waiting request; and the CPU build's whole step
    (what the simulator's replay below runs as its "GPU" step).
 2. The API server as served (cpu_side_costs.ApiProbe: API process pinned to
-   core 0, engine core, model worker and client to core 1), bursts of
+   core 0, engine core and model worker to core 1, the client beside the API
+   server on core 0: on core 1 it starved the engine and itself), bursts of
    N = 10..2,000 streamed requests released at once (128 in / 4 out and
-   16 in / 32 out) and closed loops at a steady concurrency: the client's
-   throughput, TTFT, TPOT; vLLM's own TTFT from its arrival in `AsyncLLM`
-   (so client TTFT - vLLM TTFT is the API server's intake of the request and
-   the first chunk's way out); the event loop's CPU per request; engine steps.
-3. The replay: each measured burst's own requests served by `SimTarget` with
-   part 1's step model and the API server's costs of
-   data/vllm_cpu_costs.yaml, with the CPU-side model before and after the
-   terms fitted here (`--from-raw` prints the table of docs/simulator.md).
+   16 in / 32 out) and closed loops at a steady concurrency, twice: the
+   client's throughput, TTFT, TPOT; vLLM's own TTFT from its arrival in
+   `AsyncLLM` (so client TTFT - vLLM TTFT is the API server's intake of the
+   request and the first chunk's way out); the event loop's CPU per request;
+   engine steps.
+3. The replay: each load's own requests served by `SimTarget` with part 1's
+   step model times one served-engine factor fitted to the steady loads, and
+   the API server's event-loop costs fitted here (`--from-raw` prints the
+   table of docs/simulator.md; run with an older checkout on PYTHONPATH for
+   its "before" column). The data file's `bursts` section (`--out`) is
+   rewritten: the per-step CPU against the waiting count, the loop's CPU per
+   request by load, and the moderate bursts' repeat noise.
 
 Every server or engine run holds `flock /tmp/servelab-heavy.lock`; every load
 is bounded in count and time.
 
-    .venv/bin/python benchmarks/burst_costs.py --raw burst.json      # measure (~6 min), fit, print the table
+    .venv/bin/python benchmarks/burst_costs.py --raw burst.json      # measure (~7 min), fit, write `bursts`, print the table
     .venv/bin/python benchmarks/burst_costs.py --from-raw burst.json # refit and replay only
     .venv/bin/python benchmarks/burst_costs.py --from-raw benchmarks/measured/burst_costs-cpu-2026-12-05.json.gz
 """
