@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # servelab on PYTHONPATH (another checkout) wins
 
 from cpu_side_costs import (  # noqa: E402  (the sibling script's helpers)
     CACHE,
