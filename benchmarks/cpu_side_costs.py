@@ -418,6 +418,9 @@ class ApiProbe:
                                       extra_args=["--dtype", "float32", "--max-model-len", "4096", "--max-num-seqs", "256",
                                                   "--max-num-batched-tokens", "8192", "--no-enable-prefix-caching"])
         self.rng = random.Random(0)
+        self.client_core = 1
+        self.served_model_name = "tiny"
+        """The core the load generator is pinned to while the server is pinned (1: the engine's)."""
 
     def __enter__(self) -> Self:
         self.server.start()
@@ -443,14 +446,14 @@ class ApiProbe:
     def load(self, words: int, max_tokens: int, stream: bool, requests: int, concurrency: int,
              deadline_s: float) -> dict:
         """Run one client (pinned to core 1) to the end; its rows, wall time and the server's per-thread CPU."""
-        spec = {"base_url": self.server.base_url, "model": "tiny", "max_tokens": max_tokens, "stream": stream,
+        spec = {"base_url": self.server.base_url, "model": self.served_model_name, "max_tokens": max_tokens, "stream": stream,
                 "concurrency": concurrency, "deadline_s": deadline_s, "pids": [self.api_pid, *self.engine_pids],
                 "prompts": [self.prompt(words) for _ in range(requests)]}
         steps0 = self.metrics().get(STEPS_METRIC, 0.0)
         proc = subprocess.Popen([str(self.vllm_python), __file__, "--client-worker"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if self.pinned:
-            os.sched_setaffinity(proc.pid, {1})
+            os.sched_setaffinity(proc.pid, {self.client_core})
         out, err = proc.communicate(json.dumps(spec), timeout=deadline_s + 60)
         if proc.returncode != 0:
             raise SystemExit(f"client worker failed:\n{err[-3000:]}")

@@ -128,6 +128,16 @@ def measured(vllm_version: tuple[int, int] | None = None) -> VllmCpuCosts:
     return next((c for c in releases if _release(c) >= vllm_version), releases[-1])
 
 
+def burst_noise() -> dict[str, float]:
+    """The largest relative deviation of one repeat from the mean over moderate bursts on the CPU build, per metric.
+
+    Recorded by benchmarks/burst_costs.py (the data file's `bursts.repeat_noise`): the noise within which a
+    prediction of such a burst on that build cannot be told from a repeat of the measurement.
+    """
+    noise = yaml.safe_load(DATA.read_text())["bursts"]["repeat_noise"]
+    return {str(k): float(v) for k, v in noise.items()}
+
+
 def _release(costs: VllmCpuCosts) -> tuple[int, int]:
     major, minor = costs.vllm_version.split(".")[:2]
     return int(major), int(minor)

@@ -8,9 +8,11 @@ think time), waiting for slots first-come first-served, never at or after
 `plan.duration`. The result is the same RequestRecords and timeline samples a
 real run produces, deterministically.
 
-Event order at equal times: step ends, then client events, then slot
-releases, then step starts, so a request released the moment another
-finishes (with zero latency) joins the very next step.
+Event order at equal times: step ends, then client events (an API server's
+output round among them), then the API server taking in its next request,
+then slot releases, then step starts, so a request released the moment
+another finishes (with zero latency) joins the very next step; an API
+server shares its core between intake and output rounds (SimTarget).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import heapq
 import itertools
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
@@ -38,7 +41,7 @@ from servelab.targets.base import SampleSink, TargetRun
 from servelab.targets.errors import TargetError, unmet_dependency
 from servelab.workload.spec import LoadPlan, RequestSpec
 
-_STEP_END, _CLIENT, _RELEASE, _STEP_BEGIN = 0, 1, 2, 3
+_STEP_END, _CLIENT, _INTAKE, _RELEASE, _STEP_BEGIN = 0, 1, 2, 3, 4
 _REJECTED = "http_400"
 
 
@@ -53,7 +56,14 @@ class SimTarget:
     server in front of the engines. A request reaches an engine only after
     the loop has spent per_request + per_prompt_token x prompt_len on it, and
     then `latency` (+ per prompt token) on no serial core (thread hand-offs,
-    ZMQ hops). Outputs leave it in rounds, as vLLM's AsyncLLM hands them on:
+    ZMQ hops). The loop takes requests in one at a time, in arrival order,
+    and shares itself with the output rounds as asyncio shares a loop among
+    its ready tasks (the requests being taken in, the output handler, the
+    streams it woke): after a round, about (requests waiting) / (streams the
+    round woke + 1) requests are taken in before the next round, and a round
+    due during an intake goes after that one. So a burst's intake delays
+    outputs by a share of the backlog, not all of it, and a busy output
+    handler does not shut new requests out. Outputs leave it in rounds, as vLLM's AsyncLLM hands them on:
     its output handler receives every engine step that arrived since its last
     turn (`per_output_step` each, `per_output_token` per token: detokenization
     and bookkeeping), and then each request with new tokens sends one SSE
@@ -194,6 +204,12 @@ class _Simulation:
         self.servers = servers = target.api_servers
         self.frontend_free_at = [0.0] * servers
         self.frontend_busy = 0.0
+        self.intake: list[deque[RequestSpec]] = [deque() for _ in range(servers)]
+        """Per API server: requests that reached it and wait for its event loop to take them in."""
+        self.intake_armed = [False] * servers
+        self.intake_owed = [0] * servers
+        """Per API server: how many waiting requests' intakes go before the next output round (see _serve_round)."""
+        self.round_deferred = [False] * servers
         self.next_server = 0
         self.server_of: dict[int, int] = {}
         self.delivered: list[list[list[float]]] = [[[] for _ in range(servers)] for _ in engines]
@@ -330,11 +346,32 @@ class _Simulation:
             server = self.next_server
             self.next_server = (server + 1) % self.servers
             self.server_of[spec.index] = server
-            done = self._frontend(now, self.fe_request + self.fe_token * spec.prompt_len, server)
-            done += self.fe_latency + self.fe_latency_token * spec.prompt_len
-            self._push(done, _CLIENT, lambda t, s=spec: self._admit(s, t))
+            self.intake[server].append(spec)
+            if not self.intake_armed[server]:
+                self.intake_armed[server] = True
+                self._take_in(server, now)
         else:
             self._admit(spec, now)
+
+    def _take_in(self, server: int, now: float) -> None:
+        """The API server's loop takes in its next waiting request, once its core is free (an output round due by
+        then has gone first: it is a _CLIENT event, and this one an _INTAKE event at the same time)."""
+        free = self.frontend_free_at[server]
+        if free > now:
+            self._push(free, _INTAKE, lambda t, s=server: self._take_in(s, t))
+            return
+        if not self.intake[server]:
+            self.intake_armed[server] = False
+            return
+        spec = self.intake[server].popleft()
+        done = self._frontend(now, self.fe_request + self.fe_token * spec.prompt_len, server)
+        admitted = done + self.fe_latency + self.fe_latency_token * spec.prompt_len
+        self._push(admitted, _CLIENT, lambda t, s=spec: self._admit(s, t))
+        self.intake_owed[server] = max(0, self.intake_owed[server] - 1)
+        if self.round_deferred[server] and not (self.intake_owed[server] and self.intake[server]):  # its turn now
+            self.round_deferred[server] = False
+            self._push(done, _CLIENT, lambda t, s=server: self._round(s, t))
+        self._push(done, _INTAKE, lambda t, s=server: self._take_in(s, t))
 
     def _admit(self, spec: RequestSpec, now: float) -> None:
         """The request reaches an engine (after the frontend, if any): the engine's clock for it starts here."""
@@ -436,6 +473,9 @@ class _Simulation:
         if free > now:  # a request's admission took the core since this round was armed
             self._push(free, _CLIENT, lambda t, s=server: self._round(s, t))
             return
+        if self.intake_owed[server] and self.intake[server]:  # waiting requests' intakes (one due now) go first
+            self.round_deferred[server] = True
+            return
         self._serve_round(server, now)
 
     def _serve_round(self, server: int, now: float) -> None:
@@ -456,6 +496,9 @@ class _Simulation:
             self.delivered[i][server][step] = sent
         self.frontend_free_at[server] = done
         self.frontend_busy += done - now
+        # asyncio gives every ready task a turn: the requests in intake against the output handler and the streams
+        # it has just woken, so about (in intake) / (streams + 1) requests are taken in before the next round.
+        self.intake_owed[server] = -(-len(self.intake[server]) // (int(width) + 1))
         waiting, self.awaiting[server] = self.awaiting[server], []
         for i, req in waiting:
             self._emit(i, req, now)
