@@ -229,9 +229,9 @@ def interval_text(bounds: Sequence[float] | None) -> str:
     return f"{LEVEL:.0%}: {_short(low)}–{_short(high)}"
 
 
-def summary_interval(summary: Mapping[str, Any], key: str) -> str:
-    """", 80%: 6.9–9.8" after a summary's `key` when the summary has an interval for it, else ""."""
-    text = interval_text((summary.get("intervals") or {}).get(key))
+def interval_suffix(intervals: Mapping[str, Sequence[float]] | None, key: str) -> str:
+    """", 80%: 6.9–9.8" to print after a summary's `key` when its intervals have one, else ""."""
+    text = interval_text((intervals or {}).get(key))
     return f", {text}" if text else ""
 
 
