@@ -151,3 +151,34 @@ def test_the_published_residuals_name_their_runs_and_sources():
     rows = [r for regimes in table.values() for metrics in regimes.values() for rs in metrics.values() for r in rs]
     assert rows and all(r.run and r.source and math.isfinite(r.value) for r in rows)
     assert not any(r.source == "staru09/llm_infra_bench" for r in rows)  # a constant was read off that source
+
+
+def test_compare_tune_and_diagnose_show_their_predictions_intervals(tmp_path: Path):
+    h100 = ["--gpu", "h100-sxm", "--model", "llama-3.1-8b"]
+    small = ["--random-input-len", "600", "--random-output-len", "40", "--num-prompts", "30"]
+    wide = {"COLUMNS": "400"}
+    out = tmp_path / "compare.json"
+    compared = runner.invoke(app, ["compare", *h100, *small, "--sweep", "request-rate=2,inf", "--out", str(out)], env=wide)
+    assert compared.exit_code == 0, compared.output
+    points = [p for e in json.loads(out.read_text())["engines"] for p in e["points"]]
+    assert all(p["intervals"]["request_throughput"][0] <= p["request_throughput"] <= p["intervals"]["request_throughput"][1]
+               for p in points)
+    assert "80%: " in compared.output
+
+    tuned = runner.invoke(app, ["tune", *h100, "--space", "max_num_seqs=8,32", "--random-input-len", "256",
+                                "--random-output-len", "32", "--goodput", "ttft:2000", "--sim-prompts", "40",
+                                "--result-dir", str(tmp_path / "tune")],
+                          env=wide)
+    assert tuned.exit_code == 0, tuned.output
+    doc = json.loads((tmp_path / "tune" / "tune.json").read_text())
+    for trial in doc["trials"]:
+        low, high = trial["metrics"]["intervals"]["request_throughput"]
+        assert low <= trial["metrics"]["request_throughput"] <= high
+    assert "80%: " in tuned.output
+
+    diagnosed = runner.invoke(app, ["diagnose", "--json"], env=wide)
+    assert diagnosed.exit_code == 0, diagnosed.output
+    ceilings = json.loads(diagnosed.output)["ceilings"]
+    low, high = ceilings["saturation_rps_interval"]
+    assert low <= ceilings["saturation_rps"] <= high
+    assert "80%: " in runner.invoke(app, ["diagnose"], env=wide).output
