@@ -182,3 +182,13 @@ def test_compare_tune_and_diagnose_show_their_predictions_intervals(tmp_path: Pa
     low, high = ceilings["saturation_rps_interval"]
     assert low <= ceilings["saturation_rps"] <= high
     assert "80%: " in runner.invoke(app, ["diagnose"], env=wide).output
+
+
+def test_the_html_report_shows_a_simulated_runs_intervals(tmp_path: Path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["simulate", *A100, *SMALL, "--request-rate", "4", "--result-dir", str(out), "--report"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / SUMMARY).read_text())
+    low, high = summary["intervals"]["request_throughput"]
+    html = (out / "report.html").read_text()
+    assert f"{summary['request_throughput']:.2f}, 80%: {low:.3g}–{high:.3g}" in html
