@@ -93,6 +93,7 @@ def test_the_python_api_measures_the_real_server_like_the_cli(vllm_server, tmp_p
                          num_prompts=12, result_dir=tmp_path)
     assert run.run_info.source == "http" and run.summary is not None
     assert run.summary.completed == 12 and run.summary.failed == 0
+    assert run.summary.intervals is None and run.summary.interval_basis is None  # measured: no prediction intervals
     records = run.records()
     assert (records["output_tokens"] == 16).all() and (records["ttft_s"] > 0).all()
     assert assert_files_match_schemas(tmp_path) == {"run": 1, "record": 1, "summary": 1, "timeline": 1}

@@ -60,3 +60,17 @@ def test_a_prompt_pool_resends_the_same_prompts_in_one_cycle(accuracy):
     assert len(by_group) == groups and all(len(prefixes) == 1 for prefixes in by_group.values())
     times = [s.arrival_time for s in specs]
     assert times == sorted(times) and times[-1] > 0
+
+
+def test_held_out_scoring_leaves_out_the_source_a_constant_was_read_off(accuracy):
+    """The eager launch cost is read off staru09's C=20 run: its C=50 sibling matches by construction and is not scored;
+    an open loop served at its offered rate keeps its latencies in the score but not its throughput."""
+    rows, _ = accuracy.run({"staru09-a100-80gb-llama31-8b-c50", "kvcached-h100-qwen3-0.6b-poisson16-seed42"}, max_prompts=60)
+    sibling, poisson = sorted(rows, key=lambda r: r.entry["id"].startswith("kvcached"))
+    assert sibling.by_construction and not sibling.scored and sibling.scored_error("mean_tpot_ms") is None
+    assert poisson.scored and poisson.scored_error("mean_ttft_ms") is not None
+    assert poisson.served_at_offered_rate == (poisson.regime != accuracy.Regime.SATURATED)
+    assert (poisson.scored_error("request_throughput") is None) == poisson.served_at_offered_rate
+    table = accuracy.residual_table(rows)
+    assert {r.run for regimes in table.values() for metrics in regimes.values() for rs in metrics.values() for r in rs} \
+        == {poisson.entry["id"]}

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from servelab.metrics.intervals import interval_suffix
 from servelab.cli import app
 from servelab.cli.cluster import RayAddress, RayGpuResource, ray_pool
 from servelab.cli.report import ReportFlag, report_into
@@ -235,8 +236,9 @@ def render(console: Console, doc: TuneDocument) -> None:
         m = t.metrics
         slo = "cannot run" if t.status != "ok" else ("met" if t.feasible else "missed")
         table.add_row(rank, number, _knobs(t.params) if number != "-" else (t.engine_args or _defaults(doc.deployment.engine)),
-                      _num(t.score), slo, _num(m.request_throughput), _num(m.output_throughput),
-                      _num(m.p99_ttft_ms), _num(m.p99_tpot_ms))
+                      _num(t.score), slo, _num(m.request_throughput) + interval_suffix(m.intervals, "request_throughput"),
+                      _num(m.output_throughput), _num(m.p99_ttft_ms) + interval_suffix(m.intervals, "p99_ttft_ms"),
+                      _num(m.p99_tpot_ms))
     console.print(table)
     console.print(f"evaluated {doc.search.evaluated} of {doc.search.space_size} configurations "
                   f"({doc.search.sampler})")
@@ -254,7 +256,8 @@ def render(console: Console, doc: TuneDocument) -> None:
             m = r.measured or KeyMetrics()
             slo = "-" if r.measured_violation is None else ("met" if r.measured_violation <= 0 else "missed")
             measured.add_row(r.label, _knobs(r.params), _num(r.predicted_score),
-                             "failed" if r.error else _num(r.measured_score), _num(r.predicted.p99_ttft_ms),
+                             "failed" if r.error else _num(r.measured_score),
+                             _num(r.predicted.p99_ttft_ms) + interval_suffix(r.predicted.intervals, "p99_ttft_ms"),
                              _num(m.p99_ttft_ms), _num(m.request_throughput), slo)
         console.print(measured)
         console.print(f"predicted: {simulator}", highlight=False, soft_wrap=True)

@@ -27,6 +27,7 @@ from servelab.diagnose.recommend import recommend, run as simulate_outcome
 from servelab.diagnose.scenario import Scenario, from_run, simulate
 from servelab.diagnose.schema import EngineSwitch
 from servelab.diagnose.utilization import Utilization, utilization
+from servelab.metrics.intervals import Regime, value_interval
 from servelab.metrics.results import RunResult
 from servelab.metrics.server_timings import describe
 from servelab.metrics.slo import SLO
@@ -102,6 +103,7 @@ class Diagnosis:
                 "max_num_seqs": c.max_num_seqs,
                 "slo_max_rps": c.slo_max_rps,
                 "saturation_rps": c.saturation_rps,
+                "saturation_rps_interval": c.saturation_rps_interval,
                 "decode_bandwidth_tps_at_max_batch": c.decode_bandwidth_tps_at_max_batch,
             },
             "standing": standing(self),
@@ -169,7 +171,8 @@ def analyse(
                          cached_len=scenario.mean_input * (e.prefix_hit_rate or 0.0))
     sat = saturation_rps(deployment, scenario)
     slo_rps = slo_max_rps(deployment, scenario, slo, upper=1.2 * sat, share=slo_share) if slo else None
-    c = Ceilings(**{**c.as_dict(), "saturation_rps": sat, "slo_max_rps": slo_rps})
+    sat_interval = value_interval(sat, "request_throughput", deployment.prediction_tier, Regime.SATURATED)
+    c = Ceilings(**{**c.as_dict(), "saturation_rps": sat, "saturation_rps_interval": sat_interval, "slo_max_rps": slo_rps})
     u = utilization(e, deployment)
     attained = _attainment(run, slo)
     ctx = Context(e, c, u, deployment, slo, attained, scenario.mean_shared)

@@ -35,6 +35,8 @@ class Ceilings:
     replicas: int
     saturation_rps: float | None = None
     """Simulated throughput under unlimited load: all limits at once."""
+    saturation_rps_interval: list[float] | None = None
+    """Its 80% interval (servelab.metrics.intervals, the saturated regime); None without residuals."""
     slo_max_rps: float | None = None
     """Highest simulated request rate at which the SLO holds."""
 

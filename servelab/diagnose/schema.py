@@ -27,6 +27,8 @@ class Ceilings(OpenModel):
     max_num_seqs: int | None
     slo_max_rps: float | None
     saturation_rps: float | None
+    saturation_rps_interval: tuple[float, float] | None = Field(
+        None, description="The simulated saturation's 80% interval (held-out residuals of saturated published runs).")
     decode_bandwidth_tps_at_max_batch: float | None
 
 

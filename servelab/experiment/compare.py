@@ -17,6 +17,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from servelab.metrics.intervals import simulated_run_intervals
 from servelab.metrics.records import MemorySink
 from servelab.metrics.slo import SLO
 from servelab.metrics.summary import summarize
@@ -56,6 +57,8 @@ class EnginePoint(_Model):
     request_goodput: float | None = Field(description="Requests per second meeting every SLO bound; None without --goodput.")
     preemptions: int = Field(description="vLLM/TensorRT-LLM preemptions (pauses), SGLang retractions.")
     completed: int
+    intervals: dict[str, tuple[float, float]] | None = Field(
+        None, description="80% intervals of the statistics above (servelab.metrics.intervals); null: none published.")
 
 
 class EngineResult(_Model):
@@ -95,12 +98,15 @@ def _point(d: Deployment, label: str, plan: LoadPlan, slo: SLO | None) -> Engine
     sink = MemorySink()
     run = target.run(plan, sink)
     s = summarize(sink.records, duration=run.duration if run.duration > 0 else None, slo=slo)
+    shown = set(EnginePoint.model_fields)
+    intervals = simulated_run_intervals(sink.records, plan.max_concurrency, s, target.tier)["intervals"] if s["completed"] else {}
     return EnginePoint(
         label=label, request_throughput=s["request_throughput"], output_throughput=s["output_throughput"],
         mean_ttft_ms=s["mean_ttft_ms"], p99_ttft_ms=s.get("p99_ttft_ms"), mean_tpot_ms=s["mean_tpot_ms"],
         p99_tpot_ms=s.get("p99_tpot_ms"), mean_e2el_ms=s.get("mean_e2el_ms"), p99_e2el_ms=s.get("p99_e2el_ms"),
         request_goodput=s.get("request_goodput"),
         preemptions=sum(e.scheduler.num_preemptions for e in target.last_engines), completed=s["completed"],
+        intervals={k: v for k, v in intervals.items() if k in shown} or None,
     )
 
 

@@ -20,6 +20,7 @@ from servelab.metrics.host import HostWatch
 from servelab.metrics.records import RecordSink, RequestRecord
 from servelab.metrics.results import ResultWriter
 from servelab.metrics.slo import SLO
+from servelab.metrics.intervals import Tier, simulated_run_intervals
 from servelab.metrics.summary import DEFAULT_PERCENTILES, summarize
 from servelab.targets.base import Target, TargetRun
 from servelab.workload.spec import LoadPlan
@@ -75,7 +76,8 @@ def point_summary(
     percentiles: Sequence[float],
     interrupted: bool,
 ) -> dict[str, Any]:
-    """`summarize` plus what the run itself knows: interruption, the client's overhead, warnings."""
+    """`summarize` plus what the run itself knows: interruption, the client's overhead, warnings, and a simulated
+    run's 80% intervals (servelab.metrics.intervals)."""
     # With warmup the measured span starts later than the run; summarize works it out from the records.
     duration = target_run.duration if target_run is not None and plan.warmup == 0 and target_run.duration > 0 else None
     summary: dict[str, Any] = dict(summarize(records, duration=duration, warmup=plan.warmup, slo=slo, percentiles=percentiles))
@@ -83,6 +85,10 @@ def point_summary(
     warnings = client_warnings(client_stats)
     if interrupted:
         warnings.append(f"run interrupted: statistics cover the {len(records)} requests that ended")
+    info = target_run.server_info if target_run is not None else {}
+    if info.get("simulated") and summary["completed"]:
+        counted = [r for r in records if r.send_time >= plan.warmup]
+        summary.update(simulated_run_intervals(counted, plan.max_concurrency, summary, Tier(info["prediction_tier"])))
     summary.update(
         requests_recorded=len(records),
         warmup=plan.warmup,

@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 from servelab import SCHEMA_VERSION
+from servelab.metrics.intervals import Regime, Tier
 from servelab.typed import ClosedModel, OpenModel
 
 Json = dict[str, Any]
@@ -184,6 +185,16 @@ class ClientEntry(ClientStats):
     slots_reclaimed: int | None = Field(None, description="Slots of the shared cap it held at its death, given back.")
 
 
+class IntervalBasis(ClosedModel):
+    """What a simulated summary's intervals were read from (servelab.metrics.intervals, docs/accuracy.md)."""
+
+    tier: Tier = Field(description="What the prediction was grounded in: specs only, the user's runs, live probes.")
+    regime: Regime = Field(description="Where on the load curve the run sits, as classify_regime decided.")
+    level: float = Field(description="The intervals' nominal coverage (0.8).")
+    residuals_tier: Tier = Field(description="The tier whose held-out residuals were used (specs-only's when the tier has none).")
+    notes: list[str] = Field(description="Cells pooled with a neighbouring regime for want of runs, and similar caveats.")
+
+
 class Summary(OpenModel):
     """summary.json: statistics derived from records.jsonl (`servelab.metrics.summary.summarize`).
 
@@ -227,6 +238,10 @@ class Summary(OpenModel):
     client_stats: ClientStats | None = Field(
         None, description="The load generator's own overhead (bench) or the engine's busy time (simulate).")
     warnings: list[str] | None = None
+    intervals: dict[str, tuple[float, float]] | None = Field(
+        None, description="Simulated runs: per predicted statistic with held-out residuals, its 80% interval [low, high] "
+                          "under the statistic's own key. Null for measured runs.")
+    interval_basis: IntervalBasis | None = Field(None, description="Simulated runs: the tier and regime the intervals are for.")
 
     def statistic(self, key: str) -> Any:
         """A statistic by its key, for tables that list their columns by name: a named field as its attribute (a

@@ -15,6 +15,7 @@ from html import escape
 import plotly.graph_objects as go
 
 from servelab.experiment.compare import EngineComparison, EnginePoint, EngineResult
+from servelab.metrics.intervals import interval_suffix
 from servelab.report.figures import E2E, LAYOUT, PALETTE, TTFT_TPOT, LatencyCurve, latency_curves_figure, legend_below
 from servelab.report.inputs import ReportComparison
 from servelab.report.tables import html_table, number
@@ -36,8 +37,9 @@ def engine_color(position: int) -> str:
 def point_rows(c: EngineComparison) -> list[list[str]]:
     """One row per engine and load point: throughput, latency, goodput under the SLO, preemptions/retractions."""
     return [
-        [r.label, p.label, number(p.request_throughput, ".2f"), number(p.output_throughput, ",.0f"),
-         number(p.mean_ttft_ms, ",.1f"), number(p.p99_ttft_ms, ",.1f"), number(p.mean_tpot_ms, ",.1f"),
+        [r.label, p.label, number(p.request_throughput, ".2f") + interval_suffix(p.intervals, "request_throughput"),
+         number(p.output_throughput, ",.0f"), number(p.mean_ttft_ms, ",.1f") + interval_suffix(p.intervals, "mean_ttft_ms"),
+         number(p.p99_ttft_ms, ",.1f"), number(p.mean_tpot_ms, ",.1f") + interval_suffix(p.intervals, "mean_tpot_ms"),
          number(p.request_goodput, ".2f"), str(p.preemptions)]
         for r in c.engines for p in r.points
     ]

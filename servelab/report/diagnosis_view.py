@@ -16,6 +16,7 @@ from rich.text import Text
 
 from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.schema import AdviceRow, Alternative, Diagnosis, EngineSwitch, Recommendation, WorkloadShape
+from servelab.metrics.intervals import interval_text
 from servelab.sim.engines import LABELS
 
 CEILING_ROWS = (
@@ -78,8 +79,14 @@ def ceiling_rows(d: Diagnosis) -> list[tuple[str, str, str]]:
     for key, stand, label, unit in CEILING_ROWS:
         share = d.standing.get(stand)
         label = Terms(d.deployment.engine).knob(label) if key == "max_num_seqs" else label
-        rows.append((label, _num(getattr(d.ceilings, key), unit), "—" if share is None else f"{share:.0%}"))
+        rows.append((label, _num(getattr(d.ceilings, key), unit) + _interval(d, key), "—" if share is None else f"{share:.0%}"))
     return rows
+
+
+def _interval(d: Diagnosis, key: str) -> str:
+    """", 80%: 6.9–9.8" after a simulated ceiling that has an interval."""
+    text = interval_text(getattr(d.ceilings, f"{key}_interval", None))
+    return f", {text}" if text else ""
 
 
 ALTERNATIVE_COLUMNS = ("option", "GPUs", "TTFT p50 ms", "E2E p50 ms", "E2E p99 ms", "$/M out tok", "E2E verdict")

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from servelab.metrics.intervals import interval_suffix
 from servelab.metrics.schema import AmountInfo, ArrivalInfo, DatasetInfo, LengthInfo, PlanInfo, RunFlags, RunInfo
 from servelab.report.inputs import Document, ReportComparison, ReportDocument, ReportInputs, ReportRun, ReportSweep, ReportValidation
 
@@ -182,7 +183,8 @@ def summary_table(runs: Sequence[ReportRun]) -> str:
     head = "".join(f"<th>{escape(title)}</th>" for _, title, _ in columns)
     rows = [
         f'<tr><th scope="row">{escape(run.label)}</th>'
-        + "".join(f"<td>{_format_stat(run.summary.statistic(key), fmt)}</td>" for key, _, fmt in columns)
+        + "".join(f"<td>{_format_stat(run.summary.statistic(key), fmt)}{escape(interval_suffix(run.summary.intervals, key))}</td>"
+                  for key, _, fmt in columns)
         + "</tr>"
         for run in runs
     ]

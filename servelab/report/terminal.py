@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from servelab.metrics.intervals import interval_suffix
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.schema import Summary, SweepIndex
 
@@ -77,6 +78,11 @@ def _cell(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
+def _iv(summary: Summary, key: str) -> str:
+    """A simulated statistic's 80% interval after its value (a measured one has none)."""
+    return interval_suffix(summary.intervals, key)
+
+
 def summary_table(summary: Summary, title: str = "Serving benchmark result") -> Table:
     """vLLM bench serve's result block, as a table with the same key names."""
     table = Table(title=title, show_header=False, title_justify="left")
@@ -88,10 +94,13 @@ def summary_table(summary: Summary, title: str = "Serving benchmark result") -> 
         ("Benchmark duration (s)", f"{summary.duration:.2f}"),
         ("Total input tokens", summary.total_input_tokens),
         ("Total generated tokens", summary.total_output_tokens),
-        ("Request throughput (req/s)", f"{summary.request_throughput:.2f}"),
-        ("Output token throughput (tok/s)", f"{summary.output_throughput:.2f}"),
+        ("Request throughput (req/s)", f"{summary.request_throughput:.2f}{_iv(summary, 'request_throughput')}"),
+        ("Output token throughput (tok/s)", f"{summary.output_throughput:.2f}{_iv(summary, 'output_throughput')}"),
         ("Total token throughput (tok/s)", f"{summary.total_token_throughput:.2f}"),
     ]
+    if summary.interval_basis is not None:
+        basis = summary.interval_basis
+        rows.append(("80% intervals from", f"{basis.tier} predictions, {basis.regime} (docs/accuracy.md)"))
     if summary.request_goodput is not None:
         rows.append(("Request goodput (req/s)", f"{summary.request_goodput:.2f}"))
     for kind, count in sorted(summary.errors_by_kind.items()):
@@ -109,7 +118,7 @@ def summary_table(summary: Summary, title: str = "Serving benchmark result") -> 
         table.add_section()
         table.add_row(f"[bold]{label}[/]", "")
         for key, value in _ms(summary, name, percentiles):
-            table.add_row(f"  {key}", _cell(value))
+            table.add_row(f"  {key}", _cell(value) + _iv(summary, key))
     phases = summary.http_phases
     if phases:
         table.add_section()

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 from pathlib import Path
 
+from servelab.metrics.intervals import Tier
 from servelab.perf.cost_model import CostCoefficients, CostModel, RooflineCostModel
 from servelab.perf.engine_args import parse_engine_args, resolve
 from servelab.perf.engine_config import EngineConfig
@@ -126,11 +127,17 @@ class Deployment:
         """The step model the simulator runs: vLLM's roofline here; another engine scales it by its own kernels."""
         return self.cost_model()
 
+    @property
+    def prediction_tier(self) -> Tier:
+        """Costs a calibration profile gave are calibrated live; the catalogue's and vLLM's measured ones are specs only."""
+        return Tier.CALIBRATED_LIVE if self.cpu_costs_source == "given" else Tier.SPECS_ONLY
+
     def sim_target(self, scrape_interval: float = 1.0) -> SimTarget:
         return SimTarget(
             self.config, self.memory.num_blocks, self.step_cost(), router=self.router,
             scrape_interval=scrape_interval, network_latency=self.network_latency,
             api=self.api, cpu_costs=self.coefficients, scheduler_factory=self.scheduler_factory,
+            tier=self.prediction_tier,
         )
 
     def rebuilt(

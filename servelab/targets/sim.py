@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from servelab.metrics import timeline as tl
+from servelab.metrics.intervals import Tier
 from servelab.metrics.records import ERROR, OK, RecordSink, RequestRecord
 from servelab.metrics.timeline import TimelineSample
 from servelab.perf.cost_model import CostCoefficients, CostModel
@@ -99,6 +100,7 @@ class SimTarget:
         cpu_costs: CostCoefficients | None = None,
         fast_forward: bool = True,
         scheduler_factory: SchedulerFactory | None = None,
+        tier: Tier = Tier.SPECS_ONLY,
     ) -> None:
         if scrape_interval <= 0:
             raise TargetError("scrape_interval must be positive")
@@ -125,6 +127,8 @@ class SimTarget:
         """The engine core's CPU share of each step, which async scheduling overlaps with the GPU."""
         self.scheduler_factory = scheduler_factory
         """Another engine's scheduler (SGLang, TensorRT-LLM: servelab.sim.engines); None: vLLM's."""
+        self.tier = tier
+        """What the costs are grounded in, which decides the width of the summary's intervals."""
         self.last_engines: list[SimEngine] = []
         """Engines of the latest run, for inspection (tests, diagnose)."""
         try:  # every setting is checked here, before any load
@@ -165,6 +169,7 @@ class SimTarget:
             "api_server": asdict(self.api),
             "api_server_count": self.api_servers,
             "async_scheduling": bool(self.config.async_scheduling),
+            "prediction_tier": str(self.tier),
             # Wall-clock facts live here, in run.json, so that summary.json is the same on every run of a seed.
             "sim_wall_s": wall,
             "steps_per_s": steps / wall if wall > 0 else 0.0,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab import SCHEMA_VERSION
-from servelab.metrics.records import MemorySink, disturbances
+from servelab.metrics.records import disturbances
 from servelab.metrics.results import ResultWriter
 from servelab.metrics.schema import checked
 from servelab.metrics.summary import summarize
@@ -42,7 +42,7 @@ from servelab.targets.deployment import Deployment
 from servelab.targets.http import HttpTarget
 from servelab.targets.server_process import ServerProcess, ServerStartError, free_port, group_alive
 from servelab.tune.errors import TuneError
-from servelab.tune.objectives import Objective, key_metrics
+from servelab.tune.objectives import Objective, key_metrics, run_summary
 from servelab.tune.schema import Stage2File
 from servelab.tune.space import gpu_count
 from servelab.tune.workload import TuneWorkload
@@ -217,9 +217,7 @@ def _group_of(pid: int) -> int | None:
 
 
 def predict(config: Stage2Config, workload: TuneWorkload, objective: Objective) -> tuple[dict[str, Any], float, float]:
-    sink = MemorySink()
-    config.deployment.sim_target().run(workload.plan(), sink)
-    summary = summarize(sink.records, slo=objective.slo, percentiles=objective.percentiles)
+    summary = run_summary(config.deployment.sim_target(), workload, objective)
     gpus = gpu_count(config.deployment)
     return summary, objective.score_point(summary, config.deployment.hardware.name, gpus), objective.violation(summary)
 

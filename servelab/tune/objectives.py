@@ -22,12 +22,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from servelab.metrics.intervals import simulated_run_intervals
 from servelab.metrics.records import MemorySink
 from servelab.metrics.slo import SLO
 from servelab.metrics.summary import DEFAULT_PERCENTILES, summarize
 from servelab.targets.base import Target
+from servelab.targets.sim import SimTarget
 from servelab.tune.errors import TuneError
-from servelab.tune.schema import KeyMetrics
+from servelab.tune.schema import KEY_STATISTICS
 from servelab.tune.workload import TuneWorkload
 
 ObjectiveKind = Literal["goodput", "throughput", "cost"]
@@ -143,19 +145,26 @@ class Evaluation:
         return self.violation <= 0
 
 
-KEY_METRICS = tuple(KeyMetrics.model_fields)
+KEY_METRICS = KEY_STATISTICS
 """What a trial keeps of its run's summary: the fields of tune.json's typed metrics, so the two cannot drift."""
 
 
 def key_metrics(summary: Summary) -> dict[str, Any]:
-    return {k: summary.get(k) for k in KEY_METRICS}
+    """The key statistics, and a prediction's intervals of them."""
+    intervals = {k: v for k, v in (summary.get("intervals") or {}).items() if k in KEY_METRICS}
+    return {**{k: summary.get(k) for k in KEY_METRICS}, "intervals": intervals or None}
 
 
 def run_summary(target: Target, workload: TuneWorkload, objective: Objective, rate: float | None = None,
                 *, burst: bool = False, open_loop: bool = False) -> Summary:
+    """The plan's summary on `target`; on the simulator with its 80% intervals (servelab.metrics.intervals)."""
     sink = MemorySink()
-    target.run(workload.plan(rate, burst=burst, open_loop=open_loop), sink)
-    return summarize(sink.records, slo=objective.slo, percentiles=objective.percentiles)
+    plan = workload.plan(rate, burst=burst, open_loop=open_loop)
+    target.run(plan, sink)
+    summary = summarize(sink.records, slo=objective.slo, percentiles=objective.percentiles)
+    if isinstance(target, SimTarget) and summary["completed"]:
+        summary.update(simulated_run_intervals(sink.records, plan.max_concurrency, summary, target.tier))
+    return summary
 
 
 def evaluate(target: Target, workload: TuneWorkload, objective: Objective, *, gpu: str, gpus: int) -> Evaluation:

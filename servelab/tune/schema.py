@@ -37,14 +37,20 @@ class KeyMetrics(OpenModel):
     median_tpot_ms: float | None = None
     p99_tpot_ms: float | None = None
     p99_e2el_ms: float | None = None
+    intervals: dict[str, tuple[float, float]] | None = Field(
+        None, description="A prediction's 80% intervals of the statistics above (summary.json's); null when measured.")
 
     def statistic(self, key: str) -> float | None:
         """A statistic named by a string (the Pareto plot's axes come from tune.json); AttributeError for a name
         that is not one of the fields, even one an old file happens to carry."""
-        if key not in KeyMetrics.model_fields:
+        if key not in KEY_STATISTICS:
             raise AttributeError(f"a trial's metrics have no statistic {key!r}")
         value = getattr(self, key)
         return None if value is None else float(value)
+
+
+KEY_STATISTICS = tuple(k for k in KeyMetrics.model_fields if k != "intervals")
+"""The statistics a trial keeps (its intervals aside)."""
 
 
 class Trial(OpenModel):
