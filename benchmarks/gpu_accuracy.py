@@ -56,7 +56,7 @@ import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from itertools import chain
 from pathlib import Path
@@ -66,11 +66,14 @@ from urllib.parse import urlparse
 import numpy as np
 import yaml
 
+from servelab.experiment.calibrate_from import fit_from_runs, with_environment
+from servelab.metrics.imports import MEASURED_KEYS, MeasuredRun, ResultFormat
 from servelab.metrics.intervals import (
     LEVEL, RESIDUALS, Regime, Residual, ResidualTable, Tier, classify_regime, metric_bounds,
 )
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
+from servelab.perf.calibration import EnvironmentFit
 from servelab.perf.published import LENGTHS, published_entries
 from servelab.targets.deployment import Deployment, build_deployment
 from servelab.workload.arrival import ArrivalConfig, schedule
@@ -115,6 +118,12 @@ informed without fixing a number (which measured vLLM release's CPU costs a rele
 vllm_cpu_costs.measured) are not constants; they are named in docs/accuracy.md."""
 
 
+@cache
+def entries() -> tuple[dict[str, Any], ...]:
+    """published.yaml's entries, read once (the tiers look up sibling runs for every entry)."""
+    return tuple(published_entries())
+
+
 def source_of(entry: dict[str, Any]) -> str:
     """The publisher of a run (one host and harness): its repository, else its URL's site and first path segments."""
     src = entry["source"]
@@ -128,7 +137,7 @@ def source_of(entry: dict[str, Any]) -> str:
 @cache
 def fitted_sources() -> dict[str, FittedConstant]:
     """Source -> the constant read off one of its runs."""
-    by_id = {e["id"]: e for e in published_entries()}
+    by_id = {e["id"]: e for e in entries()}
     return {source_of(by_id[run]): c for c in FITTED_CONSTANTS for run in c.runs}
 
 
@@ -198,6 +207,8 @@ class Replay:
     regime: Regime = Regime.UNDER_CAPACITY
     """As `classify_regime` files the prediction (what a user's prediction of this run would be filed under)."""
     tier: Tier = Tier.SPECS_ONLY
+    calibrated_on: str | None = None
+    """The calibrated tier's reference run (never the run itself)."""
 
     @property
     def in_summary(self) -> bool:
@@ -285,9 +296,44 @@ def specs_only(entry: dict[str, Any], published: dict[str, Any], max_prompts: in
     return replay(entry, published, max_prompts)
 
 
-TIERS: dict[Tier, TierPrediction] = {Tier.SPECS_ONLY: specs_only}
-"""The tiers scored. Calibrated from runs plugs in here: calibrate from another run of the entry's source and GPU
-(servelab.experiment.calibrate_from.fit_from_runs), then `replay(entry, published, max_prompts, deployment, tier)`."""
+def measured_run(entry: dict[str, Any], published: dict[str, Any], deployment: Deployment) -> MeasuredRun:
+    """A published run as `calibrate --from` reads a result file: the requests it sent and what it measured."""
+    plan = _plan(entry, published, deployment.model.vocab_size, None)
+    measured = {k: float(v) for k, v in entry["measured"].items() if k in MEASURED_KEYS and isinstance(v, int | float)}
+    return MeasuredRun(entry["id"], ResultFormat.SERVELAB, tuple(plan.requests), plan.max_concurrency, measured, "file")
+
+
+def calibration_run(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """The run the calibrated tier fits `entry`'s environment on: the first other replayable run in the summary from
+    the same source and GPU (file order), as a user calibrates from one run of their server and predicts the rest."""
+    return next((e for e in entries() if e["id"] != entry["id"] and source_of(e) == source_of(entry)
+                 and e["gpu"] == entry["gpu"] and e.get("in_summary", True) and e.get("gpu_stated", True)
+                 and e["era"] == entry["era"] and not not_replayable(e)), None)
+
+
+@cache
+def fitted_environment(reference_id: str) -> EnvironmentFit:
+    """`calibrate --from` on one published run (as the user would: specs-only deployment, the run's requests)."""
+    reference = next(e for e in entries() if e["id"] == reference_id)
+    deployment = specs_deployment(reference)
+    published = yaml.safe_load(LENGTHS.read_text())
+    profile = fit_from_runs([measured_run(reference, published, deployment)], deployment, max_evaluations=20)
+    assert profile.environment is not None
+    return profile.environment
+
+
+def calibrated_from_one_run(entry: dict[str, Any], published: dict[str, Any], max_prompts: int | None) -> Replay | None:
+    """The entry predicted in the environment fitted on another run of its source and GPU (None: it has none)."""
+    reference = calibration_run(entry)
+    if reference is None:
+        return None
+    deployment = with_environment(specs_deployment(entry), fitted_environment(reference["id"]))
+    return replace(replay(entry, published, max_prompts, deployment, Tier.CALIBRATED_FROM_RUNS),
+                   calibrated_on=reference["id"])
+
+
+TIERS: dict[Tier, TierPrediction] = {Tier.SPECS_ONLY: specs_only, Tier.CALIBRATED_FROM_RUNS: calibrated_from_one_run}
+"""The tiers scored: specs only, and calibrated from one run of the same source and GPU (predicting the others)."""
 
 
 def run(only: set[str] | None = None, max_prompts: int | None = None,
@@ -296,7 +342,7 @@ def run(only: set[str] | None = None, max_prompts: int | None = None,
     published = yaml.safe_load(LENGTHS.read_text())
     predict = TIERS[tier]
     done, skipped = [], []
-    for entry in published_entries():
+    for entry in entries():
         if only and entry["id"] not in only:
             continue
         reason = not_replayable(entry)
@@ -463,7 +509,7 @@ def apart_tables(rows: list[Replay]) -> list[str]:
                      f"req/s median |error| {100 * statistics.median(map(abs, errs)):.1f}% over {len(errs)} runs."
                      if errs else f"**Served at the offered rate**: {len(offered)} runs, none publishes req/s.")
     for constant in FITTED_CONSTANTS:
-        source = source_of(next(e for e in published_entries() if e["id"] == constant.runs[0]))
+        source = source_of(next(e for e in entries() if e["id"] == constant.runs[0]))
         group = [r for r in rows if r.source == source]
         lines = [[r.entry["id"], "read off" if r.entry["id"] in constant.runs else "sibling", str(r.regime),
                   *(_pct(r.error(m)) for m in HEADLINE)] for r in group]

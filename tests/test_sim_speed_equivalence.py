@@ -189,15 +189,15 @@ def digest(name: str) -> tuple[str, int, int, int]:
 
 
 GOLDEN: dict[str, tuple[str, int, int, int]] = {
-    'burst_short': ('9925bdd0e1e1499fc15077b474f4fd11bb76bab9ab5cfedb8713f80ca59bcb0c', 139, 0, 0),
-    'chunked_replicas': ('ecaa607b0eeda840c5957fa064817a8b453c66429e60e889f2531707a2fd7235', 3099, 0, 0),
-    'multiturn_closed_loop': ('b594a39b3254a9c8cd15946c230eae7986216cc26908e0b222e4380ebebe01d6', 1995, 0, 190192),
-    'no_chunking_sync': ('fa53ea99ff657e912b44f75bfcb189ec02ed7e6f501f6350b7c3eaea5a23531a', 959, 0, 0),
-    'overload_async_frontend': ('07615c7766610a2af9aebded3338cda7519cff0a8be93b4ade3f81d4e01e9e9b', 575, 0, 0),
+    'burst_short': ('4d201aca635cc12ad4e667c0665926bd9198b695db257694992935f39c44c1e0', 139, 0, 0),
+    'chunked_replicas': ('5e7e587572bc332947ae51a723c0c57b8e0d011a942d05d1ed95d28d3b64e36a', 3099, 0, 0),
+    'multiturn_closed_loop': ('5d71e5e8ca7b127d9803524bc0920626d4e891c93b867ee6ecfa4d783aa0e16d', 1995, 0, 190192),
+    'no_chunking_sync': ('61c1649264bbb874697c574db947f9f2417307e31ac046351c31195e46add512', 959, 0, 0),
+    'overload_async_frontend': ('7aebc2dc1041e1203d17a1361cace0c10f3d47b45830929e1b1760e9ec5ea974', 575, 0, 0),
     'preempt_async_priority': ('c9f54813ea75b750b04310e04754c823da7f19a6a25c3e073cf068d88bfee45f', 6822, 127, 0),
     'preempt_sync_fcfs': ('0185e566af3c02fe0f34d1b701792f12c52e03862ee124c1dc20558ccd791fc9', 7094, 106, 0),
-    'prefix_fast_forward': ('44a689409f3b7606435a6d84e048e23569f3fc211e30b4ee580d43af56cf77ce', 1988, 0, 272448),
-    'tp2_datasheet_api_servers': ('e297be36b5320caa8aeba35ca3c398a40f0ded31d901451b8c96694260ac0d09', 1626, 0, 0),
+    'prefix_fast_forward': ('0c87d2d0b3b48fd36f4de8df1b65841a3bc52b8f906a398024e3e264db72127b', 1988, 0, 272448),
+    'tp2_datasheet_api_servers': ('d0a745396869f12ef62d1d7b8ec25a634a4c0554545170df46ef5031a352ea73', 1626, 0, 0),
 }
 
 

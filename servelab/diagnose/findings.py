@@ -228,7 +228,8 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
         score = max(score, 0.5 + 0.45 * min(1.0, busy))
         source = {"measured": "vLLM's CPU-side costs measured on its CPU build, scaled to this host"
                               + ("" if x.terms.vllm else f", standing in for {x.terms.label}'s (not measured)"),
-                  "given": "the calibrated API-server cost"}.get(x.d.cpu_costs_source, "the configured API-server cost")
+                  "given": "the calibrated API-server cost",
+                  "fitted_from_runs": "the API-server cost fitted to your runs"}.get(x.d.cpu_costs_source, "the configured API-server cost")
         evidence.append(
             f"the API server spends {1e3 * work:.2f} ms of CPU per request here ({source}): at "
             f"{max(x.e.request_rate, x.e.offered_rate or 0.0):.1f} req/s that is {_pct(busy)} of "

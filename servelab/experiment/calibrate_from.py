@@ -128,7 +128,7 @@ def with_environment(deployment: Deployment, env: Environment | EnvironmentFit) 
         network_latency=deployment.network_latency + env.outside_engine_s / 2, performance_mode=deployment.performance_mode,
         vllm_version=deployment.vllm_version,
     )
-    return replace(built, router=deployment.router)
+    return replace(built, router=deployment.router, cpu_costs_source="fitted_from_runs")
 
 
 def profile_deployment(profile: CalibrationProfile, engine_args: str = "", model: ModelSpec | None = None) -> Deployment:

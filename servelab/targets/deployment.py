@@ -70,7 +70,8 @@ class Deployment:
     api: ApiServerCosts = field(default_factory=ApiServerCosts)
     """The API server's costs (see SimTarget); all 0 = an infinitely fast frontend."""
     cpu_costs_source: str = "none"
-    """Where the CPU-side costs come from: "measured" (vLLM CPU build, scaled), "given" (calibration, caller) or "none"."""
+    """Where the CPU-side costs come from: "measured" (vLLM CPU build, scaled), "given" (a live calibration, the
+    caller), "fitted_from_runs" (vLLM's measured costs x a host factor `calibrate --from` fitted) or "none"."""
     vllm_version: tuple[int, int] | None = None
     """The vLLM release served (its defaults, its measured CPU costs); None: the modelled one (perf/vllm_versions.py)."""
     engine: str = VLLM
@@ -129,8 +130,9 @@ class Deployment:
 
     @property
     def prediction_tier(self) -> Tier:
-        """Costs a calibration profile gave are calibrated live; the catalogue's and vLLM's measured ones are specs only."""
-        return Tier.CALIBRATED_LIVE if self.cpu_costs_source == "given" else Tier.SPECS_ONLY
+        """Which held-out residuals this deployment's intervals come from: the tier its costs were calibrated in."""
+        return {"given": Tier.CALIBRATED_LIVE, "fitted_from_runs": Tier.CALIBRATED_FROM_RUNS}.get(
+            self.cpu_costs_source, Tier.SPECS_ONLY)
 
     def sim_target(self, scrape_interval: float = 1.0) -> SimTarget:
         return SimTarget(
