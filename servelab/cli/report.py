@@ -13,13 +13,14 @@ import typer
 from rich.console import Console
 
 from servelab.cli import app
-from servelab.report.html import write_report
 
 REPORT_HTML = "report.html"
 ReportFlag = Annotated[bool, typer.Option("--report", help=f"Also write {REPORT_HTML} (plots, opens offline) into the results directory.")]
 
 
 def _write(dirs: list[Path], out: Path, title: str | None, console: Console) -> Path:
+    from servelab.report.html import write_report  # plotly, imported by the verbs that write a page
+
     path = write_report(dirs, out, title)
     console.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)", highlight=False)
     return path
