@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from servelab.cli import app
@@ -25,8 +24,9 @@ from servelab.experiment.schema import ValidationReport
 from servelab.metrics.schema import checked
 from servelab.experiment.validate import METRICS, points_named, validate as run_validation
 from servelab.perf.calibration import CalibrationProfile, load_profile
+from servelab.report.terminal import make_console
 
-_console = Console()
+_console = make_console()
 
 
 def _pct(value: float | None) -> str:

@@ -17,6 +17,7 @@ from servelab.cli.report import report_beside
 from servelab.errors import InputError
 from servelab.experiment.auto_sweep import AutoSweep
 from servelab.experiment.compare import EngineComparison, compare_engines
+from servelab.report.terminal import make_console
 from servelab.sim.engines import ENGINES, SGLANG, TRTLLM, VLLM
 from servelab.targets.engine_deployment import build_engine_deployment
 from servelab.workload.spec import LoadPlan
@@ -69,7 +70,7 @@ def compare(
     load: LoadFlags,
 ) -> None:
     """Would another engine serve this workload better? The same load simulated on each engine, and why they differ."""
-    console = Console(stderr=True) if load.json else Console()
+    console = make_console(stderr=load.json)
     load.check()
     if report and (out is None or out.suffix == ".html"):
         raise InputError("--report draws the comparison --out writes, into the same name with .html: give --out FILE.json")

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from servelab.cli import app
+from servelab.report.terminal import make_console
 
 REPORT_HTML = "report.html"
 ReportFlag = Annotated[bool, typer.Option("--report", help=f"Also write {REPORT_HTML} (plots, opens offline) into the results directory.")]
@@ -46,4 +47,4 @@ def report(
 ) -> None:
     """Write an HTML report (plotly, works offline): sweep curves, latency CDFs, request and server timelines,
     diagnose's findings, tune's trials and Pareto front, validate's simulated vs. measured, compare's engines overlaid."""
-    _write(dirs, out, title, Console())
+    _write(dirs, out, title, make_console())
