@@ -174,3 +174,14 @@ def test_every_registered_verb_is_listed():
     from servelab.cli import _name
 
     assert sorted(_name(command) for command in app.registered_commands) == sorted(VERBS)
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["simulate", "--tp", "two"], "'--tp'"),
+    (["compare", "--model", "qwen2.5-7b"], "'--gpu'"),
+    (["simulat"], "'simulat'"),
+])
+def test_a_flag_that_does_not_parse_is_one_line_naming_it(argv, names):
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ") and names in result.stderr

@@ -20,7 +20,8 @@ from typer.core import TyperCommand
 from typer.models import CommandInfo
 
 from servelab import __version__
-from servelab.cli.exits import ServelabCommands
+from servelab.cli.exits import ServelabCommands, print_error
+from servelab.errors import EXIT_BAD_INPUT
 
 @dataclass(frozen=True)
 class Verb:
@@ -61,6 +62,18 @@ class LazyVerbs(ServelabCommands):
             super().format_help(ctx, formatter)
         finally:
             self.listing = False
+
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]  # typer's vendored click Context
+        """A verb's flag that does not parse (`--tp abc`, a missing required flag, an unknown verb) is one line
+        naming the flag, like every other bad input, instead of click's boxed usage block."""
+        try:
+            return super().invoke(ctx)
+        except typer.TyperException as exc:
+            if getattr(exc, "exit_code", None) != EXIT_BAD_INPUT:
+                raise
+            failed = getattr(exc, "ctx", None) or ctx  # the verb's context when its own flags failed
+            print_error("error", f"{exc.format_message()} (see {failed.command_path} --help)")  # type: ignore[attr-defined]
+            raise typer.Exit(EXIT_BAD_INPUT) from None
 
     def get_command(self, ctx: typer.Context | None, cmd_name: str) -> Any:  # type: ignore[override]
         verb = VERBS.get(cmd_name)
