@@ -5,7 +5,10 @@ interpreter), RUNS times after one warm-up; the CPU is the operating system's ac
 (user + system, from getrusage of the reaped child), so start-up, imports and exit are all counted, and a busy
 machine moves it far less than wall time. Prints one line per command: median, min and max CPU seconds.
 
-    python benchmarks/cli_startup.py [--runs 5] [--out rows.json]
+    cd /tmp && PYTHONPATH=REPO REPO/.venv/bin/python REPO/benchmarks/cli_startup.py [--runs 5] [--out rows.json]
+
+Run it outside the repository, PYTHONPATH naming the copy to measure: `python -c` puts the current directory first
+on the path. docs/benchmarks.md has the table and the environment it was measured in.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ ENTRY = "import sys; from servelab.cli import main; sys.argv[0] = 'servelab'; ma
 def cpu_seconds(argv: list[str]) -> float:
     """User + system CPU of one finished `servelab ARGV` process."""
     process = subprocess.Popen([sys.executable, "-c", ENTRY, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, _, usage = os.wait4(process.pid, 0)
-    process.returncode = 0  # reaped by wait4
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
     return usage.ru_utime + usage.ru_stime
 
 
