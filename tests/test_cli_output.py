@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 import servelab
 from servelab.cli import VERBS, app
 from servelab.report.diagnosis_view import ALTERNATIVE_COLUMNS
-from servelab.report.terminal import FittingConsole, make_console
+from servelab.report.console import FittingConsole, make_console
 
 ELLIPSIS = "…"
 ENTRY = "import sys; from servelab.cli import main; sys.argv[0] = 'servelab'; main()"

@@ -22,7 +22,7 @@ from servelab.errors import InputError
 from servelab.experiment.calibrate import server_cache_config
 from servelab.metrics.engines import AUTO, ENGINE_CHOICES
 from servelab.metrics.gpu import GpuTelemetry
-from servelab.report.terminal import make_console
+from servelab.report.console import make_console
 from servelab.targets.http import HttpTarget
 from servelab.targets.preflight import ENDPOINTS
 from servelab.targets.replicas import ROUND_ROBIN, ROUTES

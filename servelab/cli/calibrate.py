@@ -24,7 +24,7 @@ from servelab.experiment.schema import ValidationReport
 from servelab.metrics.schema import checked
 from servelab.experiment.validate import METRICS, points_named, validate as run_validation
 from servelab.perf.calibration import CalibrationProfile, load_profile
-from servelab.report.terminal import make_console
+from servelab.report.console import make_console
 
 _console = make_console()
 

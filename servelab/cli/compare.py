@@ -17,7 +17,7 @@ from servelab.cli.report import report_beside
 from servelab.errors import InputError
 from servelab.experiment.auto_sweep import AutoSweep
 from servelab.experiment.compare import EngineComparison, compare_engines
-from servelab.report.terminal import make_console
+from servelab.report.console import make_console
 from servelab.sim.engines import ENGINES, SGLANG, TRTLLM, VLLM
 from servelab.targets.engine_deployment import build_engine_deployment
 from servelab.workload.spec import LoadPlan

@@ -36,7 +36,7 @@ from servelab.metrics.slo import SLO
 from servelab.metrics.engines import AUTO
 from servelab.perf.calibration import load_profile
 from servelab.report.diagnosis_view import render_markdown, render_terminal
-from servelab.report.terminal import make_console
+from servelab.report.console import make_console
 from servelab.sim.engines import ENGINES, LABELS, VLLM
 from servelab.workload.lengths import DISTRIBUTIONS, LengthDistribution
 

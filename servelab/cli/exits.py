@@ -22,7 +22,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from servelab.errors import EXIT_BAD_INPUT, EXIT_BUG, EXIT_INTERRUPTED, ServelabError
-from servelab.report.terminal import make_console
+from servelab.report.console import make_console
 
 BUG_HINT = ("servelab failed unexpectedly, not because of your input: please report it with the traceback above "
             "and the command line you ran")

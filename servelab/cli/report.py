@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 from servelab.cli import app
-from servelab.report.terminal import make_console
+from servelab.report.console import make_console
 
 REPORT_HTML = "report.html"
 ReportFlag = Annotated[bool, typer.Option("--report", help=f"Also write {REPORT_HTML} (plots, opens offline) into the results directory.")]

@@ -33,7 +33,7 @@ from servelab.cli.cluster import RayAddress, ray_pool
 from servelab.cli.report import ReportFlag
 from servelab.cli.run_and_show import run_and_show
 from servelab.errors import InputError
-from servelab.report.terminal import make_console
+from servelab.report.console import make_console
 from servelab.sim.engines import VLLM
 from servelab.sim.router import ROUND_ROBIN
 from servelab.targets.deployment import Deployment

@@ -29,7 +29,7 @@ from servelab.errors import RunInterrupted
 from servelab.experiment.reference import speed_check
 from servelab.perf.calibration import CalibrationProfile, load_profile
 from servelab.perf.hardware import get_gpu
-from servelab.report.terminal import make_console
+from servelab.report.console import make_console
 from servelab.sim.engines import LABELS, VLLM
 from servelab.targets.http import HttpTarget
 from servelab.tune.confirm import ServerCheck, ServerCommand, Stage2Config, Stage2Result
