@@ -161,7 +161,8 @@ def test_deployment_server_and_slo_flags_are_one_declaration_in_every_verb():
     type, environment variable and help panel, whether the verb needs it (calibrate's --gpu) or not (simulate's)."""
     import typer.main
 
-    commands = typer.main.get_command(app).commands
+    group = typer.main.get_command(app)
+    commands = {verb: group.get_command(None, verb) for verb in SHARED_DEPLOYMENT_FLAGS}  # built on demand (servelab.cli.VERBS)
     seen: dict[str, tuple] = {}
     for verb, names in SHARED_DEPLOYMENT_FLAGS.items():
         params = {p.name: p for p in commands[verb].params}

@@ -6,7 +6,6 @@ import sys
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
 from servelab.cli import app
 from servelab.cli.options import (
@@ -23,6 +22,7 @@ from servelab.errors import InputError
 from servelab.experiment.calibrate import server_cache_config
 from servelab.metrics.engines import AUTO, ENGINE_CHOICES
 from servelab.metrics.gpu import GpuTelemetry
+from servelab.report.console import make_console
 from servelab.targets.http import HttpTarget
 from servelab.targets.preflight import ENDPOINTS
 from servelab.targets.replicas import ROUND_ROBIN, ROUTES
@@ -69,7 +69,7 @@ def bench(
 
     Exit codes: 0 measured; 2 bad input, or a server that fails the pre-flight check (nothing is sent); 3 disturbed: the run ended, but requests failed because the server refused or dropped connections (killed, crashed) or a client worker died, so the numbers do not describe the server; 130 interrupted (Ctrl-C, SIGTERM); 1 a bug in servelab (reported with its traceback). Records, summary and timeline are written in every case but 1 and 2.
     """  # noqa: E501  (one paragraph: the help keeps the docstring's line breaks)
-    out = Console(stderr=True) if load.json else Console()
+    out = make_console(stderr=load.json)
     load.check()
     first_plan = load.make_plan()  # dataset files are read and checked before the server is touched
     if endpoint == "/v1/chat/completions" and not (load.tokenizer or first_plan.description["text_prompts"]):

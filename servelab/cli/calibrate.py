@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from servelab.cli import app
@@ -33,8 +32,9 @@ from servelab.experiment.schema import ValidationReport
 from servelab.metrics.schema import checked
 from servelab.experiment.validate import METRICS, points_named, validate as run_validation
 from servelab.perf.calibration import CalibrationProfile, RunFit, load_profile
+from servelab.report.console import make_console
 
-_console = Console()
+_console = make_console()
 
 
 def _pct(value: float | None) -> str:

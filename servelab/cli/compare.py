@@ -17,7 +17,7 @@ from servelab.cli.report import report_beside
 from servelab.errors import InputError
 from servelab.experiment.auto_sweep import AutoSweep
 from servelab.experiment.compare import EngineComparison, compare_engines
-from servelab.report.compare_results import POINT_COLUMNS, point_rows
+from servelab.report.console import make_console
 from servelab.sim.engines import ENGINES, SGLANG, TRTLLM, VLLM
 from servelab.targets.engine_deployment import build_engine_deployment
 from servelab.workload.spec import LoadPlan
@@ -37,6 +37,8 @@ def parse_engines(text: str, flag: str = "--engines") -> list[str]:
 
 
 def _show(result: EngineComparison, out: Console) -> None:
+    from servelab.report.compare_results import POINT_COLUMNS, point_rows  # beside the report's plotly figures
+
     table = Table(title=f"{result.model} on {result.gpu}: {result.mean_prompt_tokens:,.0f} prompt + "
                         f"{result.mean_output_tokens:,.0f} output tokens per request (simulated)")
     for column in POINT_COLUMNS:
@@ -68,7 +70,7 @@ def compare(
     load: LoadFlags,
 ) -> None:
     """Would another engine serve this workload better? The same load simulated on each engine, and why they differ."""
-    console = Console(stderr=True) if load.json else Console()
+    console = make_console(stderr=load.json)
     load.check()
     if report and (out is None or out.suffix == ".html"):
         raise InputError("--report draws the comparison --out writes, into the same name with .html: give --out FILE.json")

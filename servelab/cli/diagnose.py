@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
 from servelab.cli import app
 from servelab.cli.report import ReportFlag, report_into
@@ -37,6 +36,7 @@ from servelab.metrics.slo import SLO
 from servelab.metrics.engines import AUTO
 from servelab.perf.calibration import load_profile
 from servelab.report.diagnosis_view import render_markdown, render_terminal
+from servelab.report.console import make_console
 from servelab.sim.engines import ENGINES, LABELS, VLLM
 from servelab.workload.lengths import DISTRIBUTIONS, LengthDistribution
 
@@ -144,7 +144,7 @@ def diagnose(
     deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp, replicas=replicas,
                                        gpu_file=gpu_file, vllm_version=vllm_version, engine=served)
     if engine_note is not None:
-        Console(stderr=True).print(f"[yellow]warning:[/] {engine_note}", highlight=False, soft_wrap=True)
+        make_console(stderr=True).print(f"[yellow]warning:[/] {engine_note}", highlight=False, soft_wrap=True)
     observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms)
     priced = {"with_alternatives": price_options or None, "gpu_cost_per_hour": gpu_cost_per_hour, "engines": switch_to}
     partial = ""
@@ -172,7 +172,7 @@ def diagnose(
     data = dx.as_dict()
     if partial:  # said first and kept in the JSON: every number below rests on a run cut short
         data["partial_run"] = partial
-        Console(stderr=True).print(f"[yellow]{partial}[/]", highlight=False, soft_wrap=True)
+        make_console(stderr=True).print(f"[yellow]{partial}[/]", highlight=False, soft_wrap=True)
     typed = Diagnosis.model_validate_json(json.dumps(data, default=str))
     target = save or (results / DIAGNOSIS if results is not None else None)
     if target is not None:
@@ -182,13 +182,13 @@ def diagnose(
     elif markdown:
         typer.echo(render_markdown(typed))
     else:
-        console = Console()
+        console = make_console()
         if example:
             console.print("[dim]No deployment given: diagnosing the built-in example "
                           "(servelab diagnose --help for your own).[/]")
         render_terminal(typed, console)
     if report and results is not None:
-        report_into(results, Console(stderr=json_out or markdown))
+        report_into(results, make_console(stderr=json_out or markdown))
 
 
 def _output_lengths(spec: str, mean: int) -> LengthDistribution:

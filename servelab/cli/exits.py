@@ -18,11 +18,11 @@ import traceback
 from typing import Any, NoReturn
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
 from servelab.errors import EXIT_BAD_INPUT, EXIT_BUG, EXIT_INTERRUPTED, ServelabError
+from servelab.report.console import make_console
 
 BUG_HINT = ("servelab failed unexpectedly, not because of your input: please report it with the traceback above "
             "and the command line you ran")
@@ -30,7 +30,7 @@ BUG_HINT = ("servelab failed unexpectedly, not because of your input: please rep
 
 def print_error(label: str, message: str) -> None:
     """One line on stderr: `label: message`, never wrapped or highlighted (scripts and tests read it)."""
-    Console(stderr=True).print(f"[bold red]{label}[/]: {escape(message)}", highlight=False, soft_wrap=True)
+    make_console(stderr=True).print(f"[bold red]{label}[/]: {escape(message)}", highlight=False, soft_wrap=True)
 
 
 class ServelabCommands(TyperGroup):
@@ -58,6 +58,6 @@ class ServelabCommands(TyperGroup):
 
 def raise_bug() -> NoReturn:
     """The exception being handled is a bug in servelab: its traceback, the request to report it, exit 1."""
-    Console(stderr=True).print(traceback.format_exc(), highlight=False, soft_wrap=True, markup=False)
+    make_console(stderr=True).print(traceback.format_exc(), highlight=False, soft_wrap=True, markup=False)
     print_error("bug", BUG_HINT)
     raise typer.Exit(EXIT_BUG) from None

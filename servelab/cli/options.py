@@ -27,7 +27,6 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from servelab.experiment.calibrate import deployment_from_profile
 from servelab.experiment.auto_sweep import AutoSweep, parse_sweep
 from servelab.experiment.sweep import Sweep, SweepError
 from servelab.metrics.slo import SLO
@@ -304,6 +303,8 @@ def deployment_from_flags(
     for flag, value in (("--gpu", gpu), ("--gpu-file", gpu_file), ("--vllm-version", vllm_version)):
         if value is not None:
             raise PerfConfigError(f"{flag} and --calibration both name the hardware: the profile already does; drop {flag}")
+    from servelab.experiment.calibrate import deployment_from_profile  # its HTTP client and fits: not for --help
+
     # --model beside a profile: another model on the calibrated hardware and host.
     deployment = deployment_from_profile(load_profile(calibration), engine_args, get_model(model) if model else None)
     changes: dict[str, Any] = {k: v for k, v in (("tensor_parallel_size", tp), ("data_parallel_size", replicas)) if v is not None}

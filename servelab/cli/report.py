@@ -13,13 +13,15 @@ import typer
 from rich.console import Console
 
 from servelab.cli import app
-from servelab.report.html import write_report
+from servelab.report.console import make_console
 
 REPORT_HTML = "report.html"
 ReportFlag = Annotated[bool, typer.Option("--report", help=f"Also write {REPORT_HTML} (plots, opens offline) into the results directory.")]
 
 
 def _write(dirs: list[Path], out: Path, title: str | None, console: Console) -> Path:
+    from servelab.report.html import write_report  # plotly, imported by the verbs that write a page
+
     path = write_report(dirs, out, title)
     console.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)", highlight=False)
     return path
@@ -45,4 +47,4 @@ def report(
 ) -> None:
     """Write an HTML report (plotly, works offline): sweep curves, latency CDFs, request and server timelines,
     diagnose's findings, tune's trials and Pareto front, validate's simulated vs. measured, compare's engines overlaid."""
-    _write(dirs, out, title, Console())
+    _write(dirs, out, title, make_console())

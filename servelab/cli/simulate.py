@@ -11,7 +11,6 @@ import sys
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from servelab.cli import app
 from servelab.cli.options import (
@@ -34,6 +33,7 @@ from servelab.cli.cluster import RayAddress, ray_pool
 from servelab.cli.report import ReportFlag
 from servelab.cli.run_and_show import run_and_show
 from servelab.errors import InputError
+from servelab.report.console import make_console
 from servelab.sim.engines import VLLM
 from servelab.sim.router import ROUND_ROBIN
 from servelab.targets.deployment import Deployment
@@ -73,7 +73,7 @@ def simulate(
     load: LoadFlags,
 ) -> None:
     """Predict latency, throughput and goodput of a vLLM deployment under the load you describe, without a GPU."""
-    out = Console(stderr=True) if load.json else Console()
+    out = make_console(stderr=load.json)
     load.check()
     if scrape_interval <= 0:
         raise InputError(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")

@@ -30,6 +30,7 @@ from servelab.errors import RunInterrupted
 from servelab.experiment.reference import speed_check
 from servelab.perf.calibration import CalibrationProfile, load_profile
 from servelab.perf.hardware import get_gpu
+from servelab.report.console import make_console
 from servelab.sim.engines import LABELS, VLLM
 from servelab.targets.http import HttpTarget
 from servelab.tune.confirm import ServerCheck, ServerCommand, Stage2Config, Stage2Result
@@ -113,7 +114,7 @@ def tune(
     The workload flags are bench's: stage 1 simulates --sim-prompts of them per
     run; stage 2 sends --num-prompts (default 200) or --duration to each server.
     """
-    console = Console()
+    console = make_console()
     load.check()
     if load.sweep is not None:
         raise TuneError("--sweep does not apply to tune: the goodput objective searches the rate itself")
@@ -161,7 +162,7 @@ def tune(
         render(console, TuneDocument.model_validate_json(json.dumps(doc, default=str)))
         console.print(f"all trials: {output / TUNE_JSON}")
     if report:
-        report_into(output, Console(stderr=True) if load.json else console)
+        report_into(output, make_console(stderr=True) if load.json else console)
 
 
 def _interrupt(signum: int, frame: object) -> None:

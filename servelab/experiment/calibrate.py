@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
-from scipy.optimize import minimize_scalar
 
 from servelab.experiment.probes import (
     DECODE,
@@ -423,6 +422,8 @@ def fit_frontend(runs: list[ProbeRuns], deployment: Deployment) -> Deployment:
     i = grid.index(min(tried, key=tried.__getitem__))
     if i > 0:
         lo, hi = grid[i - 1], grid[min(i + 1, len(grid) - 1)]
+        from scipy.optimize import minimize_scalar  # scipy only where a fit runs: the CLI's start-up stays light
+
         refined = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 0.01})
         tried[float(refined.x)] = float(refined.fun)
     return with_frontend(min(tried, key=tried.__getitem__) / 1e3)

@@ -26,10 +26,12 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:  # imported by the functions that send requests: a command that sends none starts without it
+    import aiohttp
 
 UTIL = "util"
 """Share of the sample period in which a kernel ran (nvidia-smi's "GPU-Util"), 0..1."""
@@ -202,6 +204,7 @@ class DcgmSampler:
         self.last_error: str | None = None
 
     async def sample(self) -> dict[str, float]:
+        import aiohttp
         try:
             timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
             async with self.session.get(self.url, timeout=timeout) as resp:

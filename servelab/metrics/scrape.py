@@ -10,16 +10,20 @@ of the two answered.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import asyncio
 from collections.abc import Callable
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from servelab.metrics import engines
 from servelab.metrics.engines import EngineMetrics
 from servelab.metrics.gpu import GpuSampler
 from servelab.metrics.timeline import TimelineSample
+
+if TYPE_CHECKING:  # imported by the functions that send requests: a command that sends none starts without it
+    import aiohttp
 
 SCRAPE_TIMEOUT_S = 2.0
 
@@ -117,6 +121,7 @@ class MetricsScraper:
 
     async def fetch_server(self) -> dict[str, float] | None:
         """One scrape's values; None (and a counted failure) when the endpoint fails or is not Prometheus text."""
+        import aiohttp
         try:
             timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
             async with self.session.get(self.url, headers=self.headers, timeout=timeout) as resp:

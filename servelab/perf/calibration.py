@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from scipy.optimize import least_squares
 
 from servelab.perf.cost_model import CostCoefficients, RooflineCostModel, StepBatch
 from servelab.perf.engine_config import EngineConfig
@@ -233,6 +232,8 @@ def fit_cost_model(
 
     def residuals(x: np.ndarray) -> np.ndarray:
         return weights * (space.predict(x, base, observations) - measured) / measured
+
+    from scipy.optimize import least_squares  # scipy only where a fit runs: the CLI's start-up stays light
 
     result = least_squares(
         residuals, space.start(base, start_latency_s), bounds=(space.lower, space.upper),

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from servelab.metrics import engines
 from servelab.targets.errors import TargetError
+
+if TYPE_CHECKING:  # imported by the functions that send requests: a command that sends none starts without it
+    import aiohttp
 
 PROBE_TIMEOUT_S = 5.0
 VERSION_ENDPOINTS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -32,6 +33,7 @@ UNNAMED_PROBES = (("llamacpp", "/props", "build_info"), ("sglang", "/server_info
 
 
 async def _get(session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None) -> str | None:
+    import aiohttp
     try:
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
         async with session.get(url, headers=headers, timeout=timeout) as resp:

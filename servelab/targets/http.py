@@ -27,9 +27,8 @@ import itertools
 import json
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
 import uvloop
 
@@ -71,6 +70,9 @@ from servelab.targets.stream_client import (
 from servelab.targets.tally import RunTally, aiter_specs
 from servelab.targets.workers import SERVER_GONE, WorkerPool
 from servelab.workload.spec import LoadPlan, RequestSpec
+
+if TYPE_CHECKING:  # imported by the functions that send requests: a command that sends none starts without it
+    import aiohttp
 
 MAX_WAVE = 1024
 """At most this many first-wave requests are prepared (bodies built, connections opened) before the clock starts."""
@@ -248,6 +250,7 @@ class HttpTarget:
     # -- preflight --------------------------------------------------------
 
     async def apreflight(self, session: aiohttp.ClientSession | None = None) -> dict[str, Any]:
+        import aiohttp
         if session is None:
             async with aiohttp.ClientSession() as own:
                 return await self.apreflight(own)
@@ -293,6 +296,7 @@ class HttpTarget:
         return asyncio.run(self._areset_prefix_cache())
 
     async def _areset_prefix_cache(self) -> str:
+        import aiohttp
         async with aiohttp.ClientSession() as session:
             said = [await self._reset_one(session, url) for url in self.base_urls]
         if len(set(said)) == 1:
@@ -300,6 +304,7 @@ class HttpTarget:
         return "; ".join(f"{url}: {what}" for url, what in zip(self.base_urls, said))
 
     async def _reset_one(self, session: aiohttp.ClientSession, base_url: str) -> str:
+        import aiohttp
         try:
             async with session.post(
                 base_url + "/reset_prefix_cache", headers=self._auth_headers(), timeout=aiohttp.ClientTimeout(total=30),
@@ -338,6 +343,7 @@ class HttpTarget:
     ) -> TargetRun:
         """The run on the running event loop; `slots`, when given, is the plan's cap shared with other clients
         (one event loop then: a shared cap is not split between --workers processes)."""
+        import aiohttp
         if self.run_preflight and self.server_info is None:
             await self.apreflight()
         cap = plan.max_concurrency

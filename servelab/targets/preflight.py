@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from servelab.targets.errors import TargetError
 from servelab.targets.sse import DONE, SSEDecoder
+
+if TYPE_CHECKING:  # imported by the functions that send requests: a command that sends none starts without it
+    import aiohttp
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -97,6 +98,7 @@ async def preflight(
     the model is not served, or the endpoint does not accept a one-token
     request. The API key is sent but never returned.
     """
+    import aiohttp
     if endpoint not in ENDPOINTS:
         raise TargetError(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
     client_timeout = aiohttp.ClientTimeout(total=timeout)

@@ -22,10 +22,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import optuna
-from optuna.trial import TrialState
+from typing import TYPE_CHECKING, Any, Literal
 
 from servelab import SCHEMA_VERSION
 from servelab.pool import TaskLost, TaskPool
@@ -34,6 +31,9 @@ from servelab.sim.engines import VLLM
 from servelab.tune.errors import TuneError
 from servelab.tune.space import Candidate, SearchSpace, candidate_key
 from servelab.tune.trial import OK, TrialOutcome
+
+if TYPE_CHECKING:  # imported by the functions that search: `tune --help` starts without it
+    import optuna
 
 STUDY_DB = "study.db"
 STUDY_NAME = "stage1"
@@ -81,6 +81,7 @@ def storage_url(directory: Path) -> str:
 
 
 def _sampler(settings: SearchSettings, space: SearchSpace, budget: int) -> optuna.samplers.BaseSampler:
+    import optuna
     if settings.exhaustive(space):
         return optuna.samplers.RandomSampler(seed=settings.seed)  # every point is queued; never consulted
     with warnings.catch_warnings():
@@ -101,6 +102,7 @@ def _check_engine(study: optuna.Study, directory: Path, engine: str) -> None:
 def check_resumable(directory: Path, engine: str) -> None:
     """Refuse early (before the baseline is simulated) to resume a study of another engine; a directory without a
     study is left for open_study to refuse."""
+    import optuna
     if not (directory / STUDY_DB).exists():
         return
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -118,6 +120,7 @@ def open_study(
     on another basis, e.g. after recalibrating, would rank trials scored by
     two different simulators against each other, so it is refused.
     """
+    import optuna
     directory.mkdir(parents=True, exist_ok=True)
     exists = (directory / STUDY_DB).exists()
     if exists and not resume:
@@ -162,6 +165,7 @@ def finished_trials(study: optuna.Study) -> list[StudyTrial]:
     An outcome stored in the study carries no schema version, so each is read through servelab.renames as an
     old one: a study begun by an earlier release resumes under this one's statistic names (renaming a current
     outcome changes nothing, no new name being an old one)."""
+    from optuna.trial import TrialState
     return [
         StudyTrial(t.number, TrialOutcome.from_dict(upgraded(t.user_attrs[OUTCOME], SCHEMA_VERSION)))
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -171,6 +175,7 @@ def finished_trials(study: optuna.Study) -> list[StudyTrial]:
 
 def _requeue_interrupted(study: optuna.Study, space: SearchSpace) -> None:
     """Trials left RUNNING by a killed process are failed, and their point queued to run again."""
+    from optuna.trial import TrialState
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study.tell(t.number, state=TrialState.FAIL)
         if set(t.params) == set(space.dimensions):
@@ -178,6 +183,7 @@ def _requeue_interrupted(study: optuna.Study, space: SearchSpace) -> None:
 
 
 def _queue_grid(study: optuna.Study, space: SearchSpace, done: set[str]) -> None:
+    from optuna.trial import TrialState
     waiting = {candidate_key(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
     for candidate in space.grid():
         key = candidate_key(candidate)
@@ -229,6 +235,7 @@ def run_search(
     numbers follow the order of asking, so a grid numbers its points alike).
     A simulation whose worker was lost is run again (it is deterministic).
     """
+    from optuna.trial import TrialState
     study = open_study(directory, direction, settings, space, resume=resume, basis=basis)
     _requeue_interrupted(study, space)
     trials = finished_trials(study)
