@@ -36,7 +36,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from servelab.errors import InputError
 from servelab.metrics.imports import MeasuredRun, WorkloadFlags, read_measured_runs
@@ -285,6 +284,8 @@ def fit_from_runs(
     `model_source` and `engine_args` are what the user gave (the --model, the
     server's flags), kept in the profile; by default the deployment's own.
     """
+    from scipy.optimize import least_squares  # ~0.3 s to import: only when a fit runs, not for --help
+
     if not runs:
         raise CalibrateFromError("no measured runs to calibrate on")
     check_runs_fit_deployment(runs, deployment)
