@@ -30,6 +30,7 @@ from servelab.errors import InputError
 from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
 from servelab.diagnose.engine_terms import check_engine, served_engine
 from servelab.diagnose.scenario import synthetic
+from servelab.diagnose.tried import parse_tried
 from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
 from servelab.metrics.host import condition_changes
 from servelab.metrics.results import load_run
@@ -67,6 +68,10 @@ def diagnose(
     observed_gpu_util: Annotated[Optional[float], typer.Option(help="nvidia-smi's utilisation, 0-1.")] = None,
     observed_e2e_ms: Annotated[Optional[float], typer.Option(help="What you see in production: whole-answer latency, ms.")] = None,
     observed_tpot_ms: Annotated[Optional[float], typer.Option(help="What you see in production: time per output token, ms.")] = None,
+    tried: Annotated[Optional[list[str]], typer.Option(
+        help="A change you already made and what it did, CHANGE:RESULT (repeatable): CHANGE an engine flag as typed "
+             "after `vllm serve`, a quantization (awq, gptq, fp8, int8, w8a8), a GPU name or 'replica'; RESULT "
+             "no-effect, helped or hurt. E.g. --tried \"--max-num-batched-tokens 512:no-effect\" --tried awq:no-effect")] = None,
     output_len_distribution: Annotated[str, typer.Option(
         help="Described deployment: how output lengths vary, SHAPE[:SPREAD] with SHAPE one of "
              f"{', '.join(DISTRIBUTIONS)} (spread as --random-range-ratio): answers that end at EOS vary, "
@@ -103,6 +108,7 @@ def diagnose(
     With no arguments: the built-in example (Qwen2.5-7B on an A100 at ~10 req/s of 1,500-token prompts).
     """
     check_engine(engine)
+    tried_changes = tuple(parse_tried(text) for text in tried or ())
     if vllm_version is not None and engine not in (VLLM, AUTO):
         raise InputError(f"--vllm-version describes a vLLM server, not --engine {engine}")
     if engines is not None and not compare_engines:
@@ -145,7 +151,8 @@ def diagnose(
                                        gpu_file=gpu_file, vllm_version=vllm_version, engine=served)
     if engine_note is not None:
         Console(stderr=True).print(f"[yellow]warning:[/] {engine_note}", highlight=False, soft_wrap=True)
-    observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms)
+    observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms,
+                        tried_changes)
     priced = {"with_alternatives": price_options or None, "gpu_cost_per_hour": gpu_cost_per_hour, "engines": switch_to}
     partial = ""
     if run is not None and results is not None:

@@ -24,6 +24,8 @@ from servelab.diagnose.alternatives import Alternative, price_alternatives
 from servelab.diagnose.outside_engine import describe as describe_outside
 from servelab.diagnose.findings import Context, Finding, caveats, detect, queue_reason
 from servelab.diagnose.recommend import recommend, run as simulate_outcome
+from servelab.diagnose.reconcile import OBSERVED_VS_SIMULATED, TRIED, Figure, finding as reconcile, tried_finding
+from servelab.diagnose.tried import Tried, check_all as check_tried
 from servelab.diagnose.scenario import Scenario, from_run, simulate
 from servelab.diagnose.schema import EngineSwitch
 from servelab.diagnose.utilization import Utilization, utilization
@@ -43,6 +45,15 @@ class Observed:
     gpu_util: float | None = None
     e2e_ms: float | None = None
     tpot_ms: float | None = None
+    tried: tuple[Tried, ...] = ()
+    """Changes the user already made and what they saw them do (`--tried`)."""
+
+    @property
+    def figures(self) -> dict[Figure, float]:
+        """The figures reported, latency first: the order in which a gap from the simulation is explained."""
+        pairs = ((Figure.E2E, self.e2e_ms), (Figure.TTFT, self.ttft_ms), (Figure.TPOT, self.tpot_ms),
+                 (Figure.QPS, self.qps), (Figure.UTIL, self.gpu_util))
+        return {f: v for f, v in pairs if v is not None}
 
     @property
     def reported(self) -> bool:
@@ -79,7 +90,8 @@ class Diagnosis:
     @property
     def bottleneck(self) -> str | None:
         """What limits the deployment: the first finding that is about the server, not about the figures reported."""
-        return next((f.kind for f in self.findings if f.kind != OBSERVATIONS_INCONSISTENT), None)
+        return next((f.kind for f in self.findings if f.kind not in (OBSERVATIONS_INCONSISTENT, OBSERVED_VS_SIMULATED, TRIED)),
+                    None)
 
     def as_dict(self) -> dict[str, Any]:
         c = self.ceilings
@@ -162,6 +174,8 @@ def analyse(
     """Rank what limits the server, and price the common options when `with_alternatives` says so (None: when a
     latency is reported or a GPU price given, as a user asking "should we buy a GPU?" does); with `engines`, what
     switching to each would buy at this load."""
+    observed = observed or Observed()
+    tried = check_tried(deployment, observed.tried)  # a change servelab cannot build is an error before any simulation
     e = gather(run)
     batch = (e.mean_running if e.mean_running is not None else e.mean_in_flight) / deployment.config.data_parallel_size
     c = compute_ceilings(deployment.step_cost(), deployment.model, deployment.config, deployment.memory,
@@ -172,13 +186,13 @@ def analyse(
     c = Ceilings(**{**c.as_dict(), "saturation_rps": sat, "slo_max_rps": slo_rps})
     u = utilization(e, deployment)
     attained = _attainment(run, slo)
-    ctx = Context(e, c, u, deployment, slo, attained, scenario.mean_shared)
+    ctx = Context(e, c, u, deployment, slo, attained, scenario.mean_shared, tried)
     found = detect(ctx)
-    observed = observed or Observed()
     priced = with_alternatives if with_alternatives is not None else (
         observed.latency or gpu_cost_per_hour is not None)
+    described = source == "simulated"
     baseline = (simulate_outcome(deployment, scenario, slo)
-                if (with_recommendations and found) or with_advice or priced else None)
+                if (with_recommendations and found) or with_advice or priced or described else None)
     if with_recommendations and baseline is not None:
         for f in found:
             f.recommendations = recommend(f, ctx, scenario, baseline)
@@ -187,14 +201,25 @@ def analyse(
         # A described deployment that comes with a figure seen in production describes that production: its
         # --request-rate is the QPS the user sees, and must fit with the figure they report beside it.
         qps, qps_source = scenario.nominal_rate, "offered (your --request-rate)"
+    gap = (reconcile(deployment, scenario, simulate_outcome(deployment, scenario, None), observed.figures,
+                     observed.tried) if described and observed.figures else None)
     contradiction = check_observations(deployment, scenario, c, qps=qps, ttft_ms=observed.ttft_ms,
                                        gpu_util=observed.gpu_util, e2e_ms=observed.e2e_ms, tpot_ms=observed.tpot_ms,
-                                       qps_source=qps_source)
-    if contradiction is not None:  # reported figures that cannot hold come before what they would explain
-        found.insert(0, contradiction)
+                                       qps_source=qps_source, reconciled=gap is not None)
+    if contradiction is not None and gap is not None:  # one finding about the figures: the physics, then the inverse
+        contradiction.evidence[-1:-1] = gap.evidence
+    if gap is None and observed.tried:
+        first_latency = next((f for f in observed.figures if f in (Figure.E2E, Figure.TTFT, Figure.TPOT)), Figure.E2E)
+        report = tried_finding(deployment, scenario, observed.tried, first_latency)
+        if report is not None:
+            found.append(report)
+            found.sort(key=lambda f: f.score, reverse=True)
+    for first in (gap if contradiction is None else None, contradiction):
+        if first is not None:  # reported figures that cannot hold, or far from the simulation, come first
+            found.insert(0, first)
     dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed, caveats=caveats(ctx))
     if priced and baseline is not None:
-        dx.alternatives = price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour)
+        dx.alternatives = price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour, tried)
     if engines:
         dx.engine_comparison = compare_on_engines(deployment, scenario, slo, engines)
     dx.notes = notes(dx)
@@ -214,6 +239,7 @@ def diagnose_run(run: RunResult, deployment: Deployment, *, slo: SLO | None = No
 
 def diagnose_described(deployment: Deployment, scenario: Scenario, *, slo: SLO | None = None,
                        observed: Observed | None = None, **kw: Any) -> Diagnosis:
+    check_tried(deployment, observed.tried if observed else ())  # before the first simulation
     run = simulate(deployment, scenario)
     return analyse(deployment, scenario, run, slo=slo, source="simulated", observed=observed, **kw)
 

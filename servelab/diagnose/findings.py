@@ -63,6 +63,8 @@ class Recommendation:
     """Other metrics, before -> after."""
     confirm: str = ""
     """The command that would confirm the prediction on the real server."""
+    tried: str | None = None
+    """What the user saw this very change do (`--tried`), when they tried it."""
 
     @property
     def gain(self) -> float:
@@ -97,6 +99,8 @@ class Context:
     slo_attainment: float | None
     shared_prompt_tokens: float = 0.0
     """Mean prompt tokens a request shares with an earlier one (system prompt, resent chat history)."""
+    tried: tuple[tuple[Deployment, str], ...] = ()
+    """Changes the user already made (`--tried`), built, with what they saw each do."""
 
     @property
     def load_ratio(self) -> float:

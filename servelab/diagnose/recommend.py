@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+import shlex
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from servelab.diagnose import findings as fk
 from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.engine_terms import Terms
+from servelab.diagnose.evidence import gather
 from servelab.diagnose.findings import Context, Finding, Recommendation
 from servelab.diagnose.scenario import Scenario, simulate
 from servelab.metrics.slo import SLO
@@ -29,6 +31,8 @@ from servelab.targets.deployment import Deployment
 UPGRADE = {"A100-40GB-SXM": "h100", "A100-80GB-SXM": "h100", "A100-80GB-PCIe": "h100", "H100-SXM": "h200",
            "H100-PCIe": "h100", "L4": "l40s", "A10G": "l40s", "L40S": "h100", "RTX-4090": "l40s", "H20": "h200"}
 """The next chip up a user would rent for each common one."""
+NO_EFFECT = "no-effect"
+"""The result a user reports for a change that did nothing (diagnose/tried.py's TriedResult)."""
 MIN_GAIN = 0.05
 """A change must move its metric by 5% to be worth a restart; below that the model cannot tell."""
 
@@ -44,6 +48,10 @@ class Candidate:
 @dataclass(frozen=True)
 class Outcome:
     summary: dict[str, object]
+    mean_running: float | None = None
+    """Sequences the engine ran per step on average (the server's running gauge), over all replicas."""
+    engine_busy: float | None = None
+    """Share of the run a step was running: what nvidia-smi's utilisation reads."""
 
     def value(self, metric: str) -> float:
         return float(self.summary.get(metric) or 0.0)
@@ -67,7 +75,9 @@ def run(d: Deployment, scenario: Scenario, slo: SLO | None) -> Outcome:
     if key not in _OUTCOMES:
         if len(_OUTCOMES) >= _KEPT:
             _OUTCOMES.pop(next(iter(_OUTCOMES)))
-        _OUTCOMES[key] = Outcome(summarize(simulate(d, scenario).records, slo=slo))
+        result = simulate(d, scenario)
+        e = gather(result)
+        _OUTCOMES[key] = Outcome(summarize(result.records, slo=slo), e.mean_running, e.engine_busy)
     return _OUTCOMES[key]
 
 
@@ -209,6 +219,16 @@ def confirm_command(scenario: Scenario, engine_args: str | None, engine: str = V
             f"--random-output-len {scenario.mean_output:.0f} --ignore-eos {load} --num-prompts {len(scenario.shapes)}")
 
 
+def same_change(a: Deployment, b: Deployment) -> bool:
+    """Two what-ifs are the same change when they run the same flags on the same chip."""
+    return (a.hardware.name, shlex.split(a.engine_args())) == (b.hardware.name, shlex.split(b.engine_args()))
+
+
+def tried_result(d: Deployment, tried: Sequence[tuple[Deployment, str]]) -> str | None:
+    """What the user saw `d`'s change do, when they tried that very change."""
+    return next((result for made, result in tried if same_change(d, made)), None)
+
+
 def recommend(finding: Finding, x: Context, scenario: Scenario, baseline: Outcome, limit: int = 4) -> list[Recommendation]:
     metric = metric_for(finding.kind, x, scenario)
     higher = metric in HIGHER_IS_BETTER
@@ -230,6 +250,8 @@ def recommend(finding: Finding, x: Context, scenario: Scenario, baseline: Outcom
             change=cand.change, engine_args=engine_args, metric=metric, before=before, after=after,
             effects={m: (baseline.value(m), outcome.value(m)) for m in SHOWN if m != metric},
             confirm=confirm_command(cand.scenario or scenario, engine_args, d.engine),
+            tried=tried_result(d, x.tried) if cand.deployment is not None else None,
         ))
-    out.sort(key=lambda r: r.gain if higher else -r.gain, reverse=True)
+    # Best first, except that a change the user already saw do nothing is never the first thing recommended.
+    out.sort(key=lambda r: (r.tried == NO_EFFECT, -(r.gain if higher else -r.gain)))
     return out[:limit]

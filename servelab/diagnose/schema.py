@@ -39,6 +39,7 @@ class Recommendation(OpenModel):
     effects: dict[str, tuple[float, float]] = Field(description="Other metrics, before and after.")
     confirm: str = Field(description="The `servelab bench` line that would confirm the prediction.")
     gain: float
+    tried: str | None = Field(None, description="What the user saw this very change do (--tried), when they tried it.")
 
 
 class Finding(OpenModel):
@@ -88,6 +89,7 @@ class Alternative(OpenModel):
     usd_per_mtok: float | None = Field(description="Dollars per million output tokens at this load.")
     verdict: str = Field(description="helps, no effect or hurts, judged on E2E p50; '—' for the deployment as it is.")
     why: str
+    tried: str | None = Field(None, description="What the user saw this very change do (--tried), when they tried it.")
 
 
 class EngineSwitch(OpenModel):

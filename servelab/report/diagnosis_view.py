@@ -51,7 +51,8 @@ def recommendation_row(r: Recommendation) -> list[str]:
     effects = ", ".join(
         f"{_metric(m)[0]} {_num(a)}→{_num(b)}" for m, (a, b) in r.effects.items()
     )
-    return [r.change, f"{label} {_num(r.before, unit)} → {_num(r.after, unit)} ({r.gain:+.0%})", effects]
+    return [r.change + (f" (you tried this: {r.tried})" if r.tried else ""),
+            f"{label} {_num(r.before, unit)} → {_num(r.after, unit)} ({r.gain:+.0%})", effects]
 
 
 def arrival(w: WorkloadShape) -> str:
@@ -88,7 +89,7 @@ ALTERNATIVE_COLUMNS = ("option", "GPUs", "TTFT p50 ms", "E2E p50 ms", "E2E p99 m
 
 def alternative_row(a: Alternative) -> list[str]:
     dollars = "—" if a.usd_per_mtok is None else f"${a.usd_per_mtok:.2f}"
-    return [a.change, str(a.gpus or "—"), _num(a.median_ttft_ms), _num(a.median_e2el_ms), _num(a.p99_e2el_ms),
+    return [a.change + (f" (you tried this: {a.tried})" if a.tried else ""), str(a.gpus or "—"), _num(a.median_ttft_ms), _num(a.median_e2el_ms), _num(a.p99_e2el_ms),
             dollars, a.verdict]
 
 
