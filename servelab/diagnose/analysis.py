@@ -202,7 +202,7 @@ def analyse(
         # --request-rate is the QPS the user sees, and must fit with the figure they report beside it.
         qps, qps_source = scenario.nominal_rate, "offered (your --request-rate)"
     gap = (reconcile(deployment, scenario, simulate_outcome(deployment, scenario, None), observed.figures,
-                     observed.tried) if described and observed.figures else None)
+                     observed.tried, sat) if described and observed.figures else None)
     contradiction = check_observations(deployment, scenario, c, qps=qps, ttft_ms=observed.ttft_ms,
                                        gpu_util=observed.gpu_util, e2e_ms=observed.e2e_ms, tpot_ms=observed.tpot_ms,
                                        qps_source=qps_source, reconciled=gap is not None)

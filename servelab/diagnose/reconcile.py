@@ -25,7 +25,7 @@ from servelab.diagnose.findings import Finding
 from servelab.diagnose.recommend import Outcome, run
 from servelab.diagnose.scenario import Scenario
 from servelab.metrics import timeline as tl
-from servelab.diagnose.tried import Tried, TriedResult, predicted_result
+from servelab.diagnose.tried import Tried, TriedResult, predicted
 from servelab.perf.errors import PerfConfigError
 from servelab.targets.deployment import Deployment
 
@@ -40,6 +40,9 @@ BISECTION_STEPS = 7
 """Halvings of the log-range: 1/8x-8x to within ~3%, the simulator's own noise."""
 SPAN = 8.0
 """How far from the description the inverse looks, each way."""
+LOAD_SPAN = 256.0
+"""How far below the described load the inverse looks: a GPU decodes whenever one answer is being written, so its busy
+share falls only when the server is idle most of the time."""
 
 
 class Figure(StrEnum):
@@ -106,6 +109,9 @@ class Knob:
     decides: str
     """The measurement that confirms or rules it out."""
     upper: float = SPAN
+    lower: float = 1 / SPAN
+    missed: str = ""
+    """What was looked at, when no value in the range reproduces the figure."""
 
 
 @dataclass
@@ -130,12 +136,12 @@ class Explanation:
 
 def solve(d: Deployment, knob: Knob, figure: Figure, target: float) -> tuple[float, Outcome] | None:
     """The knob's value (as a factor of the described one) whose simulated figure is `target`, by bisection in log
-    space over [1/SPAN, knob.upper]; None when no value in that range reaches it (the figure is monotone in each knob)."""
+    space over [knob.lower, knob.upper]; None when no value there reaches it (the figure is monotone in each knob)."""
     def at(factor: float) -> float:
         value = measure(run(d, knob.vary(factor), None), figure)
         return value if value is not None else math.nan
 
-    lo, hi = math.log(1 / SPAN), math.log(knob.upper)
+    lo, hi = math.log(knob.lower), math.log(knob.upper)
     f_lo, f_hi = at(math.exp(lo)), at(math.exp(hi))
     if math.isnan(f_lo) or math.isnan(f_hi) or not min(f_lo, f_hi) <= target <= max(f_lo, f_hi):
         return None
@@ -155,8 +161,9 @@ def _value(knob: Knob, factor: float) -> float:
     return float(max(1, round(value))) if knob.integer else value
 
 
-def knobs(d: Deployment, s: Scenario, figure: Figure) -> list[Knob]:
-    """What could be other than described, for this figure: the load, the answers, the prompts, the prefix cache."""
+def knobs(d: Deployment, s: Scenario, figure: Figure, saturation: float | None = None) -> list[Knob]:
+    """What could be other than described, for this figure: the load, the answers, the prompts, the prefix cache.
+    An open loop's rate goes to 1.2x the `saturation` rate at most: above it the queue, not the rate, sets the figure."""
     t = Terms(d.engine)
     running = t.metrics(tl.RUNNING, tl.WAITING)
     out: list[Knob] = []
@@ -165,37 +172,49 @@ def knobs(d: Deployment, s: Scenario, figure: Figure) -> list[Knob]:
 
         def closed(f: float) -> Scenario:
             n = max(1, round(c * f))
-            times = max(1, math.ceil(8 * n / len(s.shapes)))
+            times = max(1, math.ceil(4 * n / len(s.shapes)))
             return (s.repeated(times) if times > 1 else s).closed_loop(n)
 
+        # Up to four times what the engine can run at once: beyond it requests queue, and waiting adds to every figure.
+        most = 4 * (d.config.max_num_seqs or 256) * d.config.data_parallel_size
         out.append(Knob("load", closed, c, True,
                         lambda f, o: (f"~{_value_c(c, f)} requests in flight at once (you described {c}), "
-                                      f"~{o.mean_running or 0:.0f} of them decoding in each step"),
-                        f"the engine's own gauges at peak ({running} on /metrics)"))
+                                      f"~{_count(o.mean_running)} of them decoding in each step"),
+                        f"the engine's own gauges at peak ({running} on /metrics)", upper=max(SPAN, most / c),
+                        lower=1 / LOAD_SPAN, missed=f"{max(1, round(c / LOAD_SPAN))}-{round(c * max(SPAN, most / c))} "
+                                                    "requests in flight"))
     elif s.offered_rate:
         r = s.offered_rate
         out.append(Knob("load", lambda f: s.at_rate(r * f), r, False,
                         lambda f, o: (f"~{r * f:.2f} req/s arriving (you described {r:.2f}), "
-                                      f"~{o.mean_running or 0:.0f} decoding in each step"),
-                        f"the request counter's rate at peak ({t.token_counters} on /metrics)"))
+                                      f"~{_count(o.mean_running)} decoding in each step"),
+                        f"the request counter's rate at peak ({t.token_counters} on /metrics)",
+                        upper=max(1.0, 1.2 * (saturation or r) / r), lower=1 / LOAD_SPAN,
+                        missed=f"{r / LOAD_SPAN:.2f}-{max(r, 1.2 * (saturation or r)):.2f} req/s"))
     out.append(Knob("answers", s.with_output_scale, s.mean_output, True,
                     lambda f, o: f"answers of ~{s.mean_output * f:.0f} tokens (you described ~{s.mean_output:.0f})",
                     f"the mean answer length the server counts ({t.metrics(tl.GENERATION_TOKENS, tl.E2E_COUNT)} on "
-                    "/metrics: output tokens per finished request), or the usage field of a sample of responses"))
+                    "/metrics: output tokens per finished request), or the usage field of a sample of responses",
+                    missed=f"answers of {s.mean_output / SPAN:.0f}-{s.mean_output * SPAN:.0f} tokens"))
     if figure in (Figure.TTFT, Figure.UTIL):
         out.append(Knob("prompts", s.with_input_scale, s.mean_input, True,
                         lambda f, o: (f"prompts of ~{s.mean_input * f:.0f} tokens (you described {s.mean_input:.0f}: "
                                       "lengths counted in characters or words are not tokens)"),
                         "the prompt-token counter's rate over the request counter's, or the usage field of a few "
-                        "responses", upper=min(SPAN, (d.config.max_model_len or 32768) / max(1.0, s.mean_input + s.mean_output))))
+                        "responses", upper=min(SPAN, (d.config.max_model_len or 32768) / max(1.0, s.mean_input + s.mean_output)),
+                        missed=f"prompts of {s.mean_input / SPAN:.0f}-{s.mean_input * SPAN:.0f} tokens"))
     if figure in (Figure.TTFT, Figure.UTIL) and s.prefix_len == 0:
         out.append(Knob("prefix cache", lambda f: s.with_shared_prefix(int(min(0.95, f) * s.mean_input)), 1.0, False,
                         lambda f, o: (f"~{min(0.95, f):.0%} of each prompt served from the prefix cache (a system "
                                       "prompt, resent history or retrieved passages that repeat): those tokens are "
                                       "not computed"),
                         f"the prefix-cache hit rate ({t.metrics(tl.PREFIX_HITS, tl.PREFIX_QUERIES)} on /metrics)",
-                        upper=1.0))
+                        upper=1.0, missed="up to 95% of each prompt from the prefix cache"))
     return out
+
+
+def _count(x: float | None) -> str:
+    return f"{x or 0:.0f}" if (x or 0) >= 10 else f"{x or 0:.1f}"
 
 
 def _value_c(c: int, f: float) -> int:
@@ -207,12 +226,16 @@ OUTSIDE_DECIDES = ("the server's own end-to-end latency (the e2e request latency
                    "is spent before or after the engine (retrieval, the application, a gateway's queue)")
 
 
-def explain(d: Deployment, s: Scenario, gap: Gap, tried: Sequence[Tried] = ()) -> list[Explanation]:
-    """Every explanation of `gap` the simulator can make concrete, best first."""
+def explain(d: Deployment, s: Scenario, gap: Gap, tried: Sequence[Tried] = (),
+            saturation: float | None = None) -> tuple[list[Explanation], list[str]]:
+    """Every explanation of `gap` the simulator can make concrete, best first; and what was simulated and does not
+    reproduce the figure (said too: "no prompt length gives 30%" is evidence)."""
     out: list[Explanation] = []
-    for knob in knobs(d, s, gap.figure):
+    missed: list[str] = []
+    for knob in knobs(d, s, gap.figure, saturation):
         solved = solve(d, knob, gap.figure, gap.observed)
         if solved is None:
+            missed.append(knob.missed)
             continue
         factor, outcome = solved
         # The nearer the description, the likelier: 2x off scores 0.59, 4x 0.42, 8x 0.32.
@@ -232,7 +255,7 @@ def explain(d: Deployment, s: Scenario, gap: Gap, tried: Sequence[Tried] = ()) -
             0.35, None))
     for e in out:
         weigh(d, s, e, gap, tried)
-    return sorted(out, key=lambda e: e.score, reverse=True)
+    return sorted(out, key=lambda e: e.score, reverse=True), missed
 
 
 NOISE = 0.1
@@ -259,14 +282,18 @@ def weigh(d: Deployment, base: Scenario, e: Explanation, gap: Gap, tried: Sequen
     e.tried = []
     for t in tried:
         try:
-            predicted, before, after = predicted_result(d, t, e.scenario or base, lambda o: measure(o, gap.figure),
-                                                        e.outside_ms)
+            before, after = predicted(d, t, e.scenario or base, lambda o: measure(o, gap.figure), e.outside_ms)
         except PerfConfigError:
             continue
         fit = likelihood(t.result, (after - before) / before if before else 0.0)
         e.score *= fit
-        e.tried.append(f"{t.change} would have moved {gap.figure} {fmt(gap.figure, before)} → {fmt(gap.figure, after)} "
-                       f"({predicted}); you saw {t.result}: {agreement(fit)}")
+        e.tried.append(f"{t.change} would have moved {gap.figure} {moved(gap.figure, before, after)}; you saw "
+                       f"{t.result}: {agreement(fit)}")
+
+
+def moved(figure: Figure, before: float, after: float) -> str:
+    change = f" ({(after - before) / before:+.0%})" if before else ""
+    return f"{fmt(figure, before)} → {fmt(figure, after)}{change}"
 
 
 def agreement(fit: float) -> str:
@@ -274,7 +301,7 @@ def agreement(fit: float) -> str:
 
 
 def finding(d: Deployment, s: Scenario, baseline: Outcome, observed: dict[Figure, float],
-            tried: Sequence[Tried] = ()) -> Finding | None:
+            tried: Sequence[Tried] = (), saturation: float | None = None) -> Finding | None:
     """The first finding when what the user saw is far from what the described deployment gives, with its ranked
     explanations; None when every figure is near its simulated counterpart."""
     gaps = [Gap(f, v, sim) for f, v in observed.items()
@@ -283,12 +310,13 @@ def finding(d: Deployment, s: Scenario, baseline: Outcome, observed: dict[Figure
         return None
     gap = gaps[0]  # the first figure the user gave, in Figure's order: latency before throughput before utilisation
     evidence = [g.text() for g in gaps]
-    ranked = explain(d, s, gap, tried)
+    ranked, missed = explain(d, s, gap, tried, saturation)
     for i, e in enumerate(ranked, 1):
         evidence.append(f"{i}. {e.text} — decided by {e.decides}")
         evidence.extend(f"   {line}" for line in e.tried or [])
-    if not ranked:
-        evidence.append("no load, answer or prompt length within 8x of the description reproduces it on the simulator")
+    if missed:
+        evidence.append(f"simulated and not reproducing {gap.figure} {fmt(gap.figure, gap.observed)}: "
+                        + "; ".join(missed))
     word = "above" if gap.above else "below"
     title = (f"You see {gap.figure} {fmt(gap.figure, gap.observed)}, {word} the {fmt(gap.figure, gap.simulated)} the "
              f"described deployment gives: " + (f"most likely {ranked[0].label(gap.above)}" if ranked else "unexplained"))
@@ -305,11 +333,11 @@ def tried_finding(d: Deployment, s: Scenario, tried: Sequence[Tried], figure: Fi
         return None
     lines, worst = [], 1.0
     for t in tried:
-        predicted, before, after = predicted_result(d, t, s, lambda o: measure(o, figure))
+        before, after = predicted(d, t, s, lambda o: measure(o, figure))
         fit = likelihood(t.result, (after - before) / before if before else 0.0)
         worst = min(worst, fit)
-        lines.append(f"{t.change}: on the simulator {figure} {fmt(figure, before)} → {fmt(figure, after)} ({predicted}); "
-                     f"you saw {t.result}: {agreement(fit)}")
+        lines.append(f"{t.change}: on the simulator {figure} {moved(figure, before, after)}; you saw {t.result}: "
+                     f"{agreement(fit)}")
     if worst < 0.2:
         lines.append("a change that should have moved the figure did not: the engine is not where the time goes (it "
                      "is spent outside: retrieval, the application, a gateway), or more runs at once than described "
