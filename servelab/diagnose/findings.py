@@ -22,6 +22,7 @@ from servelab.diagnose.ceilings import Ceilings
 from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import Evidence
 from servelab.diagnose.outside_engine import describe as describe_outside
+from servelab.diagnose.roofline import StepClass, decode_step
 from servelab.diagnose.utilization import Utilization
 from servelab.metrics.server_timings import describe
 from servelab.metrics.slo import SLO
@@ -35,12 +36,13 @@ MAX_NUM_SEQS_BOUND = "max_num_seqs_bound"
 KV_CAPACITY_BOUND = "kv_capacity_bound"
 PREFILL_COMPUTE_BOUND = "prefill_compute_bound"
 DECODE_BANDWIDTH_BOUND = "decode_bandwidth_bound"
+DECODE_COMPUTE_BOUND = "decode_compute_bound"
 FRONTEND_CPU_BOUND = "frontend_cpu_bound"
 SLO_TRADEOFF = "slo_tradeoff"
 PREFIX_CACHING_OFF = "prefix_caching_off"
 LAUNCH_BOUND = "launch_bound"
 KINDS = (
-    UNDERLOADED, MAX_NUM_SEQS_BOUND, KV_CAPACITY_BOUND, PREFILL_COMPUTE_BOUND, DECODE_BANDWIDTH_BOUND,
+    UNDERLOADED, MAX_NUM_SEQS_BOUND, KV_CAPACITY_BOUND, PREFILL_COMPUTE_BOUND, DECODE_BANDWIDTH_BOUND, DECODE_COMPUTE_BOUND,
     FRONTEND_CPU_BOUND, SLO_TRADEOFF, PREFIX_CACHING_OFF, LAUNCH_BOUND,
 )
 """What a finding can name: a limit of the server. CLIENT_BOUND is a caveat's kind, never a finding's."""
@@ -380,16 +382,17 @@ def decode_bandwidth_bound(x: Context) -> Finding | None:
         return None
     if x.queueing >= QUEUEING and x.running_per_replica >= 0.95 * x.c.max_num_seqs:
         return None  # the batch is held back by max_num_seqs, not by the memory system
-    regime = "compute" if x.u.compute_headroom >= x.u.bandwidth_headroom else "memory bandwidth"
+    step = decode_step(x.d, x.c.decode_batch, x.e.mean_input_tokens + x.e.mean_output_tokens / 2)
     evidence = [
         f"the engine is busy {_pct(busy)} of the time, mostly decoding: {x.e.output_throughput:.0f} output tok/s at "
-        f"~{x.c.decode_batch:.0f} sequences per step",
-        f"MBU {_pct(x.u.mbu)} of {x.d.hardware.memory_bandwidth_gbs:.0f} GB/s, MFU {_pct(x.u.mfu)}: "
-        f"decode steps here are {regime}-bound",
+        f"~{x.c.decode_batch:.0f} sequences per step (MBU {_pct(x.u.mbu)} of "
+        f"{x.d.hardware.memory_bandwidth_gbs:.0f} GB/s, MFU {_pct(x.u.mfu)})",
+        step.evidence(),
         f"decode ceiling at this batch {x.c.decode_bandwidth_tps:.0f} tok/s; at the largest batch the deployment "
         f"holds ({x.c.max_decode_batch}) {x.c.decode_bandwidth_tps_at_max_batch:.0f} tok/s",
     ]
-    return Finding(DECODE_BANDWIDTH_BOUND, "Token generation is limited by how fast the GPU streams weights and KV",
+    kind = DECODE_COMPUTE_BOUND if step.bound is StepClass.COMPUTE else DECODE_BANDWIDTH_BOUND
+    return Finding(kind, step.title(),
                    0.55 + 0.35 * min(1.0, max(x.u.bandwidth_headroom, x.u.compute_headroom)), evidence)
 
 

@@ -85,7 +85,7 @@ def _pow2_at_most(n: float) -> int:
     return 2 ** int(math.log2(max(1.0, n)))
 
 
-def _quantized(d: Deployment, t: Terms) -> Iterator[Candidate]:
+def _quantized(d: Deployment, t: Terms, faster_math_only: bool = False) -> Iterator[Candidate]:
     """Weight formats with faster tensor cores or fewer bytes, where the chip runs them."""
     hw = d.hardware
     if hw.fp8_tflops > 0:
@@ -94,6 +94,8 @@ def _quantized(d: Deployment, t: Terms) -> Iterator[Candidate]:
     elif hw.int8_tflops > 0:
         int8 = "--quantization compressed-tensors" if t.vllm else t.setting("quantization", "int8")
         yield Candidate(f"INT8 W8A8 weights (a w8a8 checkpoint; {int8})", lambda: d.with_changes(quantization="int8"))
+    if faster_math_only:
+        return
     awq = "--quantization awq_marlin" if t.vllm else t.setting("quantization", "awq")
     yield Candidate(f"4-bit AWQ weights (an AWQ checkpoint; {awq})", lambda: d.with_changes(quantization="awq"))
 
@@ -161,8 +163,9 @@ def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]
         yield from _more_hardware(d, t)
         yield Candidate("halve the prompts (truncate history, compress retrieved context)",
                         scenario=scenario.with_input_scale(0.5))
-    elif kind == fk.DECODE_BANDWIDTH_BOUND:
-        yield from _quantized(d, t)
+    elif kind in (fk.DECODE_BANDWIDTH_BOUND, fk.DECODE_COMPUTE_BOUND):
+        # A compute-bound step gains nothing from smaller weights multiplied on the same tensor cores (W4A16).
+        yield from _quantized(d, t, faster_math_only=kind == fk.DECODE_COMPUTE_BOUND)
         if cfg.kv_cache_dtype != "fp8":
             yield Candidate(f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')}): half the bytes read per decoded token",
                             lambda: d.with_changes(kv_cache_dtype="fp8"))
