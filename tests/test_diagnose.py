@@ -30,7 +30,12 @@ PLANTED = {
                            dict(input_len=1000, output_len=500, max_concurrency=64), None),
     # long answers at the full batch: decode steps fill the engine's time. Four API servers: vLLM's measured
     # streaming cost (~0.18 ms of API-server CPU per output token) would otherwise make one API core the limit.
-    fk.DECODE_BANDWIDTH_BOUND: ("--api-server-count 4", dict(input_len=128, output_len=1024, max_concurrency=256), None),
+    # At ~250 sequences a 7B model's weight GEMMs do ~190 FLOP per weight byte, above the A100's ridge of ~150: the
+    # step is compute-bound, not bandwidth-bound.
+    fk.DECODE_COMPUTE_BOUND: ("--api-server-count 4", dict(input_len=128, output_len=1024, max_concurrency=256), None),
+    # The same answers 64 at a time: the step reads its 15 GB of weights for a batch far below the ridge.
+    fk.DECODE_BANDWIDTH_BOUND: ("--api-server-count 4 --max-num-seqs 64",
+                                dict(input_len=128, output_len=2048, max_concurrency=64), None),
     # a TPOT bound that 2,048-token prefill chunks break at moderate load.
     fk.SLO_TRADEOFF: ("", dict(input_len=1500, output_len=200, request_rate=5), "ttft:3000 tpot:20"),
     # CUDA graphs off at a small batch: launching 28 layers' kernels takes longer than running them.

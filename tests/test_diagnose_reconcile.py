@@ -132,3 +132,21 @@ def test_a_malformed_tried_is_one_clear_error_naming_the_flag(value, needle):
     result = CliRunner().invoke(app, ["diagnose", *BOT, "--max-concurrency", "8", "--tried", value])
     assert result.exit_code == 2
     assert "--tried" in result.output and needle in result.output
+
+
+@pytest.mark.parametrize("gpu, concurrency", [("a100-80gb", 256), ("h20", 256), ("a100-80gb", 48), ("h100", 128)])
+def test_a_decode_findings_title_and_kind_are_read_off_the_same_step_its_evidence_prices(gpu, concurrency):
+    d = build_deployment(gpu, "qwen2.5-7b", f"--api-server-count 4 --max-num-seqs {concurrency}")
+    s = synthetic(128, 1024, max_concurrency=concurrency)
+    dx = diagnose_described(d, s, with_recommendations=False)
+    decode = [f for f in dx.findings if f.kind in ("decode_compute_bound", "decode_bandwidth_bound")]
+    assert decode, [f.kind for f in dx.findings]
+    f = decode[0]
+    step = next(line for line in f.evidence if line.startswith("a decode step at"))
+    gemm, weights, kv = (float(x) for x in re.findall(r"([\d.]+) ms", step))
+    largest = max(gemm, weights, kv)
+    if largest == gemm:
+        assert f.kind == "decode_compute_bound" and "compute-bound" in f.title and "bandwidth" not in f.title
+    else:
+        assert f.kind == "decode_bandwidth_bound" and "compute" not in f.title
+        assert ("KV cache" in f.title) == (largest == kv) and ("weights" in f.title) == (largest == weights)
