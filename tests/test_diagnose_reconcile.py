@@ -150,3 +150,32 @@ def test_a_decode_findings_title_and_kind_are_read_off_the_same_step_its_evidenc
     else:
         assert f.kind == "decode_bandwidth_bound" and "compute" not in f.title
         assert ("KV cache" in f.title) == (largest == kv) and ("weights" in f.title) == (largest == weights)
+
+
+def test_an_overloaded_deployment_says_so_first_and_shows_no_percentile_of_its_unstable_queue():
+    result = CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "1500",
+                                      "--output-len", "200", "--request-rate", "20"], env={"COLUMNS": "110"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("╰"))  # the header panel's last line
+    assert lines[first + 1].startswith("Overloaded: 20.00 req/s offered against a simulated ceiling of")
+    data = json.loads(CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
+                                               "--input-len", "1500", "--output-len", "200", "--request-rate", "20",
+                                               "--json"]).stdout)
+    assert data["verdict"].startswith("Overloaded")
+    for f in data["findings"]:
+        for r in f["recommendations"]:
+            assert r["metric"] == "capacity_rps" and not any(m.startswith("p99") for m in r["effects"])
+    assert not any("p99" in note for note in data["notes"])
+    consequence = next(f for f in data["findings"] if f["kind"] == "max_num_seqs_bound")
+    assert "consequence" in consequence["title"] and consequence["score"] < data["findings"][0]["score"]
+
+
+def test_no_percentage_is_computed_against_a_baseline_below_five_percent_of_the_other_side():
+    from servelab.diagnose.capacity import overload
+    from servelab.report.diagnosis_view import _pct, change_pct
+
+    assert change_pct(12.0, 8600.0) == "" and change_pct(100.0, 150.0) == " (+50%)"
+    assert _pct(716.37) == "x717" and _pct(0.5) == "+50%"
+    assert "at or just above it" in overload(9.0, 8.57) and "2.3x what it can serve" in overload(20.0, 8.57)
+    assert overload(8.0, 8.57) is None

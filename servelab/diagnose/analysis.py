@@ -13,7 +13,7 @@ from typing import Any
 
 from servelab import SCHEMA_VERSION
 from servelab.diagnose.advice import AdviceContext, check_advice
-from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, saturation_rps, slo_max_rps
+from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, overload, saturation_rps, slo_max_rps
 from servelab.diagnose.ceilings import Ceilings, compute_ceilings
 from servelab.diagnose.engine_choice import compare_on_engines
 from servelab.diagnose.engine_terms import Terms
@@ -86,6 +86,8 @@ class Diagnosis:
     alternatives: list[Alternative] = field(default_factory=list)
     engine_comparison: EngineSwitch | None = None
     """`--compare-engines`: the same workload and load on each engine."""
+    verdict: str | None = None
+    """The first line when the offered load exceeds the ceiling: said before anything read from an unstable queue."""
 
     @property
     def bottleneck(self) -> str | None:
@@ -128,6 +130,7 @@ class Diagnosis:
             "engine_comparison": self.engine_comparison.model_dump() if self.engine_comparison is not None else None,
             "notes": self.notes,
             "advice": self.advice,
+            "verdict": self.verdict,
         }
 
 
@@ -217,7 +220,9 @@ def analyse(
     for first in (gap if contradiction is None else None, contradiction):
         if first is not None:  # reported figures that cannot hold, or far from the simulation, come first
             found.insert(0, first)
-    dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed, caveats=caveats(ctx))
+    dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed, caveats=caveats(ctx),
+                   verdict=overload(e.offered_rate or scenario.offered_rate if scenario.max_concurrency is None else None,
+                                    c.saturation_rps))
     if priced and baseline is not None:
         dx.alternatives = price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour, tried)
     if engines:
@@ -268,7 +273,7 @@ def notes(dx: Diagnosis) -> list[str]:
             f"You observe {dx.observed.qps:.2f} req/s; the simulated ceiling for this workload is "
             f"{dx.ceilings.saturation_rps:.2f} req/s."
         )
-    if dx.observed.ttft_ms is not None:
+    if dx.observed.ttft_ms is not None and dx.verdict is None:  # an unstable queue's percentiles say nothing
         out.append(f"You observe TTFT {dx.observed.ttft_ms:.0f} ms; the simulation gives p50 {e.median_ttft_ms:.0f} ms "
                    f"and p99 {e.p99_ttft_ms:.0f} ms at this load.")
     if dx.observed.latency:

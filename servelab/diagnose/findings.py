@@ -109,6 +109,11 @@ class Context:
         return self.e.request_rate / self.c.saturation_rps if self.c.saturation_rps else 0.0
 
     @property
+    def overloaded(self) -> bool:
+        """More is offered than the deployment can serve (open loop): the queue grows without bound."""
+        return bool(self.e.offered_rate and self.c.saturation_rps and self.e.offered_rate > self.c.saturation_rps)
+
+    @property
     def queueing(self) -> float:
         return self.e.frac_waiting or 0.0
 
@@ -294,7 +299,14 @@ def max_num_seqs_bound(x: Context) -> Finding | None:
     score = 0.6 + 0.3 * x.queueing
     if x.u.compute_headroom >= 0.8:
         score *= 0.7  # the GPU is already compute-saturated: more sequences mostly add latency
-    return Finding(MAX_NUM_SEQS_BOUND, f"{x.terms.knob('max_num_seqs')} caps the batch while requests queue", score, evidence)
+    title = f"{x.terms.knob('max_num_seqs')} caps the batch while requests queue"
+    if x.overloaded:  # a full batch under more load than the engine serves is the overload's symptom, not its cause
+        evidence.insert(0, f"{x.e.offered_rate:.2f} req/s offered against a simulated ceiling of "
+                           f"{x.c.saturation_rps or 0:.2f} req/s: any batch limit fills when more arrives than the "
+                           "engine can finish, so this is a consequence of what limits the ceiling, ranked under it")
+        title = f"{x.terms.knob('max_num_seqs')} is full because more arrives than the engine serves (a consequence)"
+        score = min(score, 0.3)
+    return Finding(MAX_NUM_SEQS_BOUND, title, score, evidence)
 
 
 PREFILL_SHARE = 0.5

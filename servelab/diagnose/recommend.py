@@ -61,6 +61,8 @@ CAPACITY = "capacity_rps"
 """Saturation throughput of the changed deployment: how far QPS could go, not what this load achieved."""
 HIGHER_IS_BETTER = {"request_throughput", "request_goodput", "output_throughput", CAPACITY}
 SHOWN = ("request_throughput", "p99_ttft_ms", "p99_tpot_ms")
+UNSTABLE = ("p99_ttft_ms", "p99_tpot_ms")
+"""Figures that grow with the run's length when the load exceeds the ceiling."""
 
 
 _OUTCOMES: dict[tuple[object, ...], Outcome] = {}
@@ -251,7 +253,9 @@ def recommend(finding: Finding, x: Context, scenario: Scenario, baseline: Outcom
         engine_args = d.engine_args() if cand.deployment is not None else None
         out.append(Recommendation(
             change=cand.change, engine_args=engine_args, metric=metric, before=before, after=after,
-            effects={m: (baseline.value(m), outcome.value(m)) for m in SHOWN if m != metric},
+            # An overloaded baseline's latency percentiles measure its unstable queue, not the server: left out.
+            effects={m: (baseline.value(m), outcome.value(m)) for m in SHOWN
+                     if m != metric and not (x.overloaded and m in UNSTABLE)},
             confirm=confirm_command(cand.scenario or scenario, engine_args, d.engine),
             tried=tried_result(d, x.tried) if cand.deployment is not None else None,
         ))

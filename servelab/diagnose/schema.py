@@ -126,3 +126,6 @@ class Diagnosis(OpenModel):
     notes: list[str]
     advice: list[AdviceRow] | None
     partial_run: str | None = Field(None, description="Present when the results directory is a partial run.")
+    verdict: str | None = Field(None, description="The first line when the offered load exceeds the simulated ceiling: "
+                                                  "the queue is unstable, and the capacity, not its percentiles, is "
+                                                  "what to read.")

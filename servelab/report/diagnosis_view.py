@@ -46,13 +46,25 @@ def _metric(name: str) -> tuple[str, str]:
     }.get(name, (name, ""))
 
 
+NEAR_ZERO = 0.05
+"""A percentage change is shown only against a baseline at least this share of the larger side: +71,637% of a
+near-zero baseline says nothing that before -> after does not say better."""
+
+
+def change_pct(before: float, after: float) -> str:
+    """" (+12%)", or nothing when the baseline is near zero against the other side."""
+    if not before or abs(before) < NEAR_ZERO * max(abs(before), abs(after)):
+        return ""
+    return f" ({(after - before) / before:+.0%})"
+
+
 def recommendation_row(r: Recommendation) -> list[str]:
     label, unit = _metric(r.metric)
     effects = ", ".join(
         f"{_metric(m)[0]} {_num(a)}→{_num(b)}" for m, (a, b) in r.effects.items()
     )
     return [r.change + (f" (you tried this: {r.tried})" if r.tried else ""),
-            f"{label} {_num(r.before, unit)} → {_num(r.after, unit)} ({r.gain:+.0%})", effects]
+            f"{label} {_num(r.before, unit)} → {_num(r.after, unit)}{change_pct(r.before, r.after)}", effects]
 
 
 def arrival(w: WorkloadShape) -> str:
@@ -130,6 +142,8 @@ def engine_lines(s: EngineSwitch) -> list[str]:
 
 def render_terminal(d: Diagnosis, console: Console) -> None:
     console.print(Panel(headline(d), title="servelab diagnose", expand=False))
+    if d.verdict:
+        console.print(Text(d.verdict, style="bold red"))
     for c in d.caveats:  # a doubt on the figures comes before anything read from them
         console.print(Panel(Group(*[Text("• " + line) for line in c.evidence]),
                             title=f"Caveat: {c.title} [{c.kind}]", border_style="magenta"))
@@ -188,11 +202,16 @@ def render_advice_terminal(advice: list[AdviceRow], console: Console) -> None:
 
 
 def _pct(x: float | None) -> str:
-    return "—" if x is None else f"{x:+.0%}"
+    """A relative change; past 20x (a baseline under 5% of the result) a ratio, as a percentage of it says nothing."""
+    if x is None:
+        return "—"
+    return f"x{1 + x:,.0f}" if x >= 1 / NEAR_ZERO - 1 else f"{x:+.0%}"
 
 
 def render_markdown(d: Diagnosis) -> str:
     out = [f"# servelab diagnose\n\n{headline(d)}\n"]
+    if d.verdict:
+        out.append(f"**{d.verdict}**\n")
     for c in d.caveats:
         out.append(f"> **Caveat: {c.title}** (`{c.kind}`)")
         out.extend(f"> - {line}" for line in c.evidence)
