@@ -1,6 +1,7 @@
 """diagnose on the simulator: each planted fault must come out ranked first, with its evidence."""
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -286,8 +287,11 @@ def test_ten_qps_of_long_prompts_at_thirty_percent_utilisation_is_named_first_as
     assert first.kind == OBSERVATIONS_INCONSISTENT and "QPS" in first.title and "GPU utilisation" in first.title
     text = " ".join(first.evidence)
     assert "cannot read 30%" in text and "servelab bench" in text and "nvidia-smi dmon" in text
-    fit = float(text.split("prompts are at most ~")[1].split()[0])
-    assert fit < 1500  # what would reconcile them: shorter prompts than described
+    # What would reconcile them, solved on the simulator (issue 26): a far lower rate, not shorter prompts, since
+    # decoding alone keeps the GPU busy at 10 req/s.
+    rate = re.search(r"~([\d.]+) req/s arriving", text)
+    assert rate is not None and float(rate.group(1)) < 1.0
+    assert "not reproducing GPU utilisation 30%" in text and "prompts of 188-12000 tokens" in text
     # The server's own bottleneck is still named, after the contradiction.
     assert dx.bottleneck != OBSERVATIONS_INCONSISTENT and dx.bottleneck in fk.KINDS
 
