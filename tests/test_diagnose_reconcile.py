@@ -179,3 +179,34 @@ def test_no_percentage_is_computed_against_a_baseline_below_five_percent_of_the_
     assert _pct(716.37) == "x717" and _pct(0.5) == "+50%"
     assert "at or just above it" in overload(9.0, 8.57) and "2.3x what it can serve" in overload(20.0, 8.57)
     assert overload(8.0, 8.57) is None
+
+
+def test_a_latency_question_leads_with_latency_levers_priced_before_and_after():
+    result = CliRunner().invoke(app, ["diagnose", *BOT, "--max-concurrency", "64", "--observed-e2e-ms", "10000"],
+                                env={"COLUMNS": "110"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("╰"))
+    assert lines[first + 1].startswith("Your question is latency: what shortens the answer")
+    data = json.loads(CliRunner().invoke(app, ["diagnose", *BOT, "--max-concurrency", "64", "--observed-e2e-ms", "10000",
+                                               "--json"]).stdout)
+    # Priced where what the user sees is reproduced: the likeliest explanation's workload, not the described one.
+    assert data["goal"] == "latency" and data["levers_at"].startswith(("answers of ~", "~"))
+    changes = [lever["change"] for lever in data["levers"]]
+    assert changes[0].startswith("stream the answer")
+    for needle in ("answers half as long", "half the streams per GPU", "tensor parallelism", "as a replica",
+                   "INT8 W8A8", "FP8 KV cache"):
+        assert any(needle in c for c in changes), needle
+    assert all(lever["after"] < lever["before"] for lever in data["levers"])  # each priced, before -> after
+    for f in data["findings"]:  # more load per GPU is not an answer to "answers are slow"
+        assert not any("raise client concurrency" in r["change"] for r in f["recommendations"])
+
+
+def test_a_throughput_question_leads_with_capacity_levers():
+    data = json.loads(CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
+                                               "--input-len", "1500", "--output-len", "200", "--request-rate", "6",
+                                               "--observed-qps", "6", "--json"]).stdout)
+    assert data["goal"] == "throughput"
+    assert data["levers"] and all(lever["metric"] == "ceiling req/s" for lever in data["levers"])
+    ceilings = [lever["after"] for lever in data["levers"] if not lever["tried"]]
+    assert ceilings == sorted(ceilings, reverse=True)

@@ -31,6 +31,7 @@ from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_ru
 from servelab.diagnose.engine_terms import check_engine, served_engine
 from servelab.diagnose.scenario import synthetic
 from servelab.diagnose.tried import parse_tried
+from servelab.diagnose.levers import Goal
 from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
 from servelab.metrics.host import condition_changes
 from servelab.metrics.results import load_run
@@ -72,6 +73,10 @@ def diagnose(
         help="A change you already made and what it did, CHANGE:RESULT (repeatable): CHANGE an engine flag as typed "
              "after `vllm serve`, a quantization (awq, gptq, fp8, int8, w8a8), a GPU name or 'replica'; RESULT "
              "no-effect, helped or hurt. E.g. --tried \"--max-num-batched-tokens 512:no-effect\" --tried awq:no-effect")] = None,
+    goal: Annotated[Optional[Goal], typer.Option(
+        help="The question to answer first: latency (how long answers take) or throughput (how far QPS can go). "
+             "Default: latency when --observed-e2e-ms/--observed-ttft-ms/--observed-tpot-ms is given, throughput "
+             "when --observed-qps or --observed-gpu-util is.")] = None,
     output_len_distribution: Annotated[str, typer.Option(
         help="Described deployment: how output lengths vary, SHAPE[:SPREAD] with SHAPE one of "
              f"{', '.join(DISTRIBUTIONS)} (spread as --random-range-ratio): answers that end at EOS vary, "
@@ -152,7 +157,7 @@ def diagnose(
     if engine_note is not None:
         Console(stderr=True).print(f"[yellow]warning:[/] {engine_note}", highlight=False, soft_wrap=True)
     observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms,
-                        tried_changes)
+                        tried_changes, goal)
     priced = {"with_alternatives": price_options or None, "gpu_cost_per_hour": gpu_cost_per_hour, "engines": switch_to}
     partial = ""
     if run is not None and results is not None:

@@ -8,7 +8,7 @@ simulator-backed parts (saturation, SLO rate, what-ifs) need the scenario.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from servelab import SCHEMA_VERSION
@@ -22,10 +22,11 @@ from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.observations import check as check_observations, idle_decode_ms
 from servelab.diagnose.alternatives import Alternative, price_alternatives
 from servelab.diagnose.outside_engine import describe as describe_outside
-from servelab.diagnose.findings import Context, Finding, caveats, detect, queue_reason
+from servelab.diagnose.findings import UNDERLOADED, Context, Finding, caveats, detect, queue_reason
 from servelab.diagnose.recommend import recommend, run as simulate_outcome
 from servelab.diagnose.reconcile import OBSERVED_VS_SIMULATED, TRIED, Figure, finding as reconcile, tried_finding
 from servelab.diagnose.tried import Tried, check_all as check_tried
+from servelab.diagnose.levers import Goal, Lever, levers
 from servelab.diagnose.scenario import Scenario, from_run, simulate
 from servelab.diagnose.schema import EngineSwitch
 from servelab.diagnose.utilization import Utilization, utilization
@@ -46,6 +47,17 @@ class Observed:
     e2e_ms: float | None = None
     tpot_ms: float | None = None
     tried: tuple[Tried, ...] = ()
+    goal: Goal | None = None
+    """The question asked (`--goal`); None: latency when a latency was reported, throughput when a QPS or a
+    utilisation was, no question otherwise."""
+
+    @property
+    def question(self) -> Goal | None:
+        if self.goal is not None:
+            return self.goal
+        if self.latency or self.ttft_ms is not None:
+            return Goal.LATENCY
+        return Goal.THROUGHPUT if self.qps is not None or self.gpu_util is not None else None
     """Changes the user already made and what they saw them do (`--tried`)."""
 
     @property
@@ -88,6 +100,11 @@ class Diagnosis:
     """`--compare-engines`: the same workload and load on each engine."""
     verdict: str | None = None
     """The first line when the offered load exceeds the ceiling: said before anything read from an unstable queue."""
+    goal: Goal | None = None
+    levers: list[Lever] = field(default_factory=list)
+    """The levers of the question asked, best first (diagnose/levers.py)."""
+    levers_at: str = ""
+    """Where the levers were priced: the described load, or the one that reproduces what the user sees."""
 
     @property
     def bottleneck(self) -> str | None:
@@ -131,6 +148,9 @@ class Diagnosis:
             "notes": self.notes,
             "advice": self.advice,
             "verdict": self.verdict,
+            "goal": self.goal,
+            "levers": [asdict(lever) for lever in self.levers],
+            "levers_at": self.levers_at,
         }
 
 
@@ -198,14 +218,17 @@ def analyse(
                 if (with_recommendations and found) or with_advice or priced or described else None)
     if with_recommendations and baseline is not None:
         for f in found:
+            if f.kind == UNDERLOADED and observed.question is Goal.LATENCY:
+                continue  # more load per GPU lengthens answers: not a lever for a latency question
             f.recommendations = recommend(f, ctx, scenario, baseline)
     qps, qps_source = observed.qps, "observed"
     if qps is None and source == "simulated" and scenario.nominal_rate and observed.reported:
         # A described deployment that comes with a figure seen in production describes that production: its
         # --request-rate is the QPS the user sees, and must fit with the figure they report beside it.
         qps, qps_source = scenario.nominal_rate, "offered (your --request-rate)"
-    gap = (reconcile(deployment, scenario, simulate_outcome(deployment, scenario, None), observed.figures,
-                     observed.tried, sat) if described and observed.figures else None)
+    reconciled = (reconcile(deployment, scenario, simulate_outcome(deployment, scenario, None), observed.figures,
+                            observed.tried, sat) if described and observed.figures else None)
+    gap = reconciled.finding if reconciled is not None else None
     contradiction = check_observations(deployment, scenario, c, qps=qps, ttft_ms=observed.ttft_ms,
                                        gpu_util=observed.gpu_util, e2e_ms=observed.e2e_ms, tpot_ms=observed.tpot_ms,
                                        qps_source=qps_source, reconciled=gap is not None)
@@ -227,6 +250,12 @@ def analyse(
         dx.alternatives = price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour, tried)
     if engines:
         dx.engine_comparison = compare_on_engines(deployment, scenario, slo, engines)
+    dx.goal = observed.question
+    if dx.goal is not None:  # priced where what the user sees is reproduced, when the likeliest explanation says where
+        at = reconciled.scenario if reconciled is not None and reconciled.scenario is not None else None
+        dx.levers_at = reconciled.label if at is not None and reconciled is not None else "the described load"
+        dx.levers = levers(deployment, at or scenario, simulate_outcome(deployment, at or scenario, None), dx.goal,
+                           tried, c.saturation_rps if at is None else None)
     dx.notes = notes(dx)
     if with_advice and baseline is not None:
         longest = max(s.input_len + s.output_len for s in scenario.shapes)

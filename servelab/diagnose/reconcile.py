@@ -300,8 +300,17 @@ def agreement(fit: float) -> str:
     return "agrees" if fit >= 0.5 else "contradicts" if fit < 0.2 else "fits loosely"
 
 
+@dataclass(frozen=True)
+class Reconciled:
+    finding: Finding
+    scenario: Scenario | None
+    """The workload of the likeliest explanation, when it is one the simulator reproduces (not time outside)."""
+    label: str
+    """That explanation in a few words."""
+
+
 def finding(d: Deployment, s: Scenario, baseline: Outcome, observed: dict[Figure, float],
-            tried: Sequence[Tried] = (), saturation: float | None = None) -> Finding | None:
+            tried: Sequence[Tried] = (), saturation: float | None = None) -> Reconciled | None:
     """The first finding when what the user saw is far from what the described deployment gives, with its ranked
     explanations; None when every figure is near its simulated counterpart."""
     gaps = [Gap(f, v, sim) for f, v in observed.items()
@@ -318,9 +327,11 @@ def finding(d: Deployment, s: Scenario, baseline: Outcome, observed: dict[Figure
         evidence.append(f"simulated and not reproducing {gap.figure} {fmt(gap.figure, gap.observed)}: "
                         + "; ".join(missed))
     word = "above" if gap.above else "below"
-    title = (f"You see {gap.figure} {fmt(gap.figure, gap.observed)}, {word} the {fmt(gap.figure, gap.simulated)} the "
-             f"described deployment gives: " + (f"most likely {ranked[0].label(gap.above)}" if ranked else "unexplained"))
-    return Finding(OBSERVED_VS_SIMULATED, title, 1.0, evidence)
+    title = (f"You see {gap.figure} {fmt(gap.figure, gap.observed)}, {word} the simulated "
+             f"{fmt(gap.figure, gap.simulated)}: " + (f"most likely {ranked[0].label(gap.above)}" if ranked else "unexplained"))
+    best = ranked[0] if ranked else None
+    return Reconciled(Finding(OBSERVED_VS_SIMULATED, title, 1.0, evidence), best.scenario if best else None,
+                      best.text.split(" (")[0] if best else "")
 
 
 TRIED = "tried_changes"

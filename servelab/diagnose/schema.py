@@ -101,6 +101,17 @@ class EngineSwitch(OpenModel):
                                             "current engine's, before → after.")
 
 
+class Lever(OpenModel):
+    """One lever for the question asked (diagnose/levers.py), simulated at this load."""
+
+    change: str
+    metric: str = Field(description="E2E p50 ms (or streaming's perceived wait) for latency; ceiling req/s for throughput.")
+    before: float
+    after: float
+    note: str
+    tried: str | None = Field(None, description="What the user saw this very change do (--tried), when they tried it.")
+
+
 class Diagnosis(OpenModel):
     """What limits the deployment, the evidence, the ceilings and what to change."""
 
@@ -126,6 +137,10 @@ class Diagnosis(OpenModel):
     notes: list[str]
     advice: list[AdviceRow] | None
     partial_run: str | None = Field(None, description="Present when the results directory is a partial run.")
+    goal: str | None = Field(None, description="The question the diagnosis answers first: latency or throughput.")
+    levers: list[Lever] = Field([], description="The question's levers, best first, each before -> after.")
+    levers_at: str = Field("", description="Where the levers were priced: the described load, or the likeliest "
+                                           "explanation of what the user sees (e.g. ~222 requests in flight).")
     verdict: str | None = Field(None, description="The first line when the offered load exceeds the simulated ceiling: "
                                                   "the queue is unstable, and the capacity, not its percentiles, is "
                                                   "what to read.")

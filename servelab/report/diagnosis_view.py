@@ -15,7 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from servelab.diagnose.engine_terms import Terms
-from servelab.diagnose.schema import AdviceRow, Alternative, Diagnosis, EngineSwitch, Recommendation, WorkloadShape
+from servelab.diagnose.schema import (AdviceRow, Alternative, Diagnosis, EngineSwitch, Lever, Recommendation,
+                                      WorkloadShape)
 from servelab.sim.engines import LABELS
 
 CEILING_ROWS = (
@@ -95,6 +96,22 @@ def ceiling_rows(d: Diagnosis) -> list[tuple[str, str, str]]:
     return rows
 
 
+LEVER_COLUMNS = ("change", "before → after", "why, and what it costs")
+
+
+def lever_title(d: Diagnosis) -> str:
+    at = d.levers_at or "the described load"
+    return (f"Your question is latency: what shortens the answer (simulated at {at})" if d.goal == "latency" else
+            f"Your question is throughput: what raises the ceiling (simulated at {at})")
+
+
+def lever_row(lever: Lever) -> list[str]:
+    unit = lever.metric.split()[-1]
+    figure = f"{lever.metric.rsplit(' ', 1)[0]} {_num(lever.before)} → {_num(lever.after)} {unit}"
+    return [lever.change + (f" (you tried this: {lever.tried})" if lever.tried else ""),
+            figure + change_pct(lever.before, lever.after), lever.note]
+
+
 ALTERNATIVE_COLUMNS = ("option", "GPUs", "TTFT p50 ms", "E2E p50 ms", "E2E p99 ms", "$/M out tok", "E2E verdict")
 """The terminal's columns; TTFT p99, TPOT and throughput are in the JSON."""
 
@@ -144,6 +161,13 @@ def render_terminal(d: Diagnosis, console: Console) -> None:
     console.print(Panel(headline(d), title="servelab diagnose", expand=False))
     if d.verdict:
         console.print(Text(d.verdict, style="bold red"))
+    if d.levers:  # the question asked is answered first; the findings say why
+        t = Table(title=lever_title(d), header_style="bold", title_justify="left")
+        for i, col in enumerate(LEVER_COLUMNS):
+            t.add_column(col, overflow="fold", ratio=(3, 2, 3)[i])
+        for lever in d.levers:
+            t.add_row(*lever_row(lever))
+        console.print(t)
     for c in d.caveats:  # a doubt on the figures comes before anything read from them
         console.print(Panel(Group(*[Text("• " + line) for line in c.evidence]),
                             title=f"Caveat: {c.title} [{c.kind}]", border_style="magenta"))
@@ -212,6 +236,10 @@ def render_markdown(d: Diagnosis) -> str:
     out = [f"# servelab diagnose\n\n{headline(d)}\n"]
     if d.verdict:
         out.append(f"**{d.verdict}**\n")
+    if d.levers:
+        out.append(f"## {lever_title(d)}\n\n| " + " | ".join(LEVER_COLUMNS) + " |\n|---|---|---|")
+        out.extend("| " + " | ".join(lever_row(lever)) + " |" for lever in d.levers)
+        out.append("")
     for c in d.caveats:
         out.append(f"> **Caveat: {c.title}** (`{c.kind}`)")
         out.extend(f"> - {line}" for line in c.evidence)
