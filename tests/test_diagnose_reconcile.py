@@ -210,3 +210,19 @@ def test_a_throughput_question_leads_with_capacity_levers():
     assert data["levers"] and all(lever["metric"] == "ceiling req/s" for lever in data["levers"])
     ceilings = [lever["after"] for lever in data["levers"] if not lever["tried"]]
     assert ceilings == sorted(ceilings, reverse=True)
+
+
+def test_an_answer_length_not_given_is_assumed_out_loud_with_the_ceiling_across_its_range():
+    data = json.loads(CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
+                                               "--input-len", "1500", "--request-rate", "6", "--json"]).stdout)
+    output = next(a for a in data["assumptions"] if a["what"] == "output length")
+    assert "not given" in output["assumed"] and data["workload"]["mean_output_tokens"] == 200
+    points = {p["value"]: p for p in output["points"]}
+    assert list(points) == ["50 tokens", "200 tokens", "500 tokens"]
+    ceilings = [points[v]["ceiling_rps"] for v in points]
+    assert ceilings == sorted(ceilings, reverse=True) and ceilings[0] > 1.4 * ceilings[-1]  # it moves the answer
+    assert points["200 tokens"]["ceiling_rps"] == pytest.approx(data["ceilings"]["saturation_rps"], rel=0.02)
+    given = json.loads(CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
+                                                "--input-len", "1500", "--output-len", "200", "--max-concurrency",
+                                                "16", "--json"]).stdout)
+    assert given["assumptions"] == []  # nothing assumed, nothing said

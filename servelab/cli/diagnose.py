@@ -32,6 +32,7 @@ from servelab.diagnose.engine_terms import check_engine, served_engine
 from servelab.diagnose.scenario import synthetic
 from servelab.diagnose.tried import parse_tried
 from servelab.diagnose.levers import Goal
+from servelab.diagnose.sensitivity import ASSUMED_OUTPUT, Assumed
 from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
 from servelab.metrics.host import condition_changes
 from servelab.metrics.results import load_run
@@ -61,7 +62,7 @@ def diagnose(
     gpu_file: GpuFileFlag = None,
     calibration: CalibrationFlag = None,
     input_len: Annotated[Optional[int], typer.Option(help="Described deployment: prompt tokens per request.")] = None,
-    output_len: Annotated[Optional[int], typer.Option(help="Described deployment: output tokens per request.")] = None,
+    output_len: Annotated[Optional[int], typer.Option(help="Described deployment: output tokens per request (not given: 200 is assumed, and the answer is shown for 50, 200 and 500).")] = None,
     request_rate: Annotated[Optional[float], typer.Option(help="Described deployment: offered req/s (Poisson).")] = None,
     max_concurrency: Annotated[Optional[int], typer.Option(help="Described deployment: closed-loop concurrency.")] = None,
     observed_qps: Annotated[Optional[float], typer.Option(help="What you see in production, req/s.")] = None,
@@ -129,6 +130,7 @@ def diagnose(
                          "give a results directory or a described deployment, not both")
     example = (results is None and not described and gpu is None and model is None and calibration is None
                and engine in (AUTO, VLLM))  # the example is a vLLM deployment
+    assumed: tuple[Assumed, ...] = ()
     if example:
         gpu, model, engine_args = EXAMPLE["gpu"], EXAMPLE["model"], EXAMPLE["engine_args"]
         input_len, output_len, request_rate = EXAMPLE["input_len"], EXAMPLE["output_len"], EXAMPLE["request_rate"]
@@ -172,15 +174,20 @@ def diagnose(
         if engine_note is not None:
             dx.notes.insert(0, engine_note)
     else:
-        if input_len is None or output_len is None:
-            raise InputError("a described deployment needs --input-len and --output-len")
+        if input_len is None:
+            raise InputError("a described deployment needs --input-len")
+        if output_len is None or example:  # the example's story gives no answer length either
+            output_len, assumed = output_len or ASSUMED_OUTPUT, (Assumed.OUTPUT,)
+            output_lengths = _output_lengths(output_len_distribution, output_len)
         rate = request_rate if request_rate is not None else (observed_qps if max_concurrency is None else None)
         if rate is None and max_concurrency is None:
             raise InputError("a described deployment needs --request-rate, --max-concurrency or --observed-qps")
         scenario = synthetic(input_len, output_len, request_rate=rate, max_concurrency=max_concurrency,
                              prefix_len=prefix_len, turns=turns, output_lengths=output_lengths)
+        if rate is not None:
+            assumed += (Assumed.ARRIVALS,)
         dx = diagnose_described(deployment, scenario, slo=slo, observed=observed, slo_share=slo_attainment,
-                                with_advice=check_advice, **priced)
+                                with_advice=check_advice, assumed=assumed, **priced)
     data = dx.as_dict()
     if partial:  # said first and kept in the JSON: every number below rests on a run cut short
         data["partial_run"] = partial

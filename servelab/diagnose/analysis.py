@@ -27,6 +27,7 @@ from servelab.diagnose.recommend import recommend, run as simulate_outcome
 from servelab.diagnose.reconcile import OBSERVED_VS_SIMULATED, TRIED, Figure, finding as reconcile, tried_finding
 from servelab.diagnose.tried import Tried, check_all as check_tried
 from servelab.diagnose.levers import Goal, Lever, levers
+from servelab.diagnose.sensitivity import Assumed, Assumption, assumptions
 from servelab.diagnose.scenario import Scenario, from_run, simulate
 from servelab.diagnose.schema import EngineSwitch
 from servelab.diagnose.utilization import Utilization, utilization
@@ -105,6 +106,8 @@ class Diagnosis:
     """The levers of the question asked, best first (diagnose/levers.py)."""
     levers_at: str = ""
     """Where the levers were priced: the described load, or the one that reproduces what the user sees."""
+    assumptions: list[Assumption] = field(default_factory=list)
+    """What the answer rests on that the user did not give, and how it moves across a plausible range."""
 
     @property
     def bottleneck(self) -> str | None:
@@ -151,6 +154,7 @@ class Diagnosis:
             "goal": self.goal,
             "levers": [asdict(lever) for lever in self.levers],
             "levers_at": self.levers_at,
+            "assumptions": [asdict(a) for a in self.assumptions],
         }
 
 
@@ -193,6 +197,7 @@ def analyse(
     with_alternatives: bool | None = None,
     gpu_cost_per_hour: float | None = None,
     engines: Sequence[str] = (),
+    assumed: tuple[Assumed, ...] = (),
 ) -> Diagnosis:
     """Rank what limits the server, and price the common options when `with_alternatives` says so (None: when a
     latency is reported or a GPU price given, as a user asking "should we buy a GPU?" does); with `engines`, what
@@ -256,6 +261,7 @@ def analyse(
         dx.levers_at = reconciled.label if at is not None and reconciled is not None else "the described load"
         dx.levers = levers(deployment, at or scenario, simulate_outcome(deployment, at or scenario, None), dx.goal,
                            tried, c.saturation_rps if at is None else None)
+    dx.assumptions = assumptions(deployment, scenario, assumed)
     dx.notes = notes(dx)
     if with_advice and baseline is not None:
         longest = max(s.input_len + s.output_len for s in scenario.shapes)

@@ -300,7 +300,11 @@ def max_num_seqs_bound(x: Context) -> Finding | None:
     if x.u.compute_headroom >= 0.8:
         score *= 0.7  # the GPU is already compute-saturated: more sequences mostly add latency
     title = f"{x.terms.knob('max_num_seqs')} caps the batch while requests queue"
-    if x.overloaded:  # a full batch under more load than the engine serves is the overload's symptom, not its cause
+    # The cap is the cause when a bigger batch would cost the step little (below the ridge, the weight read is shared);
+    # when the tensor cores are already saturated, a full batch under overload is the symptom.
+    at_cap = decode_step(x.d, x.c.max_num_seqs, x.e.mean_input_tokens + x.e.mean_output_tokens / 2)
+    saturated = x.u.compute_headroom >= 0.8 or at_cap.bound is StepClass.COMPUTE
+    if x.overloaded and saturated:
         evidence.insert(0, f"{x.e.offered_rate:.2f} req/s offered against a simulated ceiling of "
                            f"{x.c.saturation_rps or 0:.2f} req/s: any batch limit fills when more arrives than the "
                            "engine can finish, so this is a consequence of what limits the ceiling, ranked under it")

@@ -112,6 +112,20 @@ class Lever(OpenModel):
     tried: str | None = Field(None, description="What the user saw this very change do (--tried), when they tried it.")
 
 
+class AssumptionPoint(OpenModel):
+    value: str
+    ceiling_rps: float
+    median_e2el_ms: float
+
+
+class Assumption(OpenModel):
+    """Something the diagnosis assumed because it was not given, and how the answer moves across its range."""
+
+    what: str
+    assumed: str
+    points: list[AssumptionPoint]
+
+
 class Diagnosis(OpenModel):
     """What limits the deployment, the evidence, the ceilings and what to change."""
 
@@ -139,6 +153,8 @@ class Diagnosis(OpenModel):
     partial_run: str | None = Field(None, description="Present when the results directory is a partial run.")
     goal: str | None = Field(None, description="The question the diagnosis answers first: latency or throughput.")
     levers: list[Lever] = Field([], description="The question's levers, best first, each before -> after.")
+    assumptions: list[Assumption] = Field([], description="What was assumed because it was not given (output length, "
+                                                          "arrivals), with the ceiling and E2E p50 across its range.")
     levers_at: str = Field("", description="Where the levers were priced: the described load, or the likeliest "
                                            "explanation of what the user sees (e.g. ~222 requests in flight).")
     verdict: str | None = Field(None, description="The first line when the offered load exceeds the simulated ceiling: "

@@ -105,6 +105,16 @@ def lever_title(d: Diagnosis) -> str:
             f"Your question is throughput: what raises the ceiling (simulated at {at})")
 
 
+def assumption_lines(d: Diagnosis) -> list[str]:
+    """One line per assumption: what was assumed, and the ceiling and E2E p50 across its range."""
+    out = []
+    for a in d.assumptions:
+        moves = "; ".join(f"{p.value}: ceiling {_num(p.ceiling_rps)} req/s, E2E p50 {_num(p.median_e2el_ms)} ms"
+                          for p in a.points)
+        out.append(f"Assumed {a.what}: {a.assumed}" + (f". Across its range: {moves}" if moves else ""))
+    return out
+
+
 def lever_row(lever: Lever) -> list[str]:
     unit = lever.metric.split()[-1]
     figure = f"{lever.metric.rsplit(' ', 1)[0]} {_num(lever.before)} → {_num(lever.after)} {unit}"
@@ -161,6 +171,8 @@ def render_terminal(d: Diagnosis, console: Console) -> None:
     console.print(Panel(headline(d), title="servelab diagnose", expand=False))
     if d.verdict:
         console.print(Text(d.verdict, style="bold red"))
+    for line in assumption_lines(d):  # what the answer rests on, said before the answer
+        console.print(Text(line, style="yellow"))
     if d.levers:  # the question asked is answered first; the findings say why
         t = Table(title=lever_title(d), header_style="bold", title_justify="left")
         for i, col in enumerate(LEVER_COLUMNS):
@@ -236,6 +248,7 @@ def render_markdown(d: Diagnosis) -> str:
     out = [f"# servelab diagnose\n\n{headline(d)}\n"]
     if d.verdict:
         out.append(f"**{d.verdict}**\n")
+    out.extend(f"> {line}\n" for line in assumption_lines(d))
     if d.levers:
         out.append(f"## {lever_title(d)}\n\n| " + " | ".join(LEVER_COLUMNS) + " |\n|---|---|---|")
         out.extend("| " + " | ".join(lever_row(lever)) + " |" for lever in d.levers)
