@@ -226,3 +226,44 @@ def test_an_answer_length_not_given_is_assumed_out_loud_with_the_ceiling_across_
                                                 "--input-len", "1500", "--output-len", "200", "--max-concurrency",
                                                 "16", "--json"]).stdout)
     assert given["assumptions"] == []  # nothing assumed, nothing said
+
+
+def _launch_lines(data: dict) -> list[str]:
+    """Every vLLM launch line a diagnosis suggests: the flags of each option and recommendation, and each `vllm serve`
+    quoted in a confirm line or an advice row."""
+    lines = [a["engine_args"] for a in data["alternatives"] if a["engine_args"]]
+    for f in data["findings"]:
+        lines += [r["engine_args"] for r in f["recommendations"] if r["engine_args"]]
+        lines += re.findall(r"`vllm serve MODEL ([^`]*)`", " ".join(r["confirm"] for r in f["recommendations"]))
+    lines += re.findall(r"vllm serve MODEL ([^`;)]*)", json.dumps(data["advice"]))
+    return lines
+
+
+@pytest.mark.parametrize("release", ["0.11.0", "0.20.0", "0.32.0"])
+def test_every_suggested_command_is_one_the_release_accepts(release):
+    from servelab.perf.engine_args import VLLM_QUANTIZATION_METHODS, parse_engine_args
+    from servelab.perf.vllm_versions import parse_version, version_defaults
+
+    result = CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "1500",
+                                      "--output-len", "200", "--request-rate", "9", "--observed-e2e-ms", "9000",
+                                      "--vllm-version", release, "--check-advice", "--price-options", "--json"])
+    assert result.exit_code == 0, result.output
+    lines = _launch_lines(json.loads(result.stdout))
+    assert any("--quantization" in line for line in lines)  # the W8A8 option is among them
+    for line in lines:
+        parse_engine_args(line, base=version_defaults(parse_version(release)))  # an unknown flag raises
+        for value in re.findall(r"--quantization (\S+)", line):
+            assert value in VLLM_QUANTIZATION_METHODS, line
+
+
+def test_the_markdown_has_no_nested_inline_code():
+    result = CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "1500",
+                                      "--output-len", "200", "--request-rate", "10", "--markdown"])
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert text.count("```") % 2 == 0 and "Confirm:\n\n```" in text
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    for line in prose.splitlines():
+        spans = re.findall(r"`([^`]*)`", line)
+        assert all("vllm serve" not in s or "servelab bench" not in s for s in spans), line
+        assert line.count("`") % 2 == 0, line

@@ -263,7 +263,8 @@ def render_markdown(d: Diagnosis) -> str:
         if f.recommendations:
             out.append("\n| change | predicted (simulated) | side effects at this load |\n|---|---|---|")
             out.extend("| " + " | ".join(recommendation_row(r)) + " |" for r in f.recommendations)
-            out.append(f"\nConfirm: `{f.recommendations[0].confirm}`")
+            # The confirm line quotes a launch command in backticks: a fenced block, as nested inline code does not render.
+            out.append("\nConfirm:\n\n```\n" + f.recommendations[0].confirm.replace("`", "") + "\n```")
         out.append("")
     if d.alternatives:
         out.append("## Options at this load (simulated)\n\n| " + " | ".join(ALTERNATIVE_COLUMNS) + " |\n|"
