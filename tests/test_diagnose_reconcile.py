@@ -267,3 +267,20 @@ def test_the_markdown_has_no_nested_inline_code():
         spans = re.findall(r"`([^`]*)`", line)
         assert all("vllm serve" not in s or "servelab bench" not in s for s in spans), line
         assert line.count("`") % 2 == 0, line
+
+
+@pytest.mark.parametrize("args", [
+    [],  # the built-in example
+    [*BOT, "--max-concurrency", "64", "--observed-e2e-ms", "10000", "--tried", "--max-num-batched-tokens 512:no-effect",
+     "--tried", "awq:no-effect"],
+])
+def test_the_default_view_fits_forty_lines_and_details_holds_the_rest(args):
+    short = CliRunner().invoke(app, ["diagnose", *args], env={"COLUMNS": "110"})
+    assert short.exit_code == 0, short.output
+    assert len(short.output.splitlines()) <= 40, short.output
+    assert "add --details" in short.output and "Ceilings for this workload" not in short.output
+    full = CliRunner().invoke(app, ["diagnose", *args, "--details"], env={"COLUMNS": "110"})
+    assert "Ceilings for this workload" in full.output and len(full.output.splitlines()) > 40
+    if not args:
+        assert "--observed-gpu-util 0.3" in " ".join(short.output.split("╭")[0].split())  # what the example stands for
+        assert "E2E p50" not in short.output  # overloaded: no latency of its unstable queue

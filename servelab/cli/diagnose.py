@@ -49,6 +49,9 @@ DIAGNOSIS = "diagnosis.json"
 # ~10 req/s, "GPU utilisation 30%, memory full": why won't QPS go up?
 EXAMPLE: dict[str, Any] = {"gpu": "a100-80gb", "model": "qwen2.5-7b", "engine_args": "--max-num-seqs 256", "input_len": 1500,
            "output_len": 200, "request_rate": 10.0, "observed_qps": 10.0, "observed_gpu_util": 0.3}
+EXAMPLE_COMMAND = ("servelab diagnose --gpu a100-80gb --model qwen2.5-7b --engine-args \"--max-num-seqs 256\" "
+                   "--input-len 1500 --request-rate 10 --observed-qps 10 --observed-gpu-util 0.3")
+"""The command line the example stands for (its answer length, like the user's story, not given: assumed)."""
 
 
 @app.command()
@@ -104,6 +107,8 @@ def diagnose(
     slo_attainment: Annotated[float, typer.Option(help="Share of requests that must meet the SLO.")] = 0.9,
     check_advice: Annotated[bool, typer.Option("--check-advice", help="Also evaluate 25 common tuning tips.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON.")] = False,
+    details: Annotated[bool, typer.Option("--details", help="Print every finding's evidence, every option priced, the "
+                                                            "ceilings and the notes (default: a ~40-line summary).")] = False,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print the diagnosis as Markdown.")] = False,
     save: Annotated[Optional[Path], typer.Option(help=f"Write the JSON here (default: {DIAGNOSIS} in RESULTS).")] = None,
     warmup: Annotated[float, typer.Option(help="Seconds at the start of the run to ignore.")] = 0.0,
@@ -203,9 +208,9 @@ def diagnose(
     else:
         console = Console()
         if example:
-            console.print("[dim]No deployment given: diagnosing the built-in example "
-                          "(servelab diagnose --help for your own).[/]")
-        render_terminal(typed, console)
+            console.print(f"[dim]No deployment given: diagnosing the built-in example, {EXAMPLE_COMMAND} "
+                          "(servelab diagnose --help for your own).[/]", highlight=False)
+        render_terminal(typed, console, details or check_advice or compare_engines)
     if report and results is not None:
         report_into(results, Console(stderr=json_out or markdown))
 

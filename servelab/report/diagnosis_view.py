@@ -109,8 +109,9 @@ def assumption_lines(d: Diagnosis) -> list[str]:
     """One line per assumption: what was assumed, and the ceiling and E2E p50 across its range."""
     out = []
     for a in d.assumptions:
-        moves = "; ".join(f"{p.value}: ceiling {_num(p.ceiling_rps)} req/s, E2E p50 {_num(p.median_e2el_ms)} ms"
-                          for p in a.points)
+        # Overloaded, the E2E is the unstable queue's, not the server's: the ceiling alone then.
+        moves = "; ".join(f"{p.value}: ceiling {_num(p.ceiling_rps)} req/s"
+                          + ("" if d.verdict else f", E2E p50 {_num(p.median_e2el_ms)} ms") for p in a.points)
         out.append(f"Assumed {a.what}: {a.assumed}" + (f". Across its range: {moves}" if moves else ""))
     return out
 
@@ -167,7 +168,61 @@ def engine_lines(s: EngineSwitch) -> list[str]:
     return [*s.verdicts, *s.comparison.explanations]
 
 
-def render_terminal(d: Diagnosis, console: Console) -> None:
+SUMMARY_EVIDENCE = 3
+"""Evidence lines of the first finding in the default view; the rest is behind --details."""
+
+
+def summary_evidence(evidence: list[str]) -> list[str]:
+    """The first SUMMARY_EVIDENCE lines, with what was tried beneath the likeliest explanation (indented lines)."""
+    out: list[str] = []
+    head = ""
+    for line in evidence:
+        if not line.startswith("   "):
+            if len([x for x in out if not x.startswith("   ")]) == SUMMARY_EVIDENCE:
+                break
+            head = line
+            out.append(line)
+        elif head.startswith("1. "):
+            out.append(line)
+    return out
+
+
+def render_summary(d: Diagnosis, console: Console) -> None:
+    """The default view, ~40 lines: what the answer rests on, the levers of the question asked, what limits the
+    server and the one change that lifts it most; everything else is behind --details."""
+    console.print(Panel(headline(d), title="servelab diagnose", expand=False))
+    if d.verdict:
+        console.print(Text(d.verdict, style="bold red"))
+    for line in assumption_lines(d):
+        console.print(Text(line, style="yellow"))
+    for c in d.caveats:
+        console.print(Text(f"Caveat: {c.title}: {c.evidence[0]}", style="magenta"))
+    if d.levers:
+        t = Table(title=lever_title(d), header_style="bold", title_justify="left", box=None, pad_edge=False)
+        for i, col in enumerate(LEVER_COLUMNS[:2]):
+            t.add_column(col, overflow="fold", ratio=(3, 2)[i])
+        for lever in d.levers:
+            t.add_row(*lever_row(lever)[:2])
+        console.print(t)
+    if not d.findings:
+        console.print("No bottleneck stands out: the deployment runs within its ceilings for this workload.")
+    for i, f in enumerate(d.findings, 1):
+        console.print(Text(f"{i}. {f.title} [{f.kind}]", style="bold red" if i == 1 else "bold"))
+        if i == 1:
+            for line in summary_evidence(f.evidence):
+                console.print(Text("  • " + line.strip()))
+        if f.recommendations:
+            r = f.recommendations[0]
+            cells = recommendation_row(r)
+            console.print(Text(f"  → {cells[0]}: {cells[1]}", style="green"))
+    console.print(Text("Every piece of evidence, the options priced, the ceilings and notes: add --details.", style="dim"))
+
+
+def render_terminal(d: Diagnosis, console: Console, details: bool = True) -> None:
+    """The whole diagnosis (`--details`); `details=False` is the default ~40-line view."""
+    if not details:
+        render_summary(d, console)
+        return
     console.print(Panel(headline(d), title="servelab diagnose", expand=False))
     if d.verdict:
         console.print(Text(d.verdict, style="bold red"))
