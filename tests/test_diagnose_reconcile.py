@@ -284,3 +284,11 @@ def test_the_default_view_fits_forty_lines_and_details_holds_the_rest(args):
     if not args:
         assert "--observed-gpu-util 0.3" in " ".join(short.output.split("╭")[0].split())  # what the example stands for
         assert "E2E p50" not in short.output  # overloaded: no latency of its unstable queue
+
+
+def test_a_latency_question_above_the_ceiling_is_answered_with_the_ceiling_not_the_queues_latency():
+    data = json.loads(CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
+                                               "--input-len", "1500", "--output-len", "200", "--request-rate", "20",
+                                               "--observed-e2e-ms", "30000", "--json"]).stdout)
+    assert data["goal"] == "latency" and data["verdict"].startswith("Overloaded")
+    assert data["levers"] and all(lever["metric"] == "ceiling req/s" for lever in data["levers"])

@@ -259,7 +259,10 @@ def analyse(
     if dx.goal is not None:  # priced where what the user sees is reproduced, when the likeliest explanation says where
         at = reconciled.scenario if reconciled is not None and reconciled.scenario is not None else None
         dx.levers_at = reconciled.label if at is not None and reconciled is not None else "the described load"
-        dx.levers = levers(deployment, at or scenario, simulate_outcome(deployment, at or scenario, None), dx.goal,
+        # Above the ceiling every latency is the queue's: whatever was asked, the levers are then the ones that
+        # raise the ceiling (render says so).
+        goal = Goal.THROUGHPUT if dx.verdict else dx.goal
+        dx.levers = levers(deployment, at or scenario, simulate_outcome(deployment, at or scenario, None), goal,
                            tried, c.saturation_rps if at is None else None)
     dx.assumptions = assumptions(deployment, scenario, assumed)
     dx.notes = notes(dx)

@@ -20,9 +20,10 @@ from enum import StrEnum
 
 from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.engine_terms import Terms
-from servelab.diagnose.recommend import Outcome, run, tried_result
+from servelab.diagnose.recommend import UPGRADE, Outcome, run, tried_result
 from servelab.diagnose.scenario import Scenario
 from servelab.perf.errors import PerfConfigError
+from servelab.perf.hardware import get_gpu
 from servelab.targets.deployment import Deployment
 
 
@@ -69,6 +70,12 @@ def _hardware(d: Deployment, t: Terms) -> list[_Candidate]:
     elif hw.int8_tflops > 0:
         out.append(_Candidate("INT8 W8A8 weights (a w8a8 checkpoint, which vLLM loads as compressed-tensors)",
                               lambda: d.with_changes(quantization="int8"), note="INT8 tensor cores"))
+    upgrade = UPGRADE.get(hw.name)
+    if upgrade:
+        chip = get_gpu(upgrade)
+        out.append(_Candidate(f"one {chip.name} instead of the {hw.name}", lambda: d.rebuilt(hardware=chip),
+                              note=f"{chip.memory_bandwidth_gbs:,.0f} GB/s and {chip.bf16_tflops:,.0f} dense bf16 "
+                                   f"TFLOP/s against {hw.memory_bandwidth_gbs:,.0f} and {hw.bf16_tflops:,.0f}"))
     if cfg.kv_cache_dtype != "fp8":
         out.append(_Candidate(f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')})",
                               lambda: d.with_changes(kv_cache_dtype="fp8"), note="half the KV bytes each step reads"))

@@ -101,6 +101,9 @@ LEVER_COLUMNS = ("change", "before → after", "why, and what it costs")
 
 def lever_title(d: Diagnosis) -> str:
     at = d.levers_at or "the described load"
+    if d.verdict and d.goal == "latency":
+        return ("Your question is latency, but the load is above the ceiling, where every latency is the queue's: "
+                f"what raises the ceiling (simulated at {at})")
     return (f"Your question is latency: what shortens the answer (simulated at {at})" if d.goal == "latency" else
             f"Your question is throughput: what raises the ceiling (simulated at {at})")
 
