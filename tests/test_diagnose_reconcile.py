@@ -292,3 +292,15 @@ def test_a_latency_question_above_the_ceiling_is_answered_with_the_ceiling_not_t
                                                "--observed-e2e-ms", "30000", "--json"]).stdout)
     assert data["goal"] == "latency" and data["verdict"].startswith("Overloaded")
     assert data["levers"] and all(lever["metric"] == "ceiling req/s" for lever in data["levers"])
+
+
+@pytest.mark.parametrize("tpot_ms, leader", [(20.0, "outside the engine"), (100.0, "requests in flight")])
+def test_a_second_reported_figure_is_evidence_between_the_explanations_of_the_first(tpot_ms, leader):
+    """A TTFT 4x the simulated one: time outside the engine leaves the TPOT as described, more streams raise it."""
+    d = build_deployment("a100-80gb", "qwen2.5-7b")
+    s = synthetic(1000, 200, max_concurrency=32)
+    dx = diagnose_described(d, s, observed=Observed(ttft_ms=2000.0, tpot_ms=tpot_ms), with_recommendations=False,
+                            with_alternatives=False)
+    first = dx.findings[0]
+    assert first.kind == OBSERVED_VS_SIMULATED and "TTFT" in first.title
+    assert leader in _explanations(first)[0]

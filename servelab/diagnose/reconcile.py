@@ -227,7 +227,8 @@ OUTSIDE_DECIDES = ("the server's own end-to-end latency (the e2e request latency
 
 
 def explain(d: Deployment, s: Scenario, gap: Gap, tried: Sequence[Tried] = (),
-            saturation: float | None = None) -> tuple[list[Explanation], list[str]]:
+            saturation: float | None = None, others: dict[Figure, float] | None = None
+            ) -> tuple[list[Explanation], list[str]]:
     """Every explanation of `gap` the simulator can make concrete, best first; and what was simulated and does not
     reproduce the figure (said too: "no prompt length gives 30%" is evidence)."""
     out: list[Explanation] = []
@@ -255,6 +256,7 @@ def explain(d: Deployment, s: Scenario, gap: Gap, tried: Sequence[Tried] = (),
             0.35, None))
     for e in out:
         weigh(d, s, e, gap, tried)
+        cross_check(d, s, e, others or {})
     return sorted(out, key=lambda e: e.score, reverse=True), missed
 
 
@@ -296,6 +298,28 @@ def moved(figure: Figure, before: float, after: float) -> str:
     return f"{fmt(figure, before)} → {fmt(figure, after)}{change}"
 
 
+SPREAD = 0.3
+"""Log-spread of a second reported figure around what an explanation predicts for it: 1.35x off is still a fit
+(likelihood 0.61), 2x off is not (0.07)."""
+
+
+def cross_check(d: Deployment, base: Scenario, e: Explanation, others: dict[Figure, float]) -> None:
+    """The user's other figures under this explanation: time outside the engine adds to E2E and TTFT but leaves TPOT
+    as described; more load or longer answers move them all. Each one's likelihood multiplies the score."""
+    outcome = run(d, e.scenario or base, None)
+    lines = e.tried if e.tried is not None else []
+    for figure, seen in others.items():
+        if figure not in (Figure.E2E, Figure.TTFT, Figure.TPOT):
+            continue
+        predicted = (measure(outcome, figure) or 0.0) + (e.outside_ms if figure is not Figure.TPOT else 0.0)
+        if predicted <= 0:
+            continue
+        fit = max(FLOOR, math.exp(-0.5 * (math.log(seen / predicted) / SPREAD) ** 2))
+        e.score *= fit
+        lines.append(f"your {figure} {fmt(figure, seen)}; under this, {fmt(figure, predicted)}: {agreement(fit)}")
+    e.tried = lines or None
+
+
 def agreement(fit: float) -> str:
     return "agrees" if fit >= 0.5 else "contradicts" if fit < 0.2 else "fits loosely"
 
@@ -319,7 +343,7 @@ def finding(d: Deployment, s: Scenario, baseline: Outcome, observed: dict[Figure
         return None
     gap = gaps[0]  # the first figure the user gave, in Figure's order: latency before throughput before utilisation
     evidence = [g.text() for g in gaps]
-    ranked, missed = explain(d, s, gap, tried, saturation)
+    ranked, missed = explain(d, s, gap, tried, saturation, {f: v for f, v in observed.items() if f is not gap.figure})
     for i, e in enumerate(ranked, 1):
         evidence.append(f"{i}. {e.text} — decided by {e.decides}")
         evidence.extend(f"   {line}" for line in e.tried or [])
