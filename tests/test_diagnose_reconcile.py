@@ -304,3 +304,16 @@ def test_a_second_reported_figure_is_evidence_between_the_explanations_of_the_fi
     first = dx.findings[0]
     assert first.kind == OBSERVED_VS_SIMULATED and "TTFT" in first.title
     assert leader in _explanations(first)[0]
+
+
+def test_one_change_gets_one_verdict_in_one_report():
+    result = CliRunner().invoke(app, ["diagnose", *BOT, "--max-concurrency", "64", "--observed-e2e-ms", "5000",
+                                      "--check-advice", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    options = {a["change"]: a["verdict"] for a in data["alternatives"]}
+    shared = [row for row in data["advice"] if row["why"].startswith("the same change as")]
+    assert shared  # the advice and the options price some of the same changes
+    for row in shared:
+        label = re.search(r'"(.+)" in the options table', row["why"]).group(1)
+        assert row["verdict"] == options[label]

@@ -269,7 +269,9 @@ def analyse(
     if with_advice and baseline is not None:
         longest = max(s.input_len + s.output_len for s in scenario.shapes)
         context = AdviceContext(tuple(f.kind for f in found), longest, e.median_ttft_ms, e.median_e2el_ms, source == "measured")
-        dx.advice = check_advice(deployment, scenario, context, baseline)
+        options = {(a.gpu, a.engine_args or ""): (a.verdict, a.change) for a in dx.alternatives
+                   if a.engine_args is not None and a.change != "as deployed"}
+        dx.advice = check_advice(deployment, scenario, context, baseline, options)
     return dx
 
 
