@@ -102,8 +102,6 @@ class Knob:
 
     name: str
     vary: Callable[[float], Scenario]
-    described: float
-    integer: bool
     says: Callable[[float, Outcome], str]
     """What the solved value means, in the user's terms."""
     decides: str
@@ -156,11 +154,6 @@ def solve(d: Deployment, knob: Knob, figure: Figure, target: float) -> tuple[flo
     return factor, run(d, knob.vary(factor), None)
 
 
-def _value(knob: Knob, factor: float) -> float:
-    value = knob.described * factor
-    return float(max(1, round(value))) if knob.integer else value
-
-
 def knobs(d: Deployment, s: Scenario, figure: Figure, saturation: float | None = None) -> list[Knob]:
     """What could be other than described, for this figure: the load, the answers, the prompts, the prefix cache.
     An open loop's rate goes to 1.2x the `saturation` rate at most: above it the queue, not the rate, sets the figure."""
@@ -177,7 +170,7 @@ def knobs(d: Deployment, s: Scenario, figure: Figure, saturation: float | None =
 
         # Up to four times what the engine can run at once: beyond it requests queue, and waiting adds to every figure.
         most = 4 * (d.config.max_num_seqs or 256) * d.config.data_parallel_size
-        out.append(Knob("load", closed, c, True,
+        out.append(Knob("load", closed,
                         lambda f, o: (f"~{_value_c(c, f)} requests in flight at once (you described {c}), "
                                       f"~{_count(o.mean_running)} of them decoding in each step"),
                         f"the engine's own gauges at peak ({running} on /metrics)", upper=max(SPAN, most / c),
@@ -185,26 +178,26 @@ def knobs(d: Deployment, s: Scenario, figure: Figure, saturation: float | None =
                                                     "requests in flight"))
     elif s.offered_rate:
         r = s.offered_rate
-        out.append(Knob("load", lambda f: s.at_rate(r * f), r, False,
+        out.append(Knob("load", lambda f: s.at_rate(r * f),
                         lambda f, o: (f"~{r * f:.2f} req/s arriving (you described {r:.2f}), "
                                       f"~{_count(o.mean_running)} decoding in each step"),
                         f"the request counter's rate at peak ({t.token_counters} on /metrics)",
                         upper=max(1.0, 1.2 * (saturation or r) / r), lower=1 / LOAD_SPAN,
                         missed=f"{r / LOAD_SPAN:.2f}-{max(r, 1.2 * (saturation or r)):.2f} req/s"))
-    out.append(Knob("answers", s.with_output_scale, s.mean_output, True,
+    out.append(Knob("answers", s.with_output_scale,
                     lambda f, o: f"answers of ~{s.mean_output * f:.0f} tokens (you described ~{s.mean_output:.0f})",
                     f"the mean answer length the server counts ({t.metrics(tl.GENERATION_TOKENS, tl.E2E_COUNT)} on "
                     "/metrics: output tokens per finished request), or the usage field of a sample of responses",
                     missed=f"answers of {s.mean_output / SPAN:.0f}-{s.mean_output * SPAN:.0f} tokens"))
     if figure in (Figure.TTFT, Figure.UTIL):
-        out.append(Knob("prompts", s.with_input_scale, s.mean_input, True,
+        out.append(Knob("prompts", s.with_input_scale,
                         lambda f, o: (f"prompts of ~{s.mean_input * f:.0f} tokens (you described {s.mean_input:.0f}: "
                                       "lengths counted in characters or words are not tokens)"),
                         "the prompt-token counter's rate over the request counter's, or the usage field of a few "
                         "responses", upper=min(SPAN, (d.config.max_model_len or 32768) / max(1.0, s.mean_input + s.mean_output)),
                         missed=f"prompts of {s.mean_input / SPAN:.0f}-{s.mean_input * SPAN:.0f} tokens"))
     if figure in (Figure.TTFT, Figure.UTIL) and s.prefix_len == 0:
-        out.append(Knob("prefix cache", lambda f: s.with_shared_prefix(int(min(0.95, f) * s.mean_input)), 1.0, False,
+        out.append(Knob("prefix cache", lambda f: s.with_shared_prefix(int(min(0.95, f) * s.mean_input)),
                         lambda f, o: (f"~{min(0.95, f):.0%} of each prompt served from the prefix cache (a system "
                                       "prompt, resent history or retrieved passages that repeat): those tokens are "
                                       "not computed"),
@@ -239,10 +232,11 @@ def explain(d: Deployment, s: Scenario, gap: Gap, tried: Sequence[Tried] = (),
             missed.append(knob.missed)
             continue
         factor, outcome = solved
-        # The nearer the description, the likelier: 2x off scores 0.59, 4x 0.42, 8x 0.32.
+        # The nearer the description, the likelier: 2x off scores 0.59, 4x 0.42, 8x 0.32. A prefix-cache share is
+        # not a departure from a described length: it scores as a 2x one.
+        departure = 2.0 if knob.name == "prefix cache" else factor
         out.append(Explanation(knob.name, knob.says(factor, outcome), knob.decides,
-                               1 / (1 + abs(math.log(factor if knob.name != "prefix cache" else 2.0))),
-                               knob.vary(factor)))
+                               1 / (1 + abs(math.log(departure))), knob.vary(factor)))
     if gap.above and gap.figure in (Figure.E2E, Figure.TTFT):
         outside = gap.observed - gap.simulated
         out.append(Explanation(
