@@ -121,7 +121,8 @@ class Explanation:
     scenario: Scenario | None
     """The scenario that reproduces the figure (None: time outside the engine, which the scenario does not hold)."""
     outside_ms: float = 0.0
-    tried: list[str] | None = None
+    checks: list[str] | None = None
+    """What was tried and the other figures reported, each under this explanation, with how well it fits."""
 
     def label(self, above: bool) -> str:
         """The explanation in a few words, for a title."""
@@ -275,7 +276,7 @@ def weigh(d: Deployment, base: Scenario, e: Explanation, gap: Gap, tried: Sequen
     effect by the time it does not touch."""
     if not tried or gap.figure not in (Figure.E2E, Figure.TTFT, Figure.TPOT):
         return
-    e.tried = []
+    e.checks = []
     for t in tried:
         try:
             before, after = predicted(d, t, e.scenario or base, lambda o: measure(o, gap.figure), e.outside_ms)
@@ -283,7 +284,7 @@ def weigh(d: Deployment, base: Scenario, e: Explanation, gap: Gap, tried: Sequen
             continue
         fit = likelihood(t.result, (after - before) / before if before else 0.0)
         e.score *= fit
-        e.tried.append(f"{t.change} would have moved {gap.figure} {moved(gap.figure, before, after)}; you saw "
+        e.checks.append(f"{t.change} would have moved {gap.figure} {moved(gap.figure, before, after)}; you saw "
                        f"{t.result}: {agreement(fit)}")
 
 
@@ -301,7 +302,7 @@ def cross_check(d: Deployment, base: Scenario, e: Explanation, others: dict[Figu
     """The user's other figures under this explanation: time outside the engine adds to E2E and TTFT but leaves TPOT
     as described; more load or longer answers move them all. Each one's likelihood multiplies the score."""
     outcome = run(d, e.scenario or base, None)
-    lines = e.tried if e.tried is not None else []
+    lines = e.checks if e.checks is not None else []
     for figure, seen in others.items():
         if figure not in (Figure.E2E, Figure.TTFT, Figure.TPOT):
             continue
@@ -311,7 +312,7 @@ def cross_check(d: Deployment, base: Scenario, e: Explanation, others: dict[Figu
         fit = max(FLOOR, math.exp(-0.5 * (math.log(seen / predicted) / SPREAD) ** 2))
         e.score *= fit
         lines.append(f"your {figure} {fmt(figure, seen)}; under this, {fmt(figure, predicted)}: {agreement(fit)}")
-    e.tried = lines or None
+    e.checks = lines or None
 
 
 def agreement(fit: float) -> str:
@@ -340,7 +341,7 @@ def finding(d: Deployment, s: Scenario, baseline: Outcome, observed: dict[Figure
     ranked, missed = explain(d, s, gap, tried, saturation, {f: v for f, v in observed.items() if f is not gap.figure})
     for i, e in enumerate(ranked, 1):
         evidence.append(f"{i}. {e.text} — decided by {e.decides}")
-        evidence.extend(f"   {line}" for line in e.tried or [])
+        evidence.extend(f"   {line}" for line in e.checks or [])
     if missed:
         evidence.append(f"simulated and not reproducing {gap.figure} {fmt(gap.figure, gap.observed)}: "
                         + "; ".join(missed))
