@@ -27,6 +27,7 @@ from servelab.diagnose.recommend import recommend, run as simulate_outcome
 from servelab.diagnose.reconcile import OBSERVED_VS_SIMULATED, TRIED, Figure, finding as reconcile, tried_finding
 from servelab.diagnose.tried import Tried, check_all as check_tried
 from servelab.diagnose.levers import Goal, Lever, levers
+from servelab.diagnose.roofline import decode_step
 from servelab.diagnose.sensitivity import Assumed, Assumption, assumptions
 from servelab.diagnose.scenario import Scenario, from_run, simulate
 from servelab.diagnose.schema import EngineSwitch
@@ -301,10 +302,14 @@ def notes(dx: Diagnosis) -> list[str]:
             else "how much of the time a step runs is not known here")
     gpu_util = dx.observed.gpu_util
     seen = f"You saw {100 * gpu_util:.0f}% GPU utilisation. " if gpu_util is not None else ""
+    one = decode_step(dx.deployment, 1, e.mean_input_tokens)
+    ridge = one.ridge / one.intensity  # sequences per step at which the weight GEMMs turn compute-bound
     out.append(
-        f"{seen}nvidia-smi's utilisation is the share of time any kernel runs ({busy}), not how busy the chip is: MFU is {100 * u.mfu:.0f}% of {u.peak_flops / 1e12:.0f} TFLOP/s and memory "
-        f"bandwidth utilisation {100 * u.mbu:.0f}% of {u.peak_bandwidth / 1e9:.0f} GB/s ({u.source} estimate). "
-        "Decode is memory-bound by nature; prefill is compute-bound."
+        f"{seen}nvidia-smi's utilisation is the share of time any kernel runs ({busy}); it is neither MFU nor "
+        f"bandwidth use, which are separate figures: here MFU {100 * u.mfu:.0f}% of {u.peak_flops / 1e12:.0f} TFLOP/s "
+        f"and memory bandwidth utilisation {100 * u.mbu:.0f}% of {u.peak_bandwidth / 1e9:.0f} GB/s ({u.source} "
+        f"estimate). A decode step's weight multiplications are bandwidth-bound below ~{ridge:.0f} sequences on this "
+        "chip and compute-bound above; prefill is compute-bound."
     )
     out.append(f"'GPU memory full' is by design: {memory_plan(dx.deployment)}; the KV actually in use peaked at "
                f"{100 * (e.max_kv_usage or 0):.0f}%.")
