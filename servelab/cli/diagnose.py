@@ -29,6 +29,9 @@ from servelab.errors import InputError
 from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
 from servelab.diagnose.engine_terms import check_engine, served_engine
 from servelab.diagnose.scenario import synthetic
+from servelab.diagnose.tried import parse_tried
+from servelab.diagnose.levers import Goal
+from servelab.diagnose.sensitivity import ASSUMED_OUTPUT, Assumed
 from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
 from servelab.metrics.host import condition_changes
 from servelab.metrics.results import load_run
@@ -46,6 +49,9 @@ DIAGNOSIS = "diagnosis.json"
 # ~10 req/s, "GPU utilisation 30%, memory full": why won't QPS go up?
 EXAMPLE: dict[str, Any] = {"gpu": "a100-80gb", "model": "qwen2.5-7b", "engine_args": "--max-num-seqs 256", "input_len": 1500,
            "output_len": 200, "request_rate": 10.0, "observed_qps": 10.0, "observed_gpu_util": 0.3}
+EXAMPLE_COMMAND = ("servelab diagnose --gpu a100-80gb --model qwen2.5-7b --engine-args \"--max-num-seqs 256\" "
+                   "--input-len 1500 --request-rate 10 --observed-qps 10 --observed-gpu-util 0.3")
+"""The command line the example stands for (its answer length, like the user's story, not given: assumed)."""
 
 
 @app.command()
@@ -59,7 +65,7 @@ def diagnose(
     gpu_file: GpuFileFlag = None,
     calibration: CalibrationFlag = None,
     input_len: Annotated[Optional[int], typer.Option(help="Described deployment: prompt tokens per request.")] = None,
-    output_len: Annotated[Optional[int], typer.Option(help="Described deployment: output tokens per request.")] = None,
+    output_len: Annotated[Optional[int], typer.Option(help="Described deployment: output tokens per request (not given: 200 is assumed, and the answer is shown for 50, 200 and 500).")] = None,
     request_rate: Annotated[Optional[float], typer.Option(help="Described deployment: offered req/s (Poisson).")] = None,
     max_concurrency: Annotated[Optional[int], typer.Option(help="Described deployment: closed-loop concurrency.")] = None,
     observed_qps: Annotated[Optional[float], typer.Option(help="What you see in production, req/s.")] = None,
@@ -67,6 +73,14 @@ def diagnose(
     observed_gpu_util: Annotated[Optional[float], typer.Option(help="nvidia-smi's utilisation, 0-1.")] = None,
     observed_e2e_ms: Annotated[Optional[float], typer.Option(help="What you see in production: whole-answer latency, ms.")] = None,
     observed_tpot_ms: Annotated[Optional[float], typer.Option(help="What you see in production: time per output token, ms.")] = None,
+    tried: Annotated[Optional[list[str]], typer.Option(
+        help="A change you already made and what it did, CHANGE:RESULT (repeatable): CHANGE an engine flag as typed "
+             "after `vllm serve`, a quantization (awq, gptq, fp8, int8, w8a8), a GPU name or 'replica'; RESULT "
+             "no-effect, helped or hurt. E.g. --tried \"--max-num-batched-tokens 512:no-effect\" --tried awq:no-effect")] = None,
+    goal: Annotated[Optional[Goal], typer.Option(
+        help="The question to answer first: latency (how long answers take) or throughput (how far QPS can go). "
+             "Default: latency when --observed-e2e-ms/--observed-ttft-ms/--observed-tpot-ms is given, throughput "
+             "when --observed-qps or --observed-gpu-util is.")] = None,
     output_len_distribution: Annotated[str, typer.Option(
         help="Described deployment: how output lengths vary, SHAPE[:SPREAD] with SHAPE one of "
              f"{', '.join(DISTRIBUTIONS)} (spread as --random-range-ratio): answers that end at EOS vary, "
@@ -93,6 +107,8 @@ def diagnose(
     slo_attainment: Annotated[float, typer.Option(help="Share of requests that must meet the SLO.")] = 0.9,
     check_advice: Annotated[bool, typer.Option("--check-advice", help="Also evaluate 25 common tuning tips.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON.")] = False,
+    details: Annotated[bool, typer.Option("--details", help="Print every finding's evidence, every option priced, the "
+                                                            "ceilings and the notes (default: a ~40-line summary).")] = False,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print the diagnosis as Markdown.")] = False,
     save: Annotated[Optional[Path], typer.Option(help=f"Write the JSON here (default: {DIAGNOSIS} in RESULTS).")] = None,
     warmup: Annotated[float, typer.Option(help="Seconds at the start of the run to ignore.")] = 0.0,
@@ -103,6 +119,7 @@ def diagnose(
     With no arguments: the built-in example (Qwen2.5-7B on an A100 at ~10 req/s of 1,500-token prompts).
     """
     check_engine(engine)
+    tried_changes = tuple(parse_tried(text) for text in tried or ())
     if vllm_version is not None and engine not in (VLLM, AUTO):
         raise InputError(f"--vllm-version describes a vLLM server, not --engine {engine}")
     if engines is not None and not compare_engines:
@@ -118,6 +135,7 @@ def diagnose(
                          "give a results directory or a described deployment, not both")
     example = (results is None and not described and gpu is None and model is None and calibration is None
                and engine in (AUTO, VLLM))  # the example is a vLLM deployment
+    assumed: tuple[Assumed, ...] = ()
     if example:
         gpu, model, engine_args = EXAMPLE["gpu"], EXAMPLE["model"], EXAMPLE["engine_args"]
         input_len, output_len, request_rate = EXAMPLE["input_len"], EXAMPLE["output_len"], EXAMPLE["request_rate"]
@@ -145,7 +163,8 @@ def diagnose(
                                        gpu_file=gpu_file, vllm_version=vllm_version, engine=served)
     if engine_note is not None:
         make_console(stderr=True).print(f"[yellow]warning:[/] {engine_note}", highlight=False, soft_wrap=True)
-    observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms)
+    observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms,
+                        tried_changes, goal)
     priced = {"with_alternatives": price_options or None, "gpu_cost_per_hour": gpu_cost_per_hour, "engines": switch_to}
     partial = ""
     if run is not None and results is not None:
@@ -160,15 +179,20 @@ def diagnose(
         if engine_note is not None:
             dx.notes.insert(0, engine_note)
     else:
-        if input_len is None or output_len is None:
-            raise InputError("a described deployment needs --input-len and --output-len")
+        if input_len is None:
+            raise InputError("a described deployment needs --input-len")
+        if output_len is None or example:  # the example's story gives no answer length either
+            output_len, assumed = output_len or ASSUMED_OUTPUT, (Assumed.OUTPUT,)
+            output_lengths = _output_lengths(output_len_distribution, output_len)
         rate = request_rate if request_rate is not None else (observed_qps if max_concurrency is None else None)
         if rate is None and max_concurrency is None:
             raise InputError("a described deployment needs --request-rate, --max-concurrency or --observed-qps")
         scenario = synthetic(input_len, output_len, request_rate=rate, max_concurrency=max_concurrency,
                              prefix_len=prefix_len, turns=turns, output_lengths=output_lengths)
+        if rate is not None:
+            assumed += (Assumed.ARRIVALS,)
         dx = diagnose_described(deployment, scenario, slo=slo, observed=observed, slo_share=slo_attainment,
-                                with_advice=check_advice, **priced)
+                                with_advice=check_advice, assumed=assumed, **priced)
     data = dx.as_dict()
     if partial:  # said first and kept in the JSON: every number below rests on a run cut short
         data["partial_run"] = partial
@@ -184,9 +208,9 @@ def diagnose(
     else:
         console = make_console()
         if example:
-            console.print("[dim]No deployment given: diagnosing the built-in example "
-                          "(servelab diagnose --help for your own).[/]")
-        render_terminal(typed, console)
+            console.print(f"[dim]No deployment given: diagnosing the built-in example, {EXAMPLE_COMMAND} "
+                          "(servelab diagnose --help for your own).[/]", highlight=False)
+        render_terminal(typed, console, details or check_advice or compare_engines)
     if report and results is not None:
         report_into(results, make_console(stderr=json_out or markdown))
 

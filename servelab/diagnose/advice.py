@@ -8,7 +8,7 @@ judge it. The catalogue is data: adding advice means adding an entry.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,7 +175,10 @@ def _flag(item: Item, d: Deployment) -> str:
     return "default already" if defaults.get(item.flag) else "exists"
 
 
-def check_advice(d: Deployment, scenario: Scenario, context: AdviceContext, baseline: Outcome) -> list[dict[str, Any]]:
+def check_advice(d: Deployment, scenario: Scenario, context: AdviceContext, baseline: Outcome,
+                 options: Mapping[tuple[str, str], tuple[str, str]] | None = None) -> list[dict[str, Any]]:
+    """Each tip simulated on this workload. `options`: the options table's verdicts and labels, by (GPU, launch flags): the same
+    change at the same load takes that verdict here, so a report never gives one change two."""
     rows = []
     for item in CATALOGUE:
         row: dict[str, Any] = {"id": item.id, "advice": item.advice, "flag_status": _flag(item, d),
@@ -191,6 +194,10 @@ def check_advice(d: Deployment, scenario: Scenario, context: AdviceContext, base
                 row["verdict"] = verdict(row["d_throughput"], row["d_p99_ttft"], row["d_p99_tpot"])
                 row["why"] = "simulated on this workload at the same load" + (
                     "; compared with the alternative it replaces" if judged.reference else "")
+                key = (judged.deployment.hardware.name, judged.deployment.engine_args())
+                if judged.reference is None and judged.scenario is scenario and key in (options or {}):
+                    row["verdict"], label = (options or {})[key]
+                    row["why"] = f"the same change as \"{label}\" in the options table, judged there on E2E p50"
             else:
                 row["verdict"], row["why"] = judged
         except PerfConfigError as exc:

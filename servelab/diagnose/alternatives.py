@@ -12,12 +12,12 @@ for a step at this load), so "it did not help" becomes physics, not luck.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 
 from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import Evidence
-from servelab.diagnose.recommend import UPGRADE, Outcome, run
+from servelab.diagnose.recommend import UPGRADE, Outcome, run, tried_result
 from servelab.diagnose.scenario import Scenario
 from servelab.diagnose.pricing import price_of, usd_per_million_tokens
 from servelab.perf.cost_model import StepBatch
@@ -54,6 +54,8 @@ class Alternative:
     """Dollars per million output tokens at this load."""
     verdict: str
     why: str
+    tried: str | None = None
+    """What the user saw this very change do (`--tried`), when they tried it."""
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -173,7 +175,8 @@ def _row(change: str, d: Deployment, out: Outcome, base: Deployment, gpu_cost: f
 
 
 def price_alternatives(d: Deployment, e: Evidence, scenario: Scenario, baseline: Outcome,
-                       gpu_cost_per_hour: float | None = None) -> list[Alternative]:
+                       gpu_cost_per_hour: float | None = None,
+                       tried: Sequence[tuple[Deployment, str]] = ()) -> list[Alternative]:
     """The deployment as it is, then each option, simulated on `scenario` at its own load; judged on E2E p50."""
     before = _ms(baseline.summary, "median_e2el_ms")
     rows = [_row("as deployed", d, baseline, d, gpu_cost_per_hour, "—", "", d.engine_args())]
@@ -187,5 +190,6 @@ def price_alternatives(d: Deployment, e: Evidence, scenario: Scenario, baseline:
             continue
         verdict = _verdict(before, _ms(out.summary, "median_e2el_ms"))
         why = option.explain(changed, out) if option.explain is not None and verdict != HELPS else ""
-        rows.append(_row(option.change, changed, out, d, gpu_cost_per_hour, verdict, why, changed.engine_args()))
+        rows.append(replace(_row(option.change, changed, out, d, gpu_cost_per_hour, verdict, why, changed.engine_args()),
+                            tried=tried_result(changed, tried)))
     return rows

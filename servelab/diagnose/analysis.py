@@ -8,12 +8,12 @@ simulator-backed parts (saturation, SLO rate, what-ifs) need the scenario.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from servelab import SCHEMA_VERSION
 from servelab.diagnose.advice import AdviceContext, check_advice
-from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, saturation_rps, slo_max_rps
+from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, overload, saturation_rps, slo_max_rps
 from servelab.diagnose.ceilings import Ceilings, compute_ceilings
 from servelab.diagnose.engine_choice import compare_on_engines
 from servelab.diagnose.engine_terms import Terms
@@ -22,8 +22,13 @@ from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.observations import check as check_observations, idle_decode_ms
 from servelab.diagnose.alternatives import Alternative, price_alternatives
 from servelab.diagnose.outside_engine import describe as describe_outside
-from servelab.diagnose.findings import Context, Finding, caveats, detect, queue_reason
+from servelab.diagnose.findings import UNDERLOADED, Context, Finding, caveats, detect, queue_reason
 from servelab.diagnose.recommend import recommend, run as simulate_outcome
+from servelab.diagnose.reconcile import OBSERVED_VS_SIMULATED, TRIED, Figure, finding as reconcile, tried_finding
+from servelab.diagnose.tried import Tried, check_all as check_tried
+from servelab.diagnose.levers import Goal, Lever, levers
+from servelab.diagnose.roofline import decode_step
+from servelab.diagnose.sensitivity import Assumed, Assumption, assumptions
 from servelab.diagnose.scenario import Scenario, from_run, simulate
 from servelab.diagnose.schema import EngineSwitch
 from servelab.diagnose.utilization import Utilization, utilization
@@ -44,6 +49,26 @@ class Observed:
     gpu_util: float | None = None
     e2e_ms: float | None = None
     tpot_ms: float | None = None
+    tried: tuple[Tried, ...] = ()
+    goal: Goal | None = None
+    """The question asked (`--goal`); None: latency when a latency was reported, throughput when a QPS or a
+    utilisation was, no question otherwise."""
+
+    @property
+    def question(self) -> Goal | None:
+        if self.goal is not None:
+            return self.goal
+        if self.latency or self.ttft_ms is not None:
+            return Goal.LATENCY
+        return Goal.THROUGHPUT if self.qps is not None or self.gpu_util is not None else None
+    """Changes the user already made and what they saw them do (`--tried`)."""
+
+    @property
+    def figures(self) -> dict[Figure, float]:
+        """The figures reported, latency first: the order in which a gap from the simulation is explained."""
+        pairs = ((Figure.E2E, self.e2e_ms), (Figure.TTFT, self.ttft_ms), (Figure.TPOT, self.tpot_ms),
+                 (Figure.QPS, self.qps), (Figure.UTIL, self.gpu_util))
+        return {f: v for f, v in pairs if v is not None}
 
     @property
     def reported(self) -> bool:
@@ -76,11 +101,21 @@ class Diagnosis:
     alternatives: list[Alternative] = field(default_factory=list)
     engine_comparison: EngineSwitch | None = None
     """`--compare-engines`: the same workload and load on each engine."""
+    verdict: str | None = None
+    """The first line when the offered load exceeds the ceiling: said before anything read from an unstable queue."""
+    goal: Goal | None = None
+    levers: list[Lever] = field(default_factory=list)
+    """The levers of the question asked, best first (diagnose/levers.py)."""
+    levers_at: str = ""
+    """Where the levers were priced: the described load, or the one that reproduces what the user sees."""
+    assumptions: list[Assumption] = field(default_factory=list)
+    """What the answer rests on that the user did not give, and how it moves across a plausible range."""
 
     @property
     def bottleneck(self) -> str | None:
         """What limits the deployment: the first finding that is about the server, not about the figures reported."""
-        return next((f.kind for f in self.findings if f.kind != OBSERVATIONS_INCONSISTENT), None)
+        return next((f.kind for f in self.findings if f.kind not in (OBSERVATIONS_INCONSISTENT, OBSERVED_VS_SIMULATED, TRIED)),
+                    None)
 
     def as_dict(self) -> dict[str, Any]:
         c = self.ceilings
@@ -118,6 +153,11 @@ class Diagnosis:
             "engine_comparison": self.engine_comparison.model_dump() if self.engine_comparison is not None else None,
             "notes": self.notes,
             "advice": self.advice,
+            "verdict": self.verdict,
+            "goal": self.goal,
+            "levers": [asdict(lever) for lever in self.levers],
+            "levers_at": self.levers_at,
+            "assumptions": [asdict(a) for a in self.assumptions],
         }
 
 
@@ -160,10 +200,13 @@ def analyse(
     with_alternatives: bool | None = None,
     gpu_cost_per_hour: float | None = None,
     engines: Sequence[str] = (),
+    assumed: tuple[Assumed, ...] = (),
 ) -> Diagnosis:
     """Rank what limits the server, and price the common options when `with_alternatives` says so (None: when a
     latency is reported or a GPU price given, as a user asking "should we buy a GPU?" does); with `engines`, what
     switching to each would buy at this load."""
+    observed = observed or Observed()
+    tried = check_tried(deployment, observed.tried)  # a change servelab cannot build is an error before any simulation
     e = gather(run)
     batch = (e.mean_running if e.mean_running is not None else e.mean_in_flight) / deployment.config.data_parallel_size
     c = compute_ceilings(deployment.step_cost(), deployment.model, deployment.config, deployment.memory,
@@ -175,36 +218,64 @@ def analyse(
     c = Ceilings(**{**c.as_dict(), "saturation_rps": sat, "saturation_rps_interval": sat_interval, "slo_max_rps": slo_rps})
     u = utilization(e, deployment)
     attained = _attainment(run, slo)
-    ctx = Context(e, c, u, deployment, slo, attained, scenario.mean_shared)
+    ctx = Context(e, c, u, deployment, slo, attained, scenario.mean_shared, tried)
     found = detect(ctx)
-    observed = observed or Observed()
     priced = with_alternatives if with_alternatives is not None else (
         observed.latency or gpu_cost_per_hour is not None)
+    described = source == "simulated"
     baseline = (simulate_outcome(deployment, scenario, slo)
-                if (with_recommendations and found) or with_advice or priced else None)
+                if (with_recommendations and found) or with_advice or priced or described else None)
     if with_recommendations and baseline is not None:
         for f in found:
+            if f.kind == UNDERLOADED and observed.question is Goal.LATENCY:
+                continue  # more load per GPU lengthens answers: not a lever for a latency question
             f.recommendations = recommend(f, ctx, scenario, baseline)
     qps, qps_source = observed.qps, "observed"
     if qps is None and source == "simulated" and scenario.nominal_rate and observed.reported:
         # A described deployment that comes with a figure seen in production describes that production: its
         # --request-rate is the QPS the user sees, and must fit with the figure they report beside it.
         qps, qps_source = scenario.nominal_rate, "offered (your --request-rate)"
+    reconciled = (reconcile(deployment, scenario, simulate_outcome(deployment, scenario, None), observed.figures,
+                            observed.tried, sat) if described and observed.figures else None)
+    gap = reconciled.finding if reconciled is not None else None
     contradiction = check_observations(deployment, scenario, c, qps=qps, ttft_ms=observed.ttft_ms,
                                        gpu_util=observed.gpu_util, e2e_ms=observed.e2e_ms, tpot_ms=observed.tpot_ms,
-                                       qps_source=qps_source)
-    if contradiction is not None:  # reported figures that cannot hold come before what they would explain
-        found.insert(0, contradiction)
-    dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed, caveats=caveats(ctx))
+                                       qps_source=qps_source, reconciled=gap is not None)
+    if contradiction is not None and gap is not None:  # one finding about the figures: the physics, then the inverse
+        contradiction.evidence[-1:-1] = gap.evidence
+    if gap is None and observed.tried:
+        first_latency = next((f for f in observed.figures if f in (Figure.E2E, Figure.TTFT, Figure.TPOT)), Figure.E2E)
+        report = tried_finding(deployment, scenario, observed.tried, first_latency)
+        if report is not None:
+            found.append(report)
+            found.sort(key=lambda f: f.score, reverse=True)
+    for first in (gap if contradiction is None else None, contradiction):
+        if first is not None:  # reported figures that cannot hold, or far from the simulation, come first
+            found.insert(0, first)
+    dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed, caveats=caveats(ctx),
+                   verdict=overload(e.offered_rate or scenario.offered_rate if scenario.max_concurrency is None else None,
+                                    c.saturation_rps))
     if priced and baseline is not None:
-        dx.alternatives = price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour)
+        dx.alternatives = price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour, tried)
     if engines:
         dx.engine_comparison = compare_on_engines(deployment, scenario, slo, engines)
+    dx.goal = observed.question
+    if dx.goal is not None:  # priced where what the user sees is reproduced, when the likeliest explanation says where
+        at = reconciled.scenario if reconciled is not None and reconciled.scenario is not None else None
+        dx.levers_at = reconciled.label if at is not None and reconciled is not None else "the described load"
+        # Above the ceiling every latency is the queue's: whatever was asked, the levers are then the ones that
+        # raise the ceiling (render says so).
+        goal = Goal.THROUGHPUT if dx.verdict else dx.goal
+        dx.levers = levers(deployment, at or scenario, simulate_outcome(deployment, at or scenario, None), goal,
+                           tried, c.saturation_rps if at is None else None)
+    dx.assumptions = assumptions(deployment, scenario, assumed)
     dx.notes = notes(dx)
     if with_advice and baseline is not None:
         longest = max(s.input_len + s.output_len for s in scenario.shapes)
         context = AdviceContext(tuple(f.kind for f in found), longest, e.median_ttft_ms, e.median_e2el_ms, source == "measured")
-        dx.advice = check_advice(deployment, scenario, context, baseline)
+        options = {(a.gpu, a.engine_args or ""): (a.verdict, a.change) for a in dx.alternatives
+                   if a.engine_args is not None and a.change != "as deployed"}
+        dx.advice = check_advice(deployment, scenario, context, baseline, options)
     return dx
 
 
@@ -217,6 +288,7 @@ def diagnose_run(run: RunResult, deployment: Deployment, *, slo: SLO | None = No
 
 def diagnose_described(deployment: Deployment, scenario: Scenario, *, slo: SLO | None = None,
                        observed: Observed | None = None, **kw: Any) -> Diagnosis:
+    check_tried(deployment, observed.tried if observed else ())  # before the first simulation
     run = simulate(deployment, scenario)
     return analyse(deployment, scenario, run, slo=slo, source="simulated", observed=observed, **kw)
 
@@ -233,10 +305,14 @@ def notes(dx: Diagnosis) -> list[str]:
             else "how much of the time a step runs is not known here")
     gpu_util = dx.observed.gpu_util
     seen = f"You saw {100 * gpu_util:.0f}% GPU utilisation. " if gpu_util is not None else ""
+    one = decode_step(dx.deployment, 1, e.mean_input_tokens)
+    ridge = one.ridge / one.intensity  # sequences per step at which the weight GEMMs turn compute-bound
     out.append(
-        f"{seen}nvidia-smi's utilisation is the share of time any kernel runs ({busy}), not how busy the chip is: MFU is {100 * u.mfu:.0f}% of {u.peak_flops / 1e12:.0f} TFLOP/s and memory "
-        f"bandwidth utilisation {100 * u.mbu:.0f}% of {u.peak_bandwidth / 1e9:.0f} GB/s ({u.source} estimate). "
-        "Decode is memory-bound by nature; prefill is compute-bound."
+        f"{seen}nvidia-smi's utilisation is the share of time any kernel runs ({busy}); it is neither MFU nor "
+        f"bandwidth use, which are separate figures: here MFU {100 * u.mfu:.0f}% of {u.peak_flops / 1e12:.0f} TFLOP/s "
+        f"and memory bandwidth utilisation {100 * u.mbu:.0f}% of {u.peak_bandwidth / 1e9:.0f} GB/s ({u.source} "
+        f"estimate). A decode step's weight multiplications are bandwidth-bound below ~{ridge:.0f} sequences on this "
+        "chip and compute-bound above; prefill is compute-bound."
     )
     out.append(f"'GPU memory full' is by design: {memory_plan(dx.deployment)}; the KV actually in use peaked at "
                f"{100 * (e.max_kv_usage or 0):.0f}%.")
@@ -245,7 +321,7 @@ def notes(dx: Diagnosis) -> list[str]:
             f"You observe {dx.observed.qps:.2f} req/s; the simulated ceiling for this workload is "
             f"{dx.ceilings.saturation_rps:.2f} req/s."
         )
-    if dx.observed.ttft_ms is not None:
+    if dx.observed.ttft_ms is not None and dx.verdict is None:  # an unstable queue's percentiles say nothing
         out.append(f"You observe TTFT {dx.observed.ttft_ms:.0f} ms; the simulation gives p50 {e.median_ttft_ms:.0f} ms "
                    f"and p99 {e.p99_ttft_ms:.0f} ms at this load.")
     if dx.observed.latency:

@@ -14,6 +14,24 @@ from servelab.targets.deployment import Deployment
 
 DEFAULT_ATTAINMENT = 0.9
 """Share of requests that must meet the SLO for a rate to count as sustainable."""
+MODEL_ERROR = 0.15
+"""The simulated ceiling's own error on real GPUs (docs/accuracy.md: 5-15%): an offered rate within it of the ceiling
+is "at or just above" it, not a verdict either way."""
+
+
+def overload(offered: float | None, ceiling: float | None) -> str | None:
+    """The first line of a diagnosis whose offered load exceeds what the deployment can serve; None when it does not.
+
+    Above the ceiling the queue grows for as long as the load lasts: its latency percentiles measure the run's length,
+    not the server, so the capacity is what to read."""
+    if not offered or not ceiling or offered <= ceiling:
+        return None
+    where = ("at or just above it (within the simulator's ~15% error: measure before concluding)"
+             if offered <= (1 + MODEL_ERROR) * ceiling else f"{offered / ceiling:.1f}x what it can serve")
+    return (f"Overloaded: {offered:.2f} req/s offered against a simulated ceiling of {ceiling:.2f} req/s for this "
+            f"workload, {where}. Requests queue for as long as the load lasts, so latency percentiles here describe "
+            f"the run's length, not the server: the capacity is {ceiling:.2f} req/s, and the changes below are "
+            "judged on how far they raise it.")
 
 
 def max_batch(deployment: Deployment, scenario: Scenario) -> int:

@@ -94,6 +94,12 @@ class Terms:
         return " and ".join(names)
 
 
+    def metrics(self, *common: str) -> str:
+        """The engine's own /metrics names for these common timeline names (servelab/metrics/timeline.py)."""
+        own = metric_names.ENGINES[self.engine]
+        return " and ".join(next((n for n in own.common if c in metric_names.common_names(own, n)), c) for c in common)
+
+
 def recorded_engine(run_info: Mapping[str, Any]) -> str | None:
     """The engine run.json says served the run: the server's reported identity (bench), or `flags.engine` (simulate)."""
     identity = ((run_info.get("server_info") or {}).get("engine") or {}).get("name")

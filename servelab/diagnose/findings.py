@@ -22,6 +22,7 @@ from servelab.diagnose.ceilings import Ceilings
 from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import Evidence
 from servelab.diagnose.outside_engine import describe as describe_outside
+from servelab.diagnose.roofline import StepClass, decode_step
 from servelab.diagnose.utilization import Utilization
 from servelab.metrics.server_timings import describe
 from servelab.metrics.slo import SLO
@@ -35,12 +36,13 @@ MAX_NUM_SEQS_BOUND = "max_num_seqs_bound"
 KV_CAPACITY_BOUND = "kv_capacity_bound"
 PREFILL_COMPUTE_BOUND = "prefill_compute_bound"
 DECODE_BANDWIDTH_BOUND = "decode_bandwidth_bound"
+DECODE_COMPUTE_BOUND = "decode_compute_bound"
 FRONTEND_CPU_BOUND = "frontend_cpu_bound"
 SLO_TRADEOFF = "slo_tradeoff"
 PREFIX_CACHING_OFF = "prefix_caching_off"
 LAUNCH_BOUND = "launch_bound"
 KINDS = (
-    UNDERLOADED, MAX_NUM_SEQS_BOUND, KV_CAPACITY_BOUND, PREFILL_COMPUTE_BOUND, DECODE_BANDWIDTH_BOUND,
+    UNDERLOADED, MAX_NUM_SEQS_BOUND, KV_CAPACITY_BOUND, PREFILL_COMPUTE_BOUND, DECODE_BANDWIDTH_BOUND, DECODE_COMPUTE_BOUND,
     FRONTEND_CPU_BOUND, SLO_TRADEOFF, PREFIX_CACHING_OFF, LAUNCH_BOUND,
 )
 """What a finding can name: a limit of the server. CLIENT_BOUND is a caveat's kind, never a finding's."""
@@ -63,6 +65,8 @@ class Recommendation:
     """Other metrics, before -> after."""
     confirm: str = ""
     """The command that would confirm the prediction on the real server."""
+    tried: str | None = None
+    """What the user saw this very change do (`--tried`), when they tried it."""
 
     @property
     def gain(self) -> float:
@@ -97,10 +101,17 @@ class Context:
     slo_attainment: float | None
     shared_prompt_tokens: float = 0.0
     """Mean prompt tokens a request shares with an earlier one (system prompt, resent chat history)."""
+    tried: tuple[tuple[Deployment, str], ...] = ()
+    """Changes the user already made (`--tried`), built, with what they saw each do."""
 
     @property
     def load_ratio(self) -> float:
         return self.e.request_rate / self.c.saturation_rps if self.c.saturation_rps else 0.0
+
+    @property
+    def overloaded(self) -> bool:
+        """More is offered than the deployment can serve (open loop): the queue grows without bound."""
+        return bool(self.e.offered_rate and self.c.saturation_rps and self.e.offered_rate > self.c.saturation_rps)
 
     @property
     def queueing(self) -> float:
@@ -289,7 +300,18 @@ def max_num_seqs_bound(x: Context) -> Finding | None:
     score = 0.6 + 0.3 * x.queueing
     if x.u.compute_headroom >= 0.8:
         score *= 0.7  # the GPU is already compute-saturated: more sequences mostly add latency
-    return Finding(MAX_NUM_SEQS_BOUND, f"{x.terms.knob('max_num_seqs')} caps the batch while requests queue", score, evidence)
+    title = f"{x.terms.knob('max_num_seqs')} caps the batch while requests queue"
+    # The cap is the cause when a bigger batch would cost the step little (below the ridge, the weight read is shared);
+    # when the tensor cores are already saturated, a full batch under overload is the symptom.
+    at_cap = decode_step(x.d, x.c.max_num_seqs, x.e.mean_input_tokens + x.e.mean_output_tokens / 2)
+    saturated = x.u.compute_headroom >= 0.8 or at_cap.bound is StepClass.COMPUTE
+    if x.overloaded and saturated:
+        evidence.insert(0, f"{x.e.offered_rate:.2f} req/s offered against a simulated ceiling of "
+                           f"{x.c.saturation_rps or 0:.2f} req/s: any batch limit fills when more arrives than the "
+                           "engine can finish, so this is a consequence of what limits the ceiling, ranked under it")
+        title = f"{x.terms.knob('max_num_seqs')} is full because more arrives than the engine serves (a consequence)"
+        score = min(score, 0.3)
+    return Finding(MAX_NUM_SEQS_BOUND, title, score, evidence)
 
 
 PREFILL_SHARE = 0.5
@@ -377,16 +399,17 @@ def decode_bandwidth_bound(x: Context) -> Finding | None:
         return None
     if x.queueing >= QUEUEING and x.running_per_replica >= 0.95 * x.c.max_num_seqs:
         return None  # the batch is held back by max_num_seqs, not by the memory system
-    regime = "compute" if x.u.compute_headroom >= x.u.bandwidth_headroom else "memory bandwidth"
+    step = decode_step(x.d, x.c.decode_batch, x.e.mean_input_tokens + x.e.mean_output_tokens / 2)
     evidence = [
         f"the engine is busy {_pct(busy)} of the time, mostly decoding: {x.e.output_throughput:.0f} output tok/s at "
-        f"~{x.c.decode_batch:.0f} sequences per step",
-        f"MBU {_pct(x.u.mbu)} of {x.d.hardware.memory_bandwidth_gbs:.0f} GB/s, MFU {_pct(x.u.mfu)}: "
-        f"decode steps here are {regime}-bound",
+        f"~{x.c.decode_batch:.0f} sequences per step (MBU {_pct(x.u.mbu)} of "
+        f"{x.d.hardware.memory_bandwidth_gbs:.0f} GB/s, MFU {_pct(x.u.mfu)})",
+        step.evidence(),
         f"decode ceiling at this batch {x.c.decode_bandwidth_tps:.0f} tok/s; at the largest batch the deployment "
         f"holds ({x.c.max_decode_batch}) {x.c.decode_bandwidth_tps_at_max_batch:.0f} tok/s",
     ]
-    return Finding(DECODE_BANDWIDTH_BOUND, "Token generation is limited by how fast the GPU streams weights and KV",
+    kind = DECODE_COMPUTE_BOUND if step.bound is StepClass.COMPUTE else DECODE_BANDWIDTH_BOUND
+    return Finding(kind, step.title(),
                    0.55 + 0.35 * min(1.0, max(x.u.bandwidth_headroom, x.u.compute_headroom)), evidence)
 
 

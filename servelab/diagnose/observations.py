@@ -52,11 +52,13 @@ def idle_decode_ms(d: Deployment, context: int) -> float:
 
 def check(
     d: Deployment, s: Scenario, c: Ceilings, *, qps: float | None, ttft_ms: float | None, gpu_util: float | None,
-    e2e_ms: float | None = None, tpot_ms: float | None = None, qps_source: str = "observed",
+    e2e_ms: float | None = None, tpot_ms: float | None = None, qps_source: str = "observed", reconciled: bool = False,
 ) -> Finding | None:
     """The first finding when the reported figures contradict this deployment and workload's physics; else None.
 
     `qps_source` says where the QPS came from in the evidence: "observed" (--observed-qps) or the described load.
+    `reconciled`: the simulated inverse (diagnose/reconcile.py) says what would reconcile the figures, so the
+    arithmetic bound's guesses are left out.
     """
     cfg = d.config
     gpus = cfg.tensor_parallel_size * cfg.data_parallel_size
@@ -83,10 +85,11 @@ def check(
                 f"per GPU: even at the {d.hardware.name}'s peak of {peak / 1e12:.0f} TFLOP/s its kernels run at least "
                 f"{least_busy:.0%} of the time, so nvidia-smi cannot read {gpu_util:.0%}"
             )
-            evidence.append(
-                f"they fit together only if the prompts are at most ~{fit_tokens:.0f} tokens (were the {prompt:.0f} characters, "
-                f"they would be ~{prompt / CHARS_PER_TOKEN:.0f} tokens), or the rate at most ~{fit_qps:.2f} req/s"
-            )
+            if not reconciled:
+                evidence.append(
+                    f"they fit together only if the prompts are at most ~{fit_tokens:.0f} tokens (were the {prompt:.0f} "
+                    f"characters, they would be ~{prompt / CHARS_PER_TOKEN:.0f} tokens), or the rate at most "
+                    f"~{fit_qps:.2f} req/s")
     if ttft_ms is not None:
         least = idle_prefill_ms(d, round(prompt))
         if ttft_ms < TTFT_SLACK * least:
@@ -115,11 +118,11 @@ def check(
             )
     if not off:
         return None
-    evidence.append(
-        "what would reconcile them: prompt lengths counted in characters or words instead of tokens; a QPS "
-        "summed over several replicas or read at a peak minute; a utilisation averaged over several GPUs or "
-        "sampled off-peak, or a different counter (DCGM's SM-active share reads lower than nvidia-smi's)"
-    )
+    if not reconciled:
+        evidence.append(
+            "what would reconcile them: prompt lengths counted in characters or words instead of tokens; a QPS "
+            "summed over several replicas or read at a peak minute; a utilisation averaged over several GPUs or "
+            "sampled off-peak, or a different counter (DCGM's SM-active share reads lower than nvidia-smi's)")
     evidence.append(
         "the measurement that decides: during peak load, the server's own token counters (the rate of "
         f"{Terms(d.engine).token_counters} on /metrics) beside `nvidia-smi dmon -s u -d 1`; or "

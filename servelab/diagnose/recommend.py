@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+import shlex
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from servelab.diagnose import findings as fk
 from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.engine_terms import Terms
+from servelab.diagnose.evidence import gather
 from servelab.diagnose.findings import Context, Finding, Recommendation
 from servelab.diagnose.scenario import Scenario, simulate
 from servelab.metrics.slo import SLO
@@ -29,6 +31,8 @@ from servelab.targets.deployment import Deployment
 UPGRADE = {"A100-40GB-SXM": "h100", "A100-80GB-SXM": "h100", "A100-80GB-PCIe": "h100", "H100-SXM": "h200",
            "H100-PCIe": "h100", "L4": "l40s", "A10G": "l40s", "L40S": "h100", "RTX-4090": "l40s", "H20": "h200"}
 """The next chip up a user would rent for each common one."""
+NO_EFFECT = "no-effect"
+"""The result a user reports for a change that did nothing (diagnose/tried.py's TriedResult)."""
 MIN_GAIN = 0.05
 """A change must move its metric by 5% to be worth a restart; below that the model cannot tell."""
 
@@ -44,6 +48,10 @@ class Candidate:
 @dataclass(frozen=True)
 class Outcome:
     summary: dict[str, object]
+    mean_running: float | None = None
+    """Sequences the engine ran per step on average (the server's running gauge), over all replicas."""
+    engine_busy: float | None = None
+    """Share of the run a step was running: what nvidia-smi's utilisation reads."""
 
     def value(self, metric: str) -> float:
         return float(self.summary.get(metric) or 0.0)
@@ -53,6 +61,8 @@ CAPACITY = "capacity_rps"
 """Saturation throughput of the changed deployment: how far QPS could go, not what this load achieved."""
 HIGHER_IS_BETTER = {"request_throughput", "request_goodput", "output_throughput", CAPACITY}
 SHOWN = ("request_throughput", "p99_ttft_ms", "p99_tpot_ms")
+UNSTABLE = ("p99_ttft_ms", "p99_tpot_ms")
+"""Figures that grow with the run's length when the load exceeds the ceiling."""
 
 
 _OUTCOMES: dict[tuple[object, ...], Outcome] = {}
@@ -67,7 +77,9 @@ def run(d: Deployment, scenario: Scenario, slo: SLO | None) -> Outcome:
     if key not in _OUTCOMES:
         if len(_OUTCOMES) >= _KEPT:
             _OUTCOMES.pop(next(iter(_OUTCOMES)))
-        _OUTCOMES[key] = Outcome(summarize(simulate(d, scenario).records, slo=slo))
+        result = simulate(d, scenario)
+        e = gather(result)
+        _OUTCOMES[key] = Outcome(summarize(result.records, slo=slo), e.mean_running, e.engine_busy)
     return _OUTCOMES[key]
 
 
@@ -75,7 +87,7 @@ def _pow2_at_most(n: float) -> int:
     return 2 ** int(math.log2(max(1.0, n)))
 
 
-def _quantized(d: Deployment, t: Terms) -> Iterator[Candidate]:
+def _quantized(d: Deployment, t: Terms, faster_math_only: bool = False) -> Iterator[Candidate]:
     """Weight formats with faster tensor cores or fewer bytes, where the chip runs them."""
     hw = d.hardware
     if hw.fp8_tflops > 0:
@@ -84,6 +96,8 @@ def _quantized(d: Deployment, t: Terms) -> Iterator[Candidate]:
     elif hw.int8_tflops > 0:
         int8 = "--quantization compressed-tensors" if t.vllm else t.setting("quantization", "int8")
         yield Candidate(f"INT8 W8A8 weights (a w8a8 checkpoint; {int8})", lambda: d.with_changes(quantization="int8"))
+    if faster_math_only:
+        return
     awq = "--quantization awq_marlin" if t.vllm else t.setting("quantization", "awq")
     yield Candidate(f"4-bit AWQ weights (an AWQ checkpoint; {awq})", lambda: d.with_changes(quantization="awq"))
 
@@ -151,8 +165,9 @@ def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]
         yield from _more_hardware(d, t)
         yield Candidate("halve the prompts (truncate history, compress retrieved context)",
                         scenario=scenario.with_input_scale(0.5))
-    elif kind == fk.DECODE_BANDWIDTH_BOUND:
-        yield from _quantized(d, t)
+    elif kind in (fk.DECODE_BANDWIDTH_BOUND, fk.DECODE_COMPUTE_BOUND):
+        # A compute-bound step gains nothing from smaller weights multiplied on the same tensor cores (W4A16).
+        yield from _quantized(d, t, faster_math_only=kind == fk.DECODE_COMPUTE_BOUND)
         if cfg.kv_cache_dtype != "fp8":
             yield Candidate(f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')}): half the bytes read per decoded token",
                             lambda: d.with_changes(kv_cache_dtype="fp8"))
@@ -209,6 +224,16 @@ def confirm_command(scenario: Scenario, engine_args: str | None, engine: str = V
             f"--random-output-len {scenario.mean_output:.0f} --ignore-eos {load} --num-prompts {len(scenario.shapes)}")
 
 
+def same_change(a: Deployment, b: Deployment) -> bool:
+    """Two what-ifs are the same change when they run the same flags on the same chip."""
+    return (a.hardware.name, shlex.split(a.engine_args())) == (b.hardware.name, shlex.split(b.engine_args()))
+
+
+def tried_result(d: Deployment, tried: Sequence[tuple[Deployment, str]]) -> str | None:
+    """What the user saw `d`'s change do, when they tried that very change."""
+    return next((result for made, result in tried if same_change(d, made)), None)
+
+
 def recommend(finding: Finding, x: Context, scenario: Scenario, baseline: Outcome, limit: int = 4) -> list[Recommendation]:
     metric = metric_for(finding.kind, x, scenario)
     higher = metric in HIGHER_IS_BETTER
@@ -228,8 +253,12 @@ def recommend(finding: Finding, x: Context, scenario: Scenario, baseline: Outcom
         engine_args = d.engine_args() if cand.deployment is not None else None
         out.append(Recommendation(
             change=cand.change, engine_args=engine_args, metric=metric, before=before, after=after,
-            effects={m: (baseline.value(m), outcome.value(m)) for m in SHOWN if m != metric},
+            # An overloaded baseline's latency percentiles measure its unstable queue, not the server: left out.
+            effects={m: (baseline.value(m), outcome.value(m)) for m in SHOWN
+                     if m != metric and not (x.overloaded and m in UNSTABLE)},
             confirm=confirm_command(cand.scenario or scenario, engine_args, d.engine),
+            tried=tried_result(d, x.tried) if cand.deployment is not None else None,
         ))
-    out.sort(key=lambda r: r.gain if higher else -r.gain, reverse=True)
+    # Best first, except that a change the user already saw do nothing is never the first thing recommended.
+    out.sort(key=lambda r: (r.tried == NO_EFFECT, -(r.gain if higher else -r.gain)))
     return out[:limit]

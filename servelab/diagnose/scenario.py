@@ -123,6 +123,27 @@ class Scenario:
         shapes = tuple(replace(s, input_len=max(1, round(s.input_len * factor))) for s in self.shapes)
         return replace(self, shapes=shapes, prefix_len=round(self.prefix_len * factor))
 
+    def with_output_scale(self, factor: float) -> Scenario:
+        """Answers `factor` times as long; a chat's later turns resend the longer answers."""
+        shapes: list[Shape] = []
+        for s in self.shapes:
+            out = max(1, round(s.output_len * factor))
+            if s.after is None:
+                shapes.append(replace(s, output_len=out))
+                continue
+            old, new = self.shapes[s.after], shapes[s.after]
+            own = s.input_len - old.input_len - old.output_len  # this turn's own words
+            shapes.append(replace(s, output_len=out, input_len=new.input_len + new.output_len + own))
+        return replace(self, shapes=tuple(shapes))
+
+    def repeated(self, times: int) -> Scenario:
+        """The same requests `times` over (a chat's turns keep pointing at their own earlier turns): enough requests
+        for a closed loop at a higher concurrency to reach its steady state."""
+        n = len(self.shapes)
+        shapes = tuple(replace(s, after=None if s.after is None else s.after + k * n)
+                       for k in range(times) for s in self.shapes)
+        return replace(self, shapes=shapes)
+
     def with_max_input(self, max_len: int) -> Scenario:
         return replace(self, shapes=tuple(replace(s, input_len=min(s.input_len, max_len)) for s in self.shapes))
 

@@ -41,6 +41,7 @@ class Recommendation(OpenModel):
     effects: dict[str, tuple[float, float]] = Field(description="Other metrics, before and after.")
     confirm: str = Field(description="The `servelab bench` line that would confirm the prediction.")
     gain: float
+    tried: str | None = Field(None, description="What the user saw this very change do (--tried), when they tried it.")
 
 
 class Finding(OpenModel):
@@ -90,6 +91,7 @@ class Alternative(OpenModel):
     usd_per_mtok: float | None = Field(description="Dollars per million output tokens at this load.")
     verdict: str = Field(description="helps, no effect or hurts, judged on E2E p50; '—' for the deployment as it is.")
     why: str
+    tried: str | None = Field(None, description="What the user saw this very change do (--tried), when they tried it.")
 
 
 class EngineSwitch(OpenModel):
@@ -99,6 +101,31 @@ class EngineSwitch(OpenModel):
     comparison: EngineComparison = Field(description="`servelab compare`'s result for this deployment at this load.")
     verdicts: list[str] = Field(description="Per other engine: throughput, latency, goodput and KV memory against the "
                                             "current engine's, before → after.")
+
+
+class Lever(OpenModel):
+    """One lever for the question asked (diagnose/levers.py), simulated at this load."""
+
+    change: str
+    metric: str = Field(description="E2E p50 ms (or streaming's perceived wait) for latency; ceiling req/s for throughput.")
+    before: float
+    after: float
+    note: str
+    tried: str | None = Field(None, description="What the user saw this very change do (--tried), when they tried it.")
+
+
+class AssumptionPoint(OpenModel):
+    value: str
+    ceiling_rps: float
+    median_e2el_ms: float
+
+
+class Assumption(OpenModel):
+    """Something the diagnosis assumed because it was not given, and how the answer moves across its range."""
+
+    what: str
+    assumed: str
+    points: list[AssumptionPoint]
 
 
 class Diagnosis(OpenModel):
@@ -126,3 +153,12 @@ class Diagnosis(OpenModel):
     notes: list[str]
     advice: list[AdviceRow] | None
     partial_run: str | None = Field(None, description="Present when the results directory is a partial run.")
+    goal: str | None = Field(None, description="The question the diagnosis answers first: latency or throughput.")
+    levers: list[Lever] = Field([], description="The question's levers, best first, each before -> after.")
+    assumptions: list[Assumption] = Field([], description="What was assumed because it was not given (output length, "
+                                                          "arrivals), with the ceiling and E2E p50 across its range.")
+    levers_at: str = Field("", description="Where the levers were priced: the described load, or the likeliest "
+                                           "explanation of what the user sees (e.g. ~222 requests in flight).")
+    verdict: str | None = Field(None, description="The first line when the offered load exceeds the simulated ceiling: "
+                                                  "the queue is unstable, and the capacity, not its percentiles, is "
+                                                  "what to read.")

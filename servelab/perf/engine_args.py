@@ -34,6 +34,17 @@ from servelab.perf.vllm_versions import LARGEST_BATCH_DEFAULTS_SINCE
 
 VLLM_FLAGS = Path(__file__).parent / "data" / "vllm_flags.yaml"
 GiB = 2**30
+VLLM_QUANTIZATION_METHODS = frozenset({
+    "aqlm", "awq", "deepspeedfp", "tpu_int8", "fp8", "ptpc_fp8", "fbgemm_fp8", "modelopt", "marlin", "gguf",
+    "gptq_marlin_24", "gptq_marlin", "awq_marlin", "gptq", "compressed-tensors", "bitsandbytes", "qqq", "hqq",
+    "experts_int8", "neuron_quant", "ipex", "quark", "moe_wna16",
+})
+"""The values `vllm serve --quantization` accepts (vllm/model_executor/layers/quantization/__init__.py,
+QUANTIZATION_METHODS, 0.7-0.8 era; later releases add to it). There is no `int8`: a W8A8 INT8 checkpoint is loaded as
+compressed-tensors, the format llm-compressor writes."""
+VLLM_QUANTIZATION_SPELLING = {"int8": "compressed-tensors", "w8a8": "compressed-tensors",
+                              "int8-w8a8": "compressed-tensors"}
+"""servelab's name for a modelled weight format -> the value vLLM's --quantization takes for it."""
 
 # Flags vLLM V1 no longer has, with why they no longer matter; passing one is a warning.
 OBSOLETE_FLAGS: dict[str, str] = {

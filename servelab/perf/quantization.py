@@ -44,7 +44,7 @@ def weight_format(quantization: str | None, model: ModelSpec, hardware: Hardware
             "bf16",
             note=f"{hardware.name} has no FP8 tensor cores: vLLM runs FP8 weights weight-only (Marlin), computing in bf16",
         )
-    if method in ("int8", "w8a8", "int8-w8a8"):
+    if method in ("int8", "w8a8", "int8-w8a8", "compressed-tensors"):  # vLLM loads a W8A8 checkpoint as the latter
         if hardware.int8_tflops <= 0:
             raise PerfConfigError(
                 f"INT8 W8A8 needs INT8 tensor cores, which {hardware.name} does not have "

@@ -15,7 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from servelab.diagnose.engine_terms import Terms
-from servelab.diagnose.schema import AdviceRow, Alternative, Diagnosis, EngineSwitch, Recommendation, WorkloadShape
+from servelab.diagnose.schema import (AdviceRow, Alternative, Diagnosis, EngineSwitch, Lever, Recommendation,
+                                      WorkloadShape)
 from servelab.metrics.intervals import interval_text
 from servelab.sim.engines import LABELS
 
@@ -47,12 +48,25 @@ def _metric(name: str) -> tuple[str, str]:
     }.get(name, (name, ""))
 
 
+NEAR_ZERO = 0.05
+"""A percentage change is shown only against a baseline at least this share of the larger side: +71,637% of a
+near-zero baseline says nothing that before -> after does not say better."""
+
+
+def change_pct(before: float, after: float) -> str:
+    """" (+12%)", or nothing when the baseline is near zero against the other side."""
+    if not before or abs(before) < NEAR_ZERO * max(abs(before), abs(after)):
+        return ""
+    return f" ({(after - before) / before:+.0%})"
+
+
 def recommendation_row(r: Recommendation) -> list[str]:
     label, unit = _metric(r.metric)
     effects = ", ".join(
         f"{_metric(m)[0]} {_num(a)}→{_num(b)}" for m, (a, b) in r.effects.items()
     )
-    return [r.change, f"{label} {_num(r.before, unit)} → {_num(r.after, unit)} ({r.gain:+.0%})", effects]
+    return [r.change + (f" (you tried this: {r.tried})" if r.tried else ""),
+            f"{label} {_num(r.before, unit)} → {_num(r.after, unit)}{change_pct(r.before, r.after)}", effects]
 
 
 def arrival(w: WorkloadShape) -> str:
@@ -89,13 +103,43 @@ def _interval(d: Diagnosis, key: str) -> str:
     return f", {text}" if text else ""
 
 
+LEVER_COLUMNS = ("change", "before → after", "why, and what it costs")
+
+
+def lever_title(d: Diagnosis) -> str:
+    at = d.levers_at or "the described load"
+    if d.verdict and d.goal == "latency":
+        return ("Your question is latency, but the load is above the ceiling, where every latency is the queue's: "
+                f"what raises the ceiling (simulated at {at})")
+    return (f"Your question is latency: what shortens the answer (simulated at {at})" if d.goal == "latency" else
+            f"Your question is throughput: what raises the ceiling (simulated at {at})")
+
+
+def assumption_lines(d: Diagnosis) -> list[str]:
+    """One line per assumption: what was assumed, and the ceiling and E2E p50 across its range."""
+    out = []
+    for a in d.assumptions:
+        # Overloaded, the E2E is the unstable queue's, not the server's: the ceiling alone then.
+        moves = "; ".join(f"{p.value}: ceiling {_num(p.ceiling_rps)} req/s"
+                          + ("" if d.verdict else f", E2E p50 {_num(p.median_e2el_ms)} ms") for p in a.points)
+        out.append(f"Assumed {a.what}: {a.assumed}" + (f". Across its range: {moves}" if moves else ""))
+    return out
+
+
+def lever_row(lever: Lever) -> list[str]:
+    unit = lever.metric.split()[-1]
+    figure = f"{lever.metric.rsplit(' ', 1)[0]} {_num(lever.before)} → {_num(lever.after)} {unit}"
+    return [lever.change + (f" (you tried this: {lever.tried})" if lever.tried else ""),
+            figure + change_pct(lever.before, lever.after), lever.note]
+
+
 ALTERNATIVE_COLUMNS = ("option", "GPUs", "TTFT p50 ms", "E2E p50 ms", "E2E p99 ms", "$/M out tok", "E2E verdict")
 """The terminal's columns; TTFT p99, TPOT and throughput are in the JSON."""
 
 
 def alternative_row(a: Alternative) -> list[str]:
     dollars = "—" if a.usd_per_mtok is None else f"${a.usd_per_mtok:.2f}"
-    return [a.change, str(a.gpus or "—"), _num(a.median_ttft_ms), _num(a.median_e2el_ms), _num(a.p99_e2el_ms),
+    return [a.change + (f" (you tried this: {a.tried})" if a.tried else ""), str(a.gpus or "—"), _num(a.median_ttft_ms), _num(a.median_e2el_ms), _num(a.p99_e2el_ms),
             dollars, a.verdict]
 
 
@@ -134,8 +178,73 @@ def engine_lines(s: EngineSwitch) -> list[str]:
     return [*s.verdicts, *s.comparison.explanations]
 
 
-def render_terminal(d: Diagnosis, console: Console) -> None:
+SUMMARY_EVIDENCE = 3
+"""Evidence lines of the first finding in the default view; the rest is behind --details."""
+
+
+def summary_evidence(evidence: list[str]) -> list[str]:
+    """The first SUMMARY_EVIDENCE lines, with what was tried beneath the likeliest explanation (indented lines)."""
+    out: list[str] = []
+    head = ""
+    for line in evidence:
+        if not line.startswith("   "):
+            if len([x for x in out if not x.startswith("   ")]) == SUMMARY_EVIDENCE:
+                break
+            head = line
+            out.append(line)
+        elif head.startswith("1. "):
+            out.append(line)
+    return out
+
+
+def render_summary(d: Diagnosis, console: Console) -> None:
+    """The default view, ~40 lines: what the answer rests on, the levers of the question asked, what limits the
+    server and the one change that lifts it most; everything else is behind --details."""
     console.print(Panel(headline(d), title="servelab diagnose", expand=False))
+    if d.verdict:
+        console.print(Text(d.verdict, style="bold red"))
+    for line in assumption_lines(d):
+        console.print(Text(line, style="yellow"))
+    for c in d.caveats:
+        console.print(Text(f"Caveat: {c.title}: {c.evidence[0]}", style="magenta"))
+    if d.levers:
+        t = Table(title=lever_title(d), header_style="bold", title_justify="left", box=None, pad_edge=False)
+        for i, col in enumerate(LEVER_COLUMNS[:2]):
+            t.add_column(col, overflow="fold", ratio=(3, 2)[i])
+        for lever in d.levers:
+            t.add_row(*lever_row(lever)[:2])
+        console.print(t)
+    if not d.findings:
+        console.print("No bottleneck stands out: the deployment runs within its ceilings for this workload.")
+    for i, f in enumerate(d.findings, 1):
+        console.print(Text(f"{i}. {f.title} [{f.kind}]", style="bold red" if i == 1 else "bold"))
+        if i == 1:
+            for line in summary_evidence(f.evidence):
+                console.print(Text("  • " + line.strip()))
+        if f.recommendations:
+            r = f.recommendations[0]
+            cells = recommendation_row(r)
+            console.print(Text(f"  → {cells[0]}: {cells[1]}", style="green"))
+    console.print(Text("Every piece of evidence, the options priced, the ceilings and notes: add --details.", style="dim"))
+
+
+def render_terminal(d: Diagnosis, console: Console, details: bool = True) -> None:
+    """The whole diagnosis (`--details`); `details=False` is the default ~40-line view."""
+    if not details:
+        render_summary(d, console)
+        return
+    console.print(Panel(headline(d), title="servelab diagnose", expand=False))
+    if d.verdict:
+        console.print(Text(d.verdict, style="bold red"))
+    for line in assumption_lines(d):  # what the answer rests on, said before the answer
+        console.print(Text(line, style="yellow"))
+    if d.levers:  # the question asked is answered first; the findings say why
+        t = Table(title=lever_title(d), header_style="bold", title_justify="left")
+        for i, col in enumerate(LEVER_COLUMNS):
+            t.add_column(col, overflow="fold", ratio=(3, 2, 3)[i])
+        for lever in d.levers:
+            t.add_row(*lever_row(lever))
+        console.print(t)
     for c in d.caveats:  # a doubt on the figures comes before anything read from them
         console.print(Panel(Group(*[Text("• " + line) for line in c.evidence]),
                             title=f"Caveat: {c.title} [{c.kind}]", border_style="magenta"))
@@ -194,11 +303,21 @@ def render_advice_terminal(advice: list[AdviceRow], console: Console) -> None:
 
 
 def _pct(x: float | None) -> str:
-    return "—" if x is None else f"{x:+.0%}"
+    """A relative change; past 20x (a baseline under 5% of the result) a ratio, as a percentage of it says nothing."""
+    if x is None:
+        return "—"
+    return f"x{1 + x:,.0f}" if x >= 1 / NEAR_ZERO - 1 else f"{x:+.0%}"
 
 
 def render_markdown(d: Diagnosis) -> str:
     out = [f"# servelab diagnose\n\n{headline(d)}\n"]
+    if d.verdict:
+        out.append(f"**{d.verdict}**\n")
+    out.extend(f"> {line}\n" for line in assumption_lines(d))
+    if d.levers:
+        out.append(f"## {lever_title(d)}\n\n| " + " | ".join(LEVER_COLUMNS) + " |\n|---|---|---|")
+        out.extend("| " + " | ".join(lever_row(lever)) + " |" for lever in d.levers)
+        out.append("")
     for c in d.caveats:
         out.append(f"> **Caveat: {c.title}** (`{c.kind}`)")
         out.extend(f"> - {line}" for line in c.evidence)
@@ -209,7 +328,8 @@ def render_markdown(d: Diagnosis) -> str:
         if f.recommendations:
             out.append("\n| change | predicted (simulated) | side effects at this load |\n|---|---|---|")
             out.extend("| " + " | ".join(recommendation_row(r)) + " |" for r in f.recommendations)
-            out.append(f"\nConfirm: `{f.recommendations[0].confirm}`")
+            # The confirm line quotes a launch command in backticks: a fenced block, as nested inline code does not render.
+            out.append("\nConfirm:\n\n```\n" + f.recommendations[0].confirm.replace("`", "") + "\n```")
         out.append("")
     if d.alternatives:
         out.append("## Options at this load (simulated)\n\n| " + " | ".join(ALTERNATIVE_COLUMNS) + " |\n|"

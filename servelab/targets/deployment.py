@@ -15,7 +15,7 @@ from pathlib import Path
 
 from servelab.metrics.intervals import Tier
 from servelab.perf.cost_model import CostCoefficients, CostModel, RooflineCostModel
-from servelab.perf.engine_args import parse_engine_args, resolve
+from servelab.perf.engine_args import VLLM_QUANTIZATION_SPELLING, parse_engine_args, resolve
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware, get_gpu
@@ -171,7 +171,8 @@ class Deployment:
             if f.name in VLLM_SWITCHES:
                 parts.append(("--" if value else "--no-") + VLLM_SWITCHES[f.name])
             elif f.name in VLLM_FLAGS:
-                parts.append(f"{VLLM_FLAGS[f.name]} {shlex.quote(str(value))}")
+                spelt = VLLM_QUANTIZATION_SPELLING.get(str(value), value) if f.name == "quantization" else value
+                parts.append(f"{VLLM_FLAGS[f.name]} {shlex.quote(str(spelt))}")
         return " ".join(parts)
 
     def describe(self) -> dict[str, object]:

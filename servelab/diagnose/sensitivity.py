@@ -1,0 +1,59 @@
+"""What the answer rests on that the user did not give, and how it moves across a plausible range.
+
+A described deployment without an answer length is diagnosed at an assumed
+one, and the ceiling depends on it strongly (each output token is an engine
+step's worth of decode). Saying "ceiling 8.6 req/s" without saying it was
+computed for 200-token answers presents a guess as a finding; so every
+assumption is named, with the ceiling and the whole-answer latency at the
+ends of its plausible range, on the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from servelab.diagnose.capacity import saturation_rps
+from servelab.diagnose.recommend import run
+from servelab.diagnose.scenario import Scenario
+from servelab.targets.deployment import Deployment
+
+ASSUMED_OUTPUT = 200
+"""A chat answer's length when none is given: a few paragraphs."""
+OUTPUT_RANGE = (50, 200, 500)
+"""Short answers (classification, a sentence), a chat answer, a long one (code, a report)."""
+
+
+class Assumed(StrEnum):
+    OUTPUT = "output length"
+    ARRIVALS = "arrivals"
+
+
+@dataclass(frozen=True)
+class Point:
+    value: str
+    ceiling_rps: float
+    median_e2el_ms: float
+
+
+@dataclass(frozen=True)
+class Assumption:
+    what: str
+    assumed: str
+    points: list[Point] = field(default_factory=list)
+
+
+def assumptions(d: Deployment, s: Scenario, assumed: tuple[Assumed, ...]) -> list[Assumption]:
+    """Each assumption with how the ceiling and E2E p50 move across its range (output length: 50/200/500 tokens)."""
+    out: list[Assumption] = []
+    for what in assumed:
+        if what is Assumed.OUTPUT:
+            points = []
+            for tokens in OUTPUT_RANGE:
+                varied = s.with_output_scale(tokens / s.mean_output)
+                points.append(Point(f"{tokens} tokens", saturation_rps(d, varied),
+                                    run(d, varied, None).value("median_e2el_ms")))
+            out.append(Assumption(what.value, f"~{s.mean_output:.0f} tokens per answer (not given)", points))
+        elif what is Assumed.ARRIVALS:
+            out.append(Assumption(what.value, "Poisson at the given rate (independent users; bursts queue longer)"))
+    return out
