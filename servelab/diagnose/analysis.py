@@ -254,7 +254,7 @@ def analyse(
             found.insert(0, first)
     dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed, caveats=caveats(ctx),
                    verdict=overload(e.offered_rate or scenario.offered_rate if scenario.max_concurrency is None else None,
-                                    c.saturation_rps))
+                                    c.saturation_rps, c.saturation_rps_interval))
     if priced and baseline is not None:
         dx.alternatives = price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour, tried)
     if engines:

@@ -7,7 +7,10 @@ share of requests still meets every bound, found by bisection.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from servelab.diagnose.scenario import Scenario, simulate
+from servelab.metrics.intervals import interval_text
 from servelab.metrics.slo import SLO
 from servelab.metrics.summary import summarize
 from servelab.targets.deployment import Deployment
@@ -15,23 +18,25 @@ from servelab.targets.deployment import Deployment
 DEFAULT_ATTAINMENT = 0.9
 """Share of requests that must meet the SLO for a rate to count as sustainable."""
 MODEL_ERROR = 0.15
-"""The simulated ceiling's own error on real GPUs (docs/accuracy.md: 5-15%): an offered rate within it of the ceiling
-is "at or just above" it, not a verdict either way."""
+"""The simulated ceiling's own error on real GPUs where it has no prediction interval (docs/accuracy.md: 5-15%)."""
 
 
-def overload(offered: float | None, ceiling: float | None) -> str | None:
+def overload(offered: float | None, ceiling: float | None, interval: Sequence[float] | None = None) -> str | None:
     """The first line of a diagnosis whose offered load exceeds what the deployment can serve; None when it does not.
 
     Above the ceiling the queue grows for as long as the load lasts: its latency percentiles measure the run's length,
-    not the server, so the capacity is what to read."""
+    not the server, so the capacity is what to read. An offered rate inside the ceiling's 80% prediction interval
+    (or, without one, within the model's usual error) is "at or just above" it, not a verdict either way."""
     if not offered or not ceiling or offered <= ceiling:
         return None
-    where = ("at or just above it (within the simulator's ~15% error: measure before concluding)"
-             if offered <= (1 + MODEL_ERROR) * ceiling else f"{offered / ceiling:.1f}x what it can serve")
-    return (f"Overloaded: {offered:.2f} req/s offered against a simulated ceiling of {ceiling:.2f} req/s for this "
-            f"workload, {where}. Requests queue for as long as the load lasts, so latency percentiles here describe "
-            f"the run's length, not the server: the capacity is {ceiling:.2f} req/s, and the changes below are "
-            "judged on how far they raise it.")
+    high = interval[1] if interval else (1 + MODEL_ERROR) * ceiling
+    how_sure = f" ({interval_text(interval)})" if interval else ""
+    where = ("at or just above it (inside the ceiling's own uncertainty: measure before concluding)"
+             if offered <= high else f"{offered / ceiling:.1f}x what it can serve")
+    return (f"Overloaded: {offered:.2f} req/s offered against a simulated ceiling of {ceiling:.2f} req/s{how_sure} for "
+            f"this workload, {where}. Requests queue for as long as the load lasts, so latency percentiles here "
+            f"describe the run's length, not the server: the capacity is {ceiling:.2f} req/s, and the changes below "
+            "are judged on how far they raise it.")
 
 
 def max_batch(deployment: Deployment, scenario: Scenario) -> int:
