@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from servelab.cli import app
+from servelab.cli.checks import MAX_INT, real
 from servelab.cli.report import ReportFlag, report_into
 from servelab.cli.compare import parse_engines
 from servelab.cli.options import (
@@ -58,23 +59,24 @@ def diagnose(
     replicas: ReplicasFlag = None,
     gpu_file: GpuFileFlag = None,
     calibration: CalibrationFlag = None,
-    input_len: Annotated[Optional[int], typer.Option(help="Described deployment: prompt tokens per request.")] = None,
-    output_len: Annotated[Optional[int], typer.Option(help="Described deployment: output tokens per request.")] = None,
-    request_rate: Annotated[Optional[float], typer.Option(help="Described deployment: offered req/s (Poisson).")] = None,
-    max_concurrency: Annotated[Optional[int], typer.Option(help="Described deployment: closed-loop concurrency.")] = None,
-    observed_qps: Annotated[Optional[float], typer.Option(help="What you see in production, req/s.")] = None,
-    observed_ttft_ms: Annotated[Optional[float], typer.Option(help="What you see in production, TTFT ms.")] = None,
-    observed_gpu_util: Annotated[Optional[float], typer.Option(help="nvidia-smi's utilisation, 0-1.")] = None,
-    observed_e2e_ms: Annotated[Optional[float], typer.Option(help="What you see in production: whole-answer latency, ms.")] = None,
-    observed_tpot_ms: Annotated[Optional[float], typer.Option(help="What you see in production: time per output token, ms.")] = None,
+    input_len: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Described deployment: prompt tokens per request.")] = None,
+    output_len: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Described deployment: output tokens per request.")] = None,
+    request_rate: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="Described deployment: offered req/s (Poisson).")] = None,
+    max_concurrency: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Described deployment: closed-loop concurrency.")] = None,
+    observed_qps: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production, req/s.")] = None,
+    observed_ttft_ms: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production, TTFT ms.")] = None,
+    observed_gpu_util: Annotated[Optional[float], typer.Option(callback=real(ge=0, le=1), help="nvidia-smi's utilisation, 0-1.")] = None,
+    observed_e2e_ms: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production: whole-answer latency, ms.")] = None,
+    observed_tpot_ms: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production: time per output token, ms.")] = None,
     output_len_distribution: Annotated[str, typer.Option(
         help="Described deployment: how output lengths vary, SHAPE[:SPREAD] with SHAPE one of "
              f"{', '.join(DISTRIBUTIONS)} (spread as --random-range-ratio): answers that end at EOS vary, "
              "e.g. lognormal:0.5. Default: every answer exactly --output-len.")] = "fixed",
-    prefix_len: Annotated[int, typer.Option(help="Described deployment: tokens of a system prompt every request starts with.")] = 0,
-    turns: Annotated[int, typer.Option(help="Described deployment: turns per conversation; each turn resends the "
+    prefix_len: Annotated[int, typer.Option(min=0, max=MAX_INT, help="Described deployment: tokens of a system prompt every request starts with.")] = 0,
+    turns: Annotated[int, typer.Option(min=1, max=MAX_INT, help="Described deployment: turns per conversation; each turn resends the "
                                             "system prompt, every earlier turn and every earlier answer (a chat client).")] = 1,
     gpu_cost_per_hour: Annotated[Optional[float], typer.Option(
+        callback=real(gt=0),
         help="$ per GPU-hour of --gpu (default: documented prices in servelab/diagnose/pricing.py); prices the options.")] = None,
     price_options: Annotated[bool, typer.Option("--price-options", help="Price the common options (token budget, quantized "
                                                 "weights, FP8 KV, a replica, TP=2, a bigger GPU) at this load.")] = False,
@@ -90,12 +92,12 @@ def diagnose(
         help=f"With --compare-engines: which engines, comma-separated (default all: {','.join(ENGINES)}), as "
              "`servelab compare --engines` takes them.")] = None,
     goodput: GoodputFlag = None,
-    slo_attainment: Annotated[float, typer.Option(help="Share of requests that must meet the SLO.")] = 0.9,
+    slo_attainment: Annotated[float, typer.Option(callback=real(gt=0, le=1), help="Share of requests that must meet the SLO.")] = 0.9,
     check_advice: Annotated[bool, typer.Option("--check-advice", help="Also evaluate 25 common tuning tips.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON.")] = False,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print the diagnosis as Markdown.")] = False,
     save: Annotated[Optional[Path], typer.Option(help=f"Write the JSON here (default: {DIAGNOSIS} in RESULTS).")] = None,
-    warmup: Annotated[float, typer.Option(help="Seconds at the start of the run to ignore.")] = 0.0,
+    warmup: Annotated[float, typer.Option(callback=real(ge=0), help="Seconds at the start of the run to ignore.")] = 0.0,
     report: ReportFlag = False,
 ) -> None:
     """Find what limits the deployment, the ceiling it implies, and the change that lifts it.
@@ -122,12 +124,6 @@ def diagnose(
         gpu, model, engine_args = EXAMPLE["gpu"], EXAMPLE["model"], EXAMPLE["engine_args"]
         input_len, output_len, request_rate = EXAMPLE["input_len"], EXAMPLE["output_len"], EXAMPLE["request_rate"]
         observed_qps, observed_gpu_util = EXAMPLE["observed_qps"], EXAMPLE["observed_gpu_util"]
-    if observed_gpu_util is not None and not 0 <= observed_gpu_util <= 1:
-        raise InputError(f"--observed-gpu-util is a fraction in [0, 1], got {observed_gpu_util}")
-    for flag, value in (("--observed-e2e-ms", observed_e2e_ms), ("--observed-tpot-ms", observed_tpot_ms),
-                        ("--observed-ttft-ms", observed_ttft_ms), ("--gpu-cost-per-hour", gpu_cost_per_hour)):
-        if value is not None and value <= 0:
-            raise InputError(f"{flag} must be > 0, got {value}")
     shaped = output_len_distribution != "fixed" or prefix_len or turns != 1
     if results is not None and shaped:
         raise InputError("--output-len-distribution, --prefix-len and --turns describe a workload; a results directory "

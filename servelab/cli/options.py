@@ -27,6 +27,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from servelab.cli.checks import MAX_INT, real, shell_words
 from servelab.experiment.calibrate import deployment_from_profile
 from servelab.experiment.auto_sweep import AutoSweep, parse_sweep
 from servelab.experiment.sweep import Sweep, SweepError
@@ -57,11 +58,11 @@ RequiredGpuFlag = Annotated[str, _GPU]
 ModelFlag = Annotated[Optional[str], _MODEL]
 RequiredModelFlag = Annotated[str, _MODEL]
 EngineArgsFlag = Annotated[str, typer.Option(
-    help="The server's `vllm serve` flags, as you would paste them: \"--max-num-seqs 128 --no-enable-prefix-caching\".",
+    callback=shell_words, help="The server's `vllm serve` flags, as you would paste them: \"--max-num-seqs 128 --no-enable-prefix-caching\".",
     rich_help_panel=DEPLOYMENT_PANEL)]
-TpFlag = Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size (same as --tensor-parallel-size in --engine-args).",
+TpFlag = Annotated[Optional[int], typer.Option("--tp", min=1, max=MAX_INT, help="Tensor-parallel size (same as --tensor-parallel-size in --engine-args).",
                                                rich_help_panel=DEPLOYMENT_PANEL)]
-ReplicasFlag = Annotated[Optional[int], typer.Option(help="Data-parallel replicas behind one router.", rich_help_panel=DEPLOYMENT_PANEL)]
+ReplicasFlag = Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Data-parallel replicas behind one router.", rich_help_panel=DEPLOYMENT_PANEL)]
 RouterFlag = Annotated[str, typer.Option(help=f"How replicas are picked: {', '.join(POLICIES)}.", rich_help_panel=DEPLOYMENT_PANEL)]
 GpuFileFlag = Annotated[Optional[Path], typer.Option(help="YAML with your own GPUs, added to the catalogue.", rich_help_panel=DEPLOYMENT_PANEL)]
 _CALIBRATION = typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: its fitted hardware, model and "
@@ -94,26 +95,28 @@ class LoadFlags:
     dataset_name: Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}.", rich_help_panel=_WORKLOAD)] = "random"
     dataset_path: Annotated[Optional[Path], typer.Option(help="ShareGPT JSON or JSONL file (for sharegpt / jsonl).", rich_help_panel=_WORKLOAD)] = None
     tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="Local tokenizer dir (tokenizer.json): real text, exact lengths.", rich_help_panel=_WORKLOAD)] = None
-    random_input_len: Annotated[Optional[int], typer.Option(help="Prompt tokens (random/prefix: the random part; multiturn: each user turn). Default 1024.", rich_help_panel=_WORKLOAD)] = None
-    random_output_len: Annotated[Optional[int], typer.Option(help="Output tokens per request. Default 128.", rich_help_panel=_WORKLOAD)] = None
-    random_range_ratio: Annotated[Optional[float], typer.Option(help="Length spread: uniform in \\[len*(1-r), len*(1+r)]; std/mean for normal/lognormal. Default 0.", rich_help_panel=_WORKLOAD)] = None
+    random_input_len: Annotated[Optional[int], typer.Option(
+        min=1, max=MAX_INT, help="Prompt tokens (random/prefix: the random part; multiturn: each user turn). Default 1024.", rich_help_panel=_WORKLOAD)] = None
+    random_output_len: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Output tokens per request. Default 128.", rich_help_panel=_WORKLOAD)] = None
+    random_range_ratio: Annotated[Optional[float], typer.Option(
+        callback=real(ge=0), help="Length spread: uniform in \\[len*(1-r), len*(1+r)]; std/mean for normal/lognormal. Default 0.", rich_help_panel=_WORKLOAD)] = None
     length_distribution: Annotated[str, typer.Option(help=f"Length distribution: {', '.join(DISTRIBUTIONS)}.", rich_help_panel=_WORKLOAD)] = "uniform"
-    prefix_len: Annotated[Optional[int], typer.Option(help="prefix: tokens of the shared prefix (system prompt, RAG context).", rich_help_panel=_WORKLOAD)] = None
-    num_prefixes: Annotated[Optional[int], typer.Option(help="prefix: how many distinct prefixes. Default 1.", rich_help_panel=_WORKLOAD)] = None
-    multiturn_turns: Annotated[Optional[int], typer.Option(help="multiturn: turns per conversation. Default 3.", rich_help_panel=_WORKLOAD)] = None
-    multiturn_think_time: Annotated[Optional[float], typer.Option(help="multiturn: seconds between a reply and the next turn. Default 0.", rich_help_panel=_WORKLOAD)] = None
-    seed: Annotated[int, typer.Option(help="Seed for prompts, lengths and arrivals.", rich_help_panel=_WORKLOAD)] = 0
-    max_concurrency: Annotated[Optional[int], typer.Option(help="Closed loop: at most N requests in flight (also caps an open loop).", rich_help_panel=_ARRIVAL)] = None
+    prefix_len: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="prefix: tokens of the shared prefix (system prompt, RAG context).", rich_help_panel=_WORKLOAD)] = None
+    num_prefixes: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="prefix: how many distinct prefixes. Default 1.", rich_help_panel=_WORKLOAD)] = None
+    multiturn_turns: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="multiturn: turns per conversation. Default 3.", rich_help_panel=_WORKLOAD)] = None
+    multiturn_think_time: Annotated[Optional[float], typer.Option(callback=real(ge=0), help="multiturn: seconds between a reply and the next turn. Default 0.", rich_help_panel=_WORKLOAD)] = None
+    seed: Annotated[int, typer.Option(min=0, max=2**63 - 1, help="Seed for prompts, lengths and arrivals.", rich_help_panel=_WORKLOAD)] = 0
+    max_concurrency: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Closed loop: at most N requests in flight (also caps an open loop).", rich_help_panel=_ARRIVAL)] = None
     ramp_up_strategy: Annotated[Optional[str], typer.Option(
         help=f"Open loop whose rate rises over the run ({', '.join(RAMPS)}), from --ramp-up-start-rps to --ramp-up-end-rps "
              "(vLLM's flags): by request index, or over --duration.", rich_help_panel=_ARRIVAL)] = None
-    ramp_up_start_rps: Annotated[Optional[float], typer.Option(help="A ramp's first rate (req/s).", rich_help_panel=_ARRIVAL)] = None
-    ramp_up_end_rps: Annotated[Optional[float], typer.Option(help="A ramp's last rate (req/s).", rich_help_panel=_ARRIVAL)] = None
-    request_rate: Annotated[Optional[float], typer.Option(help="Open loop: requests per second (inf = all at once, the default).", rich_help_panel=_ARRIVAL)] = None
-    burstiness: Annotated[Optional[float], typer.Option(help="Gamma shape of the gaps (1 = Poisson, <1 burstier). Needs --request-rate.", rich_help_panel=_ARRIVAL)] = None
-    num_prompts: Annotated[Optional[int], typer.Option(help="Requests to send. Default 1000.", rich_help_panel=_AMOUNT)] = None
-    duration: Annotated[Optional[float], typer.Option(help="Send requests for this many seconds instead of a count.", rich_help_panel=_AMOUNT)] = None
-    warmup: Annotated[float, typer.Option(help="Seconds at the start excluded from statistics.", rich_help_panel=_AMOUNT)] = 0.0
+    ramp_up_start_rps: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="A ramp's first rate (req/s).", rich_help_panel=_ARRIVAL)] = None
+    ramp_up_end_rps: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="A ramp's last rate (req/s).", rich_help_panel=_ARRIVAL)] = None
+    request_rate: Annotated[Optional[float], typer.Option(callback=real(gt=0, inf=True), help="Open loop: requests per second (inf = all at once, the default).", rich_help_panel=_ARRIVAL)] = None
+    burstiness: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="Gamma shape of the gaps (1 = Poisson, <1 burstier). Needs --request-rate.", rich_help_panel=_ARRIVAL)] = None
+    num_prompts: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Requests to send. Default 1000.", rich_help_panel=_AMOUNT)] = None
+    duration: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="Send requests for this many seconds instead of a count.", rich_help_panel=_AMOUNT)] = None
+    warmup: Annotated[float, typer.Option(callback=real(ge=0), help="Seconds at the start excluded from statistics.", rich_help_panel=_AMOUNT)] = 0.0
     goodput: GoodputFlag = None
     metric_percentiles: Annotated[str, typer.Option(help="Percentiles reported for TTFT/TPOT/ITL/E2EL, comma-separated.", rich_help_panel=_SLO)] = ",".join(f"{p:g}" for p in DEFAULT_PERCENTILES)
     sweep: Annotated[Optional[str], typer.Option("--sweep", help="request-rate=1,2,4,8 or max-concurrency=1,8,32: one run per value, sweep.json holds the curve. "

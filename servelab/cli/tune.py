@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.cli import app
+from servelab.cli.checks import MAX_INT, real, shell_words
 from servelab.cli.cluster import RayAddress, RayGpuResource, ray_pool
 from servelab.cli.report import ReportFlag, report_into
 from servelab.cli.options import (
@@ -84,23 +85,23 @@ def tune(
     calibration: CalibrationFlag = None,
     engine_args: EngineArgsFlag = "",
     engine: EngineFlag = VLLM,
-    sim_args: Annotated[str, typer.Option(help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.")] = "",
+    sim_args: Annotated[str, typer.Option(callback=shell_words, help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.")] = "",
     space: Annotated[Optional[list[str]], typer.Option(help="KNOB=V1,V2 (or KNOB for built-in values; 'default' = the engine's). "
                                                            "Another --engine's knobs are its flags: max_running_requests, max_batch_size... Repeatable.")] = None,
     space_file: Annotated[Optional[Path], typer.Option(help="YAML/JSON mapping knob -> list of values.")] = None,
     objective: Annotated[str, typer.Option(help="goodput (max rate under the SLO), throughput (under p-limits), or cost.")] = "goodput",
-    slo_percentile: Annotated[float, typer.Option(help="The percentile each --goodput bound applies to.")] = 99.0,
+    slo_percentile: Annotated[float, typer.Option(callback=real(gt=0, le=100), help="The percentile each --goodput bound applies to.")] = 99.0,
     gpu_cost_per_hour: Annotated[Optional[str], typer.Option(help="$/GPU-hour: 2.5, or H100-SXM=2.5,A100-80GB-SXM=1.6.")] = None,
-    n_trials: Annotated[int, typer.Option(help="Distinct configurations to simulate (all, if the space is smaller).")] = 100,
+    n_trials: Annotated[int, typer.Option(min=1, max=MAX_INT, help="Distinct configurations to simulate (all, if the space is smaller).")] = 100,
     sampler: Annotated[str, typer.Option(help="auto (grid when the space fits in --n-trials, else TPE), grid, tpe.")] = "auto",
-    search_seed: Annotated[int, typer.Option(help="Seed of the TPE sampler.")] = 0,
-    sim_prompts: Annotated[int, typer.Option(help="Requests per simulated run in stage 1.")] = 200,
+    search_seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Seed of the TPE sampler.")] = 0,
+    sim_prompts: Annotated[int, typer.Option(min=1, max=MAX_INT, help="Requests per simulated run in stage 1.")] = 200,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the study in --result-dir without repeating finished trials.")] = False,
     server_cmd: Annotated[Optional[str], typer.Option(help="Stage 2: command template with {engine_args} (and optional {port}).")] = None,
     server_env: Annotated[Optional[list[str]], typer.Option(help="KEY=VALUE for the server's environment. Repeatable.")] = None,
-    server_port: Annotated[Optional[int], typer.Option(help="Stage 2: the port servers listen on (default: a free one each).")] = None,
-    top_k: Annotated[int, typer.Option(help="Stage 2: how many of the simulator's best to measure (plus the baseline).")] = 3,
-    startup_timeout: Annotated[float, typer.Option(help="Stage 2: seconds to wait for /health.")] = 300.0,
+    server_port: Annotated[Optional[int], typer.Option(min=1, max=65535, help="Stage 2: the port servers listen on (default: a free one each).")] = None,
+    top_k: Annotated[int, typer.Option(min=0, max=MAX_INT, help="Stage 2: how many of the simulator's best to measure (plus the baseline).")] = 3,
+    startup_timeout: Annotated[float, typer.Option(callback=real(gt=0), help="Stage 2: seconds to wait for /health.")] = 300.0,
     report: ReportFlag = False,
     ray_address: RayAddress = None,
     ray_gpu_resource: RayGpuResource = "GPU",
