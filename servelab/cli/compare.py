@@ -19,6 +19,7 @@ from servelab.errors import InputError
 from servelab.experiment.auto_sweep import AutoSweep
 from servelab.experiment.compare import EngineComparison, compare_engines
 from servelab.report.compare_results import POINT_COLUMNS, point_rows
+from servelab.report.inputs import COMPARE
 from servelab.sim.engines import ENGINES, SGLANG, TRTLLM, VLLM
 from servelab.targets.engine_deployment import build_engine_deployment
 from servelab.workload.spec import LoadPlan
@@ -62,17 +63,21 @@ def compare(
     sglang_args: Annotated[str, typer.Option(callback=shell_words, help="`python -m sglang.launch_server` flags for the SGLang run.", rich_help_panel=_DEPLOYMENT)] = "",
     trtllm_args: Annotated[str, typer.Option(callback=shell_words, help="`trtllm-serve` flags for the TensorRT-LLM run.", rich_help_panel=_DEPLOYMENT)] = "",
     tp: Annotated[Optional[int], typer.Option("--tp", min=1, max=MAX_INT, help="Tensor-parallel size for every engine.", rich_help_panel=_DEPLOYMENT)] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Write the comparison as JSON (docs/schemas/compare.json).", rich_help_panel=_DEPLOYMENT)] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write the comparison as JSON (docs/schemas/compare.json); or give "
+                                                     "--result-dir to get DIR/compare.json.", rich_help_panel=_DEPLOYMENT)] = None,
     report: Annotated[bool, typer.Option("--report", help="Also write the HTML report (curves overlaid, opens offline) "
-                                         "beside --out's JSON, named as it with .html.", rich_help_panel=_DEPLOYMENT)] = False,
+                                         "beside the JSON, named as it with .html.", rich_help_panel=_DEPLOYMENT)] = False,
     *,
     load: LoadFlags,
 ) -> None:
     """Would another engine serve this workload better? The same load simulated on each engine, and why they differ."""
     console = Console(stderr=True) if load.json else Console()
     load.check()
-    if report and (out is None or out.suffix == ".html"):
-        raise InputError("--report draws the comparison --out writes, into the same name with .html: give --out FILE.json")
+    if out is not None and load.result_dir is not None:
+        raise InputError("--out and --result-dir both say where the comparison goes; give one of them")
+    if report and (out or load.result_dir) is None or out is not None and out.suffix == ".html":
+        raise InputError("--report draws the comparison's JSON into the same name with .html: give --out FILE.json "
+                         "or --result-dir DIR")
     names = parse_engines(engines)
     flags = {VLLM: vllm_args, SGLANG: sglang_args, TRTLLM: trtllm_args}
     deployments = [build_engine_deployment(e, gpu, model, flags[e], tensor_parallel_size=tp) for e in names]
@@ -84,6 +89,8 @@ def compare(
     if sweep is not None:
         points = [(sweep.label(v), partial(load.make_plan, sweep.arrival(load.arrival(), v))) for v in sweep.values]
     result = compare_engines(deployments, points, load.slo())
+    if load.result_dir is not None:
+        out = load.output_dir("compare") / COMPARE
     if out is not None:
         try:
             out.parent.mkdir(parents=True, exist_ok=True)

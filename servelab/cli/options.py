@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import shutil
 import time
 import typing
 from collections.abc import Callable, Sequence
@@ -31,6 +32,8 @@ from servelab.cli.checks import MAX_INT, real, shell_words
 from servelab.experiment.calibrate import deployment_from_profile
 from servelab.experiment.auto_sweep import AutoSweep, parse_sweep
 from servelab.experiment.sweep import Sweep, SweepError
+from servelab.errors import InputError
+from servelab.metrics.results import RUN, SWEEP
 from servelab.metrics.slo import SLO
 from servelab.metrics.summary import DEFAULT_PERCENTILES
 from servelab.perf.calibration import load_profile
@@ -43,7 +46,7 @@ from servelab.workload.arrival import RAMPS, ArrivalConfig, Ramp
 from servelab.workload.datasets import DATASETS, FILE_DATASETS, WorkloadConfig
 from servelab.workload.errors import WorkloadError
 from servelab.workload.lengths import DISTRIBUTIONS
-from servelab.workload.plan import Amount, build_plan
+from servelab.workload.plan import DURATION_REQUEST_CAP, PLAN_TOKEN_LIMIT, Amount, build_plan
 from servelab.workload.spec import LoadPlan
 
 _WORKLOAD, _ARRIVAL, _AMOUNT, _SLO, _OUTPUT = "Workload", "Arrival", "Amount", "SLO", "Sweep and output"
@@ -114,9 +117,11 @@ class LoadFlags:
     ramp_up_end_rps: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="A ramp's last rate (req/s).", rich_help_panel=_ARRIVAL)] = None
     request_rate: Annotated[Optional[float], typer.Option(callback=real(gt=0, inf=True), help="Open loop: requests per second (inf = all at once, the default).", rich_help_panel=_ARRIVAL)] = None
     burstiness: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="Gamma shape of the gaps (1 = Poisson, <1 burstier). Needs --request-rate.", rich_help_panel=_ARRIVAL)] = None
-    num_prompts: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Requests to send. Default 1000.", rich_help_panel=_AMOUNT)] = None
+    num_prompts: Annotated[Optional[int], typer.Option(min=1, max=DURATION_REQUEST_CAP, help="Requests to send. Default 1000.", rich_help_panel=_AMOUNT)] = None
     duration: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="Send requests for this many seconds instead of a count.", rich_help_panel=_AMOUNT)] = None
     warmup: Annotated[float, typer.Option(callback=real(ge=0), help="Seconds at the start excluded from statistics.", rich_help_panel=_AMOUNT)] = 0.0
+    max_plan_tokens: Annotated[int, typer.Option(min=1, max=2**62, help="Refuse a run whose requests x (prompt + output) "
+                                                 "tokens exceed this (memory holds them all).", rich_help_panel=_AMOUNT)] = PLAN_TOKEN_LIMIT
     goodput: GoodputFlag = None
     metric_percentiles: Annotated[str, typer.Option(help="Percentiles reported for TTFT/TPOT/ITL/E2EL, comma-separated.", rich_help_panel=_SLO)] = ",".join(f"{p:g}" for p in DEFAULT_PERCENTILES)
     sweep: Annotated[Optional[str], typer.Option("--sweep", help="request-rate=1,2,4,8 or max-concurrency=1,8,32: one run per value, sweep.json holds the curve. "
@@ -124,10 +129,15 @@ class LoadFlags:
                                           "between (default 4); a rate point stops early once the server is "
                                           "over-saturated; sweep.json names the knee and the highest rate meeting --goodput.", rich_help_panel=_OUTPUT)] = None
     result_dir: Annotated[Optional[Path], typer.Option(help="Where run.json, records.jsonl, timeline.jsonl, summary.json go. Default results/<verb>-<time>.", rich_help_panel=_OUTPUT)] = None
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace what --result-dir holds from an earlier run (it is "
+                                            "emptied first); without it such a directory is refused.", rich_help_panel=_OUTPUT)] = False
     json: Annotated[bool, typer.Option("--json", help="Print summary.json (sweep.json for a sweep) to stdout.", rich_help_panel=_OUTPUT)] = False
 
-    def check(self) -> None:
-        """Flag clashes the layers below cannot see (they only get resolved values)."""
+    def check(self, *, resume: bool = False) -> None:
+        """Flag clashes the layers below cannot see (they only get resolved values), and a --result-dir that would be
+        overwritten (`resume`: tune continues the study the directory holds, so it may)."""
+        if self.result_dir is not None and not resume:
+            result_dir_refusal(self.result_dir, self.overwrite)
         name = self.dataset_name
         only = {
             "--prefix-len": (self.prefix_len, "prefix"),
@@ -199,7 +209,8 @@ class LoadFlags:
         return Ramp(self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps)
 
     def amount(self) -> Amount:
-        return Amount(num_prompts=self.num_prompts, duration=self.duration, warmup=self.warmup)
+        return Amount(num_prompts=self.num_prompts, duration=self.duration, warmup=self.warmup,
+                      max_plan_tokens=self.max_plan_tokens)
 
     def slo(self) -> SLO | None:
         return SLO.parse([item for arg in self.goodput or [] for item in arg.split()])
@@ -219,11 +230,48 @@ class LoadFlags:
     def make_plan(self, arrival: ArrivalConfig | None = None) -> LoadPlan:
         return build_plan(self.workload(), arrival or self.arrival(), self.amount())
 
-    def output_dir(self, verb: str) -> Path:
-        return self.result_dir or Path("results") / f"{verb}-{time.strftime('%Y%m%d-%H%M%S')}"
+    def output_dir(self, verb: str, *, resume: bool = False) -> Path:
+        """Where the run goes; with --overwrite, emptied of the earlier result now that every flag has been checked
+        (`check` refused it without --overwrite). Call it last, just before the run."""
+        if self.result_dir is None:
+            return Path("results") / f"{verb}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if self.overwrite and not resume and self.result_dir.is_dir() and any(self.result_dir.iterdir()):
+            shutil.rmtree(self.result_dir)
+        return self.result_dir
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+
+
+def result_markers() -> dict[str, str]:
+    """The files that say a directory holds a servelab result, and what they say it holds (imported here: the
+    tune and report modules are heavy, and only a given --result-dir needs them)."""
+    from servelab.report.inputs import COMPARE
+    from servelab.tune.outcome import TUNE_JSON
+    from servelab.tune.study import STUDY_DB
+
+    return {RUN: "run", SWEEP: "sweep", TUNE_JSON: "tune study", STUDY_DB: "tune study", COMPARE: "comparison"}
+
+
+def result_dir_refusal(directory: Path, overwrite: bool) -> None:
+    """InputError unless `directory` may receive a new result: new, empty, or (with --overwrite) holding a servelab
+    result. A directory of other files is never cleared: --overwrite replaces results, not whatever is there."""
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise InputError(f"--result-dir {directory} is a file, not a directory")
+    names = sorted(p.name for p in directory.iterdir())
+    if not names:
+        return
+    markers = result_markers()
+    held = [markers[n] for n in names if n in markers]
+    if not held:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise InputError(f"--result-dir {directory} holds files that are not a servelab result ({shown}); "
+                         "choose a new or empty directory")
+    if not overwrite:
+        raise InputError(f"--result-dir {directory} already holds a {held[0]}; pass --overwrite to replace it "
+                         "(the directory is emptied first), or choose another directory")
 
 
 _LOAD_HINTS = typing.get_type_hints(LoadFlags, include_extras=True)

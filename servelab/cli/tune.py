@@ -114,14 +114,13 @@ def tune(
     run; stage 2 sends --num-prompts (default 200) or --duration to each server.
     """
     console = Console()
-    load.check()
+    load.check(resume=resume)
     if load.sweep is not None:
         raise TuneError("--sweep does not apply to tune: the goodput objective searches the rate itself")
     if load.ramp_up_strategy is not None:
         raise TuneError("--ramp-up-strategy does not apply to tune: the goodput objective searches the rate itself")
     if resume and load.result_dir is None:
         raise TuneError("--resume needs the --result-dir of the study to continue")
-    output = load.output_dir("tune")
     search_space = SearchSpace.from_file(space_file, engine) if space_file else SearchSpace.from_items(space or [], engine)
     if space_file and space:
         raise TuneError("--space and --space-file both define the search space; give one")
@@ -135,13 +134,14 @@ def tune(
     if server_cmd:
         server = ServerCommand(server_cmd, parse_env(server_env), startup_timeout=startup_timeout, port=server_port)
     bench_amount = load.amount() if load.num_prompts or load.duration else Amount(STAGE2_PROMPTS, warmup=load.warmup)
+    simulated = deployment_from_flags(gpu, model, f"{engine_args} {sim_args}".strip(), calibration=calibration, engine=engine)
+    launch = deployment_from_flags(gpu, model, engine_args, calibration=calibration, engine=engine)
+    output = load.output_dir("tune", resume=resume)  # emptied with --overwrite, now that every flag has been read
     request = TuneRequest(
-        simulated=deployment_from_flags(gpu, model, f"{engine_args} {sim_args}".strip(), calibration=calibration,
-                                        engine=engine),
-        launch=deployment_from_flags(gpu, model, engine_args, calibration=calibration, engine=engine),
+        simulated=simulated, launch=launch,
         sim_args=sim_args, calibration=None if calibration is None else str(calibration),
         space=search_space, objective=goal,
-        sim_workload=TuneWorkload(load.workload(), arrival, Amount(num_prompts=sim_prompts)),
+        sim_workload=TuneWorkload(load.workload(), arrival, Amount(num_prompts=sim_prompts, max_plan_tokens=load.max_plan_tokens, count_flag="--sim-prompts")),
         bench_workload=TuneWorkload(load.workload(), arrival, bench_amount),
         search=SearchSettings(n_trials, sampler, search_seed),  # type: ignore[arg-type]
         output=output, resume=resume, server=server, top_k=top_k,

@@ -82,9 +82,8 @@ NOT_MODELLED_BECAUSE: dict[str, str] = {
 
 GPU_KERNEL_BLOCK = 16
 """vLLM 0.32's FlashAttention backend (the GPU default) takes KV blocks of a multiple of 16 tokens
-(FlashAttentionBackend.get_supported_kernel_block_sizes: MultipleOf(16)); any other block size fails at start-up."""
-CPU_KERNEL_BLOCK = 32
-"""vLLM 0.32's CPU attention backend: MultipleOf(32) (CPUAttentionBackend.get_supported_kernel_block_sizes)."""
+(FlashAttentionBackend.get_supported_kernel_block_sizes: MultipleOf(16)); any other block size fails at start-up.
+The CPU backend takes any size (it only warns off multiples of 32)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,11 +305,10 @@ def resolve(
     EngineConfig the flags were parsed onto (perf/vllm_versions.py).
     """
     tp = config.tensor_parallel_size
-    kernel_block = CPU_KERNEL_BLOCK if hardware.vendor == "cpu" else GPU_KERNEL_BLOCK
-    if config.block_size % kernel_block:
+    if hardware.vendor != "cpu" and config.block_size % GPU_KERNEL_BLOCK:
         raise PerfConfigError(
-            f"--block-size {config.block_size}: vLLM's attention kernels on {hardware.name} take a multiple of "
-            f"{kernel_block} tokens (e.g. 16, 32, 64, 128); vLLM refuses it"
+            f"--block-size {config.block_size}: vLLM's attention kernels on a GPU ({hardware.name}) take a multiple "
+            f"of {GPU_KERNEL_BLOCK} tokens (16, 32, 64, 128, ...); vLLM refuses it"
         )
     if model.num_heads % tp:
         raise PerfConfigError(
