@@ -71,7 +71,7 @@ def bench(
 ) -> None:
     """Measure a running server: latency, throughput and goodput under the load you describe.
 
-    Exit codes: 0 measured; 2 bad input, or a server that fails the pre-flight check (nothing is sent); 3 disturbed: the run ended, but requests failed because the server refused or dropped connections (killed, crashed) or a client worker died, so the numbers do not describe the server; 130 interrupted (Ctrl-C, SIGTERM); 1 a bug in servelab (reported with its traceback). Records, summary and timeline are written in every case but 1 and 2.
+    Exit codes: 0 measured; 2 bad input, or a server that fails the pre-flight check (nothing is sent), or a server that refused every request (its first error message is printed); 3 disturbed: the run ended, but requests failed because the server refused or dropped connections (killed, crashed) or a client worker died, so the numbers do not describe the server; 130 interrupted (Ctrl-C, SIGTERM); 1 a bug in servelab (reported with its traceback). Records, summary and timeline are written in every case but 1 and a refusal before the run.
     """  # noqa: E501  (one paragraph: the help keeps the docstring's line breaks)
     out = Console(stderr=True) if load.json else Console()
     load.check()

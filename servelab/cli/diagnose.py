@@ -49,9 +49,19 @@ EXAMPLE: dict[str, Any] = {"gpu": "a100-80gb", "model": "qwen2.5-7b", "engine_ar
            "output_len": 200, "request_rate": 10.0, "observed_qps": 10.0, "observed_gpu_util": 0.3}
 
 
+def _results_dir(value: Path | None) -> Path | None:
+    """RESULTS must be a directory; a word in square brackets is an optional flag pasted from an example."""
+    if value is not None and not value.is_dir():
+        hint = ": square brackets in an example mark an optional flag; type it without them" if str(value).startswith("[") else ""
+        raise typer.BadParameter(f"{str(value)!r} is not a directory{hint}")
+    return value
+
+
 @app.command()
 def diagnose(
-    results: Annotated[Optional[Path], typer.Argument(help="A results directory from `servelab bench` (or simulate).")] = None,
+    results: Annotated[Optional[Path], typer.Argument(
+        callback=_results_dir, metavar="RESULTS", help="A results directory from `servelab bench` (or simulate: its run.json names "
+                                           "the deployment, so --gpu/--model may be left out).")] = None,
     gpu: GpuFlag = None,
     model: ModelFlag = None,
     engine_args: EngineArgsFlag = "",
@@ -134,6 +144,9 @@ def diagnose(
     served, engine_note = served_engine(engine, run.run_info if run is not None else {})
     if check_advice and served != VLLM:
         raise InputError(f"--check-advice judges vLLM's common tuning tips; the deployment is {LABELS[served]}'s")
+    if run is not None and gpu is None and model is None and calibration is None:
+        gpu, model, calibration, engine_args, tp, replicas, gpu_file, vllm_version = _simulated_deployment(
+            run.run_info, engine_args, tp, replicas, gpu_file, vllm_version)
     server_note = None
     if run is not None and calibration is None and served == VLLM:  # the server's own KV figures beat an estimate
         engine_args, server_note = engine_args_from_server(engine_args, run.run_info.get(CACHE_CONFIG) or {})
@@ -185,6 +198,19 @@ def diagnose(
         render_terminal(typed, console)
     if report and results is not None:
         report_into(results, Console(stderr=json_out or markdown))
+
+
+def _simulated_deployment(run_info: dict[str, Any], engine_args: str, tp: int | None, replicas: int | None,
+                          gpu_file: Path | None, vllm_version: str | None) -> tuple[Any, ...]:
+    """The deployment a simulated run's run.json records (its simulate flags), for `diagnose RESULTS` without
+    --gpu/--model/--calibration; flags given here still win. A measured run records no hardware: unchanged."""
+    flags = run_info.get("flags") or {}
+    if run_info.get("source") != "sim":
+        return None, None, None, engine_args, tp, replicas, gpu_file, vllm_version
+    path = lambda key: Path(flags[key]) if flags.get(key) else None  # noqa: E731
+    return (flags.get("gpu"), flags.get("model"), path("calibration"), engine_args or flags.get("engine_args") or "",
+            tp if tp is not None else flags.get("tp"), replicas if replicas is not None else flags.get("replicas"),
+            gpu_file or path("gpu_file"), vllm_version or flags.get("vllm_version"))
 
 
 def _output_lengths(spec: str, mean: int) -> LengthDistribution:
