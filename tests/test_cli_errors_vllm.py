@@ -24,6 +24,7 @@ def test_a_run_whose_every_request_the_server_refused_exits_2_with_the_servers_r
         "--random-input-len", "5000", "--random-output-len", "4", "--result-dir", str(tmp_path / "run")])
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     last = result.output.strip().splitlines()[-1]
+    print(last)  # shown with -s: docs/bad-input.md quotes it
     assert last.startswith("error: every request failed (http_400 4)")
     assert "maximum context length" in last or "max_model_len" in last or "4096" in last, last  # vLLM's own words
     run = load_run(tmp_path / "run")  # the records are kept: they are what says why
