@@ -33,8 +33,10 @@ BUG_HINT = ("servelab failed unexpectedly, not because of your input: please rep
 
 
 def print_error(label: str, message: str) -> None:
-    """One line on stderr: `label: message`, never wrapped or highlighted (scripts and tests read it)."""
-    Console(stderr=True).print(f"[bold red]{label}[/]: {escape(message)}", highlight=False, soft_wrap=True)
+    """One line on stderr: `label: message`, never wrapped or highlighted (scripts and tests read it); a message
+    that quotes a multi-line one (a YAML parser's, with its caret) is joined onto that line."""
+    line = " ".join(message.split())
+    Console(stderr=True).print(f"[bold red]{label}[/]: {escape(line)}", highlight=False, soft_wrap=True)
 
 
 class ServelabCommands(TyperGroup):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -59,8 +60,8 @@ def parse_prices(text: str | None) -> dict[str, float]:
             price = float(value)
         except ValueError:
             raise TuneError(f"bad --gpu-cost-per-hour item {item!r}: expected DOLLARS or GPU=DOLLARS") from None
-        if price <= 0:
-            raise TuneError(f"bad --gpu-cost-per-hour item {item!r}: the price must be positive")
+        if not (price > 0 and math.isfinite(price)):
+            raise TuneError(f"bad --gpu-cost-per-hour item {item!r}: the price must be a finite number > 0")
         if sep:
             name = get_gpu(name).name
         prices[name if sep else "*"] = price
