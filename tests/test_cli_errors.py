@@ -133,6 +133,10 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
     ("NaN observation", [*DESCRIBED, "--observed-e2e-ms", "nan"], "Invalid value for '--observed-e2e-ms'"),
     ("share above 1", [*DESCRIBED, "--slo-attainment", "5"], "Invalid value for '--slo-attainment'"),
     ("fraction above 1", [*DESCRIBED, "--observed-gpu-util", "1.5"], "Invalid value for '--observed-gpu-util'"),
+    ("NaN spread", [*DESCRIBED, "--output-len-distribution", "lognormal:nan"], "--output-len-distribution 'lognormal:nan'"),
+    ("prompt longer than the model's context", ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
+                                                "--input-len", "1000000000", "--output-len", "100", "--request-rate", "1"],
+     "exceed the deployment's max_model_len 32,768"),
     ("pasted [--flag]", [*DESCRIBED, "[--check-advice]"], "square brackets"),
     ("tune's own count", [*TUNE, "--sim-prompts", "0"], "Invalid value for '--sim-prompts'"),
     ("percentile above 100", [*TUNE, "--slo-percentile", "101"], "Invalid value for '--slo-percentile'"),
@@ -249,6 +253,14 @@ def test_an_overloaded_simulation_says_so_and_a_healthy_one_does_not(tmp_path: P
     assert any("OVERLOADED" in w for w in json.loads((tmp_path / "heavy" / "summary.json").read_text())["warnings"])
     light = _simulate(tmp_path / "light", "--request-rate", "2", "--num-prompts", "20")
     assert light.exit_code == 0 and "OVERLOADED" not in light.output
+
+
+def test_a_simulated_run_whose_every_request_exceeds_the_context_exits_2_with_the_reason(tmp_path: Path):
+    result = _simulate(tmp_path / "run", "--random-input-len", "40000")
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert result.output.strip().splitlines()[-1].startswith(
+        "error: every request failed (http_400 5), so nothing was measured; the server's first error: 40000 prompt")
+    assert (tmp_path / "run" / "records.jsonl").read_text().count("\n") == 5  # the records stay
 
 
 def test_equal_peaks_are_ranked_as_ties():

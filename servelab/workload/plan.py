@@ -111,6 +111,11 @@ def _check_size(workload: WorkloadConfig, arrival: ArrivalConfig, amount: Amount
     tokens = requests * per_request
     if tokens > amount.max_plan_tokens:
         raise WorkloadError(
-            f"{source} x ~{per_request:,.0f} prompt + output tokens a request = {tokens:,.3g} tokens, over the "
+            f"{source} x ~{_count(per_request)} prompt + output tokens a request = {tokens:,.3g} tokens, over the "
             f"{amount.max_plan_tokens:,} one run may plan: send fewer or shorter requests, or raise --max-plan-tokens"
         )
+
+
+def _count(value: float) -> str:
+    """1,152 as such; a count past a trillion (a typo's) in powers of ten, not as fifty digits."""
+    return f"{value:,.0f}" if value < 1e12 else f"{value:.3g}"
