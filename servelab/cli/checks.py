@@ -17,6 +17,9 @@ import typer
 
 MAX_INT = 2**31 - 1
 """The largest count or length any integer flag takes (numpy's int32 arrays hold them): typer's `max=` for them all."""
+MAX_GPUS = 1024
+"""The most GPUs a tensor-parallel group, or replicas behind a router, may number: each replica is a simulated
+engine in memory, so --replicas 1e9 would exhaust it before the first step."""
 
 
 def real(*, gt: float | None = None, ge: float | None = None, le: float | None = None,

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.cli import app
-from servelab.cli.checks import MAX_INT, shell_words
+from servelab.cli.checks import MAX_GPUS, shell_words
 from servelab.cli.options import LoadFlags, load_options
 from servelab.cli.report import report_beside
 from servelab.errors import InputError
@@ -62,7 +62,7 @@ def compare(
     vllm_args: Annotated[str, typer.Option(callback=shell_words, help="`vllm serve` flags for the vLLM run.", rich_help_panel=_DEPLOYMENT)] = "",
     sglang_args: Annotated[str, typer.Option(callback=shell_words, help="`python -m sglang.launch_server` flags for the SGLang run.", rich_help_panel=_DEPLOYMENT)] = "",
     trtllm_args: Annotated[str, typer.Option(callback=shell_words, help="`trtllm-serve` flags for the TensorRT-LLM run.", rich_help_panel=_DEPLOYMENT)] = "",
-    tp: Annotated[Optional[int], typer.Option("--tp", min=1, max=MAX_INT, help="Tensor-parallel size for every engine.", rich_help_panel=_DEPLOYMENT)] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", min=1, max=MAX_GPUS, help="Tensor-parallel size for every engine.", rich_help_panel=_DEPLOYMENT)] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the comparison as JSON (docs/schemas/compare.json); or give "
                                                      "--result-dir to get DIR/compare.json.", rich_help_panel=_DEPLOYMENT)] = None,
     report: Annotated[bool, typer.Option("--report", help="Also write the HTML report (curves overlaid, opens offline) "

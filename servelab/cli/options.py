@@ -28,7 +28,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from servelab.cli.checks import MAX_INT, real, shell_words
+from servelab.cli.checks import MAX_GPUS, MAX_INT, real, shell_words
 from servelab.experiment.calibrate import deployment_from_profile
 from servelab.experiment.auto_sweep import AutoSweep, parse_sweep
 from servelab.experiment.sweep import Sweep, SweepError
@@ -63,9 +63,9 @@ RequiredModelFlag = Annotated[str, _MODEL]
 EngineArgsFlag = Annotated[str, typer.Option(
     callback=shell_words, help="The server's `vllm serve` flags, as you would paste them: \"--max-num-seqs 128 --no-enable-prefix-caching\".",
     rich_help_panel=DEPLOYMENT_PANEL)]
-TpFlag = Annotated[Optional[int], typer.Option("--tp", min=1, max=MAX_INT, help="Tensor-parallel size (same as --tensor-parallel-size in --engine-args).",
+TpFlag = Annotated[Optional[int], typer.Option("--tp", min=1, max=MAX_GPUS, help="Tensor-parallel size (same as --tensor-parallel-size in --engine-args).",
                                                rich_help_panel=DEPLOYMENT_PANEL)]
-ReplicasFlag = Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Data-parallel replicas behind one router.", rich_help_panel=DEPLOYMENT_PANEL)]
+ReplicasFlag = Annotated[Optional[int], typer.Option(min=1, max=MAX_GPUS, help="Data-parallel replicas behind one router.", rich_help_panel=DEPLOYMENT_PANEL)]
 RouterFlag = Annotated[str, typer.Option(help=f"How replicas are picked: {', '.join(POLICIES)}.", rich_help_panel=DEPLOYMENT_PANEL)]
 GpuFileFlag = Annotated[Optional[Path], typer.Option(help="YAML with your own GPUs, added to the catalogue.", rich_help_panel=DEPLOYMENT_PANEL)]
 _CALIBRATION = typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: its fitted hardware, model and "
@@ -120,7 +120,7 @@ class LoadFlags:
     num_prompts: Annotated[Optional[int], typer.Option(min=1, max=DURATION_REQUEST_CAP, help="Requests to send. Default 1000.", rich_help_panel=_AMOUNT)] = None
     duration: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="Send requests for this many seconds instead of a count.", rich_help_panel=_AMOUNT)] = None
     warmup: Annotated[float, typer.Option(callback=real(ge=0), help="Seconds at the start excluded from statistics.", rich_help_panel=_AMOUNT)] = 0.0
-    max_plan_tokens: Annotated[int, typer.Option(min=1, max=2**62, help="Refuse a run whose requests x (prompt + output) "
+    max_plan_tokens: Annotated[int, typer.Option(min=1, help="Refuse a run whose requests x (prompt + output) "
                                                  "tokens exceed this (memory holds them all).", rich_help_panel=_AMOUNT)] = PLAN_TOKEN_LIMIT
     goodput: GoodputFlag = None
     metric_percentiles: Annotated[str, typer.Option(help="Percentiles reported for TTFT/TPOT/ITL/E2EL, comma-separated.", rich_help_panel=_SLO)] = ",".join(f"{p:g}" for p in DEFAULT_PERCENTILES)
