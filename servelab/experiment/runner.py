@@ -77,10 +77,11 @@ the run. A server keeping up has a flat TTFT whatever its served rate (a short r
 def overload_warnings(records: Sequence[RequestRecord], plan: LoadPlan, served: float | None) -> list[str]:
     """A loud line when an open loop offered more than was served and the queue grew through the run: latencies
     then measure the backlog, not the server at that rate."""
-    offered = plan.description["arrival"].get("request_rate")
+    arrival = plan.description.get("arrival") or {}  # a probe's hand-made plan describes none
+    offered = arrival.get("request_rate")
     ttfts = [r.first_token_time - r.send_time for r in sorted(records, key=lambda r: r.send_time)
              if r.ok and r.first_token_time is not None]
-    if not isinstance(offered, (int, float)) or plan.description["arrival"].get("ramp") or served is None or len(ttfts) < 6:
+    if not isinstance(offered, (int, float)) or arrival.get("ramp") or served is None or len(ttfts) < 6:
         return []
     third = len(ttfts) // 3
     early, late = sum(ttfts[:third]) / third, sum(ttfts[-third:]) / third

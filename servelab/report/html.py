@@ -13,6 +13,7 @@ from pathlib import Path
 
 from plotly.offline import get_plotlyjs
 
+from servelab.atomic import write_text_atomic
 from servelab import __version__
 from servelab.report.inputs import ReportInputError, ReportInputs, load_inputs
 from servelab.report.sections import SECTIONS, Section, SectionBuilder
@@ -107,10 +108,5 @@ def write_report(dirs: list[Path], out: Path, title: str | None = None) -> Path:
     if out.is_dir():
         raise ReportInputError(f"-o {out} is a directory: name the HTML file to write, e.g. {out / 'report.html'}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    try:  # written aside and renamed, so a failure never leaves half a page, nor the half-written copy
-        tmp.write_text(page, encoding="utf-8")
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text_atomic(out, page)
     return out

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import TrialState
 
+from servelab.atomic import write_text_atomic
 from servelab import SCHEMA_VERSION
 from servelab.pool import TaskLost, TaskPool
 from servelab.renames import upgraded
@@ -198,9 +199,7 @@ def _trial_dir(directory: Path, number: int) -> Path:
 def write_trial_dir(directory: Path, number: int, outcome: TrialOutcome) -> Path:
     path = _trial_dir(directory, number)
     path.mkdir(parents=True, exist_ok=True)
-    tmp = path / "trial.json.tmp"
-    tmp.write_text(json.dumps({"number": number, **outcome.to_dict()}, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path / "trial.json")
+    write_text_atomic(path / "trial.json", json.dumps({"number": number, **outcome.to_dict()}, indent=2, default=str) + "\n")
     return path
 
 
