@@ -196,6 +196,23 @@ def test_overwrite_never_clears_a_directory_of_other_files(tmp_path: Path):
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
+def test_overwrite_never_deletes_a_file_servelab_did_not_write(tmp_path: Path):
+    run = tmp_path / "run"
+    assert _simulate(run).exit_code == 0
+    (run / "my-notes.txt").write_text("mine")
+    result = _simulate(run, "--overwrite")
+    assert result.exit_code == EXIT_BAD_INPUT and "not servelab's (my-notes.txt)" in result.output, result.output
+    assert (run / "my-notes.txt").read_text() == "mine" and (run / "run.json").exists()
+
+
+def test_overwrite_never_empties_the_working_directory(tmp_path: Path, monkeypatch):
+    assert _simulate(tmp_path).exit_code == 0
+    monkeypatch.chdir(tmp_path)
+    result = _simulate(Path("."), "--overwrite")
+    assert result.exit_code == EXIT_BAD_INPUT and "the directory you are working in" in result.output, result.output
+    assert (tmp_path / "run.json").exists()
+
+
 def test_tune_refuses_a_runs_directory_before_any_trial(tmp_path: Path):
     run = tmp_path / "run"
     assert _simulate(run).exit_code == 0

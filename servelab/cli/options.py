@@ -33,7 +33,7 @@ from servelab.experiment.calibrate import deployment_from_profile
 from servelab.experiment.auto_sweep import AutoSweep, parse_sweep
 from servelab.experiment.sweep import Sweep, SweepError
 from servelab.errors import InputError
-from servelab.metrics.results import RUN, SWEEP
+from servelab.metrics.results import RECORDS, RUN, SUMMARY, SWEEP, TIMELINE
 from servelab.metrics.slo import SLO
 from servelab.metrics.summary import DEFAULT_PERCENTILES
 from servelab.perf.calibration import load_profile
@@ -253,6 +253,10 @@ def result_markers() -> dict[str, str]:
     return {RUN: "run", SWEEP: "sweep", TUNE_JSON: "tune study", STUDY_DB: "tune study", COMPARE: "comparison"}
 
 
+RESULT_FILES = {RECORDS, TIMELINE, SUMMARY, "report.html", "diagnosis.json", "compare.html", "live-server.json"}
+"""The other files a result directory holds (its subdirectories are sweep points, trials and servers' runs)."""
+
+
 def result_dir_refusal(directory: Path, overwrite: bool) -> None:
     """InputError unless `directory` may receive a new result: new, empty, or (with --overwrite) holding a servelab
     result. A directory of other files is never cleared: --overwrite replaces results, not whatever is there."""
@@ -272,6 +276,14 @@ def result_dir_refusal(directory: Path, overwrite: bool) -> None:
     if not overwrite:
         raise InputError(f"--result-dir {directory} already holds a {held[0]}; pass --overwrite to replace it "
                          "(the directory is emptied first), or choose another directory")
+    foreign = [n for n in names if (directory / n).is_file() and n not in markers and n not in RESULT_FILES
+               and not n.endswith(".tmp")]
+    if foreign:
+        raise InputError(f"--result-dir {directory} holds a {held[0]} and files that are not servelab's "
+                         f"({', '.join(foreign[:3])}): --overwrite would delete them; move them away first")
+    if Path.cwd().resolve().is_relative_to(directory.resolve()):
+        raise InputError(f"--result-dir {directory} --overwrite would empty the directory you are working in; "
+                         "name the results directory itself")
 
 
 _LOAD_HINTS = typing.get_type_hints(LoadFlags, include_extras=True)
