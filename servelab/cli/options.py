@@ -108,7 +108,7 @@ class LoadFlags:
     num_prefixes: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="prefix: how many distinct prefixes. Default 1.", rich_help_panel=_WORKLOAD)] = None
     multiturn_turns: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="multiturn: turns per conversation. Default 3.", rich_help_panel=_WORKLOAD)] = None
     multiturn_think_time: Annotated[Optional[float], typer.Option(callback=real(ge=0), help="multiturn: seconds between a reply and the next turn. Default 0.", rich_help_panel=_WORKLOAD)] = None
-    seed: Annotated[int, typer.Option(min=0, max=2**63 - 1, help="Seed for prompts, lengths and arrivals.", rich_help_panel=_WORKLOAD)] = 0
+    seed: Annotated[int, typer.Option(min=0, help="Seed for prompts, lengths and arrivals.", rich_help_panel=_WORKLOAD)] = 0
     max_concurrency: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Closed loop: at most N requests in flight (also caps an open loop).", rich_help_panel=_ARRIVAL)] = None
     ramp_up_strategy: Annotated[Optional[str], typer.Option(
         help=f"Open loop whose rate rises over the run ({', '.join(RAMPS)}), from --ramp-up-start-rps to --ramp-up-end-rps "
