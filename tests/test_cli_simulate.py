@@ -143,7 +143,7 @@ def test_every_shared_load_flag_is_offered_by_each_verb_that_takes_load(verb):
     result = CliRunner().invoke(app, [verb, "--help"], env={"COLUMNS": "250"})
     assert result.exit_code == 0
     flags = [f.name.replace("_", "-") for f in fields(LoadFlags)]
-    assert len(flags) == 26 and [f for f in flags if f"--{f}" not in result.output] == []
+    assert len(flags) == 28 and [f for f in flags if f"--{f}" not in result.output] == []
 
 
 SHARED_DEPLOYMENT_FLAGS = {

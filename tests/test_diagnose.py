@@ -175,7 +175,7 @@ def test_cli_slo_gives_the_highest_rate_meeting_it():
     (["--gpu", "a100"], "--model"),
     (["--gpu", "nope", "--model", "qwen2.5-7b", "--input-len", "10", "--output-len", "10", "--request-rate", "1"], "unknown GPU"),
     (["--json", "--markdown"], "pick one"),
-    (["somedir", "--input-len", "5"], "not both"),
+    ([".", "--input-len", "5"], "not both"),
     (["--gpu", "a100", "--model", "qwen2.5-7b", "--input-len", "5", "--output-len", "5"], "--request-rate"),
     (["--gpu", "a100", "--model", "qwen2.5-7b", "--engine-args", "--max-num-seqz 4", "--input-len", "5",
       "--output-len", "5", "--request-rate", "1"], "max-num-seqs"),

@@ -150,11 +150,11 @@ def test_the_servers_cache_config_replaces_the_kv_estimate(tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (["--gpu", "a100", "--model", "qwen2.5-7b", "--input-len", "5", "--output-len", "5", "--request-rate", "1",
       "--output-len-distribution", "zipf"], "--output-len-distribution"),
-    (["somedir", "--turns", "3"], "a results directory already holds"),
+    ([".", "--turns", "3"], "a results directory already holds"),
     (["--gpu", "a100", "--model", "qwen2.5-7b", "--input-len", "5", "--output-len", "5", "--request-rate", "1",
-      "--observed-e2e-ms", "0"], "--observed-e2e-ms must be > 0"),
+      "--observed-e2e-ms", "0"], "Invalid value for '--observed-e2e-ms'"),
     (["--gpu", "a100", "--model", "qwen2.5-7b", "--input-len", "5", "--output-len", "5", "--request-rate", "1",
-      "--turns", "0"], "--turns must be >= 1"),
+      "--turns", "0"], "Invalid value for '--turns'"),
 ])
 def test_bad_case_two_input_is_one_clear_error(args, needle):
     result = CliRunner().invoke(app, ["diagnose", *args])

@@ -125,7 +125,7 @@ def test_bench_exits_3_when_connections_were_dropped_and_still_writes_everything
         srv.fault = "reset"
         result = CliRunner().invoke(app, ["bench", "--base-url", srv.base_url, "--random-input-len", "8",
                                           "--random-output-len", "4", "--num-prompts", "4", "--max-concurrency", "2",
-                                          "--result-dir", str(out)], env={"COLUMNS": "200"})
+                                          "--result-dir", str(out), "--overwrite"], env={"COLUMNS": "200"})
     assert result.exit_code == 3, result.output
     assert "disturbed" in result.output and "4 connection_reset" in result.output
     summary = json.loads((out / "summary.json").read_text())

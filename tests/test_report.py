@@ -494,5 +494,5 @@ def test_compare_report_without_a_json_to_draw_is_refused_before_any_load(tmp_pa
     for out in ([], ["--out", str(tmp_path / "c.html")]):
         refused = CliRunner().invoke(app, [*COMPARE_ARGS, *out, "--report"])
         assert refused.exit_code == 2
-        assert "--report draws the comparison --out writes" in " ".join(refused.output.split())
+        assert "--report draws the comparison's JSON" in " ".join(refused.output.split())
     assert list(tmp_path.iterdir()) == []

@@ -14,6 +14,7 @@ from servelab.cli.options import (
     LoadFlags,
     load_options,
 )
+from servelab.cli.checks import real
 from servelab.cli.cluster import Clients, RayAddress, check_clients, ray_clients
 from servelab.cli.report import ReportFlag
 from servelab.cli.run_and_show import run_and_show
@@ -42,8 +43,8 @@ def bench(
     model: Annotated[Optional[str], typer.Option(help="Served model name (default: the first of /v1/models).", rich_help_panel=SERVER_PANEL)] = None,
     api_key: ApiKeyFlag = None,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="vLLM: generate exactly max_tokens.", rich_help_panel=SERVER_PANEL)] = False,
-    request_timeout: Annotated[float, typer.Option(help="Seconds a request may take in all.", rich_help_panel=SERVER_PANEL)] = 600.0,
-    scrape_interval: Annotated[float, typer.Option(help="Seconds between /metrics scrapes.", rich_help_panel=SERVER_PANEL)] = 1.0,
+    request_timeout: Annotated[float, typer.Option(callback=real(gt=0), help="Seconds a request may take in all.", rich_help_panel=SERVER_PANEL)] = 600.0,
+    scrape_interval: Annotated[float, typer.Option(callback=real(gt=0), help="Seconds between /metrics scrapes.", rich_help_panel=SERVER_PANEL)] = 1.0,
     gpu_metrics_url: Annotated[Optional[str], typer.Option(
         help="A DCGM exporter's /metrics (e.g. http://gpu-host:9400/metrics): the server's GPUs, sampled with /metrics "
              "into timeline.jsonl. Default: this host's GPUs through NVML, if any.",
@@ -53,13 +54,16 @@ def bench(
              "The engine and its version, as the server reports them, go into run.json.",
         rich_help_panel=SERVER_PANEL)] = AUTO,
     abandon_after: Annotated[Optional[float], typer.Option(
+        callback=real(gt=0),
         help="Seconds after which a request still streaming is abandoned (connection closed, as a user closing the "
              "tab): recorded as abandoned, not an error; the summary counts them apart.", rich_help_panel=SERVER_PANEL)] = None,
     abandon_share: Annotated[float, typer.Option(
+        callback=real(gt=0, le=1),
         help="The share of requests that abandon after --abandon-after (the same ones in every run).",
         rich_help_panel=SERVER_PANEL)] = 1.0,
     report: ReportFlag = False,
-    workers: Annotated[int, typer.Option(help="Client processes, one event loop each: raise it when the summary warns that the client is the bottleneck.", rich_help_panel=SERVER_PANEL)] = 1,
+    workers: Annotated[int, typer.Option(
+        min=1, max=1024, help="Client processes, one event loop each: raise it when the summary warns that the client is the bottleneck.", rich_help_panel=SERVER_PANEL)] = 1,
     ray_address: RayAddress = None,
     clients: Clients = 1,
     *,
@@ -67,23 +71,15 @@ def bench(
 ) -> None:
     """Measure a running server: latency, throughput and goodput under the load you describe.
 
-    Exit codes: 0 measured; 2 bad input, or a server that fails the pre-flight check (nothing is sent); 3 disturbed: the run ended, but requests failed because the server refused or dropped connections (killed, crashed) or a client worker died, so the numbers do not describe the server; 130 interrupted (Ctrl-C, SIGTERM); 1 a bug in servelab (reported with its traceback). Records, summary and timeline are written in every case but 1 and 2.
+    Exit codes: 0 measured; 2 bad input, or a server that fails the pre-flight check (nothing is sent), or a server that refused every request (its first error message is printed); 3 disturbed: the run ended, but requests failed because the server refused or dropped connections (killed, crashed) or a client worker died, so the numbers do not describe the server; 130 interrupted (Ctrl-C, SIGTERM); 1 a bug in servelab (reported with its traceback). Records, summary and timeline are written in every case but 1 and a refusal before the run.
     """  # noqa: E501  (one paragraph: the help keeps the docstring's line breaks)
     out = make_console(stderr=load.json)
     load.check()
     first_plan = load.make_plan()  # dataset files are read and checked before the server is touched
     if endpoint == "/v1/chat/completions" and not (load.tokenizer or first_plan.description["text_prompts"]):
         raise InputError(f"--endpoint {endpoint} sends text: give --tokenizer (or a sharegpt/jsonl dataset) with --dataset-name {load.dataset_name}")
-    if scrape_interval <= 0:
-        raise InputError(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
-    if workers < 1:
-        raise InputError(f"--workers must be >= 1, got {workers}")
     if engine not in ENGINE_CHOICES:
         raise InputError(f"--engine must be one of {', '.join(ENGINE_CHOICES)}, got {engine!r}")
-    if abandon_after is not None and not abandon_after > 0:
-        raise InputError(f"--abandon-after must be > 0 seconds, got {abandon_after}")
-    if not 0 < abandon_share <= 1:
-        raise InputError(f"--abandon-share must be in (0, 1], got {abandon_share}")
     if abandon_share != 1.0 and abandon_after is None:
         raise InputError("--abandon-share picks the requests that abandon: it needs --abandon-after")
     if gpu_metrics_url is not None and not gpu_metrics_url.startswith(("http://", "https://")):

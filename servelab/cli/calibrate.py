@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from servelab.cli import app
+from servelab.cli.checks import real
 from servelab.cli.options import (
     ApiKeyFlag,
     BaseUrlFlag,
@@ -119,7 +120,7 @@ def calibrate(
     engine_args: EngineArgsFlag = "",
     vllm_version: VllmVersionFlag = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing profile at --out.")] = False,
-    budget: Annotated[float, typer.Option(help="Live: seconds of probing (repeated passes until spent).")] = 300.0,
+    budget: Annotated[float, typer.Option(callback=real(gt=0), help="Live: seconds of probing (repeated passes until spent).")] = 300.0,
     served_model: ServedModelFlag = None,
     api_key: ApiKeyFlag = None,
     *,
@@ -216,7 +217,7 @@ def validate(
     base_url: BaseUrlFlag,
     points: Annotated[str, typer.Option(help="Point set: default (7 points) or quick (6 shorter ones).")] = "default",
     engine_args: EngineArgsFlag = "",
-    repeats: Annotated[int, typer.Option(help="Runs of each point; each metric is judged on its best run.")] = 3,
+    repeats: Annotated[int, typer.Option(min=1, max=1000, help="Runs of each point; each metric is judged on its best run.")] = 3,
     out: Annotated[Path, typer.Option(help="Report JSON; the measured runs go to <out>.runs/.")] = Path("validation.json"),
     served_model: ServedModelFlag = None,
     api_key: ApiKeyFlag = None,

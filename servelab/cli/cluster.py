@@ -11,6 +11,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from servelab.cli.checks import MAX_INT
 from servelab.errors import InputError
 from servelab.pool import TaskPool
 from servelab.targets.base import Target
@@ -26,6 +27,7 @@ RayGpuResource = Annotated[str, typer.Option(
     rich_help_panel=_CLUSTER)]
 
 Clients = Annotated[int, typer.Option(
+    min=1, max=MAX_INT,
     help="With --ray-address: client actors sharing the load (spread over the nodes), each with --workers processes.",
     rich_help_panel=_CLUSTER)]
 
@@ -41,8 +43,6 @@ def ray_pool(address: str | None) -> TaskPool | None:
 
 def check_clients(clients: int, address: str | None, sweep: str | None) -> None:
     """--clients needs a cluster to put its actors on; a sweep's points share one server, so they stay local."""
-    if clients < 1:
-        raise InputError(f"--clients must be >= 1, got {clients}")
     if clients > 1 and address is None:
         raise InputError("--clients puts client actors on a Ray cluster: give --ray-address (on one machine, --workers)")
     if address is not None and sweep is not None:

@@ -12,12 +12,14 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.cli import app
+from servelab.cli.checks import MAX_GPUS, shell_words
 from servelab.cli.options import LoadFlags, load_options
 from servelab.cli.report import report_beside
 from servelab.errors import InputError
 from servelab.experiment.auto_sweep import AutoSweep
 from servelab.experiment.compare import EngineComparison, compare_engines
 from servelab.report.console import make_console
+from servelab.report.inputs import COMPARE
 from servelab.sim.engines import ENGINES, SGLANG, TRTLLM, VLLM
 from servelab.targets.engine_deployment import build_engine_deployment
 from servelab.workload.spec import LoadPlan
@@ -59,21 +61,25 @@ def compare(
     gpu: Annotated[str, typer.Option(help="GPU from the catalogue, e.g. h100-sxm.", rich_help_panel=_DEPLOYMENT)],
     model: Annotated[str, typer.Option(help="Built-in model or a Hugging Face model dir with config.json.", rich_help_panel=_DEPLOYMENT)],
     engines: Annotated[str, typer.Option(help=f"Comma-separated: {', '.join(ENGINES)}.", rich_help_panel=_DEPLOYMENT)] = ",".join(ENGINES),
-    vllm_args: Annotated[str, typer.Option(help="`vllm serve` flags for the vLLM run.", rich_help_panel=_DEPLOYMENT)] = "",
-    sglang_args: Annotated[str, typer.Option(help="`python -m sglang.launch_server` flags for the SGLang run.", rich_help_panel=_DEPLOYMENT)] = "",
-    trtllm_args: Annotated[str, typer.Option(help="`trtllm-serve` flags for the TensorRT-LLM run.", rich_help_panel=_DEPLOYMENT)] = "",
-    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size for every engine.", rich_help_panel=_DEPLOYMENT)] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Write the comparison as JSON (docs/schemas/compare.json).", rich_help_panel=_DEPLOYMENT)] = None,
+    vllm_args: Annotated[str, typer.Option(callback=shell_words, help="`vllm serve` flags for the vLLM run.", rich_help_panel=_DEPLOYMENT)] = "",
+    sglang_args: Annotated[str, typer.Option(callback=shell_words, help="`python -m sglang.launch_server` flags for the SGLang run.", rich_help_panel=_DEPLOYMENT)] = "",
+    trtllm_args: Annotated[str, typer.Option(callback=shell_words, help="`trtllm-serve` flags for the TensorRT-LLM run.", rich_help_panel=_DEPLOYMENT)] = "",
+    tp: Annotated[Optional[int], typer.Option("--tp", min=1, max=MAX_GPUS, help="Tensor-parallel size for every engine.", rich_help_panel=_DEPLOYMENT)] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write the comparison as JSON (docs/schemas/compare.json); or give "
+                                                     "--result-dir to get DIR/compare.json.", rich_help_panel=_DEPLOYMENT)] = None,
     report: Annotated[bool, typer.Option("--report", help="Also write the HTML report (curves overlaid, opens offline) "
-                                         "beside --out's JSON, named as it with .html.", rich_help_panel=_DEPLOYMENT)] = False,
+                                         "beside the JSON, named as it with .html.", rich_help_panel=_DEPLOYMENT)] = False,
     *,
     load: LoadFlags,
 ) -> None:
     """Would another engine serve this workload better? The same load simulated on each engine, and why they differ."""
     console = make_console(stderr=load.json)
     load.check()
-    if report and (out is None or out.suffix == ".html"):
-        raise InputError("--report draws the comparison --out writes, into the same name with .html: give --out FILE.json")
+    if out is not None and load.result_dir is not None:
+        raise InputError("--out and --result-dir both say where the comparison goes; give one of them")
+    if report and (out or load.result_dir) is None or out is not None and out.suffix == ".html":
+        raise InputError("--report draws the comparison's JSON into the same name with .html: give --out FILE.json "
+                         "or --result-dir DIR")
     names = parse_engines(engines)
     flags = {VLLM: vllm_args, SGLANG: sglang_args, TRTLLM: trtllm_args}
     deployments = [build_engine_deployment(e, gpu, model, flags[e], tensor_parallel_size=tp) for e in names]
@@ -85,6 +91,8 @@ def compare(
     if sweep is not None:
         points = [(sweep.label(v), partial(load.make_plan, sweep.arrival(load.arrival(), v))) for v in sweep.values]
     result = compare_engines(deployments, points, load.slo())
+    if load.result_dir is not None:
+        out = load.output_dir("compare") / COMPARE
     if out is not None:
         try:
             out.parent.mkdir(parents=True, exist_ok=True)

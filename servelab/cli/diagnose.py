@@ -9,6 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from servelab.cli import app
+from servelab.cli.checks import MAX_INT, real
 from servelab.cli.report import ReportFlag, report_into
 from servelab.cli.compare import parse_engines
 from servelab.cli.options import (
@@ -54,9 +55,19 @@ EXAMPLE_COMMAND = ("servelab diagnose --gpu a100-80gb --model qwen2.5-7b --engin
 """The command line the example stands for (its answer length, like the user's story, not given: assumed)."""
 
 
+def _results_dir(value: Path | None) -> Path | None:
+    """RESULTS must be a directory; a word in square brackets is an optional flag pasted from an example."""
+    if value is not None and not value.is_dir():
+        hint = ": square brackets in an example mark an optional flag; type it without them" if str(value).startswith("[") else ""
+        raise typer.BadParameter(f"{str(value)!r} is not a directory{hint}")
+    return value
+
+
 @app.command()
 def diagnose(
-    results: Annotated[Optional[Path], typer.Argument(help="A results directory from `servelab bench` (or simulate).")] = None,
+    results: Annotated[Optional[Path], typer.Argument(
+        callback=_results_dir, metavar="RESULTS", help="A results directory from `servelab bench` (or simulate: its run.json names "
+                                           "the deployment, so --gpu/--model may be left out).")] = None,
     gpu: GpuFlag = None,
     model: ModelFlag = None,
     engine_args: EngineArgsFlag = "",
@@ -64,15 +75,17 @@ def diagnose(
     replicas: ReplicasFlag = None,
     gpu_file: GpuFileFlag = None,
     calibration: CalibrationFlag = None,
-    input_len: Annotated[Optional[int], typer.Option(help="Described deployment: prompt tokens per request.")] = None,
-    output_len: Annotated[Optional[int], typer.Option(help="Described deployment: output tokens per request (not given: 200 is assumed, and the answer is shown for 50, 200 and 500).")] = None,
-    request_rate: Annotated[Optional[float], typer.Option(help="Described deployment: offered req/s (Poisson).")] = None,
-    max_concurrency: Annotated[Optional[int], typer.Option(help="Described deployment: closed-loop concurrency.")] = None,
-    observed_qps: Annotated[Optional[float], typer.Option(help="What you see in production, req/s.")] = None,
-    observed_ttft_ms: Annotated[Optional[float], typer.Option(help="What you see in production, TTFT ms.")] = None,
-    observed_gpu_util: Annotated[Optional[float], typer.Option(help="nvidia-smi's utilisation, 0-1.")] = None,
-    observed_e2e_ms: Annotated[Optional[float], typer.Option(help="What you see in production: whole-answer latency, ms.")] = None,
-    observed_tpot_ms: Annotated[Optional[float], typer.Option(help="What you see in production: time per output token, ms.")] = None,
+    input_len: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Described deployment: prompt tokens per request.")] = None,
+    output_len: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help=(
+        "Described deployment: output tokens per request (not given: 200 is assumed, and the answer is shown for 50, "
+        "200 and 500)."))] = None,
+    request_rate: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="Described deployment: offered req/s (Poisson).")] = None,
+    max_concurrency: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Described deployment: closed-loop concurrency.")] = None,
+    observed_qps: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production, req/s.")] = None,
+    observed_ttft_ms: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production, TTFT ms.")] = None,
+    observed_gpu_util: Annotated[Optional[float], typer.Option(callback=real(ge=0, le=1), help="nvidia-smi's utilisation, 0-1.")] = None,
+    observed_e2e_ms: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production: whole-answer latency, ms.")] = None,
+    observed_tpot_ms: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production: time per output token, ms.")] = None,
     tried: Annotated[Optional[list[str]], typer.Option(
         help="A change you already made and what it did, CHANGE:RESULT (repeatable): CHANGE an engine flag as typed "
              "after `vllm serve`, a quantization (awq, gptq, fp8, int8, w8a8), a GPU name or 'replica'; RESULT "
@@ -85,10 +98,11 @@ def diagnose(
         help="Described deployment: how output lengths vary, SHAPE[:SPREAD] with SHAPE one of "
              f"{', '.join(DISTRIBUTIONS)} (spread as --random-range-ratio): answers that end at EOS vary, "
              "e.g. lognormal:0.5. Default: every answer exactly --output-len.")] = "fixed",
-    prefix_len: Annotated[int, typer.Option(help="Described deployment: tokens of a system prompt every request starts with.")] = 0,
-    turns: Annotated[int, typer.Option(help="Described deployment: turns per conversation; each turn resends the "
+    prefix_len: Annotated[int, typer.Option(min=0, max=MAX_INT, help="Described deployment: tokens of a system prompt every request starts with.")] = 0,
+    turns: Annotated[int, typer.Option(min=1, max=MAX_INT, help="Described deployment: turns per conversation; each turn resends the "
                                             "system prompt, every earlier turn and every earlier answer (a chat client).")] = 1,
     gpu_cost_per_hour: Annotated[Optional[float], typer.Option(
+        callback=real(gt=0),
         help="$ per GPU-hour of --gpu (default: documented prices in servelab/diagnose/pricing.py); prices the options.")] = None,
     price_options: Annotated[bool, typer.Option("--price-options", help="Price the common options (token budget, quantized "
                                                 "weights, FP8 KV, a replica, TP=2, a bigger GPU) at this load.")] = False,
@@ -104,14 +118,14 @@ def diagnose(
         help=f"With --compare-engines: which engines, comma-separated (default all: {','.join(ENGINES)}), as "
              "`servelab compare --engines` takes them.")] = None,
     goodput: GoodputFlag = None,
-    slo_attainment: Annotated[float, typer.Option(help="Share of requests that must meet the SLO.")] = 0.9,
+    slo_attainment: Annotated[float, typer.Option(callback=real(gt=0, le=1), help="Share of requests that must meet the SLO.")] = 0.9,
     check_advice: Annotated[bool, typer.Option("--check-advice", help="Also evaluate 25 common tuning tips.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON.")] = False,
     details: Annotated[bool, typer.Option("--details", help="Print every finding's evidence, every option priced, the "
                                                             "ceilings and the notes (default: a ~40-line summary).")] = False,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print the diagnosis as Markdown.")] = False,
     save: Annotated[Optional[Path], typer.Option(help=f"Write the JSON here (default: {DIAGNOSIS} in RESULTS).")] = None,
-    warmup: Annotated[float, typer.Option(help="Seconds at the start of the run to ignore.")] = 0.0,
+    warmup: Annotated[float, typer.Option(callback=real(ge=0), help="Seconds at the start of the run to ignore.")] = 0.0,
     report: ReportFlag = False,
 ) -> None:
     """Find what limits the deployment, the ceiling it implies, and the change that lifts it.
@@ -140,12 +154,6 @@ def diagnose(
         gpu, model, engine_args = EXAMPLE["gpu"], EXAMPLE["model"], EXAMPLE["engine_args"]
         input_len, output_len, request_rate = EXAMPLE["input_len"], EXAMPLE["output_len"], EXAMPLE["request_rate"]
         observed_qps, observed_gpu_util = EXAMPLE["observed_qps"], EXAMPLE["observed_gpu_util"]
-    if observed_gpu_util is not None and not 0 <= observed_gpu_util <= 1:
-        raise InputError(f"--observed-gpu-util is a fraction in [0, 1], got {observed_gpu_util}")
-    for flag, value in (("--observed-e2e-ms", observed_e2e_ms), ("--observed-tpot-ms", observed_tpot_ms),
-                        ("--observed-ttft-ms", observed_ttft_ms), ("--gpu-cost-per-hour", gpu_cost_per_hour)):
-        if value is not None and value <= 0:
-            raise InputError(f"{flag} must be > 0, got {value}")
     shaped = output_len_distribution != "fixed" or prefix_len or turns != 1
     if results is not None and shaped:
         raise InputError("--output-len-distribution, --prefix-len and --turns describe a workload; a results directory "
@@ -156,6 +164,9 @@ def diagnose(
     served, engine_note = served_engine(engine, run.run_info if run is not None else {})
     if check_advice and served != VLLM:
         raise InputError(f"--check-advice judges vLLM's common tuning tips; the deployment is {LABELS[served]}'s")
+    if run is not None and gpu is None and model is None and calibration is None:
+        gpu, model, calibration, engine_args, tp, replicas, gpu_file, vllm_version = _simulated_deployment(
+            run.run_info, engine_args, tp, replicas, gpu_file, vllm_version)
     server_note = None
     if run is not None and calibration is None and served == VLLM:  # the server's own KV figures beat an estimate
         engine_args, server_note = engine_args_from_server(engine_args, run.run_info.get(CACHE_CONFIG) or {})
@@ -213,6 +224,19 @@ def diagnose(
         render_terminal(typed, console, details or check_advice or compare_engines)
     if report and results is not None:
         report_into(results, make_console(stderr=json_out or markdown))
+
+
+def _simulated_deployment(run_info: dict[str, Any], engine_args: str, tp: int | None, replicas: int | None,
+                          gpu_file: Path | None, vllm_version: str | None) -> tuple[Any, ...]:
+    """The deployment a simulated run's run.json records (its simulate flags), for `diagnose RESULTS` without
+    --gpu/--model/--calibration; flags given here still win. A measured run records no hardware: unchanged."""
+    flags = run_info.get("flags") or {}
+    if run_info.get("source") != "sim":
+        return None, None, None, engine_args, tp, replicas, gpu_file, vllm_version
+    path = lambda key: Path(flags[key]) if flags.get(key) else None  # noqa: E731
+    return (flags.get("gpu"), flags.get("model"), path("calibration"), engine_args or flags.get("engine_args") or "",
+            tp if tp is not None else flags.get("tp"), replicas if replicas is not None else flags.get("replicas"),
+            gpu_file or path("gpu_file"), vllm_version or flags.get("vllm_version"))
 
 
 def _output_lengths(spec: str, mean: int) -> LengthDistribution:

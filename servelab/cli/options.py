@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import shutil
 import time
 import typing
 from collections.abc import Callable, Sequence
@@ -27,8 +28,11 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from servelab.cli.checks import MAX_GPUS, MAX_INT, real, shell_words
 from servelab.experiment.auto_sweep import AutoSweep, parse_sweep
 from servelab.experiment.sweep import Sweep, SweepError
+from servelab.errors import InputError
+from servelab.metrics.results import RECORDS, RUN, SUMMARY, SWEEP, TIMELINE
 from servelab.metrics.slo import SLO
 from servelab.metrics.summary import DEFAULT_PERCENTILES
 from servelab.perf.calibration import load_profile
@@ -42,7 +46,7 @@ from servelab.workload.arrival import RAMPS, ArrivalConfig, Ramp
 from servelab.workload.datasets import DATASETS, FILE_DATASETS, WorkloadConfig
 from servelab.workload.errors import WorkloadError
 from servelab.workload.lengths import DISTRIBUTIONS
-from servelab.workload.plan import Amount, build_plan
+from servelab.workload.plan import DURATION_REQUEST_CAP, PLAN_TOKEN_LIMIT, Amount, build_plan
 from servelab.workload.spec import LoadPlan
 
 _WORKLOAD, _ARRIVAL, _AMOUNT, _SLO, _OUTPUT = "Workload", "Arrival", "Amount", "SLO", "Sweep and output"
@@ -57,11 +61,11 @@ RequiredGpuFlag = Annotated[str, _GPU]
 ModelFlag = Annotated[Optional[str], _MODEL]
 RequiredModelFlag = Annotated[str, _MODEL]
 EngineArgsFlag = Annotated[str, typer.Option(
-    help="The server's `vllm serve` flags, as you would paste them: \"--max-num-seqs 128 --no-enable-prefix-caching\".",
+    callback=shell_words, help="The server's `vllm serve` flags, as you would paste them: \"--max-num-seqs 128 --no-enable-prefix-caching\".",
     rich_help_panel=DEPLOYMENT_PANEL)]
-TpFlag = Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size (same as --tensor-parallel-size in --engine-args).",
+TpFlag = Annotated[Optional[int], typer.Option("--tp", min=1, max=MAX_GPUS, help="Tensor-parallel size (same as --tensor-parallel-size in --engine-args).",
                                                rich_help_panel=DEPLOYMENT_PANEL)]
-ReplicasFlag = Annotated[Optional[int], typer.Option(help="Data-parallel replicas behind one router.", rich_help_panel=DEPLOYMENT_PANEL)]
+ReplicasFlag = Annotated[Optional[int], typer.Option(min=1, max=MAX_GPUS, help="Data-parallel replicas behind one router.", rich_help_panel=DEPLOYMENT_PANEL)]
 RouterFlag = Annotated[str, typer.Option(help=f"How replicas are picked: {', '.join(POLICIES)}.", rich_help_panel=DEPLOYMENT_PANEL)]
 GpuFileFlag = Annotated[Optional[Path], typer.Option(help="YAML with your own GPUs, added to the catalogue.", rich_help_panel=DEPLOYMENT_PANEL)]
 _CALIBRATION = typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: its fitted hardware, model and "
@@ -97,26 +101,30 @@ class LoadFlags:
     dataset_name: Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}.", rich_help_panel=_WORKLOAD)] = "random"
     dataset_path: Annotated[Optional[Path], typer.Option(help="ShareGPT JSON or JSONL file (for sharegpt / jsonl).", rich_help_panel=_WORKLOAD)] = None
     tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="Local tokenizer dir (tokenizer.json): real text, exact lengths.", rich_help_panel=_WORKLOAD)] = None
-    random_input_len: Annotated[Optional[int], typer.Option(help="Prompt tokens (random/prefix: the random part; multiturn: each user turn). Default 1024.", rich_help_panel=_WORKLOAD)] = None
-    random_output_len: Annotated[Optional[int], typer.Option(help="Output tokens per request. Default 128.", rich_help_panel=_WORKLOAD)] = None
-    random_range_ratio: Annotated[Optional[float], typer.Option(help="Length spread: uniform in \\[len*(1-r), len*(1+r)]; std/mean for normal/lognormal. Default 0.", rich_help_panel=_WORKLOAD)] = None
+    random_input_len: Annotated[Optional[int], typer.Option(
+        min=1, max=MAX_INT, help="Prompt tokens (random/prefix: the random part; multiturn: each user turn). Default 1024.", rich_help_panel=_WORKLOAD)] = None
+    random_output_len: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Output tokens per request. Default 128.", rich_help_panel=_WORKLOAD)] = None
+    random_range_ratio: Annotated[Optional[float], typer.Option(
+        callback=real(ge=0), help="Length spread: uniform in \\[len*(1-r), len*(1+r)]; std/mean for normal/lognormal. Default 0.", rich_help_panel=_WORKLOAD)] = None
     length_distribution: Annotated[str, typer.Option(help=f"Length distribution: {', '.join(DISTRIBUTIONS)}.", rich_help_panel=_WORKLOAD)] = "uniform"
-    prefix_len: Annotated[Optional[int], typer.Option(help="prefix: tokens of the shared prefix (system prompt, RAG context).", rich_help_panel=_WORKLOAD)] = None
-    num_prefixes: Annotated[Optional[int], typer.Option(help="prefix: how many distinct prefixes. Default 1.", rich_help_panel=_WORKLOAD)] = None
-    multiturn_turns: Annotated[Optional[int], typer.Option(help="multiturn: turns per conversation. Default 3.", rich_help_panel=_WORKLOAD)] = None
-    multiturn_think_time: Annotated[Optional[float], typer.Option(help="multiturn: seconds between a reply and the next turn. Default 0.", rich_help_panel=_WORKLOAD)] = None
-    seed: Annotated[int, typer.Option(help="Seed for prompts, lengths and arrivals.", rich_help_panel=_WORKLOAD)] = 0
-    max_concurrency: Annotated[Optional[int], typer.Option(help="Closed loop: at most N requests in flight (also caps an open loop).", rich_help_panel=_ARRIVAL)] = None
+    prefix_len: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="prefix: tokens of the shared prefix (system prompt, RAG context).", rich_help_panel=_WORKLOAD)] = None
+    num_prefixes: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="prefix: how many distinct prefixes. Default 1.", rich_help_panel=_WORKLOAD)] = None
+    multiturn_turns: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="multiturn: turns per conversation. Default 3.", rich_help_panel=_WORKLOAD)] = None
+    multiturn_think_time: Annotated[Optional[float], typer.Option(callback=real(ge=0), help="multiturn: seconds between a reply and the next turn. Default 0.", rich_help_panel=_WORKLOAD)] = None
+    seed: Annotated[int, typer.Option(min=0, help="Seed for prompts, lengths and arrivals.", rich_help_panel=_WORKLOAD)] = 0
+    max_concurrency: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Closed loop: at most N requests in flight (also caps an open loop).", rich_help_panel=_ARRIVAL)] = None
     ramp_up_strategy: Annotated[Optional[str], typer.Option(
         help=f"Open loop whose rate rises over the run ({', '.join(RAMPS)}), from --ramp-up-start-rps to --ramp-up-end-rps "
              "(vLLM's flags): by request index, or over --duration.", rich_help_panel=_ARRIVAL)] = None
-    ramp_up_start_rps: Annotated[Optional[float], typer.Option(help="A ramp's first rate (req/s).", rich_help_panel=_ARRIVAL)] = None
-    ramp_up_end_rps: Annotated[Optional[float], typer.Option(help="A ramp's last rate (req/s).", rich_help_panel=_ARRIVAL)] = None
-    request_rate: Annotated[Optional[float], typer.Option(help="Open loop: requests per second (inf = all at once, the default).", rich_help_panel=_ARRIVAL)] = None
-    burstiness: Annotated[Optional[float], typer.Option(help="Gamma shape of the gaps (1 = Poisson, <1 burstier). Needs --request-rate.", rich_help_panel=_ARRIVAL)] = None
-    num_prompts: Annotated[Optional[int], typer.Option(help="Requests to send. Default 1000.", rich_help_panel=_AMOUNT)] = None
-    duration: Annotated[Optional[float], typer.Option(help="Send requests for this many seconds instead of a count.", rich_help_panel=_AMOUNT)] = None
-    warmup: Annotated[float, typer.Option(help="Seconds at the start excluded from statistics.", rich_help_panel=_AMOUNT)] = 0.0
+    ramp_up_start_rps: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="A ramp's first rate (req/s).", rich_help_panel=_ARRIVAL)] = None
+    ramp_up_end_rps: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="A ramp's last rate (req/s).", rich_help_panel=_ARRIVAL)] = None
+    request_rate: Annotated[Optional[float], typer.Option(callback=real(gt=0, inf=True), help="Open loop: requests per second (inf = all at once, the default).", rich_help_panel=_ARRIVAL)] = None
+    burstiness: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="Gamma shape of the gaps (1 = Poisson, <1 burstier). Needs --request-rate.", rich_help_panel=_ARRIVAL)] = None
+    num_prompts: Annotated[Optional[int], typer.Option(min=1, max=DURATION_REQUEST_CAP, help="Requests to send. Default 1000.", rich_help_panel=_AMOUNT)] = None
+    duration: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="Send requests for this many seconds instead of a count.", rich_help_panel=_AMOUNT)] = None
+    warmup: Annotated[float, typer.Option(callback=real(ge=0), help="Seconds at the start excluded from statistics.", rich_help_panel=_AMOUNT)] = 0.0
+    max_plan_tokens: Annotated[int, typer.Option(min=1, help="Refuse a run whose requests x (prompt + output) "
+                                                 "tokens exceed this (memory holds them all).", rich_help_panel=_AMOUNT)] = PLAN_TOKEN_LIMIT
     goodput: GoodputFlag = None
     metric_percentiles: Annotated[str, typer.Option(help="Percentiles reported for TTFT/TPOT/ITL/E2EL, comma-separated.", rich_help_panel=_SLO)] = ",".join(f"{p:g}" for p in DEFAULT_PERCENTILES)
     sweep: Annotated[Optional[str], typer.Option("--sweep", help="request-rate=1,2,4,8 or max-concurrency=1,8,32: one run per value, sweep.json holds the curve. "
@@ -124,10 +132,15 @@ class LoadFlags:
                                           "between (default 4); a rate point stops early once the server is "
                                           "over-saturated; sweep.json names the knee and the highest rate meeting --goodput.", rich_help_panel=_OUTPUT)] = None
     result_dir: Annotated[Optional[Path], typer.Option(help="Where run.json, records.jsonl, timeline.jsonl, summary.json go. Default results/<verb>-<time>.", rich_help_panel=_OUTPUT)] = None
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace what --result-dir holds from an earlier run (it is "
+                                            "emptied first); without it such a directory is refused.", rich_help_panel=_OUTPUT)] = False
     json: Annotated[bool, typer.Option("--json", help="Print summary.json (sweep.json for a sweep) to stdout.", rich_help_panel=_OUTPUT)] = False
 
-    def check(self) -> None:
-        """Flag clashes the layers below cannot see (they only get resolved values)."""
+    def check(self, *, resume: bool = False) -> None:
+        """Flag clashes the layers below cannot see (they only get resolved values), and a --result-dir that would be
+        overwritten (`resume`: tune continues the study the directory holds, so it may)."""
+        if self.result_dir is not None and not resume:
+            result_dir_refusal(self.result_dir, self.overwrite)
         name = self.dataset_name
         only = {
             "--prefix-len": (self.prefix_len, "prefix"),
@@ -199,7 +212,8 @@ class LoadFlags:
         return Ramp(self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps)
 
     def amount(self) -> Amount:
-        return Amount(num_prompts=self.num_prompts, duration=self.duration, warmup=self.warmup)
+        return Amount(num_prompts=self.num_prompts, duration=self.duration, warmup=self.warmup,
+                      max_plan_tokens=self.max_plan_tokens)
 
     def slo(self) -> SLO | None:
         return SLO.parse([item for arg in self.goodput or [] for item in arg.split()])
@@ -219,11 +233,60 @@ class LoadFlags:
     def make_plan(self, arrival: ArrivalConfig | None = None) -> LoadPlan:
         return build_plan(self.workload(), arrival or self.arrival(), self.amount())
 
-    def output_dir(self, verb: str) -> Path:
-        return self.result_dir or Path("results") / f"{verb}-{time.strftime('%Y%m%d-%H%M%S')}"
+    def output_dir(self, verb: str, *, resume: bool = False) -> Path:
+        """Where the run goes; with --overwrite, emptied of the earlier result now that every flag has been checked
+        (`check` refused it without --overwrite). Call it last, just before the run."""
+        if self.result_dir is None:
+            return Path("results") / f"{verb}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if self.overwrite and not resume and self.result_dir.is_dir() and any(self.result_dir.iterdir()):
+            shutil.rmtree(self.result_dir)
+        return self.result_dir
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+
+
+def result_markers() -> dict[str, str]:
+    """The files that say a directory holds a servelab result, and what they say it holds (imported here: the
+    tune and report modules are heavy, and only a given --result-dir needs them)."""
+    from servelab.report.inputs import COMPARE
+    from servelab.tune.outcome import TUNE_JSON
+    from servelab.tune.study import STUDY_DB
+
+    return {RUN: "run", SWEEP: "sweep", TUNE_JSON: "tune study", STUDY_DB: "tune study", COMPARE: "comparison"}
+
+
+RESULT_FILES = {RECORDS, TIMELINE, SUMMARY, "report.html", "diagnosis.json", "compare.html", "live-server.json"}
+"""The other files a result directory holds (its subdirectories are sweep points, trials and servers' runs)."""
+
+
+def result_dir_refusal(directory: Path, overwrite: bool) -> None:
+    """InputError unless `directory` may receive a new result: new, empty, or (with --overwrite) holding a servelab
+    result. A directory of other files is never cleared: --overwrite replaces results, not whatever is there."""
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise InputError(f"--result-dir {directory} is a file, not a directory")
+    names = sorted(p.name for p in directory.iterdir())
+    if not names:
+        return
+    markers = result_markers()
+    held = [markers[n] for n in names if n in markers]
+    if not held:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise InputError(f"--result-dir {directory} holds files that are not a servelab result ({shown}); "
+                         "choose a new or empty directory")
+    if not overwrite:
+        raise InputError(f"--result-dir {directory} already holds a {held[0]}; pass --overwrite to replace it "
+                         "(the directory is emptied first), or choose another directory")
+    foreign = [n for n in names if (directory / n).is_file() and n not in markers and n not in RESULT_FILES
+               and not n.endswith(".tmp")]
+    if foreign:
+        raise InputError(f"--result-dir {directory} holds a {held[0]} and files that are not servelab's "
+                         f"({', '.join(foreign[:3])}): --overwrite would delete them; move them away first")
+    if Path.cwd().resolve().is_relative_to(directory.resolve()):
+        raise InputError(f"--result-dir {directory} --overwrite would empty the directory you are working in; "
+                         "name the results directory itself")
 
 
 _LOAD_HINTS = typing.get_type_hints(LoadFlags, include_extras=True)

@@ -38,11 +38,18 @@ def report_beside(document: Path, console: Console) -> Path:
     return _write([document], document.with_suffix(".html"), None, console)
 
 
+def _html_file(value: Path) -> Path:
+    """-o names a file: an existing directory is refused before any input is read."""
+    if value.is_dir():
+        raise typer.BadParameter(f"{value} is a directory: name the HTML file to write, e.g. {value / REPORT_HTML}")
+    return value
+
+
 @app.command()
 def report(
     dirs: Annotated[list[Path], typer.Argument(help="Results directories of runs, sweeps and tune studies, validate's JSON reports "
                                                "and compare's JSON (or a directory holding compare.json), in any mix; several overlay.")],
-    out: Annotated[Path, typer.Option("-o", "--out", help="The HTML file to write.")] = Path(REPORT_HTML),
+    out: Annotated[Path, typer.Option("-o", "--out", callback=_html_file, help="The HTML file to write.")] = Path(REPORT_HTML),
     title: Annotated[Optional[str], typer.Option(help="Page title (default: the inputs' names).")] = None,
 ) -> None:
     """Write an HTML report (plotly, works offline): sweep curves, latency CDFs, request and server timelines,

@@ -6,7 +6,10 @@ stdout, the report and the exit codes are one code path, so a measured and a
 simulated run always read the same.
 
 Exit codes: 0 for a run that measured what it set out to; 130 when it was
-interrupted (Ctrl-C, SIGTERM); 3 when it ran to its end but was disturbed:
+interrupted (Ctrl-C, SIGTERM); 2 when every request failed without a process
+going away (the server refused them all, e.g. HTTP 400 for prompts longer than
+its --max-model-len): nothing was measured, and the server's first error
+message is printed; 3 when it ran to its end but was disturbed:
 some requests failed because a process went away (the server refused or
 dropped connections, a client worker died), or a client actor of a
 `--clients N` run died, so its numbers do not describe the server under that
@@ -25,12 +28,12 @@ from rich.console import Console
 
 from servelab.cli.options import LoadFlags
 from servelab.cli.report import report_into
-from servelab.errors import RunDisturbed, RunInterrupted
+from servelab.errors import RunDisturbed, RunInterrupted, ServerFault
 from servelab.experiment.runner import run_point
 from servelab.experiment.auto_sweep import AutoSweep, run_auto_sweep
 from servelab.experiment.sweep import run_sweep
-from servelab.metrics.records import disturbances
-from servelab.metrics.results import SUMMARY, SWEEP
+from servelab.metrics.records import ERROR, disturbances, read_records
+from servelab.metrics.results import RECORDS, SUMMARY, SWEEP
 from servelab.metrics.schema import Summary, SweepIndex
 from servelab.metrics.slo import SLO
 from servelab.pool import TaskPool
@@ -93,6 +96,31 @@ def run_and_show(
     disturbed = _disturbed(summaries)
     if disturbed:
         raise RunDisturbed(f"{disturbed}; every request sent has its record in {result_dir}")
+    if summaries and all(s.completed == 0 and s.failed > 0 for s in summaries):
+        raise ServerFault(f"every request failed ({_kinds(summaries)}), so nothing was measured; the server's first "
+                          f"error: {_first_error(result_dir)} (records in {result_dir})")
+
+
+FIRST_ERROR_CHARS = 300
+"""How much of the server's first error message a failed run prints (its JSON body can be long)."""
+
+
+def _kinds(summaries: list[Summary]) -> str:
+    counts: dict[str, int] = {}
+    for summary in summaries:
+        for kind, n in summary.errors_by_kind.items():
+            counts[kind] = counts.get(kind, 0) + n
+    return ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()))
+
+
+def _first_error(result_dir: Path) -> str:
+    """The first failed record's error text, on one line (a sweep's points each have a records file)."""
+    for path in sorted(result_dir.rglob(RECORDS)):
+        for record in read_records(path):
+            if record.status == ERROR:
+                text = " ".join((record.error or record.error_kind or "no message").split())
+                return text[:FIRST_ERROR_CHARS] + ("..." if len(text) > FIRST_ERROR_CHARS else "")
+    return "none recorded"
 
 
 def _disturbed(summaries: list[Summary]) -> str:

@@ -29,6 +29,7 @@ from servelab.cli.options import (
     deployment_from_flags,
     load_options,
 )
+from servelab.cli.checks import real
 from servelab.cli.cluster import RayAddress, ray_pool
 from servelab.cli.report import ReportFlag
 from servelab.cli.run_and_show import run_and_show
@@ -62,7 +63,7 @@ def simulate(
     gpu_file: GpuFileFlag = None,
     calibration: CalibrationFlag = None,
     vllm_version: VllmVersionFlag = None,
-    scrape_interval: Annotated[float, typer.Option(help="Simulated seconds between timeline samples.", rich_help_panel=DEPLOYMENT_PANEL)] = 1.0,
+    scrape_interval: Annotated[float, typer.Option(callback=real(gt=0), help="Simulated seconds between timeline samples.", rich_help_panel=DEPLOYMENT_PANEL)] = 1.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="As `bench --ignore-eos`: generate exactly max_tokens. "
                                              "The simulator always does (where EOS falls is the text's, not the engine's: "
                                              "vary --random-output-len with --random-range-ratio instead); taken so a bench "
@@ -75,8 +76,6 @@ def simulate(
     """Predict latency, throughput and goodput of a vLLM deployment under the load you describe, without a GPU."""
     out = make_console(stderr=load.json)
     load.check()
-    if scrape_interval <= 0:
-        raise InputError(f"--scrape-interval must be > 0 seconds, got {scrape_interval}")
     if ray_address is not None and load.sweep is None:
         raise InputError("--ray-address spreads the points of a --sweep over the cluster; a single run has nothing to spread")
     deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp, replicas=replicas,

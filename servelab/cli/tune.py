@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -13,6 +14,7 @@ from rich.table import Table
 
 from servelab.metrics.intervals import interval_suffix
 from servelab.cli import app
+from servelab.cli.checks import MAX_INT, real, shell_words
 from servelab.cli.cluster import RayAddress, RayGpuResource, ray_pool
 from servelab.cli.report import ReportFlag, report_into
 from servelab.cli.options import (
@@ -60,8 +62,8 @@ def parse_prices(text: str | None) -> dict[str, float]:
             price = float(value)
         except ValueError:
             raise TuneError(f"bad --gpu-cost-per-hour item {item!r}: expected DOLLARS or GPU=DOLLARS") from None
-        if price <= 0:
-            raise TuneError(f"bad --gpu-cost-per-hour item {item!r}: the price must be positive")
+        if not (price > 0 and math.isfinite(price)):
+            raise TuneError(f"bad --gpu-cost-per-hour item {item!r}: the price must be a finite number > 0")
         if sep:
             name = get_gpu(name).name
         prices[name if sep else "*"] = price
@@ -86,23 +88,23 @@ def tune(
     calibration: CalibrationFlag = None,
     engine_args: EngineArgsFlag = "",
     engine: EngineFlag = VLLM,
-    sim_args: Annotated[str, typer.Option(help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.")] = "",
+    sim_args: Annotated[str, typer.Option(callback=shell_words, help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.")] = "",
     space: Annotated[Optional[list[str]], typer.Option(help="KNOB=V1,V2 (or KNOB for built-in values; 'default' = the engine's). "
                                                            "Another --engine's knobs are its flags: max_running_requests, max_batch_size... Repeatable.")] = None,
     space_file: Annotated[Optional[Path], typer.Option(help="YAML/JSON mapping knob -> list of values.")] = None,
     objective: Annotated[str, typer.Option(help="goodput (max rate under the SLO), throughput (under p-limits), or cost.")] = "goodput",
-    slo_percentile: Annotated[float, typer.Option(help="The percentile each --goodput bound applies to.")] = 99.0,
+    slo_percentile: Annotated[float, typer.Option(callback=real(gt=0, le=100), help="The percentile each --goodput bound applies to.")] = 99.0,
     gpu_cost_per_hour: Annotated[Optional[str], typer.Option(help="$/GPU-hour: 2.5, or H100-SXM=2.5,A100-80GB-SXM=1.6.")] = None,
-    n_trials: Annotated[int, typer.Option(help="Distinct configurations to simulate (all, if the space is smaller).")] = 100,
+    n_trials: Annotated[int, typer.Option(min=1, max=MAX_INT, help="Distinct configurations to simulate (all, if the space is smaller).")] = 100,
     sampler: Annotated[str, typer.Option(help="auto (grid when the space fits in --n-trials, else TPE), grid, tpe.")] = "auto",
-    search_seed: Annotated[int, typer.Option(help="Seed of the TPE sampler.")] = 0,
-    sim_prompts: Annotated[int, typer.Option(help="Requests per simulated run in stage 1.")] = 200,
+    search_seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Seed of the TPE sampler.")] = 0,
+    sim_prompts: Annotated[int, typer.Option(min=1, max=MAX_INT, help="Requests per simulated run in stage 1.")] = 200,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the study in --result-dir without repeating finished trials.")] = False,
     server_cmd: Annotated[Optional[str], typer.Option(help="Stage 2: command template with {engine_args} (and optional {port}).")] = None,
     server_env: Annotated[Optional[list[str]], typer.Option(help="KEY=VALUE for the server's environment. Repeatable.")] = None,
-    server_port: Annotated[Optional[int], typer.Option(help="Stage 2: the port servers listen on (default: a free one each).")] = None,
-    top_k: Annotated[int, typer.Option(help="Stage 2: how many of the simulator's best to measure (plus the baseline).")] = 3,
-    startup_timeout: Annotated[float, typer.Option(help="Stage 2: seconds to wait for /health.")] = 300.0,
+    server_port: Annotated[Optional[int], typer.Option(min=1, max=65535, help="Stage 2: the port servers listen on (default: a free one each).")] = None,
+    top_k: Annotated[int, typer.Option(min=0, max=MAX_INT, help="Stage 2: how many of the simulator's best to measure (plus the baseline).")] = 3,
+    startup_timeout: Annotated[float, typer.Option(callback=real(gt=0), help="Stage 2: seconds to wait for /health.")] = 300.0,
     report: ReportFlag = False,
     ray_address: RayAddress = None,
     ray_gpu_resource: RayGpuResource = "GPU",
@@ -115,14 +117,13 @@ def tune(
     run; stage 2 sends --num-prompts (default 200) or --duration to each server.
     """
     console = make_console()
-    load.check()
+    load.check(resume=resume)
     if load.sweep is not None:
         raise TuneError("--sweep does not apply to tune: the goodput objective searches the rate itself")
     if load.ramp_up_strategy is not None:
         raise TuneError("--ramp-up-strategy does not apply to tune: the goodput objective searches the rate itself")
     if resume and load.result_dir is None:
         raise TuneError("--resume needs the --result-dir of the study to continue")
-    output = load.output_dir("tune")
     search_space = SearchSpace.from_file(space_file, engine) if space_file else SearchSpace.from_items(space or [], engine)
     if space_file and space:
         raise TuneError("--space and --space-file both define the search space; give one")
@@ -136,13 +137,14 @@ def tune(
     if server_cmd:
         server = ServerCommand(server_cmd, parse_env(server_env), startup_timeout=startup_timeout, port=server_port)
     bench_amount = load.amount() if load.num_prompts or load.duration else Amount(STAGE2_PROMPTS, warmup=load.warmup)
+    simulated = deployment_from_flags(gpu, model, f"{engine_args} {sim_args}".strip(), calibration=calibration, engine=engine)
+    launch = deployment_from_flags(gpu, model, engine_args, calibration=calibration, engine=engine)
+    output = load.output_dir("tune", resume=resume)  # emptied with --overwrite, now that every flag has been read
     request = TuneRequest(
-        simulated=deployment_from_flags(gpu, model, f"{engine_args} {sim_args}".strip(), calibration=calibration,
-                                        engine=engine),
-        launch=deployment_from_flags(gpu, model, engine_args, calibration=calibration, engine=engine),
+        simulated=simulated, launch=launch,
         sim_args=sim_args, calibration=None if calibration is None else str(calibration),
         space=search_space, objective=goal,
-        sim_workload=TuneWorkload(load.workload(), arrival, Amount(num_prompts=sim_prompts)),
+        sim_workload=TuneWorkload(load.workload(), arrival, Amount(num_prompts=sim_prompts, max_plan_tokens=load.max_plan_tokens, count_flag="--sim-prompts")),
         bench_workload=TuneWorkload(load.workload(), arrival, bench_amount),
         search=SearchSettings(n_trials, sampler, search_seed),  # type: ignore[arg-type]
         output=output, resume=resume, server=server, top_k=top_k,

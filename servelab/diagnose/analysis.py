@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from servelab import SCHEMA_VERSION
+from servelab.errors import InputError
 from servelab.diagnose.advice import AdviceContext, check_advice
 from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, overload, saturation_rps, slo_max_rps
 from servelab.diagnose.ceilings import Ceilings, compute_ceilings
@@ -288,6 +289,11 @@ def diagnose_run(run: RunResult, deployment: Deployment, *, slo: SLO | None = No
 
 def diagnose_described(deployment: Deployment, scenario: Scenario, *, slo: SLO | None = None,
                        observed: Observed | None = None, **kw: Any) -> Diagnosis:
+    longest = max(s.input_len + s.output_len for s in scenario.shapes)
+    limit = deployment.config.max_model_len
+    if limit is not None and longest > limit:
+        raise InputError(f"--input-len + --output-len (with --prefix-len and earlier --turns: {longest:,} tokens) exceed "
+                         f"the deployment's max_model_len {limit:,}: the server would refuse every request")
     check_tried(deployment, observed.tried if observed else ())  # before the first simulation
     run = simulate(deployment, scenario)
     return analyse(deployment, scenario, run, slo=slo, source="simulated", observed=observed, **kw)

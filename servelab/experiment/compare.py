@@ -145,13 +145,23 @@ def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value:,.0f} ms"
 
 
+def ranking_line(peaks: Sequence[tuple[str, float]]) -> str:
+    """`vLLM 1,700 tok/s > SGLang 1,657 tok/s = TensorRT-LLM 1,657 tok/s: ...`, best first; engines whose peaks
+    print the same are ties (`=`), never ranked by digits the line does not show."""
+    shown = [(label, f"{value:,.0f}") for label, value in peaks]
+    line = f"{shown[0][0]} {shown[0][1]} tok/s" + "".join(
+        f" {'=' if text == before else '>'} {label} {text} tok/s" for (_, before), (label, text) in zip(shown, shown[1:]))
+    (best, top), (worst, bottom) = peaks[0], peaks[-1]
+    if len(peaks) > 1 and bottom > 0 and shown[0][1] != shown[-1][1]:
+        line += f": {best} peaks {top / bottom:.2f}x {worst}"
+    return line
+
+
 def explain(results: Sequence[EngineResult], peak: dict[str, float], prompt: float, output: float) -> list[str]:
     """The differences worth a sentence, each with its numbers; the first is the ranking itself."""
     by = {r.engine: r for r in results}
     ranked = sorted(peak, key=lambda e: -peak[e])
-    lines = [" > ".join(f"{by[e].label} {peak[e]:,.0f} tok/s" for e in ranked)
-             + (f": {by[ranked[0]].label} peaks {peak[ranked[0]] / peak[ranked[-1]]:.2f}x {by[ranked[-1]].label}"
-                if len(ranked) > 1 and peak[ranked[-1]] > 0 else "")]
+    lines = [ranking_line([(by[e].label, peak[e]) for e in ranked])]
     seq = prompt + output
     fits = ", ".join(f"{r.label} {r.memory.kv_token_capacity:,} KV tokens ({r.memory.kv_cache_gib:.1f} GiB) = "
                      f"{r.memory.sequences_fit:,} requests of {seq:,.0f} tokens" for r in results)

@@ -68,6 +68,31 @@ def client_warnings(client_stats: dict[str, Any]) -> list[str]:
     return []
 
 
+OVERLOAD_SERVED_SHARE = 0.9
+"""Served below this share of the offered rate, with a growing queue, is an overloaded run."""
+OVERLOAD_TTFT_GROWTH = 2.0
+"""Mean TTFT of the last third of the requests (by send time) over the first third's: a queue that grew through
+the run. A server keeping up has a flat TTFT whatever its served rate (a short run's drain lowers that rate)."""
+
+
+def overload_warnings(records: Sequence[RequestRecord], plan: LoadPlan, served: float | None) -> list[str]:
+    """A loud line when an open loop offered more than was served and the queue grew through the run: latencies
+    then measure the backlog, not the server at that rate."""
+    arrival = plan.description.get("arrival") or {}  # a probe's hand-made plan describes none
+    offered = arrival.get("request_rate")
+    ttfts = [r.first_token_time - r.send_time for r in sorted(records, key=lambda r: r.send_time)
+             if r.ok and r.first_token_time is not None]
+    if not isinstance(offered, (int, float)) or arrival.get("ramp") or served is None or len(ttfts) < 6:
+        return []
+    third = len(ttfts) // 3
+    early, late = sum(ttfts[:third]) / third, sum(ttfts[-third:]) / third
+    if served >= OVERLOAD_SERVED_SHARE * offered or late <= OVERLOAD_TTFT_GROWTH * early:
+        return []
+    return [f"OVERLOADED: {offered:g} req/s offered, {served:.3g} req/s served; the queue grew through the run "
+            f"(mean TTFT {early * 1e3:,.0f} ms in the first third of the requests, {late * 1e3:,.0f} ms in the last), "
+            "so the latencies measure the backlog: lower --request-rate below what is served"]
+
+
 def point_summary(
     records: Sequence[RequestRecord],
     target_run: TargetRun | None,
@@ -85,6 +110,7 @@ def point_summary(
     warnings = client_warnings(client_stats)
     if interrupted:
         warnings.append(f"run interrupted: statistics cover the {len(records)} requests that ended")
+    warnings += overload_warnings(records, plan, summary.get("request_throughput"))
     info = target_run.server_info if target_run is not None else {}
     if info.get("simulated") and summary["completed"]:
         counted = [r for r in records if r.send_time >= plan.warmup]

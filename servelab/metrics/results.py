@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servelab.atomic import write_text_atomic
 from servelab import SCHEMA_VERSION, __version__
 from servelab.errors import InputError
 from servelab.metrics.records import JsonlSink, RequestRecord, read_records
@@ -37,9 +38,7 @@ SWEEP = "sweep.json"
 
 
 def _dump(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def versions() -> dict[str, str]:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from servelab.atomic import write_text_atomic
 from servelab.perf.cost_model import CostCoefficients, RooflineCostModel, StepBatch
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
@@ -465,9 +466,7 @@ class CalibrationProfile(BaseModel):
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomic(path, self.model_dump_json(indent=2) + "\n")
 
 
 def model_spec_dict(model: ModelSpec) -> dict[str, Any]:

@@ -91,6 +91,12 @@ NOT_MODELLED_BECAUSE: dict[str, str] = {
     ),
 }
 
+GPU_KERNEL_BLOCK = 16
+"""vLLM 0.32's FlashAttention backend (the GPU default) takes KV blocks of a multiple of 16 tokens
+(FlashAttentionBackend.get_supported_kernel_block_sizes: MultipleOf(16)); any other block size fails at start-up.
+The CPU backend takes any size (it only warns off multiples of 32)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Flag:
     """How one modelled vLLM flag lands in the parse result."""
@@ -112,7 +118,7 @@ def _human_int(value: str) -> int:
 
 
 def _max_model_len(value: str) -> int | None:
-    return None if value.strip().lower() in ("-1", "auto") else _human_int(value)
+    return None if value.strip().lower() in ("-1", "auto") else _positive(value)
 
 
 def _quantization(value: str) -> str | None:
@@ -178,6 +184,8 @@ class ParsedEngineArgs:
     warnings: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     """Flags vLLM accepts that have no effect on performance (--host, --port, --api-key, ...)."""
+    given: frozenset[str] = frozenset()
+    """The EngineConfig fields the line set itself, so a flag beside it (--tp) that disagrees can be refused."""
 
 
 def _tokens(line: str | Sequence[str]) -> list[str]:
@@ -264,6 +272,7 @@ def parse_engine_args(line: str | Sequence[str], base: EngineConfig | None = Non
         else:
             result.ignored.append(flag)
 
+    result.given = frozenset(values)
     result.model = values.pop("model", None)
     result.performance_mode = values.pop("performance_mode", "balanced")
     result.config = result.config.with_(**values)
@@ -307,6 +316,11 @@ def resolve(
     EngineConfig the flags were parsed onto (perf/vllm_versions.py).
     """
     tp = config.tensor_parallel_size
+    if hardware.vendor != "cpu" and config.block_size % GPU_KERNEL_BLOCK:
+        raise PerfConfigError(
+            f"--block-size {config.block_size}: vLLM's attention kernels on a GPU ({hardware.name}) take a multiple "
+            f"of {GPU_KERNEL_BLOCK} tokens (16, 32, 64, 128, ...); vLLM refuses it"
+        )
     if model.num_heads % tp:
         raise PerfConfigError(
             f"{model.name} has {model.num_heads} attention heads, not divisible by tensor_parallel_size {tp}"

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from plotly.offline import get_plotlyjs
 
+from servelab.atomic import write_text_atomic
 from servelab import __version__
-from servelab.report.inputs import ReportInputs, load_inputs
+from servelab.report.inputs import ReportInputError, ReportInputs, load_inputs
 from servelab.report.sections import SECTIONS, Section, SectionBuilder
 from servelab.report.tables import headline
 
@@ -104,8 +105,8 @@ def write_report(dirs: list[Path], out: Path, title: str | None = None) -> Path:
     inputs = load_inputs([Path(d) for d in dirs])
     page = render_report(inputs, title)
     out = Path(out)
+    if out.is_dir():
+        raise ReportInputError(f"-o {out} is a directory: name the HTML file to write, e.g. {out / 'report.html'}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)
+    write_text_atomic(out, page)
     return out

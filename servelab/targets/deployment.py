@@ -221,10 +221,16 @@ def build_deployment(
     version = parse_version(vllm_version)
     parsed = parse_engine_args(engine_args, base=version_defaults(version))
     requested = parsed.config
-    if tensor_parallel_size is not None:
-        requested = requested.with_(tensor_parallel_size=tensor_parallel_size)
-    if replicas is not None:
-        requested = requested.with_(data_parallel_size=replicas)
+    for flag, name, value in (("--tp", "tensor_parallel_size", tensor_parallel_size),
+                              ("--replicas", "data_parallel_size", replicas)):
+        if value is None:
+            continue
+        if value < 1:
+            raise PerfConfigError(f"{flag} must be >= 1, got {value}")
+        if name in parsed.given and getattr(requested, name) != value:
+            raise PerfConfigError(f"{flag} {value} and {VLLM_FLAGS[name]} {getattr(requested, name)} in --engine-args "
+                                  "set the same thing to different values; give one of them")
+        requested = requested.with_(**{name: value})
     hardware, spec = resolve_parts(gpu, model, parsed.model, gpu_file)
     return Deployment.build(
         hardware, spec, requested,

@@ -206,6 +206,10 @@ def build_engine_deployment(
         settings = replace(settings, dp_size=replicas)  # SGLang's own data parallelism, not a router's replicas
         replicas = None
     if tensor_parallel_size is not None:
+        flag_tp = settings.tp_size
+        if flag_tp != _parse(engine, "")[0].tp_size and flag_tp != tensor_parallel_size:  # the line set it, otherwise
+            raise PerfConfigError(f"--tp {tensor_parallel_size} and {KNOBS[engine]['tensor_parallel_size'].flag} {flag_tp} in "
+                                  "--engine-args set the same thing to different values; give one of them")
         settings = replace(settings, tp_size=tensor_parallel_size)
     hardware, spec = resolve_parts(gpu, model, settings.model, gpu_file)
     return _assemble(engine, hardware, spec, settings, flags, warnings, router, replicas)

@@ -264,9 +264,20 @@ class _Simulation:
         heapq.heappush(self.events, (t, kind, next(self.seq), action))
 
     def _scrape_until(self, t: float) -> None:
+        interval = self.t.scrape_interval
+        if self.next_scrape < t and self._idle():
+            # Every sample of an idle gap reads the same: keep its first and last, so a slow open loop
+            # (--request-rate 1e-9) writes a few samples per request, not one per simulated second.
+            skipped = math.ceil((t - self.next_scrape) / interval) - 1
+            if skipped > 1:
+                self._sample(self.next_scrape)
+                self.next_scrape += skipped * interval
         while self.next_scrape < t:
             self._sample(self.next_scrape)
-            self.next_scrape += self.t.scrape_interval
+            self.next_scrape += interval
+
+    def _idle(self) -> bool:
+        return not any(engine.has_work() or engine.decode_run is not None for engine in self.engines)
 
     def _sample(self, t: float) -> None:
         if self.on_sample is None:

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servelab.atomic import write_text_atomic
 from servelab import SCHEMA_VERSION
 from servelab.metrics.records import disturbances
 from servelab.metrics.results import ResultWriter
@@ -151,9 +152,7 @@ class Stage2Result:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def write_result(path: Path, result: Stage2Result) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from servelab.atomic import write_text_atomic
 from servelab import SCHEMA_VERSION
 from servelab.metrics.results import versions
 from servelab.metrics.schema import checked
@@ -164,9 +165,7 @@ def tune_document(
 
 def write_tune_json(directory: Path, document: dict[str, Any]) -> Path:
     path = directory / TUNE_JSON
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(checked(TuneDocument, document), indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(checked(TuneDocument, document), indent=2, default=str) + "\n")
     return path
 
 

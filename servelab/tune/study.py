@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from servelab.atomic import write_text_atomic
 from servelab import SCHEMA_VERSION
 from servelab.pool import TaskLost, TaskPool
 from servelab.renames import upgraded
@@ -204,9 +205,7 @@ def _trial_dir(directory: Path, number: int) -> Path:
 def write_trial_dir(directory: Path, number: int, outcome: TrialOutcome) -> Path:
     path = _trial_dir(directory, number)
     path.mkdir(parents=True, exist_ok=True)
-    tmp = path / "trial.json.tmp"
-    tmp.write_text(json.dumps({"number": number, **outcome.to_dict()}, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path / "trial.json")
+    write_text_atomic(path / "trial.json", json.dumps({"number": number, **outcome.to_dict()}, indent=2, default=str) + "\n")
     return path
 
 

@@ -65,6 +65,16 @@ class WorkloadConfig:
         if self.turns < 1 or self.think_time < 0:
             raise WorkloadError("--multiturn-turns must be >= 1 and --multiturn-think-time >= 0")
 
+    def tokens_per_request(self) -> float | None:
+        """The most prompt + output tokens one request may hold (a length's top is mean x (1 + ratio); a chat turn
+        resends every earlier turn); None where a file sets the lengths."""
+        if self.dataset_name in FILE_DATASETS:
+            return None
+        spread = 1 + self.range_ratio if self.length_distribution == "uniform" else 1 + 3 * self.range_ratio
+        turn = (self.input_len + self.output_len) * spread
+        prefix = self.prefix_len if self.dataset_name == "prefix" else 0
+        return prefix + turn * (self.turns if self.dataset_name == "multiturn" else 1)
+
     def input_lengths(self) -> LengthDistribution:
         return LengthDistribution(self.input_len, self.length_distribution, self.range_ratio)
 

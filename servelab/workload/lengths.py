@@ -9,6 +9,8 @@ clipped to >= 1, because a zero-token prompt or output is not a request.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +31,7 @@ class LengthDistribution:
             raise WorkloadError(f"unknown length distribution {self.shape!r}; use one of {', '.join(DISTRIBUTIONS)}")
         if self.mean < 1:
             raise WorkloadError(f"a length must be at least 1 token, got {self.mean}")
-        if self.spread < 0 or (self.shape == "uniform" and self.spread >= 1):
+        if not math.isfinite(self.spread) or self.spread < 0 or (self.shape == "uniform" and self.spread >= 1):
             raise WorkloadError(
                 f"--random-range-ratio must be in [0, 1) for uniform lengths and >= 0 otherwise, got {self.spread}"
             )

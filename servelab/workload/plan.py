@@ -7,6 +7,7 @@ streams, so every point of a rate sweep sends the same prompts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import islice
 
@@ -20,7 +21,10 @@ from servelab.workload.spec import LoadPlan
 DEFAULT_NUM_PROMPTS = 1000
 """`vllm bench serve`'s default."""
 DURATION_REQUEST_CAP = 1_000_000
-"""A `--duration` run without a rate (closed loop) could ask for requests forever; this bounds it."""
+"""A `--duration` run without a rate (closed loop) could ask for requests forever; this bounds it (and --num-prompts)."""
+PLAN_TOKEN_LIMIT = 100_000_000
+"""Prompt + output tokens one plan may hold unless --max-plan-tokens says more: prompts are materialised as token
+ids and every output token's arrival is recorded, so this is ~1 GB of memory, far beyond a day's benchmark."""
 
 
 @dataclass(frozen=True)
@@ -28,12 +32,15 @@ class Amount:
     num_prompts: int | None = None
     duration: float | None = None
     warmup: float = 0.0
+    max_plan_tokens: int = PLAN_TOKEN_LIMIT
+    count_flag: str = "--num-prompts"
+    """The flag that set `num_prompts`, for messages (tune's stage 1 takes it from --sim-prompts)."""
 
     def __post_init__(self) -> None:
         if self.num_prompts is not None and self.duration is not None:
             raise WorkloadError("--num-prompts and --duration both set the amount of load; give one of them")
         if self.num_prompts is not None and self.num_prompts < 1:
-            raise WorkloadError(f"--num-prompts must be >= 1, got {self.num_prompts}")
+            raise WorkloadError(f"{self.count_flag} must be >= 1, got {self.num_prompts}")
         if self.duration is not None and not self.duration > 0:
             raise WorkloadError(f"--duration must be > 0 seconds, got {self.duration}")
         if self.warmup < 0:
@@ -53,7 +60,9 @@ class Amount:
 
 
 def build_plan(workload: WorkloadConfig, arrival: ArrivalConfig, amount: Amount) -> LoadPlan:
-    """A fresh plan; bad dataset files and flag clashes raise WorkloadError here, before any load."""
+    """A fresh plan; bad dataset files, flag clashes and a plan too big to hold raise WorkloadError here, before any
+    load."""
+    _check_size(workload, arrival, amount)
     data_seed, arrival_seed = np.random.SeedSequence(workload.seed).spawn(2)
     dataset = open_dataset(workload, np.random.default_rng(data_seed))
     if dataset.timestamps and arrival.open_loop:
@@ -84,3 +93,29 @@ def build_plan(workload: WorkloadConfig, arrival: ArrivalConfig, amount: Amount)
             "dataset_notes": dataset.notes,
         },
     )
+
+
+def _check_size(workload: WorkloadConfig, arrival: ArrivalConfig, amount: Amount) -> None:
+    """Refuse a plan whose requests x lengths exceed `amount.max_plan_tokens`, before a token is drawn: a typo such
+    as --random-input-len 1000000000 would otherwise grow memory until the machine runs out."""
+    per_request = workload.tokens_per_request()
+    if per_request is None:  # lengths come from a file, which bounds them
+        return
+    if amount.count is not None:
+        requests, source = float(amount.count), f"{amount.count_flag} {amount.count:,}"
+    elif math.isfinite(arrival.request_rate) and amount.duration is not None:
+        requests = min(arrival.request_rate * amount.duration, DURATION_REQUEST_CAP)
+        source = f"--duration {amount.duration:g} s at --request-rate {arrival.request_rate:g} (~{requests:,.0f} requests)"
+    else:
+        return
+    tokens = requests * per_request
+    if tokens > amount.max_plan_tokens:
+        raise WorkloadError(
+            f"{source} x ~{_count(per_request)} prompt + output tokens a request = {tokens:,.3g} tokens, over the "
+            f"{amount.max_plan_tokens:,} one run may plan: send fewer or shorter requests, or raise --max-plan-tokens"
+        )
+
+
+def _count(value: float) -> str:
+    """1,152 as such; a count past a trillion (a typo's) in powers of ten, not as fifty digits."""
+    return f"{value:,.0f}" if value < 1e12 else f"{value:.3g}"
