@@ -146,7 +146,7 @@ def test_resolve_caps_the_default_budget_by_seqs_times_length():
 
 @pytest.mark.parametrize("config, message", [
     (EngineConfig(max_model_len=200_000), "exceeds Llama-3.1-8B's max_position_embeddings"),
-    (EngineConfig(tensor_parallel_size=3), "not divisible by tensor_parallel_size 3"),
+    (EngineConfig(tensor_parallel_size=3), r"--tensor-parallel-size \(--tp\) 3: .* not divisible by 3"),
     (EngineConfig(max_num_seqs=512, max_num_batched_tokens=256), r"must be >= max_num_seqs"),
     (EngineConfig(enable_chunked_prefill=False, max_num_batched_tokens=4096, max_model_len=8192), "smaller than max_model_len"),
 ])

@@ -96,7 +96,7 @@ _WORKLOAD_FLAGS = ("random_input_len", "random_output_len", "num_prompts", "requ
 def _refuse_other_load_flags(load: LoadFlags, used: tuple[str, ...], mode: str) -> None:
     default = LoadFlags()
     for name in (f.name for f in fields(LoadFlags)):
-        if name not in used and getattr(load, name) != getattr(default, name):
+        if name not in (*used, "overwrite") and getattr(load, name) != getattr(default, name):
             raise InputError(f"--{name.replace('_', '-')} does not apply to calibrate {mode}")
 
 
@@ -119,7 +119,6 @@ def calibrate(
     out: OutFlag = Path("profile.json"),
     engine_args: EngineArgsFlag = "",
     vllm_version: VllmVersionFlag = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing profile at --out.")] = False,
     budget: Annotated[float, typer.Option(callback=real(gt=0), help="Live: seconds of probing (repeated passes until spent).")] = 300.0,
     served_model: ServedModelFlag = None,
     api_key: ApiKeyFlag = None,
@@ -129,12 +128,12 @@ def calibrate(
     """Fit the simulator to your server: probe it live (--base-url), or fit to benchmarks you already ran (--from)."""
     if (base_url is None) == (not from_results):
         raise InputError("give --base-url (probe a live server) or --from RESULT (benchmarks you already ran), one of them")
-    if out.exists() and not overwrite:
+    if out.exists() and not load.overwrite:  # the load flags' --overwrite: here, the profile at --out
         raise InputError(f"{out} exists: give --overwrite to replace it, or another --out")
     if from_results:
         _refuse_other_load_flags(load, _WORKLOAD_FLAGS, "--from")
         request = CalibrateFromRequest(tuple(from_results), gpu, model, out, engine_args=engine_args,
-                                       vllm_version=vllm_version, workload=_workload(load), overwrite=overwrite)
+                                       vllm_version=vllm_version, workload=_workload(load), overwrite=load.overwrite)
         show_runs_fit(calibrate_from(request, progress=lambda m: _console.print(f"[dim]{m}[/]")))
         _console.print(f"profile written to {out}; use it with --calibration {out} (add --model to predict another model)")
         return

@@ -54,4 +54,9 @@ def report(
 ) -> None:
     """Write an HTML report (plotly, works offline): sweep curves, latency CDFs, request and server timelines,
     diagnose's findings, tune's trials and Pareto front, validate's simulated vs. measured, compare's engines overlaid."""
-    _write(dirs, out, title, make_console())
+    from servelab.report.inputs import ReportInputError  # reads results with pydantic and yaml: not for --help
+
+    try:
+        _write(dirs, out, title, make_console())
+    except ReportInputError as exc:  # name the argument: `report ''` is the current directory, which the user never typed
+        raise typer.BadParameter(str(exc), param_hint="DIRS") from exc

@@ -323,7 +323,7 @@ def resolve(
         )
     if model.num_heads % tp:
         raise PerfConfigError(
-            f"{model.name} has {model.num_heads} attention heads, not divisible by tensor_parallel_size {tp}"
+            f"--tensor-parallel-size (--tp) {tp}: {model.name} has {model.num_heads} attention heads, not divisible by {tp}"
         )
     max_model_len = config.max_model_len or model.max_position_embeddings
     if max_model_len > model.max_position_embeddings:
