@@ -66,7 +66,7 @@ from urllib.parse import urlparse
 import numpy as np
 import yaml
 
-from servelab.experiment.calibrate_from import fit_from_runs, with_environment
+from servelab.experiment.calibrate_from import CalibrateFromError, fit_from_runs, with_environment
 from servelab.metrics.imports import MEASURED_KEYS, MeasuredRun, ResultFormat
 from servelab.metrics.intervals import (
     LEVEL, RESIDUALS, Regime, Residual, ResidualTable, Tier, classify_regime, metric_bounds,
@@ -323,11 +323,16 @@ def fitted_environment(reference_id: str) -> EnvironmentFit:
 
 
 def calibrated_from_one_run(entry: dict[str, Any], published: dict[str, Any], max_prompts: int | None) -> Replay | None:
-    """The entry predicted in the environment fitted on another run of its source and GPU (None: it has none)."""
+    """The entry predicted in the environment fitted on another run of its source and GPU (None: it has none, or
+    calibrate --from refuses that run; V0-era runs are not scored, so not calibrated)."""
     reference = calibration_run(entry)
-    if reference is None:
+    if reference is None or entry["era"] != "v1":
         return None
-    deployment = with_environment(specs_deployment(entry), fitted_environment(reference["id"]))
+    try:
+        environment = fitted_environment(reference["id"])
+    except CalibrateFromError:  # calibrate --from refuses the reference (a request longer than max_model_len)
+        return None
+    deployment = with_environment(specs_deployment(entry), environment)
     return replace(replay(entry, published, max_prompts, deployment, Tier.CALIBRATED_FROM_RUNS),
                    calibrated_on=reference["id"])
 
