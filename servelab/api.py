@@ -33,6 +33,7 @@ from servelab.metrics.results import RunResult, load_run
 from servelab.metrics.schema import RunInfo, Summary
 from servelab.metrics.slo import SLO
 from servelab.perf.calibration import CalibrationProfile
+from servelab.results_dir import clear_result_dir, result_dir_refusal
 from servelab.targets.base import Target
 from servelab.metrics.engines import AUTO
 from servelab.sim.engines import VLLM
@@ -85,36 +86,51 @@ def _plan(input_len: int, output_len: int, request_rate: float, max_concurrency:
                       ArrivalConfig(request_rate=request_rate, max_concurrency=max_concurrency), Amount(num_prompts=num_prompts))
 
 
-def _run(target: Target, plan: Any, result_dir: str | Path, run_info: dict[str, Any], goodput: dict[str, float] | None) -> Results:
+def _checked_dir(result_dir: str | Path, overwrite: bool) -> Path:
+    """`result_dir` as the CLI's --result-dir takes it: an earlier result there is replaced only when asked."""
+    directory = Path(result_dir)
+    result_dir_refusal(directory, overwrite)
+    return directory
+
+
+def _run(target: Target, plan: Any, result_dir: Path, run_info: dict[str, Any], goodput: dict[str, float] | None,
+         overwrite: bool) -> Results:
     slo = SLO.parse([f"{k}:{v:g}" for k, v in (goodput or {}).items()])
-    run_point(target, plan, Path(result_dir), run_info, slo)
+    if overwrite:
+        clear_result_dir(result_dir)
+    run_point(target, plan, result_dir, run_info, slo)
     return load_results(result_dir)
 
 
 def simulate(gpu: str, model: str, *, result_dir: str | Path, engine_args: str = "", input_len: int = 1024,
              output_len: int = 128, request_rate: float = math.inf, max_concurrency: int | None = None,
-             num_prompts: int = 200, seed: int = 0, goodput: dict[str, float] | None = None) -> Results:
-    """`servelab simulate`: the load served by the simulated deployment; `goodput` as {"ttft": ms, "tpot": ms}."""
+             num_prompts: int = 200, seed: int = 0, goodput: dict[str, float] | None = None,
+             overwrite: bool = False) -> Results:
+    """`servelab simulate`: the load served by the simulated deployment; `goodput` as {"ttft": ms, "tpot": ms}.
+    A `result_dir` holding an earlier result is refused unless `overwrite` (then emptied first)."""
+    directory = _checked_dir(result_dir, overwrite)
     deployment = build_deployment(gpu, model, engine_args)
     plan = _plan(input_len, output_len, request_rate, max_concurrency, num_prompts, seed)
     flags = {"gpu": gpu, "model": model, "engine_args": engine_args, "input_len": input_len, "output_len": output_len,
              "request_rate": request_rate, "max_concurrency": max_concurrency, "num_prompts": num_prompts, "seed": seed}
     run_info = {"verb": "simulate", "source": "sim", "flags": flags, "deployment": deployment.describe()}
-    return _run(deployment.sim_target(), plan, result_dir, run_info, goodput)
+    return _run(deployment.sim_target(), plan, directory, run_info, goodput, overwrite)
 
 
 def bench(base_url: str, *, result_dir: str | Path, model: str | None = None, input_len: int = 1024,
           output_len: int = 128, request_rate: float = math.inf, max_concurrency: int | None = None,
           num_prompts: int = 200, seed: int = 0, ignore_eos: bool = False, api_key: str | None = None,
-          goodput: dict[str, float] | None = None) -> Results:
-    """`servelab bench`: the load sent to a running OpenAI-compatible server (pre-flight checked first)."""
+          goodput: dict[str, float] | None = None, overwrite: bool = False) -> Results:
+    """`servelab bench`: the load sent to a running OpenAI-compatible server (pre-flight checked first). A
+    `result_dir` holding an earlier result is refused unless `overwrite` (then emptied first)."""
+    directory = _checked_dir(result_dir, overwrite)
     target = HttpTarget(base_url, model=model, api_key=api_key, ignore_eos=ignore_eos)
     server = target.preflight()
     plan = _plan(input_len, output_len, request_rate, max_concurrency, num_prompts, seed)
     flags = {"base_url": base_url, "model": server["model"], "input_len": input_len, "output_len": output_len,
              "request_rate": request_rate, "max_concurrency": max_concurrency, "num_prompts": num_prompts, "seed": seed,
              "ignore_eos": ignore_eos}
-    return _run(target, plan, result_dir, {"verb": "bench", "source": "http", "flags": flags}, goodput)
+    return _run(target, plan, directory, {"verb": "bench", "source": "http", "flags": flags}, goodput, overwrite)
 
 
 def diagnosis(results: Results | str | Path, gpu: str, model: str, engine_args: str = "", engine: str = AUTO) -> Diagnosis:

@@ -41,3 +41,16 @@ def test_bad_input_raises_the_clis_error_before_any_load(tmp_path: Path) -> None
     assert not (tmp_path / "run").exists()
     with pytest.raises(AttributeError):
         servelab.no_such_function  # noqa: B018
+
+
+def test_an_earlier_result_is_replaced_only_when_asked(tmp_path: Path) -> None:
+    """The API keeps the CLI's rule: a result_dir holding a run is refused, and `overwrite` empties it first."""
+    small = {"input_len": 64, "output_len": 8, "request_rate": 4, "num_prompts": 8}
+    first = servelab.simulate("a100-80gb", "qwen2.5-7b", result_dir=tmp_path / "run", **small)
+    stale = tmp_path / "run" / "report.html"
+    stale.write_text("an earlier run's report")
+    with pytest.raises(InputError, match="already holds a run.*--overwrite"):
+        servelab.simulate("a100-80gb", "qwen2.5-7b", result_dir=tmp_path / "run", seed=1, **small)
+    assert servelab.load_results(tmp_path / "run").summary == first.summary  # untouched by the refusal
+    again = servelab.simulate("a100-80gb", "qwen2.5-7b", result_dir=tmp_path / "run", seed=1, overwrite=True, **small)
+    assert again.summary is not None and again.summary.completed == 8 and not stale.exists()

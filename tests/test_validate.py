@@ -25,6 +25,7 @@ from servelab.experiment.validate import (
     validate_on,
 )
 from servelab.metrics.records import RequestRecord
+from support.profiles import tiny_profile
 from servelab.experiment.reference import speed_check, time_reference
 from servelab.perf.calibration import CalibrationProfile, ReferenceTiming, model_spec_dict
 from servelab.perf.cost_model import CostCoefficients
@@ -213,3 +214,16 @@ def test_a_speed_check_names_a_server_slower_than_its_calibration(profile: Calib
     assert (tmp_path / "slow" / "warmup" / "records.jsonl").is_file()
     assert "unchecked" in speed_check(timed.reference, profile_sim_target(timed), 2, 4096, tmp_path / "other")[0]
     assert "schema 2" in speed_check(None, profile_sim_target(timed), 32, 4096, tmp_path / "none")[0]
+
+
+def test_an_earlier_validation_is_replaced_only_with_overwrite(tmp_path: Path) -> None:
+    """validate's report and its measured runs are data: a second validate into the same --out is refused, before
+    any load, naming --overwrite; nothing of the earlier one is touched."""
+    profile = tiny_profile(tmp_path)
+    out = tmp_path / "validation.json"
+    out.write_text("{}")
+    (tmp_path / "validation.runs").mkdir()
+    result = CliRunner().invoke(app, ["validate", "--calibration", str(profile), "--base-url", "http://127.0.0.1:9",
+                                      "--out", str(out)])
+    assert result.exit_code == 2 and "--overwrite" in result.stderr and str(out) in result.stderr
+    assert out.read_text() == "{}" and (tmp_path / "validation.runs").is_dir()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Optional
@@ -210,6 +211,16 @@ def show_runs_fit(profile: CalibrationProfile) -> None:
     _console.print(f"fit: mean squared log error {env.objective:.4f} after {env.evaluations} simulations of every run")
 
 
+def replace_earlier_validation(out: Path, runs: Path, overwrite: bool) -> None:
+    """An earlier validation's report and measured runs are data: refused unless --overwrite, which removes them."""
+    earlier = [str(p) for p in (out, runs) if p.exists()]
+    if earlier and not overwrite:
+        raise InputError(f"--out {out}: {' and '.join(earlier)} already hold an earlier validation; pass --overwrite "
+                         "to replace them, or choose another --out")
+    if overwrite and runs.is_dir():
+        shutil.rmtree(runs)
+
+
 @app.command()
 def validate(
     calibration: RequiredCalibrationFlag,
@@ -221,11 +232,15 @@ def validate(
     served_model: ServedModelFlag = None,
     api_key: ApiKeyFlag = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier validate's report at --out and its "
+                                            "measured runs in <out>.runs/.")] = False,
 ) -> None:
     """Run held-out workloads on the server and in the simulator with the profile; print % error per metric."""
     profile = load_profile(calibration)
+    runs = out.with_name(out.stem + ".runs")
+    replace_earlier_validation(out, runs, overwrite)
     report = run_validation(
-        profile, base_url, out.with_name(out.stem + ".runs"), engine_args=engine_args,
+        profile, base_url, runs, engine_args=engine_args,
         points=points_named(points), repeats=repeats, served_model=served_model,
         api_key=api_key,
         progress=lambda m: None if json_out else _console.print(f"[dim]{m}[/]"),

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-import shutil
 import time
 import typing
 from collections.abc import Callable, Sequence
@@ -29,10 +28,9 @@ from typing import Annotated, Any, Optional
 import typer
 
 from servelab.cli.checks import MAX_GPUS, MAX_INT, real, shell_words
+from servelab.results_dir import clear_result_dir, result_dir_refusal
 from servelab.experiment.auto_sweep import AutoSweep, parse_sweep
 from servelab.experiment.sweep import Sweep, SweepError
-from servelab.errors import InputError
-from servelab.metrics.results import RECORDS, RUN, SUMMARY, SWEEP, TIMELINE
 from servelab.metrics.slo import SLO
 from servelab.metrics.summary import DEFAULT_PERCENTILES
 from servelab.perf.calibration import load_profile
@@ -238,55 +236,12 @@ class LoadFlags:
         (`check` refused it without --overwrite). Call it last, just before the run."""
         if self.result_dir is None:
             return Path("results") / f"{verb}-{time.strftime('%Y%m%d-%H%M%S')}"
-        if self.overwrite and not resume and self.result_dir.is_dir() and any(self.result_dir.iterdir()):
-            shutil.rmtree(self.result_dir)
+        if self.overwrite and not resume:
+            clear_result_dir(self.result_dir)
         return self.result_dir
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
-
-
-def result_markers() -> dict[str, str]:
-    """The files that say a directory holds a servelab result, and what they say it holds (imported here: the
-    tune and report modules are heavy, and only a given --result-dir needs them)."""
-    from servelab.report.inputs import COMPARE
-    from servelab.tune.outcome import TUNE_JSON
-    from servelab.tune.study import STUDY_DB
-
-    return {RUN: "run", SWEEP: "sweep", TUNE_JSON: "tune study", STUDY_DB: "tune study", COMPARE: "comparison"}
-
-
-RESULT_FILES = {RECORDS, TIMELINE, SUMMARY, "report.html", "diagnosis.json", "compare.html", "live-server.json"}
-"""The other files a result directory holds (its subdirectories are sweep points, trials and servers' runs)."""
-
-
-def result_dir_refusal(directory: Path, overwrite: bool) -> None:
-    """InputError unless `directory` may receive a new result: new, empty, or (with --overwrite) holding a servelab
-    result. A directory of other files is never cleared: --overwrite replaces results, not whatever is there."""
-    if not directory.exists():
-        return
-    if not directory.is_dir():
-        raise InputError(f"--result-dir {directory} is a file, not a directory")
-    names = sorted(p.name for p in directory.iterdir())
-    if not names:
-        return
-    markers = result_markers()
-    held = [markers[n] for n in names if n in markers]
-    if not held:
-        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        raise InputError(f"--result-dir {directory} holds files that are not a servelab result ({shown}); "
-                         "choose a new or empty directory")
-    if not overwrite:
-        raise InputError(f"--result-dir {directory} already holds a {held[0]}; pass --overwrite to replace it "
-                         "(the directory is emptied first), or choose another directory")
-    foreign = [n for n in names if (directory / n).is_file() and n not in markers and n not in RESULT_FILES
-               and not n.endswith(".tmp")]
-    if foreign:
-        raise InputError(f"--result-dir {directory} holds a {held[0]} and files that are not servelab's "
-                         f"({', '.join(foreign[:3])}): --overwrite would delete them; move them away first")
-    if Path.cwd().resolve().is_relative_to(directory.resolve()):
-        raise InputError(f"--result-dir {directory} --overwrite would empty the directory you are working in; "
-                         "name the results directory itself")
 
 
 _LOAD_HINTS = typing.get_type_hints(LoadFlags, include_extras=True)
