@@ -60,8 +60,6 @@ from cpu_side_costs import (  # noqa: E402  (the sibling script's helpers)
     LATENCY_METRICS,
     STEPS_METRIC,
     ApiProbe,
-    _descendants,
-    _pin,
     heavy_lock,
     linear_fit,
     reference_loop_s,
@@ -250,12 +248,7 @@ class AttachedProbe(ApiProbe):
         self.rng, self.client_core, self.served_model_name = random.Random(0), 0, served_model_name
 
     def __enter__(self) -> AttachedProbe:
-        self.api_pid = self.server.pid
-        self.engine_pids = _descendants(self.api_pid)
-        self.pinned = True
-        _pin(self.api_pid, 0)
-        for pid in self.engine_pids:
-            _pin(pid, 1)
+        self.pin()
         return self
 
     def __exit__(self, *exc) -> None:

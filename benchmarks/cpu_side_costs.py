@@ -424,13 +424,17 @@ class ApiProbe:
 
     def __enter__(self) -> Self:
         self.server.start()
+        self.pin()
+        return self
+
+    def pin(self) -> None:
+        """The API server's process on core 0, the engine core and its worker on core 1."""
         self.api_pid = self.server.pid
         self.engine_pids = _descendants(self.api_pid)
         self.pinned = True
         _pin(self.api_pid, 0)
         for pid in self.engine_pids:
             _pin(pid, 1)
-        return self
 
     def __exit__(self, *exc) -> None:
         self.server.stop()
