@@ -93,7 +93,7 @@ METRICS = (
 SHORT = {m: m.replace("_ms", "").replace("request_throughput", "req/s").replace("output_throughput", "out tok/s")
          .replace("median_", "p50_") for m in METRICS}
 FLOORS = {"request_throughput": 0.15, "mean_ttft_ms": 0.25, "mean_tpot_ms": 0.10}
-"""Issue 11's floors on the held-out V1 table's median |error|; issue 25 sets the same ones on the saturated class."""
+"""The floors on the held-out V1 table's median |error|, over every class and on the saturated class alone."""
 HEADLINE = ("request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms")
 """The metrics the tables by class, source and tier show."""
 THROUGHPUTS = ("request_throughput", "output_throughput")
@@ -125,13 +125,16 @@ def entries() -> tuple[dict[str, Any], ...]:
 
 
 def source_of(entry: dict[str, Any]) -> str:
-    """The publisher of a run (one host and harness): its repository, else its URL's site and first path segments."""
+    """The publisher of a run (one host and harness): its repository, else its URL's site and first path segments, an
+    issue's or pull request's number included (each is one reporter's host, not the repository's)."""
     src = entry["source"]
     if src.get("repo"):
         return str(src["repo"])
     url = urlparse(src["url"])
     parts = [p for p in url.path.split("/") if p]
-    return "/".join([url.netloc, *parts[:2]]) if url.netloc == "github.com" else url.netloc
+    if url.netloc != "github.com":
+        return url.netloc
+    return "/".join([url.netloc, *parts[:4 if parts[2:3] in (["issues"], ["pull"]) else 2]])
 
 
 @cache
@@ -544,19 +547,19 @@ def interval_table(table: ResidualTable) -> str:
                 bounds = metric_bounds(table, Tier(tier), regime, m)
                 if bounds is None:
                     continue
-                pooled = [regimes.get(g, {}).get(m, []) for g in bounds.pooled_from]
-                sources = len({row.source for rows_ in pooled for row in rows_})
-                note = "" if bounds.pooled_from == (regime,) else "pooled with " + ", ".join(bounds.pooled_from[1:])
+                note = "" if bounds.pooled_from == ((regime, m),) else f"pooled: {bounds.pooled_text(m)}"
                 own = len(regimes.get(regime, {}).get(m, []))
-                lines.append([str(tier), str(regime), SHORT[m], f"{own} ({bounds.runs} used, {sources} sources)",
+                lines.append([str(tier), str(regime), SHORT[m], f"{own} ({bounds.runs} used, {bounds.sources} sources)",
                               f"x{math.exp(bounds.low):.2f} .. x{math.exp(bounds.high):.2f}", note])
     return _table(["tier", "regime", "metric", "runs (used, sources)", f"{LEVEL:.0%} interval / prediction", "note"], lines)
 
 
 def coverage_table(rows: list[Replay]) -> str:
     """Leave each source out, build the intervals from the others, count its measured values inside: per regime and
-    headline metric, and over every metric with residuals."""
+    headline metric, over every metric with residuals, and over every metric with each source weighing one (a user's
+    deployment is one new host, and one prolific host would otherwise decide the per-run share)."""
     hits: dict[tuple[str, str, str], list[bool]] = defaultdict(list)
+    by_source: dict[tuple[str, str], dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
     for source in {r.source for r in rows if r.scored}:
         table = residual_table([r for r in rows if r.source != source])
         for r in (r for r in rows if r.source == source):
@@ -567,13 +570,17 @@ def coverage_table(rows: list[Replay]) -> str:
                     inside = bounds.low <= value <= bounds.high
                     hits[(r.tier, r.regime, m)].append(inside)
                     hits[(r.tier, r.regime, "all")].append(inside)
+                    by_source[(r.tier, r.regime)][source].append(inside)
     lines = []
     for tier in sorted({t for t, _, _ in hits}):
         for regime in Regime:
             cells = [(f"{100 * sum(h) / len(h):.0f}% ({sum(h)}/{len(h)})" if (h := hits.get((tier, regime, m))) else "—")
                      for m in (*HEADLINE, "all")]
+            shares = [sum(h) / len(h) for h in by_source[(tier, regime)].values()]
+            cells.append(f"{100 * sum(shares) / len(shares):.0f}% ({len(shares)} sources)" if shares else "—")
             lines.append([str(tier), str(regime), *cells])
-    return _table(["tier", "class", *(SHORT[m] for m in HEADLINE), "every metric"], lines)
+    return _table(["tier", "class", *(SHORT[m] for m in HEADLINE), "every metric", "every metric, each source one"],
+                  lines)
 
 
 def write_residuals(rows: list[Replay], path: Path = RESIDUALS) -> None:
@@ -619,9 +626,9 @@ def report(rows: list[Replay], skipped: list[tuple[dict[str, Any], str]]) -> str
         if any(m in BLIS_COLUMNS for m, *_ in summary_rows(group)):
             parts += ["MAPE (%) in inference-sim's column layout:", blis_table(group, "servelab")]
         if era == "v1":
-            parts += [floors(group, FLOORS, "Issue 11's floors, held out, every class"),
+            parts += [floors(group, FLOORS, "Floors, held out, every class"),
                       floors([r for r in group if r.regime == Regime.SATURATED], FLOORS,
-                             "Issue 25's floors, held out, saturated class, specs only")]
+                             "Floors, held out, saturated class, specs only")]
         parts += [f"### {title}: per run", per_run_table(group)]
     parts += [f"not replayed: {e['id']} ({why})" for e, why in skipped]
     return "\n\n".join(parts)

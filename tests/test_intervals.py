@@ -127,7 +127,29 @@ def test_a_thin_cell_pools_with_its_neighbour_and_says_so():
     out = prediction_intervals({"request_throughput": 10.0}, Tier.SPECS_ONLY, Regime.SATURATED, table)
     low, high = out["intervals"]["request_throughput"]
     assert low == pytest.approx(10.0) and high == pytest.approx(10.0 * math.exp(0.2))
-    assert out["interval_basis"]["notes"] == [f"request_throughput: {MIN_RUNS + 2} runs, pooled from saturated, under_capacity"]
+    assert out["interval_basis"]["notes"] == [
+        f"request_throughput: {MIN_RUNS + 2} runs from 2 sources, pooled from saturated, under_capacity"]
+
+
+def test_a_cell_from_one_publisher_pools_with_its_sibling_metric_before_other_regimes():
+    """Many runs of one host are still one host: the ITL cell pools, and first with TPOT in its own regime (the same
+    quantity counted another way), not with ITL under another load."""
+    one_host = _rows([0.3] * (MIN_RUNS + 4), "host-a")
+    table = {Tier.SPECS_ONLY: {Regime.SATURATED: {"mean_itl_ms": one_host, "mean_tpot_ms": _rows([-0.2, 0.1], "host-b")},
+                               Regime.UNDER_CAPACITY: {"mean_itl_ms": _rows([5.0] * MIN_RUNS, "host-c")}}}
+    out = prediction_intervals({"mean_itl_ms": 10.0}, Tier.SPECS_ONLY, Regime.SATURATED, table)
+    low, high = out["intervals"]["mean_itl_ms"]
+    assert low == pytest.approx(10.0 * math.exp(-0.2)) and high == pytest.approx(10.0 * math.exp(0.3))
+    assert out["interval_basis"]["notes"] == [
+        f"mean_itl_ms: {MIN_RUNS + 6} runs from 2 sources, pooled from saturated, saturated mean_tpot_ms"]
+
+
+def test_a_cell_from_enough_publishers_stays_its_own():
+    rows = _rows([0.1] * (MIN_RUNS // 2), "host-a") + _rows([0.2] * (MIN_RUNS // 2), "host-b")
+    table = {Tier.SPECS_ONLY: {Regime.SATURATED: {"mean_itl_ms": rows, "mean_tpot_ms": _rows([-3.0] * 4, "host-c")}}}
+    out = prediction_intervals({"mean_itl_ms": 10.0}, Tier.SPECS_ONLY, Regime.SATURATED, table)
+    assert out["interval_basis"]["notes"] == []
+    assert out["intervals"]["mean_itl_ms"] == pytest.approx([10.0, 10.0 * math.exp(0.2)])
 
 
 def test_a_tier_without_residuals_borrows_specs_only_and_says_so():

@@ -11,6 +11,12 @@ percentiles because a cell holds tens of runs, not thousands: with n residuals
 the ceil((n + 1) * 0.9)-th smallest is the smallest choice that still covers 90%
 of a new exchangeable run, where numpy's interpolated q90 covers less.
 
+A cell is thin when it holds fewer than MIN_RUNS residuals or fewer than MIN_SOURCES publishers: the residuals of
+one host say how that host differs from the model, not how the user's will, and a user's deployment is a new host.
+A thin cell pools, nearest first, with its sibling metric in the same regime (mean ITL with mean TPOT, request with
+output throughput: the same quantity, differently counted), then with the metric and its sibling in the neighbouring
+regimes, and the interval's basis names what it pooled.
+
 The regime is decided by `classify_regime` from what is known when the
 prediction is made (the plan's arrival, the simulated run itself), so the
 benchmark files a published run under the same regime a user's prediction of
@@ -35,7 +41,9 @@ from servelab.metrics.records import RequestRecord
 LEVEL = 0.8
 """The intervals' nominal coverage."""
 MIN_RUNS = 8
-"""A cell with fewer residuals than this pools with its neighbouring regime (and says so)."""
+"""A cell with fewer residuals than this pools with its sibling metric and neighbouring regimes (and says so)."""
+MIN_SOURCES = 2
+"""A cell whose residuals come from fewer publishers than this pools likewise: one host cannot speak for another."""
 RESIDUALS = Path(__file__).parents[1] / "perf" / "data" / "prediction_residuals.yaml"
 
 QUEUED_SHARE_SATURATED = 0.25
@@ -69,6 +77,16 @@ NEIGHBOURS: dict[Regime, tuple[Regime, ...]] = {
     Regime.SATURATED: (Regime.UNDER_CAPACITY, Regime.CONCURRENCY_1),
 }
 """The regimes a thin cell pools with, nearest first."""
+
+
+def _siblings() -> dict[str, str]:
+    pairs = {"request_throughput": "output_throughput"}
+    pairs |= {f"{stat}_itl_ms": f"{stat}_tpot_ms" for stat in ("mean", "median", "p90", "p99")}
+    return pairs | {b: a for a, b in pairs.items()}
+
+
+SIBLINGS = _siblings()
+"""Metric -> the metric that measures the same quantity counted another way (a thin cell pools with it first)."""
 
 
 def classify_regime(records: Sequence[RequestRecord], max_concurrency: int | None, summary: Mapping[str, Any]) -> Regime:
@@ -143,11 +161,17 @@ class Bounds:
     low: float
     high: float
     runs: int
-    pooled_from: tuple[Regime, ...]
-    """The regimes whose residuals were used (the first is the prediction's own)."""
+    sources: int
+    pooled_from: tuple[tuple[Regime, str], ...]
+    """The (regime, metric) cells whose residuals were used (the first is the prediction's own)."""
 
     def around(self, value: float) -> tuple[float, float]:
         return value * math.exp(self.low), value * math.exp(self.high)
+
+    def pooled_text(self, metric: str) -> str:
+        """"saturated, under_capacity" or "saturated, saturated mean_tpot_ms": the cells used, naming the metric where
+        it is not `metric` (the prediction's own)."""
+        return ", ".join(regime if used == metric else f"{regime} {used}" for regime, used in self.pooled_from)
 
 
 def conformal_bounds(values: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
@@ -162,22 +186,25 @@ def conformal_bounds(values: Sequence[float], level: float = LEVEL) -> tuple[flo
 
 
 def metric_bounds(table: ResidualTable, tier: Tier, regime: Regime, metric: str) -> Bounds | None:
-    """The metric's bounds in (tier, regime), pooling with the nearest regimes until MIN_RUNS residuals; None when the
-    tier has no residuals for the metric at all."""
+    """The metric's bounds in (tier, regime), pooling with its sibling metric and the nearest regimes until the
+    residuals number MIN_RUNS from MIN_SOURCES publishers; None when the tier has no residuals for it at all."""
     cells = table.get(tier) or {}
-    pooled: list[float] = []
-    used: list[Regime] = []
+    pooled: list[Residual] = []
+    used: list[tuple[Regime, str]] = []
     for r in (regime, *NEIGHBOURS[regime]):
-        rows = (cells.get(r) or {}).get(metric) or []
-        if rows:
-            pooled += [row.value for row in rows]
-            used.append(r)
-        if len(pooled) >= MIN_RUNS:
-            break
-    if not pooled:
-        return None
-    low, high = conformal_bounds(pooled)
-    return Bounds(low, high, len(pooled), tuple(used))
+        for m in (metric, *([SIBLINGS[metric]] if metric in SIBLINGS else [])):
+            rows = (cells.get(r) or {}).get(m) or []
+            if rows:
+                pooled += rows
+                used.append((r, m))
+            if len(pooled) >= MIN_RUNS and len({row.source for row in pooled}) >= MIN_SOURCES:
+                return _bounds(pooled, used)
+    return _bounds(pooled, used) if pooled else None
+
+
+def _bounds(pooled: Sequence[Residual], used: Sequence[tuple[Regime, str]]) -> Bounds:
+    low, high = conformal_bounds([row.value for row in pooled])
+    return Bounds(low, high, len(pooled), len({row.source for row in pooled}), tuple(used))
 
 
 def prediction_intervals(summary: Mapping[str, Any], tier: Tier, regime: Regime,
@@ -201,8 +228,9 @@ def prediction_intervals(summary: Mapping[str, Any], tier: Tier, regime: Regime,
         if bounds is None:
             continue
         intervals[metric] = list(bounds.around(float(value)))
-        if bounds.pooled_from[0] != regime or len(bounds.pooled_from) > 1:
-            notes.append(f"{metric}: {bounds.runs} runs, pooled from {', '.join(bounds.pooled_from)}")
+        if bounds.pooled_from != ((regime, metric),):
+            notes.append(f"{metric}: {bounds.runs} runs from {bounds.sources} sources, pooled from "
+                         f"{bounds.pooled_text(metric)}")
     basis = {"tier": str(tier), "regime": str(regime), "level": LEVEL, "residuals_tier": str(used_tier), "notes": notes}
     return {"intervals": intervals, "interval_basis": basis}
 
