@@ -124,6 +124,7 @@ def test_kv_finding_cites_preemptions():
     assert "preemptions" in dx.findings[0].evidence[0]
 
 
+@pytest.mark.slow
 def test_advice_catalogue_has_every_item_with_a_verdict():
     dx = _diagnose(*PLANTED[fk.PREFILL_COMPUTE_BOUND], with_recommendations=False, with_advice=True)
     assert [a["id"] for a in dx.advice] == list(range(1, 26))
@@ -283,6 +284,7 @@ def _reported(qps=None, ttft_ms=None, gpu_util=None, rate=10.0, prompt=1500):
                               observed=Observed(qps, ttft_ms, gpu_util))
 
 
+@pytest.mark.slow
 def test_ten_qps_of_long_prompts_at_thirty_percent_utilisation_is_named_first_as_impossible():
     from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 

@@ -221,6 +221,7 @@ def test_a_throughput_question_leads_with_capacity_levers():
     assert ceilings == sorted(ceilings, reverse=True)
 
 
+@pytest.mark.slow
 def test_an_answer_length_not_given_is_assumed_out_loud_with_the_ceiling_across_its_range():
     data = json.loads(CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
                                                "--input-len", "1500", "--request-rate", "6", "--json"]).stdout)
