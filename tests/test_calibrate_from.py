@@ -208,6 +208,7 @@ def _synthetic_run(deployment, prompt: int, output: int, n: int, concurrency: in
     return MeasuredRun(name, ResultFormat.SERVELAB, requests, concurrency, {**measured, "completed": n}, "file")
 
 
+@pytest.mark.slow
 def test_the_fit_recovers_an_environment_the_simulator_measured() -> None:
     """Three runs that each lean on other parameters: long prompts at once (compute), one request at a time (memory
     bandwidth, the outside time), hundreds of tiny requests at once (the API server). The engine core's CPU costs
@@ -240,6 +241,7 @@ def test_a_parameter_the_runs_cannot_move_keeps_its_specs_only_value() -> None:
     assert env.sensitivity["compute_scale"] < 0.02 <= env.sensitivity["memory_scale"]
 
 
+@pytest.mark.slow
 def test_the_cli_prints_the_fit_and_its_residuals_and_the_profile_predicts_another_model(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
     result = _cli("calibrate", "--from", str(GUIDELLM), "--gpu", "h100-sxm", "--model", "qwen2.5-7b", "-o", str(out))

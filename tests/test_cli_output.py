@@ -43,6 +43,7 @@ def wide_table() -> Table:
     return table
 
 
+@pytest.mark.slow
 def test_diagnose_piped_keeps_every_title_price_and_column(tmp_path: Path):
     """The README's first command, piped: the options table keeps its verdict column, prices their cents, finding
     titles their last words (the 80-column layout rich falls back to for a pipe had lost all three)."""

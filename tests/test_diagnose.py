@@ -51,6 +51,7 @@ def _diagnose(engine_args, workload, slo, **kw):
     return diagnose_described(d, scenario, slo=SLO.parse(slo), **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(PLANTED))
 def test_planted_fault_is_ranked_first(kind):
     engine_args, workload, slo = PLANTED[kind]
@@ -86,6 +87,7 @@ def test_the_client_caveat_carries_the_delay_the_client_added_and_stays_silent_w
     assert dx.caveats == []
 
 
+@pytest.mark.slow
 def test_prefill_bound_case_explains_with_a_physical_ceiling_and_priced_fixes():
     dx = _diagnose(*PLANTED[fk.PREFILL_COMPUTE_BOUND])
     c = dx.ceilings
@@ -122,6 +124,7 @@ def test_kv_finding_cites_preemptions():
     assert "preemptions" in dx.findings[0].evidence[0]
 
 
+@pytest.mark.slow
 def test_advice_catalogue_has_every_item_with_a_verdict():
     dx = _diagnose(*PLANTED[fk.PREFILL_COMPUTE_BOUND], with_recommendations=False, with_advice=True)
     assert [a["id"] for a in dx.advice] == list(range(1, 26))
@@ -150,6 +153,7 @@ def test_measured_run_directory_round_trip(tmp_path):
     assert len(dx.scenario.shapes) == len(sim.records)
 
 
+@pytest.mark.slow
 def test_cli_example_runs_without_arguments_and_json_has_the_stable_keys():
     result = CliRunner().invoke(app, ["diagnose", "--json"])
     assert result.exit_code == 0, result.output
@@ -280,6 +284,7 @@ def _reported(qps=None, ttft_ms=None, gpu_util=None, rate=10.0, prompt=1500):
                               observed=Observed(qps, ttft_ms, gpu_util))
 
 
+@pytest.mark.slow
 def test_ten_qps_of_long_prompts_at_thirty_percent_utilisation_is_named_first_as_impossible():
     from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 
@@ -297,6 +302,7 @@ def test_ten_qps_of_long_prompts_at_thirty_percent_utilisation_is_named_first_as
     assert dx.bottleneck != OBSERVATIONS_INCONSISTENT and dx.bottleneck in fk.KINDS
 
 
+@pytest.mark.slow
 def test_figures_that_fit_the_deployment_raise_no_contradiction():
     from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 
@@ -304,6 +310,7 @@ def test_figures_that_fit_the_deployment_raise_no_contradiction():
     assert all(f.kind != OBSERVATIONS_INCONSISTENT for f in dx.findings)
 
 
+@pytest.mark.slow
 def test_a_ttft_below_an_idle_gpus_prefill_is_a_contradiction():
     from servelab.diagnose.observations import idle_prefill_ms
 
@@ -314,6 +321,7 @@ def test_a_ttft_below_an_idle_gpus_prefill_is_a_contradiction():
     assert dx.findings[0].title.startswith("The reported TTFT cannot hold")
 
 
+@pytest.mark.slow
 def test_the_issues_own_command_without_observed_qps_names_the_contradiction_from_the_described_rate():
     """`--request-rate 10 --observed-gpu-util 0.3`, as a new user types it (issue 13): a described deployment that
     comes with a figure seen in production is that production, so its rate is the QPS checked against the 30%."""

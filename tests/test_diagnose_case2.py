@@ -58,6 +58,7 @@ def test_a_chat_scenario_resends_the_system_prompt_and_the_history_and_waits_for
     assert s.mean_shared > 1000
 
 
+@pytest.mark.slow
 def test_observed_e2e_and_tpot_below_what_an_idle_gpu_can_do_are_named_first():
     d = build_deployment("a100-80gb", "qwen2.5-7b")
     dx = diagnose_described(d, synthetic(1500, 200, request_rate=1), with_recommendations=False,
@@ -74,18 +75,21 @@ def case_two() -> dict:
     return _cli(*BOT, "--max-concurrency", "256", "--observed-e2e-ms", "10000", "--gpu-cost-per-hour", "1.8")
 
 
+@pytest.mark.slow
 def test_ten_second_answers_under_concurrency_are_consistent_and_explained(case_two):
     assert all(f["kind"] != OBSERVATIONS_INCONSISTENT for f in case_two["findings"])
     note = next(n for n in case_two["notes"] if n.startswith("You observe E2E 10,000 ms"))
     assert "one engine step per token" in note and "TPOT grows with concurrency" in note
 
 
+@pytest.mark.slow
 def test_the_bot_is_fine_at_low_load_and_ten_seconds_under_concurrency(case_two):
     low, high = _bot(4).evidence, case_two["evidence"]
     assert low.median_e2el_ms < 5_000 < 8_000 < high["median_e2el_ms"]
     assert high["median_tpot_ms"] > 3 * low.median_tpot_ms  # the step per token is what grew
 
 
+@pytest.mark.slow
 def test_case_two_prices_the_options_and_says_why_the_budget_and_quantization_cannot_help(case_two):
     data = case_two
     deployed = data["alternatives"][0]
@@ -176,6 +180,7 @@ def test_the_caveat_is_printed_above_the_findings():
     assert "(`underloaded`)" in text.split("## 1. ")[1].splitlines()[0]
 
 
+@pytest.mark.slow
 def test_the_html_report_shows_the_caveat_and_the_priced_options():
     from servelab.report.diagnosis_html import diagnosis_html
 

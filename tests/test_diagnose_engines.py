@@ -51,6 +51,7 @@ def _advice_text(doc: dict) -> str:
     return json.dumps([doc["findings"], doc["alternatives"], doc["notes"]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("engine", "flag"), [("sglang", []), ("trtllm", ["--engine", "trtllm"])])
 def test_diagnose_picks_the_recorded_engine_and_advises_in_its_flags(tmp_path: Path, engine: str, flag: list[str]):
     """SGLang by auto (run.json's flags.engine), TensorRT-LLM named: either way the advice is that engine's."""
@@ -76,6 +77,7 @@ def test_diagnose_picks_the_recorded_engine_and_advises_in_its_flags(tmp_path: P
     assert servelab.diagnosis(results, "h100-sxm", "llama-3.1-8b", CAPPED[engine]).deployment.engine == engine  # the API too
 
 
+@pytest.mark.slow
 def test_an_explicit_engine_wins_over_the_record_with_a_warning_naming_both(tmp_path: Path):
     results = _simulated(tmp_path, "sglang")
     result = runner.invoke(app, ["diagnose", str(results), *H100, "--engine", "trtllm", "--engine-args", CAPPED["trtllm"],
@@ -88,6 +90,7 @@ def test_an_explicit_engine_wins_over_the_record_with_a_warning_naming_both(tmp_
     assert "--engine trtllm but run.json records" in result.stderr
 
 
+@pytest.mark.slow
 def test_compare_engines_gives_servelab_compares_numbers_for_the_same_deployment_and_load(tmp_path: Path):
     results = _simulated(tmp_path, "sglang")
     result = runner.invoke(app, ["diagnose", str(results), *H100, "--engine-args", CAPPED["sglang"], "--compare-engines",

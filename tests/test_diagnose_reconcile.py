@@ -46,6 +46,7 @@ def _explanations(finding) -> list[str]:
     return [line for line in finding.evidence if re.match(r"\d+\. ", line)]
 
 
+@pytest.mark.slow
 def test_an_observed_latency_three_times_the_simulated_one_is_the_first_finding_and_names_the_load(three_times):
     d, s, dx = three_times
     first = dx.findings[0]
@@ -63,6 +64,7 @@ def test_an_observed_latency_three_times_the_simulated_one_is_the_first_finding_
     assert dx.bottleneck != OBSERVED_VS_SIMULATED  # the server's own limit is still named after it
 
 
+@pytest.mark.slow
 def test_an_observed_latency_far_below_the_simulated_one_is_explained_by_less_load_or_shorter_answers():
     _, _, dx = _diagnose(128, 1 / 2)
     first = dx.findings[0]
@@ -72,6 +74,7 @@ def test_an_observed_latency_far_below_the_simulated_one_is_explained_by_less_lo
     assert "outside the engine" not in text  # time outside the engine only ever adds
 
 
+@pytest.mark.slow
 def test_a_tried_change_that_contradicts_an_explanation_moves_it_down_the_ranking(three_times):
     _, _, before = three_times
     _, _, after = _diagnose(16, 3.0, "awq:no-effect")
@@ -83,6 +86,7 @@ def test_a_tried_change_that_contradicts_an_explanation_moves_it_down_the_rankin
     assert "you saw no-effect: contradicts" in " ".join(after.findings[0].evidence)
 
 
+@pytest.mark.slow
 def test_figures_that_agree_with_the_simulation_raise_no_gap_and_the_tried_changes_are_checked_there():
     d, s = _bot(256)
     simulated = measure(run(d, s, None), Figure.E2E)
@@ -93,6 +97,7 @@ def test_figures_that_agree_with_the_simulation_raise_no_gap_and_the_tried_chang
     assert "agrees" in report.evidence[0] and "agrees" in report.title
 
 
+@pytest.mark.slow
 def test_the_utilisation_seen_is_checked_against_the_simulated_busy_share_with_simulated_reconciliations():
     d = build_deployment("a100-80gb", "qwen2.5-7b", "--max-num-seqs 256")
     s = synthetic(1500, 200, request_rate=10.0)
@@ -109,6 +114,7 @@ def test_the_utilisation_seen_is_checked_against_the_simulated_busy_share_with_s
     assert "they fit together only if" not in text  # the FLOP bound's guess gives way to the simulated inverse
 
 
+@pytest.mark.slow
 def test_the_options_mark_a_tried_change_and_the_first_recommendation_is_never_one_that_did_nothing():
     result = CliRunner().invoke(app, ["diagnose", *BOT, "--max-concurrency", "64", "--observed-e2e-ms", "9000",
                                       "--tried", "--max-num-batched-tokens 512:no-effect", "--tried", "awq:no-effect",
@@ -152,6 +158,7 @@ def test_a_decode_findings_title_and_kind_are_read_off_the_same_step_its_evidenc
         assert ("KV cache" in f.title) == (largest == kv) and ("weights" in f.title) == (largest == weights)
 
 
+@pytest.mark.slow
 def test_an_overloaded_deployment_says_so_first_and_shows_no_percentile_of_its_unstable_queue():
     result = CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "1500",
                                       "--output-len", "200", "--request-rate", "20"], env={"COLUMNS": "110"})
@@ -181,6 +188,7 @@ def test_no_percentage_is_computed_against_a_baseline_below_five_percent_of_the_
     assert overload(8.0, 8.57) is None
 
 
+@pytest.mark.slow
 def test_a_latency_question_leads_with_latency_levers_priced_before_and_after():
     result = CliRunner().invoke(app, ["diagnose", *BOT, "--max-concurrency", "64", "--observed-e2e-ms", "10000"],
                                 env={"COLUMNS": "110"})
@@ -202,6 +210,7 @@ def test_a_latency_question_leads_with_latency_levers_priced_before_and_after():
         assert not any("raise client concurrency" in r["change"] for r in f["recommendations"])
 
 
+@pytest.mark.slow
 def test_a_throughput_question_leads_with_capacity_levers():
     data = json.loads(CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
                                                "--input-len", "1500", "--output-len", "200", "--request-rate", "6",
@@ -212,6 +221,7 @@ def test_a_throughput_question_leads_with_capacity_levers():
     assert ceilings == sorted(ceilings, reverse=True)
 
 
+@pytest.mark.slow
 def test_an_answer_length_not_given_is_assumed_out_loud_with_the_ceiling_across_its_range():
     data = json.loads(CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
                                                "--input-len", "1500", "--request-rate", "6", "--json"]).stdout)
@@ -239,6 +249,7 @@ def _launch_lines(data: dict) -> list[str]:
     return lines
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("release", ["0.11.0", "0.20.0", "0.32.0"])
 def test_every_suggested_command_is_one_the_release_accepts(release):
     from servelab.perf.engine_args import VLLM_QUANTIZATION_METHODS, parse_engine_args
@@ -256,6 +267,7 @@ def test_every_suggested_command_is_one_the_release_accepts(release):
             assert value in VLLM_QUANTIZATION_METHODS, line
 
 
+@pytest.mark.slow
 def test_the_markdown_has_no_nested_inline_code():
     result = CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "1500",
                                       "--output-len", "200", "--request-rate", "10", "--markdown"])
@@ -269,6 +281,7 @@ def test_the_markdown_has_no_nested_inline_code():
         assert line.count("`") % 2 == 0, line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [
     [],  # the built-in example
     [*BOT, "--max-concurrency", "64", "--observed-e2e-ms", "10000", "--tried", "--max-num-batched-tokens 512:no-effect",
@@ -286,6 +299,7 @@ def test_the_default_view_fits_forty_lines_and_details_holds_the_rest(args):
         assert "E2E p50" not in short.output  # overloaded: no latency of its unstable queue
 
 
+@pytest.mark.slow
 def test_a_latency_question_above_the_ceiling_is_answered_with_the_ceiling_not_the_queues_latency():
     data = json.loads(CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
                                                "--input-len", "1500", "--output-len", "200", "--request-rate", "20",
@@ -294,6 +308,7 @@ def test_a_latency_question_above_the_ceiling_is_answered_with_the_ceiling_not_t
     assert data["levers"] and all(lever["metric"] == "ceiling req/s" for lever in data["levers"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tpot_ms, leader", [(20.0, "outside the engine"), (100.0, "requests in flight")])
 def test_a_second_reported_figure_is_evidence_between_the_explanations_of_the_first(tpot_ms, leader):
     """A TTFT 4x the simulated one: time outside the engine leaves the TPOT as described, more streams raise it."""
@@ -306,6 +321,7 @@ def test_a_second_reported_figure_is_evidence_between_the_explanations_of_the_fi
     assert leader in _explanations(first)[0]
 
 
+@pytest.mark.slow
 def test_one_change_gets_one_verdict_in_one_report():
     result = CliRunner().invoke(app, ["diagnose", *BOT, "--max-concurrency", "64", "--observed-e2e-ms", "5000",
                                       "--check-advice", "--json"])

@@ -43,6 +43,7 @@ def test_lengths_entries_point_at_the_sources_own_requests(ranking, entries):
             assert len(lengths[e["lengths"]]["input_lens"]) >= e["workload"]["num_prompts"], e["id"]
 
 
+@pytest.mark.slow
 def test_every_scored_run_replays_on_every_engine_it_names(ranking, entries, tmp_path):
     scored = [e for e in entries if not e.get("excluded")]
     assert scored

@@ -175,6 +175,7 @@ def test_the_published_residuals_name_their_runs_and_sources():
     assert not any(r.source == "staru09/llm_infra_bench" for r in rows)  # a constant was read off that source
 
 
+@pytest.mark.slow
 def test_compare_tune_and_diagnose_show_their_predictions_intervals(tmp_path: Path):
     h100 = ["--gpu", "h100-sxm", "--model", "llama-3.1-8b"]
     small = ["--random-input-len", "600", "--random-output-len", "40", "--num-prompts", "30"]

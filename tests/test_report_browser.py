@@ -19,6 +19,7 @@ from servelab.report.html import write_report
 from support import browser
 from support.synthetic_results import TOY_DIAGNOSIS, toy_validation, write_toy_run, write_toy_sweep
 
+pytestmark = pytest.mark.browser
 REQUIRE = os.environ.get("SERVELAB_REQUIRE_CHROMIUM") == "1"
 
 

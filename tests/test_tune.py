@@ -271,6 +271,7 @@ def _stage1_trials(directory: Path) -> dict[int, dict]:
     return {int(p.parent.name.split("-")[1]): json.loads(p.read_text()) for p in directory.glob("stage1/*/trial.json")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_killed_study_resumes_without_repeating_completed_trials(tmp_path: Path, tiny_config: Path, sig: int) -> None:
     out = tmp_path / "study"
