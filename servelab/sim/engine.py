@@ -107,6 +107,8 @@ class SimEngine:
         self._gpu_start = 0.0
         """Async scheduling: when the latest step started on the GPU, which is when the next one was scheduled."""
         self._step_cpu = 0.0
+        self.fast_forwarded_steps = 0
+        """Steps advanced by decode runs rather than one schedule() each (what the fast path saved)."""
 
     @property
     def num_steps(self) -> int:
@@ -169,7 +171,7 @@ class SimEngine:
         if self.fast_forward:
             k = self.scheduler.steady_decode_steps(len(self.step_ends), 1 << 30)
             if k:
-                return self._decode_run(now + wake, horizon, k, start=now)
+                return self._decode_run(now, horizon, k, wake=wake)
         granted, before = self.scheduler.schedule(now)
         duration = self._step_time(granted, before)
         if duration < 0 or (duration == 0 and not self.scheduler.preempted_this_step):
@@ -194,7 +196,7 @@ class SimEngine:
         if self.fast_forward and not inbox:
             k = self.scheduler.steady_decode_steps(len(self.step_ends), 1 << 30)
             if k:
-                return self._decode_run(now, horizon, k, start=now, scheduled_at=scheduled_at, wake=wake)
+                return self._decode_run(now, horizon, k, scheduled_at=scheduled_at, wake=wake)
         granted, before = self.scheduler.schedule(scheduled_at)
         total = self._step_time(granted, before)
         if total < 0 or (total == 0 and not self.scheduler.preempted_this_step):
@@ -250,22 +252,29 @@ class SimEngine:
         return self._aggregate(0, 0, n, base_sum + n * k, n, 0)
 
     def _decode_run(
-        self, now: float, horizon: float, k: int, start: float, scheduled_at: float | None = None, wake: float = 0.0
+        self, now: float, horizon: float, k: int, scheduled_at: float | None = None, wake: float = 0.0
     ) -> float:
-        """Up to k identical decode steps from `now` (after any wake-up time, which began at `start`).
+        """Up to k identical decode steps from `now`, the first after `wake` seconds of wake-up time.
 
         Synchronous: each step follows the previous one. Async (`scheduled_at` given): each step's CPU work
-        overlaps the previous step's GPU work, as in `_begin_async`.
+        overlaps the previous step's GPU work, as in `_begin_async`. Every end time and the busy time are summed
+        in the order `begin_step` sums them, so that the floats are the same to the last bit.
         """
         base = self.scheduler.decode_contexts()
         base_sum = int(base.sum())
         first = len(self.step_ends)
+        ends = self.step_ends
         t = now
+        busy = self.busy_time
         done = 0
         if scheduled_at is None:
             while done < k and (done == 0 or t < horizon):
-                t += self._decode_step_time(base, base_sum, done)
-                self.step_ends.append(t)
+                duration = self._decode_step_time(base, base_sum, done)
+                if done == 0:
+                    duration += wake
+                t += duration
+                busy += duration
+                ends.append(t)
                 done += 1
         else:
             n = len(base)
@@ -275,12 +284,15 @@ class SimEngine:
                 total = self._decode_step_time(base, base_sum, done)
                 c = min(cpu, total)
                 gpu_start = max(sched + c, t)
-                t = gpu_start + total - c + (wake if done == 0 else 0.0)
+                end = gpu_start + total - c + (wake if done == 0 else 0.0)
+                busy += end - t
+                t = end
                 sched = gpu_start
-                self.step_ends.append(t)
+                ends.append(t)
                 done += 1
             self._gpu_start = gpu_start
-        self.busy_time += t - start
+        self.busy_time = busy
+        self.fast_forwarded_steps += done
         self._pending_tokens = self.scheduler.apply_decode_steps(first, done)
         self._pending_run = (first, done, self._pending_tokens // done)
         self._in_step = True
