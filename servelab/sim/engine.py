@@ -99,6 +99,9 @@ class SimEngine:
         self._pending_tokens: int | None = None
         self._pending_run: tuple[int, int, int] | None = None
         """(first step, steps, tokens per step) of a decode run in flight, for metrics read mid-run."""
+        self._run_queues = (0, 0)
+        """(running, waiting) when that run began: what every step of it but the last reports (the last may see a
+        request that arrived during it)."""
         self.async_scheduling = bool(config.async_scheduling)
         self._cpu = cpu_costs
         """The CPU part of a step's time (it overlaps the GPU under async scheduling); None: all of it is GPU."""
@@ -295,6 +298,7 @@ class SimEngine:
         self.fast_forwarded_steps += done
         self._pending_tokens = self.scheduler.apply_decode_steps(first, done)
         self._pending_run = (first, done, self._pending_tokens // done)
+        self._run_queues = (self.scheduler.num_running, len(self.scheduler.waiting))
         self._in_step = True
         return t
 
@@ -346,7 +350,8 @@ class SimEngine:
             ended = bisect.bisect_right(self.step_ends, t, first, first + steps) - first
             generated += ended * per_step
             iterations += ended
-            if ended:
+            if ended:  # the gauges as that step's end set them: the queues the run started with, its KV grown
+                running, waiting = self._run_queues
                 usage = self.scheduler.decode_run_usage(ended)
         prefix = self.scheduler.prefix
         return {

@@ -419,7 +419,7 @@ class _Simulation:
         self.begin_pending[i] = False
         horizon = self.events[0][0] if self.events else float("inf")
         engine = self.engines[i]
-        end = engine.begin_step(now, min(horizon, self.next_scrape))
+        end = engine.begin_step(now, horizon)
         run = engine.decode_run
         if self.frontend and run is not None:
             self._run_rounds(i, *run)
