@@ -314,8 +314,9 @@ class SimEngine:
             self._pending_tokens = None
             self._pending_run = None
             self._in_step = False
+            finished = self.scheduler.finish_decode_run(step)
             self._gauges = (self.scheduler.num_running, len(self.scheduler.waiting), self.pool.usage)
-            return []
+            return finished
         generated, first, finished = self.scheduler.update(step)
         c = self.counters
         prompt = 0
