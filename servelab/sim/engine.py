@@ -196,10 +196,11 @@ class SimEngine:
                 scheduled_at = early
         while inbox and inbox[0].arrival_time <= scheduled_at:
             self.scheduler.add(inbox.popleft())
-        if self.fast_forward and not inbox:
+        if self.fast_forward:
             k = self.scheduler.steady_decode_steps(len(self.step_ends), 1 << 30)
-            if k:
-                return self._decode_run(now, horizon, k, scheduled_at=scheduled_at, wake=wake)
+            if k:  # requests still in the inbox join the first step scheduled at or after they came
+                joins = inbox[0].arrival_time if inbox else math.inf
+                return self._decode_run(now, horizon, k, scheduled_at=scheduled_at, wake=wake, joins=joins)
         granted, before = self.scheduler.schedule(scheduled_at)
         total = self._step_time(granted, before)
         if total < 0 or (total == 0 and not self.scheduler.preempted_this_step):
@@ -255,12 +256,14 @@ class SimEngine:
         return self._aggregate(0, 0, n, base_sum + n * k, n, 0)
 
     def _decode_run(
-        self, now: float, horizon: float, k: int, scheduled_at: float | None = None, wake: float = 0.0
+        self, now: float, horizon: float, k: int, scheduled_at: float | None = None, wake: float = 0.0,
+        joins: float = math.inf,
     ) -> float:
         """Up to k identical decode steps from `now`, the first after `wake` seconds of wake-up time.
 
         Synchronous: each step follows the previous one. Async (`scheduled_at` given): each step's CPU work
-        overlaps the previous step's GPU work, as in `_begin_async`. Every end time and the busy time are summed
+        overlaps the previous step's GPU work, as in `_begin_async`, and the run stops before the first step
+        scheduled at or after `joins` (a request waiting in the inbox joins that one). Every end time and the busy time are summed
         in the order `begin_step` sums them, so that the floats are the same to the last bit.
         """
         base = self.scheduler.decode_contexts()
@@ -283,7 +286,7 @@ class SimEngine:
             n = len(base)
             cpu = self._cpu.cpu_step_time(n, False) if self._cpu is not None else 0.0
             sched, gpu_start = scheduled_at, self._gpu_start
-            while done < k and (done == 0 or t < horizon):
+            while done < k and (done == 0 or (t < horizon and sched < joins)):
                 total = self._decode_step_time(base, base_sum, done)
                 c = min(cpu, total)
                 gpu_start = max(sched + c, t)
