@@ -13,7 +13,9 @@ Each (workload, code) pair runs in its own process, the codes alternating and sw
 that the ratio sees the same neighbours on this shared machine. The times are CPU (process) time of
 `SimTarget.run` alone; peak RSS is the worker process's (imports and workload included; `rss before` is what it
 held when the run started). The digest covers every record (times, tokens, preemptions) and every timeline
-sample: the baseline and the new code must agree, or the table says so.
+sample, apart: `--step-by-step` adds the new code run one engine step at a time (no fast path), the reference
+whose records and timeline the new code must reproduce exactly; the baseline should agree too, or the change
+says why.
 
     flock /tmp/servelab-heavy.lock .venv/bin/python benchmarks/sim_speed.py --baseline /tmp/base [--repeat 3]
 
@@ -84,7 +86,7 @@ def _rss_kib() -> int:
         return int(fh.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
 
 
-def worker(name: str, requests: int | None, profile: bool) -> dict[str, Any]:
+def worker(name: str, requests: int | None, profile: bool, step_by_step: bool) -> dict[str, Any]:
     """Run one workload on whichever `servelab` is importable; returns the measurements as a dict."""
     import servelab
     from servelab.targets.deployment import build_deployment
@@ -95,6 +97,7 @@ def worker(name: str, requests: int | None, profile: bool) -> dict[str, Any]:
     else:
         specs = poisson_requests(requests or 10_000, 5.0 if name == "rate5" else 10.0, 1500, 200, seed=0)
     target = build_deployment("a100-80gb", "qwen2.5-7b").sim_target()
+    target.fast_forward = not step_by_step
     sink = _DigestSink()
     samples: list[Any] = []
     profiler = cProfile.Profile() if profile else None
@@ -107,20 +110,20 @@ def worker(name: str, requests: int | None, profile: bool) -> dict[str, Any]:
         profiler.disable()
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(30)
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-    h = hashlib.sha256(repr(sink.rows).encode())
+    records = hashlib.sha256(repr((sink.rows, run.duration, run.client_stats)).encode())
+    timeline = hashlib.sha256()
     for s in samples:
-        h.update(repr((s.t, sorted(s.values.items()))).encode())
-    h.update(repr((run.duration, run.client_stats)).encode())
+        timeline.update(repr((s.t, sorted(s.values.items()))).encode())
     return {
         "workload": name, "requests": len(sink.rows), "cpu_s": cpu, "wall_s": wall,
         "steps": run.client_stats["engine_steps"], "simulated_s": run.duration, "samples": len(samples),
         "rss_before_mib": rss_before / 1024, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "digest": h.hexdigest()[:16], "code": str(Path(servelab.__file__).parent.parent),
+        "records": records.hexdigest()[:12], "timeline": timeline.hexdigest()[:12], "code": str(Path(servelab.__file__).parent.parent),
     }
 
 
-def _spawn(code: Path, name: str, requests: int | None) -> dict[str, Any]:
-    cmd = [sys.executable, str(HERE), "--worker", name]
+def _spawn(code: Path, name: str, requests: int | None, step_by_step: bool = False) -> dict[str, Any]:
+    cmd = [sys.executable, str(HERE), "--worker", name] + (["--step-by-step"] if step_by_step else [])
     if requests:
         cmd += ["--requests", str(requests)]
     env = {**os.environ, "PYTHONPATH": str(code)}
@@ -133,20 +136,21 @@ def _spawn(code: Path, name: str, requests: int | None) -> dict[str, Any]:
 
 def _row(label: str, r: dict[str, Any]) -> str:
     return (
-        f"  {label:<9} CPU {r['cpu_s']:7.2f} s  {r['simulated_s'] / r['cpu_s']:8,.0f} sim s/CPU s  "
+        f"  {label:<12} CPU {r['cpu_s']:7.2f} s  {r['simulated_s'] / r['cpu_s']:8,.0f} sim s/CPU s  "
         f"{r['steps'] / r['cpu_s']:9,.0f} steps/s  peak RSS {r['peak_rss_mib']:6.0f} MiB "
-        f"(before run {r['rss_before_mib']:5.0f})  digest {r['digest']}"
+        f"(before run {r['rss_before_mib']:5.0f})  records {r['records']} timeline {r['timeline']}"
     )
 
 
-def drive(baseline: Path | None, workloads: list[str], repeat: int, requests: int | None) -> None:
+def drive(baseline: Path | None, workloads: list[str], repeat: int, requests: int | None, reference: bool) -> None:
     codes = {"new": CURRENT} | ({"baseline": baseline} if baseline else {})
+    runs = list(codes) + (["step-by-step"] if reference else [])
     best: dict[tuple[str, str], dict[str, Any]] = {}
     for r in range(repeat):
         for name in workloads:
-            order = list(codes) if r % 2 == 0 else list(codes)[::-1]
+            order = runs if r % 2 == 0 else runs[::-1]
             for label in order:
-                res = _spawn(codes[label], name, requests)
+                res = _spawn(codes.get(label, CURRENT), name, requests, step_by_step=label == "step-by-step")
                 key = (name, label)
                 if key not in best or res["cpu_s"] < best[key]["cpu_s"]:
                     best[key] = res
@@ -154,12 +158,12 @@ def drive(baseline: Path | None, workloads: list[str], repeat: int, requests: in
     for name in workloads:
         new = best[(name, "new")]
         print(f"{name}: {new['requests']} requests, {new['steps']} engine steps, {new['simulated_s']:.0f} s simulated")
-        for label in codes:
+        for label in runs:
             print(_row(label, best[(name, label)]))
-        if baseline:
-            base = best[(name, "baseline")]
-            same = "identical" if base["digest"] == new["digest"] else "DIFFERENT RESULTS"
-            print(f"  speed-up  {base['cpu_s'] / new['cpu_s']:.2f}x   results {same}")
+        for label in runs[1:]:
+            other = best[(name, label)]
+            same = [part for part in ("records", "timeline") if other[part] == new[part]]
+            print(f"  new vs {label}: {other['cpu_s'] / new['cpu_s']:.2f}x faster; the same {' and '.join(same) or 'nothing'}")
 
 
 def main() -> None:
@@ -170,9 +174,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="runs per (workload, code); the best CPU time is kept")
     ap.add_argument("--worker", choices=WORKLOADS, help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help="with --worker: cProfile the run (to stderr)")
+    ap.add_argument("--step-by-step", action="store_true",
+                    help="also run the new code one engine step at a time (the fast path's reference: its results are "
+                         "the ones to match); with --worker: run that way")
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.requests, args.profile)))
+        print(json.dumps(worker(args.worker, args.requests, args.profile, args.step_by_step)))
         return
     workloads = args.workloads.split(",")
     unknown = sorted(set(workloads) - set(WORKLOADS))
@@ -180,7 +187,7 @@ def main() -> None:
         ap.error(f"unknown workloads {unknown}; choose from {', '.join(WORKLOADS)}")
     if args.baseline and not (args.baseline / "servelab" / "__init__.py").is_file():
         ap.error(f"--baseline {args.baseline}: no servelab package there")
-    drive(args.baseline, workloads, max(1, args.repeat), args.requests)
+    drive(args.baseline, workloads, max(1, args.repeat), args.requests, args.step_by_step)
 
 
 if __name__ == "__main__":
