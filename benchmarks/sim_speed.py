@@ -12,10 +12,10 @@ timeline sampled every simulated second, as `servelab simulate` runs it):
 Each (workload, code) pair runs in its own process, the codes alternating and swapping order every repeat, so
 that the ratio sees the same neighbours on this shared machine. The times are CPU (process) time of
 `SimTarget.run` alone; peak RSS is the worker process's (imports and workload included; `rss before` is what it
-held when the run started). The digest covers every record (times, tokens, preemptions) and every timeline
-sample, apart: `--step-by-step` adds the new code run one engine step at a time (no fast path), the reference
-whose records and timeline the new code must reproduce exactly; the baseline should agree too, or the change
-says why.
+held when the run started). Digests cover every record (times, tokens, preemptions), every timeline
+sample and the run's statistics (span, engine busy time), apart. `--step-by-step` adds the new code run one
+engine step at a time (no fast path): the reference whose records, timeline and statistics the new code must
+reproduce exactly; the baseline should agree too, or the change says why.
 
     flock /tmp/servelab-heavy.lock .venv/bin/python benchmarks/sim_speed.py --baseline /tmp/base [--repeat 3]
 
@@ -110,7 +110,8 @@ def worker(name: str, requests: int | None, profile: bool, step_by_step: bool) -
         profiler.disable()
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(30)
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-    records = hashlib.sha256(repr((sink.rows, run.duration, run.client_stats)).encode())
+    records = hashlib.sha256(repr(sink.rows).encode())
+    stats = hashlib.sha256(repr((run.duration, run.client_stats)).encode())
     timeline = hashlib.sha256()
     for s in samples:
         timeline.update(repr((s.t, sorted(s.values.items()))).encode())
@@ -118,7 +119,8 @@ def worker(name: str, requests: int | None, profile: bool, step_by_step: bool) -
         "workload": name, "requests": len(sink.rows), "cpu_s": cpu, "wall_s": wall,
         "steps": run.client_stats["engine_steps"], "simulated_s": run.duration, "samples": len(samples),
         "rss_before_mib": rss_before / 1024, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "records": records.hexdigest()[:12], "timeline": timeline.hexdigest()[:12], "code": str(Path(servelab.__file__).parent.parent),
+        "records": records.hexdigest()[:12], "timeline": timeline.hexdigest()[:12],
+        "stats": stats.hexdigest()[:12], "code": str(Path(servelab.__file__).parent.parent),
     }
 
 
@@ -138,7 +140,7 @@ def _row(label: str, r: dict[str, Any]) -> str:
     return (
         f"  {label:<12} CPU {r['cpu_s']:7.2f} s  {r['simulated_s'] / r['cpu_s']:8,.0f} sim s/CPU s  "
         f"{r['steps'] / r['cpu_s']:9,.0f} steps/s  peak RSS {r['peak_rss_mib']:6.0f} MiB "
-        f"(before run {r['rss_before_mib']:5.0f})  records {r['records']} timeline {r['timeline']}"
+        f"(before run {r['rss_before_mib']:5.0f})  records {r['records']} timeline {r['timeline']} stats {r['stats']}"
     )
 
 
@@ -162,7 +164,7 @@ def drive(baseline: Path | None, workloads: list[str], repeat: int, requests: in
             print(_row(label, best[(name, label)]))
         for label in runs[1:]:
             other = best[(name, label)]
-            same = [part for part in ("records", "timeline") if other[part] == new[part]]
+            same = [part for part in ("records", "timeline", "stats") if other[part] == new[part]]
             print(f"  new vs {label}: {other['cpu_s'] / new['cpu_s']:.2f}x faster; the same {' and '.join(same) or 'nothing'}")
 
 
