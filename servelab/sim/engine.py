@@ -263,8 +263,8 @@ class SimEngine:
 
         Synchronous: each step follows the previous one. Async (`scheduled_at` given): each step's CPU work
         overlaps the previous step's GPU work, as in `_begin_async`, and the run stops before the first step
-        scheduled at or after `joins` (a request waiting in the inbox joins that one). Every end time and the busy time are summed
-        in the order `begin_step` sums them, so that the floats are the same to the last bit.
+        scheduled at or after `joins` (a request waiting in the inbox joins that one). Every end time and the
+        busy time are summed in the order `begin_step` sums them, so the floats are the same to the last bit.
         """
         base = self.scheduler.decode_contexts()
         base_sum = int(base.sum())

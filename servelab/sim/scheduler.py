@@ -363,8 +363,9 @@ class Scheduler:
         Such steps are all alike: every running request decodes one token and
         emits it, nobody finishes before the last of them (`finish_decode_run`
         takes those that finish in it), nobody can be admitted, and the KV
-        blocks they need are free, so no preemption. Checking that costs a few array operations; replaying the
-        steps one by one would cost a Python-level schedule() each.
+        blocks they need are free, so no preemption. Checking that costs a few
+        array operations; replaying the steps one by one would cost a
+        Python-level schedule() each.
         """
         n = len(self.reqs)
         if n == 0 or n > self.budget or limit < 1:
