@@ -1,13 +1,26 @@
-"""How fast the simulator runs: 10,000 requests of 1,500 in / 200 out at 10 req/s (Poisson, seed 0)
-on one A100-80GB serving Qwen2.5-7B with vLLM's defaults and the default cost model (kernel-fitted for the A100).
+"""How fast the simulator runs, against the code before a change, in the same run.
 
-Goal < 1 s of CPU time, floor: no slower than before. Prints the best CPU time
-(process time: the machine is shared, so wall time says more about the
-neighbours), simulated engine steps per CPU second, the simulated summary and
-a sha256 of every record, so that a change in the model's behaviour is
-visible next to its speed.
+Workloads (one A100-80GB serving Qwen2.5-7B with vLLM's defaults and the default cost model, API server modelled,
+timeline sampled every simulated second, as `servelab simulate` runs it):
 
-    .venv/bin/python benchmarks/sim_speed.py [--requests N] [--repeat N] [--profile]
+- `rate5`:  10,000 requests of 1,500 in / 200 out, Poisson at 5 req/s (under capacity);
+- `rate10`: the same at 10 req/s (overloaded: the queue grows through the run);
+- `trace`:  a 100,000-request trace (gamma-bursty arrivals at 6 req/s, prompts 200-2,800 tokens, outputs 20-380),
+  its requests generated lazily and its records reduced to a digest as they arrive, so that peak memory is the
+  simulator's and not the workload's.
+
+Each (workload, code) pair runs in its own process, the codes alternating and swapping order every repeat, so
+that the ratio sees the same neighbours on this shared machine. The times are CPU (process) time of
+`SimTarget.run` alone; peak RSS is the worker process's (imports and workload included; `rss before` is what it
+held when the run started). Digests cover every record (times, tokens, preemptions), every timeline
+sample and the run's statistics (span, engine busy time), apart. `--step-by-step` adds the new code run one
+engine step at a time (no fast path): the reference whose records, timeline and statistics the new code must
+reproduce exactly; the baseline should agree too, or the change says why.
+
+    flock /tmp/servelab-heavy.lock .venv/bin/python benchmarks/sim_speed.py --baseline /tmp/base [--repeat 3]
+
+`--baseline DIR` is a directory holding the older `servelab` package (e.g. `git archive COMMIT servelab | tar -x
+-C DIR`); without it only the current code runs. `--worker` is the per-process entry point the driver calls.
 """
 
 from __future__ import annotations
@@ -15,67 +28,168 @@ from __future__ import annotations
 import argparse
 import cProfile
 import hashlib
+import json
+import os
 import pstats
+import resource
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from servelab.metrics.records import MemorySink
-from servelab.metrics.summary import summarize
-from servelab.targets.deployment import build_deployment
-from servelab.workload.spec import LoadPlan, RequestSpec
+HERE = Path(__file__).resolve()
+CURRENT = HERE.parent.parent
+WORKLOADS = ("rate5", "rate10", "trace")
 
 
-def workload(n: int, rate: float, prompt_len: int, output_len: int, seed: int) -> list[RequestSpec]:
+def poisson_requests(n: int, rate: float, prompt_len: int, output_len: int, seed: int) -> Iterator[Any]:
+    from servelab.workload.spec import RequestSpec
+
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
-    prompts = rng.integers(0, 150_000, size=(n, prompt_len), dtype=np.int32)
-    return [RequestSpec(i, prompts[i], output_len, float(arrivals[i])) for i in range(n)]
+    for i in range(n):
+        yield RequestSpec(i, rng.integers(0, 150_000, prompt_len, dtype=np.int32), output_len, float(arrivals[i]))
+
+
+def trace_requests(n: int, seed: int) -> Iterator[Any]:
+    """A replayed trace: bursty timestamps (gamma, shape 0.5, mean 6 req/s) and spread lengths, made lazily."""
+    from servelab.workload.spec import RequestSpec
+
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.gamma(0.5, 1.0 / (6.0 * 0.5), n))
+    inputs = rng.integers(200, 2_800, n)
+    outputs = rng.integers(20, 380, n)
+    for i in range(n):
+        prompt = rng.integers(0, 150_000, int(inputs[i]), dtype=np.int32)
+        yield RequestSpec(i, prompt, int(outputs[i]), float(arrivals[i]))
+
+
+class _DigestSink:
+    """Keeps, per record, a few numbers and a hash of its token times: the records' identity at little memory."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[Any, ...]] = []
+
+    def write(self, rec: Any) -> None:
+        self.rows.append((
+            rec.index, rec.status, rec.send_time, rec.first_token_time, rec.finish_time, rec.output_tokens,
+            rec.preemptions, len(rec.chunk_times), hash(tuple(rec.chunk_times)),
+        ))
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+
+
+def worker(name: str, requests: int | None, profile: bool, step_by_step: bool) -> dict[str, Any]:
+    """Run one workload on whichever `servelab` is importable; returns the measurements as a dict."""
+    import servelab
+    from servelab.targets.deployment import build_deployment
+    from servelab.workload.spec import LoadPlan
+
+    if name == "trace":
+        specs = trace_requests(requests or 100_000, seed=1)
+    else:
+        specs = poisson_requests(requests or 10_000, 5.0 if name == "rate5" else 10.0, 1500, 200, seed=0)
+    target = build_deployment("a100-80gb", "qwen2.5-7b").sim_target()
+    target.fast_forward = not step_by_step
+    sink = _DigestSink()
+    samples: list[Any] = []
+    profiler = cProfile.Profile() if profile else None
+    rss_before = _rss_kib()
+    c0, t0 = time.process_time(), time.perf_counter()
+    if profiler:
+        profiler.enable()
+    run = target.run(LoadPlan(specs), sink, samples.append)
+    if profiler:
+        profiler.disable()
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    records = hashlib.sha256(repr(sink.rows).encode())
+    stats = hashlib.sha256(repr((run.duration, run.client_stats)).encode())
+    timeline = hashlib.sha256()
+    for s in samples:
+        timeline.update(repr((s.t, sorted(s.values.items()))).encode())
+    return {
+        "workload": name, "requests": len(sink.rows), "cpu_s": cpu, "wall_s": wall,
+        "steps": run.client_stats["engine_steps"], "simulated_s": run.duration, "samples": len(samples),
+        "rss_before_mib": rss_before / 1024, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "records": records.hexdigest()[:12], "timeline": timeline.hexdigest()[:12],
+        "stats": stats.hexdigest()[:12], "code": str(Path(servelab.__file__).parent.parent),
+    }
+
+
+def _spawn(code: Path, name: str, requests: int | None, step_by_step: bool = False) -> dict[str, Any]:
+    cmd = [sys.executable, str(HERE), "--worker", name] + (["--step-by-step"] if step_by_step else [])
+    if requests:
+        cmd += ["--requests", str(requests)]
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    result = dict(json.loads(out.strip().splitlines()[-1]))
+    if Path(result["code"]).resolve() != code.resolve():
+        raise SystemExit(f"the worker imported servelab from {result['code']}, not {code}")
+    return result
+
+
+def _row(label: str, r: dict[str, Any]) -> str:
+    return (
+        f"  {label:<12} CPU {r['cpu_s']:7.2f} s  {r['simulated_s'] / r['cpu_s']:8,.0f} sim s/CPU s  "
+        f"{r['steps'] / r['cpu_s']:9,.0f} steps/s  peak RSS {r['peak_rss_mib']:6.0f} MiB "
+        f"(before run {r['rss_before_mib']:5.0f})  records {r['records']} timeline {r['timeline']} stats {r['stats']}"
+    )
+
+
+def drive(baseline: Path | None, workloads: list[str], repeat: int, requests: int | None, reference: bool) -> None:
+    codes = {"new": CURRENT} | ({"baseline": baseline} if baseline else {})
+    runs = list(codes) + (["step-by-step"] if reference else [])
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in range(repeat):
+        for name in workloads:
+            order = runs if r % 2 == 0 else runs[::-1]
+            for label in order:
+                res = _spawn(codes.get(label, CURRENT), name, requests, step_by_step=label == "step-by-step")
+                key = (name, label)
+                if key not in best or res["cpu_s"] < best[key]["cpu_s"]:
+                    best[key] = res
+    print(f"best of {repeat}, CPU time of SimTarget.run; baseline: {baseline or '(none)'}")
+    for name in workloads:
+        new = best[(name, "new")]
+        print(f"{name}: {new['requests']} requests, {new['steps']} engine steps, {new['simulated_s']:.0f} s simulated")
+        for label in runs:
+            print(_row(label, best[(name, label)]))
+        for label in runs[1:]:
+            other = best[(name, label)]
+            same = [part for part in ("records", "timeline", "stats") if other[part] == new[part]]
+            print(f"  new vs {label}: {other['cpu_s'] / new['cpu_s']:.2f}x faster; the same {' and '.join(same) or 'nothing'}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=10_000)
-    ap.add_argument("--rate", type=float, default=10.0)
-    ap.add_argument("--repeat", type=int, default=1, help="run N times; report the best CPU time")
-    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--baseline", type=Path, help="directory holding the older servelab package to compare against")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    ap.add_argument("--requests", type=int, help="override every workload's request count (quick looks)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per (workload, code); the best CPU time is kept")
+    ap.add_argument("--worker", choices=WORKLOADS, help=argparse.SUPPRESS)
+    ap.add_argument("--profile", action="store_true", help="with --worker: cProfile the run (to stderr)")
+    ap.add_argument("--step-by-step", action="store_true",
+                    help="also run the new code one engine step at a time (the fast path's reference: its results are "
+                         "the ones to match); with --worker: run that way")
     args = ap.parse_args()
-
-    specs = workload(args.requests, args.rate, 1500, 200, seed=0)
-    best_cpu = best_wall = float("inf")
-    for _ in range(max(1, args.repeat)):
-        target = build_deployment("a100-80gb", "qwen2.5-7b").sim_target()
-        sink = MemorySink()
-        profiler = cProfile.Profile() if args.profile else None
-        c0, t0 = time.process_time(), time.perf_counter()
-        if profiler:
-            profiler.enable()
-        run = target.run(LoadPlan(specs), sink)
-        if profiler:
-            profiler.disable()
-        best_cpu = min(best_cpu, time.process_time() - c0)
-        best_wall = min(best_wall, time.perf_counter() - t0)
-
-    s = summarize(sink.records)
-    steps = run.client_stats["engine_steps"]
-    cfg = target.config
-    digest = hashlib.sha256("".join(r.to_json() for r in sink.records).encode()).hexdigest()
-    print(
-        f"A100-80GB / Qwen2.5-7B, max_num_seqs={cfg.max_num_seqs}, max_num_batched_tokens={cfg.max_num_batched_tokens}, "
-        f"KV blocks={target.num_gpu_blocks}"
-    )
-    print(f"{args.requests} requests 1500 in / 200 out at {args.rate:g} req/s (Poisson, seed 0)")
-    print(f"CPU time         {best_cpu:.3f} s   (best of {max(1, args.repeat)}; goal < 1 s)   wall {best_wall:.3f} s")
-    print(f"engine steps     {steps}   ->  {steps / best_cpu:,.0f} simulated steps per CPU second")
-    print(f"simulated span   {run.duration:.1f} s")
-    print(
-        f"completed {s['completed']}, req/s {s['request_throughput']:.2f}, out tok/s {s['output_throughput']:.0f}, "
-        f"mean TTFT {s['mean_ttft_ms']:.0f} ms, mean TPOT {s['mean_tpot_ms']:.1f} ms, "
-        f"preemptions {sum(r.preemptions for r in sink.records)}"
-    )
-    print(f"records sha256   {digest}   (must not change with a speed-up)")
-    if profiler:
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.requests, args.profile, args.step_by_step)))
+        return
+    workloads = args.workloads.split(",")
+    unknown = sorted(set(workloads) - set(WORKLOADS))
+    if unknown:
+        ap.error(f"unknown workloads {unknown}; choose from {', '.join(WORKLOADS)}")
+    if args.baseline and not (args.baseline / "servelab" / "__init__.py").is_file():
+        ap.error(f"--baseline {args.baseline}: no servelab package there")
+    drive(args.baseline, workloads, max(1, args.repeat), args.requests, args.step_by_step)
 
 
 if __name__ == "__main__":

@@ -99,6 +99,9 @@ class SimEngine:
         self._pending_tokens: int | None = None
         self._pending_run: tuple[int, int, int] | None = None
         """(first step, steps, tokens per step) of a decode run in flight, for metrics read mid-run."""
+        self._run_queues = (0, 0)
+        """(running, waiting) when that run began: what every step of it but the last reports (the last may see a
+        request that arrived during it)."""
         self.async_scheduling = bool(config.async_scheduling)
         self._cpu = cpu_costs
         """The CPU part of a step's time (it overlaps the GPU under async scheduling); None: all of it is GPU."""
@@ -107,6 +110,8 @@ class SimEngine:
         self._gpu_start = 0.0
         """Async scheduling: when the latest step started on the GPU, which is when the next one was scheduled."""
         self._step_cpu = 0.0
+        self.fast_forwarded_steps = 0
+        """Steps advanced by decode runs rather than one schedule() each (what the fast path saved)."""
 
     @property
     def num_steps(self) -> int:
@@ -169,7 +174,7 @@ class SimEngine:
         if self.fast_forward:
             k = self.scheduler.steady_decode_steps(len(self.step_ends), 1 << 30)
             if k:
-                return self._decode_run(now + wake, horizon, k, start=now)
+                return self._decode_run(now, horizon, k, wake=wake)
         granted, before = self.scheduler.schedule(now)
         duration = self._step_time(granted, before)
         if duration < 0 or (duration == 0 and not self.scheduler.preempted_this_step):
@@ -191,10 +196,11 @@ class SimEngine:
                 scheduled_at = early
         while inbox and inbox[0].arrival_time <= scheduled_at:
             self.scheduler.add(inbox.popleft())
-        if self.fast_forward and not inbox:
+        if self.fast_forward:
             k = self.scheduler.steady_decode_steps(len(self.step_ends), 1 << 30)
-            if k:
-                return self._decode_run(now, horizon, k, start=now, scheduled_at=scheduled_at, wake=wake)
+            if k:  # requests still in the inbox join the first step scheduled at or after they came
+                joins = inbox[0].arrival_time if inbox else math.inf
+                return self._decode_run(now, horizon, k, scheduled_at=scheduled_at, wake=wake, joins=joins)
         granted, before = self.scheduler.schedule(scheduled_at)
         total = self._step_time(granted, before)
         if total < 0 or (total == 0 and not self.scheduler.preempted_this_step):
@@ -250,39 +256,52 @@ class SimEngine:
         return self._aggregate(0, 0, n, base_sum + n * k, n, 0)
 
     def _decode_run(
-        self, now: float, horizon: float, k: int, start: float, scheduled_at: float | None = None, wake: float = 0.0
+        self, now: float, horizon: float, k: int, scheduled_at: float | None = None, wake: float = 0.0,
+        joins: float = math.inf,
     ) -> float:
-        """Up to k identical decode steps from `now` (after any wake-up time, which began at `start`).
+        """Up to k identical decode steps from `now`, the first after `wake` seconds of wake-up time.
 
         Synchronous: each step follows the previous one. Async (`scheduled_at` given): each step's CPU work
-        overlaps the previous step's GPU work, as in `_begin_async`.
+        overlaps the previous step's GPU work, as in `_begin_async`, and the run stops before the first step
+        scheduled at or after `joins` (a request waiting in the inbox joins that one). Every end time and the
+        busy time are summed in the order `begin_step` sums them, so the floats are the same to the last bit.
         """
         base = self.scheduler.decode_contexts()
         base_sum = int(base.sum())
         first = len(self.step_ends)
+        ends = self.step_ends
         t = now
+        busy = self.busy_time
         done = 0
         if scheduled_at is None:
             while done < k and (done == 0 or t < horizon):
-                t += self._decode_step_time(base, base_sum, done)
-                self.step_ends.append(t)
+                duration = self._decode_step_time(base, base_sum, done)
+                if done == 0:
+                    duration += wake
+                t += duration
+                busy += duration
+                ends.append(t)
                 done += 1
         else:
             n = len(base)
             cpu = self._cpu.cpu_step_time(n, False) if self._cpu is not None else 0.0
             sched, gpu_start = scheduled_at, self._gpu_start
-            while done < k and (done == 0 or t < horizon):
+            while done < k and (done == 0 or (t < horizon and sched < joins)):
                 total = self._decode_step_time(base, base_sum, done)
                 c = min(cpu, total)
                 gpu_start = max(sched + c, t)
-                t = gpu_start + total - c + (wake if done == 0 else 0.0)
+                end = gpu_start + total - c + (wake if done == 0 else 0.0)
+                busy += end - t
+                t = end
                 sched = gpu_start
-                self.step_ends.append(t)
+                ends.append(t)
                 done += 1
             self._gpu_start = gpu_start
-        self.busy_time += t - start
+        self.busy_time = busy
+        self.fast_forwarded_steps += done
         self._pending_tokens = self.scheduler.apply_decode_steps(first, done)
         self._pending_run = (first, done, self._pending_tokens // done)
+        self._run_queues = (self.scheduler.num_running, len(self.scheduler.waiting))
         self._in_step = True
         return t
 
@@ -298,8 +317,9 @@ class SimEngine:
             self._pending_tokens = None
             self._pending_run = None
             self._in_step = False
+            finished = self.scheduler.finish_decode_run(step)
             self._gauges = (self.scheduler.num_running, len(self.scheduler.waiting), self.pool.usage)
-            return []
+            return finished
         generated, first, finished = self.scheduler.update(step)
         c = self.counters
         prompt = 0
@@ -334,7 +354,8 @@ class SimEngine:
             ended = bisect.bisect_right(self.step_ends, t, first, first + steps) - first
             generated += ended * per_step
             iterations += ended
-            if ended:
+            if ended:  # the gauges as that step's end set them: the queues the run started with, its KV grown
+                running, waiting = self._run_queues
                 usage = self.scheduler.decode_run_usage(ended)
         prefix = self.scheduler.prefix
         return {

@@ -361,22 +361,21 @@ class Scheduler:
         """How many coming steps are pure decodes of an unchanging batch (0 if the next one is not).
 
         Such steps are all alike: every running request decodes one token and
-        emits it, nobody finishes (the finishing step is left to `schedule`),
-        nobody can be admitted, and the KV blocks they need are free, so no
-        preemption. Checking that costs a few array operations; replaying the
-        steps one by one would cost a Python-level schedule() each.
+        emits it, nobody finishes before the last of them (`finish_decode_run`
+        takes those that finish in it), nobody can be admitted, and the KV
+        blocks they need are free, so no preemption. Checking that costs a few
+        array operations; replaying the steps one by one would cost a
+        Python-level schedule() each.
         """
         n = len(self.reqs)
-        if n == 0 or n > self.budget or limit < 2:
+        if n == 0 or n > self.budget or limit < 1:
             return 0
         if len(self.waiting) and n < self.max_num_seqs:
             return 0
         tokens, computed = self.tokens[:n], self.computed[:n]
         if (tokens - computed != 1).any() or (self.last_emit[:n] != step - 1).any():
             return 0
-        k = min(limit, int((self.limit[:n] - tokens).min()) - 1)
-        if k < 2:
-            return 0
+        k = min(limit, int((self.limit[:n] - tokens).min()))
         bs, held, free = self.block_size, self.held[:n], self.pool.num_free
         if int((-((computed + k) // -bs) - held).sum()) > free:
             lo, hi = 0, k  # the largest k whose new blocks fit
@@ -387,7 +386,7 @@ class Scheduler:
                 else:
                     hi = mid - 1
             k = lo
-        return k if k >= 2 else 0
+        return k
 
     def decode_contexts(self) -> np.ndarray:
         """Context length of each running request before its next decode step."""
@@ -405,6 +404,10 @@ class Scheduler:
         if self.caching:
             self._flush_cache()
         return n * k
+
+    def finish_decode_run(self, step: int) -> list[SimRequest]:
+        """After the last step (`step`) of a decode run: the requests it finished, removed as `update` removes them."""
+        return self._finish_done(step)
 
     def decode_run_usage(self, steps: int) -> float:
         """KV usage after the first `steps` steps of the latest `apply_decode_steps`, as step-by-step would show it."""
@@ -435,7 +438,12 @@ class Scheduler:
                 first.append(req)
         np.copyto(last_emit, step, where=sampled)
         # Only a request that just sampled can reach its limit: the others were removed when they did.
-        done = (tokens >= self.limit[:n]).nonzero()[0].tolist()
+        return int(np.count_nonzero(sampled)), first, self._finish_done(step)
+
+    def _finish_done(self, step: int) -> list[SimRequest]:
+        """Remove the running requests that reached their limit at `step`, freeing their blocks; returns them."""
+        n = len(self.reqs)
+        done = (self.tokens[:n] >= self.limit[:n]).nonzero()[0].tolist()
         finished: list[SimRequest] = []
         if done:
             for i in done:
@@ -453,4 +461,4 @@ class Scheduler:
                 rows[:, i - j : stop - j - 1] = rows[:, i + 1 : stop]
             for i in reversed(done):
                 del self.reqs[i]
-        return int(np.count_nonzero(sampled)), first, finished
+        return finished

@@ -419,7 +419,7 @@ class _Simulation:
         self.begin_pending[i] = False
         horizon = self.events[0][0] if self.events else float("inf")
         engine = self.engines[i]
-        end = engine.begin_step(now, min(horizon, self.next_scrape))
+        end = engine.begin_step(now, horizon)
         run = engine.decode_run
         if self.frontend and run is not None:
             self._run_rounds(i, *run)
@@ -504,8 +504,12 @@ class _Simulation:
         """
         self.round_armed[server] = False
         batch, self.pending[server] = self.pending[server], []
-        handled = now + self.fe_step * len(batch) + self.fe_output * sum(n for _, _, n in batch)
-        width = max(n for _, _, n in batch)
+        if len(batch) == 1:  # the usual round, one step's tokens: the same sums without the generators
+            i, step, width = batch[0]
+            handled = now + self.fe_step + self.fe_output * width
+        else:
+            handled = now + self.fe_step * len(batch) + self.fe_output * sum(n for _, _, n in batch)
+            width = max(n for _, _, n in batch)
         done = handled + self.fe_chunk * width
         sent = min(done, handled + self.fe_chunk * (width + 1) / 2)
         for i, step, _ in batch:
