@@ -13,6 +13,7 @@ from servelab.perf.models import builtin_models, get_model, load_hf_config
 REQUIRED_GPUS = [
     "A100-40GB-SXM", "A100-80GB-SXM", "A100-80GB-PCIe", "H100-SXM", "H100-PCIe", "H100-NVL", "H200",
     "H20", "L40S", "L4", "A10G", "RTX-4090", "MI300X", "cpu",
+    "B200", "GB200", "B300", "RTX-PRO-6000",
 ]
 
 
