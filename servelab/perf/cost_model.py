@@ -161,6 +161,13 @@ _GPU_FIELDS = frozenset({
 
 DATASHEET = "datasheet-roofline"
 
+MOE_LAYER_FIXED_S = 2.0e-5
+"""Fixed time of one MoE layer's fused-MoE kernel chain (top-k routing, token sorting, the two grouped GEMMs'
+launches, activation, weighted sum), beyond the experts' weight traffic: the median of latency minus
+weights / (0.87 x HBM bandwidth) over the one-token bf16 rows of aiconfigurator-core 0.12.0's vLLM 0.24.0 fused-MoE
+tables on H100-SXM and H200 (h100_sxm|h200_sxm/moe/vllm/0.24.0/moe_perf.parquet, 31 shapes: 18-24 us; B200: 10-40 us).
+benchmarks/moe_kernel_check.py compares the whole MoE layer with those tables."""
+
 
 def kernel_fit_for(
     hardware: Hardware, model: ModelSpec, engine_config: EngineConfig, weights: WeightFormat,
@@ -341,7 +348,7 @@ class RooflineCostModel:
         groups = _gemm_groups(model, tp, attention, mlp)
         self._gemm_groups = tuple((n, tuple(self._gemm_constants(g, *shape) for shape in shapes)) for n, shapes in groups)
         self._lm_head = self._gemm_constants(g, model.vocab_size // tp, h)
-        launches = sum(n * len(shapes) for n, shapes in groups) + 2 * model.num_moe_layers
+        launches = sum(n * len(shapes) for n, shapes in groups)
         self._gemm_fixed = (launches + 1) * g.launch_s
         if model.moe:
             width = model.moe.expert_intermediate_size // tp
@@ -484,20 +491,25 @@ class RooflineCostModel:
         return self._launched(gpu, num_decodes, chunks > 0) + self._comm_fixed + num_tokens * self._comm_s_per_token + cpu
 
     def _expert_time(self, num_tokens: int) -> float:
-        """The routed experts' grouped GEMMs of all MoE layers for a step of `num_tokens` tokens (see the class)."""
+        """The routed experts of all MoE layers for a step of `num_tokens` tokens, routed uniformly (see the class)."""
         cached = self._expert_cache.get(num_tokens)
-        if cached is not None:
-            return cached
+        if cached is None:
+            assert self._moe is not None
+            touched = self._moe.experts_touched(num_tokens)
+            cached = self._expert_cache[num_tokens] = self.model.num_moe_layers * self.moe_layer_time(num_tokens, touched)
+        return cached
+
+    def moe_layer_time(self, num_tokens: float, touched_experts: float) -> float:
+        """One MoE layer's routed-expert kernels when `num_tokens` tokens are routed to `touched_experts` distinct
+        experts: the fused-MoE kernel chain's fixed cost plus one grouped GEMM (gate_up, then down) over them."""
         assert self._moe is not None
-        touched = self._moe.experts_touched(num_tokens)
         if self.kernel_fit:
-            rows = num_tokens * self._moe.experts_per_token / touched
-            per_layer = touched * sum(self._gemm_time(rows, c) for c in self._expert_gemms)
-            time = self.model.num_moe_layers * per_layer
+            rows = num_tokens * self._moe.experts_per_token / touched_experts
+            grouped = touched_experts * sum(self._gemm_time(rows, c) for c in self._expert_gemms)
         else:
-            time = max(num_tokens * self._routed_s_per_token, touched * self._expert_read_s)
-        self._expert_cache[num_tokens] = time
-        return time
+            per_layer = self.model.num_moe_layers
+            grouped = max(num_tokens * self._routed_s_per_token, touched_experts * self._expert_read_s) / per_layer
+        return MOE_LAYER_FIXED_S + grouped
 
     def wake_time(self, idle_s: float) -> float:
         """`idle_wake_s` scaled by how long the engine idled (see CostCoefficients.idle_wake_s); 0 when it never did."""

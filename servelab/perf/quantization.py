@@ -5,7 +5,8 @@ name suggests: FP8 weights on a chip without FP8 tensor cores (Ampere) still
 load, as weight-only FP8 through the Marlin kernel, computing in bf16; W4A16
 (AWQ/GPTQ) always computes in fp16. INT8 W8A8 has no such fallback in vLLM,
 so it is refused on a chip without INT8 tensor cores. FP4 weights (MXFP4 as
-gpt-oss ships them, NVFP4) run on FP4 tensor cores on Blackwell; elsewhere vLLM
+gpt-oss ships them, NVFP4) run on Blackwell's block-scaled tensor cores (NVFP4 at
+the FP4 rate, MXFP4 with MXFP8 activations at the FP8 rate); elsewhere vLLM
 dequantizes them in its W4A16 kernels (Marlin, Triton), computing in bf16: the
 bytes are saved, the compute is not.
 """
@@ -23,6 +24,10 @@ _W4_GROUP_BYTES_PER_PARAM = 0.5 + (2 + 0.5) / 128
 # FP4 (E2M1) weights with one scale per block: MXFP4 an 8-bit power of two per 32 (OCP MX spec), NVFP4 an FP8 E4M3
 # per 16 (plus one FP32 per tensor, negligible).
 _FP4_BYTES_PER_PARAM = {"mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
+# The tensor-core rate each runs at on Blackwell: NVFP4 checkpoints quantize activations to FP4 too (W4A4, the FP4
+# rate); vLLM runs MXFP4 experts (gpt-oss) as MXFP4 weights x MXFP8 activations in FlashInfer's block-scaled MoE
+# kernels, whose mixed-width MMA runs at the FP8 rate.
+_FP4_COMPUTE: dict[str, ComputeDtype] = {"mxfp4": "fp8", "nvfp4": "fp4"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +66,8 @@ def weight_format(quantization: str | None, model: ModelSpec, hardware: Hardware
         return WeightFormat("w4a16", _W4_GROUP_BYTES_PER_PARAM, "bf16")
     if method in _FP4_BYTES_PER_PARAM:
         if hardware.fp4_tflops > 0:
-            return WeightFormat(method, _FP4_BYTES_PER_PARAM[method], "fp4")
+            note = "" if method == "nvfp4" else "MXFP4 weights x MXFP8 activations on Blackwell tensor cores: the FP8 rate"
+            return WeightFormat(method, _FP4_BYTES_PER_PARAM[method], _FP4_COMPUTE[method], note=note)
         return WeightFormat(
             f"{method}-weight-only",
             _FP4_BYTES_PER_PARAM[method],
