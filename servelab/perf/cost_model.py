@@ -281,6 +281,8 @@ class RooflineCostModel:
             streamed -= model.embedding_params * model.dtype_bytes // tp
         if model.moe:
             streamed -= int(routed_expert_bytes(model, engine_config.quantization, hardware) / tp)
+        self._streamed_bytes = streamed
+        self._expert_bytes_per_rank = model.expert_params * self.weight_format.bytes_per_param / tp
         self._moe, self._expert_cache = model.moe, dict[int, float]()
         self._decode_attn_s_per_pair: float | None = None
         """Set for MLA, whose absorbed decode attention has its own FLOPs per pair."""
@@ -321,8 +323,8 @@ class RooflineCostModel:
         if model.moe:
             expert_peak = hardware.peak_flops(self.weight_format.compute_dtype) * c.compute_efficiency
             self._routed_s_per_token = model.routed_expert_flops_per_token / tp / expert_peak
-            expert_bytes = model.expert_params * self.weight_format.bytes_per_param / tp
-            self._expert_read_s = model.num_moe_layers * expert_bytes / (memory_bw * c.memory_efficiency)
+            self._expert_read_s = (
+                model.num_moe_layers * self._expert_bytes_per_rank / (memory_bw * c.memory_efficiency))
         if tp > 1:
             ring = 2 * (tp - 1) / tp
             per_token_bytes = model.hidden_size * model.dtype_bytes
@@ -489,6 +491,13 @@ class RooflineCostModel:
         if chunks:
             cpu += self._prefill_step_overhead
         return self._launched(gpu, num_decodes, chunks > 0) + self._comm_fixed + num_tokens * self._comm_s_per_token + cpu
+
+    def weight_bytes_read(self, num_tokens: int) -> float:
+        """Weight bytes one rank reads from memory in a step of `num_tokens` tokens: every weight outside the routed
+        experts (the LM head too; embedding rows are gathered, not streamed) and, in each MoE layer, every expert
+        some token is routed to, once (uniform routing, MoESpec.experts_touched)."""
+        touched = self._moe.experts_touched(num_tokens) if self._moe else 0.0
+        return self._streamed_bytes + self.model.num_moe_layers * touched * self._expert_bytes_per_rank
 
     def _expert_time(self, num_tokens: int) -> float:
         """The routed experts of all MoE layers for a step of `num_tokens` tokens, routed uniformly (see the class)."""
