@@ -25,10 +25,11 @@ from servelab.perf.kernel_fit import (
 from servelab.perf.memory import (
     kv_bytes_per_token_per_rank,
     kv_heads_per_rank,
+    routed_expert_bytes,
     weight_bytes_per_rank,
 )
 from servelab.perf.models import ModelSpec
-from servelab.perf.quantization import WeightFormat, weight_format
+from servelab.perf.quantization import WeightFormat, non_expert_weight_format, weight_format
 
 
 @dataclass(slots=True)
@@ -160,6 +161,13 @@ _GPU_FIELDS = frozenset({
 
 DATASHEET = "datasheet-roofline"
 
+MOE_LAYER_FIXED_S = 2.0e-5
+"""Fixed time of one MoE layer's fused-MoE kernel chain (top-k routing, token sorting, the two grouped GEMMs'
+launches, activation, weighted sum), beyond the experts' weight traffic: the median of latency minus
+weights / (0.87 x HBM bandwidth) over the one-token bf16 rows of aiconfigurator-core 0.12.0's vLLM 0.24.0 fused-MoE
+tables on H100-SXM and H200 (h100_sxm|h200_sxm/moe/vllm/0.24.0/moe_perf.parquet, 31 shapes: 18-24 us; B200: 10-40 us).
+benchmarks/moe_kernel_check.py compares the whole MoE layer with those tables."""
+
 
 def kernel_fit_for(
     hardware: Hardware, model: ModelSpec, engine_config: EngineConfig, weights: WeightFormat,
@@ -174,9 +182,34 @@ def kernel_fit_for(
         return None, "GPU efficiencies given (calibrated or set by hand): they replace the kernel fit"
     if weights.compute_dtype != "bf16" or weights.bytes_per_param != 2 or model.dtype_bytes != 2:
         return None, f"the kernel fit covers bf16/fp16 weights and activations, not {weights.name} in {model.dtype}"
+    if model.mla:
+        return None, "the kernel tables hold no multi-head latent attention kernels: datasheet peaks x assumed efficiencies"
     if tp > 1 and tp not in fit.allreduce:
         return None, f"no all-reduce table for TP={tp} on {hardware.name}"
     return fit, f"fitted to {fit.tables['gemm'].split('/')[0]} kernel tables of {fit.device} (docs/kernels.md)"
+
+
+Shape = tuple[int, int]
+
+
+def _gemm_groups(
+    model: ModelSpec, tp: int, attention: tuple[Shape, ...], mlp: tuple[Shape, ...],
+) -> list[tuple[int, tuple[Shape, ...]]]:
+    """(layer count, GEMM shapes (n, k) per rank) of the layers' non-routed GEMMs: one group for a dense model;
+    attention, dense-MLP layers, and MoE layers' router plus shared experts for a mixture of experts."""
+    if not model.moe:
+        return [(model.num_layers, attention + mlp)]
+    h, moe = model.hidden_size, model.moe
+    if model.mla:
+        m, heads = model.mla, model.num_heads // tp
+        q = ((heads * (m.qk_nope_head_dim + m.qk_rope_head_dim), h),) if not m.q_lora_rank else (
+            (m.q_lora_rank, h), (heads * (m.qk_nope_head_dim + m.qk_rope_head_dim), m.q_lora_rank))
+        attention = (*q, (m.cached_width, h), (heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+                     (h, heads * m.v_head_dim))
+    shared = moe.shared_intermediate_size // tp
+    routing = ((moe.num_experts, h),) + (((2 * shared, h), (h, shared)) if shared else ())
+    groups = [(model.num_layers, attention), (moe.num_dense_layers, mlp), (model.num_moe_layers, routing)]
+    return [(n, shapes) for n, shapes in groups if n]
 
 
 class RooflineCostModel:
@@ -210,6 +243,15 @@ class RooflineCostModel:
     per-token constants are precomputed (and the fitted GEMM part memoized per
     token count) so a step costs a few float operations.
     `kernels=False` forces the datasheet form (the "before" of benchmarks/kernel_accuracy.py).
+
+    A mixture-of-experts model adds, per MoE layer, its routed experts as one grouped GEMM over the step's
+    B tokens: B k token-expert rows spread over the E (1 - (1 - k/E)^B) distinct experts they touch, each
+    touched expert's weights read once (docs/moe.md). Fitted form: every touched expert is a GEMM of
+    B k / touched rows in the fitted GEMM form; datasheet form: max(routed FLOPs / peak, touched experts'
+    bytes / bandwidth). Routers, shared experts and dense-MLP layers are GEMMs like any other; a checkpoint
+    that quantizes only its experts (gpt-oss MXFP4) prices attention in the model dtype and the experts in
+    their format (FP4 tensor cores on Blackwell, weight-only bf16 compute elsewhere). MLA (DeepSeek) caches
+    one latent per token and layer; its decode attention costs max(latent bytes, absorbed-attention FLOPs).
     """
 
     def __init__(
@@ -227,14 +269,23 @@ class RooflineCostModel:
         self.model = model
         tp = engine_config.tensor_parallel_size
         self.weight_format = weight_format(engine_config.quantization, model, hardware)
-        compute_peak = hardware.peak_flops(self.weight_format.compute_dtype)
+        dense_format = non_expert_weight_format(engine_config.quantization, model, hardware)
+        compute_peak = hardware.peak_flops(dense_format.compute_dtype)
         attention_peak = hardware.peak_flops("bf16")
         memory_bw = hardware.memory_bandwidth
 
         # Embedding rows are gathered, not streamed; a tied embedding is streamed as the LM head.
+        # Routed experts are read only when some token of the step is routed to them (_expert_time).
         streamed = weight_bytes_per_rank(model, engine_config.quantization, hardware, tp)
         if not model.tie_word_embeddings:
             streamed -= model.embedding_params * model.dtype_bytes // tp
+        if model.moe:
+            streamed -= int(routed_expert_bytes(model, engine_config.quantization, hardware) / tp)
+        self._streamed_bytes = streamed
+        self._expert_bytes_per_rank = model.expert_params * self.weight_format.bytes_per_param / tp
+        self._moe, self._expert_cache = model.moe, dict[int, float]()
+        self._decode_attn_s_per_pair: float | None = None
+        """Set for MLA, whose absorbed decode attention has its own FLOPs per pair."""
         kv_per_token = kv_bytes_per_token_per_rank(model, engine_config.kv_cache_dtype, tp)
         if tp > 1 and hardware.interconnect_bandwidth <= 0:
             raise PerfConfigError(f"{hardware.name} has no GPU interconnect; tensor parallelism is not possible")
@@ -260,12 +311,20 @@ class RooflineCostModel:
             return
 
         self._weight_time = streamed / (memory_bw * c.memory_efficiency)
-        self._linear_s_per_token = model.linear_flops_per_token / tp / (compute_peak * c.compute_efficiency)
+        self._linear_s_per_token = model.non_expert_linear_flops_per_token / tp / (compute_peak * c.compute_efficiency)
         self._lm_head_s_per_sample = model.lm_head_flops_per_token / tp / (compute_peak * c.compute_efficiency)
         self._attn_s_per_pair = (
             model.attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency)
         )
+        if model.mla:
+            self._decode_attn_s_per_pair = (
+                model.decode_attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency))
         self._kv_s_per_token = kv_per_token / (memory_bw * c.attention_memory_efficiency)
+        if model.moe:
+            expert_peak = hardware.peak_flops(self.weight_format.compute_dtype) * c.compute_efficiency
+            self._routed_s_per_token = model.routed_expert_flops_per_token / tp / expert_peak
+            self._expert_read_s = (
+                model.num_moe_layers * self._expert_bytes_per_rank / (memory_bw * c.memory_efficiency))
         if tp > 1:
             ring = 2 * (tp - 1) / tp
             per_token_bytes = model.hidden_size * model.dtype_bytes
@@ -285,13 +344,19 @@ class RooflineCostModel:
         heads, kv_heads = model.num_heads // tp, kv_heads_per_rank(model, tp)
         inter = model.intermediate_size // tp
         # qkv, o, gate_up, down of one layer, then the LM head: (n, k) per rank.
-        shapes = (((heads + 2 * kv_heads) * d, h), (h, heads * d), (2 * inter, h), (h, inter))
+        attention, mlp = (((heads + 2 * kv_heads) * d, h), (h, heads * d)), ((2 * inter, h), (h, inter))
         self._p, self._inv_p, self._half_tokens = g.knee_p, 1.0 / g.knee_p, g.half_tokens
         self._throttle, self._throttle_flops = g.throttle, g.throttle_flops
-        self._layer_gemms = tuple(self._gemm_constants(g, n, k) for n, k in shapes)
+        groups = _gemm_groups(model, tp, attention, mlp)
+        self._gemm_groups = tuple((n, tuple(self._gemm_constants(g, *shape) for shape in shapes)) for n, shapes in groups)
         self._lm_head = self._gemm_constants(g, model.vocab_size // tp, h)
-        self._layers = layers
-        self._gemm_fixed = (4 * layers + 1) * g.launch_s
+        launches = sum(n * len(shapes) for n, shapes in groups)
+        self._gemm_fixed = (launches + 1) * g.launch_s
+        if model.moe:
+            width = model.moe.expert_intermediate_size // tp
+            self._expert_gemms = (self._gemm_constants(g, 2 * width, h), self._gemm_constants(g, h, width))
+        if model.moe:
+            inter = model.mlp_activation_width // tp  # the elementwise kernels see the routed rows' activations
         # Step times repeat their token counts (decode batches, the token budget): the GEMM and
         # elementwise part depends on nothing else, so it is computed once per count.
         self._layer_cache: dict[int, float] = {}
@@ -304,6 +369,8 @@ class RooflineCostModel:
         self._kv_s_per_token = kv_per_token / (bw * dec.memory_efficiency)
         self._prefill_fixed, self._prefill_half_length = layers * pre.launch_s, pre.half_length
         self._attn_s_per_pair = model.attention_flops_per_pair / tp / (peak * pre.compute_efficiency)
+        if model.mla:
+            self._decode_attn_s_per_pair = model.decode_attention_flops_per_pair / tp / (peak * pre.compute_efficiency)
         self._elementwise_fixed = layers * el.launch_s
         self._elementwise_s_per_token = layers * elementwise_bytes_per_token(h, heads, kv_heads, inter) / (
             bw * el.memory_efficiency)
@@ -320,7 +387,7 @@ class RooflineCostModel:
         size = self.model.dtype_bytes
         return 2 * n * (k + g.half_depth) / (peak * g.peak_efficiency), 2.0 * n * k, n * k * size / bw, (n + k) * size / bw
 
-    def _gemm_time(self, m: int, constants: tuple[float, float, float, float]) -> float:
+    def _gemm_time(self, m: float, constants: tuple[float, float, float, float]) -> float:
         """One GEMM of m tokens in the fitted form (kernel_fit.gemm_time without its launch floor)."""
         per_token, flops_per_token, weights, activations = constants
         flops = m * flops_per_token
@@ -354,8 +421,15 @@ class RooflineCostModel:
             num_tokens * self._linear_s_per_token + num_sampled * self._lm_head_s_per_sample,
             self._weight_time,
         )
+        if self._moe:
+            linear += self._expert_time(num_tokens)
+        if self._decode_attn_s_per_pair is None:
+            attention_flops_time = (prefill_attn_work + sum_decode_context + num_decodes) * self._attn_s_per_pair
+        else:
+            attention_flops_time = (prefill_attn_work * self._attn_s_per_pair
+                                    + (sum_decode_context + num_decodes) * self._decode_attn_s_per_pair)
         attention = max(
-            (prefill_attn_work + sum_decode_context + num_decodes) * self._attn_s_per_pair,
+            attention_flops_time,
             (sum_decode_context + prefill_context_tokens + num_prefill_tokens) * self._kv_s_per_token,
         )
         communication = self._comm_fixed + num_tokens * self._comm_s_per_token
@@ -388,9 +462,12 @@ class RooflineCostModel:
         num_tokens = num_prefill_tokens + num_decodes
         layers = self._layer_cache.get(num_tokens)
         if layers is None:
-            layers = self._layer_cache[num_tokens] = self._layers * sum(
-                self._gemm_time(num_tokens, c) for c in self._layer_gemms
+            layers = self._layer_cache[num_tokens] = sum(
+                n * sum(self._gemm_time(num_tokens, c) for c in gemms) for n, gemms in self._gemm_groups
             ) + self._elementwise_fixed + num_tokens * self._elementwise_s_per_token
+            if self._moe:
+                layers += self._expert_time(num_tokens)
+                self._layer_cache[num_tokens] = layers
         lm_head = self._lm_head_cache.get(num_sampled)
         if lm_head is None:
             lm_head = self._lm_head_cache[num_sampled] = self._gemm_time(num_sampled, self._lm_head) + self._gemm_fixed
@@ -414,6 +491,34 @@ class RooflineCostModel:
         if chunks:
             cpu += self._prefill_step_overhead
         return self._launched(gpu, num_decodes, chunks > 0) + self._comm_fixed + num_tokens * self._comm_s_per_token + cpu
+
+    def weight_bytes_read(self, num_tokens: int) -> float:
+        """Weight bytes one rank reads from memory in a step of `num_tokens` tokens: every weight outside the routed
+        experts (the LM head too; embedding rows are gathered, not streamed) and, in each MoE layer, every expert
+        some token is routed to, once (uniform routing, MoESpec.experts_touched)."""
+        touched = self._moe.experts_touched(num_tokens) if self._moe else 0.0
+        return self._streamed_bytes + self.model.num_moe_layers * touched * self._expert_bytes_per_rank
+
+    def _expert_time(self, num_tokens: int) -> float:
+        """The routed experts of all MoE layers for a step of `num_tokens` tokens, routed uniformly (see the class)."""
+        cached = self._expert_cache.get(num_tokens)
+        if cached is None:
+            assert self._moe is not None
+            touched = self._moe.experts_touched(num_tokens)
+            cached = self._expert_cache[num_tokens] = self.model.num_moe_layers * self.moe_layer_time(num_tokens, touched)
+        return cached
+
+    def moe_layer_time(self, num_tokens: float, touched_experts: float) -> float:
+        """One MoE layer's routed-expert kernels when `num_tokens` tokens are routed to `touched_experts` distinct
+        experts: the fused-MoE kernel chain's fixed cost plus one grouped GEMM (gate_up, then down) over them."""
+        assert self._moe is not None
+        if self.kernel_fit:
+            rows = num_tokens * self._moe.experts_per_token / touched_experts
+            grouped = touched_experts * sum(self._gemm_time(rows, c) for c in self._expert_gemms)
+        else:
+            per_layer = self.model.num_moe_layers
+            grouped = max(num_tokens * self._routed_s_per_token, touched_experts * self._expert_read_s) / per_layer
+        return MOE_LAYER_FIXED_S + grouped
 
     def wake_time(self, idle_s: float) -> float:
         """`idle_wake_s` scaled by how long the engine idled (see CostCoefficients.idle_wake_s); 0 when it never did."""

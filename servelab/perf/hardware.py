@@ -19,7 +19,7 @@ from servelab.perf.errors import PerfConfigError
 
 BUILTIN_GPUS = Path(__file__).parent / "data" / "gpus.yaml"
 
-ComputeDtype = Literal["bf16", "fp8", "int8"]
+ComputeDtype = Literal["bf16", "fp8", "int8", "fp4"]
 
 _CITED_FIELDS = (
     "memory_gib",
@@ -45,6 +45,7 @@ class Hardware(BaseModel):
     bf16_tflops: float = Field(gt=0, description="also the fp16 rate and the W4A16 compute rate")
     fp8_tflops: float = Field(ge=0)
     int8_tflops: float = Field(ge=0)
+    fp4_tflops: float = Field(0, ge=0, description="FP4 (NVFP4/MXFP4) tensor cores: Blackwell and later; 0 elsewhere")
     interconnect: Literal["nvlink", "pcie", "infinity-fabric", "none", "other"] = "pcie"
     interconnect_gbs: float = Field(ge=0, description="GPU-to-GPU, bidirectional, all links")
     pcie_gbs: float = Field(ge=0)
@@ -56,7 +57,8 @@ class Hardware(BaseModel):
     def _every_number_is_cited(self) -> Hardware:
         if "datasheet" in self.sources:
             return self
-        missing = [f for f in _CITED_FIELDS if f not in self.sources]
+        cited = _CITED_FIELDS + (("fp4_tflops",) if self.fp4_tflops else ())
+        missing = [f for f in cited if f not in self.sources]
         if missing:
             raise ValueError(
                 f"no source for {', '.join(missing)}: add sources.datasheet or one source per field"
@@ -79,7 +81,7 @@ class Hardware(BaseModel):
 
     def peak_flops(self, dtype: ComputeDtype) -> float:
         """Dense tensor-core FLOP/s (or OP/s) for `dtype`; 0 where the chip has no such path."""
-        tflops = {"bf16": self.bf16_tflops, "fp8": self.fp8_tflops, "int8": self.int8_tflops}[dtype]
+        tflops = {"bf16": self.bf16_tflops, "fp8": self.fp8_tflops, "int8": self.int8_tflops, "fp4": self.fp4_tflops}[dtype]
         return tflops * 1e12
 
     def names(self) -> tuple[str, ...]:

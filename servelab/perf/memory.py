@@ -18,7 +18,7 @@ from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware
 from servelab.perf.models import ModelSpec
-from servelab.perf.quantization import kv_bytes_per_element, weight_format
+from servelab.perf.quantization import kv_bytes_per_element, non_expert_weight_format, weight_format
 
 GiB = 2**30
 
@@ -103,21 +103,33 @@ def weight_bytes_per_rank(model: ModelSpec, quantization: str | None, hardware: 
     """Weights one tensor-parallel rank holds: quantized linears, embedding and LM head in the model dtype.
 
     vLLM shards the vocabulary of both embedding and LM head across ranks, so every
-    term divides by TP (norms and biases are too small to matter).
+    term divides by TP (norms and biases are too small to matter). Every expert of a
+    mixture-of-experts model is resident, each sharded across the TP ranks.
     """
-    fmt = weight_format(quantization, model, hardware)
-    linear = model.num_layers * model.layer_linear_params * fmt.bytes_per_param
+    dense = non_expert_weight_format(quantization, model, hardware).bytes_per_param
+    linear = model.non_expert_linear_params * dense
+    if model.moe:
+        linear += routed_expert_bytes(model, quantization, hardware)
     vocab = (model.embedding_params + model.lm_head_params) * model.dtype_bytes
     return int((linear + vocab) / tp)
 
 
+def routed_expert_bytes(model: ModelSpec, quantization: str | None, hardware: Hardware) -> float:
+    """Bytes of all routed experts of all MoE layers, over all ranks (0 for a dense model)."""
+    return model.routed_expert_params * weight_format(quantization, model, hardware).bytes_per_param
+
+
 def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
-    """KV heads are split across ranks, and replicated once TP exceeds their number."""
+    """KV heads are split across ranks, and replicated once TP exceeds their number (MLA's one latent: on every rank)."""
+    if model.mla:
+        return 1
     return max(1, model.num_kv_heads // tp)
 
 
 def kv_bytes_per_token_per_rank(model: ModelSpec, kv_cache_dtype: str, tp: int) -> float:
     element = kv_bytes_per_element(kv_cache_dtype, model)
+    if model.mla:
+        return model.kv_bytes_per_token(element)
     return 2 * model.num_layers * kv_heads_per_rank(model, tp) * model.head_dim * element
 
 
@@ -126,7 +138,7 @@ def forward_activation_bytes(model: ModelSpec, config: EngineConfig, reserve: Me
     assert config.max_num_batched_tokens is not None, "resolve() first"
     tp = config.tensor_parallel_size
     qkv = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim / tp
-    per_token = (4 * model.hidden_size + qkv + 3 * model.intermediate_size / tp) * model.dtype_bytes
+    per_token = (4 * model.hidden_size + qkv + 3 * model.mlp_activation_width / tp) * model.dtype_bytes
     return int(config.max_num_batched_tokens * per_token * reserve.activation_factor)
 
 

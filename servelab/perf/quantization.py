@@ -4,7 +4,11 @@ The rules follow what vLLM does on each chip rather than what the format's
 name suggests: FP8 weights on a chip without FP8 tensor cores (Ampere) still
 load, as weight-only FP8 through the Marlin kernel, computing in bf16; W4A16
 (AWQ/GPTQ) always computes in fp16. INT8 W8A8 has no such fallback in vLLM,
-so it is refused on a chip without INT8 tensor cores.
+so it is refused on a chip without INT8 tensor cores. FP4 weights (MXFP4 as
+gpt-oss ships them, NVFP4) run on Blackwell's block-scaled tensor cores (NVFP4 at
+the FP4 rate, MXFP4 with MXFP8 activations at the FP8 rate); elsewhere vLLM
+dequantizes them in its W4A16 kernels (Marlin, Triton), computing in bf16: the
+bytes are saved, the compute is not.
 """
 
 from __future__ import annotations
@@ -17,6 +21,13 @@ from servelab.perf.models import ModelSpec
 
 # 4-bit weights with one fp16 scale (and a packed 4-bit zero point) per group of 128.
 _W4_GROUP_BYTES_PER_PARAM = 0.5 + (2 + 0.5) / 128
+# FP4 (E2M1) weights with one scale per block: MXFP4 an 8-bit power of two per 32 (OCP MX spec), NVFP4 an FP8 E4M3
+# per 16 (plus one FP32 per tensor, negligible).
+_FP4_BYTES_PER_PARAM = {"mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
+# The tensor-core rate each runs at on Blackwell: NVFP4 checkpoints quantize activations to FP4 too (W4A4, the FP4
+# rate); vLLM runs MXFP4 experts (gpt-oss) as MXFP4 weights x MXFP8 activations in FlashInfer's block-scaled MoE
+# kernels, whose mixed-width MMA runs at the FP8 rate.
+_FP4_COMPUTE: dict[str, ComputeDtype] = {"mxfp4": "fp8", "nvfp4": "fp4"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +64,28 @@ def weight_format(quantization: str | None, model: ModelSpec, hardware: Hardware
         return WeightFormat("int8-w8a8", 1.0, "int8")
     if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "w4a16"):
         return WeightFormat("w4a16", _W4_GROUP_BYTES_PER_PARAM, "bf16")
+    if method in _FP4_BYTES_PER_PARAM:
+        if hardware.fp4_tflops > 0:
+            note = "" if method == "nvfp4" else "MXFP4 weights x MXFP8 activations on Blackwell tensor cores: the FP8 rate"
+            return WeightFormat(method, _FP4_BYTES_PER_PARAM[method], _FP4_COMPUTE[method], note=note)
+        return WeightFormat(
+            f"{method}-weight-only",
+            _FP4_BYTES_PER_PARAM[method],
+            "bf16",
+            note=f"{hardware.name} has no FP4 tensor cores: vLLM dequantizes {method} weights in a W4A16 kernel, computing in bf16",
+        )
     raise PerfConfigError(
-        f"quantization {quantization!r} is not modelled; supported: none (bf16/fp16), fp8, int8 (W8A8), awq, gptq (W4A16)"
+        f"quantization {quantization!r} is not modelled; supported: none (bf16/fp16), fp8, int8 (W8A8), awq, gptq (W4A16), "
+        "mxfp4, nvfp4"
     )
+
+
+def non_expert_weight_format(quantization: str | None, model: ModelSpec, hardware: Hardware) -> WeightFormat:
+    """The format of the weights outside the routed experts: the model dtype when the checkpoint quantizes only its
+    experts (gpt-oss), else the same as `weight_format`."""
+    if model.quantized_experts_only and quantization is None:
+        return weight_format("none", model, hardware)
+    return weight_format(quantization, model, hardware)
 
 
 _KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "bfloat16": 2, "float16": 2}

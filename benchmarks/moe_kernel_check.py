@@ -1,0 +1,76 @@
+"""How close servelab's price of one MoE layer is to vLLM's measured fused-MoE kernels.
+
+aiconfigurator-core ships vLLM fused-MoE latencies per GPU (systems/<gpu>/moe/vllm/<version>/moe_perf.parquet):
+one MoE layer's routed experts for a number of tokens, an expert shape and a weight format, at TP=EP=1. Their
+"balanced" routing spreads the tokens over min(E, B k) distinct experts; this script asks
+`RooflineCostModel.moe_layer_time` for the same token and expert counts (so routing statistics are held equal and
+only the kernel price is scored) and prints the median |error| per GPU, model and format. The serving price
+itself assumes uniform random routing (docs/moe.md).
+
+    pip install -e '.[kernels]'
+    .venv/bin/python benchmarks/moe_kernel_check.py [--rows]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from servelab.perf.cost_model import RooflineCostModel
+from servelab.perf.engine_config import EngineConfig
+from servelab.perf.hardware import get_gpu
+from servelab.perf.kernel_fit import aiconfigurator_data_root
+from servelab.perf.models import ModelSpec, load_hf_config
+
+CONFIGS = Path(__file__).parents[1] / "tests" / "fixtures" / "moe_configs"
+GPUS = {"H100-SXM": ("h100_sxm", "0.24.0"), "H200": ("h200_sxm", "0.24.0"), "B200": ("b200_sxm", "0.24.0")}
+CASES = (  # (model fixture, table moe_dtype, servelab quantization)
+    ("qwen3-30b-a3b", "bfloat16", None),
+    ("mixtral-8x7b", "bfloat16", None),
+    ("qwen3-30b-a3b", "fp8_block", "fp8"),  # Qwen3-30B-A3B-FP8 ships 128x128 block scales
+    ("gpt-oss-20b", "w4a16_mxfp4", "mxfp4"),
+    ("gpt-oss-20b", "w4a8_mxfp4_mxfp8", "mxfp4"),
+)
+
+
+def measured(table: pd.DataFrame, model: ModelSpec, moe_dtype: str) -> pd.DataFrame:
+    moe = model.moe
+    assert moe is not None
+    keep = ((table.moe_dtype == moe_dtype) & (table.distribution == "balanced") & (table.moe_tp_size == 1)
+            & (table.moe_ep_size == 1) & (table.hidden_size == model.hidden_size)
+            & (table.inter_size == moe.expert_intermediate_size) & (table.num_experts == moe.num_experts)
+            & (table.topk == moe.experts_per_token))
+    return table[keep].sort_values("num_tokens")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", action="store_true", help="print every (tokens, measured, predicted) row")
+    args = parser.parse_args()
+    root = aiconfigurator_data_root()
+    print(f"{'GPU':9} {'model':15} {'table format':18} {'servelab format':22} {'rows':>4} {'median |err|':>12} {'max |err|':>9}")
+    for gpu, (system, version) in GPUS.items():
+        table = pd.read_parquet(root / system / "moe" / "vllm" / version / "moe_perf.parquet")
+        for name, moe_dtype, quantization in CASES:
+            model = load_hf_config(CONFIGS / name)
+            rows = measured(table, model, moe_dtype)
+            if rows.empty:
+                continue
+            cost = RooflineCostModel(get_gpu(gpu), model, EngineConfig(quantization=quantization))
+            assert model.moe is not None
+            tokens = rows.num_tokens.to_numpy()
+            touched = np.minimum(model.moe.num_experts, tokens * model.moe.experts_per_token)
+            predicted = np.array([cost.moe_layer_time(float(b), float(e)) for b, e in zip(tokens, touched)]) * 1e3
+            error = predicted / rows.latency.to_numpy() - 1
+            print(f"{gpu:9} {name:15} {moe_dtype:18} {cost.weight_format.name + ' (' + cost.cost_source.split(':')[0] + ')':22} "
+                  f"{len(rows):4d} {np.median(np.abs(error)):12.1%} {np.max(np.abs(error)):9.1%}")
+            if args.rows:
+                for b, m, p in zip(tokens, rows.latency, predicted):
+                    print(f"    {b:6d} tokens  measured {m:8.4f} ms  predicted {p:8.4f} ms  {p / m - 1:+.0%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Physics of a mixture-of-experts step: weights read grow with the experts a batch touches; FP4 formats save compute
+only on chips with the tensor cores for them; `servelab simulate` runs MoE configs end to end."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from servelab.cli import app
+from servelab.perf.cost_model import MOE_LAYER_FIXED_S, CostCoefficients, RooflineCostModel
+from servelab.perf.engine_config import EngineConfig
+from servelab.perf.hardware import get_gpu
+from servelab.perf.models import get_model, load_hf_config
+
+CONFIGS = Path(__file__).parent / "fixtures" / "moe_configs"
+QWEN3_MOE = load_hf_config(CONFIGS / "qwen3-30b-a3b")
+GPT_OSS = load_hf_config(CONFIGS / "gpt-oss-20b")
+
+
+def decode_step(cost: RooflineCostModel, batch: int, context: int = 1000) -> float:
+    return cost.step_time_aggregate(0, 0, batch, batch * context, batch)
+
+
+def test_batch_one_reads_the_active_experts_and_a_large_batch_reads_them_all():
+    cost = RooflineCostModel(get_gpu("h100"), QWEN3_MOE, EngineConfig())
+    params_read = {b: cost.weight_bytes_read(b) / QWEN3_MOE.dtype_bytes / 1e9 for b in (1, 8, 256)}
+    assert params_read[1] == pytest.approx(3.0, abs=0.15)  # "A3B": ~3B of weights besides the embedding
+    all_weights = (QWEN3_MOE.params - QWEN3_MOE.embedding_params) / 1e9
+    assert params_read[256] == pytest.approx(all_weights, rel=0.01)
+    assert params_read[1] < params_read[8] < params_read[256]
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_moe_tpot_is_far_below_a_dense_model_of_the_same_size(kernels):
+    dense = RooflineCostModel(get_gpu("h100"), get_model("Qwen3-32B"), EngineConfig(), kernels=kernels)
+    moe = RooflineCostModel(get_gpu("h100"), QWEN3_MOE, EngineConfig(), kernels=kernels)
+    assert moe.cost_source == dense.cost_source
+    assert decode_step(moe, 1) < 0.4 * decode_step(dense, 1)
+    # At a large batch every expert is read: the advantage shrinks to the ratio of all weights (~30B vs ~32B).
+    assert decode_step(moe, 256) > 0.5 * decode_step(dense, 256)
+
+
+def test_mxfp4_experts_save_compute_on_blackwell_and_only_bytes_on_ampere():
+    bf16_experts = replace(GPT_OSS, quantization=None, quantized_experts_only=False)
+    experts = GPT_OSS.moe
+    assert experts is not None
+    ratios = {}
+    for gpu in ("b200", "a100"):
+        mxfp4 = RooflineCostModel(get_gpu(gpu), GPT_OSS, EngineConfig(), CostCoefficients.ideal())
+        bf16 = RooflineCostModel(get_gpu(gpu), bf16_experts, EngineConfig(), CostCoefficients.ideal())
+
+        def grouped_gemm_ratio(tokens: int, touched: int) -> float:
+            """MXFP4 over bf16 time of the experts' grouped GEMM (the kernel chain's fixed cost left out)."""
+            fp4, bf = (m.moe_layer_time(tokens, touched) - MOE_LAYER_FIXED_S for m in (mxfp4, bf16))  # noqa: B023
+            return fp4 / bf
+
+        # A long prefill (every expert runs hundreds of rows: compute-bound), and one decoding token (bytes-bound).
+        ratios[gpu] = (grouped_gemm_ratio(16384, experts.num_experts), grouped_gemm_ratio(1, experts.experts_per_token))
+    assert ratios["b200"][0] == pytest.approx(0.5, abs=0.05)  # MXFP4 x MXFP8 at the FP8 rate: half the bf16 time
+    assert ratios["a100"][0] == pytest.approx(1.0, abs=0.02)  # dequantized to bf16: the same compute
+    for gpu in ("a100", "b200"):  # 4.25 bits per weight instead of 16
+        assert ratios[gpu][1] == pytest.approx(0.53125 / 2, rel=0.02)
+
+
+def test_gpt_oss_attention_stays_bf16_while_its_experts_are_mxfp4():
+    cost = RooflineCostModel(get_gpu("b200"), GPT_OSS, EngineConfig())
+    assert cost.weight_format.name == "mxfp4" and cost.weight_format.compute_dtype == "fp8"
+    a100 = RooflineCostModel(get_gpu("a100"), GPT_OSS, EngineConfig())
+    assert a100.weight_format.name == "mxfp4-weight-only" and "no FP4 tensor cores" in a100.weight_format.note
+    attention_bytes = GPT_OSS.num_layers * GPT_OSS.attention_linear_params * 2
+    assert cost.weight_bytes_read(1) > attention_bytes
+
+
+def test_nvfp4_runs_at_the_fp4_rate_on_blackwell_only():
+    from servelab.perf.quantization import weight_format
+
+    assert weight_format("nvfp4", QWEN3_MOE, get_gpu("b200")).compute_dtype == "fp4"
+    assert weight_format("nvfp4", QWEN3_MOE, get_gpu("h100")).compute_dtype == "bf16"
+    assert get_gpu("b200").peak_flops("fp4") == 2 * get_gpu("b200").peak_flops("fp8")
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite"])
+def test_simulate_runs_moe_configs_end_to_end(tmp_path: Path, name: str):
+    out = tmp_path / name
+    result = CliRunner().invoke(app, [
+        "simulate", "--model", str(CONFIGS / name), "--gpu", "H100", "--random-input-len", "512",
+        "--random-output-len", "32", "--num-prompts", "30", "--request-rate", "4", "--result-dir", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] == 30 and 0 < summary["mean_tpot_ms"] < 50

@@ -1,0 +1,100 @@
+"""Mixture-of-experts architectures read from real config.json files: parameters, routing, MLA's cache, memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servelab.perf.engine_config import EngineConfig
+from servelab.perf.hardware import get_gpu
+from servelab.perf.memory import kv_bytes_per_token_per_rank, plan_memory, weight_bytes_per_rank
+from servelab.perf.models import MoESpec, get_model, load_hf_config, model_from_hf_config
+
+CONFIGS = Path(__file__).parent / "fixtures" / "moe_configs"  # sources: SOURCES.md there
+
+
+def moe_model(name: str):
+    return load_hf_config(CONFIGS / name)
+
+
+@pytest.mark.parametrize("name, total_b, active_b", [
+    # Model cards: Qwen3-30B-A3B 30.5B / 3.3B; gpt-oss-20b 20.9B / 3.6B (active without the input embedding);
+    # DeepSeek-V2-Lite 15.7B / 2.4B (without the embedding); Mixtral-8x7B 46.7B / 12.9B.
+    ("qwen3-30b-a3b", 30.5, 3.3), ("gpt-oss-20b", 20.9, 3.6), ("deepseek-v2-lite", 15.7, 2.4),
+    ("mixtral-8x7b", 46.7, 12.9),
+])
+def test_parameter_counts_match_the_model_cards(name, total_b, active_b):
+    model = moe_model(name)
+    assert model.params / 1e9 == pytest.approx(total_b, rel=0.02)
+    active = model.active_params
+    if name in ("gpt-oss-20b", "deepseek-v2-lite"):
+        active -= model.embedding_params
+    assert active / 1e9 == pytest.approx(active_b, rel=0.03)
+
+
+def test_each_family_is_read_in_its_own_spelling():
+    qwen3, gpt, deepseek, mixtral = (moe_model(n) for n in ("qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite",
+                                                              "mixtral-8x7b"))
+    assert qwen3.moe == MoESpec(128, 8, 768)
+    assert gpt.moe == MoESpec(32, 4, 2880) and gpt.qkv_bias
+    assert gpt.quantization == "mxfp4" and gpt.quantized_experts_only
+    assert deepseek.moe == MoESpec(64, 6, 1408, shared_intermediate_size=2 * 1408, num_dense_layers=1)
+    assert deepseek.mla is not None and deepseek.mla.q_lora_rank == 0 and deepseek.mla.cached_width == 576
+    assert mixtral.moe == MoESpec(8, 2, 14336)
+
+
+def test_qwen2_moe_shared_expert_is_always_active():
+    # Qwen/Qwen1.5-MoE-A2.7B config.json: 14.3B parameters, 2.7B activated (model card).
+    config = {"architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 5632,
+              "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 151936,
+              "max_position_embeddings": 8192, "num_experts": 60, "num_experts_per_tok": 4,
+              "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1,
+              "mlp_only_layers": [], "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    model = model_from_hf_config(config, "Qwen1.5-MoE-A2.7B")
+    assert model.moe is not None and model.moe.shared_intermediate_size == 5632 and model.qkv_bias
+    assert model.params / 1e9 == pytest.approx(14.3, rel=0.02)
+    assert model.active_params / 1e9 == pytest.approx(2.7, rel=0.05)
+    every_other = model_from_hf_config({**config, "decoder_sparse_step": 2}, "half-sparse")
+    assert every_other.moe is not None and every_other.moe.num_dense_layers == 12
+
+
+def test_distinct_experts_touched_match_random_routing():
+    moe = moe_model("qwen3-30b-a3b").moe
+    assert moe is not None
+    rng = np.random.default_rng(0)
+    for tokens in (1, 4, 16, 64, 256):
+        draws = [len({e for _ in range(tokens) for e in rng.choice(128, 8, replace=False)}) for _ in range(200)]
+        assert moe.experts_touched(tokens) == pytest.approx(np.mean(draws), rel=0.02)
+    assert moe.experts_touched(1) == pytest.approx(8)
+    assert moe.experts_touched(4096) == pytest.approx(128)
+
+
+def test_mla_caches_one_latent_per_token_on_every_rank():
+    deepseek = moe_model("deepseek-v2-lite")
+    assert deepseek.kv_bytes_per_token() == 27 * (512 + 64) * 2
+    # What the same 16 heads would cache as plain multi-head attention (K 192 wide, V 128): 8.9x more.
+    mha = 27 * 16 * (192 + 128) * 2
+    assert mha / deepseek.kv_bytes_per_token() == pytest.approx(8.9, rel=0.01)
+    assert kv_bytes_per_token_per_rank(deepseek, "auto", 1) == kv_bytes_per_token_per_rank(deepseek, "auto", 2)
+    assert kv_bytes_per_token_per_rank(deepseek, "fp8", 1) == deepseek.kv_bytes_per_token() / 2
+
+
+def test_all_experts_are_resident_and_gpt_oss_fits_in_16_gb():
+    h100 = get_gpu("h100")
+    qwen3 = moe_model("qwen3-30b-a3b")
+    assert weight_bytes_per_rank(qwen3, None, h100, 1) / 2 == pytest.approx(qwen3.params, rel=0.001)
+    assert weight_bytes_per_rank(qwen3, None, h100, 2) == pytest.approx(weight_bytes_per_rank(qwen3, None, h100, 1) / 2)
+    # OpenAI: gpt-oss-20b "can run within 16GB of memory" with its MXFP4 experts (attention stays bf16).
+    gpt = moe_model("gpt-oss-20b")
+    assert 12e9 < weight_bytes_per_rank(gpt, None, h100, 1) < 16e9
+    config = EngineConfig(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192)
+    plans = {m.name: plan_memory(h100, m, config) for m in (qwen3, gpt)}
+    assert plans[gpt.name].kv_cache_bytes > plans[qwen3.name].kv_cache_bytes + 40 * 2**30
+
+
+def test_a_dense_model_has_no_experts():
+    dense = get_model("Qwen3-32B")
+    assert dense.moe is None and dense.mla is None
+    assert dense.active_params == dense.params and dense.linear_params == dense.num_layers * dense.layer_linear_params
