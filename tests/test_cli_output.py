@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 import servelab
 from servelab.cli import VERBS, app
+from servelab.cli.schema import SCHEMAS
 from servelab.report.diagnosis_view import ALTERNATIVE_COLUMNS
 from servelab.report.console import FittingConsole, make_console
 
@@ -162,6 +163,13 @@ def test_top_level_help_and_version_import_no_verb(argv):
 @pytest.mark.parametrize("verb", list(VERBS))
 def test_a_verbs_help_imports_no_numpy_result_model_or_layer(verb):
     assert _loaded(imported_by(verb, "--help"), VERB_HELP_HEAVY) == []
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_no_schema_imports_the_simulator_an_optimiser_plotting_or_the_http_client(name):
+    modules = imported_by("schema", name)
+    assert _loaded(modules, ("scipy", "plotly", "optuna", "aiohttp", "pandas", "ray", "servelab.sim.engine",
+                             "servelab.targets.http", "servelab.tune.tuner", "servelab.diagnose.analysis")) == []
 
 
 def test_schema_imports_only_the_model_asked_for():
