@@ -290,7 +290,7 @@ def test_validate_says_when_the_profiles_own_reference_is_too_wide() -> None:
 
 
 def test_live_calibrate_on_a_noisy_host_writes_the_profile_marked_unreliable_and_exits_3(tmp_path: Path, monkeypatch) -> None:
-    from servelab.cli import calibrate as cli_calibrate
+    from servelab.experiment import calibrate as experiment_calibrate
     from support.profiles import tiny_profile
 
     noisy = load_profile(tiny_profile(tmp_path / "src")).model_copy(update={
@@ -303,7 +303,7 @@ def test_live_calibrate_on_a_noisy_host_writes_the_profile_marked_unreliable_and
         noisy.save(out)
         return noisy
 
-    monkeypatch.setattr(cli_calibrate, "run_calibration", fake_calibration)
+    monkeypatch.setattr(experiment_calibrate, "calibrate", fake_calibration)
     out = tmp_path / "p.json"
     result = _cli("calibrate", "--base-url", "http://127.0.0.1:9", "--gpu", "cpu", "--model", "qwen2.5-7b", "-o", str(out))
     assert result.exit_code == 3, result.output

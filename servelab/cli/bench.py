@@ -17,14 +17,9 @@ from servelab.cli.options import (
 from servelab.cli.checks import real
 from servelab.cli.cluster import Clients, RayAddress, check_clients, ray_clients
 from servelab.cli.report import ReportFlag
-from servelab.cli.run_and_show import run_and_show
-from servelab.diagnose.server_config import CACHE_CONFIG
 from servelab.errors import InputError
-from servelab.experiment.calibrate import server_cache_config
 from servelab.metrics.engines import AUTO, ENGINE_CHOICES
-from servelab.metrics.gpu import GpuTelemetry
 from servelab.report.console import make_console
-from servelab.targets.http import HttpTarget
 from servelab.targets.preflight import ENDPOINTS
 from servelab.targets.replicas import ROUND_ROBIN, ROUTES
 
@@ -73,6 +68,12 @@ def bench(
 
     Exit codes: 0 measured; 2 bad input, or a server that fails the pre-flight check (nothing is sent), or a server that refused every request (its first error message is printed); 3 disturbed: the run ended, but requests failed because the server refused or dropped connections (killed, crashed) or a client worker died, so the numbers do not describe the server; 130 interrupted (Ctrl-C, SIGTERM); 1 a bug in servelab (reported with its traceback). Records, summary and timeline are written in every case but 1 and a refusal before the run.
     """  # noqa: E501  (one paragraph: the help keeps the docstring's line breaks)
+    from servelab.cli.run_and_show import run_and_show  # the client, the runner and the tables: not for --help
+    from servelab.diagnose.server_config import CACHE_CONFIG
+    from servelab.experiment.calibrate import server_cache_config
+    from servelab.metrics.gpu import GpuTelemetry
+    from servelab.targets.http import HttpTarget
+
     out = make_console(stderr=load.json)
     load.check()
     first_plan = load.make_plan()  # dataset files are read and checked before the server is touched

@@ -6,7 +6,7 @@ import json
 import shutil
 from dataclasses import fields
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -27,14 +27,12 @@ from servelab.cli.options import (
     load_options,
 )
 from servelab.errors import InputError
-from servelab.experiment.calibrate import CalibrationUnreliable, calibrate as run_calibration
-from servelab.experiment.calibrate_from import CalibrateFromRequest, calibrate_from
-from servelab.metrics.imports import WorkloadFlags
-from servelab.experiment.schema import ValidationReport
-from servelab.metrics.schema import checked
-from servelab.experiment.validate import METRICS, points_named, validate as run_validation
-from servelab.perf.calibration import CalibrationProfile, RunFit, load_profile
 from servelab.report.console import make_console
+
+if TYPE_CHECKING:
+    from servelab.experiment.schema import ValidationReport
+    from servelab.metrics.imports import WorkloadFlags
+    from servelab.perf.calibration import CalibrationProfile, RunFit
 
 _console = make_console()
 
@@ -63,6 +61,8 @@ def fit_table(profile: CalibrationProfile) -> Table:
 
 
 def validation_table(report: ValidationReport) -> Table:
+    from servelab.experiment.validate import METRICS
+
     table = Table(title=f"held-out points: measured / predicted (engine args: {report.engine_args or 'as calibrated'})",
                   caption="each metric from its best repeat, against the simulation of that repeat's requests; "
                           "repeats in which the client stalled (tokens read in bunches) or that ran while the server's "
@@ -102,6 +102,8 @@ def _refuse_other_load_flags(load: LoadFlags, used: tuple[str, ...], mode: str) 
 
 
 def _workload(load: LoadFlags) -> WorkloadFlags:
+    from servelab.metrics.imports import WorkloadFlags
+
     return WorkloadFlags(
         random_input_len=load.random_input_len, random_output_len=load.random_output_len, num_prompts=load.num_prompts,
         request_rate=load.request_rate, max_concurrency=load.max_concurrency,
@@ -127,6 +129,10 @@ def calibrate(
     load: LoadFlags,
 ) -> None:
     """Fit the simulator to your server: probe it live (--base-url), or fit to benchmarks you already ran (--from)."""
+    # The probes, the HTTP client and the fits: imported when a calibration runs, not for --help.
+    from servelab.experiment.calibrate import CalibrationUnreliable, calibrate as run_calibration
+    from servelab.experiment.calibrate_from import CalibrateFromRequest, calibrate_from
+
     if (base_url is None) == (not from_results):
         raise InputError("give --base-url (probe a live server) or --from RESULT (benchmarks you already ran), one of them")
     if out.exists() and not load.overwrite:  # the load flags' --overwrite: here, the profile at --out
@@ -236,6 +242,11 @@ def validate(
                                             "measured runs in <out>.runs/.")] = False,
 ) -> None:
     """Run held-out workloads on the server and in the simulator with the profile; print % error per metric."""
+    from servelab.experiment.schema import ValidationReport  # the runs and the simulator: not for --help
+    from servelab.experiment.validate import points_named, validate as run_validation
+    from servelab.metrics.schema import checked
+    from servelab.perf.calibration import load_profile
+
     profile = load_profile(calibration)
     runs = out.with_name(out.stem + ".runs")
     replace_earlier_validation(out, runs, overwrite)

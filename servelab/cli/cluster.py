@@ -7,15 +7,17 @@ one place that imports it), so the single-machine commands never pay for it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from servelab.cli.checks import MAX_INT
 from servelab.errors import InputError
-from servelab.pool import TaskPool
-from servelab.targets.base import Target
-from servelab.workload.spec import LoadPlan
+
+if TYPE_CHECKING:
+    from servelab.pool import TaskPool
+    from servelab.targets.base import Target
+    from servelab.workload.spec import LoadPlan
 
 _CLUSTER = "Ray cluster"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -16,13 +16,12 @@ from servelab.cli.checks import MAX_GPUS, shell_words
 from servelab.cli.options import LoadFlags, load_options
 from servelab.cli.report import report_beside
 from servelab.errors import InputError
-from servelab.experiment.auto_sweep import AutoSweep
-from servelab.experiment.compare import EngineComparison, compare_engines
 from servelab.report.console import make_console
-from servelab.report.inputs import COMPARE
-from servelab.sim.engines import ENGINES, SGLANG, TRTLLM, VLLM
-from servelab.targets.engine_deployment import build_engine_deployment
-from servelab.workload.spec import LoadPlan
+from servelab.sim.vocabulary import ENGINES, SGLANG, TRTLLM, VLLM
+
+if TYPE_CHECKING:
+    from servelab.experiment.compare import EngineComparison
+    from servelab.workload.spec import LoadPlan
 
 _DEPLOYMENT = "Deployment"
 
@@ -73,6 +72,11 @@ def compare(
     load: LoadFlags,
 ) -> None:
     """Would another engine serve this workload better? The same load simulated on each engine, and why they differ."""
+    from servelab.experiment.auto_sweep import AutoSweep  # the simulator and the sweeps: not for --help
+    from servelab.experiment.compare import compare_engines
+    from servelab.report.inputs import COMPARE
+    from servelab.targets.engine_deployment import build_engine_deployment
+
     console = make_console(stderr=load.json)
     load.check()
     if out is not None and load.result_dir is not None:

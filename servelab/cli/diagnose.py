@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -25,24 +25,17 @@ from servelab.cli.options import (
     VllmVersionFlag,
     deployment_from_flags,
 )
-from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError
-from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
-from servelab.diagnose.engine_terms import check_engine, served_engine
-from servelab.diagnose.scenario import synthetic
-from servelab.diagnose.tried import parse_tried
-from servelab.diagnose.levers import Goal
-from servelab.diagnose.sensitivity import ASSUMED_OUTPUT, Assumed
-from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
+from servelab.diagnose.goal import Goal
 from servelab.metrics.host import condition_changes
-from servelab.metrics.results import load_run
 from servelab.metrics.slo import SLO
 from servelab.metrics.engines import AUTO
-from servelab.perf.calibration import load_profile
-from servelab.report.diagnosis_view import render_markdown, render_terminal
 from servelab.report.console import make_console
-from servelab.sim.engines import ENGINES, LABELS, VLLM
-from servelab.workload.lengths import DISTRIBUTIONS, LengthDistribution
+from servelab.sim.vocabulary import ENGINES, LABELS, VLLM
+from servelab.workload.vocabulary import DISTRIBUTIONS
+
+if TYPE_CHECKING:
+    from servelab.workload.lengths import LengthDistribution
 
 DIAGNOSIS = "diagnosis.json"
 
@@ -132,6 +125,18 @@ def diagnose(
 
     With no arguments: the built-in example (Qwen2.5-7B on an A100 at ~10 req/s of 1,500-token prompts).
     """
+    # The simulator, the models and the renderers: imported when a diagnosis runs, not for --help.
+    from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
+    from servelab.diagnose.engine_terms import check_engine, served_engine
+    from servelab.diagnose.scenario import synthetic
+    from servelab.diagnose.schema import Diagnosis
+    from servelab.diagnose.sensitivity import ASSUMED_OUTPUT, Assumed
+    from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
+    from servelab.diagnose.tried import parse_tried
+    from servelab.metrics.results import load_run
+    from servelab.perf.calibration import load_profile
+    from servelab.report.diagnosis_view import render_markdown, render_terminal
+
     check_engine(engine)
     tried_changes = tuple(parse_tried(text) for text in tried or ())
     if vllm_version is not None and engine not in (VLLM, AUTO):
@@ -241,6 +246,8 @@ def _simulated_deployment(run_info: dict[str, Any], engine_args: str, tp: int | 
 
 def _output_lengths(spec: str, mean: int) -> LengthDistribution:
     """`--output-len-distribution SHAPE[:SPREAD]` around --output-len; one error naming the flag when malformed."""
+    from servelab.workload.lengths import LengthDistribution
+
     shape, _, spread = spec.partition(":")
     try:
         return LengthDistribution(mean, shape, float(spread) if spread else (0.0 if shape == "fixed" else 0.5))

@@ -11,6 +11,10 @@ here once: a verb writes `gpu: GpuFlag = None`, so the flag's name, type and
 help are the same in simulate, diagnose, tune, calibrate and validate.
 `deployment_from_flags` is the one reading of --gpu/--model/--engine-args or
 --calibration, for every verb that simulates.
+
+The flags' names, choices and defaults come from light vocabulary modules;
+what the flags are turned into (plans, deployments, sweeps) is imported where
+it is built, so `servelab VERB --help` imports neither numpy nor the layers.
 """
 
 from __future__ import annotations
@@ -23,29 +27,26 @@ import typing
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from servelab.cli.checks import MAX_GPUS, MAX_INT, real, shell_words
-from servelab.results_dir import clear_result_dir, result_dir_refusal
-from servelab.experiment.auto_sweep import AutoSweep, parse_sweep
-from servelab.experiment.sweep import Sweep, SweepError
 from servelab.metrics.slo import SLO
-from servelab.metrics.summary import DEFAULT_PERCENTILES
-from servelab.perf.calibration import load_profile
+from servelab.metrics.vocabulary import DEFAULT_PERCENTILES
 from servelab.perf.errors import PerfConfigError
-from servelab.perf.models import get_model
-from servelab.sim.engines import ENGINES, VLLM
-from servelab.sim.router import POLICIES, ROUND_ROBIN
-from servelab.targets.deployment import Deployment, build_deployment
-from servelab.targets.engine_deployment import build_engine_deployment
-from servelab.workload.arrival import RAMPS, ArrivalConfig, Ramp
-from servelab.workload.datasets import DATASETS, FILE_DATASETS, WorkloadConfig
+from servelab.sim.vocabulary import ENGINES, POLICIES, ROUND_ROBIN, VLLM
 from servelab.workload.errors import WorkloadError
-from servelab.workload.lengths import DISTRIBUTIONS
-from servelab.workload.plan import DURATION_REQUEST_CAP, PLAN_TOKEN_LIMIT, Amount, build_plan
-from servelab.workload.spec import LoadPlan
+from servelab.workload.vocabulary import DATASETS, DISTRIBUTIONS, DURATION_REQUEST_CAP, FILE_DATASETS, PLAN_TOKEN_LIMIT, RAMPS
+
+if TYPE_CHECKING:
+    from servelab.experiment.auto_sweep import AutoSweep
+    from servelab.experiment.sweep import Sweep
+    from servelab.targets.deployment import Deployment
+    from servelab.workload.arrival import ArrivalConfig, Ramp
+    from servelab.workload.datasets import WorkloadConfig
+    from servelab.workload.plan import Amount
+    from servelab.workload.spec import LoadPlan
 
 _WORKLOAD, _ARRIVAL, _AMOUNT, _SLO, _OUTPUT = "Workload", "Arrival", "Amount", "SLO", "Sweep and output"
 DEPLOYMENT_PANEL, SERVER_PANEL = "Deployment", "Target"
@@ -137,6 +138,10 @@ class LoadFlags:
     def check(self, *, resume: bool = False) -> None:
         """Flag clashes the layers below cannot see (they only get resolved values), and a --result-dir that would be
         overwritten (`resume`: tune continues the study the directory holds, so it may)."""
+        from servelab.experiment.auto_sweep import AutoSweep
+        from servelab.experiment.sweep import Sweep, SweepError
+        from servelab.results_dir import result_dir_refusal
+
         if self.result_dir is not None and not resume:
             result_dir_refusal(self.result_dir, self.overwrite)
         name = self.dataset_name
@@ -179,6 +184,8 @@ class LoadFlags:
         self.parsed_sweep()
 
     def workload(self) -> WorkloadConfig:
+        from servelab.workload.datasets import WorkloadConfig
+
         defaults = WorkloadConfig()
         pick = lambda value, default: default if value is None else value  # noqa: E731
         return WorkloadConfig(
@@ -197,6 +204,8 @@ class LoadFlags:
         )
 
     def arrival(self) -> ArrivalConfig:
+        from servelab.workload.arrival import ArrivalConfig
+
         return ArrivalConfig(
             request_rate=float("inf") if self.request_rate is None else self.request_rate,
             burstiness=1.0 if self.burstiness is None else self.burstiness,
@@ -205,11 +214,15 @@ class LoadFlags:
         )
 
     def ramp(self) -> Ramp | None:
+        from servelab.workload.arrival import Ramp
+
         if self.ramp_up_strategy is None or self.ramp_up_start_rps is None or self.ramp_up_end_rps is None:
             return None
         return Ramp(self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps)
 
     def amount(self) -> Amount:
+        from servelab.workload.plan import Amount
+
         return Amount(num_prompts=self.num_prompts, duration=self.duration, warmup=self.warmup,
                       max_plan_tokens=self.max_plan_tokens)
 
@@ -226,9 +239,13 @@ class LoadFlags:
         return values
 
     def parsed_sweep(self) -> Sweep | AutoSweep | None:
+        from servelab.experiment.auto_sweep import parse_sweep
+
         return parse_sweep(self.sweep) if self.sweep is not None else None
 
     def make_plan(self, arrival: ArrivalConfig | None = None) -> LoadPlan:
+        from servelab.workload.plan import build_plan
+
         return build_plan(self.workload(), arrival or self.arrival(), self.amount())
 
     def output_dir(self, verb: str, *, resume: bool = False) -> Path:
@@ -237,6 +254,8 @@ class LoadFlags:
         if self.result_dir is None:
             return Path("results") / f"{verb}-{time.strftime('%Y%m%d-%H%M%S')}"
         if self.overwrite and not resume:
+            from servelab.results_dir import clear_result_dir
+
             clear_result_dir(self.result_dir)
         return self.result_dir
 
@@ -302,6 +321,9 @@ def deployment_from_flags(
     vLLM's, so either beside it is an error. PerfConfigError for anything that
     cannot be modelled.
     """
+    from servelab.targets.deployment import build_deployment
+    from servelab.targets.engine_deployment import build_engine_deployment
+
     if router not in POLICIES:
         raise PerfConfigError(f"--router {router!r}: choose one of {', '.join(POLICIES)}")
     if engine != VLLM:
@@ -322,6 +344,8 @@ def deployment_from_flags(
         if value is not None:
             raise PerfConfigError(f"{flag} and --calibration both name the hardware: the profile already does; drop {flag}")
     from servelab.experiment.calibrate import deployment_from_profile  # its HTTP client and fits: not for --help
+    from servelab.perf.calibration import load_profile
+    from servelab.perf.models import get_model
 
     # --model beside a profile: another model on the calibrated hardware and host.
     deployment = deployment_from_profile(load_profile(calibration), engine_args, get_model(model) if model else None)

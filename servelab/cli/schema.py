@@ -6,39 +6,46 @@ fails when they differ from the models). Files other than a results directory's 
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from pydantic import BaseModel
 
 from servelab.cli import app
-from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError
-from servelab.experiment.compare import EngineComparison
-from servelab.experiment.schema import ValidationReport
-from servelab.metrics.schema import RecordRow, RunInfo, Summary, SweepIndex, TimelineRow
-from servelab.perf.calibration import CalibrationProfile
-from servelab.tune.schema import Stage2File, Trial, TuneDocument
 
-SCHEMAS: dict[str, tuple[type[BaseModel], str]] = {
-    "run": (RunInfo, "run.json of a results directory"),
-    "record": (RecordRow, "one line of records.jsonl"),
-    "summary": (Summary, "summary.json of a results directory"),
-    "timeline": (TimelineRow, "one line of timeline.jsonl"),
-    "sweep": (SweepIndex, "sweep.json of a --sweep"),
-    "diagnosis": (Diagnosis, "diagnosis.json, and diagnose --json"),
-    "tune": (TuneDocument, "tune.json of a tune study, and tune --json"),
-    "trial": (Trial, "stage1/trial-NNNN/trial.json of a tune study"),
-    "stage2": (Stage2File, "stage2/<label>/stage2.json of a tune study (one configuration measured on a real server)"),
-    "validation": (ValidationReport, "the report `servelab validate` writes (--out)"),
-    "profile": (CalibrationProfile, "the calibration profile `servelab calibrate` writes (--out)"),
-    "compare": (EngineComparison, "the comparison `servelab compare` writes (--out, --json)"),
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+SCHEMAS: dict[str, tuple[str, str]] = {
+    "run": ("servelab.metrics.schema:RunInfo", "run.json of a results directory"),
+    "record": ("servelab.metrics.schema:RecordRow", "one line of records.jsonl"),
+    "summary": ("servelab.metrics.schema:Summary", "summary.json of a results directory"),
+    "timeline": ("servelab.metrics.schema:TimelineRow", "one line of timeline.jsonl"),
+    "sweep": ("servelab.metrics.schema:SweepIndex", "sweep.json of a --sweep"),
+    "diagnosis": ("servelab.diagnose.schema:Diagnosis", "diagnosis.json, and diagnose --json"),
+    "tune": ("servelab.tune.schema:TuneDocument", "tune.json of a tune study, and tune --json"),
+    "trial": ("servelab.tune.schema:Trial", "stage1/trial-NNNN/trial.json of a tune study"),
+    "stage2": ("servelab.tune.schema:Stage2File", "stage2/<label>/stage2.json of a tune study (one configuration measured on a real server)"),
+    "validation": ("servelab.experiment.schema:ValidationReport", "the report `servelab validate` writes (--out)"),
+    "profile": ("servelab.perf.calibration:CalibrationProfile", "the calibration profile `servelab calibrate` writes (--out)"),
+    "compare": ("servelab.experiment.compare:EngineComparison", "the comparison `servelab compare` writes (--out, --json)"),
 }
+"""Each file: the model that describes it (module:class, imported only when its schema is asked for, so `schema
+NAME` pays for one model and `schema --help` for none) and what the file is."""
+
+
+def schema_model(name: str) -> type[BaseModel]:
+    module, _, model = SCHEMAS[name][0].partition(":")
+    found: type[BaseModel] = getattr(importlib.import_module(module), model)
+    return found
+
+
 def json_schema(name: str) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of the file NAME, saying which file it describes and which model it comes from."""
-    model, what = SCHEMAS[name]
+    model, what = schema_model(name), SCHEMAS[name][1]
     schema = model.model_json_schema()
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$comment": f"{what}; generated from {model.__module__}.{model.__qualname__}", **schema}
 

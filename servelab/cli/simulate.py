@@ -8,7 +8,7 @@ every later verb reads a simulated run exactly like a measured one.
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -32,12 +32,12 @@ from servelab.cli.options import (
 from servelab.cli.checks import real
 from servelab.cli.cluster import RayAddress, ray_pool
 from servelab.cli.report import ReportFlag
-from servelab.cli.run_and_show import run_and_show
 from servelab.errors import InputError
 from servelab.report.console import make_console
-from servelab.sim.engines import VLLM
-from servelab.sim.router import ROUND_ROBIN
-from servelab.targets.deployment import Deployment
+from servelab.sim.vocabulary import ROUND_ROBIN, VLLM
+
+if TYPE_CHECKING:
+    from servelab.targets.deployment import Deployment
 
 
 def _describe_line(deployment: Deployment) -> str:
@@ -74,6 +74,8 @@ def simulate(
     load: LoadFlags,
 ) -> None:
     """Predict latency, throughput and goodput of a vLLM deployment under the load you describe, without a GPU."""
+    from servelab.cli.run_and_show import run_and_show  # the runner and the tables: not for --help
+
     out = make_console(stderr=load.json)
     load.check()
     if ray_address is not None and load.sweep is None:

@@ -6,13 +6,12 @@ import json
 import math
 import signal
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from servelab.metrics.intervals import interval_suffix
 from servelab.cli import app
 from servelab.cli.checks import MAX_INT, real, shell_words
 from servelab.cli.cluster import RayAddress, RayGpuResource, ray_pool
@@ -27,24 +26,18 @@ from servelab.cli.options import (
     deployment_from_flags,
     load_options,
 )
-from servelab.experiment.probes import PROBE_EXTRA_BODY
 from servelab.errors import RunInterrupted
-from servelab.experiment.reference import speed_check
-from servelab.perf.calibration import CalibrationProfile, load_profile
-from servelab.perf.hardware import get_gpu
 from servelab.report.console import make_console
-from servelab.sim.engines import LABELS, VLLM
-from servelab.targets.http import HttpTarget
-from servelab.tune.confirm import ServerCheck, ServerCommand, Stage2Config, Stage2Result
+from servelab.sim.vocabulary import LABELS, VLLM
 from servelab.tune.errors import TuneError
-from servelab.tune.objectives import Objective
-from servelab.tune.outcome import TUNE_JSON
-from servelab.tune.schema import KeyMetrics, TuneDeployment, TuneDocument
-from servelab.tune.space import SearchSpace
-from servelab.tune.study import SearchSettings, StudyTrial
-from servelab.tune.tuner import TuneProgress, TuneRequest, run_tune
-from servelab.tune.workload import TuneWorkload
-from servelab.workload.plan import Amount
+
+if TYPE_CHECKING:
+    from servelab.perf.calibration import CalibrationProfile
+    from servelab.tune.confirm import ServerCheck, Stage2Config, Stage2Result
+    from servelab.tune.objectives import Objective
+    from servelab.tune.schema import TuneDeployment, TuneDocument
+    from servelab.tune.study import StudyTrial
+    from servelab.tune.tuner import TuneProgress
 
 RANKED_ROWS = 10
 STAGE2_PROMPTS = 200
@@ -55,6 +48,8 @@ def parse_prices(text: str | None) -> dict[str, float]:
     """`2.5` (any GPU) or `H100-SXM=2.5,A100-80GB-SXM=1.6` -> {name or '*': $/GPU-hour}."""
     if not text:
         return {}
+    from servelab.perf.hardware import get_gpu
+
     prices: dict[str, float] = {}
     for item in text.split(","):
         name, sep, value = item.strip().rpartition("=")
@@ -116,6 +111,18 @@ def tune(
     The workload flags are bench's: stage 1 simulates --sim-prompts of them per
     run; stage 2 sends --num-prompts (default 200) or --duration to each server.
     """
+    # The optimiser, the simulator and the server launcher: imported when a study runs, not for --help.
+    from servelab.perf.calibration import load_profile
+    from servelab.tune.confirm import ServerCommand
+    from servelab.tune.objectives import Objective
+    from servelab.tune.outcome import TUNE_JSON
+    from servelab.tune.schema import TuneDocument
+    from servelab.tune.space import SearchSpace
+    from servelab.tune.study import SearchSettings
+    from servelab.tune.tuner import TuneRequest, run_tune
+    from servelab.tune.workload import TuneWorkload
+    from servelab.workload.plan import Amount
+
     console = make_console()
     load.check(resume=resume)
     if load.sweep is not None:
@@ -173,6 +180,9 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _speed_check(profile: CalibrationProfile) -> ServerCheck:
     """Each stage-2 server re-times the profile's reference step: predictions hold for the calibrated speed."""
+    from servelab.experiment.probes import PROBE_EXTRA_BODY
+    from servelab.experiment.reference import speed_check
+    from servelab.targets.http import HttpTarget
 
     def check(base_url: str, config: Stage2Config, directory: Path) -> list[str]:
         target = HttpTarget(base_url, ignore_eos=True, extra_body=PROBE_EXTRA_BODY)
@@ -190,6 +200,8 @@ def _defaults(engine: str) -> str:
 
 
 def _live_progress(console: Console, goal: Objective, engine: str) -> TuneProgress:
+    from servelab.tune.tuner import TuneProgress
+
     def on_trial(trial: StudyTrial, evaluated: int, budget: int) -> None:
         o = trial.outcome
         score = "cannot run" if o.score is None else f"{o.score:,.4g} {goal.unit}{'' if o.feasible else ' (SLO missed)'}"
@@ -226,6 +238,9 @@ def _simulator(deployment: TuneDeployment) -> str:
 
 
 def render(console: Console, doc: TuneDocument) -> None:
+    from servelab.metrics.intervals import interval_suffix
+    from servelab.tune.schema import KeyMetrics
+
     objective = doc.objective
     unit = objective.unit
     trials = {t.number: t for t in doc.trials}

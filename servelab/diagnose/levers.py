@@ -16,20 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.engine_terms import Terms
+from servelab.diagnose.goal import Goal
 from servelab.diagnose.recommend import UPGRADE, Outcome, run, tried_result
 from servelab.diagnose.scenario import Scenario
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
 from servelab.targets.deployment import Deployment
-
-
-class Goal(StrEnum):
-    LATENCY = "latency"
-    THROUGHPUT = "throughput"
 
 
 @dataclass(frozen=True)

@@ -13,18 +13,17 @@ differences that explain the gap, in words with the numbers they rest on.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from servelab.metrics.intervals import simulated_run_intervals
 from servelab.metrics.records import MemorySink
 from servelab.metrics.slo import SLO
-from servelab.metrics.summary import summarize
-from servelab.perf.trtllm_args import GUARANTEED_NO_EVICT
-from servelab.sim.engines import LABELS, SGLANG, TRTLLM, VLLM
-from servelab.targets.deployment import Deployment
-from servelab.workload.spec import LoadPlan
+from servelab.sim.vocabulary import LABELS, SGLANG, TRTLLM, VLLM
+
+if TYPE_CHECKING:  # the models below need none of these: `servelab schema compare` and `schema diagnosis` stay light
+    from servelab.targets.deployment import Deployment
+    from servelab.workload.spec import LoadPlan
 
 SCHEMA_VERSION = 1
 KIND: Final = "servelab.compare"
@@ -94,6 +93,9 @@ def _memory(d: Deployment, seq_len: float) -> EngineMemory:
 
 
 def _point(d: Deployment, label: str, plan: LoadPlan, slo: SLO | None) -> EnginePoint:
+    from servelab.metrics.intervals import simulated_run_intervals
+    from servelab.metrics.summary import summarize
+
     target = d.sim_target()
     sink = MemorySink()
     run = target.run(plan, sink)
@@ -159,6 +161,8 @@ def ranking_line(peaks: Sequence[tuple[str, float]]) -> str:
 
 def explain(results: Sequence[EngineResult], peak: dict[str, float], prompt: float, output: float) -> list[str]:
     """The differences worth a sentence, each with its numbers; the first is the ranking itself."""
+    from servelab.perf.trtllm_args import GUARANTEED_NO_EVICT
+
     by = {r.engine: r for r in results}
     ranked = sorted(peak, key=lambda e: -peak[e])
     lines = [ranking_line([(by[e].label, peak[e]) for e in ranked])]

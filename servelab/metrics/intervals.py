@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ import numpy as np
 import yaml
 
 from servelab.metrics.records import RequestRecord
+from servelab.metrics.vocabulary import Regime as Regime, Tier as Tier  # named here for their importers
 
 LEVEL = 0.8
 """The intervals' nominal coverage."""
@@ -53,22 +53,6 @@ QUEUED_STEPS = 4
 send: joining the next step, behind the API server, takes one or two."""
 SERVED_SHARE_SATURATED = 0.9
 """An open-loop run served below this share of its offered rate fell behind it: past capacity."""
-
-
-class Regime(StrEnum):
-    """Where on the load curve a prediction sits: its accuracy differs there, so its interval does."""
-
-    UNDER_CAPACITY = "under_capacity"
-    SATURATED = "saturated"
-    CONCURRENCY_1 = "concurrency_1"
-
-
-class Tier(StrEnum):
-    """What the prediction was grounded in: specs only, the user's own runs (`calibrate --from`), or live probes."""
-
-    SPECS_ONLY = "specs_only"
-    CALIBRATED_FROM_RUNS = "calibrated_from_runs"
-    CALIBRATED_LIVE = "calibrated_live"
 
 
 NEIGHBOURS: dict[Regime, tuple[Regime, ...]] = {

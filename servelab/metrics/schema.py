@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 from servelab import SCHEMA_VERSION
-from servelab.metrics.intervals import Regime, Tier
+from servelab.metrics.vocabulary import Regime, Tier
 from servelab.typed import ClosedModel, OpenModel
 
 Json = dict[str, Any]

@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from servelab.sim.engine import SimEngine
-
-ROUND_ROBIN = "round-robin"
-LEAST_LOADED = "least-loaded"
-POLICIES = (ROUND_ROBIN, LEAST_LOADED)
+from servelab.sim.vocabulary import LEAST_LOADED as LEAST_LOADED, POLICIES as POLICIES, ROUND_ROBIN as ROUND_ROBIN  # named here for their importers
 
 
 class Router:

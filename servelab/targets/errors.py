@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from servelab.errors import ServerFault
-from servelab.workload.spec import RequestSpec
+
+if TYPE_CHECKING:  # numpy: not for the command line's help, which lists the endpoints
+    from servelab.workload.spec import RequestSpec
 
 
 class TargetError(ServerFault):

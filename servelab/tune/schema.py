@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from servelab import SCHEMA_VERSION
-from servelab.sim.engines import VLLM
+from servelab.sim.vocabulary import VLLM
 from servelab.metrics.schema import DeploymentInfo, Json, PlanInfo, SLOTerms, Versions
 from servelab.typed import ClosedModel, OpenModel
 

@@ -18,10 +18,9 @@ import numpy as np
 
 from servelab.workload.errors import WorkloadError
 from servelab.workload.spec import RequestSpec
+from servelab.workload.vocabulary import RAMPS
 
 _GAP_CHUNK = 4096
-RAMPS = ("linear", "exponential")
-"""`--ramp-up-strategy`, as `vllm bench serve` names them."""
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,8 @@ from servelab.workload.errors import WorkloadError
 from servelab.workload.lengths import LengthDistribution
 from servelab.workload.spec import RequestSpec
 from servelab.workload.tokenizer import CHARS_PER_TOKEN, PromptTokenizer, estimate_tokens, synthetic_ids
+from servelab.workload.vocabulary import DATASETS, FILE_DATASETS
 
-DATASETS = ("random", "prefix", "multiturn", "sharegpt", "jsonl")
-FILE_DATASETS = ("sharegpt", "jsonl")
 CHUNK = 1024
 """Specs generated per numpy batch: big enough to amortise, small enough to stay lazy."""
 SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from servelab.workload.errors import WorkloadError
-
-DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal")
+from servelab.workload.vocabulary import DISTRIBUTIONS
 
 
 @dataclass(frozen=True, slots=True)

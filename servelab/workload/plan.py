@@ -17,14 +17,10 @@ from servelab.workload.arrival import ArrivalConfig, schedule
 from servelab.workload.datasets import WorkloadConfig, open_dataset
 from servelab.workload.errors import WorkloadError
 from servelab.workload.spec import LoadPlan
+from servelab.workload.vocabulary import DURATION_REQUEST_CAP, PLAN_TOKEN_LIMIT
 
 DEFAULT_NUM_PROMPTS = 1000
 """`vllm bench serve`'s default."""
-DURATION_REQUEST_CAP = 1_000_000
-"""A `--duration` run without a rate (closed loop) could ask for requests forever; this bounds it (and --num-prompts)."""
-PLAN_TOKEN_LIMIT = 100_000_000
-"""Prompt + output tokens one plan may hold unless --max-plan-tokens says more: prompts are materialised as token
-ids and every output token's arrival is recorded, so this is ~1 GB of memory, far beyond a day's benchmark."""
 
 
 @dataclass(frozen=True)
