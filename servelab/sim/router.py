@@ -1,38 +1,232 @@
-"""Data-parallel replicas behind a router, as vLLM's DP load balancer picks engines."""
+"""Replicas behind a router: the policies real fleets run, each seeing only what its real counterpart sees.
+
+One replica is an engine with its own queue, KV cache and prefix cache. The
+router picks one per request, as the request reaches the fleet, from its own
+view of the replicas:
+
+- round-robin: nothing (a rotating counter).
+- least-loaded: vLLM's data-parallel balancer (DPLBAsyncMPClient), which
+  reads each engine's waiting, running and KV usage as the engines report them.
+- least-outstanding: the router's own count of requests it sent and has not
+  seen finish (KubeAI's LeastLoad, Envoy's LEAST_REQUEST); no server state.
+- prefix-hash: KubeAI's PrefixHash, consistent hashing with bounded loads
+  (CHWBL) on the prompt's first tokens, over its own in-flight counts.
+- prefix-aware: llm-d's precise prefix-cache scheduling: each replica's
+  longest cached prefix of the request, from the engines' KV-cache events
+  (live), weighed against the waiting queue and KV usage, which the endpoint
+  picker scrapes from `/metrics` every `scrape_interval` seconds, and against
+  its own in-flight counts (the active-request scorer).
+- session: a conversation (a request and the turns that follow it) stays on
+  the replica its first turn went to, as an `X-Session-ID` affinity does; a
+  first turn goes to the replica with the fewest of the router's requests.
+
+docs/fleets.md says where each algorithm comes from.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+import numpy as np
+
+from servelab.sim.block_pool import BlockPool
 from servelab.sim.engine import SimEngine
+from servelab.sim.hashing import prompt_block_hashes
+from servelab.sim.radix_cache import RadixCache
 from servelab.sim.vocabulary import LEAST_LOADED as LEAST_LOADED, POLICIES as POLICIES, ROUND_ROBIN as ROUND_ROBIN  # named here for their importers
+from servelab.sim.vocabulary import RouterPolicy as RouterPolicy
+
+HASH_PREFIX_TOKENS = 25
+"""prefix-hash key: KubeAI's default prefixCharLength of 100 characters, at about 4 characters a token."""
+HASH_LOAD_FACTOR = 1.25
+"""prefix-hash bound: KubeAI's default meanLoadFactor 125%: a replica takes a request while its in-flight count
+plus one is at most 1.25 x the mean (counting the new request)."""
+HASH_REPLICATION = 256
+"""prefix-hash: points per replica on the ring (KubeAI's default replication)."""
+EPP_SCRAPE_INTERVAL = 0.05
+"""prefix-aware: how often llm-d's endpoint picker refreshes the replicas' metrics (its default 50 ms)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScorerWeights:
+    """prefix-aware: the weights of llm-d's scorers. prefix, queue and kv are those of llm-d's precise prefix-cache
+    guide (3, 2, 2). `active` is the active-request scorer that llm-d PR #669 and KServe's samples add to that guide
+    because without it a prompt shared by every request (a system prompt) sends all of them to the one replica that
+    cached it until queues form; its weight of 2 is ours (the queue scorer's). active=0 gives the guide's set."""
+
+    prefix: float = 3.0
+    queue: float = 2.0
+    kv: float = 2.0
+    active: float = 2.0
+
+
+class RoutedRequest(Protocol):
+    """What a router may read off a request: its id, its prompt's tokens, and the turn it follows, if any."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def prompt_ids(self) -> Any: ...
+    @property
+    def depends_on(self) -> int | None: ...
 
 
 class Router:
-    """round-robin, or least-loaded with vLLM's score.
+    """Picks a replica for each request (`pick`) and hears when each one finishes (`finished`)."""
 
-    vLLM's DPLBAsyncMPClient scores an engine by waiting + running, adds
-    waiting * 6 * max(0, kv_usage - 0.5) so queues on KV-bound engines
-    repel traffic, and rotates the scan start so ties spread evenly.
-    """
-
-    def __init__(self, policy: str = ROUND_ROBIN) -> None:
+    def __init__(
+        self, policy: str = ROUND_ROBIN, *, scrape_interval: float = EPP_SCRAPE_INTERVAL,
+        weights: ScorerWeights = ScorerWeights(),
+    ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"router policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-        self.policy = policy
+        self.policy = RouterPolicy(policy)
+        self.scrape_interval = scrape_interval
+        self.weights = weights
         self._next = 0
+        self.outstanding: list[int] = []
+        """Per replica: requests this router sent there that have not finished (its own count)."""
+        self._replica_of: dict[int, int] = {}
+        self._conversation_of: dict[int, int] = {}
+        self._home: dict[int, int] = {}
+        """session: conversation (the index of its first turn) -> its replica."""
+        self._ring: tuple[np.ndarray, np.ndarray] | None = None
+        self._scraped: list[tuple[int, int, float]] = []
+        self._next_scrape = -np.inf
 
-    def pick(self, engines: Sequence[SimEngine]) -> int:
+    def pick(self, engines: Sequence[SimEngine], request: RoutedRequest, now: float) -> int:
         n = len(engines)
+        if len(self.outstanding) != n:
+            self.outstanding = [0] * n
         start = self._next
         self._next = (self._next + 1) % n
-        if self.policy == ROUND_ROBIN or n == 1:
-            return start
-        best, best_score = start, float("inf")
-        for k in range(n):
-            i = (start + k) % n
-            waiting, running, usage = engines[i].load
-            score = waiting + running + waiting * 6.0 * max(0.0, usage - 0.5)
-            if score < best_score:
-                best, best_score = i, score
-        return best
+        i = start if n == 1 else self._choose(engines, request, now, start)
+        self._replica_of[request.index] = i
+        self.outstanding[i] += 1
+        return i
+
+    def finished(self, index: int) -> None:
+        """The response to request `index` ended (or failed): it no longer counts against its replica."""
+        i = self._replica_of.pop(index, None)
+        if i is not None:
+            self.outstanding[i] -= 1
+
+    def _choose(self, engines: Sequence[SimEngine], request: RoutedRequest, now: float, start: int) -> int:
+        match self.policy:
+            case RouterPolicy.ROUND_ROBIN:
+                return start
+            case RouterPolicy.LEAST_LOADED:
+                return _best(start, [-_vllm_dp_score(*e.load) for e in engines])
+            case RouterPolicy.LEAST_OUTSTANDING:
+                return _best(start, [-x for x in self.outstanding])
+            case RouterPolicy.PREFIX_HASH:
+                return self._prefix_hash(len(engines), request)
+            case RouterPolicy.PREFIX_AWARE:
+                return self._prefix_aware(engines, request, now, start)
+            case RouterPolicy.SESSION:
+                return self._session(request, start)
+
+    def _session(self, request: RoutedRequest, start: int) -> int:
+        parent = request.depends_on
+        conversation = self._conversation_of.get(parent, request.index) if parent is not None else request.index
+        self._conversation_of[request.index] = conversation
+        home = self._home.get(conversation)
+        if home is None:
+            home = self._home[conversation] = _best(start, [-x for x in self.outstanding])
+        return home
+
+    def _prefix_hash(self, n: int, request: RoutedRequest) -> int:
+        """KubeAI's CHWBL: from the key's point on the ring, clockwise, the first replica under the load bound."""
+        if self._ring is None:
+            points = [(_hash64(f"replica-{r}-{k}".encode()), r) for r in range(n) for k in range(HASH_REPLICATION)]
+            points.sort()
+            self._ring = (np.array([p for p, _ in points], dtype=np.uint64), np.array([r for _, r in points]))
+        hashes, owners = self._ring
+        key = np.asarray(request.prompt_ids[:HASH_PREFIX_TOKENS], dtype=np.int64).tobytes()
+        first = int(np.searchsorted(hashes, np.uint64(_hash64(key)))) % len(hashes)
+        total = sum(self.outstanding)
+        bound = (total + 1) / n * HASH_LOAD_FACTOR
+        for k in range(len(owners)):
+            r = int(owners[(first + k) % len(owners)])
+            if total == 0 or self.outstanding[r] + 1 <= bound:
+                return r
+        return int(owners[first])
+
+    def _prefix_aware(self, engines: Sequence[SimEngine], request: RoutedRequest, now: float, start: int) -> int:
+        """llm-d's weighted scorers (ScorerWeights), the highest total wins.
+
+        prefix: each replica's cached leading blocks of the prompt, min-max
+        scaled over the replicas; queue: (most waiting - its waiting) / (most -
+        fewest), 1 when all are equal; kv: 1 - KV usage; active: (most of the
+        router's in-flight requests - its own) / most, 1 when it has none.
+        """
+        if now >= self._next_scrape:
+            self._scraped = [e.load for e in engines]
+            self._next_scrape = now + self.scrape_interval
+        cached = _scaled([_cached_prefix(e, request.prompt_ids) for e in engines])
+        waiting = [w for w, _, _ in self._scraped]
+        most, fewest = max(waiting), min(waiting)
+        queue = [1.0 if most == fewest else (most - w) / (most - fewest) for w in waiting]
+        kv = [1.0 - usage for _, _, usage in self._scraped]
+        busiest = max(self.outstanding)
+        active = [1.0 if busiest == 0 else (busiest - x) / busiest for x in self.outstanding]
+        w = self.weights
+        scores = [w.prefix * c + w.queue * q + w.kv * f + w.active * a for c, q, f, a in zip(cached, queue, kv, active)]
+        return _best(start, scores)
+
+
+def _vllm_dp_score(waiting: int, running: int, kv_usage: float) -> float:
+    """vLLM's DPLBAsyncMPClient: waiting + running, plus waiting x 6 x max(0, KV usage - 0.5), so queues on
+    KV-bound engines repel traffic."""
+    return waiting + running + waiting * 6.0 * max(0.0, kv_usage - 0.5)
+
+
+def _best(start: int, scores: Sequence[float]) -> int:
+    """The highest score, ties to the first from `start` on (the rotation spreads ties evenly)."""
+    n = len(scores)
+    best = start
+    for k in range(1, n):
+        i = (start + k) % n
+        if scores[i] > scores[best]:
+            best = i
+    return best
+
+
+def _scaled(values: Sequence[float]) -> list[float]:
+    low, high = min(values), max(values)
+    return [0.0 if high == low else (v - low) / (high - low) for v in values]
+
+
+def _hash64(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def _cached_prefix(engine: SimEngine, prompt_ids: Any) -> int:
+    """Tokens at the start of the prompt that the replica holds in its prefix cache, as its KV events tell."""
+    pool = engine.pool
+    if isinstance(pool, RadixCache):
+        return _radix_prefix(pool, prompt_ids) if pool.enabled else 0
+    if isinstance(pool, BlockPool):
+        hashes = prompt_block_hashes(prompt_ids, engine.block_size)
+        return len(pool.lookup(hashes, len(hashes))) * engine.block_size
+    raise TypeError(f"no prefix-cache view of a {type(pool).__name__}")
+
+
+def _radix_prefix(cache: RadixCache, ids: Any) -> int:
+    """SGLang's tree: the matched length, read without touching its LRU clock or splitting an edge."""
+    node, pos, limit = cache.root, 0, len(ids)
+    while pos < limit:
+        child = node.children.get(int(ids[pos]))
+        if child is None:
+            return pos
+        key = child.key
+        k = min(len(key), limit - pos)
+        same = next((j for j in range(k) if int(ids[pos + j]) != key[j]), k)
+        pos += same
+        if same < len(key):
+            return pos
+        node = child
+    return pos

@@ -391,7 +391,7 @@ class _Simulation:
 
     def _admit(self, spec: RequestSpec, now: float) -> None:
         """The request reaches an engine (after the frontend, if any): the engine's clock for it starts here."""
-        i = self.router.pick(self.engines)
+        i = self.router.pick(self.engines, spec, now)  # routing (sim/router.py)
         engine = self.engines[i]
         try:
             req = engine.add_request(spec.prompt_ids, spec.max_tokens, now, spec.priority, spec)
@@ -575,6 +575,7 @@ class _Simulation:
     def _deliver(self, rec: RequestRecord) -> None:
         """The response reached the client: record it, free its slot, release what waited on it."""
         self.sink.write(rec)
+        self.router.finished(rec.index)  # routing (sim/router.py): its own in-flight count
         self.last_finish = max(self.last_finish, rec.finish_time)
         self.finished[rec.index] = rec.finish_time
         for spec in self.parked.pop(rec.index, ()):
