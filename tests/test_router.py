@@ -1,0 +1,125 @@
+"""Routers in front of simulated replicas: each policy's rule, and that cache-aware routing matters on chat."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from servelab.metrics import timeline as tl
+from servelab.metrics.records import MemorySink
+from servelab.perf.engine_config import EngineConfig
+from servelab.sim.linear_cost import LinearCostModel
+from servelab.sim.router import POLICIES, Router, RouterPolicy, ScorerWeights
+from servelab.targets.errors import TargetError
+from servelab.targets import sim as sim_target
+from servelab.targets.sim import SimTarget
+from servelab.workload.spec import LoadPlan, RequestSpec
+
+COST = LinearCostModel()
+FLEET = EngineConfig(max_num_seqs=16, max_num_batched_tokens=1024, data_parallel_size=4)
+
+
+def chats(conversations, turns=4, system=512, user=128, reply=32, rate=None, seed=0):
+    """Conversations that share a system prompt; turn k resends the history and the replies before it."""
+    rng = np.random.default_rng(seed)
+    shared = rng.integers(0, 9000, system)
+    starts = np.cumsum(rng.exponential(1 / rate, conversations)) if rate else np.zeros(conversations)
+    out = []
+    for c in range(conversations):
+        history, previous = shared, None
+        for _ in range(turns):
+            history = np.concatenate([history, rng.integers(0, 9000, user)])
+            arrival = float(starts[c]) if previous is None else 0.0
+            out.append(RequestSpec(len(out), history, reply, arrival, prefix_group=c, depends_on=previous))
+            previous = len(out) - 1
+            history = np.concatenate([history, rng.integers(0, 9000, reply)])
+    return out
+
+
+def serve(router, plan):
+    """(prefix-cache hit rate, mean TTFT, engines) of the plan on the fleet behind `router`."""
+    target = SimTarget(FLEET, 2000, COST, router=router)
+    sink, samples = MemorySink(), []
+    target.run(plan, sink, samples.append)
+    last = samples[-1].values
+    assert all(r.ok for r in sink.records)
+    return last[tl.PREFIX_HITS] / last[tl.PREFIX_QUERIES], np.mean([r.ttft for r in sink.records]), target.last_engines
+
+
+def test_cache_aware_routers_hit_more_and_answer_sooner_than_round_robin_on_a_busy_chat_fleet():
+    """Round-robin sends 3 turns in 4 to a replica that never saw the conversation, so it prefills the
+    history again; the prefix-aware and session routers send the turn where the history is cached."""
+    plan = LoadPlan(chats(96), max_concurrency=96)
+    rr_hits, rr_ttft, _ = serve("round-robin", plan)
+    for router in ("prefix-aware", "session"):
+        hits, ttft, engines = serve(router, plan)
+        assert hits > rr_hits + 0.05, router
+        assert ttft < rr_ttft, router
+        assert min(e.num_steps for e in engines) > 0, router
+
+
+class _Replica:
+    """A stand-in with the one attribute least-loaded reads."""
+
+    def __init__(self, waiting=0, running=0, usage=0.0):
+        self.load = (waiting, running, usage)
+
+
+def spec(index, prompt, depends_on=None):
+    return RequestSpec(index, np.asarray(prompt), 8, depends_on=depends_on)
+
+
+def test_policy_names_are_a_closed_vocabulary():
+    assert set(POLICIES) == set(RouterPolicy)
+    with pytest.raises(ValueError, match="prefix-hash"):
+        Router("random")
+    with pytest.raises(TargetError, match="router"):
+        SimTarget(FLEET, 2000, COST, router="sticky")
+
+
+def test_least_outstanding_counts_only_its_own_unfinished_requests():
+    router, replicas = Router("least-outstanding"), [_Replica(waiting=50), _Replica(), _Replica()]
+    picks = [router.pick(replicas, spec(i, [1, 2, 3]), 0.0) for i in range(3)]
+    assert sorted(picks) == [0, 1, 2]  # the replicas' queues are not its view: its own counts are
+    router.finished(1)
+    assert router.pick(replicas, spec(3, [1]), 0.0) == picks[1]
+
+
+def test_session_keeps_a_conversation_on_the_replica_of_its_first_turn():
+    router, replicas = Router("session"), [_Replica() for _ in range(4)]
+    first = [router.pick(replicas, spec(i, [i]), 0.0) for i in range(4)]
+    assert sorted(first) == [0, 1, 2, 3]
+    for turn in range(4, 12):  # each conversation's next turns, one after another
+        parent = turn - 4
+        assert router.pick(replicas, spec(turn, [turn], depends_on=parent), 0.0) == first[turn % 4]
+
+
+def test_prefix_hash_keeps_a_key_on_one_replica_until_the_load_bound_and_then_spills_along_the_ring():
+    router, replicas = Router("prefix-hash"), [_Replica() for _ in range(4)]
+    same_key = [router.pick(replicas, spec(i, [7] * 40 + [i]), 0.0) for i in range(6)]
+    home = same_key[0]
+    # KubeAI's bound, in flight + 1 <= 1.25 x (total + 1) / 4, admits no replica until 3 are in flight (then the
+    # first on the ring, the owner, takes it); the 4th finds the owner over the bound and spills.
+    assert same_key[:3] == [home] * 3
+    assert same_key[3] != home
+    for i in range(6):
+        router.finished(i)
+    assert router.pick(replicas, spec(9, [7] * 40 + [99]), 0.0) == home  # the tokens after the key do not count
+    keys = {router.pick(replicas, spec(10 + k, [k] * 40), 0.0) for k in range(40)}
+    assert len(keys) == 4  # different prompts spread over the ring
+
+
+def test_llm_d_scorers_without_the_active_request_scorer_pile_a_shared_prompt_onto_one_replica(monkeypatch):
+    """llm-d PR #669: with the precise guide's weights alone, the replica that cached the system prompt wins
+    every request until queues form; the active-request scorer lets others warm up."""
+    plan = LoadPlan(chats(40, rate=10.0))
+    used = {}
+    for name, weights in (("guide", ScorerWeights(active=0.0)), ("with active", ScorerWeights())):
+        monkeypatch.setattr(sim_target, "Router", functools.partial(Router, weights=weights))
+        target = SimTarget(FLEET, 2000, COST, router="prefix-aware")
+        target.run(plan, MemorySink())
+        used[name] = sum(e.num_steps > 0 for e in target.last_engines)
+    assert used["guide"] == 1
+    assert used["with active"] > 1
