@@ -11,7 +11,8 @@ from servelab.metrics import timeline as tl
 from servelab.metrics.records import MemorySink
 from servelab.perf.engine_config import EngineConfig
 from servelab.sim.linear_cost import LinearCostModel
-from servelab.sim.router import POLICIES, Router, RouterPolicy, ScorerWeights
+from servelab.sim.radix_cache import RadixCache
+from servelab.sim.router import POLICIES, Router, RouterPolicy, ScorerWeights, _radix_prefix
 from servelab.targets.errors import TargetError
 from servelab.targets import sim as sim_target
 from servelab.targets.sim import SimTarget
@@ -123,3 +124,18 @@ def test_llm_d_scorers_without_the_active_request_scorer_pile_a_shared_prompt_on
         used[name] = sum(e.num_steps > 0 for e in target.last_engines)
     assert used["guide"] == 1
     assert used["with active"] > 1
+
+
+def test_the_prefix_view_of_sglangs_tree_matches_its_own_lookup_without_changing_it():
+    cache = RadixCache(10_000)
+    for ids in ([1, 2, 3, 4, 5], [1, 2, 9, 9], [7, 7, 7]):
+        cache.insert(ids)
+    for probe in ([1, 2, 3, 4, 5, 6], [1, 2, 3, 8], [1, 2], [7, 7, 7, 7], [5]):
+        before = _shape(cache.root)
+        seen = _radix_prefix(cache, np.asarray(probe))
+        assert _shape(cache.root) == before, probe  # no edge split, no access time touched
+        assert seen == cache.match(probe, len(probe))[0], probe
+
+
+def _shape(node):
+    return node.key, node.last_access, sorted(_shape(child) for child in node.children.values())
