@@ -30,7 +30,7 @@ from servelab.perf.engine_flags import choice, fraction
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware
 from servelab.perf.models import ModelSpec
-from servelab.perf.vllm_versions import LARGEST_BATCH_DEFAULTS_SINCE
+from servelab.perf.vllm_versions import LARGEST_BATCH_DEFAULTS_SINCE, V0_BATCH_LIMITS, is_v0
 
 VLLM_FLAGS = Path(__file__).parent / "data" / "vllm_flags.yaml"
 GiB = 2**30
@@ -291,6 +291,8 @@ def default_batch_limits(
     backend scales with world size.
     """
     api = usage == "api_server"
+    if is_v0(vllm_version) and hardware.vendor != "cpu":
+        return V0_BATCH_LIMITS
     if hardware.vendor == "cpu":
         return (2048 if api else 4096) * world_size, (128 if api else 256) * world_size
     largest = vllm_version is None or vllm_version >= LARGEST_BATCH_DEFAULTS_SINCE

@@ -23,7 +23,7 @@ from servelab.perf.memory import MemoryPlan, plan_memory
 from servelab.perf.models import ModelSpec, get_model
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
-from servelab.perf.vllm_versions import parse_version, version_defaults
+from servelab.perf.vllm_versions import parse_version, v0_note, version_defaults, with_v0_step_gap
 from servelab.sim.engines import VLLM, SchedulerFactory
 from servelab.sim.router import ROUND_ROBIN
 from servelab.targets.sim import SimTarget
@@ -112,7 +112,7 @@ class Deployment:
         source = "given" if coefficients is not None else "none"
         if fill:
             costs = measured_cpu_costs(vllm_version)
-            coefficients = costs.coefficients(CostCoefficients(), cpu_speed_factor)
+            coefficients = with_v0_step_gap(costs.coefficients(CostCoefficients(), cpu_speed_factor), vllm_version)
             api = costs.api_server(cpu_speed_factor) if api is None else api
             source = "measured"
         return cls(
@@ -232,8 +232,9 @@ def build_deployment(
                                   "set the same thing to different values; give one of them")
         requested = requested.with_(**{name: value})
     hardware, spec = resolve_parts(gpu, model, parsed.model, gpu_file)
+    approximate = v0_note(version)
     return Deployment.build(
         hardware, spec, requested,
-        coefficients=coefficients, warnings=tuple(parsed.warnings), router=router,
+        coefficients=coefficients, warnings=(*parsed.warnings, *([approximate] if approximate else [])), router=router,
         performance_mode=parsed.performance_mode, vllm_version=version,
     )
