@@ -109,7 +109,7 @@ def is_v0(version: tuple[int, int] | None) -> bool:
 
 def v0_note(version: tuple[int, int] | None) -> str | None:
     """What a V0 deployment's numbers rest on, for the reader; None for V1 releases."""
-    if not is_v0(version):
+    if version is None or version >= V1_SINCE:
         return None
     gap = v0_step_gap(version)
     return (f"vLLM {version[0]}.{version[1]} runs the V0 engine, modelled approximately (expect more error than for "
@@ -125,7 +125,7 @@ def v0_step_gap(version: tuple[int, int]) -> float:
 
 def with_v0_step_gap(coefficients: CostCoefficients, version: tuple[int, int] | None) -> CostCoefficients:
     """`coefficients` with V0's CPU time between steps added to the per-step overhead; unchanged for V1 releases."""
-    if not is_v0(version):
+    if version is None or version >= V1_SINCE:
         return coefficients
     return coefficients.model_copy(update={"step_overhead_s": coefficients.step_overhead_s + v0_step_gap(version)})
 
