@@ -135,6 +135,8 @@ def _options(d: Deployment, e: Evidence, scenario: Scenario, region: Region | No
     if d.hardware.fp8_tflops <= 0 < d.hardware.int8_tflops:  # weights *and* activations: INT8 tensor cores
         options.append(Option("INT8 W8A8 weights", lambda: d.with_changes(quantization="int8"), weights_why))
     options.append(Option("FP8 KV cache", lambda: d.with_changes(kv_cache_dtype="fp8")))
+    if cfg.enable_lora:
+        options.append(Option("LoRA merged into the weights", lambda: d.with_changes(enable_lora=False)))
     options.append(Option(f"+1 GPU: {2 * cfg.data_parallel_size} replicas",
                           lambda: d.with_changes(data_parallel_size=2 * cfg.data_parallel_size),
                           trade="failover: one GPU down, the others still serve"))

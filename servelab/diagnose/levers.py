@@ -29,6 +29,9 @@ from servelab.perf.hardware import get_gpu
 from servelab.targets.deployment import Deployment
 
 
+MERGE_LORA = "merge the LoRA adapter into the base weights (PEFT merge_and_unload; serve without --enable-lora)"
+
+
 class Goal(StrEnum):
     LATENCY = "latency"
     THROUGHPUT = "throughput"
@@ -77,6 +80,9 @@ def _hardware(d: Deployment, t: Terms, region: Region | None) -> list[_Candidate
         out.append(_Candidate(f"one {chip.name} instead of the {hw.name}", partial(d.rebuilt, hardware=chip),
                               note=f"{chip.memory_bandwidth_gbs:,.0f} GB/s and {chip.bf16_tflops:,.0f} dense bf16 "
                                    f"TFLOP/s against {hw.memory_bandwidth_gbs:,.0f} and {hw.bf16_tflops:,.0f}"))
+    if cfg.enable_lora:
+        out.append(_Candidate(MERGE_LORA, lambda: d.with_changes(enable_lora=False),
+                              note="no adapter slots in the KV budget, no LoRA kernels in each step; one fine-tune only"))
     if cfg.kv_cache_dtype != "fp8":
         out.append(_Candidate(f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')})",
                               lambda: d.with_changes(kv_cache_dtype="fp8"), note="half the KV bytes each step reads"))

@@ -73,7 +73,7 @@ UNMODELLED_FLAGS = frozenset(
         "attention-backend", "attention-config", "cpu-offload-gb", "enable-expert-parallel",
         "max-num-scheduled-tokens", "max-num-active-seqs", "max-num-queued-reqs", "max-num-queued-tokens",
         "long-prefill-token-threshold-adaptive", "pipeline-parallel-size", "decode-context-parallel-size",
-        "prefill-context-parallel-size", "kv-transfer-config", "enable-lora", "scheduler-cls",
+        "prefill-context-parallel-size", "kv-transfer-config", "scheduler-cls",
     }
 )
 
@@ -165,6 +165,9 @@ _MODELLED: dict[str, _Flag] = {
     "kv-cache-memory-bytes": _Flag("kv_cache_memory_bytes", _human_int),
     "model": _Flag("model", str),
     "performance-mode": _Flag("performance_mode", choice("balanced", "interactivity", "throughput")),
+    "enable-lora": _Flag("enable_lora"),
+    "max-loras": _Flag("max_loras", _positive),
+    "max-lora-rank": _Flag("max_lora_rank", _positive),
 }
 
 
