@@ -24,7 +24,7 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from servelab.diagnose.levers import Goal
+from servelab.diagnose.goal import Goal
 from servelab.diagnose.regions import Region
 from servelab.diagnose.schema import Diagnosis
 from servelab.errors import InputError

@@ -26,7 +26,7 @@ from servelab.cli.options import (
     TpFlag,
     VllmVersionFlag,
 )
-from servelab.diagnose.levers import Goal
+from servelab.diagnose.goal import Goal
 from servelab.diagnose.regions import Region
 from servelab.diagnose.text_tokens import Script
 from servelab.errors import InputError

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from enum import StrEnum
 
 from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.engine_terms import Terms
+from servelab.diagnose.goal import Goal
 from servelab.diagnose.recommend import Outcome, run, tp_link, tried_result
 from servelab.diagnose.regions import Region, upgrades
 from servelab.diagnose.scenario import Scenario
@@ -30,11 +30,6 @@ from servelab.targets.deployment import Deployment
 
 
 MERGE_LORA = "merge the LoRA adapter into the base weights (PEFT merge_and_unload; serve without --enable-lora)"
-
-
-class Goal(StrEnum):
-    LATENCY = "latency"
-    THROUGHPUT = "throughput"
 
 
 @dataclass(frozen=True)
