@@ -57,7 +57,7 @@ def test_a_bug_is_reported_as_a_bug_with_its_traceback_not_as_bad_input(monkeypa
     def broken(*args, **kwargs):
         raise KeyError("some_internal_key")
 
-    monkeypatch.setattr("servelab.diagnose.request.diagnose_described", broken)
+    monkeypatch.setattr("servelab.diagnose.analysis.diagnose_described", broken)
     result = CliRunner().invoke(app, ["diagnose", "--json"])
     assert result.exit_code == EXIT_BUG, result.output
     assert "Traceback" in result.output and "some_internal_key" in result.output
@@ -68,7 +68,7 @@ def test_ctrl_c_is_exit_130(monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("servelab.diagnose.request.diagnose_described", interrupted)
+    monkeypatch.setattr("servelab.diagnose.analysis.diagnose_described", interrupted)
     result = CliRunner().invoke(app, ["diagnose"])
     assert result.exit_code == EXIT_INTERRUPTED and "interrupted" in result.output
 

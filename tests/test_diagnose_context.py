@@ -51,6 +51,7 @@ def test_a_0_6_deployment_runs_v0_defaults_and_v0s_cpu_gap_and_a_0_4_one_is_refu
         parse_version("0.4.3")
 
 
+@pytest.mark.slow
 def test_a_v0_diagnosis_says_it_is_approximate_among_its_assumptions():
     dx = diagnose(_described(DeploymentWords("a100-80gb", "qwen2.5-7b", vllm_version="0.6.0"),
                              Described(input_len=1000, output_len=200, request_rate=2.0)))
@@ -62,6 +63,7 @@ def test_a_v0_diagnosis_says_it_is_approximate_among_its_assumptions():
 # --- characters into tokens, by script ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cjk_characters_become_more_tokens_than_latin_ones_and_the_ratio_is_said():
     assert tokens_from_characters(1500, Script.CJK) == 1000 and tokens_from_characters(1500, None) == 375
     cjk = diagnose(_described(DeploymentWords("a100-80gb", "qwen2.5-7b"),
@@ -87,6 +89,7 @@ def by_region():
     return run(None), run(Region.CHINA)
 
 
+@pytest.mark.slow
 def test_china_is_offered_the_chips_sold_there_and_no_region_is_an_assumption(by_region):
     anywhere, china = by_region
     named = lambda dx: " ".join([lever.change for lever in dx.levers] + [a.change for a in dx.alternatives])  # noqa: E731
@@ -97,6 +100,7 @@ def test_china_is_offered_the_chips_sold_there_and_no_region_is_an_assumption(by
     assert "export rules" in {a.what: a.assumed for a in china.assumptions}["where GPUs are bought"]
 
 
+@pytest.mark.slow
 def test_replica_and_tp_say_failover_and_the_link_they_run_over(by_region):
     anywhere, _ = by_region
     tp = next(a for a in anywhere.alternatives if a.change.startswith("+1 GPU: TP="))
@@ -111,6 +115,7 @@ def test_replica_and_tp_say_failover_and_the_link_they_run_over(by_region):
 # --- an unmerged LoRA -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_enable_lora_takes_kv_memory_slows_each_step_and_merging_is_a_lever():
     base = build_deployment("a100-80gb", "qwen2.5-7b")
     lora = build_deployment("a100-80gb", "qwen2.5-7b", "--enable-lora --max-loras 4 --max-lora-rank 64")
@@ -142,6 +147,7 @@ def test_the_api_takes_tried_changes_and_a_goal_and_refuses_a_bad_one_first(tmp_
     assert [lv["change"] for lv in json.loads(cli.stdout)["levers"]] == [lv.change for lv in dx.levers]  # one verb
 
 
+@pytest.mark.slow
 def test_the_html_report_shows_the_questions_levers(by_region):
     anywhere, _ = by_region
     page = diagnosis_html("run", anywhere)

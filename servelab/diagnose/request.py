@@ -16,8 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from servelab.diagnose import analysis
 from servelab.diagnose.analysis import Diagnosis as Analysed
-from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
+from servelab.diagnose.analysis import Observed
 from servelab.diagnose.engine_terms import check_engine, served_engine
 from servelab.diagnose.regions import Region
 from servelab.diagnose.scenario import synthetic
@@ -178,7 +179,7 @@ def diagnose(request: DiagnoseRequest, build: DeploymentBuilder = from_catalogue
     partial = ""
     if run is not None:
         partial = run.partial_note()
-        dx = diagnose_run(run, deployment, warmup=request.warmup, **kw)
+        dx = analysis.diagnose_run(run, deployment, warmup=request.warmup, **kw)
         if words.calibration is not None:  # a run measured under other conditions than the profile's is not comparable
             dx.notes.extend(condition_changes(load_profile(words.calibration).host, run.run_info.get("client_host", {}),
                                               now_label="during this run", then_label="at calibration"))
@@ -235,7 +236,7 @@ def _described(s: Described, deployment: Deployment, kw: dict[str, Any]) -> Anal
                          prefix_len=s.prefix_len, turns=s.turns, output_lengths=lengths)
     if rate is not None:
         assumed += (Assumed.ARRIVALS,)
-    return diagnose_described(deployment, scenario, assumed=assumed, characters=(s.input_chars, s.script), **kw)
+    return analysis.diagnose_described(deployment, scenario, assumed=assumed, characters=(s.input_chars, s.script), **kw)
 
 
 def _typed(dx: Analysed, partial: str, warn: Callable[[str], None]) -> Diagnosis:
