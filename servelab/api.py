@@ -21,12 +21,13 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from servelab.diagnose.analysis import diagnose_run
+from servelab.diagnose.goal import Goal
+from servelab.diagnose.regions import Region
 from servelab.diagnose.schema import Diagnosis
-from servelab.diagnose.engine_terms import served_engine
-from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
+from servelab.errors import InputError
 from servelab.experiment.calibrate_from import CalibrateFromRequest, calibrate_from as run_calibrate_from
 from servelab.experiment.runner import run_point
 from servelab.metrics.results import RunResult, load_run
@@ -36,9 +37,7 @@ from servelab.perf.calibration import CalibrationProfile
 from servelab.results_dir import clear_result_dir, result_dir_refusal
 from servelab.targets.base import Target
 from servelab.metrics.engines import AUTO
-from servelab.sim.engines import VLLM
 from servelab.targets.deployment import build_deployment
-from servelab.targets.engine_deployment import build_engine_deployment
 from servelab.targets.http import HttpTarget
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
@@ -133,21 +132,35 @@ def bench(base_url: str, *, result_dir: str | Path, model: str | None = None, in
     return _run(target, plan, directory, {"verb": "bench", "source": "http", "flags": flags}, goodput, overwrite)
 
 
-def diagnosis(results: Results | str | Path, gpu: str, model: str, engine_args: str = "", engine: str = AUTO) -> Diagnosis:
+def diagnosis(results: Results | str | Path, gpu: str, model: str, engine_args: str = "", engine: str = AUTO, *,
+              tried: Sequence[str] = (), goal: str | None = None, region: str | None = None,
+              observed: dict[str, float] | None = None, vllm_version: str | None = None) -> Diagnosis:
     """`servelab diagnose RESULTS`: what limits the deployment that produced `results`, and what to change.
 
     `engine` as `diagnose --engine`: auto takes the one run.json recorded (vLLM when none is); `engine_args` are in
-    its spelling. Named `diagnosis`, not `diagnose`: `servelab.diagnose` is the package that does the work."""
-    loaded = results if isinstance(results, Results) else load_results(results)
-    served, engine_note = served_engine(engine, loaded.result.run_info)
-    note = None
-    if served == VLLM:  # the KV blocks and prefix-cache switch a vLLM server reported beat an estimate from flags
-        engine_args, note = engine_args_from_server(engine_args, loaded.result.run_info.get(CACHE_CONFIG) or {})
-    dx = diagnose_run(loaded.result, build_engine_deployment(served, gpu, model, engine_args))
-    for said in (note, engine_note):
-        if said is not None:
-            dx.notes.insert(0, said)
-    return Diagnosis.model_validate(dx.as_dict())
+    its spelling. `tried` as `--tried` ("CHANGE:RESULT", e.g. "--max-num-batched-tokens 512:no-effect", "awq:no-effect"),
+    `goal` as `--goal` (latency or throughput), `region` as `--region`, `observed` the figures seen in production
+    (keys qps, ttft_ms, gpu_util, e2e_ms, tpot_ms, as the --observed-* flags). The CLI's own verb does the work.
+    Named `diagnosis`, not `diagnose`: `servelab.diagnose` is the package that does the work."""
+    from servelab.diagnose.analysis import Observed
+    from servelab.diagnose.request import DeploymentWords, DiagnoseRequest, diagnose
+
+    directory = results.directory if isinstance(results, Results) else Path(results)
+    figures = dict(observed or {})
+    unknown = set(figures) - {"qps", "ttft_ms", "gpu_util", "e2e_ms", "tpot_ms"}
+    if unknown:
+        raise InputError(f"diagnosis(observed=...): unknown figures {sorted(unknown)}; give qps, ttft_ms, gpu_util, "
+                         "e2e_ms or tpot_ms")
+    try:
+        asked = Goal(goal) if goal is not None else None
+        where = Region(region) if region is not None else None
+    except ValueError as exc:
+        raise InputError(f"diagnosis(): {exc}") from None
+    get = figures.get
+    seen = Observed(get("qps"), get("ttft_ms"), get("gpu_util"), get("e2e_ms"), get("tpot_ms"), goal=asked)
+    request = DiagnoseRequest(DeploymentWords(gpu, model, engine_args, vllm_version=vllm_version, engine=engine),
+                              directory, observed=seen, tried=tuple(tried), region=where)
+    return diagnose(request)
 
 
 def calibrate_from(results: str | Path | list[str | Path], gpu: str, model: str, *, out: str | Path, engine_args: str = "",

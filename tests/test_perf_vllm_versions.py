@@ -24,8 +24,8 @@ def test_versions_are_read_as_people_write_them(text, version):
     assert parse_version(text) == version
 
 
-@pytest.mark.parametrize("text", ["eleven", "0.7.3"])
-def test_an_unreadable_or_pre_v1_version_is_refused(text):
+@pytest.mark.parametrize("text", ["eleven", "0.4.3"])
+def test_an_unreadable_or_pre_0_5_version_is_refused(text):
     with pytest.raises(PerfConfigError):
         parse_version(text)
 

@@ -1,17 +1,19 @@
-"""`servelab diagnose`: why this deployment is slow, with the numbers, and what to change."""
+"""`servelab diagnose`: why this deployment is slow, with the numbers, and what to change.
+
+The verb is servelab.diagnose.request.diagnose; this face parses the flags into its request and renders the
+document. Heavy imports stay inside the function (`servelab --help` imports none of them).
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
 from servelab.cli import app
 from servelab.cli.checks import MAX_INT, real
 from servelab.cli.report import ReportFlag, report_into
-from servelab.cli.compare import parse_engines
 from servelab.cli.options import (
     DEPLOYMENT_PANEL,
     CalibrationFlag,
@@ -23,29 +25,16 @@ from servelab.cli.options import (
     ReplicasFlag,
     TpFlag,
     VllmVersionFlag,
-    deployment_from_flags,
 )
-from servelab.errors import InputError
 from servelab.diagnose.goal import Goal
-from servelab.metrics.host import condition_changes
-from servelab.metrics.slo import SLO
+from servelab.diagnose.regions import Region
+from servelab.diagnose.text_tokens import Script
+from servelab.errors import InputError
 from servelab.metrics.engines import AUTO
-from servelab.report.console import make_console
-from servelab.sim.vocabulary import ENGINES, LABELS, VLLM
+from servelab.sim.vocabulary import ENGINES
 from servelab.workload.vocabulary import DISTRIBUTIONS
 
-if TYPE_CHECKING:
-    from servelab.workload.lengths import LengthDistribution
-
 DIAGNOSIS = "diagnosis.json"
-
-# The first case servelab exists for: Qwen2.5-7B on one A100, ~1,500-token prompts, max_num_seqs 256,
-# ~10 req/s, "GPU utilisation 30%, memory full": why won't QPS go up?
-EXAMPLE: dict[str, Any] = {"gpu": "a100-80gb", "model": "qwen2.5-7b", "engine_args": "--max-num-seqs 256", "input_len": 1500,
-           "output_len": 200, "request_rate": 10.0, "observed_qps": 10.0, "observed_gpu_util": 0.3}
-EXAMPLE_COMMAND = ("servelab diagnose --gpu a100-80gb --model qwen2.5-7b --engine-args \"--max-num-seqs 256\" "
-                   "--input-len 1500 --request-rate 10 --observed-qps 10 --observed-gpu-util 0.3")
-"""The command line the example stands for (its answer length, like the user's story, not given: assumed)."""
 
 
 def _results_dir(value: Path | None) -> Path | None:
@@ -69,6 +58,12 @@ def diagnose(
     gpu_file: GpuFileFlag = None,
     calibration: CalibrationFlag = None,
     input_len: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Described deployment: prompt tokens per request.")] = None,
+    input_chars: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help=(
+        "Described deployment: prompt length in characters instead of tokens, turned into tokens by --script (the "
+        "ratio is printed).")) ] = None,
+    script: Annotated[Optional[Script], typer.Option(help=(
+        "The script --input-chars are written in: latin (~4 characters per token) or cjk (Chinese, Japanese, Korean: "
+        "~1.5). Default: latin, said as an assumption."))] = None,
     output_len: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help=(
         "Described deployment: output tokens per request (not given: 200 is assumed, and the answer is shown for 50, "
         "200 and 500)."))] = None,
@@ -94,6 +89,9 @@ def diagnose(
     prefix_len: Annotated[int, typer.Option(min=0, max=MAX_INT, help="Described deployment: tokens of a system prompt every request starts with.")] = 0,
     turns: Annotated[int, typer.Option(min=1, max=MAX_INT, help="Described deployment: turns per conversation; each turn resends the "
                                             "system prompt, every earlier turn and every earlier answer (a chat client).")] = 1,
+    region: Annotated[Optional[Region], typer.Option(help=(
+        "Where you buy or rent GPUs: global, or china (H20, L20 new; H800, A800 rented) — the chips the "
+        "alternatives may name. Default: global, said as an assumption."))] = None,
     gpu_cost_per_hour: Annotated[Optional[float], typer.Option(
         callback=real(gt=0),
         help="$ per GPU-hour of --gpu (default: documented prices in servelab/diagnose/pricing.py); prices the options.")] = None,
@@ -125,132 +123,44 @@ def diagnose(
 
     With no arguments: the built-in example (Qwen2.5-7B on an A100 at ~10 req/s of 1,500-token prompts).
     """
-    # The simulator, the models and the renderers: imported when a diagnosis runs, not for --help.
-    from servelab.diagnose.analysis import Observed, diagnose_described, diagnose_run
-    from servelab.diagnose.engine_terms import check_engine, served_engine
-    from servelab.diagnose.scenario import synthetic
-    from servelab.diagnose.schema import Diagnosis
-    from servelab.diagnose.sensitivity import ASSUMED_OUTPUT, Assumed
-    from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
-    from servelab.diagnose.tried import parse_tried
-    from servelab.metrics.results import load_run
-    from servelab.perf.calibration import load_profile
+    from servelab.cli.compare import parse_engines
+    from servelab.cli.options import deployment_from_flags
+    from servelab.diagnose.analysis import Observed
+    from servelab.diagnose.request import (EXAMPLE_COMMAND, Described, DeploymentWords, DiagnoseRequest, diagnose as
+                                           run_diagnose, is_example)
+    from servelab.report.console import make_console
     from servelab.report.diagnosis_view import render_markdown, render_terminal
 
-    check_engine(engine)
-    tried_changes = tuple(parse_tried(text) for text in tried or ())
-    if vllm_version is not None and engine not in (VLLM, AUTO):
-        raise InputError(f"--vllm-version describes a vLLM server, not --engine {engine}")
     if engines is not None and not compare_engines:
         raise InputError("--engines chooses the engines --compare-engines runs: add --compare-engines")
-    switch_to = parse_engines(engines or ",".join(ENGINES)) if compare_engines else []
     if report and results is None:
         raise InputError("--report draws a results directory: give RESULTS (a described deployment has no records to plot)")
     if json_out and markdown:
         raise InputError("--json and --markdown both choose the output format; pick one")
-    described = any(v is not None for v in (input_len, output_len, request_rate, max_concurrency))
-    if results is not None and described:
-        raise InputError("RESULTS and --input-len/--output-len/--request-rate/--max-concurrency both describe the workload; "
-                         "give a results directory or a described deployment, not both")
-    example = (results is None and not described and gpu is None and model is None and calibration is None
-               and engine in (AUTO, VLLM))  # the example is a vLLM deployment
-    assumed: tuple[Assumed, ...] = ()
-    if example:
-        gpu, model, engine_args = EXAMPLE["gpu"], EXAMPLE["model"], EXAMPLE["engine_args"]
-        input_len, output_len, request_rate = EXAMPLE["input_len"], EXAMPLE["output_len"], EXAMPLE["request_rate"]
-        observed_qps, observed_gpu_util = EXAMPLE["observed_qps"], EXAMPLE["observed_gpu_util"]
-    shaped = output_len_distribution != "fixed" or prefix_len or turns != 1
-    if results is not None and shaped:
-        raise InputError("--output-len-distribution, --prefix-len and --turns describe a workload; a results directory "
-                         "already holds the measured one")
-    output_lengths = _output_lengths(output_len_distribution, output_len) if output_len is not None else None
-    slo = SLO.parse(goodput)
-    run = load_run(results) if results is not None else None
-    served, engine_note = served_engine(engine, run.run_info if run is not None else {})
-    if check_advice and served != VLLM:
-        raise InputError(f"--check-advice judges vLLM's common tuning tips; the deployment is {LABELS[served]}'s")
-    if run is not None and gpu is None and model is None and calibration is None:
-        gpu, model, calibration, engine_args, tp, replicas, gpu_file, vllm_version = _simulated_deployment(
-            run.run_info, engine_args, tp, replicas, gpu_file, vllm_version)
-    server_note = None
-    if run is not None and calibration is None and served == VLLM:  # the server's own KV figures beat an estimate
-        engine_args, server_note = engine_args_from_server(engine_args, run.run_info.get(CACHE_CONFIG) or {})
-    deployment = deployment_from_flags(gpu, model, engine_args, calibration=calibration, tp=tp, replicas=replicas,
-                                       gpu_file=gpu_file, vllm_version=vllm_version, engine=served)
-    if engine_note is not None:
-        make_console(stderr=True).print(f"[yellow]warning:[/] {engine_note}", highlight=False, soft_wrap=True)
-    observed = Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms,
-                        tried_changes, goal)
-    priced = {"with_alternatives": price_options or None, "gpu_cost_per_hour": gpu_cost_per_hour, "engines": switch_to}
-    partial = ""
-    if run is not None and results is not None:
-        partial = run.partial_note()
-        dx = diagnose_run(run, deployment, slo=slo, warmup=warmup, observed=observed, slo_share=slo_attainment,
-                          with_advice=check_advice, **priced)
-        if calibration is not None:  # a run measured under other conditions than the profile's is not comparable
-            dx.notes.extend(condition_changes(load_profile(calibration).host, run.run_info.get("client_host", {}),
-                                              now_label="during this run", then_label="at calibration"))
-        if server_note is not None:
-            dx.notes.insert(0, server_note)
-        if engine_note is not None:
-            dx.notes.insert(0, engine_note)
-    else:
-        if input_len is None:
-            raise InputError("a described deployment needs --input-len")
-        if output_len is None or example:  # the example's story gives no answer length either
-            output_len, assumed = output_len or ASSUMED_OUTPUT, (Assumed.OUTPUT,)
-            output_lengths = _output_lengths(output_len_distribution, output_len)
-        rate = request_rate if request_rate is not None else (observed_qps if max_concurrency is None else None)
-        if rate is None and max_concurrency is None:
-            raise InputError("a described deployment needs --request-rate, --max-concurrency or --observed-qps")
-        scenario = synthetic(input_len, output_len, request_rate=rate, max_concurrency=max_concurrency,
-                             prefix_len=prefix_len, turns=turns, output_lengths=output_lengths)
-        if rate is not None:
-            assumed += (Assumed.ARRIVALS,)
-        dx = diagnose_described(deployment, scenario, slo=slo, observed=observed, slo_share=slo_attainment,
-                                with_advice=check_advice, assumed=assumed, **priced)
-    data = dx.as_dict()
-    if partial:  # said first and kept in the JSON: every number below rests on a run cut short
-        data["partial_run"] = partial
-        make_console(stderr=True).print(f"[yellow]{partial}[/]", highlight=False, soft_wrap=True)
-    typed = Diagnosis.model_validate_json(json.dumps(data, default=str))
+    request = DiagnoseRequest(
+        DeploymentWords(gpu, model, engine_args, tp, replicas, gpu_file, calibration, vllm_version, engine), results,
+        Described(input_len, input_chars, script, output_len, request_rate, max_concurrency, output_len_distribution,
+                  prefix_len, turns),
+        Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms, goal=goal),
+        tuple(tried or ()), region, goodput, slo_attainment, warmup, price_options, gpu_cost_per_hour, check_advice,
+        parse_engines(engines or ",".join(ENGINES)) if compare_engines else [])
+    build = lambda w: deployment_from_flags(w.gpu, w.model, w.engine_args, calibration=w.calibration, tp=w.tp,  # noqa: E731
+                                            replicas=w.replicas, gpu_file=w.gpu_file, vllm_version=w.vllm_version,
+                                            engine=w.engine)
+    warn = lambda text: make_console(stderr=True).print(f"[yellow]warning:[/] {text}", highlight=False, soft_wrap=True)  # noqa: E731
+    dx = run_diagnose(request, build, warn)
     target = save or (results / DIAGNOSIS if results is not None else None)
     if target is not None:
-        target.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+        target.write_text(dx.model_dump_json(indent=2) + "\n", encoding="utf-8")
     if json_out:
-        typer.echo(json.dumps(data, indent=2, default=str))
+        typer.echo(dx.model_dump_json(indent=2))
     elif markdown:
-        typer.echo(render_markdown(typed))
+        typer.echo(render_markdown(dx))
     else:
         console = make_console()
-        if example:
+        if is_example(request):
             console.print(f"[dim]No deployment given: diagnosing the built-in example, {EXAMPLE_COMMAND} "
                           "(servelab diagnose --help for your own).[/]", highlight=False)
-        render_terminal(typed, console, details or check_advice or compare_engines)
+        render_terminal(dx, console, details or check_advice or compare_engines)
     if report and results is not None:
         report_into(results, make_console(stderr=json_out or markdown))
-
-
-def _simulated_deployment(run_info: dict[str, Any], engine_args: str, tp: int | None, replicas: int | None,
-                          gpu_file: Path | None, vllm_version: str | None) -> tuple[Any, ...]:
-    """The deployment a simulated run's run.json records (its simulate flags), for `diagnose RESULTS` without
-    --gpu/--model/--calibration; flags given here still win. A measured run records no hardware: unchanged."""
-    flags = run_info.get("flags") or {}
-    if run_info.get("source") != "sim":
-        return None, None, None, engine_args, tp, replicas, gpu_file, vllm_version
-    path = lambda key: Path(flags[key]) if flags.get(key) else None  # noqa: E731
-    return (flags.get("gpu"), flags.get("model"), path("calibration"), engine_args or flags.get("engine_args") or "",
-            tp if tp is not None else flags.get("tp"), replicas if replicas is not None else flags.get("replicas"),
-            gpu_file or path("gpu_file"), vllm_version or flags.get("vllm_version"))
-
-
-def _output_lengths(spec: str, mean: int) -> LengthDistribution:
-    """`--output-len-distribution SHAPE[:SPREAD]` around --output-len; one error naming the flag when malformed."""
-    from servelab.workload.lengths import LengthDistribution
-
-    shape, _, spread = spec.partition(":")
-    try:
-        return LengthDistribution(mean, shape, float(spread) if spread else (0.0 if shape == "fixed" else 0.5))
-    except ValueError as exc:  # WorkloadError is one
-        raise InputError(f"--output-len-distribution {spec!r}: give SHAPE[:SPREAD], SHAPE one of "
-                         f"{', '.join(DISTRIBUTIONS)}, e.g. lognormal:0.5 ({exc})") from None

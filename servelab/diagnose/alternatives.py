@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 
 from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import Evidence
-from servelab.diagnose.recommend import UPGRADE, Outcome, run, tried_result
+from servelab.diagnose.recommend import Outcome, run, tp_link, tried_result
+from servelab.diagnose.regions import Region, upgrades
 from servelab.diagnose.scenario import Scenario
 from servelab.diagnose.pricing import price_of, usd_per_million_tokens
 from servelab.perf.cost_model import StepBatch
@@ -69,6 +71,8 @@ class Option:
     build: Callable[[], Deployment]
     explain: Callable[[Deployment, Outcome], str] | None = None
     """Why it does not help, in the numbers of the step it does not shorten; None where the table says enough."""
+    trade: str = ""
+    """What the option gives or gives up besides speed, said whatever its verdict (a replica's failover, TP's link)."""
 
 
 def _ms(summary: dict[str, object], key: str) -> float | None:
@@ -87,7 +91,7 @@ def loaded_step(e: Evidence, scenario: Scenario, replicas: int) -> StepBatch:
     return StepBatch(prefill_chunks=[(prefill, context)] if prefill else [], decode_contexts=[context] * running)
 
 
-def _options(d: Deployment, e: Evidence, scenario: Scenario) -> list[Option]:
+def _options(d: Deployment, e: Evidence, scenario: Scenario, region: Region | None) -> list[Option]:
     cfg = d.config
     seqs = cfg.max_num_seqs or 1  # both resolved by Deployment.build: never None here
     budget = cfg.max_num_batched_tokens or seqs
@@ -131,18 +135,21 @@ def _options(d: Deployment, e: Evidence, scenario: Scenario) -> list[Option]:
     if d.hardware.fp8_tflops <= 0 < d.hardware.int8_tflops:  # weights *and* activations: INT8 tensor cores
         options.append(Option("INT8 W8A8 weights", lambda: d.with_changes(quantization="int8"), weights_why))
     options.append(Option("FP8 KV cache", lambda: d.with_changes(kv_cache_dtype="fp8")))
+    if cfg.enable_lora:
+        options.append(Option("LoRA merged into the weights", lambda: d.with_changes(enable_lora=False)))
     options.append(Option(f"+1 GPU: {2 * cfg.data_parallel_size} replicas",
-                          lambda: d.with_changes(data_parallel_size=2 * cfg.data_parallel_size)))
+                          lambda: d.with_changes(data_parallel_size=2 * cfg.data_parallel_size),
+                          trade="failover: one GPU down, the others still serve"))
     if d.hardware.interconnect_bandwidth > 0:
         options.append(Option(f"+1 GPU: TP={2 * cfg.tensor_parallel_size}",
-                              lambda: d.with_changes(tensor_parallel_size=2 * cfg.tensor_parallel_size)))
-    upgrade = UPGRADE.get(d.hardware.name)
-    if upgrade:
-        chip = get_gpu(upgrade)
-        options.append(Option(f"one {chip.name} instead", lambda: d.rebuilt(hardware=chip)))
+                              lambda: d.with_changes(tensor_parallel_size=2 * cfg.tensor_parallel_size),
+                              trade=tp_link(d) + ": one GPU down stops the model"))
+    for name in upgrades(d.hardware.name, region):
+        chip = get_gpu(name)
+        options.append(Option(f"one {chip.name} instead", partial(d.rebuilt, hardware=chip)))
         if chip.fp8_tflops > 0:
-            options.append(Option(f"one {chip.name}, FP8 weights", lambda: d.rebuilt(hardware=chip, quantization="fp8"),
-                                  weights_why))
+            options.append(Option(f"one {chip.name}, FP8 weights",
+                                  partial(d.rebuilt, hardware=chip, quantization="fp8"), weights_why))
     return options
 
 
@@ -176,11 +183,11 @@ def _row(change: str, d: Deployment, out: Outcome, base: Deployment, gpu_cost: f
 
 def price_alternatives(d: Deployment, e: Evidence, scenario: Scenario, baseline: Outcome,
                        gpu_cost_per_hour: float | None = None,
-                       tried: Sequence[tuple[Deployment, str]] = ()) -> list[Alternative]:
+                       tried: Sequence[tuple[Deployment, str]] = (), region: Region | None = None) -> list[Alternative]:
     """The deployment as it is, then each option, simulated on `scenario` at its own load; judged on E2E p50."""
     before = _ms(baseline.summary, "median_e2el_ms")
     rows = [_row("as deployed", d, baseline, d, gpu_cost_per_hour, "—", "", d.engine_args())]
-    for option in _options(d, e, scenario):
+    for option in _options(d, e, scenario, region):
         try:
             changed = option.build()
             out = run(changed, scenario, None)
@@ -190,6 +197,7 @@ def price_alternatives(d: Deployment, e: Evidence, scenario: Scenario, baseline:
             continue
         verdict = _verdict(before, _ms(out.summary, "median_e2el_ms"))
         why = option.explain(changed, out) if option.explain is not None and verdict != HELPS else ""
+        why = "; ".join(part for part in (why, option.trade) if part)
         rows.append(replace(_row(option.change, changed, out, d, gpu_cost_per_hour, verdict, why, changed.engine_args()),
                             tried=tried_result(changed, tried)))
     return rows

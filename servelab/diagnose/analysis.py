@@ -28,6 +28,8 @@ from servelab.diagnose.recommend import recommend, run as simulate_outcome
 from servelab.diagnose.reconcile import OBSERVED_VS_SIMULATED, TRIED, Figure, finding as reconcile, tried_finding
 from servelab.diagnose.tried import Tried, check_all as check_tried
 from servelab.diagnose.levers import Goal, Lever, levers
+from servelab.diagnose.regions import Region
+from servelab.diagnose.text_tokens import Script
 from servelab.diagnose.roofline import decode_step
 from servelab.diagnose.sensitivity import Assumed, Assumption, assumptions
 from servelab.diagnose.scenario import Scenario, from_run, simulate
@@ -202,10 +204,13 @@ def analyse(
     gpu_cost_per_hour: float | None = None,
     engines: Sequence[str] = (),
     assumed: tuple[Assumed, ...] = (),
+    region: Region | None = None,
+    characters: tuple[int | None, Script | None] = (None, None),
 ) -> Diagnosis:
     """Rank what limits the server, and price the common options when `with_alternatives` says so (None: when a
     latency is reported or a GPU price given, as a user asking "should we buy a GPU?" does); with `engines`, what
-    switching to each would buy at this load."""
+    switching to each would buy at this load. `region` limits the chips offered to those sold there; `characters`
+    is a prompt length given in characters and its script, said among the assumptions."""
     observed = observed or Observed()
     tried = check_tried(deployment, observed.tried)  # a change servelab cannot build is an error before any simulation
     e = gather(run)
@@ -219,7 +224,7 @@ def analyse(
     c = Ceilings(**{**c.as_dict(), "saturation_rps": sat, "saturation_rps_interval": sat_interval, "slo_max_rps": slo_rps})
     u = utilization(e, deployment)
     attained = _attainment(run, slo)
-    ctx = Context(e, c, u, deployment, slo, attained, scenario.mean_shared, tried)
+    ctx = Context(e, c, u, deployment, slo, attained, scenario.mean_shared, tried, region)
     found = detect(ctx)
     priced = with_alternatives if with_alternatives is not None else (
         observed.latency or gpu_cost_per_hour is not None)
@@ -257,7 +262,7 @@ def analyse(
                    verdict=overload(e.offered_rate or scenario.offered_rate if scenario.max_concurrency is None else None,
                                     c.saturation_rps, c.saturation_rps_interval))
     if priced and baseline is not None:
-        dx.alternatives = price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour, tried)
+        dx.alternatives = price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour, tried, region)
     if engines:
         dx.engine_comparison = compare_on_engines(deployment, scenario, slo, engines)
     dx.goal = observed.question
@@ -268,8 +273,10 @@ def analyse(
         # raise the ceiling (render says so).
         goal = Goal.THROUGHPUT if dx.verdict else dx.goal
         dx.levers = levers(deployment, at or scenario, simulate_outcome(deployment, at or scenario, None), goal,
-                           tried, c.saturation_rps if at is None else None)
-    dx.assumptions = assumptions(deployment, scenario, assumed)
+                           tried, c.saturation_rps if at is None else None, region)
+    hardware_asked = bool(dx.alternatives) or any("instead" in lever.change for lever in dx.levers)
+    dx.assumptions = assumptions(deployment, scenario, assumed, characters=characters,
+                                 region=(region, hardware_asked))
     dx.notes = notes(dx)
     if with_advice and baseline is not None:
         longest = max(s.input_len + s.output_len for s in scenario.shapes)

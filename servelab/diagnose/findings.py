@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
+from servelab.diagnose.regions import Region
 from servelab.diagnose.ceilings import Ceilings
 from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import Evidence
@@ -103,6 +104,8 @@ class Context:
     """Mean prompt tokens a request shares with an earlier one (system prompt, resent chat history)."""
     tried: tuple[tuple[Deployment, str], ...] = ()
     """Changes the user already made (`--tried`), built, with what they saw each do."""
+    region: Region | None = None
+    """Where the user buys hardware: which chips a recommendation may name (None: anywhere)."""
 
     @property
     def load_ratio(self) -> float:

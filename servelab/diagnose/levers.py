@@ -16,15 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.goal import Goal
-from servelab.diagnose.recommend import UPGRADE, Outcome, run, tried_result
+from servelab.diagnose.recommend import Outcome, run, tp_link, tried_result
+from servelab.diagnose.regions import Region, upgrades
 from servelab.diagnose.scenario import Scenario
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
 from servelab.targets.deployment import Deployment
+
+
+MERGE_LORA = "merge the LoRA adapter into the base weights (PEFT merge_and_unload; serve without --enable-lora)"
 
 
 @dataclass(frozen=True)
@@ -49,35 +54,37 @@ class _Candidate:
     note: str = ""
 
 
-def _hardware(d: Deployment, t: Terms) -> list[_Candidate]:
+def _hardware(d: Deployment, t: Terms, region: Region | None) -> list[_Candidate]:
     cfg, hw = d.config, d.hardware
-    out = [_Candidate(f"a second GPU as a replica ({cfg.data_parallel_size * 2} behind a load balancer)",
+    out = [_Candidate(f"a second GPU as a replica ({cfg.data_parallel_size * 2} behind a load balancer; failover)",
                       lambda: d.with_changes(data_parallel_size=2 * cfg.data_parallel_size),
                       note="a replica also gives failover: one GPU down, the other still serves")]
     if hw.interconnect_bandwidth > 0:
-        link = f"{hw.interconnect} at {hw.interconnect_gbs:,.0f} GB/s"
-        out.append(_Candidate(f"a second GPU as tensor parallelism ({t.setting('tensor_parallel_size', 2 * cfg.tensor_parallel_size)})",
+        out.append(_Candidate(f"a second GPU as tensor parallelism ({t.setting('tensor_parallel_size', 2 * cfg.tensor_parallel_size)}; "
+                              f"{tp_link(d)})",
                               lambda: d.with_changes(tensor_parallel_size=2 * cfg.tensor_parallel_size),
-                              note=f"every step all-reduces over {link}; no failover: one GPU down stops both"))
+                              note="one GPU down stops the model; every step waits for the all-reduce"))
     if hw.fp8_tflops > 0:
         out.append(_Candidate(f"FP8 weights and activations ({t.setting('quantization', 'fp8')})",
                               lambda: d.with_changes(quantization="fp8"), note="FP8 tensor cores"))
     elif hw.int8_tflops > 0:
         out.append(_Candidate("INT8 W8A8 weights (a w8a8 checkpoint, which vLLM loads as compressed-tensors)",
                               lambda: d.with_changes(quantization="int8"), note="INT8 tensor cores"))
-    upgrade = UPGRADE.get(hw.name)
-    if upgrade:
-        chip = get_gpu(upgrade)
-        out.append(_Candidate(f"one {chip.name} instead of the {hw.name}", lambda: d.rebuilt(hardware=chip),
+    for name in upgrades(hw.name, region):
+        chip = get_gpu(name)
+        out.append(_Candidate(f"one {chip.name} instead of the {hw.name}", partial(d.rebuilt, hardware=chip),
                               note=f"{chip.memory_bandwidth_gbs:,.0f} GB/s and {chip.bf16_tflops:,.0f} dense bf16 "
                                    f"TFLOP/s against {hw.memory_bandwidth_gbs:,.0f} and {hw.bf16_tflops:,.0f}"))
+    if cfg.enable_lora:
+        out.append(_Candidate(MERGE_LORA, lambda: d.with_changes(enable_lora=False),
+                              note="no adapter slots in the KV budget, no LoRA kernels in each step; one fine-tune only"))
     if cfg.kv_cache_dtype != "fp8":
         out.append(_Candidate(f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')})",
                               lambda: d.with_changes(kv_cache_dtype="fp8"), note="half the KV bytes each step reads"))
     return out
 
 
-def _latency_candidates(d: Deployment, s: Scenario) -> list[_Candidate]:
+def _latency_candidates(d: Deployment, s: Scenario, region: Region | None) -> list[_Candidate]:
     fewer = ([_Candidate(f"half the streams per GPU (client concurrency {s.max_concurrency // 2})",
                          scenario=s.closed_loop(s.max_concurrency // 2), note="a smaller batch steps faster; "
                          "the other half wait or go to another GPU")]
@@ -86,11 +93,12 @@ def _latency_candidates(d: Deployment, s: Scenario) -> list[_Candidate]:
                          note="the other half to another GPU")] if s.offered_rate else [])
     return [_Candidate(f"answers half as long (max_tokens ~{s.mean_output / 2:.0f}, or a prompt asking for brevity)",
                        scenario=s.with_output_scale(0.5), note="an answer takes one engine step per token"),
-            *fewer, *_hardware(d, Terms(d.engine))]
+            *fewer, *_hardware(d, Terms(d.engine), region)]
 
 
 def levers(d: Deployment, s: Scenario, baseline: Outcome, goal: Goal,
-           tried: Sequence[tuple[Deployment, str]] = (), ceiling: float | None = None) -> list[Lever]:
+           tried: Sequence[tuple[Deployment, str]] = (), ceiling: float | None = None,
+           region: Region | None = None) -> list[Lever]:
     """The question's levers, best first: E2E p50 (and streaming's perceived wait) for latency, the simulated
     ceiling for throughput."""
     out: list[Lever] = []
@@ -99,10 +107,10 @@ def levers(d: Deployment, s: Scenario, baseline: Outcome, goal: Goal,
         ttft = baseline.value("median_ttft_ms")
         out.append(Lever("stream the answer (if the client waits for all of it)", "perceived wait p50 ms", before, ttft,
                          "the user reads from the first token on; throughput unchanged"))
-        candidates = _latency_candidates(d, s)
+        candidates = _latency_candidates(d, s, region)
     else:
         before = ceiling or saturation_rps(d, s)
-        candidates = _hardware(d, Terms(d.engine))
+        candidates = _hardware(d, Terms(d.engine), region)
     for c in candidates:
         try:
             changed = c.deployment() if c.deployment is not None else d

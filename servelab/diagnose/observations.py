@@ -18,6 +18,7 @@ from servelab.diagnose.ceilings import Ceilings
 from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.findings import Finding
 from servelab.diagnose.scenario import Scenario
+from servelab.diagnose.text_tokens import Script, tokens_from_characters
 from servelab.perf.cost_model import StepBatch
 from servelab.perf.quantization import weight_format
 from servelab.targets.deployment import Deployment
@@ -30,8 +31,6 @@ UTIL_SLACK = 0.05
 """nvidia-smi samples over ~1/6 s windows: a reading this far under the physical minimum is still plausible."""
 TTFT_SLACK = 0.8
 """An observed TTFT under this share of an idle GPU's prefill is below what the kernels take (their error ~5%)."""
-CHARS_PER_TOKEN = 4
-"""English text in the tokenizers of these models: about four characters per token."""
 
 
 def idle_prefill_ms(d: Deployment, prompt_tokens: int) -> float:
@@ -88,7 +87,7 @@ def check(
             if not reconciled:
                 evidence.append(
                     f"they fit together only if the prompts are at most ~{fit_tokens:.0f} tokens (were the {prompt:.0f} "
-                    f"characters, they would be ~{prompt / CHARS_PER_TOKEN:.0f} tokens), or the rate at most "
+                    f"characters of English, they would be ~{tokens_from_characters(round(prompt), Script.LATIN)} tokens), or the rate at most "
                     f"~{fit_qps:.2f} req/s")
     if ttft_ms is not None:
         least = idle_prefill_ms(d, round(prompt))

@@ -13,12 +13,14 @@ import math
 import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from servelab.diagnose import findings as fk
 from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import gather
 from servelab.diagnose.findings import Context, Finding, Recommendation
+from servelab.diagnose.regions import Region, upgrades
 from servelab.diagnose.scenario import Scenario, simulate
 from servelab.metrics.slo import SLO
 from servelab.metrics.summary import summarize
@@ -28,9 +30,6 @@ from servelab.perf.trtllm_args import GUARANTEED_NO_EVICT, MAX_UTILIZATION
 from servelab.sim.engines import VLLM
 from servelab.targets.deployment import Deployment
 
-UPGRADE = {"A100-40GB-SXM": "h100", "A100-80GB-SXM": "h100", "A100-80GB-PCIe": "h100", "H100-SXM": "h200",
-           "H100-PCIe": "h100", "L4": "l40s", "A10G": "l40s", "L40S": "h100", "RTX-4090": "l40s", "H20": "h200"}
-"""The next chip up a user would rent for each common one."""
 NO_EFFECT = "no-effect"
 """The result a user reports for a change that did nothing (diagnose/tried.py's TriedResult)."""
 MIN_GAIN = 0.05
@@ -102,18 +101,26 @@ def _quantized(d: Deployment, t: Terms, faster_math_only: bool = False) -> Itera
     yield Candidate(f"4-bit AWQ weights (an AWQ checkpoint; {awq})", lambda: d.with_changes(quantization="awq"))
 
 
-def _more_hardware(d: Deployment, t: Terms) -> Iterator[Candidate]:
+def tp_link(d: Deployment) -> str:
+    """How TP's all-reduces travel on this chip, and what TP gives up against a replica: said wherever they are
+    compared (TP over PCIe is not TP over NVLink; a replica survives a GPU failure, TP does not)."""
+    hw = d.hardware
+    link = {"pcie": "PCIe", "nvlink": "NVLink", "infinity-fabric": "Infinity Fabric"}.get(hw.interconnect, hw.interconnect)
+    return f"all-reduce each step over {link} {hw.interconnect_gbs:,.0f} GB/s; no failover"
+
+
+def _more_hardware(d: Deployment, t: Terms, region: Region | None) -> Iterator[Candidate]:
     replicas = d.config.data_parallel_size
-    yield Candidate(f"{replicas * 2} replicas behind a load balancer (a second GPU as data parallelism)",
+    yield Candidate(f"{replicas * 2} replicas behind a load balancer (a second GPU as data parallelism; failover: one "
+                    "GPU down, the other still serves)",
                     lambda: d.with_changes(data_parallel_size=replicas * 2))
     if d.hardware.interconnect_bandwidth > 0:
         tp = d.config.tensor_parallel_size
-        yield Candidate(f"tensor parallel on {tp * 2} GPUs ({t.setting('tensor_parallel_size', tp * 2)})",
+        yield Candidate(f"tensor parallel on {tp * 2} GPUs ({t.setting('tensor_parallel_size', tp * 2)}; {tp_link(d)})",
                         lambda: d.with_changes(tensor_parallel_size=tp * 2))
-    upgrade = UPGRADE.get(d.hardware.name)
-    if upgrade:
-        chip = get_gpu(upgrade)
-        yield Candidate(f"the same deployment on {chip.name}", lambda: d.rebuilt(hardware=chip))
+    for name in upgrades(d.hardware.name, region):
+        chip = get_gpu(name)
+        yield Candidate(f"the same deployment on {chip.name}", partial(d.rebuilt, hardware=chip))
 
 
 def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]:
@@ -149,7 +156,7 @@ def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]
                             f"; {GUARANTEED_NO_EVICT}, the default, reserves every request's whole length)",
                             lambda: d.with_changes(capacity_scheduler_policy=MAX_UTILIZATION))
         yield from _quantized(d, t)
-        yield from _more_hardware(d, t)
+        yield from _more_hardware(d, t, x.region)
     elif kind == fk.PREFILL_COMPUTE_BOUND:
         if scenario.prefix_len == 0:
             shared = int(scenario.mean_input * 2 / 3)
@@ -162,7 +169,7 @@ def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]
             yield Candidate(f"serve requests that share the longest cached prefix first ({t.setting('schedule_policy', 'lpm')})",
                             lambda: d.with_changes(schedule_policy="lpm"))
         yield from _quantized(d, t)
-        yield from _more_hardware(d, t)
+        yield from _more_hardware(d, t, x.region)
         yield Candidate("halve the prompts (truncate history, compress retrieved context)",
                         scenario=scenario.with_input_scale(0.5))
     elif kind in (fk.DECODE_BANDWIDTH_BOUND, fk.DECODE_COMPUTE_BOUND):
@@ -171,7 +178,7 @@ def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]
         if cfg.kv_cache_dtype != "fp8":
             yield Candidate(f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')}): half the bytes read per decoded token",
                             lambda: d.with_changes(kv_cache_dtype="fp8"))
-        yield from _more_hardware(d, t)
+        yield from _more_hardware(d, t, x.region)
     elif kind == fk.PREFIX_CACHING_OFF:
         if not cfg.enable_prefix_caching:
             yield Candidate(f"enable prefix caching ({'drop --no-enable-prefix-caching' if t.vllm else t.setting('enable_prefix_caching', True)}"

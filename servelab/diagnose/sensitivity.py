@@ -15,7 +15,10 @@ from enum import StrEnum
 
 from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.recommend import run
+from servelab.diagnose.regions import REGION_NOTE, Region
 from servelab.diagnose.scenario import Scenario
+from servelab.diagnose.text_tokens import CHARS_PER_TOKEN, CJK_RANGE, Script, ratio_said
+from servelab.perf.vllm_versions import is_v0, v0_note
 from servelab.targets.deployment import Deployment
 
 ASSUMED_OUTPUT = 200
@@ -27,6 +30,7 @@ OUTPUT_RANGE = (50, 200, 500)
 class Assumed(StrEnum):
     OUTPUT = "output length"
     ARRIVALS = "arrivals"
+    TOKENS = "tokens per character"
 
 
 @dataclass(frozen=True)
@@ -43,9 +47,22 @@ class Assumption:
     points: list[Point] = field(default_factory=list)
 
 
-def assumptions(d: Deployment, s: Scenario, assumed: tuple[Assumed, ...]) -> list[Assumption]:
-    """Each assumption with how the ceiling and E2E p50 move across its range (output length: 50/200/500 tokens)."""
+def assumptions(d: Deployment, s: Scenario, assumed: tuple[Assumed, ...], *,
+                characters: tuple[int | None, Script | None] = (None, None),
+                region: tuple[Region | None, bool] = (None, False)) -> list[Assumption]:
+    """Each assumption with how the ceiling and E2E p50 move across its range (output length: 50/200/500 tokens;
+    characters per token: the script's range). Also said: an engine modelled approximately (vLLM V0), and the
+    region whose chips the alternatives name when they name one (`region`: the one given, and whether any did)."""
     out: list[Assumption] = []
+    if is_v0(d.vllm_version):
+        out.append(Assumption("engine", v0_note(d.vllm_version) or ""))
+    given_region, named_chips = region
+    if named_chips:
+        out.append(Assumption("where GPUs are bought", REGION_NOTE[given_region or Region.GLOBAL]
+                              + ("" if given_region else " (not given: --region)")))
+    chars, script = characters
+    if Assumed.TOKENS in assumed and chars is not None:
+        out.append(Assumption(Assumed.TOKENS.value, ratio_said(chars, script), _token_points(d, s, chars, script)))
     for what in assumed:
         if what is Assumed.OUTPUT:
             points = []
@@ -57,3 +74,15 @@ def assumptions(d: Deployment, s: Scenario, assumed: tuple[Assumed, ...]) -> lis
         elif what is Assumed.ARRIVALS:
             out.append(Assumption(what.value, "Poisson at the given rate (independent users; bursts queue longer)"))
     return out
+
+
+def _token_points(d: Deployment, s: Scenario, chars: int, script: Script | None) -> list[Point]:
+    """The ceiling and E2E p50 at the other ratios the characters could stand for."""
+    chosen = CHARS_PER_TOKEN[script or Script.LATIN]
+    ratios = CJK_RANGE if script is Script.CJK else (CHARS_PER_TOKEN[Script.CJK],)
+    points = []
+    for ratio in ratios:
+        varied = s.with_input_scale(chosen / ratio)
+        points.append(Point(f"{chars / ratio:,.0f} tokens ({ratio:.1f} characters per token)", saturation_rps(d, varied),
+                            run(d, varied, None).value("median_e2el_ms")))
+    return points

@@ -30,7 +30,7 @@ from servelab.perf.engine_flags import choice, fraction
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware
 from servelab.perf.models import ModelSpec
-from servelab.perf.vllm_versions import LARGEST_BATCH_DEFAULTS_SINCE
+from servelab.perf.vllm_versions import LARGEST_BATCH_DEFAULTS_SINCE, V0_BATCH_LIMITS, is_v0
 
 VLLM_FLAGS = Path(__file__).parent / "data" / "vllm_flags.yaml"
 GiB = 2**30
@@ -73,7 +73,7 @@ UNMODELLED_FLAGS = frozenset(
         "attention-backend", "attention-config", "cpu-offload-gb", "enable-expert-parallel",
         "max-num-scheduled-tokens", "max-num-active-seqs", "max-num-queued-reqs", "max-num-queued-tokens",
         "long-prefill-token-threshold-adaptive", "pipeline-parallel-size", "decode-context-parallel-size",
-        "prefill-context-parallel-size", "kv-transfer-config", "enable-lora", "scheduler-cls",
+        "prefill-context-parallel-size", "kv-transfer-config", "scheduler-cls",
     }
 )
 
@@ -165,6 +165,9 @@ _MODELLED: dict[str, _Flag] = {
     "kv-cache-memory-bytes": _Flag("kv_cache_memory_bytes", _human_int),
     "model": _Flag("model", str),
     "performance-mode": _Flag("performance_mode", choice("balanced", "interactivity", "throughput")),
+    "enable-lora": _Flag("enable_lora"),
+    "max-loras": _Flag("max_loras", _positive),
+    "max-lora-rank": _Flag("max_lora_rank", _positive),
 }
 
 
@@ -291,6 +294,8 @@ def default_batch_limits(
     backend scales with world size.
     """
     api = usage == "api_server"
+    if is_v0(vllm_version) and hardware.vendor != "cpu":
+        return V0_BATCH_LIMITS
     if hardware.vendor == "cpu":
         return (2048 if api else 4096) * world_size, (128 if api else 256) * world_size
     largest = vllm_version is None or vllm_version >= LARGEST_BATCH_DEFAULTS_SINCE

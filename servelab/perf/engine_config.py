@@ -63,6 +63,13 @@ class EngineConfig:
     rows, and that pass sets the activation peak the KV cache gives way to (perf.memory.MemoryReserve). True in
     releases before 0.17 (their logs and source) and in the modelled one (0.32's dummy pass warms the PyTorch path);
     vLLM 0.17-0.19 log a peak without the sort."""
+    enable_lora: bool = False
+    """Serve LoRA adapters unmerged (`--enable-lora`): adapter slots take KV memory and every step runs the LoRA
+    kernels too (perf/lora.py)."""
+    max_loras: int = 1
+    """Adapter slots on the GPU (`--max-loras`, vLLM's default 1)."""
+    max_lora_rank: int = 16
+    """The rank each slot is allocated for (`--max-lora-rank`, vLLM's default 16), whatever the adapters' own."""
     eager_prefill: bool = False
     """Steps with prefill run eagerly: SGLang's extend batches (no piecewise graphs by default); vLLM V1 runs them
     through piecewise CUDA graphs, so False."""

@@ -8,6 +8,13 @@ only the flags they set. Each change below was read in the released
 is dated by the first release that has it; the two start-up memory changes are dated
 by vLLM's own logs instead (0.21's log line names the release that made graph profiling the
 default; the sampler pass's peak by published start-up logs of 0.15-0.19, data/measured_startups.yaml).
+
+Releases 0.5-0.7 ran the V0 engine, the one most forum threads of 2024 were
+written on. It is modelled approximately, never refused: its defaults (chunked
+prefill off below 32K context, no prefix caching, the block manager's 1%
+watermark, 2,048 batched tokens and 256 sequences whatever the chip, whole-prompt
+admission) run on the V1 simulator, and its synchronous loop's CPU time between
+steps, which V1 overlaps, is added to every step (`V0_STEP_GAP_S`).
 """
 
 from __future__ import annotations
@@ -16,11 +23,28 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from servelab.perf.cost_model import CostCoefficients
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 
 MODELLED = (0, 32)
 """The release whose defaults the simulator uses when no version is given."""
+V1_SINCE = (0, 8)
+"""The first release whose default engine is V1; earlier ones (from OLDEST_V0) are V0, modelled approximately."""
+OLDEST_V0 = (0, 5)
+"""The oldest release modelled: 0.5 is the first with the OpenAI server, chunked prefill and prefix caching as today."""
+V0_BATCH_LIMITS = (2048, 256)
+"""V0's SchedulerConfig defaults, the same on every chip: 2,048 batched tokens (max_model_len when chunked prefill is
+off and it is longer) and 256 sequences."""
+V0_STEP_GAP_S = {(0, 5): 6.5e-3, (0, 6): 3.0e-3}
+"""CPU time between two GPU steps in V0's synchronous loop, by the first release it applies to (approximate).
+
+vLLM's v0.6.0 performance post (blog.vllm.ai/2024/09/05/perf-update.html) measured Llama 3 8B on one H100 under
+v0.5.3: the HTTP API server took 33% of the time, scheduling and input preparation 29%, GPU execution 38%, and a
+token came every 13 ms under light load. The roofline of that step (batch 1, ~400-token context) is 6.5 ms, so
+~6.5 ms of each 13 ms interval is CPU: the 0.5 gap. From 0.6 the API server runs in its own process (PR #6883) and
+output processing overlaps the next step (PR #7049); of the 62% CPU share, the scheduling 29% remains in the loop:
+6.5 ms x 29/62 = ~3.0 ms. Multi-step scheduling (--num-scheduler-steps, off by default) would divide it further."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +72,14 @@ CHANGES = (
                   "the full-prompt admission gate appears in 0.19; before, a prompt's first chunk was enough"),
     DefaultChange((0, 20), "gpu_memory_utilization", 0.9,
                   "CacheConfig's gpu_memory_utilization default went from 0.9 to 0.92 in 0.20"),
+    # V0 (0.5-0.7), after every later change to the same field so that it wins for those releases.
+    DefaultChange(V1_SINCE, "enable_chunked_prefill", False,
+                  "V0 ran chunked prefill only for a max_model_len above 32K (EngineArgs, OpenAI server); V1 always"),
+    DefaultChange(V1_SINCE, "enable_prefix_caching", False, "V0 left prefix caching off unless asked; V1 turned it on"),
+    DefaultChange(V1_SINCE, "scheduler_reserve_full_isl", True,
+                  "V0's block manager admitted a prompt only when all of its blocks were free (can_allocate)"),
+    DefaultChange(V1_SINCE, "watermark", 0.01,
+                  "V0's block manager kept 1% of the KV blocks free when admitting (watermark=0.01); V1 keeps none"),
     DefaultChange((0, 21), "cuda_graph_memory_in_kv_budget", False,
                   "CUDA-graph memory is profiled and taken from the KV budget from 0.21 "
                   "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1); before, graphs were captured after the KV cache"),
@@ -64,11 +96,39 @@ def parse_version(text: str | None) -> tuple[int, int] | None:
     if found is None:
         raise PerfConfigError(f"cannot read a vLLM version from {text!r}: give it as 0.11.0 (or 0.11)")
     version = int(found[1]), int(found[2])
-    if version < (0, 8):
+    if version < OLDEST_V0:
         raise PerfConfigError(
-            f"vLLM {text} predates the V1 engine (0.8) that the simulator models; use 0.8 or later"
+            f"vLLM {text} predates 0.5, the oldest release modelled (its V0 engine, approximately); use 0.5 or later"
         )
     return version
+
+
+def is_v0(version: tuple[int, int] | None) -> bool:
+    return version is not None and version < V1_SINCE
+
+
+def v0_note(version: tuple[int, int] | None) -> str | None:
+    """What a V0 deployment's numbers rest on, for the reader; None for V1 releases."""
+    if version is None or version >= V1_SINCE:
+        return None
+    gap = v0_step_gap(version)
+    return (f"vLLM {version[0]}.{version[1]} runs the V0 engine, modelled approximately (expect more error than for "
+            "0.8+): V0's defaults (no prefix caching, no chunked prefill, which V0 turned on by itself only above 32K "
+            "context: say --enable-chunked-prefill then; 2,048 batched tokens and 256 sequences, a 1% KV watermark) on the "
+            f"V1 simulator, plus ~{1e3 * gap:.1f} ms of CPU between steps "
+            "that V0's synchronous loop does not overlap (vLLM's v0.6.0 performance post)")
+
+
+def v0_step_gap(version: tuple[int, int]) -> float:
+    return next(gap for since, gap in sorted(V0_STEP_GAP_S.items(), reverse=True) if version >= since)
+
+
+def with_v0_step_gap(coefficients: CostCoefficients, version: tuple[int, int] | None) -> CostCoefficients:
+    """`coefficients` with V0's CPU time between steps added to the per-step overhead; unchanged for V1 releases."""
+    if version is None or version >= V1_SINCE:
+        return coefficients
+    return coefficients.model_copy(update={"step_overhead_s": coefficients.step_overhead_s + v0_step_gap(version)})
+
 
 
 def version_defaults(version: tuple[int, int] | None) -> EngineConfig:
@@ -77,4 +137,3 @@ def version_defaults(version: tuple[int, int] | None) -> EngineConfig:
         return EngineConfig()
     older = {c.field: c.before for c in CHANGES if version < c.since}
     return EngineConfig().with_(**older)
-

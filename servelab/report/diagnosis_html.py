@@ -7,12 +7,16 @@ from servelab.diagnose.schema import Diagnosis
 from servelab.report.diagnosis_view import (
     ALTERNATIVE_COLUMNS,
     ENGINE_COLUMNS,
+    LEVER_COLUMNS,
     alternative_row,
+    assumption_lines,
     ceiling_rows,
     engine_lines,
     engine_rows,
     engine_title,
     headline,
+    lever_row,
+    lever_title,
     price_notes,
     recommendation_row,
 )
@@ -30,6 +34,12 @@ def diagnosed(inputs: ReportInputs) -> list[tuple[str, Diagnosis]]:
 
 def diagnosis_html(label: str, d: Diagnosis) -> str:
     parts = [f'<div class="diagnosis"><h3>{escape(label)}</h3><p class="headline">{escape(headline(d))}</p>']
+    if d.verdict:  # an unstable queue is said before any figure read from it
+        parts.append(f'<p class="verdict">{escape(d.verdict)}</p>')
+    parts.extend(f'<p class="assumption">{escape(line)}</p>' for line in assumption_lines(d))
+    if d.levers:  # the question asked is answered first, as in the terminal; the findings say why
+        parts.append(f"<h4>{escape(lever_title(d))}</h4>"
+                     + html_table(LEVER_COLUMNS, [lever_row(lever) for lever in d.levers], "levers"))
     for caveat in d.caveats:  # a doubt on the figures comes before anything read from them
         parts.append(f'<div class="caveat"><h4>Caveat: {escape(caveat.title)} <code>{escape(caveat.kind)}</code></h4>'
                      "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in caveat.evidence) + "</ul></div>")

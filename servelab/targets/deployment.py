@@ -14,6 +14,7 @@ from typing import Any
 from pathlib import Path
 
 from servelab.metrics.intervals import Tier
+from servelab.perf import lora
 from servelab.perf.cost_model import CostCoefficients, CostModel, RooflineCostModel
 from servelab.perf.engine_args import VLLM_QUANTIZATION_SPELLING, parse_engine_args, resolve
 from servelab.perf.engine_config import EngineConfig
@@ -23,7 +24,7 @@ from servelab.perf.memory import MemoryPlan, plan_memory
 from servelab.perf.models import ModelSpec, get_model
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
-from servelab.perf.vllm_versions import parse_version, version_defaults
+from servelab.perf.vllm_versions import parse_version, v0_note, version_defaults, with_v0_step_gap
 from servelab.sim.engines import VLLM, SchedulerFactory
 from servelab.sim.router import ROUND_ROBIN
 from servelab.targets.sim import SimTarget
@@ -45,11 +46,13 @@ VLLM_FLAGS = {
     "watermark": "--watermark",
     "api_server_count": "--api-server-count",
     "stream_interval": "--stream-interval",
+    "max_loras": "--max-loras",
+    "max_lora_rank": "--max-lora-rank",
 }
 VLLM_SWITCHES = {
     "enable_chunked_prefill": "enable-chunked-prefill", "enable_prefix_caching": "enable-prefix-caching",
     "async_scheduling": "async-scheduling", "scheduler_reserve_full_isl": "scheduler-reserve-full-isl",
-    "enforce_eager": "enforce-eager",
+    "enforce_eager": "enforce-eager", "enable_lora": "enable-lora",
 }
 
 
@@ -112,11 +115,11 @@ class Deployment:
         source = "given" if coefficients is not None else "none"
         if fill:
             costs = measured_cpu_costs(vllm_version)
-            coefficients = costs.coefficients(CostCoefficients(), cpu_speed_factor)
+            coefficients = with_v0_step_gap(costs.coefficients(CostCoefficients(), cpu_speed_factor), vllm_version)
             api = costs.api_server(cpu_speed_factor) if api is None else api
             source = "measured"
         return cls(
-            hardware, model, requested, config, plan_memory(hardware, model, config),
+            hardware, model, requested, config, lora.reserve(plan_memory(hardware, model, config), model, config),
             coefficients or CostCoefficients(), warnings, router, network_latency, performance_mode,
             api or ApiServerCosts(), source, vllm_version,
         )
@@ -125,8 +128,9 @@ class Deployment:
         return RooflineCostModel(self.hardware, self.model, self.config, self.coefficients)
 
     def step_cost(self) -> CostModel:
-        """The step model the simulator runs: vLLM's roofline here; another engine scales it by its own kernels."""
-        return self.cost_model()
+        """The step model the simulator runs: vLLM's roofline (with LoRA kernels when served unmerged); another
+        engine scales it by its own kernels."""
+        return lora.with_lora(self.cost_model(), self.model, self.config, self.hardware)
 
     @property
     def prediction_tier(self) -> Tier:
@@ -232,8 +236,10 @@ def build_deployment(
                                   "set the same thing to different values; give one of them")
         requested = requested.with_(**{name: value})
     hardware, spec = resolve_parts(gpu, model, parsed.model, gpu_file)
+    said = [note for note in (v0_note(version), lora.describe(spec, requested))
+            if note]
     return Deployment.build(
         hardware, spec, requested,
-        coefficients=coefficients, warnings=tuple(parsed.warnings), router=router,
+        coefficients=coefficients, warnings=(*parsed.warnings, *said), router=router,
         performance_mode=parsed.performance_mode, vllm_version=version,
     )

@@ -1,0 +1,258 @@
+"""The `diagnose` verb: one request in, one Diagnosis out, for the CLI and the Python API alike.
+
+Everything between the words a user gives (a results directory or a described
+deployment, what they saw, what they tried, the question they ask) and the
+typed document lives here, so `servelab diagnose` and `servelab.diagnosis()`
+cannot drift apart: each face only builds a `DiagnoseRequest` and renders the
+result. Building the deployment is the one step a face may supply (the CLI
+also reads calibration profiles); the default builds from the catalogues.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from servelab.diagnose import analysis
+from servelab.diagnose.analysis import Diagnosis as Analysed
+from servelab.diagnose.analysis import Observed
+from servelab.diagnose.engine_terms import check_engine, served_engine
+from servelab.diagnose.regions import Region
+from servelab.diagnose.scenario import synthetic
+from servelab.diagnose.schema import Diagnosis
+from servelab.diagnose.sensitivity import ASSUMED_OUTPUT, Assumed
+from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
+from servelab.diagnose.text_tokens import Script, tokens_from_characters
+from servelab.diagnose.tried import parse_tried
+from servelab.errors import InputError
+from servelab.metrics.engines import AUTO
+from servelab.metrics.host import condition_changes
+from servelab.metrics.results import RunResult, load_run
+from servelab.metrics.slo import SLO
+from servelab.perf.calibration import load_profile
+from servelab.sim.engines import LABELS, VLLM
+from servelab.targets.deployment import Deployment, build_deployment
+from servelab.targets.engine_deployment import build_engine_deployment
+from servelab.workload.lengths import DISTRIBUTIONS, LengthDistribution
+
+
+@dataclass(frozen=True)
+class DeploymentWords:
+    """The deployment as the user names it: catalogue names and a launch line, or a calibration profile."""
+
+    gpu: str | None = None
+    model: str | None = None
+    engine_args: str = ""
+    tp: int | None = None
+    replicas: int | None = None
+    gpu_file: Path | None = None
+    calibration: Path | None = None
+    vllm_version: str | None = None
+    engine: str = VLLM
+    """The engine served (resolved from `auto` before the deployment is built)."""
+
+
+DeploymentBuilder = Callable[[DeploymentWords], Deployment]
+
+
+def from_catalogue(w: DeploymentWords) -> Deployment:
+    """The deployment from the GPU and model catalogues (calibration profiles need the CLI's builder)."""
+    if w.calibration is not None:
+        raise InputError("a calibration profile is read by `servelab diagnose --calibration`; from Python, give gpu and model")
+    if w.gpu is None or w.model is None:
+        raise InputError("give the GPU and the model the deployment runs")
+    if w.engine == VLLM:
+        return build_deployment(w.gpu, w.model, w.engine_args, tensor_parallel_size=w.tp, replicas=w.replicas,
+                                gpu_file=w.gpu_file, vllm_version=w.vllm_version)
+    return build_engine_deployment(w.engine, w.gpu, w.model, w.engine_args, tensor_parallel_size=w.tp,
+                                   replicas=w.replicas, gpu_file=w.gpu_file)
+
+
+@dataclass(frozen=True)
+class Described:
+    """A deployment's workload as the user describes it, when there is no results directory."""
+
+    input_len: int | None = None
+    input_chars: int | None = None
+    """Prompt length in characters (what a log of the text gives); turned into tokens by `script`, the ratio said."""
+    script: Script | None = None
+    output_len: int | None = None
+    request_rate: float | None = None
+    max_concurrency: int | None = None
+    output_len_distribution: str = "fixed"
+    prefix_len: int = 0
+    turns: int = 1
+
+    @property
+    def given(self) -> bool:
+        return any(v is not None for v in (self.input_len, self.input_chars, self.output_len, self.request_rate,
+                                           self.max_concurrency))
+
+    @property
+    def shaped(self) -> bool:
+        return self.output_len_distribution != "fixed" or bool(self.prefix_len) or self.turns != 1
+
+
+@dataclass(frozen=True)
+class DiagnoseRequest:
+    """Everything `diagnose` takes; `results` or `described` says what the workload is."""
+
+    deployment: DeploymentWords = field(default_factory=DeploymentWords)
+    results: Path | None = None
+    described: Described = field(default_factory=Described)
+    observed: Observed = field(default_factory=Observed)
+    tried: tuple[str, ...] = ()
+    """CHANGE:RESULT, as `--tried` takes them."""
+    region: Region | None = None
+    """Where the user buys hardware: which GPUs the alternatives may name (None: assumed unrestricted, and said)."""
+    goodput: list[str] | None = None
+    slo_attainment: float = 0.9
+    warmup: float = 0.0
+    price_options: bool = False
+    gpu_cost_per_hour: float | None = None
+    check_advice: bool = False
+    compare_engines: list[str] = field(default_factory=list)
+    """Other engines to run this workload on (empty: none)."""
+
+
+# The first case servelab exists for: Qwen2.5-7B on one A100, ~1,500-token prompts, max_num_seqs 256,
+# ~10 req/s, "GPU utilisation 30%, memory full": why won't QPS go up?
+EXAMPLE = DiagnoseRequest(
+    DeploymentWords("a100-80gb", "qwen2.5-7b", "--max-num-seqs 256"),
+    described=Described(input_len=1500, request_rate=10.0), observed=Observed(qps=10.0, gpu_util=0.3))
+EXAMPLE_COMMAND = ("servelab diagnose --gpu a100-80gb --model qwen2.5-7b --engine-args \"--max-num-seqs 256\" "
+                   "--input-len 1500 --request-rate 10 --observed-qps 10 --observed-gpu-util 0.3")
+"""The command line the example stands for (its answer length, like the user's story, not given: assumed)."""
+
+
+def is_example(r: DiagnoseRequest) -> bool:
+    """Nothing describes a deployment: the built-in example stands in (a vLLM one)."""
+    w = r.deployment
+    return (r.results is None and not r.described.given and w.gpu is None and w.model is None
+            and w.calibration is None and w.engine in (AUTO, VLLM))
+
+
+def check(r: DiagnoseRequest) -> None:
+    """Contradictory or incomplete words: one InputError naming them, before anything is read or simulated."""
+    check_engine(r.deployment.engine)
+    for text in r.tried:
+        parse_tried(text)
+    if r.deployment.vllm_version is not None and r.deployment.engine not in (VLLM, AUTO):
+        raise InputError(f"--vllm-version describes a vLLM server, not --engine {r.deployment.engine}")
+    if r.results is not None and r.described.given:
+        raise InputError("RESULTS and --input-len/--output-len/--request-rate/--max-concurrency both describe the workload; "
+                         "give a results directory or a described deployment, not both")
+    if r.results is not None and r.described.shaped:
+        raise InputError("--output-len-distribution, --prefix-len and --turns describe a workload; a results directory "
+                         "already holds the measured one")
+    if r.described.input_len is not None and r.described.input_chars is not None:
+        raise InputError("--input-len and --input-chars both give the prompt length; give one")
+    if r.described.script is not None and r.described.input_chars is None:
+        raise InputError("--script says how characters become tokens: give the prompt length with --input-chars")
+
+
+def diagnose(request: DiagnoseRequest, build: DeploymentBuilder = from_catalogue,
+             warn: Callable[[str], None] = lambda _: None) -> Diagnosis:
+    """The diagnosis `request` asks for; `warn` hears what a reader must see before the answer (the engine
+    recorded elsewhere than asked, a run cut short)."""
+    check(request)
+    if is_example(request):
+        request = replace(EXAMPLE, deployment=replace(EXAMPLE.deployment, engine=VLLM), tried=request.tried,
+                          observed=replace(EXAMPLE.observed, goal=request.observed.goal), region=request.region)
+    observed = replace(request.observed, tried=tuple(parse_tried(t) for t in request.tried))
+    slo = SLO.parse(request.goodput)
+    run = load_run(request.results) if request.results is not None else None
+    served, engine_note = served_engine(request.deployment.engine, run.run_info if run is not None else {})
+    if request.check_advice and served != VLLM:
+        raise InputError(f"--check-advice judges vLLM's common tuning tips; the deployment is {LABELS[served]}'s")
+    words, server_note = _words(request.deployment, served, run)
+    deployment = build(words)
+    if engine_note is not None:
+        warn(engine_note)
+    kw: dict[str, Any] = {"slo": slo, "observed": observed, "slo_share": request.slo_attainment,
+                          "with_advice": request.check_advice, "with_alternatives": request.price_options or None,
+                          "gpu_cost_per_hour": request.gpu_cost_per_hour, "engines": request.compare_engines,
+                          "region": request.region}
+    partial = ""
+    if run is not None:
+        partial = run.partial_note()
+        dx = analysis.diagnose_run(run, deployment, warmup=request.warmup, **kw)
+        if words.calibration is not None:  # a run measured under other conditions than the profile's is not comparable
+            dx.notes.extend(condition_changes(load_profile(words.calibration).host, run.run_info.get("client_host", {}),
+                                              now_label="during this run", then_label="at calibration"))
+        dx.notes[:0] = [n for n in (engine_note, server_note) if n is not None]
+    else:
+        dx = _described(request.described, deployment, kw)
+    return _typed(dx, partial, warn)
+
+
+def _words(w: DeploymentWords, served: str, run: RunResult | None) -> tuple[DeploymentWords, str | None]:
+    """The deployment's words completed from the run: a simulated run's own flags, a vLLM server's KV figures."""
+    w = replace(w, engine=served)
+    if run is None:
+        return w, None
+    if w.gpu is None and w.model is None and w.calibration is None:
+        w = _simulated_deployment(run.run_info, w)
+    if w.calibration is not None or served != VLLM:
+        return w, None
+    engine_args, note = engine_args_from_server(w.engine_args, run.run_info.get(CACHE_CONFIG) or {})
+    return replace(w, engine_args=engine_args), note
+
+
+def _simulated_deployment(run_info: dict[str, Any], w: DeploymentWords) -> DeploymentWords:
+    """The deployment a simulated run's run.json records (its simulate flags); words given here still win.
+    A measured run records no hardware: unchanged."""
+    flags = run_info.get("flags") or {}
+    if run_info.get("source") != "sim":
+        return w
+    path = lambda key: Path(flags[key]) if flags.get(key) else None  # noqa: E731
+    return replace(w, gpu=flags.get("gpu"), model=flags.get("model"), calibration=path("calibration"),
+                   engine_args=w.engine_args or flags.get("engine_args") or "",
+                   tp=w.tp if w.tp is not None else flags.get("tp"),
+                   replicas=w.replicas if w.replicas is not None else flags.get("replicas"),
+                   gpu_file=w.gpu_file or path("gpu_file"), vllm_version=w.vllm_version or flags.get("vllm_version"))
+
+
+def _described(s: Described, deployment: Deployment, kw: dict[str, Any]) -> Analysed:
+    """A described deployment: what was not given is assumed, and the assumption is said."""
+    assumed: tuple[Assumed, ...] = ()
+    input_len = s.input_len
+    if s.input_chars is not None:
+        input_len = tokens_from_characters(s.input_chars, s.script)
+        assumed += (Assumed.TOKENS,)
+    if input_len is None:
+        raise InputError("a described deployment needs --input-len (or --input-chars)")
+    output_len = s.output_len
+    if output_len is None:
+        output_len, assumed = ASSUMED_OUTPUT, assumed + (Assumed.OUTPUT,)
+    rate = s.request_rate if s.request_rate is not None else (kw["observed"].qps if s.max_concurrency is None else None)
+    if rate is None and s.max_concurrency is None:
+        raise InputError("a described deployment needs --request-rate, --max-concurrency or --observed-qps")
+    lengths = output_lengths(s.output_len_distribution, output_len)
+    scenario = synthetic(input_len, output_len, request_rate=rate, max_concurrency=s.max_concurrency,
+                         prefix_len=s.prefix_len, turns=s.turns, output_lengths=lengths)
+    if rate is not None:
+        assumed += (Assumed.ARRIVALS,)
+    return analysis.diagnose_described(deployment, scenario, assumed=assumed, characters=(s.input_chars, s.script), **kw)
+
+
+def _typed(dx: Analysed, partial: str, warn: Callable[[str], None]) -> Diagnosis:
+    data = dx.as_dict()
+    if partial:  # said first and kept in the JSON: every number below rests on a run cut short
+        data["partial_run"] = partial
+        warn(partial)
+    return Diagnosis.model_validate_json(json.dumps(data, default=str))
+
+
+def output_lengths(spec: str, mean: int) -> LengthDistribution:
+    """`--output-len-distribution SHAPE[:SPREAD]` around --output-len; one error naming the flag when malformed."""
+    shape, _, spread = spec.partition(":")
+    try:
+        return LengthDistribution(mean, shape, float(spread) if spread else (0.0 if shape == "fixed" else 0.5))
+    except ValueError as exc:  # WorkloadError is one
+        raise InputError(f"--output-len-distribution {spec!r}: give SHAPE[:SPREAD], SHAPE one of "
+                         f"{', '.join(DISTRIBUTIONS)}, e.g. lognormal:0.5 ({exc})") from None
+
