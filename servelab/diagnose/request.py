@@ -160,8 +160,8 @@ def diagnose(request: DiagnoseRequest, build: DeploymentBuilder = from_catalogue
     recorded elsewhere than asked, a run cut short)."""
     check(request)
     if is_example(request):
-        request = replace(EXAMPLE, deployment=replace(EXAMPLE.deployment, engine=VLLM), tried=request.tried,
-                          observed=replace(EXAMPLE.observed, goal=request.observed.goal), region=request.region)
+        request = replace(request, deployment=replace(EXAMPLE.deployment, engine=VLLM), described=EXAMPLE.described,
+                          observed=replace(EXAMPLE.observed, goal=request.observed.goal))  # the asked options stay
     observed = replace(request.observed, tried=tuple(parse_tried(t) for t in request.tried))
     slo = SLO.parse(request.goodput)
     run = load_run(request.results) if request.results is not None else None
