@@ -96,7 +96,7 @@ def test_the_served_vllm_release_sets_the_defaults_the_run_uses(tmp_path: Path):
         (["--calibration", "no-such-profile.json"], ["no-such-profile.json"]),
         ([*A100, "--num-prompts", "5", "--duration", "3"], ["--num-prompts", "--duration"]),
         ([*A100, "--sweep", "prompts=1,2"], ["--sweep"]),
-        ([*A100, "--vllm-version", "0.7.3"], ["0.7.3", "V1"]),
+        ([*A100, "--vllm-version", "0.4.3"], ["0.4.3", "0.5"]),
     ],
 )
 def test_bad_input_is_one_clear_error_with_exit_code_2(tmp_path: Path, args, named):
