@@ -3,10 +3,10 @@
     import servelab
     run = servelab.simulate("a100-80gb", "qwen2.5-7b", input_len=1500, output_len=200, request_rate=10,
                             result_dir="results/a100")
-    run.summary.median_ttft_ms, run.summary.p99_ttft_ms  # typed: servelab.metrics.schema.Summary
+    run.summary.median_ttft_ms, run.summary.p99_ttft_ms  # typed: servelab.schemas.results.Summary
     run.records()            # pandas DataFrame, one row per request (records.jsonl), with ttft_s and e2el_s
     dx = servelab.diagnosis(run, "a100-80gb", "qwen2.5-7b")
-    dx.bottleneck, [f.title for f in dx.findings]          # typed: servelab.diagnose.schema.Diagnosis
+    dx.bottleneck, [f.title for f in dx.findings]          # typed: servelab.schemas.diagnosis.Diagnosis
 
 The functions write the same results directory as the CLI verbs (`bench`,
 `simulate`) and return what the CLI would print as typed models (the models
@@ -24,14 +24,14 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from servelab.diagnose.goal import Goal
+from servelab.schemas.vocabulary import Goal
 from servelab.diagnose.regions import Region
-from servelab.diagnose.schema import Diagnosis
+from servelab.schemas.diagnosis import Diagnosis
 from servelab.errors import InputError
 from servelab.experiment.calibrate_from import CalibrateFromRequest, calibrate_from as run_calibrate_from
 from servelab.experiment.runner import run_point
 from servelab.metrics.results import RunResult, load_run
-from servelab.metrics.schema import RunInfo, Summary
+from servelab.schemas.results import RunInfo, Summary
 from servelab.metrics.slo import SLO
 from servelab.perf.calibration import CalibrationProfile
 from servelab.results_dir import clear_result_dir, result_dir_refusal

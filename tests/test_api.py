@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import servelab
-from servelab.diagnose.schema import Diagnosis
+from servelab.schemas.diagnosis import Diagnosis
 from servelab.errors import InputError
 from support.schemas import assert_files_match_schemas
 

@@ -136,11 +136,11 @@ HEAVY = ("numpy", "scipy", "pydantic", "plotly", "optuna", "aiohttp", "pandas", 
          "servelab.sim", "servelab.experiment", "servelab.diagnose", "servelab.targets")
 """What `servelab --help` and `--version` must not import."""
 VERB_HELP_HEAVY = ("numpy", "scipy", "plotly", "optuna", "aiohttp", "pandas", "yaml", "tokenizers", "ray",
-                   "servelab.typed", "servelab.sim.engine", "servelab.experiment", "servelab.targets.http",
+                   "servelab.schemas.base", "servelab.sim.engine", "servelab.experiment", "servelab.targets.http",
                    "servelab.report.terminal")
 """What no verb's `--help` may import: a verb's flags read their choices and defaults from light vocabulary modules
 and the verb imports its implementation when it runs. (typer itself imports the pydantic library to build a
-command, but none of servelab's result models, all of which derive from servelab.typed or import numpy.)"""
+command, but none of servelab's result models, all of which derive from servelab.schemas.base or import numpy.)"""
 
 
 def imported_by(*argv: str) -> set[str]:
@@ -174,7 +174,7 @@ def test_no_schema_imports_the_simulator_an_optimiser_plotting_or_the_http_clien
 
 def test_schema_imports_only_the_model_asked_for():
     modules = imported_by("schema", "summary")
-    assert "servelab.metrics.schema" in modules
+    assert "servelab.schemas.results" in modules
     assert _loaded(modules, ("numpy", "scipy", "plotly", "optuna", "aiohttp", "pandas", "yaml", "ray", "servelab.sim",
                              "servelab.tune", "servelab.diagnose", "servelab.experiment", "servelab.perf")) == []
 

@@ -462,7 +462,7 @@ def test_a_dead_client_disturbs_the_run_even_with_no_request_failed() -> None:
     driver cannot know what it would still have sent, so its death may leave no failed request behind."""
     from servelab.cli.run_and_show import _disturbed
     from servelab.metrics.records import RequestRecord
-    from servelab.metrics.schema import Summary
+    from servelab.schemas.results import Summary
     from servelab.metrics.summary import summarize
 
     def summary(**died: str) -> Summary:

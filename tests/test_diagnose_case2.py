@@ -20,7 +20,7 @@ from servelab.diagnose.advice import HELPS, AdviceContext, _streaming
 from servelab.diagnose.analysis import Observed, diagnose_described
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.scenario import synthetic
-from servelab.diagnose.schema import Diagnosis
+from servelab.schemas.diagnosis import Diagnosis
 from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
 from servelab.targets.deployment import build_deployment
 from servelab.workload.lengths import LengthDistribution

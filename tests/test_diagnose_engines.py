@@ -15,7 +15,7 @@ from servelab.cli import app
 from servelab.diagnose.engine_terms import served_engine
 from servelab.diagnose.evidence import gather
 from servelab.diagnose.scenario import simulate, synthetic
-from servelab.diagnose.schema import Diagnosis
+from servelab.schemas.diagnosis import Diagnosis
 from servelab.experiment.compare import EngineComparison
 from servelab.metrics.scrape import parse_metrics
 from servelab.metrics.timeline import TimelineSample

@@ -24,7 +24,7 @@ from servelab.metrics.intervals import (
 )
 from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.results import SUMMARY
-from servelab.metrics.schema import Summary
+from servelab.schemas.results import Summary
 from servelab.metrics.summary import summarize
 from servelab.targets.base import TargetRun
 from servelab.targets.deployment import build_deployment

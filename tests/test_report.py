@@ -15,7 +15,7 @@ from servelab.experiment.compare import EngineComparison
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.results import SWEEP, load_run
-from servelab.metrics.schema import Summary
+from servelab.schemas.results import Summary
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample
 from servelab.report import figures, tune_results, validation_results

@@ -19,7 +19,7 @@ from rich.console import Console
 from servelab.cli import app
 from servelab.cli.schema import SCHEMAS, schema_text
 from servelab.metrics.results import load_run
-from servelab.metrics.schema import Summary
+from servelab.schemas.results import Summary
 from servelab.perf.calibration import load_profile
 from servelab.report.terminal import summary_table
 from support.profiles import tiny_profile

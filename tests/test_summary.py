@@ -4,7 +4,7 @@ import pytest
 from rich.console import Console
 
 from servelab.metrics.records import RequestRecord
-from servelab.metrics.schema import Summary, SweepIndex
+from servelab.schemas.results import Summary, SweepIndex
 from servelab.metrics.slo import SLO, SLOError, tpot_seconds
 from servelab.metrics.summary import summarize
 from servelab.report.terminal import NO_DATA, summary_table, sweep_table

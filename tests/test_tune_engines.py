@@ -21,7 +21,7 @@ from servelab.tune.confirm import Stage2Config, Stage2Result, predict
 from servelab.tune.engine_lines import engine_line, launch_line
 from servelab.tune.objectives import key_metrics
 from servelab.tune.outcome import read_tune_json
-from servelab.tune.schema import TuneDocument
+from servelab.schemas.tune import TuneDocument
 from support.profiles import tiny_profile
 
 DEPLOYMENT = ["--gpu", "h100-sxm", "--model", "llama-3.1-8b"]

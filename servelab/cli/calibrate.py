@@ -30,7 +30,7 @@ from servelab.errors import InputError
 from servelab.report.console import make_console
 
 if TYPE_CHECKING:
-    from servelab.experiment.schema import ValidationReport
+    from servelab.schemas.validation import ValidationReport
     from servelab.metrics.imports import WorkloadFlags
     from servelab.perf.calibration import CalibrationProfile, RunFit
 
@@ -242,9 +242,9 @@ def validate(
                                             "measured runs in <out>.runs/.")] = False,
 ) -> None:
     """Run held-out workloads on the server and in the simulator with the profile; print % error per metric."""
-    from servelab.experiment.schema import ValidationReport  # the runs and the simulator: not for --help
+    from servelab.schemas.validation import ValidationReport  # the runs and the simulator: not for --help
     from servelab.experiment.validate import points_named, validate as run_validation
-    from servelab.metrics.schema import checked
+    from servelab.schemas.results import checked
     from servelab.perf.calibration import load_profile
 
     profile = load_profile(calibration)

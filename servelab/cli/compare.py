@@ -17,10 +17,10 @@ from servelab.cli.options import LoadFlags, load_options
 from servelab.cli.report import report_beside
 from servelab.errors import InputError
 from servelab.report.console import make_console
-from servelab.sim.vocabulary import ENGINES, SGLANG, TRTLLM, VLLM
+from servelab.schemas.vocabulary import ENGINES, SGLANG, TRTLLM, VLLM
 
 if TYPE_CHECKING:
-    from servelab.experiment.compare import EngineComparison
+    from servelab.schemas.compare import EngineComparison
     from servelab.workload.spec import LoadPlan
 
 _DEPLOYMENT = "Deployment"

@@ -26,13 +26,13 @@ from servelab.cli.options import (
     TpFlag,
     VllmVersionFlag,
 )
-from servelab.diagnose.goal import Goal
+from servelab.schemas.vocabulary import Goal
 from servelab.diagnose.regions import Region
 from servelab.diagnose.text_tokens import Script
 from servelab.errors import InputError
 from servelab.metrics.engines import AUTO
-from servelab.sim.vocabulary import ENGINES
-from servelab.workload.vocabulary import DISTRIBUTIONS
+from servelab.schemas.vocabulary import ENGINES
+from servelab.schemas.vocabulary import DISTRIBUTIONS
 
 DIAGNOSIS = "diagnosis.json"
 

@@ -33,11 +33,11 @@ import typer
 
 from servelab.cli.checks import MAX_GPUS, MAX_INT, real, shell_words
 from servelab.metrics.slo import SLO
-from servelab.metrics.vocabulary import DEFAULT_PERCENTILES
+from servelab.schemas.vocabulary import DEFAULT_PERCENTILES
 from servelab.perf.errors import PerfConfigError
-from servelab.sim.vocabulary import ENGINES, POLICIES, ROUND_ROBIN, VLLM
+from servelab.schemas.vocabulary import ENGINES, POLICIES, ROUND_ROBIN, VLLM
 from servelab.workload.errors import WorkloadError
-from servelab.workload.vocabulary import DATASETS, DISTRIBUTIONS, DURATION_REQUEST_CAP, FILE_DATASETS, PLAN_TOKEN_LIMIT, RAMPS
+from servelab.schemas.vocabulary import DATASETS, DISTRIBUTIONS, DURATION_REQUEST_CAP, FILE_DATASETS, PLAN_TOKEN_LIMIT, RAMPS
 
 if TYPE_CHECKING:
     from servelab.experiment.auto_sweep import AutoSweep

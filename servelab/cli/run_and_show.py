@@ -34,7 +34,7 @@ from servelab.experiment.auto_sweep import AutoSweep, run_auto_sweep
 from servelab.experiment.sweep import run_sweep
 from servelab.metrics.records import ERROR, disturbances, read_records
 from servelab.metrics.results import RECORDS, SUMMARY, SWEEP
-from servelab.metrics.schema import Summary, SweepIndex
+from servelab.schemas.results import Summary, SweepIndex
 from servelab.metrics.slo import SLO
 from servelab.pool import TaskPool
 from servelab.report.terminal import (

@@ -20,16 +20,16 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
 SCHEMAS: dict[str, tuple[str, str]] = {
-    "run": ("servelab.metrics.schema:RunInfo", "run.json of a results directory"),
-    "record": ("servelab.metrics.schema:RecordRow", "one line of records.jsonl"),
-    "summary": ("servelab.metrics.schema:Summary", "summary.json of a results directory"),
-    "timeline": ("servelab.metrics.schema:TimelineRow", "one line of timeline.jsonl"),
-    "sweep": ("servelab.metrics.schema:SweepIndex", "sweep.json of a --sweep"),
-    "diagnosis": ("servelab.diagnose.schema:Diagnosis", "diagnosis.json, and diagnose --json"),
-    "tune": ("servelab.tune.schema:TuneDocument", "tune.json of a tune study, and tune --json"),
-    "trial": ("servelab.tune.schema:Trial", "stage1/trial-NNNN/trial.json of a tune study"),
-    "stage2": ("servelab.tune.schema:Stage2File", "stage2/<label>/stage2.json of a tune study (one configuration measured on a real server)"),
-    "validation": ("servelab.experiment.schema:ValidationReport", "the report `servelab validate` writes (--out)"),
+    "run": ("servelab.schemas.results:RunInfo", "run.json of a results directory"),
+    "record": ("servelab.schemas.results:RecordRow", "one line of records.jsonl"),
+    "summary": ("servelab.schemas.results:Summary", "summary.json of a results directory"),
+    "timeline": ("servelab.schemas.results:TimelineRow", "one line of timeline.jsonl"),
+    "sweep": ("servelab.schemas.results:SweepIndex", "sweep.json of a --sweep"),
+    "diagnosis": ("servelab.schemas.diagnosis:Diagnosis", "diagnosis.json, and diagnose --json"),
+    "tune": ("servelab.schemas.tune:TuneDocument", "tune.json of a tune study, and tune --json"),
+    "trial": ("servelab.schemas.tune:Trial", "stage1/trial-NNNN/trial.json of a tune study"),
+    "stage2": ("servelab.schemas.tune:Stage2File", "stage2/<label>/stage2.json of a tune study (one configuration measured on a real server)"),
+    "validation": ("servelab.schemas.validation:ValidationReport", "the report `servelab validate` writes (--out)"),
     "profile": ("servelab.perf.calibration:CalibrationProfile", "the calibration profile `servelab calibrate` writes (--out)"),
     "compare": ("servelab.experiment.compare:EngineComparison", "the comparison `servelab compare` writes (--out, --json)"),
 }

@@ -34,7 +34,7 @@ from servelab.cli.cluster import RayAddress, ray_pool
 from servelab.cli.report import ReportFlag
 from servelab.errors import InputError
 from servelab.report.console import make_console
-from servelab.sim.vocabulary import ROUND_ROBIN, VLLM
+from servelab.schemas.vocabulary import ROUND_ROBIN, VLLM
 
 if TYPE_CHECKING:
     from servelab.targets.deployment import Deployment

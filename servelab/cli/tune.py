@@ -28,14 +28,14 @@ from servelab.cli.options import (
 )
 from servelab.errors import RunInterrupted
 from servelab.report.console import make_console
-from servelab.sim.vocabulary import LABELS, VLLM
+from servelab.schemas.vocabulary import LABELS, VLLM
 from servelab.tune.errors import TuneError
 
 if TYPE_CHECKING:
     from servelab.perf.calibration import CalibrationProfile
     from servelab.tune.confirm import ServerCheck, Stage2Config, Stage2Result
     from servelab.tune.objectives import Objective
-    from servelab.tune.schema import TuneDeployment, TuneDocument
+    from servelab.schemas.tune import TuneDeployment, TuneDocument
     from servelab.tune.study import StudyTrial
     from servelab.tune.tuner import TuneProgress
 
@@ -116,7 +116,7 @@ def tune(
     from servelab.tune.confirm import ServerCommand
     from servelab.tune.objectives import Objective
     from servelab.tune.outcome import TUNE_JSON
-    from servelab.tune.schema import TuneDocument
+    from servelab.schemas.tune import TuneDocument
     from servelab.tune.space import SearchSpace
     from servelab.tune.study import SearchSettings
     from servelab.tune.tuner import TuneRequest, run_tune
@@ -239,7 +239,7 @@ def _simulator(deployment: TuneDeployment) -> str:
 
 def render(console: Console, doc: TuneDocument) -> None:
     from servelab.metrics.intervals import interval_suffix
-    from servelab.tune.schema import KeyMetrics
+    from servelab.schemas.tune import KeyMetrics
 
     objective = doc.objective
     unit = objective.unit

@@ -33,7 +33,7 @@ from servelab.diagnose.text_tokens import Script
 from servelab.diagnose.roofline import decode_step
 from servelab.diagnose.sensitivity import Assumed, Assumption, assumptions
 from servelab.diagnose.scenario import Scenario, from_run, simulate
-from servelab.diagnose.schema import EngineSwitch
+from servelab.schemas.diagnosis import EngineSwitch
 from servelab.diagnose.utilization import Utilization, utilization
 from servelab.metrics.intervals import Regime, value_interval
 from servelab.metrics.results import RunResult

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from servelab.diagnose.scenario import Scenario
-from servelab.diagnose.schema import EngineSwitch
-from servelab.experiment.compare import EngineResult, compare_engines
+from servelab.schemas.diagnosis import EngineSwitch
+from servelab.experiment.compare import compare_engines
+from servelab.schemas.compare import EngineResult
 from servelab.metrics.slo import SLO
 from servelab.sim.engines import ENGINES
 from servelab.targets.deployment import Deployment

@@ -20,7 +20,7 @@ from functools import partial
 
 from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.engine_terms import Terms
-from servelab.diagnose.goal import Goal
+from servelab.schemas.vocabulary import Goal
 from servelab.diagnose.recommend import Outcome, run, tp_link, tried_result
 from servelab.diagnose.regions import Region, upgrades
 from servelab.diagnose.scenario import Scenario

@@ -22,7 +22,7 @@ from servelab.diagnose.analysis import Observed
 from servelab.diagnose.engine_terms import check_engine, served_engine
 from servelab.diagnose.regions import Region
 from servelab.diagnose.scenario import synthetic
-from servelab.diagnose.schema import Diagnosis
+from servelab.schemas.diagnosis import Diagnosis
 from servelab.diagnose.sensitivity import ASSUMED_OUTPUT, Assumed
 from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
 from servelab.diagnose.text_tokens import Script, tokens_from_characters

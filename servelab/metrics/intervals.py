@@ -36,7 +36,7 @@ import numpy as np
 import yaml
 
 from servelab.metrics.records import RequestRecord
-from servelab.metrics.vocabulary import Regime as Regime, Tier as Tier  # named here for their importers
+from servelab.schemas.vocabulary import Regime as Regime, Tier as Tier  # named here for their importers
 
 LEVEL = 0.8
 """The intervals' nominal coverage."""

@@ -26,7 +26,7 @@ from servelab.atomic import write_text_atomic
 from servelab import SCHEMA_VERSION, __version__
 from servelab.errors import InputError
 from servelab.metrics.records import JsonlSink, RequestRecord, read_records
-from servelab.metrics.schema import RunInfo, Summary, SweepIndex, checked
+from servelab.schemas.results import RunInfo, Summary, SweepIndex, checked
 from servelab.metrics.timeline import TimelineSample, read_timeline
 from servelab.renames import upgraded
 

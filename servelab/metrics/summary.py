@@ -18,7 +18,7 @@ import numpy as np
 from servelab.metrics.http_phases import http_phases
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.slo import SLO, tpot_seconds
-from servelab.metrics.vocabulary import DEFAULT_PERCENTILES as DEFAULT_PERCENTILES  # named here for its importers
+from servelab.schemas.vocabulary import DEFAULT_PERCENTILES as DEFAULT_PERCENTILES  # named here for its importers
 
 
 def _stats(name: str, values_s: Sequence[float], percentiles: Sequence[float]) -> dict[str, float | None]:

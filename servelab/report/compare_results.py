@@ -14,7 +14,7 @@ from html import escape
 
 import plotly.graph_objects as go
 
-from servelab.experiment.compare import EngineComparison, EnginePoint, EngineResult
+from servelab.schemas.compare import EngineComparison, EnginePoint, EngineResult
 from servelab.metrics.intervals import interval_suffix
 from servelab.report.figures import E2E, LAYOUT, PALETTE, TTFT_TPOT, LatencyCurve, latency_curves_figure, legend_below
 from servelab.report.inputs import ReportComparison

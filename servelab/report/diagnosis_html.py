@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from html import escape
-from servelab.diagnose.schema import Diagnosis
+from servelab.schemas.diagnosis import Diagnosis
 from servelab.report.diagnosis_view import (
     ALTERNATIVE_COLUMNS,
     ENGINE_COLUMNS,

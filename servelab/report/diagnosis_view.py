@@ -2,7 +2,7 @@
 
 One function builds the content as plain rows; the terminal (rich) and the
 Markdown renderers only lay it out, so the two never disagree. They read the
-typed model (servelab.diagnose.schema), so a misspelt field is an error, not a "—".
+typed model (servelab.schemas.diagnosis), so a misspelt field is an error, not a "—".
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servelab.diagnose.engine_terms import Terms
-from servelab.diagnose.schema import (AdviceRow, Alternative, Diagnosis, EngineSwitch, Lever, Recommendation,
+from servelab.schemas.diagnosis import (AdviceRow, Alternative, Diagnosis, EngineSwitch, Lever, Recommendation,
                                       WorkloadShape)
 from servelab.metrics.intervals import interval_text
 from servelab.sim.engines import LABELS

@@ -17,16 +17,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from servelab import SCHEMA_VERSION
-from servelab.diagnose.schema import Diagnosis
+from servelab.schemas.diagnosis import Diagnosis
 from servelab.errors import InputError
-from servelab.experiment.compare import KIND as COMPARE_KIND
-from servelab.experiment.compare import EngineComparison
-from servelab.experiment.schema import ValidationReport
+from servelab.schemas.compare import KIND as COMPARE_KIND
+from servelab.schemas.compare import EngineComparison
+from servelab.schemas.validation import ValidationReport
 from servelab.metrics.results import RUN, SWEEP, ResultsDirError, RunResult, load_run
-from servelab.metrics.schema import RunInfo, Summary, SweepIndex
+from servelab.schemas.results import RunInfo, Summary, SweepIndex
 from servelab.metrics.summary import summarize
 from servelab.renames import upgraded
-from servelab.tune.schema import TuneDocument
+from servelab.schemas.tune import TuneDocument
 
 DIAGNOSIS = "diagnosis.json"
 """Written into a results directory by `servelab diagnose RESULTS`."""
@@ -119,7 +119,7 @@ class ReportDocument(ReportFile):
 
 @dataclass
 class ReportValidation(ReportFile):
-    """A `servelab validate` report, typed (servelab.experiment.schema)."""
+    """A `servelab validate` report, typed (servelab.schemas.validation)."""
 
     report: ValidationReport
 

@@ -9,7 +9,7 @@ from html import escape
 from typing import Any
 
 from servelab.metrics.intervals import interval_suffix
-from servelab.metrics.schema import AmountInfo, ArrivalInfo, DatasetInfo, LengthInfo, PlanInfo, RunFlags, RunInfo
+from servelab.schemas.results import AmountInfo, ArrivalInfo, DatasetInfo, LengthInfo, PlanInfo, RunFlags, RunInfo
 from servelab.report.inputs import Document, ReportComparison, ReportDocument, ReportInputs, ReportRun, ReportSweep, ReportValidation
 
 HIDDEN_PARAMETERS = frozenset({"schema_version"})

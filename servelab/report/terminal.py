@@ -16,7 +16,7 @@ from rich.table import Table
 
 from servelab.metrics.intervals import interval_suffix
 from servelab.metrics.records import RequestRecord
-from servelab.metrics.schema import Summary, SweepIndex
+from servelab.schemas.results import Summary, SweepIndex
 
 
 class LiveProgress:

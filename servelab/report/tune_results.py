@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from servelab.report.figures import LAYOUT, legend_below
 from servelab.report.inputs import ReportDocument
 from servelab.report.tables import html_table, number, plan_text
-from servelab.tune.schema import KeyMetrics, ObjectiveInfo, Trial, TuneDocument
+from servelab.schemas.tune import KeyMetrics, ObjectiveInfo, Trial, TuneDocument
 
 RANKED_ROWS = 15
 """Ranked trials listed under the plot; the plot shows them all."""

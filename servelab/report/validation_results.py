@@ -13,7 +13,7 @@ from html import escape
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from servelab.experiment.schema import PointResult, ValidationReport
+from servelab.schemas.validation import PointResult, ValidationReport
 from servelab.report.figures import LAYOUT, legend_below
 from servelab.report.inputs import ReportValidation
 from servelab.report.tables import html_table, number

@@ -36,8 +36,8 @@ from servelab.sim.block_pool import BlockPool
 from servelab.sim.engine import SimEngine
 from servelab.sim.hashing import prompt_block_hashes
 from servelab.sim.radix_cache import RadixCache
-from servelab.sim.vocabulary import LEAST_LOADED as LEAST_LOADED, POLICIES as POLICIES, ROUND_ROBIN as ROUND_ROBIN  # named here for their importers
-from servelab.sim.vocabulary import RouterPolicy as RouterPolicy
+from servelab.schemas.vocabulary import LEAST_LOADED as LEAST_LOADED, POLICIES as POLICIES, ROUND_ROBIN as ROUND_ROBIN  # named here for their importers
+from servelab.schemas.vocabulary import RouterPolicy as RouterPolicy
 
 HASH_PREFIX_TOKENS = 25
 """prefix-hash key: KubeAI's default prefixCharLength of 100 characters, at about 4 characters a token."""

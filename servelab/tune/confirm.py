@@ -35,7 +35,7 @@ from servelab.atomic import write_text_atomic
 from servelab import SCHEMA_VERSION
 from servelab.metrics.records import disturbances
 from servelab.metrics.results import ResultWriter
-from servelab.metrics.schema import checked
+from servelab.schemas.results import checked
 from servelab.metrics.summary import summarize
 from servelab.pool import TaskLost, TaskPool
 from servelab.renames import upgraded
@@ -44,7 +44,7 @@ from servelab.targets.http import HttpTarget
 from servelab.targets.server_process import ServerProcess, ServerStartError, free_port, group_alive
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective, key_metrics, run_summary
-from servelab.tune.schema import Stage2File
+from servelab.schemas.tune import Stage2File
 from servelab.tune.space import gpu_count
 from servelab.tune.workload import TuneWorkload
 

@@ -29,7 +29,7 @@ from servelab.metrics.summary import DEFAULT_PERCENTILES, summarize
 from servelab.targets.base import Target
 from servelab.targets.sim import SimTarget
 from servelab.tune.errors import TuneError
-from servelab.tune.schema import KEY_STATISTICS
+from servelab.schemas.tune import KEY_STATISTICS
 from servelab.tune.workload import TuneWorkload
 
 ObjectiveKind = Literal["goodput", "throughput", "cost"]

@@ -17,9 +17,9 @@ from typing import Any
 from servelab.atomic import write_text_atomic
 from servelab import SCHEMA_VERSION
 from servelab.metrics.results import versions
-from servelab.metrics.schema import checked
+from servelab.schemas.results import checked
 from servelab.tune.confirm import BASELINE, Stage2Result
-from servelab.tune.schema import TuneDocument
+from servelab.schemas.tune import TuneDocument
 from servelab.tune.study import StudyTrial
 from servelab.renames import upgraded
 from servelab.tune.trial import OK, TrialOutcome

@@ -18,7 +18,7 @@ import numpy as np
 
 from servelab.workload.errors import WorkloadError
 from servelab.workload.spec import RequestSpec
-from servelab.workload.vocabulary import RAMPS
+from servelab.schemas.vocabulary import RAMPS
 
 _GAP_CHUNK = 4096
 

@@ -25,7 +25,7 @@ from servelab.workload.errors import WorkloadError
 from servelab.workload.lengths import LengthDistribution
 from servelab.workload.spec import RequestSpec
 from servelab.workload.tokenizer import CHARS_PER_TOKEN, PromptTokenizer, estimate_tokens, synthetic_ids
-from servelab.workload.vocabulary import DATASETS, FILE_DATASETS
+from servelab.schemas.vocabulary import DATASETS, FILE_DATASETS
 
 CHUNK = 1024
 """Specs generated per numpy batch: big enough to amortise, small enough to stay lazy."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from servelab.workload.errors import WorkloadError
-from servelab.workload.vocabulary import DISTRIBUTIONS
+from servelab.schemas.vocabulary import DISTRIBUTIONS
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from servelab.workload.arrival import ArrivalConfig, schedule
 from servelab.workload.datasets import WorkloadConfig, open_dataset
 from servelab.workload.errors import WorkloadError
 from servelab.workload.spec import LoadPlan
-from servelab.workload.vocabulary import DURATION_REQUEST_CAP, PLAN_TOKEN_LIMIT
+from servelab.schemas.vocabulary import DURATION_REQUEST_CAP, PLAN_TOKEN_LIMIT
 
 DEFAULT_NUM_PROMPTS = 1000
 """`vllm bench serve`'s default."""

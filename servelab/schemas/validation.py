@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from servelab import SCHEMA_VERSION
-from servelab.metrics.schema import Json
-from servelab.typed import OpenModel
+from servelab.schemas.results import Json
+from servelab.schemas.base import OpenModel
 
 
 class PointResult(OpenModel):

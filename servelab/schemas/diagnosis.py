@@ -5,9 +5,9 @@ from __future__ import annotations
 from pydantic import Field
 
 from servelab import SCHEMA_VERSION
-from servelab.experiment.compare import EngineComparison
-from servelab.metrics.schema import DeploymentInfo, Json, SLOTerms
-from servelab.typed import ClosedModel, OpenModel
+from servelab.schemas.compare import EngineComparison
+from servelab.schemas.results import DeploymentInfo, Json, SLOTerms
+from servelab.schemas.base import ClosedModel, OpenModel
 
 
 class WorkloadShape(OpenModel):

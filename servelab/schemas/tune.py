@@ -7,9 +7,9 @@ from typing import Any
 from pydantic import Field
 
 from servelab import SCHEMA_VERSION
-from servelab.sim.vocabulary import VLLM
-from servelab.metrics.schema import DeploymentInfo, Json, PlanInfo, SLOTerms, Versions
-from servelab.typed import ClosedModel, OpenModel
+from servelab.schemas.vocabulary import VLLM
+from servelab.schemas.results import DeploymentInfo, Json, PlanInfo, SLOTerms, Versions
+from servelab.schemas.base import ClosedModel, OpenModel
 
 
 class ObjectiveInfo(OpenModel):

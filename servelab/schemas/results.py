@@ -18,8 +18,8 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 from servelab import SCHEMA_VERSION
-from servelab.metrics.vocabulary import Regime, Tier
-from servelab.typed import ClosedModel, OpenModel
+from servelab.schemas.vocabulary import Regime, Tier
+from servelab.schemas.base import ClosedModel, OpenModel
 
 Json = dict[str, Any]
 M = TypeVar("M", bound=BaseModel)
