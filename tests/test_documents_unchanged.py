@@ -1,0 +1,92 @@
+"""Every document servelab writes, byte for byte as stored in tests/data/documents/ (apart from what a rerun changes).
+
+The stored files were written by the code before the result types moved into servelab/schemas/: a refactor of how a
+document is built must leave the file itself alone. Each case runs a verb through the real command line on the
+simulator (deterministic: seeded workloads, no clock in the model) and compares every file it writes with the stored
+one after blanking what differs between two runs of the same code: wall-clock stamps, how long the host took, and the
+temporary directory's path. report.html is left out (plotly's element ids and its bundled library change per run), and so
+is tune's optuna database (sqlite, optuna's own format).
+
+To store the files again after a deliberate change of a document (and a schema_version bump where a published schema
+changes): `SERVELAB_WRITE_DOCUMENTS=1 pytest tests/test_documents_unchanged.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from servelab.cli import app
+
+STORED = Path(__file__).parent / "data" / "documents"
+WRITE = os.environ.get("SERVELAB_WRITE_DOCUMENTS") == "1"
+
+VOLATILE_KEYS = {"started_at", "finished_at", "sim_wall_s", "steps_per_s", "created_at", "wall_s", "elapsed_s",
+                 "duration_wall_s", "generated_at", "servelab_version", "python", "client_host"}
+"""Keys whose values are the host's clock, speed or load, or the installed versions: blanked before comparing."""
+
+SIM = ["--gpu", "a100-80gb", "--model", "qwen2.5-7b"]
+LOAD = ["--num-prompts", "40", "--random-input-len", "300", "--random-output-len", "40",
+        "--seed", "3", "--goodput", "ttft:500"]
+
+CASES: dict[str, list[str]] = {
+    "simulate": ["simulate", *SIM, *LOAD, "--request-rate", "4", "--result-dir", "{out}"],
+    "sweep": ["simulate", *SIM, *LOAD, "--sweep", "request-rate=2,6", "--result-dir", "{out}"],
+    "compare": ["compare", *SIM, *LOAD, "--request-rate", "4", "--engines", "vllm,sglang", "--result-dir", "{out}"],
+    "tune": ["tune", *SIM, *LOAD, "--request-rate", "4", "--n-trials", "3", "--search-seed", "1", "--result-dir", "{out}"],
+    "diagnose-described": ["diagnose", *SIM, "--input-len", "1500", "--output-len", "200", "--request-rate", "10",
+                           "--engine-args", "--max-num-seqs 256", "--observed-gpu-util", "0.3", "--goodput", "ttft:2000",
+                           "--tried", "--max-num-batched-tokens 1024:no-effect", "--save", "{out}/diagnosis.json"],
+}
+"""Each case: the argv, with {out} the directory its files land in."""
+
+
+def _blank(value: Any, out: str) -> Any:
+    if isinstance(value, dict):
+        return {k: ("<volatile>" if k in VOLATILE_KEYS else _blank(v, out)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_blank(v, out) for v in value]
+    if isinstance(value, str):
+        return value.replace(out, "<out>")
+    return value
+
+
+def _normalised(path: Path, out: str) -> str:
+    """The file's text with the volatile values blanked, each JSON value re-serialised in the file's own layout."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        return "".join(json.dumps(_blank(json.loads(line), out)) + "\n" for line in text.splitlines() if line)
+    if path.suffix == ".json":
+        indent = 2 if re.match(r"[\[{]\n", text) else None
+        return json.dumps(_blank(json.loads(text), out), indent=indent) + "\n"
+    return text.replace(out, "<out>")
+
+
+def _documents(root: Path) -> dict[str, Path]:
+    return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file() and p.suffix not in (".html", ".db")}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_verb_writes_the_stored_documents(case: str, tmp_path: Path):
+    out = tmp_path / case
+    argv = [arg.replace("{out}", str(out)) for arg in CASES[case]]
+    if case.startswith("diagnose"):
+        out.mkdir()
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    written = {name: _normalised(path, str(out)) for name, path in _documents(out).items()}
+    stored_dir = STORED / case
+    if WRITE:
+        for name, text in written.items():
+            (stored_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            (stored_dir / name).write_text(text, encoding="utf-8")
+    stored = {name: path.read_text(encoding="utf-8") for name, path in _documents(stored_dir).items()}
+    assert sorted(written) == sorted(stored), f"{case}: files written differ from those stored"
+    for name, text in written.items():
+        assert text == stored[name], f"{case}/{name} differs from tests/data/documents/{case}/{name}"
