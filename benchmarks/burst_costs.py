@@ -63,6 +63,7 @@ from cpu_side_costs import (  # noqa: E402  (the sibling script's helpers)
     heavy_lock,
     linear_fit,
     reference_loop_s,
+    time_method,
 )
 
 BURST_SIZES = (10, 50, 200, 500, 1000, 2000)
@@ -93,21 +94,6 @@ def engine_worker(model_dir: str, deadline_s: float, sizes: tuple[int, ...], sha
     timers: dict[str, float] = {}
     seen: dict[str, int] = {}
 
-    def timed(cls: type, name: str, key: str, before=None, after=None) -> None:
-        original = getattr(cls, name)
-
-        def wrapper(self, *args, **kwargs):
-            if before is not None:
-                before(self)
-            t0 = time.thread_time()
-            out = original(self, *args, **kwargs)
-            timers[key] = timers.get(key, 0.0) + time.thread_time() - t0
-            if after is not None:
-                after(out)
-            return out
-
-        setattr(cls, name, wrapper)
-
     def queues(sched) -> None:
         seen["running"], seen["waiting"] = len(sched.running), len(sched.waiting)
 
@@ -115,13 +101,13 @@ def engine_worker(model_dir: str, deadline_s: float, sizes: tuple[int, ...], sha
         seen["scheduled"], seen["new"] = len(out.num_scheduled_tokens), len(out.scheduled_new_reqs)
         seen["tokens"], seen["finished"] = out.total_num_scheduled_tokens, len(out.finished_req_ids)
 
-    timed(Scheduler, "schedule", "schedule", queues, batch)
-    timed(Scheduler, "update_from_output", "update")
-    timed(GPUModelRunner, "execute_model", "execute")
-    timed(GPUModelRunner, "_model_forward", "forward")
-    timed(GPUModelRunner, "sample_tokens", "sample_tokens")
-    timed(GPUModelRunner, "_sample", "sampler")
-    timed(EngineCore, "add_request", "core_add")
+    time_method(timers, Scheduler, "schedule", "schedule", before=queues, after=batch)
+    time_method(timers, Scheduler, "update_from_output", "update")
+    time_method(timers, GPUModelRunner, "execute_model", "execute")
+    time_method(timers, GPUModelRunner, "_model_forward", "forward")
+    time_method(timers, GPUModelRunner, "sample_tokens", "sample_tokens")
+    time_method(timers, GPUModelRunner, "_sample", "sampler")
+    time_method(timers, EngineCore, "add_request", "core_add")
 
     llm = LLM(model=model_dir, max_model_len=4096, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_BATCHED_TOKENS,
               distributed_executor_backend="uni", enable_prefix_caching=False, seed=0, dtype="float32")

@@ -115,6 +115,26 @@ def linear_fit(rows: list[list[float]], ys: list[float]) -> list[float]:
 # -- 1. engine core, in process (runs under the vLLM venv's python) -----------------------------------------
 
 
+def time_method(timers: dict[str, float], cls: type, name: str, key: str, before=None, after=None) -> None:
+    """Wrap cls.name so each call adds its CPU time to timers[key]; `before(self)` and `after(result)` see each call.
+
+    CPU time of this thread: the engine core's Python runs on one thread, and a shared host's other jobs must not
+    count (torch's kernels in its worker threads are not this thread's time either)."""
+    original = getattr(cls, name)
+
+    def wrapper(self, *args, **kwargs):
+        if before is not None:
+            before(self)
+        t0 = time.thread_time()
+        out = original(self, *args, **kwargs)
+        timers[key] = timers.get(key, 0.0) + time.thread_time() - t0
+        if after is not None:
+            after(out)
+        return out
+
+    setattr(cls, name, wrapper)
+
+
 def engine_worker(model_dir: str, deadline_s: float) -> None:
     """Time every engine-core step's CPU work; prints one JSON object of per-step records."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -128,21 +148,6 @@ def engine_worker(model_dir: str, deadline_s: float) -> None:
 
     timers: dict[str, float] = {}
 
-    def timed(cls: type, name: str, key: str, batch_hook=None) -> None:
-        original = getattr(cls, name)
-
-        def wrapper(self, *args, **kwargs):
-            # CPU time of this thread: the engine core's Python runs on one thread, and a shared host's other
-            # jobs must not count (torch's kernels in its worker threads are not this thread's time either).
-            t0 = time.thread_time()
-            out = original(self, *args, **kwargs)
-            timers[key] = timers.get(key, 0.0) + time.thread_time() - t0
-            if batch_hook is not None:
-                batch_hook(out)
-            return out
-
-        setattr(cls, name, wrapper)
-
     batch: dict[str, int] = {}
 
     def record_batch(out) -> None:
@@ -151,13 +156,13 @@ def engine_worker(model_dir: str, deadline_s: float) -> None:
         batch["tokens"] = out.total_num_scheduled_tokens
         batch["finished"] = len(out.finished_req_ids)
 
-    timed(Scheduler, "schedule", "schedule", record_batch)
-    timed(Scheduler, "update_from_output", "update")
-    timed(GPUModelRunner, "execute_model", "execute")
-    timed(GPUModelRunner, "_model_forward", "forward")
-    timed(GPUModelRunner, "sample_tokens", "sample_tokens")
-    timed(GPUModelRunner, "_sample", "sampler")
-    timed(OutputProcessor, "process_outputs", "api_outputs")
+    time_method(timers, Scheduler, "schedule", "schedule", after=record_batch)
+    time_method(timers, Scheduler, "update_from_output", "update")
+    time_method(timers, GPUModelRunner, "execute_model", "execute")
+    time_method(timers, GPUModelRunner, "_model_forward", "forward")
+    time_method(timers, GPUModelRunner, "sample_tokens", "sample_tokens")
+    time_method(timers, GPUModelRunner, "_sample", "sampler")
+    time_method(timers, OutputProcessor, "process_outputs", "api_outputs")
 
     llm = LLM(model=model_dir, max_model_len=4096, max_num_seqs=max(ENGINE_BATCHES), max_num_batched_tokens=8192,
               distributed_executor_backend="uni", enable_prefix_caching=False, seed=0)
