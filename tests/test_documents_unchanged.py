@@ -28,8 +28,9 @@ STORED = Path(__file__).parent / "data" / "documents"
 WRITE = os.environ.get("SERVELAB_WRITE_DOCUMENTS") == "1"
 
 VOLATILE_KEYS = {"started_at", "finished_at", "sim_wall_s", "steps_per_s", "created_at", "wall_s", "elapsed_s",
-                 "duration_wall_s", "generated_at", "servelab_version", "python", "client_host"}
-"""Keys whose values are the host's clock, speed or load, or the installed versions: blanked before comparing."""
+                 "duration_wall_s", "generated_at", "servelab_version", "python", "client_host", "argv"}
+"""Keys whose values are the host's clock, speed or load, the installed versions, or the test runner's own argv (run.json
+records sys.argv, which under CliRunner is pytest's): blanked before comparing."""
 
 SIM = ["--gpu", "a100-80gb", "--model", "qwen2.5-7b"]
 LOAD = ["--num-prompts", "40", "--random-input-len", "300", "--random-output-len", "40",
@@ -86,7 +87,7 @@ def test_a_verb_writes_the_stored_documents(case: str, tmp_path: Path):
         for name, text in written.items():
             (stored_dir / name).parent.mkdir(parents=True, exist_ok=True)
             (stored_dir / name).write_text(text, encoding="utf-8")
-    stored = {name: path.read_text(encoding="utf-8") for name, path in _documents(stored_dir).items()}
+    stored = {name: _normalised(path, "<out>") for name, path in _documents(stored_dir).items()}  # blanked alike
     assert sorted(written) == sorted(stored), f"{case}: files written differ from those stored"
     for name, text in written.items():
         assert text == stored[name], f"{case}/{name} differs from tests/data/documents/{case}/{name}"
