@@ -4,7 +4,7 @@ This is a benchmark, not a test: its figures depend on what else the host
 runs, so they are taken under `flock /tmp/servelab-heavy.lock` (no other
 heavy run of this repository shares the machine) and printed with the
 host's load and CPU steal during the run, next to the bounds the project
-holds itself to (servelab.experiment.validate.BOUNDS_PCT). The tests
+holds itself to (servelab.calibrate.validate.BOUNDS_PCT). The tests
 (tests/test_calibrate_vllm.py) only assert what holds under any load.
 
 It does what docs/validation.md describes: starts the tiny model's vLLM
@@ -30,8 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from servelab.experiment.calibrate import calibrate
-from servelab.experiment.validate import BOUNDS_PCT, METRICS, points_named, validate
+from servelab.calibrate.calibrate import calibrate
+from servelab.calibrate.validate import BOUNDS_PCT, METRICS, points_named, validate
 from servelab.metrics.host import HostWatch
 from servelab.perf.calibration import CalibrationProfile
 from servelab.targets.server_process import vllm_cpu_server

@@ -28,7 +28,7 @@ from servelab.schemas.vocabulary import Goal
 from servelab.diagnose.regions import Region
 from servelab.schemas.diagnosis import Diagnosis
 from servelab.errors import InputError
-from servelab.experiment.calibrate_from import CalibrateFromRequest, calibrate_from as run_calibrate_from
+from servelab.calibrate.calibrate_from import CalibrateFromRequest, calibrate_from as run_calibrate_from
 from servelab.experiment.runner import run_point
 from servelab.metrics.results import RunResult, load_run
 from servelab.schemas.results import RunInfo, Summary

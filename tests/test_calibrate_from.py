@@ -18,15 +18,14 @@ import pytest
 from typer.testing import CliRunner
 
 from servelab.cli import app
-from servelab.experiment.calibrate_from import (
+from servelab.calibrate.calibrate_from import (
     CalibrateFromError,
     Environment,
     fit_from_runs,
-    profile_deployment,
     simulated,
-    with_environment,
 )
-from servelab.experiment.validate import speed_warnings
+from servelab.targets.profile import profile_deployment, with_environment
+from servelab.calibrate.validate import speed_warnings
 from servelab.metrics.imports import (
     MeasuredRun,
     ResultFormat,
@@ -290,7 +289,7 @@ def test_validate_says_when_the_profiles_own_reference_is_too_wide() -> None:
 
 
 def test_live_calibrate_on_a_noisy_host_writes_the_profile_marked_unreliable_and_exits_3(tmp_path: Path, monkeypatch) -> None:
-    from servelab.experiment import calibrate as experiment_calibrate
+    from servelab.calibrate import calibrate as experiment_calibrate
     from support.profiles import tiny_profile
 
     noisy = load_profile(tiny_profile(tmp_path / "src")).model_copy(update={

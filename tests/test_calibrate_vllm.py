@@ -21,8 +21,8 @@ import pytest
 from typer.testing import CliRunner
 
 from servelab.cli import app
-from servelab.experiment.calibrate import probe_dir_for
-from servelab.experiment.validate import METRICS
+from servelab.calibrate.calibrate import probe_dir_for
+from servelab.calibrate.validate import METRICS
 from servelab.perf.calibration import load_profile
 from support.schemas import assert_files_match_schemas
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
-from servelab.experiment.calibrate import (
+from servelab.calibrate.calibrate import (
     DECODE,
     IDLE,
     PREFILL,
@@ -17,7 +17,6 @@ from servelab.experiment.calibrate import (
     Probe,
     ProbeRuns,
     calibrate,
-    deployment_from_profile,
     fit_report,
     fit_runs,
     mirrored_engine_args,
@@ -28,6 +27,7 @@ from servelab.experiment.calibrate import (
     simulate_probes,
     bunched_fraction,
 )
+from servelab.targets.profile import deployment_from_profile
 from servelab.perf.calibration import (
     PARAMETERS,
     CalibrationProfile,

@@ -101,8 +101,8 @@ def _assert_stored(case: str, written: dict[str, str]) -> None:
 def test_validate_writes_the_stored_report(tmp_path: Path):
     """validation.json of a profile checked against a simulated "server" that is the profile itself (no live server:
     the measured side is the simulator too, so every figure is deterministic). The host's conditions are blanked."""
-    from servelab.experiment.calibrate import profile_sim_target
-    from servelab.experiment.validate import QUICK_POINTS, validate_on
+    from servelab.targets.profile import profile_sim_target
+    from servelab.calibrate.validate import QUICK_POINTS, validate_on
     from servelab.perf.calibration import load_profile
     from servelab.schemas.results import checked
     from servelab.schemas.validation import ValidationReport

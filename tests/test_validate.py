@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from servelab.cli import app
-from servelab.experiment.calibrate import deployment_from_profile, profile_sim_target
-from servelab.experiment.validate import (
+from servelab.targets.profile import deployment_from_profile, profile_sim_target
+from servelab.calibrate.validate import (
     DEFAULT_POINTS,
     METRICS,
     QUICK_POINTS,
@@ -26,7 +26,7 @@ from servelab.experiment.validate import (
 )
 from servelab.metrics.records import RequestRecord
 from support.profiles import tiny_profile
-from servelab.experiment.reference import speed_check, time_reference
+from servelab.calibrate.reference import speed_check, time_reference
 from servelab.perf.calibration import CalibrationProfile, ReferenceTiming, model_spec_dict
 from servelab.perf.cost_model import CostCoefficients
 from servelab.perf.hardware import get_gpu

@@ -61,7 +61,7 @@ def fit_table(profile: CalibrationProfile) -> Table:
 
 
 def validation_table(report: ValidationReport) -> Table:
-    from servelab.experiment.validate import METRICS
+    from servelab.calibrate.validate import METRICS
 
     table = Table(title=f"held-out points: measured / predicted (engine args: {report.engine_args or 'as calibrated'})",
                   caption="each metric from its best repeat, against the simulation of that repeat's requests; "
@@ -130,8 +130,8 @@ def calibrate(
 ) -> None:
     """Fit the simulator to your server: probe it live (--base-url), or fit to benchmarks you already ran (--from)."""
     # The probes, the HTTP client and the fits: imported when a calibration runs, not for --help.
-    from servelab.experiment.calibrate import CalibrationUnreliable, calibrate as run_calibration
-    from servelab.experiment.calibrate_from import CalibrateFromRequest, calibrate_from
+    from servelab.calibrate.calibrate import CalibrationUnreliable, calibrate as run_calibration
+    from servelab.calibrate.calibrate_from import CalibrateFromRequest, calibrate_from
 
     if (base_url is None) == (not from_results):
         raise InputError("give --base-url (probe a live server) or --from RESULT (benchmarks you already ran), one of them")
@@ -243,7 +243,7 @@ def validate(
 ) -> None:
     """Run held-out workloads on the server and in the simulator with the profile; print % error per metric."""
     from servelab.schemas.validation import ValidationReport  # the runs and the simulator: not for --help
-    from servelab.experiment.validate import points_named, validate as run_validation
+    from servelab.calibrate.validate import points_named, validate as run_validation
     from servelab.schemas.results import checked
     from servelab.perf.calibration import load_profile
 

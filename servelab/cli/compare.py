@@ -73,7 +73,7 @@ def compare(
 ) -> None:
     """Would another engine serve this workload better? The same load simulated on each engine, and why they differ."""
     from servelab.experiment.auto_sweep import AutoSweep  # the simulator and the sweeps: not for --help
-    from servelab.experiment.compare import compare_engines
+    from servelab.compare.compare import compare_engines
     from servelab.report.inputs import COMPARE
     from servelab.targets.engine_deployment import build_engine_deployment
 

@@ -151,8 +151,8 @@ open parts (utilization, evidence) empty."""
 
 def toy_validation() -> dict:
     """A `servelab validate` report as validate_on writes it (repeats trimmed), errors computed by validate's own code."""
-    from servelab.experiment.calibrate import compare
-    from servelab.experiment.validate import BOUNDS_PCT, GOALS_PCT, median_abs_errors
+    from servelab.calibrate.calibrate import compare
+    from servelab.calibrate.validate import BOUNDS_PCT, GOALS_PCT, median_abs_errors
 
     measured = {
         "closed-c3": {"output_throughput": 310.0, "median_ttft_ms": 41.0, "p99_ttft_ms": 95.0, "median_tpot_ms": 9.1, "median_e2el_ms": 780.0},

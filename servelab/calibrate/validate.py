@@ -22,7 +22,7 @@ observe the server's timing and is not judged; a point with no other repeat
 has no figures, and the report says how many repeats were set aside.
 
 A host that changed since calibration is caught the same way, openly: the
-reference step time (servelab.experiment.reference) is timed before each
+reference step time (servelab.calibrate.reference) is timed before each
 round of points and after the last, and compared with the profile's. A round
 bracketed by a timing that moved beyond the run-to-run spread of both ran on
 a server of another speed; its repeats are reported as disturbed and not
@@ -41,9 +41,10 @@ from typing import Any
 import numpy as np
 
 from servelab import SCHEMA_VERSION
-from servelab.experiment.calibrate import compare, deployment_from_profile
-from servelab.experiment.probes import PROBE_EXTRA_BODY, bunched_fraction, client_stalled, random_prompt, run_into
-from servelab.experiment.reference import time_reference
+from servelab.calibrate.calibrate import compare
+from servelab.targets.profile import deployment_from_profile
+from servelab.calibrate.probes import PROBE_EXTRA_BODY, bunched_fraction, client_stalled, random_prompt, run_into
+from servelab.calibrate.reference import time_reference
 from servelab.metrics.host import HostWatch, condition_changes
 from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.summary import summarize

@@ -49,13 +49,10 @@ from servelab.perf.calibration import (
     RunFit,
     model_spec_dict,
 )
-from servelab.perf.cost_model import CostCoefficients
-from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.errors import PerfConfigError
-from servelab.perf.models import ModelSpec
 from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
-from servelab.perf.vllm_versions import parse_version, version_defaults
 from servelab.targets.deployment import Deployment, build_deployment
+from servelab.targets.profile import with_environment
 from servelab.workload.spec import LoadPlan
 
 PARAMETERS = ("compute_scale", "memory_scale", "engine_cpu_factor", "api_cpu_factor", "outside_engine_s")
@@ -100,51 +97,6 @@ class Environment:
     @classmethod
     def from_vector(cls, x: np.ndarray) -> Environment:
         return cls(math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), math.exp(x[3]), max(0.0, float(x[4])) * _OUTSIDE_UNIT_S)
-
-
-def with_environment(deployment: Deployment, env: Environment | EnvironmentFit) -> Deployment:
-    """`deployment` in the environment `env`: scaled peaks, vLLM's CPU costs x the host factor, the outside time.
-
-    The CPU costs are vLLM's measured ones whatever the device (the fitted host
-    factor is what makes them this host's), and so is the host's time to
-    launch a layer's kernels one by one in a step without CUDA graphs (the
-    default read off a published eager run, also a host property); only these
-    CPU terms of the coefficients are set, so a GPU with measured kernel
-    tables keeps them.
-    """
-    hw = deployment.hardware
-    scaled = hw.model_copy(update={
-        "bf16_tflops": hw.bf16_tflops * env.compute_scale, "fp8_tflops": hw.fp8_tflops * env.compute_scale,
-        "int8_tflops": hw.int8_tflops * env.compute_scale, "memory_bandwidth_gbs": hw.memory_bandwidth_gbs * env.memory_scale,
-    })
-    costs = measured_cpu_costs(deployment.vllm_version)
-    default = CostCoefficients()
-    host = default.model_copy(update={"eager_launch_s_per_layer": default.eager_launch_s_per_layer * env.engine_cpu_factor})
-    built = Deployment.build(
-        scaled, deployment.model, deployment.requested,
-        coefficients=costs.coefficients(host, env.engine_cpu_factor),
-        api=costs.api_server(env.api_cpu_factor), warnings=deployment.warnings,
-        network_latency=deployment.network_latency + env.outside_engine_s / 2, performance_mode=deployment.performance_mode,
-        vllm_version=deployment.vllm_version,
-    )
-    return replace(built, router=deployment.router, cpu_costs_source="fitted_from_runs")
-
-
-def profile_deployment(profile: CalibrationProfile, engine_args: str = "", model: ModelSpec | None = None) -> Deployment:
-    """The deployment a `calibrate --from` profile describes; `engine_args` override its flags, `model` its model.
-
-    The environment belongs to the hardware and host, not to the model, so
-    another model on the same machine is this deployment with that model.
-    """
-    env = profile.environment
-    assert env is not None, "a profile fitted from runs"
-    version = parse_version(env.vllm_version)
-    parsed = parse_engine_args(profile.engine_args, base=version_defaults(version))
-    if engine_args.strip():
-        parsed = parse_engine_args(engine_args, base=parsed.config)
-    base = Deployment.build(profile.hardware, model or profile.model(), parsed.config, warnings=tuple(parsed.warnings),
-                            performance_mode=parsed.performance_mode, vllm_version=version)
-    return with_environment(base, env)
 
 
 # -- simulating the runs --------------------------------------------------------------------------------------------

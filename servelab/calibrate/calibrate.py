@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import math
 import time
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
-from servelab.experiment.probes import (
+from servelab.calibrate.probes import (
     DECODE,
     IDLE,
     MIXED,
@@ -42,16 +40,15 @@ from servelab.experiment.probes import (
     probe_load,
     run_into,
 )
-from servelab.experiment.reference import merged, time_reference
+from servelab.calibrate.reference import merged, time_reference
 from servelab.metrics import timeline as tl
 from servelab.metrics.host import HostWatch
 from servelab.metrics.records import MemorySink, RequestRecord
+from servelab.metrics.scrape import server_cache_config
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample
 from servelab.errors import EXIT_DISTURBED, ServelabError
-from servelab.experiment.calibrate_from import profile_deployment
 from servelab.perf.calibration import (
-    CalibrationOrigin,
     CalibrationProfile,
     CostFit,
     StepObservation,
@@ -314,24 +311,6 @@ def simulate_probes(target: SimTarget, runs: list[ProbeRuns], vocab_size: int) -
 # -- the server's own view of its configuration --------------------------------
 
 
-def server_cache_config(base_url: str, timeout: float = 5.0) -> dict[str, str]:
-    """Labels of vLLM's `cache_config_info` metric (block size, KV bytes); empty when the server has no such metric."""
-    url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            text = resp.read().decode("utf-8", "replace")
-    except (OSError, ValueError):
-        return {}
-    lines = [line for line in text.splitlines() if "cache_config_info" in line]
-    try:
-        for family in text_string_to_metric_families("\n".join(lines) + "\n"):
-            for sample in family.samples:
-                return dict(sample.labels)
-    except ValueError:
-        return {}
-    return {}
-
-
 def mirrored_engine_args(engine_args: str, cache: dict[str, str], served: dict[str, Any]) -> str:
     """The user's flags plus what the server reports and the user did not set: block size, KV bytes, max model len.
 
@@ -351,25 +330,6 @@ def mirrored_engine_args(engine_args: str, cache: dict[str, str], served: dict[s
 
 
 # -- the whole verb --------------------------------------------------------------
-
-
-def deployment_from_profile(profile: CalibrationProfile, engine_args: str = "", model: ModelSpec | None = None) -> Deployment:
-    """The calibrated hardware + model as a simulated deployment; `engine_args` override the probed flags one by one.
-
-    The Deployment carries everything the profile fitted: the roofline's
-    coefficients (prefill-step and idle-wake costs included), the latency and
-    the API server's per-request cost. `model` puts another model on the same
-    calibrated hardware (the profile's own by default).
-    """
-    if profile.origin == CalibrationOrigin.RUNS:
-        return profile_deployment(profile, engine_args, model)
-    probed = parse_engine_args(profile.engine_args)
-    parsed = parse_engine_args(engine_args, base=probed.config) if engine_args.strip() else probed
-    return Deployment.build(
-        profile.hardware, model or profile.model(), parsed.config, coefficients=profile.coefficients,
-        warnings=tuple(parsed.warnings), network_latency=profile.network_latency_s,
-        performance_mode=parsed.performance_mode, api=ApiServerCosts(per_request_s=profile.frontend_s_per_request),
-    )
 
 
 def fit_runs(runs: list[ProbeRuns], probed: Deployment, source: str) -> tuple[CostFit, Deployment]:
@@ -427,11 +387,6 @@ def fit_frontend(runs: list[ProbeRuns], deployment: Deployment) -> Deployment:
         refined = minimize_scalar(loss, bounds=(lo, hi), method="bounded", options={"xatol": 0.01})
         tried[float(refined.x)] = float(refined.fun)
     return with_frontend(min(tried, key=tried.__getitem__) / 1e3)
-
-
-def profile_sim_target(profile: CalibrationProfile, engine_args: str = "") -> SimTarget:
-    """The simulator of the calibrated hardware + model, with every fitted cost; `engine_args` as for deployment_from_profile."""
-    return deployment_from_profile(profile, engine_args).sim_target()
 
 
 def probe_dir_for(out: Path) -> Path:
