@@ -28,7 +28,6 @@ from servelab.schemas.vocabulary import Goal
 from servelab.diagnose.regions import Region
 from servelab.schemas.diagnosis import Diagnosis
 from servelab.errors import InputError
-from servelab.calibrate.calibrate_from import CalibrateFromRequest, calibrate_from as run_calibrate_from
 from servelab.experiment.runner import run_point
 from servelab.metrics.results import RunResult, load_run
 from servelab.schemas.results import RunInfo, Summary
@@ -170,7 +169,9 @@ def calibrate_from(results: str | Path | list[str | Path], gpu: str, model: str,
     `results`: servelab results directories, `vllm bench serve --save-result` JSONs, GuideLLM or AIPerf exports
     holding every request or their lengths (a file of aggregates only needs the CLI's workload flags).
     """
+    from servelab.calibrate import calibrate as verb
+    from servelab.calibrate.request import CalibrateRequest
+
     sources = tuple(Path(r) for r in (results if isinstance(results, list) else [results]))
-    request = CalibrateFromRequest(sources, gpu, model, Path(out), engine_args=engine_args, vllm_version=vllm_version,
-                                   overwrite=overwrite)
-    return run_calibrate_from(request)
+    return verb.run(CalibrateRequest(gpu, model, Path(out), sources=sources, engine_args=engine_args,
+                                     vllm_version=vllm_version, overwrite=overwrite))

@@ -298,11 +298,11 @@ def test_live_calibrate_on_a_noisy_host_writes_the_profile_marked_unreliable_and
                                     "idle_wake_time_constant_s")} | {"linear_flops": 1e9, "attention_flops": 1e9},
         "fit": {"rms_rel_error": 0.05}})
 
-    def fake_calibration(base_url, gpu, model, out, **_):  # the probing is what cannot be noisy on demand here
-        noisy.save(out)
+    def fake_probing(request, progress):  # the probing is what cannot be noisy on demand here
+        noisy.save(request.out)
         return noisy
 
-    monkeypatch.setattr(experiment_calibrate, "calibrate", fake_calibration)
+    monkeypatch.setattr(experiment_calibrate, "probe_server", fake_probing)
     out = tmp_path / "p.json"
     result = _cli("calibrate", "--base-url", "http://127.0.0.1:9", "--gpu", "cpu", "--model", "qwen2.5-7b", "-o", str(out))
     assert result.exit_code == 3, result.output

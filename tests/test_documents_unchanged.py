@@ -102,14 +102,12 @@ def test_validate_writes_the_stored_report(tmp_path: Path):
     """validation.json of a profile checked against a simulated "server" that is the profile itself (no live server:
     the measured side is the simulator too, so every figure is deterministic). The host's conditions are blanked."""
     from servelab.targets.profile import profile_sim_target
-    from servelab.calibrate.validate import QUICK_POINTS, validate_on
+    from servelab.calibrate.validate import QUICK_POINTS, report_json, validate_on
     from servelab.perf.calibration import load_profile
-    from servelab.schemas.results import checked
-    from servelab.schemas.validation import ValidationReport
     from support.profiles import tiny_profile
 
     out = tmp_path / "validate"
     profile = load_profile(tiny_profile(out / "profile"))
     report = validate_on(profile_sim_target(profile), profile, out / "validation.runs", points=QUICK_POINTS[:2], repeats=2)
-    (out / "validation.json").write_text(json.dumps(checked(ValidationReport, report), indent=2) + "\n", encoding="utf-8")
+    (out / "validation.json").write_text(report_json(report), encoding="utf-8")
     _assert_stored("validate", {"validation.json": _normalised(out / "validation.json", str(out), frozenset({"host"}))})

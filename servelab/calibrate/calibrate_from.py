@@ -33,12 +33,12 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
 from servelab.errors import InputError
-from servelab.metrics.imports import MeasuredRun, WorkloadFlags, read_measured_runs
+from servelab.calibrate.request import CalibrateRequest
+from servelab.metrics.imports import MeasuredRun, read_measured_runs
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
 from servelab.perf.calibration import (
@@ -295,27 +295,8 @@ def _run_fit(run: MeasuredRun, fitted: dict[str, float | None], specs: dict[str,
 # -- the verb -------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CalibrateFromRequest:
-    """`servelab calibrate --from`: the results, the deployment that produced them, where the profile goes."""
-
-    sources: tuple[Path, ...]
-    gpu: str
-    model: str
-    out: Path
-    engine_args: str = ""
-    vllm_version: str | None = None
-    workload: WorkloadFlags = WorkloadFlags()
-    overwrite: bool = False
-    max_evaluations: int = 40
-
-
-def calibrate_from(request: CalibrateFromRequest, progress: Callable[[str], None] = lambda _: None) -> CalibrationProfile:
+def calibrate_from(request: CalibrateRequest, progress: Callable[[str], None] = lambda _: None) -> CalibrationProfile:
     """Read every result, check it against the deployment, fit, write the profile; every refusal before any fitting."""
-    if not request.sources:
-        raise CalibrateFromError("give at least one --from RESULT")
-    if request.out.exists() and not request.overwrite:
-        raise CalibrateFromError(f"{request.out} exists: give --overwrite to replace it, or another -o")
     runs = [run for source in request.sources for run in read_measured_runs(source, request.workload)]
     try:
         deployment = build_deployment(request.gpu, request.model, request.engine_args, vllm_version=request.vllm_version)
