@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from servelab.errors import InputError
+from servelab.report.cells import MISSING
 
 from servelab.metrics.records import MemorySink
 from servelab.schemas.compare import EngineComparison, EngineMemory, EnginePoint, EngineResult
@@ -123,7 +124,7 @@ def compare_engines(
 
 
 def _ms(value: float | None) -> str:
-    return "—" if value is None else f"{value:,.0f} ms"
+    return MISSING if value is None else f"{value:,.0f} ms"
 
 
 def ranking_line(peaks: Sequence[tuple[str, float]]) -> str:

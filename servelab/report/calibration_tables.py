@@ -7,21 +7,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from servelab.report.cells import MISSING, number, percent
 from servelab.perf.calibration import CalibrationProfile, RunFit
 from servelab.schemas.validation import ValidationReport
 
 
 BOUND_WORDS = {"output_throughput": "output throughput", "median_ttft_ms": "TTFT p50", "median_tpot_ms": "TPOT p50"}
 """How the verdict line names each bounded metric."""
-
-
-def _pct(value: float | None) -> str:
-    """Signed percentage, '-' where there is nothing to compare."""
-    return "-" if value is None else f"{value:+.0f}%"
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
 
 
 def fit_table(profile: CalibrationProfile) -> Table:
@@ -33,7 +25,7 @@ def fit_table(profile: CalibrationProfile) -> Table:
         m, s, e = row["measured"], row["simulated"], row["error_pct"]
         cells = [row["probe"]]
         for key in ("median_ttft_ms", "median_tpot_ms", "output_throughput"):
-            cells.append("-" if m[key] is None else f"{_num(m[key])} / {_num(s[key])} ({_pct(e[key])})")
+            cells.append(MISSING if m[key] is None else f"{number(m[key], '.2f')} / {number(s[key], '.2f')} ({percent(e[key])})")
         table.add_row(*cells)
     return table
 
@@ -51,12 +43,12 @@ def validation_table(report: ValidationReport) -> Table:
         set_aside = [f"{n} {why}" for why, n in (("stalled", row.stalled_repeats), ("disturbed", row.disturbed_repeats)) if n]
         name = row.point + (f" ({', '.join(set_aside)})" if set_aside else "")
         table.add_row(name, *(
-            "-" if row.measured[k] is None else
-            f"{row.measured[k]:.1f} / {row.simulated[k]:.1f} ({_pct(row.error_pct[k])})" for k in metrics
+            MISSING if row.measured[k] is None else
+            f"{row.measured[k]:.1f} / {row.simulated[k]:.1f} ({percent(row.error_pct[k])})" for k in metrics
         ))
     medians, bounds = report.median_abs_error_pct, report.bounds_pct
     table.add_row("median |error|", *(
-        "-" if medians[k] is None else f"{medians[k]:.1f}%" + (f" (<= {bounds[k]:g}%)" if k in bounds else "")
+        MISSING if medians[k] is None else f"{medians[k]:.1f}%" + (f" (<= {bounds[k]:g}%)" if k in bounds else "")
         for k in metrics
     ), style="bold")
     return table
@@ -95,8 +87,8 @@ def runs_table(fit: RunFit) -> Table:
     for column in ("metric", "measured", "fitted", "specs-only"):
         table.add_column(column, justify="left" if column == "metric" else "right", no_wrap=True)
     for key, m in fit.metrics.items():
-        table.add_row(key, _num(m.measured), f"{_num(m.fitted)} ({_pct(m.fitted_error_pct)})",
-                      f"{_num(m.specs_only)} ({_pct(m.specs_only_error_pct)})")
+        table.add_row(key, number(m.measured, ".2f"), f"{number(m.fitted, '.2f')} ({percent(m.fitted_error_pct)})",
+                      f"{number(m.specs_only, '.2f')} ({percent(m.specs_only_error_pct)})")
     return table
 
 
