@@ -236,8 +236,6 @@ def fit_from_runs(
     `model_source` and `engine_args` are what the user gave (the --model, the
     server's flags), kept in the profile; by default the deployment's own.
     """
-    from scipy.optimize import least_squares  # ~0.3 s to import: only when a fit runs, not for --help
-
     if not runs:
         raise CalibrateFromError("no measured runs to calibrate on")
     check_runs_fit_deployment(runs, deployment)
@@ -250,15 +248,7 @@ def fit_from_runs(
     sensitivity = sensitivities(objective, start)
     free = [i for i, name in enumerate(PARAMETERS) if sensitivity[name] >= MIN_SENSITIVITY]
     progress("sensitivity to each parameter's test step: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in sensitivity.items()))
-    best = start
-    if free:
-        objective.free = free
-        coarse = coarse_search(objective, start, free, lower, upper)
-        span = upper[free] - lower[free]
-        inside = np.clip(coarse[free], lower[free] + 1e-6 * span, upper[free] - 1e-6 * span)  # least_squares refuses a bound
-        result = least_squares(objective, inside, bounds=(lower[free], upper[free]), diff_step=0.03,
-                               x_scale=1.0, max_nfev=max_evaluations)
-        best = objective.full(result.x)
+    best = search(objective, start, free, (lower, upper), max_evaluations) if free else start
     fitted_env = Environment.from_vector(best)
     fitted = with_environment(deployment, fitted_env)
     fits = [_run_fit(run, simulated(fitted, run), simulated(deployment, run)) for run in runs]
@@ -280,6 +270,21 @@ def fit_from_runs(
         network_latency_s=fitted.network_latency, frontend_s_per_request=fitted.api.per_request_s,
         elapsed_s=time.monotonic() - t0, origin=CalibrationOrigin.RUNS, environment=environment,
     )
+
+
+def search(objective: _Objective, start: np.ndarray, free: list[int], bounds: tuple[np.ndarray, np.ndarray],
+           max_evaluations: int) -> np.ndarray:
+    """The best vector: a coarse search for the basin, then bounded least squares over the `free` parameters."""
+    from scipy.optimize import least_squares  # ~0.3 s to import: only when a fit runs, not for --help
+
+    lower, upper = bounds
+    objective.free = free
+    coarse = coarse_search(objective, start, free, lower, upper)
+    span = upper[free] - lower[free]
+    inside = np.clip(coarse[free], lower[free] + 1e-6 * span, upper[free] - 1e-6 * span)  # least_squares refuses a bound
+    result = least_squares(objective, inside, bounds=(lower[free], upper[free]), diff_step=0.03,
+                           x_scale=1.0, max_nfev=max_evaluations)
+    return objective.full(result.x)
 
 
 def _run_fit(run: MeasuredRun, fitted: dict[str, float | None], specs: dict[str, float | None]) -> RunFit:

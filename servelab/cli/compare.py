@@ -59,7 +59,9 @@ def _show(result: EngineComparison, out: Console) -> None:
 def compare(
     gpu: Annotated[str, typer.Option(help="GPU from the catalogue, e.g. h100-sxm.", rich_help_panel=_DEPLOYMENT)],
     model: Annotated[str, typer.Option(help="Built-in model or a Hugging Face model dir with config.json.", rich_help_panel=_DEPLOYMENT)],
-    engines: Annotated[str, typer.Option(help=f"Comma-separated: {', '.join(ENGINES)}.", rich_help_panel=_DEPLOYMENT)] = ",".join(ENGINES),
+    engines: Annotated[str, typer.Option(
+        help=f"The engines to run this deployment and load on, comma-separated: {', '.join(ENGINES)} (each with its own "
+             "flags: --vllm-args, --sglang-args, --trtllm-args).", rich_help_panel=_DEPLOYMENT)] = ",".join(ENGINES),
     vllm_args: Annotated[str, typer.Option(callback=shell_words, help="`vllm serve` flags for the vLLM run.", rich_help_panel=_DEPLOYMENT)] = "",
     sglang_args: Annotated[str, typer.Option(callback=shell_words, help="`python -m sglang.launch_server` flags for the SGLang run.", rich_help_panel=_DEPLOYMENT)] = "",
     trtllm_args: Annotated[str, typer.Option(callback=shell_words, help="`trtllm-serve` flags for the TensorRT-LLM run.", rich_help_panel=_DEPLOYMENT)] = "",
