@@ -366,8 +366,8 @@ def speed_checks(calibrated: ReferenceTiming | None, timings: list[tuple[str, Re
 
 
 def reference_report(profile: CalibrationProfile, timings: list[tuple[str, ReferenceTiming]],
-                     speed: list[SpeedChange | None]) -> dict[str, Any]:
-    def described(t: ReferenceTiming) -> dict[str, Any]:
+                     speed: list[SpeedChange | None]) -> dict[str, object]:
+    def described(t: ReferenceTiming) -> dict[str, object]:
         return {**t.model_dump(), "median_ms": t.median_ms, "spread_pct": t.spread_pct}
 
     return {

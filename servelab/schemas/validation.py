@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
@@ -31,9 +30,9 @@ class ServerRef(OpenModel):
     base_url: str | None = None
 
     @model_serializer(mode="wrap")
-    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
         """As validate writes it: the URL first, then the model, then anything else; what is unknown left out."""
-        data: dict[str, Any] = handler(self)
+        data: dict[str, object] = handler(self)
         return {k: data[k] for k in dict.fromkeys(("base_url", "model", *data)) if data[k] is not None}
 
 
