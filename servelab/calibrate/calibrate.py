@@ -170,7 +170,7 @@ class ProbeRuns:
         q = {"median_ttft_ms": 25, "median_tpot_ms": 25, "server_prefill_ms": 25, "output_throughput": 75}.get(key, 50)
         return float(np.percentile(values, q))
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         keys = ("median_ttft_ms", "median_tpot_ms", "output_throughput", "tokens_per_step", "server_prefill_ms")
         return {
             **asdict(self.probe),
@@ -287,7 +287,7 @@ def compare(measured: dict[str, float | None], simulated: dict[str, float | None
     return out
 
 
-def simulate_probes(target: SimTarget, runs: list[ProbeRuns], vocab_size: int) -> list[dict[str, Any]]:
+def simulate_probes(target: SimTarget, runs: list[ProbeRuns], vocab_size: int) -> list[dict[str, object]]:
     """Every probe re-served by the simulated engine with the fitted profile, against its measured figures."""
     out = []
     keys = ("median_ttft_ms", "median_tpot_ms", "output_throughput")
@@ -311,7 +311,7 @@ def simulate_probes(target: SimTarget, runs: list[ProbeRuns], vocab_size: int) -
 # -- the server's own view of its configuration --------------------------------
 
 
-def mirrored_engine_args(engine_args: str, cache: dict[str, str], served: dict[str, Any]) -> str:
+def mirrored_engine_args(engine_args: str, cache: dict[str, str], served: dict[str, object]) -> str:
     """The user's flags plus what the server reports and the user did not set: block size, KV bytes, max model len.
 
     The CPU backend uses 128-token blocks and a fixed KV space whatever the
@@ -401,7 +401,7 @@ def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = la
     target = HttpTarget(request.base_url, model=request.served_model, api_key=request.api_key, ignore_eos=True,
                         extra_body=PROBE_EXTRA_BODY, request_timeout=120.0)
     info = target.preflight()
-    served: dict[str, Any] = next((m for m in info["models"] if m.get("id") == info["model"]), {})
+    served: dict[str, object] = next((m for m in info["models"] if m.get("id") == info["model"]), {})
     cache = server_cache_config(request.base_url)
     probed_args = mirrored_engine_args(request.engine_args, cache, served)
     probed = Deployment.build(hardware, spec, parse_engine_args(probed_args).config)
@@ -434,7 +434,7 @@ def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = la
     return profile
 
 
-def fit_report(fit: CostFit) -> dict[str, Any]:
+def fit_report(fit: CostFit) -> dict[str, object]:
     return {
         "converged": fit.converged,
         "message": fit.message,
