@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from servelab.calibrate.request import CalibrateRequest
 from servelab.cli import app
+from servelab.errors import InputError
 from servelab.calibrate.calibrate_from import (
     CalibrateFromError,
     Environment,
@@ -191,6 +193,23 @@ def test_load_flags_that_do_not_describe_a_workload_are_refused(tmp_path: Path) 
     result = _cli("calibrate", "--from", str(AIPERF), "--gpu", "h100-sxm", "--model", "qwen2.5-7b",
                   "-o", str(tmp_path / "p.json"), "--sweep", "request-rate=1,2")
     assert result.exit_code == 2 and "--sweep does not apply" in result.output
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"base_url": "http://127.0.0.1:9", "vllm_version": "0.11.0"}, "--vllm-version describes the runs of calibrate --from"),
+    ({"base_url": "http://127.0.0.1:9", "budget_s": 5.0}, "too small"),
+    ({}, "one of them"),
+])
+def test_the_request_refuses_what_the_cli_refuses_before_any_work(tmp_path: Path, given: dict, message: str) -> None:
+    """One request for the CLI and the Python API: its refusals come on construction, before a probe or a file read."""
+    with pytest.raises(InputError, match=message):
+        CalibrateRequest("cpu", "qwen2.5-7b", tmp_path / "p.json", **given)
+
+
+def test_a_live_calibrate_refuses_workload_flags_naming_them(tmp_path: Path) -> None:
+    result = _cli("calibrate", "--base-url", "http://127.0.0.1:9", "--gpu", "cpu", "--model", "qwen2.5-7b",
+                  "-o", str(tmp_path / "p.json"), "--num-prompts", "10")
+    assert result.exit_code == 2 and "--num-prompts does not apply to calibrate --base-url" in result.output
 
 
 # -- the fit ----------------------------------------------------------------------------------------------------------
