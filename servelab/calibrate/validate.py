@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
@@ -64,9 +64,21 @@ METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms
 BOUNDS_PCT = {"output_throughput": 10.0, "median_ttft_ms": 20.0, "median_tpot_ms": 10.0}
 """Median |error| over the points that the issue requires (its goal is 5 / 10 / 5)."""
 GOALS_PCT = {"output_throughput": 5.0, "median_ttft_ms": 10.0, "median_tpot_ms": 5.0}
-Repeat = dict[str, Any]
-"""One run of a point as the report keeps it: workload, directory, bunched share, measured and simulated figures,
-round, and whether the server's speed had changed (disturbed)."""
+
+
+class Repeat(TypedDict):
+    """One run of a point as the report keeps it (validation.json's `points[].repeats[]`)."""
+
+    workload: dict[str, object]
+    """The load plan's description: the point's shape, its seed and (Poisson points) the request rate."""
+    directory: str
+    bunched: float
+    """Share of token gaps the client read in bunches (see probes.bunched_fraction)."""
+    measured: dict[str, float | None]
+    simulated: dict[str, float | None]
+    round: int
+    disturbed: NotRequired[bool]
+    """Whether a reference timing around its round found the server at another speed; set once all rounds ran."""
 
 
 class ValidateError(PerfConfigError):
@@ -186,12 +198,10 @@ def best_of(repeats: list[Repeat]) -> tuple[dict[str, float | None], dict[str, f
     measured: dict[str, float | None] = dict.fromkeys(METRICS)
     simulated: dict[str, float | None] = dict.fromkeys(METRICS)
     for k in METRICS:
-        candidates = [r for r in valid if r["measured"][k] is not None]
-        if not candidates:
-            continue
-        pick = max if k == "output_throughput" else min
-        best = pick(candidates, key=lambda x: x["measured"][k])
-        measured[k], simulated[k] = best["measured"][k], best["simulated"][k]
+        candidates = [(value, r["simulated"][k]) for r in valid if (value := r["measured"][k]) is not None]
+        if candidates:
+            pick = max if k == "output_throughput" else min
+            measured[k], simulated[k] = pick(candidates, key=lambda pair: pair[0])
     return measured, simulated
 
 
