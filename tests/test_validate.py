@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servelab.cli import app
+from servelab.errors import InputError
 from servelab.targets.profile import deployment_from_profile, profile_sim_target
 from servelab.calibrate.validate import (
     DEFAULT_POINTS,
@@ -227,3 +228,30 @@ def test_an_earlier_validation_is_replaced_only_with_overwrite(tmp_path: Path) -
                                       "--out", str(out)])
     assert result.exit_code == 2 and "--overwrite" in result.stderr and str(out) in result.stderr
     assert out.read_text() == "{}" and (tmp_path / "validation.runs").is_dir()
+
+
+def test_the_server_is_written_as_validate_always_wrote_it() -> None:
+    """validation.json's `server`: the URL first, then the model, unknown parts left out (a report validated against
+    a target that is no live server has `{}`), whatever order the model declares its fields in."""
+    from servelab.schemas.validation import ServerRef
+
+    assert ServerRef(model="tiny-qwen", base_url="http://127.0.0.1:8000").model_dump() == {
+        "base_url": "http://127.0.0.1:8000", "model": "tiny-qwen"}
+    assert list(ServerRef(model="m", base_url="u").model_dump()) == ["base_url", "model"]
+    assert ServerRef().model_dump() == {}
+    assert ServerRef.model_validate({"base_url": "u", "model": "m", "version": "0.32"}).model_dump() == {
+        "base_url": "u", "model": "m", "version": "0.32"}
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"points": "everything"}, "unknown point set"),
+    ({"engine_args": "--max-num-seqs -3"}, "max-num-seqs"),
+])
+def test_the_verb_refuses_bad_input_before_any_request(tmp_path: Path, given: dict, message: str) -> None:
+    """validate.run checks the profile, the point set and the flags first: the unreachable server is never asked."""
+    from servelab.calibrate.validate import ValidateRequest, run
+
+    request = ValidateRequest(tiny_profile(tmp_path), "http://127.0.0.1:9", tmp_path / "v.json", **given)
+    with pytest.raises(InputError, match=message):
+        run(request)
+    assert not (tmp_path / "v.json").exists() and not (tmp_path / "v.runs").exists()
