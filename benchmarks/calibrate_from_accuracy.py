@@ -5,7 +5,7 @@ it takes the machine-wide heavy-run lock and prints the host's load beside
 them. It starts the tiny model's vLLM CPU server, measures a few runs of
 different shapes with `servelab bench` and one with the vLLM venv's own
 `vllm bench serve --save-result`, then for each run in turn: calibrates from
-that run alone (servelab.experiment.calibrate_from.fit_from_runs) and
+that run alone (servelab.calibrate.calibrate_from.fit_from_runs) and
 predicts every other run, specs-only and calibrated. It prints the median
 |error| per metric for both (the table in docs/validation.md).
 
@@ -25,7 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from servelab.experiment.calibrate_from import fit_from_runs, profile_deployment, simulated
+from servelab.calibrate.calibrate_from import fit_from_runs, simulated
+from servelab.targets.profile import profile_deployment
 from servelab.metrics.host import HostWatch
 from servelab.metrics.imports import MeasuredRun, read_measured_runs
 from servelab.targets.deployment import build_deployment

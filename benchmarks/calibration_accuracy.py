@@ -4,7 +4,7 @@ This is a benchmark, not a test: its figures depend on what else the host
 runs, so they are taken under `flock /tmp/servelab-heavy.lock` (no other
 heavy run of this repository shares the machine) and printed with the
 host's load and CPU steal during the run, next to the bounds the project
-holds itself to (servelab.experiment.validate.BOUNDS_PCT). The tests
+holds itself to (servelab.calibrate.validate.BOUNDS_PCT). The tests
 (tests/test_calibrate_vllm.py) only assert what holds under any load.
 
 It does what docs/validation.md describes: starts the tiny model's vLLM
@@ -22,7 +22,6 @@ Needs the vLLM venv and the tiny model that scripts/test builds
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,8 +29,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from servelab.experiment.calibrate import calibrate
-from servelab.experiment.validate import BOUNDS_PCT, METRICS, points_named, validate
+from servelab.calibrate import calibrate, validate
+from servelab.calibrate.request import CalibrateRequest
+from servelab.calibrate.validate import BOUNDS_PCT, METRICS, ValidateRequest, points_named
 from servelab.metrics.host import HostWatch
 from servelab.perf.calibration import CalibrationProfile
 from servelab.targets.server_process import vllm_cpu_server
@@ -83,20 +83,21 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="servelab-calibration-accuracy-"))
     out.mkdir(parents=True, exist_ok=True)
-    points = points_named(args.points)
+    points_named(args.points)  # an unknown set fails before a server starts
     with heavy_lock():
         host = HostWatch().start()
         started = time.time()
         with server(out) as url:
-            profile: CalibrationProfile = calibrate(url, "cpu", TINY_MODEL, out / "profile.json",
-                                                    engine_args=" ".join(ENGINE_ARGS), budget_s=args.budget)
-            same = validate(profile, url, out / "validate-32.runs", points=points, repeats=args.repeats)
+            profile: CalibrationProfile = calibrate.run(CalibrateRequest(
+                "cpu", str(TINY_MODEL), out / "profile.json", base_url=url, engine_args=" ".join(ENGINE_ARGS),
+                budget_s=args.budget, overwrite=True))
+            same = validate.run(ValidateRequest(out / "profile.json", url, out / "validate-32.json", points=args.points,
+                                                repeats=args.repeats, overwrite=True)).model_dump(mode="json")
         with server(out, "--max-num-seqs", "8") as url:
-            other = validate(profile, url, out / "validate-8.runs", engine_args="--max-num-seqs 8",
-                             points=points, repeats=args.repeats)
+            other = validate.run(ValidateRequest(out / "profile.json", url, out / "validate-8.json", points=args.points,
+                                                 engine_args="--max-num-seqs 8", repeats=args.repeats,
+                                                 overwrite=True)).model_dump(mode="json")
         conditions = host.conditions()
-    for name, report in (("validate-32", same), ("validate-8", other)):
-        (out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     ref = profile.reference
     print(f"## Calibration accuracy on the vLLM CPU server ({time.strftime('%Y-%m-%d', time.gmtime(started))})\n")
     print(f"Host during the run: {host_line(conditions)}; {time.time() - started:.0f} s in all; results in {out}.")

@@ -66,7 +66,8 @@ from urllib.parse import urlparse
 import numpy as np
 import yaml
 
-from servelab.experiment.calibrate_from import CalibrateFromError, fit_from_runs, with_environment
+from servelab.calibrate.calibrate_from import CalibrateFromError, fit_from_runs
+from servelab.targets.profile import with_environment
 from servelab.metrics.imports import MEASURED_KEYS, MeasuredRun, ResultFormat
 from servelab.metrics.intervals import (
     LEVEL, RESIDUALS, Regime, Residual, ResidualTable, Tier, classify_regime, metric_bounds,

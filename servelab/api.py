@@ -24,11 +24,12 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from servelab.schemas.vocabulary import Goal
+from servelab.schemas.compare import EngineComparison
+from servelab.schemas.validation import ValidationReport
+from servelab.schemas.vocabulary import ENGINES, Goal
 from servelab.diagnose.regions import Region
 from servelab.schemas.diagnosis import Diagnosis
 from servelab.errors import InputError
-from servelab.experiment.calibrate_from import CalibrateFromRequest, calibrate_from as run_calibrate_from
 from servelab.experiment.runner import run_point
 from servelab.metrics.results import RunResult, load_run
 from servelab.schemas.results import RunInfo, Summary
@@ -170,7 +171,52 @@ def calibrate_from(results: str | Path | list[str | Path], gpu: str, model: str,
     `results`: servelab results directories, `vllm bench serve --save-result` JSONs, GuideLLM or AIPerf exports
     holding every request or their lengths (a file of aggregates only needs the CLI's workload flags).
     """
+    from servelab.calibrate import calibrate as verb
+    from servelab.calibrate.request import CalibrateRequest
+
     sources = tuple(Path(r) for r in (results if isinstance(results, list) else [results]))
-    request = CalibrateFromRequest(sources, gpu, model, Path(out), engine_args=engine_args, vllm_version=vllm_version,
-                                   overwrite=overwrite)
-    return run_calibrate_from(request)
+    return verb.run(CalibrateRequest(gpu, model, Path(out), sources=sources, engine_args=engine_args,
+                                     vllm_version=vllm_version, overwrite=overwrite))
+
+
+def calibration(base_url: str, gpu: str, model: str, *, out: str | Path, engine_args: str = "", budget_s: float = 300.0,
+              served_model: str | None = None, api_key: str | None = None, overwrite: bool = False) -> CalibrationProfile:
+    """`servelab calibrate --base-url`: probe the live server for `budget_s` seconds, fit, write the profile to `out`
+    (the raw probe runs beside it, in `<out>.probes/`). `engine_args` are the flags the server runs with. Named
+    `calibration`, as `diagnosis`: `servelab.calibrate` is the package that does the work."""
+    from servelab.calibrate import calibrate as verb
+    from servelab.calibrate.request import CalibrateRequest
+
+    return verb.run(CalibrateRequest(gpu, model, Path(out), base_url=base_url, engine_args=engine_args, budget_s=budget_s,
+                                     served_model=served_model, api_key=api_key, overwrite=overwrite))
+
+
+def validation(calibration: str | Path, base_url: str, *, out: str | Path = "validation.json", points: str = "default",
+             engine_args: str = "", repeats: int = 3, served_model: str | None = None, api_key: str | None = None,
+             overwrite: bool = False) -> ValidationReport:
+    """`servelab validate`: held-out points on the live server and in the simulator with the profile at `calibration`;
+    the report is written to `out` (the measured runs to `<out>.runs/`) and returned."""
+    from servelab.calibrate import validate as verb
+
+    return verb.run(verb.ValidateRequest(Path(calibration), base_url, Path(out), points=points, engine_args=engine_args,
+                                         repeats=repeats, served_model=served_model, api_key=api_key, overwrite=overwrite))
+
+
+def comparison(gpu: str, model: str, *, engines: Sequence[str] = ENGINES, launch_flags: dict[str, str] | None = None,
+            input_len: int = 1024, output_len: int = 128, request_rate: float = math.inf,
+            max_concurrency: int | None = None, num_prompts: int = 200, seed: int = 0,
+            goodput: dict[str, float] | None = None, tensor_parallel_size: int | None = None) -> EngineComparison:
+    """`servelab compare`: the same load simulated on each engine in `engines`, and why their results differ.
+    `launch_flags` maps an engine to its own flags (`{"sglang": "--chunked-prefill-size 4096"}`). Named `comparison`:
+    `servelab.compare` is the package that does the work."""
+    from servelab.compare import compare as verb
+
+    def plan() -> Any:
+        return _plan(input_len, output_len, request_rate, max_concurrency, num_prompts, seed)
+
+    unknown = [e for e in [*engines, *(launch_flags or {})] if e not in ENGINES]
+    if unknown or not engines:
+        raise InputError(f"comparison(): engines {list(engines)}: give a non-empty subset of {', '.join(ENGINES)}")
+    slo = SLO.parse([f"{k}:{v:g}" for k, v in (goodput or {}).items()])
+    return verb.run(verb.CompareRequest(gpu, model, [("as given", plan)], engines=tuple(engines),
+                                        launch_flags=launch_flags or {}, tensor_parallel_size=tensor_parallel_size, slo=slo))

@@ -54,3 +54,30 @@ def test_an_earlier_result_is_replaced_only_when_asked(tmp_path: Path) -> None:
     assert servelab.load_results(tmp_path / "run").summary == first.summary  # untouched by the refusal
     again = servelab.simulate("a100-80gb", "qwen2.5-7b", result_dir=tmp_path / "run", seed=1, overwrite=True, **small)
     assert again.summary is not None and again.summary.completed == 8 and not stale.exists()
+
+
+def test_comparison_is_what_the_cli_writes_for_the_same_load(tmp_path: Path) -> None:
+    """The Python face and the command line call the same verb: the same GPU, model, engines and load give the
+    same compare.json (clock-free: the comparison is simulated)."""
+    from typer.testing import CliRunner
+
+    from servelab.cli import app
+
+    load = {"input_len": 300, "output_len": 40, "num_prompts": 30, "request_rate": 4.0, "seed": 3}
+    ours = servelab.comparison("a100-80gb", "qwen2.5-7b", engines=["vllm", "sglang"], **load)
+    out = tmp_path / "compare.json"
+    result = CliRunner().invoke(app, ["compare", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--engines", "vllm,sglang",
+                                      "--random-input-len", "300", "--random-output-len", "40", "--num-prompts", "30",
+                                      "--request-rate", "4", "--seed", "3", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert ours.model_dump_json(indent=2) + "\n" == out.read_text()
+    assert [e.engine for e in ours.engines] == ["vllm", "sglang"]
+
+
+def test_calibration_validation_and_comparison_refuse_bad_input_before_any_request(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="too small"):
+        servelab.calibration("http://127.0.0.1:9", "cpu", "qwen2.5-7b", out=tmp_path / "p.json", budget_s=5)
+    with pytest.raises(InputError, match="cannot read calibration profile"):
+        servelab.validation(tmp_path / "absent.json", "http://127.0.0.1:9", out=tmp_path / "v.json")
+    with pytest.raises(InputError, match="subset of"):
+        servelab.comparison("a100-80gb", "qwen2.5-7b", engines=["vllm", "tgi"])

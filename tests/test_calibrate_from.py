@@ -17,16 +17,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from servelab.calibrate.request import CalibrateRequest
 from servelab.cli import app
-from servelab.experiment.calibrate_from import (
+from servelab.errors import InputError
+from servelab.calibrate.calibrate_from import (
     CalibrateFromError,
     Environment,
     fit_from_runs,
-    profile_deployment,
     simulated,
-    with_environment,
 )
-from servelab.experiment.validate import speed_warnings
+from servelab.targets.profile import profile_deployment, with_environment
+from servelab.calibrate.validate import speed_warnings
 from servelab.metrics.imports import (
     MeasuredRun,
     ResultFormat,
@@ -194,6 +195,23 @@ def test_load_flags_that_do_not_describe_a_workload_are_refused(tmp_path: Path) 
     assert result.exit_code == 2 and "--sweep does not apply" in result.output
 
 
+@pytest.mark.parametrize(("given", "message"), [
+    ({"base_url": "http://127.0.0.1:9", "vllm_version": "0.11.0"}, "--vllm-version describes the runs of calibrate --from"),
+    ({"base_url": "http://127.0.0.1:9", "budget_s": 5.0}, "too small"),
+    ({}, "one of them"),
+])
+def test_the_request_refuses_what_the_cli_refuses_before_any_work(tmp_path: Path, given: dict, message: str) -> None:
+    """One request for the CLI and the Python API: its refusals come on construction, before a probe or a file read."""
+    with pytest.raises(InputError, match=message):
+        CalibrateRequest("cpu", "qwen2.5-7b", tmp_path / "p.json", **given)
+
+
+def test_a_live_calibrate_refuses_workload_flags_naming_them(tmp_path: Path) -> None:
+    result = _cli("calibrate", "--base-url", "http://127.0.0.1:9", "--gpu", "cpu", "--model", "qwen2.5-7b",
+                  "-o", str(tmp_path / "p.json"), "--num-prompts", "10")
+    assert result.exit_code == 2 and "--num-prompts does not apply to calibrate --base-url" in result.output
+
+
 # -- the fit ----------------------------------------------------------------------------------------------------------
 
 
@@ -290,7 +308,7 @@ def test_validate_says_when_the_profiles_own_reference_is_too_wide() -> None:
 
 
 def test_live_calibrate_on_a_noisy_host_writes_the_profile_marked_unreliable_and_exits_3(tmp_path: Path, monkeypatch) -> None:
-    from servelab.experiment import calibrate as experiment_calibrate
+    from servelab.calibrate import calibrate as experiment_calibrate
     from support.profiles import tiny_profile
 
     noisy = load_profile(tiny_profile(tmp_path / "src")).model_copy(update={
@@ -299,11 +317,11 @@ def test_live_calibrate_on_a_noisy_host_writes_the_profile_marked_unreliable_and
                                     "idle_wake_time_constant_s")} | {"linear_flops": 1e9, "attention_flops": 1e9},
         "fit": {"rms_rel_error": 0.05}})
 
-    def fake_calibration(base_url, gpu, model, out, **_):  # the probing is what cannot be noisy on demand here
-        noisy.save(out)
+    def fake_probing(request, progress):  # the probing is what cannot be noisy on demand here
+        noisy.save(request.out)
         return noisy
 
-    monkeypatch.setattr(experiment_calibrate, "calibrate", fake_calibration)
+    monkeypatch.setattr(experiment_calibrate, "probe_server", fake_probing)
     out = tmp_path / "p.json"
     result = _cli("calibrate", "--base-url", "http://127.0.0.1:9", "--gpu", "cpu", "--model", "qwen2.5-7b", "-o", str(out))
     assert result.exit_code == 3, result.output

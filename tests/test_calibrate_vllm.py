@@ -21,8 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servelab.cli import app
-from servelab.experiment.calibrate import probe_dir_for
-from servelab.experiment.validate import METRICS
+from servelab.calibrate.validate import METRICS
 from servelab.perf.calibration import load_profile
 from support.schemas import assert_files_match_schemas
 
@@ -84,7 +83,7 @@ def test_calibration_converges_keeps_its_probes_and_its_simulator_matches_its_fi
         assert probe["passes"] >= 1 and all(Path(d, "records.jsonl").is_file() for d in probe["directories"])
     assert profile.reference is not None and len(profile.reference.runs_ms) + profile.reference.stalled_runs == 6
     assert profile.host["cpu_count"] >= 1 and "load_avg_1m" in profile.host
-    seen = assert_files_match_schemas(probe_dir_for(profile_path), {profile_path: "profile"})
+    seen = assert_files_match_schemas(profile_path.with_name(profile_path.stem + ".probes"), {profile_path: "profile"})
     assert seen["profile"] == 1 and seen["run"] >= 8 and seen["run"] == seen["summary"] == seen["record"], seen
 
     # The profile re-served through the simulator gives what its own step model predicted for each prefill and

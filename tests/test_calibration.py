@@ -9,15 +9,12 @@ from pathlib import Path
 import pytest
 
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
-from servelab.experiment.calibrate import (
+from servelab.calibrate.calibrate import (
     DECODE,
     IDLE,
     PREFILL,
-    CalibrationError,
     Probe,
     ProbeRuns,
-    calibrate,
-    deployment_from_profile,
     fit_report,
     fit_runs,
     mirrored_engine_args,
@@ -28,6 +25,9 @@ from servelab.experiment.calibrate import (
     simulate_probes,
     bunched_fraction,
 )
+from servelab.targets.profile import deployment_from_profile
+from servelab.calibrate.request import CalibrateRequest
+from servelab.errors import InputError
 from servelab.perf.calibration import (
     PARAMETERS,
     CalibrationProfile,
@@ -271,8 +271,8 @@ def test_missing_profile_is_one_clear_error(tmp_path: Path) -> None:
 
 
 def test_calibrate_refuses_a_tiny_budget_before_any_request(tmp_path: Path) -> None:
-    with pytest.raises(CalibrationError, match="too small"):
-        calibrate("http://127.0.0.1:9", "cpu", "qwen2.5-7b", tmp_path / "p.json", budget_s=5)
+    with pytest.raises(InputError, match="too small"):
+        CalibrateRequest("cpu", "qwen2.5-7b", tmp_path / "p.json", base_url="http://127.0.0.1:9", budget_s=5)
 
 
 def test_bunched_tokens_mark_a_stalled_client_and_its_pass_is_left_out() -> None:

@@ -281,7 +281,7 @@ def test_a_simulated_run_whose_every_request_exceeds_the_context_exits_2_with_th
 
 
 def test_equal_peaks_are_ranked_as_ties():
-    from servelab.experiment.compare import ranking_line
+    from servelab.compare.compare import ranking_line
 
     assert ranking_line([("vLLM", 1657.2), ("SGLang", 1656.9), ("TensorRT-LLM", 900.0)]) == (
         "vLLM 1,657 tok/s = SGLang 1,657 tok/s > TensorRT-LLM 900 tok/s: vLLM peaks 1.84x TensorRT-LLM")

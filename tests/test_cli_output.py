@@ -133,10 +133,10 @@ def test_shell_completion_completes_verbs_and_their_flags(tmp_path: Path):
 
 
 HEAVY = ("numpy", "scipy", "pydantic", "plotly", "optuna", "aiohttp", "pandas", "yaml", "tokenizers", "ray",
-         "servelab.sim", "servelab.experiment", "servelab.diagnose", "servelab.targets")
+         "servelab.sim", "servelab.experiment", "servelab.calibrate", "servelab.compare", "servelab.diagnose", "servelab.targets")
 """What `servelab --help` and `--version` must not import."""
 VERB_HELP_HEAVY = ("numpy", "scipy", "plotly", "optuna", "aiohttp", "pandas", "yaml", "tokenizers", "ray",
-                   "servelab.schemas.base", "servelab.sim.engine", "servelab.experiment", "servelab.targets.http",
+                   "servelab.schemas.base", "servelab.sim.engine", "servelab.experiment", "servelab.calibrate", "servelab.compare", "servelab.targets.http",
                    "servelab.report.terminal")
 """What no verb's `--help` may import: a verb's flags read their choices and defaults from light vocabulary modules
 and the verb imports its implementation when it runs. (typer itself imports the pydantic library to build a

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from servelab.cli import app
 from servelab.cli.schema import json_schema
-from servelab.experiment.compare import EngineComparison
+from servelab.compare.compare import EngineComparison
 from servelab.metrics.results import RUN
 
 runner = CliRunner()

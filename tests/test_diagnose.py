@@ -11,7 +11,7 @@ from servelab.cli import app
 from servelab.diagnose import findings as fk
 from servelab.diagnose.analysis import analyse, diagnose_described, diagnose_run
 from servelab.diagnose.scenario import simulate, synthetic
-from servelab.experiment.calibrate import deployment_from_profile
+from servelab.targets.profile import deployment_from_profile
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.results import ResultWriter, load_run
 from servelab.metrics.slo import SLO

@@ -16,7 +16,7 @@ from servelab.diagnose.engine_terms import served_engine
 from servelab.diagnose.evidence import gather
 from servelab.diagnose.scenario import simulate, synthetic
 from servelab.schemas.diagnosis import Diagnosis
-from servelab.experiment.compare import EngineComparison
+from servelab.compare.compare import EngineComparison
 from servelab.metrics.scrape import parse_metrics
 from servelab.metrics.timeline import TimelineSample
 from servelab.perf import sglang_args, trtllm_args

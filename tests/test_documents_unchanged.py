@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 from servelab.cli import app
 
 STORED = Path(__file__).parent / "data" / "documents"
+FIXTURES = Path(__file__).parent / "fixtures" / "results"
 WRITE = os.environ.get("SERVELAB_WRITE_DOCUMENTS") == "1"
 
 VOLATILE_KEYS = {"started_at", "finished_at", "sim_wall_s", "steps_per_s", "created_at", "wall_s", "elapsed_s",
@@ -44,28 +45,30 @@ CASES: dict[str, list[str]] = {
     "diagnose-described": ["diagnose", *SIM, "--input-len", "1500", "--output-len", "200", "--request-rate", "10",
                            "--engine-args", "--max-num-seqs 256", "--observed-gpu-util", "0.3", "--goodput", "ttft:2000",
                            "--tried", "--max-num-batched-tokens 1024:no-effect", "--save", "{out}/diagnosis.json"],
+    "calibrate-from": ["calibrate", "--from", "{fixtures}/vllm-bench-detailed.json", "--gpu", "h100-sxm", "--model",
+                       "qwen2.5-7b", "-o", "{out}/profile.json"],
 }
 """Each case: the argv, with {out} the directory its files land in."""
 
 
-def _blank(value: Any, out: str) -> Any:
+def _blank(value: Any, out: str, volatile: frozenset[str] = frozenset()) -> Any:
     if isinstance(value, dict):
-        return {k: ("<volatile>" if k in VOLATILE_KEYS else _blank(v, out)) for k, v in value.items()}
+        return {k: ("<volatile>" if k in VOLATILE_KEYS | volatile else _blank(v, out, volatile)) for k, v in value.items()}
     if isinstance(value, list):
-        return [_blank(v, out) for v in value]
+        return [_blank(v, out, volatile) for v in value]
     if isinstance(value, str):
-        return value.replace(out, "<out>")
+        return value.replace(out, "<out>").replace(str(FIXTURES), "<fixtures>")
     return value
 
 
-def _normalised(path: Path, out: str) -> str:
+def _normalised(path: Path, out: str, volatile: frozenset[str] = frozenset()) -> str:
     """The file's text with the volatile values blanked, each JSON value re-serialised in the file's own layout."""
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
-        return "".join(json.dumps(_blank(json.loads(line), out)) + "\n" for line in text.splitlines() if line)
+        return "".join(json.dumps(_blank(json.loads(line), out, volatile)) + "\n" for line in text.splitlines() if line)
     if path.suffix == ".json":
         indent = 2 if re.match(r"[\[{]\n", text) else None
-        return json.dumps(_blank(json.loads(text), out), indent=indent) + "\n"
+        return json.dumps(_blank(json.loads(text), out, volatile), indent=indent) + "\n"
     return text.replace(out, "<out>")
 
 
@@ -76,12 +79,15 @@ def _documents(root: Path) -> dict[str, Path]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_verb_writes_the_stored_documents(case: str, tmp_path: Path):
     out = tmp_path / case
-    argv = [arg.replace("{out}", str(out)) for arg in CASES[case]]
+    argv = [arg.replace("{out}", str(out)).replace("{fixtures}", str(FIXTURES)) for arg in CASES[case]]
     if case.startswith("diagnose"):
         out.mkdir()
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
-    written = {name: _normalised(path, str(out)) for name, path in _documents(out).items()}
+    _assert_stored(case, {name: _normalised(path, str(out)) for name, path in _documents(out).items()})
+
+
+def _assert_stored(case: str, written: dict[str, str]) -> None:
     stored_dir = STORED / case
     if WRITE:
         for name, text in written.items():
@@ -91,3 +97,18 @@ def test_a_verb_writes_the_stored_documents(case: str, tmp_path: Path):
     assert sorted(written) == sorted(stored), f"{case}: files written differ from those stored"
     for name, text in written.items():
         assert text == stored[name], f"{case}/{name} differs from tests/data/documents/{case}/{name}"
+
+
+def test_validate_writes_the_stored_report(tmp_path: Path):
+    """validation.json of a profile checked against a simulated "server" that is the profile itself (no live server:
+    the measured side is the simulator too, so every figure is deterministic). The host's conditions are blanked."""
+    from servelab.targets.profile import profile_sim_target
+    from servelab.calibrate.validate import QUICK_POINTS, report_json, validate_on
+    from servelab.perf.calibration import load_profile
+    from support.profiles import tiny_profile
+
+    out = tmp_path / "validate"
+    profile = load_profile(tiny_profile(out / "profile"))
+    report = validate_on(profile_sim_target(profile), profile, out / "validation.runs", points=QUICK_POINTS[:2], repeats=2)
+    (out / "validation.json").write_text(report_json(report), encoding="utf-8")
+    _assert_stored("validate", {"validation.json": _normalised(out / "validation.json", str(out), frozenset({"host"}))})

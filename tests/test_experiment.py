@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from servelab.errors import InputError, RunInterrupted
-from servelab.experiment.probes import run_into
+from servelab.calibrate.probes import run_into
 from servelab.experiment.runner import run_point
 from servelab.experiment.sweep import Sweep, SweepError, run_sweep
 from servelab.metrics.records import MemorySink, RequestRecord

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servelab.cli import app
-from servelab.experiment.compare import EngineComparison
+from servelab.compare.compare import EngineComparison
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.results import SWEEP, load_run

@@ -7,7 +7,8 @@ from servelab.metrics.records import RequestRecord
 from servelab.schemas.results import Summary, SweepIndex
 from servelab.metrics.slo import SLO, SLOError, tpot_seconds
 from servelab.metrics.summary import summarize
-from servelab.report.terminal import NO_DATA, summary_table, sweep_table
+from servelab.report.cells import MISSING as NO_DATA
+from servelab.report.terminal import summary_table, sweep_table
 
 
 def record(i: int, send: float, first: float, finish: float, out: int, **kw) -> RequestRecord:

@@ -15,7 +15,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from servelab.cli import app
-from servelab.experiment.calibrate import deployment_from_profile
+from servelab.targets.profile import deployment_from_profile
 from servelab.metrics.slo import SLO
 from servelab.perf.calibration import load_profile
 from servelab.targets.deployment import build_deployment

@@ -9,8 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from servelab.cli import app
-from servelab.experiment.calibrate import deployment_from_profile, profile_sim_target
-from servelab.experiment.validate import (
+from servelab.errors import InputError
+from servelab.targets.profile import deployment_from_profile, profile_sim_target
+from servelab.calibrate.validate import (
     DEFAULT_POINTS,
     METRICS,
     QUICK_POINTS,
@@ -26,7 +27,7 @@ from servelab.experiment.validate import (
 )
 from servelab.metrics.records import RequestRecord
 from support.profiles import tiny_profile
-from servelab.experiment.reference import speed_check, time_reference
+from servelab.calibrate.reference import speed_check, time_reference
 from servelab.perf.calibration import CalibrationProfile, ReferenceTiming, model_spec_dict
 from servelab.perf.cost_model import CostCoefficients
 from servelab.perf.hardware import get_gpu
@@ -122,8 +123,8 @@ def test_best_repeat_is_paired_with_its_own_simulation() -> None:
 def test_a_server_that_is_the_profile_validates_exactly(profile: CalibrationProfile, tmp_path: Path) -> None:
     server = profile_sim_target(profile)
     report = validate_on(server, profile, tmp_path, points=QUICK_POINTS[:3], repeats=2)
-    assert report["within_bounds"]
-    assert all(abs(e) < 1e-6 for p in report["points"] for e in p["error_pct"].values() if e is not None)
+    assert report.within_bounds
+    assert all(abs(e) < 1e-6 for p in report.points for e in p.error_pct.values() if e is not None)
     assert (tmp_path / "repeat-2" / QUICK_POINTS[0].name / "summary.json").is_file()
 
 
@@ -131,10 +132,10 @@ def test_engine_args_given_to_validate_override_the_profiles(profile: Calibratio
     point = (Point("c24", (48, 96), (32, 64), 72, concurrency=24),)
     small = profile_sim_target(profile, "--max-num-seqs 4")
     right = validate_on(small, profile, tmp_path / "a", engine_args="--max-num-seqs 4", points=point, repeats=1)
-    assert right["engine_config"]["max_num_seqs"] == 4
-    assert abs(right["points"][0]["error_pct"]["median_ttft_ms"]) < 1e-6
+    assert right.engine_config["max_num_seqs"] == 4
+    assert abs(right.points[0].error_pct["median_ttft_ms"]) < 1e-6
     wrong = validate_on(small, profile, tmp_path / "b", points=point, repeats=1)  # simulated with 32 slots
-    assert abs(wrong["points"][0]["error_pct"]["median_ttft_ms"]) > 50
+    assert abs(wrong.points[0].error_pct["median_ttft_ms"]) > 50
 
 
 def test_validate_cli_refuses_a_missing_profile_with_one_message(tmp_path: Path) -> None:
@@ -164,9 +165,9 @@ def timed_profile(profile: CalibrationProfile, tmp_path: Path) -> CalibrationPro
 def test_a_server_at_its_calibrated_speed_has_nothing_disturbed(profile: CalibrationProfile, tmp_path: Path) -> None:
     timed = timed_profile(profile, tmp_path)
     report = validate_on(profile_sim_target(timed), timed, tmp_path / "v", points=QUICK_POINTS[:2], repeats=2)
-    assert [t["changed"] for t in report["reference"]["timings"]] == [False, False, False]  # before, after 1, after 2
-    assert report["warnings"] == [] and report["within_bounds"]
-    assert all(p["disturbed_repeats"] == 0 for p in report["points"])
+    assert [t["changed"] for t in report.reference["timings"]] == [False, False, False]  # before, after 1, after 2
+    assert report.warnings == [] and report.within_bounds
+    assert all(p.disturbed_repeats == 0 for p in report.points)
     assert (tmp_path / "v" / "reference" / "after-repeat-2" / "run-1" / "records.jsonl").is_file()
 
 
@@ -176,18 +177,18 @@ def test_a_server_slower_than_at_calibration_is_reported_as_disturbed_not_judged
     timed = timed_profile(profile, tmp_path)
     slow = timed.model_copy(update={"coefficients": timed.coefficients.model_copy(update={"step_overhead_s": 3e-3})})
     report = validate_on(profile_sim_target(slow), timed, tmp_path / "v", points=QUICK_POINTS[:2], repeats=2)
-    assert all(t["changed"] and t["change_pct"] > 10 for t in report["reference"]["timings"])
-    assert report["warnings"] and "slower than when calibrated" in report["warnings"][0]
-    for point in report["points"]:
-        assert point["disturbed_repeats"] == 2
-        assert all(v is None for v in point["measured"].values())  # not folded into an error figure
-    assert not report["within_bounds"]
+    assert all(t["changed"] and t["change_pct"] > 10 for t in report.reference["timings"])
+    assert report.warnings and "slower than when calibrated" in report.warnings[0]
+    for point in report.points:
+        assert point.disturbed_repeats == 2
+        assert all(v is None for v in point.measured.values())  # not folded into an error figure
+    assert not report.within_bounds
 
 
 def test_a_profile_without_a_reference_says_the_speed_is_unchecked(profile: CalibrationProfile, tmp_path: Path) -> None:
     report = validate_on(profile_sim_target(profile), profile, tmp_path, points=QUICK_POINTS[:1], repeats=1)
-    assert any("no reference step time" in w for w in report["warnings"])
-    assert report["points"][0]["disturbed_repeats"] == 0 and report["within_bounds"]
+    assert any("no reference step time" in w for w in report.warnings)
+    assert report.points[0].disturbed_repeats == 0 and report.within_bounds
 
 
 @pytest.mark.parametrize(
@@ -227,3 +228,30 @@ def test_an_earlier_validation_is_replaced_only_with_overwrite(tmp_path: Path) -
                                       "--out", str(out)])
     assert result.exit_code == 2 and "--overwrite" in result.stderr and str(out) in result.stderr
     assert out.read_text() == "{}" and (tmp_path / "validation.runs").is_dir()
+
+
+def test_the_server_is_written_as_validate_always_wrote_it() -> None:
+    """validation.json's `server`: the URL first, then the model, unknown parts left out (a report validated against
+    a target that is no live server has `{}`), whatever order the model declares its fields in."""
+    from servelab.schemas.validation import ServerRef
+
+    assert ServerRef(model="tiny-qwen", base_url="http://127.0.0.1:8000").model_dump() == {
+        "base_url": "http://127.0.0.1:8000", "model": "tiny-qwen"}
+    assert list(ServerRef(model="m", base_url="u").model_dump()) == ["base_url", "model"]
+    assert ServerRef().model_dump() == {}
+    assert ServerRef.model_validate({"base_url": "u", "model": "m", "version": "0.32"}).model_dump() == {
+        "base_url": "u", "model": "m", "version": "0.32"}
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"points": "everything"}, "unknown point set"),
+    ({"engine_args": "--max-num-seqs -3"}, "max-num-seqs"),
+])
+def test_the_verb_refuses_bad_input_before_any_request(tmp_path: Path, given: dict, message: str) -> None:
+    """validate.run checks the profile, the point set and the flags first: the unreachable server is never asked."""
+    from servelab.calibrate.validate import ValidateRequest, run
+
+    request = ValidateRequest(tiny_profile(tmp_path), "http://127.0.0.1:9", tmp_path / "v.json", **given)
+    with pytest.raises(InputError, match=message):
+        run(request)
+    assert not (tmp_path / "v.json").exists() and not (tmp_path / "v.runs").exists()

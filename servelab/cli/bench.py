@@ -70,7 +70,7 @@ def bench(
     """  # noqa: E501  (one paragraph: the help keeps the docstring's line breaks)
     from servelab.cli.run_and_show import run_and_show  # the client, the runner and the tables: not for --help
     from servelab.diagnose.server_config import CACHE_CONFIG
-    from servelab.experiment.calibrate import server_cache_config
+    from servelab.metrics.scrape import server_cache_config
     from servelab.metrics.gpu import GpuTelemetry
     from servelab.targets.http import HttpTarget
 

@@ -59,7 +59,9 @@ def _show(result: EngineComparison, out: Console) -> None:
 def compare(
     gpu: Annotated[str, typer.Option(help="GPU from the catalogue, e.g. h100-sxm.", rich_help_panel=_DEPLOYMENT)],
     model: Annotated[str, typer.Option(help="Built-in model or a Hugging Face model dir with config.json.", rich_help_panel=_DEPLOYMENT)],
-    engines: Annotated[str, typer.Option(help=f"Comma-separated: {', '.join(ENGINES)}.", rich_help_panel=_DEPLOYMENT)] = ",".join(ENGINES),
+    engines: Annotated[str, typer.Option(
+        help=f"The engines to run this deployment and load on, comma-separated: {', '.join(ENGINES)} (each with its own "
+             "flags: --vllm-args, --sglang-args, --trtllm-args).", rich_help_panel=_DEPLOYMENT)] = ",".join(ENGINES),
     vllm_args: Annotated[str, typer.Option(callback=shell_words, help="`vllm serve` flags for the vLLM run.", rich_help_panel=_DEPLOYMENT)] = "",
     sglang_args: Annotated[str, typer.Option(callback=shell_words, help="`python -m sglang.launch_server` flags for the SGLang run.", rich_help_panel=_DEPLOYMENT)] = "",
     trtllm_args: Annotated[str, typer.Option(callback=shell_words, help="`trtllm-serve` flags for the TensorRT-LLM run.", rich_help_panel=_DEPLOYMENT)] = "",
@@ -72,10 +74,9 @@ def compare(
     load: LoadFlags,
 ) -> None:
     """Would another engine serve this workload better? The same load simulated on each engine, and why they differ."""
-    from servelab.experiment.auto_sweep import AutoSweep  # the simulator and the sweeps: not for --help
-    from servelab.experiment.compare import compare_engines
+    from servelab.compare import compare as verb  # the simulator and the sweeps: not for --help
+    from servelab.experiment.auto_sweep import AutoSweep
     from servelab.report.inputs import COMPARE
-    from servelab.targets.engine_deployment import build_engine_deployment
 
     console = make_console(stderr=load.json)
     load.check()
@@ -84,25 +85,20 @@ def compare(
     if report and (out or load.result_dir) is None or out is not None and out.suffix == ".html":
         raise InputError("--report draws the comparison's JSON into the same name with .html: give --out FILE.json "
                          "or --result-dir DIR")
-    names = parse_engines(engines)
-    flags = {VLLM: vllm_args, SGLANG: sglang_args, TRTLLM: trtllm_args}
-    deployments = [build_engine_deployment(e, gpu, model, flags[e], tensor_parallel_size=tp) for e in names]
     sweep = load.parsed_sweep()
-    points: list[tuple[str, Callable[[], LoadPlan]]] = [("as given", load.make_plan)]
     if isinstance(sweep, AutoSweep):
         raise InputError("compare takes the load points you list (--sweep request-rate=4,16,inf); --sweep auto is bench's "
                          "and simulate's")
-    if sweep is not None:
-        points = [(sweep.label(v), partial(load.make_plan, sweep.arrival(load.arrival(), v))) for v in sweep.values]
-    result = compare_engines(deployments, points, load.slo())
+    points: list[tuple[str, Callable[[], LoadPlan]]] = [("as given", load.make_plan)] if sweep is None else [
+        (sweep.label(v), partial(load.make_plan, sweep.arrival(load.arrival(), v))) for v in sweep.values]
+    result = verb.run(verb.CompareRequest(
+        gpu, model, points, engines=parse_engines(engines), launch_flags={VLLM: vllm_args, SGLANG: sglang_args,
+                                                                          TRTLLM: trtllm_args},
+        tensor_parallel_size=tp, slo=load.slo()))
     if load.result_dir is not None:
         out = load.output_dir("compare") / COMPARE
     if out is not None:
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"--out {out}: cannot write it ({exc})") from None
+        verb.save(result, out)
     if load.json:
         typer.echo(result.model_dump_json(indent=2))
     else:

@@ -343,7 +343,7 @@ def deployment_from_flags(
     for flag, value in (("--gpu", gpu), ("--gpu-file", gpu_file), ("--vllm-version", vllm_version)):
         if value is not None:
             raise PerfConfigError(f"{flag} and --calibration both name the hardware: the profile already does; drop {flag}")
-    from servelab.experiment.calibrate import deployment_from_profile  # its HTTP client and fits: not for --help
+    from servelab.targets.profile import deployment_from_profile  # its HTTP client and fits: not for --help
     from servelab.perf.calibration import load_profile
     from servelab.perf.models import get_model
 

@@ -31,7 +31,7 @@ SCHEMAS: dict[str, tuple[str, str]] = {
     "stage2": ("servelab.schemas.tune:Stage2File", "stage2/<label>/stage2.json of a tune study (one configuration measured on a real server)"),
     "validation": ("servelab.schemas.validation:ValidationReport", "the report `servelab validate` writes (--out)"),
     "profile": ("servelab.perf.calibration:CalibrationProfile", "the calibration profile `servelab calibrate` writes (--out)"),
-    "compare": ("servelab.experiment.compare:EngineComparison", "the comparison `servelab compare` writes (--out, --json)"),
+    "compare": ("servelab.schemas.compare:EngineComparison", "the comparison `servelab compare` writes (--out, --json)"),
 }
 """Each file: the model that describes it (module:class, imported only when its schema is asked for, so `schema
 NAME` pays for one model and `schema --help` for none) and what the file is."""

@@ -180,8 +180,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _speed_check(profile: CalibrationProfile) -> ServerCheck:
     """Each stage-2 server re-times the profile's reference step: predictions hold for the calibrated speed."""
-    from servelab.experiment.probes import PROBE_EXTRA_BODY
-    from servelab.experiment.reference import speed_check
+    from servelab.calibrate.probes import PROBE_EXTRA_BODY
+    from servelab.calibrate.reference import speed_check
     from servelab.targets.http import HttpTarget
 
     def check(base_url: str, config: Stage2Config, directory: Path) -> list[str]:

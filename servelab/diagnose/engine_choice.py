@@ -2,7 +2,7 @@
 
 The diagnosed deployment (its engine, its flags) runs beside each other
 engine at that engine's defaults on the same chip, model, TP and replicas,
-through `servelab compare`'s own code (experiment/compare.py), so the numbers
+through `servelab compare`'s own code (compare/compare.py), so the numbers
 are the ones `servelab compare` gives for the same deployment and load. The
 load is the diagnosis's scenario: a measured run replayed, or the described one.
 Each other engine then gets one sentence: what it would change in
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from servelab.diagnose.scenario import Scenario
 from servelab.schemas.diagnosis import EngineSwitch
-from servelab.experiment.compare import compare_engines
+from servelab.compare.compare import compare_engines
 from servelab.schemas.compare import EngineResult
 from servelab.metrics.slo import SLO
 from servelab.sim.engines import ENGINES

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import asyncio
+import urllib.request
 from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -77,6 +78,24 @@ def _engine_lines(text: str, prefix: str) -> str:
             keep.append(line)
     keep.append("")
     return "\n".join(keep)
+
+
+def server_cache_config(base_url: str, timeout: float = 5.0) -> dict[str, str]:
+    """Labels of vLLM's `cache_config_info` metric (block size, KV bytes); empty when the server has no such metric."""
+    url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            text = resp.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return {}
+    lines = [line for line in text.splitlines() if "cache_config_info" in line]
+    try:
+        for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+            for sample in family.samples:
+                return dict(sample.labels)
+    except ValueError:
+        return {}
+    return {}
 
 
 class MetricsScraper:

@@ -18,7 +18,8 @@ from servelab.schemas.compare import EngineComparison, EnginePoint, EngineResult
 from servelab.metrics.intervals import interval_suffix
 from servelab.report.figures import E2E, LAYOUT, PALETTE, TTFT_TPOT, LatencyCurve, latency_curves_figure, legend_below
 from servelab.report.inputs import ReportComparison
-from servelab.report.tables import html_table, number
+from servelab.report.cells import number
+from servelab.report.tables import html_table
 
 STATISTICS = (("mean", "mean"), ("p99", "p99"))
 """compare records mean and p99 latencies (EnginePoint): solid mean, dotted p99."""

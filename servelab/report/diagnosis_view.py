@@ -18,6 +18,7 @@ from servelab.diagnose.engine_terms import Terms
 from servelab.schemas.diagnosis import (AdviceRow, Alternative, Diagnosis, EngineSwitch, Lever, Recommendation,
                                       WorkloadShape)
 from servelab.metrics.intervals import interval_text
+from servelab.report.cells import MISSING, number
 from servelab.sim.engines import LABELS
 
 CEILING_ROWS = (
@@ -31,10 +32,10 @@ CEILING_ROWS = (
 
 
 def _num(x: float | None, unit: str = "") -> str:
+    """Whole numbers from 100 up, two decimals below; the unit after it, none after MISSING."""
     if x is None:
-        return "—"
-    text = f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.2f}"
-    return f"{text} {unit}".strip()
+        return MISSING
+    return f"{number(x, ',.0f' if abs(x) >= 100 else ',.2f')} {unit}".strip()
 
 
 def _metric(name: str) -> tuple[str, str]:
@@ -93,7 +94,7 @@ def ceiling_rows(d: Diagnosis) -> list[tuple[str, str, str]]:
     for key, stand, label, unit in CEILING_ROWS:
         share = d.standing.get(stand)
         label = Terms(d.deployment.engine).knob(label) if key == "max_num_seqs" else label
-        rows.append((label, _num(getattr(d.ceilings, key), unit) + _interval(d, key), "—" if share is None else f"{share:.0%}"))
+        rows.append((label, _num(getattr(d.ceilings, key), unit) + _interval(d, key), number(share, ".0%")))
     return rows
 
 
@@ -138,8 +139,8 @@ ALTERNATIVE_COLUMNS = ("option", "GPUs", "TTFT p50 ms", "E2E p50 ms", "E2E p99 m
 
 
 def alternative_row(a: Alternative) -> list[str]:
-    dollars = "—" if a.usd_per_mtok is None else f"${a.usd_per_mtok:.2f}"
-    return [a.change + (f" (you tried this: {a.tried})" if a.tried else ""), str(a.gpus or "—"), _num(a.median_ttft_ms), _num(a.median_e2el_ms), _num(a.p99_e2el_ms),
+    dollars = MISSING if a.usd_per_mtok is None else f"${a.usd_per_mtok:.2f}"
+    return [a.change + (f" (you tried this: {a.tried})" if a.tried else ""), str(a.gpus or MISSING), _num(a.median_ttft_ms), _num(a.median_e2el_ms), _num(a.p99_e2el_ms),
             dollars, a.verdict]
 
 
@@ -305,7 +306,7 @@ def render_advice_terminal(advice: list[AdviceRow], console: Console) -> None:
 def _pct(x: float | None) -> str:
     """A relative change; past 20x (a baseline under 5% of the result) a ratio, as a percentage of it says nothing."""
     if x is None:
-        return "—"
+        return MISSING
     return f"x{1 + x:,.0f}" if x >= 1 / NEAR_ZERO - 1 else f"{x:+.0%}"
 
 

@@ -126,7 +126,7 @@ class ReportValidation(ReportFile):
 
 @dataclass
 class ReportComparison(ReportFile):
-    """A `servelab compare` result, typed (servelab.experiment.compare): the same load on each engine."""
+    """A `servelab compare` result, typed (servelab.compare.compare): the same load on each engine."""
 
     comparison: EngineComparison
 

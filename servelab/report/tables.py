@@ -9,6 +9,7 @@ from html import escape
 from typing import Any
 
 from servelab.metrics.intervals import interval_suffix
+from servelab.report.cells import number
 from servelab.schemas.results import AmountInfo, ArrivalInfo, DatasetInfo, LengthInfo, PlanInfo, RunFlags, RunInfo
 from servelab.report.inputs import Document, ReportComparison, ReportDocument, ReportInputs, ReportRun, ReportSweep, ReportValidation
 
@@ -17,18 +18,18 @@ MAX_CELL = 120
 """Characters of one parameter value; longer values (lists of prompts...) are cut with an ellipsis."""
 
 SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("completed", "Completed", "{:.0f}"),
-    ("failed", "Failed", "{:.0f}"),
-    ("duration", "Duration (s)", "{:.1f}"),
-    ("request_throughput", "Requests/s", "{:.2f}"),
-    ("request_goodput", "Goodput (req/s)", "{:.2f}"),
-    ("output_throughput", "Output tok/s", "{:.1f}"),
-    ("median_ttft_ms", "TTFT p50 (ms)", "{:.1f}"),
-    ("p99_ttft_ms", "TTFT p99 (ms)", "{:.1f}"),
-    ("median_tpot_ms", "TPOT p50 (ms)", "{:.2f}"),
-    ("p99_tpot_ms", "TPOT p99 (ms)", "{:.2f}"),
-    ("median_e2el_ms", "E2E p50 (ms)", "{:.0f}"),
-    ("p99_e2el_ms", "E2E p99 (ms)", "{:.0f}"),
+    ("completed", "Completed", ".0f"),
+    ("failed", "Failed", ".0f"),
+    ("duration", "Duration (s)", ".1f"),
+    ("request_throughput", "Requests/s", ".2f"),
+    ("request_goodput", "Goodput (req/s)", ".2f"),
+    ("output_throughput", "Output tok/s", ".1f"),
+    ("median_ttft_ms", "TTFT p50 (ms)", ".1f"),
+    ("p99_ttft_ms", "TTFT p99 (ms)", ".1f"),
+    ("median_tpot_ms", "TPOT p50 (ms)", ".2f"),
+    ("p99_tpot_ms", "TPOT p99 (ms)", ".2f"),
+    ("median_e2el_ms", "E2E p50 (ms)", ".0f"),
+    ("p99_e2el_ms", "E2E p99 (ms)", ".0f"),
 )
 
 
@@ -110,11 +111,6 @@ def html_table(head: Sequence[str] | None, rows: Sequence[Sequence[str]], css: s
     return f'<table class="{css}">{header}<tbody>{"".join(map(row, rows))}</tbody></table>'
 
 
-def number(value: Any, fmt: str = ",.4g", missing: str = "—") -> str:
-    """A table cell from a JSON value that may be absent or not a number (an old or partial results file)."""
-    return format(value, fmt) if isinstance(value, (int, float)) else missing
-
-
 def plan_text(plan: PlanInfo | None, with_arrival: bool = True) -> str:
     """One line from a load plan's description (run.json's `workload`): what was sent, how, how many."""
     if plan is None or not (plan.workload or plan.arrival or plan.amount):
@@ -173,17 +169,13 @@ def headline(item: ReportRun | ReportSweep | Document) -> str:
     return f"{text} · {item.directory}"
 
 
-def _format_stat(value: Any, fmt: str) -> str:
-    return fmt.format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "—"
-
-
 def summary_table(runs: Sequence[ReportRun]) -> str:
     """The numbers behind the plots, in `vllm bench serve`'s terms, one row per run."""
     columns = [c for c in SUMMARY_COLUMNS if any(isinstance(r.summary.statistic(c[0]), (int, float)) for r in runs)]
     head = "".join(f"<th>{escape(title)}</th>" for _, title, _ in columns)
     rows = [
         f'<tr><th scope="row">{escape(run.label)}</th>'
-        + "".join(f"<td>{_format_stat(run.summary.statistic(key), fmt)}{escape(interval_suffix(run.summary.intervals, key))}</td>"
+        + "".join(f"<td>{number(run.summary.statistic(key), fmt)}{escape(interval_suffix(run.summary.intervals, key))}</td>"
                   for key, _, fmt in columns)
         + "</tr>"
         for run in runs

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from servelab.metrics.intervals import interval_suffix
 from servelab.metrics.records import RequestRecord
+from servelab.report.cells import MISSING, number
 from servelab.schemas.results import Summary, SweepIndex
 
 
@@ -58,8 +59,6 @@ class LiveProgress:
         self.progress.update(self.task, completed=self.done, rate=rate + errors)
 
 
-NO_DATA = "—"
-"""A metric with nothing to measure (no request completed): a dash, never 0.00, which would read as instant."""
 
 
 def _ms(summary: Summary, name: str, percentiles: Sequence[str]) -> list[tuple[str, float | None]]:
@@ -72,10 +71,8 @@ def _ms(summary: Summary, name: str, percentiles: Sequence[str]) -> list[tuple[s
 
 
 def _cell(value: Any) -> str:
-    """A table cell: floats to two decimals, None as NO_DATA."""
-    if value is None:
-        return NO_DATA
-    return f"{value:.2f}" if isinstance(value, float) else str(value)
+    """A table cell: floats to two decimals, None as MISSING (never 0.00, which would read as instant)."""
+    return number(value, ".2f") if value is None or isinstance(value, float) else str(value)
 
 
 def _iv(summary: Summary, key: str) -> str:
@@ -136,7 +133,7 @@ def summary_table(summary: Summary, title: str = "Serving benchmark result") -> 
     if stats is not None and "p99_schedule_lag_ms" in stats.model_fields_set:  # a bench client's self-report
         table.add_section()
         lag = stats.p99_schedule_lag_ms
-        table.add_row("Client send lag p99 (ms)", "-" if lag is None else f"{lag:.2f}")
+        table.add_row("Client send lag p99 (ms)", number(lag, ".2f"))
         table.add_row("Client CPU (share of a core)", f"{stats.cpu_share or 0:.0%}")
     return table
 
@@ -162,7 +159,7 @@ def auto_sweep_lines(index: SweepIndex) -> list[str]:
     auto = index.auto
     if auto is None:
         return []
-    rate = lambda value: "—" if value is None else f"{value:.3g} req/s"  # noqa: E731
+    rate = lambda value: MISSING if value is None else f"{value:.3g} req/s"  # noqa: E731
     lines = [
         f"Knee (highest offered rate the server kept up with): {rate(auto.knee_rate)}; "
         f"one at a time {rate(auto.synchronous_rate)}, all at once {rate(auto.throughput_rate)}"

@@ -15,7 +15,8 @@ import plotly.graph_objects as go
 
 from servelab.report.figures import LAYOUT, legend_below
 from servelab.report.inputs import ReportDocument
-from servelab.report.tables import html_table, number, plan_text
+from servelab.report.cells import MISSING, number
+from servelab.report.tables import html_table, plan_text
 from servelab.schemas.tune import KeyMetrics, ObjectiveInfo, Trial, TuneDocument
 
 RANKED_ROWS = 15
@@ -71,7 +72,7 @@ def study_table(doc: TuneDocument) -> str:
         ("deployment", f"{deployment.model} on {deployment.gpu}; current flags: {deployment.engine_args or '(vLLM defaults)'}"),
         ("simulator", f"calibrated by {deployment.calibration}" if deployment.calibration
                       else "uncalibrated: the GPU catalogue's rates"),
-        ("search space", space or "—"),
+        ("search space", space or MISSING),
         ("search", f"{search.evaluated} of {search.space_size} configurations simulated ({search.sampler})"),
         ("workload per simulated run", plan_text(doc.workload.stage1)),
         ("recommended", _recommendation_text(doc)),
@@ -100,7 +101,7 @@ def ranking_table(doc: TuneDocument) -> str:
                 number(m.output_throughput), number(m.p99_ttft_ms), number(m.p99_tpot_ms)]
 
     base = doc.baseline
-    rows = [row(f"baseline: {base.engine_args or '(vLLM defaults)'}", "—", "—", base)]
+    rows = [row(f"baseline: {base.engine_args or '(vLLM defaults)'}", MISSING, MISSING, base)]
     ranked = doc.ranking
     rows += [row(knobs(trials[n].params), str(i), str(n), trials[n]) for i, n in enumerate(ranked[:RANKED_ROWS], 1)]
     table = html_table(head, rows, "summary", row_headers=True)
@@ -119,7 +120,7 @@ def stage2_table(doc: TuneDocument) -> str | None:
     for r in doc.stage2.results:
         measured = r.measured or KeyMetrics()
         violation = r.measured_violation
-        slo = "—" if violation is None else ("met" if violation <= 0 else "missed")
+        slo = MISSING if violation is None else ("met" if violation <= 0 else "missed")
         rows.append([f"{r.label}: {knobs(r.params)}", number(r.predicted_score),
                      "failed: " + r.error.splitlines()[0] if r.error else number(r.measured_score),
                      number(r.predicted.p99_ttft_ms), number(measured.p99_ttft_ms),

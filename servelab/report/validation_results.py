@@ -16,7 +16,8 @@ from plotly.subplots import make_subplots
 from servelab.schemas.validation import PointResult, ValidationReport
 from servelab.report.figures import LAYOUT, legend_below
 from servelab.report.inputs import ReportValidation
-from servelab.report.tables import html_table, number
+from servelab.report.cells import MISSING, number, percent
+from servelab.report.tables import html_table
 
 METRIC_TITLES = {
     "output_throughput": "Output throughput (tokens/s)",
@@ -39,10 +40,6 @@ def _title(metric: str) -> str:
     return METRIC_TITLES.get(metric, metric)
 
 
-def _pct(value: float | None) -> str:
-    return "—" if value is None else f"{value:+.0f}%"
-
-
 def setup_table(doc: ValidationReport) -> str:
     """What was validated against what: the server, the profile, the flags, the verdict."""
     server, profile = doc.server, doc.profile
@@ -51,7 +48,7 @@ def setup_table(doc: ValidationReport) -> str:
     repeats = max((len(p.repeats) for p in doc.points), default=0)
     rows = [
         ("server", f"{server.model or '?'} at {server.base_url or '?'}"),
-        ("calibration profile", f"{profile.gpu or '?'}, fitted {when}, flags {profile.engine_args or '—'}"),
+        ("calibration profile", f"{profile.gpu or '?'}, fitted {when}, flags {profile.engine_args or MISSING}"),
         ("engine args validated", doc.engine_args or "as calibrated"),
         ("points", f"{len(doc.points)} held-out workloads, {repeats} repeat(s) each; each metric from its best repeat"),
         ("verdict", "within the bounds" if doc.within_bounds else "outside the bounds"),
@@ -65,12 +62,12 @@ def error_table(doc: ValidationReport) -> str:
 
     def cell(point: PointResult, k: str) -> str:
         measured, simulated = number(point.measured.get(k), ",.1f"), number(point.simulated.get(k), ",.1f")
-        return f"{measured} / {simulated} ({_pct(point.error_pct.get(k))})"
+        return f"{measured} / {simulated} ({percent(point.error_pct.get(k))})"
 
     rows = [[p.point, *(cell(p, k) for k in metrics)] for p in doc.points]
     medians, bounds = doc.median_abs_error_pct, doc.bounds_pct
     rows.append(["median |error|", *(
-        ("—" if (m := medians.get(k)) is None else f"{m:.1f}%") + (f" (bound {bounds[k]:g}%)" if k in bounds else "")
+        (MISSING if (m := medians.get(k)) is None else f"{m:.1f}%") + (f" (bound {bounds[k]:g}%)" if k in bounds else "")
         for k in metrics
     )])
     head = ("point: measured / simulated (error)", *(_title(k) for k in metrics))
@@ -89,7 +86,7 @@ def overlay_figure(validation: ReportValidation) -> go.Figure:
         row, col = i // COLUMNS + 1, i % COLUMNS + 1
         for side, color in (("measured", MEASURED_COLOR), ("simulated", SIMULATED_COLOR)):
             values = [(p.measured if side == "measured" else p.simulated).get(metric) for p in doc.points]
-            errors = [_pct(p.error_pct.get(metric)) for p in doc.points]
+            errors = [percent(p.error_pct.get(metric)) for p in doc.points]
             fig.add_trace(
                 go.Bar(
                     x=names, y=values, name=side, legendgroup=side, showlegend=i == 0, marker_color=color,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from servelab import SCHEMA_VERSION
 from servelab.schemas.results import Json
@@ -27,6 +28,12 @@ class ServerRef(OpenModel):
 
     model: str | None = None
     base_url: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """As validate writes it: the URL first, then the model, then anything else; what is unknown left out."""
+        data: dict[str, object] = handler(self)
+        return {k: data[k] for k in dict.fromkeys(("base_url", "model", *data)) if data[k] is not None}
 
 
 class ProfileRef(OpenModel):

@@ -151,8 +151,9 @@ open parts (utilization, evidence) empty."""
 
 def toy_validation() -> dict:
     """A `servelab validate` report as validate_on writes it (repeats trimmed), errors computed by validate's own code."""
-    from servelab.experiment.calibrate import compare
-    from servelab.experiment.validate import BOUNDS_PCT, GOALS_PCT, median_abs_errors
+    from servelab.calibrate.calibrate import compare
+    from servelab.calibrate.validate import BOUNDS_PCT, GOALS_PCT, median_abs_errors
+    from servelab.schemas.validation import PointResult
 
     measured = {
         "closed-c3": {"output_throughput": 310.0, "median_ttft_ms": 41.0, "p99_ttft_ms": 95.0, "median_tpot_ms": 9.1, "median_e2el_ms": 780.0},
@@ -165,7 +166,7 @@ def toy_validation() -> dict:
         s = {k: v * scale[k] for k, v in m.items()}
         points.append({"point": name, "shape": {"name": name}, "measured": m, "simulated": s, "error_pct": compare(m, s),
                        "repeats": [{"measured": m, "simulated": s}] * 2})
-    medians = median_abs_errors(points)
+    medians = median_abs_errors([PointResult.model_validate(p) for p in points])
     return {
         "schema_version": 1, "kind": "servelab.validation", "created_at": 1.79e9,
         "server": {"base_url": "http://127.0.0.1:8000", "model": "tiny-qwen"},

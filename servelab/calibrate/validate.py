@@ -22,7 +22,7 @@ observe the server's timing and is not judged; a point with no other repeat
 has no figures, and the report says how many repeats were set aside.
 
 A host that changed since calibration is caught the same way, openly: the
-reference step time (servelab.experiment.reference) is timed before each
+reference step time (servelab.calibrate.reference) is timed before each
 round of points and after the last, and compared with the profile's. A round
 bracketed by a timing that moved beyond the run-to-run spread of both ran on
 a server of another speed; its repeats are reported as disturbed and not
@@ -31,27 +31,31 @@ judged, and the report says by how much the speed moved.
 
 from __future__ import annotations
 
+import json
+import shutil
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
-from servelab import SCHEMA_VERSION
-from servelab.experiment.calibrate import compare, deployment_from_profile
-from servelab.experiment.probes import PROBE_EXTRA_BODY, bunched_fraction, client_stalled, random_prompt, run_into
-from servelab.experiment.reference import time_reference
+from servelab.atomic import write_text_atomic
+from servelab.calibrate.calibrate import compare
+from servelab.calibrate.probes import PROBE_EXTRA_BODY, bunched_fraction, client_stalled, random_prompt, run_into
+from servelab.calibrate.reference import time_reference
 from servelab.metrics.host import HostWatch, condition_changes
 from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.summary import summarize
-from servelab.perf.calibration import CalibrationProfile, ReferenceTiming, SpeedChange, reference_too_wide
+from servelab.perf.calibration import CalibrationProfile, ReferenceTiming, SpeedChange, load_profile, reference_too_wide
 from servelab.perf.errors import PerfConfigError
 from servelab.targets.deployment import Deployment
 from servelab.targets.base import Target
+from servelab.schemas.validation import PointResult, ProfileRef, ServerRef, ValidationReport
 from servelab.targets.http import HttpTarget
+from servelab.targets.profile import deployment_from_profile
 from servelab.targets.sim import SimTarget
 from servelab.workload.spec import LoadPlan, RequestSpec
 
@@ -60,6 +64,21 @@ METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms
 BOUNDS_PCT = {"output_throughput": 10.0, "median_ttft_ms": 20.0, "median_tpot_ms": 10.0}
 """Median |error| over the points that the issue requires (its goal is 5 / 10 / 5)."""
 GOALS_PCT = {"output_throughput": 5.0, "median_ttft_ms": 10.0, "median_tpot_ms": 5.0}
+
+
+class Repeat(TypedDict):
+    """One run of a point as the report keeps it (validation.json's `points[].repeats[]`)."""
+
+    workload: dict[str, object]
+    """The load plan's description: the point's shape, its seed and (Poisson points) the request rate."""
+    directory: str
+    bunched: float
+    """Share of token gaps the client read in bunches (see probes.bunched_fraction)."""
+    measured: dict[str, float | None]
+    simulated: dict[str, float | None]
+    round: int
+    disturbed: NotRequired[bool]
+    """Whether a reference timing around its round found the server at another speed; set once all rounds ran."""
 
 
 class ValidateError(PerfConfigError):
@@ -169,7 +188,7 @@ def figures(summary: dict[str, Any]) -> dict[str, float | None]:
     return {name: None if summary[name] is None else float(summary[name]) for name in METRICS}
 
 
-def best_of(repeats: list[dict[str, Any]]) -> tuple[dict[str, float | None], dict[str, float | None]]:
+def best_of(repeats: list[Repeat]) -> tuple[dict[str, float | None], dict[str, float | None]]:
     """Per metric, the best measured repeat (highest throughput, lowest time) and the simulation of the same repeat.
 
     Repeats in which the client stalled, or that ran while the server's speed had changed, are not
@@ -179,38 +198,76 @@ def best_of(repeats: list[dict[str, Any]]) -> tuple[dict[str, float | None], dic
     measured: dict[str, float | None] = dict.fromkeys(METRICS)
     simulated: dict[str, float | None] = dict.fromkeys(METRICS)
     for k in METRICS:
-        candidates = [r for r in valid if r["measured"][k] is not None]
-        if not candidates:
-            continue
-        pick = max if k == "output_throughput" else min
-        best = pick(candidates, key=lambda x: x["measured"][k])
-        measured[k], simulated[k] = best["measured"][k], best["simulated"][k]
+        candidates = [(value, r["simulated"][k]) for r in valid if (value := r["measured"][k]) is not None]
+        if candidates:
+            pick = max if k == "output_throughput" else min
+            measured[k], simulated[k] = pick(candidates, key=lambda pair: pair[0])
     return measured, simulated
 
 
-def median_abs_errors(points: list[dict[str, Any]]) -> dict[str, float | None]:
+def median_abs_errors(points: list[PointResult]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for name in METRICS:
-        errors = [abs(p["error_pct"][name]) for p in points if p["error_pct"].get(name) is not None]
+        errors = [abs(e) for p in points if (e := p.error_pct.get(name)) is not None]
         out[name] = statistics.median(errors) if errors else None
     return out
 
 
-def validate(
-    profile: CalibrationProfile,
-    base_url: str,
-    out_dir: Path,
-    *,
-    served_model: str | None = None,
-    api_key: str | None = None,
-    **options: Any,
-) -> dict[str, Any]:
-    """`validate_on` a live OpenAI-compatible server, streamed as the probes were (exact output lengths)."""
-    deployment_from_profile(profile, options.get("engine_args", ""))  # bad flags fail before any request
-    target = HttpTarget(base_url, model=served_model, api_key=api_key, ignore_eos=True,
+@dataclass(frozen=True)
+class ValidateRequest:
+    """`servelab validate`: which profile, which live server, which points, and where the report goes.
+
+    The measured runs go to `<out>.runs/` beside the report; an earlier report or runs there are data, replaced only
+    with `overwrite`. `engine_args` are the server's flags where they differ from the calibrated ones.
+    """
+
+    calibration: Path
+    base_url: str
+    out: Path = Path("validation.json")
+    points: str = "default"
+    engine_args: str = ""
+    repeats: int = 3
+    served_model: str | None = None
+    api_key: str | None = None
+    overwrite: bool = False
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.out.with_name(self.out.stem + ".runs")
+
+
+def run(request: ValidateRequest, progress: Callable[[str], None] = lambda _: None) -> ValidationReport:
+    """Validate the profile on the live server, streamed as the probes were (exact output lengths); write the report.
+
+    Every input is checked (profile, points, flags, an earlier report) before any request is sent.
+    """
+    profile = load_profile(request.calibration)
+    points = points_named(request.points)
+    deployment_from_profile(profile, request.engine_args)  # bad flags fail before any request
+    replace_earlier_validation(request.out, request.runs_dir, request.overwrite)
+    target = HttpTarget(request.base_url, model=request.served_model, api_key=request.api_key, ignore_eos=True,
                         extra_body=PROBE_EXTRA_BODY, request_timeout=300.0)
     info = target.preflight()
-    return validate_on(target, profile, out_dir, server={"base_url": target.base_url, "model": info["model"]}, **options)
+    report = validate_on(target, profile, request.runs_dir, server=ServerRef(base_url=target.base_url, model=info["model"]),
+                         engine_args=request.engine_args, points=points, repeats=request.repeats, progress=progress)
+    request.out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(request.out, report_json(report))
+    return report
+
+
+def report_json(report: ValidationReport) -> str:
+    """validation.json's text: as validate has always written it (Python's float spelling, two-space indent)."""
+    return json.dumps(report.model_dump(mode="json"), indent=2) + "\n"
+
+
+def replace_earlier_validation(out: Path, runs: Path, overwrite: bool) -> None:
+    """An earlier validation's report and measured runs are data: refused unless `overwrite`, which removes them."""
+    earlier = [str(p) for p in (out, runs) if p.exists()]
+    if earlier and not overwrite:
+        raise ValidateError(f"--out {out}: {' and '.join(earlier)} already hold an earlier validation; pass --overwrite "
+                            "to replace them, or choose another --out")
+    if overwrite and runs.is_dir():
+        shutil.rmtree(runs)
 
 
 def validate_on(
@@ -218,14 +275,14 @@ def validate_on(
     profile: CalibrationProfile,
     out_dir: Path,
     *,
-    server: dict[str, Any] | None = None,
+    server: ServerRef | None = None,
     engine_args: str = "",
     points: tuple[Point, ...] = DEFAULT_POINTS,
     repeats: int = 3,
     seed: int = 1,
     progress: Callable[[str], None] = lambda _: None,
-) -> dict[str, Any]:
-    """Measure each point on the server and simulate it with the profile; the report `validate` prints and saves.
+) -> ValidationReport:
+    """Measure each point on `target` and simulate it with the profile: the report `validate` prints and saves.
 
     `engine_args` are the flags the server now runs with where they differ from
     the calibrated ones (they override the profile's, flag by flag). Each point
@@ -237,66 +294,78 @@ def validate_on(
     if repeats < 1:
         raise ValidateError(f"repeats must be at least 1, got {repeats}")
     deployment = deployment_from_profile(profile, engine_args)
-    sim = deployment.sim_target()
-    plans = [[point_plan(p, deployment, sim, seed + 1000 * r + i) for i, p in enumerate(points)] for r in range(repeats)]
-    run_info = {"verb": "validate", "engine_args": deployment.engine_args()}
-    max_len = deployment.config.max_model_len or deployment.model.max_position_embeddings
-    warm = [RequestSpec(i, random_prompt(np.random.default_rng(i), min(n, max_len - 9), deployment.model.vocab_size), 8)
-            for i, n in enumerate((16, 256, 1024))]
-    run_into(target, LoadPlan(warm, max_concurrency=1), out_dir / "warmup", run_info)
+    session = _Session(target, deployment, out_dir, progress)
+    session.warm_up()
     host = HostWatch().start()
-
-    def reference(label: str, warm_up: bool = False) -> ReferenceTiming:
-        return time_reference(target, deployment.config.max_num_seqs, deployment.model.vocab_size,
-                              out_dir / "reference" / label, run_info, warm_up=warm_up)
-
-    timings = [("before repeat 1", reference("before-repeat-1", warm_up=True))]
-    runs: dict[str, list[dict[str, Any]]] = {p.name: [] for p in points}
-    for r, row in enumerate(plans):
-        for point, plan in zip(points, row):
-            directory = out_dir / f"repeat-{r + 1}" / point.name
-            records, _, _ = run_into(target, plan, directory, run_info)
-            summary = summarize(counted(records, plan))
-            if summary["failed"]:
-                kinds = ", ".join(sorted(summary["errors_by_kind"]))
-                raise ValidateError(f"point {point.name}: {summary['failed']} requests failed ({kinds}); see {directory}")
-            runs[point.name].append({
-                "workload": plan.description, "directory": str(directory), "bunched": bunched_fraction(counted(records, plan)),
-                "measured": figures(summary), "simulated": figures(simulate(sim, plan)), "round": r,
-            })
-        timings.append((f"after repeat {r + 1}", reference(f"after-repeat-{r + 1}")))
-        progress(f"repeat {r + 1} of {repeats} done")
+    runs, timings = session.measure(points, repeats, seed)
     speed = speed_checks(profile.reference, timings)
     for repeat in (x for point_runs in runs.values() for x in point_runs):
         repeat["disturbed"] = any(c is not None and c.changed for c in (speed[repeat["round"]], speed[repeat["round"] + 1]))
-    results = []
-    for point in points:
-        measured, simulated = best_of(runs[point.name])
-        stalled = sum(client_stalled(r) for r in runs[point.name])
-        disturbed = sum(r["disturbed"] for r in runs[point.name])
-        results.append({"point": point.name, "shape": asdict(point), "measured": measured, "simulated": simulated,
-                        "error_pct": compare(measured, simulated), "stalled_repeats": stalled,
-                        "disturbed_repeats": disturbed, "repeats": runs[point.name]})
+    results = [point_result(point, runs[point.name]) for point in points]
     medians = median_abs_errors(results)
     conditions = host.conditions(gpus=True)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "servelab.validation",
-        "created_at": time.time(),
-        "server": server or {},
-        "profile": {"created_at": profile.created_at, "engine_args": profile.engine_args, "gpu": profile.gpu},
-        "engine_args": deployment.engine_args(),
-        "engine_config": asdict(deployment.config),
-        "host": conditions,
-        "reference": reference_report(profile, timings, speed),
-        "warnings": speed_warnings(profile.reference, timings, speed)
+    return ValidationReport(
+        kind="servelab.validation", created_at=time.time(), server=server or ServerRef(),
+        profile=ProfileRef(created_at=profile.created_at, engine_args=profile.engine_args, gpu=profile.gpu),
+        engine_args=deployment.engine_args(), engine_config=asdict(deployment.config), host=conditions,
+        reference=reference_report(profile, timings, speed),
+        warnings=speed_warnings(profile.reference, timings, speed)
         + condition_changes(profile.host, conditions, now_label="during validate", then_label="at calibration"),
-        "points": results,
-        "median_abs_error_pct": medians,
-        "bounds_pct": BOUNDS_PCT,
-        "goals_pct": GOALS_PCT,
-        "within_bounds": all((m := medians[k]) is not None and m <= b for k, b in BOUNDS_PCT.items()),
-    }
+        points=results, median_abs_error_pct=medians, bounds_pct=BOUNDS_PCT, goals_pct=GOALS_PCT,
+        within_bounds=all((m := medians[k]) is not None and m <= b for k, b in BOUNDS_PCT.items()),
+    )
+
+
+class _Session:
+    """The runs of one validation: the server's warm-up, its reference timings and every point's repeats."""
+
+    def __init__(self, target: Target, deployment: Deployment, out_dir: Path, progress: Callable[[str], None]) -> None:
+        self.target, self.deployment, self.out_dir, self.progress = target, deployment, out_dir, progress
+        self.sim = deployment.sim_target()
+        self.run_info: dict[str, object] = {"verb": "validate", "engine_args": deployment.engine_args()}
+
+    def warm_up(self) -> None:
+        d = self.deployment
+        max_len = d.config.max_model_len or d.model.max_position_embeddings
+        warm = [RequestSpec(i, random_prompt(np.random.default_rng(i), min(n, max_len - 9), d.model.vocab_size), 8)
+                for i, n in enumerate((16, 256, 1024))]
+        run_into(self.target, LoadPlan(warm, max_concurrency=1), self.out_dir / "warmup", self.run_info)
+
+    def reference(self, label: str, warm_up: bool = False) -> ReferenceTiming:
+        return time_reference(self.target, self.deployment.config.max_num_seqs, self.deployment.model.vocab_size,
+                              self.out_dir / "reference" / label, self.run_info, warm_up=warm_up)
+
+    def measure(self, points: tuple[Point, ...], repeats: int, seed: int
+                ) -> tuple[dict[str, list[Repeat]], list[tuple[str, ReferenceTiming]]]:
+        """Every point `repeats` times, interleaved, with a reference timing before the first round and after each."""
+        plans = [[point_plan(p, self.deployment, self.sim, seed + 1000 * r + i) for i, p in enumerate(points)]
+                 for r in range(repeats)]
+        timings = [("before repeat 1", self.reference("before-repeat-1", warm_up=True))]
+        runs: dict[str, list[Repeat]] = {p.name: [] for p in points}
+        for r, row in enumerate(plans):
+            for point, plan in zip(points, row):
+                runs[point.name].append(self.repeat(point, plan, r))
+            timings.append((f"after repeat {r + 1}", self.reference(f"after-repeat-{r + 1}")))
+            self.progress(f"repeat {r + 1} of {repeats} done")
+        return runs, timings
+
+    def repeat(self, point: Point, plan: LoadPlan, round_: int) -> Repeat:
+        directory = self.out_dir / f"repeat-{round_ + 1}" / point.name
+        records, _, _ = run_into(self.target, plan, directory, self.run_info)
+        summary = summarize(counted(records, plan))
+        if summary["failed"]:
+            kinds = ", ".join(sorted(summary["errors_by_kind"]))
+            raise ValidateError(f"point {point.name}: {summary['failed']} requests failed ({kinds}); see {directory}")
+        return {"workload": plan.description, "directory": str(directory), "bunched": bunched_fraction(counted(records, plan)),
+                "measured": figures(summary), "simulated": figures(simulate(self.sim, plan)), "round": round_}
+
+
+def point_result(point: Point, repeats: list[Repeat]) -> PointResult:
+    """One point's report: each metric's best repeat against its own simulation, and the repeats set aside."""
+    measured, simulated = best_of(repeats)
+    return PointResult(point=point.name, shape=asdict(point), measured=measured, simulated=simulated,
+                       error_pct=compare(measured, simulated), stalled_repeats=sum(client_stalled(r) for r in repeats),
+                       disturbed_repeats=sum(r["disturbed"] for r in repeats), repeats=repeats)
 
 
 def speed_checks(calibrated: ReferenceTiming | None, timings: list[tuple[str, ReferenceTiming]]) -> list[SpeedChange | None]:
@@ -307,8 +376,8 @@ def speed_checks(calibrated: ReferenceTiming | None, timings: list[tuple[str, Re
 
 
 def reference_report(profile: CalibrationProfile, timings: list[tuple[str, ReferenceTiming]],
-                     speed: list[SpeedChange | None]) -> dict[str, Any]:
-    def described(t: ReferenceTiming) -> dict[str, Any]:
+                     speed: list[SpeedChange | None]) -> dict[str, object]:
+    def described(t: ReferenceTiming) -> dict[str, object]:
         return {**t.model_dump(), "median_ms": t.median_ms, "spread_pct": t.spread_pct}
 
     return {

@@ -9,6 +9,7 @@ how one run is kept, and the test that tells a run whose client stalled
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,7 @@ def bunched_fraction(records: list[RequestRecord]) -> float:
     return sum(g < BUNCHED_GAP_S for g in gaps) / len(gaps) if gaps else 0.0
 
 
-def client_stalled(run: dict[str, Any]) -> bool:
+def client_stalled(run: Mapping[str, object]) -> bool:
     """Whether a run's `bunched` share (see bunched_fraction) says the client did not see token timing."""
-    return (run.get("bunched") or 0.0) > MAX_BUNCHED
+    bunched = run.get("bunched")
+    return isinstance(bunched, (int, float)) and bunched > MAX_BUNCHED

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from servelab.experiment.probes import DECODE, MAX_BUNCHED, Probe, bunched_fraction, probe_load, run_into
+from servelab.calibrate.probes import DECODE, MAX_BUNCHED, Probe, bunched_fraction, probe_load, run_into
 from servelab.perf.calibration import ReferenceTiming
 from servelab.targets.base import Target
 

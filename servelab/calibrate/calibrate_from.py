@@ -33,12 +33,12 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
 from servelab.errors import InputError
-from servelab.metrics.imports import MeasuredRun, WorkloadFlags, read_measured_runs
+from servelab.calibrate.request import CalibrateRequest
+from servelab.metrics.imports import MeasuredRun, read_measured_runs
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
 from servelab.perf.calibration import (
@@ -49,13 +49,10 @@ from servelab.perf.calibration import (
     RunFit,
     model_spec_dict,
 )
-from servelab.perf.cost_model import CostCoefficients
-from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.errors import PerfConfigError
-from servelab.perf.models import ModelSpec
 from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
-from servelab.perf.vllm_versions import parse_version, version_defaults
 from servelab.targets.deployment import Deployment, build_deployment
+from servelab.targets.profile import with_environment
 from servelab.workload.spec import LoadPlan
 
 PARAMETERS = ("compute_scale", "memory_scale", "engine_cpu_factor", "api_cpu_factor", "outside_engine_s")
@@ -100,51 +97,6 @@ class Environment:
     @classmethod
     def from_vector(cls, x: np.ndarray) -> Environment:
         return cls(math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), math.exp(x[3]), max(0.0, float(x[4])) * _OUTSIDE_UNIT_S)
-
-
-def with_environment(deployment: Deployment, env: Environment | EnvironmentFit) -> Deployment:
-    """`deployment` in the environment `env`: scaled peaks, vLLM's CPU costs x the host factor, the outside time.
-
-    The CPU costs are vLLM's measured ones whatever the device (the fitted host
-    factor is what makes them this host's), and so is the host's time to
-    launch a layer's kernels one by one in a step without CUDA graphs (the
-    default read off a published eager run, also a host property); only these
-    CPU terms of the coefficients are set, so a GPU with measured kernel
-    tables keeps them.
-    """
-    hw = deployment.hardware
-    scaled = hw.model_copy(update={
-        "bf16_tflops": hw.bf16_tflops * env.compute_scale, "fp8_tflops": hw.fp8_tflops * env.compute_scale,
-        "int8_tflops": hw.int8_tflops * env.compute_scale, "memory_bandwidth_gbs": hw.memory_bandwidth_gbs * env.memory_scale,
-    })
-    costs = measured_cpu_costs(deployment.vllm_version)
-    default = CostCoefficients()
-    host = default.model_copy(update={"eager_launch_s_per_layer": default.eager_launch_s_per_layer * env.engine_cpu_factor})
-    built = Deployment.build(
-        scaled, deployment.model, deployment.requested,
-        coefficients=costs.coefficients(host, env.engine_cpu_factor),
-        api=costs.api_server(env.api_cpu_factor), warnings=deployment.warnings,
-        network_latency=deployment.network_latency + env.outside_engine_s / 2, performance_mode=deployment.performance_mode,
-        vllm_version=deployment.vllm_version,
-    )
-    return replace(built, router=deployment.router, cpu_costs_source="fitted_from_runs")
-
-
-def profile_deployment(profile: CalibrationProfile, engine_args: str = "", model: ModelSpec | None = None) -> Deployment:
-    """The deployment a `calibrate --from` profile describes; `engine_args` override its flags, `model` its model.
-
-    The environment belongs to the hardware and host, not to the model, so
-    another model on the same machine is this deployment with that model.
-    """
-    env = profile.environment
-    assert env is not None, "a profile fitted from runs"
-    version = parse_version(env.vllm_version)
-    parsed = parse_engine_args(profile.engine_args, base=version_defaults(version))
-    if engine_args.strip():
-        parsed = parse_engine_args(engine_args, base=parsed.config)
-    base = Deployment.build(profile.hardware, model or profile.model(), parsed.config, warnings=tuple(parsed.warnings),
-                            performance_mode=parsed.performance_mode, vllm_version=version)
-    return with_environment(base, env)
 
 
 # -- simulating the runs --------------------------------------------------------------------------------------------
@@ -284,8 +236,6 @@ def fit_from_runs(
     `model_source` and `engine_args` are what the user gave (the --model, the
     server's flags), kept in the profile; by default the deployment's own.
     """
-    from scipy.optimize import least_squares  # ~0.3 s to import: only when a fit runs, not for --help
-
     if not runs:
         raise CalibrateFromError("no measured runs to calibrate on")
     check_runs_fit_deployment(runs, deployment)
@@ -298,15 +248,7 @@ def fit_from_runs(
     sensitivity = sensitivities(objective, start)
     free = [i for i, name in enumerate(PARAMETERS) if sensitivity[name] >= MIN_SENSITIVITY]
     progress("sensitivity to each parameter's test step: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in sensitivity.items()))
-    best = start
-    if free:
-        objective.free = free
-        coarse = coarse_search(objective, start, free, lower, upper)
-        span = upper[free] - lower[free]
-        inside = np.clip(coarse[free], lower[free] + 1e-6 * span, upper[free] - 1e-6 * span)  # least_squares refuses a bound
-        result = least_squares(objective, inside, bounds=(lower[free], upper[free]), diff_step=0.03,
-                               x_scale=1.0, max_nfev=max_evaluations)
-        best = objective.full(result.x)
+    best = search(objective, start, free, (lower, upper), max_evaluations) if free else start
     fitted_env = Environment.from_vector(best)
     fitted = with_environment(deployment, fitted_env)
     fits = [_run_fit(run, simulated(fitted, run), simulated(deployment, run)) for run in runs]
@@ -330,6 +272,21 @@ def fit_from_runs(
     )
 
 
+def search(objective: _Objective, start: np.ndarray, free: list[int], bounds: tuple[np.ndarray, np.ndarray],
+           max_evaluations: int) -> np.ndarray:
+    """The best vector: a coarse search for the basin, then bounded least squares over the `free` parameters."""
+    from scipy.optimize import least_squares  # ~0.3 s to import: only when a fit runs, not for --help
+
+    lower, upper = bounds
+    objective.free = free
+    coarse = coarse_search(objective, start, free, lower, upper)
+    span = upper[free] - lower[free]
+    inside = np.clip(coarse[free], lower[free] + 1e-6 * span, upper[free] - 1e-6 * span)  # least_squares refuses a bound
+    result = least_squares(objective, inside, bounds=(lower[free], upper[free]), diff_step=0.03,
+                           x_scale=1.0, max_nfev=max_evaluations)
+    return objective.full(result.x)
+
+
 def _run_fit(run: MeasuredRun, fitted: dict[str, float | None], specs: dict[str, float | None]) -> RunFit:
     metrics = {k: MetricFit(measured=m, fitted=fitted.get(k), specs_only=specs.get(k))
                for k in REPORTED_METRICS if (m := run.measured.get(k)) is not None and m > 0}
@@ -343,27 +300,8 @@ def _run_fit(run: MeasuredRun, fitted: dict[str, float | None], specs: dict[str,
 # -- the verb -------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CalibrateFromRequest:
-    """`servelab calibrate --from`: the results, the deployment that produced them, where the profile goes."""
-
-    sources: tuple[Path, ...]
-    gpu: str
-    model: str
-    out: Path
-    engine_args: str = ""
-    vllm_version: str | None = None
-    workload: WorkloadFlags = WorkloadFlags()
-    overwrite: bool = False
-    max_evaluations: int = 40
-
-
-def calibrate_from(request: CalibrateFromRequest, progress: Callable[[str], None] = lambda _: None) -> CalibrationProfile:
+def calibrate_from(request: CalibrateRequest, progress: Callable[[str], None] = lambda _: None) -> CalibrationProfile:
     """Read every result, check it against the deployment, fit, write the profile; every refusal before any fitting."""
-    if not request.sources:
-        raise CalibrateFromError("give at least one --from RESULT")
-    if request.out.exists() and not request.overwrite:
-        raise CalibrateFromError(f"{request.out} exists: give --overwrite to replace it, or another -o")
     runs = [run for source in request.sources for run in read_measured_runs(source, request.workload)]
     try:
         deployment = build_deployment(request.gpu, request.model, request.engine_args, vllm_version=request.vllm_version)

@@ -12,17 +12,56 @@ differences that explain the gap, in words with the numbers they rest on.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from servelab.errors import InputError
+from servelab.report.cells import MISSING
 
 from servelab.metrics.records import MemorySink
 from servelab.schemas.compare import EngineComparison, EngineMemory, EnginePoint, EngineResult
 from servelab.metrics.slo import SLO
-from servelab.schemas.vocabulary import LABELS, SGLANG, TRTLLM, VLLM
+from servelab.schemas.vocabulary import ENGINES, LABELS, SGLANG, TRTLLM, VLLM
 
 if TYPE_CHECKING:  # the models below need none of these: `servelab schema compare` and `schema diagnosis` stay light
     from servelab.targets.deployment import Deployment
     from servelab.workload.spec import LoadPlan
+
+@dataclass(frozen=True)
+class CompareRequest:
+    """`servelab compare`: one GPU and model, the engines to run it on (each with its own launch flags, in its own
+    spelling), and the load points every engine serves (a label and a function that builds the point's plan afresh,
+    so each engine gets the same seeded requests)."""
+
+    gpu: str
+    model: str
+    points: Sequence[tuple[str, Callable[[], LoadPlan]]]
+    engines: Sequence[str] = ENGINES
+    launch_flags: Mapping[str, str] = field(default_factory=dict)
+    """Per engine, its launch flags (`vllm serve ...`, `python -m sglang.launch_server ...`, `trtllm-serve ...`)."""
+    tensor_parallel_size: int | None = None
+    slo: SLO | None = None
+
+
+def run(request: CompareRequest) -> EngineComparison:
+    """Build each engine's deployment (a bad flag fails here, before any simulation), then compare them."""
+    from servelab.targets.engine_deployment import build_engine_deployment  # the simulator: not for `schema compare`
+
+    deployments = [build_engine_deployment(e, request.gpu, request.model, request.launch_flags.get(e, ""),
+                                           tensor_parallel_size=request.tensor_parallel_size) for e in request.engines]
+    return compare_engines(deployments, request.points, request.slo)
+
+
+def save(comparison: EngineComparison, out: Path) -> None:
+    """compare.json at `out` (its directory made); an unwritable path is the user's input, named."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(comparison.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot write it ({exc})") from None
+
 
 def _memory(d: Deployment, seq_len: float) -> EngineMemory:
     m, c = d.memory, d.config
@@ -85,7 +124,7 @@ def compare_engines(
 
 
 def _ms(value: float | None) -> str:
-    return "—" if value is None else f"{value:,.0f} ms"
+    return MISSING if value is None else f"{value:,.0f} ms"
 
 
 def ranking_line(peaks: Sequence[tuple[str, float]]) -> str:

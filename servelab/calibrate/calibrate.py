@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import math
 import time
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
-from servelab.experiment.probes import (
+from servelab.calibrate.probes import (
     DECODE,
     IDLE,
     MIXED,
@@ -42,16 +40,17 @@ from servelab.experiment.probes import (
     probe_load,
     run_into,
 )
-from servelab.experiment.reference import merged, time_reference
+from servelab.calibrate.calibrate_from import calibrate_from
+from servelab.calibrate.reference import merged, time_reference
+from servelab.calibrate.request import CalibrateRequest
 from servelab.metrics import timeline as tl
 from servelab.metrics.host import HostWatch
 from servelab.metrics.records import MemorySink, RequestRecord
+from servelab.metrics.scrape import server_cache_config
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample
 from servelab.errors import EXIT_DISTURBED, ServelabError
-from servelab.experiment.calibrate_from import profile_deployment
 from servelab.perf.calibration import (
-    CalibrationOrigin,
     CalibrationProfile,
     CostFit,
     StepObservation,
@@ -62,7 +61,7 @@ from servelab.perf.cost_model import StepBatch
 from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import get_gpu
-from servelab.perf.models import ModelSpec, get_model
+from servelab.perf.models import get_model
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.targets.deployment import Deployment
 from servelab.targets.http import HttpTarget
@@ -76,8 +75,6 @@ class CalibrationUnreliable(ServelabError):
     label = "unreliable"
 
 
-MIN_BUDGET_S = 20.0
-"""Below this not even one pass of the probe plan fits."""
 _PREFILL_LENGTHS = (16, 128, 384, 768, 1280, 2048)
 _DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 _DECODE_PROMPT, _DECODE_OUTPUT = 16, 64
@@ -173,7 +170,7 @@ class ProbeRuns:
         q = {"median_ttft_ms": 25, "median_tpot_ms": 25, "server_prefill_ms": 25, "output_throughput": 75}.get(key, 50)
         return float(np.percentile(values, q))
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         keys = ("median_ttft_ms", "median_tpot_ms", "output_throughput", "tokens_per_step", "server_prefill_ms")
         return {
             **asdict(self.probe),
@@ -290,7 +287,7 @@ def compare(measured: dict[str, float | None], simulated: dict[str, float | None
     return out
 
 
-def simulate_probes(target: SimTarget, runs: list[ProbeRuns], vocab_size: int) -> list[dict[str, Any]]:
+def simulate_probes(target: SimTarget, runs: list[ProbeRuns], vocab_size: int) -> list[dict[str, object]]:
     """Every probe re-served by the simulated engine with the fitted profile, against its measured figures."""
     out = []
     keys = ("median_ttft_ms", "median_tpot_ms", "output_throughput")
@@ -314,25 +311,7 @@ def simulate_probes(target: SimTarget, runs: list[ProbeRuns], vocab_size: int) -
 # -- the server's own view of its configuration --------------------------------
 
 
-def server_cache_config(base_url: str, timeout: float = 5.0) -> dict[str, str]:
-    """Labels of vLLM's `cache_config_info` metric (block size, KV bytes); empty when the server has no such metric."""
-    url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            text = resp.read().decode("utf-8", "replace")
-    except (OSError, ValueError):
-        return {}
-    lines = [line for line in text.splitlines() if "cache_config_info" in line]
-    try:
-        for family in text_string_to_metric_families("\n".join(lines) + "\n"):
-            for sample in family.samples:
-                return dict(sample.labels)
-    except ValueError:
-        return {}
-    return {}
-
-
-def mirrored_engine_args(engine_args: str, cache: dict[str, str], served: dict[str, Any]) -> str:
+def mirrored_engine_args(engine_args: str, cache: dict[str, str], served: dict[str, object]) -> str:
     """The user's flags plus what the server reports and the user did not set: block size, KV bytes, max model len.
 
     The CPU backend uses 128-token blocks and a fixed KV space whatever the
@@ -351,25 +330,6 @@ def mirrored_engine_args(engine_args: str, cache: dict[str, str], served: dict[s
 
 
 # -- the whole verb --------------------------------------------------------------
-
-
-def deployment_from_profile(profile: CalibrationProfile, engine_args: str = "", model: ModelSpec | None = None) -> Deployment:
-    """The calibrated hardware + model as a simulated deployment; `engine_args` override the probed flags one by one.
-
-    The Deployment carries everything the profile fitted: the roofline's
-    coefficients (prefill-step and idle-wake costs included), the latency and
-    the API server's per-request cost. `model` puts another model on the same
-    calibrated hardware (the profile's own by default).
-    """
-    if profile.origin == CalibrationOrigin.RUNS:
-        return profile_deployment(profile, engine_args, model)
-    probed = parse_engine_args(profile.engine_args)
-    parsed = parse_engine_args(engine_args, base=probed.config) if engine_args.strip() else probed
-    return Deployment.build(
-        profile.hardware, model or profile.model(), parsed.config, coefficients=profile.coefficients,
-        warnings=tuple(parsed.warnings), network_latency=profile.network_latency_s,
-        performance_mode=parsed.performance_mode, api=ApiServerCosts(per_request_s=profile.frontend_s_per_request),
-    )
 
 
 def fit_runs(runs: list[ProbeRuns], probed: Deployment, source: str) -> tuple[CostFit, Deployment]:
@@ -429,71 +389,52 @@ def fit_frontend(runs: list[ProbeRuns], deployment: Deployment) -> Deployment:
     return with_frontend(min(tried, key=tried.__getitem__) / 1e3)
 
 
-def profile_sim_target(profile: CalibrationProfile, engine_args: str = "") -> SimTarget:
-    """The simulator of the calibrated hardware + model, with every fitted cost; `engine_args` as for deployment_from_profile."""
-    return deployment_from_profile(profile, engine_args).sim_target()
+def run(request: CalibrateRequest, progress: Callable[[str], None] = lambda _: None) -> CalibrationProfile:
+    """`servelab calibrate`: probe the live server, or fit to the results given; the profile is written to `request.out`."""
+    return probe_server(request, progress) if request.live else calibrate_from(request, progress)
 
 
-def probe_dir_for(out: Path) -> Path:
-    """Where a profile's raw probe runs live: `profile.json` -> `profile.probes/`."""
-    return out.with_name(out.stem + ".probes")
-
-
-def calibrate(
-    base_url: str,
-    gpu: str,
-    model: str | Path,
-    out: Path,
-    *,
-    engine_args: str = "",
-    budget_s: float = 300.0,
-    served_model: str | None = None,
-    api_key: str | None = None,
-    progress: Callable[[str], None] = lambda _: None,
-) -> CalibrationProfile:
-    """Probe the server at `base_url` within `budget_s`, fit, check in the simulator, write the profile to `out`."""
-    if budget_s < MIN_BUDGET_S:
-        raise CalibrationError(f"--budget {budget_s:g} s is too small: one pass of probes needs about {MIN_BUDGET_S:g} s")
-    hardware = get_gpu(gpu)
-    spec: ModelSpec = get_model(model)
-    target = HttpTarget(base_url, model=served_model, api_key=api_key, ignore_eos=True,
+def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = lambda _: None) -> CalibrationProfile:
+    """Probe the server at `request.base_url` within its budget, fit, check in the simulator, write the profile."""
+    assert request.base_url is not None, "a live calibration"
+    hardware, spec = get_gpu(request.gpu), get_model(request.model)
+    target = HttpTarget(request.base_url, model=request.served_model, api_key=request.api_key, ignore_eos=True,
                         extra_body=PROBE_EXTRA_BODY, request_timeout=120.0)
     info = target.preflight()
-    served: dict[str, Any] = next((m for m in info["models"] if m.get("id") == info["model"]), {})
-    cache = server_cache_config(base_url)
-    probed_args = mirrored_engine_args(engine_args, cache, served)
+    served: dict[str, object] = next((m for m in info["models"] if m.get("id") == info["model"]), {})
+    cache = server_cache_config(request.base_url)
+    probed_args = mirrored_engine_args(request.engine_args, cache, served)
     probed = Deployment.build(hardware, spec, parse_engine_args(probed_args).config)
-    probes = probe_plan(probed.config)
-    directory = probe_dir_for(out)
+    directory = request.probe_dir
     t0 = time.monotonic()
     run_info = {"verb": "calibrate", "engine_args": probed_args}
     host = HostWatch().start()
     reference_args = (probed.config.max_num_seqs, spec.vocab_size)
     before = time_reference(target, *reference_args, directory / "reference-before", run_info, warm_up=True)
-    runs = run_probes(target, probes, vocab_size=spec.vocab_size, budget_s=budget_s, directory=directory,
-                      run_info=run_info, progress=progress)
+    runs = run_probes(target, probe_plan(probed.config), vocab_size=spec.vocab_size, budget_s=request.budget_s,
+                      directory=directory, run_info=run_info, progress=progress)
     after = time_reference(target, *reference_args, directory / "reference-after", run_info)
     elapsed = time.monotonic() - t0
-    source = (f"fitted by servelab calibrate against {base_url} ({info['model']}) on "
+    source = (f"fitted by servelab calibrate against {request.base_url} ({info['model']}) on "
               f"{time.strftime('%Y-%m-%d %H:%M:%S')}; not a datasheet rate")
     fit, deployment = fit_runs(runs, probed, source)
     profile = CalibrationProfile(
         created_at=time.time(),
         server={"base_url": target.base_url, "model": info["model"], "max_model_len": served.get("max_model_len"),
                 "cache_config": {k: cache[k] for k in ("block_size", "kv_cache_memory_bytes", "num_gpu_blocks") if k in cache}},
-        hardware=fit.hardware, gpu=hardware.name, model_source=str(model), model_spec=model_spec_dict(spec),
+        hardware=fit.hardware, gpu=hardware.name, model_source=str(request.model), model_spec=model_spec_dict(spec),
         engine_args=probed_args, engine_config=asdict(probed.config), coefficients=fit.coefficients,
         network_latency_s=deployment.network_latency, frontend_s_per_request=deployment.api.per_request_s,
         rates=fit.rates, fit=fit_report(fit),
         simulated_probes=simulate_probes(deployment.sim_target(), runs, spec.vocab_size),
-        probes=[r.describe() for r in runs], budget_s=budget_s, elapsed_s=elapsed,
+        probes=[r.describe() for r in runs], budget_s=request.budget_s, elapsed_s=elapsed,
         host=host.conditions(gpus=True), reference=merged(before, after),
     )
-    profile.save(out)
+    profile.save(request.out)
     return profile
 
 
-def fit_report(fit: CostFit) -> dict[str, Any]:
+def fit_report(fit: CostFit) -> dict[str, object]:
     return {
         "converged": fit.converged,
         "message": fit.message,

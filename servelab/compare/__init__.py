@@ -1,0 +1,1 @@
+"""One deployment and one workload simulated on each modelled engine, and why their results differ (`servelab compare`)."""
