@@ -18,12 +18,12 @@ from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, overload, saturation_
 from servelab.diagnose.ceilings import Ceilings, compute_ceilings
 from servelab.diagnose.engine_choice import compare_on_engines
 from servelab.diagnose.engine_terms import Terms
-from servelab.diagnose.evidence import Evidence, gather
+from servelab.diagnose.evidence import gather
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.observations import check as check_observations, idle_decode_ms
-from servelab.diagnose.alternatives import Alternative, price_alternatives
+from servelab.diagnose.alternatives import price_alternatives
 from servelab.diagnose.outside_engine import describe as describe_outside
-from servelab.diagnose.findings import UNDERLOADED, Context, Finding, caveats, detect, queue_reason
+from servelab.diagnose.findings import UNDERLOADED, Context, caveats, detect, queue_reason
 from servelab.diagnose.recommend import recommend, run as simulate_outcome
 from servelab.diagnose.reconcile import OBSERVED_VS_SIMULATED, TRIED, Figure, finding as reconcile, tried_finding
 from servelab.diagnose.tried import Tried, check_all as check_tried
@@ -33,8 +33,8 @@ from servelab.diagnose.text_tokens import Script
 from servelab.diagnose.roofline import decode_step
 from servelab.diagnose.sensitivity import Assumed, Assumption, assumptions
 from servelab.diagnose.scenario import Scenario, from_run, simulate
-from servelab.schemas.diagnosis import EngineSwitch
-from servelab.diagnose.utilization import Utilization, utilization
+from servelab.schemas.diagnosis import Alternative, EngineSwitch, Evidence, Finding, Utilization
+from servelab.diagnose.utilization import utilization
 from servelab.metrics.intervals import Regime, value_interval
 from servelab.metrics.results import RunResult
 from servelab.metrics.server_timings import describe
@@ -145,14 +145,14 @@ class Diagnosis:
                 "decode_bandwidth_tps_at_max_batch": c.decode_bandwidth_tps_at_max_batch,
             },
             "standing": standing(self),
-            "utilization": self.utilization.as_dict(),
-            "evidence": self.evidence.as_dict(),
+            "utilization": self.utilization.model_dump(),
+            "evidence": self.evidence.model_dump(),
             "slo": self.slo.as_dict() if self.slo else None,
             "slo_attainment": self.slo_attainment,
             "observed": {k: getattr(self.observed, k) for k in ("qps", "ttft_ms", "gpu_util", "e2e_ms", "tpot_ms")},
-            "caveats": [f.as_dict() for f in self.caveats],
-            "findings": [f.as_dict() for f in self.findings],
-            "alternatives": [a.as_dict() for a in self.alternatives],
+            "caveats": [f.model_dump() for f in self.caveats],
+            "findings": [f.model_dump() for f in self.findings],
+            "alternatives": [a.model_dump() for a in self.alternatives],
             "engine_comparison": self.engine_comparison.model_dump() if self.engine_comparison is not None else None,
             "notes": self.notes,
             "advice": self.advice,

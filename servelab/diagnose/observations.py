@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from servelab.diagnose.ceilings import Ceilings
 from servelab.diagnose.engine_terms import Terms
-from servelab.diagnose.findings import Finding
+from servelab.diagnose.findings import make_finding
+from servelab.schemas.diagnosis import Finding
+from servelab.schemas.vocabulary import FindingKind
 from servelab.diagnose.scenario import Scenario
 from servelab.diagnose.text_tokens import Script, tokens_from_characters
 from servelab.perf.cost_model import StepBatch
 from servelab.perf.quantization import weight_format
 from servelab.targets.deployment import Deployment
 
-OBSERVATIONS_INCONSISTENT = "observations_inconsistent"
+OBSERVATIONS_INCONSISTENT = FindingKind.OBSERVATIONS_INCONSISTENT
 
 ABOVE_CEILING = 1.1
 """Observed QPS above this multiple of the simulated ceiling cannot be sustained (the ceiling's own error is ~5-15%)."""
@@ -130,5 +132,5 @@ def check(
         "timeline (the GPU through NVML, or a DCGM exporter with --gpu-metrics-url)"
     )
     names = " and ".join(off) if len(off) < 3 else ", ".join(off[:-1]) + f" and {off[-1]}"
-    return Finding(OBSERVATIONS_INCONSISTENT, f"The reported {names} cannot hold for this deployment and workload",
+    return make_finding(OBSERVATIONS_INCONSISTENT, f"The reported {names} cannot hold for this deployment and workload",
                    1.0, evidence)

@@ -19,7 +19,8 @@ from servelab.diagnose import findings as fk
 from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import gather
-from servelab.diagnose.findings import Context, Finding, Recommendation
+from servelab.diagnose.findings import Context
+from servelab.schemas.diagnosis import Finding, Recommendation
 from servelab.diagnose.regions import Region, upgrades
 from servelab.diagnose.scenario import Scenario, simulate
 from servelab.metrics.slo import SLO
@@ -265,6 +266,7 @@ def recommend(finding: Finding, x: Context, scenario: Scenario, baseline: Outcom
                      if m != metric and not (x.overloaded and m in UNSTABLE)},
             confirm=confirm_command(cand.scenario or scenario, engine_args, d.engine),
             tried=tried_result(d, x.tried) if cand.deployment is not None else None,
+            gain=(after - before) / before if before else 0.0,
         ))
     # Best first, except that a change the user already saw do nothing is never the first thing recommended.
     out.sort(key=lambda r: (r.tried == NO_EFFECT, -(r.gain if higher else -r.gain)))
