@@ -150,7 +150,7 @@ def test_measured_run_directory_round_trip(tmp_path):
     writer.close()
     dx = diagnose_run(load_run(tmp_path), d, with_recommendations=False)
     assert dx.bottleneck == fk.MAX_NUM_SEQS_BOUND
-    assert len(dx.scenario.shapes) == len(sim.records)
+    assert dx.workload.requests == len(sim.records)
 
 
 @pytest.mark.slow

@@ -10,14 +10,12 @@ also reads calibration profiles); the default builds from the catalogues.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from servelab.diagnose import analysis
-from servelab.diagnose.analysis import Diagnosis as Analysed
 from servelab.diagnose.analysis import Observed
 from servelab.diagnose.engine_terms import check_engine, served_engine
 from servelab.diagnose.regions import Region
@@ -186,7 +184,10 @@ def diagnose(request: DiagnoseRequest, build: DeploymentBuilder = from_catalogue
         dx.notes[:0] = [n for n in (engine_note, server_note) if n is not None]
     else:
         dx = _described(request.described, deployment, kw)
-    return _typed(dx, partial, warn)
+    if partial:  # said first and kept in the JSON: every number below rests on a run cut short
+        dx.partial_run = partial
+        warn(partial)
+    return dx
 
 
 def _words(w: DeploymentWords, served: str, run: RunResult | None) -> tuple[DeploymentWords, str | None]:
@@ -216,7 +217,7 @@ def _simulated_deployment(run_info: dict[str, Any], w: DeploymentWords) -> Deplo
                    gpu_file=w.gpu_file or path("gpu_file"), vllm_version=w.vllm_version or flags.get("vllm_version"))
 
 
-def _described(s: Described, deployment: Deployment, kw: dict[str, Any]) -> Analysed:
+def _described(s: Described, deployment: Deployment, kw: dict[str, Any]) -> Diagnosis:
     """A described deployment: what was not given is assumed, and the assumption is said."""
     assumed: tuple[Assumed, ...] = ()
     input_len = s.input_len
@@ -237,14 +238,6 @@ def _described(s: Described, deployment: Deployment, kw: dict[str, Any]) -> Anal
     if rate is not None:
         assumed += (Assumed.ARRIVALS,)
     return analysis.diagnose_described(deployment, scenario, assumed=assumed, characters=(s.input_chars, s.script), **kw)
-
-
-def _typed(dx: Analysed, partial: str, warn: Callable[[str], None]) -> Diagnosis:
-    data = dx.as_dict()
-    if partial:  # said first and kept in the JSON: every number below rests on a run cut short
-        data["partial_run"] = partial
-        warn(partial)
-    return Diagnosis.model_validate_json(json.dumps(data, default=str))
 
 
 def output_lengths(spec: str, mean: int) -> LengthDistribution:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from pydantic.json_schema import SkipJsonSchema
 from pydantic import ConfigDict, Field, WithJsonSchema, computed_field, field_serializer
 
 from servelab import SCHEMA_VERSION
@@ -15,7 +16,8 @@ from servelab.schemas.vocabulary import FlopSource
 
 OPEN_OBJECT = {"additionalProperties": True, "type": "object"}
 """How the published schema describes utilization and evidence: open objects, free to gain figures without a
-schema_version bump (the models below are what servelab itself writes)."""
+schema_version bump. servelab writes them as the Utilization and Evidence models below; a file whose part is not
+one (a trimmed or hand-made diagnosis) still reads, that part as a plain object."""
 
 
 class WorkloadShape(OpenModel):
@@ -30,14 +32,27 @@ class Ceilings(OpenModel):
     """The physical limits of this workload on this deployment."""
 
     prefill_compute_rps: float | None
+    """Prompts per second if every step were a full prefill budget (compute bound)."""
     decode_bandwidth_tps: float | None
+    """Output tokens per second at the achieved batch, steps that only decode."""
     kv_capacity_seqs: int | None
+    """Sequences of (input + output) tokens whose KV fits at once (per replica)."""
     max_num_seqs: int | None
     slo_max_rps: float | None
+    """Highest simulated request rate at which the SLO holds."""
     saturation_rps: float | None
+    """Simulated throughput under unlimited load: all limits at once."""
     saturation_rps_interval: tuple[float, float] | None = Field(
         None, description="The simulated saturation's 80% interval (held-out residuals of saturated published runs).")
     decode_bandwidth_tps_at_max_batch: float | None
+    # What the ceilings were computed from, known while diagnosing and not written to diagnosis.json (a diagnosis
+    # read back from its file has the defaults).
+    prefill_flops_per_request: SkipJsonSchema[float] = Field(0.0, exclude=True)
+    decode_batch: SkipJsonSchema[float] = Field(0.0, exclude=True)
+    """The batch the run achieved per replica (mean running sequences)."""
+    max_decode_batch: SkipJsonSchema[int] = Field(0, exclude=True)
+    """The largest batch the deployment can hold: min(max_num_seqs, KV capacity)."""
+    replicas: SkipJsonSchema[int] = Field(1, exclude=True)
 
 
 class Recommendation(OpenModel):
@@ -292,8 +307,8 @@ class Diagnosis(OpenModel):
     bottleneck: str | None = Field(description="The first finding's kind; null when nothing limits.")
     ceilings: Ceilings
     standing: dict[str, float | None] = Field(description="Where the deployment stands, as a share of each ceiling.")
-    utilization: Annotated[Utilization, WithJsonSchema(OPEN_OBJECT | {"title": "Utilization"})]
-    evidence: Annotated[Evidence, WithJsonSchema(OPEN_OBJECT | {"title": "Evidence"})]
+    utilization: Annotated[Utilization | Json, WithJsonSchema(OPEN_OBJECT | {"title": "Utilization"})]
+    evidence: Annotated[Evidence | Json, WithJsonSchema(OPEN_OBJECT | {"title": "Evidence"})]
     slo: SLOTerms | None
     slo_attainment: float | None
     observed: Observed
