@@ -54,3 +54,13 @@ def test_an_earlier_result_is_replaced_only_when_asked(tmp_path: Path) -> None:
     assert servelab.load_results(tmp_path / "run").summary == first.summary  # untouched by the refusal
     again = servelab.simulate("a100-80gb", "qwen2.5-7b", result_dir=tmp_path / "run", seed=1, overwrite=True, **small)
     assert again.summary is not None and again.summary.completed == 8 and not stale.exists()
+
+
+def test_diagnosis_names_an_unknown_figure_goal_or_region_before_reading_anything(tmp_path: Path) -> None:
+    missing = tmp_path / "never-written"  # the words are checked before the directory is read
+    with pytest.raises(InputError, match=r"unknown figures \['qpss'\]"):
+        servelab.diagnosis(missing, "a100-80gb", "qwen2.5-7b", observed={"qpss": 3.0})
+    with pytest.raises(InputError, match="goal 'speed': choose latency or throughput"):
+        servelab.diagnosis(missing, "a100-80gb", "qwen2.5-7b", goal="speed")
+    with pytest.raises(InputError, match="region 'mars'"):
+        servelab.diagnosis(missing, "a100-80gb", "qwen2.5-7b", region="mars")

@@ -7,7 +7,7 @@ document. Heavy imports stay inside the function (`servelab --help` imports none
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -33,6 +33,11 @@ from servelab.errors import InputError
 from servelab.metrics.engines import AUTO
 from servelab.schemas.vocabulary import ENGINES
 from servelab.schemas.vocabulary import DISTRIBUTIONS
+
+if TYPE_CHECKING:
+    from servelab.diagnose.request import DeploymentWords, DiagnoseRequest
+    from servelab.schemas.diagnosis import Diagnosis
+    from servelab.targets.deployment import Deployment
 
 DIAGNOSIS = "diagnosis.json"
 
@@ -124,12 +129,9 @@ def diagnose(
     With no arguments: the built-in example (Qwen2.5-7B on an A100 at ~10 req/s of 1,500-token prompts).
     """
     from servelab.cli.compare import parse_engines
-    from servelab.cli.options import deployment_from_flags
+    from servelab.diagnose import run
     from servelab.diagnose.analysis import Observed
-    from servelab.diagnose.request import (EXAMPLE_COMMAND, Described, DeploymentWords, DiagnoseRequest, diagnose as
-                                           run_diagnose, is_example)
-    from servelab.report.console import make_console
-    from servelab.report.diagnosis_view import render_markdown, render_terminal
+    from servelab.diagnose.request import Described, DeploymentWords, DiagnoseRequest
 
     if engines is not None and not compare_engines:
         raise InputError("--engines chooses the engines --compare-engines runs: add --compare-engines")
@@ -144,23 +146,45 @@ def diagnose(
         Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms, goal=goal),
         tuple(tried or ()), region, goodput, slo_attainment, warmup, price_options, gpu_cost_per_hour, check_advice,
         parse_engines(engines or ",".join(ENGINES)) if compare_engines else [])
-    build = lambda w: deployment_from_flags(w.gpu, w.model, w.engine_args, calibration=w.calibration, tp=w.tp,  # noqa: E731
-                                            replicas=w.replicas, gpu_file=w.gpu_file, vllm_version=w.vllm_version,
-                                            engine=w.engine)
-    warn = lambda text: make_console(stderr=True).print(f"[yellow]warning:[/] {text}", highlight=False, soft_wrap=True)  # noqa: E731
-    dx = run_diagnose(request, build, warn)
+    dx = run(request, _deployment, _warn)
     target = save or (results / DIAGNOSIS if results is not None else None)
     if target is not None:
         target.write_text(dx.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    if json_out:
+    _show(request, dx, "json" if json_out else "markdown" if markdown else "terminal",
+          details or check_advice or compare_engines)
+    if report and results is not None:
+        from servelab.report.console import make_console
+
+        report_into(results, make_console(stderr=json_out or markdown))
+
+
+def _deployment(w: DeploymentWords) -> Deployment:
+    """The deployment the words name, calibration profiles included (the library's default reads catalogues only)."""
+    from servelab.cli.options import deployment_from_flags
+
+    return deployment_from_flags(w.gpu, w.model, w.engine_args, calibration=w.calibration, tp=w.tp, replicas=w.replicas,
+                                 gpu_file=w.gpu_file, vllm_version=w.vllm_version, engine=w.engine)
+
+
+def _warn(text: str) -> None:
+    from servelab.report.console import make_console
+
+    make_console(stderr=True).print(f"[yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
+
+
+def _show(request: DiagnoseRequest, dx: Diagnosis, form: str, details: bool) -> None:
+    """The diagnosis on stdout as JSON, Markdown or the terminal's summary (every detail with `details`)."""
+    from servelab.diagnose.request import EXAMPLE_COMMAND, is_example
+    from servelab.report.console import make_console
+    from servelab.report.diagnosis_view import render_markdown, render_terminal
+
+    if form == "json":
         typer.echo(dx.model_dump_json(indent=2))
-    elif markdown:
+    elif form == "markdown":
         typer.echo(render_markdown(dx))
     else:
         console = make_console()
         if is_example(request):
             console.print(f"[dim]No deployment given: diagnosing the built-in example, {EXAMPLE_COMMAND} "
                           "(servelab diagnose --help for your own).[/]", highlight=False)
-        render_terminal(dx, console, details or check_advice or compare_engines)
-    if report and results is not None:
-        report_into(results, make_console(stderr=json_out or markdown))
+        render_terminal(dx, console, details)

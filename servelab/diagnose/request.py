@@ -10,7 +10,7 @@ also reads calibration profiles); the default builds from the catalogues.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from servelab.diagnose.sensitivity import ASSUMED_OUTPUT, Assumed
 from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
 from servelab.diagnose.text_tokens import Script, tokens_from_characters
 from servelab.diagnose.tried import parse_tried
+from servelab.schemas.vocabulary import Goal
 from servelab.errors import InputError
 from servelab.metrics.engines import AUTO
 from servelab.metrics.host import condition_changes
@@ -124,6 +125,31 @@ EXAMPLE = DiagnoseRequest(
 EXAMPLE_COMMAND = ("servelab diagnose --gpu a100-80gb --model qwen2.5-7b --engine-args \"--max-num-seqs 256\" "
                    "--input-len 1500 --request-rate 10 --observed-qps 10 --observed-gpu-util 0.3")
 """The command line the example stands for (its answer length, like the user's story, not given: assumed)."""
+
+
+FIGURES = ("qps", "ttft_ms", "gpu_util", "e2e_ms", "tpot_ms")
+"""The figures seen in production a request may carry, as the --observed-* flags name them."""
+
+
+def observed_from(figures: Mapping[str, float] | None, goal: str | None = None) -> Observed:
+    """What the user saw, from a mapping of FIGURES (the Python API's words); InputError naming a figure or goal
+    servelab does not know."""
+    seen = dict(figures or {})
+    unknown = set(seen) - set(FIGURES)
+    if unknown:
+        raise InputError(f"observed: unknown figures {sorted(unknown)}; give {', '.join(FIGURES)}")
+    if goal is not None and goal not in tuple(Goal):
+        raise InputError(f"goal {goal!r}: choose {' or '.join(Goal)}")
+    get = seen.get
+    return Observed(get("qps"), get("ttft_ms"), get("gpu_util"), get("e2e_ms"), get("tpot_ms"),
+                    goal=Goal(goal) if goal is not None else None)
+
+
+def region_named(region: str | None) -> Region | None:
+    """`--region` from its word; InputError naming the choices."""
+    if region is not None and region not in tuple(Region):
+        raise InputError(f"region {region!r}: choose {' or '.join(Region)}")
+    return Region(region) if region is not None else None
 
 
 def is_example(r: DiagnoseRequest) -> bool:
