@@ -189,6 +189,15 @@ def _advice(d: Deployment, scenario: Scenario, found: Sequence[Finding], e: Evid
     return check_advice(d, scenario, context, baseline, options)
 
 
+def _recommend(found: Sequence[Finding], ctx: Context, scenario: Scenario, baseline: Outcome,
+               question: Goal | None) -> None:
+    """Each finding's changes, simulated at this load, best first."""
+    for f in found:
+        if f.kind == UNDERLOADED and question is Goal.LATENCY:
+            continue  # more load per GPU lengthens answers: not a lever for a latency question
+        f.recommendations = recommend(f, ctx, scenario, baseline)
+
+
 def analyse(
     deployment: Deployment,
     scenario: Scenario,
@@ -225,10 +234,7 @@ def analyse(
     baseline = (simulate_outcome(deployment, scenario, slo)
                 if (with_recommendations and found) or with_advice or priced or described else None)
     if with_recommendations and baseline is not None:
-        for f in found:
-            if f.kind == UNDERLOADED and observed.question is Goal.LATENCY:
-                continue  # more load per GPU lengthens answers: not a lever for a latency question
-            f.recommendations = recommend(f, ctx, scenario, baseline)
+        _recommend(found, ctx, scenario, baseline, observed.question)
     reconciled = (reconcile(deployment, scenario, simulate_outcome(deployment, scenario, None), observed.figures,
                             observed.tried, c.saturation_rps) if described and observed.figures else None)
     found = _reported_first(found, ctx, scenario, observed, source, reconciled)
