@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict, Unpack
 
 from servelab.errors import InputError
 from servelab.diagnose.advice import AdviceContext, check_advice
@@ -264,23 +264,38 @@ def workload_shape(scenario: Scenario) -> WorkloadShape:
                          max_concurrency=scenario.max_concurrency)
 
 
-def diagnose_run(run: RunResult, deployment: Deployment, *, slo: SLO | None = None, warmup: float = 0.0,
-                 **kw: Any) -> Diagnosis:
+class Asked(TypedDict, total=False):
+    """What a diagnosis is asked for besides its evidence: `analyse`'s options, as the verb passes them on."""
+
+    slo: SLO | None
+    observed: Observed | None
+    slo_share: float
+    with_recommendations: bool
+    with_advice: bool
+    with_alternatives: bool | None
+    gpu_cost_per_hour: float | None
+    engines: Sequence[str]
+    assumed: tuple[Assumed, ...]
+    region: Region | None
+    characters: tuple[int | None, Script | None]
+
+
+def diagnose_run(run: RunResult, deployment: Deployment, *, warmup: float = 0.0, **asked: Unpack[Asked]) -> Diagnosis:
     scenario = from_run(run, warmup)
     source = DiagnosisSource.SIMULATED_RUN if run.run_info.get("source") == "sim" else DiagnosisSource.MEASURED
-    return analyse(deployment, scenario, run, slo=slo, source=source, **kw)
+    return analyse(deployment, scenario, run, source=source, **asked)
 
 
-def diagnose_described(deployment: Deployment, scenario: Scenario, *, slo: SLO | None = None,
-                       observed: Observed | None = None, **kw: Any) -> Diagnosis:
+def diagnose_described(deployment: Deployment, scenario: Scenario, **asked: Unpack[Asked]) -> Diagnosis:
     longest = max(s.input_len + s.output_len for s in scenario.shapes)
     limit = deployment.config.max_model_len
     if limit is not None and longest > limit:
         raise InputError(f"--input-len + --output-len (with --prefix-len and earlier --turns: {longest:,} tokens) exceed "
                          f"the deployment's max_model_len {limit:,}: the server would refuse every request")
+    observed = asked.get("observed")
     check_tried(deployment, observed.tried if observed else ())  # before the first simulation
     run = simulate(deployment, scenario)
-    return analyse(deployment, scenario, run, slo=slo, source=DiagnosisSource.DESCRIBED, observed=observed, **kw)
+    return analyse(deployment, scenario, run, source=DiagnosisSource.DESCRIBED, **asked)
 
 
 def notes(d: Deployment, dx: Diagnosis, e: Evidence, u: Utilization, observed: Observed) -> list[str]:

@@ -196,20 +196,20 @@ def diagnose(request: DiagnoseRequest, build: DeploymentBuilder = from_catalogue
     deployment = build(words)
     if engine_note is not None:
         warn(engine_note)
-    kw: dict[str, Any] = {"slo": slo, "observed": observed, "slo_share": request.slo_attainment,
-                          "with_advice": request.check_advice, "with_alternatives": request.price_options or None,
-                          "gpu_cost_per_hour": request.gpu_cost_per_hour, "engines": request.compare_engines,
-                          "region": request.region}
+    asked = analysis.Asked(slo=slo, observed=observed, slo_share=request.slo_attainment,
+                           with_advice=request.check_advice, with_alternatives=request.price_options or None,
+                           gpu_cost_per_hour=request.gpu_cost_per_hour, engines=request.compare_engines,
+                           region=request.region)
     partial = ""
     if run is not None:
         partial = run.partial_note()
-        dx = analysis.diagnose_run(run, deployment, warmup=request.warmup, **kw)
+        dx = analysis.diagnose_run(run, deployment, warmup=request.warmup, **asked)
         if words.calibration is not None:  # a run measured under other conditions than the profile's is not comparable
             dx.notes.extend(condition_changes(load_profile(words.calibration).host, run.run_info.get("client_host", {}),
                                               now_label="during this run", then_label="at calibration"))
         dx.notes[:0] = [n for n in (engine_note, server_note) if n is not None]
     else:
-        dx = _described(request.described, deployment, kw)
+        dx = _described(request.described, deployment, observed, asked)
     if partial:  # said first and kept in the JSON: every number below rests on a run cut short
         dx.partial_run = partial
         warn(partial)
@@ -243,7 +243,7 @@ def _simulated_deployment(run_info: dict[str, Any], w: DeploymentWords) -> Deplo
                    gpu_file=w.gpu_file or path("gpu_file"), vllm_version=w.vllm_version or flags.get("vllm_version"))
 
 
-def _described(s: Described, deployment: Deployment, kw: dict[str, Any]) -> Diagnosis:
+def _described(s: Described, deployment: Deployment, observed: Observed, asked: analysis.Asked) -> Diagnosis:
     """A described deployment: what was not given is assumed, and the assumption is said."""
     assumed: tuple[Assumed, ...] = ()
     input_len = s.input_len
@@ -255,7 +255,7 @@ def _described(s: Described, deployment: Deployment, kw: dict[str, Any]) -> Diag
     output_len = s.output_len
     if output_len is None:
         output_len, assumed = ASSUMED_OUTPUT, assumed + (Assumed.OUTPUT,)
-    rate = s.request_rate if s.request_rate is not None else (kw["observed"].qps if s.max_concurrency is None else None)
+    rate = s.request_rate if s.request_rate is not None else (observed.qps if s.max_concurrency is None else None)
     if rate is None and s.max_concurrency is None:
         raise InputError("a described deployment needs --request-rate, --max-concurrency or --observed-qps")
     lengths = output_lengths(s.output_len_distribution, output_len)
@@ -263,7 +263,8 @@ def _described(s: Described, deployment: Deployment, kw: dict[str, Any]) -> Diag
                          prefix_len=s.prefix_len, turns=s.turns, output_lengths=lengths)
     if rate is not None:
         assumed += (Assumed.ARRIVALS,)
-    return analysis.diagnose_described(deployment, scenario, assumed=assumed, characters=(s.input_chars, s.script), **kw)
+    return analysis.diagnose_described(deployment, scenario, **asked | analysis.Asked(
+        assumed=assumed, characters=(s.input_chars, s.script)))
 
 
 def output_lengths(spec: str, mean: int) -> LengthDistribution:
