@@ -56,6 +56,7 @@ class Observed:
     e2e_ms: float | None = None
     tpot_ms: float | None = None
     tried: tuple[Tried, ...] = ()
+    """Changes the user already made and what they saw them do (`--tried`)."""
     goal: Goal | None = None
     """The question asked (`--goal`); None: latency when a latency was reported, throughput when a QPS or a
     utilisation was, no question otherwise."""
@@ -67,7 +68,6 @@ class Observed:
         if self.latency or self.ttft_ms is not None:
             return Goal.LATENCY
         return Goal.THROUGHPUT if self.qps is not None or self.gpu_util is not None else None
-    """Changes the user already made and what they saw them do (`--tried`)."""
 
     @property
     def figures(self) -> dict[Figure, float]:
