@@ -28,8 +28,9 @@ STORED = Path(__file__).parent / "data" / "documents"
 WRITE = os.environ.get("SERVELAB_WRITE_DOCUMENTS") == "1"
 
 VOLATILE_KEYS = {"started_at", "finished_at", "sim_wall_s", "steps_per_s", "created_at", "wall_s", "elapsed_s",
-                 "duration_wall_s", "generated_at", "servelab_version", "python", "client_host"}
-"""Keys whose values are the host's clock, speed or load, or the installed versions: blanked before comparing."""
+                 "duration_wall_s", "generated_at", "servelab_version", "python", "client_host", "argv"}
+"""Keys whose values are the host's clock, speed or load, the installed versions, or how the process was started (a
+run.json's argv is pytest's own command line here): blanked before comparing."""
 
 SIM = ["--gpu", "a100-80gb", "--model", "qwen2.5-7b"]
 LOAD = ["--num-prompts", "40", "--random-input-len", "300", "--random-output-len", "40",
