@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from servelab.schemas.compare import EngineComparison
 from servelab.schemas.validation import ValidationReport
-from servelab.schemas.vocabulary import ENGINES, Goal
-from servelab.diagnose.regions import Region
+from servelab.schemas.vocabulary import ENGINES
 from servelab.schemas.diagnosis import Diagnosis
 from servelab.errors import InputError
 from servelab.experiment.runner import run_point
@@ -141,27 +140,16 @@ def diagnosis(results: Results | str | Path, gpu: str, model: str, engine_args: 
     `engine` as `diagnose --engine`: auto takes the one run.json recorded (vLLM when none is); `engine_args` are in
     its spelling. `tried` as `--tried` ("CHANGE:RESULT", e.g. "--max-num-batched-tokens 512:no-effect", "awq:no-effect"),
     `goal` as `--goal` (latency or throughput), `region` as `--region`, `observed` the figures seen in production
-    (keys qps, ttft_ms, gpu_util, e2e_ms, tpot_ms, as the --observed-* flags). The CLI's own verb does the work.
+    (keys qps, ttft_ms, gpu_util, e2e_ms, tpot_ms, as the --observed-* flags). servelab.diagnose.run does the work.
     Named `diagnosis`, not `diagnose`: `servelab.diagnose` is the package that does the work."""
-    from servelab.diagnose.analysis import Observed
-    from servelab.diagnose.request import DeploymentWords, DiagnoseRequest, diagnose
+    from servelab.diagnose import run
+    from servelab.diagnose.request import DeploymentWords, DiagnoseRequest, observed_from, region_named
 
     directory = results.directory if isinstance(results, Results) else Path(results)
-    figures = dict(observed or {})
-    unknown = set(figures) - {"qps", "ttft_ms", "gpu_util", "e2e_ms", "tpot_ms"}
-    if unknown:
-        raise InputError(f"diagnosis(observed=...): unknown figures {sorted(unknown)}; give qps, ttft_ms, gpu_util, "
-                         "e2e_ms or tpot_ms")
-    try:
-        asked = Goal(goal) if goal is not None else None
-        where = Region(region) if region is not None else None
-    except ValueError as exc:
-        raise InputError(f"diagnosis(): {exc}") from None
-    get = figures.get
-    seen = Observed(get("qps"), get("ttft_ms"), get("gpu_util"), get("e2e_ms"), get("tpot_ms"), goal=asked)
     request = DiagnoseRequest(DeploymentWords(gpu, model, engine_args, vllm_version=vllm_version, engine=engine),
-                              directory, observed=seen, tried=tuple(tried), region=where)
-    return diagnose(request)
+                              directory, observed=observed_from(observed, goal), tried=tuple(tried),
+                              region=region_named(region))
+    return run(request)
 
 
 def calibrate_from(results: str | Path | list[str | Path], gpu: str, model: str, *, out: str | Path, engine_args: str = "",

@@ -81,3 +81,11 @@ def test_calibration_validation_and_comparison_refuse_bad_input_before_any_reque
         servelab.validation(tmp_path / "absent.json", "http://127.0.0.1:9", out=tmp_path / "v.json")
     with pytest.raises(InputError, match="subset of"):
         servelab.comparison("a100-80gb", "qwen2.5-7b", engines=["vllm", "tgi"])
+def test_diagnosis_names_an_unknown_figure_goal_or_region_before_reading_anything(tmp_path: Path) -> None:
+    missing = tmp_path / "never-written"  # the words are checked before the directory is read
+    with pytest.raises(InputError, match=r"unknown figures \['qpss'\]"):
+        servelab.diagnosis(missing, "a100-80gb", "qwen2.5-7b", observed={"qpss": 3.0})
+    with pytest.raises(InputError, match="goal 'speed': choose latency or throughput"):
+        servelab.diagnosis(missing, "a100-80gb", "qwen2.5-7b", goal="speed")
+    with pytest.raises(InputError, match="region 'mars'"):
+        servelab.diagnosis(missing, "a100-80gb", "qwen2.5-7b", region="mars")

@@ -127,14 +127,14 @@ def test_kv_finding_cites_preemptions():
 @pytest.mark.slow
 def test_advice_catalogue_has_every_item_with_a_verdict():
     dx = _diagnose(*PLANTED[fk.PREFILL_COMPUTE_BOUND], with_recommendations=False, with_advice=True)
-    assert [a["id"] for a in dx.advice] == list(range(1, 26))
-    verdicts = {a["id"]: a["verdict"] for a in dx.advice}
+    assert [a.id for a in dx.advice] == list(range(1, 26))
+    verdicts = {a.id: a.verdict for a in dx.advice}
     assert verdicts[7] == "obsolete" and verdicts[22] == "obsolete"
     assert verdicts[14] == "no effect"  # continuous batching is always on
-    status = {a["id"]: a["flag_status"] for a in dx.advice}
+    status = {a.id: a.flag_status for a in dx.advice}
     assert status[9] == "default already" and status[5] == "default already"
     assert verdicts[5] == "helps"  # a shared prefix skips most of the prefill that limits this case
-    assert all(a["verdict"] in {"helps", "no effect", "hurts", "trade-off", "obsolete", "outside the model"}
+    assert all(a.verdict in {"helps", "no effect", "hurts", "trade-off", "obsolete", "outside the model"}
                for a in dx.advice)
 
 
@@ -150,7 +150,7 @@ def test_measured_run_directory_round_trip(tmp_path):
     writer.close()
     dx = diagnose_run(load_run(tmp_path), d, with_recommendations=False)
     assert dx.bottleneck == fk.MAX_NUM_SEQS_BOUND
-    assert len(dx.scenario.shapes) == len(sim.records)
+    assert dx.workload.requests == len(sim.records)
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from servelab.diagnose.advice import HELPS, AdviceContext, _streaming
 from servelab.diagnose.analysis import Observed, diagnose_described
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.scenario import synthetic
-from servelab.schemas.diagnosis import Diagnosis
+from servelab.schemas.diagnosis import Diagnosis, Finding
 from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
 from servelab.targets.deployment import build_deployment
 from servelab.workload.lengths import LengthDistribution
@@ -175,7 +175,7 @@ def test_the_caveat_is_printed_above_the_findings():
     run = simulate(d, scenario)
     run.run_info["client_stats"] = {"client_may_be_bottleneck": True, "reason": "send lag p99 120 ms"}
     dx = analyse(d, scenario, run, source="measured", with_recommendations=False)
-    text = render_markdown(Diagnosis.model_validate_json(json.dumps(dx.as_dict(), default=str)))
+    text = render_markdown(Diagnosis.model_validate_json(dx.model_dump_json()))
     assert text.index("Caveat: The load generator itself distorted the measurement") < text.index("## 1. ")
     assert "(`underloaded`)" in text.split("## 1. ")[1].splitlines()[0]
 
@@ -185,9 +185,8 @@ def test_the_html_report_shows_the_caveat_and_the_priced_options():
     from servelab.report.diagnosis_html import diagnosis_html
 
     dx = _bot(4, observed=Observed(e2e_ms=3000.0))
-    data = dx.as_dict()
-    data["caveats"] = [{"kind": fk.CLIENT_BOUND, "title": "The load generator itself distorted the measurement",
-                        "score": 1.0, "evidence": ["send lag p99 120 ms"], "recommendations": []}]
-    html = diagnosis_html("bot", Diagnosis.model_validate_json(json.dumps(data, default=str)))
+    dx.caveats = [Finding(kind=fk.CLIENT_BOUND, title="The load generator itself distorted the measurement", score=1.0,
+                          evidence=["send lag p99 120 ms"], recommendations=[])]
+    html = diagnosis_html("bot", Diagnosis.model_validate_json(dx.model_dump_json()))
     assert html.index("Caveat: The load generator") < html.index("Options at this load") < html.index("Ceilings")
     assert "+1 GPU: 2 replicas" in html and "mercatus" in html

@@ -199,4 +199,4 @@ def test_sglang_decode_batches_above_its_captured_graphs_are_launch_bound_and_th
     assert "--cuda-graph-max-bs 32" in found[fk.LAUNCH_BOUND].evidence[0]
     rec = found[fk.LAUNCH_BOUND].recommendations[0]
     assert "--cuda-graph-max-bs 64" in rec.change and "--cuda-graph-max-bs 64" in (rec.engine_args or "")
-    assert "--enforce-eager" not in json.dumps([f.as_dict() for f in dx.findings])
+    assert "--enforce-eager" not in json.dumps([f.model_dump() for f in dx.findings])

@@ -83,4 +83,4 @@ def test_a_request_held_in_the_api_server_is_frontend_bound_with_the_http_breakd
     assert "0.7 ms was the network" in breakdown and "50% of requests opening a connection" in breakdown
     assert dx.evidence.outside_engine is not None and dx.evidence.outside_engine.api_server_s > 0.39
     assert any(n.startswith("Outside the engine, by the client's HTTP phases: ") for n in dx.notes)
-    assert dx.as_dict()["evidence"]["outside_engine"]["network_s"] == pytest.approx(dx.evidence.outside_engine.network_s)
+    assert dx.model_dump()["evidence"]["outside_engine"]["network_s"] == pytest.approx(dx.evidence.outside_engine.network_s)

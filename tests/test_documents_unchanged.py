@@ -47,8 +47,16 @@ CASES: dict[str, list[str]] = {
                            "--tried", "--max-num-batched-tokens 1024:no-effect", "--save", "{out}/diagnosis.json"],
     "calibrate-from": ["calibrate", "--from", "{fixtures}/vllm-bench-detailed.json", "--gpu", "h100-sxm", "--model",
                        "qwen2.5-7b", "-o", "{out}/profile.json"],
+    "diagnose-results": ["diagnose", "{out}/run", "--save", "{out}/diagnosis.json"],
+    "diagnose-results-priced": ["diagnose", "{out}/run", "--check-advice", "--price-options", "--save",
+                                "{out}/diagnosis.json"],
 }
 """Each case: the argv, with {out} the directory its files land in."""
+
+OVERLOADED_RUN = ["simulate", *SIM, *LOAD, "--request-rate", "40", "--result-dir", "{out}/run"]
+BEFORE: dict[str, list[str]] = {"diagnose-results": OVERLOADED_RUN, "diagnose-results-priced": OVERLOADED_RUN}
+"""A verb run before the case's own, whose files the case reads (and are compared too): a simulated run for
+`diagnose RESULTS`, offered more than it serves so the verdict, findings and recommendations all appear."""
 
 
 def _blank(value: Any, out: str, volatile: frozenset[str] = frozenset()) -> Any:
@@ -82,6 +90,9 @@ def test_a_verb_writes_the_stored_documents(case: str, tmp_path: Path):
     argv = [arg.replace("{out}", str(out)).replace("{fixtures}", str(FIXTURES)) for arg in CASES[case]]
     if case.startswith("diagnose"):
         out.mkdir()
+    if case in BEFORE:
+        before = CliRunner().invoke(app, [arg.replace("{out}", str(out)) for arg in BEFORE[case]])
+        assert before.exit_code == 0, before.output
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
     _assert_stored(case, {name: _normalised(path, str(out)) for name, path in _documents(out).items()})

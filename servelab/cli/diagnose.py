@@ -7,7 +7,7 @@ document. Heavy imports stay inside the function (`servelab --help` imports none
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -34,6 +34,11 @@ from servelab.metrics.engines import AUTO
 from servelab.schemas.vocabulary import ENGINES
 from servelab.schemas.vocabulary import DISTRIBUTIONS
 
+if TYPE_CHECKING:
+    from servelab.diagnose.request import DeploymentWords, DiagnoseRequest
+    from servelab.schemas.diagnosis import Diagnosis
+    from servelab.targets.deployment import Deployment
+
 DIAGNOSIS = "diagnosis.json"
 
 
@@ -45,11 +50,73 @@ def _results_dir(value: Path | None) -> Path | None:
     return value
 
 
+# diagnose's own flags, each declared once with its help (the shared deployment flags are in cli/options.py).
+ResultsFlag = Annotated[Optional[Path], typer.Argument(
+    callback=_results_dir, metavar="RESULTS", help="A results directory from `servelab bench` (or simulate: its run.json names "
+                                       "the deployment, so --gpu/--model may be left out).")]
+InputLenFlag = Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Described deployment: prompt tokens per request.")]
+InputCharsFlag = Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help=(
+    "Described deployment: prompt length in characters instead of tokens, turned into tokens by --script (the "
+    "ratio is printed)."))]
+ScriptFlag = Annotated[Optional[Script], typer.Option(help=(
+    "The script --input-chars are written in: latin (~4 characters per token) or cjk (Chinese, Japanese, Korean: "
+    "~1.5). Default: latin, said as an assumption."))]
+OutputLenFlag = Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help=(
+    "Described deployment: output tokens per request (not given: 200 is assumed, and the answer is shown for 50, "
+    "200 and 500)."))]
+RequestRateFlag = Annotated[Optional[float], typer.Option(callback=real(gt=0), help="Described deployment: offered req/s (Poisson).")]
+MaxConcurrencyFlag = Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Described deployment: closed-loop concurrency.")]
+ObservedQpsFlag = Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production, req/s.")]
+ObservedTtftMsFlag = Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production, TTFT ms.")]
+ObservedGpuUtilFlag = Annotated[Optional[float], typer.Option(callback=real(ge=0, le=1), help="nvidia-smi's utilisation, 0-1.")]
+ObservedE2eMsFlag = Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production: whole-answer latency, ms.")]
+ObservedTpotMsFlag = Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production: time per output token, ms.")]
+TriedFlag = Annotated[Optional[list[str]], typer.Option(
+    help="A change you already made and what it did, CHANGE:RESULT (repeatable): CHANGE an engine flag as typed "
+         "after `vllm serve`, a quantization (awq, gptq, fp8, int8, w8a8), a GPU name or 'replica'; RESULT "
+         "no-effect, helped or hurt. E.g. --tried \"--max-num-batched-tokens 512:no-effect\" --tried awq:no-effect")]
+GoalFlag = Annotated[Optional[Goal], typer.Option(
+    help="The question to answer first: latency (how long answers take) or throughput (how far QPS can go). "
+         "Default: latency when --observed-e2e-ms/--observed-ttft-ms/--observed-tpot-ms is given, throughput "
+         "when --observed-qps or --observed-gpu-util is.")]
+OutputLenDistributionFlag = Annotated[str, typer.Option(
+    help="Described deployment: how output lengths vary, SHAPE[:SPREAD] with SHAPE one of "
+         f"{', '.join(DISTRIBUTIONS)} (spread as --random-range-ratio): answers that end at EOS vary, "
+         "e.g. lognormal:0.5. Default: every answer exactly --output-len.")]
+PrefixLenFlag = Annotated[int, typer.Option(min=0, max=MAX_INT, help="Described deployment: tokens of a system prompt every request starts with.")]
+TurnsFlag = Annotated[int, typer.Option(min=1, max=MAX_INT, help="Described deployment: turns per conversation; each turn resends the "
+                                        "system prompt, every earlier turn and every earlier answer (a chat client).")]
+RegionFlag = Annotated[Optional[Region], typer.Option(help=(
+    "Where you buy or rent GPUs: global, or china (H20, L20 new; H800, A800 rented) — the chips the "
+    "alternatives may name. Default: global, said as an assumption."))]
+GpuCostPerHourFlag = Annotated[Optional[float], typer.Option(
+    callback=real(gt=0),
+    help="$ per GPU-hour of --gpu (default: documented prices in servelab/diagnose/pricing.py); prices the options.")]
+PriceOptionsFlag = Annotated[bool, typer.Option("--price-options", help="Price the common options (token budget, quantized "
+                                            "weights, FP8 KV, a replica, TP=2, a bigger GPU) at this load.")]
+EngineFlag = Annotated[str, typer.Option(
+    help=f"Which engine served the deployment: {', '.join(ENGINES)}, or auto (the one the run's run.json recorded; "
+         "vLLM when none is, or for a described deployment). --engine-args are then in that engine's spelling.",
+    rich_help_panel=DEPLOYMENT_PANEL)]
+CompareEnginesFlag = Annotated[bool, typer.Option(
+    "--compare-engines", help="Also run this workload at this load on the other engines (at their defaults, same "
+                              "GPU, model, TP and replicas) and say what switching would buy.")]
+EnginesFlag = Annotated[Optional[str], typer.Option(
+    help=f"With --compare-engines: which engines, comma-separated (default all: {','.join(ENGINES)}), as "
+         "`servelab compare --engines` takes them.")]
+SloAttainmentFlag = Annotated[float, typer.Option(callback=real(gt=0, le=1), help="Share of requests that must meet the SLO.")]
+CheckAdviceFlag = Annotated[bool, typer.Option("--check-advice", help="Also evaluate 25 common tuning tips.")]
+JsonOutFlag = Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON.")]
+DetailsFlag = Annotated[bool, typer.Option("--details", help="Print every finding's evidence, every option priced, the "
+                                                        "ceilings and the notes (default: a ~40-line summary).")]
+MarkdownFlag = Annotated[bool, typer.Option("--markdown", help="Print the diagnosis as Markdown.")]
+SaveFlag = Annotated[Optional[Path], typer.Option(help=f"Write the JSON here (default: {DIAGNOSIS} in RESULTS).")]
+WarmupFlag = Annotated[float, typer.Option(callback=real(ge=0), help="Seconds at the start of the run to ignore.")]
+
+
 @app.command()
 def diagnose(
-    results: Annotated[Optional[Path], typer.Argument(
-        callback=_results_dir, metavar="RESULTS", help="A results directory from `servelab bench` (or simulate: its run.json names "
-                                           "the deployment, so --gpu/--model may be left out).")] = None,
+    results: ResultsFlag = None,
     gpu: GpuFlag = None,
     model: ModelFlag = None,
     engine_args: EngineArgsFlag = "",
@@ -57,66 +124,37 @@ def diagnose(
     replicas: ReplicasFlag = None,
     gpu_file: GpuFileFlag = None,
     calibration: CalibrationFlag = None,
-    input_len: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Described deployment: prompt tokens per request.")] = None,
-    input_chars: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help=(
-        "Described deployment: prompt length in characters instead of tokens, turned into tokens by --script (the "
-        "ratio is printed).")) ] = None,
-    script: Annotated[Optional[Script], typer.Option(help=(
-        "The script --input-chars are written in: latin (~4 characters per token) or cjk (Chinese, Japanese, Korean: "
-        "~1.5). Default: latin, said as an assumption."))] = None,
-    output_len: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help=(
-        "Described deployment: output tokens per request (not given: 200 is assumed, and the answer is shown for 50, "
-        "200 and 500)."))] = None,
-    request_rate: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="Described deployment: offered req/s (Poisson).")] = None,
-    max_concurrency: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Described deployment: closed-loop concurrency.")] = None,
-    observed_qps: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production, req/s.")] = None,
-    observed_ttft_ms: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production, TTFT ms.")] = None,
-    observed_gpu_util: Annotated[Optional[float], typer.Option(callback=real(ge=0, le=1), help="nvidia-smi's utilisation, 0-1.")] = None,
-    observed_e2e_ms: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production: whole-answer latency, ms.")] = None,
-    observed_tpot_ms: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production: time per output token, ms.")] = None,
-    tried: Annotated[Optional[list[str]], typer.Option(
-        help="A change you already made and what it did, CHANGE:RESULT (repeatable): CHANGE an engine flag as typed "
-             "after `vllm serve`, a quantization (awq, gptq, fp8, int8, w8a8), a GPU name or 'replica'; RESULT "
-             "no-effect, helped or hurt. E.g. --tried \"--max-num-batched-tokens 512:no-effect\" --tried awq:no-effect")] = None,
-    goal: Annotated[Optional[Goal], typer.Option(
-        help="The question to answer first: latency (how long answers take) or throughput (how far QPS can go). "
-             "Default: latency when --observed-e2e-ms/--observed-ttft-ms/--observed-tpot-ms is given, throughput "
-             "when --observed-qps or --observed-gpu-util is.")] = None,
-    output_len_distribution: Annotated[str, typer.Option(
-        help="Described deployment: how output lengths vary, SHAPE[:SPREAD] with SHAPE one of "
-             f"{', '.join(DISTRIBUTIONS)} (spread as --random-range-ratio): answers that end at EOS vary, "
-             "e.g. lognormal:0.5. Default: every answer exactly --output-len.")] = "fixed",
-    prefix_len: Annotated[int, typer.Option(min=0, max=MAX_INT, help="Described deployment: tokens of a system prompt every request starts with.")] = 0,
-    turns: Annotated[int, typer.Option(min=1, max=MAX_INT, help="Described deployment: turns per conversation; each turn resends the "
-                                            "system prompt, every earlier turn and every earlier answer (a chat client).")] = 1,
-    region: Annotated[Optional[Region], typer.Option(help=(
-        "Where you buy or rent GPUs: global, or china (H20, L20 new; H800, A800 rented) — the chips the "
-        "alternatives may name. Default: global, said as an assumption."))] = None,
-    gpu_cost_per_hour: Annotated[Optional[float], typer.Option(
-        callback=real(gt=0),
-        help="$ per GPU-hour of --gpu (default: documented prices in servelab/diagnose/pricing.py); prices the options.")] = None,
-    price_options: Annotated[bool, typer.Option("--price-options", help="Price the common options (token budget, quantized "
-                                                "weights, FP8 KV, a replica, TP=2, a bigger GPU) at this load.")] = False,
+    input_len: InputLenFlag = None,
+    input_chars: InputCharsFlag = None,
+    script: ScriptFlag = None,
+    output_len: OutputLenFlag = None,
+    request_rate: RequestRateFlag = None,
+    max_concurrency: MaxConcurrencyFlag = None,
+    observed_qps: ObservedQpsFlag = None,
+    observed_ttft_ms: ObservedTtftMsFlag = None,
+    observed_gpu_util: ObservedGpuUtilFlag = None,
+    observed_e2e_ms: ObservedE2eMsFlag = None,
+    observed_tpot_ms: ObservedTpotMsFlag = None,
+    tried: TriedFlag = None,
+    goal: GoalFlag = None,
+    output_len_distribution: OutputLenDistributionFlag = "fixed",
+    prefix_len: PrefixLenFlag = 0,
+    turns: TurnsFlag = 1,
+    region: RegionFlag = None,
+    gpu_cost_per_hour: GpuCostPerHourFlag = None,
+    price_options: PriceOptionsFlag = False,
     vllm_version: VllmVersionFlag = None,
-    engine: Annotated[str, typer.Option(
-        help=f"Which engine served the deployment: {', '.join(ENGINES)}, or auto (the one the run's run.json recorded; "
-             "vLLM when none is, or for a described deployment). --engine-args are then in that engine's spelling.",
-        rich_help_panel=DEPLOYMENT_PANEL)] = AUTO,
-    compare_engines: Annotated[bool, typer.Option(
-        "--compare-engines", help="Also run this workload at this load on the other engines (at their defaults, same "
-                                  "GPU, model, TP and replicas) and say what switching would buy.")] = False,
-    engines: Annotated[Optional[str], typer.Option(
-        help=f"With --compare-engines: which engines, comma-separated (default all: {','.join(ENGINES)}), as "
-             "`servelab compare --engines` takes them.")] = None,
+    engine: EngineFlag = AUTO,
+    compare_engines: CompareEnginesFlag = False,
+    engines: EnginesFlag = None,
     goodput: GoodputFlag = None,
-    slo_attainment: Annotated[float, typer.Option(callback=real(gt=0, le=1), help="Share of requests that must meet the SLO.")] = 0.9,
-    check_advice: Annotated[bool, typer.Option("--check-advice", help="Also evaluate 25 common tuning tips.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON.")] = False,
-    details: Annotated[bool, typer.Option("--details", help="Print every finding's evidence, every option priced, the "
-                                                            "ceilings and the notes (default: a ~40-line summary).")] = False,
-    markdown: Annotated[bool, typer.Option("--markdown", help="Print the diagnosis as Markdown.")] = False,
-    save: Annotated[Optional[Path], typer.Option(help=f"Write the JSON here (default: {DIAGNOSIS} in RESULTS).")] = None,
-    warmup: Annotated[float, typer.Option(callback=real(ge=0), help="Seconds at the start of the run to ignore.")] = 0.0,
+    slo_attainment: SloAttainmentFlag = 0.9,
+    check_advice: CheckAdviceFlag = False,
+    json_out: JsonOutFlag = False,
+    details: DetailsFlag = False,
+    markdown: MarkdownFlag = False,
+    save: SaveFlag = None,
+    warmup: WarmupFlag = 0.0,
     report: ReportFlag = False,
 ) -> None:
     """Find what limits the deployment, the ceiling it implies, and the change that lifts it.
@@ -124,12 +162,9 @@ def diagnose(
     With no arguments: the built-in example (Qwen2.5-7B on an A100 at ~10 req/s of 1,500-token prompts).
     """
     from servelab.cli.compare import parse_engines
-    from servelab.cli.options import deployment_from_flags
+    from servelab.diagnose import run
     from servelab.diagnose.analysis import Observed
-    from servelab.diagnose.request import (EXAMPLE_COMMAND, Described, DeploymentWords, DiagnoseRequest, diagnose as
-                                           run_diagnose, is_example)
-    from servelab.report.console import make_console
-    from servelab.report.diagnosis_view import render_markdown, render_terminal
+    from servelab.diagnose.request import Described, DeploymentWords, DiagnoseRequest
 
     if engines is not None and not compare_engines:
         raise InputError("--engines chooses the engines --compare-engines runs: add --compare-engines")
@@ -144,23 +179,45 @@ def diagnose(
         Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms, goal=goal),
         tuple(tried or ()), region, goodput, slo_attainment, warmup, price_options, gpu_cost_per_hour, check_advice,
         parse_engines(engines or ",".join(ENGINES)) if compare_engines else [])
-    build = lambda w: deployment_from_flags(w.gpu, w.model, w.engine_args, calibration=w.calibration, tp=w.tp,  # noqa: E731
-                                            replicas=w.replicas, gpu_file=w.gpu_file, vllm_version=w.vllm_version,
-                                            engine=w.engine)
-    warn = lambda text: make_console(stderr=True).print(f"[yellow]warning:[/] {text}", highlight=False, soft_wrap=True)  # noqa: E731
-    dx = run_diagnose(request, build, warn)
+    dx = run(request, _deployment, _warn)
     target = save or (results / DIAGNOSIS if results is not None else None)
     if target is not None:
         target.write_text(dx.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    if json_out:
+    _show(request, dx, "json" if json_out else "markdown" if markdown else "terminal",
+          details or check_advice or compare_engines)
+    if report and results is not None:
+        from servelab.report.console import make_console
+
+        report_into(results, make_console(stderr=json_out or markdown))
+
+
+def _deployment(w: DeploymentWords) -> Deployment:
+    """The deployment the words name, calibration profiles included (the library's default reads catalogues only)."""
+    from servelab.cli.options import deployment_from_flags
+
+    return deployment_from_flags(w.gpu, w.model, w.engine_args, calibration=w.calibration, tp=w.tp, replicas=w.replicas,
+                                 gpu_file=w.gpu_file, vllm_version=w.vllm_version, engine=w.engine)
+
+
+def _warn(text: str) -> None:
+    from servelab.report.console import make_console
+
+    make_console(stderr=True).print(f"[yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
+
+
+def _show(request: DiagnoseRequest, dx: Diagnosis, form: str, details: bool) -> None:
+    """The diagnosis on stdout as JSON, Markdown or the terminal's summary (every detail with `details`)."""
+    from servelab.diagnose.request import EXAMPLE_COMMAND, is_example
+    from servelab.report.console import make_console
+    from servelab.report.diagnosis_view import render_markdown, render_terminal
+
+    if form == "json":
         typer.echo(dx.model_dump_json(indent=2))
-    elif markdown:
+    elif form == "markdown":
         typer.echo(render_markdown(dx))
     else:
         console = make_console()
         if is_example(request):
             console.print(f"[dim]No deployment given: diagnosing the built-in example, {EXAMPLE_COMMAND} "
                           "(servelab diagnose --help for your own).[/]", highlight=False)
-        render_terminal(dx, console, details or check_advice or compare_engines)
-    if report and results is not None:
-        report_into(results, make_console(stderr=json_out or markdown))
+        render_terminal(dx, console, details)

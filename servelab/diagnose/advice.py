@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from servelab.diagnose.findings import FRONTEND_CPU_BOUND
 from servelab.diagnose.recommend import Outcome, run
@@ -18,9 +17,12 @@ from servelab.diagnose.scenario import Scenario
 from servelab.perf.engine_args import flag_status
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.models import get_model
+from servelab.schemas.diagnosis import AdviceRow
+from servelab.schemas.vocabulary import Verdict
 from servelab.targets.deployment import Deployment
 
-HELPS, NO_EFFECT, HURTS, TRADE_OFF, OBSOLETE, OUTSIDE = "helps", "no effect", "hurts", "trade-off", "obsolete", "outside the model"
+HELPS, NO_EFFECT, HURTS, TRADE_OFF = Verdict.HELPS, Verdict.NO_EFFECT, Verdict.HURTS, Verdict.TRADE_OFF
+OBSOLETE, OUTSIDE = Verdict.OBSOLETE, Verdict.OUTSIDE
 EFFECT = 0.05
 """Relative change below which the simulator's answer is "no effect" (its own noise is smaller)."""
 
@@ -175,32 +177,40 @@ def _flag(item: Item, d: Deployment) -> str:
     return "default already" if defaults.get(item.flag) else "exists"
 
 
+def _judged(item: Item, d: Deployment, scenario: Scenario, context: AdviceContext, baseline: Outcome,
+            options: Mapping[tuple[str, str], tuple[str, str]]) -> AdviceRow:
+    """One tip: simulated when it names a change the simulator can make, else its fixed verdict and why."""
+    row = AdviceRow(id=item.id, advice=item.advice, flag_status=_flag(item, d), d_throughput=None, d_p99_ttft=None,
+                    d_p99_tpot=None, verdict="", why="")
+    try:
+        judged = item.judge(d, scenario, context)
+    except PerfConfigError as exc:
+        row.verdict, row.why = HURTS, f"not possible here: {exc}"
+        return row
+    if not isinstance(judged, Variant):
+        row.verdict, row.why = judged
+        return row
+    try:
+        after = run(judged.deployment, judged.scenario, None)
+        before = run(*judged.reference, None) if judged.reference else baseline
+    except PerfConfigError as exc:
+        row.verdict, row.why = HURTS, f"not possible here: {exc}"
+        return row
+    row.d_throughput = _delta(after, before, "request_throughput")
+    row.d_p99_ttft = _delta(after, before, "p99_ttft_ms")
+    row.d_p99_tpot = _delta(after, before, "p99_tpot_ms")
+    row.verdict = verdict(row.d_throughput, row.d_p99_ttft, row.d_p99_tpot)
+    row.why = "simulated on this workload at the same load" + (
+        "; compared with the alternative it replaces" if judged.reference else "")
+    key = (judged.deployment.hardware.name, judged.deployment.engine_args())
+    if judged.reference is None and judged.scenario is scenario and key in options:
+        row.verdict, label = options[key]
+        row.why = f"the same change as \"{label}\" in the options table, judged there on E2E p50"
+    return row
+
+
 def check_advice(d: Deployment, scenario: Scenario, context: AdviceContext, baseline: Outcome,
-                 options: Mapping[tuple[str, str], tuple[str, str]] | None = None) -> list[dict[str, Any]]:
+                 options: Mapping[tuple[str, str], tuple[str, str]] | None = None) -> list[AdviceRow]:
     """Each tip simulated on this workload. `options`: the options table's verdicts and labels, by (GPU, launch flags): the same
     change at the same load takes that verdict here, so a report never gives one change two."""
-    rows = []
-    for item in CATALOGUE:
-        row: dict[str, Any] = {"id": item.id, "advice": item.advice, "flag_status": _flag(item, d),
-                                  "d_throughput": None, "d_p99_ttft": None, "d_p99_tpot": None}
-        try:
-            judged = item.judge(d, scenario, context)
-            if isinstance(judged, Variant):
-                after = run(judged.deployment, judged.scenario, None)
-                before = run(*judged.reference, None) if judged.reference else baseline
-                row["d_throughput"] = _delta(after, before, "request_throughput")
-                row["d_p99_ttft"] = _delta(after, before, "p99_ttft_ms")
-                row["d_p99_tpot"] = _delta(after, before, "p99_tpot_ms")
-                row["verdict"] = verdict(row["d_throughput"], row["d_p99_ttft"], row["d_p99_tpot"])
-                row["why"] = "simulated on this workload at the same load" + (
-                    "; compared with the alternative it replaces" if judged.reference else "")
-                key = (judged.deployment.hardware.name, judged.deployment.engine_args())
-                if judged.reference is None and judged.scenario is scenario and key in (options or {}):
-                    row["verdict"], label = (options or {})[key]
-                    row["why"] = f"the same change as \"{label}\" in the options table, judged there on E2E p50"
-            else:
-                row["verdict"], row["why"] = judged
-        except PerfConfigError as exc:
-            row["verdict"], row["why"] = HURTS, f"not possible here: {exc}"
-        rows.append(row)
-    return rows
+    return [_judged(item, d, scenario, context, baseline, options or {}) for item in CATALOGUE]

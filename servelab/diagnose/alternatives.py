@@ -13,11 +13,10 @@ for a step at this load), so "it did not help" becomes physics, not luck.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 
 from servelab.diagnose.engine_terms import Terms
-from servelab.diagnose.evidence import Evidence
 from servelab.diagnose.recommend import Outcome, run, tp_link, tried_result
 from servelab.diagnose.regions import Region, upgrades
 from servelab.diagnose.scenario import Scenario
@@ -27,40 +26,14 @@ from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
 from servelab.perf.memory import kv_bytes_per_token_per_rank
 from servelab.perf.quantization import weight_format
+from servelab.schemas.diagnosis import Alternative, Evidence
+from servelab.schemas.vocabulary import Verdict
 from servelab.targets.deployment import Deployment
 
 EFFECT = 0.1
 """A change must move whole-answer latency by this much to count: the simulator's error on real GPUs is ~5-15%
 (docs/accuracy.md), and a user does not notice less."""
-HELPS, NO_EFFECT, HURTS = "helps", "no effect", "hurts"
-
-
-@dataclass(frozen=True)
-class Alternative:
-    """One priced option: what it is, what it would do at this load, what it costs."""
-
-    change: str
-    engine_args: str | None
-    gpus: int
-    gpu: str
-    usd_per_hour: float | None
-    """Per GPU; None when the chip has no sourced default and none was given."""
-    price_source: str | None
-    median_ttft_ms: float | None
-    p99_ttft_ms: float | None
-    median_e2el_ms: float | None
-    p99_e2el_ms: float | None
-    median_tpot_ms: float | None
-    output_throughput: float
-    usd_per_mtok: float | None
-    """Dollars per million output tokens at this load."""
-    verdict: str
-    why: str
-    tried: str | None = None
-    """What the user saw this very change do (`--tried`), when they tried it."""
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+HELPS, NO_EFFECT, HURTS = Verdict.HELPS, Verdict.NO_EFFECT, Verdict.HURTS
 
 
 @dataclass(frozen=True)
@@ -157,15 +130,15 @@ def _num(x: float | None) -> str:
     return "—" if x is None else f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}"
 
 
-def _verdict(before: float | None, after: float | None) -> str:
+def _verdict(before: float | None, after: float | None) -> Verdict:
     if not before or after is None:
         return NO_EFFECT
     change = (after - before) / before
     return HELPS if change <= -EFFECT else HURTS if change >= EFFECT else NO_EFFECT
 
 
-def _row(change: str, d: Deployment, out: Outcome, base: Deployment, gpu_cost: float | None, verdict: str,
-         why: str, engine_args: str | None) -> Alternative:
+def _row(change: str, d: Deployment, out: Outcome, base: Deployment, gpu_cost: float | None, verdict: Verdict,
+         why: str, engine_args: str | None, tried: str | None = None) -> Alternative:
     s = out.summary
     gpus = d.config.tensor_parallel_size * d.config.data_parallel_size
     price = price_of(d.hardware.name, gpu_cost, base.hardware.name)
@@ -177,7 +150,7 @@ def _row(change: str, d: Deployment, out: Outcome, base: Deployment, gpu_cost: f
         median_e2el_ms=_ms(s, "median_e2el_ms"), p99_e2el_ms=_ms(s, "p99_e2el_ms"), median_tpot_ms=_ms(s, "median_tpot_ms"),
         output_throughput=tps,
         usd_per_mtok=usd_per_million_tokens(price.usd_per_hour, gpus, tps) if price else None,
-        verdict=verdict, why=why,
+        verdict=verdict, why=why, tried=tried,
     )
 
 
@@ -186,18 +159,21 @@ def price_alternatives(d: Deployment, e: Evidence, scenario: Scenario, baseline:
                        tried: Sequence[tuple[Deployment, str]] = (), region: Region | None = None) -> list[Alternative]:
     """The deployment as it is, then each option, simulated on `scenario` at its own load; judged on E2E p50."""
     before = _ms(baseline.summary, "median_e2el_ms")
-    rows = [_row("as deployed", d, baseline, d, gpu_cost_per_hour, "—", "", d.engine_args())]
+    rows = [_row("as deployed", d, baseline, d, gpu_cost_per_hour, Verdict.AS_DEPLOYED, "", d.engine_args())]
     for option in _options(d, e, scenario, region):
         try:
             changed = option.build()
             out = run(changed, scenario, None)
         except PerfConfigError as exc:
-            rows.append(Alternative(option.change, None, 0, d.hardware.name, None, None, None, None, None, None, None,
-                                    0.0, None, HURTS, f"not possible here: {exc}"))
+            rows.append(Alternative(
+                change=option.change, engine_args=None, gpus=0, gpu=d.hardware.name, usd_per_hour=None,
+                price_source=None, median_ttft_ms=None, p99_ttft_ms=None, median_e2el_ms=None, p99_e2el_ms=None,
+                median_tpot_ms=None, output_throughput=0.0, usd_per_mtok=None, verdict=HURTS,
+                why=f"not possible here: {exc}"))
             continue
         verdict = _verdict(before, _ms(out.summary, "median_e2el_ms"))
         why = option.explain(changed, out) if option.explain is not None and verdict != HELPS else ""
         why = "; ".join(part for part in (why, option.trade) if part)
-        rows.append(replace(_row(option.change, changed, out, d, gpu_cost_per_hour, verdict, why, changed.engine_args()),
-                            tried=tried_result(changed, tried)))
+        rows.append(_row(option.change, changed, out, d, gpu_cost_per_hour, verdict, why, changed.engine_args(),
+                         tried_result(changed, tried)))
     return rows

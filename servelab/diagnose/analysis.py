@@ -8,33 +8,36 @@ simulator-backed parts (saturation, SLO rate, what-ifs) need the scenario.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
-from servelab import SCHEMA_VERSION
 from servelab.errors import InputError
 from servelab.diagnose.advice import AdviceContext, check_advice
 from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, overload, saturation_rps, slo_max_rps
-from servelab.diagnose.ceilings import Ceilings, compute_ceilings
+from servelab.diagnose.ceilings import compute_ceilings
 from servelab.diagnose.engine_choice import compare_on_engines
 from servelab.diagnose.engine_terms import Terms
-from servelab.diagnose.evidence import Evidence, gather
+from servelab.diagnose.evidence import gather
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.observations import check as check_observations, idle_decode_ms
-from servelab.diagnose.alternatives import Alternative, price_alternatives
+from servelab.diagnose.alternatives import price_alternatives
 from servelab.diagnose.outside_engine import describe as describe_outside
-from servelab.diagnose.findings import UNDERLOADED, Context, Finding, caveats, detect, queue_reason
-from servelab.diagnose.recommend import recommend, run as simulate_outcome
-from servelab.diagnose.reconcile import OBSERVED_VS_SIMULATED, TRIED, Figure, finding as reconcile, tried_finding
+from servelab.diagnose.findings import UNDERLOADED, Context, caveats, detect, queue_reason
+from servelab.diagnose.recommend import Outcome, recommend, run as simulate_outcome
+from servelab.diagnose.reconcile import (OBSERVED_VS_SIMULATED, TRIED, Figure, Reconciled, finding as reconcile,
+                                        tried_finding)
 from servelab.diagnose.tried import Tried, check_all as check_tried
-from servelab.diagnose.levers import Goal, Lever, levers
+from servelab.diagnose.levers import Goal, levers
 from servelab.diagnose.regions import Region
 from servelab.diagnose.text_tokens import Script
 from servelab.diagnose.roofline import decode_step
-from servelab.diagnose.sensitivity import Assumed, Assumption, assumptions
+from servelab.diagnose.sensitivity import Assumed, assumptions
 from servelab.diagnose.scenario import Scenario, from_run, simulate
-from servelab.schemas.diagnosis import EngineSwitch
-from servelab.diagnose.utilization import Utilization, utilization
+from servelab.schemas.diagnosis import (AdviceRow, Alternative, Ceilings, Diagnosis, Evidence, Finding, Lever,
+                                       Utilization, WorkloadShape)
+from servelab.schemas.diagnosis import Observed as ObservedFigures
+from servelab.schemas.vocabulary import DiagnosisSource
+from servelab.diagnose.utilization import utilization
 from servelab.metrics.intervals import Regime, value_interval
 from servelab.metrics.results import RunResult
 from servelab.metrics.server_timings import describe
@@ -53,6 +56,7 @@ class Observed:
     e2e_ms: float | None = None
     tpot_ms: float | None = None
     tried: tuple[Tried, ...] = ()
+    """Changes the user already made and what they saw them do (`--tried`)."""
     goal: Goal | None = None
     """The question asked (`--goal`); None: latency when a latency was reported, throughput when a QPS or a
     utilisation was, no question otherwise."""
@@ -64,7 +68,6 @@ class Observed:
         if self.latency or self.ttft_ms is not None:
             return Goal.LATENCY
         return Goal.THROUGHPUT if self.qps is not None or self.gpu_util is not None else None
-    """Changes the user already made and what they saw them do (`--tried`)."""
 
     @property
     def figures(self) -> dict[Figure, float]:
@@ -79,94 +82,24 @@ class Observed:
         return any(v is not None for v in (self.ttft_ms, self.gpu_util, self.e2e_ms, self.tpot_ms))
 
     @property
+    def seen(self) -> ObservedFigures:
+        """The figures as diagnosis.json records them."""
+        return ObservedFigures(qps=self.qps, ttft_ms=self.ttft_ms, gpu_util=self.gpu_util, e2e_ms=self.e2e_ms,
+                               tpot_ms=self.tpot_ms)
+
+    @property
     def latency(self) -> bool:
         """A reported latency: the complaint is how long answers take, so the alternatives are priced on it."""
         return self.e2e_ms is not None or self.tpot_ms is not None
 
 
-@dataclass
-class Diagnosis:
-    deployment: Deployment
-    scenario: Scenario
-    evidence: Evidence
-    ceilings: Ceilings
-    utilization: Utilization
-    findings: list[Finding]
-    slo: SLO | None
-    slo_attainment: float | None
-    source: str
-    """"measured" (a bench run) or "simulated" (a described deployment)."""
-    observed: Observed = field(default_factory=Observed)
-    notes: list[str] = field(default_factory=list)
-    advice: list[dict[str, Any]] = field(default_factory=list)
-    caveats: list[Finding] = field(default_factory=list)
-    """Doubts on the measurement (a starved client), shown above the findings, never ranked among them."""
-    alternatives: list[Alternative] = field(default_factory=list)
-    engine_comparison: EngineSwitch | None = None
-    """`--compare-engines`: the same workload and load on each engine."""
-    verdict: str | None = None
-    """The first line when the offered load exceeds the ceiling: said before anything read from an unstable queue."""
-    goal: Goal | None = None
-    levers: list[Lever] = field(default_factory=list)
-    """The levers of the question asked, best first (diagnose/levers.py)."""
-    levers_at: str = ""
-    """Where the levers were priced: the described load, or the one that reproduces what the user sees."""
-    assumptions: list[Assumption] = field(default_factory=list)
-    """What the answer rests on that the user did not give, and how it moves across a plausible range."""
-
-    @property
-    def bottleneck(self) -> str | None:
-        """What limits the deployment: the first finding that is about the server, not about the figures reported."""
-        return next((f.kind for f in self.findings if f.kind not in (OBSERVATIONS_INCONSISTENT, OBSERVED_VS_SIMULATED, TRIED)),
-                    None)
-
-    def as_dict(self) -> dict[str, Any]:
-        c = self.ceilings
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "source": self.source,
-            "deployment": self.deployment.describe(),
-            "workload": {
-                "requests": len(self.scenario.shapes),
-                "mean_input_tokens": self.scenario.mean_input,
-                "mean_output_tokens": self.scenario.mean_output,
-                "offered_rate": self.scenario.offered_rate,
-                "max_concurrency": self.scenario.max_concurrency,
-            },
-            "bottleneck": self.bottleneck,
-            "ceilings": {
-                "prefill_compute_rps": c.prefill_compute_rps,
-                "decode_bandwidth_tps": c.decode_bandwidth_tps,
-                "kv_capacity_seqs": c.kv_capacity_seqs,
-                "max_num_seqs": c.max_num_seqs,
-                "slo_max_rps": c.slo_max_rps,
-                "saturation_rps": c.saturation_rps,
-                "saturation_rps_interval": c.saturation_rps_interval,
-                "decode_bandwidth_tps_at_max_batch": c.decode_bandwidth_tps_at_max_batch,
-            },
-            "standing": standing(self),
-            "utilization": self.utilization.as_dict(),
-            "evidence": self.evidence.as_dict(),
-            "slo": self.slo.as_dict() if self.slo else None,
-            "slo_attainment": self.slo_attainment,
-            "observed": {k: getattr(self.observed, k) for k in ("qps", "ttft_ms", "gpu_util", "e2e_ms", "tpot_ms")},
-            "caveats": [f.as_dict() for f in self.caveats],
-            "findings": [f.as_dict() for f in self.findings],
-            "alternatives": [a.as_dict() for a in self.alternatives],
-            "engine_comparison": self.engine_comparison.model_dump() if self.engine_comparison is not None else None,
-            "notes": self.notes,
-            "advice": self.advice,
-            "verdict": self.verdict,
-            "goal": self.goal,
-            "levers": [asdict(lever) for lever in self.levers],
-            "levers_at": self.levers_at,
-            "assumptions": [asdict(a) for a in self.assumptions],
-        }
+def bottleneck(found: Sequence[Finding]) -> str | None:
+    """What limits the deployment: the first finding that is about the server, not about the figures reported."""
+    return next((f.kind for f in found if f.kind not in (OBSERVATIONS_INCONSISTENT, OBSERVED_VS_SIMULATED, TRIED)), None)
 
 
-def standing(dx: Diagnosis) -> dict[str, float | None]:
+def standing(e: Evidence, c: Ceilings) -> dict[str, float | None]:
     """Where the deployment stands, as a share of each ceiling."""
-    e, c = dx.evidence, dx.ceilings
     running = e.mean_running if e.mean_running is not None else e.mean_in_flight
     per_replica = running / c.replicas
 
@@ -189,13 +122,89 @@ def _attainment(run: RunResult, slo: SLO | None) -> float | None:
     return sum(1 for r in run.records if slo.is_met(r)) / len(run.records)
 
 
+def _ceilings(d: Deployment, scenario: Scenario, e: Evidence, slo: SLO | None, slo_share: float) -> Ceilings:
+    """The cost model's ceilings at the batch the run achieved, then the simulator's: saturation and the SLO's rate."""
+    batch = (e.mean_running if e.mean_running is not None else e.mean_in_flight) / d.config.data_parallel_size
+    c = compute_ceilings(d.step_cost(), d.model, d.config, d.memory, input_len=scenario.mean_input,
+                         output_len=scenario.mean_output, achieved_batch=batch,
+                         cached_len=scenario.mean_input * (e.prefix_hit_rate or 0.0))
+    sat = saturation_rps(d, scenario)
+    slo_rps = slo_max_rps(d, scenario, slo, upper=1.2 * sat, share=slo_share) if slo else None
+    low_high = value_interval(sat, "request_throughput", d.prediction_tier, Regime.SATURATED)
+    interval = (low_high[0], low_high[1]) if low_high is not None else None
+    return c.model_copy(update={"saturation_rps": sat, "saturation_rps_interval": interval, "slo_max_rps": slo_rps})
+
+
+def _reported_first(found: list[Finding], ctx: Context, scenario: Scenario, observed: Observed, source: str,
+                    reconciled: Reconciled | None) -> list[Finding]:
+    """The findings with those about the reported figures first: figures that cannot hold, or far from the
+    simulation; then what the changes the user tried say, ranked among the rest."""
+    d, c = ctx.d, ctx.c
+    qps, qps_source = observed.qps, "observed"
+    if qps is None and source == DiagnosisSource.DESCRIBED and scenario.nominal_rate and observed.reported:
+        # A described deployment that comes with a figure seen in production describes that production: its
+        # --request-rate is the QPS the user sees, and must fit with the figure they report beside it.
+        qps, qps_source = scenario.nominal_rate, "offered (your --request-rate)"
+    gap = reconciled.finding if reconciled is not None else None
+    contradiction = check_observations(d, scenario, c, qps=qps, ttft_ms=observed.ttft_ms, gpu_util=observed.gpu_util,
+                                       e2e_ms=observed.e2e_ms, tpot_ms=observed.tpot_ms, qps_source=qps_source,
+                                       reconciled=gap is not None)
+    if contradiction is not None and gap is not None:  # one finding about the figures: the physics, then the inverse
+        contradiction.evidence[-1:-1] = gap.evidence
+    if gap is None and observed.tried:
+        first_latency = next((f for f in observed.figures if f in (Figure.E2E, Figure.TTFT, Figure.TPOT)), Figure.E2E)
+        report = tried_finding(d, scenario, observed.tried, first_latency)
+        if report is not None:
+            found.append(report)
+            found.sort(key=lambda f: f.score, reverse=True)
+    for first in (gap if contradiction is None else None, contradiction):
+        if first is not None:
+            found.insert(0, first)
+    return found
+
+
+def _levers(d: Deployment, scenario: Scenario, reconciled: Reconciled | None, goal: Goal | None, verdict: str | None,
+            c: Ceilings, tried: tuple[tuple[Deployment, str], ...], region: Region | None) -> tuple[str, list[Lever]]:
+    """The question's levers and where they were priced: where what the user sees is reproduced, when the likeliest
+    explanation says where, else the described load."""
+    if goal is None:
+        return "", []
+    at = reconciled.scenario if reconciled is not None else None
+    label = reconciled.label if at is not None and reconciled is not None else "the described load"
+    # Above the ceiling every latency is the queue's: whatever was asked, the levers are then the ones that raise the
+    # ceiling (render says so).
+    asked = Goal.THROUGHPUT if verdict else goal
+    return label, levers(d, at or scenario, simulate_outcome(d, at or scenario, None), asked, tried,
+                         c.saturation_rps if at is None else None, region)
+
+
+def _advice(d: Deployment, scenario: Scenario, found: Sequence[Finding], e: Evidence, source: str, baseline: Outcome,
+            alternatives: Sequence[Alternative]) -> list[AdviceRow]:
+    """The common tuning tips judged here, a change the options table priced taking the verdict it has there."""
+    longest = max(s.input_len + s.output_len for s in scenario.shapes)
+    context = AdviceContext(tuple(f.kind for f in found), longest, e.median_ttft_ms, e.median_e2el_ms,
+                            source == DiagnosisSource.MEASURED)
+    options = {(a.gpu, a.engine_args or ""): (a.verdict, a.change) for a in alternatives
+               if a.engine_args is not None and a.change != "as deployed"}
+    return check_advice(d, scenario, context, baseline, options)
+
+
+def _recommend(found: Sequence[Finding], ctx: Context, scenario: Scenario, baseline: Outcome,
+               question: Goal | None) -> None:
+    """Each finding's changes, simulated at this load, best first."""
+    for f in found:
+        if f.kind == UNDERLOADED and question is Goal.LATENCY:
+            continue  # more load per GPU lengthens answers: not a lever for a latency question
+        f.recommendations = recommend(f, ctx, scenario, baseline)
+
+
 def analyse(
     deployment: Deployment,
     scenario: Scenario,
     run: RunResult,
     *,
     slo: SLO | None = None,
-    source: str,
+    source: DiagnosisSource,
     observed: Observed | None = None,
     slo_share: float = DEFAULT_ATTAINMENT,
     with_recommendations: bool = True,
@@ -214,111 +223,94 @@ def analyse(
     observed = observed or Observed()
     tried = check_tried(deployment, observed.tried)  # a change servelab cannot build is an error before any simulation
     e = gather(run)
-    batch = (e.mean_running if e.mean_running is not None else e.mean_in_flight) / deployment.config.data_parallel_size
-    c = compute_ceilings(deployment.step_cost(), deployment.model, deployment.config, deployment.memory,
-                         input_len=scenario.mean_input, output_len=scenario.mean_output, achieved_batch=batch,
-                         cached_len=scenario.mean_input * (e.prefix_hit_rate or 0.0))
-    sat = saturation_rps(deployment, scenario)
-    slo_rps = slo_max_rps(deployment, scenario, slo, upper=1.2 * sat, share=slo_share) if slo else None
-    sat_interval = value_interval(sat, "request_throughput", deployment.prediction_tier, Regime.SATURATED)
-    c = Ceilings(**{**c.as_dict(), "saturation_rps": sat, "saturation_rps_interval": sat_interval, "slo_max_rps": slo_rps})
+    c = _ceilings(deployment, scenario, e, slo, slo_share)
     u = utilization(e, deployment)
     attained = _attainment(run, slo)
     ctx = Context(e, c, u, deployment, slo, attained, scenario.mean_shared, tried, region)
     found = detect(ctx)
     priced = with_alternatives if with_alternatives is not None else (
         observed.latency or gpu_cost_per_hour is not None)
-    described = source == "simulated"
+    described = source == DiagnosisSource.DESCRIBED
     baseline = (simulate_outcome(deployment, scenario, slo)
                 if (with_recommendations and found) or with_advice or priced or described else None)
     if with_recommendations and baseline is not None:
-        for f in found:
-            if f.kind == UNDERLOADED and observed.question is Goal.LATENCY:
-                continue  # more load per GPU lengthens answers: not a lever for a latency question
-            f.recommendations = recommend(f, ctx, scenario, baseline)
-    qps, qps_source = observed.qps, "observed"
-    if qps is None and source == "simulated" and scenario.nominal_rate and observed.reported:
-        # A described deployment that comes with a figure seen in production describes that production: its
-        # --request-rate is the QPS the user sees, and must fit with the figure they report beside it.
-        qps, qps_source = scenario.nominal_rate, "offered (your --request-rate)"
+        _recommend(found, ctx, scenario, baseline, observed.question)
     reconciled = (reconcile(deployment, scenario, simulate_outcome(deployment, scenario, None), observed.figures,
-                            observed.tried, sat) if described and observed.figures else None)
-    gap = reconciled.finding if reconciled is not None else None
-    contradiction = check_observations(deployment, scenario, c, qps=qps, ttft_ms=observed.ttft_ms,
-                                       gpu_util=observed.gpu_util, e2e_ms=observed.e2e_ms, tpot_ms=observed.tpot_ms,
-                                       qps_source=qps_source, reconciled=gap is not None)
-    if contradiction is not None and gap is not None:  # one finding about the figures: the physics, then the inverse
-        contradiction.evidence[-1:-1] = gap.evidence
-    if gap is None and observed.tried:
-        first_latency = next((f for f in observed.figures if f in (Figure.E2E, Figure.TTFT, Figure.TPOT)), Figure.E2E)
-        report = tried_finding(deployment, scenario, observed.tried, first_latency)
-        if report is not None:
-            found.append(report)
-            found.sort(key=lambda f: f.score, reverse=True)
-    for first in (gap if contradiction is None else None, contradiction):
-        if first is not None:  # reported figures that cannot hold, or far from the simulation, come first
-            found.insert(0, first)
-    dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed, caveats=caveats(ctx),
-                   verdict=overload(e.offered_rate or scenario.offered_rate if scenario.max_concurrency is None else None,
-                                    c.saturation_rps, c.saturation_rps_interval))
-    if priced and baseline is not None:
-        dx.alternatives = price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour, tried, region)
-    if engines:
-        dx.engine_comparison = compare_on_engines(deployment, scenario, slo, engines)
-    dx.goal = observed.question
-    if dx.goal is not None:  # priced where what the user sees is reproduced, when the likeliest explanation says where
-        at = reconciled.scenario if reconciled is not None and reconciled.scenario is not None else None
-        dx.levers_at = reconciled.label if at is not None and reconciled is not None else "the described load"
-        # Above the ceiling every latency is the queue's: whatever was asked, the levers are then the ones that
-        # raise the ceiling (render says so).
-        goal = Goal.THROUGHPUT if dx.verdict else dx.goal
-        dx.levers = levers(deployment, at or scenario, simulate_outcome(deployment, at or scenario, None), goal,
-                           tried, c.saturation_rps if at is None else None, region)
-    hardware_asked = bool(dx.alternatives) or any("instead" in lever.change for lever in dx.levers)
-    dx.assumptions = assumptions(deployment, scenario, assumed, characters=characters,
-                                 region=(region, hardware_asked))
-    dx.notes = notes(dx)
+                            observed.tried, c.saturation_rps) if described and observed.figures else None)
+    found = _reported_first(found, ctx, scenario, observed, source, reconciled)
+    verdict = overload(e.offered_rate or scenario.offered_rate if scenario.max_concurrency is None else None,
+                       c.saturation_rps, c.saturation_rps_interval)
+    alternatives = (price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour, tried, region)
+                    if priced and baseline is not None else [])
+    comparison = compare_on_engines(deployment, scenario, slo, engines) if engines else None
+    levers_at, lever_rows = _levers(deployment, scenario, reconciled, observed.question, verdict, c, tried, region)
+    hardware_asked = bool(alternatives) or any("instead" in lever.change for lever in lever_rows)
+    dx = Diagnosis(
+        source=source, deployment=deployment.describe(), workload=workload_shape(scenario), bottleneck=bottleneck(found),
+        ceilings=c, standing=standing(e, c), utilization=u, evidence=e, slo=slo.as_dict() if slo else None,
+        slo_attainment=attained, observed=observed.seen, caveats=caveats(ctx), findings=found,
+        alternatives=alternatives, engine_comparison=comparison, notes=[], advice=[], goal=observed.question,
+        levers=lever_rows, levers_at=levers_at, verdict=verdict,
+        assumptions=assumptions(deployment, scenario, assumed, characters=characters, region=(region, hardware_asked)))
+    dx.notes = notes(deployment, dx, e, u, observed)
     if with_advice and baseline is not None:
-        longest = max(s.input_len + s.output_len for s in scenario.shapes)
-        context = AdviceContext(tuple(f.kind for f in found), longest, e.median_ttft_ms, e.median_e2el_ms, source == "measured")
-        options = {(a.gpu, a.engine_args or ""): (a.verdict, a.change) for a in dx.alternatives
-                   if a.engine_args is not None and a.change != "as deployed"}
-        dx.advice = check_advice(deployment, scenario, context, baseline, options)
+        dx.advice = _advice(deployment, scenario, found, e, source, baseline, alternatives)
     return dx
 
 
-def diagnose_run(run: RunResult, deployment: Deployment, *, slo: SLO | None = None, warmup: float = 0.0,
-                 **kw: Any) -> Diagnosis:
+def workload_shape(scenario: Scenario) -> WorkloadShape:
+    return WorkloadShape(requests=len(scenario.shapes), mean_input_tokens=scenario.mean_input,
+                         mean_output_tokens=scenario.mean_output, offered_rate=scenario.offered_rate,
+                         max_concurrency=scenario.max_concurrency)
+
+
+class Asked(TypedDict, total=False):
+    """What a diagnosis is asked for besides its evidence: `analyse`'s options, as the verb passes them on."""
+
+    slo: SLO | None
+    observed: Observed | None
+    slo_share: float
+    with_recommendations: bool
+    with_advice: bool
+    with_alternatives: bool | None
+    gpu_cost_per_hour: float | None
+    engines: Sequence[str]
+    assumed: tuple[Assumed, ...]
+    region: Region | None
+    characters: tuple[int | None, Script | None]
+
+
+def diagnose_run(run: RunResult, deployment: Deployment, *, warmup: float = 0.0, **asked: Unpack[Asked]) -> Diagnosis:
     scenario = from_run(run, warmup)
-    source = "simulated run" if run.run_info.get("source") == "sim" else "measured"
-    return analyse(deployment, scenario, run, slo=slo, source=source, **kw)
+    source = DiagnosisSource.SIMULATED_RUN if run.run_info.get("source") == "sim" else DiagnosisSource.MEASURED
+    return analyse(deployment, scenario, run, source=source, **asked)
 
 
-def diagnose_described(deployment: Deployment, scenario: Scenario, *, slo: SLO | None = None,
-                       observed: Observed | None = None, **kw: Any) -> Diagnosis:
+def diagnose_described(deployment: Deployment, scenario: Scenario, **asked: Unpack[Asked]) -> Diagnosis:
     longest = max(s.input_len + s.output_len for s in scenario.shapes)
     limit = deployment.config.max_model_len
     if limit is not None and longest > limit:
         raise InputError(f"--input-len + --output-len (with --prefix-len and earlier --turns: {longest:,} tokens) exceed "
                          f"the deployment's max_model_len {limit:,}: the server would refuse every request")
+    observed = asked.get("observed")
     check_tried(deployment, observed.tried if observed else ())  # before the first simulation
     run = simulate(deployment, scenario)
-    return analyse(deployment, scenario, run, slo=slo, source="simulated", observed=observed, **kw)
+    return analyse(deployment, scenario, run, source=DiagnosisSource.DESCRIBED, **asked)
 
 
-def notes(dx: Diagnosis) -> list[str]:
+def notes(d: Deployment, dx: Diagnosis, e: Evidence, u: Utilization, observed: Observed) -> list[str]:
     """Plain-language explanations of what users misread most: GPU utilisation and 'memory full'."""
-    u, e, out = dx.utilization, dx.evidence, []
+    out = []
     if e.ttft_split is not None:  # the server's own account of the first token comes first: it is measured
         out.append(f"Where the first token's time went: "
-                   f"{describe(e.ttft_split, queue_reason(e, dx.ceilings, Terms(dx.deployment.engine)))}.")
+                   f"{describe(e.ttft_split, queue_reason(e, dx.ceilings, Terms(d.engine)))}.")
         if e.outside_engine is not None:
             out.append(f"Outside the engine, by the client's HTTP phases: {describe_outside(e.outside_engine)}.")
     busy = (f"here a step is running {100 * u.engine_busy:.0f}% of the time" if u.engine_busy is not None
             else "how much of the time a step runs is not known here")
-    gpu_util = dx.observed.gpu_util
+    gpu_util = observed.gpu_util
     seen = f"You saw {100 * gpu_util:.0f}% GPU utilisation. " if gpu_util is not None else ""
-    one = decode_step(dx.deployment, 1, e.mean_input_tokens)
+    one = decode_step(d, 1, e.mean_input_tokens)
     ridge = one.ridge / one.intensity  # sequences per step at which the weight GEMMs turn compute-bound
     out.append(
         f"{seen}nvidia-smi's utilisation is the share of time any kernel runs ({busy}); it is neither MFU nor "
@@ -327,19 +319,19 @@ def notes(dx: Diagnosis) -> list[str]:
         f"estimate). A decode step's weight multiplications are bandwidth-bound below ~{ridge:.0f} sequences on this "
         "chip and compute-bound above; prefill is compute-bound."
     )
-    out.append(f"'GPU memory full' is by design: {memory_plan(dx.deployment)}; the KV actually in use peaked at "
+    out.append(f"'GPU memory full' is by design: {memory_plan(d)}; the KV actually in use peaked at "
                f"{100 * (e.max_kv_usage or 0):.0f}%.")
-    if dx.observed.qps is not None and dx.ceilings.saturation_rps:
+    if observed.qps is not None and dx.ceilings.saturation_rps:
         out.append(
-            f"You observe {dx.observed.qps:.2f} req/s; the simulated ceiling for this workload is "
+            f"You observe {observed.qps:.2f} req/s; the simulated ceiling for this workload is "
             f"{dx.ceilings.saturation_rps:.2f} req/s."
         )
-    if dx.observed.ttft_ms is not None and dx.verdict is None:  # an unstable queue's percentiles say nothing
-        out.append(f"You observe TTFT {dx.observed.ttft_ms:.0f} ms; the simulation gives p50 {e.median_ttft_ms:.0f} ms "
+    if observed.ttft_ms is not None and dx.verdict is None:  # an unstable queue's percentiles say nothing
+        out.append(f"You observe TTFT {observed.ttft_ms:.0f} ms; the simulation gives p50 {e.median_ttft_ms:.0f} ms "
                    f"and p99 {e.p99_ttft_ms:.0f} ms at this load.")
-    if dx.observed.latency:
-        out.append(latency_note(dx))
-    out.extend(dx.deployment.warnings)
+    if observed.latency:
+        out.append(latency_note(d, e, observed))
+    out.extend(d.warnings)
     return out
 
 
@@ -358,14 +350,13 @@ def memory_plan(d: Deployment) -> str:
             f"({m.num_blocks} blocks)")
 
 
-def latency_note(dx: Diagnosis) -> str:
+def latency_note(d: Deployment, e: Evidence, o: Observed) -> str:
     """Why an answer takes as long as it does at this load: its first token, then one engine step per token."""
-    e, o = dx.evidence, dx.observed
     seen = ", ".join(f"{label} {value:,.0f} ms" for label, value in (("E2E", o.e2e_ms), ("TPOT", o.tpot_ms))
                      if value is not None)
     tpot = e.median_tpot_ms or 0.0
     running = e.mean_running if e.mean_running is not None else e.mean_in_flight
-    alone = idle_decode_ms(dx.deployment, round(e.mean_input_tokens + e.mean_output_tokens / 2))
+    alone = idle_decode_ms(d, round(e.mean_input_tokens + e.mean_output_tokens / 2))
     return (
         f"You observe {seen}. An answer is its first token (TTFT p50 {e.median_ttft_ms:,.0f} ms here) and then one engine "
         f"step per token: ~{e.mean_output_tokens:.0f} tokens x TPOT p50 {tpot:.1f} ms = "

@@ -9,39 +9,12 @@ saturation rate) and the SLO-constrained rate; see diagnose/capacity.py.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
 
 from servelab.perf.cost_model import CostModel, StepBatch
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.memory import MemoryPlan
 from servelab.perf.models import ModelSpec
-
-
-@dataclass(frozen=True, slots=True)
-class Ceilings:
-    prefill_compute_rps: float
-    """Prompts per second if every step were a full prefill budget (compute bound)."""
-    prefill_flops_per_request: float
-    decode_bandwidth_tps: float
-    """Output tokens per second at the achieved batch, steps that only decode."""
-    decode_batch: float
-    decode_bandwidth_tps_at_max_batch: float
-    max_decode_batch: int
-    """The largest batch the deployment can hold: min(max_num_seqs, KV capacity)."""
-    kv_capacity_seqs: int
-    """Sequences of (input + output) tokens whose KV fits at once (per replica)."""
-    max_num_seqs: int
-    replicas: int
-    saturation_rps: float | None = None
-    """Simulated throughput under unlimited load: all limits at once."""
-    saturation_rps_interval: list[float] | None = None
-    """Its 80% interval (servelab.metrics.intervals, the saturated regime); None without residuals."""
-    slo_max_rps: float | None = None
-    """Highest simulated request rate at which the SLO holds."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+from servelab.schemas.diagnosis import Ceilings
 
 
 def prefill_request_time(cost: CostModel, input_len: int, budget: int) -> float:
@@ -100,4 +73,6 @@ def compute_ceilings(
         kv_capacity_seqs=kv_seqs,
         max_num_seqs=config.max_num_seqs,
         replicas=replicas,
+        slo_max_rps=None,
+        saturation_rps=None,
     )

@@ -8,77 +8,19 @@ server without /metrics).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from servelab.diagnose.outside_engine import OutsideEngine, outside_engine
+from servelab.diagnose.outside_engine import outside_engine
 from servelab.errors import InputError
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.results import RunResult
-from servelab.metrics.server_timings import TtftSplit, ttft_split
+from servelab.metrics.server_timings import ttft_split
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample, counter_delta
-
-
-@dataclass(frozen=True, slots=True)
-class Evidence:
-    completed: int
-    failed: int
-    duration_s: float
-    request_rate: float
-    """Achieved completions per second."""
-    offered_rate: float | None
-    """Requests per second the workload asked for (None for closed loop)."""
-    max_concurrency: int | None
-    mean_input_tokens: float
-    mean_output_tokens: float
-    mean_in_flight: float
-    """Client-side requests outstanding, averaged over the run."""
-    output_throughput: float
-    mean_ttft_ms: float
-    median_ttft_ms: float
-    p99_ttft_ms: float
-    median_tpot_ms: float | None
-    """None (like ITL) when no request had a second token."""
-    p99_tpot_ms: float | None
-    p99_itl_ms: float | None
-    median_e2el_ms: float
-    mean_running: float | None = None
-    max_running: float | None = None
-    mean_waiting: float | None = None
-    max_waiting: float | None = None
-    frac_waiting: float | None = None
-    """Share of samples with a non-empty waiting queue."""
-    max_kv_usage: float | None = None
-    mean_kv_usage: float | None = None
-    preemptions: float | None = None
-    prefix_hit_rate: float | None = None
-    mean_server_ttft_ms: float | None = None
-    mean_iteration_tokens: float | None = None
-    achieved_flops: float | None = None
-    """FLOP/s the server estimated for itself (vllm:estimated_flops_per_gpu_total)."""
-    achieved_read_bandwidth: float | None = None
-    steps_per_s: float | None = None
-    """Engine iterations per second (vllm:iteration_tokens_total count)."""
-    engine_busy: float | None = None
-    """Share of time an engine step was running (known to the simulator only)."""
-    ttft_split: TtftSplit | None = None
-    """The client's mean TTFT split into API server & network, engine queue and prefill (the server's histograms)."""
-    outside_engine: OutsideEngine | None = None
-    """The split's API server & network part divided by the client's HTTP phases (None for the simulator)."""
-    client_may_be_bottleneck: bool = False
-    """The client's own verdict: its distortion of the figures was material (targets/client_stats.py)."""
-    client_reason: str | None = None
-    client_added_delay_ms: float | None = None
-    """Estimated delay the client added to each timestamp it took (mean, weighted by requests in flight)."""
-    source: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ttft_split": self.ttft_split.as_dict() if self.ttft_split is not None else None,
-                "outside_engine": self.outside_engine.as_dict() if self.outside_engine is not None else None}
+from servelab.schemas.diagnosis import Evidence
 
 
 def _gauge(samples: list[TimelineSample], name: str) -> np.ndarray:

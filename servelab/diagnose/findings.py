@@ -16,32 +16,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from servelab.diagnose.regions import Region
 from servelab.diagnose.ceilings import Ceilings
 from servelab.diagnose.engine_terms import Terms
-from servelab.diagnose.evidence import Evidence
 from servelab.diagnose.outside_engine import describe as describe_outside
 from servelab.diagnose.roofline import StepClass, decode_step
-from servelab.diagnose.utilization import Utilization
 from servelab.metrics.server_timings import describe
 from servelab.metrics.slo import SLO
 from servelab.perf.cost_model import RooflineCostModel, StepBatch
+from servelab.schemas.diagnosis import Evidence, Finding, Utilization
+from servelab.schemas.vocabulary import FindingKind
 from servelab.sim.engines import SGLANG
 from servelab.targets.deployment import Deployment
 
-CLIENT_BOUND = "client_bound"
-UNDERLOADED = "underloaded"
-MAX_NUM_SEQS_BOUND = "max_num_seqs_bound"
-KV_CAPACITY_BOUND = "kv_capacity_bound"
-PREFILL_COMPUTE_BOUND = "prefill_compute_bound"
-DECODE_BANDWIDTH_BOUND = "decode_bandwidth_bound"
-DECODE_COMPUTE_BOUND = "decode_compute_bound"
-FRONTEND_CPU_BOUND = "frontend_cpu_bound"
-SLO_TRADEOFF = "slo_tradeoff"
-PREFIX_CACHING_OFF = "prefix_caching_off"
-LAUNCH_BOUND = "launch_bound"
+CLIENT_BOUND = FindingKind.CLIENT_BOUND
+UNDERLOADED = FindingKind.UNDERLOADED
+MAX_NUM_SEQS_BOUND = FindingKind.MAX_NUM_SEQS_BOUND
+KV_CAPACITY_BOUND = FindingKind.KV_CAPACITY_BOUND
+PREFILL_COMPUTE_BOUND = FindingKind.PREFILL_COMPUTE_BOUND
+DECODE_BANDWIDTH_BOUND = FindingKind.DECODE_BANDWIDTH_BOUND
+DECODE_COMPUTE_BOUND = FindingKind.DECODE_COMPUTE_BOUND
+FRONTEND_CPU_BOUND = FindingKind.FRONTEND_CPU_BOUND
+SLO_TRADEOFF = FindingKind.SLO_TRADEOFF
+PREFIX_CACHING_OFF = FindingKind.PREFIX_CACHING_OFF
+LAUNCH_BOUND = FindingKind.LAUNCH_BOUND
 KINDS = (
     UNDERLOADED, MAX_NUM_SEQS_BOUND, KV_CAPACITY_BOUND, PREFILL_COMPUTE_BOUND, DECODE_BANDWIDTH_BOUND, DECODE_COMPUTE_BOUND,
     FRONTEND_CPU_BOUND, SLO_TRADEOFF, PREFIX_CACHING_OFF, LAUNCH_BOUND,
@@ -54,42 +54,9 @@ SATURATED = 0.85
 """Achieved/saturation throughput above which more offered load cannot raise throughput much."""
 
 
-@dataclass
-class Recommendation:
-    change: str
-    engine_args: str | None
-    """The full launch flags after the change (None for workload or hardware changes)."""
-    metric: str
-    before: float
-    after: float
-    effects: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """Other metrics, before -> after."""
-    confirm: str = ""
-    """The command that would confirm the prediction on the real server."""
-    tried: str | None = None
-    """What the user saw this very change do (`--tried`), when they tried it."""
-
-    @property
-    def gain(self) -> float:
-        return (self.after - self.before) / self.before if self.before else 0.0
-
-    def as_dict(self) -> dict[str, object]:
-        return {**asdict(self), "gain": self.gain}
-
-
-@dataclass
-class Finding:
-    kind: str
-    title: str
-    score: float
-    evidence: list[str]
-    recommendations: list[Recommendation] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "kind": self.kind, "title": self.title, "score": round(self.score, 3), "evidence": self.evidence,
-            "recommendations": [r.as_dict() for r in self.recommendations],
-        }
+def make_finding(kind: FindingKind, title: str, score: float, evidence: list[str]) -> Finding:
+    """A finding as its detector states it: recommendations are simulated afterwards (diagnose/recommend.py)."""
+    return Finding(kind=kind, title=title, score=score, evidence=evidence, recommendations=[])
 
 
 @dataclass(frozen=True)
@@ -169,7 +136,7 @@ def caveats(x: Context) -> list[Finding]:
             "client-side latencies read that much high; the server's own gauges and histograms below are not "
             "affected. Rerun with --workers or on another host before trusting the latencies"
         )
-    return [Finding(CLIENT_BOUND, "The load generator itself distorted the measurement", 1.0, evidence)]
+    return [make_finding(CLIENT_BOUND, "The load generator itself distorted the measurement", 1.0, evidence)]
 
 
 API_BUSY = 0.8
@@ -268,7 +235,7 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
     evidence.extend(ttft_split_evidence(x, "api_server"))
     title = ("The API server's CPU, not the GPU, limits throughput" if load is not None and load[1] >= API_BUSY
              else "Requests wait in the API server before the engine sees them")
-    return Finding(FRONTEND_CPU_BOUND, title, score, evidence)
+    return make_finding(FRONTEND_CPU_BOUND, title, score, evidence)
 
 
 def kv_capacity_bound(x: Context) -> Finding | None:
@@ -285,7 +252,7 @@ def kv_capacity_bound(x: Context) -> Finding | None:
         f"{x.c.max_num_seqs}",
         *ttft_split_evidence(x, "queue"),
     ]
-    return Finding(KV_CAPACITY_BOUND, "The KV cache is too small for this concurrency",
+    return make_finding(KV_CAPACITY_BOUND, "The KV cache is too small for this concurrency",
                    0.8 + 0.15 * min(1.0, per_request) if preempted else 0.75, evidence)
 
 
@@ -314,7 +281,7 @@ def max_num_seqs_bound(x: Context) -> Finding | None:
                            "engine can finish, so this is a consequence of what limits the ceiling, ranked under it")
         title = f"{x.terms.knob('max_num_seqs')} is full because more arrives than the engine serves (a consequence)"
         score = min(score, 0.3)
-    return Finding(MAX_NUM_SEQS_BOUND, title, score, evidence)
+    return make_finding(MAX_NUM_SEQS_BOUND, title, score, evidence)
 
 
 PREFILL_SHARE = 0.5
@@ -370,7 +337,7 @@ def prefill_measured(x: Context, p: PrefillTime) -> Finding:
         )
     evidence.append(f"prefill accounts for {_pct(p.share)} of the client's mean TTFT")
     evidence.extend(ttft_split_evidence(x, "prefill", "queue"))
-    return Finding(PREFILL_COMPUTE_BOUND, "Prompt processing takes most of the time to the first token",
+    return make_finding(PREFILL_COMPUTE_BOUND, "Prompt processing takes most of the time to the first token",
                    0.5 + 0.4 * p.share, evidence)
 
 
@@ -392,7 +359,7 @@ def prefill_compute_bound(x: Context) -> Finding | None:
         f"the simulated ceiling with decode included is {x.c.saturation_rps or 0:.2f} req/s",
         *ttft_split_evidence(x, "prefill"),
     ]
-    return Finding(PREFILL_COMPUTE_BOUND, "Prompt processing saturates the GPU's tensor cores",
+    return make_finding(PREFILL_COMPUTE_BOUND, "Prompt processing saturates the GPU's tensor cores",
                    0.5 + 0.45 * min(1.0, x.u.compute_headroom), evidence)
 
 
@@ -412,7 +379,7 @@ def decode_bandwidth_bound(x: Context) -> Finding | None:
         f"holds ({x.c.max_decode_batch}) {x.c.decode_bandwidth_tps_at_max_batch:.0f} tok/s",
     ]
     kind = DECODE_COMPUTE_BOUND if step.bound is StepClass.COMPUTE else DECODE_BANDWIDTH_BOUND
-    return Finding(kind, step.title(),
+    return make_finding(kind, step.title(),
                    0.55 + 0.35 * min(1.0, max(x.u.bandwidth_headroom, x.u.compute_headroom)), evidence)
 
 
@@ -429,7 +396,7 @@ def underloaded(x: Context) -> Finding | None:
     ]
     if x.e.max_concurrency:
         evidence.append(f"the client keeps at most {x.e.max_concurrency} requests outstanding")
-    return Finding(UNDERLOADED, "The server has capacity to spare: the load, not the engine, sets the throughput",
+    return make_finding(UNDERLOADED, "The server has capacity to spare: the load, not the engine, sets the throughput",
                    0.9 - 0.5 * x.load_ratio, evidence)
 
 
@@ -446,11 +413,11 @@ def slo_tradeoff(x: Context) -> Finding | None:
         if x.slo_attainment >= 0.9:
             return None
         evidence.insert(0, f"only {_pct(x.slo_attainment)} of requests meet the SLO {x.slo.as_dict()} (ms)")
-        return Finding(SLO_TRADEOFF, "The token budget trades time-to-first-token against inter-token latency",
+        return make_finding(SLO_TRADEOFF, "The token budget trades time-to-first-token against inter-token latency",
                        0.45 + 0.3 * (1 - x.slo_attainment), evidence)
     if stall < 3:
         return None
-    return Finding(SLO_TRADEOFF, "Prefill chunks stall running decodes", 0.4, evidence)
+    return make_finding(SLO_TRADEOFF, "Prefill chunks stall running decodes", 0.4, evidence)
 
 
 def prefix_caching_off(x: Context) -> Finding | None:
@@ -471,7 +438,7 @@ def prefix_caching_off(x: Context) -> Finding | None:
         if not x.d.config.enable_prefix_caching else
         f"the server's prefix cache answered {_pct(x.e.prefix_hit_rate or 0.0)} of its lookups",
     ]
-    return Finding(PREFIX_CACHING_OFF, "Shared prompt tokens are recomputed: prefix caching is off",
+    return make_finding(PREFIX_CACHING_OFF, "Shared prompt tokens are recomputed: prefix caching is off",
                    0.6 + 0.4 * min(1.0, share), evidence)
 
 
@@ -507,7 +474,7 @@ def launch_bound(x: Context) -> Finding | None:
     ]
     if x.e.median_tpot_ms:
         evidence.append(f"measured TPOT p50 {x.e.median_tpot_ms:.1f} ms")
-    return Finding(LAUNCH_BOUND, "Decode steps wait on the CPU launching kernels: CUDA graphs do not cover them",
+    return make_finding(LAUNCH_BOUND, "Decode steps wait on the CPU launching kernels: CUDA graphs do not cover them",
                    min(0.95, 0.6 + 0.4 * (eager / graphs - 1)), evidence)
 
 

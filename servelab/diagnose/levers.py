@@ -20,6 +20,7 @@ from functools import partial
 
 from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.engine_terms import Terms
+from servelab.schemas.diagnosis import Lever
 from servelab.schemas.vocabulary import Goal
 from servelab.diagnose.recommend import Outcome, run, tp_link, tried_result
 from servelab.diagnose.regions import Region, upgrades
@@ -30,16 +31,6 @@ from servelab.targets.deployment import Deployment
 
 
 MERGE_LORA = "merge the LoRA adapter into the base weights (PEFT merge_and_unload; serve without --enable-lora)"
-
-
-@dataclass(frozen=True)
-class Lever:
-    change: str
-    metric: str
-    before: float
-    after: float
-    note: str
-    tried: str | None = None
 
 
 def _e2e(o: Outcome) -> float:
@@ -105,8 +96,8 @@ def levers(d: Deployment, s: Scenario, baseline: Outcome, goal: Goal,
     if goal is Goal.LATENCY:
         before = _e2e(baseline)
         ttft = baseline.value("median_ttft_ms")
-        out.append(Lever("stream the answer (if the client waits for all of it)", "perceived wait p50 ms", before, ttft,
-                         "the user reads from the first token on; throughput unchanged"))
+        out.append(Lever(change="stream the answer (if the client waits for all of it)", metric="perceived wait p50 ms",
+                         before=before, after=ttft, note="the user reads from the first token on; throughput unchanged"))
         candidates = _latency_candidates(d, s, region)
     else:
         before = ceiling or saturation_rps(d, s)
@@ -119,7 +110,7 @@ def levers(d: Deployment, s: Scenario, baseline: Outcome, goal: Goal,
         except PerfConfigError:
             continue
         metric = "E2E p50 ms" if goal is Goal.LATENCY else "ceiling req/s"
-        out.append(Lever(c.change, metric, before, after, c.note,
-                         tried_result(changed, tried) if c.deployment is not None else None))
+        out.append(Lever(change=c.change, metric=metric, before=before, after=after, note=c.note,
+                         tried=tried_result(changed, tried) if c.deployment is not None else None))
     # Best first; a change the user saw do nothing goes last whatever the simulator says.
     return sorted(out, key=lambda x: (x.tried == "no-effect", x.after if goal is Goal.LATENCY else -x.after))

@@ -18,37 +18,10 @@ so the parts add up to the split's "API server & network" exactly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from statistics import mean, median
-from typing import Any
 
 from servelab.metrics.records import RequestRecord
-from servelab.metrics.server_timings import TtftSplit
-
-
-@dataclass(frozen=True, slots=True)
-class OutsideEngine:
-    """The split's "API server & network" mean, seconds, as network and API server."""
-
-    outside_s: float
-    """The split's API server & network part (client TTFT - queue - prefill)."""
-    connect_s: float
-    """Handshakes: mean over all requests (a reused connection pays none)."""
-    send_s: float
-    round_trip_s: float | None
-    """One network round trip, the median handshake of new connections; None when every connection was reused."""
-    api_server_s: float
-    """What is left: the API server's own time (with the round trip in it when that is unknown)."""
-    new_connection_share: float
-    first_byte_s: float | None
-    """Mean wait from sent to the response's first byte (vLLM sends its headers before the first token)."""
-
-    @property
-    def network_s(self) -> float:
-        return self.connect_s + self.send_s + (self.round_trip_s or 0.0)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "network_s": self.network_s}
+from servelab.schemas.diagnosis import OutsideEngine, TtftSplit
 
 
 def outside_engine(records: Sequence[RequestRecord], split: TtftSplit | None) -> OutsideEngine | None:

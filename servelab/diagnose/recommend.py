@@ -19,7 +19,8 @@ from servelab.diagnose import findings as fk
 from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import gather
-from servelab.diagnose.findings import Context, Finding, Recommendation
+from servelab.diagnose.findings import Context
+from servelab.schemas.diagnosis import Finding, Recommendation
 from servelab.diagnose.regions import Region, upgrades
 from servelab.diagnose.scenario import Scenario, simulate
 from servelab.metrics.slo import SLO
@@ -123,84 +124,133 @@ def _more_hardware(d: Deployment, t: Terms, region: Region | None) -> Iterator[C
         yield Candidate(f"the same deployment on {chip.name}", partial(d.rebuilt, hardware=chip))
 
 
+def _more_load(x: Context, scenario: Scenario) -> Iterator[Candidate]:
+    """More load: the server has room for it."""
+    cfg = x.d.config
+    if scenario.max_concurrency is not None and scenario.offered_rate is None:
+        deeper = max(2 * scenario.max_concurrency, min(cfg.max_num_seqs, x.c.kv_capacity_seqs) * cfg.data_parallel_size)
+        yield Candidate(f"raise client concurrency to {deeper} (the engine can run {x.c.max_decode_batch} at once)",
+                        scenario=scenario.closed_loop(deeper))
+    rate = (x.c.slo_max_rps or 0.8 * (x.c.saturation_rps or 0.0))
+    if rate > x.e.request_rate:
+        yield Candidate(f"send up to {rate:.2f} req/s (the highest rate that still meets the SLO)"
+                        if x.c.slo_max_rps else f"send up to {rate:.2f} req/s (80% of the simulated ceiling)",
+                        scenario=scenario.at_rate(rate))
+
+
+def _bigger_batch(x: Context, scenario: Scenario) -> Iterator[Candidate]:
+    """A higher sequence cap, up to what the KV cache holds."""
+    d, cfg, t = x.d, x.d.config, x.terms
+    target = _pow2_at_most(min(4 * cfg.max_num_seqs, x.c.kv_capacity_seqs))
+    for seqs in sorted({target, 2 * cfg.max_num_seqs}):
+        if seqs > cfg.max_num_seqs:
+            budget = {"max_num_batched_tokens": seqs} if seqs > cfg.max_num_batched_tokens else {}
+            yield Candidate(f"raise {t.name('max_num_seqs')} to {seqs}",
+                            lambda seqs=seqs, budget=budget: d.with_changes(max_num_seqs=seqs, **budget))
+
+
+def _more_kv(x: Context, scenario: Scenario) -> Iterator[Candidate]:
+    """More KV per sequence: a denser cache, more memory for it, fewer sequences, or more hardware."""
+    d, cfg, t = x.d, x.d.config, x.terms
+    yield Candidate(f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')}): twice the tokens in the same memory",
+                    lambda: d.with_changes(kv_cache_dtype="fp8"))
+    if cfg.gpu_memory_utilization < 0.95:
+        yield Candidate(t.setting("gpu_memory_utilization", 0.95), lambda: d.with_changes(gpu_memory_utilization=0.95))
+    if x.c.kv_capacity_seqs < cfg.max_num_seqs:
+        yield Candidate(f"cap the batch at what the KV holds ({t.setting('max_num_seqs', max(1, x.c.kv_capacity_seqs))})",
+                        lambda: d.with_changes(max_num_seqs=max(1, x.c.kv_capacity_seqs)))
+    if d.engine_settings.get("capacity_scheduler_policy") == GUARANTEED_NO_EVICT:
+        yield Candidate(f"admit on the prompt's KV, pausing when short ({t.setting('capacity_scheduler_policy', MAX_UTILIZATION)}"
+                        f"; {GUARANTEED_NO_EVICT}, the default, reserves every request's whole length)",
+                        lambda: d.with_changes(capacity_scheduler_policy=MAX_UTILIZATION))
+    yield from _quantized(d, t)
+    yield from _more_hardware(d, t, x.region)
+
+
+def _less_prefill(x: Context, scenario: Scenario) -> Iterator[Candidate]:
+    """Fewer prompt tokens computed, or faster compute for them."""
+    d, cfg, t = x.d, x.d.config, x.terms
+    if scenario.prefix_len == 0:
+        shared = int(scenario.mean_input * 2 / 3)
+        yield Candidate(f"put the first {shared} prompt tokens in one shared system prompt (prefix caching, on by "
+                        "default, then skips them)", scenario=scenario.with_shared_prefix(shared))
+    if not cfg.enable_prefix_caching:
+        yield Candidate(f"enable prefix caching ({t.setting('enable_prefix_caching', True)})",
+                        lambda: d.with_changes(enable_prefix_caching=True))
+    if scenario.prefix_len and d.engine_settings.get("schedule_policy") == "fcfs":
+        yield Candidate(f"serve requests that share the longest cached prefix first ({t.setting('schedule_policy', 'lpm')})",
+                        lambda: d.with_changes(schedule_policy="lpm"))
+    yield from _quantized(d, t)
+    yield from _more_hardware(d, t, x.region)
+    yield Candidate("halve the prompts (truncate history, compress retrieved context)",
+                    scenario=scenario.with_input_scale(0.5))
+
+
+def _faster_decode(x: Context, scenario: Scenario, compute_bound: bool = False) -> Iterator[Candidate]:
+    """Fewer bytes (or faster math) per decode step, or more hardware."""
+    d, cfg, t = x.d, x.d.config, x.terms
+    # A compute-bound step gains nothing from smaller weights multiplied on the same tensor cores (W4A16).
+    yield from _quantized(d, t, faster_math_only=compute_bound)
+    if cfg.kv_cache_dtype != "fp8":
+        yield Candidate(f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')}): half the bytes read per decoded token",
+                        lambda: d.with_changes(kv_cache_dtype="fp8"))
+    yield from _more_hardware(d, t, x.region)
+
+
+def _prefix_caching(x: Context, scenario: Scenario) -> Iterator[Candidate]:
+    """Prefix caching on."""
+    d, cfg, t = x.d, x.d.config, x.terms
+    if not cfg.enable_prefix_caching:
+        yield Candidate(f"enable prefix caching ({'drop --no-enable-prefix-caching' if t.vllm else t.setting('enable_prefix_caching', True)}"
+                        "; on by default)",
+                        lambda: d.with_changes(enable_prefix_caching=True))
+
+
+def _graphs(x: Context, scenario: Scenario) -> Iterator[Candidate]:
+    """CUDA graphs for the batches decode runs."""
+    d, cfg, t = x.d, x.d.config, x.terms
+    if cfg.enforce_eager:
+        yield Candidate(f"CUDA graphs on (drop {t.name('enforce_eager')}; on by default)",
+                        lambda: d.with_changes(enforce_eager=False))
+    elif cfg.cuda_graph_max_batch is not None:
+        size = 2 ** math.ceil(math.log2(max(2.0, x.c.decode_batch)))
+        yield Candidate(f"capture graphs up to the batch it runs ({t.setting('cuda_graph_max_batch', size)})",
+                        lambda: d.with_changes(cuda_graph_max_batch=size))
+
+
+def _token_budget(x: Context, scenario: Scenario) -> Iterator[Candidate]:
+    """Other token budgets (chunked prefill on where it is off)."""
+    d, cfg, t = x.d, x.d.config, x.terms
+    budget = cfg.max_num_batched_tokens
+    if not cfg.enable_chunked_prefill and t.knows("enable_chunked_prefill"):  # TensorRT-LLM: off by default
+        yield Candidate(f"chunk long prompts ({t.setting('enable_chunked_prefill', True)})",
+                        lambda: d.with_changes(enable_chunked_prefill=True))
+    for tokens in (budget // 4, budget // 2, budget * 2, budget * 4):
+        if tokens >= max(cfg.max_num_seqs, 256):
+            yield Candidate(t.setting("max_num_batched_tokens", tokens),
+                            lambda tokens=tokens: d.with_changes(max_num_batched_tokens=tokens))
+
+
+
+
+CANDIDATES: dict[str, Callable[[Context, Scenario], Iterator[Candidate]]] = {
+    fk.UNDERLOADED: _more_load,
+    fk.MAX_NUM_SEQS_BOUND: _bigger_batch,
+    fk.KV_CAPACITY_BOUND: _more_kv,
+    fk.PREFILL_COMPUTE_BOUND: _less_prefill,
+    fk.DECODE_BANDWIDTH_BOUND: _faster_decode,
+    fk.DECODE_COMPUTE_BOUND: partial(_faster_decode, compute_bound=True),
+    fk.PREFIX_CACHING_OFF: _prefix_caching,
+    fk.LAUNCH_BOUND: _graphs,
+    fk.SLO_TRADEOFF: _token_budget,
+}
+"""Each finding's changes worth pricing, named in the diagnosed engine's own flags."""
+
+
 def candidates(kind: str, x: Context, scenario: Scenario) -> Iterator[Candidate]:
     """The changes worth pricing for a finding, each named in the diagnosed engine's own flags."""
-    d, cfg, t = x.d, x.d.config, x.terms
-    if kind == fk.UNDERLOADED:
-        if scenario.max_concurrency is not None and scenario.offered_rate is None:
-            deeper = max(2 * scenario.max_concurrency, min(cfg.max_num_seqs, x.c.kv_capacity_seqs) * cfg.data_parallel_size)
-            yield Candidate(f"raise client concurrency to {deeper} (the engine can run {x.c.max_decode_batch} at once)",
-                            scenario=scenario.closed_loop(deeper))
-        rate = (x.c.slo_max_rps or 0.8 * (x.c.saturation_rps or 0.0))
-        if rate > x.e.request_rate:
-            yield Candidate(f"send up to {rate:.2f} req/s (the highest rate that still meets the SLO)"
-                            if x.c.slo_max_rps else f"send up to {rate:.2f} req/s (80% of the simulated ceiling)",
-                            scenario=scenario.at_rate(rate))
-    elif kind == fk.MAX_NUM_SEQS_BOUND:
-        target = _pow2_at_most(min(4 * cfg.max_num_seqs, x.c.kv_capacity_seqs))
-        for seqs in sorted({target, 2 * cfg.max_num_seqs}):
-            if seqs > cfg.max_num_seqs:
-                budget = {"max_num_batched_tokens": seqs} if seqs > cfg.max_num_batched_tokens else {}
-                yield Candidate(f"raise {t.name('max_num_seqs')} to {seqs}",
-                                lambda seqs=seqs, budget=budget: d.with_changes(max_num_seqs=seqs, **budget))
-    elif kind == fk.KV_CAPACITY_BOUND:
-        yield Candidate(f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')}): twice the tokens in the same memory",
-                        lambda: d.with_changes(kv_cache_dtype="fp8"))
-        if cfg.gpu_memory_utilization < 0.95:
-            yield Candidate(t.setting("gpu_memory_utilization", 0.95), lambda: d.with_changes(gpu_memory_utilization=0.95))
-        if x.c.kv_capacity_seqs < cfg.max_num_seqs:
-            yield Candidate(f"cap the batch at what the KV holds ({t.setting('max_num_seqs', max(1, x.c.kv_capacity_seqs))})",
-                            lambda: d.with_changes(max_num_seqs=max(1, x.c.kv_capacity_seqs)))
-        if d.engine_settings.get("capacity_scheduler_policy") == GUARANTEED_NO_EVICT:
-            yield Candidate(f"admit on the prompt's KV, pausing when short ({t.setting('capacity_scheduler_policy', MAX_UTILIZATION)}"
-                            f"; {GUARANTEED_NO_EVICT}, the default, reserves every request's whole length)",
-                            lambda: d.with_changes(capacity_scheduler_policy=MAX_UTILIZATION))
-        yield from _quantized(d, t)
-        yield from _more_hardware(d, t, x.region)
-    elif kind == fk.PREFILL_COMPUTE_BOUND:
-        if scenario.prefix_len == 0:
-            shared = int(scenario.mean_input * 2 / 3)
-            yield Candidate(f"put the first {shared} prompt tokens in one shared system prompt (prefix caching, on by "
-                            "default, then skips them)", scenario=scenario.with_shared_prefix(shared))
-        if not cfg.enable_prefix_caching:
-            yield Candidate(f"enable prefix caching ({t.setting('enable_prefix_caching', True)})",
-                            lambda: d.with_changes(enable_prefix_caching=True))
-        if scenario.prefix_len and d.engine_settings.get("schedule_policy") == "fcfs":
-            yield Candidate(f"serve requests that share the longest cached prefix first ({t.setting('schedule_policy', 'lpm')})",
-                            lambda: d.with_changes(schedule_policy="lpm"))
-        yield from _quantized(d, t)
-        yield from _more_hardware(d, t, x.region)
-        yield Candidate("halve the prompts (truncate history, compress retrieved context)",
-                        scenario=scenario.with_input_scale(0.5))
-    elif kind in (fk.DECODE_BANDWIDTH_BOUND, fk.DECODE_COMPUTE_BOUND):
-        # A compute-bound step gains nothing from smaller weights multiplied on the same tensor cores (W4A16).
-        yield from _quantized(d, t, faster_math_only=kind == fk.DECODE_COMPUTE_BOUND)
-        if cfg.kv_cache_dtype != "fp8":
-            yield Candidate(f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')}): half the bytes read per decoded token",
-                            lambda: d.with_changes(kv_cache_dtype="fp8"))
-        yield from _more_hardware(d, t, x.region)
-    elif kind == fk.PREFIX_CACHING_OFF:
-        if not cfg.enable_prefix_caching:
-            yield Candidate(f"enable prefix caching ({'drop --no-enable-prefix-caching' if t.vllm else t.setting('enable_prefix_caching', True)}"
-                            "; on by default)",
-                            lambda: d.with_changes(enable_prefix_caching=True))
-    elif kind == fk.LAUNCH_BOUND:
-        if cfg.enforce_eager:
-            yield Candidate(f"CUDA graphs on (drop {t.name('enforce_eager')}; on by default)",
-                            lambda: d.with_changes(enforce_eager=False))
-        elif cfg.cuda_graph_max_batch is not None:
-            size = 2 ** math.ceil(math.log2(max(2.0, x.c.decode_batch)))
-            yield Candidate(f"capture graphs up to the batch it runs ({t.setting('cuda_graph_max_batch', size)})",
-                            lambda: d.with_changes(cuda_graph_max_batch=size))
-    elif kind == fk.SLO_TRADEOFF:
-        budget = cfg.max_num_batched_tokens
-        if not cfg.enable_chunked_prefill and t.knows("enable_chunked_prefill"):  # TensorRT-LLM: off by default
-            yield Candidate(f"chunk long prompts ({t.setting('enable_chunked_prefill', True)})",
-                            lambda: d.with_changes(enable_chunked_prefill=True))
-        for tokens in (budget // 4, budget // 2, budget * 2, budget * 4):
-            if tokens >= max(cfg.max_num_seqs, 256):
-                yield Candidate(t.setting("max_num_batched_tokens", tokens),
-                                lambda tokens=tokens: d.with_changes(max_num_batched_tokens=tokens))
+    make = CANDIDATES.get(kind)
+    return make(x, scenario) if make is not None else iter(())
 
 
 def metric_for(kind: str, x: Context, scenario: Scenario) -> str:
@@ -265,6 +315,7 @@ def recommend(finding: Finding, x: Context, scenario: Scenario, baseline: Outcom
                      if m != metric and not (x.overloaded and m in UNSTABLE)},
             confirm=confirm_command(cand.scenario or scenario, engine_args, d.engine),
             tried=tried_result(d, x.tried) if cand.deployment is not None else None,
+            gain=(after - before) / before if before else 0.0,
         ))
     # Best first, except that a change the user already saw do nothing is never the first thing recommended.
     out.sort(key=lambda r: (r.tried == NO_EFFECT, -(r.gain if higher else -r.gain)))

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from servelab.diagnose.engine_terms import Terms
-from servelab.diagnose.findings import Finding
+from servelab.diagnose.findings import make_finding
+from servelab.schemas.diagnosis import Finding
+from servelab.schemas.vocabulary import FindingKind
 from servelab.diagnose.recommend import Outcome, run
 from servelab.diagnose.scenario import Scenario
 from servelab.metrics import timeline as tl
@@ -29,7 +31,7 @@ from servelab.diagnose.tried import Tried, TriedResult, predicted
 from servelab.perf.errors import PerfConfigError
 from servelab.targets.deployment import Deployment
 
-OBSERVED_VS_SIMULATED = "observed_vs_simulated"
+OBSERVED_VS_SIMULATED = FindingKind.OBSERVED_VS_SIMULATED
 
 FAR = 1.5
 """Observed/simulated ratio (either way) that is a finding: well beyond the simulator's 5-15% error on real GPUs and
@@ -349,11 +351,11 @@ def finding(d: Deployment, s: Scenario, baseline: Outcome, observed: dict[Figure
     title = (f"You see {gap.figure} {fmt(gap.figure, gap.observed)}, {word} the simulated "
              f"{fmt(gap.figure, gap.simulated)}: " + (f"most likely {ranked[0].label(gap.above)}" if ranked else "unexplained"))
     best = ranked[0] if ranked else None
-    return Reconciled(Finding(OBSERVED_VS_SIMULATED, title, 1.0, evidence), best.scenario if best else None,
+    return Reconciled(make_finding(OBSERVED_VS_SIMULATED, title, 1.0, evidence), best.scenario if best else None,
                       best.text.split(" (")[0] if best else "")
 
 
-TRIED = "tried_changes"
+TRIED = FindingKind.TRIED
 
 
 def tried_finding(d: Deployment, s: Scenario, tried: Sequence[Tried], figure: Figure = Figure.E2E) -> Finding | None:
@@ -374,4 +376,4 @@ def tried_finding(d: Deployment, s: Scenario, tried: Sequence[Tried], figure: Fi
                      "(a step at a larger batch is compute-bound, and smaller weights then gain less)")
     title = ("What you tried contradicts the simulation of the deployment as described" if worst < 0.2 else
              "What you tried agrees with the simulation")
-    return Finding(TRIED, title, 0.95 if worst < 0.2 else 0.2, lines)
+    return make_finding(TRIED, title, 0.95 if worst < 0.2 else 0.2, lines)

@@ -10,14 +10,12 @@ also reads calibration profiles); the default builds from the catalogues.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from servelab.diagnose import analysis
-from servelab.diagnose.analysis import Diagnosis as Analysed
 from servelab.diagnose.analysis import Observed
 from servelab.diagnose.engine_terms import check_engine, served_engine
 from servelab.diagnose.regions import Region
@@ -27,6 +25,7 @@ from servelab.diagnose.sensitivity import ASSUMED_OUTPUT, Assumed
 from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
 from servelab.diagnose.text_tokens import Script, tokens_from_characters
 from servelab.diagnose.tried import parse_tried
+from servelab.schemas.vocabulary import Goal
 from servelab.errors import InputError
 from servelab.metrics.engines import AUTO
 from servelab.metrics.host import condition_changes
@@ -128,6 +127,31 @@ EXAMPLE_COMMAND = ("servelab diagnose --gpu a100-80gb --model qwen2.5-7b --engin
 """The command line the example stands for (its answer length, like the user's story, not given: assumed)."""
 
 
+FIGURES = ("qps", "ttft_ms", "gpu_util", "e2e_ms", "tpot_ms")
+"""The figures seen in production a request may carry, as the --observed-* flags name them."""
+
+
+def observed_from(figures: Mapping[str, float] | None, goal: str | None = None) -> Observed:
+    """What the user saw, from a mapping of FIGURES (the Python API's words); InputError naming a figure or goal
+    servelab does not know."""
+    seen = dict(figures or {})
+    unknown = set(seen) - set(FIGURES)
+    if unknown:
+        raise InputError(f"observed: unknown figures {sorted(unknown)}; give {', '.join(FIGURES)}")
+    if goal is not None and goal not in tuple(Goal):
+        raise InputError(f"goal {goal!r}: choose {' or '.join(Goal)}")
+    get = seen.get
+    return Observed(get("qps"), get("ttft_ms"), get("gpu_util"), get("e2e_ms"), get("tpot_ms"),
+                    goal=Goal(goal) if goal is not None else None)
+
+
+def region_named(region: str | None) -> Region | None:
+    """`--region` from its word; InputError naming the choices."""
+    if region is not None and region not in tuple(Region):
+        raise InputError(f"region {region!r}: choose {' or '.join(Region)}")
+    return Region(region) if region is not None else None
+
+
 def is_example(r: DiagnoseRequest) -> bool:
     """Nothing describes a deployment: the built-in example stands in (a vLLM one)."""
     w = r.deployment
@@ -172,21 +196,24 @@ def diagnose(request: DiagnoseRequest, build: DeploymentBuilder = from_catalogue
     deployment = build(words)
     if engine_note is not None:
         warn(engine_note)
-    kw: dict[str, Any] = {"slo": slo, "observed": observed, "slo_share": request.slo_attainment,
-                          "with_advice": request.check_advice, "with_alternatives": request.price_options or None,
-                          "gpu_cost_per_hour": request.gpu_cost_per_hour, "engines": request.compare_engines,
-                          "region": request.region}
+    asked = analysis.Asked(slo=slo, observed=observed, slo_share=request.slo_attainment,
+                           with_advice=request.check_advice, with_alternatives=request.price_options or None,
+                           gpu_cost_per_hour=request.gpu_cost_per_hour, engines=request.compare_engines,
+                           region=request.region)
     partial = ""
     if run is not None:
         partial = run.partial_note()
-        dx = analysis.diagnose_run(run, deployment, warmup=request.warmup, **kw)
+        dx = analysis.diagnose_run(run, deployment, warmup=request.warmup, **asked)
         if words.calibration is not None:  # a run measured under other conditions than the profile's is not comparable
             dx.notes.extend(condition_changes(load_profile(words.calibration).host, run.run_info.get("client_host", {}),
                                               now_label="during this run", then_label="at calibration"))
         dx.notes[:0] = [n for n in (engine_note, server_note) if n is not None]
     else:
-        dx = _described(request.described, deployment, kw)
-    return _typed(dx, partial, warn)
+        dx = _described(request.described, deployment, observed, asked)
+    if partial:  # said first and kept in the JSON: every number below rests on a run cut short
+        dx.partial_run = partial
+        warn(partial)
+    return dx
 
 
 def _words(w: DeploymentWords, served: str, run: RunResult | None) -> tuple[DeploymentWords, str | None]:
@@ -216,7 +243,7 @@ def _simulated_deployment(run_info: dict[str, Any], w: DeploymentWords) -> Deplo
                    gpu_file=w.gpu_file or path("gpu_file"), vllm_version=w.vllm_version or flags.get("vllm_version"))
 
 
-def _described(s: Described, deployment: Deployment, kw: dict[str, Any]) -> Analysed:
+def _described(s: Described, deployment: Deployment, observed: Observed, asked: analysis.Asked) -> Diagnosis:
     """A described deployment: what was not given is assumed, and the assumption is said."""
     assumed: tuple[Assumed, ...] = ()
     input_len = s.input_len
@@ -228,7 +255,7 @@ def _described(s: Described, deployment: Deployment, kw: dict[str, Any]) -> Anal
     output_len = s.output_len
     if output_len is None:
         output_len, assumed = ASSUMED_OUTPUT, assumed + (Assumed.OUTPUT,)
-    rate = s.request_rate if s.request_rate is not None else (kw["observed"].qps if s.max_concurrency is None else None)
+    rate = s.request_rate if s.request_rate is not None else (observed.qps if s.max_concurrency is None else None)
     if rate is None and s.max_concurrency is None:
         raise InputError("a described deployment needs --request-rate, --max-concurrency or --observed-qps")
     lengths = output_lengths(s.output_len_distribution, output_len)
@@ -236,15 +263,8 @@ def _described(s: Described, deployment: Deployment, kw: dict[str, Any]) -> Anal
                          prefix_len=s.prefix_len, turns=s.turns, output_lengths=lengths)
     if rate is not None:
         assumed += (Assumed.ARRIVALS,)
-    return analysis.diagnose_described(deployment, scenario, assumed=assumed, characters=(s.input_chars, s.script), **kw)
-
-
-def _typed(dx: Analysed, partial: str, warn: Callable[[str], None]) -> Diagnosis:
-    data = dx.as_dict()
-    if partial:  # said first and kept in the JSON: every number below rests on a run cut short
-        data["partial_run"] = partial
-        warn(partial)
-    return Diagnosis.model_validate_json(json.dumps(data, default=str))
+    return analysis.diagnose_described(deployment, scenario, **asked | analysis.Asked(
+        assumed=assumed, characters=(s.input_chars, s.script)))
 
 
 def output_lengths(spec: str, mean: int) -> LengthDistribution:

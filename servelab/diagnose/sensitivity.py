@@ -10,7 +10,6 @@ ends of its plausible range, on the simulator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import StrEnum
 
 from servelab.diagnose.capacity import saturation_rps
@@ -19,6 +18,7 @@ from servelab.diagnose.regions import REGION_NOTE, Region
 from servelab.diagnose.scenario import Scenario
 from servelab.diagnose.text_tokens import CHARS_PER_TOKEN, CJK_RANGE, Script, ratio_said
 from servelab.perf.vllm_versions import is_v0, v0_note
+from servelab.schemas.diagnosis import Assumption, AssumptionPoint as Point
 from servelab.targets.deployment import Deployment
 
 ASSUMED_OUTPUT = 200
@@ -33,20 +33,6 @@ class Assumed(StrEnum):
     TOKENS = "tokens per character"
 
 
-@dataclass(frozen=True)
-class Point:
-    value: str
-    ceiling_rps: float
-    median_e2el_ms: float
-
-
-@dataclass(frozen=True)
-class Assumption:
-    what: str
-    assumed: str
-    points: list[Point] = field(default_factory=list)
-
-
 def assumptions(d: Deployment, s: Scenario, assumed: tuple[Assumed, ...], *,
                 characters: tuple[int | None, Script | None] = (None, None),
                 region: tuple[Region | None, bool] = (None, False)) -> list[Assumption]:
@@ -55,24 +41,26 @@ def assumptions(d: Deployment, s: Scenario, assumed: tuple[Assumed, ...], *,
     region whose chips the alternatives name when they name one (`region`: the one given, and whether any did)."""
     out: list[Assumption] = []
     if is_v0(d.vllm_version):
-        out.append(Assumption("engine", v0_note(d.vllm_version) or ""))
+        out.append(Assumption(what="engine", assumed=v0_note(d.vllm_version) or "", points=[]))
     given_region, named_chips = region
     if named_chips:
-        out.append(Assumption("where GPUs are bought", REGION_NOTE[given_region or Region.GLOBAL]
-                              + ("" if given_region else " (not given: --region)")))
+        out.append(Assumption(what="where GPUs are bought", assumed=REGION_NOTE[given_region or Region.GLOBAL]
+                              + ("" if given_region else " (not given: --region)"), points=[]))
     chars, script = characters
     if Assumed.TOKENS in assumed and chars is not None:
-        out.append(Assumption(Assumed.TOKENS.value, ratio_said(chars, script), _token_points(d, s, chars, script)))
+        out.append(Assumption(what=Assumed.TOKENS.value, assumed=ratio_said(chars, script),
+                              points=_token_points(d, s, chars, script)))
     for what in assumed:
         if what is Assumed.OUTPUT:
             points = []
             for tokens in OUTPUT_RANGE:
                 varied = s.with_output_scale(tokens / s.mean_output)
-                points.append(Point(f"{tokens} tokens", saturation_rps(d, varied),
-                                    run(d, varied, None).value("median_e2el_ms")))
-            out.append(Assumption(what.value, f"~{s.mean_output:.0f} tokens per answer (not given)", points))
+                points.append(Point(value=f"{tokens} tokens", ceiling_rps=saturation_rps(d, varied),
+                                    median_e2el_ms=run(d, varied, None).value("median_e2el_ms")))
+            out.append(Assumption(what=what.value, assumed=f"~{s.mean_output:.0f} tokens per answer (not given)", points=points))
         elif what is Assumed.ARRIVALS:
-            out.append(Assumption(what.value, "Poisson at the given rate (independent users; bursts queue longer)"))
+            out.append(Assumption(what=what.value, assumed="Poisson at the given rate (independent users; bursts queue longer)",
+                                  points=[]))
     return out
 
 
@@ -83,6 +71,6 @@ def _token_points(d: Deployment, s: Scenario, chars: int, script: Script | None)
     points = []
     for ratio in ratios:
         varied = s.with_input_scale(chosen / ratio)
-        points.append(Point(f"{chars / ratio:,.0f} tokens ({ratio:.1f} characters per token)", saturation_rps(d, varied),
-                            run(d, varied, None).value("median_e2el_ms")))
+        points.append(Point(value=f"{chars / ratio:,.0f} tokens ({ratio:.1f} characters per token)",
+                            ceiling_rps=saturation_rps(d, varied), median_e2el_ms=run(d, varied, None).value("median_e2el_ms")))
     return points

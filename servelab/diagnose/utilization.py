@@ -11,34 +11,11 @@ applied to the measured token rates.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
-from servelab.diagnose.evidence import Evidence
 from servelab.perf.memory import kv_bytes_per_token_per_rank, weight_bytes_per_rank
 from servelab.perf.quantization import weight_format
+from servelab.schemas.diagnosis import Evidence, Utilization
+from servelab.schemas.vocabulary import FlopSource
 from servelab.targets.deployment import Deployment
-
-
-@dataclass(frozen=True, slots=True)
-class Utilization:
-    flops_per_gpu: float
-    peak_flops: float
-    mfu: float
-    prefill_flop_share: float
-    """Share of the FLOPs spent on prompts (the rest is decode)."""
-    bytes_per_gpu: float
-    peak_bandwidth: float
-    mbu: float
-    compute_headroom: float
-    """mfu / the efficiency a well-fed GEMM reaches: ~1 means compute-saturated."""
-    bandwidth_headroom: float
-    engine_busy: float | None
-    """Share of wall time a step runs: roughly what nvidia-smi reports."""
-    source: str
-    """"server" when vLLM's own FLOP estimate was scraped, else "model"."""
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def utilization(e: Evidence, d: Deployment) -> Utilization:
@@ -58,9 +35,9 @@ def utilization(e: Evidence, d: Deployment) -> Utilization:
         model.linear_flops_per_token + model.lm_head_flops_per_token + model.attention_flops_per_pair * context
     )
     flops_replica = (prefill + decode) / cfg.data_parallel_size
-    source = "model"
+    source = FlopSource.MODEL
     if e.achieved_flops:
-        flops_replica, source = e.achieved_flops * cfg.tensor_parallel_size, "server"
+        flops_replica, source = e.achieved_flops * cfg.tensor_parallel_size, FlopSource.SERVER
 
     weights = weight_bytes_per_rank(model, cfg.quantization, hw, 1)
     kv_token = kv_bytes_per_token_per_rank(model, cfg.kv_cache_dtype, 1)

@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from servelab import SCHEMA_VERSION
 from servelab.metrics import timeline as tl
@@ -45,48 +43,11 @@ from servelab.metrics.records import RequestRecord
 from servelab.metrics.results import SWEEP, load_run
 from servelab.metrics.timeline import TimelineSample, counter_delta
 from servelab.renames import upgraded
+from servelab.schemas.diagnosis import TtftSplit
 
 COUNT_MISMATCH = 0.02
 """Server and client counts further apart than this share: the server served other traffic, or requests failed
 after their first token; the parts are then means over different request sets."""
-
-
-@dataclass(frozen=True, slots=True)
-class TtftSplit:
-    """A run's mean client TTFT split into parts that sum to it; seconds."""
-
-    client_ttft_s: float
-    """Mean TTFT the client measured over its requests that got a first token."""
-    api_server_s: float
-    """Outside the engine core: network, HTTP, tokenization, API-server CPU queueing, IPC (client TTFT - queue - prefill)."""
-    queue_s: float
-    """Queued in the engine before first scheduled (waiting for a sequence slot, KV blocks or token budget)."""
-    prefill_s: float
-    """From first scheduled to first token: the prompt's forward passes."""
-    server_ttft_s: float
-    """The server's own mean TTFT (from arrival in its engine client)."""
-    requests: int
-    """Client requests the client TTFT is the mean of."""
-    server_requests: int
-    """Requests in the server's TTFT histogram over the run."""
-    queue_measured: bool
-    """True: the queue is vLLM's queue-time histogram; False: server TTFT - prefill (the simulator's engines)."""
-    server_e2e_s: float | None = None
-    decode_s: float | None = None
-    notes: tuple[str, ...] = ()
-    """Why the parts may not describe the same requests, or were clipped to stay non-negative."""
-
-    @property
-    def outside_server_s(self) -> float:
-        """Client TTFT - server TTFT: network, HTTP, tokenization and the API server's queue before arrival."""
-        return self.client_ttft_s - self.server_ttft_s
-
-    @property
-    def parts(self) -> dict[str, float]:
-        return {"api_server": self.api_server_s, "queue": self.queue_s, "prefill": self.prefill_s}
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "outside_server_s": self.outside_server_s, "notes": list(self.notes)}
 
 
 def _mean(samples: Sequence[TimelineSample], sum_name: str, count_name: str) -> tuple[float, int] | None:

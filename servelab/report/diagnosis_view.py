@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servelab.diagnose.engine_terms import Terms
-from servelab.schemas.diagnosis import (AdviceRow, Alternative, Diagnosis, EngineSwitch, Lever, Recommendation,
+from servelab.schemas.diagnosis import (AdviceRow, Alternative, Diagnosis, EngineSwitch, Finding, Lever, Recommendation,
                                       WorkloadShape)
 from servelab.metrics.intervals import interval_text
 from servelab.report.cells import MISSING, number
@@ -252,17 +252,7 @@ def render_terminal(d: Diagnosis, console: Console, details: bool = True) -> Non
     if not d.findings:
         console.print("No bottleneck stands out: the deployment runs within its ceilings for this workload.")
     for i, f in enumerate(d.findings, 1):
-        body: list[Any] = [Text("• " + line) for line in f.evidence]
-        if f.recommendations:
-            t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-            for col in ("change", "predicted (simulated)", "side effects at this load"):
-                t.add_column(col, overflow="fold")
-            for r in f.recommendations:
-                t.add_row(*recommendation_row(r))
-            body.append(t)
-            body.append(Text("confirm: " + f.recommendations[0].confirm, style="dim"))
-        style = "red" if i == 1 else "yellow"
-        console.print(Panel(Group(*body), title=f"{i}. {f.title} [{f.kind}]", border_style=style))
+        console.print(finding_panel(i, f))
     if d.alternatives:
         t = Table(title="Options at this load (simulated)", header_style="bold")
         for i, col in enumerate(ALTERNATIVE_COLUMNS):
@@ -291,6 +281,20 @@ def render_terminal(d: Diagnosis, console: Console, details: bool = True) -> Non
         console.print(Text("• " + note, style="cyan"))
     if d.advice:
         render_advice_terminal(d.advice, console)
+
+
+def finding_panel(rank: int, f: Finding) -> Panel:
+    """One finding: its evidence, then its changes as simulated, with the command that would confirm the first."""
+    body: list[Any] = [Text("• " + line) for line in f.evidence]
+    if f.recommendations:
+        t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+        for col in ("change", "predicted (simulated)", "side effects at this load"):
+            t.add_column(col, overflow="fold")
+        for r in f.recommendations:
+            t.add_row(*recommendation_row(r))
+        body.append(t)
+        body.append(Text("confirm: " + f.recommendations[0].confirm, style="dim"))
+    return Panel(Group(*body), title=f"{rank}. {f.title} [{f.kind}]", border_style="red" if rank == 1 else "yellow")
 
 
 def render_advice_terminal(advice: list[AdviceRow], console: Console) -> None:

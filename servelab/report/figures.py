@@ -21,7 +21,8 @@ from plotly.subplots import make_subplots
 
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import RequestRecord
-from servelab.metrics.server_timings import TtftSplit, ttft_split
+from servelab.metrics.server_timings import ttft_split
+from servelab.schemas.diagnosis import TtftSplit
 from servelab.metrics.slo import tpot_seconds
 from servelab.report.inputs import ReportInputs, ReportRun, ReportSweep, planned_warmup
 

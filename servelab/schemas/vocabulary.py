@@ -67,3 +67,54 @@ ids and every output token's arrival is recorded, so this is ~1 GB of memory, fa
 class Goal(StrEnum):
     LATENCY = "latency"
     THROUGHPUT = "throughput"
+
+
+# diagnosis.json's words (servelab/diagnose/). The file's fields stay strings: these are the values written there.
+class FindingKind(StrEnum):
+    """What a finding (or a caveat) names: a limit of the server, or a doubt on the figures it rests on."""
+
+    UNDERLOADED = "underloaded"
+    MAX_NUM_SEQS_BOUND = "max_num_seqs_bound"
+    KV_CAPACITY_BOUND = "kv_capacity_bound"
+    PREFILL_COMPUTE_BOUND = "prefill_compute_bound"
+    DECODE_BANDWIDTH_BOUND = "decode_bandwidth_bound"
+    DECODE_COMPUTE_BOUND = "decode_compute_bound"
+    FRONTEND_CPU_BOUND = "frontend_cpu_bound"
+    SLO_TRADEOFF = "slo_tradeoff"
+    PREFIX_CACHING_OFF = "prefix_caching_off"
+    LAUNCH_BOUND = "launch_bound"
+    CLIENT_BOUND = "client_bound"
+    """A caveat's kind: the load generator distorted the figures."""
+    OBSERVATIONS_INCONSISTENT = "observations_inconsistent"
+    OBSERVED_VS_SIMULATED = "observed_vs_simulated"
+    TRIED = "tried_changes"
+
+
+class Verdict(StrEnum):
+    """What a change does at the diagnosed load: an option priced, a lever, or a tuning tip (`--check-advice`)."""
+
+    HELPS = "helps"
+    NO_EFFECT = "no effect"
+    HURTS = "hurts"
+    TRADE_OFF = "trade-off"
+    OBSOLETE = "obsolete"
+    OUTSIDE = "outside the model"
+    AS_DEPLOYED = "—"
+    """The options table's first row: the deployment as it is, the one the others are judged against."""
+
+
+class DiagnosisSource(StrEnum):
+    """What a diagnosis's evidence came from."""
+
+    MEASURED = "measured"
+    SIMULATED_RUN = "simulated run"
+    DESCRIBED = "simulated"
+    """A described deployment, reproduced by the simulator first."""
+
+
+class FlopSource(StrEnum):
+    """Where the utilisation's FLOP rate came from."""
+
+    SERVER = "server"
+    """vLLM's own estimate, scraped (vllm:estimated_flops_per_gpu_total)."""
+    MODEL = "model"
