@@ -21,7 +21,7 @@ from functools import partial
 from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.goal import Goal
-from servelab.diagnose.recommend import Outcome, run, tp_link, tried_result
+from servelab.diagnose.recommend import Outcome, prefetch, run, tp_link, tried_result
 from servelab.diagnose.regions import Region, upgrades
 from servelab.diagnose.scenario import Scenario
 from servelab.perf.errors import PerfConfigError
@@ -108,6 +108,7 @@ def levers(d: Deployment, s: Scenario, baseline: Outcome, goal: Goal,
         out.append(Lever("stream the answer (if the client waits for all of it)", "perceived wait p50 ms", before, ttft,
                          "the user reads from the first token on; throughput unchanged"))
         candidates = _latency_candidates(d, s, region)
+        prefetch((c.deployment or d, c.scenario or s, None) for c in candidates)
     else:
         before = ceiling or saturation_rps(d, s)
         candidates = _hardware(d, Terms(d.engine), region)
