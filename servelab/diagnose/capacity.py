@@ -54,12 +54,21 @@ _CEILINGS: dict[tuple[object, ...], float] = {}
 parallel.share(_CEILINGS)
 
 
-def saturation_rps(deployment: Deployment, scenario: Scenario) -> float:
-    """Request throughput with more requests outstanding than the engine can run at once."""
+def _saturating(deployment: Deployment, scenario: Scenario) -> tuple[tuple[object, ...], Scenario]:
+    """The closed loop that saturates `deployment`, and its key in _CEILINGS."""
     depth = max(8, int(max_batch(deployment, scenario) * 1.5)) * deployment.config.data_parallel_size
     closed = scenario.closed_loop(depth)
-    key = (json.dumps(deployment.describe(), sort_keys=True, default=str), closed.shapes, depth, closed.prefix_len,
-           closed.seed)
+    return (json.dumps(deployment.describe(), sort_keys=True, default=str), closed.shapes, depth, closed.prefix_len,
+            closed.seed), closed
+
+
+def ceiling_known(deployment: Deployment, scenario: Scenario) -> bool:
+    return _saturating(deployment, scenario)[0] in _CEILINGS
+
+
+def saturation_rps(deployment: Deployment, scenario: Scenario) -> float:
+    """Request throughput with more requests outstanding than the engine can run at once."""
+    key, closed = _saturating(deployment, scenario)
     if key not in _CEILINGS:
         if len(_CEILINGS) >= 64:
             _CEILINGS.pop(next(iter(_CEILINGS)))

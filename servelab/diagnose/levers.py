@@ -112,6 +112,7 @@ def levers(d: Deployment, s: Scenario, baseline: Outcome, goal: Goal,
     else:
         before = ceiling or saturation_rps(d, s)
         candidates = _hardware(d, Terms(d.engine), region)
+        prefetch(((c.deployment or d, c.scenario or s, None) for c in candidates), outcomes=False, ceilings=True)
     for c in candidates:
         try:
             changed = c.deployment() if c.deployment is not None else d

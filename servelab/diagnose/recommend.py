@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from servelab.diagnose import findings as fk, parallel
+from servelab.diagnose import capacity, findings as fk, parallel
 from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import gather
@@ -77,17 +77,27 @@ def _key(d: Deployment, scenario: Scenario, slo: SLO | None) -> tuple[object, ..
             scenario.prefix_len, scenario.seed, scenario.nominal_rate, json.dumps(slo.as_dict() if slo else None))
 
 
-def prefetch(jobs: Iterable[tuple[Deployment | Callable[[], Deployment], Scenario, SLO | None]]) -> None:
-    """`run` the what-ifs a loop is about to ask for, in parallel processes (diagnose/parallel.py); a job is
-    (deployment or what builds it, scenario, SLO), and one the hardware cannot take is left to the loop."""
+def prefetch(jobs: Iterable[tuple[Deployment | Callable[[], Deployment], Scenario, SLO | None]], *,
+             outcomes: bool = True, ceilings: bool = False) -> None:
+    """`run` (`outcomes`) and `saturation_rps` (`ceilings`) the what-ifs a loop is about to ask for, in parallel
+    processes (diagnose/parallel.py); a job is (deployment or what builds it, scenario, SLO), and one the hardware
+    cannot take is left to the loop."""
     todo: dict[tuple[object, ...], tuple[Deployment, Scenario, SLO | None]] = {}
     for build, scenario, slo in jobs:
         try:
             d = build if isinstance(build, Deployment) else build()
         except PerfConfigError:
             continue
-        todo.setdefault(_key(d, scenario, slo), (d, scenario, slo))
-    parallel.parallel_map(lambda job: run(*job), [job for key, job in todo.items() if key not in _OUTCOMES])
+        key = _key(d, scenario, slo)
+        if (outcomes and key not in _OUTCOMES) or (ceilings and not capacity.ceiling_known(d, scenario)):
+            todo.setdefault(key, (d, scenario, slo))
+
+    def both(job: tuple[Deployment, Scenario, SLO | None]) -> None:
+        if outcomes:
+            run(*job)
+        if ceilings:
+            saturation_rps(job[0], job[1])
+    parallel.parallel_map(both, list(todo.values()))
 
 
 def run(d: Deployment, scenario: Scenario, slo: SLO | None) -> Outcome:
@@ -267,7 +277,7 @@ def recommend(finding: Finding, x: Context, scenario: Scenario, baseline: Outcom
     before = x.c.saturation_rps or 0.0 if metric == CAPACITY else baseline.value(metric)
     out: list[Recommendation] = []
     cands = list(candidates(finding.kind, x, scenario))
-    prefetch((c.deployment or x.d, c.scenario or scenario, x.slo) for c in cands)
+    prefetch(((c.deployment or x.d, c.scenario or scenario, x.slo) for c in cands), ceilings=metric == CAPACITY)
     for cand in cands:
         changed = cand.scenario or scenario
         try:
