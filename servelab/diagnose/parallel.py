@@ -39,9 +39,10 @@ def _in_worker(index: int) -> tuple[object, list[dict[Any, Any]]]:
 def parallel_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """[fn(x) for x in items], in forked processes when this machine has several CPUs and there are several items.
 
-    A call from inside a worker runs serially (no nested pools).
+    A call from inside a worker runs serially (no nested pools), and so does one where processes cannot fork.
     """
-    if cpus() < 2 or len(items) < 2 or _TASK or multiprocessing.current_process().daemon:
+    if (cpus() < 2 or len(items) < 2 or _TASK or multiprocessing.current_process().daemon
+            or "fork" not in multiprocessing.get_all_start_methods()):
         return [fn(x) for x in items]
     _TASK.append(lambda i: fn(items[i]))
     try:
