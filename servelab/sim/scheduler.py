@@ -236,12 +236,17 @@ class Scheduler:
         )
         for i, h, f in zip(rows, have, full):
             req = reqs[start + i]
-            if f - h != 1 or h < req.findable_blocks(bs):
+            if f - h != 1:
                 self._cache_blocks(req, h, f)
-            else:
+            elif h >= req.findable_blocks(bs):
                 blocks.append(req.blocks[h])
                 owners.append(req.uid)
                 positions.append(h)
+            elif req.block_hashes is not None and h < len(req.block_hashes):  # a known reply's block, hashed already
+                self._pending_blocks.append(req.blocks[h])
+                self._pending_hashes.append(req.block_hashes[h])
+            else:
+                self._cache_blocks(req, h, f)
 
     def _cache_blocks(self, req: SimRequest, have: int, full: int) -> None:
         """Queue newly full blocks for the prefix cache; `_flush_cache` registers them before any lookup.
