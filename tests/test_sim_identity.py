@@ -22,6 +22,7 @@ from servelab.metrics import timeline as tl
 from servelab.metrics.records import MemorySink
 from servelab.metrics.timeline import TimelineSample
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
+from servelab.sim.block_pool import BlockPool
 from servelab.sim.engines import ENGINES
 from servelab.targets.deployment import Deployment
 from servelab.targets.engine_deployment import build_engine_deployment
@@ -158,3 +159,37 @@ def test_sglang_and_trtllm_agree_under_kv_pressure() -> None:
     for engine in ("sglang", "trtllm"):
         last, _ = _assert_identical(_steady(engine, kv_tokens=1_500, prefix_len=40))
         assert last is not None
+
+
+def _walk(pool: BlockPool, hashes: list[int], max_blocks: int) -> list[int]:
+    """The prefix lookup block by block, as vLLM walks its chain: a hit while the index holds the hash and the
+    block still carries it."""
+    found = []
+    for h in hashes[:max_blocks]:
+        b = pool._hash_to_block.get(h)
+        if b is None or pool.block_hash[b] != h:
+            break
+        found.append(b)
+    return found
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 6), st.integers(0, 5), st.booleans()), min_size=1, max_size=30),
+       st.integers(0, 8))
+def test_the_vectorised_prefix_lookup_finds_what_the_block_walk_finds(ops: list[tuple[int, int, bool]], limit: int) -> None:
+    """BlockPool.lookup checks a hit's blocks in one numpy pass: the same blocks as the walk, with stale index
+    entries (evicted blocks), hashes cached twice, misses in the middle and limits."""
+    pool = BlockPool(24, enable_caching=True)
+    held: list[list[int]] = []
+    for size, group, release in ops:
+        if pool.num_free >= size:
+            blocks = pool.allocate(size)
+            pool.cache(blocks, [1000 * group + j for j in range(1, size + 1)])  # chains of one group share a start
+            held.append(blocks)
+        if release and held:
+            pool.free(held.pop(0)[::-1])
+        for g in range(6):
+            chain = [1000 * g + j for j in range(1, 8)]
+            assert pool.lookup(chain, limit) == _walk(pool, chain, limit)
+            gapped = chain[:2] + [999_999] + chain[3:]
+            assert pool.lookup(gapped, limit) == _walk(pool, gapped, limit)

@@ -8,11 +8,11 @@ judge it. The catalogue is data: adding advice means adding an entry.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from servelab.diagnose.findings import FRONTEND_CPU_BOUND
-from servelab.diagnose.recommend import Outcome, run
+from servelab.diagnose.recommend import Outcome, prefetch, run
 from servelab.diagnose.scenario import Scenario
 from servelab.perf.engine_args import flag_status
 from servelab.perf.errors import PerfConfigError
@@ -207,10 +207,22 @@ def _judged(item: Item, d: Deployment, scenario: Scenario, context: AdviceContex
         row.verdict, label = options[key]
         row.why = f"the same change as \"{label}\" in the options table, judged there on E2E p50"
     return row
+def _what_ifs(d: Deployment, scenario: Scenario, context: AdviceContext) -> Iterator[tuple[Deployment, Scenario, None]]:
+    """The simulations check_advice will ask for, for `prefetch` (a tip that cannot be built is left to it)."""
+    for item in CATALOGUE:
+        try:
+            judged = item.judge(d, scenario, context)
+        except PerfConfigError:
+            continue
+        if isinstance(judged, Variant):
+            yield judged.deployment, judged.scenario, None
+            if judged.reference:
+                yield *judged.reference, None
 
 
 def check_advice(d: Deployment, scenario: Scenario, context: AdviceContext, baseline: Outcome,
                  options: Mapping[tuple[str, str], tuple[str, str]] | None = None) -> list[AdviceRow]:
     """Each tip simulated on this workload. `options`: the options table's verdicts and labels, by (GPU, launch flags): the same
     change at the same load takes that verdict here, so a report never gives one change two."""
+    prefetch(_what_ifs(d, scenario, context))
     return [_judged(item, d, scenario, context, baseline, options or {}) for item in CATALOGUE]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from servelab.diagnose.engine_terms import Terms
-from servelab.diagnose.recommend import Outcome, run, tp_link, tried_result
+from servelab.diagnose.recommend import Outcome, prefetch, run, tp_link, tried_result
 from servelab.diagnose.regions import Region, upgrades
 from servelab.diagnose.scenario import Scenario
 from servelab.diagnose.pricing import price_of, usd_per_million_tokens
@@ -160,7 +160,9 @@ def price_alternatives(d: Deployment, e: Evidence, scenario: Scenario, baseline:
     """The deployment as it is, then each option, simulated on `scenario` at its own load; judged on E2E p50."""
     before = _ms(baseline.summary, "median_e2el_ms")
     rows = [_row("as deployed", d, baseline, d, gpu_cost_per_hour, Verdict.AS_DEPLOYED, "", d.engine_args())]
-    for option in _options(d, e, scenario, region):
+    options = _options(d, e, scenario, region)
+    prefetch((o.build, scenario, None) for o in options)
+    for option in options:
         try:
             changed = option.build()
             out = run(changed, scenario, None)

@@ -7,8 +7,10 @@ share of requests still meets every bound, found by bisection.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
+from servelab.diagnose import parallel
 from servelab.diagnose.scenario import Scenario, simulate
 from servelab.metrics.intervals import interval_text
 from servelab.metrics.slo import SLO
@@ -47,11 +49,31 @@ def max_batch(deployment: Deployment, scenario: Scenario) -> int:
     return max(1, min(max_num_seqs, deployment.memory.max_concurrency(seq_len)))
 
 
+_CEILINGS: dict[tuple[object, ...], float] = {}
+"""saturation_rps by deployment and workload: findings, levers and assumptions ask for the same ceilings."""
+parallel.share(_CEILINGS)
+
+
+def _saturating(deployment: Deployment, scenario: Scenario) -> tuple[tuple[object, ...], Scenario]:
+    """The closed loop that saturates `deployment`, and its key in _CEILINGS."""
+    depth = max(8, int(max_batch(deployment, scenario) * 1.5)) * deployment.config.data_parallel_size
+    closed = scenario.closed_loop(depth)
+    return (json.dumps(deployment.describe(), sort_keys=True, default=str), closed.shapes, depth, closed.prefix_len,
+            closed.seed), closed
+
+
+def ceiling_known(deployment: Deployment, scenario: Scenario) -> bool:
+    return _saturating(deployment, scenario)[0] in _CEILINGS
+
+
 def saturation_rps(deployment: Deployment, scenario: Scenario) -> float:
     """Request throughput with more requests outstanding than the engine can run at once."""
-    depth = max(8, int(max_batch(deployment, scenario) * 1.5)) * deployment.config.data_parallel_size
-    run = simulate(deployment, scenario.closed_loop(depth))
-    return float(summarize(run.records)["request_throughput"])
+    key, closed = _saturating(deployment, scenario)
+    if key not in _CEILINGS:
+        if len(_CEILINGS) >= 64:
+            _CEILINGS.pop(next(iter(_CEILINGS)))
+        _CEILINGS[key] = float(summarize(simulate(deployment, closed).records)["request_throughput"])
+    return _CEILINGS[key]
 
 
 def attainment(deployment: Deployment, scenario: Scenario, slo: SLO) -> float:

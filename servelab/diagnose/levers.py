@@ -22,7 +22,7 @@ from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.engine_terms import Terms
 from servelab.schemas.diagnosis import Lever
 from servelab.schemas.vocabulary import Goal
-from servelab.diagnose.recommend import Outcome, run, tp_link, tried_result
+from servelab.diagnose.recommend import Outcome, prefetch, run, tp_link, tried_result
 from servelab.diagnose.regions import Region, upgrades
 from servelab.diagnose.scenario import Scenario
 from servelab.perf.errors import PerfConfigError
@@ -99,9 +99,11 @@ def levers(d: Deployment, s: Scenario, baseline: Outcome, goal: Goal,
         out.append(Lever(change="stream the answer (if the client waits for all of it)", metric="perceived wait p50 ms",
                          before=before, after=ttft, note="the user reads from the first token on; throughput unchanged"))
         candidates = _latency_candidates(d, s, region)
+        prefetch((c.deployment or d, c.scenario or s, None) for c in candidates)
     else:
         before = ceiling or saturation_rps(d, s)
         candidates = _hardware(d, Terms(d.engine), region)
+        prefetch(((c.deployment or d, c.scenario or s, None) for c in candidates), outcomes=False, ceilings=True)
     for c in candidates:
         try:
             changed = c.deployment() if c.deployment is not None else d

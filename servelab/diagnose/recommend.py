@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import math
 import shlex
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from servelab.diagnose import findings as fk
+from servelab.diagnose import capacity, findings as fk, parallel
 from servelab.diagnose.capacity import saturation_rps
 from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import gather
@@ -70,10 +70,40 @@ _KEPT = 64
 """Outcomes remembered: findings, advice and the priced options often simulate the same change on the same workload."""
 
 
+parallel.share(_OUTCOMES)
+
+
+def _key(d: Deployment, scenario: Scenario, slo: SLO | None) -> tuple[object, ...]:
+    return (json.dumps(d.describe(), sort_keys=True, default=str), scenario.shapes, scenario.max_concurrency,
+            scenario.prefix_len, scenario.seed, scenario.nominal_rate, json.dumps(slo.as_dict() if slo else None))
+
+
+def prefetch(jobs: Iterable[tuple[Deployment | Callable[[], Deployment], Scenario, SLO | None]], *,
+             outcomes: bool = True, ceilings: bool = False) -> None:
+    """`run` (`outcomes`) and `saturation_rps` (`ceilings`) the what-ifs a loop is about to ask for, in parallel
+    processes (diagnose/parallel.py); a job is (deployment or what builds it, scenario, SLO), and one the hardware
+    cannot take is left to the loop."""
+    todo: dict[tuple[object, ...], tuple[Deployment, Scenario, SLO | None]] = {}
+    for build, scenario, slo in jobs:
+        try:
+            d = build if isinstance(build, Deployment) else build()
+        except PerfConfigError:
+            continue
+        key = _key(d, scenario, slo)
+        if (outcomes and key not in _OUTCOMES) or (ceilings and not capacity.ceiling_known(d, scenario)):
+            todo.setdefault(key, (d, scenario, slo))
+
+    def both(job: tuple[Deployment, Scenario, SLO | None]) -> None:
+        if outcomes:
+            run(*job)
+        if ceilings:
+            saturation_rps(job[0], job[1])
+    parallel.parallel_map(both, list(todo.values()))
+
+
 def run(d: Deployment, scenario: Scenario, slo: SLO | None) -> Outcome:
     """The simulated summary of `d` serving `scenario`; a repeat of the same deployment and workload is not re-run."""
-    key = (json.dumps(d.describe(), sort_keys=True, default=str), scenario.shapes, scenario.max_concurrency,
-           scenario.prefix_len, scenario.seed, scenario.nominal_rate, json.dumps(slo.as_dict() if slo else None))
+    key = _key(d, scenario, slo)
     if key not in _OUTCOMES:
         if len(_OUTCOMES) >= _KEPT:
             _OUTCOMES.pop(next(iter(_OUTCOMES)))
@@ -296,7 +326,9 @@ def recommend(finding: Finding, x: Context, scenario: Scenario, baseline: Outcom
     higher = metric in HIGHER_IS_BETTER
     before = x.c.saturation_rps or 0.0 if metric == CAPACITY else baseline.value(metric)
     out: list[Recommendation] = []
-    for cand in candidates(finding.kind, x, scenario):
+    cands = list(candidates(finding.kind, x, scenario))
+    prefetch(((c.deployment or x.d, c.scenario or scenario, x.slo) for c in cands), ceilings=metric == CAPACITY)
+    for cand in cands:
         changed = cand.scenario or scenario
         try:
             d = cand.deployment() if cand.deployment is not None else x.d

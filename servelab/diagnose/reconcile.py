@@ -24,6 +24,7 @@ from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.findings import make_finding
 from servelab.schemas.diagnosis import Finding
 from servelab.schemas.vocabulary import FindingKind
+from servelab.diagnose.parallel import parallel_map
 from servelab.diagnose.recommend import Outcome, run
 from servelab.diagnose.scenario import Scenario
 from servelab.metrics import timeline as tl
@@ -229,8 +230,9 @@ def explain(d: Deployment, s: Scenario, gap: Gap, tried: Sequence[Tried] = (),
     reproduce the figure (said too: "no prompt length gives 30%" is evidence)."""
     out: list[Explanation] = []
     missed: list[str] = []
-    for knob in knobs(d, s, gap.figure, saturation):
-        solved = solve(d, knob, gap.figure, gap.observed)
+    tried_knobs = knobs(d, s, gap.figure, saturation)
+    solutions = parallel_map(lambda knob: solve(d, knob, gap.figure, gap.observed), tried_knobs)
+    for knob, solved in zip(tried_knobs, solutions):
         if solved is None:
             missed.append(knob.missed)
             continue

@@ -13,7 +13,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from servelab.diagnose.capacity import saturation_rps
-from servelab.diagnose.recommend import run
+from servelab.diagnose.recommend import prefetch, run
 from servelab.diagnose.regions import REGION_NOTE, Region
 from servelab.diagnose.scenario import Scenario
 from servelab.diagnose.text_tokens import CHARS_PER_TOKEN, CJK_RANGE, Script, ratio_said
@@ -52,6 +52,7 @@ def assumptions(d: Deployment, s: Scenario, assumed: tuple[Assumed, ...], *,
                               points=_token_points(d, s, chars, script)))
     for what in assumed:
         if what is Assumed.OUTPUT:
+            prefetch(((d, s.with_output_scale(tokens / s.mean_output), None) for tokens in OUTPUT_RANGE), ceilings=True)
             points = []
             for tokens in OUTPUT_RANGE:
                 varied = s.with_output_scale(tokens / s.mean_output)

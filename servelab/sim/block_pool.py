@@ -15,6 +15,7 @@ Block 0 is vLLM's null block and is never handed out.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 from typing import cast
 
 import numpy as np
@@ -157,15 +158,18 @@ class BlockPool:
 
     def lookup(self, hashes: Sequence[int], max_blocks: int) -> list[int]:
         """Longest run of cached blocks from the start of `hashes` (a miss ends it: hashes are chained)."""
-        found: list[int] = []
+        wanted = hashes[:max_blocks]
+        if not len(wanted):
+            return []
         get = self._hash_to_block.get
-        block_hash = self.block_hash
-        for h in hashes[:max_blocks]:
-            b = get(h)
-            if b is None or block_hash[b] != h:
-                break
-            found.append(b)
-        return found
+        first = get(wanted[0])
+        if first is None or self.block_hash[first] != wanted[0]:
+            return []  # the usual miss, decided by the first block alone
+        # A hit: every block's candidate at once (-1: not in the index), kept up to the first that is not cached.
+        blocks = np.fromiter(map(get, wanted, repeat(-1)), dtype=np.int64, count=len(wanted))
+        ok = (blocks >= 0) & (self.block_hash[blocks] == np.asarray(wanted, dtype=np.int64))
+        hit = len(ok) if ok.all() else int(ok.argmin())
+        return cast(list[int], blocks[:hit].tolist())
 
     def touch(self, blocks: Sequence[int]) -> None:
         """Take a reference on prefix-hit blocks, removing free ones from the free queue."""

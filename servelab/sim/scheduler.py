@@ -119,6 +119,9 @@ class Scheduler:
         self._pending_private_blocks: list[int] = []
         self._pending_private_owners: list[int] = []
         self._pending_private_positions: list[int] = []
+        self._steady_until = 0
+        """The step that ends the steady stretch `steady_decode_steps` found last, while nothing but decode runs has
+        touched the queues since (0: unknown): a run cut short by an outside event resumes without re-checking."""
         self._run_base: tuple[np.ndarray, np.ndarray, int] = (np.zeros(0, np.int64), np.zeros(0, np.int64), 0)
         """(computed tokens, held blocks, free blocks) before the latest decode run, for its mid-run KV usage."""
         """Generated-token blocks to cache, with their request's uid and their index in it: the hashes
@@ -130,6 +133,7 @@ class Scheduler:
 
     def add(self, req: SimRequest) -> None:
         self.waiting.add(req)
+        self._steady_until = 0
 
     def has_work(self) -> bool:
         return bool(self.reqs) or len(self.waiting) > 0
@@ -143,6 +147,7 @@ class Scheduler:
         """
         budget = self.budget
         n = len(self.reqs)
+        self._steady_until = 0
         self.scheduled[:n] = 0
         threshold = self.long_prefill_threshold if n + len(self.waiting) > 1 else 0
         preempted = False
@@ -236,12 +241,17 @@ class Scheduler:
         )
         for i, h, f in zip(rows, have, full):
             req = reqs[start + i]
-            if f - h != 1 or h < req.findable_blocks(bs):
+            if f - h != 1:
                 self._cache_blocks(req, h, f)
-            else:
+            elif h >= req.findable_blocks(bs):
                 blocks.append(req.blocks[h])
                 owners.append(req.uid)
                 positions.append(h)
+            elif req.block_hashes is not None and h < len(req.block_hashes):  # a known reply's block, hashed already
+                self._pending_blocks.append(req.blocks[h])
+                self._pending_hashes.append(req.block_hashes[h])
+            else:
+                self._cache_blocks(req, h, f)
 
     def _cache_blocks(self, req: SimRequest, have: int, full: int) -> None:
         """Queue newly full blocks for the prefix cache; `_flush_cache` registers them before any lookup.
@@ -367,6 +377,8 @@ class Scheduler:
         array operations; replaying the steps one by one would cost a
         Python-level schedule() each.
         """
+        if step < self._steady_until:  # the rest of a stretch an outside event cut: its checks still hold
+            return min(limit, self._steady_until - step)
         n = len(self.reqs)
         if n == 0 or n > self.budget or limit < 1:
             return 0
@@ -386,6 +398,7 @@ class Scheduler:
                 else:
                     hi = mid - 1
             k = lo
+        self._steady_until = step + k if k < limit else 0  # (a stretch cut by `limit` may be longer)
         return k
 
     def decode_contexts(self) -> np.ndarray:
@@ -407,6 +420,9 @@ class Scheduler:
 
     def finish_decode_run(self, step: int) -> list[SimRequest]:
         """After the last step (`step`) of a decode run: the requests it finished, removed as `update` removes them."""
+        if step + 1 < self._steady_until:
+            return []  # every request is at least one token short of its limit until the stretch's last step
+        self._steady_until = 0
         return self._finish_done(step)
 
     def decode_run_usage(self, steps: int) -> float:
@@ -419,6 +435,7 @@ class Scheduler:
 
     def update(self, step: int) -> tuple[int, list[SimRequest], list[SimRequest]]:
         """Apply one step's sampled tokens: returns (tokens generated, requests with a first token, finished)."""
+        self._steady_until = 0
         n = len(self.reqs)
         if n == 0:
             return 0, [], []
