@@ -13,6 +13,10 @@ from servelab.schemas.results import DeploymentInfo, Json, PlanInfo, SLOTerms, V
 from servelab.schemas.base import ClosedModel, OpenModel
 
 
+BASELINE = "baseline"
+"""The label of the current configuration among stage 2's rows and in a recommendation (others are `trial-N`)."""
+
+
 class ObjectiveInfo(OpenModel):
     kind: str = Field(description="goodput, throughput, ttft, tpot, cost, ...")
     direction: str = Field(description="maximize or minimize")
@@ -53,6 +57,11 @@ class KeyMetrics(OpenModel):
             raise AttributeError(f"a trial's metrics have no statistic {key!r}")
         value = getattr(self, key)
         return None if value is None else float(value)
+
+    @model_serializer(mode="wrap")
+    def _empty_when_not_run(self, handler: SerializerFunctionWrapHandler) -> Json:
+        """A configuration that could not run has no statistics at all: `{}`, not a row of nulls."""
+        return handler(self) if self.model_fields_set else {}
 
 
 KEY_STATISTICS = tuple(k for k in KeyMetrics.model_fields if k != "intervals")
