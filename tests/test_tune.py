@@ -28,7 +28,7 @@ from servelab.tune.confirm import (LIVE_SERVER, STAGE2_DIR, ServerCommand, Stage
                                    read_result, reap_orphaned_server, write_result)
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective, evaluate, key_metrics, max_goodput_rate
-from servelab.tune.outcome import gain, pareto_front, pick_for_confirmation, rank, read_tune_json
+from servelab.tune.outcome import document_text, gain, pareto_front, pick_for_confirmation, rank, read_tune_json
 from servelab.tune.space import SearchSpace, apply, candidate_key
 from servelab.tune.study import DUPLICATE_OF, SearchSettings, open_study, run_search
 from servelab.tune.trial import SimJudge
@@ -493,3 +493,22 @@ def test_no_new_statistic_name_is_an_old_one_so_reading_a_current_file_as_old_ch
     assert not set(STATISTICS_RENAMED.values()) & set(STATISTICS_RENAMED)
     current = {"schema_version": SCHEMA_VERSION - 1, "metrics": {new: 1.0 for new in STATISTICS_RENAMED.values()}}
     assert upgraded(current, SCHEMA_VERSION) == current
+
+
+def test_the_python_api_runs_the_verb_and_returns_the_document_it_wrote(tmp_path: Path) -> None:
+    """servelab.api.tune is the verb's other face: the tune.json it writes is the document it returns, and a
+    directory holding that study is refused unless asked to resume it."""
+    from servelab import api
+    from servelab.errors import InputError
+
+    space = ["max_num_seqs=8,64"]
+    small = {"input_len": 256, "output_len": 16, "request_rate": 4.0, "goodput": {"ttft": 500.0}, "sim_prompts": 20}
+    doc = api.tune("a100-80gb", "qwen2.5-7b", space, result_dir=tmp_path / "study", **small)
+    assert (tmp_path / "study" / "tune.json").read_text() == document_text(doc) + "\n"
+    assert sorted(t.params["max_num_seqs"] for t in doc.trials) == [8, 64] and doc.stage2 is None
+    assert doc.recommendation is not None and doc.recommendation.source == "stage1"
+    with pytest.raises(InputError):
+        api.tune("a100-80gb", "qwen2.5-7b", space, result_dir=tmp_path / "study", **small)
+    again = api.tune("a100-80gb", "qwen2.5-7b", space, result_dir=tmp_path / "study", resume=True, **small)
+    assert [t.model_dump(mode="json") for t in again.trials] == [
+        t.model_dump(mode="json") for t in doc.trials]  # read back from the study (sim_wall_s too), not simulated again
