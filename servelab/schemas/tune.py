@@ -95,8 +95,8 @@ class Trial(OpenModel):
 
 
 class Stage2Row(OpenModel):
-    """One configuration measured on a real server (stage 2), beside its prediction (servelab.tune.confirm's
-    Stage2Result, whose defaults these are)."""
+    """One configuration measured on a real server (stage 2), beside its prediction; a configuration whose server
+    would not start keeps the defaults of what it never measured, and the reason in `error`."""
 
     label: str
     params: dict[str, Any]

@@ -45,7 +45,7 @@ from servelab.targets.server_process import ServerProcess, ServerStartError, fre
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective, key_metrics, run_summary
 from servelab.schemas.tune import Stage2Row
-from servelab.tune.space import gpu_count
+from servelab.tune.space import Candidate, gpu_count
 from servelab.tune.workload import TuneWorkload
 
 STAGE2_DIR = "stage2"
@@ -102,7 +102,7 @@ class ServerCommand:
 class Stage2Config:
     label: str
     """`baseline` or `trial-N` (the stage-1 trial it came from)."""
-    params: dict[str, Any]
+    params: Candidate
     engine_args: str
     deployment: Deployment
     """The simulated deployment, for the prediction."""

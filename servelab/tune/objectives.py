@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from servelab.metrics.intervals import simulated_run_intervals
 from servelab.metrics.records import MemorySink
@@ -29,6 +28,7 @@ from servelab.metrics.summary import DEFAULT_PERCENTILES, summarize
 from servelab.targets.base import Target
 from servelab.targets.sim import SimTarget
 from servelab.tune.errors import TuneError
+from servelab.schemas.results import Json
 from servelab.schemas.tune import KEY_STATISTICS, KeyMetrics, ObjectiveInfo, SLOTerms
 from servelab.schemas.vocabulary import Direction, ObjectiveKind
 from servelab.tune.workload import TuneWorkload
@@ -36,7 +36,8 @@ from servelab.tune.workload import TuneWorkload
 HOURS_PER_S = 1 / 3600
 UNITS = {ObjectiveKind.GOODPUT: "req/s", ObjectiveKind.THROUGHPUT: "tok/s", ObjectiveKind.COST: "$/Mtok"}
 
-Summary = dict[str, Any]
+Summary = Json
+"""A run's summary.json as summarize() returns it."""
 
 
 @dataclass(frozen=True)
