@@ -63,7 +63,7 @@ def search(judge: SimJudge, grid: SearchSpace, pool: TaskPool | None) -> tuple[f
         trials = run_search(grid, judge.judge, Path(scratch), direction="maximize",
                             settings=SearchSettings(n_trials=grid.size, sampler="grid"), pool=pool)
         wall = time.perf_counter() - began
-    return wall, {candidate_key(t.outcome.params): t.outcome.score for t in trials}
+    return wall, {candidate_key(t.params): t.score for t in trials}
 
 
 def main() -> None:

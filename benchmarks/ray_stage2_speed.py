@@ -3,7 +3,7 @@
 The study is tests/test_cluster.py's three-servers one: the tiny Qwen2 on the
 real vLLM CPU server, `--max-model-len 4096 --max-num-seqs 2` as the baseline,
 space max_num_seqs=2,8,32, top-k 2, so stage 2 measures three candidates
-(max_num_seqs 2, 8, 32), each on its own server. `run_tune` runs it twice:
+(max_num_seqs 2, 8, 32), each on its own server. `servelab.tune.run` runs it twice:
 without a pool (as `servelab tune` runs without --ray-address) and with the
 Ray pool on a local two-node cluster (`ray.cluster_utils.Cluster`, trial GPUs
 2 + 1 as the custom resource `trial_gpu`, so all three trials fit at once).
@@ -27,7 +27,7 @@ start-ups plus one measurement, against the sum of both sequentially:
 needs each trial's own CPUs (a node each, as on a real cluster).
 
 Stage 2's wall time runs from the first trial's start (`on_server_start`) to
-`run_tune`'s return; stage 1 (three simulations) and the cluster's start-up are
+`servelab.tune.run`'s return; stage 1 (three simulations) and the cluster's start-up are
 outside it. Needs Ray (`servelab[ray]`) and the vLLM CPU build:
 
     flock /tmp/servelab-heavy.lock timeout 1500 env PYTHONPATH=. .venv/bin/python benchmarks/ray_stage2_speed.py \\
@@ -49,11 +49,12 @@ from typing import Any
 from servelab.metrics.slo import SLO
 from servelab.pool import TaskPool
 from servelab.targets.deployment import build_deployment
-from servelab.tune.confirm import BASELINE, ServerCommand, Stage2Config
+from servelab.schemas.tune import BASELINE
+from servelab.tune.confirm import ServerCommand, Stage2Config
 from servelab.tune.objectives import Objective
 from servelab.tune.space import SearchSpace
 from servelab.tune.study import SearchSettings
-from servelab.tune.tuner import TuneProgress, TuneRequest, run_tune
+from servelab.tune.tuner import TuneProgress, TuneRequest, run
 from servelab.tune.workload import TuneWorkload
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
@@ -93,7 +94,7 @@ def stage2(req: TuneRequest) -> tuple[float, list[dict[str, Any]]]:
         if not began:
             began.append(time.perf_counter())
 
-    doc = run_tune(req, TuneProgress(on_server_start=first_start))
+    doc = run(req, TuneProgress(on_server_start=first_start)).model_dump(mode="json")
     results: list[dict[str, Any]] = doc["stage2"]["results"]
     failed = [f"{r['label']}: {r['error']}" for r in results if r["error"] is not None]
     if failed:

@@ -27,7 +27,8 @@ from servelab.targets.deployment import build_deployment
 from servelab.tune.objectives import Objective
 from servelab.tune.space import SearchSpace, candidate_key
 from servelab.tune.study import SearchSettings, run_search
-from servelab.tune.trial import SimJudge, TrialOutcome
+from servelab.schemas.tune import Trial
+from servelab.tune.trial import SimJudge
 from servelab.tune.workload import TuneWorkload
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
@@ -58,7 +59,7 @@ def main() -> None:
     judge = SimJudge(deployment, deployment, workload, Objective("goodput", SLO.parse("ttft:500 tpot:50")))
 
     t0 = time.perf_counter()
-    grid: dict[str, TrialOutcome] = {}
+    grid: dict[str, Trial] = {}
     for candidate in SPACE.grid():
         grid[candidate_key(candidate)] = judge.judge(candidate)
     grid_wall = time.perf_counter() - t0
@@ -78,7 +79,7 @@ def main() -> None:
     for seed in range(args.seeds):
         asked: list[float] = []
 
-        def lookup(candidate: dict) -> TrialOutcome:
+        def lookup(candidate: dict) -> Trial:
             outcome = grid[candidate_key(candidate)]
             asked.append(outcome.score or 0.0)
             return outcome

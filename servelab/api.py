@@ -46,6 +46,8 @@ from servelab.workload.plan import Amount, build_plan
 if TYPE_CHECKING:
     import pandas as pd
 
+    from servelab.schemas.tune import TuneDocument
+
 
 @dataclass(frozen=True)
 class Results:
@@ -208,3 +210,39 @@ def comparison(gpu: str, model: str, *, engines: Sequence[str] = ENGINES, launch
     slo = SLO.parse([f"{k}:{v:g}" for k, v in (goodput or {}).items()])
     return verb.run(verb.CompareRequest(gpu, model, [("as given", plan)], engines=tuple(engines),
                                         launch_flags=launch_flags or {}, tensor_parallel_size=tensor_parallel_size, slo=slo))
+
+
+def tune(gpu: str, model: str, space: list[str], *, result_dir: str | Path, engine_args: str = "",
+         objective: str = "goodput", goodput: dict[str, float] | None = None, input_len: int = 1024,
+         output_len: int = 128, request_rate: float = math.inf, max_concurrency: int | None = None, seed: int = 0,
+         sim_prompts: int = 200, n_trials: int = 100, gpu_cost_per_hour: dict[str, float] | None = None,
+         server_cmd: str | None = None, num_prompts: int = 200, top_k: int = 3, resume: bool = False,
+         overwrite: bool = False) -> TuneDocument:
+    """`servelab tune`: the launch flags of `space` (["max_num_seqs=64,256", "max_num_batched_tokens"], as
+    `--space` takes them) searched on the simulator, and with `server_cmd` (a template holding {engine_args}) the
+    best `top_k` and the current flags measured on real servers. Returns tune.json as written to `result_dir`; a
+    `result_dir` holding an earlier result is refused unless `overwrite` or `resume` (which continues the study)."""
+    from servelab.tune import TuneRequest, run
+    from servelab.tune.confirm import ServerCommand
+    from servelab.tune.objectives import Objective
+    from servelab.tune.space import SearchSpace
+    from servelab.tune.study import SearchSettings
+    from servelab.tune.workload import TuneWorkload
+
+    directory = Path(result_dir) if resume else _checked_dir(result_dir, overwrite)
+    deployment = build_deployment(gpu, model, engine_args)
+    workload = WorkloadConfig(input_len=input_len, output_len=output_len, seed=seed)
+    arrival = ArrivalConfig(request_rate=request_rate, max_concurrency=max_concurrency)
+    goal = Objective(objective, SLO.parse([f"{k}:{v:g}" for k, v in (goodput or {}).items()]),  # type: ignore[arg-type]
+                     target_rate=request_rate if math.isfinite(request_rate) else None,
+                     gpu_cost_per_hour=gpu_cost_per_hour or {})
+    request = TuneRequest(
+        simulated=deployment, launch=deployment, space=SearchSpace.from_items(space), objective=goal,
+        sim_workload=TuneWorkload(workload, arrival, Amount(num_prompts=sim_prompts)),
+        bench_workload=TuneWorkload(workload, arrival, Amount(num_prompts=num_prompts)),
+        search=SearchSettings(n_trials=n_trials), output=directory, resume=resume, top_k=top_k,
+        server=None if server_cmd is None else ServerCommand(server_cmd),
+    )
+    if overwrite and not resume:
+        clear_result_dir(directory)
+    return run(request)

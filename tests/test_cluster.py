@@ -33,7 +33,7 @@ from servelab.tune.confirm import ServerCommand
 from servelab.tune.objectives import Objective
 from servelab.tune.space import SearchSpace
 from servelab.tune.study import SearchSettings
-from servelab.tune.tuner import TuneRequest, run_tune
+from servelab.tune.tuner import TuneRequest, run
 from servelab.tune.workload import TuneWorkload
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
@@ -176,10 +176,10 @@ def test_stage1_on_two_nodes_is_the_sequential_study(tmp_path: Path, tiny_config
     from servelab.cluster.ray_pool import RayPool
 
     space = ["max_num_seqs=2,4,8,16,32", "max_num_batched_tokens=default,512"]
-    sequential = run_tune(_request(tiny_config, tmp_path / "one", space))
+    sequential = run(_request(tiny_config, tmp_path / "one", space)).model_dump(mode="json")
     pool = RayPool(two_nodes.address)
     assert pool.slots == 2
-    spread = run_tune(_request(tiny_config, tmp_path / "two", space, pool=pool))
+    spread = run(_request(tiny_config, tmp_path / "two", space, pool=pool)).model_dump(mode="json")
 
     def scores(doc: dict[str, Any]) -> dict[int, tuple[Any, ...]]:
         return {t["number"]: (json.dumps(t["params"], sort_keys=True), t["score"], t["feasible"]) for t in doc["trials"]}
@@ -192,7 +192,7 @@ def test_stage1_on_two_nodes_is_the_sequential_study(tmp_path: Path, tiny_config
         p.name for p in (tmp_path / "one" / "stage1").iterdir())
 
     written = {p: p.stat().st_mtime_ns for p in (tmp_path / "two" / "stage1").glob("*/trial.json")}
-    resumed = run_tune(_request(tiny_config, tmp_path / "two", space, pool=pool, resume=True))
+    resumed = run(_request(tiny_config, tmp_path / "two", space, pool=pool, resume=True)).model_dump(mode="json")
     assert scores(resumed) == scores(spread)  # --resume on the cluster: every trial read back, none simulated again
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "two" / "stage1").glob("*/trial.json")} == written
 
@@ -232,7 +232,7 @@ def test_stage2_trials_run_side_by_side_on_two_nodes(
                            startup_timeout=900)
     request = _request(tiny_model, tmp_path / "tune", ["max_num_seqs=2,8,32"], top_k=2, server=server,
                        pool=RayPool(two_nodes.address), gpu_resource=TRIAL_GPU)
-    doc = run_tune(request)
+    doc = run(request).model_dump(mode="json")
 
     results = doc["stage2"]["results"]
     assert [r["label"] for r in results][0] == "baseline" and len(results) == 3

@@ -29,19 +29,26 @@ FIXTURES = Path(__file__).parent / "fixtures" / "results"
 WRITE = os.environ.get("SERVELAB_WRITE_DOCUMENTS") == "1"
 
 VOLATILE_KEYS = {"started_at", "finished_at", "sim_wall_s", "steps_per_s", "created_at", "wall_s", "elapsed_s",
-                 "duration_wall_s", "generated_at", "servelab_version", "python", "client_host", "argv"}
-"""Keys whose values are the host's clock, speed or load, the installed versions, or the test runner's own argv (run.json
+                 "duration_wall_s", "generated_at", "servelab_version", "python", "client_host", "argv",
+                 "ended_at", "host"}
+"""Keys whose values are the host's clock, speed, load or name, the installed versions, or the test runner's own argv (run.json
 records sys.argv, which under CliRunner is pytest's): blanked before comparing."""
 
 SIM = ["--gpu", "a100-80gb", "--model", "qwen2.5-7b"]
 LOAD = ["--num-prompts", "40", "--random-input-len", "300", "--random-output-len", "40",
         "--seed", "3", "--goodput", "ttft:500"]
 
+UNSTARTABLE_SERVER = "python3 -c 'import sys; sys.exit(3)' {engine_args}"
+"""A stage-2 server that exits before it is ready: stage 2 runs its real path (prediction, start, the failure kept in
+stage2.json and tune.json) without a GPU, and the documents stay deterministic."""
+
 CASES: dict[str, list[str]] = {
     "simulate": ["simulate", *SIM, *LOAD, "--request-rate", "4", "--result-dir", "{out}"],
     "sweep": ["simulate", *SIM, *LOAD, "--sweep", "request-rate=2,6", "--result-dir", "{out}"],
     "compare": ["compare", *SIM, *LOAD, "--request-rate", "4", "--engines", "vllm,sglang", "--result-dir", "{out}"],
     "tune": ["tune", *SIM, *LOAD, "--request-rate", "4", "--n-trials", "3", "--search-seed", "1", "--result-dir", "{out}"],
+    "tune-stage2": ["tune", *SIM, *LOAD, "--request-rate", "4", "--n-trials", "3", "--search-seed", "1", "--top-k", "1",
+                    "--server-cmd", UNSTARTABLE_SERVER, "--result-dir", "{out}"],
     "diagnose-described": ["diagnose", *SIM, "--input-len", "1500", "--output-len", "200", "--request-rate", "10",
                            "--engine-args", "--max-num-seqs 256", "--observed-gpu-util", "0.3", "--goodput", "ttft:2000",
                            "--tried", "--max-num-batched-tokens 1024:no-effect", "--save", "{out}/diagnosis.json"],

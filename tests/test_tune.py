@@ -22,14 +22,16 @@ from servelab.targets.deployment import build_deployment
 from servelab.tune import tuner
 from servelab import SCHEMA_VERSION
 from servelab.renames import STATISTICS_RENAMED, upgraded
-from servelab.tune.confirm import (LIVE_SERVER, STAGE2_DIR, ServerCommand, Stage2Config, Stage2Result, confirm, predict,
+from servelab.schemas.tune import KeyMetrics, Stage2Row, Trial
+from servelab.schemas.vocabulary import TrialStatus
+from servelab.tune.confirm import (LIVE_SERVER, STAGE2_DIR, ServerCommand, Stage2Config, confirm, predict,
                                    read_result, reap_orphaned_server, write_result)
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective, evaluate, key_metrics, max_goodput_rate
-from servelab.tune.outcome import gain, pareto_front, pick_for_confirmation, rank, read_tune_json
+from servelab.tune.outcome import document_text, gain, pareto_front, pick_for_confirmation, rank, read_tune_json
 from servelab.tune.space import SearchSpace, apply, candidate_key
-from servelab.tune.study import DUPLICATE_OF, SearchSettings, StudyTrial, open_study, run_search
-from servelab.tune.trial import INVALID, OK, SimJudge, TrialOutcome
+from servelab.tune.study import DUPLICATE_OF, SearchSettings, open_study, run_search
+from servelab.tune.trial import SimJudge
 from servelab.tune.workload import TuneWorkload
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
@@ -172,7 +174,7 @@ def tiny_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_simulated_goodput_ranks_batch_size_on_the_cpu_model(tiny_config: Path) -> None:
     judge = _cpu_judge(tiny_config, Objective("goodput", TTFT_500))
     scores = {n: judge.judge({"max_num_seqs": n}) for n in (2, 8, 32)}
-    assert all(o.status == OK and o.feasible for o in scores.values())
+    assert all(o.status == TrialStatus.OK and o.feasible for o in scores.values())
     assert scores[2].score < scores[8].score < scores[32].score
     assert scores[32].engine_args == "--max-num-seqs 32 --max-model-len 4096"  # no simulator-only flags
 
@@ -180,24 +182,33 @@ def test_simulated_goodput_ranks_batch_size_on_the_cpu_model(tiny_config: Path) 
 def test_throughput_objective_scores_the_workload_as_given(tiny_config: Path) -> None:
     judge = _cpu_judge(tiny_config, Objective("throughput", SLO.parse("ttft:1")))
     outcome = judge.judge({"max_num_seqs": 8})
-    assert outcome.score == pytest.approx(outcome.metrics["output_throughput"])
+    assert outcome.score == pytest.approx(outcome.metrics.output_throughput)
     assert not outcome.feasible and outcome.violation > 0  # 1 ms TTFT at p99 cannot hold
 
 
 def test_configuration_that_cannot_run_is_a_verdict_not_a_crash(tiny_config: Path) -> None:
     judge = _cpu_judge(tiny_config, Objective("goodput", TTFT_500))
     outcome = judge.judge({"max_num_seqs": 64, "max_num_batched_tokens": 16})
-    assert outcome.status == INVALID and "max_num_batched_tokens" in outcome.error
+    assert outcome.status == TrialStatus.INVALID and "max_num_batched_tokens" in (outcome.error or "")
+    assert outcome.model_dump()["metrics"] == {}  # no statistics at all, as tune.json has always written them
 
 
 # -- ranking --------------------------------------------------------------
 
 
 def _trial(number: int, score: float | None, feasible: bool = True, violation: float = 0.0, thr: float = 0.0,
-           ttft: float = 0.0, args: str | None = None) -> StudyTrial:
-    status = OK if score is not None else INVALID
-    return StudyTrial(number, TrialOutcome({"n": number}, args or f"--n {number}", status, score, violation, feasible,
-                                           metrics={"output_throughput": thr, "p99_ttft_ms": ttft}))
+           ttft: float = 0.0, args: str | None = None) -> Trial:
+    return _judged({"n": number}, score, feasible, violation, args=args or f"--n {number}", number=number,
+                   metrics=KeyMetrics(output_throughput=thr, p99_ttft_ms=ttft))
+
+
+def _judged(params: dict, score: float | None, feasible: bool = True, violation: float = 0.0, *, args: str = "",
+            number: int | None = None, metrics: KeyMetrics | None = None) -> Trial:
+    """A trial as a judge returns it: runnable with a score, or invalid without one."""
+    return Trial(number=number, params=params, engine_args=args,
+                 status=TrialStatus.OK if score is not None else TrialStatus.INVALID, score=score, violation=violation,
+                 feasible=feasible, rate=None, gpu=None, gpus=None, cost_per_million_tokens=None,
+                 metrics=metrics or KeyMetrics(), probes=[], error=None, sim_wall_s=0.0, engine_config={})
 
 
 def test_rank_puts_feasible_first_then_nearest_misses_then_invalid() -> None:
@@ -228,10 +239,10 @@ class _CountingJudge:
     def __init__(self) -> None:
         self.calls: list[dict] = []
 
-    def __call__(self, candidate: dict) -> TrialOutcome:
+    def __call__(self, candidate: dict) -> Trial:
         self.calls.append(dict(candidate))
         score = -abs(candidate["max_num_seqs"] - 64) - abs(candidate["max_num_batched_tokens"] - 4096) / 100
-        return TrialOutcome(dict(candidate), "", OK, score, 0.0, True)
+        return _judged(dict(candidate), score)
 
 
 SPACE = SearchSpace.from_items(["max_num_seqs=8,16,32,64,128,256", "max_num_batched_tokens=1024,2048,4096,8192,16384"])
@@ -242,7 +253,7 @@ def test_small_space_is_searched_exhaustively_once_each(tmp_path: Path) -> None:
     trials = run_search(SPACE, judge, tmp_path, direction="maximize", settings=SearchSettings(n_trials=100))
     assert len(trials) == SPACE.size == len(judge.calls)
     assert {candidate_key(c) for c in judge.calls} == {candidate_key(c) for c in SPACE.grid()}
-    assert rank(trials, "maximize")[0].outcome.params == {"max_num_seqs": 64, "max_num_batched_tokens": 4096}
+    assert rank(trials, "maximize")[0].params == {"max_num_seqs": 64, "max_num_batched_tokens": 4096}
     assert all((tmp_path / "stage1" / f"trial-{t.number:04d}" / "trial.json").is_file() for t in trials)
 
 
@@ -433,9 +444,10 @@ def test_stage2_predictions_come_from_the_calibrated_simulator(tmp_path: Path, m
         for config in configs:
             seen.append(config)
             predicted, score, violation = predict(config, workload, objective)
-            on_result(Stage2Result(config.label, config.params, config.engine_args, command.launch_line(config.engine_args),
-                                   key_metrics(predicted), score, violation, measured=key_metrics(predicted),
-                                   measured_score=0.5 * score, measured_violation=0.0, startup_s=1.0, bench_s=1.0))
+            on_result(Stage2Row(label=config.label, params=config.params, engine_args=config.engine_args,
+                                launch_line=command.launch_line(config.engine_args), predicted=key_metrics(predicted),
+                                predicted_score=score, predicted_violation=violation, measured=key_metrics(predicted),
+                                measured_score=0.5 * score, measured_violation=0.0, startup_s=1.0, bench_s=1.0))
 
     monkeypatch.setattr(tuner, "confirm", measure_nothing)
     out = tmp_path / "tune"
@@ -445,8 +457,10 @@ def test_stage2_predictions_come_from_the_calibrated_simulator(tmp_path: Path, m
     assert result.exit_code == 0, result.output
     assert [c.label for c in seen][0] == "baseline" and len(seen) == 2
     assert all(c.deployment.hardware == profile.hardware and c.deployment.coefficients == profile.coefficients for c in seen)
-    first = read_tune_json(out)["stage2"]["results"][0]
-    assert f"measured {first['measured_score']:,.4g} req/s (predicted {first['predicted_score']:,.4g})" in result.output
+    stage2 = read_tune_json(out).stage2
+    assert stage2 is not None
+    first = stage2.results[0]
+    assert f"measured {first.measured_score:,.4g} req/s (predicted {first.predicted_score:,.4g})" in result.output
     assert f"predicted: simulated, calibrated by {path}" in result.output
 
 
@@ -456,17 +470,18 @@ def test_stage2_resume_reads_a_result_of_schema_1_under_this_releases_statistic_
     its schema version."""
     old_names = {new: old for old, new in STATISTICS_RENAMED.items()}
     measured = {"completed": 20, "failed": 0, "median_ttft_ms": 12.0, "p99_ttft_ms": 30.0, "median_tpot_ms": 4.0}
-    result = Stage2Result("baseline", {}, "--max-num-seqs 2", "vllm serve m --max-num-seqs 2", dict(measured), 1.0, 0.0,
-                          measured={old_names.get(k, k): v for k, v in measured.items()}, measured_score=0.9)
-    assert "ttft_p50_ms" in result.measured  # the file as schema 1 spelled it
+    result = Stage2Row(label="baseline", params={}, engine_args="--max-num-seqs 2",
+                       launch_line="vllm serve m --max-num-seqs 2", predicted=KeyMetrics(**measured), predicted_score=1.0,
+                       predicted_violation=0.0, measured_score=0.9).model_dump()
+    result["measured"] = {old_names.get(k, k): v for k, v in measured.items()}  # the file as schema 1 spelled it
     done = tmp_path / STAGE2_DIR / "baseline" / "stage2.json"
     done.parent.mkdir(parents=True)
-    done.write_text(json.dumps(result.to_dict()))
+    done.write_text(json.dumps(result))
     config = Stage2Config("baseline", {}, "--max-num-seqs 2", build_deployment("cpu", tiny_config, "--max-model-len 4096"))
     started: list[str] = []
     [resumed] = confirm([config], ServerCommand("false {engine_args}"), _cpu_workload(20), Objective("goodput", TTFT_500),
                         tmp_path, resume=True, on_start=lambda c: started.append(c.label))
-    assert not started and resumed.measured == measured and resumed.measured_score == 0.9
+    assert not started and resumed.measured == KeyMetrics(**measured) and resumed.measured_score == 0.9
     assert assert_files_match_schemas(tmp_path) == {"stage2": 1}  # the old file, as servelab reads it
     write_result(done, resumed)
     assert json.loads(done.read_text())["schema_version"] == SCHEMA_VERSION
@@ -478,3 +493,22 @@ def test_no_new_statistic_name_is_an_old_one_so_reading_a_current_file_as_old_ch
     assert not set(STATISTICS_RENAMED.values()) & set(STATISTICS_RENAMED)
     current = {"schema_version": SCHEMA_VERSION - 1, "metrics": {new: 1.0 for new in STATISTICS_RENAMED.values()}}
     assert upgraded(current, SCHEMA_VERSION) == current
+
+
+def test_the_python_api_runs_the_verb_and_returns_the_document_it_wrote(tmp_path: Path) -> None:
+    """servelab.api.tune is the verb's other face: the tune.json it writes is the document it returns, and a
+    directory holding that study is refused unless asked to resume it."""
+    from servelab import api
+    from servelab.errors import InputError
+
+    space = ["max_num_seqs=8,64"]
+    small = {"input_len": 256, "output_len": 16, "request_rate": 4.0, "goodput": {"ttft": 500.0}, "sim_prompts": 20}
+    doc = api.tune("a100-80gb", "qwen2.5-7b", space, result_dir=tmp_path / "study", **small)
+    assert (tmp_path / "study" / "tune.json").read_text() == document_text(doc) + "\n"
+    assert sorted(t.params["max_num_seqs"] for t in doc.trials) == [8, 64] and doc.stage2 is None
+    assert doc.recommendation is not None and doc.recommendation.source == "stage1"
+    with pytest.raises(InputError):
+        api.tune("a100-80gb", "qwen2.5-7b", space, result_dir=tmp_path / "study", **small)
+    again = api.tune("a100-80gb", "qwen2.5-7b", space, result_dir=tmp_path / "study", resume=True, **small)
+    assert [t.model_dump(mode="json") for t in again.trials] == [
+        t.model_dump(mode="json") for t in doc.trials]  # read back from the study (sim_wall_s too), not simulated again

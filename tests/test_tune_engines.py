@@ -17,11 +17,11 @@ from servelab.perf.sglang_args import parse_sglang_args
 from servelab.perf.trtllm_args import parse_trtllm_args
 from servelab.targets.engine_deployment import EngineDeployment
 from servelab.tune import tuner
-from servelab.tune.confirm import Stage2Config, Stage2Result, predict
+from servelab.tune.confirm import Stage2Config, predict
 from servelab.tune.engine_lines import engine_line, launch_line
 from servelab.tune.objectives import key_metrics
 from servelab.tune.outcome import read_tune_json
-from servelab.schemas.tune import TuneDocument
+from servelab.schemas.tune import Stage2Row, TuneDocument
 from support.profiles import tiny_profile
 
 DEPLOYMENT = ["--gpu", "h100-sxm", "--model", "llama-3.1-8b"]
@@ -119,9 +119,10 @@ def test_stage2_fills_the_template_with_the_engines_own_flags(tmp_path: Path, mo
         for config in configs:
             seen.append((config, command.argv(config.engine_args, 30000)))
             predicted, score, violation = predict(config, workload, objective)
-            on_result(Stage2Result(config.label, config.params, config.engine_args, command.launch_line(config.engine_args),
-                                   key_metrics(predicted), score, violation, measured=key_metrics(predicted),
-                                   measured_score=score, measured_violation=violation, startup_s=1.0, bench_s=1.0))
+            on_result(Stage2Row(label=config.label, params=config.params, engine_args=config.engine_args,
+                                launch_line=command.launch_line(config.engine_args), predicted=key_metrics(predicted),
+                                predicted_score=score, predicted_violation=violation, measured=key_metrics(predicted),
+                                measured_score=score, measured_violation=violation, startup_s=1.0, bench_s=1.0))
 
     monkeypatch.setattr(tuner, "confirm", start_nothing)
     template = "python -m sglang.launch_server --model-path /models/llama {engine_args}"
@@ -136,8 +137,9 @@ def test_stage2_fills_the_template_with_the_engines_own_flags(tmp_path: Path, mo
         assert argv[-4:] == ["--host", "127.0.0.1", "--port", "30000"]
         parsed = parse_sglang_args(argv)
         assert parsed.settings.max_running_requests == config.params["max_running_requests"] and not parsed.warnings
-    recommended = read_tune_json(tmp_path / "study")["recommendation"]
-    assert recommended["source"] == "stage2" and recommended["launch_line"].startswith(template.split(" {")[0])
+    recommended = read_tune_json(tmp_path / "study").recommendation
+    assert recommended is not None and recommended.source == "stage2"
+    assert (recommended.launch_line or "").startswith(template.split(" {")[0])
 
 
 @pytest.mark.parametrize(
@@ -184,7 +186,7 @@ def test_engine_vllm_is_the_study_tune_always_ran(tmp_path: Path) -> None:
                   "--sim-prompts", "30", "--random-input-len", "256", "--random-output-len", "32", "--request-rate", "4",
                   "--goodput", "ttft:500", "--goodput", "tpot:50", "--result-dir", str(tmp_path / "study"), "--json")
     assert result.exit_code == 0, result.output
-    now, golden = json.loads(result.stdout), read_tune_json(SCHEMA_1_TUNE)
+    now, golden = json.loads(result.stdout), read_tune_json(SCHEMA_1_TUNE).model_dump(mode="json")
     same = ("params", "engine_args", "status", "score", "violation", "feasible", "rate", "engine_config")
 
     def as_golden(trial: dict[str, Any], golden_trial: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from servelab.tune.confirm import ServerCommand
 from servelab.tune.objectives import Objective
 from servelab.tune.space import SearchSpace
 from servelab.tune.study import SearchSettings
-from servelab.tune.tuner import TuneRequest, run_tune
+from servelab.tune import TuneRequest, run
 from servelab.tune.workload import TuneWorkload
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
@@ -75,7 +75,7 @@ def test_stage2_picks_a_bigger_batch_than_the_bad_baseline_and_leaves_no_server(
         ),
         server_check=lambda url, config, directory: [f"{config.label} checked at {url}"],
     )
-    doc = run_tune(request)
+    doc = run(request).model_dump(mode="json")  # the file's content
 
     results = {r["label"]: r for r in doc["stage2"]["results"]}
     assert len(results) == 2 and all(r["error"] is None for r in results.values()), results

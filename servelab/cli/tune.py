@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 from pathlib import Path
@@ -28,16 +27,17 @@ from servelab.cli.options import (
 )
 from servelab.errors import RunInterrupted
 from servelab.report.console import make_console
-from servelab.schemas.vocabulary import LABELS, VLLM
+from servelab.schemas.vocabulary import LABELS, VLLM, RecommendationSource
 from servelab.tune.errors import TuneError
 
 if TYPE_CHECKING:
     from servelab.perf.calibration import CalibrationProfile
-    from servelab.tune.confirm import ServerCheck, Stage2Config, Stage2Result
+    from servelab.schemas.tune import Stage2Row, Trial, TuneDeployment, TuneDocument
+    from servelab.tune.confirm import ServerCheck, ServerCommand, Stage2Config
     from servelab.tune.objectives import Objective
-    from servelab.schemas.tune import TuneDeployment, TuneDocument
-    from servelab.tune.study import StudyTrial
-    from servelab.tune.tuner import TuneProgress
+    from servelab.tune.space import SearchSpace
+    from servelab.tune.tuner import TuneProgress, TuneRequest
+    from servelab.tune.workload import TuneWorkload
 
 RANKED_ROWS = 10
 STAGE2_PROMPTS = 200
@@ -113,17 +113,41 @@ def tune(
     """
     # The optimiser, the simulator and the server launcher: imported when a study runs, not for --help.
     from servelab.perf.calibration import load_profile
-    from servelab.tune.confirm import ServerCommand
-    from servelab.tune.objectives import Objective
-    from servelab.tune.outcome import TUNE_JSON
-    from servelab.schemas.tune import TuneDocument
-    from servelab.tune.space import SearchSpace
+    from servelab.tune.outcome import TUNE_JSON, document_text
     from servelab.tune.study import SearchSettings
-    from servelab.tune.tuner import TuneRequest, run_tune
-    from servelab.tune.workload import TuneWorkload
-    from servelab.workload.plan import Amount
+    from servelab.tune.tuner import TuneRequest
 
     console = make_console()
+    search_space = _checked_space(load, resume, space, space_file, engine)
+    goal = _objective(objective, load, slo_percentile, gpu_cost_per_hour)
+    server = _server(server_cmd, server_env, startup_timeout, server_port)
+    sim_workload, bench_workload = _workloads(load, sim_prompts)
+    simulated = deployment_from_flags(gpu, model, f"{engine_args} {sim_args}".strip(), calibration=calibration, engine=engine)
+    launch = deployment_from_flags(gpu, model, engine_args, calibration=calibration, engine=engine)
+    output = load.output_dir("tune", resume=resume)  # emptied with --overwrite, now that every flag has been read
+    request = TuneRequest(
+        simulated=simulated, launch=launch, sim_args=sim_args, calibration=None if calibration is None else str(calibration),
+        space=search_space, objective=goal, sim_workload=sim_workload, bench_workload=bench_workload,
+        search=SearchSettings(n_trials, sampler, search_seed),  # type: ignore[arg-type]
+        output=output, resume=resume, server=server, top_k=top_k,
+        server_check=None if calibration is None or server is None else _speed_check(load_profile(calibration)),
+        pool=ray_pool(ray_address), gpu_resource=ray_gpu_resource,
+    )
+    doc = _run(request, None if load.json else _live_progress(console, goal, engine))
+    if load.json:
+        print(document_text(doc))
+    else:
+        render(console, doc)
+        console.print(f"all trials: {output / TUNE_JSON}")
+    if report:
+        report_into(output, make_console(stderr=True) if load.json else console)
+
+
+def _checked_space(load: LoadFlags, resume: bool, space: list[str] | None, space_file: Path | None,
+                   engine: str) -> SearchSpace:
+    """The search space, once the load flags are known to fit a study (tune searches the rate itself)."""
+    from servelab.tune.space import SearchSpace
+
     load.check(resume=resume)
     if load.sweep is not None:
         raise TuneError("--sweep does not apply to tune: the goodput objective searches the rate itself")
@@ -134,44 +158,49 @@ def tune(
     search_space = SearchSpace.from_file(space_file, engine) if space_file else SearchSpace.from_items(space or [], engine)
     if space_file and space:
         raise TuneError("--space and --space-file both define the search space; give one")
+    return search_space
+
+
+def _objective(kind: str, load: LoadFlags, percentile: float, prices: str | None) -> Objective:
+    """--objective with its SLO (--goodput at --slo-percentile), the rate a cost must sustain, and the prices."""
+    from servelab.tune.objectives import Objective
+
     arrival = load.arrival()
-    goal = Objective(
-        objective, load.slo(), slo_percentile,  # type: ignore[arg-type]
-        target_rate=arrival.request_rate if arrival.open_loop else None,
-        gpu_cost_per_hour=parse_prices(gpu_cost_per_hour),
-    )
-    server = None
-    if server_cmd:
-        server = ServerCommand(server_cmd, parse_env(server_env), startup_timeout=startup_timeout, port=server_port)
+    return Objective(kind, load.slo(), percentile,  # type: ignore[arg-type]  # checked by Objective
+                     target_rate=arrival.request_rate if arrival.open_loop else None,
+                     gpu_cost_per_hour=parse_prices(prices))
+
+
+def _server(template: str | None, env: list[str] | None, startup_timeout: float, port: int | None) -> ServerCommand | None:
+    """Stage 2's server command; None (no stage 2) without --server-cmd."""
+    from servelab.tune.confirm import ServerCommand
+
+    return None if not template else ServerCommand(template, parse_env(env), startup_timeout=startup_timeout, port=port)
+
+
+def _workloads(load: LoadFlags, sim_prompts: int) -> tuple[TuneWorkload, TuneWorkload]:
+    """Stage 1's (--sim-prompts of the workload per simulated run) and stage 2's (--num-prompts, default 200, or
+    --duration per server): the same requests, arrivals and seed."""
+    from servelab.tune.workload import TuneWorkload
+    from servelab.workload.plan import Amount
+
+    arrival = load.arrival()
+    sim_amount = Amount(num_prompts=sim_prompts, max_plan_tokens=load.max_plan_tokens, count_flag="--sim-prompts")
     bench_amount = load.amount() if load.num_prompts or load.duration else Amount(STAGE2_PROMPTS, warmup=load.warmup)
-    simulated = deployment_from_flags(gpu, model, f"{engine_args} {sim_args}".strip(), calibration=calibration, engine=engine)
-    launch = deployment_from_flags(gpu, model, engine_args, calibration=calibration, engine=engine)
-    output = load.output_dir("tune", resume=resume)  # emptied with --overwrite, now that every flag has been read
-    request = TuneRequest(
-        simulated=simulated, launch=launch,
-        sim_args=sim_args, calibration=None if calibration is None else str(calibration),
-        space=search_space, objective=goal,
-        sim_workload=TuneWorkload(load.workload(), arrival, Amount(num_prompts=sim_prompts, max_plan_tokens=load.max_plan_tokens, count_flag="--sim-prompts")),
-        bench_workload=TuneWorkload(load.workload(), arrival, bench_amount),
-        search=SearchSettings(n_trials, sampler, search_seed),  # type: ignore[arg-type]
-        output=output, resume=resume, server=server, top_k=top_k,
-        server_check=None if calibration is None or server is None else _speed_check(load_profile(calibration)),
-        pool=ray_pool(ray_address), gpu_resource=ray_gpu_resource,
-    )
+    return (TuneWorkload(load.workload(), arrival, sim_amount), TuneWorkload(load.workload(), arrival, bench_amount))
+
+
+def _run(request: TuneRequest, progress: TuneProgress | None) -> TuneDocument:
+    """The study, with SIGTERM taken as Ctrl-C: either stops it with the finished trials kept."""
+    from servelab.tune.tuner import run
+
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        doc = run_tune(request, None if load.json else _live_progress(console, goal, engine))
+        return run(request, progress)
     except KeyboardInterrupt:
-        raise RunInterrupted(f"finished trials are kept; continue with --resume --result-dir {output}") from None
+        raise RunInterrupted(f"finished trials are kept; continue with --resume --result-dir {request.output}") from None
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if load.json:
-        print(json.dumps(doc, indent=2, default=str))
-    else:
-        render(console, TuneDocument.model_validate_json(json.dumps(doc, default=str)))
-        console.print(f"all trials: {output / TUNE_JSON}")
-    if report:
-        report_into(output, make_console(stderr=True) if load.json else console)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -202,15 +231,14 @@ def _defaults(engine: str) -> str:
 def _live_progress(console: Console, goal: Objective, engine: str) -> TuneProgress:
     from servelab.tune.tuner import TuneProgress
 
-    def on_trial(trial: StudyTrial, evaluated: int, budget: int) -> None:
-        o = trial.outcome
-        score = "cannot run" if o.score is None else f"{o.score:,.4g} {goal.unit}{'' if o.feasible else ' (SLO missed)'}"
-        console.print(f"[dim]trial {evaluated}/{budget}[/] {_knobs(o.params)}: {score}")
+    def on_trial(trial: Trial, evaluated: int, budget: int) -> None:
+        score = "cannot run" if trial.score is None else f"{trial.score:,.4g} {goal.unit}{'' if trial.feasible else ' (SLO missed)'}"
+        console.print(f"[dim]trial {evaluated}/{budget}[/] {_knobs(trial.params)}: {score}")
 
     def on_start(config: Stage2Config) -> None:
         console.print(f"[bold]stage 2[/] {config.label}: starting the server with {config.engine_args or _defaults(engine)}")
 
-    def on_result(result: Stage2Result) -> None:
+    def on_result(result: Stage2Row) -> None:
         for warning in result.warnings:
             console.print(f"  [yellow]warning[/]: {warning}")
         if result.error:
@@ -252,7 +280,7 @@ def render(console: Console, doc: TuneDocument) -> None:
     rows = [("base", "-", doc.baseline)] + [(str(i + 1), str(n), trials[n]) for i, n in enumerate(doc.ranking[:RANKED_ROWS])]
     for rank, number, t in rows:
         m = t.metrics
-        slo = "cannot run" if t.status != "ok" else ("met" if t.feasible else "missed")
+        slo = "cannot run" if not t.ran else ("met" if t.feasible else "missed")
         table.add_row(rank, number, _knobs(t.params) if number != "-" else (t.engine_args or _defaults(doc.deployment.engine)),
                       _num(t.score), slo, _num(m.request_throughput) + interval_suffix(m.intervals, "request_throughput"),
                       _num(m.output_throughput), _num(m.p99_ttft_ms) + interval_suffix(m.intervals, "p99_ttft_ms"),
@@ -283,7 +311,7 @@ def render(console: Console, doc: TuneDocument) -> None:
     if rec is None:
         console.print("[red]no configuration in the space can run[/]")
         return
-    source = "measured" if rec.source == "stage2" else "predicted"
+    source = "measured" if rec.source == RecommendationSource.STAGE2 else "predicted"
     gain = rec.gain_over_baseline
     console.print(f"[bold green]recommended[/] ({source}): {rec.engine_args or _defaults(doc.deployment.engine)}: "
                   f"{_num(rec.score)} {unit}" + ("" if gain is None else f", {gain:.2f}x the baseline"))

@@ -17,7 +17,8 @@ from servelab.report.figures import LAYOUT, legend_below
 from servelab.report.inputs import ReportDocument
 from servelab.report.cells import MISSING, number
 from servelab.report.tables import html_table, plan_text
-from servelab.schemas.tune import KeyMetrics, ObjectiveInfo, Trial, TuneDocument
+from servelab.schemas.tune import BASELINE, KeyMetrics, ObjectiveInfo, Trial, TuneDocument
+from servelab.schemas.vocabulary import RecommendationSource
 
 RANKED_ROWS = 15
 """Ranked trials listed under the plot; the plot shows them all."""
@@ -56,7 +57,7 @@ def _recommendation_text(doc: TuneDocument) -> str:
     rec = doc.recommendation
     if rec is None:
         return "none: no configuration in the space can run"
-    how = "measured on the real server" if rec.source == "stage2" else "predicted by the simulator"
+    how = "measured on the real server" if rec.source == RecommendationSource.STAGE2 else "predicted by the simulator"
     gain = rec.gain_over_baseline
     times = "" if gain is None else f", {gain:.2f}× the baseline"
     return f"{rec.engine_args or '(vLLM defaults)'}: {number(rec.score)} {doc.objective.unit} ({how}{times})"
@@ -84,7 +85,7 @@ def study_table(doc: TuneDocument) -> str:
 
 
 def _slo_verdict(trial: Trial) -> str:
-    if trial.status != "ok":
+    if not trial.ran:
         return "cannot run"
     return "met" if trial.feasible else "missed"
 
@@ -137,7 +138,7 @@ def _place(metrics: KeyMetrics | None, x: str, y: str) -> tuple[float, float] | 
 
 
 def _point(trial: Trial, x: str, y: str) -> tuple[float, float] | None:
-    return _place(trial.metrics, x, y) if trial.status == "ok" else None
+    return _place(trial.metrics, x, y) if trial.ran else None
 
 
 def _hover(trial: Trial, name: str, unit: str) -> str:
@@ -198,7 +199,7 @@ def _recommended_trial(doc: TuneDocument, trials: dict[int | None, Trial]) -> Tr
     rec = doc.recommendation
     if rec is None:
         return None
-    if rec.label == "baseline":
+    if rec.label == BASELINE:
         return doc.baseline
     suffix = rec.label.removeprefix("trial-")
     return trials.get(int(suffix)) if suffix.isdigit() else None

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import (Field, PrivateAttr, SerializerFunctionWrapHandler, ValidatorFunctionWrapHandler, field_serializer,
+                      model_serializer, model_validator)
 
 from servelab import SCHEMA_VERSION
-from servelab.schemas.vocabulary import VLLM
+from servelab.schemas.vocabulary import VLLM, TrialStatus
 from servelab.schemas.results import DeploymentInfo, Json, PlanInfo, SLOTerms, Versions
 from servelab.schemas.base import ClosedModel, OpenModel
+
+
+BASELINE = "baseline"
+"""The label of the current configuration among stage 2's rows and in a recommendation (others are `trial-N`)."""
 
 
 class ObjectiveInfo(OpenModel):
@@ -20,6 +25,11 @@ class ObjectiveInfo(OpenModel):
     percentile: float
     target_rate: float | None
     gpu_cost_per_hour: dict[str, float]
+
+    @field_serializer("slo")
+    def _set_terms_only(self, slo: SLOTerms | None) -> dict[str, float] | None:
+        """The SLO's bounds as `--goodput` gave them: an absent term is left out, not written as null."""
+        return None if slo is None else slo.model_dump(exclude_none=True)
 
 
 class KeyMetrics(OpenModel):
@@ -48,6 +58,11 @@ class KeyMetrics(OpenModel):
         value = getattr(self, key)
         return None if value is None else float(value)
 
+    @model_serializer(mode="wrap")
+    def _empty_when_not_run(self, handler: SerializerFunctionWrapHandler) -> Json:
+        """A configuration that could not run has no statistics at all: `{}`, not a row of nulls."""
+        return handler(self) if self.model_fields_set else {}
+
 
 KEY_STATISTICS = tuple(k for k in KeyMetrics.model_fields if k != "intervals")
 """The statistics a trial keeps (its intervals aside)."""
@@ -73,10 +88,15 @@ class Trial(OpenModel):
     sim_wall_s: float
     engine_config: Json
 
+    @property
+    def ran(self) -> bool:
+        """Whether the simulator could run the configuration (it has a score)."""
+        return self.status == TrialStatus.OK and self.score is not None
+
 
 class Stage2Row(OpenModel):
-    """One configuration measured on a real server (stage 2), beside its prediction (servelab.tune.confirm's
-    Stage2Result, whose defaults these are)."""
+    """One configuration measured on a real server (stage 2), beside its prediction; a configuration whose server
+    would not start keeps the defaults of what it never measured, and the reason in `error`."""
 
     label: str
     params: dict[str, Any]
@@ -98,6 +118,11 @@ class Stage2Row(OpenModel):
     ended_at: float | None = None
     host: str | None = Field(None, description="The node it ran on (a Ray cluster spreads trials over several).")
 
+    @property
+    def ok(self) -> bool:
+        """Measured, and the measurement describes the configuration (its server neither failed nor died)."""
+        return self.error is None and self.measured is not None
+
 
 class Stage2File(Stage2Row):
     """stage2/<label>/stage2.json: one configuration's stage-2 result, which `tune --resume` reads back."""
@@ -106,6 +131,12 @@ class Stage2File(Stage2Row):
 
 
 class Stage2(OpenModel):
+    """tune.json's stage 2: how each server was started, which configurations were measured, and their results."""
+
+    server_cmd: str = Field(description="--server-cmd: the command template each server was started from.")
+    env: dict[str, str] = Field(description="--server-env: set on top of tune's environment for each server.")
+    top_k: int = Field(description="How many of the simulator's best were measured besides the baseline.")
+    configs: list[str] = Field(description="The labels of the configurations measured, baseline first.")
     results: list[Stage2Row]
 
 
@@ -127,7 +158,27 @@ class Recommendation(OpenModel):
     gain_over_baseline: float | None
 
 
-class TuneDeployment(DeploymentInfo):
+class AsGiven(OpenModel):
+    """A description another layer wrote (Deployment.describe(), a load plan's description): typed for reading,
+    written back exactly as given. The shared DeploymentInfo and LengthInfo type some integers as floats
+    (`api_server_count`, a length's `mean`), so a dump of the parsed model would turn the file's `1` into `1.0`."""
+
+    _given: Json | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_given(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        model = handler(data)
+        if isinstance(data, dict):
+            model._given = data
+        return model
+
+    @model_serializer(mode="wrap")
+    def _as_given(self, handler: SerializerFunctionWrapHandler) -> Json:
+        return dict(self._given) if self._given is not None else handler(self)
+
+
+class TuneDeployment(AsGiven, DeploymentInfo):
     engine: str = Field(VLLM, description="Whose configurations the study searched (vllm, sglang, trtllm); absent "
                                           "in a tune.json written before tune took --engine, which searched vLLM's.")
     sim_args: str
@@ -139,14 +190,14 @@ class SearchInfo(OpenModel):
     """How stage 1 searched: the sampler, the space's size and how many configurations it simulated."""
 
     sampler: str = Field(description="grid (the whole space) or tpe.")
-    space_size: int
-    evaluated: int
     n_trials: int | None = None
     budget: int | None = None
+    space_size: int
     seed: int | None = None
+    evaluated: int
 
 
-class TuneWorkloads(OpenModel):
+class TuneWorkloads(AsGiven):
     """The load plans: stage 1's simulated runs and stage 2's measurements."""
 
     stage1: PlanInfo | None = None
@@ -171,3 +222,9 @@ class TuneDocument(OpenModel):
     pareto: Pareto
     stage2: Stage2 | None
     recommendation: Recommendation | None
+
+    @field_serializer("baseline", mode="wrap")
+    def _unnumbered(self, baseline: Trial, handler: SerializerFunctionWrapHandler) -> Json:
+        data: Json = handler(baseline)
+        data.pop("number", None)
+        return data

@@ -118,3 +118,40 @@ class FlopSource(StrEnum):
     SERVER = "server"
     """vLLM's own estimate, scraped (vllm:estimated_flops_per_gpu_total)."""
     MODEL = "model"
+# tune's words (`tune --objective`, `--sampler`, and what tune.json records of each trial and its recommendation).
+class ObjectiveKind(StrEnum):
+    """What "best" means to `tune`: the highest rate under the SLO, tokens/s under it, or dollars per token."""
+
+    GOODPUT = "goodput"
+    THROUGHPUT = "throughput"
+    COST = "cost"
+
+
+class Direction(StrEnum):
+    """Which way an objective's number improves (optuna's words)."""
+
+    MAXIMIZE = "maximize"
+    MINIMIZE = "minimize"
+
+
+class TrialStatus(StrEnum):
+    """A stage-1 trial's verdict: it ran on the simulator, or the configuration cannot run at all (does not fit,
+    inconsistent limits), which is a verdict rather than a crash."""
+
+    OK = "ok"
+    INVALID = "invalid"
+
+
+class Sampler(StrEnum):
+    """How stage 1 searches: the whole grid when it fits in --n-trials (auto), always the grid, or TPE."""
+
+    AUTO = "auto"
+    GRID = "grid"
+    TPE = "tpe"
+
+
+class RecommendationSource(StrEnum):
+    """Where the recommended configuration's score comes from: the simulator (stage 1) or a real server (stage 2)."""
+
+    STAGE1 = "stage1"
+    STAGE2 = "stage2"

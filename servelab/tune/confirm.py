@@ -27,7 +27,7 @@ import string
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from servelab.atomic import write_text_atomic
 from servelab import SCHEMA_VERSION
 from servelab.metrics.records import disturbances
 from servelab.metrics.results import ResultWriter
-from servelab.schemas.results import checked
+from servelab.schemas.results import Json
 from servelab.metrics.summary import summarize
 from servelab.pool import TaskLost, TaskPool
 from servelab.renames import upgraded
@@ -44,15 +44,14 @@ from servelab.targets.http import HttpTarget
 from servelab.targets.server_process import ServerProcess, ServerStartError, free_port, group_alive
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective, key_metrics, run_summary
-from servelab.schemas.tune import Stage2File
-from servelab.tune.space import gpu_count
+from servelab.schemas.tune import Stage2Row
+from servelab.tune.space import Candidate, gpu_count
 from servelab.tune.workload import TuneWorkload
 
 STAGE2_DIR = "stage2"
 RESULT = "stage2.json"
 LIVE_SERVER = "live-server.json"
 PLACEHOLDERS = frozenset({"engine_args", "port", "host"})
-BASELINE = "baseline"
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,7 @@ class ServerCommand:
 class Stage2Config:
     label: str
     """`baseline` or `trial-N` (the stage-1 trial it came from)."""
-    params: dict[str, Any]
+    params: Candidate
     engine_args: str
     deployment: Deployment
     """The simulated deployment, for the prediction."""
@@ -113,58 +112,22 @@ ServerCheck = Callable[[str, "Stage2Config", Path], list[str]]
 """Called with a started server's base URL, its configuration and a directory for its runs; returns warnings."""
 
 
-@dataclass
-class Stage2Result:
-    label: str
-    params: dict[str, Any]
-    engine_args: str
-    launch_line: str
-    predicted: dict[str, Any]
-    predicted_score: float | None
-    predicted_violation: float | None
-    measured: dict[str, Any] | None = None
-    measured_score: float | None = None
-    measured_violation: float | None = None
-    server_pid: int | None = None
-    """The server's process-group id while it ran (gone afterwards)."""
-    startup_s: float | None = None
-    bench_s: float | None = None
-    directory: str | None = None
-    error: str | None = None
-    warnings: list[str] = field(default_factory=list)
-    """What the server check found before the measurement (e.g. a server slower than at calibration)."""
-    started_at: float | None = None
-    ended_at: float | None = None
-    """Wall-clock span of the trial (server start to stop), on the host that ran it."""
-    host: str | None = None
-    """Where it ran (the node's hostname): trials on a Ray cluster spread over several."""
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.measured is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Stage2Result:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
-
-
 def _write_json(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
-def write_result(path: Path, result: Stage2Result) -> None:
-    """A configuration's stage2.json (docs/schemas/stage2.json), with the results schema version its statistics are
-    named by."""
-    _write_json(path, checked(Stage2File, {"schema_version": SCHEMA_VERSION, **result.to_dict()}))
+def write_result(path: Path, result: Stage2Row) -> None:
+    """A configuration's stage2.json (docs/schemas/stage2.json): the row, led by the results schema version its
+    statistics are named by."""
+    _write_json(path, {"schema_version": SCHEMA_VERSION, **result.model_dump()})
 
 
-def read_result(path: Path) -> Stage2Result:
+def read_result(path: Path) -> Stage2Row:
     """A stage2.json `--resume` finds, as this release names its statistics: one written before they took vLLM's
-    names (results schema 1, no schema_version) is read through servelab.renames like every older file."""
-    return Stage2Result.from_dict(upgraded(json.loads(path.read_text(encoding="utf-8")), SCHEMA_VERSION))
+    names (results schema 1, no schema_version) is read through servelab.renames like every older file. The row
+    is the file less its version (tune.json's rows carry none)."""
+    stored = upgraded(json.loads(path.read_text(encoding="utf-8")), SCHEMA_VERSION)
+    return Stage2Row.model_validate({k: v for k, v in stored.items() if k in Stage2Row.model_fields})
 
 
 def reap_orphaned_server(directory: Path, grace: float = 10.0) -> list[int]:
@@ -215,7 +178,7 @@ def _group_of(pid: int) -> int | None:
         return None
 
 
-def predict(config: Stage2Config, workload: TuneWorkload, objective: Objective) -> tuple[dict[str, Any], float, float]:
+def predict(config: Stage2Config, workload: TuneWorkload, objective: Objective) -> tuple[Json, float, float]:
     summary = run_summary(config.deployment.sim_target(), workload, objective)
     gpus = gpu_count(config.deployment)
     return summary, objective.score_point(summary, config.deployment.hardware.name, gpus), objective.violation(summary)
@@ -231,11 +194,11 @@ def confirm(
     resume: bool = False,
     http_options: Mapping[str, Any] | None = None,
     on_start: Callable[[Stage2Config], None] | None = None,
-    on_result: Callable[[Stage2Result], None] | None = None,
+    on_result: Callable[[Stage2Row], None] | None = None,
     check_server: ServerCheck | None = None,
     pool: TaskPool | None = None,
     gpu_resource: str = "GPU",
-) -> list[Stage2Result]:
+) -> list[Stage2Row]:
     """Measure each configuration in turn; a configuration whose server will not start is reported, not fatal.
 
     With a `pool` (Ray, `--ray-address`) the configurations run side by side, each as a task holding
@@ -269,7 +232,7 @@ def confirm(
     return results
 
 
-def _timed(*args: Any) -> Stage2Result:
+def _timed(*args: Any) -> Stage2Row:
     """`_measure(*args)`, with when and where it ran."""
     began = time.time()
     result = _measure(*args)
@@ -287,7 +250,7 @@ class _Stage2Job:
     http_options: dict[str, Any]
     check_server: ServerCheck | None
 
-    def __call__(self, config: Stage2Config) -> tuple[Stage2Result, dict[str, bytes], str]:
+    def __call__(self, config: Stage2Config) -> tuple[Stage2Row, dict[str, bytes], str]:
         """Run on the worker's node: measure into a scratch directory; return the result, that directory's files
         and its path (which the driver replaces with its own copy's wherever the result names it).
 
@@ -310,15 +273,15 @@ def confirm_on_pool(
     *,
     resume: bool,
     on_start: Callable[[Stage2Config], None] | None,
-    on_result: Callable[[Stage2Result], None] | None,
-) -> list[Stage2Result]:
+    on_result: Callable[[Stage2Row], None] | None,
+) -> list[Stage2Row]:
     """Every configuration at once, each a task holding its GPUs; results written as they come back.
 
     The files a trial wrote on its node land in `stage2/<label>/` here, as a sequential trial's would. A trial
     whose worker or node was lost is a failed trial with the reason, like a server that would not start;
     a Ctrl-C cancels every trial still running (their servers stop with their workers) and propagates.
     """
-    results: dict[str, Stage2Result] = {}
+    results: dict[str, Stage2Row] = {}
     tasks: dict[int, Stage2Config] = {}
     try:
         for config in configs:
@@ -357,27 +320,32 @@ def confirm_on_pool(
     return [results[c.label] for c in configs]
 
 
-def _lost(config: Stage2Config, job: _Stage2Job, error: BaseException, out: Path) -> Stage2Result:
+def _lost(config: Stage2Config, job: _Stage2Job, error: BaseException, out: Path) -> Stage2Row:
     """The record of a trial that never reported back: its prediction, and why it has no measurement."""
     predicted, score, violation = predict(config, job.workload, job.objective)
     reason = str(error) if isinstance(error, TaskLost) else f"{type(error).__name__}: {error}"
-    return Stage2Result(config.label, config.params, config.engine_args, job.command.launch_line(config.engine_args),
-                        key_metrics(predicted), score, violation, directory=str(out),
-                        error=f"the trial was lost on the cluster: {reason}")
+    return _row(config, job.command, predicted, score, violation, directory=str(out),
+                error=f"the trial was lost on the cluster: {reason}")
+
+
+def _row(config: Stage2Config, command: ServerCommand, predicted: Json, score: float, violation: float,
+         **measurement: Any) -> Stage2Row:
+    """A configuration's stage-2 row: what it is and what the simulator predicts for it, and so far of its
+    measurement only what `measurement` says."""
+    return Stage2Row(label=config.label, params=config.params, engine_args=config.engine_args,
+                     launch_line=command.launch_line(config.engine_args), predicted=key_metrics(predicted),
+                     predicted_score=score, predicted_violation=violation, **measurement)
 
 
 def _measure(
     config: Stage2Config, command: ServerCommand, workload: TuneWorkload, objective: Objective, out: Path,
     http_options: Mapping[str, Any], check_server: ServerCheck | None,
-) -> Stage2Result:
+) -> Stage2Row:
     out.mkdir(parents=True, exist_ok=True)
     predicted, predicted_score, predicted_violation = predict(config, workload, objective)
     port = command.port or free_port(command.host)
     argv = command.argv(config.engine_args, port)
-    result = Stage2Result(
-        config.label, config.params, config.engine_args, command.launch_line(config.engine_args),
-        key_metrics(predicted), predicted_score, predicted_violation, directory=str(out),
-    )
+    result = _row(config, command, predicted, predicted_score, predicted_violation, directory=str(out))
     server = ServerProcess(
         argv, host=command.host, port=port, log_path=out / "server.log", env={**os.environ, **command.env},
         startup_timeout=command.startup_timeout, stop_timeout=command.stop_timeout,

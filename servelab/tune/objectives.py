@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
 
 from servelab.metrics.intervals import simulated_run_intervals
 from servelab.metrics.records import MemorySink
@@ -29,14 +28,16 @@ from servelab.metrics.summary import DEFAULT_PERCENTILES, summarize
 from servelab.targets.base import Target
 from servelab.targets.sim import SimTarget
 from servelab.tune.errors import TuneError
-from servelab.schemas.tune import KEY_STATISTICS
+from servelab.schemas.results import Json
+from servelab.schemas.tune import KEY_STATISTICS, KeyMetrics, ObjectiveInfo, SLOTerms
+from servelab.schemas.vocabulary import Direction, ObjectiveKind
 from servelab.tune.workload import TuneWorkload
 
-ObjectiveKind = Literal["goodput", "throughput", "cost"]
-OBJECTIVES: tuple[str, ...] = ("goodput", "throughput", "cost")
 HOURS_PER_S = 1 / 3600
+UNITS = {ObjectiveKind.GOODPUT: "req/s", ObjectiveKind.THROUGHPUT: "tok/s", ObjectiveKind.COST: "$/Mtok"}
 
-Summary = dict[str, Any]
+Summary = Json
+"""A run's summary.json as summarize() returns it."""
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,14 @@ class Objective:
     """The goodput search stops when the bracket is this tight (relative)."""
 
     def __post_init__(self) -> None:
-        if self.kind not in OBJECTIVES:
-            raise TuneError(f"unknown objective {self.kind!r}; use one of {', '.join(OBJECTIVES)}")
+        if self.kind not in tuple(ObjectiveKind):
+            raise TuneError(f"unknown objective {self.kind!r}; use one of {', '.join(ObjectiveKind)}")
+        object.__setattr__(self, "kind", ObjectiveKind(self.kind))
         if not 0 < self.percentile < 100:
             raise TuneError(f"--slo-percentile must be in (0, 100), got {self.percentile}")
-        if self.kind == "goodput" and self.slo is None:
+        if self.kind == ObjectiveKind.GOODPUT and self.slo is None:
             raise TuneError("the goodput objective needs an SLO: --goodput ttft:MS tpot:MS")
-        if self.kind == "cost":
+        if self.kind == ObjectiveKind.COST:
             if not self.target_rate or self.target_rate <= 0:
                 raise TuneError("the cost objective needs the rate to sustain: --request-rate R")
             if not self.gpu_cost_per_hour:
@@ -67,12 +69,20 @@ class Objective:
             raise TuneError("the rate tolerance must be in (0, 1)")
 
     @property
-    def direction(self) -> Literal["maximize", "minimize"]:
-        return "minimize" if self.kind == "cost" else "maximize"
+    def direction(self) -> Direction:
+        return Direction.MINIMIZE if self.kind == ObjectiveKind.COST else Direction.MAXIMIZE
 
     @property
     def unit(self) -> str:
-        return {"goodput": "req/s", "throughput": "tok/s", "cost": "$/Mtok"}[self.kind]
+        return UNITS[self.kind]
+
+    def info(self) -> ObjectiveInfo:
+        """What tune.json records of the objective (and what a resumed study must share)."""
+        return ObjectiveInfo(
+            kind=self.kind, direction=self.direction, unit=self.unit,
+            slo=None if self.slo is None else SLOTerms.model_validate(self.slo.as_dict()),
+            percentile=self.percentile, target_rate=self.target_rate, gpu_cost_per_hour=dict(self.gpu_cost_per_hour),
+        )
 
     @property
     def percentiles(self) -> tuple[float, ...]:
@@ -107,9 +117,9 @@ class Objective:
 
     def score_point(self, summary: Summary, gpu: str, gpus: int) -> float:
         """The objective's number for one run at the workload's own load (stage 2 and the fixed-load objectives)."""
-        if self.kind == "goodput":
+        if self.kind == ObjectiveKind.GOODPUT:
             return float(summary["request_goodput"] or 0.0)
-        if self.kind == "throughput":
+        if self.kind == ObjectiveKind.THROUGHPUT:
             return float(summary["output_throughput"])
         cost = self.cost_per_million_tokens(summary, gpu, gpus)
         if cost is None:
@@ -125,8 +135,9 @@ class Probe:
     violation: float
     summary: Summary
 
-    def brief(self) -> dict[str, Any]:
-        return {"rate": self.rate, "violation": self.violation, **key_metrics(self.summary)}
+    def brief(self) -> Summary:
+        """tune.json's record of the probe: its load, how far off the SLO, and the key statistics of its run."""
+        return {"rate": self.rate, "violation": self.violation, **key_metrics(self.summary).model_dump()}
 
 
 @dataclass
@@ -149,10 +160,10 @@ KEY_METRICS = KEY_STATISTICS
 """What a trial keeps of its run's summary: the fields of tune.json's typed metrics, so the two cannot drift."""
 
 
-def key_metrics(summary: Summary) -> dict[str, Any]:
+def key_metrics(summary: Summary) -> KeyMetrics:
     """The key statistics, and a prediction's intervals of them."""
     intervals = {k: v for k, v in (summary.get("intervals") or {}).items() if k in KEY_METRICS}
-    return {**{k: summary.get(k) for k in KEY_METRICS}, "intervals": intervals or None}
+    return KeyMetrics(**{k: summary.get(k) for k in KEY_METRICS}, intervals=intervals or None)
 
 
 def run_summary(target: Target, workload: TuneWorkload, objective: Objective, rate: float | None = None,
@@ -169,11 +180,11 @@ def run_summary(target: Target, workload: TuneWorkload, objective: Objective, ra
 
 def evaluate(target: Target, workload: TuneWorkload, objective: Objective, *, gpu: str, gpus: int) -> Evaluation:
     """Score one configuration on `target` (the simulator in stage 1)."""
-    if objective.kind == "goodput":
+    if objective.kind == ObjectiveKind.GOODPUT:
         capacity = run_summary(target, workload, objective, burst=True, open_loop=True)["request_throughput"]
         return max_goodput_rate(lambda rate: run_summary(target, workload, objective, rate, open_loop=True),
                                 objective, capacity=float(capacity))
-    rate = objective.target_rate if objective.kind == "cost" else None
+    rate = objective.target_rate if objective.kind == ObjectiveKind.COST else None
     summary = run_summary(target, workload, objective, rate)
     violation = objective.violation(summary)
     return Evaluation(objective.score_point(summary, gpu, gpus), violation, summary, rate,

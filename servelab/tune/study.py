@@ -20,18 +20,20 @@ import json
 import math
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from servelab.atomic import write_text_atomic
 from servelab import SCHEMA_VERSION
 from servelab.pool import TaskLost, TaskPool
 from servelab.renames import upgraded
+from servelab.schemas.results import Json
+from servelab.schemas.tune import Trial
+from servelab.schemas.vocabulary import Direction, Sampler
 from servelab.sim.engines import VLLM
 from servelab.tune.errors import TuneError
 from servelab.tune.space import Candidate, SearchSpace, candidate_key
-from servelab.tune.trial import OK, TrialOutcome
 
 if TYPE_CHECKING:  # imported by the functions that search: `tune --help` starts without it
     import optuna
@@ -43,8 +45,6 @@ OUTCOME = "outcome"
 BASIS = "basis"
 ENGINE = "engine"
 DUPLICATE_OF = "duplicate_of"
-SamplerName = Literal["auto", "grid", "tpe"]
-SAMPLERS = ("auto", "grid", "tpe")
 LOST_SIMULATION_ATTEMPTS = 3
 """Times a stage-1 simulation is submitted before a lost worker ends the search."""
 
@@ -53,28 +53,21 @@ LOST_SIMULATION_ATTEMPTS = 3
 class SearchSettings:
     n_trials: int = 100
     """Distinct configurations to simulate (all of them when the space is no larger)."""
-    sampler: SamplerName = "auto"
+    sampler: Sampler = Sampler.AUTO
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.n_trials < 1:
             raise TuneError(f"--n-trials must be at least 1, got {self.n_trials}")
-        if self.sampler not in SAMPLERS:
-            raise TuneError(f"unknown --sampler {self.sampler!r}; use one of {', '.join(SAMPLERS)}")
+        if self.sampler not in tuple(Sampler):
+            raise TuneError(f"unknown --sampler {self.sampler!r}; use one of {', '.join(Sampler)}")
+        object.__setattr__(self, "sampler", Sampler(self.sampler))
 
     def exhaustive(self, space: SearchSpace) -> bool:
-        return self.sampler == "grid" or (self.sampler == "auto" and space.size <= self.n_trials)
+        return self.sampler == Sampler.GRID or (self.sampler == Sampler.AUTO and space.size <= self.n_trials)
 
     def budget(self, space: SearchSpace) -> int:
         return space.size if self.exhaustive(space) else min(self.n_trials, space.size)
-
-
-@dataclass(frozen=True)
-class StudyTrial:
-    """One distinct evaluated configuration, by its optuna trial number."""
-
-    number: int
-    outcome: TrialOutcome
 
 
 def storage_url(directory: Path) -> str:
@@ -160,7 +153,7 @@ def open_study(
     return study
 
 
-def finished_trials(study: optuna.Study) -> list[StudyTrial]:
+def finished_trials(study: optuna.Study) -> list[Trial]:
     """The distinct configurations evaluated so far (duplicates and interrupted trials left out).
 
     An outcome stored in the study carries no schema version, so each is read through servelab.renames as an
@@ -168,10 +161,21 @@ def finished_trials(study: optuna.Study) -> list[StudyTrial]:
     outcome changes nothing, no new name being an old one)."""
     from optuna.trial import TrialState
     return [
-        StudyTrial(t.number, TrialOutcome.from_dict(upgraded(t.user_attrs[OUTCOME], SCHEMA_VERSION)))
+        _stored_trial(t.number, upgraded(t.user_attrs[OUTCOME], SCHEMA_VERSION))
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if OUTCOME in t.user_attrs and DUPLICATE_OF not in t.user_attrs
     ]
+
+
+def _stored_trial(number: int, outcome: Json) -> Trial:
+    """A trial as the study stored it, numbered by optuna; keys this release no longer writes are dropped."""
+    return Trial.model_validate({**{k: v for k, v in outcome.items() if k in Trial.model_fields}, "number": number})
+
+
+def _stored(trial: Trial) -> Json:
+    """What the study keeps of a trial (optuna's user attributes are JSON; its number is optuna's own)."""
+    stored: Json = json.loads(json.dumps(trial.model_dump(exclude={"number"}), default=str))
+    return stored
 
 
 def _requeue_interrupted(study: optuna.Study, space: SearchSpace) -> None:
@@ -192,36 +196,38 @@ def _queue_grid(study: optuna.Study, space: SearchSpace, done: set[str]) -> None
             study.enqueue_trial(candidate)
 
 
-def _value(outcome: TrialOutcome, direction: str) -> float:
-    if outcome.status == OK and outcome.score is not None:
-        return outcome.score
-    return math.inf if direction == "minimize" else 0.0
+def _value(trial: Trial, direction: str) -> float:
+    if trial.ran and trial.score is not None:
+        return trial.score
+    return math.inf if direction == Direction.MINIMIZE else 0.0
 
 
 def _trial_dir(directory: Path, number: int) -> Path:
     return directory / TRIALS_DIR / f"trial-{number:04d}"
 
 
-def write_trial_dir(directory: Path, number: int, outcome: TrialOutcome) -> Path:
-    path = _trial_dir(directory, number)
+def write_trial_dir(directory: Path, trial: Trial) -> Path:
+    """stage1/trial-NNNN/trial.json: the trial, numbered (docs/schemas/trial.json)."""
+    assert trial.number is not None, "only a numbered trial has a directory"
+    path = _trial_dir(directory, trial.number)
     path.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path / "trial.json", json.dumps({"number": number, **outcome.to_dict()}, indent=2, default=str) + "\n")
+    write_text_atomic(path / "trial.json", json.dumps(trial.model_dump(), indent=2, default=str) + "\n")
     return path
 
 
 def run_search(
     space: SearchSpace,
-    judge: Callable[[Candidate], TrialOutcome],
+    judge: Callable[[Candidate], Trial],
     directory: Path,
     *,
     direction: str,
     settings: SearchSettings,
     resume: bool = False,
     basis: Mapping[str, Any] | None = None,
-    on_trial: Callable[[StudyTrial, int, int], None] | None = None,
+    on_trial: Callable[[Trial, int, int], None] | None = None,
     pool: TaskPool | None = None,
-) -> list[StudyTrial]:
-    """Evaluate up to the budget of distinct candidates; returns every distinct one evaluated (old and new).
+) -> list[Trial]:
+    """Evaluate up to the budget of distinct candidates; returns every distinct one evaluated (old and new), numbered.
 
     `basis` is checked on resume as `open_study` says.
     `on_trial(trial, evaluated, budget)` is called after each new evaluation.
@@ -234,87 +240,123 @@ def run_search(
     numbers follow the order of asking, so a grid numbers its points alike).
     A simulation whose worker was lost is run again (it is deterministic).
     """
-    from optuna.trial import TrialState
     study = open_study(directory, direction, settings, space, resume=resume, basis=basis)
     _requeue_interrupted(study, space)
     trials = finished_trials(study)
     for t in trials:  # a kill between tell and the write leaves a finished trial without its dir
-        if not (_trial_dir(directory, t.number) / "trial.json").exists():
-            write_trial_dir(directory, t.number, t.outcome)
-    by_key = {candidate_key(t.outcome.params): t for t in trials}
-    budget = settings.budget(space)
+        if not (_trial_dir(directory, t.number or 0) / "trial.json").exists():
+            write_trial_dir(directory, t)
+    search = _Search(study, space, judge, directory, direction, settings.budget(space), on_trial, pool, trials)
     if settings.exhaustive(space):
-        _queue_grid(study, space, set(by_key))
-    max_asks = 20 * budget  # TPE circling points it has seen: stop rather than spin
-    asks = 0
-    in_flight: dict[int, tuple[optuna.trial.Trial, Candidate, int]] = {}  # task id -> (trial, candidate, attempts)
-    running: set[str] = set()  # the keys of the candidates in flight
-
-    def record(trial: optuna.trial.Trial, candidate: Candidate, outcome: TrialOutcome) -> None:
-        trial.set_user_attr(OUTCOME, json.loads(json.dumps(outcome.to_dict(), default=str)))
-        trial.set_constraint("slo", _constraint(outcome))
-        study.tell(trial, _value(outcome, direction))
-        write_trial_dir(directory, trial.number, outcome)  # after tell: a dir always means a finished trial
-        done = StudyTrial(trial.number, outcome)
-        trials.append(done)
-        by_key[candidate_key(candidate)] = done
-        if on_trial:
-            on_trial(done, len(by_key), budget)
-
+        _queue_grid(study, space, set(search.by_key))
     try:
-        while True:
-            room = len(by_key) + len(in_flight) < budget and asks < max_asks
-            if room and (pool is None or len(in_flight) < pool.slots):
-                asks += 1
-                trial = study.ask()
-                candidate = space.suggest(trial)
-                key = candidate_key(candidate)
-                if key in by_key:
-                    seen = by_key[key]
-                    trial.set_user_attr(OUTCOME, seen.outcome.to_dict())
-                    trial.set_user_attr(DUPLICATE_OF, seen.number)
-                    trial.set_constraint("slo", _constraint(seen.outcome))
-                    study.tell(trial, _value(seen.outcome, direction))
-                elif key in running:  # TPE proposing a point already being simulated: nothing to learn yet
-                    study.tell(trial, state=TrialState.PRUNED)
-                elif pool is None:
-                    try:
-                        outcome = judge(candidate)
-                    except BaseException:
-                        study.tell(trial, state=TrialState.FAIL)
-                        raise
-                    record(trial, candidate, outcome)
-                else:
-                    in_flight[pool.submit(judge, candidate)] = (trial, candidate, 1)
-                    running.add(key)
-                continue
-            if not in_flight:
-                break
-            assert pool is not None
-            task, value = pool.next_done()
-            trial, candidate, attempts = in_flight.pop(task)
-            if isinstance(value, TaskLost) and attempts < LOST_SIMULATION_ATTEMPTS:
-                in_flight[pool.submit(judge, candidate)] = (trial, candidate, attempts + 1)  # deterministic: rerun
-                continue
-            running.discard(candidate_key(candidate))
-            if isinstance(value, BaseException):
-                study.tell(trial, state=TrialState.FAIL)
-                if isinstance(value, TaskLost):
-                    raise TuneError(f"a stage-1 simulation was lost {attempts} times on the cluster ({value}); "
-                                    f"the study is kept: continue with --resume")
-                raise value
-            record(trial, candidate, value)
+        search.run()
     except BaseException:
-        for trial, _, _ in in_flight.values():
-            study.tell(trial, state=TrialState.FAIL)
-        if pool is not None:
-            pool.cancel_all()
+        search.abandon()
         raise
-    return sorted(trials, key=lambda t: t.number)
+    return sorted(search.trials, key=lambda t: t.number or 0)
 
 
-def _constraint(outcome: TrialOutcome) -> float:
+@dataclass
+class _Search:
+    """One search's state: the trials so far, by number and by configuration, and the simulations in flight."""
+
+    study: optuna.Study
+    space: SearchSpace
+    judge: Callable[[Candidate], Trial]
+    directory: Path
+    direction: str
+    budget: int
+    on_trial: Callable[[Trial, int, int], None] | None
+    pool: TaskPool | None
+    trials: list[Trial]
+    by_key: dict[str, Trial] = field(init=False)
+    asks: int = 0
+    in_flight: dict[int, tuple[optuna.trial.Trial, Candidate, int]] = field(default_factory=dict)
+    """Task id -> (optuna's trial, the candidate, how many times it was submitted)."""
+    running: set[str] = field(default_factory=set)
+    """The keys of the candidates in flight."""
+
+    def __post_init__(self) -> None:
+        self.by_key = {candidate_key(t.params): t for t in self.trials}
+
+    def run(self) -> None:
+        max_asks = 20 * self.budget  # TPE circling points it has seen: stop rather than spin
+        while True:
+            room = len(self.by_key) + len(self.in_flight) < self.budget and self.asks < max_asks
+            if room and (self.pool is None or len(self.in_flight) < self.pool.slots):
+                self.ask()
+            elif self.in_flight:
+                self.collect()
+            else:
+                return
+
+    def ask(self) -> None:
+        """One candidate from the sampler: answered from a finished twin, skipped while its twin runs, or simulated."""
+        from optuna.trial import TrialState
+        self.asks += 1
+        trial = self.study.ask()
+        candidate = self.space.suggest(trial)
+        key = candidate_key(candidate)
+        if key in self.by_key:
+            seen = self.by_key[key]
+            trial.set_user_attr(OUTCOME, _stored(seen))
+            trial.set_user_attr(DUPLICATE_OF, seen.number)
+            trial.set_constraint("slo", _constraint(seen))
+            self.study.tell(trial, _value(seen, self.direction))
+        elif key in self.running:  # TPE proposing a point already being simulated: nothing to learn yet
+            self.study.tell(trial, state=TrialState.PRUNED)
+        elif self.pool is None:
+            try:
+                judged = self.judge(candidate)
+            except BaseException:
+                self.study.tell(trial, state=TrialState.FAIL)
+                raise
+            self.record(trial, candidate, judged)
+        else:
+            self.in_flight[self.pool.submit(self.judge, candidate)] = (trial, candidate, 1)
+            self.running.add(key)
+
+    def collect(self) -> None:
+        """The next simulation back from the pool: recorded, or run again when its worker was lost."""
+        from optuna.trial import TrialState
+        assert self.pool is not None
+        task, value = self.pool.next_done()
+        trial, candidate, attempts = self.in_flight.pop(task)
+        if isinstance(value, TaskLost) and attempts < LOST_SIMULATION_ATTEMPTS:
+            self.in_flight[self.pool.submit(self.judge, candidate)] = (trial, candidate, attempts + 1)  # deterministic
+            return
+        self.running.discard(candidate_key(candidate))
+        if isinstance(value, BaseException):
+            self.study.tell(trial, state=TrialState.FAIL)
+            if isinstance(value, TaskLost):
+                raise TuneError(f"a stage-1 simulation was lost {attempts} times on the cluster ({value}); "
+                                f"the study is kept: continue with --resume")
+            raise value
+        self.record(trial, candidate, value)
+
+    def record(self, trial: optuna.trial.Trial, candidate: Candidate, judged: Trial) -> None:
+        done = judged.model_copy(update={"number": trial.number})
+        trial.set_user_attr(OUTCOME, _stored(done))
+        trial.set_constraint("slo", _constraint(done))
+        self.study.tell(trial, _value(done, self.direction))
+        write_trial_dir(self.directory, done)  # after tell: a dir always means a finished trial
+        self.trials.append(done)
+        self.by_key[candidate_key(candidate)] = done
+        if self.on_trial:
+            self.on_trial(done, len(self.by_key), self.budget)
+
+    def abandon(self) -> None:
+        """Fail every trial still in flight (their points are queued again on resume) and cancel the pool's tasks."""
+        from optuna.trial import TrialState
+        for trial, _, _ in self.in_flight.values():
+            self.study.tell(trial, state=TrialState.FAIL)
+        if self.pool is not None:
+            self.pool.cancel_all()
+
+
+def _constraint(trial: Trial) -> float:
     """optuna's feasibility convention: <= 0 feasible. An invalid configuration is as infeasible as it gets."""
-    if outcome.status != OK or outcome.violation is None:
+    if not trial.ran or trial.violation is None:
         return 1e6
-    return float(outcome.violation)
+    return float(trial.violation)

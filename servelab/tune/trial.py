@@ -10,52 +10,18 @@ CPU backend's fixed KV space) that must not end up on a real command line.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from servelab.perf.errors import PerfConfigError
+from servelab.schemas.tune import KeyMetrics, Trial
+from servelab.schemas.vocabulary import TrialStatus
 from servelab.sim.engines import VLLM
 from servelab.targets.deployment import Deployment
 from servelab.targets.errors import TargetError
 from servelab.tune.objectives import Evaluation, Objective, evaluate, key_metrics
 from servelab.tune.space import Candidate, apply, candidate_flags, gpu_count
 from servelab.tune.workload import TuneWorkload
-
-OK = "ok"
-INVALID = "invalid"
-"""The configuration cannot run at all (does not fit, inconsistent limits): not a crash, a verdict."""
-
-
-@dataclass
-class TrialOutcome:
-    """What tune.json keeps of one evaluated candidate (JSON-ready: optuna stores it as a user attribute)."""
-
-    params: dict[str, Any]
-    engine_args: str
-    status: str
-    score: float | None = None
-    violation: float | None = None
-    feasible: bool = False
-    rate: float | None = None
-    """For goodput: the highest rate whose SLO held."""
-    gpu: str | None = None
-    gpus: int | None = None
-    cost_per_million_tokens: float | None = None
-    metrics: dict[str, Any] = field(default_factory=dict)
-    """Key statistics of the run the score rests on."""
-    probes: list[dict[str, Any]] = field(default_factory=list)
-    error: str | None = None
-    sim_wall_s: float = 0.0
-    engine_config: dict[str, Any] = field(default_factory=dict)
-    """The resolved knobs (vLLM's defaults filled in) the simulator ran."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrialOutcome:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -81,7 +47,8 @@ class SimJudge:
         except PerfConfigError:
             return _requested_args(self.launch_base, candidate)
 
-    def judge(self, candidate: Candidate) -> TrialOutcome:
+    def judge(self, candidate: Candidate) -> Trial:
+        """The candidate simulated and scored: a trial without a number (the study numbers it)."""
         began = time.perf_counter()
         try:
             deployment = apply(self.base, candidate, self.options_dir)
@@ -89,18 +56,20 @@ class SimJudge:
         except (PerfConfigError, TargetError) as exc:
             requested = (_requested_args(self.launch_base, candidate) if self.launch_base.engine == VLLM
                          else self.engine_args(candidate))
-            return TrialOutcome(dict(candidate), requested, INVALID, error=str(exc),
-                                sim_wall_s=time.perf_counter() - began)
+            return Trial(params=dict(candidate), engine_args=requested, status=TrialStatus.INVALID, score=None,
+                         violation=None, feasible=False, rate=None, gpu=None, gpus=None, cost_per_million_tokens=None,
+                         metrics=KeyMetrics(), probes=[], error=str(exc), sim_wall_s=time.perf_counter() - began,
+                         engine_config={})
         gpus = gpu_count(deployment)
         result = evaluate(target, self.workload, self.objective, gpu=deployment.hardware.name, gpus=gpus)
         return self._outcome(candidate, deployment, result, time.perf_counter() - began)
 
-    def _outcome(self, candidate: Candidate, deployment: Deployment, result: Evaluation, wall: float) -> TrialOutcome:
+    def _outcome(self, candidate: Candidate, deployment: Deployment, result: Evaluation, wall: float) -> Trial:
         gpus = gpu_count(deployment)
-        return TrialOutcome(
+        return Trial(
             params=dict(candidate),
             engine_args=self.engine_args(candidate),
-            status=OK,
+            status=TrialStatus.OK,
             score=result.score,
             violation=result.violation,
             feasible=result.feasible,
@@ -110,6 +79,7 @@ class SimJudge:
             cost_per_million_tokens=self.objective.cost_per_million_tokens(result.summary, deployment.hardware.name, gpus),
             metrics=key_metrics(result.summary),
             probes=[p.brief() for p in result.probes],
+            error=None,
             sim_wall_s=wall,
             engine_config={k: getattr(deployment.config, k) for k in deployment.config.__dataclass_fields__},
         )

@@ -1,6 +1,7 @@
 """`tune` end to end: the baseline and the space on the simulator, the top-k on real servers, tune.json.
 
-The CLI only parses flags into a `TuneRequest` and prints what this returns.
+`run(TuneRequest) -> TuneDocument` is the verb: the CLI only parses flags into a `TuneRequest` and prints what
+this returns; servelab.api.tune is the same for Python.
 tune.json is rewritten after stage 1 and after every stage-2 measurement, so
 whatever was learnt survives an interruption.
 """
@@ -13,16 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from servelab.pool import TaskPool
+from servelab.schemas.results import Json
+from servelab.schemas.tune import BASELINE, SearchInfo, Stage2, Stage2Row, Trial, TuneDeployment, TuneDocument, TuneWorkloads
+from servelab.schemas.vocabulary import Sampler, TrialStatus
+from servelab.sim.engines import VLLM
 from servelab.targets.deployment import Deployment
-from servelab.tune.confirm import BASELINE, ServerCheck, ServerCommand, Stage2Config, Stage2Result, confirm
+from servelab.tune.confirm import ServerCheck, ServerCommand, Stage2Config, confirm
+from servelab.tune.engine_lines import launch_line
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective
 from servelab.tune.outcome import pick_for_confirmation, rank, tune_document, write_tune_json
-from servelab.sim.engines import VLLM
-from servelab.tune.engine_lines import launch_line
 from servelab.tune.space import GPU, SearchSpace, apply
-from servelab.tune.study import SearchSettings, StudyTrial, check_resumable, run_search
-from servelab.tune.trial import OK, SimJudge
+from servelab.tune.study import SearchSettings, check_resumable, run_search
+from servelab.tune.trial import SimJudge
 from servelab.tune.workload import TuneWorkload
 
 OPTIONS_DIR = "llm-api-options"
@@ -80,60 +84,80 @@ class TuneRequest:
 class TuneProgress:
     """Callbacks for the CLI's live output; each is optional."""
 
-    on_trial: Callable[[StudyTrial, int, int], None] | None = None
+    on_trial: Callable[[Trial, int, int], None] | None = None
     on_server_start: Callable[[Stage2Config], None] | None = None
-    on_server_result: Callable[[Stage2Result], None] | None = None
+    on_server_result: Callable[[Stage2Row], None] | None = None
 
 
-def run_tune(request: TuneRequest, progress: TuneProgress | None = None) -> dict[str, Any]:
+def run(request: TuneRequest, progress: TuneProgress | None = None) -> TuneDocument:
+    """The whole study: the baseline and the space on the simulator, then (with a server command) the top-k and the
+    baseline measured on real servers; tune.json written after each stage-2 result and returned at the end."""
     progress = progress or TuneProgress()
-    simulated, launch = request.simulated, request.launch
     if request.resume:
-        check_resumable(request.output, simulated.engine)
-    options_dir = request.output / OPTIONS_DIR
-    judge = SimJudge(simulated, launch, request.sim_workload, request.objective, options_dir)
+        check_resumable(request.output, request.simulated.engine)
+    judge = SimJudge(request.simulated, request.launch, request.sim_workload, request.objective,
+                     request.output / OPTIONS_DIR)
     baseline = judge.judge({})
-    if baseline.status != OK:
+    if baseline.status != TrialStatus.OK:
         raise TuneError(f"the current configuration cannot be simulated: {baseline.error}")
-    direction = request.objective.direction
     trials = run_search(
-        request.space, judge.judge, request.output, direction=direction, settings=request.search,
+        request.space, judge.judge, request.output, direction=request.objective.direction, settings=request.search,
         resume=request.resume, basis=_basis(request), on_trial=progress.on_trial, pool=request.pool,
     )
+    study = _Study(request, baseline, trials)
+    document = study.write(None)
+    if request.server is None:
+        return document
+    return _confirm(request, study, progress)
 
-    def document(stage2: list[Stage2Result], stage2_info: dict[str, Any] | None) -> dict[str, Any]:
-        doc = tune_document(
-            objective=_describe_objective(request.objective),
-            deployment={**launch.describe(), "sim_args": request.sim_args, "calibration": request.calibration,
-                        "simulated": simulated.describe()},
+
+@dataclass(frozen=True)
+class _Study:
+    """Stage 1's outcome, and how tune.json is written from it with whatever stage 2 has measured so far."""
+
+    request: TuneRequest
+    baseline: Trial
+    trials: list[Trial]
+
+    def write(self, stage2: Stage2 | None) -> TuneDocument:
+        request, launch = self.request, self.request.launch
+        document = tune_document(
+            objective=request.objective.info(),
+            deployment=TuneDeployment.model_validate({
+                **launch.describe(), "sim_args": request.sim_args, "calibration": request.calibration,
+                "simulated": request.simulated.describe()}),
             space=request.space.describe(),
-            search={"sampler": "grid" if request.search.exhaustive(request.space) else "tpe",
-                    "n_trials": request.search.n_trials, "budget": request.search.budget(request.space),
-                    "space_size": request.space.size, "seed": request.search.seed, "evaluated": len(trials)},
-            workload={"stage1": request.sim_workload.describe(), "stage2": request.bench_workload.describe()},
-            baseline=baseline, trials=trials, direction=direction, stage2=stage2, stage2_info=stage2_info,
+            search=SearchInfo(
+                sampler=Sampler.GRID if request.search.exhaustive(request.space) else Sampler.TPE,
+                n_trials=request.search.n_trials, budget=request.search.budget(request.space),
+                space_size=request.space.size, seed=request.search.seed, evaluated=len(self.trials)),
+            workload=TuneWorkloads.model_validate({"stage1": request.sim_workload.describe(),
+                                                   "stage2": request.bench_workload.describe()}),
+            baseline=self.baseline, trials=self.trials, stage2=stage2,
             launch_line=None if launch.engine == VLLM else lambda args: launch_line(launch.engine, args, launch.model.name),
         )
-        write_tune_json(request.output, doc)
-        return doc
+        write_tune_json(request.output, document)
+        return document
 
-    doc = document([], None)
-    if request.server is None:
-        return doc
-    configs = [Stage2Config(BASELINE, {}, baseline.engine_args, simulated)]
-    for t in pick_for_confirmation(rank(trials, direction), request.top_k, baseline.engine_args):
-        configs.append(Stage2Config(f"trial-{t.number}", t.outcome.params, t.outcome.engine_args,
-                                    apply(simulated, t.outcome.params, options_dir)))
-    info = {"server_cmd": request.server.template, "env": dict(request.server.env), "top_k": request.top_k,
-            "configs": [c.label for c in configs]}
-    measured: list[Stage2Result] = []
 
+def _confirm(request: TuneRequest, study: _Study, progress: TuneProgress) -> TuneDocument:
+    """Stage 2: the baseline and the simulator's top-k, each measured on its own server, tune.json rewritten after
+    each result (in the configurations' order, however a pool returns them)."""
+    assert request.server is not None
+    options_dir = request.output / OPTIONS_DIR
+    configs = [Stage2Config(BASELINE, {}, study.baseline.engine_args, request.simulated)]
+    for t in pick_for_confirmation(rank(study.trials, request.objective.direction), request.top_k,
+                                   study.baseline.engine_args):
+        configs.append(Stage2Config(f"trial-{t.number}", t.params, t.engine_args,
+                                    apply(request.simulated, t.params, options_dir)))
+    stage2 = Stage2(server_cmd=request.server.template, env=dict(request.server.env), top_k=request.top_k,
+                    configs=[c.label for c in configs], results=[])
     order = [c.label for c in configs]
 
-    def on_result(result: Stage2Result) -> None:
-        measured.append(result)
-        measured.sort(key=lambda r: order.index(r.label))  # a pool returns them as they finish
-        document(measured, info)
+    def on_result(result: Stage2Row) -> None:
+        stage2.results.append(result)
+        stage2.results.sort(key=lambda r: order.index(r.label))  # a pool returns them as they finish
+        study.write(stage2)
         if progress.on_server_result:
             progress.on_server_result(result)
 
@@ -141,23 +165,15 @@ def run_tune(request: TuneRequest, progress: TuneProgress | None = None) -> dict
             resume=request.resume, http_options=request.http_options, on_start=progress.on_server_start,
             on_result=on_result, check_server=request.server_check, pool=request.pool,
             gpu_resource=request.gpu_resource)
-    return document(measured, info)
+    return study.write(stage2)
 
 
-def _basis(request: TuneRequest) -> dict[str, Any]:
+def _basis(request: TuneRequest) -> Json:
     """What every stage-1 score rests on besides its knobs: a resumed study must share it (see open_study)."""
     simulated = request.simulated
     return {
         "deployment": {**simulated.describe(), "hardware": simulated.hardware.model_dump(),
                        "network_latency": simulated.network_latency},
         "workload": request.sim_workload.describe(),
-        "objective": _describe_objective(request.objective),
-    }
-
-
-def _describe_objective(objective: Objective) -> dict[str, Any]:
-    return {
-        "kind": objective.kind, "direction": objective.direction, "unit": objective.unit,
-        "slo": objective.slo.as_dict() if objective.slo else None, "percentile": objective.percentile,
-        "target_rate": objective.target_rate, "gpu_cost_per_hour": dict(objective.gpu_cost_per_hour),
+        "objective": request.objective.info().model_dump(),
     }
