@@ -118,7 +118,7 @@ def load_run(directory: Path) -> RunResult:
         timeline = list(read_timeline(directory / TIMELINE)) if (directory / TIMELINE).exists() else []
         summary_path = directory / SUMMARY
         summary = upgraded(json.loads(summary_path.read_text(encoding="utf-8")), SCHEMA_VERSION) if summary_path.exists() else None
-    except (OSError, json.JSONDecodeError, TypeError, KeyError) as exc:
+    except (OSError, ValueError, TypeError, KeyError) as exc:  # ValueError: bad JSON, or a record its schema refuses
         raise ResultsDirError(f"cannot read results directory {directory}: {exc}") from exc
     return RunResult(directory, run_info, records, timeline, summary)
 

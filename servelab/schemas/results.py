@@ -46,34 +46,6 @@ class SLOTerms(ClosedModel):
     e2el: float | None = None
 
 
-class RecordRow(ClosedModel):
-    """One line of records.jsonl: one request, whatever served it. Times are seconds from the run's start."""
-
-    index: int
-    intended_time: float = Field(description="When the schedule wanted it sent; send_time - intended_time is client lag.")
-    send_time: float
-    finish_time: float
-    first_token_time: float | None = None
-    chunk_times: list[float] = Field(default_factory=list, description="Arrival of every streamed chunk with output.")
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    status: str = Field("ok", description="ok or error.")
-    error_kind: str | None = Field(None, description="http_500, connection_reset, connection_refused, timeout, ...")
-    error: str | None = None
-    prefix_group: int | None = None
-    priority: int = 0
-    tokens_estimated: bool = Field(False, description="No usage in the stream: token counts are the client's estimate.")
-    schedule_time: float | None = Field(None, description="When the engine first scheduled it (simulator only).")
-    preemptions: int = 0
-    connection_reused: bool | None = Field(None, description="HTTP: sent on a kept-alive connection (null: not HTTP, or no response).")
-    http_connect_s: float | None = Field(None, description="HTTP: handshake of the new connection it needed (null when reused).")
-    http_send_s: float | None = Field(None, description="HTTP: from send_time (after any connect) to its bytes handed to the kernel.")
-    http_wait_s: float | None = Field(None, description="HTTP: from sent to the response's first byte.")
-    http_receive_s: float | None = Field(None, description="HTTP: from the first byte to the last.")
-    base_url: str | None = Field(None, description="The replica that served it, when the load was spread over several --base-url.")
-    abandoned: bool = Field(False, description="The client gave up on it mid-way (--abandon-after); status abandoned, not an error.")
-
-
 class TimelineRow(ClosedModel):
     """One line of timeline.jsonl: the server's metrics at `t` seconds, keyed by vLLM's Prometheus names (the common
     names; another engine's own names beside them, servelab/metrics/engines.py)."""
