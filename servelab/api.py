@@ -27,9 +27,9 @@ from servelab.diagnose.regions import Region
 from servelab.schemas.diagnosis import Diagnosis
 from servelab.errors import InputError
 from servelab.experiment.calibrate_from import CalibrateFromRequest, calibrate_from as run_calibrate_from
-from servelab.bench import verbs
-from servelab.bench.request import BenchRequest, DeploymentFlags, ServerFlags, SimulateRequest
-from servelab.bench.results import Results, SweepResults, load_results
+from servelab.runs import bench as bench_verb, simulate as simulate_verb
+from servelab.runs.request import BenchRequest, DeploymentFlags, ServerFlags, SimulateRequest
+from servelab.runs.results import Results, SweepResults, load_results
 from servelab.cli.options import LoadFlags
 from servelab.metrics.engines import AUTO
 from servelab.perf.calibration import CalibrationProfile
@@ -58,7 +58,7 @@ def simulate(gpu: str, model: str, *, result_dir: str | Path, engine_args: str =
     """`servelab simulate`: the load served by the simulated deployment; `goodput` as {"ttft": ms, "tpot": ms}.
     A `result_dir` holding an earlier result is refused unless `overwrite` (then emptied first)."""
     load = _load(result_dir, overwrite, input_len, output_len, request_rate, max_concurrency, num_prompts, seed, goodput)
-    return _point(verbs.simulate(SimulateRequest(DeploymentFlags(gpu=gpu, model=model, engine_args=engine_args), load)))
+    return _point(simulate_verb.run(SimulateRequest(DeploymentFlags(gpu=gpu, model=model, engine_args=engine_args), load)))
 
 
 def bench(base_url: str, *, result_dir: str | Path, model: str | None = None, input_len: int = 1024,
@@ -69,7 +69,7 @@ def bench(base_url: str, *, result_dir: str | Path, model: str | None = None, in
     `result_dir` holding an earlier result is refused unless `overwrite` (then emptied first)."""
     load = _load(result_dir, overwrite, input_len, output_len, request_rate, max_concurrency, num_prompts, seed, goodput)
     server = ServerFlags(base_url=[base_url], model=model, api_key=api_key, ignore_eos=ignore_eos)
-    return _point(verbs.run(BenchRequest(server, load)))
+    return _point(bench_verb.run(BenchRequest(server, load)))
 
 
 def diagnosis(results: Results | str | Path, gpu: str, model: str, engine_args: str = "", engine: str = AUTO, *,

@@ -1,12 +1,12 @@
 """`servelab bench`: measure a real OpenAI-compatible server with the flags of `vllm bench serve`.
 
-The flags are the request's fields (servelab.bench.request: ServerFlags, and the shared LoadFlags); the verb is
-servelab.bench.verbs.run; this face parses, calls it and shows what it returns.
+The flags are the request's fields (servelab.runs.request: ServerFlags, and the shared LoadFlags); the verb is
+servelab.runs.bench.run; this face parses, calls it and shows what it returns.
 """
 
 from __future__ import annotations
 
-from servelab.bench.request import BenchRequest, ServerFlags
+from servelab.runs.request import BenchRequest, ServerFlags
 from servelab.cli import app
 from servelab.cli.options import LoadFlags, flag_block, load_options
 from servelab.cli.report import ReportFlag
@@ -21,7 +21,7 @@ def bench(report: ReportFlag = False, *, load: LoadFlags, server: ServerFlags) -
 
     Exit codes: 0 measured; 2 bad input, or a server that fails the pre-flight check (nothing is sent), or a server that refused every request (its first error message is printed); 3 disturbed: the run ended, but requests failed because the server refused or dropped connections (killed, crashed) or a client worker died, so the numbers do not describe the server; 130 interrupted (Ctrl-C, SIGTERM); 1 a bug in servelab (reported with its traceback). Records, summary and timeline are written in every case but 1 and a refusal before the run.
     """  # noqa: E501  (one paragraph: the help keeps the docstring's line breaks)
-    from servelab.bench.verbs import masked_argv, run  # the client, the runner and the tables: not for --help
+    from servelab.runs.bench import masked_argv, run  # the client, the runner and the tables: not for --help
     from servelab.cli.run_and_show import progress, say, show
 
     out = make_console(stderr=load.json)

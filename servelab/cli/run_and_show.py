@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from servelab.bench.results import Results, SweepResults
+from servelab.runs.results import Results, SweepResults
 from servelab.cli.options import LoadFlags
 from servelab.cli.report import report_into
 from servelab.errors import RunDisturbed, RunInterrupted, ServerFault

@@ -3,14 +3,14 @@
 The load flags are bench's own (`@load_options`), and the results directory
 is bench's format with `"source": "sim"` and the deployment in run.json, so
 every later verb reads a simulated run exactly like a measured one. The verb is
-servelab.bench.verbs.simulate; this face parses, calls it and shows what it returns.
+servelab.runs.simulate.run; this face parses, calls it and shows what it returns.
 """
 
 from __future__ import annotations
 
 import sys
 
-from servelab.bench.request import DeploymentFlags, SimulateRequest
+from servelab.runs.request import DeploymentFlags, SimulateRequest
 from servelab.cli import app
 from servelab.cli.options import LoadFlags, flag_block, load_options
 from servelab.cli.report import ReportFlag
@@ -22,7 +22,7 @@ from servelab.report.console import make_console
 @load_options
 def simulate(report: ReportFlag = False, *, load: LoadFlags, deployment: DeploymentFlags) -> None:
     """Predict latency, throughput and goodput of a vLLM deployment under the load you describe, without a GPU."""
-    from servelab.bench.verbs import simulate as run_simulation  # the runner and the tables: not for --help
+    from servelab.runs.simulate import run as run_simulation  # the runner and the tables: not for --help
     from servelab.cli.run_and_show import progress, say, show
 
     out = make_console(stderr=load.json)

@@ -147,7 +147,7 @@ class Diagnosis:
             "standing": standing(self),
             "utilization": self.utilization.as_dict(),
             "evidence": self.evidence.as_dict(),
-            "slo": self.slo.as_dict() if self.slo else None,
+            "slo": self.slo.terms().model_dump(exclude_unset=True) if self.slo else None,
             "slo_attainment": self.slo_attainment,
             "observed": {k: getattr(self.observed, k) for k in ("qps", "ttft_ms", "gpu_util", "e2e_ms", "tpot_ms")},
             "caveats": [f.as_dict() for f in self.caveats],

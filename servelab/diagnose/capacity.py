@@ -51,7 +51,7 @@ def saturation_rps(deployment: Deployment, scenario: Scenario) -> float:
     """Request throughput with more requests outstanding than the engine can run at once."""
     depth = max(8, int(max_batch(deployment, scenario) * 1.5)) * deployment.config.data_parallel_size
     run = simulate(deployment, scenario.closed_loop(depth))
-    return float(summarize(run.records)["request_throughput"])
+    return summarize(run.records).request_throughput
 
 
 def attainment(deployment: Deployment, scenario: Scenario, slo: SLO) -> float:

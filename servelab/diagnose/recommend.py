@@ -72,13 +72,13 @@ _KEPT = 64
 def run(d: Deployment, scenario: Scenario, slo: SLO | None) -> Outcome:
     """The simulated summary of `d` serving `scenario`; a repeat of the same deployment and workload is not re-run."""
     key = (json.dumps(d.describe(), sort_keys=True, default=str), scenario.shapes, scenario.max_concurrency,
-           scenario.prefix_len, scenario.seed, scenario.nominal_rate, json.dumps(slo.as_dict() if slo else None))
+           scenario.prefix_len, scenario.seed, scenario.nominal_rate, json.dumps(slo.terms().model_dump(exclude_unset=True) if slo else None))
     if key not in _OUTCOMES:
         if len(_OUTCOMES) >= _KEPT:
             _OUTCOMES.pop(next(iter(_OUTCOMES)))
         result = simulate(d, scenario)
         e = gather(result)
-        _OUTCOMES[key] = Outcome(summarize(result.records, slo=slo), e.mean_running, e.engine_busy)
+        _OUTCOMES[key] = Outcome(summarize(result.records, slo=slo).model_dump(exclude_unset=True), e.mean_running, e.engine_busy)
     return _OUTCOMES[key]
 
 

@@ -136,7 +136,7 @@ def counted(records: list[RequestRecord], plan: LoadPlan) -> list[RequestRecord]
 def simulate(sim: SimTarget, plan: LoadPlan) -> dict[str, Any]:
     sink = MemorySink()
     sim.run(plan, sink)
-    return summarize(counted(sink.records, plan))
+    return summarize(counted(sink.records, plan)).model_dump(exclude_unset=True)
 
 
 def capacity(sim: SimTarget, specs: list[RequestSpec]) -> float:
@@ -144,7 +144,7 @@ def capacity(sim: SimTarget, specs: list[RequestSpec]) -> float:
     cap = sim.config.max_num_seqs or 1
     sink = MemorySink()
     sim.run(LoadPlan(list(specs), max_concurrency=cap), sink)
-    return float(summarize(sink.records)["request_throughput"])
+    return summarize(sink.records).request_throughput
 
 
 def point_plan(point: Point, deployment: Deployment, sim: SimTarget, seed: int) -> LoadPlan:
@@ -256,7 +256,7 @@ def validate_on(
         for point, plan in zip(points, row):
             directory = out_dir / f"repeat-{r + 1}" / point.name
             records, _, _ = run_into(target, plan, directory, run_info)
-            summary = summarize(counted(records, plan))
+            summary = summarize(counted(records, plan)).model_dump(exclude_unset=True)
             if summary["failed"]:
                 kinds = ", ".join(sorted(summary["errors_by_kind"]))
                 raise ValidateError(f"point {point.name}: {summary['failed']} requests failed ({kinds}); see {directory}")

@@ -71,8 +71,10 @@ class ResultWriter:
         self.run_info.update(info)
         _dump(self.directory / RUN, checked(RunInfo, self.run_info))
 
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        _dump(self.directory / SUMMARY, checked(Summary, {"schema_version": SCHEMA_VERSION, **summary}))
+    def write_summary(self, summary: Summary) -> None:
+        """summary.json: the summary's keys as given (a sweep's index holds the same without the version)."""
+        stamped = summary.model_copy(update={"schema_version": SCHEMA_VERSION})
+        _dump(self.directory / SUMMARY, stamped.model_dump(exclude_unset=True))
 
     def close(self) -> None:
         self.records.close()

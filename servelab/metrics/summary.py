@@ -18,6 +18,7 @@ import numpy as np
 from servelab.metrics.http_phases import http_phases
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.slo import SLO, tpot_seconds
+from servelab.schemas.results import Summary
 from servelab.schemas.vocabulary import DEFAULT_PERCENTILES as DEFAULT_PERCENTILES  # named here for its importers
 
 
@@ -44,8 +45,21 @@ def summarize(
     warmup: float = 0.0,
     slo: SLO | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> Summary:
+    """Statistics over the records sent at or after `warmup` seconds (see `statistics`)."""
+    return Summary.model_validate(statistics(records, duration=duration, warmup=warmup, slo=slo, percentiles=percentiles))
+
+
+def statistics(
+    records: Iterable[RequestRecord],
+    *,
+    duration: float | None = None,
+    warmup: float = 0.0,
+    slo: SLO | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
 ) -> dict[str, Any]:
-    """Statistics over the records sent at or after `warmup` seconds.
+    """summary.json's statistics over the records sent at or after `warmup` seconds, as the keys a run's summary
+    starts from (servelab.experiment.runner adds what the run knows, then builds the Summary once).
 
     Abandoned requests (the client gave up, `--abandon-after`) are neither completed nor failed: they are
     counted apart, with the chunks they had received (work the server did for nobody).
@@ -80,7 +94,7 @@ def summarize(
         "request_goodput": (good * per_s) if good is not None else None,
         "output_throughput": output_tokens * per_s,
         "total_token_throughput": (input_tokens + output_tokens) * per_s,
-        "slo": slo.as_dict() if slo else None,
+        "slo": slo.terms() if slo else None,
         "abandoned": len(abandoned),
         "abandoned_output_chunks": sum(len(r.chunk_times) for r in abandoned),
         "http_phases": http_phases(counted),

@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 from servelab import SCHEMA_VERSION
 from servelab.schemas.vocabulary import Regime, Tier
@@ -215,6 +215,19 @@ class Summary(OpenModel):
                           "under the statistic's own key. Null for measured runs.")
     interval_basis: IntervalBasis | None = Field(None, description="Simulated runs: the tier and regime the intervals are for.")
 
+    @model_serializer(mode="wrap")
+    def _in_file_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """summary.json's keys in the order its writers always wrote them (`vllm bench serve`'s): the counts and
+        rates, each latency's mean, median, std and percentile columns together, then what the run adds."""
+        data: dict[str, Any] = handler(self)
+        ordered = {key: data.pop(key) for key in _SUMMARY_HEAD if key in data}
+        for metric in STAT_METRICS:
+            named = [f"{stat}_{metric}_ms" for stat in ("mean", "median", "std")]
+            columns = [key for key in data if PERCENTILE_KEY.fullmatch(key) and key.endswith(f"_{metric}_ms")]
+            ordered.update({key: data.pop(key) for key in [*named, *columns] if key in data})
+        ordered.update({key: data.pop(key) for key in _SUMMARY_TAIL if key in data})
+        return {**ordered, **data}
+
     def statistic(self, key: str) -> Any:
         """A statistic by its key, for tables that list their columns by name: a named field as its attribute (a
         misspelt name is an AttributeError, not a blank cell), a percentile column (`p99_ttft_ms`) as stored,
@@ -224,6 +237,13 @@ class Summary(OpenModel):
         if not PERCENTILE_KEY.fullmatch(key):
             raise AttributeError(f"a summary has no statistic {key!r}")
         return (self.model_extra or {}).get(key)
+
+
+STAT_METRICS = ("ttft", "tpot", "itl", "e2el")
+_SUMMARY_HEAD = ("schema_version", "duration", "completed", "failed", "errors_by_kind", "total_input_tokens",
+                 "total_output_tokens", "request_throughput", "request_goodput", "output_throughput",
+                 "total_token_throughput", "slo", "abandoned", "abandoned_output_chunks", "http_phases", "replicas")
+_SUMMARY_TAIL = ("intervals", "interval_basis", "requests_recorded", "warmup", "interrupted", "client_stats", "warnings")
 
 
 class DeploymentInfo(OpenModel):

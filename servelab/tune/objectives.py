@@ -87,7 +87,7 @@ class Objective:
         worst = max(0.0, int(summary["failed"]) / total - allowed_failures)
         if self.slo is None:
             return worst
-        for metric, bound in self.slo.as_dict().items():
+        for metric, bound in self.slo.terms().model_dump(exclude_unset=True).items():
             value = summary[f"p{self.percentile:g}_{metric}_ms"]
             if value is None:  # nothing to measure (no second token for TPOT): the bound cannot be broken
                 continue
@@ -161,7 +161,7 @@ def run_summary(target: Target, workload: TuneWorkload, objective: Objective, ra
     sink = MemorySink()
     plan = workload.plan(rate, burst=burst, open_loop=open_loop)
     target.run(plan, sink)
-    summary = summarize(sink.records, slo=objective.slo, percentiles=objective.percentiles)
+    summary = summarize(sink.records, slo=objective.slo, percentiles=objective.percentiles).model_dump(exclude_unset=True)
     if isinstance(target, SimTarget) and summary["completed"]:
         summary.update(simulated_run_intervals(sink.records, plan.max_concurrency, summary, target.tier))
     return summary

@@ -158,6 +158,6 @@ def _basis(request: TuneRequest) -> dict[str, Any]:
 def _describe_objective(objective: Objective) -> dict[str, Any]:
     return {
         "kind": objective.kind, "direction": objective.direction, "unit": objective.unit,
-        "slo": objective.slo.as_dict() if objective.slo else None, "percentile": objective.percentile,
+        "slo": objective.slo.terms().model_dump(exclude_unset=True) if objective.slo else None, "percentile": objective.percentile,
         "target_rate": objective.target_rate, "gpu_cost_per_hour": dict(objective.gpu_cost_per_hour),
     }

@@ -11,7 +11,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from servelab.bench.request import BenchRequest, SimulateRequest
+from servelab.runs.request import BenchRequest, SimulateRequest
 from servelab.schemas.vocabulary import Route
 
 Json = dict[str, Any]
