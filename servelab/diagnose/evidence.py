@@ -77,7 +77,7 @@ class Evidence:
     source: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ttft_split": self.ttft_split.as_dict() if self.ttft_split is not None else None,
+        return {**asdict(self), "ttft_split": self.ttft_split.model_dump() if self.ttft_split is not None else None,
                 "outside_engine": self.outside_engine.as_dict() if self.outside_engine is not None else None}
 
 

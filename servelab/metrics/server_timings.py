@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict, computed_field
 
 from servelab import SCHEMA_VERSION
 from servelab.metrics import timeline as tl
@@ -51,9 +51,10 @@ COUNT_MISMATCH = 0.02
 after their first token; the parts are then means over different request sets."""
 
 
-@dataclass(frozen=True, slots=True)
-class TtftSplit:
-    """A run's mean client TTFT split into parts that sum to it; seconds."""
+class TtftSplit(BaseModel):
+    """A run's mean client TTFT split into parts that sum to it; seconds (diagnosis.json's evidence keeps its dump)."""
+
+    model_config = ConfigDict(frozen=True)
 
     client_ttft_s: float
     """Mean TTFT the client measured over its requests that got a first token."""
@@ -76,6 +77,7 @@ class TtftSplit:
     notes: tuple[str, ...] = ()
     """Why the parts may not describe the same requests, or were clipped to stay non-negative."""
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def outside_server_s(self) -> float:
         """Client TTFT - server TTFT: network, HTTP, tokenization and the API server's queue before arrival."""
@@ -84,9 +86,6 @@ class TtftSplit:
     @property
     def parts(self) -> dict[str, float]:
         return {"api_server": self.api_server_s, "queue": self.queue_s, "prefill": self.prefill_s}
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "outside_server_s": self.outside_server_s, "notes": list(self.notes)}
 
 
 def _mean(samples: Sequence[TimelineSample], sum_name: str, count_name: str) -> tuple[float, int] | None:
