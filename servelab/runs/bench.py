@@ -23,13 +23,14 @@ def run(request: BenchRequest, *, say: Say = silent, observe: Observe = unobserv
     first_plan = load.make_plan()  # dataset files are read and checked before the server is touched
     text = bool(first_plan.description["text_prompts"])
     request.check_text(text)
-    target: Target = HttpTarget(**server.target_options(text), gpu_telemetry=GpuTelemetry(dcgm_url=server.gpu_metrics_url))
-    found = target.preflight()  # type: ignore[attr-defined]
+    http = HttpTarget(**server.target_options(text), gpu_telemetry=GpuTelemetry(dcgm_url=server.gpu_metrics_url))
+    found = http.preflight()
     result_dir = load.output_dir("bench")
     run_info = bench_run_info(request, found["model"], server_cache_config(server.urls[0]))
     say(f"bench: {found['model']} at {' + '.join(server.urls)}{server.endpoint} -> {result_dir}")
     for warning in found["warnings"]:
         say(f"[yellow]warning[/]: {warning}")
+    target: Target = http
     if server.ray_address is not None:
         from servelab.cluster.clients import RayClients
 
