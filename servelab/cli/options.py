@@ -94,8 +94,8 @@ GoodputFlag = Annotated[Optional[list[str]], typer.Option(
 class LoadFlags:
     """The shared flags as given (None = not given), so clashes can name what the user typed.
 
-    Each field is declared once, with its typer option: `load_options` gives exactly these to bench, simulate and
-    tune (LOAD_OPTIONS), so a flag's name, type, default and help live in one line."""
+    Each field is declared once, with its typer option: `load_options` (`flag_block`) gives exactly these to bench,
+    simulate, tune, compare and calibrate, so a flag's name, type, default and help live in one line."""
 
     dataset_name: Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}.", rich_help_panel=_WORKLOAD)] = "random"
     dataset_path: Annotated[Optional[Path], typer.Option(help="ShareGPT JSON or JSONL file (for sharegpt / jsonl).", rich_help_panel=_WORKLOAD)] = None
