@@ -18,7 +18,7 @@ import numpy as np
 from servelab.metrics.http_phases import http_phases
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.slo import SLO, tpot_seconds
-from servelab.schemas.results import Summary
+from servelab.schemas.results import ReplicaShare, Summary
 from servelab.schemas.vocabulary import DEFAULT_PERCENTILES as DEFAULT_PERCENTILES  # named here for its importers
 
 
@@ -105,20 +105,20 @@ def statistics(
     return summary
 
 
-def _by_replica(records: Sequence[RequestRecord]) -> dict[str, dict[str, Any]] | None:
+def _by_replica(records: Sequence[RequestRecord]) -> dict[str, ReplicaShare] | None:
     """Per base URL, when the load was spread over several: requests served, failed, and mean TTFT and E2EL (ms)."""
     urls = sorted({r.base_url for r in records if r.base_url is not None})
     if not urls:
         return None
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, ReplicaShare] = {}
     for url in urls:
         mine = [r for r in records if r.base_url == url]
         done = [r for r in mine if r.ok]
         ttfts = [r.ttft for r in done if r.ttft is not None]
-        out[url] = {
-            "completed": len(done),
-            "failed": sum(1 for r in mine if not r.ok and not r.abandoned),
-            "mean_ttft_ms": float(np.mean(ttfts)) * 1e3 if ttfts else None,
-            "mean_e2el_ms": float(np.mean([r.e2el for r in done])) * 1e3 if done else None,
-        }
+        out[url] = ReplicaShare(
+            completed=len(done),
+            failed=sum(1 for r in mine if not r.ok and not r.abandoned),
+            mean_ttft_ms=float(np.mean(ttfts)) * 1e3 if ttfts else None,
+            mean_e2el_ms=float(np.mean([r.e2el for r in done])) * 1e3 if done else None,
+        )
     return out
