@@ -19,66 +19,42 @@ the CLI's results directories and `load_results`.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from servelab.schemas.compare import EngineComparison
-from servelab.schemas.validation import ValidationReport
-from servelab.schemas.vocabulary import ENGINES
-from servelab.schemas.diagnosis import Diagnosis
+from servelab.cli.options import LoadFlags
 from servelab.errors import InputError
-from servelab.experiment.runner import run_point
-from servelab.metrics.results import RunResult, load_run
-from servelab.schemas.results import RunInfo, Summary
+from servelab.metrics.engines import AUTO
 from servelab.metrics.slo import SLO
 from servelab.perf.calibration import CalibrationProfile
 from servelab.results_dir import clear_result_dir, result_dir_refusal
-from servelab.targets.base import Target
-from servelab.metrics.engines import AUTO
+from servelab.runs import bench as bench_verb, simulate as simulate_verb
+from servelab.runs.request import BenchRequest, DeploymentFlags, ServerFlags, SimulateRequest
+from servelab.runs.results import Results, SweepResults, load_results
+from servelab.schemas.compare import EngineComparison
+from servelab.schemas.diagnosis import Diagnosis
+from servelab.schemas.validation import ValidationReport
+from servelab.schemas.vocabulary import ENGINES
 from servelab.targets.deployment import build_deployment
-from servelab.targets.http import HttpTarget
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.plan import Amount, build_plan
 
 if TYPE_CHECKING:
-    import pandas as pd
-
     from servelab.schemas.tune import TuneDocument
 
-
-@dataclass(frozen=True)
-class Results:
-    """A results directory, read back: what was run and its summary as typed models, records and timeline as tables."""
-
-    directory: Path
-    run_info: RunInfo
-    summary: Summary | None
-    """None for a partial run (the client was killed before the end)."""
-    result: RunResult
-
-    def records(self) -> pd.DataFrame:
-        """One row per request, the columns of records.jsonl plus ttft_s and e2el_s (seconds; NaN without a token)."""
-        import pandas as pd
-
-        rows = [{**asdict(r), "ttft_s": r.ttft if r.ttft is not None else math.nan, "e2el_s": r.e2el}
-                for r in self.result.records]
-        return pd.DataFrame(rows)
-
-    def timeline(self) -> pd.DataFrame:
-        """One row per server sample: `t` (seconds from the start) and one column per metric (vLLM's names)."""
-        import pandas as pd
-
-        return pd.DataFrame([{"t": s.t, **s.values} for s in self.result.timeline])
+__all__ = ["Results", "load_results", "simulate", "bench", "diagnosis", "calibrate_from", "calibration", "validation",
+           "comparison", "tune"]
 
 
-def load_results(directory: str | Path) -> Results:
-    """Any results directory `bench` or `simulate` wrote (a sweep's points are directories of their own)."""
-    result = load_run(Path(directory))
-    summary = Summary.model_validate(result.summary) if result.summary is not None else None
-    return Results(Path(directory), RunInfo.model_validate(result.run_info), summary, result)
+def _load(result_dir: str | Path, overwrite: bool, input_len: int, output_len: int, request_rate: float,
+          max_concurrency: int | None, num_prompts: int, seed: int, goodput: dict[str, float] | None) -> LoadFlags:
+    """The API's load arguments as the CLI's flags: random prompts of fixed lengths, Poisson or closed loop."""
+    return LoadFlags(random_input_len=input_len, random_output_len=output_len,
+                     request_rate=None if math.isinf(request_rate) else request_rate, max_concurrency=max_concurrency,
+                     num_prompts=num_prompts, seed=seed, goodput=[f"{k}:{v:g}" for k, v in (goodput or {}).items()] or None,
+                     result_dir=Path(result_dir), overwrite=overwrite)
 
 
 def _plan(input_len: int, output_len: int, request_rate: float, max_concurrency: int | None, num_prompts: int,
@@ -94,13 +70,9 @@ def _checked_dir(result_dir: str | Path, overwrite: bool) -> Path:
     return directory
 
 
-def _run(target: Target, plan: Any, result_dir: Path, run_info: dict[str, Any], goodput: dict[str, float] | None,
-         overwrite: bool) -> Results:
-    slo = SLO.parse([f"{k}:{v:g}" for k, v in (goodput or {}).items()])
-    if overwrite:
-        clear_result_dir(result_dir)
-    run_point(target, plan, result_dir, run_info, slo)
-    return load_results(result_dir)
+def _point(result: Results | SweepResults) -> Results:
+    assert isinstance(result, Results), "the API's load is one point, never a sweep"
+    return result
 
 
 def simulate(gpu: str, model: str, *, result_dir: str | Path, engine_args: str = "", input_len: int = 1024,
@@ -109,13 +81,8 @@ def simulate(gpu: str, model: str, *, result_dir: str | Path, engine_args: str =
              overwrite: bool = False) -> Results:
     """`servelab simulate`: the load served by the simulated deployment; `goodput` as {"ttft": ms, "tpot": ms}.
     A `result_dir` holding an earlier result is refused unless `overwrite` (then emptied first)."""
-    directory = _checked_dir(result_dir, overwrite)
-    deployment = build_deployment(gpu, model, engine_args)
-    plan = _plan(input_len, output_len, request_rate, max_concurrency, num_prompts, seed)
-    flags = {"gpu": gpu, "model": model, "engine_args": engine_args, "input_len": input_len, "output_len": output_len,
-             "request_rate": request_rate, "max_concurrency": max_concurrency, "num_prompts": num_prompts, "seed": seed}
-    run_info = {"verb": "simulate", "source": "sim", "flags": flags, "deployment": deployment.describe()}
-    return _run(deployment.sim_target(), plan, directory, run_info, goodput, overwrite)
+    load = _load(result_dir, overwrite, input_len, output_len, request_rate, max_concurrency, num_prompts, seed, goodput)
+    return _point(simulate_verb.run(SimulateRequest(DeploymentFlags(gpu=gpu, model=model, engine_args=engine_args), load)))
 
 
 def bench(base_url: str, *, result_dir: str | Path, model: str | None = None, input_len: int = 1024,
@@ -124,14 +91,9 @@ def bench(base_url: str, *, result_dir: str | Path, model: str | None = None, in
           goodput: dict[str, float] | None = None, overwrite: bool = False) -> Results:
     """`servelab bench`: the load sent to a running OpenAI-compatible server (pre-flight checked first). A
     `result_dir` holding an earlier result is refused unless `overwrite` (then emptied first)."""
-    directory = _checked_dir(result_dir, overwrite)
-    target = HttpTarget(base_url, model=model, api_key=api_key, ignore_eos=ignore_eos)
-    server = target.preflight()
-    plan = _plan(input_len, output_len, request_rate, max_concurrency, num_prompts, seed)
-    flags = {"base_url": base_url, "model": server["model"], "input_len": input_len, "output_len": output_len,
-             "request_rate": request_rate, "max_concurrency": max_concurrency, "num_prompts": num_prompts, "seed": seed,
-             "ignore_eos": ignore_eos}
-    return _run(target, plan, directory, {"verb": "bench", "source": "http", "flags": flags}, goodput, overwrite)
+    load = _load(result_dir, overwrite, input_len, output_len, request_rate, max_concurrency, num_prompts, seed, goodput)
+    server = ServerFlags(base_url=[base_url], model=model, api_key=api_key, ignore_eos=ignore_eos)
+    return _point(bench_verb.run(BenchRequest(server, load)))
 
 
 def diagnosis(results: Results | str | Path, gpu: str, model: str, engine_args: str = "", engine: str = AUTO, *,

@@ -97,3 +97,17 @@ def test_the_python_api_measures_the_real_server_like_the_cli(vllm_server, tmp_p
     records = run.records()
     assert (records["output_tokens"] == 16).all() and (records["ttft_s"] > 0).all()
     assert assert_files_match_schemas(tmp_path) == {"run": 1, "record": 1, "summary": 1, "timeline": 1}
+
+
+def test_the_python_api_writes_the_run_info_the_cli_writes(vllm_server, tmp_path):
+    """One builder for both faces: the API's run.json has every key the CLI's has, the server's own cache config
+    among them (which `diagnose` sizes the KV cache from), and the same flags."""
+    bench(vllm_server, tmp_path / "cli", "--num-prompts", "4", "--max-concurrency", "2")
+    api = servelab.bench(vllm_server.base_url, model=vllm_server.model_name, input_len=128, output_len=32,
+                         ignore_eos=True, max_concurrency=2, num_prompts=4, result_dir=tmp_path / "api")
+    cli = json.loads((tmp_path / "cli" / "run.json").read_text())
+    written = json.loads((api.directory / "run.json").read_text())
+    assert set(written) == set(cli) and written["server_cache_config"] == cli["server_cache_config"]
+    assert written["server_cache_config"]["num_gpu_blocks"]
+    assert {**written["flags"], "result_dir": None} == {**cli["flags"], "result_dir": None}  # each its own directory
+    assert written["argv"] == []  # the API has no command line

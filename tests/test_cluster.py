@@ -462,13 +462,13 @@ def test_a_dead_client_disturbs_the_run_even_with_no_request_failed() -> None:
     driver cannot know what it would still have sent, so its death may leave no failed request behind."""
     from servelab.cli.run_and_show import _disturbed
     from servelab.metrics.records import RequestRecord
-    from servelab.schemas.results import Summary
+    from servelab.schemas.results import ClientEntry, ClientStats, Summary
     from servelab.metrics.summary import summarize
 
     def summary(**died: str) -> Summary:
-        clients = [{"client": 0, "host": "a", "clock_offset_ms": 0.0, "clock_rtt_ms": 1.0, **died}]
+        clients = [ClientEntry(client=0, host="a", clock_offset_ms=0.0, clock_rtt_ms=1.0, **died)]
         ok = RequestRecord(index=0, intended_time=0.0, send_time=0.0, finish_time=1.0, output_tokens=1)
-        return Summary.model_validate({**summarize([ok]), "client_stats": {"clients": clients}})
+        return summarize([ok]).model_copy(update={"client_stats": ClientStats(clients=clients)})
 
     assert _disturbed([summary()]) == ""
     assert _disturbed([summary(died="ActorDiedError: gone")]) == "client 0 (a) died: ActorDiedError: gone"

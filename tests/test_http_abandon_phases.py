@@ -15,6 +15,7 @@ from servelab.metrics.results import load_run
 
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
+from servelab.schemas.results import Summary
 from servelab.targets.errors import TargetError
 from servelab.targets.http import ABANDONED, HttpTarget
 from servelab.workload.spec import LoadPlan, RequestSpec
@@ -47,10 +48,10 @@ def test_a_share_of_requests_abandons_mid_stream_and_is_counted_apart_from_error
             assert rec.ok and not rec.abandoned and len(rec.chunk_times) == 40
     assert peak_after == 0  # the server saw every abandoned stream's connection close
     summary = summarize(records)
-    assert summary["abandoned"] == len(chosen) and summary["failed"] == 0
-    assert summary["completed"] == 8 - len(chosen)
-    assert summary["abandoned_output_chunks"] == sum(len(r.chunk_times) for r in records if r.abandoned)
-    assert summary["errors_by_kind"] == {}
+    assert summary.abandoned == len(chosen) and summary.failed == 0
+    assert summary.completed == 8 - len(chosen)
+    assert summary.abandoned_output_chunks == sum(len(r.chunk_times) for r in records if r.abandoned)
+    assert summary.errors_by_kind == {}
 
 
 @pytest.mark.parametrize(("after", "share"), [(0.0, 1.0), (-1.0, 1.0), (1.0, 0.0), (1.0, 1.5)])
@@ -72,9 +73,9 @@ def test_every_record_has_its_http_phases_and_the_first_wave_reuses_connections_
         total = (rec.http_connect_s or 0) + rec.http_send_s + rec.http_wait_s + rec.http_receive_s
         assert total == pytest.approx(rec.e2el, abs=1e-6)
     assert all(r.connection_reused for r in records[:4])  # opened ahead by prepare()
-    phases = summarize(records)["http_phases"]
-    assert phases["requests"] == 12 and phases["connection_reused_share"] == sum(r.connection_reused for r in records) / 12
-    assert phases["median_wait_ms"] is not None and phases["p99_receive_ms"] >= phases["median_receive_ms"]
+    phases = summarize(records).http_phases
+    assert phases.requests == 12 and phases.connection_reused_share == sum(r.connection_reused for r in records) / 12
+    assert phases.median_wait_ms is not None and phases.p99_receive_ms >= phases.median_receive_ms
 
 
 @pytest.mark.parametrize("route", ["round-robin", "least-outstanding"])
@@ -89,8 +90,8 @@ def test_load_spread_over_replicas_names_the_one_that_served_each_request(route)
         assert served[a.base_url] == served[b.base_url] == 12
     else:
         assert served[a.base_url] > served[b.base_url]  # the faster replica frees its slots sooner
-    replicas = summarize(records)["replicas"]
-    assert {url: share["completed"] for url, share in replicas.items()} == served
+    replicas = summarize(records).replicas
+    assert {url: share.completed for url, share in replicas.items()} == served
 
 
 def test_one_replica_records_no_url_and_a_repeated_url_is_refused():
@@ -98,7 +99,7 @@ def test_one_replica_records_no_url_and_a_repeated_url_is_refused():
         records = _run(HttpTarget(srv.base_url), 2, 2)
         with pytest.raises(TargetError, match="twice"):
             HttpTarget([srv.base_url, srv.base_url + "/"])
-    assert all(r.base_url is None for r in records) and summarize(records)["replicas"] is None
+    assert all(r.base_url is None for r in records) and summarize(records).replicas is None
 
 
 def test_bench_spreads_over_replicas_abandons_and_writes_it_all_in_typed_files(tmp_path):
@@ -112,10 +113,10 @@ def test_bench_spreads_over_replicas_abandons_and_writes_it_all_in_typed_files(t
     run = load_run(out)
     assert run.run_info["flags"]["base_urls"] == [a.base_url, b.base_url]
     assert run.run_info["server_info"]["base_urls"] == [a.base_url, b.base_url]
-    summary = run.summary
-    assert summary["abandoned"] == sum(r.abandoned for r in run.records) > 0 and summary["failed"] == 0
-    assert set(summary["replicas"]) == {a.base_url, b.base_url}
-    assert summary["http_phases"]["requests"] == summary["completed"]
+    summary = Summary.model_validate(run.summary)
+    assert summary.abandoned == sum(r.abandoned for r in run.records) > 0 and summary.failed == 0
+    assert set(summary.replicas) == {a.base_url, b.base_url}
+    assert summary.http_phases.requests == summary.completed
     for said in ("Abandoned requests (not errors)", "HTTP phases", "Replicas", a.base_url):
         assert said in result.output
     assert assert_files_match_schemas(out) == {"run": 1, "record": 1, "summary": 1, "timeline": 1}

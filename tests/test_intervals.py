@@ -95,7 +95,7 @@ def _record(i: int, send: float, scheduled: float, finish: float) -> RequestReco
 
 
 def _classify(records: list[RequestRecord], cap: int | None) -> Regime:
-    return classify_regime(records, cap, summarize(records))
+    return classify_regime(records, cap, summarize(records).model_dump())
 
 
 def test_regimes_of_clear_cases():

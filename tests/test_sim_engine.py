@@ -50,7 +50,7 @@ def test_throughput_rises_with_load_and_saturates():
     thr = []
     for rate in rates:
         records, _, _ = run(target, LoadPlan(specs(300, 512, 64, rate=rate)))
-        thr.append(summarize(records)["request_throughput"])
+        thr.append(summarize(records).request_throughput)
     assert thr[1] > 3 * thr[0] and thr[2] > 3 * thr[1]  # below capacity: served as offered
     assert thr[4] < 1.15 * thr[3]  # past capacity: flat
     assert thr[4] < 0.5 * rates[4]
@@ -60,7 +60,7 @@ def test_long_prompts_cut_request_throughput_several_fold():
     target = Deployment.build(get_gpu("a100-80gb"), get_model("qwen2.5-7b"), EngineConfig()).sim_target()
     short, _, _ = run(target, LoadPlan(specs(256, 128, 64), max_concurrency=128))
     long, _, _ = run(target, LoadPlan(specs(256, 1500, 64), max_concurrency=128))
-    ratio = summarize(short)["request_throughput"] / summarize(long)["request_throughput"]
+    ratio = summarize(short).request_throughput / summarize(long).request_throughput
     assert ratio > 3
 
 
@@ -68,7 +68,7 @@ def test_too_few_sequences_make_ttft_grow_by_queueing():
     plan = LoadPlan(specs(200, 256, 64, rate=40))
     roomy, _, _ = run(SimTarget(CONFIG, 20_000, COST), plan)
     tight, _, _ = run(SimTarget(CONFIG.with_(max_num_seqs=2), 20_000, COST), plan)
-    assert summarize(tight)["mean_ttft_ms"] > 5 * summarize(roomy)["mean_ttft_ms"]
+    assert summarize(tight).mean_ttft_ms > 5 * summarize(roomy).mean_ttft_ms
     assert max(r.schedule_time - r.send_time for r in tight) > 1.0
 
 
@@ -117,7 +117,7 @@ def test_a_shared_system_prompt_is_served_from_the_prefix_cache():
     plan = LoadPlan(specs(100, 1200, 32, rate=20, shared_prefix=1000))
     cached, samples, _ = run(SimTarget(CONFIG, 20_000, COST), plan)
     uncached, samples_off, _ = run(SimTarget(CONFIG.with_(enable_prefix_caching=False), 20_000, COST), plan)
-    assert summarize(cached)["mean_ttft_ms"] < 0.6 * summarize(uncached)["mean_ttft_ms"]
+    assert summarize(cached).mean_ttft_ms < 0.6 * summarize(uncached).mean_ttft_ms
     hits = samples[-1].values["vllm:prefix_cache_hits_total"]
     queries = samples[-1].values["vllm:prefix_cache_queries_total"]
     assert queries == 100 * 1200
@@ -130,7 +130,7 @@ def test_tensor_parallelism_lowers_tpot():
     plan = LoadPlan(specs(64, 512, 128), max_concurrency=16)
     tp1, _, _ = run(Deployment.build(gpu, model, EngineConfig()).sim_target(), plan)
     tp2, _, _ = run(Deployment.build(gpu, model, EngineConfig(tensor_parallel_size=2)).sim_target(), plan)
-    assert summarize(tp2)["mean_tpot_ms"] < 0.8 * summarize(tp1)["mean_tpot_ms"]
+    assert summarize(tp2).mean_tpot_ms < 0.8 * summarize(tp1).mean_tpot_ms
 
 
 def test_chunked_prefill_and_long_prefill_threshold_split_prompts():

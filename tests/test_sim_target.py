@@ -137,7 +137,7 @@ def test_replicas_share_the_load_and_raise_throughput():
         two, samples, _ = run(target, plan)
         steps = [e.num_steps for e in target.last_engines]
         assert min(steps) > 0.6 * max(steps)
-        assert summarize(two)["request_throughput"] > 1.5 * summarize(one)["request_throughput"]
+        assert summarize(two).request_throughput > 1.5 * summarize(one).request_throughput
         assert samples[-1].values[tl.GENERATION_TOKENS] == 200 * 32
 
 
@@ -176,7 +176,7 @@ def frontend_gap(target, rate, n=300):
     records, samples, result = run(target, LoadPlan(specs(n, rate=rate, seed=4)))
     last = samples[-1].values
     engine_ttft = last[tl.TTFT_SUM] / last[tl.TTFT_COUNT]
-    return summarize(records)["mean_ttft_ms"] / 1000 - engine_ttft, engine_ttft, result
+    return summarize(records).mean_ttft_ms / 1000 - engine_ttft, engine_ttft, result
 
 
 def test_a_saturated_frontend_opens_a_gap_between_client_and_engine_ttft():

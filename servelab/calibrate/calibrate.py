@@ -294,7 +294,7 @@ def simulate_probes(target: SimTarget, runs: list[ProbeRuns], vocab_size: int) -
     for r in runs:
         sink = MemorySink()
         target.run(probe_load(r.probe, vocab_size, seed=0), sink)
-        summary = summarize(sink.records)
+        summary = summarize(sink.records).model_dump(exclude_unset=True)
         simulated = {
             "median_ttft_ms": summary["median_ttft_ms"],
             "median_tpot_ms": summary["median_tpot_ms"] if r.probe.max_tokens > 1 else None,
@@ -371,7 +371,7 @@ def fit_frontend(runs: list[ProbeRuns], deployment: Deployment) -> Deployment:
         for probe, measured in bursts:
             sink = MemorySink()
             sim.run(probe_load(probe, deployment.model.vocab_size, seed=0), sink)
-            total += math.log(summarize(sink.records)["median_ttft_ms"] / measured) ** 2
+            total += math.log(summarize(sink.records).median_ttft_ms / measured) ** 2
         return total
 
     # The loss jumps where a slower admission splits a burst over one more engine step, so a local search alone can

@@ -85,9 +85,9 @@ def run_into(target: Target, plan: LoadPlan, directory: Path, run_info: dict[str
     An interrupted run (Ctrl-C, SIGTERM) ends the whole experiment: RunInterrupted, which the CLI exits 130 on."""
     sink = MemorySink()
     summary = run_point(target, plan, directory, run_info, observers=[sink])
-    if summary["interrupted"]:
+    if summary.interrupted:
         raise RunInterrupted(f"during {directory.name}; the runs so far are kept under {directory.parent}")
-    return sink.records, list(read_timeline(directory / TIMELINE)), summary
+    return sink.records, list(read_timeline(directory / TIMELINE)), summary.model_dump(exclude_unset=True)
 
 
 def bunched_fraction(records: list[RequestRecord]) -> float:

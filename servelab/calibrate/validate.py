@@ -155,7 +155,7 @@ def counted(records: list[RequestRecord], plan: LoadPlan) -> list[RequestRecord]
 def simulate(sim: SimTarget, plan: LoadPlan) -> dict[str, Any]:
     sink = MemorySink()
     sim.run(plan, sink)
-    return summarize(counted(sink.records, plan))
+    return summarize(counted(sink.records, plan)).model_dump(exclude_unset=True)
 
 
 def capacity(sim: SimTarget, specs: list[RequestSpec]) -> float:
@@ -163,7 +163,7 @@ def capacity(sim: SimTarget, specs: list[RequestSpec]) -> float:
     cap = sim.config.max_num_seqs or 1
     sink = MemorySink()
     sim.run(LoadPlan(list(specs), max_concurrency=cap), sink)
-    return float(summarize(sink.records)["request_throughput"])
+    return summarize(sink.records).request_throughput
 
 
 def point_plan(point: Point, deployment: Deployment, sim: SimTarget, seed: int) -> LoadPlan:
@@ -352,7 +352,7 @@ class _Session:
     def repeat(self, point: Point, plan: LoadPlan, round_: int) -> Repeat:
         directory = self.out_dir / f"repeat-{round_ + 1}" / point.name
         records, _, _ = run_into(self.target, plan, directory, self.run_info)
-        summary = summarize(counted(records, plan))
+        summary = summarize(counted(records, plan)).model_dump(exclude_unset=True)
         if summary["failed"]:
             kinds = ", ".join(sorted(summary["errors_by_kind"]))
             raise ValidateError(f"point {point.name}: {summary['failed']} requests failed ({kinds}); see {directory}")

@@ -25,7 +25,7 @@ import re
 import time
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -94,8 +94,8 @@ GoodputFlag = Annotated[Optional[list[str]], typer.Option(
 class LoadFlags:
     """The shared flags as given (None = not given), so clashes can name what the user typed.
 
-    Each field is declared once, with its typer option: `load_options` gives exactly these to bench, simulate and
-    tune (LOAD_OPTIONS), so a flag's name, type, default and help live in one line."""
+    Each field is declared once, with its typer option: `load_options` (`flag_block`) gives exactly these to bench,
+    simulate, tune, compare and calibrate, so a flag's name, type, default and help live in one line."""
 
     dataset_name: Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}.", rich_help_panel=_WORKLOAD)] = "random"
     dataset_path: Annotated[Optional[Path], typer.Option(help="ShareGPT JSON or JSONL file (for sharegpt / jsonl).", rich_help_panel=_WORKLOAD)] = None
@@ -259,42 +259,41 @@ class LoadFlags:
             clear_result_dir(self.result_dir)
         return self.result_dir
 
-    def as_dict(self) -> dict[str, Any]:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
 
+def flag_block(name: str, block: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a typer command every field of the frozen dataclass `block` as a flag; the command receives them as one
+    `name: block` argument. Each flag is declared once, as a field with its typer option (LoadFlags, bench's
+    ServerFlags, simulate's DeploymentFlags), and blocks stack: `@flag_block("server", ServerFlags) @load_options`.
 
-_LOAD_HINTS = typing.get_type_hints(LoadFlags, include_extras=True)
-LOAD_OPTIONS: dict[str, tuple[Any, Any]] = {f.name: (_LOAD_HINTS[f.name], f.default) for f in fields(LoadFlags)}
-"""Every shared flag as `load_options` gives it to typer: LoadFlags' fields, each declared once with its option."""
-
-
-def load_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Give a typer command every shared flag; it receives them as one `load: LoadFlags` argument.
-
-    Typer reads a command's parameters from its signature, so the wrapper
-    advertises the command's own parameters plus the shared ones.
+    Typer reads a command's parameters from its signature, so the wrapper advertises the command's own parameters
+    plus the block's.
     """
-    hints = typing.get_type_hints(command, include_extras=True)
-    own = [
-        p.replace(annotation=hints.get(p.name, p.annotation))
-        for p in inspect.signature(command).parameters.values()
-        if p.name != "load"
-    ]
-    shared = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
-        for name, (annotation, default) in LOAD_OPTIONS.items()
-    ]
+    hints = typing.get_type_hints(block, include_extras=True)
+    options = {f.name: (hints[f.name], f.default) for f in fields(block)}
 
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        load = LoadFlags(**{name: kwargs.pop(name) for name in LOAD_OPTIONS})
-        return command(*args, load=load, **kwargs)
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        command_hints = typing.get_type_hints(command, include_extras=True)
+        own = [p.replace(annotation=command_hints.get(p.name, p.annotation))
+               for p in inspect.signature(command).parameters.values() if p.name != name]
+        added = [inspect.Parameter(flag, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+                 for flag, (annotation, default) in options.items()]
 
-    params = own + shared
-    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {p.name: p.annotation for p in params}
-    del wrapper.__wrapped__  # typer must see the advertised signature, not the command's
-    return wrapper
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            kwargs[name] = block(**{flag: kwargs.pop(flag) for flag in options})
+            return command(*args, **kwargs)
+
+        params = own + added
+        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        del wrapper.__wrapped__  # typer must see the advertised signature, not the command's
+        return wrapper
+
+    return decorate
+
+
+load_options = flag_block("load", LoadFlags)
+"""Every shared load flag (bench, simulate, tune, compare, calibrate), given to the command as `load: LoadFlags`."""
 
 
 def deployment_from_flags(

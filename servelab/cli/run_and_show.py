@@ -1,9 +1,5 @@
-"""The part `bench` and `simulate` share after their target is built: run the point or the sweep, show it, exit.
-
-The two verbs differ only in what serves the requests (a real server or the
-simulator); from the plan on, the run, the tables, the warnings, the JSON on
-stdout, the report and the exit codes are one code path, so a measured and a
-simulated run always read the same.
+"""What `bench` and `simulate` show once their verb returns: the tables, the warnings, the JSON on stdout, the
+report, and the exit code, one code path so a measured and a simulated run always read the same.
 
 Exit codes: 0 for a run that measured what it set out to; 130 when it was
 interrupted (Ctrl-C, SIGTERM); 2 when every request failed without a process
@@ -19,67 +15,46 @@ load. Either way every file is written.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
+from servelab.runs.results import Results, SweepResults
 from servelab.cli.options import LoadFlags
 from servelab.cli.report import report_into
 from servelab.errors import RunDisturbed, RunInterrupted, ServerFault
-from servelab.experiment.runner import run_point
-from servelab.experiment.auto_sweep import AutoSweep, run_auto_sweep
-from servelab.experiment.sweep import run_sweep
 from servelab.metrics.records import ERROR, disturbances, read_records
 from servelab.metrics.results import RECORDS, SUMMARY, SWEEP
-from servelab.schemas.results import Summary, SweepIndex
-from servelab.metrics.slo import SLO
-from servelab.pool import TaskPool
-from servelab.report.terminal import (
-    LiveProgress,
-    auto_sweep_lines,
-    print_warnings,
-    summary_table,
-    sweep_table,
-)
-from servelab.targets.base import Target
+from servelab.report.terminal import LiveProgress, auto_sweep_lines, print_warnings, summary_table, sweep_table
+from servelab.schemas.results import Summary
 from servelab.workload.spec import LoadPlan
 
-def run_and_show(
-    target: Target,
-    load: LoadFlags,
-    first_plan: LoadPlan,
-    result_dir: Path,
-    run_info: dict[str, Any],
-    out: Console,
-    *,
-    report: bool,
-    title: str = "Serving benchmark result",
-    pool: TaskPool | None = None,
-) -> None:
-    """Run and print; after writing everything, raises RunInterrupted or RunDisturbed (exit codes 130 and 3)."""
-    slo: SLO | None = load.slo()
-    percentiles, sweep = load.percentiles(), load.parsed_sweep()
+
+def progress(out: Console) -> Callable[[str, LoadPlan], AbstractContextManager[LiveProgress]]:
+    """The verbs' `observe`: a live progress bar per run, on `out`."""
 
     @contextmanager
     def observe(label: str, plan: LoadPlan) -> Iterator[LiveProgress]:
-        with LiveProgress(out, label, plan.description["amount"]["num_prompts"]) as progress:
-            yield progress
+        with LiveProgress(out, label, plan.description["amount"]["num_prompts"]) as bar:
+            yield bar
 
-    if sweep is None:
-        with observe(run_info["verb"], first_plan) as progress:
-            summary = run_point(target, first_plan, result_dir, run_info, slo, percentiles, [progress])
-        typed = Summary.model_validate(summary)
-        out.print(summary_table(typed, title=title))
-        print_warnings(out, typed)
-        written, interrupted, summaries = SUMMARY, bool(typed.interrupted), [typed]
-    else:
-        args = (load.arrival(), load.make_plan, result_dir, run_info, slo, percentiles, observe)
-        raw = (run_auto_sweep(target, sweep, *args) if isinstance(sweep, AutoSweep)
-               else run_sweep(target, sweep, *args, pool=pool))
-        index = SweepIndex.model_validate(raw)
+    return observe
+
+
+def say(out: Console) -> Callable[[str], None]:
+    """The verbs' `say`: one line on `out`, never wrapped or highlighted."""
+    return lambda line: out.print(line, highlight=False, soft_wrap=True)
+
+
+def show(result: Results | SweepResults, load: LoadFlags, out: Console, *, report: bool,
+         title: str = "Serving benchmark result") -> None:
+    """Print what a verb returned; after writing everything, raise RunInterrupted, RunDisturbed or ServerFault
+    (exit codes 130, 3, 2)."""
+    result_dir = result.directory
+    if isinstance(result, SweepResults):
+        index = result.index
         out.print(sweep_table(index))
         for line in auto_sweep_lines(index):
             out.print(line, highlight=False)
@@ -87,10 +62,19 @@ def run_and_show(
         for point_summary in summaries:
             print_warnings(out, point_summary)
         written, interrupted = SWEEP, bool(index.interrupted)
+    else:
+        assert result.summary is not None, "a run that returned wrote its summary"
+        out.print(summary_table(result.summary, title=title))
+        print_warnings(out, result.summary)
+        written, interrupted, summaries = SUMMARY, bool(result.summary.interrupted), [result.summary]
     if load.json:
         sys.stdout.write((result_dir / written).read_text())
     if report:
         report_into(result_dir, out)
+    _raise_for(summaries, interrupted, result_dir)
+
+
+def _raise_for(summaries: list[Summary], interrupted: bool, result_dir: Path) -> None:
     if interrupted:
         raise RunInterrupted(f"what completed is in {result_dir}")
     disturbed = _disturbed(summaries)

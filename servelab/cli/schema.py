@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 SCHEMAS: dict[str, tuple[str, str]] = {
     "run": ("servelab.schemas.results:RunInfo", "run.json of a results directory"),
-    "record": ("servelab.schemas.results:RecordRow", "one line of records.jsonl"),
+    "record": ("servelab.schemas.records:RequestRecord", "one line of records.jsonl"),
     "summary": ("servelab.schemas.results:Summary", "summary.json of a results directory"),
     "timeline": ("servelab.schemas.results:TimelineRow", "one line of timeline.jsonl"),
     "sweep": ("servelab.schemas.results:SweepIndex", "sweep.json of a --sweep"),
@@ -37,16 +37,19 @@ SCHEMAS: dict[str, tuple[str, str]] = {
 NAME` pays for one model and `schema --help` for none) and what the file is."""
 
 
-def schema_model(name: str) -> type[BaseModel]:
+def schema_model(name: str) -> type[BaseModel] | type:
+    """The model of file NAME: a pydantic model, or a dataclass pydantic reads (records.jsonl's `RequestRecord`)."""
     module, _, model = SCHEMAS[name][0].partition(":")
-    found: type[BaseModel] = getattr(importlib.import_module(module), model)
+    found: type[BaseModel] | type = getattr(importlib.import_module(module), model)
     return found
 
 
 def json_schema(name: str) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of the file NAME, saying which file it describes and which model it comes from."""
     model, what = schema_model(name), SCHEMAS[name][1]
-    schema = model.model_json_schema()
+    from pydantic import TypeAdapter  # not for --help
+
+    schema = TypeAdapter(model).json_schema()
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$comment": f"{what}; generated from {model.__module__}.{model.__qualname__}", **schema}
 
 

@@ -79,7 +79,7 @@ def _point(d: Deployment, label: str, plan: LoadPlan, slo: SLO | None) -> Engine
     target = d.sim_target()
     sink = MemorySink()
     run = target.run(plan, sink)
-    s = summarize(sink.records, duration=run.duration if run.duration > 0 else None, slo=slo)
+    s = summarize(sink.records, duration=run.duration if run.duration > 0 else None, slo=slo).model_dump(exclude_unset=True)
     shown = set(EnginePoint.model_fields)
     intervals = simulated_run_intervals(sink.records, plan.max_concurrency, s, target.tier)["intervals"] if s["completed"] else {}
     return EnginePoint(

@@ -247,7 +247,7 @@ def analyse(
     hardware_asked = bool(alternatives) or any("instead" in lever.change for lever in lever_rows)
     dx = Diagnosis(
         source=source, deployment=deployment.describe(), workload=workload_shape(scenario), bottleneck=bottleneck(found),
-        ceilings=c, standing=standing(e, c), utilization=u, evidence=e, slo=slo.as_dict() if slo else None,
+        ceilings=c, standing=standing(e, c), utilization=u, evidence=e, slo=slo.terms() if slo else None,
         slo_attainment=attained, observed=observed.seen, caveats=caveats(ctx), findings=found,
         alternatives=alternatives, engine_comparison=comparison, notes=[], advice=[], goal=observed.question,
         levers=lever_rows, levers_at=levers_at, verdict=verdict,

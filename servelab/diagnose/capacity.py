@@ -72,7 +72,7 @@ def saturation_rps(deployment: Deployment, scenario: Scenario) -> float:
     if key not in _CEILINGS:
         if len(_CEILINGS) >= 64:
             _CEILINGS.pop(next(iter(_CEILINGS)))
-        _CEILINGS[key] = float(summarize(simulate(deployment, closed).records)["request_throughput"])
+        _CEILINGS[key] = float(summarize(simulate(deployment, closed).records).request_throughput)
     return _CEILINGS[key]
 
 

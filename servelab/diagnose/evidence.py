@@ -73,7 +73,7 @@ def client_stats_of(run: RunResult) -> dict[str, Any]:
 def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
     """The run's evidence; InputError when no request completed (no latency was measured: nothing to diagnose)."""
     records = [r for r in run.records if r.send_time >= warmup]
-    summary = summarize(records)
+    summary = summarize(records).model_dump(exclude_unset=True)
     if not summary["completed"]:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(summary["errors_by_kind"].items())) or "none sent"
         raise InputError(f"no request completed in this run ({kinds}): there is no latency or throughput to diagnose; "

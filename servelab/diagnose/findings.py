@@ -412,7 +412,7 @@ def slo_tradeoff(x: Context) -> Finding | None:
     if x.slo is not None and x.slo_attainment is not None:
         if x.slo_attainment >= 0.9:
             return None
-        evidence.insert(0, f"only {_pct(x.slo_attainment)} of requests meet the SLO {x.slo.as_dict()} (ms)")
+        evidence.insert(0, f"only {_pct(x.slo_attainment)} of requests meet the SLO {x.slo.terms().model_dump(exclude_unset=True)} (ms)")
         return make_finding(SLO_TRADEOFF, "The token budget trades time-to-first-token against inter-token latency",
                        0.45 + 0.3 * (1 - x.slo_attainment), evidence)
     if stall < 3:

@@ -75,7 +75,7 @@ parallel.share(_OUTCOMES)
 
 def _key(d: Deployment, scenario: Scenario, slo: SLO | None) -> tuple[object, ...]:
     return (json.dumps(d.describe(), sort_keys=True, default=str), scenario.shapes, scenario.max_concurrency,
-            scenario.prefix_len, scenario.seed, scenario.nominal_rate, json.dumps(slo.as_dict() if slo else None))
+            scenario.prefix_len, scenario.seed, scenario.nominal_rate, json.dumps(slo.terms().model_dump(exclude_unset=True) if slo else None))
 
 
 def prefetch(jobs: Iterable[tuple[Deployment | Callable[[], Deployment], Scenario, SLO | None]], *,
@@ -109,7 +109,7 @@ def run(d: Deployment, scenario: Scenario, slo: SLO | None) -> Outcome:
             _OUTCOMES.pop(next(iter(_OUTCOMES)))
         result = simulate(d, scenario)
         e = gather(result)
-        _OUTCOMES[key] = Outcome(summarize(result.records, slo=slo), e.mean_running, e.engine_busy)
+        _OUTCOMES[key] = Outcome(summarize(result.records, slo=slo).model_dump(exclude_unset=True), e.mean_running, e.engine_busy)
     return _OUTCOMES[key]
 
 

@@ -93,7 +93,7 @@ def run_auto_sweep(
                                   [guard] if guard is not None else [])
         point = curve_point({RATE_KEY: _rate_json(rate), "profile": profile}, label, summary)
         if profile == SYNCHRONOUS:  # one at a time offers exactly what it achieves
-            point[RATE_KEY] = summary["request_throughput"]
+            point[RATE_KEY] = summary.request_throughput
         if guard is not None:
             point.update(guard_fields(guard))
             arrivals = guard.arrivals
@@ -102,7 +102,7 @@ def run_auto_sweep(
         points.append(point)
         points.sort(key=_load_order)
         index["sweep"]["values"] = [p[RATE_KEY] for p in points]
-        index["interrupted"] = bool(summary.get("interrupted"))
+        index["interrupted"] = bool(summary.interrupted)
         index["auto"] = _conclusions(points, slo)
         write_sweep_index(result_dir, index)
         return point

@@ -21,7 +21,8 @@ from servelab.metrics.records import RecordSink, RequestRecord
 from servelab.metrics.results import ResultWriter
 from servelab.metrics.slo import SLO
 from servelab.metrics.intervals import Tier, simulated_run_intervals
-from servelab.metrics.summary import DEFAULT_PERCENTILES, summarize
+from servelab.metrics.summary import DEFAULT_PERCENTILES, statistics
+from servelab.schemas.results import Summary
 from servelab.targets.base import Target, TargetRun
 from servelab.workload.spec import LoadPlan
 
@@ -100,12 +101,12 @@ def point_summary(
     slo: SLO | None,
     percentiles: Sequence[float],
     interrupted: bool,
-) -> dict[str, Any]:
+) -> Summary:
     """`summarize` plus what the run itself knows: interruption, the client's overhead, warnings, and a simulated
     run's 80% intervals (servelab.metrics.intervals)."""
     # With warmup the measured span starts later than the run; summarize works it out from the records.
     duration = target_run.duration if target_run is not None and plan.warmup == 0 and target_run.duration > 0 else None
-    summary: dict[str, Any] = dict(summarize(records, duration=duration, warmup=plan.warmup, slo=slo, percentiles=percentiles))
+    summary = statistics(records, duration=duration, warmup=plan.warmup, slo=slo, percentiles=percentiles)
     client_stats = target_run.client_stats if target_run is not None else {}
     warnings = client_warnings(client_stats)
     if interrupted:
@@ -122,7 +123,7 @@ def point_summary(
         client_stats=client_stats,
         warnings=warnings,
     )
-    return summary
+    return Summary.model_validate(summary)
 
 
 def run_point(
@@ -133,7 +134,7 @@ def run_point(
     slo: SLO | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     observers: Sequence[RecordSink] = (),
-) -> dict[str, Any]:
+) -> Summary:
     """Run the plan, write run.json / records.jsonl / timeline.jsonl / summary.json, return the summary.
 
     run.json's `client_host` is what the machine running servelab was doing

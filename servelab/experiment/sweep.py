@@ -24,6 +24,7 @@ from servelab.metrics.results import write_sweep_index
 from servelab.metrics.slo import SLO
 from servelab.pool import TaskPool
 from servelab.metrics.summary import DEFAULT_PERCENTILES
+from servelab.schemas.results import Summary
 from servelab.targets.base import Target
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.spec import LoadPlan
@@ -131,7 +132,7 @@ def run_sweep(
         if guard is not None:
             point["over_saturated"] = guard_fields(guard)["over_saturated"]
         points.append(point)
-        index["interrupted"] = bool(summary.get("interrupted"))
+        index["interrupted"] = bool(summary.interrupted)
         write_sweep_index(result_dir, index)
         if index["interrupted"]:
             break
@@ -148,7 +149,7 @@ def run_sweep_point(
     percentiles: Sequence[float],
     observe: Observe | None,
     watchers: Sequence[RecordSink] = (),
-) -> dict[str, Any]:
+) -> Summary:
     """One point into `result_dir/label/`, after emptying the server's prefix cache where the target can
     (`reset_prefix_cache`, HttpTarget): a point must not inherit the previous one's cached prefixes; its
     run.json says what happened. `watchers` see every record, beside the live observer."""
@@ -161,9 +162,10 @@ def run_sweep_point(
         return run_point(target, plan, result_dir / label, point_info, slo, percentiles, observers=observers)
 
 
-def curve_point(values: dict[str, Any], label: str, summary: dict[str, Any]) -> dict[str, Any]:
+def curve_point(values: dict[str, Any], label: str, summary: Summary) -> dict[str, Any]:
     """One entry of sweep.json's `points`: the point's knob values, its directory, the curve's columns, its summary."""
-    return {**values, "directory": label, **{k: summary.get(k) for k in CURVE_KEYS}, "summary": summary}
+    columns = {k: summary.statistic(k) for k in CURVE_KEYS}
+    return {**values, "directory": label, **columns, "summary": summary.model_dump(exclude_unset=True)}
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,7 @@ class _RemotePoint:
     slo: SLO | None
     percentiles: tuple[float, ...]
 
-    def __call__(self, arrival: ArrivalConfig) -> tuple[dict[str, Any], dict[str, bytes]]:
+    def __call__(self, arrival: ArrivalConfig) -> tuple[Summary, dict[str, bytes]]:
         with tempfile.TemporaryDirectory(prefix="servelab-point-") as scratch:
             out = Path(scratch)
             summary = run_point(self.target, self.make_plan(arrival), out, self.run_info, self.slo, self.percentiles)
@@ -194,7 +196,7 @@ def _spread(
     value order) as each returns. Only for targets that do not share a server: points on one server would
     measure each other."""
     tasks: dict[int, float | int] = {}
-    summaries: dict[float | int, dict[str, Any]] = {}
+    summaries: dict[float | int, Summary] = {}
     try:
         for value in sweep.values:
             job = _RemotePoint(target, make_plan, {**run_info, "sweep_point": {sweep.key: _jsonable([value])[0]}}, slo,

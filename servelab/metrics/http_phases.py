@@ -10,27 +10,25 @@ connect share says how many requests paid a handshake on the clock.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from servelab.metrics.records import RequestRecord
+from servelab.schemas.results import HttpPhases
 
 PHASES = ("connect", "send", "wait", "receive")
 
 
-def http_phases(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+def http_phases(records: Sequence[RequestRecord]) -> HttpPhases | None:
     """Mean, median and p99 (ms) of each phase over the records that have them, and the share of requests that
     reused a kept-alive connection; None when no record came over HTTP."""
     timed = [r for r in records if r.connection_reused is not None]
     if not timed:
         return None
-    out: dict[str, Any] = {
-        "requests": len(timed),
-        "connection_reused_share": sum(r.connection_reused is True for r in timed) / len(timed),
-    }
+    stats: dict[str, float | None] = {}
     for phase in PHASES:
         values = np.array([v for r in timed if (v := getattr(r, f"http_{phase}_s")) is not None], dtype=float) * 1e3
         for stat, fn in (("mean", np.mean), ("median", np.median), ("p99", lambda a: np.percentile(a, 99))):
-            out[f"{stat}_{phase}_ms"] = float(fn(values)) if values.size else None
-    return out
+            stats[f"{stat}_{phase}_ms"] = float(fn(values)) if values.size else None
+    reused = sum(r.connection_reused is True for r in timed) / len(timed)
+    return HttpPhases(requests=len(timed), connection_reused_share=reused, **stats)

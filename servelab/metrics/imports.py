@@ -235,7 +235,7 @@ def read_servelab(directory: Path, flags: WorkloadFlags) -> list[MeasuredRun]:
                            "the workload flags would say it twice; drop them")
     run = load_run(directory)
     ok = sorted((r for r in run.records if r.ok), key=lambda r: r.index)
-    summary = run.summary if run.summary is not None else summarize(run.records)
+    summary = run.summary if run.summary is not None else summarize(run.records).model_dump(exclude_unset=True)
     source = str(directory)
     if not ok or not summary.get("completed"):
         raise ResultImportError(f"{source} has no completed requests: there is nothing measured to calibrate on")

@@ -1,99 +1,31 @@
-"""`RequestRecord`: what happened to one request, whatever served it.
-
-Times are seconds on one monotonic clock whose zero is the start of the run;
-`run.json` stores the wall-clock time of that zero. Records are appended to
-JSONL the moment a request ends, so a crash loses nothing already measured.
-"""
+"""Where `RequestRecord`s go: memory, or records.jsonl appended the moment each request ends, so a crash loses
+nothing already measured. The record itself is servelab.schemas.records' (one line of records.jsonl)."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-OK = "ok"
-ERROR = "error"
+from servelab.schemas.records import RECORD, RequestRecord
+from servelab.schemas.vocabulary import Disturbance, RequestStatus
 
-CONNECTION_REFUSED = "connection_refused"
-"""Nothing listens at the server's address any more: it exited or was killed."""
-CONNECTION_ERROR = "connection_error"
-"""The server could not be reached for another reason (unresolvable, connect timeout)."""
-CONNECTION_RESET = "connection_reset"
-"""The connection ended mid-response: the server (or something between) dropped it."""
-CLIENT_WORKER_DIED = "client_worker_died"
-"""A client process exited before it reported the request (`bench --workers`)."""
-DISTURBANCES = frozenset({CONNECTION_REFUSED, CONNECTION_ERROR, CONNECTION_RESET, CLIENT_WORKER_DIED})
-"""Error kinds that say the measurement was disturbed (a process went away mid-run), not that the server
-answered badly: a run with any of them does not describe the server under that load."""
+__all__ = ["RequestRecord", "RecordSink", "MemorySink", "JsonlSink", "read_records", "disturbances"]
+
+OK = RequestStatus.OK
+ERROR = RequestStatus.ERROR
+CONNECTION_REFUSED = Disturbance.CONNECTION_REFUSED
+CONNECTION_ERROR = Disturbance.CONNECTION_ERROR
+CONNECTION_RESET = Disturbance.CONNECTION_RESET
+CLIENT_WORKER_DIED = Disturbance.CLIENT_WORKER_DIED
+DISTURBANCES = frozenset(Disturbance)
+"""Error kinds that say the measurement was disturbed, not that the server answered badly (Disturbance)."""
 
 
 def disturbances(errors_by_kind: Mapping[str, int]) -> dict[str, int]:
     """The part of a summary's `errors_by_kind` that disturbed the run; empty for an undisturbed one."""
     return {kind: n for kind, n in errors_by_kind.items() if kind in DISTURBANCES and n}
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    index: int
-    intended_time: float
-    """When the schedule wanted it sent; `send_time - intended_time` is client lag."""
-    send_time: float
-    finish_time: float
-    first_token_time: float | None = None
-    chunk_times: list[float] = field(default_factory=list)
-    """Arrival time of every streamed chunk that carried output."""
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    status: str = OK
-    error_kind: str | None = None
-    """Short machine-readable cause: http_500, connection_reset, connection_refused, timeout, malformed_sse, ..."""
-    error: str | None = None
-    prefix_group: int | None = None
-    priority: int = 0
-    tokens_estimated: bool = False
-    """The stream carried no usage: prompt_tokens is the plan's prompt length and output_tokens the number
-    of chunks with output (a chunk may hold several tokens), not the server's own counts."""
-    schedule_time: float | None = None
-    """When the engine first scheduled it (known to the simulator only)."""
-    preemptions: int = 0
-    connection_reused: bool | None = None
-    """HTTP: the request went out on a kept-alive connection (False: a new one; None: not HTTP, or no response)."""
-    http_connect_s: float | None = None
-    """HTTP: the handshake of the new connection it needed (None when one was reused)."""
-    http_send_s: float | None = None
-    """HTTP: from send_time (plus any connect) until its bytes were handed to the kernel."""
-    http_wait_s: float | None = None
-    """HTTP: from sent to the response's first byte: network both ways, the API server and, for a server that
-    sends its headers with the first token, queueing and prefill."""
-    http_receive_s: float | None = None
-    """HTTP: from the first byte to the last: the stream."""
-    base_url: str | None = None
-    """The replica that served it, when the load was spread over several (`bench --base-url A --base-url B`)."""
-    abandoned: bool = False
-    """The client gave up on it mid-way, like a user closing the tab (`--abandon-after`): not an error."""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == OK
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token_time is None else self.first_token_time - self.send_time
-
-    @property
-    def e2el(self) -> float:
-        return self.finish_time - self.send_time
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RequestRecord:
-        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
-        return cls(**known)
 
 
 class RecordSink(Protocol):
@@ -146,4 +78,4 @@ def read_records(path: Path) -> Iterator[RequestRecord]:
             if not line.endswith("\n"):
                 return
             if line.strip():
-                yield RequestRecord.from_dict(json.loads(line))
+                yield RECORD.validate_json(line)

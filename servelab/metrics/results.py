@@ -71,8 +71,10 @@ class ResultWriter:
         self.run_info.update(info)
         _dump(self.directory / RUN, checked(RunInfo, self.run_info))
 
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        _dump(self.directory / SUMMARY, checked(Summary, {"schema_version": SCHEMA_VERSION, **summary}))
+    def write_summary(self, summary: Summary) -> None:
+        """summary.json: the summary's keys as given (a sweep's index holds the same without the version)."""
+        stamped = summary.model_copy(update={"schema_version": SCHEMA_VERSION})
+        _dump(self.directory / SUMMARY, stamped.model_dump(exclude_unset=True))
 
     def close(self) -> None:
         self.records.close()
@@ -118,7 +120,7 @@ def load_run(directory: Path) -> RunResult:
         timeline = list(read_timeline(directory / TIMELINE)) if (directory / TIMELINE).exists() else []
         summary_path = directory / SUMMARY
         summary = upgraded(json.loads(summary_path.read_text(encoding="utf-8")), SCHEMA_VERSION) if summary_path.exists() else None
-    except (OSError, json.JSONDecodeError, TypeError, KeyError) as exc:
+    except (OSError, ValueError, TypeError, KeyError) as exc:  # ValueError: bad JSON, or a record its schema refuses
         raise ResultsDirError(f"cannot read results directory {directory}: {exc}") from exc
     return RunResult(directory, run_info, records, timeline, summary)
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from servelab.errors import InputError
-from servelab.metrics.records import RequestRecord
+
+if TYPE_CHECKING:  # the flags read SLO: their --help imports no result model
+    from servelab.metrics.records import RequestRecord
+    from servelab.schemas.results import SLOTerms
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 
@@ -46,8 +50,12 @@ class SLO:
             bounds[f"{name}_ms"] = bound
         return cls(**bounds)
 
-    def as_dict(self) -> dict[str, float]:
-        return {k: v for k, v in (("ttft", self.ttft_ms), ("tpot", self.tpot_ms), ("e2el", self.e2el_ms)) if v is not None}
+    def terms(self) -> SLOTerms:
+        """The SLO as summary.json records it: the terms given, in ms (`model_dump(exclude_unset=True)` for a dict)."""
+        from servelab.schemas.results import SLOTerms
+
+        given = (("ttft", self.ttft_ms), ("tpot", self.tpot_ms), ("e2el", self.e2el_ms))
+        return SLOTerms(**{name: bound for name, bound in given if bound is not None})
 
     def is_met(self, record: RequestRecord) -> bool:
         if not record.ok:

@@ -18,6 +18,7 @@ import numpy as np
 from servelab.metrics.http_phases import http_phases
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.slo import SLO, tpot_seconds
+from servelab.schemas.results import ReplicaShare, Summary
 from servelab.schemas.vocabulary import DEFAULT_PERCENTILES as DEFAULT_PERCENTILES  # named here for its importers
 
 
@@ -44,8 +45,21 @@ def summarize(
     warmup: float = 0.0,
     slo: SLO | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> Summary:
+    """Statistics over the records sent at or after `warmup` seconds (see `statistics`)."""
+    return Summary.model_validate(statistics(records, duration=duration, warmup=warmup, slo=slo, percentiles=percentiles))
+
+
+def statistics(
+    records: Iterable[RequestRecord],
+    *,
+    duration: float | None = None,
+    warmup: float = 0.0,
+    slo: SLO | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
 ) -> dict[str, Any]:
-    """Statistics over the records sent at or after `warmup` seconds.
+    """summary.json's statistics over the records sent at or after `warmup` seconds, as the keys a run's summary
+    starts from (servelab.experiment.runner adds what the run knows, then builds the Summary once).
 
     Abandoned requests (the client gave up, `--abandon-after`) are neither completed nor failed: they are
     counted apart, with the chunks they had received (work the server did for nobody).
@@ -80,7 +94,7 @@ def summarize(
         "request_goodput": (good * per_s) if good is not None else None,
         "output_throughput": output_tokens * per_s,
         "total_token_throughput": (input_tokens + output_tokens) * per_s,
-        "slo": slo.as_dict() if slo else None,
+        "slo": slo.terms() if slo else None,
         "abandoned": len(abandoned),
         "abandoned_output_chunks": sum(len(r.chunk_times) for r in abandoned),
         "http_phases": http_phases(counted),
@@ -91,20 +105,20 @@ def summarize(
     return summary
 
 
-def _by_replica(records: Sequence[RequestRecord]) -> dict[str, dict[str, Any]] | None:
+def _by_replica(records: Sequence[RequestRecord]) -> dict[str, ReplicaShare] | None:
     """Per base URL, when the load was spread over several: requests served, failed, and mean TTFT and E2EL (ms)."""
     urls = sorted({r.base_url for r in records if r.base_url is not None})
     if not urls:
         return None
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, ReplicaShare] = {}
     for url in urls:
         mine = [r for r in records if r.base_url == url]
         done = [r for r in mine if r.ok]
         ttfts = [r.ttft for r in done if r.ttft is not None]
-        out[url] = {
-            "completed": len(done),
-            "failed": sum(1 for r in mine if not r.ok and not r.abandoned),
-            "mean_ttft_ms": float(np.mean(ttfts)) * 1e3 if ttfts else None,
-            "mean_e2el_ms": float(np.mean([r.e2el for r in done])) * 1e3 if done else None,
-        }
+        out[url] = ReplicaShare(
+            completed=len(done),
+            failed=sum(1 for r in mine if not r.ok and not r.abandoned),
+            mean_ttft_ms=float(np.mean(ttfts)) * 1e3 if ttfts else None,
+            mean_e2el_ms=float(np.mean([r.e2el for r in done])) * 1e3 if done else None,
+        )
     return out

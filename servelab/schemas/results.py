@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 from servelab import SCHEMA_VERSION
 from servelab.schemas.vocabulary import Regime, Tier
@@ -44,34 +44,6 @@ class SLOTerms(ClosedModel):
     ttft: float | None = None
     tpot: float | None = None
     e2el: float | None = None
-
-
-class RecordRow(ClosedModel):
-    """One line of records.jsonl: one request, whatever served it. Times are seconds from the run's start."""
-
-    index: int
-    intended_time: float = Field(description="When the schedule wanted it sent; send_time - intended_time is client lag.")
-    send_time: float
-    finish_time: float
-    first_token_time: float | None = None
-    chunk_times: list[float] = Field(default_factory=list, description="Arrival of every streamed chunk with output.")
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    status: str = Field("ok", description="ok or error.")
-    error_kind: str | None = Field(None, description="http_500, connection_reset, connection_refused, timeout, ...")
-    error: str | None = None
-    prefix_group: int | None = None
-    priority: int = 0
-    tokens_estimated: bool = Field(False, description="No usage in the stream: token counts are the client's estimate.")
-    schedule_time: float | None = Field(None, description="When the engine first scheduled it (simulator only).")
-    preemptions: int = 0
-    connection_reused: bool | None = Field(None, description="HTTP: sent on a kept-alive connection (null: not HTTP, or no response).")
-    http_connect_s: float | None = Field(None, description="HTTP: handshake of the new connection it needed (null when reused).")
-    http_send_s: float | None = Field(None, description="HTTP: from send_time (after any connect) to its bytes handed to the kernel.")
-    http_wait_s: float | None = Field(None, description="HTTP: from sent to the response's first byte.")
-    http_receive_s: float | None = Field(None, description="HTTP: from the first byte to the last.")
-    base_url: str | None = Field(None, description="The replica that served it, when the load was spread over several --base-url.")
-    abandoned: bool = Field(False, description="The client gave up on it mid-way (--abandon-after); status abandoned, not an error.")
 
 
 class TimelineRow(ClosedModel):
@@ -243,6 +215,19 @@ class Summary(OpenModel):
                           "under the statistic's own key. Null for measured runs.")
     interval_basis: IntervalBasis | None = Field(None, description="Simulated runs: the tier and regime the intervals are for.")
 
+    @model_serializer(mode="wrap")
+    def _in_file_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """summary.json's keys in the order its writers always wrote them (`vllm bench serve`'s): the counts and
+        rates, each latency's mean, median, std and percentile columns together, then what the run adds."""
+        data: dict[str, Any] = handler(self)
+        ordered = {key: data.pop(key) for key in _SUMMARY_HEAD if key in data}
+        for metric in STAT_METRICS:
+            named = [f"{stat}_{metric}_ms" for stat in ("mean", "median", "std")]
+            columns = [key for key in data if PERCENTILE_KEY.fullmatch(key) and key.endswith(f"_{metric}_ms")]
+            ordered.update({key: data.pop(key) for key in [*named, *columns] if key in data})
+        ordered.update({key: data.pop(key) for key in _SUMMARY_TAIL if key in data})
+        return {**ordered, **data}
+
     def statistic(self, key: str) -> Any:
         """A statistic by its key, for tables that list their columns by name: a named field as its attribute (a
         misspelt name is an AttributeError, not a blank cell), a percentile column (`p99_ttft_ms`) as stored,
@@ -252,6 +237,13 @@ class Summary(OpenModel):
         if not PERCENTILE_KEY.fullmatch(key):
             raise AttributeError(f"a summary has no statistic {key!r}")
         return (self.model_extra or {}).get(key)
+
+
+STAT_METRICS = ("ttft", "tpot", "itl", "e2el")
+_SUMMARY_HEAD = ("schema_version", "duration", "completed", "failed", "errors_by_kind", "total_input_tokens",
+                 "total_output_tokens", "request_throughput", "request_goodput", "output_throughput",
+                 "total_token_throughput", "slo", "abandoned", "abandoned_output_chunks", "http_phases", "replicas")
+_SUMMARY_TAIL = ("intervals", "interval_basis", "requests_recorded", "warmup", "interrupted", "client_stats", "warnings")
 
 
 class DeploymentInfo(OpenModel):

@@ -155,3 +155,32 @@ class RecommendationSource(StrEnum):
 
     STAGE1 = "stage1"
     STAGE2 = "stage2"
+# A request's outcome and how bench spreads load over replicas (records.jsonl's `status`, `bench --route`).
+class RequestStatus(StrEnum):
+    """How a request ended (records.jsonl's `status`)."""
+
+    OK = "ok"
+    ERROR = "error"
+    ABANDONED = "abandoned"
+    """The client gave up on it on purpose (`--abandon-after`): not an error."""
+
+
+class Route(StrEnum):
+    """How `bench` spreads requests over several --base-url with no router in front."""
+
+    ROUND_ROBIN = "round-robin"
+    LEAST_OUTSTANDING = "least-outstanding"
+
+
+class Disturbance(StrEnum):
+    """Error kinds that say the measurement was disturbed (a process went away mid-run), not that the server
+    answered badly: a run with any of them does not describe the server under that load."""
+
+    CONNECTION_REFUSED = "connection_refused"
+    """Nothing listens at the server's address any more: it exited or was killed."""
+    CONNECTION_ERROR = "connection_error"
+    """The server could not be reached for another reason (unresolvable, connect timeout)."""
+    CONNECTION_RESET = "connection_reset"
+    """The connection ended mid-response: the server (or something between) dropped it."""
+    CLIENT_WORKER_DIED = "client_worker_died"
+    """A client process exited before it reported the request (`bench --workers`)."""

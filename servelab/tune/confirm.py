@@ -382,11 +382,12 @@ def _measure(
         marker.unlink(missing_ok=True)
     summary = summarize(writer.records.records, slo=objective.slo, percentiles=objective.percentiles)
     writer.write_summary(summary)
-    result.error = _disturbed(exit_code, disturbances(summary["errors_by_kind"]), server)
+    result.error = _disturbed(exit_code, disturbances(summary.errors_by_kind), server)
     gpus = gpu_count(config.deployment)
-    result.measured = key_metrics(summary)
-    result.measured_score = objective.score_point(summary, config.deployment.hardware.name, gpus)
-    result.measured_violation = objective.violation(summary)
+    measured = summary.model_dump(exclude_unset=True)
+    result.measured = key_metrics(measured)
+    result.measured_score = objective.score_point(measured, config.deployment.hardware.name, gpus)
+    result.measured_violation = objective.violation(measured)
     return result
 
 

@@ -29,7 +29,7 @@ from servelab.targets.base import Target
 from servelab.targets.sim import SimTarget
 from servelab.tune.errors import TuneError
 from servelab.schemas.results import Json
-from servelab.schemas.tune import KEY_STATISTICS, KeyMetrics, ObjectiveInfo, SLOTerms
+from servelab.schemas.tune import KEY_STATISTICS, KeyMetrics, ObjectiveInfo
 from servelab.schemas.vocabulary import Direction, ObjectiveKind
 from servelab.tune.workload import TuneWorkload
 
@@ -80,7 +80,7 @@ class Objective:
         """What tune.json records of the objective (and what a resumed study must share)."""
         return ObjectiveInfo(
             kind=self.kind, direction=self.direction, unit=self.unit,
-            slo=None if self.slo is None else SLOTerms.model_validate(self.slo.as_dict()),
+            slo=None if self.slo is None else self.slo.terms(),
             percentile=self.percentile, target_rate=self.target_rate, gpu_cost_per_hour=dict(self.gpu_cost_per_hour),
         )
 
@@ -97,7 +97,7 @@ class Objective:
         worst = max(0.0, int(summary["failed"]) / total - allowed_failures)
         if self.slo is None:
             return worst
-        for metric, bound in self.slo.as_dict().items():
+        for metric, bound in self.slo.terms().model_dump(exclude_unset=True).items():
             value = summary[f"p{self.percentile:g}_{metric}_ms"]
             if value is None:  # nothing to measure (no second token for TPOT): the bound cannot be broken
                 continue
@@ -172,7 +172,7 @@ def run_summary(target: Target, workload: TuneWorkload, objective: Objective, ra
     sink = MemorySink()
     plan = workload.plan(rate, burst=burst, open_loop=open_loop)
     target.run(plan, sink)
-    summary = summarize(sink.records, slo=objective.slo, percentiles=objective.percentiles)
+    summary = summarize(sink.records, slo=objective.slo, percentiles=objective.percentiles).model_dump(exclude_unset=True)
     if isinstance(target, SimTarget) and summary["completed"]:
         summary.update(simulated_run_intervals(sink.records, plan.max_concurrency, summary, target.tier))
     return summary
