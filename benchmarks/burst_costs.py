@@ -354,7 +354,7 @@ def replay(row: dict, engine_fit: dict, api, served_factor: float = 1.0) -> dict
     sink = MemorySink()
     target = SimTarget(config, 200_000, step, api=api)
     target.run(LoadPlan(specs, max_concurrency=concurrency), sink)
-    s = summarize(sink.records)
+    s = summarize(sink.records).model_dump(exclude_unset=True)
     counters = [e.counters for e in target.last_engines]
     engine_ttft_ms = 1e3 * sum(c.ttft_sum for c in counters) / sum(c.ttft_count for c in counters)
     return {"requests_per_s": s["request_throughput"], "mean_ttft_ms": s["mean_ttft_ms"], "mean_tpot_ms": s["mean_tpot_ms"],

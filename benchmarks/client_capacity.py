@@ -361,7 +361,7 @@ def _servelab_client(port: int, requests: int, chunks: int, concurrency: int, wo
     target = HttpTarget(f"http://127.0.0.1:{port}", ignore_eos=True, scrape_interval=3600, workers=workers)
     sink = MemorySink()
     cpu0, wall0 = _cpu_with_children(), time.perf_counter()
-    summary = run_point(target, plan, out_dir, {}, observers=[sink])
+    summary = run_point(target, plan, out_dir, {}, observers=[sink]).model_dump(exclude_unset=True)
     zero = summary["client_stats"]["clock_zero_perf_counter"]
     return {
         "completed": summary["completed"],

@@ -39,7 +39,7 @@ from heavy_run import TINY_MODEL, VLLM_PYTHON, heavy_lock
 def point(base_url: str, concurrency: int, requests: int, out: Path) -> dict:
     plan = build_plan(WorkloadConfig(input_len=128, output_len=32), ArrivalConfig(max_concurrency=concurrency),
                       Amount(num_prompts=requests))
-    summary = run_point(HttpTarget(base_url, ignore_eos=True), plan, out, {})
+    summary = run_point(HttpTarget(base_url, ignore_eos=True), plan, out, {}).model_dump(exclude_unset=True)
     stats = summary["client_stats"]
     delay = stats.get("added_delay") or {}
     return {

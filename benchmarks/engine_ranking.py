@@ -103,7 +103,7 @@ def predict(run: dict[str, Any], engine: str, scratch: Path, max_prompts: int | 
     plan = load_plan(run, deployment.model.vocab_size, max_prompts)
     sink = MemorySink()
     result = deployment.sim_target().run(plan, sink)
-    return float(summarize(sink.records, duration=result.duration)["output_throughput"])
+    return float(summarize(sink.records, duration=result.duration).output_throughput)
 
 
 def pair_errors(measured: dict[str, float], predicted: dict[str, float]) -> list[tuple[str, str, float]]:

@@ -286,7 +286,7 @@ def replay(entry: dict[str, Any], published: dict[str, Any], max_prompts: int | 
     start = time.perf_counter()
     sink = MemorySink()
     deployment.sim_target().run(plan, sink)
-    summary = summarize(sink.records)
+    summary = summarize(sink.records).model_dump(exclude_unset=True)
     regime = classify_regime(sink.records, plan.max_concurrency, summary)
     return Replay(entry, summary, int(summary["completed"]), time.perf_counter() - start, regime, tier)
 
