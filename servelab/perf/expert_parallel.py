@@ -25,6 +25,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from servelab.perf.engine_config import EngineConfig
+from servelab.perf.hardware import Hardware
+from servelab.perf.memory import routed_expert_bytes, weight_bytes_per_rank
 from servelab.perf.models import ModelSpec, MoESpec
 
 
@@ -90,3 +93,19 @@ def expert_layer_scale(layout: ExpertLayout, moe: MoESpec, routed_tokens: float)
     if not layout.expert_parallel:
         return 1.0
     return layout.tensor_parallel_size / layout.expert_shards * busiest_rank_factor(moe, routed_tokens, layout.ep_size)
+
+
+def step_weight_bytes(model: ModelSpec, config: EngineConfig, hardware: Hardware, num_tokens: float) -> float:
+    """Weight bytes one GPU reads in a step of `num_tokens` tokens (a replica's batch): all of a dense model's; for a
+    mixture of experts, every non-expert weight plus the experts some token is routed to (uniform routing), so a
+    small batch reads a few experts and a large one all of them. Embedding rows are counted whole, as the memory
+    plan holds them; with expert parallelism over data-parallel ranks, the other ranks' tokens count too."""
+    tp = config.tensor_parallel_size
+    total = weight_bytes_per_rank(model, config.quantization, hardware, tp)
+    if not model.moe:
+        return float(total)
+    layout = ExpertLayout(tp, config.data_parallel_size, config.enable_expert_parallel)
+    experts = routed_expert_bytes(model, config.quantization, hardware) / tp
+    held = experts * tp / layout.expert_shards
+    routed = num_tokens * (layout.data_parallel_size if layout.dispatches else 1)
+    return total - experts + held * model.moe.experts_touched(max(routed, 1.0)) / model.moe.num_experts
