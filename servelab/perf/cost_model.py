@@ -514,9 +514,10 @@ class RooflineCostModel:
             layout = self.expert_layout
             routed = num_tokens * (layout.data_parallel_size if layout.dispatches else 1)  # DP ranks step together
             touched = self._moe.experts_touched(routed)
-            layers = self.model.num_moe_layers * self.moe_layer_time(routed, touched)
+            fixed = self.model.num_moe_layers * MOE_LAYER_FIXED_S  # launches and routing: every rank, unscaled
+            grouped = self.model.num_moe_layers * self.moe_layer_time(routed, touched) - fixed
             cached = self._expert_cache[num_tokens] = (
-                layers * expert_layer_scale(layout, self._moe, routed)
+                fixed + grouped * expert_layer_scale(layout, self._moe, routed)
                 + all_to_all_time(self.model, layout, num_tokens, self._a2a_link, self.coefficients.allreduce_latency_s))
         return cached
 
