@@ -75,7 +75,9 @@ from servelab.metrics.intervals import (
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
 from servelab.perf.calibration import EnvironmentFit
-from servelab.perf.published import LENGTHS, published_entries
+from servelab.perf.engine_args import parse_engine_args
+from servelab.perf.errors import PerfConfigError
+from servelab.perf.published import LENGTHS, PUBLISHED, published_entries
 from servelab.targets.deployment import Deployment, build_deployment
 from servelab.workload.arrival import ArrivalConfig, schedule
 from servelab.workload.datasets import WorkloadConfig
@@ -119,10 +121,27 @@ informed without fixing a number (which measured vLLM release's CPU costs a rele
 vllm_cpu_costs.measured) are not constants; they are named in docs/accuracy.md."""
 
 
+PUBLISHED_FILE = [PUBLISHED]
+"""The published-runs file replayed: published.yaml, or another one set by use_published (moe_accuracy.py)."""
+
+
+def use_published(path: Path) -> None:
+    """Replay the runs of `path` instead of published.yaml (the same scoring, another class of runs)."""
+    PUBLISHED_FILE[0] = path
+    entries.cache_clear()
+    fitted_sources.cache_clear()
+
+
 @cache
 def entries() -> tuple[dict[str, Any], ...]:
-    """published.yaml's entries, read once (the tiers look up sibling runs for every entry)."""
-    return tuple(published_entries())
+    """The published-runs file's entries, read once (the tiers look up sibling runs for every entry)."""
+    return tuple(published_entries(PUBLISHED_FILE[0]))
+
+
+def constants_here() -> tuple[FittedConstant, ...]:
+    """The fitted constants read off runs of the file being replayed (another file's runs are not here to hold out)."""
+    ids = {e["id"] for e in entries()}
+    return tuple(c for c in FITTED_CONSTANTS if set(c.runs) <= ids)
 
 
 def source_of(entry: dict[str, Any]) -> str:
@@ -142,7 +161,7 @@ def source_of(entry: dict[str, Any]) -> str:
 def fitted_sources() -> dict[str, FittedConstant]:
     """Source -> the constant read off one of its runs."""
     by_id = {e["id"]: e for e in entries()}
-    return {source_of(by_id[run]): c for c in FITTED_CONSTANTS for run in c.runs}
+    return {source_of(by_id[run]): c for c in constants_here() for run in c.runs}
 
 
 def not_replayable(entry: dict[str, Any]) -> str | None:
@@ -355,7 +374,10 @@ def run(only: set[str] | None = None, max_prompts: int | None = None,
         if only and entry["id"] not in only:
             continue
         reason = not_replayable(entry)
-        row = None if reason else predict(entry, published, max_prompts)
+        try:
+            row = None if reason else predict(entry, published, max_prompts)
+        except PerfConfigError as refused:  # the deployment servelab refuses to build, though the source ran it
+            row, reason = None, f"servelab refuses the deployment: {refused}"
         if row is None:
             skipped.append((entry, reason or f"tier {tier} cannot predict it"))
         else:
@@ -396,9 +418,9 @@ def per_run_table(rows: list[Replay]) -> str:
                  for m in METRICS if r.entry["measured"].get(m) is not None and m in r.predicted]
         gpu = r.entry["gpu"] + ("" if r.entry.get("gpu_stated", True) else " (assumed)") \
             + ("" if r.entry.get("in_summary", True) else " (not in summary)")
-        tp = r.entry.get("engine_args", "").split("--tensor-parallel-size ")[1].split()[0] \
-            if "--tensor-parallel-size" in (r.entry.get("engine_args") or "") else "1"
-        lines.append([r.entry["id"], gpu, f"{r.entry['model']} TP{tp}", str(r.entry["vllm_version"]), _load(r.entry),
+        config = parse_engine_args(r.entry.get("engine_args") or "").config
+        layout = f"TP{config.tensor_parallel_size}" + (" EP" if getattr(config, "enable_expert_parallel", False) else "")
+        lines.append([r.entry["id"], gpu, f"{Path(r.entry['model']).name} {layout}", str(r.entry["vllm_version"]), _load(r.entry),
                       _status(r), "<br>".join(cells)])
     return _table(["run", "GPU", "model", "vLLM", "workload", "class", "measured / predicted (error)"], lines)
 
@@ -517,7 +539,7 @@ def apart_tables(rows: list[Replay]) -> list[str]:
                      f"req/s and out tok/s headline: their throughput is the offered rate whatever the model): "
                      f"req/s median |error| {100 * statistics.median(map(abs, errs)):.1f}% over {len(errs)} runs."
                      if errs else f"**Served at the offered rate**: {len(offered)} runs, none publishes req/s.")
-    for constant in FITTED_CONSTANTS:
+    for constant in constants_here():
         source = source_of(next(e for e in entries() if e["id"] == constant.runs[0]))
         group = [r for r in rows if r.source == source]
         lines = [[r.entry["id"], "read off" if r.entry["id"] in constant.runs else "sibling", str(r.regime),

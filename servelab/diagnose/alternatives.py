@@ -113,6 +113,9 @@ def _options(d: Deployment, e: Evidence, scenario: Scenario, region: Region | No
     options.append(Option(f"+1 GPU: {2 * cfg.data_parallel_size} replicas",
                           lambda: d.with_changes(data_parallel_size=2 * cfg.data_parallel_size),
                           trade="failover: one GPU down, the others still serve"))
+    if d.model.moe and cfg.tensor_parallel_size * cfg.data_parallel_size > 1:  # TP vs EP for the same GPUs
+        options.append(Option("experts sliced over TP" if cfg.enable_expert_parallel else "expert parallel (EP)",
+                              lambda: d.with_changes(enable_expert_parallel=not cfg.enable_expert_parallel)))
     if d.hardware.interconnect_bandwidth > 0:
         options.append(Option(f"+1 GPU: TP={2 * cfg.tensor_parallel_size}",
                               lambda: d.with_changes(tensor_parallel_size=2 * cfg.tensor_parallel_size),

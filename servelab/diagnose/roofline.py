@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from servelab.perf.memory import kv_bytes_per_token_per_rank, weight_bytes_per_rank
+from servelab.perf.expert_parallel import step_weight_bytes
+from servelab.perf.memory import kv_bytes_per_token_per_rank
 from servelab.perf.quantization import weight_format
 from servelab.targets.deployment import Deployment
 
@@ -76,7 +77,7 @@ def decode_step(d: Deployment, batch: float, context: float) -> DecodeStep:
     n, ctx = max(1, round(batch)), max(1, round(context))
     fmt = weight_format(cfg.quantization, model, hw)
     peak = hw.peak_flops(fmt.compute_dtype)
-    weights = weight_bytes_per_rank(model, cfg.quantization, hw, tp)
+    weights = step_weight_bytes(model, cfg, hw, n)  # a MoE decode step reads only the experts its tokens use
     kv = n * ctx * kv_bytes_per_token_per_rank(model, cfg.kv_cache_dtype, tp)
     flops = n * (model.linear_flops_per_token + model.lm_head_flops_per_token) / tp
     return DecodeStep(

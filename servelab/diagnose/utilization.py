@@ -11,7 +11,8 @@ applied to the measured token rates.
 
 from __future__ import annotations
 
-from servelab.perf.memory import kv_bytes_per_token_per_rank, weight_bytes_per_rank
+from servelab.perf.expert_parallel import step_weight_bytes
+from servelab.perf.memory import kv_bytes_per_token_per_rank
 from servelab.perf.quantization import weight_format
 from servelab.schemas.diagnosis import Evidence, Utilization
 from servelab.schemas.vocabulary import FlopSource
@@ -39,11 +40,13 @@ def utilization(e: Evidence, d: Deployment) -> Utilization:
     if e.achieved_flops:
         flops_replica, source = e.achieved_flops * cfg.tensor_parallel_size, FlopSource.SERVER
 
-    weights = weight_bytes_per_rank(model, cfg.quantization, hw, 1)
+    batch = max(1.0, e.mean_running or e.mean_in_flight)
+    # Per replica: a rank's share times TP; a MoE step reads only the experts its batch is routed to.
+    weights = step_weight_bytes(model, cfg, hw, batch / cfg.data_parallel_size) * cfg.tensor_parallel_size
     kv_token = kv_bytes_per_token_per_rank(model, cfg.kv_cache_dtype, 1)
     steps = e.steps_per_s
     if steps is None:
-        steps = e.output_throughput / max(1.0, e.mean_running or e.mean_in_flight)
+        steps = e.output_throughput / batch
     steps_replica = steps / cfg.data_parallel_size if e.steps_per_s is None else steps
     bytes_replica = steps_replica * weights + (e.output_throughput / cfg.data_parallel_size) * context * kv_token
     if e.achieved_read_bandwidth:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
+from servelab.perf.expert_parallel import ExpertLayout, all_to_all_time, expert_layer_scale
 from servelab.perf.hardware import Hardware
 from servelab.perf.kernel_fit import (
     GemmFit,
@@ -284,6 +285,8 @@ class RooflineCostModel:
         self._streamed_bytes = streamed
         self._expert_bytes_per_rank = model.expert_params * self.weight_format.bytes_per_param / tp
         self._moe, self._expert_cache = model.moe, dict[int, float]()
+        self.expert_layout = ExpertLayout(tp, engine_config.data_parallel_size, engine_config.enable_expert_parallel)
+        self._a2a_link = hardware.interconnect_bandwidth * c.interconnect_efficiency
         self._decode_attn_s_per_pair: float | None = None
         """Set for MLA, whose absorbed decode attention has its own FLOPs per pair."""
         kv_per_token = kv_bytes_per_token_per_rank(model, engine_config.kv_cache_dtype, tp)
@@ -496,16 +499,26 @@ class RooflineCostModel:
         """Weight bytes one rank reads from memory in a step of `num_tokens` tokens: every weight outside the routed
         experts (the LM head too; embedding rows are gathered, not streamed) and, in each MoE layer, every expert
         some token is routed to, once (uniform routing, MoESpec.experts_touched)."""
-        touched = self._moe.experts_touched(num_tokens) if self._moe else 0.0
-        return self._streamed_bytes + self.model.num_moe_layers * touched * self._expert_bytes_per_rank
+        if not self._moe:
+            return float(self._streamed_bytes)
+        routed = num_tokens * (self.expert_layout.data_parallel_size if self.expert_layout.dispatches else 1)
+        share = self.expert_layout.tensor_parallel_size / self.expert_layout.expert_shards
+        touched = self._moe.experts_touched(routed)
+        return self._streamed_bytes + self.model.num_moe_layers * touched * self._expert_bytes_per_rank * share
 
     def _expert_time(self, num_tokens: int) -> float:
         """The routed experts of all MoE layers for a step of `num_tokens` tokens, routed uniformly (see the class)."""
         cached = self._expert_cache.get(num_tokens)
         if cached is None:
             assert self._moe is not None
-            touched = self._moe.experts_touched(num_tokens)
-            cached = self._expert_cache[num_tokens] = self.model.num_moe_layers * self.moe_layer_time(num_tokens, touched)
+            layout = self.expert_layout
+            routed = num_tokens * (layout.data_parallel_size if layout.dispatches else 1)  # DP ranks step together
+            touched = self._moe.experts_touched(routed)
+            fixed = self.model.num_moe_layers * MOE_LAYER_FIXED_S  # launches and routing: every rank, unscaled
+            grouped = self.model.num_moe_layers * self.moe_layer_time(routed, touched) - fixed
+            cached = self._expert_cache[num_tokens] = (
+                fixed + grouped * expert_layer_scale(layout, self._moe, routed)
+                + all_to_all_time(self.model, layout, num_tokens, self._a2a_link, self.coefficients.allreduce_latency_s))
         return cached
 
     def moe_layer_time(self, num_tokens: float, touched_experts: float) -> float:

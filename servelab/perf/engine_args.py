@@ -70,7 +70,7 @@ OBSOLETE_FLAGS: dict[str, str] = {
 UNMODELLED_FLAGS = frozenset(
     {
         "speculative-config", "spec-model", "compilation-config",
-        "attention-backend", "attention-config", "cpu-offload-gb", "enable-expert-parallel",
+        "attention-backend", "attention-config", "cpu-offload-gb",
         "max-num-scheduled-tokens", "max-num-active-seqs", "max-num-queued-reqs", "max-num-queued-tokens",
         "long-prefill-token-threshold-adaptive", "pipeline-parallel-size", "decode-context-parallel-size",
         "prefill-context-parallel-size", "kv-transfer-config", "scheduler-cls",
@@ -149,6 +149,7 @@ _MODELLED: dict[str, _Flag] = {
     "device-memory-utilization": _Flag("gpu_memory_utilization", fraction),
     "async-scheduling": _Flag("async_scheduling"),
     "enforce-eager": _Flag("enforce_eager"),
+    "enable-expert-parallel": _Flag("enable_expert_parallel"),
     "scheduler-reserve-full-isl": _Flag("scheduler_reserve_full_isl"),
     "watermark": _Flag("watermark", _non_negative_fraction),
     "api-server-count": _Flag("api_server_count", _positive),

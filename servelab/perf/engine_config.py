@@ -30,7 +30,11 @@ class EngineConfig:
     dtype: str = "auto"
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
-    """Replicas behind a router."""
+    """Replicas behind a router; for a mixture-of-experts model with `enable_expert_parallel`, data-parallel
+    attention ranks sharing one expert-parallel MoE (perf/expert_parallel.py)."""
+    enable_expert_parallel: bool = False
+    """Whole experts per GPU across all TP x DP ranks instead of every expert sliced over TP (vLLM's
+    `--enable-expert-parallel`, SGLang's `--ep-size`); no effect on a dense model."""
     scheduling_policy: str = "fcfs"
     """fcfs or priority."""
     num_gpu_blocks_override: int | None = None

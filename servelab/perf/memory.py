@@ -184,6 +184,9 @@ def plan_memory(
     total = hardware.memory_bytes
     requested = math.ceil(total * config.gpu_memory_utilization)
     weights = weight_bytes_per_rank(model, config.quantization, hardware, tp)
+    if model.moe and config.enable_expert_parallel and config.data_parallel_size > 1:
+        # Expert parallelism over data-parallel ranks: each GPU holds 1/(TP x DP) of the routed experts.
+        weights -= int(routed_expert_bytes(model, config.quantization, hardware) / tp * (1 - 1 / config.data_parallel_size))
     activations = activation_bytes(model, config, reserve)
     non_torch = reserve.non_torch_bytes + (reserve.nccl_bytes if tp > 1 else 0)
     graphs = cuda_graph_reserve(hardware, config, reserve)

@@ -29,6 +29,8 @@ from servelab.perf.quantization import weight_format
 
 PUBLISHED = Path(__file__).parent / "data" / "published.yaml"
 LENGTHS = PUBLISHED.with_name("published_lengths.yaml")
+PUBLISHED_MOE = PUBLISHED.with_name("published_moe.yaml")
+"""The mixture-of-experts runs, scored apart (benchmarks/moe_accuracy.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +42,10 @@ class Ceiling:
     """'compute' or 'memory': which side of the linear layers' roofline set the ceiling."""
 
 
-def published_entries() -> list[dict[str, Any]]:
-    return yaml.safe_load(PUBLISHED.read_text())
+def published_entries(path: Path = PUBLISHED) -> list[dict[str, Any]]:
+    """The runs of one published-runs file (published.yaml, or published_moe.yaml)."""
+    result: list[dict[str, Any]] = yaml.safe_load(path.read_text())
+    return result
 
 
 def _resends_prompts(entry: dict[str, Any]) -> bool:

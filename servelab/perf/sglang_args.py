@@ -36,6 +36,10 @@ class SGLangSettings:
     model: str | None = None
     tp_size: int = 1
     dp_size: int = 1
+    ep_size: int = 1
+    """Expert-parallel GPUs (`--ep-size`): above 1, whole experts per GPU (perf/expert_parallel.py)."""
+    enable_dp_attention: bool = False
+    """Attention data-parallel over the dp_size ranks that share the experts (`--enable-dp-attention`)."""
     mem_fraction_static: float | None = None
     max_running_requests: int | None = None
     max_total_tokens: int | None = None
@@ -70,6 +74,8 @@ FLAGS = FlagTable(
         "model-path": Flag("model", str),
         "tp-size": Flag("tp_size", positive_int),
         "dp-size": Flag("dp_size", positive_int),
+        "ep-size": Flag("ep_size", positive_int),
+        "enable-dp-attention": Flag("enable_dp_attention"),
         "mem-fraction-static": Flag("mem_fraction_static", fraction),
         "max-running-requests": Flag("max_running_requests", positive_int),
         "max-total-tokens": Flag("max_total_tokens", positive_int),
@@ -96,7 +102,7 @@ FLAGS = FlagTable(
         "disable-regex-jump-forward": "regex jump-forward decoding was removed",
     },
     not_modelled=frozenset({
-        "enable-mixed-chunk", "num-continuous-decode-steps", "speculative-algorithm", "enable-dp-attention",
+        "enable-mixed-chunk", "num-continuous-decode-steps", "speculative-algorithm",
         "attention-backend", "enable-torch-compile", "radix-eviction-policy", "pp-size",
         "enable-hierarchical-cache", "retraction-policy", "enable-priority-scheduling",
     }),
@@ -112,6 +118,7 @@ FLAGS = FlagTable(
         "enable-overlap-schedule", "disable-regex-jump-forward",
     }),
     aliases={"model": "model-path", "tp": "tp-size", "tensor-parallel-size": "tp-size", "dp": "dp-size",
+             "ep": "ep-size", "expert-parallel-size": "ep-size",
              "data-parallel-size": "dp-size"},
 )
 
@@ -172,6 +179,10 @@ def _kv_dtype(name: str) -> str:
 def resolve_sglang(settings: SGLangSettings, hardware: Hardware, model: ModelSpec) -> SGLangPlan:
     """SGLang's defaults on this chip and its KV pool; PerfConfigError when the model does not fit."""
     s = settings
+    if s.ep_size not in (1, s.tp_size):
+        raise PerfConfigError(f"--ep-size {s.ep_size}: SGLang's expert parallelism spans the --tp-size {s.tp_size} ranks")
+    if s.enable_dp_attention and s.tp_size % s.dp_size:
+        raise PerfConfigError(f"--enable-dp-attention: --dp-size {s.dp_size} must divide --tp-size {s.tp_size}")
     if model.num_heads % s.tp_size:
         raise PerfConfigError(f"{model.name} has {model.num_heads} attention heads, not divisible by --tp-size {s.tp_size}")
     chunk_default, graph_default = memory_defaults(hardware, s.tp_size)
@@ -214,8 +225,11 @@ def resolve_sglang(settings: SGLangSettings, hardware: Hardware, model: ModelSpe
         kv_cache_dtype=_kv_dtype(s.kv_cache_dtype),
         quantization=s.quantization,
         dtype=s.dtype,
-        tensor_parallel_size=s.tp_size,
+        # DP attention splits the TP group into dp_size attention ranks of tp/dp GPUs that share the experts,
+        # vLLM's TP x DP layout with expert parallelism; without it, dp_size is replicas.
+        tensor_parallel_size=s.tp_size // s.dp_size if s.enable_dp_attention else s.tp_size,
         data_parallel_size=s.dp_size,
+        enable_expert_parallel=s.ep_size > 1,
         async_scheduling=not s.disable_overlap_schedule,
         stream_interval=s.stream_interval,
         enforce_eager=s.disable_cuda_graph,

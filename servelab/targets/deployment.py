@@ -52,7 +52,7 @@ VLLM_FLAGS = {
 VLLM_SWITCHES = {
     "enable_chunked_prefill": "enable-chunked-prefill", "enable_prefix_caching": "enable-prefix-caching",
     "async_scheduling": "async-scheduling", "scheduler_reserve_full_isl": "scheduler-reserve-full-isl",
-    "enforce_eager": "enforce-eager", "enable_lora": "enable-lora",
+    "enforce_eager": "enforce-eager", "enable_lora": "enable-lora", "enable_expert_parallel": "enable-expert-parallel",
 }
 
 

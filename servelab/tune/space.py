@@ -113,11 +113,15 @@ KNOBS: dict[str, Knob] = {
         Knob("kv_cache_dtype", _kv_dtype, ("auto", "fp8"), False, "KV-cache element type"),
         Knob("quantization", _quantization, (None,), True, "weight quantization (name the variants you have)"),
         Knob("tensor_parallel_size", _int, (1, 2, 4, 8), False, "GPUs per replica"),
-        Knob("data_parallel_size", _int, (1, 2, 4), False, "replicas behind a router"),
+        Knob("data_parallel_size", _int, (1, 2, 4), False,
+             "replicas behind a router (with expert parallelism: data-parallel attention ranks sharing the experts)"),
+        Knob("enable_expert_parallel", _bool, (False, True), False,
+             "mixture-of-experts: whole experts per GPU across TP x DP instead of every expert sliced over TP"),
         Knob(GPU, _gpu, (), False, "GPU kind from the catalogue"),
     )
 }
-ALIASES = {"replicas": "data_parallel_size", "tp": "tensor_parallel_size", "prefix_caching": "enable_prefix_caching",
+ALIASES = {"replicas": "data_parallel_size", "tp": "tensor_parallel_size", "ep": "enable_expert_parallel",
+           "expert_parallel": "enable_expert_parallel", "dp": "data_parallel_size", "prefix_caching": "enable_prefix_caching",
            "chunked_prefill": "enable_chunked_prefill", "hardware": GPU}
 DEFAULT_KNOBS = ("max_num_seqs", "max_num_batched_tokens")
 """Searched when the user names no knob: the two that decide batching, vLLM's biggest lever."""
@@ -144,6 +148,7 @@ ENGINE_KNOBS: dict[str, dict[str, Knob]] = {
                    "cached prefix first)", choice(*sglang_args.MODELLED_POLICIES)),
         _flag_knob(_SGL, "mem_fraction_static", (None, 0.8, 0.85, 0.9), True, "share of GPU memory for weights + KV"),
         _flag_knob(_SGL, "tp_size", (1, 2, 4, 8), False, "GPUs per replica"),
+        _flag_knob(_SGL, "ep_size", (1, 2, 4, 8), False, "mixture-of-experts: expert-parallel GPUs (1 or tp_size)"),
         _GPU_KNOB,
     )},
     TRTLLM: {k.name: k for k in (
