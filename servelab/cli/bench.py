@@ -21,7 +21,7 @@ from servelab.errors import InputError
 from servelab.metrics.engines import AUTO, ENGINE_CHOICES
 from servelab.report.console import make_console
 from servelab.targets.preflight import ENDPOINTS
-from servelab.targets.replicas import ROUND_ROBIN, ROUTES
+from servelab.schemas.vocabulary import CLIENT_ROUTES as ROUTES, ROUND_ROBIN, SESSION_HEADER
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 
@@ -56,6 +56,14 @@ def bench(
         callback=real(gt=0, le=1),
         help="The share of requests that abandon after --abandon-after (the same ones in every run).",
         rich_help_panel=SERVER_PANEL)] = 1.0,
+    # -- fleets (docs/fleets.md): per-replica /metrics through a router, and the session header --
+    replica_metrics_url: Annotated[Optional[list[str]], typer.Option(
+        help="A replica's /metrics behind the router at --base-url (repeat it for each): scraped alongside the run, so "
+             "run.json's server_info.replicas says what each served, its queue, KV usage and prefix-cache hits. "
+             "Several --base-url are scraped without it.", rich_help_panel=SERVER_PANEL)] = None,
+    session_header: Annotated[str, typer.Option(
+        help="The header carrying a request's conversation id (multiturn) for routers with session affinity; "
+             "'' sends none.", rich_help_panel=SERVER_PANEL)] = SESSION_HEADER,
     report: ReportFlag = False,
     workers: Annotated[int, typer.Option(
         min=1, max=1024, help="Client processes, one event loop each: raise it when the summary warns that the client is the bottleneck.", rich_help_panel=SERVER_PANEL)] = 1,
@@ -96,14 +104,18 @@ def bench(
         request_timeout=request_timeout, scrape_interval=scrape_interval,
         send_text=bool(first_plan.description["text_prompts"]), workers=workers, engine=engine,
         abandon_after=abandon_after, abandon_share=abandon_share, route=route,
+        session_header=session_header or None, replica_metrics_urls=replica_metrics_url or (),
     )
+    if replica_metrics_url and len(urls) > 1:
+        raise InputError("--replica-metrics-url is for replicas behind one router URL; several --base-url are scraped themselves")
     target = HttpTarget(**options, gpu_telemetry=GpuTelemetry(dcgm_url=gpu_metrics_url))
     server = target.preflight()
     result_dir = load.output_dir("bench")
     flags = {"base_url": urls[0], "base_urls": urls, "route": route, "endpoint": endpoint, "model": server["model"], "ignore_eos": ignore_eos,
              "request_timeout": request_timeout, "scrape_interval": scrape_interval, "workers": workers,
              "gpu_metrics_url": gpu_metrics_url, "engine": engine, "abandon_after": abandon_after,
-             "abandon_share": abandon_share, **load.as_dict()}
+             "abandon_share": abandon_share, "session_header": session_header or None,
+             "replica_metrics_urls": replica_metrics_url or [], **load.as_dict()}
     run_info: dict[str, Any] = {"verb": "bench", "source": "http", "argv": _argv_without_secrets(api_key), "flags": flags,
                                 # the server's own KV blocks and prefix-cache switch, which diagnose reads back
                                 CACHE_CONFIG: server_cache_config(urls[0])}

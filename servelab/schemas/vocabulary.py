@@ -45,6 +45,10 @@ class RouterPolicy(StrEnum):
 ROUND_ROBIN = RouterPolicy.ROUND_ROBIN
 LEAST_LOADED = RouterPolicy.LEAST_LOADED
 POLICIES = tuple(RouterPolicy)
+CLIENT_ROUTES = (ROUND_ROBIN, RouterPolicy.LEAST_OUTSTANDING, RouterPolicy.PREFIX_HASH, RouterPolicy.SESSION)
+"""The routers `bench` runs itself over several --base-url (`--route`): those that read no server state."""
+SESSION_HEADER = "X-Session-ID"
+"""Where `bench` puts a request's conversation id by default: the header session-affinity routers key on."""
 
 
 # The workload's names and bounds (`--dataset-name`, `--length-distribution`, ...), kept apart from the generators.
