@@ -23,6 +23,7 @@ from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.observations import check as check_observations, idle_decode_ms
 from servelab.diagnose.alternatives import Alternative, price_alternatives
 from servelab.diagnose.outside_engine import describe as describe_outside
+from servelab.diagnose.fleet import fleet_findings
 from servelab.diagnose.findings import UNDERLOADED, Context, Finding, caveats, detect, queue_reason
 from servelab.diagnose.recommend import recommend, run as simulate_outcome
 from servelab.diagnose.reconcile import OBSERVED_VS_SIMULATED, TRIED, Figure, finding as reconcile, tried_finding
@@ -258,6 +259,8 @@ def analyse(
     for first in (gap if contradiction is None else None, contradiction):
         if first is not None:  # reported figures that cannot hold, or far from the simulation, come first
             found.insert(0, first)
+    found += fleet_findings((run.run_info.get("server_info") or {}).get("replicas") or [],  # a fleet's replicas
+                            scenario.mean_shared / scenario.mean_input if scenario.mean_input else None)
     dx = Diagnosis(deployment, scenario, e, c, u, found, slo, attained, source, observed, caveats=caveats(ctx),
                    verdict=overload(e.offered_rate or scenario.offered_rate if scenario.max_concurrency is None else None,
                                     c.saturation_rps, c.saturation_rps_interval))
