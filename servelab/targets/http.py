@@ -200,16 +200,16 @@ class HttpTarget:
         """The first replica: /metrics, /reset_prefix_cache and the server info come from it."""
         self.route = route
         if session_header is not None and not _HEADER_NAME.fullmatch(session_header):
-            raise TargetError(f"session header {session_header!r} is not an HTTP header name")
+            raise TargetError(f"--session-header {session_header!r} is not an HTTP header name")
         self.session_header = session_header
         """The header that carries a request's conversation id (when it has one), for routers with session
         affinity; None: not sent."""
+        bad = [u for u in replica_metrics_urls if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise TargetError(f"--replica-metrics-url must be an http(s) URL, got {', '.join(map(repr, bad))}")
         self.replica_metrics_urls = list(replica_metrics_urls) or (
             [url + "/metrics" for url in self.base_urls] if len(self.base_urls) > 1 else [])
         """Each replica's /metrics, scraped alongside the run: given (a router in front), or every --base-url's."""
-        bad = [u for u in self.replica_metrics_urls if not u.startswith(("http://", "https://"))]
-        if bad:
-            raise TargetError(f"a replica's metrics URL must be http(s): {', '.join(bad)}")
         self.endpoint = endpoint
         self.model = model
         self.ignore_eos = ignore_eos
