@@ -106,8 +106,9 @@ class LoadFlags:
     random_range_ratio: Annotated[Optional[float], typer.Option(
         callback=real(ge=0), help="Length spread: uniform in \\[len*(1-r), len*(1+r)]; std/mean for normal/lognormal. Default 0.", rich_help_panel=_WORKLOAD)] = None
     length_distribution: Annotated[str, typer.Option(help=f"Length distribution: {', '.join(DISTRIBUTIONS)}.", rich_help_panel=_WORKLOAD)] = "uniform"
-    prefix_len: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="prefix: tokens of the shared prefix (system prompt, RAG context).", rich_help_panel=_WORKLOAD)] = None
-    num_prefixes: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="prefix: how many distinct prefixes. Default 1.", rich_help_panel=_WORKLOAD)] = None
+    prefix_len: Annotated[Optional[int], typer.Option(
+        min=1, max=MAX_INT, help="prefix: tokens of the shared prefix (RAG context, system prompt); multiturn: of each chat's system prompt.", rich_help_panel=_WORKLOAD)] = None
+    num_prefixes: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="prefix/multiturn: how many distinct prefixes (system prompts). Default 1.", rich_help_panel=_WORKLOAD)] = None
     multiturn_turns: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="multiturn: turns per conversation. Default 3.", rich_help_panel=_WORKLOAD)] = None
     multiturn_think_time: Annotated[Optional[float], typer.Option(callback=real(ge=0), help="multiturn: seconds between a reply and the next turn. Default 0.", rich_help_panel=_WORKLOAD)] = None
     seed: Annotated[int, typer.Option(min=0, help="Seed for prompts, lengths and arrivals.", rich_help_panel=_WORKLOAD)] = 0
@@ -146,14 +147,14 @@ class LoadFlags:
             result_dir_refusal(self.result_dir, self.overwrite)
         name = self.dataset_name
         only = {
-            "--prefix-len": (self.prefix_len, "prefix"),
-            "--num-prefixes": (self.num_prefixes, "prefix"),
-            "--multiturn-turns": (self.multiturn_turns, "multiturn"),
-            "--multiturn-think-time": (self.multiturn_think_time, "multiturn"),
+            "--prefix-len": (self.prefix_len, ("prefix", "multiturn")),
+            "--num-prefixes": (self.num_prefixes, ("prefix", "multiturn")),
+            "--multiturn-turns": (self.multiturn_turns, ("multiturn",)),
+            "--multiturn-think-time": (self.multiturn_think_time, ("multiturn",)),
         }
-        for flag, (value, dataset) in only.items():
-            if value is not None and name != dataset:
-                raise WorkloadError(f"{flag} is only used by --dataset-name {dataset}, not --dataset-name {name}")
+        for flag, (value, datasets) in only.items():
+            if value is not None and name not in datasets:
+                raise WorkloadError(f"{flag} is only used by --dataset-name {' or '.join(datasets)}, not --dataset-name {name}")
         if name in FILE_DATASETS:
             for flag, value in (
                 ("--random-input-len", self.random_input_len),

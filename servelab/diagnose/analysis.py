@@ -22,6 +22,7 @@ from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.observations import check as check_observations, idle_decode_ms
 from servelab.diagnose.alternatives import price_alternatives
 from servelab.diagnose.outside_engine import describe as describe_outside
+from servelab.diagnose.fleet import fleet_findings
 from servelab.diagnose.findings import UNDERLOADED, Context, caveats, detect, queue_reason
 from servelab.diagnose.recommend import Outcome, recommend, run as simulate_outcome
 from servelab.diagnose.reconcile import (OBSERVED_VS_SIMULATED, TRIED, Figure, Reconciled, finding as reconcile,
@@ -238,6 +239,8 @@ def analyse(
     reconciled = (reconcile(deployment, scenario, simulate_outcome(deployment, scenario, None), observed.figures,
                             observed.tried, c.saturation_rps) if described and observed.figures else None)
     found = _reported_first(found, ctx, scenario, observed, source, reconciled)
+    found += fleet_findings((run.run_info.get("server_info") or {}).get("replicas") or [],  # a fleet's replicas
+                            scenario.mean_shared / scenario.mean_input if scenario.mean_input else None)
     verdict = overload(e.offered_rate or scenario.offered_rate if scenario.max_concurrency is None else None,
                        c.saturation_rps, c.saturation_rps_interval)
     alternatives = (price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour, tried, region)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from prometheus_client.parser import text_string_to_metric_families
 
 from servelab.metrics import engines
+from servelab.metrics import timeline as tl
 from servelab.metrics.engines import EngineMetrics
 from servelab.metrics.gpu import GpuSampler
 from servelab.metrics.timeline import TimelineSample
@@ -187,3 +188,51 @@ class MetricsScraper:
         if self.gpu is not None:
             stats["gpu"] = self.gpu.stats()
         return stats
+
+
+class ReplicaScrapers:
+    """Each replica's `/metrics`, scraped beside a run through a router (or over several `--base-url`), so the run
+    says what each replica did: requests served, queue, KV usage and prefix-cache hits (`loads`)."""
+
+    def __init__(self, scrapers: list[MetricsScraper]) -> None:
+        self.scrapers = scrapers
+        self._first: list[dict[str, float] | None] = []
+
+    async def fetch_first(self) -> None:
+        """Each replica's counters before the run (their values then are the run's zero)."""
+        self._first = list(await asyncio.gather(*(s.fetch() for s in self.scrapers)))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        for scraper, first in zip(self.scrapers, self._first):
+            if first is not None:
+                scraper.record(0.0, first)
+        await asyncio.gather(*(s.run(stop) for s in self.scrapers))
+        await asyncio.gather(*(s.sample_once() for s in self.scrapers))
+
+    def loads(self) -> list[dict[str, object]]:
+        return [replica_load(s) for s in self.scrapers]
+
+
+def replica_load(scraper: MetricsScraper) -> dict[str, object]:
+    """One replica's share of the run from its scraped samples: counters as differences over the run (requests it
+    finished, prefix-cache queries and hits), gauges as mean and peak (waiting, running, KV usage). None where the
+    replica did not export the quantity or no scrape answered."""
+    samples = scraper.samples
+    out: dict[str, object] = {"url": scraper.url, "samples": len(samples), "failures": scraper.failures}
+
+    def delta(name: str) -> float | None:
+        have = [s.values[name] for s in samples if name in s.values]
+        return have[-1] - have[0] if have else None
+
+    def gauge(name: str) -> tuple[float | None, float | None]:
+        have = [s.values[name] for s in samples if name in s.values]
+        return (sum(have) / len(have), max(have)) if have else (None, None)
+
+    served = delta(tl.E2E_COUNT)
+    hits, queries = delta(tl.PREFIX_HITS), delta(tl.PREFIX_QUERIES)
+    out.update(requests_served=None if served is None else int(round(served)), prefix_cache_queries=queries,
+               prefix_cache_hits=hits, prefix_cache_hit_rate=hits / queries if hits is not None and queries else None)
+    for key, name in (("waiting", tl.WAITING), ("running", tl.RUNNING), ("kv_usage", tl.KV_USAGE)):
+        mean, peak = gauge(name)
+        out.update({f"mean_{key}": mean, f"max_{key}": peak})
+    return out

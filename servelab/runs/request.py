@@ -31,7 +31,7 @@ from servelab.cli.options import (
 )
 from servelab.errors import InputError
 from servelab.metrics.engines import AUTO, ENGINE_CHOICES
-from servelab.schemas.vocabulary import ROUND_ROBIN, VLLM, Route
+from servelab.schemas.vocabulary import ROUND_ROBIN, SESSION_HEADER, VLLM, Route
 from servelab.targets.preflight import ENDPOINTS
 
 if TYPE_CHECKING:
@@ -82,6 +82,13 @@ class ServerFlags:
         callback=real(gt=0, le=1),
         help="The share of requests that abandon after --abandon-after (the same ones in every run).",
         rich_help_panel=SERVER_PANEL)] = 1.0
+    replica_metrics_url: Annotated[Optional[list[str]], typer.Option(
+        help="A replica's /metrics behind the router at --base-url (repeat it for each): scraped alongside the run, so "
+             "run.json's server_info.replicas says what each served, its queue, KV usage and prefix-cache hits. "
+             "Several --base-url are scraped without it.", rich_help_panel=SERVER_PANEL)] = None
+    session_header: Annotated[str, typer.Option(
+        help="The header carrying a request's conversation id (multiturn) for routers with session affinity; "
+             "'' sends none.", rich_help_panel=SERVER_PANEL)] = SESSION_HEADER
     ray_address: RayAddressFlag = None
     clients: Annotated[int, typer.Option(
         min=1, max=MAX_INT,
@@ -98,7 +105,8 @@ class ServerFlags:
                     ignore_eos=self.ignore_eos, request_timeout=self.request_timeout,
                     scrape_interval=self.scrape_interval, send_text=send_text, workers=self.workers,
                     engine=self.engine, abandon_after=self.abandon_after, abandon_share=self.abandon_share,
-                    route=self.route)
+                    route=self.route, session_header=self.session_header or None,
+                    replica_metrics_urls=tuple(self.replica_metrics_url or ()))
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,9 @@ class BenchRequest:
             raise InputError(f"--gpu-metrics-url must be an http(s) URL, got {s.gpu_metrics_url!r}")
         if len(set(s.urls)) != len(s.urls):
             raise InputError(f"--base-url: a URL is given twice ({', '.join(s.urls)})")
+        if s.replica_metrics_url and len(s.urls) > 1:
+            raise InputError("--replica-metrics-url is for replicas behind one router URL; several --base-url are "
+                             "scraped themselves")
         if s.clients > 1 and s.ray_address is None:
             raise InputError("--clients puts client actors on a Ray cluster: give --ray-address (on one machine, --workers)")
         if s.ray_address is not None and self.load.sweep is not None:

@@ -45,6 +45,10 @@ class RouterPolicy(StrEnum):
 ROUND_ROBIN = RouterPolicy.ROUND_ROBIN
 LEAST_LOADED = RouterPolicy.LEAST_LOADED
 POLICIES = tuple(RouterPolicy)
+CLIENT_ROUTES = (ROUND_ROBIN, RouterPolicy.LEAST_OUTSTANDING, RouterPolicy.PREFIX_HASH, RouterPolicy.SESSION)
+"""The routers `bench` runs itself over several --base-url (`--route`): those that read no server state."""
+SESSION_HEADER = "X-Session-ID"
+"""Where `bench` puts a request's conversation id by default: the header session-affinity routers key on."""
 
 
 # The workload's names and bounds (`--dataset-name`, `--length-distribution`, ...), kept apart from the generators.
@@ -88,6 +92,10 @@ class FindingKind(StrEnum):
     OBSERVATIONS_INCONSISTENT = "observations_inconsistent"
     OBSERVED_VS_SIMULATED = "observed_vs_simulated"
     TRIED = "tried_changes"
+    FLEET_IMBALANCE = "fleet_imbalance"
+    """Replicas behind a router: one queues while another idles (diagnose/fleet.py)."""
+    ROUTING_CACHE_MISSES = "routing_cache_misses"
+    """Replicas behind a router: prefix-cache hits lost to a route that scatters shared prompts."""
 
 
 class Verdict(StrEnum):
@@ -170,6 +178,10 @@ class Route(StrEnum):
 
     ROUND_ROBIN = "round-robin"
     LEAST_OUTSTANDING = "least-outstanding"
+    PREFIX_HASH = "prefix-hash"
+    """The conversation's prefix hashed onto a ring of replicas, with a load bound (servelab.workload.routing)."""
+    SESSION = "session"
+    """Every turn of a conversation to the replica that served its first."""
 
 
 class Disturbance(StrEnum):

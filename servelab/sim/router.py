@@ -25,7 +25,6 @@ docs/fleets.md says where each algorithm comes from.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -38,14 +37,9 @@ from servelab.sim.hashing import prompt_block_hashes
 from servelab.sim.radix_cache import RadixCache
 from servelab.schemas.vocabulary import LEAST_LOADED as LEAST_LOADED, POLICIES as POLICIES, ROUND_ROBIN as ROUND_ROBIN  # named here for their importers
 from servelab.schemas.vocabulary import RouterPolicy as RouterPolicy
+from servelab.workload.routing import HashRing, SessionAffinity, best as _best, fewest, prefix_key
+from servelab.workload.routing import HASH_LOAD_FACTOR as HASH_LOAD_FACTOR, HASH_PREFIX_TOKENS as HASH_PREFIX_TOKENS  # named here for their importers
 
-HASH_PREFIX_TOKENS = 25
-"""prefix-hash key: KubeAI's default prefixCharLength of 100 characters, at about 4 characters a token."""
-HASH_LOAD_FACTOR = 1.25
-"""prefix-hash bound: KubeAI's default meanLoadFactor 125%: a replica takes a request while its in-flight count
-plus one is at most 1.25 x the mean (counting the new request)."""
-HASH_REPLICATION = 256
-"""prefix-hash: points per replica on the ring (KubeAI's default replication)."""
 EPP_SCRAPE_INTERVAL = 0.05
 """prefix-aware: how often llm-d's endpoint picker refreshes the replicas' metrics (its default 50 ms)."""
 
@@ -64,7 +58,8 @@ class ScorerWeights:
 
 
 class RoutedRequest(Protocol):
-    """What a router may read off a request: its id, its prompt's tokens, and the turn it follows, if any."""
+    """What a router may read off a request: its id, its prompt's tokens, the turn it follows and the conversation
+    it belongs to, if any."""
 
     @property
     def index(self) -> int: ...
@@ -72,6 +67,8 @@ class RoutedRequest(Protocol):
     def prompt_ids(self) -> Any: ...
     @property
     def depends_on(self) -> int | None: ...
+    @property
+    def conversation(self) -> int | None: ...
 
 
 class Router:
@@ -90,10 +87,8 @@ class Router:
         self.outstanding: list[int] = []
         """Per replica: requests this router sent there that have not finished (its own count)."""
         self._replica_of: dict[int, int] = {}
-        self._conversation_of: dict[int, int] = {}
-        self._home: dict[int, int] = {}
-        """session: conversation (the index of its first turn) -> its replica."""
-        self._ring: tuple[np.ndarray, np.ndarray] | None = None
+        self._sessions = SessionAffinity()
+        self._ring: HashRing | None = None
         self._scraped: list[tuple[int, int, float]] = []
         self._next_scrape = -np.inf
 
@@ -121,39 +116,19 @@ class Router:
             case RouterPolicy.LEAST_LOADED:
                 return _best(start, [-_vllm_dp_score(*e.load) for e in engines])
             case RouterPolicy.LEAST_OUTSTANDING:
-                return _best(start, [-x for x in self.outstanding])
+                return fewest(start, self.outstanding)
             case RouterPolicy.PREFIX_HASH:
-                return self._prefix_hash(len(engines), request)
+                if self._ring is None:
+                    self._ring = HashRing(len(engines))
+                return self._ring.pick(prefix_key(request.prompt_ids), self.outstanding)
             case RouterPolicy.PREFIX_AWARE:
                 return self._prefix_aware(engines, request, now, start)
             case RouterPolicy.SESSION:
                 return self._session(request, start)
 
     def _session(self, request: RoutedRequest, start: int) -> int:
-        parent = request.depends_on
-        conversation = self._conversation_of.get(parent, request.index) if parent is not None else request.index
-        self._conversation_of[request.index] = conversation
-        home = self._home.get(conversation)
-        if home is None:
-            home = self._home[conversation] = _best(start, [-x for x in self.outstanding])
-        return home
-
-    def _prefix_hash(self, n: int, request: RoutedRequest) -> int:
-        """KubeAI's CHWBL: from the key's point on the ring, clockwise, the first replica under the load bound."""
-        if self._ring is None:
-            points = [(_hash64(f"replica-{r}-{k}".encode()), r) for r in range(n) for k in range(HASH_REPLICATION)]
-            points.sort()
-            self._ring = (np.array([p for p, _ in points], dtype=np.uint64), np.array([r for _, r in points]))
-        hashes, owners = self._ring
-        key = np.asarray(request.prompt_ids[:HASH_PREFIX_TOKENS], dtype=np.int64).tobytes()
-        first = int(np.searchsorted(hashes, np.uint64(_hash64(key)))) % len(hashes)
-        total = sum(self.outstanding)
-        bound = (total + 1) / n * HASH_LOAD_FACTOR
-        for k in range(len(owners)):
-            r = int(owners[(first + k) % len(owners)])
-            if total == 0 or self.outstanding[r] + 1 <= bound:
-                return r
-        return int(owners[first])
+        conversation = self._sessions.conversation_of(request.index, request.conversation, request.depends_on)
+        return self._sessions.pick(conversation, start, self.outstanding)
 
     def _prefix_aware(self, engines: Sequence[SimEngine], request: RoutedRequest, now: float, start: int) -> int:
         """llm-d's weighted scorers (ScorerWeights), the highest total wins.
@@ -184,24 +159,9 @@ def _vllm_dp_score(waiting: int, running: int, kv_usage: float) -> float:
     return waiting + running + waiting * 6.0 * max(0.0, kv_usage - 0.5)
 
 
-def _best(start: int, scores: Sequence[float]) -> int:
-    """The highest score, ties to the first from `start` on (the rotation spreads ties evenly)."""
-    n = len(scores)
-    best = start
-    for k in range(1, n):
-        i = (start + k) % n
-        if scores[i] > scores[best]:
-            best = i
-    return best
-
-
 def _scaled(values: Sequence[float]) -> list[float]:
     low, high = min(values), max(values)
     return [0.0 if high == low else (v - low) / (high - low) for v in values]
-
-
-def _hash64(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def _cached_prefix(engine: SimEngine, prompt_ids: Any) -> int:

@@ -25,6 +25,7 @@ import asyncio
 import gc
 import itertools
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,7 @@ from servelab.metrics.records import (
     RecordSink,
     RequestRecord,
 )
-from servelab.metrics.scrape import MetricsScraper
+from servelab.metrics.scrape import MetricsScraper, ReplicaScrapers
 from servelab.targets.base import SampleSink, Slots, TargetRun
 from servelab.targets.client_stats import WAVE_SPAN_S, DelayProbe
 from servelab.targets.engine_identity import identify
@@ -57,6 +58,7 @@ from servelab.targets.preflight import (
     error_message,
     preflight,
 )
+from servelab.schemas.vocabulary import SESSION_HEADER
 from servelab.targets.replicas import ROUND_ROBIN, ROUTES, Replicas
 from servelab.targets.sse import DONE, SSEDecoder
 from servelab.targets.stop_signals import on_stop_signals
@@ -74,6 +76,8 @@ from servelab.workload.spec import LoadPlan, RequestSpec
 if TYPE_CHECKING:  # imported by the functions that send requests: a command that sends none starts without it
     import aiohttp
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An HTTP header name (RFC 9110's token)."""
 MAX_WAVE = 1024
 """At most this many first-wave requests are prepared (bodies built, connections opened) before the clock starts."""
 RESET = "reset"
@@ -168,6 +172,8 @@ class HttpTarget:
         abandon_after: float | None = None,
         abandon_share: float = 1.0,
         route: str = ROUND_ROBIN,
+        session_header: str | None = SESSION_HEADER,
+        replica_metrics_urls: Sequence[str] = (),
     ) -> None:
         if endpoint not in ENDPOINTS:
             raise TargetError(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
@@ -193,6 +199,17 @@ class HttpTarget:
         self.base_url = self.base_urls[0]
         """The first replica: /metrics, /reset_prefix_cache and the server info come from it."""
         self.route = route
+        if session_header is not None and not _HEADER_NAME.fullmatch(session_header):
+            raise TargetError(f"--session-header {session_header!r} is not an HTTP header name")
+        self.session_header = session_header
+        """The header that carries a request's conversation id (when it has one), for routers with session
+        affinity; None: not sent."""
+        bad = [u for u in replica_metrics_urls if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise TargetError(f"--replica-metrics-url must be an http(s) URL, got {', '.join(map(repr, bad))}")
+        self.replica_metrics_urls = list(replica_metrics_urls) or (
+            [url + "/metrics" for url in self.base_urls] if len(self.base_urls) > 1 else [])
+        """Each replica's /metrics, scraped alongside the run: given (a router in front), or every --base-url's."""
         self.endpoint = endpoint
         self.model = model
         self.ignore_eos = ignore_eos
@@ -359,7 +376,10 @@ class HttpTarget:
                 scrape_session, self.base_url + "/metrics", lambda: time.perf_counter() - zero, on_sample,
                 self.scrape_interval, auth, gpu, self._engine_metrics(),
             )
-            first = await scraper.fetch()
+            replicas = ReplicaScrapers([
+                MetricsScraper(scrape_session, url, lambda: time.perf_counter() - zero, None, self.scrape_interval, auth,
+                               None, self._engine_metrics()) for url in self.replica_metrics_urls])
+            first, _ = await asyncio.gather(scraper.fetch(), replicas.fetch_first())
             wave, rest = first_wave(plan.requests, cap or MAX_WAVE)
             pool = WorkerPool(self, plan, sink, workers) if workers > 1 else None
             client: Replicas | None = None
@@ -373,7 +393,7 @@ class HttpTarget:
             if first is not None:
                 scraper.record(0.0, first)
             stop_scraping = asyncio.Event()
-            scraping = asyncio.create_task(scraper.run(stop_scraping))
+            scraping = asyncio.gather(scraper.run(stop_scraping), replicas.run(stop_scraping))
             try:
                 if pool is not None:
                     tally = await pool.run(zero, handle_signals)
@@ -394,6 +414,8 @@ class HttpTarget:
         stats.update(tally.notes)
         info = dict(self.server_info or {"base_url": self.base_url, "endpoint": self.endpoint})
         info["metrics_scrape"] = scrape_stats
+        if replicas.scrapers:
+            info["replicas"] = replicas.loads()
         return TargetRun(duration=duration, interrupted=tally.interrupted, server_info=info, client_stats=stats)
 
     async def serve(
@@ -437,7 +459,10 @@ class HttpTarget:
         """Send one request (its `body` when built ahead) and fill `rec` from the stream; raises on transport faults."""
         if body is None:
             body = self.body(spec)
-        head = client.request_head(self.endpoint, len(body), self._headers)
+        headers = self._headers
+        if self.session_header is not None and spec.conversation is not None:
+            headers = {**headers, self.session_header: str(spec.conversation)}
+        head = client.request_head(self.endpoint, len(body), headers)
         state = _StreamState(rec, self.endpoint == CHAT, zero, self.model_names)
         start = time.perf_counter()
         rec.send_time = start - zero
@@ -710,7 +735,7 @@ class _Run:
             priority=spec.priority,
         )
         abandon = self._abandon_later(spec)
-        replica = self.client.pick()
+        replica = self.client.pick(spec)
         if len(self.client.clients) > 1:
             rec.base_url = self.client.urls[replica]
         try:

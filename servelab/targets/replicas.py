@@ -5,6 +5,10 @@ goes to one of them by the policy, and its record names the URL that served
 it, so the summary can be cut per replica. With `--workers N` each client
 process routes its own share: least-outstanding then counts that process's
 requests only, which is what a client-side balancer sees anyway.
+
+The routes are the simulator's routers that need no server state (docs/fleets.md), from the same code
+(servelab/workload/routing.py): round-robin, least-outstanding, prefix-hash (KubeAI's CHWBL on the prompt's first
+tokens) and session (a conversation stays on the replica its first turn went to).
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from servelab.schemas.vocabulary import CLIENT_ROUTES as ROUTES, RouterPolicy
 from servelab.targets.stream_client import StreamingClient
+from servelab.workload.routing import HashRing, SessionAffinity, fewest, prefix_key
+from servelab.workload.spec import RequestSpec
 
-ROUND_ROBIN = "round-robin"
-LEAST_OUTSTANDING = "least-outstanding"
-ROUTES = (ROUND_ROBIN, LEAST_OUTSTANDING)
+ROUND_ROBIN = RouterPolicy.ROUND_ROBIN
+LEAST_OUTSTANDING = RouterPolicy.LEAST_OUTSTANDING
 
 
 class Replicas:
@@ -27,17 +33,27 @@ class Replicas:
             raise ValueError(f"route {route!r}: choose one of {', '.join(ROUTES)}")
         self.urls = list(base_urls)
         self.clients = [StreamingClient(url) for url in self.urls]
-        self.route = route
+        self.route = RouterPolicy(route)
         self.outstanding = [0] * len(self.clients)
         self._turn = 0
+        self._ring = HashRing(len(self.clients)) if self.route == RouterPolicy.PREFIX_HASH else None
+        self._sessions = SessionAffinity()
 
-    def pick(self) -> int:
-        """The replica the next request goes to (call `done` with it when the request ends)."""
-        if self.route == LEAST_OUTSTANDING:
-            i = min(range(len(self.clients)), key=lambda k: (self.outstanding[k], (k - self._turn) % len(self.clients)))
-        else:
-            i = self._turn % len(self.clients)
-        self._turn = i + 1
+    def pick(self, spec: RequestSpec) -> int:
+        """The replica `spec` goes to (call `done` with it when the request ends)."""
+        start = self._turn % len(self.clients)
+        match self.route:
+            case RouterPolicy.LEAST_OUTSTANDING:
+                i = fewest(start, self.outstanding)
+            case RouterPolicy.PREFIX_HASH:
+                assert self._ring is not None
+                i = self._ring.pick(prefix_key(spec.prompt_ids), self.outstanding)
+            case RouterPolicy.SESSION:
+                conversation = self._sessions.conversation_of(spec.index, spec.conversation, spec.depends_on)
+                i = self._sessions.pick(conversation, start, self.outstanding)
+            case _:
+                i = start
+        self._turn = start + 1
         self.outstanding[i] += 1
         return i
 

@@ -61,6 +61,8 @@ class WorkloadConfig:
             )
         if self.dataset_name == "prefix" and (self.prefix_len < 1 or self.num_prefixes < 1):
             raise WorkloadError("--dataset-name prefix needs --prefix-len >= 1 and --num-prefixes >= 1")
+        if self.prefix_len < 0 or self.num_prefixes < 1:
+            raise WorkloadError("--prefix-len must be >= 0 and --num-prefixes >= 1")
         if self.turns < 1 or self.think_time < 0:
             raise WorkloadError("--multiturn-turns must be >= 1 and --multiturn-think-time >= 0")
 
@@ -71,7 +73,7 @@ class WorkloadConfig:
             return None
         spread = 1 + self.range_ratio if self.length_distribution == "uniform" else 1 + 3 * self.range_ratio
         turn = (self.input_len + self.output_len) * spread
-        prefix = self.prefix_len if self.dataset_name == "prefix" else 0
+        prefix = self.prefix_len if self.dataset_name in ("prefix", "multiturn") else 0
         return prefix + turn * (self.turns if self.dataset_name == "multiturn" else 1)
 
     def input_lengths(self) -> LengthDistribution:
@@ -135,7 +137,8 @@ class Dataset:
         if cfg.dataset_name == "prefix":
             out.update(prefix_len=cfg.prefix_len, num_prefixes=cfg.num_prefixes)
         if cfg.dataset_name == "multiturn":
-            out.update(turns=cfg.turns, think_time=cfg.think_time)
+            out.update(turns=cfg.turns, think_time=cfg.think_time, system_prompt_len=cfg.prefix_len,
+                       system_prompts=cfg.num_prefixes if cfg.prefix_len else 0)
         out["tokenizer"] = str(cfg.tokenizer) if cfg.tokenizer else None
         out["token_ids"] = "tokenizer" if self.tokenizer else "synthetic ids in [1000, 4000), no text"
         out.update(self.notes)
@@ -196,9 +199,12 @@ class Dataset:
                 yield spec
 
     def _multiturn(self) -> Iterator[RequestSpec]:
-        """Conversations one after another; turn k resends turns < k plus their (synthetic) replies."""
+        """Conversations in index order (the arrival schedule overlaps them); turn k resends turns < k plus their
+        (synthetic) replies. With --prefix-len, each conversation opens with one of --num-prefixes system prompts,
+        picked at random: the prompt head many conversations share, as a deployment's few system prompts are."""
         cfg = self.config
         turns = cfg.turns
+        systems, system_texts = self._texts(np.full(cfg.num_prefixes, cfg.prefix_len)) if cfg.prefix_len else ([], None)
         index = counter()
         conversation = counter()
         per_chunk = max(1, CHUNK // turns)
@@ -208,10 +214,14 @@ class Dataset:
             user_ids, user_texts = self._texts(users)
             # A reply of turn k's output length stands in for what the server answered.
             reply_ids, reply_texts = self._texts(outs)
+            picks = self.rng.integers(0, cfg.num_prefixes, size=per_chunk) if systems else None  # no draw: same runs as before
             for c in range(per_chunk):
                 conv = next(conversation)
-                history: list[np.ndarray] = []
-                messages: list[dict[str, str]] = []
+                history: list[np.ndarray] = [systems[picks[c]]] if picks is not None else []
+                messages: list[dict[str, str]] = (
+                    [{"role": "system", "content": system_texts[picks[c]]}]
+                    if system_texts is not None and picks is not None else []
+                )
                 previous: int | None = None
                 for t in range(turns):
                     k = c * turns + t
@@ -230,6 +240,7 @@ class Dataset:
                         prefix_len=len(prompt) - len(user_ids[k]),
                         depends_on=previous,
                         think_time=cfg.think_time if previous is not None else 0.0,
+                        conversation=conv,
                     )
                     previous = idx
                     history.append(reply_ids[k])

@@ -39,6 +39,9 @@ class RequestSpec:
     """Index of a request that must finish before this one is sent (the previous chat turn)."""
     think_time: float = 0.0
     """Delay after `depends_on` finishes before this request is sent."""
+    conversation: int | None = None
+    """The chat this request is a turn of (the `multiturn` dataset's conversations): what a session-affinity router
+    keys on, and what `bench` sends in its session header."""
 
     @property
     def prompt_len(self) -> int:

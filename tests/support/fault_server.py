@@ -41,6 +41,8 @@ class Received:
     t: float
     body: dict[str, Any]
     authorization: str | None
+    session: str | None = None
+    """The X-Session-ID header, as sent."""
 
 
 @dataclass
@@ -95,7 +97,7 @@ class FaultServer:
         body = await request.json()
         is_probe = body == probe_body(CHAT if chat else COMPLETIONS, body.get("model"))
         (self.probes if is_probe else self.received).append(
-            Received(time.perf_counter(), body, request.headers.get("Authorization"))
+            Received(time.perf_counter(), body, request.headers.get("Authorization"), request.headers.get("X-Session-ID"))
         )
         fault = body.get("fault", self.fault)
         delay = float(body.get("delay", self.delay))

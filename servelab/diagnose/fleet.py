@@ -1,0 +1,85 @@
+"""Findings about a fleet: replicas behind a router, as `bench` recorded them (run.json's `server_info.replicas`).
+
+Two things only a fleet can get wrong, read off each replica's own `/metrics` over the run (docs/fleets.md):
+
+- imbalance: one replica queues while another has nothing waiting, so the fleet's latency is its busiest
+  replica's while capacity sits idle;
+- prefix-cache hits lost to routing: each replica caches only what was sent to it, so a route that scatters a
+  conversation (or the users of one system prompt) prefills again what another replica holds. The fleet's hit
+  rate is set against the share of prompt tokens the workload itself repeats: what one cache shared by every
+  replica could have hit at most.
+
+A router's own overhead is not here: it needs a run straight to a replica beside one through the router.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servelab.diagnose.findings import make_finding
+from servelab.schemas.diagnosis import Finding
+from servelab.schemas.vocabulary import FindingKind
+
+FLEET_IMBALANCE = FindingKind.FLEET_IMBALANCE
+ROUTING_CACHE_MISSES = FindingKind.ROUTING_CACHE_MISSES
+QUEUED = 1.0
+"""Mean waiting requests from which a replica counts as queueing."""
+IDLE = 0.1
+"""Mean waiting requests under which a replica counts as having nothing queued."""
+LOST_HITS = 0.10
+"""Share of prompt tokens a route must lose to the replicas' separate caches before it is a finding."""
+CACHE_AWARE_ROUTES = "session (chats), prefix-hash or prefix-aware"
+
+
+def fleet_findings(replicas: list[dict[str, Any]], repeated_share: float | None) -> list[Finding]:
+    """The fleet's findings from its replicas' loads (metrics.scrape.replica_load); `repeated_share`: the share
+    of prompt tokens a request shares with an earlier one (None: unknown). Nothing for fewer than two replicas."""
+    if len(replicas) < 2:
+        return []
+    found = [imbalance(replicas), routing_cache_misses(replicas, repeated_share)]
+    return [f for f in found if f is not None]
+
+
+def _name(load: dict[str, Any]) -> str:
+    return str(load["url"]).removesuffix("/metrics")
+
+
+def imbalance(replicas: list[dict[str, Any]]) -> Finding | None:
+    waiting = [(load.get("mean_waiting"), load) for load in replicas]
+    known = [(w, load) for w, load in waiting if w is not None]
+    if len(known) < 2:
+        return None
+    busiest_w, busiest = max(known, key=lambda item: item[0])
+    idlest_w, idlest = min(known, key=lambda item: item[0])
+    if busiest_w < QUEUED or idlest_w > IDLE:
+        return None
+    evidence = [f"{_name(load)}: {load.get('requests_served')} requests served, {w:.1f} waiting on average "
+                f"(peak {load.get('max_waiting'):.0f}), KV cache {100 * (load.get('mean_kv_usage') or 0):.0f}% used"
+                for w, load in known]
+    evidence.append(f"{_name(busiest)} queued while {_name(idlest)} had nothing waiting: the router sends more than "
+                    "its share to one replica (a cache-aware route keeping too much on the replica that cached a "
+                    "shared prompt, or a hash with no load bound); a route that weighs load (least-outstanding, "
+                    "prefix-aware's queue and active-request scores, prefix-hash's bound) spreads it")
+    return make_finding(FLEET_IMBALANCE, "One replica queues while another idles", min(1.0, busiest_w / (busiest_w + 1)),
+                        evidence)
+
+
+def routing_cache_misses(replicas: list[dict[str, Any]], repeated_share: float | None) -> Finding | None:
+    queries = sum(load.get("prefix_cache_queries") or 0.0 for load in replicas)
+    hits = sum(load.get("prefix_cache_hits") or 0.0 for load in replicas)
+    if not queries or repeated_share is None:
+        return None
+    fleet_rate = hits / queries
+    lost = repeated_share - fleet_rate
+    if lost < LOST_HITS:
+        return None
+    evidence = [f"{_name(load)}: {100 * (load.get('prefix_cache_hit_rate') or 0):.0f}% of its prompt tokens hit its "
+                "prefix cache" for load in replicas]
+    evidence.append(f"the fleet hit {100 * fleet_rate:.0f}% of prompt tokens; the workload repeats "
+                    f"{100 * repeated_share:.0f}% (a shared prefix, a resent chat history), which one cache shared "
+                    f"by every replica could hit: {100 * lost:.0f}% of prompt tokens were prefilled again because the "
+                    "route sent them where they were not cached")
+    evidence.append(f"a route that sends a request where its prefix is cached ({CACHE_AWARE_ROUTES}) keeps those "
+                    "hits: `servelab simulate --replicas N --router ROUTER` prices each on this workload")
+    return make_finding(ROUTING_CACHE_MISSES, "The router scatters prompts away from the replica that cached them",
+                   min(1.0, lost / repeated_share), evidence)

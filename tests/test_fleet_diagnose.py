@@ -1,0 +1,31 @@
+"""Fleet findings (servelab/diagnose/fleet.py) from replicas' loads as bench records them in server_info.replicas."""
+
+from __future__ import annotations
+
+from servelab.diagnose.fleet import FLEET_IMBALANCE, ROUTING_CACHE_MISSES, fleet_findings
+
+
+def load(url: str, served: int, waiting: float, hits: float, queries: float) -> dict:
+    return {"url": url + "/metrics", "requests_served": served, "mean_waiting": waiting, "max_waiting": 3 * waiting,
+            "mean_kv_usage": 0.4, "prefix_cache_hits": hits, "prefix_cache_queries": queries,
+            "prefix_cache_hit_rate": hits / queries}
+
+
+def test_a_replica_that_queues_beside_an_idle_one_is_an_imbalance():
+    found = fleet_findings([load("http://a", 70, 4.0, 50, 100), load("http://b", 30, 0.0, 50, 100)], 0.5)
+    assert [f.kind for f in found] == [FLEET_IMBALANCE]
+    assert "http://a queued while http://b had nothing waiting" in found[0].evidence[-1]
+
+
+def test_hits_far_below_what_the_workload_repeats_are_lost_to_routing():
+    replicas = [load("http://a", 50, 0.2, 30, 100), load("http://b", 50, 0.3, 26, 100)]
+    found = fleet_findings(replicas, repeated_share=0.68)
+    assert [f.kind for f in found] == [ROUTING_CACHE_MISSES]
+    assert "the fleet hit 28% of prompt tokens; the workload repeats 68%" in found[0].evidence[2]
+    assert fleet_findings(replicas, repeated_share=0.33) == []  # within 10 points of what one cache could hit
+    assert fleet_findings(replicas, repeated_share=None) == []
+
+
+def test_one_replica_or_a_balanced_well_routed_fleet_has_no_finding():
+    assert fleet_findings([load("http://a", 100, 5.0, 0, 100)], 0.9) == []
+    assert fleet_findings([load("http://a", 50, 0.5, 60, 100), load("http://b", 50, 0.5, 62, 100)], 0.65) == []
