@@ -74,7 +74,7 @@ def plan(n: int = 20, concurrency: int | None = 4, rate: float = float("inf"), w
 
 
 def test_run_point_writes_every_file(tmp_path):
-    summary = run_point(FakeTarget(), plan(), tmp_path / "run", {"flags": {"model": "x"}}, slo=SLO.parse("ttft:50"))
+    summary = run_point(FakeTarget(), plan(), tmp_path / "run", {"flags": {"model": "x"}}, slo=SLO.parse("ttft:50")).model_dump(exclude_unset=True)
     run = load_run(tmp_path / "run")
     assert len(run.records) == 20 and len(run.timeline) == 20
     assert run.summary["completed"] == summary["completed"] == 20
@@ -88,20 +88,20 @@ def test_run_point_writes_every_file(tmp_path):
 
 
 def test_warmup_requests_are_recorded_but_not_counted(tmp_path):
-    summary = run_point(FakeTarget(), plan(n=20, concurrency=1, warmup=0.95), tmp_path, {})
+    summary = run_point(FakeTarget(), plan(n=20, concurrency=1, warmup=0.95), tmp_path, {}).model_dump(exclude_unset=True)
     assert summary["requests_recorded"] == 20
     assert summary["completed"] == 10  # sends at 0.0, 0.1, ...; those from 1.0 on count
 
 
 def test_client_bottleneck_is_a_loud_warning(tmp_path):
-    summary = run_point(FakeTarget(bottleneck=True), plan(), tmp_path, {})
+    summary = run_point(FakeTarget(bottleneck=True), plan(), tmp_path, {}).model_dump(exclude_unset=True)
     assert summary["warnings"][0].startswith("THE CLIENT MAY BE THE BOTTLENECK: client CPU at 95%")
     assert summary["client_stats"]["client_may_be_bottleneck"] is True
 
 
 @pytest.mark.parametrize("sigterm", [False, True])
 def test_interruption_keeps_records_and_writes_a_summary(tmp_path, sigterm):
-    summary = run_point(FakeTarget(stop_after=7, sigterm=sigterm), plan(), tmp_path, {})
+    summary = run_point(FakeTarget(stop_after=7, sigterm=sigterm), plan(), tmp_path, {}).model_dump(exclude_unset=True)
     run = load_run(tmp_path)
     assert len(run.records) == 7
     assert run.summary["interrupted"] is True and run.summary["completed"] == 7

@@ -222,7 +222,7 @@ def test_a_throttled_client_warns_with_the_delay_it_added(server, tmp_path):
 
     plan = LoadPlan(specs(16, max_tokens=8), max_concurrency=4)
     target = HttpTarget(server.base_url, extra_body={"delay": 0.01})
-    summary = run_point(target, plan, tmp_path, {}, observers=[_StallingSink(0.3)])
+    summary = run_point(target, plan, tmp_path, {}, observers=[_StallingSink(0.3)]).model_dump(exclude_unset=True)
     stats = summary["client_stats"]
     assert stats["client_may_be_bottleneck"] is True
     assert stats["added_delay"]["mean_ms"] > stats["typical_gap_ms"] * 0.1
