@@ -7,6 +7,10 @@ one after blanking what differs between two runs of the same code: wall-clock st
 temporary directory's path. report.html is left out (plotly's element ids and its bundled library change per run), and so
 is tune's optuna database (sqlite, optuna's own format).
 
+The stored files were written again once, when expert parallelism added its knobs (vLLM's enable_expert_parallel,
+SGLang's ep_size and enable_dp_attention) to the engine configuration every document records: those keys are the
+only difference (`diff -r` of the two sets).
+
 To store the files again after a deliberate change of a document (and a schema_version bump where a published schema
 changes): `SERVELAB_WRITE_DOCUMENTS=1 pytest tests/test_documents_unchanged.py`.
 """
