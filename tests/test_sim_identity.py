@@ -24,7 +24,7 @@ from servelab.metrics.timeline import TimelineSample
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.sim.block_pool import BlockPool
 from servelab.sim.engines import ENGINES
-from servelab.targets.deployment import Deployment
+from servelab.targets.deployment import Deployment, build_deployment
 from servelab.targets.engine_deployment import build_engine_deployment
 from servelab.targets.sim import SimTarget
 from servelab.workload.spec import LoadPlan, RequestSpec
@@ -45,6 +45,12 @@ class Case:
     """Tokens every prompt shares with the others of its group (0: none), for prefix-cache hits."""
     requests: tuple[tuple[float, int, int, int], ...]
     """(arrival gap, prompt length, output tokens, prefix group) per request."""
+    max_concurrency: int | None = None
+    """A closed loop: a response that reaches the client releases the next request (decode runs must stop for it)."""
+    follow_ups: bool = False
+    """Odd requests from the third on are a chat's next turns: each sent 10 ms after the one two before it finishes,
+    its prompt that one's prompt, its reply and a new message (so an engine running that one learns its reply's
+    tokens when the turn is pulled, at the release of the request between them)."""
 
 
 def _deployment(engine: str) -> Deployment:
@@ -73,8 +79,12 @@ def _plan(case: Case) -> LoadPlan:
     for i, (gap, prompt_len, output, group) in enumerate(case.requests):
         t += gap
         prompt = np.concatenate([prefixes[group], rng.integers(0, 150_000, prompt_len)])
-        specs.append(RequestSpec(i, prompt, output, t, prefix_group=group))
-    return LoadPlan(specs)
+        after = i - 2 if case.follow_ups and i % 2 and i > 2 else None
+        if after is not None:
+            before = specs[after]
+            prompt = np.concatenate([before.prompt_ids, rng.integers(0, 150_000, before.max_tokens), prompt])
+        specs.append(RequestSpec(i, prompt, output, t, prefix_group=group, depends_on=after, think_time=0.01))
+    return LoadPlan(specs, max_concurrency=case.max_concurrency)
 
 
 def _run(case: Case, fast_forward: bool) -> tuple[list[str], list[str], object, list[int]]:
@@ -122,6 +132,8 @@ cases = st.builds(
     max_num_seqs=st.sampled_from([4, 16, 256]),
     prefix_len=st.sampled_from([0, 0, 40, 300]),
     requests=requests,
+    max_concurrency=st.sampled_from([None, None, 1, 3]),
+    follow_ups=st.booleans(),
 )
 
 
@@ -193,3 +205,22 @@ def test_the_vectorised_prefix_lookup_finds_what_the_block_walk_finds(ops: list[
             assert pool.lookup(chain, limit) == _walk(pool, chain, limit)
             gapped = chain[:2] + [999_999] + chain[3:]
             assert pool.lookup(gapped, limit) == _walk(pool, gapped, limit)
+
+
+def test_rounds_wait_for_a_backlog_at_the_api_server() -> None:
+    """Steps shorter than an intake (AWQ weights): a step's round comes due while the API server has requests to
+    take in, so it waits its turn (SimTarget._round), also inside a decode run that goes on past the intakes."""
+    deployment = build_deployment("a100-80gb", "qwen2.5-7b", "--quantization awq")
+    rng = np.random.default_rng(0)
+    arrivals = np.cumsum(rng.exponential(1 / 40, 40))
+    specs = [RequestSpec(i, rng.integers(0, 150_000, 300), 40, float(arrivals[i])) for i in range(40)]
+    runs = []
+    for fast_forward in (False, True):
+        target = deployment.sim_target()
+        target.fast_forward = fast_forward
+        sink = MemorySink()
+        samples: list[TimelineSample] = []
+        run = target.run(LoadPlan(specs), sink, samples.append)
+        runs.append(([r.to_json() for r in sink.records], [s.to_json() for s in samples], run.client_stats))
+    assert runs[1] == runs[0]
+    assert target.last_engines[0].fast_forwarded_steps > 0
