@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from servelab.cli.options import LoadFlags
+from servelab.flags.options import LoadFlags
 from servelab.errors import InputError
 from servelab.metrics.engines import AUTO
 from servelab.metrics.slo import SLO

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servelab.cli import app, main
-from servelab.cli.options import spread_goodput_values
+from servelab.flags.options import spread_goodput_values
 from servelab.metrics.results import RECORDS, RUN, SUMMARY, SWEEP, TIMELINE, load_run
 
 runner = CliRunner()
@@ -138,7 +138,7 @@ def test_goodput_takes_several_values_after_one_flag_as_vllm_does(tmp_path):
 def test_every_shared_load_flag_is_offered_by_each_verb_that_takes_load(verb):
     from dataclasses import fields
 
-    from servelab.cli.options import LoadFlags
+    from servelab.flags.options import LoadFlags
 
     result = CliRunner().invoke(app, [verb, "--help"], env={"COLUMNS": "250"})
     assert result.exit_code == 0
@@ -157,7 +157,7 @@ SHARED_DEPLOYMENT_FLAGS = {
 
 
 def test_deployment_server_and_slo_flags_are_one_declaration_in_every_verb():
-    """Each shared flag (servelab.cli.options) reads the same in every verb that takes it: same option name, help,
+    """Each shared flag (servelab.flags.options) reads the same in every verb that takes it: same option name, help,
     type, environment variable and help panel, whether the verb needs it (calibrate's --gpu) or not (simulate's)."""
     import typer.main
 

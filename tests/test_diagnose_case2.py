@@ -21,7 +21,8 @@ from servelab.diagnose.analysis import Observed, diagnose_described
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.scenario import synthetic
 from servelab.schemas.diagnosis import Diagnosis, Finding
-from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
+from servelab.diagnose.server_config import engine_args_from_server
+from servelab.metrics.scrape import CACHE_CONFIG
 from servelab.targets.deployment import build_deployment
 from servelab.workload.lengths import LengthDistribution
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from servelab.cli import app
 from servelab.diagnose import findings as fk
-from servelab.diagnose.server_config import CACHE_CONFIG
+from servelab.metrics.scrape import CACHE_CONFIG
 
 pytestmark = pytest.mark.vllm
 

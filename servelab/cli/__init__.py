@@ -119,7 +119,7 @@ def _root(
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--goodput" in args:  # only the verbs that take it pay for importing the load flags
-        from servelab.cli.options import spread_goodput_values
+        from servelab.flags.options import spread_goodput_values
 
         args = spread_goodput_values(args)
     app(args=args)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from servelab.runs.request import BenchRequest, ServerFlags
 from servelab.cli import app
-from servelab.cli.options import LoadFlags, flag_block, load_options
+from servelab.flags.options import LoadFlags, flag_block, load_options
 from servelab.cli.report import ReportFlag
 from servelab.report.console import make_console
 

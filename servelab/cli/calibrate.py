@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from servelab.cli import app
-from servelab.cli.checks import real
-from servelab.cli.options import (
+from servelab.flags.checks import real
+from servelab.flags.options import (
     ApiKeyFlag,
     BaseUrlFlag,
     EngineArgsFlag,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from servelab.cli.checks import MAX_INT
+from servelab.flags.checks import MAX_INT
 from servelab.errors import InputError
 
 if TYPE_CHECKING:

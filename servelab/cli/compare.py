@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.cli import app
-from servelab.cli.checks import MAX_GPUS, shell_words
-from servelab.cli.options import LoadFlags, load_options
+from servelab.flags.checks import MAX_GPUS, shell_words
+from servelab.flags.options import LoadFlags, load_options
 from servelab.cli.report import report_beside
 from servelab.errors import InputError
 from servelab.report.console import make_console

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from servelab.cli import app
-from servelab.cli.checks import MAX_INT, real
+from servelab.flags.checks import MAX_INT, real
 from servelab.cli.report import ReportFlag, report_into
-from servelab.cli.options import (
+from servelab.flags.options import (
     DEPLOYMENT_PANEL,
     CalibrationFlag,
     EngineArgsFlag,
@@ -193,7 +193,7 @@ def diagnose(
 
 def _deployment(w: DeploymentWords) -> Deployment:
     """The deployment the words name, calibration profiles included (the library's default reads catalogues only)."""
-    from servelab.cli.options import deployment_from_flags
+    from servelab.flags.options import deployment_from_flags
 
     return deployment_from_flags(w.gpu, w.model, w.engine_args, calibration=w.calibration, tp=w.tp, replicas=w.replicas,
                                  gpu_file=w.gpu_file, vllm_version=w.vllm_version, engine=w.engine)

@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 
 from servelab.runs.results import Results, SweepResults
-from servelab.cli.options import LoadFlags
+from servelab.flags.options import LoadFlags
 from servelab.cli.report import report_into
 from servelab.errors import RunDisturbed, RunInterrupted, ServerFault
 from servelab.metrics.records import ERROR, disturbances, read_records

@@ -12,7 +12,7 @@ import sys
 
 from servelab.runs.request import DeploymentFlags, SimulateRequest
 from servelab.cli import app
-from servelab.cli.options import LoadFlags, flag_block, load_options
+from servelab.flags.options import LoadFlags, flag_block, load_options
 from servelab.cli.report import ReportFlag
 from servelab.report.console import make_console
 

@@ -12,10 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.cli import app
-from servelab.cli.checks import MAX_INT, real, shell_words
+from servelab.flags.checks import MAX_INT, real, shell_words
 from servelab.cli.cluster import RayAddress, RayGpuResource, ray_pool
 from servelab.cli.report import ReportFlag, report_into
-from servelab.cli.options import (
+from servelab.flags.options import (
     CalibrationFlag,
     EngineArgsFlag,
     EngineFlag,

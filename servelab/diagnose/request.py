@@ -22,7 +22,8 @@ from servelab.diagnose.regions import Region
 from servelab.diagnose.scenario import synthetic
 from servelab.schemas.diagnosis import Diagnosis
 from servelab.diagnose.sensitivity import ASSUMED_OUTPUT, Assumed
-from servelab.diagnose.server_config import CACHE_CONFIG, engine_args_from_server
+from servelab.diagnose.server_config import engine_args_from_server
+from servelab.metrics.scrape import CACHE_CONFIG
 from servelab.diagnose.text_tokens import Script, tokens_from_characters
 from servelab.diagnose.tried import parse_tried
 from servelab.schemas.vocabulary import Goal

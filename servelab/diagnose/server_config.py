@@ -14,8 +14,6 @@ from collections.abc import Mapping
 
 from servelab.perf.engine_args import parse_engine_args
 
-CACHE_CONFIG = "server_cache_config"
-"""run.json's key for the labels of the server's vllm:cache_config_info."""
 
 
 def engine_args_from_server(engine_args: str, labels: Mapping[str, str]) -> tuple[str, str | None]:

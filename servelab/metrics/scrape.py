@@ -81,6 +81,10 @@ def _engine_lines(text: str, prefix: str) -> str:
     return "\n".join(keep)
 
 
+CACHE_CONFIG = "server_cache_config"
+"""run.json's key for the labels of the server's vllm:cache_config_info (what server_cache_config reads)."""
+
+
 def server_cache_config(base_url: str, timeout: float = 5.0) -> dict[str, str]:
     """Labels of vLLM's `cache_config_info` metric (block size, KV bytes); empty when the server has no such metric."""
     url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"

@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from servelab.cli.options import LoadFlags
+from servelab.flags.options import LoadFlags
 from servelab.experiment.auto_sweep import AutoSweep, run_auto_sweep
 from servelab.experiment.runner import run_point
 from servelab.experiment.sweep import run_sweep

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from servelab.cli.checks import MAX_INT, real
-from servelab.cli.options import (
+from servelab.flags.checks import MAX_INT, real
+from servelab.flags.options import (
     DEPLOYMENT_PANEL,
     SERVER_PANEL,
     ApiKeyFlag,
@@ -168,7 +168,7 @@ class DeploymentFlags:
     ray_address: RayAddressFlag = None
 
     def deployment(self) -> Deployment:
-        from servelab.cli.options import deployment_from_flags
+        from servelab.flags.options import deployment_from_flags
 
         return deployment_from_flags(self.gpu, self.model, self.engine_args, calibration=self.calibration, tp=self.tp,
                                      replicas=self.replicas, router=self.router, gpu_file=self.gpu_file,

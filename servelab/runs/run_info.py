@@ -31,7 +31,7 @@ def flag_values(block: object, *, skip: tuple[str, ...] = ()) -> Json:
 def bench_run_info(request: BenchRequest, served_model: str, cache_config: Json) -> Json:
     """`served_model`: the model pre-flight found (what --model named, or the server's first); `cache_config`: the
     server's own KV blocks and prefix-cache switch (servelab.metrics.scrape.server_cache_config)."""
-    from servelab.diagnose.server_config import CACHE_CONFIG
+    from servelab.metrics.scrape import CACHE_CONFIG
 
     s = request.server
     flags = {"base_url": s.urls[0], "base_urls": s.urls, "route": str(s.route), "endpoint": s.endpoint,

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from servelab.cli.checks import MAX_GPUS, MAX_INT, real, shell_words
+from servelab.flags.checks import MAX_GPUS, MAX_INT, real, shell_words
 from servelab.metrics.slo import SLO
 from servelab.schemas.vocabulary import DEFAULT_PERCENTILES
 from servelab.perf.errors import PerfConfigError
