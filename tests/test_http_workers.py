@@ -87,7 +87,8 @@ def test_dependency_on_a_later_request_is_a_plan_error(server):
 def test_duration_bounds_an_endless_closed_loop(server):
     endless = (RequestSpec(i, [i], 2) for i in itertools.count())
     records, _, _ = run(server, LoadPlan(endless, max_concurrency=4, duration=0.5), extra_body={"delay": 0.01})
-    assert records and all(r.ok and r.send_time < 0.5 for r in records)
+    # Released within the duration; the send is stamped after the release, which a starved 2-core host can delay.
+    assert records and all(r.ok and r.intended_time < 0.5 and r.send_time < 0.5 + 0.25 for r in records)
     assert len({r.index for r in records}) == len(records)
 
 
