@@ -45,8 +45,6 @@ class RouterPolicy(StrEnum):
 ROUND_ROBIN = RouterPolicy.ROUND_ROBIN
 LEAST_LOADED = RouterPolicy.LEAST_LOADED
 POLICIES = tuple(RouterPolicy)
-CLIENT_ROUTES = (ROUND_ROBIN, RouterPolicy.LEAST_OUTSTANDING, RouterPolicy.PREFIX_HASH, RouterPolicy.SESSION)
-"""The routers `bench` runs itself over several --base-url (`--route`): those that read no server state."""
 SESSION_HEADER = "X-Session-ID"
 """Where `bench` puts a request's conversation id by default: the header session-affinity routers key on."""
 
@@ -126,6 +124,8 @@ class FlopSource(StrEnum):
     SERVER = "server"
     """vLLM's own estimate, scraped (vllm:estimated_flops_per_gpu_total)."""
     MODEL = "model"
+
+
 # tune's words (`tune --objective`, `--sampler`, and what tune.json records of each trial and its recommendation).
 class ObjectiveKind(StrEnum):
     """What "best" means to `tune`: the highest rate under the SLO, tokens/s under it, or dollars per token."""
@@ -163,6 +163,8 @@ class RecommendationSource(StrEnum):
 
     STAGE1 = "stage1"
     STAGE2 = "stage2"
+
+
 # A request's outcome and how bench spreads load over replicas (records.jsonl's `status`, `bench --route`).
 class RequestStatus(StrEnum):
     """How a request ended (records.jsonl's `status`)."""
@@ -174,7 +176,8 @@ class RequestStatus(StrEnum):
 
 
 class Route(StrEnum):
-    """How `bench` spreads requests over several --base-url with no router in front."""
+    """How `bench` spreads requests over several --base-url with no router in front (`--route`): the routers that
+    read no server state, with the simulator's names for them (RouterPolicy)."""
 
     ROUND_ROBIN = "round-robin"
     LEAST_OUTSTANDING = "least-outstanding"

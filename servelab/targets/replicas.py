@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from servelab.schemas.vocabulary import CLIENT_ROUTES as ROUTES, RouterPolicy
+from servelab.schemas.vocabulary import Route, RouterPolicy
 from servelab.targets.stream_client import StreamingClient
 from servelab.workload.routing import HashRing, SessionAffinity, fewest, prefix_key
 from servelab.workload.spec import RequestSpec
 
 ROUND_ROBIN = RouterPolicy.ROUND_ROBIN
 LEAST_OUTSTANDING = RouterPolicy.LEAST_OUTSTANDING
+ROUTES = tuple(Route)
 
 
 class Replicas:
