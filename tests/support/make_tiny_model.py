@@ -134,6 +134,13 @@ def build(out_dir: Path, seed: int = 0, force: bool = False) -> bool:
     """Build the model into out_dir unless a matching build is there. Returns True if it built."""
     if not force and is_built(out_dir, seed):
         return False
+    save_atomically(out_dir, lambda tokenizer: build_model(tokenizer, seed), expected_stamp(seed))
+    return True
+
+
+def save_atomically(out_dir: Path, make_model, stamp: dict[str, object]) -> None:
+    """Train the tokenizer, make the model with it, and put both with their stamp at out_dir in one rename, so a
+    build cut short never leaves a half-written model where a test would load it."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     from transformers.utils import logging as transformers_logging
 
@@ -141,10 +148,9 @@ def build(out_dir: Path, seed: int = 0, force: bool = False) -> bool:
     staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
     try:
         tokenizer = train_tokenizer()
-        model = build_model(tokenizer, seed)
-        model.save_pretrained(staging)
+        make_model(tokenizer).save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        (staging / STAMP_NAME).write_text(json.dumps(expected_stamp(seed)) + "\n")
+        (staging / STAMP_NAME).write_text(json.dumps(stamp) + "\n")
         staging.chmod(0o755)  # mkdtemp makes it private; the model is meant to be shared
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -152,11 +158,11 @@ def build(out_dir: Path, seed: int = 0, force: bool = False) -> bool:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, build=build, description: str = __doc__.splitlines()[0]) -> int:
+    """The command line of a tiny-model maker: OUT_DIR [--seed N] [--force]."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="rebuild even if the stamp matches")

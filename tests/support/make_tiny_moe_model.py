@@ -12,17 +12,13 @@ token counts and timings are what the tests need.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from make_tiny_model import ENDOFTEXT, IM_END, STAMP_NAME, train_tokenizer  # noqa: E402
+from make_tiny_model import ENDOFTEXT, IM_END, STAMP_NAME, main, save_atomically  # noqa: E402
 
 RECIPE_VERSION = 1
 """Bump when anything below changes what gets built, so caches are rebuilt."""
@@ -68,33 +64,9 @@ def build(out_dir: Path, seed: int = 0, force: bool = False) -> bool:
     """Build the model into out_dir unless a matching build is there. Returns True if it built."""
     if not force and is_built(out_dir, seed):
         return False
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
-    try:
-        tokenizer = train_tokenizer()
-        build_model(tokenizer, seed).save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / STAMP_NAME).write_text(json.dumps(expected_stamp(seed)) + "\n")
-        staging.chmod(0o755)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    save_atomically(out_dir, lambda tokenizer: build_model(tokenizer, seed), expected_stamp(seed))
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--force", action="store_true", help="rebuild even if the stamp matches")
-    args = parser.parse_args(argv)
-    built = build(args.out_dir, seed=args.seed, force=args.force)
-    print(f"{'built' if built else 'up to date'}: {args.out_dir}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(build=build, description=__doc__.splitlines()[0]))
