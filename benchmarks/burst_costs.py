@@ -72,8 +72,17 @@ SHAPES = {"128/4": (21, 4), "16/32": (3, 32)}
 STEADY = ((64, 640), (512, 1536))
 """Closed loops of 128 in / 4 out: (concurrency, requests)."""
 MAX_NUM_SEQS, MAX_BATCHED_TOKENS = 256, 8192
-SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "4096", "--max-num-seqs", str(MAX_NUM_SEQS),
-               "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS), "--no-enable-prefix-caching")
+SERVER_ARGS = (
+    "--dtype",
+    "float32",
+    "--max-model-len",
+    "4096",
+    "--max-num-seqs",
+    str(MAX_NUM_SEQS),
+    "--max-num-batched-tokens",
+    str(MAX_BATCHED_TOKENS),
+    "--no-enable-prefix-caching",
+)
 """cpu_side_costs.ApiProbe's server flags, which part 1 and the replay mirror."""
 SERVED_REPEATS = 2
 
@@ -109,8 +118,16 @@ def engine_worker(model_dir: str, deadline_s: float, sizes: tuple[int, ...], sha
     time_method(timers, GPUModelRunner, "_sample", "sampler")
     time_method(timers, EngineCore, "add_request", "core_add")
 
-    llm = LLM(model=model_dir, max_model_len=4096, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_BATCHED_TOKENS,
-              distributed_executor_backend="uni", enable_prefix_caching=False, seed=0, dtype="float32")
+    llm = LLM(
+        model=model_dir,
+        max_model_len=4096,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_BATCHED_TOKENS,
+        distributed_executor_backend="uni",
+        enable_prefix_caching=False,
+        seed=0,
+        dtype="float32",
+    )
     engine = llm.llm_engine
     vocab = engine.model_config.get_vocab_size()
     rng = random.Random(0)
@@ -127,8 +144,15 @@ def engine_worker(model_dir: str, deadline_s: float, sizes: tuple[int, ...], sha
                 for i in range(n):
                     ids = [rng.randrange(10, vocab - 10) for _ in range(prompt_len)]
                     engine.add_request(f"{repeat}-{shape}-{n}-{i}", TokensPrompt(prompt_token_ids=ids), params)
-                adds.append({"repeat": repeat, "shape": shape, "n": n, "total_s": time.thread_time() - t0,
-                             "core_add_s": timers.get("core_add", 0.0)})
+                adds.append(
+                    {
+                        "repeat": repeat,
+                        "shape": shape,
+                        "n": n,
+                        "total_s": time.thread_time() - t0,
+                        "core_add_s": timers.get("core_add", 0.0),
+                    }
+                )
                 while engine.has_unfinished_requests() and time.monotonic() - start < deadline_s:
                     timers.clear()
                     seen.clear()
@@ -136,17 +160,47 @@ def engine_worker(model_dir: str, deadline_s: float, sizes: tuple[int, ...], sha
                     engine.step()
                     wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
                     if "scheduled" in seen:
-                        records.append({"repeat": repeat, "shape": shape, "n": n, **seen, **timers,
-                                        "wall": wall, "thread_cpu": cpu})
+                        records.append(
+                            {
+                                "repeat": repeat,
+                                "shape": shape,
+                                "n": n,
+                                **seen,
+                                **timers,
+                                "wall": wall,
+                                "thread_cpu": cpu,
+                            }
+                        )
     print(json.dumps({"records": records, "adds": adds}))
 
 
-def measure_engine(vllm_python: Path, model_dir: Path, deadline_s: float, sizes: tuple[int, ...] = BURST_SIZES,
-                   shapes: tuple[str, ...] = tuple(SHAPES)) -> dict:
+def measure_engine(
+    vllm_python: Path,
+    model_dir: Path,
+    deadline_s: float,
+    sizes: tuple[int, ...] = BURST_SIZES,
+    shapes: tuple[str, ...] = tuple(SHAPES),
+) -> dict:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(vllm_python), __file__, "--engine-worker", str(model_dir), "--deadline", str(deadline_s),
-                           "--sizes", ",".join(map(str, sizes)), "--shapes", ",".join(shapes)],
-                          capture_output=True, text=True, env=env, timeout=deadline_s + 300, check=False)
+    proc = subprocess.run(
+        [
+            str(vllm_python),
+            __file__,
+            "--engine-worker",
+            str(model_dir),
+            "--deadline",
+            str(deadline_s),
+            "--sizes",
+            ",".join(map(str, sizes)),
+            "--shapes",
+            ",".join(shapes),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=deadline_s + 300,
+        check=False,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"engine worker failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -176,9 +230,13 @@ def fit_engine(engine: dict) -> dict:
             band = "0" if r["waiting"] == 0 else f"{100 * (r['waiting'] // 100)}+"
             by_waiting.setdefault(band, []).append(engine_cpu(r))
     return {
-        "step_s": cpu[0], "per_scheduled_request_s": cpu[1], "per_waiting_request_s": cpu[2],
-        "admit_step_s": cpu[3], "per_admitted_request_s": cpu[4],
-        "core_add_per_request_s": per_add, "add_per_request_in_process_s": per_add_total,
+        "step_s": cpu[0],
+        "per_scheduled_request_s": cpu[1],
+        "per_waiting_request_s": cpu[2],
+        "admit_step_s": cpu[3],
+        "per_admitted_request_s": cpu[4],
+        "core_add_per_request_s": per_add,
+        "add_per_request_in_process_s": per_add_total,
         "full_batch_decode_cpu_ms_by_waiting": {k: round(1e3 * statistics.median(v), 3) for k, v in by_waiting.items()},
         "build_step_wall": {"fixed_s": wall[0], "per_request_s": wall[1], "per_token_s": wall[2]},
         "steps": len(steps),
@@ -201,26 +259,43 @@ def burst_row(kind: str, shape: str, n: int, concurrency: int, res: dict, m0: di
 
     multi = [r for r in rows if r["output_tokens"] > 1]
     return {
-        "kind": kind, "shape": shape, "n": n, "concurrency": concurrency, "wall_s": res["wall_s"],
+        "kind": kind,
+        "shape": shape,
+        "n": n,
+        "concurrency": concurrency,
+        "wall_s": res["wall_s"],
         "requests_per_s": n / (max(r["end"] for r in rows) - t0),
         "mean_ttft_ms": 1e3 * statistics.mean(r["first"] - r["send"] for r in rows),
         "mean_tpot_ms": 1e3 * statistics.mean((r["end"] - r["first"]) / (r["output_tokens"] - 1) for r in multi)
-        if multi else None,
+        if multi
+        else None,
         "vllm_ttft_ms": server_mean(LATENCY_METRICS["vllm_ttft"]),
         "queue_ms": server_mean(LATENCY_METRICS["queue"]),
         "prompt_tokens": statistics.mean(r["prompt_tokens"] for r in rows),
         "output_tokens": statistics.mean(r["output_tokens"] for r in rows),
         "chunks_per_request": statistics.mean(r["chunks"] for r in rows),
         "engine_steps": m1.get(STEPS_METRIC, 0.0) - m0.get(STEPS_METRIC, 0.0),
-        "loop_cpu_s": loop, "api_other_threads_cpu_s": sum(api.values()) - loop,
+        "loop_cpu_s": loop,
+        "api_other_threads_cpu_s": sum(api.values()) - loop,
         "engine_processes_cpu_s": sum(sum(t.values()) for pid, t in res["cpu"].items() if pid != str(api_pid)),
         "client_cpu_s": res["client_cpu_s"],
-        "requests": [[round(r["send"] - t0, 6), round(r["first"] - t0, 6), round(r["end"] - t0, 6), r["prompt_tokens"],
-                      r["output_tokens"], r["chunks"]] for r in rows],
+        "requests": [
+            [
+                round(r["send"] - t0, 6),
+                round(r["first"] - t0, 6),
+                round(r["end"] - t0, 6),
+                r["prompt_tokens"],
+                r["output_tokens"],
+                r["chunks"],
+            ]
+            for r in rows
+        ],
     }
 
 
-LOADS = [("burst", shape, n, n) for shape in SHAPES for n in BURST_SIZES] + [("steady", "128/4", n, c) for c, n in STEADY]
+LOADS = [("burst", shape, n, n) for shape in SHAPES for n in BURST_SIZES] + [
+    ("steady", "128/4", n, c) for c, n in STEADY
+]
 """(kind, shape, requests, concurrency) of every served load, in the order served."""
 
 
@@ -259,10 +334,14 @@ def serve_loads(probe: ApiProbe, loads: list[tuple[str, str, int, int]], repeats
             res = probe.load(words, max_tokens, True, n, concurrency, deadline_s)
             row = burst_row(kind, shape, n, concurrency, res, m0, probe.metrics(), probe.api_pid)
             out.append({**row, "repeat": repeat})
-            print(f"  {kind} {shape} n={n} c={concurrency}: {row['requests_per_s']:.1f} req/s, TTFT "
-                  f"{row['mean_ttft_ms']:.0f} ms (vLLM {row['vllm_ttft_ms']:.0f}), TPOT {row['mean_tpot_ms'] or 0:.1f} ms, "
-                  f"loop {1e3 * row['loop_cpu_s'] / n:.2f} ms/req, steps {row['engine_steps']:.0f}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  {kind} {shape} n={n} c={concurrency}: {row['requests_per_s']:.1f} req/s, TTFT "
+                f"{row['mean_ttft_ms']:.0f} ms (vLLM {row['vllm_ttft_ms']:.0f}), TPOT {row['mean_tpot_ms'] or 0:.1f} "
+                f"ms, "
+                f"loop {1e3 * row['loop_cpu_s'] / n:.2f} ms/req, steps {row['engine_steps']:.0f}",
+                file=sys.stderr,
+                flush=True,
+            )
             if time.monotonic() - t_start > deadline_s:
                 raise SystemExit("served measurement ran past its time limit")
     return out
@@ -313,13 +392,24 @@ def fit_api(raw: dict, with_client: bool = False):
 
     per_request, per_chunk, per_step, per_token = (float(c) for c in nnls(np.array(x, float), np.array(y))[0])
     file = measured().api_server(raw["reference_s"] / measured().reference_loop_s)
-    costs = ApiServerCosts(per_request_s=per_request, per_output_token_s=per_token, per_chunk_s=per_chunk,
-                           per_output_step_s=per_step, latency_s=file.latency_s,
-                           latency_per_prompt_token_s=file.latency_per_prompt_token_s)
-    residuals = [sum(c * v for c, v in zip((per_request, per_chunk, per_step, per_token), xi)) / yi - 1
-                 for xi, yi in zip(x, y)]
-    return costs, {"per_request_s": per_request, "per_chunk_s": per_chunk, "per_engine_step_s": per_step,
-                   "per_output_token_s": per_token, "max_relative_residual": max(map(abs, residuals))}
+    costs = ApiServerCosts(
+        per_request_s=per_request,
+        per_output_token_s=per_token,
+        per_chunk_s=per_chunk,
+        per_output_step_s=per_step,
+        latency_s=file.latency_s,
+        latency_per_prompt_token_s=file.latency_per_prompt_token_s,
+    )
+    residuals = [
+        sum(c * v for c, v in zip((per_request, per_chunk, per_step, per_token), xi)) / yi - 1 for xi, yi in zip(x, y)
+    ]
+    return costs, {
+        "per_request_s": per_request,
+        "per_chunk_s": per_chunk,
+        "per_engine_step_s": per_step,
+        "per_output_token_s": per_token,
+        "max_relative_residual": max(map(abs, residuals)),
+    }
 
 
 def per_request_api(raw: dict):
@@ -330,8 +420,9 @@ def per_request_api(raw: dict):
 
     file = measured().api_server(raw["reference_s"] / measured().reference_loop_s)
     per_request = statistics.mean((r["loop_cpu_s"] + r["client_cpu_s"]) / r["n"] for r in raw["served"])
-    return ApiServerCosts(per_request_s=per_request, latency_s=file.latency_s,
-                          latency_per_prompt_token_s=file.latency_per_prompt_token_s)
+    return ApiServerCosts(
+        per_request_s=per_request, latency_s=file.latency_s, latency_per_prompt_token_s=file.latency_per_prompt_token_s
+    )
 
 
 def replay(row: dict, engine_fit: dict, api, served_factor: float = 1.0) -> dict:
@@ -344,11 +435,18 @@ def replay(row: dict, engine_fit: dict, api, served_factor: float = 1.0) -> dict
     from servelab.targets.sim import SimTarget
     from servelab.workload.spec import LoadPlan, RequestSpec
 
-    config = EngineConfig(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_BATCHED_TOKENS,
-                          enable_prefix_caching=False, async_scheduling=False, max_model_len=4096)
+    config = EngineConfig(
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_BATCHED_TOKENS,
+        enable_prefix_caching=False,
+        async_scheduling=False,
+        max_model_len=4096,
+    )
     rng = np.random.default_rng(0)
-    specs = [RequestSpec(index=i, prompt_ids=rng.integers(10, 4000, size=int(r[3])), max_tokens=int(r[4]))
-             for i, r in enumerate(row["requests"])]
+    specs = [
+        RequestSpec(index=i, prompt_ids=rng.integers(10, 4000, size=int(r[3])), max_tokens=int(r[4]))
+        for i, r in enumerate(row["requests"])
+    ]
     step = BuildStep(engine_fit["build_step_wall"], served_factor)
     concurrency = None if row["kind"] == "burst" else row["concurrency"]
     sink = MemorySink()
@@ -357,8 +455,12 @@ def replay(row: dict, engine_fit: dict, api, served_factor: float = 1.0) -> dict
     s = summarize(sink.records).model_dump(exclude_unset=True)
     counters = [e.counters for e in target.last_engines]
     engine_ttft_ms = 1e3 * sum(c.ttft_sum for c in counters) / sum(c.ttft_count for c in counters)
-    return {"requests_per_s": s["request_throughput"], "mean_ttft_ms": s["mean_ttft_ms"], "mean_tpot_ms": s["mean_tpot_ms"],
-            "api_ttft_ms": s["mean_ttft_ms"] - engine_ttft_ms}
+    return {
+        "requests_per_s": s["request_throughput"],
+        "mean_ttft_ms": s["mean_ttft_ms"],
+        "mean_tpot_ms": s["mean_tpot_ms"],
+        "api_ttft_ms": s["mean_ttft_ms"] - engine_ttft_ms,
+    }
 
 
 def fit_served_factor(raw: dict, api, rows: list[dict] | None = None) -> float:
@@ -404,16 +506,23 @@ def table(raw: dict, models: dict, served_factor: float) -> str:
     for (kind, shape, n, c), rows in groups.items():
         sims = {name: replay(rows[0], engine_fit, api, served_factor) for name, api in models.items()}
         label = f"{kind} {shape} n={n}" + (f" c={c}" if kind != "burst" else "")
-        for metric, fmt in (("requests_per_s", "{:.1f}"), ("mean_ttft_ms", "{:.0f}"), ("mean_tpot_ms", "{:.1f}"),
-                            ("api_ttft_ms", "{:.0f}")):
+        for metric, fmt in (
+            ("requests_per_s", "{:.1f}"),
+            ("mean_ttft_ms", "{:.0f}"),
+            ("mean_tpot_ms", "{:.1f}"),
+            ("api_ttft_ms", "{:.0f}"),
+        ):
             vals = [api_ttft(r) if metric == "api_ttft_ms" else r[metric] for r in rows]
             vals = [v for v in vals if v is not None]
             if not vals:
                 continue
             m = statistics.mean(vals)
             cells = [f"{fmt.format(sims[k][metric])} ({100 * (sims[k][metric] / m - 1):+.0f}%)" for k in names]
-            lines.append(f"| {label} | {metric} | {fmt.format(m)} ({fmt.format(min(vals))}-{fmt.format(max(vals))}) | "
-                         + " | ".join(cells) + " |")
+            lines.append(
+                f"| {label} | {metric} | {fmt.format(m)} ({fmt.format(min(vals))}-{fmt.format(max(vals))}) | "
+                + " | ".join(cells)
+                + " |"
+            )
     return "\n".join(lines)
 
 
@@ -438,15 +547,22 @@ def bursts_section(raw: dict) -> dict:
             "full_batch_decode_cpu_ms_by_waiting": engine["full_batch_decode_cpu_ms_by_waiting"],
             "core_add_per_request_s": engine["core_add_per_request_s"],
             "note": "per-step CPU (schedule + output bookkeeping + update) against running and waiting counts, 2,000 "
-                    "requests added at once, max_num_seqs 256: no growth with the waiting queue, so none is charged",
+            "requests added at once, max_num_seqs 256: no growth with the waiting queue, so none is charged",
         },
-        "api_server_loop": {**api_fit, "note": "event-loop CPU over every served load of this host (non-negative least "
-                                               "squares); per request it grows by 15-20% from 200 to 2,000 in flight "
-                                               "(loop_ms_per_request), not with the count as such"},
-        "loop_ms_per_request": {f"{k} {s} n={n}": round(1e3 * statistics.mean(r["loop_cpu_s"] / r["n"] for r in rows), 3)
-                                for (k, s, n), rows in groups.items()},
-        "repeat_noise": {m: round(max(repeat_spread(rows, m) for rows in moderate), 3)
-                         for m in ("requests_per_s", "mean_ttft_ms", "mean_tpot_ms")},
+        "api_server_loop": {
+            **api_fit,
+            "note": "event-loop CPU over every served load of this host (non-negative least "
+            "squares); per request it grows by 15-20% from 200 to 2,000 in flight "
+            "(loop_ms_per_request), not with the count as such",
+        },
+        "loop_ms_per_request": {
+            f"{k} {s} n={n}": round(1e3 * statistics.mean(r["loop_cpu_s"] / r["n"] for r in rows), 3)
+            for (k, s, n), rows in groups.items()
+        },
+        "repeat_noise": {
+            m: round(max(repeat_spread(rows, m) for rows in moderate), 3)
+            for m in ("requests_per_s", "mean_ttft_ms", "mean_tpot_ms")
+        },
     }
 
 
@@ -474,14 +590,19 @@ def main() -> None:
     ap.add_argument("--vllm-python", type=Path, default=CACHE / "vllm-venv" / "bin" / "python")
     ap.add_argument("--model-dir", type=Path, default=CACHE / "tiny-model")
     ap.add_argument("--raw", type=Path, help="write the raw measurements as JSON here (refused if it exists)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "servelab/perf/data/vllm_cpu_costs.yaml",
-                    help="the data file whose `bursts` section is rewritten")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parents[1] / "servelab/perf/data/vllm_cpu_costs.yaml",
+        help="the data file whose `bursts` section is rewritten",
+    )
     ap.add_argument("--from-raw", type=Path, help="refit and replay raw measurements written by --raw")
     ap.add_argument("--engine-from", type=Path, help="reuse part 1's output (the engine worker's JSON) from this file")
     args = ap.parse_args()
     if args.engine_worker:
-        engine_worker(args.engine_worker, args.deadline, tuple(map(int, args.sizes.split(","))),
-                      tuple(args.shapes.split(",")))
+        engine_worker(
+            args.engine_worker, args.deadline, tuple(map(int, args.sizes.split(","))), tuple(args.shapes.split(","))
+        )
         return
     if args.from_raw:
         import gzip
@@ -494,12 +615,19 @@ def main() -> None:
             raise SystemExit(f"--raw {args.raw} exists; give another path (measurements are never overwritten)")
         reference = reference_loop_s()
         with heavy_lock():
-            engine = (json.loads(args.engine_from.read_text().strip().splitlines()[-1]) if args.engine_from
-                      else measure_engine(args.vllm_python, args.model_dir, args.deadline))
+            engine = (
+                json.loads(args.engine_from.read_text().strip().splitlines()[-1])
+                if args.engine_from
+                else measure_engine(args.vllm_python, args.model_dir, args.deadline)
+            )
             print(f"engine core: {json.dumps(fit_engine(engine))}", file=sys.stderr, flush=True)
             served = measure_served(args.vllm_python, args.model_dir, args.deadline, args.repeats)
-        raw = {"measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "reference_s": reference,
-               "engine": engine, "served": served}
+        raw = {
+            "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "reference_s": reference,
+            "engine": engine,
+            "served": served,
+        }
         if args.raw:
             args.raw.write_text(json.dumps(raw))
     write_bursts(args.out, raw)

@@ -35,44 +35,126 @@ from servelab.targets.server_process import vllm_cpu_server
 from heavy_run import TINY_MODEL, VLLM_PYTHON, heavy_lock
 
 SERVER_ARGS = ("--max-model-len", "4096", "--max-num-seqs", "32")
-ENGINE_ARGS = "--max-model-len 4096 --max-num-seqs 32 --block-size 128 --kv-cache-memory-bytes 1073741824 --enforce-eager"
+ENGINE_ARGS = (
+    "--max-model-len 4096 --max-num-seqs 32 --block-size 128 --kv-cache-memory-bytes 1073741824 --enforce-eager"
+)
 """The server's flags as the simulator reads them: the CPU backend's 128-token blocks, its 1 GiB KV space, and no
 CUDA graphs (every step's ops are dispatched one by one from Python, as `--enforce-eager` runs a GPU)."""
 BENCH_RUNS = {
-    "closed-c4-p128-o64": ("--max-concurrency", "4", "--num-prompts", "32", "--random-input-len", "128", "--random-output-len", "64"),
+    "closed-c4-p128-o64": (
+        "--max-concurrency",
+        "4",
+        "--num-prompts",
+        "32",
+        "--random-input-len",
+        "128",
+        "--random-output-len",
+        "64",
+    ),
     "burst-n48-p256-o32": ("--num-prompts", "48", "--random-input-len", "256", "--random-output-len", "32"),
-    "poisson-r4-p512-o48": ("--request-rate", "4", "--num-prompts", "40", "--random-input-len", "512", "--random-output-len", "48"),
-    "closed-c16-p64-o96": ("--max-concurrency", "16", "--num-prompts", "48", "--random-input-len", "64", "--random-output-len", "96"),
+    "poisson-r4-p512-o48": (
+        "--request-rate",
+        "4",
+        "--num-prompts",
+        "40",
+        "--random-input-len",
+        "512",
+        "--random-output-len",
+        "48",
+    ),
+    "closed-c16-p64-o96": (
+        "--max-concurrency",
+        "16",
+        "--num-prompts",
+        "48",
+        "--random-input-len",
+        "64",
+        "--random-output-len",
+        "96",
+    ),
 }
-VLLM_BENCH = ("--dataset-name", "random", "--random-input-len", "192", "--random-output-len", "48", "--num-prompts", "32",
-              "--max-concurrency", "8", "--ignore-eos", "--seed", "3")
+VLLM_BENCH = (
+    "--dataset-name",
+    "random",
+    "--random-input-len",
+    "192",
+    "--random-output-len",
+    "48",
+    "--num-prompts",
+    "32",
+    "--max-concurrency",
+    "8",
+    "--ignore-eos",
+    "--seed",
+    "3",
+)
 METRICS = ("request_throughput", "mean_ttft_ms", "mean_tpot_ms")
-VLLM_BENCH_SERVE = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
-                    "from vllm.benchmarks.serve import add_cli_args, main; parser = FlexibleArgumentParser(); "
-                    "add_cli_args(parser); main(parser.parse_args(sys.argv[1:]))")
+VLLM_BENCH_SERVE = (
+    "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "from vllm.benchmarks.serve import add_cli_args, main; parser = FlexibleArgumentParser(); "
+    "add_cli_args(parser); main(parser.parse_args(sys.argv[1:]))"
+)
 """What `vllm bench serve` runs (vllm/entrypoints/cli/benchmark/serve.py), called as the vLLM venv's python: that
 venv's `vllm` script stops at its version lookup, as the CPU build is installed without package metadata."""
 
 
 def servelab_bench(base_url: str, directory: Path, args: tuple[str, ...]) -> None:
-    cmd = [sys.executable, "-c", "from servelab.cli import main; main()", "bench", "--base-url", base_url,
-           "--model", "tiny-qwen", "--ignore-eos", "--result-dir", str(directory), *args]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from servelab.cli import main; main()",
+        "bench",
+        "--base-url",
+        base_url,
+        "--model",
+        "tiny-qwen",
+        "--ignore-eos",
+        "--result-dir",
+        str(directory),
+        *args,
+    ]
     subprocess.run(cmd, check=True, timeout=600, stdout=subprocess.DEVNULL)
 
 
 def vllm_bench_serve(base_url: str, directory: Path, detailed: bool = True) -> Path:
     """`vllm bench serve --save-result` from the vLLM venv against the server; the JSON it wrote."""
     name = "vllm-bench.json"
-    cmd = [str(VLLM_PYTHON), "-c", VLLM_BENCH_SERVE, "--backend", "openai", "--base-url", base_url, "--model", "tiny-qwen",
-           "--tokenizer", str(TINY_MODEL), *VLLM_BENCH, "--save-result", "--result-dir", str(directory),
-           "--result-filename", name, *(["--save-detailed"] if detailed else [])]
-    subprocess.run(cmd, check=True, timeout=600, stdout=subprocess.DEVNULL, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
+    cmd = [
+        str(VLLM_PYTHON),
+        "-c",
+        VLLM_BENCH_SERVE,
+        "--backend",
+        "openai",
+        "--base-url",
+        base_url,
+        "--model",
+        "tiny-qwen",
+        "--tokenizer",
+        str(TINY_MODEL),
+        *VLLM_BENCH,
+        "--save-result",
+        "--result-dir",
+        str(directory),
+        "--result-filename",
+        name,
+        *(["--save-detailed"] if detailed else []),
+    ]
+    subprocess.run(
+        cmd, check=True, timeout=600, stdout=subprocess.DEVNULL, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    )
     return directory / name
 
 
 def measure(out: Path) -> dict[str, MeasuredRun]:
-    process = vllm_cpu_server(VLLM_PYTHON, TINY_MODEL, log_path=out / "vllm.log", served_model_name="tiny-qwen",
-                              kv_cache_gib=1, extra_args=SERVER_ARGS, startup_timeout=600)
+    process = vllm_cpu_server(
+        VLLM_PYTHON,
+        TINY_MODEL,
+        log_path=out / "vllm.log",
+        served_model_name="tiny-qwen",
+        kv_cache_gib=1,
+        extra_args=SERVER_ARGS,
+        startup_timeout=600,
+    )
     runs: dict[str, MeasuredRun] = {}
     with process:
         base_url = process.base_url
@@ -85,8 +167,12 @@ def measure(out: Path) -> dict[str, MeasuredRun]:
 
 
 def errors(predicted: dict[str, float | None], run: MeasuredRun) -> dict[str, float | None]:
-    return {k: None if (p := predicted.get(k)) is None or not run.measured.get(k) else 100 * (p - run.measured[k]) / run.measured[k]
-            for k in METRICS}
+    return {
+        k: None
+        if (p := predicted.get(k)) is None or not run.measured.get(k)
+        else 100 * (p - run.measured[k]) / run.measured[k]
+        for k in METRICS
+    }
 
 
 def main() -> None:
@@ -117,9 +203,12 @@ def main() -> None:
         for name, other in runs.items():
             if name != source:
                 rows.append((source, name, spec_errors[name], errors(simulated(fitted, other), other)))
-        print(f"from {source}: compute x{env.compute_scale:.2f}, memory x{env.memory_scale:.2f}, engine CPU x{env.engine_cpu_factor:.2f}, "
-              f"API CPU x{env.api_cpu_factor:.2f}, "
-              f"outside {1e3 * env.outside_engine_s:.1f} ms; unconstrained: {', '.join(env.unconstrained) or 'none'}")
+        print(
+            f"from {source}: compute x{env.compute_scale:.2f}, memory x{env.memory_scale:.2f}, engine CPU "
+            f"x{env.engine_cpu_factor:.2f}, "
+            f"API CPU x{env.api_cpu_factor:.2f}, "
+            f"outside {1e3 * env.outside_engine_s:.1f} ms; unconstrained: {', '.join(env.unconstrained) or 'none'}"
+        )
     print("\n| calibrated from | predicted run | " + " | ".join(f"{m} specs-only / calibrated" for m in METRICS) + " |")
     print("|---|---|" + "---|" * len(METRICS))
     for source, name, before, after in rows:
@@ -131,7 +220,9 @@ def main() -> None:
         a = [abs(e) for *_, after in rows if (e := after[m]) is not None]
         print(f"  {m}: specs-only {statistics.median(b):.1f}%, calibrated from one run {statistics.median(a):.1f}%")
     print("\nleave one out: calibrated from every other run, predicting the one left out")
-    print("\n| predicted run | " + " | ".join(f"{m} specs-only / calibrated" for m in METRICS) + " | fitted environment |")
+    print(
+        "\n| predicted run | " + " | ".join(f"{m} specs-only / calibrated" for m in METRICS) + " | fitted environment |"
+    )
     print("|---|" + "---|" * (len(METRICS) + 1))
     left_out = []
     for name, run in runs.items():
@@ -141,12 +232,19 @@ def main() -> None:
         after = errors(simulated(profile_deployment(profile), run), run)
         left_out.append((spec_errors[name], after))
         cells = [f"{_pct(spec_errors[name][m])} / {_pct(after[m])}" for m in METRICS]
-        print(f"| {name} | " + " | ".join(cells) + f" | engine CPU x{env.engine_cpu_factor:.2f}, API CPU x{env.api_cpu_factor:.2f}, "
-              f"outside {1e3 * env.outside_engine_s:.1f} ms |")
+        print(
+            f"| {name} | "
+            + " | ".join(cells)
+            + f" | engine CPU x{env.engine_cpu_factor:.2f}, API CPU x{env.api_cpu_factor:.2f}, "
+            f"outside {1e3 * env.outside_engine_s:.1f} ms |"
+        )
     for m in METRICS:
         b_ = [abs(e) for before, _ in left_out if (e := before[m]) is not None]
         a_ = [abs(e) for _, after in left_out if (e := after[m]) is not None]
-        print(f"  {m}: specs-only {statistics.median(b_):.1f}%, calibrated from the other runs {statistics.median(a_):.1f}%")
+        print(
+            f"  {m}: specs-only {statistics.median(b_):.1f}%, calibrated from the other runs "
+            f"{statistics.median(a_):.1f}%"
+        )
     print(f"\nhost during the runs: {json.dumps(conditions)}\nruns and profiles in {out}")
 
 

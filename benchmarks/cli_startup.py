@@ -29,7 +29,8 @@ from servelab.cli import VERBS
 from servelab.cli.schema import SCHEMAS
 
 COMMANDS = [
-    ["--help"], ["--version"],
+    ["--help"],
+    ["--version"],
     *([verb, "--help"] for verb in VERBS),
     *(["schema", name] for name in SCHEMAS),
 ]
@@ -39,8 +40,9 @@ ENTRY = "import sys; from servelab.cli import main; sys.argv[0] = 'servelab'; ma
 def cpu_seconds(argv: list[str], path: str) -> float:
     """User + system CPU of one finished `servelab ARGV` process, servelab imported from `path`."""
     env = {**os.environ, "PYTHONPATH": path}
-    process = subprocess.Popen([sys.executable, "-c", ENTRY, *argv], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-c", ENTRY, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
     if process.returncode != 0:
@@ -70,8 +72,15 @@ def main() -> None:
             for name, path in copies.items():
                 runs[name].append(cpu_seconds(argv, path))
         command = "servelab " + " ".join(argv)
-        rows.append({"command": command, **{name: {"median_cpu_s": statistics.median(r), "min_cpu_s": min(r),
-                                                  "max_cpu_s": max(r)} for name, r in runs.items()}})
+        rows.append(
+            {
+                "command": command,
+                **{
+                    name: {"median_cpu_s": statistics.median(r), "min_cpu_s": min(r), "max_cpu_s": max(r)}
+                    for name, r in runs.items()
+                },
+            }
+        )
         print(f"| `{command}` |" + "".join(f" {spread(runs[name])} |" for name in reversed(copies)), flush=True)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2) + "\n")

@@ -307,17 +307,36 @@ def _vllm_client(args: argparse.Namespace) -> None:
         return out
 
     serve.ASYNC_REQUEST_FUNCS["openai"] = timed
-    requests = [SampleRequest(prompt=[i, 1, 2, 3], prompt_len=4, expected_output_len=args.chunks) for i in range(args.requests)]
+    requests = [
+        SampleRequest(prompt=[i, 1, 2, 3], prompt_len=4, expected_output_len=args.chunks) for i in range(args.requests)
+    ]
     base = f"http://127.0.0.1:{args.port}"
     cpu0, wall0 = time.process_time(), time.perf_counter()
     result = asyncio.run(
         serve.benchmark(
-            task_type=serve.TaskType.GENERATION, endpoint_type="openai", api_url=base + "/v1/completions",
-            base_url=base, model_id=MODEL, model_name=MODEL, tokenizer=None, input_requests=requests,
-            logprobs=None, request_rate=float("inf"), burstiness=1.0, disable_tqdm=True, num_warmups=0,
-            profile=False, selected_percentile_metrics=["ttft"], selected_percentiles=[99.0], ignore_eos=True,
-            goodput_config_dict={}, max_concurrency=args.concurrency, lora_modules=None, extra_headers=None,
-            extra_body=None, ready_check_timeout_sec=0,
+            task_type=serve.TaskType.GENERATION,
+            endpoint_type="openai",
+            api_url=base + "/v1/completions",
+            base_url=base,
+            model_id=MODEL,
+            model_name=MODEL,
+            tokenizer=None,
+            input_requests=requests,
+            logprobs=None,
+            request_rate=float("inf"),
+            burstiness=1.0,
+            disable_tqdm=True,
+            num_warmups=0,
+            profile=False,
+            selected_percentile_metrics=["ttft"],
+            selected_percentiles=[99.0],
+            ignore_eos=True,
+            goodput_config_dict={},
+            max_concurrency=args.concurrency,
+            lora_modules=None,
+            extra_headers=None,
+            extra_body=None,
+            ready_check_timeout_sec=0,
         )
     )
     out = {
@@ -333,7 +352,9 @@ def _vllm_client(args: argparse.Namespace) -> None:
 
 
 def _post(port: int, path: str, payload: dict | None = None) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(payload or {}).encode(), method="POST")
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=json.dumps(payload or {}).encode(), method="POST"
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())
 
@@ -368,9 +389,14 @@ def _servelab_client(port: int, requests: int, chunks: int, concurrency: int, wo
         "cpu_s": _cpu_with_children() - cpu0,
         "wall_s": time.perf_counter() - wall0,
         "timings": {
-            str(r.index): {"send": zero + r.send_time, "chunks": [zero + t for t in r.chunk_times], "wave": r.intended_time == 0.0,
-                            "write": r.http_send_s}
-            for r in sink.records if r.ok and r.chunk_times
+            str(r.index): {
+                "send": zero + r.send_time,
+                "chunks": [zero + t for t in r.chunk_times],
+                "wave": r.intended_time == 0.0,
+                "write": r.http_send_s,
+            }
+            for r in sink.records
+            if r.ok and r.chunk_times
         },
         "client_stats": summary["client_stats"],
         "warnings": summary["warnings"],
@@ -379,17 +405,46 @@ def _servelab_client(port: int, requests: int, chunks: int, concurrency: int, wo
 
 def _servelab_cli(port: int, requests: int, chunks: int, concurrency: int, workers: int, out_dir: Path) -> dict:
     """The `servelab bench` command as a user runs it: a fresh process, start-up included in its CPU."""
-    cmd = [sys.executable, "-c", "from servelab.cli import main; main()", "bench",
-           "--base-url", f"http://127.0.0.1:{port}", "--model", MODEL, "--ignore-eos",
-           "--max-concurrency", str(concurrency), "--num-prompts", str(requests),
-           "--random-input-len", "4", "--random-output-len", str(chunks), "--length-distribution", "fixed",
-           "--scrape-interval", "3600", "--workers", str(workers), "--result-dir", str(out_dir)]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from servelab.cli import main; main()",
+        "bench",
+        "--base-url",
+        f"http://127.0.0.1:{port}",
+        "--model",
+        MODEL,
+        "--ignore-eos",
+        "--max-concurrency",
+        str(concurrency),
+        "--num-prompts",
+        str(requests),
+        "--random-input-len",
+        "4",
+        "--random-output-len",
+        str(chunks),
+        "--length-distribution",
+        "fixed",
+        "--scrape-interval",
+        "3600",
+        "--workers",
+        str(workers),
+        "--result-dir",
+        str(out_dir),
+    ]
     cpu0, wall0 = _children_cpu(), time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     summary = json.loads((out_dir / "summary.json").read_text())
     cpu = _children_cpu() - cpu0
-    return {"completed": summary["completed"], "cpu_s": cpu, "process_cpu_s": cpu, "wall_s": time.perf_counter() - wall0,
-            "timings": {}, "client_stats": summary["client_stats"], "warnings": summary["warnings"]}
+    return {
+        "completed": summary["completed"],
+        "cpu_s": cpu,
+        "process_cpu_s": cpu,
+        "wall_s": time.perf_counter() - wall0,
+        "timings": {},
+        "client_stats": summary["client_stats"],
+        "warnings": summary["warnings"],
+    }
 
 
 def _peer_run(cmd: list[str], log: Path) -> float:
@@ -398,7 +453,10 @@ def _peer_run(cmd: list[str], log: Path) -> float:
     with log.open("w") as out:
         done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=900, check=False)
     if done.returncode:
-        raise RuntimeError(f"{cmd[0]} exited {done.returncode}; last lines of {log}:\n" + "".join(log.read_text().splitlines(True)[-15:]))
+        raise RuntimeError(
+            f"{cmd[0]} exited {done.returncode}; last lines of {log}:\n"
+            + "".join(log.read_text().splitlines(True)[-15:])
+        )
     return _children_cpu() - cpu0
 
 
@@ -407,11 +465,38 @@ def _aiperf_client(port: int, requests: int, chunks: int, concurrency: int, work
     the server's usage counts (--use-server-token-count), as the server counts them, not re-tokenized text.
     Requests pair with the server's stamps by the X-Request-ID header AIPerf sends and exports."""
     art = work / "aiperf"
-    cmd = [str(AIPERF), "profile", "--model", MODEL, "--url", f"http://127.0.0.1:{port}", "--endpoint-type", "completions",
-           "--streaming", "--concurrency", str(concurrency), "--request-count", str(requests),
-           "--tokenizer", str(TOKENIZER), "--synthetic-input-tokens-mean", "4", "--synthetic-input-tokens-stddev", "0",
-           "--output-tokens-mean", str(chunks), "--output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
-           "--use-server-token-count", "--ui-type", "none", "--artifact-dir", str(art)]
+    cmd = [
+        str(AIPERF),
+        "profile",
+        "--model",
+        MODEL,
+        "--url",
+        f"http://127.0.0.1:{port}",
+        "--endpoint-type",
+        "completions",
+        "--streaming",
+        "--concurrency",
+        str(concurrency),
+        "--request-count",
+        str(requests),
+        "--tokenizer",
+        str(TOKENIZER),
+        "--synthetic-input-tokens-mean",
+        "4",
+        "--synthetic-input-tokens-stddev",
+        "0",
+        "--output-tokens-mean",
+        str(chunks),
+        "--output-tokens-stddev",
+        "0",
+        "--extra-inputs",
+        "ignore_eos:true",
+        "--use-server-token-count",
+        "--ui-type",
+        "none",
+        "--artifact-dir",
+        str(art),
+    ]
     wall0 = time.perf_counter()
     cpu = _peer_run(cmd, work / "aiperf.log")
     wall = time.perf_counter() - wall0
@@ -434,19 +519,27 @@ def _guidellm_client(port: int, requests: int, chunks: int, concurrency: int, wo
     the first and last token times and the number of token iterations, so its client-added ITL is per request
     (mean gap) rather than per gap. Requests pair with the server's stamps by the response id it records."""
     out = work / "guidellm.json"
-    scenario = {"spec": {
-        "backend": {"kind": "openai_http", "target": f"http://127.0.0.1:{port}", "model": MODEL,
-                    "request_format": "/v1/completions"},
-        "profile": {"kind": "concurrent", "streams": [concurrency]},
-        "tokenizer": {"kind": "hf_auto", "model": str(TOKENIZER)},
-        "data": [{"kind": "synthetic_text", "prompt_tokens": 4, "output_tokens": chunks}],
-        "constraints": [{"kind": "max_requests", "count": requests}],
-        "outputs": [{"kind": "json", "path": str(out)}],
-    }}
+    scenario = {
+        "spec": {
+            "backend": {
+                "kind": "openai_http",
+                "target": f"http://127.0.0.1:{port}",
+                "model": MODEL,
+                "request_format": "/v1/completions",
+            },
+            "profile": {"kind": "concurrent", "streams": [concurrency]},
+            "tokenizer": {"kind": "hf_auto", "model": str(TOKENIZER)},
+            "data": [{"kind": "synthetic_text", "prompt_tokens": 4, "output_tokens": chunks}],
+            "constraints": [{"kind": "max_requests", "count": requests}],
+            "outputs": [{"kind": "json", "path": str(out)}],
+        }
+    }
     (work / "guidellm-scenario.json").write_text(json.dumps(scenario))
     wall0 = time.perf_counter()
-    cpu = _peer_run([str(GUIDELLM), "run", "-c", str(work / "guidellm-scenario.json"), "--disable-console-interactive"],
-                    work / "guidellm.log")
+    cpu = _peer_run(
+        [str(GUIDELLM), "run", "-c", str(work / "guidellm-scenario.json"), "--disable-console-interactive"],
+        work / "guidellm.log",
+    )
     wall = time.perf_counter() - wall0
     timings = {}
     for req in json.loads(out.read_text())["benchmarks"][0]["requests"]["successful"]:
@@ -454,8 +547,11 @@ def _guidellm_client(port: int, requests: int, chunks: int, concurrency: int, wo
         if not t.get("first_token_iteration") or not req.get("response_id"):
             continue
         timings[req["response_id"].removeprefix("cmpl-")] = {
-            "send": t["request_start"], "chunks": [t["first_token_iteration"], t["last_token_iteration"]],
-            "iterations": t["token_iterations"], "wall_clock": True}
+            "send": t["request_start"],
+            "chunks": [t["first_token_iteration"], t["last_token_iteration"]],
+            "iterations": t["token_iterations"],
+            "wall_clock": True,
+        }
     return {"completed": len(timings), "cpu_s": cpu, "process_cpu_s": cpu, "wall_s": wall, "timings": timings}
 
 
@@ -479,7 +575,9 @@ def _accuracy(timings: dict[int, dict], stats: dict, concurrency: int) -> dict:
     }
     common = [i for i in timings if i in first_write and i in arrival]
     from_write = [1e3 * (timings[i]["chunks"][0] - first_write[i]) for i in common]
-    from_arrival = [1e3 * ((timings[i]["chunks"][0] - timings[i]["send"]) - (first_write[i] - arrival[i])) for i in common]
+    from_arrival = [
+        1e3 * ((timings[i]["chunks"][0] - timings[i]["send"]) - (first_write[i] - arrival[i])) for i in common
+    ]
     itl = []
     for i in common:
         client, server = timings[i]["chunks"], writes.get(i, [])
@@ -493,7 +591,11 @@ def _accuracy(timings: dict[int, dict], stats: dict, concurrency: int) -> dict:
     wave = {i for i in common if timings[i]["wave"]} if marked else set(by_send[:concurrency])
     ttft = {i: 1e3 * (timings[i]["chunks"][0] - timings[i]["send"]) for i in common}
     row = {}
-    for name, values in (("added_ttft_from_write", from_write), ("added_ttft_from_arrival", from_arrival), ("added_itl", itl)):
+    for name, values in (
+        ("added_ttft_from_write", from_write),
+        ("added_ttft_from_arrival", from_arrival),
+        ("added_itl", itl),
+    ):
         row[f"{name}_p50_ms"], row[f"{name}_p99_ms"] = _pcts(values)
     for name, in_wave in (("wave1", True), ("later", False)):
         ids = [i for i in common if (i in wave) == in_wave]
@@ -521,8 +623,21 @@ def _run_client(client: str, args: argparse.Namespace, requests: int, chunks: in
         result = peer(args.port, requests, chunks, args.concurrency, work)
     else:
         out = work / "vllm.json"
-        cmd = [str(VLLM_PYTHON), __file__, "vllm-client", "--port", str(args.port), "--out", str(out),
-               "--requests", str(requests), "--chunks", str(chunks), "--concurrency", str(args.concurrency)]
+        cmd = [
+            str(VLLM_PYTHON),
+            __file__,
+            "vllm-client",
+            "--port",
+            str(args.port),
+            "--out",
+            str(out),
+            "--requests",
+            str(requests),
+            "--chunks",
+            str(chunks),
+            "--concurrency",
+            str(args.concurrency),
+        ]
         cpu0 = _children_cpu()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         result = json.loads(out.read_text())
@@ -558,7 +673,9 @@ def _phase(name: str, client: str, args: argparse.Namespace, step_s: float, work
         "chunks_per_s": stats["chunks"] / span,
         "requests_per_s": stats["requests"] / span,
         "client_cpu_us_per_chunk": None if client in ("aiperf", "guidellm") else 1e6 * result["cpu_s"] / chunks_served,
-        "process_cpu_us_per_chunk": 1e6 * result["process_cpu_s"] / chunks_served if "process_cpu_s" in result else None,
+        "process_cpu_us_per_chunk": 1e6 * result["process_cpu_s"] / chunks_served
+        if "process_cpu_s" in result
+        else None,
         "marginal_cpu_us_per_chunk": marginal,
         "server_cpu_us_per_chunk": 1e6 * stats["cpu_s"] / chunks_served,
         "self_report_warned": bool(self_report.get("client_may_be_bottleneck")) if self_report else None,
@@ -570,19 +687,27 @@ def _phase(name: str, client: str, args: argparse.Namespace, step_s: float, work
 
 
 COLUMNS = [
-    ("chunks/s", "chunks_per_s", ".0f"), ("CPU µs/chunk run", "client_cpu_us_per_chunk", ".2f"),
-    ("CPU µs/chunk process", "process_cpu_us_per_chunk", ".2f"), ("CPU µs/chunk marginal", "marginal_cpu_us_per_chunk", ".2f"),
+    ("chunks/s", "chunks_per_s", ".0f"),
+    ("CPU µs/chunk run", "client_cpu_us_per_chunk", ".2f"),
+    ("CPU µs/chunk process", "process_cpu_us_per_chunk", ".2f"),
+    ("CPU µs/chunk marginal", "marginal_cpu_us_per_chunk", ".2f"),
     ("srv CPU µs/chunk", "server_cpu_us_per_chunk", ".2f"),
-    ("+TTFT write p50", "added_ttft_from_write_p50_ms", ".2f"), ("+TTFT write p99", "added_ttft_from_write_p99_ms", ".2f"),
+    ("+TTFT write p50", "added_ttft_from_write_p50_ms", ".2f"),
+    ("+TTFT write p99", "added_ttft_from_write_p99_ms", ".2f"),
     ("+TTFT arrival p50", "added_ttft_from_arrival_p50_ms", ".2f"),
     ("+TTFT arrival p99", "added_ttft_from_arrival_p99_ms", ".2f"),
-    ("+ITL p50", "added_itl_p50_ms", ".2f"), ("+ITL p99", "added_itl_p99_ms", ".2f"),
-    ("wave1 TTFT p50", "wave1_ttft_p50_ms", ".2f"), ("later TTFT p50", "later_ttft_p50_ms", ".2f"),
-    ("wave1 +TTFT write p50", "wave1_added_ttft_p50_ms", ".2f"), ("later +TTFT write p50", "later_added_ttft_p50_ms", ".2f"),
-    ("wave1 send→server p50", "wave1_to_server_p50_ms", ".2f"), ("later send→server p50", "later_to_server_p50_ms", ".2f"),
+    ("+ITL p50", "added_itl_p50_ms", ".2f"),
+    ("+ITL p99", "added_itl_p99_ms", ".2f"),
+    ("wave1 TTFT p50", "wave1_ttft_p50_ms", ".2f"),
+    ("later TTFT p50", "later_ttft_p50_ms", ".2f"),
+    ("wave1 +TTFT write p50", "wave1_added_ttft_p50_ms", ".2f"),
+    ("later +TTFT write p50", "later_added_ttft_p50_ms", ".2f"),
+    ("wave1 send→server p50", "wave1_to_server_p50_ms", ".2f"),
+    ("later send→server p50", "later_to_server_p50_ms", ".2f"),
     ("wave1 write p50", "wave1_write_p50_ms", ".2f"),
     ("server TTFT p50", "server_ttft_p50_ms", ".2f"),
-    ("warned", "self_report_warned", ""), ("self-est. ms", "self_report_added_ms", ".2f"),
+    ("warned", "self_report_warned", ""),
+    ("self-est. ms", "self_report_added_ms", ".2f"),
 ]
 
 
@@ -623,7 +748,9 @@ def main() -> None:
         _vllm_client(args)
         return
 
-    server = subprocess.Popen([sys.executable, __file__, "server", "--port", str(args.port)], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, __file__, "server", "--port", str(args.port)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert server.stdout is not None
         server.stdout.readline()
@@ -633,7 +760,9 @@ def main() -> None:
             for client in args.clients.split(","):
                 for phase in args.phases.split(","):
                     try:
-                        rows.append(_phase(phase, client, args, 0.0 if phase == "capacity" else args.step_ms / 1e3, Path(tmp)))
+                        rows.append(
+                            _phase(phase, client, args, 0.0 if phase == "capacity" else args.step_ms / 1e3, Path(tmp))
+                        )
                     except (OSError, RuntimeError, subprocess.SubprocessError, KeyError, ValueError) as exc:
                         failed.append(f"{phase} {client}: could not run: {type(exc).__name__}: {exc}")
     finally:
@@ -648,21 +777,28 @@ def main() -> None:
             s = by.get((phase, ours))
             if s and v:
                 key = "client_cpu_us_per_chunk" if ours == "servelab" else "process_cpu_us_per_chunk"
-                print(f"{phase}: vLLM / {ours} CPU per chunk: {v[key] / s[key]:.2f}x "
-                      f"({'in the run' if ours == 'servelab' else 'whole processes, start-up included'}); "
-                      f"chunks/s {s['chunks_per_s'] / v['chunks_per_s']:.2f}x")
+                print(
+                    f"{phase}: vLLM / {ours} CPU per chunk: {v[key] / s[key]:.2f}x "
+                    f"({'in the run' if ours == 'servelab' else 'whole processes, start-up included'}); "
+                    f"chunks/s {s['chunks_per_s'] / v['chunks_per_s']:.2f}x"
+                )
     for peer in ("aiperf", "guidellm"):
         for phase in ("capacity", "accuracy"):
             s, o = by.get((phase, "servelab-cli")), by.get((phase, peer))
             if s and o:
-                print(f"{phase}: {peer} / servelab-cli CPU per chunk: {o['process_cpu_us_per_chunk'] / s['process_cpu_us_per_chunk']:.2f}x "
-                      f"(whole processes, start-up included); chunks/s {s['chunks_per_s'] / o['chunks_per_s']:.2f}x")
+                print(
+                    f"{phase}: {peer} / servelab-cli CPU per chunk: {o['process_cpu_us_per_chunk'] / s['process_cpu_us_per_chunk']:.2f}x "
+                    f""
+                    f"(whole processes, start-up included); chunks/s {s['chunks_per_s'] / o['chunks_per_s']:.2f}x"
+                )
     ours = by.get(("capacity", "servelab-cli"))
     for other in ("vllm", "aiperf", "guidellm"):
         theirs = by.get(("capacity", other))
         if ours and theirs and ours["marginal_cpu_us_per_chunk"] and theirs["marginal_cpu_us_per_chunk"]:
-            print(f"capacity: {other} / servelab-cli marginal CPU per chunk (start-up taken out): "
-                  f"{theirs['marginal_cpu_us_per_chunk'] / ours['marginal_cpu_us_per_chunk']:.2f}x")
+            print(
+                f"capacity: {other} / servelab-cli marginal CPU per chunk (start-up taken out): "
+                f"{theirs['marginal_cpu_us_per_chunk'] / ours['marginal_cpu_us_per_chunk']:.2f}x"
+            )
     for line in failed:
         print(line)
     for row in rows:

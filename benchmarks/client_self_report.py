@@ -37,8 +37,11 @@ from heavy_run import TINY_MODEL, VLLM_PYTHON, heavy_lock
 
 
 def point(base_url: str, concurrency: int, requests: int, out: Path) -> dict:
-    plan = build_plan(WorkloadConfig(input_len=128, output_len=32), ArrivalConfig(max_concurrency=concurrency),
-                      Amount(num_prompts=requests))
+    plan = build_plan(
+        WorkloadConfig(input_len=128, output_len=32),
+        ArrivalConfig(max_concurrency=concurrency),
+        Amount(num_prompts=requests),
+    )
     summary = run_point(HttpTarget(base_url, ignore_eos=True), plan, out, {}).model_dump(exclude_unset=True)
     stats = summary["client_stats"]
     delay = stats.get("added_delay") or {}
@@ -58,11 +61,16 @@ def point(base_url: str, concurrency: int, requests: int, out: Path) -> dict:
 
 
 COLUMNS = [
-    ("conc.", "concurrency", "d"), ("old trigger: send lag p99 ms", "old_trigger_send_lag_p99_ms", ".1f"),
+    ("conc.", "concurrency", "d"),
+    ("old trigger: send lag p99 ms", "old_trigger_send_lag_p99_ms", ".1f"),
     ("start-up wave left within ms", "startup_wave_left_within_ms", ".1f"),
-    ("steady send lag mean ms", "mean_steady_send_lag_ms", ".2f"), ("client CPU", "cpu_share", ".0%"),
-    ("est. added ms mean", "added_delay_mean_ms", ".2f"), ("est. added ms p99", "added_delay_p99_ms", ".2f"),
-    ("ITL p50 ms", "median_itl_ms", ".1f"), ("TTFT p50 ms", "median_ttft_ms", ".1f"), ("warned", "warned", ""),
+    ("steady send lag mean ms", "mean_steady_send_lag_ms", ".2f"),
+    ("client CPU", "cpu_share", ".0%"),
+    ("est. added ms mean", "added_delay_mean_ms", ".2f"),
+    ("est. added ms p99", "added_delay_p99_ms", ".2f"),
+    ("ITL p50 ms", "median_itl_ms", ".1f"),
+    ("TTFT p50 ms", "median_ttft_ms", ".1f"),
+    ("warned", "warned", ""),
 ]
 
 
@@ -75,8 +83,14 @@ def main() -> None:
     rows = []
     with heavy_lock(), tempfile.TemporaryDirectory(prefix="servelab-self-report-") as tmp:
         host = HostWatch().start()
-        server = vllm_cpu_server(VLLM_PYTHON, TINY_MODEL, log_path=Path(tmp) / "vllm.log", served_model_name="tiny-qwen",
-                                 extra_args=("--max-model-len", "4096", "--max-num-seqs", "32"), startup_timeout=600)
+        server = vllm_cpu_server(
+            VLLM_PYTHON,
+            TINY_MODEL,
+            log_path=Path(tmp) / "vllm.log",
+            served_model_name="tiny-qwen",
+            extra_args=("--max-model-len", "4096", "--max-num-seqs", "32"),
+            startup_timeout=600,
+        )
         with server:
             for c in (int(v) for v in args.concurrency.split(",")):
                 rows.append(point(server.base_url, c, c * args.requests_per_slot, Path(tmp) / f"c{c}"))

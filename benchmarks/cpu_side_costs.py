@@ -164,8 +164,15 @@ def engine_worker(model_dir: str, deadline_s: float) -> None:
     time_method(timers, GPUModelRunner, "_sample", "sampler")
     time_method(timers, OutputProcessor, "process_outputs", "api_outputs")
 
-    llm = LLM(model=model_dir, max_model_len=4096, max_num_seqs=max(ENGINE_BATCHES), max_num_batched_tokens=8192,
-              distributed_executor_backend="uni", enable_prefix_caching=False, seed=0)
+    llm = LLM(
+        model=model_dir,
+        max_model_len=4096,
+        max_num_seqs=max(ENGINE_BATCHES),
+        max_num_batched_tokens=8192,
+        distributed_executor_backend="uni",
+        enable_prefix_caching=False,
+        seed=0,
+    )
     engine = llm.llm_engine
     config = engine.vllm_config.scheduler_config
     vocab = engine.model_config.get_vocab_size()
@@ -194,8 +201,16 @@ def engine_worker(model_dir: str, deadline_s: float) -> None:
         n_tokens = len(tokenizer.encode(piece))
         best = min(_timed_call(tokenizer.encode, piece) for _ in range(20))
         tokenize.append({"tokens": n_tokens, "seconds": best})
-    print(json.dumps({"vllm_version": _vllm_version(), "async_scheduling": bool(config.async_scheduling),
-                      "records": records, "tokenize": tokenize}))
+    print(
+        json.dumps(
+            {
+                "vllm_version": _vllm_version(),
+                "async_scheduling": bool(config.async_scheduling),
+                "records": records,
+                "tokenize": tokenize,
+            }
+        )
+    )
 
 
 def _timed_call(fn, *args) -> float:
@@ -243,15 +258,22 @@ def fit_engine(data: dict) -> dict[str, float]:
     tok = data["tokenize"]
     tok_fixed, tok_per_token = linear_fit([[1, t["tokens"]] for t in tok], [t["seconds"] for t in tok])
     return {
-        "step_s": step_fixed, "per_scheduled_request_s": per_request,
-        "admit_step_s": max(0.0, admit_fixed), "per_admitted_request_s": max(0.0, per_admitted),
-        "output_step_s": out_fixed, "output_per_token_s": out_per_token,
-        "tokenize_fixed_s": tok_fixed, "tokenize_per_token_s": tok_per_token,
+        "step_s": step_fixed,
+        "per_scheduled_request_s": per_request,
+        "admit_step_s": max(0.0, admit_fixed),
+        "per_admitted_request_s": max(0.0, per_admitted),
+        "output_step_s": out_fixed,
+        "output_per_token_s": out_per_token,
+        "tokenize_fixed_s": tok_fixed,
+        "tokenize_per_token_s": tok_per_token,
         "decode_medians_ms": {str(b): 1e3 * m for b, m in zip(bs, med)},
-        "decode_parts_ms": {str(b): {k: 1e3 * statistics.median(r.get(k, 0.0) for r, _ in steps
-                                                                  if r["scheduled"] == b and r["new"] == 0)
-                                     for k in ("schedule", "execute", "forward", "sample_tokens", "sampler", "update")}
-                            for b in bs},
+        "decode_parts_ms": {
+            str(b): {
+                k: 1e3 * statistics.median(r.get(k, 0.0) for r, _ in steps if r["scheduled"] == b and r["new"] == 0)
+                for k in ("schedule", "execute", "forward", "sample_tokens", "sampler", "update")
+            }
+            for b in bs
+        },
         "steps": len(steps),
     }
 
@@ -262,7 +284,11 @@ def measure_engine(vllm_python: Path, model_dir: Path, deadline_s: float) -> dic
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [str(vllm_python), __file__, "--engine-worker", str(model_dir), "--deadline", str(deadline_s)],
-        capture_output=True, text=True, env=env, timeout=deadline_s + 300, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=deadline_s + 300,
+        check=False,
     )
     if proc.returncode != 0:
         raise SystemExit(f"engine worker failed:\n{proc.stderr[-4000:]}")
@@ -290,7 +316,11 @@ CAPACITY_SCENARIOS = (
 CAPACITY_REPEATS = 2
 LATENCY_SCENARIOS = (
     # (prompt words, output tokens), one request at a time
-    (3, 1), (21, 1), (171, 1), (500, 1), (21, 32),
+    (3, 1),
+    (21, 1),
+    (171, 1),
+    (500, 1),
+    (21, 32),
 )
 LATENCY_REQUESTS = 30
 STEPS_METRIC = "vllm:iteration_tokens_total_count"
@@ -361,8 +391,14 @@ def client_worker() -> None:
         return {str(pid): _threads(pid) for pid in spec["pids"]}
 
     async def one(session: aiohttp.ClientSession, gate: asyncio.Semaphore, prompt: str) -> dict:
-        body = {"model": spec["model"], "prompt": prompt, "max_tokens": spec["max_tokens"], "ignore_eos": True,
-                "temperature": 0, "stream": spec["stream"]}
+        body = {
+            "model": spec["model"],
+            "prompt": prompt,
+            "max_tokens": spec["max_tokens"],
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": spec["stream"],
+        }
         if spec["stream"]:
             body["stream_options"] = {"include_usage": True}
         async with gate:
@@ -384,16 +420,25 @@ def client_worker() -> None:
                 else:
                     usage = (await resp.json()).get("usage") or {}
                     first, chunks = time.perf_counter(), 1
-            return {"send": t_send, "head": t_head, "first": first, "end": time.perf_counter(), "chunks": chunks,
-                    "prompt_tokens": usage.get("prompt_tokens", 0), "output_tokens": usage.get("completion_tokens", 0)}
+            return {
+                "send": t_send,
+                "head": t_head,
+                "first": first,
+                "end": time.perf_counter(),
+                "chunks": chunks,
+                "prompt_tokens": usage.get("prompt_tokens", 0),
+                "output_tokens": usage.get("completion_tokens", 0),
+            }
 
     async def run() -> dict:
         gate = asyncio.Semaphore(spec["concurrency"])
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                         timeout=aiohttp.ClientTimeout(total=spec["deadline_s"])) as session:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=spec["deadline_s"])
+        ) as session:
             before, t0, cpu0 = snapshot(), time.perf_counter(), time.process_time()
-            rows = await asyncio.wait_for(asyncio.gather(*(one(session, gate, p) for p in spec["prompts"])),
-                                          spec["deadline_s"])
+            rows = await asyncio.wait_for(
+                asyncio.gather(*(one(session, gate, p) for p in spec["prompts"])), spec["deadline_s"]
+            )
             wall, after, client_cpu = time.perf_counter() - t0, snapshot(), time.process_time() - cpu0
         return {"rows": rows, "wall_s": wall, "client_cpu_s": client_cpu, "before": before, "after": after}
 
@@ -405,8 +450,11 @@ def _thread_cpu(before: dict, after: dict) -> dict[str, dict[str, float]]:
     out = {}
     for pid, threads in after.items():
         was = before.get(pid, {})
-        out[pid] = {f"{name}/{tid}": (ns - was.get(tid, [name, 0])[1]) / 1e9 for tid, (name, ns) in threads.items()
-                    if ns - was.get(tid, [name, 0])[1] > 0}
+        out[pid] = {
+            f"{name}/{tid}": (ns - was.get(tid, [name, 0])[1]) / 1e9
+            for tid, (name, ns) in threads.items()
+            if ns - was.get(tid, [name, 0])[1] > 0
+        }
     return out
 
 
@@ -419,9 +467,24 @@ class ApiProbe:
 
         self.vllm_python = vllm_python
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "1"  # the model's OpenMP threads on the engine's core
-        self.server = vllm_cpu_server(vllm_python, model_dir, log_path=log, served_model_name="tiny", kv_cache_gib=2,
-                                      extra_args=["--dtype", "float32", "--max-model-len", "4096", "--max-num-seqs", "256",
-                                                  "--max-num-batched-tokens", "8192", "--no-enable-prefix-caching"])
+        self.server = vllm_cpu_server(
+            vllm_python,
+            model_dir,
+            log_path=log,
+            served_model_name="tiny",
+            kv_cache_gib=2,
+            extra_args=[
+                "--dtype",
+                "float32",
+                "--max-model-len",
+                "4096",
+                "--max-num-seqs",
+                "256",
+                "--max-num-batched-tokens",
+                "8192",
+                "--no-enable-prefix-caching",
+            ],
+        )
         self.rng = random.Random(0)
         self.client_core = 1
         self.served_model_name = "tiny"
@@ -452,15 +515,28 @@ class ApiProbe:
     def prompt(self, words: int) -> str:
         return " ".join(f"w{self.rng.randrange(100000)}" for _ in range(words))
 
-    def load(self, words: int, max_tokens: int, stream: bool, requests: int, concurrency: int,
-             deadline_s: float) -> dict:
+    def load(
+        self, words: int, max_tokens: int, stream: bool, requests: int, concurrency: int, deadline_s: float
+    ) -> dict:
         """Run one client (pinned to core 1) to the end; its rows, wall time and the server's per-thread CPU."""
-        spec = {"base_url": self.server.base_url, "model": self.served_model_name, "max_tokens": max_tokens, "stream": stream,
-                "concurrency": concurrency, "deadline_s": deadline_s, "pids": [self.api_pid, *self.engine_pids],
-                "prompts": [self.prompt(words) for _ in range(requests)]}
+        spec = {
+            "base_url": self.server.base_url,
+            "model": self.served_model_name,
+            "max_tokens": max_tokens,
+            "stream": stream,
+            "concurrency": concurrency,
+            "deadline_s": deadline_s,
+            "pids": [self.api_pid, *self.engine_pids],
+            "prompts": [self.prompt(words) for _ in range(requests)],
+        }
         steps0 = self.metrics().get(STEPS_METRIC, 0.0)
-        proc = subprocess.Popen([str(self.vllm_python), __file__, "--client-worker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [str(self.vllm_python), __file__, "--client-worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         if self.pinned:
             os.sched_setaffinity(proc.pid, {self.client_core})
         out, err = proc.communicate(json.dumps(spec), timeout=deadline_s + 60)
@@ -487,7 +563,9 @@ class ApiProbe:
         before = {str(p): _threads(p) for p in (self.api_pid, *self.engine_pids)}
         time.sleep(seconds)
         after = {str(p): _threads(p) for p in (self.api_pid, *self.engine_pids)}
-        return {pid: {k: v / seconds for k, v in threads.items()} for pid, threads in _thread_cpu(before, after).items()}
+        return {
+            pid: {k: v / seconds for k, v in threads.items()} for pid, threads in _thread_cpu(before, after).items()
+        }
 
 
 def capacity_row(name: str, stream: bool, concurrency: int, res: dict, api_pid: int) -> dict:
@@ -497,7 +575,11 @@ def capacity_row(name: str, stream: bool, concurrency: int, res: dict, api_pid: 
     api = res["cpu"][str(api_pid)]
     main = sum(v for k, v in api.items() if k.endswith(f"/{api_pid}"))
     return {
-        "scenario": name, "stream": stream, "concurrency": concurrency, "requests": n, "wall_s": wall,
+        "scenario": name,
+        "stream": stream,
+        "concurrency": concurrency,
+        "requests": n,
+        "wall_s": wall,
         "prompt_tokens": statistics.mean(r["prompt_tokens"] for r in rows),
         "output_tokens": statistics.mean(r["output_tokens"] for r in rows),
         "chunks_per_request": statistics.mean(r["chunks"] for r in rows),
@@ -508,25 +590,34 @@ def capacity_row(name: str, stream: bool, concurrency: int, res: dict, api_pid: 
         "api_all_threads_s_per_request": sum(api.values()) / n,
         "client_cpu_s_per_request": res.get("client_cpu_s", float("nan")) / n,
         "engine_steps_per_request": res.get("engine_steps", float("nan")) / n,
-        "engine_busy": {pid: sum(threads.values()) / wall for pid, threads in res["cpu"].items() if pid != str(api_pid)},
-        "threads_s": {pid: {k: round(v, 4) for k, v in sorted(t.items(), key=lambda kv: -kv[1])[:8]}
-                      for pid, t in res["cpu"].items()},
+        "engine_busy": {
+            pid: sum(threads.values()) / wall for pid, threads in res["cpu"].items() if pid != str(api_pid)
+        },
+        "threads_s": {
+            pid: {k: round(v, 4) for k, v in sorted(t.items(), key=lambda kv: -kv[1])[:8]}
+            for pid, t in res["cpu"].items()
+        },
     }
 
 
 def latency_row(words: int, max_tokens: int, res: dict, m0: dict, m1: dict) -> dict:
     """Concurrency 1: the client's TTFT split by vLLM's own per-request histograms (means, ms)."""
     rows = res["rows"]
+
     def mean(xs: list[float]) -> float:
         return 1e3 * statistics.mean(xs)
 
-    out = {"prompt_tokens": statistics.mean(r["prompt_tokens"] for r in rows), "output_tokens": max_tokens,
-           "requests": len(rows),
-           "client_headers_ms": mean([r["head"] - r["send"] for r in rows]),
-           "client_ttft_ms": mean([r["first"] - r["send"] for r in rows]),
-           "client_e2e_ms": mean([r["end"] - r["send"] for r in rows]),
-           "client_tpot_ms": mean([(r["end"] - r["first"]) / (r["output_tokens"] - 1) for r in rows])
-           if max_tokens > 1 else None}
+    out = {
+        "prompt_tokens": statistics.mean(r["prompt_tokens"] for r in rows),
+        "output_tokens": max_tokens,
+        "requests": len(rows),
+        "client_headers_ms": mean([r["head"] - r["send"] for r in rows]),
+        "client_ttft_ms": mean([r["first"] - r["send"] for r in rows]),
+        "client_e2e_ms": mean([r["end"] - r["send"] for r in rows]),
+        "client_tpot_ms": mean([(r["end"] - r["first"]) / (r["output_tokens"] - 1) for r in rows])
+        if max_tokens > 1
+        else None,
+    }
     for key, metric in LATENCY_METRICS.items():
         count = m1.get(metric + "_count", 0) - m0.get(metric + "_count", 0)
         out[f"{key}_ms"] = 1e3 * (m1.get(metric + "_sum", 0) - m0.get(metric + "_sum", 0)) / count if count else None
@@ -547,11 +638,15 @@ def measure_api(vllm_python: Path, model_dir: Path, deadline_s: float, quick: bo
                 res = probe.load(words, out, stream, n, concurrency, deadline_s)
                 capacity.append({**capacity_row(name, stream, concurrency, res, probe.api_pid), "repeat": repeat})
                 c = capacity[-1]
-                print(f"  capacity {name}: {c['requests_per_s']:.1f} req/s {c['output_tokens_per_s']:.0f} tok/s, "
-                      f"{c['chunks_per_request']:.2f} chunks/req, API main thread busy {c['api_main_thread_busy']:.2f}, "
-                      f"{1e3 * c['api_main_thread_s_per_request']:.3f} ms main / "
-                      f"{1e3 * c['api_all_threads_s_per_request']:.3f} ms all threads per request; "
-                      f"engine busy {c['engine_busy']}", file=sys.stderr, flush=True)
+                print(
+                    f"  capacity {name}: {c['requests_per_s']:.1f} req/s {c['output_tokens_per_s']:.0f} tok/s, "
+                    f"{c['chunks_per_request']:.2f} chunks/req, API main thread busy {c['api_main_thread_busy']:.2f}, "
+                    f"{1e3 * c['api_main_thread_s_per_request']:.3f} ms main / "
+                    f"{1e3 * c['api_all_threads_s_per_request']:.3f} ms all threads per request; "
+                    f"engine busy {c['engine_busy']}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 if time.monotonic() - t0 > deadline_s:
                     raise SystemExit("API-server measurement ran past its time limit")
         probe.unpin()  # concurrency 1: let the OS place the processes, as a GPU host with free cores would
@@ -560,12 +655,20 @@ def measure_api(vllm_python: Path, model_dir: Path, deadline_s: float, quick: bo
             m0 = probe.metrics()
             res = probe.load(words, out, True, LATENCY_REQUESTS // (3 if quick else 1), 1, deadline_s)
             latency.append(latency_row(words, out, res, m0, probe.metrics()))
-            print(f"  c=1 latency: {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in latency[-1].items()})}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  c=1 latency: {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in latency[-1].items()})}",
+                file=sys.stderr,
+                flush=True,
+            )
             if time.monotonic() - t0 > deadline_s:
                 raise SystemExit("API-server measurement ran past its time limit")
-    return {"idle_threads": idle, "capacity": capacity, "latency": latency, "concurrency": CAPACITY_CONCURRENCY,
-            **fit_api(capacity)}
+    return {
+        "idle_threads": idle,
+        "capacity": capacity,
+        "latency": latency,
+        "concurrency": CAPACITY_CONCURRENCY,
+        **fit_api(capacity),
+    }
 
 
 def fit_api(capacity: list[dict]) -> dict:
@@ -584,21 +687,39 @@ def fit_api(capacity: list[dict]) -> dict:
     counted = all(r.get("engine_steps_per_request", float("nan")) >= 0 for r in capacity)
     # Raw files from before the step count was taken: the saturated rows only, no per-step term.
     rows = capacity if counted else [r for r in capacity if r["concurrency"] == CAPACITY_CONCURRENCY]
-    x = [[1.0, r["prompt_tokens"], r["output_tokens"], float(r["stream"]), r["chunks_per_request"] * r["stream"],
-          *([r["engine_steps_per_request"]] if counted else [])] for r in rows]
+    x = [
+        [
+            1.0,
+            r["prompt_tokens"],
+            r["output_tokens"],
+            float(r["stream"]),
+            r["chunks_per_request"] * r["stream"],
+            *([r["engine_steps_per_request"]] if counted else []),
+        ]
+        for r in rows
+    ]
     loop = linear_fit(x, [r["api_main_thread_s_per_request"] for r in rows])
     if not counted:
         loop.append(0.0)
     off_y = [r["api_all_threads_s_per_request"] - r["api_main_thread_s_per_request"] for r in rows]
     off = linear_fit([[1.0, r["prompt_tokens"]] for r in rows], off_y)
-    residuals = {f"{r['scenario']} #{r['repeat']}": round(sum(c * v for c, v in zip(loop, xi))
-                                                          / r["api_main_thread_s_per_request"] - 1, 3)
-                 for r, xi in zip(rows, x)}
+    residuals = {
+        f"{r['scenario']} #{r['repeat']}": round(
+            sum(c * v for c, v in zip(loop, xi)) / r["api_main_thread_s_per_request"] - 1, 3
+        )
+        for r, xi in zip(rows, x)
+    }
     return {
-        "per_request_s": loop[0] + loop[3], "per_request_non_stream_s": loop[0], "loop_per_prompt_token_s": loop[1],
-        "per_token_s": loop[2], "per_chunk_s": loop[4], "per_engine_step_s": loop[5],
-        "off_loop_per_request_s": off[0], "off_loop_per_prompt_token_s": off[1],
-        "per_prompt_token_s": loop[1] + off[1], "per_output_token_s": loop[2] + loop[4],
+        "per_request_s": loop[0] + loop[3],
+        "per_request_non_stream_s": loop[0],
+        "loop_per_prompt_token_s": loop[1],
+        "per_token_s": loop[2],
+        "per_chunk_s": loop[4],
+        "per_engine_step_s": loop[5],
+        "off_loop_per_request_s": off[0],
+        "off_loop_per_prompt_token_s": off[1],
+        "per_prompt_token_s": loop[1] + off[1],
+        "per_output_token_s": loop[2] + loop[4],
         "fit_relative_residuals": residuals,
     }
 
@@ -611,8 +732,10 @@ def fit_latency(latency: list[dict]) -> dict[str, float]:
     CPU (charged serially by the fit above); the rest is latency that occupies no core.
     """
     rows = [r for r in latency if r["output_tokens"] == 1]
-    fixed, per_token = linear_fit([[1.0, r["prompt_tokens"]] for r in rows],
-                                  [(r["client_ttft_ms"] - r["queue_ms"] - r["prefill_ms"]) / 1e3 for r in rows])
+    fixed, per_token = linear_fit(
+        [[1.0, r["prompt_tokens"]] for r in rows],
+        [(r["client_ttft_ms"] - r["queue_ms"] - r["prefill_ms"]) / 1e3 for r in rows],
+    )
     return {"c1_overhead_s": fixed, "c1_overhead_per_prompt_token_s": per_token}
 
 
@@ -635,20 +758,35 @@ def engine_section(fitted: dict) -> dict:
 
 
 def in_process(fitted: dict) -> dict:
-    return dict(zip(IN_PROCESS_KEYS, (fitted["output_step_s"], fitted["output_per_token_s"],
-                                      fitted["tokenize_per_token_s"])))
+    return dict(
+        zip(IN_PROCESS_KEYS, (fitted["output_step_s"], fitted["output_per_token_s"], fitted["tokenize_per_token_s"]))
+    )
 
 
 def api_section(api: dict, in_proc: dict) -> dict:
     """The data file's api_server section: the fitted serial costs, then every scenario's numbers."""
-    keep = ("scenario", "stream", "concurrency", "repeat", "requests", "wall_s", "prompt_tokens", "output_tokens",
-            "chunks_per_request", "requests_per_s", "output_tokens_per_s", "api_main_thread_busy",
-            "api_main_thread_s_per_request", "api_all_threads_s_per_request", "client_cpu_s_per_request",
-            "engine_steps_per_request")
+    keep = (
+        "scenario",
+        "stream",
+        "concurrency",
+        "repeat",
+        "requests",
+        "wall_s",
+        "prompt_tokens",
+        "output_tokens",
+        "chunks_per_request",
+        "requests_per_s",
+        "output_tokens_per_s",
+        "api_main_thread_busy",
+        "api_main_thread_s_per_request",
+        "api_all_threads_s_per_request",
+        "client_cpu_s_per_request",
+        "engine_steps_per_request",
+    )
     return {
         "method": "event-loop (main) thread CPU per request of the API process, API process pinned to its own "
-                  f"core, {api['concurrency']} streams in flight (and 8, which separate the per-step cost); "
-                  "least squares over the loads under `capacity`",
+        f"core, {api['concurrency']} streams in flight (and 8, which separate the per-step cost); "
+        "least squares over the loads under `capacity`",
         "per_request_s": api["per_request_s"],
         "per_request_non_stream_s": api["per_request_non_stream_s"],
         "per_prompt_token_s": api["per_prompt_token_s"],
@@ -685,8 +823,12 @@ def full_doc(engine: dict, api: dict, fitted: dict, reference_s: float) -> dict:
         "command": "flock-guarded: .venv/bin/python benchmarks/cpu_side_costs.py",
         "vllm_version": engine["vllm_version"],
         "async_scheduling_in_measurement": engine["async_scheduling"],
-        "host": {"cpu": _cpu_model(), "python": platform.python_version(), "reference_loop_s": round(reference_s, 4),
-                 "note": "best of 5 runs of benchmarks/cpu_side_costs.py:reference_loop_s on this host"},
+        "host": {
+            "cpu": _cpu_model(),
+            "python": platform.python_version(),
+            "reference_loop_s": round(reference_s, 4),
+            "note": "best of 5 runs of benchmarks/cpu_side_costs.py:reference_loop_s on this host",
+        },
         "engine_core": engine_section(fitted),
         "gpu_host": GPU_HOST,
         "api_server": api_section(api, in_process(fitted)),
@@ -704,7 +846,9 @@ def update_api(out: Path, api: dict) -> None:
             doc[key] = value
         if key == "command":  # the API server's own date and command, next to the file's
             doc["api_measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-            doc["api_command"] = "flock-guarded: .venv/bin/python benchmarks/cpu_side_costs.py --api-only --raw api.json"
+            doc["api_command"] = (
+                "flock-guarded: .venv/bin/python benchmarks/cpu_side_costs.py --api-only --raw api.json"
+            )
     doc["api_server"] = api_section(api, {k: old["api_server"][k] for k in IN_PROCESS_KEYS})
     write_yaml(out, doc)
 
@@ -720,13 +864,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine-worker", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     ap.add_argument("--client-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--api-only", action="store_true",
-                    help="re-measure the API server only: its section of --out is replaced, the rest kept")
+    ap.add_argument(
+        "--api-only",
+        action="store_true",
+        help="re-measure the API server only: its section of --out is replaced, the rest kept",
+    )
     ap.add_argument("--quick", action="store_true", help="fewer requests per scenario (a smoke run)")
     ap.add_argument("--deadline", type=float, default=600.0, help="time limit of each part, seconds")
     ap.add_argument("--vllm-python", type=Path, default=CACHE / "vllm-venv" / "bin" / "python")
     ap.add_argument("--model-dir", type=Path, default=CACHE / "tiny-model")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "servelab/perf/data/vllm_cpu_costs.yaml")
+    ap.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parents[1] / "servelab/perf/data/vllm_cpu_costs.yaml"
+    )
     ap.add_argument("--raw", type=Path, help="also write the raw measurements as JSON here")
     ap.add_argument("--from-raw", type=Path, help="only rewrite --out from raw measurements written by --raw")
     args = ap.parse_args()

@@ -46,8 +46,11 @@ lognormal's tail does not invent a 5,000-token straggler that no ShareGPT run se
 
 def _sharegpt_ok(spec: RequestSpec) -> bool:
     prompt = len(spec.prompt_ids)
-    return (SHAREGPT_MIN <= prompt <= SHAREGPT_MAX_PROMPT and spec.max_tokens >= SHAREGPT_MIN
-            and prompt + spec.max_tokens <= SHAREGPT_MAX_TOTAL)
+    return (
+        SHAREGPT_MIN <= prompt <= SHAREGPT_MAX_PROMPT
+        and spec.max_tokens >= SHAREGPT_MIN
+        and prompt + spec.max_tokens <= SHAREGPT_MAX_TOTAL
+    )
 
 
 def load_plan(run: dict[str, Any], vocab: int, max_prompts: int | None = None) -> LoadPlan:
@@ -62,17 +65,27 @@ def load_plan(run: dict[str, Any], vocab: int, max_prompts: int | None = None) -
         same = lens.get("same_prompt_as") or range(len(lens["input_lens"]))
         rng = np.random.default_rng(0)
         prompts: dict[int, np.ndarray] = {}
-        specs = [RequestSpec(i, prompts.setdefault(s, rng.integers(0, vocab, p, dtype=np.int32)), max(1, o))
-                 for i, (p, o, s) in enumerate(zip(lens["input_lens"][:n], lens["output_lens"][:n], same))]
+        specs = [
+            RequestSpec(i, prompts.setdefault(s, rng.integers(0, vocab, p, dtype=np.int32)), max(1, o))
+            for i, (p, o, s) in enumerate(zip(lens["input_lens"][:n], lens["output_lens"][:n], same))
+        ]
         return LoadPlan(specs, max_concurrency=arrival.max_concurrency)
     if w.get("sharegpt"):
-        workload = WorkloadConfig("random", input_len=w["input_len"], output_len=w["output_len"],
-                                  length_distribution="lognormal", range_ratio=1.0)
+        workload = WorkloadConfig(
+            "random",
+            input_len=w["input_len"],
+            output_len=w["output_len"],
+            length_distribution="lognormal",
+            range_ratio=1.0,
+        )
         drawn = build_plan(workload, arrival, Amount(num_prompts=4 * n)).requests
         kept = [spec for spec in drawn if _sharegpt_ok(spec)][:n]
-        return LoadPlan([replace(spec, index=i) for i, spec in enumerate(kept)], max_concurrency=arrival.max_concurrency)
-    workload = WorkloadConfig("random", input_len=w["input_len"], output_len=w["output_len"],
-                              range_ratio=w.get("input_range_ratio", 0.0))
+        return LoadPlan(
+            [replace(spec, index=i) for i, spec in enumerate(kept)], max_concurrency=arrival.max_concurrency
+        )
+    workload = WorkloadConfig(
+        "random", input_len=w["input_len"], output_len=w["output_len"], range_ratio=w.get("input_range_ratio", 0.0)
+    )
     plan = build_plan(workload, arrival, Amount(num_prompts=n))
     # The spread is the prompts' only: each output is the client's fixed --max-tokens (EOS ignored).
     plan.requests = [replace(spec, max_tokens=w["output_len"]) for spec in plan.requests]
@@ -111,8 +124,11 @@ def pair_errors(measured: dict[str, float], predicted: dict[str, float]) -> list
     against the measured one. The must-show names the ratio between engines, so a three-engine run is scored on all
     three pairs, not only on each engine against the slowest (two ratios within 15% can leave the third outside)."""
     order = sorted(measured, key=lambda e: -measured[e])
-    return [(a, b, (predicted[a] / predicted[b]) / (measured[a] / measured[b]) - 1)
-            for i, a in enumerate(order) for b in order[i + 1:]]
+    return [
+        (a, b, (predicted[a] / predicted[b]) / (measured[a] / measured[b]) - 1)
+        for i, a in enumerate(order)
+        for b in order[i + 1 :]
+    ]
 
 
 def main() -> None:
@@ -129,26 +145,36 @@ def main() -> None:
             for e in sorted(measured, key=lambda e: -measured[e]):
                 m_ratio, p_ratio = measured[e] / measured[base], predicted[e] / predicted[base]
                 error = p_ratio / m_ratio - 1
-                print(f"| {run['id']} | {LABELS[e]} | {measured[e]:,.0f} | {predicted[e]:,.0f} | {m_ratio:.3f} | {p_ratio:.3f} | "
-                      f"{'—' if e == base else f'{error:+.1%}'} |")
+                print(
+                    f"| {run['id']} | {LABELS[e]} | {measured[e]:,.0f} | {predicted[e]:,.0f} | {m_ratio:.3f} | "
+                    f"{p_ratio:.3f} | "
+                    f"{'—' if e == base else f'{error:+.1%}'} |"
+                )
             for a, b, error in pair_errors(measured, predicted):
                 errors.append(abs(error))
                 if b != base:  # the pair the rows above leave out (a three-engine run's two faster engines)
-                    print(f"| {run['id']} | {LABELS[a]} / {LABELS[b]} | | | {measured[a] / measured[b]:.3f} | "
-                          f"{predicted[a] / predicted[b]:.3f} | {error:+.1%} |")
+                    print(
+                        f"| {run['id']} | {LABELS[a]} / {LABELS[b]} | | | {measured[a] / measured[b]:.3f} | "
+                        f"{predicted[a] / predicted[b]:.3f} | {error:+.1%} |"
+                    )
             ranked_m = sorted(measured, key=lambda e: -measured[e])
             ranked_p = sorted(predicted, key=lambda e: -predicted[e])
             ok = ranked_m == ranked_p
             matches += ok
-            print(f"| {run['id']} | ranking | {' > '.join(LABELS[e] for e in ranked_m)} | {' > '.join(LABELS[e] for e in ranked_p)} | "
-                  f"{'matches' if ok else 'differs'} | | |")
+            print(
+                f"| {run['id']} | ranking | {' > '.join(LABELS[e] for e in ranked_m)} | {' > '.join(LABELS[e] for e in ranked_p)} "
+                f"| "
+                f"{'matches' if ok else 'differs'} | | |"
+            )
     print()
     for run in entries:
         if run.get("excluded"):
             print(f"Excluded {run['id']}: {run['excluded']}")
             print()
-    print(f"Rankings matched: {matches} of {len(runs)}; predicted pairwise ratios within 15%: "
-          f"{sum(e <= 0.15 for e in errors)} of {len(errors)} (worst {max(errors):.1%}).")
+    print(
+        f"Rankings matched: {matches} of {len(runs)}; predicted pairwise ratios within 15%: "
+        f"{sum(e <= 0.15 for e in errors)} of {len(errors)} (worst {max(errors):.1%})."
+    )
 
 
 if __name__ == "__main__":

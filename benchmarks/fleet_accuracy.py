@@ -53,9 +53,13 @@ class Source:
 KUBEAI = Source(
     name="kubeai",
     url="https://github.com/substratusai/kubeai/blob/main/docs/benchmarks/prefix-aware-load-balancing.md",
-    gpu="l4", model="llama-3.1-8b", replicas=8,
-    engine_args=("--quantization fp8 --kv-cache-dtype fp8 --max-model-len 16384 --max-num-batched-tokens 16384 "
-                 "--gpu-memory-utilization 0.95 --enable-prefix-caching"),
+    gpu="l4",
+    model="llama-3.1-8b",
+    replicas=8,
+    engine_args=(
+        "--quantization fp8 --kv-cache-dtype fp8 --max-model-len 16384 --max-num-batched-tokens 16384 "
+        "--gpu-memory-utilization 0.95 --enable-prefix-caching"
+    ),
     # 800 whole ShareGPT threads (>= 16 messages) as prompts, each sent 10 times: 8,000 requests, 832 prompt tokens
     # and 76 output tokens on average (the published totals / 8,000). As servelab's prefix dataset: 800 prompts of
     # 832 tokens, drawn at random per request, one fresh token after each.
@@ -66,14 +70,20 @@ KUBEAI = Source(
 LLMD = Source(
     name="llm-d",
     url="https://github.com/llm-d/llm-d-kv-cache-manager/blob/main/benchmarking/37-capacity/README.md",
-    gpu="h100", model="llama-3.1-70b", replicas=4,
+    gpu="h100",
+    model="llama-3.1-70b",
+    replicas=4,
     # 4 pods of TP=4; the report's per-pod KV of 461,376 tokens is 37.8 GB a GPU of Llama-3.1-70B's bf16 KV.
     engine_args="--tensor-parallel-size 4 --kv-cache-memory-bytes 37800000000 --enable-prefix-caching",
     # inference-perf shared_prefix: 83 groups x 3 prompts, 8,000-token system prompt, 1,000-token question,
     # 1,000 output tokens (ignore_eos).
     workload=WorkloadConfig(dataset_name="prefix", prefix_len=8000, num_prefixes=83, input_len=1000, output_len=1000),
-    routers={"random": "round-robin", "load": "least-outstanding", "precise-prefix-cache_load": "prefix-aware",
-             "estimate-prefix-cache_load": None},
+    routers={
+        "random": "round-robin",
+        "load": "least-outstanding",
+        "precise-prefix-cache_load": "prefix-aware",
+        "estimate-prefix-cache_load": None,
+    },
     # Its "Requests/s" is the rate requests were sent in a stage (20.04 at QPS 20, where 8,004 output tokens a
     # second is 8 requests of 1,000 tokens): what the fleet served is its output tokens per second.
     throughput="output_throughput",
@@ -83,32 +93,54 @@ LLMD = Source(
 # tokens/s. KubeAI's load point is its client's --max-concurrency (with --request-rate 800 at 800 and 8000, 200
 # otherwise), llm-d's the stage's QPS.
 PUBLISHED: list[tuple[str, float, str, float, float]] = [
-    ("kubeai", 800, "k8s-service", 50.01, 1.31977), ("kubeai", 800, "least-load", 50.51, 0.81718),
+    ("kubeai", 800, "k8s-service", 50.01, 1.31977),
+    ("kubeai", 800, "least-load", 50.51, 0.81718),
     ("kubeai", 800, "prefix-hash", 76.43, 0.28020),
-    ("kubeai", 1600, "k8s-service", 50.93, 10.36529), ("kubeai", 1600, "least-load", 52.28, 10.57901),
+    ("kubeai", 1600, "k8s-service", 50.93, 10.36529),
+    ("kubeai", 1600, "least-load", 52.28, 10.57901),
     ("kubeai", 1600, "prefix-hash", 72.73, 0.19613),
-    ("kubeai", 3200, "k8s-service", 51.16, 27.18341), ("kubeai", 3200, "least-load", 52.48, 24.14786),
+    ("kubeai", 3200, "k8s-service", 51.16, 27.18341),
+    ("kubeai", 3200, "least-load", 52.48, 24.14786),
     ("kubeai", 3200, "prefix-hash", 71.84, 0.21392),
-    ("kubeai", 8000, "k8s-service", 51.22, 48.58755), ("kubeai", 8000, "least-load", 52.43, 39.16380),
+    ("kubeai", 8000, "k8s-service", 51.22, 48.58755),
+    ("kubeai", 8000, "least-load", 52.43, 39.16380),
     ("kubeai", 8000, "prefix-hash", 74.15, 0.23706),
-    ("llm-d", 3, "precise-prefix-cache_load", 2590.0, 0.246), ("llm-d", 3, "random", 2505.7, 1.102),
-    ("llm-d", 3, "estimate-prefix-cache_load", 2573.6, 1.007), ("llm-d", 3, "load", 2545.4, 1.548),
-    ("llm-d", 4, "precise-prefix-cache_load", 3345.2, 0.304), ("llm-d", 4, "estimate-prefix-cache_load", 3326.3, 1.497),
-    ("llm-d", 4, "load", 2967.6, 5.021), ("llm-d", 4, "random", 2829.5, 7.257),
-    ("llm-d", 5, "precise-prefix-cache_load", 3916.7, 0.270), ("llm-d", 5, "estimate-prefix-cache_load", 3691.2, 1.919),
-    ("llm-d", 5, "random", 2898.2, 11.988), ("llm-d", 5, "load", 2943.6, 11.329),
-    ("llm-d", 6, "precise-prefix-cache_load", 4640.3, 0.271), ("llm-d", 6, "estimate-prefix-cache_load", 3724.3, 9.700),
-    ("llm-d", 6, "random", 2955.9, 23.742), ("llm-d", 6, "load", 2656.5, 31.824),
-    ("llm-d", 8, "precise-prefix-cache_load", 5557.1, 0.248), ("llm-d", 8, "estimate-prefix-cache_load", 3571.6, 20.389),
-    ("llm-d", 8, "random", 3108.8, 40.124), ("llm-d", 8, "load", 2506.3, 42.683),
-    ("llm-d", 10, "precise-prefix-cache_load", 6264.0, 0.242), ("llm-d", 10, "estimate-prefix-cache_load", 3798.6, 26.567),
-    ("llm-d", 10, "random", 3117.3, 46.359), ("llm-d", 10, "load", 2620.3, 47.727),
-    ("llm-d", 12, "precise-prefix-cache_load", 6765.9, 0.255), ("llm-d", 12, "estimate-prefix-cache_load", 3773.5, 31.615),
-    ("llm-d", 12, "random", 3140.8, 49.556), ("llm-d", 12, "load", 2897.6, 53.087),
-    ("llm-d", 15, "precise-prefix-cache_load", 7345.1, 0.247), ("llm-d", 15, "estimate-prefix-cache_load", 3200.9, 38.253),
-    ("llm-d", 15, "random", 3126.2, 58.760), ("llm-d", 15, "load", 2549.1, 67.339),
-    ("llm-d", 20, "precise-prefix-cache_load", 8003.9, 0.250), ("llm-d", 20, "estimate-prefix-cache_load", 3017.1, 71.632),
-    ("llm-d", 20, "random", 3241.0, 93.345), ("llm-d", 20, "load", 2334.5, 86.643),
+    ("llm-d", 3, "precise-prefix-cache_load", 2590.0, 0.246),
+    ("llm-d", 3, "random", 2505.7, 1.102),
+    ("llm-d", 3, "estimate-prefix-cache_load", 2573.6, 1.007),
+    ("llm-d", 3, "load", 2545.4, 1.548),
+    ("llm-d", 4, "precise-prefix-cache_load", 3345.2, 0.304),
+    ("llm-d", 4, "estimate-prefix-cache_load", 3326.3, 1.497),
+    ("llm-d", 4, "load", 2967.6, 5.021),
+    ("llm-d", 4, "random", 2829.5, 7.257),
+    ("llm-d", 5, "precise-prefix-cache_load", 3916.7, 0.270),
+    ("llm-d", 5, "estimate-prefix-cache_load", 3691.2, 1.919),
+    ("llm-d", 5, "random", 2898.2, 11.988),
+    ("llm-d", 5, "load", 2943.6, 11.329),
+    ("llm-d", 6, "precise-prefix-cache_load", 4640.3, 0.271),
+    ("llm-d", 6, "estimate-prefix-cache_load", 3724.3, 9.700),
+    ("llm-d", 6, "random", 2955.9, 23.742),
+    ("llm-d", 6, "load", 2656.5, 31.824),
+    ("llm-d", 8, "precise-prefix-cache_load", 5557.1, 0.248),
+    ("llm-d", 8, "estimate-prefix-cache_load", 3571.6, 20.389),
+    ("llm-d", 8, "random", 3108.8, 40.124),
+    ("llm-d", 8, "load", 2506.3, 42.683),
+    ("llm-d", 10, "precise-prefix-cache_load", 6264.0, 0.242),
+    ("llm-d", 10, "estimate-prefix-cache_load", 3798.6, 26.567),
+    ("llm-d", 10, "random", 3117.3, 46.359),
+    ("llm-d", 10, "load", 2620.3, 47.727),
+    ("llm-d", 12, "precise-prefix-cache_load", 6765.9, 0.255),
+    ("llm-d", 12, "estimate-prefix-cache_load", 3773.5, 31.615),
+    ("llm-d", 12, "random", 3140.8, 49.556),
+    ("llm-d", 12, "load", 2897.6, 53.087),
+    ("llm-d", 15, "precise-prefix-cache_load", 7345.1, 0.247),
+    ("llm-d", 15, "estimate-prefix-cache_load", 3200.9, 38.253),
+    ("llm-d", 15, "random", 3126.2, 58.760),
+    ("llm-d", 15, "load", 2549.1, 67.339),
+    ("llm-d", 20, "precise-prefix-cache_load", 8003.9, 0.250),
+    ("llm-d", 20, "estimate-prefix-cache_load", 3017.1, 71.632),
+    ("llm-d", 20, "random", 3241.0, 93.345),
+    ("llm-d", 20, "load", 2334.5, 86.643),
 ]
 LLMD_STAGE_S = {3: 210, 4: 180, 5: 120, 6: 120, 8: 90, 10: 70, 12: 60, 15: 50, 20: 50}
 """Each llm-d stage's length (s) in the report's inference-perf profile."""
@@ -120,11 +152,13 @@ published stages ran one after another, each on the caches the one before left).
 def _plan(source: Source, load: float) -> Any:
     if source.name == "kubeai":
         rate = 200.0 if load in (1600, 3200) else 800.0
-        return build_plan(source.workload, ArrivalConfig(request_rate=rate, max_concurrency=int(load)),
-                          Amount(num_prompts=8000))
+        return build_plan(
+            source.workload, ArrivalConfig(request_rate=rate, max_concurrency=int(load)), Amount(num_prompts=8000)
+        )
     warm = LLMD_SET / load
-    return build_plan(source.workload, ArrivalConfig(request_rate=load),
-                      Amount(duration=warm + LLMD_STAGE_S[int(load)], warmup=warm))
+    return build_plan(
+        source.workload, ArrivalConfig(request_rate=load), Amount(duration=warm + LLMD_STAGE_S[int(load)], warmup=warm)
+    )
 
 
 def predict(source: Source, load: float, router: str) -> dict[str, float]:
@@ -142,16 +176,23 @@ def _err(predicted: float, measured: float) -> float:
 
 def _ranking(orders: dict[tuple[str, float], list[tuple[float, float, str]]]) -> None:
     """Per load point: the routers by mean TTFT, measured and predicted; the full order and the best router."""
-    print("\n| source | load | order by mean TTFT, measured | predicted | same order | same best |\n|---|---|---|---|---|---|")
+    print(
+        "\n| source | load | order by mean TTFT, measured | predicted | same order | same best "
+        "|\n|---|---|---|---|---|---|"
+    )
     same = best = 0
     for (name, load), rows in orders.items():
         measured = [r for _, _, r in sorted(rows)]
         predicted = [r for _, _, r in sorted(rows, key=lambda row: row[1])]
         same += measured == predicted
         best += measured[0] == predicted[0]
-        print(f"| {name} | {load:g} | {' < '.join(measured)} | {' < '.join(predicted)} | "
-              f"{'yes' if measured == predicted else 'NO'} | {'yes' if measured[0] == predicted[0] else 'NO'} |")
-    print(f"\nfull ranking right at {same} of {len(orders)} load points; the best router right at {best} of {len(orders)}")
+        print(
+            f"| {name} | {load:g} | {' < '.join(measured)} | {' < '.join(predicted)} | "
+            f"{'yes' if measured == predicted else 'NO'} | {'yes' if measured[0] == predicted[0] else 'NO'} |"
+        )
+    print(
+        f"\nfull ranking right at {same} of {len(orders)} load points; the best router right at {best} of {len(orders)}"
+    )
 
 
 def main() -> None:
@@ -159,7 +200,9 @@ def main() -> None:
     parser.add_argument("--only", choices=["kubeai", "llm-d"])
     only = parser.parse_args().only
     sources = {s.name: s for s in (KUBEAI, LLMD) if only in (None, s.name)}
-    print("| source | load | router (servelab) | served meas | pred | err | mean TTFT s meas | pred | err | overloaded |")
+    print(
+        "| source | load | router (servelab) | served meas | pred | err | mean TTFT s meas | pred | err | overloaded |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     scored = {"served": [0, 0], "ttft": [0, 0]}
     orders: dict[tuple[str, float], list[tuple[float, float, str]]] = {}
@@ -171,8 +214,11 @@ def main() -> None:
         router = source.routers[published]
         overloaded = ttft >= OVERLOADED_TTFT_S
         if router is None:
-            print(f"| {name} | {load:g} | {published} (not modelled) | {served:.2f} | | | {ttft:.3f} | | | "
-                  f"{'yes' if overloaded else 'no'} |", flush=True)
+            print(
+                f"| {name} | {load:g} | {published} (not modelled) | {served:.2f} | | | {ttft:.3f} | | | "
+                f"{'yes' if overloaded else 'no'} |",
+                flush=True,
+            )
             continue
         got = predict(source, load, router)
         orders.setdefault((name, load), []).append((ttft, got["ttft"], published))
@@ -180,12 +226,17 @@ def main() -> None:
             for key, measured in (("served", served), ("ttft", ttft)):
                 scored[key][0] += abs(_err(got[key], measured)) <= TOLERANCE
                 scored[key][1] += 1
-        print(f"| {name} | {load:g} | {published} ({router}) | {served:.2f} | {got['served']:.2f} | "
-              f"{_err(got['served'], served):+.0%} | {ttft:.3f} | {got['ttft']:.3f} | {_err(got['ttft'], ttft):+.0%} | "
-              f"{'yes' if overloaded else 'no'} |", flush=True)
+        print(
+            f"| {name} | {load:g} | {published} ({router}) | {served:.2f} | {got['served']:.2f} | "
+            f"{_err(got['served'], served):+.0%} | {ttft:.3f} | {got['ttft']:.3f} | {_err(got['ttft'], ttft):+.0%} | "
+            f"{'yes' if overloaded else 'no'} |",
+            flush=True,
+        )
     _ranking(orders)
-    print(f"served throughput within {TOLERANCE:.0%} at {scored['served'][0]} of {scored['served'][1]} and mean TTFT "
-          f"at {scored['ttft'][0]} of {scored['ttft'][1]} not-overloaded points ({time.monotonic() - t0:.0f} s)")
+    print(
+        f"served throughput within {TOLERANCE:.0%} at {scored['served'][0]} of {scored['served'][1]} and mean TTFT "
+        f"at {scored['ttft'][0]} of {scored['ttft'][1]} not-overloaded points ({time.monotonic() - t0:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -70,7 +70,14 @@ from servelab.calibrate.calibrate_from import CalibrateFromError, fit_from_runs
 from servelab.targets.profile import with_environment
 from servelab.metrics.imports import MEASURED_KEYS, MeasuredRun, ResultFormat
 from servelab.metrics.intervals import (
-    LEVEL, RESIDUALS, Regime, Residual, ResidualTable, Tier, classify_regime, metric_bounds,
+    LEVEL,
+    RESIDUALS,
+    Regime,
+    Residual,
+    ResidualTable,
+    Tier,
+    classify_regime,
+    metric_bounds,
 )
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
@@ -87,14 +94,32 @@ from servelab.workload.spec import LoadPlan, RequestSpec
 REPLAYED_DATASETS = ("random", "prefix", "sharegpt")
 
 METRICS = (
-    "request_throughput", "output_throughput",
-    "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
-    "mean_tpot_ms", "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms",
-    "mean_itl_ms", "median_itl_ms", "p90_itl_ms", "p99_itl_ms",
-    "mean_e2el_ms", "median_e2el_ms", "p90_e2el_ms", "p99_e2el_ms",
+    "request_throughput",
+    "output_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p90_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p90_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "median_itl_ms",
+    "p90_itl_ms",
+    "p99_itl_ms",
+    "mean_e2el_ms",
+    "median_e2el_ms",
+    "p90_e2el_ms",
+    "p99_e2el_ms",
 )
-SHORT = {m: m.replace("_ms", "").replace("request_throughput", "req/s").replace("output_throughput", "out tok/s")
-         .replace("median_", "p50_") for m in METRICS}
+SHORT = {
+    m: m.replace("_ms", "")
+    .replace("request_throughput", "req/s")
+    .replace("output_throughput", "out tok/s")
+    .replace("median_", "p50_")
+    for m in METRICS
+}
 FLOORS = {"request_throughput": 0.15, "mean_ttft_ms": 0.25, "mean_tpot_ms": 0.10}
 """The floors on the held-out V1 table's median |error|, over every class and on the saturated class alone."""
 HEADLINE = ("request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms")
@@ -112,9 +137,12 @@ class FittedConstant:
 
 
 FITTED_CONSTANTS = (
-    FittedConstant("CostCoefficients.eager_launch_s_per_layer = 0.64 ms (host time to launch a layer's kernels "
-                   "without CUDA graphs)", "servelab/perf/cost_model.py",
-                   ("staru09-a100-80gb-llama31-8b-c20",)),
+    FittedConstant(
+        "CostCoefficients.eager_launch_s_per_layer = 0.64 ms (host time to launch a layer's kernels "
+        "without CUDA graphs)",
+        "servelab/perf/cost_model.py",
+        ("staru09-a100-80gb-llama31-8b-c20",),
+    ),
 )
 """Every constant read off a published run (grep 'read off' in servelab/ and docs/). Choices the published runs
 informed without fixing a number (which measured vLLM release's CPU costs a release in between takes,
@@ -154,7 +182,7 @@ def source_of(entry: dict[str, Any]) -> str:
     parts = [p for p in url.path.split("/") if p]
     if url.netloc != "github.com":
         return url.netloc
-    return "/".join([url.netloc, *parts[:4 if parts[2:3] in (["issues"], ["pull"]) else 2]])
+    return "/".join([url.netloc, *parts[: 4 if parts[2:3] in (["issues"], ["pull"]) else 2]])
 
 
 @cache
@@ -179,8 +207,9 @@ def _plan(entry: dict[str, Any], published: dict[str, Any], vocab: int, max_prom
     w = entry["workload"]
     n = min(w["num_prompts"], max_prompts or w["num_prompts"])
     rate = float(w.get("request_rate", "inf"))
-    arrival = ArrivalConfig(request_rate=rate, burstiness=float(w.get("burstiness", 1.0)),
-                            max_concurrency=w.get("max_concurrency"))
+    arrival = ArrivalConfig(
+        request_rate=rate, burstiness=float(w.get("burstiness", 1.0)), max_concurrency=w.get("max_concurrency")
+    )
     if entry.get("lengths"):
         # The source's own per-request lengths, all released at t=0 (its request rate is inf); a request
         # that resent an earlier prompt sends that prompt's tokens again, as a JSONL dataset of token ids would.
@@ -188,17 +217,27 @@ def _plan(entry: dict[str, Any], published: dict[str, Any], vocab: int, max_prom
         same = lens.get("same_prompt_as") or range(len(lens["input_lens"]))
         rng = np.random.default_rng(0)
         prompts: dict[int, np.ndarray] = {}
-        specs = [RequestSpec(i, prompts.setdefault(s, rng.integers(0, vocab, p, dtype=np.int32)), max(1, o), 0.0)
-                 for i, (p, o, s) in enumerate(zip(lens["input_lens"][:n], lens["output_lens"][:n], same))]
+        specs = [
+            RequestSpec(i, prompts.setdefault(s, rng.integers(0, vocab, p, dtype=np.int32)), max(1, o), 0.0)
+            for i, (p, o, s) in enumerate(zip(lens["input_lens"][:n], lens["output_lens"][:n], same))
+        ]
         return LoadPlan(specs, max_concurrency=arrival.max_concurrency)
     inp, out = round(w["mean_input_len"]), round(w["mean_output_len"])
     if w.get("prompt_pool"):
         return LoadPlan(schedule(_pooled_prompts(w, inp, out, vocab, n), arrival, np.random.default_rng(1), count=n))
     if w["dataset"] == "prefix":
-        workload = WorkloadConfig("prefix", input_len=inp - w["prefix_len"], output_len=out, length_distribution="fixed",
-                                  prefix_len=w["prefix_len"], num_prefixes=w["num_prefixes"])
+        workload = WorkloadConfig(
+            "prefix",
+            input_len=inp - w["prefix_len"],
+            output_len=out,
+            length_distribution="fixed",
+            prefix_len=w["prefix_len"],
+            num_prefixes=w["num_prefixes"],
+        )
     elif w["dataset"] == "sharegpt":
-        workload = WorkloadConfig("random", input_len=inp, output_len=out, length_distribution="lognormal", range_ratio=1.0)
+        workload = WorkloadConfig(
+            "random", input_len=inp, output_len=out, length_distribution="lognormal", range_ratio=1.0
+        )
     else:
         workload = WorkloadConfig("random", input_len=inp, output_len=out, range_ratio=float(w.get("range_ratio", 0.0)))
     return build_plan(workload, arrival, Amount(num_prompts=n))
@@ -211,8 +250,10 @@ def _pooled_prompts(w: dict[str, Any], inp: int, out: int, vocab: int, n: int) -
     rng = np.random.default_rng(0)
     groups, pool, prefix_len = w["num_prefixes"], w["prompt_pool"], w["prefix_len"]
     prefixes = [rng.integers(0, vocab, prefix_len, dtype=np.int32) for _ in range(groups)]
-    prompts = [np.concatenate([prefixes[g % groups], rng.integers(0, vocab, inp - prefix_len, dtype=np.int32)])
-               for g in range(pool)]
+    prompts = [
+        np.concatenate([prefixes[g % groups], rng.integers(0, vocab, inp - prefix_len, dtype=np.int32)])
+        for g in range(pool)
+    ]
     order = rng.permutation(pool)
     for i in range(n):
         k = int(order[i % pool])
@@ -256,8 +297,11 @@ class Replay:
     def served_at_offered_rate(self) -> bool:
         """An open loop the simulator served under capacity: its throughput is the offered rate by construction."""
         w = self.entry["workload"]
-        return (str(w.get("request_rate", "inf")) != "inf" and not w.get("max_concurrency")
-                and self.regime != Regime.SATURATED)
+        return (
+            str(w.get("request_rate", "inf")) != "inf"
+            and not w.get("max_concurrency")
+            and self.regime != Regime.SATURATED
+        )
 
     def error(self, metric: str) -> float | None:
         measured = self.entry["measured"].get(metric)
@@ -297,8 +341,13 @@ def specs_deployment(entry: dict[str, Any]) -> Deployment:
     return build_deployment(entry["gpu"], entry["model"], entry.get("engine_args") or "", vllm_version=version)
 
 
-def replay(entry: dict[str, Any], published: dict[str, Any], max_prompts: int | None = None,
-           deployment: Deployment | None = None, tier: Tier = Tier.SPECS_ONLY) -> Replay:
+def replay(
+    entry: dict[str, Any],
+    published: dict[str, Any],
+    max_prompts: int | None = None,
+    deployment: Deployment | None = None,
+    tier: Tier = Tier.SPECS_ONLY,
+) -> Replay:
     """The entry's load on `deployment` (None: specs only), summarized and filed under its regime."""
     deployment = deployment or specs_deployment(entry)
     plan = _plan(entry, published, deployment.model.vocab_size, max_prompts)
@@ -329,9 +378,20 @@ def measured_run(entry: dict[str, Any], published: dict[str, Any], deployment: D
 def calibration_run(entry: dict[str, Any]) -> dict[str, Any] | None:
     """The run the calibrated tier fits `entry`'s environment on: the first other replayable run in the summary from
     the same source and GPU (file order), as a user calibrates from one run of their server and predicts the rest."""
-    return next((e for e in entries() if e["id"] != entry["id"] and source_of(e) == source_of(entry)
-                 and e["gpu"] == entry["gpu"] and e.get("in_summary", True) and e.get("gpu_stated", True)
-                 and e["era"] == entry["era"] and not not_replayable(e)), None)
+    return next(
+        (
+            e
+            for e in entries()
+            if e["id"] != entry["id"]
+            and source_of(e) == source_of(entry)
+            and e["gpu"] == entry["gpu"]
+            and e.get("in_summary", True)
+            and e.get("gpu_stated", True)
+            and e["era"] == entry["era"]
+            and not not_replayable(e)
+        ),
+        None,
+    )
 
 
 @cache
@@ -356,16 +416,18 @@ def calibrated_from_one_run(entry: dict[str, Any], published: dict[str, Any], ma
     except CalibrateFromError:  # calibrate --from refuses the reference (a request longer than max_model_len)
         return None
     deployment = with_environment(specs_deployment(entry), environment)
-    return replace(replay(entry, published, max_prompts, deployment, Tier.CALIBRATED_FROM_RUNS),
-                   calibrated_on=reference["id"])
+    return replace(
+        replay(entry, published, max_prompts, deployment, Tier.CALIBRATED_FROM_RUNS), calibrated_on=reference["id"]
+    )
 
 
 TIERS: dict[Tier, TierPrediction] = {Tier.SPECS_ONLY: specs_only, Tier.CALIBRATED_FROM_RUNS: calibrated_from_one_run}
 """The tiers scored: specs only, and calibrated from one run of the same source and GPU (predicting the others)."""
 
 
-def run(only: set[str] | None = None, max_prompts: int | None = None,
-        tier: Tier = Tier.SPECS_ONLY) -> tuple[list[Replay], list[tuple[dict[str, Any], str]]]:
+def run(
+    only: set[str] | None = None, max_prompts: int | None = None, tier: Tier = Tier.SPECS_ONLY
+) -> tuple[list[Replay], list[tuple[dict[str, Any], str]]]:
     """Every selected entry replayed in `tier`, and those that cannot be, with the reason."""
     published = yaml.safe_load(LENGTHS.read_text())
     predict = TIERS[tier]
@@ -414,21 +476,47 @@ def per_run_table(rows: list[Replay]) -> str:
     """One line per run: setup, then measured / predicted (error) for every metric the source gives."""
     lines = []
     for r in rows:
-        cells = [f"{SHORT[m]} {_num(r.entry['measured'][m])} / {_num(float(r.predicted[m]))} ({_pct(r.error(m))})"
-                 for m in METRICS if r.entry["measured"].get(m) is not None and m in r.predicted]
-        gpu = r.entry["gpu"] + ("" if r.entry.get("gpu_stated", True) else " (assumed)") \
+        cells = [
+            f"{SHORT[m]} {_num(r.entry['measured'][m])} / {_num(float(r.predicted[m]))} ({_pct(r.error(m))})"
+            for m in METRICS
+            if r.entry["measured"].get(m) is not None and m in r.predicted
+        ]
+        gpu = (
+            r.entry["gpu"]
+            + ("" if r.entry.get("gpu_stated", True) else " (assumed)")
             + ("" if r.entry.get("in_summary", True) else " (not in summary)")
+        )
         config = parse_engine_args(r.entry.get("engine_args") or "").config
-        layout = f"TP{config.tensor_parallel_size}" + (" EP" if getattr(config, "enable_expert_parallel", False) else "")
-        lines.append([r.entry["id"], gpu, f"{Path(r.entry['model']).name} {layout}", str(r.entry["vllm_version"]), _load(r.entry),
-                      _status(r), "<br>".join(cells)])
+        layout = f"TP{config.tensor_parallel_size}" + (
+            " EP" if getattr(config, "enable_expert_parallel", False) else ""
+        )
+        lines.append(
+            [
+                r.entry["id"],
+                gpu,
+                f"{Path(r.entry['model']).name} {layout}",
+                str(r.entry["vllm_version"]),
+                _load(r.entry),
+                _status(r),
+                "<br>".join(cells),
+            ]
+        )
     return _table(["run", "GPU", "model", "vLLM", "workload", "class", "measured / predicted (error)"], lines)
 
 
 def _status(r: Replay) -> str:
     """The run's regime, and why it is not scored where it is not."""
-    why = ("match by construction" if r.by_construction else "not in summary" if not r.in_summary
-           else "V0 era" if r.entry["era"] != "v1" else "served at the offered rate" if r.served_at_offered_rate else "")
+    why = (
+        "match by construction"
+        if r.by_construction
+        else "not in summary"
+        if not r.in_summary
+        else "V0 era"
+        if r.entry["era"] != "v1"
+        else "served at the offered rate"
+        if r.served_at_offered_rate
+        else ""
+    )
     return f"{r.regime}" + (f" ({why})" if why else "")
 
 
@@ -438,19 +526,37 @@ def summary_rows(rows: list[Replay]) -> list[tuple[str, int, float, float, float
     for m in METRICS:
         errs = [e for r in rows if r.in_summary and (e := r.error(m)) is not None]
         if errs:
-            out.append((m, len(errs), statistics.fmean(map(abs, errs)), statistics.median(map(abs, errs)),
-                        statistics.fmean(errs)))
+            out.append(
+                (
+                    m,
+                    len(errs),
+                    statistics.fmean(map(abs, errs)),
+                    statistics.median(map(abs, errs)),
+                    statistics.fmean(errs),
+                )
+            )
     return out
 
 
 def summary_table(rows: list[Replay]) -> str:
-    lines = [[SHORT[m], str(n), f"{100 * mape:.1f}%", f"{100 * med:.1f}%", f"{100 * mpe:+.1f}%"]
-             for m, n, mape, med, mpe in summary_rows(rows)]
+    lines = [
+        [SHORT[m], str(n), f"{100 * mape:.1f}%", f"{100 * med:.1f}%", f"{100 * mpe:+.1f}%"]
+        for m, n, mape, med, mpe in summary_rows(rows)
+    ]
     return _table(["metric", "runs", "MAPE", "median abs error", "MPE (signed)"], lines)
 
 
-BLIS_COLUMNS = ("mean_e2el_ms", "p90_e2el_ms", "p99_e2el_ms", "mean_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
-                "mean_tpot_ms", "p90_tpot_ms", "p99_tpot_ms")
+BLIS_COLUMNS = (
+    "mean_e2el_ms",
+    "p90_e2el_ms",
+    "p99_e2el_ms",
+    "mean_ttft_ms",
+    "p90_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p90_tpot_ms",
+    "p99_tpot_ms",
+)
 """inference-sim's sim-to-real columns (experiment/report.py _METRIC_COLS), TPOT in place of its ITL."""
 
 
@@ -468,15 +574,22 @@ def floors(rows: list[Replay], floors_: dict[str, float], label: str) -> str:
     for m, floor in floors_.items():
         errs = [abs(e) for r in rows if (e := r.scored_error(m)) is not None]
         med = statistics.median(errs) if errs else None
-        parts.append(f"{SHORT[m]}: no run gives it" if med is None else
-                     f"{SHORT[m]} {100 * med:.1f}% over {len(errs)} (floor {100 * floor:.0f}%: {'met' if med <= floor else 'missed'})")
+        parts.append(
+            f"{SHORT[m]}: no run gives it"
+            if med is None
+            else f"{SHORT[m]} {100 * med:.1f}% over {len(errs)} (floor {100 * floor:.0f}%: {'met' if med <= floor else 'missed'})"
+        )
     return f"{label}: " + "; ".join(parts)
 
 
 def _commit() -> str:
     """The commit the simulator ran at, and whether servelab/ had uncommitted changes (then the table is not that commit's)."""
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent, check=True
+        ).stdout.strip()
+
     try:
         dirty = git("status", "--porcelain", "--", "servelab")
         return git("rev-parse", "--short", "HEAD") + (" with uncommitted changes to servelab/" if dirty else "")
@@ -488,8 +601,12 @@ def _stats(errs: list[float]) -> list[str]:
     """runs, median |error|, MAPE, MPE as table cells ("—" for none)."""
     if not errs:
         return ["0", "—", "—", "—"]
-    return [str(len(errs)), f"{100 * statistics.median(map(abs, errs)):.1f}%",
-            f"{100 * statistics.fmean(map(abs, errs)):.1f}%", f"{100 * statistics.fmean(errs):+.1f}%"]
+    return [
+        str(len(errs)),
+        f"{100 * statistics.median(map(abs, errs)):.1f}%",
+        f"{100 * statistics.fmean(map(abs, errs)):.1f}%",
+        f"{100 * statistics.fmean(errs):+.1f}%",
+    ]
 
 
 def class_table(rows: list[Replay]) -> str:
@@ -509,7 +626,9 @@ def source_table(rows: list[Replay]) -> str:
     lines = []
     for source in sorted({r.source for r in rows if r.scored}):
         group = [r for r in rows if r.source == source and r.scored]
-        classes = ", ".join(f"{sum(r.regime == g for r in group)} {g}" for g in Regime if any(r.regime == g for r in group))
+        classes = ", ".join(
+            f"{sum(r.regime == g for r in group)} {g}" for g in Regime if any(r.regime == g for r in group)
+        )
         cells = []
         for m in HEADLINE:
             errs = [e for r in group if (e := r.scored_error(m)) is not None]
@@ -535,18 +654,30 @@ def apart_tables(rows: list[Replay]) -> list[str]:
     offered = [r for r in rows if r.scored and r.served_at_offered_rate]
     if offered:
         errs = [e for r in offered if (e := r.error("request_throughput")) is not None]
-        parts.append(f"**Served at the offered rate** ({len(offered)} open-loop runs under capacity, not in the "
-                     f"req/s and out tok/s headline: their throughput is the offered rate whatever the model): "
-                     f"req/s median |error| {100 * statistics.median(map(abs, errs)):.1f}% over {len(errs)} runs."
-                     if errs else f"**Served at the offered rate**: {len(offered)} runs, none publishes req/s.")
+        parts.append(
+            f"**Served at the offered rate** ({len(offered)} open-loop runs under capacity, not in the "
+            f"req/s and out tok/s headline: their throughput is the offered rate whatever the model): "
+            f"req/s median |error| {100 * statistics.median(map(abs, errs)):.1f}% over {len(errs)} runs."
+            if errs
+            else f"**Served at the offered rate**: {len(offered)} runs, none publishes req/s."
+        )
     for constant in constants_here():
         source = source_of(next(e for e in entries() if e["id"] == constant.runs[0]))
         group = [r for r in rows if r.source == source]
-        lines = [[r.entry["id"], "read off" if r.entry["id"] in constant.runs else "sibling", str(r.regime),
-                  *(_pct(r.error(m)) for m in HEADLINE)] for r in group]
-        parts += [f"**Match by construction**: {constant.name} ({constant.where}) is read off "
-                  f"{', '.join(constant.runs)}; every run of {source} leaves the scored set:",
-                  _table(["run", "", "class", *(SHORT[m] for m in HEADLINE)], lines)]
+        lines = [
+            [
+                r.entry["id"],
+                "read off" if r.entry["id"] in constant.runs else "sibling",
+                str(r.regime),
+                *(_pct(r.error(m)) for m in HEADLINE),
+            ]
+            for r in group
+        ]
+        parts += [
+            f"**Match by construction**: {constant.name} ({constant.where}) is read off "
+            f"{', '.join(constant.runs)}; every run of {source} leaves the scored set:",
+            _table(["run", "", "class", *(SHORT[m] for m in HEADLINE)], lines),
+        ]
     return parts
 
 
@@ -572,9 +703,19 @@ def interval_table(table: ResidualTable) -> str:
                     continue
                 note = "" if bounds.pooled_from == ((regime, m),) else f"pooled: {bounds.pooled_text(m)}"
                 own = len(regimes.get(regime, {}).get(m, []))
-                lines.append([str(tier), str(regime), SHORT[m], f"{own} ({bounds.runs} used, {bounds.sources} sources)",
-                              f"x{math.exp(bounds.low):.2f} .. x{math.exp(bounds.high):.2f}", note])
-    return _table(["tier", "regime", "metric", "runs (used, sources)", f"{LEVEL:.0%} interval / prediction", "note"], lines)
+                lines.append(
+                    [
+                        str(tier),
+                        str(regime),
+                        SHORT[m],
+                        f"{own} ({bounds.runs} used, {bounds.sources} sources)",
+                        f"x{math.exp(bounds.low):.2f} .. x{math.exp(bounds.high):.2f}",
+                        note,
+                    ]
+                )
+    return _table(
+        ["tier", "regime", "metric", "runs (used, sources)", f"{LEVEL:.0%} interval / prediction", "note"], lines
+    )
 
 
 def coverage_table(rows: list[Replay]) -> str:
@@ -597,13 +738,16 @@ def coverage_table(rows: list[Replay]) -> str:
     lines = []
     for tier in sorted({t for t, _, _ in hits}):
         for regime in Regime:
-            cells = [(f"{100 * sum(h) / len(h):.0f}% ({sum(h)}/{len(h)})" if (h := hits.get((tier, regime, m))) else "—")
-                     for m in (*HEADLINE, "all")]
+            cells = [
+                (f"{100 * sum(h) / len(h):.0f}% ({sum(h)}/{len(h)})" if (h := hits.get((tier, regime, m))) else "—")
+                for m in (*HEADLINE, "all")
+            ]
             shares = [sum(h) / len(h) for h in by_source[(tier, regime)].values()]
             cells.append(f"{100 * sum(shares) / len(shares):.0f}% ({len(shares)} sources)" if shares else "—")
             lines.append([str(tier), str(regime), *cells])
-    return _table(["tier", "class", *(SHORT[m] for m in HEADLINE), "every metric", "every metric, each source one"],
-                  lines)
+    return _table(
+        ["tier", "class", *(SHORT[m] for m in HEADLINE), "every metric", "every metric, each source one"], lines
+    )
 
 
 def write_residuals(rows: list[Replay], path: Path = RESIDUALS) -> None:
@@ -614,14 +758,22 @@ def write_residuals(rows: list[Replay], path: Path = RESIDUALS) -> None:
         "made_by": "PYTHONPATH=. .venv/bin/python benchmarks/gpu_accuracy.py --write-residuals",
         "commit": _commit(),
         "held_out": [{"constant": c.name, "runs": list(c.runs), "source": s} for s, c in fitted_sources().items()],
-        "residuals": {str(tier): {str(regime): {m: [{"run": x.run, "source": x.source, "residual": round(x.value, 5)}
-                                                    for x in res] for m, res in metrics.items()}
-                                  for regime, metrics in regimes.items()}
-                      for tier, regimes in table.items()},
+        "residuals": {
+            str(tier): {
+                str(regime): {
+                    m: [{"run": x.run, "source": x.source, "residual": round(x.value, 5)} for x in res]
+                    for m, res in metrics.items()
+                }
+                for regime, metrics in regimes.items()
+            }
+            for tier, regimes in table.items()
+        },
     }
-    header = ("# Held-out residuals of the simulator against published real-GPU runs, per tier, regime and metric: the\n"
-              "# data every simulated summary's 80% intervals are read from (servelab/metrics/intervals.py).\n"
-              "# Written by benchmarks/gpu_accuracy.py --write-residuals; do not edit, rerun it.\n")
+    header = (
+        "# Held-out residuals of the simulator against published real-GPU runs, per tier, regime and metric: the\n"
+        "# data every simulated summary's 80% intervals are read from (servelab/metrics/intervals.py).\n"
+        "# Written by benchmarks/gpu_accuracy.py --write-residuals; do not edit, rerun it.\n"
+    )
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=120))
 
 
@@ -629,29 +781,44 @@ def report(rows: list[Replay], skipped: list[tuple[dict[str, Any], str]]) -> str
     by_tier = {tier: [r for r in rows if r.tier == tier] for tier in TIERS}
     rows = by_tier[Tier.SPECS_ONLY]
     scored = [r for r in rows if r.scored]
-    parts = [(f"servelab commit {_commit()}; {sum(r.prompts for r in rows):,} requests replayed in "
-              f"{sum(r.seconds for r in rows):.0f} s. {len(scored)} runs scored (V1, in the summary, no constant read "
-              f"off their source), from {len({r.source for r in scored})} sources."),
-              "### Held out: by class (specs only)", class_table(rows),
-              "### Held out: by source (specs only; median abs error, runs)", source_table(rows),
-              "### Held out: by tier", tier_table(by_tier),
-              *apart_tables(rows),
-              f"### {LEVEL:.0%} intervals (from every scored run)", interval_table(residual_table(list(chain(*by_tier.values())))),
-              f"### Coverage of the {LEVEL:.0%} intervals, each source left out in turn",
-              coverage_table(list(chain(*by_tier.values())))]
+    parts = [
+        (
+            f"servelab commit {_commit()}; {sum(r.prompts for r in rows):,} requests replayed in "
+            f"{sum(r.seconds for r in rows):.0f} s. {len(scored)} runs scored (V1, in the summary, no constant read "
+            f"off their source), from {len({r.source for r in scored})} sources."
+        ),
+        "### Held out: by class (specs only)",
+        class_table(rows),
+        "### Held out: by source (specs only; median abs error, runs)",
+        source_table(rows),
+        "### Held out: by tier",
+        tier_table(by_tier),
+        *apart_tables(rows),
+        f"### {LEVEL:.0%} intervals (from every scored run)",
+        interval_table(residual_table(list(chain(*by_tier.values())))),
+        f"### Coverage of the {LEVEL:.0%} intervals, each source left out in turn",
+        coverage_table(list(chain(*by_tier.values()))),
+    ]
     for era, title in (("v1", "V1 engine (vLLM >= 0.8)"), ("v0", "V0-era engines (vLLM < 0.8)")):
         group = [r for r in rows if r.entry["era"] == era]
         if not group:
             continue
-        parts += [f"### {title}: every run in the summary, not held out ({sum(r.in_summary for r in group)} runs; "
-                  "the runs matching by construction and the throughputs served at the offered rate included)",
-                  summary_table(group)]
+        parts += [
+            f"### {title}: every run in the summary, not held out ({sum(r.in_summary for r in group)} runs; "
+            "the runs matching by construction and the throughputs served at the offered rate included)",
+            summary_table(group),
+        ]
         if any(m in BLIS_COLUMNS for m, *_ in summary_rows(group)):
             parts += ["MAPE (%) in inference-sim's column layout:", blis_table(group, "servelab")]
         if era == "v1":
-            parts += [floors(group, FLOORS, "Floors, held out, every class"),
-                      floors([r for r in group if r.regime == Regime.SATURATED], FLOORS,
-                             "Floors, held out, saturated class, specs only")]
+            parts += [
+                floors(group, FLOORS, "Floors, held out, every class"),
+                floors(
+                    [r for r in group if r.regime == Regime.SATURATED],
+                    FLOORS,
+                    "Floors, held out, saturated class, specs only",
+                ),
+            ]
         parts += [f"### {title}: per run", per_run_table(group)]
     parts += [f"not replayed: {e['id']} ({why})" for e, why in skipped]
     return "\n\n".join(parts)
@@ -661,8 +828,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", help="entry ids to run")
     ap.add_argument("--max-prompts", type=int, help="replay at most N requests per run (a quick look; not the table)")
-    ap.add_argument("--write-residuals", action="store_true",
-                    help=f"write the held-out residuals every simulated summary's intervals come from ({RESIDUALS.name})")
+    ap.add_argument(
+        "--write-residuals",
+        action="store_true",
+        help=f"write the held-out residuals every simulated summary's intervals come from ({RESIDUALS.name})",
+    )
     args = ap.parse_args()
     if args.write_residuals and (args.only or args.max_prompts):
         ap.error("--write-residuals needs every run replayed whole (no --only, no --max-prompts)")

@@ -45,7 +45,9 @@ from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware, get_gpu
 from servelab.perf.models import get_model
 
-MEASURED = tuple(Path(__file__).parent / "measured" / f"gpu_step_probe-h200-2026-12-04{run}.json" for run in ("", "-b", "-c"))
+MEASURED = tuple(
+    Path(__file__).parent / "measured" / f"gpu_step_probe-h200-2026-12-04{run}.json" for run in ("", "-b", "-c")
+)
 """The first H200 machine's run (GEMMs timed by back-to-back calls, hf stage) and the second's (GEMMs timed
 inside a CUDA graph, lean steps in three rounds)."""
 GPU = "H200"
@@ -83,6 +85,7 @@ def table_lookup() -> kf.TableLookup | None:
 
 # ---------------------------------------------------------------- 1. GEMMs
 
+
 @dataclass(frozen=True)
 class GemmRow:
     model: str
@@ -106,7 +109,9 @@ class GemmRow:
         return kf.BF16 * self.n * self.k / self.measured_s / 1e12
 
 
-def gemm_rows(probe: dict[str, Any], hw: Hardware, fit: kf.GpuKernelFit, lookup: kf.TableLookup | None) -> list[GemmRow]:
+def gemm_rows(
+    probe: dict[str, Any], hw: Hardware, fit: kf.GpuKernelFit, lookup: kf.TableLookup | None
+) -> list[GemmRow]:
     c = CostCoefficients()
     host_s = probe["launch"]["linear_us"] * 1e-6
     rows = []
@@ -116,13 +121,20 @@ def gemm_rows(probe: dict[str, Any], hw: Hardware, fit: kf.GpuKernelFit, lookup:
         for r in measured:
             m, n, k = (np.asarray(float(r[x])) for x in ("m", "n", "k"))
             floor = float(kf.datasheet_gemm_time(hw, m, n, k, 1.0, 1.0))
-            rows.append(GemmRow(
-                model=key.split("/", 1)[1], gemm=r["gemm"], m=r["m"], n=r["n"], k=r["k"], measured_s=r["ms"] * 1e-3,
-                fit_s=float(kf.gemm_time(fit.gemm, hw, m, n, k)),
-                datasheet_s=float(kf.datasheet_gemm_time(hw, m, n, k, c.compute_efficiency, c.memory_efficiency)),
-                table_s=lookup.gemm(r["m"], r["n"], r["k"]) if lookup else None,
-                host_bound=not r.get("graph", False) and floor < host_s,
-            ))
+            rows.append(
+                GemmRow(
+                    model=key.split("/", 1)[1],
+                    gemm=r["gemm"],
+                    m=r["m"],
+                    n=r["n"],
+                    k=r["k"],
+                    measured_s=r["ms"] * 1e-3,
+                    fit_s=float(kf.gemm_time(fit.gemm, hw, m, n, k)),
+                    datasheet_s=float(kf.datasheet_gemm_time(hw, m, n, k, c.compute_efficiency, c.memory_efficiency)),
+                    table_s=lookup.gemm(r["m"], r["n"], r["k"]) if lookup else None,
+                    host_bound=not r.get("graph", False) and floor < host_s,
+                )
+            )
     return rows
 
 
@@ -139,14 +151,20 @@ def print_gemm_summary(rows: list[GemmRow], with_table: bool, host_us: float) ->
     """Rows split into all and GPU-bound only when some are host-bound (a run timed by back-to-back calls)."""
     models = ("fit", "datasheet") + (("table",) if with_table else ())
     split = any(r.host_bound for r in rows)
-    timing = (f"host-bound: timed by back-to-back calls, datasheet floor < {host_us:.1f} µs, the host's F.linear "
-              "enqueue" if split else "no row host-bound")
+    timing = (
+        f"host-bound: timed by back-to-back calls, datasheet floor < {host_us:.1f} µs, the host's F.linear enqueue"
+        if split
+        else "no row host-bound"
+    )
     print(f"\n### GEMMs: predicted vs measured, median / max |error| ({timing})\n")
     out = []
     for label, low, high in TOKEN_RANGES:
         in_range = [r for r in rows if low <= r.m <= high]
-        subsets = ((in_range, "all"), ([r for r in in_range if not r.host_bound], "GPU-bound")) if split else (
-            (in_range, "all"),)
+        subsets = (
+            ((in_range, "all"), ([r for r in in_range if not r.host_bound], "GPU-bound"))
+            if split
+            else ((in_range, "all"),)
+        )
         for subset, which in subsets:
             out.append([label, which, len(subset)] + [_median_max(_abs_errors(subset, m)) for m in models])
     print(markdown(["tokens m", "rows", "n"] + list(models), out))
@@ -154,16 +172,47 @@ def print_gemm_summary(rows: list[GemmRow], with_table: bool, host_us: float) ->
 
 def print_gemm_rows(rows: list[GemmRow]) -> None:
     print("\n### GEMMs, every row (µs; error = predicted / measured − 1)\n")
-    print(markdown(
-        ["model", "gemm", "m", "n × k", "measured", "weights TB/s", "fit", "err", "datasheet", "err", "table", "err",
-         "host-bound"],
-        [[r.model, r.gemm, r.m, f"{r.n} × {r.k}", _us(r.measured_s), f"{r.weight_tbps:.2f}", _us(r.fit_s),
-          _pct(r.error(r.fit_s)), _us(r.datasheet_s), _pct(r.error(r.datasheet_s)), _us(r.table_s),
-          _pct(r.error(r.table_s)), "yes" if r.host_bound else ""] for r in rows],
-    ))
+    print(
+        markdown(
+            [
+                "model",
+                "gemm",
+                "m",
+                "n × k",
+                "measured",
+                "weights TB/s",
+                "fit",
+                "err",
+                "datasheet",
+                "err",
+                "table",
+                "err",
+                "host-bound",
+            ],
+            [
+                [
+                    r.model,
+                    r.gemm,
+                    r.m,
+                    f"{r.n} × {r.k}",
+                    _us(r.measured_s),
+                    f"{r.weight_tbps:.2f}",
+                    _us(r.fit_s),
+                    _pct(r.error(r.fit_s)),
+                    _us(r.datasheet_s),
+                    _pct(r.error(r.datasheet_s)),
+                    _us(r.table_s),
+                    _pct(r.error(r.table_s)),
+                    "yes" if r.host_bound else "",
+                ]
+                for r in rows
+            ],
+        )
+    )
 
 
 # ---------------------------------------------------------------- 2. decode step
+
 
 @dataclass(frozen=True)
 class StepRun:
@@ -193,8 +242,13 @@ def step_runs(probe: dict[str, Any]) -> list[StepRun]:
 
 def print_decode(runs: list[StepRun], hw: Hardware, fit: kf.GpuKernelFit, lookup: kf.TableLookup | None) -> None:
     print("\n### Decode step GPU time, context 512 (ms; error vs the lean decoder's graph replay)\n")
-    hf = {(run.model, r["batch"]): r["kernel_ms"] * 1e-3 for run in runs if run.impl == "hf"
-          for r in run.rows if "kernel_ms" in r}
+    hf = {
+        (run.model, r["batch"]): r["kernel_ms"] * 1e-3
+        for run in runs
+        if run.impl == "hf"
+        for r in run.rows
+        if "kernel_ms" in r
+    }
     out = []
     for model_name, lean in groupby((run for run in runs if run.impl == "lean"), key=lambda run: run.model):
         spec = get_model(model_name)
@@ -208,41 +262,110 @@ def print_decode(runs: list[StepRun], hw: Hardware, fit: kf.GpuKernelFit, lookup
                 step = StepBatch(decode_contexts=[r["context"]] * batch)
                 fit_s, sheet_s = fitted.step_time(step), datasheet.step_time(step)
                 hf_s = hf.get((model_name, batch))
-                parts = (kf.forward_pass(lookup, fit.elementwise, hw, spec, 1, tokens=batch, decode_context=r["context"])
-                         if lookup else None)
-                out.append([
-                    model_name, run.round_label, batch, _ms(graph_s), _ms(fit_s), _pct(fit_s / graph_s - 1),
-                    _ms(sheet_s), _pct(sheet_s / graph_s - 1),
-                    *((_ms(parts.total), _pct(parts.total / graph_s - 1),
-                       " / ".join(_ms(x) for x in (parts.gemm, parts.attention, parts.elementwise, parts.lm_head)))
-                      if parts else ("-", "-", "-")),
-                    _ms(hf_s), _pct(None if hf_s is None else hf_s / graph_s - 1),
-                ])
-    print(markdown(["model", "round", "batch", "lean graph", "fit", "err", "datasheet", "err", "tables", "err",
-                    "tables: GEMM / attention / elementwise / LM head", "hf kernels", "err"], out))
+                parts = (
+                    kf.forward_pass(lookup, fit.elementwise, hw, spec, 1, tokens=batch, decode_context=r["context"])
+                    if lookup
+                    else None
+                )
+                out.append(
+                    [
+                        model_name,
+                        run.round_label,
+                        batch,
+                        _ms(graph_s),
+                        _ms(fit_s),
+                        _pct(fit_s / graph_s - 1),
+                        _ms(sheet_s),
+                        _pct(sheet_s / graph_s - 1),
+                        *(
+                            (
+                                _ms(parts.total),
+                                _pct(parts.total / graph_s - 1),
+                                " / ".join(
+                                    _ms(x) for x in (parts.gemm, parts.attention, parts.elementwise, parts.lm_head)
+                                ),
+                            )
+                            if parts
+                            else ("-", "-", "-")
+                        ),
+                        _ms(hf_s),
+                        _pct(None if hf_s is None else hf_s / graph_s - 1),
+                    ]
+                )
+    print(
+        markdown(
+            [
+                "model",
+                "round",
+                "batch",
+                "lean graph",
+                "fit",
+                "err",
+                "datasheet",
+                "err",
+                "tables",
+                "err",
+                "tables: GEMM / attention / elementwise / LM head",
+                "hf kernels",
+                "err",
+            ],
+            out,
+        )
+    )
 
 
 # ---------------------------------------------------------------- 3. eager launch cost
 
+
 def print_eager(runs: list[StepRun], probe: dict[str, Any]) -> None:
     launch = probe["launch"]
-    print(f"\n### Eager launch cost (host: {probe['host']['cpu']}, {probe['host']['cpus']} CPUs; per-op enqueue: "
-          f"add {launch['add_us']:.1f} µs, small F.linear {launch['linear_us']:.1f} µs)\n")
+    print(
+        f"\n### Eager launch cost (host: {probe['host']['cpu']}, {probe['host']['cpus']} CPUs; per-op enqueue: "
+        f"add {launch['add_us']:.1f} µs, small F.linear {launch['linear_us']:.1f} µs)\n"
+    )
     out = []
     for run in runs:
         layers = get_model(run.model).num_layers
         for r in run.rows:
             gpu_ms = r.get("graph_ms", r.get("kernel_ms"))
             per_layer_us = r["eager_ms"] / layers * 1e3
-            out.append([
-                run.model, run.impl, run.round_label, r["batch"], f"{r['eager_ms']:.2f}", f"{r['enqueue_ms']:.2f}",
-                *(("-", "-", "-") if gpu_ms is None else
-                  (f"{gpu_ms:.2f}", f"{r['eager_ms'] - gpu_ms:.2f}", f"{r['eager_ms'] / gpu_ms:.1f}")),
-                f"{per_layer_us:.0f}", f"{per_layer_us / launch['add_us']:.0f}",
-                f"{r['kernels'] / layers:.0f}" if "kernels" in r else "-",
-            ])
-    print(markdown(["model", "impl", "round", "batch", "eager ms", "enqueue ms", "GPU ms (lean: graph, hf: kernels)",
-                    "eager − GPU ms", "eager / GPU", "eager µs / layer", "µs / layer ÷ add_us", "kernels / layer"], out))
+            out.append(
+                [
+                    run.model,
+                    run.impl,
+                    run.round_label,
+                    r["batch"],
+                    f"{r['eager_ms']:.2f}",
+                    f"{r['enqueue_ms']:.2f}",
+                    *(
+                        ("-", "-", "-")
+                        if gpu_ms is None
+                        else (f"{gpu_ms:.2f}", f"{r['eager_ms'] - gpu_ms:.2f}", f"{r['eager_ms'] / gpu_ms:.1f}")
+                    ),
+                    f"{per_layer_us:.0f}",
+                    f"{per_layer_us / launch['add_us']:.0f}",
+                    f"{r['kernels'] / layers:.0f}" if "kernels" in r else "-",
+                ]
+            )
+    print(
+        markdown(
+            [
+                "model",
+                "impl",
+                "round",
+                "batch",
+                "eager ms",
+                "enqueue ms",
+                "GPU ms (lean: graph, hf: kernels)",
+                "eager − GPU ms",
+                "eager / GPU",
+                "eager µs / layer",
+                "µs / layer ÷ add_us",
+                "kernels / layer",
+            ],
+            out,
+        )
+    )
     print_eager_per_layer(runs)
 
 
@@ -257,8 +380,16 @@ def print_eager_per_layer(runs: list[StepRun]) -> None:
         for model, group in groups + ([("all models", of_impl)] if len(groups) > 1 else []):
             per_layer = [r["eager_ms"] / get_model(run.model).num_layers for run in group for r in run.rows]
             rounds = len({run.round for run in group if run.round is not None}) or 1
-            out.append([model, impl, rounds, len(per_layer), f"{min(per_layer):.2f}–{max(per_layer):.2f}",
-                        f"{np.median(per_layer):.2f}"])
+            out.append(
+                [
+                    model,
+                    impl,
+                    rounds,
+                    len(per_layer),
+                    f"{min(per_layer):.2f}–{max(per_layer):.2f}",
+                    f"{np.median(per_layer):.2f}",
+                ]
+            )
     print(markdown(["model", "impl", "rounds", "rows", "eager ms / layer", "median"], out))
 
 
@@ -266,8 +397,10 @@ def compare(path: Path, hw: Hardware, fit: kf.GpuKernelFit, lookup: kf.TableLook
     """All three comparisons for one probe run."""
     probe = json.loads(path.read_text())
     host = probe["host"]
-    print(f"## {path.name}: {host['gpu']} ({host['nvidia_smi']}), torch {host['torch']}, "
-          f"transformers {host['transformers']}. Fit: {fit.tables['gemm']} of {fit.device}.")
+    print(
+        f"## {path.name}: {host['gpu']} ({host['nvidia_smi']}), torch {host['torch']}, "
+        f"transformers {host['transformers']}. Fit: {fit.tables['gemm']} of {fit.device}."
+    )
     rows = gemm_rows(probe, hw, fit, lookup)
     print_gemm_summary(rows, lookup is not None, probe["launch"]["linear_us"])
     if every_gemm:
@@ -280,8 +413,13 @@ def compare(path: Path, hw: Hardware, fit: kf.GpuKernelFit, lookup: kf.TableLook
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--measured", type=Path, nargs="+", default=MEASURED,
-                    help="the probe's JSON files, each set out in turn (default: both H200 runs of 2026-12-04)")
+    ap.add_argument(
+        "--measured",
+        type=Path,
+        nargs="+",
+        default=MEASURED,
+        help="the probe's JSON files, each set out in turn (default: both H200 runs of 2026-12-04)",
+    )
     ap.add_argument("--rows", action="store_true", help="print every GEMM row")
     args = ap.parse_args()
     hw = get_gpu(GPU)

@@ -19,6 +19,7 @@ Three measurements, each written to the JSON as soon as it is done (a later fail
 
     python benchmarks/gpu_step_probe.py --out DIR [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,21 +51,43 @@ def model_configs(repo: Path) -> dict[str, dict[str, Any]]:
 
 
 def host_facts(device: torch.device) -> dict[str, Any]:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    facts: dict[str, Any] = {"torch": torch.__version__, "python": sys.version.split()[0], "cpu": cpu,
-                             "cpus": len(os.sched_getaffinity(0))}
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    facts: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "cpu": cpu,
+        "cpus": len(os.sched_getaffinity(0)),
+    }
     try:
         import transformers
+
         facts["transformers"] = transformers.__version__
     except ImportError:
         facts["transformers"] = None
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        facts |= {"gpu": props.name, "sms": props.multi_processor_count,
-                  "l2_bytes": getattr(props, "L2_cache_size", None), "memory_bytes": props.total_memory}
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem,power.limit",
-                              "--format=csv,noheader"], capture_output=True, text=True)
+        facts |= {
+            "gpu": props.name,
+            "sms": props.multi_processor_count,
+            "l2_bytes": getattr(props, "L2_cache_size", None),
+            "memory_bytes": props.total_memory,
+        }
+        smi = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem,power.limit",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+        )
         facts["nvidia_smi"] = smi.stdout.strip()
     return facts
 
@@ -122,7 +145,9 @@ def layer_gemms(cfg: dict[str, Any]) -> dict[str, tuple[int, int]]:
     return {"qkv": (h, (heads + 2 * kv) * d), "o": (heads * d, h), "gate_up": (h, 2 * inter), "down": (inter, h)}
 
 
-def gemm_times(cfg: dict[str, Any], device: torch.device, tokens: tuple[int, ...], l2_bytes: int) -> list[dict[str, Any]]:
+def gemm_times(
+    cfg: dict[str, Any], device: torch.device, tokens: tuple[int, ...], l2_bytes: int
+) -> list[dict[str, Any]]:
     """Each GEMM timed inside a CUDA graph of at least 16 calls over the rotated weights: back-to-back Python calls
     would time a small GEMM at the host's enqueue pace (~25 us a call on the first H200 host), not the GPU's."""
     rows = []
@@ -144,8 +169,18 @@ def gemm_times(cfg: dict[str, Any], device: torch.device, tokens: tuple[int, ...
                     every_weight()
                 run = graph.replay
             seconds = gpu_time(run, device, repeats=5 if m <= 1024 else 2) / calls
-            rows.append({"gemm": name, "m": m, "k": k, "n": n, "ms": seconds * 1e3,
-                         "tflops": 2 * m * n * k / seconds / 1e12, "weight_copies": copies, "graph": device.type == "cuda"})
+            rows.append(
+                {
+                    "gemm": name,
+                    "m": m,
+                    "k": k,
+                    "n": n,
+                    "ms": seconds * 1e3,
+                    "tflops": 2 * m * n * k / seconds / 1e12,
+                    "weight_copies": copies,
+                    "graph": device.type == "cuda",
+                }
+            )
     return rows
 
 
@@ -165,14 +200,20 @@ class LeanDecoder(torch.nn.Module):
         inter, layers = cfg["intermediate_size"], cfg["num_hidden_layers"]
         bias = cfg["architectures"][0].startswith("Qwen2")
         bf = dict(device=device, dtype=torch.bfloat16)
-        self.layers = [dict(n1=torch.ones(h, **bf), n2=torch.ones(h, **bf),
-                            qkv=torch.randn((heads + 2 * kv) * self.d, h, **bf) * 0.02,
-                            qkv_b=torch.zeros((heads + 2 * kv) * self.d, **bf) if bias else None,
-                            o=torch.randn(h, heads * self.d, **bf) * 0.02,
-                            gate_up=torch.randn(2 * inter, h, **bf) * 0.02,
-                            down=torch.randn(h, inter, **bf) * 0.02,
-                            k_cache=torch.zeros(batch, kv, context, self.d, **bf),
-                            v_cache=torch.zeros(batch, kv, context, self.d, **bf)) for _ in range(layers)]
+        self.layers = [
+            dict(
+                n1=torch.ones(h, **bf),
+                n2=torch.ones(h, **bf),
+                qkv=torch.randn((heads + 2 * kv) * self.d, h, **bf) * 0.02,
+                qkv_b=torch.zeros((heads + 2 * kv) * self.d, **bf) if bias else None,
+                o=torch.randn(h, heads * self.d, **bf) * 0.02,
+                gate_up=torch.randn(2 * inter, h, **bf) * 0.02,
+                down=torch.randn(h, inter, **bf) * 0.02,
+                k_cache=torch.zeros(batch, kv, context, self.d, **bf),
+                v_cache=torch.zeros(batch, kv, context, self.d, **bf),
+            )
+            for _ in range(layers)
+        ]
         self.embed = torch.randn(cfg["vocab_size"], h, **bf) * 0.02
         self.lm_head = self.embed if cfg.get("tie_word_embeddings") else torch.randn(cfg["vocab_size"], h, **bf) * 0.02
         self.norm = torch.ones(h, **bf)
@@ -226,8 +267,12 @@ def lean_steps(cfg: dict[str, Any], device: torch.device, batches: tuple[int, ..
         model = LeanDecoder(cfg, batch, CONTEXT, device)
         tokens = torch.zeros(batch, dtype=torch.long, device=device)
         with torch.inference_mode():
-            row: dict[str, Any] = {"impl": "lean", "batch": batch, "context": CONTEXT,
-                                   **step_times(lambda: model(tokens), device, steps)}
+            row: dict[str, Any] = {
+                "impl": "lean",
+                "batch": batch,
+                "context": CONTEXT,
+                **step_times(lambda: model(tokens), device, steps),
+            }
             if device.type == "cuda":
                 graph = torch.cuda.CUDAGraph()
                 stream = torch.cuda.Stream()
@@ -248,7 +293,8 @@ def hf_steps(cfg: dict[str, Any], device: torch.device, batches: tuple[int, ...]
 
     config = transformers.AutoConfig.for_model(
         "qwen2" if cfg["architectures"][0].startswith("Qwen2") else "llama",
-        **{k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")})
+        **{k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")},
+    )
     config._attn_implementation = "sdpa"
     torch.set_default_dtype(torch.bfloat16)
     with torch.device(device):
@@ -300,9 +346,18 @@ def main() -> int:
     repo = Path(__file__).resolve().parent.parent
     configs = model_configs(repo)
     if args.quick:
-        configs = {name: cfg | {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
-                                "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000}
-                   for name, cfg in configs.items()}
+        configs = {
+            name: cfg
+            | {
+                "num_hidden_layers": 2,
+                "hidden_size": 256,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "intermediate_size": 512,
+                "vocab_size": 1000,
+            }
+            for name, cfg in configs.items()
+        }
     tokens, batches, steps = ((1, 64), (1, 4), 4) if args.quick else (GEMM_TOKENS, DECODE_BATCHES, 30)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "gpu_step_probe.json"
@@ -312,14 +367,18 @@ def main() -> int:
         path.write_text(json.dumps(result, indent=1))
 
     l2 = int(result["host"].get("l2_bytes") or 50 * 2**20)
-    stages: list[tuple[str, Callable[[], object]]] = [("launch", lambda: launch_cost(device, 2000 if not args.quick else 100))]
+    stages: list[tuple[str, Callable[[], object]]] = [
+        ("launch", lambda: launch_cost(device, 2000 if not args.quick else 100))
+    ]
     wanted = set(args.stages.split(","))
     for name, cfg in configs.items():
         stages += [(f"gemm/{name}", lambda cfg=cfg: gemm_times(cfg, device, tokens, l2))] if "gemm" in wanted else []
     for round_ in range(args.rounds if "lean" in wanted else 0):
         suffix = f"/round{round_ + 1}" if args.rounds > 1 else ""
-        stages += [(f"lean/{name}{suffix}", lambda cfg=cfg: lean_steps(cfg, device, batches, steps))
-                   for name, cfg in configs.items()]
+        stages += [
+            (f"lean/{name}{suffix}", lambda cfg=cfg: lean_steps(cfg, device, batches, steps))
+            for name, cfg in configs.items()
+        ]
     for name, cfg in configs.items():
         stages += [(f"hf/{name}", lambda cfg=cfg: hf_steps(cfg, device, batches, steps))] if "hf" in wanted else []
     for key, run in stages:

@@ -48,7 +48,7 @@ from servelab.metrics.timeline import RUNNING, TimelineSample, read_timeline
 REQUIRED = (gpu.UTIL, gpu.SM_CLOCK_MHZ, gpu.MEM_USED_BYTES, gpu.MEM_FREE_BYTES, gpu.TEMPERATURE_C, gpu.THROTTLE_REASONS)
 LOADED_UTIL = 0.5
 UTIL_RISE = 0.2
-SERVER_METRICS = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 0.0\n"
+SERVER_METRICS = '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} 0.0\n'
 
 
 def gpu_count() -> int:
@@ -98,6 +98,7 @@ def matmul_load() -> tuple[str, Load] | None:
         import torch
 
         if torch.cuda.is_available():
+
             def run_torch(started: threading.Event, stop: threading.Event) -> int:
                 a = torch.randn(8192, 8192, device="cuda:0", dtype=torch.float16)
                 b = torch.randn_like(a)
@@ -135,7 +136,11 @@ def matmul_load() -> tuple[str, Load] | None:
 
 
 async def sample_phases(
-    url: str, writer: ResultWriter, interval: float, idle_s: float, load_s: float,
+    url: str,
+    writer: ResultWriter,
+    interval: float,
+    idle_s: float,
+    load_s: float,
     load: Load | None,
 ) -> tuple[dict[str, tuple[float, float]], int, dict]:
     """Scrape through idle, load, idle; returns each phase's run-time span, the bytes the load held, scraper stats."""
@@ -192,11 +197,15 @@ def main() -> int:
     args = parser.parse_args()
     n = gpu_count()
     if n == 0:
-        print("no NVIDIA GPU here (NVML finds no driver or no device): nothing to check; run this on a GPU host",
-              file=sys.stderr)
+        print(
+            "no NVIDIA GPU here (NVML finds no driver or no device): nothing to check; run this on a GPU host",
+            file=sys.stderr,
+        )
         return 2
     load = matmul_load()
-    print(f"{n} GPU(s); load: {load[0] + ' fp16 8192^2 matmuls on GPU 0' if load else 'none (neither torch with CUDA nor cupy is installed: sampling only)'}")
+    print(
+        f"{n} GPU(s); load: {load[0] + ' fp16 8192^2 matmuls on GPU 0' if load else 'none (neither torch with CUDA nor cupy is installed: sampling only)'}"
+    )
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu-telemetry-"))
     writer = ResultWriter(out, {"verb": "gpu_telemetry_check"})
     with metrics_server() as url:
@@ -219,21 +228,39 @@ def main() -> int:
     print(f"\n{'phase':<12} {'span s':>12} {'util':>6} {'SM MHz':>7} {'mem GiB':>8} {'W':>6} {'C':>4}")
     means: dict[str, dict[str, float | None]] = {}
     for phase, span in phases.items():
-        m = {f: mean_in(samples, gpu_key(0, f), span) for f in
-             (gpu.UTIL, gpu.SM_CLOCK_MHZ, gpu.MEM_USED_BYTES, gpu.POWER_W, gpu.TEMPERATURE_C)}
+        m = {
+            f: mean_in(samples, gpu_key(0, f), span)
+            for f in (gpu.UTIL, gpu.SM_CLOCK_MHZ, gpu.MEM_USED_BYTES, gpu.POWER_W, gpu.TEMPERATURE_C)
+        }
         means[phase] = m
-        print(f"{phase:<12} {span[0]:5.1f}-{span[1]:5.1f} {cell(m[gpu.UTIL], 0.01) + '%':>6} {cell(m[gpu.SM_CLOCK_MHZ]):>7} "
-              f"{cell(m[gpu.MEM_USED_BYTES], 2**30, '{:.2f}'):>8} {cell(m[gpu.POWER_W]):>6} {cell(m[gpu.TEMPERATURE_C]):>4}")
+        print(
+            f"{phase:<12} {span[0]:5.1f}-{span[1]:5.1f} {cell(m[gpu.UTIL], 0.01) + '%':>6} "
+            f"{cell(m[gpu.SM_CLOCK_MHZ]):>7} "
+            f"{cell(m[gpu.MEM_USED_BYTES], 2**30, '{:.2f}'):>8} {cell(m[gpu.POWER_W]):>6} "
+            f"{cell(m[gpu.TEMPERATURE_C]):>4}"
+        )
     if load is not None:
         idle = means["idle before"][gpu.UTIL] or 0.0
         busy = means["load"][gpu.UTIL] or 0.0
-        checks.append(("utilisation rises under load", busy >= LOADED_UTIL and busy >= idle + UTIL_RISE,
-                       (f"GPU 0 {100 * idle:.0f}% idle -> {100 * busy:.0f}% loaded "
-                       f"(needs >= {100 * LOADED_UTIL:.0f}% and +{100 * UTIL_RISE:.0f} points)")))
+        checks.append(
+            (
+                "utilisation rises under load",
+                busy >= LOADED_UTIL and busy >= idle + UTIL_RISE,
+                (
+                    f"GPU 0 {100 * idle:.0f}% idle -> {100 * busy:.0f}% loaded "
+                    f"(needs >= {100 * LOADED_UTIL:.0f}% and +{100 * UTIL_RISE:.0f} points)"
+                ),
+            )
+        )
         mem_idle, mem_busy = means["idle before"][gpu.MEM_USED_BYTES], means["load"][gpu.MEM_USED_BYTES]
         rise = (mem_busy or 0.0) - (mem_idle or 0.0)
-        checks.append(("memory used rises by the load's tensors", rise >= 0.9 * held,
-                       f"+{rise / 2**30:.2f} GiB, the load holds {held / 2**30:.2f} GiB"))
+        checks.append(
+            (
+                "memory used rises by the load's tensors",
+                rise >= 0.9 * held,
+                f"+{rise / 2**30:.2f} GiB, the load holds {held / 2**30:.2f} GiB",
+            )
+        )
 
     print()
     for name, ok, detail in checks:

@@ -63,7 +63,10 @@ def forward_rows(gpu: str) -> list[Row]:
     fit = kf.load_kernel_fit(hw)
     assert fit is not None, f"no kernel fit for {gpu}: run scripts/fit_kernels.py"
     gemm_sizes = {int(m) for m in kf.gemm_rows(tables).m.unique()}
-    gemm_held, decode_held = kf.held_out_sizes(kf.gemm_rows(tables).m), kf.held_out_sizes(kf.decode_rows(tables).context)
+    gemm_held, decode_held = (
+        kf.held_out_sizes(kf.gemm_rows(tables).m),
+        kf.held_out_sizes(kf.decode_rows(tables).context),
+    )
     prefill_held = kf.held_out_sizes(kf.prefill_rows(tables).isl)
     rows = []
     for name, tp in MODELS:
@@ -78,13 +81,35 @@ def forward_rows(gpu: str) -> list[Row]:
                 table = kf.forward_pass(lookup, fit.elementwise, hw, spec, tp, tokens=b, decode_context=ctx).total
                 batch = StepBatch(decode_contexts=[ctx] * b)
                 measured = lookup.decode_measured(b, ctx, max(1, spec.num_kv_heads // tp))
-                rows.append(Row(gpu, label, "decode", f"b={b} ctx={ctx}", table, before.step_time(batch),
-                                after.step_time(batch), measured and b in gemm_held and ctx in decode_held, not measured))
+                rows.append(
+                    Row(
+                        gpu,
+                        label,
+                        "decode",
+                        f"b={b} ctx={ctx}",
+                        table,
+                        before.step_time(batch),
+                        after.step_time(batch),
+                        measured and b in gemm_held and ctx in decode_held,
+                        not measured,
+                    )
+                )
         for s in PREFILLS:
             table = kf.forward_pass(lookup, fit.elementwise, hw, spec, tp, tokens=s).total
             batch = StepBatch(prefill_chunks=[(s, 0)])
-            rows.append(Row(gpu, label, "prefill", f"{s} tokens", table, before.step_time(batch), after.step_time(batch),
-                            s in gemm_held and s in prefill_held, s not in gemm_sizes))
+            rows.append(
+                Row(
+                    gpu,
+                    label,
+                    "prefill",
+                    f"{s} tokens",
+                    table,
+                    before.step_time(batch),
+                    after.step_time(batch),
+                    s in gemm_held and s in prefill_held,
+                    s not in gemm_sizes,
+                )
+            )
     return rows
 
 
@@ -97,27 +122,40 @@ def _stats(errors: list[float]) -> str:
 
 def print_forward(rows: list[Row]) -> None:
     print("\nForward pass vs measured tables: mean |err| / max |err| (CPU overheads excluded)")
-    print(f"{'GPU':14s} {'model':18s} {'regime':8s} {'n':>3s} | {'before held-out':>15s} {'after held-out':>15s}"
-          f" | {'n':>3s} {'before all':>15s} {'after all':>15s}")
-    keys = sorted({(r.gpu, r.model, r.regime) for r in rows}, key=lambda k: (k[0], [m for m, _ in MODELS].index(k[1].split()[0]), k[2]))
+    print(
+        f"{'GPU':14s} {'model':18s} {'regime':8s} {'n':>3s} | {'before held-out':>15s} {'after held-out':>15s}"
+        f" | {'n':>3s} {'before all':>15s} {'after all':>15s}"
+    )
+    keys = sorted(
+        {(r.gpu, r.model, r.regime) for r in rows},
+        key=lambda k: (k[0], [m for m, _ in MODELS].index(k[1].split()[0]), k[2]),
+    )
     for key in keys:
         group = [r for r in rows if (r.gpu, r.model, r.regime) == key]
         held = [r for r in group if r.held_out]
-        print(f"{key[0]:14s} {key[1]:18s} {key[2]:8s} {len(held):3d} | {_stats([r.before_err for r in held]):>15s} "
-              f"{_stats([r.after_err for r in held]):>15s} | {len(group):3d} {_stats([r.before_err for r in group]):>15s} "
-              f"{_stats([r.after_err for r in group]):>15s}")
+        print(
+            f"{key[0]:14s} {key[1]:18s} {key[2]:8s} {len(held):3d} | {_stats([r.before_err for r in held]):>15s} "
+            f"{_stats([r.after_err for r in held]):>15s} | {len(group):3d} {_stats([r.before_err for r in group]):>15s} "
+            f""
+            f"{_stats([r.after_err for r in group]):>15s}"
+        )
     for gpu in sorted({r.gpu for r in rows}):
         held = [r for r in rows if r.gpu == gpu and r.held_out]
         worst = max(held, key=lambda r: abs(r.after_err))
-        print(f"{gpu}: held-out max |err| {abs(worst.after_err):.1%} after ({worst.model} {worst.regime} {worst.size}), "
-              f"before {max(abs(r.before_err) for r in held):.1%}")
+        print(
+            f"{gpu}: held-out max |err| {abs(worst.after_err):.1%} after ({worst.model} {worst.regime} {worst.size}), "
+            f"before {max(abs(r.before_err) for r in held):.1%}"
+        )
 
 
 def print_rows(rows: list[Row]) -> None:
     print(f"\n{'GPU':14s} {'model':18s} {'size':18s} {'table ms':>9s} {'before':>7s} {'after':>7s} held-out")
     for r in rows:
         mark = "yes" if r.held_out else ("extrapolated" if r.extrapolated else "")
-        print(f"{r.gpu:14s} {r.model:18s} {r.size:18s} {r.table_s * 1e3:9.3f} {r.before_err:+7.1%} {r.after_err:+7.1%} {mark}")
+        print(
+            f"{r.gpu:14s} {r.model:18s} {r.size:18s} {r.table_s * 1e3:9.3f} {r.before_err:+7.1%} {r.after_err:+7.1%} "
+            f"{mark}"
+        )
 
 
 def _datasheet_ops(hw: Hardware, tables: kf.KernelTables) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -129,11 +167,22 @@ def _datasheet_ops(hw: Hardware, tables: kf.KernelTables) -> dict[str, tuple[np.
     gemm = kf.datasheet_gemm_time(hw, m, n, k, c.compute_efficiency, c.memory_efficiency)
     d = kf.decode_rows(tables)
     pairs = d.batch_size * d.context
-    decode = np.maximum(4 * kf.HEAD_DIM * d.num_heads * pairs / (peak * c.attention_compute_efficiency),
-                        pairs * 2 * d.num_key_value_heads * kf.HEAD_DIM * 2 / (bw * c.attention_memory_efficiency))
+    decode = np.maximum(
+        4 * kf.HEAD_DIM * d.num_heads * pairs / (peak * c.attention_compute_efficiency),
+        pairs * 2 * d.num_key_value_heads * kf.HEAD_DIM * 2 / (bw * c.attention_memory_efficiency),
+    )
     p = kf.prefill_rows(tables)
-    prefill = np.maximum(4 * kf.HEAD_DIM * p.num_heads * p.batch_size * p.isl * (p.isl + 1) / 2 / (peak * c.attention_compute_efficiency),
-                         p.batch_size * p.isl * 2 * p.num_key_value_heads * kf.HEAD_DIM * 2 / (bw * c.attention_memory_efficiency))
+    prefill = np.maximum(
+        4
+        * kf.HEAD_DIM
+        * p.num_heads
+        * p.batch_size
+        * p.isl
+        * (p.isl + 1)
+        / 2
+        / (peak * c.attention_compute_efficiency),
+        p.batch_size * p.isl * 2 * p.num_key_value_heads * kf.HEAD_DIM * 2 / (bw * c.attention_memory_efficiency),
+    )
     a = kf.allreduce_rows(tables)
     ring = 2 * (a.num_gpus - 1) / a.num_gpus
     allreduce = c.allreduce_latency_s + ring * a.nbytes / (hw.interconnect_bandwidth * c.interconnect_efficiency)
@@ -156,7 +205,9 @@ def print_ops() -> None:
             r = fit.residuals[op]
             print(f"{gpu:14s} {op:18s} {r.holdout_rows:5d} {before:7.1%} {r.holdout_rms:7.1%}")
         r = fit.residuals["elementwise"]
-        print(f"{gpu:14s} {'elementwise':18s} {r.fit_rows:5d} {'absent':>7s} {r.fit_rms:7.1%}  (Vidur rows, all fitted)")
+        print(
+            f"{gpu:14s} {'elementwise':18s} {r.fit_rows:5d} {'absent':>7s} {r.fit_rms:7.1%}  (Vidur rows, all fitted)"
+        )
 
 
 def main() -> None:

@@ -50,9 +50,12 @@ def plan_for(run: dict[str, Any], extra_models: dict[str, Any]) -> MemoryPlan:
 
 def _planned(plan: MemoryPlan) -> dict[str, float]:
     return {
-        "weights": plan.weight_bytes / GiB, "activation": plan.activation_bytes / GiB,
-        "non_torch": plan.non_torch_bytes / GiB, "cuda_graph": plan.cuda_graph_bytes / GiB,
-        "kv": plan.kv_cache_bytes / GiB, "kv_tokens": float(plan.kv_token_capacity),
+        "weights": plan.weight_bytes / GiB,
+        "activation": plan.activation_bytes / GiB,
+        "non_torch": plan.non_torch_bytes / GiB,
+        "cuda_graph": plan.cuda_graph_bytes / GiB,
+        "kv": plan.kv_cache_bytes / GiB,
+        "kv_tokens": float(plan.kv_token_capacity),
     }
 
 
@@ -85,24 +88,34 @@ def check(data: dict[str, Any]) -> tuple[list[str], dict[str, list[float]]]:
                     errors[term].append(planned[term] / measured[term] - 1)
         cells = [_cell(measured.get(t), planned and planned[t]) for t in TERMS]
         tokens = _cell(measured.get("kv_tokens"), planned and planned["kv_tokens"], 0)
-        rows.append(f"| {run['id']} | {run['vllm_version']} | {run['model']} | {run['flags']} | "
-                    + " | ".join(cells) + f" | {tokens} | {outcome}{'' if scored else ' (fitted: not scored)'} |")
+        rows.append(
+            f"| {run['id']} | {run['vllm_version']} | {run['model']} | {run['flags']} | "
+            + " | ".join(cells)
+            + f" | {tokens} | {outcome}{'' if scored else ' (fitted: not scored)'} |"
+        )
     return rows, errors
 
 
 def main() -> None:
     data = yaml.safe_load(DATA.read_text())
     rows, errors = check(data)
-    print("Measured (vLLM log) / planned (servelab) GiB per GPU, error of the plan in brackets. cuda_graph: vLLM's "
-          "log is what capturing took after the KV cache was sized; the plan's, what it takes from the KV budget.\n")
-    print("| run | vLLM | model | flags | weights | activation peak | non-torch | CUDA graphs | KV GiB | KV tokens | outcome |")
+    print(
+        "Measured (vLLM log) / planned (servelab) GiB per GPU, error of the plan in brackets. cuda_graph: vLLM's "
+        "log is what capturing took after the KV cache was sized; the plan's, what it takes from the KV budget.\n"
+    )
+    print(
+        "| run | vLLM | model | flags | weights | activation peak | non-torch | CUDA graphs | KV GiB | KV tokens | "
+        "outcome |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     print("\nScored runs (not fitted, started): median |error| / median signed error by term")
     for term, values in errors.items():
         if values:
-            print(f"- {term}: {statistics.median(abs(v) for v in values):.1%} / "
-                  f"{statistics.median(values):+.1%} over {len(values)} runs")
+            print(
+                f"- {term}: {statistics.median(abs(v) for v in values):.1%} / "
+                f"{statistics.median(values):+.1%} over {len(values)} runs"
+            )
 
 
 if __name__ == "__main__":

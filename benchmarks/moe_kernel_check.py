@@ -39,10 +39,16 @@ CASES = (  # (model fixture, table moe_dtype, servelab quantization)
 def measured(table: pd.DataFrame, model: ModelSpec, moe_dtype: str) -> pd.DataFrame:
     moe = model.moe
     assert moe is not None
-    keep = ((table.moe_dtype == moe_dtype) & (table.distribution == "balanced") & (table.moe_tp_size == 1)
-            & (table.moe_ep_size == 1) & (table.hidden_size == model.hidden_size)
-            & (table.inter_size == moe.expert_intermediate_size) & (table.num_experts == moe.num_experts)
-            & (table.topk == moe.experts_per_token))
+    keep = (
+        (table.moe_dtype == moe_dtype)
+        & (table.distribution == "balanced")
+        & (table.moe_tp_size == 1)
+        & (table.moe_ep_size == 1)
+        & (table.hidden_size == model.hidden_size)
+        & (table.inter_size == moe.expert_intermediate_size)
+        & (table.num_experts == moe.num_experts)
+        & (table.topk == moe.experts_per_token)
+    )
     return table[keep].sort_values("num_tokens")
 
 
@@ -51,7 +57,9 @@ def main() -> None:
     parser.add_argument("--rows", action="store_true", help="print every (tokens, measured, predicted) row")
     args = parser.parse_args()
     root = aiconfigurator_data_root()
-    print(f"{'GPU':9} {'model':15} {'table format':18} {'servelab format':22} {'rows':>4} {'median |err|':>12} {'max |err|':>9}")
+    print(
+        f"{'GPU':9} {'model':15} {'table format':18} {'servelab format':22} {'rows':>4} {'median |err|':>12} {'max |err|':>9}"
+    )
     for gpu, (system, version) in GPUS.items():
         table = pd.read_parquet(root / system / "moe" / "vllm" / version / "moe_perf.parquet")
         for name, moe_dtype, quantization in CASES:
@@ -65,8 +73,11 @@ def main() -> None:
             touched = np.minimum(model.moe.num_experts, tokens * model.moe.experts_per_token)
             predicted = np.array([cost.moe_layer_time(float(b), float(e)) for b, e in zip(tokens, touched)]) * 1e3
             error = predicted / rows.latency.to_numpy() - 1
-            print(f"{gpu:9} {name:15} {moe_dtype:18} {cost.weight_format.name + ' (' + cost.cost_source.split(':')[0] + ')':22} "
-                  f"{len(rows):4d} {np.median(np.abs(error)):12.1%} {np.max(np.abs(error)):9.1%}")
+            print(
+                f"{gpu:9} {name:15} {moe_dtype:18} {cost.weight_format.name + ' (' + cost.cost_source.split(':')[0] + ')':22} "
+                f""
+                f"{len(rows):4d} {np.median(np.abs(error)):12.1%} {np.max(np.abs(error)):9.1%}"
+            )
             if args.rows:
                 for b, m, p in zip(tokens, rows.latency, predicted):
                     print(f"    {b:6d} tokens  measured {m:8.4f} ms  predicted {p:8.4f} ms  {p / m - 1:+.0%}")

@@ -55,16 +55,26 @@ def attention_rows(gpu: str, lookup: TableLookup) -> list[str]:
     for heads, kv_heads in LAYOUTS:
         for length in (4096, 6144, 8192, 12288, 16384):
             table = lookup.prefill_attention(length, heads, kv_heads)
-            model = float(prefill_attention_time(fit.prefill_attention, hw, np.array(1.0), np.array(float(length)),
-                                                 np.array(float(heads))))
+            model = float(
+                prefill_attention_time(
+                    fit.prefill_attention, hw, np.array(1.0), np.array(float(length)), np.array(float(heads))
+                )
+            )
             flops = _causal_flops(length, heads)
-            rows.append(f"| {gpu} | {heads}/{kv_heads} | {length:,} | {table * 1e3:.3f} | {model * 1e3:.3f} | "
-                        f"{model / table - 1:+.1%} | {flops / table / 1e12:.0f} | {flops / model / 1e12:.0f} |")
+            rows.append(
+                f"| {gpu} | {heads}/{kv_heads} | {length:,} | {table * 1e3:.3f} | {model * 1e3:.3f} | "
+                f"{model / table - 1:+.1%} | {flops / table / 1e12:.0f} | {flops / model / 1e12:.0f} |"
+            )
         for length in (24576, 32768):  # beyond the tables: the fit's extrapolation only
-            model = float(prefill_attention_time(fit.prefill_attention, hw, np.array(1.0), np.array(float(length)),
-                                                 np.array(float(heads))))
-            rows.append(f"| {gpu} | {heads}/{kv_heads} | {length:,} | – | {model * 1e3:.3f} | – | – | "
-                        f"{_causal_flops(length, heads) / model / 1e12:.0f} |")
+            model = float(
+                prefill_attention_time(
+                    fit.prefill_attention, hw, np.array(1.0), np.array(float(length)), np.array(float(heads))
+                )
+            )
+            rows.append(
+                f"| {gpu} | {heads}/{kv_heads} | {length:,} | – | {model * 1e3:.3f} | – | – | "
+                f"{_causal_flops(length, heads) / model / 1e12:.0f} |"
+            )
     return rows
 
 
@@ -75,15 +85,23 @@ def gemm_rows(gpu: str, lookup: TableLookup) -> list[str]:
     for name in MODELS:
         m = get_model(name)
         h, d, inter = m.hidden_size, m.head_dim, m.intermediate_size
-        shapes = {"qkv": ((m.num_heads + 2 * m.num_kv_heads) * d, h), "o": (h, m.num_heads * d),
-                  "gate_up": (2 * inter, h), "down": (h, inter)}
+        shapes = {
+            "qkv": ((m.num_heads + 2 * m.num_kv_heads) * d, h),
+            "o": (h, m.num_heads * d),
+            "gate_up": (2 * inter, h),
+            "down": (h, inter),
+        }
         for tokens in (8192, 16384):
             table = sum(lookup.gemm(tokens, n, k) for n, k in shapes.values())
-            model = sum(float(gemm_time(fit.gemm, hw, np.array(float(tokens)), np.array(float(n)), np.array(float(k))))
-                        for n, k in shapes.values())
+            model = sum(
+                float(gemm_time(fit.gemm, hw, np.array(float(tokens)), np.array(float(n)), np.array(float(k))))
+                for n, k in shapes.values()
+            )
             flops = sum(2.0 * tokens * n * k for n, k in shapes.values())
-            rows.append(f"| {gpu} | {name} | {tokens:,} | {table * 1e3:.2f} | {model * 1e3:.2f} | "
-                        f"{model / table - 1:+.1%} | {flops / table / 1e12:.0f} | {flops / model / 1e12:.0f} |")
+            rows.append(
+                f"| {gpu} | {name} | {tokens:,} | {table * 1e3:.2f} | {model * 1e3:.2f} | "
+                f"{model / table - 1:+.1%} | {flops / table / 1e12:.0f} | {flops / model / 1e12:.0f} |"
+            )
     return rows
 
 
@@ -99,8 +117,10 @@ def chunk_rows(gpu: str) -> list[str]:
             pairs = 8192 * cached + 8192 * 8193 // 2
             attention_flops = pairs * spec.attention_flops_per_pair
             attention = step - rest
-            rows.append(f"| {gpu} | {name} | {cached:,} | {step * 1e3:.0f} | {attention * 1e3:.0f} | "
-                        f"{attention / step:.0%} | {attention_flops / attention / 1e12:.0f} |")
+            rows.append(
+                f"| {gpu} | {name} | {cached:,} | {step * 1e3:.0f} | {attention * 1e3:.0f} | "
+                f"{attention / step:.0%} | {attention_flops / attention / 1e12:.0f} |"
+            )
     return rows
 
 
@@ -110,8 +130,9 @@ def _no_attention_time(cost: RooflineCostModel) -> float:
     assert fit is not None
     hw = cost.hardware
     heads = cost.model.num_heads
-    attention = cost.model.num_layers * float(prefill_attention_time(
-        fit.prefill_attention, hw, np.array(1.0), np.array(8192.0), np.array(float(heads))))
+    attention = cost.model.num_layers * float(
+        prefill_attention_time(fit.prefill_attention, hw, np.array(1.0), np.array(8192.0), np.array(float(heads)))
+    )
     return cost.step_time(StepBatch(prefill_chunks=[(8192, 0)])) - attention
 
 

@@ -60,8 +60,14 @@ def space(configs: int) -> SearchSpace:
 def search(judge: SimJudge, grid: SearchSpace, pool: TaskPool | None) -> tuple[float, dict[str, Any]]:
     with tempfile.TemporaryDirectory() as scratch:
         began = time.perf_counter()
-        trials = run_search(grid, judge.judge, Path(scratch), direction="maximize",
-                            settings=SearchSettings(n_trials=grid.size, sampler="grid"), pool=pool)
+        trials = run_search(
+            grid,
+            judge.judge,
+            Path(scratch),
+            direction="maximize",
+            settings=SearchSettings(n_trials=grid.size, sampler="grid"),
+            pool=pool,
+        )
         wall = time.perf_counter() - began
     return wall, {candidate_key(t.params): t.score for t in trials}
 
@@ -78,7 +84,9 @@ def main() -> None:
 
     from servelab.cluster.ray_pool import RayPool
 
-    workload = TuneWorkload(WorkloadConfig(input_len=512, output_len=64), ArrivalConfig(), Amount(num_prompts=args.sim_prompts))
+    workload = TuneWorkload(
+        WorkloadConfig(input_len=512, output_len=64), ArrivalConfig(), Amount(num_prompts=args.sim_prompts)
+    )
     deployment = build_deployment("a100-80gb", "qwen2.5-7b", "")
     judge = SimJudge(deployment, deployment, workload, Objective("throughput", None))
     grid = space(args.configs)
@@ -95,15 +103,24 @@ def main() -> None:
 
     cpus = int(ray.cluster_resources().get("CPU", 0))
     result = {
-        "configurations": grid.size, "sim_prompts": args.sim_prompts, "host_cores": os.cpu_count(), "ray_cpus": cpus,
-        "one_process_s": round(one_wall, 1), "ray_s": round(ray_wall, 1), "speedup": round(one_wall / ray_wall, 2),
-        "per_config_ms_one_process": round(1000 * one_wall / grid.size, 1), "ray_worker_warmup_s": round(warm, 1),
+        "configurations": grid.size,
+        "sim_prompts": args.sim_prompts,
+        "host_cores": os.cpu_count(),
+        "ray_cpus": cpus,
+        "one_process_s": round(one_wall, 1),
+        "ray_s": round(ray_wall, 1),
+        "speedup": round(one_wall / ray_wall, 2),
+        "per_config_ms_one_process": round(1000 * one_wall / grid.size, 1),
+        "ray_worker_warmup_s": round(warm, 1),
         "load_average_1m": round(os.getloadavg()[0], 1),
     }
-    print(f"| configurations | one process | Ray ({cpus} CPUs) | speed-up | bound | load avg |\n"
-          f"|---:|---:|---:|---:|---:|---:|\n"
-          f"| {grid.size:,} | {one_wall:.1f} s | {ray_wall:.1f} s | {one_wall / ray_wall:.2f}x | {min(cpus, os.cpu_count() or 1)}x "
-          f"| {result['load_average_1m']} |")
+    print(
+        f"| configurations | one process | Ray ({cpus} CPUs) | speed-up | bound | load avg |\n"
+        f"|---:|---:|---:|---:|---:|---:|\n"
+        f"| {grid.size:,} | {one_wall:.1f} s | {ray_wall:.1f} s | {one_wall / ray_wall:.2f}x | {min(cpus, os.cpu_count() or 1)}x "
+        f""
+        f"| {result['load_average_1m']} |"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 

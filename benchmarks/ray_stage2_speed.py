@@ -73,16 +73,26 @@ TIE = 0.05
 def request(model: Path, vllm_python: Path, output: Path, pool: TaskPool | None, rate: float = RATE) -> TuneRequest:
     """The study both runs share; only `pool` differs."""
     workload = WorkloadConfig(input_len=256, output_len=32)
-    server = ServerCommand(f"{vllm_python} -m vllm.entrypoints.openai.api_server --model {model} "
-                           "--served-model-name tiny-qwen {engine_args}",
-                           env={"VLLM_CPU_KVCACHE_SPACE": "1"}, startup_timeout=900)
+    server = ServerCommand(
+        f"{vllm_python} -m vllm.entrypoints.openai.api_server --model {model} "
+        "--served-model-name tiny-qwen {engine_args}",
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+        startup_timeout=900,
+    )
     return TuneRequest(
-        simulated=build_deployment("cpu", model, f"{LINE} {SIM_ARGS}"), launch=build_deployment("cpu", model, LINE),
-        sim_args=SIM_ARGS, space=SearchSpace.from_items(SPACE), objective=Objective("goodput", SLO.parse("ttft:500")),
+        simulated=build_deployment("cpu", model, f"{LINE} {SIM_ARGS}"),
+        launch=build_deployment("cpu", model, LINE),
+        sim_args=SIM_ARGS,
+        space=SearchSpace.from_items(SPACE),
+        objective=Objective("goodput", SLO.parse("ttft:500")),
         sim_workload=TuneWorkload(workload, ArrivalConfig(max_concurrency=32), Amount(num_prompts=120)),
         bench_workload=TuneWorkload(workload, ArrivalConfig(request_rate=rate), Amount(num_prompts=PROMPTS)),
-        search=SearchSettings(n_trials=100, sampler="grid"), output=output, server=server, top_k=2,
-        pool=pool, gpu_resource=TRIAL_GPU,
+        search=SearchSettings(n_trials=100, sampler="grid"),
+        output=output,
+        server=server,
+        top_k=2,
+        pool=pool,
+        gpu_resource=TRIAL_GPU,
     )
 
 
@@ -123,11 +133,13 @@ def separated_pairs(one: Sequence[dict[str, Any]], other: Sequence[dict[str, Any
         return abs(s[x] - s[y]) > TIE * max(s[x], s[y], 1e-12)
 
     labels = sorted(set(a) & set(b))
-    pairs = [(x, y) for i, x in enumerate(labels) for y in labels[i + 1:] if apart(a, x, y) and apart(b, x, y)]
+    pairs = [(x, y) for i, x in enumerate(labels) for y in labels[i + 1 :] if apart(a, x, y) and apart(b, x, y)]
     return len(pairs), sum((a[x] > a[y]) == (b[x] > b[y]) for x, y in pairs)
 
 
-def on_two_nodes(model: Path, vllm_python: Path, output: Path, rate: float) -> tuple[float, list[dict[str, Any]], float]:
+def on_two_nodes(
+    model: Path, vllm_python: Path, output: Path, rate: float
+) -> tuple[float, list[dict[str, Any]], float]:
     """The parallel run on a fresh local cluster (a head running nothing, two nodes with trial GPUs 2 + 1);
     returns its stage 2 and how long the cluster took to start."""
     import ray
@@ -160,8 +172,10 @@ def trial_rows(name: str, results: Sequence[dict[str, Any]]) -> list[str]:
     for r in results:
         span = r["ended_at"] - r["started_at"]
         rest = span - r["startup_s"] - r["bench_s"]
-        rows.append(f"| {name} | {r['label']} | `{r['engine_args']}` | {r['startup_s']:.1f} s | {r['bench_s']:.1f} s "
-                    f"| {rest:.1f} s | {span:.1f} s | {r['measured_score']:.3f} | {r['measured']['p99_ttft_ms']:.0f} ms |")
+        rows.append(
+            f"| {name} | {r['label']} | `{r['engine_args']}` | {r['startup_s']:.1f} s | {r['bench_s']:.1f} s "
+            f"| {rest:.1f} s | {span:.1f} s | {r['measured_score']:.3f} | {r['measured']['p99_ttft_ms']:.0f} ms |"
+        )
     return rows
 
 
@@ -170,8 +184,12 @@ def main() -> None:
     ap.add_argument("--vllm-python", type=Path, default=os.environ.get("SERVELAB_VLLM_PYTHON"))
     ap.add_argument("--model", type=Path, default=os.environ.get("SERVELAB_TINY_MODEL"))
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--rate", type=float, default=RATE,
-                    help="each trial's request rate (req/s); one past max_num_seqs 2's capacity separates the candidates")
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=RATE,
+        help="each trial's request rate (req/s); one past max_num_seqs 2's capacity separates the candidates",
+    )
     args = ap.parse_args()
     if args.vllm_python is None or args.model is None:
         ap.error("give --vllm-python and --model (or set SERVELAB_VLLM_PYTHON and SERVELAB_TINY_MODEL)")
@@ -180,29 +198,46 @@ def main() -> None:
         one_wall, one = stage2(request(args.model, args.vllm_python, Path(scratch) / "sequential", None, args.rate))
         ray_wall, spread, cluster_s = on_two_nodes(args.model, args.vllm_python, Path(scratch) / "ray", args.rate)
     one_rank, ray_rank = ranking(one), ranking(spread)
-    scores = {name: {r["label"]: r["measured_score"] for r in results} for name, results in (("sequential", one), ("ray", spread))}
+    scores = {
+        name: {r["label"]: r["measured_score"] for r in results}
+        for name, results in (("sequential", one), ("ray", spread))
+    }
     # how far apart the candidates score: ranks decided by less than the runs' own differences are ties
     score_spread = {name: 1 - min(s.values()) / max(s.values()) for name, s in scores.items()}
     separated, alike = separated_pairs(one, spread)
     result = {
-        "workload": f"{PROMPTS} requests, 256 in / 32 out, Poisson {args.rate:g} req/s", "host_cores": os.cpu_count(),
-        "sequential_s": round(one_wall, 1), "ray_s": round(ray_wall, 1), "speedup": round(one_wall / ray_wall, 2),
-        "ray_cluster_startup_s": round(cluster_s, 1), "ranking": {"sequential": one_rank, "ray": ray_rank},
+        "workload": f"{PROMPTS} requests, 256 in / 32 out, Poisson {args.rate:g} req/s",
+        "host_cores": os.cpu_count(),
+        "sequential_s": round(one_wall, 1),
+        "ray_s": round(ray_wall, 1),
+        "speedup": round(one_wall / ray_wall, 2),
+        "ray_cluster_startup_s": round(cluster_s, 1),
+        "ranking": {"sequential": one_rank, "ray": ray_rank},
         "rankings_agree": one_rank == ray_rank,
-        "separated_pairs": separated, "separated_pairs_alike": alike, "scores": scores, "score_spread": score_spread, "load_average_1m": round(os.getloadavg()[0], 1),
+        "separated_pairs": separated,
+        "separated_pairs_alike": alike,
+        "scores": scores,
+        "score_spread": score_spread,
+        "load_average_1m": round(os.getloadavg()[0], 1),
         "trials": {"sequential": one, "ray": spread},
     }
-    print("| run | trial | flags | server start | bench | rest | trial span | goodput (req/s) | p99 TTFT |\n"
-          "|---|---|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| run | trial | flags | server start | bench | rest | trial span | goodput (req/s) | p99 TTFT |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|"
+    )
     print("\n".join(trial_rows("sequential", one) + trial_rows("ray, 2 nodes", spread)))
-    print(f"\n| stage 2 | sequential | Ray, 2 nodes | sequential / Ray | rankings agree | score spread (seq / Ray) "
-          f"| load avg |\n|---|---:|---:|---:|---|---:|---:|\n"
-          f"| wall time | {one_wall:.1f} s | {ray_wall:.1f} s | {one_wall / ray_wall:.2f}x | "
-          f"{'yes' if one_rank == ray_rank else 'no'} | {score_spread['sequential']:.2%} / {score_spread['ray']:.2%} "
-          f"| {result['load_average_1m']} |")
-    print(f"\nranking, sequential: {' > '.join(one_rank)}\nranking, Ray:        {' > '.join(ray_rank)}\n"
-          f"pairs both runs separate by more than {TIE:.0%}: {separated}, ordered alike: {alike}\n"
-          f"(Ray cluster start-up, outside the timed stage 2: {cluster_s:.1f} s)")
+    print(
+        f"\n| stage 2 | sequential | Ray, 2 nodes | sequential / Ray | rankings agree | score spread (seq / Ray) "
+        f"| load avg |\n|---|---:|---:|---:|---|---:|---:|\n"
+        f"| wall time | {one_wall:.1f} s | {ray_wall:.1f} s | {one_wall / ray_wall:.2f}x | "
+        f"{'yes' if one_rank == ray_rank else 'no'} | {score_spread['sequential']:.2%} / {score_spread['ray']:.2%} "
+        f"| {result['load_average_1m']} |"
+    )
+    print(
+        f"\nranking, sequential: {' > '.join(one_rank)}\nranking, Ray:        {' > '.join(ray_rank)}\n"
+        f"pairs both runs separate by more than {TIE:.0%}: {separated}, ordered alike: {alike}\n"
+        f"(Ray cluster start-up, outside the timed stage 2: {cluster_s:.1f} s)"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 

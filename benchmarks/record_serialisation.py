@@ -55,8 +55,16 @@ def best_us(fn: object, number: int) -> float:
 
 
 def main() -> None:
-    kwargs = dict(index=1, intended_time=0.1, send_time=0.1000012, finish_time=2.3, first_token_time=0.2,
-                  chunk_times=[0.2 + i * 0.0123456789 for i in range(CHUNKS)], prompt_tokens=1000, output_tokens=CHUNKS)
+    kwargs = dict(
+        index=1,
+        intended_time=0.1,
+        send_time=0.1000012,
+        finish_time=2.3,
+        first_token_time=0.2,
+        chunk_times=[0.2 + i * 0.0123456789 for i in range(CHUNKS)],
+        prompt_tokens=1000,
+        output_tokens=CHUNKS,
+    )
     record, model = RequestRecord(**kwargs), RecordModel(**kwargs)  # type: ignore[arg-type]
     line = record.to_json()
 
@@ -73,12 +81,23 @@ def main() -> None:
         ("build: pydantic model", best_us(lambda: RecordModel(**kwargs), 20_000)),
         ("two attribute sets: slotted dataclass", best_us(set_dataclass, 100_000)),
         ("two attribute sets: pydantic model", best_us(set_model, 100_000)),
-        ("write: json.dumps(asdict(r)) (before)", best_us(lambda: json.dumps(asdict(record), separators=(",", ":")), 2_000)),
+        (
+            "write: json.dumps(asdict(r)) (before)",
+            best_us(lambda: json.dumps(asdict(record), separators=(",", ":")), 2_000),
+        ),
         ("write: RequestRecord.to_json, json.dumps of its fields (now)", best_us(record.to_json, 2_000)),
-        ("write: TypeAdapter.dump_json (not byte-identical: 1e-5 for 1e-05)", best_us(lambda: RECORD.dump_json(record), 2_000)),
-        ("read: json.loads + keyword construction (before)",
-         best_us(lambda: RequestRecord(**{k: v for k, v in json.loads(line).items() if k in FIELDS}), 2_000)),
-        ("read: TypeAdapter.validate_json, checked against the schema (now)", best_us(lambda: RECORD.validate_json(line), 2_000)),
+        (
+            "write: TypeAdapter.dump_json (not byte-identical: 1e-5 for 1e-05)",
+            best_us(lambda: RECORD.dump_json(record), 2_000),
+        ),
+        (
+            "read: json.loads + keyword construction (before)",
+            best_us(lambda: RequestRecord(**{k: v for k, v in json.loads(line).items() if k in FIELDS}), 2_000),
+        ),
+        (
+            "read: TypeAdapter.validate_json, checked against the schema (now)",
+            best_us(lambda: RECORD.validate_json(line), 2_000),
+        ),
     ]
     print(f"| one record with {CHUNKS} chunk times | µs |\n|---|---:|")
     for name, us in rows:

@@ -75,10 +75,19 @@ class _DigestSink:
         self.rows: list[tuple[Any, ...]] = []
 
     def write(self, rec: Any) -> None:
-        self.rows.append((
-            rec.index, rec.status, rec.send_time, rec.first_token_time, rec.finish_time, rec.output_tokens,
-            rec.preemptions, len(rec.chunk_times), hash(tuple(rec.chunk_times)),
-        ))
+        self.rows.append(
+            (
+                rec.index,
+                rec.status,
+                rec.send_time,
+                rec.first_token_time,
+                rec.finish_time,
+                rec.output_tokens,
+                rec.preemptions,
+                len(rec.chunk_times),
+                hash(tuple(rec.chunk_times)),
+            )
+        )
 
 
 def _rss_kib() -> int:
@@ -116,11 +125,19 @@ def worker(name: str, requests: int | None, profile: bool, step_by_step: bool) -
     for s in samples:
         timeline.update(repr((s.t, sorted(s.values.items()))).encode())
     return {
-        "workload": name, "requests": len(sink.rows), "cpu_s": cpu, "wall_s": wall,
-        "steps": run.client_stats["engine_steps"], "simulated_s": run.duration, "samples": len(samples),
-        "rss_before_mib": rss_before / 1024, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "records": records.hexdigest()[:12], "timeline": timeline.hexdigest()[:12],
-        "stats": stats.hexdigest()[:12], "code": str(Path(servelab.__file__).parent.parent),
+        "workload": name,
+        "requests": len(sink.rows),
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "steps": run.client_stats["engine_steps"],
+        "simulated_s": run.duration,
+        "samples": len(samples),
+        "rss_before_mib": rss_before / 1024,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "records": records.hexdigest()[:12],
+        "timeline": timeline.hexdigest()[:12],
+        "stats": stats.hexdigest()[:12],
+        "code": str(Path(servelab.__file__).parent.parent),
     }
 
 
@@ -165,7 +182,9 @@ def drive(baseline: Path | None, workloads: list[str], repeat: int, requests: in
         for label in runs[1:]:
             other = best[(name, label)]
             same = [part for part in ("records", "timeline", "stats") if other[part] == new[part]]
-            print(f"  new vs {label}: {other['cpu_s'] / new['cpu_s']:.2f}x faster; the same {' and '.join(same) or 'nothing'}")
+            print(
+                f"  new vs {label}: {other['cpu_s'] / new['cpu_s']:.2f}x faster; the same {' and '.join(same) or 'nothing'}"
+            )
 
 
 def main() -> None:
@@ -176,9 +195,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="runs per (workload, code); the best CPU time is kept")
     ap.add_argument("--worker", choices=WORKLOADS, help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help="with --worker: cProfile the run (to stderr)")
-    ap.add_argument("--step-by-step", action="store_true",
-                    help="also run the new code one engine step at a time (the fast path's reference: its results are "
-                         "the ones to match); with --worker: run that way")
+    ap.add_argument(
+        "--step-by-step",
+        action="store_true",
+        help="also run the new code one engine step at a time (the fast path's reference: its results are "
+        "the ones to match); with --worker: run that way",
+    )
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.requests, args.profile, args.step_by_step)))

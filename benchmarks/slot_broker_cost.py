@@ -35,10 +35,30 @@ from servelab.targets.server_process import vllm_cpu_server
 
 def bench(base_url: str, model: str, clients: int, cap: int, prompts: int, address: str, out: Path) -> dict[str, Any]:
     """One `servelab bench` run; its summary."""
-    argv = [str(Path(sys.executable).parent / "servelab"), "bench", "--base-url", base_url, "--model", model,
-            "--ignore-eos", "--random-input-len", "64", "--random-output-len", "32", "--num-prompts", str(prompts),
-            "--max-concurrency", str(cap), "--ray-address", address, "--clients", str(clients),
-            "--result-dir", str(out), "--json"]
+    argv = [
+        str(Path(sys.executable).parent / "servelab"),
+        "bench",
+        "--base-url",
+        base_url,
+        "--model",
+        model,
+        "--ignore-eos",
+        "--random-input-len",
+        "64",
+        "--random-output-len",
+        "32",
+        "--num-prompts",
+        str(prompts),
+        "--max-concurrency",
+        str(cap),
+        "--ray-address",
+        address,
+        "--clients",
+        str(clients),
+        "--result-dir",
+        str(out),
+        "--json",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True)
     summary: dict[str, Any] = json.loads(done.stdout)
     return summary
@@ -76,11 +96,21 @@ def main() -> None:
     else:
         address = args.ray_address
     work = Path(tempfile.mkdtemp(prefix="slot-broker-"))
-    with vllm_cpu_server(args.vllm_python, args.model, log_path=work / "vllm.log", served_model_name="tiny",
-                         extra_args=("--max-model-len", "4096", "--max-num-seqs", "32")) as server:
-        result = {n: row(bench(server.base_url, "tiny", n, args.max_concurrency, args.num_prompts, address,
-                               work / f"clients-{n}"))
-                  for n in (1, args.clients)}
+    with vllm_cpu_server(
+        args.vllm_python,
+        args.model,
+        log_path=work / "vllm.log",
+        served_model_name="tiny",
+        extra_args=("--max-model-len", "4096", "--max-num-seqs", "32"),
+    ) as server:
+        result = {
+            n: row(
+                bench(
+                    server.base_url, "tiny", n, args.max_concurrency, args.num_prompts, address, work / f"clients-{n}"
+                )
+            )
+            for n in (1, args.clients)
+        }
     print(json.dumps(result, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

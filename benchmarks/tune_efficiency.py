@@ -34,12 +34,14 @@ from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.plan import Amount
 
-SPACE = SearchSpace.from_items([
-    "max_num_seqs=16,32,64,128,256,512",
-    "max_num_batched_tokens=512,1024,2048,4096,8192",
-    "long_prefill_token_threshold=0,256",
-    "enable_prefix_caching=true,false",
-])
+SPACE = SearchSpace.from_items(
+    [
+        "max_num_seqs=16,32,64,128,256,512",
+        "max_num_batched_tokens=512,1024,2048,4096,8192",
+        "long_prefill_token_threshold=0,256",
+        "enable_prefix_caching=true,false",
+    ]
+)
 TOLERANCE = 0.03
 
 
@@ -53,7 +55,8 @@ def main() -> None:
 
     workload = TuneWorkload(
         WorkloadConfig(dataset_name="prefix", input_len=1024, output_len=128, prefix_len=512, num_prefixes=8),
-        ArrivalConfig(), Amount(num_prompts=args.sim_prompts),
+        ArrivalConfig(),
+        Amount(num_prompts=args.sim_prompts),
     )
     deployment = build_deployment("H100-SXM", "Llama-3.1-8B", "")
     judge = SimJudge(deployment, deployment, workload, Objective("goodput", SLO.parse("ttft:500 tpot:50")))
@@ -66,14 +69,18 @@ def main() -> None:
     best_key = max(grid, key=lambda k: grid[k].score or 0.0)
     best = grid[best_key].score or 0.0
     near = sum(1 for o in grid.values() if (o.score or 0.0) >= best * (1 - TOLERANCE))
-    print(f"grid: {len(grid)} configurations simulated in {grid_wall:.0f} s; best goodput {best:.3f} req/s at {best_key}")
+    print(
+        f"grid: {len(grid)} configurations simulated in {grid_wall:.0f} s; best goodput {best:.3f} req/s at {best_key}"
+    )
     budget = int(SPACE.size * args.budget)
     # What blind luck would do with the same budget: the chance that no draw (without replacement) lands within 3%.
     miss = 1.0
     for i in range(budget):
         miss *= max(0.0, (SPACE.size - near - i) / (SPACE.size - i))
-    print(f"{near} of {SPACE.size} configurations are within 3% of the best; "
-          f"random search with {budget} draws would reach it with probability {1 - miss:.1%}")
+    print(
+        f"{near} of {SPACE.size} configurations are within 3% of the best; "
+        f"random search with {budget} draws would reach it with probability {1 - miss:.1%}"
+    )
 
     runs = []
     for seed in range(args.seeds):
@@ -85,24 +92,54 @@ def main() -> None:
             return outcome
 
         with tempfile.TemporaryDirectory() as tmp:
-            run_search(SPACE, lookup, Path(tmp), direction="maximize",
-                       settings=SearchSettings(n_trials=budget, sampler="tpe", seed=seed))
+            run_search(
+                SPACE,
+                lookup,
+                Path(tmp),
+                direction="maximize",
+                settings=SearchSettings(n_trials=budget, sampler="tpe", seed=seed),
+            )
         running = [max(asked[: i + 1]) for i in range(len(asked))]
         reached = next((i + 1 for i, v in enumerate(running) if v >= best * (1 - TOLERANCE)), None)
-        runs.append({"seed": seed, "evaluations": len(asked), "best": running[-1], "ratio": running[-1] / best,
-                     "evaluations_to_within_3pct": reached})
-        print(f"seed {seed}: TPE best {running[-1]:.3f} req/s = {running[-1] / best:.1%} of the grid's best "
-              f"after {len(asked)} evaluations ({len(asked) / SPACE.size:.0%} of the grid); "
-              f"within 3% after {reached if reached else 'never'}")
+        runs.append(
+            {
+                "seed": seed,
+                "evaluations": len(asked),
+                "best": running[-1],
+                "ratio": running[-1] / best,
+                "evaluations_to_within_3pct": reached,
+            }
+        )
+        print(
+            f"seed {seed}: TPE best {running[-1]:.3f} req/s = {running[-1] / best:.1%} of the grid's best "
+            f"after {len(asked)} evaluations ({len(asked) / SPACE.size:.0%} of the grid); "
+            f"within 3% after {reached if reached else 'never'}"
+        )
 
     worst = min(r["ratio"] for r in runs)
     used = max(r["evaluations"] for r in runs)
     ok = worst >= 1 - TOLERANCE and used <= SPACE.size * args.budget
-    print(f"worst seed: {worst:.1%} of the grid's best using {used} of {SPACE.size} evaluations "
-          f"({used / SPACE.size:.0%}) -> {'PASS' if ok else 'FAIL'} (goal: >= {1 - TOLERANCE:.0%} with <= {args.budget:.0%})")
+    print(
+        f"worst seed: {worst:.1%} of the grid's best using {used} of {SPACE.size} evaluations "
+        f"({used / SPACE.size:.0%}) -> {'PASS' if ok else 'FAIL'} (goal: >= {1 - TOLERANCE:.0%} with <= "
+        f"{args.budget:.0%})"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"grid_size": SPACE.size, "grid_best": best, "grid_within_3pct": near, "grid_best_config": json.loads(best_key),
-                                         "grid_wall_s": grid_wall, "budget": budget, "runs": runs, "pass": ok}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "grid_size": SPACE.size,
+                    "grid_best": best,
+                    "grid_within_3pct": near,
+                    "grid_best_config": json.loads(best_key),
+                    "grid_wall_s": grid_wall,
+                    "budget": budget,
+                    "runs": runs,
+                    "pass": ok,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

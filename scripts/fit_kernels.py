@@ -30,8 +30,10 @@ def main() -> int:
     text = dump_yaml(coefficients)
     for gpu, fit in coefficients.gpus.items():
         worst = max(fit.residuals.items(), key=lambda kv: kv[1].holdout_rms)
-        print(f"{gpu:14s} {fit.device:24s} gemm held-out rms {fit.residuals['gemm'].holdout_rms:.1%}; "
-              f"worst op {worst[0]} {worst[1].holdout_rms:.1%}")
+        print(
+            f"{gpu:14s} {fit.device:24s} gemm held-out rms {fit.residuals['gemm'].holdout_rms:.1%}; "
+            f"worst op {worst[0]} {worst[1].holdout_rms:.1%}"
+        )
     if args.check:
         same = args.out.exists() and args.out.read_text() == text
         print(f"{args.out}: {'reproduced' if same else 'DIFFERS from a fresh fit'}")

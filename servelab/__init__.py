@@ -5,8 +5,17 @@ SCHEMA_VERSION = 2
 """Of the results files (run, summary, sweep, diagnosis, tune, trial, validation). 2: statistics named as `vllm bench
 serve` names them; servelab.renames reads version 1."""
 
-_API = ("bench", "simulate", "diagnosis", "calibration", "calibrate_from", "validation", "comparison", "load_results",
-        "Results")
+_API = (
+    "bench",
+    "simulate",
+    "diagnosis",
+    "calibration",
+    "calibrate_from",
+    "validation",
+    "comparison",
+    "load_results",
+    "Results",
+)
 """servelab.api's names. A verb's function is named for what it returns where the verb's name is a package's
 (`diagnosis`, not `diagnose`: that is the servelab.diagnose package; so `calibration` and `comparison`)."""
 

@@ -44,23 +44,53 @@ from servelab.workload.plan import Amount, build_plan
 if TYPE_CHECKING:
     from servelab.schemas.tune import TuneDocument
 
-__all__ = ["Results", "load_results", "simulate", "bench", "diagnosis", "calibrate_from", "calibration", "validation",
-           "comparison", "tune"]
+__all__ = [
+    "Results",
+    "load_results",
+    "simulate",
+    "bench",
+    "diagnosis",
+    "calibrate_from",
+    "calibration",
+    "validation",
+    "comparison",
+    "tune",
+]
 
 
-def _load(result_dir: str | Path, overwrite: bool, input_len: int, output_len: int, request_rate: float,
-          max_concurrency: int | None, num_prompts: int, seed: int, goodput: dict[str, float] | None) -> LoadFlags:
+def _load(
+    result_dir: str | Path,
+    overwrite: bool,
+    input_len: int,
+    output_len: int,
+    request_rate: float,
+    max_concurrency: int | None,
+    num_prompts: int,
+    seed: int,
+    goodput: dict[str, float] | None,
+) -> LoadFlags:
     """The API's load arguments as the CLI's flags: random prompts of fixed lengths, Poisson or closed loop."""
-    return LoadFlags(random_input_len=input_len, random_output_len=output_len,
-                     request_rate=None if math.isinf(request_rate) else request_rate, max_concurrency=max_concurrency,
-                     num_prompts=num_prompts, seed=seed, goodput=[f"{k}:{v:g}" for k, v in (goodput or {}).items()] or None,
-                     result_dir=Path(result_dir), overwrite=overwrite)
+    return LoadFlags(
+        random_input_len=input_len,
+        random_output_len=output_len,
+        request_rate=None if math.isinf(request_rate) else request_rate,
+        max_concurrency=max_concurrency,
+        num_prompts=num_prompts,
+        seed=seed,
+        goodput=[f"{k}:{v:g}" for k, v in (goodput or {}).items()] or None,
+        result_dir=Path(result_dir),
+        overwrite=overwrite,
+    )
 
 
-def _plan(input_len: int, output_len: int, request_rate: float, max_concurrency: int | None, num_prompts: int,
-          seed: int) -> Any:
-    return build_plan(WorkloadConfig(input_len=input_len, output_len=output_len, seed=seed),
-                      ArrivalConfig(request_rate=request_rate, max_concurrency=max_concurrency), Amount(num_prompts=num_prompts))
+def _plan(
+    input_len: int, output_len: int, request_rate: float, max_concurrency: int | None, num_prompts: int, seed: int
+) -> Any:
+    return build_plan(
+        WorkloadConfig(input_len=input_len, output_len=output_len, seed=seed),
+        ArrivalConfig(request_rate=request_rate, max_concurrency=max_concurrency),
+        Amount(num_prompts=num_prompts),
+    )
 
 
 def _checked_dir(result_dir: str | Path, overwrite: bool) -> Path:
@@ -75,30 +105,69 @@ def _point(result: Results | SweepResults) -> Results:
     return result
 
 
-def simulate(gpu: str, model: str, *, result_dir: str | Path, engine_args: str = "", input_len: int = 1024,
-             output_len: int = 128, request_rate: float = math.inf, max_concurrency: int | None = None,
-             num_prompts: int = 200, seed: int = 0, goodput: dict[str, float] | None = None,
-             overwrite: bool = False) -> Results:
+def simulate(
+    gpu: str,
+    model: str,
+    *,
+    result_dir: str | Path,
+    engine_args: str = "",
+    input_len: int = 1024,
+    output_len: int = 128,
+    request_rate: float = math.inf,
+    max_concurrency: int | None = None,
+    num_prompts: int = 200,
+    seed: int = 0,
+    goodput: dict[str, float] | None = None,
+    overwrite: bool = False,
+) -> Results:
     """`servelab simulate`: the load served by the simulated deployment; `goodput` as {"ttft": ms, "tpot": ms}.
     A `result_dir` holding an earlier result is refused unless `overwrite` (then emptied first)."""
-    load = _load(result_dir, overwrite, input_len, output_len, request_rate, max_concurrency, num_prompts, seed, goodput)
-    return _point(simulate_verb.run(SimulateRequest(DeploymentFlags(gpu=gpu, model=model, engine_args=engine_args), load)))
+    load = _load(
+        result_dir, overwrite, input_len, output_len, request_rate, max_concurrency, num_prompts, seed, goodput
+    )
+    return _point(
+        simulate_verb.run(SimulateRequest(DeploymentFlags(gpu=gpu, model=model, engine_args=engine_args), load))
+    )
 
 
-def bench(base_url: str, *, result_dir: str | Path, model: str | None = None, input_len: int = 1024,
-          output_len: int = 128, request_rate: float = math.inf, max_concurrency: int | None = None,
-          num_prompts: int = 200, seed: int = 0, ignore_eos: bool = False, api_key: str | None = None,
-          goodput: dict[str, float] | None = None, overwrite: bool = False) -> Results:
+def bench(
+    base_url: str,
+    *,
+    result_dir: str | Path,
+    model: str | None = None,
+    input_len: int = 1024,
+    output_len: int = 128,
+    request_rate: float = math.inf,
+    max_concurrency: int | None = None,
+    num_prompts: int = 200,
+    seed: int = 0,
+    ignore_eos: bool = False,
+    api_key: str | None = None,
+    goodput: dict[str, float] | None = None,
+    overwrite: bool = False,
+) -> Results:
     """`servelab bench`: the load sent to a running OpenAI-compatible server (pre-flight checked first). A
     `result_dir` holding an earlier result is refused unless `overwrite` (then emptied first)."""
-    load = _load(result_dir, overwrite, input_len, output_len, request_rate, max_concurrency, num_prompts, seed, goodput)
+    load = _load(
+        result_dir, overwrite, input_len, output_len, request_rate, max_concurrency, num_prompts, seed, goodput
+    )
     server = ServerFlags(base_url=[base_url], model=model, api_key=api_key, ignore_eos=ignore_eos)
     return _point(bench_verb.run(BenchRequest(server, load)))
 
 
-def diagnosis(results: Results | str | Path, gpu: str, model: str, engine_args: str = "", engine: str = AUTO, *,
-              tried: Sequence[str] = (), goal: str | None = None, region: str | None = None,
-              observed: dict[str, float] | None = None, vllm_version: str | None = None) -> Diagnosis:
+def diagnosis(
+    results: Results | str | Path,
+    gpu: str,
+    model: str,
+    engine_args: str = "",
+    engine: str = AUTO,
+    *,
+    tried: Sequence[str] = (),
+    goal: str | None = None,
+    region: str | None = None,
+    observed: dict[str, float] | None = None,
+    vllm_version: str | None = None,
+) -> Diagnosis:
     """`servelab diagnose RESULTS`: what limits the deployment that produced `results`, and what to change.
 
     `engine` as `diagnose --engine`: auto takes the one run.json recorded (vLLM when none is); `engine_args` are in
@@ -110,14 +179,26 @@ def diagnosis(results: Results | str | Path, gpu: str, model: str, engine_args: 
     from servelab.diagnose.request import DeploymentWords, DiagnoseRequest, observed_from, region_named
 
     directory = results.directory if isinstance(results, Results) else Path(results)
-    request = DiagnoseRequest(DeploymentWords(gpu, model, engine_args, vllm_version=vllm_version, engine=engine),
-                              directory, observed=observed_from(observed, goal), tried=tuple(tried),
-                              region=region_named(region))
+    request = DiagnoseRequest(
+        DeploymentWords(gpu, model, engine_args, vllm_version=vllm_version, engine=engine),
+        directory,
+        observed=observed_from(observed, goal),
+        tried=tuple(tried),
+        region=region_named(region),
+    )
     return run(request)
 
 
-def calibrate_from(results: str | Path | list[str | Path], gpu: str, model: str, *, out: str | Path, engine_args: str = "",
-                   vllm_version: str | None = None, overwrite: bool = False) -> CalibrationProfile:
+def calibrate_from(
+    results: str | Path | list[str | Path],
+    gpu: str,
+    model: str,
+    *,
+    out: str | Path,
+    engine_args: str = "",
+    vllm_version: str | None = None,
+    overwrite: bool = False,
+) -> CalibrationProfile:
     """`servelab calibrate --from`: the environment fitted to benchmark results you already have, written to `out`.
 
     `results`: servelab results directories, `vllm bench serve --save-result` JSONs, GuideLLM or AIPerf exports
@@ -127,37 +208,98 @@ def calibrate_from(results: str | Path | list[str | Path], gpu: str, model: str,
     from servelab.calibrate.request import CalibrateRequest
 
     sources = tuple(Path(r) for r in (results if isinstance(results, list) else [results]))
-    return verb.run(CalibrateRequest(gpu, model, Path(out), sources=sources, engine_args=engine_args,
-                                     vllm_version=vllm_version, overwrite=overwrite))
+    return verb.run(
+        CalibrateRequest(
+            gpu,
+            model,
+            Path(out),
+            sources=sources,
+            engine_args=engine_args,
+            vllm_version=vllm_version,
+            overwrite=overwrite,
+        )
+    )
 
 
-def calibration(base_url: str, gpu: str, model: str, *, out: str | Path, engine_args: str = "", budget_s: float = 300.0,
-              served_model: str | None = None, api_key: str | None = None, overwrite: bool = False) -> CalibrationProfile:
+def calibration(
+    base_url: str,
+    gpu: str,
+    model: str,
+    *,
+    out: str | Path,
+    engine_args: str = "",
+    budget_s: float = 300.0,
+    served_model: str | None = None,
+    api_key: str | None = None,
+    overwrite: bool = False,
+) -> CalibrationProfile:
     """`servelab calibrate --base-url`: probe the live server for `budget_s` seconds, fit, write the profile to `out`
     (the raw probe runs beside it, in `<out>.probes/`). `engine_args` are the flags the server runs with. Named
     `calibration`, as `diagnosis`: `servelab.calibrate` is the package that does the work."""
     from servelab.calibrate import calibrate as verb
     from servelab.calibrate.request import CalibrateRequest
 
-    return verb.run(CalibrateRequest(gpu, model, Path(out), base_url=base_url, engine_args=engine_args, budget_s=budget_s,
-                                     served_model=served_model, api_key=api_key, overwrite=overwrite))
+    return verb.run(
+        CalibrateRequest(
+            gpu,
+            model,
+            Path(out),
+            base_url=base_url,
+            engine_args=engine_args,
+            budget_s=budget_s,
+            served_model=served_model,
+            api_key=api_key,
+            overwrite=overwrite,
+        )
+    )
 
 
-def validation(calibration: str | Path, base_url: str, *, out: str | Path = "validation.json", points: str = "default",
-             engine_args: str = "", repeats: int = 3, served_model: str | None = None, api_key: str | None = None,
-             overwrite: bool = False) -> ValidationReport:
+def validation(
+    calibration: str | Path,
+    base_url: str,
+    *,
+    out: str | Path = "validation.json",
+    points: str = "default",
+    engine_args: str = "",
+    repeats: int = 3,
+    served_model: str | None = None,
+    api_key: str | None = None,
+    overwrite: bool = False,
+) -> ValidationReport:
     """`servelab validate`: held-out points on the live server and in the simulator with the profile at `calibration`;
     the report is written to `out` (the measured runs to `<out>.runs/`) and returned."""
     from servelab.calibrate import validate as verb
 
-    return verb.run(verb.ValidateRequest(Path(calibration), base_url, Path(out), points=points, engine_args=engine_args,
-                                         repeats=repeats, served_model=served_model, api_key=api_key, overwrite=overwrite))
+    return verb.run(
+        verb.ValidateRequest(
+            Path(calibration),
+            base_url,
+            Path(out),
+            points=points,
+            engine_args=engine_args,
+            repeats=repeats,
+            served_model=served_model,
+            api_key=api_key,
+            overwrite=overwrite,
+        )
+    )
 
 
-def comparison(gpu: str, model: str, *, engines: Sequence[str] = ENGINES, launch_flags: dict[str, str] | None = None,
-            input_len: int = 1024, output_len: int = 128, request_rate: float = math.inf,
-            max_concurrency: int | None = None, num_prompts: int = 200, seed: int = 0,
-            goodput: dict[str, float] | None = None, tensor_parallel_size: int | None = None) -> EngineComparison:
+def comparison(
+    gpu: str,
+    model: str,
+    *,
+    engines: Sequence[str] = ENGINES,
+    launch_flags: dict[str, str] | None = None,
+    input_len: int = 1024,
+    output_len: int = 128,
+    request_rate: float = math.inf,
+    max_concurrency: int | None = None,
+    num_prompts: int = 200,
+    seed: int = 0,
+    goodput: dict[str, float] | None = None,
+    tensor_parallel_size: int | None = None,
+) -> EngineComparison:
     """`servelab compare`: the same load simulated on each engine in `engines`, and why their results differ.
     `launch_flags` maps an engine to its own flags (`{"sglang": "--chunked-prefill-size 4096"}`). Named `comparison`:
     `servelab.compare` is the package that does the work."""
@@ -170,16 +312,42 @@ def comparison(gpu: str, model: str, *, engines: Sequence[str] = ENGINES, launch
     if unknown or not engines:
         raise InputError(f"comparison(): engines {list(engines)}: give a non-empty subset of {', '.join(ENGINES)}")
     slo = SLO.parse([f"{k}:{v:g}" for k, v in (goodput or {}).items()])
-    return verb.run(verb.CompareRequest(gpu, model, [("as given", plan)], engines=tuple(engines),
-                                        launch_flags=launch_flags or {}, tensor_parallel_size=tensor_parallel_size, slo=slo))
+    return verb.run(
+        verb.CompareRequest(
+            gpu,
+            model,
+            [("as given", plan)],
+            engines=tuple(engines),
+            launch_flags=launch_flags or {},
+            tensor_parallel_size=tensor_parallel_size,
+            slo=slo,
+        )
+    )
 
 
-def tune(gpu: str, model: str, space: list[str], *, result_dir: str | Path, engine_args: str = "",
-         objective: str = "goodput", goodput: dict[str, float] | None = None, input_len: int = 1024,
-         output_len: int = 128, request_rate: float = math.inf, max_concurrency: int | None = None, seed: int = 0,
-         sim_prompts: int = 200, n_trials: int = 100, gpu_cost_per_hour: dict[str, float] | None = None,
-         server_cmd: str | None = None, num_prompts: int = 200, top_k: int = 3, resume: bool = False,
-         overwrite: bool = False) -> TuneDocument:
+def tune(
+    gpu: str,
+    model: str,
+    space: list[str],
+    *,
+    result_dir: str | Path,
+    engine_args: str = "",
+    objective: str = "goodput",
+    goodput: dict[str, float] | None = None,
+    input_len: int = 1024,
+    output_len: int = 128,
+    request_rate: float = math.inf,
+    max_concurrency: int | None = None,
+    seed: int = 0,
+    sim_prompts: int = 200,
+    n_trials: int = 100,
+    gpu_cost_per_hour: dict[str, float] | None = None,
+    server_cmd: str | None = None,
+    num_prompts: int = 200,
+    top_k: int = 3,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> TuneDocument:
     """`servelab tune`: the launch flags of `space` (["max_num_seqs=64,256", "max_num_batched_tokens"], as
     `--space` takes them) searched on the simulator, and with `server_cmd` (a template holding {engine_args}) the
     best `top_k` and the current flags measured on real servers. Returns tune.json as written to `result_dir`; a
@@ -195,14 +363,23 @@ def tune(gpu: str, model: str, space: list[str], *, result_dir: str | Path, engi
     deployment = build_deployment(gpu, model, engine_args)
     workload = WorkloadConfig(input_len=input_len, output_len=output_len, seed=seed)
     arrival = ArrivalConfig(request_rate=request_rate, max_concurrency=max_concurrency)
-    goal = Objective(objective, SLO.parse([f"{k}:{v:g}" for k, v in (goodput or {}).items()]),  # type: ignore[arg-type]
-                     target_rate=request_rate if math.isfinite(request_rate) else None,
-                     gpu_cost_per_hour=gpu_cost_per_hour or {})
+    goal = Objective(
+        objective,
+        SLO.parse([f"{k}:{v:g}" for k, v in (goodput or {}).items()]),  # type: ignore[arg-type]
+        target_rate=request_rate if math.isfinite(request_rate) else None,
+        gpu_cost_per_hour=gpu_cost_per_hour or {},
+    )
     request = TuneRequest(
-        simulated=deployment, launch=deployment, space=SearchSpace.from_items(space), objective=goal,
+        simulated=deployment,
+        launch=deployment,
+        space=SearchSpace.from_items(space),
+        objective=goal,
         sim_workload=TuneWorkload(workload, arrival, Amount(num_prompts=sim_prompts)),
         bench_workload=TuneWorkload(workload, arrival, Amount(num_prompts=num_prompts)),
-        search=SearchSettings(n_trials=n_trials), output=directory, resume=resume, top_k=top_k,
+        search=SearchSettings(n_trials=n_trials),
+        output=directory,
+        resume=resume,
+        top_k=top_k,
         server=None if server_cmd is None else ServerCommand(server_cmd),
     )
     if overwrite and not resume:

@@ -41,19 +41,30 @@ def result_dir_refusal(directory: Path, overwrite: bool) -> None:
     held = [markers[n] for n in names if n in markers]
     if not held:
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        raise InputError(f"--result-dir {directory} holds files that are not a servelab result ({shown}); "
-                         "choose a new or empty directory")
+        raise InputError(
+            f"--result-dir {directory} holds files that are not a servelab result ({shown}); "
+            "choose a new or empty directory"
+        )
     if not overwrite:
-        raise InputError(f"--result-dir {directory} already holds a {held[0]}; pass --overwrite to replace it "
-                         "(the directory is emptied first), or choose another directory")
-    foreign = [n for n in names if (directory / n).is_file() and n not in markers and n not in RESULT_FILES
-               and not n.endswith(".tmp")]
+        raise InputError(
+            f"--result-dir {directory} already holds a {held[0]}; pass --overwrite to replace it "
+            "(the directory is emptied first), or choose another directory"
+        )
+    foreign = [
+        n
+        for n in names
+        if (directory / n).is_file() and n not in markers and n not in RESULT_FILES and not n.endswith(".tmp")
+    ]
     if foreign:
-        raise InputError(f"--result-dir {directory} holds a {held[0]} and files that are not servelab's "
-                         f"({', '.join(foreign[:3])}): --overwrite would delete them; move them away first")
+        raise InputError(
+            f"--result-dir {directory} holds a {held[0]} and files that are not servelab's "
+            f"({', '.join(foreign[:3])}): --overwrite would delete them; move them away first"
+        )
     if Path.cwd().resolve().is_relative_to(directory.resolve()):
-        raise InputError(f"--result-dir {directory} --overwrite would empty the directory you are working in; "
-                         "name the results directory itself")
+        raise InputError(
+            f"--result-dir {directory} --overwrite would empty the directory you are working in; "
+            "name the results directory itself"
+        )
 
 
 def clear_result_dir(directory: Path) -> None:

@@ -54,6 +54,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "vllm" in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
     # Stable sort: custom-server tests last, so the default server starts (one to three minutes) as few times as
     # possible; among them first those that also use the default, while it still runs.
     def order(item: pytest.Item) -> tuple[bool, bool]:
@@ -85,7 +86,14 @@ class _VllmPool:
     _default: ServerProcess | None = None
     _starts: int = 0
 
-    def _new(self, extra_args: Sequence[str], kv_cache_gib: int, model_dir: Path | None, model_name: str, startup_timeout: float) -> ServerProcess:
+    def _new(
+        self,
+        extra_args: Sequence[str],
+        kv_cache_gib: int,
+        model_dir: Path | None,
+        model_name: str,
+        startup_timeout: float,
+    ) -> ServerProcess:
         self._starts += 1
         return vllm_cpu_server(
             self.python,

@@ -14,8 +14,16 @@ from support.schemas import assert_files_match_schemas
 
 
 def test_simulate_diagnose_and_load_as_dataframes(tmp_path: Path) -> None:
-    run = servelab.simulate("a100-80gb", "qwen2.5-7b", input_len=512, output_len=32, request_rate=8, num_prompts=60,
-                            goodput={"ttft": 200, "tpot": 50}, result_dir=tmp_path / "run")
+    run = servelab.simulate(
+        "a100-80gb",
+        "qwen2.5-7b",
+        input_len=512,
+        output_len=32,
+        request_rate=8,
+        num_prompts=60,
+        goodput={"ttft": 200, "tpot": 50},
+        result_dir=tmp_path / "run",
+    )
     assert run.run_info.source == "sim" and run.run_info.deployment is not None
     assert run.summary is not None and run.summary.completed == 60 and run.summary.request_goodput is not None
     assert run.summary.p99_ttft_ms >= run.summary.median_ttft_ms > 0  # percentile keys are attributes too
@@ -66,9 +74,30 @@ def test_comparison_is_what_the_cli_writes_for_the_same_load(tmp_path: Path) -> 
     load = {"input_len": 300, "output_len": 40, "num_prompts": 30, "request_rate": 4.0, "seed": 3}
     ours = servelab.comparison("a100-80gb", "qwen2.5-7b", engines=["vllm", "sglang"], **load)
     out = tmp_path / "compare.json"
-    result = CliRunner().invoke(app, ["compare", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--engines", "vllm,sglang",
-                                      "--random-input-len", "300", "--random-output-len", "40", "--num-prompts", "30",
-                                      "--request-rate", "4", "--seed", "3", "--out", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--gpu",
+            "a100-80gb",
+            "--model",
+            "qwen2.5-7b",
+            "--engines",
+            "vllm,sglang",
+            "--random-input-len",
+            "300",
+            "--random-output-len",
+            "40",
+            "--num-prompts",
+            "30",
+            "--request-rate",
+            "4",
+            "--seed",
+            "3",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert ours.model_dump_json(indent=2) + "\n" == out.read_text()
     assert [e.engine for e in ours.engines] == ["vllm", "sglang"]
@@ -81,6 +110,8 @@ def test_calibration_validation_and_comparison_refuse_bad_input_before_any_reque
         servelab.validation(tmp_path / "absent.json", "http://127.0.0.1:9", out=tmp_path / "v.json")
     with pytest.raises(InputError, match="subset of"):
         servelab.comparison("a100-80gb", "qwen2.5-7b", engines=["vllm", "tgi"])
+
+
 def test_diagnosis_names_an_unknown_figure_goal_or_region_before_reading_anything(tmp_path: Path) -> None:
     missing = tmp_path / "never-written"  # the words are checked before the directory is read
     with pytest.raises(InputError, match=r"unknown figures \['qpss'\]"):

@@ -31,8 +31,16 @@ def queue_records(rate: float, service_s: float, n: int, servers: int = 1) -> tu
         k = int(np.argmin(free))
         start = max(t, free[k])
         free[k] = start + service_s
-        records.append(RequestRecord(index=i, intended_time=t, send_time=t, first_token_time=start + service_s / 4,
-                                     finish_time=start + service_s, chunk_times=[start + service_s / 4]))
+        records.append(
+            RequestRecord(
+                index=i,
+                intended_time=t,
+                send_time=t,
+                first_token_time=start + service_s / 4,
+                finish_time=start + service_s,
+                chunk_times=[start + service_s / 4],
+            )
+        )
     return records, arrivals
 
 
@@ -45,7 +53,9 @@ def test_parse_sweep_reads_auto_and_the_number_of_rates():
 
 
 def test_auto_with_a_request_rate_is_refused_before_any_load(tmp_path: Path):
-    result = runner.invoke(app, ["simulate", *A100, "--sweep", "auto", "--request-rate", "3", "--result-dir", str(tmp_path / "x")])
+    result = runner.invoke(
+        app, ["simulate", *A100, "--sweep", "auto", "--request-rate", "3", "--result-dir", str(tmp_path / "x")]
+    )
     assert result.exit_code == 2 and "--sweep auto" in result.output and "--request-rate" in result.output
     assert not (tmp_path / "x").exists()
 
@@ -73,7 +83,9 @@ def test_too_little_data_gets_no_verdict():
 def test_the_guard_stops_releasing_after_a_verdict_only_when_asked(stop):
     records, arrivals = queue_records(rate=8, service_s=0.25, n=40)
     guard = SaturationGuard(8, stop=stop)
-    specs = guard.requests(RequestSpec(index=i, prompt_ids=[1], max_tokens=1, arrival_time=t) for i, t in enumerate(arrivals + [99.0]))
+    specs = guard.requests(
+        RequestSpec(index=i, prompt_ids=[1], max_tokens=1, arrival_time=t) for i, t in enumerate(arrivals + [99.0])
+    )
     released = [next(specs) for _ in range(40)]
     for rec in records:
         guard.write(rec)
@@ -85,8 +97,21 @@ def test_the_guard_stops_releasing_after_a_verdict_only_when_asked(stop):
 
 def test_auto_sweep_on_the_simulator_finds_the_knee_below_the_peak_and_the_goodput_rate(tmp_path: Path):
     out = tmp_path / "auto"
-    result = runner.invoke(app, ["simulate", *A100, "--num-prompts", "120", "--sweep", "auto=3",
-                                 "--goodput", "ttft:300", "--result-dir", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            *A100,
+            "--num-prompts",
+            "120",
+            "--sweep",
+            "auto=3",
+            "--goodput",
+            "ttft:300",
+            "--result-dir",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     index = json.loads((out / "sweep.json").read_text())
     profiles = [p["profile"] for p in index["points"]]

@@ -24,8 +24,21 @@ runner = CliRunner()
 def bench(server, result_dir: Path, *args: str) -> dict:
     result = runner.invoke(
         app,
-        ["bench", "--base-url", server.base_url, "--model", server.model_name, "--ignore-eos",
-         "--random-input-len", "64", "--random-output-len", "16", "--result-dir", str(result_dir), *args],
+        [
+            "bench",
+            "--base-url",
+            server.base_url,
+            "--model",
+            server.model_name,
+            "--ignore-eos",
+            "--random-input-len",
+            "64",
+            "--random-output-len",
+            "16",
+            "--result-dir",
+            str(result_dir),
+            *args,
+        ],
     )
     assert result.exit_code == 0, result.output
     return json.loads((result_dir / "sweep.json").read_text())
@@ -53,10 +66,31 @@ def test_auto_sweep_finds_the_saturation_that_a_manual_sweep_confirms(vllm_serve
 
 def test_abandoned_requests_stop_the_servers_work_and_are_not_errors(vllm_server, tmp_path):
     full = 1024
-    result = runner.invoke(app, [
-        "bench", "--base-url", vllm_server.base_url, "--model", vllm_server.model_name, "--ignore-eos",
-        "--random-input-len", "32", "--random-output-len", str(full), "--num-prompts", "4", "--max-concurrency", "4",
-        "--abandon-after", "0.2", "--scrape-interval", "0.25", "--result-dir", str(tmp_path)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--base-url",
+            vllm_server.base_url,
+            "--model",
+            vllm_server.model_name,
+            "--ignore-eos",
+            "--random-input-len",
+            "32",
+            "--random-output-len",
+            str(full),
+            "--num-prompts",
+            "4",
+            "--max-concurrency",
+            "4",
+            "--abandon-after",
+            "0.2",
+            "--scrape-interval",
+            "0.25",
+            "--result-dir",
+            str(tmp_path),
+        ],
+    )
     assert result.exit_code == 0, result.output
     run = load_run(tmp_path)
     abandoned = [r for r in run.records if r.abandoned]

@@ -39,16 +39,39 @@ server has produced it.
 def bench(server, result_dir: Path, *args: str) -> None:
     result = runner.invoke(
         app,
-        ["bench", "--base-url", server.base_url, "--model", server.model_name, "--ignore-eos",
-         "--random-input-len", "128", "--random-output-len", "32", "--result-dir", str(result_dir), *args],
+        [
+            "bench",
+            "--base-url",
+            server.base_url,
+            "--model",
+            server.model_name,
+            "--ignore-eos",
+            "--random-input-len",
+            "128",
+            "--random-output-len",
+            "32",
+            "--result-dir",
+            str(result_dir),
+            *args,
+        ],
     )
     assert result.exit_code == 0, result.output
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_closed_loop_run_is_complete_and_agrees_with_the_server(vllm_server, vllm_python, tmp_path, workers):
-    bench(vllm_server, tmp_path, "--num-prompts", "40", "--max-concurrency", "8", "--scrape-interval", "0.25",
-          "--workers", str(workers))
+    bench(
+        vllm_server,
+        tmp_path,
+        "--num-prompts",
+        "40",
+        "--max-concurrency",
+        "8",
+        "--scrape-interval",
+        "0.25",
+        "--workers",
+        str(workers),
+    )
     run = load_run(tmp_path)
     assert run.summary["client_stats"]["processes"] == workers
     assert len(run.records) == 40
@@ -56,9 +79,14 @@ def test_closed_loop_run_is_complete_and_agrees_with_the_server(vllm_server, vll
     assert all(r.ok and r.output_tokens == 32 and r.prompt_tokens == 128 for r in run.records)
     assert (timeline.gauge_max(run.timeline, timeline.RUNNING) or 0) > 1
     assert assert_files_match_schemas(tmp_path) == {"run": 1, "record": 1, "summary": 1, "timeline": 1}
-    vllm_version = subprocess.run([str(vllm_python), "-c", "import vllm; print(vllm.__version__)"],
-                                  capture_output=True, text=True, check=True).stdout.strip()
-    assert run.run_info["server_info"]["engine"] == {"name": "vllm", "version": vllm_version, "reported_by": "GET /version"}
+    vllm_version = subprocess.run(
+        [str(vllm_python), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert run.run_info["server_info"]["engine"] == {
+        "name": "vllm",
+        "version": vllm_version,
+        "reported_by": "GET /version",
+    }
     assert run.run_info["server_info"]["metrics_scrape"]["engine"] == "vllm"
 
     ttft_count = timeline.counter_delta(run.timeline, timeline.TTFT_COUNT)
@@ -70,8 +98,20 @@ def test_closed_loop_run_is_complete_and_agrees_with_the_server(vllm_server, vll
 
 
 def test_an_engine_the_server_is_not_is_refused_before_any_load(vllm_server, tmp_path):
-    result = runner.invoke(app, ["bench", "--base-url", vllm_server.base_url, "--engine", "sglang", "--num-prompts", "4",
-                                 "--result-dir", str(tmp_path / "run")])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--base-url",
+            vllm_server.base_url,
+            "--engine",
+            "sglang",
+            "--num-prompts",
+            "4",
+            "--result-dir",
+            str(tmp_path / "run"),
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert "--engine sglang" in result.output and "vllm" in result.output
     assert not (tmp_path / "run").exists()
@@ -89,8 +129,15 @@ def test_concurrency_sweep_raises_throughput(vllm_server, tmp_path):
 
 
 def test_the_python_api_measures_the_real_server_like_the_cli(vllm_server, tmp_path):
-    run = servelab.bench(vllm_server.base_url, input_len=64, output_len=16, ignore_eos=True, max_concurrency=4,
-                         num_prompts=12, result_dir=tmp_path)
+    run = servelab.bench(
+        vllm_server.base_url,
+        input_len=64,
+        output_len=16,
+        ignore_eos=True,
+        max_concurrency=4,
+        num_prompts=12,
+        result_dir=tmp_path,
+    )
     assert run.run_info.source == "http" and run.summary is not None
     assert run.summary.completed == 12 and run.summary.failed == 0
     assert run.summary.intervals is None and run.summary.interval_basis is None  # measured: no prediction intervals
@@ -103,8 +150,16 @@ def test_the_python_api_writes_the_run_info_the_cli_writes(vllm_server, tmp_path
     """One builder for both faces: the API's run.json has every key the CLI's has, the server's own cache config
     among them (which `diagnose` sizes the KV cache from), and the same flags."""
     bench(vllm_server, tmp_path / "cli", "--num-prompts", "4", "--max-concurrency", "2")
-    api = servelab.bench(vllm_server.base_url, model=vllm_server.model_name, input_len=128, output_len=32,
-                         ignore_eos=True, max_concurrency=2, num_prompts=4, result_dir=tmp_path / "api")
+    api = servelab.bench(
+        vllm_server.base_url,
+        model=vllm_server.model_name,
+        input_len=128,
+        output_len=32,
+        ignore_eos=True,
+        max_concurrency=2,
+        num_prompts=4,
+        result_dir=tmp_path / "api",
+    )
     cli = json.loads((tmp_path / "cli" / "run.json").read_text())
     written = json.loads((api.directory / "run.json").read_text())
     assert set(written) == set(cli) and written["server_cache_config"] == cli["server_cache_config"]

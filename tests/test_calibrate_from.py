@@ -94,7 +94,9 @@ def test_vllm_aggregate_json_takes_its_lengths_from_its_totals() -> None:
 def test_vllm_aggregate_json_takes_the_workload_flags_that_agree_with_it() -> None:
     data = json.loads(VLLM_AGGREGATE.read_text())
     mean_in = round(data["total_input_tokens"] / data["completed"])
-    (run,) = read_measured_runs(VLLM_AGGREGATE, WorkloadFlags(random_input_len=mean_in, num_prompts=data["num_prompts"]))
+    (run,) = read_measured_runs(
+        VLLM_AGGREGATE, WorkloadFlags(random_input_len=mean_in, num_prompts=data["num_prompts"])
+    )
     assert run.lengths_from == "flags" and {r.prompt_len for r in run.requests} == {mean_in}
 
 
@@ -114,10 +116,13 @@ def test_aiperf_export_reads_its_aggregates_and_input_config() -> None:
     (run,) = read_measured_runs(AIPERF)
     assert run.format == ResultFormat.AIPERF and run.max_concurrency == 4 and len(run.requests) == 32
     assert run.measured["mean_tpot_ms"] == pytest.approx(23.6)  # AIPerf's inter_token_latency is vLLM's TPOT
-    assert run.measured["median_ttft_ms"] == pytest.approx(98.0) and run.measured["request_throughput"] == pytest.approx(2.4)
+    assert run.measured["median_ttft_ms"] == pytest.approx(98.0) and run.measured[
+        "request_throughput"
+    ] == pytest.approx(2.4)
 
 
-# -- refusals, each naming its input, before any fitting ----------------------------------------------------------------
+# -- refusals, each naming its input, before any fitting
+# ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("content", ["not json at all", json.dumps({"hello": 1}), json.dumps([1, 2])])
@@ -143,12 +148,15 @@ def test_a_result_with_no_completed_requests_is_refused(tmp_path: Path) -> None:
         read_measured_runs(path)
 
 
-@pytest.mark.parametrize(("flags", "named"), [
-    (WorkloadFlags(num_prompts=7), "--num-prompts 7"),
-    (WorkloadFlags(max_concurrency=64), "--max-concurrency 64"),
-    (WorkloadFlags(request_rate=3.0), "--request-rate 3"),
-    (WorkloadFlags(random_input_len=4000), "--random-input-len 4000"),
-])
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (WorkloadFlags(num_prompts=7), "--num-prompts 7"),
+        (WorkloadFlags(max_concurrency=64), "--max-concurrency 64"),
+        (WorkloadFlags(request_rate=3.0), "--request-rate 3"),
+        (WorkloadFlags(random_input_len=4000), "--random-input-len 4000"),
+    ],
+)
 def test_a_flag_that_contradicts_the_file_is_refused_naming_both(flags: WorkloadFlags, named: str) -> None:
     with pytest.raises(ResultImportError, match=named) as caught:
         read_measured_runs(VLLM_AGGREGATE, flags)
@@ -163,8 +171,17 @@ def test_workload_flags_beside_a_file_that_lists_every_request_are_refused() -> 
 
 
 def test_a_deployment_that_cannot_have_produced_the_run_is_refused(tmp_path: Path) -> None:
-    result = _cli("calibrate", "--from", str(VLLM_AGGREGATE), "--gpu", "l4", "--model", "llama-3.1-70b",
-                  "-o", str(tmp_path / "p.json"))
+    result = _cli(
+        "calibrate",
+        "--from",
+        str(VLLM_AGGREGATE),
+        "--gpu",
+        "l4",
+        "--model",
+        "llama-3.1-70b",
+        "-o",
+        str(tmp_path / "p.json"),
+    )
     assert result.exit_code == 2 and "cannot have produced" in result.output and "vllm-bench.json" in result.output
     (run,) = read_measured_runs(VLLM_AGGREGATE)
     short = build_deployment("h100-sxm", "qwen2.5-7b", "--max-model-len 64")
@@ -190,16 +207,33 @@ def test_calibrate_needs_exactly_one_of_a_server_and_results(tmp_path: Path, ext
 
 
 def test_load_flags_that_do_not_describe_a_workload_are_refused(tmp_path: Path) -> None:
-    result = _cli("calibrate", "--from", str(AIPERF), "--gpu", "h100-sxm", "--model", "qwen2.5-7b",
-                  "-o", str(tmp_path / "p.json"), "--sweep", "request-rate=1,2")
+    result = _cli(
+        "calibrate",
+        "--from",
+        str(AIPERF),
+        "--gpu",
+        "h100-sxm",
+        "--model",
+        "qwen2.5-7b",
+        "-o",
+        str(tmp_path / "p.json"),
+        "--sweep",
+        "request-rate=1,2",
+    )
     assert result.exit_code == 2 and "--sweep does not apply" in result.output
 
 
-@pytest.mark.parametrize(("given", "message"), [
-    ({"base_url": "http://127.0.0.1:9", "vllm_version": "0.11.0"}, "--vllm-version describes the runs of calibrate --from"),
-    ({"base_url": "http://127.0.0.1:9", "budget_s": 5.0}, "too small"),
-    ({}, "one of them"),
-])
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (
+            {"base_url": "http://127.0.0.1:9", "vllm_version": "0.11.0"},
+            "--vllm-version describes the runs of calibrate --from",
+        ),
+        ({"base_url": "http://127.0.0.1:9", "budget_s": 5.0}, "too small"),
+        ({}, "one of them"),
+    ],
+)
 def test_the_request_refuses_what_the_cli_refuses_before_any_work(tmp_path: Path, given: dict, message: str) -> None:
     """One request for the CLI and the Python API: its refusals come on construction, before a probe or a file read."""
     with pytest.raises(InputError, match=message):
@@ -207,8 +241,19 @@ def test_the_request_refuses_what_the_cli_refuses_before_any_work(tmp_path: Path
 
 
 def test_a_live_calibrate_refuses_workload_flags_naming_them(tmp_path: Path) -> None:
-    result = _cli("calibrate", "--base-url", "http://127.0.0.1:9", "--gpu", "cpu", "--model", "qwen2.5-7b",
-                  "-o", str(tmp_path / "p.json"), "--num-prompts", "10")
+    result = _cli(
+        "calibrate",
+        "--base-url",
+        "http://127.0.0.1:9",
+        "--gpu",
+        "cpu",
+        "--model",
+        "qwen2.5-7b",
+        "-o",
+        str(tmp_path / "p.json"),
+        "--num-prompts",
+        "10",
+    )
     assert result.exit_code == 2 and "--num-prompts does not apply to calibrate --base-url" in result.output
 
 
@@ -232,11 +277,15 @@ def test_the_fit_recovers_an_environment_the_simulator_measured() -> None:
     bandwidth, the outside time), hundreds of tiny requests at once (the API server). The engine core's CPU costs
     hide under an H100's GPU time (async scheduling overlaps them): that one is left at its specs-only value."""
     specs = build_deployment("h100-sxm", "qwen2.5-7b")
-    truth = Environment(compute_scale=0.55, memory_scale=0.8, engine_cpu_factor=1.0, api_cpu_factor=1.6, outside_engine_s=0.04)
+    truth = Environment(
+        compute_scale=0.55, memory_scale=0.8, engine_cpu_factor=1.0, api_cpu_factor=1.6, outside_engine_s=0.04
+    )
     host = with_environment(specs, truth)
-    runs = [_synthetic_run(host, 2048, 64, 96, None, "long-prompt burst"),
-            _synthetic_run(host, 64, 128, 8, 1, "one at a time"),
-            _synthetic_run(host, 128, 4, 600, None, "many tiny requests at once")]
+    runs = [
+        _synthetic_run(host, 2048, 64, 96, None, "long-prompt burst"),
+        _synthetic_run(host, 64, 128, 8, 1, "one at a time"),
+        _synthetic_run(host, 128, 4, 600, None, "many tiny requests at once"),
+    ]
     env = fit_from_runs(runs, specs, max_evaluations=40).environment
     assert env is not None and env.unconstrained == ["engine_cpu_factor"]
     assert env.compute_scale == pytest.approx(truth.compute_scale, rel=0.1)
@@ -264,21 +313,40 @@ def test_the_cli_prints_the_fit_and_its_residuals_and_the_profile_predicts_anoth
     out = tmp_path / "p.json"
     result = _cli("calibrate", "--from", str(GUIDELLM), "--gpu", "h100-sxm", "--model", "qwen2.5-7b", "-o", str(out))
     assert result.exit_code == 0, result.output
-    for words in ("measured / fitted / specs-only", "#benchmark0", "#benchmark1", "GPU compute", "CPU-side costs",
-                  "time outside the engine", "mean_ttft_ms", "profile written"):
+    for words in (
+        "measured / fitted / specs-only",
+        "#benchmark0",
+        "#benchmark1",
+        "GPU compute",
+        "CPU-side costs",
+        "time outside the engine",
+        "mean_ttft_ms",
+        "profile written",
+    ):
         assert words in result.output, words
     profile = load_profile(out)
     assert profile.environment is not None and len(profile.environment.runs) == 2
     assert profile.server["from_runs"][0].endswith("#benchmark0")
     results = {}
     for model in ("qwen2.5-7b", "llama-3.1-8b"):
-        args = ["--calibration", str(out), "--num-prompts", "20", "--random-input-len", "256", "--json",
-                "--result-dir", str(tmp_path / model)]
+        args = [
+            "--calibration",
+            str(out),
+            "--num-prompts",
+            "20",
+            "--random-input-len",
+            "256",
+            "--json",
+            "--result-dir",
+            str(tmp_path / model),
+        ]
         sim = _cli("simulate", *args, *(["--model", model] if model != "qwen2.5-7b" else []))
         assert sim.exit_code == 0, sim.output
-        results[model] = json.loads(sim.stdout[sim.stdout.index("{"):])
-        assert all(math.isfinite(results[model][k]) and results[model][k] > 0
-                   for k in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms"))
+        results[model] = json.loads(sim.stdout[sim.stdout.index("{") :])
+        assert all(
+            math.isfinite(results[model][k]) and results[model][k] > 0
+            for k in ("request_throughput", "mean_ttft_ms", "mean_tpot_ms")
+        )
     assert results["llama-3.1-8b"]["mean_tpot_ms"] != results["qwen2.5-7b"]["mean_tpot_ms"]
     other = profile_deployment(profile, model=build_deployment("h100-sxm", "llama-3.1-8b").model)
     assert other.model.name != profile.model().name and other.hardware == profile_deployment(profile).hardware
@@ -301,21 +369,37 @@ def test_a_reference_spread_wider_than_the_limit_is_too_wide_to_judge_by() -> No
 
 def test_validate_says_when_the_profiles_own_reference_is_too_wide() -> None:
     wide = _reference(5.7, 12.0, 30.0)
-    warnings = speed_warnings(wide, [("before repeat 1", _reference(10.0, 10.2, 10.4))], [wide.speed_change(_reference(10.0, 10.2, 10.4))])
+    warnings = speed_warnings(
+        wide, [("before repeat 1", _reference(10.0, 10.2, 10.4))], [wide.speed_change(_reference(10.0, 10.2, 10.4))]
+    )
     assert any("unreliable" in w and "no round can be" in w for w in warnings), warnings
     steady = _reference(10.0, 10.1, 10.2)
     assert not any("unreliable" in w for w in speed_warnings(steady, [("x", steady)], [steady.speed_change(steady)]))
 
 
-def test_live_calibrate_on_a_noisy_host_writes_the_profile_marked_unreliable_and_exits_3(tmp_path: Path, monkeypatch) -> None:
+def test_live_calibrate_on_a_noisy_host_writes_the_profile_marked_unreliable_and_exits_3(
+    tmp_path: Path, monkeypatch
+) -> None:
     from servelab.calibrate import calibrate as experiment_calibrate
     from support.profiles import tiny_profile
 
-    noisy = load_profile(tiny_profile(tmp_path / "src")).model_copy(update={
-        "reference": _reference(5.7, 12.0, 30.0),
-        "rates": {k: 1e-3 for k in ("step_overhead_s", "per_request_overhead_s", "prefill_step_overhead_s", "idle_wake_s",
-                                    "idle_wake_time_constant_s")} | {"linear_flops": 1e9, "attention_flops": 1e9},
-        "fit": {"rms_rel_error": 0.05}})
+    noisy = load_profile(tiny_profile(tmp_path / "src")).model_copy(
+        update={
+            "reference": _reference(5.7, 12.0, 30.0),
+            "rates": {
+                k: 1e-3
+                for k in (
+                    "step_overhead_s",
+                    "per_request_overhead_s",
+                    "prefill_step_overhead_s",
+                    "idle_wake_s",
+                    "idle_wake_time_constant_s",
+                )
+            }
+            | {"linear_flops": 1e9, "attention_flops": 1e9},
+            "fit": {"rms_rel_error": 0.05},
+        }
+    )
 
     def fake_probing(request, progress):  # the probing is what cannot be noisy on demand here
         noisy.save(request.out)
@@ -323,7 +407,9 @@ def test_live_calibrate_on_a_noisy_host_writes_the_profile_marked_unreliable_and
 
     monkeypatch.setattr(experiment_calibrate, "probe_server", fake_probing)
     out = tmp_path / "p.json"
-    result = _cli("calibrate", "--base-url", "http://127.0.0.1:9", "--gpu", "cpu", "--model", "qwen2.5-7b", "-o", str(out))
+    result = _cli(
+        "calibrate", "--base-url", "http://127.0.0.1:9", "--gpu", "cpu", "--model", "qwen2.5-7b", "-o", str(out)
+    )
     assert result.exit_code == 3, result.output
     assert "unreliable" in result.output and "5.7-30.0 ms" in result.output and out.exists()
     assert load_profile(out).unreliable is not None
@@ -336,8 +422,23 @@ def test_the_servelab_fixture_was_measured_not_simulated() -> None:
 
 def test_a_servelab_sweep_is_one_measured_run_per_point(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    result = _cli("simulate", "--gpu", "h100-sxm", "--model", "qwen2.5-7b", "--num-prompts", "12", "--random-input-len", "64",
-                  "--random-output-len", "16", "--sweep", "max-concurrency=1,4", "--result-dir", str(sweep))
+    result = _cli(
+        "simulate",
+        "--gpu",
+        "h100-sxm",
+        "--model",
+        "qwen2.5-7b",
+        "--num-prompts",
+        "12",
+        "--random-input-len",
+        "64",
+        "--random-output-len",
+        "16",
+        "--sweep",
+        "max-concurrency=1,4",
+        "--result-dir",
+        str(sweep),
+    )
     assert result.exit_code == 0, result.output
     runs = read_measured_runs(sweep)
     assert [r.max_concurrency for r in runs] == [1, 4] and all(len(r.requests) == 12 and r.burst for r in runs)
@@ -347,7 +448,10 @@ def test_the_python_api_calibrates_from_the_same_files(tmp_path: Path) -> None:
     import servelab
 
     profile = servelab.calibrate_from(VLLM_DETAILED, "h100-sxm", "qwen2.5-7b", out=tmp_path / "p.json")
-    assert profile.origin == CalibrationOrigin.RUNS and load_profile(tmp_path / "p.json").environment == profile.environment
+    assert (
+        profile.origin == CalibrationOrigin.RUNS
+        and load_profile(tmp_path / "p.json").environment == profile.environment
+    )
 
 
 def test_the_profile_keeps_the_servers_flags_as_given() -> None:
@@ -363,8 +467,15 @@ def test_guidellm_requests_listed_in_the_report_give_their_own_lengths(tmp_path:
     data = json.loads(GUIDELLM.read_text())
     data["benchmarks"] = data["benchmarks"][1:]  # the constant-rate one
     data["benchmarks"][0]["requests"]["successful"] = [  # GenerativeRequestStats' computed token counts and start
-        {"type_": "generative_request_stats", "request_id": str(i), "prompt_tokens": 100 + i, "output_tokens": 20 + i,
-         "request_start_time": 1764892800.0 + 0.5 * i} for i in range(6)]
+        {
+            "type_": "generative_request_stats",
+            "request_id": str(i),
+            "prompt_tokens": 100 + i,
+            "output_tokens": 20 + i,
+            "request_start_time": 1764892800.0 + 0.5 * i,
+        }
+        for i in range(6)
+    ]
     path = tmp_path / "guidellm.json"
     path.write_text(json.dumps(data))
     (run,) = read_measured_runs(path)

@@ -33,10 +33,24 @@ REPEATS = 2
 @pytest.fixture(scope="session")
 def profile_path(vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("calibration") / "tiny-cpu.json"
-    result = CliRunner().invoke(app, [
-        "calibrate", "--base-url", vllm_server.base_url, "--gpu", "cpu", "--model", str(vllm_server.model_dir),
-        "--engine-args", " ".join(vllm_server.extra_args), "--out", str(out), "--budget", BUDGET_S,
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "calibrate",
+            "--base-url",
+            vllm_server.base_url,
+            "--gpu",
+            "cpu",
+            "--model",
+            str(vllm_server.model_dir),
+            "--engine-args",
+            " ".join(vllm_server.extra_args),
+            "--out",
+            str(out),
+            "--budget",
+            BUDGET_S,
+        ],
+    )
     # 3: written, but the host was too busy to time its reference step steadily (marked unreliable, said so)
     assert result.exit_code == 0 or (result.exit_code == 3 and "unreliable" in result.output), result.output
     assert "reference step" in result.output
@@ -44,10 +58,23 @@ def profile_path(vllm_server, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_validate(base_url: str, profile: Path, out: Path, *extra: str) -> dict:
-    result = CliRunner().invoke(app, [
-        "validate", "--calibration", str(profile), "--base-url", base_url, "--points", "quick",
-        "--repeats", str(REPEATS), "--out", str(out), *extra,
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "validate",
+            "--calibration",
+            str(profile),
+            "--base-url",
+            base_url,
+            "--points",
+            "quick",
+            "--repeats",
+            str(REPEATS),
+            "--out",
+            str(out),
+            *extra,
+        ],
+    )
     assert result.exit_code == 0, result.output
     return json.loads(out.read_text())
 
@@ -102,4 +129,3 @@ def test_validate_on_held_out_points(profile_path: Path, vllm_server, tmp_path: 
     assert_every_point_accounted_for(run_validate(vllm_server.base_url, profile_path, tmp_path / "validation.json"))
     seen = assert_files_match_schemas(tmp_path / "validation.runs", {tmp_path / "validation.json": "validation"})
     assert seen["validation"] == 1 and seen["run"] >= 6 * REPEATS and seen["run"] == seen["summary"], seen
-

@@ -47,17 +47,30 @@ from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.engine_config import EngineConfig
 
 CPU_TRUTH = CostCoefficients(
-    compute_efficiency=0.4, memory_efficiency=0.5, attention_compute_efficiency=0.9,
-    attention_memory_efficiency=0.6, step_overhead_s=1.5e-3, per_request_overhead_s=2e-4,
-    prefill_step_overhead_s=4e-4, idle_wake_s=2e-3, idle_wake_time_constant_s=0.02,
+    compute_efficiency=0.4,
+    memory_efficiency=0.5,
+    attention_compute_efficiency=0.9,
+    attention_memory_efficiency=0.6,
+    step_overhead_s=1.5e-3,
+    per_request_overhead_s=2e-4,
+    prefill_step_overhead_s=4e-4,
+    idle_wake_s=2e-3,
+    idle_wake_time_constant_s=0.02,
 )
 LATENCY = 3e-3
 TURNAROUND = 2 * LATENCY + 1e-3
 """How long the engine idles between back-to-back requests at concurrency 1 (the client's round trip)."""
 TINY_CONFIG = {  # the shape of the tiny Qwen2 the vLLM tests serve (tests/support/make_tiny_model.py)
-    "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "intermediate_size": 352, "vocab_size": 4096, "tie_word_embeddings": True,
-    "max_position_embeddings": 8192, "torch_dtype": "bfloat16",
+    "architectures": ["Qwen2ForCausalLM"],
+    "num_hidden_layers": 2,
+    "hidden_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 352,
+    "vocab_size": 4096,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
 }
 
 
@@ -79,8 +92,10 @@ def synthetic(cost, config: EngineConfig, latency: float) -> list[StepObservatio
     for n, idle in [(n, TURNAROUND) for n in (16, 128, 512, 1024, 2048)] + [(16, 0.008), (16, 0.02), (16, 0.06)]:
         steps = prefill_steps(n, config)
         engine = sum(cost.step_time(b) for b in steps) + cost.wake_time(idle)
-        obs += [StepObservation(f"prefill-{n}-idle-{idle}", steps, engine + 2 * latency, 2, 1.0, idle),
-                StepObservation(f"engine-{n}-idle-{idle}", steps, engine, 0, 1.0, idle)]
+        obs += [
+            StepObservation(f"prefill-{n}-idle-{idle}", steps, engine + 2 * latency, 2, 1.0, idle),
+            StepObservation(f"engine-{n}-idle-{idle}", steps, engine, 0, 1.0, idle),
+        ]
     for b, ctx in itertools.product((1, 4, 16, 32), (48, 1024)):
         batch = StepBatch(decode_contexts=[ctx] * b)
         obs.append(StepObservation(f"decode-b{b}-c{ctx}", (batch,), cost.step_time(batch)))
@@ -106,14 +121,19 @@ def test_fit_recovers_every_rate_of_the_cpu_device(tiny) -> None:
     # The fitted device is no longer a placeholder and reproduces the truth through the real cost model.
     assert not fit.hardware.placeholder and "fitted" in fit.hardware.sources["datasheet"]
     refit = RooflineCostModel(fit.hardware, tiny, d.config, fit.coefficients)
-    for batch in (StepBatch(prefill_chunks=[(700, 0)], decode_contexts=[300] * 10), StepBatch(decode_contexts=[500] * 24)):
+    for batch in (
+        StepBatch(prefill_chunks=[(700, 0)], decode_contexts=[300] * 10),
+        StepBatch(decode_contexts=[500] * 24),
+    ):
         assert refit.step_time(batch) == pytest.approx(cost.step_time(batch), rel=0.02)
     assert refit.wake_time(0.03) == pytest.approx(cost.wake_time(0.03), rel=0.05)
 
 
 def test_fit_on_a_catalogue_gpu_moves_efficiencies_not_peaks(tiny) -> None:
     d = probed(tiny, "a100-80gb")
-    truth = CostCoefficients(compute_efficiency=0.5, memory_efficiency=0.6, step_overhead_s=2e-3, per_request_overhead_s=5e-5)
+    truth = CostCoefficients(
+        compute_efficiency=0.5, memory_efficiency=0.6, step_overhead_s=2e-3, per_request_overhead_s=5e-5
+    )
     cost = RooflineCostModel(d.hardware, tiny, d.config, truth)
     fit = fit_cost_model(d.hardware, tiny, d.config, synthetic(cost, d.config, 1e-3))
     assert fit.hardware == d.hardware
@@ -162,10 +182,14 @@ def test_decode_observation_uses_the_engines_realized_batch(tiny) -> None:
 
 def test_prefill_observations_carry_the_engines_idle_time(tiny) -> None:
     config = probed(tiny).config
-    back_to_back = ProbeRuns(Probe("prefill-16", PREFILL, 16, 1, 1, 6),
-                             passes=[{"median_ttft_ms": 6.0, "server_prefill_ms": 2.5, "failed": 0}])
-    spaced = ProbeRuns(Probe("idle-16", IDLE, 16, 1, 1, 8, spacing_s=0.05),
-                       passes=[{"median_ttft_ms": 8.0, "server_prefill_ms": 4.0, "failed": 0}])
+    back_to_back = ProbeRuns(
+        Probe("prefill-16", PREFILL, 16, 1, 1, 6),
+        passes=[{"median_ttft_ms": 6.0, "server_prefill_ms": 2.5, "failed": 0}],
+    )
+    spaced = ProbeRuns(
+        Probe("idle-16", IDLE, 16, 1, 1, 8, spacing_s=0.05),
+        passes=[{"median_ttft_ms": 8.0, "server_prefill_ms": 4.0, "failed": 0}],
+    )
     client, engine, client_spaced, engine_spaced = observations([back_to_back, spaced], config)
     # Back to back, the engine idles while the token goes out and the next request comes in: the TTFT's non-engine part.
     assert client.idle_before_s == engine.idle_before_s == pytest.approx(3.5e-3)
@@ -178,8 +202,10 @@ def test_prefill_observations_carry_the_engines_idle_time(tiny) -> None:
 
 
 def test_probe_figure_is_the_quiet_quartile() -> None:
-    runs = ProbeRuns(Probe("p", PREFILL, 16, 1, 1, 6),
-                     passes=[{"median_ttft_ms": v, "output_throughput": 10 * v, "failed": 0} for v in (10, 11, 12, 30, 40)])
+    runs = ProbeRuns(
+        Probe("p", PREFILL, 16, 1, 1, 6),
+        passes=[{"median_ttft_ms": v, "output_throughput": 10 * v, "failed": 0} for v in (10, 11, 12, 30, 40)],
+    )
     assert runs.figure("median_ttft_ms") == pytest.approx(11.0)
     assert runs.figure("output_throughput") == pytest.approx(300.0)
 
@@ -200,8 +226,15 @@ def calibrated_on_simulator(tiny, tmp_path: Path) -> tuple[list[ProbeRuns], Depl
     server = Deployment.build(truth_hw, tiny, server.requested, coefficients=CPU_TRUTH, network_latency=LATENCY)
     ticks = itertools.count()
     start = probed(tiny)
-    runs = run_probes(server.sim_target(), probe_plan(start.config), vocab_size=tiny.vocab_size, budget_s=200,
-                      directory=tmp_path, run_info={}, clock=lambda: float(next(ticks)))
+    runs = run_probes(
+        server.sim_target(),
+        probe_plan(start.config),
+        vocab_size=tiny.vocab_size,
+        budget_s=200,
+        directory=tmp_path,
+        run_info={},
+        clock=lambda: float(next(ticks)),
+    )
     fit, fitted = fit_runs(runs, start, "test")
     return runs, fit, fitted
 
@@ -223,11 +256,21 @@ def test_probing_a_simulated_server_recovers_it(tiny, tmp_path: Path) -> None:
 def test_profile_round_trip_and_engine_arg_override(tiny, tmp_path: Path) -> None:
     runs, fit, fitted = calibrated_on_simulator(tiny, tmp_path / "probes")
     profile = CalibrationProfile(
-        created_at=0.0, hardware=fitted.hardware, gpu="cpu", model_source="tiny", model_spec=model_spec_dict(tiny),
+        created_at=0.0,
+        hardware=fitted.hardware,
+        gpu="cpu",
+        model_source="tiny",
+        model_spec=model_spec_dict(tiny),
         engine_args="--max-num-seqs 32 --max-model-len 4096 --block-size 128 --kv-cache-memory-bytes 1073741824",
-        engine_config={}, coefficients=fitted.coefficients, network_latency_s=fitted.network_latency,
-        rates=fit.rates, fit=fit_report(fit), simulated_probes=[], probes=[r.describe() for r in runs],
-        budget_s=60, elapsed_s=1,
+        engine_config={},
+        coefficients=fitted.coefficients,
+        network_latency_s=fitted.network_latency,
+        rates=fit.rates,
+        fit=fit_report(fit),
+        simulated_probes=[],
+        probes=[r.describe() for r in runs],
+        budget_s=60,
+        elapsed_s=1,
     )
     path = tmp_path / "profile.json"
     profile.save(path)
@@ -244,7 +287,9 @@ def test_profile_round_trip_and_engine_arg_override(tiny, tmp_path: Path) -> Non
     old.update(schema_version=2)
     del old["host"], old["reference"]
     path.write_text(json.dumps(old))
-    assert load_profile(path).reference is None and deployment_from_profile(load_profile(path)).config.max_num_seqs == 32
+    assert (
+        load_profile(path).reference is None and deployment_from_profile(load_profile(path)).config.max_num_seqs == 32
+    )
 
 
 @pytest.mark.parametrize(
@@ -253,7 +298,10 @@ def test_profile_round_trip_and_engine_arg_override(tiny, tmp_path: Path) -> Non
         ("not json", "not JSON"),
         (json.dumps({"kind": "other"}), "not a servelab calibration profile"),
         (json.dumps({"kind": "servelab.calibration", "schema_version": 99}), "schema version 99"),
-        (json.dumps({"kind": "servelab.calibration", "schema_version": 1}), "schema version 1, whose per-prefill-chunk"),
+        (
+            json.dumps({"kind": "servelab.calibration", "schema_version": 1}),
+            "schema version 1, whose per-prefill-chunk",
+        ),
         (json.dumps({"kind": "servelab.calibration", "schema_version": 2}), "invalid"),
     ],
 )
@@ -282,10 +330,13 @@ def test_bunched_tokens_mark_a_stalled_client_and_its_pass_is_left_out() -> None
     assert bunched_fraction([record([0.01, 0.012, 0.014, 0.016])]) == 0.0
     assert bunched_fraction([record([0.01, 0.2, 0.2, 0.2, 0.2])]) == pytest.approx(0.75)
     assert bunched_fraction([record([0.01])]) == 0.0  # one token: nothing to judge
-    runs = ProbeRuns(Probe("decode-b4", DECODE, 16, 64, 4, 8), passes=[
-        {"median_tpot_ms": 0.0, "server_prefill_ms": 2.0, "bunched": 0.9, "failed": 0},
-        {"median_tpot_ms": 1.8, "server_prefill_ms": 3.0, "bunched": 0.02, "failed": 0},
-    ])
+    runs = ProbeRuns(
+        Probe("decode-b4", DECODE, 16, 64, 4, 8),
+        passes=[
+            {"median_tpot_ms": 0.0, "server_prefill_ms": 2.0, "bunched": 0.9, "failed": 0},
+            {"median_tpot_ms": 1.8, "server_prefill_ms": 3.0, "bunched": 0.02, "failed": 0},
+        ],
+    )
     assert runs.figure("median_tpot_ms") == pytest.approx(1.8)  # the stalled pass's TPOT of 0 is not a measurement
     assert runs.figure("server_prefill_ms") == pytest.approx(2.25)  # the server's own figures stay
     assert runs.describe()["stalled_passes"] == 1
@@ -294,11 +345,24 @@ def test_bunched_tokens_mark_a_stalled_client_and_its_pass_is_left_out() -> None
 def test_the_api_servers_serial_admission_is_fitted_from_the_bursts(tiny, tmp_path: Path) -> None:
     truth_hw = get_gpu("cpu").model_copy(update={"bf16_tflops": 0.3, "memory_bandwidth_gbs": 12})
     start = probed(tiny)
-    server = Deployment.build(truth_hw, tiny, start.requested, coefficients=CPU_TRUTH, network_latency=LATENCY,
-                              api=ApiServerCosts(per_request_s=1e-3))
+    server = Deployment.build(
+        truth_hw,
+        tiny,
+        start.requested,
+        coefficients=CPU_TRUTH,
+        network_latency=LATENCY,
+        api=ApiServerCosts(per_request_s=1e-3),
+    )
     ticks = itertools.count()
-    runs = run_probes(server.sim_target(), probe_plan(start.config), vocab_size=tiny.vocab_size, budget_s=60,
-                      directory=tmp_path, run_info={}, clock=lambda: float(next(ticks)))
+    runs = run_probes(
+        server.sim_target(),
+        probe_plan(start.config),
+        vocab_size=tiny.vocab_size,
+        budget_s=60,
+        directory=tmp_path,
+        run_info={},
+        clock=lambda: float(next(ticks)),
+    )
     _, fitted = fit_runs(runs, start, "test")
     assert fitted.api.per_request_s == pytest.approx(1e-3, rel=0.25)
     assert fitted.network_latency == pytest.approx(LATENCY, rel=0.15)

@@ -45,11 +45,17 @@ def free_port() -> int:
     [
         (["--num-prompts", "5", "--duration", "3"], ["--num-prompts", "--duration"]),
         (["--sweep", "request-rate=1,2", "--request-rate", "3"], ["--sweep request-rate", "--request-rate"]),
-        (["--sweep", "max-concurrency=1,2", "--max-concurrency", "3"], ["--sweep max-concurrency", "--max-concurrency"]),
+        (
+            ["--sweep", "max-concurrency=1,2", "--max-concurrency", "3"],
+            ["--sweep max-concurrency", "--max-concurrency"],
+        ),
         (["--sweep", "prompts=1,2"], ["--sweep", "request-rate, max-concurrency"]),
         (["--dataset-path", "x.jsonl"], ["--dataset-path", "--dataset-name", "random"]),
         (["--prefix-len", "10"], ["--prefix-len", "--dataset-name random"]),
-        (["--multiturn-turns", "2", "--dataset-name", "prefix", "--prefix-len", "4"], ["--multiturn-turns", "--dataset-name prefix"]),
+        (
+            ["--multiturn-turns", "2", "--dataset-name", "prefix", "--prefix-len", "4"],
+            ["--multiturn-turns", "--dataset-name prefix"],
+        ),
         (["--burstiness", "0.5"], ["--burstiness", "--request-rate"]),
         (["--goodput", "ttft:abc"], ["--goodput"]),
         (["--length-distribution", "zipf"], ["zipf"]),
@@ -71,7 +77,9 @@ def test_impossible_flags_name_both_and_send_nothing(server, args, named):
 def test_random_flags_do_not_apply_to_file_datasets(server, tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"prompt": "hi", "max_tokens": 2}\n')
-    result = bench("--base-url", server.base_url, "--dataset-name", "jsonl", "--dataset-path", str(path), "--random-input-len", "5")
+    result = bench(
+        "--base-url", server.base_url, "--dataset-name", "jsonl", "--dataset-path", str(path), "--random-input-len", "5"
+    )
     assert result.exit_code == 2 and "--random-input-len" in result.output and "jsonl" in result.output
 
 
@@ -106,8 +114,18 @@ def test_chat_without_text_needs_a_tokenizer(server):
 def test_a_run_writes_the_results_and_never_the_api_key(server, tmp_path):
     out = tmp_path / "run"
     result = bench(
-        "--base-url", server.base_url, *SMALL, "--num-prompts", "12", "--max-concurrency", "4",
-        "--goodput", "ttft:1000 e2el:5000", "--result-dir", str(out), "--json",
+        "--base-url",
+        server.base_url,
+        *SMALL,
+        "--num-prompts",
+        "12",
+        "--max-concurrency",
+        "4",
+        "--goodput",
+        "ttft:1000 e2el:5000",
+        "--result-dir",
+        str(out),
+        "--json",
         env={"OPENAI_API_KEY": "sk-very-secret"},
     )
     assert result.exit_code == 0, result.output
@@ -119,13 +137,22 @@ def test_a_run_writes_the_results_and_never_the_api_key(server, tmp_path):
     assert server.received[-1].authorization == "Bearer sk-very-secret"
     assert all("sk-very-secret" not in p.read_text() for p in out.iterdir())
     assert all(len(r.body["prompt"]) == 16 for r in server.received if r.body.get("stream"))
-    printed = json.loads(result.stdout[result.stdout.index("{"):])
+    printed = json.loads(result.stdout[result.stdout.index("{") :])
     assert printed["completed"] == 12
 
 
 def test_sweep_runs_one_point_per_value(server, tmp_path):
-    result = bench("--base-url", server.base_url, *SMALL, "--num-prompts", "6", "--sweep", "max-concurrency=1,3",
-                   "--result-dir", str(tmp_path))
+    result = bench(
+        "--base-url",
+        server.base_url,
+        *SMALL,
+        "--num-prompts",
+        "6",
+        "--sweep",
+        "max-concurrency=1,3",
+        "--result-dir",
+        str(tmp_path),
+    )
     assert result.exit_code == 0, result.output
     index = json.loads((tmp_path / "sweep.json").read_text())
     assert [p["directory"] for p in index["points"]] == ["max-concurrency=1", "max-concurrency=3"]
@@ -137,9 +164,27 @@ def test_ctrl_c_keeps_records_writes_a_summary_and_exits_130(tmp_path):
     with FaultServer(delay=0.05) as server:
         out = tmp_path / "run"
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from servelab.cli import main; main()", "bench", "--base-url", server.base_url, "--random-input-len", "8",
-             "--random-output-len", "20", "--num-prompts", "200", "--max-concurrency", "2", "--result-dir", str(out)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-c",
+                "from servelab.cli import main; main()",
+                "bench",
+                "--base-url",
+                server.base_url,
+                "--random-input-len",
+                "8",
+                "--random-output-len",
+                "20",
+                "--num-prompts",
+                "200",
+                "--max-concurrency",
+                "2",
+                "--result-dir",
+                str(out),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             deadline = time.monotonic() + 60
@@ -161,7 +206,9 @@ def test_text_dataset_is_sent_as_text_and_estimates_are_declared(server, tmp_pat
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"hello number {i}", "max_tokens": 3}) + "\n" for i in range(4)))
     out = tmp_path / "run"
-    result = bench("--base-url", server.base_url, "--dataset-name", "jsonl", "--dataset-path", str(path), "--result-dir", str(out))
+    result = bench(
+        "--base-url", server.base_url, "--dataset-name", "jsonl", "--dataset-path", str(path), "--result-dir", str(out)
+    )
     assert result.exit_code == 0, result.output
     prompts = sorted(r.body["prompt"] for r in server.received if r.body.get("stream"))
     assert prompts == [f"hello number {i}" for i in range(4)]
@@ -170,8 +217,21 @@ def test_text_dataset_is_sent_as_text_and_estimates_are_declared(server, tmp_pat
 
 def test_multiturn_turns_wait_for_the_previous_reply(server, tmp_path):
     out = tmp_path / "run"
-    result = bench("--base-url", server.base_url, "--dataset-name", "multiturn", "--multiturn-turns", "3", *SMALL,
-                   "--num-prompts", "9", "--max-concurrency", "3", "--result-dir", str(out))
+    result = bench(
+        "--base-url",
+        server.base_url,
+        "--dataset-name",
+        "multiturn",
+        "--multiturn-turns",
+        "3",
+        *SMALL,
+        "--num-prompts",
+        "9",
+        "--max-concurrency",
+        "3",
+        "--result-dir",
+        str(out),
+    )
     assert result.exit_code == 0, result.output
     records = {r.index: r for r in load_run(out).records}
     assert len(records) == 9

@@ -19,9 +19,24 @@ pytestmark = pytest.mark.vllm
 
 
 def test_a_run_whose_every_request_the_server_refused_exits_2_with_the_servers_reason(vllm_server, tmp_path: Path):
-    result = CliRunner().invoke(app, [
-        "bench", "--base-url", vllm_server.base_url, "--model", vllm_server.model_name, "--num-prompts", "4",
-        "--random-input-len", "5000", "--random-output-len", "4", "--result-dir", str(tmp_path / "run")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--base-url",
+            vllm_server.base_url,
+            "--model",
+            vllm_server.model_name,
+            "--num-prompts",
+            "4",
+            "--random-input-len",
+            "5000",
+            "--random-output-len",
+            "4",
+            "--result-dir",
+            str(tmp_path / "run"),
+        ],
+    )
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     last = result.output.strip().splitlines()[-1]
     print(last)  # shown with -s: docs/bad-input.md quotes it

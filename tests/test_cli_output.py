@@ -30,16 +30,30 @@ ENTRY = "import sys; from servelab.cli import main; sys.argv[0] = 'servelab'; ma
 
 def servelab_piped(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`servelab ARGV` as a user's shell runs it with stdout into a pipe (not a terminal)."""
-    return subprocess.run([sys.executable, "-c", ENTRY, *argv], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-c", ENTRY, *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def wide_table() -> Table:
     table = Table(title="Options at this load (simulated)")
     for header in ("option", "GPUs", "TTFT p50 ms", "E2E p50 ms", "E2E p99 ms", "$/M out tok", "E2E verdict", "why"):
         table.add_column(header, no_wrap=header != "option")
-    table.add_row("--max-num-batched-tokens 4096 with a long explanation", "1", "3,306", "28,446", "33,115", "$0.17",
-                  "no effect", "the same prompt tokens are computed either way, only moved between steps")
+    table.add_row(
+        "--max-num-batched-tokens 4096 with a long explanation",
+        "1",
+        "3,306",
+        "28,446",
+        "33,115",
+        "$0.17",
+        "no effect",
+        "the same prompt tokens are computed either way, only moved between steps",
+    )
     table.add_row("one H100-SXM, FP8 weights", "1", "35.87", "757", "909", "$0.43", "helps", "faster chip")
     return table
 
@@ -49,8 +63,9 @@ def test_diagnose_piped_keeps_every_title_price_and_column(tmp_path: Path):
     """The README's first command, piped: the options table keeps its verdict column, prices their cents, finding
     titles their last words (the 80-column layout rich falls back to for a pipe had lost all three)."""
     saved = tmp_path / "diagnosis.json"
-    result = servelab_piped("diagnose", "--check-advice", "--price-options", "--save", str(saved), cwd=tmp_path,
-                            env={"COLUMNS": "60"})  # a pipe has no columns: the variable describes a terminal
+    result = servelab_piped(
+        "diagnose", "--check-advice", "--price-options", "--save", str(saved), cwd=tmp_path, env={"COLUMNS": "60"}
+    )  # a pipe has no columns: the variable describes a terminal
     assert result.returncode == 0, result.stderr
     text = result.stdout
     diagnosis = json.loads(saved.read_text())
@@ -67,8 +82,9 @@ def test_diagnose_piped_keeps_every_title_price_and_column(tmp_path: Path):
 
 
 def test_compare_through_clirunner_prints_every_number_whole():
-    result = CliRunner().invoke(app, ["compare", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--num-prompts", "20",
-                                      "--request-rate", "4"])
+    result = CliRunner().invoke(
+        app, ["compare", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--num-prompts", "20", "--request-rate", "4"]
+    )
     assert result.exit_code == 0, result.output
     assert ELLIPSIS not in result.output
     header = next(line for line in result.output.splitlines() if "engine" in line and "preempt" in line)
@@ -92,7 +108,12 @@ def test_a_narrow_terminal_gets_a_too_wide_table_row_by_row():
     assert ELLIPSIS not in out.getvalue()
     assert max(len(line) for line in lines) <= 60
     assert lines[0] == "Options at this load (simulated)"
-    for header, value in (("GPUs", "1"), ("$/M out tok", "$0.17"), ("E2E verdict", "no effect"), ("$/M out tok", "$0.43")):
+    for header, value in (
+        ("GPUs", "1"),
+        ("$/M out tok", "$0.17"),
+        ("E2E verdict", "no effect"),
+        ("$/M out tok", "$0.43"),
+    ):
         assert any(line.split(":", 1)[0] == header and line.split(":", 1)[1].strip() == value for line in lines), header
 
 
@@ -124,20 +145,54 @@ def test_version_prints_the_package_version():
 def test_shell_completion_completes_verbs_and_their_flags(tmp_path: Path):
     script = servelab_piped("--show-completion", "bash", cwd=tmp_path)
     assert script.returncode == 0 and "_SERVELAB_COMPLETE=complete_bash" in script.stdout
-    verbs = servelab_piped(cwd=tmp_path, env={"_SERVELAB_COMPLETE": "complete_bash", "COMP_WORDS": "servelab si",
-                                              "COMP_CWORD": "1"})
+    verbs = servelab_piped(
+        cwd=tmp_path, env={"_SERVELAB_COMPLETE": "complete_bash", "COMP_WORDS": "servelab si", "COMP_CWORD": "1"}
+    )
     assert verbs.stdout.split() == ["simulate"]
-    flags = servelab_piped(cwd=tmp_path, env={"_SERVELAB_COMPLETE": "complete_bash",
-                                              "COMP_WORDS": "servelab simulate --num-pr", "COMP_CWORD": "2"})
+    flags = servelab_piped(
+        cwd=tmp_path,
+        env={"_SERVELAB_COMPLETE": "complete_bash", "COMP_WORDS": "servelab simulate --num-pr", "COMP_CWORD": "2"},
+    )
     assert "--num-prompts" in flags.stdout.split()
 
 
-HEAVY = ("numpy", "scipy", "pydantic", "plotly", "optuna", "aiohttp", "pandas", "yaml", "tokenizers", "ray",
-         "servelab.sim", "servelab.experiment", "servelab.calibrate", "servelab.compare", "servelab.diagnose", "servelab.targets")
+HEAVY = (
+    "numpy",
+    "scipy",
+    "pydantic",
+    "plotly",
+    "optuna",
+    "aiohttp",
+    "pandas",
+    "yaml",
+    "tokenizers",
+    "ray",
+    "servelab.sim",
+    "servelab.experiment",
+    "servelab.calibrate",
+    "servelab.compare",
+    "servelab.diagnose",
+    "servelab.targets",
+)
 """What `servelab --help` and `--version` must not import."""
-VERB_HELP_HEAVY = ("numpy", "scipy", "plotly", "optuna", "aiohttp", "pandas", "yaml", "tokenizers", "ray",
-                   "servelab.schemas.base", "servelab.sim.engine", "servelab.experiment", "servelab.calibrate", "servelab.compare", "servelab.targets.http",
-                   "servelab.report.terminal")
+VERB_HELP_HEAVY = (
+    "numpy",
+    "scipy",
+    "plotly",
+    "optuna",
+    "aiohttp",
+    "pandas",
+    "yaml",
+    "tokenizers",
+    "ray",
+    "servelab.schemas.base",
+    "servelab.sim.engine",
+    "servelab.experiment",
+    "servelab.calibrate",
+    "servelab.compare",
+    "servelab.targets.http",
+    "servelab.report.terminal",
+)
 """What no verb's `--help` may import: a verb's flags read their choices and defaults from light vocabulary modules
 and the verb imports its implementation when it runs. (typer itself imports the pydantic library to build a
 command, but none of servelab's result models, all of which derive from servelab.schemas.base or import numpy.)"""
@@ -145,8 +200,10 @@ command, but none of servelab's result models, all of which derive from servelab
 
 def imported_by(*argv: str) -> set[str]:
     """The modules a fresh interpreter holds after `servelab ARGV` (which exits through SystemExit)."""
-    probe = ("import sys\nfrom servelab.cli import main\nsys.argv[0] = 'servelab'\ntry:\n    main(sys.argv[1:])\n"
-             "except SystemExit:\n    pass\nsys.stderr.write(' '.join(sys.modules))\n")
+    probe = (
+        "import sys\nfrom servelab.cli import main\nsys.argv[0] = 'servelab'\ntry:\n    main(sys.argv[1:])\n"
+        "except SystemExit:\n    pass\nsys.stderr.write(' '.join(sys.modules))\n"
+    )
     done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120)
     return set(done.stderr.split())
 
@@ -168,15 +225,50 @@ def test_a_verbs_help_imports_no_numpy_result_model_or_layer(verb):
 @pytest.mark.parametrize("name", list(SCHEMAS))
 def test_no_schema_imports_the_simulator_an_optimiser_plotting_or_the_http_client(name):
     modules = imported_by("schema", name)
-    assert _loaded(modules, ("scipy", "plotly", "optuna", "aiohttp", "pandas", "ray", "servelab.sim.engine",
-                             "servelab.targets.http", "servelab.tune.tuner", "servelab.diagnose.analysis")) == []
+    assert (
+        _loaded(
+            modules,
+            (
+                "scipy",
+                "plotly",
+                "optuna",
+                "aiohttp",
+                "pandas",
+                "ray",
+                "servelab.sim.engine",
+                "servelab.targets.http",
+                "servelab.tune.tuner",
+                "servelab.diagnose.analysis",
+            ),
+        )
+        == []
+    )
 
 
 def test_schema_imports_only_the_model_asked_for():
     modules = imported_by("schema", "summary")
     assert "servelab.schemas.results" in modules
-    assert _loaded(modules, ("numpy", "scipy", "plotly", "optuna", "aiohttp", "pandas", "yaml", "ray", "servelab.sim",
-                             "servelab.tune", "servelab.diagnose", "servelab.experiment", "servelab.perf")) == []
+    assert (
+        _loaded(
+            modules,
+            (
+                "numpy",
+                "scipy",
+                "plotly",
+                "optuna",
+                "aiohttp",
+                "pandas",
+                "yaml",
+                "ray",
+                "servelab.sim",
+                "servelab.tune",
+                "servelab.diagnose",
+                "servelab.experiment",
+                "servelab.perf",
+            ),
+        )
+        == []
+    )
 
 
 def test_every_registered_verb_is_listed():
@@ -191,11 +283,14 @@ def test_every_registered_verb_is_listed():
     assert sorted(_name(command) for command in app.registered_commands) == sorted(VERBS)
 
 
-@pytest.mark.parametrize("argv, names", [
-    (["simulate", "--tp", "two"], "'--tp'"),
-    (["compare", "--model", "qwen2.5-7b"], "'--gpu'"),
-    (["simulat"], "'simulat'"),
-])
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["simulate", "--tp", "two"], "'--tp'"),
+        (["compare", "--model", "qwen2.5-7b"], "'--gpu'"),
+        (["simulat"], "'simulat'"),
+    ],
+)
 def test_a_flag_that_does_not_parse_is_one_line_naming_it(argv, names):
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2 and result.stdout == ""

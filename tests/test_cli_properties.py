@@ -45,10 +45,35 @@ MEMORY_HEADROOM = 3 * 2**30
 BASE: dict[str, list[str]] = {
     "bench": ["--base-url", NO_SERVER, "--num-prompts", "4"],
     "simulate": ["--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--num-prompts", "4"],
-    "diagnose": ["--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "200", "--output-len", "20",
-                 "--request-rate", "1"],
-    "tune": ["--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--n-trials", "1", "--sim-prompts", "4", "--num-prompts", "4",
-             "--goodput", "ttft:500", "tpot:50", "--space", "max_num_seqs=64"],
+    "diagnose": [
+        "--gpu",
+        "a100-80gb",
+        "--model",
+        "qwen2.5-7b",
+        "--input-len",
+        "200",
+        "--output-len",
+        "20",
+        "--request-rate",
+        "1",
+    ],
+    "tune": [
+        "--gpu",
+        "a100-80gb",
+        "--model",
+        "qwen2.5-7b",
+        "--n-trials",
+        "1",
+        "--sim-prompts",
+        "4",
+        "--num-prompts",
+        "4",
+        "--goodput",
+        "ttft:500",
+        "tpot:50",
+        "--space",
+        "max_num_seqs=64",
+    ],
     "compare": ["--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--engines", "vllm", "--num-prompts", "4"],
     "calibrate": ["--base-url", NO_SERVER, "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--out", "profile.json"],
     "validate": ["--base-url", NO_SERVER, "--calibration", "{inputs}/wrong_shape.json"],
@@ -58,19 +83,62 @@ BASE: dict[str, list[str]] = {
 """Flags each draw starts from ({inputs}: the directory of `inputs`); a drawn flag given again overrides its base value
 (the last one counts)."""
 
-SKIPPED = {"help", "ray_address", "clients", "ray_gpu_resource", "server_cmd", "server_env", "server_port",
-           "startup_timeout", "top_k", "gpu_metrics_url", "report", "resume"}
+SKIPPED = {
+    "help",
+    "ray_address",
+    "clients",
+    "ray_gpu_resource",
+    "server_cmd",
+    "server_env",
+    "server_port",
+    "startup_timeout",
+    "top_k",
+    "gpu_metrics_url",
+    "report",
+    "resume",
+}
 """Flags not drawn: a Ray cluster, a server launched from a generated command line, a scrape of another address,
 the HTML report (plotting a tiny run proves nothing here and costs seconds)."""
 SMALL_AMOUNTS = {"num_prompts", "sim_prompts", "n_trials", "repeats", "multiturn_turns", "duration", "budget"}
 """Flags that size the work: drawn among small and hostile values, never a large valid one."""
 
-HOSTILE_TEXT = ["", " ", "'", '"', "a'b", 'say "hi', "--max-num-seqs 'unbalanced", "ü✓", "x" * 300, "0", "-1", "nan",
-                "inf", "1e999", "none", "auto", "request-rate=1,nan", "max-concurrency=0", "ttft:nan", "tpot:-5"]
-ENGINE_ARGS = ["--max-num-seqs 0", "--tensor-parallel-size 0", "--tensor-parallel-size -1", "--block-size 7",
-               "--max-model-len 0", "--max-num-batched-tokens 1", "--gpu-memory-utilization 1.5",
-               "--gpu-memory-utilization nan", "--tensor-parallel-size 2 --tp 4", "--kv-cache-dtype fp3",
-               "--quantization nope", "--max-num-seqs 9999999999999999999", "--unknown-flag 3"]
+HOSTILE_TEXT = [
+    "",
+    " ",
+    "'",
+    '"',
+    "a'b",
+    'say "hi',
+    "--max-num-seqs 'unbalanced",
+    "ü✓",
+    "x" * 300,
+    "0",
+    "-1",
+    "nan",
+    "inf",
+    "1e999",
+    "none",
+    "auto",
+    "request-rate=1,nan",
+    "max-concurrency=0",
+    "ttft:nan",
+    "tpot:-5",
+]
+ENGINE_ARGS = [
+    "--max-num-seqs 0",
+    "--tensor-parallel-size 0",
+    "--tensor-parallel-size -1",
+    "--block-size 7",
+    "--max-model-len 0",
+    "--max-num-batched-tokens 1",
+    "--gpu-memory-utilization 1.5",
+    "--gpu-memory-utilization nan",
+    "--tensor-parallel-size 2 --tp 4",
+    "--kv-cache-dtype fp3",
+    "--quantization nope",
+    "--max-num-seqs 9999999999999999999",
+    "--unknown-flag 3",
+]
 INTS = [0, -1, 1, 3, 2**31, 2**63, 10**30]
 FLOATS = [0.0, -0.0, -1.0, 1e-9, 0.5, 2.0, 1e308, math.nan, math.inf, -math.inf]
 AMOUNTS = [-1, 0, 1, 2, 4, math.nan, math.inf, -math.inf, 0.5]
@@ -112,15 +180,20 @@ def _option_kind(param: Any) -> type:
 
 def _flags(verb: str) -> list[tuple[str, type]]:
     command = typer.main.get_command(app).get_command(None, verb)  # type: ignore[attr-defined]
-    return [((param.opts or [param.name])[0], _option_kind(param)) for param in command.params
-            if param.name not in SKIPPED]
+    return [
+        ((param.opts or [param.name])[0], _option_kind(param)) for param in command.params if param.name not in SKIPPED
+    ]
 
 
 def _names(verb: str) -> list[str]:
     """The verb's flags and arguments as an error may name them: --flag, 'argument' or ARGUMENT."""
     command = typer.main.get_command(app).get_command(None, verb)  # type: ignore[attr-defined]
-    return [name for param in command.params
-            for name in (*param.opts, f"'{param.name}'", str(param.name).upper()) if len(name) > 2]
+    return [
+        name
+        for param in command.params
+        for name in (*param.opts, f"'{param.name}'", str(param.name).upper())
+        if len(name) > 2
+    ]
 
 
 def _values(flag: str, kind: type, paths: list[str]) -> st.SearchStrategy[list[str]]:
@@ -151,7 +224,8 @@ def command_lines(verb: str, inputs: dict[str, Path]) -> st.SearchStrategy[list[
     base = [word.format(inputs=inputs["empty_dir"].parent) for word in BASE[verb]]
     one = st.sampled_from(_flags(verb)).flatmap(lambda fk: _values(fk[0], fk[1], paths))
     return st.lists(one, min_size=0 if verb != "report" else 1, max_size=3).map(
-        lambda chosen: [verb, *base, *(word for words in chosen for word in words)])
+        lambda chosen: [verb, *base, *(word for words in chosen for word in words)]
+    )
 
 
 class Runaway(BaseException):
@@ -161,6 +235,7 @@ class Runaway(BaseException):
 @contextlib.contextmanager
 def bounded(seconds: float, headroom: int) -> Iterator[None]:
     """Run the block with a wall-clock alarm and an address-space limit, both lifted after it."""
+
     def alarm(signum: int, frame: object) -> None:
         raise Runaway(f"still running after {seconds} s")
 
@@ -205,8 +280,11 @@ def problems(argv: list[str], workdir: Path) -> list[str]:
     if result.exit_code not in ALLOWED_EXITS:
         found.append(f"exit {result.exit_code}")
     if "Traceback" in output or "bug:" in output or (result.exception and not isinstance(result.exception, SystemExit)):
-        found.append(f"traceback: {type(result.exception).__name__}: {result.exception}" if result.exception
-                     else "traceback printed")
+        found.append(
+            f"traceback: {type(result.exception).__name__}: {result.exception}"
+            if result.exception
+            else "traceback printed"
+        )
     if result.exit_code == 2:
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         if len(lines) != 1:
@@ -224,10 +302,17 @@ DRAWS_PER_VERB = 20
 
 
 @pytest.mark.parametrize("verb", list(VERBS))
-def test_every_command_ends_cleanly_on_any_flag_values(verb: str, inputs: dict[str, Path],
-                                                       tmp_path_factory: pytest.TempPathFactory):
-    @settings(max_examples=DRAWS_PER_VERB, deadline=None, derandomize=True, database=None,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+def test_every_command_ends_cleanly_on_any_flag_values(
+    verb: str, inputs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+):
+    @settings(
+        max_examples=DRAWS_PER_VERB,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(argv=command_lines(verb, inputs))
     def check(argv: list[str]) -> None:
         workdir = tmp_path_factory.mktemp("cwd")

@@ -50,7 +50,7 @@ def test_a_sweep_saturates_and_writes_sweep_json(tmp_path: Path):
     for point in index["points"]:
         info = json.loads((out / point["directory"] / RUN).read_text())
         assert info["source"] == "sim" and info["sweep_point"] == {"max-concurrency": point["max-concurrency"]}
-    assert json.loads(result.stdout[result.stdout.index("{"):]) == index
+    assert json.loads(result.stdout[result.stdout.index("{") :]) == index
 
 
 def test_the_same_seed_gives_the_same_files_and_another_seed_does_not(tmp_path: Path):
@@ -67,7 +67,9 @@ def test_the_same_seed_gives_the_same_files_and_another_seed_does_not(tmp_path: 
 
 
 def test_an_obsolete_flag_is_reported_and_the_run_goes_on(tmp_path: Path):
-    result = simulate(*A100, *SMALL, "--engine-args", "--use-v2-block-manager --max-num-seqs 16", "--result-dir", str(tmp_path / "r"))
+    result = simulate(
+        *A100, *SMALL, "--engine-args", "--use-v2-block-manager --max-num-seqs 16", "--result-dir", str(tmp_path / "r")
+    )
     assert result.exit_code == 0, result.output
     assert "warning" in result.output and "--use-v2-block-manager" in result.output and "obsolete" in result.output
     info = json.loads((tmp_path / "r" / RUN).read_text())
@@ -113,9 +115,17 @@ def test_an_moe_config_is_refused(tmp_path: Path):
     model = tmp_path / "moe"
     model.mkdir()
     config = {
-        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": 4096,
-        "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000,
-        "num_local_experts": 8, "num_experts_per_tok": 2, "torch_dtype": "bfloat16",
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 32000,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "torch_dtype": "bfloat16",
     }
     (model / "config.json").write_text(json.dumps(config))
     result = simulate("--gpu", "h100-sxm", "--model", str(model), "--result-dir", str(tmp_path / "never"))
@@ -125,13 +135,29 @@ def test_an_moe_config_is_refused(tmp_path: Path):
 
 def test_goodput_takes_several_values_after_one_flag_as_vllm_does(tmp_path):
     out = tmp_path / "sim"
-    argv = ["simulate", *A100, *SMALL, "--request-rate", "4", "--goodput", "ttft:500", "tpot:50", "--result-dir", str(out)]
+    argv = [
+        "simulate",
+        *A100,
+        *SMALL,
+        "--request-rate",
+        "4",
+        "--goodput",
+        "ttft:500",
+        "tpot:50",
+        "--result-dir",
+        str(out),
+    ]
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 0
     assert json.loads((out / "run.json").read_text())["flags"]["goodput"] == ["ttft:500", "tpot:50"]
     assert spread_goodput_values(["--goodput", "ttft:5", "RESULTS:dir", "--goodput", "e2el:9 x"]) == [
-        "--goodput", "ttft:5", "RESULTS:dir", "--goodput", "e2el:9 x"]
+        "--goodput",
+        "ttft:5",
+        "RESULTS:dir",
+        "--goodput",
+        "e2el:9 x",
+    ]
 
 
 @pytest.mark.parametrize("verb", ["bench", "simulate", "tune"])
@@ -162,7 +188,9 @@ def test_deployment_server_and_slo_flags_are_one_declaration_in_every_verb():
     import typer.main
 
     group = typer.main.get_command(app)
-    commands = {verb: group.get_command(None, verb) for verb in SHARED_DEPLOYMENT_FLAGS}  # built on demand (servelab.cli.VERBS)
+    commands = {
+        verb: group.get_command(None, verb) for verb in SHARED_DEPLOYMENT_FLAGS
+    }  # built on demand (servelab.cli.VERBS)
     seen: dict[str, tuple] = {}
     for verb, names in SHARED_DEPLOYMENT_FLAGS.items():
         params = {p.name: p for p in commands[verb].params}

@@ -14,16 +14,25 @@ def capacity():
 
 
 def server_stats(writes: dict[str, list[float]], arrival: dict[str, float], wall_minus_perf: float) -> dict:
-    return {"arrival": arrival, "first_write": {k: v[0] for k, v in writes.items()}, "writes": writes,
-            "wall_minus_perf": wall_minus_perf}
+    return {
+        "arrival": arrival,
+        "first_write": {k: v[0] for k, v in writes.items()},
+        "writes": writes,
+        "wall_minus_perf": wall_minus_perf,
+    }
 
 
 def test_a_wall_clock_peer_is_moved_onto_the_servers_clock(capacity):
     """AIPerf stamps with time.time(): 2 ms after the first write, 3 ms more than the server's 10 ms TTFT."""
     shift = 1000.0
     stats = server_stats({"a": [100.010, 100.030, 100.050]}, {"a": 100.0}, shift)
-    timings = {"a": {"send": 99.999 + shift, "chunks": [100.012 + shift, 100.0325 + shift, 100.052 + shift],
-                     "wall_clock": True}}
+    timings = {
+        "a": {
+            "send": 99.999 + shift,
+            "chunks": [100.012 + shift, 100.0325 + shift, 100.052 + shift],
+            "wall_clock": True,
+        }
+    }
     row = capacity._accuracy(timings, stats, concurrency=1)
     assert row["added_ttft_from_write_p50_ms"] == pytest.approx(2.0, abs=1e-6)
     assert row["added_ttft_from_arrival_p50_ms"] == pytest.approx(3.0, abs=1e-6)

@@ -35,8 +35,17 @@ def light_closed_loop(concurrency=256, waves=8, startup_spread_s=0.25):
 
 def test_the_start_up_wave_is_reported_apart_and_does_not_raise_a_warning():
     intended, lags = light_closed_loop()
-    stats = client_stats(lags, [0.0003] * 500, 3.0, 30.0, intended_s=intended, loop_at_s=[0.1 * i for i in range(500)],
-                         loop_weights=[256] * 500, typical_gap_ms=20.0, mean_lifetime_ms=1300.0)
+    stats = client_stats(
+        lags,
+        [0.0003] * 500,
+        3.0,
+        30.0,
+        intended_s=intended,
+        loop_at_s=[0.1 * i for i in range(500)],
+        loop_weights=[256] * 500,
+        typical_gap_ms=20.0,
+        mean_lifetime_ms=1300.0,
+    )
     assert stats["p99_schedule_lag_ms"] > 200  # the old verdict fired on this
     assert not stats["client_may_be_bottleneck"], stats["reason"]
     wave = stats["startup_wave"]
@@ -46,8 +55,17 @@ def test_the_start_up_wave_is_reported_apart_and_does_not_raise_a_warning():
 
 def test_a_material_added_delay_is_a_warning_that_says_how_much():
     intended, lags = light_closed_loop(startup_spread_s=0.001)
-    stats = client_stats(lags, [0.004] * 100, 1.0, 10.0, intended_s=intended, loop_at_s=[1.0 + 0.01 * i for i in range(100)],
-                         loop_weights=[64] * 100, typical_gap_ms=20.0, mean_lifetime_ms=1300.0)
+    stats = client_stats(
+        lags,
+        [0.004] * 100,
+        1.0,
+        10.0,
+        intended_s=intended,
+        loop_at_s=[1.0 + 0.01 * i for i in range(100)],
+        loop_weights=[64] * 100,
+        typical_gap_ms=20.0,
+        mean_lifetime_ms=1300.0,
+    )
     assert stats["client_may_be_bottleneck"]
     assert "added ~4.0 ms" in stats["reason"] and "20% of the median inter-token gap" in stats["reason"]
 

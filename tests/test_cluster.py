@@ -47,9 +47,17 @@ NODE_SLOT = "node_slot"
 SIM_ARGS = "--block-size 128 --kv-cache-memory-bytes 1G"
 LINE = "--max-model-len 4096 --max-num-seqs 2"
 TINY_CONFIG = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 128, "intermediate_size": 352,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 4096,
-    "max_position_embeddings": 8192, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 128,
+    "intermediate_size": 352,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 4096,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
 }
 
 
@@ -143,12 +151,46 @@ def test_ray_is_not_imported_without_ray_address(tmp_path: Path, tiny_config: Pa
         "print('ray' in sys.modules, 'servelab.cluster.ray_pool' in sys.modules)\n"
     )
     common = ["--random-input-len", "256", "--random-output-len", "32", "--json"]
-    tune = ["tune", "--gpu", "cpu", "--model", str(tiny_config), "--engine-args", LINE, "--sim-args", SIM_ARGS,
-            "--space", "max_num_seqs=2,8", "--sim-prompts", "40", "--goodput", "ttft:500", "--result-dir", str(tmp_path / "tune"), *common]
-    simulate = ["simulate", "--gpu", "cpu", "--model", str(tiny_config), "--engine-args", f"{LINE} {SIM_ARGS}",
-                "--num-prompts", "20", "--result-dir", str(tmp_path / "sim"), *common]
-    done = subprocess.run([sys.executable, "-c", program, "\x1f".join(tune), "\x1f".join(simulate)],
-                          capture_output=True, text=True, timeout=600)
+    tune = [
+        "tune",
+        "--gpu",
+        "cpu",
+        "--model",
+        str(tiny_config),
+        "--engine-args",
+        LINE,
+        "--sim-args",
+        SIM_ARGS,
+        "--space",
+        "max_num_seqs=2,8",
+        "--sim-prompts",
+        "40",
+        "--goodput",
+        "ttft:500",
+        "--result-dir",
+        str(tmp_path / "tune"),
+        *common,
+    ]
+    simulate = [
+        "simulate",
+        "--gpu",
+        "cpu",
+        "--model",
+        str(tiny_config),
+        "--engine-args",
+        f"{LINE} {SIM_ARGS}",
+        "--num-prompts",
+        "20",
+        "--result-dir",
+        str(tmp_path / "sim"),
+        *common,
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", program, "\x1f".join(tune), "\x1f".join(simulate)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "False False"
     assert (tmp_path / "tune" / "tune.json").exists() and (tmp_path / "sim" / "summary.json").exists()
@@ -162,8 +204,23 @@ def test_ray_address_without_ray_installed_is_one_clear_error(tmp_path: Path, ti
         "from servelab.cli import main\n"
         "main(sys.argv[1:])\n"
     )
-    argv = ["tune", "--gpu", "cpu", "--model", str(tiny_config), "--engine-args", LINE, "--space", "max_num_seqs=2,8",
-            "--goodput", "ttft:500", "--ray-address", "auto", "--result-dir", str(tmp_path / "tune")]
+    argv = [
+        "tune",
+        "--gpu",
+        "cpu",
+        "--model",
+        str(tiny_config),
+        "--engine-args",
+        LINE,
+        "--space",
+        "max_num_seqs=2,8",
+        "--goodput",
+        "ttft:500",
+        "--ray-address",
+        "auto",
+        "--result-dir",
+        str(tmp_path / "tune"),
+    ]
     done = subprocess.run([sys.executable, "-c", program, *argv], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == "error: --ray-address needs Ray: pip install 'servelab[ray]'"
@@ -182,14 +239,17 @@ def test_stage1_on_two_nodes_is_the_sequential_study(tmp_path: Path, tiny_config
     spread = run(_request(tiny_config, tmp_path / "two", space, pool=pool)).model_dump(mode="json")
 
     def scores(doc: dict[str, Any]) -> dict[int, tuple[Any, ...]]:
-        return {t["number"]: (json.dumps(t["params"], sort_keys=True), t["score"], t["feasible"]) for t in doc["trials"]}
+        return {
+            t["number"]: (json.dumps(t["params"], sort_keys=True), t["score"], t["feasible"]) for t in doc["trials"]
+        }
 
     assert len(spread["trials"]) == 10
     assert scores(spread) == scores(sequential)
     assert spread["ranking"] == sequential["ranking"]
     assert spread["recommendation"] == sequential["recommendation"]
     assert sorted(p.name for p in (tmp_path / "two" / "stage1").iterdir()) == sorted(
-        p.name for p in (tmp_path / "one" / "stage1").iterdir())
+        p.name for p in (tmp_path / "one" / "stage1").iterdir()
+    )
 
     written = {p: p.stat().st_mtime_ns for p in (tmp_path / "two" / "stage1").glob("*/trial.json")}
     resumed = run(_request(tiny_config, tmp_path / "two", space, pool=pool, resume=True)).model_dump(mode="json")
@@ -200,8 +260,10 @@ def test_stage1_on_two_nodes_is_the_sequential_study(tmp_path: Path, tiny_config
 def _vllm_command(vllm_python: Path, tiny_model: Path, pids: Path) -> str:
     """The real vLLM CPU server, started through a shell that first appends its PID (the server's, after
     exec) to `pids`: the test can then check by PID that no server outlived its trial, wherever it ran."""
-    server = (f"{vllm_python} -m vllm.entrypoints.openai.api_server --model {tiny_model} "
-              "--served-model-name tiny-qwen {engine_args} --host {host} --port {port}")
+    server = (
+        f"{vllm_python} -m vllm.entrypoints.openai.api_server --model {tiny_model} "
+        "--served-model-name tiny-qwen {engine_args} --host {host} --port {port}"
+    )
     return f"sh -c 'echo $$ >> {pids}; exec {server}'"
 
 
@@ -228,10 +290,18 @@ def test_stage2_trials_run_side_by_side_on_two_nodes(
 
     _vllm_pool.stop_default()  # the session's server would share the 2 cores with these three
     pids = tmp_path / "pids"
-    server = ServerCommand(_vllm_command(vllm_python, tiny_model, pids), env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-                           startup_timeout=900)
-    request = _request(tiny_model, tmp_path / "tune", ["max_num_seqs=2,8,32"], top_k=2, server=server,
-                       pool=RayPool(two_nodes.address), gpu_resource=TRIAL_GPU)
+    server = ServerCommand(
+        _vllm_command(vllm_python, tiny_model, pids), env={"VLLM_CPU_KVCACHE_SPACE": "1"}, startup_timeout=900
+    )
+    request = _request(
+        tiny_model,
+        tmp_path / "tune",
+        ["max_num_seqs=2,8,32"],
+        top_k=2,
+        server=server,
+        pool=RayPool(two_nodes.address),
+        gpu_resource=TRIAL_GPU,
+    )
     doc = run(request).model_dump(mode="json")
 
     results = doc["stage2"]["results"]
@@ -242,13 +312,22 @@ def test_stage2_trials_run_side_by_side_on_two_nodes(
         directory = Path(r["directory"])
         assert directory.parent == tmp_path / "tune" / "stage2"
         summary = json.loads((directory / "summary.json").read_text())
-        assert summary["completed"] == 64 and (directory / "records.jsonl").exists() and (directory / "server.log").exists()
-    # (the three servers share the host's cores, so their scores rank nothing: benchmarks/ray_stage2_speed.py times them)
+        assert (
+            summary["completed"] == 64
+            and (directory / "records.jsonl").exists()
+            and (directory / "server.log").exists()
+        )
+    # (the three servers share the host's cores, so their scores rank nothing: benchmarks/ray_stage2_speed.py times
+    # them)
     assert doc["recommendation"]["source"] == "stage2" and doc["recommendation"]["params"] != {}
     started = [int(line) for line in pids.read_text().split()]
     assert len(started) == 3 and not _wait_gone(started, within=10.0)
-    report = subprocess.run(_servelab("report", str(tmp_path / "tune"), "-o", str(tmp_path / "report.html")),
-                            capture_output=True, text=True, timeout=300)
+    report = subprocess.run(
+        _servelab("report", str(tmp_path / "tune"), "-o", str(tmp_path / "report.html")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert report.returncode == 0 and (tmp_path / "report.html").stat().st_size > 0, report.stderr
 
 
@@ -273,31 +352,74 @@ def _healthy(pid: int) -> bool:
 
 
 @pytest.mark.ray
-def test_simulate_sweep_on_two_nodes_writes_the_sequential_sweep(tmp_path: Path, tiny_config: Path, two_nodes: TwoNodes) -> None:
+def test_simulate_sweep_on_two_nodes_writes_the_sequential_sweep(
+    tmp_path: Path, tiny_config: Path, two_nodes: TwoNodes
+) -> None:
     """`simulate --sweep ... --ray-address`: every point simulated on the cluster, the same curve and files here."""
-    argv = _servelab("simulate", "--gpu", "cpu", "--model", str(tiny_config), "--engine-args", f"{LINE} {SIM_ARGS}",
-                     "--random-input-len", "256", "--random-output-len", "32", "--num-prompts", "60",
-                     "--sweep", "request-rate=1,2,4,8,16", "--json")
+    argv = _servelab(
+        "simulate",
+        "--gpu",
+        "cpu",
+        "--model",
+        str(tiny_config),
+        "--engine-args",
+        f"{LINE} {SIM_ARGS}",
+        "--random-input-len",
+        "256",
+        "--random-output-len",
+        "32",
+        "--num-prompts",
+        "60",
+        "--sweep",
+        "request-rate=1,2,4,8,16",
+        "--json",
+    )
     one = subprocess.run([*argv, "--result-dir", str(tmp_path / "one")], capture_output=True, text=True, timeout=600)
-    spread = subprocess.run([*argv, "--result-dir", str(tmp_path / "two"), "--ray-address", two_nodes.address],
-                            capture_output=True, text=True, timeout=600)
+    spread = subprocess.run(
+        [*argv, "--result-dir", str(tmp_path / "two"), "--ray-address", two_nodes.address],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert one.returncode == 0 and spread.returncode == 0, spread.stderr
 
     def curve(doc: dict[str, Any]) -> list[tuple[Any, ...]]:
-        return [(p["request-rate"], p["directory"], p["completed"], p["mean_ttft_ms"], p["output_throughput"]) for p in doc["points"]]
+        return [
+            (p["request-rate"], p["directory"], p["completed"], p["mean_ttft_ms"], p["output_throughput"])
+            for p in doc["points"]
+        ]
 
     assert curve(json.loads(spread.stdout)) == curve(json.loads(one.stdout))
     assert len(json.loads(spread.stdout)["points"]) == 5
     for point in json.loads(spread.stdout)["points"]:
         directory = tmp_path / "two" / point["directory"]
-        assert sorted(p.name for p in directory.iterdir()) == sorted(p.name for p in (tmp_path / "one" / point["directory"]).iterdir())
-        assert (directory / "records.jsonl").read_text() == (tmp_path / "one" / point["directory"] / "records.jsonl").read_text()
+        assert sorted(p.name for p in directory.iterdir()) == sorted(
+            p.name for p in (tmp_path / "one" / point["directory"]).iterdir()
+        )
+        assert (directory / "records.jsonl").read_text() == (
+            tmp_path / "one" / point["directory"] / "records.jsonl"
+        ).read_text()
 
 
 def test_simulate_ray_address_without_sweep_is_refused(tmp_path: Path, tiny_config: Path) -> None:
-    done = subprocess.run(_servelab("simulate", "--gpu", "cpu", "--model", str(tiny_config), "--num-prompts", "10",
-                                    "--ray-address", "auto", "--result-dir", str(tmp_path / "sim")),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        _servelab(
+            "simulate",
+            "--gpu",
+            "cpu",
+            "--model",
+            str(tiny_config),
+            "--num-prompts",
+            "10",
+            "--ray-address",
+            "auto",
+            "--result-dir",
+            str(tmp_path / "sim"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2
     assert "--ray-address spreads the points of a --sweep" in done.stderr and not (tmp_path / "sim").exists()
 
@@ -305,9 +427,27 @@ def test_simulate_ray_address_without_sweep_is_refused(tmp_path: Path, tiny_conf
 def _bench_clients(vllm_server: Any, two_nodes: TwoNodes, out: Path, clients: int, *load: str) -> list[str]:
     """`servelab bench` against the real server from `clients` actors on the module's cluster, capped at CAP."""
     return _servelab(
-        "bench", "--base-url", vllm_server.base_url, "--model", vllm_server.model_name, "--ignore-eos",
-        "--random-input-len", "64", "--random-output-len", "16", "--max-concurrency", str(CAP), *load,
-        "--result-dir", str(out), "--json", "--ray-address", two_nodes.address, "--clients", str(clients))
+        "bench",
+        "--base-url",
+        vllm_server.base_url,
+        "--model",
+        vllm_server.model_name,
+        "--ignore-eos",
+        "--random-input-len",
+        "64",
+        "--random-output-len",
+        "16",
+        "--max-concurrency",
+        str(CAP),
+        *load,
+        "--result-dir",
+        str(out),
+        "--json",
+        "--ray-address",
+        two_nodes.address,
+        "--clients",
+        str(clients),
+    )
 
 
 CAP = 4
@@ -320,8 +460,14 @@ def _records(out: Path) -> list[dict[str, Any]]:
 def _peak_in_flight(records: list[dict[str, Any]], tolerance: float, after: float = float("-inf")) -> int:
     """The most requests in flight at once (at a send after `after`) in merged records, counting two requests as
     overlapping only beyond `tolerance` (the clients' clock error bound: their times are aligned to that)."""
-    return max((sum(1 for q in records if q["send_time"] <= r["send_time"] < q["finish_time"] - tolerance)
-                for r in records if r["send_time"] > after), default=0)
+    return max(
+        (
+            sum(1 for q in records if q["send_time"] <= r["send_time"] < q["finish_time"] - tolerance)
+            for r in records
+            if r["send_time"] > after
+        ),
+        default=0,
+    )
 
 
 @pytest.mark.vllm
@@ -333,15 +479,34 @@ def test_bench_from_three_clients_shares_one_cap_and_sends_the_same_requests_as_
     in one records.jsonl on the driver, the same tokens as `--clients 1`; across the clients never more than 4
     requests in flight (from the records' send and finish times), and 4 at some point (one cap, not 2+1+1); each
     client's clock, overhead and slot-broker round trips recorded."""
+
     def bench(clients: int) -> dict[str, Any]:
         out = tmp_path / f"clients-{clients}"
-        done = subprocess.run(_bench_clients(vllm_server, two_nodes, out, clients, "--num-prompts", "24",
-                                             "--dataset-name", "multiturn", "--multiturn-turns", "2"),
-                              capture_output=True, text=True, timeout=900)
+        done = subprocess.run(
+            _bench_clients(
+                vllm_server,
+                two_nodes,
+                out,
+                clients,
+                "--num-prompts",
+                "24",
+                "--dataset-name",
+                "multiturn",
+                "--multiturn-turns",
+                "2",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert done.returncode == 0, done.stderr
         records = _records(out)
-        return {"summary": json.loads(done.stdout), "records": records,
-                "indices": sorted(r["index"] for r in records), "statuses": {r["status"] for r in records}}
+        return {
+            "summary": json.loads(done.stdout),
+            "records": records,
+            "indices": sorted(r["index"] for r in records),
+            "statuses": {r["status"] for r in records},
+        }
 
     one, three = bench(1), bench(3)
     assert three["indices"] == one["indices"] == list(range(24)) and three["statuses"] == one["statuses"] == {"ok"}
@@ -385,12 +550,19 @@ def test_a_killed_clients_slots_go_back_to_the_others(tmp_path: Path, vllm_serve
     out = tmp_path / "killed"
     # 64-token answers (the other tests' 16 end in ~70 ms, no longer than a loaded host's broker round trip and
     # near the clock tolerance the overlaps are counted beyond): the two survivors must be able to fill the cap.
-    proc = subprocess.Popen(_bench_clients(vllm_server, two_nodes, out, 3, "--num-prompts", "120", "--random-output-len", "64"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _bench_clients(vllm_server, two_nodes, out, 3, "--num-prompts", "120", "--random-output-len", "64"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and proc.poll() is None and (
-                not (out / "records.jsonl").exists() or len(_records(out)) < 8):
+        while (
+            time.monotonic() < deadline
+            and proc.poll() is None
+            and (not (out / "records.jsonl").exists() or len(_records(out)) < 8)
+        ):
             time.sleep(0.2)
         victims = _ray_children(two_nodes, "ClientActor")
         assert proc.poll() is None and len(victims) == 3, victims
@@ -435,12 +607,15 @@ def test_a_client_killed_before_it_reported_anything_leaves_a_record_of_each_req
     from servelab.workload.plan import build_plan
 
     def plan() -> Any:
-        return build_plan(WorkloadConfig(input_len=32, output_len=8), ArrivalConfig(max_concurrency=CAP), Amount(num_prompts=12))
+        return build_plan(
+            WorkloadConfig(input_len=32, output_len=8), ArrivalConfig(max_concurrency=CAP), Amount(num_prompts=12)
+        )
 
     written: list[Any] = []
     with socket.create_server(("127.0.0.1", 0)) as listener:
-        clients = RayClients(two_nodes.address, 2, {"base_url": f"http://127.0.0.1:{listener.getsockname()[1]}",
-                                                    "model": "tiny"}, plan)
+        clients = RayClients(
+            two_nodes.address, 2, {"base_url": f"http://127.0.0.1:{listener.getsockname()[1]}", "model": "tiny"}, plan
+        )
         with ThreadPoolExecutor(1) as pool:
             run = pool.submit(clients.run, plan(), type("Sink", (), {"write": staticmethod(written.append)})())
             listener.settimeout(120)
@@ -483,7 +658,9 @@ def test_a_shared_cap_with_workers_is_refused_before_any_client_starts(two_nodes
     from servelab.workload.plan import build_plan
 
     def plan() -> Any:
-        return build_plan(WorkloadConfig(input_len=32, output_len=8), ArrivalConfig(max_concurrency=4), Amount(num_prompts=4))
+        return build_plan(
+            WorkloadConfig(input_len=32, output_len=8), ArrivalConfig(max_concurrency=4), Amount(num_prompts=4)
+        )
 
     written: list[Any] = []
     clients = RayClients(two_nodes.address, 2, {"base_url": "http://127.0.0.1:9", "model": "tiny", "workers": 2}, plan)
@@ -505,7 +682,9 @@ def test_a_client_that_dies_before_the_run_starts_is_one_clear_error_and_nothing
     from servelab.workload.plan import build_plan
 
     def plan() -> Any:
-        return build_plan(WorkloadConfig(input_len=32, output_len=8), ArrivalConfig(max_concurrency=4), Amount(num_prompts=4))
+        return build_plan(
+            WorkloadConfig(input_len=32, output_len=8), ArrivalConfig(max_concurrency=4), Amount(num_prompts=4)
+        )
 
     clients = RayClients(two_nodes.address, 2, {"base_url": "http://127.0.0.1:9", "model": "tiny"}, plan)
     seen: list[Any] = []
@@ -551,8 +730,11 @@ def test_clients_share_one_plan_with_conversations_whole_and_the_whole_cap() -> 
     from servelab.workload.plan import build_plan
 
     def plan() -> Any:
-        return build_plan(WorkloadConfig(dataset_name="multiturn", turns=3, input_len=32, output_len=8),
-                          ArrivalConfig(max_concurrency=7), Amount(num_prompts=30))
+        return build_plan(
+            WorkloadConfig(dataset_name="multiturn", turns=3, input_len=32, output_len=8),
+            ArrivalConfig(max_concurrency=7),
+            Amount(num_prompts=30),
+        )
 
     whole = list(plan().requests)
     shares = [owned(plan(), 3, i, deque()) for i in range(3)]
@@ -561,7 +743,9 @@ def test_clients_share_one_plan_with_conversations_whole_and_the_whole_cap() -> 
     assert [s.max_concurrency for s in shares] == [7, 7, 7] and all(parts)
     owner = {r.index: i for i, part in enumerate(parts) for r in part}
     assert all(owner[r.index] == owner[r.depends_on] for r in whole if r.depends_on is not None)
-    assert [(r.index, r.arrival_time) for r in parts[1]] == [(r.index, r.arrival_time) for r in whole if owner[r.index] == 1]
+    assert [(r.index, r.arrival_time) for r in parts[1]] == [
+        (r.index, r.arrival_time) for r in whole if owner[r.index] == 1
+    ]
 
 
 def test_slot_broker_lends_each_slot_once_and_takes_back_a_leaving_clients() -> None:
@@ -659,12 +843,44 @@ def test_trial_on_a_killed_node_is_recorded_failed_and_leaves_no_server(
     pids = tmp_path / "pids"
     output = tmp_path / "tune"
     argv = _servelab(
-        "tune", "--gpu", "cpu", "--model", str(tiny_config), "--engine-args", LINE, "--sim-args", SIM_ARGS,
-        "--space", "max_num_seqs=2,8", "--top-k", "1", "--sim-prompts", "60", "--goodput", "ttft:500",
-        "--random-input-len", "256", "--random-output-len", "32", "--max-concurrency", "8",
-        "--num-prompts", "400", "--result-dir", str(output), "--json",
-        "--server-cmd", _vllm_command(vllm_python, tiny_model, pids), "--server-env", "VLLM_CPU_KVCACHE_SPACE=1",
-        "--startup-timeout", "900", "--ray-address", two_nodes.address, "--ray-gpu-resource", NODE_SLOT,
+        "tune",
+        "--gpu",
+        "cpu",
+        "--model",
+        str(tiny_config),
+        "--engine-args",
+        LINE,
+        "--sim-args",
+        SIM_ARGS,
+        "--space",
+        "max_num_seqs=2,8",
+        "--top-k",
+        "1",
+        "--sim-prompts",
+        "60",
+        "--goodput",
+        "ttft:500",
+        "--random-input-len",
+        "256",
+        "--random-output-len",
+        "32",
+        "--max-concurrency",
+        "8",
+        "--num-prompts",
+        "400",
+        "--result-dir",
+        str(output),
+        "--json",
+        "--server-cmd",
+        _vllm_command(vllm_python, tiny_model, pids),
+        "--server-env",
+        "VLLM_CPU_KVCACHE_SPACE=1",
+        "--startup-timeout",
+        "900",
+        "--ray-address",
+        two_nodes.address,
+        "--ray-gpu-resource",
+        NODE_SLOT,
     )
     log = (tmp_path / "tune.log").open("w")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)

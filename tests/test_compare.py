@@ -20,8 +20,23 @@ SMALL = ["--random-input-len", "600", "--random-output-len", "40", "--num-prompt
 
 def test_compare_json_is_the_typed_comparison(tmp_path: Path):
     out = tmp_path / "compare.json"
-    result = runner.invoke(app, ["compare", *H100, *SMALL, "--sweep", "request-rate=2,inf", "--goodput", "ttft:2000",
-                                 "--sglang-args", "--schedule-policy lpm --no-such-flag", "--out", str(out), "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "compare",
+            *H100,
+            *SMALL,
+            "--sweep",
+            "request-rate=2,inf",
+            "--goodput",
+            "ttft:2000",
+            "--sglang-args",
+            "--schedule-policy lpm --no-such-flag",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     jsonschema.validate(doc, json_schema("compare"))
@@ -49,8 +64,22 @@ def test_compare_refuses_an_unknown_engine_before_any_load():
 
 def test_simulate_engine_records_it_and_reports_flags_it_does_not_model(tmp_path: Path):
     out = tmp_path / "run"
-    result = runner.invoke(app, ["simulate", *H100, *SMALL, "--request-rate", "4", "--engine", "trtllm",
-                                 "--engine-args", "--max_batch_size 64 --enable_overlap_scheduler", "--result-dir", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            *H100,
+            *SMALL,
+            "--request-rate",
+            "4",
+            "--engine",
+            "trtllm",
+            "--engine-args",
+            "--max_batch_size 64 --enable_overlap_scheduler",
+            "--result-dir",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     info = json.loads((out / RUN).read_text())
     assert info["deployment"]["engine"] == "trtllm"

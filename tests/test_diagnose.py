@@ -27,16 +27,22 @@ PLANTED = {
     # a batch cap of 8 under 20 req/s of short requests: a queue forms while KV sits empty.
     fk.MAX_NUM_SEQS_BOUND: ("--max-num-seqs 8", dict(input_len=128, output_len=128, request_rate=20), None),
     # 1,500 blocks (24k tokens) for 64 concurrent 1,500-token sequences: preemptions.
-    fk.KV_CAPACITY_BOUND: ("--num-gpu-blocks-override 1500 --max-model-len 4096",
-                           dict(input_len=1000, output_len=500, max_concurrency=64), None),
+    fk.KV_CAPACITY_BOUND: (
+        "--num-gpu-blocks-override 1500 --max-model-len 4096",
+        dict(input_len=1000, output_len=500, max_concurrency=64),
+        None,
+    ),
     # long answers at the full batch: decode steps fill the engine's time. Four API servers: vLLM's measured
     # streaming cost (~0.18 ms of API-server CPU per output token) would otherwise make one API core the limit.
     # At ~250 sequences a 7B model's weight GEMMs do ~190 FLOP per weight byte, above the A100's ridge of ~150: the
     # step is compute-bound, not bandwidth-bound.
     fk.DECODE_COMPUTE_BOUND: ("--api-server-count 4", dict(input_len=128, output_len=1024, max_concurrency=256), None),
     # The same answers 64 at a time: the step reads its 15 GB of weights for a batch far below the ridge.
-    fk.DECODE_BANDWIDTH_BOUND: ("--api-server-count 4 --max-num-seqs 64",
-                                dict(input_len=128, output_len=2048, max_concurrency=64), None),
+    fk.DECODE_BANDWIDTH_BOUND: (
+        "--api-server-count 4 --max-num-seqs 64",
+        dict(input_len=128, output_len=2048, max_concurrency=64),
+        None,
+    ),
     # a TPOT bound that 2,048-token prefill chunks break at moderate load.
     fk.SLO_TRADEOFF: ("", dict(input_len=1500, output_len=200, request_rate=5), "ttft:3000 tpot:20"),
     # CUDA graphs off at a small batch: launching 28 layers' kernels takes longer than running them.
@@ -77,8 +83,11 @@ def test_the_client_caveat_carries_the_delay_the_client_added_and_stays_silent_w
     d = build_deployment("a100-80gb", "qwen2.5-7b")
     scenario = synthetic(100, 100, max_concurrency=4)
     run = simulate(d, scenario)
-    run.run_info["client_stats"] = {"client_may_be_bottleneck": True, "reason": "it added ~12.0 ms",
-                                    "added_delay": {"mean_ms": 12.0, "p99_ms": 40.0}}
+    run.run_info["client_stats"] = {
+        "client_may_be_bottleneck": True,
+        "reason": "it added ~12.0 ms",
+        "added_delay": {"mean_ms": 12.0, "p99_ms": 40.0},
+    }
     dx = analyse(d, scenario, run, source="measured", with_recommendations=False)
     assert "estimated client-added delay 12.0 ms per timestamp" in dx.caveats[0].evidence[1]
     assert "% of it)" in dx.caveats[0].evidence[1]  # the size of the distortion, against the TTFT it inflates
@@ -134,8 +143,9 @@ def test_advice_catalogue_has_every_item_with_a_verdict():
     status = {a.id: a.flag_status for a in dx.advice}
     assert status[9] == "default already" and status[5] == "default already"
     assert verdicts[5] == "helps"  # a shared prefix skips most of the prefill that limits this case
-    assert all(a.verdict in {"helps", "no effect", "hurts", "trade-off", "obsolete", "outside the model"}
-               for a in dx.advice)
+    assert all(
+        a.verdict in {"helps", "no effect", "hurts", "trade-off", "obsolete", "outside the model"} for a in dx.advice
+    )
 
 
 def test_measured_run_directory_round_trip(tmp_path):
@@ -158,8 +168,13 @@ def test_cli_example_runs_without_arguments_and_json_has_the_stable_keys():
     result = CliRunner().invoke(app, ["diagnose", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert set(data["ceilings"]) >= {"prefill_compute_rps", "decode_bandwidth_tps", "kv_capacity_seqs",
-                                     "max_num_seqs", "slo_max_rps"}
+    assert set(data["ceilings"]) >= {
+        "prefill_compute_rps",
+        "decode_bandwidth_tps",
+        "kv_capacity_seqs",
+        "max_num_seqs",
+        "slo_max_rps",
+    }
     # The example's own figures (10 QPS at 30% utilisation) cannot both hold: that comes first (issue 13), then
     # what limits the server.
     assert [f["kind"] for f in data["findings"][:2]] == ["observations_inconsistent", fk.PREFILL_COMPUTE_BOUND]
@@ -167,23 +182,71 @@ def test_cli_example_runs_without_arguments_and_json_has_the_stable_keys():
 
 
 def test_cli_slo_gives_the_highest_rate_meeting_it():
-    result = CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "500",
-                                      "--output-len", "100", "--request-rate", "4", "--goodput", "ttft:500",
-                                      "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "diagnose",
+            "--gpu",
+            "a100-80gb",
+            "--model",
+            "qwen2.5-7b",
+            "--input-len",
+            "500",
+            "--output-len",
+            "100",
+            "--request-rate",
+            "4",
+            "--goodput",
+            "ttft:500",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert 0 < data["ceilings"]["slo_max_rps"] <= 1.2 * data["ceilings"]["saturation_rps"]
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--gpu", "a100"], "--model"),
-    (["--gpu", "nope", "--model", "qwen2.5-7b", "--input-len", "10", "--output-len", "10", "--request-rate", "1"], "unknown GPU"),
-    (["--json", "--markdown"], "pick one"),
-    ([".", "--input-len", "5"], "not both"),
-    (["--gpu", "a100", "--model", "qwen2.5-7b", "--input-len", "5", "--output-len", "5"], "--request-rate"),
-    (["--gpu", "a100", "--model", "qwen2.5-7b", "--engine-args", "--max-num-seqz 4", "--input-len", "5",
-      "--output-len", "5", "--request-rate", "1"], "max-num-seqs"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--gpu", "a100"], "--model"),
+        (
+            [
+                "--gpu",
+                "nope",
+                "--model",
+                "qwen2.5-7b",
+                "--input-len",
+                "10",
+                "--output-len",
+                "10",
+                "--request-rate",
+                "1",
+            ],
+            "unknown GPU",
+        ),
+        (["--json", "--markdown"], "pick one"),
+        ([".", "--input-len", "5"], "not both"),
+        (["--gpu", "a100", "--model", "qwen2.5-7b", "--input-len", "5", "--output-len", "5"], "--request-rate"),
+        (
+            [
+                "--gpu",
+                "a100",
+                "--model",
+                "qwen2.5-7b",
+                "--engine-args",
+                "--max-num-seqz 4",
+                "--input-len",
+                "5",
+                "--output-len",
+                "5",
+                "--request-rate",
+                "1",
+            ],
+            "max-num-seqs",
+        ),
+    ],
+)
 def test_cli_bad_input_is_one_clear_error(args, needle):
     result = CliRunner().invoke(app, ["diagnose", *args])
     assert result.exit_code == 2
@@ -194,7 +257,9 @@ def test_frontend_cpu_bound_when_the_api_server_saturates():
     from dataclasses import replace
 
     # 30 ms of API-server CPU per request caps the frontend at ~33 req/s, far below the engine's capacity.
-    d = replace(build_deployment("a100-80gb", "qwen2.5-7b"), api=ApiServerCosts(per_request_s=0.03, per_prompt_token_s=1e-5))
+    d = replace(
+        build_deployment("a100-80gb", "qwen2.5-7b"), api=ApiServerCosts(per_request_s=0.03, per_prompt_token_s=1e-5)
+    )
     dx = diagnose_described(d, synthetic(100, 50, request_rate=40), with_recommendations=False)
     assert dx.bottleneck == fk.FRONTEND_CPU_BOUND, [(f.kind, round(f.score, 2)) for f in dx.findings]
     assert dx.evidence.mean_ttft_ms > 10 * dx.evidence.mean_server_ttft_ms
@@ -213,7 +278,9 @@ def test_cli_described_deployment_on_a_calibration_profile_uses_its_hardware_and
     fast = tiny_profile(tmp_path / "fast")
     slow = tiny_profile(tmp_path / "slow", bf16_tflops=0.1)  # a third of the fitted compute
     workload = ("--input-len", "512", "--output-len", "32", "--request-rate", "4")
-    data = {name: _diagnose_cli("--calibration", str(path), *workload) for name, path in (("fast", fast), ("slow", slow))}
+    data = {
+        name: _diagnose_cli("--calibration", str(path), *workload) for name, path in (("fast", fast), ("slow", slow))
+    }
 
     profile = load_profile(fast)
     deployment = deployment_from_profile(profile)
@@ -229,9 +296,24 @@ def test_cli_described_deployment_on_a_calibration_profile_uses_its_hardware_and
 def test_cli_results_directory_on_a_calibration_profile(tmp_path):
     path = tiny_profile(tmp_path)
     run = tmp_path / "run"
-    simulated = CliRunner().invoke(app, ["simulate", "--calibration", str(path), "--random-input-len", "256",
-                                         "--random-output-len", "32", "--num-prompts", "80", "--max-concurrency", "16",
-                                         "--result-dir", str(run)])
+    simulated = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--calibration",
+            str(path),
+            "--random-input-len",
+            "256",
+            "--random-output-len",
+            "32",
+            "--num-prompts",
+            "80",
+            "--max-concurrency",
+            "16",
+            "--result-dir",
+            str(run),
+        ],
+    )
     assert simulated.exit_code == 0, simulated.output
     # run.json records this host's CPU steal during the run, which a loaded CI host can push past the threshold:
     # state the profile's own conditions (no steal) so that "same conditions" holds under any load.
@@ -241,8 +323,9 @@ def test_cli_results_directory_on_a_calibration_profile(tmp_path):
     assert json.loads((run / "diagnosis.json").read_text())["deployment"] == data["deployment"]
     assert data["deployment"]["coefficients"] == load_profile(path).coefficients.model_dump()
     assert data["workload"]["requests"] == 80
-    uncalibrated = _diagnose_cli(str(run), "--gpu", "cpu", "--model", str(tmp_path / "tiny-config"),
-                                 "--engine-args", PROBED_ARGS)
+    uncalibrated = _diagnose_cli(
+        str(run), "--gpu", "cpu", "--model", str(tmp_path / "tiny-config"), "--engine-args", PROBED_ARGS
+    )
     assert data["ceilings"]["decode_bandwidth_tps"] != uncalibrated["ceilings"]["decode_bandwidth_tps"]
     assert not any("at calibration" in note for note in data["notes"])  # same host conditions: nothing to say
 
@@ -257,8 +340,10 @@ def test_cli_results_directory_on_a_calibration_profile(tmp_path):
 def test_cli_calibration_beside_gpu_or_version_is_one_error_naming_both(tmp_path, flag):
     """(--model beside a profile is another model on the calibrated hardware: tests/test_calibrate_from.py.)"""
     path = tiny_profile(tmp_path)
-    result = CliRunner().invoke(app, ["diagnose", "--calibration", str(path), *flag, "--input-len", "5",
-                                      "--output-len", "5", "--request-rate", "1"])
+    result = CliRunner().invoke(
+        app,
+        ["diagnose", "--calibration", str(path), *flag, "--input-len", "5", "--output-len", "5", "--request-rate", "1"],
+    )
     assert result.exit_code == 2
     assert flag[0] in result.output and "--calibration" in result.output and "Traceback" not in result.output
 
@@ -266,8 +351,17 @@ def test_cli_calibration_beside_gpu_or_version_is_one_error_naming_both(tmp_path
 def test_cli_a_run_where_nothing_completed_is_one_clear_error_not_a_diagnosis_of_zeros(tmp_path):
     writer = ResultWriter(tmp_path, {"verb": "bench", "source": "http"})
     for i in range(3):
-        writer.records.write(RequestRecord(index=i, intended_time=0.0, send_time=0.0, finish_time=0.01, status="error",
-                                           error_kind="http_500", error="Internal Server Error"))
+        writer.records.write(
+            RequestRecord(
+                index=i,
+                intended_time=0.0,
+                send_time=0.0,
+                finish_time=0.01,
+                status="error",
+                error_kind="http_500",
+                error="Internal Server Error",
+            )
+        )
     writer.close()
     result = CliRunner().invoke(app, ["diagnose", str(tmp_path), "--gpu", "a100-80gb", "--model", "qwen2.5-7b"])
     assert result.exit_code == 2 and "no request completed" in result.output and "3 http_500" in result.output
@@ -280,8 +374,12 @@ def _reported(qps=None, ttft_ms=None, gpu_util=None, rate=10.0, prompt=1500):
     from servelab.diagnose.analysis import Observed
 
     d = build_deployment("a100-80gb", "qwen2.5-7b", "--max-num-seqs 256")
-    return diagnose_described(d, synthetic(prompt, 200, request_rate=rate), with_recommendations=False,
-                              observed=Observed(qps, ttft_ms, gpu_util))
+    return diagnose_described(
+        d,
+        synthetic(prompt, 200, request_rate=rate),
+        with_recommendations=False,
+        observed=Observed(qps, ttft_ms, gpu_util),
+    )
 
 
 @pytest.mark.slow
@@ -325,8 +423,25 @@ def test_a_ttft_below_an_idle_gpus_prefill_is_a_contradiction():
 def test_the_issues_own_command_without_observed_qps_names_the_contradiction_from_the_described_rate():
     """`--request-rate 10 --observed-gpu-util 0.3`, as a new user types it (issue 13): a described deployment that
     comes with a figure seen in production is that production, so its rate is the QPS checked against the 30%."""
-    result = CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "1500",
-                                      "--output-len", "200", "--request-rate", "10", "--observed-gpu-util", "0.3", "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "diagnose",
+            "--gpu",
+            "a100-80gb",
+            "--model",
+            "qwen2.5-7b",
+            "--input-len",
+            "1500",
+            "--output-len",
+            "200",
+            "--request-rate",
+            "10",
+            "--observed-gpu-util",
+            "0.3",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     first = data["findings"][0]

@@ -26,15 +26,35 @@ from servelab.metrics.scrape import CACHE_CONFIG
 from servelab.targets.deployment import build_deployment
 from servelab.workload.lengths import LengthDistribution
 
-BOT = ["--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "150", "--output-len", "300",
-       "--output-len-distribution", "lognormal:0.5", "--prefix-len", "1000", "--turns", "4"]
+BOT = [
+    "--gpu",
+    "a100-80gb",
+    "--model",
+    "qwen2.5-7b",
+    "--input-len",
+    "150",
+    "--output-len",
+    "300",
+    "--output-len-distribution",
+    "lognormal:0.5",
+    "--prefix-len",
+    "1000",
+    "--turns",
+    "4",
+]
 """The bot: a 1,000-token system prompt, 150-token user turns, ~300-token answers ending at EOS, four turns a chat."""
 
 
 def _bot(concurrency: int, **kw):
     d = build_deployment("a100-80gb", "qwen2.5-7b")
-    scenario = synthetic(150, 300, max_concurrency=concurrency, prefix_len=1000, turns=4,
-                         output_lengths=LengthDistribution(300, "lognormal", 0.5))
+    scenario = synthetic(
+        150,
+        300,
+        max_concurrency=concurrency,
+        prefix_len=1000,
+        turns=4,
+        output_lengths=LengthDistribution(300, "lognormal", 0.5),
+    )
     return diagnose_described(d, scenario, with_recommendations=False, **kw)
 
 
@@ -45,8 +65,15 @@ def _cli(*args: str) -> dict:
 
 
 def test_a_chat_scenario_resends_the_system_prompt_and_the_history_and_waits_for_the_last_answer():
-    s = synthetic(150, 300, max_concurrency=4, prefix_len=1000, turns=3, num_requests=6,
-                  output_lengths=LengthDistribution(300, "lognormal", 0.5))
+    s = synthetic(
+        150,
+        300,
+        max_concurrency=4,
+        prefix_len=1000,
+        turns=3,
+        num_requests=6,
+        output_lengths=LengthDistribution(300, "lognormal", 0.5),
+    )
     specs = s.specs()
     first, second, third, other = specs[0], specs[1], specs[2], specs[3]
     assert first.depends_on is None and second.depends_on == 0 and third.depends_on == 1 and other.depends_on is None
@@ -62,8 +89,13 @@ def test_a_chat_scenario_resends_the_system_prompt_and_the_history_and_waits_for
 @pytest.mark.slow
 def test_observed_e2e_and_tpot_below_what_an_idle_gpu_can_do_are_named_first():
     d = build_deployment("a100-80gb", "qwen2.5-7b")
-    dx = diagnose_described(d, synthetic(1500, 200, request_rate=1), with_recommendations=False,
-                            with_alternatives=False, observed=Observed(e2e_ms=400.0, tpot_ms=2.0))
+    dx = diagnose_described(
+        d,
+        synthetic(1500, 200, request_rate=1),
+        with_recommendations=False,
+        with_alternatives=False,
+        observed=Observed(e2e_ms=400.0, tpot_ms=2.0),
+    )
     first = dx.findings[0]
     assert first.kind == OBSERVATIONS_INCONSISTENT and "TPOT" in first.title and "E2E latency" in first.title
     assert "reads the weights once" in " ".join(first.evidence)
@@ -139,9 +171,27 @@ def test_the_servers_cache_config_replaces_the_kv_estimate(tmp_path):
     assert note is not None and "vllm:cache_config_info" in note
 
     run = tmp_path / "run"
-    simulated = CliRunner().invoke(app, ["simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--ignore-eos",
-                                         "--random-input-len", "128", "--random-output-len", "16", "--num-prompts", "40",
-                                         "--max-concurrency", "8", "--result-dir", str(run)])
+    simulated = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--gpu",
+            "a100-80gb",
+            "--model",
+            "qwen2.5-7b",
+            "--ignore-eos",
+            "--random-input-len",
+            "128",
+            "--random-output-len",
+            "16",
+            "--num-prompts",
+            "40",
+            "--max-concurrency",
+            "8",
+            "--result-dir",
+            str(run),
+        ],
+    )
     assert simulated.exit_code == 0, simulated.output  # a bench line's --ignore-eos pastes into simulate
     info = json.loads((run / "run.json").read_text())
     assert info["flags"]["ignore_eos"] is True
@@ -152,15 +202,63 @@ def test_the_servers_cache_config_replaces_the_kv_estimate(tmp_path):
     assert "vllm:cache_config_info" in data["notes"][0]
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--gpu", "a100", "--model", "qwen2.5-7b", "--input-len", "5", "--output-len", "5", "--request-rate", "1",
-      "--output-len-distribution", "zipf"], "--output-len-distribution"),
-    ([".", "--turns", "3"], "a results directory already holds"),
-    (["--gpu", "a100", "--model", "qwen2.5-7b", "--input-len", "5", "--output-len", "5", "--request-rate", "1",
-      "--observed-e2e-ms", "0"], "Invalid value for '--observed-e2e-ms'"),
-    (["--gpu", "a100", "--model", "qwen2.5-7b", "--input-len", "5", "--output-len", "5", "--request-rate", "1",
-      "--turns", "0"], "Invalid value for '--turns'"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            [
+                "--gpu",
+                "a100",
+                "--model",
+                "qwen2.5-7b",
+                "--input-len",
+                "5",
+                "--output-len",
+                "5",
+                "--request-rate",
+                "1",
+                "--output-len-distribution",
+                "zipf",
+            ],
+            "--output-len-distribution",
+        ),
+        ([".", "--turns", "3"], "a results directory already holds"),
+        (
+            [
+                "--gpu",
+                "a100",
+                "--model",
+                "qwen2.5-7b",
+                "--input-len",
+                "5",
+                "--output-len",
+                "5",
+                "--request-rate",
+                "1",
+                "--observed-e2e-ms",
+                "0",
+            ],
+            "Invalid value for '--observed-e2e-ms'",
+        ),
+        (
+            [
+                "--gpu",
+                "a100",
+                "--model",
+                "qwen2.5-7b",
+                "--input-len",
+                "5",
+                "--output-len",
+                "5",
+                "--request-rate",
+                "1",
+                "--turns",
+                "0",
+            ],
+            "Invalid value for '--turns'",
+        ),
+    ],
+)
 def test_bad_case_two_input_is_one_clear_error(args, needle):
     result = CliRunner().invoke(app, ["diagnose", *args])
     assert result.exit_code == 2 and needle in result.output and "Traceback" not in result.output
@@ -186,8 +284,15 @@ def test_the_html_report_shows_the_caveat_and_the_priced_options():
     from servelab.report.diagnosis_html import diagnosis_html
 
     dx = _bot(4, observed=Observed(e2e_ms=3000.0))
-    dx.caveats = [Finding(kind=fk.CLIENT_BOUND, title="The load generator itself distorted the measurement", score=1.0,
-                          evidence=["send lag p99 120 ms"], recommendations=[])]
+    dx.caveats = [
+        Finding(
+            kind=fk.CLIENT_BOUND,
+            title="The load generator itself distorted the measurement",
+            score=1.0,
+            evidence=["send lag p99 120 ms"],
+            recommendations=[],
+        )
+    ]
     html = diagnosis_html("bot", Diagnosis.model_validate_json(dx.model_dump_json()))
     assert html.index("Caveat: The load generator") < html.index("Options at this load") < html.index("Ceilings")
     assert "+1 GPU: 2 replicas" in html and "mercatus" in html

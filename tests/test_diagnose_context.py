@@ -53,8 +53,12 @@ def test_a_0_6_deployment_runs_v0_defaults_and_v0s_cpu_gap_and_a_0_4_one_is_refu
 
 @pytest.mark.slow
 def test_a_v0_diagnosis_says_it_is_approximate_among_its_assumptions():
-    dx = diagnose(_described(DeploymentWords("a100-80gb", "qwen2.5-7b", vllm_version="0.6.0"),
-                             Described(input_len=1000, output_len=200, request_rate=2.0)))
+    dx = diagnose(
+        _described(
+            DeploymentWords("a100-80gb", "qwen2.5-7b", vllm_version="0.6.0"),
+            Described(input_len=1000, output_len=200, request_rate=2.0),
+        )
+    )
     engine = [a for a in dx.assumptions if a.what == "engine"]
     assert engine and "modelled approximately" in engine[0].assumed
     assert dx.deployment.vllm_version == "0.6"
@@ -66,15 +70,23 @@ def test_a_v0_diagnosis_says_it_is_approximate_among_its_assumptions():
 @pytest.mark.slow
 def test_cjk_characters_become_more_tokens_than_latin_ones_and_the_ratio_is_said():
     assert tokens_from_characters(1500, Script.CJK) == 1000 and tokens_from_characters(1500, None) == 375
-    cjk = diagnose(_described(DeploymentWords("a100-80gb", "qwen2.5-7b"),
-                              Described(input_chars=1500, script=Script.CJK, output_len=200, request_rate=2.0)))
+    cjk = diagnose(
+        _described(
+            DeploymentWords("a100-80gb", "qwen2.5-7b"),
+            Described(input_chars=1500, script=Script.CJK, output_len=200, request_rate=2.0),
+        )
+    )
     assert cjk.workload.mean_input_tokens == pytest.approx(1000, rel=0.02)
     said = next(a for a in cjk.assumptions if a.what == "tokens per character")
     assert "1.5 per token" in said.assumed and len(said.points) == 2  # the ceiling at the range's two ends
     assert said.points[0].ceiling_rps < said.points[1].ceiling_rps  # 1 char/token = more tokens = a lower ceiling
     with pytest.raises(InputError, match="--input-chars"):
-        diagnose(_described(DeploymentWords("a100-80gb", "qwen2.5-7b"),
-                            Described(input_len=1500, input_chars=1500, output_len=200, request_rate=2.0)))
+        diagnose(
+            _described(
+                DeploymentWords("a100-80gb", "qwen2.5-7b"),
+                Described(input_len=1500, input_chars=1500, output_len=200, request_rate=2.0),
+            )
+        )
 
 
 # --- where GPUs can be bought -----------------------------------------------------------------------------------
@@ -83,9 +95,15 @@ def test_cjk_characters_become_more_tokens_than_latin_ones_and_the_ratio_is_said
 @pytest.fixture(scope="module")
 def by_region():
     def run(region: Region | None):
-        return diagnose(_described(DeploymentWords("a100-80gb", "qwen2.5-7b"),
-                                   Described(input_len=1500, output_len=200, request_rate=4.0),
-                                   region=region, price_options=True))
+        return diagnose(
+            _described(
+                DeploymentWords("a100-80gb", "qwen2.5-7b"),
+                Described(input_len=1500, output_len=200, request_rate=4.0),
+                region=region,
+                price_options=True,
+            )
+        )
+
     return run(None), run(Region.CHINA)
 
 
@@ -106,8 +124,11 @@ def test_replica_and_tp_say_failover_and_the_link_they_run_over(by_region):
     tp = next(a for a in anywhere.alternatives if a.change.startswith("+1 GPU: TP="))
     replica = next(a for a in anywhere.alternatives if a.change.endswith("replicas"))
     assert "NVLink 600 GB/s" in tp.why and "no failover" in tp.why and "failover" in replica.why
-    pcie = diagnose(_described(DeploymentWords("a100-pcie", "qwen2.5-7b"),
-                               Described(input_len=1500, output_len=200, request_rate=4.0)))
+    pcie = diagnose(
+        _described(
+            DeploymentWords("a100-pcie", "qwen2.5-7b"), Described(input_len=1500, output_len=200, request_rate=4.0)
+        )
+    )
     lever = next(lv for lv in pcie.levers if "tensor parallelism" in lv.change)
     assert "PCIe 64 GB/s" in lever.change
 
@@ -123,8 +144,12 @@ def test_enable_lora_takes_kv_memory_slows_each_step_and_merging_is_a_lever():
     batch = StepBatch(decode_contexts=[1000] * 32)
     assert lora.step_cost().step_time(batch) > base.step_cost().step_time(batch)
     assert lora.engine_args() == "--enable-lora --max-loras 4 --max-lora-rank 64"
-    dx = diagnose(_described(DeploymentWords("a100-80gb", "qwen2.5-7b", "--enable-lora"),
-                             Described(input_len=1000, output_len=200, request_rate=3.0)))
+    dx = diagnose(
+        _described(
+            DeploymentWords("a100-80gb", "qwen2.5-7b", "--enable-lora"),
+            Described(input_len=1000, output_len=200, request_rate=3.0),
+        )
+    )
     merge = next(lv for lv in dx.levers if lv.change == MERGE_LORA)
     assert merge.after < merge.before  # E2E p50, latency question
 
@@ -133,16 +158,37 @@ def test_enable_lora_takes_kv_memory_slows_each_step_and_merging_is_a_lever():
 
 
 def test_the_api_takes_tried_changes_and_a_goal_and_refuses_a_bad_one_first(tmp_path: Path):
-    run = servelab.simulate("a100-80gb", "qwen2.5-7b", input_len=512, output_len=64, request_rate=6, num_prompts=60,
-                            result_dir=tmp_path / "run")
+    run = servelab.simulate(
+        "a100-80gb",
+        "qwen2.5-7b",
+        input_len=512,
+        output_len=64,
+        request_rate=6,
+        num_prompts=60,
+        result_dir=tmp_path / "run",
+    )
     with pytest.raises(InputError, match="not one of no-effect"):
         servelab.diagnosis(run, "a100-80gb", "qwen2.5-7b", tried=["awq:maybe"])
     dx = servelab.diagnosis(run, "a100-80gb", "qwen2.5-7b", tried=["--kv-cache-dtype fp8:no-effect"], goal="latency")
     assert dx.goal == "latency" and dx.levers[0].change.startswith("stream the answer")
     fp8 = next(lv for lv in dx.levers if "FP8 KV cache" in lv.change)
     assert fp8.tried == "no-effect"
-    cli = CliRunner().invoke(app, ["diagnose", str(tmp_path / "run"), "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
-                                   "--tried", "--kv-cache-dtype fp8:no-effect", "--goal", "latency", "--json"])
+    cli = CliRunner().invoke(
+        app,
+        [
+            "diagnose",
+            str(tmp_path / "run"),
+            "--gpu",
+            "a100-80gb",
+            "--model",
+            "qwen2.5-7b",
+            "--tried",
+            "--kv-cache-dtype fp8:no-effect",
+            "--goal",
+            "latency",
+            "--json",
+        ],
+    )
     assert cli.exit_code == 0, cli.output
     assert [lv["change"] for lv in json.loads(cli.stdout)["levers"]] == [lv.change for lv in dx.levers]  # one verb
 

@@ -34,14 +34,19 @@ VLLM_ONLY = ("vllm serve", "--api-server-count", "--vllm-version", "--async-sche
 def _vllm_only_flags(table) -> set[str]:
     """vLLM's flags that the other engine does not spell the same way (both have --quantization, for one)."""
     theirs = {name.replace("_", "-") for name in (*table.modelled, *table.aliases)}
-    ours = {*VLLM_FLAGS.values(), *(f"--{s}" for s in VLLM_SWITCHES.values()), *(f"--no-{s}" for s in VLLM_SWITCHES.values())}
+    ours = {
+        *VLLM_FLAGS.values(),
+        *(f"--{s}" for s in VLLM_SWITCHES.values()),
+        *(f"--no-{s}" for s in VLLM_SWITCHES.values()),
+    }
     return {flag for flag in ours if flag.removeprefix("--").removeprefix("no-") not in theirs}
 
 
 def _simulated(tmp_path: Path, engine: str) -> Path:
     out = tmp_path / engine
-    result = runner.invoke(app, ["simulate", *H100, "--engine", engine, "--engine-args", CAPPED[engine], *LOAD,
-                                 "--result-dir", str(out)])
+    result = runner.invoke(
+        app, ["simulate", *H100, "--engine", engine, "--engine-args", CAPPED[engine], *LOAD, "--result-dir", str(out)]
+    )
     assert result.exit_code == 0, result.output
     return out
 
@@ -56,8 +61,9 @@ def _advice_text(doc: dict) -> str:
 def test_diagnose_picks_the_recorded_engine_and_advises_in_its_flags(tmp_path: Path, engine: str, flag: list[str]):
     """SGLang by auto (run.json's flags.engine), TensorRT-LLM named: either way the advice is that engine's."""
     results = _simulated(tmp_path, engine)
-    result = runner.invoke(app, ["diagnose", str(results), *H100, *flag, "--engine-args", CAPPED[engine], "--price-options",
-                                 "--json"])
+    result = runner.invoke(
+        app, ["diagnose", str(results), *H100, *flag, "--engine-args", CAPPED[engine], "--price-options", "--json"]
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     dx = Diagnosis.model_validate(doc)
@@ -74,14 +80,17 @@ def test_diagnose_picks_the_recorded_engine_and_advises_in_its_flags(tmp_path: P
     named = {flag for flag in _vllm_only_flags(table) if re.search(re.escape(flag) + r"(?![\w-])", text)}
     assert not named, f"vLLM's flags offered for {engine}: {named}"
     assert not [word for word in VLLM_ONLY if word in text]
-    assert servelab.diagnosis(results, "h100-sxm", "llama-3.1-8b", CAPPED[engine]).deployment.engine == engine  # the API too
+    assert (
+        servelab.diagnosis(results, "h100-sxm", "llama-3.1-8b", CAPPED[engine]).deployment.engine == engine
+    )  # the API too
 
 
 @pytest.mark.slow
 def test_an_explicit_engine_wins_over_the_record_with_a_warning_naming_both(tmp_path: Path):
     results = _simulated(tmp_path, "sglang")
-    result = runner.invoke(app, ["diagnose", str(results), *H100, "--engine", "trtllm", "--engine-args", CAPPED["trtllm"],
-                                 "--json"])
+    result = runner.invoke(
+        app, ["diagnose", str(results), *H100, "--engine", "trtllm", "--engine-args", CAPPED["trtllm"], "--json"]
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["deployment"]["engine"] == "trtllm"
@@ -93,13 +102,15 @@ def test_an_explicit_engine_wins_over_the_record_with_a_warning_naming_both(tmp_
 @pytest.mark.slow
 def test_compare_engines_gives_servelab_compares_numbers_for_the_same_deployment_and_load(tmp_path: Path):
     results = _simulated(tmp_path, "sglang")
-    result = runner.invoke(app, ["diagnose", str(results), *H100, "--engine-args", CAPPED["sglang"], "--compare-engines",
-                                 "--json"])
+    result = runner.invoke(
+        app, ["diagnose", str(results), *H100, "--engine-args", CAPPED["sglang"], "--compare-engines", "--json"]
+    )
     assert result.exit_code == 0, result.output
     section = Diagnosis.model_validate_json(result.stdout).engine_comparison
     assert section is not None and section.current == "sglang"
-    compared = runner.invoke(app, ["compare", *H100, *LOAD, "--sglang-args", CAPPED["sglang"], "--engines",
-                                   "sglang,vllm,trtllm", "--json"])
+    compared = runner.invoke(
+        app, ["compare", *H100, *LOAD, "--sglang-args", CAPPED["sglang"], "--engines", "sglang,vllm,trtllm", "--json"]
+    )
     assert compared.exit_code == 0, compared.output
     expected = EngineComparison.model_validate_json(compared.stdout)
     assert [e.engine for e in section.comparison.engines] == ["sglang", "vllm", "trtllm"]
@@ -109,8 +120,21 @@ def test_compare_engines_gives_servelab_compares_numbers_for_the_same_deployment
         assert ours.points[0].model_dump(exclude={"label"}) == theirs.points[0].model_dump(exclude={"label"})
     assert section.comparison.ranking == expected.ranking
     assert [v.split(" instead of ")[0] for v in section.verdicts] == ["vLLM", "TensorRT-LLM"]
-    markdown = runner.invoke(app, ["diagnose", str(results), *H100, "--engine-args", CAPPED["sglang"], "--compare-engines",
-                                   "--engines", "sglang,trtllm", "--markdown", "--report"])
+    markdown = runner.invoke(
+        app,
+        [
+            "diagnose",
+            str(results),
+            *H100,
+            "--engine-args",
+            CAPPED["sglang"],
+            "--compare-engines",
+            "--engines",
+            "sglang,trtllm",
+            "--markdown",
+            "--report",
+        ],
+    )
     assert markdown.exit_code == 0, markdown.output
     assert "Other engines at this load" in markdown.stdout and "TensorRT-LLM instead of SGLang" in markdown.stdout
     assert "vLLM instead of" not in markdown.stdout
@@ -118,17 +142,37 @@ def test_compare_engines_gives_servelab_compares_numbers_for_the_same_deployment
     assert '<table class="engines">' in page and "TensorRT-LLM instead of SGLang" in page
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--engine", "tgi"], "--engine 'tgi': choose one of vllm, sglang, trtllm or auto"),
-    (["--engine", "sglang", "--vllm-version", "0.11.0"], "--vllm-version describes a vLLM server, not --engine sglang"),
-    (["--compare-engines", "--engines", "vllm,tgi"], "--engines 'vllm,tgi': give a comma-separated subset"),
-    (["--engines", "vllm"], "--engines chooses the engines --compare-engines runs"),
-    (["--engine", "sglang", "--check-advice"], "--check-advice judges vLLM's common tuning tips"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--engine", "tgi"], "--engine 'tgi': choose one of vllm, sglang, trtllm or auto"),
+        (
+            ["--engine", "sglang", "--vllm-version", "0.11.0"],
+            "--vllm-version describes a vLLM server, not --engine sglang",
+        ),
+        (["--compare-engines", "--engines", "vllm,tgi"], "--engines 'vllm,tgi': give a comma-separated subset"),
+        (["--engines", "vllm"], "--engines chooses the engines --compare-engines runs"),
+        (["--engine", "sglang", "--check-advice"], "--check-advice judges vLLM's common tuning tips"),
+    ],
+)
 def test_bad_engine_flags_are_one_clear_error_before_anything_runs(tmp_path: Path, flags: list[str], message: str):
     save = tmp_path / "diagnosis.json"
-    result = runner.invoke(app, ["diagnose", *H100, "--input-len", "600", "--output-len", "40", "--request-rate", "2",
-                                 *flags, "--save", str(save)])
+    result = runner.invoke(
+        app,
+        [
+            "diagnose",
+            *H100,
+            "--input-len",
+            "600",
+            "--output-len",
+            "40",
+            "--request-rate",
+            "2",
+            *flags,
+            "--save",
+            str(save),
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.stderr.split())
     assert not save.exists()
@@ -136,8 +180,21 @@ def test_bad_engine_flags_are_one_clear_error_before_anything_runs(tmp_path: Pat
 
 def test_a_burst_run_says_how_requests_arrived_not_concurrency_none(tmp_path: Path):
     out = tmp_path / "burst"
-    result = runner.invoke(app, ["simulate", *H100, "--random-input-len", "200", "--random-output-len", "20",
-                                 "--num-prompts", "20", "--result-dir", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            *H100,
+            "--random-input-len",
+            "200",
+            "--random-output-len",
+            "20",
+            "--num-prompts",
+            "20",
+            "--result-dir",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     shown = runner.invoke(app, ["diagnose", str(out), *H100, "--markdown"])
     assert shown.exit_code == 0, shown.output
@@ -145,11 +202,17 @@ def test_a_burst_run_says_how_requests_arrived_not_concurrency_none(tmp_path: Pa
     assert "every request sent at once" in shown.stdout.splitlines()[2]
 
 
-@pytest.mark.parametrize(("engine", "flags", "changes"), [
-    ("sglang", "--max-running-requests 64 --schedule-policy lpm --disable-radix-cache",
-     dict(max_num_seqs=256, enable_prefix_caching=True, kv_cache_dtype="fp8", tensor_parallel_size=2)),
-    ("trtllm", "--max_batch_size=64 --max_num_tokens 4096", dict(max_num_seqs=128, max_num_batched_tokens=2048)),
-])
+@pytest.mark.parametrize(
+    ("engine", "flags", "changes"),
+    [
+        (
+            "sglang",
+            "--max-running-requests 64 --schedule-policy lpm --disable-radix-cache",
+            dict(max_num_seqs=256, enable_prefix_caching=True, kv_cache_dtype="fp8", tensor_parallel_size=2),
+        ),
+        ("trtllm", "--max_batch_size=64 --max_num_tokens 4096", dict(max_num_seqs=128, max_num_batched_tokens=2048)),
+    ],
+)
 def test_a_what_if_is_the_users_launch_line_with_the_engines_flag_set(engine: str, flags: str, changes: dict):
     """What a recommendation prints is what it simulated: its flags, read back by the engine's parser, give the same
     deployment; the flag the user gave is replaced, not repeated."""
@@ -157,7 +220,11 @@ def test_a_what_if_is_the_users_launch_line_with_the_engines_flag_set(engine: st
     changed = base.with_changes(**changes)
     line = changed.engine_args()
     again = build_engine_deployment(engine, "h100-sxm", "llama-3.1-8b", line)
-    assert again.config == changed.config and again.memory == changed.memory and again.engine_settings == changed.engine_settings
+    assert (
+        again.config == changed.config
+        and again.memory == changed.memory
+        and again.engine_settings == changed.engine_settings
+    )
     cap = {"sglang": "--max-running-requests", "trtllm": "--max_batch_size"}[engine]
     assert line.count(cap) == 1 and changed.config.max_num_seqs == changes["max_num_seqs"]
 
@@ -166,14 +233,17 @@ def test_a_trtllm_option_only_its_yaml_takes_is_printed_for_that_file():
     base = build_engine_deployment("trtllm", "h100-sxm", "llama-3.1-8b", "--max_batch_size 64")
     changed = base.with_changes(capacity_scheduler_policy="MAX_UTILIZATION", enable_prefix_caching=False)
     assert changed.engine_settings["capacity_scheduler_policy"] == "MAX_UTILIZATION"
-    assert changed.engine_args() == ("--max_batch_size 64 (in the --extra_llm_api_options YAML: "
-                                     "scheduler_config.capacity_scheduler_policy: MAX_UTILIZATION, "
-                                     "kv_cache_config.enable_block_reuse: false)")
+    assert changed.engine_args() == (
+        "--max_batch_size 64 (in the --extra_llm_api_options YAML: "
+        "scheduler_config.capacity_scheduler_policy: MAX_UTILIZATION, "
+        "kv_cache_config.enable_block_reuse: false)"
+    )
 
 
 @pytest.mark.parametrize(("engine", "running", "kv"), [("sglang", 20, 0.4), ("trtllm", 16, 0.45)])
-def test_a_measured_runs_engine_comes_from_the_server_and_its_gauges_reach_the_evidence(engine: str, running: int,
-                                                                                        kv: float):
+def test_a_measured_runs_engine_comes_from_the_server_and_its_gauges_reach_the_evidence(
+    engine: str, running: int, kv: float
+):
     """A bench run of SGLang or TensorRT-LLM: run.json names the engine the server reported, and its /metrics,
     mapped onto the timeline's common names at scrape time, are what the evidence reads."""
     deployment = build_engine_deployment(engine, "h100-sxm", "llama-3.1-8b")

@@ -25,14 +25,31 @@ from servelab.targets.deployment import build_deployment
 
 
 def split(api_server_s: float) -> TtftSplit:
-    return TtftSplit(client_ttft_s=api_server_s + 0.3, api_server_s=api_server_s, queue_s=0.1, prefill_s=0.2,
-                     server_ttft_s=0.35, requests=4, server_requests=4, queue_measured=True)
+    return TtftSplit(
+        client_ttft_s=api_server_s + 0.3,
+        api_server_s=api_server_s,
+        queue_s=0.1,
+        prefill_s=0.2,
+        server_ttft_s=0.35,
+        requests=4,
+        server_requests=4,
+        queue_measured=True,
+    )
 
 
 def record(i: int, *, connect: float | None, send: float = 0.001, wait: float = 0.2) -> RequestRecord:
-    return RequestRecord(index=i, intended_time=0.0, send_time=0.0, first_token_time=0.5, finish_time=1.0,
-                         connection_reused=connect is None, http_connect_s=connect, http_send_s=send,
-                         http_wait_s=wait, http_receive_s=0.5)
+    return RequestRecord(
+        index=i,
+        intended_time=0.0,
+        send_time=0.0,
+        first_token_time=0.5,
+        finish_time=1.0,
+        connection_reused=connect is None,
+        http_connect_s=connect,
+        http_send_s=send,
+        http_wait_s=wait,
+        http_receive_s=0.5,
+    )
 
 
 def test_the_network_share_is_the_handshakes_the_sends_and_one_round_trip_and_the_rest_is_the_api_server():
@@ -70,10 +87,18 @@ def test_a_request_held_in_the_api_server_is_frontend_bound_with_the_http_breakd
     scenario = synthetic(100, 100, max_concurrency=4)
     run = simulate(d, scenario)
     held = 0.4
-    run.records = [dataclasses.replace(r, send_time=r.send_time - held, intended_time=r.intended_time - held,
-                                       connection_reused=r.index % 2 == 0, http_connect_s=None if r.index % 2 == 0 else 0.0004,
-                                       http_send_s=0.0001, http_wait_s=held)
-                   for r in run.records]
+    run.records = [
+        dataclasses.replace(
+            r,
+            send_time=r.send_time - held,
+            intended_time=r.intended_time - held,
+            connection_reused=r.index % 2 == 0,
+            http_connect_s=None if r.index % 2 == 0 else 0.0004,
+            http_send_s=0.0001,
+            http_wait_s=held,
+        )
+        for r in run.records
+    ]
     dx = analyse(d, scenario, run, source="measured", with_recommendations=False)
     assert dx.bottleneck == fk.FRONTEND_CPU_BOUND, [(f.kind, round(f.score, 2)) for f in dx.findings]
     assert fk.UNDERLOADED not in [f.kind for f in dx.findings]
@@ -83,4 +108,6 @@ def test_a_request_held_in_the_api_server_is_frontend_bound_with_the_http_breakd
     assert "0.7 ms was the network" in breakdown and "50% of requests opening a connection" in breakdown
     assert dx.evidence.outside_engine is not None and dx.evidence.outside_engine.api_server_s > 0.39
     assert any(n.startswith("Outside the engine, by the client's HTTP phases: ") for n in dx.notes)
-    assert dx.model_dump()["evidence"]["outside_engine"]["network_s"] == pytest.approx(dx.evidence.outside_engine.network_s)
+    assert dx.model_dump()["evidence"]["outside_engine"]["network_s"] == pytest.approx(
+        dx.evidence.outside_engine.network_s
+    )

@@ -31,17 +31,33 @@ runner = CliRunner()
 
 
 def bench(server, directory, *flags: str) -> dict:
-    result = runner.invoke(app, [
-        "bench", "--base-url", server.base_url, "--model", server.model_name, "--dataset-name", "random",
-        "--ignore-eos", "--scrape-interval", "0.25", "--result-dir", str(directory), *flags,
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--base-url",
+            server.base_url,
+            "--model",
+            server.model_name,
+            "--dataset-name",
+            "random",
+            "--ignore-eos",
+            "--scrape-interval",
+            "0.25",
+            "--result-dir",
+            str(directory),
+            *flags,
+        ],
+    )
     assert result.exit_code == 0, result.output
     return json.loads((directory / "summary.json").read_text())
 
 
 def diagnose(directory, model_dir, engine_args: str) -> dict:
-    result = runner.invoke(app, ["diagnose", str(directory), "--gpu", "cpu", "--model", str(model_dir),
-                                 "--engine-args", engine_args, "--json"])
+    result = runner.invoke(
+        app,
+        ["diagnose", str(directory), "--gpu", "cpu", "--model", str(model_dir), "--engine-args", engine_args, "--json"],
+    )
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -53,11 +69,22 @@ def largest_part(dx: dict) -> str:
 
 
 def test_a_burst_of_short_requests_on_one_api_server_is_frontend_bound_by_the_servers_split(
-        launch_vllm, tiny_model, tmp_path):
+    launch_vllm, tiny_model, tmp_path
+):
     flags = ["--max-num-seqs", "512", "--api-server-count", "1"]
     with launch_vllm(flags) as server:
-        summary = bench(server, tmp_path, "--random-input-len", "16", "--random-output-len", "2",
-                        "--num-prompts", "400", "--request-rate", "inf")
+        summary = bench(
+            server,
+            tmp_path,
+            "--random-input-len",
+            "16",
+            "--random-output-len",
+            "2",
+            "--num-prompts",
+            "400",
+            "--request-rate",
+            "inf",
+        )
     assert summary["completed"] == 400
     dx = diagnose(tmp_path, tiny_model, "--max-model-len 4096 " + " ".join(flags))
     assert largest_part(dx) == "api_server", dx["evidence"]["ttft_split"]
@@ -74,16 +101,29 @@ def test_a_burst_of_short_requests_on_one_api_server_is_frontend_bound_by_the_se
 
 
 def test_long_prompts_under_a_small_token_budget_are_prefill_bound_by_the_servers_split(
-        launch_vllm, tiny_model, tmp_path):
+    launch_vllm, tiny_model, tmp_path
+):
     flags = ["--max-model-len", "4096", "--max-num-batched-tokens", "512"]
     with launch_vllm(flags) as server:
-        summary = bench(server, tmp_path, "--random-input-len", "3800", "--random-output-len", "2",
-                        "--num-prompts", "16", "--max-concurrency", "2")
+        summary = bench(
+            server,
+            tmp_path,
+            "--random-input-len",
+            "3800",
+            "--random-output-len",
+            "2",
+            "--num-prompts",
+            "16",
+            "--max-concurrency",
+            "2",
+        )
     assert summary["completed"] == 16
     dx = diagnose(tmp_path, tiny_model, " ".join(flags))
     assert largest_part(dx) in ("prefill", "queue"), dx["evidence"]["ttft_split"]
     first = dx["findings"][0]
     assert first["kind"] == fk.PREFILL_COMPUTE_BOUND, [(f["kind"], f["score"]) for f in dx["findings"]]
-    assert "3800 computed prompt tokens" in first["evidence"][0] and "steps of at most 512 tokens" in first["evidence"][0]
+    assert (
+        "3800 computed prompt tokens" in first["evidence"][0] and "steps of at most 512 tokens" in first["evidence"][0]
+    )
     assert any(line.startswith("TTFT mean ") and "ms prefill" in line for line in first["evidence"])
     assert first["recommendations"], "a finding without a priced change"

@@ -20,13 +20,36 @@ pytestmark = pytest.mark.vllm
 
 
 def test_prefix_caching_off_under_a_shared_system_prompt_is_found_from_the_servers_own_config(
-        launch_vllm, tiny_model, tmp_path):
+    launch_vllm, tiny_model, tmp_path
+):
     with launch_vllm(["--no-enable-prefix-caching"]) as server:
-        bench = CliRunner().invoke(app, [
-            "bench", "--base-url", server.base_url, "--model", server.model_name, "--dataset-name", "prefix",
-            "--prefix-len", "512", "--random-input-len", "32", "--random-output-len", "16", "--ignore-eos",
-            "--max-concurrency", "4", "--num-prompts", "24", "--scrape-interval", "0.25", "--result-dir", str(tmp_path),
-        ])
+        bench = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "--base-url",
+                server.base_url,
+                "--model",
+                server.model_name,
+                "--dataset-name",
+                "prefix",
+                "--prefix-len",
+                "512",
+                "--random-input-len",
+                "32",
+                "--random-output-len",
+                "16",
+                "--ignore-eos",
+                "--max-concurrency",
+                "4",
+                "--num-prompts",
+                "24",
+                "--scrape-interval",
+                "0.25",
+                "--result-dir",
+                str(tmp_path),
+            ],
+        )
     assert bench.exit_code == 0, bench.output
     labels = json.loads((tmp_path / "run.json").read_text())[CACHE_CONFIG]
     assert labels["enable_prefix_caching"] == "False" and int(labels["num_gpu_blocks"]) > 0

@@ -19,14 +19,34 @@ from servelab.diagnose.tried import parse_tried
 from servelab.targets.deployment import build_deployment
 from servelab.workload.lengths import LengthDistribution
 
-BOT = ["--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "150", "--output-len", "300",
-       "--output-len-distribution", "lognormal:0.5", "--prefix-len", "1000", "--turns", "4"]
+BOT = [
+    "--gpu",
+    "a100-80gb",
+    "--model",
+    "qwen2.5-7b",
+    "--input-len",
+    "150",
+    "--output-len",
+    "300",
+    "--output-len-distribution",
+    "lognormal:0.5",
+    "--prefix-len",
+    "1000",
+    "--turns",
+    "4",
+]
 
 
 def _bot(concurrency: int):
     d = build_deployment("a100-80gb", "qwen2.5-7b")
-    return d, synthetic(150, 300, max_concurrency=concurrency, prefix_len=1000, turns=4,
-                        output_lengths=LengthDistribution(300, "lognormal", 0.5))
+    return d, synthetic(
+        150,
+        300,
+        max_concurrency=concurrency,
+        prefix_len=1000,
+        turns=4,
+        output_lengths=LengthDistribution(300, "lognormal", 0.5),
+    )
 
 
 def _diagnose(concurrency: int, factor: float, *tried: str):
@@ -101,8 +121,9 @@ def test_figures_that_agree_with_the_simulation_raise_no_gap_and_the_tried_chang
 def test_the_utilisation_seen_is_checked_against_the_simulated_busy_share_with_simulated_reconciliations():
     d = build_deployment("a100-80gb", "qwen2.5-7b", "--max-num-seqs 256")
     s = synthetic(1500, 200, request_rate=10.0)
-    dx = diagnose_described(d, s, observed=Observed(qps=10.0, gpu_util=0.3), with_recommendations=False,
-                            with_alternatives=False)
+    dx = diagnose_described(
+        d, s, observed=Observed(qps=10.0, gpu_util=0.3), with_recommendations=False, with_alternatives=False
+    )
     text = " ".join(dx.findings[0].evidence)
     assert "GPU utilisation 30%; the deployment as described gives 100%" in text
     rate = float(re.search(r"~([\d.]+) req/s arriving", text).group(1))
@@ -116,9 +137,22 @@ def test_the_utilisation_seen_is_checked_against_the_simulated_busy_share_with_s
 
 @pytest.mark.slow
 def test_the_options_mark_a_tried_change_and_the_first_recommendation_is_never_one_that_did_nothing():
-    result = CliRunner().invoke(app, ["diagnose", *BOT, "--max-concurrency", "64", "--observed-e2e-ms", "9000",
-                                      "--tried", "--max-num-batched-tokens 512:no-effect", "--tried", "awq:no-effect",
-                                      "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "diagnose",
+            *BOT,
+            "--max-concurrency",
+            "64",
+            "--observed-e2e-ms",
+            "9000",
+            "--tried",
+            "--max-num-batched-tokens 512:no-effect",
+            "--tried",
+            "awq:no-effect",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     marked = {a["change"]: a["tried"] for a in data["alternatives"] if a["tried"]}
@@ -128,12 +162,15 @@ def test_the_options_mark_a_tried_change_and_the_first_recommendation_is_never_o
             assert f["recommendations"][0]["tried"] != "no-effect"
 
 
-@pytest.mark.parametrize("value, needle", [
-    ("awq", "give CHANGE:RESULT"),
-    ("awq:maybe", "'maybe' is not one of no-effect, helped, hurt"),
-    ("--max-num-seqs:no-effect", "--max-num-seqs needs a value"),
-    ("h900:helped", "unknown GPU 'h900'"),
-])
+@pytest.mark.parametrize(
+    "value, needle",
+    [
+        ("awq", "give CHANGE:RESULT"),
+        ("awq:maybe", "'maybe' is not one of no-effect, helped, hurt"),
+        ("--max-num-seqs:no-effect", "--max-num-seqs needs a value"),
+        ("h900:helped", "unknown GPU 'h900'"),
+    ],
+)
 def test_a_malformed_tried_is_one_clear_error_naming_the_flag(value, needle):
     result = CliRunner().invoke(app, ["diagnose", *BOT, "--max-concurrency", "8", "--tried", value])
     assert result.exit_code == 2
@@ -160,15 +197,48 @@ def test_a_decode_findings_title_and_kind_are_read_off_the_same_step_its_evidenc
 
 @pytest.mark.slow
 def test_an_overloaded_deployment_says_so_first_and_shows_no_percentile_of_its_unstable_queue():
-    result = CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "1500",
-                                      "--output-len", "200", "--request-rate", "20"], env={"COLUMNS": "110"})
+    result = CliRunner().invoke(
+        app,
+        [
+            "diagnose",
+            "--gpu",
+            "a100-80gb",
+            "--model",
+            "qwen2.5-7b",
+            "--input-len",
+            "1500",
+            "--output-len",
+            "200",
+            "--request-rate",
+            "20",
+        ],
+        env={"COLUMNS": "110"},
+    )
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("╰"))  # the header panel's last line
     assert lines[first + 1].startswith("Overloaded: 20.00 req/s offered against a simulated ceiling of")
-    data = json.loads(CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
-                                               "--input-len", "1500", "--output-len", "200", "--request-rate", "20",
-                                               "--json"]).stdout)
+    data = json.loads(
+        CliRunner()
+        .invoke(
+            app,
+            [
+                "diagnose",
+                "--gpu",
+                "a100-80gb",
+                "--model",
+                "qwen2.5-7b",
+                "--input-len",
+                "1500",
+                "--output-len",
+                "200",
+                "--request-rate",
+                "20",
+                "--json",
+            ],
+        )
+        .stdout
+    )
     assert data["verdict"].startswith("Overloaded")
     for f in data["findings"]:
         for r in f["recommendations"]:
@@ -190,21 +260,31 @@ def test_no_percentage_is_computed_against_a_baseline_below_five_percent_of_the_
 
 @pytest.mark.slow
 def test_a_latency_question_leads_with_latency_levers_priced_before_and_after():
-    result = CliRunner().invoke(app, ["diagnose", *BOT, "--max-concurrency", "64", "--observed-e2e-ms", "10000"],
-                                env={"COLUMNS": "110"})
+    result = CliRunner().invoke(
+        app, ["diagnose", *BOT, "--max-concurrency", "64", "--observed-e2e-ms", "10000"], env={"COLUMNS": "110"}
+    )
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("╰"))
-    answer = next(line for line in lines[first + 1:] if not line.startswith("Assumed"))  # what it rests on, then it
+    answer = next(line for line in lines[first + 1 :] if not line.startswith("Assumed"))  # what it rests on, then it
     assert answer.startswith("Your question is latency: what shortens the answer")
-    data = json.loads(CliRunner().invoke(app, ["diagnose", *BOT, "--max-concurrency", "64", "--observed-e2e-ms", "10000",
-                                               "--json"]).stdout)
+    data = json.loads(
+        CliRunner()
+        .invoke(app, ["diagnose", *BOT, "--max-concurrency", "64", "--observed-e2e-ms", "10000", "--json"])
+        .stdout
+    )
     # Priced where what the user sees is reproduced: the likeliest explanation's workload, not the described one.
     assert data["goal"] == "latency" and data["levers_at"].startswith(("answers of ~", "~"))
     changes = [lever["change"] for lever in data["levers"]]
     assert changes[0].startswith("stream the answer")
-    for needle in ("answers half as long", "half the streams per GPU", "tensor parallelism", "as a replica",
-                   "INT8 W8A8", "FP8 KV cache"):
+    for needle in (
+        "answers half as long",
+        "half the streams per GPU",
+        "tensor parallelism",
+        "as a replica",
+        "INT8 W8A8",
+        "FP8 KV cache",
+    ):
         assert any(needle in c for c in changes), needle
     assert all(lever["after"] < lever["before"] for lever in data["levers"])  # each priced, before -> after
     for f in data["findings"]:  # more load per GPU is not an answer to "answers are slow"
@@ -213,9 +293,29 @@ def test_a_latency_question_leads_with_latency_levers_priced_before_and_after():
 
 @pytest.mark.slow
 def test_a_throughput_question_leads_with_capacity_levers():
-    data = json.loads(CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
-                                               "--input-len", "1500", "--output-len", "200", "--request-rate", "6",
-                                               "--observed-qps", "6", "--json"]).stdout)
+    data = json.loads(
+        CliRunner()
+        .invoke(
+            app,
+            [
+                "diagnose",
+                "--gpu",
+                "a100-80gb",
+                "--model",
+                "qwen2.5-7b",
+                "--input-len",
+                "1500",
+                "--output-len",
+                "200",
+                "--request-rate",
+                "6",
+                "--observed-qps",
+                "6",
+                "--json",
+            ],
+        )
+        .stdout
+    )
     assert data["goal"] == "throughput"
     assert data["levers"] and all(lever["metric"] == "ceiling req/s" for lever in data["levers"])
     ceilings = [lever["after"] for lever in data["levers"] if not lever["tried"]]
@@ -224,8 +324,25 @@ def test_a_throughput_question_leads_with_capacity_levers():
 
 @pytest.mark.slow
 def test_an_answer_length_not_given_is_assumed_out_loud_with_the_ceiling_across_its_range():
-    data = json.loads(CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
-                                               "--input-len", "1500", "--request-rate", "6", "--json"]).stdout)
+    data = json.loads(
+        CliRunner()
+        .invoke(
+            app,
+            [
+                "diagnose",
+                "--gpu",
+                "a100-80gb",
+                "--model",
+                "qwen2.5-7b",
+                "--input-len",
+                "1500",
+                "--request-rate",
+                "6",
+                "--json",
+            ],
+        )
+        .stdout
+    )
     output = next(a for a in data["assumptions"] if a["what"] == "output length")
     assert "not given" in output["assumed"] and data["workload"]["mean_output_tokens"] == 200
     points = {p["value"]: p for p in output["points"]}
@@ -233,9 +350,27 @@ def test_an_answer_length_not_given_is_assumed_out_loud_with_the_ceiling_across_
     ceilings = [points[v]["ceiling_rps"] for v in points]
     assert ceilings == sorted(ceilings, reverse=True) and ceilings[0] > 1.4 * ceilings[-1]  # it moves the answer
     assert points["200 tokens"]["ceiling_rps"] == pytest.approx(data["ceilings"]["saturation_rps"], rel=0.02)
-    given = json.loads(CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
-                                                "--input-len", "1500", "--output-len", "200", "--max-concurrency",
-                                                "16", "--json"]).stdout)
+    given = json.loads(
+        CliRunner()
+        .invoke(
+            app,
+            [
+                "diagnose",
+                "--gpu",
+                "a100-80gb",
+                "--model",
+                "qwen2.5-7b",
+                "--input-len",
+                "1500",
+                "--output-len",
+                "200",
+                "--max-concurrency",
+                "16",
+                "--json",
+            ],
+        )
+        .stdout
+    )
     assert given["assumptions"] == []  # nothing assumed, nothing said
 
 
@@ -256,9 +391,29 @@ def test_every_suggested_command_is_one_the_release_accepts(release):
     from servelab.perf.engine_args import VLLM_QUANTIZATION_METHODS, parse_engine_args
     from servelab.perf.vllm_versions import parse_version, version_defaults
 
-    result = CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "1500",
-                                      "--output-len", "200", "--request-rate", "9", "--observed-e2e-ms", "9000",
-                                      "--vllm-version", release, "--check-advice", "--price-options", "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "diagnose",
+            "--gpu",
+            "a100-80gb",
+            "--model",
+            "qwen2.5-7b",
+            "--input-len",
+            "1500",
+            "--output-len",
+            "200",
+            "--request-rate",
+            "9",
+            "--observed-e2e-ms",
+            "9000",
+            "--vllm-version",
+            release,
+            "--check-advice",
+            "--price-options",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     lines = _launch_lines(json.loads(result.stdout))
     assert any("--quantization" in line for line in lines)  # the W8A8 option is among them
@@ -270,8 +425,23 @@ def test_every_suggested_command_is_one_the_release_accepts(release):
 
 @pytest.mark.slow
 def test_the_markdown_has_no_nested_inline_code():
-    result = CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "1500",
-                                      "--output-len", "200", "--request-rate", "10", "--markdown"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "diagnose",
+            "--gpu",
+            "a100-80gb",
+            "--model",
+            "qwen2.5-7b",
+            "--input-len",
+            "1500",
+            "--output-len",
+            "200",
+            "--request-rate",
+            "10",
+            "--markdown",
+        ],
+    )
     assert result.exit_code == 0, result.output
     text = result.output
     assert text.count("```") % 2 == 0 and "Confirm:\n\n```" in text
@@ -283,11 +453,23 @@ def test_the_markdown_has_no_nested_inline_code():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [
-    [],  # the built-in example
-    [*BOT, "--max-concurrency", "64", "--observed-e2e-ms", "10000", "--tried", "--max-num-batched-tokens 512:no-effect",
-     "--tried", "awq:no-effect"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],  # the built-in example
+        [
+            *BOT,
+            "--max-concurrency",
+            "64",
+            "--observed-e2e-ms",
+            "10000",
+            "--tried",
+            "--max-num-batched-tokens 512:no-effect",
+            "--tried",
+            "awq:no-effect",
+        ],
+    ],
+)
 def test_the_default_view_fits_forty_lines_and_details_holds_the_rest(args):
     short = CliRunner().invoke(app, ["diagnose", *args], env={"COLUMNS": "110"})
     assert short.exit_code == 0, short.output
@@ -302,9 +484,29 @@ def test_the_default_view_fits_forty_lines_and_details_holds_the_rest(args):
 
 @pytest.mark.slow
 def test_a_latency_question_above_the_ceiling_is_answered_with_the_ceiling_not_the_queues_latency():
-    data = json.loads(CliRunner().invoke(app, ["diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b",
-                                               "--input-len", "1500", "--output-len", "200", "--request-rate", "20",
-                                               "--observed-e2e-ms", "30000", "--json"]).stdout)
+    data = json.loads(
+        CliRunner()
+        .invoke(
+            app,
+            [
+                "diagnose",
+                "--gpu",
+                "a100-80gb",
+                "--model",
+                "qwen2.5-7b",
+                "--input-len",
+                "1500",
+                "--output-len",
+                "200",
+                "--request-rate",
+                "20",
+                "--observed-e2e-ms",
+                "30000",
+                "--json",
+            ],
+        )
+        .stdout
+    )
     assert data["goal"] == "latency" and data["verdict"].startswith("Overloaded")
     assert data["levers"] and all(lever["metric"] == "ceiling req/s" for lever in data["levers"])
 
@@ -315,8 +517,9 @@ def test_a_second_reported_figure_is_evidence_between_the_explanations_of_the_fi
     """A TTFT 4x the simulated one: time outside the engine leaves the TPOT as described, more streams raise it."""
     d = build_deployment("a100-80gb", "qwen2.5-7b")
     s = synthetic(1000, 200, max_concurrency=32)
-    dx = diagnose_described(d, s, observed=Observed(ttft_ms=2000.0, tpot_ms=tpot_ms), with_recommendations=False,
-                            with_alternatives=False)
+    dx = diagnose_described(
+        d, s, observed=Observed(ttft_ms=2000.0, tpot_ms=tpot_ms), with_recommendations=False, with_alternatives=False
+    )
     first = dx.findings[0]
     assert first.kind == OBSERVED_VS_SIMULATED and "TTFT" in first.title
     assert leader in _explanations(first)[0]
@@ -324,8 +527,9 @@ def test_a_second_reported_figure_is_evidence_between_the_explanations_of_the_fi
 
 @pytest.mark.slow
 def test_one_change_gets_one_verdict_in_one_report():
-    result = CliRunner().invoke(app, ["diagnose", *BOT, "--max-concurrency", "64", "--observed-e2e-ms", "5000",
-                                      "--check-advice", "--json"])
+    result = CliRunner().invoke(
+        app, ["diagnose", *BOT, "--max-concurrency", "64", "--observed-e2e-ms", "5000", "--check-advice", "--json"]
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     options = {a["change"]: a["verdict"] for a in data["alternatives"]}

@@ -14,12 +14,31 @@ CPU_BLOCK = "--block-size 128"  # the CPU backend's block size
 
 
 def bench(server, directory, *, requests, input_len, output_len, concurrency):
-    result = CliRunner().invoke(app, [
-        "bench", "--base-url", server.base_url, "--model", server.model_name, "--dataset-name", "random",
-        "--random-input-len", str(input_len), "--random-output-len", str(output_len), "--ignore-eos",
-        "--max-concurrency", str(concurrency), "--num-prompts", str(requests), "--scrape-interval", "0.25",
-        "--result-dir", str(directory),
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--base-url",
+            server.base_url,
+            "--model",
+            server.model_name,
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(input_len),
+            "--random-output-len",
+            str(output_len),
+            "--ignore-eos",
+            "--max-concurrency",
+            str(concurrency),
+            "--num-prompts",
+            str(requests),
+            "--scrape-interval",
+            "0.25",
+            "--result-dir",
+            str(directory),
+        ],
+    )
     assert result.exit_code == 0, result.output
     return json.loads((directory / "summary.json").read_text())
 
@@ -35,8 +54,10 @@ def engine_bottleneck(dx):
 
 
 def diagnose(directory, model_dir, engine_args):
-    result = CliRunner().invoke(app, ["diagnose", str(directory), "--gpu", "cpu", "--model", str(model_dir),
-                                      "--engine-args", engine_args, "--json"])
+    result = CliRunner().invoke(
+        app,
+        ["diagnose", str(directory), "--gpu", "cpu", "--model", str(model_dir), "--engine-args", engine_args, "--json"],
+    )
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
 
@@ -50,8 +71,10 @@ def test_max_num_seqs_2_at_concurrency_16_is_max_num_seqs_bound(launch_vllm, tin
     assert dx["evidence"]["max_running"] == 2 and dx["evidence"]["max_waiting"] >= 8
     # The server's own split is the evidence: the mean request's TTFT went mostly to waiting for one of 2 slots.
     queue_bound = next(f for f in dx["findings"] if f["kind"] == fk.MAX_NUM_SEQS_BOUND)
-    assert any(line.startswith("TTFT mean ") and "(waiting for a sequence slot: 2 running at max_num_seqs 2)" in line
-               for line in queue_bound["evidence"]), queue_bound["evidence"]
+    assert any(
+        line.startswith("TTFT mean ") and "(waiting for a sequence slot: 2 running at max_num_seqs 2)" in line
+        for line in queue_bound["evidence"]
+    ), queue_bound["evidence"]
     assert (tmp_path / "diagnosis.json").is_file()
 
 

@@ -32,15 +32,39 @@ STORED = Path(__file__).parent / "data" / "documents"
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
 WRITE = os.environ.get("SERVELAB_WRITE_DOCUMENTS") == "1"
 
-VOLATILE_KEYS = {"started_at", "finished_at", "sim_wall_s", "steps_per_s", "created_at", "wall_s", "elapsed_s",
-                 "duration_wall_s", "generated_at", "servelab_version", "python", "client_host", "argv",
-                 "ended_at", "host"}
+VOLATILE_KEYS = {
+    "started_at",
+    "finished_at",
+    "sim_wall_s",
+    "steps_per_s",
+    "created_at",
+    "wall_s",
+    "elapsed_s",
+    "duration_wall_s",
+    "generated_at",
+    "servelab_version",
+    "python",
+    "client_host",
+    "argv",
+    "ended_at",
+    "host",
+}
 """Keys whose values are the host's clock, speed, load or name, the installed versions, or the test runner's own argv (run.json
 records sys.argv, which under CliRunner is pytest's): blanked before comparing."""
 
 SIM = ["--gpu", "a100-80gb", "--model", "qwen2.5-7b"]
-LOAD = ["--num-prompts", "40", "--random-input-len", "300", "--random-output-len", "40",
-        "--seed", "3", "--goodput", "ttft:500"]
+LOAD = [
+    "--num-prompts",
+    "40",
+    "--random-input-len",
+    "300",
+    "--random-output-len",
+    "40",
+    "--seed",
+    "3",
+    "--goodput",
+    "ttft:500",
+]
 
 UNSTARTABLE_SERVER = "python3 -c 'import sys; sys.exit(3)' {engine_args}"
 """A stage-2 server that exits before it is ready: stage 2 runs its real path (prediction, start, the failure kept in
@@ -50,17 +74,76 @@ CASES: dict[str, list[str]] = {
     "simulate": ["simulate", *SIM, *LOAD, "--request-rate", "4", "--result-dir", "{out}"],
     "sweep": ["simulate", *SIM, *LOAD, "--sweep", "request-rate=2,6", "--result-dir", "{out}"],
     "compare": ["compare", *SIM, *LOAD, "--request-rate", "4", "--engines", "vllm,sglang", "--result-dir", "{out}"],
-    "tune": ["tune", *SIM, *LOAD, "--request-rate", "4", "--n-trials", "3", "--search-seed", "1", "--result-dir", "{out}"],
-    "tune-stage2": ["tune", *SIM, *LOAD, "--request-rate", "4", "--n-trials", "3", "--search-seed", "1", "--top-k", "1",
-                    "--server-cmd", UNSTARTABLE_SERVER, "--result-dir", "{out}"],
-    "diagnose-described": ["diagnose", *SIM, "--input-len", "1500", "--output-len", "200", "--request-rate", "10",
-                           "--engine-args", "--max-num-seqs 256", "--observed-gpu-util", "0.3", "--goodput", "ttft:2000",
-                           "--tried", "--max-num-batched-tokens 1024:no-effect", "--save", "{out}/diagnosis.json"],
-    "calibrate-from": ["calibrate", "--from", "{fixtures}/vllm-bench-detailed.json", "--gpu", "h100-sxm", "--model",
-                       "qwen2.5-7b", "-o", "{out}/profile.json"],
+    "tune": [
+        "tune",
+        *SIM,
+        *LOAD,
+        "--request-rate",
+        "4",
+        "--n-trials",
+        "3",
+        "--search-seed",
+        "1",
+        "--result-dir",
+        "{out}",
+    ],
+    "tune-stage2": [
+        "tune",
+        *SIM,
+        *LOAD,
+        "--request-rate",
+        "4",
+        "--n-trials",
+        "3",
+        "--search-seed",
+        "1",
+        "--top-k",
+        "1",
+        "--server-cmd",
+        UNSTARTABLE_SERVER,
+        "--result-dir",
+        "{out}",
+    ],
+    "diagnose-described": [
+        "diagnose",
+        *SIM,
+        "--input-len",
+        "1500",
+        "--output-len",
+        "200",
+        "--request-rate",
+        "10",
+        "--engine-args",
+        "--max-num-seqs 256",
+        "--observed-gpu-util",
+        "0.3",
+        "--goodput",
+        "ttft:2000",
+        "--tried",
+        "--max-num-batched-tokens 1024:no-effect",
+        "--save",
+        "{out}/diagnosis.json",
+    ],
+    "calibrate-from": [
+        "calibrate",
+        "--from",
+        "{fixtures}/vllm-bench-detailed.json",
+        "--gpu",
+        "h100-sxm",
+        "--model",
+        "qwen2.5-7b",
+        "-o",
+        "{out}/profile.json",
+    ],
     "diagnose-results": ["diagnose", "{out}/run", "--save", "{out}/diagnosis.json"],
-    "diagnose-results-priced": ["diagnose", "{out}/run", "--check-advice", "--price-options", "--save",
-                                "{out}/diagnosis.json"],
+    "diagnose-results-priced": [
+        "diagnose",
+        "{out}/run",
+        "--check-advice",
+        "--price-options",
+        "--save",
+        "{out}/diagnosis.json",
+    ],
 }
 """Each case: the argv, with {out} the directory its files land in."""
 
@@ -72,7 +155,9 @@ BEFORE: dict[str, list[str]] = {"diagnose-results": OVERLOADED_RUN, "diagnose-re
 
 def _blank(value: Any, out: str, volatile: frozenset[str] = frozenset()) -> Any:
     if isinstance(value, dict):
-        return {k: ("<volatile>" if k in VOLATILE_KEYS | volatile else _blank(v, out, volatile)) for k, v in value.items()}
+        return {
+            k: ("<volatile>" if k in VOLATILE_KEYS | volatile else _blank(v, out, volatile)) for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_blank(v, out, volatile) for v in value]
     if isinstance(value, str):
@@ -92,7 +177,9 @@ def _normalised(path: Path, out: str, volatile: frozenset[str] = frozenset()) ->
 
 
 def _documents(root: Path) -> dict[str, Path]:
-    return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file() and p.suffix not in (".html", ".db")}
+    return {
+        str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file() and p.suffix not in (".html", ".db")
+    }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -131,6 +218,8 @@ def test_validate_writes_the_stored_report(tmp_path: Path):
 
     out = tmp_path / "validate"
     profile = load_profile(tiny_profile(out / "profile"))
-    report = validate_on(profile_sim_target(profile), profile, out / "validation.runs", points=QUICK_POINTS[:2], repeats=2)
+    report = validate_on(
+        profile_sim_target(profile), profile, out / "validation.runs", points=QUICK_POINTS[:2], repeats=2
+    )
     (out / "validation.json").write_text(report_json(report), encoding="utf-8")
     _assert_stored("validate", {"validation.json": _normalised(out / "validation.json", str(out), frozenset({"host"}))})

@@ -18,8 +18,14 @@ def test_sglang_line_as_pasted():
         "--disable-flashinfer --enable-mixed-chunk --frobnicate 3"
     )
     s = parsed.settings
-    assert (s.model, s.tp_size, s.mem_fraction_static, s.schedule_policy, s.chunked_prefill_size, s.disable_radix_cache) == (
-        "meta-llama/Llama-3.1-8B-Instruct", 2, 0.8, "lpm", 4096, True)
+    assert (
+        s.model,
+        s.tp_size,
+        s.mem_fraction_static,
+        s.schedule_policy,
+        s.chunked_prefill_size,
+        s.disable_radix_cache,
+    ) == ("meta-llama/Llama-3.1-8B-Instruct", 2, 0.8, "lpm", 4096, True)
     assert parsed.obsolete == ["--disable-flashinfer"]
     assert parsed.unknown == ["--frobnicate"]
     text = " ".join(parsed.warnings)
@@ -27,8 +33,10 @@ def test_sglang_line_as_pasted():
     assert "--enable-mixed-chunk" in text and "--frobnicate" in text
 
 
-@pytest.mark.parametrize("line", ["--mem-fraction-static 1.5", "--max-running-requests", "--disable-radix-cache=1",
-                                  "--schedule-policy shortest"])
+@pytest.mark.parametrize(
+    "line",
+    ["--mem-fraction-static 1.5", "--max-running-requests", "--disable-radix-cache=1", "--schedule-policy shortest"],
+)
 def test_sglang_bad_values_are_one_error(line):
     with pytest.raises(PerfConfigError):
         parse_sglang_args(line)
@@ -51,7 +59,9 @@ def test_sglang_defaults_by_gpu_memory():
 
 def test_sglang_model_that_does_not_fit_is_refused():
     with pytest.raises(PerfConfigError, match="mem_fraction_static"):
-        resolve_sglang(parse_sglang_args("--mem-fraction-static 0.1").settings, get_gpu("a100-40gb"), get_model("llama-3.1-8b"))
+        resolve_sglang(
+            parse_sglang_args("--mem-fraction-static 0.1").settings, get_gpu("a100-40gb"), get_model("llama-3.1-8b")
+        )
 
 
 def test_trtllm_line_and_its_yaml_options(tmp_path):
@@ -67,9 +77,15 @@ def test_trtllm_line_and_its_yaml_options(tmp_path):
         f"--backend pytorch --host 0.0.0.0 --extra_llm_api_options {options} --enable_overlap_scheduler --bogus_flag 2"
     )
     s = parsed.settings
-    assert (s.model, s.max_batch_size, s.max_num_tokens, s.enable_chunked_prefill, s.free_gpu_memory_fraction,
-            s.enable_block_reuse, s.capacity_scheduler_policy) == (
-        "meta-llama/Llama-3.1-8B-Instruct", 256, 4096, True, 0.85, False, MAX_UTILIZATION)
+    assert (
+        s.model,
+        s.max_batch_size,
+        s.max_num_tokens,
+        s.enable_chunked_prefill,
+        s.free_gpu_memory_fraction,
+        s.enable_block_reuse,
+        s.capacity_scheduler_policy,
+    ) == ("meta-llama/Llama-3.1-8B-Instruct", 256, 4096, True, 0.85, False, MAX_UTILIZATION)
     assert parsed.obsolete == ["--enable_overlap_scheduler", "use_cuda_graph"]
     assert parsed.unknown == ["--bogus_flag", "speculative_config.decoding_type"]
 
@@ -77,8 +93,13 @@ def test_trtllm_line_and_its_yaml_options(tmp_path):
 def test_trtllm_defaults_and_memory_plan():
     plan = resolve_trtllm(parse_trtllm_args("").settings, get_gpu("h100-sxm"), get_model("llama-3.1-8b"))
     c = plan.config
-    assert (c.max_num_seqs, c.max_num_batched_tokens, c.enable_chunked_prefill, c.enable_prefix_caching, c.block_size) == (
-        2048, 8192, False, True, 32)
+    assert (
+        c.max_num_seqs,
+        c.max_num_batched_tokens,
+        c.enable_chunked_prefill,
+        c.enable_prefix_caching,
+        c.block_size,
+    ) == (2048, 8192, False, True, 32)
     m = plan.memory
     free = m.total_bytes - m.weight_bytes - m.activation_bytes - m.non_torch_bytes - m.cuda_graph_bytes
     assert m.num_blocks == int(0.9 * free // (m.kv_bytes_per_token * 32))

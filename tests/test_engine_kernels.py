@@ -19,7 +19,9 @@ def test_decode_and_prefill_steps_scale_by_their_own_ratio():
     assert scaled.step_time(decode) == pytest.approx(0.5 * base.step_time(decode))
     assert scaled.step_time(prefill) == pytest.approx(2.0 * base.step_time(prefill))
     assert scaled.step_time_aggregate(0, 0, 2, 300, 2) == pytest.approx(0.5 * base.step_time_aggregate(0, 0, 2, 300, 2))
-    assert scaled.step_time_aggregate(512, 1000, 1, 100, 2) == pytest.approx(2.0 * base.step_time_aggregate(512, 1000, 1, 100, 2))
+    assert scaled.step_time_aggregate(512, 1000, 1, 100, 2) == pytest.approx(
+        2.0 * base.step_time_aggregate(512, 1000, 1, 100, 2)
+    )
 
 
 def test_ratio_is_one_where_no_tables_and_measured_where_there_are():

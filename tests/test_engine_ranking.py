@@ -63,8 +63,16 @@ def test_drawn_sharegpt_lengths_pass_vllms_sampler_filter(ranking):
 
 
 def test_a_prompt_spread_leaves_every_output_at_the_clients_max_tokens(ranking):
-    run = {"id": "t", "workload": {"input_len": 1875, "input_range_ratio": 0.3333, "output_len": 2000,
-                                   "max_concurrency": 50, "num_prompts": 50}}
+    run = {
+        "id": "t",
+        "workload": {
+            "input_len": 1875,
+            "input_range_ratio": 0.3333,
+            "output_len": 2000,
+            "max_concurrency": 50,
+            "num_prompts": 50,
+        },
+    }
     plan = ranking.load_plan(run, vocab=1000)
     specs = list(plan.requests)
     assert plan.max_concurrency == 50
@@ -92,14 +100,20 @@ def test_a_three_engine_run_is_scored_on_every_pair(ranking):
 
 
 def test_a_two_engine_run_has_one_pair(ranking):
-    assert [(a, b) for a, b, _ in ranking.pair_errors({"vllm": 2.0, "sglang": 3.0}, {"vllm": 1.0, "sglang": 1.0})] \
-        == [("sglang", "vllm")]
+    assert [(a, b) for a, b, _ in ranking.pair_errors({"vllm": 2.0, "sglang": 3.0}, {"vllm": 1.0, "sglang": 1.0})] == [
+        ("sglang", "vllm")
+    ]
 
 
 def test_a_tensorrt_llm_side_replays_with_its_llm_api_options(ranking, tmp_path):
     # No scored run has a TensorRT-LLM side yet: its replay path (flags + --extra_llm_api_options YAML) is checked here.
-    run = {"id": "t", "gpu": "H100-SXM", "model": "Llama-3.1-8B", "versions": {},
-           "flags": {"trtllm": "--max_batch_size 8", "trtllm_options": {"kv_cache_config": {"enable_block_reuse": False}}},
-           "workload": {"input_len": 128, "output_len": 16, "max_concurrency": 4, "num_prompts": 4}}
+    run = {
+        "id": "t",
+        "gpu": "H100-SXM",
+        "model": "Llama-3.1-8B",
+        "versions": {},
+        "flags": {"trtllm": "--max_batch_size 8", "trtllm_options": {"kv_cache_config": {"enable_block_reuse": False}}},
+        "workload": {"input_len": 128, "output_len": 16, "max_concurrency": 4, "num_prompts": 4},
+    }
     assert ranking.predict(run, "trtllm", tmp_path) > 0
     assert (tmp_path / "t-trtllm.yaml").exists()

@@ -29,7 +29,9 @@ class FakeTarget:
     once that many records are written, like a user pressing Ctrl-C mid-run.
     """
 
-    def __init__(self, service: float = 0.1, stop_after: int | None = None, sigterm: bool = False, bottleneck: bool = False):
+    def __init__(
+        self, service: float = 0.1, stop_after: int | None = None, sigterm: bool = False, bottleneck: bool = False
+    ):
         self.service = service
         self.stop_after = stop_after
         self.sigterm = sigterm
@@ -53,15 +55,23 @@ class FakeTarget:
             chunks = [send + self.service * (i + 1) / spec.max_tokens for i in range(spec.max_tokens)]
             sink.write(
                 RequestRecord(
-                    index=spec.index, intended_time=spec.arrival_time, send_time=send, finish_time=finish,
-                    first_token_time=chunks[0], chunk_times=chunks, prompt_tokens=spec.prompt_len,
+                    index=spec.index,
+                    intended_time=spec.arrival_time,
+                    send_time=send,
+                    finish_time=finish,
+                    first_token_time=chunks[0],
+                    chunk_times=chunks,
+                    prompt_tokens=spec.prompt_len,
                     output_tokens=spec.max_tokens,
                 )
             )
             if on_sample is not None:
                 on_sample(TimelineSample(finish, {RUNNING: float(slots)}))
             last = max(last, finish)
-        stats = {"client_may_be_bottleneck": self.bottleneck, "reason": "client CPU at 95% of a core" if self.bottleneck else "ok"}
+        stats = {
+            "client_may_be_bottleneck": self.bottleneck,
+            "reason": "client CPU at 95% of a core" if self.bottleneck else "ok",
+        }
         return TargetRun(duration=last, server_info={"model": "fake"}, client_stats=stats)
 
 
@@ -74,7 +84,9 @@ def plan(n: int = 20, concurrency: int | None = 4, rate: float = float("inf"), w
 
 
 def test_run_point_writes_every_file(tmp_path):
-    summary = run_point(FakeTarget(), plan(), tmp_path / "run", {"flags": {"model": "x"}}, slo=SLO.parse("ttft:50")).model_dump(exclude_unset=True)
+    summary = run_point(
+        FakeTarget(), plan(), tmp_path / "run", {"flags": {"model": "x"}}, slo=SLO.parse("ttft:50")
+    ).model_dump(exclude_unset=True)
     run = load_run(tmp_path / "run")
     assert len(run.records) == 20 and len(run.timeline) == 20
     assert run.summary["completed"] == summary["completed"] == 20
@@ -88,7 +100,9 @@ def test_run_point_writes_every_file(tmp_path):
 
 
 def test_warmup_requests_are_recorded_but_not_counted(tmp_path):
-    summary = run_point(FakeTarget(), plan(n=20, concurrency=1, warmup=0.95), tmp_path, {}).model_dump(exclude_unset=True)
+    summary = run_point(FakeTarget(), plan(n=20, concurrency=1, warmup=0.95), tmp_path, {}).model_dump(
+        exclude_unset=True
+    )
     assert summary["requests_recorded"] == 20
     assert summary["completed"] == 10  # sends at 0.0, 0.1, ...; those from 1.0 on count
 
@@ -143,8 +157,10 @@ def test_sweep_writes_one_directory_per_point_and_the_curve(tmp_path):
     target = FakeTarget()
     sweep = Sweep.parse("max-concurrency=1,4,16")
     base = ArrivalConfig()
+
     def make(arrival):
         return build_plan(WorkloadConfig(input_len=16, output_len=4), arrival, Amount(num_prompts=32))
+
     seen = []
 
     from contextlib import contextmanager
@@ -167,8 +183,10 @@ def test_sweep_writes_one_directory_per_point_and_the_curve(tmp_path):
 
 def test_sweep_stops_at_an_interrupted_point(tmp_path):
     sweep = Sweep.parse("request-rate=1,2,4")
+
     def make(arrival):
         return build_plan(WorkloadConfig(input_len=16, output_len=4), arrival, Amount(num_prompts=10))
+
     index = run_sweep(FakeTarget(stop_after=3), sweep, ArrivalConfig(), make, tmp_path, {})
     assert len(index["points"]) == 1 and index["interrupted"] is True
     assert json.loads((tmp_path / "sweep.json").read_text())["points"][0]["completed"] == 3

@@ -57,8 +57,21 @@ pytestmark = pytest.mark.vllm
 
 SERVELAB = str(Path(sys.executable).parent / "servelab")
 REQUEST_TIMEOUT = 30.0
-LOAD = ["--random-input-len", "64", "--random-output-len", "128", "--ignore-eos", "--max-concurrency", "8",
-        "--num-prompts", "400", "--request-timeout", f"{REQUEST_TIMEOUT:g}", "--scrape-interval", "0.5"]
+LOAD = [
+    "--random-input-len",
+    "64",
+    "--random-output-len",
+    "128",
+    "--ignore-eos",
+    "--max-concurrency",
+    "8",
+    "--num-prompts",
+    "400",
+    "--request-timeout",
+    f"{REQUEST_TIMEOUT:g}",
+    "--scrape-interval",
+    "0.5",
+]
 """Far more than a test waits for: every run here is cut short by a kill, long before its end."""
 SIM_ARGS = "--block-size 128 --kv-cache-memory-bytes 1G"
 """What the simulator needs to know of the CPU backend (tests/test_tune_vllm.py)."""
@@ -95,8 +108,9 @@ def server_pgid(port: int) -> int | None:
 
 def bench_process(url: str, out: Path) -> subprocess.Popen[bytes]:
     log = (out.parent / f"{out.name}.log").open("wb")
-    return subprocess.Popen([SERVELAB, "bench", "--base-url", url, *LOAD, "--result-dir", str(out)],
-                            stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [SERVELAB, "bench", "--base-url", url, *LOAD, "--result-dir", str(out)], stdout=log, stderr=subprocess.STDOUT
+    )
 
 
 def whole_records(path: Path) -> list[dict]:
@@ -112,13 +126,17 @@ def whole_records(path: Path) -> list[dict]:
 def test_a_model_the_server_does_not_serve_is_refused_before_load(vllm_server, tmp_path: Path) -> None:
     url = vllm_server.base_url
     out = tmp_path / "wrong-model"
-    result = CliRunner().invoke(app, ["bench", "--base-url", url, "--model", "not-served", *LOAD, "--result-dir", str(out)])
+    result = CliRunner().invoke(
+        app, ["bench", "--base-url", url, "--model", "not-served", *LOAD, "--result-dir", str(out)]
+    )
     assert result.exit_code == 2
     assert f"model 'not-served' is not served by {url}; it serves: tiny-qwen" in " ".join(result.output.split())
     assert not (out / "records.jsonl").exists()
 
     sink = MemorySink()  # sent anyway (no pre-flight): each request is a record that names the model
-    HttpTarget(url, model="not-served", run_preflight=False).run(LoadPlan([RequestSpec(i, [1, 2, 3], 4) for i in range(3)]), sink)
+    HttpTarget(url, model="not-served", run_preflight=False).run(
+        LoadPlan([RequestSpec(i, [1, 2, 3], 4) for i in range(3)]), sink
+    )
     assert len(sink.records) == 3
     assert all(r.error_kind == "http_404" and "not-served" in r.error for r in sink.records), sink.records[0]
 
@@ -145,14 +163,29 @@ def test_a_killed_client_leaves_whole_records_that_report_and_diagnose_read_as_p
     assert "finished_at" not in json.loads((out / "run.json").read_text())
 
     html = tmp_path / "report.html"
-    report = subprocess.run([SERVELAB, "report", str(out), "-o", str(html)], capture_output=True, text=True, timeout=120)
+    report = subprocess.run(
+        [SERVELAB, "report", str(out), "-o", str(html)], capture_output=True, text=True, timeout=120
+    )
     assert report.returncode == 0, report.stderr
     assert "cut (measured) (partial)" in html.read_text()
 
     diagnose = subprocess.run(
-        [SERVELAB, "diagnose", str(out), "--gpu", "cpu", "--model", str(tiny_model),
-         "--engine-args", f"{' '.join(vllm_server.extra_args)} --block-size 128", "--json"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"},
+        [
+            SERVELAB,
+            "diagnose",
+            str(out),
+            "--gpu",
+            "cpu",
+            "--model",
+            str(tiny_model),
+            "--engine-args",
+            f"{' '.join(vllm_server.extra_args)} --block-size 128",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "300"},
     )
     assert diagnose.returncode == 0, diagnose.stderr
     assert f"partial run: {out} has no summary.json, no end time in run.json" in diagnose.stderr
@@ -181,7 +214,8 @@ def test_a_killed_server_ends_the_run_with_every_request_recorded_and_a_restart_
     assert ended_after < REQUEST_TIMEOUT, f"the run took {ended_after:.1f} s to end after the kill"
     records = whole_records(out / "records.jsonl")
     kinds = Counter(r["error_kind"] or "ok" for r in records)
-    # A closed loop releases in plan order: a record for every index up to the last one means one for every request sent.
+    # A closed loop releases in plan order: a record for every index up to the last one means one for every request
+    # sent.
     assert sorted(r["index"] for r in records) == list(range(len(records)))
     assert set(kinds) <= {"ok", "connection_reset", "connection_refused"} and kinds["ok"] >= 5, kinds
     assert kinds["connection_reset"] + kinds["connection_refused"] >= 1, kinds
@@ -194,9 +228,25 @@ def test_a_killed_server_ends_the_run_with_every_request_recorded_and_a_restart_
     print(f"server killed: run ended {ended_after:.1f} s later, records {dict(kinds)}")
 
     # The session's server pool sees its server dead and starts another, as a user would restart it.
-    again = CliRunner().invoke(app, ["bench", "--base-url", vllm_server.base_url, "--random-input-len", "64",
-                                     "--random-output-len", "16", "--ignore-eos", "--max-concurrency", "4",
-                                     "--num-prompts", "12", "--result-dir", str(tmp_path / "again")])
+    again = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--base-url",
+            vllm_server.base_url,
+            "--random-input-len",
+            "64",
+            "--random-output-len",
+            "16",
+            "--ignore-eos",
+            "--max-concurrency",
+            "4",
+            "--num-prompts",
+            "12",
+            "--result-dir",
+            str(tmp_path / "again"),
+        ],
+    )
     assert again.exit_code == 0, again.output
     assert json.loads((tmp_path / "again" / "summary.json").read_text())["completed"] == 12
 
@@ -208,7 +258,9 @@ def _server_cmd(vllm_python: Path, tiny_model: Path, port: int, startup_timeout:
     return ServerCommand(
         f"{vllm_python} -m vllm.entrypoints.openai.api_server --model {tiny_model} --served-model-name tiny-qwen "
         "{engine_args}",
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"}, port=port, startup_timeout=startup_timeout,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+        port=port,
+        startup_timeout=startup_timeout,
     )
 
 
@@ -218,17 +270,29 @@ def test_stage2_servers_that_do_not_start_are_failed_trials_with_their_log_tail(
     _vllm_pool.stop_default()  # one vLLM at a time: these start their own
     line = "--max-model-len 4096"
     deployment = build_deployment("cpu", tiny_model, f"{line} {SIM_ARGS}")
-    workload = TuneWorkload(WorkloadConfig(input_len=64, output_len=16), ArrivalConfig(max_concurrency=4), Amount(num_prompts=20))
+    workload = TuneWorkload(
+        WorkloadConfig(input_len=64, output_len=16), ArrivalConfig(max_concurrency=4), Amount(num_prompts=20)
+    )
     objective = Objective("goodput", SLO.parse("ttft:2000"))
     port = free_port()
     cases = [
-        ("bad-flag", f"{line} --no-such-flag", 300.0, r"server exited with code \d+ before it was ready(?s:.*)--no-such-flag"),
+        (
+            "bad-flag",
+            f"{line} --no-such-flag",
+            300.0,
+            r"server exited with code \d+ before it was ready(?s:.*)--no-such-flag",
+        ),
         ("too-slow", line, 3.0, r"server not ready at .*/health after 3 s(?s:.*)\S"),
     ]
     for label, args, startup_timeout, error in cases:
         began = time.monotonic()
-        [result] = confirm([Stage2Config(label, {}, args, deployment)], _server_cmd(vllm_python, tiny_model, port, startup_timeout),
-                           workload, objective, tmp_path / label)
+        [result] = confirm(
+            [Stage2Config(label, {}, args, deployment)],
+            _server_cmd(vllm_python, tiny_model, port, startup_timeout),
+            workload,
+            objective,
+            tmp_path / label,
+        )
         assert not result.ok and result.measured is None
         assert result.error and re.search(error, result.error), result.error
         stored = json.loads((tmp_path / label / STAGE2_DIR / label / "stage2.json").read_text())
@@ -243,20 +307,53 @@ def test_a_killed_tune_leaves_no_server_and_resume_goes_on_past_a_server_crash(
 ) -> None:
     _vllm_pool.stop_default()
     out, port = tmp_path / "study", free_port()
-    argv = [SERVELAB, "tune", "--gpu", "cpu", "--model", str(tiny_model), "--result-dir", str(out),
-            "--engine-args", "--max-model-len 4096 --max-num-seqs 2", "--sim-args", SIM_ARGS,
-            "--space", "max_num_seqs=2,8", "--goodput", "ttft:5000", "--sim-prompts", "40", "--top-k", "1",
-            "--random-input-len", "64", "--random-output-len", "64", "--max-concurrency", "4", "--num-prompts", "60",
-            "--server-cmd", _server_cmd(vllm_python, tiny_model, port, 300).template, "--server-env", "VLLM_CPU_KVCACHE_SPACE=1",
-            "--server-port", str(port)]
+    argv = [
+        SERVELAB,
+        "tune",
+        "--gpu",
+        "cpu",
+        "--model",
+        str(tiny_model),
+        "--result-dir",
+        str(out),
+        "--engine-args",
+        "--max-model-len 4096 --max-num-seqs 2",
+        "--sim-args",
+        SIM_ARGS,
+        "--space",
+        "max_num_seqs=2,8",
+        "--goodput",
+        "ttft:5000",
+        "--sim-prompts",
+        "40",
+        "--top-k",
+        "1",
+        "--random-input-len",
+        "64",
+        "--random-output-len",
+        "64",
+        "--max-concurrency",
+        "4",
+        "--num-prompts",
+        "60",
+        "--server-cmd",
+        _server_cmd(vllm_python, tiny_model, port, 300).template,
+        "--server-env",
+        "VLLM_CPU_KVCACHE_SPACE=1",
+        "--server-port",
+        str(port),
+    ]
     baseline = out / STAGE2_DIR / "baseline"
 
     # 1. SIGKILL tune while its first server loads (engine core forked): the watchdog stops the whole group.
     first = subprocess.Popen(argv, stdout=(tmp_path / "first.log").open("wb"), stderr=subprocess.STDOUT)
     try:
         log = baseline / "server.log"
-        wait_for(lambda: log.exists() and "EngineCore" in log.read_text(errors="replace") or first.poll() is not None,
-                 240, "the baseline server's engine core starting")
+        wait_for(
+            lambda: log.exists() and "EngineCore" in log.read_text(errors="replace") or first.poll() is not None,
+            240,
+            "the baseline server's engine core starting",
+        )
         assert first.poll() is None, (tmp_path / "first.log").read_text()
         pgid = server_pgid(port)
         assert pgid is not None and len(group_members(pgid)) >= 2

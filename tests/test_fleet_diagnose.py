@@ -6,9 +6,16 @@ from servelab.diagnose.fleet import FLEET_IMBALANCE, ROUTING_CACHE_MISSES, fleet
 
 
 def load(url: str, served: int, waiting: float, hits: float, queries: float) -> dict:
-    return {"url": url + "/metrics", "requests_served": served, "mean_waiting": waiting, "max_waiting": 3 * waiting,
-            "mean_kv_usage": 0.4, "prefix_cache_hits": hits, "prefix_cache_queries": queries,
-            "prefix_cache_hit_rate": hits / queries}
+    return {
+        "url": url + "/metrics",
+        "requests_served": served,
+        "mean_waiting": waiting,
+        "max_waiting": 3 * waiting,
+        "mean_kv_usage": 0.4,
+        "prefix_cache_hits": hits,
+        "prefix_cache_queries": queries,
+        "prefix_cache_hit_rate": hits / queries,
+    }
 
 
 def test_a_replica_that_queues_beside_an_idle_one_is_an_imbalance():

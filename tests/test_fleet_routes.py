@@ -54,7 +54,9 @@ def test_chats_without_a_system_prompt_are_as_before_and_a_negative_length_is_re
 
 
 def test_bench_flags_for_system_prompts_apply_to_multiturn_only():
-    result = CliRunner().invoke(app, ["bench", "--dataset-name", "random", "--prefix-len", "8", "--base-url", "http://127.0.0.1:1"])
+    result = CliRunner().invoke(
+        app, ["bench", "--dataset-name", "random", "--prefix-len", "8", "--base-url", "http://127.0.0.1:1"]
+    )
     assert result.exit_code == 2 and "prefix or multiturn" in result.output
 
 
@@ -125,21 +127,59 @@ def test_no_session_header_when_asked_for_none_and_a_bad_header_name_is_refused(
 def test_bench_through_one_url_scrapes_the_replicas_given_and_records_them(tmp_path):
     out = tmp_path / "run"
     with FaultServer() as front, FaultServer() as r1, FaultServer() as r2:
-        result = CliRunner().invoke(app, [
-            "bench", "--base-url", front.base_url, "--replica-metrics-url", r1.base_url + "/metrics",
-            "--replica-metrics-url", r2.base_url + "/metrics", "--dataset-name", "multiturn", "--multiturn-turns", "2",
-            "--prefix-len", "8", "--random-input-len", "8", "--random-output-len", "4", "--num-prompts", "6",
-            "--max-concurrency", "2", "--session-header", "X-Session-ID", "--result-dir", str(out)])
+        result = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "--base-url",
+                front.base_url,
+                "--replica-metrics-url",
+                r1.base_url + "/metrics",
+                "--replica-metrics-url",
+                r2.base_url + "/metrics",
+                "--dataset-name",
+                "multiturn",
+                "--multiturn-turns",
+                "2",
+                "--prefix-len",
+                "8",
+                "--random-input-len",
+                "8",
+                "--random-output-len",
+                "4",
+                "--num-prompts",
+                "6",
+                "--max-concurrency",
+                "2",
+                "--session-header",
+                "X-Session-ID",
+                "--result-dir",
+                str(out),
+            ],
+        )
         sessions = [r.session for r in front.received]
     assert result.exit_code == 0, result.output
     assert sorted(sessions) == ["0", "0", "1", "1", "2", "2"]
     run = load_run(out)
     assert run.run_info["flags"]["replica_metrics_urls"] == [r1.base_url + "/metrics", r2.base_url + "/metrics"]
-    assert [load["url"] for load in run.run_info["server_info"]["replicas"]] == run.run_info["flags"]["replica_metrics_urls"]
+    assert [load["url"] for load in run.run_info["server_info"]["replicas"]] == run.run_info["flags"][
+        "replica_metrics_urls"
+    ]
 
 
 def test_replica_metrics_urls_with_several_base_urls_are_refused(tmp_path):
-    result = CliRunner().invoke(app, [
-        "bench", "--base-url", "http://127.0.0.1:1", "--base-url", "http://127.0.0.1:2",
-        "--replica-metrics-url", "http://127.0.0.1:3/metrics", "--result-dir", str(tmp_path / "r")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--base-url",
+            "http://127.0.0.1:1",
+            "--base-url",
+            "http://127.0.0.1:2",
+            "--replica-metrics-url",
+            "http://127.0.0.1:3/metrics",
+            "--result-dir",
+            str(tmp_path / "r"),
+        ],
+    )
     assert result.exit_code == 2 and "--replica-metrics-url" in result.output

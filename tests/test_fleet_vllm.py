@@ -29,9 +29,25 @@ runner = CliRunner()
 ENGINE_ARGS = ("--max-model-len", "4096", "--max-num-seqs", "32", "--enable-prefix-caching")
 SIM_ENGINE_ARGS = "--max-model-len 4096 --max-num-seqs 32 --block-size 128 --kv-cache-memory-bytes 1073741824"
 """The servers' flags as the simulator reads them: the CPU backend's 128-token blocks and 1 GiB of KV."""
-CHATS = ("--dataset-name", "multiturn", "--multiturn-turns", "4", "--prefix-len", "256", "--num-prefixes", "8",
-         "--random-input-len", "128", "--random-output-len", "16", "--num-prompts", "96", "--max-concurrency", "8",
-         "--ignore-eos")
+CHATS = (
+    "--dataset-name",
+    "multiturn",
+    "--multiturn-turns",
+    "4",
+    "--prefix-len",
+    "256",
+    "--num-prefixes",
+    "8",
+    "--random-input-len",
+    "128",
+    "--random-output-len",
+    "16",
+    "--num-prompts",
+    "96",
+    "--max-concurrency",
+    "8",
+    "--ignore-eos",
+)
 """24 chats of 4 turns, each opening with one of 8 system prompts of two 128-token blocks; 8 requests in flight."""
 ROUTER_VENV = Path(os.environ.get("SERVELAB_ROUTER_VENV", Path.home() / ".cache" / "servelab" / "router-venv"))
 """A venv with `pip install vllm-router` (the vLLM project's Rust router, a manylinux wheel)."""
@@ -47,8 +63,15 @@ def fleet(_vllm_pool, vllm_python: Path, tiny_model: Path, tmp_path_factory) -> 
     servers = []
     try:
         for i in range(2):
-            servers.append(vllm_cpu_server(vllm_python, tiny_model, log_path=logs / f"replica-{i}.log",
-                                           served_model_name="tiny-qwen", extra_args=ENGINE_ARGS).start())
+            servers.append(
+                vllm_cpu_server(
+                    vllm_python,
+                    tiny_model,
+                    log_path=logs / f"replica-{i}.log",
+                    served_model_name="tiny-qwen",
+                    extra_args=ENGINE_ARGS,
+                ).start()
+            )
         yield servers
     finally:
         for server in servers:
@@ -56,8 +79,21 @@ def fleet(_vllm_pool, vllm_python: Path, tiny_model: Path, tmp_path_factory) -> 
 
 
 def _bench(out: Path, urls: list[str], *args: str) -> dict:
-    result = runner.invoke(app, ["bench", *[a for url in urls for a in ("--base-url", url)], "--model", "tiny-qwen",
-                                 *CHATS, "--scrape-interval", "0.5", "--result-dir", str(out), *args])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            *[a for url in urls for a in ("--base-url", url)],
+            "--model",
+            "tiny-qwen",
+            *CHATS,
+            "--scrape-interval",
+            "0.5",
+            "--result-dir",
+            str(out),
+            *args,
+        ],
+    )
     assert result.exit_code == 0, result.output
     return load_run(out).run_info["server_info"]
 
@@ -68,21 +104,49 @@ def _hit_rate(replicas: list[dict]) -> float:
 
 def _row(name: str, replicas: list[dict], summary: dict) -> str:
     shares = " / ".join(f"{r['requests_served']}: {r['prefix_cache_hit_rate']:.0%}" for r in replicas)
-    return (f"| {name} | {_hit_rate(replicas):.0%} | {shares} | {summary['request_throughput']:.2f} "
-            f"| {summary['mean_ttft_ms']:.0f} |")
+    return (
+        f"| {name} | {_hit_rate(replicas):.0%} | {shares} | {summary['request_throughput']:.2f} "
+        f"| {summary['mean_ttft_ms']:.0f} |"
+    )
 
 
 def _vllm_router(policy: str, urls: list[str], log: Path) -> ServerProcess:
     port = free_port("127.0.0.1")
-    argv = [str(ROUTER_VENV / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
-            "--worker-urls", *urls]
-    return ServerProcess(argv, host="127.0.0.1", port=port, log_path=log, ready_paths=("/v1/models",),
-                         startup_timeout=60.0)
+    argv = [
+        str(ROUTER_VENV / "bin" / "vllm-router"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--policy",
+        policy,
+        "--worker-urls",
+        *urls,
+    ]
+    return ServerProcess(
+        argv, host="127.0.0.1", port=port, log_path=log, ready_paths=("/v1/models",), startup_timeout=60.0
+    )
 
 
 def _simulated_hit_rate(profile: Path, router: str, out: Path) -> tuple[float, dict]:
-    result = runner.invoke(app, ["simulate", "--calibration", str(profile), "--engine-args", SIM_ENGINE_ARGS,
-                                 "--replicas", "2", "--router", router, *CHATS, "--result-dir", str(out), "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--calibration",
+            str(profile),
+            "--engine-args",
+            SIM_ENGINE_ARGS,
+            "--replicas",
+            "2",
+            "--router",
+            router,
+            *CHATS,
+            "--result-dir",
+            str(out),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     last = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()][-1]["values"]
     return last[tl.PREFIX_HITS] / last[tl.PREFIX_QUERIES], json.loads((out / "summary.json").read_text())
@@ -111,20 +175,57 @@ def test_cache_aware_routes_hit_more_than_round_robin_measured_and_simulated(fle
 
     # The simulator, calibrated from one replica alone (a closed-loop random run), predicts the same fleet.
     single = tmp_path / "single"
-    result = runner.invoke(app, ["bench", "--base-url", urls[0], "--model", "tiny-qwen", "--ignore-eos", "--max-concurrency",
-                                 "4", "--num-prompts", "24", "--random-input-len", "128", "--random-output-len", "48",
-                                 "--result-dir", str(single)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--base-url",
+            urls[0],
+            "--model",
+            "tiny-qwen",
+            "--ignore-eos",
+            "--max-concurrency",
+            "4",
+            "--num-prompts",
+            "24",
+            "--random-input-len",
+            "128",
+            "--random-output-len",
+            "48",
+            "--result-dir",
+            str(single),
+        ],
+    )
     assert result.exit_code == 0, result.output
     profile = tmp_path / "profile.json"
-    result = runner.invoke(app, ["calibrate", "--from", str(single), "--gpu", "cpu", "--model", str(tiny_model),
-                                 "--engine-args", SIM_ENGINE_ARGS, "-o", str(profile)])
+    result = runner.invoke(
+        app,
+        [
+            "calibrate",
+            "--from",
+            str(single),
+            "--gpu",
+            "cpu",
+            "--model",
+            str(tiny_model),
+            "--engine-args",
+            SIM_ENGINE_ARGS,
+            "-o",
+            str(profile),
+        ],
+    )
     assert result.exit_code == 0, result.output
     simulated = {}
     for route in OWN_ROUTES:
         simulated[route], summary = _simulated_hit_rate(profile, route, tmp_path / f"sim-{route}")
-        rows.append(f"| simulate --router {route} | {simulated[route]:.0%} | | {summary['request_throughput']:.2f} "
-                    f"| {summary['mean_ttft_ms']:.0f} |")
-    print("\n| route | prefix-cache hits | per replica: served: hits | requests/s | mean TTFT (ms) |\n|---|---|---|---|---|")
+        rows.append(
+            f"| simulate --router {route} | {simulated[route]:.0%} | | {summary['request_throughput']:.2f} "
+            f"| {summary['mean_ttft_ms']:.0f} |"
+        )
+    print(
+        "\n| route | prefix-cache hits | per replica: served: hits | requests/s | mean TTFT (ms) "
+        "|\n|---|---|---|---|---|"
+    )
     print("\n".join(rows))
 
     for route in ("prefix-hash", "session"):

@@ -38,8 +38,13 @@ def test_only_rows_timed_by_back_to_back_calls_can_be_host_bound(compare, probes
     first, second = (compare.gemm_rows(p, hw, fit, None) for p in probes[:2])
     assert any(r.host_bound for r in first)
     assert second and not any(r.host_bound for r in second)
-    graph_timed = {(r["gemm"], r["m"], r["n"], r["k"]) for k, v in probes[1].items() if k.startswith("gemm/")
-                   for r in v if r.get("graph")}
+    graph_timed = {
+        (r["gemm"], r["m"], r["n"], r["k"])
+        for k, v in probes[1].items()
+        if k.startswith("gemm/")
+        for r in v
+        if r.get("graph")
+    }
     assert len(graph_timed) == len({(r.gemm, r.m, r.n, r.k) for r in second})
 
 

@@ -42,13 +42,16 @@ def test_dcgm_default_and_profiling_fields_become_gpu_columns_in_timeline_units(
     assert values[gpu_key(0, gpu.DRAM_ACTIVE)] == pytest.approx(0.6412)
     assert values[gpu_key(0, gpu.GR_ENGINE_ACTIVE)] == pytest.approx(0.953105)
     assert values[gpu_key(1, gpu.UTIL)] == 0.0  # an idle GPU is a zero, not an absence
-    assert {split_gpu_key(k) for k in values} == {(i, f) for i in ("0", "1") for f in gpu.FIELDS
-                                                   if f != gpu.THROTTLE_REASONS}
+    assert {split_gpu_key(k) for k in values} == {
+        (i, f) for i in ("0", "1") for f in gpu.FIELDS if f != gpu.THROTTLE_REASONS
+    }
 
 
 def test_dcgm_blank_values_and_foreign_metrics_are_left_out() -> None:
-    blank = ('# TYPE DCGM_FI_DEV_GPU_TEMP gauge\nDCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-1"} 140737488355328\n'
-             '# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 3.2\n')
+    blank = (
+        '# TYPE DCGM_FI_DEV_GPU_TEMP gauge\nDCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-1"} 140737488355328\n'
+        "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 3.2\n"
+    )
     assert parse_dcgm(blank) == {}
     assert split_gpu_key("vllm:num_requests_running") is None and split_gpu_key("gpu0:nonsense") is None
 

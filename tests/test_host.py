@@ -68,8 +68,15 @@ def test_gpu_states_read_through_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     states = gpu_states()
     assert [s["index"] for s in states] == [0, 1]
-    assert states[0] == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "sm_clock_mhz": 1410, "sm_clock_max_mhz": 1980,
-                         "temperature_c": 84, "power_w": 699.0, "throttle_reasons": 0x20}
+    assert states[0] == {
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "sm_clock_mhz": 1410,
+        "sm_clock_max_mhz": 1980,
+        "temperature_c": 84,
+        "power_w": 699.0,
+        "throttle_reasons": 0x20,
+    }
     assert fake.calls == ["init", "shutdown"]
 
 
@@ -81,7 +88,13 @@ def test_no_nvml_library_or_no_driver_is_no_gpu(monkeypatch: pytest.MonkeyPatch)
 
 
 def _gpu(clock: int, reasons: int = 0) -> dict:
-    return {"index": 0, "sm_clock_mhz": clock, "sm_clock_max_mhz": 1980, "temperature_c": 85, "throttle_reasons": reasons}
+    return {
+        "index": 0,
+        "sm_clock_mhz": clock,
+        "sm_clock_max_mhz": 1980,
+        "temperature_c": 85,
+        "throttle_reasons": reasons,
+    }
 
 
 def test_changes_that_slow_a_server_are_named_with_their_numbers() -> None:
@@ -94,4 +107,6 @@ def test_changes_that_slow_a_server_are_named_with_their_numbers() -> None:
     assert "20% of the host's CPU time" in lines[0] and "0% at calibration" in lines[0]
     assert "1410 MHz during the run, 1980 MHz at calibration" in lines[1]
     assert "throttle reasons 0x20" in lines[2]
-    assert condition_changes({}, {"cpu_count": 2}, now_label="a", then_label="b") == []  # nothing recorded: nothing said
+    assert (
+        condition_changes({}, {"cpu_count": 2}, now_label="a", then_label="b") == []
+    )  # nothing recorded: nothing said

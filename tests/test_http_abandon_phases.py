@@ -105,10 +105,32 @@ def test_one_replica_records_no_url_and_a_repeated_url_is_refused():
 def test_bench_spreads_over_replicas_abandons_and_writes_it_all_in_typed_files(tmp_path):
     out = tmp_path / "run"
     with FaultServer(delay=0.05) as a, FaultServer(delay=0.05) as b:
-        result = CliRunner().invoke(app, [
-            "bench", "--base-url", a.base_url, "--base-url", b.base_url, "--route", "least-outstanding",
-            "--random-input-len", "16", "--random-output-len", "20", "--num-prompts", "6", "--max-concurrency", "2",
-            "--abandon-after", "0.3", "--abandon-share", "0.5", "--result-dir", str(out)])
+        result = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "--base-url",
+                a.base_url,
+                "--base-url",
+                b.base_url,
+                "--route",
+                "least-outstanding",
+                "--random-input-len",
+                "16",
+                "--random-output-len",
+                "20",
+                "--num-prompts",
+                "6",
+                "--max-concurrency",
+                "2",
+                "--abandon-after",
+                "0.3",
+                "--abandon-share",
+                "0.5",
+                "--result-dir",
+                str(out),
+            ],
+        )
     assert result.exit_code == 0, result.output
     run = load_run(out)
     assert run.run_info["flags"]["base_urls"] == [a.base_url, b.base_url]
@@ -122,12 +144,15 @@ def test_bench_spreads_over_replicas_abandons_and_writes_it_all_in_typed_files(t
     assert assert_files_match_schemas(out) == {"run": 1, "record": 1, "summary": 1, "timeline": 1}
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["--abandon-after", "0"], "--abandon-after"),
-    (["--abandon-share", "0.5"], "needs --abandon-after"),
-    (["--route", "random"], "--route"),
-    (["--base-url", "http://127.0.0.1:1", "--base-url", "http://127.0.0.1:1"], "twice"),
-])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--abandon-after", "0"], "--abandon-after"),
+        (["--abandon-share", "0.5"], "needs --abandon-after"),
+        (["--route", "random"], "--route"),
+        (["--base-url", "http://127.0.0.1:1", "--base-url", "http://127.0.0.1:1"], "twice"),
+    ],
+)
 def test_bad_bench_flags_are_refused_before_any_load(tmp_path, args, words):
     result = CliRunner().invoke(app, ["bench", *args, "--result-dir", str(tmp_path / "x")])
     assert result.exit_code == 2 and words in result.output, result.output

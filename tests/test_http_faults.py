@@ -98,18 +98,33 @@ def _escaped(text: str) -> str:
 def test_preflight_warns_that_a_stream_without_usage_means_estimated_counts():
     with FaultServer(fault="no_usage") as srv:
         info = HttpTarget(srv.base_url).preflight()
-    assert info["warnings"] == [f"{srv.base_url}/v1/completions streams no usage (stream_options.include_usage is "
-                                "ignored): token counts are estimated, prompt tokens from the plan and output "
-                                "tokens as chunks with output"]
+    assert info["warnings"] == [
+        f"{srv.base_url}/v1/completions streams no usage (stream_options.include_usage is "
+        "ignored): token counts are estimated, prompt tokens from the plan and output "
+        "tokens as chunks with output"
+    ]
     with FaultServer() as srv:
         assert HttpTarget(srv.base_url).preflight()["warnings"] == []
 
 
 def test_bench_prints_the_preflight_refusal_and_sends_nothing(tmp_path):
     with FaultServer(fault="wrong_model") as srv:
-        result = CliRunner().invoke(app, ["bench", "--base-url", srv.base_url, "--random-input-len", "8",
-                                          "--random-output-len", "2", "--num-prompts", "3",
-                                          "--result-dir", str(tmp_path / "r")])
+        result = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "--base-url",
+                srv.base_url,
+                "--random-input-len",
+                "8",
+                "--random-output-len",
+                "2",
+                "--num-prompts",
+                "3",
+                "--result-dir",
+                str(tmp_path / "r"),
+            ],
+        )
         assert srv.received == []
     assert result.exit_code == 2
     assert f"the stream came from '{OTHER_MODEL}'" in " ".join(result.output.split())
@@ -118,14 +133,47 @@ def test_bench_prints_the_preflight_refusal_and_sends_nothing(tmp_path):
 def test_bench_exits_3_when_connections_were_dropped_and_still_writes_everything(tmp_path):
     out = tmp_path / "r"
     with FaultServer() as srv:
-        result = CliRunner().invoke(app, ["bench", "--base-url", srv.base_url, "--random-input-len", "8",
-                                          "--random-output-len", "4", "--num-prompts", "4", "--max-concurrency", "2",
-                                          "--result-dir", str(out)], env={"COLUMNS": "200"})
+        result = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "--base-url",
+                srv.base_url,
+                "--random-input-len",
+                "8",
+                "--random-output-len",
+                "4",
+                "--num-prompts",
+                "4",
+                "--max-concurrency",
+                "2",
+                "--result-dir",
+                str(out),
+            ],
+            env={"COLUMNS": "200"},
+        )
         assert result.exit_code == 0, result.output
         srv.fault = "reset"
-        result = CliRunner().invoke(app, ["bench", "--base-url", srv.base_url, "--random-input-len", "8",
-                                          "--random-output-len", "4", "--num-prompts", "4", "--max-concurrency", "2",
-                                          "--result-dir", str(out), "--overwrite"], env={"COLUMNS": "200"})
+        result = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "--base-url",
+                srv.base_url,
+                "--random-input-len",
+                "8",
+                "--random-output-len",
+                "4",
+                "--num-prompts",
+                "4",
+                "--max-concurrency",
+                "2",
+                "--result-dir",
+                str(out),
+                "--overwrite",
+            ],
+            env={"COLUMNS": "200"},
+        )
     assert result.exit_code == 3, result.output
     assert "disturbed" in result.output and "4 connection_reset" in result.output
     summary = json.loads((out / "summary.json").read_text())
@@ -178,10 +226,26 @@ def test_a_killed_bench_takes_its_client_workers_with_it(tmp_path):
     out = tmp_path / "r"
     with FaultServer(delay=0.3) as srv:
         bench = subprocess.Popen(
-            [str(Path(sys.executable).parent / "servelab"), "bench", "--base-url", srv.base_url, "--workers", "2",
-             "--random-input-len", "8", "--random-output-len", "200", "--num-prompts", "100", "--max-concurrency", "4",
-             "--result-dir", str(out)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                str(Path(sys.executable).parent / "servelab"),
+                "bench",
+                "--base-url",
+                srv.base_url,
+                "--workers",
+                "2",
+                "--random-input-len",
+                "8",
+                "--random-output-len",
+                "200",
+                "--num-prompts",
+                "100",
+                "--max-concurrency",
+                "4",
+                "--result-dir",
+                str(out),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         try:
             deadline = time.monotonic() + 120

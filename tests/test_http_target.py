@@ -48,8 +48,13 @@ def test_completions_happy_path_counts_tokens_from_usage_and_times_every_chunk(s
 
 def test_chat_sends_messages_and_ignores_the_role_only_chunk(server):
     # One at a time: two requests in flight at once reach the server in either order.
-    plan = LoadPlan([RequestSpec(0, [1], 3, messages=[{"role": "user", "content": "hello"}]), RequestSpec(1, [1], 3, prompt_text="hi")],
-                    max_concurrency=1)
+    plan = LoadPlan(
+        [
+            RequestSpec(0, [1], 3, messages=[{"role": "user", "content": "hello"}]),
+            RequestSpec(1, [1], 3, prompt_text="hi"),
+        ],
+        max_concurrency=1,
+    )
     records, _, _ = run(server, plan, endpoint="/v1/chat/completions")
     assert all(r.ok and len(r.chunk_times) == 3 for r in records)
     sent = [rec.body["messages"] for rec in server.received if rec.body.get("stream")]
@@ -96,7 +101,9 @@ def test_closed_loop_caps_concurrency_and_intends_each_send_when_a_slot_freed(se
     finishes = {r.finish_time for r in records}
     later = sorted(records, key=lambda r: r.send_time)[3:]
     assert all(r.intended_time in finishes for r in later)
-    assert result.client_stats["median_schedule_lag_ms"] is not None and "client_may_be_bottleneck" in result.client_stats
+    assert (
+        result.client_stats["median_schedule_lag_ms"] is not None and "client_may_be_bottleneck" in result.client_stats
+    )
 
 
 def test_open_loop_follows_arrival_times(server):
@@ -148,7 +155,9 @@ def test_sigint_cancels_in_flight_requests_and_returns_interrupted(server):
 
     threading.Thread(target=interrupt_when_all_streaming, daemon=True).start()
     before = signal.getsignal(signal.SIGINT)
-    records, _, result = run(server, LoadPlan(specs(3) + [RequestSpec(3, [3], 1, arrival_time=60)]), extra_body={"fault": "stall"})
+    records, _, result = run(
+        server, LoadPlan(specs(3) + [RequestSpec(3, [3], 1, arrival_time=60)]), extra_body={"fault": "stall"}
+    )
     assert result.interrupted
     assert sorted(r.index for r in records) == [0, 1, 2]
     assert all(r.status == "cancelled" and len(r.chunk_times) == 1 for r in records)
@@ -289,8 +298,14 @@ def test_a_sweep_resets_the_prefix_cache_before_each_point_where_the_server_offe
 
     with FaultServer(serve_cache_reset=offered) as srv:
         target = HttpTarget(srv.base_url)
-        index = run_sweep(target, Sweep.parse("max-concurrency=1,2"), ArrivalConfig(),
-                          lambda arrival: LoadPlan(specs(2), max_concurrency=arrival.max_concurrency), tmp_path, {})
+        index = run_sweep(
+            target,
+            Sweep.parse("max-concurrency=1,2"),
+            ArrivalConfig(),
+            lambda arrival: LoadPlan(specs(2), max_concurrency=arrival.max_concurrency),
+            tmp_path,
+            {},
+        )
         assert len(index["points"]) == 2
         assert srv.cache_resets == (2 if offered else 0)
     for label in ("max-concurrency=1", "max-concurrency=2"):

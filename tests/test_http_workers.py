@@ -41,7 +41,9 @@ def test_cap_shares_differ_by_at_most_one_and_sum_to_the_cap():
 
 
 def test_closed_loop_over_two_processes_keeps_the_global_cap_and_records_every_request(server):
-    records, samples, result = run(server, LoadPlan(specs(12, max_tokens=5), max_concurrency=3), extra_body={"delay": 0.01})
+    records, samples, result = run(
+        server, LoadPlan(specs(12, max_tokens=5), max_concurrency=3), extra_body={"delay": 0.01}
+    )
     assert sorted(r.index for r in records) == list(range(12))
     assert all(r.ok and len(r.chunk_times) == 5 and r.send_time >= r.intended_time for r in records)
     assert server.peak_active <= 3
@@ -66,12 +68,14 @@ def test_open_loop_send_times_follow_the_plan_across_processes(server):
 
 
 def test_a_later_turn_runs_where_its_conversation_is_and_waits_for_it(server):
-    plan = LoadPlan([
-        RequestSpec(0, [0], 3),
-        RequestSpec(1, [1], 3),
-        RequestSpec(2, [2], 1, depends_on=0, think_time=0.05),
-        RequestSpec(3, [3], 1, depends_on=1, think_time=0.05),
-    ])
+    plan = LoadPlan(
+        [
+            RequestSpec(0, [0], 3),
+            RequestSpec(1, [1], 3),
+            RequestSpec(2, [2], 1, depends_on=0, think_time=0.05),
+            RequestSpec(3, [3], 1, depends_on=1, think_time=0.05),
+        ]
+    )
     records, _, _ = run(server, plan, extra_body={"delay": 0.02})
     by = {r.index: r for r in records}
     for turn, previous in ((2, 0), (3, 1)):

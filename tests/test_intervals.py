@@ -44,11 +44,14 @@ def assert_ordered(summary: dict) -> None:
     Summary.model_validate_json(json.dumps(summary))  # the published schema's model
 
 
-@pytest.mark.parametrize(("arrival", "regime"), [
-    (["--request-rate", "inf"], Regime.SATURATED),
-    (["--request-rate", "2"], Regime.UNDER_CAPACITY),
-    (["--max-concurrency", "1"], Regime.CONCURRENCY_1),
-])
+@pytest.mark.parametrize(
+    ("arrival", "regime"),
+    [
+        (["--request-rate", "inf"], Regime.SATURATED),
+        (["--request-rate", "2"], Regime.UNDER_CAPACITY),
+        (["--max-concurrency", "1"], Regime.CONCURRENCY_1),
+    ],
+)
 def test_simulate_writes_ordered_intervals_for_its_regime(tmp_path: Path, arrival: list[str], regime: Regime):
     out = tmp_path / "run"
     result = runner.invoke(app, ["simulate", *A100, *SMALL, *arrival, "--result-dir", str(out)])
@@ -61,8 +64,15 @@ def test_simulate_writes_ordered_intervals_for_its_regime(tmp_path: Path, arriva
 
 
 def test_the_python_api_summary_has_intervals(tmp_path: Path):
-    run = api.simulate("a100-80gb", "qwen2.5-7b", result_dir=tmp_path, input_len=256, output_len=32,
-                       request_rate=math.inf, num_prompts=30)
+    run = api.simulate(
+        "a100-80gb",
+        "qwen2.5-7b",
+        result_dir=tmp_path,
+        input_len=256,
+        output_len=32,
+        request_rate=math.inf,
+        num_prompts=30,
+    )
     assert run.summary is not None and run.summary.intervals is not None
     assert run.summary.interval_basis is not None and run.summary.interval_basis.regime == Regime.SATURATED
     assert_ordered(run.summary.model_dump())
@@ -70,7 +80,9 @@ def test_the_python_api_summary_has_intervals(tmp_path: Path):
 
 def test_a_sweep_gives_every_point_intervals(tmp_path: Path):
     out = tmp_path / "sweep"
-    result = runner.invoke(app, ["simulate", *A100, *SMALL, "--sweep", "max-concurrency=1,32", "--result-dir", str(out)])
+    result = runner.invoke(
+        app, ["simulate", *A100, *SMALL, "--sweep", "max-concurrency=1,32", "--result-dir", str(out)]
+    )
     assert result.exit_code == 0, result.output
     index = json.loads((out / "sweep.json").read_text())
     for point in index["points"]:
@@ -82,16 +94,26 @@ def test_a_measured_summary_has_no_intervals():
     sink = MemorySink()
     plan = LoadPlan([RequestSpec(i, [1] * 64, 8, 0.0) for i in range(8)])
     build_deployment("a100-80gb", "qwen2.5-7b").sim_target().run(plan, sink)
-    measured = point_summary(sink.records, TargetRun(duration=1.0, server_info={"model": "x"}), plan, None, (50, 99), False)
+    measured = point_summary(
+        sink.records, TargetRun(duration=1.0, server_info={"model": "x"}), plan, None, (50, 99), False
+    )
     assert measured.intervals is None and measured.interval_basis is None
     assert "intervals" not in measured.model_dump(exclude_unset=True)
 
 
 def _record(i: int, send: float, scheduled: float, finish: float) -> RequestRecord:
     first = scheduled + 0.01
-    return RequestRecord(index=i, intended_time=send, send_time=send, finish_time=finish, first_token_time=first,
-                         chunk_times=[first + 0.01 * k for k in range(10)], prompt_tokens=100, output_tokens=10,
-                         schedule_time=scheduled)
+    return RequestRecord(
+        index=i,
+        intended_time=send,
+        send_time=send,
+        finish_time=finish,
+        first_token_time=first,
+        chunk_times=[first + 0.01 * k for k in range(10)],
+        prompt_tokens=100,
+        output_tokens=10,
+        schedule_time=scheduled,
+    )
 
 
 def _classify(records: list[RequestRecord], cap: int | None) -> Regime:
@@ -122,26 +144,36 @@ def _rows(values: list[float], source: str = "s") -> list[Residual]:
 
 def test_a_thin_cell_pools_with_its_neighbour_and_says_so():
     thin = _rows([0.1, 0.2])
-    table = {Tier.SPECS_ONLY: {Regime.SATURATED: {"request_throughput": thin},
-                               Regime.UNDER_CAPACITY: {"request_throughput": _rows([0.0] * MIN_RUNS, "t")}}}
+    table = {
+        Tier.SPECS_ONLY: {
+            Regime.SATURATED: {"request_throughput": thin},
+            Regime.UNDER_CAPACITY: {"request_throughput": _rows([0.0] * MIN_RUNS, "t")},
+        }
+    }
     out = prediction_intervals({"request_throughput": 10.0}, Tier.SPECS_ONLY, Regime.SATURATED, table)
     low, high = out["intervals"]["request_throughput"]
     assert low == pytest.approx(10.0) and high == pytest.approx(10.0 * math.exp(0.2))
     assert out["interval_basis"]["notes"] == [
-        f"request_throughput: {MIN_RUNS + 2} runs from 2 sources, pooled from saturated, under_capacity"]
+        f"request_throughput: {MIN_RUNS + 2} runs from 2 sources, pooled from saturated, under_capacity"
+    ]
 
 
 def test_a_cell_from_one_publisher_pools_with_its_sibling_metric_before_other_regimes():
     """Many runs of one host are still one host: the ITL cell pools, and first with TPOT in its own regime (the same
     quantity counted another way), not with ITL under another load."""
     one_host = _rows([0.3] * (MIN_RUNS + 4), "host-a")
-    table = {Tier.SPECS_ONLY: {Regime.SATURATED: {"mean_itl_ms": one_host, "mean_tpot_ms": _rows([-0.2, 0.1], "host-b")},
-                               Regime.UNDER_CAPACITY: {"mean_itl_ms": _rows([5.0] * MIN_RUNS, "host-c")}}}
+    table = {
+        Tier.SPECS_ONLY: {
+            Regime.SATURATED: {"mean_itl_ms": one_host, "mean_tpot_ms": _rows([-0.2, 0.1], "host-b")},
+            Regime.UNDER_CAPACITY: {"mean_itl_ms": _rows([5.0] * MIN_RUNS, "host-c")},
+        }
+    }
     out = prediction_intervals({"mean_itl_ms": 10.0}, Tier.SPECS_ONLY, Regime.SATURATED, table)
     low, high = out["intervals"]["mean_itl_ms"]
     assert low == pytest.approx(10.0 * math.exp(-0.2)) and high == pytest.approx(10.0 * math.exp(0.3))
     assert out["interval_basis"]["notes"] == [
-        f"mean_itl_ms: {MIN_RUNS + 6} runs from 2 sources, pooled from saturated, saturated mean_tpot_ms"]
+        f"mean_itl_ms: {MIN_RUNS + 6} runs from 2 sources, pooled from saturated, saturated mean_tpot_ms"
+    ]
 
 
 def test_a_cell_from_enough_publishers_stays_its_own():
@@ -181,17 +213,37 @@ def test_compare_tune_and_diagnose_show_their_predictions_intervals(tmp_path: Pa
     small = ["--random-input-len", "600", "--random-output-len", "40", "--num-prompts", "30"]
     wide = {"COLUMNS": "400"}
     out = tmp_path / "compare.json"
-    compared = runner.invoke(app, ["compare", *h100, *small, "--sweep", "request-rate=2,inf", "--out", str(out)], env=wide)
+    compared = runner.invoke(
+        app, ["compare", *h100, *small, "--sweep", "request-rate=2,inf", "--out", str(out)], env=wide
+    )
     assert compared.exit_code == 0, compared.output
     points = [p for e in json.loads(out.read_text())["engines"] for p in e["points"]]
-    assert all(p["intervals"]["request_throughput"][0] <= p["request_throughput"] <= p["intervals"]["request_throughput"][1]
-               for p in points)
+    assert all(
+        p["intervals"]["request_throughput"][0] <= p["request_throughput"] <= p["intervals"]["request_throughput"][1]
+        for p in points
+    )
     assert "80%: " in compared.output
 
-    tuned = runner.invoke(app, ["tune", *h100, "--space", "max_num_seqs=8,32", "--random-input-len", "256",
-                                "--random-output-len", "32", "--goodput", "ttft:2000", "--sim-prompts", "40",
-                                "--result-dir", str(tmp_path / "tune")],
-                          env=wide)
+    tuned = runner.invoke(
+        app,
+        [
+            "tune",
+            *h100,
+            "--space",
+            "max_num_seqs=8,32",
+            "--random-input-len",
+            "256",
+            "--random-output-len",
+            "32",
+            "--goodput",
+            "ttft:2000",
+            "--sim-prompts",
+            "40",
+            "--result-dir",
+            str(tmp_path / "tune"),
+        ],
+        env=wide,
+    )
     assert tuned.exit_code == 0, tuned.output
     doc = json.loads((tmp_path / "tune" / "tune.json").read_text())
     for trial in doc["trials"]:
@@ -209,7 +261,9 @@ def test_compare_tune_and_diagnose_show_their_predictions_intervals(tmp_path: Pa
 
 def test_the_html_report_shows_a_simulated_runs_intervals(tmp_path: Path):
     out = tmp_path / "run"
-    result = runner.invoke(app, ["simulate", *A100, *SMALL, "--request-rate", "4", "--result-dir", str(out), "--report"])
+    result = runner.invoke(
+        app, ["simulate", *A100, *SMALL, "--request-rate", "4", "--result-dir", str(out), "--report"]
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((out / SUMMARY).read_text())
     low, high = summary["intervals"]["request_throughput"]

@@ -33,8 +33,10 @@ PROMPTS, CONCURRENCY, INPUT_LEN, OUTPUT_LEN = 12, 4, 64, 16
 pytestmark = [
     pytest.mark.llamacpp,
     pytest.mark.skipif(
-        not (Path(LLAMA_SERVER).is_file() and Path(TINY_GGUF).is_file()) and os.environ.get("SERVELAB_REQUIRE_LLAMACPP") != "1",
-        reason="llama-server or the tiny GGUF not found (set SERVELAB_LLAMA_SERVER and SERVELAB_TINY_GGUF, or run scripts/test)",
+        not (Path(LLAMA_SERVER).is_file() and Path(TINY_GGUF).is_file())
+        and os.environ.get("SERVELAB_REQUIRE_LLAMACPP") != "1",
+        reason="llama-server or the tiny GGUF not found (set SERVELAB_LLAMA_SERVER and SERVELAB_TINY_GGUF, or run "
+        "scripts/test)",
     ),
 ]
 
@@ -42,20 +44,53 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     port = free_port()
-    argv = [LLAMA_SERVER, "-m", TINY_GGUF, "--alias", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
-            "--metrics", "--ctx-size", str(CONCURRENCY * 256), "--parallel", str(CONCURRENCY), "--threads", "1"]
+    argv = [
+        LLAMA_SERVER,
+        "-m",
+        TINY_GGUF,
+        "--alias",
+        SERVED_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics",
+        "--ctx-size",
+        str(CONCURRENCY * 256),
+        "--parallel",
+        str(CONCURRENCY),
+        "--threads",
+        "1",
+    ]
     log = tmp_path_factory.mktemp("llamacpp") / "llama-server.log"
-    with ServerProcess(argv, host="127.0.0.1", port=port, log_path=log, ready_paths=("/health", "/v1/models"),
-                       startup_timeout=300.0) as server:
+    with ServerProcess(
+        argv, host="127.0.0.1", port=port, log_path=log, ready_paths=("/health", "/v1/models"), startup_timeout=300.0
+    ) as server:
         yield server
 
 
 def test_bench_measures_llama_server_and_reads_its_metrics(llama_server, tmp_path):
-    result = CliRunner().invoke(app, [
-        "bench", "--base-url", llama_server.base_url, "--ignore-eos", "--num-prompts", str(PROMPTS),
-        "--max-concurrency", str(CONCURRENCY), "--random-input-len", str(INPUT_LEN),
-        "--random-output-len", str(OUTPUT_LEN), "--scrape-interval", "0.25", "--result-dir", str(tmp_path),
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--base-url",
+            llama_server.base_url,
+            "--ignore-eos",
+            "--num-prompts",
+            str(PROMPTS),
+            "--max-concurrency",
+            str(CONCURRENCY),
+            "--random-input-len",
+            str(INPUT_LEN),
+            "--random-output-len",
+            str(OUTPUT_LEN),
+            "--scrape-interval",
+            "0.25",
+            "--result-dir",
+            str(tmp_path),
+        ],
+    )
     assert result.exit_code == 0, result.output
     run = load_run(tmp_path)
     assert assert_files_match_schemas(tmp_path) == {"run": 1, "record": 1, "summary": 1, "timeline": 1}
@@ -66,7 +101,11 @@ def test_bench_measures_llama_server_and_reads_its_metrics(llama_server, tmp_pat
 
     with urllib.request.urlopen(llama_server.base_url + "/props", timeout=30) as resp:
         build_info = json.load(resp)["build_info"]
-    assert run.run_info["server_info"]["engine"] == {"name": "llamacpp", "version": build_info, "reported_by": "GET /props"}
+    assert run.run_info["server_info"]["engine"] == {
+        "name": "llamacpp",
+        "version": build_info,
+        "reported_by": "GET /props",
+    }
     assert run.run_info["server_info"]["metrics_scrape"]["engine"] == "llamacpp"
     # llama.cpp's own names, and the common ones they map onto, in the same samples
     # (the run may end between two scrapes, so the gauge's level is not asserted, only that it maps one to one)

@@ -86,10 +86,26 @@ def test_nvfp4_runs_at_the_fp4_rate_on_blackwell_only():
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite"])
 def test_simulate_runs_moe_configs_end_to_end(tmp_path: Path, name: str):
     out = tmp_path / name
-    result = CliRunner().invoke(app, [
-        "simulate", "--model", str(CONFIGS / name), "--gpu", "H100", "--random-input-len", "512",
-        "--random-output-len", "32", "--num-prompts", "30", "--request-rate", "4", "--result-dir", str(out),
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--model",
+            str(CONFIGS / name),
+            "--gpu",
+            "H100",
+            "--random-input-len",
+            "512",
+            "--random-output-len",
+            "32",
+            "--num-prompts",
+            "30",
+            "--request-rate",
+            "4",
+            "--result-dir",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] == 30 and 0 < summary["mean_tpot_ms"] < 50

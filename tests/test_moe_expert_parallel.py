@@ -62,8 +62,9 @@ def test_vllm_and_sglang_spell_expert_parallelism() -> None:
     model, gpu = load_hf_config(QWEN3), get_gpu("h100")
     plan = resolve_sglang(parse_sglang_args("--tp-size 4 --ep-size 4").settings, gpu, model)
     assert plan.config.enable_expert_parallel and plan.config.tensor_parallel_size == 4
-    attention_dp = resolve_sglang(parse_sglang_args("--tp-size 4 --dp-size 2 --enable-dp-attention --ep-size 4").settings,
-                                  gpu, model)
+    attention_dp = resolve_sglang(
+        parse_sglang_args("--tp-size 4 --dp-size 2 --enable-dp-attention --ep-size 4").settings, gpu, model
+    )
     assert (attention_dp.config.tensor_parallel_size, attention_dp.config.data_parallel_size) == (2, 2)
     with pytest.raises(PerfConfigError, match="--ep-size 2"):
         resolve_sglang(parse_sglang_args("--tp-size 4 --ep-size 2").settings, gpu, model)
@@ -72,8 +73,9 @@ def test_vllm_and_sglang_spell_expert_parallelism() -> None:
 def test_expert_parallel_over_data_parallel_ranks_splits_the_experts_in_memory() -> None:
     model, gpu = load_hf_config(QWEN3), get_gpu("h100")
     replicas = plan_memory(gpu, model, build_deployment("h100", str(QWEN3), "--data-parallel-size 4").config)
-    shared = plan_memory(gpu, model, build_deployment(
-        "h100", str(QWEN3), "--data-parallel-size 4 --enable-expert-parallel").config)
+    shared = plan_memory(
+        gpu, model, build_deployment("h100", str(QWEN3), "--data-parallel-size 4 --enable-expert-parallel").config
+    )
     experts = routed_expert_bytes(model, None, gpu)
     assert replicas.weight_bytes - shared.weight_bytes == pytest.approx(experts * 3 / 4, rel=1e-6)
     assert shared.kv_cache_bytes > replicas.kv_cache_bytes
@@ -91,7 +93,9 @@ def test_all_to_all_only_with_data_parallel_attention_and_dearer_on_pcie() -> No
     pcie = expert_ms("h100-pcie", data_parallel_size=4, enable_expert_parallel=True)
     assert pcie > nvlink
     # TP=4 with EP: same bytes and FLOPs per rank as TP experts, plus the busiest rank's excess.
-    assert expert_ms("h100", tensor_parallel_size=4, enable_expert_parallel=True) > expert_ms("h100", tensor_parallel_size=4)
+    assert expert_ms("h100", tensor_parallel_size=4, enable_expert_parallel=True) > expert_ms(
+        "h100", tensor_parallel_size=4
+    )
 
 
 def test_a_moe_decode_step_reads_its_touched_experts_and_a_dense_one_everything() -> None:

@@ -19,12 +19,17 @@ def moe_model(name: str):
     return load_hf_config(CONFIGS / name)
 
 
-@pytest.mark.parametrize("name, total_b, active_b", [
-    # Model cards: Qwen3-30B-A3B 30.5B / 3.3B; gpt-oss-20b 20.9B / 3.6B (active without the input embedding);
-    # DeepSeek-V2-Lite 15.7B / 2.4B (without the embedding); Mixtral-8x7B 46.7B / 12.9B.
-    ("qwen3-30b-a3b", 30.5, 3.3), ("gpt-oss-20b", 20.9, 3.6), ("deepseek-v2-lite", 15.7, 2.4),
-    ("mixtral-8x7b", 46.7, 12.9),
-])
+@pytest.mark.parametrize(
+    "name, total_b, active_b",
+    [
+        # Model cards: Qwen3-30B-A3B 30.5B / 3.3B; gpt-oss-20b 20.9B / 3.6B (active without the input embedding);
+        # DeepSeek-V2-Lite 15.7B / 2.4B (without the embedding); Mixtral-8x7B 46.7B / 12.9B.
+        ("qwen3-30b-a3b", 30.5, 3.3),
+        ("gpt-oss-20b", 20.9, 3.6),
+        ("deepseek-v2-lite", 15.7, 2.4),
+        ("mixtral-8x7b", 46.7, 12.9),
+    ],
+)
 def test_parameter_counts_match_the_model_cards(name, total_b, active_b):
     model = moe_model(name)
     assert model.params / 1e9 == pytest.approx(total_b, rel=0.02)
@@ -35,8 +40,9 @@ def test_parameter_counts_match_the_model_cards(name, total_b, active_b):
 
 
 def test_each_family_is_read_in_its_own_spelling():
-    qwen3, gpt, deepseek, mixtral = (moe_model(n) for n in ("qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite",
-                                                              "mixtral-8x7b"))
+    qwen3, gpt, deepseek, mixtral = (
+        moe_model(n) for n in ("qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite", "mixtral-8x7b")
+    )
     assert qwen3.moe == MoESpec(128, 8, 768)
     assert gpt.moe == MoESpec(32, 4, 2880) and gpt.qkv_bias
     assert gpt.quantization == "mxfp4" and gpt.quantized_experts_only
@@ -47,11 +53,24 @@ def test_each_family_is_read_in_its_own_spelling():
 
 def test_qwen2_moe_shared_expert_is_always_active():
     # Qwen/Qwen1.5-MoE-A2.7B config.json: 14.3B parameters, 2.7B activated (model card).
-    config = {"architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 5632,
-              "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 151936,
-              "max_position_embeddings": 8192, "num_experts": 60, "num_experts_per_tok": 4,
-              "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1,
-              "mlp_only_layers": [], "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    config = {
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "vocab_size": 151936,
+        "max_position_embeddings": 8192,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
     model = model_from_hf_config(config, "Qwen1.5-MoE-A2.7B")
     assert model.moe is not None and model.moe.shared_intermediate_size == 5632 and model.qkv_bias
     assert model.params / 1e9 == pytest.approx(14.3, rel=0.02)

@@ -49,15 +49,47 @@ def test_servelab_reads_the_tiny_moe_config_as_a_mixture_of_experts(tiny_moe_mod
 
 def test_bench_then_diagnose_finds_the_planted_max_num_seqs_on_the_moe_model(launch_vllm, tiny_moe_model, tmp_path):
     with launch_vllm(["--max-num-seqs", "2"], model_dir=tiny_moe_model, model_name=SERVED_NAME) as server:
-        result = CliRunner().invoke(app, [
-            "bench", "--base-url", server.base_url, "--model", SERVED_NAME, "--dataset-name", "random",
-            "--random-input-len", "128", "--random-output-len", "48", "--ignore-eos", "--max-concurrency", "8",
-            "--num-prompts", "32", "--scrape-interval", "0.25", "--result-dir", str(tmp_path),
-        ])
+        result = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "--base-url",
+                server.base_url,
+                "--model",
+                SERVED_NAME,
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                "128",
+                "--random-output-len",
+                "48",
+                "--ignore-eos",
+                "--max-concurrency",
+                "8",
+                "--num-prompts",
+                "32",
+                "--scrape-interval",
+                "0.25",
+                "--result-dir",
+                str(tmp_path),
+            ],
+        )
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "summary.json").read_text())["completed"] == 32
-    result = CliRunner().invoke(app, ["diagnose", str(tmp_path), "--gpu", "cpu", "--model", str(tiny_moe_model),
-                                      "--engine-args", f"--max-num-seqs 2 --max-model-len 4096 {CPU_BLOCK}", "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "diagnose",
+            str(tmp_path),
+            "--gpu",
+            "cpu",
+            "--model",
+            str(tiny_moe_model),
+            "--engine-args",
+            f"--max-num-seqs 2 --max-model-len 4096 {CPU_BLOCK}",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     dx = json.loads(result.output)
     first = next(f["kind"] for f in dx["findings"] if f["kind"] not in MEASUREMENT_CAVEATS)
@@ -68,10 +100,24 @@ def test_bench_then_diagnose_finds_the_planted_max_num_seqs_on_the_moe_model(lau
 def test_live_calibrate_fits_the_moe_server_and_keeps_its_probes(launch_vllm, tiny_moe_model, tmp_path):
     out = tmp_path / "tiny-moe-cpu.json"
     with launch_vllm(model_dir=tiny_moe_model, model_name=SERVED_NAME) as server:
-        result = CliRunner().invoke(app, [
-            "calibrate", "--base-url", server.base_url, "--gpu", "cpu", "--model", str(tiny_moe_model),
-            "--engine-args", " ".join(server.extra_args), "--out", str(out), "--budget", "45",
-        ])
+        result = CliRunner().invoke(
+            app,
+            [
+                "calibrate",
+                "--base-url",
+                server.base_url,
+                "--gpu",
+                "cpu",
+                "--model",
+                str(tiny_moe_model),
+                "--engine-args",
+                " ".join(server.extra_args),
+                "--out",
+                str(out),
+                "--budget",
+                "45",
+            ],
+        )
     # 3: written, but the host was too busy to time its reference step steadily (marked unreliable, said so)
     assert result.exit_code == 0 or (result.exit_code == 3 and "unreliable" in result.output), result.output
     profile = load_profile(out)

@@ -11,10 +11,29 @@ from servelab.perf.hardware import builtin_gpus, get_gpu, load_gpu_file
 from servelab.perf.models import builtin_models, get_model, load_hf_config
 
 REQUIRED_GPUS = [
-    "A100-40GB-SXM", "A100-80GB-SXM", "A100-80GB-PCIe", "H100-SXM", "H100-PCIe", "H100-NVL", "H200",
-    "H20", "L40S", "L4", "A10G", "RTX-4090", "MI300X", "cpu",
-    "B200", "GB200", "B300", "RTX-PRO-6000",
-    "A800-80GB-SXM", "A800-80GB-PCIe", "H800-SXM", "H800-PCIe", "L20",
+    "A100-40GB-SXM",
+    "A100-80GB-SXM",
+    "A100-80GB-PCIe",
+    "H100-SXM",
+    "H100-PCIe",
+    "H100-NVL",
+    "H200",
+    "H20",
+    "L40S",
+    "L4",
+    "A10G",
+    "RTX-4090",
+    "MI300X",
+    "cpu",
+    "B200",
+    "GB200",
+    "B300",
+    "RTX-PRO-6000",
+    "A800-80GB-SXM",
+    "A800-80GB-PCIe",
+    "H800-SXM",
+    "H800-PCIe",
+    "L20",
 ]
 
 
@@ -34,8 +53,16 @@ def test_known_datasheet_numbers():
     assert h100.bf16_tflops == pytest.approx(989.4) and h100.fp8_tflops == pytest.approx(1978.9)
 
 
-@pytest.mark.parametrize("alias, name", [("a100", "A100-80GB-SXM"), ("A100-80GB", "A100-80GB-SXM"),
-                                         ("H100", "H100-SXM"), ("mi300x", "MI300X"), ("rtx_4090", "RTX-4090")])
+@pytest.mark.parametrize(
+    "alias, name",
+    [
+        ("a100", "A100-80GB-SXM"),
+        ("A100-80GB", "A100-80GB-SXM"),
+        ("H100", "H100-SXM"),
+        ("mi300x", "MI300X"),
+        ("rtx_4090", "RTX-4090"),
+    ],
+)
 def test_aliases_are_case_insensitive(alias, name):
     assert get_gpu(alias).name == name
 
@@ -72,9 +99,19 @@ def test_user_gpu_file_with_a_bad_value_names_file_and_field(tmp_path):
         load_gpu_file(path)
 
 
-@pytest.mark.parametrize("name, billions", [("Qwen2.5-7B", 7.62), ("Llama-3.1-8B", 8.03), ("Mistral-7B", 7.25),
-                                            ("Qwen2.5-1.5B", 1.54), ("Qwen2.5-72B", 72.7), ("Llama-3.1-70B", 70.6),
-                                            ("Qwen2.5-14B", 14.7), ("Qwen2.5-32B", 32.5)])
+@pytest.mark.parametrize(
+    "name, billions",
+    [
+        ("Qwen2.5-7B", 7.62),
+        ("Llama-3.1-8B", 8.03),
+        ("Mistral-7B", 7.25),
+        ("Qwen2.5-1.5B", 1.54),
+        ("Qwen2.5-72B", 72.7),
+        ("Llama-3.1-70B", 70.6),
+        ("Qwen2.5-14B", 14.7),
+        ("Qwen2.5-32B", 32.5),
+    ],
+)
 def test_parameter_counts_match_published_sizes(name, billions):
     assert get_model(name).params / 1e9 == pytest.approx(billions, rel=0.02)
 
@@ -93,15 +130,27 @@ def test_linear_flops_are_twice_the_block_weights():
 
 def test_every_builtin_model_reads_its_own_architecture():
     assert {spec.architecture for spec in builtin_models().values()} == {
-        "Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
     }
 
 
 def _write_config(tmp_path, **overrides):
-    config = {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 28, "hidden_size": 1024,
-              "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072,
-              "vocab_size": 151936, "tie_word_embeddings": True, "max_position_embeddings": 40960,
-              "torch_dtype": "bfloat16"}
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "num_hidden_layers": 28,
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 3072,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 40960,
+        "torch_dtype": "bfloat16",
+    }
     config.update(overrides)
     (tmp_path / "config.json").write_text(json.dumps(config))
     return tmp_path

@@ -37,13 +37,16 @@ def test_large_prefill_is_compute_bound():
     assert linear_only < t < 1.25 * linear_only  # plus causal attention, ~10% at 8k
 
 
-@pytest.mark.parametrize("smaller, larger", [
-    (StepBatch(decode_contexts=[1000] * 8), StepBatch(decode_contexts=[1000] * 128)),
-    (StepBatch(decode_contexts=[500] * 32), StepBatch(decode_contexts=[4000] * 32)),
-    (StepBatch(prefill_chunks=[(512, 0)]), StepBatch(prefill_chunks=[(2048, 0)])),
-    (StepBatch(prefill_chunks=[(512, 0)]), StepBatch(prefill_chunks=[(512, 8000)])),
-    (StepBatch(decode_contexts=[1000] * 8), StepBatch(prefill_chunks=[(256, 0)], decode_contexts=[1000] * 8)),
-])
+@pytest.mark.parametrize(
+    "smaller, larger",
+    [
+        (StepBatch(decode_contexts=[1000] * 8), StepBatch(decode_contexts=[1000] * 128)),
+        (StepBatch(decode_contexts=[500] * 32), StepBatch(decode_contexts=[4000] * 32)),
+        (StepBatch(prefill_chunks=[(512, 0)]), StepBatch(prefill_chunks=[(2048, 0)])),
+        (StepBatch(prefill_chunks=[(512, 0)]), StepBatch(prefill_chunks=[(512, 8000)])),
+        (StepBatch(decode_contexts=[1000] * 8), StepBatch(prefill_chunks=[(256, 0)], decode_contexts=[1000] * 8)),
+    ],
+)
 def test_step_time_grows_with_batch_and_context(smaller, larger):
     model = _model()
     assert model.step_time(smaller) < model.step_time(larger)
@@ -104,9 +107,13 @@ def test_coefficients_round_trip_through_json():
 
 def test_overheads_are_added_per_step_and_per_request():
     base = CostCoefficients()
-    slow = CostCoefficients(step_overhead_s=base.step_overhead_s + 1e-3, per_request_overhead_s=base.per_request_overhead_s + 1e-4)
+    slow = CostCoefficients(
+        step_overhead_s=base.step_overhead_s + 1e-3, per_request_overhead_s=base.per_request_overhead_s + 1e-4
+    )
     batch = StepBatch(decode_contexts=[100] * 10)
-    assert _model(coefficients=slow).step_time(batch) - _model(coefficients=base).step_time(batch) == pytest.approx(2e-3)
+    assert _model(coefficients=slow).step_time(batch) - _model(coefficients=base).step_time(batch) == pytest.approx(
+        2e-3
+    )
 
 
 def test_prefill_step_overhead_is_charged_once_per_step_that_admits_prefills():

@@ -77,8 +77,9 @@ def test_device_memory_utilization_is_the_same_setting_as_gpu_memory_utilization
         assert parsed.config.gpu_memory_utilization == 0.7 and parsed.ignored == [] and parsed.warnings == []
 
 
-@pytest.mark.parametrize("flag", ["--spec-method ngram", "--spec-tokens 3", "--max-cudagraph-capture-size 128",
-                                  "--kv-offloading-size 32"])
+@pytest.mark.parametrize(
+    "flag", ["--spec-method ngram", "--spec-tokens 3", "--max-cudagraph-capture-size 128", "--kv-offloading-size 32"]
+)
 def test_accepted_but_unmodelled_flags_say_why(flag):
     parsed = parse_engine_args(f"{flag} --max-num-seqs 8")
     assert parsed.config.max_num_seqs == 8 and parsed.ignored == []
@@ -86,31 +87,37 @@ def test_accepted_but_unmodelled_flags_say_why(flag):
     assert warning.startswith(f"{flag} accepted, not modelled: ")
 
 
-@pytest.mark.parametrize("line, message", [
-    ("--watermark 1", r"must be in \[0, 1\)"),
-    ("--api-server-count 0", "must be a positive integer"),
-    ("--max-num-seq 3", "did you mean --max-num-seqs"),
-    ("--max-num-seqs", "needs a value"),
-    ("--max-num-seqs lots", "bad value 'lots' for --max-num-seqs"),
-    ("--gpu-memory-utilization 1.5", r"must be in \(0, 1\]"),
-    ("--kv-cache-dtype int3", "must be one of"),
-    ("--enable-prefix-caching=false", "takes no value"),
-    ("--pipeline-parallel-size 2", "not supported yet"),
-    ("model-a model-b", "only one positional model"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("--watermark 1", r"must be in \[0, 1\)"),
+        ("--api-server-count 0", "must be a positive integer"),
+        ("--max-num-seq 3", "did you mean --max-num-seqs"),
+        ("--max-num-seqs", "needs a value"),
+        ("--max-num-seqs lots", "bad value 'lots' for --max-num-seqs"),
+        ("--gpu-memory-utilization 1.5", r"must be in \(0, 1\]"),
+        ("--kv-cache-dtype int3", "must be one of"),
+        ("--enable-prefix-caching=false", "takes no value"),
+        ("--pipeline-parallel-size 2", "not supported yet"),
+        ("model-a model-b", "only one positional model"),
+    ],
+)
 def test_bad_lines_get_one_clear_error(line, message):
     with pytest.raises(PerfConfigError, match=message):
         parse_engine_args(line)
 
 
-@pytest.mark.parametrize("gpu, expected", [
-    ("a100-80gb", (2048, 256)),   # A100 is excluded from the large defaults (vLLM PR #17885)
-    ("a100-40gb", (2048, 256)),
-    ("l40s", (2048, 256)),
-    ("h100", (8192, 1024)),
-    ("h200", (8192, 1024)),
-    ("mi300x", (16384, 1024)),     # >= 160 GiB
-])
+@pytest.mark.parametrize(
+    "gpu, expected",
+    [
+        ("a100-80gb", (2048, 256)),  # A100 is excluded from the large defaults (vLLM PR #17885)
+        ("a100-40gb", (2048, 256)),
+        ("l40s", (2048, 256)),
+        ("h100", (8192, 1024)),
+        ("h200", (8192, 1024)),
+        ("mi300x", (16384, 1024)),  # >= 160 GiB
+    ],
+)
 def test_vllm_batch_defaults_by_chip(gpu, expected):
     assert default_batch_limits(get_gpu(gpu), world_size=1) == expected
 
@@ -135,7 +142,9 @@ def test_resolve_keeps_user_values_and_applies_throughput_mode():
 
 
 def test_resolve_without_chunked_prefill_raises_the_token_budget_to_max_model_len():
-    resolved = resolve(EngineConfig(enable_chunked_prefill=False, max_model_len=16384), get_gpu("a100"), get_model("llama-3.1-8b"))
+    resolved = resolve(
+        EngineConfig(enable_chunked_prefill=False, max_model_len=16384), get_gpu("a100"), get_model("llama-3.1-8b")
+    )
     assert resolved.max_num_batched_tokens == 16384
 
 
@@ -144,12 +153,18 @@ def test_resolve_caps_the_default_budget_by_seqs_times_length():
     assert resolved.max_num_batched_tokens == 1024
 
 
-@pytest.mark.parametrize("config, message", [
-    (EngineConfig(max_model_len=200_000), "exceeds Llama-3.1-8B's max_position_embeddings"),
-    (EngineConfig(tensor_parallel_size=3), r"--tensor-parallel-size \(--tp\) 3: .* not divisible by 3"),
-    (EngineConfig(max_num_seqs=512, max_num_batched_tokens=256), r"must be >= max_num_seqs"),
-    (EngineConfig(enable_chunked_prefill=False, max_num_batched_tokens=4096, max_model_len=8192), "smaller than max_model_len"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (EngineConfig(max_model_len=200_000), "exceeds Llama-3.1-8B's max_position_embeddings"),
+        (EngineConfig(tensor_parallel_size=3), r"--tensor-parallel-size \(--tp\) 3: .* not divisible by 3"),
+        (EngineConfig(max_num_seqs=512, max_num_batched_tokens=256), r"must be >= max_num_seqs"),
+        (
+            EngineConfig(enable_chunked_prefill=False, max_num_batched_tokens=4096, max_model_len=8192),
+            "smaller than max_model_len",
+        ),
+    ],
+)
 def test_resolve_refuses_what_vllm_refuses(config, message):
     with pytest.raises(PerfConfigError, match=message):
         resolve(config, get_gpu("a100"), get_model("llama-3.1-8b"))

@@ -68,10 +68,13 @@ def test_gpu_with_tables_uses_the_fit_and_says_so(gpu):
     assert "kernel tables" in model.cost_source_note
 
 
-@pytest.mark.parametrize("gpu, reason", [
-    ("a100-40gb", "no measured kernel tables"),  # the tables were timed on the 80GB part
-    ("l40s", "no measured kernel tables"),
-])
+@pytest.mark.parametrize(
+    "gpu, reason",
+    [
+        ("a100-40gb", "no measured kernel tables"),  # the tables were timed on the 80GB part
+        ("l40s", "no measured kernel tables"),
+    ],
+)
 def test_gpu_without_data_keeps_the_datasheet_roofline_and_says_so(gpu, reason):
     model = _model(gpu)
     assert model.cost_source == "datasheet-roofline"
@@ -99,15 +102,18 @@ def test_smooth_roofline_lies_between_max_and_sum():
     assert kf.smooth_roofline(1.0, 1.0, 60.0) == pytest.approx(1.0, rel=0.02)
 
 
-@pytest.mark.parametrize("gpu, model, tp", [("h100", "llama-3.1-8b", 1), ("a100-80gb", "qwen2.5-7b", 1),
-                                             ("h200", "llama-3.1-70b", 4)])
+@pytest.mark.parametrize(
+    "gpu, model, tp", [("h100", "llama-3.1-8b", 1), ("a100-80gb", "qwen2.5-7b", 1), ("h200", "llama-3.1-70b", 4)]
+)
 def test_fitted_step_time_is_continuous_and_monotone_in_tokens(gpu, model, tp):
     cost = _model(gpu, model, GPU_ONLY, tensor_parallel_size=tp)
     ideal = _model(gpu, model, CostCoefficients.ideal(), tensor_parallel_size=tp, kernels=False)
     assert cost.cost_source.startswith("kernel-fit:")
     decode, prefill = range(1, 1025), range(1, 16385, 7)
-    for sizes, batch in ((decode, lambda n: StepBatch(decode_contexts=[2048] * n)),
-                         (prefill, lambda n: StepBatch(prefill_chunks=[(n, 0)]))):
+    for sizes, batch in (
+        (decode, lambda n: StepBatch(decode_contexts=[2048] * n)),
+        (prefill, lambda n: StepBatch(prefill_chunks=[(n, 0)])),
+    ):
         times = np.array([cost.step_time(batch(n)) for n in sizes])
         added = np.diff(times)
         assert np.all(added > 0), "step time must grow with every added token"
@@ -126,8 +132,10 @@ def test_cost_model_adds_the_fitted_ops_of_a_forward_pass():
     b, ctx = 64, 2048
     h, d, heads, kv, inter = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.intermediate_size
     f = np.float64
-    layer = sum(kf.gemm_time(fit.gemm, hw, f(b), f(n), f(k)) for n, k in (
-        ((heads + 2 * kv) * d, h), (h, heads * d), (2 * inter, h), (h, inter)))
+    layer = sum(
+        kf.gemm_time(fit.gemm, hw, f(b), f(n), f(k))
+        for n, k in (((heads + 2 * kv) * d, h), (h, heads * d), (2 * inter, h), (h, inter))
+    )
     layer += kf.decode_attention_time(fit.decode_attention, hw, f(b), f(ctx), f(kv))
     layer += kf.elementwise_time(fit.elementwise, hw, f(b), kf.elementwise_bytes_per_token(h, heads, kv, inter))
     expected = spec.num_layers * layer + kf.gemm_time(fit.gemm, hw, f(b), f(spec.vocab_size), f(h))

@@ -37,8 +37,10 @@ def test_qwen7b_on_a100_80gb_leaves_about_60gb_of_kv():
 
 
 def test_lower_utilization_means_fewer_blocks():
-    assert _plan("a100-80gb", "qwen2.5-7b", gpu_memory_utilization=0.5).num_blocks < _plan(
-        "a100-80gb", "qwen2.5-7b").num_blocks
+    assert (
+        _plan("a100-80gb", "qwen2.5-7b", gpu_memory_utilization=0.5).num_blocks
+        < _plan("a100-80gb", "qwen2.5-7b").num_blocks
+    )
 
 
 def test_fp8_kv_cache_doubles_the_blocks():
@@ -56,7 +58,10 @@ def test_tensor_parallel_halves_weights_and_kv_per_gpu():
 def test_kv_heads_are_replicated_beyond_their_count():
     # Qwen2.5-7B has 4 KV heads: at TP=4 each rank keeps one, and TP cannot split it further.
     hw, spec = get_gpu("h100"), get_model("qwen2.5-7b")
-    assert plan_memory(hw, spec, resolve(EngineConfig(tensor_parallel_size=4), hw, spec)).kv_bytes_per_token == 2 * 28 * 128 * 2
+    assert (
+        plan_memory(hw, spec, resolve(EngineConfig(tensor_parallel_size=4), hw, spec)).kv_bytes_per_token
+        == 2 * 28 * 128 * 2
+    )
 
 
 def test_model_that_does_not_fit_names_the_numbers():

@@ -32,14 +32,23 @@ def test_the_v1_table_has_the_spread_the_issue_asks_for():
     assert len({get_gpu(e["gpu"]).name for e in v1}) >= 3
     assert len({get_model(e["model"]).name for e in v1}) >= 3
     assert any("--tensor-parallel-size 4" in e["engine_args"] for e in v1)
-    loads = {"burst" if not w.get("max_concurrency") and str(w.get("request_rate")) == "inf"
-             else "closed" if w.get("max_concurrency") else "poisson" if w.get("burstiness", 1) == 1 else "constant"
-             for w in (e["workload"] for e in v1)}
+    loads = {
+        "burst"
+        if not w.get("max_concurrency") and str(w.get("request_rate")) == "inf"
+        else "closed"
+        if w.get("max_concurrency")
+        else "poisson"
+        if w.get("burstiness", 1) == 1
+        else "constant"
+        for w in (e["workload"] for e in v1)
+    }
     assert loads == {"burst", "poisson", "constant", "closed"}
 
 
 @pytest.mark.parametrize(
-    "entry", [e for e in ENTRIES if e["measured"].get("output_throughput") and roofline_ceiling(e)], ids=lambda e: e["id"]
+    "entry",
+    [e for e in ENTRIES if e["measured"].get("output_throughput") and roofline_ceiling(e)],
+    ids=lambda e: e["id"],
 )
 def test_measurement_is_below_its_roofline_ceiling(entry):
     ceiling = roofline_ceiling(entry)

@@ -90,7 +90,12 @@ def test_flags_are_parsed_or_reported_never_dropped():
     )
     c = parsed.config
     assert (c.scheduler_reserve_full_isl, c.watermark, c.api_server_count, c.stream_interval, c.async_scheduling) == (
-        False, 0.05, 4, 8, False)
+        False,
+        0.05,
+        4,
+        8,
+        False,
+    )
     reported = " ".join(parsed.warnings)
     for flag in ("--spec-method", "--spec-tokens", "--max-cudagraph-capture-size", "--kv-offloading-size"):
         assert f"{flag} " in reported and "accepted, not modelled" in reported
@@ -188,8 +193,10 @@ def test_a_chats_next_turn_hits_the_cached_blocks_of_the_previous_reply():
 
     rng = np.random.default_rng(1)
     first, reply, user = (rng.integers(0, 9000, n, dtype=np.int32) for n in (64, 32, 16))
-    turns = [RequestSpec(0, first, 32, 0.0),
-             RequestSpec(1, np.concatenate([first, reply, user]), 4, 0.0, depends_on=0, think_time=0.1)]
+    turns = [
+        RequestSpec(0, first, 32, 0.0),
+        RequestSpec(1, np.concatenate([first, reply, user]), 4, 0.0, depends_on=0, think_time=0.1),
+    ]
     target = SimTarget(EngineConfig(max_num_seqs=8, max_num_batched_tokens=256), 200, LinearCostModel())
     target.run(LoadPlan(turns), MemorySink())
     # The first turn's KV holds 64 + 31 tokens (its last token is never fed back): 5 full blocks of 16,

@@ -17,8 +17,16 @@ from servelab.targets.deployment import build_deployment
 
 @pytest.mark.parametrize(
     ("text", "version"),
-    [("0.11.0", (0, 11)), ("v0.11", (0, 11)), ("0.10.1.1", (0, 10)), ("0.11.0rc2", (0, 11)), ("1.2", (1, 2)),
-     (None, None), ("latest", None), ("", None)],
+    [
+        ("0.11.0", (0, 11)),
+        ("v0.11", (0, 11)),
+        ("0.10.1.1", (0, 10)),
+        ("0.11.0rc2", (0, 11)),
+        ("1.2", (1, 2)),
+        (None, None),
+        ("latest", None),
+        ("", None),
+    ],
 )
 def test_versions_are_read_as_people_write_them(text, version):
     assert parse_version(text) == version
@@ -67,12 +75,18 @@ def test_cpu_costs_come_from_the_oldest_measured_release_at_or_after_the_served_
     doc = yaml.safe_load(vllm_cpu_costs.DATA.read_text())
     for version, per_request in (("0.32.0", 0.003), ("0.11.0", 0.006), ("0.20.0", 0.004)):
         name = "vllm_cpu_costs.yaml" if version == "0.32.0" else f"vllm_cpu_costs-{version}.yaml"
-        (tmp_path / name).write_text(yaml.safe_dump({**doc, "vllm_version": version,
-                                                     "api_server": {**doc["api_server"], "per_request_s": per_request}}))
+        (tmp_path / name).write_text(
+            yaml.safe_dump(
+                {**doc, "vllm_version": version, "api_server": {**doc["api_server"], "per_request_s": per_request}}
+            )
+        )
     monkeypatch.setattr(vllm_cpu_costs, "DATA", tmp_path / "vllm_cpu_costs.yaml")
     vllm_cpu_costs._measured_releases.cache_clear()
     try:
-        picked = {v: vllm_cpu_costs.measured(v).api_per_request_s for v in [(0, 9), (0, 11), (0, 12), (0, 20), (0, 27), (0, 40)]}
+        picked = {
+            v: vllm_cpu_costs.measured(v).api_per_request_s
+            for v in [(0, 9), (0, 11), (0, 12), (0, 20), (0, 27), (0, 40)]
+        }
         assert picked == {(0, 9): 0.006, (0, 11): 0.006, (0, 12): 0.004, (0, 20): 0.004, (0, 27): 0.003, (0, 40): 0.003}
         assert vllm_cpu_costs.measured().api_per_request_s == 0.003
     finally:

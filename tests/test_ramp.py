@@ -31,7 +31,10 @@ def test_a_ramp_by_request_index_starts_slow_and_ends_fast(strategy):
     t = arrivals(Ramp(strategy, 1, 40), Amount(num_prompts=400))
     assert t[0] == 0 and np.all(np.diff(t) >= 0)
     first, last = 1 / np.diff(t[:40]).mean(), 1 / np.diff(t[-40:]).mean()
-    assert first < 4 and last > 20, (first, last)  # 400 gamma gaps: far from the 1 and 40 it ramps between only by chance
+    assert first < 4 and last > 20, (
+        first,
+        last,
+    )  # 400 gamma gaps: far from the 1 and 40 it ramps between only by chance
 
 
 def test_a_ramp_over_a_duration_follows_the_clock():
@@ -49,9 +52,13 @@ def test_bad_ramps_are_refused_before_any_load(tmp_path):
         (["--ramp-up-strategy", "linear"], "all three"),
         (["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "5", "--ramp-up-end-rps", "1"], "start <= end"),
         (["--ramp-up-strategy", "cubic", "--ramp-up-start-rps", "1", "--ramp-up-end-rps", "2"], "linear, exponential"),
-        (["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1", "--ramp-up-end-rps", "2", "--sweep", "auto"], "--sweep"),
+        (
+            ["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1", "--ramp-up-end-rps", "2", "--sweep", "auto"],
+            "--sweep",
+        ),
     ]:
-        result = runner.invoke(app, ["simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", *args,
-                                     "--result-dir", str(tmp_path / "x")])
+        result = runner.invoke(
+            app, ["simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", *args, "--result-dir", str(tmp_path / "x")]
+        )
         assert result.exit_code == 2 and words in result.output, result.output
     assert not (tmp_path / "x").exists()

@@ -78,7 +78,10 @@ def _with_sweep_json(text: str):
             "point 0 names no results directory",
         ),
         (_with_sweep_json("{not json"), "cannot read"),
-        (_with_sweep_json('{"sweep": {"key": "request-rate"}, "points": [{"directory": "gone"}]}'), "gone is not a servelab"),
+        (
+            _with_sweep_json('{"sweep": {"key": "request-rate"}, "points": [{"directory": "gone"}]}'),
+            "gone is not a servelab",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_error_and_no_file(tmp_path: Path, make, message: str) -> None:
@@ -89,12 +92,16 @@ def test_bad_input_is_one_clear_error_and_no_file(tmp_path: Path, make, message:
     assert not out.exists()
 
 
-def test_a_sweep_json_whose_points_load_but_whose_fields_are_not_sweep_json_is_refused_naming_it(tmp_path: Path) -> None:
+def test_a_sweep_json_whose_points_load_but_whose_fields_are_not_sweep_json_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
     sweep = write_toy_sweep(tmp_path / "sweep", (1, 2))
     index = json.loads((sweep / SWEEP).read_text())
     assert load_inputs([sweep]).sweeps[0].index.interrupted is None
     (sweep / SWEEP).write_text(json.dumps(index | {"interrupted": [True]}))
-    with pytest.raises(ReportInputError, match=r"sweep.json is not a sweep.json this servelab reads: \('interrupted',\)"):
+    with pytest.raises(
+        ReportInputError, match=r"sweep.json is not a sweep.json this servelab reads: \('interrupted',\)"
+    ):
         load_inputs([sweep])
 
 
@@ -127,7 +134,9 @@ def test_parameters_table_highlights_what_differs(tmp_path: Path) -> None:
 
 
 def _record(index: int, send: float, first: float | None, finish: float, **kw) -> RequestRecord:
-    return RequestRecord(index=index, intended_time=send, send_time=send, first_token_time=first, finish_time=finish, **kw)
+    return RequestRecord(
+        index=index, intended_time=send, send_time=send, first_token_time=first, finish_time=finish, **kw
+    )
 
 
 def test_request_phases_split_queueing_prefill_decode() -> None:
@@ -210,9 +219,24 @@ def test_diagnosis_findings_and_ceilings_show_where_diagnose_ran(tmp_path: Path)
 
 # --- tune and validate --------------------------------------------------------------------------
 
-TUNE_ARGS = ("--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--space", "max_num_seqs=8,64", "--space",
-             "max_num_batched_tokens=2048,8192", "--sim-prompts", "40", "--random-input-len", "512",
-             "--random-output-len", "64", "--goodput", "ttft:300")
+TUNE_ARGS = (
+    "--gpu",
+    "a100-80gb",
+    "--model",
+    "qwen2.5-7b",
+    "--space",
+    "max_num_seqs=8,64",
+    "--space",
+    "max_num_batched_tokens=2048,8192",
+    "--sim-prompts",
+    "40",
+    "--random-input-len",
+    "512",
+    "--random-output-len",
+    "64",
+    "--goodput",
+    "ttft:300",
+)
 
 
 @pytest.fixture(scope="module")
@@ -242,11 +266,16 @@ def test_tune_study_shows_trials_front_baseline_and_recommendation(tune_dir: Pat
     placed = sum(len(t.x) for t in fig.data if t.name.startswith("trial, SLO"))
     assert placed == len(doc["trials"])
     base = _trace(fig, "baseline (current flags)")
-    assert (base.x[0], base.y[0]) == (doc["baseline"]["metrics"]["output_throughput"], doc["baseline"]["metrics"]["p99_ttft_ms"])
+    assert (base.x[0], base.y[0]) == (
+        doc["baseline"]["metrics"]["output_throughput"],
+        doc["baseline"]["metrics"]["p99_ttft_ms"],
+    )
     rec = doc["recommendation"]
     star = _trace(fig, "recommended")
     assert star.x[0] == trials[int(rec["label"].removeprefix("trial-"))]["output_throughput"]
-    assert fig.layout.xaxis.title.text == "Output throughput (tokens/s)" and fig.layout.yaxis.title.text == "TTFT p99 (ms)"
+    assert (
+        fig.layout.xaxis.title.text == "Output throughput (tokens/s)" and fig.layout.yaxis.title.text == "TTFT p99 (ms)"
+    )
     page = render_report(inputs)
     ranked = re.findall(r'<tr><th scope="row">(max_num_seqs=[^<]+)</th><td>(\d+)</td><td>(\d+)</td>', page)
     assert [int(number) for _, _, number in ranked] == doc["ranking"]
@@ -257,16 +286,32 @@ def test_tune_stage2_measurements_sit_beside_their_predictions(tune_dir: Path, t
     doc = json.loads((tune_dir / "tune.json").read_text())
     best = doc["trials"][doc["ranking"][0]]
     results = [
-        {"label": label, "params": trial["params"], "engine_args": trial["engine_args"],
-         "launch_line": f"vllm serve m {trial['engine_args']}",
-         "predicted": trial["metrics"], "predicted_score": trial["score"], "predicted_violation": 0.0,
-         "measured": {k: v * 0.5 for k, v in trial["metrics"].items() if k != "intervals"}, "measured_score": trial["score"] * 0.5,
-         "measured_violation": 0.0, "error": None}
+        {
+            "label": label,
+            "params": trial["params"],
+            "engine_args": trial["engine_args"],
+            "launch_line": f"vllm serve m {trial['engine_args']}",
+            "predicted": trial["metrics"],
+            "predicted_score": trial["score"],
+            "predicted_violation": 0.0,
+            "measured": {k: v * 0.5 for k, v in trial["metrics"].items() if k != "intervals"},
+            "measured_score": trial["score"] * 0.5,
+            "measured_violation": 0.0,
+            "error": None,
+        }
         for label, trial in (("baseline", doc["baseline"]), (f"trial-{best['number']}", best))
     ]
-    doc["stage2"] = {"server_cmd": "vllm serve m {engine_args}", "env": {}, "top_k": 1, "configs": [], "results": results}
+    doc["stage2"] = {
+        "server_cmd": "vllm serve m {engine_args}",
+        "env": {},
+        "top_k": 1,
+        "configs": [],
+        "results": results,
+    }
     (tmp_path / "tune.json").write_text(json.dumps(doc))
-    for r in results[:1]:  # stage 2's bench run of the baseline, as tune/confirm writes it (no source, kind tune-stage2)
+    for r in results[
+        :1
+    ]:  # stage 2's bench run of the baseline, as tune/confirm writes it (no source, kind tune-stage2)
         run = write_toy_run(tmp_path / "stage2" / r["label"], source=None)
         info = json.loads((run / "run.json").read_text())
         (run / "run.json").write_text(json.dumps({**info, "kind": "tune-stage2", "label": r["label"]}))
@@ -293,18 +338,40 @@ def test_a_tune_study_is_read_typed_so_a_misspelt_statistic_fails_and_a_wrong_on
         with pytest.raises(AttributeError, match=misspelt):
             study.baseline.metrics.statistic(misspelt)
     (tmp_path / "tune.json").write_text(json.dumps(doc | {"search": {"sampler": "grid"}}))
-    with pytest.raises(ReportInputError, match=r"tune.json is not a tune.json this servelab reads: \('search', 'space_size'\)"):
+    with pytest.raises(
+        ReportInputError, match=r"tune.json is not a tune.json this servelab reads: \('search', 'space_size'\)"
+    ):
         load_inputs([tmp_path])
 
 
 def test_the_header_reads_run_json_typed_and_a_run_json_it_cannot_read_is_refused_naming_it(tmp_path: Path) -> None:
     run = tmp_path / "sim"
-    result = CliRunner().invoke(app, ["simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--random-input-len", "256",
-                                      "--random-output-len", "32", "--num-prompts", "20", "--request-rate", "8",
-                                      "--result-dir", str(run)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--gpu",
+            "a100-80gb",
+            "--model",
+            "qwen2.5-7b",
+            "--random-input-len",
+            "256",
+            "--random-output-len",
+            "32",
+            "--num-prompts",
+            "20",
+            "--request-rate",
+            "8",
+            "--result-dir",
+            str(run),
+        ],
+    )
     assert result.exit_code == 0, result.output
     [item] = load_inputs([run]).runs
-    assert headline(item) == f"Qwen2.5-7B on A100-80GB-SXM · random prompts of 256 → 32 tokens, poisson, 8.0 req/s, 20 requests · {run}"
+    assert (
+        headline(item)
+        == f"Qwen2.5-7B on A100-80GB-SXM · random prompts of 256 → 32 tokens, poisson, 8.0 req/s, 20 requests · {run}"
+    )
     info = json.loads((run / "run.json").read_text())
     info["workload"]["arrival"]["max_concurrency"] = "four"
     (run / "run.json").write_text(json.dumps(info))
@@ -316,9 +383,28 @@ def test_the_warm_up_run_json_records_is_left_out_of_the_plots_and_of_a_partial_
     """--warmup sits in run.json's plan (workload.amount.warmup): the latency plots count what summary.json
     counts, and a partial run's derived summary leaves the warm-up out as the run would have."""
     run = tmp_path / "warm"
-    result = CliRunner().invoke(app, ["simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--random-input-len", "256",
-                                      "--random-output-len", "32", "--num-prompts", "40", "--request-rate", "8",
-                                      "--warmup", "1", "--result-dir", str(run)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--gpu",
+            "a100-80gb",
+            "--model",
+            "qwen2.5-7b",
+            "--random-input-len",
+            "256",
+            "--random-output-len",
+            "32",
+            "--num-prompts",
+            "40",
+            "--request-rate",
+            "8",
+            "--warmup",
+            "1",
+            "--result-dir",
+            str(run),
+        ],
+    )
     assert result.exit_code == 0, result.output
     [item] = load_inputs([run]).runs
     records = item.result.records
@@ -366,12 +452,33 @@ def test_documents_that_are_not_tune_or_validate_output_are_refused(tmp_path: Pa
 
 
 def test_header_says_what_each_input_ran(tmp_path: Path, tune_dir: Path) -> None:
-    result = CliRunner().invoke(app, ["simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--random-input-len", "300",
-                                      "--random-output-len", "20", "--num-prompts", "8", "--sweep", "max-concurrency=1,2",
-                                      "--result-dir", str(tmp_path / "sim"), "--report"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--gpu",
+            "a100-80gb",
+            "--model",
+            "qwen2.5-7b",
+            "--random-input-len",
+            "300",
+            "--random-output-len",
+            "20",
+            "--num-prompts",
+            "8",
+            "--sweep",
+            "max-concurrency=1,2",
+            "--result-dir",
+            str(tmp_path / "sim"),
+            "--report",
+        ],
+    )
     assert result.exit_code == 0, result.output
     header = (tmp_path / "sim" / "report.html").read_text().split("</header>")[0]
-    assert "Qwen2.5-7B on A100-80GB-SXM · random prompts of 300 → 20 tokens, 8 requests · sweep max-concurrency = 1, 2" in header
+    assert (
+        "Qwen2.5-7B on A100-80GB-SXM · random prompts of 300 → 20 tokens, 8 requests · sweep max-concurrency = 1, 2"
+        in header
+    )
     header = render_report(load_inputs([tmp_path / "sim", tune_dir])).split("</header>")[0]
     assert "<b>study</b>: tune of Qwen2.5-7B on A100-80GB-SXM for goodput, 4 configurations simulated" in header
 
@@ -379,8 +486,23 @@ def test_header_says_what_each_input_ran(tmp_path: Path, tune_dir: Path) -> None
 def test_diagnose_report_draws_the_diagnosed_run_and_refuses_a_described_deployment(tmp_path: Path) -> None:
     deployment = ["--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--engine-args", "--max-num-seqs 4"]
     run = tmp_path / "run"
-    simulated = CliRunner().invoke(app, ["simulate", *deployment, "--random-input-len", "300", "--random-output-len", "20",
-                                         "--num-prompts", "24", "--max-concurrency", "16", "--result-dir", str(run)])
+    simulated = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            *deployment,
+            "--random-input-len",
+            "300",
+            "--random-output-len",
+            "20",
+            "--num-prompts",
+            "24",
+            "--max-concurrency",
+            "16",
+            "--result-dir",
+            str(run),
+        ],
+    )
     assert simulated.exit_code == 0, simulated.output
     diagnosed = CliRunner().invoke(app, ["diagnose", str(run), *deployment, "--report", "--json"])
     assert diagnosed.exit_code == 0, diagnosed.output
@@ -406,10 +528,26 @@ def test_server_timeline_never_draws_two_runs_alike(tmp_path: Path) -> None:
 
 def test_ttft_split_section_draws_each_sweep_points_split_in_sweep_order(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
-    simulated = CliRunner().invoke(app, [
-        "simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--random-input-len", "1500",
-        "--random-output-len", "50", "--num-prompts", "200", "--sweep", "request-rate=2,40", "--result-dir", str(out),
-    ])
+    simulated = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--gpu",
+            "a100-80gb",
+            "--model",
+            "qwen2.5-7b",
+            "--random-input-len",
+            "1500",
+            "--random-output-len",
+            "50",
+            "--num-prompts",
+            "200",
+            "--sweep",
+            "request-rate=2,40",
+            "--result-dir",
+            str(out),
+        ],
+    )
     assert simulated.exit_code == 0, simulated.output
     inputs = load_inputs([out])
     page = render_report(inputs)
@@ -428,8 +566,23 @@ def test_ttft_split_section_draws_each_sweep_points_split_in_sweep_order(tmp_pat
 
 # --- compare ------------------------------------------------------------------------------------
 
-COMPARE_ARGS = ("compare", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--random-input-len", "600",
-                "--random-output-len", "40", "--num-prompts", "20", "--sweep", "request-rate=4,inf", "--goodput", "ttft:2000")
+COMPARE_ARGS = (
+    "compare",
+    "--gpu",
+    "h100-sxm",
+    "--model",
+    "llama-3.1-8b",
+    "--random-input-len",
+    "600",
+    "--random-output-len",
+    "40",
+    "--num-prompts",
+    "20",
+    "--sweep",
+    "request-rate=4,inf",
+    "--goodput",
+    "ttft:2000",
+)
 
 
 @pytest.fixture(scope="module")
@@ -455,7 +608,9 @@ def test_compare_report_overlays_one_curve_per_engine_whose_points_are_the_jsons
     page = (compare_dir / "compare.html").read_text()  # written by compare --report, beside its JSON
     doc = EngineComparison.model_validate_json((compare_dir / "compare.json").read_text())
     assert _section_ids(page) == ["engines"]
-    assert [item.comparison for item in load_inputs([compare_dir]).comparisons] == [doc]  # a directory holding compare.json
+    assert [item.comparison for item in load_inputs([compare_dir]).comparisons] == [
+        doc
+    ]  # a directory holding compare.json
     curves, goodput = _plots(page)
     for panel, axis in (("ttft", "x"), ("tpot", "x2"), ("e2el", "x3")):
         for stat in ("mean", "p99"):
@@ -466,28 +621,40 @@ def test_compare_report_overlays_one_curve_per_engine_whose_points_are_the_jsons
                 assert trace["y"] == [getattr(p, f"{stat}_{panel}_ms") for p in engine.points]
                 assert trace["customdata"] == ["request-rate=4", "request-rate=inf"]
     assert len(curves) == 6 * len(doc.engines) == 18
-    assert [(t["name"], t["y"]) for t in goodput] == [(e.label, [p.request_goodput for p in e.points]) for e in doc.engines]
+    assert [(t["name"], t["y"]) for t in goodput] == [
+        (e.label, [p.request_goodput for p in e.points]) for e in doc.engines
+    ]
     for line in doc.explanations:
         assert escape(line) in page
     for engine in doc.engines:
         assert f"<td>{engine.memory.sequences_fit:,} of 640 tokens</td>" in page
     header = page.split("</header>")[0]
-    assert "compare of Llama-3.1-8B on H100-SXM: vLLM, SGLang, TensorRT-LLM, 2 load points, 600 → 40 tokens per request" in header
+    assert (
+        "compare of Llama-3.1-8B on H100-SXM: vLLM, SGLang, TensorRT-LLM, 2 load points, 600 → 40 tokens per request"
+        in header
+    )
 
 
-def test_a_compare_json_this_servelab_cannot_read_is_one_error_naming_the_file(compare_dir: Path, tmp_path: Path) -> None:
+def test_a_compare_json_this_servelab_cannot_read_is_one_error_naming_the_file(
+    compare_dir: Path, tmp_path: Path
+) -> None:
     doc = json.loads((compare_dir / "compare.json").read_text())
     doc["engines"][1]["memory"]["sequences_fit"] = "many"
     bad = tmp_path / "cmp.json"
     bad.write_text(json.dumps(doc))
-    with pytest.raises(ReportInputError, match=rf"{re.escape(str(bad))} is not a compare JSON this servelab reads: "
-                                               r"\('engines', 1, 'memory', 'sequences_fit'\)"):
+    with pytest.raises(
+        ReportInputError,
+        match=rf"{re.escape(str(bad))} is not a compare JSON this servelab reads: "
+        r"\('engines', 1, 'memory', 'sequences_fit'\)",
+    ):
         load_inputs([bad])
     (tmp_path / "compare.json").write_text(json.dumps({k: v for k, v in doc.items() if k != "kind"}))
     refused = CliRunner().invoke(app, ["report", str(tmp_path), "-o", str(tmp_path / "r.html")])
     assert refused.exit_code == 2 and not (tmp_path / "r.html").exists()
-    assert "compare.json is neither a tune.json nor a `servelab validate` report nor a `servelab compare` JSON (kind None)" in (
-        " ".join(refused.output.split()))
+    assert (
+        "compare.json is neither a tune.json nor a `servelab validate` report nor a `servelab compare` JSON (kind None)"
+        in (" ".join(refused.output.split()))
+    )
 
 
 def test_compare_report_without_a_json_to_draw_is_refused_before_any_load(tmp_path: Path) -> None:

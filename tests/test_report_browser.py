@@ -39,19 +39,56 @@ def test_report_renders_in_headless_chromium(tmp_path: Path, chromium: None) -> 
     single = write_toy_run(tmp_path / "single-run", concurrency=12, n=120, source=None)
     (measured / "diagnosis.json").write_text(json.dumps(TOY_DIAGNOSIS))
     study = tmp_path / "tune-study"
-    tuned = CliRunner().invoke(app, [
-        "tune", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--space", "max_num_seqs=8,32,128",
-        "--space", "max_num_batched_tokens=1024,8192", "--sim-prompts", "40", "--random-input-len", "512",
-        "--random-output-len", "64", "--goodput", "ttft:300", "--result-dir", str(study),
-    ])
+    tuned = CliRunner().invoke(
+        app,
+        [
+            "tune",
+            "--gpu",
+            "a100-80gb",
+            "--model",
+            "qwen2.5-7b",
+            "--space",
+            "max_num_seqs=8,32,128",
+            "--space",
+            "max_num_batched_tokens=1024,8192",
+            "--sim-prompts",
+            "40",
+            "--random-input-len",
+            "512",
+            "--random-output-len",
+            "64",
+            "--goodput",
+            "ttft:300",
+            "--result-dir",
+            str(study),
+        ],
+    )
     assert tuned.exit_code == 0, tuned.output
     validation = tmp_path / "validation.json"
     validation.write_text(json.dumps(toy_validation()))
     comparison = tmp_path / "compare.json"
-    compared = CliRunner().invoke(app, [
-        "compare", "--gpu", "h100-sxm", "--model", "llama-3.1-8b", "--random-input-len", "600", "--random-output-len", "40",
-        "--num-prompts", "20", "--sweep", "request-rate=4,inf", "--goodput", "ttft:2000", "--out", str(comparison),
-    ])
+    compared = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--gpu",
+            "h100-sxm",
+            "--model",
+            "llama-3.1-8b",
+            "--random-input-len",
+            "600",
+            "--random-output-len",
+            "40",
+            "--num-prompts",
+            "20",
+            "--sweep",
+            "request-rate=4,inf",
+            "--goodput",
+            "ttft:2000",
+            "--out",
+            str(comparison),
+        ],
+    )
     assert compared.exit_code == 0, compared.output
     page = write_report([measured, simulated, single, study, validation, comparison], tmp_path / "report.html")
     artifacts = Path(os.environ.get("SERVELAB_ARTIFACTS", tmp_path))

@@ -38,7 +38,9 @@ def cli(*args: str) -> str:
 def test_published_schema_is_the_models(name: str) -> None:
     published = SCHEMA_DIR / f"{name}.json"
     assert published.is_file(), "regenerate: servelab schema --write docs/schemas"
-    assert published.read_text() == schema_text(name), "docs/schemas is stale: run `servelab schema --write docs/schemas`"
+    assert published.read_text() == schema_text(name), (
+        "docs/schemas is stale: run `servelab schema --write docs/schemas`"
+    )
 
 
 def test_schema_command_prints_the_published_schema_and_refuses_an_unknown_name() -> None:
@@ -49,21 +51,83 @@ def test_schema_command_prints_the_published_schema_and_refuses_an_unknown_name(
 
 def test_every_file_simulate_diagnose_tune_and_a_profile_write_validates(tmp_path: Path) -> None:
     run, sweep, tune = tmp_path / "run", tmp_path / "sweep", tmp_path / "tune"
-    cli("simulate", *SIM, "--num-prompts", "40", "--request-rate", "8", "--goodput", "ttft:200", "--goodput", "tpot:50",
-        "--result-dir", str(run))
+    cli(
+        "simulate",
+        *SIM,
+        "--num-prompts",
+        "40",
+        "--request-rate",
+        "8",
+        "--goodput",
+        "ttft:200",
+        "--goodput",
+        "tpot:50",
+        "--result-dir",
+        str(run),
+    )
     cli("simulate", *SIM, "--num-prompts", "20", "--sweep", "max-concurrency=1,4", "--result-dir", str(sweep))
-    cli("diagnose", str(run), "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--goodput", "ttft:200", "--goodput", "tpot:50",
-        "--check-advice")
+    cli(
+        "diagnose",
+        str(run),
+        "--gpu",
+        "a100-80gb",
+        "--model",
+        "qwen2.5-7b",
+        "--goodput",
+        "ttft:200",
+        "--goodput",
+        "tpot:50",
+        "--check-advice",
+    )
     described = tmp_path / "described.json"
-    cli("diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--input-len", "500", "--output-len", "50",
-        "--request-rate", "2", "--save", str(described))
-    cli("tune", *SIM, "--space", "max-num-seqs=32,64", "--n-trials", "2", "--sim-prompts", "30", "--request-rate", "4",
-        "--goodput", "ttft:500", "--goodput", "tpot:50", "--result-dir", str(tune), "--json")
+    cli(
+        "diagnose",
+        "--gpu",
+        "a100-80gb",
+        "--model",
+        "qwen2.5-7b",
+        "--input-len",
+        "500",
+        "--output-len",
+        "50",
+        "--request-rate",
+        "2",
+        "--save",
+        str(described),
+    )
+    cli(
+        "tune",
+        *SIM,
+        "--space",
+        "max-num-seqs=32,64",
+        "--n-trials",
+        "2",
+        "--sim-prompts",
+        "30",
+        "--request-rate",
+        "4",
+        "--goodput",
+        "ttft:500",
+        "--goodput",
+        "tpot:50",
+        "--result-dir",
+        str(tune),
+        "--json",
+    )
     profile = tiny_profile(tmp_path / "profile")
 
     seen = assert_files_match_schemas(tmp_path, {described: "diagnosis", profile: "profile"})
-    assert seen == {"run": 3, "summary": 3, "record": 3, "timeline": 3, "sweep": 1, "diagnosis": 2, "tune": 1,
-                    "trial": 2, "profile": 1}, seen
+    assert seen == {
+        "run": 3,
+        "summary": 3,
+        "record": 3,
+        "timeline": 3,
+        "sweep": 1,
+        "diagnosis": 2,
+        "tune": 1,
+        "trial": 2,
+        "profile": 1,
+    }, seen
 
 
 BEFORE = Path(__file__).parent / "data" / "results-before-schemas"
@@ -72,12 +136,29 @@ BEFORE = Path(__file__).parent / "data" / "results-before-schemas"
 
 
 def test_a_results_directory_from_before_the_models_validates_and_opens(tmp_path: Path) -> None:
-    assert assert_files_match_schemas(BEFORE) == {"sweep": 1, "run": 2, "summary": 2, "record": 2, "timeline": 2,
-                                                  "diagnosis": 1}
+    assert assert_files_match_schemas(BEFORE) == {
+        "sweep": 1,
+        "run": 2,
+        "summary": 2,
+        "record": 2,
+        "timeline": 2,
+        "diagnosis": 1,
+    }
     point = BEFORE / "max-concurrency=4"
     assert load_run(point).summary["completed"] == 12
-    diagnosed = json.loads(cli("diagnose", str(point), "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--json",
-                               "--save", str(tmp_path / "diagnosis.json")))
+    diagnosed = json.loads(
+        cli(
+            "diagnose",
+            str(point),
+            "--gpu",
+            "a100-80gb",
+            "--model",
+            "qwen2.5-7b",
+            "--json",
+            "--save",
+            str(tmp_path / "diagnosis.json"),
+        )
+    )
     assert diagnosed["findings"] and diagnosed["workload"]["requests"] == 12
     cli("report", str(BEFORE), "-o", str(tmp_path / "report.html"))
     assert (tmp_path / "report.html").stat().st_size > 0
@@ -102,21 +183,47 @@ support/synthetic_results, so not checked against the schema), a profile and a t
 
 def test_a_results_directory_of_schema_1_validates_opens_reports_and_diagnoses(tmp_path: Path) -> None:
     assert assert_files_match_schemas(SCHEMA_1, {SCHEMA_1 / "profile.json": "profile"}) == {
-        "sweep": 1, "run": 3, "summary": 3, "record": 3, "timeline": 3, "diagnosis": 1, "profile": 1, "tune": 1, "trial": 2}
+        "sweep": 1,
+        "run": 3,
+        "summary": 3,
+        "record": 3,
+        "timeline": 3,
+        "diagnosis": 1,
+        "profile": 1,
+        "tune": 1,
+        "trial": 2,
+    }
     stats = load_run(SCHEMA_1 / "bench").summary["client_stats"]
     assert stats["p99_schedule_lag_ms"] is not None and stats["added_delay"]["median_ms"] is not None
     assert "schedule_lag_p99_ms" not in stats
     typed = Summary.model_validate(load_run(SCHEMA_1 / "bench").summary).client_stats
     assert typed is not None and typed.added_delay is not None and typed.startup_wave is not None
-    assert typed.added_delay.median_ms == stats["added_delay"]["median_ms"] and typed.startup_wave.median_send_lag_ms > 0
+    assert (
+        typed.added_delay.median_ms == stats["added_delay"]["median_ms"] and typed.startup_wave.median_send_lag_ms > 0
+    )
     console = Console(record=True, width=120)
     console.print(summary_table(Summary.model_validate(load_run(SCHEMA_1 / "bench").summary)))
-    rows = {cells[1].strip(): cells[2].strip() for line in console.export_text().splitlines()
-            if len(cells := line.split("│")) == 4}
-    assert rows["Client send lag p99 (ms)"] == f"{typed.p99_schedule_lag_ms:.2f}" and rows["Client CPU (share of a core)"] == "5%"
+    rows = {
+        cells[1].strip(): cells[2].strip()
+        for line in console.export_text().splitlines()
+        if len(cells := line.split("│")) == 4
+    }
+    assert (
+        rows["Client send lag p99 (ms)"] == f"{typed.p99_schedule_lag_ms:.2f}"
+        and rows["Client CPU (share of a core)"] == "5%"
+    )
 
-    diagnosed = json.loads(cli("diagnose", str(SCHEMA_1 / "bench"), "--calibration", str(SCHEMA_1 / "profile.json"), "--json",
-                               "--save", str(tmp_path / "diagnosis.json")))
+    diagnosed = json.loads(
+        cli(
+            "diagnose",
+            str(SCHEMA_1 / "bench"),
+            "--calibration",
+            str(SCHEMA_1 / "profile.json"),
+            "--json",
+            "--save",
+            str(tmp_path / "diagnosis.json"),
+        )
+    )
     assert diagnosed["evidence"]["median_ttft_ms"] > 0 and diagnosed["workload"]["requests"] == 8
     cli("report", str(SCHEMA_1 / "sweep"), str(SCHEMA_1 / "validation.json"), "-o", str(tmp_path / "report.html"))
     html = (tmp_path / "report.html").read_text()
@@ -124,15 +231,22 @@ def test_a_results_directory_of_schema_1_validates_opens_reports_and_diagnoses(t
     cli("report", str(SCHEMA_1 / "tune"), "-o", str(tmp_path / "tune.html"))
     study = json.loads((SCHEMA_1 / "tune" / "tune.json").read_text())
     html = (tmp_path / "tune.html").read_text()
-    assert "Ranking (simulated)" in html and f"{study['search']['evaluated']} of {study['search']['space_size']} configurations" in html
+    assert (
+        "Ranking (simulated)" in html
+        and f"{study['search']['evaluated']} of {study['search']['space_size']} configurations" in html
+    )
     assert load_profile(SCHEMA_1 / "profile.json").schema_version == 3
 
 
-def test_a_schema_3_profile_has_its_probe_figures_renamed_on_reading_and_a_schema_4_one_is_read_as_written(tmp_path: Path) -> None:
+def test_a_schema_3_profile_has_its_probe_figures_renamed_on_reading_and_a_schema_4_one_is_read_as_written(
+    tmp_path: Path,
+) -> None:
     data = json.loads((SCHEMA_1 / "profile.json").read_text())
     assert data["schema_version"] == 3
     old = {"ttft_p50_ms": 5.0, "tpot_p50_ms": None, "output_throughput": 80.0}
-    data["simulated_probes"] = [{"probe": "prefill-256", "kind": "prefill", "measured": old, "simulated": old, "error_pct": old}]
+    data["simulated_probes"] = [
+        {"probe": "prefill-256", "kind": "prefill", "measured": old, "simulated": old, "error_pct": old}
+    ]
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(data))
     renamed = {"median_ttft_ms": 5.0, "median_tpot_ms": None, "output_throughput": 80.0}

@@ -83,7 +83,9 @@ def pid_alive(pid: int) -> bool:
 def test_ready_then_stop_leaves_no_process(server_script: Path, tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "server.log"
-    server = ServerProcess([sys.executable, str(server_script), str(port)], host="127.0.0.1", port=port, log_path=log, stop_timeout=1.0)
+    server = ServerProcess(
+        [sys.executable, str(server_script), str(port)], host="127.0.0.1", port=port, log_path=log, stop_timeout=1.0
+    )
     with server:
         assert server.base_url == f"http://127.0.0.1:{port}"
         with urllib.request.urlopen(server.base_url + "/v1/models") as response:
@@ -109,7 +111,9 @@ def test_early_exit_raises_with_log_tail(tmp_path: Path) -> None:
 def test_startup_timeout_stops_the_group(tmp_path: Path) -> None:
     port = free_port()
     argv = [sys.executable, "-c", "import time; print('loading weights', flush=True); time.sleep(600)"]
-    server = ServerProcess(argv, host="127.0.0.1", port=port, log_path=tmp_path / "s.log", startup_timeout=1.0, stop_timeout=5.0)
+    server = ServerProcess(
+        argv, host="127.0.0.1", port=port, log_path=tmp_path / "s.log", startup_timeout=1.0, stop_timeout=5.0
+    )
     with pytest.raises(ServerStartError, match=r"(?s)not ready.*/health.*loading weights"):
         server.start()
     assert not group_alive(server.pid)
@@ -118,7 +122,9 @@ def test_startup_timeout_stops_the_group(tmp_path: Path) -> None:
 def test_exception_inside_context_still_stops(server_script: Path, tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "s.log"
-    server = ServerProcess([sys.executable, str(server_script), str(port)], host="127.0.0.1", port=port, log_path=log, stop_timeout=1.0)
+    server = ServerProcess(
+        [sys.executable, str(server_script), str(port)], host="127.0.0.1", port=port, log_path=log, stop_timeout=1.0
+    )
     with pytest.raises(KeyboardInterrupt):
         with server:
             child = child_pid(log)
@@ -129,7 +135,13 @@ def test_exception_inside_context_still_stops(server_script: Path, tmp_path: Pat
 
 def test_port_in_use_is_refused_before_launch(server_script: Path, tmp_path: Path) -> None:
     port = free_port()
-    first = ServerProcess([sys.executable, str(server_script), str(port)], host="127.0.0.1", port=port, log_path=tmp_path / "a.log", stop_timeout=1.0)
+    first = ServerProcess(
+        [sys.executable, str(server_script), str(port)],
+        host="127.0.0.1",
+        port=port,
+        log_path=tmp_path / "a.log",
+        stop_timeout=1.0,
+    )
     with first:
         second = ServerProcess([sys.executable, "-c", "pass"], host="127.0.0.1", port=port, log_path=tmp_path / "b.log")
         with pytest.raises(ServerStartError, match="already in use"):
@@ -138,13 +150,17 @@ def test_port_in_use_is_refused_before_launch(server_script: Path, tmp_path: Pat
 
 
 def test_stop_is_idempotent_and_safe_before_start(tmp_path: Path) -> None:
-    server = ServerProcess([sys.executable, "-c", "pass"], host="127.0.0.1", port=free_port(), log_path=tmp_path / "s.log")
+    server = ServerProcess(
+        [sys.executable, "-c", "pass"], host="127.0.0.1", port=free_port(), log_path=tmp_path / "s.log"
+    )
     assert server.stop() is None
     assert server.stop() is None
 
 
 def test_vllm_cpu_command_line_and_env(tmp_path: Path) -> None:
-    argv = vllm_cpu_argv("/venv/bin/python", "/m", port=18001, served_model_name="tiny-qwen", extra_args=["--max-num-seqs", "2"])
+    argv = vllm_cpu_argv(
+        "/venv/bin/python", "/m", port=18001, served_model_name="tiny-qwen", extra_args=["--max-num-seqs", "2"]
+    )
     assert argv == [
         "/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m",
         "--served-model-name", "tiny-qwen", "--host", "127.0.0.1", "--port", "18001", "--max-num-seqs", "2",
@@ -189,7 +205,9 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.parametrize("children_too", [False, True], ids=["parent", "parent-and-its-children"])
-def test_a_server_dies_with_the_process_that_started_it_even_on_sigkill(server_script: Path, tmp_path: Path, children_too: bool) -> None:
+def test_a_server_dies_with_the_process_that_started_it_even_on_sigkill(
+    server_script: Path, tmp_path: Path, children_too: bool
+) -> None:
     """The parent is SIGKILLed (no handler, no atexit): the watchdog still stops the whole group, stubborn child
     included. `parent-and-its-children` is how a Ray worker ends when its node's raylet dies or its task is
     force-cancelled: it SIGKILLs each of its direct children first, the server's leader among them."""
@@ -217,8 +235,13 @@ def test_a_server_dies_with_the_process_that_started_it_even_on_sigkill(server_s
 def test_a_stopped_server_releases_its_watchdog(server_script: Path, tmp_path: Path) -> None:
     """The watchdog is detached (nobody's child here), watches while the server runs, and leaves once it is stopped."""
     port = free_port()
-    server = ServerProcess([sys.executable, str(server_script), str(port)], host="127.0.0.1", port=port,
-                           log_path=tmp_path / "s.log", stop_timeout=1.0)
+    server = ServerProcess(
+        [sys.executable, str(server_script), str(port)],
+        host="127.0.0.1",
+        port=port,
+        log_path=tmp_path / "s.log",
+        stop_timeout=1.0,
+    )
     with server:
         watchdog = server.watchdog_pid
         assert watchdog is not None and pid_alive(watchdog) and watchdog not in _children(os.getpid())

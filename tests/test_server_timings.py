@@ -54,8 +54,10 @@ def assert_adds_up(split: TtftSplit, records: list[RequestRecord]) -> None:
 
 
 def test_queued_behind_max_num_seqs_is_the_queue_part_and_matches_each_request():
-    records, samples = simulate(SimTarget(EngineConfig(max_num_seqs=2, max_num_batched_tokens=1024), 2000, COST),
-                                LoadPlan(specs(40), max_concurrency=16))
+    records, samples = simulate(
+        SimTarget(EngineConfig(max_num_seqs=2, max_num_batched_tokens=1024), 2000, COST),
+        LoadPlan(specs(40), max_concurrency=16),
+    )
     split = ttft_split(records, samples)
     assert split is not None and not split.queue_measured  # the simulator derives it: server TTFT - prefill
     assert_adds_up(split, records)
@@ -68,8 +70,10 @@ def test_queued_behind_max_num_seqs_is_the_queue_part_and_matches_each_request()
 
 
 def test_network_latency_is_api_server_and_network_time():
-    records, samples = simulate(SimTarget(EngineConfig(max_num_seqs=32, max_num_batched_tokens=1024), 2000, COST,
-                                          network_latency=0.01), LoadPlan(specs(20, rate=5)))
+    records, samples = simulate(
+        SimTarget(EngineConfig(max_num_seqs=32, max_num_batched_tokens=1024), 2000, COST, network_latency=0.01),
+        LoadPlan(specs(20, rate=5)),
+    )
     split = ttft_split(records, samples)
     assert_adds_up(split, records)
     assert split.api_server_s == pytest.approx(0.02)  # there and back before the first token is seen
@@ -77,17 +81,27 @@ def test_network_latency_is_api_server_and_network_time():
 
 
 def test_a_saturated_api_server_shows_as_api_server_time_not_engine_time():
-    frontend = {"api": ApiServerCosts(per_request_s=0.010, per_prompt_token_s=50e-6, per_output_token_s=50e-6)}  # ~48 req/s
-    records, samples = simulate(SimTarget(EngineConfig(max_num_seqs=32, max_num_batched_tokens=1024), 2000, COST,
-                                          **frontend), LoadPlan(specs(300, rate=150, seed=4)))
+    frontend = {
+        "api": ApiServerCosts(per_request_s=0.010, per_prompt_token_s=50e-6, per_output_token_s=50e-6)
+    }  # ~48 req/s
+    records, samples = simulate(
+        SimTarget(EngineConfig(max_num_seqs=32, max_num_batched_tokens=1024), 2000, COST, **frontend),
+        LoadPlan(specs(300, rate=150, seed=4)),
+    )
     split = ttft_split(records, samples)
     assert_adds_up(split, records)
     assert split.api_server_s > 5 * (split.queue_s + split.prefill_s)
 
 
 def _sample(t: float, **values: float) -> TimelineSample:
-    names = {"ttft": tl.TTFT_SUM, "ttft_n": tl.TTFT_COUNT, "prefill": tl.PREFILL_TIME_SUM,
-             "prefill_n": tl.PREFILL_TIME_COUNT, "queue": tl.QUEUE_TIME_SUM, "queue_n": tl.QUEUE_TIME_COUNT}
+    names = {
+        "ttft": tl.TTFT_SUM,
+        "ttft_n": tl.TTFT_COUNT,
+        "prefill": tl.PREFILL_TIME_SUM,
+        "prefill_n": tl.PREFILL_TIME_COUNT,
+        "queue": tl.QUEUE_TIME_SUM,
+        "queue_n": tl.QUEUE_TIME_COUNT,
+    }
     return TimelineSample(t, {names[k]: v for k, v in values.items()})
 
 
@@ -97,8 +111,10 @@ def _records(ttfts: list[float]) -> list[RequestRecord]:
 
 def test_a_measured_queue_histogram_is_used_and_the_transfer_goes_to_the_api_server_part():
     # vLLM: server TTFT 0.5 s = 0.3 queue + 0.15 prefill + 0.05 between API server and engine core; client 0.6 s.
-    samples = [_sample(0, ttft=1, ttft_n=2, prefill=1, prefill_n=2, queue=1, queue_n=2),
-               _sample(5, ttft=3, ttft_n=6, prefill=1.6, prefill_n=6, queue=2.2, queue_n=6)]
+    samples = [
+        _sample(0, ttft=1, ttft_n=2, prefill=1, prefill_n=2, queue=1, queue_n=2),
+        _sample(5, ttft=3, ttft_n=6, prefill=1.6, prefill_n=6, queue=2.2, queue_n=6),
+    ]
     split = ttft_split(_records([0.6] * 4), samples)
     assert split.queue_measured
     assert (split.queue_s, split.prefill_s, split.server_ttft_s) == pytest.approx((0.3, 0.15, 0.5))
@@ -106,8 +122,10 @@ def test_a_measured_queue_histogram_is_used_and_the_transfer_goes_to_the_api_ser
 
 
 def test_other_traffic_is_noted_and_parts_never_go_negative():
-    samples = [_sample(0, ttft=0, ttft_n=0, prefill=0, prefill_n=0, queue=0, queue_n=0),
-               _sample(5, ttft=8, ttft_n=10, prefill=2, prefill_n=10, queue=6, queue_n=10)]
+    samples = [
+        _sample(0, ttft=0, ttft_n=0, prefill=0, prefill_n=0, queue=0, queue_n=0),
+        _sample(5, ttft=8, ttft_n=10, prefill=2, prefill_n=10, queue=6, queue_n=10),
+    ]
     split = ttft_split(_records([0.5] * 4), samples)  # the server's requests waited longer than this client's
     assert min(split.parts.values()) >= 0 and sum(split.parts.values()) == pytest.approx(0.5)
     assert any("counts differ" in n for n in split.notes) and any("scaled" in n for n in split.notes)
@@ -115,16 +133,36 @@ def test_other_traffic_is_noted_and_parts_never_go_negative():
 
 def test_without_the_servers_histograms_or_a_first_token_there_is_no_split():
     assert ttft_split(_records([0.5]), [TimelineSample(0, {tl.RUNNING: 1})]) is None
-    samples = [_sample(0, ttft=0, ttft_n=0, prefill=0, prefill_n=0), _sample(1, ttft=1, ttft_n=2, prefill=1, prefill_n=2)]
+    samples = [
+        _sample(0, ttft=0, ttft_n=0, prefill=0, prefill_n=0),
+        _sample(1, ttft=1, ttft_n=2, prefill=1, prefill_n=2),
+    ]
     assert ttft_split([RequestRecord(0, 0.0, 0.0, 1.0)], samples) is None
 
 
 def test_each_sweep_point_has_its_own_split_and_the_queue_grows_with_the_load(tmp_path: Path):
-    result = CliRunner().invoke(app, [
-        "simulate", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--engine-args", "--max-num-seqs 4",
-        "--random-input-len", "512", "--random-output-len", "32", "--num-prompts", "40",
-        "--sweep", "max-concurrency=1,32", "--result-dir", str(tmp_path),
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--gpu",
+            "a100-80gb",
+            "--model",
+            "qwen2.5-7b",
+            "--engine-args",
+            "--max-num-seqs 4",
+            "--random-input-len",
+            "512",
+            "--random-output-len",
+            "32",
+            "--num-prompts",
+            "40",
+            "--sweep",
+            "max-concurrency=1,32",
+            "--result-dir",
+            str(tmp_path),
+        ],
+    )
     assert result.exit_code == 0, result.output
     points = sweep_ttft_splits(tmp_path)
     assert [label for label, _ in points] == ["max-concurrency=1", "max-concurrency=32"]

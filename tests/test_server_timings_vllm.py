@@ -34,12 +34,31 @@ CLOCK_SLACK_S = 1e-3
 
 def test_bench_splits_ttft_from_the_servers_histograms_with_gpu_telemetry_beside(vllm_server, tiny_model, tmp_path):
     with dcgm_exporter() as exporter:
-        result = runner.invoke(app, [
-            "bench", "--base-url", vllm_server.base_url, "--model", vllm_server.model_name, "--ignore-eos",
-            "--random-input-len", "128", "--random-output-len", "32", "--num-prompts", str(REQUESTS),
-            "--max-concurrency", "48", "--scrape-interval", "0.25", "--gpu-metrics-url", exporter + "/metrics",
-            "--result-dir", str(tmp_path),
-        ])
+        result = runner.invoke(
+            app,
+            [
+                "bench",
+                "--base-url",
+                vllm_server.base_url,
+                "--model",
+                vllm_server.model_name,
+                "--ignore-eos",
+                "--random-input-len",
+                "128",
+                "--random-output-len",
+                "32",
+                "--num-prompts",
+                str(REQUESTS),
+                "--max-concurrency",
+                "48",
+                "--scrape-interval",
+                "0.25",
+                "--gpu-metrics-url",
+                exporter + "/metrics",
+                "--result-dir",
+                str(tmp_path),
+            ],
+        )
     assert result.exit_code == 0, result.output
     run = load_run(tmp_path)
     assert run.summary["completed"] == REQUESTS
@@ -59,8 +78,20 @@ def test_bench_splits_ttft_from_the_servers_histograms_with_gpu_telemetry_beside
     assert split.server_e2e_s is not None and split.decode_s is not None
     assert split.decode_s <= split.server_e2e_s + CLOCK_SLACK_S
 
-    dx = runner.invoke(app, ["diagnose", str(tmp_path), "--gpu", "cpu", "--model", str(tiny_model), "--engine-args",
-                             "--max-num-seqs 32 --max-model-len 4096 --block-size 128", "--json"])
+    dx = runner.invoke(
+        app,
+        [
+            "diagnose",
+            str(tmp_path),
+            "--gpu",
+            "cpu",
+            "--model",
+            str(tiny_model),
+            "--engine-args",
+            "--max-num-seqs 32 --max-model-len 4096 --block-size 128",
+            "--json",
+        ],
+    )
     assert dx.exit_code == 0, dx.output
     data = json.loads(dx.output)
     assert data["evidence"]["ttft_split"]["queue_s"] == pytest.approx(split.queue_s)

@@ -94,8 +94,10 @@ def test_async_without_cpu_costs_only_delays_admission():
 def test_async_decode_runs_fast_forwarded_match_step_by_step():
     """The decode fast-forward gives the same token times under async scheduling as stepping one by one."""
     rng = np.random.default_rng(3)
-    specs = [RequestSpec(i, rng.integers(0, 9000, 64, dtype=np.int32), 40, float(t))
-             for i, t in enumerate(np.cumsum(rng.exponential(0.05, 30)))]
+    specs = [
+        RequestSpec(i, rng.integers(0, 9000, 64, dtype=np.int32), 40, float(t))
+        for i, t in enumerate(np.cumsum(rng.exponential(0.05, 30)))
+    ]
     cfg = EngineConfig(max_num_seqs=16, max_num_batched_tokens=512, async_scheduling=True)
     cost = LinearCostModel(overhead=0.004)
     coefficients = CostCoefficients(step_overhead_s=0.002, per_request_overhead_s=1e-4, prefill_step_overhead_s=5e-4)

@@ -30,8 +30,13 @@ def specs(n, prompt_len=256, out=32, rate=None, seed=0, shared_prefix=0, priorit
         ids = np.concatenate([prefix, rng.integers(0, 50_000, prompt_len - shared_prefix, dtype=np.int32)])
         out_specs.append(
             RequestSpec(
-                i, ids, out, float(t[i]), priority=priority[i] if priority else 0,
-                prefix_group=0 if shared_prefix else None, prefix_len=shared_prefix,
+                i,
+                ids,
+                out,
+                float(t[i]),
+                priority=priority[i] if priority else 0,
+                prefix_group=0 if shared_prefix else None,
+                prefix_len=shared_prefix,
             )
         )
     return out_specs
@@ -177,7 +182,9 @@ def test_block_accounting_holds_at_every_step(policy):
 def test_a_step_after_an_idle_spell_pays_the_wake_up_and_back_to_back_steps_do_not():
     hw, model = get_gpu("a100-80gb"), get_model("qwen2.5-7b")
     plain = Deployment.build(hw, model, CONFIG, coefficients=CostCoefficients())  # the same CPU terms as below
-    waking = Deployment.build(hw, model, CONFIG, coefficients=CostCoefficients(idle_wake_s=4e-3, idle_wake_time_constant_s=0.01))
+    waking = Deployment.build(
+        hw, model, CONFIG, coefficients=CostCoefficients(idle_wake_s=4e-3, idle_wake_time_constant_s=0.01)
+    )
 
     def step_lengths(deployment: Deployment) -> list[float]:
         engine = SimEngine(deployment.config, deployment.memory.num_blocks, deployment.cost_model())

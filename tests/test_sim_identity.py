@@ -62,13 +62,20 @@ def _deployment(engine: str) -> Deployment:
 def _target(case: Case, fast_forward: bool) -> SimTarget:
     dep = _deployment(case.engine)
     config = dep.config.with_(
-        async_scheduling=case.async_scheduling, data_parallel_size=case.replicas,
+        async_scheduling=case.async_scheduling,
+        data_parallel_size=case.replicas,
         max_num_seqs=min(case.max_num_seqs, dep.config.max_num_seqs or case.max_num_seqs),
     )
     return SimTarget(
-        config, max(2, case.kv_tokens // config.block_size), dep.step_cost(), router=dep.router,
-        scrape_interval=0.05, api=dep.api if case.frontend else ApiServerCosts(), cpu_costs=dep.coefficients,
-        fast_forward=fast_forward, scheduler_factory=dep.scheduler_factory,
+        config,
+        max(2, case.kv_tokens // config.block_size),
+        dep.step_cost(),
+        router=dep.router,
+        scrape_interval=0.05,
+        api=dep.api if case.frontend else ApiServerCosts(),
+        cpu_costs=dep.coefficients,
+        fast_forward=fast_forward,
+        scheduler_factory=dep.scheduler_factory,
     )
 
 
@@ -104,7 +111,9 @@ def _assert_identical(case: Case) -> tuple[TimelineSample | None, int]:
     samples: list[TimelineSample] = []
     run = fast_target.run(_plan(case), sink, samples.append)
     fast = (
-        [r.to_json() for r in sink.records], [s.to_json() for s in samples], (run.duration, run.client_stats),
+        [r.to_json() for r in sink.records],
+        [s.to_json() for s in samples],
+        (run.duration, run.client_stats),
         [e.num_steps for e in fast_target.last_engines],
     )
     assert fast[3] == reference[3], "engine step counts differ"
@@ -119,7 +128,8 @@ requests = st.lists(
     st.tuples(
         st.sampled_from([0.0, 0.001, 0.01, 0.05, 0.3]), st.integers(1, 300), st.integers(1, 80), st.integers(0, 2)
     ),
-    min_size=1, max_size=24,
+    min_size=1,
+    max_size=24,
 ).map(tuple)
 
 cases = st.builds(
@@ -145,9 +155,16 @@ def test_fast_path_matches_step_by_step_on_random_workloads(case: Case) -> None:
 
 def _steady(engine: str, **changes: object) -> Case:
     """Twelve long decodes arriving close together: long steady stretches, with arrivals and finishes between."""
-    fields = dict(engine=engine, kv_tokens=200_000, async_scheduling=True, frontend=True, replicas=1,
-                  max_num_seqs=256, prefix_len=0,
-                  requests=tuple((0.02, 100 + 10 * i, 60 + 7 * i, i % 3) for i in range(12)))
+    fields = dict(
+        engine=engine,
+        kv_tokens=200_000,
+        async_scheduling=True,
+        frontend=True,
+        replicas=1,
+        max_num_seqs=256,
+        prefix_len=0,
+        requests=tuple((0.02, 100 + 10 * i, 60 + 7 * i, i % 3) for i in range(12)),
+    )
     fields.update(changes)
     return Case(**fields)  # type: ignore[arg-type]
 
@@ -186,9 +203,12 @@ def _walk(pool: BlockPool, hashes: list[int], max_blocks: int) -> list[int]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 6), st.integers(0, 5), st.booleans()), min_size=1, max_size=30),
-       st.integers(0, 8))
-def test_the_vectorised_prefix_lookup_finds_what_the_block_walk_finds(ops: list[tuple[int, int, bool]], limit: int) -> None:
+@given(
+    st.lists(st.tuples(st.integers(1, 6), st.integers(0, 5), st.booleans()), min_size=1, max_size=30), st.integers(0, 8)
+)
+def test_the_vectorised_prefix_lookup_finds_what_the_block_walk_finds(
+    ops: list[tuple[int, int, bool]], limit: int
+) -> None:
     """BlockPool.lookup checks a hit's blocks in one numpy pass: the same blocks as the walk, with stale index
     entries (evicted blocks), hashes cached twice, misses in the middle and limits."""
     pool = BlockPool(24, enable_caching=True)

@@ -20,8 +20,12 @@ def test_published_lengths_match_their_entries(accuracy):
         entry = entries[key]
         assert entry["lengths"] == key
         assert len(lens["input_lens"]) == len(lens["output_lens"]) == entry["workload"]["num_prompts"]
-        assert sum(lens["input_lens"]) / len(lens["input_lens"]) == pytest.approx(entry["workload"]["mean_input_len"], abs=0.06)
-        assert sum(lens["output_lens"]) / len(lens["output_lens"]) == pytest.approx(entry["workload"]["mean_output_len"], abs=0.06)
+        assert sum(lens["input_lens"]) / len(lens["input_lens"]) == pytest.approx(
+            entry["workload"]["mean_input_len"], abs=0.06
+        )
+        assert sum(lens["output_lens"]) / len(lens["output_lens"]) == pytest.approx(
+            entry["workload"]["mean_output_len"], abs=0.06
+        )
 
 
 def test_every_run_is_replayable_on_a_few_prompts(accuracy):
@@ -51,7 +55,7 @@ def test_a_prompt_pool_resends_the_same_prompts_in_one_cycle(accuracy):
     specs = list(plan.requests)
     prompts = [tuple(int(t) for t in s.prompt_ids) for s in specs]
     assert len(set(prompts)) == pool
-    assert prompts[:pool] == prompts[pool:2 * pool] == prompts[2 * pool:]
+    assert prompts[:pool] == prompts[pool : 2 * pool] == prompts[2 * pool :]
     assert {len(p) for p in prompts} == {round(w["mean_input_len"])}
     assert {s.max_tokens for s in specs} == {w["mean_output_len"]}
     by_group: dict[int, set[tuple[int, ...]]] = {}
@@ -65,12 +69,15 @@ def test_a_prompt_pool_resends_the_same_prompts_in_one_cycle(accuracy):
 def test_held_out_scoring_leaves_out_the_source_a_constant_was_read_off(accuracy):
     """The eager launch cost is read off staru09's C=20 run: its C=50 sibling matches by construction and is not scored;
     an open loop served at its offered rate keeps its latencies in the score but not its throughput."""
-    rows, _ = accuracy.run({"staru09-a100-80gb-llama31-8b-c50", "kvcached-h100-qwen3-0.6b-poisson16-seed42"}, max_prompts=60)
+    rows, _ = accuracy.run(
+        {"staru09-a100-80gb-llama31-8b-c50", "kvcached-h100-qwen3-0.6b-poisson16-seed42"}, max_prompts=60
+    )
     sibling, poisson = sorted(rows, key=lambda r: r.entry["id"].startswith("kvcached"))
     assert sibling.by_construction and not sibling.scored and sibling.scored_error("mean_tpot_ms") is None
     assert poisson.scored and poisson.scored_error("mean_ttft_ms") is not None
     assert poisson.served_at_offered_rate == (poisson.regime != accuracy.Regime.SATURATED)
     assert (poisson.scored_error("request_throughput") is None) == poisson.served_at_offered_rate
     table = accuracy.residual_table(rows)
-    assert {r.run for regimes in table.values() for metrics in regimes.values() for rs in metrics.values() for r in rs} \
-        == {poisson.entry["id"]}
+    assert {
+        r.run for regimes in table.values() for metrics in regimes.values() for rs in metrics.values() for r in rs
+    } == {poisson.entry["id"]}

@@ -12,11 +12,24 @@ from servelab.sim.request import SimRequest
 from servelab.sim.sglang_scheduler import INIT_NEW_TOKEN_RATIO, SGLangScheduler
 
 
-def make(capacity: int, *, chunk: int = 16, max_running: int = 8, radix: bool = True, policy: str = "fcfs",
-         conservativeness: float = 1.0) -> SGLangScheduler:
-    settings = SGLangSettings(chunked_prefill_size=chunk, context_length=1024, schedule_policy=policy,
-                              schedule_conservativeness=conservativeness)
-    config = EngineConfig(max_num_seqs=max_running, max_num_batched_tokens=chunk, block_size=1, enable_prefix_caching=radix)
+def make(
+    capacity: int,
+    *,
+    chunk: int = 16,
+    max_running: int = 8,
+    radix: bool = True,
+    policy: str = "fcfs",
+    conservativeness: float = 1.0,
+) -> SGLangScheduler:
+    settings = SGLangSettings(
+        chunked_prefill_size=chunk,
+        context_length=1024,
+        schedule_policy=policy,
+        schedule_conservativeness=conservativeness,
+    )
+    config = EngineConfig(
+        max_num_seqs=max_running, max_num_batched_tokens=chunk, block_size=1, enable_prefix_caching=radix
+    )
     return SGLangScheduler(config, settings, RadixCache(capacity, radix))
 
 
@@ -94,7 +107,6 @@ def test_new_token_ratio_gates_admission_then_retraction_resets_it():
     assert a.finish_step is not None and b.finish_step is not None and b.finish_step > a.finish_step
     assert s.new_token_ratio == pytest.approx(min(INIT_NEW_TOKEN_RATIO * 0.01, 1.0))
     assert s.cache.free == 20
-
 
 
 def test_a_retracted_request_matches_only_its_known_tokens_when_readmitted():

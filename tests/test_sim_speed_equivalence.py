@@ -85,79 +85,138 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {
     # The benchmark's shape, shorter: overloaded, async, API server on.
     "overload_async_frontend": Scenario(
-        "a100-80gb", "qwen2.5-7b", "",
-        WorkloadConfig(input_len=1500, output_len=200), ArrivalConfig(request_rate=10.0), 300,
+        "a100-80gb",
+        "qwen2.5-7b",
+        "",
+        WorkloadConfig(input_len=1500, output_len=200),
+        ArrivalConfig(request_rate=10.0),
+        300,
     ),
     # Shared system prompts, fast-forward on (no frontend), lengths spread.
     "prefix_fast_forward": Scenario(
-        "h100-sxm", "llama-3.1-8b", "",
-        WorkloadConfig(dataset_name="prefix", prefix_len=700, num_prefixes=4, input_len=300, output_len=120,
-                       range_ratio=0.5, seed=3),
-        ArrivalConfig(request_rate=25.0), 400, frontend=False,
+        "h100-sxm",
+        "llama-3.1-8b",
+        "",
+        WorkloadConfig(
+            dataset_name="prefix",
+            prefix_len=700,
+            num_prefixes=4,
+            input_len=300,
+            output_len=120,
+            range_ratio=0.5,
+            seed=3,
+        ),
+        ArrivalConfig(request_rate=25.0),
+        400,
+        frontend=False,
     ),
     # Chats whose later turns hit the cached blocks of earlier replies; closed loop with think time.
     "multiturn_closed_loop": Scenario(
-        "a100-80gb", "qwen2.5-7b", "",
-        WorkloadConfig(dataset_name="multiturn", turns=4, think_time=0.3, input_len=400, output_len=150,
-                       range_ratio=0.8, seed=5),
-        ArrivalConfig(max_concurrency=24), 240,
+        "a100-80gb",
+        "qwen2.5-7b",
+        "",
+        WorkloadConfig(
+            dataset_name="multiturn", turns=4, think_time=0.3, input_len=400, output_len=150, range_ratio=0.8, seed=5
+        ),
+        ArrivalConfig(max_concurrency=24),
+        240,
     ),
     # KV pressure: preemption by recompute, synchronous loop, watermark, fast-forward on.
     "preempt_sync_fcfs": Scenario(
-        "a100-80gb", "qwen2.5-7b",
+        "a100-80gb",
+        "qwen2.5-7b",
         "--num-gpu-blocks-override 700 --max-model-len 4096 --no-async-scheduling --max-num-seqs 64 --watermark 0.01",
-        WorkloadConfig(input_len=600, output_len=300, range_ratio=0.9, seed=7), ArrivalConfig(request_rate=40.0),
-        300, frontend=False,
+        WorkloadConfig(input_len=600, output_len=300, range_ratio=0.9, seed=7),
+        ArrivalConfig(request_rate=40.0),
+        300,
+        frontend=False,
     ),
     # Priority preemption, async, without the full-prompt gate, through the StepBatch path.
     "preempt_async_priority": Scenario(
-        "h100-sxm", "llama-3.1-8b",
+        "h100-sxm",
+        "llama-3.1-8b",
         "--num-gpu-blocks-override 500 --max-model-len 4096 --scheduling-policy priority "
         "--no-scheduler-reserve-full-isl",
-        WorkloadConfig(input_len=500, output_len=250, range_ratio=0.9, seed=11), ArrivalConfig(request_rate=30.0),
-        300, priorities=True, batch_only_cost=True,
+        WorkloadConfig(input_len=500, output_len=250, range_ratio=0.9, seed=11),
+        ArrivalConfig(request_rate=30.0),
+        300,
+        priorities=True,
+        batch_only_cost=True,
     ),
     # Chunked prefill with a long-prefill threshold, no prefix caching, two replicas, network latency.
     "chunked_replicas": Scenario(
-        "a100-80gb", "qwen2.5-7b",
+        "a100-80gb",
+        "qwen2.5-7b",
         "--max-num-batched-tokens 512 --long-prefill-token-threshold 128 --no-enable-prefix-caching",
-        WorkloadConfig(input_len=1200, output_len=80, range_ratio=0.7, seed=13), ArrivalConfig(request_rate=12.0),
-        300, replicas=2, router="least-loaded", network_latency=0.002,
+        WorkloadConfig(input_len=1200, output_len=80, range_ratio=0.7, seed=13),
+        ArrivalConfig(request_rate=12.0),
+        300,
+        replicas=2,
+        router="least-loaded",
+        network_latency=0.002,
     ),
     # Chunked prefill off (whole prompts only), synchronous, bursty arrivals.
     "no_chunking_sync": Scenario(
-        "l40s", "qwen2.5-7b", "--no-enable-chunked-prefill --no-async-scheduling --max-num-seqs 32",
+        "l40s",
+        "qwen2.5-7b",
+        "--no-enable-chunked-prefill --no-async-scheduling --max-num-seqs 32",
         WorkloadConfig(input_len=700, output_len=100, range_ratio=0.9, seed=17),
-        ArrivalConfig(request_rate=8.0, burstiness=0.3), 250,
+        ArrivalConfig(request_rate=8.0, burstiness=0.3),
+        250,
     ),
     # A burst of short requests all at once: the API server is the limit.
     "burst_short": Scenario(
-        "h100-sxm", "llama-3.1-8b", "", WorkloadConfig(input_len=128, output_len=4, seed=23), ArrivalConfig(), 400,
+        "h100-sxm",
+        "llama-3.1-8b",
+        "",
+        WorkloadConfig(input_len=128, output_len=4, seed=23),
+        ArrivalConfig(),
+        400,
     ),
     # TP=4 on the datasheet roofline, two API servers, chunked streaming.
     "tp2_datasheet_api_servers": Scenario(
-        "h100-sxm", "llama-3.1-70b", "--api-server-count 2 --stream-interval 3",
-        WorkloadConfig(input_len=900, output_len=160, range_ratio=0.5, seed=19), ArrivalConfig(request_rate=6.0),
-        200, tensor_parallel_size=4, datasheet=True,
+        "h100-sxm",
+        "llama-3.1-70b",
+        "--api-server-count 2 --stream-interval 3",
+        WorkloadConfig(input_len=900, output_len=160, range_ratio=0.5, seed=19),
+        ArrivalConfig(request_rate=6.0),
+        200,
+        tensor_parallel_size=4,
+        datasheet=True,
     ),
 }
 
 
 def _target(s: Scenario) -> SimTarget:
     dep: Deployment = build_deployment(
-        s.gpu, s.model, s.engine_args, replicas=s.replicas, router=s.router,
+        s.gpu,
+        s.model,
+        s.engine_args,
+        replicas=s.replicas,
+        router=s.router,
         tensor_parallel_size=s.tensor_parallel_size,
     )
     if not s.frontend:
         dep = Deployment.build(
-            dep.hardware, dep.model, dep.requested, coefficients=dep.coefficients, router=dep.router,
-            performance_mode=dep.performance_mode, api=ApiServerCosts(),
+            dep.hardware,
+            dep.model,
+            dep.requested,
+            coefficients=dep.coefficients,
+            router=dep.router,
+            performance_mode=dep.performance_mode,
+            api=ApiServerCosts(),
         )
     cost = RooflineCostModel(dep.hardware, dep.model, dep.config, dep.coefficients, kernels=not s.datasheet)
     cost_model: CostModel = _BatchOnly(cost) if s.batch_only_cost else cost
     return SimTarget(
-        dep.config, dep.memory.num_blocks, cost_model, router=dep.router, scrape_interval=0.5,
-        network_latency=s.network_latency, api=dep.api, cpu_costs=dep.coefficients,
+        dep.config,
+        dep.memory.num_blocks,
+        cost_model,
+        router=dep.router,
+        scrape_interval=0.5,
+        network_latency=s.network_latency,
+        api=dep.api,
+        cpu_costs=dep.coefficients,
     )
 
 
@@ -189,15 +248,15 @@ def digest(name: str) -> tuple[str, int, int, int]:
 
 
 GOLDEN: dict[str, tuple[str, int, int, int]] = {
-    'burst_short': ('4d201aca635cc12ad4e667c0665926bd9198b695db257694992935f39c44c1e0', 139, 0, 0),
-    'chunked_replicas': ('5e7e587572bc332947ae51a723c0c57b8e0d011a942d05d1ed95d28d3b64e36a', 3099, 0, 0),
-    'multiturn_closed_loop': ('5d71e5e8ca7b127d9803524bc0920626d4e891c93b867ee6ecfa4d783aa0e16d', 1995, 0, 190192),
-    'no_chunking_sync': ('61c1649264bbb874697c574db947f9f2417307e31ac046351c31195e46add512', 959, 0, 0),
-    'overload_async_frontend': ('7aebc2dc1041e1203d17a1361cace0c10f3d47b45830929e1b1760e9ec5ea974', 575, 0, 0),
-    'preempt_async_priority': ('c9f54813ea75b750b04310e04754c823da7f19a6a25c3e073cf068d88bfee45f', 6822, 127, 0),
-    'preempt_sync_fcfs': ('0185e566af3c02fe0f34d1b701792f12c52e03862ee124c1dc20558ccd791fc9', 7094, 106, 0),
-    'prefix_fast_forward': ('0c87d2d0b3b48fd36f4de8df1b65841a3bc52b8f906a398024e3e264db72127b', 1988, 0, 272448),
-    'tp2_datasheet_api_servers': ('d0a745396869f12ef62d1d7b8ec25a634a4c0554545170df46ef5031a352ea73', 1626, 0, 0),
+    "burst_short": ("4d201aca635cc12ad4e667c0665926bd9198b695db257694992935f39c44c1e0", 139, 0, 0),
+    "chunked_replicas": ("5e7e587572bc332947ae51a723c0c57b8e0d011a942d05d1ed95d28d3b64e36a", 3099, 0, 0),
+    "multiturn_closed_loop": ("5d71e5e8ca7b127d9803524bc0920626d4e891c93b867ee6ecfa4d783aa0e16d", 1995, 0, 190192),
+    "no_chunking_sync": ("61c1649264bbb874697c574db947f9f2417307e31ac046351c31195e46add512", 959, 0, 0),
+    "overload_async_frontend": ("7aebc2dc1041e1203d17a1361cace0c10f3d47b45830929e1b1760e9ec5ea974", 575, 0, 0),
+    "preempt_async_priority": ("c9f54813ea75b750b04310e04754c823da7f19a6a25c3e073cf068d88bfee45f", 6822, 127, 0),
+    "preempt_sync_fcfs": ("0185e566af3c02fe0f34d1b701792f12c52e03862ee124c1dc20558ccd791fc9", 7094, 106, 0),
+    "prefix_fast_forward": ("0c87d2d0b3b48fd36f4de8df1b65841a3bc52b8f906a398024e3e264db72127b", 1988, 0, 272448),
+    "tp2_datasheet_api_servers": ("d0a745396869f12ef62d1d7b8ec25a634a4c0554545170df46ef5031a352ea73", 1626, 0, 0),
 }
 
 
@@ -222,13 +281,15 @@ def _one_step_at_a_time(target: SimTarget) -> SimTarget:
 def test_hashing_many_prompts_at_once_gives_each_its_own_hashes():
     rng = np.random.default_rng(4)
     shared = rng.integers(0, 150_000, 64)
-    prompts = [
-        rng.integers(0, 150_000, n) for n in (0, 15, 16, 17, 1500, 3, 40)
-    ] + [np.concatenate([shared, rng.integers(0, 150_000, 20)]), shared, list(shared[:33])]
+    prompts = [rng.integers(0, 150_000, n) for n in (0, 15, 16, 17, 1500, 3, 40)] + [
+        np.concatenate([shared, rng.integers(0, 150_000, 20)]),
+        shared,
+        list(shared[:33]),
+    ]
     for block_size in (1, 16, 32):
         many = prompt_block_hashes_many(prompts, block_size)
         assert many == [prompt_block_hashes(p, block_size) for p in prompts]
-        assert many[-3][:64 // block_size] == many[-2]  # a shared prefix still hashes alike across the batch
+        assert many[-3][: 64 // block_size] == many[-2]  # a shared prefix still hashes alike across the batch
 
 
 def test_output_block_hashes_element_wise_match_the_ranges():

@@ -198,7 +198,15 @@ def test_zero_frontend_coefficients_change_nothing_and_a_negligible_frontend_alm
     zero, zero_samples, _ = run(SimTarget(CONFIG, 700, COST, api=ApiServerCosts()), plan)
     assert [r.to_json() for r in base] == [r.to_json() for r in zero]
     assert [s.values for s in base_samples] == [s.values for s in zero_samples]
-    tiny, _, _ = run(SimTarget(CONFIG, 700, COST, api=ApiServerCosts(per_request_s=1e-12, per_prompt_token_s=1e-12, per_output_token_s=1e-12)), plan)
+    tiny, _, _ = run(
+        SimTarget(
+            CONFIG,
+            700,
+            COST,
+            api=ApiServerCosts(per_request_s=1e-12, per_prompt_token_s=1e-12, per_output_token_s=1e-12),
+        ),
+        plan,
+    )
     by_index = {r.index: r for r in tiny}
     for r in base:
         t = by_index[r.index]

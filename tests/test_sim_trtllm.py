@@ -11,10 +11,21 @@ from servelab.sim.request import SimRequest
 from servelab.sim.trtllm_scheduler import TRTLLMScheduler
 
 
-def make(blocks: int, *, policy: str = GUARANTEED_NO_EVICT, max_num_tokens: int = 64, chunked: bool = False,
-         reuse: bool = True) -> TRTLLMScheduler:
-    settings = TRTLLMSettings(max_num_tokens=max_num_tokens, tokens_per_block=4, capacity_scheduler_policy=policy,
-                              enable_chunked_prefill=chunked, enable_block_reuse=reuse)
+def make(
+    blocks: int,
+    *,
+    policy: str = GUARANTEED_NO_EVICT,
+    max_num_tokens: int = 64,
+    chunked: bool = False,
+    reuse: bool = True,
+) -> TRTLLMScheduler:
+    settings = TRTLLMSettings(
+        max_num_tokens=max_num_tokens,
+        tokens_per_block=4,
+        capacity_scheduler_policy=policy,
+        enable_chunked_prefill=chunked,
+        enable_block_reuse=reuse,
+    )
     return TRTLLMScheduler(EngineConfig(block_size=4), settings, BlockPool(blocks, reuse))
 
 

@@ -15,8 +15,15 @@ def record(i: int, send: float, first: float, finish: float, out: int, **kw) -> 
     step = (finish - first) / max(out - 1, 1)
     chunks = [first + k * step for k in range(out)]
     return RequestRecord(
-        index=i, intended_time=send, send_time=send, first_token_time=first, finish_time=finish,
-        chunk_times=chunks, prompt_tokens=100, output_tokens=out, **kw,
+        index=i,
+        intended_time=send,
+        send_time=send,
+        first_token_time=first,
+        finish_time=finish,
+        chunk_times=chunks,
+        prompt_tokens=100,
+        output_tokens=out,
+        **kw,
     )
 
 
@@ -38,7 +45,9 @@ def test_throughput_and_latency_definitions():
 def test_failures_counted_by_kind_and_excluded_from_latency():
     ok = record(0, 0.0, 0.1, 1.0, 5)
     bad = RequestRecord(index=1, intended_time=0, send_time=0, finish_time=0.2, status="error", error_kind="http_500")
-    reset = RequestRecord(index=2, intended_time=0, send_time=0, finish_time=0.3, status="error", error_kind="connection_reset")
+    reset = RequestRecord(
+        index=2, intended_time=0, send_time=0, finish_time=0.3, status="error", error_kind="connection_reset"
+    )
     s = summarize([ok, bad, reset])
     assert s.completed == 1 and s.failed == 2
     assert s.errors_by_kind == {"http_500": 1, "connection_reset": 1}
@@ -53,8 +62,8 @@ def test_warmup_excludes_early_sends():
 
 
 def test_goodput_counts_requests_meeting_every_bound():
-    fast = record(0, 0.0, 0.1, 1.0, 10)   # ttft 100 ms, tpot 100 ms
-    slow = record(1, 0.0, 0.9, 1.8, 10)   # ttft 900 ms
+    fast = record(0, 0.0, 0.1, 1.0, 10)  # ttft 100 ms, tpot 100 ms
+    slow = record(1, 0.0, 0.9, 1.8, 10)  # ttft 900 ms
     s = summarize([fast, slow], slo=SLO.parse("ttft:500 tpot:150"), duration=2.0)
     assert s.request_goodput == pytest.approx(0.5)
     s = summarize([fast, slow], slo=SLO.parse("tpot:50"), duration=2.0)
@@ -78,14 +87,26 @@ def test_empty_input_gives_no_latency_not_zeros_or_errors():
 
 
 def failed_run() -> list[RequestRecord]:
-    return [RequestRecord(index=i, intended_time=0.0, send_time=0.0, finish_time=0.01 * (i + 1), status="error",
-                          error_kind="connection_refused", error="refused") for i in range(3)]
+    return [
+        RequestRecord(
+            index=i,
+            intended_time=0.0,
+            send_time=0.0,
+            finish_time=0.01 * (i + 1),
+            status="error",
+            error_kind="connection_refused",
+            error="refused",
+        )
+        for i in range(3)
+    ]
 
 
 def test_a_failed_run_has_no_latencies_not_zero_ones():
     s = summarize(failed_run(), percentiles=(50, 99))
     latency = [k for k in s.model_dump() if k.endswith("_ms")]
-    assert len(latency) == 4 * 5 and all(s.statistic(k) is None for k in latency)  # mean, median, std, p50, p99 x 4 metrics
+    assert len(latency) == 4 * 5 and all(
+        s.statistic(k) is None for k in latency
+    )  # mean, median, std, p50, p99 x 4 metrics
     assert s.failed == 3 and s.request_throughput == 0.0  # a rate of nothing completed is a measured zero
 
 
@@ -108,8 +129,14 @@ def test_the_terminal_shows_a_dash_for_a_metric_without_data_never_0_00():
     assert "0.00" not in "".join(latency_rows)
     ok = rendered(summary_table(summarize([record(0, 0.0, 0.1, 1.1, 11)])))
     assert NO_DATA not in ok and "100.00" in ok  # measured values are still numbers
-    point = {"max-concurrency": 4, "directory": "max-concurrency=4", **summarize(failed_run()).model_dump(exclude_unset=True)}
-    sweep = rendered(sweep_table(SweepIndex.model_validate({"sweep": {"key": "max-concurrency", "values": [4]}, "points": [point]})))
+    point = {
+        "max-concurrency": 4,
+        "directory": "max-concurrency=4",
+        **summarize(failed_run()).model_dump(exclude_unset=True),
+    }
+    sweep = rendered(
+        sweep_table(SweepIndex.model_validate({"sweep": {"key": "max-concurrency", "values": [4]}, "points": [point]}))
+    )
     assert sweep.count(NO_DATA) == 4  # TTFT mean and p99, TPOT, E2EL; req/s is a measured 0.00
 
 

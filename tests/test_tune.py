@@ -24,8 +24,17 @@ from servelab import SCHEMA_VERSION
 from servelab.renames import STATISTICS_RENAMED, upgraded
 from servelab.schemas.tune import KeyMetrics, Stage2Row, Trial
 from servelab.schemas.vocabulary import TrialStatus
-from servelab.tune.confirm import (LIVE_SERVER, STAGE2_DIR, ServerCommand, Stage2Config, confirm, predict,
-                                   read_result, reap_orphaned_server, write_result)
+from servelab.tune.confirm import (
+    LIVE_SERVER,
+    STAGE2_DIR,
+    ServerCommand,
+    Stage2Config,
+    confirm,
+    predict,
+    read_result,
+    reap_orphaned_server,
+    write_result,
+)
 from servelab.tune.errors import TuneError
 from servelab.tune.objectives import Objective, evaluate, key_metrics, max_goodput_rate
 from servelab.tune.outcome import document_text, gain, pareto_front, pick_for_confirmation, rank, read_tune_json
@@ -43,8 +52,15 @@ TTFT_500 = SLO.parse("ttft:500")
 
 
 def _summary(**overrides: float) -> dict:
-    base = {"completed": 100, "failed": 0, "p99_ttft_ms": 100.0, "p99_tpot_ms": 10.0, "p99_e2el_ms": 1000.0,
-            "request_goodput": 5.0, "output_throughput": 1000.0}
+    base = {
+        "completed": 100,
+        "failed": 0,
+        "p99_ttft_ms": 100.0,
+        "p99_tpot_ms": 10.0,
+        "p99_e2el_ms": 1000.0,
+        "request_goodput": 5.0,
+        "output_throughput": 1000.0,
+    }
     return base | overrides
 
 
@@ -52,8 +68,9 @@ def _summary(**overrides: float) -> dict:
 
 
 def test_space_parses_typed_values_defaults_and_builtins() -> None:
-    space = SearchSpace.from_items(["max-num-seqs=default,8,32", "enable_prefix_caching=true,false", "replicas=1,2",
-                                    "max_num_batched_tokens"])
+    space = SearchSpace.from_items(
+        ["max-num-seqs=default,8,32", "enable_prefix_caching=true,false", "replicas=1,2", "max_num_batched_tokens"]
+    )
     assert space.dimensions["max_num_seqs"] == (None, 8, 32)
     assert space.dimensions["enable_prefix_caching"] == (True, False)
     assert space.dimensions["data_parallel_size"] == (1, 2)
@@ -83,8 +100,11 @@ def test_space_file(tmp_path: Path) -> None:
     path = tmp_path / "space.yaml"
     path.write_text("max_num_seqs: [default, 64]\nkv_cache_dtype: [auto, fp8]\ngpu: [H100-SXM, a100-80gb-sxm]\n")
     space = SearchSpace.from_file(path)
-    assert space.describe() == {"max_num_seqs": [None, 64], "kv_cache_dtype": ["auto", "fp8"],
-                                "gpu": ["H100-SXM", "A100-80GB-SXM"]}
+    assert space.describe() == {
+        "max_num_seqs": [None, 64],
+        "kv_cache_dtype": ["auto", "fp8"],
+        "gpu": ["H100-SXM", "A100-80GB-SXM"],
+    }
 
 
 def test_candidate_default_removes_the_flag_and_gpu_changes_hardware() -> None:
@@ -149,8 +169,9 @@ def test_goodput_search_is_capped_by_capacity_and_reports_zero_when_nothing_hold
 
 
 def _cpu_workload(n: int = 120, concurrency: int | None = 32) -> TuneWorkload:
-    return TuneWorkload(WorkloadConfig(input_len=256, output_len=32), ArrivalConfig(max_concurrency=concurrency),
-                        Amount(num_prompts=n))
+    return TuneWorkload(
+        WorkloadConfig(input_len=256, output_len=32), ArrivalConfig(max_concurrency=concurrency), Amount(num_prompts=n)
+    )
 
 
 def _cpu_judge(tiny_config: Path, objective: Objective, n: int = 120) -> SimJudge:
@@ -163,11 +184,23 @@ def _cpu_judge(tiny_config: Path, objective: Objective, n: int = 120) -> SimJudg
 def tiny_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Qwen2's config.json alone: the simulator needs the shape, not the weights."""
     directory = tmp_path_factory.mktemp("tiny-config")
-    (directory / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 128, "intermediate_size": 352,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 4096,
-        "max_position_embeddings": 8192, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-    }))
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen2ForCausalLM"],
+                "model_type": "qwen2",
+                "hidden_size": 128,
+                "intermediate_size": 352,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "num_hidden_layers": 2,
+                "vocab_size": 4096,
+                "max_position_embeddings": 8192,
+                "tie_word_embeddings": True,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
     return directory
 
 
@@ -196,19 +229,55 @@ def test_configuration_that_cannot_run_is_a_verdict_not_a_crash(tiny_config: Pat
 # -- ranking --------------------------------------------------------------
 
 
-def _trial(number: int, score: float | None, feasible: bool = True, violation: float = 0.0, thr: float = 0.0,
-           ttft: float = 0.0, args: str | None = None) -> Trial:
-    return _judged({"n": number}, score, feasible, violation, args=args or f"--n {number}", number=number,
-                   metrics=KeyMetrics(output_throughput=thr, p99_ttft_ms=ttft))
+def _trial(
+    number: int,
+    score: float | None,
+    feasible: bool = True,
+    violation: float = 0.0,
+    thr: float = 0.0,
+    ttft: float = 0.0,
+    args: str | None = None,
+) -> Trial:
+    return _judged(
+        {"n": number},
+        score,
+        feasible,
+        violation,
+        args=args or f"--n {number}",
+        number=number,
+        metrics=KeyMetrics(output_throughput=thr, p99_ttft_ms=ttft),
+    )
 
 
-def _judged(params: dict, score: float | None, feasible: bool = True, violation: float = 0.0, *, args: str = "",
-            number: int | None = None, metrics: KeyMetrics | None = None) -> Trial:
+def _judged(
+    params: dict,
+    score: float | None,
+    feasible: bool = True,
+    violation: float = 0.0,
+    *,
+    args: str = "",
+    number: int | None = None,
+    metrics: KeyMetrics | None = None,
+) -> Trial:
     """A trial as a judge returns it: runnable with a score, or invalid without one."""
-    return Trial(number=number, params=params, engine_args=args,
-                 status=TrialStatus.OK if score is not None else TrialStatus.INVALID, score=score, violation=violation,
-                 feasible=feasible, rate=None, gpu=None, gpus=None, cost_per_million_tokens=None,
-                 metrics=metrics or KeyMetrics(), probes=[], error=None, sim_wall_s=0.0, engine_config={})
+    return Trial(
+        number=number,
+        params=params,
+        engine_args=args,
+        status=TrialStatus.OK if score is not None else TrialStatus.INVALID,
+        score=score,
+        violation=violation,
+        feasible=feasible,
+        rate=None,
+        gpu=None,
+        gpus=None,
+        cost_per_million_tokens=None,
+        metrics=metrics or KeyMetrics(),
+        probes=[],
+        error=None,
+        sim_wall_s=0.0,
+        engine_config={},
+    )
 
 
 def test_rank_puts_feasible_first_then_nearest_misses_then_invalid() -> None:
@@ -218,16 +287,28 @@ def test_rank_puts_feasible_first_then_nearest_misses_then_invalid() -> None:
 
 
 def test_pareto_front_keeps_only_undominated_points() -> None:
-    trials = [_trial(0, 1, thr=100, ttft=50), _trial(1, 1, thr=200, ttft=80), _trial(2, 1, thr=150, ttft=90),
-              _trial(3, 1, thr=50, ttft=40), _trial(4, None)]
+    trials = [
+        _trial(0, 1, thr=100, ttft=50),
+        _trial(1, 1, thr=200, ttft=80),
+        _trial(2, 1, thr=150, ttft=90),
+        _trial(3, 1, thr=50, ttft=40),
+        _trial(4, None),
+    ]
     assert [t.number for t in pareto_front(trials)] == [1, 0, 3]
 
 
 def test_confirmation_picks_distinct_lines_other_than_the_baseline() -> None:
-    ranked = [_trial(0, 9, args="--a"), _trial(1, 8, args="--base"), _trial(2, 7, args="--a"), _trial(3, 6, args="--b"),
-              _trial(4, 5, args="--c")]
+    ranked = [
+        _trial(0, 9, args="--a"),
+        _trial(1, 8, args="--base"),
+        _trial(2, 7, args="--a"),
+        _trial(3, 6, args="--b"),
+        _trial(4, 5, args="--c"),
+    ]
     assert [t.number for t in pick_for_confirmation(ranked, 2, "--base")] == [0, 3]
-    assert gain(3.0, 1.5, "maximize") == 2.0 and gain(1.0, 2.0, "minimize") == 2.0 and gain(1.0, 0.0, "maximize") is None
+    assert (
+        gain(3.0, 1.5, "maximize") == 2.0 and gain(1.0, 2.0, "minimize") == 2.0 and gain(1.0, 0.0, "maximize") is None
+    )
 
 
 # -- the study ------------------------------------------------------------
@@ -262,14 +343,17 @@ def test_tpe_budget_counts_distinct_configurations_and_resume_adds_only_new_ones
     run_search(SPACE, first, tmp_path, direction="maximize", settings=SearchSettings(n_trials=10, sampler="tpe"))
     assert len(first.calls) == len({candidate_key(c) for c in first.calls}) == 10
     more = _CountingJudge()
-    trials = run_search(SPACE, more, tmp_path, direction="maximize", resume=True,
-                        settings=SearchSettings(n_trials=16, sampler="tpe"))
+    trials = run_search(
+        SPACE, more, tmp_path, direction="maximize", resume=True, settings=SearchSettings(n_trials=16, sampler="tpe")
+    )
     assert len(trials) == 16 and len(more.calls) == 6
     assert not {candidate_key(c) for c in first.calls} & {candidate_key(c) for c in more.calls}
 
 
 def test_study_directory_is_not_silently_reused(tmp_path: Path) -> None:
-    run_search(SPACE, _CountingJudge(), tmp_path, direction="maximize", settings=SearchSettings(n_trials=2, sampler="tpe"))
+    run_search(
+        SPACE, _CountingJudge(), tmp_path, direction="maximize", settings=SearchSettings(n_trials=2, sampler="tpe")
+    )
     with pytest.raises(TuneError, match="--resume"):
         open_study(tmp_path, "maximize", SearchSettings(), SPACE, resume=False)
     with pytest.raises(TuneError, match="another search space"):
@@ -286,21 +370,50 @@ def _stage1_trials(directory: Path) -> dict[int, dict]:
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_killed_study_resumes_without_repeating_completed_trials(tmp_path: Path, tiny_config: Path, sig: int) -> None:
     out = tmp_path / "study"
-    argv = [str(Path(sys.executable).parent / "servelab"), "tune", "--gpu", "cpu", "--model", str(tiny_config), "--result-dir", str(out),
-            "--engine-args", "--max-model-len 4096", "--sim-args", "--block-size 128 --kv-cache-memory-bytes 1G",
-            "--space", "max_num_seqs=2,4,8,16,32,64", "--space", "max_num_batched_tokens=default,256,512,1024",
-            "--goodput", "ttft:500", "--random-input-len", "256", "--random-output-len", "32", "--sim-prompts", "300"]
+    argv = [
+        str(Path(sys.executable).parent / "servelab"),
+        "tune",
+        "--gpu",
+        "cpu",
+        "--model",
+        str(tiny_config),
+        "--result-dir",
+        str(out),
+        "--engine-args",
+        "--max-model-len 4096",
+        "--sim-args",
+        "--block-size 128 --kv-cache-memory-bytes 1G",
+        "--space",
+        "max_num_seqs=2,4,8,16,32,64",
+        "--space",
+        "max_num_batched_tokens=default,256,512,1024",
+        "--goodput",
+        "ttft:500",
+        "--random-input-len",
+        "256",
+        "--random-output-len",
+        "32",
+        "--sim-prompts",
+        "300",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log = (tmp_path / "first-run.log").open("w")
     # A suite started in the background (`cmd &`, nohup) inherits SIGINT ignored, and Python keeps it ignored:
     # the study would never see the Ctrl-C this test sends. A terminal's servelab has the default, as here.
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 120
         while len(_stage1_trials(out)) < 3 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert proc.poll() is None, f"the study ended before it could be interrupted: {(tmp_path / 'first-run.log').read_text()}"
+        assert proc.poll() is None, (
+            f"the study ended before it could be interrupted: {(tmp_path / 'first-run.log').read_text()}"
+        )
         proc.send_signal(sig)
         proc.wait(30)
     finally:
@@ -320,8 +433,9 @@ def test_killed_study_resumes_without_repeating_completed_trials(tmp_path: Path,
     assert len(keys) == len(set(keys)) == 24  # every point once, none twice
     assert {n: (out / "stage1" / f"trial-{n:04d}" / "trial.json").stat().st_mtime_ns for n in before} == before_mtimes
     assert set(after) == {t["number"] for t in doc["trials"]} and set(before) <= set(after)
-    study = open_study(out, "maximize", SearchSettings(), SearchSpace(
-        {k: tuple(v) for k, v in doc["space"].items()}), resume=True)
+    study = open_study(
+        out, "maximize", SearchSettings(), SearchSpace({k: tuple(v) for k, v in doc["space"].items()}), resume=True
+    )
     fresh = [t for t in study.trials if t.state.name == "COMPLETE" and DUPLICATE_OF not in t.user_attrs]
     assert len(fresh) == 24
 
@@ -333,7 +447,10 @@ def test_server_command_template() -> None:
     cmd = ServerCommand("python -m vllm.entrypoints.openai.api_server --model /m {engine_args}")
     assert cmd.argv("--max-num-seqs 8", 18400)[-6:] == ["--max-num-seqs", "8", "--host", "127.0.0.1", "--port", "18400"]
     assert ServerCommand("srv --listen {host}:{port} {engine_args}").argv("", 5)[-1] == "127.0.0.1:5"
-    assert cmd.launch_line("--max-num-seqs 8") == "python -m vllm.entrypoints.openai.api_server --model /m --max-num-seqs 8"
+    assert (
+        cmd.launch_line("--max-num-seqs 8")
+        == "python -m vllm.entrypoints.openai.api_server --model /m --max-num-seqs 8"
+    )
     with pytest.raises(TuneError, match=r"\{engine_args\}"):
         ServerCommand("vllm serve /m")
     with pytest.raises(TuneError, match="unknown placeholders"):
@@ -377,7 +494,9 @@ def _tune(*args: str) -> Result:
 def _calibrated_judge(profile_path: Path, sim_prompts: int) -> SimJudge:
     """What stage 1 must compute for a profile, built without the CLI."""
     deployment = deployment_from_profile(load_profile(profile_path))
-    workload = TuneWorkload(WorkloadConfig(input_len=256, output_len=32), ArrivalConfig(), Amount(num_prompts=sim_prompts))
+    workload = TuneWorkload(
+        WorkloadConfig(input_len=256, output_len=32), ArrivalConfig(), Amount(num_prompts=sim_prompts)
+    )
     return SimJudge(deployment, deployment, workload, Objective("goodput", SLO.parse("ttft:300")))
 
 
@@ -386,8 +505,18 @@ def test_tune_with_a_calibration_profile_scores_every_trial_on_its_coefficients(
     slow = tiny_profile(tmp_path / "slow", step_overhead_s=6e-3)  # 4x the fixed cost of every engine step
     docs = {}
     for name, path in (("fast", fast), ("slow", slow)):
-        result = _tune("--calibration", str(path), "--space", "max_num_seqs=2,8,32", *CALIBRATED_LOAD,
-                       "--sim-prompts", "60", "--result-dir", str(tmp_path / f"tune-{name}"), "--json")
+        result = _tune(
+            "--calibration",
+            str(path),
+            "--space",
+            "max_num_seqs=2,8,32",
+            *CALIBRATED_LOAD,
+            "--sim-prompts",
+            "60",
+            "--result-dir",
+            str(tmp_path / f"tune-{name}"),
+            "--json",
+        )
         assert result.exit_code == 0, result.output
         docs[name] = json.loads(result.stdout)
     scores = {name: {t["params"]["max_num_seqs"]: t["score"] for t in doc["trials"]} for name, doc in docs.items()}
@@ -400,7 +529,9 @@ def test_tune_with_a_calibration_profile_scores_every_trial_on_its_coefficients(
     deployment = docs["fast"]["deployment"]
     assert deployment["calibration"] == str(fast)
     assert deployment["simulated"]["coefficients"] == load_profile(fast).coefficients.model_dump()
-    assert deployment["engine_args"] == "--max-num-seqs 32 --max-model-len 4096 --block-size 128"  # the profile's server
+    assert (
+        deployment["engine_args"] == "--max-num-seqs 32 --max-model-len 4096 --block-size 128"
+    )  # the profile's server
 
 
 @pytest.mark.parametrize(
@@ -444,19 +575,47 @@ def test_stage2_predictions_come_from_the_calibrated_simulator(tmp_path: Path, m
         for config in configs:
             seen.append(config)
             predicted, score, violation = predict(config, workload, objective)
-            on_result(Stage2Row(label=config.label, params=config.params, engine_args=config.engine_args,
-                                launch_line=command.launch_line(config.engine_args), predicted=key_metrics(predicted),
-                                predicted_score=score, predicted_violation=violation, measured=key_metrics(predicted),
-                                measured_score=0.5 * score, measured_violation=0.0, startup_s=1.0, bench_s=1.0))
+            on_result(
+                Stage2Row(
+                    label=config.label,
+                    params=config.params,
+                    engine_args=config.engine_args,
+                    launch_line=command.launch_line(config.engine_args),
+                    predicted=key_metrics(predicted),
+                    predicted_score=score,
+                    predicted_violation=violation,
+                    measured=key_metrics(predicted),
+                    measured_score=0.5 * score,
+                    measured_violation=0.0,
+                    startup_s=1.0,
+                    bench_s=1.0,
+                )
+            )
 
     monkeypatch.setattr(tuner, "confirm", measure_nothing)
     out = tmp_path / "tune"
-    result = _tune("--calibration", str(path), "--space", "max_num_seqs=2,8", *CALIBRATED_LOAD, "--sim-prompts", "40",
-                   "--num-prompts", "40", "--top-k", "1", "--server-cmd", "vllm serve /m {engine_args}",
-                   "--result-dir", str(out))
+    result = _tune(
+        "--calibration",
+        str(path),
+        "--space",
+        "max_num_seqs=2,8",
+        *CALIBRATED_LOAD,
+        "--sim-prompts",
+        "40",
+        "--num-prompts",
+        "40",
+        "--top-k",
+        "1",
+        "--server-cmd",
+        "vllm serve /m {engine_args}",
+        "--result-dir",
+        str(out),
+    )
     assert result.exit_code == 0, result.output
     assert [c.label for c in seen][0] == "baseline" and len(seen) == 2
-    assert all(c.deployment.hardware == profile.hardware and c.deployment.coefficients == profile.coefficients for c in seen)
+    assert all(
+        c.deployment.hardware == profile.hardware and c.deployment.coefficients == profile.coefficients for c in seen
+    )
     stage2 = read_tune_json(out).stage2
     assert stage2 is not None
     first = stage2.results[0]
@@ -464,23 +623,41 @@ def test_stage2_predictions_come_from_the_calibrated_simulator(tmp_path: Path, m
     assert f"predicted: simulated, calibrated by {path}" in result.output
 
 
-def test_stage2_resume_reads_a_result_of_schema_1_under_this_releases_statistic_names(tmp_path: Path, tiny_config: Path) -> None:
+def test_stage2_resume_reads_a_result_of_schema_1_under_this_releases_statistic_names(
+    tmp_path: Path, tiny_config: Path
+) -> None:
     """A stage2.json written before the statistics took vLLM's names (no schema_version) is renamed on --resume, as
     every older file is (servelab.renames); the configuration is not measured again, and a result written now says
     its schema version."""
     old_names = {new: old for old, new in STATISTICS_RENAMED.items()}
     measured = {"completed": 20, "failed": 0, "median_ttft_ms": 12.0, "p99_ttft_ms": 30.0, "median_tpot_ms": 4.0}
-    result = Stage2Row(label="baseline", params={}, engine_args="--max-num-seqs 2",
-                       launch_line="vllm serve m --max-num-seqs 2", predicted=KeyMetrics(**measured), predicted_score=1.0,
-                       predicted_violation=0.0, measured_score=0.9).model_dump()
+    result = Stage2Row(
+        label="baseline",
+        params={},
+        engine_args="--max-num-seqs 2",
+        launch_line="vllm serve m --max-num-seqs 2",
+        predicted=KeyMetrics(**measured),
+        predicted_score=1.0,
+        predicted_violation=0.0,
+        measured_score=0.9,
+    ).model_dump()
     result["measured"] = {old_names.get(k, k): v for k, v in measured.items()}  # the file as schema 1 spelled it
     done = tmp_path / STAGE2_DIR / "baseline" / "stage2.json"
     done.parent.mkdir(parents=True)
     done.write_text(json.dumps(result))
-    config = Stage2Config("baseline", {}, "--max-num-seqs 2", build_deployment("cpu", tiny_config, "--max-model-len 4096"))
+    config = Stage2Config(
+        "baseline", {}, "--max-num-seqs 2", build_deployment("cpu", tiny_config, "--max-model-len 4096")
+    )
     started: list[str] = []
-    [resumed] = confirm([config], ServerCommand("false {engine_args}"), _cpu_workload(20), Objective("goodput", TTFT_500),
-                        tmp_path, resume=True, on_start=lambda c: started.append(c.label))
+    [resumed] = confirm(
+        [config],
+        ServerCommand("false {engine_args}"),
+        _cpu_workload(20),
+        Objective("goodput", TTFT_500),
+        tmp_path,
+        resume=True,
+        on_start=lambda c: started.append(c.label),
+    )
     assert not started and resumed.measured == KeyMetrics(**measured) and resumed.measured_score == 0.9
     assert assert_files_match_schemas(tmp_path) == {"stage2": 1}  # the old file, as servelab reads it
     write_result(done, resumed)
@@ -511,4 +688,5 @@ def test_the_python_api_runs_the_verb_and_returns_the_document_it_wrote(tmp_path
         api.tune("a100-80gb", "qwen2.5-7b", space, result_dir=tmp_path / "study", **small)
     again = api.tune("a100-80gb", "qwen2.5-7b", space, result_dir=tmp_path / "study", resume=True, **small)
     assert [t.model_dump(mode="json") for t in again.trials] == [
-        t.model_dump(mode="json") for t in doc.trials]  # read back from the study (sim_wall_s too), not simulated again
+        t.model_dump(mode="json") for t in doc.trials
+    ]  # read back from the study (sim_wall_s too), not simulated again

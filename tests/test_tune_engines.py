@@ -47,16 +47,37 @@ def _study(*args: str) -> dict[str, Any]:
 
 def _resimulated(engine: str, engine_args: str) -> float:
     """The trial's flags run by `simulate --engine`: the objective (output tok/s of the same workload) again."""
-    result = _cli("simulate", "--engine", engine, *DEPLOYMENT, "--engine-args", engine_args, *LOAD,
-                  "--num-prompts", SIM_PROMPTS, "--json")
+    result = _cli(
+        "simulate",
+        "--engine",
+        engine,
+        *DEPLOYMENT,
+        "--engine-args",
+        engine_args,
+        *LOAD,
+        "--num-prompts",
+        SIM_PROMPTS,
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     return float(json.loads(result.stdout)["output_throughput"])
 
 
 def test_an_sglang_study_writes_sglang_lines_that_simulate_to_the_same_score(tmp_path: Path) -> None:
-    doc = _study("--engine", "sglang", "--engine-args", "--max-running-requests 8 --chunked-prefill-size 2048",
-                 "--space", "max_running_requests=default,16,64", "--space", "schedule_policy",
-                 "--space", "chunked-prefill-size=default,-1", "--result-dir", str(tmp_path / "study"))
+    doc = _study(
+        "--engine",
+        "sglang",
+        "--engine-args",
+        "--max-running-requests 8 --chunked-prefill-size 2048",
+        "--space",
+        "max_running_requests=default,16,64",
+        "--space",
+        "schedule_policy",
+        "--space",
+        "chunked-prefill-size=default,-1",
+        "--result-dir",
+        str(tmp_path / "study"),
+    )
     assert doc["deployment"]["engine"] == "sglang" and len(doc["trials"]) == 3 * 2 * 2
     for trial in doc["trials"]:
         parsed = parse_sglang_args(trial["engine_args"])
@@ -78,16 +99,30 @@ def test_a_tensorrt_llm_study_writes_flags_and_its_own_options_yaml(tmp_path: Pa
     written in); a flag the user's YAML also sets is taken out of it, since the YAML would override the flag."""
     user = tmp_path / "llm_api.yaml"
     user.write_text("max_batch_size: 512\nkv_cache_config:\n  enable_block_reuse: false\n")
-    doc = _study("--engine", "trtllm", "--engine-args", f"--extra_llm_api_options {user}",
-                 "--space", "max_batch_size=16,64", "--space", "capacity_scheduler_policy",
-                 "--space", "enable_chunked_prefill", "--result-dir", str(tmp_path / "study"))
+    doc = _study(
+        "--engine",
+        "trtllm",
+        "--engine-args",
+        f"--extra_llm_api_options {user}",
+        "--space",
+        "max_batch_size=16,64",
+        "--space",
+        "capacity_scheduler_policy",
+        "--space",
+        "enable_chunked_prefill",
+        "--result-dir",
+        str(tmp_path / "study"),
+    )
     assert doc["deployment"]["engine"] == "trtllm" and len(doc["trials"]) == 8
     for trial in doc["trials"]:
         parsed = parse_trtllm_args(trial["engine_args"])
         assert not parsed.warnings, trial["engine_args"]
         params, settings = trial["params"], parsed.settings
         assert (settings.max_batch_size, settings.capacity_scheduler_policy, settings.enable_chunked_prefill) == (
-            params["max_batch_size"], params["capacity_scheduler_policy"], params["enable_chunked_prefill"])
+            params["max_batch_size"],
+            params["capacity_scheduler_policy"],
+            params["enable_chunked_prefill"],
+        )
         assert settings.enable_block_reuse is False  # the rest of the user's YAML still holds
     best = next(t for t in doc["trials"] if t["number"] == doc["ranking"][0])
     assert _resimulated("trtllm", best["engine_args"]) == pytest.approx(best["score"], rel=1e-12)
@@ -98,11 +133,14 @@ def test_a_tensorrt_llm_study_writes_flags_and_its_own_options_yaml(tmp_path: Pa
 def test_engine_line_edits_only_what_it_must(tmp_path: Path) -> None:
     line = "python -m sglang.launch_server --model-path m --tp 2 --max-running-requests=8 --frobnicate 3"
     assert engine_line("sglang", line, {"tp_size": 4, "max_running_requests": None}, None) == (
-        "python -m sglang.launch_server --model-path m --frobnicate 3 --tp-size 4")
+        "python -m sglang.launch_server --model-path m --frobnicate 3 --tp-size 4"
+    )
     assert engine_line("trtllm", "m --enable_chunked_prefill", {"enable_chunked_prefill": False}, None) == "m"
     user = tmp_path / "u.yaml"
     user.write_text("scheduler_config:\n  capacity_scheduler_policy: MAX_UTILIZATION\n")
-    same = engine_line("trtllm", f"m --extra_llm_api_options {user}", {"capacity_scheduler_policy": "MAX_UTILIZATION"}, None)
+    same = engine_line(
+        "trtllm", f"m --extra_llm_api_options {user}", {"capacity_scheduler_policy": "MAX_UTILIZATION"}, None
+    )
     assert same == f"m --extra_llm_api_options {user}"  # nothing to change: the user's own file
     assert engine_line("trtllm", f"m --extra_llm_api_options {user}", {"capacity_scheduler_policy": None}, None) == "m"
     own = engine_line("trtllm", "m", {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"}, tmp_path / "o")
@@ -119,15 +157,39 @@ def test_stage2_fills_the_template_with_the_engines_own_flags(tmp_path: Path, mo
         for config in configs:
             seen.append((config, command.argv(config.engine_args, 30000)))
             predicted, score, violation = predict(config, workload, objective)
-            on_result(Stage2Row(label=config.label, params=config.params, engine_args=config.engine_args,
-                                launch_line=command.launch_line(config.engine_args), predicted=key_metrics(predicted),
-                                predicted_score=score, predicted_violation=violation, measured=key_metrics(predicted),
-                                measured_score=score, measured_violation=violation, startup_s=1.0, bench_s=1.0))
+            on_result(
+                Stage2Row(
+                    label=config.label,
+                    params=config.params,
+                    engine_args=config.engine_args,
+                    launch_line=command.launch_line(config.engine_args),
+                    predicted=key_metrics(predicted),
+                    predicted_score=score,
+                    predicted_violation=violation,
+                    measured=key_metrics(predicted),
+                    measured_score=score,
+                    measured_violation=violation,
+                    startup_s=1.0,
+                    bench_s=1.0,
+                )
+            )
 
     monkeypatch.setattr(tuner, "confirm", start_nothing)
     template = "python -m sglang.launch_server --model-path /models/llama {engine_args}"
-    result = _tune("--engine", "sglang", "--space", "max_running_requests=16,64", "--top-k", "2", "--num-prompts", "40",
-                   "--server-cmd", template, "--result-dir", str(tmp_path / "study"))
+    result = _tune(
+        "--engine",
+        "sglang",
+        "--space",
+        "max_running_requests=16,64",
+        "--top-k",
+        "2",
+        "--num-prompts",
+        "40",
+        "--server-cmd",
+        template,
+        "--result-dir",
+        str(tmp_path / "study"),
+    )
     assert result.exit_code == 0, result.output
     assert [c.label for c, _ in seen][0] == "baseline" and len(seen) == 3
     for config, argv in seen[1:]:
@@ -145,7 +207,10 @@ def test_stage2_fills_the_template_with_the_engines_own_flags(tmp_path: Path, mo
 @pytest.mark.parametrize(
     ("args", "named"),
     [
-        (["--engine", "sglang", "--space", "max_num_seqs=8"], ["max_num_seqs", "--engine sglang", "max_running_requests"]),
+        (
+            ["--engine", "sglang", "--space", "max_num_seqs=8"],
+            ["max_num_seqs", "--engine sglang", "max_running_requests"],
+        ),
         (["--engine", "sglang", "--space", "mem_fraction_static=0.8,1.5"], ["1.5", "mem_fraction_static", "(0, 1]"]),
         (["--engine", "sglang", "--space", "schedule_policy=lof"], ["lof", "fcfs, lpm"]),
         (["--engine", "trtllm", "--space", "capacity_scheduler_policy=STATIC_BATCH"], ["STATIC_BATCH"]),
@@ -164,8 +229,12 @@ def test_bad_engine_spaces_are_refused_before_any_trial(tmp_path: Path, args: li
 
 def test_a_calibration_profile_is_vllms(tmp_path: Path) -> None:
     out = tmp_path / "never"
-    result = _cli("tune", "--engine", "trtllm", "--calibration", str(tiny_profile(tmp_path)), *LOAD, "--result-dir", str(out))
-    assert result.exit_code == 2 and "--engine trtllm" in result.output and "calibration" in result.output, result.output
+    result = _cli(
+        "tune", "--engine", "trtllm", "--calibration", str(tiny_profile(tmp_path)), *LOAD, "--result-dir", str(out)
+    )
+    assert result.exit_code == 2 and "--engine trtllm" in result.output and "calibration" in result.output, (
+        result.output
+    )
     assert not out.exists()
 
 
@@ -182,9 +251,32 @@ def test_resuming_with_another_engine_is_one_error(tmp_path: Path) -> None:
 def test_engine_vllm_is_the_study_tune_always_ran(tmp_path: Path) -> None:
     """The golden study of tests/data/results-schema-1 (written before tune took --engine) again, with --engine vllm;
     that file reads as vLLM's."""
-    result = _cli("tune", "--engine", "vllm", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--space", "max_num_seqs=8,64",
-                  "--sim-prompts", "30", "--random-input-len", "256", "--random-output-len", "32", "--request-rate", "4",
-                  "--goodput", "ttft:500", "--goodput", "tpot:50", "--result-dir", str(tmp_path / "study"), "--json")
+    result = _cli(
+        "tune",
+        "--engine",
+        "vllm",
+        "--gpu",
+        "a100-80gb",
+        "--model",
+        "qwen2.5-7b",
+        "--space",
+        "max_num_seqs=8,64",
+        "--sim-prompts",
+        "30",
+        "--random-input-len",
+        "256",
+        "--random-output-len",
+        "32",
+        "--request-rate",
+        "4",
+        "--goodput",
+        "ttft:500",
+        "--goodput",
+        "tpot:50",
+        "--result-dir",
+        str(tmp_path / "study"),
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     now, golden = json.loads(result.stdout), read_tune_json(SCHEMA_1_TUNE).model_dump(mode="json")
     same = ("params", "engine_args", "status", "score", "violation", "feasible", "rate", "engine_config")
@@ -195,7 +287,8 @@ def test_engine_vllm_is_the_study_tune_always_ran(tmp_path: Path) -> None:
         return {k: config if k == "engine_config" else trial[k] for k in same}
 
     assert [as_golden(t, g) for t, g in zip(now["trials"], golden["trials"], strict=True)] == [
-        {k: g[k] for k in same} for g in golden["trials"]]
+        {k: g[k] for k in same} for g in golden["trials"]
+    ]
     assert as_golden(now["baseline"], golden["baseline"]) == {k: golden["baseline"][k] for k in same}
     assert (now["ranking"], now["recommendation"]) == (golden["ranking"], golden["recommendation"])
     assert "engine" not in golden["deployment"]

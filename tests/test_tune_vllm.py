@@ -71,7 +71,9 @@ def test_stage2_picks_a_bigger_batch_than_the_bad_baseline_and_leaves_no_server(
         server=ServerCommand(
             f"{vllm_python} -m vllm.entrypoints.openai.api_server --model {tiny_model} --served-model-name tiny-qwen "
             "{engine_args}",
-            env={"VLLM_CPU_KVCACHE_SPACE": "1"}, port=PORT, startup_timeout=600,
+            env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+            port=PORT,
+            startup_timeout=600,
         ),
         server_check=lambda url, config, directory: [f"{config.label} checked at {url}"],
     )
@@ -94,5 +96,16 @@ def test_stage2_picks_a_bigger_batch_than_the_bad_baseline_and_leaves_no_server(
     # Every file the study wrote, stage 2's bench directories included, is what its published schema says.
     seen = assert_files_match_schemas(tmp_path / "tune")
     assert seen == {"tune": 1, "trial": 3, "stage2": 2, "run": 2, "record": 2, "summary": 2, "timeline": 2}, seen
-    print({label: (r["engine_args"], r["predicted_score"], r["measured_score"], r["measured"]["median_ttft_ms"],
-                   r["startup_s"], r["bench_s"]) for label, r in results.items()})
+    print(
+        {
+            label: (
+                r["engine_args"],
+                r["predicted_score"],
+                r["measured_score"],
+                r["measured"]["median_ttft_ms"],
+                r["startup_s"],
+                r["bench_s"],
+            )
+            for label, r in results.items()
+        }
+    )

@@ -35,9 +35,16 @@ from servelab.perf.models import get_model
 from servelab.workload.spec import LoadPlan
 
 TINY_CONFIG = {
-    "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "intermediate_size": 352, "vocab_size": 4096, "tie_word_embeddings": True,
-    "max_position_embeddings": 8192, "torch_dtype": "bfloat16",
+    "architectures": ["Qwen2ForCausalLM"],
+    "num_hidden_layers": 2,
+    "hidden_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 352,
+    "vocab_size": 4096,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
 }
 ENGINE_ARGS = "--max-num-seqs 32 --max-model-len 4096 --block-size 128 --kv-cache-memory-bytes 1073741824"
 
@@ -49,11 +56,27 @@ def profile(tmp_path_factory: pytest.TempPathFactory) -> CalibrationProfile:
     model = get_model(directory)
     hardware = get_gpu("cpu").model_copy(update={"bf16_tflops": 0.3, "memory_bandwidth_gbs": 12, "placeholder": False})
     return CalibrationProfile(
-        created_at=0.0, hardware=hardware, gpu="cpu", model_source=str(directory), model_spec=model_spec_dict(model),
-        engine_args=ENGINE_ARGS, engine_config={},
-        coefficients=CostCoefficients(compute_efficiency=0.4, step_overhead_s=1.5e-3, per_request_overhead_s=2e-4,
-                                      prefill_step_overhead_s=3e-4, idle_wake_s=2e-3),
-        network_latency_s=3e-3, rates={}, fit={}, simulated_probes=[], probes=[], budget_s=60, elapsed_s=60,
+        created_at=0.0,
+        hardware=hardware,
+        gpu="cpu",
+        model_source=str(directory),
+        model_spec=model_spec_dict(model),
+        engine_args=ENGINE_ARGS,
+        engine_config={},
+        coefficients=CostCoefficients(
+            compute_efficiency=0.4,
+            step_overhead_s=1.5e-3,
+            per_request_overhead_s=2e-4,
+            prefill_step_overhead_s=3e-4,
+            idle_wake_s=2e-3,
+        ),
+        network_latency_s=3e-3,
+        rates={},
+        fit={},
+        simulated_probes=[],
+        probes=[],
+        budget_s=60,
+        elapsed_s=60,
     )
 
 
@@ -139,8 +162,9 @@ def test_engine_args_given_to_validate_override_the_profiles(profile: Calibratio
 
 
 def test_validate_cli_refuses_a_missing_profile_with_one_message(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["validate", "--calibration", str(tmp_path / "none.json"),
-                                      "--base-url", "http://127.0.0.1:9"])
+    result = CliRunner().invoke(
+        app, ["validate", "--calibration", str(tmp_path / "none.json"), "--base-url", "http://127.0.0.1:9"]
+    )
     assert result.exit_code == 2
     assert "cannot read calibration profile" in result.output
 
@@ -224,8 +248,9 @@ def test_an_earlier_validation_is_replaced_only_with_overwrite(tmp_path: Path) -
     out = tmp_path / "validation.json"
     out.write_text("{}")
     (tmp_path / "validation.runs").mkdir()
-    result = CliRunner().invoke(app, ["validate", "--calibration", str(profile), "--base-url", "http://127.0.0.1:9",
-                                      "--out", str(out)])
+    result = CliRunner().invoke(
+        app, ["validate", "--calibration", str(profile), "--base-url", "http://127.0.0.1:9", "--out", str(out)]
+    )
     assert result.exit_code == 2 and "--overwrite" in result.stderr and str(out) in result.stderr
     assert out.read_text() == "{}" and (tmp_path / "validation.runs").is_dir()
 
@@ -236,17 +261,25 @@ def test_the_server_is_written_as_validate_always_wrote_it() -> None:
     from servelab.schemas.validation import ServerRef
 
     assert ServerRef(model="tiny-qwen", base_url="http://127.0.0.1:8000").model_dump() == {
-        "base_url": "http://127.0.0.1:8000", "model": "tiny-qwen"}
+        "base_url": "http://127.0.0.1:8000",
+        "model": "tiny-qwen",
+    }
     assert list(ServerRef(model="m", base_url="u").model_dump()) == ["base_url", "model"]
     assert ServerRef().model_dump() == {}
     assert ServerRef.model_validate({"base_url": "u", "model": "m", "version": "0.32"}).model_dump() == {
-        "base_url": "u", "model": "m", "version": "0.32"}
+        "base_url": "u",
+        "model": "m",
+        "version": "0.32",
+    }
 
 
-@pytest.mark.parametrize(("given", "message"), [
-    ({"points": "everything"}, "unknown point set"),
-    ({"engine_args": "--max-num-seqs -3"}, "max-num-seqs"),
-])
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"points": "everything"}, "unknown point set"),
+        ({"engine_args": "--max-num-seqs -3"}, "max-num-seqs"),
+    ],
+)
 def test_the_verb_refuses_bad_input_before_any_request(tmp_path: Path, given: dict, message: str) -> None:
     """validate.run checks the profile, the point set and the flags first: the unreachable server is never asked."""
     from servelab.calibrate.validate import ValidateRequest, run

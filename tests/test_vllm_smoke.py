@@ -79,7 +79,15 @@ def test_missing_vllm_skips_unless_required(require: str, outcome: str, tmp_path
     env = {**os.environ, "SERVELAB_VLLM_PYTHON": str(tmp_path / "no-python"), "SERVELAB_REQUIRE_VLLM": require}
     env["SERVELAB_TINY_MODEL"] = str(tmp_path / "no-model")
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::test_streams_token_id_prompt_with_usage"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"{__file__}::test_streams_token_id_prompt_with_usage",
+        ],
         env=env,
         capture_output=True,
         text=True,

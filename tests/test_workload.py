@@ -122,7 +122,9 @@ def test_tokenizer_prompts_have_exact_lengths():
 
 @needs_tokenizer
 def test_prefix_with_tokenizer_puts_the_shared_text_in_the_system_message():
-    cfg = WorkloadConfig(dataset_name="prefix", prefix_len=30, num_prefixes=2, input_len=10, output_len=4, tokenizer=TINY_MODEL)
+    cfg = WorkloadConfig(
+        dataset_name="prefix", prefix_len=30, num_prefixes=2, input_len=10, output_len=4, tokenizer=TINY_MODEL
+    )
     out = specs(cfg, 10)
     systems = {s.prefix_group: s.messages[0]["content"] for s in out}
     assert all(s.messages[0] == {"role": "system", "content": systems[s.prefix_group]} for s in out)
@@ -134,7 +136,13 @@ def test_prefix_with_tokenizer_puts_the_shared_text_in_the_system_message():
 
 def sharegpt_file(tmp_path: Path) -> Path:
     entries = [
-        {"id": str(i), "conversations": [{"from": "human", "value": f"question {i} " * 10}, {"from": "gpt", "value": "answer " * (5 + i)}]}
+        {
+            "id": str(i),
+            "conversations": [
+                {"from": "human", "value": f"question {i} " * 10},
+                {"from": "gpt", "value": "answer " * (5 + i)},
+            ],
+        }
         for i in range(6)
     ]
     entries.append({"id": "short", "conversations": [{"from": "human", "value": "only one turn"}]})
@@ -145,7 +153,9 @@ def sharegpt_file(tmp_path: Path) -> Path:
 
 def test_sharegpt_takes_the_first_turns_and_estimates_without_tokenizer(tmp_path):
     path = sharegpt_file(tmp_path)
-    plan = build_plan(WorkloadConfig(dataset_name="sharegpt", dataset_path=path), ArrivalConfig(), Amount(num_prompts=9))
+    plan = build_plan(
+        WorkloadConfig(dataset_name="sharegpt", dataset_path=path), ArrivalConfig(), Amount(num_prompts=9)
+    )
     out = list(plan.requests)
     assert len(out) == 9  # oversampled past the 6 usable conversations
     assert all(s.prompt_text.startswith("question") for s in out)
@@ -170,7 +180,9 @@ def test_jsonl_trace_keeps_timestamps_and_order(tmp_path):
         {"prompt": [1500, 1501, 1502], "max_tokens": 2, "timestamp": 12.0},
     ]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
-    plan = build_plan(WorkloadConfig(dataset_name="jsonl", dataset_path=path), ArrivalConfig(max_concurrency=2), Amount())
+    plan = build_plan(
+        WorkloadConfig(dataset_name="jsonl", dataset_path=path), ArrivalConfig(max_concurrency=2), Amount()
+    )
     out = list(plan.requests)
     assert [s.arrival_time for s in out] == [0.0, 0.5, 2.0]
     assert [s.max_tokens for s in out] == [5, 3, 2]
@@ -187,7 +199,11 @@ def test_jsonl_trace_keeps_timestamps_and_order(tmp_path):
         ('{"prompt": "a", "max_tokens": 2}\n{"prompt": "b", "max_tokens": 2\n', 2, "not valid JSON"),
         ('{"prompt": "a", "max_tokens": 2}\n\n{"prompt": "b"}\n', 3, "max_tokens"),
         ('{"prompt": "a", "messages": [], "max_tokens": 2}\n', 1, "exactly one of"),
-        ('{"prompt": "a", "max_tokens": 2, "timestamp": 5}\n{"prompt": "b", "max_tokens": 2, "timestamp": 4}\n', 2, "must not decrease"),
+        (
+            '{"prompt": "a", "max_tokens": 2, "timestamp": 5}\n{"prompt": "b", "max_tokens": 2, "timestamp": 4}\n',
+            2,
+            "must not decrease",
+        ),
         ('{"prompt": "a", "max_tokens": 2, "timestamp": 5}\n{"prompt": "b", "max_tokens": 2}\n', 2, "every line"),
     ],
 )

@@ -68,6 +68,7 @@ from servelab.targets.http import HttpTarget
 from servelab.targets.sim import SimTarget
 from servelab.targets.base import Target
 
+
 class CalibrationUnreliable(ServelabError):
     """The profile is written, but its reference step time spread too wide to judge a server's speed by."""
 
@@ -96,14 +97,22 @@ def probe_plan(config: EngineConfig) -> list[Probe]:
     lengths = sorted({min(n, longest) for n in _PREFILL_LENGTHS})
     batches = [b for b in _DECODE_BATCHES if b <= config.max_num_seqs]
     probes = [Probe(f"prefill-{n}", PREFILL, n, 1, 1, 6) for n in lengths]
-    probes += [
-        Probe(f"decode-b{b}", DECODE, _DECODE_PROMPT, _DECODE_OUTPUT, b, max(4, 2 * b)) for b in batches
-    ]
+    probes += [Probe(f"decode-b{b}", DECODE, _DECODE_PROMPT, _DECODE_OUTPUT, b, max(4, 2 * b)) for b in batches]
     for b in (b for b in _LONG_CONTEXT_BATCHES if b <= config.max_num_seqs):
-        long_prompt = min(_LONG_CONTEXT_PROMPT, config.max_model_len - _DECODE_OUTPUT - 1, config.max_num_batched_tokens // b)
+        long_prompt = min(
+            _LONG_CONTEXT_PROMPT, config.max_model_len - _DECODE_OUTPUT - 1, config.max_num_batched_tokens // b
+        )
         probes.append(Probe(f"decode-b{b}-p{long_prompt}", DECODE, long_prompt, _DECODE_OUTPUT, b, 2 * b))
     probes += [
-        Probe(f"idle-{_IDLE_PROMPT}-every-{1e3 * g:g}ms", IDLE, _IDLE_PROMPT, 1, 1, max(4, min(8, int(0.5 / g))), spacing_s=g)
+        Probe(
+            f"idle-{_IDLE_PROMPT}-every-{1e3 * g:g}ms",
+            IDLE,
+            _IDLE_PROMPT,
+            1,
+            1,
+            max(4, min(8, int(0.5 / g))),
+            spacing_s=g,
+        )
         for g in _IDLE_SPACINGS_S
     ]
     for c, p, n in _MIXED:
@@ -127,7 +136,9 @@ def interleaved(probes: list[Probe]) -> list[Probe]:
 # -- measuring ----------------------------------------------------------------
 
 
-def measured_figures(records: list[RequestRecord], samples: list[TimelineSample], summary: dict[str, Any]) -> dict[str, float | None]:
+def measured_figures(
+    records: list[RequestRecord], samples: list[TimelineSample], summary: dict[str, Any]
+) -> dict[str, float | None]:
     """What a probe contributes: client medians, and the engine's own step count when it exports one."""
     iterations = tl.counter_delta(samples, tl.ITERATION_TOKENS_COUNT)
     generated = tl.counter_delta(samples, tl.GENERATION_TOKENS)
@@ -163,8 +174,11 @@ class ProbeRuns:
         Client figures leave out passes in which the client stalled (see MAX_BUNCHED); the server's own are kept.
         """
         client = key in _CLIENT_FIGURES
-        values = [p[key] for p in self.passes if p.get(key) is not None and not p.get("failed")
-                  and not (client and client_stalled(p))]
+        values = [
+            p[key]
+            for p in self.passes
+            if p.get(key) is not None and not p.get("failed") and not (client and client_stalled(p))
+        ]
         if not values:
             return None
         q = {"median_ttft_ms": 25, "median_tpot_ms": 25, "server_prefill_ms": 25, "output_throughput": 75}.get(key, 50)
@@ -195,8 +209,15 @@ def run_probes(
     """A warm-up pass (kept, not used), then interleaved passes until the next probe would overrun the budget."""
     start = clock()
     for probe in probes:  # first use of each shape compiles kernels on the CPU backend: keep it out of the figures
-        short = Probe(probe.name, probe.kind, probe.prompt_len, min(probe.max_tokens, 8), probe.concurrency,
-                      max(probe.concurrency, 2 if probe.spacing_s else 1), probe.spacing_s)
+        short = Probe(
+            probe.name,
+            probe.kind,
+            probe.prompt_len,
+            min(probe.max_tokens, 8),
+            probe.concurrency,
+            max(probe.concurrency, 2 if probe.spacing_s else 1),
+            probe.spacing_s,
+        )
         run_into(target, probe_load(short, vocab_size, seed=10_000), directory / "warmup" / probe.name, run_info)
     runs = {p.name: ProbeRuns(p) for p in probes}
     order = interleaved(probes)
@@ -215,7 +236,10 @@ def run_probes(
             figures = measured_figures(records, samples, summary)
             if figures["failed"]:
                 errors = {rec.error_kind for rec in records if not rec.ok}
-                raise CalibrationError(f"probe {probe.name} had {figures['failed']} failed requests ({', '.join(sorted(map(str, errors)))}); see {sub}")
+                raise CalibrationError(
+                    f"probe {probe.name} had {figures['failed']} failed requests ({', '.join(sorted(map(str, errors)))}); "
+                    f"see {sub}"
+                )
             r.passes.append(figures)
             r.directories.append(str(sub))
         passes += 1
@@ -303,8 +327,15 @@ def simulate_probes(target: SimTarget, runs: list[ProbeRuns], vocab_size: int) -
         measured = {k: r.figure(k) for k in keys}
         if r.probe.max_tokens <= 1:
             measured["median_tpot_ms"] = None
-        out.append({"probe": r.probe.name, "kind": r.probe.kind, "measured": measured, "simulated": simulated,
-                    "error_pct": compare(measured, simulated)})
+        out.append(
+            {
+                "probe": r.probe.name,
+                "kind": r.probe.kind,
+                "measured": measured,
+                "simulated": simulated,
+                "error_pct": compare(measured, simulated),
+            }
+        )
     return out
 
 
@@ -335,8 +366,14 @@ def mirrored_engine_args(engine_args: str, cache: dict[str, str], served: dict[s
 def fit_runs(runs: list[ProbeRuns], probed: Deployment, source: str) -> tuple[CostFit, Deployment]:
     """The fit of the probed deployment's cost model to the runs, and the same deployment with the fitted roofline and frontend."""
     fit = fit_cost_model(probed.hardware, probed.model, probed.config, observations(runs, probed.config), source=source)
-    deployment = Deployment.build(fit.hardware, probed.model, probed.requested, coefficients=fit.coefficients,
-                                  network_latency=fit.network_latency_s, performance_mode=probed.performance_mode)
+    deployment = Deployment.build(
+        fit.hardware,
+        probed.model,
+        probed.requested,
+        coefficients=fit.coefficients,
+        network_latency=fit.network_latency_s,
+        performance_mode=probed.performance_mode,
+    )
     return fit, fit_frontend(runs, deployment)
 
 
@@ -356,8 +393,11 @@ def fit_frontend(runs: list[ProbeRuns], deployment: Deployment) -> Deployment:
     (queueing is not closed-form), with the one-way latency lowered by F/2 so
     that a lone request's TTFT stays what the step model fitted.
     """
-    bursts = [(r.probe, ttft) for r in runs
-              if r.probe.kind == DECODE and r.probe.concurrency > 1 and (ttft := r.figure("median_ttft_ms"))]
+    bursts = [
+        (r.probe, ttft)
+        for r in runs
+        if r.probe.kind == DECODE and r.probe.concurrency > 1 and (ttft := r.figure("median_ttft_ms"))
+    ]
     latency = deployment.network_latency
     if not bursts or latency <= 0:
         return deployment
@@ -398,8 +438,14 @@ def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = la
     """Probe the server at `request.base_url` within its budget, fit, check in the simulator, write the profile."""
     assert request.base_url is not None, "a live calibration"
     hardware, spec = get_gpu(request.gpu), get_model(request.model)
-    target = HttpTarget(request.base_url, model=request.served_model, api_key=request.api_key, ignore_eos=True,
-                        extra_body=PROBE_EXTRA_BODY, request_timeout=120.0)
+    target = HttpTarget(
+        request.base_url,
+        model=request.served_model,
+        api_key=request.api_key,
+        ignore_eos=True,
+        extra_body=PROBE_EXTRA_BODY,
+        request_timeout=120.0,
+    )
     info = target.preflight()
     served: dict[str, object] = next((m for m in info["models"] if m.get("id") == info["model"]), {})
     cache = server_cache_config(request.base_url)
@@ -411,24 +457,49 @@ def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = la
     host = HostWatch().start()
     reference_args = (probed.config.max_num_seqs, spec.vocab_size)
     before = time_reference(target, *reference_args, directory / "reference-before", run_info, warm_up=True)
-    runs = run_probes(target, probe_plan(probed.config), vocab_size=spec.vocab_size, budget_s=request.budget_s,
-                      directory=directory, run_info=run_info, progress=progress)
+    runs = run_probes(
+        target,
+        probe_plan(probed.config),
+        vocab_size=spec.vocab_size,
+        budget_s=request.budget_s,
+        directory=directory,
+        run_info=run_info,
+        progress=progress,
+    )
     after = time_reference(target, *reference_args, directory / "reference-after", run_info)
     elapsed = time.monotonic() - t0
-    source = (f"fitted by servelab calibrate against {request.base_url} ({info['model']}) on "
-              f"{time.strftime('%Y-%m-%d %H:%M:%S')}; not a datasheet rate")
+    source = (
+        f"fitted by servelab calibrate against {request.base_url} ({info['model']}) on "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}; not a datasheet rate"
+    )
     fit, deployment = fit_runs(runs, probed, source)
     profile = CalibrationProfile(
         created_at=time.time(),
-        server={"base_url": target.base_url, "model": info["model"], "max_model_len": served.get("max_model_len"),
-                "cache_config": {k: cache[k] for k in ("block_size", "kv_cache_memory_bytes", "num_gpu_blocks") if k in cache}},
-        hardware=fit.hardware, gpu=hardware.name, model_source=str(request.model), model_spec=model_spec_dict(spec),
-        engine_args=probed_args, engine_config=asdict(probed.config), coefficients=fit.coefficients,
-        network_latency_s=deployment.network_latency, frontend_s_per_request=deployment.api.per_request_s,
-        rates=fit.rates, fit=fit_report(fit),
+        server={
+            "base_url": target.base_url,
+            "model": info["model"],
+            "max_model_len": served.get("max_model_len"),
+            "cache_config": {
+                k: cache[k] for k in ("block_size", "kv_cache_memory_bytes", "num_gpu_blocks") if k in cache
+            },
+        },
+        hardware=fit.hardware,
+        gpu=hardware.name,
+        model_source=str(request.model),
+        model_spec=model_spec_dict(spec),
+        engine_args=probed_args,
+        engine_config=asdict(probed.config),
+        coefficients=fit.coefficients,
+        network_latency_s=deployment.network_latency,
+        frontend_s_per_request=deployment.api.per_request_s,
+        rates=fit.rates,
+        fit=fit_report(fit),
         simulated_probes=simulate_probes(deployment.sim_target(), runs, spec.vocab_size),
-        probes=[r.describe() for r in runs], budget_s=request.budget_s, elapsed_s=elapsed,
-        host=host.conditions(gpus=True), reference=merged(before, after),
+        probes=[r.describe() for r in runs],
+        budget_s=request.budget_s,
+        elapsed_s=elapsed,
+        host=host.conditions(gpus=True),
+        reference=merged(before, after),
     )
     profile.save(request.out)
     return profile
@@ -441,8 +512,12 @@ def fit_report(fit: CostFit) -> dict[str, object]:
         "rms_rel_error": fit.rms_rel_error,
         "max_abs_rel_error": fit.max_abs_rel_error,
         "observations": [
-            {"label": r.label, "measured_ms": r.measured_s * 1e3, "predicted_ms": r.predicted_s * 1e3,
-             "error_pct": 100 * r.rel_error}
+            {
+                "label": r.label,
+                "measured_ms": r.measured_s * 1e3,
+                "predicted_ms": r.predicted_s * 1e3,
+                "error_pct": 100 * r.rel_error,
+            }
             for r in fit.residuals
         ],
     }

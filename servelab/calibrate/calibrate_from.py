@@ -91,12 +91,21 @@ class Environment:
     outside_engine_s: float
 
     def vector(self) -> np.ndarray:
-        return np.array([math.log(self.compute_scale), math.log(self.memory_scale), math.log(self.engine_cpu_factor),
-                         math.log(self.api_cpu_factor), self.outside_engine_s / _OUTSIDE_UNIT_S])
+        return np.array(
+            [
+                math.log(self.compute_scale),
+                math.log(self.memory_scale),
+                math.log(self.engine_cpu_factor),
+                math.log(self.api_cpu_factor),
+                self.outside_engine_s / _OUTSIDE_UNIT_S,
+            ]
+        )
 
     @classmethod
     def from_vector(cls, x: np.ndarray) -> Environment:
-        return cls(math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), math.exp(x[3]), max(0.0, float(x[4])) * _OUTSIDE_UNIT_S)
+        return cls(
+            math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), math.exp(x[3]), max(0.0, float(x[4])) * _OUTSIDE_UNIT_S
+        )
 
 
 # -- simulating the runs --------------------------------------------------------------------------------------------
@@ -179,8 +188,9 @@ _COARSE_STEPS = (*[math.log(2.0)] * 4, 5.0)
 """The coarse search's steps: halve and double each scale, and the outside time +-50 ms."""
 
 
-def coarse_search(objective: _Objective, start: np.ndarray, free: list[int], lower: np.ndarray, upper: np.ndarray,
-                  passes: int = 2) -> np.ndarray:
+def coarse_search(
+    objective: _Objective, start: np.ndarray, free: list[int], lower: np.ndarray, upper: np.ndarray, passes: int = 2
+) -> np.ndarray:
     """A start for the local fit: each free parameter in turn moved by a coarse step while that lowers the loss.
 
     The simulated figures move in small jumps (a request more or less in a
@@ -216,7 +226,8 @@ def check_runs_fit_deployment(runs: Sequence[MeasuredRun], deployment: Deploymen
             raise CalibrateFromError(
                 f"{run.source}: a request of {longest} tokens (prompt + output) cannot have been served by "
                 f"{deployment.model.name} with max_model_len {limit}: give the deployment that produced it "
-                "(--engine-args --max-model-len ...)")
+                "(--engine-args --max-model-len ...)"
+            )
 
 
 def fit_from_runs(
@@ -247,7 +258,9 @@ def fit_from_runs(
     objective = _Objective(runs, deployment, start, list(range(len(PARAMETERS))))
     sensitivity = sensitivities(objective, start)
     free = [i for i, name in enumerate(PARAMETERS) if sensitivity[name] >= MIN_SENSITIVITY]
-    progress("sensitivity to each parameter's test step: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in sensitivity.items()))
+    progress(
+        "sensitivity to each parameter's test step: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in sensitivity.items())
+    )
     best = search(objective, start, free, (lower, upper), max_evaluations) if free else start
     fitted_env = Environment.from_vector(best)
     fitted = with_environment(deployment, fitted_env)
@@ -256,24 +269,39 @@ def fit_from_runs(
     environment = EnvironmentFit(
         **asdict(fitted_env),
         vllm_version=".".join(map(str, deployment.vllm_version)) if deployment.vllm_version else None,
-        specs_only=asdict(specs), unconstrained=[PARAMETERS[i] for i in range(len(PARAMETERS)) if i not in free],
-        sensitivity=sensitivity, objective=float(np.mean(np.square(errors))) if errors.size else 0.0,
-        evaluations=objective.evaluations, runs=fits,
+        specs_only=asdict(specs),
+        unconstrained=[PARAMETERS[i] for i in range(len(PARAMETERS)) if i not in free],
+        sensitivity=sensitivity,
+        objective=float(np.mean(np.square(errors))) if errors.size else 0.0,
+        evaluations=objective.evaluations,
+        runs=fits,
     )
     progress(f"fitted in {objective.evaluations} simulations of every run, {time.monotonic() - t0:.1f} s")
     return CalibrationProfile(
-        created_at=time.time(), server={"from_runs": [r.source for r in runs]},
-        hardware=deployment.hardware, gpu=deployment.hardware.name, model_source=model_source or deployment.model.name,
+        created_at=time.time(),
+        server={"from_runs": [r.source for r in runs]},
+        hardware=deployment.hardware,
+        gpu=deployment.hardware.name,
+        model_source=model_source or deployment.model.name,
         model_spec=model_spec_dict(deployment.model),
         engine_args=deployment.engine_args() if engine_args is None else engine_args,
-        engine_config=asdict(deployment.config), coefficients=fitted.coefficients,
-        network_latency_s=fitted.network_latency, frontend_s_per_request=fitted.api.per_request_s,
-        elapsed_s=time.monotonic() - t0, origin=CalibrationOrigin.RUNS, environment=environment,
+        engine_config=asdict(deployment.config),
+        coefficients=fitted.coefficients,
+        network_latency_s=fitted.network_latency,
+        frontend_s_per_request=fitted.api.per_request_s,
+        elapsed_s=time.monotonic() - t0,
+        origin=CalibrationOrigin.RUNS,
+        environment=environment,
     )
 
 
-def search(objective: _Objective, start: np.ndarray, free: list[int], bounds: tuple[np.ndarray, np.ndarray],
-           max_evaluations: int) -> np.ndarray:
+def search(
+    objective: _Objective,
+    start: np.ndarray,
+    free: list[int],
+    bounds: tuple[np.ndarray, np.ndarray],
+    max_evaluations: int,
+) -> np.ndarray:
     """The best vector: a coarse search for the basin, then bounded least squares over the `free` parameters."""
     from scipy.optimize import least_squares  # ~0.3 s to import: only when a fit runs, not for --help
 
@@ -281,20 +309,32 @@ def search(objective: _Objective, start: np.ndarray, free: list[int], bounds: tu
     objective.free = free
     coarse = coarse_search(objective, start, free, lower, upper)
     span = upper[free] - lower[free]
-    inside = np.clip(coarse[free], lower[free] + 1e-6 * span, upper[free] - 1e-6 * span)  # least_squares refuses a bound
-    result = least_squares(objective, inside, bounds=(lower[free], upper[free]), diff_step=0.03,
-                           x_scale=1.0, max_nfev=max_evaluations)
+    inside = np.clip(
+        coarse[free], lower[free] + 1e-6 * span, upper[free] - 1e-6 * span
+    )  # least_squares refuses a bound
+    result = least_squares(
+        objective, inside, bounds=(lower[free], upper[free]), diff_step=0.03, x_scale=1.0, max_nfev=max_evaluations
+    )
     return objective.full(result.x)
 
 
 def _run_fit(run: MeasuredRun, fitted: dict[str, float | None], specs: dict[str, float | None]) -> RunFit:
-    metrics = {k: MetricFit(measured=m, fitted=fitted.get(k), specs_only=specs.get(k))
-               for k in REPORTED_METRICS if (m := run.measured.get(k)) is not None and m > 0}
+    metrics = {
+        k: MetricFit(measured=m, fitted=fitted.get(k), specs_only=specs.get(k))
+        for k in REPORTED_METRICS
+        if (m := run.measured.get(k)) is not None and m > 0
+    }
     notes = list(run.notes)
     if len(run.requests) > MAX_SIMULATED_REQUESTS:
         notes.append(f"simulated on its first {MAX_SIMULATED_REQUESTS} of {len(run.requests)} requests")
-    return RunFit(source=run.source, format=str(run.format), requests=len(run.requests), lengths_from=run.lengths_from,
-                  metrics=metrics, notes=notes)
+    return RunFit(
+        source=run.source,
+        format=str(run.format),
+        requests=len(run.requests),
+        lengths_from=run.lengths_from,
+        metrics=metrics,
+        notes=notes,
+    )
 
 
 # -- the verb -------------------------------------------------------------------------------------------------------
@@ -304,11 +344,21 @@ def calibrate_from(request: CalibrateRequest, progress: Callable[[str], None] = 
     """Read every result, check it against the deployment, fit, write the profile; every refusal before any fitting."""
     runs = [run for source in request.sources for run in read_measured_runs(source, request.workload)]
     try:
-        deployment = build_deployment(request.gpu, request.model, request.engine_args, vllm_version=request.vllm_version)
+        deployment = build_deployment(
+            request.gpu, request.model, request.engine_args, vllm_version=request.vllm_version
+        )
     except PerfConfigError as exc:
-        raise CalibrateFromError(f"the deployment --gpu {request.gpu} --model {request.model} cannot have produced "
-                                 f"{', '.join(map(str, request.sources))}: {exc}") from exc
-    profile = fit_from_runs(runs, deployment, max_evaluations=request.max_evaluations, model_source=request.model,
-                            engine_args=request.engine_args, progress=progress)
+        raise CalibrateFromError(
+            f"the deployment --gpu {request.gpu} --model {request.model} cannot have produced "
+            f"{', '.join(map(str, request.sources))}: {exc}"
+        ) from exc
+    profile = fit_from_runs(
+        runs,
+        deployment,
+        max_evaluations=request.max_evaluations,
+        model_source=request.model,
+        engine_args=request.engine_args,
+        progress=progress,
+    )
     profile.save(request.out)
     return profile

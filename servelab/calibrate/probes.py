@@ -41,7 +41,6 @@ class CalibrationError(PerfConfigError):
     """Calibration could not produce a trustworthy profile (failed probes, too small a budget)."""
 
 
-
 @dataclass(frozen=True)
 class Probe:
     name: str
@@ -52,7 +51,6 @@ class Probe:
     num_requests: int
     spacing_s: float = 0.0
     """Open loop, one request every spacing_s seconds (idle probes); 0: closed loop at `concurrency`."""
-
 
 
 def random_prompt(rng: np.random.Generator, length: int, vocab_size: int) -> list[int]:
@@ -74,12 +72,15 @@ def probe_load(probe: Probe, vocab_size: int, seed: int) -> LoadPlan:
         for spec in specs:
             spec.arrival_time = spec.index * probe.spacing_s
     return LoadPlan(
-        specs, max_concurrency=None if probe.spacing_s else probe.concurrency,
+        specs,
+        max_concurrency=None if probe.spacing_s else probe.concurrency,
         description={"probe": asdict(probe), "seed": seed},
     )
 
 
-def run_into(target: Target, plan: LoadPlan, directory: Path, run_info: dict[str, Any]) -> tuple[list[RequestRecord], list[TimelineSample], dict[str, Any]]:
+def run_into(
+    target: Target, plan: LoadPlan, directory: Path, run_info: dict[str, Any]
+) -> tuple[list[RequestRecord], list[TimelineSample], dict[str, Any]]:
     """`run_point` (bench's runner: a results directory per run), returning the records and timeline it wrote too.
 
     An interrupted run (Ctrl-C, SIGTERM) ends the whole experiment: RunInterrupted, which the CLI exits 130 on."""

@@ -27,8 +27,14 @@ REFERENCE_RUNS = 3
 
 def reference_probe(max_num_seqs: int | None) -> Probe:
     batch = min(REFERENCE_BATCH, max_num_seqs or REFERENCE_BATCH)
-    return Probe(f"reference-b{batch}-p{REFERENCE_PROMPT}-o{REFERENCE_OUTPUT}", DECODE, REFERENCE_PROMPT,
-                 REFERENCE_OUTPUT, batch, batch)
+    return Probe(
+        f"reference-b{batch}-p{REFERENCE_PROMPT}-o{REFERENCE_OUTPUT}",
+        DECODE,
+        REFERENCE_PROMPT,
+        REFERENCE_OUTPUT,
+        batch,
+        batch,
+    )
 
 
 def time_reference(
@@ -50,7 +56,9 @@ def time_reference(
         run_into(target, probe_load(probe, vocab_size, seed=19_999), directory / "warmup", run_info)
     values, stalled = [], 0
     for i in range(runs):
-        records, _, summary = run_into(target, probe_load(probe, vocab_size, seed=20_000 + i), directory / f"run-{i + 1}", run_info)
+        records, _, summary = run_into(
+            target, probe_load(probe, vocab_size, seed=20_000 + i), directory / f"run-{i + 1}", run_info
+        )
         if bunched_fraction(records) > MAX_BUNCHED or not summary["completed"] or summary["failed"]:
             stalled += 1
             continue
@@ -60,13 +68,16 @@ def time_reference(
 
 def merged(*timings: ReferenceTiming) -> ReferenceTiming:
     """Timings of the same workload as one: its spread then covers any drift between them."""
-    return ReferenceTiming(workload=timings[0].workload, runs_ms=[v for t in timings for v in t.runs_ms],
-                           stalled_runs=sum(t.stalled_runs for t in timings))
+    return ReferenceTiming(
+        workload=timings[0].workload,
+        runs_ms=[v for t in timings for v in t.runs_ms],
+        stalled_runs=sum(t.stalled_runs for t in timings),
+    )
 
 
-
-def speed_check(calibrated: ReferenceTiming | None, target: Target, max_num_seqs: int | None, vocab_size: int,
-                directory: Path) -> list[str]:
+def speed_check(
+    calibrated: ReferenceTiming | None, target: Target, max_num_seqs: int | None, vocab_size: int, directory: Path
+) -> list[str]:
     """Time the reference on a live server and compare it with a calibration's: one line when the speed changed.
 
     For a server measured against a profile's predictions (tune's stage 2):
@@ -74,11 +85,15 @@ def speed_check(calibrated: ReferenceTiming | None, target: Target, max_num_seqs
     slower or faster is said to be so, with the numbers, next to what it measured.
     """
     if calibrated is None:
-        return ["the calibration profile has no reference step time (schema 2, or fitted from runs by calibrate --from): "
-                "this server's speed is unchecked"]
+        return [
+            "the calibration profile has no reference step time (schema 2, or fitted from runs by calibrate --from): "
+            "this server's speed is unchecked"
+        ]
     timing = time_reference(target, max_num_seqs, vocab_size, directory, {"verb": "speed-check"}, warm_up=True)
     if timing.workload != calibrated.workload:
-        return [f"this server's reference ({timing.workload}) is not the calibrated one ({calibrated.workload}): "
-                "its speed is unchecked"]
+        return [
+            f"this server's reference ({timing.workload}) is not the calibrated one ({calibrated.workload}): "
+            "its speed is unchecked"
+        ]
     change = calibrated.speed_change(timing)
     return [change.describe()] if change is not None and change.changed else []

@@ -44,13 +44,17 @@ class CalibrateRequest:
 
     def __post_init__(self) -> None:
         if (self.base_url is None) == (not self.sources):
-            raise InputError("give --base-url (probe a live server) or --from RESULT (benchmarks you already ran), one of them")
+            raise InputError(
+                "give --base-url (probe a live server) or --from RESULT (benchmarks you already ran), one of them"
+            )
         if self.out.exists() and not self.overwrite:
             raise InputError(f"{self.out} exists: give --overwrite to replace it, or another --out")
         if self.live and self.vllm_version is not None:
             raise InputError("--vllm-version describes the runs of calibrate --from; a live server is probed as it is")
         if self.live and self.budget_s < MIN_BUDGET_S:
-            raise InputError(f"--budget {self.budget_s:g} s is too small: one pass of probes needs about {MIN_BUDGET_S:g} s")
+            raise InputError(
+                f"--budget {self.budget_s:g} s is too small: one pass of probes needs about {MIN_BUDGET_S:g} s"
+            )
 
     @property
     def live(self) -> bool:

@@ -245,11 +245,25 @@ def run(request: ValidateRequest, progress: Callable[[str], None] = lambda _: No
     points = points_named(request.points)
     deployment_from_profile(profile, request.engine_args)  # bad flags fail before any request
     replace_earlier_validation(request.out, request.runs_dir, request.overwrite)
-    target = HttpTarget(request.base_url, model=request.served_model, api_key=request.api_key, ignore_eos=True,
-                        extra_body=PROBE_EXTRA_BODY, request_timeout=300.0)
+    target = HttpTarget(
+        request.base_url,
+        model=request.served_model,
+        api_key=request.api_key,
+        ignore_eos=True,
+        extra_body=PROBE_EXTRA_BODY,
+        request_timeout=300.0,
+    )
     info = target.preflight()
-    report = validate_on(target, profile, request.runs_dir, server=ServerRef(base_url=target.base_url, model=info["model"]),
-                         engine_args=request.engine_args, points=points, repeats=request.repeats, progress=progress)
+    report = validate_on(
+        target,
+        profile,
+        request.runs_dir,
+        server=ServerRef(base_url=target.base_url, model=info["model"]),
+        engine_args=request.engine_args,
+        points=points,
+        repeats=request.repeats,
+        progress=progress,
+    )
     request.out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(request.out, report_json(report))
     return report
@@ -264,8 +278,10 @@ def replace_earlier_validation(out: Path, runs: Path, overwrite: bool) -> None:
     """An earlier validation's report and measured runs are data: refused unless `overwrite`, which removes them."""
     earlier = [str(p) for p in (out, runs) if p.exists()]
     if earlier and not overwrite:
-        raise ValidateError(f"--out {out}: {' and '.join(earlier)} already hold an earlier validation; pass --overwrite "
-                            "to replace them, or choose another --out")
+        raise ValidateError(
+            f"--out {out}: {' and '.join(earlier)} already hold an earlier validation; pass --overwrite "
+            "to replace them, or choose another --out"
+        )
     if overwrite and runs.is_dir():
         shutil.rmtree(runs)
 
@@ -300,18 +316,27 @@ def validate_on(
     runs, timings = session.measure(points, repeats, seed)
     speed = speed_checks(profile.reference, timings)
     for repeat in (x for point_runs in runs.values() for x in point_runs):
-        repeat["disturbed"] = any(c is not None and c.changed for c in (speed[repeat["round"]], speed[repeat["round"] + 1]))
+        repeat["disturbed"] = any(
+            c is not None and c.changed for c in (speed[repeat["round"]], speed[repeat["round"] + 1])
+        )
     results = [point_result(point, runs[point.name]) for point in points]
     medians = median_abs_errors(results)
     conditions = host.conditions(gpus=True)
     return ValidationReport(
-        kind="servelab.validation", created_at=time.time(), server=server or ServerRef(),
+        kind="servelab.validation",
+        created_at=time.time(),
+        server=server or ServerRef(),
         profile=ProfileRef(created_at=profile.created_at, engine_args=profile.engine_args, gpu=profile.gpu),
-        engine_args=deployment.engine_args(), engine_config=asdict(deployment.config), host=conditions,
+        engine_args=deployment.engine_args(),
+        engine_config=asdict(deployment.config),
+        host=conditions,
         reference=reference_report(profile, timings, speed),
         warnings=speed_warnings(profile.reference, timings, speed)
         + condition_changes(profile.host, conditions, now_label="during validate", then_label="at calibration"),
-        points=results, median_abs_error_pct=medians, bounds_pct=BOUNDS_PCT, goals_pct=GOALS_PCT,
+        points=results,
+        median_abs_error_pct=medians,
+        bounds_pct=BOUNDS_PCT,
+        goals_pct=GOALS_PCT,
         within_bounds=all((m := medians[k]) is not None and m <= b for k, b in BOUNDS_PCT.items()),
     )
 
@@ -327,19 +352,30 @@ class _Session:
     def warm_up(self) -> None:
         d = self.deployment
         max_len = d.config.max_model_len or d.model.max_position_embeddings
-        warm = [RequestSpec(i, random_prompt(np.random.default_rng(i), min(n, max_len - 9), d.model.vocab_size), 8)
-                for i, n in enumerate((16, 256, 1024))]
+        warm = [
+            RequestSpec(i, random_prompt(np.random.default_rng(i), min(n, max_len - 9), d.model.vocab_size), 8)
+            for i, n in enumerate((16, 256, 1024))
+        ]
         run_into(self.target, LoadPlan(warm, max_concurrency=1), self.out_dir / "warmup", self.run_info)
 
     def reference(self, label: str, warm_up: bool = False) -> ReferenceTiming:
-        return time_reference(self.target, self.deployment.config.max_num_seqs, self.deployment.model.vocab_size,
-                              self.out_dir / "reference" / label, self.run_info, warm_up=warm_up)
+        return time_reference(
+            self.target,
+            self.deployment.config.max_num_seqs,
+            self.deployment.model.vocab_size,
+            self.out_dir / "reference" / label,
+            self.run_info,
+            warm_up=warm_up,
+        )
 
-    def measure(self, points: tuple[Point, ...], repeats: int, seed: int
-                ) -> tuple[dict[str, list[Repeat]], list[tuple[str, ReferenceTiming]]]:
+    def measure(
+        self, points: tuple[Point, ...], repeats: int, seed: int
+    ) -> tuple[dict[str, list[Repeat]], list[tuple[str, ReferenceTiming]]]:
         """Every point `repeats` times, interleaved, with a reference timing before the first round and after each."""
-        plans = [[point_plan(p, self.deployment, self.sim, seed + 1000 * r + i) for i, p in enumerate(points)]
-                 for r in range(repeats)]
+        plans = [
+            [point_plan(p, self.deployment, self.sim, seed + 1000 * r + i) for i, p in enumerate(points)]
+            for r in range(repeats)
+        ]
         timings = [("before repeat 1", self.reference("before-repeat-1", warm_up=True))]
         runs: dict[str, list[Repeat]] = {p.name: [] for p in points}
         for r, row in enumerate(plans):
@@ -356,53 +392,85 @@ class _Session:
         if summary["failed"]:
             kinds = ", ".join(sorted(summary["errors_by_kind"]))
             raise ValidateError(f"point {point.name}: {summary['failed']} requests failed ({kinds}); see {directory}")
-        return {"workload": plan.description, "directory": str(directory), "bunched": bunched_fraction(counted(records, plan)),
-                "measured": figures(summary), "simulated": figures(simulate(self.sim, plan)), "round": round_}
+        return {
+            "workload": plan.description,
+            "directory": str(directory),
+            "bunched": bunched_fraction(counted(records, plan)),
+            "measured": figures(summary),
+            "simulated": figures(simulate(self.sim, plan)),
+            "round": round_,
+        }
 
 
 def point_result(point: Point, repeats: list[Repeat]) -> PointResult:
     """One point's report: each metric's best repeat against its own simulation, and the repeats set aside."""
     measured, simulated = best_of(repeats)
-    return PointResult(point=point.name, shape=asdict(point), measured=measured, simulated=simulated,
-                       error_pct=compare(measured, simulated), stalled_repeats=sum(client_stalled(r) for r in repeats),
-                       disturbed_repeats=sum(r["disturbed"] for r in repeats), repeats=repeats)
+    return PointResult(
+        point=point.name,
+        shape=asdict(point),
+        measured=measured,
+        simulated=simulated,
+        error_pct=compare(measured, simulated),
+        stalled_repeats=sum(client_stalled(r) for r in repeats),
+        disturbed_repeats=sum(r["disturbed"] for r in repeats),
+        repeats=repeats,
+    )
 
 
-def speed_checks(calibrated: ReferenceTiming | None, timings: list[tuple[str, ReferenceTiming]]) -> list[SpeedChange | None]:
+def speed_checks(
+    calibrated: ReferenceTiming | None, timings: list[tuple[str, ReferenceTiming]]
+) -> list[SpeedChange | None]:
     """Each timing against the profile's (None where there is nothing comparable: no reference, another workload, stalls)."""
     if calibrated is None:
         return [None] * len(timings)
     return [calibrated.speed_change(t) if t.workload == calibrated.workload else None for _, t in timings]
 
 
-def reference_report(profile: CalibrationProfile, timings: list[tuple[str, ReferenceTiming]],
-                     speed: list[SpeedChange | None]) -> dict[str, object]:
+def reference_report(
+    profile: CalibrationProfile, timings: list[tuple[str, ReferenceTiming]], speed: list[SpeedChange | None]
+) -> dict[str, object]:
     def described(t: ReferenceTiming) -> dict[str, object]:
         return {**t.model_dump(), "median_ms": t.median_ms, "spread_pct": t.spread_pct}
 
     return {
         "calibrated": None if profile.reference is None else described(profile.reference),
-        "timings": [{"when": label, **described(t), "change_pct": None if c is None else c.change_pct,
-                     "changed": None if c is None else c.changed} for (label, t), c in zip(timings, speed)],
+        "timings": [
+            {
+                "when": label,
+                **described(t),
+                "change_pct": None if c is None else c.change_pct,
+                "changed": None if c is None else c.changed,
+            }
+            for (label, t), c in zip(timings, speed)
+        ],
     }
 
 
-def speed_warnings(calibrated: ReferenceTiming | None, timings: list[tuple[str, ReferenceTiming]],
-                   speed: list[SpeedChange | None]) -> list[str]:
+def speed_warnings(
+    calibrated: ReferenceTiming | None, timings: list[tuple[str, ReferenceTiming]], speed: list[SpeedChange | None]
+) -> list[str]:
     """One line per timing that found the server at another speed, or why no comparison was possible."""
     if calibrated is None:
-        return ["the profile has no reference step time (written before schema 3, or fitted from runs by calibrate "
-                "--from): the server's speed since calibration cannot be checked; re-run calibrate against the server"]
+        return [
+            "the profile has no reference step time (written before schema 3, or fitted from runs by calibrate "
+            "--from): the server's speed since calibration cannot be checked; re-run calibrate against the server"
+        ]
     out = []
     if (too_wide := reference_too_wide(calibrated)) is not None:
-        out.append(f"the calibration profile is unreliable: {too_wide}. A round counts as disturbed only when the "
-                   "speed moved beyond the spreads of both timings, so against this one no round can be: the errors "
-                   "below may be the host's, not the model's; re-run calibrate on a quiet host")
-    out += [f"{label}: {c.describe()}; the repeats it brackets are reported as disturbed and not judged"
-           for (label, _), c in zip(timings, speed) if c is not None and c.changed]
+        out.append(
+            f"the calibration profile is unreliable: {too_wide}. A round counts as disturbed only when the "
+            "speed moved beyond the spreads of both timings, so against this one no round can be: the errors "
+            "below may be the host's, not the model's; re-run calibrate on a quiet host"
+        )
+    out += [
+        f"{label}: {c.describe()}; the repeats it brackets are reported as disturbed and not judged"
+        for (label, _), c in zip(timings, speed)
+        if c is not None and c.changed
+    ]
     if all(c is None for c in speed):
         workloads = {t.workload for _, t in timings}
-        out.append(f"the reference step time could not be compared with the profile's ({calibrated.workload} vs "
-                   f"{', '.join(sorted(workloads))}, or every run stalled): the server's speed is unchecked")
+        out.append(
+            f"the reference step time could not be compared with the profile's ({calibrated.workload} vs "
+            f"{', '.join(sorted(workloads))}, or every run stalled): the server's speed is unchecked"
+        )
     return out
-

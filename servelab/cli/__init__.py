@@ -23,6 +23,7 @@ from servelab import __version__
 from servelab.cli.exits import ServelabCommands, print_error
 from servelab.errors import EXIT_BAD_INPUT
 
+
 @dataclass(frozen=True)
 class Verb:
     module: str
@@ -34,13 +35,23 @@ class Verb:
 
 VERBS: dict[str, Verb] = {
     "bench": Verb("bench", "Measure a running server: latency, throughput and goodput under the load you describe."),
-    "simulate": Verb("simulate", "Predict latency, throughput and goodput of a deployment under the load you describe, "
-                                 "without a GPU."),
-    "diagnose": Verb("diagnose", "Find what limits the deployment, the ceiling it implies, and the change that lifts it."),
-    "tune": Verb("tune", "Search the launch flags on the simulator, confirm the best on real servers, print the line to run."),
-    "compare": Verb("compare", "Would another engine serve this workload better? The same load simulated on each engine."),
+    "simulate": Verb(
+        "simulate",
+        "Predict latency, throughput and goodput of a deployment under the load you describe, without a GPU.",
+    ),
+    "diagnose": Verb(
+        "diagnose", "Find what limits the deployment, the ceiling it implies, and the change that lifts it."
+    ),
+    "tune": Verb(
+        "tune", "Search the launch flags on the simulator, confirm the best on real servers, print the line to run."
+    ),
+    "compare": Verb(
+        "compare", "Would another engine serve this workload better? The same load simulated on each engine."
+    ),
     "calibrate": Verb("calibrate", "Probe a live server, fit the cost model to it, check the fit, write a profile."),
-    "validate": Verb("calibrate", "Run held-out workloads on the server and in the simulator; print % error per metric."),
+    "validate": Verb(
+        "calibrate", "Run held-out workloads on the server and in the simulator; print % error per metric."
+    ),
     "report": Verb("report", "Write an HTML report (plots, works offline) of runs, sweeps, studies and comparisons."),
     "schema": Verb("schema", "Print the JSON Schema of a file servelab writes."),
 }
@@ -83,8 +94,12 @@ class LazyVerbs(ServelabCommands):
             return TyperCommand(cmd_name, short_help=verb.summary)
         importlib.import_module(f"servelab.cli.{verb.module}")
         info = next(c for c in app.registered_commands if _name(c) == cmd_name)
-        self.add_command(typer.main.get_command_from_info(
-            info, pretty_exceptions_short=app.pretty_exceptions_short, rich_markup_mode=app.rich_markup_mode), cmd_name)
+        self.add_command(
+            typer.main.get_command_from_info(
+                info, pretty_exceptions_short=app.pretty_exceptions_short, rich_markup_mode=app.rich_markup_mode
+            ),
+            cmd_name,
+        )
         return self.commands[cmd_name]
 
 
@@ -110,8 +125,10 @@ def _print_version(asked: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", help="Print servelab's version and exit.", is_eager=True,
-                                          callback=_print_version)] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print servelab's version and exit.", is_eager=True, callback=_print_version),
+    ] = False,
 ) -> None:
     """Measure, explain, predict and choose LLM serving configurations."""
 

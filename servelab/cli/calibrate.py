@@ -32,12 +32,28 @@ if TYPE_CHECKING:
 _console = make_console()
 
 
-FromFlag = Annotated[Optional[list[Path]], typer.Option(
-    "--from", help="A benchmark you already ran (repeat for more): a servelab results directory, a `vllm bench serve "
-                   "--save-result` JSON, a GuideLLM benchmarks JSON or AIPerf's profile_export_aiperf.json. No server needed.")]
-OutFlag = Annotated[Path, typer.Option("--out", "-o", help="Profile JSON to write (live: raw probe runs go to <out>.probes/).")]
-_WORKLOAD_FLAGS = ("random_input_len", "random_output_len", "num_prompts", "request_rate", "max_concurrency",
-                   "dataset_name", "dataset_path", "random_range_ratio", "seed")
+FromFlag = Annotated[
+    Optional[list[Path]],
+    typer.Option(
+        "--from",
+        help="A benchmark you already ran (repeat for more): a servelab results directory, a `vllm bench serve "
+        "--save-result` JSON, a GuideLLM benchmarks JSON or AIPerf's profile_export_aiperf.json. No server needed.",
+    ),
+]
+OutFlag = Annotated[
+    Path, typer.Option("--out", "-o", help="Profile JSON to write (live: raw probe runs go to <out>.probes/).")
+]
+_WORKLOAD_FLAGS = (
+    "random_input_len",
+    "random_output_len",
+    "num_prompts",
+    "request_rate",
+    "max_concurrency",
+    "dataset_name",
+    "dataset_path",
+    "random_range_ratio",
+    "seed",
+)
 """The load flags `calibrate --from` reads: the workload of a result that holds only aggregates."""
 
 
@@ -52,10 +68,17 @@ def _workload(load: LoadFlags) -> WorkloadFlags:
     from servelab.metrics.imports import WorkloadFlags
 
     return WorkloadFlags(
-        random_input_len=load.random_input_len, random_output_len=load.random_output_len, num_prompts=load.num_prompts,
-        request_rate=load.request_rate, max_concurrency=load.max_concurrency,
-        dataset_name=None if load.dataset_name == LoadFlags().dataset_name and load.dataset_path is None else load.dataset_name,
-        dataset_path=load.dataset_path, random_range_ratio=load.random_range_ratio, seed=load.seed,
+        random_input_len=load.random_input_len,
+        random_output_len=load.random_output_len,
+        num_prompts=load.num_prompts,
+        request_rate=load.request_rate,
+        max_concurrency=load.max_concurrency,
+        dataset_name=None
+        if load.dataset_name == LoadFlags().dataset_name and load.dataset_path is None
+        else load.dataset_name,
+        dataset_path=load.dataset_path,
+        random_range_ratio=load.random_range_ratio,
+        seed=load.seed,
     )
 
 
@@ -69,7 +92,9 @@ def calibrate(
     out: OutFlag = Path("profile.json"),
     engine_args: EngineArgsFlag = "",
     vllm_version: VllmVersionFlag = None,
-    budget: Annotated[float, typer.Option(callback=real(gt=0), help="Live: seconds of probing (repeated passes until spent).")] = 300.0,
+    budget: Annotated[
+        float, typer.Option(callback=real(gt=0), help="Live: seconds of probing (repeated passes until spent).")
+    ] = 300.0,
     served_model: ServedModelFlag = None,
     api_key: ApiKeyFlag = None,
     *,
@@ -82,9 +107,18 @@ def calibrate(
     from servelab.report.calibration_tables import show_probe_fit, show_runs_fit
 
     request = CalibrateRequest(
-        gpu, model, out, base_url=base_url, sources=tuple(from_results or ()), engine_args=engine_args,
-        vllm_version=vllm_version, budget_s=budget, served_model=served_model, api_key=api_key,
-        workload=_workload(load), overwrite=load.overwrite,  # the load flags' --overwrite: here, the profile at --out
+        gpu,
+        model,
+        out,
+        base_url=base_url,
+        sources=tuple(from_results or ()),
+        engine_args=engine_args,
+        vllm_version=vllm_version,
+        budget_s=budget,
+        served_model=served_model,
+        api_key=api_key,
+        workload=_workload(load),
+        overwrite=load.overwrite,  # the load flags' --overwrite: here, the profile at --out
     )
     if request.live:
         _refuse_other_load_flags(load, (), "--base-url (its probes are its own workload)")
@@ -93,13 +127,17 @@ def calibrate(
     profile = verb.run(request, progress=lambda m: _console.print(f"[dim]{m}[/]"))
     if not request.live:
         show_runs_fit(profile, _console)
-        _console.print(f"profile written to {out}; use it with --calibration {out} (add --model to predict another model)")
+        _console.print(
+            f"profile written to {out}; use it with --calibration {out} (add --model to predict another model)"
+        )
         return
     show_probe_fit(profile, _console)
     _console.print(f"profile written to {out}")
     if (why := profile.unreliable) is not None:
-        raise verb.CalibrationUnreliable(f"{why}. The profile is written but marked unreliable: validate cannot judge a "
-                                         "server's speed against it. Re-run calibrate when the host is quiet.")
+        raise verb.CalibrationUnreliable(
+            f"{why}. The profile is written but marked unreliable: validate cannot judge a "
+            "server's speed against it. Re-run calibrate when the host is quiet."
+        )
 
 
 @app.command()
@@ -108,20 +146,37 @@ def validate(
     base_url: BaseUrlFlag,
     points: Annotated[str, typer.Option(help="Point set: default (7 points) or quick (6 shorter ones).")] = "default",
     engine_args: EngineArgsFlag = "",
-    repeats: Annotated[int, typer.Option(min=1, max=1000, help="Runs of each point; each metric is judged on its best run.")] = 3,
-    out: Annotated[Path, typer.Option(help="Report JSON; the measured runs go to <out>.runs/.")] = Path("validation.json"),
+    repeats: Annotated[
+        int, typer.Option(min=1, max=1000, help="Runs of each point; each metric is judged on its best run.")
+    ] = 3,
+    out: Annotated[Path, typer.Option(help="Report JSON; the measured runs go to <out>.runs/.")] = Path(
+        "validation.json"
+    ),
     served_model: ServedModelFlag = None,
     api_key: ApiKeyFlag = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of a table.")] = False,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier validate's report at --out and its "
-                                            "measured runs in <out>.runs/.")] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite", help="Replace an earlier validate's report at --out and its measured runs in <out>.runs/."
+        ),
+    ] = False,
 ) -> None:
     """Run held-out workloads on the server and in the simulator with the profile; print % error per metric."""
     from servelab.calibrate import validate as verb  # the runs and the simulator: not for --help
     from servelab.report.calibration_tables import show_validation
 
-    request = verb.ValidateRequest(calibration, base_url, out, points=points, engine_args=engine_args, repeats=repeats,
-                                   served_model=served_model, api_key=api_key, overwrite=overwrite)
+    request = verb.ValidateRequest(
+        calibration,
+        base_url,
+        out,
+        points=points,
+        engine_args=engine_args,
+        repeats=repeats,
+        served_model=served_model,
+        api_key=api_key,
+        overwrite=overwrite,
+    )
     report = verb.run(request, progress=lambda m: None if json_out else _console.print(f"[dim]{m}[/]"))
     if json_out:
         typer.echo(verb.report_json(report), nl=False)

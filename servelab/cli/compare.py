@@ -40,8 +40,10 @@ def parse_engines(text: str, flag: str = "--engines") -> list[str]:
 def _show(result: EngineComparison, out: Console) -> None:
     from servelab.report.compare_results import POINT_COLUMNS, point_rows  # beside the report's plotly figures
 
-    table = Table(title=f"{result.model} on {result.gpu}: {result.mean_prompt_tokens:,.0f} prompt + "
-                        f"{result.mean_output_tokens:,.0f} output tokens per request (simulated)")
+    table = Table(
+        title=f"{result.model} on {result.gpu}: {result.mean_prompt_tokens:,.0f} prompt + "
+        f"{result.mean_output_tokens:,.0f} output tokens per request (simulated)"
+    )
     for column in POINT_COLUMNS:
         table.add_column(column, justify="left" if column in ("engine", "point") else "right")
     for row in point_rows(result):
@@ -58,18 +60,59 @@ def _show(result: EngineComparison, out: Console) -> None:
 @load_options
 def compare(
     gpu: Annotated[str, typer.Option(help="GPU from the catalogue, e.g. h100-sxm.", rich_help_panel=_DEPLOYMENT)],
-    model: Annotated[str, typer.Option(help="Built-in model or a Hugging Face model dir with config.json.", rich_help_panel=_DEPLOYMENT)],
-    engines: Annotated[str, typer.Option(
-        help=f"The engines to run this deployment and load on, comma-separated: {', '.join(ENGINES)} (each with its own "
-             "flags: --vllm-args, --sglang-args, --trtllm-args).", rich_help_panel=_DEPLOYMENT)] = ",".join(ENGINES),
-    vllm_args: Annotated[str, typer.Option(callback=shell_words, help="`vllm serve` flags for the vLLM run.", rich_help_panel=_DEPLOYMENT)] = "",
-    sglang_args: Annotated[str, typer.Option(callback=shell_words, help="`python -m sglang.launch_server` flags for the SGLang run.", rich_help_panel=_DEPLOYMENT)] = "",
-    trtllm_args: Annotated[str, typer.Option(callback=shell_words, help="`trtllm-serve` flags for the TensorRT-LLM run.", rich_help_panel=_DEPLOYMENT)] = "",
-    tp: Annotated[Optional[int], typer.Option("--tp", min=1, max=MAX_GPUS, help="Tensor-parallel size for every engine.", rich_help_panel=_DEPLOYMENT)] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Write the comparison as JSON (docs/schemas/compare.json); or give "
-                                                     "--result-dir to get DIR/compare.json.", rich_help_panel=_DEPLOYMENT)] = None,
-    report: Annotated[bool, typer.Option("--report", help="Also write the HTML report (curves overlaid, opens offline) "
-                                         "beside the JSON, named as it with .html.", rich_help_panel=_DEPLOYMENT)] = False,
+    model: Annotated[
+        str,
+        typer.Option(help="Built-in model or a Hugging Face model dir with config.json.", rich_help_panel=_DEPLOYMENT),
+    ],
+    engines: Annotated[
+        str,
+        typer.Option(
+            help=f"The engines to run this deployment and load on, comma-separated: {', '.join(ENGINES)} (each with "
+            f"its own "
+            "flags: --vllm-args, --sglang-args, --trtllm-args).",
+            rich_help_panel=_DEPLOYMENT,
+        ),
+    ] = ",".join(ENGINES),
+    vllm_args: Annotated[
+        str,
+        typer.Option(callback=shell_words, help="`vllm serve` flags for the vLLM run.", rich_help_panel=_DEPLOYMENT),
+    ] = "",
+    sglang_args: Annotated[
+        str,
+        typer.Option(
+            callback=shell_words,
+            help="`python -m sglang.launch_server` flags for the SGLang run.",
+            rich_help_panel=_DEPLOYMENT,
+        ),
+    ] = "",
+    trtllm_args: Annotated[
+        str,
+        typer.Option(
+            callback=shell_words, help="`trtllm-serve` flags for the TensorRT-LLM run.", rich_help_panel=_DEPLOYMENT
+        ),
+    ] = "",
+    tp: Annotated[
+        Optional[int],
+        typer.Option(
+            "--tp", min=1, max=MAX_GPUS, help="Tensor-parallel size for every engine.", rich_help_panel=_DEPLOYMENT
+        ),
+    ] = None,
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="Write the comparison as JSON (docs/schemas/compare.json); or give "
+            "--result-dir to get DIR/compare.json.",
+            rich_help_panel=_DEPLOYMENT,
+        ),
+    ] = None,
+    report: Annotated[
+        bool,
+        typer.Option(
+            "--report",
+            help="Also write the HTML report (curves overlaid, opens offline) beside the JSON, named as it with .html.",
+            rich_help_panel=_DEPLOYMENT,
+        ),
+    ] = False,
     *,
     load: LoadFlags,
 ) -> None:
@@ -83,18 +126,32 @@ def compare(
     if out is not None and load.result_dir is not None:
         raise InputError("--out and --result-dir both say where the comparison goes; give one of them")
     if report and (out or load.result_dir) is None or out is not None and out.suffix == ".html":
-        raise InputError("--report draws the comparison's JSON into the same name with .html: give --out FILE.json "
-                         "or --result-dir DIR")
+        raise InputError(
+            "--report draws the comparison's JSON into the same name with .html: give --out FILE.json "
+            "or --result-dir DIR"
+        )
     sweep = load.parsed_sweep()
     if isinstance(sweep, AutoSweep):
-        raise InputError("compare takes the load points you list (--sweep request-rate=4,16,inf); --sweep auto is bench's "
-                         "and simulate's")
-    points: list[tuple[str, Callable[[], LoadPlan]]] = [("as given", load.make_plan)] if sweep is None else [
-        (sweep.label(v), partial(load.make_plan, sweep.arrival(load.arrival(), v))) for v in sweep.values]
-    result = verb.run(verb.CompareRequest(
-        gpu, model, points, engines=parse_engines(engines), launch_flags={VLLM: vllm_args, SGLANG: sglang_args,
-                                                                          TRTLLM: trtllm_args},
-        tensor_parallel_size=tp, slo=load.slo()))
+        raise InputError(
+            "compare takes the load points you list (--sweep request-rate=4,16,inf); --sweep auto is bench's "
+            "and simulate's"
+        )
+    points: list[tuple[str, Callable[[], LoadPlan]]] = (
+        [("as given", load.make_plan)]
+        if sweep is None
+        else [(sweep.label(v), partial(load.make_plan, sweep.arrival(load.arrival(), v))) for v in sweep.values]
+    )
+    result = verb.run(
+        verb.CompareRequest(
+            gpu,
+            model,
+            points,
+            engines=parse_engines(engines),
+            launch_flags={VLLM: vllm_args, SGLANG: sglang_args, TRTLLM: trtllm_args},
+            tensor_parallel_size=tp,
+            slo=load.slo(),
+        )
+    )
     if load.result_dir is not None:
         out = load.output_dir("compare") / COMPARE
     if out is not None:

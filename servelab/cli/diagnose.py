@@ -45,70 +45,179 @@ DIAGNOSIS = "diagnosis.json"
 def _results_dir(value: Path | None) -> Path | None:
     """RESULTS must be a directory; a word in square brackets is an optional flag pasted from an example."""
     if value is not None and not value.is_dir():
-        hint = ": square brackets in an example mark an optional flag; type it without them" if str(value).startswith("[") else ""
+        hint = (
+            ": square brackets in an example mark an optional flag; type it without them"
+            if str(value).startswith("[")
+            else ""
+        )
         raise typer.BadParameter(f"{str(value)!r} is not a directory{hint}")
     return value
 
 
 # diagnose's own flags, each declared once with its help (the shared deployment flags are in cli/options.py).
-ResultsFlag = Annotated[Optional[Path], typer.Argument(
-    callback=_results_dir, metavar="RESULTS", help="A results directory from `servelab bench` (or simulate: its run.json names "
-                                       "the deployment, so --gpu/--model may be left out).")]
-InputLenFlag = Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Described deployment: prompt tokens per request.")]
-InputCharsFlag = Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help=(
-    "Described deployment: prompt length in characters instead of tokens, turned into tokens by --script (the "
-    "ratio is printed)."))]
-ScriptFlag = Annotated[Optional[Script], typer.Option(help=(
-    "The script --input-chars are written in: latin (~4 characters per token) or cjk (Chinese, Japanese, Korean: "
-    "~1.5). Default: latin, said as an assumption."))]
-OutputLenFlag = Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help=(
-    "Described deployment: output tokens per request (not given: 200 is assumed, and the answer is shown for 50, "
-    "200 and 500)."))]
-RequestRateFlag = Annotated[Optional[float], typer.Option(callback=real(gt=0), help="Described deployment: offered req/s (Poisson).")]
-MaxConcurrencyFlag = Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Described deployment: closed-loop concurrency.")]
-ObservedQpsFlag = Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production, req/s.")]
-ObservedTtftMsFlag = Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production, TTFT ms.")]
-ObservedGpuUtilFlag = Annotated[Optional[float], typer.Option(callback=real(ge=0, le=1), help="nvidia-smi's utilisation, 0-1.")]
-ObservedE2eMsFlag = Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production: whole-answer latency, ms.")]
-ObservedTpotMsFlag = Annotated[Optional[float], typer.Option(callback=real(gt=0), help="What you see in production: time per output token, ms.")]
-TriedFlag = Annotated[Optional[list[str]], typer.Option(
-    help="A change you already made and what it did, CHANGE:RESULT (repeatable): CHANGE an engine flag as typed "
-         "after `vllm serve`, a quantization (awq, gptq, fp8, int8, w8a8), a GPU name or 'replica'; RESULT "
-         "no-effect, helped or hurt. E.g. --tried \"--max-num-batched-tokens 512:no-effect\" --tried awq:no-effect")]
-GoalFlag = Annotated[Optional[Goal], typer.Option(
-    help="The question to answer first: latency (how long answers take) or throughput (how far QPS can go). "
-         "Default: latency when --observed-e2e-ms/--observed-ttft-ms/--observed-tpot-ms is given, throughput "
-         "when --observed-qps or --observed-gpu-util is.")]
-OutputLenDistributionFlag = Annotated[str, typer.Option(
-    help="Described deployment: how output lengths vary, SHAPE[:SPREAD] with SHAPE one of "
-         f"{', '.join(DISTRIBUTIONS)} (spread as --random-range-ratio): answers that end at EOS vary, "
-         "e.g. lognormal:0.5. Default: every answer exactly --output-len.")]
-PrefixLenFlag = Annotated[int, typer.Option(min=0, max=MAX_INT, help="Described deployment: tokens of a system prompt every request starts with.")]
-TurnsFlag = Annotated[int, typer.Option(min=1, max=MAX_INT, help="Described deployment: turns per conversation; each turn resends the "
-                                        "system prompt, every earlier turn and every earlier answer (a chat client).")]
-RegionFlag = Annotated[Optional[Region], typer.Option(help=(
-    "Where you buy or rent GPUs: global, or china (H20, L20 new; H800, A800 rented) — the chips the "
-    "alternatives may name. Default: global, said as an assumption."))]
-GpuCostPerHourFlag = Annotated[Optional[float], typer.Option(
-    callback=real(gt=0),
-    help="$ per GPU-hour of --gpu (default: documented prices in servelab/diagnose/pricing.py); prices the options.")]
-PriceOptionsFlag = Annotated[bool, typer.Option("--price-options", help="Price the common options (token budget, quantized "
-                                            "weights, FP8 KV, a replica, TP=2, a bigger GPU) at this load.")]
-EngineFlag = Annotated[str, typer.Option(
-    help=f"Which engine served the deployment: {', '.join(ENGINES)}, or auto (the one the run's run.json recorded; "
-         "vLLM when none is, or for a described deployment). --engine-args are then in that engine's spelling.",
-    rich_help_panel=DEPLOYMENT_PANEL)]
-CompareEnginesFlag = Annotated[bool, typer.Option(
-    "--compare-engines", help="Also run this workload at this load on the other engines (at their defaults, same "
-                              "GPU, model, TP and replicas) and say what switching would buy.")]
-EnginesFlag = Annotated[Optional[str], typer.Option(
-    help=f"With --compare-engines: which engines, comma-separated (default all: {','.join(ENGINES)}), as "
-         "`servelab compare --engines` takes them.")]
-SloAttainmentFlag = Annotated[float, typer.Option(callback=real(gt=0, le=1), help="Share of requests that must meet the SLO.")]
+ResultsFlag = Annotated[
+    Optional[Path],
+    typer.Argument(
+        callback=_results_dir,
+        metavar="RESULTS",
+        help="A results directory from `servelab bench` (or simulate: its run.json names "
+        "the deployment, so --gpu/--model may be left out).",
+    ),
+]
+InputLenFlag = Annotated[
+    Optional[int], typer.Option(min=1, max=MAX_INT, help="Described deployment: prompt tokens per request.")
+]
+InputCharsFlag = Annotated[
+    Optional[int],
+    typer.Option(
+        min=1,
+        max=MAX_INT,
+        help=(
+            "Described deployment: prompt length in characters instead of tokens, turned into tokens by --script (the "
+            "ratio is printed)."
+        ),
+    ),
+]
+ScriptFlag = Annotated[
+    Optional[Script],
+    typer.Option(
+        help=(
+            "The script --input-chars are written in: latin (~4 characters per token) or cjk (Chinese, Japanese, "
+            "Korean: "
+            "~1.5). Default: latin, said as an assumption."
+        )
+    ),
+]
+OutputLenFlag = Annotated[
+    Optional[int],
+    typer.Option(
+        min=1,
+        max=MAX_INT,
+        help=(
+            "Described deployment: output tokens per request (not given: 200 is assumed, and the answer is shown for "
+            "50, "
+            "200 and 500)."
+        ),
+    ),
+]
+RequestRateFlag = Annotated[
+    Optional[float], typer.Option(callback=real(gt=0), help="Described deployment: offered req/s (Poisson).")
+]
+MaxConcurrencyFlag = Annotated[
+    Optional[int], typer.Option(min=1, max=MAX_INT, help="Described deployment: closed-loop concurrency.")
+]
+ObservedQpsFlag = Annotated[
+    Optional[float], typer.Option(callback=real(gt=0), help="What you see in production, req/s.")
+]
+ObservedTtftMsFlag = Annotated[
+    Optional[float], typer.Option(callback=real(gt=0), help="What you see in production, TTFT ms.")
+]
+ObservedGpuUtilFlag = Annotated[
+    Optional[float], typer.Option(callback=real(ge=0, le=1), help="nvidia-smi's utilisation, 0-1.")
+]
+ObservedE2eMsFlag = Annotated[
+    Optional[float], typer.Option(callback=real(gt=0), help="What you see in production: whole-answer latency, ms.")
+]
+ObservedTpotMsFlag = Annotated[
+    Optional[float], typer.Option(callback=real(gt=0), help="What you see in production: time per output token, ms.")
+]
+TriedFlag = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        help="A change you already made and what it did, CHANGE:RESULT (repeatable): CHANGE an engine flag as typed "
+        "after `vllm serve`, a quantization (awq, gptq, fp8, int8, w8a8), a GPU name or 'replica'; RESULT "
+        'no-effect, helped or hurt. E.g. --tried "--max-num-batched-tokens 512:no-effect" --tried awq:no-effect'
+    ),
+]
+GoalFlag = Annotated[
+    Optional[Goal],
+    typer.Option(
+        help="The question to answer first: latency (how long answers take) or throughput (how far QPS can go). "
+        "Default: latency when --observed-e2e-ms/--observed-ttft-ms/--observed-tpot-ms is given, throughput "
+        "when --observed-qps or --observed-gpu-util is."
+    ),
+]
+OutputLenDistributionFlag = Annotated[
+    str,
+    typer.Option(
+        help="Described deployment: how output lengths vary, SHAPE[:SPREAD] with SHAPE one of "
+        f"{', '.join(DISTRIBUTIONS)} (spread as --random-range-ratio): answers that end at EOS vary, "
+        "e.g. lognormal:0.5. Default: every answer exactly --output-len."
+    ),
+]
+PrefixLenFlag = Annotated[
+    int,
+    typer.Option(min=0, max=MAX_INT, help="Described deployment: tokens of a system prompt every request starts with."),
+]
+TurnsFlag = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        max=MAX_INT,
+        help="Described deployment: turns per conversation; each turn resends the "
+        "system prompt, every earlier turn and every earlier answer (a chat client).",
+    ),
+]
+RegionFlag = Annotated[
+    Optional[Region],
+    typer.Option(
+        help=(
+            "Where you buy or rent GPUs: global, or china (H20, L20 new; H800, A800 rented) — the chips the "
+            "alternatives may name. Default: global, said as an assumption."
+        )
+    ),
+]
+GpuCostPerHourFlag = Annotated[
+    Optional[float],
+    typer.Option(
+        callback=real(gt=0),
+        help="$ per GPU-hour of --gpu (default: documented prices in servelab/diagnose/pricing.py); prices the options.",
+    ),
+]
+PriceOptionsFlag = Annotated[
+    bool,
+    typer.Option(
+        "--price-options",
+        help="Price the common options (token budget, quantized "
+        "weights, FP8 KV, a replica, TP=2, a bigger GPU) at this load.",
+    ),
+]
+EngineFlag = Annotated[
+    str,
+    typer.Option(
+        help=f"Which engine served the deployment: {', '.join(ENGINES)}, or auto (the one the run's run.json recorded; "
+        "vLLM when none is, or for a described deployment). --engine-args are then in that engine's spelling.",
+        rich_help_panel=DEPLOYMENT_PANEL,
+    ),
+]
+CompareEnginesFlag = Annotated[
+    bool,
+    typer.Option(
+        "--compare-engines",
+        help="Also run this workload at this load on the other engines (at their defaults, same "
+        "GPU, model, TP and replicas) and say what switching would buy.",
+    ),
+]
+EnginesFlag = Annotated[
+    Optional[str],
+    typer.Option(
+        help=f"With --compare-engines: which engines, comma-separated (default all: {','.join(ENGINES)}), as "
+        "`servelab compare --engines` takes them."
+    ),
+]
+SloAttainmentFlag = Annotated[
+    float, typer.Option(callback=real(gt=0, le=1), help="Share of requests that must meet the SLO.")
+]
 CheckAdviceFlag = Annotated[bool, typer.Option("--check-advice", help="Also evaluate 25 common tuning tips.")]
 JsonOutFlag = Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON.")]
-DetailsFlag = Annotated[bool, typer.Option("--details", help="Print every finding's evidence, every option priced, the "
-                                                        "ceilings and the notes (default: a ~40-line summary).")]
+DetailsFlag = Annotated[
+    bool,
+    typer.Option(
+        "--details",
+        help="Print every finding's evidence, every option priced, the "
+        "ceilings and the notes (default: a ~40-line summary).",
+    ),
+]
 MarkdownFlag = Annotated[bool, typer.Option("--markdown", help="Print the diagnosis as Markdown.")]
 SaveFlag = Annotated[Optional[Path], typer.Option(help=f"Write the JSON here (default: {DIAGNOSIS} in RESULTS).")]
 WarmupFlag = Annotated[float, typer.Option(callback=real(ge=0), help="Seconds at the start of the run to ignore.")]
@@ -169,22 +278,46 @@ def diagnose(
     if engines is not None and not compare_engines:
         raise InputError("--engines chooses the engines --compare-engines runs: add --compare-engines")
     if report and results is None:
-        raise InputError("--report draws a results directory: give RESULTS (a described deployment has no records to plot)")
+        raise InputError(
+            "--report draws a results directory: give RESULTS (a described deployment has no records to plot)"
+        )
     if json_out and markdown:
         raise InputError("--json and --markdown both choose the output format; pick one")
     request = DiagnoseRequest(
-        DeploymentWords(gpu, model, engine_args, tp, replicas, gpu_file, calibration, vllm_version, engine), results,
-        Described(input_len, input_chars, script, output_len, request_rate, max_concurrency, output_len_distribution,
-                  prefix_len, turns),
+        DeploymentWords(gpu, model, engine_args, tp, replicas, gpu_file, calibration, vllm_version, engine),
+        results,
+        Described(
+            input_len,
+            input_chars,
+            script,
+            output_len,
+            request_rate,
+            max_concurrency,
+            output_len_distribution,
+            prefix_len,
+            turns,
+        ),
         Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms, goal=goal),
-        tuple(tried or ()), region, goodput, slo_attainment, warmup, price_options, gpu_cost_per_hour, check_advice,
-        parse_engines(engines or ",".join(ENGINES)) if compare_engines else [])
+        tuple(tried or ()),
+        region,
+        goodput,
+        slo_attainment,
+        warmup,
+        price_options,
+        gpu_cost_per_hour,
+        check_advice,
+        parse_engines(engines or ",".join(ENGINES)) if compare_engines else [],
+    )
     dx = run(request, _deployment, _warn)
     target = save or (results / DIAGNOSIS if results is not None else None)
     if target is not None:
         target.write_text(dx.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    _show(request, dx, "json" if json_out else "markdown" if markdown else "terminal",
-          details or check_advice or compare_engines)
+    _show(
+        request,
+        dx,
+        "json" if json_out else "markdown" if markdown else "terminal",
+        details or check_advice or compare_engines,
+    )
     if report and results is not None:
         from servelab.report.console import make_console
 
@@ -195,8 +328,17 @@ def _deployment(w: DeploymentWords) -> Deployment:
     """The deployment the words name, calibration profiles included (the library's default reads catalogues only)."""
     from servelab.flags.options import deployment_from_flags
 
-    return deployment_from_flags(w.gpu, w.model, w.engine_args, calibration=w.calibration, tp=w.tp, replicas=w.replicas,
-                                 gpu_file=w.gpu_file, vllm_version=w.vllm_version, engine=w.engine)
+    return deployment_from_flags(
+        w.gpu,
+        w.model,
+        w.engine_args,
+        calibration=w.calibration,
+        tp=w.tp,
+        replicas=w.replicas,
+        gpu_file=w.gpu_file,
+        vllm_version=w.vllm_version,
+        engine=w.engine,
+    )
 
 
 def _warn(text: str) -> None:
@@ -218,6 +360,9 @@ def _show(request: DiagnoseRequest, dx: Diagnosis, form: str, details: bool) -> 
     else:
         console = make_console()
         if is_example(request):
-            console.print(f"[dim]No deployment given: diagnosing the built-in example, {EXAMPLE_COMMAND} "
-                          "(servelab diagnose --help for your own).[/]", highlight=False)
+            console.print(
+                f"[dim]No deployment given: diagnosing the built-in example, {EXAMPLE_COMMAND} "
+                "(servelab diagnose --help for your own).[/]",
+                highlight=False,
+            )
         render_terminal(dx, console, details)

@@ -28,8 +28,10 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer vendo
 from servelab.errors import EXIT_BAD_INPUT, EXIT_BUG, EXIT_INTERRUPTED, ServelabError
 from servelab.report.console import make_console
 
-BUG_HINT = ("servelab failed unexpectedly, not because of your input: please report it with the traceback above "
-            "and the command line you ran")
+BUG_HINT = (
+    "servelab failed unexpectedly, not because of your input: please report it with the traceback above "
+    "and the command line you ran"
+)
 
 
 def print_error(label: str, message: str) -> None:

@@ -16,7 +16,9 @@ from servelab.cli import app
 from servelab.report.console import make_console
 
 REPORT_HTML = "report.html"
-ReportFlag = Annotated[bool, typer.Option("--report", help=f"Also write {REPORT_HTML} (plots, opens offline) into the results directory.")]
+ReportFlag = Annotated[
+    bool, typer.Option("--report", help=f"Also write {REPORT_HTML} (plots, opens offline) into the results directory.")
+]
 
 
 def _write(dirs: list[Path], out: Path, title: str | None, console: Console) -> Path:
@@ -47,9 +49,16 @@ def _html_file(value: Path) -> Path:
 
 @app.command()
 def report(
-    dirs: Annotated[list[Path], typer.Argument(help="Results directories of runs, sweeps and tune studies, validate's JSON reports "
-                                               "and compare's JSON (or a directory holding compare.json), in any mix; several overlay.")],
-    out: Annotated[Path, typer.Option("-o", "--out", callback=_html_file, help="The HTML file to write.")] = Path(REPORT_HTML),
+    dirs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Results directories of runs, sweeps and tune studies, validate's JSON reports "
+            "and compare's JSON (or a directory holding compare.json), in any mix; several overlay."
+        ),
+    ],
+    out: Annotated[Path, typer.Option("-o", "--out", callback=_html_file, help="The HTML file to write.")] = Path(
+        REPORT_HTML
+    ),
     title: Annotated[Optional[str], typer.Option(help="Page title (default: the inputs' names).")] = None,
 ) -> None:
     """Write an HTML report (plotly, works offline): sweep curves, latency CDFs, request and server timelines,
@@ -58,5 +67,7 @@ def report(
 
     try:
         _write(dirs, out, title, make_console())
-    except ReportInputError as exc:  # name the argument: `report ''` is the current directory, which the user never typed
+    except (
+        ReportInputError
+    ) as exc:  # name the argument: `report ''` is the current directory, which the user never typed
         raise typer.BadParameter(str(exc), param_hint="DIRS") from exc

@@ -48,8 +48,14 @@ def say(out: Console) -> Callable[[str], None]:
     return lambda line: out.print(line, highlight=False, soft_wrap=True)
 
 
-def show(result: Results | SweepResults, load: LoadFlags, out: Console, *, report: bool,
-         title: str = "Serving benchmark result") -> None:
+def show(
+    result: Results | SweepResults,
+    load: LoadFlags,
+    out: Console,
+    *,
+    report: bool,
+    title: str = "Serving benchmark result",
+) -> None:
     """Print what a verb returned; after writing everything, raise RunInterrupted, RunDisturbed or ServerFault
     (exit codes 130, 3, 2)."""
     result_dir = result.directory
@@ -81,8 +87,10 @@ def _raise_for(summaries: list[Summary], interrupted: bool, result_dir: Path) ->
     if disturbed:
         raise RunDisturbed(f"{disturbed}; every request sent has its record in {result_dir}")
     if summaries and all(s.completed == 0 and s.failed > 0 for s in summaries):
-        raise ServerFault(f"every request failed ({_kinds(summaries)}), so nothing was measured; the server's first "
-                          f"error: {_first_error(result_dir)} (records in {result_dir})")
+        raise ServerFault(
+            f"every request failed ({_kinds(summaries)}), so nothing was measured; the server's first "
+            f"error: {_first_error(result_dir)} (records in {result_dir})"
+        )
 
 
 FIRST_ERROR_CHARS = 300

@@ -28,10 +28,19 @@ SCHEMAS: dict[str, tuple[str, str]] = {
     "diagnosis": ("servelab.schemas.diagnosis:Diagnosis", "diagnosis.json, and diagnose --json"),
     "tune": ("servelab.schemas.tune:TuneDocument", "tune.json of a tune study, and tune --json"),
     "trial": ("servelab.schemas.tune:Trial", "stage1/trial-NNNN/trial.json of a tune study"),
-    "stage2": ("servelab.schemas.tune:Stage2File", "stage2/<label>/stage2.json of a tune study (one configuration measured on a real server)"),
+    "stage2": (
+        "servelab.schemas.tune:Stage2File",
+        "stage2/<label>/stage2.json of a tune study (one configuration measured on a real server)",
+    ),
     "validation": ("servelab.schemas.validation:ValidationReport", "the report `servelab validate` writes (--out)"),
-    "profile": ("servelab.perf.calibration:CalibrationProfile", "the calibration profile `servelab calibrate` writes (--out)"),
-    "compare": ("servelab.schemas.compare:EngineComparison", "the comparison `servelab compare` writes (--out, --json)"),
+    "profile": (
+        "servelab.perf.calibration:CalibrationProfile",
+        "the calibration profile `servelab calibrate` writes (--out)",
+    ),
+    "compare": (
+        "servelab.schemas.compare:EngineComparison",
+        "the comparison `servelab compare` writes (--out, --json)",
+    ),
 }
 """Each file: the model that describes it (module:class, imported only when its schema is asked for, so `schema
 NAME` pays for one model and `schema --help` for none) and what the file is."""
@@ -50,7 +59,11 @@ def json_schema(name: str) -> dict[str, Any]:
     from pydantic import TypeAdapter  # not for --help
 
     schema = TypeAdapter(model).json_schema()
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$comment": f"{what}; generated from {model.__module__}.{model.__qualname__}", **schema}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$comment": f"{what}; generated from {model.__module__}.{model.__qualname__}",
+        **schema,
+    }
 
 
 def schema_text(name: str) -> str:
@@ -70,7 +83,9 @@ def write_schemas(directory: Path) -> list[Path]:
 @app.command()
 def schema(
     name: Annotated[Optional[str], typer.Argument(help=f"One of {', '.join(SCHEMAS)}.")] = None,
-    write: Annotated[Optional[Path], typer.Option(help="Write every schema as NAME.json into this directory (docs/schemas).")] = None,
+    write: Annotated[
+        Optional[Path], typer.Option(help="Write every schema as NAME.json into this directory (docs/schemas).")
+    ] = None,
 ) -> None:
     """Print the JSON Schema of a file servelab writes (run, record, summary, timeline, sweep, diagnosis, tune, trial,
     stage2, validation, profile, compare), to validate results in your own scripts."""

@@ -27,5 +27,10 @@ def simulate(report: ReportFlag = False, *, load: LoadFlags, deployment: Deploym
 
     out = make_console(stderr=load.json)
     request = SimulateRequest(deployment, load, argv=tuple(sys.argv))
-    show(run_simulation(request, say=say(out), observe=progress(out)), load, out, report=report,
-         title="Simulated serving result")
+    show(
+        run_simulation(request, say=say(out), observe=progress(out)),
+        load,
+        out,
+        report=report,
+        title="Simulated serving result",
+    )

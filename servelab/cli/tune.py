@@ -83,23 +83,61 @@ def tune(
     calibration: CalibrationFlag = None,
     engine_args: EngineArgsFlag = "",
     engine: EngineFlag = VLLM,
-    sim_args: Annotated[str, typer.Option(callback=shell_words, help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.")] = "",
-    space: Annotated[Optional[list[str]], typer.Option(help="KNOB=V1,V2 (or KNOB for built-in values; 'default' = the engine's). "
-                                                           "Another --engine's knobs are its flags: max_running_requests, max_batch_size... Repeatable.")] = None,
+    sim_args: Annotated[
+        str,
+        typer.Option(
+            callback=shell_words,
+            help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.",
+        ),
+    ] = "",
+    space: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            help="KNOB=V1,V2 (or KNOB for built-in values; 'default' = the engine's). "
+            "Another --engine's knobs are its flags: max_running_requests, max_batch_size... Repeatable."
+        ),
+    ] = None,
     space_file: Annotated[Optional[Path], typer.Option(help="YAML/JSON mapping knob -> list of values.")] = None,
-    objective: Annotated[str, typer.Option(help="goodput (max rate under the SLO), throughput (under p-limits), or cost.")] = "goodput",
-    slo_percentile: Annotated[float, typer.Option(callback=real(gt=0, le=100), help="The percentile each --goodput bound applies to.")] = 99.0,
-    gpu_cost_per_hour: Annotated[Optional[str], typer.Option(help="$/GPU-hour: 2.5, or H100-SXM=2.5,A100-80GB-SXM=1.6.")] = None,
-    n_trials: Annotated[int, typer.Option(min=1, max=MAX_INT, help="Distinct configurations to simulate (all, if the space is smaller).")] = 100,
-    sampler: Annotated[str, typer.Option(help="auto (grid when the space fits in --n-trials, else TPE), grid, tpe.")] = "auto",
+    objective: Annotated[
+        str, typer.Option(help="goodput (max rate under the SLO), throughput (under p-limits), or cost.")
+    ] = "goodput",
+    slo_percentile: Annotated[
+        float, typer.Option(callback=real(gt=0, le=100), help="The percentile each --goodput bound applies to.")
+    ] = 99.0,
+    gpu_cost_per_hour: Annotated[
+        Optional[str], typer.Option(help="$/GPU-hour: 2.5, or H100-SXM=2.5,A100-80GB-SXM=1.6.")
+    ] = None,
+    n_trials: Annotated[
+        int,
+        typer.Option(min=1, max=MAX_INT, help="Distinct configurations to simulate (all, if the space is smaller)."),
+    ] = 100,
+    sampler: Annotated[
+        str, typer.Option(help="auto (grid when the space fits in --n-trials, else TPE), grid, tpe.")
+    ] = "auto",
     search_seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Seed of the TPE sampler.")] = 0,
     sim_prompts: Annotated[int, typer.Option(min=1, max=MAX_INT, help="Requests per simulated run in stage 1.")] = 200,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the study in --result-dir without repeating finished trials.")] = False,
-    server_cmd: Annotated[Optional[str], typer.Option(help="Stage 2: command template with {engine_args} (and optional {port}).")] = None,
-    server_env: Annotated[Optional[list[str]], typer.Option(help="KEY=VALUE for the server's environment. Repeatable.")] = None,
-    server_port: Annotated[Optional[int], typer.Option(min=1, max=65535, help="Stage 2: the port servers listen on (default: a free one each).")] = None,
-    top_k: Annotated[int, typer.Option(min=0, max=MAX_INT, help="Stage 2: how many of the simulator's best to measure (plus the baseline).")] = 3,
-    startup_timeout: Annotated[float, typer.Option(callback=real(gt=0), help="Stage 2: seconds to wait for /health.")] = 300.0,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the study in --result-dir without repeating finished trials.")
+    ] = False,
+    server_cmd: Annotated[
+        Optional[str], typer.Option(help="Stage 2: command template with {engine_args} (and optional {port}).")
+    ] = None,
+    server_env: Annotated[
+        Optional[list[str]], typer.Option(help="KEY=VALUE for the server's environment. Repeatable.")
+    ] = None,
+    server_port: Annotated[
+        Optional[int],
+        typer.Option(min=1, max=65535, help="Stage 2: the port servers listen on (default: a free one each)."),
+    ] = None,
+    top_k: Annotated[
+        int,
+        typer.Option(
+            min=0, max=MAX_INT, help="Stage 2: how many of the simulator's best to measure (plus the baseline)."
+        ),
+    ] = 3,
+    startup_timeout: Annotated[
+        float, typer.Option(callback=real(gt=0), help="Stage 2: seconds to wait for /health.")
+    ] = 300.0,
     report: ReportFlag = False,
     ray_address: RayAddress = None,
     ray_gpu_resource: RayGpuResource = "GPU",
@@ -122,16 +160,28 @@ def tune(
     goal = _objective(objective, load, slo_percentile, gpu_cost_per_hour)
     server = _server(server_cmd, server_env, startup_timeout, server_port)
     sim_workload, bench_workload = _workloads(load, sim_prompts)
-    simulated = deployment_from_flags(gpu, model, f"{engine_args} {sim_args}".strip(), calibration=calibration, engine=engine)
+    simulated = deployment_from_flags(
+        gpu, model, f"{engine_args} {sim_args}".strip(), calibration=calibration, engine=engine
+    )
     launch = deployment_from_flags(gpu, model, engine_args, calibration=calibration, engine=engine)
     output = load.output_dir("tune", resume=resume)  # emptied with --overwrite, now that every flag has been read
     request = TuneRequest(
-        simulated=simulated, launch=launch, sim_args=sim_args, calibration=None if calibration is None else str(calibration),
-        space=search_space, objective=goal, sim_workload=sim_workload, bench_workload=bench_workload,
+        simulated=simulated,
+        launch=launch,
+        sim_args=sim_args,
+        calibration=None if calibration is None else str(calibration),
+        space=search_space,
+        objective=goal,
+        sim_workload=sim_workload,
+        bench_workload=bench_workload,
         search=SearchSettings(n_trials, sampler, search_seed),  # type: ignore[arg-type]
-        output=output, resume=resume, server=server, top_k=top_k,
+        output=output,
+        resume=resume,
+        server=server,
+        top_k=top_k,
         server_check=None if calibration is None or server is None else _speed_check(load_profile(calibration)),
-        pool=ray_pool(ray_address), gpu_resource=ray_gpu_resource,
+        pool=ray_pool(ray_address),
+        gpu_resource=ray_gpu_resource,
     )
     doc = _run(request, None if load.json else _live_progress(console, goal, engine))
     if load.json:
@@ -143,8 +193,9 @@ def tune(
         report_into(output, make_console(stderr=True) if load.json else console)
 
 
-def _checked_space(load: LoadFlags, resume: bool, space: list[str] | None, space_file: Path | None,
-                   engine: str) -> SearchSpace:
+def _checked_space(
+    load: LoadFlags, resume: bool, space: list[str] | None, space_file: Path | None, engine: str
+) -> SearchSpace:
     """The search space, once the load flags are known to fit a study (tune searches the rate itself)."""
     from servelab.tune.space import SearchSpace
 
@@ -155,7 +206,9 @@ def _checked_space(load: LoadFlags, resume: bool, space: list[str] | None, space
         raise TuneError("--ramp-up-strategy does not apply to tune: the goodput objective searches the rate itself")
     if resume and load.result_dir is None:
         raise TuneError("--resume needs the --result-dir of the study to continue")
-    search_space = SearchSpace.from_file(space_file, engine) if space_file else SearchSpace.from_items(space or [], engine)
+    search_space = (
+        SearchSpace.from_file(space_file, engine) if space_file else SearchSpace.from_items(space or [], engine)
+    )
     if space_file and space:
         raise TuneError("--space and --space-file both define the search space; give one")
     return search_space
@@ -166,12 +219,18 @@ def _objective(kind: str, load: LoadFlags, percentile: float, prices: str | None
     from servelab.tune.objectives import Objective
 
     arrival = load.arrival()
-    return Objective(kind, load.slo(), percentile,  # type: ignore[arg-type]  # checked by Objective
-                     target_rate=arrival.request_rate if arrival.open_loop else None,
-                     gpu_cost_per_hour=parse_prices(prices))
+    return Objective(
+        kind,
+        load.slo(),
+        percentile,  # type: ignore[arg-type]  # checked by Objective
+        target_rate=arrival.request_rate if arrival.open_loop else None,
+        gpu_cost_per_hour=parse_prices(prices),
+    )
 
 
-def _server(template: str | None, env: list[str] | None, startup_timeout: float, port: int | None) -> ServerCommand | None:
+def _server(
+    template: str | None, env: list[str] | None, startup_timeout: float, port: int | None
+) -> ServerCommand | None:
     """Stage 2's server command; None (no stage 2) without --server-cmd."""
     from servelab.tune.confirm import ServerCommand
 
@@ -198,7 +257,9 @@ def _run(request: TuneRequest, progress: TuneProgress | None) -> TuneDocument:
     try:
         return run(request, progress)
     except KeyboardInterrupt:
-        raise RunInterrupted(f"finished trials are kept; continue with --resume --result-dir {request.output}") from None
+        raise RunInterrupted(
+            f"finished trials are kept; continue with --resume --result-dir {request.output}"
+        ) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -217,8 +278,9 @@ def _speed_check(profile: CalibrationProfile) -> ServerCheck:
         target = HttpTarget(base_url, ignore_eos=True, extra_body=PROBE_EXTRA_BODY)
         target.preflight()
         deployment = config.deployment
-        return speed_check(profile.reference, target, deployment.config.max_num_seqs, deployment.model.vocab_size,
-                           directory)
+        return speed_check(
+            profile.reference, target, deployment.config.max_num_seqs, deployment.model.vocab_size, directory
+        )
 
     return check
 
@@ -232,11 +294,17 @@ def _live_progress(console: Console, goal: Objective, engine: str) -> TuneProgre
     from servelab.tune.tuner import TuneProgress
 
     def on_trial(trial: Trial, evaluated: int, budget: int) -> None:
-        score = "cannot run" if trial.score is None else f"{trial.score:,.4g} {goal.unit}{'' if trial.feasible else ' (SLO missed)'}"
+        score = (
+            "cannot run"
+            if trial.score is None
+            else f"{trial.score:,.4g} {goal.unit}{'' if trial.feasible else ' (SLO missed)'}"
+        )
         console.print(f"[dim]trial {evaluated}/{budget}[/] {_knobs(trial.params)}: {score}")
 
     def on_start(config: Stage2Config) -> None:
-        console.print(f"[bold]stage 2[/] {config.label}: starting the server with {config.engine_args or _defaults(engine)}")
+        console.print(
+            f"[bold]stage 2[/] {config.label}: starting the server with {config.engine_args or _defaults(engine)}"
+        )
 
     def on_result(result: Stage2Row) -> None:
         for warning in result.warnings:
@@ -244,8 +312,10 @@ def _live_progress(console: Console, goal: Objective, engine: str) -> TuneProgre
         if result.error:
             console.print(f"  [red]failed[/]: {result.error.splitlines()[0]}")
         else:
-            console.print(f"  measured {result.measured_score:,.4g} {goal.unit} (predicted {result.predicted_score:,.4g}); "
-                          f"server up in {result.startup_s:.0f} s, bench {result.bench_s:.0f} s")
+            console.print(
+                f"  measured {result.measured_score:,.4g} {goal.unit} (predicted {result.predicted_score:,.4g}); "
+                f"server up in {result.startup_s:.0f} s, bench {result.bench_s:.0f} s"
+            )
 
     return TuneProgress(on_trial, on_start, on_result)
 
@@ -262,7 +332,11 @@ def _simulator(deployment: TuneDeployment) -> str:
     """Which simulator the predictions come from: a calibrated one is worth naming, an uncalibrated one worth flagging."""
     profile = deployment.calibration
     engine = "" if deployment.engine == VLLM else f" {LABELS[deployment.engine]}"
-    return f"simulated{engine}, calibrated by {profile}" if profile else f"simulated{engine} on catalogue rates of {deployment.gpu}"
+    return (
+        f"simulated{engine}, calibrated by {profile}"
+        if profile
+        else f"simulated{engine} on catalogue rates of {deployment.gpu}"
+    )
 
 
 def render(console: Console, doc: TuneDocument) -> None:
@@ -274,37 +348,62 @@ def render(console: Console, doc: TuneDocument) -> None:
     trials = {t.number: t for t in doc.trials}
     simulator = _simulator(doc.deployment)
     slo_terms = objective.slo.model_dump(exclude_none=True) if objective.slo else None
-    table = Table(title=f"stage 1 ({simulator}): {objective.kind} ({unit}), SLO {slo_terms} at p{objective.percentile:g}")
+    table = Table(
+        title=f"stage 1 ({simulator}): {objective.kind} ({unit}), SLO {slo_terms} at p{objective.percentile:g}"
+    )
     for column in ("#", "trial", "configuration", unit, "SLO", "req/s", "out tok/s", "p99 TTFT ms", "p99 TPOT ms"):
         table.add_column(column, justify="right" if column not in ("configuration",) else "left")
-    rows = [("base", "-", doc.baseline)] + [(str(i + 1), str(n), trials[n]) for i, n in enumerate(doc.ranking[:RANKED_ROWS])]
+    rows = [("base", "-", doc.baseline)] + [
+        (str(i + 1), str(n), trials[n]) for i, n in enumerate(doc.ranking[:RANKED_ROWS])
+    ]
     for rank, number, t in rows:
         m = t.metrics
         slo = "cannot run" if not t.ran else ("met" if t.feasible else "missed")
-        table.add_row(rank, number, _knobs(t.params) if number != "-" else (t.engine_args or _defaults(doc.deployment.engine)),
-                      _num(t.score), slo, _num(m.request_throughput) + interval_suffix(m.intervals, "request_throughput"),
-                      _num(m.output_throughput), _num(m.p99_ttft_ms) + interval_suffix(m.intervals, "p99_ttft_ms"),
-                      _num(m.p99_tpot_ms))
+        table.add_row(
+            rank,
+            number,
+            _knobs(t.params) if number != "-" else (t.engine_args or _defaults(doc.deployment.engine)),
+            _num(t.score),
+            slo,
+            _num(m.request_throughput) + interval_suffix(m.intervals, "request_throughput"),
+            _num(m.output_throughput),
+            _num(m.p99_ttft_ms) + interval_suffix(m.intervals, "p99_ttft_ms"),
+            _num(m.p99_tpot_ms),
+        )
     console.print(table)
-    console.print(f"evaluated {doc.search.evaluated} of {doc.search.space_size} configurations "
-                  f"({doc.search.sampler})")
+    console.print(f"evaluated {doc.search.evaluated} of {doc.search.space_size} configurations ({doc.search.sampler})")
     front = ", ".join(
-        f"#{n} {_num(trials[n].metrics.statistic(doc.pareto.x))} tok/s @ {_num(trials[n].metrics.statistic(doc.pareto.y))} ms"
+        f"#{n} {_num(trials[n].metrics.statistic(doc.pareto.x))} tok/s @ "
+        f"{_num(trials[n].metrics.statistic(doc.pareto.y))} ms"
         for n in doc.pareto.trials
     )
     console.print(f"Pareto front (output tok/s vs p99 TTFT): {front or '-'}")
     if doc.stage2:
         measured = Table(title="stage 2: measured on the real server vs predicted")
-        for column in ("config", "changes", f"predicted {unit}", f"measured {unit}", "pred p99 TTFT", "meas p99 TTFT",
-                       "meas req/s", "SLO"):
+        for column in (
+            "config",
+            "changes",
+            f"predicted {unit}",
+            f"measured {unit}",
+            "pred p99 TTFT",
+            "meas p99 TTFT",
+            "meas req/s",
+            "SLO",
+        ):
             measured.add_column(column)
         for r in doc.stage2.results:
             m = r.measured or KeyMetrics()
             slo = "-" if r.measured_violation is None else ("met" if r.measured_violation <= 0 else "missed")
-            measured.add_row(r.label, _knobs(r.params), _num(r.predicted_score),
-                             "failed" if r.error else _num(r.measured_score),
-                             _num(r.predicted.p99_ttft_ms) + interval_suffix(r.predicted.intervals, "p99_ttft_ms"),
-                             _num(m.p99_ttft_ms), _num(m.request_throughput), slo)
+            measured.add_row(
+                r.label,
+                _knobs(r.params),
+                _num(r.predicted_score),
+                "failed" if r.error else _num(r.measured_score),
+                _num(r.predicted.p99_ttft_ms) + interval_suffix(r.predicted.intervals, "p99_ttft_ms"),
+                _num(m.p99_ttft_ms),
+                _num(m.request_throughput),
+                slo,
+            )
         console.print(measured)
         console.print(f"predicted: {simulator}", highlight=False, soft_wrap=True)
     rec = doc.recommendation
@@ -313,7 +412,9 @@ def render(console: Console, doc: TuneDocument) -> None:
         return
     source = "measured" if rec.source == RecommendationSource.STAGE2 else "predicted"
     gain = rec.gain_over_baseline
-    console.print(f"[bold green]recommended[/] ({source}): {rec.engine_args or _defaults(doc.deployment.engine)}: "
-                  f"{_num(rec.score)} {unit}" + ("" if gain is None else f", {gain:.2f}x the baseline"))
+    console.print(
+        f"[bold green]recommended[/] ({source}): {rec.engine_args or _defaults(doc.deployment.engine)}: "
+        f"{_num(rec.score)} {unit}" + ("" if gain is None else f", {gain:.2f}x the baseline")
+    )
     if rec.launch_line:
         console.print(f"launch line: {rec.launch_line}")

@@ -114,7 +114,9 @@ def owned(plan: LoadPlan, clients: int, me: int, taken: deque[RequestSpec]) -> L
 class ClientActor:
     """One load-generating client on a cluster node (a threaded Ray actor: `drain` runs while `run` does)."""
 
-    def __init__(self, target_options: dict[str, Any], make_plan: Callable[[], LoadPlan], clients: int, me: int) -> None:
+    def __init__(
+        self, target_options: dict[str, Any], make_plan: Callable[[], LoadPlan], clients: int, me: int
+    ) -> None:
         self.target = HttpTarget(**target_options)
         self.taken: deque[RequestSpec] = deque()
         self.plan = owned(make_plan(), clients, me, self.taken)
@@ -143,8 +145,12 @@ class ClientActor:
                 if slots is not None and self.target.clock_zero is not None:
                     slots.leave(time.perf_counter() - self.target.clock_zero)
         stats = run.client_stats if slots is None else {**run.client_stats, "slot_broker": slots.stats()}
-        return {"duration": run.duration, "server_info": run.server_info, "client_stats": stats,
-                "interrupted": run.interrupted}
+        return {
+            "duration": run.duration,
+            "server_info": run.server_info,
+            "client_stats": stats,
+            "interrupted": run.interrupted,
+        }
 
     def _shift(self, start_at: float) -> float:
         """This client's run time 0 on the driver's time line: its clock's zero on this host's wall clock, less the
@@ -175,7 +181,9 @@ def _shift(record: RequestRecord, by: float) -> RequestRecord:
 class RayClients:
     """A Target whose load comes from `clients` actors on the cluster at `address` (see the module docstring)."""
 
-    def __init__(self, address: str, clients: int, target_options: dict[str, Any], make_plan: Callable[[], LoadPlan]) -> None:
+    def __init__(
+        self, address: str, clients: int, target_options: dict[str, Any], make_plan: Callable[[], LoadPlan]
+    ) -> None:
         self.ray = connect(address)
         self.clients = clients
         self.target_options = target_options
@@ -211,13 +219,17 @@ class RayClients:
     def run(self, plan: LoadPlan, sink: RecordSink, on_sample: SampleSink | None = None) -> TargetRun:
         cap = plan.max_concurrency if self.clients > 1 else None  # one client keeps its own (local) cap
         if cap is not None and self.target_options.get("workers", 1) > 1:
-            raise InputError(f"--max-concurrency is one cap shared by the --clients {self.clients}, each on one event "
-                             "loop: drop --workers (more clients are the way to more client processes)")
+            raise InputError(
+                f"--max-concurrency is one cap shared by the --clients {self.clients}, each on one event "
+                "loop: drop --workers (more clients are the way to more client processes)"
+            )
         ray = self.ray
         broker = None if cap is None else self._broker(cap)
         remote = ray.remote(num_cpus=0, max_concurrency=2, max_restarts=0)(ClientActor)
-        actors = [remote.options(scheduling_strategy="SPREAD").remote(self.target_options, self.make_plan, self.clients, i)
-                  for i in range(self.clients)]
+        actors = [
+            remote.options(scheduling_strategy="SPREAD").remote(self.target_options, self.make_plan, self.clients, i)
+            for i in range(self.clients)
+        ]
         started = [*actors, *([broker] if broker is not None else [])]
         """Every actor of this run, all stopped when it ends (or fails to start)."""
         info: list[dict[str, Any]] = []
@@ -228,8 +240,10 @@ class RayClients:
             except ray.exceptions.RayActorError as exc:  # before the run: nothing was sent, so nothing is lost
                 for each in started:
                     ray.kill(each)
-                raise ClusterError(f"client {i} died before the run started ({type(exc).__name__}); nothing was sent "
-                                   "(see `ray status` for its node)") from None
+                raise ClusterError(
+                    f"client {i} died before the run started ({type(exc).__name__}); nothing was sent "
+                    "(see `ray status` for its node)"
+                ) from None
             info.append({"client": i, "host": host, "clock_offset_ms": 1000 * offset, "clock_rtt_ms": 1000 * rtt})
         zero = time.time() + START_AHEAD_S
         runs = {actor.run.remote(zero + info[i]["clock_offset_ms"] / 1000, broker): i for i, actor in enumerate(actors)}
@@ -259,12 +273,24 @@ class RayClients:
             unfinished = dict(open_[i])
             if plan.duration is None:
                 share = owned(self.make_plan(), self.clients, i, deque()).requests
-                unfinished.update((spec.index, (spec.arrival_time, spec.prompt_len)) for spec in share
-                                  if spec.index not in recorded[i])
+                unfinished.update(
+                    (spec.index, (spec.arrival_time, spec.prompt_len))
+                    for spec in share
+                    if spec.index not in recorded[i]
+                )
             for index, (planned, prompt) in sorted(unfinished.items()):
-                sink.write(RequestRecord(index=index, intended_time=planned + (shifts[i] or 0.0), send_time=now,
-                                         finish_time=now, prompt_tokens=prompt, status=ERROR, error_kind=CLIENT_WORKER_DIED,
-                                         error=f"client {i} died before reporting this request: {why}"))
+                sink.write(
+                    RequestRecord(
+                        index=index,
+                        intended_time=planned + (shifts[i] or 0.0),
+                        send_time=now,
+                        finish_time=now,
+                        prompt_tokens=prompt,
+                        status=ERROR,
+                        error_kind=CLIENT_WORKER_DIED,
+                        error=f"client {i} died before reporting this request: {why}",
+                    )
+                )
             open_[i].clear()
 
         try:
@@ -290,21 +316,42 @@ class RayClients:
                 ray.kill(each)
         return self._merged(info, shifts, results, interrupted, time.time() - zero)
 
-    def _merged(self, info: list[dict[str, Any]], shifts: list[float | None], results: dict[int, dict[str, Any]],
-                interrupted: bool, wall: float) -> TargetRun:
+    def _merged(
+        self,
+        info: list[dict[str, Any]],
+        shifts: list[float | None],
+        results: dict[int, dict[str, Any]],
+        interrupted: bool,
+        wall: float,
+    ) -> TargetRun:
         clients = []
         for i, entry in enumerate(info):
             result = results.get(i, {"died": "interrupted"})
             shift = shifts[i]
-            clients.append({**entry, "start_skew_ms": None if shift is None else 1000 * shift,
-                            **({k: result[k] for k in ("died", "slots_reclaimed") if k in result} if "died" in result
-                               else result["client_stats"])})
-        bottlenecks = [f"client {c['client']} ({c['host']}): {c.get('reason', '')}" for c in clients if c.get("client_may_be_bottleneck")]
+            clients.append(
+                {
+                    **entry,
+                    "start_skew_ms": None if shift is None else 1000 * shift,
+                    **(
+                        {k: result[k] for k in ("died", "slots_reclaimed") if k in result}
+                        if "died" in result
+                        else result["client_stats"]
+                    ),
+                }
+            )
+        bottlenecks = [
+            f"client {c['client']} ({c['host']}): {c.get('reason', '')}"
+            for c in clients
+            if c.get("client_may_be_bottleneck")
+        ]
         dead = [f"client {c['client']} ({c['host']}) died: {c['died']}" for c in clients if "died" in c]
         stats: dict[str, Any] = {"clients": clients, "client_may_be_bottleneck": bool(bottlenecks or dead)}
         if bottlenecks or dead:
             stats["reason"] = "; ".join(dead + bottlenecks)
         ok = [r for r in results.values() if "died" not in r]
-        return TargetRun(duration=max((r["duration"] for r in ok), default=wall),
-                         interrupted=interrupted or any(r.get("interrupted") for r in ok),
-                         server_info=ok[0]["server_info"] if ok else {}, client_stats=stats)
+        return TargetRun(
+            duration=max((r["duration"] for r in ok), default=wall),
+            interrupted=interrupted or any(r.get("interrupted") for r in ok),
+            server_info=ok[0]["server_info"] if ok else {},
+            client_stats=stats,
+        )

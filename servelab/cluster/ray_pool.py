@@ -13,6 +13,7 @@ from typing import Any
 from servelab.errors import InputError
 from servelab.pool import TaskLost
 
+
 class ClusterError(InputError):
     """--ray-address cannot be used: Ray is not installed, or no cluster answers there."""
 

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from servelab.schemas.diagnosis import Diagnosis
 
 
-def run(request: DiagnoseRequest, build: DeploymentBuilder | None = None,
-        warn: Callable[[str], None] | None = None) -> Diagnosis:
+def run(
+    request: DiagnoseRequest, build: DeploymentBuilder | None = None, warn: Callable[[str], None] | None = None
+) -> Diagnosis:
     """The diagnosis `request` asks for. `build` turns the deployment's words into a deployment (default: the GPU and
     model catalogues; the CLI's also reads calibration profiles); `warn` hears what a reader must see before the
     answer (the engine recorded elsewhere than asked, a run cut short)."""

@@ -77,31 +77,45 @@ def _options(d: Deployment, e: Evidence, scenario: Scenario, region: Region | No
 
     def shape() -> str:
         prefill = sum(n for n, _ in step.prefill_chunks)
-        return (f"{len(step.decode_contexts)} sequences decoding ~{step.decode_contexts[0] if step.decode_contexts else 0}"
-                f"-token contexts plus {prefill} prefill tokens")
+        return (
+            f"{len(step.decode_contexts)} sequences decoding ~{step.decode_contexts[0] if step.decode_contexts else 0}"
+            f"-token contexts plus {prefill} prefill tokens"
+        )
 
     def budget_why(changed: Deployment, out: Outcome) -> str:
         new = changed.config.max_num_batched_tokens
         computed = scenario.mean_input * (1 - (e.prefix_hit_rate or 0.0))
-        return (f"a {new}-token budget instead of {budget} only moves prefill between steps: the same {computed:.0f} "
-                "prompt tokens a request brings past the prefix cache are computed, and every answer still takes one step per token "
-                f"at a batch of {len(step.decode_contexts)} (TPOT p50 {_num(_ms(out.summary, 'median_tpot_ms'))} ms)")
+        return (
+            f"a {new}-token budget instead of {budget} only moves prefill between steps: the same {computed:.0f} "
+            "prompt tokens a request brings past the prefix cache are computed, and every answer still takes one "
+            "step per token "
+            f"at a batch of {len(step.decode_contexts)} (TPOT p50 {_num(_ms(out.summary, 'median_tpot_ms'))} ms)"
+        )
 
     def weights_why(changed: Deployment, out: Outcome) -> str:
         fmt = weight_format(changed.config.quantization, changed.model, changed.hardware)
-        kv = kv_bytes_per_token_per_rank(d.model, cfg.kv_cache_dtype, cfg.tensor_parallel_size) * sum(step.decode_contexts)
-        return (f"{fmt.name} weights make a lone sequence's decode step {step_ms(d, lone):.1f} → "
-                f"{step_ms(changed, lone):.1f} ms (the weight read shrinks), but a step at this load ({shape()}) only "
-                f"{step_ms(d, step):.1f} → {step_ms(changed, step):.1f} ms: it also reads {kv / 1e9:.1f} GB of KV cache "
-                f"({1e3 * kv / d.hardware.memory_bandwidth:.0f} ms at {d.hardware.memory_bandwidth_gbs:,.0f} GB/s) and "
-                f"multiplies on {fmt.compute_dtype} tensor cores either way; E2E p50 "
-                f"{_num(_ms(out.summary, 'median_e2el_ms'))} ms")
+        kv = kv_bytes_per_token_per_rank(d.model, cfg.kv_cache_dtype, cfg.tensor_parallel_size) * sum(
+            step.decode_contexts
+        )
+        return (
+            f"{fmt.name} weights make a lone sequence's decode step {step_ms(d, lone):.1f} → "
+            f"{step_ms(changed, lone):.1f} ms (the weight read shrinks), but a step at this load ({shape()}) only "
+            f"{step_ms(d, step):.1f} → {step_ms(changed, step):.1f} ms: it also reads {kv / 1e9:.1f} GB of KV cache "
+            f"({1e3 * kv / d.hardware.memory_bandwidth:.0f} ms at {d.hardware.memory_bandwidth_gbs:,.0f} GB/s) and "
+            f"multiplies on {fmt.compute_dtype} tensor cores either way; E2E p50 "
+            f"{_num(_ms(out.summary, 'median_e2el_ms'))} ms"
+        )
 
     t = Terms(d.engine)
     options = [
-        Option(t.setting("max_num_batched_tokens", 2 * budget), lambda: d.with_changes(max_num_batched_tokens=2 * budget),
-               budget_why),
-        Option(t.setting("max_num_batched_tokens", lower), lambda: d.with_changes(max_num_batched_tokens=lower), budget_why),
+        Option(
+            t.setting("max_num_batched_tokens", 2 * budget),
+            lambda: d.with_changes(max_num_batched_tokens=2 * budget),
+            budget_why,
+        ),
+        Option(
+            t.setting("max_num_batched_tokens", lower), lambda: d.with_changes(max_num_batched_tokens=lower), budget_why
+        ),
         Option("AWQ/GPTQ 4-bit weights", lambda: d.with_changes(quantization="awq"), weights_why),
         Option("FP8 weights", lambda: d.with_changes(quantization="fp8"), weights_why),
     ]
@@ -110,22 +124,37 @@ def _options(d: Deployment, e: Evidence, scenario: Scenario, region: Region | No
     options.append(Option("FP8 KV cache", lambda: d.with_changes(kv_cache_dtype="fp8")))
     if cfg.enable_lora:
         options.append(Option("LoRA merged into the weights", lambda: d.with_changes(enable_lora=False)))
-    options.append(Option(f"+1 GPU: {2 * cfg.data_parallel_size} replicas",
-                          lambda: d.with_changes(data_parallel_size=2 * cfg.data_parallel_size),
-                          trade="failover: one GPU down, the others still serve"))
+    options.append(
+        Option(
+            f"+1 GPU: {2 * cfg.data_parallel_size} replicas",
+            lambda: d.with_changes(data_parallel_size=2 * cfg.data_parallel_size),
+            trade="failover: one GPU down, the others still serve",
+        )
+    )
     if d.model.moe and cfg.tensor_parallel_size * cfg.data_parallel_size > 1:  # TP vs EP for the same GPUs
-        options.append(Option("experts sliced over TP" if cfg.enable_expert_parallel else "expert parallel (EP)",
-                              lambda: d.with_changes(enable_expert_parallel=not cfg.enable_expert_parallel)))
+        options.append(
+            Option(
+                "experts sliced over TP" if cfg.enable_expert_parallel else "expert parallel (EP)",
+                lambda: d.with_changes(enable_expert_parallel=not cfg.enable_expert_parallel),
+            )
+        )
     if d.hardware.interconnect_bandwidth > 0:
-        options.append(Option(f"+1 GPU: TP={2 * cfg.tensor_parallel_size}",
-                              lambda: d.with_changes(tensor_parallel_size=2 * cfg.tensor_parallel_size),
-                              trade=tp_link(d) + ": one GPU down stops the model"))
+        options.append(
+            Option(
+                f"+1 GPU: TP={2 * cfg.tensor_parallel_size}",
+                lambda: d.with_changes(tensor_parallel_size=2 * cfg.tensor_parallel_size),
+                trade=tp_link(d) + ": one GPU down stops the model",
+            )
+        )
     for name in upgrades(d.hardware.name, region):
         chip = get_gpu(name)
         options.append(Option(f"one {chip.name} instead", partial(d.rebuilt, hardware=chip)))
         if chip.fp8_tflops > 0:
-            options.append(Option(f"one {chip.name}, FP8 weights",
-                                  partial(d.rebuilt, hardware=chip, quantization="fp8"), weights_why))
+            options.append(
+                Option(
+                    f"one {chip.name}, FP8 weights", partial(d.rebuilt, hardware=chip, quantization="fp8"), weights_why
+                )
+            )
     return options
 
 
@@ -140,26 +169,50 @@ def _verdict(before: float | None, after: float | None) -> Verdict:
     return HELPS if change <= -EFFECT else HURTS if change >= EFFECT else NO_EFFECT
 
 
-def _row(change: str, d: Deployment, out: Outcome, base: Deployment, gpu_cost: float | None, verdict: Verdict,
-         why: str, engine_args: str | None, tried: str | None = None) -> Alternative:
+def _row(
+    change: str,
+    d: Deployment,
+    out: Outcome,
+    base: Deployment,
+    gpu_cost: float | None,
+    verdict: Verdict,
+    why: str,
+    engine_args: str | None,
+    tried: str | None = None,
+) -> Alternative:
     s = out.summary
     gpus = d.config.tensor_parallel_size * d.config.data_parallel_size
     price = price_of(d.hardware.name, gpu_cost, base.hardware.name)
     tps = float(s.get("output_throughput") or 0.0)  # type: ignore[arg-type]
     return Alternative(
-        change=change, engine_args=engine_args, gpus=gpus, gpu=d.hardware.name,
-        usd_per_hour=price.usd_per_hour if price else None, price_source=price.source if price else None,
-        median_ttft_ms=_ms(s, "median_ttft_ms"), p99_ttft_ms=_ms(s, "p99_ttft_ms"),
-        median_e2el_ms=_ms(s, "median_e2el_ms"), p99_e2el_ms=_ms(s, "p99_e2el_ms"), median_tpot_ms=_ms(s, "median_tpot_ms"),
+        change=change,
+        engine_args=engine_args,
+        gpus=gpus,
+        gpu=d.hardware.name,
+        usd_per_hour=price.usd_per_hour if price else None,
+        price_source=price.source if price else None,
+        median_ttft_ms=_ms(s, "median_ttft_ms"),
+        p99_ttft_ms=_ms(s, "p99_ttft_ms"),
+        median_e2el_ms=_ms(s, "median_e2el_ms"),
+        p99_e2el_ms=_ms(s, "p99_e2el_ms"),
+        median_tpot_ms=_ms(s, "median_tpot_ms"),
         output_throughput=tps,
         usd_per_mtok=usd_per_million_tokens(price.usd_per_hour, gpus, tps) if price else None,
-        verdict=verdict, why=why, tried=tried,
+        verdict=verdict,
+        why=why,
+        tried=tried,
     )
 
 
-def price_alternatives(d: Deployment, e: Evidence, scenario: Scenario, baseline: Outcome,
-                       gpu_cost_per_hour: float | None = None,
-                       tried: Sequence[tuple[Deployment, str]] = (), region: Region | None = None) -> list[Alternative]:
+def price_alternatives(
+    d: Deployment,
+    e: Evidence,
+    scenario: Scenario,
+    baseline: Outcome,
+    gpu_cost_per_hour: float | None = None,
+    tried: Sequence[tuple[Deployment, str]] = (),
+    region: Region | None = None,
+) -> list[Alternative]:
     """The deployment as it is, then each option, simulated on `scenario` at its own load; judged on E2E p50."""
     before = _ms(baseline.summary, "median_e2el_ms")
     rows = [_row("as deployed", d, baseline, d, gpu_cost_per_hour, Verdict.AS_DEPLOYED, "", d.engine_args())]
@@ -170,15 +223,40 @@ def price_alternatives(d: Deployment, e: Evidence, scenario: Scenario, baseline:
             changed = option.build()
             out = run(changed, scenario, None)
         except PerfConfigError as exc:
-            rows.append(Alternative(
-                change=option.change, engine_args=None, gpus=0, gpu=d.hardware.name, usd_per_hour=None,
-                price_source=None, median_ttft_ms=None, p99_ttft_ms=None, median_e2el_ms=None, p99_e2el_ms=None,
-                median_tpot_ms=None, output_throughput=0.0, usd_per_mtok=None, verdict=HURTS,
-                why=f"not possible here: {exc}"))
+            rows.append(
+                Alternative(
+                    change=option.change,
+                    engine_args=None,
+                    gpus=0,
+                    gpu=d.hardware.name,
+                    usd_per_hour=None,
+                    price_source=None,
+                    median_ttft_ms=None,
+                    p99_ttft_ms=None,
+                    median_e2el_ms=None,
+                    p99_e2el_ms=None,
+                    median_tpot_ms=None,
+                    output_throughput=0.0,
+                    usd_per_mtok=None,
+                    verdict=HURTS,
+                    why=f"not possible here: {exc}",
+                )
+            )
             continue
         verdict = _verdict(before, _ms(out.summary, "median_e2el_ms"))
         why = option.explain(changed, out) if option.explain is not None and verdict != HELPS else ""
         why = "; ".join(part for part in (why, option.trade) if part)
-        rows.append(_row(option.change, changed, out, d, gpu_cost_per_hour, verdict, why, changed.engine_args(),
-                         tried_result(changed, tried)))
+        rows.append(
+            _row(
+                option.change,
+                changed,
+                out,
+                d,
+                gpu_cost_per_hour,
+                verdict,
+                why,
+                changed.engine_args(),
+                tried_result(changed, tried),
+            )
+        )
     return rows

@@ -25,8 +25,14 @@ from servelab.diagnose.outside_engine import describe as describe_outside
 from servelab.diagnose.fleet import fleet_findings
 from servelab.diagnose.findings import UNDERLOADED, Context, caveats, detect, queue_reason
 from servelab.diagnose.recommend import Outcome, recommend, run as simulate_outcome
-from servelab.diagnose.reconcile import (OBSERVED_VS_SIMULATED, TRIED, Figure, Reconciled, finding as reconcile,
-                                        tried_finding)
+from servelab.diagnose.reconcile import (
+    OBSERVED_VS_SIMULATED,
+    TRIED,
+    Figure,
+    Reconciled,
+    finding as reconcile,
+    tried_finding,
+)
 from servelab.diagnose.tried import Tried, check_all as check_tried
 from servelab.diagnose.levers import Goal, levers
 from servelab.diagnose.regions import Region
@@ -34,8 +40,17 @@ from servelab.diagnose.text_tokens import Script
 from servelab.diagnose.roofline import decode_step
 from servelab.diagnose.sensitivity import Assumed, assumptions
 from servelab.diagnose.scenario import Scenario, from_run, simulate
-from servelab.schemas.diagnosis import (AdviceRow, Alternative, Ceilings, Diagnosis, Evidence, Finding, Lever,
-                                       Utilization, WorkloadShape)
+from servelab.schemas.diagnosis import (
+    AdviceRow,
+    Alternative,
+    Ceilings,
+    Diagnosis,
+    Evidence,
+    Finding,
+    Lever,
+    Utilization,
+    WorkloadShape,
+)
 from servelab.schemas.diagnosis import Observed as ObservedFigures
 from servelab.schemas.vocabulary import DiagnosisSource
 from servelab.diagnose.utilization import utilization
@@ -73,8 +88,13 @@ class Observed:
     @property
     def figures(self) -> dict[Figure, float]:
         """The figures reported, latency first: the order in which a gap from the simulation is explained."""
-        pairs = ((Figure.E2E, self.e2e_ms), (Figure.TTFT, self.ttft_ms), (Figure.TPOT, self.tpot_ms),
-                 (Figure.QPS, self.qps), (Figure.UTIL, self.gpu_util))
+        pairs = (
+            (Figure.E2E, self.e2e_ms),
+            (Figure.TTFT, self.ttft_ms),
+            (Figure.TPOT, self.tpot_ms),
+            (Figure.QPS, self.qps),
+            (Figure.UTIL, self.gpu_util),
+        )
         return {f: v for f, v in pairs if v is not None}
 
     @property
@@ -85,8 +105,9 @@ class Observed:
     @property
     def seen(self) -> ObservedFigures:
         """The figures as diagnosis.json records them."""
-        return ObservedFigures(qps=self.qps, ttft_ms=self.ttft_ms, gpu_util=self.gpu_util, e2e_ms=self.e2e_ms,
-                               tpot_ms=self.tpot_ms)
+        return ObservedFigures(
+            qps=self.qps, ttft_ms=self.ttft_ms, gpu_util=self.gpu_util, e2e_ms=self.e2e_ms, tpot_ms=self.tpot_ms
+        )
 
     @property
     def latency(self) -> bool:
@@ -96,7 +117,9 @@ class Observed:
 
 def bottleneck(found: Sequence[Finding]) -> str | None:
     """What limits the deployment: the first finding that is about the server, not about the figures reported."""
-    return next((f.kind for f in found if f.kind not in (OBSERVATIONS_INCONSISTENT, OBSERVED_VS_SIMULATED, TRIED)), None)
+    return next(
+        (f.kind for f in found if f.kind not in (OBSERVATIONS_INCONSISTENT, OBSERVED_VS_SIMULATED, TRIED)), None
+    )
 
 
 def standing(e: Evidence, c: Ceilings) -> dict[str, float | None]:
@@ -126,9 +149,16 @@ def _attainment(run: RunResult, slo: SLO | None) -> float | None:
 def _ceilings(d: Deployment, scenario: Scenario, e: Evidence, slo: SLO | None, slo_share: float) -> Ceilings:
     """The cost model's ceilings at the batch the run achieved, then the simulator's: saturation and the SLO's rate."""
     batch = (e.mean_running if e.mean_running is not None else e.mean_in_flight) / d.config.data_parallel_size
-    c = compute_ceilings(d.step_cost(), d.model, d.config, d.memory, input_len=scenario.mean_input,
-                         output_len=scenario.mean_output, achieved_batch=batch,
-                         cached_len=scenario.mean_input * (e.prefix_hit_rate or 0.0))
+    c = compute_ceilings(
+        d.step_cost(),
+        d.model,
+        d.config,
+        d.memory,
+        input_len=scenario.mean_input,
+        output_len=scenario.mean_output,
+        achieved_batch=batch,
+        cached_len=scenario.mean_input * (e.prefix_hit_rate or 0.0),
+    )
     sat = saturation_rps(d, scenario)
     slo_rps = slo_max_rps(d, scenario, slo, upper=1.2 * sat, share=slo_share) if slo else None
     low_high = value_interval(sat, "request_throughput", d.prediction_tier, Regime.SATURATED)
@@ -136,8 +166,14 @@ def _ceilings(d: Deployment, scenario: Scenario, e: Evidence, slo: SLO | None, s
     return c.model_copy(update={"saturation_rps": sat, "saturation_rps_interval": interval, "slo_max_rps": slo_rps})
 
 
-def _reported_first(found: list[Finding], ctx: Context, scenario: Scenario, observed: Observed, source: str,
-                    reconciled: Reconciled | None) -> list[Finding]:
+def _reported_first(
+    found: list[Finding],
+    ctx: Context,
+    scenario: Scenario,
+    observed: Observed,
+    source: str,
+    reconciled: Reconciled | None,
+) -> list[Finding]:
     """The findings with those about the reported figures first: figures that cannot hold, or far from the
     simulation; then what the changes the user tried say, ranked among the rest."""
     d, c = ctx.d, ctx.c
@@ -147,9 +183,18 @@ def _reported_first(found: list[Finding], ctx: Context, scenario: Scenario, obse
         # --request-rate is the QPS the user sees, and must fit with the figure they report beside it.
         qps, qps_source = scenario.nominal_rate, "offered (your --request-rate)"
     gap = reconciled.finding if reconciled is not None else None
-    contradiction = check_observations(d, scenario, c, qps=qps, ttft_ms=observed.ttft_ms, gpu_util=observed.gpu_util,
-                                       e2e_ms=observed.e2e_ms, tpot_ms=observed.tpot_ms, qps_source=qps_source,
-                                       reconciled=gap is not None)
+    contradiction = check_observations(
+        d,
+        scenario,
+        c,
+        qps=qps,
+        ttft_ms=observed.ttft_ms,
+        gpu_util=observed.gpu_util,
+        e2e_ms=observed.e2e_ms,
+        tpot_ms=observed.tpot_ms,
+        qps_source=qps_source,
+        reconciled=gap is not None,
+    )
     if contradiction is not None and gap is not None:  # one finding about the figures: the physics, then the inverse
         contradiction.evidence[-1:-1] = gap.evidence
     if gap is None and observed.tried:
@@ -164,8 +209,16 @@ def _reported_first(found: list[Finding], ctx: Context, scenario: Scenario, obse
     return found
 
 
-def _levers(d: Deployment, scenario: Scenario, reconciled: Reconciled | None, goal: Goal | None, verdict: str | None,
-            c: Ceilings, tried: tuple[tuple[Deployment, str], ...], region: Region | None) -> tuple[str, list[Lever]]:
+def _levers(
+    d: Deployment,
+    scenario: Scenario,
+    reconciled: Reconciled | None,
+    goal: Goal | None,
+    verdict: str | None,
+    c: Ceilings,
+    tried: tuple[tuple[Deployment, str], ...],
+    region: Region | None,
+) -> tuple[str, list[Lever]]:
     """The question's levers and where they were priced: where what the user sees is reproduced, when the likeliest
     explanation says where, else the described load."""
     if goal is None:
@@ -175,23 +228,42 @@ def _levers(d: Deployment, scenario: Scenario, reconciled: Reconciled | None, go
     # Above the ceiling every latency is the queue's: whatever was asked, the levers are then the ones that raise the
     # ceiling (render says so).
     asked = Goal.THROUGHPUT if verdict else goal
-    return label, levers(d, at or scenario, simulate_outcome(d, at or scenario, None), asked, tried,
-                         c.saturation_rps if at is None else None, region)
+    return label, levers(
+        d,
+        at or scenario,
+        simulate_outcome(d, at or scenario, None),
+        asked,
+        tried,
+        c.saturation_rps if at is None else None,
+        region,
+    )
 
 
-def _advice(d: Deployment, scenario: Scenario, found: Sequence[Finding], e: Evidence, source: str, baseline: Outcome,
-            alternatives: Sequence[Alternative]) -> list[AdviceRow]:
+def _advice(
+    d: Deployment,
+    scenario: Scenario,
+    found: Sequence[Finding],
+    e: Evidence,
+    source: str,
+    baseline: Outcome,
+    alternatives: Sequence[Alternative],
+) -> list[AdviceRow]:
     """The common tuning tips judged here, a change the options table priced taking the verdict it has there."""
     longest = max(s.input_len + s.output_len for s in scenario.shapes)
-    context = AdviceContext(tuple(f.kind for f in found), longest, e.median_ttft_ms, e.median_e2el_ms,
-                            source == DiagnosisSource.MEASURED)
-    options = {(a.gpu, a.engine_args or ""): (a.verdict, a.change) for a in alternatives
-               if a.engine_args is not None and a.change != "as deployed"}
+    context = AdviceContext(
+        tuple(f.kind for f in found), longest, e.median_ttft_ms, e.median_e2el_ms, source == DiagnosisSource.MEASURED
+    )
+    options = {
+        (a.gpu, a.engine_args or ""): (a.verdict, a.change)
+        for a in alternatives
+        if a.engine_args is not None and a.change != "as deployed"
+    }
     return check_advice(d, scenario, context, baseline, options)
 
 
-def _recommend(found: Sequence[Finding], ctx: Context, scenario: Scenario, baseline: Outcome,
-               question: Goal | None) -> None:
+def _recommend(
+    found: Sequence[Finding], ctx: Context, scenario: Scenario, baseline: Outcome, question: Goal | None
+) -> None:
     """Each finding's changes, simulated at this load, best first."""
     for f in found:
         if f.kind == UNDERLOADED and question is Goal.LATENCY:
@@ -229,32 +301,69 @@ def analyse(
     attained = _attainment(run, slo)
     ctx = Context(e, c, u, deployment, slo, attained, scenario.mean_shared, tried, region)
     found = detect(ctx)
-    priced = with_alternatives if with_alternatives is not None else (
-        observed.latency or gpu_cost_per_hour is not None)
+    priced = with_alternatives if with_alternatives is not None else (observed.latency or gpu_cost_per_hour is not None)
     described = source == DiagnosisSource.DESCRIBED
-    baseline = (simulate_outcome(deployment, scenario, slo)
-                if (with_recommendations and found) or with_advice or priced or described else None)
+    baseline = (
+        simulate_outcome(deployment, scenario, slo)
+        if (with_recommendations and found) or with_advice or priced or described
+        else None
+    )
     if with_recommendations and baseline is not None:
         _recommend(found, ctx, scenario, baseline, observed.question)
-    reconciled = (reconcile(deployment, scenario, simulate_outcome(deployment, scenario, None), observed.figures,
-                            observed.tried, c.saturation_rps) if described and observed.figures else None)
+    reconciled = (
+        reconcile(
+            deployment,
+            scenario,
+            simulate_outcome(deployment, scenario, None),
+            observed.figures,
+            observed.tried,
+            c.saturation_rps,
+        )
+        if described and observed.figures
+        else None
+    )
     found = _reported_first(found, ctx, scenario, observed, source, reconciled)
-    found += fleet_findings((run.run_info.get("server_info") or {}).get("replicas") or [],  # a fleet's replicas
-                            scenario.mean_shared / scenario.mean_input if scenario.mean_input else None)
-    verdict = overload(e.offered_rate or scenario.offered_rate if scenario.max_concurrency is None else None,
-                       c.saturation_rps, c.saturation_rps_interval)
-    alternatives = (price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour, tried, region)
-                    if priced and baseline is not None else [])
+    found += fleet_findings(
+        (run.run_info.get("server_info") or {}).get("replicas") or [],  # a fleet's replicas
+        scenario.mean_shared / scenario.mean_input if scenario.mean_input else None,
+    )
+    verdict = overload(
+        e.offered_rate or scenario.offered_rate if scenario.max_concurrency is None else None,
+        c.saturation_rps,
+        c.saturation_rps_interval,
+    )
+    alternatives = (
+        price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour, tried, region)
+        if priced and baseline is not None
+        else []
+    )
     comparison = compare_on_engines(deployment, scenario, slo, engines) if engines else None
     levers_at, lever_rows = _levers(deployment, scenario, reconciled, observed.question, verdict, c, tried, region)
     hardware_asked = bool(alternatives) or any("instead" in lever.change for lever in lever_rows)
     dx = Diagnosis(
-        source=source, deployment=deployment.describe(), workload=workload_shape(scenario), bottleneck=bottleneck(found),
-        ceilings=c, standing=standing(e, c), utilization=u, evidence=e, slo=slo.terms() if slo else None,
-        slo_attainment=attained, observed=observed.seen, caveats=caveats(ctx), findings=found,
-        alternatives=alternatives, engine_comparison=comparison, notes=[], advice=[], goal=observed.question,
-        levers=lever_rows, levers_at=levers_at, verdict=verdict,
-        assumptions=assumptions(deployment, scenario, assumed, characters=characters, region=(region, hardware_asked)))
+        source=source,
+        deployment=deployment.describe(),
+        workload=workload_shape(scenario),
+        bottleneck=bottleneck(found),
+        ceilings=c,
+        standing=standing(e, c),
+        utilization=u,
+        evidence=e,
+        slo=slo.terms() if slo else None,
+        slo_attainment=attained,
+        observed=observed.seen,
+        caveats=caveats(ctx),
+        findings=found,
+        alternatives=alternatives,
+        engine_comparison=comparison,
+        notes=[],
+        advice=[],
+        goal=observed.question,
+        levers=lever_rows,
+        levers_at=levers_at,
+        verdict=verdict,
+        assumptions=assumptions(deployment, scenario, assumed, characters=characters, region=(region, hardware_asked)),
+    )
     dx.notes = notes(deployment, dx, e, u, observed)
     if with_advice and baseline is not None:
         dx.advice = _advice(deployment, scenario, found, e, source, baseline, alternatives)
@@ -262,9 +371,13 @@ def analyse(
 
 
 def workload_shape(scenario: Scenario) -> WorkloadShape:
-    return WorkloadShape(requests=len(scenario.shapes), mean_input_tokens=scenario.mean_input,
-                         mean_output_tokens=scenario.mean_output, offered_rate=scenario.offered_rate,
-                         max_concurrency=scenario.max_concurrency)
+    return WorkloadShape(
+        requests=len(scenario.shapes),
+        mean_input_tokens=scenario.mean_input,
+        mean_output_tokens=scenario.mean_output,
+        offered_rate=scenario.offered_rate,
+        max_concurrency=scenario.max_concurrency,
+    )
 
 
 class Asked(TypedDict, total=False):
@@ -293,8 +406,10 @@ def diagnose_described(deployment: Deployment, scenario: Scenario, **asked: Unpa
     longest = max(s.input_len + s.output_len for s in scenario.shapes)
     limit = deployment.config.max_model_len
     if limit is not None and longest > limit:
-        raise InputError(f"--input-len + --output-len (with --prefix-len and earlier --turns: {longest:,} tokens) exceed "
-                         f"the deployment's max_model_len {limit:,}: the server would refuse every request")
+        raise InputError(
+            f"--input-len + --output-len (with --prefix-len and earlier --turns: {longest:,} tokens) exceed "
+            f"the deployment's max_model_len {limit:,}: the server would refuse every request"
+        )
     observed = asked.get("observed")
     check_tried(deployment, observed.tried if observed else ())  # before the first simulation
     run = simulate(deployment, scenario)
@@ -305,12 +420,17 @@ def notes(d: Deployment, dx: Diagnosis, e: Evidence, u: Utilization, observed: O
     """Plain-language explanations of what users misread most: GPU utilisation and 'memory full'."""
     out = []
     if e.ttft_split is not None:  # the server's own account of the first token comes first: it is measured
-        out.append(f"Where the first token's time went: "
-                   f"{describe(e.ttft_split, queue_reason(e, dx.ceilings, Terms(d.engine)))}.")
+        out.append(
+            f"Where the first token's time went: "
+            f"{describe(e.ttft_split, queue_reason(e, dx.ceilings, Terms(d.engine)))}."
+        )
         if e.outside_engine is not None:
             out.append(f"Outside the engine, by the client's HTTP phases: {describe_outside(e.outside_engine)}.")
-    busy = (f"here a step is running {100 * u.engine_busy:.0f}% of the time" if u.engine_busy is not None
-            else "how much of the time a step runs is not known here")
+    busy = (
+        f"here a step is running {100 * u.engine_busy:.0f}% of the time"
+        if u.engine_busy is not None
+        else "how much of the time a step runs is not known here"
+    )
     gpu_util = observed.gpu_util
     seen = f"You saw {100 * gpu_util:.0f}% GPU utilisation. " if gpu_util is not None else ""
     one = decode_step(d, 1, e.mean_input_tokens)
@@ -322,16 +442,20 @@ def notes(d: Deployment, dx: Diagnosis, e: Evidence, u: Utilization, observed: O
         f"estimate). A decode step's weight multiplications are bandwidth-bound below ~{ridge:.0f} sequences on this "
         "chip and compute-bound above; prefill is compute-bound."
     )
-    out.append(f"'GPU memory full' is by design: {memory_plan(d)}; the KV actually in use peaked at "
-               f"{100 * (e.max_kv_usage or 0):.0f}%.")
+    out.append(
+        f"'GPU memory full' is by design: {memory_plan(d)}; the KV actually in use peaked at "
+        f"{100 * (e.max_kv_usage or 0):.0f}%."
+    )
     if observed.qps is not None and dx.ceilings.saturation_rps:
         out.append(
             f"You observe {observed.qps:.2f} req/s; the simulated ceiling for this workload is "
             f"{dx.ceilings.saturation_rps:.2f} req/s."
         )
     if observed.ttft_ms is not None and dx.verdict is None:  # an unstable queue's percentiles say nothing
-        out.append(f"You observe TTFT {observed.ttft_ms:.0f} ms; the simulation gives p50 {e.median_ttft_ms:.0f} ms "
-                   f"and p99 {e.p99_ttft_ms:.0f} ms at this load.")
+        out.append(
+            f"You observe TTFT {observed.ttft_ms:.0f} ms; the simulation gives p50 {e.median_ttft_ms:.0f} ms "
+            f"and p99 {e.p99_ttft_ms:.0f} ms at this load."
+        )
     if observed.latency:
         out.append(latency_note(d, e, observed))
     out.extend(d.warnings)
@@ -343,27 +467,35 @@ def memory_plan(d: Deployment) -> str:
     m, share = d.memory, d.config.gpu_memory_utilization
     kv = f"{m.kv_cache_bytes / 2**30:.1f} GiB"
     if d.engine == SGLANG:
-        return (f"SGLang takes {share:.0%} of the GPU (--mem-fraction-static {share:g}) for the weights and its KV pool "
-                f"at start-up, and the pool gets {kv} of it ({m.num_blocks:,} tokens)")
+        return (
+            f"SGLang takes {share:.0%} of the GPU (--mem-fraction-static {share:g}) for the weights and its KV pool "
+            f"at start-up, and the pool gets {kv} of it ({m.num_blocks:,} tokens)"
+        )
     if d.engine == TRTLLM:
-        return (f"TensorRT-LLM gives {share:.0%} (--kv_cache_free_gpu_memory_fraction {share:g}) of the memory still free "
-                f"after the weights and a warm-up pass to the KV cache at start-up: {kv} ({m.num_blocks:,} blocks of "
-                f"{m.block_size})")
-    return (f"vLLM reserves {share:.0%} of the GPU at start-up and gives {kv} of it to the KV cache "
-            f"({m.num_blocks} blocks)")
+        return (
+            f"TensorRT-LLM gives {share:.0%} (--kv_cache_free_gpu_memory_fraction {share:g}) of the memory still free "
+            f"after the weights and a warm-up pass to the KV cache at start-up: {kv} ({m.num_blocks:,} blocks of "
+            f"{m.block_size})"
+        )
+    return (
+        f"vLLM reserves {share:.0%} of the GPU at start-up and gives {kv} of it to the KV cache ({m.num_blocks} blocks)"
+    )
 
 
 def latency_note(d: Deployment, e: Evidence, o: Observed) -> str:
     """Why an answer takes as long as it does at this load: its first token, then one engine step per token."""
-    seen = ", ".join(f"{label} {value:,.0f} ms" for label, value in (("E2E", o.e2e_ms), ("TPOT", o.tpot_ms))
-                     if value is not None)
+    seen = ", ".join(
+        f"{label} {value:,.0f} ms" for label, value in (("E2E", o.e2e_ms), ("TPOT", o.tpot_ms)) if value is not None
+    )
     tpot = e.median_tpot_ms or 0.0
     running = e.mean_running if e.mean_running is not None else e.mean_in_flight
     alone = idle_decode_ms(d, round(e.mean_input_tokens + e.mean_output_tokens / 2))
     return (
-        f"You observe {seen}. An answer is its first token (TTFT p50 {e.median_ttft_ms:,.0f} ms here) and then one engine "
+        f"You observe {seen}. An answer is its first token (TTFT p50 {e.median_ttft_ms:,.0f} ms here) and then one "
+        f"engine "
         f"step per token: ~{e.mean_output_tokens:.0f} tokens x TPOT p50 {tpot:.1f} ms = "
-        f"~{e.mean_output_tokens * tpot:,.0f} ms (E2E p50 {e.median_e2el_ms:,.0f} ms at this load). A step decodes every "
+        f"~{e.mean_output_tokens * tpot:,.0f} ms (E2E p50 {e.median_e2el_ms:,.0f} ms at this load). A step decodes "
+        f"every "
         f"running sequence at once (~{running:.0f} here, each reading its {e.mean_input_tokens:.0f}-token context "
         f"from the KV cache) and carries the prefill of newly arrived turns, so TPOT grows with concurrency: "
         f"alone, a sequence's step takes {alone:.1f} ms. Fine at low load and slow under concurrency is this, "

@@ -33,12 +33,17 @@ def overload(offered: float | None, ceiling: float | None, interval: Sequence[fl
         return None
     high = interval[1] if interval else (1 + MODEL_ERROR) * ceiling
     how_sure = f" ({interval_text(interval)})" if interval else ""
-    where = ("at or just above it (inside the ceiling's own uncertainty: measure before concluding)"
-             if offered <= high else f"{offered / ceiling:.1f}x what it can serve")
-    return (f"Overloaded: {offered:.2f} req/s offered against a simulated ceiling of {ceiling:.2f} req/s{how_sure} for "
-            f"this workload, {where}. Requests queue for as long as the load lasts, so latency percentiles here "
-            f"describe the run's length, not the server: the capacity is {ceiling:.2f} req/s, and the changes below "
-            "are judged on how far they raise it.")
+    where = (
+        "at or just above it (inside the ceiling's own uncertainty: measure before concluding)"
+        if offered <= high
+        else f"{offered / ceiling:.1f}x what it can serve"
+    )
+    return (
+        f"Overloaded: {offered:.2f} req/s offered against a simulated ceiling of {ceiling:.2f} req/s{how_sure} for "
+        f"this workload, {where}. Requests queue for as long as the load lasts, so latency percentiles here "
+        f"describe the run's length, not the server: the capacity is {ceiling:.2f} req/s, and the changes below "
+        "are judged on how far they raise it."
+    )
 
 
 def max_batch(deployment: Deployment, scenario: Scenario) -> int:
@@ -58,8 +63,13 @@ def _saturating(deployment: Deployment, scenario: Scenario) -> tuple[tuple[objec
     """The closed loop that saturates `deployment`, and its key in _CEILINGS."""
     depth = max(8, int(max_batch(deployment, scenario) * 1.5)) * deployment.config.data_parallel_size
     closed = scenario.closed_loop(depth)
-    return (json.dumps(deployment.describe(), sort_keys=True, default=str), closed.shapes, depth, closed.prefix_len,
-            closed.seed), closed
+    return (
+        json.dumps(deployment.describe(), sort_keys=True, default=str),
+        closed.shapes,
+        depth,
+        closed.prefix_len,
+        closed.seed,
+    ), closed
 
 
 def ceiling_known(deployment: Deployment, scenario: Scenario) -> bool:

@@ -41,10 +41,14 @@ def _change(before: float | None, after: float | None, unit: str, lower_is_bette
 def verdict(current: EngineResult, other: EngineResult) -> str:
     """One engine against the current one at this load, each metric before → after."""
     a, b = current.points[0], other.points[0]
-    goodput = (f"; goodput {a.request_goodput:.2f} → {b.request_goodput:.2f} req/s under the SLO"
-               if a.request_goodput is not None and b.request_goodput is not None else "")
+    goodput = (
+        f"; goodput {a.request_goodput:.2f} → {b.request_goodput:.2f} req/s under the SLO"
+        if a.request_goodput is not None and b.request_goodput is not None
+        else ""
+    )
     return (
         f"{other.label} instead of {current.label}: output {_change(a.output_throughput, b.output_throughput, 'tok/s', False)}; "
+        f""
         f"mean TTFT {_change(a.mean_ttft_ms, b.mean_ttft_ms, 'ms', True)}; "
         f"mean TPOT {_ms(a.mean_tpot_ms)} → {_ms(b.mean_tpot_ms)} ms; "
         f"mean E2E {_change(a.mean_e2el_ms, b.mean_e2el_ms, 'ms', True)}{goodput}; "
@@ -61,11 +65,16 @@ def compare_on_engines(d: Deployment, scenario: Scenario, slo: SLO | None, engin
     """`d` and each engine of `engines` (at its defaults, same chip, model, TP and replicas) on `scenario`."""
     others = [e for e in ENGINES if e in engines and e != d.engine]
     deployments = [d] + [
-        build_engine_deployment(e, d.hardware, d.model, tensor_parallel_size=d.config.tensor_parallel_size,
-                                replicas=d.config.data_parallel_size, router=d.router)
+        build_engine_deployment(
+            e,
+            d.hardware,
+            d.model,
+            tensor_parallel_size=d.config.tensor_parallel_size,
+            replicas=d.config.data_parallel_size,
+            router=d.router,
+        )
         for e in others
     ]
     comparison = compare_engines(deployments, [(POINT, scenario.plan)], slo)
     current, *rest = comparison.engines
     return EngineSwitch(current=d.engine, comparison=comparison, verdicts=[verdict(current, r) for r in rest])
-

@@ -27,8 +27,11 @@ from servelab.sim.engines import ENGINES, LABELS, SGLANG, TRTLLM, VLLM
 from servelab.targets.deployment import VLLM_FLAGS, VLLM_SWITCHES
 from servelab.targets.engine_deployment import KNOBS, config_line
 
-LAUNCH = {VLLM: "vllm serve MODEL", SGLANG: "python -m sglang.launch_server --model-path MODEL",
-          TRTLLM: "trtllm-serve MODEL"}
+LAUNCH = {
+    VLLM: "vllm serve MODEL",
+    SGLANG: "python -m sglang.launch_server --model-path MODEL",
+    TRTLLM: "trtllm-serve MODEL",
+}
 """The start of each engine's launch line, as a confirm step tells the user to restart the server."""
 
 
@@ -90,9 +93,11 @@ class Terms:
         if self.vllm:
             return "vllm:prompt_tokens_total and vllm:request_success_total"
         own = metric_names.ENGINES[self.engine]
-        names = [next(n for n in own.common if c in metric_names.common_names(own, n)) for c in (tl.PROMPT_TOKENS, tl.E2E_COUNT)]
+        names = [
+            next(n for n in own.common if c in metric_names.common_names(own, n))
+            for c in (tl.PROMPT_TOKENS, tl.E2E_COUNT)
+        ]
         return " and ".join(names)
-
 
     def metrics(self, *common: str) -> str:
         """The engine's own /metrics names for these common timeline names (servelab/metrics/timeline.py)."""
@@ -127,9 +132,13 @@ def served_engine(flag: str, run_info: Mapping[str, Any]) -> tuple[str, str | No
     if flag == metric_names.AUTO:
         if recorded is None or recorded in ENGINES:
             return recorded or VLLM, None
-        return VLLM, (f"run.json records the engine {recorded!r}, which servelab does not model; diagnosed as vLLM "
-                      f"(give --engine {'|'.join(ENGINES)} to choose)")
+        return VLLM, (
+            f"run.json records the engine {recorded!r}, which servelab does not model; diagnosed as vLLM "
+            f"(give --engine {'|'.join(ENGINES)} to choose)"
+        )
     if recorded is not None and recorded != flag:
-        return flag, (f"--engine {flag} but run.json records the run as served by {recorded}: diagnosing it as "
-                      f"{LABELS[flag]}, with --engine-args read as {LABELS[flag]}'s flags")
+        return flag, (
+            f"--engine {flag} but run.json records the run as served by {recorded}: diagnosing it as "
+            f"{LABELS[flag]}, with --engine-args read as {LABELS[flag]}'s flags"
+        )
     return flag, None

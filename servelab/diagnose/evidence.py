@@ -76,8 +76,10 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
     summary = summarize(records).model_dump(exclude_unset=True)
     if not summary["completed"]:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(summary["errors_by_kind"].items())) or "none sent"
-        raise InputError(f"no request completed in this run ({kinds}): there is no latency or throughput to diagnose; "
-                         "fix what the errors say and measure again")
+        raise InputError(
+            f"no request completed in this run ({kinds}): there is no latency or throughput to diagnose; "
+            "fix what the errors say and measure again"
+        )
     ok = [r for r in records if r.ok]
     arrival = arrival_of(run)
     rate = arrival.get("request_rate")
@@ -112,8 +114,12 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
         max_kv_usage=float(kv.max()) if kv.size else None,
         mean_kv_usage=float(kv.mean()) if kv.size else None,
         preemptions=counter_delta(run.timeline, tl.PREEMPTIONS),
-        prefix_hit_rate=_ratio(counter_delta(run.timeline, tl.PREFIX_HITS), counter_delta(run.timeline, tl.PREFIX_QUERIES)),
-        mean_server_ttft_ms=_ms(_ratio(counter_delta(run.timeline, tl.TTFT_SUM), counter_delta(run.timeline, tl.TTFT_COUNT))),
+        prefix_hit_rate=_ratio(
+            counter_delta(run.timeline, tl.PREFIX_HITS), counter_delta(run.timeline, tl.PREFIX_QUERIES)
+        ),
+        mean_server_ttft_ms=_ms(
+            _ratio(counter_delta(run.timeline, tl.TTFT_SUM), counter_delta(run.timeline, tl.TTFT_COUNT))
+        ),
         mean_iteration_tokens=_ratio(
             counter_delta(run.timeline, tl.ITERATION_TOKENS_SUM), counter_delta(run.timeline, tl.ITERATION_TOKENS_COUNT)
         ),

@@ -43,8 +43,16 @@ SLO_TRADEOFF = FindingKind.SLO_TRADEOFF
 PREFIX_CACHING_OFF = FindingKind.PREFIX_CACHING_OFF
 LAUNCH_BOUND = FindingKind.LAUNCH_BOUND
 KINDS = (
-    UNDERLOADED, MAX_NUM_SEQS_BOUND, KV_CAPACITY_BOUND, PREFILL_COMPUTE_BOUND, DECODE_BANDWIDTH_BOUND, DECODE_COMPUTE_BOUND,
-    FRONTEND_CPU_BOUND, SLO_TRADEOFF, PREFIX_CACHING_OFF, LAUNCH_BOUND,
+    UNDERLOADED,
+    MAX_NUM_SEQS_BOUND,
+    KV_CAPACITY_BOUND,
+    PREFILL_COMPUTE_BOUND,
+    DECODE_BANDWIDTH_BOUND,
+    DECODE_COMPUTE_BOUND,
+    FRONTEND_CPU_BOUND,
+    SLO_TRADEOFF,
+    PREFIX_CACHING_OFF,
+    LAUNCH_BOUND,
 )
 """What a finding can name: a limit of the server. CLIENT_BOUND is a caveat's kind, never a finding's."""
 
@@ -132,7 +140,8 @@ def caveats(x: Context) -> list[Finding]:
     if x.e.client_added_delay_ms is not None:
         evidence.append(
             f"estimated client-added delay {x.e.client_added_delay_ms:.1f} ms per timestamp against a measured "
-            f"TTFT p50 of {x.e.median_ttft_ms:.1f} ms ({x.e.client_added_delay_ms / max(x.e.median_ttft_ms, 1e-9):.0%} of it): "
+            f"TTFT p50 of {x.e.median_ttft_ms:.1f} ms ({x.e.client_added_delay_ms / max(x.e.median_ttft_ms, 1e-9):.0%} "
+            f"of it): "
             "client-side latencies read that much high; the server's own gauges and histograms below are not "
             "affected. Rerun with --workers or on another host before trusting the latencies"
         )
@@ -207,10 +216,12 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
         work, busy, ceiling = load
         servers = x.d.config.api_servers
         score = max(score, 0.5 + 0.45 * min(1.0, busy))
-        source = {"measured": "vLLM's CPU-side costs measured on its CPU build, scaled to this host"
-                              + ("" if x.terms.vllm else f", standing in for {x.terms.label}'s (not measured)"),
-                  "given": "the calibrated API-server cost",
-                  "fitted_from_runs": "the API-server cost fitted to your runs"}.get(x.d.cpu_costs_source, "the configured API-server cost")
+        source = {
+            "measured": "vLLM's CPU-side costs measured on its CPU build, scaled to this host"
+            + ("" if x.terms.vllm else f", standing in for {x.terms.label}'s (not measured)"),
+            "given": "the calibrated API-server cost",
+            "fitted_from_runs": "the API-server cost fitted to your runs",
+        }.get(x.d.cpu_costs_source, "the configured API-server cost")
         evidence.append(
             f"the API server spends {1e3 * work:.2f} ms of CPU per request here ({source}): at "
             f"{max(x.e.request_rate, x.e.offered_rate or 0.0):.1f} req/s that is {_pct(busy)} of "
@@ -219,8 +230,8 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
         if x.e.engine_busy is not None:
             evidence.append(
                 f"meanwhile the engine was busy {_pct(x.e.engine_busy)} of the time: the GPU waits for the API server"
-                if x.e.engine_busy < SATURATED else
-                f"the engine was busy {_pct(x.e.engine_busy)} of the time too: both are near their limits"
+                if x.e.engine_busy < SATURATED
+                else f"the engine was busy {_pct(x.e.engine_busy)} of the time too: both are near their limits"
             )
         if x.terms.vllm:  # vLLM's flag; the other engines' frontend processes are not modelled
             more = servers * 2
@@ -228,13 +239,17 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
                 more *= 2
             evidence.append(
                 f"--api-server-count {more} spreads that work over {more} processes: API-server ceiling {more / work:.1f} "
+                f""
                 f"req/s (x{more / servers:.0f}), then the engine's own limits apply"
             )
     if not evidence:
         return None
     evidence.extend(ttft_split_evidence(x, "api_server"))
-    title = ("The API server's CPU, not the GPU, limits throughput" if load is not None and load[1] >= API_BUSY
-             else "Requests wait in the API server before the engine sees them")
+    title = (
+        "The API server's CPU, not the GPU, limits throughput"
+        if load is not None and load[1] >= API_BUSY
+        else "Requests wait in the API server before the engine sees them"
+    )
     return make_finding(FRONTEND_CPU_BOUND, title, score, evidence)
 
 
@@ -252,8 +267,12 @@ def kv_capacity_bound(x: Context) -> Finding | None:
         f"{x.c.max_num_seqs}",
         *ttft_split_evidence(x, "queue"),
     ]
-    return make_finding(KV_CAPACITY_BOUND, "The KV cache is too small for this concurrency",
-                   0.8 + 0.15 * min(1.0, per_request) if preempted else 0.75, evidence)
+    return make_finding(
+        KV_CAPACITY_BOUND,
+        "The KV cache is too small for this concurrency",
+        0.8 + 0.15 * min(1.0, per_request) if preempted else 0.75,
+        evidence,
+    )
 
 
 def max_num_seqs_bound(x: Context) -> Finding | None:
@@ -262,7 +281,8 @@ def max_num_seqs_bound(x: Context) -> Finding | None:
     if (x.e.preemptions or 0) > 0:
         return None
     evidence = [
-        f"{x.running_per_replica:.0f} requests running per replica = {x.terms.knob('max_num_seqs')} {x.c.max_num_seqs}, "
+        f"{x.running_per_replica:.0f} requests running per replica = {x.terms.knob('max_num_seqs')} "
+        f"{x.c.max_num_seqs}, "
         f"with requests waiting in {_pct(x.queueing)} of samples (up to {x.e.max_waiting or 0:.0f})",
         f"the KV cache could hold {x.c.kv_capacity_seqs} such sequences (peak usage {_pct(x.e.max_kv_usage or 0)})",
         *ttft_split_evidence(x, "queue"),
@@ -276,9 +296,12 @@ def max_num_seqs_bound(x: Context) -> Finding | None:
     at_cap = decode_step(x.d, x.c.max_num_seqs, x.e.mean_input_tokens + x.e.mean_output_tokens / 2)
     saturated = x.u.compute_headroom >= 0.8 or at_cap.bound is StepClass.COMPUTE
     if x.overloaded and saturated:
-        evidence.insert(0, f"{x.e.offered_rate:.2f} req/s offered against a simulated ceiling of "
-                           f"{x.c.saturation_rps or 0:.2f} req/s: any batch limit fills when more arrives than the "
-                           "engine can finish, so this is a consequence of what limits the ceiling, ranked under it")
+        evidence.insert(
+            0,
+            f"{x.e.offered_rate:.2f} req/s offered against a simulated ceiling of "
+            f"{x.c.saturation_rps or 0:.2f} req/s: any batch limit fills when more arrives than the "
+            "engine can finish, so this is a consequence of what limits the ceiling, ranked under it",
+        )
         title = f"{x.terms.knob('max_num_seqs')} is full because more arrives than the engine serves (a consequence)"
         score = min(score, 0.3)
     return make_finding(MAX_NUM_SEQS_BOUND, title, score, evidence)
@@ -337,8 +360,12 @@ def prefill_measured(x: Context, p: PrefillTime) -> Finding:
         )
     evidence.append(f"prefill accounts for {_pct(p.share)} of the client's mean TTFT")
     evidence.extend(ttft_split_evidence(x, "prefill", "queue"))
-    return make_finding(PREFILL_COMPUTE_BOUND, "Prompt processing takes most of the time to the first token",
-                   0.5 + 0.4 * p.share, evidence)
+    return make_finding(
+        PREFILL_COMPUTE_BOUND,
+        "Prompt processing takes most of the time to the first token",
+        0.5 + 0.4 * p.share,
+        evidence,
+    )
 
 
 def prefill_compute_bound(x: Context) -> Finding | None:
@@ -348,19 +375,27 @@ def prefill_compute_bound(x: Context) -> Finding | None:
     hit = x.e.prefix_hit_rate or 0.0
     computed = x.e.mean_input_tokens * (1 - hit)  # the prefix cache serves the rest
     flops_per_token = x.c.prefill_flops_per_request / max(1.0, computed)
-    tokens = f"{computed:.0f} computed prompt tokens ({_pct(hit)} from the prefix cache)" if hit else \
-        f"{computed:.0f} prompt tokens"
+    tokens = (
+        f"{computed:.0f} computed prompt tokens ({_pct(hit)} from the prefix cache)"
+        if hit
+        else f"{computed:.0f} prompt tokens"
+    )
     evidence = [
         f"{x.e.request_rate:.2f} req/s x {tokens} x "
         f"{flops_per_token / 1e9:.1f} GFLOP/token = {x.u.flops_per_gpu * x.u.prefill_flop_share / 1e12:.0f} TFLOP/s "
         f"of prefill per GPU, {x.u.flops_per_gpu / 1e12:.0f} TFLOP/s in all, on a {x.u.peak_flops / 1e12:.0f} TFLOP/s "
-        f"{x.d.hardware.name} (MFU {_pct(x.u.mfu)}; ~{_pct(x.d.coefficients.compute_efficiency)} is the practical maximum)",
+        f"{x.d.hardware.name} (MFU {_pct(x.u.mfu)}; ~{_pct(x.d.coefficients.compute_efficiency)} is the practical "
+        f"maximum)",
         f"prefill alone caps this workload at {x.c.prefill_compute_rps:.2f} req/s; "
         f"the simulated ceiling with decode included is {x.c.saturation_rps or 0:.2f} req/s",
         *ttft_split_evidence(x, "prefill"),
     ]
-    return make_finding(PREFILL_COMPUTE_BOUND, "Prompt processing saturates the GPU's tensor cores",
-                   0.5 + 0.45 * min(1.0, x.u.compute_headroom), evidence)
+    return make_finding(
+        PREFILL_COMPUTE_BOUND,
+        "Prompt processing saturates the GPU's tensor cores",
+        0.5 + 0.45 * min(1.0, x.u.compute_headroom),
+        evidence,
+    )
 
 
 def decode_bandwidth_bound(x: Context) -> Finding | None:
@@ -379,8 +414,9 @@ def decode_bandwidth_bound(x: Context) -> Finding | None:
         f"holds ({x.c.max_decode_batch}) {x.c.decode_bandwidth_tps_at_max_batch:.0f} tok/s",
     ]
     kind = DECODE_COMPUTE_BOUND if step.bound is StepClass.COMPUTE else DECODE_BANDWIDTH_BOUND
-    return make_finding(kind, step.title(),
-                   0.55 + 0.35 * min(1.0, max(x.u.bandwidth_headroom, x.u.compute_headroom)), evidence)
+    return make_finding(
+        kind, step.title(), 0.55 + 0.35 * min(1.0, max(x.u.bandwidth_headroom, x.u.compute_headroom)), evidence
+    )
 
 
 def underloaded(x: Context) -> Finding | None:
@@ -396,8 +432,12 @@ def underloaded(x: Context) -> Finding | None:
     ]
     if x.e.max_concurrency:
         evidence.append(f"the client keeps at most {x.e.max_concurrency} requests outstanding")
-    return make_finding(UNDERLOADED, "The server has capacity to spare: the load, not the engine, sets the throughput",
-                   0.9 - 0.5 * x.load_ratio, evidence)
+    return make_finding(
+        UNDERLOADED,
+        "The server has capacity to spare: the load, not the engine, sets the throughput",
+        0.9 - 0.5 * x.load_ratio,
+        evidence,
+    )
 
 
 def slo_tradeoff(x: Context) -> Finding | None:
@@ -405,16 +445,27 @@ def slo_tradeoff(x: Context) -> Finding | None:
     if x.e.p99_itl_ms is None or not x.e.median_tpot_ms:
         return None  # no request had a second token: no inter-token latency to trade
     stall = x.e.p99_itl_ms / x.e.median_tpot_ms
-    how = (f"decodes pause while a prefill batch of up to {x.d.config.max_num_batched_tokens} tokens runs (SGLang runs "
-           "prefill and decode batches apart)" if x.d.engine == SGLANG else
-           f"decodes that share a step with a {x.d.config.max_num_batched_tokens}-token prefill chunk wait for it")
+    how = (
+        f"decodes pause while a prefill batch of up to {x.d.config.max_num_batched_tokens} tokens runs (SGLang runs "
+        "prefill and decode batches apart)"
+        if x.d.engine == SGLANG
+        else f"decodes that share a step with a {x.d.config.max_num_batched_tokens}-token prefill chunk wait for it"
+    )
     evidence = [f"ITL p99 {x.e.p99_itl_ms:.0f} ms vs TPOT p50 {x.e.median_tpot_ms:.0f} ms: {how}"]
     if x.slo is not None and x.slo_attainment is not None:
         if x.slo_attainment >= 0.9:
             return None
-        evidence.insert(0, f"only {_pct(x.slo_attainment)} of requests meet the SLO {x.slo.terms().model_dump(exclude_unset=True)} (ms)")
-        return make_finding(SLO_TRADEOFF, "The token budget trades time-to-first-token against inter-token latency",
-                       0.45 + 0.3 * (1 - x.slo_attainment), evidence)
+        evidence.insert(
+            0,
+            f"only {_pct(x.slo_attainment)} of requests meet the SLO {x.slo.terms().model_dump(exclude_unset=True)} "
+            f"(ms)",
+        )
+        return make_finding(
+            SLO_TRADEOFF,
+            "The token budget trades time-to-first-token against inter-token latency",
+            0.45 + 0.3 * (1 - x.slo_attainment),
+            evidence,
+        )
     if stall < 3:
         return None
     return make_finding(SLO_TRADEOFF, "Prefill chunks stall running decodes", 0.4, evidence)
@@ -435,11 +486,15 @@ def prefix_caching_off(x: Context) -> Finding | None:
         f"{x.shared_prompt_tokens:.0f} of each prompt's {x.e.mean_input_tokens:.0f} tokens ({_pct(share)}) repeat an "
         "earlier request's (a shared system prompt or resent history), and the server computes them again every time",
         f"{x.terms.setting('enable_prefix_caching', False)} is set: KV blocks of a finished request are never reused"
-        if not x.d.config.enable_prefix_caching else
-        f"the server's prefix cache answered {_pct(x.e.prefix_hit_rate or 0.0)} of its lookups",
+        if not x.d.config.enable_prefix_caching
+        else f"the server's prefix cache answered {_pct(x.e.prefix_hit_rate or 0.0)} of its lookups",
     ]
-    return make_finding(PREFIX_CACHING_OFF, "Shared prompt tokens are recomputed: prefix caching is off",
-                   0.6 + 0.4 * min(1.0, share), evidence)
+    return make_finding(
+        PREFIX_CACHING_OFF,
+        "Shared prompt tokens are recomputed: prefix caching is off",
+        0.6 + 0.4 * min(1.0, share),
+        evidence,
+    )
 
 
 def launch_bound(x: Context) -> Finding | None:
@@ -457,30 +512,46 @@ def launch_bound(x: Context) -> Finding | None:
     context = round(x.e.mean_input_tokens + x.e.mean_output_tokens / 2)
     step = StepBatch(decode_contexts=[context] * batch)
     eager = cost.step_time(step)
-    graphs = RooflineCostModel(x.d.hardware, x.d.model, replace(cfg, enforce_eager=False, cuda_graph_max_batch=None),
-                               x.d.coefficients).step_time(step)
+    graphs = RooflineCostModel(
+        x.d.hardware, x.d.model, replace(cfg, enforce_eager=False, cuda_graph_max_batch=None), x.d.coefficients
+    ).step_time(step)
     if eager < 1.1 * graphs:
         return None
     layers, per_layer = x.d.model.num_layers, x.d.coefficients.eager_launch_s_per_layer
-    why = (f"{x.terms.setting('enforce_eager', True)} is set: every step's kernels are launched one by one from Python"
-           if cfg.enforce_eager else
-           f"decode batches of ~{batch} are above {x.terms.setting('cuda_graph_max_batch', cfg.cuda_graph_max_batch)}: "
-           "they run without a CUDA graph, launched one by one from Python")
+    why = (
+        f"{x.terms.setting('enforce_eager', True)} is set: every step's kernels are launched one by one from Python"
+        if cfg.enforce_eager
+        else f"decode batches of ~{batch} are above {x.terms.setting('cuda_graph_max_batch', cfg.cuda_graph_max_batch)}: "
+        f""
+        "they run without a CUDA graph, launched one by one from Python"
+    )
     evidence = [
         why,
         f"at ~{batch} sequences a decode step's kernels take {graphs * 1e3:.1f} ms, but launching {layers} layers' "
-        f"kernels takes ~{cost.eager_launch_s * 1e3:.1f} ms ({per_layer * 1e3:.2f} ms a layer, the default host figure), "
+        f"kernels takes ~{cost.eager_launch_s * 1e3:.1f} ms ({per_layer * 1e3:.2f} ms a layer, the default host "
+        f"figure), "
         f"so a step takes {eager * 1e3:.1f} ms",
     ]
     if x.e.median_tpot_ms:
         evidence.append(f"measured TPOT p50 {x.e.median_tpot_ms:.1f} ms")
-    return make_finding(LAUNCH_BOUND, "Decode steps wait on the CPU launching kernels: CUDA graphs do not cover them",
-                   min(0.95, 0.6 + 0.4 * (eager / graphs - 1)), evidence)
+    return make_finding(
+        LAUNCH_BOUND,
+        "Decode steps wait on the CPU launching kernels: CUDA graphs do not cover them",
+        min(0.95, 0.6 + 0.4 * (eager / graphs - 1)),
+        evidence,
+    )
 
 
 DETECTORS: tuple[Callable[[Context], Finding | None], ...] = (
-    prefix_caching_off, frontend_cpu_bound, kv_capacity_bound, max_num_seqs_bound,
-    prefill_compute_bound, decode_bandwidth_bound, underloaded, slo_tradeoff, launch_bound,
+    prefix_caching_off,
+    frontend_cpu_bound,
+    kv_capacity_bound,
+    max_num_seqs_bound,
+    prefill_compute_bound,
+    decode_bandwidth_bound,
+    underloaded,
+    slo_tradeoff,
+    launch_bound,
 )
 
 

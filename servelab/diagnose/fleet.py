@@ -53,15 +53,20 @@ def imbalance(replicas: list[dict[str, Any]]) -> Finding | None:
     idlest_w, idlest = min(known, key=lambda item: item[0])
     if busiest_w < QUEUED or idlest_w > IDLE:
         return None
-    evidence = [f"{_name(load)}: {load.get('requests_served')} requests served, {w:.1f} waiting on average "
-                f"(peak {load.get('max_waiting'):.0f}), KV cache {100 * (load.get('mean_kv_usage') or 0):.0f}% used"
-                for w, load in known]
-    evidence.append(f"{_name(busiest)} queued while {_name(idlest)} had nothing waiting: the router sends more than "
-                    "its share to one replica (a cache-aware route keeping too much on the replica that cached a "
-                    "shared prompt, or a hash with no load bound); a route that weighs load (least-outstanding, "
-                    "prefix-aware's queue and active-request scores, prefix-hash's bound) spreads it")
-    return make_finding(FLEET_IMBALANCE, "One replica queues while another idles", min(1.0, busiest_w / (busiest_w + 1)),
-                        evidence)
+    evidence = [
+        f"{_name(load)}: {load.get('requests_served')} requests served, {w:.1f} waiting on average "
+        f"(peak {load.get('max_waiting'):.0f}), KV cache {100 * (load.get('mean_kv_usage') or 0):.0f}% used"
+        for w, load in known
+    ]
+    evidence.append(
+        f"{_name(busiest)} queued while {_name(idlest)} had nothing waiting: the router sends more than "
+        "its share to one replica (a cache-aware route keeping too much on the replica that cached a "
+        "shared prompt, or a hash with no load bound); a route that weighs load (least-outstanding, "
+        "prefix-aware's queue and active-request scores, prefix-hash's bound) spreads it"
+    )
+    return make_finding(
+        FLEET_IMBALANCE, "One replica queues while another idles", min(1.0, busiest_w / (busiest_w + 1)), evidence
+    )
 
 
 def routing_cache_misses(replicas: list[dict[str, Any]], repeated_share: float | None) -> Finding | None:
@@ -73,13 +78,24 @@ def routing_cache_misses(replicas: list[dict[str, Any]], repeated_share: float |
     lost = repeated_share - fleet_rate
     if lost < LOST_HITS:
         return None
-    evidence = [f"{_name(load)}: {100 * (load.get('prefix_cache_hit_rate') or 0):.0f}% of its prompt tokens hit its "
-                "prefix cache" for load in replicas]
-    evidence.append(f"the fleet hit {100 * fleet_rate:.0f}% of prompt tokens; the workload repeats "
-                    f"{100 * repeated_share:.0f}% (a shared prefix, a resent chat history), which one cache shared "
-                    f"by every replica could hit: {100 * lost:.0f}% of prompt tokens were prefilled again because the "
-                    "route sent them where they were not cached")
-    evidence.append(f"a route that sends a request where its prefix is cached ({CACHE_AWARE_ROUTES}) keeps those "
-                    "hits: `servelab simulate --replicas N --router ROUTER` prices each on this workload")
-    return make_finding(ROUTING_CACHE_MISSES, "The router scatters prompts away from the replica that cached them",
-                   min(1.0, lost / repeated_share), evidence)
+    evidence = [
+        f"{_name(load)}: {100 * (load.get('prefix_cache_hit_rate') or 0):.0f}% of its prompt tokens hit its "
+        "prefix cache"
+        for load in replicas
+    ]
+    evidence.append(
+        f"the fleet hit {100 * fleet_rate:.0f}% of prompt tokens; the workload repeats "
+        f"{100 * repeated_share:.0f}% (a shared prefix, a resent chat history), which one cache shared "
+        f"by every replica could hit: {100 * lost:.0f}% of prompt tokens were prefilled again because the "
+        "route sent them where they were not cached"
+    )
+    evidence.append(
+        f"a route that sends a request where its prefix is cached ({CACHE_AWARE_ROUTES}) keeps those "
+        "hits: `servelab simulate --replicas N --router ROUTER` prices each on this workload"
+    )
+    return make_finding(
+        ROUTING_CACHE_MISSES,
+        "The router scatters prompts away from the replica that cached them",
+        min(1.0, lost / repeated_share),
+        evidence,
+    )

@@ -51,8 +51,15 @@ def idle_decode_ms(d: Deployment, context: int) -> float:
     return 1e3 * d.step_cost().step_time(StepBatch(decode_contexts=[context]))
 
 
-def _throughput_bounds(d: Deployment, s: Scenario, c: Ceilings, qps: float | None, gpu_util: float | None,
-                       qps_source: str, reconciled: bool) -> list[tuple[str, list[str]]]:
+def _throughput_bounds(
+    d: Deployment,
+    s: Scenario,
+    c: Ceilings,
+    qps: float | None,
+    gpu_util: float | None,
+    qps_source: str,
+    reconciled: bool,
+) -> list[tuple[str, list[str]]]:
     """The QPS above the simulated ceiling; the GPU utilisation below what the QPS's prefill alone keeps busy."""
     cfg = d.config
     gpus = cfg.tensor_parallel_size * cfg.data_parallel_size
@@ -60,10 +67,18 @@ def _throughput_bounds(d: Deployment, s: Scenario, c: Ceilings, qps: float | Non
     prompt = s.mean_input
     off: list[tuple[str, list[str]]] = []
     if qps is not None and c.saturation_rps and qps > ABOVE_CEILING * c.saturation_rps:
-        off.append(("QPS", [
-            f"{qps:.2f} req/s {qps_source}, but this deployment's simulated ceiling for {prompt:.0f}-token prompts "
-            f"and {s.mean_output:.0f}-token outputs is {c.saturation_rps:.2f} req/s: above it the queue grows without "
-            "bound, so that rate cannot be sustained"]))
+        off.append(
+            (
+                "QPS",
+                [
+                    f"{qps:.2f} req/s {qps_source}, but this deployment's simulated ceiling for {prompt:.0f}-token "
+                    f"prompts "
+                    f"and {s.mean_output:.0f}-token outputs is {c.saturation_rps:.2f} req/s: above it the queue "
+                    f"grows without "
+                    "bound, so that rate cannot be sustained"
+                ],
+            )
+        )
     if gpu_util is None or not qps:
         return off
     prefill = qps * c.prefill_flops_per_request / gpus
@@ -72,48 +87,88 @@ def _throughput_bounds(d: Deployment, s: Scenario, c: Ceilings, qps: float | Non
         return off
     fit_tokens = gpu_util * peak * gpus / (qps * c.prefill_flops_per_request / prompt)
     fit_qps = gpu_util * peak * gpus / c.prefill_flops_per_request
-    lines = [f"{qps:.2f} req/s x {prompt:.0f} prompt tokens needs {prefill / 1e12:.0f} TFLOP/s of prefill "
-             f"per GPU: even at the {d.hardware.name}'s peak of {peak / 1e12:.0f} TFLOP/s its kernels run at least "
-             f"{least_busy:.0%} of the time, so nvidia-smi cannot read {gpu_util:.0%}"]
+    lines = [
+        f"{qps:.2f} req/s x {prompt:.0f} prompt tokens needs {prefill / 1e12:.0f} TFLOP/s of prefill "
+        f"per GPU: even at the {d.hardware.name}'s peak of {peak / 1e12:.0f} TFLOP/s its kernels run at least "
+        f"{least_busy:.0%} of the time, so nvidia-smi cannot read {gpu_util:.0%}"
+    ]
     if not reconciled:
         lines.append(
             f"they fit together only if the prompts are at most ~{fit_tokens:.0f} tokens (were the {prompt:.0f} "
-            f"characters of English, they would be ~{tokens_from_characters(round(prompt), Script.LATIN)} tokens), or the rate at most "
-            f"~{fit_qps:.2f} req/s")
+            f"characters of English, they would be ~{tokens_from_characters(round(prompt), Script.LATIN)} tokens), "
+            f"or the rate at most "
+            f"~{fit_qps:.2f} req/s"
+        )
     return [*off, ("GPU utilisation", lines)]
 
 
-def _latency_bounds(d: Deployment, s: Scenario, ttft_ms: float | None, tpot_ms: float | None,
-                    e2e_ms: float | None) -> list[tuple[str, list[str]]]:
+def _latency_bounds(
+    d: Deployment, s: Scenario, ttft_ms: float | None, tpot_ms: float | None, e2e_ms: float | None
+) -> list[tuple[str, list[str]]]:
     """Latencies below what an idle GPU takes for one request of this shape."""
     prompt = s.mean_input
     off: list[tuple[str, list[str]]] = []
     if ttft_ms is not None:
         least = idle_prefill_ms(d, round(prompt))
         if ttft_ms < TTFT_SLACK * least:
-            off.append(("TTFT", [
-                f"TTFT {ttft_ms:.0f} ms observed, but one {prompt:.0f}-token prompt's prefill alone takes "
-                f"{least:.0f} ms on an idle {d.hardware.name}: the prompts are shorter than described, or hit the "
-                "prefix cache"]))
-    least_tpot = idle_decode_ms(d, round(prompt + s.mean_output / 2)) if tpot_ms is not None or e2e_ms is not None else 0.0
+            off.append(
+                (
+                    "TTFT",
+                    [
+                        f"TTFT {ttft_ms:.0f} ms observed, but one {prompt:.0f}-token prompt's prefill alone takes "
+                        f"{least:.0f} ms on an idle {d.hardware.name}: the prompts are shorter than described, or "
+                        f"hit the "
+                        "prefix cache"
+                    ],
+                )
+            )
+    least_tpot = (
+        idle_decode_ms(d, round(prompt + s.mean_output / 2)) if tpot_ms is not None or e2e_ms is not None else 0.0
+    )
     if tpot_ms is not None and tpot_ms < TTFT_SLACK * least_tpot:
-        off.append(("TPOT", [
-            f"TPOT {tpot_ms:.1f} ms observed, but one decode step of a single sequence reads the weights once and "
-            f"takes {least_tpot:.1f} ms on an idle {d.hardware.name}: no batch decodes faster (speculative decoding, "
-            "or a TPOT averaged over tokens that arrived in one chunk, would explain it)"]))
+        off.append(
+            (
+                "TPOT",
+                [
+                    f"TPOT {tpot_ms:.1f} ms observed, but one decode step of a single sequence reads the weights "
+                    f"once and "
+                    f"takes {least_tpot:.1f} ms on an idle {d.hardware.name}: no batch decodes faster (speculative "
+                    f"decoding, "
+                    "or a TPOT averaged over tokens that arrived in one chunk, would explain it)"
+                ],
+            )
+        )
     if e2e_ms is not None:
         least_e2e = idle_prefill_ms(d, round(prompt)) + (s.mean_output - 1) * least_tpot
         if e2e_ms < TTFT_SLACK * least_e2e:
-            off.append(("E2E latency", [
-                f"E2E {e2e_ms:.0f} ms observed, but a {prompt:.0f}-token prompt and a {s.mean_output:.0f}-token answer "
-                f"take at least {least_e2e:.0f} ms on an idle {d.hardware.name} (prefill, then one decode step per "
-                "token): the answers are shorter than described (they end at EOS?), or the prompts hit the prefix cache"]))
+            off.append(
+                (
+                    "E2E latency",
+                    [
+                        f"E2E {e2e_ms:.0f} ms observed, but a {prompt:.0f}-token prompt and a "
+                        f"{s.mean_output:.0f}-token answer "
+                        f"take at least {least_e2e:.0f} ms on an idle {d.hardware.name} (prefill, then one decode "
+                        f"step per "
+                        "token): the answers are shorter than described (they end at EOS?), or the prompts hit the "
+                        "prefix cache"
+                    ],
+                )
+            )
     return off
 
 
 def check(
-    d: Deployment, s: Scenario, c: Ceilings, *, qps: float | None, ttft_ms: float | None, gpu_util: float | None,
-    e2e_ms: float | None = None, tpot_ms: float | None = None, qps_source: str = "observed", reconciled: bool = False,
+    d: Deployment,
+    s: Scenario,
+    c: Ceilings,
+    *,
+    qps: float | None,
+    ttft_ms: float | None,
+    gpu_util: float | None,
+    e2e_ms: float | None = None,
+    tpot_ms: float | None = None,
+    qps_source: str = "observed",
+    reconciled: bool = False,
 ) -> Finding | None:
     """The first finding when the reported figures contradict this deployment and workload's physics; else None.
 
@@ -121,8 +176,10 @@ def check(
     `reconciled`: the simulated inverse (diagnose/reconcile.py) says what would reconcile the figures, so the
     arithmetic bound's guesses are left out.
     """
-    found = [*_throughput_bounds(d, s, c, qps, gpu_util, qps_source, reconciled),
-             *_latency_bounds(d, s, ttft_ms, tpot_ms, e2e_ms)]
+    found = [
+        *_throughput_bounds(d, s, c, qps, gpu_util, qps_source, reconciled),
+        *_latency_bounds(d, s, ttft_ms, tpot_ms, e2e_ms),
+    ]
     off = [name for name, _ in found]
     evidence = [line for _, lines in found for line in lines]
     prompt = s.mean_input
@@ -132,7 +189,8 @@ def check(
         evidence.append(
             "what would reconcile them: prompt lengths counted in characters or words instead of tokens; a QPS "
             "summed over several replicas or read at a peak minute; a utilisation averaged over several GPUs or "
-            "sampled off-peak, or a different counter (DCGM's SM-active share reads lower than nvidia-smi's)")
+            "sampled off-peak, or a different counter (DCGM's SM-active share reads lower than nvidia-smi's)"
+        )
     evidence.append(
         "the measurement that decides: during peak load, the server's own token counters (the rate of "
         f"{Terms(d.engine).token_counters} on /metrics) beside `nvidia-smi dmon -s u -d 1`; or "
@@ -141,5 +199,6 @@ def check(
         "timeline (the GPU through NVML, or a DCGM exporter with --gpu-metrics-url)"
     )
     names = " and ".join(off) if len(off) < 3 else ", ".join(off[:-1]) + f" and {off[-1]}"
-    return make_finding(OBSERVATIONS_INCONSISTENT, f"The reported {names} cannot hold for this deployment and workload",
-                   1.0, evidence)
+    return make_finding(
+        OBSERVATIONS_INCONSISTENT, f"The reported {names} cannot hold for this deployment and workload", 1.0, evidence
+    )

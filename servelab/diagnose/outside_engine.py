@@ -57,9 +57,14 @@ def describe(o: OutsideEngine) -> str:
     else:
         trip = "round trip unknown: every connection was reused, so no handshake timed it"
         api = "the API server and the network's round trip"
-    first_byte = (f"; the response's first byte came {1e3 * o.first_byte_s:.0f} ms after the request was sent"
-                  if o.first_byte_s is not None else "")
-    return (f"of the {1e3 * o.outside_s:.0f} ms outside the engine core, {1e3 * o.network_s:.1f} ms was the network "
-            f"(connect {1e3 * o.connect_s:.1f} ms with {100 * o.new_connection_share:.0f}% of requests opening a "
-            f"connection, send {1e3 * o.send_s:.1f} ms, {trip}) and {1e3 * o.api_server_s:.0f} ms {api} (HTTP, "
-            f"tokenization, its CPU queue, the trip to the engine core, streaming){first_byte}")
+    first_byte = (
+        f"; the response's first byte came {1e3 * o.first_byte_s:.0f} ms after the request was sent"
+        if o.first_byte_s is not None
+        else ""
+    )
+    return (
+        f"of the {1e3 * o.outside_s:.0f} ms outside the engine core, {1e3 * o.network_s:.1f} ms was the network "
+        f"(connect {1e3 * o.connect_s:.1f} ms with {100 * o.new_connection_share:.0f}% of requests opening a "
+        f"connection, send {1e3 * o.send_s:.1f} ms, {trip}) and {1e3 * o.api_server_s:.0f} ms {api} (HTTP, "
+        f"tokenization, its CPU queue, the trip to the engine core, streaming){first_byte}"
+    )

@@ -41,8 +41,13 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
 
     A call from inside a worker runs serially (no nested pools), and so does one where processes cannot fork.
     """
-    if (cpus() < 2 or len(items) < 2 or _TASK or multiprocessing.current_process().daemon
-            or "fork" not in multiprocessing.get_all_start_methods()):
+    if (
+        cpus() < 2
+        or len(items) < 2
+        or _TASK
+        or multiprocessing.current_process().daemon
+        or "fork" not in multiprocessing.get_all_start_methods()
+    ):
         return [fn(x) for x in items]
     _TASK.append(lambda i: fn(items[i]))
     try:

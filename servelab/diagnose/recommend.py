@@ -74,12 +74,23 @@ parallel.share(_OUTCOMES)
 
 
 def _key(d: Deployment, scenario: Scenario, slo: SLO | None) -> tuple[object, ...]:
-    return (json.dumps(d.describe(), sort_keys=True, default=str), scenario.shapes, scenario.max_concurrency,
-            scenario.prefix_len, scenario.seed, scenario.nominal_rate, json.dumps(slo.terms().model_dump(exclude_unset=True) if slo else None))
+    return (
+        json.dumps(d.describe(), sort_keys=True, default=str),
+        scenario.shapes,
+        scenario.max_concurrency,
+        scenario.prefix_len,
+        scenario.seed,
+        scenario.nominal_rate,
+        json.dumps(slo.terms().model_dump(exclude_unset=True) if slo else None),
+    )
 
 
-def prefetch(jobs: Iterable[tuple[Deployment | Callable[[], Deployment], Scenario, SLO | None]], *,
-             outcomes: bool = True, ceilings: bool = False) -> None:
+def prefetch(
+    jobs: Iterable[tuple[Deployment | Callable[[], Deployment], Scenario, SLO | None]],
+    *,
+    outcomes: bool = True,
+    ceilings: bool = False,
+) -> None:
     """`run` (`outcomes`) and `saturation_rps` (`ceilings`) the what-ifs a loop is about to ask for, in parallel
     processes (diagnose/parallel.py); a job is (deployment or what builds it, scenario, SLO), and one the hardware
     cannot take is left to the loop."""
@@ -98,6 +109,7 @@ def prefetch(jobs: Iterable[tuple[Deployment | Callable[[], Deployment], Scenari
             run(*job)
         if ceilings:
             saturation_rps(job[0], job[1])
+
     parallel.parallel_map(both, list(todo.values()))
 
 
@@ -109,7 +121,9 @@ def run(d: Deployment, scenario: Scenario, slo: SLO | None) -> Outcome:
             _OUTCOMES.pop(next(iter(_OUTCOMES)))
         result = simulate(d, scenario)
         e = gather(result)
-        _OUTCOMES[key] = Outcome(summarize(result.records, slo=slo).model_dump(exclude_unset=True), e.mean_running, e.engine_busy)
+        _OUTCOMES[key] = Outcome(
+            summarize(result.records, slo=slo).model_dump(exclude_unset=True), e.mean_running, e.engine_busy
+        )
     return _OUTCOMES[key]
 
 
@@ -121,8 +135,10 @@ def _quantized(d: Deployment, t: Terms, faster_math_only: bool = False) -> Itera
     """Weight formats with faster tensor cores or fewer bytes, where the chip runs them."""
     hw = d.hardware
     if hw.fp8_tflops > 0:
-        yield Candidate(f"FP8 weights and activations ({t.setting('quantization', 'fp8')})",
-                        lambda: d.with_changes(quantization="fp8"))
+        yield Candidate(
+            f"FP8 weights and activations ({t.setting('quantization', 'fp8')})",
+            lambda: d.with_changes(quantization="fp8"),
+        )
     elif hw.int8_tflops > 0:
         int8 = "--quantization compressed-tensors" if t.vllm else t.setting("quantization", "int8")
         yield Candidate(f"INT8 W8A8 weights (a w8a8 checkpoint; {int8})", lambda: d.with_changes(quantization="int8"))
@@ -136,19 +152,25 @@ def tp_link(d: Deployment) -> str:
     """How TP's all-reduces travel on this chip, and what TP gives up against a replica: said wherever they are
     compared (TP over PCIe is not TP over NVLink; a replica survives a GPU failure, TP does not)."""
     hw = d.hardware
-    link = {"pcie": "PCIe", "nvlink": "NVLink", "infinity-fabric": "Infinity Fabric"}.get(hw.interconnect, hw.interconnect)
+    link = {"pcie": "PCIe", "nvlink": "NVLink", "infinity-fabric": "Infinity Fabric"}.get(
+        hw.interconnect, hw.interconnect
+    )
     return f"all-reduce each step over {link} {hw.interconnect_gbs:,.0f} GB/s; no failover"
 
 
 def _more_hardware(d: Deployment, t: Terms, region: Region | None) -> Iterator[Candidate]:
     replicas = d.config.data_parallel_size
-    yield Candidate(f"{replicas * 2} replicas behind a load balancer (a second GPU as data parallelism; failover: one "
-                    "GPU down, the other still serves)",
-                    lambda: d.with_changes(data_parallel_size=replicas * 2))
+    yield Candidate(
+        f"{replicas * 2} replicas behind a load balancer (a second GPU as data parallelism; failover: one "
+        "GPU down, the other still serves)",
+        lambda: d.with_changes(data_parallel_size=replicas * 2),
+    )
     if d.hardware.interconnect_bandwidth > 0:
         tp = d.config.tensor_parallel_size
-        yield Candidate(f"tensor parallel on {tp * 2} GPUs ({t.setting('tensor_parallel_size', tp * 2)}; {tp_link(d)})",
-                        lambda: d.with_changes(tensor_parallel_size=tp * 2))
+        yield Candidate(
+            f"tensor parallel on {tp * 2} GPUs ({t.setting('tensor_parallel_size', tp * 2)}; {tp_link(d)})",
+            lambda: d.with_changes(tensor_parallel_size=tp * 2),
+        )
     for name in upgrades(d.hardware.name, region):
         chip = get_gpu(name)
         yield Candidate(f"the same deployment on {chip.name}", partial(d.rebuilt, hardware=chip))
@@ -159,13 +181,18 @@ def _more_load(x: Context, scenario: Scenario) -> Iterator[Candidate]:
     cfg = x.d.config
     if scenario.max_concurrency is not None and scenario.offered_rate is None:
         deeper = max(2 * scenario.max_concurrency, min(cfg.max_num_seqs, x.c.kv_capacity_seqs) * cfg.data_parallel_size)
-        yield Candidate(f"raise client concurrency to {deeper} (the engine can run {x.c.max_decode_batch} at once)",
-                        scenario=scenario.closed_loop(deeper))
-    rate = (x.c.slo_max_rps or 0.8 * (x.c.saturation_rps or 0.0))
+        yield Candidate(
+            f"raise client concurrency to {deeper} (the engine can run {x.c.max_decode_batch} at once)",
+            scenario=scenario.closed_loop(deeper),
+        )
+    rate = x.c.slo_max_rps or 0.8 * (x.c.saturation_rps or 0.0)
     if rate > x.e.request_rate:
-        yield Candidate(f"send up to {rate:.2f} req/s (the highest rate that still meets the SLO)"
-                        if x.c.slo_max_rps else f"send up to {rate:.2f} req/s (80% of the simulated ceiling)",
-                        scenario=scenario.at_rate(rate))
+        yield Candidate(
+            f"send up to {rate:.2f} req/s (the highest rate that still meets the SLO)"
+            if x.c.slo_max_rps
+            else f"send up to {rate:.2f} req/s (80% of the simulated ceiling)",
+            scenario=scenario.at_rate(rate),
+        )
 
 
 def _bigger_batch(x: Context, scenario: Scenario) -> Iterator[Candidate]:
@@ -175,24 +202,32 @@ def _bigger_batch(x: Context, scenario: Scenario) -> Iterator[Candidate]:
     for seqs in sorted({target, 2 * cfg.max_num_seqs}):
         if seqs > cfg.max_num_seqs:
             budget = {"max_num_batched_tokens": seqs} if seqs > cfg.max_num_batched_tokens else {}
-            yield Candidate(f"raise {t.name('max_num_seqs')} to {seqs}",
-                            lambda seqs=seqs, budget=budget: d.with_changes(max_num_seqs=seqs, **budget))
+            yield Candidate(
+                f"raise {t.name('max_num_seqs')} to {seqs}",
+                lambda seqs=seqs, budget=budget: d.with_changes(max_num_seqs=seqs, **budget),
+            )
 
 
 def _more_kv(x: Context, scenario: Scenario) -> Iterator[Candidate]:
     """More KV per sequence: a denser cache, more memory for it, fewer sequences, or more hardware."""
     d, cfg, t = x.d, x.d.config, x.terms
-    yield Candidate(f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')}): twice the tokens in the same memory",
-                    lambda: d.with_changes(kv_cache_dtype="fp8"))
+    yield Candidate(
+        f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')}): twice the tokens in the same memory",
+        lambda: d.with_changes(kv_cache_dtype="fp8"),
+    )
     if cfg.gpu_memory_utilization < 0.95:
         yield Candidate(t.setting("gpu_memory_utilization", 0.95), lambda: d.with_changes(gpu_memory_utilization=0.95))
     if x.c.kv_capacity_seqs < cfg.max_num_seqs:
-        yield Candidate(f"cap the batch at what the KV holds ({t.setting('max_num_seqs', max(1, x.c.kv_capacity_seqs))})",
-                        lambda: d.with_changes(max_num_seqs=max(1, x.c.kv_capacity_seqs)))
+        yield Candidate(
+            f"cap the batch at what the KV holds ({t.setting('max_num_seqs', max(1, x.c.kv_capacity_seqs))})",
+            lambda: d.with_changes(max_num_seqs=max(1, x.c.kv_capacity_seqs)),
+        )
     if d.engine_settings.get("capacity_scheduler_policy") == GUARANTEED_NO_EVICT:
-        yield Candidate(f"admit on the prompt's KV, pausing when short ({t.setting('capacity_scheduler_policy', MAX_UTILIZATION)}"
-                        f"; {GUARANTEED_NO_EVICT}, the default, reserves every request's whole length)",
-                        lambda: d.with_changes(capacity_scheduler_policy=MAX_UTILIZATION))
+        yield Candidate(
+            f"admit on the prompt's KV, pausing when short ({t.setting('capacity_scheduler_policy', MAX_UTILIZATION)}"
+            f"; {GUARANTEED_NO_EVICT}, the default, reserves every request's whole length)",
+            lambda: d.with_changes(capacity_scheduler_policy=MAX_UTILIZATION),
+        )
     yield from _quantized(d, t)
     yield from _more_hardware(d, t, x.region)
 
@@ -202,18 +237,26 @@ def _less_prefill(x: Context, scenario: Scenario) -> Iterator[Candidate]:
     d, cfg, t = x.d, x.d.config, x.terms
     if scenario.prefix_len == 0:
         shared = int(scenario.mean_input * 2 / 3)
-        yield Candidate(f"put the first {shared} prompt tokens in one shared system prompt (prefix caching, on by "
-                        "default, then skips them)", scenario=scenario.with_shared_prefix(shared))
+        yield Candidate(
+            f"put the first {shared} prompt tokens in one shared system prompt (prefix caching, on by "
+            "default, then skips them)",
+            scenario=scenario.with_shared_prefix(shared),
+        )
     if not cfg.enable_prefix_caching:
-        yield Candidate(f"enable prefix caching ({t.setting('enable_prefix_caching', True)})",
-                        lambda: d.with_changes(enable_prefix_caching=True))
+        yield Candidate(
+            f"enable prefix caching ({t.setting('enable_prefix_caching', True)})",
+            lambda: d.with_changes(enable_prefix_caching=True),
+        )
     if scenario.prefix_len and d.engine_settings.get("schedule_policy") == "fcfs":
-        yield Candidate(f"serve requests that share the longest cached prefix first ({t.setting('schedule_policy', 'lpm')})",
-                        lambda: d.with_changes(schedule_policy="lpm"))
+        yield Candidate(
+            f"serve requests that share the longest cached prefix first ({t.setting('schedule_policy', 'lpm')})",
+            lambda: d.with_changes(schedule_policy="lpm"),
+        )
     yield from _quantized(d, t)
     yield from _more_hardware(d, t, x.region)
-    yield Candidate("halve the prompts (truncate history, compress retrieved context)",
-                    scenario=scenario.with_input_scale(0.5))
+    yield Candidate(
+        "halve the prompts (truncate history, compress retrieved context)", scenario=scenario.with_input_scale(0.5)
+    )
 
 
 def _faster_decode(x: Context, scenario: Scenario, compute_bound: bool = False) -> Iterator[Candidate]:
@@ -222,8 +265,10 @@ def _faster_decode(x: Context, scenario: Scenario, compute_bound: bool = False) 
     # A compute-bound step gains nothing from smaller weights multiplied on the same tensor cores (W4A16).
     yield from _quantized(d, t, faster_math_only=compute_bound)
     if cfg.kv_cache_dtype != "fp8":
-        yield Candidate(f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')}): half the bytes read per decoded token",
-                        lambda: d.with_changes(kv_cache_dtype="fp8"))
+        yield Candidate(
+            f"FP8 KV cache ({t.setting('kv_cache_dtype', 'fp8')}): half the bytes read per decoded token",
+            lambda: d.with_changes(kv_cache_dtype="fp8"),
+        )
     yield from _more_hardware(d, t, x.region)
 
 
@@ -231,21 +276,27 @@ def _prefix_caching(x: Context, scenario: Scenario) -> Iterator[Candidate]:
     """Prefix caching on."""
     d, cfg, t = x.d, x.d.config, x.terms
     if not cfg.enable_prefix_caching:
-        yield Candidate(f"enable prefix caching ({'drop --no-enable-prefix-caching' if t.vllm else t.setting('enable_prefix_caching', True)}"
-                        "; on by default)",
-                        lambda: d.with_changes(enable_prefix_caching=True))
+        yield Candidate(
+            f"enable prefix caching ({'drop --no-enable-prefix-caching' if t.vllm else t.setting('enable_prefix_caching', True)}"
+            "; on by default)",
+            lambda: d.with_changes(enable_prefix_caching=True),
+        )
 
 
 def _graphs(x: Context, scenario: Scenario) -> Iterator[Candidate]:
     """CUDA graphs for the batches decode runs."""
     d, cfg, t = x.d, x.d.config, x.terms
     if cfg.enforce_eager:
-        yield Candidate(f"CUDA graphs on (drop {t.name('enforce_eager')}; on by default)",
-                        lambda: d.with_changes(enforce_eager=False))
+        yield Candidate(
+            f"CUDA graphs on (drop {t.name('enforce_eager')}; on by default)",
+            lambda: d.with_changes(enforce_eager=False),
+        )
     elif cfg.cuda_graph_max_batch is not None:
         size = 2 ** math.ceil(math.log2(max(2.0, x.c.decode_batch)))
-        yield Candidate(f"capture graphs up to the batch it runs ({t.setting('cuda_graph_max_batch', size)})",
-                        lambda: d.with_changes(cuda_graph_max_batch=size))
+        yield Candidate(
+            f"capture graphs up to the batch it runs ({t.setting('cuda_graph_max_batch', size)})",
+            lambda: d.with_changes(cuda_graph_max_batch=size),
+        )
 
 
 def _token_budget(x: Context, scenario: Scenario) -> Iterator[Candidate]:
@@ -253,14 +304,16 @@ def _token_budget(x: Context, scenario: Scenario) -> Iterator[Candidate]:
     d, cfg, t = x.d, x.d.config, x.terms
     budget = cfg.max_num_batched_tokens
     if not cfg.enable_chunked_prefill and t.knows("enable_chunked_prefill"):  # TensorRT-LLM: off by default
-        yield Candidate(f"chunk long prompts ({t.setting('enable_chunked_prefill', True)})",
-                        lambda: d.with_changes(enable_chunked_prefill=True))
+        yield Candidate(
+            f"chunk long prompts ({t.setting('enable_chunked_prefill', True)})",
+            lambda: d.with_changes(enable_chunked_prefill=True),
+        )
     for tokens in (budget // 4, budget // 2, budget * 2, budget * 4):
         if tokens >= max(cfg.max_num_seqs, 256):
-            yield Candidate(t.setting("max_num_batched_tokens", tokens),
-                            lambda tokens=tokens: d.with_changes(max_num_batched_tokens=tokens))
-
-
+            yield Candidate(
+                t.setting("max_num_batched_tokens", tokens),
+                lambda tokens=tokens: d.with_changes(max_num_batched_tokens=tokens),
+            )
 
 
 CANDIDATES: dict[str, Callable[[Context, Scenario], Iterator[Candidate]]] = {
@@ -305,10 +358,15 @@ def confirm_command(scenario: Scenario, engine_args: str | None, engine: str = V
     # A shared prefix must be sent as one, or the run confirming a prefix-cache change cannot show it (chats, whose
     # turns resend their history, keep the random line: bench's prefix dataset has no history).
     chat = any(s.after is not None for s in scenario.shapes)
-    dataset = (f"prefix --prefix-len {scenario.prefix_len} --random-input-len {scenario.mean_input - scenario.prefix_len:.0f}"
-               if scenario.prefix_len and not chat else f"random --random-input-len {scenario.mean_input:.0f}")
-    return (f"{restart}servelab bench --base-url URL --dataset-name {dataset} "
-            f"--random-output-len {scenario.mean_output:.0f} --ignore-eos {load} --num-prompts {len(scenario.shapes)}")
+    dataset = (
+        f"prefix --prefix-len {scenario.prefix_len} --random-input-len {scenario.mean_input - scenario.prefix_len:.0f}"
+        if scenario.prefix_len and not chat
+        else f"random --random-input-len {scenario.mean_input:.0f}"
+    )
+    return (
+        f"{restart}servelab bench --base-url URL --dataset-name {dataset} "
+        f"--random-output-len {scenario.mean_output:.0f} --ignore-eos {load} --num-prompts {len(scenario.shapes)}"
+    )
 
 
 def same_change(a: Deployment, b: Deployment) -> bool:
@@ -321,7 +379,9 @@ def tried_result(d: Deployment, tried: Sequence[tuple[Deployment, str]]) -> str 
     return next((result for made, result in tried if same_change(d, made)), None)
 
 
-def recommend(finding: Finding, x: Context, scenario: Scenario, baseline: Outcome, limit: int = 4) -> list[Recommendation]:
+def recommend(
+    finding: Finding, x: Context, scenario: Scenario, baseline: Outcome, limit: int = 4
+) -> list[Recommendation]:
     metric = metric_for(finding.kind, x, scenario)
     higher = metric in HIGHER_IS_BETTER
     before = x.c.saturation_rps or 0.0 if metric == CAPACITY else baseline.value(metric)
@@ -340,15 +400,24 @@ def recommend(finding: Finding, x: Context, scenario: Scenario, baseline: Outcom
         if (gain if higher else -gain) < MIN_GAIN:
             continue
         engine_args = d.engine_args() if cand.deployment is not None else None
-        out.append(Recommendation(
-            change=cand.change, engine_args=engine_args, metric=metric, before=before, after=after,
-            # An overloaded baseline's latency percentiles measure its unstable queue, not the server: left out.
-            effects={m: (baseline.value(m), outcome.value(m)) for m in SHOWN
-                     if m != metric and not (x.overloaded and m in UNSTABLE)},
-            confirm=confirm_command(cand.scenario or scenario, engine_args, d.engine),
-            tried=tried_result(d, x.tried) if cand.deployment is not None else None,
-            gain=(after - before) / before if before else 0.0,
-        ))
+        out.append(
+            Recommendation(
+                change=cand.change,
+                engine_args=engine_args,
+                metric=metric,
+                before=before,
+                after=after,
+                # An overloaded baseline's latency percentiles measure its unstable queue, not the server: left out.
+                effects={
+                    m: (baseline.value(m), outcome.value(m))
+                    for m in SHOWN
+                    if m != metric and not (x.overloaded and m in UNSTABLE)
+                },
+                confirm=confirm_command(cand.scenario or scenario, engine_args, d.engine),
+                tried=tried_result(d, x.tried) if cand.deployment is not None else None,
+                gain=(after - before) / before if before else 0.0,
+            )
+        )
     # Best first, except that a change the user already saw do nothing is never the first thing recommended.
     out.sort(key=lambda r: (r.tried == NO_EFFECT, -(r.gain if higher else -r.gain)))
     return out[:limit]

@@ -56,8 +56,12 @@ class Figure(StrEnum):
     UTIL = "GPU utilisation"
 
 
-SUMMARY_KEY = {Figure.E2E: "median_e2el_ms", Figure.TTFT: "median_ttft_ms", Figure.TPOT: "median_tpot_ms",
-               Figure.QPS: "request_throughput"}
+SUMMARY_KEY = {
+    Figure.E2E: "median_e2el_ms",
+    Figure.TTFT: "median_ttft_ms",
+    Figure.TPOT: "median_tpot_ms",
+    Figure.QPS: "request_throughput",
+}
 
 
 def measure(o: Outcome, figure: Figure) -> float | None:
@@ -93,10 +97,15 @@ class Gap:
         return self.simulated > 0 and max(self.observed / self.simulated, self.simulated / self.observed) >= FAR
 
     def text(self) -> str:
-        how = (f"{self.observed / self.simulated:.1f}x" if self.above else f"{self.simulated / self.observed:.1f}x below") \
-            if self.figure is not Figure.UTIL else f"{100 * (self.observed - self.simulated):+.0f} points"
-        return (f"you see {self.figure} {fmt(self.figure, self.observed)}; the deployment as described gives "
-                f"{fmt(self.figure, self.simulated)} on the simulator ({how})")
+        how = (
+            (f"{self.observed / self.simulated:.1f}x" if self.above else f"{self.simulated / self.observed:.1f}x below")
+            if self.figure is not Figure.UTIL
+            else f"{100 * (self.observed - self.simulated):+.0f} points"
+        )
+        return (
+            f"you see {self.figure} {fmt(self.figure, self.observed)}; the deployment as described gives "
+            f"{fmt(self.figure, self.simulated)} on the simulator ({how})"
+        )
 
 
 @dataclass(frozen=True)
@@ -130,15 +139,20 @@ class Explanation:
     def label(self, above: bool) -> str:
         """The explanation in a few words, for a title."""
         more = "more" if above else "less"
-        return {"load": f"{more} load than described", "answers": f"{'longer' if above else 'shorter'} answers than described",
-                "prompts": f"{'longer' if above else 'shorter'} prompts than described",
-                "prefix cache": "prompt tokens served from the prefix cache",
-                "outside": "time spent outside the engine", "averaged": "a figure averaged over quiet time"}[self.knob]
+        return {
+            "load": f"{more} load than described",
+            "answers": f"{'longer' if above else 'shorter'} answers than described",
+            "prompts": f"{'longer' if above else 'shorter'} prompts than described",
+            "prefix cache": "prompt tokens served from the prefix cache",
+            "outside": "time spent outside the engine",
+            "averaged": "a figure averaged over quiet time",
+        }[self.knob]
 
 
 def solve(d: Deployment, knob: Knob, figure: Figure, target: float) -> tuple[float, Outcome] | None:
     """The knob's value (as a factor of the described one) whose simulated figure is `target`, by bisection in log
     space over [knob.lower, knob.upper]; None when no value there reaches it (the figure is monotone in each knob)."""
+
     def at(factor: float) -> float:
         value = measure(run(d, knob.vary(factor), None), figure)
         return value if value is not None else math.nan
@@ -174,39 +188,75 @@ def knobs(d: Deployment, s: Scenario, figure: Figure, saturation: float | None =
 
         # Up to four times what the engine can run at once: beyond it requests queue, and waiting adds to every figure.
         most = 4 * (d.config.max_num_seqs or 256) * d.config.data_parallel_size
-        out.append(Knob("load", closed,
-                        lambda f, o: (f"~{_value_c(c, f)} requests in flight at once (you described {c}), "
-                                      f"~{_count(o.mean_running)} of them decoding in each step"),
-                        f"the engine's own gauges at peak ({running} on /metrics)", upper=max(SPAN, most / c),
-                        lower=1 / LOAD_SPAN, missed=f"{max(1, round(c / LOAD_SPAN))}-{round(c * max(SPAN, most / c))} "
-                                                    "requests in flight"))
+        out.append(
+            Knob(
+                "load",
+                closed,
+                lambda f, o: (
+                    f"~{_value_c(c, f)} requests in flight at once (you described {c}), "
+                    f"~{_count(o.mean_running)} of them decoding in each step"
+                ),
+                f"the engine's own gauges at peak ({running} on /metrics)",
+                upper=max(SPAN, most / c),
+                lower=1 / LOAD_SPAN,
+                missed=f"{max(1, round(c / LOAD_SPAN))}-{round(c * max(SPAN, most / c))} requests in flight",
+            )
+        )
     elif s.offered_rate:
         r = s.offered_rate
-        out.append(Knob("load", lambda f: s.at_rate(r * f),
-                        lambda f, o: (f"~{r * f:.2f} req/s arriving (you described {r:.2f}), "
-                                      f"~{_count(o.mean_running)} decoding in each step"),
-                        f"the request counter's rate at peak ({t.token_counters} on /metrics)",
-                        upper=max(1.0, 1.2 * (saturation or r) / r), lower=1 / LOAD_SPAN,
-                        missed=f"{r / LOAD_SPAN:.2f}-{max(r, 1.2 * (saturation or r)):.2f} req/s"))
-    out.append(Knob("answers", s.with_output_scale,
-                    lambda f, o: f"answers of ~{s.mean_output * f:.0f} tokens (you described ~{s.mean_output:.0f})",
-                    f"the mean answer length the server counts ({t.metrics(tl.GENERATION_TOKENS, tl.E2E_COUNT)} on "
-                    "/metrics: output tokens per finished request), or the usage field of a sample of responses",
-                    missed=f"answers of {s.mean_output / SPAN:.0f}-{s.mean_output * SPAN:.0f} tokens"))
+        out.append(
+            Knob(
+                "load",
+                lambda f: s.at_rate(r * f),
+                lambda f, o: (
+                    f"~{r * f:.2f} req/s arriving (you described {r:.2f}), "
+                    f"~{_count(o.mean_running)} decoding in each step"
+                ),
+                f"the request counter's rate at peak ({t.token_counters} on /metrics)",
+                upper=max(1.0, 1.2 * (saturation or r) / r),
+                lower=1 / LOAD_SPAN,
+                missed=f"{r / LOAD_SPAN:.2f}-{max(r, 1.2 * (saturation or r)):.2f} req/s",
+            )
+        )
+    out.append(
+        Knob(
+            "answers",
+            s.with_output_scale,
+            lambda f, o: f"answers of ~{s.mean_output * f:.0f} tokens (you described ~{s.mean_output:.0f})",
+            f"the mean answer length the server counts ({t.metrics(tl.GENERATION_TOKENS, tl.E2E_COUNT)} on "
+            "/metrics: output tokens per finished request), or the usage field of a sample of responses",
+            missed=f"answers of {s.mean_output / SPAN:.0f}-{s.mean_output * SPAN:.0f} tokens",
+        )
+    )
     if figure in (Figure.TTFT, Figure.UTIL):
-        out.append(Knob("prompts", s.with_input_scale,
-                        lambda f, o: (f"prompts of ~{s.mean_input * f:.0f} tokens (you described {s.mean_input:.0f}: "
-                                      "lengths counted in characters or words are not tokens)"),
-                        "the prompt-token counter's rate over the request counter's, or the usage field of a few "
-                        "responses", upper=min(SPAN, (d.config.max_model_len or 32768) / max(1.0, s.mean_input + s.mean_output)),
-                        missed=f"prompts of {s.mean_input / SPAN:.0f}-{s.mean_input * SPAN:.0f} tokens"))
+        out.append(
+            Knob(
+                "prompts",
+                s.with_input_scale,
+                lambda f, o: (
+                    f"prompts of ~{s.mean_input * f:.0f} tokens (you described {s.mean_input:.0f}: "
+                    "lengths counted in characters or words are not tokens)"
+                ),
+                "the prompt-token counter's rate over the request counter's, or the usage field of a few responses",
+                upper=min(SPAN, (d.config.max_model_len or 32768) / max(1.0, s.mean_input + s.mean_output)),
+                missed=f"prompts of {s.mean_input / SPAN:.0f}-{s.mean_input * SPAN:.0f} tokens",
+            )
+        )
     if figure in (Figure.TTFT, Figure.UTIL) and s.prefix_len == 0:
-        out.append(Knob("prefix cache", lambda f: s.with_shared_prefix(int(min(0.95, f) * s.mean_input)),
-                        lambda f, o: (f"~{min(0.95, f):.0%} of each prompt served from the prefix cache (a system "
-                                      "prompt, resent history or retrieved passages that repeat): those tokens are "
-                                      "not computed"),
-                        f"the prefix-cache hit rate ({t.metrics(tl.PREFIX_HITS, tl.PREFIX_QUERIES)} on /metrics)",
-                        upper=1.0, missed="up to 95% of each prompt from the prefix cache"))
+        out.append(
+            Knob(
+                "prefix cache",
+                lambda f: s.with_shared_prefix(int(min(0.95, f) * s.mean_input)),
+                lambda f, o: (
+                    f"~{min(0.95, f):.0%} of each prompt served from the prefix cache (a system "
+                    "prompt, resent history or retrieved passages that repeat): those tokens are "
+                    "not computed"
+                ),
+                f"the prefix-cache hit rate ({t.metrics(tl.PREFIX_HITS, tl.PREFIX_QUERIES)} on /metrics)",
+                upper=1.0,
+                missed="up to 95% of each prompt from the prefix cache",
+            )
+        )
     return out
 
 
@@ -218,14 +268,21 @@ def _value_c(c: int, f: float) -> int:
     return max(1, round(c * f))
 
 
-OUTSIDE_DECIDES = ("the server's own end-to-end latency (the e2e request latency histogram's sum over its count on "
-                   "/metrics) beside what the application measures: if the server's is the simulated figure, the rest "
-                   "is spent before or after the engine (retrieval, the application, a gateway's queue)")
+OUTSIDE_DECIDES = (
+    "the server's own end-to-end latency (the e2e request latency histogram's sum over its count on "
+    "/metrics) beside what the application measures: if the server's is the simulated figure, the rest "
+    "is spent before or after the engine (retrieval, the application, a gateway's queue)"
+)
 
 
-def explain(d: Deployment, s: Scenario, gap: Gap, tried: Sequence[Tried] = (),
-            saturation: float | None = None, others: dict[Figure, float] | None = None
-            ) -> tuple[list[Explanation], list[str]]:
+def explain(
+    d: Deployment,
+    s: Scenario,
+    gap: Gap,
+    tried: Sequence[Tried] = (),
+    saturation: float | None = None,
+    others: dict[Figure, float] | None = None,
+) -> tuple[list[Explanation], list[str]]:
     """Every explanation of `gap` the simulator can make concrete, best first; and what was simulated and does not
     reproduce the figure (said too: "no prompt length gives 30%" is evidence)."""
     out: list[Explanation] = []
@@ -240,19 +297,39 @@ def explain(d: Deployment, s: Scenario, gap: Gap, tried: Sequence[Tried] = (),
         # The nearer the description, the likelier: 2x off scores 0.59, 4x 0.42, 8x 0.32. A prefix-cache share is
         # not a departure from a described length: it scores as a 2x one.
         departure = 2.0 if knob.name == "prefix cache" else factor
-        out.append(Explanation(knob.name, knob.says(factor, outcome), knob.decides,
-                               1 / (1 + abs(math.log(departure))), knob.vary(factor)))
+        out.append(
+            Explanation(
+                knob.name,
+                knob.says(factor, outcome),
+                knob.decides,
+                1 / (1 + abs(math.log(departure))),
+                knob.vary(factor),
+            )
+        )
     if gap.above and gap.figure in (Figure.E2E, Figure.TTFT):
         outside = gap.observed - gap.simulated
-        out.append(Explanation(
-            "outside", f"~{outside:,.0f} ms of each request spent outside the engine: retrieval (RAG) or the "
-                       "application before the call, a gateway or load balancer queueing requests, or a client that "
-                       "reads the stream slowly", OUTSIDE_DECIDES, 0.45, None, outside))
+        out.append(
+            Explanation(
+                "outside",
+                f"~{outside:,.0f} ms of each request spent outside the engine: retrieval (RAG) or the "
+                "application before the call, a gateway or load balancer queueing requests, or a client that "
+                "reads the stream slowly",
+                OUTSIDE_DECIDES,
+                0.45,
+                None,
+                outside,
+            )
+        )
     if not gap.above and gap.figure in (Figure.UTIL, Figure.QPS):
-        out.append(Explanation(
-            "averaged", f"a {gap.figure} averaged over quiet hours or over several GPUs, or sampled off-peak",
-            "the figure read at the peak minute, per GPU (`nvidia-smi dmon -s u -d 1` beside the request rate)",
-            0.35, None))
+        out.append(
+            Explanation(
+                "averaged",
+                f"a {gap.figure} averaged over quiet hours or over several GPUs, or sampled off-peak",
+                "the figure read at the peak minute, per GPU (`nvidia-smi dmon -s u -d 1` beside the request rate)",
+                0.35,
+                None,
+            )
+        )
     for e in out:
         weigh(d, s, e, gap, tried)
         cross_check(d, s, e, others or {})
@@ -269,8 +346,11 @@ FLOOR = 0.02
 def likelihood(reported: TriedResult, change: float) -> float:
     """How likely the user reports `reported` when the figure moved by `change` (relative; lower is better)."""
     unseen = math.exp(-0.5 * (change / NOISE) ** 2)
-    seen = {TriedResult.NO_EFFECT: unseen, TriedResult.HELPED: (1 - unseen) if change < 0 else 0.0,
-            TriedResult.HURT: (1 - unseen) if change > 0 else 0.0}[reported]
+    seen = {
+        TriedResult.NO_EFFECT: unseen,
+        TriedResult.HELPED: (1 - unseen) if change < 0 else 0.0,
+        TriedResult.HURT: (1 - unseen) if change > 0 else 0.0,
+    }[reported]
     return max(FLOOR, seen)
 
 
@@ -288,8 +368,10 @@ def weigh(d: Deployment, base: Scenario, e: Explanation, gap: Gap, tried: Sequen
             continue
         fit = likelihood(t.result, (after - before) / before if before else 0.0)
         e.score *= fit
-        e.checks.append(f"{t.change} would have moved {gap.figure} {moved(gap.figure, before, after)}; you saw "
-                       f"{t.result}: {agreement(fit)}")
+        e.checks.append(
+            f"{t.change} would have moved {gap.figure} {moved(gap.figure, before, after)}; you saw "
+            f"{t.result}: {agreement(fit)}"
+        )
 
 
 def moved(figure: Figure, before: float, after: float) -> str:
@@ -332,12 +414,21 @@ class Reconciled:
     """That explanation in a few words."""
 
 
-def finding(d: Deployment, s: Scenario, baseline: Outcome, observed: dict[Figure, float],
-            tried: Sequence[Tried] = (), saturation: float | None = None) -> Reconciled | None:
+def finding(
+    d: Deployment,
+    s: Scenario,
+    baseline: Outcome,
+    observed: dict[Figure, float],
+    tried: Sequence[Tried] = (),
+    saturation: float | None = None,
+) -> Reconciled | None:
     """The first finding when what the user saw is far from what the described deployment gives, with its ranked
     explanations; None when every figure is near its simulated counterpart."""
-    gaps = [Gap(f, v, sim) for f, v in observed.items()
-            if (sim := measure(baseline, f)) is not None and sim > 0 and Gap(f, v, sim).far]
+    gaps = [
+        Gap(f, v, sim)
+        for f, v in observed.items()
+        if (sim := measure(baseline, f)) is not None and sim > 0 and Gap(f, v, sim).far
+    ]
     if not gaps:
         return None
     gap = gaps[0]  # the first figure the user gave, in Figure's order: latency before throughput before utilisation
@@ -347,14 +438,21 @@ def finding(d: Deployment, s: Scenario, baseline: Outcome, observed: dict[Figure
         evidence.append(f"{i}. {e.text} — decided by {e.decides}")
         evidence.extend(f"   {line}" for line in e.checks or [])
     if missed:
-        evidence.append(f"simulated and not reproducing {gap.figure} {fmt(gap.figure, gap.observed)}: "
-                        + "; ".join(missed))
+        evidence.append(
+            f"simulated and not reproducing {gap.figure} {fmt(gap.figure, gap.observed)}: " + "; ".join(missed)
+        )
     word = "above" if gap.above else "below"
-    title = (f"You see {gap.figure} {fmt(gap.figure, gap.observed)}, {word} the simulated "
-             f"{fmt(gap.figure, gap.simulated)}: " + (f"most likely {ranked[0].label(gap.above)}" if ranked else "unexplained"))
+    title = (
+        f"You see {gap.figure} {fmt(gap.figure, gap.observed)}, {word} the simulated "
+        f"{fmt(gap.figure, gap.simulated)}: "
+        + (f"most likely {ranked[0].label(gap.above)}" if ranked else "unexplained")
+    )
     best = ranked[0] if ranked else None
-    return Reconciled(make_finding(OBSERVED_VS_SIMULATED, title, 1.0, evidence), best.scenario if best else None,
-                      best.text.split(" (")[0] if best else "")
+    return Reconciled(
+        make_finding(OBSERVED_VS_SIMULATED, title, 1.0, evidence),
+        best.scenario if best else None,
+        best.text.split(" (")[0] if best else "",
+    )
 
 
 TRIED = FindingKind.TRIED
@@ -370,12 +468,19 @@ def tried_finding(d: Deployment, s: Scenario, tried: Sequence[Tried], figure: Fi
         before, after = predicted(d, t, s, lambda o: measure(o, figure))
         fit = likelihood(t.result, (after - before) / before if before else 0.0)
         worst = min(worst, fit)
-        lines.append(f"{t.change}: on the simulator {figure} {moved(figure, before, after)}; you saw {t.result}: "
-                     f"{agreement(fit)}")
+        lines.append(
+            f"{t.change}: on the simulator {figure} {moved(figure, before, after)}; you saw {t.result}: "
+            f"{agreement(fit)}"
+        )
     if worst < 0.2:
-        lines.append("a change that should have moved the figure did not: the engine is not where the time goes (it "
-                     "is spent outside: retrieval, the application, a gateway), or more runs at once than described "
-                     "(a step at a larger batch is compute-bound, and smaller weights then gain less)")
-    title = ("What you tried contradicts the simulation of the deployment as described" if worst < 0.2 else
-             "What you tried agrees with the simulation")
+        lines.append(
+            "a change that should have moved the figure did not: the engine is not where the time goes (it "
+            "is spent outside: retrieval, the application, a gateway), or more runs at once than described "
+            "(a step at a larger batch is compute-bound, and smaller weights then gain less)"
+        )
+    title = (
+        "What you tried contradicts the simulation of the deployment as described"
+        if worst < 0.2
+        else "What you tried agrees with the simulation"
+    )
     return make_finding(TRIED, title, 0.95 if worst < 0.2 else 0.2, lines)

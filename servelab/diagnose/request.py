@@ -61,14 +61,24 @@ DeploymentBuilder = Callable[[DeploymentWords], Deployment]
 def from_catalogue(w: DeploymentWords) -> Deployment:
     """The deployment from the GPU and model catalogues (calibration profiles need the CLI's builder)."""
     if w.calibration is not None:
-        raise InputError("a calibration profile is read by `servelab diagnose --calibration`; from Python, give gpu and model")
+        raise InputError(
+            "a calibration profile is read by `servelab diagnose --calibration`; from Python, give gpu and model"
+        )
     if w.gpu is None or w.model is None:
         raise InputError("give the GPU and the model the deployment runs")
     if w.engine == VLLM:
-        return build_deployment(w.gpu, w.model, w.engine_args, tensor_parallel_size=w.tp, replicas=w.replicas,
-                                gpu_file=w.gpu_file, vllm_version=w.vllm_version)
-    return build_engine_deployment(w.engine, w.gpu, w.model, w.engine_args, tensor_parallel_size=w.tp,
-                                   replicas=w.replicas, gpu_file=w.gpu_file)
+        return build_deployment(
+            w.gpu,
+            w.model,
+            w.engine_args,
+            tensor_parallel_size=w.tp,
+            replicas=w.replicas,
+            gpu_file=w.gpu_file,
+            vllm_version=w.vllm_version,
+        )
+    return build_engine_deployment(
+        w.engine, w.gpu, w.model, w.engine_args, tensor_parallel_size=w.tp, replicas=w.replicas, gpu_file=w.gpu_file
+    )
 
 
 @dataclass(frozen=True)
@@ -88,8 +98,10 @@ class Described:
 
     @property
     def given(self) -> bool:
-        return any(v is not None for v in (self.input_len, self.input_chars, self.output_len, self.request_rate,
-                                           self.max_concurrency))
+        return any(
+            v is not None
+            for v in (self.input_len, self.input_chars, self.output_len, self.request_rate, self.max_concurrency)
+        )
 
     @property
     def shaped(self) -> bool:
@@ -122,9 +134,13 @@ class DiagnoseRequest:
 # ~10 req/s, "GPU utilisation 30%, memory full": why won't QPS go up?
 EXAMPLE = DiagnoseRequest(
     DeploymentWords("a100-80gb", "qwen2.5-7b", "--max-num-seqs 256"),
-    described=Described(input_len=1500, request_rate=10.0), observed=Observed(qps=10.0, gpu_util=0.3))
-EXAMPLE_COMMAND = ("servelab diagnose --gpu a100-80gb --model qwen2.5-7b --engine-args \"--max-num-seqs 256\" "
-                   "--input-len 1500 --request-rate 10 --observed-qps 10 --observed-gpu-util 0.3")
+    described=Described(input_len=1500, request_rate=10.0),
+    observed=Observed(qps=10.0, gpu_util=0.3),
+)
+EXAMPLE_COMMAND = (
+    'servelab diagnose --gpu a100-80gb --model qwen2.5-7b --engine-args "--max-num-seqs 256" '
+    "--input-len 1500 --request-rate 10 --observed-qps 10 --observed-gpu-util 0.3"
+)
 """The command line the example stands for (its answer length, like the user's story, not given: assumed)."""
 
 
@@ -142,8 +158,14 @@ def observed_from(figures: Mapping[str, float] | None, goal: str | None = None) 
     if goal is not None and goal not in tuple(Goal):
         raise InputError(f"goal {goal!r}: choose {' or '.join(Goal)}")
     get = seen.get
-    return Observed(get("qps"), get("ttft_ms"), get("gpu_util"), get("e2e_ms"), get("tpot_ms"),
-                    goal=Goal(goal) if goal is not None else None)
+    return Observed(
+        get("qps"),
+        get("ttft_ms"),
+        get("gpu_util"),
+        get("e2e_ms"),
+        get("tpot_ms"),
+        goal=Goal(goal) if goal is not None else None,
+    )
 
 
 def region_named(region: str | None) -> Region | None:
@@ -156,8 +178,14 @@ def region_named(region: str | None) -> Region | None:
 def is_example(r: DiagnoseRequest) -> bool:
     """Nothing describes a deployment: the built-in example stands in (a vLLM one)."""
     w = r.deployment
-    return (r.results is None and not r.described.given and w.gpu is None and w.model is None
-            and w.calibration is None and w.engine in (AUTO, VLLM))
+    return (
+        r.results is None
+        and not r.described.given
+        and w.gpu is None
+        and w.model is None
+        and w.calibration is None
+        and w.engine in (AUTO, VLLM)
+    )
 
 
 def check(r: DiagnoseRequest) -> None:
@@ -168,25 +196,34 @@ def check(r: DiagnoseRequest) -> None:
     if r.deployment.vllm_version is not None and r.deployment.engine not in (VLLM, AUTO):
         raise InputError(f"--vllm-version describes a vLLM server, not --engine {r.deployment.engine}")
     if r.results is not None and r.described.given:
-        raise InputError("RESULTS and --input-len/--output-len/--request-rate/--max-concurrency both describe the workload; "
-                         "give a results directory or a described deployment, not both")
+        raise InputError(
+            "RESULTS and --input-len/--output-len/--request-rate/--max-concurrency both describe the workload; "
+            "give a results directory or a described deployment, not both"
+        )
     if r.results is not None and r.described.shaped:
-        raise InputError("--output-len-distribution, --prefix-len and --turns describe a workload; a results directory "
-                         "already holds the measured one")
+        raise InputError(
+            "--output-len-distribution, --prefix-len and --turns describe a workload; a results directory "
+            "already holds the measured one"
+        )
     if r.described.input_len is not None and r.described.input_chars is not None:
         raise InputError("--input-len and --input-chars both give the prompt length; give one")
     if r.described.script is not None and r.described.input_chars is None:
         raise InputError("--script says how characters become tokens: give the prompt length with --input-chars")
 
 
-def diagnose(request: DiagnoseRequest, build: DeploymentBuilder = from_catalogue,
-             warn: Callable[[str], None] = lambda _: None) -> Diagnosis:
+def diagnose(
+    request: DiagnoseRequest, build: DeploymentBuilder = from_catalogue, warn: Callable[[str], None] = lambda _: None
+) -> Diagnosis:
     """The diagnosis `request` asks for; `warn` hears what a reader must see before the answer (the engine
     recorded elsewhere than asked, a run cut short)."""
     check(request)
     if is_example(request):
-        request = replace(request, deployment=replace(EXAMPLE.deployment, engine=VLLM), described=EXAMPLE.described,
-                          observed=replace(EXAMPLE.observed, goal=request.observed.goal))  # the asked options stay
+        request = replace(
+            request,
+            deployment=replace(EXAMPLE.deployment, engine=VLLM),
+            described=EXAMPLE.described,
+            observed=replace(EXAMPLE.observed, goal=request.observed.goal),
+        )  # the asked options stay
     observed = replace(request.observed, tried=tuple(parse_tried(t) for t in request.tried))
     slo = SLO.parse(request.goodput)
     run = load_run(request.results) if request.results is not None else None
@@ -197,17 +234,29 @@ def diagnose(request: DiagnoseRequest, build: DeploymentBuilder = from_catalogue
     deployment = build(words)
     if engine_note is not None:
         warn(engine_note)
-    asked = analysis.Asked(slo=slo, observed=observed, slo_share=request.slo_attainment,
-                           with_advice=request.check_advice, with_alternatives=request.price_options or None,
-                           gpu_cost_per_hour=request.gpu_cost_per_hour, engines=request.compare_engines,
-                           region=request.region)
+    asked = analysis.Asked(
+        slo=slo,
+        observed=observed,
+        slo_share=request.slo_attainment,
+        with_advice=request.check_advice,
+        with_alternatives=request.price_options or None,
+        gpu_cost_per_hour=request.gpu_cost_per_hour,
+        engines=request.compare_engines,
+        region=request.region,
+    )
     partial = ""
     if run is not None:
         partial = run.partial_note()
         dx = analysis.diagnose_run(run, deployment, warmup=request.warmup, **asked)
         if words.calibration is not None:  # a run measured under other conditions than the profile's is not comparable
-            dx.notes.extend(condition_changes(load_profile(words.calibration).host, run.run_info.get("client_host", {}),
-                                              now_label="during this run", then_label="at calibration"))
+            dx.notes.extend(
+                condition_changes(
+                    load_profile(words.calibration).host,
+                    run.run_info.get("client_host", {}),
+                    now_label="during this run",
+                    then_label="at calibration",
+                )
+            )
         dx.notes[:0] = [n for n in (engine_note, server_note) if n is not None]
     else:
         dx = _described(request.described, deployment, observed, asked)
@@ -237,11 +286,17 @@ def _simulated_deployment(run_info: dict[str, Any], w: DeploymentWords) -> Deplo
     if run_info.get("source") != "sim":
         return w
     path = lambda key: Path(flags[key]) if flags.get(key) else None  # noqa: E731
-    return replace(w, gpu=flags.get("gpu"), model=flags.get("model"), calibration=path("calibration"),
-                   engine_args=w.engine_args or flags.get("engine_args") or "",
-                   tp=w.tp if w.tp is not None else flags.get("tp"),
-                   replicas=w.replicas if w.replicas is not None else flags.get("replicas"),
-                   gpu_file=w.gpu_file or path("gpu_file"), vllm_version=w.vllm_version or flags.get("vllm_version"))
+    return replace(
+        w,
+        gpu=flags.get("gpu"),
+        model=flags.get("model"),
+        calibration=path("calibration"),
+        engine_args=w.engine_args or flags.get("engine_args") or "",
+        tp=w.tp if w.tp is not None else flags.get("tp"),
+        replicas=w.replicas if w.replicas is not None else flags.get("replicas"),
+        gpu_file=w.gpu_file or path("gpu_file"),
+        vllm_version=w.vllm_version or flags.get("vllm_version"),
+    )
 
 
 def _described(s: Described, deployment: Deployment, observed: Observed, asked: analysis.Asked) -> Diagnosis:
@@ -260,12 +315,20 @@ def _described(s: Described, deployment: Deployment, observed: Observed, asked: 
     if rate is None and s.max_concurrency is None:
         raise InputError("a described deployment needs --request-rate, --max-concurrency or --observed-qps")
     lengths = output_lengths(s.output_len_distribution, output_len)
-    scenario = synthetic(input_len, output_len, request_rate=rate, max_concurrency=s.max_concurrency,
-                         prefix_len=s.prefix_len, turns=s.turns, output_lengths=lengths)
+    scenario = synthetic(
+        input_len,
+        output_len,
+        request_rate=rate,
+        max_concurrency=s.max_concurrency,
+        prefix_len=s.prefix_len,
+        turns=s.turns,
+        output_lengths=lengths,
+    )
     if rate is not None:
         assumed += (Assumed.ARRIVALS,)
-    return analysis.diagnose_described(deployment, scenario, **asked | analysis.Asked(
-        assumed=assumed, characters=(s.input_chars, s.script)))
+    return analysis.diagnose_described(
+        deployment, scenario, **asked | analysis.Asked(assumed=assumed, characters=(s.input_chars, s.script))
+    )
 
 
 def output_lengths(spec: str, mean: int) -> LengthDistribution:
@@ -274,6 +337,7 @@ def output_lengths(spec: str, mean: int) -> LengthDistribution:
     try:
         return LengthDistribution(mean, shape, float(spread) if spread else (0.0 if shape == "fixed" else 0.5))
     except ValueError as exc:  # WorkloadError is one
-        raise InputError(f"--output-len-distribution {spec!r}: give SHAPE[:SPREAD], SHAPE one of "
-                         f"{', '.join(DISTRIBUTIONS)}, e.g. lognormal:0.5 ({exc})") from None
-
+        raise InputError(
+            f"--output-len-distribution {spec!r}: give SHAPE[:SPREAD], SHAPE one of "
+            f"{', '.join(DISTRIBUTIONS)}, e.g. lognormal:0.5 ({exc})"
+        ) from None

@@ -51,20 +51,27 @@ class DecodeStep:
     @property
     def bound(self) -> StepClass:
         largest = max(self.gemm_ms, self.weights_ms, self.kv_ms)
-        return (StepClass.COMPUTE if largest == self.gemm_ms else
-                StepClass.WEIGHTS if largest == self.weights_ms else StepClass.KV)
+        return (
+            StepClass.COMPUTE
+            if largest == self.gemm_ms
+            else StepClass.WEIGHTS
+            if largest == self.weights_ms
+            else StepClass.KV
+        )
 
     def evidence(self) -> str:
         gemm = "compute-bound" if self.gemm_ms >= self.weights_ms else "bound by the weight read"
-        return (f"a decode step at ~{self.batch} sequences (~{self.context}-token contexts): the weight GEMMs take "
-                f"{self.gemm_ms:.1f} ms on {self.compute_dtype} tensor cores and reading the {self.weight_gb:.1f} GB "
-                f"of weights {self.weights_ms:.1f} ms ({self.intensity:.0f} FLOP per weight byte against the chip's "
-                f"ridge of {self.ridge:.0f}: {gemm}); reading {self.kv_gb:.1f} GB of KV cache takes {self.kv_ms:.1f} ms")
+        return (
+            f"a decode step at ~{self.batch} sequences (~{self.context}-token contexts): the weight GEMMs take "
+            f"{self.gemm_ms:.1f} ms on {self.compute_dtype} tensor cores and reading the {self.weight_gb:.1f} GB "
+            f"of weights {self.weights_ms:.1f} ms ({self.intensity:.0f} FLOP per weight byte against the chip's "
+            f"ridge of {self.ridge:.0f}: {gemm}); reading {self.kv_gb:.1f} GB of KV cache takes {self.kv_ms:.1f} ms"
+        )
 
     def title(self) -> str:
         return {
             StepClass.COMPUTE: f"Token generation is compute-bound: at ~{self.batch} sequences a step's weight "
-                               "multiplications outlast its memory reads",
+            "multiplications outlast its memory reads",
             StepClass.WEIGHTS: "Token generation is limited by how fast the GPU streams the weights",
             StepClass.KV: f"Token generation is limited by reading the KV cache of ~{self.batch} sequences each step",
         }[self.bound]
@@ -81,10 +88,14 @@ def decode_step(d: Deployment, batch: float, context: float) -> DecodeStep:
     kv = n * ctx * kv_bytes_per_token_per_rank(model, cfg.kv_cache_dtype, tp)
     flops = n * (model.linear_flops_per_token + model.lm_head_flops_per_token) / tp
     return DecodeStep(
-        batch=n, context=ctx,
+        batch=n,
+        context=ctx,
         gemm_ms=1e3 * flops / (peak * c.compute_efficiency),
         weights_ms=1e3 * weights / (hw.memory_bandwidth * c.memory_efficiency),
         kv_ms=1e3 * kv / (hw.memory_bandwidth * c.attention_memory_efficiency),
-        weight_gb=weights / 1e9, kv_gb=kv / 1e9, ridge=peak / hw.memory_bandwidth, intensity=flops / weights,
+        weight_gb=weights / 1e9,
+        kv_gb=kv / 1e9,
+        ridge=peak / hw.memory_bandwidth,
+        intensity=flops / weights,
         compute_dtype=fmt.compute_dtype,
     )

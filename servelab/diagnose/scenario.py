@@ -61,11 +61,13 @@ class Scenario:
     @property
     def mean_shared(self) -> float:
         """Mean prompt tokens a request shares with an earlier one: the shared prefix, or the history a turn resends."""
+
         def shared(s: Shape) -> int:
             if s.after is not None:
                 previous = self.shapes[s.after]
                 return min(s.input_len, previous.input_len + previous.output_len)
             return min(self.prefix_len, s.input_len) if s.prefix_group is not None else 0
+
         return float(np.mean([shared(s) for s in self.shapes]))
 
     @property
@@ -78,8 +80,13 @@ class Scenario:
     def specs(self) -> list[RequestSpec]:
         return [
             RequestSpec(
-                index=i, prompt_ids=ids, max_tokens=s.output_len, arrival_time=s.arrival,
-                prefix_group=s.prefix_group, prefix_len=shared, depends_on=s.after,
+                index=i,
+                prompt_ids=ids,
+                max_tokens=s.output_len,
+                arrival_time=s.arrival,
+                prefix_group=s.prefix_group,
+                prefix_len=shared,
+                depends_on=s.after,
             )
             for i, (s, (ids, shared)) in enumerate(zip(self.shapes, _prompts(self.shapes, self.prefix_len, self.seed)))
         ]
@@ -93,12 +100,20 @@ class Scenario:
         """Same requests, Poisson arrivals at `rate` req/s (open loop, no concurrency cap)."""
         gaps = np.random.default_rng(self.seed + 1).exponential(1.0 / rate, size=len(self.shapes))
         times = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
-        return replace(self, shapes=tuple(replace(s, arrival=float(t)) for s, t in zip(self.shapes, times)),
-                       max_concurrency=None, nominal_rate=rate)
+        return replace(
+            self,
+            shapes=tuple(replace(s, arrival=float(t)) for s, t in zip(self.shapes, times)),
+            max_concurrency=None,
+            nominal_rate=rate,
+        )
 
     def closed_loop(self, concurrency: int) -> Scenario:
-        return replace(self, shapes=tuple(replace(s, arrival=0.0) for s in self.shapes), max_concurrency=concurrency,
-                       nominal_rate=None)
+        return replace(
+            self,
+            shapes=tuple(replace(s, arrival=0.0) for s in self.shapes),
+            max_concurrency=concurrency,
+            nominal_rate=None,
+        )
 
     def with_shared_prefix(self, prefix_len: int, groups: int = 1) -> Scenario:
         """The first `prefix_len` tokens of every prompt become one of `groups` shared prefixes."""
@@ -126,8 +141,9 @@ class Scenario:
         """The same requests `times` over (a chat's turns keep pointing at their own earlier turns): enough requests
         for a closed loop at a higher concurrency to reach its steady state."""
         n = len(self.shapes)
-        shapes = tuple(replace(s, after=None if s.after is None else s.after + k * n)
-                       for k in range(times) for s in self.shapes)
+        shapes = tuple(
+            replace(s, after=None if s.after is None else s.after + k * n) for k in range(times) for s in self.shapes
+        )
         return replace(self, shapes=shapes)
 
     def with_max_input(self, max_len: int) -> Scenario:
@@ -158,11 +174,15 @@ def synthetic(
     if request_rate is None and max_concurrency is None:
         raise InputError("a described deployment needs --request-rate or --max-concurrency")
     if input_len < 1 or output_len < 1:
-        raise InputError(f"a described deployment needs --input-len and --output-len >= 1, got {input_len} and {output_len}")
+        raise InputError(
+            f"a described deployment needs --input-len and --output-len >= 1, got {input_len} and {output_len}"
+        )
     if turns < 1 or prefix_len < 0:
         raise InputError(f"--turns must be >= 1 and --prefix-len >= 0, got {turns} and {prefix_len}")
     if num_requests is None:
-        num_requests = int(np.clip((request_rate or 0) * 60, 300, 2000)) if request_rate else max(300, 8 * max_concurrency)
+        num_requests = (
+            int(np.clip((request_rate or 0) * 60, 300, 2000)) if request_rate else max(300, 8 * max_concurrency)
+        )
     num_requests = max(turns, num_requests - num_requests % turns)
     lengths = output_lengths or LengthDistribution(output_len, "fixed")
     outs = lengths.sample(num_requests, np.random.default_rng(seed + 2))
@@ -172,8 +192,12 @@ def synthetic(
         previous = shapes[-1] if turn else None
         resent = previous.input_len + previous.output_len if previous is not None else prefix_len
         shapes.append(Shape(resent + input_len, int(out), 0.0, 0 if prefix_len else None, i - 1 if turn else None))
-    described: dict[str, object] = {"input_len": input_len, "output_len": lengths.describe(), "prefix_len": prefix_len,
-                                    "turns": turns}
+    described: dict[str, object] = {
+        "input_len": input_len,
+        "output_len": lengths.describe(),
+        "prefix_len": prefix_len,
+        "turns": turns,
+    }
     base = Scenario(tuple(shapes), None, prefix_len, seed, described)
     scenario = base.at_rate(request_rate) if request_rate else base.closed_loop(max_concurrency)
     if request_rate and max_concurrency:
@@ -240,7 +264,9 @@ def _prompts(shapes: tuple[Shape, ...], prefix_len: int, seed: int) -> tuple[tup
         ids = rng.integers(_ID_LOW, _ID_HIGH, size=s.input_len, dtype=np.int32)
         shared = min(prefix_len, s.input_len) if s.prefix_group is not None else 0
         if shared:
-            group = prefixes.setdefault(s.prefix_group, rng.integers(_ID_LOW, _ID_HIGH, size=prefix_len, dtype=np.int32))
+            group = prefixes.setdefault(
+                s.prefix_group, rng.integers(_ID_LOW, _ID_HIGH, size=prefix_len, dtype=np.int32)
+            )
             ids[:shared] = group[:shared]
         if s.after is not None:
             history = histories[s.after]

@@ -33,9 +33,14 @@ class Assumed(StrEnum):
     TOKENS = "tokens per character"
 
 
-def assumptions(d: Deployment, s: Scenario, assumed: tuple[Assumed, ...], *,
-                characters: tuple[int | None, Script | None] = (None, None),
-                region: tuple[Region | None, bool] = (None, False)) -> list[Assumption]:
+def assumptions(
+    d: Deployment,
+    s: Scenario,
+    assumed: tuple[Assumed, ...],
+    *,
+    characters: tuple[int | None, Script | None] = (None, None),
+    region: tuple[Region | None, bool] = (None, False),
+) -> list[Assumption]:
     """Each assumption with how the ceiling and E2E p50 move across its range (output length: 50/200/500 tokens;
     characters per token: the script's range). Also said: an engine modelled approximately (vLLM V0), and the
     region whose chips the alternatives name when they name one (`region`: the one given, and whether any did)."""
@@ -44,24 +49,46 @@ def assumptions(d: Deployment, s: Scenario, assumed: tuple[Assumed, ...], *,
         out.append(Assumption(what="engine", assumed=v0_note(d.vllm_version) or "", points=[]))
     given_region, named_chips = region
     if named_chips:
-        out.append(Assumption(what="where GPUs are bought", assumed=REGION_NOTE[given_region or Region.GLOBAL]
-                              + ("" if given_region else " (not given: --region)"), points=[]))
+        out.append(
+            Assumption(
+                what="where GPUs are bought",
+                assumed=REGION_NOTE[given_region or Region.GLOBAL] + ("" if given_region else " (not given: --region)"),
+                points=[],
+            )
+        )
     chars, script = characters
     if Assumed.TOKENS in assumed and chars is not None:
-        out.append(Assumption(what=Assumed.TOKENS.value, assumed=ratio_said(chars, script),
-                              points=_token_points(d, s, chars, script)))
+        out.append(
+            Assumption(
+                what=Assumed.TOKENS.value, assumed=ratio_said(chars, script), points=_token_points(d, s, chars, script)
+            )
+        )
     for what in assumed:
         if what is Assumed.OUTPUT:
             prefetch(((d, s.with_output_scale(tokens / s.mean_output), None) for tokens in OUTPUT_RANGE), ceilings=True)
             points = []
             for tokens in OUTPUT_RANGE:
                 varied = s.with_output_scale(tokens / s.mean_output)
-                points.append(Point(value=f"{tokens} tokens", ceiling_rps=saturation_rps(d, varied),
-                                    median_e2el_ms=run(d, varied, None).value("median_e2el_ms")))
-            out.append(Assumption(what=what.value, assumed=f"~{s.mean_output:.0f} tokens per answer (not given)", points=points))
+                points.append(
+                    Point(
+                        value=f"{tokens} tokens",
+                        ceiling_rps=saturation_rps(d, varied),
+                        median_e2el_ms=run(d, varied, None).value("median_e2el_ms"),
+                    )
+                )
+            out.append(
+                Assumption(
+                    what=what.value, assumed=f"~{s.mean_output:.0f} tokens per answer (not given)", points=points
+                )
+            )
         elif what is Assumed.ARRIVALS:
-            out.append(Assumption(what=what.value, assumed="Poisson at the given rate (independent users; bursts queue longer)",
-                                  points=[]))
+            out.append(
+                Assumption(
+                    what=what.value,
+                    assumed="Poisson at the given rate (independent users; bursts queue longer)",
+                    points=[],
+                )
+            )
     return out
 
 
@@ -72,6 +99,11 @@ def _token_points(d: Deployment, s: Scenario, chars: int, script: Script | None)
     points = []
     for ratio in ratios:
         varied = s.with_input_scale(chosen / ratio)
-        points.append(Point(value=f"{chars / ratio:,.0f} tokens ({ratio:.1f} characters per token)",
-                            ceiling_rps=saturation_rps(d, varied), median_e2el_ms=run(d, varied, None).value("median_e2el_ms")))
+        points.append(
+            Point(
+                value=f"{chars / ratio:,.0f} tokens ({ratio:.1f} characters per token)",
+                ceiling_rps=saturation_rps(d, varied),
+                median_e2el_ms=run(d, varied, None).value("median_e2el_ms"),
+            )
+        )
     return points

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from servelab.perf.engine_args import parse_engine_args
 
 
-
 def engine_args_from_server(engine_args: str, labels: Mapping[str, str]) -> tuple[str, str | None]:
     """The user's flags, then the server's own KV figures (later flags win); and a note saying what was read, or None."""
     extra: list[str] = []
@@ -34,5 +33,6 @@ def engine_args_from_server(engine_args: str, labels: Mapping[str, str]) -> tupl
         return engine_args, None
     merged = " ".join([engine_args, *extra]).strip()
     parse_engine_args(merged)  # the server's own values must parse as flags; a bad label is a bug to hear about
-    return merged, (f"The KV cache and prefix caching are as the server reported them (vllm:cache_config_info): "
-                    f"{' '.join(extra)}.")
+    return merged, (
+        f"The KV cache and prefix caching are as the server reported them (vllm:cache_config_info): {' '.join(extra)}."
+    )

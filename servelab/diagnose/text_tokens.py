@@ -38,9 +38,13 @@ def ratio_said(characters: int, script: Script | None) -> str:
     tokens = tokens_from_characters(characters, chosen)
     if chosen is Script.CJK:
         low, high = (round(characters / r) for r in (CJK_RANGE[1], CJK_RANGE[0]))
-        return (f"{characters:,} CJK characters at ~{CHARS_PER_TOKEN[chosen]:g} per token = ~{tokens:,} tokens "
-                f"({low:,}-{high:,} across tokenizers; check one prompt with the model's tokenizer)")
+        return (
+            f"{characters:,} CJK characters at ~{CHARS_PER_TOKEN[chosen]:g} per token = ~{tokens:,} tokens "
+            f"({low:,}-{high:,} across tokenizers; check one prompt with the model's tokenizer)"
+        )
     cjk = tokens_from_characters(characters, Script.CJK)
-    return (f"{characters:,} characters at ~{CHARS_PER_TOKEN[chosen]:g} per token (English or another Latin script"
-            f"{'' if script else ', not given'}) = ~{tokens:,} tokens; were they Chinese, Japanese or Korean, "
-            f"~{cjk:,} (--script cjk)")
+    return (
+        f"{characters:,} characters at ~{CHARS_PER_TOKEN[chosen]:g} per token (English or another Latin script"
+        f"{'' if script else ', not given'}) = ~{tokens:,} tokens; were they Chinese, Japanese or Korean, "
+        f"~{cjk:,} (--script cjk)"
+    )

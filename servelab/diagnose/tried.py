@@ -28,6 +28,7 @@ from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
 from servelab.targets.deployment import Deployment
 
+
 class TriedResult(StrEnum):
     NO_EFFECT = NO_EFFECT
     HELPED = "helped"
@@ -50,8 +51,10 @@ def parse_tried(text: str) -> Tried:
     change, sep, result = text.rpartition(":")
     choices = ", ".join(r.value for r in TriedResult)
     if not sep or not change.strip():
-        raise InputError(f"--tried {text!r}: give CHANGE:RESULT, RESULT one of {choices} "
-                         "(e.g. --tried \"--max-num-batched-tokens 512:no-effect\" --tried \"awq:no-effect\")")
+        raise InputError(
+            f"--tried {text!r}: give CHANGE:RESULT, RESULT one of {choices} "
+            '(e.g. --tried "--max-num-batched-tokens 512:no-effect" --tried "awq:no-effect")'
+        )
     try:
         return Tried(change.strip(), TriedResult(result.strip().lower()))
     except ValueError:
@@ -64,8 +67,11 @@ def tried_deployment(d: Deployment, change: str) -> Deployment:
     try:
         if word.startswith("-"):
             parsed = parse_engine_args(change, base=d.requested).config
-            diff = {f.name: getattr(parsed, f.name) for f in fields(EngineConfig)
-                    if getattr(parsed, f.name) != getattr(d.requested, f.name)}
+            diff = {
+                f.name: getattr(parsed, f.name)
+                for f in fields(EngineConfig)
+                if getattr(parsed, f.name) != getattr(d.requested, f.name)
+            }
             if not diff:
                 raise InputError(f"--tried {change!r}: the deployment already runs with that setting")
             return d.with_changes(**diff)
@@ -75,8 +81,10 @@ def tried_deployment(d: Deployment, change: str) -> Deployment:
             return d.with_changes(data_parallel_size=2 * d.config.data_parallel_size)
         return d.rebuilt(hardware=get_gpu(word))
     except PerfConfigError as exc:
-        raise InputError(f"--tried {change!r}: {exc} (CHANGE is an engine flag as typed after `vllm serve`, one of "
-                         f"{', '.join(QUANTIZATIONS)}, a GPU name or 'replica')") from None
+        raise InputError(
+            f"--tried {change!r}: {exc} (CHANGE is an engine flag as typed after `vllm serve`, one of "
+            f"{', '.join(QUANTIZATIONS)}, a GPU name or 'replica')"
+        ) from None
 
 
 def check_all(d: Deployment, tried: Sequence[Tried]) -> tuple[tuple[Deployment, str], ...]:
@@ -84,8 +92,9 @@ def check_all(d: Deployment, tried: Sequence[Tried]) -> tuple[tuple[Deployment, 
     return tuple((tried_deployment(d, t.change), t.result.value) for t in tried)
 
 
-def predicted(d: Deployment, t: Tried, scenario: Scenario, figure: Callable[[Outcome], float | None],
-              outside_ms: float = 0.0) -> tuple[float, float]:
+def predicted(
+    d: Deployment, t: Tried, scenario: Scenario, figure: Callable[[Outcome], float | None], outside_ms: float = 0.0
+) -> tuple[float, float]:
     """The figure before and after the tried change on `scenario`, on the simulator, with `outside_ms` the engine never
     sees added to both (a latency's time outside the engine dilutes what an engine change can do to it)."""
     before = figure(run(d, scenario, None)) or 0.0

@@ -29,8 +29,9 @@ def utilization(e: Evidence, d: Deployment) -> Utilization:
     computed = e.mean_input_tokens * (1 - (e.prefix_hit_rate or 0.0))
     prompt_tps = e.request_rate * computed
     context = e.mean_input_tokens + e.mean_output_tokens / 2
-    prefill = prompt_tps * (model.linear_flops_per_token
-                            + model.attention_flops_per_pair * (e.mean_input_tokens - computed / 2))
+    prefill = prompt_tps * (
+        model.linear_flops_per_token + model.attention_flops_per_pair * (e.mean_input_tokens - computed / 2)
+    )
     prefill += e.request_rate * model.lm_head_flops_per_token
     decode = e.output_throughput * (
         model.linear_flops_per_token + model.lm_head_flops_per_token + model.attention_flops_per_pair * context

@@ -89,8 +89,9 @@ def run_auto_sweep(
         if guard is not None:
             plan = replace(plan, requests=guard.requests(plan.requests))
         info = {**run_info, "sweep_point": {"profile": profile, RATE_KEY: _rate_json(rate)}}
-        summary = run_sweep_point(target, plan, result_dir, label, info, slo, percentiles, observe,
-                                  [guard] if guard is not None else [])
+        summary = run_sweep_point(
+            target, plan, result_dir, label, info, slo, percentiles, observe, [guard] if guard is not None else []
+        )
         point = curve_point({RATE_KEY: _rate_json(rate), "profile": profile}, label, summary)
         if profile == SYNCHRONOUS:  # one at a time offers exactly what it achieves
             point[RATE_KEY] = summary.request_throughput

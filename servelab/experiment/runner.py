@@ -81,17 +81,22 @@ def overload_warnings(records: Sequence[RequestRecord], plan: LoadPlan, served: 
     then measure the backlog, not the server at that rate."""
     arrival = plan.description.get("arrival") or {}  # a probe's hand-made plan describes none
     offered = arrival.get("request_rate")
-    ttfts = [r.first_token_time - r.send_time for r in sorted(records, key=lambda r: r.send_time)
-             if r.ok and r.first_token_time is not None]
+    ttfts = [
+        r.first_token_time - r.send_time
+        for r in sorted(records, key=lambda r: r.send_time)
+        if r.ok and r.first_token_time is not None
+    ]
     if not isinstance(offered, (int, float)) or arrival.get("ramp") or served is None or len(ttfts) < 6:
         return []
     third = len(ttfts) // 3
     early, late = sum(ttfts[:third]) / third, sum(ttfts[-third:]) / third
     if served >= OVERLOAD_SERVED_SHARE * offered or late <= OVERLOAD_TTFT_GROWTH * early:
         return []
-    return [f"OVERLOADED: {offered:g} req/s offered, {served:.3g} req/s served; the queue grew through the run "
-            f"(mean TTFT {early * 1e3:,.0f} ms in the first third of the requests, {late * 1e3:,.0f} ms in the last), "
-            "so the latencies measure the backlog: lower --request-rate below what is served"]
+    return [
+        f"OVERLOADED: {offered:g} req/s offered, {served:.3g} req/s served; the queue grew through the run "
+        f"(mean TTFT {early * 1e3:,.0f} ms in the first third of the requests, {late * 1e3:,.0f} ms in the last), "
+        "so the latencies measure the backlog: lower --request-rate below what is served"
+    ]
 
 
 def point_summary(

@@ -75,7 +75,10 @@ def judge(records: Sequence[RequestRecord], arrivals: Sequence[float], offered_r
 
 
 def judge_arrays(
-    arrivals: Sequence[float], finishes: Sequence[float], sends: Sequence[float], ttfts: Sequence[float],
+    arrivals: Sequence[float],
+    finishes: Sequence[float],
+    sends: Sequence[float],
+    ttfts: Sequence[float],
     offered_rate: float,
 ) -> Verdict | None:
     """`judge` on columns (one entry per finished request; TTFT NaN where there is none): numpy throughout: about

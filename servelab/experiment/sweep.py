@@ -126,8 +126,9 @@ def run_sweep(
         guard = SaturationGuard(value, stop=False) if open_loop else None
         if guard is not None:
             plan = replace(plan, requests=guard.requests(plan.requests))
-        summary = run_sweep_point(target, plan, result_dir, label, point_info, slo, percentiles, observe,
-                                  [guard] if guard is not None else [])
+        summary = run_sweep_point(
+            target, plan, result_dir, label, point_info, slo, percentiles, observe, [guard] if guard is not None else []
+        )
         point = curve_point({sweep.key: _jsonable([value])[0]}, label, summary)
         if guard is not None:
             point["over_saturated"] = guard_fields(guard)["over_saturated"]
@@ -188,8 +189,15 @@ class _RemotePoint:
 
 
 def _spread(
-    target: Target, sweep: Sweep, base_arrival: ArrivalConfig, make_plan: Callable[[ArrivalConfig], LoadPlan],
-    result_dir: Path, run_info: dict[str, Any], slo: SLO | None, percentiles: Sequence[float], pool: TaskPool,
+    target: Target,
+    sweep: Sweep,
+    base_arrival: ArrivalConfig,
+    make_plan: Callable[[ArrivalConfig], LoadPlan],
+    result_dir: Path,
+    run_info: dict[str, Any],
+    slo: SLO | None,
+    percentiles: Sequence[float],
+    pool: TaskPool,
     index: dict[str, Any],
 ) -> dict[str, Any]:
     """Every point submitted at once; each point's files land in its directory here, sweep.json rewritten (in
@@ -199,8 +207,13 @@ def _spread(
     summaries: dict[float | int, Summary] = {}
     try:
         for value in sweep.values:
-            job = _RemotePoint(target, make_plan, {**run_info, "sweep_point": {sweep.key: _jsonable([value])[0]}}, slo,
-                               tuple(percentiles))
+            job = _RemotePoint(
+                target,
+                make_plan,
+                {**run_info, "sweep_point": {sweep.key: _jsonable([value])[0]}},
+                slo,
+                tuple(percentiles),
+            )
             tasks[pool.submit(job, sweep.arrival(base_arrival, value))] = value
         while tasks:
             task, returned = pool.next_done()
@@ -213,8 +226,11 @@ def _spread(
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
             summaries[value] = summary
-            index["points"] = [curve_point({sweep.key: _jsonable([v])[0]}, sweep.label(v), summaries[v])
-                               for v in sweep.values if v in summaries]
+            index["points"] = [
+                curve_point({sweep.key: _jsonable([v])[0]}, sweep.label(v), summaries[v])
+                for v in sweep.values
+                if v in summaries
+            ]
             write_sweep_index(result_dir, index)
     except BaseException:
         pool.cancel_all()

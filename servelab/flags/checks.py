@@ -22,8 +22,9 @@ MAX_GPUS = 1024
 engine in memory, so --replicas 1e9 would exhaust it before the first step."""
 
 
-def real(*, gt: float | None = None, ge: float | None = None, le: float | None = None,
-         inf: bool = False) -> Callable[[float | None], float | None]:
+def real(
+    *, gt: float | None = None, ge: float | None = None, le: float | None = None, inf: bool = False
+) -> Callable[[float | None], float | None]:
     """A float flag's callback: a finite number (or +inf where `inf`, e.g. a rate meaning "all at once") within
     the bounds given; None (not given) passes."""
 
@@ -31,7 +32,9 @@ def real(*, gt: float | None = None, ge: float | None = None, le: float | None =
         if value is None:
             return None
         if math.isnan(value) or (math.isinf(value) and not (inf and value > 0)):
-            raise typer.BadParameter(f"{value} is not a usable number here: give a finite one" + (" (or inf)" if inf else ""))
+            raise typer.BadParameter(
+                f"{value} is not a usable number here: give a finite one" + (" (or inf)" if inf else "")
+            )
         if gt is not None and not value > gt:
             raise typer.BadParameter(f"{value:g} must be > {gt:g}")
         if ge is not None and not value >= ge:

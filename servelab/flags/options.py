@@ -37,7 +37,14 @@ from servelab.schemas.vocabulary import DEFAULT_PERCENTILES
 from servelab.perf.errors import PerfConfigError
 from servelab.schemas.vocabulary import ENGINES, POLICIES, ROUND_ROBIN, VLLM
 from servelab.workload.errors import WorkloadError
-from servelab.schemas.vocabulary import DATASETS, DISTRIBUTIONS, DURATION_REQUEST_CAP, FILE_DATASETS, PLAN_TOKEN_LIMIT, RAMPS
+from servelab.schemas.vocabulary import (
+    DATASETS,
+    DISTRIBUTIONS,
+    DURATION_REQUEST_CAP,
+    FILE_DATASETS,
+    PLAN_TOKEN_LIMIT,
+    RAMPS,
+)
 
 if TYPE_CHECKING:
     from servelab.experiment.auto_sweep import AutoSweep
@@ -52,42 +59,95 @@ _WORKLOAD, _ARRIVAL, _AMOUNT, _SLO, _OUTPUT = "Workload", "Arrival", "Amount", "
 DEPLOYMENT_PANEL, SERVER_PANEL = "Deployment", "Target"
 
 _GPU = typer.Option(help="GPU from the catalogue (a100-80gb, h100-sxm, ...), or cpu.", rich_help_panel=DEPLOYMENT_PANEL)
-_MODEL = typer.Option(help="Built-in model (qwen2.5-7b, llama-3.1-8b, ...) or a Hugging Face model dir with config.json.",
-                      rich_help_panel=DEPLOYMENT_PANEL)
+_MODEL = typer.Option(
+    help="Built-in model (qwen2.5-7b, llama-3.1-8b, ...) or a Hugging Face model dir with config.json.",
+    rich_help_panel=DEPLOYMENT_PANEL,
+)
 GpuFlag = Annotated[Optional[str], _GPU]
 RequiredGpuFlag = Annotated[str, _GPU]
 """--gpu where a verb cannot do without it (calibrate: the catalogue entry the fit starts from)."""
 ModelFlag = Annotated[Optional[str], _MODEL]
 RequiredModelFlag = Annotated[str, _MODEL]
-EngineArgsFlag = Annotated[str, typer.Option(
-    callback=shell_words, help="The server's `vllm serve` flags, as you would paste them: \"--max-num-seqs 128 --no-enable-prefix-caching\".",
-    rich_help_panel=DEPLOYMENT_PANEL)]
-TpFlag = Annotated[Optional[int], typer.Option("--tp", min=1, max=MAX_GPUS, help="Tensor-parallel size (same as --tensor-parallel-size in --engine-args).",
-                                               rich_help_panel=DEPLOYMENT_PANEL)]
-ReplicasFlag = Annotated[Optional[int], typer.Option(min=1, max=MAX_GPUS, help="Data-parallel replicas behind one router.", rich_help_panel=DEPLOYMENT_PANEL)]
-RouterFlag = Annotated[str, typer.Option(help=f"How replicas are picked: {', '.join(POLICIES)}.", rich_help_panel=DEPLOYMENT_PANEL)]
-GpuFileFlag = Annotated[Optional[Path], typer.Option(help="YAML with your own GPUs, added to the catalogue.", rich_help_panel=DEPLOYMENT_PANEL)]
-_CALIBRATION = typer.Option(help="A profile from `servelab calibrate` instead of --gpu/--model: its fitted hardware, model and "
-                                 "coefficients (--engine-args change its server's flags; --model puts another model on the "
-                                 "same hardware and host).", rich_help_panel=DEPLOYMENT_PANEL)
+EngineArgsFlag = Annotated[
+    str,
+    typer.Option(
+        callback=shell_words,
+        help="The server's `vllm serve` flags, as you would paste them: \"--max-num-seqs 128 "
+        '--no-enable-prefix-caching".',
+        rich_help_panel=DEPLOYMENT_PANEL,
+    ),
+]
+TpFlag = Annotated[
+    Optional[int],
+    typer.Option(
+        "--tp",
+        min=1,
+        max=MAX_GPUS,
+        help="Tensor-parallel size (same as --tensor-parallel-size in --engine-args).",
+        rich_help_panel=DEPLOYMENT_PANEL,
+    ),
+]
+ReplicasFlag = Annotated[
+    Optional[int],
+    typer.Option(
+        min=1, max=MAX_GPUS, help="Data-parallel replicas behind one router.", rich_help_panel=DEPLOYMENT_PANEL
+    ),
+]
+RouterFlag = Annotated[
+    str, typer.Option(help=f"How replicas are picked: {', '.join(POLICIES)}.", rich_help_panel=DEPLOYMENT_PANEL)
+]
+GpuFileFlag = Annotated[
+    Optional[Path],
+    typer.Option(help="YAML with your own GPUs, added to the catalogue.", rich_help_panel=DEPLOYMENT_PANEL),
+]
+_CALIBRATION = typer.Option(
+    help="A profile from `servelab calibrate` instead of --gpu/--model: its fitted hardware, model and "
+    "coefficients (--engine-args change its server's flags; --model puts another model on the "
+    "same hardware and host).",
+    rich_help_panel=DEPLOYMENT_PANEL,
+)
 CalibrationFlag = Annotated[Optional[Path], _CALIBRATION]
 RequiredCalibrationFlag = Annotated[Path, _CALIBRATION]
-EngineFlag = Annotated[str, typer.Option(
-    help=f"Which engine's scheduler, flags and memory plan: {', '.join(ENGINES)}. --engine-args are then in that engine's "
-         "spelling (`python -m sglang.launch_server ...`, `trtllm-serve ...`).", rich_help_panel=DEPLOYMENT_PANEL)]
-VllmVersionFlag = Annotated[Optional[str], typer.Option(
-    help="The vLLM release served (e.g. 0.11.0): its defaults, its measured CPU costs. Default: 0.32.",
-    rich_help_panel=DEPLOYMENT_PANEL)]
+EngineFlag = Annotated[
+    str,
+    typer.Option(
+        help=f"Which engine's scheduler, flags and memory plan: {', '.join(ENGINES)}. --engine-args are then in that "
+        f"engine's "
+        "spelling (`python -m sglang.launch_server ...`, `trtllm-serve ...`).",
+        rich_help_panel=DEPLOYMENT_PANEL,
+    ),
+]
+VllmVersionFlag = Annotated[
+    Optional[str],
+    typer.Option(
+        help="The vLLM release served (e.g. 0.11.0): its defaults, its measured CPU costs. Default: 0.32.",
+        rich_help_panel=DEPLOYMENT_PANEL,
+    ),
+]
 
 _BASE_URL = typer.Option(help="Server root, e.g. http://127.0.0.1:8000.", rich_help_panel=SERVER_PANEL)
 BaseUrlFlag = Annotated[str, _BASE_URL]
 OptionalBaseUrlFlag = Annotated[Optional[str], _BASE_URL]
-ServedModelFlag = Annotated[Optional[str], typer.Option(help="Model name on the server (default: the first of /v1/models).",
-                                                        rich_help_panel=SERVER_PANEL)]
-ApiKeyFlag = Annotated[Optional[str], typer.Option(envvar="OPENAI_API_KEY", show_envvar=True, help="Bearer token; never written anywhere.",
-                                                   rich_help_panel=SERVER_PANEL)]
-GoodputFlag = Annotated[Optional[list[str]], typer.Option(
-    help="SLO in ms, as vLLM spells it: --goodput ttft:500 tpot:50 e2el:10000 (or quoted, or the flag repeated).", rich_help_panel=_SLO)]
+ServedModelFlag = Annotated[
+    Optional[str],
+    typer.Option(help="Model name on the server (default: the first of /v1/models).", rich_help_panel=SERVER_PANEL),
+]
+ApiKeyFlag = Annotated[
+    Optional[str],
+    typer.Option(
+        envvar="OPENAI_API_KEY",
+        show_envvar=True,
+        help="Bearer token; never written anywhere.",
+        rich_help_panel=SERVER_PANEL,
+    ),
+]
+GoodputFlag = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        help="SLO in ms, as vLLM spells it: --goodput ttft:500 tpot:50 e2el:10000 (or quoted, or the flag repeated).",
+        rich_help_panel=_SLO,
+    ),
+]
 
 
 @dataclass(frozen=True)
@@ -97,44 +157,181 @@ class LoadFlags:
     Each field is declared once, with its typer option: `load_options` (`flag_block`) gives exactly these to bench,
     simulate, tune, compare and calibrate, so a flag's name, type, default and help live in one line."""
 
-    dataset_name: Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}.", rich_help_panel=_WORKLOAD)] = "random"
-    dataset_path: Annotated[Optional[Path], typer.Option(help="ShareGPT JSON or JSONL file (for sharegpt / jsonl).", rich_help_panel=_WORKLOAD)] = None
-    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="Local tokenizer dir (tokenizer.json): real text, exact lengths.", rich_help_panel=_WORKLOAD)] = None
-    random_input_len: Annotated[Optional[int], typer.Option(
-        min=1, max=MAX_INT, help="Prompt tokens (random/prefix: the random part; multiturn: each user turn). Default 1024.", rich_help_panel=_WORKLOAD)] = None
-    random_output_len: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Output tokens per request. Default 128.", rich_help_panel=_WORKLOAD)] = None
-    random_range_ratio: Annotated[Optional[float], typer.Option(
-        callback=real(ge=0), help="Length spread: uniform in \\[len*(1-r), len*(1+r)]; std/mean for normal/lognormal. Default 0.", rich_help_panel=_WORKLOAD)] = None
-    length_distribution: Annotated[str, typer.Option(help=f"Length distribution: {', '.join(DISTRIBUTIONS)}.", rich_help_panel=_WORKLOAD)] = "uniform"
-    prefix_len: Annotated[Optional[int], typer.Option(
-        min=1, max=MAX_INT, help="prefix: tokens of the shared prefix (RAG context, system prompt); multiturn: of each chat's system prompt.", rich_help_panel=_WORKLOAD)] = None
-    num_prefixes: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="prefix/multiturn: how many distinct prefixes (system prompts). Default 1.", rich_help_panel=_WORKLOAD)] = None
-    multiturn_turns: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="multiturn: turns per conversation. Default 3.", rich_help_panel=_WORKLOAD)] = None
-    multiturn_think_time: Annotated[Optional[float], typer.Option(callback=real(ge=0), help="multiturn: seconds between a reply and the next turn. Default 0.", rich_help_panel=_WORKLOAD)] = None
-    seed: Annotated[int, typer.Option(min=0, help="Seed for prompts, lengths and arrivals.", rich_help_panel=_WORKLOAD)] = 0
-    max_concurrency: Annotated[Optional[int], typer.Option(min=1, max=MAX_INT, help="Closed loop: at most N requests in flight (also caps an open loop).", rich_help_panel=_ARRIVAL)] = None
-    ramp_up_strategy: Annotated[Optional[str], typer.Option(
-        help=f"Open loop whose rate rises over the run ({', '.join(RAMPS)}), from --ramp-up-start-rps to --ramp-up-end-rps "
-             "(vLLM's flags): by request index, or over --duration.", rich_help_panel=_ARRIVAL)] = None
-    ramp_up_start_rps: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="A ramp's first rate (req/s).", rich_help_panel=_ARRIVAL)] = None
-    ramp_up_end_rps: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="A ramp's last rate (req/s).", rich_help_panel=_ARRIVAL)] = None
-    request_rate: Annotated[Optional[float], typer.Option(callback=real(gt=0, inf=True), help="Open loop: requests per second (inf = all at once, the default).", rich_help_panel=_ARRIVAL)] = None
-    burstiness: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="Gamma shape of the gaps (1 = Poisson, <1 burstier). Needs --request-rate.", rich_help_panel=_ARRIVAL)] = None
-    num_prompts: Annotated[Optional[int], typer.Option(min=1, max=DURATION_REQUEST_CAP, help="Requests to send. Default 1000.", rich_help_panel=_AMOUNT)] = None
-    duration: Annotated[Optional[float], typer.Option(callback=real(gt=0), help="Send requests for this many seconds instead of a count.", rich_help_panel=_AMOUNT)] = None
-    warmup: Annotated[float, typer.Option(callback=real(ge=0), help="Seconds at the start excluded from statistics.", rich_help_panel=_AMOUNT)] = 0.0
-    max_plan_tokens: Annotated[int, typer.Option(min=1, help="Refuse a run whose requests x (prompt + output) "
-                                                 "tokens exceed this (memory holds them all).", rich_help_panel=_AMOUNT)] = PLAN_TOKEN_LIMIT
+    dataset_name: Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}.", rich_help_panel=_WORKLOAD)] = (
+        "random"
+    )
+    dataset_path: Annotated[
+        Optional[Path],
+        typer.Option(help="ShareGPT JSON or JSONL file (for sharegpt / jsonl).", rich_help_panel=_WORKLOAD),
+    ] = None
+    tokenizer: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--tokenizer",
+            help="Local tokenizer dir (tokenizer.json): real text, exact lengths.",
+            rich_help_panel=_WORKLOAD,
+        ),
+    ] = None
+    random_input_len: Annotated[
+        Optional[int],
+        typer.Option(
+            min=1,
+            max=MAX_INT,
+            help="Prompt tokens (random/prefix: the random part; multiturn: each user turn). Default 1024.",
+            rich_help_panel=_WORKLOAD,
+        ),
+    ] = None
+    random_output_len: Annotated[
+        Optional[int],
+        typer.Option(min=1, max=MAX_INT, help="Output tokens per request. Default 128.", rich_help_panel=_WORKLOAD),
+    ] = None
+    random_range_ratio: Annotated[
+        Optional[float],
+        typer.Option(
+            callback=real(ge=0),
+            help="Length spread: uniform in \\[len*(1-r), len*(1+r)]; std/mean for normal/lognormal. Default 0.",
+            rich_help_panel=_WORKLOAD,
+        ),
+    ] = None
+    length_distribution: Annotated[
+        str, typer.Option(help=f"Length distribution: {', '.join(DISTRIBUTIONS)}.", rich_help_panel=_WORKLOAD)
+    ] = "uniform"
+    prefix_len: Annotated[
+        Optional[int],
+        typer.Option(
+            min=1,
+            max=MAX_INT,
+            help="prefix: tokens of the shared prefix (RAG context, system prompt); multiturn: of each chat's system "
+            "prompt.",
+            rich_help_panel=_WORKLOAD,
+        ),
+    ] = None
+    num_prefixes: Annotated[
+        Optional[int],
+        typer.Option(
+            min=1,
+            max=MAX_INT,
+            help="prefix/multiturn: how many distinct prefixes (system prompts). Default 1.",
+            rich_help_panel=_WORKLOAD,
+        ),
+    ] = None
+    multiturn_turns: Annotated[
+        Optional[int],
+        typer.Option(
+            min=1, max=MAX_INT, help="multiturn: turns per conversation. Default 3.", rich_help_panel=_WORKLOAD
+        ),
+    ] = None
+    multiturn_think_time: Annotated[
+        Optional[float],
+        typer.Option(
+            callback=real(ge=0),
+            help="multiturn: seconds between a reply and the next turn. Default 0.",
+            rich_help_panel=_WORKLOAD,
+        ),
+    ] = None
+    seed: Annotated[
+        int, typer.Option(min=0, help="Seed for prompts, lengths and arrivals.", rich_help_panel=_WORKLOAD)
+    ] = 0
+    max_concurrency: Annotated[
+        Optional[int],
+        typer.Option(
+            min=1,
+            max=MAX_INT,
+            help="Closed loop: at most N requests in flight (also caps an open loop).",
+            rich_help_panel=_ARRIVAL,
+        ),
+    ] = None
+    ramp_up_strategy: Annotated[
+        Optional[str],
+        typer.Option(
+            help=f"Open loop whose rate rises over the run ({', '.join(RAMPS)}), from --ramp-up-start-rps to "
+            f"--ramp-up-end-rps "
+            "(vLLM's flags): by request index, or over --duration.",
+            rich_help_panel=_ARRIVAL,
+        ),
+    ] = None
+    ramp_up_start_rps: Annotated[
+        Optional[float],
+        typer.Option(callback=real(gt=0), help="A ramp's first rate (req/s).", rich_help_panel=_ARRIVAL),
+    ] = None
+    ramp_up_end_rps: Annotated[
+        Optional[float], typer.Option(callback=real(gt=0), help="A ramp's last rate (req/s).", rich_help_panel=_ARRIVAL)
+    ] = None
+    request_rate: Annotated[
+        Optional[float],
+        typer.Option(
+            callback=real(gt=0, inf=True),
+            help="Open loop: requests per second (inf = all at once, the default).",
+            rich_help_panel=_ARRIVAL,
+        ),
+    ] = None
+    burstiness: Annotated[
+        Optional[float],
+        typer.Option(
+            callback=real(gt=0),
+            help="Gamma shape of the gaps (1 = Poisson, <1 burstier). Needs --request-rate.",
+            rich_help_panel=_ARRIVAL,
+        ),
+    ] = None
+    num_prompts: Annotated[
+        Optional[int],
+        typer.Option(min=1, max=DURATION_REQUEST_CAP, help="Requests to send. Default 1000.", rich_help_panel=_AMOUNT),
+    ] = None
+    duration: Annotated[
+        Optional[float],
+        typer.Option(
+            callback=real(gt=0), help="Send requests for this many seconds instead of a count.", rich_help_panel=_AMOUNT
+        ),
+    ] = None
+    warmup: Annotated[
+        float,
+        typer.Option(
+            callback=real(ge=0), help="Seconds at the start excluded from statistics.", rich_help_panel=_AMOUNT
+        ),
+    ] = 0.0
+    max_plan_tokens: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Refuse a run whose requests x (prompt + output) tokens exceed this (memory holds them all).",
+            rich_help_panel=_AMOUNT,
+        ),
+    ] = PLAN_TOKEN_LIMIT
     goodput: GoodputFlag = None
-    metric_percentiles: Annotated[str, typer.Option(help="Percentiles reported for TTFT/TPOT/ITL/E2EL, comma-separated.", rich_help_panel=_SLO)] = ",".join(f"{p:g}" for p in DEFAULT_PERCENTILES)
-    sweep: Annotated[Optional[str], typer.Option("--sweep", help="request-rate=1,2,4,8 or max-concurrency=1,8,32: one run per value, sweep.json holds the curve. "
-                                          "auto (or auto=N): one request at a time, then all at once, then N rates "
-                                          "between (default 4); a rate point stops early once the server is "
-                                          "over-saturated; sweep.json names the knee and the highest rate meeting --goodput.", rich_help_panel=_OUTPUT)] = None
-    result_dir: Annotated[Optional[Path], typer.Option(help="Where run.json, records.jsonl, timeline.jsonl, summary.json go. Default results/<verb>-<time>.", rich_help_panel=_OUTPUT)] = None
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace what --result-dir holds from an earlier run (it is "
-                                            "emptied first); without it such a directory is refused.", rich_help_panel=_OUTPUT)] = False
-    json: Annotated[bool, typer.Option("--json", help="Print summary.json (sweep.json for a sweep) to stdout.", rich_help_panel=_OUTPUT)] = False
+    metric_percentiles: Annotated[
+        str, typer.Option(help="Percentiles reported for TTFT/TPOT/ITL/E2EL, comma-separated.", rich_help_panel=_SLO)
+    ] = ",".join(f"{p:g}" for p in DEFAULT_PERCENTILES)
+    sweep: Annotated[
+        Optional[str],
+        typer.Option(
+            "--sweep",
+            help="request-rate=1,2,4,8 or max-concurrency=1,8,32: one run per value, sweep.json holds the curve. "
+            "auto (or auto=N): one request at a time, then all at once, then N rates "
+            "between (default 4); a rate point stops early once the server is "
+            "over-saturated; sweep.json names the knee and the highest rate meeting --goodput.",
+            rich_help_panel=_OUTPUT,
+        ),
+    ] = None
+    result_dir: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="Where run.json, records.jsonl, timeline.jsonl, summary.json go. Default results/<verb>-<time>.",
+            rich_help_panel=_OUTPUT,
+        ),
+    ] = None
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Replace what --result-dir holds from an earlier run (it is "
+            "emptied first); without it such a directory is refused.",
+            rich_help_panel=_OUTPUT,
+        ),
+    ] = False
+    json: Annotated[
+        bool,
+        typer.Option("--json", help="Print summary.json (sweep.json for a sweep) to stdout.", rich_help_panel=_OUTPUT),
+    ] = False
 
     def check(self, *, resume: bool = False) -> None:
         """Flag clashes the layers below cannot see (they only get resolved values), and a --result-dir that would be
@@ -154,7 +351,9 @@ class LoadFlags:
         }
         for flag, (value, datasets) in only.items():
             if value is not None and name not in datasets:
-                raise WorkloadError(f"{flag} is only used by --dataset-name {' or '.join(datasets)}, not --dataset-name {name}")
+                raise WorkloadError(
+                    f"{flag} is only used by --dataset-name {' or '.join(datasets)}, not --dataset-name {name}"
+                )
         if name in FILE_DATASETS:
             for flag, value in (
                 ("--random-input-len", self.random_input_len),
@@ -167,17 +366,27 @@ class LoadFlags:
         if isinstance(sweep, Sweep):
             given = {"request-rate": self.request_rate, "max-concurrency": self.max_concurrency}[sweep.key]
             if given is not None:
-                raise SweepError(f"--sweep {sweep.key}=... and --{sweep.key} both set the {sweep.key}; give one of them")
+                raise SweepError(
+                    f"--sweep {sweep.key}=... and --{sweep.key} both set the {sweep.key}; give one of them"
+                )
         if isinstance(sweep, AutoSweep) and self.request_rate is not None:
             raise SweepError("--sweep auto chooses the request rates itself: drop --request-rate")
         ramp_flags = (self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps)
         if any(v is not None for v in ramp_flags) and not all(v is not None for v in ramp_flags):
-            raise WorkloadError("a ramp needs all three of --ramp-up-strategy, --ramp-up-start-rps and --ramp-up-end-rps")
+            raise WorkloadError(
+                "a ramp needs all three of --ramp-up-strategy, --ramp-up-start-rps and --ramp-up-end-rps"
+            )
         if self.ramp_up_strategy is not None and sweep is not None:
             raise SweepError("--ramp-up-strategy and --sweep both vary the load over runs; give one of them")
-        sweeps_rate = self.ramp_up_strategy is not None or sweep is not None and (isinstance(sweep, AutoSweep) or sweep.key == "request-rate")
+        sweeps_rate = (
+            self.ramp_up_strategy is not None
+            or sweep is not None
+            and (isinstance(sweep, AutoSweep) or sweep.key == "request-rate")
+        )
         if self.burstiness is not None and self.request_rate is None and not sweeps_rate:
-            raise WorkloadError("--burstiness shapes an open loop's gaps: it needs --request-rate (or --sweep request-rate=...)")
+            raise WorkloadError(
+                "--burstiness shapes an open loop's gaps: it needs --request-rate (or --sweep request-rate=...)"
+            )
         # Each parses its own flag; called here so a bad value is refused before any load is sent.
         self.slo()
         self.percentiles()
@@ -224,8 +433,12 @@ class LoadFlags:
     def amount(self) -> Amount:
         from servelab.workload.plan import Amount
 
-        return Amount(num_prompts=self.num_prompts, duration=self.duration, warmup=self.warmup,
-                      max_plan_tokens=self.max_plan_tokens)
+        return Amount(
+            num_prompts=self.num_prompts,
+            duration=self.duration,
+            warmup=self.warmup,
+            max_plan_tokens=self.max_plan_tokens,
+        )
 
     def slo(self) -> SLO | None:
         return SLO.parse([item for arg in self.goodput or [] for item in arg.split()])
@@ -236,7 +449,9 @@ class LoadFlags:
         except ValueError:
             values = ()
         if not values or not all(0 < p < 100 for p in values):
-            raise WorkloadError(f"--metric-percentiles {self.metric_percentiles!r}: give numbers in (0, 100), e.g. 50,90,99")
+            raise WorkloadError(
+                f"--metric-percentiles {self.metric_percentiles!r}: give numbers in (0, 100), e.g. 50,90,99"
+            )
         return values
 
     def parsed_sweep(self) -> Sweep | AutoSweep | None:
@@ -274,10 +489,15 @@ def flag_block(name: str, block: type) -> Callable[[Callable[..., Any]], Callabl
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         command_hints = typing.get_type_hints(command, include_extras=True)
-        own = [p.replace(annotation=command_hints.get(p.name, p.annotation))
-               for p in inspect.signature(command).parameters.values() if p.name != name]
-        added = [inspect.Parameter(flag, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
-                 for flag, (annotation, default) in options.items()]
+        own = [
+            p.replace(annotation=command_hints.get(p.name, p.annotation))
+            for p in inspect.signature(command).parameters.values()
+            if p.name != name
+        ]
+        added = [
+            inspect.Parameter(flag, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+            for flag, (annotation, default) in options.items()
+        ]
 
         @functools.wraps(command)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -333,23 +553,43 @@ def deployment_from_flags(
             raise PerfConfigError(f"--vllm-version describes a vLLM server, not --engine {engine}")
         if calibration is not None or gpu is None or model is None:
             raise PerfConfigError(f"--engine {engine} needs --gpu and --model (calibration profiles are vLLM's)")
-        return build_engine_deployment(engine, gpu, model, engine_args, tensor_parallel_size=tp, replicas=replicas,
-                                       gpu_file=gpu_file, router=router)
+        return build_engine_deployment(
+            engine,
+            gpu,
+            model,
+            engine_args,
+            tensor_parallel_size=tp,
+            replicas=replicas,
+            gpu_file=gpu_file,
+            router=router,
+        )
     if calibration is None:
         if gpu is None or model is None:
             raise PerfConfigError("give --gpu and --model (or --calibration with a profile from `servelab calibrate`)")
-        return build_deployment(gpu, model, engine_args, tensor_parallel_size=tp, replicas=replicas,
-                                gpu_file=gpu_file, router=router, vllm_version=vllm_version)
+        return build_deployment(
+            gpu,
+            model,
+            engine_args,
+            tensor_parallel_size=tp,
+            replicas=replicas,
+            gpu_file=gpu_file,
+            router=router,
+            vllm_version=vllm_version,
+        )
     for flag, value in (("--gpu", gpu), ("--gpu-file", gpu_file), ("--vllm-version", vllm_version)):
         if value is not None:
-            raise PerfConfigError(f"{flag} and --calibration both name the hardware: the profile already does; drop {flag}")
+            raise PerfConfigError(
+                f"{flag} and --calibration both name the hardware: the profile already does; drop {flag}"
+            )
     from servelab.targets.profile import deployment_from_profile  # its HTTP client and fits: not for --help
     from servelab.perf.calibration import load_profile
     from servelab.perf.models import get_model
 
     # --model beside a profile: another model on the calibrated hardware and host.
     deployment = deployment_from_profile(load_profile(calibration), engine_args, get_model(model) if model else None)
-    changes: dict[str, Any] = {k: v for k, v in (("tensor_parallel_size", tp), ("data_parallel_size", replicas)) if v is not None}
+    changes: dict[str, Any] = {
+        k: v for k, v in (("tensor_parallel_size", tp), ("data_parallel_size", replicas)) if v is not None
+    }
     if changes:
         rebuilt = deployment.rebuilt(**changes)
         deployment = replace(rebuilt, warnings=deployment.warnings)

@@ -48,8 +48,19 @@ TENSOR_ACTIVE = "tensor_active"
 DRAM_ACTIVE = "dram_active"
 GR_ENGINE_ACTIVE = "gr_engine_active"
 
-FIELDS = (UTIL, SM_CLOCK_MHZ, MEM_USED_BYTES, MEM_FREE_BYTES, POWER_W, TEMPERATURE_C, THROTTLE_REASONS,
-          SM_ACTIVE, TENSOR_ACTIVE, DRAM_ACTIVE, GR_ENGINE_ACTIVE)
+FIELDS = (
+    UTIL,
+    SM_CLOCK_MHZ,
+    MEM_USED_BYTES,
+    MEM_FREE_BYTES,
+    POWER_W,
+    TEMPERATURE_C,
+    THROTTLE_REASONS,
+    SM_ACTIVE,
+    TENSOR_ACTIVE,
+    DRAM_ACTIVE,
+    GR_ENGINE_ACTIVE,
+)
 
 MIB = 1 << 20
 
@@ -205,6 +216,7 @@ class DcgmSampler:
 
     async def sample(self) -> dict[str, float]:
         import aiohttp
+
         try:
             timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
             async with self.session.get(self.url, timeout=timeout) as resp:

@@ -77,15 +77,17 @@ def gpu_states() -> list[dict[str, Any]]:
         states = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            states.append({
-                "index": i,
-                "name": _text(pynvml.nvmlDeviceGetName(handle)),
-                "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-                "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
-                "temperature_c": pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
-                "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
-                "throttle_reasons": pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle),
-            })
+            states.append(
+                {
+                    "index": i,
+                    "name": _text(pynvml.nvmlDeviceGetName(handle)),
+                    "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                    "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                    "temperature_c": pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+                    "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
+                    "throttle_reasons": pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle),
+                }
+            )
         return states
     except pynvml.NVMLError:
         return []
@@ -139,18 +141,24 @@ def condition_changes(then: dict[str, Any], now: dict[str, Any], *, now_label: s
     out = []
     steal, steal_then = now.get("cpu_steal_share"), then.get("cpu_steal_share") or 0.0
     if steal is not None and steal > STEAL_SHARE_NOTICED and steal - steal_then > STEAL_SHARE_NOTICED:
-        out.append(f"the hypervisor gave {100 * steal:.0f}% of the host's CPU time to other guests {now_label} "
-                   f"({100 * steal_then:.0f}% {then_label}): CPU-side timings are slowed")
+        out.append(
+            f"the hypervisor gave {100 * steal:.0f}% of the host's CPU time to other guests {now_label} "
+            f"({100 * steal_then:.0f}% {then_label}): CPU-side timings are slowed"
+        )
     before = {g["index"]: g for g in then.get("gpus", [])}
     for gpu in now.get("gpus", []):
         old = before.get(gpu["index"])
         ratio = gpu["sm_clock_mhz"] / gpu["sm_clock_max_mhz"] if gpu.get("sm_clock_max_mhz") else None
         old_ratio = old["sm_clock_mhz"] / old["sm_clock_max_mhz"] if old and old.get("sm_clock_max_mhz") else None
         if old is not None and ratio is not None and old_ratio is not None and old_ratio - ratio > CLOCK_DROP_NOTICED:
-            out.append(f"GPU {gpu['index']} ran at {gpu['sm_clock_mhz']} MHz {now_label}, {old['sm_clock_mhz']} MHz "
-                       f"{then_label} (maximum {gpu['sm_clock_max_mhz']} MHz): kernels run slower")
+            out.append(
+                f"GPU {gpu['index']} ran at {gpu['sm_clock_mhz']} MHz {now_label}, {old['sm_clock_mhz']} MHz "
+                f"{then_label} (maximum {gpu['sm_clock_max_mhz']} MHz): kernels run slower"
+            )
         reasons = (gpu.get("throttle_reasons") or 0) & ~THROTTLE_IDLE
         if reasons and not (old and (old.get("throttle_reasons") or 0) & ~THROTTLE_IDLE):
-            out.append(f"GPU {gpu['index']} was throttled {now_label} (NVML throttle reasons {reasons:#x}, "
-                       f"{gpu.get('temperature_c')} C) and not {then_label}")
+            out.append(
+                f"GPU {gpu['index']} was throttled {now_label} (NVML throttle reasons {reasons:#x}, "
+                f"{gpu.get('temperature_c')} C) and not {then_label}"
+            )
     return out

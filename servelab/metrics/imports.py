@@ -44,12 +44,23 @@ from servelab.workload.plan import Amount, build_plan
 from servelab.workload.spec import LoadPlan, RequestSpec
 
 MEASURED_KEYS = (
-    "request_throughput", "output_throughput", "total_token_throughput",
-    "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-    "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
-    "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
-    "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms",
-    "completed", "duration",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "mean_e2el_ms",
+    "median_e2el_ms",
+    "p99_e2el_ms",
+    "completed",
+    "duration",
 )
 """What a measured run can say, named as `vllm bench serve` and servelab's summary.json name it."""
 _PROMPT_ID_RANGE = 30_000
@@ -86,8 +97,9 @@ class MeasuredRun:
 
     def plan(self) -> LoadPlan:
         """A fresh plan of the same requests (plans are single-use)."""
-        return LoadPlan(list(self.requests), max_concurrency=self.max_concurrency,
-                        description={"measured_run": self.source})
+        return LoadPlan(
+            list(self.requests), max_concurrency=self.max_concurrency, description={"measured_run": self.source}
+        )
 
     @property
     def burst(self) -> bool:
@@ -113,8 +125,16 @@ class WorkloadFlags:
         return any(getattr(self, k) is not None for k in _FLAG_NAMES)
 
 
-_FLAG_NAMES = ("random_input_len", "random_output_len", "num_prompts", "request_rate", "max_concurrency",
-               "dataset_name", "dataset_path", "random_range_ratio")
+_FLAG_NAMES = (
+    "random_input_len",
+    "random_output_len",
+    "num_prompts",
+    "request_rate",
+    "max_concurrency",
+    "dataset_name",
+    "dataset_path",
+    "random_range_ratio",
+)
 
 
 @dataclass(frozen=True)
@@ -139,17 +159,26 @@ def _check_consistent(source: str, facts: _FileFacts, flags: WorkloadFlags) -> N
     for name in ("num_prompts", "max_concurrency"):
         given, known = getattr(flags, name), getattr(facts, name)
         if given is not None and known is not None and given != known:
-            raise ResultImportError(f"{_flag(name)} {given} contradicts {source}, which says {name} {known}: drop the flag")
-    if flags.request_rate is not None and facts.request_rate is not None and not math.isclose(
-            flags.request_rate, facts.request_rate, rel_tol=1e-6):
-        raise ResultImportError(f"--request-rate {flags.request_rate:g} contradicts {source}, which says request_rate "
-                           f"{facts.request_rate:g}: drop the flag")
+            raise ResultImportError(
+                f"{_flag(name)} {given} contradicts {source}, which says {name} {known}: drop the flag"
+            )
+    if (
+        flags.request_rate is not None
+        and facts.request_rate is not None
+        and not math.isclose(flags.request_rate, facts.request_rate, rel_tol=1e-6)
+    ):
+        raise ResultImportError(
+            f"--request-rate {flags.request_rate:g} contradicts {source}, which says request_rate "
+            f"{facts.request_rate:g}: drop the flag"
+        )
     spread = flags.random_range_ratio or 0.0
     for name, mean in (("random_input_len", facts.mean_input_len), ("random_output_len", facts.mean_output_len)):
         given = getattr(flags, name)
         if given is not None and mean is not None and abs(given - mean) > (_LENGTH_TOLERANCE + spread) * mean:
-            raise ResultImportError(f"{_flag(name)} {given} contradicts {source}, whose requests averaged {mean:.0f} tokens: "
-                               "drop the flag or give the file it describes")
+            raise ResultImportError(
+                f"{_flag(name)} {given} contradicts {source}, whose requests averaged {mean:.0f} tokens: "
+                "drop the flag or give the file it describes"
+            )
 
 
 def _requests_from_flags(source: str, facts: _FileFacts, flags: WorkloadFlags) -> tuple[list[RequestSpec], str]:
@@ -164,8 +193,10 @@ def _requests_from_flags(source: str, facts: _FileFacts, flags: WorkloadFlags) -
         if mean is not None:
             return max(1, round(mean))
         if dataset == "random":
-            raise ResultImportError(f"{source} does not say the requests' {what} lengths: give --random-{what}-len "
-                               "(or --dataset-name/--dataset-path)")
+            raise ResultImportError(
+                f"{source} does not say the requests' {what} lengths: give --random-{what}-len "
+                "(or --dataset-name/--dataset-path)"
+            )
         return None
 
     input_len = pick(flags.random_input_len, facts.mean_input_len, "input")
@@ -177,12 +208,18 @@ def _requests_from_flags(source: str, facts: _FileFacts, flags: WorkloadFlags) -
     defaults = WorkloadConfig()
     try:
         workload = WorkloadConfig(
-            dataset_name=dataset, dataset_path=flags.dataset_path,
-            input_len=input_len or defaults.input_len, output_len=output_len or defaults.output_len,
-            range_ratio=flags.random_range_ratio or 0.0, seed=flags.seed,
+            dataset_name=dataset,
+            dataset_path=flags.dataset_path,
+            input_len=input_len or defaults.input_len,
+            output_len=output_len or defaults.output_len,
+            range_ratio=flags.random_range_ratio or 0.0,
+            seed=flags.seed,
         )
-        arrival = ArrivalConfig(request_rate=math.inf if rate is None else rate, burstiness=facts.burstiness,
-                                max_concurrency=flags.max_concurrency or facts.max_concurrency)
+        arrival = ArrivalConfig(
+            request_rate=math.inf if rate is None else rate,
+            burstiness=facts.burstiness,
+            max_concurrency=flags.max_concurrency or facts.max_concurrency,
+        )
         plan = build_plan(workload, arrival, Amount(num_prompts=num_prompts))
     except WorkloadError as exc:
         raise ResultImportError(f"the workload given for {source}: {exc}") from exc
@@ -193,10 +230,14 @@ def _prompt(rng: np.random.Generator, length: int) -> np.ndarray:
     return rng.integers(0, _PROMPT_ID_RANGE, size=max(1, int(length)))
 
 
-def _specs(input_lens: Sequence[int], output_lens: Sequence[int], arrivals: Sequence[float], seed: int = 0) -> list[RequestSpec]:
+def _specs(
+    input_lens: Sequence[int], output_lens: Sequence[int], arrivals: Sequence[float], seed: int = 0
+) -> list[RequestSpec]:
     rng = np.random.default_rng(seed)
-    return [RequestSpec(index=i, prompt_ids=_prompt(rng, n), max_tokens=max(1, int(m)), arrival_time=float(t))
-            for i, (n, m, t) in enumerate(zip(input_lens, output_lens, arrivals))]
+    return [
+        RequestSpec(index=i, prompt_ids=_prompt(rng, n), max_tokens=max(1, int(m)), arrival_time=float(t))
+        for i, (n, m, t) in enumerate(zip(input_lens, output_lens, arrivals))
+    ]
 
 
 def _poisson_arrivals(n: int, rate: float | None, burstiness: float, seed: int) -> list[float]:
@@ -215,8 +256,15 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _run(source: str, fmt: ResultFormat, requests: list[RequestSpec], max_concurrency: int | None,
-         measured: dict[str, Any], lengths_from: str, notes: Sequence[str] = ()) -> MeasuredRun:
+def _run(
+    source: str,
+    fmt: ResultFormat,
+    requests: list[RequestSpec],
+    max_concurrency: int | None,
+    measured: dict[str, Any],
+    lengths_from: str,
+    notes: Sequence[str] = (),
+) -> MeasuredRun:
     figures = {k: v for k in MEASURED_KEYS if (v := _finite(measured.get(k))) is not None}
     if not figures.get("completed"):
         raise ResultImportError(f"{source} has no completed requests: there is nothing measured to calibrate on")
@@ -231,8 +279,10 @@ def _run(source: str, fmt: ResultFormat, requests: list[RequestSpec], max_concur
 def read_servelab(directory: Path, flags: WorkloadFlags) -> list[MeasuredRun]:
     """A servelab results directory: every completed request as recorded, sent when the schedule wanted it."""
     if flags.given:
-        raise ResultImportError(f"{directory} is a servelab results directory, which records every request: "
-                           "the workload flags would say it twice; drop them")
+        raise ResultImportError(
+            f"{directory} is a servelab results directory, which records every request: "
+            "the workload flags would say it twice; drop them"
+        )
     run = load_run(directory)
     ok = sorted((r for r in run.records if r.ok), key=lambda r: r.index)
     summary = run.summary if run.summary is not None else summarize(run.records).model_dump(exclude_unset=True)
@@ -281,8 +331,10 @@ def read_vllm_bench(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> l
         raise ResultImportError(f"{source} has no completed requests: there is nothing measured to calibrate on")
     if "input_lens" in data and "output_lens" in data:
         if flags.given:
-            raise ResultImportError(f"{source} was saved with --save-detailed and lists every request: the workload flags "
-                               "would say it twice; drop them")
+            raise ResultImportError(
+                f"{source} was saved with --save-detailed and lists every request: the workload flags "
+                "would say it twice; drop them"
+            )
         errors = data.get("errors") or [""] * len(data["input_lens"])
         kept = [i for i, e in enumerate(errors) if not e]
         starts = data.get("start_times")
@@ -293,18 +345,30 @@ def read_vllm_bench(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> l
         else:
             arrivals = _poisson_arrivals(len(kept), rate, burstiness, flags.seed)
             if rate is not None and math.isfinite(rate):
-                notes.append("arrival times drawn at the file's request_rate (its start times are after the concurrency cap)")
+                notes.append(
+                    "arrival times drawn at the file's request_rate (its start times are after the concurrency cap)"
+                )
         requests = _specs([data["input_lens"][i] for i in kept], [data["output_lens"][i] for i in kept], arrivals)
         return [_run(source, ResultFormat.VLLM_BENCH, requests, concurrency, measured, "file", notes)]
     facts = _FileFacts(
-        num_prompts=data.get("num_prompts"), request_rate=rate, max_concurrency=concurrency,
+        num_prompts=data.get("num_prompts"),
+        request_rate=rate,
+        max_concurrency=concurrency,
         mean_input_len=data["total_input_tokens"] / completed if data.get("total_input_tokens") else None,
         mean_output_len=data["total_output_tokens"] / completed if data.get("total_output_tokens") else None,
         burstiness=burstiness,
     )
     requests, lengths_from = _requests_from_flags(source, facts, flags)
-    return [_run(source, ResultFormat.VLLM_BENCH, requests, facts.max_concurrency or flags.max_concurrency,
-                 measured, lengths_from)]
+    return [
+        _run(
+            source,
+            ResultFormat.VLLM_BENCH,
+            requests,
+            facts.max_concurrency or flags.max_concurrency,
+            measured,
+            lengths_from,
+        )
+    ]
 
 
 # -- GuideLLM -----------------------------------------------------------------------------------------------------
@@ -324,8 +388,11 @@ def _distribution(metrics: dict[str, Any], name: str, key: str, scale: float = 1
         x = _finite(v)
         return None if x is None else x * scale
 
-    return {f"mean_{key}_ms": scaled(d.get("mean")), f"median_{key}_ms": scaled(d.get("median", pct.get("p50"))),
-            f"p99_{key}_ms": scaled(pct.get("p99"))}
+    return {
+        f"mean_{key}_ms": scaled(d.get("mean")),
+        f"median_{key}_ms": scaled(d.get("median", pct.get("p50"))),
+        f"p99_{key}_ms": scaled(pct.get("p99")),
+    }
 
 
 def _guidellm_strategy(benchmark: dict[str, Any]) -> tuple[float | None, int | None]:
@@ -341,8 +408,10 @@ def _guidellm_strategy(benchmark: dict[str, Any]) -> tuple[float | None, int | N
         return math.inf, strategy.get("max_concurrency")
     if kind in ("constant", "poisson", "async"):
         return float(strategy["rate"]), strategy.get("max_concurrency")
-    raise ResultImportError(f"GuideLLM strategy {kind or 'missing'!r} is not one servelab can replay "
-                       "(synchronous, concurrent, throughput, constant, poisson)")
+    raise ResultImportError(
+        f"GuideLLM strategy {kind or 'missing'!r} is not one servelab can replay "
+        "(synchronous, concurrent, throughput, constant, poisson)"
+    )
 
 
 def read_guidellm(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> list[MeasuredRun]:
@@ -359,7 +428,8 @@ def read_guidellm(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> lis
         if duration is None and "measure_end_time" in scheduler:
             duration = scheduler["measure_end_time"] - scheduler["measure_start_time"]
         measured: dict[str, Any] = {
-            "completed": completed, "duration": duration,
+            "completed": completed,
+            "duration": duration,
             "request_throughput": _successful(metrics, "requests_per_second").get("mean"),
             "output_throughput": _successful(metrics, "output_tokens_per_second").get("mean"),
             **_distribution(metrics, "time_to_first_token_ms", "ttft"),
@@ -370,16 +440,26 @@ def read_guidellm(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> lis
         per_request = ((benchmark.get("requests") or {}).get("successful")) or []
         if per_request and all(r.get("prompt_tokens") and r.get("output_tokens") for r in per_request):
             if flags.given:
-                raise ResultImportError(f"{source} lists every request: the workload flags would say it twice; drop them")
+                raise ResultImportError(
+                    f"{source} lists every request: the workload flags would say it twice; drop them"
+                )
             starts = [float(r.get("request_start_time", r.get("start_time")) or 0.0) for r in per_request]
             t0 = min(starts)
-            arrivals = [s - t0 if rate is not None and math.isfinite(rate) and concurrency is None else 0.0 for s in starts]
-            requests = _specs([r["prompt_tokens"] for r in per_request], [r["output_tokens"] for r in per_request], arrivals)
+            arrivals = [
+                s - t0 if rate is not None and math.isfinite(rate) and concurrency is None else 0.0 for s in starts
+            ]
+            requests = _specs(
+                [r["prompt_tokens"] for r in per_request], [r["output_tokens"] for r in per_request], arrivals
+            )
             runs.append(_run(source, ResultFormat.GUIDELLM, requests, concurrency, measured, "file"))
             continue
-        facts = _FileFacts(num_prompts=completed or None, request_rate=rate, max_concurrency=concurrency,
-                           mean_input_len=_finite(_successful(metrics, "prompt_token_count").get("mean")),
-                           mean_output_len=_finite(_successful(metrics, "output_token_count").get("mean")))
+        facts = _FileFacts(
+            num_prompts=completed or None,
+            request_rate=rate,
+            max_concurrency=concurrency,
+            mean_input_len=_finite(_successful(metrics, "prompt_token_count").get("mean")),
+            mean_output_len=_finite(_successful(metrics, "output_token_count").get("mean")),
+        )
         requests, lengths_from = _requests_from_flags(source, facts, flags)
         runs.append(_run(source, ResultFormat.GUIDELLM, requests, concurrency, measured, lengths_from))
     return runs
@@ -401,19 +481,27 @@ def read_aiperf(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> list[
         return None if value is None else value * scale
 
     measured = {
-        "completed": stat("request_count"), "duration": stat("benchmark_duration"),
-        "request_throughput": stat("request_throughput"), "output_throughput": stat("output_token_throughput"),
+        "completed": stat("request_count"),
+        "duration": stat("benchmark_duration"),
+        "request_throughput": stat("request_throughput"),
+        "output_throughput": stat("output_token_throughput"),
     }
     for name, key in (("time_to_first_token", "ttft"), ("inter_token_latency", "tpot"), ("request_latency", "e2el")):
-        measured |= {f"mean_{key}_ms": stat(name), f"median_{key}_ms": stat(name, "p50"), f"p99_{key}_ms": stat(name, "p99")}
+        measured |= {
+            f"mean_{key}_ms": stat(name),
+            f"median_{key}_ms": stat(name, "p50"),
+            f"p99_{key}_ms": stat(name, "p99"),
+        }
     if not measured["completed"]:
         raise ResultImportError(f"{source} has no completed requests: there is nothing measured to calibrate on")
     loadgen = (data.get("input_config") or {}).get("loadgen") or {}
     rate = _finite(loadgen.get("request_rate"))
     facts = _FileFacts(
-        num_prompts=int(measured["completed"]), request_rate=rate if rate is not None else math.inf,
+        num_prompts=int(measured["completed"]),
+        request_rate=rate if rate is not None else math.inf,
         max_concurrency=loadgen.get("concurrency"),
-        mean_input_len=stat("input_sequence_length"), mean_output_len=stat("output_sequence_length"),
+        mean_input_len=stat("input_sequence_length"),
+        mean_output_len=stat("output_sequence_length"),
     )
     requests, lengths_from = _requests_from_flags(source, facts, flags)
     return [_run(source, ResultFormat.AIPERF, requests, facts.max_concurrency, measured, lengths_from)]
@@ -429,7 +517,11 @@ def _json_format(data: Any) -> ResultFormat | None:
         return ResultFormat.GUIDELLM
     if "request_throughput" in data and ("mean_ttft_ms" in data or "num_prompts" in data):
         return ResultFormat.VLLM_BENCH
-    if isinstance(data.get("request_throughput"), dict) or "input_config" in data or isinstance(data.get("records"), dict):
+    if (
+        isinstance(data.get("request_throughput"), dict)
+        or "input_config" in data
+        or isinstance(data.get("records"), dict)
+    ):
         return ResultFormat.AIPERF
     return None
 
@@ -455,15 +547,21 @@ def read_measured_runs(path: Path, flags: WorkloadFlags | None = None) -> list[M
     except OSError as exc:
         raise ResultImportError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ResultImportError(f"{path} is not JSON ({exc}): give a servelab results directory, a `vllm bench serve "
-                           "--save-result` JSON, a GuideLLM benchmarks JSON or AIPerf's profile_export_aiperf.json") from exc
+        raise ResultImportError(
+            f"{path} is not JSON ({exc}): give a servelab results directory, a `vllm bench serve "
+            "--save-result` JSON, a GuideLLM benchmarks JSON or AIPerf's profile_export_aiperf.json"
+        ) from exc
     fmt = _json_format(data)
     if fmt is None:
-        raise ResultImportError(f"{path} is not a result servelab knows: give a servelab results directory, a `vllm bench "
-                           "serve --save-result` JSON, a GuideLLM benchmarks JSON or AIPerf's profile_export_aiperf.json")
+        raise ResultImportError(
+            f"{path} is not a result servelab knows: give a servelab results directory, a `vllm bench "
+            "serve --save-result` JSON, a GuideLLM benchmarks JSON or AIPerf's profile_export_aiperf.json"
+        )
     try:
         return _JSON_READERS[fmt](path, data, flags)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         if isinstance(exc, InputError):
             raise
-        raise ResultImportError(f"{path} looks like a {fmt} result but cannot be read: {type(exc).__name__} {exc}") from exc
+        raise ResultImportError(
+            f"{path} looks like a {fmt} result but cannot be read: {type(exc).__name__} {exc}"
+        ) from exc

@@ -73,7 +73,9 @@ SIBLINGS = _siblings()
 """Metric -> the metric that measures the same quantity counted another way (a thin cell pools with it first)."""
 
 
-def classify_regime(records: Sequence[RequestRecord], max_concurrency: int | None, summary: Mapping[str, Any]) -> Regime:
+def classify_regime(
+    records: Sequence[RequestRecord], max_concurrency: int | None, summary: Mapping[str, Any]
+) -> Regime:
     """The regime of a simulated run, from its plan's cap, its records and its summary.
 
     - concurrency 1: at most one request in flight (a cap of 1, or a single request);
@@ -132,10 +134,16 @@ def published_residuals() -> ResidualTable:
     if not RESIDUALS.exists():
         return {}
     doc = yaml.load(RESIDUALS.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    return {tier: {regime: {metric: [Residual(r["run"], r["source"], float(r["residual"])) for r in rows]
-                            for metric, rows in metrics.items()}
-                   for regime, metrics in regimes.items()}
-            for tier, regimes in (doc.get("residuals") or {}).items()}
+    return {
+        tier: {
+            regime: {
+                metric: [Residual(r["run"], r["source"], float(r["residual"])) for r in rows]
+                for metric, rows in metrics.items()
+            }
+            for regime, metrics in regimes.items()
+        }
+        for tier, regimes in (doc.get("residuals") or {}).items()
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +161,7 @@ class Bounds:
         return value * math.exp(self.low), value * math.exp(self.high)
 
     def pooled_text(self, metric: str) -> str:
-        """"saturated, under_capacity" or "saturated, saturated mean_tpot_ms": the cells used, naming the metric where
+        """ "saturated, under_capacity" or "saturated, saturated mean_tpot_ms": the cells used, naming the metric where
         it is not `metric` (the prediction's own)."""
         return ", ".join(regime if used == metric else f"{regime} {used}" for regime, used in self.pooled_from)
 
@@ -191,8 +199,9 @@ def _bounds(pooled: Sequence[Residual], used: Sequence[tuple[Regime, str]]) -> B
     return Bounds(low, high, len(pooled), len({row.source for row in pooled}), tuple(used))
 
 
-def prediction_intervals(summary: Mapping[str, Any], tier: Tier, regime: Regime,
-                         table: ResidualTable | None = None) -> dict[str, Any]:
+def prediction_intervals(
+    summary: Mapping[str, Any], tier: Tier, regime: Regime, table: ResidualTable | None = None
+) -> dict[str, Any]:
     """`intervals` and `interval_basis`, the keys a simulated summary gains: per predicted metric with residuals, its
     80% interval, and the tier, regime and pooling it came from.
 
@@ -213,8 +222,9 @@ def prediction_intervals(summary: Mapping[str, Any], tier: Tier, regime: Regime,
             continue
         intervals[metric] = list(bounds.around(float(value)))
         if bounds.pooled_from != ((regime, metric),):
-            notes.append(f"{metric}: {bounds.runs} runs from {bounds.sources} sources, pooled from "
-                         f"{bounds.pooled_text(metric)}")
+            notes.append(
+                f"{metric}: {bounds.runs} runs from {bounds.sources} sources, pooled from {bounds.pooled_text(metric)}"
+            )
     basis = {"tier": str(tier), "regime": str(regime), "level": LEVEL, "residuals_tier": str(used_tier), "notes": notes}
     return {"intervals": intervals, "interval_basis": basis}
 
@@ -227,14 +237,15 @@ def value_interval(value: float, metric: str, tier: Tier, regime: Regime) -> lis
     return None if bounds is None or value <= 0 else list(bounds.around(value))
 
 
-def simulated_run_intervals(records: Sequence[RequestRecord], max_concurrency: int | None, summary: Mapping[str, Any],
-                            tier: Tier) -> dict[str, Any]:
+def simulated_run_intervals(
+    records: Sequence[RequestRecord], max_concurrency: int | None, summary: Mapping[str, Any], tier: Tier
+) -> dict[str, Any]:
     """The `intervals` and `interval_basis` of a simulated run's summary: its regime classified, then its intervals."""
     return prediction_intervals(summary, tier, classify_regime(records, max_concurrency, summary))
 
 
 def interval_text(bounds: Sequence[float] | None) -> str:
-    """"80%: 6.9–9.8" for an interval, "" for none (a measured run has none)."""
+    """ "80%: 6.9–9.8" for an interval, "" for none (a measured run has none)."""
     if not bounds:
         return ""
     low, high = bounds
@@ -242,7 +253,7 @@ def interval_text(bounds: Sequence[float] | None) -> str:
 
 
 def interval_suffix(intervals: Mapping[str, Sequence[float]] | None, key: str) -> str:
-    """", 80%: 6.9–9.8" to print after a summary's `key` when its intervals have one, else ""."""
+    """ ", 80%: 6.9–9.8" to print after a summary's `key` when its intervals have one, else ""."""
     text = interval_text((intervals or {}).get(key))
     return f", {text}" if text else ""
 

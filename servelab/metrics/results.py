@@ -102,8 +102,10 @@ class RunResult:
         if not self.partial:
             return ""
         ended = "" if "finished_at" in self.run_info else ", no end time in run.json"
-        return (f"partial run: {self.directory} has no {SUMMARY}{ended} (the client was killed before the end); "
-                f"what follows rests on the {len(self.records)} requests recorded until then")
+        return (
+            f"partial run: {self.directory} has no {SUMMARY}{ended} (the client was killed before the end); "
+            f"what follows rests on the {len(self.records)} requests recorded until then"
+        )
 
 
 class ResultsDirError(InputError, FileNotFoundError):
@@ -119,7 +121,11 @@ def load_run(directory: Path) -> RunResult:
         records = list(read_records(directory / RECORDS)) if (directory / RECORDS).exists() else []
         timeline = list(read_timeline(directory / TIMELINE)) if (directory / TIMELINE).exists() else []
         summary_path = directory / SUMMARY
-        summary = upgraded(json.loads(summary_path.read_text(encoding="utf-8")), SCHEMA_VERSION) if summary_path.exists() else None
+        summary = (
+            upgraded(json.loads(summary_path.read_text(encoding="utf-8")), SCHEMA_VERSION)
+            if summary_path.exists()
+            else None
+        )
     except (OSError, ValueError, TypeError, KeyError) as exc:  # ValueError: bad JSON, or a record its schema refuses
         raise ResultsDirError(f"cannot read results directory {directory}: {exc}") from exc
     return RunResult(directory, run_info, records, timeline, summary)

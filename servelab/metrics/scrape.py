@@ -146,6 +146,7 @@ class MetricsScraper:
     async def fetch_server(self) -> dict[str, float] | None:
         """One scrape's values; None (and a counted failure) when the endpoint fails or is not Prometheus text."""
         import aiohttp
+
         try:
             timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
             async with self.session.get(self.url, headers=self.headers, timeout=timeout) as resp:
@@ -187,7 +188,11 @@ class MetricsScraper:
 
     def stats(self) -> dict[str, object]:
         stats: dict[str, object] = {
-            "url": self.url, "engine": None if self.engine is None else self.engine.name, "samples": len(self.samples), "failures": self.failures, "last_error": self.last_error,
+            "url": self.url,
+            "engine": None if self.engine is None else self.engine.name,
+            "samples": len(self.samples),
+            "failures": self.failures,
+            "last_error": self.last_error,
         }
         if self.gpu is not None:
             stats["gpu"] = self.gpu.stats()
@@ -234,8 +239,12 @@ def replica_load(scraper: MetricsScraper) -> dict[str, object]:
 
     served = delta(tl.E2E_COUNT)
     hits, queries = delta(tl.PREFIX_HITS), delta(tl.PREFIX_QUERIES)
-    out.update(requests_served=None if served is None else int(round(served)), prefix_cache_queries=queries,
-               prefix_cache_hits=hits, prefix_cache_hit_rate=hits / queries if hits is not None and queries else None)
+    out.update(
+        requests_served=None if served is None else int(round(served)),
+        prefix_cache_queries=queries,
+        prefix_cache_hits=hits,
+        prefix_cache_hit_rate=hits / queries if hits is not None and queries else None,
+    )
     for key, name in (("waiting", tl.WAITING), ("running", tl.RUNNING), ("kv_usage", tl.KV_USAGE)):
         mean, peak = gauge(name)
         out.update({f"mean_{key}": mean, f"max_{key}": peak})

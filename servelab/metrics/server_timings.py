@@ -78,13 +78,17 @@ def ttft_split(records: Sequence[RequestRecord], samples: Sequence[TimelineSampl
     if queue is not None:
         counts["queue"] = queue[1]
     if max(counts.values()) - min(counts.values()) > COUNT_MISMATCH * max(counts.values()):
-        notes.append("request counts differ (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + "): "
-                     "the server served other requests too, or requests failed after their first token")
+        notes.append(
+            "request counts differ (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + "): "
+            "the server served other requests too, or requests failed after their first token"
+        )
     if queue_s + prefill_s > client:
         # Means over different request sets can exceed the client's: keep the engine's proportions, no negative part.
         scale = client / (queue_s + prefill_s)
-        notes.append(f"the engine's queue + prefill ({1e3 * (queue_s + prefill_s):.0f} ms) exceed the client's "
-                     f"TTFT ({1e3 * client:.0f} ms); scaled to fit")
+        notes.append(
+            f"the engine's queue + prefill ({1e3 * (queue_s + prefill_s):.0f} ms) exceed the client's "
+            f"TTFT ({1e3 * client:.0f} ms); scaled to fit"
+        )
         queue_s, prefill_s = queue_s * scale, prefill_s * scale
     e2e = _mean(samples, tl.E2E_SUM, tl.E2E_COUNT)
     decode = _mean(samples, tl.DECODE_TIME_SUM, tl.DECODE_TIME_COUNT)
@@ -120,6 +124,8 @@ def sweep_ttft_splits(directory: Path) -> list[tuple[str, TtftSplit | None]]:
 def describe(split: TtftSplit, queue_reason: str = "") -> str:
     """One line: 'TTFT mean 900 ms: 20 ms API server & network, 830 ms queued in the engine, 50 ms prefill'."""
     reason = f" ({queue_reason})" if queue_reason else ""
-    return (f"TTFT mean {1e3 * split.client_ttft_s:.0f} ms: {1e3 * split.api_server_s:.0f} ms API server & network, "
-            f"{1e3 * split.queue_s:.0f} ms queued in the engine{reason}, {1e3 * split.prefill_s:.0f} ms prefill "
-            f"(the server's own TTFT {1e3 * split.server_ttft_s:.0f} ms, over {split.server_requests} requests)")
+    return (
+        f"TTFT mean {1e3 * split.client_ttft_s:.0f} ms: {1e3 * split.api_server_s:.0f} ms API server & network, "
+        f"{1e3 * split.queue_s:.0f} ms queued in the engine{reason}, {1e3 * split.prefill_s:.0f} ms prefill "
+        f"(the server's own TTFT {1e3 * split.server_ttft_s:.0f} ms, over {split.server_requests} requests)"
+    )

@@ -45,7 +45,9 @@ class SLO:
                 bound = float(value)
             except ValueError:
                 raise SLOError(f"invalid --goodput item {item!r}: {value!r} is not a number of ms") from None
-            if not (bound > 0 and math.isfinite(bound)):  # nan and inf compare false, and would be written as invalid JSON
+            if not (
+                bound > 0 and math.isfinite(bound)
+            ):  # nan and inf compare false, and would be written as invalid JSON
                 raise SLOError(f"invalid --goodput item {item!r}: the bound must be a finite number of ms > 0")
             bounds[f"{name}_ms"] = bound
         return cls(**bounds)

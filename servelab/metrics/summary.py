@@ -58,7 +58,9 @@ def summarize(
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
 ) -> Summary:
     """Statistics over the records sent at or after `warmup` seconds (see `statistics`)."""
-    return Summary.model_validate(statistics(records, duration=duration, warmup=warmup, slo=slo, percentiles=percentiles))
+    return Summary.model_validate(
+        statistics(records, duration=duration, warmup=warmup, slo=slo, percentiles=percentiles)
+    )
 
 
 def statistics(

@@ -72,6 +72,7 @@ __all__ = [  # the re-exported metric names, and this module's own
     "read_timeline",
 ]
 
+
 @dataclass(slots=True)
 class TimelineSample:
     t: float

@@ -52,7 +52,11 @@ STATISTICS_RENAMED_IN = 4
 
 _RATES = ("linear_flops", "attention_flops", "weight_bandwidth", "kv_bandwidth")
 _COEFFICIENT_OVERHEADS = (
-    "step_overhead_s", "per_request_overhead_s", "prefill_step_overhead_s", "idle_wake_s", "idle_wake_time_constant_s",
+    "step_overhead_s",
+    "per_request_overhead_s",
+    "prefill_step_overhead_s",
+    "idle_wake_s",
+    "idle_wake_time_constant_s",
 )
 _OVERHEADS = _COEFFICIENT_OVERHEADS + ("network_latency_s",)
 PARAMETERS = _RATES + _OVERHEADS
@@ -137,23 +141,29 @@ class _Space:
         self.hardware, self.model, self.config = hardware, model, config
         self.compute_dtype = RooflineCostModel(hardware, model, config).weight_format.compute_dtype
         self.free_peaks = hardware.vendor == "cpu"
-        self.peaks = np.array([
-            hardware.peak_flops(self.compute_dtype),
-            hardware.peak_flops("bf16"),
-            hardware.memory_bandwidth,
-            hardware.memory_bandwidth,
-        ])
+        self.peaks = np.array(
+            [
+                hardware.peak_flops(self.compute_dtype),
+                hardware.peak_flops("bf16"),
+                hardware.memory_bandwidth,
+                hardware.memory_bandwidth,
+            ]
+        )
         if np.any(self.peaks <= 0):
             raise PerfConfigError(f"{hardware.name} has no {self.compute_dtype} rate to calibrate")
         lo, hi = _CPU_RATE_RANGE if self.free_peaks else _GPU_EFFICIENCY_RANGE
         n = len(_OVERHEADS)
-        lower_overheads = np.array([_MIN_TIME_CONSTANT_S if k == "idle_wake_time_constant_s" else 0.0 for k in _OVERHEADS])
+        lower_overheads = np.array(
+            [_MIN_TIME_CONSTANT_S if k == "idle_wake_time_constant_s" else 0.0 for k in _OVERHEADS]
+        )
         self.lower = np.concatenate([np.log(self.peaks * lo), lower_overheads * 1e3])
         self.upper = np.concatenate([np.log(self.peaks * hi), np.full(n, _MAX_OVERHEAD_S * 1e3)])
 
     def start(self, coefficients: CostCoefficients, latency_s: float) -> np.ndarray:
         c = coefficients
-        effs = np.array([c.compute_efficiency, c.attention_compute_efficiency, c.memory_efficiency, c.attention_memory_efficiency])
+        effs = np.array(
+            [c.compute_efficiency, c.attention_compute_efficiency, c.memory_efficiency, c.attention_memory_efficiency]
+        )
         # Overheads the start point knows nothing of begin at a fraction of the step overhead, inside the box.
         guesses = {"prefill_step_overhead_s": 0.25 * c.step_overhead_s, "idle_wake_s": c.step_overhead_s}
         overheads = np.array([getattr(c, k) or guesses.get(k, 0.0) for k in _COEFFICIENT_OVERHEADS] + [latency_s]) * 1e3
@@ -166,7 +176,9 @@ class _Space:
         values = np.concatenate([np.exp(x[:4]), x[4:] / 1e3])
         return dict(zip(PARAMETERS, (float(v) for v in values)))
 
-    def materialize(self, x: np.ndarray, base: CostCoefficients, source: str) -> tuple[Hardware, CostCoefficients, float]:
+    def materialize(
+        self, x: np.ndarray, base: CostCoefficients, source: str
+    ) -> tuple[Hardware, CostCoefficients, float]:
         """(device, coefficients, one-way latency) for the vector `x`."""
         r = self.rates(x)
         hw = self.hardware
@@ -187,22 +199,26 @@ class _Space:
         def eff(rate: float, peak: float) -> float:
             return min(1.0, rate / peak)
 
-        coefficients = base.model_copy(update={
-            "compute_efficiency": eff(r["linear_flops"], hw.peak_flops(self.compute_dtype)),
-            "attention_compute_efficiency": eff(r["attention_flops"], hw.peak_flops("bf16")),
-            "memory_efficiency": eff(r["weight_bandwidth"], bw),
-            "attention_memory_efficiency": eff(r["kv_bandwidth"], bw),
-            **{k: r[k] for k in _COEFFICIENT_OVERHEADS},
-        })
+        coefficients = base.model_copy(
+            update={
+                "compute_efficiency": eff(r["linear_flops"], hw.peak_flops(self.compute_dtype)),
+                "attention_compute_efficiency": eff(r["attention_flops"], hw.peak_flops("bf16")),
+                "memory_efficiency": eff(r["weight_bandwidth"], bw),
+                "attention_memory_efficiency": eff(r["kv_bandwidth"], bw),
+                **{k: r[k] for k in _COEFFICIENT_OVERHEADS},
+            }
+        )
         return hw, CostCoefficients.model_validate(coefficients.model_dump()), r["network_latency_s"]
 
     def predict(self, x: np.ndarray, base: CostCoefficients, observations: Sequence[StepObservation]) -> np.ndarray:
         hw, coefficients, latency = self.materialize(x, base, "fit in progress")
         cost = RooflineCostModel(hw, self.model, self.config, coefficients)
-        return np.array([
-            sum(cost.step_time(b) for b in o.steps) + cost.wake_time(o.idle_before_s) + o.latency_legs * latency
-            for o in observations
-        ])
+        return np.array(
+            [
+                sum(cost.step_time(b) for b in o.steps) + cost.wake_time(o.idle_before_s) + o.latency_legs * latency
+                for o in observations
+            ]
+        )
 
 
 def fit_cost_model(
@@ -237,8 +253,11 @@ def fit_cost_model(
     from scipy.optimize import least_squares  # scipy only where a fit runs: the CLI's start-up stays light
 
     result = least_squares(
-        residuals, space.start(base, start_latency_s), bounds=(space.lower, space.upper),
-        x_scale=1.0, max_nfev=2000,
+        residuals,
+        space.start(base, start_latency_s),
+        bounds=(space.lower, space.upper),
+        x_scale=1.0,
+        max_nfev=2000,
     )
     hw, coefficients, latency = space.materialize(result.x, base, source)
     predicted = space.predict(result.x, base, observations)
@@ -295,8 +314,7 @@ class ReferenceTiming(BaseModel):
             return None
         change = (now_ms - then_ms) / then_ms
         noise = (self.spread_pct + now.spread_pct) / 100.0
-        return SpeedChange(then_ms, now_ms, 100.0 * change, 100.0 * noise,
-                           abs(change) > max(noise, MIN_SPEED_CHANGE))
+        return SpeedChange(then_ms, now_ms, 100.0 * change, 100.0 * noise, abs(change) > max(noise, MIN_SPEED_CHANGE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,10 +329,15 @@ class SpeedChange:
 
     def describe(self) -> str:
         speed = "slower" if self.change_pct > 0 else "faster"
-        verdict = (f"the server runs {abs(self.change_pct):.0f}% {speed} than when calibrated" if self.changed
-                   else "the server runs at its calibrated speed")
-        return (f"{verdict}: reference step {self.now_ms:.2f} ms vs {self.then_ms:.2f} ms "
-                f"(run-to-run spread of both: {self.noise_pct:.1f}%)")
+        verdict = (
+            f"the server runs {abs(self.change_pct):.0f}% {speed} than when calibrated"
+            if self.changed
+            else "the server runs at its calibrated speed"
+        )
+        return (
+            f"{verdict}: reference step {self.now_ms:.2f} ms vs {self.then_ms:.2f} ms "
+            f"(run-to-run spread of both: {self.noise_pct:.1f}%)"
+        )
 
 
 MAX_REFERENCE_SPREAD_PCT = 15.0
@@ -328,9 +351,11 @@ def reference_too_wide(reference: ReferenceTiming | None) -> str | None:
     if reference is None or reference.spread_pct is None or reference.spread_pct <= MAX_REFERENCE_SPREAD_PCT:
         return None
     lo, hi = min(reference.runs_ms), max(reference.runs_ms)
-    return (f"the reference step time ({reference.workload}) ranged {lo:.1f}-{hi:.1f} ms over {len(reference.runs_ms)} "
-            f"runs, a spread of {reference.spread_pct:.0f}% (at most {MAX_REFERENCE_SPREAD_PCT:g}% can judge a speed "
-            "change): the host was busy while it was measured")
+    return (
+        f"the reference step time ({reference.workload}) ranged {lo:.1f}-{hi:.1f} ms over {len(reference.runs_ms)} "
+        f"runs, a spread of {reference.spread_pct:.0f}% (at most {MAX_REFERENCE_SPREAD_PCT:g}% can judge a speed "
+        "change): the host was busy while it was measured"
+    )
 
 
 class CalibrationOrigin(StrEnum):
@@ -488,7 +513,8 @@ def load_profile(path: str | Path) -> CalibrationProfile:
         raise ProfileError(
             f"calibration profile {path} has schema version 1, whose per-prefill-chunk cost was fitted outside the "
             f"roofline and mostly measured the engine waking from idle; version {PROFILE_SCHEMA_VERSION} fits "
-            "prefill_step_overhead_s and idle_wake_s instead and the old number cannot be split into them: re-run calibrate"
+            "prefill_step_overhead_s and idle_wake_s instead and the old number cannot be split into them: re-run "
+            "calibrate"
         )
     if raw.get("schema_version") not in READABLE_SCHEMA_VERSIONS:
         raise ProfileError(

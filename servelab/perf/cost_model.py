@@ -148,16 +148,29 @@ class CostCoefficients(BaseModel):
     def ideal(cls) -> CostCoefficients:
         """Datasheet peaks and no overhead: a strict lower bound on step time (upper bound on throughput)."""
         return cls(
-            compute_efficiency=1, memory_efficiency=1, attention_compute_efficiency=1,
-            attention_memory_efficiency=1, interconnect_efficiency=1, allreduce_latency_s=0,
-            step_overhead_s=0, per_request_overhead_s=0, prefill_step_overhead_s=0, idle_wake_s=0,
+            compute_efficiency=1,
+            memory_efficiency=1,
+            attention_compute_efficiency=1,
+            attention_memory_efficiency=1,
+            interconnect_efficiency=1,
+            allreduce_latency_s=0,
+            step_overhead_s=0,
+            per_request_overhead_s=0,
+            prefill_step_overhead_s=0,
+            idle_wake_s=0,
         )
 
 
-_GPU_FIELDS = frozenset({
-    "compute_efficiency", "memory_efficiency", "attention_compute_efficiency",
-    "attention_memory_efficiency", "interconnect_efficiency", "allreduce_latency_s",
-})
+_GPU_FIELDS = frozenset(
+    {
+        "compute_efficiency",
+        "memory_efficiency",
+        "attention_compute_efficiency",
+        "attention_memory_efficiency",
+        "interconnect_efficiency",
+        "allreduce_latency_s",
+    }
+)
 """The CostCoefficients the kernel fit replaces; a caller who sets any of them (a calibration) keeps the datasheet form."""
 
 DATASHEET = "datasheet-roofline"
@@ -171,7 +184,10 @@ benchmarks/moe_kernel_check.py compares the whole MoE layer with those tables.""
 
 
 def kernel_fit_for(
-    hardware: Hardware, model: ModelSpec, engine_config: EngineConfig, weights: WeightFormat,
+    hardware: Hardware,
+    model: ModelSpec,
+    engine_config: EngineConfig,
+    weights: WeightFormat,
     coefficients: CostCoefficients,
 ) -> tuple[GpuKernelFit | None, str]:
     """The measured kernel fit this deployment can use, or None and why the datasheet roofline stands."""
@@ -184,7 +200,10 @@ def kernel_fit_for(
     if weights.compute_dtype != "bf16" or weights.bytes_per_param != 2 or model.dtype_bytes != 2:
         return None, f"the kernel fit covers bf16/fp16 weights and activations, not {weights.name} in {model.dtype}"
     if model.mla:
-        return None, "the kernel tables hold no multi-head latent attention kernels: datasheet peaks x assumed efficiencies"
+        return (
+            None,
+            "the kernel tables hold no multi-head latent attention kernels: datasheet peaks x assumed efficiencies",
+        )
     if tp > 1 and tp not in fit.allreduce:
         return None, f"no all-reduce table for TP={tp} on {hardware.name}"
     return fit, f"fitted to {fit.tables['gemm'].split('/')[0]} kernel tables of {fit.device} (docs/kernels.md)"
@@ -194,7 +213,10 @@ Shape = tuple[int, int]
 
 
 def _gemm_groups(
-    model: ModelSpec, tp: int, attention: tuple[Shape, ...], mlp: tuple[Shape, ...],
+    model: ModelSpec,
+    tp: int,
+    attention: tuple[Shape, ...],
+    mlp: tuple[Shape, ...],
 ) -> list[tuple[int, tuple[Shape, ...]]]:
     """(layer count, GEMM shapes (n, k) per rank) of the layers' non-routed GEMMs: one group for a dense model;
     attention, dense-MLP layers, and MoE layers' router plus shared experts for a mixture of experts."""
@@ -203,10 +225,17 @@ def _gemm_groups(
     h, moe = model.hidden_size, model.moe
     if model.mla:
         m, heads = model.mla, model.num_heads // tp
-        q = ((heads * (m.qk_nope_head_dim + m.qk_rope_head_dim), h),) if not m.q_lora_rank else (
-            (m.q_lora_rank, h), (heads * (m.qk_nope_head_dim + m.qk_rope_head_dim), m.q_lora_rank))
-        attention = (*q, (m.cached_width, h), (heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
-                     (h, heads * m.v_head_dim))
+        q = (
+            ((heads * (m.qk_nope_head_dim + m.qk_rope_head_dim), h),)
+            if not m.q_lora_rank
+            else ((m.q_lora_rank, h), (heads * (m.qk_nope_head_dim + m.qk_rope_head_dim), m.q_lora_rank))
+        )
+        attention = (
+            *q,
+            (m.cached_width, h),
+            (heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+            (h, heads * m.v_head_dim),
+        )
     shared = moe.shared_intermediate_size // tp
     routing = ((moe.num_experts, h),) + (((2 * shared, h), (h, shared)) if shared else ())
     groups = [(model.num_layers, attention), (moe.num_dense_layers, mlp), (model.num_moe_layers, routing)]
@@ -305,7 +334,8 @@ class RooflineCostModel:
 
         fit, self.cost_source_note = (
             kernel_fit_for(hardware, model, engine_config, self.weight_format, c)
-            if kernels else (None, "datasheet form requested")
+            if kernels
+            else (None, "datasheet form requested")
         )
         self.kernel_fit = fit
         self.cost_source = f"kernel-fit:{hardware.name}" if fit else DATASHEET
@@ -316,18 +346,16 @@ class RooflineCostModel:
         self._weight_time = streamed / (memory_bw * c.memory_efficiency)
         self._linear_s_per_token = model.non_expert_linear_flops_per_token / tp / (compute_peak * c.compute_efficiency)
         self._lm_head_s_per_sample = model.lm_head_flops_per_token / tp / (compute_peak * c.compute_efficiency)
-        self._attn_s_per_pair = (
-            model.attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency)
-        )
+        self._attn_s_per_pair = model.attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency)
         if model.mla:
             self._decode_attn_s_per_pair = (
-                model.decode_attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency))
+                model.decode_attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency)
+            )
         self._kv_s_per_token = kv_per_token / (memory_bw * c.attention_memory_efficiency)
         if model.moe:
             expert_peak = hardware.peak_flops(self.weight_format.compute_dtype) * c.compute_efficiency
             self._routed_s_per_token = model.routed_expert_flops_per_token / tp / expert_peak
-            self._expert_read_s = (
-                model.num_moe_layers * self._expert_bytes_per_rank / (memory_bw * c.memory_efficiency))
+            self._expert_read_s = model.num_moe_layers * self._expert_bytes_per_rank / (memory_bw * c.memory_efficiency)
         if tp > 1:
             ring = 2 * (tp - 1) / tp
             per_token_bytes = model.hidden_size * model.dtype_bytes
@@ -351,7 +379,9 @@ class RooflineCostModel:
         self._p, self._inv_p, self._half_tokens = g.knee_p, 1.0 / g.knee_p, g.half_tokens
         self._throttle, self._throttle_flops = g.throttle, g.throttle_flops
         groups = _gemm_groups(model, tp, attention, mlp)
-        self._gemm_groups = tuple((n, tuple(self._gemm_constants(g, *shape) for shape in shapes)) for n, shapes in groups)
+        self._gemm_groups = tuple(
+            (n, tuple(self._gemm_constants(g, *shape) for shape in shapes)) for n, shapes in groups
+        )
         self._lm_head = self._gemm_constants(g, model.vocab_size // tp, h)
         launches = sum(n * len(shapes) for n, shapes in groups)
         self._gemm_fixed = (launches + 1) * g.launch_s
@@ -375,8 +405,9 @@ class RooflineCostModel:
         if model.mla:
             self._decode_attn_s_per_pair = model.decode_attention_flops_per_pair / tp / (peak * pre.compute_efficiency)
         self._elementwise_fixed = layers * el.launch_s
-        self._elementwise_s_per_token = layers * elementwise_bytes_per_token(h, heads, kv_heads, inter) / (
-            bw * el.memory_efficiency)
+        self._elementwise_s_per_token = (
+            layers * elementwise_bytes_per_token(h, heads, kv_heads, inter) / (bw * el.memory_efficiency)
+        )
         if tp > 1:
             ar = fit.allreduce[tp]
             self._comm_fixed = 2 * layers * ar.latency_s
@@ -388,7 +419,12 @@ class RooflineCostModel:
         """(s per token at peak efficiency incl. tile overhead, FLOPs per token, weight s, activation s per token)."""
         peak, bw = self.hardware.peak_flops("bf16"), self.hardware.memory_bandwidth * g.memory_efficiency
         size = self.model.dtype_bytes
-        return 2 * n * (k + g.half_depth) / (peak * g.peak_efficiency), 2.0 * n * k, n * k * size / bw, (n + k) * size / bw
+        return (
+            2 * n * (k + g.half_depth) / (peak * g.peak_efficiency),
+            2.0 * n * k,
+            n * k * size / bw,
+            (n + k) * size / bw,
+        )
 
     def _gemm_time(self, m: float, constants: tuple[float, float, float, float]) -> float:
         """One GEMM of m tokens in the fitted form (kernel_fit.gemm_time without its launch floor)."""
@@ -418,7 +454,12 @@ class RooflineCostModel:
             return 0.0
         if self.kernel_fit:
             return self._fitted_step(
-                num_prefill_tokens, prefill_attn_work, num_decodes, sum_decode_context, num_sampled, prefill_context_tokens,
+                num_prefill_tokens,
+                prefill_attn_work,
+                num_decodes,
+                sum_decode_context,
+                num_sampled,
+                prefill_context_tokens,
             )
         linear = max(
             num_tokens * self._linear_s_per_token + num_sampled * self._lm_head_s_per_sample,
@@ -429,8 +470,10 @@ class RooflineCostModel:
         if self._decode_attn_s_per_pair is None:
             attention_flops_time = (prefill_attn_work + sum_decode_context + num_decodes) * self._attn_s_per_pair
         else:
-            attention_flops_time = (prefill_attn_work * self._attn_s_per_pair
-                                    + (sum_decode_context + num_decodes) * self._decode_attn_s_per_pair)
+            attention_flops_time = (
+                prefill_attn_work * self._attn_s_per_pair
+                + (sum_decode_context + num_decodes) * self._decode_attn_s_per_pair
+            )
         attention = max(
             attention_flops_time,
             (sum_decode_context + prefill_context_tokens + num_prefill_tokens) * self._kv_s_per_token,
@@ -458,16 +501,23 @@ class RooflineCostModel:
         return gpu
 
     def _fitted_step(
-        self, num_prefill_tokens: int, prefill_attn_work: int, num_decodes: int, sum_decode_context: int,
-        num_sampled: int, prefill_context_tokens: int,
+        self,
+        num_prefill_tokens: int,
+        prefill_attn_work: int,
+        num_decodes: int,
+        sum_decode_context: int,
+        num_sampled: int,
+        prefill_context_tokens: int,
     ) -> float:
         """`step_time_aggregate` in the fitted form (see the class docstring)."""
         num_tokens = num_prefill_tokens + num_decodes
         layers = self._layer_cache.get(num_tokens)
         if layers is None:
-            layers = self._layer_cache[num_tokens] = sum(
-                n * sum(self._gemm_time(num_tokens, c) for c in gemms) for n, gemms in self._gemm_groups
-            ) + self._elementwise_fixed + num_tokens * self._elementwise_s_per_token
+            layers = self._layer_cache[num_tokens] = (
+                sum(n * sum(self._gemm_time(num_tokens, c) for c in gemms) for n, gemms in self._gemm_groups)
+                + self._elementwise_fixed
+                + num_tokens * self._elementwise_s_per_token
+            )
             if self._moe:
                 layers += self._expert_time(num_tokens)
                 self._layer_cache[num_tokens] = layers
@@ -479,7 +529,8 @@ class RooflineCostModel:
             kv2 = sum_decode_context * sum_decode_context
             kv4 = kv2 * kv2
             gpu += (
-                self._decode_fixed + self._decode_cold * kv4 / (kv4 + self._decode_cache_tokens4)
+                self._decode_fixed
+                + self._decode_cold * kv4 / (kv4 + self._decode_cache_tokens4)
                 + (sum_decode_context + num_decodes * self._decode_half_context) * self._kv_s_per_token
             )
         chunks = num_sampled - num_decodes
@@ -493,7 +544,9 @@ class RooflineCostModel:
         cpu = self._step_overhead + num_sampled * self._request_overhead
         if chunks:
             cpu += self._prefill_step_overhead
-        return self._launched(gpu, num_decodes, chunks > 0) + self._comm_fixed + num_tokens * self._comm_s_per_token + cpu
+        return (
+            self._launched(gpu, num_decodes, chunks > 0) + self._comm_fixed + num_tokens * self._comm_s_per_token + cpu
+        )
 
     def weight_bytes_read(self, num_tokens: int) -> float:
         """Weight bytes one rank reads from memory in a step of `num_tokens` tokens: every weight outside the routed
@@ -517,8 +570,10 @@ class RooflineCostModel:
             fixed = self.model.num_moe_layers * MOE_LAYER_FIXED_S  # launches and routing: every rank, unscaled
             grouped = self.model.num_moe_layers * self.moe_layer_time(routed, touched) - fixed
             cached = self._expert_cache[num_tokens] = (
-                fixed + grouped * expert_layer_scale(layout, self._moe, routed)
-                + all_to_all_time(self.model, layout, num_tokens, self._a2a_link, self.coefficients.allreduce_latency_s))
+                fixed
+                + grouped * expert_layer_scale(layout, self._moe, routed)
+                + all_to_all_time(self.model, layout, num_tokens, self._a2a_link, self.coefficients.allreduce_latency_s)
+            )
         return cached
 
     def moe_layer_time(self, num_tokens: float, touched_experts: float) -> float:
@@ -547,6 +602,10 @@ class RooflineCostModel:
             attn_work += new * cached + new * (new + 1) // 2
         decodes = len(batch.decode_contexts)
         return self.step_time_aggregate(
-            prefill_tokens, attn_work, decodes, sum(batch.decode_contexts),
-            len(batch.prefill_chunks) + decodes, context,
+            prefill_tokens,
+            attn_work,
+            decodes,
+            sum(batch.decode_contexts),
+            len(batch.prefill_chunks) + decodes,
+            context,
         )

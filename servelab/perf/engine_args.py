@@ -34,24 +34,51 @@ from servelab.perf.vllm_versions import LARGEST_BATCH_DEFAULTS_SINCE, V0_BATCH_L
 
 VLLM_FLAGS = Path(__file__).parent / "data" / "vllm_flags.yaml"
 GiB = 2**30
-VLLM_QUANTIZATION_METHODS = frozenset({
-    "aqlm", "awq", "deepspeedfp", "tpu_int8", "fp8", "ptpc_fp8", "fbgemm_fp8", "modelopt", "marlin", "gguf",
-    "gptq_marlin_24", "gptq_marlin", "awq_marlin", "gptq", "compressed-tensors", "bitsandbytes", "qqq", "hqq",
-    "experts_int8", "neuron_quant", "ipex", "quark", "moe_wna16",
-})
+VLLM_QUANTIZATION_METHODS = frozenset(
+    {
+        "aqlm",
+        "awq",
+        "deepspeedfp",
+        "tpu_int8",
+        "fp8",
+        "ptpc_fp8",
+        "fbgemm_fp8",
+        "modelopt",
+        "marlin",
+        "gguf",
+        "gptq_marlin_24",
+        "gptq_marlin",
+        "awq_marlin",
+        "gptq",
+        "compressed-tensors",
+        "bitsandbytes",
+        "qqq",
+        "hqq",
+        "experts_int8",
+        "neuron_quant",
+        "ipex",
+        "quark",
+        "moe_wna16",
+    }
+)
 """The values `vllm serve --quantization` accepts (vllm/model_executor/layers/quantization/__init__.py,
 QUANTIZATION_METHODS, 0.7-0.8 era; later releases add to it). There is no `int8`: a W8A8 INT8 checkpoint is loaded as
 compressed-tensors, the format llm-compressor writes."""
-VLLM_QUANTIZATION_SPELLING = {"int8": "compressed-tensors", "w8a8": "compressed-tensors",
-                              "int8-w8a8": "compressed-tensors"}
+VLLM_QUANTIZATION_SPELLING = {
+    "int8": "compressed-tensors",
+    "w8a8": "compressed-tensors",
+    "int8-w8a8": "compressed-tensors",
+}
 """servelab's name for a modelled weight format -> the value vLLM's --quantization takes for it."""
 
 # Flags vLLM V1 no longer has, with why they no longer matter; passing one is a warning.
 OBSOLETE_FLAGS: dict[str, str] = {
     "use-v2-block-manager": "V1 has a single paged block manager; the flag was removed",
     "num-lookahead-slots": "lookahead slots served V0 speculative decoding; V1 has no such setting",
-    "max-num-partial-prefills": "concurrent partial prefills were a V0 scheduler feature; V1 schedules prefills by token budget",
-    "max-long-partial-prefills": "concurrent partial prefills were a V0 scheduler feature; V1 schedules prefills by token budget",
+    "max-num-partial-prefills": "concurrent partial prefills were a V0 scheduler feature; V1 schedules prefills by "
+    "token budget",
+    "max-long-partial-prefills": "concurrent partial prefills were a V0 scheduler feature; V1 schedules prefills by "
+    "token budget",
     "swap-space": "V1 preempts by recompute and never swaps KV blocks to CPU memory",
     "preemption-mode": "V1 always preempts by recompute",
     "num-scheduler-steps": "multi-step scheduling was removed; V1 overlaps CPU and GPU work with async scheduling",
@@ -69,11 +96,22 @@ OBSOLETE_FLAGS: dict[str, str] = {
 # the run is simulated as if they were absent, with a warning.
 UNMODELLED_FLAGS = frozenset(
     {
-        "speculative-config", "spec-model", "compilation-config",
-        "attention-backend", "attention-config", "cpu-offload-gb",
-        "max-num-scheduled-tokens", "max-num-active-seqs", "max-num-queued-reqs", "max-num-queued-tokens",
-        "long-prefill-token-threshold-adaptive", "pipeline-parallel-size", "decode-context-parallel-size",
-        "prefill-context-parallel-size", "kv-transfer-config", "scheduler-cls",
+        "speculative-config",
+        "spec-model",
+        "compilation-config",
+        "attention-backend",
+        "attention-config",
+        "cpu-offload-gb",
+        "max-num-scheduled-tokens",
+        "max-num-active-seqs",
+        "max-num-queued-reqs",
+        "max-num-queued-tokens",
+        "long-prefill-token-threshold-adaptive",
+        "pipeline-parallel-size",
+        "decode-context-parallel-size",
+        "prefill-context-parallel-size",
+        "kv-transfer-config",
+        "scheduler-cls",
     }
 )
 
@@ -195,10 +233,13 @@ class ParsedEngineArgs:
 def _tokens(line: str | Sequence[str]) -> list[str]:
     """Split the line and drop the launcher (`vllm serve`, `python -m vllm.entrypoints...`)."""
     tokens = shlex.split(line) if isinstance(line, str) else list(line)
-    for launcher in (["vllm", "serve"], ["python", "-m", "vllm.entrypoints.openai.api_server"],
-                     ["python3", "-m", "vllm.entrypoints.openai.api_server"]):
+    for launcher in (
+        ["vllm", "serve"],
+        ["python", "-m", "vllm.entrypoints.openai.api_server"],
+        ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+    ):
         if tokens[: len(launcher)] == launcher:
-            return tokens[len(launcher):]
+            return tokens[len(launcher) :]
     return tokens
 
 
@@ -237,12 +278,16 @@ def parse_engine_args(line: str | Sequence[str], base: EngineConfig | None = Non
             continue
         if base_name in switch_flags:
             if eq:
-                raise PerfConfigError(f"{flag} is an on/off switch and takes no value (use --{base_name} or --no-{base_name})")
+                raise PerfConfigError(
+                    f"{flag} is an on/off switch and takes no value (use --{base_name} or --no-{base_name})"
+                )
             switch_value = not negated
             if base_name in _MODELLED:
                 values[_MODELLED[base_name].target] = switch_value
                 if base_name == "enable-chunked-prefill" and switch_value:
-                    result.warnings.append("--enable-chunked-prefill is the default in vLLM V1; the flag changes nothing")
+                    result.warnings.append(
+                        "--enable-chunked-prefill is the default in vLLM V1; the flag changes nothing"
+                    )
             elif base_name in UNMODELLED_FLAGS:
                 result.warnings.append(f"{flag} changes performance but is not modelled; simulated as if absent")
             else:
@@ -270,7 +315,9 @@ def parse_engine_args(line: str | Sequence[str], base: EngineConfig | None = Non
             result.warnings.append(f"{flag} {inline} accepted, not modelled: {NOT_MODELLED_BECAUSE[name]}")
         elif name in UNMODELLED_FLAGS:
             if name == "pipeline-parallel-size" and inline.strip() not in ("1",):
-                raise PerfConfigError("--pipeline-parallel-size > 1 is not supported yet; use tensor or data parallelism")
+                raise PerfConfigError(
+                    "--pipeline-parallel-size > 1 is not supported yet; use tensor or data parallelism"
+                )
             if name != "pipeline-parallel-size":
                 result.warnings.append(f"{flag} changes performance but is not modelled; simulated as if absent")
         else:
@@ -329,7 +376,8 @@ def resolve(
         )
     if model.num_heads % tp:
         raise PerfConfigError(
-            f"--tensor-parallel-size (--tp) {tp}: {model.name} has {model.num_heads} attention heads, not divisible by {tp}"
+            f"--tensor-parallel-size (--tp) {tp}: {model.name} has {model.num_heads} attention heads, not divisible "
+            f"by {tp}"
         )
     max_model_len = config.max_model_len or model.max_position_embeddings
     if max_model_len > model.max_position_embeddings:
@@ -359,12 +407,17 @@ def resolve(
         )
     if max_num_batched_tokens < max_num_seqs:
         raise PerfConfigError(
-            f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs ({max_num_seqs}), as vLLM requires"
+            f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs ({max_num_seqs}), as vLLM "
+            f"requires"
         )
     # VllmConfig turns async scheduling on unless something is incompatible; CpuPlatform.check_and_update_config
     # then forces it off whatever the flag said ("async scheduling is not required on CPU").
     async_scheduling = hardware.vendor != "cpu" and config.async_scheduling is not False
-    dtype = model.dtype if config.dtype == "auto" else {"half": "float16", "float": "float32"}.get(config.dtype, config.dtype)
+    dtype = (
+        model.dtype
+        if config.dtype == "auto"
+        else {"half": "float16", "float": "float32"}.get(config.dtype, config.dtype)
+    )
     return config.with_(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,

@@ -86,7 +86,7 @@ def split_launcher(tokens: Sequence[str], table: FlagTable) -> tuple[list[str], 
     """(the launcher the line starts with, if any: `python -m sglang.launch_server`; the rest)."""
     for launcher in table.launchers:
         if tuple(tokens[: len(launcher)]) == launcher:
-            return list(launcher), list(tokens[len(launcher):])
+            return list(launcher), list(tokens[len(launcher) :])
     return [], list(tokens)
 
 
@@ -161,7 +161,9 @@ def parse_flags(line: str | Sequence[str], table: FlagTable) -> ParsedFlags:
             out.obsolete.append(flag)
             out.warnings.append(f"{flag} is obsolete in {table.engine}: {table.obsolete[name]}")
         elif name in table.not_modelled:
-            out.warnings.append(f"{flag} changes {table.engine}'s performance but is not modelled; simulated as if absent")
+            out.warnings.append(
+                f"{flag} changes {table.engine}'s performance but is not modelled; simulated as if absent"
+            )
         elif name in table.harmless:
             out.ignored.append(flag)
         else:
@@ -189,10 +191,12 @@ def fraction(text: str) -> float:
 
 def choice(*options: str) -> Callable[[str], str]:
     """A converter that accepts exactly `options`; vLLM's parser uses it too."""
+
     def convert(text: str) -> str:
         if text not in options:
             raise ValueError(f"must be one of {', '.join(options)}")
         return text
+
     return convert
 
 

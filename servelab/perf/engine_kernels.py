@@ -43,8 +43,10 @@ PREFILL_TOKENS = 2048
 
 
 def _newest(root: Path, system: str, op: str, engine: str, filename: str) -> Path:
-    folders = sorted((root / system / op / engine).glob(f"*/{filename}"),
-                     key=lambda p: tuple(int(x) if x.isdigit() else -1 for x in p.parent.name.split(".")))
+    folders = sorted(
+        (root / system / op / engine).glob(f"*/{filename}"),
+        key=lambda p: tuple(int(x) if x.isdigit() else -1 for x in p.parent.name.split(".")),
+    )
     if not folders:
         raise PerfConfigError(f"no {engine} {op} table {filename} for {system}")
     return folders[-1]
@@ -67,8 +69,16 @@ def engine_tables(engine: str, gpu: str, gemm_dtype: str) -> KernelTables:
         if "window_size" in a:
             keep &= a.window_size == 0
         frames.append(a[keep].assign(latency=lambda f: f.latency * 1e-3).reset_index(drop=True))
-    return KernelTables(gpu=gpu, system=system, device="", tables={}, gemm=gemm.reset_index(drop=True),
-                        decode=frames[1], prefill=frames[0], allreduce=load_tables(gpu).allreduce)
+    return KernelTables(
+        gpu=gpu,
+        system=system,
+        device="",
+        tables={},
+        gemm=gemm.reset_index(drop=True),
+        decode=frames[1],
+        prefill=frames[0],
+        allreduce=load_tables(gpu).allreduce,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,18 +95,25 @@ def kernel_ratio(engine: str, hardware: Hardware, model: ModelSpec, quantization
         return KernelRatio()
     dtype = {None: "bfloat16", "fp8": "fp8"}.get(quantization)
     if dtype is None or model.head_dim != HEAD_DIM:
-        return KernelRatio(note=f"no {engine} tables for {quantization} weights / head_dim {model.head_dim}: kernels as vLLM's")
+        return KernelRatio(
+            note=f"no {engine} tables for {quantization} weights / head_dim {model.head_dim}: kernels as vLLM's"
+        )
     try:
         mine = TableLookup(engine_tables(engine, hardware.name, dtype))
         base = TableLookup(engine_tables("vllm", hardware.name, dtype))
-        decode = [forward_pass(t, fit.elementwise, hardware, model, tp, tokens=DECODE_BATCH, decode_context=DECODE_CONTEXT)
-                  for t in (mine, base)]
+        decode = [
+            forward_pass(t, fit.elementwise, hardware, model, tp, tokens=DECODE_BATCH, decode_context=DECODE_CONTEXT)
+            for t in (mine, base)
+        ]
         prefill = [forward_pass(t, fit.elementwise, hardware, model, tp, tokens=PREFILL_TOKENS) for t in (mine, base)]
     except (PerfConfigError, ValueError, KeyError) as exc:
         return KernelRatio(note=f"{engine} tables do not cover this model ({exc}): kernels as vLLM's")
-    return KernelRatio(decode[0].total / decode[1].total, prefill[0].total / prefill[1].total,
-                       f"{engine} kernel tables ({dtype}): decode x{decode[0].total / decode[1].total:.3f}, "
-                       f"prefill x{prefill[0].total / prefill[1].total:.3f} of vLLM's")
+    return KernelRatio(
+        decode[0].total / decode[1].total,
+        prefill[0].total / prefill[1].total,
+        f"{engine} kernel tables ({dtype}): decode x{decode[0].total / decode[1].total:.3f}, "
+        f"prefill x{prefill[0].total / prefill[1].total:.3f} of vLLM's",
+    )
 
 
 class ScaledCostModel:
@@ -114,6 +131,7 @@ class ScaledCostModel:
     def _aggregate(self, aggregate: Any) -> Any:
         def scaled(new_tokens: int, *rest: int) -> float:
             return float(aggregate(new_tokens, *rest)) * (self.ratio.prefill if new_tokens else self.ratio.decode)
+
         return scaled
 
     def step_time(self, batch: StepBatch) -> float:

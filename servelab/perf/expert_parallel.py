@@ -76,8 +76,9 @@ def busiest_rank_factor(moe: MoESpec, num_tokens: float, ep_size: int) -> float:
     return max(rows, touched)
 
 
-def all_to_all_time(model: ModelSpec, layout: ExpertLayout, tokens_per_rank: float, link_bytes_per_s: float,
-                    latency_s: float) -> float:
+def all_to_all_time(
+    model: ModelSpec, layout: ExpertLayout, tokens_per_rank: float, link_bytes_per_s: float, latency_s: float
+) -> float:
     """Dispatch and combine of every MoE layer in one step, on one rank: each of its tokens' hidden states goes to
     its k experts' ranks and comes back (bf16 both ways), (EP-1)/EP of them off the GPU; 0 without dispatch."""
     if not layout.dispatches or not model.moe or tokens_per_rank <= 0:

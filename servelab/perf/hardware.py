@@ -60,9 +60,7 @@ class Hardware(BaseModel):
         cited = _CITED_FIELDS + (("fp4_tflops",) if self.fp4_tflops else ())
         missing = [f for f in cited if f not in self.sources]
         if missing:
-            raise ValueError(
-                f"no source for {', '.join(missing)}: add sources.datasheet or one source per field"
-            )
+            raise ValueError(f"no source for {', '.join(missing)}: add sources.datasheet or one source per field")
         return self
 
     @property
@@ -81,7 +79,9 @@ class Hardware(BaseModel):
 
     def peak_flops(self, dtype: ComputeDtype) -> float:
         """Dense tensor-core FLOP/s (or OP/s) for `dtype`; 0 where the chip has no such path."""
-        tflops = {"bf16": self.bf16_tflops, "fp8": self.fp8_tflops, "int8": self.int8_tflops, "fp4": self.fp4_tflops}[dtype]
+        tflops = {"bf16": self.bf16_tflops, "fp8": self.fp8_tflops, "int8": self.int8_tflops, "fp4": self.fp4_tflops}[
+            dtype
+        ]
         return tflops * 1e12
 
     def names(self) -> tuple[str, ...]:
@@ -137,6 +137,4 @@ def get_gpu(name: str, extra_file: str | Path | None = None) -> Hardware:
         return catalogue[_normalise(name)]
     except KeyError:
         known = ", ".join(sorted({gpu.name for gpu in catalogue.values()}))
-        raise PerfConfigError(
-            f"unknown GPU {name!r}; known: {known} (add your own with a GPU YAML file)"
-        ) from None
+        raise PerfConfigError(f"unknown GPU {name!r}; known: {known} (add your own with a GPU YAML file)") from None

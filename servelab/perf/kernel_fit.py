@@ -68,14 +68,36 @@ BF16 = 2
 # post_attention_layernorm,mlp_act}.median, summed per num_tokens.
 # Shape: (hidden, heads, kv_heads, intermediate) of the profiled model.
 VIDUR_ELEMENTWISE: dict[str, tuple[tuple[int, int, int, int], dict[int, float]]] = {
-    "a100": ((4096, 32, 8, 14336), {  # meta-llama/Meta-Llama-3-8B
-        1: 0.025, 8: 0.024, 32: 0.024, 128: 0.032, 256: 0.051, 512: 0.082, 1024: 0.16,
-        2048: 0.3357, 4096: 0.655, 8192: 1.2963, 16384: 2.6027,
-    }),
-    "h100": ((4096, 32, 32, 11008), {  # meta-llama/Llama-2-7b-hf
-        1: 0.018, 8: 0.019, 32: 0.02, 128: 0.017, 256: 0.023, 512: 0.042, 1024: 0.085,
-        2048: 0.165, 4096: 0.3558,
-    }),
+    "a100": (
+        (4096, 32, 8, 14336),
+        {  # meta-llama/Meta-Llama-3-8B
+            1: 0.025,
+            8: 0.024,
+            32: 0.024,
+            128: 0.032,
+            256: 0.051,
+            512: 0.082,
+            1024: 0.16,
+            2048: 0.3357,
+            4096: 0.655,
+            8192: 1.2963,
+            16384: 2.6027,
+        },
+    ),
+    "h100": (
+        (4096, 32, 32, 11008),
+        {  # meta-llama/Llama-2-7b-hf
+            1: 0.018,
+            8: 0.019,
+            32: 0.02,
+            128: 0.017,
+            256: 0.023,
+            512: 0.042,
+            1024: 0.085,
+            2048: 0.165,
+            4096: 0.3558,
+        },
+    ),
 }
 VIDUR_GPU = {"A100-80GB-SXM": "a100", "H100-SXM": "h100", "H200": "h100"}
 """Vidur has no H200 profile: the H200 is the H100's die with faster HBM, so it takes the
@@ -83,6 +105,7 @@ H100's launch floor and the same fraction of its own bandwidth."""
 
 
 # ---------------------------------------------------------------- coefficients (what the cost model reads)
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -195,6 +218,7 @@ def load_kernel_fit(hardware: Hardware) -> GpuKernelFit | None:
 
 # ---------------------------------------------------------------- op-level model (the fitted formulas)
 
+
 def smooth_roofline(compute_s: Times, memory_s: Times, p: float) -> Times:
     """(c^p + m^p)^(1/p): continuous, monotone in both, max(c, m) as p grows, c + m at p = 1."""
     return (compute_s**p + memory_s**p) ** (1.0 / p)
@@ -208,28 +232,36 @@ def gemm_time(fit: GemmFit, hw: Hardware, m: np.ndarray, n: np.ndarray, k: np.nd
     return fit.launch_s + smooth_roofline(compute, memory, fit.knee_p)
 
 
-def datasheet_gemm_time(hw: Hardware, m: np.ndarray, n: np.ndarray, k: np.ndarray, compute_efficiency: float,
-                        memory_efficiency: float) -> np.ndarray:
+def datasheet_gemm_time(
+    hw: Hardware, m: np.ndarray, n: np.ndarray, k: np.ndarray, compute_efficiency: float, memory_efficiency: float
+) -> np.ndarray:
     """One GEMM in the datasheet roofline: max(FLOPs / (P e), weight bytes / (B e_mem)), no launch floor.
 
     The linear part of RooflineCostModel's datasheet form, op by op: its crossover, m = P e / (B e_mem),
     is the same for every shape, so these maxima add up to that model's. The efficiencies are
     CostCoefficients' (passed in: this module sits below the cost model); 1 and 1 give the GPU's hard floor.
     """
-    return np.maximum(2.0 * m * n * k / (hw.peak_flops("bf16") * compute_efficiency),
-                      BF16 * n * k / (hw.memory_bandwidth * memory_efficiency))
+    return np.maximum(
+        2.0 * m * n * k / (hw.peak_flops("bf16") * compute_efficiency),
+        BF16 * n * k / (hw.memory_bandwidth * memory_efficiency),
+    )
 
 
-def decode_attention_time(fit: DecodeAttentionFit, hw: Hardware, batch: np.ndarray, context: np.ndarray,
-                          kv_heads: np.ndarray) -> np.ndarray:
+def decode_attention_time(
+    fit: DecodeAttentionFit, hw: Hardware, batch: np.ndarray, context: np.ndarray, kv_heads: np.ndarray
+) -> np.ndarray:
     kv_bytes_per_token = 2 * kv_heads * HEAD_DIM * BF16
     read = batch * context * kv_bytes_per_token
-    return (fit.launch_s + fit.cold_s * read**4 / (read**4 + fit.cache_bytes**4)
-            + (read + batch * fit.half_context * kv_bytes_per_token) / (hw.memory_bandwidth * fit.memory_efficiency))
+    return (
+        fit.launch_s
+        + fit.cold_s * read**4 / (read**4 + fit.cache_bytes**4)
+        + (read + batch * fit.half_context * kv_bytes_per_token) / (hw.memory_bandwidth * fit.memory_efficiency)
+    )
 
 
-def prefill_attention_time(fit: PrefillAttentionFit, hw: Hardware, batch: np.ndarray, length: np.ndarray,
-                           heads: np.ndarray) -> np.ndarray:
+def prefill_attention_time(
+    fit: PrefillAttentionFit, hw: Hardware, batch: np.ndarray, length: np.ndarray, heads: np.ndarray
+) -> np.ndarray:
     flops = 4 * HEAD_DIM * heads * batch * length * (length + 1) / 2
     return fit.launch_s + flops * (1 + fit.half_length / length) / (hw.peak_flops("bf16") * fit.compute_efficiency)
 
@@ -253,12 +285,14 @@ def elementwise_time(fit: ElementwiseFit, hw: Hardware, tokens: np.ndarray, byte
 
 # ---------------------------------------------------------------- the measured tables
 
+
 def aiconfigurator_data_root() -> Path:
     """systems/data of the installed aiconfigurator-core, located without importing its compiled extension."""
     spec = importlib.util.find_spec("aiconfigurator_core")
     if spec is None or not spec.submodule_search_locations:
         raise PerfConfigError(
-            f"aiconfigurator-core is not installed: pip install 'servelab[kernels]' (aiconfigurator-core=={AIC_VERSION})"
+            f"aiconfigurator-core is not installed: pip install 'servelab[kernels]' "
+            f"(aiconfigurator-core=={AIC_VERSION})"
         )
     return Path(next(iter(spec.submodule_search_locations))) / "systems" / "data"
 
@@ -315,7 +349,9 @@ def load_tables(gpu: str, root: Path | None = None) -> KernelTables:
 
     allreduce = frames["allreduce"].query("backend == 'vllm_graph'")
     return KernelTables(
-        gpu=gpu, system=system, device=str(gemm.device.iloc[0]),
+        gpu=gpu,
+        system=system,
+        device=str(gemm.device.iloc[0]),
         tables={op: f"{p.parent.parent.name} {p.parent.name}/{p.name}" for op, p in paths.items()},
         gemm=gemm.reset_index(drop=True),
         decode=attention(frames["decode_attention"]).reset_index(drop=True),
@@ -363,18 +399,27 @@ def allreduce_rows(t: KernelTables) -> pd.DataFrame:
 
 # ---------------------------------------------------------------- the fit
 
+
 def _fit_log(
-    predict: Callable[[np.ndarray], np.ndarray], measured: np.ndarray, x0: Sequence[float],
-    lower: Sequence[float], upper: Sequence[float],
+    predict: Callable[[np.ndarray], np.ndarray],
+    measured: np.ndarray,
+    x0: Sequence[float],
+    lower: Sequence[float],
+    upper: Sequence[float],
 ) -> np.ndarray:
     """Least squares of log(pred / table): every row weighs by its relative error, small kernels as much as large."""
     from scipy.optimize import least_squares
 
     log_measured = np.log(measured)
     result = least_squares(
-        lambda x: np.log(predict(x)) - log_measured, np.asarray(x0, dtype=float),
-        bounds=(np.asarray(lower, dtype=float), np.asarray(upper, dtype=float)), x_scale="jac",
-        xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000,
+        lambda x: np.log(predict(x)) - log_measured,
+        np.asarray(x0, dtype=float),
+        bounds=(np.asarray(lower, dtype=float), np.asarray(upper, dtype=float)),
+        x_scale="jac",
+        xtol=1e-12,
+        ftol=1e-12,
+        gtol=1e-12,
+        max_nfev=2000,
     )
     return result.x
 
@@ -397,11 +442,24 @@ def fit_gemm(t: KernelTables, hw: Hardware) -> tuple[GemmFit, Residual]:
     measured = rows.latency.to_numpy()
 
     def make(x: np.ndarray) -> GemmFit:
-        return GemmFit(peak_efficiency=x[0], half_tokens=x[1], half_depth=x[2], memory_efficiency=x[3], knee_p=x[4],
-                       launch_s=x[5] * 1e-6, throttle=x[6], throttle_flops=x[7] * 1e9)
+        return GemmFit(
+            peak_efficiency=x[0],
+            half_tokens=x[1],
+            half_depth=x[2],
+            memory_efficiency=x[3],
+            knee_p=x[4],
+            launch_s=x[5] * 1e-6,
+            throttle=x[6],
+            throttle_flops=x[7] * 1e9,
+        )
 
-    x = _fit_log(lambda x: gemm_time(make(x), hw, m[~hold], n[~hold], k[~hold]), measured[~hold],
-                 [0.8, 32, 512, 0.8, 3, 4, 0.1, 500], [0.05, 0, 0, 0.05, 1, 0, 0, 1], [1, 4096, 8192, 1, 30, 50, 0.9, 1e5])
+    x = _fit_log(
+        lambda x: gemm_time(make(x), hw, m[~hold], n[~hold], k[~hold]),
+        measured[~hold],
+        [0.8, 32, 512, 0.8, 3, 4, 0.1, 500],
+        [0.05, 0, 0, 0.05, 1, 0, 0, 1],
+        [1, 4096, 8192, 1, 30, 50, 0.9, 1e5],
+    )
     fit = make(x)
     return fit, _residual(gemm_time(fit, hw, m, n, k), measured, hold)
 
@@ -413,11 +471,17 @@ def fit_decode_attention(t: KernelTables, hw: Hardware) -> tuple[DecodeAttention
     measured = rows.latency.to_numpy()
 
     def make(x: np.ndarray) -> DecodeAttentionFit:
-        return DecodeAttentionFit(launch_s=x[0] * 1e-6, cold_s=x[1] * 1e-6, cache_bytes=x[2] * 1e6,
-                                  memory_efficiency=x[3], half_context=x[4])
+        return DecodeAttentionFit(
+            launch_s=x[0] * 1e-6, cold_s=x[1] * 1e-6, cache_bytes=x[2] * 1e6, memory_efficiency=x[3], half_context=x[4]
+        )
 
-    x = _fit_log(lambda x: decode_attention_time(make(x), hw, b[~hold], ctx[~hold], kv[~hold]), measured[~hold],
-                 [8, 10, 40, 0.8, 64], [0, 0, 1, 0.05, 0], [100, 100, 1000, 1, 16384])
+    x = _fit_log(
+        lambda x: decode_attention_time(make(x), hw, b[~hold], ctx[~hold], kv[~hold]),
+        measured[~hold],
+        [8, 10, 40, 0.8, 64],
+        [0, 0, 1, 0.05, 0],
+        [100, 100, 1000, 1, 16384],
+    )
     fit = make(x)
     return fit, _residual(decode_attention_time(fit, hw, b, ctx, kv), measured, hold)
 
@@ -431,8 +495,13 @@ def fit_prefill_attention(t: KernelTables, hw: Hardware) -> tuple[PrefillAttenti
     def make(x: np.ndarray) -> PrefillAttentionFit:
         return PrefillAttentionFit(launch_s=x[0] * 1e-6, compute_efficiency=x[1], half_length=x[2])
 
-    x = _fit_log(lambda x: prefill_attention_time(make(x), hw, b[~hold], s[~hold], heads[~hold]), measured[~hold],
-                 [10, 0.5, 256], [0, 0.05, 0], [200, 1, 16384])
+    x = _fit_log(
+        lambda x: prefill_attention_time(make(x), hw, b[~hold], s[~hold], heads[~hold]),
+        measured[~hold],
+        [10, 0.5, 256],
+        [0, 0.05, 0],
+        [200, 1, 16384],
+    )
     fit = make(x)
     return fit, _residual(prefill_attention_time(fit, hw, b, s, heads), measured, hold)
 
@@ -442,6 +511,7 @@ def fit_allreduce(t: KernelTables) -> tuple[dict[int, AllReduceFit], Residual]:
     hold = held_out(rows.message_size)
     fits: dict[int, AllReduceFit] = {}
     pred = np.zeros(len(rows))
+
     def make(x: np.ndarray) -> AllReduceFit:
         return AllReduceFit(latency_s=x[0] * 1e-6, seconds_per_byte=x[1] * 1e-12)
 
@@ -471,7 +541,9 @@ def fit_elementwise(gpu: str, hw: Hardware) -> tuple[ElementwiseFit, Residual]:
     def make(x: np.ndarray) -> ElementwiseFit:
         return ElementwiseFit(launch_s=x[0] * 1e-6, memory_efficiency=x[1])
 
-    x = _fit_log(lambda x: elementwise_time(make(x), vidur_hw, tokens, vidur_bytes), measured, [20, 0.5], [0, 0.05], [200, 1])
+    x = _fit_log(
+        lambda x: elementwise_time(make(x), vidur_hw, tokens, vidur_bytes), measured, [20, 0.5], [0, 0.05], [200, 1]
+    )
     fit = make(x)
     return fit, _residual(elementwise_time(fit, vidur_hw, tokens, vidur_bytes), measured, np.zeros(len(tokens), bool))
 
@@ -485,16 +557,29 @@ def fit_gpu(gpu: str, root: Path | None = None) -> GpuKernelFit:
     allreduce, r_allreduce = fit_allreduce(t)
     elementwise, r_elementwise = fit_elementwise(gpu, hw)
     return GpuKernelFit(
-        system=t.system, device=t.device, tables=t.tables, gemm=gemm, decode_attention=decode,
-        prefill_attention=prefill, allreduce=allreduce, elementwise=elementwise,
-        residuals={"gemm": r_gemm, "decode_attention": r_decode, "prefill_attention": r_prefill,
-                   "allreduce": r_allreduce, "elementwise": r_elementwise},
+        system=t.system,
+        device=t.device,
+        tables=t.tables,
+        gemm=gemm,
+        decode_attention=decode,
+        prefill_attention=prefill,
+        allreduce=allreduce,
+        elementwise=elementwise,
+        residuals={
+            "gemm": r_gemm,
+            "decode_attention": r_decode,
+            "prefill_attention": r_prefill,
+            "allreduce": r_allreduce,
+            "elementwise": r_elementwise,
+        },
     )
 
 
 def fit_all(gpus: Sequence[str] = tuple(SYSTEMS), root: Path | None = None) -> KernelCoefficients:
     return KernelCoefficients(
-        source=SOURCE, generated_by="scripts/fit_kernels.py", gpus={gpu: fit_gpu(gpu, root) for gpu in gpus},
+        source=SOURCE,
+        generated_by="scripts/fit_kernels.py",
+        gpus={gpu: fit_gpu(gpu, root) for gpu in gpus},
     )
 
 
@@ -517,6 +602,7 @@ def dump_yaml(coefficients: KernelCoefficients) -> str:
 
 
 # ---------------------------------------------------------------- forward pass from the tables
+
 
 def _interp_loglog(x: float, xs: np.ndarray, ys: np.ndarray) -> float:
     """Log-log interpolation on a grid; beyond its top, time scales in proportion (a wide GEMM, a long message)."""
@@ -546,7 +632,9 @@ class TableLookup:
             raise PerfConfigError(f"no GEMM row at m={m} on {self.t.gpu}")
         grid = self._gemm[m]
         ns = grid.index.to_numpy(float)
-        per_n = np.array([_interp_loglog(k, grid.columns.to_numpy(float), grid.loc[nn].to_numpy()) for nn in grid.index])
+        per_n = np.array(
+            [_interp_loglog(k, grid.columns.to_numpy(float), grid.loc[nn].to_numpy()) for nn in grid.index]
+        )
         return _interp_loglog(n, ns, per_n)
 
     def _attention(self, rows: pd.DataFrame, size_col: str, size: int, heads: float, kv_heads: int) -> float:
@@ -597,8 +685,14 @@ class ForwardPass:
 
 
 def forward_pass(
-    lookup: TableLookup, fit: ElementwiseFit, hw: Hardware, model: ModelSpec, tp: int, *,
-    tokens: int, decode_context: int | None = None,
+    lookup: TableLookup,
+    fit: ElementwiseFit,
+    hw: Hardware,
+    model: ModelSpec,
+    tp: int,
+    *,
+    tokens: int,
+    decode_context: int | None = None,
 ) -> ForwardPass:
     """Sum of the per-layer kernels of a decode batch (`tokens` requests at `decode_context`) or one prefill of `tokens`.
 
@@ -608,17 +702,28 @@ def forward_pass(
     """
     h, d = model.hidden_size, model.head_dim
     heads, kv_heads, inter = model.num_heads // tp, max(1, model.num_kv_heads // tp), model.intermediate_size // tp
-    gemm = sum(lookup.gemm(tokens, n, k) for n, k in (
-        ((heads + 2 * kv_heads) * d, h), (h, heads * d), (2 * inter, h), (h, inter),
-    ))
+    gemm = sum(
+        lookup.gemm(tokens, n, k)
+        for n, k in (
+            ((heads + 2 * kv_heads) * d, h),
+            (h, heads * d),
+            (2 * inter, h),
+            (h, inter),
+        )
+    )
     if decode_context is None:
         attention, sampled = lookup.prefill_attention(tokens, heads, kv_heads), 1
     else:
         attention, sampled = lookup.decode_attention(tokens, decode_context, heads, kv_heads), tokens
-    elementwise = float(elementwise_time(fit, hw, np.asarray(float(tokens)), elementwise_bytes_per_token(h, heads, kv_heads, inter)))
+    elementwise = float(
+        elementwise_time(fit, hw, np.asarray(float(tokens)), elementwise_bytes_per_token(h, heads, kv_heads, inter))
+    )
     allreduce = 2 * lookup.allreduce(tokens * h * model.dtype_bytes, tp) if tp > 1 else 0.0
     layers = model.num_layers
     return ForwardPass(
-        gemm=layers * gemm, attention=layers * attention, elementwise=layers * elementwise,
-        allreduce=layers * allreduce, lm_head=lookup.gemm(sampled, model.vocab_size // tp, h),
+        gemm=layers * gemm,
+        attention=layers * attention,
+        elementwise=layers * elementwise,
+        allreduce=layers * allreduce,
+        lm_head=lookup.gemm(sampled, model.vocab_size // tp, h),
     )

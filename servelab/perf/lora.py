@@ -40,8 +40,12 @@ DEFAULT_MAX_LORA_RANK = 16
 
 def slot_bytes(model: ModelSpec, rank: int, tp: int) -> int:
     """One adapter slot's A and B matrices on one GPU: rank x (d_in + d_out) for each adapted linear layer."""
-    h, q, kv, inter = (model.hidden_size, model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim,
-                       model.intermediate_size)
+    h, q, kv, inter = (
+        model.hidden_size,
+        model.num_heads * model.head_dim,
+        model.num_kv_heads * model.head_dim,
+        model.intermediate_size,
+    )
     # q, k, v: h -> q, kv, kv; o: q -> h; gate, up: h -> inter; down: inter -> h.
     in_out = (h + q) + 2 * (h + kv) + (q + h) + 2 * (h + inter) + (inter + h)
     return round(model.num_layers * rank * in_out * model.dtype_bytes / tp)
@@ -91,7 +95,9 @@ def describe(model: ModelSpec, config: EngineConfig) -> str | None:
     """The price in words, for the deployment's warnings; None without --enable-lora."""
     if not config.enable_lora:
         return None
-    return (f"--enable-lora: {config.max_loras} adapter slot(s) of rank {config.max_lora_rank} take "
-            f"{adapter_bytes(model, config) / 2**20:,.0f} MiB from the KV cache, and every step is priced "
-            f"~{STEP_OVERHEAD:.0%} slower for the LoRA kernels (published measurements: 8-60%); merging a single "
-            "fine-tune into the base weights removes both")
+    return (
+        f"--enable-lora: {config.max_loras} adapter slot(s) of rank {config.max_lora_rank} take "
+        f"{adapter_bytes(model, config) / 2**20:,.0f} MiB from the KV cache, and every step is priced "
+        f"~{STEP_OVERHEAD:.0%} slower for the LoRA kernels (published measurements: 8-60%); merging a single "
+        "fine-tune into the base weights removes both"
+    )

@@ -148,7 +148,8 @@ def sampler_activation_bytes(model: ModelSpec, config: EngineConfig, reserve: Me
     rows = min(config.max_num_seqs, config.max_num_batched_tokens)
     hidden = config.max_num_batched_tokens * model.hidden_size * model.dtype_bytes
     per_logit = (
-        reserve.sampler_bytes_per_logit if config.profile_sampler_sorts_vocabulary
+        reserve.sampler_bytes_per_logit
+        if config.profile_sampler_sorts_vocabulary
         else reserve.unsorted_sampler_bytes_per_logit
     )
     return int(hidden + rows * model.vocab_size * per_logit)
@@ -186,7 +187,9 @@ def plan_memory(
     weights = weight_bytes_per_rank(model, config.quantization, hardware, tp)
     if model.moe and config.enable_expert_parallel and config.data_parallel_size > 1:
         # Expert parallelism over data-parallel ranks: each GPU holds 1/(TP x DP) of the routed experts.
-        weights -= int(routed_expert_bytes(model, config.quantization, hardware) / tp * (1 - 1 / config.data_parallel_size))
+        weights -= int(
+            routed_expert_bytes(model, config.quantization, hardware) / tp * (1 - 1 / config.data_parallel_size)
+        )
     activations = activation_bytes(model, config, reserve)
     non_torch = reserve.non_torch_bytes + (reserve.nccl_bytes if tp > 1 else 0)
     graphs = cuda_graph_reserve(hardware, config, reserve)
@@ -199,12 +202,14 @@ def plan_memory(
         kv_cache = requested - non_kv
         budget = requested
         budget_name = (
-            f"{requested / GiB:.1f} GiB ({config.gpu_memory_utilization:g} x {hardware.memory_gib:.1f} GiB of {hardware.name})"
+            f"{requested / GiB:.1f} GiB ({config.gpu_memory_utilization:g} x {hardware.memory_gib:.1f} GiB "
+            f"of {hardware.name})"
         )
     if non_kv + max(kv_cache, 0) > budget or kv_cache <= 0:
         raise PerfConfigError(
             f"{model.name} does not fit: weights {weights / GiB:.1f} GiB per GPU (TP={tp}), "
-            f"activations ~{activations / GiB:.1f} GiB, CUDA graphs ~{graphs / GiB:.1f} GiB, other ~{non_torch / GiB:.1f} GiB "
+            f"activations ~{activations / GiB:.1f} GiB, CUDA graphs ~{graphs / GiB:.1f} GiB, other ~{non_torch / GiB:.1f} "
+            f"GiB "
             f"leave {(budget - non_kv) / GiB:.1f} GiB for the KV cache out of {budget_name}; "
             "raise --gpu-memory-utilization or --tensor-parallel-size, quantize the weights, "
             "or lower --max-num-batched-tokens / --max-num-seqs"
@@ -227,7 +232,8 @@ def plan_memory(
     )
     if plan.kv_token_capacity < config.max_model_len:
         raise PerfConfigError(
-            f"max_model_len {config.max_model_len} is larger than the {plan.kv_token_capacity} tokens the KV cache holds "
+            f"max_model_len {config.max_model_len} is larger than the {plan.kv_token_capacity} tokens the KV cache "
+            f"holds "
             f"({kv_cache / GiB:.2f} GiB, {num_blocks} blocks of {config.block_size}); vLLM refuses to start: "
             "lower --max-model-len or give the KV cache more memory"
         )

@@ -160,7 +160,11 @@ class ModelSpec:
         if not self.moe:
             return self.num_layers * self.layer_linear_params
         dense_mlp = self.moe.num_dense_layers * 3 * self.hidden_size * self.intermediate_size
-        return self.num_layers * self.attention_linear_params + dense_mlp + self.num_moe_layers * self.moe_layer_dense_params
+        return (
+            self.num_layers * self.attention_linear_params
+            + dense_mlp
+            + self.num_moe_layers * self.moe_layer_dense_params
+        )
 
     @property
     def linear_params(self) -> int:
@@ -196,8 +200,13 @@ class ModelSpec:
         bias = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim if self.qkv_bias else 0
         norms = 2 * self.hidden_size
         per_layer = bias + norms
-        return (self.num_layers * per_layer + self.linear_params + self.embedding_params + self.lm_head_params
-                + self.hidden_size)
+        return (
+            self.num_layers * per_layer
+            + self.linear_params
+            + self.embedding_params
+            + self.lm_head_params
+            + self.hidden_size
+        )
 
     @property
     def active_params(self) -> int:
@@ -290,7 +299,10 @@ def _moe_spec(config: dict[str, Any], architecture: str, num_layers: int, source
     top_k = config.get("num_experts_per_tok") or config.get("experts_per_token")
     if not experts or not top_k:
         raise PerfConfigError(f"{source}: {architecture} config.json must give the expert count and experts per token")
-    if architecture in ("MixtralForCausalLM", "GptOssForCausalLM"):  # every layer routed; experts are intermediate_size wide
+    if architecture in (
+        "MixtralForCausalLM",
+        "GptOssForCausalLM",
+    ):  # every layer routed; experts are intermediate_size wide
         return MoESpec(int(experts), int(top_k), int(_require(config, "intermediate_size", source)))
     width = int(_require(config, "moe_intermediate_size", source))
     if architecture.startswith("Deepseek"):

@@ -85,8 +85,13 @@ def roofline_ceiling(entry: dict[str, Any]) -> Ceiling | None:
     # One "cycle": `batch` requests each prefill `prompt` tokens and decode `output` tokens.
     peak = hardware.peak_flops(weight_format(config.quantization, model, hardware).compute_dtype)
     bandwidth = hardware.memory_bandwidth
-    linear_flops = batch * ((prompt + output) * model.linear_flops_per_token + output * model.lm_head_flops_per_token) / tp
-    streamed = weight_bytes_per_rank(model, config.quantization, hardware, tp) - model.embedding_params * model.dtype_bytes / tp
+    linear_flops = (
+        batch * ((prompt + output) * model.linear_flops_per_token + output * model.lm_head_flops_per_token) / tp
+    )
+    streamed = (
+        weight_bytes_per_rank(model, config.quantization, hardware, tp)
+        - model.embedding_params * model.dtype_bytes / tp
+    )
     linear_time = max(linear_flops / peak, output * streamed / bandwidth)
     pairs = batch * (prompt * prompt / 2 + output * (prompt + output / 2))
     attention_flops = pairs * model.attention_flops_per_pair / tp

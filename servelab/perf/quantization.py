@@ -53,7 +53,8 @@ def weight_format(quantization: str | None, model: ModelSpec, hardware: Hardware
             "fp8-weight-only",
             1.0,
             "bf16",
-            note=f"{hardware.name} has no FP8 tensor cores: vLLM runs FP8 weights weight-only (Marlin), computing in bf16",
+            note=f"{hardware.name} has no FP8 tensor cores: vLLM runs FP8 weights weight-only (Marlin), computing in "
+            f"bf16",
         )
     if method in ("int8", "w8a8", "int8-w8a8", "compressed-tensors"):  # vLLM loads a W8A8 checkpoint as the latter
         if hardware.int8_tflops <= 0:
@@ -66,16 +67,20 @@ def weight_format(quantization: str | None, model: ModelSpec, hardware: Hardware
         return WeightFormat("w4a16", _W4_GROUP_BYTES_PER_PARAM, "bf16")
     if method in _FP4_BYTES_PER_PARAM:
         if hardware.fp4_tflops > 0:
-            note = "" if method == "nvfp4" else "MXFP4 weights x MXFP8 activations on Blackwell tensor cores: the FP8 rate"
+            note = (
+                "" if method == "nvfp4" else "MXFP4 weights x MXFP8 activations on Blackwell tensor cores: the FP8 rate"
+            )
             return WeightFormat(method, _FP4_BYTES_PER_PARAM[method], _FP4_COMPUTE[method], note=note)
         return WeightFormat(
             f"{method}-weight-only",
             _FP4_BYTES_PER_PARAM[method],
             "bf16",
-            note=f"{hardware.name} has no FP4 tensor cores: vLLM dequantizes {method} weights in a W4A16 kernel, computing in bf16",
+            note=f"{hardware.name} has no FP4 tensor cores: vLLM dequantizes {method} weights in a W4A16 kernel, "
+            f"computing in bf16",
         )
     raise PerfConfigError(
-        f"quantization {quantization!r} is not modelled; supported: none (bf16/fp16), fp8, int8 (W8A8), awq, gptq (W4A16), "
+        f"quantization {quantization!r} is not modelled; supported: none (bf16/fp16), fp8, int8 (W8A8), awq, gptq "
+        f"(W4A16), "
         "mxfp4, nvfp4"
     )
 
@@ -99,5 +104,6 @@ def kv_bytes_per_element(kv_cache_dtype: str, model: ModelSpec) -> int:
         return _KV_DTYPE_BYTES[kv_cache_dtype]
     except KeyError:
         raise PerfConfigError(
-            f"kv_cache_dtype {kv_cache_dtype!r} is not modelled; supported: auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, float16"
+            f"kv_cache_dtype {kv_cache_dtype!r} is not modelled; supported: auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, "
+            f"float16"
         ) from None

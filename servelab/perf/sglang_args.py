@@ -69,7 +69,11 @@ def _chunk(text: str) -> int:
 
 FLAGS = FlagTable(
     engine="SGLang",
-    launchers=(("python", "-m", "sglang.launch_server"), ("python3", "-m", "sglang.launch_server"), ("sglang", "serve")),
+    launchers=(
+        ("python", "-m", "sglang.launch_server"),
+        ("python3", "-m", "sglang.launch_server"),
+        ("sglang", "serve"),
+    ),
     modelled={
         "model-path": Flag("model", str),
         "tp-size": Flag("tp_size", positive_int),
@@ -97,29 +101,75 @@ FLAGS = FlagTable(
     obsolete={
         "disable-flashinfer": "replaced by --attention-backend",
         "disable-flashinfer-sampling": "replaced by --sampling-backend",
-        "enable-overlap-schedule": "the overlap scheduler is on by default (turn it off with --disable-overlap-schedule)",
+        "enable-overlap-schedule": "the overlap scheduler is on by default (turn it off with "
+        "--disable-overlap-schedule)",
         "schedule-heuristic": "renamed --schedule-policy",
         "disable-regex-jump-forward": "regex jump-forward decoding was removed",
     },
-    not_modelled=frozenset({
-        "enable-mixed-chunk", "num-continuous-decode-steps", "speculative-algorithm",
-        "attention-backend", "enable-torch-compile", "radix-eviction-policy", "pp-size",
-        "enable-hierarchical-cache", "retraction-policy", "enable-priority-scheduling",
-    }),
-    harmless=frozenset({
-        "host", "port", "trust-remote-code", "log-level", "served-model-name", "api-key", "tokenizer-path",
-        "random-seed", "enable-metrics", "log-requests", "sampling-backend", "tokenizer-mode", "skip-tokenizer-init",
-        "watchdog-timeout", "device", "revision", "chat-template", "reasoning-parser", "tool-call-parser",
-    }),
-    switches=frozenset({
-        "enable-mixed-chunk", "enable-dp-attention", "disable-cuda-graph", "enable-torch-compile",
-        "enable-hierarchical-cache", "enable-priority-scheduling", "trust-remote-code", "enable-metrics",
-        "log-requests", "skip-tokenizer-init", "disable-flashinfer", "disable-flashinfer-sampling",
-        "enable-overlap-schedule", "disable-regex-jump-forward",
-    }),
-    aliases={"model": "model-path", "tp": "tp-size", "tensor-parallel-size": "tp-size", "dp": "dp-size",
-             "ep": "ep-size", "expert-parallel-size": "ep-size",
-             "data-parallel-size": "dp-size"},
+    not_modelled=frozenset(
+        {
+            "enable-mixed-chunk",
+            "num-continuous-decode-steps",
+            "speculative-algorithm",
+            "attention-backend",
+            "enable-torch-compile",
+            "radix-eviction-policy",
+            "pp-size",
+            "enable-hierarchical-cache",
+            "retraction-policy",
+            "enable-priority-scheduling",
+        }
+    ),
+    harmless=frozenset(
+        {
+            "host",
+            "port",
+            "trust-remote-code",
+            "log-level",
+            "served-model-name",
+            "api-key",
+            "tokenizer-path",
+            "random-seed",
+            "enable-metrics",
+            "log-requests",
+            "sampling-backend",
+            "tokenizer-mode",
+            "skip-tokenizer-init",
+            "watchdog-timeout",
+            "device",
+            "revision",
+            "chat-template",
+            "reasoning-parser",
+            "tool-call-parser",
+        }
+    ),
+    switches=frozenset(
+        {
+            "enable-mixed-chunk",
+            "enable-dp-attention",
+            "disable-cuda-graph",
+            "enable-torch-compile",
+            "enable-hierarchical-cache",
+            "enable-priority-scheduling",
+            "trust-remote-code",
+            "enable-metrics",
+            "log-requests",
+            "skip-tokenizer-init",
+            "disable-flashinfer",
+            "disable-flashinfer-sampling",
+            "enable-overlap-schedule",
+            "disable-regex-jump-forward",
+        }
+    ),
+    aliases={
+        "model": "model-path",
+        "tp": "tp-size",
+        "tensor-parallel-size": "tp-size",
+        "dp": "dp-size",
+        "ep": "ep-size",
+        "expert-parallel-size": "ep-size",
+        "data-parallel-size": "dp-size",
+    },
 )
 
 
@@ -134,7 +184,9 @@ def parse_sglang_args(line: str | Sequence[str]) -> ParsedSGLang:
     if settings.schedule_policy not in MODELLED_POLICIES:
         warnings.append(f"--schedule-policy {settings.schedule_policy} is not modelled; simulated as fcfs")
     if settings.page_size != 1:
-        warnings.append(f"--page-size {settings.page_size}: the radix cache is modelled with SGLang's default page size 1")
+        warnings.append(
+            f"--page-size {settings.page_size}: the radix cache is modelled with SGLang's default page size 1"
+        )
     return ParsedSGLang(settings, warnings, parsed.obsolete, parsed.unknown)
 
 
@@ -180,11 +232,15 @@ def resolve_sglang(settings: SGLangSettings, hardware: Hardware, model: ModelSpe
     """SGLang's defaults on this chip and its KV pool; PerfConfigError when the model does not fit."""
     s = settings
     if s.ep_size not in (1, s.tp_size):
-        raise PerfConfigError(f"--ep-size {s.ep_size}: SGLang's expert parallelism spans the --tp-size {s.tp_size} ranks")
+        raise PerfConfigError(
+            f"--ep-size {s.ep_size}: SGLang's expert parallelism spans the --tp-size {s.tp_size} ranks"
+        )
     if s.enable_dp_attention and s.tp_size % s.dp_size:
         raise PerfConfigError(f"--enable-dp-attention: --dp-size {s.dp_size} must divide --tp-size {s.tp_size}")
     if model.num_heads % s.tp_size:
-        raise PerfConfigError(f"{model.name} has {model.num_heads} attention heads, not divisible by --tp-size {s.tp_size}")
+        raise PerfConfigError(
+            f"{model.name} has {model.num_heads} attention heads, not divisible by --tp-size {s.tp_size}"
+        )
     chunk_default, graph_default = memory_defaults(hardware, s.tp_size)
     chunk = s.chunked_prefill_size if s.chunked_prefill_size is not None else chunk_default
     graph_bs = s.cuda_graph_max_bs or graph_default
@@ -202,17 +258,31 @@ def resolve_sglang(settings: SGLangSettings, hardware: Hardware, model: ModelSpe
     if tokens < context:
         raise PerfConfigError(
             f"{model.name} on {hardware.name}: mem_fraction_static {frac:g} leaves {max(kv_bytes, 0) / 2**30:.1f} GiB "
-            f"({tokens} tokens) for the KV pool after {weights / 2**30:.1f} GiB of weights, less than the context length "
+            f"({tokens} tokens) for the KV pool after {weights / 2**30:.1f} GiB of weights, less than the context "
+            f"length "
             f"{context}; raise --mem-fraction-static, lower --context-length or use more GPUs (--tp-size)"
         )
     request_slots = min(max(int(tokens / context * 512), 2048), 4096)
     running = min(s.max_running_requests or tokens // 2, request_slots)
-    resolved = replace(s, chunked_prefill_size=chunk, cuda_graph_max_bs=graph_bs, mem_fraction_static=frac,
-                       context_length=context, max_running_requests=running)
+    resolved = replace(
+        s,
+        chunked_prefill_size=chunk,
+        cuda_graph_max_bs=graph_bs,
+        mem_fraction_static=frac,
+        context_length=context,
+        max_running_requests=running,
+    )
     memory = MemoryPlan(
-        total_bytes=total, requested_bytes=int(total * frac), weight_bytes=weights,
-        activation_bytes=total - int(total * frac), cuda_graph_bytes=0, non_torch_bytes=context_bytes,
-        kv_cache_bytes=int(tokens * per_token), kv_bytes_per_token=per_token, block_size=1, num_blocks=tokens,
+        total_bytes=total,
+        requested_bytes=int(total * frac),
+        weight_bytes=weights,
+        activation_bytes=total - int(total * frac),
+        cuda_graph_bytes=0,
+        non_torch_bytes=context_bytes,
+        kv_cache_bytes=int(tokens * per_token),
+        kv_bytes_per_token=per_token,
+        block_size=1,
+        num_blocks=tokens,
     )
     config = EngineConfig(
         max_num_seqs=running,
@@ -237,4 +307,3 @@ def resolve_sglang(settings: SGLangSettings, hardware: Hardware, model: ModelSpe
         eager_prefill=True,
     )
     return SGLangPlan(resolved, config, memory, tokens)
-

@@ -67,16 +67,30 @@ FLAGS = FlagTable(
         "enable-chunked-prefill": Flag("enable_chunked_prefill"),
     },
     obsolete={
-        "enable-overlap-scheduler": "the overlap scheduler is on by default; disable_overlap_scheduler in the YAML turns it off",
+        "enable-overlap-scheduler": "the overlap scheduler is on by default; disable_overlap_scheduler in the YAML "
+        "turns it off",
         "use-cuda-graph": "replaced by cuda_graph_config in --extra_llm_api_options",
     },
     not_modelled=frozenset({"pp-size", "ep-size", "max-beam-width", "backend", "moe-expert-parallel-size"}),
-    harmless=frozenset({
-        "host", "port", "log-level", "tokenizer", "trust-remote-code", "num-postprocess-workers", "gpus-per-node",
-        "cluster-size", "reasoning-parser", "server-role", "metadata-server-config-file", "fail-fast-on-attention-window-too-large",
-    }),
-    switches=frozenset({"trust-remote-code", "enable-overlap-scheduler", "use-cuda-graph",
-                        "fail-fast-on-attention-window-too-large"}),
+    harmless=frozenset(
+        {
+            "host",
+            "port",
+            "log-level",
+            "tokenizer",
+            "trust-remote-code",
+            "num-postprocess-workers",
+            "gpus-per-node",
+            "cluster-size",
+            "reasoning-parser",
+            "server-role",
+            "metadata-server-config-file",
+            "fail-fast-on-attention-window-too-large",
+        }
+    ),
+    switches=frozenset(
+        {"trust-remote-code", "enable-overlap-scheduler", "use-cuda-graph", "fail-fast-on-attention-window-too-large"}
+    ),
     aliases={"tensor-parallel-size": "tp-size"},
     positional="model",
     separator="_",
@@ -98,8 +112,13 @@ _YAML_KEYS: dict[tuple[str, ...], str] = {
 }
 YAML_KEY_OF = {target: key for key, target in _YAML_KEYS.items()}
 """Settings field -> where the --extra_llm_api_options YAML sets it (the YAML overrides a flag for the same field)."""
-_QUANT_ALGOS = {"FP8": "fp8", "FP8_PER_CHANNEL_PER_TOKEN": "fp8", "W8A8_SQ_PER_CHANNEL": "int8", "W4A16_AWQ": "awq",
-                "W4A16_GPTQ": "gptq"}
+_QUANT_ALGOS = {
+    "FP8": "fp8",
+    "FP8_PER_CHANNEL_PER_TOKEN": "fp8",
+    "W8A8_SQ_PER_CHANNEL": "int8",
+    "W4A16_AWQ": "awq",
+    "W4A16_GPTQ": "gptq",
+}
 _YAML_OBSOLETE = {
     ("enable_overlap_scheduler",): "replaced by disable_overlap_scheduler (the overlap scheduler is on by default)",
     ("use_cuda_graph",): "replaced by cuda_graph_config",
@@ -177,7 +196,9 @@ def resolve_trtllm(settings: TRTLLMSettings, hardware: Hardware, model: ModelSpe
     """TensorRT-LLM's defaults on this chip and its KV cache; PerfConfigError when the model does not fit."""
     s = settings
     if model.num_heads % s.tp_size:
-        raise PerfConfigError(f"{model.name} has {model.num_heads} attention heads, not divisible by --tp_size {s.tp_size}")
+        raise PerfConfigError(
+            f"{model.name} has {model.num_heads} attention heads, not divisible by --tp_size {s.tp_size}"
+        )
     seq_len = s.max_seq_len or model.max_position_embeddings
     config = EngineConfig(
         max_num_seqs=s.max_batch_size,
@@ -198,7 +219,9 @@ def resolve_trtllm(settings: TRTLLMSettings, hardware: Hardware, model: ModelSpe
     weights = weight_bytes_per_rank(model, s.quantization, hardware, s.tp_size)
     # The warm-up pass is max_num_tokens of activations with up to max_batch_size logits rows; the sampler term
     # uses at most max_num_tokens rows, as the engine never samples more rows than it has tokens.
-    activations = activation_bytes(model, replace(config, max_num_seqs=min(s.max_batch_size, s.max_num_tokens)), reserve)
+    activations = activation_bytes(
+        model, replace(config, max_num_seqs=min(s.max_batch_size, s.max_num_tokens)), reserve
+    )
     free = total - weights - activations - reserve.non_torch_bytes - reserve.cuda_graph_bytes
     kv_bytes = free * s.free_gpu_memory_fraction
     per_token = kv_bytes_per_token_per_rank(model, config.kv_cache_dtype, s.tp_size)
@@ -207,12 +230,19 @@ def resolve_trtllm(settings: TRTLLMSettings, hardware: Hardware, model: ModelSpe
         raise PerfConfigError(
             f"{model.name} on {hardware.name}: free_gpu_memory_fraction {s.free_gpu_memory_fraction:g} of the "
             f"{max(free, 0) / 2**30:.1f} GiB left after {weights / 2**30:.1f} GiB of weights holds "
-            f"{blocks * s.tokens_per_block} tokens, less than max_seq_len {seq_len}; lower --max_seq_len or use more GPUs"
+            f"{blocks * s.tokens_per_block} tokens, less than max_seq_len {seq_len}; lower --max_seq_len or use more "
+            f"GPUs"
         )
     memory = MemoryPlan(
-        total_bytes=total, requested_bytes=total, weight_bytes=weights, activation_bytes=activations,
-        cuda_graph_bytes=reserve.cuda_graph_bytes, non_torch_bytes=reserve.non_torch_bytes,
-        kv_cache_bytes=int(blocks * per_token * s.tokens_per_block), kv_bytes_per_token=per_token,
-        block_size=s.tokens_per_block, num_blocks=blocks,
+        total_bytes=total,
+        requested_bytes=total,
+        weight_bytes=weights,
+        activation_bytes=activations,
+        cuda_graph_bytes=reserve.cuda_graph_bytes,
+        non_torch_bytes=reserve.non_torch_bytes,
+        kv_cache_bytes=int(blocks * per_token * s.tokens_per_block),
+        kv_bytes_per_token=per_token,
+        block_size=s.tokens_per_block,
+        num_blocks=blocks,
     )
     return TRTLLMPlan(replace(s, max_seq_len=seq_len), config, memory)

@@ -60,18 +60,22 @@ class VllmCpuCosts:
     def coefficients(self, base: CostCoefficients, speed_factor: float | None = None) -> CostCoefficients:
         """`base` with its engine-core CPU terms set to these costs on a host `speed_factor` times as slow."""
         f = self.default_speed_factor if speed_factor is None else speed_factor
-        return base.model_copy(update={
-            "step_overhead_s": f * self.step_s,
-            "per_request_overhead_s": f * self.per_scheduled_request_s,
-            "prefill_step_overhead_s": f * self.admit_step_s,
-        })
+        return base.model_copy(
+            update={
+                "step_overhead_s": f * self.step_s,
+                "per_request_overhead_s": f * self.per_scheduled_request_s,
+                "prefill_step_overhead_s": f * self.admit_step_s,
+            }
+        )
 
     def api_server(self, speed_factor: float | None = None) -> ApiServerCosts:
         """The API server's costs on a host `speed_factor` times as slow as the measuring one."""
         f = self.default_speed_factor if speed_factor is None else speed_factor
         # The c=1 overhead less the event-loop CPU a 1-token request costs is time on no serial core: thread
         # hand-offs (tokenizer thread, ZMQ I/O), the engine core's input handling, waking the loop.
-        loop_cpu_one_token = self.api_per_request_s + self.api_per_token_s + self.api_per_chunk_s + self.api_per_engine_step_s
+        loop_cpu_one_token = (
+            self.api_per_request_s + self.api_per_token_s + self.api_per_chunk_s + self.api_per_engine_step_s
+        )
         return ApiServerCosts(
             per_request_s=f * self.api_per_request_s,
             per_prompt_token_s=f * self.api_loop_per_prompt_token_s,
@@ -79,9 +83,8 @@ class VllmCpuCosts:
             per_chunk_s=f * self.api_per_chunk_s,
             per_output_step_s=f * self.api_per_engine_step_s,
             latency_s=f * max(0.0, self.api_c1_overhead_s - loop_cpu_one_token),
-            latency_per_prompt_token_s=f * max(
-                0.0, self.api_c1_overhead_per_prompt_token_s - self.api_loop_per_prompt_token_s
-            ),
+            latency_per_prompt_token_s=f
+            * max(0.0, self.api_c1_overhead_per_prompt_token_s - self.api_loop_per_prompt_token_s),
         )
 
 

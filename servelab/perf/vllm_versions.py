@@ -60,29 +60,65 @@ class DefaultChange:
 
 CHANGES = (
     # For a field changed twice, the entry for the later release comes first: the last entry that applies wins.
-    DefaultChange((0, 20), "profile_sampler_sorts_vocabulary", False,
-                  "vLLM 0.17-0.19 log a start-up activation peak of ~15 bytes per logit, no full-vocabulary sort "
-                  "(llm-d-planner's v0.19.0 accuracy report); 0.32's dummy sampler pass sorts again (from 0.20 here: "
-                  "unverified for 0.20-0.31)"),
-    DefaultChange((0, 17), "profile_sampler_sorts_vocabulary", True,
-                  "before 0.17 the dummy sampler pass sorted the vocabulary (PyTorch top-k/top-p): ~38 bytes per logit"),
-    DefaultChange((0, 14), "async_scheduling", False,
-                  "async scheduling became the default in 0.14 (PR #27614); before, the synchronous loop"),
-    DefaultChange((0, 19), "scheduler_reserve_full_isl", False,
-                  "the full-prompt admission gate appears in 0.19; before, a prompt's first chunk was enough"),
-    DefaultChange((0, 20), "gpu_memory_utilization", 0.9,
-                  "CacheConfig's gpu_memory_utilization default went from 0.9 to 0.92 in 0.20"),
+    DefaultChange(
+        (0, 20),
+        "profile_sampler_sorts_vocabulary",
+        False,
+        "vLLM 0.17-0.19 log a start-up activation peak of ~15 bytes per logit, no full-vocabulary sort "
+        "(llm-d-planner's v0.19.0 accuracy report); 0.32's dummy sampler pass sorts again (from 0.20 here: "
+        "unverified for 0.20-0.31)",
+    ),
+    DefaultChange(
+        (0, 17),
+        "profile_sampler_sorts_vocabulary",
+        True,
+        "before 0.17 the dummy sampler pass sorted the vocabulary (PyTorch top-k/top-p): ~38 bytes per logit",
+    ),
+    DefaultChange(
+        (0, 14),
+        "async_scheduling",
+        False,
+        "async scheduling became the default in 0.14 (PR #27614); before, the synchronous loop",
+    ),
+    DefaultChange(
+        (0, 19),
+        "scheduler_reserve_full_isl",
+        False,
+        "the full-prompt admission gate appears in 0.19; before, a prompt's first chunk was enough",
+    ),
+    DefaultChange(
+        (0, 20),
+        "gpu_memory_utilization",
+        0.9,
+        "CacheConfig's gpu_memory_utilization default went from 0.9 to 0.92 in 0.20",
+    ),
     # V0 (0.5-0.7), after every later change to the same field so that it wins for those releases.
-    DefaultChange(V1_SINCE, "enable_chunked_prefill", False,
-                  "V0 ran chunked prefill only for a max_model_len above 32K (EngineArgs, OpenAI server); V1 always"),
+    DefaultChange(
+        V1_SINCE,
+        "enable_chunked_prefill",
+        False,
+        "V0 ran chunked prefill only for a max_model_len above 32K (EngineArgs, OpenAI server); V1 always",
+    ),
     DefaultChange(V1_SINCE, "enable_prefix_caching", False, "V0 left prefix caching off unless asked; V1 turned it on"),
-    DefaultChange(V1_SINCE, "scheduler_reserve_full_isl", True,
-                  "V0's block manager admitted a prompt only when all of its blocks were free (can_allocate)"),
-    DefaultChange(V1_SINCE, "watermark", 0.01,
-                  "V0's block manager kept 1% of the KV blocks free when admitting (watermark=0.01); V1 keeps none"),
-    DefaultChange((0, 21), "cuda_graph_memory_in_kv_budget", False,
-                  "CUDA-graph memory is profiled and taken from the KV budget from 0.21 "
-                  "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1); before, graphs were captured after the KV cache"),
+    DefaultChange(
+        V1_SINCE,
+        "scheduler_reserve_full_isl",
+        True,
+        "V0's block manager admitted a prompt only when all of its blocks were free (can_allocate)",
+    ),
+    DefaultChange(
+        V1_SINCE,
+        "watermark",
+        0.01,
+        "V0's block manager kept 1% of the KV blocks free when admitting (watermark=0.01); V1 keeps none",
+    ),
+    DefaultChange(
+        (0, 21),
+        "cuda_graph_memory_in_kv_budget",
+        False,
+        "CUDA-graph memory is profiled and taken from the KV budget from 0.21 "
+        "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1); before, graphs were captured after the KV cache",
+    ),
 )
 LARGEST_BATCH_DEFAULTS_SINCE = (0, 28)
 """EngineArgs gives chips of >= 160 GiB 16384 batched tokens and 1024 sequences from 0.28; before, the H100 ones."""
@@ -112,11 +148,13 @@ def v0_note(version: tuple[int, int] | None) -> str | None:
     if version is None or version >= V1_SINCE:
         return None
     gap = v0_step_gap(version)
-    return (f"vLLM {version[0]}.{version[1]} runs the V0 engine, modelled approximately (expect more error than for "
-            "0.8+): V0's defaults (no prefix caching, no chunked prefill, which V0 turned on by itself only above 32K "
-            "context: say --enable-chunked-prefill then; 2,048 batched tokens and 256 sequences, a 1% KV watermark) on the "
-            f"V1 simulator, plus ~{1e3 * gap:.1f} ms of CPU between steps "
-            "that V0's synchronous loop does not overlap (vLLM's v0.6.0 performance post)")
+    return (
+        f"vLLM {version[0]}.{version[1]} runs the V0 engine, modelled approximately (expect more error than for "
+        "0.8+): V0's defaults (no prefix caching, no chunked prefill, which V0 turned on by itself only above 32K "
+        "context: say --enable-chunked-prefill then; 2,048 batched tokens and 256 sequences, a 1% KV watermark) on the "
+        f"V1 simulator, plus ~{1e3 * gap:.1f} ms of CPU between steps "
+        "that V0's synchronous loop does not overlap (vLLM's v0.6.0 performance post)"
+    )
 
 
 def v0_step_gap(version: tuple[int, int]) -> float:
@@ -128,7 +166,6 @@ def with_v0_step_gap(coefficients: CostCoefficients, version: tuple[int, int] | 
     if version is None or version >= V1_SINCE:
         return coefficients
     return coefficients.model_copy(update={"step_overhead_s": coefficients.step_overhead_s + v0_step_gap(version)})
-
 
 
 def version_defaults(version: tuple[int, int] | None) -> EngineConfig:

@@ -84,7 +84,13 @@ def by_row(table: Table) -> RenderableType:
         if row:
             grid.add_row("", "")
         for column, column_cells in zip(table.columns, cells):
-            grid.add_row(Text.assemble(column.header, ":") if isinstance(column.header, (str, Text)) else column.header,
-                         column_cells[row])
-    title = [Text.from_markup(table.title, style="italic") if isinstance(table.title, str) else table.title] if table.title else []
+            grid.add_row(
+                Text.assemble(column.header, ":") if isinstance(column.header, (str, Text)) else column.header,
+                column_cells[row],
+            )
+    title = (
+        [Text.from_markup(table.title, style="italic") if isinstance(table.title, str) else table.title]
+        if table.title
+        else []
+    )
     return Group(*title, grid)

@@ -15,8 +15,16 @@ from rich.table import Table
 from rich.text import Text
 
 from servelab.diagnose.engine_terms import Terms
-from servelab.schemas.diagnosis import (AdviceRow, Alternative, Diagnosis, EngineSwitch, Finding, Lever, Recommendation,
-                                      WorkloadShape)
+from servelab.schemas.diagnosis import (
+    AdviceRow,
+    Alternative,
+    Diagnosis,
+    EngineSwitch,
+    Finding,
+    Lever,
+    Recommendation,
+    WorkloadShape,
+)
 from servelab.metrics.intervals import interval_text
 from servelab.report.cells import MISSING, number
 from servelab.sim.engines import LABELS
@@ -55,7 +63,7 @@ near-zero baseline says nothing that before -> after does not say better."""
 
 
 def change_pct(before: float, after: float) -> str:
-    """" (+12%)", or nothing when the baseline is near zero against the other side."""
+    """ " (+12%)", or nothing when the baseline is near zero against the other side."""
     if not before or abs(before) < NEAR_ZERO * max(abs(before), abs(after)):
         return ""
     return f" ({(after - before) / before:+.0%})"
@@ -63,11 +71,12 @@ def change_pct(before: float, after: float) -> str:
 
 def recommendation_row(r: Recommendation) -> list[str]:
     label, unit = _metric(r.metric)
-    effects = ", ".join(
-        f"{_metric(m)[0]} {_num(a)}→{_num(b)}" for m, (a, b) in r.effects.items()
-    )
-    return [r.change + (f" (you tried this: {r.tried})" if r.tried else ""),
-            f"{label} {_num(r.before, unit)} → {_num(r.after, unit)}{change_pct(r.before, r.after)}", effects]
+    effects = ", ".join(f"{_metric(m)[0]} {_num(a)}→{_num(b)}" for m, (a, b) in r.effects.items())
+    return [
+        r.change + (f" (you tried this: {r.tried})" if r.tried else ""),
+        f"{label} {_num(r.before, unit)} → {_num(r.after, unit)}{change_pct(r.before, r.after)}",
+        effects,
+    ]
 
 
 def arrival(w: WorkloadShape) -> str:
@@ -84,8 +93,10 @@ def arrival(w: WorkloadShape) -> str:
 def headline(d: Diagnosis) -> str:
     dep, w = d.deployment, d.workload
     label = LABELS.get(dep.engine, dep.engine)
-    return (f"{dep.model} on {dep.gpu} · {label} {dep.engine_args or 'defaults'} · "
-            f"{w.mean_input_tokens:.0f} in / {w.mean_output_tokens:.0f} out · {arrival(w)} · {d.source}")
+    return (
+        f"{dep.model} on {dep.gpu} · {label} {dep.engine_args or 'defaults'} · "
+        f"{w.mean_input_tokens:.0f} in / {w.mean_output_tokens:.0f} out · {arrival(w)} · {d.source}"
+    )
 
 
 def ceiling_rows(d: Diagnosis) -> list[tuple[str, str, str]]:
@@ -99,7 +110,7 @@ def ceiling_rows(d: Diagnosis) -> list[tuple[str, str, str]]:
 
 
 def _interval(d: Diagnosis, key: str) -> str:
-    """", 80%: 6.9–9.8" after a simulated ceiling that has an interval."""
+    """ ", 80%: 6.9–9.8" after a simulated ceiling that has an interval."""
     text = interval_text(getattr(d.ceilings, f"{key}_interval", None))
     return f", {text}" if text else ""
 
@@ -110,10 +121,15 @@ LEVER_COLUMNS = ("change", "before → after", "why, and what it costs")
 def lever_title(d: Diagnosis) -> str:
     at = d.levers_at or "the described load"
     if d.verdict and d.goal == "latency":
-        return ("Your question is latency, but the load is above the ceiling, where every latency is the queue's: "
-                f"what raises the ceiling (simulated at {at})")
-    return (f"Your question is latency: what shortens the answer (simulated at {at})" if d.goal == "latency" else
-            f"Your question is throughput: what raises the ceiling (simulated at {at})")
+        return (
+            "Your question is latency, but the load is above the ceiling, where every latency is the queue's: "
+            f"what raises the ceiling (simulated at {at})"
+        )
+    return (
+        f"Your question is latency: what shortens the answer (simulated at {at})"
+        if d.goal == "latency"
+        else f"Your question is throughput: what raises the ceiling (simulated at {at})"
+    )
 
 
 def assumption_lines(d: Diagnosis) -> list[str]:
@@ -121,8 +137,11 @@ def assumption_lines(d: Diagnosis) -> list[str]:
     out = []
     for a in d.assumptions:
         # Overloaded, the E2E is the unstable queue's, not the server's: the ceiling alone then.
-        moves = "; ".join(f"{p.value}: ceiling {_num(p.ceiling_rps)} req/s"
-                          + ("" if d.verdict else f", E2E p50 {_num(p.median_e2el_ms)} ms") for p in a.points)
+        moves = "; ".join(
+            f"{p.value}: ceiling {_num(p.ceiling_rps)} req/s"
+            + ("" if d.verdict else f", E2E p50 {_num(p.median_e2el_ms)} ms")
+            for p in a.points
+        )
         out.append(f"Assumed {a.what}: {a.assumed}" + (f". Across its range: {moves}" if moves else ""))
     return out
 
@@ -130,8 +149,11 @@ def assumption_lines(d: Diagnosis) -> list[str]:
 def lever_row(lever: Lever) -> list[str]:
     unit = lever.metric.split()[-1]
     figure = f"{lever.metric.rsplit(' ', 1)[0]} {_num(lever.before)} → {_num(lever.after)} {unit}"
-    return [lever.change + (f" (you tried this: {lever.tried})" if lever.tried else ""),
-            figure + change_pct(lever.before, lever.after), lever.note]
+    return [
+        lever.change + (f" (you tried this: {lever.tried})" if lever.tried else ""),
+        figure + change_pct(lever.before, lever.after),
+        lever.note,
+    ]
 
 
 ALTERNATIVE_COLUMNS = ("option", "GPUs", "TTFT p50 ms", "E2E p50 ms", "E2E p99 ms", "$/M out tok", "E2E verdict")
@@ -140,27 +162,50 @@ ALTERNATIVE_COLUMNS = ("option", "GPUs", "TTFT p50 ms", "E2E p50 ms", "E2E p99 m
 
 def alternative_row(a: Alternative) -> list[str]:
     dollars = MISSING if a.usd_per_mtok is None else f"${a.usd_per_mtok:.2f}"
-    return [a.change + (f" (you tried this: {a.tried})" if a.tried else ""), str(a.gpus or MISSING), _num(a.median_ttft_ms), _num(a.median_e2el_ms), _num(a.p99_e2el_ms),
-            dollars, a.verdict]
+    return [
+        a.change + (f" (you tried this: {a.tried})" if a.tried else ""),
+        str(a.gpus or MISSING),
+        _num(a.median_ttft_ms),
+        _num(a.median_e2el_ms),
+        _num(a.p99_e2el_ms),
+        dollars,
+        a.verdict,
+    ]
 
 
 def price_notes(alternatives: list[Alternative]) -> list[str]:
     """Each option's reason where it does not help, then where each price came from."""
     whys = [f"{a.change}: {a.why}" for a in alternatives if a.why]
-    sources = sorted({f"{a.gpu} at ${a.usd_per_hour:.2f}/h ({a.price_source})"
-                      for a in alternatives if a.usd_per_hour is not None})
-    return whys + (["prices per GPU-hour: " + "; ".join(sources)] if sources else
-                   ["no price for these GPUs: give --gpu-cost-per-hour"])
+    sources = sorted(
+        {f"{a.gpu} at ${a.usd_per_hour:.2f}/h ({a.price_source})" for a in alternatives if a.usd_per_hour is not None}
+    )
+    return whys + (
+        ["prices per GPU-hour: " + "; ".join(sources)]
+        if sources
+        else ["no price for these GPUs: give --gpu-cost-per-hour"]
+    )
 
 
-ENGINE_COLUMNS = ("engine", "output tok/s", "req/s", "mean TTFT ms", "mean TPOT ms", "mean E2E ms", "p99 E2E ms",
-                  "goodput req/s", "fit in KV", "preempt")
+ENGINE_COLUMNS = (
+    "engine",
+    "output tok/s",
+    "req/s",
+    "mean TTFT ms",
+    "mean TPOT ms",
+    "mean E2E ms",
+    "p99 E2E ms",
+    "goodput req/s",
+    "fit in KV",
+    "preempt",
+)
 
 
 def engine_title(s: EngineSwitch) -> str:
     c = s.comparison
-    return (f"Other engines at this load (simulated: {c.mean_prompt_tokens:,.0f} prompt + {c.mean_output_tokens:,.0f} "
-            f"output tokens per request; {LABELS.get(s.current, s.current)} with your flags, the others at their defaults)")
+    return (
+        f"Other engines at this load (simulated: {c.mean_prompt_tokens:,.0f} prompt + {c.mean_output_tokens:,.0f} "
+        f"output tokens per request; {LABELS.get(s.current, s.current)} with your flags, the others at their defaults)"
+    )
 
 
 def engine_rows(s: EngineSwitch) -> list[list[str]]:
@@ -168,9 +213,20 @@ def engine_rows(s: EngineSwitch) -> list[list[str]]:
     rows = []
     for r in s.comparison.engines:
         p = r.points[0]
-        rows.append([r.label + (" (yours)" if r.engine == s.current else ""), _num(p.output_throughput),
-                     _num(p.request_throughput), _num(p.mean_ttft_ms), _num(p.mean_tpot_ms), _num(p.mean_e2el_ms),
-                     _num(p.p99_e2el_ms), _num(p.request_goodput), f"{r.memory.sequences_fit:,}", str(p.preemptions)])
+        rows.append(
+            [
+                r.label + (" (yours)" if r.engine == s.current else ""),
+                _num(p.output_throughput),
+                _num(p.request_throughput),
+                _num(p.mean_ttft_ms),
+                _num(p.mean_tpot_ms),
+                _num(p.mean_e2el_ms),
+                _num(p.p99_e2el_ms),
+                _num(p.request_goodput),
+                f"{r.memory.sequences_fit:,}",
+                str(p.preemptions),
+            ]
+        )
     return rows
 
 
@@ -226,7 +282,9 @@ def render_summary(d: Diagnosis, console: Console) -> None:
             r = f.recommendations[0]
             cells = recommendation_row(r)
             console.print(Text(f"  → {cells[0]}: {cells[1]}", style="green"))
-    console.print(Text("Every piece of evidence, the options priced, the ceilings and notes: add --details.", style="dim"))
+    console.print(
+        Text("Every piece of evidence, the options priced, the ceilings and notes: add --details.", style="dim")
+    )
 
 
 def render_terminal(d: Diagnosis, console: Console, details: bool = True) -> None:
@@ -247,8 +305,13 @@ def render_terminal(d: Diagnosis, console: Console, details: bool = True) -> Non
             t.add_row(*lever_row(lever))
         console.print(t)
     for c in d.caveats:  # a doubt on the figures comes before anything read from them
-        console.print(Panel(Group(*[Text("• " + line) for line in c.evidence]),
-                            title=f"Caveat: {c.title} [{c.kind}]", border_style="magenta"))
+        console.print(
+            Panel(
+                Group(*[Text("• " + line) for line in c.evidence]),
+                title=f"Caveat: {c.title} [{c.kind}]",
+                border_style="magenta",
+            )
+        )
     if not d.findings:
         console.print("No bottleneck stands out: the deployment runs within its ceilings for this workload.")
     for i, f in enumerate(d.findings, 1):
@@ -302,8 +365,16 @@ def render_advice_terminal(advice: list[AdviceRow], console: Console) -> None:
     for col in ("#", "advice", "in vLLM", "Δ throughput", "Δ TTFT p99", "Δ TPOT p99", "verdict", "why"):
         t.add_column(col, overflow="fold")
     for a in advice:
-        t.add_row(str(a.id), a.advice, a.flag_status, _pct(a.d_throughput), _pct(a.d_p99_ttft), _pct(a.d_p99_tpot),
-                  a.verdict, a.why)
+        t.add_row(
+            str(a.id),
+            a.advice,
+            a.flag_status,
+            _pct(a.d_throughput),
+            _pct(a.d_p99_ttft),
+            _pct(a.d_p99_tpot),
+            a.verdict,
+            a.why,
+        )
     console.print(t)
 
 
@@ -333,19 +404,28 @@ def render_markdown(d: Diagnosis) -> str:
         if f.recommendations:
             out.append("\n| change | predicted (simulated) | side effects at this load |\n|---|---|---|")
             out.extend("| " + " | ".join(recommendation_row(r)) + " |" for r in f.recommendations)
-            # The confirm line quotes a launch command in backticks: a fenced block, as nested inline code does not render.
+            # The confirm line quotes a launch command in backticks: a fenced block, as nested inline code does not
+            # render.
             out.append("\nConfirm:\n\n```\n" + f.recommendations[0].confirm.replace("`", "") + "\n```")
         out.append("")
     if d.alternatives:
-        out.append("## Options at this load (simulated)\n\n| " + " | ".join(ALTERNATIVE_COLUMNS) + " |\n|"
-                   + "---|" * len(ALTERNATIVE_COLUMNS))
+        out.append(
+            "## Options at this load (simulated)\n\n| "
+            + " | ".join(ALTERNATIVE_COLUMNS)
+            + " |\n|"
+            + "---|" * len(ALTERNATIVE_COLUMNS)
+        )
         out.extend("| " + " | ".join(alternative_row(a)) + " |" for a in d.alternatives)
         out.append("")
         out.extend(f"- {line}" for line in price_notes(d.alternatives))
         out.append("")
     if d.engine_comparison is not None:
-        out.append(f"## {engine_title(d.engine_comparison)}\n\n| " + " | ".join(ENGINE_COLUMNS) + " |\n|"
-                   + "---|" * len(ENGINE_COLUMNS))
+        out.append(
+            f"## {engine_title(d.engine_comparison)}\n\n| "
+            + " | ".join(ENGINE_COLUMNS)
+            + " |\n|"
+            + "---|" * len(ENGINE_COLUMNS)
+        )
         out.extend("| " + " | ".join(row) + " |" for row in engine_rows(d.engine_comparison))
         out.append("")
         out.extend(f"- {line}" for line in engine_lines(d.engine_comparison))
@@ -355,9 +435,14 @@ def render_markdown(d: Diagnosis) -> str:
     out.append("")
     out.extend(f"- {note}" for note in d.notes)
     if d.advice:
-        out.append("\n## Common advice, checked\n\n| # | advice | in vLLM | Δ throughput | Δ TTFT p99 | Δ TPOT p99 | verdict | why |")
+        out.append(
+            "\n## Common advice, checked\n\n| # | advice | in vLLM | Δ throughput | Δ TTFT p99 | Δ TPOT p99 | "
+            "verdict | why |"
+        )
         out.append("|---|---|---|---|---|---|---|---|")
         for a in d.advice:
-            out.append(f"| {a.id} | {a.advice} | {a.flag_status} | {_pct(a.d_throughput)} | "
-                       f"{_pct(a.d_p99_ttft)} | {_pct(a.d_p99_tpot)} | {a.verdict} | {a.why} |")
+            out.append(
+                f"| {a.id} | {a.advice} | {a.flag_status} | {_pct(a.d_throughput)} | "
+                f"{_pct(a.d_p99_ttft)} | {_pct(a.d_p99_tpot)} | {a.verdict} | {a.why} |"
+            )
     return "\n".join(out) + "\n"

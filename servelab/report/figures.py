@@ -114,8 +114,12 @@ class LatencyCurve:
     """Text beside each solid-line marker (a sweep's value); None for none."""
 
 
-def latency_curves_figure(curves: Sequence[LatencyCurve], statistics: Sequence[tuple[str, str]], title: str,
-                          panels: Sequence[LatencyPanel] = TTFT_TPOT) -> go.Figure:
+def latency_curves_figure(
+    curves: Sequence[LatencyCurve],
+    statistics: Sequence[tuple[str, str]],
+    title: str,
+    panels: Sequence[LatencyPanel] = TTFT_TPOT,
+) -> go.Figure:
     """Latency against achieved throughput, one panel per metric side by side (TTFT and TPOT unless `panels` says
     otherwise): where the knee is, and what it costs to go past it. Each curve keeps its colour; the first statistic
     is solid, the second dotted."""
@@ -138,7 +142,8 @@ def latency_curves_figure(curves: Sequence[LatencyCurve], statistics: Sequence[t
                         showlegend=col == 1,
                         line=dict(color=curve.color, dash=dash),
                         marker=dict(symbol="circle" if dash == "solid" else "diamond-open", size=7),
-                        hovertemplate=f"%{{customdata}}<br>%{{x:.1f}} tok/s<br>{name} {label} %{{y:.1f}} ms<extra>{curve.label}</extra>",
+                        hovertemplate=f"%{{customdata}}<br>%{{x:.1f}} tok/s<br>{name} {label} %{{y:.1f}} "
+                        f"ms<extra>{curve.label}</extra>",
                     ),
                     row=1,
                     col=col,
@@ -200,7 +205,9 @@ def sweep_throughput_figure(sweeps: Sequence[ReportSweep]) -> go.Figure:
     # request-rate sweeps may end at "inf" (all at once), which only a category axis can place.
     numeric = all(isinstance(p.sweep_value, (int, float)) for sweep in sweeps for p in sweep.points)
     for col, (_, title, _, _) in enumerate(panels, start=1):
-        fig.update_xaxes(title_text=SWEEP_AXES.get(parameter, parameter), type=None if numeric else "category", row=1, col=col)
+        fig.update_xaxes(
+            title_text=SWEEP_AXES.get(parameter, parameter), type=None if numeric else "category", row=1, col=col
+        )
         fig.update_yaxes(title_text=title, rangemode="tozero", row=1, col=col)
     fig.update_layout(title=f"Throughput vs. {parameter}", height=420, **LAYOUT)
     return fig
@@ -263,7 +270,8 @@ def latency_cdf_figure(inputs: ReportInputs, runs: Sequence[ReportRun]) -> go.Fi
                     name=run.label,
                     legendgroup=run.label,
                     showlegend=col == 1,
-                    hovertemplate=f"{name} %{{x:.1f}} ms<br>%{{y:.1%}} of requests at or below<extra>{run.label}</extra>",
+                    hovertemplate=f"{name} %{{x:.1f}} ms<br>%{{y:.1%}} of requests at or "
+                    f"below<extra>{run.label}</extra>",
                 ),
                 row=1,
                 col=col,
@@ -366,7 +374,8 @@ def request_timeline_figure(runs: Sequence[ReportRun]) -> go.Figure:
                     legendgroup=phase,
                     visible=position == 0,
                     customdata=[
-                        [row[3].index, row[3].prompt_tokens, row[3].output_tokens, row[3].error_kind or ""] for row in rows
+                        [row[3].index, row[3].prompt_tokens, row[3].output_tokens, row[3].error_kind or ""]
+                        for row in rows
                     ],
                     hovertemplate=(
                         f"request #%{{customdata[0]}}: {phase} from %{{base:.3f}} s for %{{x:.3f}} s<br>"
@@ -396,8 +405,11 @@ def request_timeline_figure(runs: Sequence[ReportRun]) -> go.Figure:
 
 def prefix_hit_rate_series(samples: Sequence[tl.TimelineSample]) -> tuple[list[float], list[float]]:
     """Hit rate over each scrape interval (hits/queries of that interval), skipping idle intervals."""
-    points = [(s.t, s.values[tl.PREFIX_HITS], s.values[tl.PREFIX_QUERIES]) for s in samples
-              if tl.PREFIX_HITS in s.values and tl.PREFIX_QUERIES in s.values]
+    points = [
+        (s.t, s.values[tl.PREFIX_HITS], s.values[tl.PREFIX_QUERIES])
+        for s in samples
+        if tl.PREFIX_HITS in s.values and tl.PREFIX_QUERIES in s.values
+    ]
     times, rates = [], []
     for (_, h0, q0), (t1, h1, q1) in zip(points, points[1:]):
         if q1 > q0:
@@ -406,7 +418,9 @@ def prefix_hit_rate_series(samples: Sequence[tl.TimelineSample]) -> tuple[list[f
     return times, rates
 
 
-def _gauge_series(samples: Sequence[tl.TimelineSample], name: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
+def _gauge_series(
+    samples: Sequence[tl.TimelineSample], name: str, scale: float = 1.0
+) -> tuple[list[float], list[float]]:
     seen = [(s.t, s.values[name] * scale) for s in samples if name in s.values]
     return [t for t, _ in seen], [v for _, v in seen]
 
@@ -427,8 +441,16 @@ _SERVER_PANELS: tuple[tuple[str, str, tuple[_ServerLine, ...]], ...] = (
         ),
     ),
     ("KV-cache usage", "% of KV cache", (("KV usage", "solid", lambda s: _gauge_series(s, tl.KV_USAGE, 100.0)),)),
-    ("Preemptions since the start of the run", "preemptions", (("preemptions", "solid", lambda s: _counter_since_start(s, tl.PREEMPTIONS)),)),
-    ("Prefix-cache hit rate per scrape interval", "% of prompt tokens", (("prefix hit rate", "solid", prefix_hit_rate_series),)),
+    (
+        "Preemptions since the start of the run",
+        "preemptions",
+        (("preemptions", "solid", lambda s: _counter_since_start(s, tl.PREEMPTIONS)),),
+    ),
+    (
+        "Prefix-cache hit rate per scrape interval",
+        "% of prompt tokens",
+        (("prefix hit rate", "solid", prefix_hit_rate_series),),
+    ),
 )
 
 
@@ -502,14 +524,24 @@ def ttft_split_figure(splits: Sequence[tuple[ReportRun, TtftSplit]]) -> go.Figur
     fig = go.Figure()
     for key, name, color in SPLIT_PARTS:
         values = [1e3 * split.parts[key] for _, split in splits]
-        fig.add_trace(go.Bar(
-            y=labels, x=values, orientation="h", name=name, marker_color=color,
-            hovertemplate=f"%{{x:.1f}} ms {name}<extra>%{{y}}</extra>",
-        ))
+        fig.add_trace(
+            go.Bar(
+                y=labels,
+                x=values,
+                orientation="h",
+                name=name,
+                marker_color=color,
+                hovertemplate=f"%{{x:.1f}} ms {name}<extra>%{{y}}</extra>",
+            )
+        )
     height = 220 + 32 * len(splits)
     fig.update_layout(
-        title="Mean TTFT split by the server's own timings", barmode="stack", height=height,
-        xaxis_title="Mean time to first token (ms)", yaxis=dict(autorange="reversed"), **LAYOUT,
+        title="Mean TTFT split by the server's own timings",
+        barmode="stack",
+        height=height,
+        xaxis_title="Mean time to first token (ms)",
+        yaxis=dict(autorange="reversed"),
+        **LAYOUT,
     )
     fig.update_layout(legend=legend_below(height))
     return fig

@@ -75,9 +75,7 @@ def default_title(inputs: ReportInputs) -> str:
     return "servelab report: " + (" vs. ".join(labels) if len(labels) <= 3 else f"{len(labels)} inputs")
 
 
-def render_report(
-    inputs: ReportInputs, title: str | None = None, builders: Sequence[SectionBuilder] = SECTIONS
-) -> str:
+def render_report(inputs: ReportInputs, title: str | None = None, builders: Sequence[SectionBuilder] = SECTIONS) -> str:
     """The whole page as a string: header, contents, then every section that has data."""
     title = title or default_title(inputs)
     sections = [s for s in (build(inputs) for build in builders) if s is not None]
@@ -95,7 +93,8 @@ def render_report(
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style>'
         f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
         f'<header><h1>{escape(title)}</h1><ul class="inputs">{given}</ul>'
-        f"<p>{n_runs} run{'s' if n_runs != 1 else ''} · generated {generated} by servelab {escape(__version__)}</p></header>"
+        f"<p>{n_runs} run{'s' if n_runs != 1 else ''} · generated {generated} by servelab "
+        f"{escape(__version__)}</p></header>"
         f"<nav>{nav}</nav><main>{''.join(body)}</main></body></html>\n"
     )
 

@@ -152,8 +152,9 @@ class ReportInputs:
     @property
     def given(self) -> list[ReportRun | ReportSweep | Document]:
         """Everything as given: one entry per path on the command line."""
-        return sorted([*self.runs, *self.sweeps, *self.tunes, *self.validations, *self.comparisons],
-                      key=lambda item: item.series)
+        return sorted(
+            [*self.runs, *self.sweeps, *self.tunes, *self.validations, *self.comparisons], key=lambda item: item.series
+        )
 
     @property
     def all_runs(self) -> list[ReportRun]:
@@ -176,7 +177,9 @@ def _summary_of(result: RunResult, info: RunInfo, given: dict[str, Any] | None =
         return Summary.model_validate(given or result.summary or summarize(result.records, warmup=planned_warmup(info)))
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise ReportInputError(f"the summary of {result.directory} is not one this servelab reads: {first['loc']}: {first['msg']}") from exc
+        raise ReportInputError(
+            f"the summary of {result.directory} is not one this servelab reads: {first['loc']}: {first['msg']}"
+        ) from exc
 
 
 PARTIAL = " (partial)"
@@ -204,7 +207,9 @@ def read_diagnosis(directory: Path) -> Diagnosis | None:
     try:
         return Diagnosis.model_validate(data)
     except ValidationError as exc:
-        raise ReportInputError(f"{path} is not a diagnosis this servelab reads: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
+        raise ReportInputError(
+            f"{path} is not a diagnosis this servelab reads: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
+        ) from exc
 
 
 _NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -221,8 +226,10 @@ def _document(file: Path, path: Path, series: int, label: str) -> Document:
     data = _read_json(file)
     kind = data.get("kind") if isinstance(data, dict) else None
     if kind not in _NEEDS:
-        raise ReportInputError(f"{file} is neither a tune.json nor a `servelab validate` report nor a `servelab compare` "
-                               f"JSON (kind {kind!r})")
+        raise ReportInputError(
+            f"{file} is neither a tune.json nor a `servelab validate` report nor a `servelab compare` "
+            f"JSON (kind {kind!r})"
+        )
     what, needs = _NEEDS[kind]
     missing = [key for key in needs if not data.get(key)]
     if missing:
@@ -251,7 +258,9 @@ def _info_of(result: RunResult) -> RunInfo:
         return RunInfo.model_validate(result.run_info)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise ReportInputError(f"the run.json of {result.directory} is not one this servelab reads: {first['loc']}: {first['msg']}") from exc
+        raise ReportInputError(
+            f"the run.json of {result.directory} is not one this servelab reads: {first['loc']}: {first['msg']}"
+        ) from exc
 
 
 def _load_sweep(directory: Path, series: int) -> ReportSweep:
@@ -291,7 +300,9 @@ def _load_sweep(directory: Path, series: int) -> ReportSweep:
         typed = SweepIndex.model_validate(info)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise ReportInputError(f"{index} is not a sweep.json this servelab reads: {first['loc']}: {first['msg']}") from exc
+        raise ReportInputError(
+            f"{index} is not a sweep.json this servelab reads: {first['loc']}: {first['msg']}"
+        ) from exc
     return ReportSweep(
         label=str(info.get("label") or directory.resolve().name),
         directory=directory,
@@ -337,7 +348,9 @@ def _stage2_runs(study: ReportDocument, first_series: int) -> list[ReportRun]:
     results = study.tune.stage2.results if study.tune.stage2 else []
     root = (study.path if study.path.is_dir() else study.path.parent) / STAGE2
     found = [r.label for r in results if (root / r.label / RUN).is_file()]
-    runs = [_load_run(root / label, first_series + i, f"{study.label} · stage 2 {label}") for i, label in enumerate(found)]
+    runs = [
+        _load_run(root / label, first_series + i, f"{study.label} · stage 2 {label}") for i, label in enumerate(found)
+    ]
     for run in runs:
         run.within = study.path
     return runs
@@ -370,7 +383,9 @@ def load_inputs(paths: list[Path]) -> ReportInputs:
         elif (path / COMPARE).is_file():
             document = _document(path / COMPARE, path, series, path.resolve().name)
         else:
-            raise ReportInputError(f"{path} is not a servelab results directory (no {RUN}, {SWEEP}, {TUNE} or {COMPARE})")
+            raise ReportInputError(
+                f"{path} is not a servelab results directory (no {RUN}, {SWEEP}, {TUNE} or {COMPARE})"
+            )
         if isinstance(document, ReportValidation):
             inputs.validations.append(document)
         elif isinstance(document, ReportComparison):
@@ -391,7 +406,9 @@ def load_inputs(paths: list[Path]) -> ReportInputs:
         elif isinstance(item, ReportSweep):
             item.label = name + _source_suffix(item.points[0].source)
             for point in item.points:
-                point.label = f"{item.label} · {item.parameter}={point.sweep_value}" + (PARTIAL if point.result.partial else "")
+                point.label = f"{item.label} · {item.parameter}={point.sweep_value}" + (
+                    PARTIAL if point.result.partial else ""
+                )
         else:
             item.label = name
     return inputs

@@ -105,7 +105,9 @@ def request_timeline_section(inputs: ReportInputs) -> Section | None:
     )
     if len(runs) > 1:
         lead += " Pick the run with the menu at the top right."
-    return Section(key="requests", title="Per-request timeline", lead=lead, blocks=[figures.request_timeline_figure(runs)])
+    return Section(
+        key="requests", title="Per-request timeline", lead=lead, blocks=[figures.request_timeline_figure(runs)]
+    )
 
 
 def ttft_split_section(inputs: ReportInputs) -> Section | None:
@@ -126,7 +128,10 @@ def server_timeline_section(inputs: ReportInputs) -> Section | None:
     runs = [run for run in inputs.all_runs if figures.has_server_timeline(run)]
     if not runs:
         return None
-    lead = "The engine's own metrics against time: queueing shows as waiting requests, memory pressure as KV usage near 100% and preemptions."
+    lead = (
+        "The engine's own metrics against time: queueing shows as waiting requests, memory pressure as KV usage "
+        "near 100% and preemptions."
+    )
     if len(runs) > 1:
         lead += " The menu at the top right shows one run at a time; click legend entries to hide lines."
     return Section(

@@ -11,7 +11,15 @@ from typing import Any
 from servelab.metrics.intervals import interval_suffix
 from servelab.report.cells import number
 from servelab.schemas.results import AmountInfo, ArrivalInfo, DatasetInfo, LengthInfo, PlanInfo, RunFlags, RunInfo
-from servelab.report.inputs import Document, ReportComparison, ReportDocument, ReportInputs, ReportRun, ReportSweep, ReportValidation
+from servelab.report.inputs import (
+    Document,
+    ReportComparison,
+    ReportDocument,
+    ReportInputs,
+    ReportRun,
+    ReportSweep,
+    ReportValidation,
+)
 
 HIDDEN_PARAMETERS = frozenset({"schema_version"})
 MAX_CELL = 120
@@ -91,7 +99,9 @@ def parameters_table(inputs: ReportInputs) -> str:
             + "".join(f"<td>{escape(cell)}</td>" for cell in cells)
             + "</tr>"
         )
-    table = f'<table class="params"><thead><tr><th>parameter</th>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    table = (
+        f'<table class="params"><thead><tr><th>parameter</th>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    )
     differ = f", {differing} differ between inputs (highlighted)" if len(columns) > 1 else ""
     return f"<details><summary>All {len(keys)} settings from run.json{differ}</summary>{table}</details>"
 
@@ -115,7 +125,11 @@ def plan_text(plan: PlanInfo | None, with_arrival: bool = True) -> str:
     """One line from a load plan's description (run.json's `workload`): what was sent, how, how many."""
     if plan is None or not (plan.workload or plan.arrival or plan.amount):
         return "workload not recorded"
-    workload, arrival, amount = plan.workload or DatasetInfo(), plan.arrival or ArrivalInfo(), plan.amount or AmountInfo()
+    workload, arrival, amount = (
+        plan.workload or DatasetInfo(),
+        plan.arrival or ArrivalInfo(),
+        plan.amount or AmountInfo(),
+    )
     input_len, output_len = workload.input_len or LengthInfo(), workload.output_len or LengthInfo()
     parts = [
         f"{workload.dataset_name or '?'} prompts of {number(input_len.mean, missing='?')} → "
@@ -149,20 +163,26 @@ def headline(item: ReportRun | ReportSweep | Document) -> str:
     if isinstance(item, ReportComparison):
         c = item.comparison
         n = len(c.engines[0].points)
-        text = (f"compare of {c.model} on {c.gpu}: {', '.join(e.label for e in c.engines)}, {n} load "
-                f"point{'s' if n != 1 else ''}, {c.mean_prompt_tokens:,.0f} → {c.mean_output_tokens:,.0f} tokens "
-                "per request (simulated)")
+        text = (
+            f"compare of {c.model} on {c.gpu}: {', '.join(e.label for e in c.engines)}, {n} load "
+            f"point{'s' if n != 1 else ''}, {c.mean_prompt_tokens:,.0f} → {c.mean_output_tokens:,.0f} tokens "
+            "per request (simulated)"
+        )
     elif isinstance(item, ReportValidation):
         server, points = item.report.server, item.report.points
         text = f"validate of {server.model or '?'} at {server.base_url or '?'}, {len(points)} held-out points"
     elif isinstance(item, ReportDocument):
         doc = item.tune
-        text = (f"tune of {doc.deployment.model} on {doc.deployment.gpu} for {doc.objective.kind}, "
-                f"{len(doc.trials)} configurations simulated" + (", stage 2 measured" if doc.stage2 else ""))
+        text = (
+            f"tune of {doc.deployment.model} on {doc.deployment.gpu} for {doc.objective.kind}, "
+            f"{len(doc.trials)} configurations simulated" + (", stage 2 measured" if doc.stage2 else "")
+        )
     elif isinstance(item, ReportSweep):
         info = item.points[0].info
         values = ", ".join(str(p.sweep_value) for p in item.points)
-        text = f"{_served_text(info)} · {plan_text(info.workload, with_arrival=False)} · sweep {item.parameter} = {values}"
+        text = (
+            f"{_served_text(info)} · {plan_text(info.workload, with_arrival=False)} · sweep {item.parameter} = {values}"
+        )
     else:
         info = item.info
         text = f"{_served_text(info)} · {plan_text(info.workload)}"
@@ -175,8 +195,10 @@ def summary_table(runs: Sequence[ReportRun]) -> str:
     head = "".join(f"<th>{escape(title)}</th>" for _, title, _ in columns)
     rows = [
         f'<tr><th scope="row">{escape(run.label)}</th>'
-        + "".join(f"<td>{number(run.summary.statistic(key), fmt)}{escape(interval_suffix(run.summary.intervals, key))}</td>"
-                  for key, _, fmt in columns)
+        + "".join(
+            f"<td>{number(run.summary.statistic(key), fmt)}{escape(interval_suffix(run.summary.intervals, key))}</td>"
+            for key, _, fmt in columns
+        )
         + "</tr>"
         for run in runs
     ]

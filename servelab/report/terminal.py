@@ -59,8 +59,6 @@ class LiveProgress:
         self.progress.update(self.task, completed=self.done, rate=rate + errors)
 
 
-
-
 def _ms(summary: Summary, name: str, percentiles: Sequence[str]) -> list[tuple[str, float | None]]:
     """mean, median (fields: a misspelt name is an AttributeError) and the percentile columns the summary has.
 
@@ -108,10 +106,15 @@ def summary_table(summary: Summary, title: str = "Serving benchmark result") -> 
     for key, value in rows:
         table.add_row(key, str(value))
     percentiles = sorted(
-        {k.split("_")[0][1:] for k in summary.model_extra or {} if k.startswith("p") and k.endswith("_ttft_ms")}, key=float
+        {k.split("_")[0][1:] for k in summary.model_extra or {} if k.startswith("p") and k.endswith("_ttft_ms")},
+        key=float,
     )
-    for name, label in (("ttft", "Time to first token"), ("tpot", "Time per output token (excl. 1st)"),
-                        ("itl", "Inter-token latency"), ("e2el", "End-to-end latency")):
+    for name, label in (
+        ("ttft", "Time to first token"),
+        ("tpot", "Time per output token (excl. 1st)"),
+        ("itl", "Inter-token latency"),
+        ("e2el", "End-to-end latency"),
+    ):
         table.add_section()
         table.add_row(f"[bold]{label}[/]", "")
         for key, value in _ms(summary, name, percentiles):
@@ -143,9 +146,14 @@ def sweep_table(index: SweepIndex) -> Table:
     key = index.sweep.key
     table = Table(title=f"Sweep over {key}", title_justify="left")
     columns = [
-        (key, key), ("req/s", "request_throughput"), ("out tok/s", "output_throughput"),
-        ("mean TTFT ms", "mean_ttft_ms"), ("p99 TTFT ms", "p99_ttft_ms"), ("mean TPOT ms", "mean_tpot_ms"),
-        ("mean E2EL ms", "mean_e2el_ms"), ("failed", "failed"),
+        (key, key),
+        ("req/s", "request_throughput"),
+        ("out tok/s", "output_throughput"),
+        ("mean TTFT ms", "mean_ttft_ms"),
+        ("p99 TTFT ms", "p99_ttft_ms"),
+        ("mean TPOT ms", "mean_tpot_ms"),
+        ("mean E2EL ms", "mean_e2el_ms"),
+        ("failed", "failed"),
     ]
     for header, _ in columns:
         table.add_column(header, justify="right")
@@ -165,8 +173,10 @@ def auto_sweep_lines(index: SweepIndex) -> list[str]:
         f"one at a time {rate(auto.synchronous_rate)}, all at once {rate(auto.throughput_rate)}"
     ]
     if auto.slo_attainment is not None:
-        lines.append(f"Highest rate with >= {auto.slo_attainment:.0%} of requests meeting --goodput: "
-                     f"{rate(auto.max_goodput_rate)}")
+        lines.append(
+            f"Highest rate with >= {auto.slo_attainment:.0%} of requests meeting --goodput: "
+            f"{rate(auto.max_goodput_rate)}"
+        )
     for point in index.points:
         if point.over_saturated:
             stop = "stopped early" if point.stopped_early else "ran to its end"

@@ -31,8 +31,14 @@ _METRIC_TITLES = {
     "p99_tpot_ms": "TPOT p99 (ms)",
     "p99_e2el_ms": "E2E latency p99 (ms)",
 }
-_COLORS = {"met": "#4c78a8", "missed": "#e45756", "front": "#f58518", "baseline": "#222222", "recommended": "#2ca02c",
-           "measured": "#9467bd"}
+_COLORS = {
+    "met": "#4c78a8",
+    "missed": "#e45756",
+    "front": "#f58518",
+    "baseline": "#222222",
+    "recommended": "#2ca02c",
+    "measured": "#9467bd",
+}
 
 
 def knobs(params: dict[str, Any]) -> str:
@@ -66,13 +72,22 @@ def _recommendation_text(doc: TuneDocument) -> str:
 def study_table(doc: TuneDocument) -> str:
     """The study's parameters and its answer, as one two-column table."""
     objective, deployment, search = doc.objective, doc.deployment, doc.search
-    space = "; ".join(f"{k}: {', '.join('default' if v is None else str(v) for v in vs)}" for k, vs in doc.space.items())
+    space = "; ".join(
+        f"{k}: {', '.join('default' if v is None else str(v) for v in vs)}" for k, vs in doc.space.items()
+    )
     rows = [
         ("objective", f"{objective.kind} ({objective.unit}, {objective.direction})"),
         ("SLO", _slo_text(objective)),
-        ("deployment", f"{deployment.model} on {deployment.gpu}; current flags: {deployment.engine_args or '(vLLM defaults)'}"),
-        ("simulator", f"calibrated by {deployment.calibration}" if deployment.calibration
-                      else "uncalibrated: the GPU catalogue's rates"),
+        (
+            "deployment",
+            f"{deployment.model} on {deployment.gpu}; current flags: {deployment.engine_args or '(vLLM defaults)'}",
+        ),
+        (
+            "simulator",
+            f"calibrated by {deployment.calibration}"
+            if deployment.calibration
+            else "uncalibrated: the GPU catalogue's rates",
+        ),
         ("search space", space or MISSING),
         ("search", f"{search.evaluated} of {search.space_size} configurations simulated ({search.sampler})"),
         ("workload per simulated run", plan_text(doc.workload.stage1)),
@@ -93,13 +108,31 @@ def _slo_verdict(trial: Trial) -> str:
 def ranking_table(doc: TuneDocument) -> str:
     """The baseline, then the best trials in tune's ranking (SLO met by score, then nearest misses)."""
     trials = {t.number: t for t in doc.trials}
-    head = ("configuration", "rank", "trial", _score_title(doc.objective), "SLO",
-            "achieved req/s", "output tok/s", "TTFT p99 (ms)", "TPOT p99 (ms)")
+    head = (
+        "configuration",
+        "rank",
+        "trial",
+        _score_title(doc.objective),
+        "SLO",
+        "achieved req/s",
+        "output tok/s",
+        "TTFT p99 (ms)",
+        "TPOT p99 (ms)",
+    )
 
     def row(config: str, rank: str, trial_number: str, trial: Trial) -> list[str]:
         m = trial.metrics
-        return [config, rank, trial_number, number(trial.score), _slo_verdict(trial), number(m.request_throughput),
-                number(m.output_throughput), number(m.p99_ttft_ms), number(m.p99_tpot_ms)]
+        return [
+            config,
+            rank,
+            trial_number,
+            number(trial.score),
+            _slo_verdict(trial),
+            number(m.request_throughput),
+            number(m.output_throughput),
+            number(m.p99_ttft_ms),
+            number(m.p99_tpot_ms),
+        ]
 
     base = doc.baseline
     rows = [row(f"baseline: {base.engine_args or '(vLLM defaults)'}", MISSING, MISSING, base)]
@@ -107,7 +140,9 @@ def ranking_table(doc: TuneDocument) -> str:
     rows += [row(knobs(trials[n].params), str(i), str(n), trials[n]) for i, n in enumerate(ranked[:RANKED_ROWS], 1)]
     table = html_table(head, rows, "summary", row_headers=True)
     hidden = len(ranked) - RANKED_ROWS
-    return table + (f'<p class="confirm">… and {hidden} more trials, all in the plot and in tune.json.</p>' if hidden > 0 else "")
+    return table + (
+        f'<p class="confirm">… and {hidden} more trials, all in the plot and in tune.json.</p>' if hidden > 0 else ""
+    )
 
 
 def stage2_table(doc: TuneDocument) -> str | None:
@@ -115,18 +150,34 @@ def stage2_table(doc: TuneDocument) -> str | None:
     if doc.stage2 is None or not doc.stage2.results:
         return None
     score = _score_title(doc.objective)
-    head = ("configuration", f"predicted {score}", f"measured {score}", "predicted TTFT p99 (ms)",
-            "measured TTFT p99 (ms)", "measured throughput (req/s)", "SLO (measured)")
+    head = (
+        "configuration",
+        f"predicted {score}",
+        f"measured {score}",
+        "predicted TTFT p99 (ms)",
+        "measured TTFT p99 (ms)",
+        "measured throughput (req/s)",
+        "SLO (measured)",
+    )
     rows = []
     for r in doc.stage2.results:
         measured = r.measured or KeyMetrics()
         violation = r.measured_violation
         slo = MISSING if violation is None else ("met" if violation <= 0 else "missed")
-        rows.append([f"{r.label}: {knobs(r.params)}", number(r.predicted_score),
-                     "failed: " + r.error.splitlines()[0] if r.error else number(r.measured_score),
-                     number(r.predicted.p99_ttft_ms), number(measured.p99_ttft_ms),
-                     number(measured.request_throughput), slo])
-    return "<h4>Stage 2: measured on the real server vs. predicted</h4>" + html_table(head, rows, "summary", row_headers=True)
+        rows.append(
+            [
+                f"{r.label}: {knobs(r.params)}",
+                number(r.predicted_score),
+                "failed: " + r.error.splitlines()[0] if r.error else number(r.measured_score),
+                number(r.predicted.p99_ttft_ms),
+                number(measured.p99_ttft_ms),
+                number(measured.request_throughput),
+                slo,
+            ]
+        )
+    return "<h4>Stage 2: measured on the real server vs. predicted</h4>" + html_table(
+        head, rows, "summary", row_headers=True
+    )
 
 
 def _place(metrics: KeyMetrics | None, x: str, y: str) -> tuple[float, float] | None:
@@ -168,26 +219,73 @@ def pareto_figure(tune: ReportDocument) -> go.Figure:
     for verdict, symbol in (("met", "circle"), ("missed", "x")):
         chosen = [named[n] for n, t in trials.items() if _slo_verdict(t) == verdict]
         if chosen:
-            fig.add_trace(_scatter(chosen, x, y, unit, mode="markers", name=f"trial, SLO {verdict} (simulated)",
-                                   marker=dict(color=_COLORS[verdict], symbol=symbol, size=8, opacity=0.75)))
+            fig.add_trace(
+                _scatter(
+                    chosen,
+                    x,
+                    y,
+                    unit,
+                    mode="markers",
+                    name=f"trial, SLO {verdict} (simulated)",
+                    marker=dict(color=_COLORS[verdict], symbol=symbol, size=8, opacity=0.75),
+                )
+            )
     front = sorted((named[n] for n in doc.pareto.trials if n in named), key=lambda tn: _point(tn[0], x, y) or (0, 0))
     if front:
-        fig.add_trace(_scatter(front, x, y, unit, mode="lines+markers", name="Pareto front (no other trial is better on both)",
-                               line=dict(color=_COLORS["front"], width=2), marker=dict(color=_COLORS["front"], size=9)))
-    fig.add_trace(_scatter([(doc.baseline, "baseline")], x, y, unit, mode="markers", name="baseline (current flags)",
-                           marker=dict(color=_COLORS["baseline"], symbol="diamond", size=13)))
+        fig.add_trace(
+            _scatter(
+                front,
+                x,
+                y,
+                unit,
+                mode="lines+markers",
+                name="Pareto front (no other trial is better on both)",
+                line=dict(color=_COLORS["front"], width=2),
+                marker=dict(color=_COLORS["front"], size=9),
+            )
+        )
+    fig.add_trace(
+        _scatter(
+            [(doc.baseline, "baseline")],
+            x,
+            y,
+            unit,
+            mode="markers",
+            name="baseline (current flags)",
+            marker=dict(color=_COLORS["baseline"], symbol="diamond", size=13),
+        )
+    )
     recommended = _recommended_trial(doc, trials)
     where = None if recommended is None else _point(recommended, x, y)
     if recommended is not None and where is not None:
-        fig.add_trace(_scatter([(recommended, "recommended")], x, y, unit, mode="markers", name="recommended",
-                               marker=dict(color=_COLORS["recommended"], symbol="star", size=20,
-                                           line=dict(color="#ffffff", width=1))))
-        fig.add_annotation(x=where[0], y=where[1], text="recommended", showarrow=True, arrowhead=2, ax=0, ay=-36,
-                           font=dict(color=_COLORS["recommended"], size=12))
+        fig.add_trace(
+            _scatter(
+                [(recommended, "recommended")],
+                x,
+                y,
+                unit,
+                mode="markers",
+                name="recommended",
+                marker=dict(color=_COLORS["recommended"], symbol="star", size=20, line=dict(color="#ffffff", width=1)),
+            )
+        )
+        fig.add_annotation(
+            x=where[0],
+            y=where[1],
+            text="recommended",
+            showarrow=True,
+            arrowhead=2,
+            ax=0,
+            ay=-36,
+            font=dict(color=_COLORS["recommended"], size=12),
+        )
     _add_measured(fig, doc, x, y)
     height = 520
-    fig.update_layout(title=f"Simulated trials of {tune.label}: {_METRIC_TITLES.get(y, y)} vs. {_METRIC_TITLES.get(x, x)}",
-                      height=height, **LAYOUT)
+    fig.update_layout(
+        title=f"Simulated trials of {tune.label}: {_METRIC_TITLES.get(y, y)} vs. {_METRIC_TITLES.get(x, x)}",
+        height=height,
+        **LAYOUT,
+    )
     fig.update_layout(legend=legend_below(height))
     fig.update_xaxes(title_text=_METRIC_TITLES.get(x, x), rangemode="tozero")
     fig.update_yaxes(title_text=_METRIC_TITLES.get(y, y), rangemode="tozero")
@@ -208,7 +306,9 @@ def _recommended_trial(doc: TuneDocument, trials: dict[int | None, Trial]) -> Tr
 def _add_measured(fig: go.Figure, doc: TuneDocument, x: str, y: str) -> None:
     """Stage 2: each measured configuration, joined by a dotted line to where the simulator put it."""
     results = [r for r in (doc.stage2.results if doc.stage2 else []) if r.measured]
-    pairs = [(r, _place(r.predicted, x, y), measured) for r in results if (measured := _place(r.measured, x, y)) is not None]
+    pairs = [
+        (r, _place(r.predicted, x, y), measured) for r in results if (measured := _place(r.measured, x, y)) is not None
+    ]
     if not pairs:
         return
     xs: list[float | None] = []
@@ -217,29 +317,52 @@ def _add_measured(fig: go.Figure, doc: TuneDocument, x: str, y: str) -> None:
         if predicted is not None:
             xs += [predicted[0], measured[0], None]
             ys += [predicted[1], measured[1], None]
-    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="predicted → measured", hoverinfo="skip",
-                             line=dict(color=_COLORS["measured"], dash="dot", width=1)))
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=ys,
+            mode="lines",
+            name="predicted → measured",
+            hoverinfo="skip",
+            line=dict(color=_COLORS["measured"], dash="dot", width=1),
+        )
+    )
     predicted_only = [(r, p) for r, p, _ in pairs if p is not None]
-    fig.add_trace(go.Scatter(
-        x=[p[0] for _, p in predicted_only], y=[p[1] for _, p in predicted_only], mode="markers",
-        name="stage 2 predicted (its workload)", marker=dict(color=_COLORS["measured"], symbol="triangle-up-open", size=11),
-        text=[r.label for r, _ in predicted_only],
-        hovertemplate="%{text} predicted for the stage-2 workload<br>%{x:,.4g} / %{y:,.4g}<extra></extra>",
-    ))
-    fig.add_trace(go.Scatter(
-        x=[m[0] for _, _, m in pairs], y=[m[1] for _, _, m in pairs], mode="markers+text",
-        text=[r.label for r, _, _ in pairs], textposition="top center", textfont=dict(color=_COLORS["measured"], size=10),
-        cliponaxis=False,
-        name="measured on the real server (stage 2)", marker=dict(color=_COLORS["measured"], symbol="triangle-up", size=12),
-        customdata=[knobs(r.params) for r, _, _ in pairs],
-        hovertemplate="%{text} measured: %{customdata}<br>%{x:,.4g} / %{y:,.4g}<extra></extra>",
-    ))
+    fig.add_trace(
+        go.Scatter(
+            x=[p[0] for _, p in predicted_only],
+            y=[p[1] for _, p in predicted_only],
+            mode="markers",
+            name="stage 2 predicted (its workload)",
+            marker=dict(color=_COLORS["measured"], symbol="triangle-up-open", size=11),
+            text=[r.label for r, _ in predicted_only],
+            hovertemplate="%{text} predicted for the stage-2 workload<br>%{x:,.4g} / %{y:,.4g}<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=[m[0] for _, _, m in pairs],
+            y=[m[1] for _, _, m in pairs],
+            mode="markers+text",
+            text=[r.label for r, _, _ in pairs],
+            textposition="top center",
+            textfont=dict(color=_COLORS["measured"], size=10),
+            cliponaxis=False,
+            name="measured on the real server (stage 2)",
+            marker=dict(color=_COLORS["measured"], symbol="triangle-up", size=12),
+            customdata=[knobs(r.params) for r, _, _ in pairs],
+            hovertemplate="%{text} measured: %{customdata}<br>%{x:,.4g} / %{y:,.4g}<extra></extra>",
+        )
+    )
 
 
 def tune_blocks(tune: ReportDocument) -> list[str | go.Figure]:
     """One study's part of the section: its parameters, the plot, the ranking, stage 2."""
-    blocks: list[str | go.Figure] = [f"<h3>{escape(tune.label)}</h3>" + study_table(tune.tune), pareto_figure(tune),
-                                     "<h4>Ranking (simulated)</h4>" + ranking_table(tune.tune)]
+    blocks: list[str | go.Figure] = [
+        f"<h3>{escape(tune.label)}</h3>" + study_table(tune.tune),
+        pareto_figure(tune),
+        "<h4>Ranking (simulated)</h4>" + ranking_table(tune.tune),
+    ]
     stage2 = stage2_table(tune.tune)
     if stage2 is not None:
         blocks.append(stage2)

@@ -66,10 +66,16 @@ def error_table(doc: ValidationReport) -> str:
 
     rows = [[p.point, *(cell(p, k) for k in metrics)] for p in doc.points]
     medians, bounds = doc.median_abs_error_pct, doc.bounds_pct
-    rows.append(["median |error|", *(
-        (MISSING if (m := medians.get(k)) is None else f"{m:.1f}%") + (f" (bound {bounds[k]:g}%)" if k in bounds else "")
-        for k in metrics
-    )])
+    rows.append(
+        [
+            "median |error|",
+            *(
+                (MISSING if (m := medians.get(k)) is None else f"{m:.1f}%")
+                + (f" (bound {bounds[k]:g}%)" if k in bounds else "")
+                for k in metrics
+            ),
+        ]
+    )
     head = ("point: measured / simulated (error)", *(_title(k) for k in metrics))
     return html_table(head, rows, "summary", row_headers=True)
 
@@ -79,8 +85,13 @@ def overlay_figure(validation: ReportValidation) -> go.Figure:
     doc = validation.report
     metrics = metrics_of(doc)
     rows = math.ceil(len(metrics) / COLUMNS)
-    fig = make_subplots(rows=rows, cols=COLUMNS, subplot_titles=[_title(k) for k in metrics],
-                        vertical_spacing=0.22, horizontal_spacing=0.07)
+    fig = make_subplots(
+        rows=rows,
+        cols=COLUMNS,
+        subplot_titles=[_title(k) for k in metrics],
+        vertical_spacing=0.22,
+        horizontal_spacing=0.07,
+    )
     names = [p.point for p in doc.points]
     for i, metric in enumerate(metrics):
         row, col = i // COLUMNS + 1, i % COLUMNS + 1
@@ -89,24 +100,40 @@ def overlay_figure(validation: ReportValidation) -> go.Figure:
             errors = [percent(p.error_pct.get(metric)) for p in doc.points]
             fig.add_trace(
                 go.Bar(
-                    x=names, y=values, name=side, legendgroup=side, showlegend=i == 0, marker_color=color,
-                    text=errors if side == "simulated" else None, textposition="outside", cliponaxis=False,
+                    x=names,
+                    y=values,
+                    name=side,
+                    legendgroup=side,
+                    showlegend=i == 0,
+                    marker_color=color,
+                    text=errors if side == "simulated" else None,
+                    textposition="outside",
+                    cliponaxis=False,
                     textfont=dict(size=10),
                     customdata=errors,
-                    hovertemplate=f"%{{x}}: {side} %{{y:,.1f}} (simulated error %{{customdata}})<extra>{_title(metric)}</extra>",
+                    hovertemplate=f"%{{x}}: {side} %{{y:,.1f}} (simulated error "
+                    f"%{{customdata}})<extra>{_title(metric)}</extra>",
                 ),
-                row=row, col=col,
+                row=row,
+                col=col,
             )
         fig.update_yaxes(title_text=_title(metric), rangemode="tozero", row=row, col=col)
         fig.update_xaxes(title_text="held-out point", tickangle=-30, row=row, col=col)
     height = 120 + 330 * rows
-    fig.update_layout(title=f"{validation.label}: measured vs. simulated per held-out point (label: simulated error)",
-                      barmode="group", height=height, **LAYOUT)
+    fig.update_layout(
+        title=f"{validation.label}: measured vs. simulated per held-out point (label: simulated error)",
+        barmode="group",
+        height=height,
+        **LAYOUT,
+    )
     fig.update_layout(legend=legend_below(height), margin=dict(b=110))
     return fig
 
 
 def validation_blocks(validation: ReportValidation) -> list[str | go.Figure]:
     """One validate report's part of the section: its setup, the bars, the numbers."""
-    return [f"<h3>{escape(validation.label)}</h3>" + setup_table(validation.report), overlay_figure(validation),
-            error_table(validation.report)]
+    return [
+        f"<h3>{escape(validation.label)}</h3>" + setup_table(validation.report),
+        overlay_figure(validation),
+        error_table(validation.report),
+    ]

@@ -38,17 +38,27 @@ def unobserved(label: str, plan: LoadPlan) -> Iterator[RecordSink | None]:
     yield None
 
 
-def run_load(target: Target, load: LoadFlags, first_plan: LoadPlan, result_dir: Path, run_info: dict[str, Any],
-             observe: Observe = unobserved, pool: TaskPool | None = None) -> Results | SweepResults:
+def run_load(
+    target: Target,
+    load: LoadFlags,
+    first_plan: LoadPlan,
+    result_dir: Path,
+    run_info: dict[str, Any],
+    observe: Observe = unobserved,
+    pool: TaskPool | None = None,
+) -> Results | SweepResults:
     """One point, a sweep or an auto sweep, as --sweep says; an interrupted run returns what it wrote."""
     slo, percentiles, sweep = load.slo(), load.percentiles(), load.parsed_sweep()
     if sweep is None:
         with observe(run_info["verb"], first_plan) as observer:
-            run_point(target, first_plan, result_dir, run_info, slo, percentiles, [observer] if observer is not None else [])
+            run_point(
+                target, first_plan, result_dir, run_info, slo, percentiles, [observer] if observer is not None else []
+            )
         return load_results(result_dir)
     args = (load.arrival(), load.make_plan, result_dir, run_info, slo, percentiles, observe)
-    raw = (run_auto_sweep(target, sweep, *args) if isinstance(sweep, AutoSweep)
-           else run_sweep(target, sweep, *args, pool=pool))
+    raw = (
+        run_auto_sweep(target, sweep, *args)
+        if isinstance(sweep, AutoSweep)
+        else run_sweep(target, sweep, *args, pool=pool)
+    )
     return SweepResults(result_dir, SweepIndex.model_validate(raw))
-
-

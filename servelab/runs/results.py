@@ -28,8 +28,10 @@ class Results:
         """One row per request, the columns of records.jsonl plus ttft_s and e2el_s (seconds; NaN without a token)."""
         import pandas as pd
 
-        rows = [{**asdict(r), "ttft_s": r.ttft if r.ttft is not None else math.nan, "e2el_s": r.e2el}
-                for r in self.result.records]
+        rows = [
+            {**asdict(r), "ttft_s": r.ttft if r.ttft is not None else math.nan, "e2el_s": r.e2el}
+            for r in self.result.records
+        ]
         return pd.DataFrame(rows)
 
     def timeline(self) -> pd.DataFrame:

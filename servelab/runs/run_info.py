@@ -34,12 +34,30 @@ def bench_run_info(request: BenchRequest, served_model: str, cache_config: Json)
     from servelab.metrics.scrape import CACHE_CONFIG
 
     s = request.server
-    flags = {"base_url": s.urls[0], "base_urls": s.urls, "route": str(s.route), "endpoint": s.endpoint,
-             "model": served_model,
-             **flag_values(s, skip=("base_url", "route", "endpoint", "model", "api_key", "ray_address", "clients",
-                                    "replica_metrics_url", "session_header")),
-             "session_header": s.session_header or None, "replica_metrics_urls": list(s.replica_metrics_url or ()),
-             **flag_values(request.load)}
+    flags = {
+        "base_url": s.urls[0],
+        "base_urls": s.urls,
+        "route": str(s.route),
+        "endpoint": s.endpoint,
+        "model": served_model,
+        **flag_values(
+            s,
+            skip=(
+                "base_url",
+                "route",
+                "endpoint",
+                "model",
+                "api_key",
+                "ray_address",
+                "clients",
+                "replica_metrics_url",
+                "session_header",
+            ),
+        ),
+        "session_header": s.session_header or None,
+        "replica_metrics_urls": list(s.replica_metrics_url or ()),
+        **flag_values(request.load),
+    }
     if s.ray_address is not None:
         flags.update(ray_address=s.ray_address, clients=s.clients)
     return {"verb": "bench", "source": "http", "argv": list(request.argv), "flags": flags, CACHE_CONFIG: cache_config}

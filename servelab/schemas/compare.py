@@ -21,8 +21,12 @@ class EngineMemory(_Model):
     kv_token_capacity: int
     block_size: int = Field(description="Tokens per KV block (SGLang's page size, 1 by default).")
     max_running: int = Field(description="max_num_seqs / max_running_requests / max_batch_size.")
-    token_budget: int = Field(description="Tokens one step may carry: max_num_batched_tokens / chunked_prefill_size / max_num_tokens.")
-    sequences_fit: int = Field(description="Requests of this workload's mean prompt + output length whose KV fits at once.")
+    token_budget: int = Field(
+        description="Tokens one step may carry: max_num_batched_tokens / chunked_prefill_size / max_num_tokens."
+    )
+    sequences_fit: int = Field(
+        description="Requests of this workload's mean prompt + output length whose KV fits at once."
+    )
 
 
 class EnginePoint(_Model):
@@ -33,13 +37,18 @@ class EnginePoint(_Model):
     p99_ttft_ms: float | None
     mean_tpot_ms: float | None
     p99_tpot_ms: float | None
-    mean_e2el_ms: float | None = Field(None, description="Whole-answer latency; null in comparisons written before it was.")
+    mean_e2el_ms: float | None = Field(
+        None, description="Whole-answer latency; null in comparisons written before it was."
+    )
     p99_e2el_ms: float | None = None
-    request_goodput: float | None = Field(description="Requests per second meeting every SLO bound; None without --goodput.")
+    request_goodput: float | None = Field(
+        description="Requests per second meeting every SLO bound; None without --goodput."
+    )
     preemptions: int = Field(description="vLLM/TensorRT-LLM preemptions (pauses), SGLang retractions.")
     completed: int
     intervals: dict[str, tuple[float, float]] | None = Field(
-        None, description="80% intervals of the statistics above (servelab.metrics.intervals); null: none published.")
+        None, description="80% intervals of the statistics above (servelab.metrics.intervals); null: none published."
+    )
 
 
 class EngineResult(_Model):
@@ -62,4 +71,6 @@ class EngineComparison(_Model):
     slo: dict[str, float] | None
     engines: list[EngineResult]
     ranking: list[str] = Field(description="Engines by peak output throughput over the points, best first.")
-    explanations: list[str] = Field(description="The scheduler and memory differences behind the gap, with their numbers.")
+    explanations: list[str] = Field(
+        description="The scheduler and memory differences behind the gap, with their numbers."
+    )

@@ -43,7 +43,8 @@ class Ceilings(OpenModel):
     saturation_rps: float | None
     """Simulated throughput under unlimited load: all limits at once."""
     saturation_rps_interval: tuple[float, float] | None = Field(
-        None, description="The simulated saturation's 80% interval (held-out residuals of saturated published runs).")
+        None, description="The simulated saturation's 80% interval (held-out residuals of saturated published runs)."
+    )
     decode_bandwidth_tps_at_max_batch: float | None
     # What the ceilings were computed from, known while diagnosing and not written to diagnosis.json (a diagnosis
     # read back from its file has the defaults).
@@ -57,7 +58,9 @@ class Ceilings(OpenModel):
 
 class Recommendation(OpenModel):
     change: str
-    engine_args: str | None = Field(description="The full launch flags after the change; null for workload/hardware changes.")
+    engine_args: str | None = Field(
+        description="The full launch flags after the change; null for workload/hardware changes."
+    )
     metric: str
     before: float
     after: float
@@ -249,7 +252,9 @@ class Alternative(OpenModel):
     engine_args: str | None
     gpus: int
     gpu: str
-    usd_per_hour: float | None = Field(description="Per GPU: --gpu-cost-per-hour, or the documented default; null if none.")
+    usd_per_hour: float | None = Field(
+        description="Per GPU: --gpu-cost-per-hour, or the documented default; null if none."
+    )
     price_source: str | None
     median_ttft_ms: float | None
     p99_ttft_ms: float | None
@@ -268,15 +273,19 @@ class EngineSwitch(OpenModel):
 
     current: str = Field(description="The diagnosed engine, run with its own flags; the others run their defaults.")
     comparison: EngineComparison = Field(description="`servelab compare`'s result for this deployment at this load.")
-    verdicts: list[str] = Field(description="Per other engine: throughput, latency, goodput and KV memory against the "
-                                            "current engine's, before → after.")
+    verdicts: list[str] = Field(
+        description="Per other engine: throughput, latency, goodput and KV memory against the "
+        "current engine's, before → after."
+    )
 
 
 class Lever(OpenModel):
     """One lever for the question asked (diagnose/levers.py), simulated at this load."""
 
     change: str
-    metric: str = Field(description="E2E p50 ms (or streaming's perceived wait) for latency; ceiling req/s for throughput.")
+    metric: str = Field(
+        description="E2E p50 ms (or streaming's perceived wait) for latency; ceiling req/s for throughput."
+    )
     before: float
     after: float
     note: str
@@ -312,22 +321,40 @@ class Diagnosis(OpenModel):
     slo: SLOTerms | None
     slo_attainment: float | None
     observed: Observed
-    caveats: list[Finding] = Field([], description="Doubts on the measurement itself (a starved client), with their size; "
-                                               "shown above the findings, never ranked among them.")
+    caveats: list[Finding] = Field(
+        [],
+        description="Doubts on the measurement itself (a starved client), with their size; "
+        "shown above the findings, never ranked among them.",
+    )
     findings: list[Finding]
-    alternatives: list[Alternative] = Field([], description="The common options priced at this load (--gpu-cost-per-hour, "
-                                                        "--observed-e2e-ms, --observed-tpot-ms or --price-options).")
-    engine_comparison: EngineSwitch | None = Field(None, description="`--compare-engines`: this deployment's workload and "
-                                                                     "load on each engine, and what switching would buy.")
+    alternatives: list[Alternative] = Field(
+        [],
+        description="The common options priced at this load (--gpu-cost-per-hour, "
+        "--observed-e2e-ms, --observed-tpot-ms or --price-options).",
+    )
+    engine_comparison: EngineSwitch | None = Field(
+        None,
+        description="`--compare-engines`: this deployment's workload and "
+        "load on each engine, and what switching would buy.",
+    )
     notes: list[str]
     advice: list[AdviceRow] | None
     partial_run: str | None = Field(None, description="Present when the results directory is a partial run.")
     goal: str | None = Field(None, description="The question the diagnosis answers first: latency or throughput.")
     levers: list[Lever] = Field([], description="The question's levers, best first, each before -> after.")
-    assumptions: list[Assumption] = Field([], description="What was assumed because it was not given (output length, "
-                                                          "arrivals), with the ceiling and E2E p50 across its range.")
-    levers_at: str = Field("", description="Where the levers were priced: the described load, or the likeliest "
-                                           "explanation of what the user sees (e.g. ~222 requests in flight).")
-    verdict: str | None = Field(None, description="The first line when the offered load exceeds the simulated ceiling: "
-                                                  "the queue is unstable, and the capacity, not its percentiles, is "
-                                                  "what to read.")
+    assumptions: list[Assumption] = Field(
+        [],
+        description="What was assumed because it was not given (output length, "
+        "arrivals), with the ceiling and E2E p50 across its range.",
+    )
+    levers_at: str = Field(
+        "",
+        description="Where the levers were priced: the described load, or the likeliest "
+        "explanation of what the user sees (e.g. ~222 requests in flight).",
+    )
+    verdict: str | None = Field(
+        None,
+        description="The first line when the offered load exceeds the simulated ceiling: "
+        "the queue is unstable, and the capacity, not its percentiles, is "
+        "what to read.",
+    )

@@ -122,7 +122,9 @@ class ClientStats(OpenModel):
     added_delay: AddedDelay | None = None
     mean_steady_send_lag_ms: float | None = Field(None, description="Mean send lag after the startup wave.")
     typical_gap_ms: float | None = Field(None, description="The run's median inter-token gap (else median TTFT).")
-    client_may_be_bottleneck: bool | None = Field(None, description="The client's distortion of the figures was material.")
+    client_may_be_bottleneck: bool | None = Field(
+        None, description="The client's distortion of the figures was material."
+    )
     reason: str | None = None
     server_gone: str | None = Field(None, description="Why release stopped: the server refused connections.")
     engine_steps: int | None = Field(None, description="Simulate: engine steps run.")
@@ -152,7 +154,9 @@ class ClientEntry(ClientStats):
     clock_offset_ms: float = Field(description="Its wall clock minus the driver's (NTP-style, quickest of 8 readings).")
     clock_rtt_ms: float = Field(description="That reading's round trip: half of it bounds the offset's error.")
     start_skew_ms: float | None = Field(None, description="Its preparation before its clock started.")
-    slot_broker: SlotBrokerCost | None = Field(None, description="The shared cap's cost to it (several clients, a cap).")
+    slot_broker: SlotBrokerCost | None = Field(
+        None, description="The shared cap's cost to it (several clients, a cap)."
+    )
     died: str | None = Field(None, description="Why it died, as Ray said.")
     slots_reclaimed: int | None = Field(None, description="Slots of the shared cap it held at its death, given back.")
 
@@ -163,8 +167,12 @@ class IntervalBasis(ClosedModel):
     tier: Tier = Field(description="What the prediction was grounded in: specs only, the user's runs, live probes.")
     regime: Regime = Field(description="Where on the load curve the run sits, as classify_regime decided.")
     level: float = Field(description="The intervals' nominal coverage (0.8).")
-    residuals_tier: Tier = Field(description="The tier whose held-out residuals were used (specs-only's when the tier has none).")
-    notes: list[str] = Field(description="Cells pooled with a neighbouring regime for want of runs, and similar caveats.")
+    residuals_tier: Tier = Field(
+        description="The tier whose held-out residuals were used (specs-only's when the tier has none)."
+    )
+    notes: list[str] = Field(
+        description="Cells pooled with a neighbouring regime for want of runs, and similar caveats."
+    )
 
 
 class Summary(OpenModel):
@@ -199,21 +207,31 @@ class Summary(OpenModel):
     mean_e2el_ms: float | None
     median_e2el_ms: float | None
     std_e2el_ms: float | None
-    abandoned: int | None = Field(None, description="Requests the client gave up on (--abandon-after): neither completed nor failed.")
-    abandoned_output_chunks: int | None = Field(None, description="Chunks the abandoned requests had received: work done for nobody.")
+    abandoned: int | None = Field(
+        None, description="Requests the client gave up on (--abandon-after): neither completed nor failed."
+    )
+    abandoned_output_chunks: int | None = Field(
+        None, description="Chunks the abandoned requests had received: work done for nobody."
+    )
     http_phases: HttpPhases | None = Field(None, description="HTTP phase breakdown (bench); null for the simulator.")
     replicas: dict[str, ReplicaShare] | None = Field(
-        None, description="Per --base-url, when bench spread the load over several; null otherwise.")
+        None, description="Per --base-url, when bench spread the load over several; null otherwise."
+    )
     requests_recorded: int | None = Field(None, description="Records written, warm-up included (a run's summary).")
     warmup: float | None = None
     interrupted: bool | None = None
     client_stats: ClientStats | None = Field(
-        None, description="The load generator's own overhead (bench) or the engine's busy time (simulate).")
+        None, description="The load generator's own overhead (bench) or the engine's busy time (simulate)."
+    )
     warnings: list[str] | None = None
     intervals: dict[str, tuple[float, float]] | None = Field(
-        None, description="Simulated runs: per predicted statistic with held-out residuals, its 80% interval [low, high] "
-                          "under the statistic's own key. Null for measured runs.")
-    interval_basis: IntervalBasis | None = Field(None, description="Simulated runs: the tier and regime the intervals are for.")
+        None,
+        description="Simulated runs: per predicted statistic with held-out residuals, its 80% interval [low, high] "
+        "under the statistic's own key. Null for measured runs.",
+    )
+    interval_basis: IntervalBasis | None = Field(
+        None, description="Simulated runs: the tier and regime the intervals are for."
+    )
 
     @model_serializer(mode="wrap")
     def _in_file_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -240,10 +258,33 @@ class Summary(OpenModel):
 
 
 STAT_METRICS = ("ttft", "tpot", "itl", "e2el")
-_SUMMARY_HEAD = ("schema_version", "duration", "completed", "failed", "errors_by_kind", "total_input_tokens",
-                 "total_output_tokens", "request_throughput", "request_goodput", "output_throughput",
-                 "total_token_throughput", "slo", "abandoned", "abandoned_output_chunks", "http_phases", "replicas")
-_SUMMARY_TAIL = ("intervals", "interval_basis", "requests_recorded", "warmup", "interrupted", "client_stats", "warnings")
+_SUMMARY_HEAD = (
+    "schema_version",
+    "duration",
+    "completed",
+    "failed",
+    "errors_by_kind",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+    "slo",
+    "abandoned",
+    "abandoned_output_chunks",
+    "http_phases",
+    "replicas",
+)
+_SUMMARY_TAIL = (
+    "intervals",
+    "interval_basis",
+    "requests_recorded",
+    "warmup",
+    "interrupted",
+    "client_stats",
+    "warnings",
+)
 
 
 class DeploymentInfo(OpenModel):
@@ -251,24 +292,34 @@ class DeploymentInfo(OpenModel):
 
     gpu: str
     model: str
-    engine: str = Field("vllm", description="The simulated engine (vllm, sglang, trtllm); vllm in files written before it was recorded.")
+    engine: str = Field(
+        "vllm", description="The simulated engine (vllm, sglang, trtllm); vllm in files written before it was recorded."
+    )
     engine_args: str
     engine_config: Json = Field(description="Every EngineConfig field, resolved (servelab.perf.engine_config).")
     num_gpu_blocks: int
     kv_cache_gib: float
     coefficients: dict[str, float | None]
     cpu_costs_source: str
-    frontend: dict[str, float | None] = Field(description="The API server's CPU costs (null where not modelled, e.g. the cpu device).")
+    frontend: dict[str, float | None] = Field(
+        description="The API server's CPU costs (null where not modelled, e.g. the cpu device)."
+    )
     warnings: list[str]
 
 
 class EngineIdentity(ClosedModel):
     """The serving engine as the server reported it at pre-flight (servelab/targets/engine_identity.py)."""
 
-    name: str | None = Field(description="vllm, sglang, trtllm or llamacpp; null when the server showed no known engine.")
-    version: str | None = Field(description="The engine's own version string (llama.cpp: its build_info); null when not reported.")
-    reported_by: str | None = Field(description="Where name and version came from: `GET /version`, `GET /server_info`, "
-                                                "`GET /props`, `/metrics` (names only) or `--engine`.")
+    name: str | None = Field(
+        description="vllm, sglang, trtllm or llamacpp; null when the server showed no known engine."
+    )
+    version: str | None = Field(
+        description="The engine's own version string (llama.cpp: its build_info); null when not reported."
+    )
+    reported_by: str | None = Field(
+        description="Where name and version came from: `GET /version`, `GET /server_info`, "
+        "`GET /props`, `/metrics` (names only) or `--engine`."
+    )
 
 
 class ServerInfo(OpenModel):
@@ -341,10 +392,14 @@ class RunInfo(OpenModel):
     base_url: str | None = Field(None, description="The server measured, where no flags name it (tune's stage-2 runs).")
     engine_args: str | None = Field(None, description="The server's engine flags (tune's stage-2 runs).")
     kind: str | None = Field(None, description="tune-stage2 for tune's stage-2 runs.")
-    label: str | None = Field(None, description="The run's name in a report (tune's stage-2 runs: the configuration's label).")
+    label: str | None = Field(
+        None, description="The run's name in a report (tune's stage-2 runs: the configuration's label)."
+    )
     deployment: DeploymentInfo | None = None
     server_info: ServerInfo | None = None
-    client_host: Json | None = Field(None, description="The client host's conditions during the run (load, CPU steal, GPUs).")
+    client_host: Json | None = Field(
+        None, description="The client host's conditions during the run (load, CPU steal, GPUs)."
+    )
     interrupted: bool | None = None
     finished_at: float | None = None
     error: str | None = Field(None, description="The exception that ended the run, if one did.")
@@ -372,11 +427,14 @@ class SweepPoint(OpenModel):
     summary: Summary | None = Field(None, description="The point's summary.json (readers fall back to that file).")
     profile: str | None = Field(None, description="`--sweep auto`: synchronous, throughput or constant (a rate).")
     stopped_early: bool | None = Field(
-        None, description="`--sweep auto`, a rate point: release stopped once the server was over-saturated.")
+        None, description="`--sweep auto`, a rate point: release stopped once the server was over-saturated."
+    )
     offered_rate_realized: float | None = Field(
-        None, description="`--sweep auto`, a rate point: the rate its arrivals came at, (n - 1) / their span.")
+        None, description="`--sweep auto`, a rate point: the rate its arrivals came at, (n - 1) / their span."
+    )
     over_saturated: str | None = Field(
-        None, description="`--sweep auto`, a rate point: the backlog and TTFT trends that showed over-saturation.")
+        None, description="`--sweep auto`, a rate point: the backlog and TTFT trends that showed over-saturation."
+    )
 
 
 class SweepSpec(ClosedModel):
@@ -392,8 +450,11 @@ class AutoSweepResult(OpenModel):
     knee_rate: float | None = Field(description="The highest offered rate the server kept up with.")
     first_over_saturated_rate: float | None = Field(description="The lowest offered rate found over-saturated.")
     max_goodput_rate: float | None = Field(
-        description="The highest offered rate at which slo_attainment of the requests met --goodput.")
-    slo_attainment: float | None = Field(description="The share of requests that must meet the SLO; null: no --goodput.")
+        description="The highest offered rate at which slo_attainment of the requests met --goodput."
+    )
+    slo_attainment: float | None = Field(
+        description="The share of requests that must meet the SLO; null: no --goodput."
+    )
     note: str | None = None
 
 
@@ -403,5 +464,7 @@ class SweepIndex(OpenModel):
     schema_version: int = SCHEMA_VERSION
     sweep: SweepSpec
     points: list[SweepPoint]
-    interrupted: bool | None = Field(None, description="The sweep stopped at an interrupted point (`--sweep` writes it).")
+    interrupted: bool | None = Field(
+        None, description="The sweep stopped at an interrupted point (`--sweep` writes it)."
+    )
     auto: AutoSweepResult | None = Field(None, description="`--sweep auto`: the knee and the rates around it.")

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import (Field, PrivateAttr, SerializerFunctionWrapHandler, ValidatorFunctionWrapHandler, field_serializer,
-                      model_serializer, model_validator)
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    ValidatorFunctionWrapHandler,
+    field_serializer,
+    model_serializer,
+    model_validator,
+)
 
 from servelab import SCHEMA_VERSION
 from servelab.schemas.vocabulary import VLLM, TrialStatus
@@ -48,7 +55,8 @@ class KeyMetrics(OpenModel):
     p99_tpot_ms: float | None = None
     p99_e2el_ms: float | None = None
     intervals: dict[str, tuple[float, float]] | None = Field(
-        None, description="A prediction's 80% intervals of the statistics above (summary.json's); null when measured.")
+        None, description="A prediction's 80% intervals of the statistics above (summary.json's); null when measured."
+    )
 
     def statistic(self, key: str) -> float | None:
         """A statistic named by a string (the Pareto plot's axes come from tune.json); AttributeError for a name
@@ -179,8 +187,11 @@ class AsGiven(OpenModel):
 
 
 class TuneDeployment(AsGiven, DeploymentInfo):
-    engine: str = Field(VLLM, description="Whose configurations the study searched (vllm, sglang, trtllm); absent "
-                                          "in a tune.json written before tune took --engine, which searched vLLM's.")
+    engine: str = Field(
+        VLLM,
+        description="Whose configurations the study searched (vllm, sglang, trtllm); absent "
+        "in a tune.json written before tune took --engine, which searched vLLM's.",
+    )
     sim_args: str
     calibration: str | None
     simulated: DeploymentInfo

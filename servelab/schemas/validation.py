@@ -54,8 +54,12 @@ class ValidationReport(OpenModel):
     profile: ProfileRef = Field(description="Which profile: its created_at, engine_args and gpu.")
     engine_args: str
     engine_config: Json
-    host: Json = Field(default_factory=dict, description="The host's conditions; absent in reports of before they were recorded.")
-    reference: Json = Field(default_factory=dict, description="The reference step timings; absent in reports of before them.")
+    host: Json = Field(
+        default_factory=dict, description="The host's conditions; absent in reports of before they were recorded."
+    )
+    reference: Json = Field(
+        default_factory=dict, description="The reference step timings; absent in reports of before them."
+    )
     warnings: list[str] = Field(default_factory=list)
     points: list[PointResult]
     median_abs_error_pct: dict[str, float | None]

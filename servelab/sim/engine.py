@@ -118,7 +118,12 @@ class SimEngine:
         return len(self.step_ends)
 
     def add_request(
-        self, prompt_ids: Any, max_tokens: int, arrival_time: float, priority: int = 0, tag: Any = None,
+        self,
+        prompt_ids: Any,
+        max_tokens: int,
+        arrival_time: float,
+        priority: int = 0,
+        tag: Any = None,
         output_ids: Any = None,
     ) -> SimRequest:
         """Queue a request; raises RequestRejected for one vLLM would refuse.
@@ -130,13 +135,16 @@ class SimEngine:
         if prompt_len == 0 or max_tokens < 1:
             raise RequestRejected("the prompt must be non-empty and max_tokens at least 1")
         if self.max_model_len is not None and total > self.max_model_len:
-            raise RequestRejected(f"{prompt_len} prompt + {max_tokens} output tokens exceed max_model_len {self.max_model_len}")
+            raise RequestRejected(
+                f"{prompt_len} prompt + {max_tokens} output tokens exceed max_model_len {self.max_model_len}"
+            )
         capacity = (self.pool.num_blocks - 1) * self.block_size
         if total > capacity:
             raise RequestRejected(f"{total} tokens exceed the whole KV cache ({capacity} tokens)")
         if not self.config.enable_chunked_prefill and prompt_len > self.scheduler.budget:
             raise RequestRejected(
-                f"{prompt_len}-token prompt exceeds max_num_batched_tokens {self.scheduler.budget} with chunked prefill off"
+                f"{prompt_len}-token prompt exceeds max_num_batched_tokens {self.scheduler.budget} with chunked "
+                f"prefill off"
             )
         req = SimRequest(self._next_uid, prompt_ids, prompt_len, max_tokens, arrival_time, priority, tag, output_ids)
         self._next_uid += 1
@@ -256,7 +264,12 @@ class SimEngine:
         return self._aggregate(0, 0, n, base_sum + n * k, n, 0)
 
     def _decode_run(
-        self, now: float, horizon: float, k: int, scheduled_at: float | None = None, wake: float = 0.0,
+        self,
+        now: float,
+        horizon: float,
+        k: int,
+        scheduled_at: float | None = None,
+        wake: float = 0.0,
         joins: float = math.inf,
     ) -> float:
         """Up to k identical decode steps from `now`, the first after `wake` seconds of wake-up time.

@@ -18,7 +18,13 @@ from servelab.sim.block_pool import BlockPool
 from servelab.sim.radix_cache import RadixCache
 from servelab.sim.sglang_scheduler import SGLangScheduler
 from servelab.sim.trtllm_scheduler import TRTLLMScheduler
-from servelab.schemas.vocabulary import ENGINES as ENGINES, LABELS as LABELS, SGLANG as SGLANG, TRTLLM as TRTLLM, VLLM as VLLM  # named here for their importers
+from servelab.schemas.vocabulary import (
+    ENGINES as ENGINES,
+    LABELS as LABELS,
+    SGLANG as SGLANG,
+    TRTLLM as TRTLLM,
+    VLLM as VLLM,
+)  # named here for their importers
 
 SchedulerFactory = Callable[[int], tuple[Any, Any]]
 """num_gpu_blocks -> (scheduler, KV pool), both with the interface SimEngine uses (see list_scheduler.py)."""

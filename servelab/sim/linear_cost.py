@@ -28,13 +28,17 @@ class LinearCostModel:
         prefill_context_tokens: int = 0,
     ) -> float:
         tokens = num_prefill_tokens + num_decodes
-        return self.overhead + self.per_token * tokens + self.per_context_token * (prefill_attn_work + sum_decode_context)
+        return (
+            self.overhead + self.per_token * tokens + self.per_context_token * (prefill_attn_work + sum_decode_context)
+        )
 
     def step_time(self, batch: StepBatch) -> float:
         work = sum(prefill_attention_work(n, c) for n, c in batch.prefill_chunks)
         prefill = sum(n for n, _ in batch.prefill_chunks)
         decodes = len(batch.decode_contexts)
-        return self.step_time_aggregate(prefill, work, decodes, sum(batch.decode_contexts), decodes + len(batch.prefill_chunks))
+        return self.step_time_aggregate(
+            prefill, work, decodes, sum(batch.decode_contexts), decodes + len(batch.prefill_chunks)
+        )
 
     def wake_time(self, idle_s: float) -> float:
         """No wake-up cost: an idle engine starts its next step at full speed."""

@@ -35,10 +35,17 @@ from servelab.sim.block_pool import BlockPool
 from servelab.sim.engine import SimEngine
 from servelab.sim.hashing import prompt_block_hashes
 from servelab.sim.radix_cache import RadixCache
-from servelab.schemas.vocabulary import LEAST_LOADED as LEAST_LOADED, POLICIES as POLICIES, ROUND_ROBIN as ROUND_ROBIN  # named here for their importers
+from servelab.schemas.vocabulary import (
+    LEAST_LOADED as LEAST_LOADED,
+    POLICIES as POLICIES,
+    ROUND_ROBIN as ROUND_ROBIN,
+)  # named here for their importers
 from servelab.schemas.vocabulary import RouterPolicy as RouterPolicy
 from servelab.workload.routing import HashRing, SessionAffinity, best as _best, fewest, prefix_key
-from servelab.workload.routing import HASH_LOAD_FACTOR as HASH_LOAD_FACTOR, HASH_PREFIX_TOKENS as HASH_PREFIX_TOKENS  # named here for their importers
+from servelab.workload.routing import (
+    HASH_LOAD_FACTOR as HASH_LOAD_FACTOR,
+    HASH_PREFIX_TOKENS as HASH_PREFIX_TOKENS,
+)  # named here for their importers
 
 EPP_SCRAPE_INTERVAL = 0.05
 """prefix-aware: how often llm-d's endpoint picker refreshes the replicas' metrics (its default 50 ms)."""
@@ -75,7 +82,10 @@ class Router:
     """Picks a replica for each request (`pick`) and hears when each one finishes (`finished`)."""
 
     def __init__(
-        self, policy: str = ROUND_ROBIN, *, scrape_interval: float = EPP_SCRAPE_INTERVAL,
+        self,
+        policy: str = ROUND_ROBIN,
+        *,
+        scrape_interval: float = EPP_SCRAPE_INTERVAL,
         weights: ScorerWeights = ScorerWeights(),
     ) -> None:
         if policy not in POLICIES:

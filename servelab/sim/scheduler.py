@@ -110,8 +110,16 @@ class Scheduler:
         # one matrix, so that removing finished or preempted requests moves all of them in one copy.
         self.reqs: list[SimRequest] = []
         self._rows = np.zeros((8, cap), dtype=np.int64)
-        (self.computed, self.tokens, self.held, self.cached, self.limit, self.run_start, self.last_emit,
-         self.scheduled) = self._rows
+        (
+            self.computed,
+            self.tokens,
+            self.held,
+            self.cached,
+            self.limit,
+            self.run_start,
+            self.last_emit,
+            self.scheduled,
+        ) = self._rows
         """limit: prompt_len + max_tokens, the request finishes when num_tokens reaches it (ignore_eos);
         scheduled: tokens scheduled for each running request in the current step."""
         self._pending_blocks: list[int] = []
@@ -237,7 +245,9 @@ class Scheduler:
         bs = self.block_size
         reqs = self.reqs
         blocks, owners, positions = (
-            self._pending_private_blocks, self._pending_private_owners, self._pending_private_positions
+            self._pending_private_blocks,
+            self._pending_private_owners,
+            self._pending_private_positions,
         )
         for i, h, f in zip(rows, have, full):
             req = reqs[start + i]

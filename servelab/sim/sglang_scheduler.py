@@ -105,7 +105,9 @@ class SGLangScheduler(ListScheduler):
         if self.chunked is None and (not self.waiting or len(self.running) >= self.max_running):
             return False
         cache = self.cache
-        rem_total = cache.free + cache.evictable - sum(self._remaining_new(r) * self.new_token_ratio for r in self.running)
+        rem_total = (
+            cache.free + cache.evictable - sum(self._remaining_new(r) * self.new_token_ratio for r in self.running)
+        )
         rem_input = self.max_prefill_tokens
         rem_chunk = self.chunk
         added = 0

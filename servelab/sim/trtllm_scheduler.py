@@ -97,8 +97,11 @@ class TRTLLMScheduler(ListScheduler):
     def _make_room(self) -> None:
         """MAX_UTILIZATION: pause the latest-started requests until every generation request's next block fits."""
         while self.running:
-            need = sum(1 for r in self.running
-                       if r.uid not in self._in_context and r.num_computed_tokens + 1 > len(r.blocks) * self.bs)
+            need = sum(
+                1
+                for r in self.running
+                if r.uid not in self._in_context and r.num_computed_tokens + 1 > len(r.blocks) * self.bs
+            )
             if need <= self.pool.num_free:
                 return
             self._pause(self.running.pop())

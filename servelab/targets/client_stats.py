@@ -239,9 +239,17 @@ def _material(
         reasons.append(f"client CPU at {cpu_share:.0%} of a core (saturated: its delays grow without bound)")
     if delay is not None:
         mean = delay["mean_ms"]
-        bar = ADDED_DELAY_FLOOR_MS if typical_gap_ms is None else max(ADDED_DELAY_FLOOR_MS, ADDED_DELAY_SHARE * typical_gap_ms)
+        bar = (
+            ADDED_DELAY_FLOOR_MS
+            if typical_gap_ms is None
+            else max(ADDED_DELAY_FLOOR_MS, ADDED_DELAY_SHARE * typical_gap_ms)
+        )
         if mean >= bar:
-            of_gap = f", {mean / typical_gap_ms:.0%} of the median inter-token gap ({typical_gap_ms:.1f} ms)" if typical_gap_ms else ""
+            of_gap = (
+                f", {mean / typical_gap_ms:.0%} of the median inter-token gap ({typical_gap_ms:.1f} ms)"
+                if typical_gap_ms
+                else ""
+            )
             reasons.append(
                 f"it added ~{mean:.1f} ms (p99 {delay['p99_ms']:.1f} ms) to each timestamp it took{of_gap}: "
                 "TTFT and inter-token latencies read that much high"
@@ -252,7 +260,8 @@ def _material(
         if share >= SEND_LAG_SHARE:
             reasons.append(
                 f"after the start-up wave requests left {steady:.1f} ms late on average, "
-                f"{share:.0%} of a request's {mean_lifetime_ms:.0f} ms: about that much less load was offered than planned"
+                f"{share:.0%} of a request's {mean_lifetime_ms:.0f} ms: about that much less load was offered than "
+                f"planned"
             )
     return reasons
 
@@ -260,5 +269,7 @@ def _material(
 def _clean_bill(delay: dict[str, float] | None) -> str:
     if delay is None:
         return "client kept up with its schedule"
-    return (f"client kept up with its schedule: ~{delay['mean_ms']:.2f} ms added to each timestamp "
-            f"(p99 {delay['p99_ms']:.2f} ms)")
+    return (
+        f"client kept up with its schedule: ~{delay['mean_ms']:.2f} ms added to each timestamp "
+        f"(p99 {delay['p99_ms']:.2f} ms)"
+    )

@@ -50,9 +50,13 @@ VLLM_FLAGS = {
     "max_lora_rank": "--max-lora-rank",
 }
 VLLM_SWITCHES = {
-    "enable_chunked_prefill": "enable-chunked-prefill", "enable_prefix_caching": "enable-prefix-caching",
-    "async_scheduling": "async-scheduling", "scheduler_reserve_full_isl": "scheduler-reserve-full-isl",
-    "enforce_eager": "enforce-eager", "enable_lora": "enable-lora", "enable_expert_parallel": "enable-expert-parallel",
+    "enable_chunked_prefill": "enable-chunked-prefill",
+    "enable_prefix_caching": "enable-prefix-caching",
+    "async_scheduling": "async-scheduling",
+    "scheduler_reserve_full_isl": "scheduler-reserve-full-isl",
+    "enforce_eager": "enforce-eager",
+    "enable_lora": "enable-lora",
+    "enable_expert_parallel": "enable-expert-parallel",
 }
 
 
@@ -119,9 +123,19 @@ class Deployment:
             api = costs.api_server(cpu_speed_factor) if api is None else api
             source = "measured"
         return cls(
-            hardware, model, requested, config, lora.reserve(plan_memory(hardware, model, config), model, config),
-            coefficients or CostCoefficients(), warnings, router, network_latency, performance_mode,
-            api or ApiServerCosts(), source, vllm_version,
+            hardware,
+            model,
+            requested,
+            config,
+            lora.reserve(plan_memory(hardware, model, config), model, config),
+            coefficients or CostCoefficients(),
+            warnings,
+            router,
+            network_latency,
+            performance_mode,
+            api or ApiServerCosts(),
+            source,
+            vllm_version,
         )
 
     def cost_model(self) -> RooflineCostModel:
@@ -136,13 +150,20 @@ class Deployment:
     def prediction_tier(self) -> Tier:
         """Which held-out residuals this deployment's intervals come from: the tier its costs were calibrated in."""
         return {"given": Tier.CALIBRATED_LIVE, "fitted_from_runs": Tier.CALIBRATED_FROM_RUNS}.get(
-            self.cpu_costs_source, Tier.SPECS_ONLY)
+            self.cpu_costs_source, Tier.SPECS_ONLY
+        )
 
     def sim_target(self, scrape_interval: float = 1.0) -> SimTarget:
         return SimTarget(
-            self.config, self.memory.num_blocks, self.step_cost(), router=self.router,
-            scrape_interval=scrape_interval, network_latency=self.network_latency,
-            api=self.api, cpu_costs=self.coefficients, scheduler_factory=self.scheduler_factory,
+            self.config,
+            self.memory.num_blocks,
+            self.step_cost(),
+            router=self.router,
+            scrape_interval=scrape_interval,
+            network_latency=self.network_latency,
+            api=self.api,
+            cpu_costs=self.coefficients,
+            scheduler_factory=self.scheduler_factory,
             tier=self.prediction_tier,
         )
 
@@ -151,11 +172,19 @@ class Deployment:
     ) -> Deployment:
         """The same deployment on other hardware, another model or with some knobs changed; defaults re-resolved."""
         if self.engine != VLLM:
-            raise PerfConfigError(f"changing a simulated {self.engine} deployment's knobs is not modelled yet (vLLM only)")
+            raise PerfConfigError(
+                f"changing a simulated {self.engine} deployment's knobs is not modelled yet (vLLM only)"
+            )
         rebuilt = Deployment.build(
-            hardware or self.hardware, model or self.model, self.requested.with_(**changes),
-            coefficients=self.coefficients, router=self.router, network_latency=self.network_latency,
-            performance_mode=self.performance_mode, api=self.api, vllm_version=self.vllm_version,
+            hardware or self.hardware,
+            model or self.model,
+            self.requested.with_(**changes),
+            coefficients=self.coefficients,
+            router=self.router,
+            network_latency=self.network_latency,
+            performance_mode=self.performance_mode,
+            api=self.api,
+            vllm_version=self.vllm_version,
         )
         return replace(rebuilt, cpu_costs_source=self.cpu_costs_source)
 
@@ -196,8 +225,9 @@ class Deployment:
         }
 
 
-def resolve_parts(gpu: str | Hardware, model: str | Path | ModelSpec, named_model: str | None,
-                  gpu_file: str | Path | None = None) -> tuple[Hardware, ModelSpec]:
+def resolve_parts(
+    gpu: str | Hardware, model: str | Path | ModelSpec, named_model: str | None, gpu_file: str | Path | None = None
+) -> tuple[Hardware, ModelSpec]:
     """The chip and the model a deployment runs: catalogue names are looked up, resolved ones kept (a chip from a GPU
     file stays itself when another engine is built on it); a model named in the engine's own flags wins."""
     hardware = gpu if isinstance(gpu, Hardware) else get_gpu(gpu, gpu_file)
@@ -225,21 +255,29 @@ def build_deployment(
     version = parse_version(vllm_version)
     parsed = parse_engine_args(engine_args, base=version_defaults(version))
     requested = parsed.config
-    for flag, name, value in (("--tp", "tensor_parallel_size", tensor_parallel_size),
-                              ("--replicas", "data_parallel_size", replicas)):
+    for flag, name, value in (
+        ("--tp", "tensor_parallel_size", tensor_parallel_size),
+        ("--replicas", "data_parallel_size", replicas),
+    ):
         if value is None:
             continue
         if value < 1:
             raise PerfConfigError(f"{flag} must be >= 1, got {value}")
         if name in parsed.given and getattr(requested, name) != value:
-            raise PerfConfigError(f"{flag} {value} and {VLLM_FLAGS[name]} {getattr(requested, name)} in --engine-args "
-                                  "set the same thing to different values; give one of them")
+            raise PerfConfigError(
+                f"{flag} {value} and {VLLM_FLAGS[name]} {getattr(requested, name)} in --engine-args "
+                "set the same thing to different values; give one of them"
+            )
         requested = requested.with_(**{name: value})
     hardware, spec = resolve_parts(gpu, model, parsed.model, gpu_file)
-    said = [note for note in (v0_note(version), lora.describe(spec, requested))
-            if note]
+    said = [note for note in (v0_note(version), lora.describe(spec, requested)) if note]
     return Deployment.build(
-        hardware, spec, requested,
-        coefficients=coefficients, warnings=(*parsed.warnings, *said), router=router,
-        performance_mode=parsed.performance_mode, vllm_version=version,
+        hardware,
+        spec,
+        requested,
+        coefficients=coefficients,
+        warnings=(*parsed.warnings, *said),
+        router=router,
+        performance_mode=parsed.performance_mode,
+        vllm_version=version,
     )

@@ -76,7 +76,9 @@ KNOBS: dict[str, dict[str, Knob]] = {
         "kv_cache_dtype": Knob("kv_cache_dtype", None, "kv_cache_config.dtype"),
         "quantization": Knob("quantization", None, "quant_config.quant_algo"),
         "enable_prefix_caching": Knob("enable_block_reuse", None, "kv_cache_config.enable_block_reuse"),
-        "capacity_scheduler_policy": Knob("capacity_scheduler_policy", None, "scheduler_config.capacity_scheduler_policy"),
+        "capacity_scheduler_policy": Knob(
+            "capacity_scheduler_policy", None, "scheduler_config.capacity_scheduler_policy"
+        ),
     },
 }
 """Per engine: common knob -> how that engine takes it. SGLang's schedule_policy and TensorRT-LLM's
@@ -109,7 +111,9 @@ class EngineDeployment(Deployment):
             return self.engine_flags
         return f"{self.engine_flags} (in the --extra_llm_api_options YAML: {', '.join(self.config_file)})".strip()
 
-    def rebuilt(self, *, hardware: Hardware | None = None, model: ModelSpec | None = None, **changes: object) -> Deployment:
+    def rebuilt(
+        self, *, hardware: Hardware | None = None, model: ModelSpec | None = None, **changes: object
+    ) -> Deployment:
         """The same engine with common knobs (or its own schedule policy) changed, defaults re-resolved for the chip;
         PerfConfigError for a knob the engine has no counterpart of."""
         knobs = KNOBS[self.engine]
@@ -130,8 +134,16 @@ class EngineDeployment(Deployment):
             else:
                 config_file = [item for item in config_file if not item.startswith(f"{knob.config_key}:")]
                 config_file.append(config_line(knob, own))
-        rebuilt = _assemble(self.engine, hardware or self.hardware, model or self.model, settings, flags,
-                            tuple(self.warnings), self.router, replicas)
+        rebuilt = _assemble(
+            self.engine,
+            hardware or self.hardware,
+            model or self.model,
+            settings,
+            flags,
+            tuple(self.warnings),
+            self.router,
+            replicas,
+        )
         return replace(rebuilt, config_file=tuple(config_file))
 
     def relaunched(self, flags: str, hardware: Hardware | None = None) -> EngineDeployment:
@@ -152,9 +164,17 @@ def _parse(engine: str, flags: str) -> tuple[SGLangSettings | TRTLLMSettings, tu
     return parsed_trt.settings, tuple(parsed_trt.warnings)
 
 
-def _assemble(engine: str, hardware: Hardware, spec: ModelSpec, settings: SGLangSettings | TRTLLMSettings, flags: str,
-              warnings: tuple[str, ...], router: str, replicas: int | None,
-              kernels_of: EngineDeployment | None = None) -> EngineDeployment:
+def _assemble(
+    engine: str,
+    hardware: Hardware,
+    spec: ModelSpec,
+    settings: SGLangSettings | TRTLLMSettings,
+    flags: str,
+    warnings: tuple[str, ...],
+    router: str,
+    replicas: int | None,
+    kernels_of: EngineDeployment | None = None,
+) -> EngineDeployment:
     """The deployment of `settings` on `hardware`: the engine's defaults and memory plan, the shared CPU costs.
 
     `kernels_of`: a deployment whose kernel ratio stands when GPU, model, weight format and TP are its own (reading
@@ -164,7 +184,12 @@ def _assemble(engine: str, hardware: Hardware, spec: ModelSpec, settings: SGLang
     coefficients = costs.coefficients(CostCoefficients(), None) if on_gpu else CostCoefficients()
     if isinstance(settings, SGLangSettings):
         plan = resolve_sglang(settings, hardware, spec)
-        config, memory, factory, own = plan.config, plan.memory, sglang_factory(plan.config, plan.settings), asdict(plan.settings)
+        config, memory, factory, own = (
+            plan.config,
+            plan.memory,
+            sglang_factory(plan.config, plan.settings),
+            asdict(plan.settings),
+        )
     else:
         trt = resolve_trtllm(settings, hardware, spec)
         config, memory = trt.config, trt.memory
@@ -172,12 +197,26 @@ def _assemble(engine: str, hardware: Hardware, spec: ModelSpec, settings: SGLang
             config = config.with_(data_parallel_size=replicas)
         factory, own = trtllm_factory(config, trt.settings), asdict(trt.settings)
     shape = (hardware, spec, config.quantization, config.tensor_parallel_size)
-    same = kernels_of is not None and shape == (kernels_of.hardware, kernels_of.model, kernels_of.config.quantization,
-                                                kernels_of.config.tensor_parallel_size)
+    same = kernels_of is not None and shape == (
+        kernels_of.hardware,
+        kernels_of.model,
+        kernels_of.config.quantization,
+        kernels_of.config.tensor_parallel_size,
+    )
     deployment = EngineDeployment(
-        hardware, spec, config, config, memory, coefficients, warnings, router,
-        cpu_costs_source="measured" if on_gpu else "none", engine=engine, scheduler_factory=factory,
-        engine_flags=flags, engine_settings=own,
+        hardware,
+        spec,
+        config,
+        config,
+        memory,
+        coefficients,
+        warnings,
+        router,
+        cpu_costs_source="measured" if on_gpu else "none",
+        engine=engine,
+        scheduler_factory=factory,
+        engine_flags=flags,
+        engine_settings=own,
         kernels=kernels_of.kernels if same and kernels_of is not None else kernel_ratio(engine, *shape),
         requested_settings=settings,
     )
@@ -199,8 +238,15 @@ def build_engine_deployment(
     if engine not in ENGINES:
         raise PerfConfigError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
     if engine == VLLM:
-        return build_deployment(gpu, model, flags, tensor_parallel_size=tensor_parallel_size, replicas=replicas,
-                                gpu_file=gpu_file, router=router)
+        return build_deployment(
+            gpu,
+            model,
+            flags,
+            tensor_parallel_size=tensor_parallel_size,
+            replicas=replicas,
+            gpu_file=gpu_file,
+            router=router,
+        )
     settings, warnings = _parse(engine, flags)
     if isinstance(settings, SGLangSettings) and replicas is not None:
         settings = replace(settings, dp_size=replicas)  # SGLang's own data parallelism, not a router's replicas
@@ -208,8 +254,10 @@ def build_engine_deployment(
     if tensor_parallel_size is not None:
         flag_tp = settings.tp_size
         if flag_tp != _parse(engine, "")[0].tp_size and flag_tp != tensor_parallel_size:  # the line set it, otherwise
-            raise PerfConfigError(f"--tp {tensor_parallel_size} and {KNOBS[engine]['tensor_parallel_size'].flag} {flag_tp} in "
-                                  "--engine-args set the same thing to different values; give one of them")
+            raise PerfConfigError(
+                f"--tp {tensor_parallel_size} and {KNOBS[engine]['tensor_parallel_size'].flag} {flag_tp} in "
+                "--engine-args set the same thing to different values; give one of them"
+            )
         settings = replace(settings, tp_size=tensor_parallel_size)
     hardware, spec = resolve_parts(gpu, model, settings.model, gpu_file)
     return _assemble(engine, hardware, spec, settings, flags, warnings, router, replicas)

@@ -34,6 +34,7 @@ UNNAMED_PROBES = (("llamacpp", "/props", "build_info"), ("sglang", "/server_info
 
 async def _get(session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None) -> str | None:
     import aiohttp
+
     try:
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
         async with session.get(url, headers=headers, timeout=timeout) as resp:
@@ -52,7 +53,10 @@ async def _json_field(session: aiohttp.ClientSession, url: str, key: str, header
 
 
 async def identify(
-    session: aiohttp.ClientSession, base_url: str, engine: str = engines.AUTO, headers: dict[str, str] | None = None,
+    session: aiohttp.ClientSession,
+    base_url: str,
+    engine: str = engines.AUTO,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """`{"name", "version", "reported_by"}` for run.json's server_info.engine.
 
@@ -65,8 +69,10 @@ async def identify(
     text = await _get(session, base_url + "/metrics", headers)
     detected = engines.detect(text) if text is not None else None
     if engine != engines.AUTO and detected is not None and detected.name != engine:
-        raise TargetError(f"--engine {engine} but {base_url}/metrics exports {detected.name}'s metrics "
-                          f"({detected.prefix}*): use --engine {detected.name} or auto")
+        raise TargetError(
+            f"--engine {engine} but {base_url}/metrics exports {detected.name}'s metrics "
+            f"({detected.prefix}*): use --engine {detected.name} or auto"
+        )
     name = engine if engine != engines.AUTO else (detected.name if detected else None)
     if name is not None:
         for path, key in VERSION_ENDPOINTS[name]:

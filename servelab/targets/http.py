@@ -100,7 +100,11 @@ def first_wave(specs: Iterable[RequestSpec], limit: int) -> tuple[list[RequestSp
     it = iter(specs)
     wave: list[RequestSpec] = []
     for spec in it:
-        if spec.depends_on is not None or len(wave) >= limit or (wave and spec.arrival_time > wave[0].arrival_time + WAVE_SPAN_S):
+        if (
+            spec.depends_on is not None
+            or len(wave) >= limit
+            or (wave and spec.arrival_time > wave[0].arrival_time + WAVE_SPAN_S)
+        ):
             return wave, itertools.chain([spec], it)
         wave.append(spec)
     return wave, it
@@ -208,7 +212,8 @@ class HttpTarget:
         if bad:
             raise TargetError(f"--replica-metrics-url must be an http(s) URL, got {', '.join(map(repr, bad))}")
         self.replica_metrics_urls = list(replica_metrics_urls) or (
-            [url + "/metrics" for url in self.base_urls] if len(self.base_urls) > 1 else [])
+            [url + "/metrics" for url in self.base_urls] if len(self.base_urls) > 1 else []
+        )
         """Each replica's /metrics, scraped alongside the run: given (a router in front), or every --base-url's."""
         self.endpoint = endpoint
         self.model = model
@@ -257,7 +262,9 @@ class HttpTarget:
         else:
             use_text = self.send_text and spec.prompt_text is not None
             ids = spec.prompt_ids
-            payload["prompt"] = spec.prompt_text if use_text else (ids.tolist() if hasattr(ids, "tolist") else list(ids))
+            payload["prompt"] = (
+                spec.prompt_text if use_text else (ids.tolist() if hasattr(ids, "tolist") else list(ids))
+            )
             payload["max_tokens"] = spec.max_tokens
         if self.ignore_eos:
             payload["ignore_eos"] = True
@@ -268,6 +275,7 @@ class HttpTarget:
 
     async def apreflight(self, session: aiohttp.ClientSession | None = None) -> dict[str, Any]:
         import aiohttp
+
         if session is None:
             async with aiohttp.ClientSession() as own:
                 return await self.apreflight(own)
@@ -314,6 +322,7 @@ class HttpTarget:
 
     async def _areset_prefix_cache(self) -> str:
         import aiohttp
+
         async with aiohttp.ClientSession() as session:
             said = [await self._reset_one(session, url) for url in self.base_urls]
         if len(set(said)) == 1:
@@ -322,9 +331,12 @@ class HttpTarget:
 
     async def _reset_one(self, session: aiohttp.ClientSession, base_url: str) -> str:
         import aiohttp
+
         try:
             async with session.post(
-                base_url + "/reset_prefix_cache", headers=self._auth_headers(), timeout=aiohttp.ClientTimeout(total=30),
+                base_url + "/reset_prefix_cache",
+                headers=self._auth_headers(),
+                timeout=aiohttp.ClientTimeout(total=30),
             ) as resp:
                 if resp.status == 200:
                     return RESET
@@ -361,6 +373,7 @@ class HttpTarget:
         """The run on the running event loop; `slots`, when given, is the plan's cap shared with other clients
         (one event loop then: a shared cap is not split between --workers processes)."""
         import aiohttp
+
         if self.run_preflight and self.server_info is None:
             await self.apreflight()
         cap = plan.max_concurrency
@@ -373,12 +386,30 @@ class HttpTarget:
         auth = self._auth_headers() or None
         async with aiohttp.ClientSession() as scrape_session, gpu_sampler(self.gpu_telemetry, scrape_session) as gpu:
             scraper = MetricsScraper(
-                scrape_session, self.base_url + "/metrics", lambda: time.perf_counter() - zero, on_sample,
-                self.scrape_interval, auth, gpu, self._engine_metrics(),
+                scrape_session,
+                self.base_url + "/metrics",
+                lambda: time.perf_counter() - zero,
+                on_sample,
+                self.scrape_interval,
+                auth,
+                gpu,
+                self._engine_metrics(),
             )
-            replicas = ReplicaScrapers([
-                MetricsScraper(scrape_session, url, lambda: time.perf_counter() - zero, None, self.scrape_interval, auth,
-                               None, self._engine_metrics()) for url in self.replica_metrics_urls])
+            replicas = ReplicaScrapers(
+                [
+                    MetricsScraper(
+                        scrape_session,
+                        url,
+                        lambda: time.perf_counter() - zero,
+                        None,
+                        self.scrape_interval,
+                        auth,
+                        None,
+                        self._engine_metrics(),
+                    )
+                    for url in self.replica_metrics_urls
+                ]
+            )
             first, _ = await asyncio.gather(scraper.fetch(), replicas.fetch_first())
             wave, rest = first_wave(plan.requests, cap or MAX_WAVE)
             pool = WorkerPool(self, plan, sink, workers) if workers > 1 else None
@@ -400,7 +431,9 @@ class HttpTarget:
                 else:
                     assert client is not None
                     specs = aiter_specs(itertools.chain(wave, rest))
-                    tally = await self.serve(specs, cap, plan.duration, sink, zero, handle_signals, client, bodies, slots)
+                    tally = await self.serve(
+                        specs, cap, plan.duration, sink, zero, handle_signals, client, bodies, slots
+                    )
             finally:
                 stop_scraping.set()
                 await scraping
@@ -510,7 +543,18 @@ class _StreamState:
     arrive together, and it keeps the per-chunk cost to the JSON decode.
     """
 
-    __slots__ = ("rec", "chunk_times", "is_chat", "zero", "decoder", "usage", "done", "last_read", "events", "model_names")
+    __slots__ = (
+        "rec",
+        "chunk_times",
+        "is_chat",
+        "zero",
+        "decoder",
+        "usage",
+        "done",
+        "last_read",
+        "events",
+        "model_names",
+    )
 
     def __init__(self, rec: RequestRecord, is_chat: bool, zero: float, model_names: frozenset[str]) -> None:
         self.rec = rec
@@ -739,7 +783,9 @@ class _Run:
         if len(self.client.clients) > 1:
             rec.base_url = self.client.urls[replica]
         try:
-            await self.target.stream(self.client.clients[replica], spec, rec, self.zero, self.bodies.pop(spec.index, None))
+            await self.target.stream(
+                self.client.clients[replica], spec, rec, self.zero, self.bodies.pop(spec.index, None)
+            )
         except asyncio.CancelledError:
             rec.finish_time = self.now()
             if abandon is not None and abandon.fired:

@@ -76,11 +76,15 @@ def _probe_stream(url: str, model: str, names: frozenset[str], body: str) -> lis
         raise TargetError(f"POST {url} answered HTTP 200 with an empty stream (no event): every request would fail")
     answered = events[0].get("model") if isinstance(events[0], dict) else None
     if isinstance(answered, str) and answered not in names:
-        raise TargetError(f"POST {url} asked for model {model!r} and the stream came from {answered!r}: "
-                          f"the server (or a proxy before it) serves another model")
+        raise TargetError(
+            f"POST {url} asked for model {model!r} and the stream came from {answered!r}: "
+            f"the server (or a proxy before it) serves another model"
+        )
     if not any(isinstance(e, dict) and e.get("usage") for e in events):
-        return [f"{url} streams no usage (stream_options.include_usage is ignored): token counts are estimated, "
-                "prompt tokens from the plan and output tokens as chunks with output"]
+        return [
+            f"{url} streams no usage (stream_options.include_usage is ignored): token counts are estimated, "
+            "prompt tokens from the plan and output tokens as chunks with output"
+        ]
     return []
 
 
@@ -99,6 +103,7 @@ async def preflight(
     request. The API key is sent but never returned.
     """
     import aiohttp
+
     if endpoint not in ENDPOINTS:
         raise TargetError(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
     client_timeout = aiohttp.ClientTimeout(total=timeout)
@@ -136,8 +141,10 @@ async def preflight(
     if status in (404, 405):
         raise TargetError(f"{url} does not exist on this server (HTTP {status}); check --endpoint")
     if retry_after is not None and status in (429, 503):
-        raise TargetError(f"POST {url} was refused with HTTP {status}, Retry-After: {retry_after} "
-                          f"({error_message(body)}): the server is not taking load now; try again later")
+        raise TargetError(
+            f"POST {url} was refused with HTTP {status}, Retry-After: {retry_after} "
+            f"({error_message(body)}): the server is not taking load now; try again later"
+        )
     if status != 200:
         raise TargetError(f"POST {url} with model {model!r} failed with HTTP {status}: {error_message(body)}")
     names = model_names(model, listed)

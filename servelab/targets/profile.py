@@ -38,7 +38,9 @@ class EnvironmentScales(Protocol):
     def outside_engine_s(self) -> float: ...
 
 
-def deployment_from_profile(profile: CalibrationProfile, engine_args: str = "", model: ModelSpec | None = None) -> Deployment:
+def deployment_from_profile(
+    profile: CalibrationProfile, engine_args: str = "", model: ModelSpec | None = None
+) -> Deployment:
     """The calibrated hardware + model as a simulated deployment; `engine_args` override the probed flags one by one.
 
     The Deployment carries everything the profile fitted: the roofline's
@@ -51,9 +53,14 @@ def deployment_from_profile(profile: CalibrationProfile, engine_args: str = "", 
     probed = parse_engine_args(profile.engine_args)
     parsed = parse_engine_args(engine_args, base=probed.config) if engine_args.strip() else probed
     return Deployment.build(
-        profile.hardware, model or profile.model(), parsed.config, coefficients=profile.coefficients,
-        warnings=tuple(parsed.warnings), network_latency=profile.network_latency_s,
-        performance_mode=parsed.performance_mode, api=ApiServerCosts(per_request_s=profile.frontend_s_per_request),
+        profile.hardware,
+        model or profile.model(),
+        parsed.config,
+        coefficients=profile.coefficients,
+        warnings=tuple(parsed.warnings),
+        network_latency=profile.network_latency_s,
+        performance_mode=parsed.performance_mode,
+        api=ApiServerCosts(per_request_s=profile.frontend_s_per_request),
     )
 
 
@@ -68,24 +75,36 @@ def with_environment(deployment: Deployment, env: EnvironmentScales) -> Deployme
     tables keeps them.
     """
     hw = deployment.hardware
-    scaled = hw.model_copy(update={
-        "bf16_tflops": hw.bf16_tflops * env.compute_scale, "fp8_tflops": hw.fp8_tflops * env.compute_scale,
-        "int8_tflops": hw.int8_tflops * env.compute_scale, "memory_bandwidth_gbs": hw.memory_bandwidth_gbs * env.memory_scale,
-    })
+    scaled = hw.model_copy(
+        update={
+            "bf16_tflops": hw.bf16_tflops * env.compute_scale,
+            "fp8_tflops": hw.fp8_tflops * env.compute_scale,
+            "int8_tflops": hw.int8_tflops * env.compute_scale,
+            "memory_bandwidth_gbs": hw.memory_bandwidth_gbs * env.memory_scale,
+        }
+    )
     costs = measured_cpu_costs(deployment.vllm_version)
     default = CostCoefficients()
-    host = default.model_copy(update={"eager_launch_s_per_layer": default.eager_launch_s_per_layer * env.engine_cpu_factor})
+    host = default.model_copy(
+        update={"eager_launch_s_per_layer": default.eager_launch_s_per_layer * env.engine_cpu_factor}
+    )
     built = Deployment.build(
-        scaled, deployment.model, deployment.requested,
+        scaled,
+        deployment.model,
+        deployment.requested,
         coefficients=costs.coefficients(host, env.engine_cpu_factor),
-        api=costs.api_server(env.api_cpu_factor), warnings=deployment.warnings,
-        network_latency=deployment.network_latency + env.outside_engine_s / 2, performance_mode=deployment.performance_mode,
+        api=costs.api_server(env.api_cpu_factor),
+        warnings=deployment.warnings,
+        network_latency=deployment.network_latency + env.outside_engine_s / 2,
+        performance_mode=deployment.performance_mode,
         vllm_version=deployment.vllm_version,
     )
     return replace(built, router=deployment.router, cpu_costs_source="fitted_from_runs")
 
 
-def profile_deployment(profile: CalibrationProfile, engine_args: str = "", model: ModelSpec | None = None) -> Deployment:
+def profile_deployment(
+    profile: CalibrationProfile, engine_args: str = "", model: ModelSpec | None = None
+) -> Deployment:
     """The deployment a `calibrate --from` profile describes; `engine_args` override its flags, `model` its model.
 
     The environment belongs to the hardware and host, not to the model, so
@@ -97,8 +116,14 @@ def profile_deployment(profile: CalibrationProfile, engine_args: str = "", model
     parsed = parse_engine_args(profile.engine_args, base=version_defaults(version))
     if engine_args.strip():
         parsed = parse_engine_args(engine_args, base=parsed.config)
-    base = Deployment.build(profile.hardware, model or profile.model(), parsed.config, warnings=tuple(parsed.warnings),
-                            performance_mode=parsed.performance_mode, vllm_version=version)
+    base = Deployment.build(
+        profile.hardware,
+        model or profile.model(),
+        parsed.config,
+        warnings=tuple(parsed.warnings),
+        performance_mode=parsed.performance_mode,
+        vllm_version=version,
+    )
     return with_environment(base, env)
 
 

@@ -262,7 +262,10 @@ class ServerProcess:
         try:
             with subprocess.Popen(
                 [sys.executable, "-c", WATCHDOG, str(pgid), str(self.stop_timeout)],
-                stdin=read_end, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, process_group=0,
+                stdin=read_end,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                process_group=0,
             ) as launcher:
                 assert launcher.stdout is not None
                 self.watchdog_pid = int(launcher.stdout.readline())
@@ -382,7 +385,9 @@ def vllm_cpu_server(
     """A not-yet-started ServerProcess for a vLLM CPU server (a free port is picked if none is given)."""
     port = free_port(host) if port is None else port
     return ServerProcess(
-        vllm_cpu_argv(python, model_dir, port=port, served_model_name=served_model_name, host=host, extra_args=extra_args),
+        vllm_cpu_argv(
+            python, model_dir, port=port, served_model_name=served_model_name, host=host, extra_args=extra_args
+        ),
         host=host,
         port=port,
         log_path=log_path,

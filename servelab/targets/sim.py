@@ -143,8 +143,13 @@ class SimTarget:
 
     def make_engine(self) -> SimEngine:
         return SimEngine(
-            self.config, self.num_gpu_blocks, self.cost_model, self.max_model_len, fast_forward=self.fast_forward,
-            cpu_costs=self.cpu_costs, scheduler_factory=self.scheduler_factory,
+            self.config,
+            self.num_gpu_blocks,
+            self.cost_model,
+            self.max_model_len,
+            fast_forward=self.fast_forward,
+            cpu_costs=self.cpu_costs,
+            scheduler_factory=self.scheduler_factory,
         )
 
     def run(self, plan: LoadPlan, sink: RecordSink, on_sample: SampleSink | None = None) -> TargetRun:
@@ -192,7 +197,12 @@ class _Waiter:
 
 class _Simulation:
     def __init__(
-        self, target: SimTarget, engines: list[SimEngine], plan: LoadPlan, sink: RecordSink, on_sample: SampleSink | None
+        self,
+        target: SimTarget,
+        engines: list[SimEngine],
+        plan: LoadPlan,
+        sink: RecordSink,
+        on_sample: SampleSink | None,
     ) -> None:
         self.t = target
         self.engines = engines

@@ -64,9 +64,7 @@ class SSEDecoder:
 def _parse_event(event: bytes) -> bytes | None:
     """The joined `data` lines of one event, or None when it has none (a comment, a bare `event:`)."""
     data = [
-        line[6:] if line.startswith(b"data: ") else line[5:]
-        for line in event.split(b"\n")
-        if line.startswith(b"data:")
+        line[6:] if line.startswith(b"data: ") else line[5:] for line in event.split(b"\n") if line.startswith(b"data:")
     ]
     if not data:
         return None

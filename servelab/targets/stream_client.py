@@ -80,8 +80,19 @@ class _Exchange:
     """One request/response on a connection: parses the response incrementally."""
 
     __slots__ = (
-        "on_body", "done", "state", "buf", "status", "remaining", "keep_alive", "got_bytes",
-        "last_read", "error_body", "retry_after", "first_read", "sent",
+        "on_body",
+        "done",
+        "state",
+        "buf",
+        "status",
+        "remaining",
+        "keep_alive",
+        "got_bytes",
+        "last_read",
+        "error_body",
+        "retry_after",
+        "first_read",
+        "sent",
     )
 
     def __init__(self, on_body: BodyCallback, done: asyncio.Future[int]) -> None:

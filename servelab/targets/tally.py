@@ -78,8 +78,14 @@ class RunTally:
         """The self-report (servelab/targets/client_stats.py), judged against this run's own latencies."""
         typical = np.median(self.gaps) if self.gaps else (np.median(self.ttfts) if self.ttfts else None)
         return client_stats(
-            self.schedule_lags, self.loop_lags, self.cpu_s, self.wall_s, self.processes,
-            intended_s=self.intended, loop_at_s=self.loop_at, loop_weights=self.loop_weights,
+            self.schedule_lags,
+            self.loop_lags,
+            self.cpu_s,
+            self.wall_s,
+            self.processes,
+            intended_s=self.intended,
+            loop_at_s=self.loop_at,
+            loop_weights=self.loop_weights,
             typical_gap_ms=None if typical is None else float(typical) * 1e3,
             mean_lifetime_ms=float(np.mean(self.lifetimes)) * 1e3 if self.lifetimes else None,
         )

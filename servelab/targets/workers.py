@@ -118,8 +118,10 @@ class WorkerPool:
         for wid, cap in enumerate(self.caps):
             reader, writer = self._ctx.Pipe(duplex=False)
             proc = self._ctx.Process(
-                target=worker_main, args=(wid, self.target, cap, self.plan.duration, reader, self._messages),
-                daemon=True, name=f"servelab-client-{wid}",
+                target=worker_main,
+                args=(wid, self.target, cap, self.plan.duration, reader, self._messages),
+                daemon=True,
+                name=f"servelab-client-{wid}",
             )
             proc.start()
             reader.close()
@@ -208,7 +210,9 @@ class WorkerPool:
                 self.sink.write(payload)
                 if payload.error_kind == CONNECTION_REFUSED and self._server_gone is None:
                     # The server is gone: route nothing more; each worker ends once its requests in flight have.
-                    self._server_gone = f"connection refused at {payload.finish_time:.3f} s: no request released after it"
+                    self._server_gone = (
+                        f"connection refused at {payload.finish_time:.3f} s: no request released after it"
+                    )
                     feeding.cancel()
             elif kind == "done":
                 running.discard(wid)
@@ -220,12 +224,19 @@ class WorkerPool:
         lost = self._outstanding[wid]
         now = time.perf_counter() - self._zero
         for spec in lost.values():
-            self.sink.write(RequestRecord(
-                index=spec.index, intended_time=spec.arrival_time, send_time=now, finish_time=now,
-                status=ERROR, error_kind=WORKER_DIED,
-                error=f"client worker {wid} exited (code {proc.exitcode}) before reporting this request",
-                prefix_group=spec.prefix_group, priority=spec.priority,
-            ))
+            self.sink.write(
+                RequestRecord(
+                    index=spec.index,
+                    intended_time=spec.arrival_time,
+                    send_time=now,
+                    finish_time=now,
+                    status=ERROR,
+                    error_kind=WORKER_DIED,
+                    error=f"client worker {wid} exited (code {proc.exitcode}) before reporting this request",
+                    prefix_group=spec.prefix_group,
+                    priority=spec.priority,
+                )
+            )
         self._progress.set()
         fault = f"worker {wid} exited with code {proc.exitcode}; {len(lost)} requests recorded as {WORKER_DIED}"
         lost.clear()

@@ -17,5 +17,6 @@ __all__ = ["TuneProgress", "TuneRequest", "run"]
 def __getattr__(name: str) -> Any:
     if name in __all__:
         from servelab.tune import tuner
+
         return getattr(tuner, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -94,8 +94,9 @@ class ServerCommand:
 
     def launch_line(self, engine_args: str) -> str:
         """What the user pastes: the template with the flags filled in and no servelab-chosen port."""
-        return " ".join(self.template.replace("{port}", "PORT").replace("{host}", self.host).format(
-            engine_args=engine_args).split())
+        return " ".join(
+            self.template.replace("{port}", "PORT").replace("{host}", self.host).format(engine_args=engine_args).split()
+        )
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,9 @@ def confirm(
     root.mkdir(parents=True, exist_ok=True)
     if pool is not None:
         job = _Stage2Job(command, workload, objective, dict(http_options or {}), check_server)
-        return confirm_on_pool(configs, job, root, pool, gpu_resource, resume=resume, on_start=on_start, on_result=on_result)
+        return confirm_on_pool(
+            configs, job, root, pool, gpu_resource, resume=resume, on_start=on_start, on_result=on_result
+        )
     reap_orphaned_server(directory)
     results = []
     for config in configs:
@@ -259,7 +262,9 @@ class _Stage2Job:
         """
         with tempfile.TemporaryDirectory(prefix="servelab-trial-") as scratch:
             out = Path(scratch) / config.label
-            result = _timed(config, self.command, self.workload, self.objective, out, self.http_options, self.check_server)
+            result = _timed(
+                config, self.command, self.workload, self.objective, out, self.http_options, self.check_server
+            )
             files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
         return result, files, str(out)
 
@@ -324,22 +329,42 @@ def _lost(config: Stage2Config, job: _Stage2Job, error: BaseException, out: Path
     """The record of a trial that never reported back: its prediction, and why it has no measurement."""
     predicted, score, violation = predict(config, job.workload, job.objective)
     reason = str(error) if isinstance(error, TaskLost) else f"{type(error).__name__}: {error}"
-    return _row(config, job.command, predicted, score, violation, directory=str(out),
-                error=f"the trial was lost on the cluster: {reason}")
+    return _row(
+        config,
+        job.command,
+        predicted,
+        score,
+        violation,
+        directory=str(out),
+        error=f"the trial was lost on the cluster: {reason}",
+    )
 
 
-def _row(config: Stage2Config, command: ServerCommand, predicted: Json, score: float, violation: float,
-         **measurement: Any) -> Stage2Row:
+def _row(
+    config: Stage2Config, command: ServerCommand, predicted: Json, score: float, violation: float, **measurement: Any
+) -> Stage2Row:
     """A configuration's stage-2 row: what it is and what the simulator predicts for it, and so far of its
     measurement only what `measurement` says."""
-    return Stage2Row(label=config.label, params=config.params, engine_args=config.engine_args,
-                     launch_line=command.launch_line(config.engine_args), predicted=key_metrics(predicted),
-                     predicted_score=score, predicted_violation=violation, **measurement)
+    return Stage2Row(
+        label=config.label,
+        params=config.params,
+        engine_args=config.engine_args,
+        launch_line=command.launch_line(config.engine_args),
+        predicted=key_metrics(predicted),
+        predicted_score=score,
+        predicted_violation=violation,
+        **measurement,
+    )
 
 
 def _measure(
-    config: Stage2Config, command: ServerCommand, workload: TuneWorkload, objective: Objective, out: Path,
-    http_options: Mapping[str, Any], check_server: ServerCheck | None,
+    config: Stage2Config,
+    command: ServerCommand,
+    workload: TuneWorkload,
+    objective: Objective,
+    out: Path,
+    http_options: Mapping[str, Any],
+    check_server: ServerCheck | None,
 ) -> Stage2Row:
     out.mkdir(parents=True, exist_ok=True)
     predicted, predicted_score, predicted_violation = predict(config, workload, objective)
@@ -347,8 +372,13 @@ def _measure(
     argv = command.argv(config.engine_args, port)
     result = _row(config, command, predicted, predicted_score, predicted_violation, directory=str(out))
     server = ServerProcess(
-        argv, host=command.host, port=port, log_path=out / "server.log", env={**os.environ, **command.env},
-        startup_timeout=command.startup_timeout, stop_timeout=command.stop_timeout,
+        argv,
+        host=command.host,
+        port=port,
+        log_path=out / "server.log",
+        env={**os.environ, **command.env},
+        startup_timeout=command.startup_timeout,
+        stop_timeout=command.stop_timeout,
     )
     marker = out.parent / LIVE_SERVER
     _write_json(marker, {"argv": argv})
@@ -362,15 +392,25 @@ def _measure(
         result.startup_s = server.startup_seconds
         if check_server is not None:
             result.warnings = check_server(server.base_url, config, out / "server-check")
-        writer = ResultWriter(out, {
-            "kind": "tune-stage2", "source": "http", "label": config.label, "engine_args": config.engine_args, "argv": argv,
-            "workload": workload.describe(), "base_url": server.base_url,
-        })
+        writer = ResultWriter(
+            out,
+            {
+                "kind": "tune-stage2",
+                "source": "http",
+                "label": config.label,
+                "engine_args": config.engine_args,
+                "argv": argv,
+                "workload": workload.describe(),
+                "base_url": server.base_url,
+            },
+        )
         began = time.monotonic()
         try:
             target = HttpTarget(server.base_url, ignore_eos=True, **http_options)
             run = target.run(workload.plan(), writer.records, writer.write_sample)
-            writer.update_run_info(server_info=run.server_info, client_stats=run.client_stats, interrupted=run.interrupted)
+            writer.update_run_info(
+                server_info=run.server_info, client_stats=run.client_stats, interrupted=run.interrupted
+            )
         finally:
             writer.close()
         result.bench_s = time.monotonic() - began

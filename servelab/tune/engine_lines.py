@@ -71,8 +71,9 @@ def engine_line(engine: str, line: str, changes: Mapping[str, object], options_d
     return shlex.join(tokens)
 
 
-def _with_options(tokens: list[str], table: FlagTable, changes: Mapping[tuple[str, ...], object],
-                  options_dir: Path | None) -> list[str]:
+def _with_options(
+    tokens: list[str], table: FlagTable, changes: Mapping[tuple[str, ...], object], options_dir: Path | None
+) -> list[str]:
     """`tokens` naming a YAML that is the user's with `changes` made (None removes a key); the user's own file
     when nothing changes, none when nothing is left."""
     given = parse_flags(tokens, table).values.get(table.modelled[OPTIONS_FLAG].target)
@@ -85,8 +86,10 @@ def _with_options(tokens: list[str], table: FlagTable, changes: Mapping[tuple[st
     if not edited:
         return with_flag(tokens, table, OPTIONS_FLAG, None)
     if options_dir is None:
-        raise TuneError("a TensorRT-LLM candidate needs its own --extra_llm_api_options file, and no directory "
-                        "was given to write it in")
+        raise TuneError(
+            "a TensorRT-LLM candidate needs its own --extra_llm_api_options file, and no directory "
+            "was given to write it in"
+        )
     text = yaml.safe_dump(edited, sort_keys=True)
     path = options_dir.resolve() / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
     if not path.exists():

@@ -64,7 +64,9 @@ class Objective:
             if not self.target_rate or self.target_rate <= 0:
                 raise TuneError("the cost objective needs the rate to sustain: --request-rate R")
             if not self.gpu_cost_per_hour:
-                raise TuneError("the cost objective needs prices: --gpu-cost-per-hour 2.5 (or H100-SXM=2.5,A100-80GB-SXM=1.6)")
+                raise TuneError(
+                    "the cost objective needs prices: --gpu-cost-per-hour 2.5 (or H100-SXM=2.5,A100-80GB-SXM=1.6)"
+                )
         if not 0 < self.rate_tolerance < 1:
             raise TuneError("the rate tolerance must be in (0, 1)")
 
@@ -79,9 +81,13 @@ class Objective:
     def info(self) -> ObjectiveInfo:
         """What tune.json records of the objective (and what a resumed study must share)."""
         return ObjectiveInfo(
-            kind=self.kind, direction=self.direction, unit=self.unit,
+            kind=self.kind,
+            direction=self.direction,
+            unit=self.unit,
             slo=None if self.slo is None else self.slo.terms(),
-            percentile=self.percentile, target_rate=self.target_rate, gpu_cost_per_hour=dict(self.gpu_cost_per_hour),
+            percentile=self.percentile,
+            target_rate=self.target_rate,
+            gpu_cost_per_hour=dict(self.gpu_cost_per_hour),
         )
 
     @property
@@ -166,13 +172,22 @@ def key_metrics(summary: Summary) -> KeyMetrics:
     return KeyMetrics(**{k: summary.get(k) for k in KEY_METRICS}, intervals=intervals or None)
 
 
-def run_summary(target: Target, workload: TuneWorkload, objective: Objective, rate: float | None = None,
-                *, burst: bool = False, open_loop: bool = False) -> Summary:
+def run_summary(
+    target: Target,
+    workload: TuneWorkload,
+    objective: Objective,
+    rate: float | None = None,
+    *,
+    burst: bool = False,
+    open_loop: bool = False,
+) -> Summary:
     """The plan's summary on `target`; on the simulator with its 80% intervals (servelab.metrics.intervals)."""
     sink = MemorySink()
     plan = workload.plan(rate, burst=burst, open_loop=open_loop)
     target.run(plan, sink)
-    summary = summarize(sink.records, slo=objective.slo, percentiles=objective.percentiles).model_dump(exclude_unset=True)
+    summary = summarize(sink.records, slo=objective.slo, percentiles=objective.percentiles).model_dump(
+        exclude_unset=True
+    )
     if isinstance(target, SimTarget) and summary["completed"]:
         summary.update(simulated_run_intervals(sink.records, plan.max_concurrency, summary, target.tier))
     return summary
@@ -182,17 +197,22 @@ def evaluate(target: Target, workload: TuneWorkload, objective: Objective, *, gp
     """Score one configuration on `target` (the simulator in stage 1)."""
     if objective.kind == ObjectiveKind.GOODPUT:
         capacity = run_summary(target, workload, objective, burst=True, open_loop=True)["request_throughput"]
-        return max_goodput_rate(lambda rate: run_summary(target, workload, objective, rate, open_loop=True),
-                                objective, capacity=float(capacity))
+        return max_goodput_rate(
+            lambda rate: run_summary(target, workload, objective, rate, open_loop=True),
+            objective,
+            capacity=float(capacity),
+        )
     rate = objective.target_rate if objective.kind == ObjectiveKind.COST else None
     summary = run_summary(target, workload, objective, rate)
     violation = objective.violation(summary)
-    return Evaluation(objective.score_point(summary, gpu, gpus), violation, summary, rate,
-                      [Probe(rate, violation, summary)])
+    return Evaluation(
+        objective.score_point(summary, gpu, gpus), violation, summary, rate, [Probe(rate, violation, summary)]
+    )
 
 
-def max_goodput_rate(run_at: Callable[[float], Summary], objective: Objective, *, capacity: float,
-                     max_probes: int = 16) -> Evaluation:
+def max_goodput_rate(
+    run_at: Callable[[float], Summary], objective: Objective, *, capacity: float, max_probes: int = 16
+) -> Evaluation:
     """The highest Poisson rate at which the SLO holds, searched below the saturated `capacity`.
 
     `capacity` is the request throughput with everything sent at once: above

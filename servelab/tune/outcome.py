@@ -19,8 +19,19 @@ from servelab.atomic import write_text_atomic
 from servelab.metrics.results import versions
 from servelab.renames import upgraded
 from servelab.schemas.results import Versions
-from servelab.schemas.tune import (KeyMetrics, ObjectiveInfo, Pareto, Recommendation, SearchInfo, Stage2, Stage2Row,
-                                   Trial, TuneDeployment, TuneDocument, TuneWorkloads)
+from servelab.schemas.tune import (
+    KeyMetrics,
+    ObjectiveInfo,
+    Pareto,
+    Recommendation,
+    SearchInfo,
+    Stage2,
+    Stage2Row,
+    Trial,
+    TuneDeployment,
+    TuneDocument,
+    TuneWorkloads,
+)
 from servelab.schemas.vocabulary import Direction, RecommendationSource
 from servelab.schemas.tune import BASELINE
 
@@ -86,7 +97,10 @@ def gain(best: float | None, baseline: float | None, direction: str) -> float | 
 
 
 def recommend(
-    ranked: Sequence[Trial], baseline: Trial, stage2: Sequence[Stage2Row], direction: str,
+    ranked: Sequence[Trial],
+    baseline: Trial,
+    stage2: Sequence[Stage2Row],
+    direction: str,
     launch_line: Callable[[str], str] | None = None,
 ) -> Recommendation | None:
     """The configuration to run, from measurements when there are any, with its gain over the baseline.
@@ -102,10 +116,14 @@ def recommend(
     # The current configuration competes too: when nothing in the space beats it, the advice is to keep it.
     best = rank([baseline, runnable[0]], direction)[0]
     return Recommendation(
-        source=RecommendationSource.STAGE1, label=BASELINE if best.number is None else f"trial-{best.number}",
-        params=best.params, engine_args=best.engine_args,
+        source=RecommendationSource.STAGE1,
+        label=BASELINE if best.number is None else f"trial-{best.number}",
+        params=best.params,
+        engine_args=best.engine_args,
         launch_line=None if launch_line is None else launch_line(best.engine_args),
-        score=best.score, slo_met=best.feasible, baseline_score=baseline.score,
+        score=best.score,
+        slo_met=best.feasible,
+        baseline_score=baseline.score,
         gain_over_baseline=gain(best.score, baseline.score, direction),
     )
 
@@ -116,9 +134,15 @@ def _measured_best(measured: Sequence[Stage2Row], direction: str) -> Recommendat
     best = min(feasible, key=lambda r: (_better_first(r.measured_score or 0.0, direction), r.label != BASELINE))
     base = next((r.measured_score for r in measured if r.label == BASELINE), None)
     return Recommendation(
-        source=RecommendationSource.STAGE2, label=best.label, params=best.params, engine_args=best.engine_args,
-        launch_line=best.launch_line, score=best.measured_score, slo_met=(best.measured_violation or 0) <= 0,
-        baseline_score=base, gain_over_baseline=gain(best.measured_score, base, direction),
+        source=RecommendationSource.STAGE2,
+        label=best.label,
+        params=best.params,
+        engine_args=best.engine_args,
+        launch_line=best.launch_line,
+        score=best.measured_score,
+        slo_met=(best.measured_violation or 0) <= 0,
+        baseline_score=base,
+        gain_over_baseline=gain(best.measured_score, base, direction),
     )
 
 
@@ -137,9 +161,18 @@ def tune_document(
     """tune.json: the study so far, ranked, with its Pareto front and its recommendation."""
     ranked = rank(trials, objective.direction)
     return TuneDocument(
-        schema_version=SCHEMA_VERSION, kind="tune", created_at=time.time(), versions=Versions(**versions()),
-        objective=objective, deployment=deployment, space=space, search=search, workload=workload,
-        baseline=baseline, trials=list(trials), ranking=[t.number for t in ranked if t.number is not None],
+        schema_version=SCHEMA_VERSION,
+        kind="tune",
+        created_at=time.time(),
+        versions=Versions(**versions()),
+        objective=objective,
+        deployment=deployment,
+        space=space,
+        search=search,
+        workload=workload,
+        baseline=baseline,
+        trials=list(trials),
+        ranking=[t.number for t in ranked if t.number is not None],
         pareto=Pareto(x=PARETO_X, y=PARETO_Y, trials=[t.number for t in pareto_front(trials) if t.number is not None]),
         stage2=stage2,
         recommendation=recommend(ranked, baseline, stage2.results if stage2 else [], objective.direction, launch_line),

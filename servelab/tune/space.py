@@ -106,29 +106,57 @@ KNOBS: dict[str, Knob] = {
         Knob("max_num_batched_tokens", _int, (None, 1024, 2048, 4096, 8192, 16384), True, "token budget per step"),
         Knob("enable_prefix_caching", _bool, (True, False), False, "hash-based KV reuse of shared prefixes"),
         Knob("enable_chunked_prefill", _bool, (True, False), False, "split long prompts over steps"),
-        Knob("long_prefill_token_threshold", _non_negative_int, (0, 256, 1024, 4096), False,
-             "prompts longer than this are chunked to it (0 = off)"),
+        Knob(
+            "long_prefill_token_threshold",
+            _non_negative_int,
+            (0, 256, 1024, 4096),
+            False,
+            "prompts longer than this are chunked to it (0 = off)",
+        ),
         Knob("gpu_memory_utilization", fraction, (0.8, 0.9, 0.95), False, "share of GPU memory vLLM may use"),
         Knob("max_model_len", _int, (None,), True, "longest prompt + output accepted"),
         Knob("kv_cache_dtype", _kv_dtype, ("auto", "fp8"), False, "KV-cache element type"),
         Knob("quantization", _quantization, (None,), True, "weight quantization (name the variants you have)"),
         Knob("tensor_parallel_size", _int, (1, 2, 4, 8), False, "GPUs per replica"),
-        Knob("data_parallel_size", _int, (1, 2, 4), False,
-             "replicas behind a router (with expert parallelism: data-parallel attention ranks sharing the experts)"),
-        Knob("enable_expert_parallel", _bool, (False, True), False,
-             "mixture-of-experts: whole experts per GPU across TP x DP instead of every expert sliced over TP"),
+        Knob(
+            "data_parallel_size",
+            _int,
+            (1, 2, 4),
+            False,
+            "replicas behind a router (with expert parallelism: data-parallel attention ranks sharing the experts)",
+        ),
+        Knob(
+            "enable_expert_parallel",
+            _bool,
+            (False, True),
+            False,
+            "mixture-of-experts: whole experts per GPU across TP x DP instead of every expert sliced over TP",
+        ),
         Knob(GPU, _gpu, (), False, "GPU kind from the catalogue"),
     )
 }
-ALIASES = {"replicas": "data_parallel_size", "tp": "tensor_parallel_size", "ep": "enable_expert_parallel",
-           "expert_parallel": "enable_expert_parallel", "dp": "data_parallel_size", "prefix_caching": "enable_prefix_caching",
-           "chunked_prefill": "enable_chunked_prefill", "hardware": GPU}
+ALIASES = {
+    "replicas": "data_parallel_size",
+    "tp": "tensor_parallel_size",
+    "ep": "enable_expert_parallel",
+    "expert_parallel": "enable_expert_parallel",
+    "dp": "data_parallel_size",
+    "prefix_caching": "enable_prefix_caching",
+    "chunked_prefill": "enable_chunked_prefill",
+    "hardware": GPU,
+}
 DEFAULT_KNOBS = ("max_num_seqs", "max_num_batched_tokens")
 """Searched when the user names no knob: the two that decide batching, vLLM's biggest lever."""
 
 
-def _flag_knob(table: FlagTable, name: str, candidates: tuple[Value, ...], nullable: bool, help: str,
-               parse: Callable[[str], Value] | None = None) -> Knob:
+def _flag_knob(
+    table: FlagTable,
+    name: str,
+    candidates: tuple[Value, ...],
+    nullable: bool,
+    help: str,
+    parse: Callable[[str], Value] | None = None,
+) -> Knob:
     """A knob named as the engine's flag, read by that flag's own converter unless `parse` narrows it (or reads
     a switch's or a YAML-only setting's value)."""
     convert = parse or table.modelled[flag_of(name)].convert
@@ -140,38 +168,77 @@ _SGL, _TRT = sglang_args.FLAGS, trtllm_args.FLAGS
 _GPU_KNOB = KNOBS[GPU]
 ENGINE_KNOBS: dict[str, dict[str, Knob]] = {
     VLLM: KNOBS,
-    SGLANG: {k.name: k for k in (
-        _flag_knob(_SGL, "max_running_requests", (None, 16, 32, 64, 128, 256, 512), True, "requests in one batch"),
-        _flag_knob(_SGL, "chunked_prefill_size", (None, 2048, 4096, 8192, 16384), True,
-                   "prefill tokens per batch (-1: prompts go whole)"),
-        _flag_knob(_SGL, "schedule_policy", sglang_args.MODELLED_POLICIES, False, "admission order (lpm: longest "
-                   "cached prefix first)", choice(*sglang_args.MODELLED_POLICIES)),
-        _flag_knob(_SGL, "mem_fraction_static", (None, 0.8, 0.85, 0.9), True, "share of GPU memory for weights + KV"),
-        _flag_knob(_SGL, "tp_size", (1, 2, 4, 8), False, "GPUs per replica"),
-        _flag_knob(_SGL, "ep_size", (1, 2, 4, 8), False, "mixture-of-experts: expert-parallel GPUs (1 or tp_size)"),
-        _GPU_KNOB,
-    )},
-    TRTLLM: {k.name: k for k in (
-        _flag_knob(_TRT, "max_batch_size", (None, 16, 32, 64, 128, 256, 512), True, "requests in one batch"),
-        _flag_knob(_TRT, "max_num_tokens", (None, 2048, 4096, 16384), True, "token budget per iteration"),
-        _flag_knob(_TRT, "capacity_scheduler_policy", trtllm_args.CAPACITY_POLICIES, False,
-                   "admission: reserve whole requests, or fill and pause", choice(*trtllm_args.CAPACITY_POLICIES)),
-        _flag_knob(_TRT, "enable_chunked_prefill", (False, True), False, "chunked context", _bool),
-        _flag_knob(_TRT, "kv_cache_free_gpu_memory_fraction", (None, 0.8, 0.95), True,
-                   "share of the free memory for the KV cache"),
-        _flag_knob(_TRT, "tp_size", (1, 2, 4, 8), False, "GPUs per replica"),
-        _GPU_KNOB,
-    )},
+    SGLANG: {
+        k.name: k
+        for k in (
+            _flag_knob(_SGL, "max_running_requests", (None, 16, 32, 64, 128, 256, 512), True, "requests in one batch"),
+            _flag_knob(
+                _SGL,
+                "chunked_prefill_size",
+                (None, 2048, 4096, 8192, 16384),
+                True,
+                "prefill tokens per batch (-1: prompts go whole)",
+            ),
+            _flag_knob(
+                _SGL,
+                "schedule_policy",
+                sglang_args.MODELLED_POLICIES,
+                False,
+                "admission order (lpm: longest cached prefix first)",
+                choice(*sglang_args.MODELLED_POLICIES),
+            ),
+            _flag_knob(
+                _SGL, "mem_fraction_static", (None, 0.8, 0.85, 0.9), True, "share of GPU memory for weights + KV"
+            ),
+            _flag_knob(_SGL, "tp_size", (1, 2, 4, 8), False, "GPUs per replica"),
+            _flag_knob(_SGL, "ep_size", (1, 2, 4, 8), False, "mixture-of-experts: expert-parallel GPUs (1 or tp_size)"),
+            _GPU_KNOB,
+        )
+    },
+    TRTLLM: {
+        k.name: k
+        for k in (
+            _flag_knob(_TRT, "max_batch_size", (None, 16, 32, 64, 128, 256, 512), True, "requests in one batch"),
+            _flag_knob(_TRT, "max_num_tokens", (None, 2048, 4096, 16384), True, "token budget per iteration"),
+            _flag_knob(
+                _TRT,
+                "capacity_scheduler_policy",
+                trtllm_args.CAPACITY_POLICIES,
+                False,
+                "admission: reserve whole requests, or fill and pause",
+                choice(*trtllm_args.CAPACITY_POLICIES),
+            ),
+            _flag_knob(_TRT, "enable_chunked_prefill", (False, True), False, "chunked context", _bool),
+            _flag_knob(
+                _TRT,
+                "kv_cache_free_gpu_memory_fraction",
+                (None, 0.8, 0.95),
+                True,
+                "share of the free memory for the KV cache",
+            ),
+            _flag_knob(_TRT, "tp_size", (1, 2, 4, 8), False, "GPUs per replica"),
+            _GPU_KNOB,
+        )
+    },
 }
 """Each engine's knobs; SGLang's and TensorRT-LLM's under their own flag names."""
 ENGINE_ALIASES: dict[str, dict[str, str]] = {
     VLLM: ALIASES,
-    **{engine: {alias.replace("-", "_"): flag.replace("-", "_") for alias, flag in TABLES[engine].aliases.items()
-                if flag.replace("-", "_") in ENGINE_KNOBS[engine]} | {"hardware": GPU}
-       for engine in (SGLANG, TRTLLM)},
+    **{
+        engine: {
+            alias.replace("-", "_"): flag.replace("-", "_")
+            for alias, flag in TABLES[engine].aliases.items()
+            if flag.replace("-", "_") in ENGINE_KNOBS[engine]
+        }
+        | {"hardware": GPU}
+        for engine in (SGLANG, TRTLLM)
+    },
 }
-ENGINE_DEFAULT_KNOBS = {VLLM: DEFAULT_KNOBS, SGLANG: ("max_running_requests", "chunked_prefill_size"),
-                        TRTLLM: ("max_batch_size", "max_num_tokens")}
+ENGINE_DEFAULT_KNOBS = {
+    VLLM: DEFAULT_KNOBS,
+    SGLANG: ("max_running_requests", "chunked_prefill_size"),
+    TRTLLM: ("max_batch_size", "max_num_tokens"),
+}
 
 
 def _known(engine: str) -> str:

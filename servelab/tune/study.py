@@ -76,12 +76,15 @@ def storage_url(directory: Path) -> str:
 
 def _sampler(settings: SearchSettings, space: SearchSpace, budget: int) -> optuna.samplers.BaseSampler:
     import optuna
+
     if settings.exhaustive(space):
         return optuna.samplers.RandomSampler(seed=settings.seed)  # every point is queued; never consulted
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.samplers.TPESampler(
-            seed=settings.seed, multivariate=True, n_startup_trials=max(4, min(10, budget // 5)),
+            seed=settings.seed,
+            multivariate=True,
+            n_startup_trials=max(4, min(10, budget // 5)),
         )
 
 
@@ -89,14 +92,17 @@ def _check_engine(study: optuna.Study, directory: Path, engine: str) -> None:
     """A study holds one engine's configurations; one begun before tune took --engine is vLLM's."""
     recorded = study.user_attrs.get(ENGINE, VLLM)
     if recorded != engine:
-        raise TuneError(f"--resume: the study in {directory} searched --engine {recorded}, not --engine {engine}; "
-                        f"resume it with --engine {recorded}, or pick another --result-dir")
+        raise TuneError(
+            f"--resume: the study in {directory} searched --engine {recorded}, not --engine {engine}; "
+            f"resume it with --engine {recorded}, or pick another --result-dir"
+        )
 
 
 def check_resumable(directory: Path, engine: str) -> None:
     """Refuse early (before the baseline is simulated) to resume a study of another engine; a directory without a
     study is left for open_study to refuse."""
     import optuna
+
     if not (directory / STUDY_DB).exists():
         return
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -104,7 +110,12 @@ def check_resumable(directory: Path, engine: str) -> None:
 
 
 def open_study(
-    directory: Path, direction: str, settings: SearchSettings, space: SearchSpace, *, resume: bool,
+    directory: Path,
+    direction: str,
+    settings: SearchSettings,
+    space: SearchSpace,
+    *,
+    resume: bool,
     basis: Mapping[str, Any] | None = None,
 ) -> optuna.Study:
     """Create the study, or load it with `resume`; refuse to silently mix two studies in one directory.
@@ -115,16 +126,22 @@ def open_study(
     two different simulators against each other, so it is refused.
     """
     import optuna
+
     directory.mkdir(parents=True, exist_ok=True)
     exists = (directory / STUDY_DB).exists()
     if exists and not resume:
-        raise TuneError(f"{directory} already holds a tune study; pass --resume to continue it, or pick another --output")
+        raise TuneError(
+            f"{directory} already holds a tune study; pass --resume to continue it, or pick another --output"
+        )
     if resume and not exists:
         raise TuneError(f"--resume: {directory} holds no tune study ({STUDY_DB} is missing)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
-        storage=storage_url(directory), study_name=STUDY_NAME, direction=direction,  # type: ignore[arg-type]  # minimize or maximize, from Objective
-        sampler=_sampler(settings, space, settings.budget(space)), load_if_exists=resume,
+        storage=storage_url(directory),
+        study_name=STUDY_NAME,
+        direction=direction,  # type: ignore[arg-type]  # minimize or maximize, from Objective
+        sampler=_sampler(settings, space, settings.budget(space)),
+        load_if_exists=resume,
     )
     stored = study.user_attrs.get("space")
     if stored is None:
@@ -160,6 +177,7 @@ def finished_trials(study: optuna.Study) -> list[Trial]:
     old one: a study begun by an earlier release resumes under this one's statistic names (renaming a current
     outcome changes nothing, no new name being an old one)."""
     from optuna.trial import TrialState
+
     return [
         _stored_trial(t.number, upgraded(t.user_attrs[OUTCOME], SCHEMA_VERSION))
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -181,6 +199,7 @@ def _stored(trial: Trial) -> Json:
 def _requeue_interrupted(study: optuna.Study, space: SearchSpace) -> None:
     """Trials left RUNNING by a killed process are failed, and their point queued to run again."""
     from optuna.trial import TrialState
+
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study.tell(t.number, state=TrialState.FAIL)
         if set(t.params) == set(space.dimensions):
@@ -189,6 +208,7 @@ def _requeue_interrupted(study: optuna.Study, space: SearchSpace) -> None:
 
 def _queue_grid(study: optuna.Study, space: SearchSpace, done: set[str]) -> None:
     from optuna.trial import TrialState
+
     waiting = {candidate_key(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
     for candidate in space.grid():
         key = candidate_key(candidate)
@@ -294,6 +314,7 @@ class _Search:
     def ask(self) -> None:
         """One candidate from the sampler: answered from a finished twin, skipped while its twin runs, or simulated."""
         from optuna.trial import TrialState
+
         self.asks += 1
         trial = self.study.ask()
         candidate = self.space.suggest(trial)
@@ -320,6 +341,7 @@ class _Search:
     def collect(self) -> None:
         """The next simulation back from the pool: recorded, or run again when its worker was lost."""
         from optuna.trial import TrialState
+
         assert self.pool is not None
         task, value = self.pool.next_done()
         trial, candidate, attempts = self.in_flight.pop(task)
@@ -330,8 +352,10 @@ class _Search:
         if isinstance(value, BaseException):
             self.study.tell(trial, state=TrialState.FAIL)
             if isinstance(value, TaskLost):
-                raise TuneError(f"a stage-1 simulation was lost {attempts} times on the cluster ({value}); "
-                                f"the study is kept: continue with --resume")
+                raise TuneError(
+                    f"a stage-1 simulation was lost {attempts} times on the cluster ({value}); "
+                    f"the study is kept: continue with --resume"
+                )
             raise value
         self.record(trial, candidate, value)
 
@@ -349,6 +373,7 @@ class _Search:
     def abandon(self) -> None:
         """Fail every trial still in flight (their points are queued again on resume) and cancel the pool's tasks."""
         from optuna.trial import TrialState
+
         for trial, _, _ in self.in_flight.values():
             self.study.tell(trial, state=TrialState.FAIL)
         if self.pool is not None:

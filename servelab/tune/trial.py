@@ -54,12 +54,28 @@ class SimJudge:
             deployment = apply(self.base, candidate, self.options_dir)
             target = deployment.sim_target()
         except (PerfConfigError, TargetError) as exc:
-            requested = (_requested_args(self.launch_base, candidate) if self.launch_base.engine == VLLM
-                         else self.engine_args(candidate))
-            return Trial(params=dict(candidate), engine_args=requested, status=TrialStatus.INVALID, score=None,
-                         violation=None, feasible=False, rate=None, gpu=None, gpus=None, cost_per_million_tokens=None,
-                         metrics=KeyMetrics(), probes=[], error=str(exc), sim_wall_s=time.perf_counter() - began,
-                         engine_config={})
+            requested = (
+                _requested_args(self.launch_base, candidate)
+                if self.launch_base.engine == VLLM
+                else self.engine_args(candidate)
+            )
+            return Trial(
+                params=dict(candidate),
+                engine_args=requested,
+                status=TrialStatus.INVALID,
+                score=None,
+                violation=None,
+                feasible=False,
+                rate=None,
+                gpu=None,
+                gpus=None,
+                cost_per_million_tokens=None,
+                metrics=KeyMetrics(),
+                probes=[],
+                error=str(exc),
+                sim_wall_s=time.perf_counter() - began,
+                engine_config={},
+            )
         gpus = gpu_count(deployment)
         result = evaluate(target, self.workload, self.objective, gpu=deployment.hardware.name, gpus=gpus)
         return self._outcome(candidate, deployment, result, time.perf_counter() - began)
@@ -76,7 +92,9 @@ class SimJudge:
             rate=result.rate,
             gpu=deployment.hardware.name,
             gpus=gpus,
-            cost_per_million_tokens=self.objective.cost_per_million_tokens(result.summary, deployment.hardware.name, gpus),
+            cost_per_million_tokens=self.objective.cost_per_million_tokens(
+                result.summary, deployment.hardware.name, gpus
+            ),
             metrics=key_metrics(result.summary),
             probes=[p.brief() for p in result.probes],
             error=None,

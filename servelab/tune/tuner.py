@@ -15,7 +15,16 @@ from typing import Any
 
 from servelab.pool import TaskPool
 from servelab.schemas.results import Json
-from servelab.schemas.tune import BASELINE, SearchInfo, Stage2, Stage2Row, Trial, TuneDeployment, TuneDocument, TuneWorkloads
+from servelab.schemas.tune import (
+    BASELINE,
+    SearchInfo,
+    Stage2,
+    Stage2Row,
+    Trial,
+    TuneDeployment,
+    TuneDocument,
+    TuneWorkloads,
+)
 from servelab.schemas.vocabulary import Sampler, TrialStatus
 from servelab.sim.engines import VLLM
 from servelab.targets.deployment import Deployment
@@ -65,8 +74,10 @@ class TuneRequest:
 
     def __post_init__(self) -> None:
         if self.space.engine != self.simulated.engine:
-            raise TuneError(f"the search space holds --engine {self.space.engine}'s knobs, the deployment is "
-                            f"{self.simulated.engine}'s")
+            raise TuneError(
+                f"the search space holds --engine {self.space.engine}'s knobs, the deployment is "
+                f"{self.simulated.engine}'s"
+            )
         if self.top_k < 1:
             raise TuneError(f"--top-k must be at least 1, got {self.top_k}")
         if self.calibration is not None and GPU in self.space.dimensions:
@@ -76,8 +87,10 @@ class TuneRequest:
                 f"drop the {GPU} dimension or the profile"
             )
         if self.pool is not None and self.server is not None and self.server.port is not None:
-            raise TuneError("--server-port with --ray-address: trials run side by side and may share a node; "
-                            "leave the port out so that each server picks a free one")
+            raise TuneError(
+                "--server-port with --ray-address: trials run side by side and may share a node; "
+                "leave the port out so that each server picks a free one"
+            )
 
 
 @dataclass
@@ -95,14 +108,22 @@ def run(request: TuneRequest, progress: TuneProgress | None = None) -> TuneDocum
     progress = progress or TuneProgress()
     if request.resume:
         check_resumable(request.output, request.simulated.engine)
-    judge = SimJudge(request.simulated, request.launch, request.sim_workload, request.objective,
-                     request.output / OPTIONS_DIR)
+    judge = SimJudge(
+        request.simulated, request.launch, request.sim_workload, request.objective, request.output / OPTIONS_DIR
+    )
     baseline = judge.judge({})
     if baseline.status != TrialStatus.OK:
         raise TuneError(f"the current configuration cannot be simulated: {baseline.error}")
     trials = run_search(
-        request.space, judge.judge, request.output, direction=request.objective.direction, settings=request.search,
-        resume=request.resume, basis=_basis(request), on_trial=progress.on_trial, pool=request.pool,
+        request.space,
+        judge.judge,
+        request.output,
+        direction=request.objective.direction,
+        settings=request.search,
+        resume=request.resume,
+        basis=_basis(request),
+        on_trial=progress.on_trial,
+        pool=request.pool,
     )
     study = _Study(request, baseline, trials)
     document = study.write(None)
@@ -123,18 +144,32 @@ class _Study:
         request, launch = self.request, self.request.launch
         document = tune_document(
             objective=request.objective.info(),
-            deployment=TuneDeployment.model_validate({
-                **launch.describe(), "sim_args": request.sim_args, "calibration": request.calibration,
-                "simulated": request.simulated.describe()}),
+            deployment=TuneDeployment.model_validate(
+                {
+                    **launch.describe(),
+                    "sim_args": request.sim_args,
+                    "calibration": request.calibration,
+                    "simulated": request.simulated.describe(),
+                }
+            ),
             space=request.space.describe(),
             search=SearchInfo(
                 sampler=Sampler.GRID if request.search.exhaustive(request.space) else Sampler.TPE,
-                n_trials=request.search.n_trials, budget=request.search.budget(request.space),
-                space_size=request.space.size, seed=request.search.seed, evaluated=len(self.trials)),
-            workload=TuneWorkloads.model_validate({"stage1": request.sim_workload.describe(),
-                                                   "stage2": request.bench_workload.describe()}),
-            baseline=self.baseline, trials=self.trials, stage2=stage2,
-            launch_line=None if launch.engine == VLLM else lambda args: launch_line(launch.engine, args, launch.model.name),
+                n_trials=request.search.n_trials,
+                budget=request.search.budget(request.space),
+                space_size=request.space.size,
+                seed=request.search.seed,
+                evaluated=len(self.trials),
+            ),
+            workload=TuneWorkloads.model_validate(
+                {"stage1": request.sim_workload.describe(), "stage2": request.bench_workload.describe()}
+            ),
+            baseline=self.baseline,
+            trials=self.trials,
+            stage2=stage2,
+            launch_line=None
+            if launch.engine == VLLM
+            else lambda args: launch_line(launch.engine, args, launch.model.name),
         )
         write_tune_json(request.output, document)
         return document
@@ -146,12 +181,19 @@ def _confirm(request: TuneRequest, study: _Study, progress: TuneProgress) -> Tun
     assert request.server is not None
     options_dir = request.output / OPTIONS_DIR
     configs = [Stage2Config(BASELINE, {}, study.baseline.engine_args, request.simulated)]
-    for t in pick_for_confirmation(rank(study.trials, request.objective.direction), request.top_k,
-                                   study.baseline.engine_args):
-        configs.append(Stage2Config(f"trial-{t.number}", t.params, t.engine_args,
-                                    apply(request.simulated, t.params, options_dir)))
-    stage2 = Stage2(server_cmd=request.server.template, env=dict(request.server.env), top_k=request.top_k,
-                    configs=[c.label for c in configs], results=[])
+    for t in pick_for_confirmation(
+        rank(study.trials, request.objective.direction), request.top_k, study.baseline.engine_args
+    ):
+        configs.append(
+            Stage2Config(f"trial-{t.number}", t.params, t.engine_args, apply(request.simulated, t.params, options_dir))
+        )
+    stage2 = Stage2(
+        server_cmd=request.server.template,
+        env=dict(request.server.env),
+        top_k=request.top_k,
+        configs=[c.label for c in configs],
+        results=[],
+    )
     order = [c.label for c in configs]
 
     def on_result(result: Stage2Row) -> None:
@@ -161,10 +203,20 @@ def _confirm(request: TuneRequest, study: _Study, progress: TuneProgress) -> Tun
         if progress.on_server_result:
             progress.on_server_result(result)
 
-    confirm(configs, request.server, request.bench_workload, request.objective, request.output,
-            resume=request.resume, http_options=request.http_options, on_start=progress.on_server_start,
-            on_result=on_result, check_server=request.server_check, pool=request.pool,
-            gpu_resource=request.gpu_resource)
+    confirm(
+        configs,
+        request.server,
+        request.bench_workload,
+        request.objective,
+        request.output,
+        resume=request.resume,
+        http_options=request.http_options,
+        on_start=progress.on_server_start,
+        on_result=on_result,
+        check_server=request.server_check,
+        pool=request.pool,
+        gpu_resource=request.gpu_resource,
+    )
     return study.write(stage2)
 
 
@@ -172,8 +224,11 @@ def _basis(request: TuneRequest) -> Json:
     """What every stage-1 score rests on besides its knobs: a resumed study must share it (see open_study)."""
     simulated = request.simulated
     return {
-        "deployment": {**simulated.describe(), "hardware": simulated.hardware.model_dump(),
-                       "network_latency": simulated.network_latency},
+        "deployment": {
+            **simulated.describe(),
+            "hardware": simulated.hardware.model_dump(),
+            "network_latency": simulated.network_latency,
+        },
         "workload": request.sim_workload.describe(),
         "objective": request.objective.info().model_dump(),
     }

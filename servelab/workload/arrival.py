@@ -42,7 +42,8 @@ class Ramp:
         if not (0 < self.start_rps <= self.end_rps and math.isfinite(self.end_rps)):
             raise WorkloadError(
                 f"--ramp-up-start-rps ({self.start_rps:g}) and --ramp-up-end-rps ({self.end_rps:g}) must be finite "
-                "rates > 0 with start <= end")
+                "rates > 0 with start <= end"
+            )
 
     def rate(self, progress: float) -> float:
         p = min(max(progress, 0.0), 1.0)

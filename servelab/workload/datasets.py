@@ -137,8 +137,12 @@ class Dataset:
         if cfg.dataset_name == "prefix":
             out.update(prefix_len=cfg.prefix_len, num_prefixes=cfg.num_prefixes)
         if cfg.dataset_name == "multiturn":
-            out.update(turns=cfg.turns, think_time=cfg.think_time, system_prompt_len=cfg.prefix_len,
-                       system_prompts=cfg.num_prefixes if cfg.prefix_len else 0)
+            out.update(
+                turns=cfg.turns,
+                think_time=cfg.think_time,
+                system_prompt_len=cfg.prefix_len,
+                system_prompts=cfg.num_prefixes if cfg.prefix_len else 0,
+            )
         out["tokenizer"] = str(cfg.tokenizer) if cfg.tokenizer else None
         out["token_ids"] = "tokenizer" if self.tokenizer else "synthetic ids in [1000, 4000), no text"
         out.update(self.notes)
@@ -214,13 +218,16 @@ class Dataset:
             user_ids, user_texts = self._texts(users)
             # A reply of turn k's output length stands in for what the server answered.
             reply_ids, reply_texts = self._texts(outs)
-            picks = self.rng.integers(0, cfg.num_prefixes, size=per_chunk) if systems else None  # no draw: same runs as before
+            picks = (
+                self.rng.integers(0, cfg.num_prefixes, size=per_chunk) if systems else None
+            )  # no draw: same runs as before
             for c in range(per_chunk):
                 conv = next(conversation)
                 history: list[np.ndarray] = [systems[picks[c]]] if picks is not None else []
                 messages: list[dict[str, str]] = (
                     [{"role": "system", "content": system_texts[picks[c]]}]
-                    if system_texts is not None and picks is not None else []
+                    if system_texts is not None and picks is not None
+                    else []
                 )
                 previous: int | None = None
                 for t in range(turns):
@@ -349,7 +356,9 @@ def _read_sharegpt(path: Path) -> list[tuple[str, str]]:
     pairs = []
     for n, entry in enumerate(data):
         turns = entry.get("conversations") if isinstance(entry, dict) else None
-        if not isinstance(turns, list) or not all(isinstance(t, dict) and isinstance(t.get("value"), str) for t in turns):
+        if not isinstance(turns, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("value"), str) for t in turns
+        ):
             raise WorkloadError(
                 f"{path}: entry {n} (0-based) needs 'conversations': a list of {{'from': ..., 'value': str}}"
             )
@@ -392,13 +401,22 @@ def _parse_row(path: Path, lineno: int, line: str, previous_ts: float | None, fi
     ids: np.ndarray | None = None
     if isinstance(prompt, str):
         text = prompt
-    elif isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in prompt):
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in prompt)
+    ):
         ids = np.asarray(prompt, dtype=np.int32)
     elif prompt is not None:
         raise WorkloadError(f"{where}: 'prompt' must be a string or a non-empty list of token ids")
     if messages is not None:
-        if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
+        if (
+            not isinstance(messages, list)
+            or not messages
+            or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages
+            )
         ):
             raise WorkloadError(f"{where}: 'messages' must be a non-empty list of {{'role': str, 'content': str}}")
         text = "\n".join(m["content"] for m in messages)

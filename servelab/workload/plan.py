@@ -101,7 +101,9 @@ def _check_size(workload: WorkloadConfig, arrival: ArrivalConfig, amount: Amount
         requests, source = float(amount.count), f"{amount.count_flag} {amount.count:,}"
     elif math.isfinite(arrival.request_rate) and amount.duration is not None:
         requests = min(arrival.request_rate * amount.duration, DURATION_REQUEST_CAP)
-        source = f"--duration {amount.duration:g} s at --request-rate {arrival.request_rate:g} (~{requests:,.0f} requests)"
+        source = (
+            f"--duration {amount.duration:g} s at --request-rate {arrival.request_rate:g} (~{requests:,.0f} requests)"
+        )
     else:
         return
     tokens = requests * per_request

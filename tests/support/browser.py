@@ -113,15 +113,19 @@ def open_page(html: Path, screenshot: Path, *, width: int = 1400, timeout_s: flo
             driver.get(html.resolve().as_uri())
             try:
                 WebDriverWait(driver, timeout_s).until(
-                    lambda d: d.execute_script("return document.readyState") == "complete"
-                    and all(p["rendered"] for p in d.execute_script(_PLOT_STATE))
+                    lambda d: (
+                        d.execute_script("return document.readyState") == "complete"
+                        and all(p["rendered"] for p in d.execute_script(_PLOT_STATE))
+                    )
                 )
             except TimeoutException:
                 pass  # reported below as plots that did not render
             plots = [PlotState(**p) for p in driver.execute_script(_PLOT_STATE)]
             errors = list(driver.execute_script("return window.__pageErrors || []"))
             errors += [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
-            headings = driver.execute_script("return Array.from(document.querySelectorAll('h2')).map(h => h.textContent)")
+            headings = driver.execute_script(
+                "return Array.from(document.querySelectorAll('h2')).map(h => h.textContent)"
+            )
             metrics = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})
             size = metrics.get("cssContentSize") or metrics["contentSize"]
             height = int(size["height"])

@@ -29,8 +29,18 @@ from servelab.targets.preflight import CHAT, COMPLETIONS, probe_body
 
 MODEL = "fake-model"
 FAULTS = (
-    "ok", "http_429", "http_500", "http_503", "reset", "stall", "malformed", "early_close", "stream_error",
-    "empty_stream", "no_usage", "wrong_model",
+    "ok",
+    "http_429",
+    "http_500",
+    "http_503",
+    "reset",
+    "stall",
+    "malformed",
+    "early_close",
+    "stream_error",
+    "empty_stream",
+    "no_usage",
+    "wrong_model",
 )
 OTHER_MODEL = "other-model"
 """What a `wrong_model` stream says it came from."""
@@ -97,7 +107,9 @@ class FaultServer:
         body = await request.json()
         is_probe = body == probe_body(CHAT if chat else COMPLETIONS, body.get("model"))
         (self.probes if is_probe else self.received).append(
-            Received(time.perf_counter(), body, request.headers.get("Authorization"), request.headers.get("X-Session-ID"))
+            Received(
+                time.perf_counter(), body, request.headers.get("Authorization"), request.headers.get("X-Session-ID")
+            )
         )
         fault = body.get("fault", self.fault)
         delay = float(body.get("delay", self.delay))

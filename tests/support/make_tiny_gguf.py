@@ -40,9 +40,12 @@ def tensors(config: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
         blk = f"blk.{i}."
         out |= {
             blk + "attn_norm.weight": np.ones(hidden, np.float32),
-            blk + "attn_q.weight": w(hidden, hidden), blk + "attn_q.bias": w(hidden),
-            blk + "attn_k.weight": w(kv, hidden), blk + "attn_k.bias": w(kv),
-            blk + "attn_v.weight": w(kv, hidden), blk + "attn_v.bias": w(kv),
+            blk + "attn_q.weight": w(hidden, hidden),
+            blk + "attn_q.bias": w(hidden),
+            blk + "attn_k.weight": w(kv, hidden),
+            blk + "attn_k.bias": w(kv),
+            blk + "attn_v.weight": w(kv, hidden),
+            blk + "attn_v.bias": w(kv),
             blk + "attn_output.weight": w(hidden, hidden),
             blk + "ffn_norm.weight": np.ones(hidden, np.float32),
             blk + "ffn_gate.weight": w(inter, hidden),
@@ -77,8 +80,9 @@ def write(model_dir: Path, out: Path) -> None:
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")
     writer.add_token_list(tokens)
-    writer.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
-                            for i in range(len(tokens))])
+    writer.add_token_types(
+        [gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL for i in range(len(tokens))]
+    )
     writer.add_token_merges(merges)
     writer.add_eos_token_id(config["eos_token_id"])
     writer.add_bos_token_id(config["bos_token_id"])

@@ -47,11 +47,24 @@ def build_model(tokenizer, seed: int):  # -> transformers.Qwen3MoeForCausalLM
 
     endoftext = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
     config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-        num_experts=NUM_EXPERTS, num_experts_per_tok=EXPERTS_PER_TOKEN, norm_topk_prob=True, decoder_sparse_step=1,
-        mlp_only_layers=[], num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        max_position_embeddings=8192, tie_word_embeddings=True,
-        bos_token_id=endoftext, eos_token_id=endoftext, pad_token_id=endoftext,
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_experts=NUM_EXPERTS,
+        num_experts_per_tok=EXPERTS_PER_TOKEN,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=endoftext,
+        eos_token_id=endoftext,
+        pad_token_id=endoftext,
     )
     torch.manual_seed(seed)
     model = Qwen3MoeForCausalLM(config).to(torch.bfloat16)

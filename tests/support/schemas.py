@@ -15,8 +15,17 @@ from servelab.perf.calibration import PROFILE_SCHEMA_VERSION
 from servelab.renames import upgraded
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "docs" / "schemas"
-BY_FILE_NAME = {"run.json": "run", "summary.json": "summary", "sweep.json": "sweep", "diagnosis.json": "diagnosis",
-                "tune.json": "tune", "trial.json": "trial", "stage2.json": "stage2", "records.jsonl": "record", "timeline.jsonl": "timeline"}
+BY_FILE_NAME = {
+    "run.json": "run",
+    "summary.json": "summary",
+    "sweep.json": "sweep",
+    "diagnosis.json": "diagnosis",
+    "tune.json": "tune",
+    "trial.json": "trial",
+    "stage2.json": "stage2",
+    "records.jsonl": "record",
+    "timeline.jsonl": "timeline",
+}
 """Files whose name says what they are; a validate report and a profile are named by the user and given explicitly."""
 
 
@@ -31,12 +40,17 @@ def assert_matches(path: Path, name: str) -> int:
     """Every document in `path` (one JSON file, or each line of a JSONL file) is valid; returns how many. A file of
     the previous schema version is checked as servelab reads it (its statistics renamed, servelab.renames)."""
     text = path.read_text(encoding="utf-8")
-    documents = [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix == ".jsonl" else [json.loads(text)]
+    documents = (
+        [json.loads(line) for line in text.splitlines() if line.strip()]
+        if path.suffix == ".jsonl"
+        else [json.loads(text)]
+    )
     current = PROFILE_SCHEMA_VERSION if name == "profile" else SCHEMA_VERSION
     for document in map(lambda d: upgraded(d, current), documents):
         errors = sorted(validator(name).iter_errors(document), key=lambda e: list(e.path))
         assert not errors, f"{path} against docs/schemas/{name}.json: " + "; ".join(
-            f"{'/'.join(map(str, e.path)) or '(top)'}: {e.message[:200]}" for e in errors[:5])
+            f"{'/'.join(map(str, e.path)) or '(top)'}: {e.message[:200]}" for e in errors[:5]
+        )
     return len(documents)
 
 

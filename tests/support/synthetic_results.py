@@ -17,7 +17,9 @@ from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample
 
 
-def toy_records(concurrency: int, n: int, *, slots: int = 8, seed: int = 0, source: str = "http") -> list[RequestRecord]:
+def toy_records(
+    concurrency: int, n: int, *, slots: int = 8, seed: int = 0, source: str = "http"
+) -> list[RequestRecord]:
     """The "sim" flavour knows when each request was scheduled and runs a little faster, as a model would."""
     rng = random.Random(seed)
     speed = 0.9 if source == "sim" else 1.0
@@ -80,10 +82,22 @@ def toy_timeline(records: list[RequestRecord], every: float = 0.25) -> list[Time
     return samples
 
 
-def write_toy_run(directory: Path, *, concurrency: int = 8, n: int = 80, source: str | None = "http",
-                  seed: int = 0, with_timeline: bool = True, with_summary: bool = True) -> Path:
-    info: dict = {"arrival": {"max_concurrency": concurrency, "request_rate": "inf"}, "num_prompts": n,
-                  "model": "tiny-qwen", "endpoint": "/v1/completions"}
+def write_toy_run(
+    directory: Path,
+    *,
+    concurrency: int = 8,
+    n: int = 80,
+    source: str | None = "http",
+    seed: int = 0,
+    with_timeline: bool = True,
+    with_summary: bool = True,
+) -> Path:
+    info: dict = {
+        "arrival": {"max_concurrency": concurrency, "request_rate": "inf"},
+        "num_prompts": n,
+        "model": "tiny-qwen",
+        "endpoint": "/v1/completions",
+    }
     if source is not None:
         info["source"] = source
     writer = ResultWriter(directory, info)
@@ -99,12 +113,15 @@ def write_toy_run(directory: Path, *, concurrency: int = 8, n: int = 80, source:
     return directory
 
 
-def write_toy_sweep(directory: Path, values: tuple[int, ...] = (1, 2, 4, 8, 16), *, source: str | None = "http",
-                    n: int = 60) -> Path:
+def write_toy_sweep(
+    directory: Path, values: tuple[int, ...] = (1, 2, 4, 8, 16), *, source: str | None = "http", n: int = 60
+) -> Path:
     points = []
     for value in values:
         name = f"max-concurrency={value}"
-        write_toy_run(directory / name, concurrency=value, n=n, source=source, seed=value + (100 if source == "sim" else 0))
+        write_toy_run(
+            directory / name, concurrency=value, n=n, source=source, seed=value + (100 if source == "sim" else 0)
+        )
         points.append({"max-concurrency": value, "directory": name})
     write_sweep_index(directory, {"sweep": {"key": "max-concurrency", "values": list(values)}, "points": points})
     return directory
@@ -112,10 +129,25 @@ def write_toy_sweep(directory: Path, values: tuple[int, ...] = (1, 2, 4, 8, 16),
 
 TOY_DIAGNOSIS = {
     "source": "measured",
-    "deployment": {"model": "Qwen2.5-7B", "gpu": "A100-80GB-SXM", "engine_args": "--max-num-seqs 256", "engine_config": {},
-                   "num_gpu_blocks": 4000, "kv_cache_gib": 60.0, "coefficients": {}, "cpu_costs_source": "default",
-                   "frontend": {}, "warnings": []},
-    "workload": {"requests": 400, "offered_rate": None, "max_concurrency": 16, "mean_input_tokens": 250.0, "mean_output_tokens": 40.0},
+    "deployment": {
+        "model": "Qwen2.5-7B",
+        "gpu": "A100-80GB-SXM",
+        "engine_args": "--max-num-seqs 256",
+        "engine_config": {},
+        "num_gpu_blocks": 4000,
+        "kv_cache_gib": 60.0,
+        "coefficients": {},
+        "cpu_costs_source": "default",
+        "frontend": {},
+        "warnings": [],
+    },
+    "workload": {
+        "requests": 400,
+        "offered_rate": None,
+        "max_concurrency": 16,
+        "mean_input_tokens": 250.0,
+        "mean_output_tokens": 40.0,
+    },
     "bottleneck": "max_num_seqs_bound",
     "findings": [
         {
@@ -137,10 +169,20 @@ TOY_DIAGNOSIS = {
             ],
         }
     ],
-    "ceilings": {"prefill_compute_rps": 10.7, "decode_bandwidth_tps": 9000.0, "decode_bandwidth_tps_at_max_batch": 7135.0, "saturation_rps": 8.4,
-                 "slo_max_rps": None, "kv_capacity_seqs": 616, "max_num_seqs": 256},
+    "ceilings": {
+        "prefill_compute_rps": 10.7,
+        "decode_bandwidth_tps": 9000.0,
+        "decode_bandwidth_tps_at_max_batch": 7135.0,
+        "saturation_rps": 8.4,
+        "slo_max_rps": None,
+        "kv_capacity_seqs": 616,
+        "max_num_seqs": 256,
+    },
     "standing": {"prefill_compute": 0.77, "decode_bandwidth": 0.23, "saturation": 0.99},
-    "utilization": {}, "evidence": {}, "slo": None, "slo_attainment": None,
+    "utilization": {},
+    "evidence": {},
+    "slo": None,
+    "slo_attainment": None,
     "observed": {"qps": None, "ttft_ms": None, "gpu_util": None},
     "notes": ["'GPU memory full' is by design"],
     "advice": None,
@@ -156,22 +198,60 @@ def toy_validation() -> dict:
     from servelab.schemas.validation import PointResult
 
     measured = {
-        "closed-c3": {"output_throughput": 310.0, "median_ttft_ms": 41.0, "p99_ttft_ms": 95.0, "median_tpot_ms": 9.1, "median_e2el_ms": 780.0},
-        "closed-c12": {"output_throughput": 820.0, "median_ttft_ms": 66.0, "p99_ttft_ms": 210.0, "median_tpot_ms": 13.5, "median_e2el_ms": 1650.0},
-        "poisson-70pct": {"output_throughput": 540.0, "median_ttft_ms": 52.0, "p99_ttft_ms": 340.0, "median_tpot_ms": 11.8, "median_e2el_ms": 1200.0},
+        "closed-c3": {
+            "output_throughput": 310.0,
+            "median_ttft_ms": 41.0,
+            "p99_ttft_ms": 95.0,
+            "median_tpot_ms": 9.1,
+            "median_e2el_ms": 780.0,
+        },
+        "closed-c12": {
+            "output_throughput": 820.0,
+            "median_ttft_ms": 66.0,
+            "p99_ttft_ms": 210.0,
+            "median_tpot_ms": 13.5,
+            "median_e2el_ms": 1650.0,
+        },
+        "poisson-70pct": {
+            "output_throughput": 540.0,
+            "median_ttft_ms": 52.0,
+            "p99_ttft_ms": 340.0,
+            "median_tpot_ms": 11.8,
+            "median_e2el_ms": 1200.0,
+        },
     }
-    scale = {"output_throughput": 1.06, "median_ttft_ms": 0.86, "p99_ttft_ms": 0.7, "median_tpot_ms": 1.12, "median_e2el_ms": 1.04}
+    scale = {
+        "output_throughput": 1.06,
+        "median_ttft_ms": 0.86,
+        "p99_ttft_ms": 0.7,
+        "median_tpot_ms": 1.12,
+        "median_e2el_ms": 1.04,
+    }
     points = []
     for name, m in measured.items():
         s = {k: v * scale[k] for k, v in m.items()}
-        points.append({"point": name, "shape": {"name": name}, "measured": m, "simulated": s, "error_pct": compare(m, s),
-                       "repeats": [{"measured": m, "simulated": s}] * 2})
+        points.append(
+            {
+                "point": name,
+                "shape": {"name": name},
+                "measured": m,
+                "simulated": s,
+                "error_pct": compare(m, s),
+                "repeats": [{"measured": m, "simulated": s}] * 2,
+            }
+        )
     medians = median_abs_errors([PointResult.model_validate(p) for p in points])
     return {
-        "schema_version": 1, "kind": "servelab.validation", "created_at": 1.79e9,
+        "schema_version": 1,
+        "kind": "servelab.validation",
+        "created_at": 1.79e9,
         "server": {"base_url": "http://127.0.0.1:8000", "model": "tiny-qwen"},
         "profile": {"created_at": 1.79e9, "engine_args": "--max-num-seqs 32 --block-size 128", "gpu": "cpu"},
-        "engine_args": "--max-num-seqs 32 --block-size 128", "engine_config": {}, "points": points,
-        "median_abs_error_pct": medians, "bounds_pct": BOUNDS_PCT, "goals_pct": GOALS_PCT,
+        "engine_args": "--max-num-seqs 32 --block-size 128",
+        "engine_config": {},
+        "points": points,
+        "median_abs_error_pct": medians,
+        "bounds_pct": BOUNDS_PCT,
+        "goals_pct": GOALS_PCT,
         "within_bounds": all(medians[k] is not None and medians[k] <= b for k, b in BOUNDS_PCT.items()),
     }
