@@ -364,8 +364,8 @@ def tune(
     workload = WorkloadConfig(input_len=input_len, output_len=output_len, seed=seed)
     arrival = ArrivalConfig(request_rate=request_rate, max_concurrency=max_concurrency)
     goal = Objective(
-        objective,
-        SLO.parse([f"{k}:{v:g}" for k, v in (goodput or {}).items()]),  # type: ignore[arg-type]
+        objective,  # type: ignore[arg-type]  # checked by Objective
+        SLO.parse([f"{k}:{v:g}" for k, v in (goodput or {}).items()]),
         target_rate=request_rate if math.isfinite(request_rate) else None,
         gpu_cost_per_hour=gpu_cost_per_hour or {},
     )

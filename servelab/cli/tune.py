@@ -220,9 +220,9 @@ def _objective(kind: str, load: LoadFlags, percentile: float, prices: str | None
 
     arrival = load.arrival()
     return Objective(
-        kind,
+        kind,  # type: ignore[arg-type]  # checked by Objective
         load.slo(),
-        percentile,  # type: ignore[arg-type]  # checked by Objective
+        percentile,
         target_rate=arrival.request_rate if arrival.open_loop else None,
         gpu_cost_per_hour=parse_prices(prices),
     )
