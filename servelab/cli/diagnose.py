@@ -335,6 +335,7 @@ def _deployment(w: DeploymentWords) -> Deployment:
         calibration=w.calibration,
         tp=w.tp,
         replicas=w.replicas,
+        router=w.router,
         gpu_file=w.gpu_file,
         vllm_version=w.vllm_version,
         engine=w.engine,

@@ -413,7 +413,8 @@ def render(console: Console, doc: TuneDocument) -> None:
     source = "measured" if rec.source == RecommendationSource.STAGE2 else "predicted"
     gain = rec.gain_over_baseline
     console.print(
-        f"[bold green]recommended[/] ({source}): {rec.engine_args or _defaults(doc.deployment.engine)}: "
+        f"[bold green]recommended[/] ({source}): {rec.engine_args or _defaults(doc.deployment.engine)}"
+        f"{rec.routed()}: "
         f"{_num(rec.score)} {unit}" + ("" if gain is None else f", {gain:.2f}x the baseline")
     )
     if rec.launch_line:

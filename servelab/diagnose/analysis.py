@@ -301,15 +301,19 @@ def analyse(
     attained = _attainment(run, slo)
     ctx = Context(e, c, u, deployment, slo, attained, scenario.mean_shared, tried, region)
     found = detect(ctx)
+    fleet = fleet_findings(
+        (run.run_info.get("server_info") or {}).get("replicas") or [],  # a fleet's replicas
+        scenario.mean_shared / scenario.mean_input if scenario.mean_input else None,
+    )
     priced = with_alternatives if with_alternatives is not None else (observed.latency or gpu_cost_per_hour is not None)
     described = source == DiagnosisSource.DESCRIBED
     baseline = (
         simulate_outcome(deployment, scenario, slo)
-        if (with_recommendations and found) or with_advice or priced or described
+        if (with_recommendations and (found or fleet)) or with_advice or priced or described
         else None
     )
     if with_recommendations and baseline is not None:
-        _recommend(found, ctx, scenario, baseline, observed.question)
+        _recommend([*found, *fleet], ctx, scenario, baseline, observed.question)
     reconciled = (
         reconcile(
             deployment,
@@ -323,10 +327,7 @@ def analyse(
         else None
     )
     found = _reported_first(found, ctx, scenario, observed, source, reconciled)
-    found += fleet_findings(
-        (run.run_info.get("server_info") or {}).get("replicas") or [],  # a fleet's replicas
-        scenario.mean_shared / scenario.mean_input if scenario.mean_input else None,
-    )
+    found += fleet
     verdict = overload(
         e.offered_rate or scenario.offered_rate if scenario.max_concurrency is None else None,
         c.saturation_rps,

@@ -65,6 +65,7 @@ def _saturating(deployment: Deployment, scenario: Scenario) -> tuple[tuple[objec
     closed = scenario.closed_loop(depth)
     return (
         json.dumps(deployment.describe(), sort_keys=True, default=str),
+        deployment.router,  # not in describe(): a fleet's routes differ only here
         closed.shapes,
         depth,
         closed.prefix_len,

@@ -12,7 +12,7 @@ import json
 import math
 import shlex
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from servelab.diagnose import capacity, findings as fk, parallel
@@ -21,6 +21,7 @@ from servelab.diagnose.engine_terms import Terms
 from servelab.diagnose.evidence import gather
 from servelab.diagnose.findings import Context
 from servelab.schemas.diagnosis import Finding, Recommendation
+from servelab.schemas.vocabulary import FindingKind, RouterPolicy
 from servelab.diagnose.regions import Region, upgrades
 from servelab.diagnose.scenario import Scenario, simulate
 from servelab.metrics.slo import SLO
@@ -76,6 +77,7 @@ parallel.share(_OUTCOMES)
 def _key(d: Deployment, scenario: Scenario, slo: SLO | None) -> tuple[object, ...]:
     return (
         json.dumps(d.describe(), sort_keys=True, default=str),
+        d.router,  # not in describe(): a fleet's routes differ only here
         scenario.shapes,
         scenario.max_concurrency,
         scenario.prefix_len,
@@ -316,6 +318,29 @@ def _token_budget(x: Context, scenario: Scenario) -> Iterator[Candidate]:
             )
 
 
+def _better_route(x: Context, scenario: Scenario) -> Iterator[Candidate]:
+    """A fleet that loses cache hits or queues on one replica: the routes that keep a request where its prefix is
+    cached and weigh load (docs/fleets.md), and one more replica."""
+    d = x.d
+    replicas = d.config.data_parallel_size
+    if replicas < 2:
+        return
+    chats = any(s.after is not None for s in scenario.shapes)
+    routes = [
+        (RouterPolicy.SESSION, "session affinity: a chat's turns go where its first went (an X-Session-ID key)"),
+        (RouterPolicy.PREFIX_AWARE, "precise prefix-cache-aware routing (llm-d's scorer: cached prefix, queue, KV)"),
+        (RouterPolicy.PREFIX_HASH, "prefix-hash routing with a load bound (KubeAI's CHWBL)"),
+        (RouterPolicy.LEAST_OUTSTANDING, "least-outstanding-requests routing"),
+    ]
+    for route, what in routes[0 if chats else 1 :]:
+        if d.router != route:
+            yield Candidate(f"{what} (servelab simulate --router {route})", partial(replace, d, router=str(route)))
+    yield Candidate(
+        f"{replicas + 1} replicas behind the same router (one more GPU)",
+        lambda: d.with_changes(data_parallel_size=replicas + 1),
+    )
+
+
 CANDIDATES: dict[str, Callable[[Context, Scenario], Iterator[Candidate]]] = {
     fk.UNDERLOADED: _more_load,
     fk.MAX_NUM_SEQS_BOUND: _bigger_batch,
@@ -326,6 +351,8 @@ CANDIDATES: dict[str, Callable[[Context, Scenario], Iterator[Candidate]]] = {
     fk.PREFIX_CACHING_OFF: _prefix_caching,
     fk.LAUNCH_BOUND: _graphs,
     fk.SLO_TRADEOFF: _token_budget,
+    FindingKind.ROUTING_CACHE_MISSES: _better_route,
+    FindingKind.FLEET_IMBALANCE: _better_route,
 }
 """Each finding's changes worth pricing, named in the diagnosed engine's own flags."""
 

@@ -26,7 +26,7 @@ from servelab.diagnose.server_config import engine_args_from_server
 from servelab.metrics.scrape import CACHE_CONFIG
 from servelab.diagnose.text_tokens import Script, tokens_from_characters
 from servelab.diagnose.tried import parse_tried
-from servelab.schemas.vocabulary import Goal
+from servelab.schemas.vocabulary import Goal, RouterPolicy
 from servelab.errors import InputError
 from servelab.metrics.engines import AUTO
 from servelab.metrics.host import condition_changes
@@ -53,6 +53,8 @@ class DeploymentWords:
     vllm_version: str | None = None
     engine: str = VLLM
     """The engine served (resolved from `auto` before the deployment is built)."""
+    router: str = RouterPolicy.ROUND_ROBIN
+    """How the replicas are picked (a simulated fleet's --router)."""
 
 
 DeploymentBuilder = Callable[[DeploymentWords], Deployment]
@@ -73,11 +75,19 @@ def from_catalogue(w: DeploymentWords) -> Deployment:
             w.engine_args,
             tensor_parallel_size=w.tp,
             replicas=w.replicas,
+            router=w.router,
             gpu_file=w.gpu_file,
             vllm_version=w.vllm_version,
         )
     return build_engine_deployment(
-        w.engine, w.gpu, w.model, w.engine_args, tensor_parallel_size=w.tp, replicas=w.replicas, gpu_file=w.gpu_file
+        w.engine,
+        w.gpu,
+        w.model,
+        w.engine_args,
+        tensor_parallel_size=w.tp,
+        replicas=w.replicas,
+        router=w.router,
+        gpu_file=w.gpu_file,
     )
 
 
@@ -294,6 +304,7 @@ def _simulated_deployment(run_info: dict[str, Any], w: DeploymentWords) -> Deplo
         engine_args=w.engine_args or flags.get("engine_args") or "",
         tp=w.tp if w.tp is not None else flags.get("tp"),
         replicas=w.replicas if w.replicas is not None else flags.get("replicas"),
+        router=flags.get("router") or w.router,
         gpu_file=w.gpu_file or path("gpu_file"),
         vllm_version=w.vllm_version or flags.get("vllm_version"),
     )

@@ -17,7 +17,7 @@ import numpy as np
 
 from servelab.errors import InputError
 from servelab.diagnose.evidence import arrival_of, workload_of
-from servelab.metrics.records import MemorySink
+from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.results import RunResult
 from servelab.metrics.timeline import TimelineSample
 from servelab.targets.deployment import Deployment
@@ -215,19 +215,38 @@ def from_run(run: RunResult, warmup: float = 0.0) -> Scenario:
     concurrency = arrival.get("max_concurrency")
     closed = arrival.get("request_rate") in (None, "inf", float("inf"))
     t0 = records[0].intended_time
+    system_prompts = int(workload.get("system_prompts") or 0) if workload.get("system_prompt_len") else 0
+    chats = _chat_links(records, system_prompts) if workload.get("dataset_name") == "multiturn" else None
     shapes = tuple(
         Shape(
             max(1, r.prompt_tokens),
             max(1, r.output_tokens),
             0.0 if closed else r.intended_time - t0,
-            r.prefix_group,
+            *(chats[i] if chats else (r.prefix_group, None)),
         )
-        for r in records
+        for i, r in enumerate(records)
     )
-    prefix_len = int(workload.get("prefix_len", 0) or 0)
+    prefix_len = int(workload.get("prefix_len", 0) or workload.get("system_prompt_len", 0) or 0)
     rate = arrival.get("request_rate")
     nominal = None if closed else float(rate)
     return Scenario(shapes, concurrency, prefix_len, 0, {"replayed_from": str(run.directory)}, nominal)
+
+
+def _chat_links(records: list[RequestRecord], system_prompts: int) -> list[tuple[int | None, int | None]]:
+    """(prefix_group, after) of each record of a multiturn run, whose records carry their conversation in
+    prefix_group: a turn resends the conversation's previous turn (`after`), and a first turn opens with one of the
+    run's system prompts. Which one a conversation drew is not recorded: conversation c gets prompt c mod their
+    count, so as many conversations share each prompt as in the run, on average."""
+    last_turn: dict[int, int] = {}
+    links: list[tuple[int | None, int | None]] = []
+    for i, r in enumerate(records):
+        conversation = r.prefix_group
+        after = last_turn.get(conversation) if conversation is not None else None
+        opens = after is None and conversation is not None and system_prompts > 0
+        links.append(((conversation % system_prompts) if opens else None, after))
+        if conversation is not None:
+            last_turn[conversation] = i
+    return links
 
 
 def simulate(deployment: Deployment, scenario: Scenario, scrape_interval: float = 0.5) -> RunResult:

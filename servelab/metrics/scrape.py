@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import asyncio
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -219,15 +219,15 @@ class ReplicaScrapers:
         await asyncio.gather(*(s.sample_once() for s in self.scrapers))
 
     def loads(self) -> list[dict[str, object]]:
-        return [replica_load(s) for s in self.scrapers]
+        return [replica_load(s.url, s.samples, s.failures) for s in self.scrapers]
 
 
-def replica_load(scraper: MetricsScraper) -> dict[str, object]:
-    """One replica's share of the run from its scraped samples: counters as differences over the run (requests it
-    finished, prefix-cache queries and hits), gauges as mean and peak (waiting, running, KV usage). None where the
-    replica did not export the quantity or no scrape answered."""
-    samples = scraper.samples
-    out: dict[str, object] = {"url": scraper.url, "samples": len(samples), "failures": scraper.failures}
+def replica_load(url: str, samples: Sequence[TimelineSample], failures: int = 0) -> dict[str, object]:
+    """One replica's share of the run from its samples (a real replica's scrapes, or a simulated replica's own
+    metrics): counters as differences over the run (requests it finished, prefix-cache queries and hits), gauges as
+    mean and peak (waiting, running, KV usage). None where the replica did not export the quantity or no scrape
+    answered."""
+    out: dict[str, object] = {"url": url, "samples": len(samples), "failures": failures}
 
     def delta(name: str) -> float | None:
         have = [s.values[name] for s in samples if name in s.values]

@@ -21,6 +21,7 @@ from servelab.report import figures, tables
 from servelab.report.compare_results import compare_blocks
 from servelab.report.diagnosis_html import diagnosed, diagnosis_html
 from servelab.report.inputs import ReportInputs
+from servelab.report.replicas import fleets_of, replicas_figure, replicas_table
 from servelab.report.tune_results import tune_blocks
 from servelab.report.validation_results import validation_blocks
 
@@ -61,6 +62,20 @@ def summary_section(inputs: ReportInputs) -> Section | None:
         title="Summary",
         lead="Statistics over successful requests after warm-up, with the same definitions as vllm bench serve.",
         blocks=[tables.summary_table(inputs.all_runs)],
+    )
+
+
+def replicas_section(inputs: ReportInputs) -> Section | None:
+    fleets = fleets_of(inputs)
+    if not fleets:
+        return None
+    return Section(
+        key="replicas",
+        title="Replicas",
+        lead="Each replica of a fleet: what it served, how fast, and what its prefix cache hit (where its /metrics "
+        "was read). One replica far busier than the rest is the router's imbalance; low hit rates on every replica "
+        "of a chat or shared-prompt workload are prompts sent where they were not cached.",
+        blocks=[replicas_figure(fleets), *(replicas_table(run, rows) for run, rows in fleets)],
     )
 
 
@@ -201,6 +216,7 @@ def compare_section(inputs: ReportInputs) -> Section | None:
 SECTIONS: tuple[SectionBuilder, ...] = (
     parameters_section,
     summary_section,
+    replicas_section,
     diagnosis_section,
     tune_section,
     validation_section,

@@ -66,7 +66,9 @@ def _recommendation_text(doc: TuneDocument) -> str:
     how = "measured on the real server" if rec.source == RecommendationSource.STAGE2 else "predicted by the simulator"
     gain = rec.gain_over_baseline
     times = "" if gain is None else f", {gain:.2f}× the baseline"
-    return f"{rec.engine_args or '(vLLM defaults)'}: {number(rec.score)} {doc.objective.unit} ({how}{times})"
+    return (
+        f"{rec.engine_args or '(vLLM defaults)'}{rec.routed()}: {number(rec.score)} {doc.objective.unit} ({how}{times})"
+    )
 
 
 def study_table(doc: TuneDocument) -> str:

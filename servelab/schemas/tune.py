@@ -165,6 +165,17 @@ class Recommendation(OpenModel):
     baseline_score: float | None
     gain_over_baseline: float | None
 
+    @property
+    def router(self) -> str | None:
+        """The router in front of the replicas, when the search varied it (`router`, not an engine flag, so not in
+        engine_args)."""
+        value = self.params.get("router")
+        return None if value is None else str(value)
+
+    def routed(self) -> str:
+        """ " behind the X router" where the search chose one, else nothing: for the line that names the config."""
+        return f" behind the {self.router} router" if self.router else ""
+
 
 class AsGiven(OpenModel):
     """A description another layer wrote (Deployment.describe(), a load plan's description): typed for reading,

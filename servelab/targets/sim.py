@@ -30,6 +30,7 @@ import numpy as np
 from servelab.metrics import timeline as tl
 from servelab.metrics.intervals import Tier
 from servelab.metrics.records import ERROR, OK, RecordSink, RequestRecord
+from servelab.metrics.scrape import replica_load
 from servelab.metrics.timeline import TimelineSample
 from servelab.perf.cost_model import CostCoefficients, CostModel
 from servelab.perf.engine_config import EngineConfig
@@ -179,12 +180,18 @@ class SimTarget:
             "sim_wall_s": wall,
             "steps_per_s": steps / wall if wall > 0 else 0.0,
         }
+        if sim.replica_samples is not None:
+            info["replicas"] = sim.replica_loads()
         stats = {
             "engine_steps": steps,
             "engine_busy_s": [e.busy_time for e in engines],
             "frontend_busy_s": sim.frontend_busy,
         }
         return TargetRun(duration=duration, server_info=info, client_stats=stats)
+
+
+REPLICA_NAME = "replica-{}"
+"""A simulated fleet's replica i, where a real fleet's records and loads name its URL."""
 
 
 @dataclass(order=True, slots=True)
@@ -256,6 +263,12 @@ class _Simulation:
         self.first_send = float("inf")
         self.last_finish = float("-inf")
         self.now = 0.0
+        fleet = len(engines) > 1
+        self.replica_names = [REPLICA_NAME.format(i) for i in range(len(engines))] if fleet else None
+        """A fleet's replicas as its records and loads name them (a record's base_url, as bench's several URLs)."""
+        self.replica_samples: list[list[TimelineSample]] | None = [[] for _ in engines] if fleet else None
+        """A fleet's per-replica metrics at each sample: what bench scrapes from each replica's /metrics."""
+        self.served = [0] * len(engines)
 
     # -- the loop ---------------------------------------------------------
 
@@ -293,11 +306,24 @@ class _Simulation:
         if self.on_sample is None:
             return
         values: dict[str, float] = {}
-        for engine in self.engines:
-            for name, v in engine.metrics(t).items():
+        for i, engine in enumerate(self.engines):
+            own = engine.metrics(t)
+            if self.replica_samples is not None:
+                self.replica_samples[i].append(TimelineSample(t=t, values=own))
+            for name, v in own.items():
                 values[name] = values.get(name, 0) + v
         values[tl.KV_USAGE] /= len(self.engines)
         self.on_sample(TimelineSample(t=t, values=values))
+
+    def replica_loads(self) -> list[dict[str, object]]:
+        """Each replica's load over the run, in the shape bench records for a real fleet (metrics.scrape)."""
+        assert self.replica_names is not None and self.replica_samples is not None
+        loads = []
+        for name, samples, served in zip(self.replica_names, self.replica_samples, self.served):
+            load = replica_load(name, samples)
+            load["requests_served"] = served  # the simulated engine exports no e2e histogram to count them from
+            loads.append(load)
+        return loads
 
     # -- release (the HttpTarget rules) -----------------------------------
 
@@ -410,6 +436,8 @@ class _Simulation:
             self.server_of.pop(spec.index, None)
             rec = self._record(spec, send, now + self.latency)
             rec.status, rec.error_kind, rec.error = ERROR, _REJECTED, str(exc)
+            if self.replica_names is not None:
+                rec.base_url = self.replica_names[i]
             self._push(now + self.latency, _CLIENT, lambda t, r=rec: self._deliver(r))
             return
         self.in_engine[spec.index] = req
@@ -580,6 +608,9 @@ class _Simulation:
         rec.schedule_time = req.schedule_time
         rec.preemptions = req.preemptions
         rec.status = OK
+        if self.replica_names is not None:
+            rec.base_url = self.replica_names[i]
+            self.served[i] += 1
         return rec
 
     def _deliver(self, rec: RequestRecord) -> None:

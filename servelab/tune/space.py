@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from servelab.perf import sglang_args, trtllm_args
 from servelab.perf.engine_flags import FlagTable, choice, fraction
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
+from servelab.schemas.vocabulary import RouterPolicy
 from servelab.sim.engines import LABELS, SGLANG, TRTLLM, VLLM
 from servelab.targets.deployment import Deployment
 from servelab.targets.engine_deployment import EngineDeployment
@@ -44,6 +45,8 @@ Candidate = dict[str, Value]
 DEFAULT = "default"
 GPU = "gpu"
 """The hardware knob: a GPU name from the catalogue (the count is tensor_parallel_size x data_parallel_size)."""
+ROUTER = "router"
+"""The fleet knob: the router in front of the replicas (not an engine flag: the simulator's --router)."""
 
 
 def _int(text: str) -> int:
@@ -131,6 +134,13 @@ KNOBS: dict[str, Knob] = {
             (False, True),
             False,
             "mixture-of-experts: whole experts per GPU across TP x DP instead of every expert sliced over TP",
+        ),
+        Knob(
+            ROUTER,
+            choice(*RouterPolicy),
+            tuple(RouterPolicy),
+            False,
+            "how requests are spread over the replicas (docs/fleets.md); with data_parallel_size > 1",
         ),
         Knob(GPU, _gpu, (), False, "GPU kind from the catalogue"),
     )
@@ -353,16 +363,20 @@ def apply(base: Deployment, candidate: Mapping[str, Value], options_dir: Path | 
     """
     changes: dict[str, Any] = dict(candidate)
     gpu = changes.pop(GPU, None)
+    router = changes.pop(ROUTER, None)
     hardware = get_gpu(str(gpu)) if gpu else None
+    built: Deployment
     if isinstance(base, EngineDeployment):
-        return base.relaunched(engine_line(base.engine, base.engine_flags, changes, options_dir), hardware)
-    return base.rebuilt(hardware=hardware, **changes)
+        built = base.relaunched(engine_line(base.engine, base.engine_flags, changes, options_dir), hardware)
+    else:
+        built = base.rebuilt(hardware=hardware, **changes)
+    return replace(built, router=str(router)) if router is not None else built
 
 
 def candidate_flags(launch: Deployment, candidate: Mapping[str, Value], options_dir: Path | None = None) -> str:
     """The launch flags of another engine than vLLM for a candidate: the user's line (`launch`) with its knobs
     written in, whether or not that configuration can run (vLLM's come from the resolved deployment)."""
-    changes = {k: v for k, v in candidate.items() if k != GPU}
+    changes = {k: v for k, v in candidate.items() if k not in (GPU, ROUTER)}
     return engine_line(launch.engine, launch.engine_flags, changes, options_dir)
 
 
