@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from servelab.diagnose.fleet import FLEET_IMBALANCE, ROUTING_CACHE_MISSES, fleet_findings
+from servelab.diagnose.fleet import FLEET_IMBALANCE, OUTSIDE_REPLICAS, ROUTING_CACHE_MISSES, fleet_findings
 
 
 def load(url: str, served: int, waiting: float, hits: float, queries: float) -> dict:
@@ -36,3 +36,27 @@ def test_hits_far_below_what_the_workload_repeats_are_lost_to_routing():
 def test_one_replica_or_a_balanced_well_routed_fleet_has_no_finding():
     assert fleet_findings([load("http://a", 100, 5.0, 0, 100)], 0.9) == []
     assert fleet_findings([load("http://a", 50, 0.5, 60, 100), load("http://b", 50, 0.5, 62, 100)], 0.65) == []
+
+
+def timed(url: str, served: int, server_ttft_ms: float) -> dict:
+    return load(url, served, 0.2, 50, 100) | {
+        "server_ttft_sum_s": served * server_ttft_ms / 1e3,
+        "server_ttft_count": served,
+    }
+
+
+def test_first_tokens_that_wait_behind_the_router_are_time_outside_the_replicas():
+    replicas = [timed("http://a", 60, 80.0), timed("http://b", 40, 130.0)]
+    found = fleet_findings(replicas, None, router_ttft_ms=250.0)
+    assert [f.kind for f in found] == [OUTSIDE_REPLICAS]
+    # the replicas' own mean is weighted by what each served: (60 x 80 + 40 x 130) / 100 = 100 ms
+    assert "the client's mean TTFT 250 ms against the replicas' own 100 ms: 150 ms" in found[0].evidence[2]
+    assert "http://a: first token 80 ms after the request reached it, over 60 requests" in found[0].evidence[0]
+
+
+def test_a_few_milliseconds_outside_or_no_router_is_no_finding():
+    replicas = [timed("http://a", 50, 100.0), timed("http://b", 50, 100.0)]
+    assert fleet_findings(replicas, None, router_ttft_ms=115.0) == []  # 15 ms: under the 20 ms floor
+    assert fleet_findings(replicas, None, router_ttft_ms=None) == []  # servelab routed, or a simulated fleet
+    untimed = [load("http://a", 50, 0.2, 50, 100), load("http://b", 50, 0.2, 50, 100)]
+    assert fleet_findings(untimed, None, router_ttft_ms=900.0) == []  # no replica exported its TTFT histogram

@@ -175,6 +175,7 @@ def test_cache_aware_routes_hit_more_than_round_robin_measured_and_simulated(fle
                 info = _bench(tmp_path / policy, [router.base_url], *metrics, "--seed", str(seed))
             replicas = info["replicas"]
             assert sum(r["requests_served"] for r in replicas) == 384  # every request reached a replica we scrape
+            assert [r["server_ttft_count"] for r in replicas] == [r["requests_served"] for r in replicas]
             measured[f"vllm-router {policy}"] = _hit_rate(replicas)
             rows.append(_row(f"vllm-router --policy {policy}", replicas, load_run(tmp_path / policy).summary))
 

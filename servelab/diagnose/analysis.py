@@ -304,6 +304,7 @@ def analyse(
     fleet = fleet_findings(
         (run.run_info.get("server_info") or {}).get("replicas") or [],  # a fleet's replicas
         scenario.mean_shared / scenario.mean_input if scenario.mean_input else None,
+        e.mean_ttft_ms if (run.run_info.get("flags") or {}).get("replica_metrics_urls") else None,  # behind a router
     )
     priced = with_alternatives if with_alternatives is not None else (observed.latency or gpu_cost_per_hour is not None)
     described = source == DiagnosisSource.DESCRIBED

@@ -9,7 +9,9 @@ Two things only a fleet can get wrong, read off each replica's own `/metrics` ov
   rate is set against the share of prompt tokens the workload itself repeats: what one cache shared by every
   replica could have hit at most.
 
-A router's own overhead is not here: it needs a run straight to a replica beside one through the router.
+- time outside the replicas, behind a router: the client's mean TTFT against the replicas' own (their TTFT
+  histograms time a request from when it reached them), so what is left is the router's queueing, scoring and
+  proxying, the network and the client. Which of those it is needs a run straight to one replica beside it.
 """
 
 from __future__ import annotations
@@ -29,14 +31,27 @@ IDLE = 0.1
 LOST_HITS = 0.10
 """Share of prompt tokens a route must lose to the replicas' separate caches before it is a finding."""
 CACHE_AWARE_ROUTES = "session (chats), prefix-hash or prefix-aware"
+OUTSIDE_REPLICAS = FindingKind.OUTSIDE_REPLICAS
+OUTSIDE_MS = 20.0
+"""Milliseconds of every first token outside the replicas from which a router's path is a finding..."""
+OUTSIDE_SHARE = 0.25
+"""...and the share of the client's mean TTFT it must also reach (a few ms of loopback never matter)."""
 
 
-def fleet_findings(replicas: list[dict[str, Any]], repeated_share: float | None) -> list[Finding]:
+def fleet_findings(
+    replicas: list[dict[str, Any]], repeated_share: float | None, router_ttft_ms: float | None = None
+) -> list[Finding]:
     """The fleet's findings from its replicas' loads (metrics.scrape.replica_load); `repeated_share`: the share
-    of prompt tokens a request shares with an earlier one (None: unknown). Nothing for fewer than two replicas."""
+    of prompt tokens a request shares with an earlier one (None: unknown); `router_ttft_ms`: the client's mean
+    TTFT when it went through a router (None: no router, servelab spread the load itself, or a simulated fleet).
+    Nothing for fewer than two replicas."""
     if len(replicas) < 2:
         return []
-    found = [imbalance(replicas), routing_cache_misses(replicas, repeated_share)]
+    found = [
+        imbalance(replicas),
+        routing_cache_misses(replicas, repeated_share),
+        outside_replicas(replicas, router_ttft_ms),
+    ]
     return [f for f in found if f is not None]
 
 
@@ -97,5 +112,36 @@ def routing_cache_misses(replicas: list[dict[str, Any]], repeated_share: float |
         ROUTING_CACHE_MISSES,
         "The router scatters prompts away from the replica that cached them",
         min(1.0, lost / repeated_share),
+        evidence,
+    )
+
+
+def outside_replicas(replicas: list[dict[str, Any]], client_ttft_ms: float | None) -> Finding | None:
+    sums = [load.get("server_ttft_sum_s") for load in replicas]
+    counts = [load.get("server_ttft_count") for load in replicas]
+    if client_ttft_ms is None or None in sums or None in counts or not sum(counts):
+        return None
+    server_ms = 1e3 * sum(sums) / sum(counts)
+    outside = client_ttft_ms - server_ms
+    if outside < max(OUTSIDE_MS, OUTSIDE_SHARE * client_ttft_ms):
+        return None
+    evidence = [
+        f"{_name(load)}: first token {1e3 * s / c:.0f} ms after the request reached it, over {c} requests"
+        for load, s, c in zip(replicas, sums, counts)
+        if c
+    ]
+    evidence.append(
+        f"the client's mean TTFT {client_ttft_ms:.0f} ms against the replicas' own {server_ms:.0f} ms: "
+        f"{outside:.0f} ms of every first token ({100 * outside / client_ttft_ms:.0f}%) passes outside the "
+        "replicas, in the router (its queue, its scoring, its proxying), on the network or in the client"
+    )
+    evidence.append(
+        "a run straight to one replica at its share of the load (`servelab bench --base-url REPLICA`) leaves "
+        "the network and the client; what it does not show is the router's"
+    )
+    return make_finding(
+        OUTSIDE_REPLICAS,
+        "First tokens wait outside the replicas: the router, the network or the client",
+        min(1.0, outside / client_ttft_ms),
         evidence,
     )

@@ -224,7 +224,8 @@ class ReplicaScrapers:
 
 def replica_load(url: str, samples: Sequence[TimelineSample], failures: int = 0) -> dict[str, object]:
     """One replica's share of the run from its samples (a real replica's scrapes, or a simulated replica's own
-    metrics): counters as differences over the run (requests it finished, prefix-cache queries and hits), gauges as
+    metrics): counters as differences over the run (requests it finished, prefix-cache queries and hits, its own
+    TTFT histogram's sum and count: the first tokens as the replica timed them), gauges as
     mean and peak (waiting, running, KV usage). None where the replica did not export the quantity or no scrape
     answered."""
     out: dict[str, object] = {"url": url, "samples": len(samples), "failures": failures}
@@ -239,11 +240,14 @@ def replica_load(url: str, samples: Sequence[TimelineSample], failures: int = 0)
 
     served = delta(tl.E2E_COUNT)
     hits, queries = delta(tl.PREFIX_HITS), delta(tl.PREFIX_QUERIES)
+    ttft_count = delta(tl.TTFT_COUNT)
     out.update(
         requests_served=None if served is None else int(round(served)),
         prefix_cache_queries=queries,
         prefix_cache_hits=hits,
         prefix_cache_hit_rate=hits / queries if hits is not None and queries else None,
+        server_ttft_sum_s=delta(tl.TTFT_SUM),
+        server_ttft_count=None if ttft_count is None else int(round(ttft_count)),
     )
     for key, name in (("waiting", tl.WAITING), ("running", tl.RUNNING), ("kv_usage", tl.KV_USAGE)):
         mean, peak = gauge(name)

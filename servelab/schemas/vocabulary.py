@@ -94,6 +94,8 @@ class FindingKind(StrEnum):
     """Replicas behind a router: one queues while another idles (diagnose/fleet.py)."""
     ROUTING_CACHE_MISSES = "routing_cache_misses"
     """Replicas behind a router: prefix-cache hits lost to a route that scatters shared prompts."""
+    OUTSIDE_REPLICAS = "outside_replicas"
+    """Replicas behind a router: first tokens wait between the client and the replicas (router, network, client)."""
 
 
 class Verdict(StrEnum):
