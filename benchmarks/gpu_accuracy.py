@@ -81,7 +81,7 @@ from servelab.metrics.intervals import (
 )
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
-from servelab.perf.calibration import EnvironmentFit
+from servelab.schemas.profile import EnvironmentFit
 from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.published import LENGTHS, PUBLISHED, published_entries

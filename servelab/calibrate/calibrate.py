@@ -50,13 +50,8 @@ from servelab.metrics.scrape import server_cache_config
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample
 from servelab.errors import EXIT_DISTURBED, ServelabError
-from servelab.perf.calibration import (
-    CalibrationProfile,
-    CostFit,
-    StepObservation,
-    fit_cost_model,
-    model_spec_dict,
-)
+from servelab.perf.calibration import CostFit, StepObservation, fit_cost_model, model_spec_dict
+from servelab.schemas.profile import CalibrationProfile
 from servelab.perf.cost_model import StepBatch
 from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.engine_config import EngineConfig

@@ -41,14 +41,8 @@ from servelab.calibrate.request import CalibrateRequest
 from servelab.metrics.imports import MeasuredRun, read_measured_runs
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
-from servelab.perf.calibration import (
-    CalibrationOrigin,
-    CalibrationProfile,
-    EnvironmentFit,
-    MetricFit,
-    RunFit,
-    model_spec_dict,
-)
+from servelab.perf.calibration import model_spec_dict
+from servelab.schemas.profile import CalibrationOrigin, CalibrationProfile, EnvironmentFit, MetricFit, RunFit
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
 from servelab.targets.deployment import Deployment, build_deployment

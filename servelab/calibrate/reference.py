@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.calibrate.probes import DECODE, MAX_BUNCHED, Probe, bunched_fraction, probe_load, run_into
-from servelab.perf.calibration import ReferenceTiming
+from servelab.schemas.profile import ReferenceTiming
 from servelab.targets.base import Target
 
 REFERENCE_BATCH, REFERENCE_PROMPT, REFERENCE_OUTPUT = 4, 16, 64

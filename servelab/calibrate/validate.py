@@ -49,7 +49,8 @@ from servelab.calibrate.reference import time_reference
 from servelab.metrics.host import HostWatch, condition_changes
 from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.summary import summarize
-from servelab.perf.calibration import CalibrationProfile, ReferenceTiming, SpeedChange, load_profile, reference_too_wide
+from servelab.perf.calibration import load_profile
+from servelab.schemas.profile import CalibrationProfile, ReferenceTiming, SpeedChange, reference_too_wide
 from servelab.perf.errors import PerfConfigError
 from servelab.targets.deployment import Deployment
 from servelab.targets.base import Target

@@ -11,8 +11,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.expert_parallel import ExpertLayout, all_to_all_time, expert_layer_scale
@@ -31,6 +29,7 @@ from servelab.perf.memory import (
 )
 from servelab.perf.models import ModelSpec
 from servelab.perf.quantization import WeightFormat, non_expert_weight_format, weight_format
+from servelab.schemas.profile import CostCoefficients as CostCoefficients  # saved in a profile; the roofline's knobs
 
 
 @dataclass(slots=True)
@@ -68,99 +67,6 @@ def prefill_attention_work(new_tokens: int, cached_tokens: int) -> int:
     return new_tokens * cached_tokens + new_tokens * (new_tokens + 1) // 2
 
 
-class CostCoefficients(BaseModel):
-    """Every tunable number of the roofline in one place, so `calibrate` can fit and save them.
-
-    Efficiencies are fractions of the datasheet peak actually reached; defaults are
-    typical of vLLM on A100/H100 for 7-8B models (large bf16 GEMMs reach ~70% of
-    peak, decode weight streaming ~80% of HBM bandwidth, FlashAttention prefill ~50%
-    of peak, paged decode attention ~70% of bandwidth) and a V1 step with CUDA graphs
-    costs ~0.8 ms of scheduling, input preparation and sampling outside the GPU
-    kernels (TPOT at batch 1 is ~1 ms above weights/bandwidth on both chips).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    compute_efficiency: float = Field(0.7, gt=0, le=1)
-    memory_efficiency: float = Field(0.8, gt=0, le=1)
-    attention_compute_efficiency: float = Field(0.5, gt=0, le=1)
-    attention_memory_efficiency: float = Field(0.7, gt=0, le=1)
-    interconnect_efficiency: float = Field(0.7, gt=0, le=1)
-    allreduce_latency_s: float = Field(8e-6, ge=0)
-    """Fixed cost of one all-reduce launch (vLLM's custom all-reduce, small messages)."""
-    step_overhead_s: float = Field(8e-4, ge=0)
-    per_request_overhead_s: float = Field(8e-6, ge=0)
-    """CPU cost per scheduled request per step (input preparation, sampling bookkeeping)."""
-    prefill_step_overhead_s: float = Field(0.0, ge=0)
-    """CPU cost of a step that admits prefill chunks, once per step whatever their number.
-
-    The model runner changes its persistent batch: new request states, block
-    table rows, and the sampling metadata rebuilt for the new composition
-    (vLLM 0.32 `GPUModelRunner._update_states` + `InputBatch.refresh_metadata`,
-    the same code on the CPU backend). A request leaving costs about as much on
-    a later step; in a closed loop every request joins and leaves once, so the
-    fitted value stands for both. Measured on the vLLM CPU server with the tiny
-    model: ~0.2 ms per such step plus ~0.1 ms per admitted request (the latter is
-    `per_request_overhead_s`). 0 (unknown) for catalogue GPUs.
-    """
-    idle_wake_s: float = Field(0.0, ge=0)
-    """Extra time of the first step after the engine sat idle long (no request to run).
-
-    While idle the engine loop blocks on its input queue and the host lets the
-    cores idle: caches go cold and clocks drop, so the next step runs slower.
-    On the vLLM CPU server (2 shared cores) the engine's own prefill time grew
-    ~1.9 ms after 50-100 ms of idleness over back-to-back requests. Charged as
-    `idle_wake_s * (1 - exp(-idle / idle_wake_time_constant_s))`, which fits the
-    engine's prefill times after 2-200 ms idle within 7% (docs/validation.md).
-    0 (unknown) for catalogue GPUs.
-    """
-    idle_wake_time_constant_s: float = Field(0.02, gt=0)
-    """How fast the wake-up cost approaches `idle_wake_s` with idle time (about 20 ms on the CPU server)."""
-    eager_launch_s_per_layer: float = Field(6.4e-4, ge=0)
-    """Host time to launch one decoder layer's kernels op by op from Python, for a step run without CUDA graphs.
-
-    Such a step cannot end before the host has launched every kernel, so its GPU part is at least
-    layers x this (the GPU waits on the launches when they are slower than its kernels). A host property,
-    so the default is read off a published eager run: vLLM `--enforce-eager` on an A100-80GB host, Llama-3.1-8B
-    at 20 concurrent requests, median TPOT 20.8 ms (staru09/llm_infra_bench, published.yaml), which the
-    replay meets at 0.64 ms. Measured on three H200 hosts for an engine-like decoder (benchmarks/gpu_step_probe.py,
-    2026-12-04): medians 0.63, 0.34 and 0.48 ms, so hosts differ ~2x; a calibration profile's coefficients carry
-    another host's value.
-    """
-
-    def cpu_step_time(self, num_scheduled: int, admits_prefill: bool) -> float:
-        """The engine core's CPU share of a step's time: the part async scheduling overlaps with the GPU.
-
-        The same three terms the roofline adds to every step (schedule, input
-        preparation, output bookkeeping), so step time minus this is the GPU's.
-        """
-        cpu = self.step_overhead_s + num_scheduled * self.per_request_overhead_s
-        return cpu + self.prefill_step_overhead_s if admits_prefill else cpu
-
-    def to_json(self) -> str:
-        return self.model_dump_json(indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> CostCoefficients:
-        return cls.model_validate_json(text)
-
-    @classmethod
-    def ideal(cls) -> CostCoefficients:
-        """Datasheet peaks and no overhead: a strict lower bound on step time (upper bound on throughput)."""
-        return cls(
-            compute_efficiency=1,
-            memory_efficiency=1,
-            attention_compute_efficiency=1,
-            attention_memory_efficiency=1,
-            interconnect_efficiency=1,
-            allreduce_latency_s=0,
-            step_overhead_s=0,
-            per_request_overhead_s=0,
-            prefill_step_overhead_s=0,
-            idle_wake_s=0,
-        )
-
-
 _GPU_FIELDS = frozenset(
     {
         "compute_efficiency",
@@ -171,7 +77,8 @@ _GPU_FIELDS = frozenset(
         "allreduce_latency_s",
     }
 )
-"""The CostCoefficients the kernel fit replaces; a caller who sets any of them (a calibration) keeps the datasheet form."""
+"""The CostCoefficients the kernel fit replaces; a caller who sets any of them (a calibration) keeps the datasheet
+form."""
 
 DATASHEET = "datasheet-roofline"
 
