@@ -230,10 +230,9 @@ def run_probes(
             r.seconds.append(clock() - t0)
             figures = measured_figures(records, samples, summary)
             if figures["failed"]:
-                errors = {rec.error_kind for rec in records if not rec.ok}
+                reasons = ", ".join(sorted({str(rec.error_kind) for rec in records if not rec.ok}))
                 raise CalibrationError(
-                    f"probe {probe.name} had {figures['failed']} failed requests ({', '.join(sorted(map(str, errors)))}); "
-                    f"see {sub}"
+                    f"probe {probe.name} had {figures['failed']} failed requests ({reasons}); see {sub}"
                 )
             r.passes.append(figures)
             r.directories.append(str(sub))
@@ -359,7 +358,8 @@ def mirrored_engine_args(engine_args: str, cache: dict[str, str], served: dict[s
 
 
 def fit_runs(runs: list[ProbeRuns], probed: Deployment, source: str) -> tuple[CostFit, Deployment]:
-    """The fit of the probed deployment's cost model to the runs, and the same deployment with the fitted roofline and frontend."""
+    """The fit of the probed deployment's cost model to the runs, and the same deployment with the fitted roofline
+    and frontend."""
     fit = fit_cost_model(probed.hardware, probed.model, probed.config, observations(runs, probed.config), source=source)
     deployment = Deployment.build(
         fit.hardware,
@@ -425,7 +425,7 @@ def fit_frontend(runs: list[ProbeRuns], deployment: Deployment) -> Deployment:
 
 
 def run(request: CalibrateRequest, progress: Callable[[str], None] = lambda _: None) -> CalibrationProfile:
-    """`servelab calibrate`: probe the live server, or fit to the results given; the profile is written to `request.out`."""
+    """`servelab calibrate`: probe the live server, or fit to the results given; the profile goes to `request.out`."""
     return probe_server(request, progress) if request.live else calibrate_from(request, progress)
 
 

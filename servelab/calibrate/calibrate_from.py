@@ -162,7 +162,8 @@ def _bounds(base: Deployment) -> tuple[np.ndarray, np.ndarray]:
 
 
 def sensitivities(objective: _Objective, x: np.ndarray) -> dict[str, float]:
-    """Per parameter, the largest |change| of any fitted figure (log ratio) when it moves by its test step, up and down."""
+    """Per parameter, the largest |change| of any fitted figure (log ratio) when it moves by its test step, up and
+    down."""
     here = objective.residuals_at(x)
     steps = (*[_SCALE_TEST_STEP] * 4, _OUTSIDE_TEST_STEP_S / _OUTSIDE_UNIT_S)
     out = {}

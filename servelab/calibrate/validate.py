@@ -421,7 +421,8 @@ def point_result(point: Point, repeats: list[Repeat]) -> PointResult:
 def speed_checks(
     calibrated: ReferenceTiming | None, timings: list[tuple[str, ReferenceTiming]]
 ) -> list[SpeedChange | None]:
-    """Each timing against the profile's (None where there is nothing comparable: no reference, another workload, stalls)."""
+    """Each timing against the profile's (None where there is nothing comparable: no reference, another workload,
+    stalls)."""
     if calibrated is None:
         return [None] * len(timings)
     return [calibrated.speed_change(t) if t.workload == calibrated.workload else None for _, t in timings]

@@ -100,7 +100,8 @@ def _text(value: str | bytes) -> str:
 
 
 class HostWatch:
-    """Host conditions over an interval: start() ... conditions(). Cheap (two small file reads), so it brackets any run."""
+    """Host conditions over an interval: start() ... conditions(). Cheap (two small file reads), so it brackets any
+    run."""
 
     def __init__(self, stat_path: Path = PROC_STAT) -> None:
         self._stat_path = stat_path
@@ -132,7 +133,8 @@ THROTTLE_IDLE = 0x1
 
 
 def condition_changes(then: dict[str, Any], now: dict[str, Any], *, now_label: str, then_label: str) -> list[str]:
-    """What differs between two hosts' conditions in a way that changes timings, one sentence each; [] when nothing does.
+    """What differs between two hosts' conditions in a way that changes timings, one sentence each; [] when nothing
+    does.
 
     Only what can be attributed is named: CPU time taken by other guests (steal),
     and GPU clocks lowered or throttled. The load average is not compared: on a

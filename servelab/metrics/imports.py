@@ -182,7 +182,8 @@ def _check_consistent(source: str, facts: _FileFacts, flags: WorkloadFlags) -> N
 
 
 def _requests_from_flags(source: str, facts: _FileFacts, flags: WorkloadFlags) -> tuple[list[RequestSpec], str]:
-    """The requests of an aggregate-only file: simulate's workload flags, with the file's own facts where no flag is given."""
+    """The requests of an aggregate-only file: simulate's workload flags, with the file's own facts where no flag is
+    given."""
     _check_consistent(source, facts, flags)
     dataset = flags.dataset_name or "random"
     lengths_from = "flags" if flags.given else "file totals"
@@ -241,7 +242,8 @@ def _specs(
 
 
 def _poisson_arrivals(n: int, rate: float | None, burstiness: float, seed: int) -> list[float]:
-    """Arrival times of an open loop at `rate` (gamma gaps of shape `burstiness`, as vLLM draws them); 0s for a burst."""
+    """Arrival times of an open loop at `rate` (gamma gaps of shape `burstiness`, as vLLM draws them); 0s for a
+    burst."""
     if rate is None or math.isinf(rate):
         return [0.0] * n
     gaps = np.random.default_rng([seed, 7]).gamma(burstiness, 1.0 / (rate * burstiness), n)
@@ -396,7 +398,8 @@ def _distribution(metrics: dict[str, Any], name: str, key: str, scale: float = 1
 
 
 def _guidellm_strategy(benchmark: dict[str, Any]) -> tuple[float | None, int | None]:
-    """(request rate, concurrency) of a GuideLLM scheduling strategy: synchronous, concurrent, throughput, constant, poisson."""
+    """(request rate, concurrency) of a GuideLLM scheduling strategy: synchronous, concurrent, throughput, constant,
+    poisson."""
     config = benchmark.get("config") or benchmark.get("args") or {}
     strategy = config.get("strategy") or benchmark.get("strategy") or {}
     kind = str(strategy.get("type_") or strategy.get("type") or "")

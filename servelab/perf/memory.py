@@ -120,7 +120,8 @@ def routed_expert_bytes(model: ModelSpec, quantization: str | None, hardware: Ha
 
 
 def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
-    """KV heads are split across ranks, and replicated once TP exceeds their number (MLA's one latent: on every rank)."""
+    """KV heads are split across ranks, and replicated once TP exceeds their number (MLA's one latent: on every
+    rank)."""
     if model.mla:
         return 1
     return max(1, model.num_kv_heads // tp)
@@ -208,8 +209,8 @@ def plan_memory(
     if non_kv + max(kv_cache, 0) > budget or kv_cache <= 0:
         raise PerfConfigError(
             f"{model.name} does not fit: weights {weights / GiB:.1f} GiB per GPU (TP={tp}), "
-            f"activations ~{activations / GiB:.1f} GiB, CUDA graphs ~{graphs / GiB:.1f} GiB, other ~{non_torch / GiB:.1f} "
-            f"GiB "
+            f"activations ~{activations / GiB:.1f} GiB, CUDA graphs ~{graphs / GiB:.1f} GiB, "
+            f"other ~{non_torch / GiB:.1f} GiB "
             f"leave {(budget - non_kv) / GiB:.1f} GiB for the KV cache out of {budget_name}; "
             "raise --gpu-memory-utilization or --tensor-parallel-size, quantize the weights, "
             "or lower --max-num-batched-tokens / --max-num-seqs"

@@ -161,7 +161,8 @@ def _read_options(path: str, out: ParsedTRTLLM, values: dict[str, Any]) -> None:
 
 
 def parse_trtllm_args(line: str | Sequence[str]) -> ParsedTRTLLM:
-    """A `trtllm-serve MODEL ...` line (or its flags) as TRTLLMSettings, with what was obsolete, unknown or unmodelled."""
+    """A `trtllm-serve MODEL ...` line (or its flags) as TRTLLMSettings, with what was obsolete, unknown or
+    unmodelled."""
     parsed = parse_flags(line, FLAGS)
     values = dict(parsed.values)
     out = ParsedTRTLLM(TRTLLMSettings(), list(parsed.warnings), list(parsed.obsolete), list(parsed.unknown))
