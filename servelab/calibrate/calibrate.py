@@ -55,8 +55,8 @@ from servelab.schemas.profile import CalibrationProfile
 from servelab.perf.cost_model import StepBatch
 from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.engine_config import EngineConfig
-from servelab.perf.hardware import get_gpu
-from servelab.perf.models import get_model
+from servelab.perf.hardware import Hardware, get_gpu
+from servelab.perf.models import ModelSpec, get_model
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.targets.deployment import Deployment
 from servelab.targets.http import HttpTarget
@@ -429,10 +429,22 @@ def run(request: CalibrateRequest, progress: Callable[[str], None] = lambda _: N
     return probe_server(request, progress) if request.live else calibrate_from(request, progress)
 
 
-def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = lambda _: None) -> CalibrationProfile:
-    """Probe the server at `request.base_url` within its budget, fit, check in the simulator, write the profile."""
+@dataclass(frozen=True)
+class _ProbedServer:
+    """The live server as calibrate found it: what it serves, its own cache figures, and the deployment mirrored
+    from them (the flags the probes ran with)."""
+
+    target: HttpTarget
+    model: str
+    max_model_len: object
+    cache: dict[str, str]
+    engine_args: str
+    deployment: Deployment
+
+
+def _connect(request: CalibrateRequest, hardware: Hardware, spec: ModelSpec) -> _ProbedServer:
+    """Check the server answers (preflight) and mirror its configuration: the flags given plus what it reports."""
     assert request.base_url is not None, "a live calibration"
-    hardware, spec = get_gpu(request.gpu), get_model(request.model)
     target = HttpTarget(
         request.base_url,
         model=request.served_model,
@@ -445,10 +457,19 @@ def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = la
     served: dict[str, object] = next((m for m in info["models"] if m.get("id") == info["model"]), {})
     cache = server_cache_config(request.base_url)
     probed_args = mirrored_engine_args(request.engine_args, cache, served)
-    probed = Deployment.build(hardware, spec, parse_engine_args(probed_args).config)
+    config = parse_engine_args(probed_args).config
+    deployment = Deployment.build(hardware, spec, config)
+    return _ProbedServer(target, info["model"], served.get("max_model_len"), cache, probed_args, deployment)
+
+
+def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = lambda _: None) -> CalibrationProfile:
+    """Probe the server at `request.base_url` within its budget, fit, check in the simulator, write the profile."""
+    hardware, spec = get_gpu(request.gpu), get_model(request.model)
+    server = _connect(request, hardware, spec)
+    probed, target = server.deployment, server.target
     directory = request.probe_dir
     t0 = time.monotonic()
-    run_info = {"verb": "calibrate", "engine_args": probed_args}
+    run_info = {"verb": "calibrate", "engine_args": server.engine_args}
     host = HostWatch().start()
     reference_args = (probed.config.max_num_seqs, spec.vocab_size)
     before = time_reference(target, *reference_args, directory / "reference-before", run_info, warm_up=True)
@@ -464,25 +485,18 @@ def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = la
     after = time_reference(target, *reference_args, directory / "reference-after", run_info)
     elapsed = time.monotonic() - t0
     source = (
-        f"fitted by servelab calibrate against {request.base_url} ({info['model']}) on "
+        f"fitted by servelab calibrate against {request.base_url} ({server.model}) on "
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}; not a datasheet rate"
     )
     fit, deployment = fit_runs(runs, probed, source)
     profile = CalibrationProfile(
         created_at=time.time(),
-        server={
-            "base_url": target.base_url,
-            "model": info["model"],
-            "max_model_len": served.get("max_model_len"),
-            "cache_config": {
-                k: cache[k] for k in ("block_size", "kv_cache_memory_bytes", "num_gpu_blocks") if k in cache
-            },
-        },
+        server=_server_report(server),
         hardware=fit.hardware,
         gpu=hardware.name,
         model_source=str(request.model),
         model_spec=model_spec_dict(spec),
-        engine_args=probed_args,
+        engine_args=server.engine_args,
         engine_config=asdict(probed.config),
         coefficients=fit.coefficients,
         network_latency_s=deployment.network_latency,
@@ -498,6 +512,17 @@ def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = la
     )
     profile.save(request.out)
     return profile
+
+
+def _server_report(server: _ProbedServer) -> dict[str, object]:
+    """The profile's `server`: where it was measured and what the server reported of its cache."""
+    cache_keys = ("block_size", "kv_cache_memory_bytes", "num_gpu_blocks")
+    return {
+        "base_url": server.target.base_url,
+        "model": server.model,
+        "max_model_len": server.max_model_len,
+        "cache_config": {k: server.cache[k] for k in cache_keys if k in server.cache},
+    }
 
 
 def fit_report(fit: CostFit) -> dict[str, object]:

@@ -246,6 +246,31 @@ def fit_from_runs(
         raise CalibrateFromError("no measured runs to calibrate on")
     check_runs_fit_deployment(runs, deployment)
     t0 = time.monotonic()
+    environment, fitted = fit_environment(runs, deployment, max_evaluations, progress)
+    progress(f"fitted in {environment.evaluations} simulations of every run, {time.monotonic() - t0:.1f} s")
+    return CalibrationProfile(
+        created_at=time.time(),
+        server={"from_runs": [r.source for r in runs]},
+        hardware=deployment.hardware,
+        gpu=deployment.hardware.name,
+        model_source=model_source or deployment.model.name,
+        model_spec=model_spec_dict(deployment.model),
+        engine_args=deployment.engine_args() if engine_args is None else engine_args,
+        engine_config=asdict(deployment.config),
+        coefficients=fitted.coefficients,
+        network_latency_s=fitted.network_latency,
+        frontend_s_per_request=fitted.api.per_request_s,
+        elapsed_s=time.monotonic() - t0,
+        origin=CalibrationOrigin.RUNS,
+        environment=environment,
+    )
+
+
+def fit_environment(
+    runs: Sequence[MeasuredRun], deployment: Deployment, max_evaluations: int, progress: Callable[[str], None]
+) -> tuple[EnvironmentFit, Deployment]:
+    """The five environment parameters fitted to `runs`, starting from the specs (the parameters the runs barely
+    move are held there), and `deployment` with them applied."""
     costs = measured_cpu_costs(deployment.vllm_version)
     specs = Environment(1.0, 1.0, costs.default_speed_factor, costs.default_speed_factor, 0.0)
     start = specs.vector()
@@ -271,23 +296,7 @@ def fit_from_runs(
         evaluations=objective.evaluations,
         runs=fits,
     )
-    progress(f"fitted in {objective.evaluations} simulations of every run, {time.monotonic() - t0:.1f} s")
-    return CalibrationProfile(
-        created_at=time.time(),
-        server={"from_runs": [r.source for r in runs]},
-        hardware=deployment.hardware,
-        gpu=deployment.hardware.name,
-        model_source=model_source or deployment.model.name,
-        model_spec=model_spec_dict(deployment.model),
-        engine_args=deployment.engine_args() if engine_args is None else engine_args,
-        engine_config=asdict(deployment.config),
-        coefficients=fitted.coefficients,
-        network_latency_s=fitted.network_latency,
-        frontend_s_per_request=fitted.api.per_request_s,
-        elapsed_s=time.monotonic() - t0,
-        origin=CalibrationOrigin.RUNS,
-        environment=environment,
-    )
+    return environment, fitted
 
 
 def search(

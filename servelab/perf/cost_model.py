@@ -206,38 +206,13 @@ class RooflineCostModel:
         self.model = model
         tp = engine_config.tensor_parallel_size
         self.weight_format = weight_format(engine_config.quantization, model, hardware)
-        dense_format = non_expert_weight_format(engine_config.quantization, model, hardware)
-        compute_peak = hardware.peak_flops(dense_format.compute_dtype)
-        attention_peak = hardware.peak_flops("bf16")
-        memory_bw = hardware.memory_bandwidth
-
-        # Embedding rows are gathered, not streamed; a tied embedding is streamed as the LM head.
-        # Routed experts are read only when some token of the step is routed to them (_expert_time).
-        streamed = weight_bytes_per_rank(model, engine_config.quantization, hardware, tp)
-        if not model.tie_word_embeddings:
-            streamed -= model.embedding_params * model.dtype_bytes // tp
-        if model.moe:
-            streamed -= int(routed_expert_bytes(model, engine_config.quantization, hardware) / tp)
-        self._streamed_bytes = streamed
-        self._expert_bytes_per_rank = model.expert_params * self.weight_format.bytes_per_param / tp
-        self._moe, self._expert_cache = model.moe, dict[int, float]()
-        self.expert_layout = ExpertLayout(tp, engine_config.data_parallel_size, engine_config.enable_expert_parallel)
-        self._a2a_link = hardware.interconnect_bandwidth * c.interconnect_efficiency
+        self._init_weights(engine_config, tp)
         self._decode_attn_s_per_pair: float | None = None
         """Set for MLA, whose absorbed decode attention has its own FLOPs per pair."""
         kv_per_token = kv_bytes_per_token_per_rank(model, engine_config.kv_cache_dtype, tp)
         if tp > 1 and hardware.interconnect_bandwidth <= 0:
             raise PerfConfigError(f"{hardware.name} has no GPU interconnect; tensor parallelism is not possible")
-        self._step_overhead = c.step_overhead_s
-        self._request_overhead = c.per_request_overhead_s
-        self._prefill_step_overhead = c.prefill_step_overhead_s
-        self._wake, self._wake_tau = c.idle_wake_s, c.idle_wake_time_constant_s
-        self.eager_launch_s = model.num_layers * c.eager_launch_s_per_layer
-        """The host's time to launch one step's layers op by op: the least a step without CUDA graphs takes."""
-        self._all_eager, self._eager_prefill = engine_config.enforce_eager, engine_config.eager_prefill
-        self._graph_max_batch = engine_config.cuda_graph_max_batch
-        self._any_eager = self._all_eager or self._eager_prefill or self._graph_max_batch is not None
-        """Whether any step can run without graphs: the per-step check is skipped for vLLM's default deployments."""
+        self._init_host_costs(engine_config)
 
         fit, self.cost_source_note = (
             kernel_fit_for(hardware, model, engine_config, self.weight_format, c)
@@ -248,9 +223,49 @@ class RooflineCostModel:
         self.cost_source = f"kernel-fit:{hardware.name}" if fit else DATASHEET
         if fit:
             self._init_fitted(fit, model, tp, kv_per_token)
-            return
+        else:
+            self._init_datasheet(engine_config, tp, kv_per_token)
 
-        self._weight_time = streamed / (memory_bw * c.memory_efficiency)
+    def _init_weights(self, engine_config: EngineConfig, tp: int) -> None:
+        """The weight bytes every step streams, and the routed experts' bytes a step reads only when routed to.
+
+        Embedding rows are gathered, not streamed; a tied embedding is streamed as the LM head. Routed experts are
+        read only when some token of the step is routed to them (_expert_time).
+        """
+        model, hardware = self.model, self.hardware
+        streamed = weight_bytes_per_rank(model, engine_config.quantization, hardware, tp)
+        if not model.tie_word_embeddings:
+            streamed -= model.embedding_params * model.dtype_bytes // tp
+        if model.moe:
+            streamed -= int(routed_expert_bytes(model, engine_config.quantization, hardware) / tp)
+        self._streamed_bytes = streamed
+        self._expert_bytes_per_rank = model.expert_params * self.weight_format.bytes_per_param / tp
+        self._moe, self._expert_cache = model.moe, dict[int, float]()
+        self.expert_layout = ExpertLayout(tp, engine_config.data_parallel_size, engine_config.enable_expert_parallel)
+        self._a2a_link = hardware.interconnect_bandwidth * self.coefficients.interconnect_efficiency
+
+    def _init_host_costs(self, engine_config: EngineConfig) -> None:
+        """The CPU side of a step (overheads, idle wake-up) and when a step runs without CUDA graphs."""
+        c = self.coefficients
+        self._step_overhead = c.step_overhead_s
+        self._request_overhead = c.per_request_overhead_s
+        self._prefill_step_overhead = c.prefill_step_overhead_s
+        self._wake, self._wake_tau = c.idle_wake_s, c.idle_wake_time_constant_s
+        self.eager_launch_s = self.model.num_layers * c.eager_launch_s_per_layer
+        """The host's time to launch one step's layers op by op: the least a step without CUDA graphs takes."""
+        self._all_eager, self._eager_prefill = engine_config.enforce_eager, engine_config.eager_prefill
+        self._graph_max_batch = engine_config.cuda_graph_max_batch
+        self._any_eager = self._all_eager or self._eager_prefill or self._graph_max_batch is not None
+        """Whether any step can run without graphs: the per-step check is skipped for vLLM's default deployments."""
+
+    def _init_datasheet(self, engine_config: EngineConfig, tp: int, kv_per_token: float) -> None:
+        """Per-token and per-step constants of the datasheet form: peaks x efficiencies, no measured kernels."""
+        model, hardware, c = self.model, self.hardware, self.coefficients
+        dense_format = non_expert_weight_format(engine_config.quantization, model, hardware)
+        compute_peak = hardware.peak_flops(dense_format.compute_dtype)
+        attention_peak = hardware.peak_flops("bf16")
+        memory_bw = hardware.memory_bandwidth
+        self._weight_time = self._streamed_bytes / (memory_bw * c.memory_efficiency)
         self._linear_s_per_token = model.non_expert_linear_flops_per_token / tp / (compute_peak * c.compute_efficiency)
         self._lm_head_s_per_sample = model.lm_head_flops_per_token / tp / (compute_peak * c.compute_efficiency)
         self._attn_s_per_pair = model.attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency)
@@ -263,16 +278,21 @@ class RooflineCostModel:
             expert_peak = hardware.peak_flops(self.weight_format.compute_dtype) * c.compute_efficiency
             self._routed_s_per_token = model.routed_expert_flops_per_token / tp / expert_peak
             self._expert_read_s = model.num_moe_layers * self._expert_bytes_per_rank / (memory_bw * c.memory_efficiency)
-        if tp > 1:
-            ring = 2 * (tp - 1) / tp
-            per_token_bytes = model.hidden_size * model.dtype_bytes
-            allreduces = 2 * model.num_layers
-            self._comm_fixed = allreduces * c.allreduce_latency_s
-            self._comm_s_per_token = (
-                allreduces * ring * per_token_bytes / (hardware.interconnect_bandwidth * c.interconnect_efficiency)
-            )
-        else:
+        self._init_allreduce(tp)
+
+    def _init_allreduce(self, tp: int) -> None:
+        """Tensor parallelism's two all-reduces per layer: a fixed launch cost and a ring's bytes per token."""
+        if tp <= 1:
             self._comm_fixed = self._comm_s_per_token = 0.0
+            return
+        model, c = self.model, self.coefficients
+        ring = 2 * (tp - 1) / tp
+        per_token_bytes = model.hidden_size * model.dtype_bytes
+        allreduces = 2 * model.num_layers
+        self._comm_fixed = allreduces * c.allreduce_latency_s
+        self._comm_s_per_token = (
+            allreduces * ring * per_token_bytes / (self.hardware.interconnect_bandwidth * c.interconnect_efficiency)
+        )
 
     def _init_fitted(self, fit: GpuKernelFit, model: ModelSpec, tp: int, kv_per_token: float) -> None:
         """Per-token and per-step constants of the fitted form (formulas: servelab.perf.kernel_fit)."""
