@@ -27,7 +27,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -39,6 +38,7 @@ from servelab.perf.hardware import Hardware
 from servelab.perf.models import ModelSpec
 from servelab.renames import upgraded
 from servelab.schemas.profile import PROFILE_KIND, PROFILE_SCHEMA_VERSION, CalibrationProfile
+from servelab.schemas.results import Json
 
 READABLE_SCHEMA_VERSIONS = (2, 3, 4, PROFILE_SCHEMA_VERSION)
 STATISTICS_RENAMED_IN = 4
@@ -177,7 +177,7 @@ class _Space:
         r = self.rates(x)
         hw = self.hardware
         if self.free_peaks:
-            update: dict[str, Any] = {
+            update: dict[str, float | bool | dict[str, str]] = {
                 "memory_bandwidth_gbs": max(r["weight_bandwidth"], r["kv_bandwidth"]) / 1e9,
                 "placeholder": False,
                 "sources": {"datasheet": source},
@@ -273,7 +273,8 @@ class ProfileError(PerfConfigError):
     """A calibration profile that cannot be read or is of another schema."""
 
 
-def model_spec_dict(model: ModelSpec) -> dict[str, Any]:
+def model_spec_dict(model: ModelSpec) -> Json:
+    """The architecture as a profile saves it (`model_spec`: ModelSpec's fields, rebuilt by `ModelSpec(**...)`)."""
     return asdict(model)
 
 
