@@ -58,6 +58,7 @@ from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import Hardware, get_gpu
 from servelab.perf.models import ModelSpec, get_model
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
+from servelab.schemas.results import Summary
 from servelab.targets.deployment import Deployment
 from servelab.targets.http import HttpTarget
 from servelab.targets.sim import SimTarget
@@ -132,7 +133,7 @@ def interleaved(probes: list[Probe]) -> list[Probe]:
 
 
 def measured_figures(
-    records: list[RequestRecord], samples: list[TimelineSample], summary: dict[str, Any]
+    records: list[RequestRecord], samples: list[TimelineSample], summary: Summary
 ) -> dict[str, float | None]:
     """What a probe contributes: client medians, and the engine's own step count when it exports one."""
     iterations = tl.counter_delta(samples, tl.ITERATION_TOKENS_COUNT)
@@ -140,10 +141,10 @@ def measured_figures(
     prefill_s = tl.counter_delta(samples, tl.PREFILL_TIME_SUM)
     prefills = tl.counter_delta(samples, tl.PREFILL_TIME_COUNT)
     return {
-        "median_ttft_ms": summary["median_ttft_ms"] if summary["completed"] else None,
-        "median_tpot_ms": summary["median_tpot_ms"] if summary["completed"] else None,
-        "output_throughput": summary["output_throughput"],
-        "failed": summary["failed"],
+        "median_ttft_ms": summary.median_ttft_ms if summary.completed else None,
+        "median_tpot_ms": summary.median_tpot_ms if summary.completed else None,
+        "output_throughput": summary.output_throughput,
+        "failed": summary.failed,
         "engine_steps": iterations,
         "tokens_per_step": (generated / iterations) if generated and iterations else None,
         "server_prefill_ms": (1e3 * prefill_s / prefills) if prefill_s and prefills else None,
@@ -312,11 +313,11 @@ def simulate_probes(target: SimTarget, runs: list[ProbeRuns], vocab_size: int) -
     for r in runs:
         sink = MemorySink()
         target.run(probe_load(r.probe, vocab_size, seed=0), sink)
-        summary = summarize(sink.records).model_dump(exclude_unset=True)
+        summary = summarize(sink.records)
         simulated = {
-            "median_ttft_ms": summary["median_ttft_ms"],
-            "median_tpot_ms": summary["median_tpot_ms"] if r.probe.max_tokens > 1 else None,
-            "output_throughput": summary["output_throughput"],
+            "median_ttft_ms": summary.median_ttft_ms,
+            "median_tpot_ms": summary.median_tpot_ms if r.probe.max_tokens > 1 else None,
+            "output_throughput": summary.output_throughput,
         }
         measured = {k: r.figure(k) for k in keys}
         if r.probe.max_tokens <= 1:

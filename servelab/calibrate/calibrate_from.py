@@ -117,8 +117,9 @@ def simulated(deployment: Deployment, run: MeasuredRun) -> dict[str, float | Non
     """The simulated summary of the run's requests on `deployment` (REPORTED_METRICS; None where nothing completed)."""
     sink = MemorySink()
     deployment.sim_target().run(_capped(run), sink)
-    summary = summarize(sink.records).model_dump(exclude_unset=True)
-    return {k: (float(v) if (v := summary.get(k)) is not None and math.isfinite(v) else None) for k in REPORTED_METRICS}
+    summary = summarize(sink.records)
+    values = {k: summary.statistic(k) for k in REPORTED_METRICS}
+    return {k: (float(v) if v is not None and math.isfinite(v) else None) for k, v in values.items()}
 
 
 def _log_errors(run: MeasuredRun, sim: dict[str, float | None]) -> list[float]:

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 import numpy as np
 
@@ -52,6 +52,7 @@ from servelab.metrics.summary import summarize
 from servelab.perf.calibration import load_profile
 from servelab.schemas.profile import CalibrationProfile, ReferenceTiming, SpeedChange, reference_too_wide
 from servelab.perf.errors import PerfConfigError
+from servelab.schemas.results import Summary
 from servelab.targets.deployment import Deployment
 from servelab.targets.base import Target
 from servelab.schemas.validation import PointResult, ProfileRef, ServerRef, ValidationReport
@@ -153,10 +154,10 @@ def counted(records: list[RequestRecord], plan: LoadPlan) -> list[RequestRecord]
     return [r for r in records if r.index >= first_wave]
 
 
-def simulate(sim: SimTarget, plan: LoadPlan) -> dict[str, Any]:
+def simulate(sim: SimTarget, plan: LoadPlan) -> Summary:
     sink = MemorySink()
     sim.run(plan, sink)
-    return summarize(counted(sink.records, plan)).model_dump(exclude_unset=True)
+    return summarize(counted(sink.records, plan))
 
 
 def capacity(sim: SimTarget, specs: list[RequestSpec]) -> float:
@@ -184,9 +185,10 @@ def point_plan(point: Point, deployment: Deployment, sim: SimTarget, seed: int) 
     return LoadPlan(specs, description=description)
 
 
-def figures(summary: dict[str, Any]) -> dict[str, float | None]:
+def figures(summary: Summary) -> dict[str, float | None]:
     """The compared figures; None where the run measured nothing (no request completed)."""
-    return {name: None if summary[name] is None else float(summary[name]) for name in METRICS}
+    values = {name: summary.statistic(name) for name in METRICS}
+    return {name: None if value is None else float(value) for name, value in values.items()}
 
 
 def best_of(repeats: list[Repeat]) -> tuple[dict[str, float | None], dict[str, float | None]]:
@@ -389,10 +391,10 @@ class _Session:
     def repeat(self, point: Point, plan: LoadPlan, round_: int) -> Repeat:
         directory = self.out_dir / f"repeat-{round_ + 1}" / point.name
         records, _, _ = run_into(self.target, plan, directory, self.run_info)
-        summary = summarize(counted(records, plan)).model_dump(exclude_unset=True)
-        if summary["failed"]:
-            kinds = ", ".join(sorted(summary["errors_by_kind"]))
-            raise ValidateError(f"point {point.name}: {summary['failed']} requests failed ({kinds}); see {directory}")
+        summary = summarize(counted(records, plan))
+        if summary.failed:
+            kinds = ", ".join(sorted(summary.errors_by_kind))
+            raise ValidateError(f"point {point.name}: {summary.failed} requests failed ({kinds}); see {directory}")
         return {
             "workload": plan.description,
             "directory": str(directory),
