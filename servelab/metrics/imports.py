@@ -37,6 +37,7 @@ import numpy as np
 from servelab.errors import InputError
 from servelab.metrics.results import RUN, SWEEP, load_run
 from servelab.metrics.summary import summarize
+from servelab.schemas.results import Json
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.errors import WorkloadError
@@ -263,7 +264,7 @@ def _run(
     fmt: ResultFormat,
     requests: list[RequestSpec],
     max_concurrency: int | None,
-    measured: dict[str, Any],
+    measured: Json,
     lengths_from: str,
     notes: Sequence[str] = (),
 ) -> MeasuredRun:
@@ -321,7 +322,7 @@ def _rate(value: Any) -> float | None:
     return math.inf if str(value).lower() == "inf" else float(value)
 
 
-def read_vllm_bench(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> list[MeasuredRun]:
+def read_vllm_bench(path: Path, data: Json, flags: WorkloadFlags) -> list[MeasuredRun]:
     """`vllm bench serve --save-result` JSON; per-request lengths when it was saved with --save-detailed."""
     source = str(path)
     rate = _rate(data.get("request_rate"))
@@ -376,13 +377,13 @@ def read_vllm_bench(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> l
 # -- GuideLLM -----------------------------------------------------------------------------------------------------
 
 
-def _successful(metrics: dict[str, Any], name: str) -> dict[str, Any]:
+def _successful(metrics: Json, name: str) -> Json:
     """One of GuideLLM's StatusDistributionSummary's successful-request distributions ({} when absent)."""
     summary = metrics.get(name) or {}
     return summary.get("successful") or {}
 
 
-def _distribution(metrics: dict[str, Any], name: str, key: str, scale: float = 1.0) -> dict[str, float | None]:
+def _distribution(metrics: Json, name: str, key: str, scale: float = 1.0) -> dict[str, float | None]:
     d = _successful(metrics, name)
     pct = d.get("percentiles") or {}
 
@@ -397,7 +398,7 @@ def _distribution(metrics: dict[str, Any], name: str, key: str, scale: float = 1
     }
 
 
-def _guidellm_strategy(benchmark: dict[str, Any]) -> tuple[float | None, int | None]:
+def _guidellm_strategy(benchmark: Json) -> tuple[float | None, int | None]:
     """(request rate, concurrency) of a GuideLLM scheduling strategy: synchronous, concurrent, throughput, constant,
     poisson."""
     config = benchmark.get("config") or benchmark.get("args") or {}
@@ -417,7 +418,7 @@ def _guidellm_strategy(benchmark: dict[str, Any]) -> tuple[float | None, int | N
     )
 
 
-def read_guidellm(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> list[MeasuredRun]:
+def read_guidellm(path: Path, data: Json, flags: WorkloadFlags) -> list[MeasuredRun]:
     """A GuideLLM benchmarks report: one measured run per benchmark (a sweep has several)."""
     runs = []
     for i, benchmark in enumerate(data["benchmarks"]):
@@ -430,7 +431,7 @@ def read_guidellm(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> lis
         duration = _finite(benchmark.get("duration"))
         if duration is None and "measure_end_time" in scheduler:
             duration = scheduler["measure_end_time"] - scheduler["measure_start_time"]
-        measured: dict[str, Any] = {
+        measured: Json = {
             "completed": completed,
             "duration": duration,
             "request_throughput": _successful(metrics, "requests_per_second").get("mean"),
@@ -471,13 +472,13 @@ def read_guidellm(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> lis
 # -- AIPerf ---------------------------------------------------------------------------------------------------------
 
 
-def read_aiperf(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> list[MeasuredRun]:
+def read_aiperf(path: Path, data: Json, flags: WorkloadFlags) -> list[MeasuredRun]:
     """AIPerf's profile_export_aiperf.json: aggregates ({unit, avg, p50, p99, ...} per metric) and its input_config.
 
     AIPerf's inter_token_latency is per request (latency - TTFT) / (output tokens - 1), vLLM's TPOT.
     """
     source = str(path)
-    records: dict[str, Any] = data["records"] if isinstance(data.get("records"), dict) else data
+    records: Json = data["records"] if isinstance(data.get("records"), dict) else data
 
     def stat(name: str, key: str = "avg", scale: float = 1.0) -> float | None:
         value = _finite((records.get(name) or {}).get(key))
@@ -529,7 +530,7 @@ def _json_format(data: Any) -> ResultFormat | None:
     return None
 
 
-_JSON_READERS: dict[ResultFormat, Callable[[Path, dict[str, Any], WorkloadFlags], list[MeasuredRun]]] = {
+_JSON_READERS: dict[ResultFormat, Callable[[Path, Json, WorkloadFlags], list[MeasuredRun]]] = {
     ResultFormat.VLLM_BENCH: read_vllm_bench,
     ResultFormat.GUIDELLM: read_guidellm,
     ResultFormat.AIPERF: read_aiperf,
