@@ -29,7 +29,7 @@ from servelab.perf.memory import (
 )
 from servelab.perf.models import ModelSpec
 from servelab.perf.quantization import WeightFormat, non_expert_weight_format, weight_format
-from servelab.schemas.profile import CostCoefficients as CostCoefficients  # saved in a profile; the roofline's knobs
+from servelab.schemas.profile import CostCoefficients as CostCoefficients  # re-exported: a profile saves it
 
 
 @dataclass(slots=True)
