@@ -140,7 +140,7 @@ FITTED_CONSTANTS = (
     FittedConstant(
         "CostCoefficients.eager_launch_s_per_layer = 0.64 ms (host time to launch a layer's kernels "
         "without CUDA graphs)",
-        "servelab/perf/cost_model.py",
+        "servelab/schemas/profile.py",
         ("staru09-a100-80gb-llama31-8b-c20",),
     ),
 )
