@@ -33,7 +33,7 @@ from servelab.calibrate import calibrate, validate
 from servelab.calibrate.request import CalibrateRequest
 from servelab.calibrate.validate import BOUNDS_PCT, METRICS, ValidateRequest, points_named
 from servelab.metrics.host import HostWatch
-from servelab.perf.calibration import CalibrationProfile
+from servelab.schemas.profile import CalibrationProfile
 from servelab.targets.server_process import vllm_cpu_server
 
 from heavy_run import TINY_MODEL, VLLM_PYTHON, heavy_lock

@@ -81,7 +81,7 @@ from servelab.metrics.intervals import (
 )
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
-from servelab.perf.calibration import EnvironmentFit
+from servelab.schemas.profile import EnvironmentFit
 from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.published import LENGTHS, PUBLISHED, published_entries
@@ -140,7 +140,7 @@ FITTED_CONSTANTS = (
     FittedConstant(
         "CostCoefficients.eager_launch_s_per_layer = 0.64 ms (host time to launch a layer's kernels "
         "without CUDA graphs)",
-        "servelab/perf/cost_model.py",
+        "servelab/schemas/profile.py",
         ("staru09-a100-80gb-llama31-8b-c20",),
     ),
 )

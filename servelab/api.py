@@ -27,7 +27,7 @@ from servelab.flags.options import LoadFlags
 from servelab.errors import InputError
 from servelab.metrics.engines import AUTO
 from servelab.metrics.slo import SLO
-from servelab.perf.calibration import CalibrationProfile
+from servelab.schemas.profile import CalibrationProfile
 from servelab.results_dir import clear_result_dir, result_dir_refusal
 from servelab.runs import bench as bench_verb, simulate as simulate_verb
 from servelab.runs.request import BenchRequest, DeploymentFlags, ServerFlags, SimulateRequest

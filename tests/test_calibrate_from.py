@@ -35,13 +35,8 @@ from servelab.metrics.imports import (
     WorkloadFlags,
     read_measured_runs,
 )
-from servelab.perf.calibration import (
-    MAX_REFERENCE_SPREAD_PCT,
-    CalibrationOrigin,
-    ReferenceTiming,
-    load_profile,
-    reference_too_wide,
-)
+from servelab.perf.calibration import load_profile
+from servelab.schemas.profile import MAX_REFERENCE_SPREAD_PCT, CalibrationOrigin, ReferenceTiming, reference_too_wide
 from servelab.targets.deployment import build_deployment
 from servelab.workload.spec import RequestSpec
 
@@ -349,7 +344,7 @@ def test_the_cli_prints_the_fit_and_its_residuals_and_the_profile_predicts_anoth
         )
     assert results["llama-3.1-8b"]["mean_tpot_ms"] != results["qwen2.5-7b"]["mean_tpot_ms"]
     other = profile_deployment(profile, model=build_deployment("h100-sxm", "llama-3.1-8b").model)
-    assert other.model.name != profile.model().name and other.hardware == profile_deployment(profile).hardware
+    assert other.model.name != profile.model_spec["name"] and other.hardware == profile_deployment(profile).hardware
 
 
 # -- a reference timing too noisy to judge by -------------------------------------------------------------------------

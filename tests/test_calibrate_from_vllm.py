@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from servelab.cli import app
 from servelab.metrics.imports import ResultFormat, read_measured_runs
-from servelab.perf.calibration import CalibrationOrigin, load_profile
+from servelab.perf.calibration import load_profile
+from servelab.schemas.profile import CalibrationOrigin
 
 pytestmark = pytest.mark.vllm
 runner = CliRunner()

@@ -30,13 +30,13 @@ from servelab.calibrate.request import CalibrateRequest
 from servelab.errors import InputError
 from servelab.perf.calibration import (
     PARAMETERS,
-    CalibrationProfile,
     ProfileError,
     StepObservation,
     fit_cost_model,
     load_profile,
     model_spec_dict,
 )
+from servelab.schemas.profile import CalibrationProfile
 from servelab.perf.cost_model import CostCoefficients, RooflineCostModel, StepBatch
 from servelab.metrics.records import RequestRecord
 from servelab.perf.errors import PerfConfigError

@@ -28,7 +28,8 @@ from servelab.calibrate.validate import (
 from servelab.metrics.records import RequestRecord
 from support.profiles import tiny_profile
 from servelab.calibrate.reference import speed_check, time_reference
-from servelab.perf.calibration import CalibrationProfile, ReferenceTiming, model_spec_dict
+from servelab.perf.calibration import model_spec_dict
+from servelab.schemas.profile import CalibrationProfile, ReferenceTiming
 from servelab.perf.cost_model import CostCoefficients
 from servelab.perf.hardware import get_gpu
 from servelab.perf.models import get_model

@@ -50,19 +50,15 @@ from servelab.metrics.scrape import server_cache_config
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample
 from servelab.errors import EXIT_DISTURBED, ServelabError
-from servelab.perf.calibration import (
-    CalibrationProfile,
-    CostFit,
-    StepObservation,
-    fit_cost_model,
-    model_spec_dict,
-)
+from servelab.perf.calibration import CostFit, StepObservation, fit_cost_model, model_spec_dict
+from servelab.schemas.profile import CalibrationProfile
 from servelab.perf.cost_model import StepBatch
 from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.engine_config import EngineConfig
-from servelab.perf.hardware import get_gpu
-from servelab.perf.models import get_model
+from servelab.perf.hardware import Hardware, get_gpu
+from servelab.perf.models import ModelSpec, get_model
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
+from servelab.schemas.results import Summary
 from servelab.targets.deployment import Deployment
 from servelab.targets.http import HttpTarget
 from servelab.targets.sim import SimTarget
@@ -137,7 +133,7 @@ def interleaved(probes: list[Probe]) -> list[Probe]:
 
 
 def measured_figures(
-    records: list[RequestRecord], samples: list[TimelineSample], summary: dict[str, Any]
+    records: list[RequestRecord], samples: list[TimelineSample], summary: Summary
 ) -> dict[str, float | None]:
     """What a probe contributes: client medians, and the engine's own step count when it exports one."""
     iterations = tl.counter_delta(samples, tl.ITERATION_TOKENS_COUNT)
@@ -145,10 +141,10 @@ def measured_figures(
     prefill_s = tl.counter_delta(samples, tl.PREFILL_TIME_SUM)
     prefills = tl.counter_delta(samples, tl.PREFILL_TIME_COUNT)
     return {
-        "median_ttft_ms": summary["median_ttft_ms"] if summary["completed"] else None,
-        "median_tpot_ms": summary["median_tpot_ms"] if summary["completed"] else None,
-        "output_throughput": summary["output_throughput"],
-        "failed": summary["failed"],
+        "median_ttft_ms": summary.median_ttft_ms if summary.completed else None,
+        "median_tpot_ms": summary.median_tpot_ms if summary.completed else None,
+        "output_throughput": summary.output_throughput,
+        "failed": summary.failed,
         "engine_steps": iterations,
         "tokens_per_step": (generated / iterations) if generated and iterations else None,
         "server_prefill_ms": (1e3 * prefill_s / prefills) if prefill_s and prefills else None,
@@ -235,10 +231,9 @@ def run_probes(
             r.seconds.append(clock() - t0)
             figures = measured_figures(records, samples, summary)
             if figures["failed"]:
-                errors = {rec.error_kind for rec in records if not rec.ok}
+                reasons = ", ".join(sorted({str(rec.error_kind) for rec in records if not rec.ok}))
                 raise CalibrationError(
-                    f"probe {probe.name} had {figures['failed']} failed requests ({', '.join(sorted(map(str, errors)))}); "
-                    f"see {sub}"
+                    f"probe {probe.name} had {figures['failed']} failed requests ({reasons}); see {sub}"
                 )
             r.passes.append(figures)
             r.directories.append(str(sub))
@@ -318,11 +313,11 @@ def simulate_probes(target: SimTarget, runs: list[ProbeRuns], vocab_size: int) -
     for r in runs:
         sink = MemorySink()
         target.run(probe_load(r.probe, vocab_size, seed=0), sink)
-        summary = summarize(sink.records).model_dump(exclude_unset=True)
+        summary = summarize(sink.records)
         simulated = {
-            "median_ttft_ms": summary["median_ttft_ms"],
-            "median_tpot_ms": summary["median_tpot_ms"] if r.probe.max_tokens > 1 else None,
-            "output_throughput": summary["output_throughput"],
+            "median_ttft_ms": summary.median_ttft_ms,
+            "median_tpot_ms": summary.median_tpot_ms if r.probe.max_tokens > 1 else None,
+            "output_throughput": summary.output_throughput,
         }
         measured = {k: r.figure(k) for k in keys}
         if r.probe.max_tokens <= 1:
@@ -364,7 +359,8 @@ def mirrored_engine_args(engine_args: str, cache: dict[str, str], served: dict[s
 
 
 def fit_runs(runs: list[ProbeRuns], probed: Deployment, source: str) -> tuple[CostFit, Deployment]:
-    """The fit of the probed deployment's cost model to the runs, and the same deployment with the fitted roofline and frontend."""
+    """The fit of the probed deployment's cost model to the runs, and the same deployment with the fitted roofline
+    and frontend."""
     fit = fit_cost_model(probed.hardware, probed.model, probed.config, observations(runs, probed.config), source=source)
     deployment = Deployment.build(
         fit.hardware,
@@ -430,14 +426,26 @@ def fit_frontend(runs: list[ProbeRuns], deployment: Deployment) -> Deployment:
 
 
 def run(request: CalibrateRequest, progress: Callable[[str], None] = lambda _: None) -> CalibrationProfile:
-    """`servelab calibrate`: probe the live server, or fit to the results given; the profile is written to `request.out`."""
+    """`servelab calibrate`: probe the live server, or fit to the results given; the profile goes to `request.out`."""
     return probe_server(request, progress) if request.live else calibrate_from(request, progress)
 
 
-def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = lambda _: None) -> CalibrationProfile:
-    """Probe the server at `request.base_url` within its budget, fit, check in the simulator, write the profile."""
+@dataclass(frozen=True)
+class _ProbedServer:
+    """The live server as calibrate found it: what it serves, its own cache figures, and the deployment mirrored
+    from them (the flags the probes ran with)."""
+
+    target: HttpTarget
+    model: str
+    max_model_len: object
+    cache: dict[str, str]
+    engine_args: str
+    deployment: Deployment
+
+
+def _connect(request: CalibrateRequest, hardware: Hardware, spec: ModelSpec) -> _ProbedServer:
+    """Check the server answers (preflight) and mirror its configuration: the flags given plus what it reports."""
     assert request.base_url is not None, "a live calibration"
-    hardware, spec = get_gpu(request.gpu), get_model(request.model)
     target = HttpTarget(
         request.base_url,
         model=request.served_model,
@@ -450,10 +458,19 @@ def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = la
     served: dict[str, object] = next((m for m in info["models"] if m.get("id") == info["model"]), {})
     cache = server_cache_config(request.base_url)
     probed_args = mirrored_engine_args(request.engine_args, cache, served)
-    probed = Deployment.build(hardware, spec, parse_engine_args(probed_args).config)
+    config = parse_engine_args(probed_args).config
+    deployment = Deployment.build(hardware, spec, config)
+    return _ProbedServer(target, info["model"], served.get("max_model_len"), cache, probed_args, deployment)
+
+
+def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = lambda _: None) -> CalibrationProfile:
+    """Probe the server at `request.base_url` within its budget, fit, check in the simulator, write the profile."""
+    hardware, spec = get_gpu(request.gpu), get_model(request.model)
+    server = _connect(request, hardware, spec)
+    probed, target = server.deployment, server.target
     directory = request.probe_dir
     t0 = time.monotonic()
-    run_info = {"verb": "calibrate", "engine_args": probed_args}
+    run_info = {"verb": "calibrate", "engine_args": server.engine_args}
     host = HostWatch().start()
     reference_args = (probed.config.max_num_seqs, spec.vocab_size)
     before = time_reference(target, *reference_args, directory / "reference-before", run_info, warm_up=True)
@@ -469,25 +486,18 @@ def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = la
     after = time_reference(target, *reference_args, directory / "reference-after", run_info)
     elapsed = time.monotonic() - t0
     source = (
-        f"fitted by servelab calibrate against {request.base_url} ({info['model']}) on "
+        f"fitted by servelab calibrate against {request.base_url} ({server.model}) on "
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}; not a datasheet rate"
     )
     fit, deployment = fit_runs(runs, probed, source)
     profile = CalibrationProfile(
         created_at=time.time(),
-        server={
-            "base_url": target.base_url,
-            "model": info["model"],
-            "max_model_len": served.get("max_model_len"),
-            "cache_config": {
-                k: cache[k] for k in ("block_size", "kv_cache_memory_bytes", "num_gpu_blocks") if k in cache
-            },
-        },
+        server=_server_report(server),
         hardware=fit.hardware,
         gpu=hardware.name,
         model_source=str(request.model),
         model_spec=model_spec_dict(spec),
-        engine_args=probed_args,
+        engine_args=server.engine_args,
         engine_config=asdict(probed.config),
         coefficients=fit.coefficients,
         network_latency_s=deployment.network_latency,
@@ -503,6 +513,17 @@ def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = la
     )
     profile.save(request.out)
     return profile
+
+
+def _server_report(server: _ProbedServer) -> dict[str, object]:
+    """The profile's `server`: where it was measured and what the server reported of its cache."""
+    cache_keys = ("block_size", "kv_cache_memory_bytes", "num_gpu_blocks")
+    return {
+        "base_url": server.target.base_url,
+        "model": server.model,
+        "max_model_len": server.max_model_len,
+        "cache_config": {k: server.cache[k] for k in cache_keys if k in server.cache},
+    }
 
 
 def fit_report(fit: CostFit) -> dict[str, object]:

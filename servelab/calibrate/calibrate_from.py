@@ -41,14 +41,8 @@ from servelab.calibrate.request import CalibrateRequest
 from servelab.metrics.imports import MeasuredRun, read_measured_runs
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
-from servelab.perf.calibration import (
-    CalibrationOrigin,
-    CalibrationProfile,
-    EnvironmentFit,
-    MetricFit,
-    RunFit,
-    model_spec_dict,
-)
+from servelab.perf.calibration import model_spec_dict
+from servelab.schemas.profile import CalibrationOrigin, CalibrationProfile, EnvironmentFit, MetricFit, RunFit
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
 from servelab.targets.deployment import Deployment, build_deployment
@@ -123,8 +117,9 @@ def simulated(deployment: Deployment, run: MeasuredRun) -> dict[str, float | Non
     """The simulated summary of the run's requests on `deployment` (REPORTED_METRICS; None where nothing completed)."""
     sink = MemorySink()
     deployment.sim_target().run(_capped(run), sink)
-    summary = summarize(sink.records).model_dump(exclude_unset=True)
-    return {k: (float(v) if (v := summary.get(k)) is not None and math.isfinite(v) else None) for k in REPORTED_METRICS}
+    summary = summarize(sink.records)
+    values = {k: summary.statistic(k) for k in REPORTED_METRICS}
+    return {k: (float(v) if v is not None and math.isfinite(v) else None) for k, v in values.items()}
 
 
 def _log_errors(run: MeasuredRun, sim: dict[str, float | None]) -> list[float]:
@@ -168,7 +163,8 @@ def _bounds(base: Deployment) -> tuple[np.ndarray, np.ndarray]:
 
 
 def sensitivities(objective: _Objective, x: np.ndarray) -> dict[str, float]:
-    """Per parameter, the largest |change| of any fitted figure (log ratio) when it moves by its test step, up and down."""
+    """Per parameter, the largest |change| of any fitted figure (log ratio) when it moves by its test step, up and
+    down."""
     here = objective.residuals_at(x)
     steps = (*[_SCALE_TEST_STEP] * 4, _OUTSIDE_TEST_STEP_S / _OUTSIDE_UNIT_S)
     out = {}
@@ -251,6 +247,31 @@ def fit_from_runs(
         raise CalibrateFromError("no measured runs to calibrate on")
     check_runs_fit_deployment(runs, deployment)
     t0 = time.monotonic()
+    environment, fitted = fit_environment(runs, deployment, max_evaluations, progress)
+    progress(f"fitted in {environment.evaluations} simulations of every run, {time.monotonic() - t0:.1f} s")
+    return CalibrationProfile(
+        created_at=time.time(),
+        server={"from_runs": [r.source for r in runs]},
+        hardware=deployment.hardware,
+        gpu=deployment.hardware.name,
+        model_source=model_source or deployment.model.name,
+        model_spec=model_spec_dict(deployment.model),
+        engine_args=deployment.engine_args() if engine_args is None else engine_args,
+        engine_config=asdict(deployment.config),
+        coefficients=fitted.coefficients,
+        network_latency_s=fitted.network_latency,
+        frontend_s_per_request=fitted.api.per_request_s,
+        elapsed_s=time.monotonic() - t0,
+        origin=CalibrationOrigin.RUNS,
+        environment=environment,
+    )
+
+
+def fit_environment(
+    runs: Sequence[MeasuredRun], deployment: Deployment, max_evaluations: int, progress: Callable[[str], None]
+) -> tuple[EnvironmentFit, Deployment]:
+    """The five environment parameters fitted to `runs`, starting from the specs (the parameters the runs barely
+    move are held there), and `deployment` with them applied."""
     costs = measured_cpu_costs(deployment.vllm_version)
     specs = Environment(1.0, 1.0, costs.default_speed_factor, costs.default_speed_factor, 0.0)
     start = specs.vector()
@@ -276,23 +297,7 @@ def fit_from_runs(
         evaluations=objective.evaluations,
         runs=fits,
     )
-    progress(f"fitted in {objective.evaluations} simulations of every run, {time.monotonic() - t0:.1f} s")
-    return CalibrationProfile(
-        created_at=time.time(),
-        server={"from_runs": [r.source for r in runs]},
-        hardware=deployment.hardware,
-        gpu=deployment.hardware.name,
-        model_source=model_source or deployment.model.name,
-        model_spec=model_spec_dict(deployment.model),
-        engine_args=deployment.engine_args() if engine_args is None else engine_args,
-        engine_config=asdict(deployment.config),
-        coefficients=fitted.coefficients,
-        network_latency_s=fitted.network_latency,
-        frontend_s_per_request=fitted.api.per_request_s,
-        elapsed_s=time.monotonic() - t0,
-        origin=CalibrationOrigin.RUNS,
-        environment=environment,
-    )
+    return environment, fitted
 
 
 def search(

@@ -22,6 +22,7 @@ from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.results import TIMELINE
 from servelab.metrics.timeline import TimelineSample, read_timeline
 from servelab.perf.errors import PerfConfigError
+from servelab.schemas.results import Summary
 from servelab.targets.base import Target
 from servelab.workload.spec import LoadPlan, RequestSpec
 
@@ -80,7 +81,7 @@ def probe_load(probe: Probe, vocab_size: int, seed: int) -> LoadPlan:
 
 def run_into(
     target: Target, plan: LoadPlan, directory: Path, run_info: dict[str, Any]
-) -> tuple[list[RequestRecord], list[TimelineSample], dict[str, Any]]:
+) -> tuple[list[RequestRecord], list[TimelineSample], Summary]:
     """`run_point` (bench's runner: a results directory per run), returning the records and timeline it wrote too.
 
     An interrupted run (Ctrl-C, SIGTERM) ends the whole experiment: RunInterrupted, which the CLI exits 130 on."""
@@ -88,7 +89,7 @@ def run_into(
     summary = run_point(target, plan, directory, run_info, observers=[sink])
     if summary.interrupted:
         raise RunInterrupted(f"during {directory.name}; the runs so far are kept under {directory.parent}")
-    return sink.records, list(read_timeline(directory / TIMELINE)), summary.model_dump(exclude_unset=True)
+    return sink.records, list(read_timeline(directory / TIMELINE)), summary
 
 
 def bunched_fraction(records: list[RequestRecord]) -> float:

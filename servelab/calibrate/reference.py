@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.calibrate.probes import DECODE, MAX_BUNCHED, Probe, bunched_fraction, probe_load, run_into
-from servelab.perf.calibration import ReferenceTiming
+from servelab.schemas.profile import ReferenceTiming
 from servelab.targets.base import Target
 
 REFERENCE_BATCH, REFERENCE_PROMPT, REFERENCE_OUTPUT = 4, 16, 64
@@ -59,10 +59,11 @@ def time_reference(
         records, _, summary = run_into(
             target, probe_load(probe, vocab_size, seed=20_000 + i), directory / f"run-{i + 1}", run_info
         )
-        if bunched_fraction(records) > MAX_BUNCHED or not summary["completed"] or summary["failed"]:
+        tpot_ms = summary.median_tpot_ms
+        if bunched_fraction(records) > MAX_BUNCHED or not summary.completed or summary.failed or tpot_ms is None:
             stalled += 1
             continue
-        values.append(float(summary["median_tpot_ms"]))
+        values.append(float(tpot_ms))
     return ReferenceTiming(workload=probe.name, runs_ms=values, stalled_runs=stalled)
 
 

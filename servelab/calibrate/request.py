@@ -1,4 +1,5 @@
-"""What `servelab calibrate` is asked: a live server to probe or benchmark results already made, and where the profile goes.
+"""What `servelab calibrate` is asked: a live server to probe or benchmark results already made, and where the
+profile goes.
 
 One request for both ways, checked once on construction (before any probe is sent or any file read), so the command
 line and the Python API refuse the same input with the same words.

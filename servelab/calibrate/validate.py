@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 import numpy as np
 
@@ -49,8 +49,10 @@ from servelab.calibrate.reference import time_reference
 from servelab.metrics.host import HostWatch, condition_changes
 from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.summary import summarize
-from servelab.perf.calibration import CalibrationProfile, ReferenceTiming, SpeedChange, load_profile, reference_too_wide
+from servelab.perf.calibration import load_profile
+from servelab.schemas.profile import CalibrationProfile, ReferenceTiming, SpeedChange, reference_too_wide
 from servelab.perf.errors import PerfConfigError
+from servelab.schemas.results import Summary
 from servelab.targets.deployment import Deployment
 from servelab.targets.base import Target
 from servelab.schemas.validation import PointResult, ProfileRef, ServerRef, ValidationReport
@@ -152,10 +154,10 @@ def counted(records: list[RequestRecord], plan: LoadPlan) -> list[RequestRecord]
     return [r for r in records if r.index >= first_wave]
 
 
-def simulate(sim: SimTarget, plan: LoadPlan) -> dict[str, Any]:
+def simulate(sim: SimTarget, plan: LoadPlan) -> Summary:
     sink = MemorySink()
     sim.run(plan, sink)
-    return summarize(counted(sink.records, plan)).model_dump(exclude_unset=True)
+    return summarize(counted(sink.records, plan))
 
 
 def capacity(sim: SimTarget, specs: list[RequestSpec]) -> float:
@@ -183,9 +185,10 @@ def point_plan(point: Point, deployment: Deployment, sim: SimTarget, seed: int) 
     return LoadPlan(specs, description=description)
 
 
-def figures(summary: dict[str, Any]) -> dict[str, float | None]:
+def figures(summary: Summary) -> dict[str, float | None]:
     """The compared figures; None where the run measured nothing (no request completed)."""
-    return {name: None if summary[name] is None else float(summary[name]) for name in METRICS}
+    values = {name: summary.statistic(name) for name in METRICS}
+    return {name: None if value is None else float(value) for name, value in values.items()}
 
 
 def best_of(repeats: list[Repeat]) -> tuple[dict[str, float | None], dict[str, float | None]]:
@@ -388,10 +391,10 @@ class _Session:
     def repeat(self, point: Point, plan: LoadPlan, round_: int) -> Repeat:
         directory = self.out_dir / f"repeat-{round_ + 1}" / point.name
         records, _, _ = run_into(self.target, plan, directory, self.run_info)
-        summary = summarize(counted(records, plan)).model_dump(exclude_unset=True)
-        if summary["failed"]:
-            kinds = ", ".join(sorted(summary["errors_by_kind"]))
-            raise ValidateError(f"point {point.name}: {summary['failed']} requests failed ({kinds}); see {directory}")
+        summary = summarize(counted(records, plan))
+        if summary.failed:
+            kinds = ", ".join(sorted(summary.errors_by_kind))
+            raise ValidateError(f"point {point.name}: {summary.failed} requests failed ({kinds}); see {directory}")
         return {
             "workload": plan.description,
             "directory": str(directory),
@@ -420,7 +423,8 @@ def point_result(point: Point, repeats: list[Repeat]) -> PointResult:
 def speed_checks(
     calibrated: ReferenceTiming | None, timings: list[tuple[str, ReferenceTiming]]
 ) -> list[SpeedChange | None]:
-    """Each timing against the profile's (None where there is nothing comparable: no reference, another workload, stalls)."""
+    """Each timing against the profile's (None where there is nothing comparable: no reference, another workload,
+    stalls)."""
     if calibrated is None:
         return [None] * len(timings)
     return [calibrated.speed_change(t) if t.workload == calibrated.workload else None for _, t in timings]

@@ -34,7 +34,7 @@ SCHEMAS: dict[str, tuple[str, str]] = {
     ),
     "validation": ("servelab.schemas.validation:ValidationReport", "the report `servelab validate` writes (--out)"),
     "profile": (
-        "servelab.perf.calibration:CalibrationProfile",
+        "servelab.schemas.profile:CalibrationProfile",
         "the calibration profile `servelab calibrate` writes (--out)",
     ),
     "compare": (

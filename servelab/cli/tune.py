@@ -31,7 +31,7 @@ from servelab.schemas.vocabulary import LABELS, VLLM, RecommendationSource
 from servelab.tune.errors import TuneError
 
 if TYPE_CHECKING:
-    from servelab.perf.calibration import CalibrationProfile
+    from servelab.schemas.profile import CalibrationProfile
     from servelab.schemas.tune import Stage2Row, Trial, TuneDeployment, TuneDocument
     from servelab.tune.confirm import ServerCheck, ServerCommand, Stage2Config
     from servelab.tune.objectives import Objective

@@ -26,7 +26,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -112,12 +112,29 @@ class GpuTelemetry:
     dcgm_url: str | None = None
 
 
+class NvmlStats(TypedDict):
+    """What the local-NVML sampler says of itself in a run's client stats: the GPUs it read, or why none."""
+
+    source: str
+    gpus: list[str]
+    unavailable: str | None
+
+
+class DcgmStats(TypedDict):
+    """What the DCGM-exporter sampler says of itself in a run's client stats: its URL and how its fetches went."""
+
+    source: str
+    samples: int
+    failures: int
+    last_error: str | None
+
+
 class GpuSampler(Protocol):
     """A run's live source of GPU columns; sampling never raises (a failure is an empty dict and a counted error)."""
 
     async def sample(self) -> dict[str, float]: ...
 
-    def stats(self) -> dict[str, Any]: ...
+    def stats(self) -> NvmlStats | DcgmStats: ...
 
 
 NVML_READERS: dict[str, Callable[[Any, Any], float]] = {
@@ -182,8 +199,8 @@ class NvmlSampler:
             except nvml.NVMLError:
                 pass
 
-    def stats(self) -> dict[str, Any]:
-        return {"source": "nvml", "gpus": self.names, "unavailable": self.unavailable}
+    def stats(self) -> NvmlStats:
+        return NvmlStats(source="nvml", gpus=self.names, unavailable=self.unavailable)
 
 
 def parse_dcgm(text: str) -> dict[str, float]:
@@ -231,8 +248,8 @@ class DcgmSampler:
         self.samples += 1
         return values
 
-    def stats(self) -> dict[str, Any]:
-        return {"source": self.url, "samples": self.samples, "failures": self.failures, "last_error": self.last_error}
+    def stats(self) -> DcgmStats:
+        return DcgmStats(source=self.url, samples=self.samples, failures=self.failures, last_error=self.last_error)
 
 
 @asynccontextmanager

@@ -16,7 +16,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
+
+from servelab.schemas.results import Json
 
 PROC_STAT = Path("/proc/stat")
 
@@ -59,7 +61,30 @@ def cpu_shares(start: CpuTimes | None, end: CpuTimes | None) -> dict[str, float]
     return {"cpu_busy_share": busy / total, "cpu_steal_share": steal / total}
 
 
-def gpu_states() -> list[dict[str, Any]]:
+class GpuState(TypedDict):
+    """One local GPU as NVML reports it when the conditions are taken."""
+
+    index: int
+    name: str
+    sm_clock_mhz: int
+    sm_clock_max_mhz: int
+    temperature_c: int
+    power_w: float
+    throttle_reasons: int
+
+
+class HostConditions(TypedDict, total=False):
+    """The host's conditions over an interval (a profile's `host`, run.json's `client_host`): each field only when
+    the host could say it."""
+
+    cpu_count: int | None
+    load_avg_1m: float
+    cpu_busy_share: float
+    cpu_steal_share: float
+    gpus: list[GpuState]
+
+
+def gpu_states() -> list[GpuState]:
     """Per local NVIDIA GPU: SM clock and its maximum, temperature, power, active throttle reasons; [] without NVML.
 
     Read through nvidia-ml-py (`pynvml`); any NVML error (no driver, no GPU)
@@ -74,19 +99,19 @@ def gpu_states() -> list[dict[str, Any]]:
     except pynvml.NVMLError:
         return []
     try:
-        states = []
+        states: list[GpuState] = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             states.append(
-                {
-                    "index": i,
-                    "name": _text(pynvml.nvmlDeviceGetName(handle)),
-                    "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-                    "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
-                    "temperature_c": pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
-                    "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
-                    "throttle_reasons": pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle),
-                }
+                GpuState(
+                    index=i,
+                    name=_text(pynvml.nvmlDeviceGetName(handle)),
+                    sm_clock_mhz=pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                    sm_clock_max_mhz=pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                    temperature_c=pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+                    power_w=pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
+                    throttle_reasons=pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle),
+                )
             )
         return states
     except pynvml.NVMLError:
@@ -100,7 +125,8 @@ def _text(value: str | bytes) -> str:
 
 
 class HostWatch:
-    """Host conditions over an interval: start() ... conditions(). Cheap (two small file reads), so it brackets any run."""
+    """Host conditions over an interval: start() ... conditions(). Cheap (two small file reads), so it brackets any
+    run."""
 
     def __init__(self, stat_path: Path = PROC_STAT) -> None:
         self._stat_path = stat_path
@@ -110,14 +136,16 @@ class HostWatch:
         self._start = CpuTimes.read(self._stat_path)
         return self
 
-    def conditions(self, *, gpus: bool = False) -> dict[str, Any]:
+    def conditions(self, *, gpus: bool = False) -> HostConditions:
         """Load average at the end, CPU busy/steal shares since start(), and the GPUs' states when asked."""
-        out: dict[str, Any] = {"cpu_count": os.cpu_count()}
+        out = HostConditions(cpu_count=os.cpu_count())
         try:
             out["load_avg_1m"] = os.getloadavg()[0]
         except OSError:
             pass
-        out.update(cpu_shares(self._start, CpuTimes.read(self._stat_path)))
+        shares = cpu_shares(self._start, CpuTimes.read(self._stat_path))
+        if shares:
+            out["cpu_busy_share"], out["cpu_steal_share"] = shares["cpu_busy_share"], shares["cpu_steal_share"]
         if gpus:
             out["gpus"] = gpu_states()
         return out
@@ -131,8 +159,9 @@ THROTTLE_IDLE = 0x1
 """NVML's "GPU idle" throttle reason: clocks are down because nothing runs, not a slowdown of work."""
 
 
-def condition_changes(then: dict[str, Any], now: dict[str, Any], *, now_label: str, then_label: str) -> list[str]:
-    """What differs between two hosts' conditions in a way that changes timings, one sentence each; [] when nothing does.
+def condition_changes(then: Json, now: HostConditions | Json, *, now_label: str, then_label: str) -> list[str]:
+    """What differs between two hosts' conditions in a way that changes timings, one sentence each; [] when nothing
+    does.
 
     Only what can be attributed is named: CPU time taken by other guests (steal),
     and GPU clocks lowered or throttled. The load average is not compared: on a

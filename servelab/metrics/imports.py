@@ -37,6 +37,7 @@ import numpy as np
 from servelab.errors import InputError
 from servelab.metrics.results import RUN, SWEEP, load_run
 from servelab.metrics.summary import summarize
+from servelab.schemas.results import Json
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.errors import WorkloadError
@@ -182,7 +183,8 @@ def _check_consistent(source: str, facts: _FileFacts, flags: WorkloadFlags) -> N
 
 
 def _requests_from_flags(source: str, facts: _FileFacts, flags: WorkloadFlags) -> tuple[list[RequestSpec], str]:
-    """The requests of an aggregate-only file: simulate's workload flags, with the file's own facts where no flag is given."""
+    """The requests of an aggregate-only file: simulate's workload flags, with the file's own facts where no flag is
+    given."""
     _check_consistent(source, facts, flags)
     dataset = flags.dataset_name or "random"
     lengths_from = "flags" if flags.given else "file totals"
@@ -241,7 +243,8 @@ def _specs(
 
 
 def _poisson_arrivals(n: int, rate: float | None, burstiness: float, seed: int) -> list[float]:
-    """Arrival times of an open loop at `rate` (gamma gaps of shape `burstiness`, as vLLM draws them); 0s for a burst."""
+    """Arrival times of an open loop at `rate` (gamma gaps of shape `burstiness`, as vLLM draws them); 0s for a
+    burst."""
     if rate is None or math.isinf(rate):
         return [0.0] * n
     gaps = np.random.default_rng([seed, 7]).gamma(burstiness, 1.0 / (rate * burstiness), n)
@@ -261,7 +264,7 @@ def _run(
     fmt: ResultFormat,
     requests: list[RequestSpec],
     max_concurrency: int | None,
-    measured: dict[str, Any],
+    measured: Json,
     lengths_from: str,
     notes: Sequence[str] = (),
 ) -> MeasuredRun:
@@ -319,7 +322,7 @@ def _rate(value: Any) -> float | None:
     return math.inf if str(value).lower() == "inf" else float(value)
 
 
-def read_vllm_bench(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> list[MeasuredRun]:
+def read_vllm_bench(path: Path, data: Json, flags: WorkloadFlags) -> list[MeasuredRun]:
     """`vllm bench serve --save-result` JSON; per-request lengths when it was saved with --save-detailed."""
     source = str(path)
     rate = _rate(data.get("request_rate"))
@@ -374,13 +377,13 @@ def read_vllm_bench(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> l
 # -- GuideLLM -----------------------------------------------------------------------------------------------------
 
 
-def _successful(metrics: dict[str, Any], name: str) -> dict[str, Any]:
+def _successful(metrics: Json, name: str) -> Json:
     """One of GuideLLM's StatusDistributionSummary's successful-request distributions ({} when absent)."""
     summary = metrics.get(name) or {}
     return summary.get("successful") or {}
 
 
-def _distribution(metrics: dict[str, Any], name: str, key: str, scale: float = 1.0) -> dict[str, float | None]:
+def _distribution(metrics: Json, name: str, key: str, scale: float = 1.0) -> dict[str, float | None]:
     d = _successful(metrics, name)
     pct = d.get("percentiles") or {}
 
@@ -395,8 +398,9 @@ def _distribution(metrics: dict[str, Any], name: str, key: str, scale: float = 1
     }
 
 
-def _guidellm_strategy(benchmark: dict[str, Any]) -> tuple[float | None, int | None]:
-    """(request rate, concurrency) of a GuideLLM scheduling strategy: synchronous, concurrent, throughput, constant, poisson."""
+def _guidellm_strategy(benchmark: Json) -> tuple[float | None, int | None]:
+    """(request rate, concurrency) of a GuideLLM scheduling strategy: synchronous, concurrent, throughput, constant,
+    poisson."""
     config = benchmark.get("config") or benchmark.get("args") or {}
     strategy = config.get("strategy") or benchmark.get("strategy") or {}
     kind = str(strategy.get("type_") or strategy.get("type") or "")
@@ -414,7 +418,7 @@ def _guidellm_strategy(benchmark: dict[str, Any]) -> tuple[float | None, int | N
     )
 
 
-def read_guidellm(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> list[MeasuredRun]:
+def read_guidellm(path: Path, data: Json, flags: WorkloadFlags) -> list[MeasuredRun]:
     """A GuideLLM benchmarks report: one measured run per benchmark (a sweep has several)."""
     runs = []
     for i, benchmark in enumerate(data["benchmarks"]):
@@ -427,7 +431,7 @@ def read_guidellm(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> lis
         duration = _finite(benchmark.get("duration"))
         if duration is None and "measure_end_time" in scheduler:
             duration = scheduler["measure_end_time"] - scheduler["measure_start_time"]
-        measured: dict[str, Any] = {
+        measured: Json = {
             "completed": completed,
             "duration": duration,
             "request_throughput": _successful(metrics, "requests_per_second").get("mean"),
@@ -468,13 +472,13 @@ def read_guidellm(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> lis
 # -- AIPerf ---------------------------------------------------------------------------------------------------------
 
 
-def read_aiperf(path: Path, data: dict[str, Any], flags: WorkloadFlags) -> list[MeasuredRun]:
+def read_aiperf(path: Path, data: Json, flags: WorkloadFlags) -> list[MeasuredRun]:
     """AIPerf's profile_export_aiperf.json: aggregates ({unit, avg, p50, p99, ...} per metric) and its input_config.
 
     AIPerf's inter_token_latency is per request (latency - TTFT) / (output tokens - 1), vLLM's TPOT.
     """
     source = str(path)
-    records: dict[str, Any] = data["records"] if isinstance(data.get("records"), dict) else data
+    records: Json = data["records"] if isinstance(data.get("records"), dict) else data
 
     def stat(name: str, key: str = "avg", scale: float = 1.0) -> float | None:
         value = _finite((records.get(name) or {}).get(key))
@@ -526,7 +530,7 @@ def _json_format(data: Any) -> ResultFormat | None:
     return None
 
 
-_JSON_READERS: dict[ResultFormat, Callable[[Path, dict[str, Any], WorkloadFlags], list[MeasuredRun]]] = {
+_JSON_READERS: dict[ResultFormat, Callable[[Path, Json, WorkloadFlags], list[MeasuredRun]]] = {
     ResultFormat.VLLM_BENCH: read_vllm_bench,
     ResultFormat.GUIDELLM: read_guidellm,
     ResultFormat.AIPERF: read_aiperf,

@@ -30,12 +30,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import yaml
 
 from servelab.metrics.records import RequestRecord
+from servelab.schemas.results import IntervalBasis, Json
 from servelab.schemas.vocabulary import Regime as Regime, Tier as Tier  # named here for their importers
 
 LEVEL = 0.8
@@ -199,9 +200,16 @@ def _bounds(pooled: Sequence[Residual], used: Sequence[tuple[Regime, str]]) -> B
     return Bounds(low, high, len(pooled), len({row.source for row in pooled}), tuple(used))
 
 
+class SummaryIntervals(TypedDict):
+    """The two keys a simulated summary gains, as summary.json holds them (Summary.intervals, .interval_basis)."""
+
+    intervals: dict[str, list[float]]
+    interval_basis: Json
+
+
 def prediction_intervals(
     summary: Mapping[str, Any], tier: Tier, regime: Regime, table: ResidualTable | None = None
-) -> dict[str, Any]:
+) -> SummaryIntervals:
     """`intervals` and `interval_basis`, the keys a simulated summary gains: per predicted metric with residuals, its
     80% interval, and the tier, regime and pooling it came from.
 
@@ -225,8 +233,8 @@ def prediction_intervals(
             notes.append(
                 f"{metric}: {bounds.runs} runs from {bounds.sources} sources, pooled from {bounds.pooled_text(metric)}"
             )
-    basis = {"tier": str(tier), "regime": str(regime), "level": LEVEL, "residuals_tier": str(used_tier), "notes": notes}
-    return {"intervals": intervals, "interval_basis": basis}
+    basis = IntervalBasis(tier=tier, regime=regime, level=LEVEL, residuals_tier=used_tier, notes=notes)
+    return SummaryIntervals(intervals=intervals, interval_basis=basis.model_dump(mode="json"))
 
 
 def value_interval(value: float, metric: str, tier: Tier, regime: Regime) -> list[float] | None:
@@ -239,7 +247,7 @@ def value_interval(value: float, metric: str, tier: Tier, regime: Regime) -> lis
 
 def simulated_run_intervals(
     records: Sequence[RequestRecord], max_concurrency: int | None, summary: Mapping[str, Any], tier: Tier
-) -> dict[str, Any]:
+) -> SummaryIntervals:
     """The `intervals` and `interval_basis` of a simulated run's summary: its regime classified, then its intervals."""
     return prediction_intervals(summary, tier, classify_regime(records, max_concurrency, summary))
 

@@ -1,4 +1,5 @@
-"""Fitting the roofline's coefficients to step times measured on a real server, and the profile that keeps them.
+"""Fitting the roofline's coefficients to step times measured on a real server, and reading the profile that keeps
+them (its types: servelab/schemas/profile.py).
 
 The fit never evaluates a formula of its own: every prediction comes from
 `RooflineCostModel.step_time` built from the candidate coefficients, so what
@@ -25,27 +26,20 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from servelab.atomic import write_text_atomic
 from servelab.perf.cost_model import CostCoefficients, RooflineCostModel, StepBatch
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware
 from servelab.perf.models import ModelSpec
 from servelab.renames import upgraded
+from servelab.schemas.profile import PROFILE_KIND, PROFILE_SCHEMA_VERSION, CalibrationProfile
+from servelab.schemas.results import Json
 
-PROFILE_KIND = "servelab.calibration"
-PROFILE_SCHEMA_VERSION = 5
-"""5: a profile may be fitted from measured runs (`origin` "runs", `environment`); older ones are all "probes".
-4: probe figures named as `vllm bench serve` names them (median_ttft_ms; 3 and 2 said ttft_p50_ms, renamed on reading).
-3: the host's conditions and a reference step time, so later runs can tell a changed host (2 is read without them).
-2: the prefill and idle-wake costs are CostCoefficients terms (1 had a per-prefill-chunk cost beside them)."""
 READABLE_SCHEMA_VERSIONS = (2, 3, 4, PROFILE_SCHEMA_VERSION)
 STATISTICS_RENAMED_IN = 4
 """The schema that took vLLM's statistic names: older profiles are renamed on reading (servelab/renames.py)."""
@@ -183,7 +177,7 @@ class _Space:
         r = self.rates(x)
         hw = self.hardware
         if self.free_peaks:
-            update: dict[str, Any] = {
+            update: dict[str, float | bool | dict[str, str]] = {
                 "memory_bandwidth_gbs": max(r["weight_bandwidth"], r["kv_bandwidth"]) / 1e9,
                 "placeholder": False,
                 "sources": {"datasheet": source},
@@ -272,229 +266,15 @@ def fit_cost_model(
     )
 
 
-# -- the profile ---------------------------------------------------------------
-
-
-MIN_SPEED_CHANGE = 0.03
-"""A reference step time that moved by less than this share is the same speed, however tight its spread."""
-
-
-class ReferenceTiming(BaseModel):
-    """One fixed workload's decode step time, measured in several runs: the server's speed, and how steady it is.
-
-    `calibrate` measures it before and after its probes; `validate` again
-    before, between and after its rounds. The same server on the same host
-    reproduces it within its spread; a host with other jobs, throttled clocks
-    or another build of the server does not. `spread_pct` is half the range
-    of the runs over their median: the run-to-run noise of this host.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    workload: str
-    """What was timed (probe name: batch, prompt and output tokens)."""
-    runs_ms: list[float]
-    """The median time per output token of each run in which the client saw token timing."""
-    stalled_runs: int = 0
-    """Runs left out because the client read tokens in bunches (it did not observe the step time)."""
-
-    @property
-    def median_ms(self) -> float | None:
-        return float(np.median(self.runs_ms)) if self.runs_ms else None
-
-    @property
-    def spread_pct(self) -> float | None:
-        median = self.median_ms
-        return 50.0 * (max(self.runs_ms) - min(self.runs_ms)) / median if median else None
-
-    def speed_change(self, now: ReferenceTiming) -> SpeedChange | None:
-        """How `now` compares with this (earlier) timing; None when either has no runs to compare."""
-        then_ms, now_ms = self.median_ms, now.median_ms
-        if then_ms is None or now_ms is None or self.spread_pct is None or now.spread_pct is None:
-            return None
-        change = (now_ms - then_ms) / then_ms
-        noise = (self.spread_pct + now.spread_pct) / 100.0
-        return SpeedChange(then_ms, now_ms, 100.0 * change, 100.0 * noise, abs(change) > max(noise, MIN_SPEED_CHANGE))
-
-
-@dataclass(frozen=True, slots=True)
-class SpeedChange:
-    """A reference step time then and now: changed when the two differ by more than both runs' spreads together."""
-
-    then_ms: float
-    now_ms: float
-    change_pct: float
-    noise_pct: float
-    changed: bool
-
-    def describe(self) -> str:
-        speed = "slower" if self.change_pct > 0 else "faster"
-        verdict = (
-            f"the server runs {abs(self.change_pct):.0f}% {speed} than when calibrated"
-            if self.changed
-            else "the server runs at its calibrated speed"
-        )
-        return (
-            f"{verdict}: reference step {self.now_ms:.2f} ms vs {self.then_ms:.2f} ms "
-            f"(run-to-run spread of both: {self.noise_pct:.1f}%)"
-        )
-
-
-MAX_REFERENCE_SPREAD_PCT = 15.0
-"""A reference step time whose runs spread wider than this (half range over median) cannot judge a speed change:
-validate's disturbed-round check compares timings within their spreads, and at 15% a server 30% slower passes as
-steady. The vLLM CPU server on a quiet two-core host spreads 1-5%; a host with other jobs spread 87% (5.7-30 ms)."""
-
-
-def reference_too_wide(reference: ReferenceTiming | None) -> str | None:
-    """One sentence when `reference` is too noisy to judge a server's speed by (None when it is fine or absent)."""
-    if reference is None or reference.spread_pct is None or reference.spread_pct <= MAX_REFERENCE_SPREAD_PCT:
-        return None
-    lo, hi = min(reference.runs_ms), max(reference.runs_ms)
-    return (
-        f"the reference step time ({reference.workload}) ranged {lo:.1f}-{hi:.1f} ms over {len(reference.runs_ms)} "
-        f"runs, a spread of {reference.spread_pct:.0f}% (at most {MAX_REFERENCE_SPREAD_PCT:g}% can judge a speed "
-        "change): the host was busy while it was measured"
-    )
-
-
-class CalibrationOrigin(StrEnum):
-    PROBES = "probes"
-    """`calibrate --base-url`: probes of a live server, the roofline's coefficients fitted to them."""
-    RUNS = "runs"
-    """`calibrate --from`: the environment's few parameters fitted to benchmark runs the user already had."""
-
-
-class MetricFit(BaseModel):
-    """One figure of one run: measured, simulated with the fitted environment, and simulated from specs alone."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    measured: float
-    fitted: float | None
-    specs_only: float | None
-
-    @property
-    def fitted_error_pct(self) -> float | None:
-        return None if self.fitted is None else 100.0 * (self.fitted - self.measured) / self.measured
-
-    @property
-    def specs_only_error_pct(self) -> float | None:
-        return None if self.specs_only is None else 100.0 * (self.specs_only - self.measured) / self.measured
-
-
-class RunFit(BaseModel):
-    """One measured run the environment was fitted to, and how well the fit reproduces it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    source: str
-    format: str
-    requests: int
-    lengths_from: str
-    metrics: dict[str, MetricFit]
-    notes: list[str] = Field(default_factory=list)
-
-
-class EnvironmentFit(BaseModel):
-    """What `calibrate --from` fitted: the few parameters an environment changes, as scale factors on the specs.
-
-    The same GPU from the catalogue, the same vLLM CPU-side costs, the same
-    step model, with: its compute and memory peaks x `compute_scale` and
-    `memory_scale`; vLLM's measured engine-core CPU costs (and the host's
-    eager kernel launches) x `engine_cpu_factor`, its API server's x
-    `api_cpu_factor` (servelab/perf/vllm_cpu_costs.py); and a fixed
-    `outside_engine_s` added to every time to first token (a gateway or proxy
-    in front). A parameter the runs could not move is kept at its specs-only
-    value and named in `unconstrained`.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    compute_scale: float = Field(1.0, gt=0)
-    memory_scale: float = Field(1.0, gt=0)
-    engine_cpu_factor: float = Field(gt=0)
-    api_cpu_factor: float = Field(gt=0)
-    outside_engine_s: float = Field(0.0, ge=0)
-    vllm_version: str | None = None
-    """The --vllm-version the runs were served by (None: the modelled release)."""
-    specs_only: dict[str, float]
-    """Each parameter's specs-only value, where the fit started."""
-    unconstrained: list[str] = Field(default_factory=list)
-    """Parameters the runs could not constrain (kept at their specs-only value)."""
-    sensitivity: dict[str, float] = Field(default_factory=dict)
-    """Per parameter, the largest change of any run's figure (log ratio) when it moves by its test step."""
-    objective: float
-    """Mean squared log error of the fitted figures (0: every figure reproduced exactly)."""
-    evaluations: int
-    runs: list[RunFit]
+# -- reading a profile ---------------------------------------------------------
 
 
 class ProfileError(PerfConfigError):
     """A calibration profile that cannot be read or is of another schema."""
 
 
-class CalibrationProfile(BaseModel):
-    """What `calibrate` learned about one hardware + model pair, and the evidence for it.
-
-    The profile describes the machine and the model, not one configuration:
-    `engine_args` is what the probes ran with, and any later use may override it.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: str = PROFILE_KIND
-    schema_version: int = PROFILE_SCHEMA_VERSION
-    created_at: float
-    server: dict[str, Any] = Field(default_factory=dict)
-    """Where it was measured: base URL, served model, what the server reported of its cache."""
-    hardware: Hardware
-    """The device as fitted (for `cpu`, its rates are the fitted ones)."""
-    gpu: str
-    """The catalogue name the fit started from."""
-    model_source: str
-    """The --model given (path or catalogue name)."""
-    model_spec: dict[str, Any]
-    """The architecture as read then, so the profile stands alone if the model directory moves."""
-    engine_args: str
-    """The vLLM flags the probed server ran with (as mirrored for the simulator)."""
-    engine_config: dict[str, Any]
-    coefficients: CostCoefficients
-    network_latency_s: float = Field(ge=0)
-    """One-way client<->server latency, without the API server's per-request cost when that was fitted."""
-    frontend_s_per_request: float = Field(0.0, ge=0)
-    """The API server's serial admission cost per request (SimTarget's frontend), fitted from burst arrivals."""
-    rates: dict[str, float] = Field(default_factory=dict)
-    fit: dict[str, Any] = Field(default_factory=dict)
-    """Residuals of the step-model fit: per observation, rms, max, convergence (probes only)."""
-    simulated_probes: list[dict[str, Any]] = Field(default_factory=list)
-    """Each probe re-run through the simulator with the fitted profile: predicted vs measured."""
-    probes: list[dict[str, Any]] = Field(default_factory=list)
-    """What it was fitted on: every probe's shape, repeats, measured medians and results directories."""
-    budget_s: float = 0.0
-    elapsed_s: float = 0.0
-    host: dict[str, Any] = Field(default_factory=dict)
-    """The host's conditions over the calibration (servelab.metrics.host): load, CPU steal, GPU clocks; {} in schema 2."""
-    reference: ReferenceTiming | None = None
-    """The reference step time before and after the probes, for later speed checks; None in schema 2."""
-    origin: CalibrationOrigin = CalibrationOrigin.PROBES
-    environment: EnvironmentFit | None = None
-    """What `calibrate --from` fitted (origin "runs"); None for probes."""
-
-    @property
-    def unreliable(self) -> str | None:
-        """Why this profile's speed gauge cannot be trusted (its reference spread too wide), or None."""
-        return reference_too_wide(self.reference)
-
-    def model(self) -> ModelSpec:
-        return ModelSpec(**self.model_spec)
-
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, self.model_dump_json(indent=2) + "\n")
-
-
-def model_spec_dict(model: ModelSpec) -> dict[str, Any]:
+def model_spec_dict(model: ModelSpec) -> Json:
+    """The architecture as a profile saves it (`model_spec`: ModelSpec's fields, rebuilt by `ModelSpec(**...)`)."""
     return asdict(model)
 
 

@@ -11,8 +11,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.expert_parallel import ExpertLayout, all_to_all_time, expert_layer_scale
@@ -31,6 +29,7 @@ from servelab.perf.memory import (
 )
 from servelab.perf.models import ModelSpec
 from servelab.perf.quantization import WeightFormat, non_expert_weight_format, weight_format
+from servelab.schemas.profile import CostCoefficients as CostCoefficients  # re-exported: a profile saves it
 
 
 @dataclass(slots=True)
@@ -68,99 +67,6 @@ def prefill_attention_work(new_tokens: int, cached_tokens: int) -> int:
     return new_tokens * cached_tokens + new_tokens * (new_tokens + 1) // 2
 
 
-class CostCoefficients(BaseModel):
-    """Every tunable number of the roofline in one place, so `calibrate` can fit and save them.
-
-    Efficiencies are fractions of the datasheet peak actually reached; defaults are
-    typical of vLLM on A100/H100 for 7-8B models (large bf16 GEMMs reach ~70% of
-    peak, decode weight streaming ~80% of HBM bandwidth, FlashAttention prefill ~50%
-    of peak, paged decode attention ~70% of bandwidth) and a V1 step with CUDA graphs
-    costs ~0.8 ms of scheduling, input preparation and sampling outside the GPU
-    kernels (TPOT at batch 1 is ~1 ms above weights/bandwidth on both chips).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    compute_efficiency: float = Field(0.7, gt=0, le=1)
-    memory_efficiency: float = Field(0.8, gt=0, le=1)
-    attention_compute_efficiency: float = Field(0.5, gt=0, le=1)
-    attention_memory_efficiency: float = Field(0.7, gt=0, le=1)
-    interconnect_efficiency: float = Field(0.7, gt=0, le=1)
-    allreduce_latency_s: float = Field(8e-6, ge=0)
-    """Fixed cost of one all-reduce launch (vLLM's custom all-reduce, small messages)."""
-    step_overhead_s: float = Field(8e-4, ge=0)
-    per_request_overhead_s: float = Field(8e-6, ge=0)
-    """CPU cost per scheduled request per step (input preparation, sampling bookkeeping)."""
-    prefill_step_overhead_s: float = Field(0.0, ge=0)
-    """CPU cost of a step that admits prefill chunks, once per step whatever their number.
-
-    The model runner changes its persistent batch: new request states, block
-    table rows, and the sampling metadata rebuilt for the new composition
-    (vLLM 0.32 `GPUModelRunner._update_states` + `InputBatch.refresh_metadata`,
-    the same code on the CPU backend). A request leaving costs about as much on
-    a later step; in a closed loop every request joins and leaves once, so the
-    fitted value stands for both. Measured on the vLLM CPU server with the tiny
-    model: ~0.2 ms per such step plus ~0.1 ms per admitted request (the latter is
-    `per_request_overhead_s`). 0 (unknown) for catalogue GPUs.
-    """
-    idle_wake_s: float = Field(0.0, ge=0)
-    """Extra time of the first step after the engine sat idle long (no request to run).
-
-    While idle the engine loop blocks on its input queue and the host lets the
-    cores idle: caches go cold and clocks drop, so the next step runs slower.
-    On the vLLM CPU server (2 shared cores) the engine's own prefill time grew
-    ~1.9 ms after 50-100 ms of idleness over back-to-back requests. Charged as
-    `idle_wake_s * (1 - exp(-idle / idle_wake_time_constant_s))`, which fits the
-    engine's prefill times after 2-200 ms idle within 7% (docs/validation.md).
-    0 (unknown) for catalogue GPUs.
-    """
-    idle_wake_time_constant_s: float = Field(0.02, gt=0)
-    """How fast the wake-up cost approaches `idle_wake_s` with idle time (about 20 ms on the CPU server)."""
-    eager_launch_s_per_layer: float = Field(6.4e-4, ge=0)
-    """Host time to launch one decoder layer's kernels op by op from Python, for a step run without CUDA graphs.
-
-    Such a step cannot end before the host has launched every kernel, so its GPU part is at least
-    layers x this (the GPU waits on the launches when they are slower than its kernels). A host property,
-    so the default is read off a published eager run: vLLM `--enforce-eager` on an A100-80GB host, Llama-3.1-8B
-    at 20 concurrent requests, median TPOT 20.8 ms (staru09/llm_infra_bench, published.yaml), which the
-    replay meets at 0.64 ms. Measured on three H200 hosts for an engine-like decoder (benchmarks/gpu_step_probe.py,
-    2026-12-04): medians 0.63, 0.34 and 0.48 ms, so hosts differ ~2x; a calibration profile's coefficients carry
-    another host's value.
-    """
-
-    def cpu_step_time(self, num_scheduled: int, admits_prefill: bool) -> float:
-        """The engine core's CPU share of a step's time: the part async scheduling overlaps with the GPU.
-
-        The same three terms the roofline adds to every step (schedule, input
-        preparation, output bookkeeping), so step time minus this is the GPU's.
-        """
-        cpu = self.step_overhead_s + num_scheduled * self.per_request_overhead_s
-        return cpu + self.prefill_step_overhead_s if admits_prefill else cpu
-
-    def to_json(self) -> str:
-        return self.model_dump_json(indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> CostCoefficients:
-        return cls.model_validate_json(text)
-
-    @classmethod
-    def ideal(cls) -> CostCoefficients:
-        """Datasheet peaks and no overhead: a strict lower bound on step time (upper bound on throughput)."""
-        return cls(
-            compute_efficiency=1,
-            memory_efficiency=1,
-            attention_compute_efficiency=1,
-            attention_memory_efficiency=1,
-            interconnect_efficiency=1,
-            allreduce_latency_s=0,
-            step_overhead_s=0,
-            per_request_overhead_s=0,
-            prefill_step_overhead_s=0,
-            idle_wake_s=0,
-        )
-
-
 _GPU_FIELDS = frozenset(
     {
         "compute_efficiency",
@@ -171,7 +77,8 @@ _GPU_FIELDS = frozenset(
         "allreduce_latency_s",
     }
 )
-"""The CostCoefficients the kernel fit replaces; a caller who sets any of them (a calibration) keeps the datasheet form."""
+"""The CostCoefficients the kernel fit replaces; a caller who sets any of them (a calibration) keeps the datasheet
+form."""
 
 DATASHEET = "datasheet-roofline"
 
@@ -299,38 +206,13 @@ class RooflineCostModel:
         self.model = model
         tp = engine_config.tensor_parallel_size
         self.weight_format = weight_format(engine_config.quantization, model, hardware)
-        dense_format = non_expert_weight_format(engine_config.quantization, model, hardware)
-        compute_peak = hardware.peak_flops(dense_format.compute_dtype)
-        attention_peak = hardware.peak_flops("bf16")
-        memory_bw = hardware.memory_bandwidth
-
-        # Embedding rows are gathered, not streamed; a tied embedding is streamed as the LM head.
-        # Routed experts are read only when some token of the step is routed to them (_expert_time).
-        streamed = weight_bytes_per_rank(model, engine_config.quantization, hardware, tp)
-        if not model.tie_word_embeddings:
-            streamed -= model.embedding_params * model.dtype_bytes // tp
-        if model.moe:
-            streamed -= int(routed_expert_bytes(model, engine_config.quantization, hardware) / tp)
-        self._streamed_bytes = streamed
-        self._expert_bytes_per_rank = model.expert_params * self.weight_format.bytes_per_param / tp
-        self._moe, self._expert_cache = model.moe, dict[int, float]()
-        self.expert_layout = ExpertLayout(tp, engine_config.data_parallel_size, engine_config.enable_expert_parallel)
-        self._a2a_link = hardware.interconnect_bandwidth * c.interconnect_efficiency
+        self._init_weights(engine_config, tp)
         self._decode_attn_s_per_pair: float | None = None
         """Set for MLA, whose absorbed decode attention has its own FLOPs per pair."""
         kv_per_token = kv_bytes_per_token_per_rank(model, engine_config.kv_cache_dtype, tp)
         if tp > 1 and hardware.interconnect_bandwidth <= 0:
             raise PerfConfigError(f"{hardware.name} has no GPU interconnect; tensor parallelism is not possible")
-        self._step_overhead = c.step_overhead_s
-        self._request_overhead = c.per_request_overhead_s
-        self._prefill_step_overhead = c.prefill_step_overhead_s
-        self._wake, self._wake_tau = c.idle_wake_s, c.idle_wake_time_constant_s
-        self.eager_launch_s = model.num_layers * c.eager_launch_s_per_layer
-        """The host's time to launch one step's layers op by op: the least a step without CUDA graphs takes."""
-        self._all_eager, self._eager_prefill = engine_config.enforce_eager, engine_config.eager_prefill
-        self._graph_max_batch = engine_config.cuda_graph_max_batch
-        self._any_eager = self._all_eager or self._eager_prefill or self._graph_max_batch is not None
-        """Whether any step can run without graphs: the per-step check is skipped for vLLM's default deployments."""
+        self._init_host_costs(engine_config)
 
         fit, self.cost_source_note = (
             kernel_fit_for(hardware, model, engine_config, self.weight_format, c)
@@ -341,9 +223,49 @@ class RooflineCostModel:
         self.cost_source = f"kernel-fit:{hardware.name}" if fit else DATASHEET
         if fit:
             self._init_fitted(fit, model, tp, kv_per_token)
-            return
+        else:
+            self._init_datasheet(engine_config, tp, kv_per_token)
 
-        self._weight_time = streamed / (memory_bw * c.memory_efficiency)
+    def _init_weights(self, engine_config: EngineConfig, tp: int) -> None:
+        """The weight bytes every step streams, and the routed experts' bytes a step reads only when routed to.
+
+        Embedding rows are gathered, not streamed; a tied embedding is streamed as the LM head. Routed experts are
+        read only when some token of the step is routed to them (_expert_time).
+        """
+        model, hardware = self.model, self.hardware
+        streamed = weight_bytes_per_rank(model, engine_config.quantization, hardware, tp)
+        if not model.tie_word_embeddings:
+            streamed -= model.embedding_params * model.dtype_bytes // tp
+        if model.moe:
+            streamed -= int(routed_expert_bytes(model, engine_config.quantization, hardware) / tp)
+        self._streamed_bytes = streamed
+        self._expert_bytes_per_rank = model.expert_params * self.weight_format.bytes_per_param / tp
+        self._moe, self._expert_cache = model.moe, dict[int, float]()
+        self.expert_layout = ExpertLayout(tp, engine_config.data_parallel_size, engine_config.enable_expert_parallel)
+        self._a2a_link = hardware.interconnect_bandwidth * self.coefficients.interconnect_efficiency
+
+    def _init_host_costs(self, engine_config: EngineConfig) -> None:
+        """The CPU side of a step (overheads, idle wake-up) and when a step runs without CUDA graphs."""
+        c = self.coefficients
+        self._step_overhead = c.step_overhead_s
+        self._request_overhead = c.per_request_overhead_s
+        self._prefill_step_overhead = c.prefill_step_overhead_s
+        self._wake, self._wake_tau = c.idle_wake_s, c.idle_wake_time_constant_s
+        self.eager_launch_s = self.model.num_layers * c.eager_launch_s_per_layer
+        """The host's time to launch one step's layers op by op: the least a step without CUDA graphs takes."""
+        self._all_eager, self._eager_prefill = engine_config.enforce_eager, engine_config.eager_prefill
+        self._graph_max_batch = engine_config.cuda_graph_max_batch
+        self._any_eager = self._all_eager or self._eager_prefill or self._graph_max_batch is not None
+        """Whether any step can run without graphs: the per-step check is skipped for vLLM's default deployments."""
+
+    def _init_datasheet(self, engine_config: EngineConfig, tp: int, kv_per_token: float) -> None:
+        """Per-token and per-step constants of the datasheet form: peaks x efficiencies, no measured kernels."""
+        model, hardware, c = self.model, self.hardware, self.coefficients
+        dense_format = non_expert_weight_format(engine_config.quantization, model, hardware)
+        compute_peak = hardware.peak_flops(dense_format.compute_dtype)
+        attention_peak = hardware.peak_flops("bf16")
+        memory_bw = hardware.memory_bandwidth
+        self._weight_time = self._streamed_bytes / (memory_bw * c.memory_efficiency)
         self._linear_s_per_token = model.non_expert_linear_flops_per_token / tp / (compute_peak * c.compute_efficiency)
         self._lm_head_s_per_sample = model.lm_head_flops_per_token / tp / (compute_peak * c.compute_efficiency)
         self._attn_s_per_pair = model.attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency)
@@ -356,16 +278,21 @@ class RooflineCostModel:
             expert_peak = hardware.peak_flops(self.weight_format.compute_dtype) * c.compute_efficiency
             self._routed_s_per_token = model.routed_expert_flops_per_token / tp / expert_peak
             self._expert_read_s = model.num_moe_layers * self._expert_bytes_per_rank / (memory_bw * c.memory_efficiency)
-        if tp > 1:
-            ring = 2 * (tp - 1) / tp
-            per_token_bytes = model.hidden_size * model.dtype_bytes
-            allreduces = 2 * model.num_layers
-            self._comm_fixed = allreduces * c.allreduce_latency_s
-            self._comm_s_per_token = (
-                allreduces * ring * per_token_bytes / (hardware.interconnect_bandwidth * c.interconnect_efficiency)
-            )
-        else:
+        self._init_allreduce(tp)
+
+    def _init_allreduce(self, tp: int) -> None:
+        """Tensor parallelism's two all-reduces per layer: a fixed launch cost and a ring's bytes per token."""
+        if tp <= 1:
             self._comm_fixed = self._comm_s_per_token = 0.0
+            return
+        model, c = self.model, self.coefficients
+        ring = 2 * (tp - 1) / tp
+        per_token_bytes = model.hidden_size * model.dtype_bytes
+        allreduces = 2 * model.num_layers
+        self._comm_fixed = allreduces * c.allreduce_latency_s
+        self._comm_s_per_token = (
+            allreduces * ring * per_token_bytes / (self.hardware.interconnect_bandwidth * c.interconnect_efficiency)
+        )
 
     def _init_fitted(self, fit: GpuKernelFit, model: ModelSpec, tp: int, kv_per_token: float) -> None:
         """Per-token and per-step constants of the fitted form (formulas: servelab.perf.kernel_fit)."""

@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -135,12 +134,16 @@ GPU_KERNEL_BLOCK = 16
 The CPU backend takes any size (it only warns off multiples of 32)."""
 
 
+FlagValue = str | int | float | bool | None
+"""A parsed flag's value, as the EngineConfig field it sets takes it."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Flag:
     """How one modelled vLLM flag lands in the parse result."""
 
     target: str
-    convert: Callable[[str], Any] | None = None
+    convert: Callable[[str], FlagValue] | None = None
     """None for on/off switches."""
 
 
@@ -255,7 +258,7 @@ def parse_engine_args(line: str | Sequence[str], base: EngineConfig | None = Non
     Raises PerfConfigError on a flag vLLM itself would reject, a missing or bad value.
     """
     value_flags, switch_flags, short = _vllm_flags()
-    values: dict[str, Any] = {}
+    values: dict[str, FlagValue] = {}
     result = ParsedEngineArgs(config=base or EngineConfig())
     tokens = _tokens(line)
     i = 0
@@ -270,64 +273,74 @@ def parse_engine_args(line: str | Sequence[str], base: EngineConfig | None = Non
         flag, eq, inline = token.partition("=")
         name = _canonical(flag, short)
         negated = name.startswith("no-") and name[3:] in switch_flags
-        base_name = name[3:] if negated else name
         if name in OBSOLETE_FLAGS:
             result.warnings.append(f"--{name} is obsolete in vLLM V1 and has no effect: {OBSOLETE_FLAGS[name]}")
             if not eq and i < len(tokens) and not tokens[i].startswith("-"):
                 i += 1  # its value
             continue
-        if base_name in switch_flags:
-            if eq:
-                raise PerfConfigError(
-                    f"{flag} is an on/off switch and takes no value (use --{base_name} or --no-{base_name})"
-                )
-            switch_value = not negated
-            if base_name in _MODELLED:
-                values[_MODELLED[base_name].target] = switch_value
-                if base_name == "enable-chunked-prefill" and switch_value:
-                    result.warnings.append(
-                        "--enable-chunked-prefill is the default in vLLM V1; the flag changes nothing"
-                    )
-            elif base_name in UNMODELLED_FLAGS:
-                result.warnings.append(f"{flag} changes performance but is not modelled; simulated as if absent")
-            else:
-                result.ignored.append(flag)
+        if (name[3:] if negated else name) in switch_flags:
+            _apply_switch(result, values, flag, name, negated, has_value=bool(eq))
             continue
         if name not in value_flags:
-            known = sorted(value_flags | switch_flags | set(OBSOLETE_FLAGS))
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f" (did you mean --{close[0]}?)" if close else ""
-            raise PerfConfigError(f"unknown vLLM flag {flag}{hint}; vLLM 0.32 would reject it too")
+            raise _unknown_flag(flag, name, value_flags | switch_flags)
         if not eq:
             if i >= len(tokens):
                 raise PerfConfigError(f"{flag} needs a value")
             inline = tokens[i]
             i += 1
-        if name in _MODELLED:
-            spec = _MODELLED[name]
-            try:
-                values[spec.target] = spec.convert(inline) if spec.convert else inline
-            except ValueError as exc:
-                raise PerfConfigError(f"bad value {inline!r} for {flag}: {exc}") from None
-            if name == "max-model-len" and values[spec.target] is None:
-                result.warnings.append("--max-model-len auto is modelled as the model's maximum context length")
-        elif name in NOT_MODELLED_BECAUSE:
-            result.warnings.append(f"{flag} {inline} accepted, not modelled: {NOT_MODELLED_BECAUSE[name]}")
-        elif name in UNMODELLED_FLAGS:
-            if name == "pipeline-parallel-size" and inline.strip() not in ("1",):
-                raise PerfConfigError(
-                    "--pipeline-parallel-size > 1 is not supported yet; use tensor or data parallelism"
-                )
-            if name != "pipeline-parallel-size":
-                result.warnings.append(f"{flag} changes performance but is not modelled; simulated as if absent")
-        else:
-            result.ignored.append(flag)
+        _apply_value(result, values, flag, name, inline)
 
     result.given = frozenset(values)
-    result.model = values.pop("model", None)
-    result.performance_mode = values.pop("performance_mode", "balanced")
+    model, mode = values.pop("model", None), values.pop("performance_mode", "balanced")
+    result.model, result.performance_mode = None if model is None else str(model), str(mode)
     result.config = result.config.with_(**values)
     return result
+
+
+def _apply_switch(
+    result: ParsedEngineArgs, values: dict[str, FlagValue], flag: str, name: str, negated: bool, *, has_value: bool
+) -> None:
+    """An on/off flag (`--name` or `--no-name`): a modelled one sets its field, others are warned of or ignored."""
+    base_name = name[3:] if negated else name
+    if has_value:
+        raise PerfConfigError(f"{flag} is an on/off switch and takes no value (use --{base_name} or --no-{base_name})")
+    switch_value = not negated
+    if base_name in _MODELLED:
+        values[_MODELLED[base_name].target] = switch_value
+        if base_name == "enable-chunked-prefill" and switch_value:
+            result.warnings.append("--enable-chunked-prefill is the default in vLLM V1; the flag changes nothing")
+    elif base_name in UNMODELLED_FLAGS:
+        result.warnings.append(f"{flag} changes performance but is not modelled; simulated as if absent")
+    else:
+        result.ignored.append(flag)
+
+
+def _unknown_flag(flag: str, name: str, known: frozenset[str]) -> PerfConfigError:
+    """The error for a flag vLLM does not have, with the closest one it does."""
+    close = difflib.get_close_matches(name, sorted(known | set(OBSOLETE_FLAGS)), n=1)
+    hint = f" (did you mean --{close[0]}?)" if close else ""
+    return PerfConfigError(f"unknown vLLM flag {flag}{hint}; vLLM 0.32 would reject it too")
+
+
+def _apply_value(result: ParsedEngineArgs, values: dict[str, FlagValue], flag: str, name: str, value: str) -> None:
+    """A flag with a value: a modelled one sets its field (converted, checked), others are warned of or ignored."""
+    if name in _MODELLED:
+        spec = _MODELLED[name]
+        try:
+            values[spec.target] = spec.convert(value) if spec.convert else value
+        except ValueError as exc:
+            raise PerfConfigError(f"bad value {value!r} for {flag}: {exc}") from None
+        if name == "max-model-len" and values[spec.target] is None:
+            result.warnings.append("--max-model-len auto is modelled as the model's maximum context length")
+    elif name in NOT_MODELLED_BECAUSE:
+        result.warnings.append(f"{flag} {value} accepted, not modelled: {NOT_MODELLED_BECAUSE[name]}")
+    elif name in UNMODELLED_FLAGS:
+        if name == "pipeline-parallel-size" and value.strip() not in ("1",):
+            raise PerfConfigError("--pipeline-parallel-size > 1 is not supported yet; use tensor or data parallelism")
+        if name != "pipeline-parallel-size":
+            result.warnings.append(f"{flag} changes performance but is not modelled; simulated as if absent")
+    else:
+        result.ignored.append(flag)
 
 
 def default_batch_limits(
@@ -354,20 +367,9 @@ def default_batch_limits(
     return (2048 if api else 8192), 256
 
 
-def resolve(
-    config: EngineConfig,
-    hardware: Hardware,
-    model: ModelSpec,
-    *,
-    performance_mode: str = "balanced",
-    usage: str = "api_server",
-    vllm_version: tuple[int, int] | None = None,
-) -> EngineConfig:
-    """Fill every None in `config` as vLLM 0.32 (or `vllm_version`) would on `hardware`, and apply vLLM's checks.
-
-    Defaults that are not None (async scheduling's aside) come from the
-    EngineConfig the flags were parsed onto (perf/vllm_versions.py).
-    """
+def _checked_max_model_len(config: EngineConfig, hardware: Hardware, model: ModelSpec) -> int:
+    """The context length the deployment serves, after the shape checks vLLM makes at start-up (block size on a GPU,
+    heads divisible by TP, a context the model supports)."""
     tp = config.tensor_parallel_size
     if hardware.vendor != "cpu" and config.block_size % GPU_KERNEL_BLOCK:
         raise PerfConfigError(
@@ -385,7 +387,19 @@ def resolve(
             f"max_model_len {max_model_len} exceeds {model.name}'s max_position_embeddings "
             f"{model.max_position_embeddings}; vLLM refuses it"
         )
-    default_tokens, default_seqs = default_batch_limits(hardware, tp, usage, vllm_version)
+    return max_model_len
+
+
+def _batch_limits(
+    config: EngineConfig,
+    hardware: Hardware,
+    max_model_len: int,
+    performance_mode: str,
+    usage: str,
+    vllm_version: tuple[int, int] | None,
+) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens): the flags', else vLLM's defaults for the chip, checked as vLLM does."""
+    default_tokens, default_seqs = default_batch_limits(hardware, config.tensor_parallel_size, usage, vllm_version)
     if performance_mode == "throughput":
         default_tokens, default_seqs = 2 * default_tokens, 2 * default_seqs
 
@@ -410,6 +424,27 @@ def resolve(
             f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs ({max_num_seqs}), as vLLM "
             f"requires"
         )
+    return max_num_seqs, max_num_batched_tokens
+
+
+def resolve(
+    config: EngineConfig,
+    hardware: Hardware,
+    model: ModelSpec,
+    *,
+    performance_mode: str = "balanced",
+    usage: str = "api_server",
+    vllm_version: tuple[int, int] | None = None,
+) -> EngineConfig:
+    """Fill every None in `config` as vLLM 0.32 (or `vllm_version`) would on `hardware`, and apply vLLM's checks.
+
+    Defaults that are not None (async scheduling's aside) come from the
+    EngineConfig the flags were parsed onto (perf/vllm_versions.py).
+    """
+    max_model_len = _checked_max_model_len(config, hardware, model)
+    max_num_seqs, max_num_batched_tokens = _batch_limits(
+        config, hardware, max_model_len, performance_mode, usage, vllm_version
+    )
     # VllmConfig turns async scheduling on unless something is incompatible; CpuPlatform.check_and_update_config
     # then forces it off whatever the flag said ("async scheduling is not required on CPU").
     async_scheduling = hardware.vendor != "cpu" and config.async_scheduling is not False

@@ -120,7 +120,8 @@ def routed_expert_bytes(model: ModelSpec, quantization: str | None, hardware: Ha
 
 
 def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
-    """KV heads are split across ranks, and replicated once TP exceeds their number (MLA's one latent: on every rank)."""
+    """KV heads are split across ranks, and replicated once TP exceeds their number (MLA's one latent: on every
+    rank)."""
     if model.mla:
         return 1
     return max(1, model.num_kv_heads // tp)
@@ -167,6 +168,34 @@ def cuda_graph_reserve(hardware: Hardware, config: EngineConfig, reserve: Memory
     return reserve.cuda_graph_bytes
 
 
+def _resident_weight_bytes(hardware: Hardware, model: ModelSpec, config: EngineConfig) -> int:
+    """The weight bytes one GPU holds: its tensor-parallel share, less the routed experts that expert parallelism
+    over data-parallel ranks puts on the other ranks (each GPU then holds 1/(TP x DP) of them)."""
+    tp = config.tensor_parallel_size
+    weights = weight_bytes_per_rank(model, config.quantization, hardware, tp)
+    if model.moe and config.enable_expert_parallel and config.data_parallel_size > 1:
+        weights -= int(
+            routed_expert_bytes(model, config.quantization, hardware) / tp * (1 - 1 / config.data_parallel_size)
+        )
+    return weights
+
+
+def _kv_budget(hardware: Hardware, config: EngineConfig, requested: int, non_kv: int) -> tuple[int, int, str]:
+    """(KV cache bytes, the memory everything must fit in, that memory's name in a refusal).
+
+    A fixed `kv_cache_memory_bytes` ignores gpu_memory_utilization (as vLLM does), so the whole GPU is the budget;
+    otherwise the KV cache is what the utilization's share leaves after weights, activations and the rest.
+    """
+    if config.kv_cache_memory_bytes is not None:
+        return (
+            config.kv_cache_memory_bytes,
+            hardware.memory_bytes,
+            f"the {hardware.memory_gib:.1f} GiB of {hardware.name}",
+        )
+    share = f"{config.gpu_memory_utilization:g} x {hardware.memory_gib:.1f} GiB of {hardware.name}"
+    return requested - non_kv, requested, f"{requested / GiB:.1f} GiB ({share})"
+
+
 def plan_memory(
     hardware: Hardware,
     model: ModelSpec,
@@ -184,32 +213,18 @@ def plan_memory(
     tp = config.tensor_parallel_size
     total = hardware.memory_bytes
     requested = math.ceil(total * config.gpu_memory_utilization)
-    weights = weight_bytes_per_rank(model, config.quantization, hardware, tp)
-    if model.moe and config.enable_expert_parallel and config.data_parallel_size > 1:
-        # Expert parallelism over data-parallel ranks: each GPU holds 1/(TP x DP) of the routed experts.
-        weights -= int(
-            routed_expert_bytes(model, config.quantization, hardware) / tp * (1 - 1 / config.data_parallel_size)
-        )
+    weights = _resident_weight_bytes(hardware, model, config)
     activations = activation_bytes(model, config, reserve)
     non_torch = reserve.non_torch_bytes + (reserve.nccl_bytes if tp > 1 else 0)
     graphs = cuda_graph_reserve(hardware, config, reserve)
     non_kv = weights + activations + non_torch + graphs
 
-    if config.kv_cache_memory_bytes is not None:
-        kv_cache = config.kv_cache_memory_bytes
-        budget, budget_name = total, f"the {hardware.memory_gib:.1f} GiB of {hardware.name}"
-    else:
-        kv_cache = requested - non_kv
-        budget = requested
-        budget_name = (
-            f"{requested / GiB:.1f} GiB ({config.gpu_memory_utilization:g} x {hardware.memory_gib:.1f} GiB "
-            f"of {hardware.name})"
-        )
+    kv_cache, budget, budget_name = _kv_budget(hardware, config, requested, non_kv)
     if non_kv + max(kv_cache, 0) > budget or kv_cache <= 0:
         raise PerfConfigError(
             f"{model.name} does not fit: weights {weights / GiB:.1f} GiB per GPU (TP={tp}), "
-            f"activations ~{activations / GiB:.1f} GiB, CUDA graphs ~{graphs / GiB:.1f} GiB, other ~{non_torch / GiB:.1f} "
-            f"GiB "
+            f"activations ~{activations / GiB:.1f} GiB, CUDA graphs ~{graphs / GiB:.1f} GiB, "
+            f"other ~{non_torch / GiB:.1f} GiB "
             f"leave {(budget - non_kv) / GiB:.1f} GiB for the KV cache out of {budget_name}; "
             "raise --gpu-memory-utilization or --tensor-parallel-size, quantize the weights, "
             "or lower --max-num-batched-tokens / --max-num-seqs"

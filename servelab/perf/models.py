@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from servelab.perf.errors import PerfConfigError
+from servelab.schemas.results import Json
 
 BUILTIN_MODELS = Path(__file__).parent / "data" / "models.yaml"
 
@@ -269,7 +270,7 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
 
 
-def _require(config: dict[str, Any], key: str, source: str) -> Any:
+def _require(config: Json, key: str, source: str) -> Any:
     if key not in config:
         raise PerfConfigError(f"{source}: config.json has no {key!r}, which the cost model needs")
     return config[key]
@@ -278,7 +279,7 @@ def _require(config: dict[str, Any], key: str, source: str) -> Any:
 _DECLARED_QUANTIZATION = {"awq": "awq", "gptq": "gptq", "fp8": "fp8", "mxfp4": "mxfp4", "modelopt_fp4": "nvfp4"}
 
 
-def _declared_quantization(config: dict[str, Any], source: str) -> tuple[str | None, bool]:
+def _declared_quantization(config: Json, source: str) -> tuple[str | None, bool]:
     """The checkpoint's weight format, and whether it leaves attention unquantized (so it covers experts only)."""
     quant = config.get("quantization_config")
     if not quant:
@@ -293,7 +294,7 @@ def _declared_quantization(config: dict[str, Any], source: str) -> tuple[str | N
     return _DECLARED_QUANTIZATION[method], "self_attn" in kept
 
 
-def _moe_spec(config: dict[str, Any], architecture: str, num_layers: int, source: str) -> MoESpec:
+def _moe_spec(config: Json, architecture: str, num_layers: int, source: str) -> MoESpec:
     """Experts, top-k, expert and shared widths and the dense layers, in each family's own spelling."""
     experts = config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts")
     top_k = config.get("num_experts_per_tok") or config.get("experts_per_token")
@@ -316,7 +317,7 @@ def _moe_spec(config: dict[str, Any], architecture: str, num_layers: int, source
     return MoESpec(int(experts), int(top_k), width, shared, dense)
 
 
-def _mla_spec(config: dict[str, Any], source: str) -> MLASpec | None:
+def _mla_spec(config: Json, source: str) -> MLASpec | None:
     if "kv_lora_rank" not in config:
         return None
     return MLASpec(
@@ -328,7 +329,7 @@ def _mla_spec(config: dict[str, Any], source: str) -> MLASpec | None:
     )
 
 
-def _architecture(config: dict[str, Any], source: str) -> str:
+def _architecture(config: Json, source: str) -> str:
     architectures = config.get("architectures") or []
     architecture = str(architectures[0] if architectures else config.get("model_type", "unknown"))
     if architecture in _DENSE_ARCHITECTURES or architecture in _MOE_ARCHITECTURES:
@@ -342,7 +343,7 @@ def _architecture(config: dict[str, Any], source: str) -> str:
     raise PerfConfigError(f"{source}: architecture {architecture!r} is not supported yet (supported: {supported})")
 
 
-def model_from_hf_config(config: dict[str, Any], name: str, source: str | None = None) -> ModelSpec:
+def model_from_hf_config(config: Json, name: str, source: str | None = None) -> ModelSpec:
     """A ModelSpec from the parsed contents of a Hugging Face config.json."""
     source = source or name
     architecture = _architecture(config, source)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -26,6 +25,7 @@ from servelab.perf.memory import (
 )
 from servelab.perf.models import get_model
 from servelab.perf.quantization import weight_format
+from servelab.schemas.results import Json
 
 PUBLISHED = Path(__file__).parent / "data" / "published.yaml"
 LENGTHS = PUBLISHED.with_name("published_lengths.yaml")
@@ -42,13 +42,13 @@ class Ceiling:
     """'compute' or 'memory': which side of the linear layers' roofline set the ceiling."""
 
 
-def published_entries(path: Path = PUBLISHED) -> list[dict[str, Any]]:
+def published_entries(path: Path = PUBLISHED) -> list[Json]:
     """The runs of one published-runs file (published.yaml, or published_moe.yaml)."""
-    result: list[dict[str, Any]] = yaml.safe_load(path.read_text())
+    result: list[Json] = yaml.safe_load(path.read_text())
     return result
 
 
-def _resends_prompts(entry: dict[str, Any]) -> bool:
+def _resends_prompts(entry: Json) -> bool:
     """Whether some requests repeat an earlier prompt (a `prompt_pool`, or published_lengths.yaml `same_prompt_as`)."""
     if entry["workload"].get("prompt_pool"):
         return True
@@ -58,7 +58,7 @@ def _resends_prompts(entry: dict[str, Any]) -> bool:
     return any(j != i for i, j in enumerate(same))
 
 
-def roofline_ceiling(entry: dict[str, Any]) -> Ceiling | None:
+def roofline_ceiling(entry: Json) -> Ceiling | None:
     """Output tokens/s no engine could beat on the entry's setup; None when it cannot be bounded this way.
 
     None when the lengths are unknown, or when requests resend earlier prompts: the prefix cache then

@@ -231,16 +231,7 @@ def _kv_dtype(name: str) -> str:
 def resolve_sglang(settings: SGLangSettings, hardware: Hardware, model: ModelSpec) -> SGLangPlan:
     """SGLang's defaults on this chip and its KV pool; PerfConfigError when the model does not fit."""
     s = settings
-    if s.ep_size not in (1, s.tp_size):
-        raise PerfConfigError(
-            f"--ep-size {s.ep_size}: SGLang's expert parallelism spans the --tp-size {s.tp_size} ranks"
-        )
-    if s.enable_dp_attention and s.tp_size % s.dp_size:
-        raise PerfConfigError(f"--enable-dp-attention: --dp-size {s.dp_size} must divide --tp-size {s.tp_size}")
-    if model.num_heads % s.tp_size:
-        raise PerfConfigError(
-            f"{model.name} has {model.num_heads} attention heads, not divisible by --tp-size {s.tp_size}"
-        )
+    _check_layout(s, model)
     chunk_default, graph_default = memory_defaults(hardware, s.tp_size)
     chunk = s.chunked_prefill_size if s.chunked_prefill_size is not None else chunk_default
     graph_bs = s.cuda_graph_max_bs or graph_default
@@ -284,7 +275,31 @@ def resolve_sglang(settings: SGLangSettings, hardware: Hardware, model: ModelSpe
         block_size=1,
         num_blocks=tokens,
     )
-    config = EngineConfig(
+    config = _engine_config(s, running=running, chunk=chunk, frac=frac, context=context, graph_bs=graph_bs)
+    return SGLangPlan(resolved, config, memory, tokens)
+
+
+def _check_layout(s: SGLangSettings, model: ModelSpec) -> None:
+    """The parallel layouts SGLang refuses at start-up: EP not over the TP ranks, DP attention not dividing TP, heads
+    not divisible by TP."""
+    if s.ep_size not in (1, s.tp_size):
+        raise PerfConfigError(
+            f"--ep-size {s.ep_size}: SGLang's expert parallelism spans the --tp-size {s.tp_size} ranks"
+        )
+    if s.enable_dp_attention and s.tp_size % s.dp_size:
+        raise PerfConfigError(f"--enable-dp-attention: --dp-size {s.dp_size} must divide --tp-size {s.tp_size}")
+    if model.num_heads % s.tp_size:
+        raise PerfConfigError(
+            f"{model.name} has {model.num_heads} attention heads, not divisible by --tp-size {s.tp_size}"
+        )
+
+
+def _engine_config(
+    s: SGLangSettings, *, running: int, chunk: int, frac: float, context: int, graph_bs: int
+) -> EngineConfig:
+    """The SGLang deployment in the simulator's engine knobs: its running-request cap as max_num_seqs, its prefill
+    chunk as the token budget, its radix cache as prefix caching, one-token pages."""
+    return EngineConfig(
         max_num_seqs=running,
         max_num_batched_tokens=chunk if chunk > 0 else s.max_prefill_tokens,
         enable_chunked_prefill=chunk > 0,
@@ -306,4 +321,3 @@ def resolve_sglang(settings: SGLangSettings, hardware: Hardware, model: ModelSpe
         cuda_graph_max_batch=graph_bs,
         eager_prefill=True,
     )
-    return SGLangPlan(resolved, config, memory, tokens)

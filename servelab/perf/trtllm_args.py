@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from servelab.perf.engine_config import EngineConfig
+from servelab.perf.engine_args import FlagValue
 from servelab.perf.engine_flags import Flag, FlagTable, ParsedLaunch, fraction, parse_flags, positive_int
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware
@@ -30,6 +31,7 @@ from servelab.perf.memory import (
     weight_bytes_per_rank,
 )
 from servelab.perf.models import ModelSpec
+from servelab.schemas.results import Json
 
 GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
 MAX_UTILIZATION = "MAX_UTILIZATION"
@@ -129,7 +131,7 @@ _YAML_OBSOLETE = {
 ParsedTRTLLM = ParsedLaunch[TRTLLMSettings]
 
 
-def _walk(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+def _walk(tree: Json, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
     items: list[tuple[tuple[str, ...], Any]] = []
     for key, value in tree.items():
         path = (*prefix, str(key))
@@ -140,7 +142,7 @@ def _walk(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tupl
     return items
 
 
-def _read_options(path: str, out: ParsedTRTLLM, values: dict[str, Any]) -> None:
+def _read_options(path: str, out: ParsedTRTLLM, values: dict[str, FlagValue]) -> None:
     """Fold an --extra_llm_api_options YAML file into `values`, reporting obsolete and unknown keys."""
     try:
         tree = yaml.safe_load(Path(path).read_text()) or {}
@@ -161,7 +163,8 @@ def _read_options(path: str, out: ParsedTRTLLM, values: dict[str, Any]) -> None:
 
 
 def parse_trtllm_args(line: str | Sequence[str]) -> ParsedTRTLLM:
-    """A `trtllm-serve MODEL ...` line (or its flags) as TRTLLMSettings, with what was obsolete, unknown or unmodelled."""
+    """A `trtllm-serve MODEL ...` line (or its flags) as TRTLLMSettings, with what was obsolete, unknown or
+    unmodelled."""
     parsed = parse_flags(line, FLAGS)
     values = dict(parsed.values)
     out = ParsedTRTLLM(TRTLLMSettings(), list(parsed.warnings), list(parsed.obsolete), list(parsed.unknown))

@@ -125,7 +125,8 @@ LARGEST_BATCH_DEFAULTS_SINCE = (0, 28)
 
 
 def parse_version(text: str | None) -> tuple[int, int] | None:
-    """(major, minor) of a vLLM version as people write it ("0.11.0", "v0.11", "0.10.1.1", "0.11.0rc2"); None: latest."""
+    """(major, minor) of a vLLM version as people write it ("0.11.0", "v0.11", "0.10.1.1", "0.11.0rc2"); None:
+    latest."""
     if text is None or not str(text).strip() or str(text).strip() == "latest":
         return None
     found = re.match(r"\s*v?(\d+)\.(\d+)", str(text))

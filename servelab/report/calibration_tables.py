@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.report.cells import MISSING, number, percent
-from servelab.perf.calibration import CalibrationProfile, RunFit
+from servelab.schemas.profile import CalibrationProfile, RunFit
 from servelab.schemas.validation import ValidationReport
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Protocol
 
-from servelab.perf.calibration import CalibrationOrigin, CalibrationProfile
+from servelab.schemas.profile import CalibrationOrigin, CalibrationProfile
 from servelab.perf.cost_model import CostCoefficients
 from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.models import ModelSpec
@@ -54,7 +54,7 @@ def deployment_from_profile(
     parsed = parse_engine_args(engine_args, base=probed.config) if engine_args.strip() else probed
     return Deployment.build(
         profile.hardware,
-        model or profile.model(),
+        model or ModelSpec(**profile.model_spec),
         parsed.config,
         coefficients=profile.coefficients,
         warnings=tuple(parsed.warnings),
@@ -118,7 +118,7 @@ def profile_deployment(
         parsed = parse_engine_args(engine_args, base=parsed.config)
     base = Deployment.build(
         profile.hardware,
-        model or profile.model(),
+        model or ModelSpec(**profile.model_spec),
         parsed.config,
         warnings=tuple(parsed.warnings),
         performance_mode=parsed.performance_mode,

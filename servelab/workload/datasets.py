@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import count as counter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -98,6 +98,17 @@ class _Row:
     timestamp: float | None
 
 
+class DatasetNotes(TypedDict, total=False):
+    """What a dataset learns while it is read or generated, added to its description in run.json."""
+
+    lengths_estimated: str
+    """Prompt lengths counted without a tokenizer (estimated from characters)."""
+    requests_in_file: int
+    conversations_in_file: int
+    inexact_prompt_lengths: int
+    """Prompts whose token count a tokenizer round trip could not hit exactly."""
+
+
 @dataclass
 class Dataset:
     """A request generator plus what run.json should say about it."""
@@ -105,7 +116,7 @@ class Dataset:
     config: WorkloadConfig
     rng: np.random.Generator
     tokenizer: PromptTokenizer | None
-    notes: dict[str, Any] = field(default_factory=dict)
+    notes: DatasetNotes = field(default_factory=lambda: DatasetNotes())
     timestamps: bool = False
     """True when the specs carry their own arrival times (trace replay)."""
     text_prompts: bool = False

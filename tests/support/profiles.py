@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from servelab.perf.calibration import CalibrationProfile, model_spec_dict
+from servelab.perf.calibration import model_spec_dict
+from servelab.schemas.profile import CalibrationProfile
 from servelab.perf.cost_model import CostCoefficients
 from servelab.perf.hardware import get_gpu
 from servelab.perf.models import get_model

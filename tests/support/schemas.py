@@ -11,7 +11,7 @@ from pathlib import Path
 import jsonschema
 
 from servelab import SCHEMA_VERSION
-from servelab.perf.calibration import PROFILE_SCHEMA_VERSION
+from servelab.schemas.profile import PROFILE_SCHEMA_VERSION
 from servelab.renames import upgraded
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "docs" / "schemas"

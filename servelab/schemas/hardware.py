@@ -1,0 +1,79 @@
+"""One accelerator as its datasheet describes it: the chip type the GPU catalogue (servelab/perf/hardware.py)
+holds and a calibration profile saves.
+
+Here, in the bottom package, so a profile's schema is read without the catalogue or the cost model.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ComputeDtype = Literal["bf16", "fp8", "int8", "fp4"]
+
+_CITED_FIELDS = (
+    "memory_gib",
+    "memory_bandwidth_gbs",
+    "bf16_tflops",
+    "fp8_tflops",
+    "int8_tflops",
+    "interconnect_gbs",
+    "pcie_gbs",
+)
+
+
+class Hardware(BaseModel):
+    """One accelerator as the datasheet describes it (dense rates, no sparsity)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    vendor: Literal["nvidia", "amd", "cpu", "other"] = "other"
+    memory_gib: float = Field(gt=0)
+    memory_bandwidth_gbs: float = Field(gt=0)
+    bf16_tflops: float = Field(gt=0, description="also the fp16 rate and the W4A16 compute rate")
+    fp8_tflops: float = Field(ge=0)
+    int8_tflops: float = Field(ge=0)
+    fp4_tflops: float = Field(0, ge=0, description="FP4 (NVFP4/MXFP4) tensor cores: Blackwell and later; 0 elsewhere")
+    interconnect: Literal["nvlink", "pcie", "infinity-fabric", "none", "other"] = "pcie"
+    interconnect_gbs: float = Field(ge=0, description="GPU-to-GPU, bidirectional, all links")
+    pcie_gbs: float = Field(ge=0)
+    placeholder: bool = False
+    """True for rates that are guesses awaiting calibration (the generic `cpu` device)."""
+    sources: dict[str, str]
+
+    @model_validator(mode="after")
+    def _every_number_is_cited(self) -> Hardware:
+        if "datasheet" in self.sources:
+            return self
+        cited = _CITED_FIELDS + (("fp4_tflops",) if self.fp4_tflops else ())
+        missing = [f for f in cited if f not in self.sources]
+        if missing:
+            raise ValueError(f"no source for {', '.join(missing)}: add sources.datasheet or one source per field")
+        return self
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * 2**30)
+
+    @property
+    def memory_bandwidth(self) -> float:
+        """Bytes per second."""
+        return self.memory_bandwidth_gbs * 1e9
+
+    @property
+    def interconnect_bandwidth(self) -> float:
+        """Bytes per second in one direction: what a ring all-reduce step can use."""
+        return self.interconnect_gbs * 1e9 / 2
+
+    def peak_flops(self, dtype: ComputeDtype) -> float:
+        """Dense tensor-core FLOP/s (or OP/s) for `dtype`; 0 where the chip has no such path."""
+        tflops = {"bf16": self.bf16_tflops, "fp8": self.fp8_tflops, "int8": self.int8_tflops, "fp4": self.fp4_tflops}[
+            dtype
+        ]
+        return tflops * 1e12
+
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
