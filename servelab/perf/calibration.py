@@ -273,9 +273,18 @@ class ProfileError(PerfConfigError):
     """A calibration profile that cannot be read or is of another schema."""
 
 
+SLIDING_FIELDS = ("sliding_window", "sliding_layers")
+"""ModelSpec's sliding-window fields: saved only for a model that has such layers, so a profile of any other model
+reads as it did before they existed (ModelSpec's defaults rebuild them)."""
+
+
 def model_spec_dict(model: ModelSpec) -> Json:
     """The architecture as a profile saves it (`model_spec`: ModelSpec's fields, rebuilt by `ModelSpec(**...)`)."""
-    return asdict(model)
+    fields = asdict(model)
+    if not model.sliding_layers:
+        for name in SLIDING_FIELDS:
+            fields.pop(name)
+    return fields
 
 
 def load_profile(path: str | Path) -> CalibrationProfile:
