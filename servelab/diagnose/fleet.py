@@ -117,9 +117,12 @@ def routing_cache_misses(replicas: list[dict[str, Any]], repeated_share: float |
 
 
 def outside_replicas(replicas: list[dict[str, Any]], client_ttft_ms: float | None) -> Finding | None:
-    sums = [load.get("server_ttft_sum_s") for load in replicas]
-    counts = [load.get("server_ttft_count") for load in replicas]
-    if client_ttft_ms is None or None in sums or None in counts or not sum(counts):
+    timed = [(load.get("server_ttft_sum_s"), load.get("server_ttft_count")) for load in replicas]
+    if client_ttft_ms is None or any(s is None or c is None for s, c in timed):
+        return None  # no router, or a replica that exported no TTFT histogram
+    sums: list[float] = [float(s) for s, _ in timed]
+    counts: list[int] = [int(c) for _, c in timed]
+    if not sum(counts):
         return None
     server_ms = 1e3 * sum(sums) / sum(counts)
     outside = client_ttft_ms - server_ms
