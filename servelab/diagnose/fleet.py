@@ -117,11 +117,12 @@ def routing_cache_misses(replicas: list[dict[str, Any]], repeated_share: float |
 
 
 def outside_replicas(replicas: list[dict[str, Any]], client_ttft_ms: float | None) -> Finding | None:
-    timed = [(load.get("server_ttft_sum_s"), load.get("server_ttft_count")) for load in replicas]
-    if client_ttft_ms is None or any(s is None or c is None for s, c in timed):
+    if client_ttft_ms is None or any(
+        load.get("server_ttft_sum_s") is None or load.get("server_ttft_count") is None for load in replicas
+    ):
         return None  # no router, or a replica that exported no TTFT histogram
-    sums: list[float] = [float(s) for s, _ in timed]
-    counts: list[int] = [int(c) for _, c in timed]
+    sums = [float(load["server_ttft_sum_s"]) for load in replicas]
+    counts = [int(load["server_ttft_count"]) for load in replicas]
     if not sum(counts):
         return None
     server_ms = 1e3 * sum(sums) / sum(counts)
