@@ -122,7 +122,7 @@ class SimTarget:
         self.network_latency = network_latency
         self.max_model_len = max_model_len
         self.fast_forward = fast_forward
-        """Simulate runs of identical decode steps at once (SimEngine); False steps one by one, with the same results."""
+        """Simulate runs of identical decode steps at once (SimEngine); False steps one by one, to the same results."""
         self.cpu_costs = cpu_costs if cpu_costs is not None else getattr(cost_model, "coefficients", None)
         """The engine core's CPU share of each step, which async scheduling overlaps with the GPU."""
         self.scheduler_factory = scheduler_factory
@@ -239,6 +239,11 @@ class _Simulation:
         self.duration = plan.duration if plan.duration is not None else float("inf")
         self.free_slots = plan.max_concurrency if plan.max_concurrency is not None else None
         self.events: list[tuple[float, int, int, Callable[[float], None]]] = []
+        self.deliveries: list[tuple[float, int, int, Callable[[float], None]]] = []
+        """Responses reaching the client that can change nothing but the records (no slot, no parked turn waits on
+        them): kept out of `events`, so they do not cut decode runs (the horizon), and popped in the same order."""
+        self.inert_deliveries = self.free_slots is None
+        """Whether a response's delivery can go in `deliveries`; off for good once a turn is parked on a response."""
         self.seq = itertools.count()
         self.waiters: list[_Waiter] = []
         self.specs: Iterator[RequestSpec] = iter(plan.requests)
@@ -262,8 +267,12 @@ class _Simulation:
     def execute(self) -> None:
         self._pull_main(0.0)
         self._arm_release()
-        while self.events:
-            t, _, _, action = heapq.heappop(self.events)
+        events, deliveries = self.events, self.deliveries
+        while events or deliveries:
+            if deliveries and (not events or deliveries[0] < events[0]):
+                t, _, _, action = heapq.heappop(deliveries)
+            else:
+                t, _, _, action = heapq.heappop(events)
             self._scrape_until(t)
             self.now = t
             action(t)
@@ -311,6 +320,7 @@ class _Simulation:
                 done = self.finished.get(spec.depends_on)
                 if done is None:
                     self.parked.setdefault(spec.depends_on, []).append(spec)
+                    self._deliveries_matter()
                     running = self.in_engine.get(spec.depends_on)
                     if running is not None:
                         _quote_reply(running, spec)
@@ -323,6 +333,13 @@ class _Simulation:
             self._wait(max(spec.arrival_time, released_at), spec, main=True)
             return
         self.main_exhausted = True
+
+    def _deliveries_matter(self) -> None:
+        """A response's delivery may now release a turn: every pending one goes back among the events (in order)."""
+        self.inert_deliveries = False
+        for event in self.deliveries:
+            heapq.heappush(self.events, event)
+        self.deliveries.clear()
 
     def _wait(self, wait_start: float, spec: RequestSpec, main: bool = False) -> None:
         heapq.heappush(self.waiters, _Waiter(wait_start, next(self.seq), spec, main))
@@ -410,7 +427,7 @@ class _Simulation:
             self.server_of.pop(spec.index, None)
             rec = self._record(spec, send, now + self.latency)
             rec.status, rec.error_kind, rec.error = ERROR, _REJECTED, str(exc)
-            self._push(now + self.latency, _CLIENT, lambda t, r=rec: self._deliver(r))
+            self._push_delivery(rec)
             return
         self.in_engine[spec.index] = req
         for follow_up in self.parked.get(spec.index, ()):
@@ -537,7 +554,7 @@ class _Simulation:
         """`req`'s last token has left the server: its record reaches the client after its last chunk."""
         rec = self._finished_record(i, req)
         if rec.finish_time > now:
-            self._push(rec.finish_time, _CLIENT, lambda t, r=rec: self._deliver(r))
+            self._push_delivery(rec)
         else:
             self._deliver(rec)
 
@@ -581,6 +598,10 @@ class _Simulation:
         rec.preemptions = req.preemptions
         rec.status = OK
         return rec
+
+    def _push_delivery(self, rec: RequestRecord) -> None:
+        event = (rec.finish_time, _CLIENT, next(self.seq), lambda t, r=rec: self._deliver(r))
+        heapq.heappush(self.deliveries if self.inert_deliveries else self.events, event)
 
     def _deliver(self, rec: RequestRecord) -> None:
         """The response reached the client: record it, free its slot, release what waited on it."""
