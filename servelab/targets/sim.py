@@ -496,7 +496,10 @@ class _Simulation:
         share = tokens / self.servers
         for server in range(self.servers):
             delivered = self.delivered[i][server]
-            own = not self.round_armed[server]
+            if self.round_armed[server]:  # the round armed before the run takes these steps too: they only queue
+                delivered.extend([math.nan] * (steps - 1))
+                self.pending[server].extend([(i, step, share) for step in range(first, first + steps - 1)])
+                continue
             due: float | None = None
             for step in range(first, first + steps - 1):
                 end = ends[step]
@@ -505,7 +508,7 @@ class _Simulation:
                     due = None
                 delivered.append(math.nan)
                 self.pending[server].append((i, step, share))  # a served round replaced the list
-                if own and due is None:
+                if due is None:
                     due = max(end, self.frontend_free_at[server])
             if due is not None:
                 self.round_armed[server] = True
@@ -586,8 +589,8 @@ class _Simulation:
             times = _chunked(times, self.stream_interval)
         if self.frontend:
             # Tokens of one output round went out in one chunk: the client sees one arrival (ITL counts chunks).
-            # Delivery times never decrease, so equal times are adjacent and dict.fromkeys keeps the first of each.
-            times = list(dict.fromkeys(times))
+            # Delivery times never decrease, so equal times are adjacent: keep each that differs from the one before.
+            times = [x for x, before in zip(times, [None, *times]) if x != before]
         if lat:
             times = [x + lat for x in times]
         rec = self._record(spec, self.send_times.pop(spec.index), times[-1])
