@@ -182,9 +182,8 @@ def drive(baseline: Path | None, workloads: list[str], repeat: int, requests: in
         for label in runs[1:]:
             other = best[(name, label)]
             same = [part for part in ("records", "timeline", "stats") if other[part] == new[part]]
-            print(
-                f"  new vs {label}: {other['cpu_s'] / new['cpu_s']:.2f}x faster; the same {' and '.join(same) or 'nothing'}"
-            )
+            ratio = other["cpu_s"] / new["cpu_s"]
+            print(f"  new vs {label}: {ratio:.2f}x faster; the same {' and '.join(same) or 'nothing'}")
 
 
 def main() -> None:

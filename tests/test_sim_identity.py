@@ -15,18 +15,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from servelab.metrics import timeline as tl
-from servelab.metrics.records import MemorySink
+from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.timeline import TimelineSample
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.sim.block_pool import BlockPool
 from servelab.sim.engines import ENGINES
 from servelab.targets.deployment import Deployment, build_deployment
 from servelab.targets.engine_deployment import build_engine_deployment
-from servelab.targets.sim import SimTarget
+from servelab.sim.engine import SimEngine
+from servelab.targets.sim import SimTarget, _Simulation
 from servelab.workload.spec import LoadPlan, RequestSpec
 
 _DEPLOYMENTS: dict[str, Deployment] = {}
@@ -244,3 +246,35 @@ def test_rounds_wait_for_a_backlog_at_the_api_server() -> None:
         runs.append(([r.to_json() for r in sink.records], [s.to_json() for s in samples], run.client_stats))
     assert runs[1] == runs[0]
     assert target.last_engines[0].fast_forwarded_steps > 0
+
+
+def test_a_response_that_is_only_recorded_does_not_stop_a_decode_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In an open loop a response's delivery changes nothing but the records, so it waits outside the events that
+    bound a decode run (`_Simulation.deliveries`): fewer steps begun one call at a time than with it among them,
+    and the same results."""
+    case = _steady("vllm", requests=tuple((0.05, 100 + 10 * i, 40 + 3 * i, 0) for i in range(16)))
+    begun: list[SimEngine] = []
+    begin_step = SimEngine.begin_step
+
+    def counted(engine: SimEngine, now: float, horizon: float = float("inf")) -> float:
+        begun.append(engine)
+        return begin_step(engine, now, horizon)
+
+    def begins_and_records() -> tuple[int, list[str]]:
+        begun.clear()
+        sink = MemorySink()
+        _target(case, fast_forward=True).run(_plan(case), sink)
+        return len(begun), [r.to_json() for r in sink.records]
+
+    monkeypatch.setattr(SimEngine, "begin_step", counted)
+    apart = begins_and_records()
+    push_delivery = _Simulation._push_delivery
+
+    def among_events(sim: _Simulation, rec: RequestRecord) -> None:
+        sim.inert_deliveries = False
+        push_delivery(sim, rec)
+
+    monkeypatch.setattr(_Simulation, "_push_delivery", among_events)
+    among = begins_and_records()
+    assert apart[1] == among[1]
+    assert apart[0] < among[0]

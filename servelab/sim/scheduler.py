@@ -219,6 +219,10 @@ class Scheduler:
         self.scheduled[start:end] = granted
         computed = self.computed[start:end]
         computed += granted
+        self._grow(start, end, computed, need, total_need)
+
+    def _grow(self, start: int, end: int, computed: np.ndarray, need: np.ndarray, total_need: int) -> None:
+        """Give rows start..end (`computed`: their KV tokens, advanced) `need` new blocks each; cache the full ones."""
         reqs = self.reqs
         if total_need:
             new = self.pool.allocate(total_need)
@@ -418,9 +422,12 @@ class Scheduler:
     def apply_decode_steps(self, first_step: int, k: int) -> int:
         """Advance every running request by k decode steps (as k schedule()+update() calls would); returns tokens."""
         n = len(self.reqs)
-        self._run_base = (self.computed[:n].copy(), self.held[:n].copy(), self.pool.num_free)
-        need = -((self.computed[:n] + k) // -self.block_size) - self.held[:n]
-        self._commit(0, n, np.full(n, k, dtype=np.int64), need, int(np.add.reduce(need)))
+        computed, held = self.computed[:n], self.held[:n]
+        self._run_base = (computed.copy(), held.copy(), self.pool.num_free)
+        computed += k
+        need = -(computed // -self.block_size)
+        need -= held
+        self._grow(0, n, computed, need, int(np.add.reduce(need)))
         self.scheduled[:n] = 0
         self.tokens[:n] += k
         self.last_emit[:n] = first_step + k - 1

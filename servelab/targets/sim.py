@@ -123,7 +123,7 @@ class SimTarget:
         self.network_latency = network_latency
         self.max_model_len = max_model_len
         self.fast_forward = fast_forward
-        """Simulate runs of identical decode steps at once (SimEngine); False steps one by one, with the same results."""
+        """Simulate runs of identical decode steps at once (SimEngine); False steps one by one, to the same results."""
         self.cpu_costs = cpu_costs if cpu_costs is not None else getattr(cost_model, "coefficients", None)
         """The engine core's CPU share of each step, which async scheduling overlaps with the GPU."""
         self.scheduler_factory = scheduler_factory
@@ -246,6 +246,11 @@ class _Simulation:
         self.duration = plan.duration if plan.duration is not None else float("inf")
         self.free_slots = plan.max_concurrency if plan.max_concurrency is not None else None
         self.events: list[tuple[float, int, int, Callable[[float], None]]] = []
+        self.deliveries: list[tuple[float, int, int, Callable[[float], None]]] = []
+        """Responses reaching the client that can change nothing but the records (no slot, no parked turn waits on
+        them): kept out of `events`, so they do not cut decode runs (the horizon), and popped in the same order."""
+        self.inert_deliveries = self.free_slots is None
+        """Whether a response's delivery can go in `deliveries`; off for good once a turn is parked on a response."""
         self.seq = itertools.count()
         self.waiters: list[_Waiter] = []
         self.specs: Iterator[RequestSpec] = iter(plan.requests)
@@ -275,8 +280,12 @@ class _Simulation:
     def execute(self) -> None:
         self._pull_main(0.0)
         self._arm_release()
-        while self.events:
-            t, _, _, action = heapq.heappop(self.events)
+        events, deliveries = self.events, self.deliveries
+        while events or deliveries:
+            if deliveries and (not events or deliveries[0] < events[0]):
+                t, _, _, action = heapq.heappop(deliveries)
+            else:
+                t, _, _, action = heapq.heappop(events)
             self._scrape_until(t)
             self.now = t
             action(t)
@@ -337,6 +346,7 @@ class _Simulation:
                 done = self.finished.get(spec.depends_on)
                 if done is None:
                     self.parked.setdefault(spec.depends_on, []).append(spec)
+                    self._deliveries_matter()
                     running = self.in_engine.get(spec.depends_on)
                     if running is not None:
                         _quote_reply(running, spec)
@@ -349,6 +359,13 @@ class _Simulation:
             self._wait(max(spec.arrival_time, released_at), spec, main=True)
             return
         self.main_exhausted = True
+
+    def _deliveries_matter(self) -> None:
+        """A response's delivery may now release a turn: every pending one goes back among the events (in order)."""
+        self.inert_deliveries = False
+        for event in self.deliveries:
+            heapq.heappush(self.events, event)
+        self.deliveries.clear()
 
     def _wait(self, wait_start: float, spec: RequestSpec, main: bool = False) -> None:
         heapq.heappush(self.waiters, _Waiter(wait_start, next(self.seq), spec, main))
@@ -438,7 +455,7 @@ class _Simulation:
             rec.status, rec.error_kind, rec.error = ERROR, _REJECTED, str(exc)
             if self.replica_names is not None:
                 rec.base_url = self.replica_names[i]
-            self._push(now + self.latency, _CLIENT, lambda t, r=rec: self._deliver(r))
+            self._push_delivery(rec)
             return
         self.in_engine[spec.index] = req
         for follow_up in self.parked.get(spec.index, ()):
@@ -507,7 +524,10 @@ class _Simulation:
         share = tokens / self.servers
         for server in range(self.servers):
             delivered = self.delivered[i][server]
-            own = not self.round_armed[server]
+            if self.round_armed[server]:  # the round armed before the run takes these steps too: they only queue
+                delivered.extend([math.nan] * (steps - 1))
+                self.pending[server].extend([(i, step, share) for step in range(first, first + steps - 1)])
+                continue
             due: float | None = None
             for step in range(first, first + steps - 1):
                 end = ends[step]
@@ -516,7 +536,7 @@ class _Simulation:
                     due = None
                 delivered.append(math.nan)
                 self.pending[server].append((i, step, share))  # a served round replaced the list
-                if own and due is None:
+                if due is None:
                     due = max(end, self.frontend_free_at[server])
             if due is not None:
                 self.round_armed[server] = True
@@ -565,7 +585,7 @@ class _Simulation:
         """`req`'s last token has left the server: its record reaches the client after its last chunk."""
         rec = self._finished_record(i, req)
         if rec.finish_time > now:
-            self._push(rec.finish_time, _CLIENT, lambda t, r=rec: self._deliver(r))
+            self._push_delivery(rec)
         else:
             self._deliver(rec)
 
@@ -597,8 +617,8 @@ class _Simulation:
             times = _chunked(times, self.stream_interval)
         if self.frontend:
             # Tokens of one output round went out in one chunk: the client sees one arrival (ITL counts chunks).
-            # Delivery times never decrease, so equal times are adjacent and dict.fromkeys keeps the first of each.
-            times = list(dict.fromkeys(times))
+            # Delivery times never decrease, so equal times are adjacent: keep each that differs from the one before.
+            times = [x for x, before in zip(times, [None, *times]) if x != before]
         if lat:
             times = [x + lat for x in times]
         rec = self._record(spec, self.send_times.pop(spec.index), times[-1])
@@ -612,6 +632,10 @@ class _Simulation:
             rec.base_url = self.replica_names[i]
             self.served[i] += 1
         return rec
+
+    def _push_delivery(self, rec: RequestRecord) -> None:
+        event = (rec.finish_time, _CLIENT, next(self.seq), lambda t, r=rec: self._deliver(r))
+        heapq.heappush(self.deliveries if self.inert_deliveries else self.events, event)
 
     def _deliver(self, rec: RequestRecord) -> None:
         """The response reached the client: record it, free its slot, release what waited on it."""
