@@ -783,7 +783,7 @@ def report(rows: list[Replay], skipped: list[tuple[dict[str, Any], str]]) -> str
     scored = [r for r in rows if r.scored]
     parts = [
         (
-            f"servelab commit {_commit()}; {sum(r.prompts for r in rows):,} requests replayed in "
+            f"{sum(r.prompts for r in rows):,} requests replayed in "
             f"{sum(r.seconds for r in rows):.0f} s. {len(scored)} runs scored (V1, in the summary, no constant read "
             f"off their source), from {len({r.source for r in scored})} sources."
         ),
