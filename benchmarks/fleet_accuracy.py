@@ -23,9 +23,12 @@ from typing import Any
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
 from servelab.targets.deployment import build_deployment
-from servelab.workload.arrival import ArrivalConfig
+import numpy as np
+
+from servelab.workload.arrival import ArrivalConfig, schedule
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.plan import Amount, build_plan
+from servelab.workload.spec import LoadPlan, RequestSpec
 
 OVERLOADED_TTFT_S = 2.0
 """A published mean TTFT at or above this is a fleet that queues for seconds: its ranking is scored, its values
@@ -43,7 +46,8 @@ class Source:
     model: str
     engine_args: str
     replicas: int
-    workload: WorkloadConfig
+    workload: WorkloadConfig | None
+    """The source's requests as one of servelab's datasets; None where the script builds them (KubeAI's client)."""
     routers: dict[str, str | None]
     """Published router name -> servelab's --router (None: not modelled, shown only)."""
     throughput: str
@@ -60,10 +64,8 @@ KUBEAI = Source(
         "--quantization fp8 --kv-cache-dtype fp8 --max-model-len 16384 --max-num-batched-tokens 16384 "
         "--gpu-memory-utilization 0.95 --enable-prefix-caching"
     ),
-    # 800 whole ShareGPT threads (>= 16 messages) as prompts, each sent 10 times: 8,000 requests, 832 prompt tokens
-    # and 76 output tokens on average (the published totals / 8,000). As servelab's prefix dataset: 800 prompts of
-    # 832 tokens, drawn at random per request, one fresh token after each.
-    workload=WorkloadConfig(dataset_name="prefix", prefix_len=831, num_prefixes=800, input_len=1, output_len=76),
+    # Built by kubeai_requests (KubeAI's client makes each chat thread several prompts: see KubeAIClient).
+    workload=None,
     routers={"k8s-service": "round-robin", "least-load": "least-outstanding", "prefix-hash": "prefix-hash"},
     throughput="request_throughput",
 )
@@ -142,6 +144,53 @@ PUBLISHED: list[tuple[str, float, str, float, float]] = [
     ("llm-d", 20, "random", 3241.0, 93.345),
     ("llm-d", 20, "load", 2334.5, 86.643),
 ]
+
+
+@dataclass(frozen=True)
+class KubeAIClient:
+    """The requests KubeAI's benchmark client sends (benchmarks/chat-py/benchmark_serving.py, the one that takes
+    `--max-conversations`, added with the benchmark on 2025-02-12, kubeai commit a2349bf).
+
+    `sample_sharegpt_requests` turns every ShareGPT thread into one prompt per user turn: the thread's first 1, 3,
+    5, ... messages as "User: ... Assistant: ..." text, the next (assistant) message's length as max_tokens. It
+    keeps the first `--max-conversations` of these *prompts* (not threads), shuffles them once (`--seed`), then
+    cycles through them in that order until `--num-prompts` are drawn. So 800 prompts from the first few dozen
+    threads, each sent 10 times, 800 requests apart; the prompts of one thread share their history, and every
+    one of them starts with the thread's first message (what PrefixHash hashes: the first 100 characters).
+
+    The thread shape is the published totals' (6,656,338 prompt and 608,447 output tokens over 8,000 requests):
+    every message `message_tokens` (76: the mean output, which is an assistant message), a thread's prompts
+    growing by two messages a turn, `turns` prompts a thread so that their mean, turns x message_tokens, is the
+    published 832. The dataset's real messages vary in length; their mean is what the cache and the steps see.
+    """
+
+    message_tokens: int = 76
+    turns: int = 11
+    prompts: int = 800
+    requests: int = 8000
+    seed: int = 12345
+
+    def prompt_ids(self) -> list[np.ndarray]:
+        """The kept prompts in the client's order: thread by thread, turn by turn, the first `prompts` of them."""
+        rng = np.random.default_rng(self.seed)
+        kept: list[np.ndarray] = []
+        while len(kept) < self.prompts:
+            messages = rng.integers(1000, 120000, size=(2 * self.turns - 1, self.message_tokens), dtype=np.int32)
+            kept.extend(messages[: 2 * turn + 1].ravel() for turn in range(self.turns))
+        return kept[: self.prompts]
+
+    def specs(self) -> list[RequestSpec]:
+        """The prompts shuffled once, then cycled: request i is prompt order[i % prompts]."""
+        prompts = self.prompt_ids()
+        order = np.random.default_rng(self.seed).permutation(len(prompts))
+        return [
+            RequestSpec(index=i, prompt_ids=prompts[order[i % len(prompts)]], max_tokens=self.message_tokens)
+            for i in range(self.requests)
+        ]
+
+
+KUBEAI_CLIENT = KubeAIClient()
+
 LLMD_STAGE_S = {3: 210, 4: 180, 5: 120, 6: 120, 8: 90, 10: 70, 12: 60, 15: 50, 20: 50}
 """Each llm-d stage's length (s) in the report's inference-perf profile."""
 LLMD_SET = 83 * 3
@@ -150,11 +199,10 @@ published stages ran one after another, each on the caches the one before left).
 
 
 def _plan(source: Source, load: float) -> Any:
-    if source.name == "kubeai":
-        rate = 200.0 if load in (1600, 3200) else 800.0
-        return build_plan(
-            source.workload, ArrivalConfig(request_rate=rate, max_concurrency=int(load)), Amount(num_prompts=8000)
-        )
+    if source.workload is None:
+        arrival = ArrivalConfig(request_rate=200.0 if load in (1600, 3200) else 800.0, max_concurrency=int(load))
+        specs = schedule(iter(KUBEAI_CLIENT.specs()), arrival, np.random.default_rng(KUBEAI_CLIENT.seed))
+        return LoadPlan(requests=specs, max_concurrency=arrival.max_concurrency)
     warm = LLMD_SET / load
     return build_plan(
         source.workload, ArrivalConfig(request_rate=load), Amount(duration=warm + LLMD_STAGE_S[int(load)], warmup=warm)
@@ -167,7 +215,7 @@ def predict(source: Source, load: float, router: str) -> dict[str, float]:
     sink = MemorySink()
     deployment.sim_target().run(plan, sink)
     summary = summarize(sink.records, warmup=plan.warmup)
-    return {"served": summary[source.throughput], "ttft": summary["mean_ttft_ms"] / 1000}
+    return {"served": getattr(summary, source.throughput), "ttft": summary.mean_ttft_ms / 1000}
 
 
 def _err(predicted: float, measured: float) -> float:
