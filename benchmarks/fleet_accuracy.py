@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
 from servelab.metrics.records import MemorySink
@@ -225,9 +226,45 @@ def client_limited(name: str, load: float, published: str, served: float, ttft: 
 
 LLMD_STAGE_S = {3: 210, 4: 180, 5: 120, 6: 120, 8: 90, 10: 70, 12: 60, 15: 50, 20: 50}
 """Each llm-d stage's length (s) in the report's inference-perf profile."""
-LLMD_SET = 83 * 3
-"""One full set of the llm-d prompts: a stage is simulated after one set at its rate warms the caches (the
-published stages ran one after another, each on the caches the one before left)."""
+LLMD_WARMUP = (10.0, 25.0)
+"""The report's inference-perf warm-up stage: 10 QPS for 25 s, before the measured stages."""
+
+
+def llmd_arrivals(rng: np.random.Generator) -> tuple[np.ndarray, dict[float, tuple[float, float]]]:
+    """Poisson arrival times over the warm-up and every stage in order, as inference-perf sends them; and each
+    stage's (start, end) by its rate. The stages run back to back on one fleet: a stage inherits the queue and the
+    caches the one before it left (a cache-blind fleet leaves the 10 QPS warm-up with a backlog it serves during
+    the 3 QPS stage)."""
+    times: list[np.ndarray] = []
+    windows: dict[float, tuple[float, float]] = {}
+    start = 0.0
+    for rate, seconds in (LLMD_WARMUP, *((float(q), float(s)) for q, s in LLMD_STAGE_S.items())):
+        gaps = rng.exponential(1 / rate, size=int(rate * seconds * 2) + 16)
+        stage = start + np.cumsum(gaps)
+        times.append(stage[stage < start + seconds])
+        if (rate, seconds) != LLMD_WARMUP:
+            windows[rate] = (start, start + seconds)
+        start += seconds
+    return np.concatenate(times), windows
+
+
+@cache
+def llmd_run(router: str) -> dict[float, dict[str, float]]:
+    """One simulated inference-perf run of every llm-d stage in order behind `router`: per stage's rate, the
+    served output tokens/s and mean TTFT of the requests sent in it."""
+    assert LLMD.workload is not None
+    rng = np.random.default_rng(LLMD.workload.seed)
+    times, windows = llmd_arrivals(rng)
+    specs = build_plan(LLMD.workload, ArrivalConfig(), Amount(num_prompts=len(times))).requests
+    timed = [replace(spec, arrival_time=float(t)) for spec, t in zip(specs, times, strict=True)]
+    deployment = build_deployment(LLMD.gpu, LLMD.model, LLMD.engine_args, replicas=LLMD.replicas, router=router)
+    sink = MemorySink()
+    deployment.sim_target().run(LoadPlan(requests=timed), sink)
+    stages: dict[float, dict[str, float]] = {}
+    for rate, (start, end) in windows.items():
+        summary = summarize([r for r in sink.records if start <= r.intended_time < end])
+        stages[rate] = {"served": summary.output_throughput, "ttft": summary.mean_ttft_ms / 1000}
+    return stages
 
 
 def _plan(source: Source, load: float) -> Any:
@@ -235,13 +272,12 @@ def _plan(source: Source, load: float) -> Any:
         arrival = ArrivalConfig(request_rate=200.0 if load in (1600, 3200) else 800.0, max_concurrency=int(load))
         specs = schedule(iter(KUBEAI_CLIENT.specs()), arrival, np.random.default_rng(KUBEAI_CLIENT.seed))
         return LoadPlan(requests=specs, max_concurrency=arrival.max_concurrency)
-    warm = LLMD_SET / load
-    return build_plan(
-        source.workload, ArrivalConfig(request_rate=load), Amount(duration=warm + LLMD_STAGE_S[int(load)], warmup=warm)
-    )
+    raise ValueError(f"{source.name} is replayed as one run of all its stages (llmd_run)")
 
 
 def predict(source: Source, load: float, router: str) -> dict[str, float]:
+    if source is LLMD:
+        return llmd_run(router)[load]
     deployment = build_deployment(source.gpu, source.model, source.engine_args, replicas=source.replicas, router=router)
     plan = _plan(source, load)
     sink = MemorySink()
