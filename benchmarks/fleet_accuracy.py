@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
-from typing import Any
 
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
@@ -27,8 +26,6 @@ from servelab.targets.deployment import build_deployment
 import numpy as np
 
 from servelab.workload.arrival import ArrivalConfig, schedule
-from servelab.workload.datasets import WorkloadConfig
-from servelab.workload.plan import Amount, build_plan
 from servelab.workload.spec import LoadPlan, RequestSpec
 
 OVERLOADED_TTFT_S = 2.0
@@ -42,7 +39,7 @@ CLIENT_LIMITED_SHARE = 0.75
 
 @dataclass(frozen=True)
 class Source:
-    """One published experiment: the fleet, its workload as servelab's `prefix` dataset, its routers' counterparts."""
+    """One published experiment: the fleet and its routers' counterparts (its client is rebuilt below)."""
 
     name: str
     url: str
@@ -50,8 +47,6 @@ class Source:
     model: str
     engine_args: str
     replicas: int
-    workload: WorkloadConfig | None
-    """The source's requests as one of servelab's datasets; None where the script builds them (KubeAI's client)."""
     routers: dict[str, str | None]
     """Published router name -> servelab's --router (None: not modelled, shown only)."""
     throughput: str
@@ -68,8 +63,6 @@ KUBEAI = Source(
         "--quantization fp8 --kv-cache-dtype fp8 --max-model-len 16384 --max-num-batched-tokens 16384 "
         "--gpu-memory-utilization 0.95 --enable-prefix-caching"
     ),
-    # Built by kubeai_requests (KubeAI's client makes each chat thread several prompts: see KubeAIClient).
-    workload=None,
     routers={"k8s-service": "round-robin", "least-load": "least-outstanding", "prefix-hash": "prefix-hash"},
     throughput="request_throughput",
 )
@@ -81,9 +74,6 @@ LLMD = Source(
     replicas=4,
     # 4 pods of TP=4; the report's per-pod KV of 461,376 tokens is 37.8 GB a GPU of Llama-3.1-70B's bf16 KV.
     engine_args="--tensor-parallel-size 4 --kv-cache-memory-bytes 37800000000 --enable-prefix-caching",
-    # inference-perf shared_prefix: 83 groups x 3 prompts, 8,000-token system prompt, 1,000-token question,
-    # 1,000 output tokens (ignore_eos).
-    workload=WorkloadConfig(dataset_name="prefix", prefix_len=8000, num_prefixes=83, input_len=1000, output_len=1000),
     routers={
         "random": "round-robin",
         "load": "least-outstanding",
@@ -226,6 +216,42 @@ def client_limited(name: str, load: float, published: str, served: float, ttft: 
 
 LLMD_STAGE_S = {3: 210, 4: 180, 5: 120, 6: 120, 8: 90, 10: 70, 12: 60, 15: 50, 20: 50}
 """Each llm-d stage's length (s) in the report's inference-perf profile."""
+
+
+@dataclass(frozen=True)
+class SharedPrefixClient:
+    """The requests of inference-perf's `shared_prefix` data (inference_perf/datagen/shared_prefix_datagen.py):
+    `groups` x `per_group` prompts made once, each a group's system prompt and a question of its own, shuffled once;
+    request i sends prompt i mod (groups x per_group). So a whole prompt, question included, recurs every 249
+    requests, and a replica that served it can hit all of it."""
+
+    groups: int = 83
+    per_group: int = 3
+    system_tokens: int = 8000
+    question_tokens: int = 1000
+    output_tokens: int = 1000
+    seed: int = 0
+
+    def prompt_ids(self) -> list[np.ndarray]:
+        rng = np.random.default_rng(self.seed)
+        prompts: list[np.ndarray] = []
+        for _ in range(self.groups):
+            system = rng.integers(1000, 120000, size=self.system_tokens, dtype=np.int32)
+            questions = rng.integers(1000, 120000, size=(self.per_group, self.question_tokens), dtype=np.int32)
+            prompts.extend(np.concatenate([system, question]) for question in questions)
+        return [prompts[i] for i in rng.permutation(len(prompts))]
+
+    def specs(self, arrivals: np.ndarray) -> list[RequestSpec]:
+        prompts = self.prompt_ids()
+        return [
+            RequestSpec(
+                index=i, prompt_ids=prompts[i % len(prompts)], max_tokens=self.output_tokens, arrival_time=float(t)
+            )
+            for i, t in enumerate(arrivals)
+        ]
+
+
+LLMD_CLIENT = SharedPrefixClient()
 LLMD_WARMUP = (10.0, 25.0)
 """The report's inference-perf warm-up stage: 10 QPS for 25 s, before the measured stages."""
 
@@ -252,38 +278,32 @@ def llmd_arrivals(rng: np.random.Generator) -> tuple[np.ndarray, dict[float, tup
 def llmd_run(router: str) -> dict[float, dict[str, float]]:
     """One simulated inference-perf run of every llm-d stage in order behind `router`: per stage's rate, the
     served output tokens/s and mean TTFT of the requests sent in it."""
-    assert LLMD.workload is not None
-    rng = np.random.default_rng(LLMD.workload.seed)
-    times, windows = llmd_arrivals(rng)
-    specs = build_plan(LLMD.workload, ArrivalConfig(), Amount(num_prompts=len(times))).requests
-    timed = [replace(spec, arrival_time=float(t)) for spec, t in zip(specs, times, strict=True)]
+    times, windows = llmd_arrivals(np.random.default_rng(LLMD_CLIENT.seed))
+    timed = LLMD_CLIENT.specs(times)
     deployment = build_deployment(LLMD.gpu, LLMD.model, LLMD.engine_args, replicas=LLMD.replicas, router=router)
     sink = MemorySink()
     deployment.sim_target().run(LoadPlan(requests=timed), sink)
     stages: dict[float, dict[str, float]] = {}
     for rate, (start, end) in windows.items():
         summary = summarize([r for r in sink.records if start <= r.intended_time < end])
-        stages[rate] = {"served": summary.output_throughput, "ttft": summary.mean_ttft_ms / 1000}
+        stages[rate] = {"served": getattr(summary, LLMD.throughput), "ttft": summary.mean_ttft_ms / 1000}
     return stages
 
 
-def _plan(source: Source, load: float) -> Any:
-    if source.workload is None:
-        arrival = ArrivalConfig(request_rate=200.0 if load in (1600, 3200) else 800.0, max_concurrency=int(load))
-        specs = schedule(iter(KUBEAI_CLIENT.specs()), arrival, np.random.default_rng(KUBEAI_CLIENT.seed))
-        return LoadPlan(requests=specs, max_concurrency=arrival.max_concurrency)
-    raise ValueError(f"{source.name} is replayed as one run of all its stages (llmd_run)")
+def kubeai_run(load: float, router: str) -> dict[str, float]:
+    """One KubeAI load point: its client's 8,000 requests at the point's --request-rate and --max-concurrency."""
+    arrival = ArrivalConfig(request_rate=200.0 if load in (1600, 3200) else 800.0, max_concurrency=int(load))
+    specs = schedule(iter(KUBEAI_CLIENT.specs()), arrival, np.random.default_rng(KUBEAI_CLIENT.seed))
+    deployment = build_deployment(KUBEAI.gpu, KUBEAI.model, KUBEAI.engine_args, replicas=KUBEAI.replicas, router=router)
+    sink = MemorySink()
+    deployment.sim_target().run(LoadPlan(requests=specs, max_concurrency=arrival.max_concurrency), sink)
+    summary = summarize(sink.records)
+    return {"served": getattr(summary, KUBEAI.throughput), "ttft": summary.mean_ttft_ms / 1000}
 
 
 def predict(source: Source, load: float, router: str) -> dict[str, float]:
-    if source is LLMD:
-        return llmd_run(router)[load]
-    deployment = build_deployment(source.gpu, source.model, source.engine_args, replicas=source.replicas, router=router)
-    plan = _plan(source, load)
-    sink = MemorySink()
-    deployment.sim_target().run(plan, sink)
-    summary = summarize(sink.records, warmup=plan.warmup)
-    return {"served": getattr(summary, source.throughput), "ttft": summary.mean_ttft_ms / 1000}
+    """Served throughput (the source's unit) and mean TTFT (s) of `router` at one published load point."""
+    return llmd_run(router)[load] if source is LLMD else kubeai_run(load, router)
 
 
 def _err(predicted: float, measured: float) -> float:
