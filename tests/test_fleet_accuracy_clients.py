@@ -1,4 +1,4 @@
-"""benchmarks/fleet_accuracy.py's replay of KubeAI's benchmark client and its rule for client-paced points."""
+"""benchmarks/fleet_accuracy.py: its replays of the published runs' clients and its rule for client-paced points."""
 
 from __future__ import annotations
 
@@ -56,3 +56,26 @@ def test_client_limited_reads_littles_law_off_the_published_numbers(fleet_accura
     assert not limited("kubeai", 800, "k8s-service", 50.01, 1.31977)
     assert not limited("kubeai", 8000, "least-load", 52.43, 39.16380)
     assert not limited("llm-d", 3, "random", 2505.7, 1.102)
+
+
+def test_shared_prefix_client_cycles_whole_prompts(fleet_accuracy):
+    """inference-perf sends the same 249 prompts, question included, in one order, over and over."""
+    client = fleet_accuracy.SharedPrefixClient()
+    specs = client.specs(np.arange(600, dtype=float))
+    count = client.groups * client.per_group
+    assert len({np.asarray(s.prompt_ids).tobytes() for s in specs}) == count
+    assert all(np.array_equal(specs[i].prompt_ids, specs[i + count].prompt_ids) for i in range(600 - count))
+    systems = {np.asarray(s.prompt_ids[: client.system_tokens]).tobytes() for s in specs[:count]}
+    assert len(systems) == client.groups
+    assert {len(s.prompt_ids) for s in specs} == {client.system_tokens + client.question_tokens}
+
+
+def test_llmd_stages_run_back_to_back_after_the_warmup(fleet_accuracy):
+    times, windows = fleet_accuracy.llmd_arrivals(np.random.default_rng(0))
+    assert np.all(np.diff(times) > 0)
+    starts = [start for start, _ in windows.values()]
+    assert starts[0] == fleet_accuracy.LLMD_WARMUP[1]
+    assert all(end == nxt for (_, end), nxt in zip(windows.values(), starts[1:], strict=False))
+    for rate, (start, end) in windows.items():
+        sent = np.count_nonzero((times >= start) & (times < end))
+        assert sent == pytest.approx(rate * (end - start), rel=0.25)
