@@ -1,12 +1,14 @@
 """Fleet routers: the simulator against published multi-replica runs that compare routers on one fleet and workload.
 
 Each published load point is replayed with servelab's counterpart of every router the source compared (the
-counterparts are listed per source; a router servelab does not model is shown, not scored). Printed, in markdown:
-per point and router, measured and predicted served throughput (KubeAI: requests/s; llm-d: output tokens/s) and
-mean TTFT with their errors; per load point, the routers' order by mean TTFT (lower first), measured and
-predicted, and whether the best router is the same; and the counts of the brief: served throughput and mean TTFT
-within 20% where the published run was not overloaded (its mean TTFT under OVERLOADED_TTFT_S: queues of seconds
-mean the fleet was past what it serves). Deterministic (seeded).
+counterparts are listed per source; a router servelab does not model is shown, not scored), and with the source's
+client rebuilt: the prompts it sent, in its order, at its rates (KubeAIClient, SharedPrefixClient; llm-d's stages
+run back to back, as inference-perf ran them). Printed, in markdown: per point and router, measured and predicted
+served throughput (KubeAI: requests/s; llm-d: output tokens/s) and mean TTFT with their errors; per load point, the
+routers' order by mean TTFT (lower first), measured and predicted, and whether the best router is the same; and the
+counts of the brief: served throughput and mean TTFT within 20% where the published run was neither overloaded
+(its mean TTFT at or over OVERLOADED_TTFT_S: queues of seconds mean the fleet was past what it serves) nor paced by
+its client (client_limited). Deterministic (seeded).
 
     PYTHONPATH=. .venv/bin/python benchmarks/fleet_accuracy.py [--only kubeai|llm-d]
 
