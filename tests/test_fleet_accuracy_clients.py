@@ -1,0 +1,81 @@
+"""benchmarks/fleet_accuracy.py: its replays of the published runs' clients and its rule for client-paced points."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servelab.workload.routing import prefix_key
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fleet_accuracy.py"
+
+
+@pytest.fixture(scope="module")
+def fleet_accuracy():
+    spec = importlib.util.spec_from_file_location("fleet_accuracy", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fleet_accuracy"] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("fleet_accuracy", None)
+
+
+def test_kubeai_client_cycles_800_prompts_in_one_shuffled_order(fleet_accuracy):
+    client = fleet_accuracy.KubeAIClient()
+    specs = client.specs()
+    assert len(specs) == client.requests
+    distinct = {bytes(np.asarray(s.prompt_ids).tobytes()) for s in specs}
+    assert len(distinct) == client.prompts
+    period = client.prompts
+    assert all(np.array_equal(specs[i].prompt_ids, specs[i + period].prompt_ids) for i in range(0, 8000 - period, 97))
+    assert all(s.max_tokens == client.message_tokens for s in specs)
+
+
+def test_kubeai_client_prompts_are_turns_of_threads(fleet_accuracy):
+    """A thread's prompts grow by two messages a turn, each extends the one before, and all share the hash key."""
+    client = fleet_accuracy.KubeAIClient()
+    prompts = client.prompt_ids()
+    thread = prompts[: client.turns]
+    lengths = [len(p) for p in thread]
+    assert lengths == [(2 * t + 1) * client.message_tokens for t in range(client.turns)]
+    assert all(np.array_equal(thread[t][: lengths[t - 1]], thread[t - 1]) for t in range(1, client.turns))
+    assert len({prefix_key(p) for p in thread}) == 1
+    assert prefix_key(prompts[client.turns]) != prefix_key(thread[0])
+    mean = np.mean([len(p) for p in prompts])
+    assert mean == pytest.approx(client.turns * client.message_tokens, rel=0.02)
+
+
+def test_client_limited_reads_littles_law_off_the_published_numbers(fleet_accuracy):
+    limited = fleet_accuracy.client_limited
+    assert limited("kubeai", 800, "prefix-hash", 76.43, 0.28020)
+    assert not limited("kubeai", 800, "k8s-service", 50.01, 1.31977)
+    assert not limited("kubeai", 8000, "least-load", 52.43, 39.16380)
+    assert not limited("llm-d", 3, "random", 2505.7, 1.102)
+
+
+def test_shared_prefix_client_cycles_whole_prompts(fleet_accuracy):
+    """inference-perf sends the same 249 prompts, question included, in one order, over and over."""
+    client = fleet_accuracy.SharedPrefixClient()
+    specs = client.specs(np.arange(600, dtype=float))
+    count = client.groups * client.per_group
+    assert len({np.asarray(s.prompt_ids).tobytes() for s in specs}) == count
+    assert all(np.array_equal(specs[i].prompt_ids, specs[i + count].prompt_ids) for i in range(600 - count))
+    systems = {np.asarray(s.prompt_ids[: client.system_tokens]).tobytes() for s in specs[:count]}
+    assert len(systems) == client.groups
+    assert {len(s.prompt_ids) for s in specs} == {client.system_tokens + client.question_tokens}
+
+
+def test_llmd_stages_run_back_to_back_after_the_warmup(fleet_accuracy):
+    times, windows = fleet_accuracy.llmd_arrivals(np.random.default_rng(0))
+    assert np.all(np.diff(times) > 0)
+    starts = [start for start, _ in windows.values()]
+    assert starts[0] == fleet_accuracy.LLMD_WARMUP[1]
+    assert all(end == nxt for (_, end), nxt in zip(windows.values(), starts[1:], strict=False))
+    for rate, (start, end) in windows.items():
+        sent = np.count_nonzero((times >= start) & (times < end))
+        assert sent == pytest.approx(rate * (end - start), rel=0.25)
