@@ -49,11 +49,10 @@ CHATS = (
     "--ignore-eos",
 )
 """96 chats of 4 turns, each opening with one of 96 system prompts (drawn at random, so some are shared) of two
-128-token blocks; 32 requests in flight. prefix-hash keys on the system prompt and sends a request away from its
-home replica when that one holds more than 1.25x the mean in flight (its load bound). With few requests in flight
-the bound binds often (8 in flight: a fifth of the turns went away from their history, and prefix-hash measured
-57.3% hits against round-robin's 57.6% once); with 32 in flight and many keys it binds rarely, so what is compared
-is the route, not the luck of a few hashes."""
+128-token blocks; 32 requests in flight. prefix-hash keys a chat on its first user message (as KubeAI does), so
+each chat has its own key, and its load bound (a replica takes a request while it holds at most 1.25x the mean in
+flight) moves a turn off its home replica now and then: with 32 in flight that binds rarely, with 8 it bound
+often enough that the route's hits depended on the hash's luck."""
 ROUTER_VENV = Path(os.environ.get("SERVELAB_ROUTER_VENV", Path.home() / ".cache" / "servelab" / "router-venv"))
 """A venv with `pip install vllm-router` (the vLLM project's Rust router, a manylinux wheel)."""
 OWN_ROUTES = ("round-robin", "prefix-hash", "session")

@@ -78,6 +78,14 @@ class Scenario:
         return (len(self.shapes) - 1) / last if last > 0 else None
 
     def specs(self) -> list[RequestSpec]:
+        """The requests; a chat's (turns linked by `after`) open with the system prompt their first turn drew."""
+        chat = any(s.after is not None for s in self.shapes)
+        system = [0] * len(self.shapes)
+        for i, s in enumerate(self.shapes):
+            if s.after is not None:
+                system[i] = system[s.after]
+            elif chat and s.prefix_group is not None:
+                system[i] = min(self.prefix_len, s.input_len)
         return [
             RequestSpec(
                 index=i,
@@ -87,6 +95,7 @@ class Scenario:
                 prefix_group=s.prefix_group,
                 prefix_len=shared,
                 depends_on=s.after,
+                system_len=system[i],
             )
             for i, (s, (ids, shared)) in enumerate(zip(self.shapes, _prompts(self.shapes, self.prefix_len, self.seed)))
         ]

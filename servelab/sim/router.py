@@ -65,8 +65,8 @@ class ScorerWeights:
 
 
 class RoutedRequest(Protocol):
-    """What a router may read off a request: its id, its prompt's tokens, the turn it follows and the conversation
-    it belongs to, if any."""
+    """What a router may read off a request: its id, its prompt's tokens (and how many open with a chat's system
+    prompt), the turn it follows and the conversation it belongs to, if any."""
 
     @property
     def index(self) -> int: ...
@@ -76,6 +76,8 @@ class RoutedRequest(Protocol):
     def depends_on(self) -> int | None: ...
     @property
     def conversation(self) -> int | None: ...
+    @property
+    def system_len(self) -> int: ...
 
 
 class Router:
@@ -130,7 +132,7 @@ class Router:
             case RouterPolicy.PREFIX_HASH:
                 if self._ring is None:
                     self._ring = HashRing(len(engines))
-                return self._ring.pick(prefix_key(request.prompt_ids), self.outstanding)
+                return self._ring.pick(prefix_key(request.prompt_ids, request.system_len), self.outstanding)
             case RouterPolicy.PREFIX_AWARE:
                 return self._prefix_aware(engines, request, now, start)
             case RouterPolicy.SESSION:

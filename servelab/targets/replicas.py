@@ -48,7 +48,7 @@ class Replicas:
                 i = fewest(start, self.outstanding)
             case RouterPolicy.PREFIX_HASH:
                 assert self._ring is not None
-                i = self._ring.pick(prefix_key(spec.prompt_ids), self.outstanding)
+                i = self._ring.pick(prefix_key(spec.prompt_ids, spec.system_len), self.outstanding)
             case RouterPolicy.SESSION:
                 conversation = self._sessions.conversation_of(spec.index, spec.conversation, spec.depends_on)
                 i = self._sessions.pick(conversation, start, self.outstanding)

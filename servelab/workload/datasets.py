@@ -259,6 +259,7 @@ class Dataset:
                         depends_on=previous,
                         think_time=cfg.think_time if previous is not None else 0.0,
                         conversation=conv,
+                        system_len=len(systems[picks[c]]) if picks is not None else 0,
                     )
                     previous = idx
                     history.append(reply_ids[k])

@@ -40,9 +40,13 @@ def fewest(start: int, outstanding: Sequence[int]) -> int:
     return best(start, [-x for x in outstanding])
 
 
-def prefix_key(prompt_ids: Any) -> bytes:
-    """prefix-hash's key: the prompt's first HASH_PREFIX_TOKENS token ids, as bytes."""
-    return np.asarray(prompt_ids[:HASH_PREFIX_TOKENS], dtype=np.int64).tobytes()
+def prefix_key(prompt_ids: Any, system_len: int = 0) -> bytes:
+    """prefix-hash's key: the first HASH_PREFIX_TOKENS token ids after a chat's system prompt, as bytes.
+
+    KubeAI keys a completions request on its prompt's head and a chat request on its first user message
+    (`ChatCompletionRequest.Prefix` skips the system message), so chats that share a system prompt still spread
+    by conversation; `system_len` is that system prompt's length (0 for a completions prompt)."""
+    return np.asarray(prompt_ids[system_len : system_len + HASH_PREFIX_TOKENS], dtype=np.int64).tobytes()
 
 
 def _hash64(data: bytes) -> int:

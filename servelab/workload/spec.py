@@ -42,6 +42,9 @@ class RequestSpec:
     conversation: int | None = None
     """The chat this request is a turn of (the `multiturn` dataset's conversations): what a session-affinity router
     keys on, and what `bench` sends in its session header."""
+    system_len: int = 0
+    """Tokens of the system prompt a chat's prompt opens with (0: none). A chat router's prefix key skips them, as
+    KubeAI keys a chat request on its first user message."""
 
     @property
     def prompt_len(self) -> int:
