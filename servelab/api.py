@@ -171,9 +171,10 @@ def diagnosis(
     """`servelab diagnose RESULTS`: what limits the deployment that produced `results`, and what to change.
 
     `engine` as `diagnose --engine`: auto takes the one run.json recorded (vLLM when none is); `engine_args` are in
-    its spelling. `tried` as `--tried` ("CHANGE:RESULT", e.g. "--max-num-batched-tokens 512:no-effect", "awq:no-effect"),
-    `goal` as `--goal` (latency or throughput), `region` as `--region`, `observed` the figures seen in production
-    (keys qps, ttft_ms, gpu_util, e2e_ms, tpot_ms, as the --observed-* flags). servelab.diagnose.run does the work.
+    its spelling. `tried` as `--tried` ("CHANGE:RESULT", e.g. "--max-num-batched-tokens 512:no-effect",
+    "awq:no-effect"), `goal` as `--goal` (latency or throughput), `region` as `--region`, `observed` the figures seen
+    in production (keys qps, ttft_ms, gpu_util, e2e_ms, tpot_ms, as the --observed-* flags). servelab.diagnose.run
+    does the work.
     Named `diagnosis`, not `diagnose`: `servelab.diagnose` is the package that does the work."""
     from servelab.diagnose import run
     from servelab.diagnose.request import DeploymentWords, DiagnoseRequest, observed_from, region_named

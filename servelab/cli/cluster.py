@@ -32,7 +32,8 @@ RayAddress = Annotated[
 RayGpuResource = Annotated[
     str,
     typer.Option(
-        help="The Ray resource a stage-2 trial holds, one per GPU of its configuration: GPU, or a custom resource name.",
+        help="The Ray resource a stage-2 trial holds, one per GPU of its configuration: GPU, or a custom resource "
+        "name.",
         rich_help_panel=_CLUSTER,
     ),
 ]

@@ -171,7 +171,8 @@ GpuCostPerHourFlag = Annotated[
     Optional[float],
     typer.Option(
         callback=real(gt=0),
-        help="$ per GPU-hour of --gpu (default: documented prices in servelab/diagnose/pricing.py); prices the options.",
+        help="$ per GPU-hour of --gpu (default: documented prices in servelab/diagnose/pricing.py); prices the "
+        "options.",
     ),
 ]
 PriceOptionsFlag = Annotated[

@@ -54,7 +54,8 @@ def schema_model(name: str) -> type[BaseModel] | type:
 
 
 def json_schema(name: str) -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of the file NAME, saying which file it describes and which model it comes from."""
+    """The JSON Schema (draft 2020-12) of the file NAME, saying which file it describes and which model it comes
+    from."""
     model, what = schema_model(name), SCHEMAS[name][1]
     from pydantic import TypeAdapter  # not for --help
 

@@ -329,7 +329,8 @@ def _num(value: Any, fmt: str = ",.4g") -> str:
 
 
 def _simulator(deployment: TuneDeployment) -> str:
-    """Which simulator the predictions come from: a calibrated one is worth naming, an uncalibrated one worth flagging."""
+    """Which simulator the predictions come from: a calibrated one is worth naming, an uncalibrated one worth
+    flagging."""
     profile = deployment.calibration
     engine = "" if deployment.engine == VLLM else f" {LABELS[deployment.engine]}"
     return (
