@@ -355,7 +355,7 @@ def tune(
     `result_dir` holding an earlier result is refused unless `overwrite` or `resume` (which continues the study)."""
     from servelab.tune import TuneRequest, run
     from servelab.tune.confirm import ServerCommand
-    from servelab.tune.objectives import Objective
+    from servelab.tune.objectives import Objective, kind_named
     from servelab.tune.space import SearchSpace
     from servelab.tune.study import SearchSettings
     from servelab.tune.workload import TuneWorkload
@@ -365,7 +365,7 @@ def tune(
     workload = WorkloadConfig(input_len=input_len, output_len=output_len, seed=seed)
     arrival = ArrivalConfig(request_rate=request_rate, max_concurrency=max_concurrency)
     goal = Objective(
-        objective,  # type: ignore[arg-type]  # checked by Objective
+        kind_named(objective),
         SLO.parse([f"{k}:{v:g}" for k, v in (goodput or {}).items()]),
         target_rate=request_rate if math.isfinite(request_rate) else None,
         gpu_cost_per_hour=gpu_cost_per_hour or {},

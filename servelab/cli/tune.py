@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import signal
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from servelab.schemas.tune import Stage2Row, Trial, TuneDeployment, TuneDocument
     from servelab.tune.confirm import ServerCheck, ServerCommand, Stage2Config
     from servelab.tune.objectives import Objective
-    from servelab.tune.space import SearchSpace
+    from servelab.tune.space import SearchSpace, Value
     from servelab.tune.tuner import TuneProgress, TuneRequest
     from servelab.tune.workload import TuneWorkload
 
@@ -216,11 +217,11 @@ def _checked_space(
 
 def _objective(kind: str, load: LoadFlags, percentile: float, prices: str | None) -> Objective:
     """--objective with its SLO (--goodput at --slo-percentile), the rate a cost must sustain, and the prices."""
-    from servelab.tune.objectives import Objective
+    from servelab.tune.objectives import Objective, kind_named
 
     arrival = load.arrival()
     return Objective(
-        kind,  # type: ignore[arg-type]  # checked by Objective
+        kind_named(kind),
         load.slo(),
         percentile,
         target_rate=arrival.request_rate if arrival.open_loop else None,
@@ -320,11 +321,11 @@ def _live_progress(console: Console, goal: Objective, engine: str) -> TuneProgre
     return TuneProgress(on_trial, on_start, on_result)
 
 
-def _knobs(params: dict[str, Any]) -> str:
+def _knobs(params: Mapping[str, Value]) -> str:
     return " ".join(f"{k}={'default' if v is None else v}" for k, v in params.items()) or "(baseline)"
 
 
-def _num(value: Any, fmt: str = ",.4g") -> str:
+def _num(value: float | None, fmt: str = ",.4g") -> str:
     return "-" if value is None else format(value, fmt)
 
 

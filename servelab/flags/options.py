@@ -587,11 +587,11 @@ def deployment_from_flags(
 
     # --model beside a profile: another model on the calibrated hardware and host.
     deployment = deployment_from_profile(load_profile(calibration), engine_args, get_model(model) if model else None)
-    changes: dict[str, Any] = {
+    changes: dict[str, int] = {
         k: v for k, v in (("tensor_parallel_size", tp), ("data_parallel_size", replicas)) if v is not None
     }
     if changes:
-        rebuilt = deployment.rebuilt(**changes)
+        rebuilt = deployment.rebuilt(hardware=None, model=None, **changes)
         deployment = replace(rebuilt, warnings=deployment.warnings)
     return replace(deployment, router=router)
 

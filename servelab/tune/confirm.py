@@ -193,7 +193,6 @@ def confirm(
     directory: Path,
     *,
     resume: bool = False,
-    http_options: Mapping[str, Any] | None = None,
     on_start: Callable[[Stage2Config], None] | None = None,
     on_result: Callable[[Stage2Row], None] | None = None,
     check_server: ServerCheck | None = None,
@@ -214,7 +213,7 @@ def confirm(
     root = directory / STAGE2_DIR
     root.mkdir(parents=True, exist_ok=True)
     if pool is not None:
-        job = _Stage2Job(command, workload, objective, dict(http_options or {}), check_server)
+        job = _Stage2Job(command, workload, objective, check_server)
         return confirm_on_pool(
             configs, job, root, pool, gpu_resource, resume=resume, on_start=on_start, on_result=on_result
         )
@@ -227,7 +226,7 @@ def confirm(
         else:
             if on_start:
                 on_start(config)
-            result = _timed(config, command, workload, objective, root / config.label, http_options or {}, check_server)
+            result = _timed(config, command, workload, objective, root / config.label, check_server)
             write_result(done, result)
         results.append(result)
         if on_result:
@@ -250,7 +249,6 @@ class _Stage2Job:
     command: ServerCommand
     workload: TuneWorkload
     objective: Objective
-    http_options: dict[str, Any]
     check_server: ServerCheck | None
 
     def __call__(self, config: Stage2Config) -> tuple[Stage2Row, dict[str, bytes], str]:
@@ -262,9 +260,7 @@ class _Stage2Job:
         """
         with tempfile.TemporaryDirectory(prefix="servelab-trial-") as scratch:
             out = Path(scratch) / config.label
-            result = _timed(
-                config, self.command, self.workload, self.objective, out, self.http_options, self.check_server
-            )
+            result = _timed(config, self.command, self.workload, self.objective, out, self.check_server)
             files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
         return result, files, str(out)
 
@@ -363,7 +359,6 @@ def _measure(
     workload: TuneWorkload,
     objective: Objective,
     out: Path,
-    http_options: Mapping[str, Any],
     check_server: ServerCheck | None,
 ) -> Stage2Row:
     out.mkdir(parents=True, exist_ok=True)
@@ -406,7 +401,7 @@ def _measure(
         )
         began = time.monotonic()
         try:
-            target = HttpTarget(server.base_url, ignore_eos=True, **http_options)
+            target = HttpTarget(server.base_url, ignore_eos=True)
             run = target.run(workload.plan(), writer.records, writer.write_sample)
             writer.update_run_info(
                 server_info=run.server_info, client_stats=run.client_stats, interrupted=run.interrupted
