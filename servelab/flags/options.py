@@ -25,7 +25,7 @@ import re
 import time
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -55,7 +55,8 @@ if TYPE_CHECKING:
     from servelab.workload.plan import Amount
     from servelab.workload.spec import LoadPlan
 
-_WORKLOAD, _ARRIVAL, _AMOUNT, _SLO, _OUTPUT = "Workload", "Arrival", "Amount", "SLO", "Sweep and output"
+_WORKLOAD, _ARRIVAL, _AMOUNT, _SLO = "Workload", "Arrival", "Amount", "SLO"
+OUTPUT_PANEL = "Sweep and output"
 DEPLOYMENT_PANEL, SERVER_PANEL = "Deployment", "Target"
 
 _GPU = typer.Option(help="GPU from the catalogue (a100-80gb, h100-sxm, ...), or cpu.", rich_help_panel=DEPLOYMENT_PANEL)
@@ -309,14 +310,14 @@ class LoadFlags:
             "auto (or auto=N): one request at a time, then all at once, then N rates "
             "between (default 4); a rate point stops early once the server is "
             "over-saturated; sweep.json names the knee and the highest rate meeting --goodput.",
-            rich_help_panel=_OUTPUT,
+            rich_help_panel=OUTPUT_PANEL,
         ),
     ] = None
     result_dir: Annotated[
         Optional[Path],
         typer.Option(
             help="Where run.json, records.jsonl, timeline.jsonl, summary.json go. Default results/<verb>-<time>.",
-            rich_help_panel=_OUTPUT,
+            rich_help_panel=OUTPUT_PANEL,
         ),
     ] = None
     overwrite: Annotated[
@@ -325,12 +326,14 @@ class LoadFlags:
             "--overwrite",
             help="Replace what --result-dir holds from an earlier run (it is "
             "emptied first); without it such a directory is refused.",
-            rich_help_panel=_OUTPUT,
+            rich_help_panel=OUTPUT_PANEL,
         ),
     ] = False
     json: Annotated[
         bool,
-        typer.Option("--json", help="Print summary.json (sweep.json for a sweep) to stdout.", rich_help_panel=_OUTPUT),
+        typer.Option(
+            "--json", help="Print summary.json (sweep.json for a sweep) to stdout.", rich_help_panel=OUTPUT_PANEL
+        ),
     ] = False
 
     def check(self, *, resume: bool = False) -> None:
@@ -480,12 +483,15 @@ def flag_block(name: str, block: type) -> Callable[[Callable[..., Any]], Callabl
     """Give a typer command every field of the frozen dataclass `block` as a flag; the command receives them as one
     `name: block` argument. Each flag is declared once, as a field with its typer option (LoadFlags, bench's
     ServerFlags, simulate's DeploymentFlags), and blocks stack: `@flag_block("server", ServerFlags) @load_options`.
+    A field without a default is a required flag.
 
     Typer reads a command's parameters from its signature, so the wrapper advertises the command's own parameters
     plus the block's.
     """
     hints = typing.get_type_hints(block, include_extras=True)
-    options = {f.name: (hints[f.name], f.default) for f in fields(block)}
+    options = {
+        f.name: (hints[f.name], inspect.Parameter.empty if f.default is MISSING else f.default) for f in fields(block)
+    }
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         command_hints = typing.get_type_hints(command, include_extras=True)
