@@ -548,50 +548,70 @@ def deployment_from_flags(
     cannot be modelled.
     """
     from servelab.targets.deployment import build_deployment
-    from servelab.targets.engine_deployment import build_engine_deployment
 
     if router not in POLICIES:
         raise PerfConfigError(f"--router {router!r}: choose one of {', '.join(POLICIES)}")
     if engine != VLLM:
-        if engine not in ENGINES:
-            raise PerfConfigError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
-        if vllm_version is not None:
-            raise PerfConfigError(f"--vllm-version describes a vLLM server, not --engine {engine}")
-        if calibration is not None or gpu is None or model is None:
-            raise PerfConfigError(f"--engine {engine} needs --gpu and --model (calibration profiles are vLLM's)")
-        return build_engine_deployment(
-            engine,
-            gpu,
-            model,
-            engine_args,
-            tensor_parallel_size=tp,
-            replicas=replicas,
-            gpu_file=gpu_file,
-            router=router,
+        return _engine_deployment(
+            engine, gpu, model, engine_args, tp, replicas, gpu_file, router, calibration, vllm_version
         )
-    if calibration is None:
-        if gpu is None or model is None:
-            raise PerfConfigError("give --gpu and --model (or --calibration with a profile from `servelab calibrate`)")
-        return build_deployment(
-            gpu,
-            model,
-            engine_args,
-            tensor_parallel_size=tp,
-            replicas=replicas,
-            gpu_file=gpu_file,
-            router=router,
-            vllm_version=vllm_version,
-        )
-    for flag, value in (("--gpu", gpu), ("--gpu-file", gpu_file), ("--vllm-version", vllm_version)):
-        if value is not None:
-            raise PerfConfigError(
-                f"{flag} and --calibration both name the hardware: the profile already does; drop {flag}"
-            )
+    if calibration is not None:
+        for flag, value in (("--gpu", gpu), ("--gpu-file", gpu_file), ("--vllm-version", vllm_version)):
+            if value is not None:
+                raise PerfConfigError(
+                    f"{flag} and --calibration both name the hardware: the profile already does; drop {flag}"
+                )
+        return _profile_deployment(calibration, model, engine_args, tp, replicas, router)
+    if gpu is None or model is None:
+        raise PerfConfigError("give --gpu and --model (or --calibration with a profile from `servelab calibrate`)")
+    return build_deployment(
+        gpu,
+        model,
+        engine_args,
+        tensor_parallel_size=tp,
+        replicas=replicas,
+        gpu_file=gpu_file,
+        router=router,
+        vllm_version=vllm_version,
+    )
+
+
+def _engine_deployment(
+    engine: str,
+    gpu: str | None,
+    model: str | None,
+    engine_args: str,
+    tp: int | None,
+    replicas: int | None,
+    gpu_file: Path | None,
+    router: str,
+    calibration: Path | None,
+    vllm_version: str | None,
+) -> Deployment:
+    """SGLang or TensorRT-LLM on a catalogue GPU and model, --engine-args read with that engine's own parser;
+    --calibration and --vllm-version describe a vLLM server, so either is refused by name."""
+    from servelab.targets.engine_deployment import build_engine_deployment
+
+    if engine not in ENGINES:
+        raise PerfConfigError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    if vllm_version is not None:
+        raise PerfConfigError(f"--vllm-version describes a vLLM server, not --engine {engine}")
+    if calibration is not None or gpu is None or model is None:
+        raise PerfConfigError(f"--engine {engine} needs --gpu and --model (calibration profiles are vLLM's)")
+    return build_engine_deployment(
+        engine, gpu, model, engine_args, tensor_parallel_size=tp, replicas=replicas, gpu_file=gpu_file, router=router
+    )
+
+
+def _profile_deployment(
+    calibration: Path, model: str | None, engine_args: str, tp: int | None, replicas: int | None, router: str
+) -> Deployment:
+    """The calibrated server's deployment: --model puts another model on its hardware and host, --engine-args,
+    --tp and --replicas change its flags; the profile's warnings are kept."""
     from servelab.targets.profile import deployment_from_profile  # its HTTP client and fits: not for --help
     from servelab.perf.calibration import load_profile
     from servelab.perf.models import get_model
 
-    # --model beside a profile: another model on the calibrated hardware and host.
     deployment = deployment_from_profile(load_profile(calibration), engine_args, get_model(model) if model else None)
     changes: dict[str, int] = {
         k: v for k, v in (("tensor_parallel_size", tp), ("data_parallel_size", replicas)) if v is not None
