@@ -171,9 +171,10 @@ def diagnosis(
     """`servelab diagnose RESULTS`: what limits the deployment that produced `results`, and what to change.
 
     `engine` as `diagnose --engine`: auto takes the one run.json recorded (vLLM when none is); `engine_args` are in
-    its spelling. `tried` as `--tried` ("CHANGE:RESULT", e.g. "--max-num-batched-tokens 512:no-effect", "awq:no-effect"),
-    `goal` as `--goal` (latency or throughput), `region` as `--region`, `observed` the figures seen in production
-    (keys qps, ttft_ms, gpu_util, e2e_ms, tpot_ms, as the --observed-* flags). servelab.diagnose.run does the work.
+    its spelling. `tried` as `--tried` ("CHANGE:RESULT", e.g. "--max-num-batched-tokens 512:no-effect",
+    "awq:no-effect"), `goal` as `--goal` (latency or throughput), `region` as `--region`, `observed` the figures seen
+    in production (keys qps, ttft_ms, gpu_util, e2e_ms, tpot_ms, as the --observed-* flags). servelab.diagnose.run
+    does the work.
     Named `diagnosis`, not `diagnose`: `servelab.diagnose` is the package that does the work."""
     from servelab.diagnose import run
     from servelab.diagnose.request import DeploymentWords, DiagnoseRequest, observed_from, region_named
@@ -354,7 +355,7 @@ def tune(
     `result_dir` holding an earlier result is refused unless `overwrite` or `resume` (which continues the study)."""
     from servelab.tune import TuneRequest, run
     from servelab.tune.confirm import ServerCommand
-    from servelab.tune.objectives import Objective
+    from servelab.tune.objectives import Objective, kind_named
     from servelab.tune.space import SearchSpace
     from servelab.tune.study import SearchSettings
     from servelab.tune.workload import TuneWorkload
@@ -364,7 +365,7 @@ def tune(
     workload = WorkloadConfig(input_len=input_len, output_len=output_len, seed=seed)
     arrival = ArrivalConfig(request_rate=request_rate, max_concurrency=max_concurrency)
     goal = Objective(
-        objective,  # type: ignore[arg-type]  # checked by Objective
+        kind_named(objective),
         SLO.parse([f"{k}:{v:g}" for k, v in (goodput or {}).items()]),
         target_rate=request_rate if math.isfinite(request_rate) else None,
         gpu_cost_per_hour=gpu_cost_per_hour or {},

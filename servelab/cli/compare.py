@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -13,17 +14,17 @@ from rich.table import Table
 
 from servelab.cli import app
 from servelab.flags.checks import MAX_GPUS, shell_words
-from servelab.flags.options import LoadFlags, load_options
+from servelab.flags.options import DEPLOYMENT_PANEL, LoadFlags, flag_block, load_options
 from servelab.cli.report import report_beside
 from servelab.errors import InputError
 from servelab.report.console import make_console
 from servelab.schemas.vocabulary import ENGINES, SGLANG, TRTLLM, VLLM
 
 if TYPE_CHECKING:
+    from servelab.compare.compare import CompareRequest
+    from servelab.metrics.slo import SLO
     from servelab.schemas.compare import EngineComparison
     from servelab.workload.spec import LoadPlan
-
-_DEPLOYMENT = "Deployment"
 
 
 def parse_engines(text: str, flag: str = "--engines") -> list[str]:
@@ -56,76 +57,118 @@ def _show(result: EngineComparison, out: Console) -> None:
             out.print(f"[yellow]warning ({r.label}):[/] {warning}", highlight=False, soft_wrap=True)
 
 
-@app.command()
-@load_options
-def compare(
-    gpu: Annotated[str, typer.Option(help="GPU from the catalogue, e.g. h100-sxm.", rich_help_panel=_DEPLOYMENT)],
+@dataclass(frozen=True)
+class CompareFlags:
+    """compare's own flags: one GPU and model, the engines to run them on (each with its own launch line), and
+    where the comparison goes."""
+
+    gpu: Annotated[str, typer.Option(help="GPU from the catalogue, e.g. h100-sxm.", rich_help_panel=DEPLOYMENT_PANEL)]
     model: Annotated[
         str,
-        typer.Option(help="Built-in model or a Hugging Face model dir with config.json.", rich_help_panel=_DEPLOYMENT),
-    ],
+        typer.Option(
+            help="Built-in model or a Hugging Face model dir with config.json.", rich_help_panel=DEPLOYMENT_PANEL
+        ),
+    ]
     engines: Annotated[
         str,
         typer.Option(
             help=f"The engines to run this deployment and load on, comma-separated: {', '.join(ENGINES)} (each with "
             f"its own "
             "flags: --vllm-args, --sglang-args, --trtllm-args).",
-            rich_help_panel=_DEPLOYMENT,
+            rich_help_panel=DEPLOYMENT_PANEL,
         ),
-    ] = ",".join(ENGINES),
+    ] = ",".join(ENGINES)
     vllm_args: Annotated[
         str,
-        typer.Option(callback=shell_words, help="`vllm serve` flags for the vLLM run.", rich_help_panel=_DEPLOYMENT),
-    ] = "",
+        typer.Option(
+            callback=shell_words, help="`vllm serve` flags for the vLLM run.", rich_help_panel=DEPLOYMENT_PANEL
+        ),
+    ] = ""
     sglang_args: Annotated[
         str,
         typer.Option(
             callback=shell_words,
             help="`python -m sglang.launch_server` flags for the SGLang run.",
-            rich_help_panel=_DEPLOYMENT,
+            rich_help_panel=DEPLOYMENT_PANEL,
         ),
-    ] = "",
+    ] = ""
     trtllm_args: Annotated[
         str,
         typer.Option(
-            callback=shell_words, help="`trtllm-serve` flags for the TensorRT-LLM run.", rich_help_panel=_DEPLOYMENT
+            callback=shell_words,
+            help="`trtllm-serve` flags for the TensorRT-LLM run.",
+            rich_help_panel=DEPLOYMENT_PANEL,
         ),
-    ] = "",
+    ] = ""
     tp: Annotated[
         Optional[int],
         typer.Option(
-            "--tp", min=1, max=MAX_GPUS, help="Tensor-parallel size for every engine.", rich_help_panel=_DEPLOYMENT
+            "--tp", min=1, max=MAX_GPUS, help="Tensor-parallel size for every engine.", rich_help_panel=DEPLOYMENT_PANEL
         ),
-    ] = None,
+    ] = None
     out: Annotated[
         Optional[Path],
         typer.Option(
             help="Write the comparison as JSON (docs/schemas/compare.json); or give "
             "--result-dir to get DIR/compare.json.",
-            rich_help_panel=_DEPLOYMENT,
+            rich_help_panel=DEPLOYMENT_PANEL,
         ),
-    ] = None,
+    ] = None
     report: Annotated[
         bool,
         typer.Option(
             "--report",
             help="Also write the HTML report (curves overlaid, opens offline) beside the JSON, named as it with .html.",
-            rich_help_panel=_DEPLOYMENT,
+            rich_help_panel=DEPLOYMENT_PANEL,
         ),
-    ] = False,
-    *,
-    load: LoadFlags,
-) -> None:
+    ] = False
+
+    def request(self, points: Sequence[tuple[str, Callable[[], LoadPlan]]], slo: SLO | None) -> CompareRequest:
+        from servelab.compare.compare import CompareRequest
+
+        return CompareRequest(
+            self.gpu,
+            self.model,
+            points,
+            engines=parse_engines(self.engines),
+            launch_flags={VLLM: self.vllm_args, SGLANG: self.sglang_args, TRTLLM: self.trtllm_args},
+            tensor_parallel_size=self.tp,
+            slo=slo,
+        )
+
+
+@app.command()
+@load_options
+@flag_block("flags", CompareFlags)  # innermost: its Deployment panel leads the help, as the flags that matter most
+def compare(*, load: LoadFlags, flags: CompareFlags) -> None:
     """Would another engine serve this workload better? The same load simulated on each engine, and why they differ."""
     from servelab.compare import compare as verb  # the simulator and the sweeps: not for --help
-    from servelab.experiment.auto_sweep import AutoSweep
     from servelab.report.inputs import COMPARE
 
     console = make_console(stderr=load.json)
+    points = _points(load, flags)
+    result = verb.run(flags.request(points, load.slo()))
+    out = load.output_dir("compare") / COMPARE if load.result_dir is not None else flags.out
+    if out is not None:
+        verb.save(result, out)
+    if load.json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        _show(result, console)
+    if flags.report and out is not None:
+        report_beside(out, console)
+
+
+def _points(load: LoadFlags, flags: CompareFlags) -> list[tuple[str, Callable[[], LoadPlan]]]:
+    """The load points every engine serves (the load as given, or each value of a listed --sweep), once the flags
+    are known to agree on where the comparison goes."""
+    from servelab.experiment.auto_sweep import AutoSweep
+
     load.check()
+    out = flags.out
     if out is not None and load.result_dir is not None:
         raise InputError("--out and --result-dir both say where the comparison goes; give one of them")
-    if report and (out or load.result_dir) is None or out is not None and out.suffix == ".html":
+    if flags.report and (out or load.result_dir) is None or out is not None and out.suffix == ".html":
         raise InputError(
             "--report draws the comparison's JSON into the same name with .html: give --out FILE.json "
             "or --result-dir DIR"
@@ -136,29 +179,6 @@ def compare(
             "compare takes the load points you list (--sweep request-rate=4,16,inf); --sweep auto is bench's "
             "and simulate's"
         )
-    points: list[tuple[str, Callable[[], LoadPlan]]] = (
-        [("as given", load.make_plan)]
-        if sweep is None
-        else [(sweep.label(v), partial(load.make_plan, sweep.arrival(load.arrival(), v))) for v in sweep.values]
-    )
-    result = verb.run(
-        verb.CompareRequest(
-            gpu,
-            model,
-            points,
-            engines=parse_engines(engines),
-            launch_flags={VLLM: vllm_args, SGLANG: sglang_args, TRTLLM: trtllm_args},
-            tensor_parallel_size=tp,
-            slo=load.slo(),
-        )
-    )
-    if load.result_dir is not None:
-        out = load.output_dir("compare") / COMPARE
-    if out is not None:
-        verb.save(result, out)
-    if load.json:
-        typer.echo(result.model_dump_json(indent=2))
-    else:
-        _show(result, console)
-    if report and out is not None:
-        report_beside(out, console)
+    if sweep is None:
+        return [("as given", load.make_plan)]
+    return [(sweep.label(v), partial(load.make_plan, sweep.arrival(load.arrival(), v))) for v in sweep.values]

@@ -6,6 +6,7 @@ document. Heavy imports stay inside the function (`servelab --help` imports none
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -25,6 +26,7 @@ from servelab.flags.options import (
     ReplicasFlag,
     TpFlag,
     VllmVersionFlag,
+    flag_block,
 )
 from servelab.schemas.vocabulary import Goal
 from servelab.diagnose.regions import Region
@@ -171,7 +173,8 @@ GpuCostPerHourFlag = Annotated[
     Optional[float],
     typer.Option(
         callback=real(gt=0),
-        help="$ per GPU-hour of --gpu (default: documented prices in servelab/diagnose/pricing.py); prices the options.",
+        help="$ per GPU-hour of --gpu (default: documented prices in servelab/diagnose/pricing.py); prices the "
+        "options.",
     ),
 ]
 PriceOptionsFlag = Annotated[
@@ -223,105 +226,140 @@ SaveFlag = Annotated[Optional[Path], typer.Option(help=f"Write the JSON here (de
 WarmupFlag = Annotated[float, typer.Option(callback=real(ge=0), help="Seconds at the start of the run to ignore.")]
 
 
+@dataclass(frozen=True)
+class DiagnoseFlags:
+    """diagnose's flags besides RESULTS, each declared once (the aliases above carry the help): the deployment, the
+    described workload, what was seen in production, the question, and how the answer is shown."""
+
+    gpu: GpuFlag = None
+    model: ModelFlag = None
+    engine_args: EngineArgsFlag = ""
+    tp: TpFlag = None
+    replicas: ReplicasFlag = None
+    gpu_file: GpuFileFlag = None
+    calibration: CalibrationFlag = None
+    input_len: InputLenFlag = None
+    input_chars: InputCharsFlag = None
+    script: ScriptFlag = None
+    output_len: OutputLenFlag = None
+    request_rate: RequestRateFlag = None
+    max_concurrency: MaxConcurrencyFlag = None
+    observed_qps: ObservedQpsFlag = None
+    observed_ttft_ms: ObservedTtftMsFlag = None
+    observed_gpu_util: ObservedGpuUtilFlag = None
+    observed_e2e_ms: ObservedE2eMsFlag = None
+    observed_tpot_ms: ObservedTpotMsFlag = None
+    tried: TriedFlag = None
+    goal: GoalFlag = None
+    output_len_distribution: OutputLenDistributionFlag = "fixed"
+    prefix_len: PrefixLenFlag = 0
+    turns: TurnsFlag = 1
+    region: RegionFlag = None
+    gpu_cost_per_hour: GpuCostPerHourFlag = None
+    price_options: PriceOptionsFlag = False
+    vllm_version: VllmVersionFlag = None
+    engine: EngineFlag = AUTO
+    compare_engines: CompareEnginesFlag = False
+    engines: EnginesFlag = None
+    goodput: GoodputFlag = None
+    slo_attainment: SloAttainmentFlag = 0.9
+    check_advice: CheckAdviceFlag = False
+    json_out: JsonOutFlag = False
+    details: DetailsFlag = False
+    markdown: MarkdownFlag = False
+    save: SaveFlag = None
+    warmup: WarmupFlag = 0.0
+    report: ReportFlag = False
+
+    def check(self, results: Path | None) -> None:
+        """The clashes between flags that no single flag's type can refuse."""
+        if self.engines is not None and not self.compare_engines:
+            raise InputError("--engines chooses the engines --compare-engines runs: add --compare-engines")
+        if self.report and results is None:
+            raise InputError(
+                "--report draws a results directory: give RESULTS (a described deployment has no records to plot)"
+            )
+        if self.json_out and self.markdown:
+            raise InputError("--json and --markdown both choose the output format; pick one")
+
+    def request(self, results: Path | None) -> DiagnoseRequest:
+        """The verb's request: the flags grouped as servelab.diagnose.request reads them."""
+        from servelab.cli.compare import parse_engines
+        from servelab.diagnose.analysis import Observed
+        from servelab.diagnose.request import Described, DeploymentWords, DiagnoseRequest
+
+        words = DeploymentWords(
+            gpu=self.gpu,
+            model=self.model,
+            engine_args=self.engine_args,
+            tp=self.tp,
+            replicas=self.replicas,
+            gpu_file=self.gpu_file,
+            calibration=self.calibration,
+            vllm_version=self.vllm_version,
+            engine=self.engine,
+        )
+        described = Described(
+            input_len=self.input_len,
+            input_chars=self.input_chars,
+            script=self.script,
+            output_len=self.output_len,
+            request_rate=self.request_rate,
+            max_concurrency=self.max_concurrency,
+            output_len_distribution=self.output_len_distribution,
+            prefix_len=self.prefix_len,
+            turns=self.turns,
+        )
+        observed = Observed(
+            qps=self.observed_qps,
+            ttft_ms=self.observed_ttft_ms,
+            gpu_util=self.observed_gpu_util,
+            e2e_ms=self.observed_e2e_ms,
+            tpot_ms=self.observed_tpot_ms,
+            goal=self.goal,
+        )
+        return DiagnoseRequest(
+            words,
+            results,
+            described,
+            observed,
+            tried=tuple(self.tried or ()),
+            region=self.region,
+            goodput=self.goodput,
+            slo_attainment=self.slo_attainment,
+            warmup=self.warmup,
+            price_options=self.price_options,
+            gpu_cost_per_hour=self.gpu_cost_per_hour,
+            check_advice=self.check_advice,
+            compare_engines=parse_engines(self.engines or ",".join(ENGINES)) if self.compare_engines else [],
+        )
+
+    @property
+    def form(self) -> str:
+        """How the diagnosis is printed: json, markdown or the terminal's summary."""
+        return "json" if self.json_out else "markdown" if self.markdown else "terminal"
+
+
 @app.command()
-def diagnose(
-    results: ResultsFlag = None,
-    gpu: GpuFlag = None,
-    model: ModelFlag = None,
-    engine_args: EngineArgsFlag = "",
-    tp: TpFlag = None,
-    replicas: ReplicasFlag = None,
-    gpu_file: GpuFileFlag = None,
-    calibration: CalibrationFlag = None,
-    input_len: InputLenFlag = None,
-    input_chars: InputCharsFlag = None,
-    script: ScriptFlag = None,
-    output_len: OutputLenFlag = None,
-    request_rate: RequestRateFlag = None,
-    max_concurrency: MaxConcurrencyFlag = None,
-    observed_qps: ObservedQpsFlag = None,
-    observed_ttft_ms: ObservedTtftMsFlag = None,
-    observed_gpu_util: ObservedGpuUtilFlag = None,
-    observed_e2e_ms: ObservedE2eMsFlag = None,
-    observed_tpot_ms: ObservedTpotMsFlag = None,
-    tried: TriedFlag = None,
-    goal: GoalFlag = None,
-    output_len_distribution: OutputLenDistributionFlag = "fixed",
-    prefix_len: PrefixLenFlag = 0,
-    turns: TurnsFlag = 1,
-    region: RegionFlag = None,
-    gpu_cost_per_hour: GpuCostPerHourFlag = None,
-    price_options: PriceOptionsFlag = False,
-    vllm_version: VllmVersionFlag = None,
-    engine: EngineFlag = AUTO,
-    compare_engines: CompareEnginesFlag = False,
-    engines: EnginesFlag = None,
-    goodput: GoodputFlag = None,
-    slo_attainment: SloAttainmentFlag = 0.9,
-    check_advice: CheckAdviceFlag = False,
-    json_out: JsonOutFlag = False,
-    details: DetailsFlag = False,
-    markdown: MarkdownFlag = False,
-    save: SaveFlag = None,
-    warmup: WarmupFlag = 0.0,
-    report: ReportFlag = False,
-) -> None:
+@flag_block("flags", DiagnoseFlags)
+def diagnose(results: ResultsFlag = None, *, flags: DiagnoseFlags) -> None:
     """Find what limits the deployment, the ceiling it implies, and the change that lifts it.
 
     With no arguments: the built-in example (Qwen2.5-7B on an A100 at ~10 req/s of 1,500-token prompts).
     """
-    from servelab.cli.compare import parse_engines
     from servelab.diagnose import run
-    from servelab.diagnose.analysis import Observed
-    from servelab.diagnose.request import Described, DeploymentWords, DiagnoseRequest
 
-    if engines is not None and not compare_engines:
-        raise InputError("--engines chooses the engines --compare-engines runs: add --compare-engines")
-    if report and results is None:
-        raise InputError(
-            "--report draws a results directory: give RESULTS (a described deployment has no records to plot)"
-        )
-    if json_out and markdown:
-        raise InputError("--json and --markdown both choose the output format; pick one")
-    request = DiagnoseRequest(
-        DeploymentWords(gpu, model, engine_args, tp, replicas, gpu_file, calibration, vllm_version, engine),
-        results,
-        Described(
-            input_len,
-            input_chars,
-            script,
-            output_len,
-            request_rate,
-            max_concurrency,
-            output_len_distribution,
-            prefix_len,
-            turns,
-        ),
-        Observed(observed_qps, observed_ttft_ms, observed_gpu_util, observed_e2e_ms, observed_tpot_ms, goal=goal),
-        tuple(tried or ()),
-        region,
-        goodput,
-        slo_attainment,
-        warmup,
-        price_options,
-        gpu_cost_per_hour,
-        check_advice,
-        parse_engines(engines or ",".join(ENGINES)) if compare_engines else [],
-    )
+    flags.check(results)
+    request = flags.request(results)
     dx = run(request, _deployment, _warn)
-    target = save or (results / DIAGNOSIS if results is not None else None)
+    target = flags.save or (results / DIAGNOSIS if results is not None else None)
     if target is not None:
         target.write_text(dx.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    _show(
-        request,
-        dx,
-        "json" if json_out else "markdown" if markdown else "terminal",
-        details or check_advice or compare_engines,
-    )
-    if report and results is not None:
+    _show(request, dx, flags.form, flags.details or flags.check_advice or flags.compare_engines)
+    if flags.report and results is not None:
         from servelab.report.console import make_console
 
-        report_into(results, make_console(stderr=json_out or markdown))
+        report_into(results, make_console(stderr=flags.form != "terminal"))
 
 
 def _deployment(w: DeploymentWords) -> Deployment:

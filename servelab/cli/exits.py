@@ -8,9 +8,10 @@ picks an exit code. The codes (also in the README):
     1    a bug in servelab: an exception nobody raised on purpose; the traceback is printed with a hint to report it
     2    bad input or configuration, or a server that cannot be used (failed pre-flight, would not start); nothing run;
          also a file servelab cannot read or write (an OSError naming it: missing directory, permissions, disk full),
-         and a flag typer refuses (wrong type, out of its declared range): one line `error: Invalid value for '--x': ...`;
-         and a run in which every request failed without a process going away (the server refused them all): its
-         records are written and the server's first error message is printed (see run_and_show)
+         and a flag typer refuses (wrong type, out of its declared range): one line
+         `error: Invalid value for '--x': ...`; and a run in which every request failed without a process going away
+         (the server refused them all): its records are written and the server's first error message is printed (see
+         run_and_show)
     3    disturbed: the run ended and wrote everything, but a process went away during it (see run_and_show)
     130  interrupted (Ctrl-C, SIGTERM); what completed is written
 """

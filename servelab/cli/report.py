@@ -62,7 +62,8 @@ def report(
     title: Annotated[Optional[str], typer.Option(help="Page title (default: the inputs' names).")] = None,
 ) -> None:
     """Write an HTML report (plotly, works offline): sweep curves, latency CDFs, request and server timelines,
-    diagnose's findings, tune's trials and Pareto front, validate's simulated vs. measured, compare's engines overlaid."""
+    diagnose's findings, tune's trials and Pareto front, validate's simulated vs. measured, compare's engines
+    overlaid."""
     from servelab.report.inputs import ReportInputError  # reads results with pydantic and yaml: not for --help
 
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -18,6 +18,7 @@ from servelab.errors import InputError
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
+    from pydantic.json_schema import JsonSchemaValue
 
 SCHEMAS: dict[str, tuple[str, str]] = {
     "run": ("servelab.schemas.results:RunInfo", "run.json of a results directory"),
@@ -53,8 +54,9 @@ def schema_model(name: str) -> type[BaseModel] | type:
     return found
 
 
-def json_schema(name: str) -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of the file NAME, saying which file it describes and which model it comes from."""
+def json_schema(name: str) -> JsonSchemaValue:
+    """The JSON Schema (draft 2020-12) of the file NAME, saying which file it describes and which model it comes
+    from."""
     model, what = schema_model(name), SCHEMAS[name][1]
     from pydantic import TypeAdapter  # not for --help
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -23,6 +25,7 @@ from servelab.flags.options import (
     LoadFlags,
     ModelFlag,
     deployment_from_flags,
+    flag_block,
     load_options,
 )
 from servelab.errors import RunInterrupted
@@ -35,7 +38,8 @@ if TYPE_CHECKING:
     from servelab.schemas.tune import Stage2Row, Trial, TuneDeployment, TuneDocument
     from servelab.tune.confirm import ServerCheck, ServerCommand, Stage2Config
     from servelab.tune.objectives import Objective
-    from servelab.tune.space import SearchSpace
+    from servelab.tune.space import SearchSpace, Value
+    from servelab.tune.study import SearchSettings
     from servelab.tune.tuner import TuneProgress, TuneRequest
     from servelab.tune.workload import TuneWorkload
 
@@ -75,7 +79,138 @@ def parse_env(items: list[str] | None) -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class SearchFlags:
+    """tune's stage-1 flags: what is searched, for what, and how hard (each declared once, with its help)."""
+
+    sim_args: Annotated[
+        str,
+        typer.Option(
+            callback=shell_words,
+            help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.",
+        ),
+    ] = ""
+    space: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            help="KNOB=V1,V2 (or KNOB for built-in values; 'default' = the engine's). "
+            "Another --engine's knobs are its flags: max_running_requests, max_batch_size... Repeatable."
+        ),
+    ] = None
+    space_file: Annotated[Optional[Path], typer.Option(help="YAML/JSON mapping knob -> list of values.")] = None
+    objective: Annotated[
+        str, typer.Option(help="goodput (max rate under the SLO), throughput (under p-limits), or cost.")
+    ] = "goodput"
+    slo_percentile: Annotated[
+        float, typer.Option(callback=real(gt=0, le=100), help="The percentile each --goodput bound applies to.")
+    ] = 99.0
+    gpu_cost_per_hour: Annotated[
+        Optional[str], typer.Option(help="$/GPU-hour: 2.5, or H100-SXM=2.5,A100-80GB-SXM=1.6.")
+    ] = None
+    n_trials: Annotated[
+        int,
+        typer.Option(min=1, max=MAX_INT, help="Distinct configurations to simulate (all, if the space is smaller)."),
+    ] = 100
+    sampler: Annotated[
+        str, typer.Option(help="auto (grid when the space fits in --n-trials, else TPE), grid, tpe.")
+    ] = "auto"
+    search_seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Seed of the TPE sampler.")] = 0
+    sim_prompts: Annotated[int, typer.Option(min=1, max=MAX_INT, help="Requests per simulated run in stage 1.")] = 200
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the study in --result-dir without repeating finished trials.")
+    ] = False
+
+    def checked_space(self, load: LoadFlags, engine: str) -> SearchSpace:
+        """The search space, once the load flags are known to fit a study (tune searches the rate itself)."""
+        from servelab.tune.space import SearchSpace
+
+        load.check(resume=self.resume)
+        if load.sweep is not None:
+            raise TuneError("--sweep does not apply to tune: the goodput objective searches the rate itself")
+        if load.ramp_up_strategy is not None:
+            raise TuneError("--ramp-up-strategy does not apply to tune: the goodput objective searches the rate itself")
+        if self.resume and load.result_dir is None:
+            raise TuneError("--resume needs the --result-dir of the study to continue")
+        space = (
+            SearchSpace.from_file(self.space_file, engine)
+            if self.space_file
+            else SearchSpace.from_items(self.space or [], engine)
+        )
+        if self.space_file and self.space:
+            raise TuneError("--space and --space-file both define the search space; give one")
+        return space
+
+    def goal(self, load: LoadFlags) -> Objective:
+        """--objective with its SLO (--goodput at --slo-percentile), the rate a cost must sustain, and the prices."""
+        from servelab.tune.objectives import Objective, kind_named
+
+        arrival = load.arrival()
+        return Objective(
+            kind_named(self.objective),
+            load.slo(),
+            self.slo_percentile,
+            target_rate=arrival.request_rate if arrival.open_loop else None,
+            gpu_cost_per_hour=parse_prices(self.gpu_cost_per_hour),
+        )
+
+    def workloads(self, load: LoadFlags) -> tuple[TuneWorkload, TuneWorkload]:
+        """Stage 1's (--sim-prompts of the workload per simulated run) and stage 2's (--num-prompts, default 200, or
+        --duration per server): the same requests, arrivals and seed."""
+        from servelab.tune.workload import TuneWorkload
+        from servelab.workload.plan import Amount
+
+        arrival = load.arrival()
+        sim_amount = Amount(
+            num_prompts=self.sim_prompts, max_plan_tokens=load.max_plan_tokens, count_flag="--sim-prompts"
+        )
+        bench_amount = (
+            load.amount() if load.num_prompts or load.duration else Amount(STAGE2_PROMPTS, warmup=load.warmup)
+        )
+        return TuneWorkload(load.workload(), arrival, sim_amount), TuneWorkload(load.workload(), arrival, bench_amount)
+
+    def settings(self) -> SearchSettings:
+        from servelab.tune.study import SearchSettings
+
+        return SearchSettings(self.n_trials, self.sampler, self.search_seed)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Stage2Flags:
+    """tune's stage-2 flags: how a real server is started for each configuration measured."""
+
+    server_cmd: Annotated[
+        Optional[str], typer.Option(help="Stage 2: command template with {engine_args} (and optional {port}).")
+    ] = None
+    server_env: Annotated[
+        Optional[list[str]], typer.Option(help="KEY=VALUE for the server's environment. Repeatable.")
+    ] = None
+    server_port: Annotated[
+        Optional[int],
+        typer.Option(min=1, max=65535, help="Stage 2: the port servers listen on (default: a free one each)."),
+    ] = None
+    top_k: Annotated[
+        int,
+        typer.Option(
+            min=0, max=MAX_INT, help="Stage 2: how many of the simulator's best to measure (plus the baseline)."
+        ),
+    ] = 3
+    startup_timeout: Annotated[
+        float, typer.Option(callback=real(gt=0), help="Stage 2: seconds to wait for /health.")
+    ] = 300.0
+
+    def server(self) -> ServerCommand | None:
+        """Stage 2's server command; None (no stage 2) without --server-cmd."""
+        from servelab.tune.confirm import ServerCommand
+
+        if not self.server_cmd:
+            return None
+        env = parse_env(self.server_env)
+        return ServerCommand(self.server_cmd, env, startup_timeout=self.startup_timeout, port=self.server_port)
+
+
 @app.command()
+@flag_block("stage2", Stage2Flags)
+@flag_block("search", SearchFlags)
 @load_options
 def tune(
     gpu: GpuFlag = None,
@@ -83,66 +218,13 @@ def tune(
     calibration: CalibrationFlag = None,
     engine_args: EngineArgsFlag = "",
     engine: EngineFlag = VLLM,
-    sim_args: Annotated[
-        str,
-        typer.Option(
-            callback=shell_words,
-            help="Flags only the simulator sees, e.g. '--block-size 128 --kv-cache-memory-bytes 1G' for vLLM CPU.",
-        ),
-    ] = "",
-    space: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            help="KNOB=V1,V2 (or KNOB for built-in values; 'default' = the engine's). "
-            "Another --engine's knobs are its flags: max_running_requests, max_batch_size... Repeatable."
-        ),
-    ] = None,
-    space_file: Annotated[Optional[Path], typer.Option(help="YAML/JSON mapping knob -> list of values.")] = None,
-    objective: Annotated[
-        str, typer.Option(help="goodput (max rate under the SLO), throughput (under p-limits), or cost.")
-    ] = "goodput",
-    slo_percentile: Annotated[
-        float, typer.Option(callback=real(gt=0, le=100), help="The percentile each --goodput bound applies to.")
-    ] = 99.0,
-    gpu_cost_per_hour: Annotated[
-        Optional[str], typer.Option(help="$/GPU-hour: 2.5, or H100-SXM=2.5,A100-80GB-SXM=1.6.")
-    ] = None,
-    n_trials: Annotated[
-        int,
-        typer.Option(min=1, max=MAX_INT, help="Distinct configurations to simulate (all, if the space is smaller)."),
-    ] = 100,
-    sampler: Annotated[
-        str, typer.Option(help="auto (grid when the space fits in --n-trials, else TPE), grid, tpe.")
-    ] = "auto",
-    search_seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Seed of the TPE sampler.")] = 0,
-    sim_prompts: Annotated[int, typer.Option(min=1, max=MAX_INT, help="Requests per simulated run in stage 1.")] = 200,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the study in --result-dir without repeating finished trials.")
-    ] = False,
-    server_cmd: Annotated[
-        Optional[str], typer.Option(help="Stage 2: command template with {engine_args} (and optional {port}).")
-    ] = None,
-    server_env: Annotated[
-        Optional[list[str]], typer.Option(help="KEY=VALUE for the server's environment. Repeatable.")
-    ] = None,
-    server_port: Annotated[
-        Optional[int],
-        typer.Option(min=1, max=65535, help="Stage 2: the port servers listen on (default: a free one each)."),
-    ] = None,
-    top_k: Annotated[
-        int,
-        typer.Option(
-            min=0, max=MAX_INT, help="Stage 2: how many of the simulator's best to measure (plus the baseline)."
-        ),
-    ] = 3,
-    startup_timeout: Annotated[
-        float, typer.Option(callback=real(gt=0), help="Stage 2: seconds to wait for /health.")
-    ] = 300.0,
     report: ReportFlag = False,
     ray_address: RayAddress = None,
     ray_gpu_resource: RayGpuResource = "GPU",
     *,
     load: LoadFlags,
+    search: SearchFlags,
+    stage2: Stage2Flags,
 ) -> None:
     """Search the launch flags on the simulator, confirm the best on real servers, print the line to run.
 
@@ -151,102 +233,48 @@ def tune(
     """
     # The optimiser, the simulator and the server launcher: imported when a study runs, not for --help.
     from servelab.perf.calibration import load_profile
-    from servelab.tune.outcome import TUNE_JSON, document_text
-    from servelab.tune.study import SearchSettings
     from servelab.tune.tuner import TuneRequest
 
-    console = make_console()
-    search_space = _checked_space(load, resume, space, space_file, engine)
-    goal = _objective(objective, load, slo_percentile, gpu_cost_per_hour)
-    server = _server(server_cmd, server_env, startup_timeout, server_port)
-    sim_workload, bench_workload = _workloads(load, sim_prompts)
-    simulated = deployment_from_flags(
-        gpu, model, f"{engine_args} {sim_args}".strip(), calibration=calibration, engine=engine
-    )
+    space, goal, server = search.checked_space(load, engine), search.goal(load), stage2.server()
+    sim_workload, bench_workload = search.workloads(load)
+    simulated_line = f"{engine_args} {search.sim_args}".strip()
+    simulated = deployment_from_flags(gpu, model, simulated_line, calibration=calibration, engine=engine)
     launch = deployment_from_flags(gpu, model, engine_args, calibration=calibration, engine=engine)
-    output = load.output_dir("tune", resume=resume)  # emptied with --overwrite, now that every flag has been read
+    output = load.output_dir("tune", resume=search.resume)  # emptied with --overwrite, now every flag is read
     request = TuneRequest(
         simulated=simulated,
         launch=launch,
-        sim_args=sim_args,
+        sim_args=search.sim_args,
         calibration=None if calibration is None else str(calibration),
-        space=search_space,
+        space=space,
         objective=goal,
         sim_workload=sim_workload,
         bench_workload=bench_workload,
-        search=SearchSettings(n_trials, sampler, search_seed),  # type: ignore[arg-type]
+        search=search.settings(),
         output=output,
-        resume=resume,
+        resume=search.resume,
         server=server,
-        top_k=top_k,
+        top_k=stage2.top_k,
         server_check=None if calibration is None or server is None else _speed_check(load_profile(calibration)),
         pool=ray_pool(ray_address),
         gpu_resource=ray_gpu_resource,
     )
-    doc = _run(request, None if load.json else _live_progress(console, goal, engine))
-    if load.json:
+    _show(request, load.json, report, engine)
+
+
+def _show(request: TuneRequest, json_out: bool, report: bool, engine: str) -> None:
+    """Run the study, live progress on the terminal (none for --json), then tune.json printed or its tables."""
+    from servelab.tune.outcome import TUNE_JSON, document_text
+
+    console = make_console()
+    doc = _run(request, None if json_out else _live_progress(console, request.objective, engine))
+    if json_out:
         print(document_text(doc))
     else:
         render(console, doc)
-        console.print(f"all trials: {output / TUNE_JSON}")
+        console.print(f"all trials: {request.output / TUNE_JSON}")
     if report:
-        report_into(output, make_console(stderr=True) if load.json else console)
-
-
-def _checked_space(
-    load: LoadFlags, resume: bool, space: list[str] | None, space_file: Path | None, engine: str
-) -> SearchSpace:
-    """The search space, once the load flags are known to fit a study (tune searches the rate itself)."""
-    from servelab.tune.space import SearchSpace
-
-    load.check(resume=resume)
-    if load.sweep is not None:
-        raise TuneError("--sweep does not apply to tune: the goodput objective searches the rate itself")
-    if load.ramp_up_strategy is not None:
-        raise TuneError("--ramp-up-strategy does not apply to tune: the goodput objective searches the rate itself")
-    if resume and load.result_dir is None:
-        raise TuneError("--resume needs the --result-dir of the study to continue")
-    search_space = (
-        SearchSpace.from_file(space_file, engine) if space_file else SearchSpace.from_items(space or [], engine)
-    )
-    if space_file and space:
-        raise TuneError("--space and --space-file both define the search space; give one")
-    return search_space
-
-
-def _objective(kind: str, load: LoadFlags, percentile: float, prices: str | None) -> Objective:
-    """--objective with its SLO (--goodput at --slo-percentile), the rate a cost must sustain, and the prices."""
-    from servelab.tune.objectives import Objective
-
-    arrival = load.arrival()
-    return Objective(
-        kind,  # type: ignore[arg-type]  # checked by Objective
-        load.slo(),
-        percentile,
-        target_rate=arrival.request_rate if arrival.open_loop else None,
-        gpu_cost_per_hour=parse_prices(prices),
-    )
-
-
-def _server(
-    template: str | None, env: list[str] | None, startup_timeout: float, port: int | None
-) -> ServerCommand | None:
-    """Stage 2's server command; None (no stage 2) without --server-cmd."""
-    from servelab.tune.confirm import ServerCommand
-
-    return None if not template else ServerCommand(template, parse_env(env), startup_timeout=startup_timeout, port=port)
-
-
-def _workloads(load: LoadFlags, sim_prompts: int) -> tuple[TuneWorkload, TuneWorkload]:
-    """Stage 1's (--sim-prompts of the workload per simulated run) and stage 2's (--num-prompts, default 200, or
-    --duration per server): the same requests, arrivals and seed."""
-    from servelab.tune.workload import TuneWorkload
-    from servelab.workload.plan import Amount
-
-    arrival = load.arrival()
-    sim_amount = Amount(num_prompts=sim_prompts, max_plan_tokens=load.max_plan_tokens, count_flag="--sim-prompts")
-    bench_amount = load.amount() if load.num_prompts or load.duration else Amount(STAGE2_PROMPTS, warmup=load.warmup)
-    return (TuneWorkload(load.workload(), arrival, sim_amount), TuneWorkload(load.workload(), arrival, bench_amount))
+        report_into(request.output, make_console(stderr=True) if json_out else console)
 
 
 def _run(request: TuneRequest, progress: TuneProgress | None) -> TuneDocument:
@@ -320,16 +348,17 @@ def _live_progress(console: Console, goal: Objective, engine: str) -> TuneProgre
     return TuneProgress(on_trial, on_start, on_result)
 
 
-def _knobs(params: dict[str, Any]) -> str:
+def _knobs(params: Mapping[str, Value]) -> str:
     return " ".join(f"{k}={'default' if v is None else v}" for k, v in params.items()) or "(baseline)"
 
 
-def _num(value: Any, fmt: str = ",.4g") -> str:
+def _num(value: float | None, fmt: str = ",.4g") -> str:
     return "-" if value is None else format(value, fmt)
 
 
 def _simulator(deployment: TuneDeployment) -> str:
-    """Which simulator the predictions come from: a calibrated one is worth naming, an uncalibrated one worth flagging."""
+    """Which simulator the predictions come from: a calibrated one is worth naming, an uncalibrated one worth
+    flagging."""
     profile = deployment.calibration
     engine = "" if deployment.engine == VLLM else f" {LABELS[deployment.engine]}"
     return (
@@ -340,13 +369,24 @@ def _simulator(deployment: TuneDeployment) -> str:
 
 
 def render(console: Console, doc: TuneDocument) -> None:
+    """tune.json on the terminal: stage 1's ranking and Pareto front, stage 2's measurements, the recommendation."""
+    simulator = _simulator(doc.deployment)
+    console.print(_stage1_table(doc, simulator))
+    console.print(f"evaluated {doc.search.evaluated} of {doc.search.space_size} configurations ({doc.search.sampler})")
+    console.print(f"Pareto front (output tok/s vs p99 TTFT): {_pareto_front(doc) or '-'}")
+    if doc.stage2:
+        console.print(_stage2_table(doc))
+        console.print(f"predicted: {simulator}", highlight=False, soft_wrap=True)
+    _recommendation(console, doc)
+
+
+def _stage1_table(doc: TuneDocument, simulator: str) -> Table:
+    """The baseline and the best RANKED_ROWS trials as the simulator scored them, intervals beside the statistics."""
     from servelab.metrics.intervals import interval_suffix
-    from servelab.schemas.tune import KeyMetrics
 
     objective = doc.objective
     unit = objective.unit
     trials = {t.number: t for t in doc.trials}
-    simulator = _simulator(doc.deployment)
     slo_terms = objective.slo.model_dump(exclude_none=True) if objective.slo else None
     table = Table(
         title=f"stage 1 ({simulator}): {objective.kind} ({unit}), SLO {slo_terms} at p{objective.percentile:g}"
@@ -370,42 +410,47 @@ def render(console: Console, doc: TuneDocument) -> None:
             _num(m.p99_ttft_ms) + interval_suffix(m.intervals, "p99_ttft_ms"),
             _num(m.p99_tpot_ms),
         )
-    console.print(table)
-    console.print(f"evaluated {doc.search.evaluated} of {doc.search.space_size} configurations ({doc.search.sampler})")
-    front = ", ".join(
+    return table
+
+
+def _pareto_front(doc: TuneDocument) -> str:
+    """The trials no other beats on both output tok/s and p99 TTFT, as `#N tok/s @ ms`."""
+    trials = {t.number: t for t in doc.trials}
+    return ", ".join(
         f"#{n} {_num(trials[n].metrics.statistic(doc.pareto.x))} tok/s @ "
         f"{_num(trials[n].metrics.statistic(doc.pareto.y))} ms"
         for n in doc.pareto.trials
     )
-    console.print(f"Pareto front (output tok/s vs p99 TTFT): {front or '-'}")
-    if doc.stage2:
-        measured = Table(title="stage 2: measured on the real server vs predicted")
-        for column in (
-            "config",
-            "changes",
-            f"predicted {unit}",
-            f"measured {unit}",
-            "pred p99 TTFT",
-            "meas p99 TTFT",
-            "meas req/s",
-            "SLO",
-        ):
-            measured.add_column(column)
-        for r in doc.stage2.results:
-            m = r.measured or KeyMetrics()
-            slo = "-" if r.measured_violation is None else ("met" if r.measured_violation <= 0 else "missed")
-            measured.add_row(
-                r.label,
-                _knobs(r.params),
-                _num(r.predicted_score),
-                "failed" if r.error else _num(r.measured_score),
-                _num(r.predicted.p99_ttft_ms) + interval_suffix(r.predicted.intervals, "p99_ttft_ms"),
-                _num(m.p99_ttft_ms),
-                _num(m.request_throughput),
-                slo,
-            )
-        console.print(measured)
-        console.print(f"predicted: {simulator}", highlight=False, soft_wrap=True)
+
+
+def _stage2_table(doc: TuneDocument) -> Table:
+    """Each configuration measured on a real server beside what the simulator predicted for it."""
+    from servelab.metrics.intervals import interval_suffix
+    from servelab.schemas.tune import KeyMetrics
+
+    unit = doc.objective.unit
+    measured = Table(title="stage 2: measured on the real server vs predicted")
+    columns = ("config", "changes", f"predicted {unit}", f"measured {unit}", "pred p99 TTFT", "meas p99 TTFT")
+    for column in (*columns, "meas req/s", "SLO"):
+        measured.add_column(column)
+    for r in doc.stage2.results if doc.stage2 else []:
+        m = r.measured or KeyMetrics()
+        slo = "-" if r.measured_violation is None else ("met" if r.measured_violation <= 0 else "missed")
+        measured.add_row(
+            r.label,
+            _knobs(r.params),
+            _num(r.predicted_score),
+            "failed" if r.error else _num(r.measured_score),
+            _num(r.predicted.p99_ttft_ms) + interval_suffix(r.predicted.intervals, "p99_ttft_ms"),
+            _num(m.p99_ttft_ms),
+            _num(m.request_throughput),
+            slo,
+        )
+    return measured
+
+
+def _recommendation(console: Console, doc: TuneDocument) -> None:
+    """The configuration to run, measured where stage 2 ran, with its gain and the line to launch it."""
     rec = doc.recommendation
     if rec is None:
         console.print("[red]no configuration in the space can run[/]")
@@ -415,7 +460,7 @@ def render(console: Console, doc: TuneDocument) -> None:
     console.print(
         f"[bold green]recommended[/] ({source}): {rec.engine_args or _defaults(doc.deployment.engine)}"
         f"{rec.routed()}: "
-        f"{_num(rec.score)} {unit}" + ("" if gain is None else f", {gain:.2f}x the baseline")
+        f"{_num(rec.score)} {doc.objective.unit}" + ("" if gain is None else f", {gain:.2f}x the baseline")
     )
     if rec.launch_line:
         console.print(f"launch line: {rec.launch_line}")

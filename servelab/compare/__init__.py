@@ -1,1 +1,2 @@
-"""One deployment and one workload simulated on each modelled engine, and why their results differ (`servelab compare`)."""
+"""One deployment and one workload simulated on each modelled engine, and why their results differ
+(`servelab compare`)."""

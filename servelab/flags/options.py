@@ -25,7 +25,7 @@ import re
 import time
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -55,7 +55,8 @@ if TYPE_CHECKING:
     from servelab.workload.plan import Amount
     from servelab.workload.spec import LoadPlan
 
-_WORKLOAD, _ARRIVAL, _AMOUNT, _SLO, _OUTPUT = "Workload", "Arrival", "Amount", "SLO", "Sweep and output"
+_WORKLOAD, _ARRIVAL, _AMOUNT, _SLO = "Workload", "Arrival", "Amount", "SLO"
+OUTPUT_PANEL = "Sweep and output"
 DEPLOYMENT_PANEL, SERVER_PANEL = "Deployment", "Target"
 
 _GPU = typer.Option(help="GPU from the catalogue (a100-80gb, h100-sxm, ...), or cpu.", rich_help_panel=DEPLOYMENT_PANEL)
@@ -309,14 +310,14 @@ class LoadFlags:
             "auto (or auto=N): one request at a time, then all at once, then N rates "
             "between (default 4); a rate point stops early once the server is "
             "over-saturated; sweep.json names the knee and the highest rate meeting --goodput.",
-            rich_help_panel=_OUTPUT,
+            rich_help_panel=OUTPUT_PANEL,
         ),
     ] = None
     result_dir: Annotated[
         Optional[Path],
         typer.Option(
             help="Where run.json, records.jsonl, timeline.jsonl, summary.json go. Default results/<verb>-<time>.",
-            rich_help_panel=_OUTPUT,
+            rich_help_panel=OUTPUT_PANEL,
         ),
     ] = None
     overwrite: Annotated[
@@ -325,12 +326,14 @@ class LoadFlags:
             "--overwrite",
             help="Replace what --result-dir holds from an earlier run (it is "
             "emptied first); without it such a directory is refused.",
-            rich_help_panel=_OUTPUT,
+            rich_help_panel=OUTPUT_PANEL,
         ),
     ] = False
     json: Annotated[
         bool,
-        typer.Option("--json", help="Print summary.json (sweep.json for a sweep) to stdout.", rich_help_panel=_OUTPUT),
+        typer.Option(
+            "--json", help="Print summary.json (sweep.json for a sweep) to stdout.", rich_help_panel=OUTPUT_PANEL
+        ),
     ] = False
 
     def check(self, *, resume: bool = False) -> None:
@@ -480,12 +483,15 @@ def flag_block(name: str, block: type) -> Callable[[Callable[..., Any]], Callabl
     """Give a typer command every field of the frozen dataclass `block` as a flag; the command receives them as one
     `name: block` argument. Each flag is declared once, as a field with its typer option (LoadFlags, bench's
     ServerFlags, simulate's DeploymentFlags), and blocks stack: `@flag_block("server", ServerFlags) @load_options`.
+    A field without a default is a required flag.
 
     Typer reads a command's parameters from its signature, so the wrapper advertises the command's own parameters
     plus the block's.
     """
     hints = typing.get_type_hints(block, include_extras=True)
-    options = {f.name: (hints[f.name], f.default) for f in fields(block)}
+    options = {
+        f.name: (hints[f.name], inspect.Parameter.empty if f.default is MISSING else f.default) for f in fields(block)
+    }
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         command_hints = typing.get_type_hints(command, include_extras=True)
@@ -542,56 +548,76 @@ def deployment_from_flags(
     cannot be modelled.
     """
     from servelab.targets.deployment import build_deployment
-    from servelab.targets.engine_deployment import build_engine_deployment
 
     if router not in POLICIES:
         raise PerfConfigError(f"--router {router!r}: choose one of {', '.join(POLICIES)}")
     if engine != VLLM:
-        if engine not in ENGINES:
-            raise PerfConfigError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
-        if vllm_version is not None:
-            raise PerfConfigError(f"--vllm-version describes a vLLM server, not --engine {engine}")
-        if calibration is not None or gpu is None or model is None:
-            raise PerfConfigError(f"--engine {engine} needs --gpu and --model (calibration profiles are vLLM's)")
-        return build_engine_deployment(
-            engine,
-            gpu,
-            model,
-            engine_args,
-            tensor_parallel_size=tp,
-            replicas=replicas,
-            gpu_file=gpu_file,
-            router=router,
+        return _engine_deployment(
+            engine, gpu, model, engine_args, tp, replicas, gpu_file, router, calibration, vllm_version
         )
-    if calibration is None:
-        if gpu is None or model is None:
-            raise PerfConfigError("give --gpu and --model (or --calibration with a profile from `servelab calibrate`)")
-        return build_deployment(
-            gpu,
-            model,
-            engine_args,
-            tensor_parallel_size=tp,
-            replicas=replicas,
-            gpu_file=gpu_file,
-            router=router,
-            vllm_version=vllm_version,
-        )
-    for flag, value in (("--gpu", gpu), ("--gpu-file", gpu_file), ("--vllm-version", vllm_version)):
-        if value is not None:
-            raise PerfConfigError(
-                f"{flag} and --calibration both name the hardware: the profile already does; drop {flag}"
-            )
+    if calibration is not None:
+        for flag, value in (("--gpu", gpu), ("--gpu-file", gpu_file), ("--vllm-version", vllm_version)):
+            if value is not None:
+                raise PerfConfigError(
+                    f"{flag} and --calibration both name the hardware: the profile already does; drop {flag}"
+                )
+        return _profile_deployment(calibration, model, engine_args, tp, replicas, router)
+    if gpu is None or model is None:
+        raise PerfConfigError("give --gpu and --model (or --calibration with a profile from `servelab calibrate`)")
+    return build_deployment(
+        gpu,
+        model,
+        engine_args,
+        tensor_parallel_size=tp,
+        replicas=replicas,
+        gpu_file=gpu_file,
+        router=router,
+        vllm_version=vllm_version,
+    )
+
+
+def _engine_deployment(
+    engine: str,
+    gpu: str | None,
+    model: str | None,
+    engine_args: str,
+    tp: int | None,
+    replicas: int | None,
+    gpu_file: Path | None,
+    router: str,
+    calibration: Path | None,
+    vllm_version: str | None,
+) -> Deployment:
+    """SGLang or TensorRT-LLM on a catalogue GPU and model, --engine-args read with that engine's own parser;
+    --calibration and --vllm-version describe a vLLM server, so either is refused by name."""
+    from servelab.targets.engine_deployment import build_engine_deployment
+
+    if engine not in ENGINES:
+        raise PerfConfigError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    if vllm_version is not None:
+        raise PerfConfigError(f"--vllm-version describes a vLLM server, not --engine {engine}")
+    if calibration is not None or gpu is None or model is None:
+        raise PerfConfigError(f"--engine {engine} needs --gpu and --model (calibration profiles are vLLM's)")
+    return build_engine_deployment(
+        engine, gpu, model, engine_args, tensor_parallel_size=tp, replicas=replicas, gpu_file=gpu_file, router=router
+    )
+
+
+def _profile_deployment(
+    calibration: Path, model: str | None, engine_args: str, tp: int | None, replicas: int | None, router: str
+) -> Deployment:
+    """The calibrated server's deployment: --model puts another model on its hardware and host, --engine-args,
+    --tp and --replicas change its flags; the profile's warnings are kept."""
     from servelab.targets.profile import deployment_from_profile  # its HTTP client and fits: not for --help
     from servelab.perf.calibration import load_profile
     from servelab.perf.models import get_model
 
-    # --model beside a profile: another model on the calibrated hardware and host.
     deployment = deployment_from_profile(load_profile(calibration), engine_args, get_model(model) if model else None)
-    changes: dict[str, Any] = {
+    changes: dict[str, int] = {
         k: v for k, v in (("tensor_parallel_size", tp), ("data_parallel_size", replicas)) if v is not None
     }
     if changes:
-        rebuilt = deployment.rebuilt(**changes)
+        rebuilt = deployment.rebuilt(hardware=None, model=None, **changes)
         deployment = replace(rebuilt, warnings=deployment.warnings)
     return replace(deployment, router=router)
 

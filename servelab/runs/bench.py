@@ -34,7 +34,8 @@ def run(request: BenchRequest, *, say: Say = silent, observe: Observe = unobserv
     if server.ray_address is not None:
         from servelab.cluster.clients import RayClients
 
-        target = RayClients(server.ray_address, server.clients, server.target_options(text), load.make_plan)
+        options = dict(server.target_options(text))  # RayClients takes a plain dict
+        target = RayClients(server.ray_address, server.clients, options, load.make_plan)
     return run_load(target, load, first_plan, result_dir, run_info, observe)
 
 

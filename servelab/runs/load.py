@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
 
 from servelab.flags.options import LoadFlags
 from servelab.experiment.auto_sweep import AutoSweep, run_auto_sweep
@@ -20,7 +19,7 @@ from servelab.experiment.sweep import run_sweep
 from servelab.metrics.records import RecordSink
 from servelab.pool import TaskPool
 from servelab.runs.results import Results, SweepResults, load_results
-from servelab.schemas.results import SweepIndex
+from servelab.schemas.results import Json, SweepIndex
 from servelab.targets.base import Target
 from servelab.workload.spec import LoadPlan
 
@@ -43,7 +42,7 @@ def run_load(
     load: LoadFlags,
     first_plan: LoadPlan,
     result_dir: Path,
-    run_info: dict[str, Any],
+    run_info: Json,
     observe: Observe = unobserved,
     pool: TaskPool | None = None,
 ) -> Results | SweepResults:

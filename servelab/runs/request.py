@@ -8,7 +8,7 @@ before a server is touched or a plan drawn.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional, TypedDict
 
 import typer
 
@@ -47,6 +47,27 @@ RayAddressFlag = Annotated[
         rich_help_panel=_CLUSTER,
     ),
 ]
+
+
+class HttpOptions(TypedDict):
+    """HttpTarget's keyword arguments as bench's flags set them: typed, so mypy holds them to HttpTarget's own
+    signature (each client actor of `--clients N` builds its target from them)."""
+
+    base_url: list[str]
+    endpoint: str
+    model: str | None
+    api_key: str | None
+    ignore_eos: bool
+    request_timeout: float
+    scrape_interval: float
+    send_text: bool
+    workers: int
+    engine: str
+    abandon_after: float | None
+    abandon_share: float
+    route: Route
+    session_header: str | None
+    replica_metrics_urls: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -161,9 +182,9 @@ class ServerFlags:
     def urls(self) -> list[str]:
         return self.base_url or [DEFAULT_BASE_URL]
 
-    def target_options(self, send_text: bool) -> dict[str, Any]:
+    def target_options(self, send_text: bool) -> HttpOptions:
         """HttpTarget's keyword arguments (also what each client actor of `--clients N` builds its own from)."""
-        return dict(
+        return HttpOptions(
             base_url=self.urls,
             endpoint=self.endpoint,
             model=self.model,

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 from servelab.runs.request import BenchRequest, SimulateRequest
+from servelab.schemas.results import Json
 from servelab.schemas.vocabulary import Route
-
-Json = dict[str, Any]
 
 
 def flag_values(block: object, *, skip: tuple[str, ...] = ()) -> Json:

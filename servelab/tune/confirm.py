@@ -35,7 +35,7 @@ from servelab.atomic import write_text_atomic
 from servelab import SCHEMA_VERSION
 from servelab.metrics.records import disturbances
 from servelab.metrics.results import ResultWriter
-from servelab.schemas.results import Json
+from servelab.schemas.results import Json, Summary
 from servelab.metrics.summary import summarize
 from servelab.pool import TaskLost, TaskPool
 from servelab.renames import upgraded
@@ -193,7 +193,6 @@ def confirm(
     directory: Path,
     *,
     resume: bool = False,
-    http_options: Mapping[str, Any] | None = None,
     on_start: Callable[[Stage2Config], None] | None = None,
     on_result: Callable[[Stage2Row], None] | None = None,
     check_server: ServerCheck | None = None,
@@ -214,7 +213,7 @@ def confirm(
     root = directory / STAGE2_DIR
     root.mkdir(parents=True, exist_ok=True)
     if pool is not None:
-        job = _Stage2Job(command, workload, objective, dict(http_options or {}), check_server)
+        job = _Stage2Job(command, workload, objective, check_server)
         return confirm_on_pool(
             configs, job, root, pool, gpu_resource, resume=resume, on_start=on_start, on_result=on_result
         )
@@ -227,7 +226,7 @@ def confirm(
         else:
             if on_start:
                 on_start(config)
-            result = _timed(config, command, workload, objective, root / config.label, http_options or {}, check_server)
+            result = _timed(config, command, workload, objective, root / config.label, check_server)
             write_result(done, result)
         results.append(result)
         if on_result:
@@ -250,7 +249,6 @@ class _Stage2Job:
     command: ServerCommand
     workload: TuneWorkload
     objective: Objective
-    http_options: dict[str, Any]
     check_server: ServerCheck | None
 
     def __call__(self, config: Stage2Config) -> tuple[Stage2Row, dict[str, bytes], str]:
@@ -262,9 +260,7 @@ class _Stage2Job:
         """
         with tempfile.TemporaryDirectory(prefix="servelab-trial-") as scratch:
             out = Path(scratch) / config.label
-            result = _timed(
-                config, self.command, self.workload, self.objective, out, self.http_options, self.check_server
-            )
+            result = _timed(config, self.command, self.workload, self.objective, out, self.check_server)
             files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
         return result, files, str(out)
 
@@ -363,23 +359,14 @@ def _measure(
     workload: TuneWorkload,
     objective: Objective,
     out: Path,
-    http_options: Mapping[str, Any],
     check_server: ServerCheck | None,
 ) -> Stage2Row:
+    """One configuration on a real server: started, checked, sent the workload, stopped, scored. A server that will
+    not start is the row's error, not an exception; a marker names the live server so a killed study's is reaped."""
     out.mkdir(parents=True, exist_ok=True)
     predicted, predicted_score, predicted_violation = predict(config, workload, objective)
-    port = command.port or free_port(command.host)
-    argv = command.argv(config.engine_args, port)
     result = _row(config, command, predicted, predicted_score, predicted_violation, directory=str(out))
-    server = ServerProcess(
-        argv,
-        host=command.host,
-        port=port,
-        log_path=out / "server.log",
-        env={**os.environ, **command.env},
-        startup_timeout=command.startup_timeout,
-        stop_timeout=command.stop_timeout,
-    )
+    server, argv = _server_process(command, config.engine_args, out)
     marker = out.parent / LIVE_SERVER
     _write_json(marker, {"argv": argv})
     try:
@@ -392,30 +379,9 @@ def _measure(
         result.startup_s = server.startup_seconds
         if check_server is not None:
             result.warnings = check_server(server.base_url, config, out / "server-check")
-        writer = ResultWriter(
-            out,
-            {
-                "kind": "tune-stage2",
-                "source": "http",
-                "label": config.label,
-                "engine_args": config.engine_args,
-                "argv": argv,
-                "workload": workload.describe(),
-                "base_url": server.base_url,
-            },
-        )
         began = time.monotonic()
-        try:
-            target = HttpTarget(server.base_url, ignore_eos=True, **http_options)
-            run = target.run(workload.plan(), writer.records, writer.write_sample)
-            writer.update_run_info(
-                server_info=run.server_info, client_stats=run.client_stats, interrupted=run.interrupted
-            )
-        finally:
-            writer.close()
+        writer = _bench(server.base_url, config, argv, workload, out)
         result.bench_s = time.monotonic() - began
-        if run.interrupted:
-            raise KeyboardInterrupt
         exit_code = server.exit_code()  # before stop(), which would make any server exit
     finally:
         server.stop()
@@ -423,12 +389,56 @@ def _measure(
     summary = summarize(writer.records.records, slo=objective.slo, percentiles=objective.percentiles)
     writer.write_summary(summary)
     result.error = _disturbed(exit_code, disturbances(summary.errors_by_kind), server)
-    gpus = gpu_count(config.deployment)
+    _score_measured(result, summary, config, objective)
+    return result
+
+
+def _server_process(command: ServerCommand, engine_args: str, out: Path) -> tuple[ServerProcess, list[str]]:
+    """The configuration's server (not yet started) and its command line, its log in `out`."""
+    port = command.port or free_port(command.host)
+    argv = command.argv(engine_args, port)
+    server = ServerProcess(
+        argv,
+        host=command.host,
+        port=port,
+        log_path=out / "server.log",
+        env={**os.environ, **command.env},
+        startup_timeout=command.startup_timeout,
+        stop_timeout=command.stop_timeout,
+    )
+    return server, argv
+
+
+def _bench(base_url: str, config: Stage2Config, argv: list[str], workload: TuneWorkload, out: Path) -> ResultWriter:
+    """The workload sent to the server, its records and timeline written into `out` as bench writes them; a
+    Ctrl-C during it propagates once what was measured is on disk."""
+    run_info = {
+        "kind": "tune-stage2",
+        "source": "http",
+        "label": config.label,
+        "engine_args": config.engine_args,
+        "argv": argv,
+        "workload": workload.describe(),
+        "base_url": base_url,
+    }
+    writer = ResultWriter(out, run_info)
+    try:
+        run = HttpTarget(base_url, ignore_eos=True).run(workload.plan(), writer.records, writer.write_sample)
+        writer.update_run_info(server_info=run.server_info, client_stats=run.client_stats, interrupted=run.interrupted)
+    finally:
+        writer.close()
+    if run.interrupted:
+        raise KeyboardInterrupt
+    return writer
+
+
+def _score_measured(result: Stage2Row, summary: Summary, config: Stage2Config, objective: Objective) -> None:
+    """The measured run scored as stage 1 scored the prediction: its key metrics, score and SLO violation."""
     measured = summary.model_dump(exclude_unset=True)
     result.measured = key_metrics(measured)
+    gpus = gpu_count(config.deployment)
     result.measured_score = objective.score_point(measured, config.deployment.hardware.name, gpus)
     result.measured_violation = objective.violation(measured)
-    return result
 
 
 def _disturbed(exit_code: int | None, failures: Mapping[str, int], server: ServerProcess) -> str | None:

@@ -30,6 +30,7 @@ from servelab.perf.errors import PerfConfigError
 from servelab.perf.sglang_args import FLAGS as SGLANG_FLAGS
 from servelab.perf.trtllm_args import FLAGS as TRTLLM_FLAGS
 from servelab.perf.trtllm_args import YAML_KEY_OF
+from servelab.schemas.results import Json
 from servelab.sim.engines import SGLANG, TRTLLM
 from servelab.tune.errors import TuneError
 
@@ -100,7 +101,9 @@ def _with_options(
     return with_flag(tokens, table, OPTIONS_FLAG, str(path))
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(path: Path) -> Json:
+    """The user's --extra_llm_api_options YAML, a nested mapping of TensorRT-LLM's LLM API options, kept as read:
+    servelab edits a few keys and writes the rest back untouched."""
     try:
         tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
@@ -110,7 +113,7 @@ def _read(path: Path) -> dict[str, Any]:
     return tree
 
 
-def _set(tree: dict[str, Any], key: tuple[str, ...], value: object) -> None:
+def _set(tree: Json, key: tuple[str, ...], value: object) -> None:
     """Set (or, for None, remove) a nested key; a section emptied by a removal goes too."""
     *parents, leaf = key
     if value is None:

@@ -40,6 +40,13 @@ Summary = Json
 """A run's summary.json as summarize() returns it."""
 
 
+def kind_named(word: str) -> ObjectiveKind:
+    """--objective's word as its kind: a word the user typed is refused with the choices, not a ValueError."""
+    if word not in tuple(ObjectiveKind):
+        raise TuneError(f"unknown objective {word!r}; use one of {', '.join(ObjectiveKind)}")
+    return ObjectiveKind(word)
+
+
 @dataclass(frozen=True)
 class Objective:
     kind: ObjectiveKind
@@ -53,9 +60,7 @@ class Objective:
     """The goodput search stops when the bracket is this tight (relative)."""
 
     def __post_init__(self) -> None:
-        if self.kind not in tuple(ObjectiveKind):
-            raise TuneError(f"unknown objective {self.kind!r}; use one of {', '.join(ObjectiveKind)}")
-        object.__setattr__(self, "kind", ObjectiveKind(self.kind))
+        object.__setattr__(self, "kind", kind_named(self.kind))
         if not 0 < self.percentile < 100:
             raise TuneError(f"--slo-percentile must be in (0, 100), got {self.percentile}")
         if self.kind == ObjectiveKind.GOODPUT and self.slo is None:

@@ -361,7 +361,7 @@ def apply(base: Deployment, candidate: Mapping[str, Value], options_dir: Path | 
     where a TensorRT-LLM candidate's own options YAML goes, see engine_lines). Raises PerfConfigError when the
     result cannot run (does not fit, inconsistent limits).
     """
-    changes: dict[str, Any] = dict(candidate)
+    changes: dict[str, Value] = dict(candidate)
     gpu = changes.pop(GPU, None)
     router = changes.pop(ROUTER, None)
     hardware = get_gpu(str(gpu)) if gpu else None
@@ -369,7 +369,7 @@ def apply(base: Deployment, candidate: Mapping[str, Value], options_dir: Path | 
     if isinstance(base, EngineDeployment):
         built = base.relaunched(engine_line(base.engine, base.engine_flags, changes, options_dir), hardware)
     else:
-        built = base.rebuilt(hardware=hardware, **changes)
+        built = base.rebuilt(hardware=hardware, model=None, **changes)
     return replace(built, router=str(router)) if router is not None else built
 
 

@@ -9,9 +9,8 @@ whatever was learnt survives an interruption.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from servelab.pool import TaskPool
 from servelab.schemas.results import Json
@@ -64,7 +63,6 @@ class TuneRequest:
     resume: bool = False
     server: ServerCommand | None = None
     top_k: int = 3
-    http_options: dict[str, Any] = field(default_factory=dict)
     server_check: ServerCheck | None = None
     """Run on each stage-2 server before its measurement (the CLI re-times a calibration's reference step)."""
     pool: TaskPool | None = None
@@ -210,7 +208,6 @@ def _confirm(request: TuneRequest, study: _Study, progress: TuneProgress) -> Tun
         request.objective,
         request.output,
         resume=request.resume,
-        http_options=request.http_options,
         on_start=progress.on_server_start,
         on_result=on_result,
         check_server=request.server_check,
