@@ -86,12 +86,15 @@ def test_the_client_caveat_carries_the_delay_the_client_added_and_stays_silent_w
     run.run_info["client_stats"] = {
         "client_may_be_bottleneck": True,
         "reason": "it added ~12.0 ms",
-        "added_delay": {"mean_ms": 12.0, "p99_ms": 40.0},
+        "added_delay": {"mean_ms": 12.0, "median_ms": 10.0, "p99_ms": 40.0, "samples": 200},
     }
     dx = analyse(d, scenario, run, source="measured", with_recommendations=False)
     assert "estimated client-added delay 12.0 ms per timestamp" in dx.caveats[0].evidence[1]
     assert "% of it)" in dx.caveats[0].evidence[1]  # the size of the distortion, against the TTFT it inflates
-    run.run_info["client_stats"] = {"client_may_be_bottleneck": False, "added_delay": {"mean_ms": 0.2, "p99_ms": 0.9}}
+    run.run_info["client_stats"] = {
+        "client_may_be_bottleneck": False,
+        "added_delay": {"mean_ms": 0.2, "median_ms": 0.2, "p99_ms": 0.9, "samples": 200},
+    }
     dx = analyse(d, scenario, run, source="measured", with_recommendations=False)
     assert dx.caveats == []
 

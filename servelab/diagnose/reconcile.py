@@ -174,7 +174,8 @@ def solve(d: Deployment, knob: Knob, figure: Figure, target: float) -> tuple[flo
 
 def knobs(d: Deployment, s: Scenario, figure: Figure, saturation: float | None = None) -> list[Knob]:
     """What could be other than described, for this figure: the load, the answers, the prompts, the prefix cache.
-    An open loop's rate goes to 1.2x the `saturation` rate at most: above it the queue, not the rate, sets the figure."""
+    An open loop's rate goes to 1.2x the `saturation` rate at most: above it the queue, not the rate, sets the
+    figure."""
     t = Terms(d.engine)
     running = t.metrics(tl.RUNNING, tl.WAITING)
     out: list[Knob] = []
