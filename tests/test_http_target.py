@@ -226,7 +226,8 @@ class _StallingSink:
 
 def test_a_throttled_client_warns_with_the_delay_it_added(server, tmp_path):
     """Each record blocks the loop for 0.3 s while other streams' chunks arrive: their timestamps are late by up
-    to that much, far more than any material bar (10% of the inter-chunk gap), however slow the host makes the server."""
+    to that much, far more than any material bar (10% of the inter-chunk gap), however slow the host makes the
+    server."""
     from servelab.experiment.runner import run_point
 
     plan = LoadPlan(specs(16, max_tokens=8), max_concurrency=4)

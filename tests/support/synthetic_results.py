@@ -192,7 +192,8 @@ open parts (utilization, evidence) empty."""
 
 
 def toy_validation() -> dict:
-    """A `servelab validate` report as validate_on writes it (repeats trimmed), errors computed by validate's own code."""
+    """A `servelab validate` report as validate_on writes it (repeats trimmed), errors computed by validate's own
+    code."""
     from servelab.calibrate.calibrate import compare
     from servelab.calibrate.validate import BOUNDS_PCT, GOALS_PCT, median_abs_errors
     from servelab.schemas.validation import PointResult
