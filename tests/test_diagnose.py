@@ -10,6 +10,8 @@ from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.cli import app
 from servelab.diagnose import findings as fk
 from servelab.diagnose.analysis import analyse, diagnose_described, diagnose_run
+from servelab.diagnose.evidence import gather
+from servelab.errors import InputError
 from servelab.diagnose.scenario import simulate, synthetic
 from servelab.targets.profile import deployment_from_profile
 from servelab.metrics.records import RequestRecord
@@ -97,6 +99,19 @@ def test_the_client_caveat_carries_the_delay_the_client_added_and_stays_silent_w
     }
     dx = analyse(d, scenario, run, source="measured", with_recommendations=False)
     assert dx.caveats == []
+
+
+def test_a_results_part_servelab_cannot_read_is_one_error_naming_it_before_any_simulation():
+    d = build_deployment("a100-80gb", "qwen2.5-7b")
+    scenario = synthetic(100, 100, max_concurrency=4)
+    run = simulate(d, scenario)
+    run.run_info["client_stats"] = {"client_may_be_bottleneck": True, "added_delay": {"mean_ms": "a lot"}}
+    with pytest.raises(InputError, match=r"the client_stats of .* not one this servelab reads: \('added_delay'"):
+        gather(run)
+    run.run_info["client_stats"] = {}
+    run.run_info["server_info"] = {"replicas": [{"url": "http://a/metrics", "samples": "twenty", "failures": 0}]}
+    with pytest.raises(InputError, match=r"server_info.replicas in run.json of .*\('samples',\)"):
+        analyse(d, scenario, run, source="measured", with_recommendations=False)
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, overload, saturation_
 from servelab.diagnose.ceilings import compute_ceilings
 from servelab.diagnose.engine_choice import compare_on_engines
 from servelab.diagnose.engine_terms import Terms
-from servelab.diagnose.evidence import gather
+from servelab.diagnose.evidence import gather, typed_part
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.observations import check as check_observations, idle_decode_ms
 from servelab.diagnose.alternatives import price_alternatives
@@ -297,11 +297,12 @@ def analyse(
     observed = observed or Observed()
     tried = check_tried(deployment, observed.tried)  # a change servelab cannot build is an error before any simulation
     e = gather(run)
+    fleet = _fleet_findings(run, scenario, e)  # the run's files read whole before any simulation
     c = _ceilings(deployment, scenario, e, slo, slo_share)
     ctx = Context(
         e, c, utilization(e, deployment), deployment, slo, _attainment(run, slo), scenario.mean_shared, tried, region
     )
-    found, fleet = detect(ctx), _fleet_findings(run, scenario, e)
+    found = detect(ctx)
     priced = with_alternatives if with_alternatives is not None else (observed.latency or gpu_cost_per_hour is not None)
     described = source == DiagnosisSource.DESCRIBED
     baseline = (
@@ -381,7 +382,7 @@ def _fleet_findings(run: RunResult, scenario: Scenario, e: Evidence) -> list[Fin
     replicas = (run.run_info.get("server_info") or {}).get("replicas") or []
     repeated = scenario.mean_shared / scenario.mean_input if scenario.mean_input else None
     behind_router = bool((run.run_info.get("flags") or {}).get("replica_metrics_urls"))
-    loads = [ReplicaLoad.model_validate(r) for r in replicas]
+    loads = [typed_part(ReplicaLoad, r, run, "server_info.replicas in run.json") for r in replicas]
     return fleet_findings(loads, repeated, e.mean_ttft_ms if behind_router else None)
 
 

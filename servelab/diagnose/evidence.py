@@ -9,9 +9,10 @@ server without /metrics).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import TypedDict, TypeVar
 
 import numpy as np
+from pydantic import BaseModel, ValidationError
 
 from servelab.diagnose.outside_engine import outside_engine
 from servelab.errors import InputError
@@ -23,6 +24,8 @@ from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample, counter_delta
 from servelab.schemas.diagnosis import Evidence
 from servelab.schemas.results import ArrivalInfo, ClientStats
+
+Part = TypeVar("Part", bound=BaseModel)
 
 
 def _gauge(samples: list[TimelineSample], name: str) -> np.ndarray:
@@ -56,11 +59,23 @@ def _loaded_window(samples: list[TimelineSample]) -> list[TimelineSample]:
     return samples[busy[0] : busy[-1] + 1] if busy else samples
 
 
+def typed_part(model: type[Part], data: object, run: RunResult, where: str) -> Part:
+    """A part of a results directory's files read as its model; InputError naming the directory, the part and the
+    first field the model refuses (a hand-edited or foreign file), before any simulation."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InputError(
+            f"{where} of {run.directory} is not one this servelab reads: {first['loc']}: {first['msg']}"
+        ) from exc
+
+
 def arrival_of(run: RunResult) -> ArrivalInfo:
     """The arrival process of a run: bench/simulate nest it under run.json's workload description, a what-if
     simulation keeps it at the top."""
     described = (run.run_info.get("workload") or {}).get("arrival")
-    return ArrivalInfo.model_validate(described or run.run_info.get("arrival") or {})
+    return typed_part(ArrivalInfo, described or run.run_info.get("arrival") or {}, run, "the arrival in run.json")
 
 
 @dataclass(frozen=True)
@@ -91,7 +106,7 @@ def workload_of(run: RunResult) -> WorkloadWords:
 def client_stats_of(run: RunResult) -> ClientStats:
     """The load generator's self-measurement: in summary.json for bench runs, in run.json for others."""
     given = (run.summary or {}).get("client_stats") or run.run_info.get("client_stats") or {}
-    return ClientStats.model_validate(given)
+    return typed_part(ClientStats, given, run, "the client_stats")
 
 
 def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
