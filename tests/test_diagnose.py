@@ -145,6 +145,7 @@ def test_launch_bound_fix_is_cuda_graphs_and_its_launch_line_drops_the_flag():
     assert rec.after > 1.3 * rec.before  # the launches were most of each step
 
 
+@pytest.mark.slow
 def test_kv_finding_cites_preemptions():
     dx = _diagnose(*PLANTED[fk.KV_CAPACITY_BOUND], with_recommendations=False)
     assert dx.evidence.preemptions > 0

@@ -182,7 +182,14 @@ def _documents(root: Path) -> dict[str, Path]:
     }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+SLOW_CASES = {"diagnose-described"}
+"""Cases of 10 s on 2 cores (the described diagnosis reconciles the reported figures and prices the tried change):
+in the full suite only, as the `slow` marker says."""
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=[pytest.mark.slow] if case in SLOW_CASES else []) for case in sorted(CASES)]
+)
 def test_a_verb_writes_the_stored_documents(case: str, tmp_path: Path):
     out = tmp_path / case
     argv = [arg.replace("{out}", str(out)).replace("{fixtures}", str(FIXTURES)) for arg in CASES[case]]
