@@ -35,7 +35,8 @@ of requests running and waiting:
 Every server or engine run holds `flock /tmp/servelab-heavy.lock`; every load
 is bounded in count and time.
 
-    .venv/bin/python benchmarks/burst_costs.py --raw burst.json      # measure (~7 min), fit, write `bursts`, print the table
+    # measure (~7 min), fit, write `bursts`, print the table:
+    .venv/bin/python benchmarks/burst_costs.py --raw burst.json
     .venv/bin/python benchmarks/burst_costs.py --from-raw burst.json # refit and replay only
     .venv/bin/python benchmarks/burst_costs.py --from-raw benchmarks/measured/burst_costs-cpu-2026-12-05.json.gz
 """
@@ -377,8 +378,8 @@ class BuildStep:
 def fit_api(raw: dict, with_client: bool = False):
     """The API server's core over every served load: per request + per SSE chunk + per engine step + per output token.
 
-    Fitted to the event loop's CPU (non-negative least squares); with `with_client`, to the loop's plus the load generator's,
-    which shares that core here (pinned beside the API server), so the replay charges both to the one core.
+    Fitted to the event loop's CPU (non-negative least squares); with `with_client`, to the loop's plus the load
+    generator's, which shares that core here (pinned beside the API server), so the replay charges both to the one core.
     The latency on no core (thread hand-offs, ZMQ hops) is the data file's, scaled by the reference loops' ratio
     (a burst's TTFT is seconds, this is milliseconds). Returns (ApiServerCosts, the fit as a dict).
     """

@@ -1,4 +1,5 @@
-"""How well a calibration predicts held-out runs on the real vLLM CPU server: the accuracy benchmark behind docs/validation.md.
+"""How well a calibration predicts held-out runs on the real vLLM CPU server: the accuracy benchmark behind
+docs/validation.md.
 
 This is a benchmark, not a test: its figures depend on what else the host
 runs, so they are taken under `flock /tmp/servelab-heavy.lock` (no other

@@ -786,9 +786,9 @@ def main() -> None:
         for phase in ("capacity", "accuracy"):
             s, o = by.get((phase, "servelab-cli")), by.get((phase, peer))
             if s and o:
+                cpu_ratio = o["process_cpu_us_per_chunk"] / s["process_cpu_us_per_chunk"]
                 print(
-                    f"{phase}: {peer} / servelab-cli CPU per chunk: {o['process_cpu_us_per_chunk'] / s['process_cpu_us_per_chunk']:.2f}x "
-                    f""
+                    f"{phase}: {peer} / servelab-cli CPU per chunk: {cpu_ratio:.2f}x "
                     f"(whole processes, start-up included); chunks/s {s['chunks_per_s'] / o['chunks_per_s']:.2f}x"
                 )
     ours = by.get(("capacity", "servelab-cli"))

@@ -655,8 +655,9 @@ def measure_api(vllm_python: Path, model_dir: Path, deadline_s: float, quick: bo
             m0 = probe.metrics()
             res = probe.load(words, out, True, LATENCY_REQUESTS // (3 if quick else 1), 1, deadline_s)
             latency.append(latency_row(words, out, res, m0, probe.metrics()))
+            rounded = {k: round(v, 3) if isinstance(v, float) else v for k, v in latency[-1].items()}
             print(
-                f"  c=1 latency: {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in latency[-1].items()})}",
+                f"  c=1 latency: {json.dumps(rounded)}",
                 file=sys.stderr,
                 flush=True,
             )

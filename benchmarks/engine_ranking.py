@@ -161,10 +161,11 @@ def main() -> None:
             ranked_p = sorted(predicted, key=lambda e: -predicted[e])
             ok = ranked_m == ranked_p
             matches += ok
+            measured_order = " > ".join(LABELS[e] for e in ranked_m)
+            predicted_order = " > ".join(LABELS[e] for e in ranked_p)
             print(
-                f"| {run['id']} | ranking | {' > '.join(LABELS[e] for e in ranked_m)} | {' > '.join(LABELS[e] for e in ranked_p)} "
-                f"| "
-                f"{'matches' if ok else 'differs'} | | |"
+                f"| {run['id']} | ranking | {measured_order} | {predicted_order} "
+                f"| {'matches' if ok else 'differs'} | | |"
             )
     print()
     for run in entries:

@@ -577,13 +577,15 @@ def floors(rows: list[Replay], floors_: dict[str, float], label: str) -> str:
         parts.append(
             f"{SHORT[m]}: no run gives it"
             if med is None
-            else f"{SHORT[m]} {100 * med:.1f}% over {len(errs)} (floor {100 * floor:.0f}%: {'met' if med <= floor else 'missed'})"
+            else f"{SHORT[m]} {100 * med:.1f}% over {len(errs)} "
+            f"(floor {100 * floor:.0f}%: {'met' if med <= floor else 'missed'})"
         )
     return f"{label}: " + "; ".join(parts)
 
 
 def _commit() -> str:
-    """The commit the simulator ran at, and whether servelab/ had uncommitted changes (then the table is not that commit's)."""
+    """The commit the simulator ran at, and whether servelab/ had uncommitted changes (then the table is not that
+    commit's)."""
 
     def git(*args: str) -> str:
         return subprocess.run(
@@ -649,7 +651,8 @@ def tier_table(by_tier: dict[Tier, list[Replay]]) -> str:
 
 
 def apart_tables(rows: list[Replay]) -> list[str]:
-    """What is left out of the headline, and why: throughput served at the offered rate, runs matching by construction."""
+    """What is left out of the headline, and why: throughput served at the offered rate, runs matching by
+    construction."""
     parts = []
     offered = [r for r in rows if r.scored and r.served_at_offered_rate]
     if offered:

@@ -43,7 +43,7 @@ from servelab.perf.engine_args import resolve
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware, get_gpu
-from servelab.perf.models import get_model
+from servelab.perf.models import ModelSpec, get_model
 
 MEASURED = tuple(
     Path(__file__).parent / "measured" / f"gpu_step_probe-h200-2026-12-04{run}.json" for run in ("", "-b", "-c")
@@ -240,6 +240,23 @@ def step_runs(probe: dict[str, Any]) -> list[StepRun]:
     return sorted(runs, key=lambda run: (run.model, run.impl, run.round or 0))
 
 
+DECODE_COLUMNS = [
+    "model",
+    "round",
+    "batch",
+    "lean graph",
+    "fit",
+    "err",
+    "datasheet",
+    "err",
+    "tables",
+    "err",
+    "tables: GEMM / attention / elementwise / LM head",
+    "hf kernels",
+    "err",
+]
+
+
 def print_decode(runs: list[StepRun], hw: Hardware, fit: kf.GpuKernelFit, lookup: kf.TableLookup | None) -> None:
     print("\n### Decode step GPU time, context 512 (ms; error vs the lean decoder's graph replay)\n")
     hf = {
@@ -258,60 +275,53 @@ def print_decode(runs: list[StepRun], hw: Hardware, fit: kf.GpuKernelFit, lookup
         assert fitted.cost_source == f"kernel-fit:{GPU}", fitted.cost_source_note
         for run in lean:
             for r in run.rows:
-                graph_s, batch = r["graph_ms"] * 1e-3, r["batch"]
-                step = StepBatch(decode_contexts=[r["context"]] * batch)
-                fit_s, sheet_s = fitted.step_time(step), datasheet.step_time(step)
-                hf_s = hf.get((model_name, batch))
-                parts = (
-                    kf.forward_pass(lookup, fit.elementwise, hw, spec, 1, tokens=batch, decode_context=r["context"])
-                    if lookup
-                    else None
-                )
-                out.append(
-                    [
-                        model_name,
-                        run.round_label,
-                        batch,
-                        _ms(graph_s),
-                        _ms(fit_s),
-                        _pct(fit_s / graph_s - 1),
-                        _ms(sheet_s),
-                        _pct(sheet_s / graph_s - 1),
-                        *(
-                            (
-                                _ms(parts.total),
-                                _pct(parts.total / graph_s - 1),
-                                " / ".join(
-                                    _ms(x) for x in (parts.gemm, parts.attention, parts.elementwise, parts.lm_head)
-                                ),
-                            )
-                            if parts
-                            else ("-", "-", "-")
-                        ),
-                        _ms(hf_s),
-                        _pct(None if hf_s is None else hf_s / graph_s - 1),
-                    ]
-                )
-    print(
-        markdown(
-            [
-                "model",
-                "round",
-                "batch",
-                "lean graph",
-                "fit",
-                "err",
-                "datasheet",
-                "err",
-                "tables",
-                "err",
-                "tables: GEMM / attention / elementwise / LM head",
-                "hf kernels",
-                "err",
-            ],
-            out,
-        )
+                hf_s = hf.get((model_name, r["batch"]))
+                out.append(_decode_row(run, r, (fitted, datasheet), hf_s, lookup, fit, hw, spec))
+    print(markdown(DECODE_COLUMNS, out))
+
+
+def _decode_row(
+    run: StepRun,
+    r: dict[str, Any],
+    models: tuple[RooflineCostModel, RooflineCostModel],
+    hf_s: float | None,
+    lookup: kf.TableLookup | None,
+    fit: kf.GpuKernelFit,
+    hw: Hardware,
+    spec: ModelSpec,
+) -> list[Any]:
+    """One measured decode step beside the kernel fit, the datasheet, the kernel tables and HF's own kernels."""
+    fitted, datasheet = models
+    graph_s, batch = r["graph_ms"] * 1e-3, r["batch"]
+    step = StepBatch(decode_contexts=[r["context"]] * batch)
+    fit_s, sheet_s = fitted.step_time(step), datasheet.step_time(step)
+    parts = (
+        kf.forward_pass(lookup, fit.elementwise, hw, spec, 1, tokens=batch, decode_context=r["context"])
+        if lookup
+        else None
     )
+    tables = (
+        (
+            _ms(parts.total),
+            _pct(parts.total / graph_s - 1),
+            " / ".join(_ms(x) for x in (parts.gemm, parts.attention, parts.elementwise, parts.lm_head)),
+        )
+        if parts
+        else ("-", "-", "-")
+    )
+    return [
+        run.model,
+        run.round_label,
+        batch,
+        _ms(graph_s),
+        _ms(fit_s),
+        _pct(fit_s / graph_s - 1),
+        _ms(sheet_s),
+        _pct(sheet_s / graph_s - 1),
+        *tables,
+        _ms(hf_s),
+        _pct(None if hf_s is None else hf_s / graph_s - 1),
+    ]
 
 
 # ---------------------------------------------------------------- 3. eager launch cost

@@ -2,8 +2,8 @@
 
 Runs where only PyTorch, transformers and PyYAML are installed (a GPU machine lent for a short check, with
 no package index): it imports nothing of servelab and reads the models' shapes from
-servelab/perf/data/models.yaml. `benchmarks/gpu_step_compare.py` then sets the numbers beside the model; the two H200 runs of 2026-12-04 are kept
-in benchmarks/measured/.
+servelab/perf/data/models.yaml. `benchmarks/gpu_step_compare.py` then sets the numbers beside the model; the two
+H200 runs of 2026-12-04 are kept in benchmarks/measured/.
 
 Three measurements, each written to the JSON as soon as it is done (a later failure loses nothing):
 

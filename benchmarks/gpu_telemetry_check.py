@@ -203,9 +203,8 @@ def main() -> int:
         )
         return 2
     load = matmul_load()
-    print(
-        f"{n} GPU(s); load: {load[0] + ' fp16 8192^2 matmuls on GPU 0' if load else 'none (neither torch with CUDA nor cupy is installed: sampling only)'}"
-    )
+    no_load = "none (neither torch with CUDA nor cupy is installed: sampling only)"
+    print(f"{n} GPU(s); load: {load[0] + ' fp16 8192^2 matmuls on GPU 0' if load else no_load}")
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu-telemetry-"))
     writer = ResultWriter(out, {"verb": "gpu_telemetry_check"})
     with metrics_server() as url:

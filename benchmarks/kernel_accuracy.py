@@ -135,9 +135,8 @@ def print_forward(rows: list[Row]) -> None:
         held = [r for r in group if r.held_out]
         print(
             f"{key[0]:14s} {key[1]:18s} {key[2]:8s} {len(held):3d} | {_stats([r.before_err for r in held]):>15s} "
-            f"{_stats([r.after_err for r in held]):>15s} | {len(group):3d} {_stats([r.before_err for r in group]):>15s} "
-            f""
-            f"{_stats([r.after_err for r in group]):>15s}"
+            f"{_stats([r.after_err for r in held]):>15s} | "
+            f"{len(group):3d} {_stats([r.before_err for r in group]):>15s} {_stats([r.after_err for r in group]):>15s}"
         )
     for gpu in sorted({r.gpu for r in rows}):
         held = [r for r in rows if r.gpu == gpu and r.held_out]

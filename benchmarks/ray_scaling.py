@@ -117,9 +117,8 @@ def main() -> None:
     print(
         f"| configurations | one process | Ray ({cpus} CPUs) | speed-up | bound | load avg |\n"
         f"|---:|---:|---:|---:|---:|---:|\n"
-        f"| {grid.size:,} | {one_wall:.1f} s | {ray_wall:.1f} s | {one_wall / ray_wall:.2f}x | {min(cpus, os.cpu_count() or 1)}x "
-        f""
-        f"| {result['load_average_1m']} |"
+        f"| {grid.size:,} | {one_wall:.1f} s | {ray_wall:.1f} s | {one_wall / ray_wall:.2f}x "
+        f"| {min(cpus, os.cpu_count() or 1)}x | {result['load_average_1m']} |"
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -53,18 +53,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
-    workload = TuneWorkload(
-        WorkloadConfig(dataset_name="prefix", input_len=1024, output_len=128, prefix_len=512, num_prefixes=8),
-        ArrivalConfig(),
-        Amount(num_prompts=args.sim_prompts),
-    )
-    deployment = build_deployment("H100-SXM", "Llama-3.1-8B", "")
-    judge = SimJudge(deployment, deployment, workload, Objective("goodput", SLO.parse("ttft:500 tpot:50")))
-
+    judge = sim_judge(args.sim_prompts)
     t0 = time.perf_counter()
-    grid: dict[str, Trial] = {}
-    for candidate in SPACE.grid():
-        grid[candidate_key(candidate)] = judge.judge(candidate)
+    grid = {candidate_key(candidate): judge.judge(candidate) for candidate in SPACE.grid()}  # the ground truth
     grid_wall = time.perf_counter() - t0
     best_key = max(grid, key=lambda k: grid[k].score or 0.0)
     best = grid[best_key].score or 0.0
@@ -73,49 +64,11 @@ def main() -> None:
         f"grid: {len(grid)} configurations simulated in {grid_wall:.0f} s; best goodput {best:.3f} req/s at {best_key}"
     )
     budget = int(SPACE.size * args.budget)
-    # What blind luck would do with the same budget: the chance that no draw (without replacement) lands within 3%.
-    miss = 1.0
-    for i in range(budget):
-        miss *= max(0.0, (SPACE.size - near - i) / (SPACE.size - i))
     print(
         f"{near} of {SPACE.size} configurations are within 3% of the best; "
-        f"random search with {budget} draws would reach it with probability {1 - miss:.1%}"
+        f"random search with {budget} draws would reach it with probability {random_reach(near, budget):.1%}"
     )
-
-    runs = []
-    for seed in range(args.seeds):
-        asked: list[float] = []
-
-        def lookup(candidate: dict) -> Trial:
-            outcome = grid[candidate_key(candidate)]
-            asked.append(outcome.score or 0.0)
-            return outcome
-
-        with tempfile.TemporaryDirectory() as tmp:
-            run_search(
-                SPACE,
-                lookup,
-                Path(tmp),
-                direction="maximize",
-                settings=SearchSettings(n_trials=budget, sampler="tpe", seed=seed),
-            )
-        running = [max(asked[: i + 1]) for i in range(len(asked))]
-        reached = next((i + 1 for i, v in enumerate(running) if v >= best * (1 - TOLERANCE)), None)
-        runs.append(
-            {
-                "seed": seed,
-                "evaluations": len(asked),
-                "best": running[-1],
-                "ratio": running[-1] / best,
-                "evaluations_to_within_3pct": reached,
-            }
-        )
-        print(
-            f"seed {seed}: TPE best {running[-1]:.3f} req/s = {running[-1] / best:.1%} of the grid's best "
-            f"after {len(asked)} evaluations ({len(asked) / SPACE.size:.0%} of the grid); "
-            f"within 3% after {reached if reached else 'never'}"
-        )
-
+    runs = [tpe_run(grid, seed, budget, best) for seed in range(args.seeds)]
     worst = min(r["ratio"] for r in runs)
     used = max(r["evaluations"] for r in runs)
     ok = worst >= 1 - TOLERANCE and used <= SPACE.size * args.budget
@@ -125,21 +78,64 @@ def main() -> None:
         f"{args.budget:.0%})"
     )
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "grid_size": SPACE.size,
-                    "grid_best": best,
-                    "grid_within_3pct": near,
-                    "grid_best_config": json.loads(best_key),
-                    "grid_wall_s": grid_wall,
-                    "budget": budget,
-                    "runs": runs,
-                    "pass": ok,
-                },
-                indent=2,
-            )
-        )
+        result = {
+            "grid_size": SPACE.size,
+            "grid_best": best,
+            "grid_within_3pct": near,
+            "grid_best_config": json.loads(best_key),
+            "grid_wall_s": grid_wall,
+            "budget": budget,
+            "runs": runs,
+            "pass": ok,
+        }
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+def sim_judge(sim_prompts: int) -> SimJudge:
+    """The simulator judging a configuration as `tune` does: goodput under the SLO on the benchmark's workload."""
+    workload = TuneWorkload(
+        WorkloadConfig(dataset_name="prefix", input_len=1024, output_len=128, prefix_len=512, num_prefixes=8),
+        ArrivalConfig(),
+        Amount(num_prompts=sim_prompts),
+    )
+    deployment = build_deployment("H100-SXM", "Llama-3.1-8B", "")
+    return SimJudge(deployment, deployment, workload, Objective("goodput", SLO.parse("ttft:500 tpot:50")))
+
+
+def random_reach(near: int, budget: int) -> float:
+    """What blind luck would do with the same budget: the chance that a draw (without replacement) lands within 3%."""
+    miss = 1.0
+    for i in range(budget):
+        miss *= max(0.0, (SPACE.size - near - i) / (SPACE.size - i))
+    return 1 - miss
+
+
+def tpe_run(grid: dict[str, Trial], seed: int, budget: int, best: float) -> dict[str, float | int | None]:
+    """One TPE search of `budget` evaluations, each read off the grid (the simulator is deterministic)."""
+    asked: list[float] = []
+
+    def lookup(candidate: dict) -> Trial:
+        outcome = grid[candidate_key(candidate)]
+        asked.append(outcome.score or 0.0)
+        return outcome
+
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = SearchSettings(n_trials=budget, sampler="tpe", seed=seed)
+        run_search(SPACE, lookup, Path(tmp), direction="maximize", settings=settings)
+    running = [max(asked[: i + 1]) for i in range(len(asked))]
+    reached = next((i + 1 for i, v in enumerate(running) if v >= best * (1 - TOLERANCE)), None)
+    print(
+        f"seed {seed}: TPE best {running[-1]:.3f} req/s = {running[-1] / best:.1%} of the grid's best "
+        f"after {len(asked)} evaluations ({len(asked) / SPACE.size:.0%} of the grid); "
+        f"within 3% after {reached if reached else 'never'}"
+    )
+    return {
+        "seed": seed,
+        "evaluations": len(asked),
+        "best": running[-1],
+        "ratio": running[-1] / best,
+        "evaluations_to_within_3pct": reached,
+    }
 
 
 if __name__ == "__main__":

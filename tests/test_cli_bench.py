@@ -174,7 +174,7 @@ def test_ctrl_c_keeps_records_writes_a_summary_and_exits_130(tmp_path):
                 "--random-input-len",
                 "8",
                 "--random-output-len",
-                "20",
+                "10",  # half-second streams: the fourth record lands ~1 s in, long before the 200th
                 "--num-prompts",
                 "200",
                 "--max-concurrency",

@@ -143,8 +143,18 @@ def test_version_prints_the_package_version():
 
 
 def test_shell_completion_completes_verbs_and_their_flags(tmp_path: Path):
-    script = servelab_piped("--show-completion", "bash", cwd=tmp_path)
-    assert script.returncode == 0 and "_SERVELAB_COMPLETE=complete_bash" in script.stdout
+    # `--show-completion` prints the script for the shell it runs in, found among its parent processes: run from a
+    # bash that stays its parent (a second command keeps bash from exec'ing it), as a user's would, so the test does
+    # not depend on what started pytest (under `flock`/`timeout` in the background no shell is among its parents).
+    script = subprocess.run(
+        ["bash", "-c", '"$@"; exit $?', "bash", sys.executable, "-c", ENTRY, "--show-completion"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert script.returncode == 0, script.stderr
+    assert "_SERVELAB_COMPLETE=complete_bash" in script.stdout
     verbs = servelab_piped(
         cwd=tmp_path, env={"_SERVELAB_COMPLETE": "complete_bash", "COMP_WORDS": "servelab si", "COMP_CWORD": "1"}
     )

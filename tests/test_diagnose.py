@@ -10,6 +10,8 @@ from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.cli import app
 from servelab.diagnose import findings as fk
 from servelab.diagnose.analysis import analyse, diagnose_described, diagnose_run
+from servelab.diagnose.evidence import gather
+from servelab.errors import InputError
 from servelab.diagnose.scenario import simulate, synthetic
 from servelab.targets.profile import deployment_from_profile
 from servelab.metrics.records import RequestRecord
@@ -86,14 +88,30 @@ def test_the_client_caveat_carries_the_delay_the_client_added_and_stays_silent_w
     run.run_info["client_stats"] = {
         "client_may_be_bottleneck": True,
         "reason": "it added ~12.0 ms",
-        "added_delay": {"mean_ms": 12.0, "p99_ms": 40.0},
+        "added_delay": {"mean_ms": 12.0, "median_ms": 10.0, "p99_ms": 40.0, "samples": 200},
     }
     dx = analyse(d, scenario, run, source="measured", with_recommendations=False)
     assert "estimated client-added delay 12.0 ms per timestamp" in dx.caveats[0].evidence[1]
     assert "% of it)" in dx.caveats[0].evidence[1]  # the size of the distortion, against the TTFT it inflates
-    run.run_info["client_stats"] = {"client_may_be_bottleneck": False, "added_delay": {"mean_ms": 0.2, "p99_ms": 0.9}}
+    run.run_info["client_stats"] = {
+        "client_may_be_bottleneck": False,
+        "added_delay": {"mean_ms": 0.2, "median_ms": 0.2, "p99_ms": 0.9, "samples": 200},
+    }
     dx = analyse(d, scenario, run, source="measured", with_recommendations=False)
     assert dx.caveats == []
+
+
+def test_a_results_part_servelab_cannot_read_is_one_error_naming_it_before_any_simulation():
+    d = build_deployment("a100-80gb", "qwen2.5-7b")
+    scenario = synthetic(100, 100, max_concurrency=4)
+    run = simulate(d, scenario)
+    run.run_info["client_stats"] = {"client_may_be_bottleneck": True, "added_delay": {"mean_ms": "a lot"}}
+    with pytest.raises(InputError, match=r"the client_stats of .* not one this servelab reads: \('added_delay'"):
+        gather(run)
+    run.run_info["client_stats"] = {}
+    run.run_info["server_info"] = {"replicas": [{"url": "http://a/metrics", "samples": "twenty", "failures": 0}]}
+    with pytest.raises(InputError, match=r"server_info.replicas in run.json of .*\('samples',\)"):
+        analyse(d, scenario, run, source="measured", with_recommendations=False)
 
 
 @pytest.mark.slow
@@ -127,6 +145,7 @@ def test_launch_bound_fix_is_cuda_graphs_and_its_launch_line_drops_the_flag():
     assert rec.after > 1.3 * rec.before  # the launches were most of each step
 
 
+@pytest.mark.slow
 def test_kv_finding_cites_preemptions():
     dx = _diagnose(*PLANTED[fk.KV_CAPACITY_BOUND], with_recommendations=False)
     assert dx.evidence.preemptions > 0

@@ -4,8 +4,8 @@ The stored files were written by the code before the result types moved into ser
 document is built must leave the file itself alone. Each case runs a verb through the real command line on the
 simulator (deterministic: seeded workloads, no clock in the model) and compares every file it writes with the stored
 one after blanking what differs between two runs of the same code: wall-clock stamps, how long the host took, and the
-temporary directory's path. report.html is left out (plotly's element ids and its bundled library change per run), and so
-is tune's optuna database (sqlite, optuna's own format).
+temporary directory's path. report.html is left out (plotly's element ids and its bundled library change per run),
+and so is tune's optuna database (sqlite, optuna's own format).
 
 The stored files were written again once, when expert parallelism added its knobs (vLLM's enable_expert_parallel,
 SGLang's ep_size and enable_dp_attention) to the engine configuration every document records: those keys are the
@@ -49,8 +49,8 @@ VOLATILE_KEYS = {
     "ended_at",
     "host",
 }
-"""Keys whose values are the host's clock, speed, load or name, the installed versions, or the test runner's own argv (run.json
-records sys.argv, which under CliRunner is pytest's): blanked before comparing."""
+"""Keys whose values are the host's clock, speed, load or name, the installed versions, or the test runner's own argv
+(run.json records sys.argv, which under CliRunner is pytest's): blanked before comparing."""
 
 SIM = ["--gpu", "a100-80gb", "--model", "qwen2.5-7b"]
 LOAD = [
@@ -182,7 +182,14 @@ def _documents(root: Path) -> dict[str, Path]:
     }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+SLOW_CASES = {"diagnose-described"}
+"""Cases of 10 s on 2 cores (the described diagnosis reconciles the reported figures and prices the tried change):
+in the full suite only, as the `slow` marker says."""
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=[pytest.mark.slow] if case in SLOW_CASES else []) for case in sorted(CASES)]
+)
 def test_a_verb_writes_the_stored_documents(case: str, tmp_path: Path):
     out = tmp_path / case
     argv = [arg.replace("{out}", str(out)).replace("{fixtures}", str(FIXTURES)) for arg in CASES[case]]

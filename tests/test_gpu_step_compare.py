@@ -1,4 +1,5 @@
-"""benchmarks/gpu_step_compare.py reads the H200 probe runs (its accuracy is reported in docs/kernels.md, not tested)."""
+"""benchmarks/gpu_step_compare.py reads the H200 probe runs (its accuracy is reported in docs/kernels.md, not
+tested)."""
 
 from __future__ import annotations
 

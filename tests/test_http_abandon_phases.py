@@ -29,9 +29,9 @@ def _run(target: HttpTarget, n: int, tokens: int, cap: int = 4):
 
 
 def test_a_share_of_requests_abandons_mid_stream_and_is_counted_apart_from_errors():
-    with FaultServer(delay=0.05) as srv:  # 40 chunks: a 2 s stream
+    with FaultServer(delay=0.05) as srv:  # 20 chunks: a 1 s stream, abandoned at 0.3 s
         target = HttpTarget(srv.base_url, abandon_after=0.3, abandon_share=0.5, request_timeout=60)
-        records = _run(target, 8, 40)
+        records = _run(target, 8, 20)
         # The server notices a closed stream at its next write (<= 50 ms later, longer on a loaded host), so the
         # last abandoned streams may still count as active when the run ends: wait for them, bounded.
         deadline = time.monotonic() + 10
@@ -43,9 +43,9 @@ def test_a_share_of_requests_abandons_mid_stream_and_is_counted_apart_from_error
     for rec in records:
         if rec.index in chosen:
             assert rec.status == ABANDONED and rec.abandoned and rec.error_kind is None
-            assert rec.e2el > 0.29 and 0 < len(rec.chunk_times) < 40  # gave up mid-stream (timers: ms granularity)
+            assert rec.e2el > 0.29 and 0 < len(rec.chunk_times) < 20  # gave up mid-stream (timers: ms granularity)
         else:
-            assert rec.ok and not rec.abandoned and len(rec.chunk_times) == 40
+            assert rec.ok and not rec.abandoned and len(rec.chunk_times) == 20
     assert peak_after == 0  # the server saw every abandoned stream's connection close
     summary = summarize(records)
     assert summary.abandoned == len(chosen) and summary.failed == 0

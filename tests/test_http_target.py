@@ -226,10 +226,11 @@ class _StallingSink:
 
 def test_a_throttled_client_warns_with_the_delay_it_added(server, tmp_path):
     """Each record blocks the loop for 0.3 s while other streams' chunks arrive: their timestamps are late by up
-    to that much, far more than any material bar (10% of the inter-chunk gap), however slow the host makes the server."""
+    to that much, far more than any material bar (10% of the inter-chunk gap), however slow the host makes the
+    server."""
     from servelab.experiment.runner import run_point
 
-    plan = LoadPlan(specs(16, max_tokens=8), max_concurrency=4)
+    plan = LoadPlan(specs(8, max_tokens=8), max_concurrency=4)  # two waves: every stall lands among live streams
     target = HttpTarget(server.base_url, extra_body={"delay": 0.01})
     summary = run_point(target, plan, tmp_path, {}, observers=[_StallingSink(0.3)]).model_dump(exclude_unset=True)
     stats = summary["client_stats"]

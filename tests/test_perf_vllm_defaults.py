@@ -136,7 +136,8 @@ def _burst(n: int, prompt: int, out: int) -> list[RequestSpec]:
 
 
 def _burst_facts(d: Deployment) -> tuple[float, float, float, str | None]:
-    """(API-server work of the burst, the engine's own time for it, the API core's busy share, diagnose's bottleneck)."""
+    """(API-server work of the burst, the engine's own time for it, the API core's busy share, diagnose's
+    bottleneck)."""
     a = d.api
     work = a.per_request_s + 128 * a.per_prompt_token_s + 4 * a.per_streamed_token_s
     gpu_only = replace(d, api=ApiServerCosts())

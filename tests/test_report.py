@@ -587,7 +587,8 @@ COMPARE_ARGS = (
 
 @pytest.fixture(scope="module")
 def compare_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real comparison of the three engines on the simulator (seconds), written by `servelab compare --out --report`."""
+    """A real comparison of the three engines on the simulator (seconds), written by `servelab compare --out
+    --report`."""
     out = tmp_path_factory.mktemp("compare") / "h100" / "compare.json"
     result = CliRunner().invoke(app, [*COMPARE_ARGS, "--out", str(out), "--report"])
     assert result.exit_code == 0, result.output

@@ -51,69 +51,15 @@ def test_schema_command_prints_the_published_schema_and_refuses_an_unknown_name(
 
 def test_every_file_simulate_diagnose_tune_and_a_profile_write_validates(tmp_path: Path) -> None:
     run, sweep, tune = tmp_path / "run", tmp_path / "sweep", tmp_path / "tune"
-    cli(
-        "simulate",
-        *SIM,
-        "--num-prompts",
-        "40",
-        "--request-rate",
-        "8",
-        "--goodput",
-        "ttft:200",
-        "--goodput",
-        "tpot:50",
-        "--result-dir",
-        str(run),
-    )
+    slo = "--goodput ttft:200 --goodput tpot:50".split()
+    cli("simulate", *SIM, "--num-prompts", "40", "--request-rate", "8", *slo, "--result-dir", str(run))
     cli("simulate", *SIM, "--num-prompts", "20", "--sweep", "max-concurrency=1,4", "--result-dir", str(sweep))
-    cli(
-        "diagnose",
-        str(run),
-        "--gpu",
-        "a100-80gb",
-        "--model",
-        "qwen2.5-7b",
-        "--goodput",
-        "ttft:200",
-        "--goodput",
-        "tpot:50",
-        "--check-advice",
-    )
+    cli("diagnose", str(run), "--gpu", "a100-80gb", "--model", "qwen2.5-7b", *slo, "--check-advice")
     described = tmp_path / "described.json"
-    cli(
-        "diagnose",
-        "--gpu",
-        "a100-80gb",
-        "--model",
-        "qwen2.5-7b",
-        "--input-len",
-        "500",
-        "--output-len",
-        "50",
-        "--request-rate",
-        "2",
-        "--save",
-        str(described),
-    )
-    cli(
-        "tune",
-        *SIM,
-        "--space",
-        "max-num-seqs=32,64",
-        "--n-trials",
-        "2",
-        "--sim-prompts",
-        "30",
-        "--request-rate",
-        "4",
-        "--goodput",
-        "ttft:500",
-        "--goodput",
-        "tpot:50",
-        "--result-dir",
-        str(tune),
-        "--json",
-    )
+    load = "--input-len 500 --output-len 50 --request-rate 2".split()
+    cli("diagnose", "--gpu", "a100-80gb", "--model", "qwen2.5-7b", *load, "--save", str(described))
+    search = "--space max-num-seqs=32,64 --n-trials 2 --sim-prompts 30 --request-rate 4".split()
+    cli("tune", *SIM, *search, "--goodput", "ttft:500", "--goodput", "tpot:50", "--result-dir", str(tune), "--json")
     profile = tiny_profile(tmp_path / "profile")
 
     seen = assert_files_match_schemas(tmp_path, {described: "diagnosis", profile: "profile"})

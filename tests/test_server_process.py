@@ -84,7 +84,7 @@ def test_ready_then_stop_leaves_no_process(server_script: Path, tmp_path: Path) 
     port = free_port()
     log = tmp_path / "server.log"
     server = ServerProcess(
-        [sys.executable, str(server_script), str(port)], host="127.0.0.1", port=port, log_path=log, stop_timeout=1.0
+        [sys.executable, str(server_script), str(port)], host="127.0.0.1", port=port, log_path=log, stop_timeout=0.3
     )
     with server:
         assert server.base_url == f"http://127.0.0.1:{port}"
@@ -123,7 +123,7 @@ def test_exception_inside_context_still_stops(server_script: Path, tmp_path: Pat
     port = free_port()
     log = tmp_path / "s.log"
     server = ServerProcess(
-        [sys.executable, str(server_script), str(port)], host="127.0.0.1", port=port, log_path=log, stop_timeout=1.0
+        [sys.executable, str(server_script), str(port)], host="127.0.0.1", port=port, log_path=log, stop_timeout=0.3
     )
     with pytest.raises(KeyboardInterrupt):
         with server:
@@ -140,7 +140,7 @@ def test_port_in_use_is_refused_before_launch(server_script: Path, tmp_path: Pat
         host="127.0.0.1",
         port=port,
         log_path=tmp_path / "a.log",
-        stop_timeout=1.0,
+        stop_timeout=0.3,
     )
     with first:
         second = ServerProcess([sys.executable, "-c", "pass"], host="127.0.0.1", port=port, log_path=tmp_path / "b.log")
@@ -182,7 +182,7 @@ def _start_owner(server_script: Path, log: Path) -> tuple[subprocess.Popen[str],
         from pathlib import Path
         from servelab.targets.server_process import ServerProcess
         server = ServerProcess([sys.executable, {str(server_script)!r}, "{port}"], host="127.0.0.1", port={port},
-                               log_path=Path({str(log)!r}), stop_timeout=1.0).start()
+                               log_path=Path({str(log)!r}), stop_timeout=0.3).start()
         print(server.pid, flush=True)
         time.sleep(600)
         """
@@ -240,7 +240,7 @@ def test_a_stopped_server_releases_its_watchdog(server_script: Path, tmp_path: P
         host="127.0.0.1",
         port=port,
         log_path=tmp_path / "s.log",
-        stop_timeout=1.0,
+        stop_timeout=0.3,
     )
     with server:
         watchdog = server.watchdog_pid

@@ -63,6 +63,7 @@ def _resimulated(engine: str, engine_args: str) -> float:
     return float(json.loads(result.stdout)["output_throughput"])
 
 
+@pytest.mark.slow
 def test_an_sglang_study_writes_sglang_lines_that_simulate_to_the_same_score(tmp_path: Path) -> None:
     doc = _study(
         "--engine",
@@ -94,6 +95,7 @@ def test_an_sglang_study_writes_sglang_lines_that_simulate_to_the_same_score(tmp
     assert recommended["launch_line"].startswith("python -m sglang.launch_server --model-path Llama-3.1-8B")
 
 
+@pytest.mark.slow
 def test_a_tensorrt_llm_study_writes_flags_and_its_own_options_yaml(tmp_path: Path) -> None:
     """The capacity policy only the YAML sets goes into a YAML of the candidate's own (the user's, with the knob
     written in); a flag the user's YAML also sets is taken out of it, since the YAML would override the flag."""

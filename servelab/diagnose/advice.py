@@ -336,7 +336,7 @@ def check_advice(
     baseline: Outcome,
     options: Mapping[tuple[str, str], tuple[str, str]] | None = None,
 ) -> list[AdviceRow]:
-    """Each tip simulated on this workload. `options`: the options table's verdicts and labels, by (GPU, launch flags): the same
-    change at the same load takes that verdict here, so a report never gives one change two."""
+    """Each tip simulated on this workload. `options`: the options table's verdicts and labels, by (GPU, launch
+    flags): the same change at the same load takes that verdict here, so a report never gives one change two."""
     prefetch(_what_ifs(d, scenario, context))
     return [_judged(item, d, scenario, context, baseline, options or {}) for item in CATALOGUE]

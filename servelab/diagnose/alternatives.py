@@ -64,73 +64,102 @@ def loaded_step(e: Evidence, scenario: Scenario, replicas: int) -> StepBatch:
     return StepBatch(prefill_chunks=[(prefill, context)] if prefill else [], decode_contexts=[context] * running)
 
 
-def _options(d: Deployment, e: Evidence, scenario: Scenario, region: Region | None) -> list[Option]:
-    cfg = d.config
-    seqs = cfg.max_num_seqs or 1  # both resolved by Deployment.build: never None here
-    budget = cfg.max_num_batched_tokens or seqs
-    lower = max(seqs, budget // 4)
-    step = loaded_step(e, scenario, cfg.data_parallel_size)
-    lone = StepBatch(decode_contexts=[step.decode_contexts[0] if step.decode_contexts else round(scenario.mean_input)])
+@dataclass(frozen=True)
+class _Why:
+    """Why a change did not help, in the numbers of the step it does not shorten: the cost model's time for a lone
+    sequence's decode step beside a step at this load (`step`, from the run's own gauges)."""
 
-    def step_ms(x: Deployment, batch: StepBatch) -> float:
+    d: Deployment
+    e: Evidence
+    scenario: Scenario
+    step: StepBatch
+
+    @property
+    def lone(self) -> StepBatch:
+        first = self.step.decode_contexts[0] if self.step.decode_contexts else round(self.scenario.mean_input)
+        return StepBatch(decode_contexts=[first])
+
+    def step_ms(self, x: Deployment, batch: StepBatch) -> float:
         return 1e3 * x.step_cost().step_time(batch)
 
-    def shape() -> str:
-        prefill = sum(n for n, _ in step.prefill_chunks)
-        return (
-            f"{len(step.decode_contexts)} sequences decoding ~{step.decode_contexts[0] if step.decode_contexts else 0}"
-            f"-token contexts plus {prefill} prefill tokens"
-        )
+    def shape(self) -> str:
+        prefill = sum(n for n, _ in self.step.prefill_chunks)
+        context = self.step.decode_contexts[0] if self.step.decode_contexts else 0
+        decoding = len(self.step.decode_contexts)
+        return f"{decoding} sequences decoding ~{context}-token contexts plus {prefill} prefill tokens"
 
-    def budget_why(changed: Deployment, out: Outcome) -> str:
-        new = changed.config.max_num_batched_tokens
-        computed = scenario.mean_input * (1 - (e.prefix_hit_rate or 0.0))
+    def budget(self, changed: Deployment, out: Outcome) -> str:
+        """A token budget only moves prefill between steps: the tokens computed and the steps per answer stay."""
+        cfg, new = self.d.config, changed.config.max_num_batched_tokens
+        old = cfg.max_num_batched_tokens or cfg.max_num_seqs or 1
+        computed = self.scenario.mean_input * (1 - (self.e.prefix_hit_rate or 0.0))
         return (
-            f"a {new}-token budget instead of {budget} only moves prefill between steps: the same {computed:.0f} "
+            f"a {new}-token budget instead of {old} only moves prefill between steps: the same {computed:.0f} "
             "prompt tokens a request brings past the prefix cache are computed, and every answer still takes one "
             "step per token "
-            f"at a batch of {len(step.decode_contexts)} (TPOT p50 {_num(_ms(out.summary, 'median_tpot_ms'))} ms)"
+            f"at a batch of {len(self.step.decode_contexts)} (TPOT p50 {_num(_ms(out.summary, 'median_tpot_ms'))} ms)"
         )
 
-    def weights_why(changed: Deployment, out: Outcome) -> str:
+    def weights(self, changed: Deployment, out: Outcome) -> str:
+        """Smaller weights shorten a lone step's weight read, not a loaded step's KV read or its arithmetic."""
+        d, cfg, lone, step = self.d, self.d.config, self.lone, self.step
         fmt = weight_format(changed.config.quantization, changed.model, changed.hardware)
         kv = kv_bytes_per_token_per_rank(d.model, cfg.kv_cache_dtype, cfg.tensor_parallel_size) * sum(
             step.decode_contexts
         )
         return (
-            f"{fmt.name} weights make a lone sequence's decode step {step_ms(d, lone):.1f} → "
-            f"{step_ms(changed, lone):.1f} ms (the weight read shrinks), but a step at this load ({shape()}) only "
-            f"{step_ms(d, step):.1f} → {step_ms(changed, step):.1f} ms: it also reads {kv / 1e9:.1f} GB of KV cache "
-            f"({1e3 * kv / d.hardware.memory_bandwidth:.0f} ms at {d.hardware.memory_bandwidth_gbs:,.0f} GB/s) and "
-            f"multiplies on {fmt.compute_dtype} tensor cores either way; E2E p50 "
+            f"{fmt.name} weights make a lone sequence's decode step {self.step_ms(d, lone):.1f} → "
+            f"{self.step_ms(changed, lone):.1f} ms (the weight read shrinks), but a step at this load ({self.shape()}) "
+            f"only {self.step_ms(d, step):.1f} → {self.step_ms(changed, step):.1f} ms: it also reads {kv / 1e9:.1f} GB "
+            f"of KV cache ({1e3 * kv / d.hardware.memory_bandwidth:.0f} ms at {d.hardware.memory_bandwidth_gbs:,.0f} "
+            f"GB/s) and multiplies on {fmt.compute_dtype} tensor cores either way; E2E p50 "
             f"{_num(_ms(out.summary, 'median_e2el_ms'))} ms"
         )
 
+
+def _options(d: Deployment, e: Evidence, scenario: Scenario, region: Region | None) -> list[Option]:
+    """Every change priced, cheapest first: the engine's own knobs, then more GPUs, then bigger chips."""
+    why = _Why(d, e, scenario, loaded_step(e, scenario, d.config.data_parallel_size))
+    return [*_knob_options(d, why), *_more_gpu_options(d), *_chip_options(d, region, why)]
+
+
+def _knob_options(d: Deployment, why: _Why) -> list[Option]:
+    """Changes on the same GPUs: the token budget both ways, quantized weights, an FP8 KV cache, merged LoRA."""
+    cfg = d.config
+    seqs = cfg.max_num_seqs or 1  # both resolved by Deployment.build: never None here
+    budget = cfg.max_num_batched_tokens or seqs
+    lower = max(seqs, budget // 4)
     t = Terms(d.engine)
     options = [
         Option(
             t.setting("max_num_batched_tokens", 2 * budget),
             lambda: d.with_changes(max_num_batched_tokens=2 * budget),
-            budget_why,
+            why.budget,
         ),
         Option(
-            t.setting("max_num_batched_tokens", lower), lambda: d.with_changes(max_num_batched_tokens=lower), budget_why
+            t.setting("max_num_batched_tokens", lower), lambda: d.with_changes(max_num_batched_tokens=lower), why.budget
         ),
-        Option("AWQ/GPTQ 4-bit weights", lambda: d.with_changes(quantization="awq"), weights_why),
-        Option("FP8 weights", lambda: d.with_changes(quantization="fp8"), weights_why),
+        Option("AWQ/GPTQ 4-bit weights", lambda: d.with_changes(quantization="awq"), why.weights),
+        Option("FP8 weights", lambda: d.with_changes(quantization="fp8"), why.weights),
     ]
     if d.hardware.fp8_tflops <= 0 < d.hardware.int8_tflops:  # weights *and* activations: INT8 tensor cores
-        options.append(Option("INT8 W8A8 weights", lambda: d.with_changes(quantization="int8"), weights_why))
+        options.append(Option("INT8 W8A8 weights", lambda: d.with_changes(quantization="int8"), why.weights))
     options.append(Option("FP8 KV cache", lambda: d.with_changes(kv_cache_dtype="fp8")))
     if cfg.enable_lora:
         options.append(Option("LoRA merged into the weights", lambda: d.with_changes(enable_lora=False)))
-    options.append(
+    return options
+
+
+def _more_gpu_options(d: Deployment) -> list[Option]:
+    """A second GPU: as a replica, as expert parallelism for a MoE, as tensor parallelism where a link joins them."""
+    cfg = d.config
+    options = [
         Option(
             f"+1 GPU: {2 * cfg.data_parallel_size} replicas",
             lambda: d.with_changes(data_parallel_size=2 * cfg.data_parallel_size),
             trade="failover: one GPU down, the others still serve",
         )
-    )
+    ]
     if d.model.moe and cfg.tensor_parallel_size * cfg.data_parallel_size > 1:  # TP vs EP for the same GPUs
         options.append(
             Option(
@@ -146,13 +175,19 @@ def _options(d: Deployment, e: Evidence, scenario: Scenario, region: Region | No
                 trade=tp_link(d) + ": one GPU down stops the model",
             )
         )
+    return options
+
+
+def _chip_options(d: Deployment, region: Region | None, why: _Why) -> list[Option]:
+    """One bigger chip instead (those sold in `region`), and with FP8 weights where it has FP8 tensor cores."""
+    options = []
     for name in upgrades(d.hardware.name, region):
         chip = get_gpu(name)
         options.append(Option(f"one {chip.name} instead", partial(d.rebuilt, hardware=chip)))
         if chip.fp8_tflops > 0:
             options.append(
                 Option(
-                    f"one {chip.name}, FP8 weights", partial(d.rebuilt, hardware=chip, quantization="fp8"), weights_why
+                    f"one {chip.name}, FP8 weights", partial(d.rebuilt, hardware=chip, quantization="fp8"), why.weights
                 )
             )
     return options

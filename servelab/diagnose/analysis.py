@@ -17,7 +17,7 @@ from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, overload, saturation_
 from servelab.diagnose.ceilings import compute_ceilings
 from servelab.diagnose.engine_choice import compare_on_engines
 from servelab.diagnose.engine_terms import Terms
-from servelab.diagnose.evidence import gather
+from servelab.diagnose.evidence import gather, typed_part
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.observations import check as check_observations, idle_decode_ms
 from servelab.diagnose.alternatives import price_alternatives
@@ -52,6 +52,7 @@ from servelab.schemas.diagnosis import (
     WorkloadShape,
 )
 from servelab.schemas.diagnosis import Observed as ObservedFigures
+from servelab.schemas.fleet import ReplicaLoad
 from servelab.schemas.vocabulary import DiagnosisSource
 from servelab.diagnose.utilization import utilization
 from servelab.metrics.intervals import Regime, value_interval
@@ -296,16 +297,12 @@ def analyse(
     observed = observed or Observed()
     tried = check_tried(deployment, observed.tried)  # a change servelab cannot build is an error before any simulation
     e = gather(run)
+    fleet = _fleet_findings(run, scenario, e)  # the run's files read whole before any simulation
     c = _ceilings(deployment, scenario, e, slo, slo_share)
-    u = utilization(e, deployment)
-    attained = _attainment(run, slo)
-    ctx = Context(e, c, u, deployment, slo, attained, scenario.mean_shared, tried, region)
-    found = detect(ctx)
-    fleet = fleet_findings(
-        (run.run_info.get("server_info") or {}).get("replicas") or [],  # a fleet's replicas
-        scenario.mean_shared / scenario.mean_input if scenario.mean_input else None,
-        e.mean_ttft_ms if (run.run_info.get("flags") or {}).get("replica_metrics_urls") else None,  # behind a router
+    ctx = Context(
+        e, c, utilization(e, deployment), deployment, slo, _attainment(run, slo), scenario.mean_shared, tried, region
     )
+    found = detect(ctx)
     priced = with_alternatives if with_alternatives is not None else (observed.latency or gpu_cost_per_hour is not None)
     described = source == DiagnosisSource.DESCRIBED
     baseline = (
@@ -315,61 +312,78 @@ def analyse(
     )
     if with_recommendations and baseline is not None:
         _recommend([*found, *fleet], ctx, scenario, baseline, observed.question)
-    reconciled = (
-        reconcile(
-            deployment,
-            scenario,
-            simulate_outcome(deployment, scenario, None),
-            observed.figures,
-            observed.tried,
-            c.saturation_rps,
-        )
-        if described and observed.figures
-        else None
-    )
-    found = _reported_first(found, ctx, scenario, observed, source, reconciled)
-    found += fleet
-    verdict = overload(
-        e.offered_rate or scenario.offered_rate if scenario.max_concurrency is None else None,
-        c.saturation_rps,
-        c.saturation_rps_interval,
-    )
+    reconciled = _reconciled(deployment, scenario, observed, c) if described else None
+    found = _reported_first(found, ctx, scenario, observed, source, reconciled) + fleet
+    dx = _read(ctx, scenario, source, found, observed)
     alternatives = (
         price_alternatives(deployment, e, scenario, baseline, gpu_cost_per_hour, tried, region)
         if priced and baseline is not None
         else []
     )
-    comparison = compare_on_engines(deployment, scenario, slo, engines) if engines else None
-    levers_at, lever_rows = _levers(deployment, scenario, reconciled, observed.question, verdict, c, tried, region)
-    hardware_asked = bool(alternatives) or any("instead" in lever.change for lever in lever_rows)
-    dx = Diagnosis(
-        source=source,
-        deployment=deployment.describe(),
-        workload=workload_shape(scenario),
-        bottleneck=bottleneck(found),
-        ceilings=c,
-        standing=standing(e, c),
-        utilization=u,
-        evidence=e,
-        slo=slo.terms() if slo else None,
-        slo_attainment=attained,
-        observed=observed.seen,
-        caveats=caveats(ctx),
-        findings=found,
-        alternatives=alternatives,
-        engine_comparison=comparison,
-        notes=[],
-        advice=[],
-        goal=observed.question,
-        levers=lever_rows,
-        levers_at=levers_at,
-        verdict=verdict,
-        assumptions=assumptions(deployment, scenario, assumed, characters=characters, region=(region, hardware_asked)),
-    )
-    dx.notes = notes(deployment, dx, e, u, observed)
+    dx.levers_at, dx.levers = _levers(deployment, scenario, reconciled, observed.question, dx.verdict, c, tried, region)
+    hardware_asked = bool(alternatives) or any("instead" in lever.change for lever in dx.levers)
+    dx.alternatives = alternatives
+    dx.engine_comparison = compare_on_engines(deployment, scenario, slo, engines) if engines else None
+    dx.assumptions = assumptions(deployment, scenario, assumed, characters=characters, region=(region, hardware_asked))
+    dx.notes = notes(deployment, dx, e, ctx.u, observed)
     if with_advice and baseline is not None:
         dx.advice = _advice(deployment, scenario, found, e, source, baseline, alternatives)
     return dx
+
+
+def _read(
+    ctx: Context, scenario: Scenario, source: DiagnosisSource, found: list[Finding], observed: Observed
+) -> Diagnosis:
+    """The diagnosis as the run's evidence and the model's ceilings read it, before any option is priced: what
+    limits the deployment, where it stands against each ceiling, whether the load is over it, the caveats."""
+    e, c = ctx.e, ctx.c
+    verdict = overload(
+        e.offered_rate or scenario.offered_rate if scenario.max_concurrency is None else None,
+        c.saturation_rps,
+        c.saturation_rps_interval,
+    )
+    return Diagnosis(
+        source=source,
+        deployment=ctx.d.describe(),
+        workload=workload_shape(scenario),
+        bottleneck=bottleneck(found),
+        ceilings=ctx.c,
+        standing=standing(ctx.e, ctx.c),
+        utilization=ctx.u,
+        evidence=ctx.e,
+        slo=ctx.slo.terms() if ctx.slo else None,
+        slo_attainment=ctx.slo_attainment,
+        observed=observed.seen,
+        caveats=caveats(ctx),
+        findings=found,
+        alternatives=[],
+        notes=[],
+        advice=[],
+        goal=observed.question,
+        levers=[],
+        levers_at="",
+        verdict=verdict,
+        assumptions=[],
+    )
+
+
+def _reconciled(d: Deployment, scenario: Scenario, observed: Observed, c: Ceilings) -> Reconciled | None:
+    """A described deployment's simulation set against the figures the user reported (None: none reported): the
+    likeliest explanation of a gap between them."""
+    if not observed.figures:
+        return None
+    as_simulated = simulate_outcome(d, scenario, None)
+    return reconcile(d, scenario, as_simulated, observed.figures, observed.tried, c.saturation_rps)
+
+
+def _fleet_findings(run: RunResult, scenario: Scenario, e: Evidence) -> list[Finding]:
+    """A fleet's findings from the replicas' loads `bench` recorded (none for a single server); the client's mean
+    TTFT is set against the replicas' own only when it went through a router (`--replica-metrics-urls`)."""
+    replicas = (run.run_info.get("server_info") or {}).get("replicas") or []
+    repeated = scenario.mean_shared / scenario.mean_input if scenario.mean_input else None
+    behind_router = bool((run.run_info.get("flags") or {}).get("replica_metrics_urls"))
+    loads = [typed_part(ReplicaLoad, r, run, "server_info.replicas in run.json") for r in replicas]
+    return fleet_findings(loads, repeated, e.mean_ttft_ms if behind_router else None)
 
 
 def workload_shape(scenario: Scenario) -> WorkloadShape:

@@ -46,9 +46,9 @@ def verdict(current: EngineResult, other: EngineResult) -> str:
         if a.request_goodput is not None and b.request_goodput is not None
         else ""
     )
+    output = _change(a.output_throughput, b.output_throughput, "tok/s", False)
     return (
-        f"{other.label} instead of {current.label}: output {_change(a.output_throughput, b.output_throughput, 'tok/s', False)}; "
-        f""
+        f"{other.label} instead of {current.label}: output {output}; "
         f"mean TTFT {_change(a.mean_ttft_ms, b.mean_ttft_ms, 'ms', True)}; "
         f"mean TPOT {_ms(a.mean_tpot_ms)} → {_ms(b.mean_tpot_ms)} ms; "
         f"mean E2E {_change(a.mean_e2el_ms, b.mean_e2el_ms, 'ms', True)}{goodput}; "

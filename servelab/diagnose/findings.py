@@ -195,7 +195,8 @@ def waits_outside_engine(e: Evidence) -> bool:
 
 
 def frontend_cpu_bound(x: Context) -> Finding | None:
-    """The API server's CPU (HTTP, tokenize, detokenize, stream) limits the deployment, or adds latency the engine does not see.
+    """The API server's CPU (HTTP, tokenize, detokenize, stream) limits the deployment, or adds latency the engine
+    does not see.
 
     Two independent signs: the client's TTFT far above the engine's own
     (requests queue in the API process: measured runs), and the API server's
@@ -238,9 +239,9 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
             while more / work < 1.25 * max(x.e.request_rate, x.e.offered_rate or 0.0) and more < 64:
                 more *= 2
             evidence.append(
-                f"--api-server-count {more} spreads that work over {more} processes: API-server ceiling {more / work:.1f} "
-                f""
-                f"req/s (x{more / servers:.0f}), then the engine's own limits apply"
+                f"--api-server-count {more} spreads that work over {more} processes: "
+                f"API-server ceiling {more / work:.1f} req/s (x{more / servers:.0f}), "
+                "then the engine's own limits apply"
             )
     if not evidence:
         return None
@@ -518,13 +519,16 @@ def launch_bound(x: Context) -> Finding | None:
     if eager < 1.1 * graphs:
         return None
     layers, per_layer = x.d.model.num_layers, x.d.coefficients.eager_launch_s_per_layer
-    why = (
-        f"{x.terms.setting('enforce_eager', True)} is set: every step's kernels are launched one by one from Python"
-        if cfg.enforce_eager
-        else f"decode batches of ~{batch} are above {x.terms.setting('cuda_graph_max_batch', cfg.cuda_graph_max_batch)}: "
-        f""
-        "they run without a CUDA graph, launched one by one from Python"
-    )
+    if cfg.enforce_eager:
+        why = (
+            f"{x.terms.setting('enforce_eager', True)} is set: every step's kernels are launched one by one from Python"
+        )
+    else:
+        graph_cap = x.terms.setting("cuda_graph_max_batch", cfg.cuda_graph_max_batch)
+        why = (
+            f"decode batches of ~{batch} are above {graph_cap}: "
+            "they run without a CUDA graph, launched one by one from Python"
+        )
     evidence = [
         why,
         f"at ~{batch} sequences a decode step's kernels take {graphs * 1e3:.1f} ms, but launching {layers} layers' "

@@ -16,10 +16,11 @@ Two things only a fleet can get wrong, read off each replica's own `/metrics` ov
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from servelab.diagnose.findings import make_finding
 from servelab.schemas.diagnosis import Finding
+from servelab.schemas.fleet import ReplicaLoad
 from servelab.schemas.vocabulary import FindingKind
 
 FLEET_IMBALANCE = FindingKind.FLEET_IMBALANCE
@@ -39,7 +40,7 @@ OUTSIDE_SHARE = 0.25
 
 
 def fleet_findings(
-    replicas: list[dict[str, Any]], repeated_share: float | None, router_ttft_ms: float | None = None
+    replicas: Sequence[ReplicaLoad], repeated_share: float | None, router_ttft_ms: float | None = None
 ) -> list[Finding]:
     """The fleet's findings from its replicas' loads (metrics.scrape.replica_load); `repeated_share`: the share
     of prompt tokens a request shares with an earlier one (None: unknown); `router_ttft_ms`: the client's mean
@@ -55,13 +56,8 @@ def fleet_findings(
     return [f for f in found if f is not None]
 
 
-def _name(load: dict[str, Any]) -> str:
-    return str(load["url"]).removesuffix("/metrics")
-
-
-def imbalance(replicas: list[dict[str, Any]]) -> Finding | None:
-    waiting = [(load.get("mean_waiting"), load) for load in replicas]
-    known = [(w, load) for w, load in waiting if w is not None]
+def imbalance(replicas: Sequence[ReplicaLoad]) -> Finding | None:
+    known = [(load.mean_waiting, load) for load in replicas if load.mean_waiting is not None]
     if len(known) < 2:
         return None
     busiest_w, busiest = max(known, key=lambda item: item[0])
@@ -69,12 +65,12 @@ def imbalance(replicas: list[dict[str, Any]]) -> Finding | None:
     if busiest_w < QUEUED or idlest_w > IDLE:
         return None
     evidence = [
-        f"{_name(load)}: {load.get('requests_served')} requests served, {w:.1f} waiting on average "
-        f"(peak {load.get('max_waiting'):.0f}), KV cache {100 * (load.get('mean_kv_usage') or 0):.0f}% used"
+        f"{load.name}: {load.requests_served} requests served, {w:.1f} waiting on average "
+        f"(peak {load.max_waiting or 0:.0f}), KV cache {100 * (load.mean_kv_usage or 0):.0f}% used"
         for w, load in known
     ]
     evidence.append(
-        f"{_name(busiest)} queued while {_name(idlest)} had nothing waiting: the router sends more than "
+        f"{busiest.name} queued while {idlest.name} had nothing waiting: the router sends more than "
         "its share to one replica (a cache-aware route keeping too much on the replica that cached a "
         "shared prompt, or a hash with no load bound); a route that weighs load (least-outstanding, "
         "prefix-aware's queue and active-request scores, prefix-hash's bound) spreads it"
@@ -84,9 +80,9 @@ def imbalance(replicas: list[dict[str, Any]]) -> Finding | None:
     )
 
 
-def routing_cache_misses(replicas: list[dict[str, Any]], repeated_share: float | None) -> Finding | None:
-    queries = sum(load.get("prefix_cache_queries") or 0.0 for load in replicas)
-    hits = sum(load.get("prefix_cache_hits") or 0.0 for load in replicas)
+def routing_cache_misses(replicas: Sequence[ReplicaLoad], repeated_share: float | None) -> Finding | None:
+    queries = sum(load.prefix_cache_queries or 0.0 for load in replicas)
+    hits = sum(load.prefix_cache_hits or 0.0 for load in replicas)
     if not queries or repeated_share is None:
         return None
     fleet_rate = hits / queries
@@ -94,8 +90,7 @@ def routing_cache_misses(replicas: list[dict[str, Any]], repeated_share: float |
     if lost < LOST_HITS:
         return None
     evidence = [
-        f"{_name(load)}: {100 * (load.get('prefix_cache_hit_rate') or 0):.0f}% of its prompt tokens hit its "
-        "prefix cache"
+        f"{load.name}: {100 * (load.prefix_cache_hit_rate or 0):.0f}% of its prompt tokens hit its prefix cache"
         for load in replicas
     ]
     evidence.append(
@@ -116,22 +111,21 @@ def routing_cache_misses(replicas: list[dict[str, Any]], repeated_share: float |
     )
 
 
-def outside_replicas(replicas: list[dict[str, Any]], client_ttft_ms: float | None) -> Finding | None:
-    if client_ttft_ms is None or any(
-        load.get("server_ttft_sum_s") is None or load.get("server_ttft_count") is None for load in replicas
-    ):
+def outside_replicas(replicas: Sequence[ReplicaLoad], client_ttft_ms: float | None) -> Finding | None:
+    sums = [load.server_ttft_sum_s for load in replicas]
+    counts = [load.server_ttft_count for load in replicas]
+    if client_ttft_ms is None or any(s is None for s in sums) or any(c is None for c in counts):
         return None  # no router, or a replica that exported no TTFT histogram
-    sums = [float(load["server_ttft_sum_s"]) for load in replicas]
-    counts = [int(load["server_ttft_count"]) for load in replicas]
-    if not sum(counts):
+    timed = [(load, s or 0.0, c or 0) for load, s, c in zip(replicas, sums, counts)]
+    if not sum(c for _, _, c in timed):
         return None
-    server_ms = 1e3 * sum(sums) / sum(counts)
+    server_ms = 1e3 * sum(s for _, s, _ in timed) / sum(c for _, _, c in timed)
     outside = client_ttft_ms - server_ms
     if outside < max(OUTSIDE_MS, OUTSIDE_SHARE * client_ttft_ms):
         return None
     evidence = [
-        f"{_name(load)}: first token {1e3 * s / c:.0f} ms after the request reached it, over {c} requests"
-        for load, s, c in zip(replicas, sums, counts)
+        f"{load.name}: first token {1e3 * s / c:.0f} ms after the request reached it, over {c} requests"
+        for load, s, c in timed
         if c
     ]
     evidence.append(

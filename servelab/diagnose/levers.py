@@ -46,6 +46,12 @@ class _Candidate:
 
 
 def _hardware(d: Deployment, t: Terms, region: Region | None) -> list[_Candidate]:
+    """The levers that change what runs the steps: more GPUs, lower precision, a bigger chip, lighter steps."""
+    return [*_second_gpu(d, t), *_low_precision(d, t), *_bigger_chips(d, region), *_lighter_steps(d, t)]
+
+
+def _second_gpu(d: Deployment, t: Terms) -> list[_Candidate]:
+    """A second GPU as a replica, or as tensor parallelism where a link joins the GPUs."""
     cfg, hw = d.config, d.hardware
     out = [
         _Candidate(
@@ -55,15 +61,21 @@ def _hardware(d: Deployment, t: Terms, region: Region | None) -> list[_Candidate
         )
     ]
     if hw.interconnect_bandwidth > 0:
+        tp_flag = t.setting("tensor_parallel_size", 2 * cfg.tensor_parallel_size)
         out.append(
             _Candidate(
-                f"a second GPU as tensor parallelism ({t.setting('tensor_parallel_size', 2 * cfg.tensor_parallel_size)}; "
-                f""
-                f"{tp_link(d)})",
+                f"a second GPU as tensor parallelism ({tp_flag}; {tp_link(d)})",
                 lambda: d.with_changes(tensor_parallel_size=2 * cfg.tensor_parallel_size),
                 note="one GPU down stops the model; every step waits for the all-reduce",
             )
         )
+    return out
+
+
+def _low_precision(d: Deployment, t: Terms) -> list[_Candidate]:
+    """Weights and activations in the chip's lowest tensor-core precision: FP8, else INT8."""
+    hw = d.hardware
+    out = []
     if hw.fp8_tflops > 0:
         out.append(
             _Candidate(
@@ -80,6 +92,13 @@ def _hardware(d: Deployment, t: Terms, region: Region | None) -> list[_Candidate
                 note="INT8 tensor cores",
             )
         )
+    return out
+
+
+def _bigger_chips(d: Deployment, region: Region | None) -> list[_Candidate]:
+    """One faster chip instead (those sold in `region`), with its bandwidth and compute beside the current one's."""
+    hw = d.hardware
+    out = []
     for name in upgrades(hw.name, region):
         chip = get_gpu(name)
         out.append(
@@ -90,6 +109,13 @@ def _hardware(d: Deployment, t: Terms, region: Region | None) -> list[_Candidate
                 f"TFLOP/s against {hw.memory_bandwidth_gbs:,.0f} and {hw.bf16_tflops:,.0f}",
             )
         )
+    return out
+
+
+def _lighter_steps(d: Deployment, t: Terms) -> list[_Candidate]:
+    """Steps that read and compute less on the same chip: LoRA merged away, an FP8 KV cache."""
+    cfg = d.config
+    out = []
     if cfg.enable_lora:
         out.append(
             _Candidate(

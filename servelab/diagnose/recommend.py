@@ -278,9 +278,9 @@ def _prefix_caching(x: Context, scenario: Scenario) -> Iterator[Candidate]:
     """Prefix caching on."""
     d, cfg, t = x.d, x.d.config, x.terms
     if not cfg.enable_prefix_caching:
+        how = "drop --no-enable-prefix-caching" if t.vllm else t.setting("enable_prefix_caching", True)
         yield Candidate(
-            f"enable prefix caching ({'drop --no-enable-prefix-caching' if t.vllm else t.setting('enable_prefix_caching', True)}"
-            "; on by default)",
+            f"enable prefix caching ({how}; on by default)",
             lambda: d.with_changes(enable_prefix_caching=True),
         )
 

@@ -174,90 +174,102 @@ def solve(d: Deployment, knob: Knob, figure: Figure, target: float) -> tuple[flo
 
 def knobs(d: Deployment, s: Scenario, figure: Figure, saturation: float | None = None) -> list[Knob]:
     """What could be other than described, for this figure: the load, the answers, the prompts, the prefix cache.
-    An open loop's rate goes to 1.2x the `saturation` rate at most: above it the queue, not the rate, sets the figure."""
+    An open loop's rate goes to 1.2x the `saturation` rate at most: above it the queue, not the rate, sets the
+    figure."""
     t = Terms(d.engine)
-    running = t.metrics(tl.RUNNING, tl.WAITING)
     out: list[Knob] = []
     if s.max_concurrency is not None and not s.offered_rate:
-        c = s.max_concurrency
-
-        def closed(f: float) -> Scenario:
-            n = max(1, round(c * f))
-            times = max(1, math.ceil(4 * n / len(s.shapes)))
-            return (s.repeated(times) if times > 1 else s).closed_loop(n)
-
-        # Up to four times what the engine can run at once: beyond it requests queue, and waiting adds to every figure.
-        most = 4 * (d.config.max_num_seqs or 256) * d.config.data_parallel_size
-        out.append(
-            Knob(
-                "load",
-                closed,
-                lambda f, o: (
-                    f"~{_value_c(c, f)} requests in flight at once (you described {c}), "
-                    f"~{_count(o.mean_running)} of them decoding in each step"
-                ),
-                f"the engine's own gauges at peak ({running} on /metrics)",
-                upper=max(SPAN, most / c),
-                lower=1 / LOAD_SPAN,
-                missed=f"{max(1, round(c / LOAD_SPAN))}-{round(c * max(SPAN, most / c))} requests in flight",
-            )
-        )
+        out.append(_closed_load(d, s, s.max_concurrency, t))
     elif s.offered_rate:
-        r = s.offered_rate
-        out.append(
-            Knob(
-                "load",
-                lambda f: s.at_rate(r * f),
-                lambda f, o: (
-                    f"~{r * f:.2f} req/s arriving (you described {r:.2f}), "
-                    f"~{_count(o.mean_running)} decoding in each step"
-                ),
-                f"the request counter's rate at peak ({t.token_counters} on /metrics)",
-                upper=max(1.0, 1.2 * (saturation or r) / r),
-                lower=1 / LOAD_SPAN,
-                missed=f"{r / LOAD_SPAN:.2f}-{max(r, 1.2 * (saturation or r)):.2f} req/s",
-            )
-        )
-    out.append(
-        Knob(
-            "answers",
-            s.with_output_scale,
-            lambda f, o: f"answers of ~{s.mean_output * f:.0f} tokens (you described ~{s.mean_output:.0f})",
-            f"the mean answer length the server counts ({t.metrics(tl.GENERATION_TOKENS, tl.E2E_COUNT)} on "
-            "/metrics: output tokens per finished request), or the usage field of a sample of responses",
-            missed=f"answers of {s.mean_output / SPAN:.0f}-{s.mean_output * SPAN:.0f} tokens",
-        )
-    )
+        out.append(_open_load(s, s.offered_rate, saturation, t))
+    out.append(_answers(s, t))
     if figure in (Figure.TTFT, Figure.UTIL):
-        out.append(
-            Knob(
-                "prompts",
-                s.with_input_scale,
-                lambda f, o: (
-                    f"prompts of ~{s.mean_input * f:.0f} tokens (you described {s.mean_input:.0f}: "
-                    "lengths counted in characters or words are not tokens)"
-                ),
-                "the prompt-token counter's rate over the request counter's, or the usage field of a few responses",
-                upper=min(SPAN, (d.config.max_model_len or 32768) / max(1.0, s.mean_input + s.mean_output)),
-                missed=f"prompts of {s.mean_input / SPAN:.0f}-{s.mean_input * SPAN:.0f} tokens",
-            )
-        )
-    if figure in (Figure.TTFT, Figure.UTIL) and s.prefix_len == 0:
-        out.append(
-            Knob(
-                "prefix cache",
-                lambda f: s.with_shared_prefix(int(min(0.95, f) * s.mean_input)),
-                lambda f, o: (
-                    f"~{min(0.95, f):.0%} of each prompt served from the prefix cache (a system "
-                    "prompt, resent history or retrieved passages that repeat): those tokens are "
-                    "not computed"
-                ),
-                f"the prefix-cache hit rate ({t.metrics(tl.PREFIX_HITS, tl.PREFIX_QUERIES)} on /metrics)",
-                upper=1.0,
-                missed="up to 95% of each prompt from the prefix cache",
-            )
-        )
+        out.append(_prompts(d, s))
+        if s.prefix_len == 0:
+            out.append(_prefix_cache(s, t))
     return out
+
+
+def _closed_load(d: Deployment, s: Scenario, c: int, t: Terms) -> Knob:
+    """More or fewer requests in flight than the `c` described: a closed loop's load is its concurrency."""
+
+    def closed(f: float) -> Scenario:
+        n = max(1, round(c * f))
+        times = max(1, math.ceil(4 * n / len(s.shapes)))
+        return (s.repeated(times) if times > 1 else s).closed_loop(n)
+
+    # Up to four times what the engine can run at once: beyond it requests queue, and waiting adds to every figure.
+    most = 4 * (d.config.max_num_seqs or 256) * d.config.data_parallel_size
+    return Knob(
+        "load",
+        closed,
+        lambda f, o: (
+            f"~{_value_c(c, f)} requests in flight at once (you described {c}), "
+            f"~{_count(o.mean_running)} of them decoding in each step"
+        ),
+        f"the engine's own gauges at peak ({t.metrics(tl.RUNNING, tl.WAITING)} on /metrics)",
+        upper=max(SPAN, most / c),
+        lower=1 / LOAD_SPAN,
+        missed=f"{max(1, round(c / LOAD_SPAN))}-{round(c * max(SPAN, most / c))} requests in flight",
+    )
+
+
+def _open_load(s: Scenario, r: float, saturation: float | None, t: Terms) -> Knob:
+    """A higher or lower arrival rate than the `r` described, up to 1.2x the saturation rate."""
+    return Knob(
+        "load",
+        lambda f: s.at_rate(r * f),
+        lambda f, o: (
+            f"~{r * f:.2f} req/s arriving (you described {r:.2f}), ~{_count(o.mean_running)} decoding in each step"
+        ),
+        f"the request counter's rate at peak ({t.token_counters} on /metrics)",
+        upper=max(1.0, 1.2 * (saturation or r) / r),
+        lower=1 / LOAD_SPAN,
+        missed=f"{r / LOAD_SPAN:.2f}-{max(r, 1.2 * (saturation or r)):.2f} req/s",
+    )
+
+
+def _answers(s: Scenario, t: Terms) -> Knob:
+    """Longer or shorter answers than described: every figure grows with the tokens decoded."""
+    return Knob(
+        "answers",
+        s.with_output_scale,
+        lambda f, o: f"answers of ~{s.mean_output * f:.0f} tokens (you described ~{s.mean_output:.0f})",
+        f"the mean answer length the server counts ({t.metrics(tl.GENERATION_TOKENS, tl.E2E_COUNT)} on "
+        "/metrics: output tokens per finished request), or the usage field of a sample of responses",
+        missed=f"answers of {s.mean_output / SPAN:.0f}-{s.mean_output * SPAN:.0f} tokens",
+    )
+
+
+def _prompts(d: Deployment, s: Scenario) -> Knob:
+    """Longer or shorter prompts than described (lengths given in characters or words are not tokens)."""
+    return Knob(
+        "prompts",
+        s.with_input_scale,
+        lambda f, o: (
+            f"prompts of ~{s.mean_input * f:.0f} tokens (you described {s.mean_input:.0f}: "
+            "lengths counted in characters or words are not tokens)"
+        ),
+        "the prompt-token counter's rate over the request counter's, or the usage field of a few responses",
+        upper=min(SPAN, (d.config.max_model_len or 32768) / max(1.0, s.mean_input + s.mean_output)),
+        missed=f"prompts of {s.mean_input / SPAN:.0f}-{s.mean_input * SPAN:.0f} tokens",
+    )
+
+
+def _prefix_cache(s: Scenario, t: Terms) -> Knob:
+    """A share of each prompt served from the prefix cache, where the description named no shared prefix."""
+    return Knob(
+        "prefix cache",
+        lambda f: s.with_shared_prefix(int(min(0.95, f) * s.mean_input)),
+        lambda f, o: (
+            f"~{min(0.95, f):.0%} of each prompt served from the prefix cache (a system "
+            "prompt, resent history or retrieved passages that repeat): those tokens are "
+            "not computed"
+        ),
+        f"the prefix-cache hit rate ({t.metrics(tl.PREFIX_HITS, tl.PREFIX_QUERIES)} on /metrics)",
+        upper=1.0,
+        missed="up to 95% of each prompt from the prefix cache",
+    )
 
 
 def _count(x: float | None) -> str:

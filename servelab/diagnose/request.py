@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from servelab.diagnose import analysis
 from servelab.diagnose.analysis import Observed
@@ -282,18 +281,18 @@ def _words(w: DeploymentWords, served: str, run: RunResult | None) -> tuple[Depl
     if run is None:
         return w, None
     if w.gpu is None and w.model is None and w.calibration is None:
-        w = _simulated_deployment(run.run_info, w)
+        w = _simulated_deployment(run, w)
     if w.calibration is not None or served != VLLM:
         return w, None
     engine_args, note = engine_args_from_server(w.engine_args, run.run_info.get(CACHE_CONFIG) or {})
     return replace(w, engine_args=engine_args), note
 
 
-def _simulated_deployment(run_info: dict[str, Any], w: DeploymentWords) -> DeploymentWords:
+def _simulated_deployment(run: RunResult, w: DeploymentWords) -> DeploymentWords:
     """The deployment a simulated run's run.json records (its simulate flags); words given here still win.
     A measured run records no hardware: unchanged."""
-    flags = run_info.get("flags") or {}
-    if run_info.get("source") != "sim":
+    flags = run.run_info.get("flags") or {}
+    if run.run_info.get("source") != "sim":
         return w
     path = lambda key: Path(flags[key]) if flags.get(key) else None  # noqa: E731
     return replace(

@@ -219,13 +219,13 @@ def from_run(run: RunResult, warmup: float = 0.0) -> Scenario:
     records = sorted((r for r in run.records if r.send_time >= warmup), key=lambda r: r.intended_time)
     if not records:
         raise InputError(f"{run.directory} has no records to diagnose")
-    arrival = arrival_of(run)
-    workload = workload_of(run)
-    concurrency = arrival.get("max_concurrency")
-    closed = arrival.get("request_rate") in (None, "inf", float("inf"))
+    arrival, workload = arrival_of(run), workload_of(run)
+    concurrency = arrival.max_concurrency
+    rate = arrival.request_rate
+    closed = rate in (None, "inf", float("inf"))
     t0 = records[0].intended_time
-    system_prompts = int(workload.get("system_prompts") or 0) if workload.get("system_prompt_len") else 0
-    chats = _chat_links(records, system_prompts) if workload.get("dataset_name") == "multiturn" else None
+    system_prompts = workload.system_prompts if workload.system_prompt_len else 0
+    chats = _chat_links(records, system_prompts) if workload.dataset_name == "multiturn" else None
     shapes = tuple(
         Shape(
             max(1, r.prompt_tokens),
@@ -235,9 +235,8 @@ def from_run(run: RunResult, warmup: float = 0.0) -> Scenario:
         )
         for i, r in enumerate(records)
     )
-    prefix_len = int(workload.get("prefix_len", 0) or workload.get("system_prompt_len", 0) or 0)
-    rate = arrival.get("request_rate")
-    nominal = None if closed else float(rate)
+    prefix_len = workload.prefix_len or workload.system_prompt_len
+    nominal = None if closed or rate is None else float(rate)
     return Scenario(shapes, concurrency, prefix_len, 0, {"replayed_from": str(run.directory)}, nominal)
 
 

@@ -16,7 +16,8 @@ from servelab.perf.engine_args import parse_engine_args
 
 
 def engine_args_from_server(engine_args: str, labels: Mapping[str, str]) -> tuple[str, str | None]:
-    """The user's flags, then the server's own KV figures (later flags win); and a note saying what was read, or None."""
+    """The user's flags, then the server's own KV figures (later flags win); and a note saying what was read, or
+    None."""
     extra: list[str] = []
     blocks, block_size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
     if blocks.isdigit() and int(blocks) > 0:

@@ -62,7 +62,8 @@ def parse_tried(text: str) -> Tried:
 
 
 def tried_deployment(d: Deployment, change: str) -> Deployment:
-    """The deployment with the tried change made; InputError naming --tried when the change is not one servelab knows."""
+    """The deployment with the tried change made; InputError naming --tried when the change is not one servelab
+    knows."""
     word = change.strip().lower()
     try:
         if word.startswith("-"):

@@ -72,15 +72,15 @@ def validation_table(report: ValidationReport) -> Table:
 def show_probe_fit(profile: CalibrationProfile, console: Console) -> None:
     console.print(fit_table(profile))
     rates = profile.rates
+    wake_constant_ms = rates["idle_wake_time_constant_s"] * 1e3
+    frontend_ms = profile.frontend_s_per_request * 1e3
     console.print(
         f"fitted: step overhead {rates['step_overhead_s'] * 1e3:.2f} ms, per request "
         f"{rates['per_request_overhead_s'] * 1e6:.0f} us, "
         f"per prefill step {rates['prefill_step_overhead_s'] * 1e3:.2f} ms, "
-        f"wake from idle {rates['idle_wake_s'] * 1e3:.2f} ms (time constant {rates['idle_wake_time_constant_s'] * 1e3:.0f} "
-        f"ms), "
+        f"wake from idle {rates['idle_wake_s'] * 1e3:.2f} ms (time constant {wake_constant_ms:.0f} ms), "
         f"linear {rates['linear_flops'] / 1e9:.1f} GFLOP/s, attention {rates['attention_flops'] / 1e9:.1f} GFLOP/s, "
-        f"latency {profile.network_latency_s * 1e3:.2f} ms one way, API server {profile.frontend_s_per_request * 1e3:.2f} "
-        f"ms "
+        f"latency {profile.network_latency_s * 1e3:.2f} ms one way, API server {frontend_ms:.2f} ms "
         f"per request; step-model rms error {100 * profile.fit['rms_rel_error']:.1f}%"
     )
     ref = profile.reference

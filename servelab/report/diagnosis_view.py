@@ -7,6 +7,7 @@ typed model (servelab.schemas.diagnosis), so a misspelt field is an error, not a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console, Group
@@ -386,6 +387,7 @@ def _pct(x: float | None) -> str:
 
 
 def render_markdown(d: Diagnosis) -> str:
+    """The diagnosis as Markdown, in the terminal's order: verdict and levers, findings, options, ceilings, advice."""
     out = [f"# servelab diagnose\n\n{headline(d)}\n"]
     if d.verdict:
         out.append(f"**{d.verdict}**\n")
@@ -394,6 +396,18 @@ def render_markdown(d: Diagnosis) -> str:
         out.append(f"## {lever_title(d)}\n\n| " + " | ".join(LEVER_COLUMNS) + " |\n|---|---|---|")
         out.extend("| " + " | ".join(lever_row(lever)) + " |" for lever in d.levers)
         out.append("")
+    out += _md_findings(d) + _md_options(d)
+    out.append("## Ceilings for this workload\n\n| limit | ceiling | where it stands |\n|---|---|---|")
+    out.extend(f"| {label} | {ceiling} | {share} |" for label, ceiling, share in ceiling_rows(d))
+    out.append("")
+    out.extend(f"- {note}" for note in d.notes)
+    out += _md_advice(d)
+    return "\n".join(out) + "\n"
+
+
+def _md_findings(d: Diagnosis) -> list[str]:
+    """The caveats on the figures as quotes, then each finding with its evidence and its simulated fixes."""
+    out = []
     for c in d.caveats:
         out.append(f"> **Caveat: {c.title}** (`{c.kind}`)")
         out.extend(f"> - {line}" for line in c.evidence)
@@ -408,41 +422,44 @@ def render_markdown(d: Diagnosis) -> str:
             # render.
             out.append("\nConfirm:\n\n```\n" + f.recommendations[0].confirm.replace("`", "") + "\n```")
         out.append("")
+    return out
+
+
+def _md_table(title: str, columns: Sequence[str]) -> str:
+    """A section heading and the head of its table."""
+    return f"## {title}\n\n| " + " | ".join(columns) + " |\n|" + "---|" * len(columns)
+
+
+def _md_options(d: Diagnosis) -> list[str]:
+    """The options priced at this load and the engines compared on it, each a table and its notes."""
+    out = []
     if d.alternatives:
-        out.append(
-            "## Options at this load (simulated)\n\n| "
-            + " | ".join(ALTERNATIVE_COLUMNS)
-            + " |\n|"
-            + "---|" * len(ALTERNATIVE_COLUMNS)
-        )
+        out.append(_md_table("Options at this load (simulated)", ALTERNATIVE_COLUMNS))
         out.extend("| " + " | ".join(alternative_row(a)) + " |" for a in d.alternatives)
         out.append("")
         out.extend(f"- {line}" for line in price_notes(d.alternatives))
         out.append("")
     if d.engine_comparison is not None:
-        out.append(
-            f"## {engine_title(d.engine_comparison)}\n\n| "
-            + " | ".join(ENGINE_COLUMNS)
-            + " |\n|"
-            + "---|" * len(ENGINE_COLUMNS)
-        )
+        out.append(_md_table(engine_title(d.engine_comparison), ENGINE_COLUMNS))
         out.extend("| " + " | ".join(row) + " |" for row in engine_rows(d.engine_comparison))
         out.append("")
         out.extend(f"- {line}" for line in engine_lines(d.engine_comparison))
         out.append("")
-    out.append("## Ceilings for this workload\n\n| limit | ceiling | where it stands |\n|---|---|---|")
-    out.extend(f"| {label} | {ceiling} | {share} |" for label, ceiling, share in ceiling_rows(d))
-    out.append("")
-    out.extend(f"- {note}" for note in d.notes)
-    if d.advice:
+    return out
+
+
+def _md_advice(d: Diagnosis) -> list[str]:
+    """The common tuning tips, each simulated here with its verdict (`--check-advice`)."""
+    if not d.advice:
+        return []
+    out = [
+        "\n## Common advice, checked\n\n"
+        "| # | advice | in vLLM | Δ throughput | Δ TTFT p99 | Δ TPOT p99 | verdict | why |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for a in d.advice:
         out.append(
-            "\n## Common advice, checked\n\n| # | advice | in vLLM | Δ throughput | Δ TTFT p99 | Δ TPOT p99 | "
-            "verdict | why |"
+            f"| {a.id} | {a.advice} | {a.flag_status} | {_pct(a.d_throughput)} | "
+            f"{_pct(a.d_p99_ttft)} | {_pct(a.d_p99_tpot)} | {a.verdict} | {a.why} |"
         )
-        out.append("|---|---|---|---|---|---|---|---|")
-        for a in d.advice:
-            out.append(
-                f"| {a.id} | {a.advice} | {a.flag_status} | {_pct(a.d_throughput)} | "
-                f"{_pct(a.d_p99_ttft)} | {_pct(a.d_p99_tpot)} | {a.verdict} | {a.why} |"
-            )
-    return "\n".join(out) + "\n"
+    return out

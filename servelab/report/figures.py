@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import plotly.graph_objects as go
@@ -49,18 +49,49 @@ SWEEP_AXES = {"max-concurrency": "Max concurrency (requests in flight)", "reques
 REQUEST_SAMPLE = 60
 """Bars in the per-request timeline: enough to see the pattern, few enough to read each one."""
 
-LAYOUT: dict[str, Any] = dict(
+
+class Margin(TypedDict):
+    l: int  # noqa: E741  (plotly's own key)
+    r: int
+    t: int
+    b: int
+
+
+class LegendPlacement(TypedDict):
+    orientation: str
+    yanchor: str
+    y: float
+    xanchor: str
+    x: float
+
+
+class HoverLabel(TypedDict):
+    namelength: int
+
+
+class Layout(TypedDict):
+    """The layout every figure shares, as keyword arguments of plotly's `update_layout`."""
+
+    template: str
+    margin: Margin
+    legend: LegendPlacement
+    hoverlabel: HoverLabel
+
+
+LAYOUT = Layout(
     template="plotly_white",
-    margin=dict(l=70, r=30, t=60, b=60),
-    legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
-    hoverlabel=dict(namelength=-1),
+    margin=Margin(l=70, r=30, t=60, b=60),
+    legend=LegendPlacement(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
+    hoverlabel=HoverLabel(namelength=-1),
 )
 
 
-def legend_below(height: int) -> dict[str, Any]:
+def legend_below(height: int) -> LegendPlacement:
     """Legend placement a fixed distance under the x-axis title, whatever the figure's height."""
     plot_area = height - LAYOUT["margin"]["t"] - LAYOUT["margin"]["b"]
-    return dict(LAYOUT["legend"], y=-75 / plot_area)
+    placed = LAYOUT["legend"].copy()
+    placed["y"] = -75 / plot_area
+    return placed
 
 
 def series_color(series: int) -> str:
@@ -95,7 +126,8 @@ TTFT_TPOT: tuple[LatencyPanel, ...] = (
 )
 E2E: LatencyPanel = ("E2E", "e2el", "End-to-end latency (ms)")
 SWEEP_STATISTICS = (("median", "p50"), ("p99", "p99"))
-"""The statistics a latency-vs-throughput figure draws, (name in the statistic keys, legend name): solid, then dotted."""
+"""The statistics a latency-vs-throughput figure draws, (name in the statistic keys, legend name): solid, then
+dotted."""
 
 
 @dataclass
@@ -314,22 +346,23 @@ def request_phases(record: RequestRecord) -> list[tuple[str, float, float]]:
     return spans
 
 
-def _run_selector(labels: Sequence[str], traces_per_run: Sequence[int], with_all: bool) -> list[dict[str, Any]]:
+def _run_selector(labels: Sequence[str], traces_per_run: Sequence[int], with_all: bool) -> list[go.layout.Updatemenu]:
     """A dropdown that shows one run's traces at a time (or all of them), for figures that cannot overlay.
 
     It sits at the top right, above the plot area, clear of the title and the subplot titles.
     """
     total = sum(traces_per_run)
+    Button = go.layout.updatemenu.Button
     buttons = []
     if with_all:
-        buttons.append(dict(label="All runs", method="restyle", args=[{"visible": [True] * total}]))
+        buttons.append(Button(label="All runs", method="restyle", args=[{"visible": [True] * total}]))
     offset = 0
     for label, n in zip(labels, traces_per_run):
         visible = [offset <= i < offset + n for i in range(total)]
-        buttons.append(dict(label=label, method="restyle", args=[{"visible": visible}]))
+        buttons.append(Button(label=label, method="restyle", args=[{"visible": visible}]))
         offset += n
     return [
-        dict(
+        go.layout.Updatemenu(
             buttons=buttons,
             direction="down",
             x=1,

@@ -22,7 +22,9 @@ from servelab.report.tables import headline
 PLOT_CONFIG = {"displaylogo": False, "responsive": True, "toImageButtonOptions": {"format": "svg"}}
 
 _CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0; color: #222; background: #fafafa; }
+body {
+  font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0; color: #222; background: #fafafa;
+}
 header { background: #1f2937; color: #f9fafb; padding: 18px 32px; }
 header h1 { margin: 0 0 4px 0; font-size: 24px; }
 header p { margin: 0; color: #d1d5db; font-size: 13px; }
@@ -40,7 +42,10 @@ table { border-collapse: collapse; font-size: 13px; }
 th, td { border-bottom: 1px solid #e5e7eb; padding: 4px 10px; text-align: left; vertical-align: top; }
 thead th { background: #f3f4f6; position: sticky; top: 0; }
 table.summary td { text-align: right; font-variant-numeric: tabular-nums; }
-table.params td { font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; font-size: 12px; max-width: 460px; overflow-wrap: anywhere; }
+table.params td {
+  font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; font-size: 12px;
+  max-width: 460px; overflow-wrap: anywhere;
+}
 table.params tr.differs { background: #fef3c7; }
 details summary { cursor: pointer; font-size: 14px; color: #1f2937; margin: 4px 0 8px 0; }
 .plot { margin: 10px 0 18px 0; }
@@ -52,7 +57,9 @@ details summary { cursor: pointer; font-size: 14px; color: #1f2937; margin: 4px 
 .finding h4, .diagnosis h4 { margin: 6px 0; font-size: 14px; }
 .finding ul, ul.notes { margin: 4px 0 8px 0; padding-left: 20px; font-size: 13px; }
 p.confirm { font-size: 12px; color: #6b7280; margin: 4px 0; }
-code { font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; font-size: 12px; background: #f3f4f6; padding: 0 3px; }
+code {
+  font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; font-size: 12px; background: #f3f4f6; padding: 0 3px;
+}
 """
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import JsonValue, ValidationError
 
 from servelab import SCHEMA_VERSION
 from servelab.schemas.diagnosis import Diagnosis
@@ -169,7 +169,7 @@ def planned_warmup(info: RunInfo) -> float:
     return (amount.warmup if amount else None) or 0.0
 
 
-def _summary_of(result: RunResult, info: RunInfo, given: dict[str, Any] | None = None) -> Summary:
+def _summary_of(result: RunResult, info: RunInfo, given: JsonValue = None) -> Summary:
     """The stored summary when there is one; otherwise derived from the records, as summary.json would be
     (a partial run: its label says so), warm-up left out as the run would have. ReportInputError naming the run
     when the stored one is not a summary."""

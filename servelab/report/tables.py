@@ -6,7 +6,7 @@ import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
 from html import escape
-from typing import Any
+from pydantic import JsonValue
 
 from servelab.metrics.intervals import interval_suffix
 from servelab.report.cells import number
@@ -41,9 +41,9 @@ SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(data: Mapping[str, JsonValue], prefix: str = "") -> dict[str, JsonValue]:
     """Nested run.json objects as dotted keys, so runs compare row by row."""
-    out: dict[str, Any] = {}
+    out: dict[str, JsonValue] = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
         if name in HIDDEN_PARAMETERS:
@@ -55,7 +55,7 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def format_parameter(key: str, value: Any) -> str:
+def format_parameter(key: str, value: JsonValue) -> str:
     if key == "started_at" and isinstance(value, (int, float)):
         return dt.datetime.fromtimestamp(value, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     text = value if isinstance(value, str) else json.dumps(value, default=str)

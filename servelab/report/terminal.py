@@ -83,6 +83,27 @@ def summary_table(summary: Summary, title: str = "Serving benchmark result") -> 
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
+    for key, value in _totals(summary):
+        table.add_row(key, str(value))
+    _add_latencies(table, summary)
+    _add_http_phases(table, summary)
+    replicas = summary.replicas or {}
+    if replicas:
+        table.add_section()
+        table.add_row("[bold]Replicas[/]", "")
+    for url, share in replicas.items():
+        table.add_row(f"  {url}", f"{share.completed} ok, {share.failed} failed, TTFT {_cell(share.mean_ttft_ms)} ms")
+    stats = summary.client_stats
+    if stats is not None and "p99_schedule_lag_ms" in stats.model_fields_set:  # a bench client's self-report
+        table.add_section()
+        lag = stats.p99_schedule_lag_ms
+        table.add_row("Client send lag p99 (ms)", number(lag, ".2f"))
+        table.add_row("Client CPU (share of a core)", f"{stats.cpu_share or 0:.0%}")
+    return table
+
+
+def _totals(summary: Summary) -> list[tuple[str, Any]]:
+    """The counts and throughputs of vLLM's block, then goodput, errors by kind and abandoned requests."""
     rows: list[tuple[str, Any]] = [
         ("Successful requests", summary.completed),
         ("Failed requests", summary.failed),
@@ -103,8 +124,11 @@ def summary_table(summary: Summary, title: str = "Serving benchmark result") -> 
     if summary.abandoned:
         rows.append(("Abandoned requests (not errors)", summary.abandoned))
         rows.append(("  chunks they had received", summary.abandoned_output_chunks or 0))
-    for key, value in rows:
-        table.add_row(key, str(value))
+    return rows
+
+
+def _add_latencies(table: Table, summary: Summary) -> None:
+    """A section per latency metric: mean, median, std and the percentiles the run asked for."""
     percentiles = sorted(
         {k.split("_")[0][1:] for k in summary.model_extra or {} if k.startswith("p") and k.endswith("_ttft_ms")},
         key=float,
@@ -119,6 +143,10 @@ def summary_table(summary: Summary, title: str = "Serving benchmark result") -> 
         table.add_row(f"[bold]{label}[/]", "")
         for key, value in _ms(summary, name, percentiles):
             table.add_row(f"  {key}", _cell(value) + _iv(summary, key))
+
+
+def _add_http_phases(table: Table, summary: Summary) -> None:
+    """Where a measured request's time went on the wire (bench only: the simulator has no HTTP)."""
     phases = summary.http_phases
     if phases:
         table.add_section()
@@ -126,19 +154,6 @@ def summary_table(summary: Summary, title: str = "Serving benchmark result") -> 
         for phase in ("connect", "send", "wait", "receive"):
             median, p99 = getattr(phases, f"median_{phase}_ms"), getattr(phases, f"p99_{phase}_ms")
             table.add_row(f"  {phase}", f"{_cell(median)} / {_cell(p99)}")
-    replicas = summary.replicas or {}
-    if replicas:
-        table.add_section()
-        table.add_row("[bold]Replicas[/]", "")
-    for url, share in replicas.items():
-        table.add_row(f"  {url}", f"{share.completed} ok, {share.failed} failed, TTFT {_cell(share.mean_ttft_ms)} ms")
-    stats = summary.client_stats
-    if stats is not None and "p99_schedule_lag_ms" in stats.model_fields_set:  # a bench client's self-report
-        table.add_section()
-        lag = stats.p99_schedule_lag_ms
-        table.add_row("Client send lag p99 (ms)", number(lag, ".2f"))
-        table.add_row("Client CPU (share of a core)", f"{stats.cpu_share or 0:.0%}")
-    return table
 
 
 def sweep_table(index: SweepIndex) -> Table:

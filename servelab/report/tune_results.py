@@ -7,7 +7,7 @@ drawn from a study long after it ran, or while stage 2 is still measuring, and a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
@@ -41,7 +41,7 @@ _COLORS = {
 }
 
 
-def knobs(params: dict[str, Any]) -> str:
+def knobs(params: Mapping[str, int | float | bool | str | None]) -> str:
     """A trial's changes to the current flags, as tune prints them (`default` = vLLM's own value)."""
     return " ".join(f"{k}={'default' if v is None else v}" for k, v in params.items()) or "(current flags)"
 
@@ -214,10 +214,38 @@ def pareto_figure(tune: ReportDocument) -> go.Figure:
     """Every runnable trial by throughput and tail latency; the front, the baseline and the recommendation marked."""
     doc = tune.tune
     x, y = doc.pareto.x, doc.pareto.y
-    unit = doc.objective.unit
     trials = {t.number: t for t in doc.trials}
-    named = {n: (t, f"trial {n}") for n, t in trials.items()}
     fig = go.Figure()
+    _add_trials(fig, doc, trials)
+    fig.add_trace(
+        _scatter(
+            [(doc.baseline, "baseline")],
+            x,
+            y,
+            doc.objective.unit,
+            mode="markers",
+            name="baseline (current flags)",
+            marker=dict(color=_COLORS["baseline"], symbol="diamond", size=13),
+        )
+    )
+    _add_recommended(fig, doc, trials)
+    _add_measured(fig, doc, x, y)
+    height = 520
+    fig.update_layout(
+        title=f"Simulated trials of {tune.label}: {_METRIC_TITLES.get(y, y)} vs. {_METRIC_TITLES.get(x, x)}",
+        height=height,
+        **LAYOUT,
+    )
+    fig.update_layout(legend=legend_below(height))
+    fig.update_xaxes(title_text=_METRIC_TITLES.get(x, x), rangemode="tozero")
+    fig.update_yaxes(title_text=_METRIC_TITLES.get(y, y), rangemode="tozero")
+    return fig
+
+
+def _add_trials(fig: go.Figure, doc: TuneDocument, trials: dict[int | None, Trial]) -> None:
+    """The trials that met the SLO and those that missed it, then the Pareto front joined by a line."""
+    x, y, unit = doc.pareto.x, doc.pareto.y, doc.objective.unit
+    named = {n: (t, f"trial {n}") for n, t in trials.items()}
     for verdict, symbol in (("met", "circle"), ("missed", "x")):
         chosen = [named[n] for n, t in trials.items() if _slo_verdict(t) == verdict]
         if chosen:
@@ -246,52 +274,36 @@ def pareto_figure(tune: ReportDocument) -> go.Figure:
                 marker=dict(color=_COLORS["front"], size=9),
             )
         )
-    fig.add_trace(
-        _scatter(
-            [(doc.baseline, "baseline")],
-            x,
-            y,
-            unit,
-            mode="markers",
-            name="baseline (current flags)",
-            marker=dict(color=_COLORS["baseline"], symbol="diamond", size=13),
-        )
-    )
+
+
+def _add_recommended(fig: go.Figure, doc: TuneDocument, trials: dict[int | None, Trial]) -> None:
+    """The recommended trial as a star with an arrow, where it has both coordinates."""
+    x, y = doc.pareto.x, doc.pareto.y
     recommended = _recommended_trial(doc, trials)
     where = None if recommended is None else _point(recommended, x, y)
-    if recommended is not None and where is not None:
-        fig.add_trace(
-            _scatter(
-                [(recommended, "recommended")],
-                x,
-                y,
-                unit,
-                mode="markers",
-                name="recommended",
-                marker=dict(color=_COLORS["recommended"], symbol="star", size=20, line=dict(color="#ffffff", width=1)),
-            )
+    if recommended is None or where is None:
+        return
+    fig.add_trace(
+        _scatter(
+            [(recommended, "recommended")],
+            x,
+            y,
+            doc.objective.unit,
+            mode="markers",
+            name="recommended",
+            marker=dict(color=_COLORS["recommended"], symbol="star", size=20, line=dict(color="#ffffff", width=1)),
         )
-        fig.add_annotation(
-            x=where[0],
-            y=where[1],
-            text="recommended",
-            showarrow=True,
-            arrowhead=2,
-            ax=0,
-            ay=-36,
-            font=dict(color=_COLORS["recommended"], size=12),
-        )
-    _add_measured(fig, doc, x, y)
-    height = 520
-    fig.update_layout(
-        title=f"Simulated trials of {tune.label}: {_METRIC_TITLES.get(y, y)} vs. {_METRIC_TITLES.get(x, x)}",
-        height=height,
-        **LAYOUT,
     )
-    fig.update_layout(legend=legend_below(height))
-    fig.update_xaxes(title_text=_METRIC_TITLES.get(x, x), rangemode="tozero")
-    fig.update_yaxes(title_text=_METRIC_TITLES.get(y, y), rangemode="tozero")
-    return fig
+    fig.add_annotation(
+        x=where[0],
+        y=where[1],
+        text="recommended",
+        showarrow=True,
+        arrowhead=2,
+        ax=0,
+        ay=-36,
+        font=dict(color=_COLORS["recommended"], size=12),
+    )
 
 
 def _recommended_trial(doc: TuneDocument, trials: dict[int | None, Trial]) -> Trial | None:

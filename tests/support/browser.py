@@ -36,10 +36,15 @@ CHROMIUM_FLAGS = (
 
 _ERROR_COLLECTOR = """
 window.__pageErrors = [];
-window.addEventListener('error', e => window.__pageErrors.push('error: ' + (e.message || e.type) + ' at ' + (e.filename || '') + ':' + (e.lineno || '')));
-window.addEventListener('unhandledrejection', e => window.__pageErrors.push('unhandled rejection: ' + String(e.reason)));
+window.addEventListener('error', e => window.__pageErrors.push(
+  'error: ' + (e.message || e.type) + ' at ' + (e.filename || '') + ':' + (e.lineno || '')));
+window.addEventListener('unhandledrejection', e => window.__pageErrors.push(
+  'unhandled rejection: ' + String(e.reason)));
 const __consoleError = console.error.bind(console);
-console.error = (...args) => { window.__pageErrors.push('console.error: ' + args.map(String).join(' ')); __consoleError(...args); };
+console.error = (...args) => {
+  window.__pageErrors.push('console.error: ' + args.map(String).join(' '));
+  __consoleError(...args);
+};
 """
 
 _PLOT_STATE = """

@@ -56,7 +56,8 @@ def assert_matches(path: Path, name: str) -> int:
 
 def assert_files_match_schemas(root: Path, extra: dict[Path, str] | None = None) -> Counter[str]:
     """Every file under `root` that servelab names (run.json, records.jsonl, ...) and every `extra` file, checked
-    against its schema; returns the count of files checked per schema, so a test can say what it expects to have seen."""
+    against its schema; returns the count of files checked per schema, so a test can say what it expects to have
+    seen."""
     seen: Counter[str] = Counter()
     for path in sorted(root.rglob("*")) if root.is_dir() else []:
         name = BY_FILE_NAME.get(path.name)

@@ -191,42 +191,26 @@ TOY_DIAGNOSIS = {
 open parts (utilization, evidence) empty."""
 
 
+_VALIDATION_METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_e2el_ms")
+_VALIDATION_MEASURED = {
+    "closed-c3": (310.0, 41.0, 95.0, 9.1, 780.0),
+    "closed-c12": (820.0, 66.0, 210.0, 13.5, 1650.0),
+    "poisson-70pct": (540.0, 52.0, 340.0, 11.8, 1200.0),
+}
+"""Each toy point's measured figures, in _VALIDATION_METRICS' order."""
+_VALIDATION_SCALE = (1.06, 0.86, 0.7, 1.12, 1.04)
+"""The toy simulation: each figure the measured one times this (errors of 4% to 30%)."""
+
+
 def toy_validation() -> dict:
-    """A `servelab validate` report as validate_on writes it (repeats trimmed), errors computed by validate's own code."""
+    """A `servelab validate` report as validate_on writes it (repeats trimmed), errors computed by validate's own
+    code."""
     from servelab.calibrate.calibrate import compare
     from servelab.calibrate.validate import BOUNDS_PCT, GOALS_PCT, median_abs_errors
     from servelab.schemas.validation import PointResult
 
-    measured = {
-        "closed-c3": {
-            "output_throughput": 310.0,
-            "median_ttft_ms": 41.0,
-            "p99_ttft_ms": 95.0,
-            "median_tpot_ms": 9.1,
-            "median_e2el_ms": 780.0,
-        },
-        "closed-c12": {
-            "output_throughput": 820.0,
-            "median_ttft_ms": 66.0,
-            "p99_ttft_ms": 210.0,
-            "median_tpot_ms": 13.5,
-            "median_e2el_ms": 1650.0,
-        },
-        "poisson-70pct": {
-            "output_throughput": 540.0,
-            "median_ttft_ms": 52.0,
-            "p99_ttft_ms": 340.0,
-            "median_tpot_ms": 11.8,
-            "median_e2el_ms": 1200.0,
-        },
-    }
-    scale = {
-        "output_throughput": 1.06,
-        "median_ttft_ms": 0.86,
-        "p99_ttft_ms": 0.7,
-        "median_tpot_ms": 1.12,
-        "median_e2el_ms": 1.04,
-    }
+    measured = {name: dict(zip(_VALIDATION_METRICS, row)) for name, row in _VALIDATION_MEASURED.items()}
+    scale = dict(zip(_VALIDATION_METRICS, _VALIDATION_SCALE))
     points = []
     for name, m in measured.items():
         s = {k: v * scale[k] for k, v in m.items()}
