@@ -58,7 +58,8 @@ def main() -> None:
     args = parser.parse_args()
     root = aiconfigurator_data_root()
     print(
-        f"{'GPU':9} {'model':15} {'table format':18} {'servelab format':22} {'rows':>4} {'median |err|':>12} {'max |err|':>9}"
+        f"{'GPU':9} {'model':15} {'table format':18} {'servelab format':22} {'rows':>4} "
+        f"{'median |err|':>12} {'max |err|':>9}"
     )
     for gpu, (system, version) in GPUS.items():
         table = pd.read_parquet(root / system / "moe" / "vllm" / version / "moe_perf.parquet")
@@ -73,9 +74,9 @@ def main() -> None:
             touched = np.minimum(model.moe.num_experts, tokens * model.moe.experts_per_token)
             predicted = np.array([cost.moe_layer_time(float(b), float(e)) for b, e in zip(tokens, touched)]) * 1e3
             error = predicted / rows.latency.to_numpy() - 1
+            servelab_format = f"{cost.weight_format.name} ({cost.cost_source.split(':')[0]})"
             print(
-                f"{gpu:9} {name:15} {moe_dtype:18} {cost.weight_format.name + ' (' + cost.cost_source.split(':')[0] + ')':22} "
-                f""
+                f"{gpu:9} {name:15} {moe_dtype:18} {servelab_format:22} "
                 f"{len(rows):4d} {np.median(np.abs(error)):12.1%} {np.max(np.abs(error)):9.1%}"
             )
             if args.rows:

@@ -132,7 +132,8 @@ class GemmFit(_Frozen):
 
 
 class DecodeAttentionFit(_Frozen):
-    """Per layer: t = launch + cold (X^4 / (X^4 + cache_bytes^4)) + (X + batch half_context bpt) / (B memory_efficiency).
+    """Per layer: t = launch + cold (X^4 / (X^4 + cache_bytes^4))
+    + (X + batch half_context bpt) / (B memory_efficiency).
 
     X is the KV bytes the batch reads, bpt the KV bytes of one token. The cold
     term is the step (~20 us in the H100 table, 7-10 us once smoothed by the fit)
@@ -694,7 +695,8 @@ def forward_pass(
     tokens: int,
     decode_context: int | None = None,
 ) -> ForwardPass:
-    """Sum of the per-layer kernels of a decode batch (`tokens` requests at `decode_context`) or one prefill of `tokens`.
+    """Sum of the per-layer kernels of a decode batch (`tokens` requests at `decode_context`) or one prefill of
+    `tokens`.
 
     Per layer: qkv, o, gate_up and down GEMMs, attention, the elementwise kernels
     (Vidur-derived, the same formula the cost model uses: the GEMM tables lack them)
