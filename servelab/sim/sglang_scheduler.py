@@ -65,6 +65,23 @@ class _Slot:
     private: int = 0
 
 
+@dataclass(slots=True)
+class _Budget:
+    """What one prefill batch may still take: KV tokens (`total`, running requests' future tokens reserved),
+    prompt tokens (`input`, max_prefill_tokens) and the chunk (`chunk`, None: prompts go whole)."""
+
+    total: float
+    input: int
+    chunk: int | None
+
+    def spend_chunk(self, tokens: int) -> None:
+        if self.chunk is not None:
+            self.chunk -= tokens
+
+    def exhausted(self) -> bool:
+        return self.input <= 0 or (self.chunk is not None and self.chunk <= 0)
+
+
 class SGLangScheduler(ListScheduler):
     def __init__(self, config: EngineConfig, settings: SGLangSettings, cache: RadixCache) -> None:
         if config.max_num_seqs is None or settings.chunked_prefill_size is None or settings.context_length is None:
@@ -102,33 +119,24 @@ class SGLangScheduler(ListScheduler):
         return min(req.max_tokens - req.num_output_tokens, CLIP_MAX_NEW_TOKENS)
 
     def _prefill(self, now: float) -> bool:
+        """One prefill batch: the chunked request's next piece first, then waiting requests in policy order while
+        the KV, prompt-token and chunk budgets last (SGLang's PrefillAdder)."""
         if self.chunked is None and (not self.waiting or len(self.running) >= self.max_running):
             return False
         cache = self.cache
-        rem_total = (
-            cache.free + cache.evictable - sum(self._remaining_new(r) * self.new_token_ratio for r in self.running)
+        budget = _Budget(
+            total=cache.free
+            + cache.evictable
+            - sum(self._remaining_new(r) * self.new_token_ratio for r in self.running),
+            input=self.max_prefill_tokens,
+            chunk=self.chunk,
         )
-        rem_input = self.max_prefill_tokens
-        rem_chunk = self.chunk
         added = 0
         if self.chunked is not None:
-            req = self.chunked
-            left = req.num_tokens - req.num_computed_tokens
-            take = left if rem_chunk is None else min(left, rem_chunk)
-            if not cache.allocate(take):
-                return False
-            self._slots[req.uid].private += take
-            self._grant(req, take)
-            added += 1
-            if take < left:
-                return True
-            self.chunked = None
-            self._joining.append(req)
-            rem_total -= take + self._remaining_new(req)
-            rem_input -= take
-            rem_chunk = None if rem_chunk is None else rem_chunk - take
-            if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
-                return True
+            ended = self._continue_chunk(budget)
+            if ended is not None:
+                return ended
+            added = 1
         admitted: set[int] = set()
         for req in self._ordered():
             if len(self.running) + added >= self.max_running:
@@ -136,41 +144,67 @@ class SGLangScheduler(ListScheduler):
             ids = self._ids(req)
             hit, node = cache.match(ids, self._match_limit(req, ids))
             extend = req.num_tokens - hit
-            if extend + self._remaining_new(req) >= rem_total:
+            if extend + self._remaining_new(req) >= budget.total:
                 break
-            if extend >= rem_input and added:
+            if extend >= budget.input and added:
                 break
-            cut = rem_chunk is not None and extend > rem_chunk
-            take = rem_chunk if cut and rem_chunk is not None else extend
-            if take <= 0:
+            cut = budget.chunk is not None and extend > budget.chunk
+            take = budget.chunk if cut and budget.chunk is not None else extend
+            if take <= 0 or not self._start(req, ids, node, hit, take, now):
                 break
-            cache.lock(node)
-            if not cache.allocate(take):
-                cache.unlock(node)
-                break
-            self._slots[req.uid] = _Slot(ids, node, hit, take)
-            if req.preemptions == 0:
-                self.prefix.queries += req.num_tokens
-                self.prefix.hits += hit
-            if req.schedule_time is None:
-                req.schedule_time = now
-            req.status = RUNNING
-            req.num_computed_tokens = hit
-            self._grant(req, take)
             admitted.add(req.uid)
             added += 1
-            rem_input -= take
+            budget.input -= take
             if cut:
                 self.chunked = req
                 break
             self._joining.append(req)
-            rem_total -= take + self._remaining_new(req)
-            rem_chunk = None if rem_chunk is None else rem_chunk - take
-            if rem_total <= 0 or rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+            budget.total -= take + self._remaining_new(req)
+            budget.spend_chunk(take)
+            if budget.total <= 0 or budget.exhausted():
                 break
         if admitted:
             self.waiting = deque(r for r in self.waiting if r.uid not in admitted)
         return added > 0
+
+    def _continue_chunk(self, budget: _Budget) -> bool | None:
+        """The chunked request's next piece, first in the batch. True or False is what the batch returns (a piece
+        that is not its last, no budget left, or no KV for it); None lets waiting requests follow."""
+        req = self.chunked
+        assert req is not None
+        left = req.num_tokens - req.num_computed_tokens
+        take = left if budget.chunk is None else min(left, budget.chunk)
+        if not self.cache.allocate(take):
+            return False
+        self._slots[req.uid].private += take
+        self._grant(req, take)
+        if take < left:
+            return True
+        self.chunked = None
+        self._joining.append(req)
+        budget.total -= take + self._remaining_new(req)
+        budget.input -= take
+        budget.spend_chunk(take)
+        return True if budget.exhausted() else None
+
+    def _start(self, req: SimRequest, ids: tuple[int, ...], node: RadixNode, hit: int, take: int, now: float) -> bool:
+        """Admit a waiting request with its cached prefix (`hit` tokens at `node`) and `take` new tokens; False
+        when the cache cannot hold them."""
+        cache = self.cache
+        cache.lock(node)
+        if not cache.allocate(take):
+            cache.unlock(node)
+            return False
+        self._slots[req.uid] = _Slot(ids, node, hit, take)
+        if req.preemptions == 0:
+            self.prefix.queries += req.num_tokens
+            self.prefix.hits += hit
+        if req.schedule_time is None:
+            req.schedule_time = now
+        req.status = RUNNING
+        req.num_computed_tokens = hit
+        self._grant(req, take)
+        return True
 
     def _ordered(self) -> list[SimRequest]:
         reqs = list(self.waiting)

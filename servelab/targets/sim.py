@@ -217,31 +217,7 @@ class _Simulation:
         self.plan = plan
         self.sink = sink
         self.on_sample = on_sample
-        self.latency = target.network_latency
-        self.frontend = target.has_frontend
-        api = target.api
-        self.fe_request, self.fe_token = api.per_request_s, api.per_prompt_token_s
-        self.fe_latency, self.fe_latency_token = api.latency_s, api.latency_per_prompt_token_s
-        self.fe_output, self.fe_chunk, self.fe_step = api.per_output_token_s, api.per_chunk_s, api.per_output_step_s
-        self.servers = servers = target.api_servers
-        self.frontend_free_at = [0.0] * servers
-        self.frontend_busy = 0.0
-        self.intake: list[deque[RequestSpec]] = [deque() for _ in range(servers)]
-        """Per API server: requests that reached it and wait for its event loop to take them in."""
-        self.intake_armed = [False] * servers
-        self.intake_owed = [0] * servers
-        """Per API server: how many waiting requests' intakes go before the next output round (see _serve_round)."""
-        self.round_deferred = [False] * servers
-        self.next_server = 0
-        self.server_of: dict[int, int] = {}
-        self.delivered: list[list[list[float]]] = [[[] for _ in range(servers)] for _ in engines]
-        """With a frontend: per engine and API server, when the tokens of each step left that server (nan: not yet)."""
-        self.pending: list[list[tuple[int, int, float]]] = [[] for _ in range(servers)]
-        """Per API server: (engine, step, tokens) its output handler has not taken yet (a step's tokens are split
-        evenly over the servers)."""
-        self.round_armed = [False] * servers
-        self.awaiting: list[list[tuple[int, SimRequest]]] = [[] for _ in range(servers)]
-        """Per API server: finished requests whose last tokens it has not sent yet."""
+        self._init_frontend(target, len(engines))
         self.stream_interval = target.config.stream_interval
         self.duration = plan.duration if plan.duration is not None else float("inf")
         self.free_slots = plan.max_concurrency if plan.max_concurrency is not None else None
@@ -268,12 +244,44 @@ class _Simulation:
         self.first_send = float("inf")
         self.last_finish = float("-inf")
         self.now = 0.0
-        fleet = len(engines) > 1
-        self.replica_names = [REPLICA_NAME.format(i) for i in range(len(engines))] if fleet else None
+        self._init_fleet(len(engines))
+
+    def _init_frontend(self, target: SimTarget, engines: int) -> None:
+        """The API servers' state: their CPU costs, intake queues, output rounds and what each has delivered."""
+        self.latency = target.network_latency
+        self.frontend = target.has_frontend
+        api = target.api
+        self.fe_request, self.fe_token = api.per_request_s, api.per_prompt_token_s
+        self.fe_latency, self.fe_latency_token = api.latency_s, api.latency_per_prompt_token_s
+        self.fe_output, self.fe_chunk, self.fe_step = api.per_output_token_s, api.per_chunk_s, api.per_output_step_s
+        self.servers = servers = target.api_servers
+        self.frontend_free_at = [0.0] * servers
+        self.frontend_busy = 0.0
+        self.intake: list[deque[RequestSpec]] = [deque() for _ in range(servers)]
+        """Per API server: requests that reached it and wait for its event loop to take them in."""
+        self.intake_armed = [False] * servers
+        self.intake_owed = [0] * servers
+        """Per API server: how many waiting requests' intakes go before the next output round (see _serve_round)."""
+        self.round_deferred = [False] * servers
+        self.next_server = 0
+        self.server_of: dict[int, int] = {}
+        self.delivered: list[list[list[float]]] = [[[] for _ in range(servers)] for _ in range(engines)]
+        """With a frontend: per engine and API server, when the tokens of each step left that server (nan: not yet)."""
+        self.pending: list[list[tuple[int, int, float]]] = [[] for _ in range(servers)]
+        """Per API server: (engine, step, tokens) its output handler has not taken yet (a step's tokens are split
+        evenly over the servers)."""
+        self.round_armed = [False] * servers
+        self.awaiting: list[list[tuple[int, SimRequest]]] = [[] for _ in range(servers)]
+        """Per API server: finished requests whose last tokens it has not sent yet."""
+
+    def _init_fleet(self, engines: int) -> None:
+        """A fleet's bookkeeping: its replicas' names, per-replica samples and counts (none for one engine)."""
+        fleet = engines > 1
+        self.replica_names = [REPLICA_NAME.format(i) for i in range(engines)] if fleet else None
         """A fleet's replicas as its records and loads name them (a record's base_url, as bench's several URLs)."""
-        self.replica_samples: list[list[TimelineSample]] | None = [[] for _ in engines] if fleet else None
+        self.replica_samples: list[list[TimelineSample]] | None = [[] for _ in range(engines)] if fleet else None
         """A fleet's per-replica metrics at each sample: what bench scrapes from each replica's /metrics."""
-        self.served = [0] * len(engines)
+        self.served = [0] * engines
 
     # -- the loop ---------------------------------------------------------
 
