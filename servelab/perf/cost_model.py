@@ -452,6 +452,10 @@ class RooflineCostModel:
         num_tokens = num_prefill_tokens + num_decodes
         if num_tokens == 0:
             return 0.0
+        if self.model.sliding_layers:  # sliding-window layers attend to, and read, at most a window per query
+            prefill_attn_work = int(self.model.windowed(prefill_attn_work, num_prefill_tokens))
+            sum_decode_context = int(self.model.windowed(sum_decode_context, num_decodes))
+            prefill_context_tokens = int(self.model.windowed(prefill_context_tokens, num_sampled - num_decodes))
         if self.kernel_fit:
             return self._fitted_step(
                 num_prefill_tokens,

@@ -83,7 +83,8 @@ class MemoryPlan:
     non_torch_bytes: int
     kv_cache_bytes: int
     kv_bytes_per_token: float
-    """Per GPU: this rank's share of the KV heads, all layers."""
+    """Per GPU: this rank's share of the KV heads, over the layers that keep every token (all but sliding-window
+    layers, see kv_block_bytes_per_token_per_rank)."""
     block_size: int
     num_blocks: int
 
@@ -120,17 +121,33 @@ def routed_expert_bytes(model: ModelSpec, quantization: str | None, hardware: Ha
 
 
 def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
-    """KV heads are split across ranks, and replicated once TP exceeds their number (MLA's one latent: on every rank)."""
+    """KV heads are split across ranks, and replicated once TP exceeds their number (MLA's one latent: every rank)."""
     if model.mla:
         return 1
     return max(1, model.num_kv_heads // tp)
 
 
 def kv_bytes_per_token_per_rank(model: ModelSpec, kv_cache_dtype: str, tp: int) -> float:
+    """KV bytes one token of context occupies on one rank, over every attention layer."""
     element = kv_bytes_per_element(kv_cache_dtype, model)
     if model.mla:
         return model.kv_bytes_per_token(element)
     return 2 * model.num_layers * kv_heads_per_rank(model, tp) * model.head_dim * element
+
+
+def kv_block_bytes_per_token_per_rank(model: ModelSpec, kv_cache_dtype: str, tp: int) -> float:
+    """KV-cache bytes the block pool spends per token of a long sequence on one rank.
+
+    A model whose config.json gives some layers a sliding window (gpt-oss: every other layer, 128 tokens) runs on
+    vLLM's hybrid KV-cache manager: the full-attention and the sliding-window layers form groups of equal size that
+    share one pool of same-sized pages (vllm/v1/core/kv_cache_utils.py, _get_kv_cache_groups_uniform_page_size), and
+    a sliding group frees the blocks that fall out of its window (single_type_kv_cache_manager.py,
+    SlidingWindowManager). A long sequence holds blocks for its every token in the full-attention layers only, plus
+    about window / block_size blocks per sliding group: the pool's capacity in tokens is its bytes over the
+    full-attention layers' share.
+    """
+    every_layer = kv_bytes_per_token_per_rank(model, kv_cache_dtype, tp)
+    return every_layer * model.full_attention_layers / model.num_layers
 
 
 def forward_activation_bytes(model: ModelSpec, config: EngineConfig, reserve: MemoryReserve) -> int:
@@ -167,6 +184,54 @@ def cuda_graph_reserve(hardware: Hardware, config: EngineConfig, reserve: Memory
     return reserve.cuda_graph_bytes
 
 
+def rank_weight_bytes(model: ModelSpec, config: EngineConfig, hardware: Hardware) -> int:
+    """Weights one GPU holds; with expert parallelism over data-parallel ranks, 1/(TP x DP) of the routed experts."""
+    tp = config.tensor_parallel_size
+    weights = weight_bytes_per_rank(model, config.quantization, hardware, tp)
+    if model.moe and config.enable_expert_parallel and config.data_parallel_size > 1:
+        experts = routed_expert_bytes(model, config.quantization, hardware) / tp
+        weights -= int(experts * (1 - 1 / config.data_parallel_size))
+    return weights
+
+
+def _kv_budget(hardware: Hardware, config: EngineConfig, non_kv: int) -> tuple[int, int, str]:
+    """(KV-cache bytes, the budget they come out of, that budget in words) as vLLM sizes them.
+
+    `kv_cache_memory_bytes` fixes the KV size and ignores gpu_memory_utilization, as vLLM does.
+    """
+    total = hardware.memory_bytes
+    if config.kv_cache_memory_bytes is not None:
+        return config.kv_cache_memory_bytes, total, f"the {hardware.memory_gib:.1f} GiB of {hardware.name}"
+    requested = math.ceil(total * config.gpu_memory_utilization)
+    words = (
+        f"{requested / GiB:.1f} GiB ({config.gpu_memory_utilization:g} x {hardware.memory_gib:.1f} GiB "
+        f"of {hardware.name})"
+    )
+    return requested - non_kv, requested, words
+
+
+def _does_not_fit(model: ModelSpec, tp: int, terms: dict[str, int], budget: int, budget_name: str) -> PerfConfigError:
+    non_kv = sum(terms.values())
+    return PerfConfigError(
+        f"{model.name} does not fit: weights {terms['weights'] / GiB:.1f} GiB per GPU (TP={tp}), "
+        f"activations ~{terms['activations'] / GiB:.1f} GiB, CUDA graphs ~{terms['graphs'] / GiB:.1f} GiB, "
+        f"other ~{terms['non_torch'] / GiB:.1f} GiB "
+        f"leave {(budget - non_kv) / GiB:.1f} GiB for the KV cache out of {budget_name}; "
+        "raise --gpu-memory-utilization or --tensor-parallel-size, quantize the weights, "
+        "or lower --max-num-batched-tokens / --max-num-seqs"
+    )
+
+
+def _check_max_model_len(plan: MemoryPlan, max_model_len: int) -> None:
+    """vLLM refuses to start when one request of max_model_len tokens cannot fit in the KV cache."""
+    if plan.kv_token_capacity < max_model_len:
+        raise PerfConfigError(
+            f"max_model_len {max_model_len} is larger than the {plan.kv_token_capacity} tokens the KV cache "
+            f"holds ({plan.kv_cache_bytes / GiB:.2f} GiB, {plan.num_blocks} blocks of {plan.block_size}); "
+            "vLLM refuses to start: lower --max-model-len or give the KV cache more memory"
+        )
+
+
 def plan_memory(
     hardware: Hardware,
     model: ModelSpec,
@@ -182,59 +247,28 @@ def plan_memory(
     assert config.max_model_len is not None, "resolve() first"
     model = model.with_dtype(config.dtype)
     tp = config.tensor_parallel_size
-    total = hardware.memory_bytes
-    requested = math.ceil(total * config.gpu_memory_utilization)
-    weights = weight_bytes_per_rank(model, config.quantization, hardware, tp)
-    if model.moe and config.enable_expert_parallel and config.data_parallel_size > 1:
-        # Expert parallelism over data-parallel ranks: each GPU holds 1/(TP x DP) of the routed experts.
-        weights -= int(
-            routed_expert_bytes(model, config.quantization, hardware) / tp * (1 - 1 / config.data_parallel_size)
-        )
-    activations = activation_bytes(model, config, reserve)
-    non_torch = reserve.non_torch_bytes + (reserve.nccl_bytes if tp > 1 else 0)
-    graphs = cuda_graph_reserve(hardware, config, reserve)
-    non_kv = weights + activations + non_torch + graphs
-
-    if config.kv_cache_memory_bytes is not None:
-        kv_cache = config.kv_cache_memory_bytes
-        budget, budget_name = total, f"the {hardware.memory_gib:.1f} GiB of {hardware.name}"
-    else:
-        kv_cache = requested - non_kv
-        budget = requested
-        budget_name = (
-            f"{requested / GiB:.1f} GiB ({config.gpu_memory_utilization:g} x {hardware.memory_gib:.1f} GiB "
-            f"of {hardware.name})"
-        )
+    terms = {
+        "weights": rank_weight_bytes(model, config, hardware),
+        "activations": activation_bytes(model, config, reserve),
+        "non_torch": reserve.non_torch_bytes + (reserve.nccl_bytes if tp > 1 else 0),
+        "graphs": cuda_graph_reserve(hardware, config, reserve),
+    }
+    non_kv = sum(terms.values())
+    kv_cache, budget, budget_name = _kv_budget(hardware, config, non_kv)
     if non_kv + max(kv_cache, 0) > budget or kv_cache <= 0:
-        raise PerfConfigError(
-            f"{model.name} does not fit: weights {weights / GiB:.1f} GiB per GPU (TP={tp}), "
-            f"activations ~{activations / GiB:.1f} GiB, CUDA graphs ~{graphs / GiB:.1f} GiB, other ~{non_torch / GiB:.1f} "
-            f"GiB "
-            f"leave {(budget - non_kv) / GiB:.1f} GiB for the KV cache out of {budget_name}; "
-            "raise --gpu-memory-utilization or --tensor-parallel-size, quantize the weights, "
-            "or lower --max-num-batched-tokens / --max-num-seqs"
-        )
-
-    per_token = kv_bytes_per_token_per_rank(model, config.kv_cache_dtype, tp)
-    block_bytes = per_token * config.block_size
-    num_blocks = config.num_gpu_blocks_override or int(kv_cache // block_bytes)
+        raise _does_not_fit(model, tp, terms, budget, budget_name)
+    per_token = kv_block_bytes_per_token_per_rank(model, config.kv_cache_dtype, tp)
     plan = MemoryPlan(
-        total_bytes=total,
-        requested_bytes=requested,
-        weight_bytes=weights,
-        activation_bytes=activations,
-        cuda_graph_bytes=graphs,
-        non_torch_bytes=non_torch,
+        total_bytes=hardware.memory_bytes,
+        requested_bytes=math.ceil(hardware.memory_bytes * config.gpu_memory_utilization),
+        weight_bytes=terms["weights"],
+        activation_bytes=terms["activations"],
+        cuda_graph_bytes=terms["graphs"],
+        non_torch_bytes=terms["non_torch"],
         kv_cache_bytes=int(kv_cache),
         kv_bytes_per_token=per_token,
         block_size=config.block_size,
-        num_blocks=num_blocks,
+        num_blocks=config.num_gpu_blocks_override or int(kv_cache // (per_token * config.block_size)),
     )
-    if plan.kv_token_capacity < config.max_model_len:
-        raise PerfConfigError(
-            f"max_model_len {config.max_model_len} is larger than the {plan.kv_token_capacity} tokens the KV cache "
-            f"holds "
-            f"({kv_cache / GiB:.2f} GiB, {num_blocks} blocks of {config.block_size}); vLLM refuses to start: "
-            "lower --max-model-len or give the KV cache more memory"
-        )
+    _check_max_model_len(plan, config.max_model_len)
     return plan

@@ -109,10 +109,28 @@ class ModelSpec:
     `dtype` (gpt-oss: its MXFP4 config lists self_attn and the router in modules_to_not_convert)."""
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    sliding_window: int = 0
+    """Keys a sliding-window layer attends to (its config's `sliding_window`); 0 when every layer is full."""
+    sliding_layers: int = 0
+    """Layers that config.json's `layer_types` marks `sliding_attention` (gpt-oss: every other one)."""
 
     @property
     def dtype_bytes(self) -> int:
         return _DTYPE_BYTES[self.dtype]
+
+    @property
+    def full_attention_layers(self) -> int:
+        """Layers whose attention (and KV cache) spans the whole context."""
+        return self.num_layers - self.sliding_layers
+
+    def windowed(self, tokens: float, queries: int) -> float:
+        """Layer-averaged share of `tokens` (query-key pairs, or context tokens read) that attention really touches
+        when `queries` queries share them: full layers see them all, a sliding-window layer at most `sliding_window`
+        per query. Exact for a single query; for a batch, min(sum, n x window) stands in for the sum of the minima."""
+        if not self.sliding_layers:
+            return tokens
+        sliding = min(tokens, queries * self.sliding_window)
+        return (self.full_attention_layers * tokens + self.sliding_layers * sliding) / self.num_layers
 
     @property
     def attention_linear_params(self) -> int:
@@ -328,6 +346,22 @@ def _mla_spec(config: dict[str, Any], source: str) -> MLASpec | None:
     )
 
 
+def _sliding_layers(config: dict[str, Any], layers: int, source: str) -> tuple[int, int]:
+    """(window, number of sliding-window layers) from `layer_types` and `sliding_window`; (0, 0) without them.
+
+    Only configs that name each layer's type are read: Qwen2/Qwen3 configs carry a `sliding_window` that their
+    `use_sliding_window: false` turns off, and vLLM runs them with full attention.
+    """
+    types = config.get("layer_types") or ()
+    sliding = sum(1 for t in types if t == "sliding_attention")
+    if not sliding:
+        return 0, 0
+    window = config.get("sliding_window")
+    if not window or len(types) != layers:
+        raise PerfConfigError(f"{source}: layer_types needs one entry per layer and a sliding_window")
+    return int(window), sliding
+
+
 def _architecture(config: dict[str, Any], source: str) -> str:
     architectures = config.get("architectures") or []
     architecture = str(architectures[0] if architectures else config.get("model_type", "unknown"))
@@ -356,6 +390,7 @@ def model_from_hf_config(config: dict[str, Any], name: str, source: str | None =
     bias_rule = _DENSE_ARCHITECTURES[architecture] if dense else _MOE_ARCHITECTURES[architecture]
     mla = None if dense else _mla_spec(config, source)
     quantization, experts_only = _declared_quantization(config, source)
+    window, sliding_layers = _sliding_layers(config, layers, source)
     return ModelSpec(
         name=name,
         architecture=architecture,
@@ -374,6 +409,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, source: str | None =
         quantized_experts_only=experts_only and not dense,
         moe=None if dense else _moe_spec(config, architecture, layers, source),
         mla=mla,
+        sliding_window=window,
+        sliding_layers=sliding_layers,
     )
 
 
