@@ -63,10 +63,30 @@ def test_a_chat_fleet_is_cheapest_behind_a_route_that_keeps_each_chat_on_its_rep
     doc = TuneDocument.model_validate(json.loads((out / "tune.json").read_text()))
     scores = {t.params["router"]: t.score for t in doc.trials}
     assert scores["session"] < scores["round-robin"]  # $/Mtok: the chat's history is prefilled once, not again
-    assert doc.recommendation is not None and doc.recommendation.router == "session"
+    assert doc.recommendation is not None and doc.recommendation.params["router"] == "session"
     assert "--data-parallel-size 2 behind the session router" in " ".join(result.output.split())
 
 
 def test_a_router_the_simulator_does_not_have_is_refused_before_any_trial() -> None:
     with pytest.raises(TuneError, match="router"):
         SearchSpace.from_items(["router=nearest"])
+
+
+def test_a_recommendation_names_the_gpu_and_router_its_engine_flags_cannot_carry() -> None:
+    from servelab.schemas.tune import Recommendation
+
+    def recommended(params: dict) -> Recommendation:
+        return Recommendation(
+            source="stage1",
+            label="trial-3",
+            params=params,
+            engine_args="--tensor-parallel-size 2",
+            launch_line=None,
+            score=0.2,
+            slo_met=True,
+            baseline_score=0.4,
+            gain_over_baseline=0.5,
+        )
+
+    assert recommended({"gpu": "B200", "router": "session"}).placement() == " on B200 behind the session router"
+    assert recommended({"tensor_parallel_size": 2}).placement() == ""

@@ -459,7 +459,7 @@ def _recommendation(console: Console, doc: TuneDocument) -> None:
     gain = rec.gain_over_baseline
     console.print(
         f"[bold green]recommended[/] ({source}): {rec.engine_args or _defaults(doc.deployment.engine)}"
-        f"{rec.routed()}: "
+        f"{rec.placement()}: "
         f"{_num(rec.score)} {doc.objective.unit}" + ("" if gain is None else f", {gain:.2f}x the baseline")
     )
     if rec.launch_line:

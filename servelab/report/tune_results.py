@@ -67,7 +67,8 @@ def _recommendation_text(doc: TuneDocument) -> str:
     gain = rec.gain_over_baseline
     times = "" if gain is None else f", {gain:.2f}× the baseline"
     return (
-        f"{rec.engine_args or '(vLLM defaults)'}{rec.routed()}: {number(rec.score)} {doc.objective.unit} ({how}{times})"
+        f"{rec.engine_args or '(vLLM defaults)'}{rec.placement()}: {number(rec.score)} {doc.objective.unit} "
+        f"({how}{times})"
     )
 
 

@@ -165,16 +165,11 @@ class Recommendation(OpenModel):
     baseline_score: float | None
     gain_over_baseline: float | None
 
-    @property
-    def router(self) -> str | None:
-        """The router in front of the replicas, when the search varied it (`router`, not an engine flag, so not in
-        engine_args)."""
-        value = self.params.get("router")
-        return None if value is None else str(value)
-
-    def routed(self) -> str:
-        """ " behind the X router" where the search chose one, else nothing: for the line that names the config."""
-        return f" behind the {self.router} router" if self.router else ""
+    def placement(self) -> str:
+        """ " on GPU" and " behind the X router" where the search chose them (the `gpu` and `router` knobs are not
+        engine flags, so engine_args cannot carry them), else nothing: for the line that names the configuration."""
+        gpu, router = self.params.get("gpu"), self.params.get("router")
+        return (f" on {gpu}" if gpu else "") + (f" behind the {router} router" if router else "")
 
 
 class AsGiven(OpenModel):
