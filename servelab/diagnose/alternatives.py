@@ -151,26 +151,38 @@ def _knob_options(d: Deployment, why: _Why) -> list[Option]:
 
 
 def _more_gpu_options(d: Deployment) -> list[Option]:
-    """A second GPU: as a replica, as expert parallelism for a MoE, as tensor parallelism where a link joins them."""
+    """As many GPUs again: as replicas, or as tensor parallelism where a link joins them; for a MoE on several
+    GPUs, the same GPUs laid out otherwise (experts sliced over TP or whole per GPU, attention data-parallel)."""
     cfg = d.config
+    gpus = cfg.tensor_parallel_size * cfg.data_parallel_size
+    more = f"+{gpus} GPU{'s' if gpus > 1 else ''}"
     options = [
         Option(
-            f"+1 GPU: {2 * cfg.data_parallel_size} replicas",
+            f"{more}: {2 * cfg.data_parallel_size} replicas",
             lambda: d.with_changes(data_parallel_size=2 * cfg.data_parallel_size),
             trade="failover: one GPU down, the others still serve",
         )
     ]
-    if d.model.moe and cfg.tensor_parallel_size * cfg.data_parallel_size > 1:  # TP vs EP for the same GPUs
+    if d.model.moe and gpus > 1:  # TP vs EP for the same GPUs
         options.append(
             Option(
                 "experts sliced over TP" if cfg.enable_expert_parallel else "expert parallel (EP)",
                 lambda: d.with_changes(enable_expert_parallel=not cfg.enable_expert_parallel),
             )
         )
+        if cfg.tensor_parallel_size > 1:
+            options.append(
+                Option(
+                    f"the same {gpus} GPUs as data-parallel attention + EP (DP={gpus})",
+                    lambda: d.with_changes(
+                        tensor_parallel_size=1, data_parallel_size=gpus, enable_expert_parallel=True
+                    ),
+                )
+            )
     if d.hardware.interconnect_bandwidth > 0:
         options.append(
             Option(
-                f"+1 GPU: TP={2 * cfg.tensor_parallel_size}",
+                f"{more}: TP={2 * cfg.tensor_parallel_size}",
                 lambda: d.with_changes(tensor_parallel_size=2 * cfg.tensor_parallel_size),
                 trade=tp_link(d) + ": one GPU down stops the model",
             )
@@ -181,13 +193,17 @@ def _more_gpu_options(d: Deployment) -> list[Option]:
 def _chip_options(d: Deployment, region: Region | None, why: _Why) -> list[Option]:
     """One bigger chip instead (those sold in `region`), and with FP8 weights where it has FP8 tensor cores."""
     options = []
+    gpus = d.config.tensor_parallel_size * d.config.data_parallel_size
+    count = "one" if gpus == 1 else str(gpus)
     for name in upgrades(d.hardware.name, region):
         chip = get_gpu(name)
-        options.append(Option(f"one {chip.name} instead", partial(d.rebuilt, hardware=chip)))
+        options.append(Option(f"{count} {chip.name} instead", partial(d.rebuilt, hardware=chip)))
         if chip.fp8_tflops > 0:
             options.append(
                 Option(
-                    f"one {chip.name}, FP8 weights", partial(d.rebuilt, hardware=chip, quantization="fp8"), why.weights
+                    f"{count} {chip.name}, FP8 weights",
+                    partial(d.rebuilt, hardware=chip, quantization="fp8"),
+                    why.weights,
                 )
             )
     return options
