@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, WithJsonSchema, model_serializer
 
 from servelab import SCHEMA_VERSION
 from servelab.schemas.vocabulary import Regime, Tier
@@ -436,10 +436,32 @@ class SweepPoint(OpenModel):
         None, description="`--sweep auto`, a rate point: the backlog and TTFT trends that showed over-saturation."
     )
 
+    @model_serializer(mode="wrap")
+    def _in_file_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The point's keys in the order sweep.json always had: the swept value (and `--sweep auto`'s profile) first,
+        then the directory, the curve's columns and the summary, then what the saturation guard found."""
+        data: dict[str, Any] = handler(self)
+        head = [*(self.model_extra or {}), "profile"]
+        tail = ("stopped_early", "over_saturated", "offered_rate_realized")
+        ordered = {key: data.pop(key) for key in head if key in data}
+        rest = {key: data.pop(key) for key in tail if key in data}
+        return {**ordered, **data, **rest}
+
+    def swept(self, key: str) -> int | float | Literal["inf"]:
+        """The point's value of the swept flag `key` (a key of its own in the file, e.g. `request-rate`)."""
+        value: int | float | Literal["inf"] = (self.model_extra or {})[key]
+        return value
+
+
+SweepValue = Annotated[
+    int | float | Literal["inf"], WithJsonSchema({"anyOf": [{"type": "number"}, {"const": "inf", "type": "string"}]})
+]
+"""A swept value as written: an integer concurrency stays an integer, a rate a float, an unbounded rate "inf"."""
+
 
 class SweepSpec(ClosedModel):
     key: str
-    values: list[float | Literal["inf"]] = Field(description='The swept values in order; an unbounded rate is "inf".')
+    values: list[SweepValue] = Field(description='The swept values in order; an unbounded rate is "inf".')
 
 
 class AutoSweepResult(OpenModel):
