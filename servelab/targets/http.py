@@ -56,6 +56,7 @@ from servelab.targets.preflight import (
     COMPLETIONS,
     ENDPOINTS,
     error_message,
+    ServerFound,
     preflight,
 )
 from servelab.schemas.vocabulary import SESSION_HEADER
@@ -270,7 +271,7 @@ class HttpTarget:
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self.server_info: dict[str, Any] | None = None
+        self.server_info: ServerFound | None = None
         self.model_names: frozenset[str] = frozenset({model} if model else ())
         """Names a stream may say it came from: the model asked for and, after pre-flight, its aliases
         (vLLM lists every --served-model-name and answers with the first)."""
@@ -305,14 +306,14 @@ class HttpTarget:
 
     # -- preflight --------------------------------------------------------
 
-    async def apreflight(self, session: aiohttp.ClientSession | None = None) -> dict[str, Any]:
+    async def apreflight(self, session: aiohttp.ClientSession | None = None) -> ServerFound:
         import aiohttp
 
         if session is None:
             async with aiohttp.ClientSession() as own:
                 return await self.apreflight(own)
         auth = self._auth_headers()
-        info = await preflight(session, self.base_url, self.endpoint, self.model, headers=auth)
+        info: ServerFound = {**await preflight(session, self.base_url, self.endpoint, self.model, headers=auth)}
         info["engine"] = await identify(session, self.base_url, self.engine, auth or None)
         for other in self.base_urls[1:]:  # every replica must serve the same model, under the name the first gave
             await preflight(session, other, self.endpoint, info["model"], headers=auth)
@@ -326,8 +327,8 @@ class HttpTarget:
     def _engine_metrics(self) -> EngineMetrics | None:
         """The metric names to scrape: the engine pre-flight identified, else the one named; None: found on the
         first scrape."""
-        identified = (self.server_info or {}).get("engine") or {}
-        name = identified.get("name") or (self.engine if self.engine != engines.AUTO else None)
+        identified = self.server_info.get("engine") if self.server_info is not None else None
+        name = (identified["name"] if identified else None) or (self.engine if self.engine != engines.AUTO else None)
         return engines.ENGINES.get(name) if name else None
 
     def abandons(self, index: int) -> bool:
@@ -341,7 +342,7 @@ class HttpTarget:
         """The Authorization header alone, for requests that are not the stream (pre-flight, /metrics)."""
         return {k: v for k, v in self._headers.items() if k == "Authorization"}
 
-    def preflight(self) -> dict[str, Any]:
+    def preflight(self) -> ServerFound:
         """Check URL, `/v1/models`, model and endpoint; raises TargetError naming what is wrong."""
         return asyncio.run(self.apreflight())
 
@@ -431,7 +432,7 @@ class HttpTarget:
         stats = tally.client_stats()
         stats["clock_zero_perf_counter"] = clock.zero
         stats.update(tally.notes)
-        info = dict(self.server_info or {"base_url": self.base_url, "endpoint": self.endpoint})
+        info: dict[str, Any] = {**(self.server_info or {"base_url": self.base_url, "endpoint": self.endpoint})}
         info["metrics_scrape"] = scrape_stats
         if replicas.scrapers:
             info["replicas"] = replicas.loads()
