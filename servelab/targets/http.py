@@ -28,7 +28,7 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import orjson
 import uvloop
@@ -176,9 +176,10 @@ def _check_settings(
 
 def _replica_urls(
     base_url: str | Sequence[str], route: str, session_header: str | None, replica_metrics_urls: Sequence[str]
-) -> list[str]:
-    """The replicas' base URLs without a trailing `/` or `/v1`; TargetError for none, a repeat, or a route, session
-    header or replica /metrics URL that cannot be used with them."""
+) -> tuple[list[str], list[str]]:
+    """The replicas' base URLs without a trailing `/` or `/v1`, and the /metrics to scrape for each (as given, else
+    every replica's own when there are several); TargetError for no URL, a repeat, or a route, session header or
+    replica /metrics URL that cannot be used with them."""
     urls = [base_url] if isinstance(base_url, str) else list(base_url)
     if not urls:
         raise TargetError("give at least one base URL")
@@ -192,7 +193,15 @@ def _replica_urls(
     bad = [u for u in replica_metrics_urls if not u.startswith(("http://", "https://"))]
     if bad:
         raise TargetError(f"--replica-metrics-url must be an http(s) URL, got {', '.join(map(repr, bad))}")
-    return base_urls
+    own_metrics = [url + "/metrics" for url in base_urls] if len(base_urls) > 1 else []
+    return base_urls, list(replica_metrics_urls) or own_metrics
+
+
+class Usage(TypedDict, total=False):
+    """A stream's `usage` event as far as the client reads it: the server's own token counts."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
 
 
 class _RunClock:
@@ -236,18 +245,15 @@ class HttpTarget:
         replica_metrics_urls: Sequence[str] = (),
     ) -> None:
         _check_settings(endpoint, request_timeout, idle_timeout, workers, engine, abandon_after, abandon_share)
-        self.base_urls = _replica_urls(base_url, route, session_header, replica_metrics_urls)
-        """Replicas of one model, no router in front: requests are spread over them by `route` (replicas.py)."""
+        self.base_urls, self.replica_metrics_urls = _replica_urls(base_url, route, session_header, replica_metrics_urls)
+        """Replicas of one model, no router in front: requests are spread over them by `route` (replicas.py); and
+        each replica's /metrics, scraped alongside the run: given (a router in front), or every --base-url's."""
         self.base_url = self.base_urls[0]
         """The first replica: /metrics, /reset_prefix_cache and the server info come from it."""
         self.route = route
         self.session_header = session_header
         """The header that carries a request's conversation id (when it has one), for routers with session
         affinity; None: not sent."""
-        self.replica_metrics_urls = list(replica_metrics_urls) or (
-            [url + "/metrics" for url in self.base_urls] if len(self.base_urls) > 1 else []
-        )
-        """Each replica's /metrics, scraped alongside the run: given (a router in front), or every --base-url's."""
         self.endpoint = endpoint
         self.model = model
         self.ignore_eos = ignore_eos
@@ -263,14 +269,12 @@ class HttpTarget:
         """GPUs sampled beside /metrics (servelab/metrics/gpu.py); None: none."""
         self.engine = engine
         """Whose /metrics names to read (servelab/metrics/engines.py), or `auto`: the server's."""
-        self.abandon_after = abandon_after
+        self.abandon_after, self.abandon_share = abandon_after, abandon_share
         """Seconds after its send at which a request still streaming is abandoned (the connection closed, like a
-        user closing the tab); None: never."""
-        self.abandon_share = abandon_share
-        """The share of requests that abandon (chosen by their index, the same ones in every run of a plan)."""
-        self._headers = {"Content-Type": "application/json"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+        user closing the tab; None: never), and the share of requests that do (chosen by their index, the same ones
+        in every run of a plan)."""
+        auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = {"Content-Type": "application/json", **auth}
         self.server_info: ServerFound | None = None
         self.model_names: frozenset[str] = frozenset({model} if model else ())
         """Names a stream may say it came from: the model asked for and, after pre-flight, its aliases
@@ -600,7 +604,7 @@ class _StreamState:
         self.is_chat = is_chat
         self.zero = zero
         self.decoder = SSEDecoder()
-        self.usage: dict[str, Any] | None = None
+        self.usage: Usage | None = None
         self.done = False
         self.last_read = time.perf_counter()
         self.events = 0
