@@ -22,6 +22,7 @@ from servelab.schemas.vocabulary import Regime, Tier
 from servelab.schemas.base import ClosedModel, OpenModel
 
 Json = dict[str, Any]
+"""A JSON object at a file's edge: an open part of a document (another layer's own keys) or a serializer's output."""
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -234,10 +235,10 @@ class Summary(OpenModel):
     )
 
     @model_serializer(mode="wrap")
-    def _in_file_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _in_file_order(self, handler: SerializerFunctionWrapHandler) -> Json:
         """summary.json's keys in the order its writers always wrote them (`vllm bench serve`'s): the counts and
         rates, each latency's mean, median, std and percentile columns together, then what the run adds."""
-        data: dict[str, Any] = handler(self)
+        data: Json = handler(self)
         ordered = {key: data.pop(key) for key in _SUMMARY_HEAD if key in data}
         for metric in STAT_METRICS:
             named = [f"{stat}_{metric}_ms" for stat in ("mean", "median", "std")]
@@ -437,10 +438,10 @@ class SweepPoint(OpenModel):
     )
 
     @model_serializer(mode="wrap")
-    def _in_file_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _in_file_order(self, handler: SerializerFunctionWrapHandler) -> Json:
         """The point's keys in the order sweep.json always had: the swept value (and `--sweep auto`'s profile) first,
         then the directory, the curve's columns and the summary, then what the saturation guard found."""
-        data: dict[str, Any] = handler(self)
+        data: Json = handler(self)
         head = [*(self.model_extra or {}), "profile"]
         tail = ("stopped_early", "over_saturated", "offered_rate_realized")
         ordered = {key: data.pop(key) for key in head if key in data}
