@@ -172,8 +172,8 @@ def test_sweep_writes_one_directory_per_point_and_the_curve(tmp_path):
         seen.append((label, len(sink.records)))
 
     index = run_sweep(target, sweep, base, make, tmp_path, {"flags": {}}, observe=observe)
-    assert [p["directory"] for p in index["points"]] == ["max-concurrency=1", "max-concurrency=4", "max-concurrency=16"]
-    assert seen == [(p["directory"], 32) for p in index["points"]]
+    assert [p.directory for p in index.points] == ["max-concurrency=1", "max-concurrency=4", "max-concurrency=16"]
+    assert seen == [(p.directory, 32) for p in index.points]
     assert [p.max_concurrency for p in target.plans] == [1, 4, 16]
     on_disk = json.loads((tmp_path / "sweep.json").read_text())
     tput = [p["request_throughput"] for p in on_disk["points"]]
@@ -188,7 +188,7 @@ def test_sweep_stops_at_an_interrupted_point(tmp_path):
         return build_plan(WorkloadConfig(input_len=16, output_len=4), arrival, Amount(num_prompts=10))
 
     index = run_sweep(FakeTarget(stop_after=3), sweep, ArrivalConfig(), make, tmp_path, {})
-    assert len(index["points"]) == 1 and index["interrupted"] is True
+    assert len(index.points) == 1 and index.interrupted is True
     assert json.loads((tmp_path / "sweep.json").read_text())["points"][0]["completed"] == 3
 
 

@@ -48,7 +48,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import uvloop
 
@@ -129,7 +129,7 @@ class ClientActor:
     def host(self) -> str:
         return socket.gethostname()
 
-    def run(self, start_at: float, broker: Any | None = None) -> dict[str, Any]:
+    def run(self, start_at: float, broker: Any | None = None) -> ClientResult:
         """Start at `start_at` on this host's clock (the driver's common start, through this host's offset); take
         the cap's slots from `broker` when the clients share one."""
         if broker is not None:
@@ -223,122 +223,154 @@ class RayClients:
                 f"--max-concurrency is one cap shared by the --clients {self.clients}, each on one event "
                 "loop: drop --workers (more clients are the way to more client processes)"
             )
-        ray = self.ray
         broker = None if cap is None else self._broker(cap)
-        remote = ray.remote(num_cpus=0, max_concurrency=2, max_restarts=0)(ClientActor)
+        remote = self.ray.remote(num_cpus=0, max_concurrency=2, max_restarts=0)(ClientActor)
         actors = [
             remote.options(scheduling_strategy="SPREAD").remote(self.target_options, self.make_plan, self.clients, i)
             for i in range(self.clients)
         ]
         started = [*actors, *([broker] if broker is not None else [])]
         """Every actor of this run, all stopped when it ends (or fails to start)."""
-        info: list[dict[str, Any]] = []
-        for i, actor in enumerate(actors):
-            try:
-                offset, rtt = self._clock(actor)
-                host = ray.get(actor.host.remote())
-            except ray.exceptions.RayActorError as exc:  # before the run: nothing was sent, so nothing is lost
-                for each in started:
-                    ray.kill(each)
-                raise ClusterError(
-                    f"client {i} died before the run started ({type(exc).__name__}); nothing was sent "
-                    "(see `ray status` for its node)"
-                ) from None
-            info.append({"client": i, "host": host, "clock_offset_ms": 1000 * offset, "clock_rtt_ms": 1000 * rtt})
-        zero = time.time() + START_AHEAD_S
-        runs = {actor.run.remote(zero + info[i]["clock_offset_ms"] / 1000, broker): i for i, actor in enumerate(actors)}
-        shifts: list[float | None] = [None] * self.clients
-        open_: list[dict[int, tuple[float, int]]] = [{} for _ in actors]  # per client: taken, not yet recorded
-        recorded: list[set[int]] = [set() for _ in actors]
-        results: dict[int, dict[str, Any]] = {}
-        interrupted = False
-
-        def drain(i: int) -> None:
-            try:
-                their_zero, taken, records = ray.get(actors[i].drain.remote())
-            except ray.exceptions.RayActorError:
-                return
-            if their_zero is not None and shifts[i] is None:
-                shifts[i] = their_zero - info[i]["clock_offset_ms"] / 1000 - zero
-            open_[i].update((index, (planned, prompt)) for index, planned, prompt in taken)
-            for record in records:
-                open_[i].pop(record.index, None)
-                recorded[i].add(record.index)
-                sink.write(_shift(record, shifts[i] or 0.0))
-
-        def lose(i: int, why: str) -> None:
-            """A dead client's unfinished requests still get a record each, as errors (as a dead --workers process's
-            do): those it reported taking, and with a finite plan the rest of its share (see the module docstring)."""
-            now = time.time() - zero
-            unfinished = dict(open_[i])
-            if plan.duration is None:
-                share = owned(self.make_plan(), self.clients, i, deque()).requests
-                unfinished.update(
-                    (spec.index, (spec.arrival_time, spec.prompt_len))
-                    for spec in share
-                    if spec.index not in recorded[i]
-                )
-            for index, (planned, prompt) in sorted(unfinished.items()):
-                sink.write(
-                    RequestRecord(
-                        index=index,
-                        intended_time=planned + (shifts[i] or 0.0),
-                        send_time=now,
-                        finish_time=now,
-                        prompt_tokens=prompt,
-                        status=ERROR,
-                        error_kind=CLIENT_WORKER_DIED,
-                        error=f"client {i} died before reporting this request: {why}",
-                    )
-                )
-            open_[i].clear()
-
         try:
-            while runs:
-                done, _ = ray.wait(list(runs), num_returns=1, timeout=POLL_S)
-                for i in range(self.clients):
-                    if i not in results:
-                        drain(i)
-                for ref in done:
-                    i = runs.pop(ref)
-                    drain(i)
-                    try:
-                        results[i] = ray.get(ref)
-                    except ray.exceptions.RayError as exc:
-                        results[i] = {"died": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
-                        lose(i, results[i]["died"])
-                        if broker is not None:  # its slots go back to the others, and the broker ignores it from now
-                            results[i]["slots_reclaimed"] = self._reclaim(broker, i, time.time() - zero)
-        except KeyboardInterrupt:
-            interrupted = True
+            places = [self._place(i, actor) for i, actor in enumerate(actors)]
+            run = _DriverRun(self, plan, sink, actors, places, broker)
+            run.follow()
         finally:
             for each in started:
-                ray.kill(each)
-        return self._merged(info, shifts, results, interrupted, time.time() - zero)
+                self.ray.kill(each)
+        return run.merged()
 
-    def _merged(
+    def _place(self, i: int, actor: Any) -> ClientPlace:
+        """Client `i`'s host and clock; ClusterError if it died before the run (nothing was sent, nothing lost)."""
+        try:
+            offset, rtt = self._clock(actor)
+            host = self.ray.get(actor.host.remote())
+        except self.ray.exceptions.RayActorError as exc:
+            raise ClusterError(
+                f"client {i} died before the run started ({type(exc).__name__}); nothing was sent "
+                "(see `ray status` for its node)"
+            ) from None
+        return {"client": i, "host": host, "clock_offset_ms": 1000 * offset, "clock_rtt_ms": 1000 * rtt}
+
+
+class ClientPlace(TypedDict):
+    """Where a client runs and how its clock relates to the driver's: the head of its client_stats entry."""
+
+    client: int
+    host: str
+    clock_offset_ms: float
+    clock_rtt_ms: float
+
+
+class ClientResult(TypedDict, total=False):
+    """What a client's `run` returned (its TargetRun's parts), or why it died: the driver's view of one client."""
+
+    duration: float
+    server_info: dict[str, Any]
+    client_stats: dict[str, Any]
+    interrupted: bool
+    died: str
+    slots_reclaimed: int | None
+
+
+class _DriverRun:
+    """One run of RayClients as the driver follows it: the clients' records shifted onto its time line as they
+    arrive, each client's result or death, and the records a dead client owes (see the module docstring)."""
+
+    def __init__(
         self,
-        info: list[dict[str, Any]],
-        shifts: list[float | None],
-        results: dict[int, dict[str, Any]],
-        interrupted: bool,
-        wall: float,
-    ) -> TargetRun:
-        clients = []
-        for i, entry in enumerate(info):
-            result = results.get(i, {"died": "interrupted"})
-            shift = shifts[i]
-            clients.append(
-                {
-                    **entry,
-                    "start_skew_ms": None if shift is None else 1000 * shift,
-                    **(
-                        {k: result[k] for k in ("died", "slots_reclaimed") if k in result}
-                        if "died" in result
-                        else result["client_stats"]
-                    ),
-                }
+        owner: RayClients,
+        plan: LoadPlan,
+        sink: RecordSink,
+        actors: list[Any],
+        places: list[ClientPlace],
+        broker: Any | None,
+    ) -> None:
+        self.owner, self.ray, self.plan, self.sink = owner, owner.ray, plan, sink
+        self.actors, self.places, self.broker = actors, places, broker
+        self.zero = time.time() + START_AHEAD_S
+        self.shifts: list[float | None] = [None] * len(actors)
+        self.open: list[dict[int, tuple[float, int]]] = [{} for _ in actors]  # per client: taken, not yet recorded
+        self.recorded: list[set[int]] = [set() for _ in actors]
+        self.results: dict[int, ClientResult] = {}
+        self.interrupted = False
+
+    def follow(self) -> None:
+        """Start every client at the common zero, then poll: drain records, keep each result or death, until all
+        have ended (or Ctrl-C)."""
+        runs = {
+            actor.run.remote(self.zero + self.places[i]["clock_offset_ms"] / 1000, self.broker): i
+            for i, actor in enumerate(self.actors)
+        }
+        try:
+            while runs:
+                done, _ = self.ray.wait(list(runs), num_returns=1, timeout=POLL_S)
+                for i in range(len(self.actors)):
+                    if i not in self.results:
+                        self.drain(i)
+                for ref in done:
+                    i = runs.pop(ref)
+                    self.drain(i)
+                    self.ended(i, ref)
+        except KeyboardInterrupt:
+            self.interrupted = True
+
+    def ended(self, i: int, ref: Any) -> None:
+        """Client `i`'s result; if it died, records for what it owed and its slots back to the others."""
+        try:
+            self.results[i] = self.ray.get(ref)
+        except self.ray.exceptions.RayError as exc:
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            self.results[i] = {"died": why}
+            self.lose(i, why)
+            if self.broker is not None:  # its slots go back to the others, and the broker ignores it from now
+                self.results[i]["slots_reclaimed"] = self.owner._reclaim(self.broker, i, time.time() - self.zero)
+
+    def drain(self, i: int) -> None:
+        """Client `i`'s records since the last poll, shifted onto the driver's time line, into the sink."""
+        try:
+            their_zero, taken, records = self.ray.get(self.actors[i].drain.remote())
+        except self.ray.exceptions.RayActorError:
+            return
+        if their_zero is not None and self.shifts[i] is None:
+            self.shifts[i] = their_zero - self.places[i]["clock_offset_ms"] / 1000 - self.zero
+        self.open[i].update((index, (planned, prompt)) for index, planned, prompt in taken)
+        for record in records:
+            self.open[i].pop(record.index, None)
+            self.recorded[i].add(record.index)
+            self.sink.write(_shift(record, self.shifts[i] or 0.0))
+
+    def lose(self, i: int, why: str) -> None:
+        """A dead client's unfinished requests still get a record each, as errors (as a dead --workers process's
+        do): those it reported taking, and with a finite plan the rest of its share (see the module docstring)."""
+        now = time.time() - self.zero
+        unfinished = dict(self.open[i])
+        if self.plan.duration is None:
+            share = owned(self.owner.make_plan(), len(self.actors), i, deque()).requests
+            unfinished.update(
+                (spec.index, (spec.arrival_time, spec.prompt_len))
+                for spec in share
+                if spec.index not in self.recorded[i]
             )
+        for index, (planned, prompt) in sorted(unfinished.items()):
+            self.sink.write(
+                RequestRecord(
+                    index=index,
+                    intended_time=planned + (self.shifts[i] or 0.0),
+                    send_time=now,
+                    finish_time=now,
+                    prompt_tokens=prompt,
+                    status=ERROR,
+                    error_kind=CLIENT_WORKER_DIED,
+                    error=f"client {i} died before reporting this request: {why}",
+                )
+            )
+        self.open[i].clear()
+
+    def merged(self) -> TargetRun:
+        """The run as one target's: the longest client's duration, the first live client's server info, and
+        client_stats with one entry per client (its place, its start skew, its stats or its death)."""
+        clients = [self._entry(i, place) for i, place in enumerate(self.places)]
         bottlenecks = [
             f"client {c['client']} ({c['host']}): {c.get('reason', '')}"
             for c in clients
@@ -348,10 +380,22 @@ class RayClients:
         stats: dict[str, Any] = {"clients": clients, "client_may_be_bottleneck": bool(bottlenecks or dead)}
         if bottlenecks or dead:
             stats["reason"] = "; ".join(dead + bottlenecks)
-        ok = [r for r in results.values() if "died" not in r]
+        ok = [r for r in self.results.values() if "died" not in r]
         return TargetRun(
-            duration=max((r["duration"] for r in ok), default=wall),
-            interrupted=interrupted or any(r.get("interrupted") for r in ok),
+            duration=max((r["duration"] for r in ok), default=time.time() - self.zero),
+            interrupted=self.interrupted or any(r.get("interrupted") for r in ok),
             server_info=ok[0]["server_info"] if ok else {},
             client_stats=stats,
         )
+
+    def _entry(self, i: int, place: ClientPlace) -> dict[str, Any]:
+        """Client `i`'s client_stats entry: its place, its start skew, then its own stats, or why it died."""
+        result: ClientResult = self.results.get(i, {"died": "interrupted"})
+        shift = self.shifts[i]
+        entry: dict[str, Any] = {**place, "start_skew_ms": None if shift is None else 1000 * shift}
+        if "died" not in result:
+            return {**entry, **result["client_stats"]}
+        entry["died"] = result["died"]
+        if "slots_reclaimed" in result:
+            entry["slots_reclaimed"] = result["slots_reclaimed"]
+        return entry

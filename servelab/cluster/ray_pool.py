@@ -51,7 +51,7 @@ def _errors_to_stderr(ray: Any) -> None:
     if worker is None or printer is None or getattr(printer, "servelab_stderr", False):
         return
 
-    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:  # Ray's own message, passed on as it is
         printer({**data, "is_err": True}, ignore_prefix=ignore_prefix)
 
     to_stderr.servelab_stderr = True  # type: ignore[attr-defined]
@@ -74,10 +74,8 @@ class RayPool:
 
     def submit(self, fn: Callable[[Any], Any], arg: Any, resources: Mapping[str, float] | None = None) -> int:
         custom = dict(resources or {})
-        options: dict[str, Any] = {"num_gpus": custom.pop("GPU", 0), "num_cpus": custom.pop("CPU", 1)}
-        if custom:
-            options["resources"] = custom
-        ref = self._remote.options(**options).remote(fn, arg)
+        gpus, cpus = custom.pop("GPU", 0), custom.pop("CPU", 1)  # Ray's own options; any other is a custom resource
+        ref = self._remote.options(num_gpus=gpus, num_cpus=cpus, resources=custom or None).remote(fn, arg)
         self._next += 1
         self._refs[ref] = self._next
         return self._next

@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from servelab.experiment.saturation import SaturationGuard, guard_fields
+from servelab.experiment.saturation import SaturationGuard, over_saturated
 from servelab.experiment.sweep import Observe, Sweep, SweepError, curve_point, run_sweep_point
 from servelab.metrics.results import write_sweep_index
 from servelab.metrics.slo import SLO
 from servelab.metrics.summary import DEFAULT_PERCENTILES
+from servelab.schemas.results import AutoSweepResult, SweepIndex, SweepPoint, SweepSpec
 from servelab.targets.base import Target
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.spec import LoadPlan
@@ -78,89 +79,119 @@ def run_auto_sweep(
     slo: SLO | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     observe: Observe | None = None,
-) -> dict[str, Any]:
+) -> SweepIndex:
     """Run the three stages into `result_dir`, updating sweep.json (points in order of load) after each point."""
-    points: list[dict[str, Any]] = []
-    index: dict[str, Any] = {"sweep": {"key": RATE_KEY, "values": []}, "points": points, "interrupted": False}
+    stages = _Stages(target, make_plan, result_dir, run_info, slo, percentiles, observe)
+    sync = stages.run(SYNCHRONOUS, SYNCHRONOUS, replace(base_arrival, request_rate=math.inf, max_concurrency=1), None)
+    if stages.index.interrupted:
+        return stages.index
+    peak = stages.run(THROUGHPUT, THROUGHPUT, replace(base_arrival, request_rate=math.inf), None)
+    low, high = sync.request_throughput or 0.0, peak.request_throughput or 0.0
+    if stages.index.interrupted or not (low > 0 and high > 0):
+        stages.note("no rates run: the synchronous or throughput point completed no request")
+        return stages.index
+    for rate in np.linspace(min(low, high), max(low, high), auto.rates + 2)[1:-1].tolist():
+        stages.run(CONSTANT, f"{RATE_KEY}={rate:.4g}", replace(base_arrival, request_rate=rate), rate)
+        if stages.index.interrupted:
+            break
+    return stages.index
 
-    def run(profile: str, label: str, arrival: ArrivalConfig, rate: float | None) -> dict[str, Any]:
-        plan = make_plan(arrival)
+
+@dataclass
+class _Stages:
+    """An auto sweep's points as they are run: each point is written to sweep.json, with the conclusions drawn from
+    the points so far, the moment it ends, so an interrupted sweep keeps what it measured."""
+
+    target: Target
+    make_plan: Callable[[ArrivalConfig], LoadPlan]
+    result_dir: Path
+    run_info: dict[str, Any]
+    slo: SLO | None
+    percentiles: Sequence[float]
+    observe: Observe | None
+    index: SweepIndex = field(
+        default_factory=lambda: SweepIndex(sweep=SweepSpec(key=RATE_KEY, values=[]), points=[], interrupted=False)
+    )
+
+    def run(self, profile: str, label: str, arrival: ArrivalConfig, rate: float | None) -> SweepPoint:
+        """One point (a rate point under a SaturationGuard that stops it once over-saturated), then sweep.json."""
+        plan = self.make_plan(arrival)
         guard = SaturationGuard(rate) if rate is not None else None
         if guard is not None:
             plan = replace(plan, requests=guard.requests(plan.requests))
-        info = {**run_info, "sweep_point": {"profile": profile, RATE_KEY: _rate_json(rate)}}
+        info = {**self.run_info, "sweep_point": {"profile": profile, RATE_KEY: _rate_json(rate)}}
+        watchers = [guard] if guard is not None else []
         summary = run_sweep_point(
-            target, plan, result_dir, label, info, slo, percentiles, observe, [guard] if guard is not None else []
+            self.target, plan, self.result_dir, label, info, self.slo, self.percentiles, self.observe, watchers
         )
-        point = curve_point({RATE_KEY: _rate_json(rate), "profile": profile}, label, summary)
-        if profile == SYNCHRONOUS:  # one at a time offers exactly what it achieves
-            point[RATE_KEY] = summary.request_throughput
+        offered = summary.request_throughput if profile == SYNCHRONOUS else _rate_json(rate)
+        point = curve_point({RATE_KEY: offered}, label, summary, profile)  # one at a time offers what it achieves
         if guard is not None:
-            point.update(guard_fields(guard))
-            arrivals = guard.arrivals
-            span = max(arrivals) - min(arrivals) if len(arrivals) > 1 else 0.0
-            point["offered_rate_realized"] = (len(arrivals) - 1) / span if span > 0 else None
-        points.append(point)
-        points.sort(key=_load_order)
-        index["sweep"]["values"] = [p[RATE_KEY] for p in points]
-        index["interrupted"] = bool(summary.interrupted)
-        index["auto"] = _conclusions(points, slo)
-        write_sweep_index(result_dir, index)
+            _note_guard(point, guard)
+        self.index.points = sorted([*self.index.points, point], key=_load_order)
+        self.index.sweep.values = [p.swept(RATE_KEY) for p in self.index.points]
+        self.index.interrupted = bool(summary.interrupted)
+        self.index.auto = _conclusions(self.index.points, self.slo)
+        write_sweep_index(self.result_dir, self.index)
         return point
 
-    sync = run(SYNCHRONOUS, SYNCHRONOUS, replace(base_arrival, request_rate=math.inf, max_concurrency=1), None)
-    if index["interrupted"]:
-        return index
-    peak = run(THROUGHPUT, THROUGHPUT, replace(base_arrival, request_rate=math.inf), None)
-    low, high = sync["request_throughput"] or 0.0, peak["request_throughput"] or 0.0
-    if index["interrupted"] or not (low > 0 and high > 0):
-        index["auto"]["note"] = "no rates run: the synchronous or throughput point completed no request"
-        write_sweep_index(result_dir, index)
-        return index
-    for rate in np.linspace(min(low, high), max(low, high), auto.rates + 2)[1:-1].tolist():
-        run(CONSTANT, f"{RATE_KEY}={rate:.4g}", replace(base_arrival, request_rate=rate), rate)
-        if index["interrupted"]:
-            break
-    return index
+    def note(self, text: str) -> None:
+        """A note beside the conclusions (why no rate was run), in sweep.json at once."""
+        self.index.auto = self.index.auto or _conclusions(self.index.points, self.slo)
+        self.index.auto.note = text
+        write_sweep_index(self.result_dir, self.index)
 
 
-def _rate_json(rate: float | None) -> float | str:
+def _note_guard(point: SweepPoint, guard: SaturationGuard) -> None:
+    """A rate point's early stop, over-saturation, and the rate its arrivals actually came at, (n - 1) / span."""
+    point.stopped_early = guard.stopped_early
+    point.over_saturated = over_saturated(guard)
+    arrivals = guard.arrivals
+    span = max(arrivals) - min(arrivals) if len(arrivals) > 1 else 0.0
+    point.offered_rate_realized = (len(arrivals) - 1) / span if span > 0 else None
+
+
+def _rate_json(rate: float | None) -> float | Literal["inf"]:
     return "inf" if rate is None else rate
 
 
-def _load_order(point: dict[str, Any]) -> tuple[int, float]:
-    return {SYNCHRONOUS: (0, 0.0), THROUGHPUT: (2, 0.0)}.get(point["profile"], (1, point[RATE_KEY]))
+def _load_order(point: SweepPoint) -> tuple[int, float]:
+    if point.profile == CONSTANT:
+        return (1, float(point.swept(RATE_KEY)))
+    return (0, 0.0) if point.profile == SYNCHRONOUS else (2, 0.0)
 
 
-def _conclusions(points: Sequence[dict[str, Any]], slo: SLO | None) -> dict[str, Any]:
+def _conclusions(points: Sequence[SweepPoint], slo: SLO | None) -> AutoSweepResult:
     """The knee, the peak and (with an SLO) the highest rate that meets it, from the points run so far."""
-    sync = next((p for p in points if p["profile"] == SYNCHRONOUS), None)
-    peak = next((p for p in points if p["profile"] == THROUGHPUT), None)
-    offered = [(p[RATE_KEY], p) for p in points if p["profile"] == CONSTANT]
-    if sync is not None and sync["request_throughput"]:
-        offered.insert(0, (sync["request_throughput"], sync))
+    sync = next((p for p in points if p.profile == SYNCHRONOUS), None)
+    peak = next((p for p in points if p.profile == THROUGHPUT), None)
+    offered = [(float(p.swept(RATE_KEY)), p) for p in points if p.profile == CONSTANT]
+    if sync is not None and sync.request_throughput:
+        offered.insert(0, (sync.request_throughput, sync))
     kept_up = [rate for rate, p in offered if _kept_up(rate, p)]
     meets = [rate for rate, p in offered if slo is not None and _slo_share(p) >= SLO_ATTAINMENT]
-    return {
-        "synchronous_rate": sync["request_throughput"] if sync is not None else None,
-        "throughput_rate": peak["request_throughput"] if peak is not None else None,
-        "knee_rate": max(kept_up) if kept_up else None,
-        "first_over_saturated_rate": min((r for r, p in offered if p.get("over_saturated")), default=None),
-        "max_goodput_rate": max(meets) if meets else None,
-        "slo_attainment": SLO_ATTAINMENT if slo is not None else None,
-    }
+    return AutoSweepResult(
+        synchronous_rate=sync.request_throughput if sync is not None else None,
+        throughput_rate=peak.request_throughput if peak is not None else None,
+        knee_rate=max(kept_up) if kept_up else None,
+        first_over_saturated_rate=min((r for r, p in offered if p.over_saturated), default=None),
+        max_goodput_rate=max(meets) if meets else None,
+        slo_attainment=SLO_ATTAINMENT if slo is not None else None,
+    )
 
 
-def _kept_up(rate: float, point: dict[str, Any]) -> bool:
-    if point["profile"] == SYNCHRONOUS:
-        return bool(point["completed"])
-    offered = point.get("offered_rate_realized") or rate  # a short Poisson run offers noticeably more or less
-    return not point.get("over_saturated") and (point["request_throughput"] or 0.0) >= KEPT_UP * offered
+def _kept_up(rate: float, point: SweepPoint) -> bool:
+    if point.profile == SYNCHRONOUS:
+        return bool(point.completed)
+    offered = point.offered_rate_realized or rate  # a short Poisson run offers noticeably more or less
+    return not point.over_saturated and (point.request_throughput or 0.0) >= KEPT_UP * offered
 
 
-def _slo_share(point: dict[str, Any]) -> float:
+def _slo_share(point: SweepPoint) -> float:
     """The share of the point's counted requests (failures included) that met every SLO bound."""
-    summary = point["summary"]
-    counted = (summary["completed"] or 0) + (summary["failed"] or 0)
-    good = (summary["request_goodput"] or 0.0) * summary["duration"]
+    summary = point.summary
+    if summary is None:
+        return 0.0
+    counted = (summary.completed or 0) + (summary.failed or 0)
+    good = (summary.request_goodput or 0.0) * summary.duration
     return good / counted if counted else 0.0

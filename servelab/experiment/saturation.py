@@ -152,15 +152,18 @@ class SaturationGuard:
             cost = time.monotonic() - now  # it runs on the client's event loop: keep it to a small share of it
             self._next_check = now + max(CHECK_EVERY_S, cost / MAX_LOOP_SHARE)
 
+    @property
+    def stopped_early(self) -> bool:
+        """Release stopped at a verdict (sweep.json's `stopped_early`)."""
+        return self.stop and self.verdict is not None
+
     def final(self) -> Verdict | None:
         """The verdict during the run, else one on every record (a trend may show only at the end)."""
         return self.verdict or judge_arrays(self.arrivals, self._finishes, self._sends, self._ttfts, self.offered_rate)
 
 
-def guard_fields(guard: SaturationGuard) -> dict[str, object]:
-    """A sweep point's `stopped_early` and `over_saturated` (sweep.json)."""
+def over_saturated(guard: SaturationGuard) -> str | None:
+    """A sweep point's `over_saturated` (sweep.json): the trends that showed it in words, None when the server kept
+    up."""
     verdict = guard.final()
-    return {
-        "stopped_early": guard.stop and guard.verdict is not None,
-        "over_saturated": verdict.describe() if verdict is not None else None,
-    }
+    return verdict.describe() if verdict is not None else None

@@ -18,18 +18,19 @@ from typing import Any
 
 from servelab.errors import InputError
 from servelab.experiment.runner import run_point
-from servelab.experiment.saturation import SaturationGuard, guard_fields
+from servelab.experiment.saturation import SaturationGuard, over_saturated
 from servelab.metrics.records import RecordSink
 from servelab.metrics.results import write_sweep_index
 from servelab.metrics.slo import SLO
 from servelab.pool import TaskPool
 from servelab.metrics.summary import DEFAULT_PERCENTILES
-from servelab.schemas.results import Summary
+from servelab.schemas.results import Summary, SweepIndex, SweepPoint, SweepSpec, SweepValue
 from servelab.targets.base import Target
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.spec import LoadPlan
 
-SWEEP_KEYS = {"request-rate": "request_rate", "max-concurrency": "max_concurrency"}
+SWEEP_KEYS = ("request-rate", "max-concurrency")
+"""The arrival knobs a sweep can vary, as flags."""
 CURVE_KEYS = (
     "completed",
     "failed",
@@ -78,8 +79,13 @@ class Sweep:
         return f"{self.key}={value:g}" if isinstance(value, float) else f"{self.key}={value}"
 
     def arrival(self, base: ArrivalConfig, value: float | int) -> ArrivalConfig:
-        change: dict[str, Any] = {SWEEP_KEYS[self.key]: value}
-        return replace(base, **change)
+        if self.key == "max-concurrency":
+            return replace(base, max_concurrency=int(value))
+        return replace(base, request_rate=value)
+
+    def point_values(self, value: float | int) -> dict[str, SweepValue]:
+        """The point's value as run.json's `sweep_point` and its sweep.json entry name it: `{flag: value}`."""
+        return {self.key: _jsonable([value])[0]}
 
 
 def _parse_value(key: str, item: str, text: str) -> float | int:
@@ -109,19 +115,21 @@ def run_sweep(
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     observe: Observe | None = None,
     pool: TaskPool | None = None,
-) -> dict[str, Any]:
+) -> SweepIndex:
     """Run every point into `result_dir/KEY=VALUE/` (`run_sweep_point`), updating sweep.json after each; stop at
     an interruption. With a `pool` (simulate --ray-address) every point runs at once where the pool puts it
     (see `_spread`)."""
-    points: list[dict[str, Any]] = []
-    index: dict[str, Any] = {"sweep": {"key": sweep.key, "values": list(_jsonable(sweep.values))}, "points": points}
-    index["interrupted"] = False
+    index = SweepIndex(
+        sweep=SweepSpec(key=sweep.key, values=_jsonable(sweep.values)),
+        points=[],
+        interrupted=False,
+    )
     if pool is not None:
         return _spread(target, sweep, base_arrival, make_plan, result_dir, run_info, slo, percentiles, pool, index)
     for value in sweep.values:
         label = sweep.label(value)
         plan = make_plan(sweep.arrival(base_arrival, value))
-        point_info = {**run_info, "sweep_point": {sweep.key: _jsonable([value])[0]}}
+        point_info = {**run_info, "sweep_point": sweep.point_values(value)}
         open_loop = sweep.key == "request-rate" and math.isfinite(value)
         guard = SaturationGuard(value, stop=False) if open_loop else None
         if guard is not None:
@@ -129,13 +137,13 @@ def run_sweep(
         summary = run_sweep_point(
             target, plan, result_dir, label, point_info, slo, percentiles, observe, [guard] if guard is not None else []
         )
-        point = curve_point({sweep.key: _jsonable([value])[0]}, label, summary)
+        point = curve_point(sweep.point_values(value), label, summary)
         if guard is not None:
-            point["over_saturated"] = guard_fields(guard)["over_saturated"]
-        points.append(point)
-        index["interrupted"] = bool(summary.interrupted)
+            point.over_saturated = over_saturated(guard)
+        index.points.append(point)
+        index.interrupted = bool(summary.interrupted)
         write_sweep_index(result_dir, index)
-        if index["interrupted"]:
+        if index.interrupted:
             break
     return index
 
@@ -163,10 +171,12 @@ def run_sweep_point(
         return run_point(target, plan, result_dir / label, point_info, slo, percentiles, observers=observers)
 
 
-def curve_point(values: dict[str, Any], label: str, summary: Summary) -> dict[str, Any]:
-    """One entry of sweep.json's `points`: the point's knob values, its directory, the curve's columns, its summary."""
+def curve_point(swept: dict[str, SweepValue], label: str, summary: Summary, profile: str | None = None) -> SweepPoint:
+    """One entry of sweep.json's `points`: the swept value (`{flag: value}`), `--sweep auto`'s profile, the point's
+    directory, the curve's columns and its summary."""
     columns = {k: summary.statistic(k) for k in CURVE_KEYS}
-    return {**values, "directory": label, **columns, "summary": summary.model_dump(exclude_unset=True)}
+    named = {"profile": profile} if profile is not None else {}
+    return SweepPoint.model_validate({**swept, **named, "directory": label, **columns, "summary": summary})
 
 
 @dataclass(frozen=True)
@@ -198,8 +208,8 @@ def _spread(
     slo: SLO | None,
     percentiles: Sequence[float],
     pool: TaskPool,
-    index: dict[str, Any],
-) -> dict[str, Any]:
+    index: SweepIndex,
+) -> SweepIndex:
     """Every point submitted at once; each point's files land in its directory here, sweep.json rewritten (in
     value order) as each returns. Only for targets that do not share a server: points on one server would
     measure each other."""
@@ -210,7 +220,7 @@ def _spread(
             job = _RemotePoint(
                 target,
                 make_plan,
-                {**run_info, "sweep_point": {sweep.key: _jsonable([value])[0]}},
+                {**run_info, "sweep_point": sweep.point_values(value)},
                 slo,
                 tuple(percentiles),
             )
@@ -226,10 +236,8 @@ def _spread(
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
             summaries[value] = summary
-            index["points"] = [
-                curve_point({sweep.key: _jsonable([v])[0]}, sweep.label(v), summaries[v])
-                for v in sweep.values
-                if v in summaries
+            index.points = [
+                curve_point(sweep.point_values(v), sweep.label(v), summaries[v]) for v in sweep.values if v in summaries
             ]
             write_sweep_index(result_dir, index)
     except BaseException:
@@ -238,5 +246,6 @@ def _spread(
     return index
 
 
-def _jsonable(values: Sequence[float | int]) -> list[float | int | str]:
+def _jsonable(values: Sequence[float | int]) -> list[SweepValue]:
+    """Swept values as sweep.json writes them: an unbounded rate as "inf" (JSON has no infinity)."""
     return ["inf" if isinstance(v, float) and math.isinf(v) else v for v in values]

@@ -131,6 +131,8 @@ def load_run(directory: Path) -> RunResult:
     return RunResult(directory, run_info, records, timeline, summary)
 
 
-def write_sweep_index(directory: Path, info: dict[str, Any]) -> None:
+def write_sweep_index(directory: Path, index: SweepIndex) -> None:
+    """sweep.json: the index's keys as its producer set them, stamped with the schema version."""
     directory.mkdir(parents=True, exist_ok=True)
-    _dump(directory / SWEEP, checked(SweepIndex, {"schema_version": SCHEMA_VERSION, **info}))
+    stamped = index.model_copy(update={"schema_version": SCHEMA_VERSION})
+    _dump(directory / SWEEP, stamped.model_dump(exclude_unset=True))

@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION = 1
 KIND: Final = "servelab.compare"
-"""The `kind` of the JSON `servelab compare --out` writes: how `servelab report` tells it from the other files it reads."""
+"""The `kind` of the JSON `servelab compare --out` writes: how `servelab report` tells it from the other files it
+reads."""
 
 
 class _Model(BaseModel):

@@ -1,4 +1,5 @@
-"""diagnosis.json (`servelab diagnose`, also `--json`) as a typed model; its JSON Schema is docs/schemas/diagnosis.json."""
+"""diagnosis.json (`servelab diagnose`, also `--json`) as a typed model; its JSON Schema is
+docs/schemas/diagnosis.json."""
 
 from __future__ import annotations
 
@@ -133,7 +134,8 @@ class TtftSplit(OpenModel):
     client_ttft_s: float
     """Mean TTFT the client measured over its requests that got a first token."""
     api_server_s: float
-    """Outside the engine core: network, HTTP, tokenization, API-server CPU queueing, IPC (client TTFT - queue - prefill)."""
+    """Outside the engine core: network, HTTP, tokenization, API-server CPU queueing, IPC (client TTFT - queue -
+    prefill)."""
     queue_s: float
     """Queued in the engine before first scheduled (waiting for a sequence slot, KV blocks or token budget)."""
     prefill_s: float

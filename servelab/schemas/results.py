@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, WithJsonSchema, model_serializer
 
 from servelab import SCHEMA_VERSION
 from servelab.schemas.vocabulary import Regime, Tier
 from servelab.schemas.base import ClosedModel, OpenModel
 
 Json = dict[str, Any]
+"""A JSON object at a file's edge: an open part of a document (another layer's own keys) or a serializer's output."""
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -234,10 +235,10 @@ class Summary(OpenModel):
     )
 
     @model_serializer(mode="wrap")
-    def _in_file_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _in_file_order(self, handler: SerializerFunctionWrapHandler) -> Json:
         """summary.json's keys in the order its writers always wrote them (`vllm bench serve`'s): the counts and
         rates, each latency's mean, median, std and percentile columns together, then what the run adds."""
-        data: dict[str, Any] = handler(self)
+        data: Json = handler(self)
         ordered = {key: data.pop(key) for key in _SUMMARY_HEAD if key in data}
         for metric in STAT_METRICS:
             named = [f"{stat}_{metric}_ms" for stat in ("mean", "median", "std")]
@@ -436,10 +437,32 @@ class SweepPoint(OpenModel):
         None, description="`--sweep auto`, a rate point: the backlog and TTFT trends that showed over-saturation."
     )
 
+    @model_serializer(mode="wrap")
+    def _in_file_order(self, handler: SerializerFunctionWrapHandler) -> Json:
+        """The point's keys in the order sweep.json always had: the swept value (and `--sweep auto`'s profile) first,
+        then the directory, the curve's columns and the summary, then what the saturation guard found."""
+        data: Json = handler(self)
+        head = [*(self.model_extra or {}), "profile"]
+        tail = ("stopped_early", "over_saturated", "offered_rate_realized")
+        ordered = {key: data.pop(key) for key in head if key in data}
+        rest = {key: data.pop(key) for key in tail if key in data}
+        return {**ordered, **data, **rest}
+
+    def swept(self, key: str) -> int | float | Literal["inf"]:
+        """The point's value of the swept flag `key` (a key of its own in the file, e.g. `request-rate`)."""
+        value: int | float | Literal["inf"] = (self.model_extra or {})[key]
+        return value
+
+
+SweepValue = Annotated[
+    int | float | Literal["inf"], WithJsonSchema({"anyOf": [{"type": "number"}, {"const": "inf", "type": "string"}]})
+]
+"""A swept value as written: an integer concurrency stays an integer, a rate a float, an unbounded rate "inf"."""
+
 
 class SweepSpec(ClosedModel):
     key: str
-    values: list[float | Literal["inf"]] = Field(description='The swept values in order; an unbounded rate is "inf".')
+    values: list[SweepValue] = Field(description='The swept values in order; an unbounded rate is "inf".')
 
 
 class AutoSweepResult(OpenModel):

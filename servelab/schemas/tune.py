@@ -1,4 +1,5 @@
-"""tune.json and each stage-1 trial.json as typed models; their JSON Schemas are docs/schemas/tune.json and trial.json."""
+"""tune.json and each stage-1 trial.json as typed models; their JSON Schemas are docs/schemas/tune.json and
+trial.json."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The `servelab validate` report (validation.json) as a typed model; its JSON Schema is docs/schemas/validation.json."""
+"""The `servelab validate` report (validation.json) as a typed model; its JSON Schema is
+docs/schemas/validation.json."""
 
 from __future__ import annotations
 

@@ -59,7 +59,8 @@ DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal")
 RAMPS = ("linear", "exponential")
 """`--ramp-up-strategy`, as `vllm bench serve` names them."""
 DURATION_REQUEST_CAP = 1_000_000
-"""A `--duration` run without a rate (closed loop) could ask for requests forever; this bounds it (and --num-prompts)."""
+"""A `--duration` run without a rate (closed loop) could ask for requests forever; this bounds it (and
+--num-prompts)."""
 PLAN_TOKEN_LIMIT = 100_000_000
 """Prompt + output tokens one plan may hold unless --max-plan-tokens says more: prompts are materialised as token
 ids and every output token's arrival is recorded, so this is ~1 GB of memory, far beyond a day's benchmark."""

@@ -80,7 +80,8 @@ class Deployment:
     """Where the CPU-side costs come from: "measured" (vLLM CPU build, scaled), "given" (a live calibration, the
     caller), "fitted_from_runs" (vLLM's measured costs x a host factor `calibrate --from` fitted) or "none"."""
     vllm_version: tuple[int, int] | None = None
-    """The vLLM release served (its defaults, its measured CPU costs); None: the modelled one (perf/vllm_versions.py)."""
+    """The vLLM release served (its defaults, its measured CPU costs); None: the modelled one
+    (perf/vllm_versions.py)."""
     engine: str = VLLM
     """Which engine's scheduler and memory plan (servelab.sim.engines); other engines: targets/engine_deployment.py."""
     scheduler_factory: SchedulerFactory | None = None

@@ -234,7 +234,8 @@ def build_engine_deployment(
     gpu_file: str | Path | None = None,
     router: str = ROUND_ROBIN,
 ) -> Deployment:
-    """`flags` in the engine's own spelling (`vllm serve`, `sglang.launch_server`, `trtllm-serve`); PerfConfigError if unusable."""
+    """`flags` in the engine's own spelling (`vllm serve`, `sglang.launch_server`, `trtllm-serve`); PerfConfigError
+    if unusable."""
     if engine not in ENGINES:
         raise PerfConfigError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
     if engine == VLLM:

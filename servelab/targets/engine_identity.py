@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from servelab.metrics import engines
 from servelab.targets.errors import TargetError
@@ -52,13 +52,21 @@ async def _json_field(session: aiohttp.ClientSession, url: str, key: str, header
     return str(value) if value is not None else None
 
 
+class EngineFound(TypedDict):
+    """The serving engine as pre-flight found it: its name, version, and where they came from (None: not found)."""
+
+    name: str | None
+    version: str | None
+    reported_by: str | None
+
+
 async def identify(
     session: aiohttp.ClientSession,
     base_url: str,
     engine: str = engines.AUTO,
     headers: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """`{"name", "version", "reported_by"}` for run.json's server_info.engine.
+) -> EngineFound:
+    """The engine for run.json's server_info.engine (schemas.results.EngineIdentity describes it there).
 
     `engine` is `--engine`: `auto` takes the name from the server's metric names; a named engine
     whose names the server's /metrics do not carry (it exports another engine's) raises TargetError

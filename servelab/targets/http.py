@@ -28,7 +28,7 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import orjson
 import uvloop
@@ -36,7 +36,7 @@ import uvloop
 from servelab.errors import ServerFault
 from servelab.metrics import engines
 from servelab.metrics.engines import EngineMetrics
-from servelab.metrics.gpu import GpuTelemetry, gpu_sampler
+from servelab.metrics.gpu import GpuSampler, GpuTelemetry, gpu_sampler
 from servelab.metrics.records import (
     CONNECTION_ERROR,
     CONNECTION_REFUSED,
@@ -56,6 +56,7 @@ from servelab.targets.preflight import (
     COMPLETIONS,
     ENDPOINTS,
     error_message,
+    ServerFound,
     preflight,
 )
 from servelab.schemas.vocabulary import SESSION_HEADER
@@ -149,6 +150,70 @@ def _classify(exc: BaseException) -> str:
     return "client_error"
 
 
+def _check_settings(
+    endpoint: str,
+    request_timeout: float,
+    idle_timeout: float | None,
+    workers: int,
+    engine: str,
+    abandon_after: float | None,
+    abandon_share: float,
+) -> None:
+    """TargetError naming the first setting HttpTarget cannot run with, before anything is sent."""
+    if endpoint not in ENDPOINTS:
+        raise TargetError(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
+    if request_timeout <= 0 or (idle_timeout is not None and idle_timeout <= 0):
+        raise TargetError("request_timeout and idle_timeout must be positive")
+    if workers < 1:
+        raise TargetError(f"workers must be at least 1, got {workers}")
+    if engine not in engines.ENGINE_CHOICES:
+        raise TargetError(f"engine {engine!r} is not known; use one of {', '.join(engines.ENGINE_CHOICES)}")
+    if abandon_after is not None and not abandon_after > 0:
+        raise TargetError(f"--abandon-after must be > 0 seconds, got {abandon_after}")
+    if not 0 < abandon_share <= 1:
+        raise TargetError(f"--abandon-share must be in (0, 1], got {abandon_share}")
+
+
+def _replica_urls(
+    base_url: str | Sequence[str], route: str, session_header: str | None, replica_metrics_urls: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """The replicas' base URLs without a trailing `/` or `/v1`, and the /metrics to scrape for each (as given, else
+    every replica's own when there are several); TargetError for no URL, a repeat, or a route, session header or
+    replica /metrics URL that cannot be used with them."""
+    urls = [base_url] if isinstance(base_url, str) else list(base_url)
+    if not urls:
+        raise TargetError("give at least one base URL")
+    if route not in ROUTES:
+        raise TargetError(f"route {route!r}: choose one of {', '.join(ROUTES)}")
+    base_urls = [url.rstrip("/").removesuffix("/v1") for url in urls]
+    if len(set(base_urls)) != len(base_urls):
+        raise TargetError(f"a base URL is given twice: {', '.join(base_urls)}")
+    if session_header is not None and not _HEADER_NAME.fullmatch(session_header):
+        raise TargetError(f"--session-header {session_header!r} is not an HTTP header name")
+    bad = [u for u in replica_metrics_urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise TargetError(f"--replica-metrics-url must be an http(s) URL, got {', '.join(map(repr, bad))}")
+    own_metrics = [url + "/metrics" for url in base_urls] if len(base_urls) > 1 else []
+    return base_urls, list(replica_metrics_urls) or own_metrics
+
+
+class Usage(TypedDict, total=False):
+    """A stream's `usage` event as far as the client reads it: the server's own token counts."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+class _RunClock:
+    """Run time for the scrapers: seconds since the run's zero, which is set when the clock starts."""
+
+    def __init__(self) -> None:
+        self.zero = 0.0
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.zero
+
+
 class HttpTarget:
     """Serves a LoadPlan by streaming requests to an OpenAI-compatible server.
 
@@ -179,42 +244,16 @@ class HttpTarget:
         session_header: str | None = SESSION_HEADER,
         replica_metrics_urls: Sequence[str] = (),
     ) -> None:
-        if endpoint not in ENDPOINTS:
-            raise TargetError(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
-        if request_timeout <= 0 or (idle_timeout is not None and idle_timeout <= 0):
-            raise TargetError("request_timeout and idle_timeout must be positive")
-        if workers < 1:
-            raise TargetError(f"workers must be at least 1, got {workers}")
-        if engine not in engines.ENGINE_CHOICES:
-            raise TargetError(f"engine {engine!r} is not known; use one of {', '.join(engines.ENGINE_CHOICES)}")
-        if abandon_after is not None and not abandon_after > 0:
-            raise TargetError(f"--abandon-after must be > 0 seconds, got {abandon_after}")
-        if not 0 < abandon_share <= 1:
-            raise TargetError(f"--abandon-share must be in (0, 1], got {abandon_share}")
-        urls = [base_url] if isinstance(base_url, str) else list(base_url)
-        if not urls:
-            raise TargetError("give at least one base URL")
-        if route not in ROUTES:
-            raise TargetError(f"route {route!r}: choose one of {', '.join(ROUTES)}")
-        self.base_urls = [url.rstrip("/").removesuffix("/v1") for url in urls]
-        """Replicas of one model, no router in front: requests are spread over them by `route` (replicas.py)."""
-        if len(set(self.base_urls)) != len(self.base_urls):
-            raise TargetError(f"a base URL is given twice: {', '.join(self.base_urls)}")
+        _check_settings(endpoint, request_timeout, idle_timeout, workers, engine, abandon_after, abandon_share)
+        self.base_urls, self.replica_metrics_urls = _replica_urls(base_url, route, session_header, replica_metrics_urls)
+        """Replicas of one model, no router in front: requests are spread over them by `route` (replicas.py); and
+        each replica's /metrics, scraped alongside the run: given (a router in front), or every --base-url's."""
         self.base_url = self.base_urls[0]
         """The first replica: /metrics, /reset_prefix_cache and the server info come from it."""
         self.route = route
-        if session_header is not None and not _HEADER_NAME.fullmatch(session_header):
-            raise TargetError(f"--session-header {session_header!r} is not an HTTP header name")
         self.session_header = session_header
         """The header that carries a request's conversation id (when it has one), for routers with session
         affinity; None: not sent."""
-        bad = [u for u in replica_metrics_urls if not u.startswith(("http://", "https://"))]
-        if bad:
-            raise TargetError(f"--replica-metrics-url must be an http(s) URL, got {', '.join(map(repr, bad))}")
-        self.replica_metrics_urls = list(replica_metrics_urls) or (
-            [url + "/metrics" for url in self.base_urls] if len(self.base_urls) > 1 else []
-        )
-        """Each replica's /metrics, scraped alongside the run: given (a router in front), or every --base-url's."""
         self.endpoint = endpoint
         self.model = model
         self.ignore_eos = ignore_eos
@@ -230,15 +269,13 @@ class HttpTarget:
         """GPUs sampled beside /metrics (servelab/metrics/gpu.py); None: none."""
         self.engine = engine
         """Whose /metrics names to read (servelab/metrics/engines.py), or `auto`: the server's."""
-        self.abandon_after = abandon_after
+        self.abandon_after, self.abandon_share = abandon_after, abandon_share
         """Seconds after its send at which a request still streaming is abandoned (the connection closed, like a
-        user closing the tab); None: never."""
-        self.abandon_share = abandon_share
-        """The share of requests that abandon (chosen by their index, the same ones in every run of a plan)."""
-        self._headers = {"Content-Type": "application/json"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
-        self.server_info: dict[str, Any] | None = None
+        user closing the tab; None: never), and the share of requests that do (chosen by their index, the same ones
+        in every run of a plan)."""
+        auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = {"Content-Type": "application/json", **auth}
+        self.server_info: ServerFound | None = None
         self.model_names: frozenset[str] = frozenset({model} if model else ())
         """Names a stream may say it came from: the model asked for and, after pre-flight, its aliases
         (vLLM lists every --served-model-name and answers with the first)."""
@@ -273,14 +310,14 @@ class HttpTarget:
 
     # -- preflight --------------------------------------------------------
 
-    async def apreflight(self, session: aiohttp.ClientSession | None = None) -> dict[str, Any]:
+    async def apreflight(self, session: aiohttp.ClientSession | None = None) -> ServerFound:
         import aiohttp
 
         if session is None:
             async with aiohttp.ClientSession() as own:
                 return await self.apreflight(own)
         auth = self._auth_headers()
-        info = await preflight(session, self.base_url, self.endpoint, self.model, headers=auth)
+        info: ServerFound = {**await preflight(session, self.base_url, self.endpoint, self.model, headers=auth)}
         info["engine"] = await identify(session, self.base_url, self.engine, auth or None)
         for other in self.base_urls[1:]:  # every replica must serve the same model, under the name the first gave
             await preflight(session, other, self.endpoint, info["model"], headers=auth)
@@ -292,9 +329,10 @@ class HttpTarget:
         return info
 
     def _engine_metrics(self) -> EngineMetrics | None:
-        """The metric names to scrape: the engine pre-flight identified, else the one named; None: found on the first scrape."""
-        identified = (self.server_info or {}).get("engine") or {}
-        name = identified.get("name") or (self.engine if self.engine != engines.AUTO else None)
+        """The metric names to scrape: the engine pre-flight identified, else the one named; None: found on the
+        first scrape."""
+        identified = self.server_info.get("engine") if self.server_info is not None else None
+        name = (identified["name"] if identified else None) or (self.engine if self.engine != engines.AUTO else None)
         return engines.ENGINES.get(name) if name else None
 
     def abandons(self, index: int) -> bool:
@@ -308,7 +346,7 @@ class HttpTarget:
         """The Authorization header alone, for requests that are not the stream (pre-flight, /metrics)."""
         return {k: v for k, v in self._headers.items() if k == "Authorization"}
 
-    def preflight(self) -> dict[str, Any]:
+    def preflight(self) -> ServerFound:
         """Check URL, `/v1/models`, model and endpoint; raises TargetError naming what is wrong."""
         return asyncio.run(self.apreflight())
 
@@ -382,74 +420,78 @@ class HttpTarget:
         workers = min(self.workers, cap) if cap is not None else self.workers
         if slots is not None and workers > 1:
             raise TargetError("a concurrency cap shared with other clients runs on one event loop: --workers 1")
-        zero = 0.0
-        auth = self._auth_headers() or None
+        clock = _RunClock()
         async with aiohttp.ClientSession() as scrape_session, gpu_sampler(self.gpu_telemetry, scrape_session) as gpu:
-            scraper = MetricsScraper(
-                scrape_session,
-                self.base_url + "/metrics",
-                lambda: time.perf_counter() - zero,
-                on_sample,
-                self.scrape_interval,
-                auth,
-                gpu,
-                self._engine_metrics(),
-            )
+            scraper = self._scraper(scrape_session, self.base_url + "/metrics", clock, on_sample, gpu)
             replicas = ReplicaScrapers(
-                [
-                    MetricsScraper(
-                        scrape_session,
-                        url,
-                        lambda: time.perf_counter() - zero,
-                        None,
-                        self.scrape_interval,
-                        auth,
-                        None,
-                        self._engine_metrics(),
-                    )
-                    for url in self.replica_metrics_urls
-                ]
+                [self._scraper(scrape_session, url, clock, None, None) for url in self.replica_metrics_urls]
             )
             first, _ = await asyncio.gather(scraper.fetch(), replicas.fetch_first())
-            wave, rest = first_wave(plan.requests, cap or MAX_WAVE)
-            pool = WorkerPool(self, plan, sink, workers) if workers > 1 else None
-            client: Replicas | None = None
-            bodies: dict[int, bytes] = {}
-            if pool is not None:
-                await pool.start(wave, rest)
-            else:
-                client = Replicas(self.base_urls, self.route)
-                bodies = await self.prepare(client, wave, cap or len(wave))
-            zero = self.clock_zero = time.perf_counter()
-            if first is not None:
-                scraper.record(0.0, first)
-            stop_scraping = asyncio.Event()
-            scraping = asyncio.gather(scraper.run(stop_scraping), replicas.run(stop_scraping))
-            try:
-                if pool is not None:
-                    tally = await pool.run(zero, handle_signals)
-                else:
-                    assert client is not None
-                    specs = aiter_specs(itertools.chain(wave, rest))
-                    tally = await self.serve(
-                        specs, cap, plan.duration, sink, zero, handle_signals, client, bodies, slots
-                    )
-            finally:
-                stop_scraping.set()
-                await scraping
+            tally = await self._release(plan, sink, workers, clock, (scraper, replicas, first), handle_signals, slots)
             await scraper.sample_once()
             scrape_stats = scraper.stats()
         if tally.plan_error is not None:
             raise TargetError(tally.plan_error)
         duration = max(0.0, tally.last_finish - tally.first_send) if tally.schedule_lags else 0.0
         stats = tally.client_stats()
-        stats["clock_zero_perf_counter"] = zero
+        stats["clock_zero_perf_counter"] = clock.zero
         stats.update(tally.notes)
-        info = dict(self.server_info or {"base_url": self.base_url, "endpoint": self.endpoint})
+        info: dict[str, Any] = {**(self.server_info or {"base_url": self.base_url, "endpoint": self.endpoint})}
         info["metrics_scrape"] = scrape_stats
         if replicas.scrapers:
             info["replicas"] = replicas.loads()
         return TargetRun(duration=duration, interrupted=tally.interrupted, server_info=info, client_stats=stats)
+
+    def _scraper(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        clock: _RunClock,
+        on_sample: SampleSink | None,
+        gpu: GpuSampler | None,
+    ) -> MetricsScraper:
+        """A /metrics scraper stamping run time, reading the names of the engine pre-flight identified."""
+        auth = self._auth_headers() or None
+        return MetricsScraper(session, url, clock, on_sample, self.scrape_interval, auth, gpu, self._engine_metrics())
+
+    async def _release(
+        self,
+        plan: LoadPlan,
+        sink: RecordSink,
+        workers: int,
+        clock: _RunClock,
+        scrapers: tuple[MetricsScraper, ReplicaScrapers, dict[str, float] | None],
+        handle_signals: bool,
+        slots: Slots | None,
+    ) -> RunTally:
+        """Prepare the first wave (connections and bodies, or the --workers processes) before the clock starts, so
+        the first requests leave on time; then start the clock and serve the plan with the scrapers beside it
+        (`scrapers`: the server's, the replicas', and the server's values read before the run, its sample at 0)."""
+        scraper, replicas, first = scrapers
+        cap = plan.max_concurrency
+        wave, rest = first_wave(plan.requests, cap or MAX_WAVE)
+        pool = WorkerPool(self, plan, sink, workers) if workers > 1 else None
+        client: Replicas | None = None
+        bodies: dict[int, bytes] = {}
+        if pool is not None:
+            await pool.start(wave, rest)
+        else:
+            client = Replicas(self.base_urls, self.route)
+            bodies = await self.prepare(client, wave, cap or len(wave))
+        clock.zero = self.clock_zero = time.perf_counter()
+        if first is not None:
+            scraper.record(0.0, first)
+        stop_scraping = asyncio.Event()
+        scraping = asyncio.gather(scraper.run(stop_scraping), replicas.run(stop_scraping))
+        try:
+            if pool is not None:
+                return await pool.run(clock.zero, handle_signals)
+            assert client is not None
+            specs = aiter_specs(itertools.chain(wave, rest))
+            return await self.serve(specs, cap, plan.duration, sink, clock.zero, handle_signals, client, bodies, slots)
+        finally:
+            stop_scraping.set()
+            await scraping
 
     async def serve(
         self,
@@ -562,7 +604,7 @@ class _StreamState:
         self.is_chat = is_chat
         self.zero = zero
         self.decoder = SSEDecoder()
-        self.usage: dict[str, Any] | None = None
+        self.usage: Usage | None = None
         self.done = False
         self.last_read = time.perf_counter()
         self.events = 0

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypedDict
 
+from servelab.targets.engine_identity import EngineFound
 from servelab.targets.errors import TargetError
 from servelab.targets.sse import DONE, SSEDecoder
 
@@ -46,15 +48,27 @@ def error_message(body: str, limit: int = 300) -> str:
     return body.strip()[:limit]
 
 
-def probe_body(endpoint: str, model: str) -> dict[str, Any]:
+class ProbeBody(TypedDict, total=False):
+    """The probe's request: a chat (`messages`, `max_completion_tokens`) or a completion (`prompt`, `max_tokens`)."""
+
+    model: str
+    messages: list[dict[str, str]]
+    max_completion_tokens: int
+    prompt: str
+    max_tokens: int
+    stream: bool
+    stream_options: dict[str, bool]
+
+
+def probe_body(endpoint: str, model: str) -> ProbeBody:
     """The cheapest valid request for an endpoint: one output token, streamed with usage as the run asks."""
-    stream = {"stream": True, "stream_options": {"include_usage": True}}
+    stream: ProbeBody = {"stream": True, "stream_options": {"include_usage": True}}
     if endpoint == CHAT:
         return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 1, **stream}
     return {"model": model, "prompt": "hi", "max_tokens": 1, **stream}
 
 
-def model_names(model: str, listed: list[dict[str, Any]]) -> frozenset[str]:
+def model_names(model: str, listed: Sequence[ListedModel]) -> frozenset[str]:
     """The names a stream for `model` may carry: itself and the names listed with the same root
     (vLLM lists every --served-model-name and answers with the first)."""
     root = next((m.get("root") for m in listed if m.get("id") == model), None)
@@ -88,6 +102,32 @@ def _probe_stream(url: str, model: str, names: frozenset[str], body: str) -> lis
     return []
 
 
+class ListedModel(TypedDict, total=False):
+    """One entry of an OpenAI `/v1/models` list, as far as pre-flight reads it (the server's JSON: kept whole)."""
+
+    id: str
+    root: str
+
+
+class PreflightInfo(TypedDict):
+    """What pre-flight found, for run.json's server_info (HttpTarget adds the engine and, with replicas, them)."""
+
+    base_url: str
+    endpoint: str
+    model: str
+    models: list[ListedModel]
+    model_names: list[str]
+    warnings: list[str]
+
+
+class ServerFound(PreflightInfo, total=False):
+    """Pre-flight's findings as HttpTarget keeps them: the engine, and the replicas when there are several."""
+
+    engine: EngineFound
+    base_urls: list[str]
+    route: str
+
+
 async def preflight(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -95,7 +135,7 @@ async def preflight(
     model: str | None = None,
     headers: dict[str, str] | None = None,
     timeout: float = 30.0,
-) -> dict[str, Any]:
+) -> PreflightInfo:
     """Server info for run.json, with the model resolved (default: the first one listed).
 
     Raises TargetError when the server is unreachable, `/v1/models` fails,
@@ -107,24 +147,7 @@ async def preflight(
     if endpoint not in ENDPOINTS:
         raise TargetError(f"endpoint {endpoint!r} is not supported; use one of {', '.join(ENDPOINTS)}")
     client_timeout = aiohttp.ClientTimeout(total=timeout)
-    models_url = base_url + MODELS
-    try:
-        async with session.get(models_url, headers=headers, timeout=client_timeout) as resp:
-            body = await resp.text()
-            status = resp.status
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        raise TargetError(f"cannot reach {base_url}: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
-    if status in (401, 403):
-        raise TargetError(f"{models_url} rejected the API key (HTTP {status}); set OPENAI_API_KEY or --api-key")
-    if status != 200:
-        raise TargetError(f"GET {models_url} failed with HTTP {status}: {error_message(body)}")
-    try:
-        listed = json.loads(body)["data"]
-        ids = [entry["id"] for entry in listed]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise TargetError(f"GET {models_url} did not return an OpenAI model list: {body[:200]!r}") from exc
-    if not ids:
-        raise TargetError(f"{base_url} serves no models ({models_url} is empty)")
+    listed, ids = await _listed_models(session, base_url, headers, client_timeout)
     if model is None:
         model = ids[0]
     elif model not in ids:
@@ -156,3 +179,31 @@ async def preflight(
         "model_names": sorted(names),
         "warnings": _probe_stream(url, model, names, body),
     }
+
+
+async def _listed_models(
+    session: aiohttp.ClientSession, base_url: str, headers: dict[str, str] | None, timeout: aiohttp.ClientTimeout
+) -> tuple[list[ListedModel], list[str]]:
+    """`GET /v1/models`'s list and its ids; TargetError naming the URL when the server cannot be
+    reached, refuses the key, fails, answers something else or lists nothing."""
+    import aiohttp
+
+    models_url = base_url + MODELS
+    try:
+        async with session.get(models_url, headers=headers, timeout=timeout) as resp:
+            body = await resp.text()
+            status = resp.status
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise TargetError(f"cannot reach {base_url}: {type(exc).__name__}: {exc}".rstrip(": ")) from exc
+    if status in (401, 403):
+        raise TargetError(f"{models_url} rejected the API key (HTTP {status}); set OPENAI_API_KEY or --api-key")
+    if status != 200:
+        raise TargetError(f"GET {models_url} failed with HTTP {status}: {error_message(body)}")
+    try:
+        listed: list[ListedModel] = json.loads(body)["data"]
+        ids = [entry["id"] for entry in listed]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TargetError(f"GET {models_url} did not return an OpenAI model list: {body[:200]!r}") from exc
+    if not ids:
+        raise TargetError(f"{base_url} serves no models ({models_url} is empty)")
+    return listed, ids

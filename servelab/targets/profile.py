@@ -128,5 +128,6 @@ def profile_deployment(
 
 
 def profile_sim_target(profile: CalibrationProfile, engine_args: str = "") -> SimTarget:
-    """The simulator of the calibrated hardware + model, with every fitted cost; `engine_args` as for deployment_from_profile."""
+    """The simulator of the calibrated hardware + model, with every fitted cost; `engine_args` as for
+    deployment_from_profile."""
     return deployment_from_profile(profile, engine_args).sim_target()

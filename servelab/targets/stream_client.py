@@ -118,25 +118,14 @@ class _Exchange:
         carries dozens of chunks, and the callback's fixed cost per call
         was a third of the client's CPU per streamed token.
         """
-        if not self.got_bytes:
-            self.got_bytes = True
-            self.first_read = t
-        self.last_read = t
-        if self.buf:
-            data = self.buf + data
-            self.buf = b""
+        data = self._after_buffered(data, t)
         state = self.state
         pos = 0
         n = len(data)
         body: list[bytes] = []
         while pos < n or state == _DONE:
-            if state == _CHUNK_DATA:
-                take = min(self.remaining, n - pos)
-                body.append(data[pos : pos + take] if (pos or take < n) else data)
-                pos += take
-                self.remaining -= take
-                if self.remaining == 0:
-                    state = _CHUNK_END
+            if state == _CHUNK_DATA or state == _LENGTH:
+                pos, state = self._take(data, pos, body, state)
             elif state == _CHUNK_SIZE or state == _CHUNK_END or state == _TRAILER:
                 eol = data.find(b"\r\n", pos)
                 if eol < 0:
@@ -155,10 +144,7 @@ class _Exchange:
                     try:
                         size = int(line, 16)
                     except ValueError:  # a chunk extension (`size;name=value`), rare enough to parse second
-                        try:
-                            size = int(line.split(b";", 1)[0], 16)
-                        except ValueError:
-                            raise ProtocolError(f"bad chunk size line {line[:40]!r}") from None
+                        size = _extended_chunk_size(line)
                     end = pos + size
                     if size == 0:
                         state = _TRAILER
@@ -170,25 +156,14 @@ class _Exchange:
                     else:
                         self.remaining = size
                         state = _CHUNK_DATA
-            elif state == _LENGTH:
-                take = min(self.remaining, n - pos)
-                body.append(data[pos : pos + take])
-                pos += take
-                self.remaining -= take
-                if self.remaining == 0:
-                    state = _DONE
             elif state == _UNTIL_EOF:
                 body.append(data[pos:])
                 pos = n
             elif state == _HEAD:
-                end = data.find(b"\r\n\r\n", pos)
-                if end < 0:
-                    if n - pos > MAX_HEAD:
-                        raise ProtocolError("response head too large")
-                    self.buf = data[pos:]
+                pos = self._head(data, pos)
+                if pos < 0:
                     break
-                state = self._parse_head(data[pos:end])
-                pos = end + 4
+                state = self.state
             else:  # _DONE
                 break
         self.state = state
@@ -196,6 +171,40 @@ class _Exchange:
             self.on_body(body[0] if len(body) == 1 else b"".join(body), t)
         if state == _DONE and not self.done.done():
             self.done.set_result(self.status)
+
+    def _take(self, data: bytes, pos: int, body: list[bytes], state: int) -> tuple[int, int]:
+        """Up to the `remaining` bytes of a chunk (`_CHUNK_DATA`) or of a Content-Length body (`_LENGTH`) from `pos`,
+        the read itself uncopied when it is all body; the position after them and the state that follows."""
+        n = len(data)
+        take = min(self.remaining, n - pos)
+        body.append(data[pos : pos + take] if (pos or take < n) else data)
+        self.remaining -= take
+        if self.remaining == 0:
+            state = _CHUNK_END if state == _CHUNK_DATA else _DONE
+        return pos + take, state
+
+    def _after_buffered(self, data: bytes, t: float) -> bytes:
+        """This read's bytes after what an earlier read left unparsed (a line or head cut in two); notes the read."""
+        if not self.got_bytes:
+            self.got_bytes = True
+            self.first_read = t
+        self.last_read = t
+        if self.buf:
+            data = self.buf + data
+            self.buf = b""
+        return data
+
+    def _head(self, data: bytes, pos: int) -> int:
+        """The response head starting at `pos`, parsed (`self.state` becomes the body's framing): the position after
+        it, or -1 when it is not all here yet (kept for the next read)."""
+        end = data.find(b"\r\n\r\n", pos)
+        if end < 0:
+            if len(data) - pos > MAX_HEAD:
+                raise ProtocolError("response head too large")
+            self.buf = data[pos:]
+            return -1
+        self.state = self._parse_head(data[pos:end])
+        return end + 4
 
     def _parse_head(self, head: bytes) -> int:
         lines = head.decode("latin-1").split("\r\n")
@@ -415,3 +424,11 @@ class StreamingClient:
         for conn in self._idle:
             conn.close()
         self._idle.clear()
+
+
+def _extended_chunk_size(line: bytes) -> int:
+    """The size of a chunk whose size line carries an extension (`size;name=value`)."""
+    try:
+        return int(line.split(b";", 1)[0], 16)
+    except ValueError:
+        raise ProtocolError(f"bad chunk size line {line[:40]!r}") from None

@@ -9,13 +9,23 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
 from servelab.metrics.records import RequestRecord
 from servelab.targets.client_stats import client_stats
 from servelab.workload.spec import RequestSpec
+
+
+class RunNotes(TypedDict, total=False):
+    """What a run adds to client_stats beside its overhead: the --workers processes (their number, the coordinator's
+    CPU, their faults) and why release stopped early (`server_gone`: the server refused connections)."""
+
+    workers: int
+    coordinator_cpu_s: float
+    worker_faults: list[str]
+    server_gone: str
 
 
 @dataclass
@@ -42,7 +52,7 @@ class RunTally:
     interrupted: bool = False
     plan_error: str | None = None
     processes: int = 1
-    notes: dict[str, Any] = field(default_factory=dict)
+    notes: RunNotes = field(default_factory=lambda: RunNotes())
     """Extra client_stats entries (worker count, worker faults)."""
 
     def add(self, rec: RequestRecord) -> None:

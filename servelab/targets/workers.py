@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import uvloop
 
@@ -64,7 +64,7 @@ READY_TIMEOUT_S = 120.0
 POLL_S = 0.5
 """How often the parent checks that every worker is still alive."""
 WORKER_DIED = CLIENT_WORKER_DIED
-SERVER_GONE = "server_gone"
+SERVER_GONE: Final = "server_gone"
 """client_stats note: when the run stopped releasing requests because the server refused a connection."""
 
 

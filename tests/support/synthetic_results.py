@@ -13,6 +13,7 @@ from pathlib import Path
 from servelab.metrics import timeline as tl
 from servelab.metrics.records import RequestRecord
 from servelab.metrics.results import ResultWriter, write_sweep_index
+from servelab.schemas.results import SweepIndex
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample
 
@@ -123,7 +124,8 @@ def write_toy_sweep(
             directory / name, concurrency=value, n=n, source=source, seed=value + (100 if source == "sim" else 0)
         )
         points.append({"max-concurrency": value, "directory": name})
-    write_sweep_index(directory, {"sweep": {"key": "max-concurrency", "values": list(values)}, "points": points})
+    sweep = {"key": "max-concurrency", "values": list(values)}
+    write_sweep_index(directory, SweepIndex.model_validate({"sweep": sweep, "points": points}))
     return directory
 
 
