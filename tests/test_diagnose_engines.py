@@ -12,7 +12,7 @@ import servelab
 from typer.testing import CliRunner
 
 from servelab.cli import app
-from servelab.diagnose.engine_terms import served_engine
+from servelab.targets.engine_terms import served_engine
 from servelab.diagnose.evidence import gather
 from servelab.diagnose.scenario import simulate, synthetic
 from servelab.schemas.diagnosis import Diagnosis

@@ -7,7 +7,7 @@ from servelab.metrics.records import RequestRecord
 from servelab.schemas.results import SweepIndex
 from servelab.metrics.slo import SLO, SLOError, tpot_seconds
 from servelab.metrics.summary import summarize
-from servelab.report.cells import MISSING as NO_DATA
+from servelab.cells import MISSING as NO_DATA
 from servelab.report.terminal import summary_table, sweep_table
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from servelab.errors import InputError
-from servelab.report.cells import MISSING
+from servelab.cells import MISSING
 
 from servelab.metrics.records import MemorySink
 from servelab.schemas.compare import EngineComparison, EngineMemory, EnginePoint, EngineResult

@@ -16,7 +16,7 @@ from servelab.diagnose.advice import AdviceContext, check_advice
 from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, overload, saturation_rps, slo_max_rps
 from servelab.diagnose.ceilings import compute_ceilings
 from servelab.diagnose.engine_choice import compare_on_engines
-from servelab.diagnose.engine_terms import Terms
+from servelab.targets.engine_terms import Terms
 from servelab.diagnose.evidence import gather, typed_part
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.observations import check as check_observations, idle_decode_ms

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from servelab.diagnose.regions import Region
 from servelab.diagnose.ceilings import Ceilings
-from servelab.diagnose.engine_terms import Terms
+from servelab.targets.engine_terms import Terms
 from servelab.diagnose.outside_engine import describe as describe_outside
 from servelab.diagnose.roofline import StepClass, decode_step
 from servelab.metrics.server_timings import describe

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from servelab.diagnose.capacity import saturation_rps
-from servelab.diagnose.engine_terms import Terms
+from servelab.targets.engine_terms import Terms
 from servelab.schemas.diagnosis import Lever
 from servelab.schemas.vocabulary import Goal
 from servelab.diagnose.recommend import Outcome, prefetch, run, tp_link, tried_result

@@ -15,7 +15,7 @@ E2E latency. A figure *above* what the simulation gives is no contradiction
 from __future__ import annotations
 
 from servelab.diagnose.ceilings import Ceilings
-from servelab.diagnose.engine_terms import Terms
+from servelab.targets.engine_terms import Terms
 from servelab.diagnose.findings import make_finding
 from servelab.schemas.diagnosis import Finding
 from servelab.schemas.vocabulary import FindingKind

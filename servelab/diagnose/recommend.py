@@ -17,7 +17,7 @@ from functools import partial
 
 from servelab.diagnose import capacity, findings as fk, parallel
 from servelab.diagnose.capacity import saturation_rps
-from servelab.diagnose.engine_terms import Terms
+from servelab.targets.engine_terms import Terms
 from servelab.diagnose.evidence import gather
 from servelab.diagnose.findings import Context
 from servelab.schemas.diagnosis import Finding, Recommendation

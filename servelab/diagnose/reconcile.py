@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from servelab.diagnose.engine_terms import Terms
+from servelab.targets.engine_terms import Terms
 from servelab.diagnose.findings import make_finding
 from servelab.schemas.diagnosis import Finding
 from servelab.schemas.vocabulary import FindingKind

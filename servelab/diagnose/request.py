@@ -16,7 +16,7 @@ from pathlib import Path
 
 from servelab.diagnose import analysis
 from servelab.diagnose.analysis import Observed
-from servelab.diagnose.engine_terms import check_engine, served_engine
+from servelab.targets.engine_terms import check_engine, served_engine
 from servelab.diagnose.regions import Region
 from servelab.diagnose.scenario import synthetic
 from servelab.schemas.diagnosis import Diagnosis

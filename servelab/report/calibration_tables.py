@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from servelab.report.cells import MISSING, number, percent
+from servelab.cells import MISSING, number, percent
 from servelab.schemas.profile import CalibrationProfile, RunFit
 from servelab.schemas.validation import ValidationReport
 

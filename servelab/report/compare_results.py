@@ -18,7 +18,7 @@ from servelab.schemas.compare import EngineComparison, EnginePoint, EngineResult
 from servelab.metrics.intervals import interval_suffix
 from servelab.report.figures import E2E, LAYOUT, PALETTE, TTFT_TPOT, LatencyCurve, latency_curves_figure, legend_below
 from servelab.report.inputs import ReportComparison
-from servelab.report.cells import number
+from servelab.cells import number
 from servelab.report.tables import html_table
 
 STATISTICS = (("mean", "mean"), ("p99", "p99"))

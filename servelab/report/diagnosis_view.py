@@ -15,7 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from servelab.diagnose.engine_terms import Terms
+from servelab.targets.engine_terms import Terms
 from servelab.schemas.diagnosis import (
     AdviceRow,
     Alternative,
@@ -27,7 +27,7 @@ from servelab.schemas.diagnosis import (
     WorkloadShape,
 )
 from servelab.metrics.intervals import interval_text
-from servelab.report.cells import MISSING, number
+from servelab.cells import MISSING, number
 from servelab.sim.engines import LABELS
 
 CEILING_ROWS = (

@@ -17,7 +17,7 @@ from html import escape
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from servelab.report.cells import MISSING, number
+from servelab.cells import MISSING, number
 from servelab.report.figures import LAYOUT, legend_below, series_color
 from servelab.report.inputs import ReportInputs, ReportRun
 from servelab.schemas.results import ReplicaShare

@@ -9,7 +9,7 @@ from html import escape
 from pydantic import JsonValue
 
 from servelab.metrics.intervals import interval_suffix
-from servelab.report.cells import number
+from servelab.cells import number
 from servelab.schemas.results import AmountInfo, ArrivalInfo, DatasetInfo, LengthInfo, PlanInfo, RunFlags, RunInfo
 from servelab.report.inputs import (
     Document,

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from servelab.metrics.intervals import interval_suffix
 from servelab.metrics.records import RequestRecord
-from servelab.report.cells import MISSING, number
+from servelab.cells import MISSING, number
 from servelab.schemas.results import Summary, SweepIndex
 
 

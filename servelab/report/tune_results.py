@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from servelab.report.figures import LAYOUT, legend_below
 from servelab.report.inputs import ReportDocument
-from servelab.report.cells import MISSING, number
+from servelab.cells import MISSING, number
 from servelab.report.tables import html_table, plan_text
 from servelab.schemas.tune import BASELINE, KeyMetrics, ObjectiveInfo, Trial, TuneDocument
 from servelab.schemas.vocabulary import RecommendationSource

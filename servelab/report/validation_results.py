@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 from servelab.schemas.validation import PointResult, ValidationReport
 from servelab.report.figures import LAYOUT, legend_below
 from servelab.report.inputs import ReportValidation
-from servelab.report.cells import MISSING, number, percent
+from servelab.cells import MISSING, number, percent
 from servelab.report.tables import html_table
 
 METRIC_TITLES = {
