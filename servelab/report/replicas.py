@@ -16,10 +16,12 @@ from html import escape
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+from pydantic import ValidationError
 
 from servelab.cells import MISSING, number
 from servelab.report.figures import LAYOUT, legend_below, series_color
 from servelab.report.inputs import ReportInputs, ReportRun
+from servelab.schemas.fleet import ReplicaLoad
 from servelab.schemas.results import ReplicaShare
 
 
@@ -29,41 +31,35 @@ class ReplicaRow:
 
     name: str
     share: ReplicaShare | None
-    served: int | None
-    hit_rate: float | None
-    mean_waiting: float | None
-    max_waiting: float | None
-    mean_kv_usage: float | None
+    load: ReplicaLoad | None
+
+    @property
+    def completed(self) -> int | None:
+        return self.share.completed if self.share else self.load.requests_served if self.load else None
 
 
-def _number_or_none(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _loads(run: ReportRun) -> dict[str, ReplicaLoad]:
+    """run.json's `server_info.replicas` by replica name; a load this servelab cannot read is left out (its cells
+    show as missing, as any value that is not a number does)."""
+    extra = run.info.server_info.model_extra if run.info.server_info is not None else None
+    loads = {}
+    for raw in (extra or {}).get("replicas") or []:
+        try:
+            load = ReplicaLoad.model_validate(raw)
+        except ValidationError:
+            continue
+        loads[load.name] = load
+    return loads
 
 
 def replica_rows(run: ReportRun) -> list[ReplicaRow]:
     """The run's replicas, by name (a URL without its /metrics, or a simulated replica-i); none for one server."""
     shares = run.summary.replicas or {}
-    extra = run.info.server_info.model_extra if run.info.server_info is not None else None
-    loads = {str(load.get("url", "")).removesuffix("/metrics"): load for load in (extra or {}).get("replicas") or []}
+    loads = _loads(run)
     names = sorted(loads or shares)  # behind a router, the records name the router and the loads its replicas
     if len(names) < 2:
         return []
-    rows = []
-    for name in names:
-        load = loads.get(name, {})
-        served = _number_or_none(load.get("requests_served"))
-        rows.append(
-            ReplicaRow(
-                name=name,
-                share=shares.get(name),
-                served=int(served) if served is not None else None,
-                hit_rate=_number_or_none(load.get("prefix_cache_hit_rate")),
-                mean_waiting=_number_or_none(load.get("mean_waiting")),
-                max_waiting=_number_or_none(load.get("max_waiting")),
-                mean_kv_usage=_number_or_none(load.get("mean_kv_usage")),
-            )
-        )
-    return rows
+    return [ReplicaRow(name, shares.get(name), loads.get(name)) for name in names]
 
 
 def _percent(value: float | None) -> str:
@@ -78,13 +74,14 @@ def replicas_table(run: ReportRun, rows: Sequence[ReplicaRow]) -> str:
     )
     body = "".join(
         f'<tr><th scope="row">{escape(r.name)}</th>'
-        f"<td>{number(r.share.completed if r.share else r.served, ',.0f')}</td>"
+        f"<td>{number(r.completed, ',.0f')}</td>"
         f"<td>{number(r.share.failed if r.share else None, ',.0f')}</td>"
         f"<td>{number(r.share.mean_ttft_ms if r.share else None, ',.1f')}</td>"
         f"<td>{number(r.share.mean_e2el_ms if r.share else None, ',.0f')}</td>"
-        f"<td>{_percent(r.hit_rate)}</td>"
-        f"<td>{number(r.mean_waiting, '.1f')} / {number(r.max_waiting, '.0f')}</td>"
-        f"<td>{_percent(r.mean_kv_usage)}</td></tr>"
+        f"<td>{_percent(r.load.prefix_cache_hit_rate if r.load else None)}</td>"
+        f"<td>{number(r.load.mean_waiting if r.load else None, '.1f')} / "
+        f"{number(r.load.max_waiting if r.load else None, '.0f')}</td>"
+        f"<td>{_percent(r.load.mean_kv_usage if r.load else None)}</td></tr>"
         for r in rows
     )
     return (
@@ -100,9 +97,9 @@ def replicas_figure(fleets: Sequence[tuple[ReportRun, list[ReplicaRow]]]) -> go.
     for run, rows in fleets:
         names = [r.name for r in rows]
         values = (
-            [r.share.completed if r.share else r.served for r in rows],
+            [r.completed for r in rows],
             [r.share.mean_ttft_ms if r.share else None for r in rows],
-            [r.hit_rate for r in rows],
+            [r.load.prefix_cache_hit_rate if r.load else None for r in rows],
         )
         for col, ys in enumerate(values, 1):
             fig.add_trace(
