@@ -483,6 +483,45 @@ def fit_served_factor(raw: dict, api, rows: list[dict] | None = None) -> float:
     return float(minimize_scalar(loss, bounds=(1.0, 5.0), method="bounded", options={"xatol": 0.01}).x)
 
 
+ONE_BURST = ("burst", "128/4", 300, 300)
+"""The one-shape check's burst: 300 requests of 128 in / 4 out, all released at once."""
+
+
+def one_burst_check(engine: dict, bursts: list[dict], reference_s: float) -> dict:
+    """The CPU-side model against one burst shape served several times, with everything from this session.
+
+    The API server's core per request comes from these bursts (one shape, so all of it charged at intake), and
+    the served engine's factor from their request throughput (the CPU build's engine pace is not the CPU side):
+    their mean TTFT, which the intake queue and its sharing with the output rounds decide, is what is compared,
+    against the larger of the repeats' own spread and the moderate bursts' recorded noise.
+    """
+    from servelab.perf.vllm_cpu_costs import burst_noise
+
+    raw = {"engine": engine, "served": bursts, "reference_s": reference_s}
+    api = per_request_api(raw)
+    factor = fit_served_factor(raw, api, bursts)
+    predicted = replay(bursts[0], fit_engine(engine), api, factor)
+    measured = statistics.mean(r["mean_ttft_ms"] for r in bursts)
+    return {
+        "predicted_ttft_ms": predicted["mean_ttft_ms"],
+        "measured_ttft_ms": measured,
+        "repeats_ttft_ms": [r["mean_ttft_ms"] for r in bursts],
+        "error": predicted["mean_ttft_ms"] / measured - 1,
+        "noise": max(repeat_spread(bursts, "mean_ttft_ms"), burst_noise()["mean_ttft_ms"]),
+        "served_factor": factor,
+        "api_per_request_ms": 1e3 * api.per_request_s,
+    }
+
+
+def measure_one_burst(vllm_python: Path, model_dir: Path, deadline_s: float, repeats: int) -> dict:
+    """`one_burst_check` on a server this script starts: the engine timed in process, then the burst served."""
+    engine = measure_engine(vllm_python, model_dir, deadline_s, sizes=(ONE_BURST[2],), shapes=(ONE_BURST[1],))
+    log = Path("/tmp") / f"burst-costs-{os.getpid()}.log"
+    with ApiProbe(vllm_python, model_dir, log) as probe:
+        bursts = serve_loads(probe, [ONE_BURST] * repeats, 1, deadline_s)
+    return one_burst_check(engine, bursts, reference_loop_s(repeats=2))
+
+
 def repeat_spread(rows: list[dict], metric: str) -> float:
     """The largest relative deviation of one repeat of a load from the repeats' mean: the measurement's own noise."""
     vals = [r[metric] for r in rows]
@@ -528,7 +567,7 @@ def table(raw: dict, models: dict, served_factor: float) -> str:
 
 
 MODERATE = (200, 500)
-"""Burst sizes whose repeat spread is recorded as the measurement's noise (tests/test_burst_cpu_side_vllm.py)."""
+"""Burst sizes whose repeat spread is recorded as the measurement's noise (the one-burst check's bound)."""
 
 
 def bursts_section(raw: dict) -> dict:
@@ -599,7 +638,17 @@ def main() -> None:
     )
     ap.add_argument("--from-raw", type=Path, help="refit and replay raw measurements written by --raw")
     ap.add_argument("--engine-from", type=Path, help="reuse part 1's output (the engine worker's JSON) from this file")
+    ap.add_argument(
+        "--one-burst",
+        action="store_true",
+        help="only the one-shape check: one burst of 300 (128 in / 4 out) served --repeats times, replayed",
+    )
     args = ap.parse_args()
+    if args.one_burst:
+        with heavy_lock():
+            check = measure_one_burst(args.vllm_python, args.model_dir, args.deadline, max(args.repeats, 3))
+        print(json.dumps(check, indent=2))
+        return
     if args.engine_worker:
         engine_worker(
             args.engine_worker, args.deadline, tuple(map(int, args.sizes.split(","))), tuple(args.shapes.split(","))

@@ -374,6 +374,7 @@ def _cpu_with_children() -> float:
 def _servelab_client(port: int, requests: int, chunks: int, concurrency: int, workers: int, out_dir: Path) -> dict:
     """As `servelab bench` runs a point (run_point: records to JSONL, summary, self-report), minus start-up."""
     from servelab.experiment.runner import run_point
+    from servelab.schemas.results import RunInfo
     from servelab.metrics.records import MemorySink
     from servelab.targets.http import HttpTarget
     from servelab.workload.spec import LoadPlan, RequestSpec
@@ -382,7 +383,7 @@ def _servelab_client(port: int, requests: int, chunks: int, concurrency: int, wo
     target = HttpTarget(f"http://127.0.0.1:{port}", ignore_eos=True, scrape_interval=3600, workers=workers)
     sink = MemorySink()
     cpu0, wall0 = _cpu_with_children(), time.perf_counter()
-    summary = run_point(target, plan, out_dir, {}, observers=[sink]).model_dump(exclude_unset=True)
+    summary = run_point(target, plan, out_dir, RunInfo.begun(), observers=[sink]).model_dump(exclude_unset=True)
     zero = summary["client_stats"]["clock_zero_perf_counter"]
     return {
         "completed": summary["completed"],

@@ -32,6 +32,7 @@ from servelab.targets.server_process import vllm_cpu_server
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.plan import Amount, build_plan
+from servelab.schemas.results import RunInfo
 
 from heavy_run import TINY_MODEL, VLLM_PYTHON, heavy_lock
 
@@ -42,7 +43,9 @@ def point(base_url: str, concurrency: int, requests: int, out: Path) -> dict:
         ArrivalConfig(max_concurrency=concurrency),
         Amount(num_prompts=requests),
     )
-    summary = run_point(HttpTarget(base_url, ignore_eos=True), plan, out, {}).model_dump(exclude_unset=True)
+    summary = run_point(HttpTarget(base_url, ignore_eos=True), plan, out, RunInfo.begun()).model_dump(
+        exclude_unset=True
+    )
     stats = summary["client_stats"]
     delay = stats.get("added_delay") or {}
     return {

@@ -44,6 +44,7 @@ from servelab.metrics.gpu import GpuTelemetry, gpu_key, gpu_sampler
 from servelab.metrics.results import ResultWriter
 from servelab.metrics.scrape import MetricsScraper
 from servelab.metrics.timeline import RUNNING, TimelineSample, read_timeline
+from servelab.schemas.results import RunInfo
 
 REQUIRED = (gpu.UTIL, gpu.SM_CLOCK_MHZ, gpu.MEM_USED_BYTES, gpu.MEM_FREE_BYTES, gpu.TEMPERATURE_C, gpu.THROTTLE_REASONS)
 LOADED_UTIL = 0.5
@@ -206,7 +207,7 @@ def main() -> int:
     no_load = "none (neither torch with CUDA nor cupy is installed: sampling only)"
     print(f"{n} GPU(s); load: {load[0] + ' fp16 8192^2 matmuls on GPU 0' if load else no_load}")
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu-telemetry-"))
-    writer = ResultWriter(out, {"verb": "gpu_telemetry_check"})
+    writer = ResultWriter(out, RunInfo.begun(verb="gpu_telemetry_check"))
     with metrics_server() as url:
         phases, held, stats = asyncio.run(
             sample_phases(url, writer, args.interval, args.idle_s, args.load_s, load[1] if load else None)

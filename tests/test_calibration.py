@@ -45,6 +45,7 @@ from servelab.perf.models import get_model
 from servelab.targets.deployment import Deployment
 from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.engine_config import EngineConfig
+from servelab.schemas.results import RunInfo
 
 CPU_TRUTH = CostCoefficients(
     compute_efficiency=0.4,
@@ -232,7 +233,7 @@ def calibrated_on_simulator(tiny, tmp_path: Path) -> tuple[list[ProbeRuns], Depl
         vocab_size=tiny.vocab_size,
         budget_s=200,
         directory=tmp_path,
-        run_info={},
+        run_info=RunInfo.begun(),
         clock=lambda: float(next(ticks)),
     )
     fit, fitted = fit_runs(runs, start, "test")
@@ -360,7 +361,7 @@ def test_the_api_servers_serial_admission_is_fitted_from_the_bursts(tiny, tmp_pa
         vocab_size=tiny.vocab_size,
         budget_s=60,
         directory=tmp_path,
-        run_info={},
+        run_info=RunInfo.begun(),
         clock=lambda: float(next(ticks)),
     )
     _, fitted = fit_runs(runs, start, "test")

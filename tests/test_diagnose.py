@@ -19,6 +19,7 @@ from servelab.metrics.results import ResultWriter, load_run
 from servelab.metrics.slo import SLO
 from servelab.perf.calibration import load_profile
 from servelab.targets.deployment import build_deployment
+from servelab.schemas.results import RunInfo
 from support.profiles import PROBED_ARGS, tiny_profile
 
 PLANTED = {
@@ -171,7 +172,7 @@ def test_measured_run_directory_round_trip(tmp_path):
     d = build_deployment("a100-80gb", "qwen2.5-7b", "--max-num-seqs 8")
     scenario = synthetic(128, 128, request_rate=20)
     sim = simulate(d, scenario)
-    writer = ResultWriter(tmp_path, {"source": "sim", "arrival": {"request_rate": 20, "max_concurrency": None}})
+    writer = ResultWriter(tmp_path, RunInfo.begun(source="sim", arrival={"request_rate": 20, "max_concurrency": None}))
     for r in sim.records:
         writer.records.write(r)
     for s in sim.timeline:
@@ -368,7 +369,7 @@ def test_cli_calibration_beside_gpu_or_version_is_one_error_naming_both(tmp_path
 
 
 def test_cli_a_run_where_nothing_completed_is_one_clear_error_not_a_diagnosis_of_zeros(tmp_path):
-    writer = ResultWriter(tmp_path, {"verb": "bench", "source": "http"})
+    writer = ResultWriter(tmp_path, RunInfo.begun(verb="bench", source="http"))
     for i in range(3):
         writer.records.write(
             RequestRecord(

@@ -20,6 +20,7 @@ from servelab.targets.base import TargetRun
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.plan import Amount, build_plan
+from servelab.schemas.results import RunInfo
 
 
 class FakeTarget:
@@ -85,7 +86,7 @@ def plan(n: int = 20, concurrency: int | None = 4, rate: float = float("inf"), w
 
 def test_run_point_writes_every_file(tmp_path):
     summary = run_point(
-        FakeTarget(), plan(), tmp_path / "run", {"flags": {"model": "x"}}, slo=SLO.parse("ttft:50")
+        FakeTarget(), plan(), tmp_path / "run", RunInfo.begun(flags={"model": "x"}), slo=SLO.parse("ttft:50")
     ).model_dump(exclude_unset=True)
     run = load_run(tmp_path / "run")
     assert len(run.records) == 20 and len(run.timeline) == 20
@@ -100,7 +101,7 @@ def test_run_point_writes_every_file(tmp_path):
 
 
 def test_warmup_requests_are_recorded_but_not_counted(tmp_path):
-    summary = run_point(FakeTarget(), plan(n=20, concurrency=1, warmup=0.95), tmp_path, {}).model_dump(
+    summary = run_point(FakeTarget(), plan(n=20, concurrency=1, warmup=0.95), tmp_path, RunInfo.begun()).model_dump(
         exclude_unset=True
     )
     assert summary["requests_recorded"] == 20
@@ -108,14 +109,16 @@ def test_warmup_requests_are_recorded_but_not_counted(tmp_path):
 
 
 def test_client_bottleneck_is_a_loud_warning(tmp_path):
-    summary = run_point(FakeTarget(bottleneck=True), plan(), tmp_path, {}).model_dump(exclude_unset=True)
+    summary = run_point(FakeTarget(bottleneck=True), plan(), tmp_path, RunInfo.begun()).model_dump(exclude_unset=True)
     assert summary["warnings"][0].startswith("THE CLIENT MAY BE THE BOTTLENECK: client CPU at 95%")
     assert summary["client_stats"]["client_may_be_bottleneck"] is True
 
 
 @pytest.mark.parametrize("sigterm", [False, True])
 def test_interruption_keeps_records_and_writes_a_summary(tmp_path, sigterm):
-    summary = run_point(FakeTarget(stop_after=7, sigterm=sigterm), plan(), tmp_path, {}).model_dump(exclude_unset=True)
+    summary = run_point(FakeTarget(stop_after=7, sigterm=sigterm), plan(), tmp_path, RunInfo.begun()).model_dump(
+        exclude_unset=True
+    )
     run = load_run(tmp_path)
     assert len(run.records) == 7
     assert run.summary["interrupted"] is True and run.summary["completed"] == 7
@@ -130,7 +133,7 @@ def test_a_failing_target_records_the_error_and_raises(tmp_path):
             raise RuntimeError("engine exploded")
 
     with pytest.raises(RuntimeError):
-        run_point(Broken(), plan(), tmp_path, {})
+        run_point(Broken(), plan(), tmp_path, RunInfo.begun())
     info = json.loads((tmp_path / "run.json").read_text())
     assert info["error"] == "RuntimeError: engine exploded"
     assert not (tmp_path / "summary.json").exists()
@@ -171,7 +174,7 @@ def test_sweep_writes_one_directory_per_point_and_the_curve(tmp_path):
         yield sink
         seen.append((label, len(sink.records)))
 
-    index = run_sweep(target, sweep, base, make, tmp_path, {"flags": {}}, observe=observe)
+    index = run_sweep(target, sweep, base, make, tmp_path, RunInfo.begun(flags={}), observe=observe)
     assert [p.directory for p in index.points] == ["max-concurrency=1", "max-concurrency=4", "max-concurrency=16"]
     assert seen == [(p.directory, 32) for p in index.points]
     assert [p.max_concurrency for p in target.plans] == [1, 4, 16]
@@ -187,7 +190,7 @@ def test_sweep_stops_at_an_interrupted_point(tmp_path):
     def make(arrival):
         return build_plan(WorkloadConfig(input_len=16, output_len=4), arrival, Amount(num_prompts=10))
 
-    index = run_sweep(FakeTarget(stop_after=3), sweep, ArrivalConfig(), make, tmp_path, {})
+    index = run_sweep(FakeTarget(stop_after=3), sweep, ArrivalConfig(), make, tmp_path, RunInfo.begun())
     assert len(index.points) == 1 and index.interrupted is True
     assert json.loads((tmp_path / "sweep.json").read_text())["points"][0]["completed"] == 3
 
@@ -195,5 +198,5 @@ def test_sweep_stops_at_an_interrupted_point(tmp_path):
 def test_an_interrupted_probe_run_ends_the_experiment_as_interrupted_not_as_bad_input(tmp_path):
     plan = build_plan(WorkloadConfig(input_len=16, output_len=4), ArrivalConfig(), Amount(num_prompts=10))
     with pytest.raises(RunInterrupted, match="kept under") as raised:
-        run_into(FakeTarget(stop_after=3), plan, tmp_path / "probe", {"verb": "calibrate"})
+        run_into(FakeTarget(stop_after=3), plan, tmp_path / "probe", RunInfo.begun(verb="calibrate"))
     assert raised.value.exit_code == 130 and not isinstance(raised.value, InputError)

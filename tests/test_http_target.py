@@ -15,6 +15,7 @@ from servelab.metrics.records import MemorySink
 from servelab.targets.errors import TargetError
 from servelab.targets.http import HttpTarget
 from servelab.workload.spec import LoadPlan, RequestSpec
+from servelab.schemas.results import RunInfo
 
 
 @pytest.fixture
@@ -232,7 +233,9 @@ def test_a_throttled_client_warns_with_the_delay_it_added(server, tmp_path):
 
     plan = LoadPlan(specs(8, max_tokens=8), max_concurrency=4)  # two waves: every stall lands among live streams
     target = HttpTarget(server.base_url, extra_body={"delay": 0.01})
-    summary = run_point(target, plan, tmp_path, {}, observers=[_StallingSink(0.3)]).model_dump(exclude_unset=True)
+    summary = run_point(target, plan, tmp_path, RunInfo.begun(), observers=[_StallingSink(0.3)]).model_dump(
+        exclude_unset=True
+    )
     stats = summary["client_stats"]
     assert stats["client_may_be_bottleneck"] is True
     assert stats["added_delay"]["mean_ms"] > stats["typical_gap_ms"] * 0.1
@@ -305,7 +308,7 @@ def test_a_sweep_resets_the_prefix_cache_before_each_point_where_the_server_offe
             ArrivalConfig(),
             lambda arrival: LoadPlan(specs(2), max_concurrency=arrival.max_concurrency),
             tmp_path,
-            {},
+            RunInfo.begun(),
         )
         assert len(index.points) == 2
         assert srv.cache_resets == (2 if offered else 0)

@@ -34,6 +34,7 @@ from servelab.perf.cost_model import CostCoefficients
 from servelab.perf.hardware import get_gpu
 from servelab.perf.models import get_model
 from servelab.workload.spec import LoadPlan
+from servelab.schemas.results import RunInfo
 
 TINY_CONFIG = {
     "architectures": ["Qwen2ForCausalLM"],
@@ -183,7 +184,9 @@ def test_a_repeat_in_which_the_client_stalled_is_not_judged() -> None:
 
 def timed_profile(profile: CalibrationProfile, tmp_path: Path) -> CalibrationProfile:
     """The profile with a reference step time taken on its own simulator, as calibrate takes it on the server."""
-    reference = time_reference(profile_sim_target(profile), 32, 4096, tmp_path / "calibration-reference", {})
+    reference = time_reference(
+        profile_sim_target(profile), 32, 4096, tmp_path / "calibration-reference", RunInfo.begun()
+    )
     return profile.model_copy(update={"reference": reference})
 
 

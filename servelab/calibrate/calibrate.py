@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -58,7 +57,7 @@ from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import Hardware, get_gpu
 from servelab.perf.models import ModelSpec, get_model
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
-from servelab.schemas.results import Summary
+from servelab.schemas.results import RunInfo, Summary
 from servelab.targets.deployment import Deployment
 from servelab.targets.http import HttpTarget
 from servelab.targets.sim import SimTarget
@@ -198,7 +197,7 @@ def run_probes(
     vocab_size: int,
     budget_s: float,
     directory: Path,
-    run_info: dict[str, Any],
+    run_info: RunInfo,
     progress: Callable[[str], None] = lambda _: None,
     clock: Callable[[], float] = time.monotonic,
 ) -> list[ProbeRuns]:
@@ -470,7 +469,7 @@ def probe_server(request: CalibrateRequest, progress: Callable[[str], None] = la
     probed, target = server.deployment, server.target
     directory = request.probe_dir
     t0 = time.monotonic()
-    run_info = {"verb": "calibrate", "engine_args": server.engine_args}
+    run_info = RunInfo.begun(verb="calibrate", engine_args=server.engine_args)
     host = HostWatch().start()
     reference_args = (probed.config.max_num_seqs, spec.vocab_size)
     before = time_reference(target, *reference_args, directory / "reference-before", run_info, warm_up=True)

@@ -12,7 +12,6 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -22,7 +21,7 @@ from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.results import TIMELINE
 from servelab.metrics.timeline import TimelineSample, read_timeline
 from servelab.perf.errors import PerfConfigError
-from servelab.schemas.results import Summary
+from servelab.schemas.results import RunInfo, Summary
 from servelab.targets.base import Target
 from servelab.workload.spec import LoadPlan, RequestSpec
 
@@ -80,7 +79,7 @@ def probe_load(probe: Probe, vocab_size: int, seed: int) -> LoadPlan:
 
 
 def run_into(
-    target: Target, plan: LoadPlan, directory: Path, run_info: dict[str, Any]
+    target: Target, plan: LoadPlan, directory: Path, run_info: RunInfo
 ) -> tuple[list[RequestRecord], list[TimelineSample], Summary]:
     """`run_point` (bench's runner: a results directory per run), returning the records and timeline it wrote too.
 

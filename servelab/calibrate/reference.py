@@ -14,10 +14,10 @@ at a fixed batch, the steadiest figure a server gives.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from servelab.calibrate.probes import DECODE, MAX_BUNCHED, Probe, bunched_fraction, probe_load, run_into
 from servelab.schemas.profile import ReferenceTiming
+from servelab.schemas.results import RunInfo
 from servelab.targets.base import Target
 
 REFERENCE_BATCH, REFERENCE_PROMPT, REFERENCE_OUTPUT = 4, 16, 64
@@ -42,7 +42,7 @@ def time_reference(
     max_num_seqs: int | None,
     vocab_size: int,
     directory: Path,
-    run_info: dict[str, Any],
+    run_info: RunInfo,
     runs: int = REFERENCE_RUNS,
     warm_up: bool = False,
 ) -> ReferenceTiming:
@@ -90,7 +90,9 @@ def speed_check(
             "the calibration profile has no reference step time (schema 2, or fitted from runs by calibrate --from): "
             "this server's speed is unchecked"
         ]
-    timing = time_reference(target, max_num_seqs, vocab_size, directory, {"verb": "speed-check"}, warm_up=True)
+    timing = time_reference(
+        target, max_num_seqs, vocab_size, directory, RunInfo.begun(verb="speed-check"), warm_up=True
+    )
     if timing.workload != calibrated.workload:
         return [
             f"this server's reference ({timing.workload}) is not the calibrated one ({calibrated.workload}): "

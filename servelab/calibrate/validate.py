@@ -52,7 +52,7 @@ from servelab.metrics.summary import summarize
 from servelab.perf.calibration import load_profile
 from servelab.schemas.profile import CalibrationProfile, ReferenceTiming, SpeedChange, reference_too_wide
 from servelab.perf.errors import PerfConfigError
-from servelab.schemas.results import Summary
+from servelab.schemas.results import RunInfo, Summary
 from servelab.targets.deployment import Deployment
 from servelab.targets.base import Target
 from servelab.schemas.validation import PointResult, ProfileRef, ServerRef, ValidationReport
@@ -350,7 +350,7 @@ class _Session:
     def __init__(self, target: Target, deployment: Deployment, out_dir: Path, progress: Callable[[str], None]) -> None:
         self.target, self.deployment, self.out_dir, self.progress = target, deployment, out_dir, progress
         self.sim = deployment.sim_target()
-        self.run_info: dict[str, object] = {"verb": "validate", "engine_args": deployment.engine_args()}
+        self.run_info = RunInfo.begun(verb="validate", engine_args=deployment.engine_args())
 
     def warm_up(self) -> None:
         d = self.deployment

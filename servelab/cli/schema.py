@@ -47,6 +47,11 @@ SCHEMAS: dict[str, tuple[str, str]] = {
 NAME` pays for one model and `schema --help` for none) and what the file is."""
 
 
+PUBLISHED_AS = {"RunDeployment": "DeploymentInfo"}
+"""Models whose schema is another model's, published under that model's name: run.json's deployment is a
+DeploymentInfo written back key for key as given (servelab.schemas.results.RunDeployment)."""
+
+
 def schema_model(name: str) -> type[BaseModel] | type:
     """The model of file NAME: a pydantic model, or a dataclass pydantic reads (records.jsonl's `RequestRecord`)."""
     module, _, model = SCHEMAS[name][0].partition(":")
@@ -59,8 +64,13 @@ def json_schema(name: str) -> JsonSchemaValue:
     from."""
     model, what = schema_model(name), SCHEMAS[name][1]
     from pydantic import TypeAdapter  # not for --help
+    from pydantic.json_schema import GenerateJsonSchema
 
-    schema = TypeAdapter(model).json_schema()
+    class PublishedNames(GenerateJsonSchema):
+        def normalize_name(self, name: str) -> str:
+            return PUBLISHED_AS.get(name, super().normalize_name(name))
+
+    schema = TypeAdapter(model).json_schema(schema_generator=PublishedNames)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$comment": f"{what}; generated from {model.__module__}.{model.__qualname__}",

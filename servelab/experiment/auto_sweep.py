@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from servelab.experiment.sweep import Observe, Sweep, SweepError, curve_point, r
 from servelab.metrics.results import write_sweep_index
 from servelab.metrics.slo import SLO
 from servelab.metrics.summary import DEFAULT_PERCENTILES
-from servelab.schemas.results import AutoSweepResult, SweepIndex, SweepPoint, SweepSpec
+from servelab.schemas.results import AutoSweepResult, RunInfo, SweepIndex, SweepPoint, SweepSpec
 from servelab.targets.base import Target
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.spec import LoadPlan
@@ -75,7 +75,7 @@ def run_auto_sweep(
     base_arrival: ArrivalConfig,
     make_plan: Callable[[ArrivalConfig], LoadPlan],
     result_dir: Path,
-    run_info: dict[str, Any],
+    run_info: RunInfo,
     slo: SLO | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     observe: Observe | None = None,
@@ -105,7 +105,7 @@ class _Stages:
     target: Target
     make_plan: Callable[[ArrivalConfig], LoadPlan]
     result_dir: Path
-    run_info: dict[str, Any]
+    run_info: RunInfo
     slo: SLO | None
     percentiles: Sequence[float]
     observe: Observe | None
@@ -119,7 +119,7 @@ class _Stages:
         guard = SaturationGuard(rate) if rate is not None else None
         if guard is not None:
             plan = replace(plan, requests=guard.requests(plan.requests))
-        info = {**self.run_info, "sweep_point": {"profile": profile, RATE_KEY: _rate_json(rate)}}
+        info = self.run_info.with_keys(sweep_point={"profile": profile, RATE_KEY: _rate_json(rate)})
         watchers = [guard] if guard is not None else []
         summary = run_sweep_point(
             self.target, plan, self.result_dir, label, info, self.slo, self.percentiles, self.observe, watchers

@@ -22,7 +22,7 @@ from servelab.metrics.results import ResultWriter
 from servelab.metrics.slo import SLO
 from servelab.metrics.intervals import Tier, simulated_run_intervals
 from servelab.metrics.summary import DEFAULT_PERCENTILES, statistics
-from servelab.schemas.results import Summary
+from servelab.schemas.results import RunInfo, Summary
 from servelab.targets.base import Target, TargetRun
 from servelab.workload.spec import LoadPlan
 
@@ -135,7 +135,7 @@ def run_point(
     target: Target,
     plan: LoadPlan,
     result_dir: Path,
-    run_info: dict[str, Any],
+    run_info: RunInfo,
     slo: SLO | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     observers: Sequence[RecordSink] = (),
@@ -150,7 +150,7 @@ def run_point(
     and the caller decides the exit code. Any other failure propagates after
     run.json has recorded it.
     """
-    writer = ResultWriter(result_dir, {**run_info, "workload": plan.description})
+    writer = ResultWriter(result_dir, run_info.with_keys(workload=plan.description))
     sink = _Tee([writer.records, *observers])
     target_run: TargetRun | None = None
     interrupted = False

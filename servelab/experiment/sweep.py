@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from servelab.errors import InputError
 from servelab.experiment.runner import run_point
@@ -24,7 +23,7 @@ from servelab.metrics.results import write_sweep_index
 from servelab.metrics.slo import SLO
 from servelab.pool import TaskPool
 from servelab.metrics.summary import DEFAULT_PERCENTILES
-from servelab.schemas.results import Summary, SweepIndex, SweepPoint, SweepSpec, SweepValue
+from servelab.schemas.results import RunInfo, Summary, SweepIndex, SweepPoint, SweepSpec, SweepValue
 from servelab.targets.base import Target
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.spec import LoadPlan
@@ -110,7 +109,7 @@ def run_sweep(
     base_arrival: ArrivalConfig,
     make_plan: Callable[[ArrivalConfig], LoadPlan],
     result_dir: Path,
-    run_info: dict[str, Any],
+    run_info: RunInfo,
     slo: SLO | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
     observe: Observe | None = None,
@@ -129,7 +128,7 @@ def run_sweep(
     for value in sweep.values:
         label = sweep.label(value)
         plan = make_plan(sweep.arrival(base_arrival, value))
-        point_info = {**run_info, "sweep_point": sweep.point_values(value)}
+        point_info = run_info.with_keys(sweep_point=sweep.point_values(value))
         open_loop = sweep.key == "request-rate" and math.isfinite(value)
         guard = SaturationGuard(value, stop=False) if open_loop else None
         if guard is not None:
@@ -153,7 +152,7 @@ def run_sweep_point(
     plan: LoadPlan,
     result_dir: Path,
     label: str,
-    point_info: dict[str, Any],
+    point_info: RunInfo,
     slo: SLO | None,
     percentiles: Sequence[float],
     observe: Observe | None,
@@ -164,7 +163,7 @@ def run_sweep_point(
     run.json says what happened. `watchers` see every record, beside the live observer."""
     reset = getattr(target, "reset_prefix_cache", None)
     if reset is not None:
-        point_info["prefix_cache_reset"] = reset()
+        point_info = point_info.with_keys(prefix_cache_reset=reset())
     context = observe(label, plan) if observe is not None else nullcontext(None)
     with context as observer:
         observers = [*watchers, *([observer] if observer is not None else [])]
@@ -187,7 +186,7 @@ class _RemotePoint:
 
     target: Target
     make_plan: Callable[[ArrivalConfig], LoadPlan]
-    run_info: dict[str, Any]
+    run_info: RunInfo
     slo: SLO | None
     percentiles: tuple[float, ...]
 
@@ -204,7 +203,7 @@ def _spread(
     base_arrival: ArrivalConfig,
     make_plan: Callable[[ArrivalConfig], LoadPlan],
     result_dir: Path,
-    run_info: dict[str, Any],
+    run_info: RunInfo,
     slo: SLO | None,
     percentiles: Sequence[float],
     pool: TaskPool,
@@ -220,7 +219,7 @@ def _spread(
             job = _RemotePoint(
                 target,
                 make_plan,
-                {**run_info, "sweep_point": sweep.point_values(value)},
+                run_info.with_keys(sweep_point=sweep.point_values(value)),
                 slo,
                 tuple(percentiles),
             )

@@ -16,17 +16,15 @@ take it, derive what they need from the records, and say it is partial.
 from __future__ import annotations
 
 import json
-import platform
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from servelab.atomic import write_text_atomic
-from servelab import SCHEMA_VERSION, __version__
+from servelab import SCHEMA_VERSION
 from servelab.errors import InputError
 from servelab.metrics.records import JsonlSink, RequestRecord, read_records
-from servelab.schemas.results import RunInfo, Summary, SweepIndex, checked
+from servelab.schemas.results import RunInfo, Summary, SweepIndex
 from servelab.metrics.timeline import TimelineSample, read_timeline
 from servelab.renames import upgraded
 
@@ -41,25 +39,16 @@ def _dump(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
-def versions() -> dict[str, str]:
-    return {"servelab": __version__, "python": platform.python_version()}
-
-
 class ResultWriter:
     """Writes one run's directory incrementally; safe to abandon at any point."""
 
-    def __init__(self, directory: Path, run_info: dict[str, Any]) -> None:
+    def __init__(self, directory: Path, run_info: RunInfo) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         for stale in (RECORDS, TIMELINE, SUMMARY):
             (directory / stale).unlink(missing_ok=True)
-        self.run_info = {
-            "schema_version": SCHEMA_VERSION,
-            "started_at": time.time(),
-            "versions": versions(),
-            **run_info,
-        }
-        _dump(directory / RUN, checked(RunInfo, self.run_info))
+        self.run_info = run_info.restarted()
+        self._write_run_info()
         self.records = JsonlSink(directory / RECORDS)
         self._timeline = (directory / TIMELINE).open("a", encoding="utf-8")
 
@@ -68,8 +57,12 @@ class ResultWriter:
         self._timeline.flush()
 
     def update_run_info(self, **info: Any) -> None:
-        self.run_info.update(info)
-        _dump(self.directory / RUN, checked(RunInfo, self.run_info))
+        """run.json again with `info`'s keys set (the run's end, its server, an error): rewritten whole, atomically."""
+        self.run_info = self.run_info.with_keys(**info)
+        self._write_run_info()
+
+    def _write_run_info(self) -> None:
+        _dump(self.directory / RUN, self.run_info.model_dump(exclude_unset=True))
 
     def write_summary(self, summary: Summary) -> None:
         """summary.json: the summary's keys as given (a sweep's index holds the same without the version)."""

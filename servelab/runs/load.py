@@ -19,7 +19,7 @@ from servelab.experiment.sweep import run_sweep
 from servelab.metrics.records import RecordSink
 from servelab.pool import TaskPool
 from servelab.runs.results import Results, SweepResults, load_results
-from servelab.schemas.results import Json, SweepIndex
+from servelab.schemas.results import RunInfo, SweepIndex
 from servelab.targets.base import Target
 from servelab.workload.spec import LoadPlan
 
@@ -42,14 +42,14 @@ def run_load(
     load: LoadFlags,
     first_plan: LoadPlan,
     result_dir: Path,
-    run_info: Json,
+    run_info: RunInfo,
     observe: Observe = unobserved,
     pool: TaskPool | None = None,
 ) -> Results | SweepResults:
     """One point, a sweep or an auto sweep, as --sweep says; an interrupted run returns what it wrote."""
     slo, percentiles, sweep = load.slo(), load.percentiles(), load.parsed_sweep()
     if sweep is None:
-        with observe(run_info["verb"], first_plan) as observer:
+        with observe(run_info.verb or "", first_plan) as observer:
             run_point(
                 target, first_plan, result_dir, run_info, slo, percentiles, [observer] if observer is not None else []
             )

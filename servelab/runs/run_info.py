@@ -11,7 +11,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from servelab.runs.request import BenchRequest, SimulateRequest
-from servelab.schemas.results import Json
+from servelab.schemas.results import Json, RunInfo
 from servelab.schemas.vocabulary import Route
 
 
@@ -26,7 +26,7 @@ def flag_values(block: object, *, skip: tuple[str, ...] = ()) -> Json:
     return out
 
 
-def bench_run_info(request: BenchRequest, served_model: str, cache_config: Json) -> Json:
+def bench_run_info(request: BenchRequest, served_model: str, cache_config: Json) -> RunInfo:
     """`served_model`: the model pre-flight found (what --model named, or the server's first); `cache_config`: the
     server's own KV blocks and prefix-cache switch (servelab.metrics.scrape.server_cache_config)."""
     from servelab.metrics.scrape import CACHE_CONFIG
@@ -58,10 +58,11 @@ def bench_run_info(request: BenchRequest, served_model: str, cache_config: Json)
     }
     if s.ray_address is not None:
         flags.update(ray_address=s.ray_address, clients=s.clients)
-    return {"verb": "bench", "source": "http", "argv": list(request.argv), "flags": flags, CACHE_CONFIG: cache_config}
+    keys = {"verb": "bench", "source": "http", "argv": list(request.argv), "flags": flags, CACHE_CONFIG: cache_config}
+    return RunInfo.begun(**keys)
 
 
-def simulate_run_info(request: SimulateRequest, deployment: Json) -> Json:
+def simulate_run_info(request: SimulateRequest, deployment: Json) -> RunInfo:
     """`deployment`: the simulated deployment's description (Deployment.describe)."""
     flags = {**flag_values(request.deployment, skip=("ray_address",)), **flag_values(request.load)}
-    return {"verb": "simulate", "source": "sim", "argv": list(request.argv), "flags": flags, "deployment": deployment}
+    return RunInfo.begun(verb="simulate", source="sim", argv=list(request.argv), flags=flags, deployment=deployment)

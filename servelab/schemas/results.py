@@ -2,41 +2,41 @@
 sweep.json. docs/schemas/ holds the JSON Schema generated from these (`servelab schema NAME`).
 
 They describe what the writers in this package write, key for key: the
-writers check what they write against them (`checked`), the schema test
-walks real results directories, and a reader of the files can validate
-against the published schema. Parts other layers fill (a server's info, the
+writers build these models and write their dump, the schema test walks
+real results directories, and a reader of the files can validate against
+the published schema. Parts other layers fill (a server's info, the
 client's stats, a deployment's engine flags) are typed as far as every
 writer agrees and open beyond that.
 """
 
 from __future__ import annotations
 
-import json
+import platform
 import re
-from typing import Annotated, Any, Literal, TypeVar
+import time
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, WithJsonSchema, model_serializer
+from pydantic import GetJsonSchemaHandler, Field, SerializerFunctionWrapHandler, WithJsonSchema, model_serializer
 
-from servelab import SCHEMA_VERSION
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
+
+from servelab import SCHEMA_VERSION, __version__
 from servelab.schemas.vocabulary import Regime, Tier
-from servelab.schemas.base import ClosedModel, OpenModel
+from servelab.schemas.base import AsGiven, ClosedModel, InGivenOrder, Number, OpenModel
 
 Json = dict[str, Any]
 """A JSON object at a file's edge: an open part of a document (another layer's own keys) or a serializer's output."""
-M = TypeVar("M", bound=BaseModel)
 
 
-def checked(model: type[M], data: Json) -> Json:
-    """`data` unchanged, after checking its JSON (as the writers serialize it) is what `model`, and so the
-    published schema, says: a writer's bug surfaces here, in the suite, rather than as a file a user's script
-    cannot read. The bytes written stay the same."""
-    model.model_validate_json(json.dumps(data, default=str))
-    return data
-
-
-class Versions(OpenModel):
+class Versions(InGivenOrder):
     servelab: str
     python: str
+
+    @classmethod
+    def installed(cls) -> Versions:
+        """servelab's and Python's versions as installed here: which code wrote a file."""
+        return cls(servelab=__version__, python=platform.python_version())
 
 
 class SLOTerms(ClosedModel):
@@ -308,6 +308,16 @@ class DeploymentInfo(OpenModel):
     warnings: list[str]
 
 
+class RunDeployment(AsGiven, DeploymentInfo):
+    """run.json's simulated deployment, written back key for key as Deployment.describe() gave it (diagnosis.json
+    writes its DeploymentInfo in the model's order). The published schema is DeploymentInfo's: only the writing
+    differs (servelab.cli.schema publishes it under DeploymentInfo's name)."""
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return handler(DeploymentInfo.__pydantic_core_schema__)
+
+
 class EngineIdentity(ClosedModel):
     """The serving engine as the server reported it at pre-flight (servelab/targets/engine_identity.py)."""
 
@@ -323,22 +333,22 @@ class EngineIdentity(ClosedModel):
     )
 
 
-class ServerInfo(OpenModel):
+class ServerInfo(InGivenOrder):
     """A measured run's server, as pre-flight found it (model, endpoint, ...) and the engine it reported."""
 
     engine: EngineIdentity | None = None
     model: str | None = Field(None, description="The model the server said it serves.")
 
 
-class LengthInfo(OpenModel):
+class LengthInfo(InGivenOrder):
     """A length distribution of the plan (servelab.workload.lengths): its shape, mean and spread in tokens."""
 
     shape: str | None = None
-    mean: float | None = None
-    spread: float | None = None
+    mean: Number | None = None
+    spread: Number | None = None
 
 
-class DatasetInfo(OpenModel):
+class DatasetInfo(InGivenOrder):
     """What the requests were: the dataset and, for synthetic ones, the prompt and output lengths."""
 
     dataset_name: str | None = None
@@ -347,22 +357,22 @@ class DatasetInfo(OpenModel):
     output_len: LengthInfo | None = None
 
 
-class ArrivalInfo(OpenModel):
+class ArrivalInfo(InGivenOrder):
     """How the requests were sent (servelab.workload.arrival): the process in words, its rate and cap."""
 
     process: str | None = None
-    request_rate: float | Literal["inf"] | None = None
-    burstiness: float | None = None
+    request_rate: Number | Literal["inf"] | None = None
+    burstiness: Number | None = None
     max_concurrency: int | None = None
 
 
-class AmountInfo(OpenModel):
+class AmountInfo(InGivenOrder):
     num_prompts: int | None = None
-    duration: float | None = None
-    warmup: float | None = None
+    duration: Number | None = None
+    warmup: Number | None = None
 
 
-class PlanInfo(OpenModel):
+class PlanInfo(InGivenOrder):
     """A load plan's description (servelab.workload.plan): what was sent, how, how many."""
 
     workload: DatasetInfo | None = None
@@ -370,14 +380,14 @@ class PlanInfo(OpenModel):
     amount: AmountInfo | None = None
 
 
-class RunFlags(OpenModel):
+class RunFlags(InGivenOrder):
     """The command's flags as run.json keeps them; the ones read back by name are typed, the rest kept as given."""
 
     model: str | None = None
     base_url: str | None = None
 
 
-class RunInfo(OpenModel):
+class RunInfo(InGivenOrder):
     """run.json: what was run. Written at the start, completed at the end; `finished_at` absent means the client
     was killed mid-run (a partial run). The verbs add their own keys (flags, argv, deployment, ...)."""
 
@@ -396,7 +406,7 @@ class RunInfo(OpenModel):
     label: str | None = Field(
         None, description="The run's name in a report (tune's stage-2 runs: the configuration's label)."
     )
-    deployment: DeploymentInfo | None = None
+    deployment: RunDeployment | None = None
     server_info: ServerInfo | None = None
     client_host: Json | None = Field(
         None, description="The client host's conditions during the run (load, CPU steal, GPUs)."
@@ -404,6 +414,22 @@ class RunInfo(OpenModel):
     interrupted: bool | None = None
     finished_at: float | None = None
     error: str | None = Field(None, description="The exception that ended the run, if one did.")
+
+    @classmethod
+    def begun(cls, **keys: Any) -> RunInfo:
+        """run.json as a run begins: the schema version, the run's zero (now), the versions, then the verb's own
+        keys in the order given, which is the order the file keeps them in (servelab.schemas.base.InGivenOrder)."""
+        stamp = {"schema_version": SCHEMA_VERSION, "started_at": time.time(), "versions": Versions.installed()}
+        return cls.model_validate({**stamp, **keys})
+
+    def with_keys(self, **keys: Any) -> RunInfo:
+        """This run.json with `keys` set (checked as the model types them), new keys after the ones it has."""
+        return type(self).model_validate({**self.model_dump(exclude_unset=True), **keys})
+
+    def restarted(self) -> RunInfo:
+        """The same keys with the run's zero set to now: a sweep's points share their verb's keys, each begins
+        when it is written."""
+        return self.with_keys(started_at=time.time())
 
 
 class SweepPoint(OpenModel):

@@ -7,18 +7,15 @@ from typing import Any
 
 from pydantic import (
     Field,
-    PrivateAttr,
     SerializerFunctionWrapHandler,
-    ValidatorFunctionWrapHandler,
     field_serializer,
     model_serializer,
-    model_validator,
 )
 
 from servelab import SCHEMA_VERSION
 from servelab.schemas.vocabulary import VLLM, TrialStatus
 from servelab.schemas.results import DeploymentInfo, Json, PlanInfo, SLOTerms, Versions
-from servelab.schemas.base import ClosedModel, OpenModel
+from servelab.schemas.base import AsGiven, ClosedModel, OpenModel
 
 
 BASELINE = "baseline"
@@ -171,26 +168,6 @@ class Recommendation(OpenModel):
         engine flags, so engine_args cannot carry them), else nothing: for the line that names the configuration."""
         gpu, router = self.params.get("gpu"), self.params.get("router")
         return (f" on {gpu}" if gpu else "") + (f" behind the {router} router" if router else "")
-
-
-class AsGiven(OpenModel):
-    """A description another layer wrote (Deployment.describe(), a load plan's description): typed for reading,
-    written back exactly as given. The shared DeploymentInfo and LengthInfo type some integers as floats
-    (`api_server_count`, a length's `mean`), so a dump of the parsed model would turn the file's `1` into `1.0`."""
-
-    _given: Json | None = PrivateAttr(default=None)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _keep_given(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        model = handler(data)
-        if isinstance(data, dict):
-            model._given = data
-        return model
-
-    @model_serializer(mode="wrap")
-    def _as_given(self, handler: SerializerFunctionWrapHandler) -> Json:
-        return dict(self._given) if self._given is not None else handler(self)
 
 
 class TuneDeployment(AsGiven, DeploymentInfo):

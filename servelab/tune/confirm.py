@@ -35,7 +35,7 @@ from servelab.atomic import write_text_atomic
 from servelab import SCHEMA_VERSION
 from servelab.metrics.records import disturbances
 from servelab.metrics.results import ResultWriter
-from servelab.schemas.results import Json, Summary
+from servelab.schemas.results import Json, RunInfo, Summary
 from servelab.metrics.summary import summarize
 from servelab.pool import TaskLost, TaskPool
 from servelab.renames import upgraded
@@ -412,15 +412,15 @@ def _server_process(command: ServerCommand, engine_args: str, out: Path) -> tupl
 def _bench(base_url: str, config: Stage2Config, argv: list[str], workload: TuneWorkload, out: Path) -> ResultWriter:
     """The workload sent to the server, its records and timeline written into `out` as bench writes them; a
     Ctrl-C during it propagates once what was measured is on disk."""
-    run_info = {
-        "kind": "tune-stage2",
-        "source": "http",
-        "label": config.label,
-        "engine_args": config.engine_args,
-        "argv": argv,
-        "workload": workload.describe(),
-        "base_url": base_url,
-    }
+    run_info = RunInfo.begun(
+        kind="tune-stage2",
+        source="http",
+        label=config.label,
+        engine_args=config.engine_args,
+        argv=argv,
+        workload=workload.describe(),
+        base_url=base_url,
+    )
     writer = ResultWriter(out, run_info)
     try:
         run = HttpTarget(base_url, ignore_eos=True).run(workload.plan(), writer.records, writer.write_sample)

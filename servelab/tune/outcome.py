@@ -16,7 +16,6 @@ from typing import Any
 
 from servelab import SCHEMA_VERSION
 from servelab.atomic import write_text_atomic
-from servelab.metrics.results import versions
 from servelab.renames import upgraded
 from servelab.schemas.results import Versions
 from servelab.schemas.tune import (
@@ -164,7 +163,7 @@ def tune_document(
         schema_version=SCHEMA_VERSION,
         kind="tune",
         created_at=time.time(),
-        versions=Versions(**versions()),
+        versions=Versions.installed(),
         objective=objective,
         deployment=deployment,
         space=space,

@@ -16,6 +16,7 @@ from servelab.metrics.results import ResultWriter, write_sweep_index
 from servelab.schemas.results import SweepIndex
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample
+from servelab.schemas.results import RunInfo
 
 
 def toy_records(
@@ -101,7 +102,7 @@ def write_toy_run(
     }
     if source is not None:
         info["source"] = source
-    writer = ResultWriter(directory, info)
+    writer = ResultWriter(directory, RunInfo.begun(**info))
     records = toy_records(concurrency, n, seed=seed, source=source or "http")
     for record in records:
         writer.records.write(record)
