@@ -1,0 +1,62 @@
+"""run.json is a RunInfo: built by its producer, extended by the run, written as its dump, byte for byte as before.
+
+Every producer sets its keys in its own order (bench: verb, source, argv, flags, the server's cache config; tune's
+stage 2: kind, source, label, ...), the run then adds its workload, server, end and host; the file has always kept
+that order and whole counts as integers. The stored bench run (a real vLLM run's run.json) and the stored documents
+read back and dumped again must give the same text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from servelab.metrics.results import RUN, ResultWriter
+from servelab.schemas.results import RunInfo
+
+STORED = [
+    Path(__file__).parent / "fixtures" / "results" / "servelab-closed-c4" / RUN,
+]
+
+
+def _text(data: object) -> str:
+    return json.dumps(data, indent=2, default=str)
+
+
+@pytest.mark.parametrize("path", STORED, ids=lambda p: p.parent.name)
+def test_a_stored_run_json_reads_back_to_the_same_text(path: Path) -> None:
+    given = json.loads(path.read_text())
+    assert _text(RunInfo.model_validate(given).model_dump(exclude_unset=True)) == _text(given)
+
+
+def test_the_writer_keeps_the_producers_order_and_adds_the_runs_keys_after(tmp_path: Path) -> None:
+    info = RunInfo.begun(kind="tune-stage2", source="http", label="a", argv=["x"], base_url="http://h:1")
+    writer = ResultWriter(tmp_path, info.with_keys(workload={"arrival": {"request_rate": 4, "burstiness": 1}}))
+    writer.update_run_info(server_info={"base_url": "http://h:1", "engine": None}, interrupted=False, finished_at=2.0)
+    writer.close()
+    written = json.loads((tmp_path / RUN).read_text())
+    assert list(written) == [
+        "schema_version",
+        "started_at",
+        "versions",
+        "kind",
+        "source",
+        "label",
+        "argv",
+        "base_url",
+        "workload",
+        "server_info",
+        "interrupted",
+        "finished_at",
+    ]
+    assert list(written["server_info"]) == ["base_url", "engine"]
+    assert written["workload"]["arrival"] == {"request_rate": 4, "burstiness": 1}
+    assert isinstance(written["workload"]["arrival"]["request_rate"], int)
+    assert written["started_at"] >= info.started_at
+
+
+def test_a_key_of_the_wrong_type_is_refused_when_set() -> None:
+    with pytest.raises(ValueError, match="finished_at"):
+        RunInfo.begun(verb="bench").with_keys(finished_at="soon")
