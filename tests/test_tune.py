@@ -690,3 +690,25 @@ def test_the_python_api_runs_the_verb_and_returns_the_document_it_wrote(tmp_path
     assert [t.model_dump(mode="json") for t in again.trials] == [
         t.model_dump(mode="json") for t in doc.trials
     ]  # read back from the study (sim_wall_s too), not simulated again
+
+
+def test_a_search_over_gpus_names_every_gpu_it_priced_and_the_one_it_recommends(tmp_path: Path) -> None:
+    result = _tune(
+        "--gpu",
+        "a100-80gb",
+        "--model",
+        "qwen2.5-7b",
+        "--space",
+        "gpu=a100-80gb-sxm,h100-sxm",
+        *CALIBRATED_LOAD,
+        "--request-rate",
+        "4",
+        "--sim-prompts",
+        "30",
+        "--result-dir",
+        str(tmp_path / "tune"),
+    )
+    assert result.exit_code == 0, result.output
+    assert "catalogue rates of A100-80GB-SXM, H100-SXM" in result.output
+    chosen = read_tune_json(tmp_path / "tune").recommendation
+    assert chosen is not None and f"on {chosen.params['gpu']}" in result.output

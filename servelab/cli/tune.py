@@ -356,21 +356,22 @@ def _num(value: float | None, fmt: str = ",.4g") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _simulator(deployment: TuneDeployment) -> str:
+def _simulator(deployment: TuneDeployment, gpus: list[object] | None = None) -> str:
     """Which simulator the predictions come from: a calibrated one is worth naming, an uncalibrated one worth
-    flagging."""
+    flagging; `gpus`, the GPUs the search tried where it varied them (each on its own catalogue rates)."""
     profile = deployment.calibration
     engine = "" if deployment.engine == VLLM else f" {LABELS[deployment.engine]}"
-    return (
-        f"simulated{engine}, calibrated by {profile}"
-        if profile
-        else f"simulated{engine} on catalogue rates of {deployment.gpu}"
-    )
+    if profile:
+        return f"simulated{engine}, calibrated by {profile}"
+    chips = ", ".join(map(str, gpus)) if gpus and len(gpus) > 1 else deployment.gpu
+    return f"simulated{engine} on catalogue rates of {chips}"
 
 
 def render(console: Console, doc: TuneDocument) -> None:
     """tune.json on the terminal: stage 1's ranking and Pareto front, stage 2's measurements, the recommendation."""
-    simulator = _simulator(doc.deployment)
+    from servelab.tune.space import GPU
+
+    simulator = _simulator(doc.deployment, doc.space.get(GPU))
     console.print(_stage1_table(doc, simulator))
     console.print(f"evaluated {doc.search.evaluated} of {doc.search.space_size} configurations ({doc.search.sampler})")
     console.print(f"Pareto front (output tok/s vs p99 TTFT): {_pareto_front(doc) or '-'}")
