@@ -65,7 +65,7 @@ KUBEAI = Source(
         "--quantization fp8 --kv-cache-dtype fp8 --max-model-len 16384 --max-num-batched-tokens 16384 "
         "--gpu-memory-utilization 0.95 --enable-prefix-caching"
     ),
-    routers={"k8s-service": "round-robin", "least-load": "least-outstanding", "prefix-hash": "prefix-hash"},
+    routers={"k8s-service": "random", "least-load": "least-outstanding", "prefix-hash": "prefix-hash"},
     throughput="request_throughput",
 )
 LLMD = Source(
@@ -77,7 +77,7 @@ LLMD = Source(
     # 4 pods of TP=4; the report's per-pod KV of 461,376 tokens is 37.8 GB a GPU of Llama-3.1-70B's bf16 KV.
     engine_args="--tensor-parallel-size 4 --kv-cache-memory-bytes 37800000000 --enable-prefix-caching",
     routers={
-        "random": "round-robin",
+        "random": "random",
         "load": "least-outstanding",
         "precise-prefix-cache_load": "prefix-aware",
         "estimate-prefix-cache_load": None,
