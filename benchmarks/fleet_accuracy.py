@@ -29,7 +29,7 @@ from pathlib import Path
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
 from servelab.schemas.results import Summary
-from servelab.targets.deployment import build_deployment
+from servelab.targets.deployment import Deployment, build_deployment
 import numpy as np
 
 from servelab.workload.arrival import ArrivalConfig, schedule
@@ -61,6 +61,8 @@ class Source:
     """Published router name -> servelab's --router (None: not modelled, shown only)."""
     throughput: str
     """The summary's throughput the source reports as what was served (its other rate is the one it offered)."""
+    vllm_version: str | None = None
+    """The vLLM release whose defaults the replay runs (`simulate --vllm-version`); None: the source does not say."""
 
 
 KUBEAI = Source(
@@ -75,6 +77,9 @@ KUBEAI = Source(
     ),
     routers={"k8s-service": "random", "least-load": "least-outstanding", "prefix-hash": "prefix-hash"},
     throughput="request_throughput",
+    # v0.7.2 with VLLM_USE_V1=1: the V1 engine with its synchronous loop. 0.8 is the earliest release whose V1
+    # defaults the simulator models (benchmarks/gpu_accuracy.py replays every earlier one as 0.8 too).
+    vllm_version="0.8",
 )
 LLMD = Source(
     name="llm-d",
@@ -325,7 +330,7 @@ def llmd_run(router: str, seed: int = 0) -> dict[float, dict[str, float]]:
     client = replace(LLMD_CLIENT, seed=seed)
     times, windows = llmd_arrivals(np.random.default_rng(client.seed))
     timed = client.specs(times)
-    deployment = build_deployment(LLMD.gpu, LLMD.model, LLMD.engine_args, replicas=LLMD.replicas, router=router)
+    deployment = _deployment(LLMD, router)
     sink = MemorySink()
     deployment.sim_target().run(LoadPlan(requests=timed), sink)
     stages: dict[float, dict[str, float]] = {}
@@ -341,10 +346,21 @@ def kubeai_run(load: float, router: str, seed: int = KUBEAI_CLIENT.seed) -> dict
     client = replace(KUBEAI_CLIENT, seed=seed)
     arrival = ArrivalConfig(request_rate=200.0 if load in (1600, 3200) else 800.0, max_concurrency=int(load))
     specs = schedule(iter(client.specs()), arrival, np.random.default_rng(client.seed))
-    deployment = build_deployment(KUBEAI.gpu, KUBEAI.model, KUBEAI.engine_args, replicas=KUBEAI.replicas, router=router)
+    deployment = _deployment(KUBEAI, router)
     sink = MemorySink()
     deployment.sim_target().run(LoadPlan(requests=specs, max_concurrency=arrival.max_concurrency), sink)
     return _measures(summarize(sink.records), KUBEAI)
+
+
+def _deployment(source: Source, router: str) -> Deployment:
+    return build_deployment(
+        source.gpu,
+        source.model,
+        source.engine_args,
+        replicas=source.replicas,
+        router=router,
+        vllm_version=source.vllm_version,
+    )
 
 
 def _measures(summary: Summary, source: Source) -> dict[str, float]:
