@@ -61,6 +61,20 @@ def test_cache_aware_routers_hit_more_and_answer_sooner_than_round_robin_on_a_bu
         assert min(e.num_steps for e in engines) > 0, router
 
 
+def test_random_is_as_cache_blind_as_round_robin_on_a_busy_chat_fleet():
+    """A random pick sends a turn where its history is no more often than a rotating counter does; it only
+    spreads the steps less evenly."""
+    plan = LoadPlan(chats(96), max_concurrency=96)
+    rr_hits, _, rr_engines = serve("round-robin", plan)
+    hits, _, engines = serve("random", plan)
+    aware_hits, _, _ = serve("prefix-aware", plan)
+    assert abs(hits - rr_hits) < 0.05
+    assert hits < aware_hits - 0.1
+    steps = [e.num_steps for e in engines]
+    assert min(steps) > 0
+    assert max(steps) - min(steps) > max(e.num_steps for e in rr_engines) - min(e.num_steps for e in rr_engines)
+
+
 class _Replica:
     """A stand-in with the one attribute least-loaded reads."""
 
