@@ -4,13 +4,16 @@ Each published load point is replayed with servelab's counterpart of every route
 counterparts are listed per source; a router servelab does not model is shown, not scored), and with the source's
 client rebuilt: the prompts it sent, in its order, at its rates (KubeAIClient, SharedPrefixClient; llm-d's stages
 run back to back, as inference-perf ran them). Printed, in markdown: per point and router, measured and predicted
-served throughput (KubeAI: requests/s; llm-d: output tokens/s) and mean TTFT with their errors; per load point, the
-routers' order by mean TTFT (lower first), measured and predicted, and whether the best router is the same; and the
-counts of the brief: served throughput and mean TTFT within 20% where the published run was neither overloaded
-(its mean TTFT at or over OVERLOADED_TTFT_S: queues of seconds mean the fleet was past what it serves) nor paced by
-its client (client_limited). Deterministic (seeded).
+served throughput (KubeAI: requests/s; llm-d: output tokens/s) and mean TTFT with their errors, and mean TPOT beside
+the published one (not scored); with --draws N, the noise table: each point replayed N times with its random parts
+drawn again, and whether the two cache-blind routers' measured gap is one a repeat could reverse (noise); per load
+point, the routers' order by mean TTFT (lower first), measured and predicted, and whether the best router is the
+same; the counts of the brief: served throughput and mean TTFT within 20% where the published run was neither
+overloaded (its mean TTFT at or over OVERLOADED_TTFT_S: queues of seconds mean the fleet was past what it serves) nor
+paced by its client (client_limited); and, apart from the fleets, the single-replica L4 check (L4_RUNS).
+Deterministic (seeded).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/fleet_accuracy.py [--only kubeai|llm-d]
+    PYTHONPATH=. .venv/bin/python benchmarks/fleet_accuracy.py [--only kubeai|llm-d] [--draws N]
 
 Sources, setups and the published numbers: docs/accuracy.md, section Fleets.
 """
