@@ -397,15 +397,16 @@ def noise(source: Source, load: float, draws: int) -> tuple[list[float], float, 
     """The two cache-blind routers at a load point: the simulated gap ln(TTFT first / TTFT second) in each draw of
     the run's random parts (prompts, their order, arrival times: what a repeat of the run redraws), the gaps' standard
     deviation, and the measured gap. None with fewer than two draws."""
-    blind = [(p, ttft) for n, ld, p, _, ttft in PUBLISHED if n == source.name and ld == load and p in CACHE_BLIND]
+    blind = [
+        (router, ttft)
+        for n, ld, p, _, ttft in PUBLISHED
+        if n == source.name and ld == load and p in CACHE_BLIND and (router := source.routers[p]) is not None
+    ]
     if draws < 2 or len(blind) != 2:
         return None
     (first, measured_first), (second, measured_second) = blind
     gaps = [
-        math.log(
-            predict(source, load, source.routers[first] or "", d)["ttft"]
-            / predict(source, load, source.routers[second] or "", d)["ttft"]
-        )
+        math.log(predict(source, load, first, d)["ttft"] / predict(source, load, second, d)["ttft"])
         for d in range(draws)
     ]
     return gaps, statistics.stdev(gaps), math.log(measured_first / measured_second)
