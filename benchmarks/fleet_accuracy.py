@@ -4,13 +4,16 @@ Each published load point is replayed with servelab's counterpart of every route
 counterparts are listed per source; a router servelab does not model is shown, not scored), and with the source's
 client rebuilt: the prompts it sent, in its order, at its rates (KubeAIClient, SharedPrefixClient; llm-d's stages
 run back to back, as inference-perf ran them). Printed, in markdown: per point and router, measured and predicted
-served throughput (KubeAI: requests/s; llm-d: output tokens/s) and mean TTFT with their errors; per load point, the
-routers' order by mean TTFT (lower first), measured and predicted, and whether the best router is the same; and the
-counts of the brief: served throughput and mean TTFT within 20% where the published run was neither overloaded
-(its mean TTFT at or over OVERLOADED_TTFT_S: queues of seconds mean the fleet was past what it serves) nor paced by
-its client (client_limited). Deterministic (seeded).
+served throughput (KubeAI: requests/s; llm-d: output tokens/s) and mean TTFT with their errors, and mean TPOT beside
+the published one (not scored); with --draws N, the noise table: each point replayed N times with its random parts
+drawn again, and whether the two cache-blind routers' measured gap is one a repeat could reverse (noise); per load
+point, the routers' order by mean TTFT (lower first), measured and predicted, and whether the best router is the
+same; the counts of the brief: served throughput and mean TTFT within 20% where the published run was neither
+overloaded (its mean TTFT at or over OVERLOADED_TTFT_S: queues of seconds mean the fleet was past what it serves) nor
+paced by its client (client_limited); and, apart from the fleets, the single-replica L4 check (L4_RUNS).
+Deterministic (seeded).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/fleet_accuracy.py [--only kubeai|llm-d]
+    PYTHONPATH=. .venv/bin/python benchmarks/fleet_accuracy.py [--only kubeai|llm-d] [--draws N]
 
 Sources, setups and the published numbers: docs/accuracy.md, section Fleets.
 """
@@ -18,17 +21,25 @@ Sources, setups and the published numbers: docs/accuracy.md, section Fleets.
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
+from pathlib import Path
 
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
-from servelab.targets.deployment import build_deployment
+from servelab.schemas.results import Summary
+from servelab.targets.deployment import Deployment, build_deployment
 import numpy as np
 
 from servelab.workload.arrival import ArrivalConfig, schedule
 from servelab.workload.spec import LoadPlan, RequestSpec
+
+sys.path.insert(0, str(Path(__file__).parent))
+import gpu_accuracy  # noqa: E402  (the sibling benchmark whose replay of published single-GPU runs the L4 check uses)
 
 OVERLOADED_TTFT_S = 2.0
 """A published mean TTFT at or above this is a fleet that queues for seconds: its ranking is scored, its values
@@ -53,6 +64,8 @@ class Source:
     """Published router name -> servelab's --router (None: not modelled, shown only)."""
     throughput: str
     """The summary's throughput the source reports as what was served (its other rate is the one it offered)."""
+    vllm_version: str | None = None
+    """The vLLM release whose defaults the replay runs (`simulate --vllm-version`); None: the source does not say."""
 
 
 KUBEAI = Source(
@@ -65,8 +78,11 @@ KUBEAI = Source(
         "--quantization fp8 --kv-cache-dtype fp8 --max-model-len 16384 --max-num-batched-tokens 16384 "
         "--gpu-memory-utilization 0.95 --enable-prefix-caching"
     ),
-    routers={"k8s-service": "round-robin", "least-load": "least-outstanding", "prefix-hash": "prefix-hash"},
+    routers={"k8s-service": "random", "least-load": "least-outstanding", "prefix-hash": "prefix-hash"},
     throughput="request_throughput",
+    # v0.7.2 with VLLM_USE_V1=1: the V1 engine with its synchronous loop. 0.8 is the earliest release whose V1
+    # defaults the simulator models (benchmarks/gpu_accuracy.py replays every earlier one as 0.8 too).
+    vllm_version="0.8",
 )
 LLMD = Source(
     name="llm-d",
@@ -77,7 +93,7 @@ LLMD = Source(
     # 4 pods of TP=4; the report's per-pod KV of 461,376 tokens is 37.8 GB a GPU of Llama-3.1-70B's bf16 KV.
     engine_args="--tensor-parallel-size 4 --kv-cache-memory-bytes 37800000000 --enable-prefix-caching",
     routers={
-        "random": "round-robin",
+        "random": "random",
         "load": "least-outstanding",
         "precise-prefix-cache_load": "prefix-aware",
         "estimate-prefix-cache_load": None,
@@ -216,6 +232,39 @@ def client_limited(name: str, load: float, published: str, served: float, ttft: 
     return served * latency < CLIENT_LIMITED_SHARE * load
 
 
+LLMD_ITL_MS = {
+    (3, "precise-prefix-cache_load"): 13,
+    (3, "random"): 20,
+    (3, "load"): 19,
+    (4, "precise-prefix-cache_load"): 15,
+    (4, "random"): 26,
+    (4, "load"): 26,
+    (5, "precise-prefix-cache_load"): 16,
+    (5, "random"): 26,
+    (5, "load"): 26,
+    (6, "precise-prefix-cache_load"): 17,
+    (6, "random"): 27,
+    (6, "load"): 27,
+    (8, "precise-prefix-cache_load"): 19,
+    (8, "random"): 28,
+    (8, "load"): 27,
+    (10, "precise-prefix-cache_load"): 20,
+    (10, "random"): 27,
+    (10, "load"): 27,
+    (12, "precise-prefix-cache_load"): 22,
+    (12, "random"): 27,
+    (12, "load"): 27,
+    (15, "precise-prefix-cache_load"): 24,
+    (15, "random"): 27,
+    (15, "load"): 27,
+    (20, "precise-prefix-cache_load"): 31,
+    (20, "random"): 28,
+    (20, "load"): 28,
+}
+"""llm-d's published mean ITL (ms) per stage and router ("ITL mean", per token of a streamed response: the mean
+TPOT), shown beside the simulated mean TPOT; not scored (the brief's floors are throughput and TTFT)."""
+
+
 LLMD_STAGE_S = {3: 210, 4: 180, 5: 120, 6: 120, 8: 90, 10: 70, 12: 60, 15: 50, 20: 50}
 """Each llm-d stage's length (s) in the report's inference-perf profile."""
 
@@ -277,105 +326,223 @@ def llmd_arrivals(rng: np.random.Generator) -> tuple[np.ndarray, dict[float, tup
 
 
 @cache
-def llmd_run(router: str) -> dict[float, dict[str, float]]:
+def llmd_run(router: str, seed: int = 0) -> dict[float, dict[str, float]]:
     """One simulated inference-perf run of every llm-d stage in order behind `router`: per stage's rate, the
-    served output tokens/s and mean TTFT of the requests sent in it."""
-    times, windows = llmd_arrivals(np.random.default_rng(LLMD_CLIENT.seed))
-    timed = LLMD_CLIENT.specs(times)
-    deployment = build_deployment(LLMD.gpu, LLMD.model, LLMD.engine_args, replicas=LLMD.replicas, router=router)
+    served output tokens/s, mean TTFT and mean TPOT of the requests sent in it. `seed` draws the prompts, their
+    order and the arrival times (0: the headline run)."""
+    client = replace(LLMD_CLIENT, seed=seed)
+    times, windows = llmd_arrivals(np.random.default_rng(client.seed))
+    timed = client.specs(times)
+    deployment = _deployment(LLMD, router)
     sink = MemorySink()
     deployment.sim_target().run(LoadPlan(requests=timed), sink)
     stages: dict[float, dict[str, float]] = {}
     for rate, (start, end) in windows.items():
-        summary = summarize([r for r in sink.records if start <= r.intended_time < end])
-        stages[rate] = {"served": getattr(summary, LLMD.throughput), "ttft": summary.mean_ttft_ms / 1000}
+        stages[rate] = _measures(summarize([r for r in sink.records if start <= r.intended_time < end]), LLMD)
     return stages
 
 
-def kubeai_run(load: float, router: str) -> dict[str, float]:
-    """One KubeAI load point: its client's 8,000 requests at the point's --request-rate and --max-concurrency."""
+@cache
+def kubeai_run(load: float, router: str, seed: int = KUBEAI_CLIENT.seed) -> dict[str, float]:
+    """One KubeAI load point: its client's 8,000 requests at the point's --request-rate and --max-concurrency.
+    `seed` draws the threads, the prompts' order and the arrival times (the client's own 12345: the headline)."""
+    client = replace(KUBEAI_CLIENT, seed=seed)
     arrival = ArrivalConfig(request_rate=200.0 if load in (1600, 3200) else 800.0, max_concurrency=int(load))
-    specs = schedule(iter(KUBEAI_CLIENT.specs()), arrival, np.random.default_rng(KUBEAI_CLIENT.seed))
-    deployment = build_deployment(KUBEAI.gpu, KUBEAI.model, KUBEAI.engine_args, replicas=KUBEAI.replicas, router=router)
+    specs = schedule(iter(client.specs()), arrival, np.random.default_rng(client.seed))
+    deployment = _deployment(KUBEAI, router)
     sink = MemorySink()
     deployment.sim_target().run(LoadPlan(requests=specs, max_concurrency=arrival.max_concurrency), sink)
-    summary = summarize(sink.records)
-    return {"served": getattr(summary, KUBEAI.throughput), "ttft": summary.mean_ttft_ms / 1000}
+    return _measures(summarize(sink.records), KUBEAI)
 
 
-def predict(source: Source, load: float, router: str) -> dict[str, float]:
-    """Served throughput (the source's unit) and mean TTFT (s) of `router` at one published load point."""
-    return llmd_run(router)[load] if source is LLMD else kubeai_run(load, router)
+def _deployment(source: Source, router: str) -> Deployment:
+    return build_deployment(
+        source.gpu,
+        source.model,
+        source.engine_args,
+        replicas=source.replicas,
+        router=router,
+        vllm_version=source.vllm_version,
+    )
+
+
+def _measures(summary: Summary, source: Source) -> dict[str, float]:
+    return {
+        "served": getattr(summary, source.throughput),
+        "ttft": summary.mean_ttft_ms / 1000,
+        "tpot": summary.mean_tpot_ms / 1000,
+    }
+
+
+def predict(source: Source, load: float, router: str, draw: int = 0) -> dict[str, float]:
+    """Served throughput (the source's unit), mean TTFT and mean TPOT (s) of `router` at one published load point,
+    in draw `draw` of its random parts (0: the headline run, with the published client seeds)."""
+    if source is LLMD:
+        return llmd_run(router, LLMD_CLIENT.seed + draw)[load]
+    return kubeai_run(load, router, KUBEAI_CLIENT.seed + draw)
 
 
 def _err(predicted: float, measured: float) -> float:
     return predicted / measured - 1
 
 
-def _ranking(orders: dict[tuple[str, float], list[tuple[float, float, str]]]) -> None:
-    """Per load point: the routers by mean TTFT, measured and predicted; the full order and the best router."""
+CACHE_BLIND = ("k8s-service", "least-load", "random", "load")
+"""The published routers that read no cache: where two of them differ by a few percent, their order is noise."""
+NOISE_SDS = 2.0
+"""A measured gap between two routers within this many standard deviations of the simulated gap's draw-to-draw
+spread (around 0) is one a repeat of the published run could reverse: their order is a coin toss, not scored."""
+
+
+def noise(source: Source, load: float, draws: int) -> tuple[list[float], float, float] | None:
+    """The two cache-blind routers at a load point: the simulated gap ln(TTFT first / TTFT second) in each draw of
+    the run's random parts (prompts, their order, arrival times: what a repeat of the run redraws), the gaps' standard
+    deviation, and the measured gap. None with fewer than two draws."""
+    blind = [
+        (router, ttft)
+        for n, ld, p, _, ttft in PUBLISHED
+        if n == source.name and ld == load and p in CACHE_BLIND and (router := source.routers[p]) is not None
+    ]
+    if draws < 2 or len(blind) != 2:
+        return None
+    (first, measured_first), (second, measured_second) = blind
+    gaps = [
+        math.log(predict(source, load, first, d)["ttft"] / predict(source, load, second, d)["ttft"])
+        for d in range(draws)
+    ]
+    return gaps, statistics.stdev(gaps), math.log(measured_first / measured_second)
+
+
+def _noise_table(noisy: dict[tuple[str, float], tuple[list[float], float, float]]) -> None:
+    print(
+        "\n| source | load | cache-blind pair | measured gap ln(TTFT ratio) | simulated gap per draw | sd | "
+        "a repeat could reverse it |\n|---|---|---|---|---|---|---|"
+    )
+    for (name, load), (gaps, sd, measured) in noisy.items():
+        pair = " / ".join(p for n, ld, p, _, _ in PUBLISHED if n == name and ld == load and p in CACHE_BLIND)
+        print(
+            f"| {name} | {load:g} | {pair} | {measured:+.2f} | {', '.join(f'{g:+.2f}' for g in gaps)} | {sd:.2f} | "
+            f"{'yes' if abs(measured) <= NOISE_SDS * sd else 'no'} |"
+        )
+
+
+def _ranking(
+    orders: dict[tuple[str, float], list[tuple[float, float, str]]],
+    noisy: dict[tuple[str, float], tuple[list[float], float, float]],
+) -> None:
+    """Per load point: the routers by mean TTFT, measured and predicted; the full order and the best router; and,
+    with draws, whether a wrong order is only the cache-blind pair whose measured gap is within the runs' noise."""
     print(
         "\n| source | load | order by mean TTFT, measured | predicted | same order | same best "
         "|\n|---|---|---|---|---|---|"
     )
-    same = best = 0
+    same = best = within_noise = 0
     for (name, load), rows in orders.items():
         measured = [r for _, _, r in sorted(rows)]
         predicted = [r for _, _, r in sorted(rows, key=lambda row: row[1])]
         same += measured == predicted
         best += measured[0] == predicted[0]
+        gaps = noisy.get((name, load))
+        coin_toss = gaps is not None and abs(gaps[2]) <= NOISE_SDS * gaps[1]
+        within_noise += measured != predicted and measured[0] == predicted[0] and coin_toss
+        verdict = "yes" if measured == predicted else "NO (cache-blind pair within noise)" if coin_toss else "NO"
         print(
             f"| {name} | {load:g} | {' < '.join(measured)} | {' < '.join(predicted)} | "
-            f"{'yes' if measured == predicted else 'NO'} | {'yes' if measured[0] == predicted[0] else 'NO'} |"
+            f"{verdict} | {'yes' if measured[0] == predicted[0] else 'NO'} |"
         )
     print(
-        f"\nfull ranking right at {same} of {len(orders)} load points; the best router right at {best} of {len(orders)}"
+        f"\nfull ranking right at {same} of {len(orders)} load points ({same + within_noise} counting the cache-blind "
+        f"pairs a repeat could reverse); the best router right at {best} of {len(orders)}"
+    )
+
+
+L4_RUNS = tuple(
+    f"inference-bench-l4-qwen25-7b-{regime}-c{c}"
+    for regime, cs in (("short", (1, 4, 16, 32, 64)), ("long", (1, 16, 64)))
+    for c in cs
+)
+"""The single-replica L4 check, independent of the fleets: ree2raz/inference-bench's vLLM 0.8.5 runs of Qwen2.5-7B
+(bf16, the same decoder shape as Llama-3.1-8B) on one L4 (perf/data/published.yaml), replayed as
+benchmarks/gpu_accuracy.py replays every published run."""
+
+
+def l4_check() -> None:
+    """One L4, one replica: measured and predicted output throughput, mean TPOT and mean TTFT."""
+    rows, _ = gpu_accuracy.run(only=set(L4_RUNS))
+    print(
+        "\n| one L4 (inference-bench, vLLM 0.8.5, Qwen2.5-7B bf16) | C | out tok/s meas | pred | err | "
+        "mean TPOT ms meas | pred | err | mean TTFT ms meas | pred | err |\n" + "|---" * 11 + "|"
+    )
+    for row in sorted(rows, key=lambda r: L4_RUNS.index(r.entry["id"])):
+        cells = [
+            row.entry["id"].removeprefix("inference-bench-l4-qwen25-7b-"),
+            str(row.entry["workload"]["max_concurrency"]),
+        ]
+        for metric in ("output_throughput", "mean_tpot_ms", "mean_ttft_ms"):
+            error = row.error(metric)
+            cells += [
+                f"{row.entry['measured'][metric]:.1f}",
+                f"{row.predicted[metric]:.1f}",
+                f"{error:+.0%}" if error is not None else "",
+            ]
+        print(f"| {' | '.join(cells)} |")
+
+
+def _row(name: str, load: float, published: str, router: str, served: float, ttft: float, got: dict[str, float]) -> str:
+    tpot = (KUBEAI_TPOT_MS if name == "kubeai" else LLMD_ITL_MS).get((int(load), published))
+    status = (
+        "yes"
+        if ttft >= OVERLOADED_TTFT_S
+        else "client-paced"
+        if client_limited(name, load, published, served, ttft)
+        else "no"
+    )
+    return (
+        f"| {name} | {load:g} | {published} ({router}) | {served:.2f} | {got['served']:.2f} | "
+        f"{_err(got['served'], served):+.0%} | {ttft:.3f} | {got['ttft']:.3f} | {_err(got['ttft'], ttft):+.0%} | "
+        f"{'' if tpot is None else f'{tpot:.0f}'} | {1000 * got['tpot']:.0f} | {status} |"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", choices=["kubeai", "llm-d"])
-    only = parser.parse_args().only
-    sources = {s.name: s for s in (KUBEAI, LLMD) if only in (None, s.name)}
-    print(
-        "| source | load | router (servelab) | served meas | pred | err | mean TTFT s meas | pred | err | overloaded |"
+    parser.add_argument(
+        "--draws", type=int, default=1, help="draws of each run's random parts, for the noise table (1: none)"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    args = parser.parse_args()
+    sources = {s.name: s for s in (KUBEAI, LLMD) if args.only in (None, s.name)}
+    print(
+        "| source | load | router (servelab) | served meas | pred | err | mean TTFT s meas | pred | err "
+        "| mean TPOT ms meas | pred | overloaded |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     scored = {"served": [0, 0], "ttft": [0, 0]}
     orders: dict[tuple[str, float], list[tuple[float, float, str]]] = {}
     t0 = time.monotonic()
     for name, load, published, served, ttft in PUBLISHED:
         if name not in sources:
             continue
-        source = sources[name]
-        router = source.routers[published]
-        overloaded = ttft >= OVERLOADED_TTFT_S
-        paced = client_limited(name, load, published, served, ttft)
+        router = sources[name].routers[published]
         if router is None:
-            print(
-                f"| {name} | {load:g} | {published} (not modelled) | {served:.2f} | | | {ttft:.3f} | | | "
-                f"{'yes' if overloaded else 'no'} |",
-                flush=True,
-            )
+            print(f"| {name} | {load:g} | {published} (not modelled) | {served:.2f} | | | {ttft:.3f} | | | | | |")
             continue
-        got = predict(source, load, router)
+        got = predict(sources[name], load, router)
         orders.setdefault((name, load), []).append((ttft, got["ttft"], published))
-        if not overloaded and not paced:
+        if ttft < OVERLOADED_TTFT_S and not client_limited(name, load, published, served, ttft):
             for key, measured in (("served", served), ("ttft", ttft)):
                 scored[key][0] += abs(_err(got[key], measured)) <= TOLERANCE
                 scored[key][1] += 1
-        print(
-            f"| {name} | {load:g} | {published} ({router}) | {served:.2f} | {got['served']:.2f} | "
-            f"{_err(got['served'], served):+.0%} | {ttft:.3f} | {got['ttft']:.3f} | {_err(got['ttft'], ttft):+.0%} | "
-            f"{'yes' if overloaded else 'client-paced' if paced else 'no'} |",
-            flush=True,
-        )
-    _ranking(orders)
+        print(_row(name, load, published, router, served, ttft, got), flush=True)
+    noisy = {key: gaps for key in orders if (gaps := noise(sources[key[0]], key[1], args.draws)) is not None}
+    if noisy:
+        _noise_table(noisy)
+    _ranking(orders, noisy)
     print(
         f"served throughput within {TOLERANCE:.0%} at {scored['served'][0]} of {scored['served'][1]} and mean TTFT "
         f"at {scored['ttft'][0]} of {scored['ttft'][1]} not-overloaded points ({time.monotonic() - t0:.0f} s)"
     )
+    if args.only is None:
+        l4_check()
 
 
 if __name__ == "__main__":

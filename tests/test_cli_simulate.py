@@ -93,7 +93,7 @@ def test_the_served_vllm_release_sets_the_defaults_the_run_uses(tmp_path: Path):
         (["--gpu", "a100-80gb", "--model", "mixtral-8x7b"], ["mixtral-8x7b"]),
         (["--gpu", "a10g", "--model", "qwen2.5-72b"], ["does not fit"]),
         (["--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--engine-args", "--bogus-flag 3"], ["--bogus-flag"]),
-        (["--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--router", "random"], ["--router"]),
+        (["--gpu", "a100-80gb", "--model", "qwen2.5-7b", "--router", "sticky"], ["--router"]),
         (["--model", "qwen2.5-7b"], ["--gpu"]),
         (["--calibration", "no-such-profile.json"], ["no-such-profile.json"]),
         ([*A100, "--num-prompts", "5", "--duration", "3"], ["--num-prompts", "--duration"]),

@@ -61,6 +61,20 @@ def test_cache_aware_routers_hit_more_and_answer_sooner_than_round_robin_on_a_bu
         assert min(e.num_steps for e in engines) > 0, router
 
 
+def test_random_is_as_cache_blind_as_round_robin_on_a_busy_chat_fleet():
+    """A random pick sends a turn where its history is no more often than a rotating counter does; it only
+    spreads the steps less evenly."""
+    plan = LoadPlan(chats(96), max_concurrency=96)
+    rr_hits, _, rr_engines = serve("round-robin", plan)
+    hits, _, engines = serve("random", plan)
+    aware_hits, _, _ = serve("prefix-aware", plan)
+    assert abs(hits - rr_hits) < 0.05
+    assert hits < aware_hits - 0.1
+    steps = [e.num_steps for e in engines]
+    assert min(steps) > 0
+    assert max(steps) - min(steps) > max(e.num_steps for e in rr_engines) - min(e.num_steps for e in rr_engines)
+
+
 class _Replica:
     """A stand-in with the one attribute least-loaded reads."""
 
@@ -75,9 +89,25 @@ def spec(index, prompt, depends_on=None):
 def test_policy_names_are_a_closed_vocabulary():
     assert set(POLICIES) == set(RouterPolicy)
     with pytest.raises(ValueError, match="prefix-hash"):
-        Router("random")
+        Router("sticky")
     with pytest.raises(TargetError, match="router"):
         SimTarget(FLEET, 2000, COST, router="sticky")
+
+
+def test_random_draws_uniformly_with_its_own_seed_so_its_counts_drift_apart_where_round_robins_do_not():
+    """A Kubernetes Service picks a pod at random: over 800 requests to 8 replicas the counts spread by chance
+    (binomial, sd ~9.4 around 100), where round-robin's are exactly 100 each."""
+    replicas = [_Replica() for _ in range(8)]
+    counts = {}
+    for name, seed in (("random", 0), ("random again", 0), ("random other seed", 1), ("round-robin", 0)):
+        router = Router(name.split(" ")[0], seed=seed)
+        counts[name] = np.bincount([router.pick(replicas, spec(i, [i]), 0.0) for i in range(800)], minlength=8)
+    assert counts["round-robin"].tolist() == [100] * 8
+    assert counts["random"].tolist() == counts["random again"].tolist()  # reproducible
+    assert counts["random"].tolist() != counts["random other seed"].tolist()
+    for name in ("random", "random other seed"):
+        assert counts[name].min() > 60 and counts[name].max() < 140, counts[name]  # every replica used, ~uniform
+        assert counts[name].max() - counts[name].min() > 5, counts[name]  # but not balanced like a counter
 
 
 def test_least_outstanding_counts_only_its_own_unfinished_requests():

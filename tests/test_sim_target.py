@@ -160,7 +160,7 @@ def test_impossible_requests_get_an_error_record_like_an_http_400():
 
 def test_bad_settings_fail_before_any_load():
     with pytest.raises(TargetError, match="router"):
-        SimTarget(CONFIG, 2000, COST, router="random")
+        SimTarget(CONFIG, 2000, COST, router="sticky")
     with pytest.raises(TargetError):
         SimTarget(CONFIG, 2000, COST, scrape_interval=0)
     with pytest.raises(TargetError):

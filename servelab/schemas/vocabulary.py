@@ -35,6 +35,9 @@ class RouterPolicy(StrEnum):
     """How a router picks among data-parallel replicas (servelab.sim.router, docs/fleets.md)."""
 
     ROUND_ROBIN = "round-robin"
+    RANDOM = "random"
+    """Each request to a replica drawn uniformly at random: a Kubernetes Service (kube-proxy) or llm-d's random
+    picker. Cache-blind like round-robin, but its counts per replica drift apart by chance."""
     LEAST_LOADED = "least-loaded"
     LEAST_OUTSTANDING = "least-outstanding"
     PREFIX_HASH = "prefix-hash"

@@ -5,6 +5,9 @@ router picks one per request, as the request reaches the fleet, from its own
 view of the replicas:
 
 - round-robin: nothing (a rotating counter).
+- random: nothing (a uniform draw per request, seeded): a Kubernetes Service
+  in front of the pods (kube-proxy picks an endpoint at random) or llm-d's
+  random picker.
 - least-loaded: vLLM's data-parallel balancer (DPLBAsyncMPClient), which
   reads each engine's waiting, running and KV usage as the engines report them.
 - least-outstanding: the router's own count of requests it sent and has not
@@ -89,6 +92,7 @@ class Router:
         *,
         scrape_interval: float = EPP_SCRAPE_INTERVAL,
         weights: ScorerWeights = ScorerWeights(),
+        seed: int = 0,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"router policy must be one of {', '.join(POLICIES)}, got {policy!r}")
@@ -96,6 +100,8 @@ class Router:
         self.scrape_interval = scrape_interval
         self.weights = weights
         self._next = 0
+        self._draws = np.random.default_rng(seed)
+        """random: the router's own draws, so a run is reproducible and independent of the workload's seed."""
         self.outstanding: list[int] = []
         """Per replica: requests this router sent there that have not finished (its own count)."""
         self._replica_of: dict[int, int] = {}
@@ -125,6 +131,8 @@ class Router:
         match self.policy:
             case RouterPolicy.ROUND_ROBIN:
                 return start
+            case RouterPolicy.RANDOM:
+                return int(self._draws.integers(len(engines)))
             case RouterPolicy.LEAST_LOADED:
                 return _best(start, [-_vllm_dp_score(*e.load) for e in engines])
             case RouterPolicy.LEAST_OUTSTANDING:
