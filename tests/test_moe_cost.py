@@ -66,6 +66,23 @@ def test_mxfp4_experts_save_compute_on_blackwell_and_only_bytes_on_ampere():
         assert ratios[gpu][1] == pytest.approx(0.53125 / 2, rel=0.02)
 
 
+@pytest.mark.parametrize("gpu", ["a100", "h100"])
+def test_weight_only_formats_run_on_the_measured_bf16_kernels(gpu: str):
+    """FP8 weights on an A100 (Marlin) and MXFP4 experts on an A100 or H100 compute in bf16: the kernel fit prices
+    them, so a long prefill costs what the bf16 model's does, while one decoding token reads fewer bytes."""
+    fp8, bf16 = (load_hf_config(CONFIGS / name) for name in ("qwen3-235b-a22b-fp8", "qwen3-235b-a22b"))
+    pairs = [(GPT_OSS, replace(GPT_OSS, quantization=None, quantized_experts_only=False))]
+    if gpu == "a100":
+        pairs.append((fp8, bf16))
+    for quantized, full in pairs:
+        low, high = (RooflineCostModel(get_gpu(gpu), m, EngineConfig()) for m in (quantized, full))
+        assert low.weight_format.compute_dtype == "bf16" and low.weight_format.bytes_per_param < 2
+        assert low.cost_source == high.cost_source == f"kernel-fit:{get_gpu(gpu).name}"
+        prefill = [m.step_time_aggregate(8192, 4 * 2048 * 2049 // 2, 0, 0, 4) for m in (low, high)]
+        assert prefill[0] == pytest.approx(prefill[1], rel=0.05)
+        assert decode_step(low, 1) < 0.8 * decode_step(high, 1)
+
+
 def test_gpt_oss_attention_stays_bf16_while_its_experts_are_mxfp4():
     cost = RooflineCostModel(get_gpu("b200"), GPT_OSS, EngineConfig())
     assert cost.weight_format.name == "mxfp4" and cost.weight_format.compute_dtype == "fp8"
