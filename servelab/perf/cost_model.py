@@ -28,6 +28,7 @@ from servelab.perf.memory import (
     weight_bytes_per_rank,
 )
 from servelab.perf.models import ModelSpec
+from servelab.perf.moe_kernels import marlin_moe_flops
 from servelab.perf.quantization import WeightFormat, non_expert_weight_format, weight_format
 from servelab.schemas.profile import CostCoefficients as CostCoefficients  # re-exported: a profile saves it
 
@@ -243,6 +244,12 @@ class RooflineCostModel:
         self._streamed_bytes = streamed
         self._expert_bytes_per_rank = model.expert_params * self.weight_format.bytes_per_param / tp
         self._moe, self._expert_cache = model.moe, dict[int, float]()
+        marlin = marlin_moe_flops(hardware) if model.moe and self.weight_format.weight_only else None
+        self._marlin_s_per_token = (
+            model.routed_expert_flops_per_token / model.num_moe_layers / tp / marlin if marlin else 0.0
+        )
+        """Weight-only experts run the Marlin fused-MoE kernel, no faster than its measured large-batch rate
+        (perf/moe_kernels.py): seconds per routed token and MoE layer at that rate; 0 where it is not measured."""
         self.expert_layout = ExpertLayout(tp, engine_config.data_parallel_size, engine_config.enable_expert_parallel)
         self._a2a_link = hardware.interconnect_bandwidth * self.coefficients.interconnect_efficiency
 
@@ -527,7 +534,7 @@ class RooflineCostModel:
         else:
             per_layer = self.model.num_moe_layers
             grouped = max(num_tokens * self._routed_s_per_token, touched_experts * self._expert_read_s) / per_layer
-        return MOE_LAYER_FIXED_S + grouped
+        return MOE_LAYER_FIXED_S + max(grouped, num_tokens * self._marlin_s_per_token)
 
     def wake_time(self, idle_s: float) -> float:
         """`idle_wake_s` scaled by how long the engine idled (see CostCoefficients.idle_wake_s); 0 when it never did."""
