@@ -188,7 +188,8 @@ class RooflineCostModel:
     B k / touched rows in the fitted GEMM form; datasheet form: max(routed FLOPs / peak, touched experts'
     bytes / bandwidth). Routers, shared experts and dense-MLP layers are GEMMs like any other; a checkpoint
     that quantizes only its experts (gpt-oss MXFP4) prices attention in the model dtype and the experts in
-    their format (FP4 tensor cores on Blackwell, weight-only bf16 compute elsewhere). MLA (DeepSeek) caches
+    their format (FP4 tensor cores on Blackwell, weight-only bf16 compute elsewhere, the experts then no faster than
+    the Marlin fused-MoE kernel's measured rate, perf/moe_kernels.py). MLA (DeepSeek) caches
     one latent per token and layer; its decode attention costs max(latent bytes, absorbed-attention FLOPs).
     """
 
