@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from servelab.cli import app
@@ -15,7 +16,8 @@ from servelab.perf.cost_model import MOE_LAYER_FIXED_S, CostCoefficients, Roofli
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import get_gpu
 from servelab.perf.models import get_model, load_hf_config
-from servelab.perf.moe_kernels import marlin_moe_flops
+from servelab.perf.moe_kernels import MARLIN_FILE, marlin_moe_flops
+from support.benchmark_script import load_benchmark
 
 CONFIGS = Path(__file__).parent / "fixtures" / "moe_configs"
 QWEN3_MOE = load_hf_config(CONFIGS / "qwen3-30b-a3b")
@@ -102,6 +104,15 @@ def test_weight_only_experts_run_no_faster_than_the_measured_marlin_kernel(gpu: 
     assert bf16.moe_layer_time(tokens, moe.num_experts) < 0.7 * layer
     one_token = (m.moe_layer_time(1, moe.experts_per_token) for m in (mxfp4, bf16))
     assert next(one_token) < next(one_token)  # one token reads 4.25-bit weights: bytes, not the kernel's rate
+
+
+def test_the_marlin_rates_are_the_measured_tables_medians(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """data/moe_marlin.yaml is exactly what benchmarks/moe_kernel_check.py --write-marlin derives from the installed
+    aiconfigurator-core tables: no rate in it is typed by hand."""
+    check = load_benchmark("moe_kernel_check")
+    monkeypatch.setattr(check, "MARLIN_FILE", tmp_path / MARLIN_FILE.name)
+    check.write_marlin(check.aiconfigurator_data_root())
+    assert yaml.safe_load((tmp_path / MARLIN_FILE.name).read_text()) == yaml.safe_load(MARLIN_FILE.read_text())
 
 
 def test_gpt_oss_attention_stays_bf16_while_its_experts_are_mxfp4():
