@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -23,6 +27,36 @@ import gpu_accuracy  # noqa: E402  (the sibling benchmark whose scoring this sha
 
 from servelab.metrics.intervals import Tier  # noqa: E402
 from servelab.perf.published import PUBLISHED_MOE  # noqa: E402
+
+
+GROUP_METRICS = (("req/s", "request_throughput"), ("mean TTFT", "mean_ttft_ms"), ("mean TPOT", "mean_tpot_ms"))
+
+
+def workload_kind(entry: dict[str, Any]) -> str:
+    """The load a run belongs to for the group table: ShareGPT, short (128-token) or long (2K-32K) random prompts."""
+    w = entry["workload"]
+    if w["dataset"] != "random":
+        return f"{w['dataset']} {'burst' if str(w.get('request_rate')) == 'inf' else 'open loop'}"
+    return (
+        "random 128 burst" if w.get("client_counted_input_len", w["mean_input_len"]) < 1000 else "random 2K-32K burst"
+    )
+
+
+def group_table(rows: list[gpu_accuracy.Replay]) -> str:
+    """Median signed error per model, GPU and workload kind: where the misses sit."""
+    groups: dict[tuple[str, str, str], list[gpu_accuracy.Replay]] = defaultdict(list)
+    for r in rows:
+        if r.scored:
+            groups[(Path(r.entry["model"]).name, r.entry["gpu"], workload_kind(r.entry))].append(r)
+    lines = ["| model | GPU | workload | runs | " + " | ".join(name for name, _ in GROUP_METRICS) + " |"]
+    lines.append("|---|---|---|---:|" + "---:|" * len(GROUP_METRICS))
+    for (model, gpu, kind), group in sorted(groups.items()):
+        cells = []
+        for _, metric in GROUP_METRICS:
+            errors = [e for r in group if (e := r.scored_error(metric)) is not None]
+            cells.append(f"{np.median(errors):+.0%}" if errors else "(offered rate)")
+        lines.append(f"| {model} | {gpu} | {kind} | {len(group)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -33,6 +67,8 @@ def main() -> None:
     gpu_accuracy.use_published(PUBLISHED_MOE)
     rows, skipped = gpu_accuracy.run(set(args.only) if args.only else None, args.max_prompts, Tier.SPECS_ONLY)
     print(gpu_accuracy.report(rows, skipped))
+    print("\n### Median signed error by model, GPU and workload (scored runs)\n")
+    print(group_table(rows))
 
 
 if __name__ == "__main__":

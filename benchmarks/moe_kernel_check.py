@@ -9,6 +9,11 @@ itself assumes uniform random routing (docs/moe.md).
 
     pip install -e '.[kernels]'
     .venv/bin/python benchmarks/moe_kernel_check.py [--rows]
+    .venv/bin/python benchmarks/moe_kernel_check.py --write-marlin   # servelab/perf/data/moe_marlin.yaml
+
+`--write-marlin` writes the measured large-batch throughput of the Marlin fused-MoE kernel per GPU (every Marlin row
+of the GPU's fused-MoE tables, any engine and weight format, at 2,048 tokens or more, TP = EP = 1, balanced routing):
+the rate vLLM's weight-only MoE experts (FP8 or 4-bit weights dequantized into bf16 MMAs) cannot exceed.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from servelab.perf.cost_model import RooflineCostModel
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import get_gpu
-from servelab.perf.kernel_fit import aiconfigurator_data_root
+from servelab.perf.kernel_fit import AIC_VERSION, SYSTEMS, aiconfigurator_data_root
+from servelab.perf.moe_kernels import MARLIN_FILE
 from servelab.perf.models import ModelSpec, load_hf_config
 
 CONFIGS = Path(__file__).parents[1] / "tests" / "fixtures" / "moe_configs"
@@ -52,11 +59,63 @@ def measured(table: pd.DataFrame, model: ModelSpec, moe_dtype: str) -> pd.DataFr
     return table[keep].sort_values("num_tokens")
 
 
+MARLIN_FROM_TOKENS = 2048
+"""Rows at this many tokens or more: every expert runs hundreds of rows, the kernel is compute-bound."""
+
+
+def marlin_rows(root: Path, system: str) -> pd.DataFrame:
+    """Every large-batch Marlin fused-MoE row of one GPU's tables, with its throughput in TFLOP/s (gated experts:
+    gate, up and down, 3 x hidden x intermediate multiply-adds per routed token)."""
+    tables = [pd.read_parquet(path) for path in sorted((root / system / "moe").glob("*/*/moe_perf.parquet"))]
+    table = pd.concat(tables, ignore_index=True)
+    keep = (
+        table.kernel_source.str.contains("marlin")
+        & (table.distribution == "balanced")
+        & (table.moe_tp_size == 1)
+        & (table.moe_ep_size == 1)
+        & (table.num_tokens >= MARLIN_FROM_TOKENS)
+    )
+    rows = table[keep]
+    flops = 2 * 3 * rows.num_tokens * rows.topk * rows.hidden_size * rows.inter_size
+    return rows.assign(tflops=flops / (rows.latency * 1e-3) / 1e12)
+
+
+def write_marlin(root: Path) -> None:
+    gpus = {}
+    for gpu, system in SYSTEMS.items():
+        rows = marlin_rows(root, system)
+        if rows.empty:
+            continue
+        tflops = rows.tflops
+        gpus[gpu] = {
+            "tflops": round(float(tflops.median()), 1),
+            "rows": len(rows),
+            "range_tflops": [round(float(tflops.min()), 1), round(float(tflops.max()), 1)],
+            "shapes": int(rows.groupby(["hidden_size", "inter_size", "topk", "num_experts"]).ngroups),
+            "tables": sorted({f"{f} {v}" for f, v in zip(rows.framework, rows.version)}),
+            "kernels": sorted(set(rows.kernel_source)),
+        }
+        print(f"{gpu}: median {gpus[gpu]['tflops']} TFLOP/s over {len(rows)} rows, {gpus[gpu]['shapes']} shapes")
+    doc = {
+        "source": f"aiconfigurator-core=={AIC_VERSION} (NVIDIA, Apache-2.0): "
+        "systems/data/<system>/moe/*/*/moe_perf.parquet",
+        "generated_by": "benchmarks/moe_kernel_check.py --write-marlin (do not edit by hand)",
+        "selection": f"kernel_source containing 'marlin', balanced routing, TP = EP = 1, "
+        f">= {MARLIN_FROM_TOKENS} tokens",
+        "gpus": gpus,
+    }
+    MARLIN_FILE.write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", action="store_true", help="print every (tokens, measured, predicted) row")
+    parser.add_argument("--write-marlin", action="store_true", help=f"write {MARLIN_FILE.name} and stop")
     args = parser.parse_args()
     root = aiconfigurator_data_root()
+    if args.write_marlin:
+        write_marlin(root)
+        return
     print(
         f"{'GPU':9} {'model':15} {'table format':18} {'servelab format':22} {'rows':>4} "
         f"{'median |err|':>12} {'max |err|':>9}"

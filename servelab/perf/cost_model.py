@@ -28,6 +28,7 @@ from servelab.perf.memory import (
     weight_bytes_per_rank,
 )
 from servelab.perf.models import ModelSpec
+from servelab.perf.moe_kernels import marlin_moe_flops
 from servelab.perf.quantization import WeightFormat, non_expert_weight_format, weight_format
 from servelab.schemas.profile import CostCoefficients as CostCoefficients  # re-exported: a profile saves it
 
@@ -104,8 +105,8 @@ def kernel_fit_for(
         return None, f"no measured kernel tables for {hardware.name}: datasheet peaks x assumed efficiencies"
     if coefficients.model_fields_set & _GPU_FIELDS:
         return None, "GPU efficiencies given (calibrated or set by hand): they replace the kernel fit"
-    if weights.compute_dtype != "bf16" or weights.bytes_per_param != 2 or model.dtype_bytes != 2:
-        return None, f"the kernel fit covers bf16/fp16 weights and activations, not {weights.name} in {model.dtype}"
+    if weights.compute_dtype != "bf16" or model.dtype_bytes != 2:
+        return None, f"the kernel fit covers bf16/fp16 tensor-core compute, not {weights.name} in {model.dtype}"
     if model.mla:
         return (
             None,
@@ -187,7 +188,8 @@ class RooflineCostModel:
     B k / touched rows in the fitted GEMM form; datasheet form: max(routed FLOPs / peak, touched experts'
     bytes / bandwidth). Routers, shared experts and dense-MLP layers are GEMMs like any other; a checkpoint
     that quantizes only its experts (gpt-oss MXFP4) prices attention in the model dtype and the experts in
-    their format (FP4 tensor cores on Blackwell, weight-only bf16 compute elsewhere). MLA (DeepSeek) caches
+    their format (FP4 tensor cores on Blackwell, weight-only bf16 compute elsewhere, the experts then no faster than
+    the Marlin fused-MoE kernel's measured rate, perf/moe_kernels.py). MLA (DeepSeek) caches
     one latent per token and layer; its decode attention costs max(latent bytes, absorbed-attention FLOPs).
     """
 
@@ -206,6 +208,8 @@ class RooflineCostModel:
         self.model = model
         tp = engine_config.tensor_parallel_size
         self.weight_format = weight_format(engine_config.quantization, model, hardware)
+        self.dense_format = non_expert_weight_format(engine_config.quantization, model, hardware)
+        """The format of the weights outside the routed experts (bf16 attention beside gpt-oss's MXFP4 experts)."""
         self._init_weights(engine_config, tp)
         self._decode_attn_s_per_pair: float | None = None
         """Set for MLA, whose absorbed decode attention has its own FLOPs per pair."""
@@ -241,6 +245,12 @@ class RooflineCostModel:
         self._streamed_bytes = streamed
         self._expert_bytes_per_rank = model.expert_params * self.weight_format.bytes_per_param / tp
         self._moe, self._expert_cache = model.moe, dict[int, float]()
+        marlin = marlin_moe_flops(hardware) if model.moe and self.weight_format.weight_only else None
+        self._marlin_s_per_token = (
+            model.routed_expert_flops_per_token / model.num_moe_layers / tp / marlin if marlin else 0.0
+        )
+        """Weight-only experts run the Marlin fused-MoE kernel, no faster than its measured large-batch rate
+        (perf/moe_kernels.py): seconds per routed token and MoE layer at that rate; 0 where it is not measured."""
         self.expert_layout = ExpertLayout(tp, engine_config.data_parallel_size, engine_config.enable_expert_parallel)
         self._a2a_link = hardware.interconnect_bandwidth * self.coefficients.interconnect_efficiency
 
@@ -261,8 +271,7 @@ class RooflineCostModel:
     def _init_datasheet(self, engine_config: EngineConfig, tp: int, kv_per_token: float) -> None:
         """Per-token and per-step constants of the datasheet form: peaks x efficiencies, no measured kernels."""
         model, hardware, c = self.model, self.hardware, self.coefficients
-        dense_format = non_expert_weight_format(engine_config.quantization, model, hardware)
-        compute_peak = hardware.peak_flops(dense_format.compute_dtype)
+        compute_peak = hardware.peak_flops(self.dense_format.compute_dtype)
         attention_peak = hardware.peak_flops("bf16")
         memory_bw = hardware.memory_bandwidth
         self._weight_time = self._streamed_bytes / (memory_bw * c.memory_efficiency)
@@ -306,15 +315,19 @@ class RooflineCostModel:
         self._p, self._inv_p, self._half_tokens = g.knee_p, 1.0 / g.knee_p, g.half_tokens
         self._throttle, self._throttle_flops = g.throttle, g.throttle_flops
         groups = _gemm_groups(model, tp, attention, mlp)
+        dense_bytes, expert_bytes = self.dense_format.bytes_per_param, self.weight_format.bytes_per_param
         self._gemm_groups = tuple(
-            (n, tuple(self._gemm_constants(g, *shape) for shape in shapes)) for n, shapes in groups
+            (n, tuple(self._gemm_constants(g, *shape, dense_bytes) for shape in shapes)) for n, shapes in groups
         )
-        self._lm_head = self._gemm_constants(g, model.vocab_size // tp, h)
+        self._lm_head = self._gemm_constants(g, model.vocab_size // tp, h, model.dtype_bytes)
         launches = sum(n * len(shapes) for n, shapes in groups)
         self._gemm_fixed = (launches + 1) * g.launch_s
         if model.moe:
             width = model.moe.expert_intermediate_size // tp
-            self._expert_gemms = (self._gemm_constants(g, 2 * width, h), self._gemm_constants(g, h, width))
+            self._expert_gemms = (
+                self._gemm_constants(g, 2 * width, h, expert_bytes),
+                self._gemm_constants(g, h, width, expert_bytes),
+            )
         if model.moe:
             inter = model.mlp_activation_width // tp  # the elementwise kernels see the routed rows' activations
         # Step times repeat their token counts (decode batches, the token budget): the GEMM and
@@ -342,14 +355,19 @@ class RooflineCostModel:
         else:
             self._comm_fixed = self._comm_s_per_token = 0.0
 
-    def _gemm_constants(self, g: GemmFit, n: int, k: int) -> tuple[float, float, float, float]:
-        """(s per token at peak efficiency incl. tile overhead, FLOPs per token, weight s, activation s per token)."""
+    def _gemm_constants(
+        self, g: GemmFit, n: int, k: int, weight_bytes_per_param: float
+    ) -> tuple[float, float, float, float]:
+        """(s per token at peak efficiency incl. tile overhead, FLOPs per token, weight s, activation s per token).
+
+        A weight-only format (FP8 or 4-bit weights on a GPU without their tensor cores) is the bf16 GEMM with its
+        weights read at their stored size: the kernel dequantizes them into the same bf16 tensor-core work."""
         peak, bw = self.hardware.peak_flops("bf16"), self.hardware.memory_bandwidth * g.memory_efficiency
         size = self.model.dtype_bytes
         return (
             2 * n * (k + g.half_depth) / (peak * g.peak_efficiency),
             2.0 * n * k,
-            n * k * size / bw,
+            n * k * weight_bytes_per_param / bw,
             (n + k) * size / bw,
         )
 
@@ -517,7 +535,7 @@ class RooflineCostModel:
         else:
             per_layer = self.model.num_moe_layers
             grouped = max(num_tokens * self._routed_s_per_token, touched_experts * self._expert_read_s) / per_layer
-        return MOE_LAYER_FIXED_S + grouped
+        return MOE_LAYER_FIXED_S + max(grouped, num_tokens * self._marlin_s_per_token)
 
     def wake_time(self, idle_s: float) -> float:
         """`idle_wake_s` scaled by how long the engine idled (see CostCoefficients.idle_wake_s); 0 when it never did."""

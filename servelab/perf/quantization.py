@@ -40,6 +40,11 @@ class WeightFormat:
     note: str = ""
     """Set when vLLM falls back to another kernel than the name implies."""
 
+    @property
+    def weight_only(self) -> bool:
+        """Weights stored narrower than the bf16 they are multiplied in: dequantized inside the kernel (Marlin)."""
+        return self.compute_dtype == "bf16" and self.bytes_per_param < 2
+
 
 def weight_format(quantization: str | None, model: ModelSpec, hardware: Hardware) -> WeightFormat:
     """The format vLLM would run `quantization` in on `hardware` (None: the model's own dtype)."""
