@@ -9,7 +9,9 @@ and so is tune's optuna database (sqlite, optuna's own format).
 
 The stored files were written again once, when expert parallelism added its knobs (vLLM's enable_expert_parallel,
 SGLang's ep_size and enable_dp_attention) to the engine configuration every document records: those keys are the
-only difference (`diff -r` of the two sets).
+only difference (`diff -r` of the two sets). diagnose-results-priced was written again when weight-only formats
+(AWQ, FP8 weights on an A100) moved onto the measured kernel fit: its AWQ and FP8 options' numbers are the only
+difference.
 
 To store the files again after a deliberate change of a document (and a schema_version bump where a published schema
 changes): `SERVELAB_WRITE_DOCUMENTS=1 pytest tests/test_documents_unchanged.py`.
