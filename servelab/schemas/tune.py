@@ -19,6 +19,7 @@ from servelab import SCHEMA_VERSION
 from servelab.schemas.vocabulary import VLLM, TrialStatus
 from servelab.schemas.results import DeploymentInfo, Json, PlanInfo, SLOTerms, Versions
 from servelab.schemas.base import ClosedModel, OpenModel
+from servelab.schemas.fleet import ReplicaLoad
 
 
 BASELINE = "baseline"
@@ -103,6 +104,17 @@ class Trial(OpenModel):
         return self.status == TrialStatus.OK and self.score is not None
 
 
+class FleetServer(OpenModel):
+    """One replica of a fleet measured in stage 2: its own server, started from --server-cmd with the
+    configuration's flags less the replica count."""
+
+    base_url: str = Field(description="Where the bench client reached it.")
+    pid: int | None = Field(None, description="Its process group's leader, on `host`.")
+    startup_s: float | None = Field(None, description="Launch to ready (/health and /v1/models answered).")
+    host: str | None = Field(None, description="The node it ran on.")
+    exit_code: int | None = Field(None, description="Set when the server had exited before it was stopped.")
+
+
 class Stage2Row(OpenModel):
     """One configuration measured on a real server (stage 2), beside its prediction; a configuration whose server
     would not start keeps the defaults of what it never measured, and the reason in `error`."""
@@ -126,6 +138,19 @@ class Stage2Row(OpenModel):
     started_at: float | None = Field(None, description="Wall-clock span of the trial, server start to stop.")
     ended_at: float | None = None
     host: str | None = Field(None, description="The node it ran on (a Ray cluster spreads trials over several).")
+    route: str | None = Field(
+        None,
+        description="A fleet's: the client-side route (bench --route) its replicas were measured behind; null for "
+        "one server.",
+    )
+    fleet: list[FleetServer] = Field(
+        default_factory=list, description="A fleet's replicas, one server each; empty for one server."
+    )
+    replicas: list[ReplicaLoad] = Field(
+        default_factory=list,
+        description="A fleet's: each replica's load over the measurement, from its own /metrics (run.json's "
+        "server_info.replicas).",
+    )
 
     @property
     def ok(self) -> bool:
