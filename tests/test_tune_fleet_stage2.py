@@ -5,7 +5,10 @@ and no process behind. The real fleet is measured in tests/test_tune_fleet_vllm.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -84,3 +87,45 @@ def test_a_replica_that_will_not_start_is_the_rows_error_and_leaves_no_server(
         assert "bad flags" in (tmp_path / "trial-1" / f"replica-{i}" / "server.log").read_text()
     assert not (tmp_path / "live-server.json").exists()
     assert all(server.pid is None or not group_alive(server.pid) for server in row.fleet)
+
+
+def test_tune_says_it_starts_a_fleet_and_why_the_fleet_failed(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from servelab.cli import app
+
+    crash = f"{sys.executable} -c 'import sys; sys.exit(3)' {{engine_args}}"
+    result = CliRunner().invoke(
+        app,
+        [
+            "tune", "--gpu", "l4", "--model", "qwen2.5-7b", "--engine-args", "--max-model-len 4096",
+            "--space", "data_parallel_size=2", "--space", "router=session",
+            "--random-input-len", "128", "--random-output-len", "16", "--num-prompts", "16", "--sim-prompts", "16",
+            "--goodput", "ttft:2000", "--server-cmd", crash, "--top-k", "1", "--startup-timeout", "30",
+            "--result-dir", str(tmp_path / "tune"),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "baseline: starting the server with --max-model-len 4096" in said
+    assert "starting 2 servers behind servelab's session route with --max-model-len 4096 --data-parallel-size 2" in said
+    assert "failed: replica 0 would not start" in said
+
+
+def test_a_ctrl_c_while_the_replicas_start_stops_every_one_of_them(tiny_config: Path, tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    never_ready = (
+        f"sh -c 'echo $$ >> {pids}; exec {sys.executable} -c \"import time; time.sleep(3600)\"' {{engine_args}}"
+    )
+    config = _config(tiny_config, data_parallel_size=2, router="session")
+    command = ServerCommand(never_ready, startup_timeout=3600)  # only the Ctrl-C ends the wait
+    interrupt = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))  # a Ctrl-C
+    interrupt.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            measure_fleet(config, command, WORKLOAD, OBJECTIVE, tmp_path / "trial-1")
+    finally:
+        interrupt.cancel()
+    started = [int(pid) for pid in pids.read_text().split()]
+    assert len(started) == 2 and not any(group_alive(pid) for pid in started)
+    assert not (tmp_path / "live-server.json").exists()
