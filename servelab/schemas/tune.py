@@ -152,10 +152,24 @@ class Stage2Row(OpenModel):
         "server_info.replicas).",
     )
 
+    @model_serializer(mode="wrap")
+    def _fleet_fields_for_a_fleet(self, handler: SerializerFunctionWrapHandler) -> Json:
+        """One server's row is written as it was before stage 2 measured fleets: `route`, `fleet` and `replicas`
+        only in a fleet's row (its route is set)."""
+        row: Json = handler(self)
+        if self.route is None:
+            for key in FLEET_FIELDS:
+                row.pop(key, None)
+        return row
+
     @property
     def ok(self) -> bool:
         """Measured, and the measurement describes the configuration (its server neither failed nor died)."""
         return self.error is None and self.measured is not None
+
+
+FLEET_FIELDS = ("route", "fleet", "replicas")
+"""A stage-2 row's fields that only a fleet has."""
 
 
 class Stage2File(Stage2Row):
