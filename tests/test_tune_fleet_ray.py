@@ -93,7 +93,7 @@ def test_a_replica_that_will_not_start_on_the_cluster_is_the_rows_error(tmp_path
         [_fleet(tmp_path / "model")], crash, CHATS, OBJECTIVE, tmp_path / "tune", pool=pool, gpu_resource=TRIAL_GPU
     )
     assert row.measured is None and row.predicted_score is not None
-    assert row.error is not None and row.error.count("would not start") == 2 and "exited with code 3" in row.error
+    assert row.error is not None and "would not start: server exited with code 3" in row.error, row.error
 
 
 @pytest.mark.vllm
@@ -127,3 +127,25 @@ def test_a_fleet_on_two_nodes_is_measured_from_the_driver_and_leaves_no_server(
         assert "tiny-qwen" in (out / f"replica-{i}" / "server.log").read_text()
     started = [int(line) for line in pids.read_text().split()]
     assert len(started) == 2 and not _wait_gone(started)
+
+
+def test_a_fleet_the_cluster_cannot_place_is_reported_not_waited_for_forever(tmp_path: Path, cluster: str) -> None:
+    """Replicas that hold a resource no node has are never placed: the fleet is the row's error once twice
+    --startup-timeout has passed, and the pending replicas are let go."""
+    from servelab.cluster.ray_pool import RayPool
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(TINY_CONFIG))
+    never_run = ServerCommand(f"{sys.executable} -c 'import sys; sys.exit(3)' {{engine_args}}", startup_timeout=5)
+    pool = RayPool(cluster)
+    [row] = confirm(
+        [_fleet(tmp_path / "model")],
+        never_run,
+        CHATS,
+        OBJECTIVE,
+        tmp_path / "tune",
+        pool=pool,
+        gpu_resource="no_such_gpu",
+    )
+    assert row.measured is None and row.predicted_score is not None
+    assert row.error is not None and row.error.count("not placed and ready within 10 s") == 2, row.error

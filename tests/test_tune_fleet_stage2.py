@@ -81,10 +81,11 @@ def test_a_replica_that_will_not_start_is_the_rows_error_and_leaves_no_server(
     config = _config(tiny_config, data_parallel_size=2, router="round-robin")
     row = measure_fleet(config, ServerCommand(crash, startup_timeout=30), WORKLOAD, OBJECTIVE, tmp_path / "trial-1")
     assert row.measured is None and row.predicted_score is not None
-    assert row.error is not None and row.error.count("would not start") == 2 and "exited with code 3" in row.error
-    assert "--data-parallel-size" not in row.error  # each replica got its own flags
-    for i in range(2):
-        assert "bad flags" in (tmp_path / "trial-1" / f"replica-{i}" / "server.log").read_text()
+    assert row.error is not None and "would not start: server exited with code 3" in row.error, row.error
+    logs = [(tmp_path / "trial-1" / f"replica-{i}" / "server.log") for i in range(2)]
+    said = [log.read_text() for log in logs if log.exists()]
+    assert any("bad flags" in text for text in said)  # (the other may have been stopped before it said anything)
+    assert all("--data-parallel-size" not in text for text in said)  # each replica got its own flags
     assert not (tmp_path / "live-server.json").exists()
     assert all(server.pid is None or not group_alive(server.pid) for server in row.fleet)
 

@@ -97,8 +97,8 @@ class RayPlaced:
         exceptions = self.ray.exceptions
         try:
             return self.ray.get(getattr(self.actor, name).remote(*args))
-        except exceptions.RayTaskError as exc:  # the method raised: its own exception
-            cause = exc.as_instanceof_cause()
+        except exceptions.RayTaskError as exc:  # the method raised: its own exception, without Ray's traceback
+            cause = getattr(exc, "cause", None)
             raise cause if isinstance(cause, Exception) else TaskLost(str(exc)) from None
         except exceptions.RayError as exc:  # the actor died, or its node
             raise TaskLost(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}") from None

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import socket
 import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from typing import Any
 from servelab.metrics.records import disturbances
 from servelab.metrics.results import ResultWriter
 from servelab.metrics.summary import summarize
-from servelab.pool import Placed, TaskPool
+from servelab.pool import Placed, TaskLost, TaskPool
 from servelab.schemas.fleet import ReplicaLoad
 from servelab.schemas.tune import FleetServer, Stage2Row
 from servelab.schemas.vocabulary import Route, RouterPolicy
@@ -95,7 +96,7 @@ def replica_args(engine_args: str) -> str:
 
 @dataclass(frozen=True)
 class ReplicaStarted:
-    """A replica's server, up: where it listens and what it took (`address` is filled in by the driver)."""
+    """A replica's server, up: its port (on the node the driver knows it by), what it took, the node's name."""
 
     port: int
     pid: int | None
@@ -141,7 +142,9 @@ class FleetReplica:
         self.server.stop()
         if self.scratch is None:
             return {}
-        return {str(p.relative_to(self.directory)): p.read_bytes() for p in self.directory.rglob("*") if p.is_file()}
+        files = {str(p.relative_to(self.directory)): p.read_bytes() for p in self.directory.rglob("*") if p.is_file()}
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        return files
 
 
 class _Local:
@@ -180,8 +183,8 @@ def measure_fleet(
     replicas = _place(config, command, out, pool, gpu_resource)
     marker = _mark_live(replicas, out) if pool is None else None
     try:
-        writer = _run_fleet(replicas, result, config, workload, out, check_server)
-        exit_codes = [replica.call("exit_code") for replica in replicas]
+        writer = _run_fleet(replicas, result, config, command, workload, out, check_server)
+        ended = [_ended(replica) for replica in replicas] if writer is not None else []
         _collect(replicas, out, remote=pool is not None)
     finally:
         for replica in replicas:
@@ -190,12 +193,12 @@ def measure_fleet(
             marker.unlink(missing_ok=True)
     if writer is None:
         return result
-    for server, code in zip(result.fleet, exit_codes):
-        server.exit_code = code
+    for server, end in zip(result.fleet, ended):
+        server.exit_code = end if isinstance(end, int) else None
     summary = summarize(writer.records.records, slo=objective.slo, percentiles=objective.percentiles)
     writer.write_summary(summary)
     result.replicas = [ReplicaLoad.model_validate(load) for load in writer.run_info["server_info"].get("replicas", [])]
-    result.error = _disturbed(exit_codes, disturbances(summary.errors_by_kind), out)
+    result.error = _disturbed(ended, disturbances(summary.errors_by_kind), out)
     _score_measured(result, summary, config, objective)
     return result
 
@@ -204,13 +207,14 @@ def _run_fleet(
     replicas: Sequence[Placed],
     result: Stage2Row,
     config: Stage2Config,
+    command: ServerCommand,
     workload: TuneWorkload,
     out: Path,
     check_server: ServerCheck | None,
 ) -> ResultWriter | None:
     """Every replica started (each one's server in `result.fleet`), checked and sent the workload; None, with the
     reason in `result.error`, when one would not start."""
-    started = _start_all(replicas)
+    started = _start_all(replicas, command.startup_timeout)
     result.fleet = [_server(r, s) for r, s in zip(replicas, started) if isinstance(s, ReplicaStarted)]
     failed = [(i, s) for i, s in enumerate(started) if isinstance(s, BaseException)]
     if failed:
@@ -263,20 +267,32 @@ def _distinct_ports(command: ServerCommand, n: int) -> list[int]:
     return ports
 
 
-def _start_all(replicas: Sequence[Placed]) -> list[ReplicaStarted | BaseException]:
-    """Every replica started side by side; each one's outcome (what it took, or why it would not start).
+def _start_all(replicas: Sequence[Placed], startup_timeout: float) -> list[ReplicaStarted | BaseException]:
+    """Every replica started side by side; each one's outcome (what it took, or why it did not start).
 
-    On any exception here (a Ctrl-C) every replica is released until none is still starting, so that one whose
-    launch raced the interrupt does not outlive it.
+    A replica gets twice `startup_timeout`: its own server's wait for readiness, and as long again to be placed (on
+    a cluster an actor waits until its GPUs are free; where they never will be, the fleet is not started). Once one
+    replica fails the others are stopped: the fleet cannot be measured. On any exception here (a Ctrl-C) every
+    replica is released until none is still starting, so that one whose launch raced the interrupt does not
+    outlive it.
     """
+    limit = 2 * startup_timeout
     with ThreadPoolExecutor(max_workers=len(replicas)) as threads:
         futures = [threads.submit(replica.call, "start") for replica in replicas]
         try:
-            wait(futures)
+            done, late = wait(futures, timeout=limit, return_when=FIRST_EXCEPTION)
         except BaseException:
             _release_until_done(replicas, futures)
             raise
-    return [_outcome(f) for f in futures]
+        if late:
+            _release_until_done(replicas, futures)
+    failed = any(f.exception() is not None for f in done)
+    cut_short = (
+        RuntimeError("stopped, as another replica would not start")
+        if failed
+        else TimeoutError(f"not placed and ready within {limit:.0f} s (twice --startup-timeout)")
+    )
+    return [cut_short if f in late else _outcome(f) for f in futures]
 
 
 def _release_until_done(replicas: Sequence[Placed], futures: Sequence[Future[Any]]) -> None:
@@ -300,10 +316,24 @@ def _server(replica: Placed, started: ReplicaStarted) -> FleetServer:
     )
 
 
+def _ended(replica: Placed) -> int | TaskLost | None:
+    """How a replica stands after the measurement: None while its server runs, its exit code once it exited, or
+    why it cannot say (its worker or node was lost)."""
+    try:
+        code: int | None = replica.call("exit_code")
+    except TaskLost as lost:
+        return lost
+    return code
+
+
 def _collect(replicas: Sequence[Placed], out: Path, remote: bool) -> None:
-    """Stop every replica; a replica on the pool hands back its log, written under `out/replica-<i>/`."""
+    """Stop every replica; a replica on the pool hands back its log, written under `out/replica-<i>/` (one already
+    let go, or lost with its node, has no log to give)."""
     for i, replica in enumerate(replicas):
-        files: dict[str, bytes] = replica.call("stop")
+        try:
+            files: dict[str, bytes] = replica.call("stop")
+        except TaskLost:
+            continue
         for name, data in files.items() if remote else ():
             path = out / f"replica-{i}" / name
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -335,9 +365,14 @@ def _bench(urls: list[str], route: Route, config: Stage2Config, workload: TuneWo
     return writer
 
 
-def _disturbed(exit_codes: Sequence[int | None], failures: dict[str, int], out: Path) -> str | None:
-    """Why a fleet's measurement does not describe its configuration (a replica died, or requests failed)."""
-    died = [f"replica {i} exited with code {code}" for i, code in enumerate(exit_codes) if code is not None]
+def _disturbed(ended: Sequence[int | TaskLost | None], failures: dict[str, int], out: Path) -> str | None:
+    """Why a fleet's measurement does not describe its configuration (a replica died or was lost, or requests
+    failed)."""
+    died = [
+        f"replica {i} exited with code {end}" if isinstance(end, int) else f"replica {i} was lost: {end}"
+        for i, end in enumerate(ended)
+        if end is not None
+    ]
     if not died and not failures:
         return None
     failed = ", ".join(f"{n} {kind}" for kind, n in sorted(failures.items())) or "no request failed"
