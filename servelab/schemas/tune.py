@@ -17,9 +17,9 @@ from pydantic import (
 
 from servelab import SCHEMA_VERSION
 from servelab.schemas.vocabulary import VLLM, TrialStatus
+from servelab.schemas.fleet import ReplicaLoad
 from servelab.schemas.results import DeploymentInfo, Json, PlanInfo, SLOTerms, Versions
 from servelab.schemas.base import ClosedModel, OpenModel
-from servelab.schemas.fleet import ReplicaLoad
 
 
 BASELINE = "baseline"
