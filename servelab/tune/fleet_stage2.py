@@ -42,6 +42,7 @@ from servelab.metrics.results import ResultWriter
 from servelab.metrics.summary import summarize
 from servelab.pool import Placed, TaskLost, TaskPool
 from servelab.schemas.fleet import ReplicaLoad
+from servelab.schemas.results import Json
 from servelab.schemas.tune import FleetServer, Stage2Row
 from servelab.schemas.vocabulary import Route, RouterPolicy
 from servelab.targets.http import HttpTarget
@@ -183,21 +184,22 @@ def measure_fleet(
     replicas = _place(config, command, out, pool, gpu_resource)
     marker = _mark_live(replicas, out) if pool is None else None
     try:
-        writer = _run_fleet(replicas, result, config, command, workload, out, check_server)
-        ended = [_ended(replica) for replica in replicas] if writer is not None else []
+        measured = _run_fleet(replicas, result, config, command, workload, out, check_server)
+        ended = [_ended(replica) for replica in replicas] if measured is not None else []
         _collect(replicas, out, remote=pool is not None)
     finally:
         for replica in replicas:
             replica.release()
         if marker is not None:
             marker.unlink(missing_ok=True)
-    if writer is None:
+    if measured is None:
         return result
     for server, end in zip(result.fleet, ended):
         server.exit_code = end if isinstance(end, int) else None
+    writer, server_info = measured
     summary = summarize(writer.records.records, slo=objective.slo, percentiles=objective.percentiles)
     writer.write_summary(summary)
-    result.replicas = [ReplicaLoad.model_validate(load) for load in writer.run_info["server_info"].get("replicas", [])]
+    result.replicas = [ReplicaLoad.model_validate(load) for load in server_info.get("replicas", [])]
     result.error = _disturbed(ended, disturbances(summary.errors_by_kind), out)
     _score_measured(result, summary, config, objective)
     return result
@@ -211,9 +213,9 @@ def _run_fleet(
     workload: TuneWorkload,
     out: Path,
     check_server: ServerCheck | None,
-) -> ResultWriter | None:
-    """Every replica started (each one's server in `result.fleet`), checked and sent the workload; None, with the
-    reason in `result.error`, when one would not start."""
+) -> tuple[ResultWriter, Json] | None:
+    """Every replica started (each one's server in `result.fleet`), checked and sent the workload: the run's writer
+    and what it learnt of the servers; None, with the reason in `result.error`, when one would not start."""
     started = _start_all(replicas, command.startup_timeout)
     result.fleet = [_server(r, s) for r, s in zip(replicas, started) if isinstance(s, ReplicaStarted)]
     failed = [(i, s) for i, s in enumerate(started) if isinstance(s, BaseException)]
@@ -226,9 +228,9 @@ def _run_fleet(
         for replica, url in zip(replicas, urls):
             result.warnings += replica.call("check", check_server, url, config)
     began = time.monotonic()
-    writer = _bench(urls, Route(str(config.params[ROUTER])), config, workload, out)
+    measured = _bench(urls, Route(str(config.params[ROUTER])), config, workload, out)
     result.bench_s = time.monotonic() - began
-    return writer
+    return measured
 
 
 def _mark_live(replicas: Sequence[Placed], out: Path) -> Path:
@@ -340,7 +342,9 @@ def _collect(replicas: Sequence[Placed], out: Path, remote: bool) -> None:
             path.write_bytes(data)
 
 
-def _bench(urls: list[str], route: Route, config: Stage2Config, workload: TuneWorkload, out: Path) -> ResultWriter:
+def _bench(
+    urls: list[str], route: Route, config: Stage2Config, workload: TuneWorkload, out: Path
+) -> tuple[ResultWriter, Json]:
     """The workload sent over the replicas by `route`, written into `out` as bench writes a run over several
     --base-url (every replica's /metrics scraped: run.json's server_info.replicas); a Ctrl-C during it
     propagates once what was measured is on disk."""
@@ -362,7 +366,7 @@ def _bench(urls: list[str], route: Route, config: Stage2Config, workload: TuneWo
         writer.close()
     if run.interrupted:
         raise KeyboardInterrupt
-    return writer
+    return writer, run.server_info
 
 
 def _disturbed(ended: Sequence[int | TaskLost | None], failures: dict[str, int], out: Path) -> str | None:
