@@ -21,6 +21,25 @@ class TaskLost(ServerFault):
     Where no caller records it as a failed trial, the command ends with it as a machine that broke down (exit 2)."""
 
 
+class Placed(Protocol):
+    """An object living on a worker and holding its resources until released (on Ray: an actor), for work that
+    outlasts one call: a fleet's replica keeps its server up while the driver measures the fleet."""
+
+    @property
+    def address(self) -> str:
+        """The address of the node it lives on, where a server it starts can be reached from the driver."""
+        ...
+
+    def call(self, method: str, *args: Any) -> Any:
+        """Call one of its methods there and wait for the answer; the method's exception is raised here (TaskLost
+        when the worker or its node died)."""
+        ...
+
+    def release(self) -> None:
+        """Let it go, whatever it is doing; its worker (and any process group it watches) goes with it."""
+        ...
+
+
 class TaskPool(Protocol):
     """Runs functions somewhere else; results come back in completion order."""
 
@@ -39,4 +58,8 @@ class TaskPool(Protocol):
 
     def cancel_all(self) -> None:
         """Stop every task still running (their processes go with them)."""
+        ...
+
+    def place(self, cls: Callable[..., Any], args: tuple[Any, ...], resources: Mapping[str, float]) -> Placed:
+        """`cls(*args)` on a worker holding `resources` (as `submit` reads them) until released."""
         ...

@@ -319,6 +319,8 @@ def _defaults(engine: str) -> str:
 
 
 def _live_progress(console: Console, goal: Objective, engine: str) -> TuneProgress:
+    from servelab.tune.fleet_stage2 import is_fleet
+    from servelab.tune.space import ROUTER
     from servelab.tune.tuner import TuneProgress
 
     def on_trial(trial: Trial, evaluated: int, budget: int) -> None:
@@ -330,8 +332,13 @@ def _live_progress(console: Console, goal: Objective, engine: str) -> TuneProgre
         console.print(f"[dim]trial {evaluated}/{budget}[/] {_knobs(trial.params)}: {score}")
 
     def on_start(config: Stage2Config) -> None:
+        servers = (
+            f"{config.deployment.config.data_parallel_size} servers behind servelab's {config.params[ROUTER]} route"
+            if is_fleet(config)
+            else "the server"
+        )
         console.print(
-            f"[bold]stage 2[/] {config.label}: starting the server with {config.engine_args or _defaults(engine)}"
+            f"[bold]stage 2[/] {config.label}: starting {servers} with {config.engine_args or _defaults(engine)}"
         )
 
     def on_result(result: Stage2Row) -> None:
@@ -344,6 +351,10 @@ def _live_progress(console: Console, goal: Objective, engine: str) -> TuneProgre
                 f"  measured {result.measured_score:,.4g} {goal.unit} (predicted {result.predicted_score:,.4g}); "
                 f"server up in {result.startup_s:.0f} s, bench {result.bench_s:.0f} s"
             )
+        if result.replicas:
+            served = " / ".join(_num(load.requests_served, "d") for load in result.replicas)
+            hits = " / ".join(_num(load.prefix_cache_hit_rate, ".0%") for load in result.replicas)
+            console.print(f"  per replica: requests served {served}; prefix-cache hits {hits}")
 
     return TuneProgress(on_trial, on_start, on_result)
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from servelab.errors import InputError
-from servelab.pool import TaskLost
+from servelab.pool import Placed, TaskLost
 
 
 class ClusterError(InputError):
@@ -62,6 +62,51 @@ def _call(fn: Callable[[Any], Any], arg: Any) -> Any:
     return fn(arg)
 
 
+class _Host:
+    """The actor that holds a placed object: it builds it on its worker and runs its methods there."""
+
+    def __init__(self, cls: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.held = cls(*args)
+
+    def address(self) -> str:
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+
+    def call(self, method: str, args: tuple[Any, ...]) -> Any:
+        return getattr(self.held, method)(*args)
+
+
+class RayPlaced:
+    """A `Placed` object: one actor (never restarted: what it held is gone with its worker)."""
+
+    def __init__(self, ray: Any, actor: Any) -> None:
+        self.ray, self.actor = ray, actor
+        self._address: str | None = None
+
+    @property
+    def address(self) -> str:
+        if self._address is None:
+            self._address = str(self.call_actor("address"))
+        return self._address
+
+    def call(self, method: str, *args: Any) -> Any:
+        return self.call_actor("call", method, args)
+
+    def call_actor(self, name: str, *args: Any) -> Any:
+        exceptions = self.ray.exceptions
+        try:
+            return self.ray.get(getattr(self.actor, name).remote(*args))
+        except exceptions.RayTaskError as exc:  # the method raised: its own exception, without Ray's traceback
+            cause = getattr(exc, "cause", None)
+            raise cause if isinstance(cause, Exception) else TaskLost(str(exc)) from None
+        except exceptions.RayError as exc:  # the actor died, or its node
+            raise TaskLost(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}") from None
+
+    def release(self) -> None:
+        self.ray.kill(self.actor, no_restart=True)
+
+
 class RayPool:
     """Ray tasks, at most `slots` worth keeping in flight (the cluster's CPUs unless told)."""
 
@@ -94,6 +139,13 @@ class RayPool:
             return number, cause if isinstance(cause, Exception) else TaskLost(str(exc))
         except exceptions.RayError as exc:  # never returned: worker crashed, node died, cancelled, result lost
             return number, TaskLost(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}")
+
+    def place(self, cls: Callable[..., Any], args: tuple[Any, ...], resources: Mapping[str, float]) -> Placed:
+        custom = dict(resources)
+        gpus, cpus = custom.pop("GPU", 0), custom.pop("CPU", 1)
+        host = self.ray.remote(max_restarts=0, max_concurrency=2)(_Host)
+        actor = host.options(num_gpus=gpus, num_cpus=cpus, resources=custom or None).remote(cls, args)
+        return RayPlaced(self.ray, actor)
 
     def cancel_all(self) -> None:
         for ref in list(self._refs):

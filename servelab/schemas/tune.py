@@ -14,6 +14,7 @@ from pydantic import (
 
 from servelab import SCHEMA_VERSION
 from servelab.schemas.vocabulary import VLLM, TrialStatus
+from servelab.schemas.fleet import ReplicaLoad
 from servelab.schemas.results import DeploymentInfo, Json, PlanInfo, SLOTerms, Versions
 from servelab.schemas.base import AsGiven, ClosedModel, OpenModel
 
@@ -100,6 +101,17 @@ class Trial(OpenModel):
         return self.status == TrialStatus.OK and self.score is not None
 
 
+class FleetServer(OpenModel):
+    """One replica of a fleet measured in stage 2: its own server, started from --server-cmd with the
+    configuration's flags less the replica count."""
+
+    base_url: str = Field(description="Where the bench client reached it.")
+    pid: int | None = Field(None, description="Its process group's leader, on `host`.")
+    startup_s: float | None = Field(None, description="Launch to ready (/health and /v1/models answered).")
+    host: str | None = Field(None, description="The node it ran on.")
+    exit_code: int | None = Field(None, description="Set when the server had exited before it was stopped.")
+
+
 class Stage2Row(OpenModel):
     """One configuration measured on a real server (stage 2), beside its prediction; a configuration whose server
     would not start keeps the defaults of what it never measured, and the reason in `error`."""
@@ -123,11 +135,38 @@ class Stage2Row(OpenModel):
     started_at: float | None = Field(None, description="Wall-clock span of the trial, server start to stop.")
     ended_at: float | None = None
     host: str | None = Field(None, description="The node it ran on (a Ray cluster spreads trials over several).")
+    route: str | None = Field(
+        None,
+        description="A fleet's: the client-side route (bench --route) its replicas were measured behind; null for "
+        "one server.",
+    )
+    fleet: list[FleetServer] = Field(
+        default_factory=list, description="A fleet's replicas, one server each; empty for one server."
+    )
+    replicas: list[ReplicaLoad] = Field(
+        default_factory=list,
+        description="A fleet's: each replica's load over the measurement, from its own /metrics (run.json's "
+        "server_info.replicas).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _fleet_fields_for_a_fleet(self, handler: SerializerFunctionWrapHandler) -> Json:
+        """One server's row is written as it was before stage 2 measured fleets: `route`, `fleet` and `replicas`
+        only in a fleet's row (its route is set)."""
+        row: Json = handler(self)
+        if self.route is None:
+            for key in FLEET_FIELDS:
+                row.pop(key, None)
+        return row
 
     @property
     def ok(self) -> bool:
         """Measured, and the measurement describes the configuration (its server neither failed nor died)."""
         return self.error is None and self.measured is not None
+
+
+FLEET_FIELDS = ("route", "fleet", "replicas")
+"""A stage-2 row's fields that only a fleet has."""
 
 
 class Stage2File(Stage2Row):

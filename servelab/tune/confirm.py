@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -141,8 +142,10 @@ def reap_orphaned_server(directory: Path, grace: float = 10.0) -> list[int]:
     marker = directory / STAGE2_DIR / LIVE_SERVER
     if not marker.exists():
         return []
-    argv = [str(a) for a in json.loads(marker.read_text(encoding="utf-8"))["argv"]]
-    groups = sorted({pgid for pgid in map(_group_of, _pids_running(argv)) if pgid is not None})
+    live = json.loads(marker.read_text(encoding="utf-8"))
+    argvs = [[str(a) for a in argv] for argv in live.get("argvs", [live["argv"]])]  # a fleet's: one per replica
+    pids = [pid for argv in argvs for pid in _pids_running(argv)]
+    groups = sorted({pgid for pgid in map(_group_of, pids) if pgid is not None})
     for pgid in groups:
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             try:
@@ -235,9 +238,17 @@ def confirm(
 
 
 def _timed(*args: Any) -> Stage2Row:
-    """`_measure(*args)`, with when and where it ran."""
+    """`_measure(*args)`, or a fleet's measurement (fleet_stage2.py) for a configuration of several replicas behind
+    a searched router, with when and where it ran."""
+    from servelab.tune.fleet_stage2 import is_fleet, measure_fleet  # it builds on this module
+
+    return _stamped(lambda: measure_fleet(*args) if is_fleet(args[0]) else _measure(*args))
+
+
+def _stamped(measure: Callable[[], Stage2Row]) -> Stage2Row:
+    """`measure()`'s row, with when it ran and the host that ran it (a fleet's: the driver, which sent its load)."""
     began = time.time()
-    result = _measure(*args)
+    result = measure()
     result.started_at, result.ended_at, result.host = began, time.time(), socket.gethostname()
     return result
 
@@ -282,8 +293,11 @@ def confirm_on_pool(
     whose worker or node was lost is a failed trial with the reason, like a server that would not start;
     a Ctrl-C cancels every trial still running (their servers stop with their workers) and propagates.
     """
+    from servelab.tune.fleet_stage2 import is_fleet, measure_fleet  # it builds on this module
+
     results: dict[str, Stage2Row] = {}
     tasks: dict[int, Stage2Config] = {}
+    fleets: list[Stage2Config] = []
     try:
         for config in configs:
             done = root / config.label / RESULT
@@ -292,10 +306,23 @@ def confirm_on_pool(
                 if on_result:
                     on_result(results[config.label])
                 continue
+            if is_fleet(config):  # its replicas are placed one by one, and the driver sends its workload
+                fleets.append(config)
+                continue
             if on_start:
                 on_start(config)
             # A trial holds its GPUs; the CPU its server and client use is the node's to share, as on one machine.
             tasks[pool.submit(job, config, {gpu_resource: gpu_count(config.deployment), "CPU": 0})] = config
+        for config in fleets:  # measured here while the single servers' trials run on their nodes
+            if on_start:
+                on_start(config)
+            out = root / config.label
+            args = (config, job.command, job.workload, job.objective, out, job.check_server)
+            result = _stamped(partial(measure_fleet, *args, pool=pool, gpu_resource=gpu_resource))
+            write_result(out / RESULT, result)
+            results[config.label] = result
+            if on_result:
+                on_result(result)
         while tasks:
             task, value = pool.next_done()
             config = tasks.pop(task)
