@@ -42,7 +42,7 @@ from servelab.metrics.results import ResultWriter
 from servelab.metrics.summary import summarize
 from servelab.pool import Placed, TaskLost, TaskPool
 from servelab.schemas.fleet import ReplicaLoad
-from servelab.schemas.results import Json
+from servelab.schemas.results import Json, RunInfo
 from servelab.schemas.tune import FleetServer, Stage2Row
 from servelab.schemas.vocabulary import Route, RouterPolicy
 from servelab.targets.http import HttpTarget
@@ -348,16 +348,16 @@ def _bench(
     """The workload sent over the replicas by `route`, written into `out` as bench writes a run over several
     --base-url (every replica's /metrics scraped: run.json's server_info.replicas); a Ctrl-C during it
     propagates once what was measured is on disk."""
-    run_info = {
-        "kind": "tune-stage2",
-        "source": "http",
-        "label": config.label,
-        "engine_args": config.engine_args,
-        "replica_engine_args": replica_args(config.engine_args),
-        "workload": workload.describe(),
-        "base_urls": urls,
-        "route": route,
-    }
+    run_info = RunInfo.begun(
+        kind="tune-stage2",
+        source="http",
+        label=config.label,
+        engine_args=config.engine_args,
+        replica_engine_args=replica_args(config.engine_args),
+        workload=workload.describe(),
+        base_urls=urls,
+        route=route,
+    )
     writer = ResultWriter(out, run_info)
     try:
         run = HttpTarget(urls, ignore_eos=True, route=route).run(workload.plan(), writer.records, writer.write_sample)
