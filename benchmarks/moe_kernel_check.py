@@ -9,11 +9,12 @@ itself assumes uniform random routing (docs/moe.md).
 
     pip install -e '.[kernels]'
     .venv/bin/python benchmarks/moe_kernel_check.py [--rows]
-    .venv/bin/python benchmarks/moe_kernel_check.py --write-marlin   # servelab/perf/data/moe_marlin.yaml
+    .venv/bin/python benchmarks/moe_kernel_check.py --write-rates   # servelab/perf/data/moe_kernels.yaml
 
-`--write-marlin` writes the measured large-batch throughput of the Marlin fused-MoE kernel per GPU (every Marlin row
-of the GPU's fused-MoE tables, any engine and weight format, at 2,048 tokens or more, TP = EP = 1, balanced routing):
-the rate vLLM's weight-only MoE experts (FP8 or 4-bit weights dequantized into bf16 MMAs) cannot exceed.
+`--write-rates` writes the measured large-batch throughput per GPU of the fused-MoE kernels vLLM's weight-only MoE
+experts (FP8 or 4-bit weights dequantized into bf16 MMAs) run in, the rate they cannot exceed: Marlin (every Marlin
+row of the GPU's fused-MoE tables, any engine and weight format) and OpenAI's Triton MXFP4 kernel (gpt-oss's experts
+on Hopper), each at 2,048 tokens or more, TP = EP = 1, balanced routing.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from servelab.perf.cost_model import RooflineCostModel
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import get_gpu
 from servelab.perf.kernel_fit import AIC_VERSION, SYSTEMS, aiconfigurator_data_root
-from servelab.perf.moe_kernels import MARLIN_FILE
+from servelab.perf.moe_kernels import RATES_FILE, MoeKernel
 from servelab.perf.models import ModelSpec, load_hf_config
 
 CONFIGS = Path(__file__).parents[1] / "tests" / "fixtures" / "moe_configs"
@@ -59,31 +60,35 @@ def measured(table: pd.DataFrame, model: ModelSpec, moe_dtype: str) -> pd.DataFr
     return table[keep].sort_values("num_tokens")
 
 
-MARLIN_FROM_TOKENS = 2048
+LARGE_BATCH_FROM_TOKENS = 2048
 """Rows at this many tokens or more: every expert runs hundreds of rows, the kernel is compute-bound."""
 
+KERNEL_SOURCES = {MoeKernel.MARLIN: "marlin", MoeKernel.OAI_TRITON_MXFP4: "oaitritonmxfp4"}
+"""What each kernel's rows carry in aiconfigurator-core's `kernel_source`."""
 
-def marlin_rows(root: Path, system: str) -> pd.DataFrame:
-    """Every large-batch Marlin fused-MoE row of one GPU's tables, with its throughput in TFLOP/s (gated experts:
-    gate, up and down, 3 x hidden x intermediate multiply-adds per routed token)."""
+
+def kernel_rows(root: Path, system: str, kernel: MoeKernel) -> pd.DataFrame:
+    """Every large-batch row of `kernel` in one GPU's fused-MoE tables, with its throughput in TFLOP/s (gated
+    experts: gate, up and down, 3 x hidden x intermediate multiply-adds per routed token)."""
     tables = [pd.read_parquet(path) for path in sorted((root / system / "moe").glob("*/*/moe_perf.parquet"))]
     table = pd.concat(tables, ignore_index=True)
     keep = (
-        table.kernel_source.str.contains("marlin")
+        table.kernel_source.str.contains(KERNEL_SOURCES[kernel])
         & (table.distribution == "balanced")
         & (table.moe_tp_size == 1)
         & (table.moe_ep_size == 1)
-        & (table.num_tokens >= MARLIN_FROM_TOKENS)
+        & (table.num_tokens >= LARGE_BATCH_FROM_TOKENS)
     )
     rows = table[keep]
     flops = 2 * 3 * rows.num_tokens * rows.topk * rows.hidden_size * rows.inter_size
     return rows.assign(tflops=flops / (rows.latency * 1e-3) / 1e12)
 
 
-def write_marlin(root: Path) -> None:
+def kernel_rates(root: Path, kernel: MoeKernel) -> dict[str, dict]:
+    """One kernel's median large-batch rate on every GPU whose tables measure it."""
     gpus = {}
     for gpu, system in SYSTEMS.items():
-        rows = marlin_rows(root, system)
+        rows = kernel_rows(root, system, kernel)
         if rows.empty:
             continue
         tflops = rows.tflops
@@ -95,26 +100,34 @@ def write_marlin(root: Path) -> None:
             "tables": sorted({f"{f} {v}" for f, v in zip(rows.framework, rows.version)}),
             "kernels": sorted(set(rows.kernel_source)),
         }
-        print(f"{gpu}: median {gpus[gpu]['tflops']} TFLOP/s over {len(rows)} rows, {gpus[gpu]['shapes']} shapes")
+        print(
+            f"{kernel} {gpu}: median {gpus[gpu]['tflops']} TFLOP/s over {len(rows)} rows, {gpus[gpu]['shapes']} shapes"
+        )
+    return gpus
+
+
+def write_rates(root: Path) -> None:
     doc = {
         "source": f"aiconfigurator-core=={AIC_VERSION} (NVIDIA, Apache-2.0): "
         "systems/data/<system>/moe/*/*/moe_perf.parquet",
-        "generated_by": "benchmarks/moe_kernel_check.py --write-marlin (do not edit by hand)",
-        "selection": f"kernel_source containing 'marlin', balanced routing, TP = EP = 1, "
-        f">= {MARLIN_FROM_TOKENS} tokens",
-        "gpus": gpus,
+        "generated_by": "benchmarks/moe_kernel_check.py --write-rates (do not edit by hand)",
+        "selection": f"balanced routing, TP = EP = 1, >= {LARGE_BATCH_FROM_TOKENS} tokens",
+        "kernels": {
+            str(kernel): {"kernel_source_contains": KERNEL_SOURCES[kernel], "gpus": kernel_rates(root, kernel)}
+            for kernel in MoeKernel
+        },
     }
-    MARLIN_FILE.write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
+    RATES_FILE.write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", action="store_true", help="print every (tokens, measured, predicted) row")
-    parser.add_argument("--write-marlin", action="store_true", help=f"write {MARLIN_FILE.name} and stop")
+    parser.add_argument("--write-rates", action="store_true", help=f"write {RATES_FILE.name} and stop")
     args = parser.parse_args()
     root = aiconfigurator_data_root()
-    if args.write_marlin:
-        write_marlin(root)
+    if args.write_rates:
+        write_rates(root)
         return
     print(
         f"{'GPU':9} {'model':15} {'table format':18} {'servelab format':22} {'rows':>4} "

@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 from servelab.cli import app
 from servelab.perf.cost_model import MOE_LAYER_FIXED_S, CostCoefficients, RooflineCostModel
 from servelab.perf.engine_config import EngineConfig
-from servelab.perf.hardware import get_gpu
+from servelab.perf.hardware import Hardware, get_gpu
 from servelab.perf.models import get_model, load_hf_config
-from servelab.perf.moe_kernels import MARLIN_FILE, marlin_moe_flops
+from servelab.perf.moe_kernels import RATES_FILE, MoeKernel, expert_kernel, moe_kernel_flops
+from servelab.perf.quantization import weight_format
 from support.benchmark_script import load_benchmark
 
 CONFIGS = Path(__file__).parent / "fixtures" / "moe_configs"
@@ -88,13 +89,16 @@ def test_weight_only_formats_run_on_the_measured_bf16_kernels(gpu: str):
 
 @pytest.mark.parametrize("gpu", ["a100", "h100"])
 def test_weight_only_experts_run_no_faster_than_the_measured_marlin_kernel(gpu: str):
-    """A long prefill of weight-only experts runs at the Marlin fused-MoE kernel's measured rate (data/moe_marlin.yaml),
-    not at a dense bf16 GEMM's; bf16 experts, and a decode step's few rows, are not held to it."""
+    """A long prefill of weight-only experts on a release that runs them in Marlin (vLLM 0.11) runs at the Marlin
+    fused-MoE kernel's measured rate (data/moe_kernels.yaml), not at a dense bf16 GEMM's; bf16 experts, and a decode
+    step's few rows, are not held to it."""
     hardware = get_gpu(gpu)
-    marlin = marlin_moe_flops(hardware)
+    marlin = moe_kernel_flops(MoeKernel.MARLIN, hardware)
     assert marlin is not None and 0.2 * hardware.peak_flops("bf16") < marlin < 0.6 * hardware.peak_flops("bf16")
     bf16_experts = replace(GPT_OSS, quantization=None, quantized_experts_only=False)
-    mxfp4, bf16 = (RooflineCostModel(hardware, m, EngineConfig()) for m in (GPT_OSS, bf16_experts))
+    mxfp4, bf16 = (
+        RooflineCostModel(hardware, m, EngineConfig(), vllm_version=(0, 11)) for m in (GPT_OSS, bf16_experts)
+    )
     moe = GPT_OSS.moe
     assert moe is not None
     tokens = 8192
@@ -106,13 +110,34 @@ def test_weight_only_experts_run_no_faster_than_the_measured_marlin_kernel(gpu: 
     assert next(one_token) < next(one_token)  # one token reads 4.25-bit weights: bytes, not the kernel's rate
 
 
-def test_the_marlin_rates_are_the_measured_tables_medians(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """data/moe_marlin.yaml is exactly what benchmarks/moe_kernel_check.py --write-marlin derives from the installed
+def test_mxfp4_experts_on_hopper_run_in_openais_triton_kernel_from_the_release_that_ships_it():
+    """gpt-oss's MXFP4 experts on an H100: Marlin's rate on vLLM 0.11, OpenAI's Triton kernel's measured rate (about
+    2.2x) on the modelled release; an A100, whose tables do not measure the Triton kernel, stays on Marlin's."""
+    h100, a100 = get_gpu("h100"), get_gpu("a100")
+    tokens, moe = 8192, GPT_OSS.moe
+    assert moe is not None
+
+    def layer(hardware: Hardware, version: tuple[int, int] | None) -> float:
+        cost = RooflineCostModel(hardware, GPT_OSS, EngineConfig(), vllm_version=version)
+        return cost.moe_layer_time(tokens, moe.num_experts) - MOE_LAYER_FIXED_S
+
+    triton, marlin = (moe_kernel_flops(k, h100) for k in (MoeKernel.OAI_TRITON_MXFP4, MoeKernel.MARLIN))
+    assert triton is not None and marlin is not None and triton > 1.5 * marlin
+    routed_flops = GPT_OSS.routed_expert_flops_per_token / GPT_OSS.num_moe_layers * tokens
+    assert layer(h100, (0, 11)) == pytest.approx(routed_flops / marlin, rel=0.01)
+    assert layer(h100, None) <= routed_flops / triton * 1.01 and layer(h100, None) < 0.7 * layer(h100, (0, 11))
+    assert layer(a100, None) == pytest.approx(layer(a100, (0, 11)))
+    fp8_on_a100 = weight_format("fp8", QWEN3_MOE, a100)
+    assert expert_kernel(fp8_on_a100, None) is MoeKernel.MARLIN
+
+
+def test_the_kernel_rates_are_the_measured_tables_medians(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """data/moe_kernels.yaml is exactly what benchmarks/moe_kernel_check.py --write-rates derives from the installed
     aiconfigurator-core tables: no rate in it is typed by hand."""
     check = load_benchmark("moe_kernel_check")
-    monkeypatch.setattr(check, "MARLIN_FILE", tmp_path / MARLIN_FILE.name)
-    check.write_marlin(check.aiconfigurator_data_root())
-    assert yaml.safe_load((tmp_path / MARLIN_FILE.name).read_text()) == yaml.safe_load(MARLIN_FILE.read_text())
+    monkeypatch.setattr(check, "RATES_FILE", tmp_path / RATES_FILE.name)
+    check.write_rates(check.aiconfigurator_data_root())
+    assert yaml.safe_load((tmp_path / RATES_FILE.name).read_text()) == yaml.safe_load(RATES_FILE.read_text())
 
 
 def test_gpt_oss_attention_stays_bf16_while_its_experts_are_mxfp4():
@@ -125,8 +150,6 @@ def test_gpt_oss_attention_stays_bf16_while_its_experts_are_mxfp4():
 
 
 def test_nvfp4_runs_at_the_fp4_rate_on_blackwell_only():
-    from servelab.perf.quantization import weight_format
-
     assert weight_format("nvfp4", QWEN3_MOE, get_gpu("b200")).compute_dtype == "fp4"
     assert weight_format("nvfp4", QWEN3_MOE, get_gpu("h100")).compute_dtype == "bf16"
     assert get_gpu("b200").peak_flops("fp4") == 2 * get_gpu("b200").peak_flops("fp8")

@@ -28,7 +28,7 @@ from servelab.perf.memory import (
     weight_bytes_per_rank,
 )
 from servelab.perf.models import ModelSpec
-from servelab.perf.moe_kernels import marlin_moe_flops
+from servelab.perf.moe_kernels import expert_kernel, moe_kernel_flops
 from servelab.perf.quantization import WeightFormat, non_expert_weight_format, weight_format
 from servelab.schemas.profile import CostCoefficients as CostCoefficients  # re-exported: a profile saves it
 
@@ -189,7 +189,7 @@ class RooflineCostModel:
     bytes / bandwidth). Routers, shared experts and dense-MLP layers are GEMMs like any other; a checkpoint
     that quantizes only its experts (gpt-oss MXFP4) prices attention in the model dtype and the experts in
     their format (FP4 tensor cores on Blackwell, weight-only bf16 compute elsewhere, the experts then no faster than
-    the Marlin fused-MoE kernel's measured rate, perf/moe_kernels.py). MLA (DeepSeek) caches
+    the measured rate of the fused-MoE kernel the release runs them in, perf/moe_kernels.py). MLA (DeepSeek) caches
     one latent per token and layer; its decode attention costs max(latent bytes, absorbed-attention FLOPs).
     """
 
@@ -201,7 +201,10 @@ class RooflineCostModel:
         coefficients: CostCoefficients | None = None,
         *,
         kernels: bool = True,
+        vllm_version: tuple[int, int] | None = None,
     ) -> None:
+        """`vllm_version`: the release served (None: the modelled one), which decides the fused-MoE kernel that
+        weight-only experts run in (perf/moe_kernels.py)."""
         c = coefficients or CostCoefficients()
         self.hardware, self.coefficients = hardware, c
         model = model.with_dtype(engine_config.dtype)
@@ -210,7 +213,7 @@ class RooflineCostModel:
         self.weight_format = weight_format(engine_config.quantization, model, hardware)
         self.dense_format = non_expert_weight_format(engine_config.quantization, model, hardware)
         """The format of the weights outside the routed experts (bf16 attention beside gpt-oss's MXFP4 experts)."""
-        self._init_weights(engine_config, tp)
+        self._init_weights(engine_config, tp, vllm_version)
         self._decode_attn_s_per_pair: float | None = None
         """Set for MLA, whose absorbed decode attention has its own FLOPs per pair."""
         kv_per_token = kv_bytes_per_token_per_rank(model, engine_config.kv_cache_dtype, tp)
@@ -230,7 +233,7 @@ class RooflineCostModel:
         else:
             self._init_datasheet(engine_config, tp, kv_per_token)
 
-    def _init_weights(self, engine_config: EngineConfig, tp: int) -> None:
+    def _init_weights(self, engine_config: EngineConfig, tp: int, vllm_version: tuple[int, int] | None) -> None:
         """The weight bytes every step streams, and the routed experts' bytes a step reads only when routed to.
 
         Embedding rows are gathered, not streamed; a tied embedding is streamed as the LM head. Routed experts are
@@ -245,12 +248,15 @@ class RooflineCostModel:
         self._streamed_bytes = streamed
         self._expert_bytes_per_rank = model.expert_params * self.weight_format.bytes_per_param / tp
         self._moe, self._expert_cache = model.moe, dict[int, float]()
-        marlin = marlin_moe_flops(hardware) if model.moe and self.weight_format.weight_only else None
-        self._marlin_s_per_token = (
-            model.routed_expert_flops_per_token / model.num_moe_layers / tp / marlin if marlin else 0.0
+        weight_only = model.moe is not None and self.weight_format.weight_only
+        kernel = expert_kernel(self.weight_format, vllm_version) if weight_only else None
+        rate = moe_kernel_flops(kernel, hardware) if kernel else None
+        self._expert_kernel_s_per_token = (
+            model.routed_expert_flops_per_token / model.num_moe_layers / tp / rate if rate else 0.0
         )
-        """Weight-only experts run the Marlin fused-MoE kernel, no faster than its measured large-batch rate
-        (perf/moe_kernels.py): seconds per routed token and MoE layer at that rate; 0 where it is not measured."""
+        """Weight-only experts run in a fused-MoE kernel (Marlin, or OpenAI's Triton kernel for MXFP4), no faster than
+        its measured large-batch rate (perf/moe_kernels.py): seconds per routed token and MoE layer at that rate; 0
+        where it is not measured."""
         self.expert_layout = ExpertLayout(tp, engine_config.data_parallel_size, engine_config.enable_expert_parallel)
         self._a2a_link = hardware.interconnect_bandwidth * self.coefficients.interconnect_efficiency
 
@@ -535,7 +541,7 @@ class RooflineCostModel:
         else:
             per_layer = self.model.num_moe_layers
             grouped = max(num_tokens * self._routed_s_per_token, touched_experts * self._expert_read_s) / per_layer
-        return MOE_LAYER_FIXED_S + max(grouped, num_tokens * self._marlin_s_per_token)
+        return MOE_LAYER_FIXED_S + max(grouped, num_tokens * self._expert_kernel_s_per_token)
 
     def wake_time(self, idle_s: float) -> float:
         """`idle_wake_s` scaled by how long the engine idled (see CostCoefficients.idle_wake_s); 0 when it never did."""

@@ -1,16 +1,24 @@
-"""The measured large-batch throughput of the Marlin fused-MoE kernel: what weight-only MoE experts run at.
+"""The measured large-batch throughput of the fused-MoE kernels that weight-only experts run in.
 
-On a GPU without tensor cores for its weights' format, vLLM runs a MoE checkpoint's experts through the Marlin
-fused-MoE kernel (FP8 on Ampere; MXFP4 without FP4 tensor cores when OpenAI's Triton kernels are not installed,
-which vLLM up to 0.11 did not ship; AWQ/GPTQ 4-bit), dequantizing the weights inside its bf16 MMAs. aiconfigurator-core
-measures that kernel (its SGLang and vLLM fused-MoE tables, `marlin` kernel sources): at 2,048 tokens or more it runs
-at ~45% of the A100's bf16 peak and ~25% of the H100's, while a dense bf16 GEMM of the same size runs near the peak
-(the kernel fit), so a long prefill of weight-only experts costs up to ~3x the kernel fit's price. The median per
-GPU is in data/moe_marlin.yaml, written by benchmarks/moe_kernel_check.py --write-marlin from the tables.
+On a GPU without tensor cores for its weights' format, vLLM dequantizes a MoE checkpoint's expert weights inside a
+fused-MoE kernel's bf16 MMAs, and that kernel, not the dense GEMM fit, sets how fast a long prefill of the experts
+runs. Which kernel depends on the format and the vLLM release:
+
+- **Marlin** (FP8 on Ampere, AWQ/GPTQ 4-bit, and MXFP4 where OpenAI's Triton kernels are not installed):
+  aiconfigurator-core measures it at 2,048 tokens or more at ~45% of the A100's bf16 peak and ~25% of the H100's.
+- **OpenAI's Triton MXFP4 kernel** (`matmul_ogs`, gpt-oss's MXFP4 experts on Hopper): vLLM made `triton_kernels` a
+  dependency in PR #27370 (merged 2025-10-22, after 0.11.0), and from then on runs gpt-oss's MXFP4 experts on Hopper
+  with it; before, a pip-installed vLLM ran them in Marlin (vLLM issue #23278 shows 0.10.1 doing so on an H100).
+  aiconfigurator-core's vLLM 0.24 tables measure it at ~2.2x Marlin's rate on the H100 and H200.
+
+The medians per kernel and GPU are in data/moe_kernels.yaml, written by benchmarks/moe_kernel_check.py --write-rates
+from the tables. A release and GPU the tables do not measure for its kernel are held to Marlin's rate where that is
+measured, else to the kernel fit alone.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from functools import cache
 from pathlib import Path
 
@@ -18,12 +26,24 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from servelab.perf.hardware import Hardware
+from servelab.perf.quantization import WeightFormat
 
-MARLIN_FILE = Path(__file__).parent / "data" / "moe_marlin.yaml"
+RATES_FILE = Path(__file__).parent / "data" / "moe_kernels.yaml"
+
+OAI_TRITON_SINCE = (0, 12)
+"""The first vLLM minor release whose install brings OpenAI's triton_kernels (PR #27370, merged after 0.11.0;
+servelab counts releases by minor version, so 0.11.x is priced on Marlin)."""
 
 
-class MarlinMoeRate(BaseModel):
-    """One GPU's measured Marlin fused-MoE throughput at large batches (gated experts' matmul FLOPs per second)."""
+class MoeKernel(StrEnum):
+    """A fused-MoE kernel that weight-only experts run in; the value is the data file's key."""
+
+    MARLIN = "marlin"
+    OAI_TRITON_MXFP4 = "oai_triton_mxfp4"
+
+
+class MoeKernelRate(BaseModel):
+    """One kernel's measured throughput on one GPU at large batches (gated experts' matmul FLOPs per second)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -38,12 +58,24 @@ class MarlinMoeRate(BaseModel):
 
 
 @cache
-def _rates(path: Path = MARLIN_FILE) -> dict[str, MarlinMoeRate]:
+def _rates(path: Path = RATES_FILE) -> dict[MoeKernel, dict[str, MoeKernelRate]]:
     doc = yaml.safe_load(path.read_text())
-    return {gpu: MarlinMoeRate.model_validate(rate) for gpu, rate in doc["gpus"].items()}
+    return {
+        MoeKernel(kernel): {gpu: MoeKernelRate.model_validate(rate) for gpu, rate in part["gpus"].items()}
+        for kernel, part in doc["kernels"].items()
+    }
 
 
-def marlin_moe_flops(hardware: Hardware) -> float | None:
-    """FLOP/s of the Marlin fused-MoE kernel at large batches on `hardware`, or None where no table measures it."""
-    rate = _rates().get(hardware.name)
+def expert_kernel(weights: WeightFormat, vllm_version: tuple[int, int] | None) -> MoeKernel:
+    """The kernel vLLM runs weight-only experts in: OpenAI's Triton kernel for MXFP4 from the release that ships it
+    (None: the modelled release, which does), Marlin otherwise."""
+    recent = vllm_version is None or vllm_version >= OAI_TRITON_SINCE
+    return MoeKernel.OAI_TRITON_MXFP4 if weights.name == "mxfp4-weight-only" and recent else MoeKernel.MARLIN
+
+
+def moe_kernel_flops(kernel: MoeKernel, hardware: Hardware) -> float | None:
+    """FLOP/s of `kernel` at large batches on `hardware`: its own measured rate, else Marlin's (the fallback every
+    weight-only format has), else None where no table measures either."""
+    rates = _rates()
+    rate = rates[kernel].get(hardware.name) or rates[MoeKernel.MARLIN].get(hardware.name)
     return rate.tflops * 1e12 if rate else None
