@@ -58,9 +58,16 @@ def holdout_entries(only: set[str] | None = None) -> list[dict[str, Any]]:
     return [e for e in entries if not only or e["id"] in only]
 
 
+def servelab_dir() -> Path:
+    """The servelab package this process imports (PYTHONPATH decides)."""
+    import servelab
+
+    return Path(servelab.__file__).resolve().parent
+
+
 def replay_all(entries: list[dict[str, Any]], max_prompts: int | None) -> list[dict[str, Any]]:
     """Each run replayed with the servelab importable here: its predicted metrics and regime, or why it was not."""
-    sys.path.insert(0, str(Path(__import__("servelab").__file__).resolve().parent.parent / "benchmarks"))
+    sys.path.insert(0, str(servelab_dir().parent / "benchmarks"))
     import gpu_accuracy  # the replay and its conventions, of the checkout under test
 
     from servelab.perf.errors import PerfConfigError
@@ -86,7 +93,10 @@ def replay_in(code_dir: Path, args: argparse.Namespace) -> tuple[str, list[dict[
     done = subprocess.run(command, env=env, cwd=code_dir, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"replay with --code-dir {code_dir} failed:\n{done.stderr[-4000:]}")
-    return commit_of(code_dir), json.loads(done.stdout)
+    replayed = json.loads(done.stdout)
+    if Path(replayed["servelab"]) != code_dir / "servelab":
+        raise SystemExit(f"--code-dir {code_dir}: the replay imported {replayed['servelab']} instead")
+    return commit_of(code_dir), replayed["results"]
 
 
 def commit_of(code_dir: Path) -> str:
@@ -196,7 +206,7 @@ def main() -> None:
             ap.error(f"--code-dir {code_dir}: not a servelab checkout (no servelab/ or benchmarks/gpu_accuracy.py)")
     entries = holdout_entries(set(args.only) if args.only else None)
     if args.emit_json:
-        print(json.dumps(replay_all(entries, args.max_prompts)))
+        print(json.dumps({"servelab": str(servelab_dir()), "results": replay_all(entries, args.max_prompts)}))
         return
     if not args.code_dir:
         print(report(commit_of(ROOT), entries, replay_all(entries, args.max_prompts)))

@@ -71,3 +71,25 @@ def test_code_dir_that_is_not_a_checkout_is_refused_before_any_replay(tmp_path):
         text=True,
     )
     assert done.returncode == 2 and f"--code-dir {tmp_path}: not a servelab checkout" in done.stderr
+
+
+def test_code_dir_replays_with_that_checkouts_servelab():
+    """The side-by-side path: a subprocess importing the given checkout's servelab (checked), tables per checkout."""
+    root = BENCHMARKS.parent
+    run_id = "vllm-pr23151-qwen3-30b-a3b-h100-tp1-random2048-c10"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "holdout_moe.py"),
+            "--code-dir",
+            str(root),
+            "--only",
+            run_id,
+            "--max-prompts",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"### {root} @ " in done.stdout and run_id in done.stdout and "### Side by side" in done.stdout
