@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
-from servelab.sim.hashing import frozen_hashes, frozen_root, output_block_hashes, prompt_block_hashes_many
+from servelab.sim.hashing import (
+    frozen_hashes,
+    frozen_root,
+    output_block_hashes,
+    prompt_block_hashes,
+    prompt_block_hashes_many,
+)
 
 WAITING = "waiting"
 RUNNING = "running"
@@ -88,9 +94,14 @@ class SimRequest:
 
     def hashes(self, block_size: int, upto: int) -> list[int]:
         """Block hashes of the first `upto` blocks, computed once and extended as output fills blocks."""
-        if self.block_hashes is None:
-            hash_ahead([self], block_size)
-        hashes = cast(list[int], self.block_hashes)
+        hashes = self.block_hashes
+        if hashes is None:
+            root = self.frozen_source()
+            if root is None:
+                hashes = prompt_block_hashes(self.hashed_ids(), block_size)
+            else:
+                hashes = frozen_hashes([root], block_size)[0][: self.findable_blocks(block_size)]
+            self.block_hashes = hashes
         have = len(hashes)
         if upto > have:
             hashes.extend(output_block_hashes(self.uid, have, upto))
