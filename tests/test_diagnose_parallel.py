@@ -57,10 +57,10 @@ def test_background_prefetch_gives_the_serial_outcomes_and_leaves_no_batch():
     jobs = [(d, synthetic(300, 40, request_rate=rate, num_requests=30), None) for rate in (1.0, 4.0, 16.0)]
     recommend._OUTCOMES.clear()
     capacity._CEILINGS.clear()
-    recommend.prefetch(jobs, ceilings=True, background=True)
-    fetched = [recommend.run(*job).summary for job in jobs]  # waited for, or taken back and run here
-    ceilings = [capacity.saturation_rps(d, s) for _, s, _ in jobs]
-    parallel.settle()
+    with parallel.settled():
+        recommend.prefetch(jobs, ceilings=True, background=True)
+        fetched = [recommend.run(*job).summary for job in jobs]  # waited for, or taken back and run here
+        ceilings = [capacity.saturation_rps(d, s) for _, s, _ in jobs]
     assert not parallel._PENDING
     recommend._OUTCOMES.clear()
     capacity._CEILINGS.clear()
@@ -74,9 +74,17 @@ def test_a_described_baseline_is_kept_as_the_outcome_a_fresh_simulation_gives():
     slo = SLO.parse("ttft:200 tpot:50")
     recommend._OUTCOMES.clear()
     capacity._CEILINGS.clear()
-    recommend.simulated_baseline(d, scenario, slo)
-    kept = [recommend._OUTCOMES[recommend._key(d, scenario, s)] for s in (slo, None)]
-    parallel.settle()
+    with parallel.settled():
+        recommend.simulated_baseline(d, scenario, slo)
+        kept = [recommend._OUTCOMES[recommend._key(d, scenario, s)] for s in (slo, None)]
     assert capacity.ceiling_known(d, scenario)  # simulated beside the baseline
     recommend._OUTCOMES.clear()
     assert [recommend.run(d, scenario, s) for s in (slo, None)] == kept
+
+
+def test_a_failure_stops_the_background_workers():
+    with pytest.raises(ValueError), parallel.settled():
+        batch = parallel.start(_nap, [30.0, 30.0], [{"a"}, {"b"}])
+        raise ValueError("the diagnosis failed")
+    assert batch is not None and not parallel._PENDING
+    assert all(not child.is_alive() for child in batch._pool._pool)

@@ -350,7 +350,6 @@ def analyse(
     dx.notes = notes(deployment, dx, e, ctx.u, observed)
     if with_advice and baseline is not None:
         dx.advice = _advice(deployment, scenario, found, e, source, baseline, alternatives)
-    parallel.settle()
     return dx
 
 
@@ -438,7 +437,8 @@ class Asked(TypedDict, total=False):
 def diagnose_run(run: RunResult, deployment: Deployment, *, warmup: float = 0.0, **asked: Unpack[Asked]) -> Diagnosis:
     scenario = from_run(run, warmup)
     source = DiagnosisSource.SIMULATED_RUN if run.run_info.get("source") == "sim" else DiagnosisSource.MEASURED
-    return analyse(deployment, scenario, run, source=source, **asked)
+    with parallel.settled():
+        return analyse(deployment, scenario, run, source=source, **asked)
 
 
 def diagnose_described(deployment: Deployment, scenario: Scenario, **asked: Unpack[Asked]) -> Diagnosis:
@@ -451,8 +451,9 @@ def diagnose_described(deployment: Deployment, scenario: Scenario, **asked: Unpa
         )
     observed = asked.get("observed")
     check_tried(deployment, observed.tried if observed else ())  # before the first simulation
-    run = simulated_baseline(deployment, scenario, asked.get("slo"))
-    return analyse(deployment, scenario, run, source=DiagnosisSource.DESCRIBED, **asked)
+    with parallel.settled():
+        run = simulated_baseline(deployment, scenario, asked.get("slo"))
+        return analyse(deployment, scenario, run, source=DiagnosisSource.DESCRIBED, **asked)
 
 
 def notes(d: Deployment, dx: Diagnosis, e: Evidence, u: Utilization, observed: Observed) -> list[str]:

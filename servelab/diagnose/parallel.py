@@ -17,7 +17,8 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
-from collections.abc import Callable, Hashable, Iterable, MutableMapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, MutableMapping, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
@@ -138,6 +139,15 @@ class Batch:
                 _CLAIMS.pop(self._number, None)
         return [self._results[i] for i in range(len(self._async))]
 
+    def cancel(self) -> None:
+        """Stop the workers, whatever they hold: the work the batch was for has failed."""
+        if self in _PENDING:
+            _PENDING.remove(self)
+            self._pool.terminate()
+            self._pool.join()
+            _TASKS.pop(self._number, None)
+            _CLAIMS.pop(self._number, None)
+
 
 def start(
     fn: Callable[[T], object], items: Sequence[T], keys: Sequence[Iterable[Hashable]], nice: int = 0
@@ -159,8 +169,16 @@ def wait_for(key: Hashable) -> None:
         batch.wait_for(key)
 
 
-def settle() -> None:
-    """Wait for every background batch (their results stay in the caches): no worker outlives the caller's work."""
+@contextmanager
+def settled() -> Iterator[None]:
+    """Background batches end with the block: waited for when it ends (their results stay in the caches), stopped
+    when it raises. No worker outlives the work it was started for."""
+    try:
+        yield
+    except BaseException:
+        for batch in list(_PENDING):
+            batch.cancel()
+        raise
     for batch in list(_PENDING):
         batch.wait()
 

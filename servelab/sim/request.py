@@ -117,10 +117,14 @@ class SimRequest:
 def hash_ahead(reqs: Iterable[SimRequest], block_size: int) -> None:
     """Compute the block hashes of those of `reqs` that have none yet, all in one pass (they are needed later)."""
     todo = [r for r in reqs if r.block_hashes is None]
+    if not todo:
+        return
     sources = [r.frozen_source() for r in todo]
     fresh = [r for r, root in zip(todo, sources) if root is None]
-    for req, hashes in zip(fresh, prompt_block_hashes_many([r.hashed_ids() for r in fresh], block_size)):
-        req.block_hashes = hashes
-    frozen = [(r, root) for r, root in zip(todo, sources) if root is not None]
-    for (req, _), hashes in zip(frozen, frozen_hashes([root for _, root in frozen], block_size)):
-        req.block_hashes = hashes[: req.findable_blocks(block_size)]
+    if fresh:
+        for req, hashes in zip(fresh, prompt_block_hashes_many([r.hashed_ids() for r in fresh], block_size)):
+            req.block_hashes = hashes
+    if len(fresh) < len(todo):
+        frozen = [(r, root) for r, root in zip(todo, sources) if root is not None]
+        for (req, _), hashes in zip(frozen, frozen_hashes([root for _, root in frozen], block_size)):
+            req.block_hashes = hashes[: req.findable_blocks(block_size)]
