@@ -23,6 +23,7 @@ from servelab.metrics import timeline as tl
 from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.timeline import TimelineSample
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
+from servelab.sim import hashing
 from servelab.sim.block_pool import BlockPool
 from servelab.sim.engines import ENGINES
 from servelab.targets.deployment import Deployment, build_deployment
@@ -53,6 +54,10 @@ class Case:
     """Odd requests from the third on are a chat's next turns: each sent 10 ms after the one two before it finishes,
     its prompt that one's prompt, its reply and a new message (so an engine running that one learns its reply's
     tokens when the turn is pulled, at the release of the request between them)."""
+    frozen: bool = False
+    """The fast path's prompts are read-only arrays, as a diagnosis's are: their block hashes are kept by identity
+    and shared by every run that sends them (it runs twice, the second from the kept hashes); the reference's are
+    writable, hashed afresh."""
 
 
 def _deployment(engine: str) -> Deployment:
@@ -81,7 +86,7 @@ def _target(case: Case, fast_forward: bool) -> SimTarget:
     )
 
 
-def _plan(case: Case) -> LoadPlan:
+def _plan(case: Case, frozen: bool = False) -> LoadPlan:
     rng = np.random.default_rng(len(case.requests))
     prefixes = [rng.integers(0, 150_000, case.prefix_len) for _ in range(3)]
     specs, t = [], 0.0
@@ -92,6 +97,7 @@ def _plan(case: Case) -> LoadPlan:
         if after is not None:
             before = specs[after]
             prompt = np.concatenate([before.prompt_ids, rng.integers(0, 150_000, before.max_tokens), prompt])
+        prompt.flags.writeable = not frozen
         specs.append(RequestSpec(i, prompt, output, t, prefix_group=group, depends_on=after, think_time=0.01))
     return LoadPlan(specs, max_concurrency=case.max_concurrency)
 
@@ -108,20 +114,22 @@ def _run(case: Case, fast_forward: bool) -> tuple[list[str], list[str], object, 
 def _assert_identical(case: Case) -> tuple[TimelineSample | None, int]:
     """Both paths agree exactly; returns the reference run's last sample and how many steps the fast path skipped."""
     reference = _run(case, fast_forward=False)
-    fast_target = _target(case, fast_forward=True)
-    sink = MemorySink()
-    samples: list[TimelineSample] = []
-    run = fast_target.run(_plan(case), sink, samples.append)
-    fast = (
-        [r.to_json() for r in sink.records],
-        [s.to_json() for s in samples],
-        (run.duration, run.client_stats),
-        [e.num_steps for e in fast_target.last_engines],
-    )
-    assert fast[3] == reference[3], "engine step counts differ"
-    assert fast[0] == reference[0], "records differ"
-    assert fast[1] == reference[1], "timeline samples differ"
-    assert fast[2] == reference[2], "run statistics differ"
+    plan = _plan(case, frozen=case.frozen)
+    for _ in range(2 if case.frozen else 1):
+        fast_target = _target(case, fast_forward=True)
+        sink = MemorySink()
+        samples: list[TimelineSample] = []
+        run = fast_target.run(plan, sink, samples.append)
+        fast = (
+            [r.to_json() for r in sink.records],
+            [s.to_json() for s in samples],
+            (run.duration, run.client_stats),
+            [e.num_steps for e in fast_target.last_engines],
+        )
+        assert fast[3] == reference[3], "engine step counts differ"
+        assert fast[0] == reference[0], "records differ"
+        assert fast[1] == reference[1], "timeline samples differ"
+        assert fast[2] == reference[2], "run statistics differ"
     skipped = sum(e.fast_forwarded_steps for e in fast_target.last_engines)
     return (samples[-1] if samples else None), skipped
 
@@ -146,6 +154,7 @@ cases = st.builds(
     requests=requests,
     max_concurrency=st.sampled_from([None, None, 1, 3]),
     follow_ups=st.booleans(),
+    frozen=st.booleans(),
 )
 
 
@@ -184,6 +193,25 @@ def test_preemption_and_prefix_hits_happen_and_agree() -> None:
     last, skipped = _assert_identical(case)
     assert last is not None and last.values[tl.PREEMPTIONS] > 0 and last.values[tl.PREFIX_HITS] > 0
     assert skipped > 0
+
+
+def test_read_only_prompts_and_quoted_replies_are_hashed_once_and_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chat's read-only prompts (a diagnosis's): each prompt's hashes are computed in the first run only (a turn
+    that quotes its reply is hashed as the next turn's prompt), and both runs give the writable prompts' results."""
+    hashed: list[int] = []
+    fresh = hashing.prompt_block_hashes_many
+
+    def counted(prompts: list[np.ndarray], block_size: int) -> list[list[int]]:
+        hashed.append(len(prompts))
+        return fresh(prompts, block_size)
+
+    monkeypatch.setattr(hashing, "prompt_block_hashes_many", counted)
+    monkeypatch.setattr(hashing, "_FROZEN", {})
+    case = _steady("vllm", kv_tokens=1_200, prefix_len=300, follow_ups=True, frozen=True)
+    last, _ = _assert_identical(case)
+    assert last is not None and last.values[tl.PREFIX_HITS] > 0
+    assert 0 < sum(hashed) <= len(case.requests)  # once per prompt, all in the first run
+    assert len(hashing._FROZEN) == sum(hashed)
 
 
 def test_sglang_and_trtllm_agree_under_kv_pressure() -> None:

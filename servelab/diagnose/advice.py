@@ -316,7 +316,7 @@ def _judged(
     return row
 
 
-def _what_ifs(d: Deployment, scenario: Scenario, context: AdviceContext) -> Iterator[tuple[Deployment, Scenario, None]]:
+def what_ifs(d: Deployment, scenario: Scenario, context: AdviceContext) -> Iterator[tuple[Deployment, Scenario, None]]:
     """The simulations check_advice will ask for, for `prefetch` (a tip that cannot be built is left to it)."""
     for item in CATALOGUE:
         try:
@@ -338,5 +338,5 @@ def check_advice(
 ) -> list[AdviceRow]:
     """Each tip simulated on this workload. `options`: the options table's verdicts and labels, by (GPU, launch
     flags): the same change at the same load takes that verdict here, so a report never gives one change two."""
-    prefetch(_what_ifs(d, scenario, context))
+    prefetch(what_ifs(d, scenario, context))
     return [_judged(item, d, scenario, context, baseline, options or {}) for item in CATALOGUE]

@@ -123,6 +123,13 @@ def _options(d: Deployment, e: Evidence, scenario: Scenario, region: Region | No
     return [*_knob_options(d, why), *_more_gpu_options(d), *_chip_options(d, region, why)]
 
 
+def what_ifs(
+    d: Deployment, e: Evidence, scenario: Scenario, region: Region | None
+) -> list[tuple[Callable[[], Deployment], Scenario, None]]:
+    """The simulations price_alternatives will ask for, for `prefetch`."""
+    return [(o.build, scenario, None) for o in _options(d, e, scenario, region)]
+
+
 def _knob_options(d: Deployment, why: _Why) -> list[Option]:
     """Changes on the same GPUs: the token budget both ways, quantized weights, an FP8 KV cache, merged LoRA."""
     cfg = d.config

@@ -7,12 +7,13 @@ simulator-backed parts (saturation, SLO rate, what-ifs) need the scenario.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypedDict, Unpack
 
 from servelab.errors import InputError
-from servelab.diagnose.advice import AdviceContext, check_advice
+from servelab.diagnose import parallel
+from servelab.diagnose.advice import AdviceContext, check_advice, what_ifs as tip_what_ifs
 from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, overload, saturation_rps, slo_max_rps
 from servelab.diagnose.ceilings import compute_ceilings
 from servelab.diagnose.engine_choice import compare_on_engines
@@ -20,11 +21,11 @@ from servelab.targets.engine_terms import Terms
 from servelab.diagnose.evidence import gather, typed_part
 from servelab.diagnose.observations import OBSERVATIONS_INCONSISTENT
 from servelab.diagnose.observations import check as check_observations, idle_decode_ms
-from servelab.diagnose.alternatives import price_alternatives
+from servelab.diagnose.alternatives import price_alternatives, what_ifs as option_what_ifs
 from servelab.diagnose.outside_engine import describe as describe_outside
 from servelab.diagnose.fleet import fleet_findings
 from servelab.diagnose.findings import UNDERLOADED, Context, caveats, detect, queue_reason
-from servelab.diagnose.recommend import Outcome, recommend, run as simulate_outcome
+from servelab.diagnose.recommend import Outcome, prefetch, recommend, run as simulate_outcome, simulated_baseline
 from servelab.diagnose.reconcile import (
     OBSERVED_VS_SIMULATED,
     TRIED,
@@ -39,7 +40,7 @@ from servelab.diagnose.regions import Region
 from servelab.diagnose.text_tokens import Script
 from servelab.diagnose.roofline import decode_step
 from servelab.diagnose.sensitivity import Assumed, assumptions
-from servelab.diagnose.scenario import Scenario, from_run, simulate
+from servelab.diagnose.scenario import Scenario, from_run
 from servelab.schemas.diagnosis import (
     AdviceRow,
     Alternative,
@@ -250,16 +251,35 @@ def _advice(
     alternatives: Sequence[Alternative],
 ) -> list[AdviceRow]:
     """The common tuning tips judged here, a change the options table priced taking the verdict it has there."""
-    longest = max(s.input_len + s.output_len for s in scenario.shapes)
-    context = AdviceContext(
-        tuple(f.kind for f in found), longest, e.median_ttft_ms, e.median_e2el_ms, source == DiagnosisSource.MEASURED
-    )
-    options = {
+    context = _advice_context(scenario, found, e, source)
+    priced = {
         (a.gpu, a.engine_args or ""): (a.verdict, a.change)
         for a in alternatives
         if a.engine_args is not None and a.change != "as deployed"
     }
-    return check_advice(d, scenario, context, baseline, options)
+    return check_advice(d, scenario, context, baseline, priced)
+
+
+def _advice_context(scenario: Scenario, found: Sequence[Finding], e: Evidence, source: str) -> AdviceContext:
+    longest = max(s.input_len + s.output_len for s in scenario.shapes)
+    return AdviceContext(
+        tuple(f.kind for f in found), longest, e.median_ttft_ms, e.median_e2el_ms, source == DiagnosisSource.MEASURED
+    )
+
+
+def _price_ahead(
+    ctx: Context, scenario: Scenario, found: Sequence[Finding], source: str, priced: bool, with_advice: bool
+) -> None:
+    """Start the options' and the tips' what-ifs in the background, where they run beside the findings' changes and
+    the bisections that reproduce a reported figure (a chain of simulations, each waiting for the one before, that
+    leaves a core free) instead of after them; the loops that price them later find them done. The tips are taken
+    as the findings known now suggest them: one the final findings add is simulated when asked for."""
+    jobs: list[tuple[Deployment | Callable[[], Deployment], Scenario, SLO | None]] = []
+    if priced:
+        jobs += option_what_ifs(ctx.d, ctx.e, scenario, ctx.region)
+    if with_advice:
+        jobs += tip_what_ifs(ctx.d, scenario, _advice_context(scenario, found, ctx.e, source))
+    prefetch(jobs, background=True)
 
 
 def _recommend(
@@ -310,6 +330,8 @@ def analyse(
         if (with_recommendations and (found or fleet)) or with_advice or priced or described
         else None
     )
+    if baseline is not None:
+        _price_ahead(ctx, scenario, found, source, priced, with_advice)
     if with_recommendations and baseline is not None:
         _recommend([*found, *fleet], ctx, scenario, baseline, observed.question)
     reconciled = _reconciled(deployment, scenario, observed, c) if described else None
@@ -415,7 +437,8 @@ class Asked(TypedDict, total=False):
 def diagnose_run(run: RunResult, deployment: Deployment, *, warmup: float = 0.0, **asked: Unpack[Asked]) -> Diagnosis:
     scenario = from_run(run, warmup)
     source = DiagnosisSource.SIMULATED_RUN if run.run_info.get("source") == "sim" else DiagnosisSource.MEASURED
-    return analyse(deployment, scenario, run, source=source, **asked)
+    with parallel.settled():
+        return analyse(deployment, scenario, run, source=source, **asked)
 
 
 def diagnose_described(deployment: Deployment, scenario: Scenario, **asked: Unpack[Asked]) -> Diagnosis:
@@ -428,8 +451,9 @@ def diagnose_described(deployment: Deployment, scenario: Scenario, **asked: Unpa
         )
     observed = asked.get("observed")
     check_tried(deployment, observed.tried if observed else ())  # before the first simulation
-    run = simulate(deployment, scenario)
-    return analyse(deployment, scenario, run, source=DiagnosisSource.DESCRIBED, **asked)
+    with parallel.settled():
+        run = simulated_baseline(deployment, scenario, asked.get("slo"))
+        return analyse(deployment, scenario, run, source=DiagnosisSource.DESCRIBED, **asked)
 
 
 def notes(d: Deployment, dx: Diagnosis, e: Evidence, u: Utilization, observed: Observed) -> list[str]:

@@ -77,9 +77,16 @@ def ceiling_known(deployment: Deployment, scenario: Scenario) -> bool:
     return _saturating(deployment, scenario)[0] in _CEILINGS
 
 
+def ceiling_key(deployment: Deployment, scenario: Scenario) -> tuple[object, ...]:
+    """The ceiling's key in _CEILINGS as a background batch names it (diagnose/parallel.py)."""
+    return ("ceiling", _saturating(deployment, scenario)[0])
+
+
 def saturation_rps(deployment: Deployment, scenario: Scenario) -> float:
     """Request throughput with more requests outstanding than the engine can run at once."""
     key, closed = _saturating(deployment, scenario)
+    if key not in _CEILINGS:
+        parallel.wait_for(("ceiling", key))
     if key not in _CEILINGS:
         if len(_CEILINGS) >= 64:
             _CEILINGS.pop(next(iter(_CEILINGS)))

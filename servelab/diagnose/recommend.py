@@ -24,6 +24,7 @@ from servelab.schemas.diagnosis import Finding, Recommendation
 from servelab.schemas.vocabulary import FindingKind, RouterPolicy
 from servelab.diagnose.regions import Region, upgrades
 from servelab.diagnose.scenario import Scenario, simulate
+from servelab.metrics.results import RunResult
 from servelab.metrics.slo import SLO
 from servelab.metrics.summary import summarize
 from servelab.perf.errors import PerfConfigError
@@ -67,8 +68,9 @@ UNSTABLE = ("p99_ttft_ms", "p99_tpot_ms")
 
 
 _OUTCOMES: dict[tuple[object, ...], Outcome] = {}
-_KEPT = 64
-"""Outcomes remembered: findings, advice and the priced options often simulate the same change on the same workload."""
+_KEPT = 256
+"""Outcomes remembered: findings, advice and the priced options often simulate the same change on the same workload,
+and a background batch computes them before they are asked for."""
 
 
 parallel.share(_OUTCOMES)
@@ -92,41 +94,96 @@ def prefetch(
     *,
     outcomes: bool = True,
     ceilings: bool = False,
+    background: bool = False,
 ) -> None:
     """`run` (`outcomes`) and `saturation_rps` (`ceilings`) the what-ifs a loop is about to ask for, in parallel
     processes (diagnose/parallel.py); a job is (deployment or what builds it, scenario, SLO), and one the hardware
-    cannot take is left to the loop."""
+    cannot take is left to the loop. What a background batch is already computing is waited for, not run again.
+
+    `background`: return at once, the batch running at a lower priority beside this process: for what-ifs a loop
+    will ask for after other work (a lookup of one of them waits for the batch)."""
     todo: dict[tuple[object, ...], tuple[Deployment, Scenario, SLO | None]] = {}
+    names: dict[tuple[object, ...], set[tuple[object, ...]]] = {}
+    awaited: list[tuple[object, ...]] = []
     for build, scenario, slo in jobs:
         try:
             d = build if isinstance(build, Deployment) else build()
         except PerfConfigError:
             continue
         key = _key(d, scenario, slo)
-        if (outcomes and key not in _OUTCOMES) or (ceilings and not capacity.ceiling_known(d, scenario)):
+        wanted = [outcome_key(key)] if outcomes and key not in _OUTCOMES else []
+        if ceilings and not capacity.ceiling_known(d, scenario):
+            wanted.append(capacity.ceiling_key(d, scenario))
+        running = [name for name in wanted if parallel.claim(name)]
+        awaited += running
+        if len(running) < len(wanted):
             todo.setdefault(key, (d, scenario, slo))
+            names.setdefault(key, set()).update(wanted)
+    work = partial(_both, outcomes, ceilings, background)
+    if background:
+        parallel.start(work, list(todo.values()), list(names.values()), nice=BACKGROUND_NICE)
+        return
+    batch = parallel.start(work, list(todo.values()), ()) if len(todo) > 1 else None
+    for name in awaited:
+        parallel.wait_for(name)
+    if batch is not None:
+        batch.wait()
+    else:
+        for job in todo.values():
+            work(job)
 
-    def both(job: tuple[Deployment, Scenario, SLO | None]) -> None:
+
+BACKGROUND_NICE = 10
+"""How much lower a background batch's workers run: they take what the process they run beside leaves free."""
+
+
+def _both(outcomes: bool, ceilings: bool, speculative: bool, job: tuple[Deployment, Scenario, SLO | None]) -> None:
+    """A prefetched job: its outcome and its ceiling. A speculative one that fails is left to the loop that asks for
+    it, which meets the same error where the serial code would."""
+    try:
         if outcomes:
             run(*job)
         if ceilings:
             saturation_rps(job[0], job[1])
+    except PerfConfigError:
+        if not speculative:
+            raise
 
-    parallel.parallel_map(both, list(todo.values()))
+
+def outcome_key(key: tuple[object, ...]) -> tuple[object, ...]:
+    """`key` of _OUTCOMES as a background batch names it (apart from the ceilings' keys)."""
+    return ("outcome", key)
 
 
 def run(d: Deployment, scenario: Scenario, slo: SLO | None) -> Outcome:
-    """The simulated summary of `d` serving `scenario`; a repeat of the same deployment and workload is not re-run."""
+    """The simulated summary of `d` serving `scenario`; a repeat of the same deployment and workload is not re-run,
+    and one a background batch is computing is waited for."""
     key = _key(d, scenario, slo)
     if key not in _OUTCOMES:
-        if len(_OUTCOMES) >= _KEPT:
-            _OUTCOMES.pop(next(iter(_OUTCOMES)))
-        result = simulate(d, scenario)
-        e = gather(result)
-        _OUTCOMES[key] = Outcome(
-            summarize(result.records, slo=slo).model_dump(exclude_unset=True), e.mean_running, e.engine_busy
-        )
+        parallel.wait_for(outcome_key(key))
+    if key not in _OUTCOMES:
+        remember(key, simulate(d, scenario), slo)
     return _OUTCOMES[key]
+
+
+def simulated_baseline(d: Deployment, scenario: Scenario, slo: SLO | None) -> RunResult:
+    """`simulate(d, scenario)`, its ceiling simulated beside it, and its outcome kept for `run` (with `slo` and
+    without): a described deployment's baseline is the same run as its what-ifs' reference."""
+    prefetch([(d, scenario, None)], outcomes=False, ceilings=True, background=True)
+    result = simulate(d, scenario)
+    for kept in (slo, None) if slo is not None else (None,):
+        remember(_key(d, scenario, kept), result, kept)
+    return result
+
+
+def remember(key: tuple[object, ...], result: RunResult, slo: SLO | None) -> None:
+    """Keep the outcome of a simulated run under `key` (`_key` of the deployment, scenario and SLO it ran)."""
+    if len(_OUTCOMES) >= _KEPT:
+        _OUTCOMES.pop(next(iter(_OUTCOMES)))
+    e = gather(result)
+    _OUTCOMES[key] = Outcome(
+        summarize(result.records, slo=slo).model_dump(exclude_unset=True), e.mean_running, e.engine_busy
+    )
 
 
 def _pow2_at_most(n: float) -> int:

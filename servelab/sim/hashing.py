@@ -10,6 +10,7 @@ would cost more than the rest of a 10,000-request simulation.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -91,6 +92,41 @@ def prompt_block_hashes_many(prompts: Sequence[Sequence[int] | np.ndarray], bloc
         out.append(flat[offset : offset + c])
         offset += c
     return out
+
+
+_KEPT_PROMPTS = 16_384
+"""Frozen prompts whose hashes are kept (a few KB each): a diagnosis's scenarios, several thousand prompts each."""
+_FROZEN: dict[tuple[int, int], tuple[weakref.ref[np.ndarray], list[int]]] = {}
+
+
+def frozen_root(ids: object) -> np.ndarray | None:
+    """The array whose prefix `ids` is, when neither can change (both read-only): its block hashes may be kept
+    by identity and shared by every simulation that sends it. None for anything else (a writable prompt)."""
+    if not isinstance(ids, np.ndarray) or ids.flags.writeable or ids.ndim != 1 or not ids.flags.c_contiguous:
+        return None
+    root = ids
+    while isinstance(root.base, np.ndarray):
+        base = root.base
+        if base.ndim != 1 or base.dtype != root.dtype or base.ctypes.data != root.ctypes.data:
+            return None
+        root = base
+    return None if root.flags.writeable or not root.flags.c_contiguous else root
+
+
+def frozen_hashes(roots: Sequence[np.ndarray], block_size: int) -> list[list[int]]:
+    """`prompt_block_hashes` of read-only arrays (from `frozen_root`), each computed once while it lives: a
+    diagnosis simulates the same prompts dozens of times. The lists are the cache's: callers copy what they keep."""
+    found: list[list[int] | None] = []
+    for root in roots:
+        entry = _FROZEN.get((id(root), block_size))
+        found.append(entry[1] if entry is not None and entry[0]() is root else None)
+    todo = [i for i, hashes in enumerate(found) if hashes is None]
+    if len(_FROZEN) + len(todo) > _KEPT_PROMPTS:
+        _FROZEN.clear()
+    for i, hashes in zip(todo, prompt_block_hashes_many([roots[i] for i in todo], block_size)):
+        _FROZEN[(id(roots[i]), block_size)] = (weakref.ref(roots[i]), hashes)
+        found[i] = hashes
+    return [hashes for hashes in found if hashes is not None]
 
 
 def output_block_hashes(request_uid: int, start: int, stop: int) -> range:

@@ -14,7 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from servelab.sim.hashing import output_block_hashes, prompt_block_hashes, prompt_block_hashes_many
+from servelab.sim.hashing import (
+    frozen_hashes,
+    frozen_root,
+    output_block_hashes,
+    prompt_block_hashes,
+    prompt_block_hashes_many,
+)
 
 WAITING = "waiting"
 RUNNING = "running"
@@ -74,14 +80,32 @@ class SimRequest:
         """The token ids its block hashes cover: the prompt, then the output when known."""
         return self.prompt_ids if self.output_ids is None else np.concatenate([self.prompt_ids, self.output_ids])
 
+    def frozen_source(self) -> np.ndarray | None:
+        """The read-only array whose prefix `hashed_ids()` is, if there is one (see hashing.frozen_root): the
+        prompt; or, with the output known, the next turn's prompt that quotes both (SimTarget's `_quote_reply`)."""
+        if self.output_ids is None:
+            return frozen_root(self.prompt_ids)
+        quoted = self.output_ids
+        root = frozen_root(quoted.base) if isinstance(quoted, np.ndarray) else None
+        if root is None or root is not quoted.base or not quoted.flags.c_contiguous or quoted.dtype != root.dtype:
+            return None
+        start = (quoted.ctypes.data - root.ctypes.data) // root.itemsize
+        return root if start == self.prompt_len and frozen_root(self.prompt_ids) is not None else None
+
     def hashes(self, block_size: int, upto: int) -> list[int]:
         """Block hashes of the first `upto` blocks, computed once and extended as output fills blocks."""
-        if self.block_hashes is None:
-            self.block_hashes = prompt_block_hashes(self.hashed_ids(), block_size)
-        have = len(self.block_hashes)
+        hashes = self.block_hashes
+        if hashes is None:
+            root = self.frozen_source()
+            if root is None:
+                hashes = prompt_block_hashes(self.hashed_ids(), block_size)
+            else:
+                hashes = frozen_hashes([root], block_size)[0][: self.findable_blocks(block_size)]
+            self.block_hashes = hashes
+        have = len(hashes)
         if upto > have:
-            self.block_hashes.extend(output_block_hashes(self.uid, have, upto))
-        return self.block_hashes
+            hashes.extend(output_block_hashes(self.uid, have, upto))
+        return hashes
 
     def emitted_steps(self) -> list[tuple[int, int]]:
         """All runs including the open one."""
@@ -93,5 +117,14 @@ class SimRequest:
 def hash_ahead(reqs: Iterable[SimRequest], block_size: int) -> None:
     """Compute the block hashes of those of `reqs` that have none yet, all in one pass (they are needed later)."""
     todo = [r for r in reqs if r.block_hashes is None]
-    for req, hashes in zip(todo, prompt_block_hashes_many([r.hashed_ids() for r in todo], block_size)):
-        req.block_hashes = hashes
+    if not todo:
+        return
+    sources = [r.frozen_source() for r in todo]
+    fresh = [r for r, root in zip(todo, sources) if root is None]
+    if fresh:
+        for req, hashes in zip(fresh, prompt_block_hashes_many([r.hashed_ids() for r in fresh], block_size)):
+            req.block_hashes = hashes
+    if len(fresh) < len(todo):
+        frozen = [(r, root) for r, root in zip(todo, sources) if root is not None]
+        for (req, _), hashes in zip(frozen, frozen_hashes([root for _, root in frozen], block_size)):
+            req.block_hashes = hashes[: req.findable_blocks(block_size)]
