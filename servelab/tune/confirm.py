@@ -293,59 +293,71 @@ def confirm_on_pool(
     whose worker or node was lost is a failed trial with the reason, like a server that would not start;
     a Ctrl-C cancels every trial still running (their servers stop with their workers) and propagates.
     """
-    from servelab.tune.fleet_stage2 import is_fleet, measure_fleet  # it builds on this module
+    from servelab.tune.fleet_stage2 import is_fleet  # it builds on this module
 
     results: dict[str, Stage2Row] = {}
     tasks: dict[int, Stage2Config] = {}
     fleets: list[Stage2Config] = []
+
+    def record(config: Stage2Config, result: Stage2Row) -> None:
+        results[config.label] = result
+        if on_result:
+            on_result(result)
+
     try:
         for config in configs:
             done = root / config.label / RESULT
             if resume and done.exists():
-                results[config.label] = read_result(done)
-                if on_result:
-                    on_result(results[config.label])
-                continue
-            if is_fleet(config):  # its replicas are placed one by one, and the driver sends its workload
+                record(config, read_result(done))
+            elif is_fleet(config):  # its replicas are placed one by one, and the driver sends its workload
                 fleets.append(config)
-                continue
-            if on_start:
-                on_start(config)
-            # A trial holds its GPUs; the CPU its server and client use is the node's to share, as on one machine.
-            tasks[pool.submit(job, config, {gpu_resource: gpu_count(config.deployment), "CPU": 0})] = config
+            else:
+                if on_start:
+                    on_start(config)
+                # A trial holds its GPUs; the CPU its server and client use is the node's to share, as on one machine.
+                tasks[pool.submit(job, config, {gpu_resource: gpu_count(config.deployment), "CPU": 0})] = config
         for config in fleets:  # measured here while the single servers' trials run on their nodes
             if on_start:
                 on_start(config)
-            out = root / config.label
-            args = (config, job.command, job.workload, job.objective, out, job.check_server)
-            result = _stamped(partial(measure_fleet, *args, pool=pool, gpu_resource=gpu_resource))
-            write_result(out / RESULT, result)
-            results[config.label] = result
-            if on_result:
-                on_result(result)
+            record(config, _fleet_on_pool(config, job, root / config.label, pool, gpu_resource))
         while tasks:
             task, value = pool.next_done()
             config = tasks.pop(task)
-            out = root / config.label
-            if isinstance(value, BaseException):
-                result = _lost(config, job, value, out)
-            else:
-                result, files, scratch = value
-                for name, data in files.items():
-                    (out / name).parent.mkdir(parents=True, exist_ok=True)
-                    (out / name).write_bytes(data)
-                result.directory = str(out)
-                if result.error:  # it names the server's log where the node wrote it; the copy is here
-                    result.error = result.error.replace(scratch, str(out))
-            out.mkdir(parents=True, exist_ok=True)
-            write_result(out / RESULT, result)
-            results[config.label] = result
-            if on_result:
-                on_result(result)
+            record(config, _returned(config, job, value, root / config.label))
     except BaseException:
         pool.cancel_all()
         raise
     return [results[c.label] for c in configs]
+
+
+def _fleet_on_pool(config: Stage2Config, job: _Stage2Job, out: Path, pool: TaskPool, gpu_resource: str) -> Stage2Row:
+    """A fleet configuration measured from the driver, its replicas placed on the pool; its result written."""
+    from servelab.tune.fleet_stage2 import measure_fleet  # it builds on this module
+
+    args = (config, job.command, job.workload, job.objective, out, job.check_server)
+    result = _stamped(partial(measure_fleet, *args, pool=pool, gpu_resource=gpu_resource))
+    write_result(out / RESULT, result)
+    return result
+
+
+def _returned(
+    config: Stage2Config, job: _Stage2Job, value: tuple[Stage2Row, dict[str, bytes], str] | BaseException, out: Path
+) -> Stage2Row:
+    """A trial's result as its task returned it, with the files its node wrote copied into `out` (a lost worker or
+    node: a failed trial with the reason); written as a sequential trial's would be."""
+    if isinstance(value, BaseException):
+        result = _lost(config, job, value, out)
+    else:
+        result, files, scratch = value
+        for name, data in files.items():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_bytes(data)
+        result.directory = str(out)
+        if result.error:  # it names the server's log where the node wrote it; the copy is here
+            result.error = result.error.replace(scratch, str(out))
+    out.mkdir(parents=True, exist_ok=True)
+    write_result(out / RESULT, result)
+    return result
 
 
 def _lost(config: Stage2Config, job: _Stage2Job, error: BaseException, out: Path) -> Stage2Row:
