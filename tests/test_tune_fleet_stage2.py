@@ -119,7 +119,10 @@ def test_a_ctrl_c_while_the_replicas_start_stops_every_one_of_them(tiny_config: 
         f"sh -c 'echo $$ >> {pids}; exec {sys.executable} -c \"import time; time.sleep(3600)\"' {{engine_args}}"
     )
     config = _config(tiny_config, data_parallel_size=2, router="session")
-    command = ServerCommand(never_ready, startup_timeout=3600)  # only the Ctrl-C ends the wait
+    command = ServerCommand(never_ready, startup_timeout=120)  # the Ctrl-C ends the wait long before
+    # A process started in the background by a non-interactive shell (CI) inherits SIGINT ignored: a Ctrl-C is
+    # Python's KeyboardInterrupt only with its default handler, which a terminal's foreground process has.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     interrupt = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))  # a Ctrl-C
     interrupt.start()
     try:
@@ -127,6 +130,7 @@ def test_a_ctrl_c_while_the_replicas_start_stops_every_one_of_them(tiny_config: 
             measure_fleet(config, command, WORKLOAD, OBJECTIVE, tmp_path / "trial-1")
     finally:
         interrupt.cancel()
+        signal.signal(signal.SIGINT, before)
     started = [int(pid) for pid in pids.read_text().split()]
     assert len(started) == 2 and not any(group_alive(pid) for pid in started)
     assert not (tmp_path / "live-server.json").exists()
