@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
+from support.processes import wait_gone
 from servelab.metrics.slo import SLO
 from servelab.targets.deployment import build_deployment
-from servelab.targets.server_process import group_alive
 from servelab.tune.confirm import ServerCommand
 from servelab.tune.objectives import Objective
 from servelab.tune.space import SearchSpace
@@ -267,16 +267,6 @@ def _vllm_command(vllm_python: Path, tiny_model: Path, pids: Path) -> str:
     return f"sh -c 'echo $$ >> {pids}; exec {server}'"
 
 
-def _wait_gone(pids: list[int], within: float = 120.0) -> list[int]:
-    """The PIDs whose process group still runs after `within` seconds (the watchdog's grace, then SIGKILL)."""
-    deadline = time.monotonic() + within
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in alive if group_alive(pid)]
-        time.sleep(0.5)
-    return alive
-
-
 @pytest.mark.vllm
 @pytest.mark.ray
 @pytest.mark.ray_servers
@@ -321,7 +311,7 @@ def test_stage2_trials_run_side_by_side_on_two_nodes(
     # them)
     assert doc["recommendation"]["source"] == "stage2" and doc["recommendation"]["params"] != {}
     started = [int(line) for line in pids.read_text().split()]
-    assert len(started) == 3 and not _wait_gone(started, within=10.0)
+    assert len(started) == 3 and not wait_gone(started, within=10.0)
     report = subprocess.run(
         _servelab("report", str(tmp_path / "tune"), "-o", str(tmp_path / "report.html")),
         capture_output=True,
@@ -903,4 +893,4 @@ def test_trial_on_a_killed_node_is_recorded_failed_and_leaves_no_server(
     assert lost[0]["measured"] is None and lost[0]["predicted_score"] is not None
     assert json.loads((output / "stage2" / lost[0]["label"] / "stage2.json").read_text())["error"] == lost[0]["error"]
     started = [int(line) for line in pids.read_text().split()]
-    assert len(started) == 2 and not _wait_gone(started)
+    assert len(started) == 2 and not wait_gone(started, within=120.0)

@@ -11,17 +11,16 @@ import json
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.processes import wait_gone
 from support.profiles import TINY_CONFIG
 
 from servelab.metrics.slo import SLO
 from servelab.targets.deployment import build_deployment
-from servelab.targets.server_process import group_alive
 from servelab.tune.confirm import ServerCommand, Stage2Config, confirm
 from servelab.tune.objectives import Objective
 from servelab.tune.space import apply
@@ -73,15 +72,6 @@ def _fleet(model: Path) -> Stage2Config:
     )
 
 
-def _wait_gone(pids: list[int], within: float = 60.0) -> list[int]:
-    deadline = time.monotonic() + within
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in alive if group_alive(pid)]
-        time.sleep(0.5)
-    return alive
-
-
 def test_a_replica_that_will_not_start_on_the_cluster_is_the_rows_error(tmp_path: Path, cluster: str) -> None:
     from servelab.cluster.ray_pool import RayPool
 
@@ -126,7 +116,7 @@ def test_a_fleet_on_two_nodes_is_measured_from_the_driver_and_leaves_no_server(
     for i in range(2):  # each replica's log came back from its node
         assert "tiny-qwen" in (out / f"replica-{i}" / "server.log").read_text()
     started = [int(line) for line in pids.read_text().split()]
-    assert len(started) == 2 and not _wait_gone(started)
+    assert len(started) == 2 and not wait_gone(started, within=60.0)
 
 
 def test_a_fleet_the_cluster_cannot_place_is_reported_not_waited_for_forever(tmp_path: Path, cluster: str) -> None:
