@@ -131,19 +131,19 @@ class Batch:
             for i in range(len(self._async)):
                 self._collect(i)
         finally:
-            if self in _PENDING:
-                _PENDING.remove(self)
-                self._pool.close()
-                self._pool.join()
-                _TASKS.pop(self._number, None)
-                _CLAIMS.pop(self._number, None)
+            self._retire(self._pool.close)
         return [self._results[i] for i in range(len(self._async))]
 
     def cancel(self) -> None:
         """Stop the workers, whatever they hold: the work the batch was for has failed."""
+        self._retire(self._pool.terminate)
+
+    def _retire(self, stop: Callable[[], None]) -> None:
+        """Once: take the batch out of the pending ones, `stop` its pool (`close` lets the workers finish what they
+        hold, `terminate` does not), wait for the workers and drop the batch's shared tables."""
         if self in _PENDING:
             _PENDING.remove(self)
-            self._pool.terminate()
+            stop()
             self._pool.join()
             _TASKS.pop(self._number, None)
             _CLAIMS.pop(self._number, None)
