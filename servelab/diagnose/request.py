@@ -25,7 +25,7 @@ from servelab.diagnose.server_config import engine_args_from_server
 from servelab.metrics.scrape import CACHE_CONFIG
 from servelab.diagnose.text_tokens import Script, tokens_from_characters
 from servelab.diagnose.tried import parse_tried
-from servelab.schemas.vocabulary import Goal, RouterPolicy
+from servelab.schemas.vocabulary import Goal
 from servelab.errors import InputError
 from servelab.metrics.engines import AUTO
 from servelab.metrics.host import condition_changes
@@ -52,8 +52,8 @@ class DeploymentWords:
     vllm_version: str | None = None
     engine: str = VLLM
     """The engine served (resolved from `auto` before the deployment is built)."""
-    router: str = RouterPolicy.ROUND_ROBIN
-    """How the replicas are picked (a simulated fleet's --router)."""
+    router: str | None = None
+    """How the replicas are picked (a simulated fleet's --router); None: the server's own (own_router)."""
 
 
 DeploymentBuilder = Callable[[DeploymentWords], Deployment]

@@ -35,7 +35,7 @@ from servelab.flags.checks import MAX_GPUS, MAX_INT, real, shell_words
 from servelab.metrics.slo import SLO
 from servelab.schemas.vocabulary import DEFAULT_PERCENTILES
 from servelab.perf.errors import PerfConfigError
-from servelab.schemas.vocabulary import ENGINES, POLICIES, ROUND_ROBIN, VLLM
+from servelab.schemas.vocabulary import ENGINES, POLICIES, VLLM
 from servelab.workload.errors import WorkloadError
 from servelab.schemas.vocabulary import (
     DATASETS,
@@ -95,7 +95,12 @@ ReplicasFlag = Annotated[
     ),
 ]
 RouterFlag = Annotated[
-    str, typer.Option(help=f"How replicas are picked: {', '.join(POLICIES)}.", rich_help_panel=DEPLOYMENT_PANEL)
+    Optional[str],
+    typer.Option(
+        help=f"How replicas are picked: {', '.join(POLICIES)}. Default: least-loaded (vLLM's own balancer) when "
+        "--engine-args sets --data-parallel-size, round-robin for --replicas.",
+        rich_help_panel=DEPLOYMENT_PANEL,
+    ),
 ]
 GpuFileFlag = Annotated[
     Optional[Path],
@@ -531,7 +536,7 @@ def deployment_from_flags(
     calibration: Path | None = None,
     tp: int | None = None,
     replicas: int | None = None,
-    router: str = ROUND_ROBIN,
+    router: str | None = None,
     gpu_file: Path | None = None,
     vllm_version: str | None = None,
     engine: str = VLLM,
@@ -549,7 +554,7 @@ def deployment_from_flags(
     """
     from servelab.targets.deployment import build_deployment
 
-    if router not in POLICIES:
+    if router is not None and router not in POLICIES:
         raise PerfConfigError(f"--router {router!r}: choose one of {', '.join(POLICIES)}")
     if engine != VLLM:
         return _engine_deployment(
@@ -584,7 +589,7 @@ def _engine_deployment(
     tp: int | None,
     replicas: int | None,
     gpu_file: Path | None,
-    router: str,
+    router: str | None,
     calibration: Path | None,
     vllm_version: str | None,
 ) -> Deployment:
@@ -604,7 +609,12 @@ def _engine_deployment(
 
 
 def _profile_deployment(
-    calibration: Path, model: str | None, engine_args: str, tp: int | None, replicas: int | None, router: str
+    calibration: Path,
+    model: str | None,
+    engine_args: str,
+    tp: int | None,
+    replicas: int | None,
+    router: str | None,
 ) -> Deployment:
     """The calibrated server's deployment: --model puts another model on its hardware and host, --engine-args,
     --tp and --replicas change its flags; the profile's warnings are kept."""
@@ -619,7 +629,7 @@ def _profile_deployment(
     if changes:
         rebuilt = deployment.rebuilt(hardware=None, model=None, **changes)
         deployment = replace(rebuilt, warnings=deployment.warnings)
-    return replace(deployment, router=router)
+    return replace(deployment, router=router) if router is not None else deployment
 
 
 _GOODPUT_VALUE = re.compile(r"^(ttft|tpot|e2el):\S+$")

@@ -31,7 +31,7 @@ from servelab.flags.options import (
 )
 from servelab.errors import InputError
 from servelab.metrics.engines import AUTO, ENGINE_CHOICES
-from servelab.schemas.vocabulary import ROUND_ROBIN, SESSION_HEADER, VLLM, Route
+from servelab.schemas.vocabulary import SESSION_HEADER, VLLM, Route
 from servelab.targets.preflight import ENDPOINTS
 
 if TYPE_CHECKING:
@@ -256,7 +256,7 @@ class DeploymentFlags:
     engine_args: EngineArgsFlag = ""
     tp: TpFlag = None
     replicas: ReplicasFlag = None
-    router: RouterFlag = ROUND_ROBIN
+    router: RouterFlag = None
     gpu_file: GpuFileFlag = None
     calibration: CalibrationFlag = None
     vllm_version: VllmVersionFlag = None

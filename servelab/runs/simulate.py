@@ -20,7 +20,7 @@ def run(request: SimulateRequest, *, say: Say = silent, observe: Observe = unobs
     for warning in deployment.warnings:
         say(f"[yellow]warning:[/] {warning}")
     result_dir = load.output_dir("simulate")
-    run_info = simulate_run_info(request, deployment.describe())
+    run_info = simulate_run_info(request, deployment.describe(), deployment.router)
     say(f"simulate: {describe_line(deployment)} -> {result_dir}")
     pool = None
     if request.deployment.ray_address is not None:

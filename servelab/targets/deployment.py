@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Set as AbstractSet
 from typing import Any
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
 from servelab.perf.vllm_versions import parse_version, v0_note, version_defaults, with_v0_step_gap
 from servelab.sim.engines import VLLM, SchedulerFactory
-from servelab.sim.router import ROUND_ROBIN
+from servelab.sim.router import LEAST_LOADED, ROUND_ROBIN
 from servelab.targets.sim import SimTarget
 
 # EngineConfig field -> the vLLM flag that sets it, for printing a launch line (and naming it in advice).
@@ -248,12 +249,13 @@ def build_deployment(
     replicas: int | None = None,
     gpu_file: str | Path | None = None,
     coefficients: CostCoefficients | None = None,
-    router: str = ROUND_ROBIN,
+    router: str | None = None,
     vllm_version: str | None = None,
 ) -> Deployment:
     """From CLI words to a resolved deployment; PerfConfigError on anything inconsistent.
 
-    `vllm_version` ("0.11.0"; None: the modelled release) sets the defaults the flags are read against.
+    `vllm_version` ("0.11.0"; None: the modelled release) sets the defaults the flags are read against. `router`
+    None: the server's own (own_router).
     """
     version = parse_version(vllm_version)
     parsed = parse_engine_args(engine_args, base=version_defaults(version))
@@ -280,7 +282,15 @@ def build_deployment(
         requested,
         coefficients=coefficients,
         warnings=(*parsed.warnings, *said),
-        router=router,
+        router=router or own_router(parsed.config, parsed.given),
         performance_mode=parsed.performance_mode,
         vllm_version=version,
     )
+
+
+def own_router(config: EngineConfig, given: AbstractSet[str]) -> str:
+    """The router a vLLM launch line implies (`given`: the flags it set): `--data-parallel-size N` in it is one
+    server whose own balancer spreads the requests (least-loaded); replicas counted by --replicas sit behind a
+    plain proxy (round-robin)."""
+    dp_in_line = "data_parallel_size" in given and config.data_parallel_size > 1
+    return LEAST_LOADED if dp_in_line else ROUND_ROBIN

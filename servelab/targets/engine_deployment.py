@@ -232,7 +232,7 @@ def build_engine_deployment(
     tensor_parallel_size: int | None = None,
     replicas: int | None = None,
     gpu_file: str | Path | None = None,
-    router: str = ROUND_ROBIN,
+    router: str | None = None,
 ) -> Deployment:
     """`flags` in the engine's own spelling (`vllm serve`, `sglang.launch_server`, `trtllm-serve`); PerfConfigError
     if unusable."""
@@ -261,4 +261,4 @@ def build_engine_deployment(
             )
         settings = replace(settings, tp_size=tensor_parallel_size)
     hardware, spec = resolve_parts(gpu, model, settings.model, gpu_file)
-    return _assemble(engine, hardware, spec, settings, flags, warnings, router, replicas)
+    return _assemble(engine, hardware, spec, settings, flags, warnings, router or ROUND_ROBIN, replicas)

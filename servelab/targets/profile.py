@@ -19,7 +19,7 @@ from servelab.perf.models import ModelSpec
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
 from servelab.perf.vllm_versions import parse_version, version_defaults
-from servelab.targets.deployment import Deployment
+from servelab.targets.deployment import Deployment, own_router
 from servelab.targets.sim import SimTarget
 
 
@@ -58,6 +58,7 @@ def deployment_from_profile(
         parsed.config,
         coefficients=profile.coefficients,
         warnings=tuple(parsed.warnings),
+        router=own_router(parsed.config, probed.given | parsed.given),
         network_latency=profile.network_latency_s,
         performance_mode=parsed.performance_mode,
         api=ApiServerCosts(per_request_s=profile.frontend_s_per_request),
@@ -113,14 +114,14 @@ def profile_deployment(
     env = profile.environment
     assert env is not None, "a profile fitted from runs"
     version = parse_version(env.vllm_version)
-    parsed = parse_engine_args(profile.engine_args, base=version_defaults(version))
-    if engine_args.strip():
-        parsed = parse_engine_args(engine_args, base=parsed.config)
+    served = parse_engine_args(profile.engine_args, base=version_defaults(version))
+    parsed = parse_engine_args(engine_args, base=served.config) if engine_args.strip() else served
     base = Deployment.build(
         profile.hardware,
         model or ModelSpec(**profile.model_spec),
         parsed.config,
         warnings=tuple(parsed.warnings),
+        router=own_router(parsed.config, served.given | parsed.given),
         performance_mode=parsed.performance_mode,
         vllm_version=version,
     )
