@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from servelab.metrics.slo import SLO
+from servelab.report.inputs import load_inputs
+from servelab.report.replicas import fleets_of
 from servelab.targets.deployment import build_deployment
 from servelab.targets.server_process import group_alive
 from servelab.tune import TuneRequest, run
@@ -96,6 +98,11 @@ def test_stage2_starts_the_fleet_the_simulator_predicted_and_records_each_replic
         replicas_of[conversation[record["index"]]].add(record["base_url"])
     assert len(replicas_of) == 16 and all(len(used) == 1 for used in replicas_of.values())
     assert {url for used in replicas_of.values() for url in used} == set(urls)
+
+    # The study's report shows the fleet's stage-2 run replica by replica, as it shows any measured fleet.
+    [(report_run, rows)] = fleets_of(load_inputs([tmp_path / "tune"]))
+    assert report_run.directory == out and [row.name for row in rows] == sorted(urls)
+    assert sum(row.completed or 0 for row in rows) == 48 and all(row.load is not None for row in rows)
 
     seen = assert_files_match_schemas(tmp_path / "tune")
     assert seen == {"tune": 1, "trial": 1, "stage2": 2, "run": 2, "record": 2, "summary": 2, "timeline": 2}, seen
