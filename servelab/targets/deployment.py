@@ -275,7 +275,8 @@ def build_deployment(
             )
         requested = requested.with_(**{name: value})
     hardware, spec = resolve_parts(gpu, model, parsed.model, gpu_file)
-    said = [note for note in (v0_note(version), lora.describe(spec, requested)) if note]
+    notes = (v0_note(version), lora.describe(spec, requested), idle_expert_parallel(spec, requested))
+    said = [note for note in notes if note]
     return Deployment.build(
         hardware,
         spec,
@@ -286,6 +287,14 @@ def build_deployment(
         performance_mode=parsed.performance_mode,
         vllm_version=version,
     )
+
+
+def idle_expert_parallel(model: ModelSpec, config: EngineConfig) -> str | None:
+    """--enable-expert-parallel on a dense model: vLLM accepts it and it does nothing (there are no experts to
+    spread), which a user comparing EP against TP should hear rather than see two identical predictions."""
+    if not config.enable_expert_parallel or model.moe is not None:
+        return None
+    return f"--enable-expert-parallel has no effect: {model.name} is dense (no experts to spread over the GPUs)"
 
 
 def own_router(config: EngineConfig, given: AbstractSet[str]) -> str:
