@@ -2,9 +2,10 @@
 
 The runs are in servelab/perf/data/published_moe.yaml (Mixtral-8x7B, gpt-oss-20b/120b and Qwen3-235B-A22B on
 H100 and A100, tensor- and expert-parallel); each is replayed and scored exactly as benchmarks/gpu_accuracy.py
-scores the dense runs (same replay, held-out rules, classes and floors; the specs-only tier, as a user
-predicts a deployment before running it), from the model's config.json in
-tests/fixtures/moe_configs. Run it from the repository root:
+scores the dense runs (same replay, held-out rules, classes, floors and tiers: specs only, as a user predicts a
+deployment before running it, and calibrated from one other run of the same source and GPU, as `calibrate --from`
+a user's own benchmark grounds it), from the model's config.json in tests/fixtures/moe_configs. Run it from the
+repository root:
 
     PYTHONPATH=. .venv/bin/python benchmarks/moe_accuracy.py [--only ID ...] [--max-prompts N]
 
@@ -65,10 +66,14 @@ def main() -> None:
     ap.add_argument("--max-prompts", type=int, help="replay at most N requests per run (a quick look; not the table)")
     args = ap.parse_args()
     gpu_accuracy.use_published(PUBLISHED_MOE)
-    rows, skipped = gpu_accuracy.run(set(args.only) if args.only else None, args.max_prompts, Tier.SPECS_ONLY)
+    rows, skipped = [], []
+    for tier in gpu_accuracy.TIERS:
+        done, left = gpu_accuracy.run(set(args.only) if args.only else None, args.max_prompts, tier)
+        rows += done
+        skipped += left if tier == Tier.SPECS_ONLY else []
     print(gpu_accuracy.report(rows, skipped))
-    print("\n### Median signed error by model, GPU and workload (scored runs)\n")
-    print(group_table(rows))
+    print("\n### Median signed error by model, GPU and workload (specs only, scored runs)\n")
+    print(group_table([row for row in rows if row.tier == Tier.SPECS_ONLY]))
 
 
 if __name__ == "__main__":
