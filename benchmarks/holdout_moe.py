@@ -27,9 +27,12 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from servelab.targets.deployment import Deployment
 
 ROOT = Path(__file__).resolve().parent.parent
 HOLDOUT = ROOT / "benchmarks" / "data" / "holdout_moe.yaml"
@@ -42,7 +45,7 @@ METRICS = {
 THROUGHPUTS = ("request_throughput", "output_throughput")
 GROUPS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "V1, vLLM": lambda e: e["era"] == "v1" and e["engine"] == "vllm",
-    "V1, SGLang replayed as vLLM": lambda e: e["era"] == "v1" and e["engine"] == "sglang",
+    "V1, SGLang": lambda e: e["era"] == "v1" and e["engine"] == "sglang",
     "V1, independent publishers": lambda e: e["era"] == "v1" and e["relation"] == "independent",
     "V1, GPUStack sibling blocks": lambda e: e["era"] == "v1" and e["relation"] == "gpustack-sibling",
     "V1, all": lambda e: e["era"] == "v1",
@@ -75,13 +78,23 @@ def replay_all(entries: list[dict[str, Any]], max_prompts: int | None) -> list[d
     results = []
     for entry in entries:
         try:
-            row = gpu_accuracy.replay(entry, {}, max_prompts)
+            row = gpu_accuracy.replay(entry, {}, max_prompts, engine_deployment(entry))
         except PerfConfigError as refused:
             results.append({"id": entry["id"], "refused": str(refused)})
             continue
         predicted = {m: row.predicted.get(m) for m in (*METRICS, "mean_e2el_ms")}
         results.append({"id": entry["id"], "predicted": predicted, "regime": str(row.regime), "prompts": row.prompts})
     return results
+
+
+def engine_deployment(entry: dict[str, Any]) -> Deployment | None:
+    """An SGLang run as `simulate --engine sglang --engine-args FLAGS` builds it (its own flags, SGLang's defaults for
+    the chip and its scheduler); None for a vLLM run, which gpu_accuracy builds at its stated release's defaults."""
+    if entry["engine"] == "vllm":
+        return None
+    from servelab.targets.engine_deployment import build_engine_deployment
+
+    return build_engine_deployment(entry["engine"], entry["gpu"], entry["model"], entry.get("engine_args") or "")
 
 
 def replay_in(code_dir: Path, args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:

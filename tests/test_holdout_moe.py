@@ -93,3 +93,12 @@ def test_code_dir_replays_with_that_checkouts_servelab():
     )
     assert done.returncode == 0, done.stderr
     assert f"### {root} @ " in done.stdout and run_id in done.stdout and "### Side by side" in done.stdout
+
+
+def test_an_sglang_run_is_built_on_sglangs_engine_model_from_its_own_flags(holdout, entries):
+    """SGLang runs replay on SGLang's scheduler and defaults (its flags as published), vLLM runs on gpu_accuracy's."""
+    by_id = {e["id"]: e for e in entries}
+    sglang = holdout.engine_deployment(by_id["sglang-pr7631-deepseek-v3-h20-tp8-sglang-random1024-c8"])
+    assert sglang.engine == "sglang" and sglang.config.tensor_parallel_size == 8
+    assert sglang.config.max_model_len == 4096 and not sglang.config.enable_prefix_caching
+    assert holdout.engine_deployment(by_id["vllm-pr23696-gpt-oss-120b-b200-tp8-sharegpt"]) is None
