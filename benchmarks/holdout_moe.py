@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import yaml
 
 if TYPE_CHECKING:
@@ -68,6 +69,28 @@ def servelab_dir() -> Path:
     return Path(servelab.__file__).resolve().parent
 
 
+def sharegpt_stand_in(mean_input: float, mean_output: float, n: int) -> dict[str, list[int]]:
+    """`n` (prompt, reply) lengths standing in for a published ShareGPT sample: gpu_accuracy's lognormal lengths
+    (coefficient of variation 1), kept only where the benchmark clients keep a conversation (vLLM's
+    benchmarks/datasets.py is_valid_sequence, as sglang.bench_serving: both at least 4 tokens, the prompt at most
+    1,024, prompt and reply at most 2,048), the first `n` kept scaled to the published means. Unfiltered, the
+    stand-in sends replies no published sample holds (5,636 tokens among 1,000), and a burst lasts as long as its
+    longest reply."""
+    from servelab.workload.datasets import SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL, SHAREGPT_MIN_LEN
+
+    published = np.array([[mean_input], [mean_output]])
+    sigma = np.sqrt(np.log(2.0))  # a lognormal whose standard deviation is its mean
+    shapes = np.exp(sigma * np.random.default_rng(0).standard_normal((2, 20_000)) - sigma**2 / 2)
+    scale = published
+    for _ in range(30):  # the filter trims the tails, so rescale until the kept means are the published ones
+        prompt, reply = np.rint(scale * shapes)
+        kept = (np.minimum(prompt, reply) >= SHAREGPT_MIN_LEN) & (prompt <= SHAREGPT_MAX_PROMPT)
+        kept &= prompt + reply <= SHAREGPT_MAX_TOTAL
+        prompt, reply = prompt[kept][:n], reply[kept][:n]
+        scale = scale * published / np.array([[prompt.mean()], [reply.mean()]])
+    return {"input_lens": prompt.astype(int).tolist(), "output_lens": reply.astype(int).tolist()}
+
+
 def replay_all(entries: list[dict[str, Any]], max_prompts: int | None) -> list[dict[str, Any]]:
     """Each run replayed with the servelab importable here: its predicted metrics and regime, or why it was not."""
     sys.path.insert(0, str(servelab_dir().parent / "benchmarks"))
@@ -77,8 +100,12 @@ def replay_all(entries: list[dict[str, Any]], max_prompts: int | None) -> list[d
 
     results = []
     for entry in entries:
+        w, published = entry["workload"], {}
+        if w["dataset"] == "sharegpt" and str(w.get("request_rate", "inf")) == "inf":  # released at once, as sent
+            published = {"sharegpt": sharegpt_stand_in(w["mean_input_len"], w["mean_output_len"], w["num_prompts"])}
+            entry = {**entry, "lengths": "sharegpt"}
         try:
-            row = gpu_accuracy.replay(entry, {}, max_prompts, engine_deployment(entry))
+            row = gpu_accuracy.replay(entry, published, max_prompts, engine_deployment(entry))
         except PerfConfigError as refused:
             results.append({"id": entry["id"], "refused": str(refused)})
             continue
