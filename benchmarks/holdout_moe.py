@@ -3,12 +3,14 @@
 benchmarks/moe_accuracy.py scores the MoE runs of servelab/perf/data/published_moe.yaml, the runs the MoE step
 price is developed against. This scores the runs of benchmarks/data/holdout_moe.yaml instead: other publishers,
 other models (DeepSeek-R1/V3 with MLA, Qwen3-30B-A3B, DeepSeek-V2-Lite), other GPUs (H200, H20, A800) and SGLang as
-well as vLLM. It replays each exactly as moe_accuracy.py does (gpu_accuracy.replay: `servelab simulate`'s library
-path, specs only, from the model's config.json) and prints one line per run with the measured and predicted request
-and output throughput, mean TTFT and mean TPOT and the signed error of each, then the median |error| per group:
-the V1 vLLM runs (the MoE class's own kind), the SGLang runs (replayed as vLLM at its defaults), independent
-publishers and GPUStack's sibling blocks apart. V0-era runs are shown, not in the medians. Its numbers are a check,
-never a target: a constant read off one of these runs would make it worthless.
+well as vLLM. It replays each on `servelab simulate`'s library path (gpu_accuracy.replay, specs only, from the
+model's config.json): a vLLM run as moe_accuracy.py does, an SGLang run on SGLang's engine model (`simulate --engine
+sglang`: its launch flags as published, SGLang's defaults for the chip, its scheduler). A ShareGPT burst is sent as
+lengths the benchmark clients' ShareGPT filter would keep (`sharegpt_stand_in`), not gpu_accuracy's unfiltered
+lognormal. It prints one line per run with the measured and predicted request and output throughput, mean TTFT and
+mean TPOT and the signed error of each, then the median |error| per group: the V1 vLLM runs (the MoE class's own
+kind), the SGLang runs, independent publishers and GPUStack's sibling blocks apart. V0-era runs are shown, not in the
+medians. Its numbers are a check, never a target: a constant read off one of these runs would make it worthless.
 
     PYTHONPATH=. .venv/bin/python benchmarks/holdout_moe.py [--code-dir DIR ...] [--only ID ...] [--max-prompts N]
 
