@@ -46,11 +46,13 @@ METRICS = {
     "mean_tpot_ms": "TPOT ms",
 }
 THROUGHPUTS = ("request_throughput", "output_throughput")
+BLACKWELL = ("B200", "GB200", "B300", "RTX-PRO-6000")
 GROUPS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "V1, vLLM": lambda e: e["era"] == "v1" and e["engine"] == "vllm",
     "V1, SGLang": lambda e: e["era"] == "v1" and e["engine"] == "sglang",
     "V1, independent publishers": lambda e: e["era"] == "v1" and e["relation"] == "independent",
     "V1, GPUStack sibling blocks": lambda e: e["era"] == "v1" and e["relation"] == "gpustack-sibling",
+    "V1, Blackwell": lambda e: e["era"] == "v1" and e["gpu"] in BLACKWELL,
     "V1, all": lambda e: e["era"] == "v1",
 }
 """The groups the median |error| is given for (V0-era runs are in none)."""
