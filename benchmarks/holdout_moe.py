@@ -2,8 +2,8 @@
 
 benchmarks/moe_accuracy.py scores the MoE runs of servelab/perf/data/published_moe.yaml, the runs the MoE step
 price is developed against. This scores the runs of benchmarks/data/holdout_moe.yaml instead: other publishers,
-other models (DeepSeek-R1/V3 with MLA, Qwen3-30B-A3B, DeepSeek-V2-Lite), other GPUs (H200, H20, A800) and SGLang as
-well as vLLM. It replays each on `servelab simulate`'s library path (gpu_accuracy.replay, specs only, from the
+other models (DeepSeek-R1/V3 with MLA, Qwen3-30B-A3B, DeepSeek-V2-Lite), other GPUs (B200, H200, H20, A800) and
+SGLang as well as vLLM. It replays each on `servelab simulate`'s library path (gpu_accuracy.replay, specs only, from the
 model's config.json): a vLLM run as moe_accuracy.py does, an SGLang run on SGLang's engine model (`simulate --engine
 sglang`: its launch flags as published, SGLang's defaults for the chip, its scheduler). A ShareGPT burst is sent as
 lengths the benchmark clients' ShareGPT filter would keep (`sharegpt_stand_in`), not gpu_accuracy's unfiltered
