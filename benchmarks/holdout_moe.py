@@ -53,6 +53,7 @@ GROUPS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "V1, independent publishers": lambda e: e["era"] == "v1" and e["relation"] == "independent",
     "V1, GPUStack sibling blocks": lambda e: e["era"] == "v1" and e["relation"] == "gpustack-sibling",
     "V1, Blackwell": lambda e: e["era"] == "v1" and e["gpu"] in BLACKWELL,
+    "V1, SemiAnalysis InferenceMAX": lambda e: e["era"] == "v1" and "github.com/SemiAnalysisAI/" in e["source"]["url"],
     "V1, all": lambda e: e["era"] == "v1",
 }
 """The groups the median |error| is given for (V0-era runs are in none)."""
