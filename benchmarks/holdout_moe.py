@@ -2,13 +2,15 @@
 
 benchmarks/moe_accuracy.py scores the MoE runs of servelab/perf/data/published_moe.yaml, the runs the MoE step
 price is developed against. This scores the runs of benchmarks/data/holdout_moe.yaml instead: other publishers,
-other models (DeepSeek-R1/V3 with MLA, Qwen3-30B-A3B, DeepSeek-V2-Lite), other GPUs (H200, H20, A800) and SGLang as
-well as vLLM. It replays each exactly as moe_accuracy.py does (gpu_accuracy.replay: `servelab simulate`'s library
-path, specs only, from the model's config.json) and prints one line per run with the measured and predicted request
-and output throughput, mean TTFT and mean TPOT and the signed error of each, then the median |error| per group:
-the V1 vLLM runs (the MoE class's own kind), the SGLang runs (replayed as vLLM at its defaults), independent
-publishers and GPUStack's sibling blocks apart. V0-era runs are shown, not in the medians. Its numbers are a check,
-never a target: a constant read off one of these runs would make it worthless.
+other models (DeepSeek-R1/V3 with MLA, Qwen3-30B-A3B, DeepSeek-V2-Lite), other GPUs (B200, H200, H20, A800) and
+SGLang as well as vLLM. It replays each on `servelab simulate`'s library path (gpu_accuracy.replay, specs only, from the
+model's config.json): a vLLM run as moe_accuracy.py does, an SGLang run on SGLang's engine model (`simulate --engine
+sglang`: its launch flags as published, SGLang's defaults for the chip, its scheduler). A ShareGPT burst is sent as
+lengths the benchmark clients' ShareGPT filter would keep (`sharegpt_stand_in`), not gpu_accuracy's unfiltered
+lognormal. It prints one line per run with the measured and predicted request and output throughput, mean TTFT and
+mean TPOT and the signed error of each, then the median |error| per group: the V1 vLLM runs (the MoE class's own
+kind), the SGLang runs, independent publishers and GPUStack's sibling blocks apart. V0-era runs are shown, not in the
+medians. Its numbers are a check, never a target: a constant read off one of these runs would make it worthless.
 
     PYTHONPATH=. .venv/bin/python benchmarks/holdout_moe.py [--code-dir DIR ...] [--only ID ...] [--max-prompts N]
 
@@ -27,9 +29,13 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import yaml
+
+if TYPE_CHECKING:
+    from servelab.targets.deployment import Deployment
 
 ROOT = Path(__file__).resolve().parent.parent
 HOLDOUT = ROOT / "benchmarks" / "data" / "holdout_moe.yaml"
@@ -40,11 +46,14 @@ METRICS = {
     "mean_tpot_ms": "TPOT ms",
 }
 THROUGHPUTS = ("request_throughput", "output_throughput")
+BLACKWELL = ("B200", "GB200", "B300", "RTX-PRO-6000")
 GROUPS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "V1, vLLM": lambda e: e["era"] == "v1" and e["engine"] == "vllm",
-    "V1, SGLang replayed as vLLM": lambda e: e["era"] == "v1" and e["engine"] == "sglang",
+    "V1, SGLang": lambda e: e["era"] == "v1" and e["engine"] == "sglang",
     "V1, independent publishers": lambda e: e["era"] == "v1" and e["relation"] == "independent",
     "V1, GPUStack sibling blocks": lambda e: e["era"] == "v1" and e["relation"] == "gpustack-sibling",
+    "V1, Blackwell": lambda e: e["era"] == "v1" and e["gpu"] in BLACKWELL,
+    "V1, SemiAnalysis InferenceMAX": lambda e: e["era"] == "v1" and "github.com/SemiAnalysisAI/" in e["source"]["url"],
     "V1, all": lambda e: e["era"] == "v1",
 }
 """The groups the median |error| is given for (V0-era runs are in none)."""
@@ -65,6 +74,28 @@ def servelab_dir() -> Path:
     return Path(servelab.__file__).resolve().parent
 
 
+def sharegpt_stand_in(mean_input: float, mean_output: float, n: int) -> dict[str, list[int]]:
+    """`n` (prompt, reply) lengths standing in for a published ShareGPT sample: gpu_accuracy's lognormal lengths
+    (coefficient of variation 1), kept only where the benchmark clients keep a conversation (vLLM's
+    benchmarks/datasets.py is_valid_sequence, as sglang.bench_serving: both at least 4 tokens, the prompt at most
+    1,024, prompt and reply at most 2,048), the first `n` kept scaled to the published means. Unfiltered, the
+    stand-in sends replies no published sample holds (5,636 tokens among 1,000), and a burst lasts as long as its
+    longest reply."""
+    from servelab.workload.datasets import SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL, SHAREGPT_MIN_LEN
+
+    published = np.array([[mean_input], [mean_output]])
+    sigma = np.sqrt(np.log(2.0))  # a lognormal whose standard deviation is its mean
+    shapes = np.exp(sigma * np.random.default_rng(0).standard_normal((2, 20_000)) - sigma**2 / 2)
+    scale = published
+    for _ in range(30):  # the filter trims the tails, so rescale until the kept means are the published ones
+        prompt, reply = np.rint(scale * shapes)
+        kept = (np.minimum(prompt, reply) >= SHAREGPT_MIN_LEN) & (prompt <= SHAREGPT_MAX_PROMPT)
+        kept &= prompt + reply <= SHAREGPT_MAX_TOTAL
+        prompt, reply = prompt[kept][:n], reply[kept][:n]
+        scale = scale * published / np.array([[prompt.mean()], [reply.mean()]])
+    return {"input_lens": prompt.astype(int).tolist(), "output_lens": reply.astype(int).tolist()}
+
+
 def replay_all(entries: list[dict[str, Any]], max_prompts: int | None) -> list[dict[str, Any]]:
     """Each run replayed with the servelab importable here: its predicted metrics and regime, or why it was not."""
     sys.path.insert(0, str(servelab_dir().parent / "benchmarks"))
@@ -74,14 +105,28 @@ def replay_all(entries: list[dict[str, Any]], max_prompts: int | None) -> list[d
 
     results = []
     for entry in entries:
+        w, published = entry["workload"], {}
+        if w["dataset"] == "sharegpt" and str(w.get("request_rate", "inf")) == "inf":  # released at once, as sent
+            published = {"sharegpt": sharegpt_stand_in(w["mean_input_len"], w["mean_output_len"], w["num_prompts"])}
+            entry = {**entry, "lengths": "sharegpt"}
         try:
-            row = gpu_accuracy.replay(entry, {}, max_prompts)
+            row = gpu_accuracy.replay(entry, published, max_prompts, engine_deployment(entry))
         except PerfConfigError as refused:
             results.append({"id": entry["id"], "refused": str(refused)})
             continue
         predicted = {m: row.predicted.get(m) for m in (*METRICS, "mean_e2el_ms")}
         results.append({"id": entry["id"], "predicted": predicted, "regime": str(row.regime), "prompts": row.prompts})
     return results
+
+
+def engine_deployment(entry: dict[str, Any]) -> Deployment | None:
+    """An SGLang run as `simulate --engine sglang --engine-args FLAGS` builds it (its own flags, SGLang's defaults for
+    the chip and its scheduler); None for a vLLM run, which gpu_accuracy builds at its stated release's defaults."""
+    if entry["engine"] == "vllm":
+        return None
+    from servelab.targets.engine_deployment import build_engine_deployment
+
+    return build_engine_deployment(entry["engine"], entry["gpu"], entry["model"], entry.get("engine_args") or "")
 
 
 def replay_in(code_dir: Path, args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from servelab.perf.errors import PerfConfigError
@@ -62,6 +64,18 @@ def test_sglang_model_that_does_not_fit_is_refused():
         resolve_sglang(
             parse_sglang_args("--mem-fraction-static 0.1").settings, get_gpu("a100-40gb"), get_model("llama-3.1-8b")
         )
+
+
+def test_sglang_pool_shorter_than_the_context_caps_the_longest_request():
+    """SGLang starts when its KV pool is shorter than the context and caps a request's input at the pool
+    (scheduler.py: max_req_input_len = min(context_len - 1, max_total_num_tokens - 1)): gpt-oss-120b on one H100."""
+    plan = resolve_sglang(
+        parse_sglang_args("").settings,
+        get_gpu("h100-sxm"),
+        get_model(Path(__file__).parent / "fixtures" / "moe_configs" / "gpt-oss-120b"),
+    )
+    assert 0 < plan.max_total_num_tokens < plan.settings.context_length
+    assert plan.config.max_model_len == plan.max_total_num_tokens
 
 
 def test_trtllm_line_and_its_yaml_options(tmp_path):

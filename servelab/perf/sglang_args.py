@@ -246,12 +246,10 @@ def resolve_sglang(settings: SGLangSettings, hardware: Hardware, model: ModelSpe
     tokens = int(kv_bytes // per_token) if kv_bytes > 0 else 0
     if s.max_total_tokens is not None:
         tokens = min(tokens, s.max_total_tokens)
-    if tokens < context:
+    if tokens < 1:
         raise PerfConfigError(
-            f"{model.name} on {hardware.name}: mem_fraction_static {frac:g} leaves {max(kv_bytes, 0) / 2**30:.1f} GiB "
-            f"({tokens} tokens) for the KV pool after {weights / 2**30:.1f} GiB of weights, less than the context "
-            f"length "
-            f"{context}; raise --mem-fraction-static, lower --context-length or use more GPUs (--tp-size)"
+            f"{model.name} on {hardware.name}: mem_fraction_static {frac:g} leaves no room for the KV pool after "
+            f"{weights / 2**30:.1f} GiB of weights; raise --mem-fraction-static or use more GPUs (--tp-size)"
         )
     request_slots = min(max(int(tokens / context * 512), 2048), 4096)
     running = min(s.max_running_requests or tokens // 2, request_slots)
@@ -275,7 +273,10 @@ def resolve_sglang(settings: SGLangSettings, hardware: Hardware, model: ModelSpe
         block_size=1,
         num_blocks=tokens,
     )
-    config = _engine_config(s, running=running, chunk=chunk, frac=frac, context=context, graph_bs=graph_bs)
+    # A pool shorter than the context is not refused: SGLang caps a request's input at the pool (the scheduler's
+    # max_req_input_len = min(context_len - 1, max_total_num_tokens - 1)).
+    longest = min(context, tokens)
+    config = _engine_config(s, running=running, chunk=chunk, frac=frac, context=longest, graph_bs=graph_bs)
     return SGLangPlan(resolved, config, memory, tokens)
 
 
