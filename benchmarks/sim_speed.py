@@ -20,7 +20,11 @@ reproduce exactly; the baseline should agree too, or the change says why.
     flock /tmp/servelab-heavy.lock .venv/bin/python benchmarks/sim_speed.py --baseline /tmp/base [--repeat 3]
 
 `--baseline DIR` is a directory holding the older `servelab` package (e.g. `git archive COMMIT servelab | tar -x
--C DIR`); without it only the current code runs. `--worker` is the per-process entry point the driver calls.
+-C DIR`); without it only the current code runs. `--worker` is the per-process entry point the driver calls;
+with it, `--profile` prints a cProfile of the run and `--breakdown` the time of each kind of event handler (engine
+steps that ran `schedule()`, decode runs, step ends, output rounds, releases...), both to stderr:
+
+    PYTHONPATH=. .venv/bin/python benchmarks/sim_speed.py --worker rate5 --breakdown
 """
 
 from __future__ import annotations
@@ -130,18 +134,17 @@ class _Breakdown:
             finally:
                 spent = time.perf_counter() - t0
                 self._inside = False
-                key = name
-                if name == "_begin":
-                    run = sim.engines[args[0]].decode_run is not None
-                    key = (
-                        "_begin: decode run" + (" after a finish" if after_finish else "")
-                        if run
-                        else "_begin: schedule()"
-                    )
+                key = self._begin_kind(sim.engines[args[0]], after_finish) if name == "_begin" else name
                 self.spent[key] = self.spent.get(key, 0.0) + spent
                 self.calls[key] = self.calls.get(key, 0) + 1
 
         return timed
+
+    @staticmethod
+    def _begin_kind(engine: Any, after_finish: bool) -> str:
+        if engine.decode_run is None:
+            return "_begin: schedule()"
+        return "_begin: decode run after a finish" if after_finish else "_begin: decode run"
 
     def print(self, total: float, requests: int) -> None:
         print(f"{'handler':<34} {'calls':>8} {'s':>7} {'share':>6} {'us/call':>8} {'us/request':>10}", file=sys.stderr)
@@ -274,6 +277,8 @@ def main() -> None:
         "the ones to match); with --worker: run that way",
     )
     args = ap.parse_args()
+    if (args.profile or args.breakdown) and not args.worker:
+        ap.error("--profile and --breakdown go with --worker NAME (one workload in this process)")
     if args.worker:
         print(json.dumps(worker(args.worker, args.requests, args.profile, args.step_by_step, args.breakdown)))
         return
