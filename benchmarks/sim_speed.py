@@ -20,7 +20,11 @@ reproduce exactly; the baseline should agree too, or the change says why.
     flock /tmp/servelab-heavy.lock .venv/bin/python benchmarks/sim_speed.py --baseline /tmp/base [--repeat 3]
 
 `--baseline DIR` is a directory holding the older `servelab` package (e.g. `git archive COMMIT servelab | tar -x
--C DIR`); without it only the current code runs. `--worker` is the per-process entry point the driver calls.
+-C DIR`); without it only the current code runs. `--worker` is the per-process entry point the driver calls;
+with it, `--profile` prints a cProfile of the run and `--breakdown` the time of each kind of event handler (engine
+steps that ran `schedule()`, decode runs, step ends, output rounds, releases...), both to stderr:
+
+    PYTHONPATH=. .venv/bin/python benchmarks/sim_speed.py --worker rate5 --breakdown
 """
 
 from __future__ import annotations
@@ -90,12 +94,76 @@ class _DigestSink:
         )
 
 
+class _Breakdown:
+    """Time (perf_counter) of the simulation's event handlers by kind; a handler called inside another is counted in
+    the outer one. `_begin` is split by what the engine did: one `schedule()` step or a decode run, and for a run
+    whether the step before it finished a request (a run that could have gone on through that finish)."""
+
+    HANDLERS = ("_release", "_arrive", "_take_in", "_admit", "_begin", "_end", "_round", "_deliver", "_scrape_until")
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._inside = False
+        self._finished = False
+
+    def install(self) -> None:
+        """Wrap the handlers of whichever `servelab` is importable (the new code's or the baseline's)."""
+        from servelab.sim.engine import SimEngine
+        from servelab.targets.sim import _Simulation
+
+        for name in self.HANDLERS:
+            setattr(_Simulation, name, self._timed(name, getattr(_Simulation, name)))
+        finish_step = SimEngine.finish_step
+
+        def noting_finishes(engine: Any) -> Any:
+            finished = finish_step(engine)
+            self._finished = bool(finished)
+            return finished
+
+        SimEngine.finish_step = noting_finishes  # type: ignore[method-assign]
+
+    def _timed(self, name: str, handler: Any) -> Any:
+        def timed(sim: Any, *args: Any) -> Any:
+            if self._inside:
+                return handler(sim, *args)
+            after_finish, self._inside = self._finished, True
+            t0 = time.perf_counter()
+            try:
+                return handler(sim, *args)
+            finally:
+                spent = time.perf_counter() - t0
+                self._inside = False
+                key = self._begin_kind(sim.engines[args[0]], after_finish) if name == "_begin" else name
+                self.spent[key] = self.spent.get(key, 0.0) + spent
+                self.calls[key] = self.calls.get(key, 0) + 1
+
+        return timed
+
+    @staticmethod
+    def _begin_kind(engine: Any, after_finish: bool) -> str:
+        if engine.decode_run is None:
+            return "_begin: schedule()"
+        return "_begin: decode run after a finish" if after_finish else "_begin: decode run"
+
+    def print(self, total: float, requests: int) -> None:
+        print(f"{'handler':<34} {'calls':>8} {'s':>7} {'share':>6} {'us/call':>8} {'us/request':>10}", file=sys.stderr)
+        for key in sorted(self.spent, key=self.spent.__getitem__, reverse=True):
+            s, n = self.spent[key], self.calls[key]
+            row = f"{key:<34} {n:8d} {s:7.3f} {s / total:6.1%} {1e6 * s / n:8.1f} {1e6 * s / requests:10.1f}"
+            print(row, file=sys.stderr)
+        rest = total - sum(self.spent.values())
+        print(f"{'(the loop itself, heap pops)':<34} {'':>8} {rest:7.3f} {rest / total:6.1%}", file=sys.stderr)
+
+
 def _rss_kib() -> int:
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
 
 
-def worker(name: str, requests: int | None, profile: bool, step_by_step: bool) -> dict[str, Any]:
+def worker(
+    name: str, requests: int | None, profile: bool, step_by_step: bool, breakdown: bool = False
+) -> dict[str, Any]:
     """Run one workload on whichever `servelab` is importable; returns the measurements as a dict."""
     import servelab
     from servelab.targets.deployment import build_deployment
@@ -110,6 +178,9 @@ def worker(name: str, requests: int | None, profile: bool, step_by_step: bool) -
     sink = _DigestSink()
     samples: list[Any] = []
     profiler = cProfile.Profile() if profile else None
+    handlers = _Breakdown() if breakdown else None
+    if handlers:
+        handlers.install()
     rss_before = _rss_kib()
     c0, t0 = time.process_time(), time.perf_counter()
     if profiler:
@@ -119,6 +190,8 @@ def worker(name: str, requests: int | None, profile: bool, step_by_step: bool) -
         profiler.disable()
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(30)
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    if handlers:
+        handlers.print(wall, len(sink.rows))
     records = hashlib.sha256(repr(sink.rows).encode())
     stats = hashlib.sha256(repr((run.duration, run.client_stats)).encode())
     timeline = hashlib.sha256()
@@ -195,14 +268,19 @@ def main() -> None:
     ap.add_argument("--worker", choices=WORKLOADS, help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help="with --worker: cProfile the run (to stderr)")
     ap.add_argument(
+        "--breakdown", action="store_true", help="with --worker: time of each kind of event handler (to stderr)"
+    )
+    ap.add_argument(
         "--step-by-step",
         action="store_true",
         help="also run the new code one engine step at a time (the fast path's reference: its results are "
         "the ones to match); with --worker: run that way",
     )
     args = ap.parse_args()
+    if (args.profile or args.breakdown) and not args.worker:
+        ap.error("--profile and --breakdown go with --worker NAME (one workload in this process)")
     if args.worker:
-        print(json.dumps(worker(args.worker, args.requests, args.profile, args.step_by_step)))
+        print(json.dumps(worker(args.worker, args.requests, args.profile, args.step_by_step, args.breakdown)))
         return
     workloads = args.workloads.split(",")
     unknown = sorted(set(workloads) - set(WORKLOADS))
