@@ -28,7 +28,7 @@ from servelab.perf.memory import (
     weight_bytes_per_rank,
 )
 from servelab.perf.models import ModelSpec
-from servelab.perf.moe_kernels import expert_kernel, moe_kernel_flops
+from servelab.perf.moe_kernels import expert_kernel, mla_decode_cost, moe_fixed_cost, moe_kernel_flops
 from servelab.perf.quantization import WeightFormat, non_expert_weight_format, weight_format
 from servelab.schemas.profile import CostCoefficients as CostCoefficients  # re-exported: a profile saves it
 
@@ -216,6 +216,7 @@ class RooflineCostModel:
         self._init_weights(engine_config, tp, vllm_version)
         self._decode_attn_s_per_pair: float | None = None
         """Set for MLA, whose absorbed decode attention has its own FLOPs per pair."""
+        self._init_mla_block(tp)
         kv_per_token = kv_bytes_per_token_per_rank(model, engine_config.kv_cache_dtype, tp)
         if tp > 1 and hardware.interconnect_bandwidth <= 0:
             raise PerfConfigError(f"{hardware.name} has no GPU interconnect; tensor parallelism is not possible")
@@ -257,8 +258,24 @@ class RooflineCostModel:
         """Weight-only experts run in a fused-MoE kernel (Marlin, or OpenAI's Triton kernel for MXFP4), no faster than
         its measured large-batch rate (perf/moe_kernels.py): seconds per routed token and MoE layer at that rate; 0
         where it is not measured."""
+        self._moe_fixed_s = moe_fixed_cost(hardware, self.weight_format) or MOE_LAYER_FIXED_S
+        """The fused-MoE chain's fixed cost per layer: measured for FP8 block-scaled experts where tabled, else bf16's."""
         self.expert_layout = ExpertLayout(tp, engine_config.data_parallel_size, engine_config.enable_expert_parallel)
         self._a2a_link = hardware.interconnect_bandwidth * self.coefficients.interconnect_efficiency
+
+    def _init_mla_block(self, tp: int) -> None:
+        """MLA's measured fixed costs per layer beyond its bytes and FLOPs (perf/moe_kernels.py, small_batch_kernels):
+        the decode block's launches (fused down projection, q up projection, absorbed BMMs, MLA kernel, output
+        projection) and a per-request part, where the tables measure this GPU, projection format and head count."""
+        cost = mla_decode_cost(self.hardware, self.dense_format, self.model.num_heads // tp) if self.model.mla else None
+        layers = self.model.num_layers
+        self._mla_fixed = layers * cost.fixed_s if cost else 0.0
+        self._mla_s_per_request = layers * cost.per_request_s if cost else 0.0
+
+    def mla_block_time(self, num_decodes: int, has_prefill: bool) -> float:
+        """The MLA blocks' fixed costs in a step: the decode path's when it decodes, plus the prefill path's (its
+        one-token rows measure the same launches) when it admits prefill chunks; 0 for other models."""
+        return self._mla_fixed * ((num_decodes > 0) + has_prefill) + num_decodes * self._mla_s_per_request
 
     def _init_host_costs(self, engine_config: EngineConfig) -> None:
         """The CPU side of a step (overheads, idle wake-up) and when a step runs without CUDA graphs."""
@@ -281,7 +298,10 @@ class RooflineCostModel:
         attention_peak = hardware.peak_flops("bf16")
         memory_bw = hardware.memory_bandwidth
         self._weight_time = self._streamed_bytes / (memory_bw * c.memory_efficiency)
-        self._linear_s_per_token = model.non_expert_linear_flops_per_token / tp / (compute_peak * c.compute_efficiency)
+        replicated_flops = 2 * model.num_layers * model.replicated_attention_params  # every rank computes them whole
+        self._linear_s_per_token = (
+            (model.non_expert_linear_flops_per_token - replicated_flops) / tp + replicated_flops
+        ) / (compute_peak * c.compute_efficiency)
         self._lm_head_s_per_sample = model.lm_head_flops_per_token / tp / (compute_peak * c.compute_efficiency)
         self._attn_s_per_pair = model.attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency)
         if model.mla:
@@ -432,7 +452,7 @@ class RooflineCostModel:
         attention = max(
             attention_flops_time,
             (sum_decode_context + prefill_context_tokens + num_prefill_tokens) * self._kv_s_per_token,
-        )
+        ) + self.mla_block_time(num_decodes, num_sampled > num_decodes)
         communication = self._comm_fixed + num_tokens * self._comm_s_per_token
         cpu = self._step_overhead + num_sampled * self._request_overhead
         if num_sampled > num_decodes:  # at least one prefill chunk
@@ -522,7 +542,7 @@ class RooflineCostModel:
             layout = self.expert_layout
             routed = num_tokens * (layout.data_parallel_size if layout.dispatches else 1)  # DP ranks step together
             touched = self._moe.experts_touched(routed)
-            fixed = self.model.num_moe_layers * MOE_LAYER_FIXED_S  # launches and routing: every rank, unscaled
+            fixed = self.model.num_moe_layers * self._moe_fixed_s  # launches and routing: every rank, unscaled
             grouped = self.model.num_moe_layers * self.moe_layer_time(routed, touched) - fixed
             cached = self._expert_cache[num_tokens] = (
                 fixed
@@ -541,7 +561,7 @@ class RooflineCostModel:
         else:
             per_layer = self.model.num_moe_layers
             grouped = max(num_tokens * self._routed_s_per_token, touched_experts * self._expert_read_s) / per_layer
-        return MOE_LAYER_FIXED_S + max(grouped, num_tokens * self._expert_kernel_s_per_token)
+        return self._moe_fixed_s + max(grouped, num_tokens * self._expert_kernel_s_per_token)
 
     def wake_time(self, idle_s: float) -> float:
         """`idle_wake_s` scaled by how long the engine idled (see CostCoefficients.idle_wake_s); 0 when it never did."""

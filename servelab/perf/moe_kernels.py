@@ -79,3 +79,70 @@ def moe_kernel_flops(kernel: MoeKernel, hardware: Hardware) -> float | None:
     rates = _rates()
     rate = rates[kernel].get(hardware.name) or rates[MoeKernel.MARLIN].get(hardware.name)
     return rate.tflops * 1e12 if rate else None
+
+
+SMALL_BATCH_FILE = Path(__file__).parent / "data" / "small_batch_kernels.yaml"
+"""Measured fixed costs of the MLA decode block and of FP8 block-scaled fused MoE, written by
+benchmarks/small_batch_kernels.py --write from aiconfigurator-core's vLLM tables (H100-SXM, H200)."""
+
+MLA_GEMM_TYPES = {"bf16": "bfloat16", "fp8": "fp8_block"}
+"""servelab weight format -> the tables' projection format (DeepSeek's FP8 checkpoints are 128x128 block-scaled)."""
+
+
+class MlaDecodeCost(BaseModel):
+    """One layer's MLA decode block beyond the bytes it reads: fixed + per_request x requests (seconds)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fixed_s: float
+    per_request_s: float
+    rows: int
+    rms_s: float
+
+
+class MoeFixedCost(BaseModel):
+    """One fused-MoE layer's kernel chain beyond the experts' weight traffic (seconds), from its one-token rows."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fixed_s: float
+    rows: int
+    shapes: int
+    range_s: tuple[float, float]
+    tables: list[str]
+
+
+class SmallBatchKernels(BaseModel):
+    """One GPU's entry of small_batch_kernels.yaml."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mla_decode: dict[str, dict[int, MlaDecodeCost]]
+    """Projection format -> heads per GPU -> cost."""
+    moe_fixed: dict[str, MoeFixedCost]
+    """Expert weight format -> cost."""
+
+
+@cache
+def _small_batch(path: Path = SMALL_BATCH_FILE) -> dict[str, SmallBatchKernels]:
+    doc = yaml.safe_load(path.read_text())
+    return {gpu: SmallBatchKernels.model_validate(entry) for gpu, entry in doc["gpus"].items()}
+
+
+def mla_decode_cost(hardware: Hardware, weights: WeightFormat, heads_per_rank: int) -> MlaDecodeCost | None:
+    """The measured MLA decode block's fixed costs for this GPU, projection format and heads per GPU, or None where
+    the tables do not measure them (then only the block's bytes and FLOPs are priced)."""
+    entry = _small_batch().get(hardware.name)
+    gemm = MLA_GEMM_TYPES.get(weights.name)
+    if entry is None or gemm is None:
+        return None
+    return entry.mla_decode.get(gemm, {}).get(heads_per_rank)
+
+
+def moe_fixed_cost(hardware: Hardware, weights: WeightFormat) -> float | None:
+    """Seconds of a fused-MoE layer's fixed cost for FP8 experts on FP8 tensor cores where measured, else None."""
+    entry = _small_batch().get(hardware.name)
+    if entry is None or weights.name != "fp8" or weights.compute_dtype != "fp8":
+        return None
+    cost = entry.moe_fixed.get("fp8_block")
+    return cost.fixed_s if cost else None

@@ -1,0 +1,77 @@
+"""DeepSeek at a few requests in flight: MLA's replicated down projections, and the measured fixed costs of its MLA
+decode block and FP8 block-scaled fused MoE (data/small_batch_kernels.yaml) on the GPUs whose tables measure them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servelab.perf.cost_model import MOE_LAYER_FIXED_S, RooflineCostModel
+from servelab.perf.engine_config import EngineConfig
+from servelab.perf.hardware import get_gpu
+from servelab.perf.memory import weight_bytes_per_rank
+from servelab.perf.models import get_model, load_hf_config
+from servelab.perf.moe_kernels import SMALL_BATCH_FILE, mla_decode_cost
+from servelab.perf.quantization import weight_format
+from support.benchmark_script import load_benchmark
+
+CONFIGS = Path(__file__).parent / "fixtures" / "moe_configs"
+DEEPSEEK_R1 = load_hf_config(CONFIGS / "deepseek-r1-0528")
+V2_LITE = load_hf_config(CONFIGS / "deepseek-v2-lite")
+
+
+def decode_step(cost: RooflineCostModel, batch: int, context: int = 1000) -> float:
+    return cost.step_time_aggregate(0, 0, batch, batch * context, batch)
+
+
+def test_the_small_batch_costs_are_what_the_script_derives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """data/small_batch_kernels.yaml is exactly what benchmarks/small_batch_kernels.py --write derives from the
+    installed aiconfigurator-core tables: no number in it is typed by hand."""
+    script = load_benchmark("small_batch_kernels")
+    derived = script.derive(script.aiconfigurator_data_root())
+    assert yaml.safe_load(yaml.safe_dump(derived)) == yaml.safe_load(SMALL_BATCH_FILE.read_text())
+
+
+def test_mla_down_projections_are_whole_on_every_rank():
+    """vLLM builds MLA's q/kv down projection with disable_tp=True: eight ranks hold seven more copies of it than one
+    rank's share, and nothing else changes."""
+    h200 = get_gpu("H200")
+    one, eight = (weight_bytes_per_rank(DEEPSEEK_R1, None, h200, tp) for tp in (1, 8))
+    down = DEEPSEEK_R1.num_layers * DEEPSEEK_R1.hidden_size * (1536 + 512 + 64)  # FP8: one byte each
+    assert DEEPSEEK_R1.replicated_attention_params * DEEPSEEK_R1.num_layers == down
+    assert 8 * eight - one == pytest.approx(7 * down, abs=8)
+    dense = get_model("Llama-3.1-8B")
+    assert dense.replicated_attention_params == 0
+    assert 2 * weight_bytes_per_rank(dense, None, h200, 2) == pytest.approx(weight_bytes_per_rank(dense, None, h200, 1))
+
+
+def test_deepseek_decode_pays_the_measured_mla_and_fp8_moe_fixed_costs_on_h200():
+    """At four requests DeepSeek-R1 on 8 x H200 reads ~13 GB per GPU per step (~2.6 ms at full bandwidth), and on
+    top every layer runs a measured ~80 us MLA block and every MoE layer a ~45 us FP8 fused-MoE chain (~7.8 ms)."""
+    h200 = get_gpu("H200")
+    cost = RooflineCostModel(h200, DEEPSEEK_R1, EngineConfig(tensor_parallel_size=8))
+    mla = mla_decode_cost(h200, cost.dense_format, DEEPSEEK_R1.num_heads // 8)
+    assert mla is not None and 60e-6 < mla.fixed_s < 120e-6
+    assert cost.mla_block_time(4, False) == pytest.approx(61 * (mla.fixed_s + 4 * mla.per_request_s))
+    assert cost.mla_block_time(4, True) == pytest.approx(cost.mla_block_time(4, False) + 61 * mla.fixed_s)
+    moe_fixed = cost.moe_layer_time(1, 8) - cost.moe_layer_time(0, 8)
+    assert cost.moe_layer_time(0, 0) > MOE_LAYER_FIXED_S * 1.5 and moe_fixed >= 0
+    bytes_time = cost.weight_bytes_read(4) / h200.memory_bandwidth
+    assert 2e-3 < bytes_time < 3e-3
+    assert decode_step(cost, 4) > cost.mla_block_time(4, False) + 58 * cost.moe_layer_time(0, 0) + bytes_time
+
+
+def test_gpus_and_formats_the_tables_do_not_measure_keep_the_bytes_and_flops_price():
+    """H20 has no tables: no MLA block cost is added, and FP8 experts keep the bf16 fixed cost; a bf16 DeepSeek on
+    an H100 reads the bf16 row of the head count it runs."""
+    h20 = get_gpu("H20")
+    cost = RooflineCostModel(h20, DEEPSEEK_R1, EngineConfig(tensor_parallel_size=8))
+    assert cost.mla_block_time(4, True) == 0.0
+    assert cost.moe_layer_time(0, 0) == MOE_LAYER_FIXED_S
+    h100 = get_gpu("H100")
+    bf16 = weight_format(None, V2_LITE, h100)
+    assert mla_decode_cost(h100, bf16, V2_LITE.num_heads) is not None
+    dense = RooflineCostModel(h100, get_model("Llama-3.1-8B"), EngineConfig())
+    assert dense.mla_block_time(8, True) == 0.0
