@@ -10,14 +10,14 @@ weights' traffic. aiconfigurator-core measures both in vLLM on the H100 and H200
   bf16 or FP8 block-scaled projections (`gemm_type`). Per GPU, projection format and heads per GPU this script fits
   latency - (projection weights + cached latents) / HBM bandwidth = fixed + per_request x batch
   over the rows of at most 64 requests and 8,192 tokens of context, bf16 KV cache (FLASH_ATTN_MLA).
-- `systems/data/<gpu>/moe/vllm/<v>/moe_perf.parquet`: one MoE layer's routed experts. Per GPU and the FP8
-  block-scaled format (DeepSeek's, Qwen3-FP8's) the fixed cost is the median over the one-token rows (balanced routing, no expert parallelism, any TP) of
-  latency - the k experts' weight bytes on one rank / HBM bandwidth.
+- `systems/data/<gpu>/moe/vllm/<v>/moe_perf.parquet`: one MoE layer's routed experts. Per GPU, for the FP8
+  block-scaled format (DeepSeek's, Qwen3-FP8's), the fixed cost is the median over the one-token rows (balanced
+  routing, no expert parallelism, any TP) of latency - the k experts' weight bytes on one rank / HBM bandwidth.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/small_batch_kernels.py            # print the derivation
-    PYTHONPATH=. .venv/bin/python benchmarks/small_batch_kernels.py --write    # servelab/perf/data/small_batch_kernels.yaml
+    PYTHONPATH=. .venv/bin/python benchmarks/small_batch_kernels.py          # print the derivation
+    PYTHONPATH=. .venv/bin/python benchmarks/small_batch_kernels.py --write  # perf/data/small_batch_kernels.yaml
 
-tests/test_small_batch_kernels.py checks that the file is what this script derives from the installed tables.
+tests/test_moe_mla_small_batch.py checks that the file is what this script derives from the installed tables.
 """
 
 from __future__ import annotations

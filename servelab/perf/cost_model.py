@@ -259,7 +259,8 @@ class RooflineCostModel:
         its measured large-batch rate (perf/moe_kernels.py): seconds per routed token and MoE layer at that rate; 0
         where it is not measured."""
         self._moe_fixed_s = moe_fixed_cost(hardware, self.weight_format) or MOE_LAYER_FIXED_S
-        """The fused-MoE chain's fixed cost per layer: measured for FP8 block-scaled experts where tabled, else bf16's."""
+        """The fused-MoE chain's fixed cost per layer: measured for FP8 block-scaled experts where tabled, else bf16's
+        (perf/moe_kernels.py, moe_fixed_cost)."""
         self.expert_layout = ExpertLayout(tp, engine_config.data_parallel_size, engine_config.enable_expert_parallel)
         self._a2a_link = hardware.interconnect_bandwidth * self.coefficients.interconnect_efficiency
 
