@@ -1,5 +1,5 @@
 """DeepSeek at a few requests in flight: MLA's replicated down projections, and the measured fixed costs of its MLA
-decode block and FP8 block-scaled fused MoE (data/small_batch_kernels.yaml) on the GPUs whose tables measure them."""
+decode block and FP8 block-scaled fused MoE (data/mla_fp8_moe_kernels.yaml) on the GPUs whose tables measure them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import get_gpu
 from servelab.perf.memory import weight_bytes_per_rank
 from servelab.perf.models import get_model, load_hf_config
-from servelab.perf.moe_kernels import SMALL_BATCH_FILE, mla_decode_cost
+from servelab.perf.moe_kernels import MLA_FP8_MOE_FILE, mla_decode_cost
 from servelab.perf.quantization import weight_format
 from support.benchmark_script import load_benchmark
 
@@ -27,11 +27,11 @@ def decode_step(cost: RooflineCostModel, batch: int, context: int = 1000) -> flo
 
 
 def test_the_small_batch_costs_are_what_the_script_derives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """data/small_batch_kernels.yaml is exactly what benchmarks/small_batch_kernels.py --write derives from the
+    """data/mla_fp8_moe_kernels.yaml is exactly what benchmarks/mla_fp8_moe_kernels.py --write derives from the
     installed aiconfigurator-core tables: no number in it is typed by hand."""
-    script = load_benchmark("small_batch_kernels")
+    script = load_benchmark("mla_fp8_moe_kernels")
     derived = script.derive(script.aiconfigurator_data_root())
-    assert yaml.safe_load(yaml.safe_dump(derived)) == yaml.safe_load(SMALL_BATCH_FILE.read_text())
+    assert yaml.safe_load(yaml.safe_dump(derived)) == yaml.safe_load(MLA_FP8_MOE_FILE.read_text())
 
 
 def test_mla_down_projections_are_whole_on_every_rank():

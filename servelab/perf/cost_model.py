@@ -28,7 +28,7 @@ from servelab.perf.memory import (
     weight_bytes_per_rank,
 )
 from servelab.perf.models import ModelSpec
-from servelab.perf.moe_kernels import expert_kernel, mla_decode_cost, moe_fixed_cost, moe_kernel_flops
+from servelab.perf.moe_kernels import expert_kernel, fp8_moe_flops, mla_decode_cost, moe_fixed_cost, moe_kernel_flops
 from servelab.perf.quantization import WeightFormat, non_expert_weight_format, weight_format
 from servelab.schemas.profile import CostCoefficients as CostCoefficients  # re-exported: a profile saves it
 
@@ -252,12 +252,16 @@ class RooflineCostModel:
         weight_only = model.moe is not None and self.weight_format.weight_only
         kernel = expert_kernel(self.weight_format, vllm_version) if weight_only else None
         rate = moe_kernel_flops(kernel, hardware) if kernel else None
+        if model.moe is not None and rate is None:
+            width = model.moe.expert_intermediate_size // (1 if engine_config.enable_expert_parallel else tp)
+            rate = fp8_moe_flops(hardware, self.weight_format, width)
         self._expert_kernel_s_per_token = (
             model.routed_expert_flops_per_token / model.num_moe_layers / tp / rate if rate else 0.0
         )
-        """Weight-only experts run in a fused-MoE kernel (Marlin, or OpenAI's Triton kernel for MXFP4), no faster than
-        its measured large-batch rate (perf/moe_kernels.py): seconds per routed token and MoE layer at that rate; 0
-        where it is not measured."""
+        """Weight-only experts run in a fused-MoE kernel (Marlin, or OpenAI's Triton kernel for MXFP4), and FP8
+        experts on FP8 tensor cores in vLLM's Triton kernel, no faster than its measured large-batch rate
+        (perf/moe_kernels.py; FP8's falls with each rank's expert width): seconds per routed token and MoE layer at
+        that rate; 0 where it is not measured."""
         self._moe_fixed_s = moe_fixed_cost(hardware, self.weight_format) or MOE_LAYER_FIXED_S
         """The fused-MoE chain's fixed cost per layer: measured for FP8 block-scaled experts where tabled, else bf16's
         (perf/moe_kernels.py, moe_fixed_cost)."""
@@ -265,7 +269,7 @@ class RooflineCostModel:
         self._a2a_link = hardware.interconnect_bandwidth * self.coefficients.interconnect_efficiency
 
     def _init_mla_block(self, tp: int) -> None:
-        """MLA's measured fixed costs per layer beyond its bytes and FLOPs (perf/moe_kernels.py, small_batch_kernels):
+        """MLA's measured fixed costs per layer beyond its bytes and FLOPs (perf/moe_kernels.py, mla_fp8_moe_kernels):
         the decode block's launches (fused down projection, q up projection, absorbed BMMs, MLA kernel, output
         projection) and a per-request part, where the tables measure this GPU, projection format and head count."""
         cost = mla_decode_cost(self.hardware, self.dense_format, self.model.num_heads // tp) if self.model.mla else None

@@ -81,9 +81,9 @@ def moe_kernel_flops(kernel: MoeKernel, hardware: Hardware) -> float | None:
     return rate.tflops * 1e12 if rate else None
 
 
-SMALL_BATCH_FILE = Path(__file__).parent / "data" / "small_batch_kernels.yaml"
+MLA_FP8_MOE_FILE = Path(__file__).parent / "data" / "mla_fp8_moe_kernels.yaml"
 """Measured fixed costs of the MLA decode block and of FP8 block-scaled fused MoE, written by
-benchmarks/small_batch_kernels.py --write from aiconfigurator-core's vLLM tables (H100-SXM, H200)."""
+benchmarks/mla_fp8_moe_kernels.py --write from aiconfigurator-core's vLLM tables (H100-SXM, H200)."""
 
 MLA_GEMM_TYPES = {"bf16": "bfloat16", "fp8": "fp8_block"}
 """servelab weight format -> the tables' projection format (DeepSeek's FP8 checkpoints are 128x128 block-scaled)."""
@@ -112,8 +112,24 @@ class MoeFixedCost(BaseModel):
     tables: list[str]
 
 
-class SmallBatchKernels(BaseModel):
-    """One GPU's entry of small_batch_kernels.yaml."""
+class MoeWidthRate(BaseModel):
+    """A fused-MoE kernel's large-batch rate against each rank's expert width w: peak x w / (w + half_width)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    peak_tflops: float
+    half_width: float
+    rows: int
+    widths: int
+    max_abs_error: float
+    """Largest relative miss of the fit against the median rate of one width."""
+
+    def flops(self, width: float) -> float:
+        return self.peak_tflops * 1e12 * width / (width + self.half_width)
+
+
+class MlaFp8MoeKernels(BaseModel):
+    """One GPU's entry of mla_fp8_moe_kernels.yaml."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -121,18 +137,20 @@ class SmallBatchKernels(BaseModel):
     """Projection format -> heads per GPU -> cost."""
     moe_fixed: dict[str, MoeFixedCost]
     """Expert weight format -> cost."""
+    moe_rate: dict[str, MoeWidthRate]
+    """Expert weight format -> large-batch rate."""
 
 
 @cache
-def _small_batch(path: Path = SMALL_BATCH_FILE) -> dict[str, SmallBatchKernels]:
+def _mla_fp8_moe(path: Path = MLA_FP8_MOE_FILE) -> dict[str, MlaFp8MoeKernels]:
     doc = yaml.safe_load(path.read_text())
-    return {gpu: SmallBatchKernels.model_validate(entry) for gpu, entry in doc["gpus"].items()}
+    return {gpu: MlaFp8MoeKernels.model_validate(entry) for gpu, entry in doc["gpus"].items()}
 
 
 def mla_decode_cost(hardware: Hardware, weights: WeightFormat, heads_per_rank: int) -> MlaDecodeCost | None:
     """The measured MLA decode block's fixed costs for this GPU, projection format and heads per GPU, or None where
     the tables do not measure them (then only the block's bytes and FLOPs are priced)."""
-    entry = _small_batch().get(hardware.name)
+    entry = _mla_fp8_moe().get(hardware.name)
     gemm = MLA_GEMM_TYPES.get(weights.name)
     if entry is None or gemm is None:
         return None
@@ -141,8 +159,18 @@ def mla_decode_cost(hardware: Hardware, weights: WeightFormat, heads_per_rank: i
 
 def moe_fixed_cost(hardware: Hardware, weights: WeightFormat) -> float | None:
     """Seconds of a fused-MoE layer's fixed cost for FP8 experts on FP8 tensor cores where measured, else None."""
-    entry = _small_batch().get(hardware.name)
+    entry = _mla_fp8_moe().get(hardware.name)
     if entry is None or weights.name != "fp8" or weights.compute_dtype != "fp8":
         return None
     cost = entry.moe_fixed.get("fp8_block")
     return cost.fixed_s if cost else None
+
+
+def fp8_moe_flops(hardware: Hardware, weights: WeightFormat, width: int) -> float | None:
+    """FLOP/s of vLLM's Triton fused-MoE kernel at large batches for FP8 experts on FP8 tensor cores, each rank's
+    experts `width` wide (intermediate / TP; whole under expert parallelism), where measured; else None."""
+    entry = _mla_fp8_moe().get(hardware.name)
+    if entry is None or weights.name != "fp8" or weights.compute_dtype != "fp8":
+        return None
+    rate = entry.moe_rate.get("fp8_block")
+    return rate.flops(width) if rate else None

@@ -14,8 +14,8 @@ weights' traffic. aiconfigurator-core measures both in vLLM on the H100 and H200
   block-scaled format (DeepSeek's, Qwen3-FP8's), the fixed cost is the median over the one-token rows (balanced
   routing, no expert parallelism, any TP) of latency - the k experts' weight bytes on one rank / HBM bandwidth.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/small_batch_kernels.py          # print the derivation
-    PYTHONPATH=. .venv/bin/python benchmarks/small_batch_kernels.py --write  # perf/data/small_batch_kernels.yaml
+    PYTHONPATH=. .venv/bin/python benchmarks/mla_fp8_moe_kernels.py          # print the derivation
+    PYTHONPATH=. .venv/bin/python benchmarks/mla_fp8_moe_kernels.py --write  # perf/data/mla_fp8_moe_kernels.yaml
 
 tests/test_moe_mla_small_batch.py checks that the file is what this script derives from the installed tables.
 """
@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import yaml
+from scipy.optimize import curve_fit
 
 from servelab.perf.hardware import get_gpu
 from servelab.perf.kernel_fit import AIC_VERSION, aiconfigurator_data_root
-from servelab.perf.moe_kernels import SMALL_BATCH_FILE
+from servelab.perf.moe_kernels import MLA_FP8_MOE_FILE
 
 SYSTEMS = {"H100-SXM": "h100_sxm", "H200": "h200_sxm"}
 """The GPUs whose vLLM tables measure both the MLA decode block and FP8 block-scaled fused MoE."""
@@ -42,6 +43,7 @@ MOE_TABLES = ("moe/vllm/0.19.0/moe_perf.parquet", "moe/vllm/0.24.0/moe_perf.parq
 HIDDEN, Q_LORA, KV_LORA, ROPE, NOPE, V_HEAD = 7168, 1536, 512, 64, 128, 128
 """DeepSeek-V3's attention shapes, the model the MLA tables were timed on."""
 MAX_BATCH, MAX_CONTEXT = 1024, 8192
+LARGE_BATCH_FROM_TOKENS = 2048
 FORMAT_BYTES = {"bfloat16": 2.0, "fp8_block": 1.0}
 
 
@@ -80,14 +82,8 @@ def mla_fits(table: pd.DataFrame, bandwidth: float) -> dict[str, dict[int, dict[
 def moe_fixed(tables: list[pd.DataFrame], bandwidth: float) -> dict[str, dict[str, Any]]:
     """{"fp8_block": {fixed_s, rows, shapes, range_s, tables}} from the one-token rows of vLLM's Triton fused-MoE
     kernel with FP8 block-scaled experts (bf16 experts keep cost_model.MOE_LAYER_FIXED_S, read off the same tables)."""
-    table = pd.concat(tables, ignore_index=True)
-    rows = table[
-        (table.num_tokens == 1)
-        & (table.distribution == "balanced")
-        & (table.moe_ep_size == 1)
-        & (table.moe_dtype == "fp8_block")
-        & table.kernel_source.str.contains("triton|vllm_fused_moe")
-    ]
+    rows = triton_fp8_block_rows(tables)
+    rows = rows[rows.num_tokens == 1]
     out = {}
     for dtype, part in rows.groupby("moe_dtype"):
         weights = part.topk * 3 * part.hidden_size * part.inter_size / part.moe_tp_size * FORMAT_BYTES[str(dtype)]
@@ -102,6 +98,38 @@ def moe_fixed(tables: list[pd.DataFrame], bandwidth: float) -> dict[str, dict[st
     return out
 
 
+def triton_fp8_block_rows(tables: list[pd.DataFrame]) -> pd.DataFrame:
+    """vLLM's Triton fused-MoE rows with FP8 block-scaled experts, balanced routing, no expert parallelism."""
+    table = pd.concat(tables, ignore_index=True)
+    return table[
+        (table.distribution == "balanced")
+        & (table.moe_ep_size == 1)
+        & (table.moe_dtype == "fp8_block")
+        & table.kernel_source.str.contains("triton|vllm_fused_moe")
+    ]
+
+
+def moe_rate(tables: list[pd.DataFrame]) -> dict[str, Any]:
+    """The kernel's large-batch rate against each rank's expert width w = intermediate / TP, fitted as
+    peak x w / (w + half_width) to the median TFLOP/s per width over the rows of >= 2,048 tokens (gated experts:
+    3 x hidden x w multiply-adds per routed token and rank): narrow TP slices run far below the FP8 peak."""
+    rows = triton_fp8_block_rows(tables)
+    rows = rows[rows.num_tokens >= LARGE_BATCH_FROM_TOKENS]
+    width = rows.inter_size / rows.moe_tp_size
+    tflops = 6 * rows.num_tokens * rows.topk * rows.hidden_size * width / (rows.latency * 1e-3) / 1e12
+    medians = tflops.groupby(width).median()
+    w = medians.index.to_numpy(float)
+    (peak, half_width), _ = curve_fit(lambda x, r, h: r * x / (x + h), w, medians.to_numpy(), p0=(600.0, 300.0))
+    residual = medians.to_numpy() / (peak * w / (w + half_width)) - 1
+    return {
+        "peak_tflops": float(f"{peak:.4g}"),
+        "half_width": float(f"{half_width:.4g}"),
+        "rows": len(rows),
+        "widths": len(w),
+        "max_abs_error": float(f"{np.max(np.abs(residual)):.3g}"),
+    }
+
+
 def derive(root: Path) -> dict[str, Any]:
     """The document the data file holds."""
     gpus = {}
@@ -109,13 +137,19 @@ def derive(root: Path) -> dict[str, Any]:
         bandwidth = get_gpu(gpu).memory_bandwidth
         mla = pd.read_parquet(root / system / MLA_TABLE)
         moe = [pd.read_parquet(root / system / path) for path in MOE_TABLES if (root / system / path).is_file()]
-        gpus[gpu] = {"mla_decode": mla_fits(mla, bandwidth), "moe_fixed": moe_fixed(moe, bandwidth)}
+        gpus[gpu] = {
+            "mla_decode": mla_fits(mla, bandwidth),
+            "moe_fixed": moe_fixed(moe, bandwidth),
+            "moe_rate": {"fp8_block": moe_rate(moe)},
+        }
     return {
         "source": f"aiconfigurator-core=={AIC_VERSION} (NVIDIA, Apache-2.0): systems/data/<system>/{MLA_TABLE} "
         f"and {', '.join(MOE_TABLES)}",
-        "generated_by": "benchmarks/small_batch_kernels.py --write (do not edit by hand)",
+        "generated_by": "benchmarks/mla_fp8_moe_kernels.py --write (do not edit by hand)",
         "mla_selection": f"FLASH_ATTN_MLA, bf16 KV cache, <= {MAX_BATCH} requests, <= {MAX_CONTEXT} tokens of context; "
         "residual = latency - (projection weights + latents) / HBM bandwidth = fixed + per_request x requests",
+        "moe_rate_selection": f"the same kernels, >= {LARGE_BATCH_FROM_TOKENS} tokens; TFLOP/s = peak x w / (w + "
+        "half_width) over the median per expert width w = intermediate / TP",
         "moe_selection": "Triton fused-MoE kernels, one token, balanced routing, no expert parallelism, any TP; "
         "residual = latency - k experts' weights on one rank / HBM bandwidth, median",
         "gpus": gpus,
@@ -124,12 +158,12 @@ def derive(root: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"write {SMALL_BATCH_FILE.name}")
+    parser.add_argument("--write", action="store_true", help=f"write {MLA_FP8_MOE_FILE.name}")
     args = parser.parse_args()
     doc = derive(aiconfigurator_data_root())
     text = yaml.safe_dump(doc, sort_keys=False, width=120)
     if args.write:
-        SMALL_BATCH_FILE.write_text(text)
+        MLA_FP8_MOE_FILE.write_text(text)
     print(text)
 
 
