@@ -13,7 +13,7 @@ from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import get_gpu
 from servelab.perf.memory import weight_bytes_per_rank
 from servelab.perf.models import get_model, load_hf_config
-from servelab.perf.moe_kernels import MLA_FP8_MOE_FILE, mla_decode_cost
+from servelab.perf.moe_kernels import MLA_FP8_MOE_FILE, fp8_moe_flops, mla_decode_cost
 from servelab.perf.quantization import weight_format
 from support.benchmark_script import load_benchmark
 
@@ -75,3 +75,16 @@ def test_gpus_and_formats_the_tables_do_not_measure_keep_the_bytes_and_flops_pri
     assert mla_decode_cost(h100, bf16, V2_LITE.num_heads) is not None
     dense = RooflineCostModel(h100, get_model("Llama-3.1-8B"), EngineConfig())
     assert dense.mla_block_time(8, True) == 0.0
+
+
+def test_fp8_experts_run_at_the_measured_triton_rate_which_falls_with_the_slice_width():
+    """A long prefill of DeepSeek's FP8 experts is held to vLLM's measured Triton fused-MoE rate for each rank's
+    expert width: TP 8 slices the 2,048-wide experts to 256 and runs them at under half the rate of whole ones."""
+    h200 = get_gpu("H200")
+    fp8 = weight_format(None, DEEPSEEK_R1, h200)
+    narrow, wide = fp8_moe_flops(h200, fp8, 256), fp8_moe_flops(h200, fp8, 2048)
+    assert narrow is not None and wide is not None and narrow < 0.6 * wide < h200.peak_flops("fp8")
+    cost = RooflineCostModel(h200, DEEPSEEK_R1, EngineConfig(tensor_parallel_size=8))
+    routed_flops = 8192 * DEEPSEEK_R1.routed_expert_flops_per_token / DEEPSEEK_R1.num_moe_layers / 8
+    assert cost.moe_layer_time(8192, 256) >= routed_flops / narrow
+    assert fp8_moe_flops(get_gpu("H20"), fp8, 256) is None
