@@ -11,6 +11,7 @@ import yaml
 from servelab.perf.cost_model import MOE_LAYER_FIXED_S, RooflineCostModel
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import get_gpu
+from servelab.perf.kernel_fit import load_kernel_fit
 from servelab.perf.memory import weight_bytes_per_rank
 from servelab.perf.models import get_model, load_hf_config
 from servelab.perf.moe_kernels import MLA_FP8_MOE_FILE, fp8_moe_flops, mla_decode_cost
@@ -54,7 +55,10 @@ def test_deepseek_decode_pays_the_measured_mla_and_fp8_moe_fixed_costs_on_h200()
     cost = RooflineCostModel(h200, DEEPSEEK_R1, EngineConfig(tensor_parallel_size=8))
     mla = mla_decode_cost(h200, cost.dense_format, DEEPSEEK_R1.num_heads // 8)
     assert mla is not None and 60e-6 < mla.fixed_s < 120e-6
-    assert cost.mla_block_time(4, False) == pytest.approx(61 * (mla.fixed_s + 4 * mla.per_request_s))
+    fit = load_kernel_fit(h200)
+    assert fit is not None
+    launches = 61 * fit.elementwise.launch_s + (3 * 2 + 58 * 3) * fit.gemm.launch_s  # router + shared gate_up, down
+    assert cost.mla_block_time(4, False) == pytest.approx(launches + 61 * (mla.fixed_s + 4 * mla.per_request_s))
     assert cost.mla_block_time(4, True) == pytest.approx(cost.mla_block_time(4, False) + 61 * mla.fixed_s)
     moe_fixed = cost.moe_layer_time(1, 8) - cost.moe_layer_time(0, 8)
     assert cost.moe_layer_time(0, 0) > MOE_LAYER_FIXED_S * 1.5 and moe_fixed >= 0

@@ -271,16 +271,31 @@ class RooflineCostModel:
     def _init_mla_block(self, tp: int) -> None:
         """MLA's measured fixed costs per layer beyond its bytes and FLOPs (perf/moe_kernels.py, mla_fp8_moe_kernels):
         the decode block's launches (fused down projection, q up projection, absorbed BMMs, MLA kernel, output
-        projection) and a per-request part, where the tables measure this GPU, projection format and head count."""
-        cost = mla_decode_cost(self.hardware, self.dense_format, self.model.num_heads // tp) if self.model.mla else None
-        layers = self.model.num_layers
+        projection) and a per-request part, where the tables measure this GPU, projection format and head count;
+        there, the GPU's fitted launch floors of the layers' other kernels too (norms and activation, the router,
+        shared-expert and dense-MLP GEMMs), which the datasheet form MLA models run in leaves out."""
+        model = self.model
+        cost = mla_decode_cost(self.hardware, self.dense_format, model.num_heads // tp) if model.mla else None
+        fit = load_kernel_fit(self.hardware) if cost else None
+        layers = model.num_layers
         self._mla_fixed = layers * cost.fixed_s if cost else 0.0
         self._mla_s_per_request = layers * cost.per_request_s if cost else 0.0
+        self._mla_other_launches = 0.0
+        if cost and fit:
+            moe = model.moe
+            shared_gemms = 2 if moe and moe.shared_intermediate_size else 0
+            gemms = (moe.num_dense_layers * 2 + model.num_moe_layers * (1 + shared_gemms)) if moe else 2 * layers
+            self._mla_other_launches = layers * fit.elementwise.launch_s + gemms * fit.gemm.launch_s
 
     def mla_block_time(self, num_decodes: int, has_prefill: bool) -> float:
         """The MLA blocks' fixed costs in a step: the decode path's when it decodes, plus the prefill path's (its
-        one-token rows measure the same launches) when it admits prefill chunks; 0 for other models."""
-        return self._mla_fixed * ((num_decodes > 0) + has_prefill) + num_decodes * self._mla_s_per_request
+        one-token rows measure the same launches) when it admits prefill chunks, and the other kernels' launch floors
+        once; 0 for other models."""
+        return (
+            self._mla_other_launches
+            + self._mla_fixed * ((num_decodes > 0) + has_prefill)
+            + num_decodes * self._mla_s_per_request
+        )
 
     def _init_host_costs(self, engine_config: EngineConfig) -> None:
         """The CPU side of a step (overheads, idle wake-up) and when a step runs without CUDA graphs."""
