@@ -9,7 +9,10 @@ weights' traffic. aiconfigurator-core measures both in vLLM on the H100 and H200
   DeepSeek-V3's shapes (`num_heads` heads per GPU, `batch_size` requests, `step` tokens of context each), with
   bf16 or FP8 block-scaled projections (`gemm_type`). Per GPU, projection format and heads per GPU this script fits
   latency - (projection weights + cached latents) / HBM bandwidth = fixed + per_request x batch
-  over the rows of at most 64 requests and 8,192 tokens of context, bf16 KV cache (FLASH_ATTN_MLA).
+  over the rows of at most 1,024 requests and 8,192 tokens of context, bf16 KV cache (FLASH_ATTN_MLA).
+- `.../mla_context_module_perf.parquet`: the whole MLA prefill block (the same projections, the key and value up
+  projection, FlashAttention over the decompressed heads) for `batch_size` prompts of `isl` tokens; fitted as
+  latency = fixed + per_token x tokens + per_pair x causal query-key pairs over the rows of up to 32,768 tokens.
 - `systems/data/<gpu>/moe/vllm/<v>/moe_perf.parquet`: one MoE layer's routed experts. Per GPU, for the FP8
   block-scaled format (DeepSeek's, Qwen3-FP8's), the fixed cost is the median over the one-token rows (balanced
   routing, no expert parallelism, any TP) of latency - the k experts' weight bytes on one rank / HBM bandwidth.
@@ -39,11 +42,13 @@ SYSTEMS = {"H100-SXM": "h100_sxm", "H200": "h200_sxm"}
 """The GPUs whose vLLM tables measure both the MLA decode block and FP8 block-scaled fused MoE."""
 
 MLA_TABLE = "mla/vllm/0.24.0/mla_generation_module_perf.parquet"
+MLA_PREFILL_TABLE = "mla/vllm/0.24.0/mla_context_module_perf.parquet"
 MOE_TABLES = ("moe/vllm/0.19.0/moe_perf.parquet", "moe/vllm/0.24.0/moe_perf.parquet")
 HIDDEN, Q_LORA, KV_LORA, ROPE, NOPE, V_HEAD = 7168, 1536, 512, 64, 128, 128
 """DeepSeek-V3's attention shapes, the model the MLA tables were timed on."""
 MAX_BATCH, MAX_CONTEXT = 1024, 8192
 LARGE_BATCH_FROM_TOKENS = 2048
+MAX_PREFILL_TOKENS = 32768
 FORMAT_BYTES = {"bfloat16": 2.0, "fp8_block": 1.0}
 
 
@@ -75,6 +80,34 @@ def mla_fits(table: pd.DataFrame, bandwidth: float) -> dict[str, dict[int, dict[
             "per_request_s": float(f"{per_request:.4g}"),
             "rows": len(part),
             "rms_s": float(f"{rms:.3g}"),
+        }
+    return out
+
+
+def mla_prefill_fits(table: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]]:
+    """gemm_type -> heads per GPU -> {fixed_s, per_token_s, per_pair_s, rows, median_abs_error, max_abs_error}: the
+    whole prefill block, latency = fixed + per_token x tokens + per_pair x causal query-key pairs, fitted to the
+    rows of at most MAX_PREFILL_TOKENS tokens (bf16 KV cache, FLASH_ATTN_MLA)."""
+    tokens = table.batch_size * table.isl
+    rows = table[
+        (table.kernel_source == "FLASH_ATTN_MLA")
+        & (table.kv_cache_dtype == "bfloat16")
+        & (tokens <= MAX_PREFILL_TOKENS)
+    ]
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for (gemm, heads), part in rows.groupby(["gemm_type", "num_heads"]):
+        pairs = part.batch_size * part.isl * (part.isl + 1) / 2
+        design = np.column_stack([np.ones(len(part)), (part.batch_size * part.isl).to_numpy(float), pairs])
+        latency = part.latency.to_numpy() * 1e-3
+        coef, *_ = np.linalg.lstsq(design, latency, rcond=None)
+        error = np.abs(design @ coef / latency - 1)
+        out.setdefault(str(gemm), {})[int(heads)] = {
+            "fixed_s": float(f"{coef[0]:.4g}"),
+            "per_token_s": float(f"{coef[1]:.4g}"),
+            "per_pair_s": float(f"{coef[2]:.4g}"),
+            "rows": len(part),
+            "median_abs_error": float(f"{np.median(error):.3g}"),
+            "max_abs_error": float(f"{np.max(error):.3g}"),
         }
     return out
 
@@ -139,15 +172,18 @@ def derive(root: Path) -> dict[str, Any]:
         moe = [pd.read_parquet(root / system / path) for path in MOE_TABLES if (root / system / path).is_file()]
         gpus[gpu] = {
             "mla_decode": mla_fits(mla, bandwidth),
+            "mla_prefill": mla_prefill_fits(pd.read_parquet(root / system / MLA_PREFILL_TABLE)),
             "moe_fixed": moe_fixed(moe, bandwidth),
             "moe_rate": {"fp8_block": moe_rate(moe)},
         }
     return {
-        "source": f"aiconfigurator-core=={AIC_VERSION} (NVIDIA, Apache-2.0): systems/data/<system>/{MLA_TABLE} "
-        f"and {', '.join(MOE_TABLES)}",
+        "source": f"aiconfigurator-core=={AIC_VERSION} (NVIDIA, Apache-2.0): systems/data/<system>/{MLA_TABLE}, "
+        f"{MLA_PREFILL_TABLE} and {', '.join(MOE_TABLES)}",
         "generated_by": "benchmarks/mla_fp8_moe_kernels.py --write (do not edit by hand)",
         "mla_selection": f"FLASH_ATTN_MLA, bf16 KV cache, <= {MAX_BATCH} requests, <= {MAX_CONTEXT} tokens of context; "
         "residual = latency - (projection weights + latents) / HBM bandwidth = fixed + per_request x requests",
+        "mla_prefill_selection": f"FLASH_ATTN_MLA, bf16 KV cache, <= {MAX_PREFILL_TOKENS} tokens; latency = fixed + "
+        "per_token x tokens + per_pair x causal query-key pairs",
         "moe_rate_selection": f"the same kernels, >= {LARGE_BATCH_FROM_TOKENS} tokens; TFLOP/s = peak x w / (w + "
         "half_width) over the median per expert width w = intermediate / TP",
         "moe_selection": "Triton fused-MoE kernels, one token, balanced routing, no expert parallelism, any TP; "

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servelab.perf.cost_model import MOE_LAYER_FIXED_S, RooflineCostModel
+from servelab.perf.cost_model import MOE_LAYER_FIXED_S, RooflineCostModel, prefill_attention_work
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import get_gpu
 from servelab.perf.kernel_fit import load_kernel_fit
 from servelab.perf.memory import weight_bytes_per_rank
 from servelab.perf.models import get_model, load_hf_config
-from servelab.perf.moe_kernels import MLA_FP8_MOE_FILE, fp8_moe_flops, mla_decode_cost
+from servelab.perf.moe_kernels import MLA_FP8_MOE_FILE, fp8_moe_flops, mla_decode_cost, mla_prefill_cost
 from servelab.perf.quantization import weight_format
 from support.benchmark_script import load_benchmark
 
@@ -54,17 +54,19 @@ def test_deepseek_decode_pays_the_measured_mla_and_fp8_moe_fixed_costs_on_h200()
     h200 = get_gpu("H200")
     cost = RooflineCostModel(h200, DEEPSEEK_R1, EngineConfig(tensor_parallel_size=8))
     mla = mla_decode_cost(h200, cost.dense_format, DEEPSEEK_R1.num_heads // 8)
-    assert mla is not None and 60e-6 < mla.fixed_s < 120e-6
+    prefill = mla_prefill_cost(h200, cost.dense_format, DEEPSEEK_R1.num_heads // 8)
+    assert mla is not None and 60e-6 < mla.fixed_s < 120e-6 and prefill is not None and cost.mla_measured
     fit = load_kernel_fit(h200)
     assert fit is not None
     launches = 61 * fit.elementwise.launch_s + (3 * 2 + 58 * 3) * fit.gemm.launch_s  # router + shared gate_up, down
-    assert cost.mla_block_time(4, False) == pytest.approx(launches + 61 * (mla.fixed_s + 4 * mla.per_request_s))
-    assert cost.mla_block_time(4, True) == pytest.approx(cost.mla_block_time(4, False) + 61 * mla.fixed_s)
+    assert cost.mla_block_time(4, 0, 0) == pytest.approx(launches + 61 * (mla.fixed_s + 4 * mla.per_request_s))
+    chunk = 61 * (prefill.fixed_s + 512 * prefill.per_token_s + 1000 * prefill.per_pair_s)
+    assert cost.mla_block_time(4, 512, 1000) == pytest.approx(cost.mla_block_time(4, 0, 0) + chunk)
     moe_fixed = cost.moe_layer_time(1, 8) - cost.moe_layer_time(0, 8)
     assert cost.moe_layer_time(0, 0) > MOE_LAYER_FIXED_S * 1.5 and moe_fixed >= 0
     bytes_time = cost.weight_bytes_read(4) / h200.memory_bandwidth
     assert 2e-3 < bytes_time < 3e-3
-    assert decode_step(cost, 4) > cost.mla_block_time(4, False) + 58 * cost.moe_layer_time(0, 0) + bytes_time
+    assert decode_step(cost, 4) > cost.mla_block_time(4, 0, 0) + 58 * cost.moe_layer_time(0, 0) + bytes_time
 
 
 def test_gpus_and_formats_the_tables_do_not_measure_keep_the_bytes_and_flops_price():
@@ -72,13 +74,13 @@ def test_gpus_and_formats_the_tables_do_not_measure_keep_the_bytes_and_flops_pri
     an H100 reads the bf16 row of the head count it runs."""
     h20 = get_gpu("H20")
     cost = RooflineCostModel(h20, DEEPSEEK_R1, EngineConfig(tensor_parallel_size=8))
-    assert cost.mla_block_time(4, True) == 0.0
+    assert cost.mla_block_time(4, 512, 1000) == 0.0 and not cost.mla_measured
     assert cost.moe_layer_time(0, 0) == MOE_LAYER_FIXED_S
     h100 = get_gpu("H100")
     bf16 = weight_format(None, V2_LITE, h100)
     assert mla_decode_cost(h100, bf16, V2_LITE.num_heads) is not None
     dense = RooflineCostModel(h100, get_model("Llama-3.1-8B"), EngineConfig())
-    assert dense.mla_block_time(8, True) == 0.0
+    assert dense.mla_block_time(8, 512, 1000) == 0.0
 
 
 def test_fp8_experts_run_at_the_measured_triton_rate_which_falls_with_the_slice_width():
@@ -92,3 +94,21 @@ def test_fp8_experts_run_at_the_measured_triton_rate_which_falls_with_the_slice_
     routed_flops = 8192 * DEEPSEEK_R1.routed_expert_flops_per_token / DEEPSEEK_R1.num_moe_layers / 8
     assert cost.moe_layer_time(8192, 256) >= routed_flops / narrow
     assert fp8_moe_flops(get_gpu("H20"), fp8, 256) is None
+
+
+def test_a_measured_mla_prefill_block_replaces_the_datasheet_attention_price():
+    """Where the MLA tables apply, a prefill chunk's attention projections and attention are the measured block's
+    (per token and per query-key pair), not peak FLOPs x an assumed efficiency: for a 4,096-token DeepSeek-R1 prompt on
+    8 x H200 the measured blocks take over twice their FLOPs at the FP8 (projections) and bf16 (attention) peaks."""
+    h200 = get_gpu("H200")
+    cost = RooflineCostModel(h200, DEEPSEEK_R1, EngineConfig(tensor_parallel_size=8))
+    work = prefill_attention_work(4096, 0)
+    prefill = mla_prefill_cost(h200, cost.dense_format, 16)
+    assert prefill is not None
+    block = cost.mla_block_time(0, 4096, work) - cost.mla_block_time(0, 0, 0)
+    assert block == pytest.approx(61 * (prefill.fixed_s + 4096 * prefill.per_token_s + work * prefill.per_pair_s))
+    replicated = DEEPSEEK_R1.replicated_attention_params
+    projections = 2 * 61 * 4096 * (replicated + (DEEPSEEK_R1.attention_linear_params - replicated) / 8)
+    attention = work * DEEPSEEK_R1.attention_flops_per_pair / 8
+    assert block > 2 * (projections / h200.peak_flops("fp8") + attention / h200.peak_flops("bf16"))
+    assert cost.step_time_aggregate(4096, work, 0, 0, 1) > block

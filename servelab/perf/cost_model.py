@@ -28,7 +28,14 @@ from servelab.perf.memory import (
     weight_bytes_per_rank,
 )
 from servelab.perf.models import ModelSpec
-from servelab.perf.moe_kernels import expert_kernel, fp8_moe_flops, mla_decode_cost, moe_fixed_cost, moe_kernel_flops
+from servelab.perf.moe_kernels import (
+    expert_kernel,
+    fp8_moe_flops,
+    mla_decode_cost,
+    mla_prefill_cost,
+    moe_fixed_cost,
+    moe_kernel_flops,
+)
 from servelab.perf.quantization import WeightFormat, non_expert_weight_format, weight_format
 from servelab.schemas.profile import CostCoefficients as CostCoefficients  # re-exported: a profile saves it
 
@@ -269,33 +276,47 @@ class RooflineCostModel:
         self._a2a_link = hardware.interconnect_bandwidth * self.coefficients.interconnect_efficiency
 
     def _init_mla_block(self, tp: int) -> None:
-        """MLA's measured fixed costs per layer beyond its bytes and FLOPs (perf/moe_kernels.py, mla_fp8_moe_kernels):
-        the decode block's launches (fused down projection, q up projection, absorbed BMMs, MLA kernel, output
-        projection) and a per-request part, where the tables measure this GPU, projection format and head count;
-        there, the GPU's fitted launch floors of the layers' other kernels too (norms and activation, the router,
-        shared-expert and dense-MLP GEMMs), which the datasheet form MLA models run in leaves out."""
+        """MLA's measured blocks per layer (perf/moe_kernels.py, mla_fp8_moe_kernels), where the tables measure this
+        GPU, projection format and head count: the decode block's fixed cost beyond its bytes (fused down
+        projection, q up projection, absorbed BMMs, MLA kernel, output projection) and a per-request part; the whole
+        prefill block (fixed, per token, per query-key pair), which then replaces the datasheet price of the
+        attention projections and the prefill attention FLOPs; and the GPU's fitted launch floors of the layers'
+        other kernels (norms and activation, router, shared-expert and dense-MLP GEMMs), which the datasheet form
+        that MLA models run in leaves out."""
         model = self.model
-        cost = mla_decode_cost(self.hardware, self.dense_format, model.num_heads // tp) if model.mla else None
-        fit = load_kernel_fit(self.hardware) if cost else None
+        heads = model.num_heads // tp
+        decode = mla_decode_cost(self.hardware, self.dense_format, heads) if model.mla else None
+        prefill = mla_prefill_cost(self.hardware, self.dense_format, heads) if decode else None
+        fit = load_kernel_fit(self.hardware) if prefill else None
         layers = model.num_layers
-        self._mla_fixed = layers * cost.fixed_s if cost else 0.0
-        self._mla_s_per_request = layers * cost.per_request_s if cost else 0.0
+        self.mla_measured = decode is not None and prefill is not None and fit is not None
+        """Whether MLA's blocks are priced from the measured tables (else from bytes and FLOPs alone)."""
+        self._mla_decode = (layers * decode.fixed_s, layers * decode.per_request_s) if decode else (0.0, 0.0)
+        self._mla_prefill = (
+            (layers * prefill.fixed_s, layers * prefill.per_token_s, layers * prefill.per_pair_s)
+            if prefill
+            else (0.0, 0.0, 0.0)
+        )
         self._mla_other_launches = 0.0
-        if cost and fit:
+        if fit and self.mla_measured:
             moe = model.moe
             shared_gemms = 2 if moe and moe.shared_intermediate_size else 0
             gemms = (moe.num_dense_layers * 2 + model.num_moe_layers * (1 + shared_gemms)) if moe else 2 * layers
             self._mla_other_launches = layers * fit.elementwise.launch_s + gemms * fit.gemm.launch_s
 
-    def mla_block_time(self, num_decodes: int, has_prefill: bool) -> float:
-        """The MLA blocks' fixed costs in a step: the decode path's when it decodes, plus the prefill path's (its
-        one-token rows measure the same launches) when it admits prefill chunks, and the other kernels' launch floors
-        once; 0 for other models."""
-        return (
-            self._mla_other_launches
-            + self._mla_fixed * ((num_decodes > 0) + has_prefill)
-            + num_decodes * self._mla_s_per_request
-        )
+    def mla_block_time(self, num_decodes: int, num_prefill_tokens: int, prefill_attn_work: int) -> float:
+        """The measured MLA blocks of a step (see _init_mla_block): the decode path when it decodes, the prefill path
+        for its chunks' tokens and query-key pairs, and the other kernels' launch floors once; 0 where not measured."""
+        if not self.mla_measured:
+            return 0.0
+        time = self._mla_other_launches
+        if num_decodes:
+            fixed, per_request = self._mla_decode
+            time += fixed + num_decodes * per_request
+        if num_prefill_tokens:
+            fixed, per_token, per_pair = self._mla_prefill
+            time += fixed + num_prefill_tokens * per_token + prefill_attn_work * per_pair
+        return time
 
     def _init_host_costs(self, engine_config: EngineConfig) -> None:
         """The CPU side of a step (overheads, idle wake-up) and when a step runs without CUDA graphs."""
@@ -319,11 +340,19 @@ class RooflineCostModel:
         memory_bw = hardware.memory_bandwidth
         self._weight_time = self._streamed_bytes / (memory_bw * c.memory_efficiency)
         replicated_flops = 2 * model.num_layers * model.replicated_attention_params  # every rank computes them whole
-        self._linear_s_per_token = (
-            (model.non_expert_linear_flops_per_token - replicated_flops) / tp + replicated_flops
-        ) / (compute_peak * c.compute_efficiency)
+        linear_flops = (model.non_expert_linear_flops_per_token - replicated_flops) / tp + replicated_flops
+        if self.mla_measured:  # the measured MLA blocks price the attention projections and prefill attention
+            linear_flops -= (
+                2 * model.num_layers * (model.attention_linear_params - model.replicated_attention_params) / tp
+            )
+            linear_flops -= replicated_flops
+        self._linear_s_per_token = linear_flops / (compute_peak * c.compute_efficiency)
         self._lm_head_s_per_sample = model.lm_head_flops_per_token / tp / (compute_peak * c.compute_efficiency)
-        self._attn_s_per_pair = model.attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency)
+        self._attn_s_per_pair = (
+            0.0
+            if self.mla_measured
+            else model.attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency)
+        )
         if model.mla:
             self._decode_attn_s_per_pair = (
                 model.decode_attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency)
@@ -472,7 +501,7 @@ class RooflineCostModel:
         attention = max(
             attention_flops_time,
             (sum_decode_context + prefill_context_tokens + num_prefill_tokens) * self._kv_s_per_token,
-        ) + self.mla_block_time(num_decodes, num_sampled > num_decodes)
+        ) + self.mla_block_time(num_decodes, num_prefill_tokens, prefill_attn_work)
         communication = self._comm_fixed + num_tokens * self._comm_s_per_token
         cpu = self._step_overhead + num_sampled * self._request_overhead
         if num_sampled > num_decodes:  # at least one prefill chunk

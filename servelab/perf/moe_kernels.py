@@ -100,6 +100,19 @@ class MlaDecodeCost(BaseModel):
     rms_s: float
 
 
+class MlaPrefillCost(BaseModel):
+    """One layer's whole MLA prefill block: fixed + per_token x tokens + per_pair x causal query-key pairs (s)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fixed_s: float
+    per_token_s: float
+    per_pair_s: float
+    rows: int
+    median_abs_error: float
+    max_abs_error: float
+
+
 class MoeFixedCost(BaseModel):
     """One fused-MoE layer's kernel chain beyond the experts' weight traffic (seconds), from its one-token rows."""
 
@@ -135,6 +148,8 @@ class MlaFp8MoeKernels(BaseModel):
 
     mla_decode: dict[str, dict[int, MlaDecodeCost]]
     """Projection format -> heads per GPU -> cost."""
+    mla_prefill: dict[str, dict[int, MlaPrefillCost]]
+    """Projection format -> heads per GPU -> cost."""
     moe_fixed: dict[str, MoeFixedCost]
     """Expert weight format -> cost."""
     moe_rate: dict[str, MoeWidthRate]
@@ -155,6 +170,15 @@ def mla_decode_cost(hardware: Hardware, weights: WeightFormat, heads_per_rank: i
     if entry is None or gemm is None:
         return None
     return entry.mla_decode.get(gemm, {}).get(heads_per_rank)
+
+
+def mla_prefill_cost(hardware: Hardware, weights: WeightFormat, heads_per_rank: int) -> MlaPrefillCost | None:
+    """The measured MLA prefill block for this GPU, projection format and heads per GPU, or None where unmeasured."""
+    entry = _mla_fp8_moe().get(hardware.name)
+    gemm = MLA_GEMM_TYPES.get(weights.name)
+    if entry is None or gemm is None:
+        return None
+    return entry.mla_prefill.get(gemm, {}).get(heads_per_rank)
 
 
 def moe_fixed_cost(hardware: Hardware, weights: WeightFormat) -> float | None:
