@@ -87,13 +87,10 @@ def mla_fits(table: pd.DataFrame, bandwidth: float) -> dict[str, dict[int, dict[
 def mla_prefill_fits(table: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]]:
     """gemm_type -> heads per GPU -> {fixed_s, per_token_s, per_pair_s, rows, median_abs_error, max_abs_error}: the
     whole prefill block, latency = fixed + per_token x tokens + per_pair x causal query-key pairs, fitted to the
-    rows of at most MAX_PREFILL_TOKENS tokens (bf16 KV cache, FLASH_ATTN_MLA)."""
+    rows of at most MAX_PREFILL_TOKENS tokens with a bf16 KV cache, whichever backend vLLM picked (FLASH_ATTN_MLA for
+    short prompts, FLASH_ATTN from 1,024 tokens)."""
     tokens = table.batch_size * table.isl
-    rows = table[
-        (table.kernel_source == "FLASH_ATTN_MLA")
-        & (table.kv_cache_dtype == "bfloat16")
-        & (tokens <= MAX_PREFILL_TOKENS)
-    ]
+    rows = table[(table.kv_cache_dtype == "bfloat16") & (tokens <= MAX_PREFILL_TOKENS)]
     out: dict[str, dict[int, dict[str, Any]]] = {}
     for (gemm, heads), part in rows.groupby(["gemm_type", "num_heads"]):
         pairs = part.batch_size * part.isl * (part.isl + 1) / 2
@@ -182,8 +179,8 @@ def derive(root: Path) -> dict[str, Any]:
         "generated_by": "benchmarks/mla_fp8_moe_kernels.py --write (do not edit by hand)",
         "mla_selection": f"FLASH_ATTN_MLA, bf16 KV cache, <= {MAX_BATCH} requests, <= {MAX_CONTEXT} tokens of context; "
         "residual = latency - (projection weights + latents) / HBM bandwidth = fixed + per_request x requests",
-        "mla_prefill_selection": f"FLASH_ATTN_MLA, bf16 KV cache, <= {MAX_PREFILL_TOKENS} tokens; latency = fixed + "
-        "per_token x tokens + per_pair x causal query-key pairs",
+        "mla_prefill_selection": f"bf16 KV cache (FLASH_ATTN_MLA or FLASH_ATTN), <= {MAX_PREFILL_TOKENS} tokens; "
+        "latency = fixed + per_token x tokens + per_pair x causal query-key pairs",
         "moe_rate_selection": f"the same kernels, >= {LARGE_BATCH_FROM_TOKENS} tokens; TFLOP/s = peak x w / (w + "
         "half_width) over the median per expert width w = intermediate / TP",
         "moe_selection": "Triton fused-MoE kernels, one token, balanced routing, no expert parallelism, any TP; "
