@@ -28,7 +28,14 @@ from servelab.perf.memory import (
     weight_bytes_per_rank,
 )
 from servelab.perf.models import ModelSpec
-from servelab.perf.moe_kernels import expert_kernel, moe_kernel_flops
+from servelab.perf.moe_kernels import (
+    expert_kernel,
+    fp8_moe_flops,
+    mla_decode_cost,
+    mla_prefill_cost,
+    moe_fixed_cost,
+    moe_kernel_flops,
+)
 from servelab.perf.quantization import WeightFormat, non_expert_weight_format, weight_format
 from servelab.schemas.profile import CostCoefficients as CostCoefficients  # re-exported: a profile saves it
 
@@ -216,6 +223,7 @@ class RooflineCostModel:
         self._init_weights(engine_config, tp, vllm_version)
         self._decode_attn_s_per_pair: float | None = None
         """Set for MLA, whose absorbed decode attention has its own FLOPs per pair."""
+        self._init_mla_block(tp)
         kv_per_token = kv_bytes_per_token_per_rank(model, engine_config.kv_cache_dtype, tp)
         if tp > 1 and hardware.interconnect_bandwidth <= 0:
             raise PerfConfigError(f"{hardware.name} has no GPU interconnect; tensor parallelism is not possible")
@@ -251,14 +259,64 @@ class RooflineCostModel:
         weight_only = model.moe is not None and self.weight_format.weight_only
         kernel = expert_kernel(self.weight_format, vllm_version) if weight_only else None
         rate = moe_kernel_flops(kernel, hardware) if kernel else None
+        if model.moe is not None and rate is None:
+            width = model.moe.expert_intermediate_size // (1 if engine_config.enable_expert_parallel else tp)
+            rate = fp8_moe_flops(hardware, self.weight_format, width)
         self._expert_kernel_s_per_token = (
             model.routed_expert_flops_per_token / model.num_moe_layers / tp / rate if rate else 0.0
         )
-        """Weight-only experts run in a fused-MoE kernel (Marlin, or OpenAI's Triton kernel for MXFP4), no faster than
-        its measured large-batch rate (perf/moe_kernels.py): seconds per routed token and MoE layer at that rate; 0
-        where it is not measured."""
+        """Weight-only experts run in a fused-MoE kernel (Marlin, or OpenAI's Triton kernel for MXFP4), and FP8
+        experts on FP8 tensor cores in vLLM's Triton kernel, no faster than its measured large-batch rate
+        (perf/moe_kernels.py; FP8's falls with each rank's expert width): seconds per routed token and MoE layer at
+        that rate; 0 where it is not measured."""
+        self._moe_fixed_s = moe_fixed_cost(hardware, self.weight_format) or MOE_LAYER_FIXED_S
+        """The fused-MoE chain's fixed cost per layer: measured for FP8 block-scaled experts where tabled, else bf16's
+        (perf/moe_kernels.py, moe_fixed_cost)."""
         self.expert_layout = ExpertLayout(tp, engine_config.data_parallel_size, engine_config.enable_expert_parallel)
         self._a2a_link = hardware.interconnect_bandwidth * self.coefficients.interconnect_efficiency
+
+    def _init_mla_block(self, tp: int) -> None:
+        """MLA's measured blocks per layer (perf/moe_kernels.py, mla_fp8_moe_kernels), where the tables measure this
+        GPU, projection format and head count: the decode block's fixed cost beyond its bytes (fused down
+        projection, q up projection, absorbed BMMs, MLA kernel, output projection) and a per-request part; the whole
+        prefill block (fixed, per token, per query-key pair), which then replaces the datasheet price of the
+        attention projections and the prefill attention FLOPs; and the GPU's fitted launch floors of the layers'
+        other kernels (norms and activation, router, shared-expert and dense-MLP GEMMs), which the datasheet form
+        that MLA models run in leaves out."""
+        model = self.model
+        heads = model.num_heads // tp
+        decode = mla_decode_cost(self.hardware, self.dense_format, heads) if model.mla else None
+        prefill = mla_prefill_cost(self.hardware, self.dense_format, heads) if decode else None
+        fit = load_kernel_fit(self.hardware) if prefill else None
+        layers = model.num_layers
+        self.mla_measured = decode is not None and prefill is not None and fit is not None
+        """Whether MLA's blocks are priced from the measured tables (else from bytes and FLOPs alone)."""
+        self._mla_decode = (layers * decode.fixed_s, layers * decode.per_request_s) if decode else (0.0, 0.0)
+        self._mla_prefill = (
+            (layers * prefill.fixed_s, layers * prefill.per_token_s, layers * prefill.per_pair_s)
+            if prefill
+            else (0.0, 0.0, 0.0)
+        )
+        self._mla_other_launches = 0.0
+        if fit and self.mla_measured:
+            moe = model.moe
+            shared_gemms = 2 if moe and moe.shared_intermediate_size else 0
+            gemms = (moe.num_dense_layers * 2 + model.num_moe_layers * (1 + shared_gemms)) if moe else 2 * layers
+            self._mla_other_launches = layers * fit.elementwise.launch_s + gemms * fit.gemm.launch_s
+
+    def mla_block_time(self, num_decodes: int, num_prefill_tokens: int, prefill_attn_work: int) -> float:
+        """The measured MLA blocks of a step (see _init_mla_block): the decode path when it decodes, the prefill path
+        for its chunks' tokens and query-key pairs, and the other kernels' launch floors once; 0 where not measured."""
+        if not self.mla_measured:
+            return 0.0
+        time = self._mla_other_launches
+        if num_decodes:
+            fixed, per_request = self._mla_decode
+            time += fixed + num_decodes * per_request
+        if num_prefill_tokens:
+            fixed, per_token, per_pair = self._mla_prefill
+            time += fixed + num_prefill_tokens * per_token + prefill_attn_work * per_pair
+        return time
 
     def _init_host_costs(self, engine_config: EngineConfig) -> None:
         """The CPU side of a step (overheads, idle wake-up) and when a step runs without CUDA graphs."""
@@ -281,9 +339,20 @@ class RooflineCostModel:
         attention_peak = hardware.peak_flops("bf16")
         memory_bw = hardware.memory_bandwidth
         self._weight_time = self._streamed_bytes / (memory_bw * c.memory_efficiency)
-        self._linear_s_per_token = model.non_expert_linear_flops_per_token / tp / (compute_peak * c.compute_efficiency)
+        replicated_flops = 2 * model.num_layers * model.replicated_attention_params  # every rank computes them whole
+        linear_flops = (model.non_expert_linear_flops_per_token - replicated_flops) / tp + replicated_flops
+        if self.mla_measured:  # the measured MLA blocks price the attention projections and prefill attention
+            linear_flops -= (
+                2 * model.num_layers * (model.attention_linear_params - model.replicated_attention_params) / tp
+            )
+            linear_flops -= replicated_flops
+        self._linear_s_per_token = linear_flops / (compute_peak * c.compute_efficiency)
         self._lm_head_s_per_sample = model.lm_head_flops_per_token / tp / (compute_peak * c.compute_efficiency)
-        self._attn_s_per_pair = model.attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency)
+        self._attn_s_per_pair = (
+            0.0
+            if self.mla_measured
+            else model.attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency)
+        )
         if model.mla:
             self._decode_attn_s_per_pair = (
                 model.decode_attention_flops_per_pair / tp / (attention_peak * c.attention_compute_efficiency)
@@ -432,7 +501,7 @@ class RooflineCostModel:
         attention = max(
             attention_flops_time,
             (sum_decode_context + prefill_context_tokens + num_prefill_tokens) * self._kv_s_per_token,
-        )
+        ) + self.mla_block_time(num_decodes, num_prefill_tokens, prefill_attn_work)
         communication = self._comm_fixed + num_tokens * self._comm_s_per_token
         cpu = self._step_overhead + num_sampled * self._request_overhead
         if num_sampled > num_decodes:  # at least one prefill chunk
@@ -522,7 +591,7 @@ class RooflineCostModel:
             layout = self.expert_layout
             routed = num_tokens * (layout.data_parallel_size if layout.dispatches else 1)  # DP ranks step together
             touched = self._moe.experts_touched(routed)
-            fixed = self.model.num_moe_layers * MOE_LAYER_FIXED_S  # launches and routing: every rank, unscaled
+            fixed = self.model.num_moe_layers * self._moe_fixed_s  # launches and routing: every rank, unscaled
             grouped = self.model.num_moe_layers * self.moe_layer_time(routed, touched) - fixed
             cached = self._expert_cache[num_tokens] = (
                 fixed
@@ -541,7 +610,7 @@ class RooflineCostModel:
         else:
             per_layer = self.model.num_moe_layers
             grouped = max(num_tokens * self._routed_s_per_token, touched_experts * self._expert_read_s) / per_layer
-        return MOE_LAYER_FIXED_S + max(grouped, num_tokens * self._expert_kernel_s_per_token)
+        return self._moe_fixed_s + max(grouped, num_tokens * self._expert_kernel_s_per_token)
 
     def wake_time(self, idle_s: float) -> float:
         """`idle_wake_s` scaled by how long the engine idled (see CostCoefficients.idle_wake_s); 0 when it never did."""

@@ -104,7 +104,8 @@ def weight_bytes_per_rank(model: ModelSpec, quantization: str | None, hardware: 
     """Weights one tensor-parallel rank holds: quantized linears, embedding and LM head in the model dtype.
 
     vLLM shards the vocabulary of both embedding and LM head across ranks, so every
-    term divides by TP (norms and biases are too small to matter). Every expert of a
+    term divides by TP (norms and biases are too small to matter) but MLA's down projections, which every rank
+    holds whole (`ModelSpec.replicated_attention_params`). Every expert of a
     mixture-of-experts model is resident, each sharded across the TP ranks.
     """
     dense = non_expert_weight_format(quantization, model, hardware).bytes_per_param
@@ -112,7 +113,8 @@ def weight_bytes_per_rank(model: ModelSpec, quantization: str | None, hardware: 
     if model.moe:
         linear += routed_expert_bytes(model, quantization, hardware)
     vocab = (model.embedding_params + model.lm_head_params) * model.dtype_bytes
-    return int((linear + vocab) / tp)
+    replicated = model.num_layers * model.replicated_attention_params * dense
+    return int((linear + vocab - replicated) / tp + replicated)
 
 
 def routed_expert_bytes(model: ModelSpec, quantization: str | None, hardware: Hardware) -> float:

@@ -148,6 +148,15 @@ class ModelSpec:
         return h * (q + 2 * kv) + q * h
 
     @property
+    def replicated_attention_params(self) -> int:
+        """Attention weights of one layer that every tensor-parallel rank holds and multiplies in full: MLA's down
+        projections to the query and KV latents, which vLLM builds with `disable_tp=True` (`fused_qkv_a_proj`) or as
+        a `ReplicatedLinear` (`kv_a_proj_with_mqa`, models/deepseek_v2.py, DeepseekV2MLAAttention); 0 otherwise."""
+        if not self.mla:
+            return 0
+        return self.hidden_size * (self.mla.q_lora_rank + self.mla.cached_width)
+
+    @property
     def layer_linear_params(self) -> int:
         """Matmul weights of one dense block: q, k, v, o projections and the gated MLP."""
         return self.attention_linear_params + 3 * self.hidden_size * self.intermediate_size

@@ -79,3 +79,122 @@ def moe_kernel_flops(kernel: MoeKernel, hardware: Hardware) -> float | None:
     rates = _rates()
     rate = rates[kernel].get(hardware.name) or rates[MoeKernel.MARLIN].get(hardware.name)
     return rate.tflops * 1e12 if rate else None
+
+
+MLA_FP8_MOE_FILE = Path(__file__).parent / "data" / "mla_fp8_moe_kernels.yaml"
+"""Measured fixed costs of the MLA decode block and of FP8 block-scaled fused MoE, written by
+benchmarks/mla_fp8_moe_kernels.py --write from aiconfigurator-core's vLLM tables (H100-SXM, H200)."""
+
+MLA_GEMM_TYPES = {"bf16": "bfloat16", "fp8": "fp8_block"}
+"""servelab weight format -> the tables' projection format (DeepSeek's FP8 checkpoints are 128x128 block-scaled)."""
+
+
+class MlaDecodeCost(BaseModel):
+    """One layer's MLA decode block beyond the bytes it reads: fixed + per_request x requests (seconds)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fixed_s: float
+    per_request_s: float
+    rows: int
+    rms_s: float
+
+
+class MlaPrefillCost(BaseModel):
+    """One layer's whole MLA prefill block: fixed + per_token x tokens + per_pair x causal query-key pairs (s)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fixed_s: float
+    per_token_s: float
+    per_pair_s: float
+    rows: int
+    median_abs_error: float
+    max_abs_error: float
+
+
+class MoeFixedCost(BaseModel):
+    """One fused-MoE layer's kernel chain beyond the experts' weight traffic (seconds), from its one-token rows."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fixed_s: float
+    rows: int
+    shapes: int
+    range_s: tuple[float, float]
+    tables: list[str]
+
+
+class MoeWidthRate(BaseModel):
+    """A fused-MoE kernel's large-batch rate against each rank's expert width w: peak x w / (w + half_width)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    peak_tflops: float
+    half_width: float
+    rows: int
+    widths: int
+    max_abs_error: float
+    """Largest relative miss of the fit against the median rate of one width."""
+
+    def flops(self, width: float) -> float:
+        return self.peak_tflops * 1e12 * width / (width + self.half_width)
+
+
+class MlaFp8MoeKernels(BaseModel):
+    """One GPU's entry of mla_fp8_moe_kernels.yaml."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mla_decode: dict[str, dict[int, MlaDecodeCost]]
+    """Projection format -> heads per GPU -> cost."""
+    mla_prefill: dict[str, dict[int, MlaPrefillCost]]
+    """Projection format -> heads per GPU -> cost."""
+    moe_fixed: dict[str, MoeFixedCost]
+    """Expert weight format -> cost."""
+    moe_rate: dict[str, MoeWidthRate]
+    """Expert weight format -> large-batch rate."""
+
+
+@cache
+def _mla_fp8_moe(path: Path = MLA_FP8_MOE_FILE) -> dict[str, MlaFp8MoeKernels]:
+    doc = yaml.safe_load(path.read_text())
+    return {gpu: MlaFp8MoeKernels.model_validate(entry) for gpu, entry in doc["gpus"].items()}
+
+
+def mla_decode_cost(hardware: Hardware, weights: WeightFormat, heads_per_rank: int) -> MlaDecodeCost | None:
+    """The measured MLA decode block's fixed costs for this GPU, projection format and heads per GPU, or None where
+    the tables do not measure them (then only the block's bytes and FLOPs are priced)."""
+    entry = _mla_fp8_moe().get(hardware.name)
+    gemm = MLA_GEMM_TYPES.get(weights.name)
+    if entry is None or gemm is None:
+        return None
+    return entry.mla_decode.get(gemm, {}).get(heads_per_rank)
+
+
+def mla_prefill_cost(hardware: Hardware, weights: WeightFormat, heads_per_rank: int) -> MlaPrefillCost | None:
+    """The measured MLA prefill block for this GPU, projection format and heads per GPU, or None where unmeasured."""
+    entry = _mla_fp8_moe().get(hardware.name)
+    gemm = MLA_GEMM_TYPES.get(weights.name)
+    if entry is None or gemm is None:
+        return None
+    return entry.mla_prefill.get(gemm, {}).get(heads_per_rank)
+
+
+def moe_fixed_cost(hardware: Hardware, weights: WeightFormat) -> float | None:
+    """Seconds of a fused-MoE layer's fixed cost for FP8 experts on FP8 tensor cores where measured, else None."""
+    entry = _mla_fp8_moe().get(hardware.name)
+    if entry is None or weights.name != "fp8" or weights.compute_dtype != "fp8":
+        return None
+    cost = entry.moe_fixed.get("fp8_block")
+    return cost.fixed_s if cost else None
+
+
+def fp8_moe_flops(hardware: Hardware, weights: WeightFormat, width: int) -> float | None:
+    """FLOP/s of vLLM's Triton fused-MoE kernel at large batches for FP8 experts on FP8 tensor cores, each rank's
+    experts `width` wide (intermediate / TP; whole under expert parallelism), where measured; else None."""
+    entry = _mla_fp8_moe().get(hardware.name)
+    if entry is None or weights.name != "fp8" or weights.compute_dtype != "fp8":
+        return None
+    rate = entry.moe_rate.get("fp8_block")
+    return rate.flops(width) if rate else None
