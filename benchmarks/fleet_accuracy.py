@@ -74,8 +74,13 @@ KUBEAI = Source(
     gpu="l4",
     model="llama-3.1-8b",
     replicas=8,
+    # Published with --kv-cache-dtype fp8, which v0.7.2's V1 engine did not apply to the cache's size: its model
+    # runner sized every layer's cache in the attention layer's dtype (get_kv_cache_spec: FullAttentionSpec(dtype=
+    # attn_module.dtype), and Attention.__init__ keeps torch.get_default_dtype(), the model's bf16), while the flag
+    # reached only the kernel that writes K and V (reshape_and_cache_flash), so the output was unreadable (vLLM issue
+    # #13133) and the cache bf16 (PR #14221: V1 "ignoring the parameter"). So the replay runs a bf16 cache.
     engine_args=(
-        "--quantization fp8 --kv-cache-dtype fp8 --max-model-len 16384 --max-num-batched-tokens 16384 "
+        "--quantization fp8 --max-model-len 16384 --max-num-batched-tokens 16384 "
         "--gpu-memory-utilization 0.95 --enable-prefix-caching"
     ),
     routers={"k8s-service": "random", "least-load": "least-outstanding", "prefix-hash": "prefix-hash"},
