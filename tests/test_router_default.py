@@ -33,3 +33,14 @@ def test_simulate_records_the_router_it_ran_not_a_blank_default(tmp_path):
     assert result.exit_code == 0, result.output
     assert "(least-loaded)" in result.output
     assert json.loads((out / "run.json").read_text())["flags"]["router"] == "least-loaded"
+
+
+def test_a_tune_candidate_given_data_parallel_ranks_runs_vllm_s_balancer_as_stage_2_starts_it():
+    from servelab.tune.space import apply
+
+    base = build_deployment("h100", "qwen2.5-7b")
+    assert apply(base, {"data_parallel_size": 2}).router == "least-loaded"
+    assert apply(base, {"data_parallel_size": 2, "router": "session"}).router == "session"
+    assert apply(base, {"max_num_seqs": 128}).router == "round-robin"
+    fleet = build_deployment("h100", "qwen2.5-7b", replicas=2, router="prefix-hash")
+    assert apply(fleet, {"data_parallel_size": 4}).router == "prefix-hash"

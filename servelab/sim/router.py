@@ -9,7 +9,8 @@ view of the replicas:
   in front of the pods (kube-proxy picks an endpoint at random) or llm-d's
   random picker.
 - least-loaded: vLLM's data-parallel balancer (DPLBAsyncMPClient), which
-  reads each engine's waiting, running and KV usage as the engines report them.
+  reads each engine's waiting, running and KV usage as the engines report them,
+  and counts the requests it sent each engine that have not finished.
 - least-outstanding: the router's own count of requests it sent and has not
   seen finish (KubeAI's LeastLoad, Envoy's LEAST_REQUEST); no server state.
 - prefix-hash: KubeAI's PrefixHash, consistent hashing with bounded loads
@@ -134,7 +135,7 @@ class Router:
             case RouterPolicy.RANDOM:
                 return int(self._draws.integers(len(engines)))
             case RouterPolicy.LEAST_LOADED:
-                return _best(start, [-_vllm_dp_score(*e.load) for e in engines])
+                return _best(start, [-_vllm_dp_score(*e.load, n) for e, n in zip(engines, self.outstanding)])
             case RouterPolicy.LEAST_OUTSTANDING:
                 return fewest(start, self.outstanding)
             case RouterPolicy.PREFIX_HASH:
@@ -173,10 +174,12 @@ class Router:
         return _best(start, scores)
 
 
-def _vllm_dp_score(waiting: int, running: int, kv_usage: float) -> float:
-    """vLLM's DPLBAsyncMPClient: waiting + running, plus waiting x 6 x max(0, KV usage - 0.5), so queues on
-    KV-bound engines repel traffic."""
-    return waiting + running + waiting * 6.0 * max(0.0, kv_usage - 0.5)
+def _vllm_dp_score(waiting: int, running: int, kv_usage: float, in_flight: int) -> float:
+    """vLLM's DPLBAsyncMPClient (core_client.py `get_core_engine_for_request`): the larger of the engine's waiting +
+    running and the requests the balancer sent it that have not finished (`engine_inflight`, which counts a request
+    from the moment it is chosen, so requests still in the API server's intake are not all sent to the engine that
+    looked emptiest), plus waiting x 6 x max(0, KV usage - 0.5), so queues on KV-bound engines repel traffic."""
+    return max(in_flight, waiting + running) + waiting * 6.0 * max(0.0, kv_usage - 0.5)
 
 
 def _scaled(values: Sequence[float]) -> list[float]:

@@ -370,7 +370,15 @@ def apply(base: Deployment, candidate: Mapping[str, Value], options_dir: Path | 
         built = base.relaunched(engine_line(base.engine, base.engine_flags, changes, options_dir), hardware)
     else:
         built = base.rebuilt(hardware=hardware, model=None, **changes)
-    return replace(built, router=str(router)) if router is not None else built
+    return replace(built, router=str(router or own_balancer(base, built)))
+
+
+def own_balancer(base: Deployment, built: Deployment) -> str:
+    """The router of a candidate whose router is not searched: a single vLLM server given data-parallel ranks is one
+    server with `--data-parallel-size N`, whose own balancer (least-loaded) spreads its requests, as stage 2 starts it
+    (tune/fleet_stage2.py); otherwise the base's."""
+    grew = base.config.data_parallel_size == 1 < built.config.data_parallel_size
+    return RouterPolicy.LEAST_LOADED if base.engine == VLLM and grew else base.router
 
 
 def candidate_flags(launch: Deployment, candidate: Mapping[str, Value], options_dir: Path | None = None) -> str:
