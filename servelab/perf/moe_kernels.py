@@ -162,39 +162,43 @@ def _mla_fp8_moe(path: Path = MLA_FP8_MOE_FILE) -> dict[str, MlaFp8MoeKernels]:
     return {gpu: MlaFp8MoeKernels.model_validate(entry) for gpu, entry in doc["gpus"].items()}
 
 
+def _mla_entry(hardware: Hardware, weights: WeightFormat) -> tuple[MlaFp8MoeKernels, str] | None:
+    """This GPU's tables and the tables' name of the projection format, or None where either is not measured."""
+    entry = _mla_fp8_moe().get(hardware.name)
+    gemm = MLA_GEMM_TYPES.get(weights.name)
+    return (entry, gemm) if entry is not None and gemm is not None else None
+
+
+def _fp8_experts_entry(hardware: Hardware, weights: WeightFormat) -> MlaFp8MoeKernels | None:
+    """This GPU's tables where the experts are FP8 on FP8 tensor cores (the block-scaled rows), else None."""
+    if weights.name != "fp8" or weights.compute_dtype != "fp8":
+        return None
+    return _mla_fp8_moe().get(hardware.name)
+
+
 def mla_decode_cost(hardware: Hardware, weights: WeightFormat, heads_per_rank: int) -> MlaDecodeCost | None:
     """The measured MLA decode block's fixed costs for this GPU, projection format and heads per GPU, or None where
     the tables do not measure them (then only the block's bytes and FLOPs are priced)."""
-    entry = _mla_fp8_moe().get(hardware.name)
-    gemm = MLA_GEMM_TYPES.get(weights.name)
-    if entry is None or gemm is None:
-        return None
-    return entry.mla_decode.get(gemm, {}).get(heads_per_rank)
+    found = _mla_entry(hardware, weights)
+    return found[0].mla_decode.get(found[1], {}).get(heads_per_rank) if found else None
 
 
 def mla_prefill_cost(hardware: Hardware, weights: WeightFormat, heads_per_rank: int) -> MlaPrefillCost | None:
     """The measured MLA prefill block for this GPU, projection format and heads per GPU, or None where unmeasured."""
-    entry = _mla_fp8_moe().get(hardware.name)
-    gemm = MLA_GEMM_TYPES.get(weights.name)
-    if entry is None or gemm is None:
-        return None
-    return entry.mla_prefill.get(gemm, {}).get(heads_per_rank)
+    found = _mla_entry(hardware, weights)
+    return found[0].mla_prefill.get(found[1], {}).get(heads_per_rank) if found else None
 
 
 def moe_fixed_cost(hardware: Hardware, weights: WeightFormat) -> float | None:
     """Seconds of a fused-MoE layer's fixed cost for FP8 experts on FP8 tensor cores where measured, else None."""
-    entry = _mla_fp8_moe().get(hardware.name)
-    if entry is None or weights.name != "fp8" or weights.compute_dtype != "fp8":
-        return None
-    cost = entry.moe_fixed.get("fp8_block")
+    entry = _fp8_experts_entry(hardware, weights)
+    cost = entry.moe_fixed.get("fp8_block") if entry else None
     return cost.fixed_s if cost else None
 
 
 def fp8_moe_flops(hardware: Hardware, weights: WeightFormat, width: int) -> float | None:
     """FLOP/s of vLLM's Triton fused-MoE kernel at large batches for FP8 experts on FP8 tensor cores, each rank's
     experts `width` wide (intermediate / TP; whole under expert parallelism), where measured; else None."""
-    entry = _mla_fp8_moe().get(hardware.name)
-    if entry is None or weights.name != "fp8" or weights.compute_dtype != "fp8":
-        return None
-    rate = entry.moe_rate.get("fp8_block")
+    entry = _fp8_experts_entry(hardware, weights)
+    rate = entry.moe_rate.get("fp8_block") if entry else None
     return rate.flops(width) if rate else None
