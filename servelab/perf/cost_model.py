@@ -339,13 +339,12 @@ class RooflineCostModel:
         attention_peak = hardware.peak_flops("bf16")
         memory_bw = hardware.memory_bandwidth
         self._weight_time = self._streamed_bytes / (memory_bw * c.memory_efficiency)
-        replicated_flops = 2 * model.num_layers * model.replicated_attention_params  # every rank computes them whole
-        linear_flops = (model.non_expert_linear_flops_per_token - replicated_flops) / tp + replicated_flops
-        if self.mla_measured:  # the measured MLA blocks price the attention projections and prefill attention
-            linear_flops -= (
-                2 * model.num_layers * (model.attention_linear_params - model.replicated_attention_params) / tp
-            )
-            linear_flops -= replicated_flops
+        if self.mla_measured:  # the measured MLA blocks price every attention projection (and prefill attention)
+            attention_flops = 2 * model.num_layers * model.attention_linear_params
+            linear_flops = (model.non_expert_linear_flops_per_token - attention_flops) / tp
+        else:
+            replicated_flops = 2 * model.num_layers * model.replicated_attention_params  # every rank: them whole
+            linear_flops = (model.non_expert_linear_flops_per_token - replicated_flops) / tp + replicated_flops
         self._linear_s_per_token = linear_flops / (compute_peak * c.compute_efficiency)
         self._lm_head_s_per_sample = model.lm_head_flops_per_token / tp / (compute_peak * c.compute_efficiency)
         self._attn_s_per_pair = (
