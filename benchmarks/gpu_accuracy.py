@@ -447,6 +447,19 @@ def run(
     return done, skipped
 
 
+def run_tiers(
+    only: set[str] | None = None, max_prompts: int | None = None
+) -> tuple[list[Replay], list[tuple[dict[str, Any], str]]]:
+    """Every selected entry replayed in every tier; the entries that cannot be replayed at all (specs only's)."""
+    rows: list[Replay] = []
+    skipped: list[tuple[dict[str, Any], str]] = []
+    for tier in TIERS:
+        done, left = run(only, max_prompts, tier)
+        rows += done
+        skipped += left if tier == Tier.SPECS_ONLY else []
+    return rows, skipped
+
+
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:+.0f}%"
 
@@ -839,11 +852,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.write_residuals and (args.only or args.max_prompts):
         ap.error("--write-residuals needs every run replayed whole (no --only, no --max-prompts)")
-    rows, skipped = [], []
-    for tier in TIERS:
-        done, left = run(set(args.only) if args.only else None, args.max_prompts, tier)
-        rows += done
-        skipped += left if tier == Tier.SPECS_ONLY else []
+    rows, skipped = run_tiers(set(args.only) if args.only else None, args.max_prompts)
     print(report(rows, skipped))
     if args.write_residuals:
         write_residuals(rows)

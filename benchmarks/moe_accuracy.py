@@ -66,11 +66,7 @@ def main() -> None:
     ap.add_argument("--max-prompts", type=int, help="replay at most N requests per run (a quick look; not the table)")
     args = ap.parse_args()
     gpu_accuracy.use_published(PUBLISHED_MOE)
-    rows, skipped = [], []
-    for tier in gpu_accuracy.TIERS:
-        done, left = gpu_accuracy.run(set(args.only) if args.only else None, args.max_prompts, tier)
-        rows += done
-        skipped += left if tier == Tier.SPECS_ONLY else []
+    rows, skipped = gpu_accuracy.run_tiers(set(args.only) if args.only else None, args.max_prompts)
     print(gpu_accuracy.report(rows, skipped))
     print("\n### Median signed error by model, GPU and workload (specs only, scored runs)\n")
     print(group_table([row for row in rows if row.tier == Tier.SPECS_ONLY]))
