@@ -221,7 +221,7 @@ def fit_engine(engine: dict) -> dict:
     steps = [r for r in engine["records"] if r["repeat"] == 1]
     x = [[1.0, r["scheduled"], r["waiting"], float(r["new"] > 0), r["new"]] for r in steps]
     cpu = linear_fit(x, [engine_cpu(r) for r in steps])
-    wall = linear_fit([[1.0, r["scheduled"], r["tokens"]] for r in steps], [r["wall"] for r in steps])
+    wall = non_negative_fit([[1.0, r["scheduled"], r["tokens"]] for r in steps], [r["wall"] for r in steps])
     adds = [a for a in engine["adds"] if a["repeat"] == 1]
     per_add = sum(a["core_add_s"] for a in adds) / sum(a["n"] for a in adds)
     per_add_total = sum(a["total_s"] for a in adds) / sum(a["n"] for a in adds)
@@ -242,6 +242,16 @@ def fit_engine(engine: dict) -> dict:
         "build_step_wall": {"fixed_s": wall[0], "per_request_s": wall[1], "per_token_s": wall[2]},
         "steps": len(steps),
     }
+
+
+def non_negative_fit(rows: list[list[float]], ys: list[float]) -> list[float]:
+    """Least squares with every coefficient >= 0 (scipy's nnls): a step's fixed, per-request and per-token times
+    cannot be negative, and an unconstrained fit of noisy steps can give a negative intercept, which prices a small
+    step below zero. Where the unconstrained fit is non-negative, this is the same fit."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    return [float(c) for c in nnls(np.array(rows, float), np.array(ys, float))[0]]
 
 
 # -- 2. the API server, as served ------------------------------------------------------------------------
