@@ -53,6 +53,12 @@ def mean_in_flight(records: list[RequestRecord]) -> float:
     return busy / (end - start) if end > start else float(len(records))
 
 
+def mean_chunks(ok: list[RequestRecord]) -> float | None:
+    """Streamed chunks with output per request, over the requests whose chunks were recorded (None: none were)."""
+    counts = [len(r.chunk_times) for r in ok if r.chunk_times]
+    return float(np.mean(counts)) if counts else None
+
+
 def _loaded_window(samples: list[TimelineSample]) -> list[TimelineSample]:
     """Samples while the server had work: idle head and tail would dilute every average."""
     busy = [i for i, s in enumerate(samples) if s.values.get(tl.RUNNING, 0) + s.values.get(tl.WAITING, 0) > 0]
@@ -133,6 +139,7 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
         max_concurrency=arrival.max_concurrency,
         mean_input_tokens=float(np.mean([r.prompt_tokens for r in ok])) if ok else 0.0,
         mean_output_tokens=float(np.mean([r.output_tokens for r in ok])) if ok else 0.0,
+        mean_chunks=mean_chunks(ok),
         mean_in_flight=mean_in_flight(records),
         output_throughput=summary.output_throughput,
         mean_ttft_ms=float(summary.statistic("mean_ttft_ms")),

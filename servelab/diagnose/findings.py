@@ -156,14 +156,17 @@ def api_server_load(x: Context) -> tuple[float, float, float] | None:
     """(CPU seconds per request on the API server, utilisation of its cores, its ceiling in req/s), or None if unpriced.
 
     The work is the deployment's frontend costs (vLLM's measured ones for a
-    catalogue GPU, or a calibration's) for this workload's mean lengths, one
-    chunk per token as at light load (a saturated server merges chunks and
-    pays less per token); the rate is what was offered when known (a burst
-    or a closed loop: achieved).
+    catalogue GPU, or a calibration's) for this workload's mean lengths and
+    the chunks the run streamed per request (a server that falls behind
+    merges tokens into fewer chunks and pays less per token); one chunk per
+    token, as at light load, where the run recorded no chunks. The rate is
+    what was offered when known (a burst or a closed loop: achieved).
     """
     d, e = x.d, x.e
     a = d.api
-    work = a.per_request_s + a.per_prompt_token_s * e.mean_input_tokens + a.per_streamed_token_s * e.mean_output_tokens
+    chunks = e.mean_output_tokens if e.mean_chunks is None else e.mean_chunks
+    streamed = a.per_output_token_s * e.mean_output_tokens + a.per_chunk_s * chunks
+    work = a.per_request_s + a.per_prompt_token_s * e.mean_input_tokens + streamed
     if work <= 0:
         return None
     servers = d.config.api_servers

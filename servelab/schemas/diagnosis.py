@@ -204,6 +204,9 @@ class Evidence(OpenModel):
     max_concurrency: int | None
     mean_input_tokens: float
     mean_output_tokens: float
+    mean_chunks: float | None = None
+    """Streamed chunks with output per completed request (None when the records hold no chunk times): a server
+    that falls behind merges tokens into fewer chunks, and the API server pays per chunk as well as per token."""
     mean_in_flight: float
     """Client-side requests outstanding, averaged over the run."""
     output_throughput: float
