@@ -198,3 +198,21 @@ def test_routers_with_no_published_cost_take_no_time_of_their_own():
         if policy != RouterPolicy.PREFIX_AWARE:
             assert Router(policy).own_time(RequestSpec(0, prompt, 8)) == 0.0, policy
 
+
+def test_a_request_reaches_its_replica_after_the_router_s_own_time_and_run_json_records_it(monkeypatch):
+    """One request on an idle fleet: its first token comes the router's own time later than behind a router that
+    costs nothing, and run.json's server_info says what the router spent."""
+    spec = RequestSpec(0, np.arange(3000), 4)
+
+    def first_token(costs):
+        monkeypatch.setattr(router_mod, "ROUTER_COSTS", costs)
+        sink = MemorySink()
+        run = SimTarget(FLEET, 2000, COST, router="prefix-aware").run(LoadPlan([spec]), sink)
+        return sink.records[0].ttft, run.server_info.get("router_time")
+
+    free, none_recorded = first_token({})
+    cost = router_mod.RouterCost(fixed_s=0.002, per_tokenized_token_s=1e-6)
+    paid, recorded = first_token({RouterPolicy.PREFIX_AWARE: cost})
+    assert none_recorded is None
+    assert paid - free == pytest.approx(0.002 + 3000e-6)
+    assert recorded["requests"] == 1 and recorded["mean_s"] == pytest.approx(0.005)
