@@ -66,9 +66,9 @@ scheduler and 0.3 ms more for its prefix-cache plugin, as its scheduler end-to-e
 (gateway-api-inference-extension PR #768, Llama-3-8B on 6 H100s, 2,048-token system prompts and 256-token
 questions). The gateway's ext-proc hop to the picker has no published unloaded figure, so it is not priced."""
 TOKENIZE_PER_TOKEN_S = 43.7e-3 / 38_000
-"""prefix-aware: the precise scorer tokenizes the prompt itself to find its cached blocks. Tokenizing costs about
-1.15 us a token: 43.7 ms a request for ~38,000-token prompts, timed with nsys in a serving frontend (TensorRT-LLM
-PR #18389, the HuggingFace tokenizers library that llm-d's scorer also calls)."""
+"""prefix-aware: the precise scorer tokenizes the prompt itself to find its cached blocks (with the HuggingFace
+tokenizers library, called from Go). Tokenizing costs about 1.15 us a token: a HuggingFace tokenizer took 43.7 ms a
+request on ~38,000-token prompts in a serving frontend, timed with nsys (TensorRT-LLM PR #18389)."""
 TOKEN_STORE_BLOCK = 64
 """prefix-aware: the tokens a block of the scorer's tokenization cache holds. llm-d-kv-cache-manager's prefix store
 keys 256-byte chunks of the prompt's text, about 64 tokens."""
