@@ -92,7 +92,7 @@ ROUTER_COSTS: dict[RouterPolicy, RouterCost] = {
 """The routers whose counterparts publish what they cost. The rest cost nothing here, because no measurement of
 them was found: round-robin and least-outstanding (a plain proxy), random (kube-proxy forwards at L4, no proxy in
 the path), prefix-hash (KubeAI's proxy: it parses the body and hashes 100 characters), session, and least-loaded
-(vLLM's balancer runs inside its API server, whose costs are priced with it)."""
+(vLLM's balancer runs inside its API server process: no hop of its own, and no published price)."""
 
 
 @dataclass(frozen=True, slots=True)
