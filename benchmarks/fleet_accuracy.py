@@ -1,17 +1,17 @@
 """Fleet routers: the simulator against published multi-replica runs that compare routers on one fleet and workload.
 
-Each published load point is replayed with servelab's counterpart of every router the source compared (the
-counterparts are listed per source; a router servelab does not model is shown, not scored), and with the source's
-client rebuilt: the prompts it sent, in its order, at its rates (KubeAIClient, SharedPrefixClient; llm-d's stages
-run back to back, as inference-perf ran them). Printed, in markdown: per point and router, measured and predicted
-served throughput (KubeAI: requests/s; llm-d: output tokens/s) and mean TTFT with their errors, and mean TPOT beside
-the published one (not scored); with --draws N, the noise table: each point replayed N times with its random parts
-drawn again, and whether the two cache-blind routers' measured gap is one a repeat could reverse (noise); per load
-point, the routers' order by mean TTFT (lower first), measured and predicted, and whether the best router is the
-same; the counts of the brief: served throughput and mean TTFT within 20% where the published run was neither
-overloaded (its mean TTFT at or over OVERLOADED_TTFT_S: queues of seconds mean the fleet was past what it serves) nor
-paced by its client (client_limited); and, apart from the fleets, the single-replica L4 check (L4_RUNS).
-Deterministic (seeded).
+Each published load point is replayed with servelab's counterpart of every router the source compared (the counterparts
+are listed per source; a router servelab does not model is shown, not scored), and with the source's client rebuilt: the
+prompts it sent, in its order, at its rates (KubeAIClient, SharedPrefixClient; llm-d's stages run back to back, as
+inference-perf ran them). Printed, in markdown: per point and router, measured and predicted served throughput (KubeAI:
+requests/s; llm-d: output tokens/s) and mean TTFT with their errors, and mean TPOT beside the published one (llm-d's
+from its published ITL: llmd_tpot_ms; not scored), and the router's own time a request where its counterpart publishes
+one (servelab.sim.router.ROUTER_COSTS); with --draws N, the noise table: each point replayed N times with its random
+parts drawn again, and whether the two cache-blind routers' measured gap is one a repeat could reverse (noise); per load
+point, the routers' order by mean TTFT (lower first), measured and predicted, and whether the best router is the same;
+the counts of the brief: served throughput and mean TTFT within 20% where the published run was neither overloaded (its
+mean TTFT at or over OVERLOADED_TTFT_S: queues of seconds mean the fleet was past what it serves) nor paced by its
+client (client_limited); and, apart from the fleets, the single-replica L4 check (L4_RUNS). Deterministic (seeded).
 
     PYTHONPATH=. .venv/bin/python benchmarks/fleet_accuracy.py [--only kubeai|llm-d] [--draws N]
 
@@ -32,6 +32,7 @@ from pathlib import Path
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
 from servelab.schemas.results import Summary
+from servelab.targets.base import TargetRun
 from servelab.targets.deployment import Deployment, build_deployment
 import numpy as np
 
@@ -266,8 +267,18 @@ LLMD_ITL_MS = {
     (20, "random"): 28,
     (20, "load"): 28,
 }
-"""llm-d's published mean ITL (ms) per stage and router ("ITL mean", per token of a streamed response: the mean
-TPOT), shown beside the simulated mean TPOT; not scored (the brief's floors are throughput and TTFT)."""
+"""llm-d's published "ITL mean" (ms) per stage and router: inference-perf's mean gap between the lines of the stream,
+which is half the time per output token (llmd_tpot_ms); not scored (the brief's floors are throughput and TTFT)."""
+
+
+def llmd_tpot_ms(itl_ms: float, output_tokens: int = 1000) -> float:
+    """The mean time per output token behind llm-d's published mean ITL. The report's inference-perf (its September
+    2025 code, `apis/completion.py`) stamped every line of the SSE stream, the blank line that ends each event
+    included (the stamp came before its empty-line check; PR #452 moved it, April 2026), and averaged the gaps
+    between consecutive stamps (`reportgen`'s inter_token_latency). N tokens are N events and [DONE], 2N + 2 lines:
+    2N + 1 gaps spanning N - 1 token steps, so the mean gap is about half a token's time (the report's ITL median
+    is 0.0000, the blank lines')."""
+    return itl_ms * (2 * output_tokens + 1) / (output_tokens - 1)
 
 
 LLMD_STAGE_S = {3: 210, 4: 180, 5: 120, 6: 120, 8: 90, 10: 70, 12: 60, 15: 50, 20: 50}
@@ -333,17 +344,18 @@ def llmd_arrivals(rng: np.random.Generator) -> tuple[np.ndarray, dict[float, tup
 @cache
 def llmd_run(router: str, seed: int = 0) -> dict[float, dict[str, float]]:
     """One simulated inference-perf run of every llm-d stage in order behind `router`: per stage's rate, the
-    served output tokens/s, mean TTFT and mean TPOT of the requests sent in it. `seed` draws the prompts, their
-    order and the arrival times (0: the headline run)."""
+    served output tokens/s, mean TTFT and mean TPOT of the requests sent in it, and the router's own time a request
+    over the run. `seed` draws the prompts, their order and the arrival times (0: the headline run)."""
     client = replace(LLMD_CLIENT, seed=seed)
     times, windows = llmd_arrivals(np.random.default_rng(client.seed))
     timed = client.specs(times)
     deployment = _deployment(LLMD, router)
     sink = MemorySink()
-    deployment.sim_target().run(LoadPlan(requests=timed), sink)
+    run = deployment.sim_target().run(LoadPlan(requests=timed), sink)
     stages: dict[float, dict[str, float]] = {}
     for rate, (start, end) in windows.items():
-        stages[rate] = _measures(summarize([r for r in sink.records if start <= r.intended_time < end]), LLMD)
+        counted = [r for r in sink.records if start <= r.intended_time < end]
+        stages[rate] = _measures(summarize(counted), LLMD) | {"router": _router_time(run)}
     return stages
 
 
@@ -356,8 +368,13 @@ def kubeai_run(load: float, router: str, seed: int = KUBEAI_CLIENT.seed) -> dict
     specs = schedule(iter(client.specs()), arrival, np.random.default_rng(client.seed))
     deployment = _deployment(KUBEAI, router)
     sink = MemorySink()
-    deployment.sim_target().run(LoadPlan(requests=specs, max_concurrency=arrival.max_concurrency), sink)
-    return _measures(summarize(sink.records), KUBEAI)
+    run = deployment.sim_target().run(LoadPlan(requests=specs, max_concurrency=arrival.max_concurrency), sink)
+    return _measures(summarize(sink.records), KUBEAI) | {"router": _router_time(run)}
+
+
+def _router_time(run: TargetRun) -> float:
+    """The router's own time a request over the run (s): 0 for a router with no published cost."""
+    return float((run.server_info.get("router_time") or {}).get("mean_s", 0.0))
 
 
 def _deployment(source: Source, router: str) -> Deployment:
@@ -493,7 +510,9 @@ def l4_check() -> None:
 
 
 def _row(name: str, load: float, published: str, router: str, served: float, ttft: float, got: dict[str, float]) -> str:
-    tpot = (KUBEAI_TPOT_MS if name == "kubeai" else LLMD_ITL_MS).get((int(load), published))
+    tpot = KUBEAI_TPOT_MS.get((int(load), published)) if name == "kubeai" else None
+    if name == "llm-d" and (itl := LLMD_ITL_MS.get((int(load), published))) is not None:
+        tpot = llmd_tpot_ms(itl, LLMD_CLIENT.output_tokens)
     status = (
         "yes"
         if ttft >= OVERLOADED_TTFT_S
@@ -523,6 +542,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     scored = {"served": [0, 0], "ttft": [0, 0]}
     orders: dict[tuple[str, float], list[tuple[float, float, str]]] = {}
+    own: dict[tuple[str, str], float] = {}
     t0 = time.monotonic()
     for name, load, published, served, ttft in PUBLISHED:
         if name not in sources:
@@ -538,6 +558,12 @@ def main() -> None:
                 scored[key][0] += abs(_err(got[key], measured)) <= TOLERANCE
                 scored[key][1] += 1
         print(_row(name, load, published, router, served, ttft, got), flush=True)
+        if got["router"]:
+            own.setdefault((name, router), got["router"])
+    for (name, router), seconds in own.items():
+        print(
+            f"\n{name} {router}: the router's own time, {1000 * seconds:.2f} ms a request over the run (ROUTER_COSTS)"
+        )
     noisy = {key: gaps for key in orders if (gaps := noise(sources[key[0]], key[1], args.draws)) is not None}
     if noisy:
         _noise_table(noisy)

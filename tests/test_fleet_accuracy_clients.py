@@ -79,3 +79,16 @@ def test_llmd_stages_run_back_to_back_after_the_warmup(fleet_accuracy):
     for rate, (start, end) in windows.items():
         sent = np.count_nonzero((times >= start) & (times < end))
         assert sent == pytest.approx(rate * (end - start), rel=0.25)
+
+
+def test_llmd_tpot_undoes_inference_perf_s_stamps_on_the_blank_line_of_every_event(fleet_accuracy):
+    """A stream of N tokens at a steady time per token, stamped the way the report's inference-perf stamped it (every
+    line: each event's data line, the blank line just after it, then [DONE] and its blank line): the mean gap
+    between stamps is half a token's time, and llmd_tpot_ms gives the token's time back."""
+    tokens, tpot_ms = 1000, 26.0
+    data_lines = np.arange(tokens) * tpot_ms
+    done = data_lines[-1] + tpot_ms
+    stamps = np.sort(np.concatenate([data_lines, data_lines, [done, done]]))  # the blank lines come at once
+    mean_gap = float(np.mean(np.diff(stamps)))
+    assert mean_gap == pytest.approx(tpot_ms / 2, rel=0.01)
+    assert fleet_accuracy.llmd_tpot_ms(mean_gap, tokens) == pytest.approx(tpot_ms, rel=0.002)

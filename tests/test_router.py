@@ -12,6 +12,7 @@ from servelab.metrics.records import MemorySink
 from servelab.perf.engine_config import EngineConfig
 from servelab.sim.linear_cost import LinearCostModel
 from servelab.sim.radix_cache import RadixCache
+from servelab.sim import router as router_mod
 from servelab.sim.router import POLICIES, Router, RouterPolicy, ScorerWeights, _radix_prefix
 from servelab.targets.errors import TargetError
 from servelab.targets import sim as sim_target
@@ -144,8 +145,10 @@ def test_prefix_hash_keeps_a_key_on_one_replica_until_the_load_bound_and_then_sp
 
 def test_llm_d_scorers_without_the_active_request_scorer_pile_a_shared_prompt_onto_one_replica(monkeypatch):
     """llm-d PR #669: with the precise guide's weights alone, the replica that cached the system prompt wins
-    every request until queues form; the active-request scorer lets others warm up."""
+    every request until queues form; the active-request scorer lets others warm up. (The router's own time is left
+    out: on these fast replicas a millisecond more per request decides whether two requests overlap at all.)"""
     plan = LoadPlan(chats(40, rate=10.0))
+    monkeypatch.setattr(router_mod, "ROUTER_COSTS", {})
     used = {}
     for name, weights in (("guide", ScorerWeights(active=0.0)), ("with active", ScorerWeights())):
         monkeypatch.setattr(sim_target, "Router", functools.partial(Router, weights=weights))
@@ -169,3 +172,47 @@ def test_the_prefix_view_of_sglangs_tree_matches_its_own_lookup_without_changing
 
 def _shape(node):
     return node.key, node.last_access, sorted(_shape(child) for child in node.children.values())
+
+
+def test_the_llm_d_scorer_pays_for_tokenizing_a_prompt_unless_its_tokenization_cache_holds_most_of_it():
+    """Every request pays the endpoint picker's scheduling; a prompt is tokenized (and paid per token) unless
+    the scorer's cache already holds 80% of it from its start, as llm-d-kv-cache-manager's prefix store does."""
+    rng = np.random.default_rng(0)
+    system, first, second = rng.integers(0, 9000, 8000), rng.integers(0, 9000, 1000), rng.integers(0, 9000, 1000)
+    router = Router("prefix-aware")
+    fixed, per_token = router_mod.EPP_SCHEDULING_S, router_mod.TOKENIZE_PER_TOKEN_S
+    prompt = np.concatenate([system, first])
+    assert router.own_time(RequestSpec(0, prompt, 8)) == pytest.approx(fixed + per_token * 9000)
+    assert router.own_time(RequestSpec(1, prompt, 8)) == pytest.approx(fixed)  # the whole prompt is held
+    assert router.own_time(RequestSpec(2, np.concatenate([system, second]), 8)) == pytest.approx(fixed)  # 89%
+    half = np.concatenate([system[:4500], rng.integers(0, 9000, 4500)])
+    assert router.own_time(RequestSpec(3, half, 8)) == pytest.approx(fixed + per_token * 9000)
+    spent = router.time_spent()
+    assert (spent.requests, spent.tokenized_share) == (4, 0.5)
+    assert spent.mean_s == pytest.approx(fixed + per_token * 9000 / 2)
+
+
+def test_routers_with_no_published_cost_take_no_time_of_their_own():
+    prompt = np.arange(4000)
+    for policy in POLICIES:
+        if policy != RouterPolicy.PREFIX_AWARE:
+            assert Router(policy).own_time(RequestSpec(0, prompt, 8)) == 0.0, policy
+
+
+def test_a_request_reaches_its_replica_after_the_router_s_own_time_and_run_json_records_it(monkeypatch):
+    """One request on an idle fleet: its first token comes the router's own time later than behind a router that
+    costs nothing, and run.json's server_info says what the router spent."""
+    spec = RequestSpec(0, np.arange(3000), 4)
+
+    def first_token(costs):
+        monkeypatch.setattr(router_mod, "ROUTER_COSTS", costs)
+        sink = MemorySink()
+        run = SimTarget(FLEET, 2000, COST, router="prefix-aware").run(LoadPlan([spec]), sink)
+        return sink.records[0].ttft, run.server_info.get("router_time")
+
+    free, none_recorded = first_token({})
+    cost = router_mod.RouterCost(fixed_s=0.002, per_tokenized_token_s=1e-6)
+    paid, recorded = first_token({RouterPolicy.PREFIX_AWARE: cost})
+    assert none_recorded is None
+    assert paid - free == pytest.approx(0.002 + 3000e-6)
+    assert recorded["requests"] == 1 and recorded["mean_s"] == pytest.approx(0.005)

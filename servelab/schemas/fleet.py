@@ -31,3 +31,14 @@ class ReplicaLoad(OpenModel):
     def name(self) -> str:
         """The replica's base URL, as the user gave it."""
         return self.url.removesuffix("/metrics")
+
+
+class RouterTime(OpenModel):
+    """A simulated router's own time over a run (servelab.sim.router's ROUTER_COSTS): what it spent on each request
+    before the request reached a replica, which the first token waits for too."""
+
+    requests: int = Field(description="Requests the router routed.")
+    mean_s: float = Field(description="Its own time per request, on average (seconds).")
+    tokenized_share: float = Field(description="Share of the requests whose prompt it tokenized in full.")
+    fixed_s: float = Field(description="The price of every request (seconds).")
+    per_tokenized_token_s: float = Field(description="The price of each prompt token it tokenizes (seconds).")

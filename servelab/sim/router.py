@@ -24,6 +24,10 @@ view of the replicas:
   the replica its first turn went to, as an `X-Session-ID` affinity does; a
   first turn goes to the replica with the fewest of the router's requests.
 
+Before it picks, a router spends its own time on the request (`Router.own_time`): the request reaches
+a replica that much later. That time is priced per router kind from published measurements of its
+counterpart (ROUTER_COSTS); a router whose counterpart publishes none costs nothing here.
+
 docs/fleets.md says where each algorithm comes from.
 """
 
@@ -39,6 +43,7 @@ from servelab.sim.block_pool import BlockPool
 from servelab.sim.engine import SimEngine
 from servelab.sim.hashing import prompt_block_hashes
 from servelab.sim.radix_cache import RadixCache
+from servelab.schemas.fleet import RouterTime
 from servelab.schemas.vocabulary import (
     LEAST_LOADED as LEAST_LOADED,
     POLICIES as POLICIES,
@@ -53,6 +58,41 @@ from servelab.workload.routing import (
 
 EPP_SCRAPE_INTERVAL = 0.05
 """prefix-aware: how often llm-d's endpoint picker refreshes the replicas' metrics (its default 50 ms)."""
+
+
+EPP_SCHEDULING_S = 0.5e-3
+"""prefix-aware: the endpoint picker's own time to schedule a request, its scorers included: 0.2 ms for the
+scheduler and 0.3 ms more for its prefix-cache plugin, as its scheduler end-to-end latency histogram measured them
+(gateway-api-inference-extension PR #768, Llama-3-8B on 6 H100s, 2,048-token system prompts and 256-token
+questions). The gateway's ext-proc hop to the picker has no published unloaded figure, so it is not priced."""
+TOKENIZE_PER_TOKEN_S = 43.7e-3 / 38_000
+"""prefix-aware: the precise scorer tokenizes the prompt itself to find its cached blocks (with the HuggingFace
+tokenizers library, called from Go). Tokenizing costs about 1.15 us a token: a HuggingFace tokenizer took 43.7 ms a
+request on ~38,000-token prompts in a serving frontend, timed with nsys (TensorRT-LLM PR #18389)."""
+TOKEN_STORE_BLOCK = 64
+"""prefix-aware: the tokens a block of the scorer's tokenization cache holds. llm-d-kv-cache-manager's prefix store
+keys 256-byte chunks of the prompt's text, about 64 tokens."""
+TOKEN_STORE_OVERLAP = 0.8
+"""prefix-aware: the share of a prompt the tokenization cache must already hold for the scorer to reuse its tokens
+instead of tokenizing the prompt again (llm-d-kv-cache-manager's `minPrefixOverlapRatio`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouterCost:
+    """A router's own time per request: `fixed_s` for every request, `per_tokenized_token_s` for each prompt token
+    it tokenizes."""
+
+    fixed_s: float = 0.0
+    per_tokenized_token_s: float = 0.0
+
+
+ROUTER_COSTS: dict[RouterPolicy, RouterCost] = {
+    RouterPolicy.PREFIX_AWARE: RouterCost(EPP_SCHEDULING_S, TOKENIZE_PER_TOKEN_S),
+}
+"""The routers whose counterparts publish what they cost. The rest cost nothing here, because no measurement of
+them was found: round-robin and least-outstanding (a plain proxy), random (kube-proxy forwards at L4, no proxy in
+the path), prefix-hash (KubeAI's proxy: it parses the body and hashes 100 characters), session, and least-loaded
+(vLLM's balancer runs inside its API server process: no hop of its own, and no published price)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +150,46 @@ class Router:
         self._ring: HashRing | None = None
         self._scraped: list[tuple[int, int, float]] = []
         self._next_scrape = -np.inf
+        self.cost = ROUTER_COSTS.get(self.policy, RouterCost())
+        self._token_store: set[int] = set()
+        """prefix-aware: the blocks of every prompt the scorer tokenized (its tokenization cache; the real one keeps
+        500,000 blocks, more than any replayed run sends)."""
+        self._timed = self._tokenized = 0
+        self._own_seconds = 0.0
+
+    def own_time(self, request: RoutedRequest) -> float:
+        """Seconds this router spends on `request` before it picks a replica (ROUTER_COSTS); counted for
+        `time_spent`."""
+        tokenized = self._tokenizes(request.prompt_ids)
+        seconds = self.cost.fixed_s + self.cost.per_tokenized_token_s * tokenized
+        self._timed += 1
+        self._tokenized += tokenized > 0
+        self._own_seconds += seconds
+        return seconds
+
+    def _tokenizes(self, prompt_ids: Any) -> int:
+        """The prompt tokens the router tokenizes: all of them, unless its tokenization cache already holds
+        TOKEN_STORE_OVERLAP of the prompt, block by block from its start; a tokenized prompt's blocks join the cache.
+        Only a router that pays per token keeps that cache."""
+        if not self.cost.per_tokenized_token_s:
+            return 0
+        blocks = prompt_block_hashes(prompt_ids, TOKEN_STORE_BLOCK)
+        held = next((k for k, block in enumerate(blocks) if block not in self._token_store), len(blocks))
+        if held * TOKEN_STORE_BLOCK >= TOKEN_STORE_OVERLAP * len(prompt_ids):
+            return 0
+        self._token_store.update(blocks)
+        return len(prompt_ids)
+
+    def time_spent(self) -> RouterTime:
+        """What the router's own time came to over the requests it was asked about (`own_time`)."""
+        n = self._timed
+        return RouterTime(
+            requests=n,
+            mean_s=self._own_seconds / n if n else 0.0,
+            tokenized_share=self._tokenized / n if n else 0.0,
+            fixed_s=self.cost.fixed_s,
+            per_tokenized_token_s=self.cost.per_tokenized_token_s,
+        )
 
     def pick(self, engines: Sequence[SimEngine], request: RoutedRequest, now: float) -> int:
         n = len(engines)

@@ -182,6 +182,8 @@ class SimTarget:
         }
         if sim.replica_samples is not None:
             info["replicas"] = sim.replica_loads()
+        if sim.router.cost.fixed_s or sim.router.cost.per_tokenized_token_s:
+            info["router_time"] = sim.router.time_spent().model_dump()
         stats = {
             "engine_steps": steps,
             "engine_busy_s": [e.busy_time for e in engines],
@@ -451,7 +453,15 @@ class _Simulation:
         self._push(done, _INTAKE, lambda t, s=server: self._take_in(s, t))
 
     def _admit(self, spec: RequestSpec, now: float) -> None:
-        """The request reaches an engine (after the frontend, if any): the engine's clock for it starts here."""
+        """The request reaches the router (after the frontend, if any), which routes it after its own time."""
+        own = self.router.own_time(spec)  # the router's own time (sim/router.py ROUTER_COSTS)
+        if own:
+            self._push(now + own, _CLIENT, lambda t, s=spec: self._route(s, t))
+        else:
+            self._route(spec, now)
+
+    def _route(self, spec: RequestSpec, now: float) -> None:
+        """The router picks an engine and the request reaches it: the engine's clock for it starts here."""
         i = self.router.pick(self.engines, spec, now)  # routing (sim/router.py)
         engine = self.engines[i]
         try:
