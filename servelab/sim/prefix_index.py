@@ -9,9 +9,10 @@ pod still holds it: the estimate's blind spots, which the precise mode (`prefix-
 
 What is modelled, from the code the llm-d 37-capacity benchmark ran (llm-d/llm-d-kv-cache-manager
 benchmarking/37-capacity/README.md at edb766fdb1c0, config "estimate-prefix-cache_load"): its `prefix-cache-scorer`
-with `mode` unset (llm-d-inference-scheduler b9c56d36, the last commit before PR #323 split the scorer, and the
-only window where that README's three configurations all parse) hands its parameters to GIE v0.5.1's prefix
-plugin (pkg/epp/scheduling/framework/plugins/multi/prefix/plugin.go and indexer.go at 978c23bb):
+with `mode` unset (llm-d-inference-scheduler b9c56d36, the last commit before PR #323 moved the precise mode to a
+scorer type of its own; the README's configurations mean what they say only between PR #297, which added the
+active-request scorer, and PR #323) hands its parameters to GIE v0.5.1's prefix plugin
+(pkg/epp/scheduling/framework/plugins/multi/prefix/plugin.go and indexer.go at 978c23bb):
 
 - hashing: the prompt's bytes in blocks of `hashBlockSize` (256), at most `maxPrefixBlocksToMatch` (256) of them,
   a trailing part block ignored, each block's hash chained on the one before; the chain opens with a hash of the
@@ -58,8 +59,8 @@ MODEL_BLOCK = -1
 
 @dataclass(frozen=True, slots=True)
 class EstimateWeights:
-    """The "_load" scorers' weights in effect: prefix-cache 2 and kv-cache 1 (score 1 - the pod's scraped KV usage),
-    as the config gives them.
+    """The "_load" scorers' weights in effect: prefix-cache 2 and kv-cache 1, as the config gives them (GIE v0.5.1's
+    kv-cache scorer: 1 - the pod's KV usage, as the endpoint picker last scraped it, every 50 ms by default).
 
     `active` is the active-request scorer's weight in effect, 0: the config gives it 1, but in the image the
     benchmark ran (GIE v0.5.1 under llm-d-inference-scheduler b9c56d36) the scorer forgets a request in its
