@@ -102,7 +102,7 @@ LLMD = Source(
         "random": "random",
         "load": "least-outstanding",
         "precise-prefix-cache_load": "prefix-aware",
-        "estimate-prefix-cache_load": None,
+        "estimate-prefix-cache_load": "prefix-estimate",
     },
     # Its "Requests/s" is the rate requests were sent in a stage (20.04 at QPS 20, where 8,004 output tokens a
     # second is 8 requests of 1,000 tokens): what the fleet served is its output tokens per second.

@@ -42,6 +42,9 @@ class RouterPolicy(StrEnum):
     LEAST_OUTSTANDING = "least-outstanding"
     PREFIX_HASH = "prefix-hash"
     PREFIX_AWARE = "prefix-aware"
+    PREFIX_ESTIMATE = "prefix-estimate"
+    """llm-d's estimated prefix-cache scheduling: the prompt's blocks it routed to each replica before (its own LRU
+    per replica, no cache reads), weighed against the replicas' scraped KV usage (servelab.sim.prefix_index)."""
     SESSION = "session"
 
 

@@ -20,6 +20,9 @@ view of the replicas:
   (live), weighed against the waiting queue and KV usage, which the endpoint
   picker scrapes from `/metrics` every `scrape_interval` seconds, and against
   its own in-flight counts (the active-request scorer).
+- prefix-estimate: llm-d's estimated prefix-cache scheduling: the prompt's
+  blocks it sent each replica before (its own LRU per replica, never the
+  engines' caches), weighed against the scraped KV usage (sim/prefix_index.py).
 - session: a conversation (a request and the turns that follow it) stays on
   the replica its first turn went to, as an `X-Session-ID` affinity does; a
   first turn goes to the replica with the fewest of the router's requests.
@@ -42,6 +45,7 @@ import numpy as np
 from servelab.sim.block_pool import BlockPool
 from servelab.sim.engine import SimEngine
 from servelab.sim.hashing import prompt_block_hashes
+from servelab.sim.prefix_index import PrefixEstimate
 from servelab.sim.radix_cache import RadixCache
 from servelab.schemas.fleet import RouterTime
 from servelab.schemas.vocabulary import (
@@ -148,6 +152,7 @@ class Router:
         self._replica_of: dict[int, int] = {}
         self._sessions = SessionAffinity()
         self._ring: HashRing | None = None
+        self._estimate: PrefixEstimate | None = None
         self._scraped: list[tuple[int, int, float]] = []
         self._next_scrape = -np.inf
         self.cost = ROUTER_COSTS.get(self.policy, RouterCost())
@@ -224,6 +229,11 @@ class Router:
                 return self._ring.pick(prefix_key(request.prompt_ids, request.system_len), self.outstanding)
             case RouterPolicy.PREFIX_AWARE:
                 return self._prefix_aware(engines, request, now, start)
+            case RouterPolicy.PREFIX_ESTIMATE:
+                if self._estimate is None:
+                    self._estimate = PrefixEstimate(len(engines))
+                usage = [u for _, _, u in self._scrape(engines, now)]
+                return self._estimate.pick(request.prompt_ids, usage, self.outstanding, start)
             case RouterPolicy.SESSION:
                 return self._session(request, start)
 
@@ -239,9 +249,7 @@ class Router:
         fewest), 1 when all are equal; kv: 1 - KV usage; active: (most of the
         router's in-flight requests - its own) / most, 1 when it has none.
         """
-        if now >= self._next_scrape:
-            self._scraped = [e.load for e in engines]
-            self._next_scrape = now + self.scrape_interval
+        self._scrape(engines, now)
         cached = _scaled([_cached_prefix(e, request.prompt_ids) for e in engines])
         waiting = [w for w, _, _ in self._scraped]
         most, fewest = max(waiting), min(waiting)
@@ -252,6 +260,13 @@ class Router:
         w = self.weights
         scores = [w.prefix * c + w.queue * q + w.kv * f + w.active * a for c, q, f, a in zip(cached, queue, kv, active)]
         return _best(start, scores)
+
+    def _scrape(self, engines: Sequence[SimEngine], now: float) -> list[tuple[int, int, float]]:
+        """The replicas' (waiting, running, KV usage) as the endpoint picker last scraped them."""
+        if now >= self._next_scrape:
+            self._scraped = [e.load for e in engines]
+            self._next_scrape = now + self.scrape_interval
+        return self._scraped
 
 
 def _vllm_dp_score(waiting: int, running: int, kv_usage: float, in_flight: int) -> float:
