@@ -59,16 +59,19 @@ def test_each_replica_is_started_with_the_configurations_flags_less_the_replica_
     assert replica_args("--data-parallel-size=2 --served-model-name 'a b'") == "--served-model-name 'a b'"
 
 
+@pytest.mark.parametrize(
+    ("router", "reads"), [("prefix-aware", "KV-cache events"), ("prefix-estimate", "its own routing history")]
+)
 def test_a_router_with_no_client_side_route_keeps_its_prediction_and_says_why_it_was_not_measured(
-    tiny_config: Path, tmp_path: Path
+    tiny_config: Path, tmp_path: Path, router: str, reads: str
 ) -> None:
     touched = tmp_path / "started"
     command = ServerCommand(f"touch {touched} {{engine_args}}")
-    config = _config(tiny_config, data_parallel_size=2, router="prefix-aware")
+    config = _config(tiny_config, data_parallel_size=2, router=router)
     [row] = confirm([config], command, WORKLOAD, OBJECTIVE, tmp_path / "tune")
     assert row.measured is None and row.predicted.request_throughput is not None
-    assert row.error is not None and "no client-side route" in row.error and "prefix-aware" in row.error
-    assert row.route == "prefix-aware"
+    assert row.error is not None and "no client-side route" in row.error and router in row.error and reads in row.error
+    assert row.route == router
     assert not touched.exists()  # nothing was started
     written = json.loads((tmp_path / "tune" / "stage2" / "trial-1" / "stage2.json").read_text())
     assert written["error"] == row.error

@@ -66,10 +66,16 @@ EVERY_INTERFACE = "0.0.0.0"
 REPLICA_FLAGS = ("--data-parallel-size", "-dp")
 """vLLM's spellings of the replica count, which each replica's own line leaves out."""
 NO_CLIENT_ROUTE = (
-    "not measured: the {router} router reads each replica's KV-cache events, which a client does not see, so "
-    "servelab has no client-side route for it; measure it behind the router itself (bench --base-url ROUTER "
-    "--replica-metrics-url ...), or search a route bench has ({routes})"
+    "not measured: the {router} router reads {reads}, so servelab has no client-side route for it; measure it "
+    "behind the router itself (bench --base-url ROUTER --replica-metrics-url ...), or search a route bench has "
+    "({routes})"
 )
+ROUTER_READS = {
+    RouterPolicy.PREFIX_AWARE: "each replica's KV-cache events, which a client does not see",
+    RouterPolicy.PREFIX_ESTIMATE: "the replicas' scraped KV usage against its own routing history, "
+    "which bench's routes do not keep",
+}
+"""What each router without a client-side route decides from, for NO_CLIENT_ROUTE."""
 
 
 def is_fleet(config: Stage2Config) -> bool:
@@ -179,7 +185,8 @@ def measure_fleet(
     router = str(config.params[ROUTER])
     result = _row(config, command, predicted, score, violation, directory=str(out), route=router)
     if router not in tuple(Route):
-        result.error = NO_CLIENT_ROUTE.format(router=router, routes=", ".join(Route))
+        reads = ROUTER_READS.get(RouterPolicy(router), "what bench's routes do not see")
+        result.error = NO_CLIENT_ROUTE.format(router=router, reads=reads, routes=", ".join(Route))
         return result
     replicas = _place(config, command, out, pool, gpu_resource)
     marker = _mark_live(replicas, out) if pool is None else None
