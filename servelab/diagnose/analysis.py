@@ -53,7 +53,7 @@ from servelab.schemas.diagnosis import (
     WorkloadShape,
 )
 from servelab.schemas.diagnosis import Observed as ObservedFigures
-from servelab.schemas.fleet import ReplicaLoad
+from servelab.schemas.fleet import ReplicaLoad, RouterTime
 from servelab.schemas.vocabulary import DiagnosisSource
 from servelab.diagnose.utilization import utilization
 from servelab.metrics.intervals import Regime, value_interval
@@ -405,7 +405,11 @@ def _fleet_findings(run: RunResult, scenario: Scenario, e: Evidence) -> list[Fin
     repeated = scenario.mean_shared / scenario.mean_input if scenario.mean_input else None
     behind_router = bool((run.run_info.get("flags") or {}).get("replica_metrics_urls"))
     loads = [typed_part(ReplicaLoad, r, run, "server_info.replicas in run.json") for r in replicas]
-    return fleet_findings(loads, repeated, e.mean_ttft_ms if behind_router else None)
+    spent = (run.run_info.get("server_info") or {}).get("router_time")
+    router_time = (
+        (typed_part(RouterTime, spent, run, "server_info.router_time in run.json"), e.mean_ttft_ms) if spent else None
+    )
+    return fleet_findings(loads, repeated, e.mean_ttft_ms if behind_router else None, router_time)
 
 
 def workload_shape(scenario: Scenario) -> WorkloadShape:

@@ -12,6 +12,8 @@ Two things only a fleet can get wrong, read off each replica's own `/metrics` ov
 - time outside the replicas, behind a router: the client's mean TTFT against the replicas' own (their TTFT
   histograms time a request from when it reached them), so what is left is the router's queueing, scoring and
   proxying, the network and the client. Which of those it is needs a run straight to one replica beside it.
+  A simulated fleet knows its router's own time exactly (run.json's `server_info.router_time`), and that is the
+  finding's evidence there.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Sequence
 
 from servelab.diagnose.findings import make_finding
 from servelab.schemas.diagnosis import Finding
-from servelab.schemas.fleet import ReplicaLoad
+from servelab.schemas.fleet import ReplicaLoad, RouterTime
 from servelab.schemas.vocabulary import FindingKind
 
 FLEET_IMBALANCE = FindingKind.FLEET_IMBALANCE
@@ -40,18 +42,23 @@ OUTSIDE_SHARE = 0.25
 
 
 def fleet_findings(
-    replicas: Sequence[ReplicaLoad], repeated_share: float | None, router_ttft_ms: float | None = None
+    replicas: Sequence[ReplicaLoad],
+    repeated_share: float | None,
+    router_ttft_ms: float | None = None,
+    router_time: tuple[RouterTime, float] | None = None,
 ) -> list[Finding]:
     """The fleet's findings from its replicas' loads (metrics.scrape.replica_load); `repeated_share`: the share
     of prompt tokens a request shares with an earlier one (None: unknown); `router_ttft_ms`: the client's mean
-    TTFT when it went through a router (None: no router, servelab spread the load itself, or a simulated fleet).
-    Nothing for fewer than two replicas."""
+    TTFT when it went through a router (None: no router, servelab spread the load itself, or a simulated fleet);
+    `router_time`: a simulated router's own time and the run's mean TTFT in ms. Nothing for fewer than two
+    replicas."""
     if len(replicas) < 2:
         return []
     found = [
         imbalance(replicas),
         routing_cache_misses(replicas, repeated_share),
         outside_replicas(replicas, router_ttft_ms),
+        router_own_time(*router_time) if router_time is not None else None,
     ]
     return [f for f in found if f is not None]
 
@@ -141,5 +148,26 @@ def outside_replicas(replicas: Sequence[ReplicaLoad], client_ttft_ms: float | No
         OUTSIDE_REPLICAS,
         "First tokens wait outside the replicas: the router, the network or the client",
         min(1.0, outside / client_ttft_ms),
+        evidence,
+    )
+
+
+def router_own_time(spent: RouterTime, client_ttft_ms: float) -> Finding | None:
+    """A simulated router's own time (its scheduling, and tokenizing the prompts it scores) as the part of every
+    first token spent outside the replicas, when it is material by the same bounds as a measured fleet's."""
+    own_ms = 1e3 * spent.mean_s
+    if own_ms < max(OUTSIDE_MS, OUTSIDE_SHARE * client_ttft_ms):
+        return None
+    evidence = [
+        f"the router spends {own_ms:.1f} ms on each request before a replica sees it, on average over "
+        f"{spent.requests} requests ({100 * own_ms / client_ttft_ms:.0f}% of the mean TTFT, {client_ttft_ms:.0f} ms)",
+        f"it takes {1e3 * spent.fixed_s:.2f} ms to schedule any request, and tokenizes "
+        f"{100 * spent.tokenized_share:.0f}% of the prompts itself at {1e6 * spent.per_tokenized_token_s:.2f} us "
+        'a token (docs/fleets.md, "The router\'s own time"): long prompts it has not seen cost the most',
+    ]
+    return make_finding(
+        OUTSIDE_REPLICAS,
+        "First tokens wait in the router: its own scheduling and tokenizing",
+        min(1.0, own_ms / client_ttft_ms),
         evidence,
     )
