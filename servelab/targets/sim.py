@@ -78,7 +78,8 @@ class SimTarget:
     yields the loop after each but the last, so the streams of each slice send
     their chunk before the next: such a step is a round of its own and every
     request gets one chunk per step, however far behind the server is (not for
-    SGLang's or TensorRT-LLM's servers, whose handlers differ). Requests queue before the engine (the engine's own
+    SGLang's or TensorRT-LLM's servers, whose handlers differ). Requests
+    queue before the engine (the engine's own
     TTFT, measured from its arrival, stays low while the client's grows) and
     tokens queue after it. All 0 (default): no frontend. A decode run that
     the engine fast-forwards hands its steps to the rounds as the step-by-step
