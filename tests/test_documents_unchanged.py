@@ -11,7 +11,10 @@ The stored files were written again once, when expert parallelism added its knob
 SGLang's ep_size and enable_dp_attention) to the engine configuration every document records: those keys are the
 only difference (`diff -r` of the two sets). diagnose-results-priced was written again when weight-only formats
 (AWQ, FP8 weights on an A100) moved onto the measured kernel fit: its AWQ and FP8 options' numbers are the only
-difference.
+difference. The diagnose and tune documents were written again when vLLM's API server began to send a step of more
+than 128 outputs in slices of 128 (docs/simulator.md): diagnose's saturated replay moved by under 0.1%, tune's best
+rate by -2.4% (46.70 to 45.57 req/s), and their 80% intervals moved with the residuals that change put in
+prediction_residuals.yaml (kvcached's bursts).
 
 To store the files again after a deliberate change of a document (and a schema_version bump where a published schema
 changes): `SERVELAB_WRITE_DOCUMENTS=1 pytest tests/test_documents_unchanged.py`.

@@ -18,7 +18,9 @@ intake before any output round (it now takes in about (requests waiting) /
 docs/simulator.md). The fleet's (chunked_replicas) was regenerated when a simulated fleet's records began to name
 the replica that served them (base_url replica-i, as bench's records do): with base_url nulled, its digest is the
 earlier one; and again when its least-loaded router began to count the requests it sent each engine that have not
-finished, as vLLM's balancer does (`engine_inflight`).
+finished, as vLLM's balancer does (`engine_inflight`). overload_async_frontend's was regenerated when the API
+server began to handle a step of more than 128 outputs in vLLM's slices of 128, a round of its own (its overload
+runs such steps; the other scenarios' steps are narrower and their digests did not move).
 
 The fast-forward itself is checked the same way: with it off, every
 scenario gives the same digest.
@@ -176,6 +178,15 @@ SCENARIOS: dict[str, Scenario] = {
         ArrivalConfig(),
         400,
     ),
+    # A burst of 1,000 chat-like streams: steps of more than 128 outputs, which vLLM's API server handles in slices.
+    "wide_burst_sliced": Scenario(
+        "h100-sxm",
+        "llama-3.1-8b",
+        "",
+        WorkloadConfig(input_len=64, output_len=64, range_ratio=0.5, seed=29),
+        ArrivalConfig(),
+        1000,
+    ),
     # TP=4 on the datasheet roofline, two API servers, chunked streaming.
     "tp2_datasheet_api_servers": Scenario(
         "h100-sxm",
@@ -255,11 +266,12 @@ GOLDEN: dict[str, tuple[str, int, int, int]] = {
     "chunked_replicas": ("3eeb0e7bb89e972040bcc34b7281c17f8c7d2c1d602e5e89e0711d5867dada48", 3144, 0, 0),
     "multiturn_closed_loop": ("5d71e5e8ca7b127d9803524bc0920626d4e891c93b867ee6ecfa4d783aa0e16d", 1995, 0, 190192),
     "no_chunking_sync": ("61c1649264bbb874697c574db947f9f2417307e31ac046351c31195e46add512", 959, 0, 0),
-    "overload_async_frontend": ("7aebc2dc1041e1203d17a1361cace0c10f3d47b45830929e1b1760e9ec5ea974", 575, 0, 0),
+    "overload_async_frontend": ("764b359c8810bc44a09d2d47b991368429ce771cf2f5bf8453de0d565bd47b4f", 575, 0, 0),
     "preempt_async_priority": ("c9f54813ea75b750b04310e04754c823da7f19a6a25c3e073cf068d88bfee45f", 6822, 127, 0),
     "preempt_sync_fcfs": ("0185e566af3c02fe0f34d1b701792f12c52e03862ee124c1dc20558ccd791fc9", 7094, 106, 0),
     "prefix_fast_forward": ("0c87d2d0b3b48fd36f4de8df1b65841a3bc52b8f906a398024e3e264db72127b", 1988, 0, 272448),
     "tp2_datasheet_api_servers": ("d0a745396869f12ef62d1d7b8ec25a634a4c0554545170df46ef5031a352ea73", 1626, 0, 0),
+    "wide_burst_sliced": ("d8564afd7332b6133e4e92e12e606d86af17d03f004ef42ca351460319174cb7", 1162, 0, 0),
 }
 
 
@@ -268,7 +280,9 @@ def test_simulator_output_is_bit_identical_to_the_golden_run(name):
     assert digest(name) == GOLDEN[name]
 
 
-@pytest.mark.parametrize("name", ["chunked_replicas", "overload_async_frontend", "no_chunking_sync"])
+@pytest.mark.parametrize(
+    "name", ["chunked_replicas", "overload_async_frontend", "no_chunking_sync", "wide_burst_sliced"]
+)
 def test_decode_fast_forward_changes_nothing_with_the_api_server_modelled(name, monkeypatch):
     """Stepping one step at a time (the reference) gives the golden digest too, API-server rounds included."""
     build = _target

@@ -12,7 +12,9 @@ from servelab.metrics import timeline as tl
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
 from servelab.perf.engine_config import EngineConfig
+from servelab.perf.trtllm_args import TRTLLMSettings
 from servelab.sim.engine import SimEngine
+from servelab.sim.engines import trtllm_factory
 from servelab.sim.linear_cost import LinearCostModel
 from servelab.targets.errors import TargetError
 from servelab.targets.sim import SimTarget
@@ -240,6 +242,52 @@ def test_a_frontend_that_keeps_up_sends_a_chunk_per_step_and_a_saturated_one_mer
     assert heavy_result.duration < engine_result.duration + 0.25 * per_token_work
     assert heavy_result.client_stats["frontend_busy_s"] < 0.5 * per_token_work
     assert max(r.finish_time for r in heavy) > max(r.finish_time for r in engine_only)
+
+
+WIDE = EngineConfig(max_num_seqs=512, max_num_batched_tokens=16384)
+
+
+def _tokens_per_chunk(streams, scheduler_factory=None):
+    """A burst of `streams` requests (20 in / 32 out) behind an API server whose chunks cost 0.5 ms: at 100 streams
+    a round's chunks take 50 ms, at 300 150 ms, against engine steps of ~11 and ~23 ms, so it falls behind at both."""
+    api = ApiServerCosts(per_chunk_s=5e-4)
+    target = SimTarget(WIDE, 20_000, COST, api=api, scheduler_factory=scheduler_factory)
+    records, _, result = run(target, LoadPlan(specs(streams, prompt_len=20, out=32)))
+    assert len(records) == streams and all(r.output_tokens == 32 for r in records)
+    return sum(r.output_tokens for r in records) / sum(_chunks(r) for r in records), result
+
+
+def test_a_lagging_api_server_merges_steps_of_up_to_128_outputs_and_sends_one_token_a_chunk_above():
+    """vLLM's output handler takes queued steps back to back while each has at most 128 outputs (their tokens merge
+    in the requests' collectors), but yields the loop after each slice of 128 of a wider step, so the streams send
+    their one new token before the next step is taken: a step a round, ~1 token a chunk, however far behind."""
+    narrow, _ = _tokens_per_chunk(100)
+    wide, result = _tokens_per_chunk(300)
+    assert narrow > 2
+    assert wide == pytest.approx(1.0, abs=0.05)
+    # Every token is its own chunk, so the server's core pays a chunk per token: 300 x 32 x 0.5 ms.
+    assert result.client_stats["frontend_busy_s"] == pytest.approx(300 * 32 * 5e-4, rel=1e-6)
+
+
+def test_another_engines_api_server_merges_however_wide_the_step():
+    """TensorRT-LLM's (and SGLang's) servers do not slice vLLM's way: the same 300 streams get merged chunks."""
+    merged, _ = _tokens_per_chunk(300, trtllm_factory(WIDE, TRTLLMSettings()))
+    assert merged > 2
+
+
+def test_a_wide_step_sends_each_slices_chunks_before_the_next_slice_is_processed():
+    """300 one-token requests finish in one step, handled in slices of 128, 128 and 44 at 0.1 ms an output and
+    0.1 ms a chunk: slice k starts after the earlier slices' outputs and chunks, and its chunks go out after its
+    own outputs, so the mean send time is 35.8 ms after the step, not the 45.1 ms of all outputs first."""
+    api = ApiServerCosts(per_output_token_s=1e-4, per_chunk_s=1e-4)
+    target = SimTarget(WIDE, 20_000, COST, api=api)
+    records, _, _ = run(target, LoadPlan(specs(300, prompt_len=20, out=1)))
+    assert target.last_engines[0].num_steps == 1
+    starts, sizes = np.array([0, 256e-4, 512e-4]), np.array([128, 128, 44])
+    mean_send = np.dot(sizes, starts + 1e-4 * sizes + 1e-4 * (sizes + 1) / 2) / 300
+    step_end = target.last_engines[0].step_ends[0]
+    assert [r.first_token_time for r in records] == pytest.approx([step_end + mean_send] * 300, abs=1e-12)
+    assert mean_send == pytest.approx(0.035834, abs=1e-6)
 
 
 def test_a_per_step_output_cost_is_paid_for_every_step_and_can_make_the_frontend_the_bottleneck():

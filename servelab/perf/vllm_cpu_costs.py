@@ -21,6 +21,17 @@ from servelab.perf.cost_model import CostCoefficients
 
 DATA = Path(__file__).parent / "data" / "vllm_cpu_costs.yaml"
 
+OUTPUT_SLICE = 128
+"""Outputs per slice of vLLM's API-server output handler: `VLLM_V1_OUTPUT_PROC_CHUNK_SIZE`'s default (vllm/envs.py).
+
+`AsyncLLM.output_handler` takes one engine step's outputs at a time and processes them in slices of this many,
+yielding the event loop (`asyncio.sleep(0)`) after every slice but the last, so the streams a slice woke send
+their chunks before the next slice is processed. Since vLLM 0.7 (PR #12287; equal slices by `np.array_split`
+until PR #32034, then slices of exactly 128, as in 0.32). A step of at most this many outputs is processed
+without yielding, and the handler takes the next queued step at once, so a handler that falls behind merges
+steps in the requests' collectors; a wider step gives every request one chunk of its one new token.
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class VllmCpuCosts:

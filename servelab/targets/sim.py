@@ -34,7 +34,7 @@ from servelab.metrics.scrape import replica_load
 from servelab.metrics.timeline import TimelineSample
 from servelab.perf.cost_model import CostCoefficients, CostModel
 from servelab.perf.engine_config import EngineConfig
-from servelab.perf.vllm_cpu_costs import ApiServerCosts
+from servelab.perf.vllm_cpu_costs import OUTPUT_SLICE, ApiServerCosts
 from servelab.sim.engine import RequestRejected, SimEngine
 from servelab.sim.engines import SchedulerFactory
 from servelab.sim.request import SimRequest
@@ -73,7 +73,13 @@ class SimTarget:
     RequestOutputCollector merges the outputs a request's stream has not taken
     yet. A frontend that keeps up sends a chunk per step; a saturated one
     sends fewer, fuller chunks, so its cost per token falls as its load rises,
-    as on a real server. Requests queue before the engine (the engine's own
+    as on a real server, while its steps have at most `OUTPUT_SLICE` (128)
+    outputs each. vLLM's handler processes a wider step in slices of 128 and
+    yields the loop after each but the last, so the streams of each slice send
+    their chunk before the next: such a step is a round of its own and every
+    request gets one chunk per step, however far behind the server is (not for
+    SGLang's or TensorRT-LLM's servers, whose handlers differ). Requests
+    queue before the engine (the engine's own
     TTFT, measured from its arrival, stays low while the client's grows) and
     tokens queue after it. All 0 (default): no frontend. A decode run that
     the engine fast-forwards hands its steps to the rounds as the step-by-step
@@ -128,6 +134,8 @@ class SimTarget:
         """The engine core's CPU share of each step, which async scheduling overlaps with the GPU."""
         self.scheduler_factory = scheduler_factory
         """Another engine's scheduler (SGLang, TensorRT-LLM: servelab.sim.engines); None: vLLM's."""
+        self.output_slice = OUTPUT_SLICE if scheduler_factory is None else None
+        """Outputs per slice of vLLM's output handler (OUTPUT_SLICE); None: another engine's server, which merges."""
         self.tier = tier
         """What the costs are grounded in, which decides the width of the summary's intervals."""
         self.last_engines: list[SimEngine] = []
@@ -256,6 +264,7 @@ class _Simulation:
         self.fe_request, self.fe_token = api.per_request_s, api.per_prompt_token_s
         self.fe_latency, self.fe_latency_token = api.latency_s, api.latency_per_prompt_token_s
         self.fe_output, self.fe_chunk, self.fe_step = api.per_output_token_s, api.per_chunk_s, api.per_output_step_s
+        self.output_slice = target.output_slice
         self.servers = servers = target.api_servers
         self.frontend_free_at = [0.0] * servers
         self.frontend_busy = 0.0
@@ -273,8 +282,8 @@ class _Simulation:
         """Per API server: (engine, step, tokens) its output handler has not taken yet (a step's tokens are split
         evenly over the servers)."""
         self.round_armed = [False] * servers
-        self.awaiting: list[list[tuple[int, SimRequest]]] = [[] for _ in range(servers)]
-        """Per API server: finished requests whose last tokens it has not sent yet."""
+        self.awaiting: list[list[tuple[int, int, SimRequest]]] = [[] for _ in range(servers)]
+        """Per API server: finished requests (engine, last step, request) whose last tokens it has not sent yet."""
 
     def _init_fleet(self, engines: int) -> None:
         """A fleet's bookkeeping: its replicas' names, per-replica samples and counts (none for one engine)."""
@@ -515,7 +524,7 @@ class _Simulation:
                 else:
                     delivered.append(now)
             for req in finished:
-                self.awaiting[self.server_of[req.tag.index]].append((i, req))
+                self.awaiting[self.server_of[req.tag.index]].append((i, step, req))
         else:
             for req in finished:
                 self._emit(i, req, now)
@@ -549,9 +558,8 @@ class _Simulation:
             due: float | None = None
             for step in range(first, first + steps - 1):
                 end = ends[step]
-                if due is not None and due < end:  # at a tie the step's end comes first (_STEP_END < _CLIENT)
-                    self._serve_round(server, due)
-                    due = None
+                while due is not None and due < end:  # at a tie the step's end comes first (_STEP_END < _CLIENT)
+                    due = self.frontend_free_at[server] if self._serve_round(server, due) else None
                 delivered.append(math.nan)
                 self.pending[server].append((i, step, share))  # a served round replaced the list
                 if due is None:
@@ -568,36 +576,70 @@ class _Simulation:
         if self.intake_owed[server] and self.intake[server]:  # waiting requests' intakes (one due now) go first
             self.round_deferred[server] = True
             return
-        self._serve_round(server, now)
+        if self._serve_round(server, now):
+            self._arm_round(server, now)
 
-    def _serve_round(self, server: int, now: float) -> None:
-        """One turn of the output handler: every step not taken yet, then one chunk per request with new tokens.
+    def _serve_round(self, server: int, now: float) -> bool:
+        """One turn of the output handler: the steps not taken yet, then one chunk per request with new tokens.
 
         A running request emits at most one token per step, so the requests
         with new tokens are about as many as the widest step's tokens; their
         chunks go out one after another, and each token is taken as sent at
-        the mean position of that sequence.
+        the mean position of that sequence. The handler takes queued steps
+        back to back while each has at most `output_slice` outputs (their
+        tokens merge); a wider step is a round of its own (_sliced_step).
+        Returns whether steps are left for the next round.
         """
         self.round_armed[server] = False
-        batch, self.pending[server] = self.pending[server], []
-        if len(batch) == 1:  # the usual round, one step's tokens: the same sums without the generators
-            i, step, width = batch[0]
-            handled = now + self.fe_step + self.fe_output * width
+        pending, limit = self.pending[server], self.output_slice
+        if limit is not None and pending[0][2] > limit:
+            take = 1
+            i, step, width = pending[0]
+            done, sent = self._sliced_step(now, width, limit)
         else:
-            handled = now + self.fe_step * len(batch) + self.fe_output * sum(n for _, _, n in batch)
-            width = max(n for _, _, n in batch)
-        done = handled + self.fe_chunk * width
-        sent = min(done, handled + self.fe_chunk * (width + 1) / 2)
-        for i, step, _ in batch:
+            take = len(pending)
+            if limit is not None:
+                take = next((k for k, (_, _, n) in enumerate(pending) if n > limit), take)
+            if take == 1:  # the usual round, one step's tokens: the same sums without the generators
+                i, step, width = pending[0]
+                handled = now + self.fe_step + self.fe_output * width
+            else:
+                batch = pending[:take]
+                handled = now + self.fe_step * take + self.fe_output * sum(n for _, _, n in batch)
+                width = max(n for _, _, n in batch)
+            done = handled + self.fe_chunk * width
+            sent = min(done, handled + self.fe_chunk * (width + 1) / 2)
+        for i, step, _ in pending[:take]:
             self.delivered[i][server][step] = sent
+        self.pending[server] = pending[take:]
         self.frontend_free_at[server] = done
         self.frontend_busy += done - now
         # asyncio gives every ready task a turn: the requests in intake against the output handler and the streams
         # it has just woken, so about (in intake) / (streams + 1) requests are taken in before the next round.
         self.intake_owed[server] = -(-len(self.intake[server]) // (int(width) + 1))
         waiting, self.awaiting[server] = self.awaiting[server], []
-        for i, req in waiting:
-            self._emit(i, req, now)
+        for i, step, req in waiting:
+            if math.isnan(self.delivered[i][server][step]):  # its last step waits for a later round
+                self.awaiting[server].append((i, step, req))
+            else:
+                self._emit(i, req, now)
+        return bool(self.pending[server])
+
+    def _sliced_step(self, now: float, width: float, limit: int) -> tuple[float, float]:
+        """A step of more than `limit` outputs: when the handler is done with it, and its chunks' mean send time.
+
+        vLLM's handler processes the outputs in slices of `limit` and awaits
+        asyncio.sleep(0) after each but the last, which lets the streams the
+        slice woke send their chunks first; the last slice's streams send
+        theirs at the handler's next wait (taken here as right after it).
+        """
+        full, rest = divmod(width, limit)
+        sizes = np.append(np.full(int(full), float(limit)), [rest] if rest > 0 else [])
+        per_output = self.fe_output + self.fe_chunk
+        starts = now + self.fe_step + per_output * np.concatenate(([0.0], np.cumsum(sizes)[:-1]))
+        sends = starts + self.fe_output * sizes + self.fe_chunk * (sizes + 1) / 2
+        done = now + self.fe_step + per_output * width
+        return done, min(done, float(np.dot(sizes, sends) / width))
 
     def _emit(self, i: int, req: SimRequest, now: float) -> None:
         """`req`'s last token has left the server: its record reaches the client after its last chunk."""
