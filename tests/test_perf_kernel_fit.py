@@ -61,7 +61,7 @@ def test_stored_residuals_are_what_the_fitted_formulas_give():
     assert fit.residuals["gemm"].holdout_rows == int(held.sum()) > 1000
 
 
-@pytest.mark.parametrize("gpu", ["h100", "a100-80gb", "h200"])
+@pytest.mark.parametrize("gpu", ["h100", "a100-80gb", "h200", "b200", "gb200", "b300"])
 def test_gpu_with_tables_uses_the_fit_and_says_so(gpu):
     model = _model(gpu)
     assert model.cost_source == f"kernel-fit:{get_gpu(gpu).name}"
@@ -84,6 +84,31 @@ def test_gpu_without_data_keeps_the_datasheet_roofline_and_says_so(gpu, reason):
     assert model.step_time(batch) == datasheet.step_time(batch)
 
 
+def test_gb200_at_tp8_keeps_the_datasheet_form_its_allreduce_table_stops_at_tp4():
+    """The GB200 tables (an NVL72 rack) time the custom all-reduce at TP 2 and 4 only: TP 8 is not extrapolated."""
+    assert set(kf.load_kernel_fit(get_gpu("gb200")).allreduce) == {2, 4}
+    assert _model("gb200", "llama-3.1-70b", tensor_parallel_size=4).cost_source == "kernel-fit:GB200"
+    tp8 = _model("gb200", "llama-3.1-70b", tensor_parallel_size=8)
+    assert tp8.cost_source == "datasheet-roofline" and "no all-reduce table for TP=8" in tp8.cost_source_note
+
+
+@pytest.mark.parametrize("gpu", ["h200", "b200", "gb200", "b300"])
+def test_gpus_without_a_vidur_profile_borrow_the_h100s_elementwise_kernels_scaled_by_bandwidth(gpu):
+    """Memory-bound norms, RoPE and activation: the H100's launch floor as it is, the per-token part at the same
+    fraction of the GPU's own HBM bandwidth, so a token costs H100's time x (H100 bandwidth / this GPU's)."""
+    h100, hw = get_gpu("h100"), get_gpu(gpu)
+    mine, reference = kf.load_kernel_fit(hw).elementwise, kf.load_kernel_fit(h100).elementwise
+    per_token = kf.elementwise_bytes_per_token(4096, 32, 8, 14336)
+    tokens = np.array([0.0, 8192.0])
+    own, borrowed = (
+        kf.elementwise_time(mine, hw, tokens, per_token),
+        kf.elementwise_time(reference, h100, tokens, per_token),
+    )
+    assert own[0] == pytest.approx(borrowed[0], rel=1e-3)  # the launch floor
+    scale = h100.memory_bandwidth / hw.memory_bandwidth
+    assert own[1] - own[0] == pytest.approx((borrowed[1] - borrowed[0]) * scale, rel=1e-3)
+
+
 def test_calibrated_efficiencies_and_other_weight_formats_keep_the_datasheet_form():
     calibrated = _model(coefficients=CostCoefficients(compute_efficiency=0.6, memory_efficiency=0.75))
     assert calibrated.cost_source == "datasheet-roofline" and "calibrated" in calibrated.cost_source_note
@@ -103,7 +128,14 @@ def test_smooth_roofline_lies_between_max_and_sum():
 
 
 @pytest.mark.parametrize(
-    "gpu, model, tp", [("h100", "llama-3.1-8b", 1), ("a100-80gb", "qwen2.5-7b", 1), ("h200", "llama-3.1-70b", 4)]
+    "gpu, model, tp",
+    [
+        ("h100", "llama-3.1-8b", 1),
+        ("a100-80gb", "qwen2.5-7b", 1),
+        ("h200", "llama-3.1-70b", 4),
+        ("b200", "llama-3.1-70b", 8),
+        ("gb200", "qwen2.5-7b", 1),
+    ],
 )
 def test_fitted_step_time_is_continuous_and_monotone_in_tokens(gpu, model, tp):
     cost = _model(gpu, model, GPU_ONLY, tensor_parallel_size=tp)

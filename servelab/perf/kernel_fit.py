@@ -107,7 +107,14 @@ VIDUR_ELEMENTWISE: dict[str, tuple[tuple[int, int, int, int], dict[int, float]]]
         },
     ),
 }
-VIDUR_GPU = {"A100-80GB-SXM": "a100", "H100-SXM": "h100", "H200": "h100", "B200": "h100", "GB200": "h100", "B300": "h100"}
+VIDUR_GPU = {
+    "A100-80GB-SXM": "a100",
+    "H100-SXM": "h100",
+    "H200": "h100",
+    "B200": "h100",
+    "GB200": "h100",
+    "B300": "h100",
+}
 """Vidur has no H200 or Blackwell profile. Its elementwise kernels (norms, RoPE, activation) stream a few bytes per
 token and are memory-bound: the H200 (the H100's die with faster HBM) and the Blackwell GPUs take the H100's launch
 floor (a fixed per-kernel cost, not a bandwidth) and the same fraction of their own HBM bandwidth, so the per-token
