@@ -18,8 +18,6 @@ from servelab.perf.hardware import get_gpu
 from servelab.perf.models import get_model
 
 GPU_ONLY = CostCoefficients(step_overhead_s=0, per_request_overhead_s=0)
-TOKEN_FIELDS = {"half_tokens", "half_depth", "half_context", "half_length"}
-"""Fitted sizes in tokens, some of which converge to ~0 at their bound: compared to 1e-3 token."""
 
 
 def _model(gpu="h100", model="llama-3.1-8b", coefficients=None, **kwargs):
@@ -29,24 +27,23 @@ def _model(gpu="h100", model="llama-3.1-8b", coefficients=None, **kwargs):
     return RooflineCostModel(hw, spec, resolve(EngineConfig(**config), hw, spec), coefficients, **extra)
 
 
-def _assert_close(committed, fresh, path="") -> None:
-    if isinstance(committed, dict):
-        assert committed.keys() == fresh.keys(), path
-        for key in committed:
-            _assert_close(committed[key], fresh[key], f"{path}.{key}")
-    elif isinstance(committed, float):
-        absolute = 1e-3 if path.rsplit(".", 1)[-1] in TOKEN_FIELDS else 1e-6 if path.endswith("throttle") else 0.0
-        assert fresh == pytest.approx(committed, rel=1e-3, abs=absolute), path
-    else:
-        assert committed == fresh, path
-
-
 def test_committed_coefficients_are_reproduced_by_refitting_the_installed_tables():
     committed = kf.load_kernel_coefficients()
     assert committed is not None, "servelab/perf/data/kernel_coefficients.yaml is missing: run scripts/fit_kernels.py"
     fresh = kf.KernelCoefficients.model_validate(kf.yaml.safe_load(kf.dump_yaml(kf.fit_all())))
     assert set(committed.gpus) == set(kf.SYSTEMS)
-    _assert_close(committed.model_dump(), fresh.model_dump())
+    assert kf.refit_differences(committed.model_dump(), fresh.model_dump()) == []
+
+
+def test_a_refit_difference_beyond_platform_noise_is_reported():
+    committed = kf.load_kernel_coefficients().model_dump()
+    moved = kf.yaml.safe_load(kf.yaml.safe_dump(committed))
+    moved["gpus"]["B200"]["gemm"]["memory_efficiency"] *= 1.01
+    moved["gpus"]["B200"]["gemm"]["half_tokens"] += 1e-4  # a size near 0: within noise
+    assert kf.refit_differences(committed, moved) == [
+        f".gpus.B200.gemm.memory_efficiency: committed {committed['gpus']['B200']['gemm']['memory_efficiency']:.6g}, "
+        f"refit {moved['gpus']['B200']['gemm']['memory_efficiency']:.6g}"
+    ]
 
 
 def test_stored_residuals_are_what_the_fitted_formulas_give():

@@ -610,6 +610,26 @@ def _rounded(value: Any) -> Any:
     return value
 
 
+TOKEN_FIELDS = {"half_tokens", "half_depth", "half_context", "half_length"}
+"""Fitted sizes in tokens, some of which converge to ~0 at their bound: compared to 1e-3 token."""
+
+
+def refit_differences(committed: Any, fresh: Any, path: str = "") -> list[str]:
+    """Where a fresh fit differs from the committed one beyond what the optimiser's platform noise moves: 0.1%
+    relative, 1e-3 token for sizes in tokens and 1e-6 for the throttle (both converge to ~0 at their bounds, where
+    the last digits differ between machines). Empty when the committed file is reproduced."""
+    if isinstance(committed, dict) and isinstance(fresh, dict):
+        if committed.keys() != fresh.keys():
+            return [f"{path}: keys {sorted(committed)} != {sorted(fresh)}"]
+        return [d for key in committed for d in refit_differences(committed[key], fresh[key], f"{path}.{key}")]
+    if isinstance(committed, float) and isinstance(fresh, float):
+        field = path.rsplit(".", 1)[-1]
+        absolute = 1e-3 if field in TOKEN_FIELDS else 1e-6 if field == "throttle" else 0.0
+        close = abs(fresh - committed) <= max(1e-3 * abs(committed), absolute)
+        return [] if close else [f"{path}: committed {committed:.6g}, refit {fresh:.6g}"]
+    return [] if committed == fresh else [f"{path}: committed {committed!r}, refit {fresh!r}"]
+
+
 def dump_yaml(coefficients: KernelCoefficients) -> str:
     header = (
         "# Per-GPU kernel coefficients of servelab's cost model, fitted to measured vLLM kernel tables.\n"
