@@ -6,7 +6,8 @@
 
 Writes servelab/perf/data/kernel_coefficients.yaml (coefficients and fit residuals,
 per GPU); the fit is deterministic, so a rerun on the same data reproduces the file.
---check compares instead of writing and exits 1 on a difference. See docs/kernels.md.
+--check compares instead of writing and exits 1 on a difference beyond the optimiser's platform noise (0.1%; the
+parameters that converge to ~0 at a bound differ in their last digits between machines). See docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from servelab.perf.kernel_fit import COEFFICIENTS_FILE, SYSTEMS, dump_yaml, fit_all
+import yaml
+
+from servelab.perf.kernel_fit import (
+    COEFFICIENTS_FILE,
+    SYSTEMS,
+    KernelCoefficients,
+    dump_yaml,
+    fit_all,
+    refit_differences,
+)
 
 
 def main() -> int:
@@ -35,9 +45,13 @@ def main() -> int:
             f"worst op {worst[0]} {worst[1].holdout_rms:.1%}"
         )
     if args.check:
-        same = args.out.exists() and args.out.read_text() == text
-        print(f"{args.out}: {'reproduced' if same else 'DIFFERS from a fresh fit'}")
-        return 0 if same else 1
+        if not args.out.exists():
+            print(f"{args.out}: missing")
+            return 1
+        committed = KernelCoefficients.model_validate(yaml.safe_load(args.out.read_text())).model_dump()
+        differences = refit_differences(committed, yaml.safe_load(text))
+        print("\n".join(differences) or f"{args.out}: reproduced (within the optimiser's platform noise)")
+        return 1 if differences else 0
     args.out.write_text(text)
     print(f"wrote {args.out}")
     return 0

@@ -52,9 +52,17 @@ SOURCE = (
     "commit 7d47513363ec447a741ac5e47241580b47724fbf, data/profiling/compute)"
 )
 
-SYSTEMS = {"A100-80GB-SXM": "a100_sxm", "H100-SXM": "h100_sxm", "H200": "h200_sxm"}
+SYSTEMS = {
+    "A100-80GB-SXM": "a100_sxm",
+    "H100-SXM": "h100_sxm",
+    "H200": "h200_sxm",
+    "B200": "b200_sxm",
+    "GB200": "gb200",
+    "B300": "b300_sxm",
+}
 """Catalogue GPU -> aiconfigurator system folder. The A100 tables were timed on an
-A100-SXM4-80GB; the 40GB part has 24% less bandwidth, so it keeps the datasheet model."""
+A100-SXM4-80GB; the 40GB part has 24% less bandwidth, so it keeps the datasheet model.
+The GB200 tables time one GPU of an NVL72 rack and hold all-reduce at TP 2 and 4 only."""
 
 HEAD_DIM = 128
 """Every model the catalogue fits here uses 128-wide heads; the fit reads only those rows."""
@@ -99,9 +107,18 @@ VIDUR_ELEMENTWISE: dict[str, tuple[tuple[int, int, int, int], dict[int, float]]]
         },
     ),
 }
-VIDUR_GPU = {"A100-80GB-SXM": "a100", "H100-SXM": "h100", "H200": "h100"}
-"""Vidur has no H200 profile: the H200 is the H100's die with faster HBM, so it takes the
-H100's launch floor and the same fraction of its own bandwidth."""
+VIDUR_GPU = {
+    "A100-80GB-SXM": "a100",
+    "H100-SXM": "h100",
+    "H200": "h100",
+    "B200": "h100",
+    "GB200": "h100",
+    "B300": "h100",
+}
+"""Vidur has no H200 or Blackwell profile. Its elementwise kernels (norms, RoPE, activation) stream a few bytes per
+token and are memory-bound: the H200 (the H100's die with faster HBM) and the Blackwell GPUs take the H100's launch
+floor (a fixed per-kernel cost, not a bandwidth) and the same fraction of their own HBM bandwidth, so the per-token
+part scales with bandwidth (8 TB/s on B200, GB200 and B300: 2.4x the H100's)."""
 
 
 # ---------------------------------------------------------------- coefficients (what the cost model reads)
@@ -591,6 +608,26 @@ def _rounded(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _rounded(v) for k, v in value.items()}
     return value
+
+
+TOKEN_FIELDS = {"half_tokens", "half_depth", "half_context", "half_length"}
+"""Fitted sizes in tokens, some of which converge to ~0 at their bound: compared to 1e-3 token."""
+
+
+def refit_differences(committed: Any, fresh: Any, path: str = "") -> list[str]:
+    """Where a fresh fit differs from the committed one beyond what the optimiser's platform noise moves: 0.1%
+    relative, 1e-3 token for sizes in tokens and 1e-6 for the throttle (both converge to ~0 at their bounds, where
+    the last digits differ between machines). Empty when the committed file is reproduced."""
+    if isinstance(committed, dict) and isinstance(fresh, dict):
+        if committed.keys() != fresh.keys():
+            return [f"{path}: keys {sorted(committed)} != {sorted(fresh)}"]
+        return [d for key in committed for d in refit_differences(committed[key], fresh[key], f"{path}.{key}")]
+    if isinstance(committed, float) and isinstance(fresh, float):
+        field = path.rsplit(".", 1)[-1]
+        absolute = 1e-3 if field in TOKEN_FIELDS else 1e-6 if field == "throttle" else 0.0
+        close = abs(fresh - committed) <= max(1e-3 * abs(committed), absolute)
+        return [] if close else [f"{path}: committed {committed:.6g}, refit {fresh:.6g}"]
+    return [] if committed == fresh else [f"{path}: committed {committed!r}, refit {fresh!r}"]
 
 
 def dump_yaml(coefficients: KernelCoefficients) -> str:
