@@ -181,3 +181,23 @@ def test_simulate_runs_moe_configs_end_to_end(tmp_path: Path, name: str):
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] == 30 and 0 < summary["mean_tpot_ms"] < 50
+
+
+def test_gpt_oss_on_blackwell_prices_its_bf16_layers_on_the_kernel_fit_and_its_experts_at_their_fp8_peak():
+    """gpt-oss quantizes only its experts: on a B200 its attention, LM head and norms are bf16 GEMMs the fit covers,
+    with their launch floors, and its MXFP4 experts compute on the FP8 tensor cores (vLLM's MXFP4 x MXFP8 path), so a
+    compute-bound expert GEMM takes the bf16 fit's time scaled by the two peaks."""
+    b200 = get_gpu("b200")
+    fitted = RooflineCostModel(b200, GPT_OSS, EngineConfig())
+    datasheet = RooflineCostModel(b200, GPT_OSS, EngineConfig(), kernels=False)
+    assert fitted.cost_source == "kernel-fit:B200" and fitted.weight_format.compute_dtype == "fp8"
+    # A decode step of 4 pays the fitted kernels' launch floors, which the datasheet form does not have.
+    assert fitted.step_time_aggregate(0, 0, 4, 4 * 1000, 4) > 1.2 * datasheet.step_time_aggregate(0, 0, 4, 4000, 4)
+    # A large prefill's experts: compute-bound, at the FP8 peak rather than the bf16 one.
+    experts = GPT_OSS.moe.num_experts
+    as_bf16 = RooflineCostModel(b200, GPT_OSS, EngineConfig())
+    as_bf16._expert_gemms = tuple(  # the same GEMMs at the bf16 peak
+        (c[0] * b200.peak_flops("fp8") / b200.peak_flops("bf16"), *c[1:]) for c in fitted._expert_gemms
+    )
+    ratio = as_bf16.moe_layer_time(16384, experts) / fitted.moe_layer_time(16384, experts)
+    assert 1.5 < ratio <= b200.peak_flops("fp8") / b200.peak_flops("bf16")

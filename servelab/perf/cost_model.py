@@ -14,7 +14,7 @@ from typing import Protocol
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.expert_parallel import ExpertLayout, all_to_all_time, expert_layer_scale
-from servelab.perf.hardware import Hardware
+from servelab.perf.hardware import ComputeDtype, Hardware
 from servelab.perf.kernel_fit import (
     GemmFit,
     GpuKernelFit,
@@ -105,7 +105,10 @@ def kernel_fit_for(
     weights: WeightFormat,
     coefficients: CostCoefficients,
 ) -> tuple[GpuKernelFit | None, str]:
-    """The measured kernel fit this deployment can use, or None and why the datasheet roofline stands."""
+    """The measured kernel fit this deployment can use, or None and why the datasheet roofline stands.
+
+    `weights` is the format of the weights outside the routed experts: a checkpoint that quantizes only its experts
+    (gpt-oss's MXFP4) computes everything else in bf16 on the fit, its experts on their own tensor cores."""
     fit = load_kernel_fit(hardware)
     tp = engine_config.tensor_parallel_size
     if fit is None:
@@ -230,7 +233,7 @@ class RooflineCostModel:
         self._init_host_costs(engine_config)
 
         fit, self.cost_source_note = (
-            kernel_fit_for(hardware, model, engine_config, self.weight_format, c)
+            kernel_fit_for(hardware, model, engine_config, self.dense_format, c)
             if kernels
             else (None, "datasheet form requested")
         )
@@ -398,9 +401,10 @@ class RooflineCostModel:
         self._gemm_fixed = (launches + 1) * g.launch_s
         if model.moe:
             width = model.moe.expert_intermediate_size // tp
+            compute = self.weight_format.compute_dtype
             self._expert_gemms = (
-                self._gemm_constants(g, 2 * width, h, expert_bytes),
-                self._gemm_constants(g, h, width, expert_bytes),
+                self._gemm_constants(g, 2 * width, h, expert_bytes, compute),
+                self._gemm_constants(g, h, width, expert_bytes, compute),
             )
         if model.moe:
             inter = model.mlp_activation_width // tp  # the elementwise kernels see the routed rows' activations
@@ -430,13 +434,15 @@ class RooflineCostModel:
             self._comm_fixed = self._comm_s_per_token = 0.0
 
     def _gemm_constants(
-        self, g: GemmFit, n: int, k: int, weight_bytes_per_param: float
+        self, g: GemmFit, n: int, k: int, weight_bytes_per_param: float, compute_dtype: ComputeDtype = "bf16"
     ) -> tuple[float, float, float, float]:
         """(s per token at peak efficiency incl. tile overhead, FLOPs per token, weight s, activation s per token).
 
         A weight-only format (FP8 or 4-bit weights on a GPU without their tensor cores) is the bf16 GEMM with its
-        weights read at their stored size: the kernel dequantizes them into the same bf16 tensor-core work."""
-        peak, bw = self.hardware.peak_flops("bf16"), self.hardware.memory_bandwidth * g.memory_efficiency
+        weights read at their stored size: the kernel dequantizes them into the same bf16 tensor-core work. Experts
+        that compute on FP8 or FP4 tensor cores beside bf16 layers (gpt-oss's MXFP4 on Blackwell) take the bf16 fit's
+        shape at their own peak: the tables time bf16 GEMMs only, so the same efficiency of that peak is assumed."""
+        peak, bw = self.hardware.peak_flops(compute_dtype), self.hardware.memory_bandwidth * g.memory_efficiency
         size = self.model.dtype_bytes
         return (
             2 * n * (k + g.half_depth) / (peak * g.peak_efficiency),

@@ -92,8 +92,9 @@ def weight_format(quantization: str | None, model: ModelSpec, hardware: Hardware
 
 def non_expert_weight_format(quantization: str | None, model: ModelSpec, hardware: Hardware) -> WeightFormat:
     """The format of the weights outside the routed experts: the model dtype when the checkpoint quantizes only its
-    experts (gpt-oss), else the same as `weight_format`."""
-    if model.quantized_experts_only and quantization is None:
+    experts (gpt-oss), whether `--quantization` is left out or names the checkpoint's own method (vLLM then loads the
+    same checkpoint the same way), else the same as `weight_format`."""
+    if model.quantized_experts_only and quantization in (None, model.quantization):
         return weight_format("none", model, hardware)
     return weight_format(quantization, model, hardware)
 
