@@ -158,6 +158,11 @@ class ScorerWeights:
         zero = dict.fromkeys(("prefix", "queue", "kv", "active"), 0.0)
         return cls(**(zero | weights), active_until=ActiveRelease(until))
 
+    def flag(self) -> str:
+        """The weights as `--router-weights` takes them (`parse` reads them back)."""
+        weights = ",".join(f"{name}={getattr(self, name):g}" for name in ("prefix", "queue", "kv", "active"))
+        return f"{weights},active_until={self.active_until}"
+
 
 def _weight(name: str, value: str) -> float:
     try:
