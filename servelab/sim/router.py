@@ -24,12 +24,12 @@ view of the replicas:
 - prefix-estimate: llm-d's estimated prefix-cache scheduling: the prompt's
   blocks it sent each replica before (its own LRU per replica, never the
   engines' caches), weighed against the same scorers (sim/prefix_index.py).
-
-Both llm-d policies add the same weighted scorers (ScorerWeights), so any of
-llm-d's scheduling profiles built from them is one policy and its weights.
 - session: a conversation (a request and the turns that follow it) stays on
   the replica its first turn went to, as an `X-Session-ID` affinity does; a
   first turn goes to the replica with the fewest of the router's requests.
+
+Both llm-d policies add the same weighted scorers (ScorerWeights), so any of
+llm-d's scheduling profiles built from them is one policy and its weights.
 
 Before it picks, a router spends its own time on the request (`Router.own_time`): the request reaches
 a replica that much later. That time is priced per router kind from published measurements of its
@@ -218,7 +218,7 @@ class Router:
         if weights is not None and self.policy not in DEFAULT_WEIGHTS:
             raise ValueError(f"scorer weights are for the {' and '.join(DEFAULT_WEIGHTS)} routers, not {policy}")
         self.scrape_interval = scrape_interval
-        self.weights = weights or DEFAULT_WEIGHTS.get(self.policy, ScorerWeights())
+        self.weights = weights if weights is not None else DEFAULT_WEIGHTS.get(self.policy, ScorerWeights())
         self._next = 0
         self._draws = np.random.default_rng(seed)
         """random: the router's own draws, so a run is reproducible and independent of the workload's seed."""
@@ -305,8 +305,7 @@ class Router:
                     self._ring = HashRing(len(engines))
                 return self._ring.pick(prefix_key(request.prompt_ids, request.system_len), self.outstanding)
             case RouterPolicy.PREFIX_AWARE:
-                cached = [_cached_prefix(e, request.prompt_ids) for e in engines] if self.weights.prefix else []
-                return self._weighted(engines, now, start, _scaled(cached) if cached else [0.0] * len(engines))
+                return self._weighted(engines, now, start, self._precise_prefix(engines, request))
             case RouterPolicy.PREFIX_ESTIMATE:
                 if self._estimate is None:
                     self._estimate = PrefixEstimate(len(engines))
@@ -338,6 +337,13 @@ class Router:
             for p, q, f, a in zip(prefix, queue, kv, self.active_scores())
         ]
         return _best(start, scores)
+
+    def _precise_prefix(self, engines: Sequence[SimEngine], request: RoutedRequest) -> list[float]:
+        """prefix-aware's prefix scorer: each replica's cached leading blocks of the prompt, min-max scaled over the
+        replicas; with a prefix weight of 0 there is no such scorer and no cache is read."""
+        if not self.weights.prefix:
+            return [0.0] * len(engines)
+        return _scaled([_cached_prefix(e, request.prompt_ids) for e in engines])
 
     def active_scores(self) -> list[float]:
         """llm-d's active-request scorer: (most in flight - its in flight) / most, 1 when it has none, over the
