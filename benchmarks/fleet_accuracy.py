@@ -33,6 +33,7 @@ from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
 from servelab.schemas.results import Summary
 from servelab.targets.base import TargetRun
+from servelab.sim.router import LLMD_LOAD_PROFILE, ScorerWeights
 from servelab.targets.deployment import Deployment, build_deployment
 import numpy as np
 
@@ -52,6 +53,17 @@ CLIENT_LIMITED_SHARE = 0.75
 
 
 @dataclass(frozen=True)
+class Counterpart:
+    """servelab's counterpart of a published router: a --router and, for llm-d's scorers, their --router-weights."""
+
+    router: str
+    weights: ScorerWeights | None = None
+
+    def __str__(self) -> str:
+        return self.router if self.weights is None else f"{self.router} {self.weights.flag()}"
+
+
+@dataclass(frozen=True)
 class Source:
     """One published experiment: the fleet and its routers' counterparts (its client is rebuilt below)."""
 
@@ -61,8 +73,8 @@ class Source:
     model: str
     engine_args: str
     replicas: int
-    routers: dict[str, str | None]
-    """Published router name -> servelab's --router (None: not modelled, shown only)."""
+    routers: dict[str, Counterpart | None]
+    """Published router name -> servelab's counterpart (None: not modelled, shown only)."""
     throughput: str
     """The summary's throughput the source reports as what was served (its other rate is the one it offered)."""
     vllm_version: str | None = None
@@ -84,7 +96,11 @@ KUBEAI = Source(
         "--quantization fp8 --max-model-len 16384 --max-num-batched-tokens 16384 "
         "--gpu-memory-utilization 0.95 --enable-prefix-caching"
     ),
-    routers={"k8s-service": "random", "least-load": "least-outstanding", "prefix-hash": "prefix-hash"},
+    routers={
+        "k8s-service": Counterpart("random"),
+        "least-load": Counterpart("least-outstanding"),
+        "prefix-hash": Counterpart("prefix-hash"),
+    },
     throughput="request_throughput",
     # v0.7.2 with VLLM_USE_V1=1: the V1 engine with its synchronous loop. 0.8 is the earliest release whose V1
     # defaults the simulator models (benchmarks/gpu_accuracy.py replays every earlier one as 0.8 too).
@@ -98,11 +114,16 @@ LLMD = Source(
     replicas=4,
     # 4 pods of TP=4; the report's per-pod KV of 461,376 tokens is 37.8 GB a GPU of Llama-3.1-70B's bf16 KV.
     engine_args="--tensor-parallel-size 4 --kv-cache-memory-bytes 37800000000 --enable-prefix-caching",
+    # Each router with the scorers and weights its EndpointPickerConfig gives (llm-d-kv-cache-manager
+    # benchmarking/37-capacity/README.md at edb766fdb1c0): "load" is active-request 1 + kv-cache 1, the other two add
+    # a prefix-cache scorer weighted 2 (precise: KV events; estimate: its own routing history); no queue scorer. The
+    # image that ran (llm-d-inference-scheduler b9c56d36 on GIE v0.5.1) released the active-request count at the
+    # response's headers (servelab.sim.router.ActiveRelease.HEADERS), so that scorer moved no pick there either.
     routers={
-        "random": "random",
-        "load": "least-outstanding",
-        "precise-prefix-cache_load": "prefix-aware",
-        "estimate-prefix-cache_load": "prefix-estimate",
+        "random": Counterpart("random"),
+        "load": Counterpart("prefix-aware", LLMD_LOAD_PROFILE),
+        "precise-prefix-cache_load": Counterpart("prefix-aware", replace(LLMD_LOAD_PROFILE, prefix=2.0)),
+        "estimate-prefix-cache_load": Counterpart("prefix-estimate", replace(LLMD_LOAD_PROFILE, prefix=2.0)),
     },
     # Its "Requests/s" is the rate requests were sent in a stage (20.04 at QPS 20, where 8,004 output tokens a
     # second is 8 requests of 1,000 tokens): what the fleet served is its output tokens per second.
@@ -342,7 +363,7 @@ def llmd_arrivals(rng: np.random.Generator) -> tuple[np.ndarray, dict[float, tup
 
 
 @cache
-def llmd_run(router: str, seed: int = 0) -> dict[float, dict[str, float]]:
+def llmd_run(router: Counterpart, seed: int = 0) -> dict[float, dict[str, float]]:
     """One simulated inference-perf run of every llm-d stage in order behind `router`: per stage's rate, the
     served output tokens/s, mean TTFT and mean TPOT of the requests sent in it, and the router's own time a request
     over the run. `seed` draws the prompts, their order and the arrival times (0: the headline run)."""
@@ -360,7 +381,7 @@ def llmd_run(router: str, seed: int = 0) -> dict[float, dict[str, float]]:
 
 
 @cache
-def kubeai_run(load: float, router: str, seed: int = KUBEAI_CLIENT.seed) -> dict[str, float]:
+def kubeai_run(load: float, router: Counterpart, seed: int = KUBEAI_CLIENT.seed) -> dict[str, float]:
     """One KubeAI load point: its client's 8,000 requests at the point's --request-rate and --max-concurrency.
     `seed` draws the threads, the prompts' order and the arrival times (the client's own 12345: the headline)."""
     client = replace(KUBEAI_CLIENT, seed=seed)
@@ -377,15 +398,16 @@ def _router_time(run: TargetRun) -> float:
     return float((run.server_info.get("router_time") or {}).get("mean_s", 0.0))
 
 
-def _deployment(source: Source, router: str) -> Deployment:
-    return build_deployment(
+def _deployment(source: Source, router: Counterpart) -> Deployment:
+    deployment = build_deployment(
         source.gpu,
         source.model,
         source.engine_args,
         replicas=source.replicas,
-        router=router,
+        router=router.router,
         vllm_version=source.vllm_version,
     )
+    return replace(deployment, router_weights=router.weights)
 
 
 def _measures(summary: Summary, source: Source) -> dict[str, float]:
@@ -396,7 +418,7 @@ def _measures(summary: Summary, source: Source) -> dict[str, float]:
     }
 
 
-def predict(source: Source, load: float, router: str, draw: int = 0) -> dict[str, float]:
+def predict(source: Source, load: float, router: Counterpart, draw: int = 0) -> dict[str, float]:
     """Served throughput (the source's unit), mean TTFT and mean TPOT (s) of `router` at one published load point,
     in draw `draw` of its random parts (0: the headline run, with the published client seeds)."""
     if source is LLMD:
@@ -509,7 +531,9 @@ def l4_check() -> None:
         print(f"| {' | '.join(cells)} |")
 
 
-def _row(name: str, load: float, published: str, router: str, served: float, ttft: float, got: dict[str, float]) -> str:
+def _row(
+    name: str, load: float, published: str, router: Counterpart, served: float, ttft: float, got: dict[str, float]
+) -> str:
     tpot = KUBEAI_TPOT_MS.get((int(load), published)) if name == "kubeai" else None
     if name == "llm-d" and (itl := LLMD_ITL_MS.get((int(load), published))) is not None:
         tpot = llmd_tpot_ms(itl, LLMD_CLIENT.output_tokens)
@@ -542,7 +566,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     scored = {"served": [0, 0], "ttft": [0, 0]}
     orders: dict[tuple[str, float], list[tuple[float, float, str]]] = {}
-    own: dict[tuple[str, str], float] = {}
+    own: dict[tuple[str, Counterpart], float] = {}
     t0 = time.monotonic()
     for name, load, published, served, ttft in PUBLISHED:
         if name not in sources:

@@ -185,6 +185,11 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
         "--tp 1 and --tp-size 2",
     ),
     ("NaN SLO bound", [*SIM, "--goodput", "ttft:nan"], "invalid --goodput item 'ttft:nan'"),
+    (
+        "scorer weight not a number",
+        [*SIM, "--replicas", "2", "--router", "prefix-aware", "--router-weights", "prefix=2,kv=x"],
+        "--router-weights 'prefix=2,kv=x': kv='x' is not a number",
+    ),
     ("NaN observation", [*DESCRIBED, "--observed-e2e-ms", "nan"], "Invalid value for '--observed-e2e-ms'"),
     ("share above 1", [*DESCRIBED, "--slo-attainment", "5"], "Invalid value for '--slo-attainment'"),
     ("fraction above 1", [*DESCRIBED, "--observed-gpu-util", "1.5"], "Invalid value for '--observed-gpu-util'"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import pytest
@@ -15,7 +14,6 @@ from servelab.sim.radix_cache import RadixCache
 from servelab.sim import router as router_mod
 from servelab.sim.router import POLICIES, Router, RouterPolicy, ScorerWeights, _radix_prefix
 from servelab.targets.errors import TargetError
-from servelab.targets import sim as sim_target
 from servelab.targets.sim import SimTarget
 from servelab.workload.spec import LoadPlan, RequestSpec
 
@@ -151,8 +149,7 @@ def test_llm_d_scorers_without_the_active_request_scorer_pile_a_shared_prompt_on
     monkeypatch.setattr(router_mod, "ROUTER_COSTS", {})
     used = {}
     for name, weights in (("guide", ScorerWeights(active=0.0)), ("with active", ScorerWeights())):
-        monkeypatch.setattr(sim_target, "Router", functools.partial(Router, weights=weights))
-        target = SimTarget(FLEET, 2000, COST, router="prefix-aware")
+        target = SimTarget(FLEET, 2000, COST, router="prefix-aware", router_weights=weights)
         target.run(plan, MemorySink())
         used[name] = sum(e.num_steps > 0 for e in target.last_engines)
     assert used["guide"] == 1

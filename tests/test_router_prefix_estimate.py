@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from servelab.metrics import timeline as tl
@@ -12,12 +14,10 @@ from servelab.sim.prefix_index import (
     BLOCK_TOKENS,
     MAX_PREFIX_BLOCKS,
     MODEL_BLOCK,
-    EstimateWeights,
-    PrefixEstimate,
     PrefixIndex,
     estimate_block_hashes,
 )
-from servelab.sim.router import Router, _cached_prefix
+from servelab.sim.router import DEFAULT_WEIGHTS, ActiveRelease, Router, RouterPolicy, _cached_prefix
 from servelab.targets.sim import SimTarget
 from servelab.workload.spec import LoadPlan, RequestSpec
 
@@ -126,9 +126,15 @@ def test_in_flight_counts_move_no_pick_as_the_benchmarks_image_ran_and_spread_ti
     """The active-request scorer of the image the benchmark ran forgot a streamed request on its first bytes, so
     in effect it weighs 0; one that counts requests to their end (weight 1) sends a tie to the idle replica."""
     prompt = tokens(BLOCK_TOKENS * 2)
-    as_ran, working = PrefixEstimate(2), PrefixEstimate(2, EstimateWeights(active=1.0))
-    assert as_ran.pick(prompt, [0.0, 0.0], [5, 0], start=0) == 0
-    assert working.pick(prompt, [0.0, 0.0], [5, 0], start=0) == 1
+    as_ran = Router("prefix-estimate")
+    working = Router(
+        "prefix-estimate",
+        weights=replace(DEFAULT_WEIGHTS[RouterPolicy.PREFIX_ESTIMATE], active_until=ActiveRelease.END),
+    )
+    for router in (as_ran, working):
+        router.outstanding = [5, 0]
+    assert as_ran.pick([_Replica(), _Replica()], spec(0, prompt), 0.0) == 0
+    assert working.pick([_Replica(), _Replica()], spec(0, prompt), 0.0) == 1
 
 
 def test_on_a_chat_fleet_it_keeps_a_conversation_where_its_history_went_and_hits_more_than_round_robin():

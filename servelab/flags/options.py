@@ -49,6 +49,7 @@ from servelab.schemas.vocabulary import (
 if TYPE_CHECKING:
     from servelab.experiment.auto_sweep import AutoSweep
     from servelab.experiment.sweep import Sweep
+    from servelab.sim.router import ScorerWeights
     from servelab.targets.deployment import Deployment
     from servelab.workload.arrival import ArrivalConfig, Ramp
     from servelab.workload.datasets import WorkloadConfig
@@ -99,6 +100,16 @@ RouterFlag = Annotated[
     typer.Option(
         help=f"How replicas are picked: {', '.join(POLICIES)}. Default: least-loaded (vLLM's own balancer) when "
         "--engine-args sets --data-parallel-size, round-robin for --replicas.",
+        rich_help_panel=DEPLOYMENT_PANEL,
+    ),
+]
+RouterWeightsFlag = Annotated[
+    Optional[str],
+    typer.Option(
+        help="The weights of llm-d's scorers for --router prefix-aware or prefix-estimate, as an EndpointPickerConfig "
+        "sets them: prefix=2,queue=0,kv=1,active=1 (a scorer left out weighs 0; prefix=0 is llm-d's scheduler "
+        "without a prefix scorer); add active_until=headers for a release whose active-request scorer forgets a "
+        "request at its response's headers. Default: each router's own (docs/fleets.md).",
         rich_help_panel=DEPLOYMENT_PANEL,
     ),
 ]
@@ -540,6 +551,7 @@ def deployment_from_flags(
     gpu_file: Path | None = None,
     vllm_version: str | None = None,
     engine: str = VLLM,
+    router_weights: str | None = None,
 ) -> Deployment:
     """The deployment the flags describe: --gpu and --model from the catalogues, or a `servelab calibrate` profile.
 
@@ -552,10 +564,44 @@ def deployment_from_flags(
     vLLM's, so either beside it is an error. PerfConfigError for anything that
     cannot be modelled.
     """
-    from servelab.targets.deployment import build_deployment
-
     if router is not None and router not in POLICIES:
         raise PerfConfigError(f"--router {router!r}: choose one of {', '.join(POLICIES)}")
+    weights = _router_weights(router_weights, router)
+    deployment = _deployment(gpu, model, engine_args, calibration, tp, replicas, router, gpu_file, vllm_version, engine)
+    return replace(deployment, router_weights=weights) if weights is not None else deployment
+
+
+def _router_weights(text: str | None, router: str | None) -> ScorerWeights | None:
+    """--router-weights read and checked against --router, before anything is built."""
+    from servelab.sim.router import DEFAULT_WEIGHTS, ScorerWeights
+
+    if text is None:
+        return None
+    if router not in DEFAULT_WEIGHTS:
+        raise PerfConfigError(
+            f"--router-weights weighs llm-d's scorers: give it with --router {' or --router '.join(DEFAULT_WEIGHTS)}"
+            f"{'' if router is None else f', not --router {router}'}"
+        )
+    try:
+        return ScorerWeights.parse(text)
+    except ValueError as exc:
+        raise PerfConfigError(f"--router-weights {text!r}: {exc}") from None
+
+
+def _deployment(
+    gpu: str | None,
+    model: str | None,
+    engine_args: str,
+    calibration: Path | None,
+    tp: int | None,
+    replicas: int | None,
+    router: str | None,
+    gpu_file: Path | None,
+    vllm_version: str | None,
+    engine: str,
+) -> Deployment:
+    from servelab.targets.deployment import build_deployment
+
     if engine != VLLM:
         return _engine_deployment(
             engine, gpu, model, engine_args, tp, replicas, gpu_file, router, calibration, vllm_version

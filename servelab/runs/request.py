@@ -26,6 +26,7 @@ from servelab.flags.options import (
     ModelFlag,
     ReplicasFlag,
     RouterFlag,
+    RouterWeightsFlag,
     TpFlag,
     VllmVersionFlag,
 )
@@ -257,6 +258,7 @@ class DeploymentFlags:
     tp: TpFlag = None
     replicas: ReplicasFlag = None
     router: RouterFlag = None
+    router_weights: RouterWeightsFlag = None
     gpu_file: GpuFileFlag = None
     calibration: CalibrationFlag = None
     vllm_version: VllmVersionFlag = None
@@ -292,6 +294,7 @@ class DeploymentFlags:
             gpu_file=self.gpu_file,
             vllm_version=self.vllm_version,
             engine=self.engine,
+            router_weights=self.router_weights,
         )
 
 

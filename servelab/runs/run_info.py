@@ -65,6 +65,7 @@ def bench_run_info(request: BenchRequest, served_model: str, cache_config: Json)
 def simulate_run_info(request: SimulateRequest, deployment: Json, router: str) -> RunInfo:
     """`deployment`: the simulated deployment's description (Deployment.describe); `router`: the one it runs,
     recorded in place of a --router left to its default (a diagnosis of this run rebuilds the same fleet)."""
-    flags = {**flag_values(request.deployment, skip=("ray_address",)), **flag_values(request.load)}
+    unset = ("router_weights",) if request.deployment.router_weights is None else ()  # run.json as before the flag
+    flags = {**flag_values(request.deployment, skip=("ray_address", *unset)), **flag_values(request.load)}
     flags["router"] = router
     return RunInfo.begun(verb="simulate", source="sim", argv=list(request.argv), flags=flags, deployment=deployment)

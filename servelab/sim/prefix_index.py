@@ -23,8 +23,9 @@ active-request scorer, and PR #323) hands its parameters to GIE v0.5.1's prefix 
   its score is that count over the request's hashes (not scaled over the pods).
 - the picker adds the scorers' weighted scores and takes the highest (ties broken at random there, rotating here).
 
-The other scorers of "_load" and their weights (prefix 2, kv-cache 1, active-request 1): EstimateWeights. No
-scorer bounds a pod's load beyond what these weigh.
+The other scorers of "_load" and their weights (prefix 2, kv-cache 1, active-request 1, the last released at the
+response's headers as that image did) are the router's (sim/router.py ScorerWeights, DEFAULT_WEIGHTS). No scorer
+bounds a pod's load beyond what these weigh.
 
 Blocks in tokens: the plugin cuts characters, the simulator's prompts are token ids. A block is
 HASH_BLOCK_CHARS / CHARS_PER_TOKEN = 64 tokens: 4 characters a token is GIE's own premise for its default block
@@ -38,11 +39,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from servelab.sim.hashing import prompt_block_hashes
-from servelab.workload.routing import best
 
 HASH_BLOCK_CHARS = 256
 """`hashBlockSize` of the 37-capacity config (GIE's default is 64)."""
@@ -55,23 +54,6 @@ LRU_CAPACITY_PER_SERVER = 2200
 """`lruCapacityPerServer` of the config (GIE's default is 31,250): block hashes remembered per pod."""
 MODEL_BLOCK = -1
 """The chain's first entry, GIE's hash of the model's name (one model here, so one key no block hash can equal)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EstimateWeights:
-    """The "_load" scorers' weights in effect: prefix-cache 2 and kv-cache 1, as the config gives them (GIE v0.5.1's
-    kv-cache scorer: 1 - the pod's KV usage, as the endpoint picker last scraped it, every 50 ms by default).
-
-    `active` is the active-request scorer's weight in effect, 0: the config gives it 1, but in the image the
-    benchmark ran (GIE v0.5.1 under llm-d-inference-scheduler b9c56d36) the scorer forgets a request in its
-    PostResponse, which GIE ran on the response's headers (GIE issue #1483; llm-d-inference-scheduler issues #317,
-    #376). vLLM sends a streamed response's headers as soon as it accepts the request, so the scorer saw nothing in
-    flight, scored every pod 1 and moved no pick. 1 models a release whose scorer counts a request until its
-    response ends (the router's own in-flight count, scored (most - its) / most, 1 when it has none)."""
-
-    prefix: float = 2.0
-    kv: float = 1.0
-    active: float = 0.0
 
 
 def estimate_block_hashes(
@@ -124,26 +106,12 @@ class PrefixIndex:
 
 
 class PrefixEstimate:
-    """The estimated prefix-cache router: scores every pod, picks the highest, records the pick in its index."""
+    """The estimated prefix-cache scorer: each pod's share of a request's hashes its index holds (`scores`); the
+    router records its pick in `index`."""
 
-    def __init__(
-        self, servers: int, weights: EstimateWeights = EstimateWeights(), capacity: int = LRU_CAPACITY_PER_SERVER
-    ) -> None:
+    def __init__(self, servers: int, capacity: int = LRU_CAPACITY_PER_SERVER) -> None:
         self.index = PrefixIndex(servers, capacity)
-        self.weights = weights
 
-    def pick(self, prompt_ids: Any, kv_usage: Sequence[float], outstanding: Sequence[int], start: int) -> int:
-        """The pod for a prompt, given each pod's scraped KV usage and the router's own in-flight counts."""
-        hashes = estimate_block_hashes(prompt_ids)
-        matched = self.index.matched(hashes)
-        busiest = max(outstanding)
-        w = self.weights
-        scores = [
-            w.prefix * (m / len(hashes) if hashes else 0.0)
-            + w.kv * (1.0 - usage)
-            + w.active * (1.0 if busiest == 0 else (busiest - n) / busiest)
-            for m, usage, n in zip(matched, kv_usage, outstanding)
-        ]
-        chosen = best(start, scores)
-        self.index.add(hashes, chosen)
-        return chosen
+    def scores(self, hashes: Sequence[int]) -> list[float]:
+        """Per pod, the request's hashes (estimate_block_hashes) matched there over their number: 0 with none."""
+        return [m / len(hashes) if hashes else 0.0 for m in self.index.matched(hashes)]

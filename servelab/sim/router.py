@@ -19,13 +19,17 @@ view of the replicas:
   longest cached prefix of the request, from the engines' KV-cache events
   (live), weighed against the waiting queue and KV usage, which the endpoint
   picker scrapes from `/metrics` every `scrape_interval` seconds, and against
-  its own in-flight counts (the active-request scorer).
+  its own in-flight counts (the active-request scorer). With a prefix weight
+  of 0 it is llm-d's scheduler without a prefix scorer (its "load" profiles).
 - prefix-estimate: llm-d's estimated prefix-cache scheduling: the prompt's
   blocks it sent each replica before (its own LRU per replica, never the
-  engines' caches), weighed against the scraped KV usage (sim/prefix_index.py).
+  engines' caches), weighed against the same scorers (sim/prefix_index.py).
 - session: a conversation (a request and the turns that follow it) stays on
   the replica its first turn went to, as an `X-Session-ID` affinity does; a
   first turn goes to the replica with the fewest of the router's requests.
+
+Both llm-d policies add the same weighted scorers (ScorerWeights), so any of
+llm-d's scheduling profiles built from them is one policy and its weights.
 
 Before it picks, a router spends its own time on the request (`Router.own_time`): the request reaches
 a replica that much later. That time is priced per router kind from published measurements of its
@@ -37,7 +41,8 @@ docs/fleets.md says where each algorithm comes from.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from enum import StrEnum
 from typing import Any, Protocol
 
 import numpy as np
@@ -45,7 +50,7 @@ import numpy as np
 from servelab.sim.block_pool import BlockPool
 from servelab.sim.engine import SimEngine
 from servelab.sim.hashing import prompt_block_hashes
-from servelab.sim.prefix_index import PrefixEstimate
+from servelab.sim.prefix_index import PrefixEstimate, estimate_block_hashes
 from servelab.sim.radix_cache import RadixCache
 from servelab.schemas.fleet import RouterTime
 from servelab.schemas.vocabulary import (
@@ -64,11 +69,13 @@ EPP_SCRAPE_INTERVAL = 0.05
 """prefix-aware: how often llm-d's endpoint picker refreshes the replicas' metrics (its default 50 ms)."""
 
 
-EPP_SCHEDULING_S = 0.5e-3
-"""prefix-aware: the endpoint picker's own time to schedule a request, its scorers included: 0.2 ms for the
-scheduler and 0.3 ms more for its prefix-cache plugin, as its scheduler end-to-end latency histogram measured them
-(gateway-api-inference-extension PR #768, Llama-3-8B on 6 H100s, 2,048-token system prompts and 256-token
-questions). The gateway's ext-proc hop to the picker has no published unloaded figure, so it is not priced."""
+EPP_SCHEDULER_S = 0.2e-3
+"""prefix-aware: the endpoint picker's own time to schedule a request without a prefix scorer, as its scheduler
+end-to-end latency histogram measured it (gateway-api-inference-extension PR #768, Llama-3-8B on 6 H100s, 2,048-token
+system prompts and 256-token questions). The gateway's ext-proc hop to the picker has no published unloaded figure,
+so it is not priced."""
+EPP_SCHEDULING_S = EPP_SCHEDULER_S + 0.3e-3
+"""prefix-aware: the same with its prefix-cache plugin, which the same histogram put at 0.3 ms more."""
 TOKENIZE_PER_TOKEN_S = 43.7e-3 / 38_000
 """prefix-aware: the precise scorer tokenizes the prompt itself to find its cached blocks (with the HuggingFace
 tokenizers library, called from Go). Tokenizing costs about 1.15 us a token: a HuggingFace tokenizer took 43.7 ms a
@@ -99,17 +106,83 @@ the path), prefix-hash (KubeAI's proxy: it parses the body and hashes 100 charac
 (vLLM's balancer runs inside its API server process: no hop of its own, and no published price)."""
 
 
+class ActiveRelease(StrEnum):
+    """When llm-d's active-request scorer stops counting a request against the replica it went to."""
+
+    END = "end"
+    """When its response ends: the router's own in-flight count (llm-d-inference-scheduler from PR #378, which moved
+    the scorer to GIE's ResponseComplete hook, GIE PR #1661)."""
+    HEADERS = "headers"
+    """When its response's headers come back: GIE v0.5.1 runs its PostResponse plugins from HandleResponseHeaders
+    (pkg/epp/handlers/response.go), and the scorer of llm-d-inference-scheduler b9c56d36 forgets the request there
+    (GIE issue #1483; llm-d-inference-scheduler issues #317, #376). vLLM sends a streamed response's headers before
+    the engine sees the request, so the scorer sees none in flight and scores every replica 1. Here the request
+    counts for nothing from the moment it is routed."""
+
+
 @dataclass(frozen=True, slots=True)
 class ScorerWeights:
-    """prefix-aware: the weights of llm-d's scorers. prefix, queue and kv are those of llm-d's precise prefix-cache
-    guide (3, 2, 2). `active` is the active-request scorer that llm-d PR #669 and KServe's samples add to that guide
-    because without it a prompt shared by every request (a system prompt) sends all of them to the one replica that
-    cached it until queues form; its weight of 2 is ours (the queue scorer's). active=0 gives the guide's set."""
+    """The weights of llm-d's scorers, as an EndpointPickerConfig gives them (a scorer weighted 0 is not run).
+
+    The default, prefix-aware's: prefix, queue and kv are those of llm-d's precise prefix-cache guide (3, 2, 2).
+    `active` is the active-request scorer that llm-d PR #669 and KServe's samples add to that guide because without
+    it a prompt shared by every request (a system prompt) sends all of them to the one replica that cached it until
+    queues form; its weight of 2 is ours (the queue scorer's). active=0 gives the guide's set. prefix-estimate's
+    default is LLMD_LOAD_PROFILE's with the prefix scorer weighted 2 (sim/prefix_index.py)."""
 
     prefix: float = 3.0
     queue: float = 2.0
     kv: float = 2.0
     active: float = 2.0
+    active_until: ActiveRelease = ActiveRelease.END
+
+    @classmethod
+    def parse(cls, text: str) -> ScorerWeights:
+        """`prefix=2,queue=0,kv=1,active=1[,active_until=headers]`: a scorer left out weighs 0 (as in llm-d's
+        config, where a scorer not listed is not run). ValueError naming the bad part."""
+        names = [f.name for f in fields(cls)]
+        given: dict[str, str] = {}
+        for part in text.split(","):
+            name, sep, value = (s.strip() for s in part.partition("="))
+            if not sep or name not in names or not value:
+                raise ValueError(f"{part.strip()!r} is not NAME=VALUE with NAME one of {', '.join(names)}")
+            if name in given:
+                raise ValueError(f"{name} is given twice")
+            given[name] = value
+        until = given.pop("active_until", ActiveRelease.END)
+        if until not in list(ActiveRelease):
+            raise ValueError(f"active_until={until!r}: choose {' or '.join(ActiveRelease)}")
+        weights = {name: _weight(name, value) for name, value in given.items()}
+        if not any(weights.values()):
+            raise ValueError("every weight is 0: give at least one scorer a positive weight")
+        zero = dict.fromkeys(("prefix", "queue", "kv", "active"), 0.0)
+        return cls(**(zero | weights), active_until=ActiveRelease(until))
+
+    def flag(self) -> str:
+        """The weights as `--router-weights` takes them (`parse` reads them back)."""
+        weights = ",".join(f"{name}={getattr(self, name):g}" for name in ("prefix", "queue", "kv", "active"))
+        return f"{weights},active_until={self.active_until}"
+
+
+def _weight(name: str, value: str) -> float:
+    try:
+        weight = float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a number") from None
+    if not np.isfinite(weight) or weight < 0:
+        raise ValueError(f"{name}={value!r}: a weight is a finite number >= 0")
+    return weight
+
+
+LLMD_LOAD_PROFILE = ScorerWeights(prefix=0.0, queue=0.0, kv=1.0, active=1.0, active_until=ActiveRelease.HEADERS)
+"""llm-d's "load" scheduling profile as its 37-capacity benchmark configured it (active-request 1, kv-cache 1; llm-d-
+kv-cache-manager benchmarking/37-capacity/README.md at edb766fdb1c0) and as the image it ran scored: the
+active-request scorer released at the response's headers (ActiveRelease.HEADERS)."""
+DEFAULT_WEIGHTS: dict[RouterPolicy, ScorerWeights] = {
+    RouterPolicy.PREFIX_AWARE: ScorerWeights(),
+    RouterPolicy.PREFIX_ESTIMATE: replace(LLMD_LOAD_PROFILE, prefix=2.0),
+}
+"""The policies that weigh llm-d's scorers, and their weights when none are given."""
 
 
 class RoutedRequest(Protocol):
@@ -136,14 +209,16 @@ class Router:
         policy: str = ROUND_ROBIN,
         *,
         scrape_interval: float = EPP_SCRAPE_INTERVAL,
-        weights: ScorerWeights = ScorerWeights(),
+        weights: ScorerWeights | None = None,
         seed: int = 0,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"router policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         self.policy = RouterPolicy(policy)
+        if weights is not None and self.policy not in DEFAULT_WEIGHTS:
+            raise ValueError(f"scorer weights are for the {' and '.join(DEFAULT_WEIGHTS)} routers, not {policy}")
         self.scrape_interval = scrape_interval
-        self.weights = weights
+        self.weights = weights if weights is not None else DEFAULT_WEIGHTS.get(self.policy, ScorerWeights())
         self._next = 0
         self._draws = np.random.default_rng(seed)
         """random: the router's own draws, so a run is reproducible and independent of the workload's seed."""
@@ -156,6 +231,8 @@ class Router:
         self._scraped: list[tuple[int, int, float]] = []
         self._next_scrape = -np.inf
         self.cost = ROUTER_COSTS.get(self.policy, RouterCost())
+        if self.policy is RouterPolicy.PREFIX_AWARE and not self.weights.prefix:
+            self.cost = RouterCost(EPP_SCHEDULER_S)  # no prefix scorer: no prefix plugin, nothing tokenized
         self._token_store: set[int] = set()
         """prefix-aware: the blocks of every prompt the scorer tokenized (its tokenization cache; the real one keeps
         500,000 blocks, more than any replayed run sends)."""
@@ -228,12 +305,14 @@ class Router:
                     self._ring = HashRing(len(engines))
                 return self._ring.pick(prefix_key(request.prompt_ids, request.system_len), self.outstanding)
             case RouterPolicy.PREFIX_AWARE:
-                return self._prefix_aware(engines, request, now, start)
+                return self._weighted(engines, now, start, self._precise_prefix(engines, request))
             case RouterPolicy.PREFIX_ESTIMATE:
                 if self._estimate is None:
                     self._estimate = PrefixEstimate(len(engines))
-                usage = [u for _, _, u in self._scrape(engines, now)]
-                return self._estimate.pick(request.prompt_ids, usage, self.outstanding, start)
+                hashes = estimate_block_hashes(request.prompt_ids)
+                chosen = self._weighted(engines, now, start, self._estimate.scores(hashes))
+                self._estimate.index.add(hashes, chosen)
+                return chosen
             case RouterPolicy.SESSION:
                 return self._session(request, start)
 
@@ -241,25 +320,38 @@ class Router:
         conversation = self._sessions.conversation_of(request.index, request.conversation, request.depends_on)
         return self._sessions.pick(conversation, start, self.outstanding)
 
-    def _prefix_aware(self, engines: Sequence[SimEngine], request: RoutedRequest, now: float, start: int) -> int:
-        """llm-d's weighted scorers (ScorerWeights), the highest total wins.
+    def _weighted(self, engines: Sequence[SimEngine], now: float, start: int, prefix: Sequence[float]) -> int:
+        """llm-d's weighted scorers (ScorerWeights) over the replicas' `prefix` scores, the highest total wins.
 
-        prefix: each replica's cached leading blocks of the prompt, min-max
-        scaled over the replicas; queue: (most waiting - its waiting) / (most -
-        fewest), 1 when all are equal; kv: 1 - KV usage; active: (most of the
-        router's in-flight requests - its own) / most, 1 when it has none.
+        queue: (most waiting - its waiting) / (most - fewest), 1 when all are
+        equal; kv: 1 - KV usage; both as last scraped; active: active_scores.
         """
         self._scrape(engines, now)
-        cached = _scaled([_cached_prefix(e, request.prompt_ids) for e in engines])
         waiting = [w for w, _, _ in self._scraped]
         most, fewest = max(waiting), min(waiting)
         queue = [1.0 if most == fewest else (most - w) / (most - fewest) for w in waiting]
         kv = [1.0 - usage for _, _, usage in self._scraped]
-        busiest = max(self.outstanding)
-        active = [1.0 if busiest == 0 else (busiest - x) / busiest for x in self.outstanding]
         w = self.weights
-        scores = [w.prefix * c + w.queue * q + w.kv * f + w.active * a for c, q, f, a in zip(cached, queue, kv, active)]
+        scores = [
+            w.prefix * p + w.queue * q + w.kv * f + w.active * a
+            for p, q, f, a in zip(prefix, queue, kv, self.active_scores())
+        ]
         return _best(start, scores)
+
+    def _precise_prefix(self, engines: Sequence[SimEngine], request: RoutedRequest) -> list[float]:
+        """prefix-aware's prefix scorer: each replica's cached leading blocks of the prompt, min-max scaled over the
+        replicas; with a prefix weight of 0 there is no such scorer and no cache is read."""
+        if not self.weights.prefix:
+            return [0.0] * len(engines)
+        return _scaled([_cached_prefix(e, request.prompt_ids) for e in engines])
+
+    def active_scores(self) -> list[float]:
+        """llm-d's active-request scorer: (most in flight - its in flight) / most, 1 when it has none, over the
+        requests it still counts (ScorerWeights.active_until): all it sent that have not ended, or none."""
+        if self.weights.active_until is ActiveRelease.HEADERS:
+            return [1.0] * len(self.outstanding)
+        busiest = max(self.outstanding)
+        return [1.0 if busiest == 0 else (busiest - x) / busiest for x in self.outstanding]
 
     def _scrape(self, engines: Sequence[SimEngine], now: float) -> list[tuple[int, int, float]]:
         """The replicas' (waiting, running, KV usage) as the endpoint picker last scraped them."""

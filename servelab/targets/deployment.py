@@ -27,7 +27,7 @@ from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.perf.vllm_cpu_costs import measured as measured_cpu_costs
 from servelab.perf.vllm_versions import parse_version, v0_note, version_defaults, with_v0_step_gap
 from servelab.sim.engines import VLLM, SchedulerFactory
-from servelab.sim.router import LEAST_LOADED, ROUND_ROBIN
+from servelab.sim.router import LEAST_LOADED, ROUND_ROBIN, ScorerWeights
 from servelab.targets.sim import SimTarget
 
 # EngineConfig field -> the vLLM flag that sets it, for printing a launch line (and naming it in advice).
@@ -90,6 +90,8 @@ class Deployment:
     """Another engine's launch flags as the user gave them (vLLM's are re-derived by engine_args())."""
     engine_settings: dict[str, Any] = field(default_factory=dict)
     """Another engine's own resolved settings (SGLangSettings, TRTLLMSettings as a dict); empty for vLLM."""
+    router_weights: ScorerWeights | None = None
+    """llm-d's scorer weights for the router, where it weighs them (prefix-aware, prefix-estimate); None: its own."""
 
     @classmethod
     def build(
@@ -163,6 +165,7 @@ class Deployment:
             self.memory.num_blocks,
             self.step_cost(),
             router=self.router,
+            router_weights=self.router_weights,
             scrape_interval=scrape_interval,
             network_latency=self.network_latency,
             api=self.api,
@@ -190,7 +193,7 @@ class Deployment:
             api=self.api,
             vllm_version=self.vllm_version,
         )
-        return replace(rebuilt, cpu_costs_source=self.cpu_costs_source)
+        return replace(rebuilt, cpu_costs_source=self.cpu_costs_source, router_weights=self.router_weights)
 
     def with_changes(self, **changes: Any) -> Deployment:
         return self.rebuilt(**changes)

@@ -38,7 +38,7 @@ from servelab.perf.vllm_cpu_costs import OUTPUT_SLICE, ApiServerCosts
 from servelab.sim.engine import RequestRejected, SimEngine
 from servelab.sim.engines import SchedulerFactory
 from servelab.sim.request import SimRequest
-from servelab.sim.router import ROUND_ROBIN, Router
+from servelab.sim.router import ROUND_ROBIN, Router, ScorerWeights
 from servelab.targets.base import SampleSink, TargetRun
 from servelab.targets.errors import TargetError, unmet_dependency
 from servelab.workload.spec import LoadPlan, RequestSpec
@@ -100,6 +100,7 @@ class SimTarget:
         cost_model: CostModel,
         *,
         router: str = ROUND_ROBIN,
+        router_weights: ScorerWeights | None = None,
         scrape_interval: float = 1.0,
         network_latency: float = 0.0,
         max_model_len: int | None = None,
@@ -125,6 +126,8 @@ class SimTarget:
         self.num_gpu_blocks = num_gpu_blocks
         self.cost_model = cost_model
         self.router = router
+        self.router_weights = router_weights
+        """llm-d's scorer weights for the routers that weigh them (sim/router.py); None: the router's own."""
         self.scrape_interval = scrape_interval
         self.network_latency = network_latency
         self.max_model_len = max_model_len
@@ -141,7 +144,7 @@ class SimTarget:
         self.last_engines: list[SimEngine] = []
         """Engines of the latest run, for inspection (tests, diagnose)."""
         try:  # every setting is checked here, before any load
-            Router(router)
+            Router(router, weights=router_weights)
             self.make_engine()
         except ValueError as exc:
             raise TargetError(str(exc)) from exc
@@ -223,7 +226,7 @@ class _Simulation:
     ) -> None:
         self.t = target
         self.engines = engines
-        self.router = Router(target.router)
+        self.router = Router(target.router, weights=target.router_weights)
         self.plan = plan
         self.sink = sink
         self.on_sample = on_sample
