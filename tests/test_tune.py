@@ -712,3 +712,13 @@ def test_a_search_over_gpus_names_every_gpu_it_priced_and_the_one_it_recommends(
     assert "catalogue rates of A100-80GB-SXM, H100-SXM" in result.output
     chosen = read_tune_json(tmp_path / "tune").recommendation
     assert chosen is not None and f"on {chosen.params['gpu']}" in result.output
+
+
+def test_api_server_count_is_a_knob_a_candidate_applies() -> None:
+    """One API-server process paces every stream of a busy vLLM server (docs/simulator.md): tune can search more of
+    them, `default` being vLLM's one per data-parallel rank."""
+    space = SearchSpace.from_items(["api_server_count=default,2,4"])
+    assert space.dimensions["api_server_count"] == (None, 2, 4)
+    base = build_deployment("h100", "llama-3.1-8b")
+    assert [apply(base, c).config.api_servers for c in space.grid()] == [1, 2, 4]
+    assert "--api-server-count 4" in apply(base, {"api_server_count": 4}).engine_args()

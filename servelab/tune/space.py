@@ -117,6 +117,13 @@ KNOBS: dict[str, Knob] = {
             "prompts longer than this are chunked to it (0 = off)",
         ),
         Knob("gpu_memory_utilization", fraction, (0.8, 0.9, 0.95), False, "share of GPU memory vLLM may use"),
+        Knob(
+            "api_server_count",
+            _int,
+            (None, 2, 4),
+            True,
+            "API-server processes (HTTP, tokenizing, streaming); default: one per data-parallel rank",
+        ),
         Knob("max_model_len", _int, (None,), True, "longest prompt + output accepted"),
         Knob("kv_cache_dtype", _kv_dtype, ("auto", "fp8"), False, "KV-cache element type"),
         Knob("quantization", _quantization, (None,), True, "weight quantization (name the variants you have)"),
