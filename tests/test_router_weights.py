@@ -120,3 +120,17 @@ def test_llm_d_load_profile_has_no_prefix_scorer_so_it_tokenizes_nothing():
     assert Router("prefix-aware", weights=LOAD).own_time(prompt) == pytest.approx(router_mod.EPP_SCHEDULER_S)
     precise = Router("prefix-aware", weights=ScorerWeights.parse("prefix=2,kv=1,active=1"))
     assert precise.own_time(prompt) > router_mod.EPP_SCHEDULING_S  # it tokenizes the new prompt
+
+
+def test_diagnosing_a_simulated_fleet_rebuilds_it_with_the_weights_it_ran(tmp_path):
+    """run.json records --router-weights; `servelab diagnose RESULTS` rebuilds the same fleet from it."""
+    from servelab.cli.diagnose import _deployment
+    from servelab.diagnose.request import DeploymentWords, _simulated_deployment
+    from servelab.metrics.results import load_run
+
+    text = "prefix=0,queue=0,kv=1,active=1,active_until=headers"
+    assert _simulate(tmp_path, "--router", "prefix-aware", "--router-weights", text).exit_code == 0
+    words = _simulated_deployment(load_run(tmp_path / "out"), DeploymentWords())
+    assert words.router_weights == text
+    assert _deployment(words).router_weights == ScorerWeights.parse(text)
+    assert CliRunner().invoke(app, ["diagnose", str(tmp_path / "out")]).exit_code == 0

@@ -377,6 +377,7 @@ def _deployment(w: DeploymentWords) -> Deployment:
         gpu_file=w.gpu_file,
         vllm_version=w.vllm_version,
         engine=w.engine,
+        router_weights=w.router_weights,
     )
 
 

@@ -54,6 +54,8 @@ class DeploymentWords:
     """The engine served (resolved from `auto` before the deployment is built)."""
     router: str | None = None
     """How the replicas are picked (a simulated fleet's --router); None: the server's own (own_router)."""
+    router_weights: str | None = None
+    """llm-d's scorer weights for that router (a simulated fleet's --router-weights); None: the router's own."""
 
 
 DeploymentBuilder = Callable[[DeploymentWords], Deployment]
@@ -304,6 +306,7 @@ def _simulated_deployment(run: RunResult, w: DeploymentWords) -> DeploymentWords
         tp=w.tp if w.tp is not None else flags.get("tp"),
         replicas=w.replicas if w.replicas is not None else flags.get("replicas"),
         router=flags.get("router") or w.router,
+        router_weights=w.router_weights or flags.get("router_weights"),
         gpu_file=w.gpu_file or path("gpu_file"),
         vllm_version=w.vllm_version or flags.get("vllm_version"),
     )
