@@ -17,35 +17,15 @@ import json
 import statistics
 from pathlib import Path
 
-import numpy as np
 
 import burst_costs
-from servelab.metrics.records import MemorySink
-from servelab.perf.engine_config import EngineConfig
-from servelab.targets.sim import SimTarget
-from servelab.workload.spec import LoadPlan, RequestSpec
 
 RAW = Path(__file__).parent / "measured" / "burst_costs-cpu-2026-12-05.json.gz"
 
 
 def replayed_tokens_per_chunk(row: dict, engine_fit: dict, api, served_factor: float) -> float:
     """`row`'s own requests served by SimTarget: output tokens over chunks, all requests together."""
-    config = EngineConfig(
-        max_num_seqs=burst_costs.MAX_NUM_SEQS,
-        max_num_batched_tokens=burst_costs.MAX_BATCHED_TOKENS,
-        enable_prefix_caching=False,
-        async_scheduling=False,
-        max_model_len=4096,
-    )
-    rng = np.random.default_rng(0)
-    specs = [
-        RequestSpec(index=i, prompt_ids=rng.integers(10, 4000, size=int(r[3])), max_tokens=int(r[4]))
-        for i, r in enumerate(row["requests"])
-    ]
-    sink = MemorySink()
-    step = burst_costs.BuildStep(engine_fit["build_step_wall"], served_factor)
-    concurrency = None if row["kind"] == "burst" else row["concurrency"]
-    SimTarget(config, 200_000, step, api=api).run(LoadPlan(specs, max_concurrency=concurrency), sink)
+    sink, _ = burst_costs.replay_records(row, engine_fit, api, served_factor)
     return sum(r.output_tokens for r in sink.records) / sum(len(r.chunk_times) for r in sink.records)
 
 

@@ -438,10 +438,25 @@ def per_request_api(raw: dict):
 
 def replay(row: dict, engine_fit: dict, api, served_factor: float = 1.0) -> dict:
     """`row`'s own requests (their measured prompt and output lengths) served by SimTarget: req/s, mean TTFT, TPOT."""
+    from servelab.metrics.summary import summarize
+
+    sink, target = replay_records(row, engine_fit, api, served_factor)
+    s = summarize(sink.records).model_dump(exclude_unset=True)
+    counters = [e.counters for e in target.last_engines]
+    engine_ttft_ms = 1e3 * sum(c.ttft_sum for c in counters) / sum(c.ttft_count for c in counters)
+    return {
+        "requests_per_s": s["request_throughput"],
+        "mean_ttft_ms": s["mean_ttft_ms"],
+        "mean_tpot_ms": s["mean_tpot_ms"],
+        "api_ttft_ms": s["mean_ttft_ms"] - engine_ttft_ms,
+    }
+
+
+def replay_records(row: dict, engine_fit: dict, api, served_factor: float = 1.0):
+    """`row`'s own requests served by SimTarget as the CPU build was configured: (the records' sink, the target)."""
     import numpy as np
 
     from servelab.metrics.records import MemorySink
-    from servelab.metrics.summary import summarize
     from servelab.perf.engine_config import EngineConfig
     from servelab.targets.sim import SimTarget
     from servelab.workload.spec import LoadPlan, RequestSpec
@@ -463,15 +478,7 @@ def replay(row: dict, engine_fit: dict, api, served_factor: float = 1.0) -> dict
     sink = MemorySink()
     target = SimTarget(config, 200_000, step, api=api)
     target.run(LoadPlan(specs, max_concurrency=concurrency), sink)
-    s = summarize(sink.records).model_dump(exclude_unset=True)
-    counters = [e.counters for e in target.last_engines]
-    engine_ttft_ms = 1e3 * sum(c.ttft_sum for c in counters) / sum(c.ttft_count for c in counters)
-    return {
-        "requests_per_s": s["request_throughput"],
-        "mean_ttft_ms": s["mean_ttft_ms"],
-        "mean_tpot_ms": s["mean_tpot_ms"],
-        "api_ttft_ms": s["mean_ttft_ms"] - engine_ttft_ms,
-    }
+    return sink, target
 
 
 def fit_served_factor(raw: dict, api, rows: list[dict] | None = None) -> float:
