@@ -119,15 +119,20 @@ def simulate(
     seed: int = 0,
     goodput: dict[str, float] | None = None,
     overwrite: bool = False,
+    replicas: int | None = None,
+    router: str | None = None,
+    router_weights: str | None = None,
 ) -> Results:
     """`servelab simulate`: the load served by the simulated deployment; `goodput` as {"ttft": ms, "tpot": ms}.
+    `replicas`, `router` and `router_weights` as `--replicas`, `--router` and `--router-weights` (a fleet).
     A `result_dir` holding an earlier result is refused unless `overwrite` (then emptied first)."""
     load = _load(
         result_dir, overwrite, input_len, output_len, request_rate, max_concurrency, num_prompts, seed, goodput
     )
-    return _point(
-        simulate_verb.run(SimulateRequest(DeploymentFlags(gpu=gpu, model=model, engine_args=engine_args), load))
+    flags = DeploymentFlags(
+        gpu=gpu, model=model, engine_args=engine_args, replicas=replicas, router=router, router_weights=router_weights
     )
+    return _point(simulate_verb.run(SimulateRequest(flags, load)))
 
 
 def bench(

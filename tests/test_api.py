@@ -38,6 +38,36 @@ def test_simulate_diagnose_and_load_as_dataframes(tmp_path: Path) -> None:
     again = servelab.load_results(tmp_path / "run")
     assert again.summary == run.summary and len(again.records()) == 60
 
+
+def test_simulate_a_fleet_behind_a_weighted_router(tmp_path: Path) -> None:
+    """A fleet from Python as from the CLI: replicas behind llm-d's scorers with the weights given, recorded in
+    run.json, and refused with the CLI's error when the weights are wrong."""
+    weights = "prefix=2,queue=0,kv=1,active=1,active_until=headers"
+    run = servelab.simulate(
+        "h100",
+        "llama-3.1-8b",
+        input_len=256,
+        output_len=16,
+        num_prompts=8,
+        replicas=2,
+        router="prefix-aware",
+        router_weights=weights,
+        result_dir=tmp_path / "fleet",
+    )
+    info = run.run_info.model_dump()
+    assert info["flags"]["router"] == "prefix-aware" and info["flags"]["router_weights"] == weights
+    assert len(info["server_info"]["replicas"]) == 2
+    with pytest.raises(InputError, match="--router-weights .kv=x."):
+        servelab.simulate(
+            "h100",
+            "llama-3.1-8b",
+            replicas=2,
+            router="prefix-aware",
+            router_weights="kv=x",
+            result_dir=tmp_path / "bad",
+        )
+    assert not (tmp_path / "bad" / "run.json").exists()
+
     dx = servelab.diagnosis(run, "a100-80gb", "qwen2.5-7b")
     assert isinstance(dx, Diagnosis) and dx.findings and dx.bottleneck == dx.findings[0].kind
     assert dx.ceilings.saturation_rps is not None and dx.ceilings.saturation_rps > 0
