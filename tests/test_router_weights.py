@@ -134,3 +134,16 @@ def test_diagnosing_a_simulated_fleet_rebuilds_it_with_the_weights_it_ran(tmp_pa
     assert words.router_weights == text
     assert _deployment(words).router_weights == ScorerWeights.parse(text)
     assert CliRunner().invoke(app, ["diagnose", str(tmp_path / "out")]).exit_code == 0
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_another_engines_what_ifs_keep_the_weights(engine):
+    """SGLang's and TensorRT-LLM's fleets are rebuilt from their launch lines: the router's weights go with them."""
+    weights = "prefix=2,queue=0,kv=1,active=1"
+    deployment = deployment_from_flags(
+        "h100", "llama-3.1-8b", replicas=2, router="prefix-aware", router_weights=weights, engine=engine
+    )
+    expected = ScorerWeights.parse(weights)
+    assert deployment.router_weights == expected
+    assert deployment.rebuilt(max_num_seqs=64).router_weights == expected
+    assert deployment.relaunched(deployment.engine_flags).router_weights == expected

@@ -144,14 +144,15 @@ class EngineDeployment(Deployment):
             self.router,
             replicas,
         )
-        return replace(rebuilt, config_file=tuple(config_file))
+        return replace(rebuilt, config_file=tuple(config_file), router_weights=self.router_weights)
 
     def relaunched(self, flags: str, hardware: Hardware | None = None) -> EngineDeployment:
         """The same engine, model and router started with another launch line (on other hardware): what `tune`
         simulates for a candidate. Every setting comes from `flags`, as a server started with them would have it."""
         settings, warnings = _parse(self.engine, flags)
         hardware, spec = resolve_parts(hardware or self.hardware, self.model, settings.model)
-        return _assemble(self.engine, hardware, spec, settings, flags, warnings, self.router, None, kernels_of=self)
+        relaunched = _assemble(self.engine, hardware, spec, settings, flags, warnings, self.router, None, kernels_of=self)
+        return replace(relaunched, router_weights=self.router_weights)
 
 
 def _parse(engine: str, flags: str) -> tuple[SGLangSettings | TRTLLMSettings, tuple[str, ...]]:
