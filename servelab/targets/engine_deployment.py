@@ -151,7 +151,9 @@ class EngineDeployment(Deployment):
         simulates for a candidate. Every setting comes from `flags`, as a server started with them would have it."""
         settings, warnings = _parse(self.engine, flags)
         hardware, spec = resolve_parts(hardware or self.hardware, self.model, settings.model)
-        relaunched = _assemble(self.engine, hardware, spec, settings, flags, warnings, self.router, None, kernels_of=self)
+        relaunched = _assemble(
+            self.engine, hardware, spec, settings, flags, warnings, self.router, None, kernels_of=self
+        )
         return replace(relaunched, router_weights=self.router_weights)
 
 
