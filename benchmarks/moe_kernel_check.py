@@ -84,8 +84,41 @@ def kernel_rows(root: Path, system: str, kernel: MoeKernel) -> pd.DataFrame:
     return rows.assign(tflops=flops / (rows.latency * 1e-3) / 1e12)
 
 
+MEMORY_BOUND_MAX_TOKENS = 256
+"""Rows at this many tokens or fewer, with every expert routed TOUCHES_PER_EXPERT times or more: the kernel reads
+every expert's weights once and does little arithmetic on them, so its time is its weight traffic."""
+TOUCHES_PER_EXPERT = 4
+WEIGHT_BYTES_PER_PARAM = {"int4_wo": 0.5 + 2 / 128, "w4a16_mxfp4": 0.5 + 1 / 32}
+"""The tables' weight-only formats as stored: 4-bit values with an fp16 scale per 128 (int4_wo, GPTQ/AWQ-style) or
+an e8m0 scale per 32 (MXFP4)."""
+
+
+def bandwidth_rows(root: Path, system: str, kernel: MoeKernel) -> pd.DataFrame:
+    """`kernel`'s memory-bound rows in vLLM's own table of the newest release measured on this GPU, with the share of
+    the GPU's HBM bandwidth the kernel reached reading the experts' weights (`fraction`)."""
+    tables = [pd.read_parquet(path) for path in sorted((root / system / "moe").glob("*/*/moe_perf.parquet"))]
+    table = pd.concat(tables, ignore_index=True)
+    keep = (
+        table.kernel_source.str.contains(KERNEL_SOURCES[kernel])
+        & (table.framework.str.lower() == "vllm")
+        & table.moe_dtype.isin(list(WEIGHT_BYTES_PER_PARAM))
+        & (table.distribution == "balanced")
+        & (table.moe_tp_size == 1)
+        & (table.moe_ep_size == 1)
+        & (table.num_tokens <= MEMORY_BOUND_MAX_TOKENS)
+        & (table.num_tokens * table.topk >= TOUCHES_PER_EXPERT * table.num_experts)
+    )
+    rows = table[keep]
+    rows = rows[rows.version == rows.version.max()] if not rows.empty else rows
+    bandwidth = get_gpu(next(g for g, s in SYSTEMS.items() if s == system)).memory_bandwidth
+    bytes_per_param = rows.moe_dtype.astype(object).map(WEIGHT_BYTES_PER_PARAM).astype(float)
+    weights = rows.num_experts * 3 * rows.hidden_size * rows.inter_size * bytes_per_param
+    return rows.assign(fraction=weights / (rows.latency * 1e-3) / bandwidth)
+
+
 def kernel_rates(root: Path, kernel: MoeKernel) -> dict[str, dict]:
-    """One kernel's median large-batch rate on every GPU whose tables measure it."""
+    """One kernel's median large-batch rate on every GPU whose tables measure it, and where vLLM's own table
+    measures it memory-bound, the median share of HBM bandwidth it reaches there."""
     gpus = {}
     for gpu, system in SYSTEMS.items():
         rows = kernel_rows(root, system, kernel)
@@ -100,6 +133,13 @@ def kernel_rates(root: Path, kernel: MoeKernel) -> dict[str, dict]:
             "tables": sorted({f"{f} {v}" for f, v in zip(rows.framework, rows.version)}),
             "kernels": sorted(set(rows.kernel_source)),
         }
+        memory = bandwidth_rows(root, system, kernel)
+        if not memory.empty:
+            gpus[gpu] |= {
+                "bandwidth_fraction": round(float(memory.fraction.median()), 3),
+                "bandwidth_rows": len(memory),
+                "bandwidth_table": f"VLLM {memory.version.iloc[0]}",
+            }
         print(
             f"{kernel} {gpu}: median {gpus[gpu]['tflops']} TFLOP/s over {len(rows)} rows, {gpus[gpu]['shapes']} shapes"
         )
@@ -111,7 +151,8 @@ def write_rates(root: Path) -> None:
         "source": f"aiconfigurator-core=={AIC_VERSION} (NVIDIA, Apache-2.0): "
         "systems/data/<system>/moe/*/*/moe_perf.parquet",
         "generated_by": "benchmarks/moe_kernel_check.py --write-rates (do not edit by hand)",
-        "selection": f"balanced routing, TP = EP = 1, >= {LARGE_BATCH_FROM_TOKENS} tokens",
+        "selection": f"balanced routing, TP = EP = 1, >= {LARGE_BATCH_FROM_TOKENS} tokens; bandwidth: vLLM's newest "
+        f"table, <= {MEMORY_BOUND_MAX_TOKENS} tokens, every expert routed >= {TOUCHES_PER_EXPERT} times",
         "kernels": {
             str(kernel): {"kernel_source_contains": KERNEL_SOURCES[kernel], "gpus": kernel_rates(root, kernel)}
             for kernel in MoeKernel

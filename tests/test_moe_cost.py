@@ -201,3 +201,22 @@ def test_gpt_oss_on_blackwell_prices_its_bf16_layers_on_the_kernel_fit_and_its_e
     )
     ratio = as_bf16.moe_layer_time(16384, experts) / fitted.moe_layer_time(16384, experts)
     assert 1.5 < ratio <= b200.peak_flops("fp8") / b200.peak_flops("bf16")
+
+
+def test_weight_only_experts_read_no_faster_than_their_kernel_s_measured_bandwidth():
+    """At small batches a fused-MoE kernel reads every touched expert's weights once: vLLM's OpenAI Triton MXFP4
+    kernel reaches a measured share of an H200's HBM bandwidth there (data/moe_kernels.yaml, vLLM's own table), well
+    under what a dense GEMM of the same bytes reaches, and the layer takes at least that read."""
+    from servelab.perf.moe_kernels import moe_kernel_bandwidth
+
+    h200 = get_gpu("h200")
+    kernel = expert_kernel(weight_format(None, GPT_OSS, h200), (0, 13))
+    assert kernel == MoeKernel.OAI_TRITON_MXFP4
+    rate = moe_kernel_bandwidth(kernel, h200)
+    assert rate is not None and 0.3 * h200.memory_bandwidth < rate < 0.7 * h200.memory_bandwidth
+    cost = RooflineCostModel(h200, GPT_OSS, EngineConfig(), vllm_version=(0, 13))
+    experts = GPT_OSS.moe.num_experts
+    per_expert = GPT_OSS.expert_params * cost.weight_format.bytes_per_param
+    for tokens in (16, 64):
+        assert cost.moe_layer_time(tokens, experts) >= experts * per_expert / rate
+    assert moe_kernel_bandwidth(MoeKernel.MARLIN, get_gpu("a100-80gb")) is None  # no vLLM table measures it there

@@ -34,6 +34,7 @@ from servelab.perf.moe_kernels import (
     mla_decode_cost,
     mla_prefill_cost,
     moe_fixed_cost,
+    moe_kernel_bandwidth,
     moe_kernel_flops,
 )
 from servelab.perf.quantization import WeightFormat, non_expert_weight_format, weight_format
@@ -272,6 +273,11 @@ class RooflineCostModel:
         experts on FP8 tensor cores in vLLM's Triton kernel, no faster than its measured large-batch rate
         (perf/moe_kernels.py; FP8's falls with each rank's expert width): seconds per routed token and MoE layer at
         that rate; 0 where it is not measured."""
+        read_rate = moe_kernel_bandwidth(kernel, hardware) if kernel else None
+        self._expert_kernel_read_s = self._expert_bytes_per_rank / read_rate if read_rate else 0.0
+        """Weight-only experts' fused-MoE kernel reads each touched expert's weights no faster than its measured
+        small-batch share of the HBM bandwidth (perf/moe_kernels.py, moe_kernel_bandwidth): seconds per touched
+        expert and MoE layer; 0 where it is not measured."""
         self._moe_fixed_s = moe_fixed_cost(hardware, self.weight_format) or MOE_LAYER_FIXED_S
         """The fused-MoE chain's fixed cost per layer: measured for FP8 block-scaled experts where tabled, else bf16's
         (perf/moe_kernels.py, moe_fixed_cost)."""
@@ -615,7 +621,8 @@ class RooflineCostModel:
         else:
             per_layer = self.model.num_moe_layers
             grouped = max(num_tokens * self._routed_s_per_token, touched_experts * self._expert_read_s) / per_layer
-        return self._moe_fixed_s + max(grouped, num_tokens * self._expert_kernel_s_per_token)
+        kernel_floor = max(num_tokens * self._expert_kernel_s_per_token, touched_experts * self._expert_kernel_read_s)
+        return self._moe_fixed_s + max(grouped, kernel_floor)
 
     def wake_time(self, idle_s: float) -> float:
         """`idle_wake_s` scaled by how long the engine idled (see CostCoefficients.idle_wake_s); 0 when it never did."""

@@ -55,6 +55,11 @@ class MoeKernelRate(BaseModel):
     """Distinct expert shapes (hidden, intermediate, top-k, experts) among the rows."""
     tables: list[str]
     kernels: list[str]
+    bandwidth_fraction: float | None = None
+    """Median share of the GPU's HBM bandwidth the kernel reaches reading the experts' weights at small batches (every
+    expert routed to, a few rows each), in vLLM's newest table for this GPU; None where that table has no such row."""
+    bandwidth_rows: int = 0
+    bandwidth_table: str | None = None
 
 
 @cache
@@ -79,6 +84,16 @@ def moe_kernel_flops(kernel: MoeKernel, hardware: Hardware) -> float | None:
     rates = _rates()
     rate = rates[kernel].get(hardware.name) or rates[MoeKernel.MARLIN].get(hardware.name)
     return rate.tflops * 1e12 if rate else None
+
+
+def moe_kernel_bandwidth(kernel: MoeKernel, hardware: Hardware) -> float | None:
+    """Bytes/s `kernel` reads expert weights at when memory-bound on `hardware` (its measured share of the HBM
+    bandwidth; Marlin's where the kernel's own is not measured, as for its rate), or None where neither is."""
+    rates = _rates()
+    for rate in (rates[kernel].get(hardware.name), rates[MoeKernel.MARLIN].get(hardware.name)):
+        if rate is not None and rate.bandwidth_fraction is not None:
+            return rate.bandwidth_fraction * hardware.memory_bandwidth
+    return None
 
 
 MLA_FP8_MOE_FILE = Path(__file__).parent / "data" / "mla_fp8_moe_kernels.yaml"
