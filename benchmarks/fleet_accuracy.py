@@ -33,7 +33,7 @@ from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
 from servelab.schemas.results import Summary
 from servelab.targets.base import TargetRun
-from servelab.sim.router import LLMD_LOAD_PROFILE, ScorerWeights
+from servelab.sim.router import LLMD_LOAD_PROFILE, LLMD_PREFIX_LOAD_PROFILE, ScorerWeights
 from servelab.targets.deployment import Deployment, build_deployment
 import numpy as np
 
@@ -122,8 +122,8 @@ LLMD = Source(
     routers={
         "random": Counterpart("random"),
         "load": Counterpart("prefix-aware", LLMD_LOAD_PROFILE),
-        "precise-prefix-cache_load": Counterpart("prefix-aware", replace(LLMD_LOAD_PROFILE, prefix=2.0)),
-        "estimate-prefix-cache_load": Counterpart("prefix-estimate", replace(LLMD_LOAD_PROFILE, prefix=2.0)),
+        "precise-prefix-cache_load": Counterpart("prefix-aware", LLMD_PREFIX_LOAD_PROFILE),
+        "estimate-prefix-cache_load": Counterpart("prefix-estimate", LLMD_PREFIX_LOAD_PROFILE),
     },
     # Its "Requests/s" is the rate requests were sent in a stage (20.04 at QPS 20, where 8,004 output tokens a
     # second is 8 requests of 1,000 tokens): what the fleet served is its output tokens per second.

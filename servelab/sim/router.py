@@ -106,6 +106,10 @@ the path), prefix-hash (KubeAI's proxy: it parses the body and hashes 100 charac
 (vLLM's balancer runs inside its API server process: no hop of its own, and no published price)."""
 
 
+SCORERS = ("prefix", "queue", "kv", "active")
+"""ScorerWeights' scorers, in their flag's order (its other field, active_until, is not a weight)."""
+
+
 class ActiveRelease(StrEnum):
     """When llm-d's active-request scorer stops counting a request against the replica it went to."""
 
@@ -155,12 +159,12 @@ class ScorerWeights:
         weights = {name: _weight(name, value) for name, value in given.items()}
         if not any(weights.values()):
             raise ValueError("every weight is 0: give at least one scorer a positive weight")
-        zero = dict.fromkeys(("prefix", "queue", "kv", "active"), 0.0)
+        zero = dict.fromkeys(SCORERS, 0.0)
         return cls(**(zero | weights), active_until=ActiveRelease(until))
 
     def flag(self) -> str:
         """The weights as `--router-weights` takes them (`parse` reads them back)."""
-        weights = ",".join(f"{name}={getattr(self, name):g}" for name in ("prefix", "queue", "kv", "active"))
+        weights = ",".join(f"{name}={getattr(self, name):g}" for name in SCORERS)
         return f"{weights},active_until={self.active_until}"
 
 
@@ -178,9 +182,12 @@ LLMD_LOAD_PROFILE = ScorerWeights(prefix=0.0, queue=0.0, kv=1.0, active=1.0, act
 """llm-d's "load" scheduling profile as its 37-capacity benchmark configured it (active-request 1, kv-cache 1; llm-d-
 kv-cache-manager benchmarking/37-capacity/README.md at edb766fdb1c0) and as the image it ran scored: the
 active-request scorer released at the response's headers (ActiveRelease.HEADERS)."""
+LLMD_PREFIX_LOAD_PROFILE = replace(LLMD_LOAD_PROFILE, prefix=2.0)
+"""The same benchmark's "precise-prefix-cache_load" and "estimate-prefix-cache_load" profiles: "load" plus a prefix
+scorer weighted 2 (precise: KV events, prefix-aware; estimate: its own routing history, prefix-estimate)."""
 DEFAULT_WEIGHTS: dict[RouterPolicy, ScorerWeights] = {
     RouterPolicy.PREFIX_AWARE: ScorerWeights(),
-    RouterPolicy.PREFIX_ESTIMATE: replace(LLMD_LOAD_PROFILE, prefix=2.0),
+    RouterPolicy.PREFIX_ESTIMATE: LLMD_PREFIX_LOAD_PROFILE,
 }
 """The policies that weigh llm-d's scorers, and their weights when none are given."""
 
