@@ -123,9 +123,10 @@ def test_llm_d_load_profile_has_no_prefix_scorer_so_it_tokenizes_nothing():
 
 
 def test_diagnosing_a_simulated_fleet_rebuilds_it_with_the_weights_it_ran(tmp_path):
-    """run.json records --router-weights; `servelab diagnose RESULTS` rebuilds the same fleet from it."""
+    """run.json records --router-weights; `servelab diagnose RESULTS` and `servelab.diagnosis` (whose builder reads
+    the catalogues) rebuild the same fleet from it."""
     from servelab.cli.diagnose import _deployment
-    from servelab.diagnose.request import DeploymentWords, _simulated_deployment
+    from servelab.diagnose.request import DeploymentWords, _simulated_deployment, from_catalogue
     from servelab.metrics.results import load_run
 
     text = "prefix=0,queue=0,kv=1,active=1,active_until=headers"
@@ -133,6 +134,7 @@ def test_diagnosing_a_simulated_fleet_rebuilds_it_with_the_weights_it_ran(tmp_pa
     words = _simulated_deployment(load_run(tmp_path / "out"), DeploymentWords())
     assert words.router_weights == text
     assert _deployment(words).router_weights == ScorerWeights.parse(text)
+    assert from_catalogue(words).router_weights == ScorerWeights.parse(text)
     assert CliRunner().invoke(app, ["diagnose", str(tmp_path / "out")]).exit_code == 0
 
 

@@ -33,6 +33,7 @@ from servelab.metrics.results import RunResult, load_run
 from servelab.metrics.slo import SLO
 from servelab.perf.calibration import load_profile
 from servelab.sim.engines import LABELS, VLLM
+from servelab.sim.router import weights_for
 from servelab.targets.deployment import Deployment, build_deployment
 from servelab.targets.engine_deployment import build_engine_deployment
 from servelab.workload.lengths import DISTRIBUTIONS, LengthDistribution
@@ -69,6 +70,12 @@ def from_catalogue(w: DeploymentWords) -> Deployment:
         )
     if w.gpu is None or w.model is None:
         raise InputError("give the GPU and the model the deployment runs")
+    weights = weights_for(w.router_weights, w.router)
+    deployment = _catalogue_deployment(w)
+    return replace(deployment, router_weights=weights) if weights is not None else deployment
+
+
+def _catalogue_deployment(w: DeploymentWords) -> Deployment:
     if w.engine == VLLM:
         return build_deployment(
             w.gpu,

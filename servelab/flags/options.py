@@ -49,7 +49,6 @@ from servelab.schemas.vocabulary import (
 if TYPE_CHECKING:
     from servelab.experiment.auto_sweep import AutoSweep
     from servelab.experiment.sweep import Sweep
-    from servelab.sim.router import ScorerWeights
     from servelab.targets.deployment import Deployment
     from servelab.workload.arrival import ArrivalConfig, Ramp
     from servelab.workload.datasets import WorkloadConfig
@@ -566,26 +565,11 @@ def deployment_from_flags(
     """
     if router is not None and router not in POLICIES:
         raise PerfConfigError(f"--router {router!r}: choose one of {', '.join(POLICIES)}")
-    weights = _router_weights(router_weights, router)
+    from servelab.sim.router import weights_for
+
+    weights = weights_for(router_weights, router)
     deployment = _deployment(gpu, model, engine_args, calibration, tp, replicas, router, gpu_file, vllm_version, engine)
     return replace(deployment, router_weights=weights) if weights is not None else deployment
-
-
-def _router_weights(text: str | None, router: str | None) -> ScorerWeights | None:
-    """--router-weights read and checked against --router, before anything is built."""
-    from servelab.sim.router import DEFAULT_WEIGHTS, ScorerWeights
-
-    if text is None:
-        return None
-    if router not in DEFAULT_WEIGHTS:
-        raise PerfConfigError(
-            f"--router-weights weighs llm-d's scorers: give it with --router {' or --router '.join(DEFAULT_WEIGHTS)}"
-            f"{'' if router is None else f', not --router {router}'}"
-        )
-    try:
-        return ScorerWeights.parse(text)
-    except ValueError as exc:
-        raise PerfConfigError(f"--router-weights {text!r}: {exc}") from None
 
 
 def _deployment(

@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from servelab.perf.errors import PerfConfigError
 from servelab.sim.block_pool import BlockPool
 from servelab.sim.engine import SimEngine
 from servelab.sim.hashing import prompt_block_hashes
@@ -190,6 +191,21 @@ DEFAULT_WEIGHTS: dict[RouterPolicy, ScorerWeights] = {
     RouterPolicy.PREFIX_ESTIMATE: LLMD_PREFIX_LOAD_PROFILE,
 }
 """The policies that weigh llm-d's scorers, and their weights when none are given."""
+
+
+def weights_for(text: str | None, router: str | None) -> ScorerWeights | None:
+    """`--router-weights` read and checked against `--router`, before anything is built (None: none given)."""
+    if text is None:
+        return None
+    if router not in DEFAULT_WEIGHTS:
+        raise PerfConfigError(
+            f"--router-weights weighs llm-d's scorers: give it with --router {' or --router '.join(DEFAULT_WEIGHTS)}"
+            f"{'' if router is None else f', not --router {router}'}"
+        )
+    try:
+        return ScorerWeights.parse(text)
+    except ValueError as exc:
+        raise PerfConfigError(f"--router-weights {text!r}: {exc}") from None
 
 
 class RoutedRequest(Protocol):
