@@ -71,15 +71,15 @@ def from_catalogue(w: DeploymentWords) -> Deployment:
     if w.gpu is None or w.model is None:
         raise InputError("give the GPU and the model the deployment runs")
     weights = weights_for(w.router_weights, w.router)
-    deployment = _catalogue_deployment(w)
+    deployment = _catalogue_deployment(w, w.gpu, w.model)
     return replace(deployment, router_weights=weights) if weights is not None else deployment
 
 
-def _catalogue_deployment(w: DeploymentWords) -> Deployment:
+def _catalogue_deployment(w: DeploymentWords, gpu: str, model: str) -> Deployment:
     if w.engine == VLLM:
         return build_deployment(
-            w.gpu,
-            w.model,
+            gpu,
+            model,
             w.engine_args,
             tensor_parallel_size=w.tp,
             replicas=w.replicas,
@@ -89,8 +89,8 @@ def _catalogue_deployment(w: DeploymentWords) -> Deployment:
         )
     return build_engine_deployment(
         w.engine,
-        w.gpu,
-        w.model,
+        gpu,
+        model,
         w.engine_args,
         tensor_parallel_size=w.tp,
         replicas=w.replicas,
