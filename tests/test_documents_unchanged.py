@@ -9,7 +9,8 @@ and so is tune's optuna database (sqlite, optuna's own format).
 
 The stored files were written again once, when expert parallelism added its knobs (vLLM's enable_expert_parallel,
 SGLang's ep_size and enable_dp_attention) to the engine configuration every document records: those keys are the
-only difference (`diff -r` of the two sets). diagnose-results-priced was written again when weight-only formats
+only difference (`diff -r` of the two sets); and when vLLM's VLLM_MXFP4_USE_MARLIN joined it (`mxfp4_use_marlin`), the
+only key added. diagnose-results-priced was written again when weight-only formats
 (AWQ, FP8 weights on an A100) moved onto the measured kernel fit: its AWQ and FP8 options' numbers are the only
 difference. The diagnose and tune documents were written again when vLLM's API server began to send a step of more
 than 128 outputs in slices of 128 (docs/simulator.md): diagnose's saturated replay moved by under 0.1%, tune's best

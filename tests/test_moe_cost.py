@@ -131,6 +131,28 @@ def test_mxfp4_experts_on_hopper_run_in_openais_triton_kernel_from_the_release_t
     assert expert_kernel(fp8_on_a100, None) is MoeKernel.MARLIN
 
 
+def test_vllm_mxfp4_use_marlin_puts_mxfp4_experts_on_hopper_back_in_marlin():
+    """VLLM_MXFP4_USE_MARLIN=1 (vLLM's mxfp4.py get_mxfp4_backend picks Marlin over OpenAI's Triton kernel on Hopper):
+    a long prefill of gpt-oss's experts at Marlin's measured rate even on a release that ships the Triton kernel; no
+    effect on Blackwell, whose FP4 tensor cores run the experts."""
+    tokens, moe = 8192, GPT_OSS.moe
+    assert moe is not None
+
+    def layer(gpu: str, use_marlin: bool) -> float:
+        cost = RooflineCostModel(get_gpu(gpu), GPT_OSS, EngineConfig(mxfp4_use_marlin=use_marlin), vllm_version=(0, 13))
+        return cost.moe_layer_time(tokens, moe.num_experts)
+
+    marlin = moe_kernel_flops(MoeKernel.MARLIN, get_gpu("h100"))
+    assert marlin is not None
+    routed_flops = GPT_OSS.routed_expert_flops_per_token / GPT_OSS.num_moe_layers * tokens
+    assert layer("h100", True) - MOE_LAYER_FIXED_S == pytest.approx(routed_flops / marlin, rel=0.01)
+    assert layer("h100", False) < 0.7 * layer("h100", True)
+    assert layer("b200", True) == layer("b200", False)
+    mxfp4_on_h100 = weight_format("mxfp4", GPT_OSS, get_gpu("h100"))
+    assert expert_kernel(mxfp4_on_h100, (0, 13)) is MoeKernel.OAI_TRITON_MXFP4
+    assert expert_kernel(mxfp4_on_h100, (0, 13), mxfp4_use_marlin=True) is MoeKernel.MARLIN
+
+
 def test_the_kernel_rates_are_the_measured_tables_medians(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """data/moe_kernels.yaml is exactly what benchmarks/moe_kernel_check.py --write-rates derives from the installed
     aiconfigurator-core tables: no rate in it is typed by hand."""

@@ -51,6 +51,20 @@ def test_unmodelled_performance_flags_warn():
     assert all("not modelled" in w for w in parsed.warnings) and len(parsed.warnings) == 2
 
 
+def test_environment_before_the_launcher_is_read_as_vllm_reads_it():
+    """`VLLM_MXFP4_USE_MARLIN=1 vllm serve ...` (a shell's leading assignment) sets the modelled variable, as
+    vllm/envs.py reads it (an integer, non-zero on); any other variable is warned of, never mistaken for a model."""
+    parsed = parse_engine_args("VLLM_MXFP4_USE_MARLIN=1 vllm serve openai/gpt-oss-120b --max-num-seqs 64")
+    assert parsed.config.mxfp4_use_marlin is True and parsed.model == "openai/gpt-oss-120b"
+    assert parsed.config.max_num_seqs == 64 and parsed.warnings == []
+    assert parse_engine_args("VLLM_MXFP4_USE_MARLIN=0 -tp 2").config.mxfp4_use_marlin is False
+    assert parse_engine_args("-tp 2").config.mxfp4_use_marlin is False
+    other = parse_engine_args("VLLM_USE_DEEP_GEMM=1 --max-num-seqs 8")
+    assert other.config.max_num_seqs == 8 and "VLLM_USE_DEEP_GEMM=1" in other.warnings[0]
+    with pytest.raises(PerfConfigError, match="bad value 'yes' for VLLM_MXFP4_USE_MARLIN"):
+        parse_engine_args("VLLM_MXFP4_USE_MARLIN=yes")
+
+
 def test_enforce_eager_is_modelled_and_pasted_back():
     from servelab.targets.deployment import build_deployment
 

@@ -261,7 +261,8 @@ class RooflineCostModel:
         self._expert_bytes_per_rank = model.expert_params * self.weight_format.bytes_per_param / tp
         self._moe, self._expert_cache = model.moe, dict[int, float]()
         weight_only = model.moe is not None and self.weight_format.weight_only
-        kernel = expert_kernel(self.weight_format, vllm_version) if weight_only else None
+        use_marlin = engine_config.mxfp4_use_marlin
+        kernel = expert_kernel(self.weight_format, vllm_version, mxfp4_use_marlin=use_marlin) if weight_only else None
         rate = moe_kernel_flops(kernel, hardware) if kernel else None
         if model.moe is not None and rate is None:
             width = model.moe.expert_intermediate_size // (1 if engine_config.enable_expert_parallel else tp)

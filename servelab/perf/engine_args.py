@@ -213,6 +213,15 @@ _MODELLED: dict[str, _Flag] = {
 }
 
 
+_MODELLED_ENVIRONMENT: dict[str, _Flag] = {
+    "VLLM_MXFP4_USE_MARLIN": _Flag("mxfp4_use_marlin", lambda value: bool(int(value))),
+}
+"""vLLM environment variables that change the performance model, as vllm/envs.py reads them (maybe_convert_bool:
+an integer, non-zero is on)."""
+
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
 @cache
 def _vllm_flags() -> tuple[frozenset[str], frozenset[str], dict[str, str]]:
     data = yaml.safe_load(VLLM_FLAGS.read_text())
@@ -233,9 +242,16 @@ class ParsedEngineArgs:
     """The EngineConfig fields the line set itself, so a flag beside it (--tp) that disagrees can be refused."""
 
 
-def _tokens(line: str | Sequence[str]) -> list[str]:
-    """Split the line and drop the launcher (`vllm serve`, `python -m vllm.entrypoints...`)."""
-    tokens = shlex.split(line) if isinstance(line, str) else list(line)
+def _split(line: str | Sequence[str]) -> tuple[list[str], list[str]]:
+    """The line's leading environment assignments (`VLLM_MXFP4_USE_MARLIN=1 vllm serve ...`, as a shell reads them)
+    and its flags, the launcher dropped."""
+    words = shlex.split(line) if isinstance(line, str) else list(line)
+    first_word = next((i for i, word in enumerate(words) if not _ASSIGNMENT.match(word)), len(words))
+    return words[:first_word], _tokens(words[first_word:])
+
+
+def _tokens(tokens: list[str]) -> list[str]:
+    """The flags after the launcher (`vllm serve`, `python -m vllm.entrypoints...`)."""
     for launcher in (
         ["vllm", "serve"],
         ["python", "-m", "vllm.entrypoints.openai.api_server"],
@@ -260,7 +276,9 @@ def parse_engine_args(line: str | Sequence[str], base: EngineConfig | None = Non
     value_flags, switch_flags, short = _vllm_flags()
     values: dict[str, FlagValue] = {}
     result = ParsedEngineArgs(config=base or EngineConfig())
-    tokens = _tokens(line)
+    assignments, tokens = _split(line)
+    for assignment in assignments:
+        _apply_environment(result, values, assignment)
     i = 0
     while i < len(tokens):
         token = tokens[i]
@@ -295,6 +313,20 @@ def parse_engine_args(line: str | Sequence[str], base: EngineConfig | None = Non
     result.model, result.performance_mode = None if model is None else str(model), str(mode)
     result.config = result.config.with_(**values)
     return result
+
+
+def _apply_environment(result: ParsedEngineArgs, values: dict[str, FlagValue], assignment: str) -> None:
+    """One `NAME=VALUE` before the launcher: a modelled vLLM variable sets its field, any other is warned of."""
+    name, _, value = assignment.partition("=")
+    spec = _MODELLED_ENVIRONMENT.get(name)
+    if spec is None:
+        modelled = ", ".join(_MODELLED_ENVIRONMENT)
+        result.warnings.append(f"{assignment}: of the environment only {modelled} is modelled; simulated as if unset")
+        return
+    try:
+        values[spec.target] = spec.convert(value) if spec.convert else value
+    except ValueError:
+        raise PerfConfigError(f"bad value {value!r} for {name}: vLLM reads it as an integer (1 on, 0 off)") from None
 
 
 def _apply_switch(

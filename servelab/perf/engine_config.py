@@ -74,6 +74,10 @@ class EngineConfig:
     """Adapter slots on the GPU (`--max-loras`, vLLM's default 1)."""
     max_lora_rank: int = 16
     """The rank each slot is allocated for (`--max-lora-rank`, vLLM's default 16), whatever the adapters' own."""
+    mxfp4_use_marlin: bool = False
+    """MXFP4 experts (gpt-oss) run in Marlin even where OpenAI's Triton kernel is installed: vLLM's environment variable
+    VLLM_MXFP4_USE_MARLIN=1, read before the launch flags (perf/engine_args.py); no effect on Blackwell, whose FP4
+    tensor cores run them (perf/moe_kernels.py)."""
     eager_prefill: bool = False
     """Steps with prefill run eagerly: SGLang's extend batches (no piecewise graphs by default); vLLM V1 runs them
     through piecewise CUDA graphs, so False."""

@@ -9,7 +9,8 @@ runs. Which kernel depends on the format and the vLLM release:
 - **OpenAI's Triton MXFP4 kernel** (`matmul_ogs`, gpt-oss's MXFP4 experts on Hopper): vLLM made `triton_kernels` a
   dependency in PR #27370 (merged 2025-10-22, after 0.11.0), and from then on runs gpt-oss's MXFP4 experts on Hopper
   with it; before, a pip-installed vLLM ran them in Marlin (vLLM issue #23278 shows 0.10.1 doing so on an H100).
-  aiconfigurator-core's vLLM 0.24 tables measure it at ~2.2x Marlin's rate on the H100 and H200.
+  aiconfigurator-core's vLLM 0.24 tables measure it at ~2.2x Marlin's rate on the H100 and H200. A server started
+  with VLLM_MXFP4_USE_MARLIN=1 (EngineConfig.mxfp4_use_marlin) runs them in Marlin all the same.
 
 The medians per kernel and GPU are in data/moe_kernels.yaml, written by benchmarks/moe_kernel_check.py --write-rates
 from the tables. A release and GPU the tables do not measure for its kernel are held to Marlin's rate where that is
@@ -71,11 +72,16 @@ def _rates(path: Path = RATES_FILE) -> dict[MoeKernel, dict[str, MoeKernelRate]]
     }
 
 
-def expert_kernel(weights: WeightFormat, vllm_version: tuple[int, int] | None) -> MoeKernel:
+def expert_kernel(
+    weights: WeightFormat, vllm_version: tuple[int, int] | None, *, mxfp4_use_marlin: bool = False
+) -> MoeKernel:
     """The kernel vLLM runs weight-only experts in: OpenAI's Triton kernel for MXFP4 from the release that ships it
-    (None: the modelled release, which does), Marlin otherwise."""
+    (None: the modelled release, which does), unless VLLM_MXFP4_USE_MARLIN=1 asks for Marlin (vLLM's
+    quantization/mxfp4.py, get_mxfp4_backend: on Hopper without a FlashInfer MXFP4 flag, Marlin if the variable is
+    set or triton_kernels is missing); Marlin otherwise."""
     recent = vllm_version is None or vllm_version >= OAI_TRITON_SINCE
-    return MoeKernel.OAI_TRITON_MXFP4 if weights.name == "mxfp4-weight-only" and recent else MoeKernel.MARLIN
+    triton = weights.name == "mxfp4-weight-only" and recent and not mxfp4_use_marlin
+    return MoeKernel.OAI_TRITON_MXFP4 if triton else MoeKernel.MARLIN
 
 
 def moe_kernel_flops(kernel: MoeKernel, hardware: Hardware) -> float | None:
