@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from servelab.perf.engine_args import default_batch_limits, parse_engine_args, resolve
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import get_gpu
-from servelab.perf.models import get_model
+from servelab.perf.models import get_model, load_hf_config
 
 
 def test_pasted_vllm_serve_line():
@@ -182,3 +184,14 @@ def test_resolve_caps_the_default_budget_by_seqs_times_length():
 def test_resolve_refuses_what_vllm_refuses(config, message):
     with pytest.raises(PerfConfigError, match=message):
         resolve(config, get_gpu("a100"), get_model("llama-3.1-8b"))
+
+
+def test_a_deployment_prints_the_modelled_variable_leading_its_launch_line():
+    """The line a deployment prints (run.json, advice) keeps the variable, and reads back to the same deployment."""
+    from servelab.targets.deployment import build_deployment
+
+    gpt_oss = load_hf_config(Path(__file__).parent / "fixtures" / "moe_configs" / "gpt-oss-20b")
+    deployment = build_deployment("h100", gpt_oss, "VLLM_MXFP4_USE_MARLIN=1 --max-num-seqs 64")
+    assert deployment.engine_args() == "VLLM_MXFP4_USE_MARLIN=1 --max-num-seqs 64"
+    assert build_deployment("h100", gpt_oss, deployment.engine_args()).config == deployment.config
+    assert "VLLM_MXFP4" not in build_deployment("h100", gpt_oss, "--max-num-seqs 64").engine_args()

@@ -218,6 +218,8 @@ _MODELLED_ENVIRONMENT: dict[str, _Flag] = {
 }
 """vLLM environment variables that change the performance model, as vllm/envs.py reads them (maybe_convert_bool:
 an integer, non-zero is on)."""
+VLLM_ENVIRONMENT = {spec.target: name for name, spec in _MODELLED_ENVIRONMENT.items()}
+"""EngineConfig field -> the environment variable that sets it, for printing a launch line."""
 
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 

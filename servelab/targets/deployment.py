@@ -17,7 +17,7 @@ from pathlib import Path
 from servelab.metrics.intervals import Tier
 from servelab.perf import lora
 from servelab.perf.cost_model import CostCoefficients, CostModel, RooflineCostModel
-from servelab.perf.engine_args import VLLM_QUANTIZATION_SPELLING, parse_engine_args, resolve
+from servelab.perf.engine_args import VLLM_ENVIRONMENT, VLLM_QUANTIZATION_SPELLING, parse_engine_args, resolve
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware, get_gpu
@@ -199,21 +199,26 @@ class Deployment:
         return self.rebuilt(**changes)
 
     def engine_args(self) -> str:
-        """The flags that differ from the served vLLM's defaults, as a user would paste them after `vllm serve`."""
+        """The flags that differ from the served vLLM's defaults, as a user would paste them after `vllm serve`;
+        a modelled environment variable that differs leads the line (`VLLM_MXFP4_USE_MARLIN=1 --max-num-seqs 64`),
+        as parse_engine_args reads it back."""
         if self.engine != VLLM:
             return self.engine_flags
         default = version_defaults(self.vllm_version)
+        environment: list[str] = []
         parts: list[str] = []
         for f in fields(EngineConfig):
             value = getattr(self.requested, f.name)
             if value == getattr(default, f.name):
                 continue
-            if f.name in VLLM_SWITCHES:
+            if f.name in VLLM_ENVIRONMENT:
+                environment.append(f"{VLLM_ENVIRONMENT[f.name]}={int(value)}")
+            elif f.name in VLLM_SWITCHES:
                 parts.append(("--" if value else "--no-") + VLLM_SWITCHES[f.name])
             elif f.name in VLLM_FLAGS:
                 spelt = VLLM_QUANTIZATION_SPELLING.get(str(value), value) if f.name == "quantization" else value
                 parts.append(f"{VLLM_FLAGS[f.name]} {shlex.quote(str(spelt))}")
-        return " ".join(parts)
+        return " ".join(environment + parts)
 
     def describe(self) -> dict[str, object]:
         return {
