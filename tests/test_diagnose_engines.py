@@ -12,7 +12,7 @@ import servelab
 from typer.testing import CliRunner
 
 from servelab.cli import app
-from servelab.targets.engine_terms import served_engine
+from servelab.targets.engine_terms import Terms, served_engine
 from servelab.diagnose.evidence import gather
 from servelab.diagnose.scenario import simulate, synthetic
 from servelab.schemas.diagnosis import Diagnosis
@@ -20,6 +20,7 @@ from servelab.compare.compare import EngineComparison
 from servelab.metrics.scrape import parse_metrics
 from servelab.metrics.timeline import TimelineSample
 from servelab.perf import sglang_args, trtllm_args
+from servelab.sim.engines import VLLM
 from servelab.targets.deployment import VLLM_FLAGS, VLLM_SWITCHES
 from servelab.targets.engine_deployment import build_engine_deployment
 
@@ -270,3 +271,12 @@ def test_sglang_decode_batches_above_its_captured_graphs_are_launch_bound_and_th
     rec = found[fk.LAUNCH_BOUND].recommendations[0]
     assert "--cuda-graph-max-bs 64" in rec.change and "--cuda-graph-max-bs 64" in (rec.engine_args or "")
     assert "--enforce-eager" not in json.dumps([f.model_dump() for f in dx.findings])
+
+
+def test_a_restart_line_puts_the_environment_before_the_launcher():
+    """`restart the server with ...` must run as pasted: a shell reads NAME=VALUE only before the command."""
+    assert (
+        Terms(VLLM).launch_command("VLLM_MXFP4_USE_MARLIN=1 --max-num-seqs 64")
+        == "VLLM_MXFP4_USE_MARLIN=1 vllm serve MODEL --max-num-seqs 64"
+    )
+    assert Terms(VLLM).launch_command("--max-num-seqs 64") == "vllm serve MODEL --max-num-seqs 64"

@@ -438,7 +438,7 @@ def confirm_command(scenario: Scenario, engine_args: str | None, engine: str = V
         load = f"--max-concurrency {scenario.max_concurrency}"
     else:  # every request at once, as the measured burst was sent
         load = "--request-rate inf"
-    restart = f"restart the server with `{Terms(engine).launch} {engine_args}`, then " if engine_args else ""
+    restart = f"restart the server with `{Terms(engine).launch_command(engine_args)}`, then " if engine_args else ""
     # A shared prefix must be sent as one, or the run confirming a prefix-cache change cannot show it (chats, whose
     # turns resend their history, keep the random line: bench's prefix dataset has no history).
     chat = any(s.after is not None for s in scenario.shapes)

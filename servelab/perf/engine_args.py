@@ -221,7 +221,8 @@ an integer, non-zero is on)."""
 VLLM_ENVIRONMENT = {spec.target: name for name, spec in _MODELLED_ENVIRONMENT.items()}
 """EngineConfig field -> the environment variable that sets it, for printing a launch line."""
 
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+ENVIRONMENT_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+"""A shell's leading `NAME=VALUE` word."""
 
 
 @cache
@@ -247,9 +248,14 @@ class ParsedEngineArgs:
 def _split(line: str | Sequence[str]) -> tuple[list[str], list[str]]:
     """The line's leading environment assignments (`VLLM_MXFP4_USE_MARLIN=1 vllm serve ...`, as a shell reads them)
     and its flags, the launcher dropped."""
-    words = shlex.split(line) if isinstance(line, str) else list(line)
-    first_word = next((i for i, word in enumerate(words) if not _ASSIGNMENT.match(word)), len(words))
-    return words[:first_word], _tokens(words[first_word:])
+    assignments, words = split_environment(shlex.split(line) if isinstance(line, str) else list(line))
+    return assignments, _tokens(words)
+
+
+def split_environment(words: list[str]) -> tuple[list[str], list[str]]:
+    """A command's leading `NAME=VALUE` words (its environment, as a shell reads them) and the rest."""
+    first = next((i for i, word in enumerate(words) if not ENVIRONMENT_ASSIGNMENT.match(word)), len(words))
+    return words[:first], words[first:]
 
 
 def _tokens(tokens: list[str]) -> list[str]:

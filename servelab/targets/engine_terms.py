@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servelab.errors import InputError
+from servelab.perf.engine_args import split_environment
 from servelab.metrics import engines as metric_names
 from servelab.metrics import timeline as tl
 from servelab.sim.engines import ENGINES, LABELS, SGLANG, TRTLLM, VLLM
@@ -86,6 +87,12 @@ class Terms:
     @property
     def launch(self) -> str:
         return LAUNCH[self.engine]
+
+    def launch_command(self, engine_args: str) -> str:
+        """The command to paste: the launcher with `engine_args` after it, and the line's leading environment
+        assignments (`VLLM_MXFP4_USE_MARLIN=1`) before it, where a shell reads them."""
+        environment, flags = split_environment(engine_args.split())
+        return " ".join([*environment, self.launch, *flags])
 
     @property
     def token_counters(self) -> str:
