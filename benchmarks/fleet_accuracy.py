@@ -112,8 +112,11 @@ LLMD = Source(
     gpu="h100",
     model="llama-3.1-70b",
     replicas=4,
-    # 4 pods of TP=4; the report's per-pod KV of 461,376 tokens is 37.8 GB a GPU of Llama-3.1-70B's bf16 KV.
-    engine_args="--tensor-parallel-size 4 --kv-cache-memory-bytes 37800000000 --enable-prefix-caching",
+    # 4 pods of TP=4; the report's per-pod KV of 461,376 tokens is 37.8 GB a GPU of Llama-3.1-70B's bf16 KV. Blocks
+    # of 64 tokens: the precise scorer keys 64-token blocks (its tokenProcessorConfig blockSize: 64) and finds a pod's
+    # blocks only where they equal the hashes the pod's KV events report, i.e. where vLLM runs --block-size 64, as
+    # llm-d's precise prefix-cache guide runs it (guides/precise-prefix-cache-aware/ms-kv-events/values.yaml).
+    engine_args="--tensor-parallel-size 4 --kv-cache-memory-bytes 37800000000 --enable-prefix-caching --block-size 64",
     # Each router with the scorers and weights its EndpointPickerConfig gives (llm-d-kv-cache-manager
     # benchmarking/37-capacity/README.md at edb766fdb1c0): "load" is active-request 1 + kv-cache 1, the other two add
     # a prefix-cache scorer weighted 2 (precise: KV events; estimate: its own routing history); no queue scorer. The
