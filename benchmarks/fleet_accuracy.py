@@ -6,7 +6,8 @@ prompts it sent, in its order, at its rates (KubeAIClient, SharedPrefixClient; l
 inference-perf ran them). Printed, in markdown: per point and router, measured and predicted served throughput (KubeAI:
 requests/s; llm-d: output tokens/s) and mean TTFT with their errors, and mean TPOT beside the published one (llm-d's
 from its published ITL: llmd_tpot_ms; not scored), and the router's own time a request where its counterpart publishes
-one (servelab.sim.router.ROUTER_COSTS); with --draws N, the noise table: each point replayed N times with its random
+one (servelab.sim.router.ROUTER_COSTS); the simulated llm-d fleet's prefix-cache hit rate per stage and router (the
+report publishes none); with --draws N, the noise table: each point replayed N times with its random
 parts drawn again, and whether the two cache-blind routers' measured gap is one a repeat could reverse (noise); per load
 point, the routers' order by mean TTFT (lower first), measured and predicted, and whether the best router is the same;
 the counts of the brief: served throughput and mean TTFT within 20% where the published run was neither overloaded (its
@@ -29,7 +30,9 @@ from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
+from servelab.metrics import timeline as tl
 from servelab.metrics.records import MemorySink
+from servelab.metrics.timeline import TimelineSample
 from servelab.metrics.summary import summarize
 from servelab.schemas.results import Summary
 from servelab.targets.base import TargetRun
@@ -112,8 +115,11 @@ LLMD = Source(
     gpu="h100",
     model="llama-3.1-70b",
     replicas=4,
-    # 4 pods of TP=4; the report's per-pod KV of 461,376 tokens is 37.8 GB a GPU of Llama-3.1-70B's bf16 KV.
-    engine_args="--tensor-parallel-size 4 --kv-cache-memory-bytes 37800000000 --enable-prefix-caching",
+    # 4 pods of TP=4; the report's per-pod KV of 461,376 tokens is 37.8 GB a GPU of Llama-3.1-70B's bf16 KV. Blocks
+    # of 64 tokens: the precise scorer keys 64-token blocks (its tokenProcessorConfig blockSize: 64) and finds a pod's
+    # blocks only where they equal the hashes the pod's KV events report, i.e. where vLLM runs --block-size 64, as
+    # llm-d's precise prefix-cache guide runs it (guides/precise-prefix-cache-aware/ms-kv-events/values.yaml).
+    engine_args="--tensor-parallel-size 4 --kv-cache-memory-bytes 37800000000 --enable-prefix-caching --block-size 64",
     # Each router with the scorers and weights its EndpointPickerConfig gives (llm-d-kv-cache-manager
     # benchmarking/37-capacity/README.md at edb766fdb1c0): "load" is active-request 1 + kv-cache 1, the other two add
     # a prefix-cache scorer weighted 2 (precise: KV events; estimate: its own routing history); no queue scorer. The
@@ -365,19 +371,36 @@ def llmd_arrivals(rng: np.random.Generator) -> tuple[np.ndarray, dict[float, tup
 @cache
 def llmd_run(router: Counterpart, seed: int = 0) -> dict[float, dict[str, float]]:
     """One simulated inference-perf run of every llm-d stage in order behind `router`: per stage's rate, the
-    served output tokens/s, mean TTFT and mean TPOT of the requests sent in it, and the router's own time a request
-    over the run. `seed` draws the prompts, their order and the arrival times (0: the headline run)."""
+    served output tokens/s, mean TTFT and mean TPOT of the requests sent in it, the fleet's prefix-cache hit rate
+    over the stage, and the router's own time a request over the run. `seed` draws the prompts, their order and the
+    arrival times (0: the headline run)."""
     client = replace(LLMD_CLIENT, seed=seed)
     times, windows = llmd_arrivals(np.random.default_rng(client.seed))
     timed = client.specs(times)
     deployment = _deployment(LLMD, router)
-    sink = MemorySink()
-    run = deployment.sim_target().run(LoadPlan(requests=timed), sink)
+    sink, samples = MemorySink(), []
+    run = deployment.sim_target().run(LoadPlan(requests=timed), sink, samples.append)
     stages: dict[float, dict[str, float]] = {}
     for rate, (start, end) in windows.items():
         counted = [r for r in sink.records if start <= r.intended_time < end]
-        stages[rate] = _measures(summarize(counted), LLMD) | {"router": _router_time(run)}
+        stages[rate] = _measures(summarize(counted), LLMD) | {
+            "router": _router_time(run),
+            "hits": _hit_rate(samples, start, end),
+        }
     return stages
+
+
+def _hit_rate(samples: list[TimelineSample], start: float, end: float) -> float:
+    """The share of the prompt tokens the fleet's replicas looked up between `start` and `end` (the last scrapes
+    before each) that their prefix caches held: vLLM's prefix_cache_hits over prefix_cache_queries, summed over
+    the replicas."""
+
+    def at(t: float) -> tuple[float, float]:
+        last = next((s for s in reversed(samples) if s.t <= t), None)
+        return (0.0, 0.0) if last is None else (last.values[tl.PREFIX_HITS], last.values[tl.PREFIX_QUERIES])
+
+    (hits0, queries0), (hits1, queries1) = at(start), at(end)
+    return (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else 0.0
 
 
 @cache
@@ -551,6 +574,22 @@ def _row(
     )
 
 
+def _hit_table() -> None:
+    """The simulated llm-d fleet's prefix-cache hit rate per stage and router (the report publishes none)."""
+    rates = list(LLMD_STAGE_S)
+    print(
+        "\n| llm-d router (servelab) | prefix-cache hit rate, simulated, at QPS "
+        + " | ".join(f"{q:g}" for q in rates)
+        + " |\n"
+        + "|---" * (len(rates) + 1)
+        + "|"
+    )
+    for published, router in LLMD.routers.items():
+        if router is not None:
+            run = llmd_run(router, LLMD_CLIENT.seed)
+            print(f"| {published} | " + " | ".join(f"{run[float(q)]['hits']:.1%}" for q in rates) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", choices=["kubeai", "llm-d"])
@@ -588,6 +627,8 @@ def main() -> None:
         print(
             f"\n{name} {router}: the router's own time, {1000 * seconds:.2f} ms a request over the run (ROUTER_COSTS)"
         )
+    if LLMD.name in sources:
+        _hit_table()
     noisy = {key: gaps for key in orders if (gaps := noise(sources[key[0]], key[1], args.draws)) is not None}
     if noisy:
         _noise_table(noisy)

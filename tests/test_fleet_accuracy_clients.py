@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from servelab.metrics import timeline as tl
+from servelab.metrics.timeline import TimelineSample
 from servelab.workload.routing import prefix_key
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fleet_accuracy.py"
@@ -92,3 +94,15 @@ def test_llmd_tpot_undoes_inference_perf_s_stamps_on_the_blank_line_of_every_eve
     mean_gap = float(np.mean(np.diff(stamps)))
     assert mean_gap == pytest.approx(tpot_ms / 2, rel=0.01)
     assert fleet_accuracy.llmd_tpot_ms(mean_gap, tokens) == pytest.approx(tpot_ms, rel=0.002)
+
+
+def test_a_stage_s_hit_rate_is_the_share_of_its_looked_up_tokens_the_caches_held(fleet_accuracy):
+    """Counters from the last scrape at or before each end of the window, differenced: vLLM's hits over queries."""
+
+    def sample(t, hits, queries):
+        return TimelineSample(t, {tl.PREFIX_HITS: hits, tl.PREFIX_QUERIES: queries})
+
+    samples = [sample(0.0, 0, 0), sample(1.0, 100, 1000), sample(2.0, 1000, 2000), sample(3.0, 1000, 2000)]
+    assert fleet_accuracy._hit_rate(samples, 1.5, 2.5) == pytest.approx(0.9)
+    assert fleet_accuracy._hit_rate(samples, 0.0, 2.0) == pytest.approx(0.5)
+    assert fleet_accuracy._hit_rate(samples, 2.0, 3.0) == 0.0  # nothing looked up

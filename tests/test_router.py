@@ -12,7 +12,15 @@ from servelab.perf.engine_config import EngineConfig
 from servelab.sim.linear_cost import LinearCostModel
 from servelab.sim.radix_cache import RadixCache
 from servelab.sim import router as router_mod
-from servelab.sim.router import POLICIES, Router, RouterPolicy, ScorerWeights, _radix_prefix
+from servelab.sim.router import (
+    LLMD_PREFIX_LOAD_PROFILE,
+    POLICIES,
+    Router,
+    RouterPolicy,
+    ScorerWeights,
+    _holders_scaled,
+    _radix_prefix,
+)
 from servelab.targets.errors import TargetError
 from servelab.targets.sim import SimTarget
 from servelab.workload.spec import LoadPlan, RequestSpec
@@ -154,6 +162,26 @@ def test_llm_d_scorers_without_the_active_request_scorer_pile_a_shared_prompt_on
         used[name] = sum(e.num_steps > 0 for e in target.last_engines)
     assert used["guide"] == 1
     assert used["with active"] > 1
+
+
+def test_llm_d_scales_the_precise_prefix_score_over_the_replicas_that_hold_the_prompt_alone():
+    """llm-d-kv-cache-manager v0.2.1 scores only the pods holding the prompt's first block; the scheduler (b9c56d36,
+    indexedScoresToNormalizedScoredPods) min-max scales over those and gives the rest 0."""
+    assert _holders_scaled([0, 8000, 9000, 0]) == [0.0, 0.0, 1.0, 0.0]  # the lesser holder scores as no holder
+    assert _holders_scaled([0, 8000, 8500, 9000]) == [0.0, 0.0, 0.5, 1.0]
+    assert _holders_scaled([0, 8000, 8000, 0]) == [0.0, 1.0, 1.0, 0.0]  # holders alike: all 1
+    assert _holders_scaled([0, 64, 0, 0]) == [0.0, 1.0, 0.0, 0.0]  # one holder: 1, however little it holds
+    assert _holders_scaled([0, 0, 0, 0]) == [0.0] * 4
+
+
+def test_the_fuller_holder_wins_even_with_a_fuller_kv_cache_as_llm_d_scores_it(monkeypatch):
+    """Prefix 2, KV usage 1: the replica holding all of the prompt beats one holding its system prompt, whose
+    prefix score is 0 (scaled over all four replicas it would be 0.89 and its emptier KV cache would win)."""
+    held = {0: 0, 1: 8000, 2: 9000, 3: 0}
+    replicas = [_Replica(usage=0.0), _Replica(usage=0.0), _Replica(usage=0.9), _Replica(usage=0.0)]
+    monkeypatch.setattr(router_mod, "_cached_prefix", lambda engine, ids: held[replicas.index(engine)])
+    router = Router("prefix-aware", weights=LLMD_PREFIX_LOAD_PROFILE)
+    assert router.pick(replicas, spec(0, np.arange(9000)), 0.0) == 2
 
 
 def test_the_prefix_view_of_sglangs_tree_matches_its_own_lookup_without_changing_it():

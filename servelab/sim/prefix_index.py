@@ -21,7 +21,8 @@ active-request scorer, and PR #323) hands its parameters to GIE v0.5.1's prefix 
   2200), moving one already there to the front; the entry it evicts stops naming that pod.
 - score: walking the request's hashes in order until one no pod holds, each pod gains one for every hash it holds;
   its score is that count over the request's hashes (not scaled over the pods).
-- the picker adds the scorers' weighted scores and takes the highest (ties broken at random there, rotating here).
+- the picker adds the scorers' weighted scores and takes the highest, ties broken at random (GIE's
+  max-score-picker shuffles the pods before it sorts them by score).
 
 The other scorers of "_load" and their weights (prefix 2, kv-cache 1, active-request 1, the last released at the
 response's headers as that image did) are the router's (sim/router.py ScorerWeights, DEFAULT_WEIGHTS). No scorer

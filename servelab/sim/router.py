@@ -79,8 +79,10 @@ EPP_SCHEDULING_S = EPP_SCHEDULER_S + 0.3e-3
 """prefix-aware: the same with its prefix-cache plugin, which the same histogram put at 0.3 ms more."""
 TOKENIZE_PER_TOKEN_S = 43.7e-3 / 38_000
 """prefix-aware: the precise scorer tokenizes the prompt itself to find its cached blocks (with the HuggingFace
-tokenizers library, called from Go). Tokenizing costs about 1.15 us a token: a HuggingFace tokenizer took 43.7 ms a
-request on ~38,000-token prompts in a serving frontend, timed with nsys (TensorRT-LLM PR #18389)."""
+tokenizers library, called from Go), and waits for it from llm-d-kv-cache-manager v0.3.0 on (`Pool.Tokenize`, PR
+#95; v0.2.1 queued the prompt and scored with the tokens its store already held, docs/fleets.md). Tokenizing costs
+about 1.15 us a token: a HuggingFace tokenizer took 43.7 ms a request on ~38,000-token prompts in a serving frontend,
+timed with nsys (TensorRT-LLM PR #18389)."""
 TOKEN_STORE_BLOCK = 64
 """prefix-aware: the tokens a block of the scorer's tokenization cache holds. llm-d-kv-cache-manager's prefix store
 keys 256-byte chunks of the prompt's text, about 64 tokens."""
@@ -244,7 +246,8 @@ class Router:
         self.weights = weights if weights is not None else DEFAULT_WEIGHTS.get(self.policy, ScorerWeights())
         self._next = 0
         self._draws = np.random.default_rng(seed)
-        """random: the router's own draws, so a run is reproducible and independent of the workload's seed."""
+        """random, and the ties of llm-d's scorers: the router's own draws, so a run is reproducible and independent
+        of the workload's seed."""
         self.outstanding: list[int] = []
         """Per replica: requests this router sent there that have not finished (its own count)."""
         self._replica_of: dict[int, int] = {}
@@ -328,12 +331,12 @@ class Router:
                     self._ring = HashRing(len(engines))
                 return self._ring.pick(prefix_key(request.prompt_ids, request.system_len), self.outstanding)
             case RouterPolicy.PREFIX_AWARE:
-                return self._weighted(engines, now, start, self._precise_prefix(engines, request))
+                return self._weighted(engines, now, self._precise_prefix(engines, request))
             case RouterPolicy.PREFIX_ESTIMATE:
                 if self._estimate is None:
                     self._estimate = PrefixEstimate(len(engines))
                 hashes = estimate_block_hashes(request.prompt_ids)
-                chosen = self._weighted(engines, now, start, self._estimate.scores(hashes))
+                chosen = self._weighted(engines, now, self._estimate.scores(hashes))
                 self._estimate.index.add(hashes, chosen)
                 return chosen
             case RouterPolicy.SESSION:
@@ -343,8 +346,9 @@ class Router:
         conversation = self._sessions.conversation_of(request.index, request.conversation, request.depends_on)
         return self._sessions.pick(conversation, start, self.outstanding)
 
-    def _weighted(self, engines: Sequence[SimEngine], now: float, start: int, prefix: Sequence[float]) -> int:
-        """llm-d's weighted scorers (ScorerWeights) over the replicas' `prefix` scores, the highest total wins.
+    def _weighted(self, engines: Sequence[SimEngine], now: float, prefix: Sequence[float]) -> int:
+        """llm-d's weighted scorers (ScorerWeights) over the replicas' `prefix` scores, the highest total wins, ties
+        drawn at random (GIE v0.5.1's max-score-picker shuffles the pods before its stable sort by score).
 
         queue: (most waiting - its waiting) / (most - fewest), 1 when all are
         equal; kv: 1 - KV usage; both as last scraped; active: active_scores.
@@ -359,14 +363,16 @@ class Router:
             w.prefix * p + w.queue * q + w.kv * f + w.active * a
             for p, q, f, a in zip(prefix, queue, kv, self.active_scores())
         ]
-        return _best(start, scores)
+        top = max(scores)
+        tied = [i for i, score in enumerate(scores) if score == top]
+        return tied[0] if len(tied) == 1 else tied[int(self._draws.integers(len(tied)))]
 
     def _precise_prefix(self, engines: Sequence[SimEngine], request: RoutedRequest) -> list[float]:
-        """prefix-aware's prefix scorer: each replica's cached leading blocks of the prompt, min-max scaled over the
-        replicas; with a prefix weight of 0 there is no such scorer and no cache is read."""
+        """prefix-aware's prefix scorer: each replica's cached leading blocks of the prompt (_holders_scaled); with a
+        prefix weight of 0 there is no such scorer and no cache is read."""
         if not self.weights.prefix:
             return [0.0] * len(engines)
-        return _scaled([_cached_prefix(e, request.prompt_ids) for e in engines])
+        return _holders_scaled([_cached_prefix(e, request.prompt_ids) for e in engines])
 
     def active_scores(self) -> list[float]:
         """llm-d's active-request scorer: (most in flight - its in flight) / most, 1 when it has none, over the
@@ -392,9 +398,21 @@ def _vllm_dp_score(waiting: int, running: int, kv_usage: float, in_flight: int) 
     return max(in_flight, waiting + running) + waiting * 6.0 * max(0.0, kv_usage - 0.5)
 
 
-def _scaled(values: Sequence[float]) -> list[float]:
-    low, high = min(values), max(values)
-    return [0.0 if high == low else (v - low) / (high - low) for v in values]
+def _holders_scaled(held: Sequence[int]) -> list[float]:
+    """llm-d's precise prefix score from each replica's cached leading tokens of the prompt: 0 for a replica that
+    holds none, and over the replicas that hold some, min-max scaled among themselves, 1 for all when they hold
+    alike (one holder alone scores 1).
+
+    llm-d-kv-cache-manager v0.2.1's LongestPrefixScorer (pkg/kvcache/kvblock_scorer.go) scores only the pods that
+    hold the prompt's first block, counting each one's consecutive blocks from there; llm-d-inference-scheduler
+    b9c56d36 (pkg/plugins/scorer/utils.go, indexedScoresToNormalizedScoredPods) takes min and max over those scores
+    alone and gives every pod missing from them 0. So where two replicas hold a prompt, the one holding less of it
+    scores as if it held none."""
+    holding = [h for h in held if h > 0]
+    if not holding:
+        return [0.0] * len(held)
+    low, high = min(holding), max(holding)
+    return [0.0 if h <= 0 else 1.0 if high == low else (h - low) / (high - low) for h in held]
 
 
 def _cached_prefix(engine: SimEngine, prompt_ids: Any) -> int:
