@@ -9,12 +9,15 @@ runs. Which kernel depends on the format and the vLLM release:
 - **OpenAI's Triton MXFP4 kernel** (`matmul_ogs`, gpt-oss's MXFP4 experts on Hopper): vLLM made `triton_kernels` a
   dependency in PR #27370 (merged 2025-10-22, after 0.11.0), and from then on runs gpt-oss's MXFP4 experts on Hopper
   with it; before, a pip-installed vLLM ran them in Marlin (vLLM issue #23278 shows 0.10.1 doing so on an H100).
-  aiconfigurator-core's vLLM 0.24 tables measure it at ~2.2x Marlin's rate on the H100 and H200. A server started
+  aiconfigurator-core's vLLM 0.24 tables measure it at ~2.5x Marlin's MXFP4 rate on the H100 and H200. A server started
   with VLLM_MXFP4_USE_MARLIN=1 (EngineConfig.mxfp4_use_marlin) runs them in Marlin all the same.
 
-The medians per kernel and GPU are in data/moe_kernels.yaml, written by benchmarks/moe_kernel_check.py --write-rates
-from the tables. A release and GPU the tables do not measure for its kernel are held to Marlin's rate where that is
-measured, else to the kernel fit alone.
+The rates per kernel, GPU and weight format are in data/moe_kernels.yaml, written by benchmarks/moe_kernel_check.py
+--write-rates from the tables. Marlin's MXFP4 rows run at another rate than its int4 rows (~215 against ~255 TFLOP/s
+on the H100), so a format is priced at its own rows where the GPU's tables measure the kernel in it, else at all the
+kernel's rows there. The MXFP4 rows of both kernels, one expert shape measured at TP 1 to 32, also give the rate
+against each rank's expert width (as for FP8 experts below): narrower slices run slower. A release and GPU the
+tables do not measure for its kernel are held to Marlin's rate where that is measured, else to the kernel fit alone.
 """
 
 from __future__ import annotations
