@@ -12,25 +12,28 @@ itself assumes uniform random routing (docs/moe.md).
     .venv/bin/python benchmarks/moe_kernel_check.py --write-rates   # servelab/perf/data/moe_kernels.yaml
 
 `--write-rates` writes the measured large-batch throughput per GPU of the fused-MoE kernels vLLM's weight-only MoE
-experts (FP8 or 4-bit weights dequantized into bf16 MMAs) run in, the rate they cannot exceed: Marlin (every Marlin
-row of the GPU's fused-MoE tables, any engine and weight format) and OpenAI's Triton MXFP4 kernel (gpt-oss's experts
-on Hopper), each at 2,048 tokens or more, TP = EP = 1, balanced routing.
+experts (FP8 or 4-bit weights dequantized into bf16 MMAs) run in, the rate they cannot exceed: Marlin and OpenAI's
+Triton MXFP4 kernel (gpt-oss's experts on Hopper), each at 2,048 tokens or more, balanced routing, over every row of
+the kernel (all formats) and over the rows of each weight format the tables measure it in (MXFP4, int4), the MXFP4
+rows also as a rate against each rank's expert width (intermediate / TP).
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import yaml
+from scipy.optimize import curve_fit
 
 from servelab.perf.cost_model import RooflineCostModel
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import get_gpu
 from servelab.perf.kernel_fit import AIC_VERSION, SYSTEMS, aiconfigurator_data_root
-from servelab.perf.moe_kernels import RATES_FILE, MoeKernel
+from servelab.perf.moe_kernels import RATES_FILE, TABLE_FORMATS, MoeKernel
 from servelab.perf.models import ModelSpec, load_hf_config
 
 CONFIGS = Path(__file__).parents[1] / "tests" / "fixtures" / "moe_configs"
@@ -66,22 +69,32 @@ LARGE_BATCH_FROM_TOKENS = 2048
 KERNEL_SOURCES = {MoeKernel.MARLIN: "marlin", MoeKernel.OAI_TRITON_MXFP4: "oaitritonmxfp4"}
 """What each kernel's rows carry in aiconfigurator-core's `kernel_source`."""
 
+WIDTH_FITTED_FORMATS = ("w4a16_mxfp4",)
+"""Formats whose rate is fitted against each rank's expert width: their rows are one expert shape per kernel and
+table, measured at TP 1 to 32, so the rate's fall with width is not mixed with a change of hidden size. The int4_wo
+rows span eleven shapes (hidden 2,048 to 7,168) and keep one rate, at TP = 1."""
 
-def kernel_rows(root: Path, system: str, kernel: MoeKernel) -> pd.DataFrame:
-    """Every large-batch row of `kernel` in one GPU's fused-MoE tables, with its throughput in TFLOP/s (gated
-    experts: gate, up and down, 3 x hidden x intermediate multiply-adds per routed token)."""
+
+def all_tables(root: Path, system: str) -> pd.DataFrame:
+    """Every fused-MoE table of one GPU, any engine and release."""
     tables = [pd.read_parquet(path) for path in sorted((root / system / "moe").glob("*/*/moe_perf.parquet"))]
-    table = pd.concat(tables, ignore_index=True)
+    return pd.concat(tables, ignore_index=True)
+
+
+def kernel_rows(table: pd.DataFrame, kernel: MoeKernel) -> pd.DataFrame:
+    """Every large-batch row of `kernel`, any TP (no expert parallelism), with each rank's expert width
+    (intermediate / TP) and its throughput per rank in TFLOP/s (gated experts: gate, up and down,
+    3 x hidden x width multiply-adds per routed token)."""
     keep = (
         table.kernel_source.str.contains(KERNEL_SOURCES[kernel])
         & (table.distribution == "balanced")
-        & (table.moe_tp_size == 1)
         & (table.moe_ep_size == 1)
         & (table.num_tokens >= LARGE_BATCH_FROM_TOKENS)
     )
     rows = table[keep]
-    flops = 2 * 3 * rows.num_tokens * rows.topk * rows.hidden_size * rows.inter_size
-    return rows.assign(tflops=flops / (rows.latency * 1e-3) / 1e12)
+    width = rows.inter_size / rows.moe_tp_size
+    flops = 2 * 3 * rows.num_tokens * rows.topk * rows.hidden_size * width
+    return rows.assign(width=width, tflops=flops / (rows.latency * 1e-3) / 1e12)
 
 
 MEMORY_BOUND_MAX_TOKENS = 256
@@ -93,11 +106,9 @@ WEIGHT_BYTES_PER_PARAM = {"int4_wo": 0.5 + 2 / 128, "w4a16_mxfp4": 0.5 + 1 / 32}
 an e8m0 scale per 32 (MXFP4)."""
 
 
-def bandwidth_rows(root: Path, system: str, kernel: MoeKernel) -> pd.DataFrame:
+def bandwidth_rows(table: pd.DataFrame, system: str, kernel: MoeKernel) -> pd.DataFrame:
     """`kernel`'s memory-bound rows in vLLM's own table of the newest release measured on this GPU, with the share of
     the GPU's HBM bandwidth the kernel reached reading the experts' weights (`fraction`)."""
-    tables = [pd.read_parquet(path) for path in sorted((root / system / "moe").glob("*/*/moe_perf.parquet"))]
-    table = pd.concat(tables, ignore_index=True)
     keep = (
         table.kernel_source.str.contains(KERNEL_SOURCES[kernel])
         & (table.framework.str.lower() == "vllm")
@@ -116,33 +127,67 @@ def bandwidth_rows(root: Path, system: str, kernel: MoeKernel) -> pd.DataFrame:
     return rows.assign(fraction=weights / (rows.latency * 1e-3) / bandwidth)
 
 
+def width_rate(rows: pd.DataFrame) -> dict[str, Any]:
+    """The rate against each rank's expert width w, fitted as peak x w / (w + half_width) to the median TFLOP/s per
+    width (as benchmarks/mla_fp8_moe_kernels.py fits FP8 experts): a narrow slice of each expert gives every MMA
+    tile fewer columns to reuse the routed tokens' activations over, and the kernel runs further below its peak."""
+    medians = rows.tflops.groupby(rows.width).median()
+    w = medians.index.to_numpy(float)
+    (peak, half_width), _ = curve_fit(lambda x, r, h: r * x / (x + h), w, medians.to_numpy(), p0=(300.0, 300.0))
+    residual = medians.to_numpy() / (peak * w / (w + half_width)) - 1
+    return {
+        "peak_tflops": float(f"{peak:.4g}"),
+        "half_width": float(f"{half_width:.4g}"),
+        "rows": len(rows),
+        "widths": len(w),
+        "max_abs_error": float(f"{np.max(np.abs(residual)):.3g}"),
+    }
+
+
+def rate_entry(rows: pd.DataFrame, memory: pd.DataFrame, *, by_width: bool) -> dict[str, Any]:
+    """One selection's median rate at TP = 1 with where it comes from, its small-batch share of the HBM bandwidth
+    where vLLM's newest table measures one, and (`by_width`) its rate against each rank's expert width."""
+    whole = rows[rows.moe_tp_size == 1]
+    tflops = whole.tflops
+    entry: dict[str, Any] = {
+        "tflops": round(float(tflops.median()), 1),
+        "rows": len(whole),
+        "range_tflops": [round(float(tflops.min()), 1), round(float(tflops.max()), 1)],
+        "shapes": int(whole.groupby(["hidden_size", "inter_size", "topk", "num_experts"]).ngroups),
+        "tables": sorted({f"{f} {v}" for f, v in zip(whole.framework, whole.version)}),
+        "kernels": sorted(set(whole.kernel_source)),
+    }
+    if by_width and rows.width.nunique() >= 3:
+        entry["width_rate"] = width_rate(rows) | {
+            "tables": sorted({f"{f} {v}" for f, v in zip(rows.framework, rows.version)})
+        }
+    if not memory.empty:
+        entry |= {
+            "bandwidth_fraction": round(float(memory.fraction.median()), 3),
+            "bandwidth_rows": len(memory),
+            "bandwidth_table": f"VLLM {memory.version.iloc[0]}",
+        }
+    return entry
+
+
 def kernel_rates(root: Path, kernel: MoeKernel) -> dict[str, dict]:
-    """One kernel's median large-batch rate on every GPU whose tables measure it, and where vLLM's own table
-    measures it memory-bound, the median share of HBM bandwidth it reaches there."""
+    """One kernel's rates on every GPU whose tables measure it: over every row (all formats), and over the rows of
+    each weight format the tables measure it in."""
     gpus = {}
     for gpu, system in SYSTEMS.items():
-        rows = kernel_rows(root, system, kernel)
-        if rows.empty:
+        table = all_tables(root, system)
+        rows, memory = kernel_rows(table, kernel), bandwidth_rows(table, system, kernel)
+        if rows[rows.moe_tp_size == 1].empty:
             continue
-        tflops = rows.tflops
-        gpus[gpu] = {
-            "tflops": round(float(tflops.median()), 1),
-            "rows": len(rows),
-            "range_tflops": [round(float(tflops.min()), 1), round(float(tflops.max()), 1)],
-            "shapes": int(rows.groupby(["hidden_size", "inter_size", "topk", "num_experts"]).ngroups),
-            "tables": sorted({f"{f} {v}" for f, v in zip(rows.framework, rows.version)}),
-            "kernels": sorted(set(rows.kernel_source)),
-        }
-        memory = bandwidth_rows(root, system, kernel)
-        if not memory.empty:
-            gpus[gpu] |= {
-                "bandwidth_fraction": round(float(memory.fraction.median()), 3),
-                "bandwidth_rows": len(memory),
-                "bandwidth_table": f"VLLM {memory.version.iloc[0]}",
-            }
-        print(
-            f"{kernel} {gpu}: median {gpus[gpu]['tflops']} TFLOP/s over {len(rows)} rows, {gpus[gpu]['shapes']} shapes"
-        )
+        gpus[gpu] = {"all_formats": rate_entry(rows, memory, by_width=False), "formats": {}}
+        for moe_dtype in sorted(set(TABLE_FORMATS.values())):
+            part = rows[rows.moe_dtype == moe_dtype]
+            if not part[part.moe_tp_size == 1].empty:
+                by_width = moe_dtype in WIDTH_FITTED_FORMATS
+                entry = rate_entry(part, memory[memory.moe_dtype == moe_dtype], by_width=by_width)
+                gpus[gpu]["formats"][moe_dtype] = entry
+        rates = ", ".join(f"{f} {e['tflops']}" for f, e in gpus[gpu]["formats"].items())
+        print(f"{kernel} {gpu}: all formats {gpus[gpu]['all_formats']['tflops']} TFLOP/s; {rates or 'no format rows'}")
     return gpus
 
 
@@ -151,8 +196,16 @@ def write_rates(root: Path) -> None:
         "source": f"aiconfigurator-core=={AIC_VERSION} (NVIDIA, Apache-2.0): "
         "systems/data/<system>/moe/*/*/moe_perf.parquet",
         "generated_by": "benchmarks/moe_kernel_check.py --write-rates (do not edit by hand)",
-        "selection": f"balanced routing, TP = EP = 1, >= {LARGE_BATCH_FROM_TOKENS} tokens; bandwidth: vLLM's newest "
-        f"table, <= {MEMORY_BOUND_MAX_TOKENS} tokens, every expert routed >= {TOUCHES_PER_EXPERT} times",
+        "selection": f"balanced routing, no expert parallelism, >= {LARGE_BATCH_FROM_TOKENS} tokens, any engine and "
+        f"release; tflops: TP = 1; width_rate: every TP, peak x w / (w + half_width) over the median per expert width "
+        f"w = intermediate / TP (formats {', '.join(WIDTH_FITTED_FORMATS)}); bandwidth: vLLM's newest table, "
+        f"TP = 1, <= {MEMORY_BOUND_MAX_TOKENS} tokens, every expert routed >= {TOUCHES_PER_EXPERT} times",
+        "formats": {
+            "table_format": TABLE_FORMATS,
+            "rule": "a weight format is priced at its own rows (formats.<table format>) where the GPU's tables "
+            "measure the kernel in it; a format with no rows on a GPU, or one the tables never measure, at the "
+            "kernel's rate over all its rows there (all_formats)",
+        },
         "kernels": {
             str(kernel): {"kernel_source_contains": KERNEL_SOURCES[kernel], "gpus": kernel_rates(root, kernel)}
             for kernel in MoeKernel

@@ -16,13 +16,21 @@ from servelab.perf.cost_model import MOE_LAYER_FIXED_S, CostCoefficients, Roofli
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import Hardware, get_gpu
 from servelab.perf.models import get_model, load_hf_config
-from servelab.perf.moe_kernels import RATES_FILE, MoeKernel, expert_kernel, moe_kernel_flops
+from servelab.perf.moe_kernels import RATES_FILE, MoeKernel, expert_kernel, moe_kernel_flops, moe_kernel_rates
 from servelab.perf.quantization import weight_format
 from support.benchmark_script import load_benchmark
 
 CONFIGS = Path(__file__).parent / "fixtures" / "moe_configs"
 QWEN3_MOE = load_hf_config(CONFIGS / "qwen3-30b-a3b")
 GPT_OSS = load_hf_config(CONFIGS / "gpt-oss-20b")
+assert GPT_OSS.moe is not None
+GPT_OSS_WIDTH = GPT_OSS.moe.expert_intermediate_size
+"""Each expert's width on one GPU (TP = 1)."""
+
+
+def mxfp4_flops(kernel: MoeKernel, hardware: Hardware, width: int = GPT_OSS_WIDTH) -> float | None:
+    """`kernel`'s priced rate for gpt-oss's MXFP4 experts on `hardware`, each rank's experts `width` wide."""
+    return moe_kernel_flops(kernel, hardware, weight_format(None, GPT_OSS, hardware), width)
 
 
 def decode_step(cost: RooflineCostModel, batch: int, context: int = 1000) -> float:
@@ -93,7 +101,7 @@ def test_weight_only_experts_run_no_faster_than_the_measured_marlin_kernel(gpu: 
     fused-MoE kernel's measured rate (data/moe_kernels.yaml), not at a dense bf16 GEMM's; bf16 experts, and a decode
     step's few rows, are not held to it."""
     hardware = get_gpu(gpu)
-    marlin = moe_kernel_flops(MoeKernel.MARLIN, hardware)
+    marlin = mxfp4_flops(MoeKernel.MARLIN, hardware)
     assert marlin is not None and 0.2 * hardware.peak_flops("bf16") < marlin < 0.6 * hardware.peak_flops("bf16")
     bf16_experts = replace(GPT_OSS, quantization=None, quantized_experts_only=False)
     mxfp4, bf16 = (
@@ -121,7 +129,7 @@ def test_mxfp4_experts_on_hopper_run_in_openais_triton_kernel_from_the_release_t
         cost = RooflineCostModel(hardware, GPT_OSS, EngineConfig(), vllm_version=version)
         return cost.moe_layer_time(tokens, moe.num_experts) - MOE_LAYER_FIXED_S
 
-    triton, marlin = (moe_kernel_flops(k, h100) for k in (MoeKernel.OAI_TRITON_MXFP4, MoeKernel.MARLIN))
+    triton, marlin = (mxfp4_flops(k, h100) for k in (MoeKernel.OAI_TRITON_MXFP4, MoeKernel.MARLIN))
     assert triton is not None and marlin is not None and triton > 1.5 * marlin
     routed_flops = GPT_OSS.routed_expert_flops_per_token / GPT_OSS.num_moe_layers * tokens
     assert layer(h100, (0, 11)) == pytest.approx(routed_flops / marlin, rel=0.01)
@@ -142,7 +150,7 @@ def test_vllm_mxfp4_use_marlin_puts_mxfp4_experts_on_hopper_back_in_marlin():
         cost = RooflineCostModel(get_gpu(gpu), GPT_OSS, EngineConfig(mxfp4_use_marlin=use_marlin), vllm_version=(0, 13))
         return cost.moe_layer_time(tokens, moe.num_experts)
 
-    marlin = moe_kernel_flops(MoeKernel.MARLIN, get_gpu("h100"))
+    marlin = mxfp4_flops(MoeKernel.MARLIN, get_gpu("h100"))
     assert marlin is not None
     routed_flops = GPT_OSS.routed_expert_flops_per_token / GPT_OSS.num_moe_layers * tokens
     assert layer("h100", True) - MOE_LAYER_FIXED_S == pytest.approx(routed_flops / marlin, rel=0.01)
@@ -151,6 +159,51 @@ def test_vllm_mxfp4_use_marlin_puts_mxfp4_experts_on_hopper_back_in_marlin():
     mxfp4_on_h100 = weight_format("mxfp4", GPT_OSS, get_gpu("h100"))
     assert expert_kernel(mxfp4_on_h100, (0, 13)) is MoeKernel.OAI_TRITON_MXFP4
     assert expert_kernel(mxfp4_on_h100, (0, 13), mxfp4_use_marlin=True) is MoeKernel.MARLIN
+
+
+def test_marlin_prices_each_weight_format_at_its_own_rows_and_a_format_without_rows_at_all_of_them():
+    """Marlin's MXFP4 and int4 rows run at different rates (data/moe_kernels.yaml): gpt-oss's MXFP4 experts in Marlin
+    are priced at the MXFP4 rows, AWQ/GPTQ experts at the int4 rows; on a GPU whose tables have no MXFP4 Marlin row
+    (the A100), and for a format the tables never measure in Marlin (FP8 weight-only), at every Marlin row there, as
+    the data file says."""
+    doc = yaml.safe_load(RATES_FILE.read_text())
+    assert "all_formats" in doc["formats"]["rule"]
+    h100, a100 = get_gpu("h100"), get_gpu("a100-80gb")
+    marlin = doc["kernels"]["marlin"]["gpus"]
+    mxfp4, int4 = (weight_format(q, GPT_OSS, h100) for q in ("mxfp4", "awq"))
+    assert (
+        moe_kernel_rates(MoeKernel.MARLIN, h100, mxfp4)[0].tflops
+        == marlin["H100-SXM"]["formats"]["w4a16_mxfp4"]["tflops"]
+    )
+    assert (
+        moe_kernel_rates(MoeKernel.MARLIN, h100, int4)[0].tflops == marlin["H100-SXM"]["formats"]["int4_wo"]["tflops"]
+    )
+    assert "w4a16_mxfp4" not in marlin["A100-80GB-SXM"]["formats"]
+    fallback = marlin["A100-80GB-SXM"]["all_formats"]["tflops"] * 1e12
+    for quantization in ("mxfp4", "fp8"):
+        weights = weight_format(quantization, GPT_OSS, a100)
+        assert moe_kernel_flops(MoeKernel.MARLIN, a100, weights, GPT_OSS_WIDTH) == fallback
+
+
+@pytest.mark.parametrize("kernel", list(MoeKernel))
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_mxfp4_kernels_run_slower_on_narrower_slices_of_each_expert(kernel: MoeKernel, gpu: str):
+    """Tensor parallelism cuts each expert's intermediate width by TP; a narrower slice gives the kernel's MMA tiles
+    fewer columns to reuse the routed tokens over, so both MXFP4 kernels run below their whole-expert rate (the tables
+    measure it falling at TP 2 to 32), and a TP = 4 server's long prefill of the experts takes more than a quarter of
+    one GPU's."""
+    hardware = get_gpu(gpu)
+    rates = [mxfp4_flops(kernel, hardware, GPT_OSS_WIDTH // tp) for tp in (1, 2, 4, 8)]
+    assert all(r is not None for r in rates)
+    assert rates == sorted(rates, reverse=True) and rates[-1] < 0.8 * rates[0]  # type: ignore[operator]
+    version = (0, 11) if kernel is MoeKernel.MARLIN else None
+
+    def layer(config: EngineConfig) -> float:
+        cost = RooflineCostModel(hardware, GPT_OSS, config, vllm_version=version)
+        return cost.moe_layer_time(8192, GPT_OSS.moe.num_experts) - MOE_LAYER_FIXED_S  # type: ignore[union-attr]
+
+    one, four = layer(EngineConfig()), layer(EngineConfig(tensor_parallel_size=4))
+    assert four > 1.05 * one / 4
 
 
 def test_the_kernel_rates_are_the_measured_tables_medians(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -234,11 +287,13 @@ def test_weight_only_experts_read_no_faster_than_their_kernel_s_measured_bandwid
     h200 = get_gpu("h200")
     kernel = expert_kernel(weight_format(None, GPT_OSS, h200), (0, 13))
     assert kernel == MoeKernel.OAI_TRITON_MXFP4
-    rate = moe_kernel_bandwidth(kernel, h200)
+    mxfp4 = weight_format(None, GPT_OSS, h200)
+    rate = moe_kernel_bandwidth(kernel, h200, mxfp4)
     assert rate is not None and 0.3 * h200.memory_bandwidth < rate < 0.7 * h200.memory_bandwidth
     cost = RooflineCostModel(h200, GPT_OSS, EngineConfig(), vllm_version=(0, 13))
     experts = GPT_OSS.moe.num_experts
     per_expert = GPT_OSS.expert_params * cost.weight_format.bytes_per_param
     for tokens in (16, 64):
         assert cost.moe_layer_time(tokens, experts) >= experts * per_expert / rate
-    assert moe_kernel_bandwidth(MoeKernel.MARLIN, get_gpu("a100-80gb")) is None  # no vLLM table measures it there
+    a100 = get_gpu("a100-80gb")
+    assert moe_kernel_bandwidth(MoeKernel.MARLIN, a100, mxfp4) is None  # no vLLM table measures it there

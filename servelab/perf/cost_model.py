@@ -263,18 +263,22 @@ class RooflineCostModel:
         weight_only = model.moe is not None and self.weight_format.weight_only
         use_marlin = engine_config.mxfp4_use_marlin
         kernel = expert_kernel(self.weight_format, vllm_version, mxfp4_use_marlin=use_marlin) if weight_only else None
-        rate = moe_kernel_flops(kernel, hardware) if kernel else None
+        width = (
+            model.moe.expert_intermediate_size // (1 if engine_config.enable_expert_parallel else tp)
+            if model.moe
+            else 0
+        )
+        rate = moe_kernel_flops(kernel, hardware, self.weight_format, width) if kernel else None
         if model.moe is not None and rate is None:
-            width = model.moe.expert_intermediate_size // (1 if engine_config.enable_expert_parallel else tp)
             rate = fp8_moe_flops(hardware, self.weight_format, width)
         self._expert_kernel_s_per_token = (
             model.routed_expert_flops_per_token / model.num_moe_layers / tp / rate if rate else 0.0
         )
         """Weight-only experts run in a fused-MoE kernel (Marlin, or OpenAI's Triton kernel for MXFP4), and FP8
-        experts on FP8 tensor cores in vLLM's Triton kernel, no faster than its measured large-batch rate
-        (perf/moe_kernels.py; FP8's falls with each rank's expert width): seconds per routed token and MoE layer at
-        that rate; 0 where it is not measured."""
-        read_rate = moe_kernel_bandwidth(kernel, hardware) if kernel else None
+        experts on FP8 tensor cores in vLLM's Triton kernel, no faster than its measured large-batch rate for the
+        experts' format (perf/moe_kernels.py; FP8's and MXFP4's fall with each rank's expert width): seconds per
+        routed token and MoE layer at that rate; 0 where it is not measured."""
+        read_rate = moe_kernel_bandwidth(kernel, hardware, self.weight_format) if kernel else None
         self._expert_kernel_read_s = self._expert_bytes_per_rank / read_rate if read_rate else 0.0
         """Weight-only experts' fused-MoE kernel reads each touched expert's weights no faster than its measured
         small-batch share of the HBM bandwidth (perf/moe_kernels.py, moe_kernel_bandwidth): seconds per touched

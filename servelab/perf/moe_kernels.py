@@ -9,12 +9,15 @@ runs. Which kernel depends on the format and the vLLM release:
 - **OpenAI's Triton MXFP4 kernel** (`matmul_ogs`, gpt-oss's MXFP4 experts on Hopper): vLLM made `triton_kernels` a
   dependency in PR #27370 (merged 2025-10-22, after 0.11.0), and from then on runs gpt-oss's MXFP4 experts on Hopper
   with it; before, a pip-installed vLLM ran them in Marlin (vLLM issue #23278 shows 0.10.1 doing so on an H100).
-  aiconfigurator-core's vLLM 0.24 tables measure it at ~2.2x Marlin's rate on the H100 and H200. A server started
+  aiconfigurator-core's vLLM 0.24 tables measure it at ~2.5x Marlin's MXFP4 rate on the H100 and H200. A server started
   with VLLM_MXFP4_USE_MARLIN=1 (EngineConfig.mxfp4_use_marlin) runs them in Marlin all the same.
 
-The medians per kernel and GPU are in data/moe_kernels.yaml, written by benchmarks/moe_kernel_check.py --write-rates
-from the tables. A release and GPU the tables do not measure for its kernel are held to Marlin's rate where that is
-measured, else to the kernel fit alone.
+The rates per kernel, GPU and weight format are in data/moe_kernels.yaml, written by benchmarks/moe_kernel_check.py
+--write-rates from the tables. Marlin's MXFP4 rows run at another rate than its int4 rows (~215 against ~255 TFLOP/s
+on the H100), so a format is priced at its own rows where the GPU's tables measure the kernel in it, else at all the
+kernel's rows there. The MXFP4 rows of both kernels, one expert shape measured at TP 1 to 32, also give the rate
+against each rank's expert width (as for FP8 experts below): narrower slices run slower. A release and GPU the
+tables do not measure for its kernel are held to Marlin's rate where that is measured, else to the kernel fit alone.
 """
 
 from __future__ import annotations
@@ -43,31 +46,70 @@ class MoeKernel(StrEnum):
     OAI_TRITON_MXFP4 = "oai_triton_mxfp4"
 
 
+class MoeWidthRate(BaseModel):
+    """A fused-MoE kernel's large-batch rate against each rank's expert width w: peak x w / (w + half_width)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    peak_tflops: float
+    half_width: float
+    rows: int
+    widths: int
+    max_abs_error: float
+    """Largest relative miss of the fit against the median rate of one width."""
+    tables: list[str] = []
+    """The engines and releases whose rows the fit rests on, where the data file says."""
+
+    def flops(self, width: float) -> float:
+        return self.peak_tflops * 1e12 * width / (width + self.half_width)
+
+
 class MoeKernelRate(BaseModel):
-    """One kernel's measured throughput on one GPU at large batches (gated experts' matmul FLOPs per second)."""
+    """One kernel's measured throughput on one GPU at large batches (gated experts' matmul FLOPs per second per rank)
+    over one selection of rows."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     tflops: float
-    """Median over the rows."""
+    """Median over the rows at TP = 1 (each expert whole on one GPU)."""
     rows: int
     range_tflops: tuple[float, float]
     shapes: int
     """Distinct expert shapes (hidden, intermediate, top-k, experts) among the rows."""
     tables: list[str]
     kernels: list[str]
+    width_rate: MoeWidthRate | None = None
+    """The rate against each rank's expert width, where the rows measure the kernel at several TPs of one shape."""
     bandwidth_fraction: float | None = None
     """Median share of the GPU's HBM bandwidth the kernel reaches reading the experts' weights at small batches (every
     expert routed to, a few rows each), in vLLM's newest table for this GPU; None where that table has no such row."""
     bandwidth_rows: int = 0
     bandwidth_table: str | None = None
 
+    def flops(self, width: int) -> float:
+        """FLOP/s per rank with each rank's experts `width` wide: the width fit where there is one, else the median."""
+        return self.width_rate.flops(width) if self.width_rate else self.tflops * 1e12
+
+
+class MoeKernelGpu(BaseModel):
+    """One kernel's rates on one GPU: over all its rows, and over the rows of each table weight format."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    all_formats: MoeKernelRate
+    formats: dict[str, MoeKernelRate]
+
+
+TABLE_FORMATS = {"mxfp4-weight-only": "w4a16_mxfp4", "w4a16": "int4_wo"}
+"""servelab weight format -> the tables' `moe_dtype` of the same weights (MXFP4: e8m0 scale per 32; AWQ/GPTQ int4:
+fp16 scale per 128)."""
+
 
 @cache
-def _rates(path: Path = RATES_FILE) -> dict[MoeKernel, dict[str, MoeKernelRate]]:
+def _rates(path: Path = RATES_FILE) -> dict[MoeKernel, dict[str, MoeKernelGpu]]:
     doc = yaml.safe_load(path.read_text())
     return {
-        MoeKernel(kernel): {gpu: MoeKernelRate.model_validate(rate) for gpu, rate in part["gpus"].items()}
+        MoeKernel(kernel): {gpu: MoeKernelGpu.model_validate(rate) for gpu, rate in part["gpus"].items()}
         for kernel, part in doc["kernels"].items()
     }
 
@@ -84,20 +126,33 @@ def expert_kernel(
     return MoeKernel.OAI_TRITON_MXFP4 if triton else MoeKernel.MARLIN
 
 
-def moe_kernel_flops(kernel: MoeKernel, hardware: Hardware) -> float | None:
-    """FLOP/s of `kernel` at large batches on `hardware`: its own measured rate, else Marlin's (the fallback every
-    weight-only format has), else None where no table measures either."""
-    rates = _rates()
-    rate = rates[kernel].get(hardware.name) or rates[MoeKernel.MARLIN].get(hardware.name)
-    return rate.tflops * 1e12 if rate else None
+def moe_kernel_rates(kernel: MoeKernel, hardware: Hardware, weights: WeightFormat) -> list[MoeKernelRate]:
+    """The measured selections that may price `weights` in `kernel` on `hardware`, best first: the kernel's rows of
+    this weight format, then all its rows (a format with no rows here), then the same two of Marlin (the fallback
+    every weight-only format has, for a kernel the GPU's tables do not measure)."""
+    table_format = TABLE_FORMATS.get(weights.name)
+    found = []
+    for each in dict.fromkeys((kernel, MoeKernel.MARLIN)):
+        gpu = _rates()[each].get(hardware.name)
+        if gpu is not None:
+            own = gpu.formats.get(table_format) if table_format else None
+            found += [own, gpu.all_formats] if own else [gpu.all_formats]
+    return found
 
 
-def moe_kernel_bandwidth(kernel: MoeKernel, hardware: Hardware) -> float | None:
-    """Bytes/s `kernel` reads expert weights at when memory-bound on `hardware` (its measured share of the HBM
-    bandwidth; Marlin's where the kernel's own is not measured, as for its rate), or None where neither is."""
-    rates = _rates()
-    for rate in (rates[kernel].get(hardware.name), rates[MoeKernel.MARLIN].get(hardware.name)):
-        if rate is not None and rate.bandwidth_fraction is not None:
+def moe_kernel_flops(kernel: MoeKernel, hardware: Hardware, weights: WeightFormat, width: int) -> float | None:
+    """FLOP/s per rank of `kernel` at large batches on `hardware` for `weights`, each rank's experts `width` wide
+    (intermediate / TP; whole under expert parallelism): the first measured selection (moe_kernel_rates), by width
+    where it is fitted so; None where no table measures the kernel or Marlin on this GPU."""
+    rates = moe_kernel_rates(kernel, hardware, weights)
+    return rates[0].flops(width) if rates else None
+
+
+def moe_kernel_bandwidth(kernel: MoeKernel, hardware: Hardware, weights: WeightFormat) -> float | None:
+    """Bytes/s `kernel` reads expert weights at when memory-bound on `hardware`: the measured share of the HBM
+    bandwidth of the first selection (moe_kernel_rates) that measures one, or None where none does."""
+    for rate in moe_kernel_rates(kernel, hardware, weights):
+        if rate.bandwidth_fraction is not None:
             return rate.bandwidth_fraction * hardware.memory_bandwidth
     return None
 
@@ -144,22 +199,6 @@ class MoeFixedCost(BaseModel):
     shapes: int
     range_s: tuple[float, float]
     tables: list[str]
-
-
-class MoeWidthRate(BaseModel):
-    """A fused-MoE kernel's large-batch rate against each rank's expert width w: peak x w / (w + half_width)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    peak_tflops: float
-    half_width: float
-    rows: int
-    widths: int
-    max_abs_error: float
-    """Largest relative miss of the fit against the median rate of one width."""
-
-    def flops(self, width: float) -> float:
-        return self.peak_tflops * 1e12 * width / (width + self.half_width)
 
 
 class MlaFp8MoeKernels(BaseModel):
