@@ -302,3 +302,25 @@ def test_a_per_step_output_cost_is_paid_for_every_step_and_can_make_the_frontend
     assert sum(_chunks(r) for r in records) < 0.6 * 8 * 64
     assert result.client_stats["frontend_busy_s"] == pytest.approx(3 * step * steps, rel=1e-9)
     assert result.duration > 2.5 * engine_result.duration
+
+
+def test_replicas_behind_a_router_take_requests_in_on_their_own_api_servers():
+    """Separate servers behind a router each run their own API servers: a router that sends every request to one
+    replica leaves all the intake to that replica's one core, while vLLM's data-parallel balancer (least-loaded)
+    runs inside API servers its engines share, so both cores take the requests in whichever engine serves them."""
+    api = ApiServerCosts(per_request_s=0.05)
+    config = CONFIG.with_(data_parallel_size=2)
+    one_chat = [dataclasses.replace(s, conversation=0) for s in specs(60, prompt_len=32, out=2)]
+
+    def served(router, config=config):
+        target = SimTarget(config, 2000, COST, api=api, router=router)
+        records, _, result = run(target, LoadPlan(one_chat))
+        assert all(r.ok for r in records)
+        return len(records) / result.duration, result.server_info["api_server_count"]
+
+    (pinned, servers), (shared, shared_servers) = served("session"), served("least-loaded")
+    assert servers == shared_servers == 2
+    assert pinned == pytest.approx(1 / 0.05, rel=0.1)  # one core's intake
+    assert shared == pytest.approx(2 / 0.05, rel=0.1)  # two cores'
+    assert served("round-robin", config.with_(api_server_count=2))[1] == 4  # --api-server-count is each replica's
+    assert served("least-loaded", config.with_(api_server_count=2))[1] == 2

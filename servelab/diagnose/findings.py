@@ -169,7 +169,7 @@ def api_server_load(x: Context) -> tuple[float, float, float] | None:
     work = a.per_request_s + a.per_prompt_token_s * e.mean_input_tokens + streamed
     if work <= 0:
         return None
-    servers = d.config.api_servers
+    servers = d.config.api_servers_behind(d.router)
     rate = max(e.request_rate, e.offered_rate or 0.0)
     return work, rate * work / servers, servers / work
 
@@ -218,7 +218,7 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
     load = api_server_load(x)
     if load is not None and load[1] >= API_BUSY:
         work, busy, ceiling = load
-        servers = x.d.config.api_servers
+        servers = x.d.config.api_servers_behind(x.d.router)
         score = max(score, 0.5 + 0.45 * min(1.0, busy))
         source = {
             "measured": "vLLM's CPU-side costs measured on its CPU build, scaled to this host"
@@ -241,8 +241,10 @@ def frontend_cpu_bound(x: Context) -> Finding | None:
             more = servers * 2
             while more / work < 1.25 * max(x.e.request_rate, x.e.offered_rate or 0.0) and more < 64:
                 more *= 2
+            replicas = 1 if x.d.config.replica_api_servers(x.d.router) is None else x.d.config.data_parallel_size
+            each = " on each replica" if replicas > 1 else ""
             evidence.append(
-                f"--api-server-count {more} spreads that work over {more} processes: "
+                f"--api-server-count {more // replicas}{each} spreads that work over {more} processes: "
                 f"API-server ceiling {more / work:.1f} req/s (x{more / servers:.0f}), "
                 "then the engine's own limits apply"
             )

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from servelab.schemas.vocabulary import LEAST_LOADED
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -90,3 +92,17 @@ class EngineConfig:
         """API-server processes serving: `api_server_count`, else one per data-parallel engine (vLLM's default; the
         other engines' configs leave the count unset)."""
         return self.api_server_count or self.data_parallel_size
+
+    def replica_api_servers(self, router: str) -> int | None:
+        """The API servers each replica runs when its replicas are separate servers with `router` in front of them
+        (every router but `least-loaded`, vLLM's own data-parallel balancer, which runs inside the API servers its
+        engines share): `api_server_count`, 1 by default, as each replica's own launch line sets it. None: the
+        engines share `api_servers`."""
+        if self.data_parallel_size > 1 and router != LEAST_LOADED:
+            return self.api_server_count or 1
+        return None
+
+    def api_servers_behind(self, router: str) -> int:
+        """API-server processes in all, one core each, with `router` picking the replica."""
+        per_replica = self.replica_api_servers(router)
+        return self.api_servers if per_replica is None else per_replica * self.data_parallel_size

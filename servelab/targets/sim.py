@@ -88,7 +88,11 @@ class SimTarget:
     `config.api_server_count` N > 1 (vLLM's default: one per data-parallel
     engine) runs N such servers, one core each, as `--api-server-count` does (the processes share the listening
     socket): requests go to them in turn, each serves its requests' tokens,
-    and a step's tokens are split evenly over them. `config.stream_interval`
+    and a step's tokens are split evenly over them. Replicas behind a router in front of them (every router but
+    `least-loaded`, vLLM's own data-parallel balancer, which runs inside the API servers it shares) are separate
+    servers: the router picks a replica first, the request then queues at that replica's own API servers
+    (`api_server_count`, 1 by default, each), and each replica's steps stream through its own servers only.
+    `config.stream_interval`
     k > 1 sends the first token at once and then one chunk per k tokens (and
     the rest at the end), as vLLM's output processor does.
     """
@@ -117,11 +121,15 @@ class SimTarget:
         self.api = api if api is not None else ApiServerCosts()
         if min(asdict(self.api).values()) < 0:
             raise TargetError("API server costs cannot be negative")
-        self.api_servers = config.api_servers
-        if self.api_servers < 1 or config.stream_interval < 1:
+        if config.api_servers < 1 or config.stream_interval < 1:
             raise TargetError("api_server_count and stream_interval must be at least 1")
         if config.data_parallel_size < 1:
             raise TargetError("data_parallel_size must be at least 1")
+        self.servers_per_replica = config.replica_api_servers(router)
+        """API servers each replica runs when the replicas are separate servers behind a router in front; None: the
+        engines share `config.api_servers` (one server, or vLLM's data-parallel balancer inside its API servers)."""
+        self.api_servers = config.api_servers_behind(router)
+        """API-server processes in all, one core each."""
         self.config = config
         self.num_gpu_blocks = num_gpu_blocks
         self.cost_model = cost_model
@@ -278,7 +286,12 @@ class _Simulation:
         """Per API server: how many waiting requests' intakes go before the next output round (see _serve_round)."""
         self.round_deferred = [False] * servers
         self.next_server = 0
+        self.per_replica = target.servers_per_replica
+        self.next_in_replica = [0] * engines
         self.server_of: dict[int, int] = {}
+        self.engine_of: dict[int, int] = {}
+        """Replicas behind a router in front: the replica the router picked, by plan index, until it takes the
+        request in."""
         self.delivered: list[list[list[float]]] = [[[] for _ in range(servers)] for _ in range(engines)]
         """With a frontend: per engine and API server, when the tokens of each step left that server (nan: not yet)."""
         self.pending: list[list[tuple[int, int, float]]] = [[] for _ in range(servers)]
@@ -433,16 +446,27 @@ class _Simulation:
         return done
 
     def _arrive(self, spec: RequestSpec, now: float) -> None:
-        if self.frontend:
+        if not self.frontend:
+            self._admit(spec, now)
+        elif self.per_replica is None:
             server = self.next_server
             self.next_server = (server + 1) % self.servers
-            self.server_of[spec.index] = server
-            self.intake[server].append(spec)
-            if not self.intake_armed[server]:
-                self.intake_armed[server] = True
-                self._take_in(server, now)
+            self._queue_intake(spec, server, now)
         else:
-            self._admit(spec, now)
+            self._admit(spec, now)  # the router in front picks the replica, whose own API server takes it in
+
+    def _queue_intake(self, spec: RequestSpec, server: int, now: float) -> None:
+        self.server_of[spec.index] = server
+        self.intake[server].append(spec)
+        if not self.intake_armed[server]:
+            self.intake_armed[server] = True
+            self._take_in(server, now)
+
+    def _servers_of(self, i: int) -> range:
+        """The API servers engine `i`'s steps stream through: its replica's own, or all the shared ones."""
+        if self.per_replica is None:
+            return range(self.servers)
+        return range(i * self.per_replica, (i + 1) * self.per_replica)
 
     def _take_in(self, server: int, now: float) -> None:
         """The API server's loop takes in its next waiting request, once its core is free (an output round due by
@@ -457,7 +481,11 @@ class _Simulation:
         spec = self.intake[server].popleft()
         done = self._frontend(now, self.fe_request + self.fe_token * spec.prompt_len, server)
         admitted = done + self.fe_latency + self.fe_latency_token * spec.prompt_len
-        self._push(admitted, _CLIENT, lambda t, s=spec: self._admit(s, t))
+        if self.per_replica is None:
+            self._push(admitted, _CLIENT, lambda t, s=spec: self._admit(s, t))
+        else:
+            picked = self.engine_of.pop(spec.index)
+            self._push(admitted, _CLIENT, lambda t, i=picked, s=spec: self._enter(i, s, t))
         self.intake_owed[server] = max(0, self.intake_owed[server] - 1)
         if self.round_deferred[server] and not (self.intake_owed[server] and self.intake[server]):  # its turn now
             self.round_deferred[server] = False
@@ -473,8 +501,19 @@ class _Simulation:
             self._route(spec, now)
 
     def _route(self, spec: RequestSpec, now: float) -> None:
-        """The router picks an engine and the request reaches it: the engine's clock for it starts here."""
+        """The router picks an engine and the request reaches it (through that replica's own API server when the
+        router is in front of separate servers)."""
         i = self.router.pick(self.engines, spec, now)  # routing (sim/router.py)
+        if self.frontend and self.per_replica is not None:
+            self.engine_of[spec.index] = i
+            server = i * self.per_replica + self.next_in_replica[i]
+            self.next_in_replica[i] = (self.next_in_replica[i] + 1) % self.per_replica
+            self._queue_intake(spec, server, now)
+        else:
+            self._enter(i, spec, now)
+
+    def _enter(self, i: int, spec: RequestSpec, now: float) -> None:
+        """The request reaches engine `i`: the engine's clock for it starts here."""
         engine = self.engines[i]
         try:
             req = engine.add_request(spec.prompt_ids, spec.max_tokens, now, spec.priority, spec)
@@ -519,10 +558,12 @@ class _Simulation:
             # A decode run's earlier steps went to the API servers in _run_rounds; this is its last.
             tokens = run[2] if run is not None else engine.counters.generation_tokens - generated
             step = engine.num_steps - 1
-            for server, delivered in enumerate(self.delivered[i]):
+            servers = self._servers_of(i)
+            for server in servers:
+                delivered = self.delivered[i][server]
                 if tokens:
                     delivered.append(math.nan)
-                    self.pending[server].append((i, step, tokens / self.servers))
+                    self.pending[server].append((i, step, tokens / len(servers)))
                     self._arm_round(server, now)
                 else:
                     delivered.append(now)
@@ -551,8 +592,9 @@ class _Simulation:
         (armed), as is everything when a round was already armed before the run.
         """
         ends = self.engines[i].step_ends
-        share = tokens / self.servers
-        for server in range(self.servers):
+        servers = self._servers_of(i)
+        share = tokens / len(servers)
+        for server in servers:
             delivered = self.delivered[i][server]
             if self.round_armed[server]:  # the round armed before the run takes these steps too: they only queue
                 delivered.extend([math.nan] * (steps - 1))
