@@ -38,7 +38,8 @@ shown apart, the headline covers the runs where it can be wrong. Scored runs are
 tabled by regime (`servelab.metrics.intervals.classify_regime`, the same function
 a user's prediction is classified by), by source and by tier (TIERS: a tier is a
 function that turns an entry into a prediction). `--write-residuals` writes the
-scored runs' log(measured / predicted) per tier, regime and metric to
+scored runs' log(measured / predicted) per tier, regime, limit (`classify_limit`:
+the engine, or the API server's core) and metric to
 servelab/perf/data/prediction_residuals.yaml, which every simulated summary's 80%
 intervals are read from; their coverage is measured by leaving each source out in
 turn, building the intervals from the others and counting its values inside.
@@ -70,12 +71,15 @@ from servelab.calibrate.calibrate_from import CalibrateFromError, fit_from_runs
 from servelab.targets.profile import with_environment
 from servelab.metrics.imports import MEASURED_KEYS, MeasuredRun, ResultFormat
 from servelab.metrics.intervals import (
+    API_SERVER_BOUND_SHARE,
     LEVEL,
     RESIDUALS,
+    Limit,
     Regime,
     Residual,
     ResidualTable,
     Tier,
+    classify_limit,
     classify_regime,
     metric_bounds,
 )
@@ -271,6 +275,8 @@ class Replay:
     regime: Regime = Regime.UNDER_CAPACITY
     """As `classify_regime` files the prediction (what a user's prediction of this run would be filed under)."""
     tier: Tier = Tier.SPECS_ONLY
+    limit: Limit = Limit.ENGINE
+    """As `classify_limit` files the prediction, from the simulated run's API-server busy share."""
     calibrated_on: str | None = None
     """The calibrated tier's reference run (never the run itself)."""
 
@@ -348,15 +354,18 @@ def replay(
     deployment: Deployment | None = None,
     tier: Tier = Tier.SPECS_ONLY,
 ) -> Replay:
-    """The entry's load on `deployment` (None: specs only), summarized and filed under its regime."""
+    """The entry's load on `deployment` (None: specs only), summarized and filed under its regime and limit."""
     deployment = deployment or specs_deployment(entry)
     plan = _plan(entry, published, deployment.model.vocab_size, max_prompts)
     start = time.perf_counter()
     sink = MemorySink()
-    deployment.sim_target().run(plan, sink)
+    run = deployment.sim_target().run(plan, sink)
     summary = summarize(sink.records).model_dump(exclude_unset=True)
     regime = classify_regime(sink.records, plan.max_concurrency, summary)
-    return Replay(entry, summary, int(summary["completed"]), time.perf_counter() - start, regime, tier)
+    seconds = time.perf_counter() - start
+    return Replay(
+        entry, summary, int(summary["completed"]), seconds, regime, tier, limit=classify_limit(run.client_stats)
+    )
 
 
 TierPrediction = Callable[[dict[str, Any], dict[str, Any], int | None], Replay | None]
@@ -698,71 +707,101 @@ def apart_tables(rows: list[Replay]) -> list[str]:
 
 
 def residual_table(rows: list[Replay]) -> ResidualTable:
-    """tier -> regime -> metric -> the scored runs' residuals, the data intervals are read from."""
-    table: dict[str, dict[str, dict[str, list[Residual]]]] = defaultdict(lambda: defaultdict(dict))
+    """tier -> regime -> limit -> metric -> the scored runs' residuals, the data intervals are read from."""
+    table: dict[str, dict[str, dict[str, dict[str, list[Residual]]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(dict))
+    )
     for r in rows:
         for m in METRICS:
             value = r.residual(m)
             if value is not None:
-                table[r.tier][r.regime].setdefault(m, []).append(Residual(r.entry["id"], r.source, value))
+                table[r.tier][r.regime][r.limit].setdefault(m, []).append(Residual(r.entry["id"], r.source, value))
     return table
 
 
+CONDITIONS = tuple((regime, limit) for regime in Regime for limit in Limit)
+"""Every (regime, limit) a prediction is filed under."""
+
+
 def interval_table(table: ResidualTable) -> str:
-    """Per tier, regime and headline metric: the interval's bounds as ratios to the prediction, its runs and sources."""
-    lines = []
+    """Per tier, regime, limit and headline metric: the interval's bounds as ratios to the prediction, its runs and
+    sources; the (regime, limit) cells without runs of their own are named after the table (they pool)."""
+    lines, empty = [], []
     for tier, regimes in table.items():
-        for regime in Regime:
+        for regime, limit in CONDITIONS:
+            own = regimes.get(regime, {}).get(limit, {})
+            if not own:
+                empty.append(f"{tier} {regime} {limit}")
+                continue
             for m in HEADLINE:
-                bounds = metric_bounds(table, Tier(tier), regime, m)
+                bounds = metric_bounds(table, Tier(tier), regime, limit, m)
                 if bounds is None:
                     continue
-                note = "" if bounds.pooled_from == ((regime, m),) else f"pooled: {bounds.pooled_text(m)}"
-                own = len(regimes.get(regime, {}).get(m, []))
+                note = "" if bounds.pooled_from == ((regime, limit, m),) else f"pooled: {bounds.pooled_text(m)}"
                 lines.append(
                     [
                         str(tier),
                         str(regime),
+                        str(limit),
                         SHORT[m],
-                        f"{own} ({bounds.runs} used, {bounds.sources} sources)",
+                        f"{len(own.get(m, []))} ({bounds.runs} used, {bounds.sources} sources)",
                         f"x{math.exp(bounds.low):.2f} .. x{math.exp(bounds.high):.2f}",
                         note,
                     ]
                 )
-    return _table(
-        ["tier", "regime", "metric", "runs (used, sources)", f"{LEVEL:.0%} interval / prediction", "note"], lines
+    head = ["tier", "regime", "limit", "metric", "runs (used, sources)", f"{LEVEL:.0%} interval / prediction", "note"]
+    after = f"\n\nWithout runs of their own, so pooled with the nearest cells (`nearest_cells`): {', '.join(empty)}."
+    return _table(head, lines) + (after if empty else "")
+
+
+def limited_by_api_server(rows: list[Replay]) -> str:
+    """The scored runs filed under the API server's limit, per tier: the runs that make that cell."""
+    parts = []
+    for tier in TIERS:
+        ids = [r.entry["id"] for r in rows if r.tier == tier and r.scored and r.limit == Limit.API_SERVER]
+        parts.append(f"{tier}: {', '.join(ids) if ids else 'none'}")
+    return (
+        f"Limited by the API server (its core busy at least {API_SERVER_BOUND_SHARE:.0%} of the simulated run, "
+        f"`classify_limit`), scored: {'; '.join(parts)}."
     )
 
 
 def coverage_table(rows: list[Replay]) -> str:
-    """Leave each source out, build the intervals from the others, count its measured values inside: per regime and
-    headline metric, over every metric with residuals, and over every metric with each source weighing one (a user's
-    deployment is one new host, and one prolific host would otherwise decide the per-run share)."""
-    hits: dict[tuple[str, str, str], list[bool]] = defaultdict(list)
-    by_source: dict[tuple[str, str], dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    """Leave each source out, build the intervals from the others, count its measured values inside: per regime, limit
+    and headline metric, over every metric with residuals, and over every metric with each source weighing one (a
+    user's deployment is one new host, and one prolific host would otherwise decide the per-run share)."""
+    hits: dict[tuple[str, str, str, str], list[bool]] = defaultdict(list)
+    by_source: dict[tuple[str, str, str], dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
     for source in {r.source for r in rows if r.scored}:
         table = residual_table([r for r in rows if r.source != source])
         for r in (r for r in rows if r.source == source):
             for m in METRICS:
                 value = r.residual(m)
-                bounds = None if value is None else metric_bounds(table, r.tier, r.regime, m)
+                bounds = None if value is None else metric_bounds(table, r.tier, r.regime, r.limit, m)
                 if value is not None and bounds is not None:
                     inside = bounds.low <= value <= bounds.high
-                    hits[(r.tier, r.regime, m)].append(inside)
-                    hits[(r.tier, r.regime, "all")].append(inside)
-                    by_source[(r.tier, r.regime)][source].append(inside)
+                    hits[(r.tier, r.regime, r.limit, m)].append(inside)
+                    hits[(r.tier, r.regime, r.limit, "all")].append(inside)
+                    by_source[(r.tier, r.regime, r.limit)][source].append(inside)
     lines = []
-    for tier in sorted({t for t, _, _ in hits}):
-        for regime in Regime:
+    for tier in sorted({t for t, *_ in hits}):
+        for regime, limit in CONDITIONS:
+            if not by_source.get((tier, regime, limit)):
+                continue
             cells = [
-                (f"{100 * sum(h) / len(h):.0f}% ({sum(h)}/{len(h)})" if (h := hits.get((tier, regime, m))) else "—")
+                (
+                    f"{100 * sum(h) / len(h):.0f}% ({sum(h)}/{len(h)})"
+                    if (h := hits.get((tier, regime, limit, m)))
+                    else "—"
+                )
                 for m in (*HEADLINE, "all")
             ]
-            shares = [sum(h) / len(h) for h in by_source[(tier, regime)].values()]
-            cells.append(f"{100 * sum(shares) / len(shares):.0f}% ({len(shares)} sources)" if shares else "—")
-            lines.append([str(tier), str(regime), *cells])
+            shares = [sum(h) / len(h) for h in by_source[(tier, regime, limit)].values()]
+            cells.append(f"{100 * sum(shares) / len(shares):.0f}% ({len(shares)} sources)")
+            lines.append([str(tier), str(regime), str(limit), *cells])
     return _table(
-        ["tier", "class", *(SHORT[m] for m in HEADLINE), "every metric", "every metric, each source one"], lines
+        ["tier", "class", "limit", *(SHORT[m] for m in HEADLINE), "every metric", "every metric, each source one"],
+        lines,
     )
 
 
@@ -777,17 +816,20 @@ def write_residuals(rows: list[Replay], path: Path = RESIDUALS) -> None:
         "residuals": {
             str(tier): {
                 str(regime): {
-                    m: [{"run": x.run, "source": x.source, "residual": round(x.value, 5)} for x in res]
-                    for m, res in metrics.items()
+                    str(limit): {
+                        m: [{"run": x.run, "source": x.source, "residual": round(x.value, 5)} for x in res]
+                        for m, res in metrics.items()
+                    }
+                    for limit, metrics in limits.items()
                 }
-                for regime, metrics in regimes.items()
+                for regime, limits in regimes.items()
             }
             for tier, regimes in table.items()
         },
     }
     header = (
-        "# Held-out residuals of the simulator against published real-GPU runs, per tier, regime and metric: the\n"
-        "# data every simulated summary's 80% intervals are read from (servelab/metrics/intervals.py).\n"
+        "# Held-out residuals of the simulator against published real-GPU runs, per tier, regime, limit and metric:\n"
+        "# the data every simulated summary's 80% intervals are read from (servelab/metrics/intervals.py).\n"
         "# Written by benchmarks/gpu_accuracy.py --write-residuals; do not edit, rerun it.\n"
     )
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=120))
@@ -811,6 +853,7 @@ def report(rows: list[Replay], skipped: list[tuple[dict[str, Any], str]]) -> str
         tier_table(by_tier),
         *apart_tables(rows),
         f"### {LEVEL:.0%} intervals (from every scored run)",
+        limited_by_api_server(list(chain(*by_tier.values()))),
         interval_table(residual_table(list(chain(*by_tier.values())))),
         f"### Coverage of the {LEVEL:.0%} intervals, each source left out in turn",
         coverage_table(list(chain(*by_tier.values()))),

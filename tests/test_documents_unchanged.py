@@ -15,7 +15,11 @@ only key added. diagnose-results-priced was written again when weight-only forma
 difference. The diagnose and tune documents were written again when vLLM's API server began to send a step of more
 than 128 outputs in slices of 128 (docs/simulator.md): diagnose's saturated replay moved by under 0.1%, tune's best
 rate by -2.4% (46.70 to 45.57 req/s), and their 80% intervals moved with the residuals that change put in
-prediction_residuals.yaml (kvcached's bursts).
+prediction_residuals.yaml (kvcached's bursts). The simulated summaries and the documents holding their intervals were
+written again when the intervals were conditioned on what limits the run (servelab.metrics.intervals.classify_limit):
+`client_stats.api_server_busy_share` and `interval_basis.limit` are new keys, the pooling notes name the limit, and
+the intervals of engine-bound saturated predictions moved (the described diagnosis's ceiling: 7.45-15.4 to 6.87-10.3
+req/s around 8.57).
 
 To store the files again after a deliberate change of a document (and a schema_version bump where a published schema
 changes): `SERVELAB_WRITE_DOCUMENTS=1 pytest tests/test_documents_unchanged.py`.

@@ -13,10 +13,13 @@ from servelab import api
 from servelab.cli import app
 from servelab.experiment.runner import point_summary
 from servelab.metrics.intervals import (
+    API_SERVER_BOUND_SHARE,
     MIN_RUNS,
+    Limit,
     Regime,
     Residual,
     Tier,
+    classify_limit,
     classify_regime,
     conformal_bounds,
     prediction_intervals,
@@ -58,7 +61,8 @@ def test_simulate_writes_ordered_intervals_for_its_regime(tmp_path: Path, arriva
     assert result.exit_code == 0, result.output
     summary = json.loads((out / SUMMARY).read_text())
     assert_ordered(summary)
-    assert summary["interval_basis"]["tier"] == Tier.SPECS_ONLY and summary["interval_basis"]["regime"] == regime
+    basis = summary["interval_basis"]
+    assert basis["tier"] == Tier.SPECS_ONLY and basis["regime"] == regime and basis["limit"] == Limit.ENGINE
     low, high = summary["intervals"]["request_throughput"]
     assert f"80%: {low:.3g}–{high:.3g}" in result.output  # the terminal shows them beside the number
 
@@ -138,23 +142,57 @@ def test_regimes_of_clear_cases():
     assert _classify(unqueued, 8) == Regime.UNDER_CAPACITY
 
 
+def test_the_limit_is_the_api_server_when_its_core_is_busy_most_of_the_run():
+    assert classify_limit({"api_server_busy_share": API_SERVER_BOUND_SHARE}) == Limit.API_SERVER
+    assert classify_limit({"api_server_busy_share": 0.75}) == Limit.ENGINE
+    assert classify_limit({}) == Limit.ENGINE  # no API server modelled: nothing but the engine
+
+
 def _rows(values: list[float], source: str = "s") -> list[Residual]:
     return [Residual(f"{source}-{i}", source, v) for i, v in enumerate(values)]
+
+
+def _engine(cells: dict) -> dict:
+    """Every regime's metrics filed under the engine's limit."""
+    return {regime: {Limit.ENGINE: metrics} for regime, metrics in cells.items()}
 
 
 def test_a_thin_cell_pools_with_its_neighbour_and_says_so():
     thin = _rows([0.1, 0.2])
     table = {
-        Tier.SPECS_ONLY: {
-            Regime.SATURATED: {"request_throughput": thin},
-            Regime.UNDER_CAPACITY: {"request_throughput": _rows([0.0] * MIN_RUNS, "t")},
-        }
+        Tier.SPECS_ONLY: _engine(
+            {
+                Regime.SATURATED: {"request_throughput": thin},
+                Regime.UNDER_CAPACITY: {"request_throughput": _rows([0.0] * MIN_RUNS, "t")},
+            }
+        )
     }
-    out = prediction_intervals({"request_throughput": 10.0}, Tier.SPECS_ONLY, Regime.SATURATED, table)
+    out = prediction_intervals({"request_throughput": 10.0}, Tier.SPECS_ONLY, Regime.SATURATED, Limit.ENGINE, table)
     low, high = out["intervals"]["request_throughput"]
     assert low == pytest.approx(10.0) and high == pytest.approx(10.0 * math.exp(0.2))
     assert out["interval_basis"]["notes"] == [
-        f"request_throughput: {MIN_RUNS + 2} runs from 2 sources, pooled from saturated, under_capacity"
+        f"request_throughput: {MIN_RUNS + 2} runs from 2 sources, pooled from saturated engine, under_capacity engine"
+    ]
+
+
+def test_an_engine_bound_prediction_leaves_out_the_api_server_bound_runs_of_its_regime():
+    """The API server's misses (its host's CPU) are wide; a run the GPU limits has enough runs of its own."""
+    table = {
+        Tier.SPECS_ONLY: {
+            Regime.SATURATED: {
+                Limit.ENGINE: {"request_throughput": _rows([0.1] * 4, "a") + _rows([-0.1] * 4, "b")},
+                Limit.API_SERVER: {"request_throughput": _rows([0.6] * 6, "c")},
+            }
+        }
+    }
+    engine = prediction_intervals({"request_throughput": 10.0}, Tier.SPECS_ONLY, Regime.SATURATED, Limit.ENGINE, table)
+    assert engine["intervals"]["request_throughput"] == pytest.approx([10.0 * math.exp(-0.1), 10.0 * math.exp(0.1)])
+    assert engine["interval_basis"]["notes"] == [] and engine["interval_basis"]["limit"] == Limit.ENGINE
+    # one publisher's API-bound runs are thin: they pool with their regime's engine-bound runs, and say so
+    api = prediction_intervals({"request_throughput": 10.0}, Tier.SPECS_ONLY, Regime.SATURATED, Limit.API_SERVER, table)
+    assert api["intervals"]["request_throughput"] == pytest.approx([10.0 * math.exp(-0.1), 10.0 * math.exp(0.6)])
+    assert api["interval_basis"]["notes"] == [
+        "request_throughput: 14 runs from 3 sources, pooled from saturated api_server, saturated engine"
     ]
 
 
@@ -163,30 +201,37 @@ def test_a_cell_from_one_publisher_pools_with_its_sibling_metric_before_other_re
     quantity counted another way), not with ITL under another load."""
     one_host = _rows([0.3] * (MIN_RUNS + 4), "host-a")
     table = {
-        Tier.SPECS_ONLY: {
-            Regime.SATURATED: {"mean_itl_ms": one_host, "mean_tpot_ms": _rows([-0.2, 0.1], "host-b")},
-            Regime.UNDER_CAPACITY: {"mean_itl_ms": _rows([5.0] * MIN_RUNS, "host-c")},
-        }
+        Tier.SPECS_ONLY: _engine(
+            {
+                Regime.SATURATED: {"mean_itl_ms": one_host, "mean_tpot_ms": _rows([-0.2, 0.1], "host-b")},
+                Regime.UNDER_CAPACITY: {"mean_itl_ms": _rows([5.0] * MIN_RUNS, "host-c")},
+            }
+        )
     }
-    out = prediction_intervals({"mean_itl_ms": 10.0}, Tier.SPECS_ONLY, Regime.SATURATED, table)
+    out = prediction_intervals({"mean_itl_ms": 10.0}, Tier.SPECS_ONLY, Regime.SATURATED, Limit.ENGINE, table)
     low, high = out["intervals"]["mean_itl_ms"]
     assert low == pytest.approx(10.0 * math.exp(-0.2)) and high == pytest.approx(10.0 * math.exp(0.3))
     assert out["interval_basis"]["notes"] == [
-        f"mean_itl_ms: {MIN_RUNS + 6} runs from 2 sources, pooled from saturated, saturated mean_tpot_ms"
+        f"mean_itl_ms: {MIN_RUNS + 6} runs from 2 sources, pooled from saturated engine, saturated engine mean_tpot_ms"
     ]
 
 
 def test_a_cell_from_enough_publishers_stays_its_own():
     rows = _rows([0.1] * (MIN_RUNS // 2), "host-a") + _rows([0.2] * (MIN_RUNS // 2), "host-b")
-    table = {Tier.SPECS_ONLY: {Regime.SATURATED: {"mean_itl_ms": rows, "mean_tpot_ms": _rows([-3.0] * 4, "host-c")}}}
-    out = prediction_intervals({"mean_itl_ms": 10.0}, Tier.SPECS_ONLY, Regime.SATURATED, table)
+    table = {
+        Tier.SPECS_ONLY: _engine({Regime.SATURATED: {"mean_itl_ms": rows, "mean_tpot_ms": _rows([-3.0] * 4, "c")}})
+    }
+    out = prediction_intervals({"mean_itl_ms": 10.0}, Tier.SPECS_ONLY, Regime.SATURATED, Limit.ENGINE, table)
     assert out["interval_basis"]["notes"] == []
     assert out["intervals"]["mean_itl_ms"] == pytest.approx([10.0, 10.0 * math.exp(0.2)])
 
 
 def test_a_tier_without_residuals_borrows_specs_only_and_says_so():
-    table = {Tier.SPECS_ONLY: {Regime.SATURATED: {"mean_tpot_ms": _rows([-0.1 + 0.02 * i for i in range(12)])}}}
-    out = prediction_intervals({"mean_tpot_ms": 20.0, "completed": 5}, Tier.CALIBRATED_LIVE, Regime.SATURATED, table)
+    table = {
+        Tier.SPECS_ONLY: _engine({Regime.SATURATED: {"mean_tpot_ms": _rows([-0.1 + 0.02 * i for i in range(12)])}})
+    }
+    summary = {"mean_tpot_ms": 20.0, "completed": 5}
+    out = prediction_intervals(summary, Tier.CALIBRATED_LIVE, Regime.SATURATED, Limit.ENGINE, table)
     assert set(out["intervals"]) == {"mean_tpot_ms"}
     assert out["interval_basis"]["residuals_tier"] == Tier.SPECS_ONLY
     assert any("no residuals for tier calibrated_live" in n for n in out["interval_basis"]["notes"])
@@ -202,8 +247,16 @@ def test_conformal_bounds_are_order_statistics_that_hold_the_prediction():
 
 def test_the_published_residuals_name_their_runs_and_sources():
     table = published_residuals()
-    rows = [r for regimes in table.values() for metrics in regimes.values() for rs in metrics.values() for r in rs]
+    rows = [
+        r
+        for regimes in table.values()
+        for limits in regimes.values()
+        for metrics in limits.values()
+        for rs in metrics.values()
+        for r in rs
+    ]
     assert rows and all(r.run and r.source and math.isfinite(r.value) for r in rows)
+    assert {limit for regimes in table.values() for limits in regimes.values() for limit in limits} <= set(Limit)
     assert not any(r.source == "staru09/llm_infra_bench" for r in rows)  # a constant was read off that source
 
 

@@ -79,5 +79,10 @@ def test_held_out_scoring_leaves_out_the_source_a_constant_was_read_off(accuracy
     assert (poisson.scored_error("request_throughput") is None) == poisson.served_at_offered_rate
     table = accuracy.residual_table(rows)
     assert {
-        r.run for regimes in table.values() for metrics in regimes.values() for rs in metrics.values() for r in rs
+        r.run
+        for regimes in table.values()
+        for limits in regimes.values()
+        for metrics in limits.values()
+        for rs in metrics.values()
+        for r in rs
     } == {poisson.entry["id"]}

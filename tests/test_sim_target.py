@@ -9,6 +9,7 @@ import pytest
 
 from servelab.perf.vllm_cpu_costs import ApiServerCosts
 from servelab.metrics import timeline as tl
+from servelab.metrics.intervals import Limit, classify_limit
 from servelab.metrics.records import MemorySink
 from servelab.metrics.summary import summarize
 from servelab.perf.engine_config import EngineConfig
@@ -190,6 +191,9 @@ def test_a_saturated_frontend_opens_a_gap_between_client_and_engine_ttft():
     assert heavy_gap > 20 * light_gap  # requests queue before the engine
     assert heavy_engine_ttft < 0.2 * heavy_gap  # the engine itself is not the bottleneck
     assert result.client_stats["frontend_busy_s"] > 0.9 * result.duration  # the one core is saturated
+    share = result.client_stats["api_server_busy_share"]
+    assert share == pytest.approx(result.client_stats["frontend_busy_s"] / result.duration)
+    assert classify_limit(result.client_stats) == Limit.API_SERVER  # its interval is the API server's
     no_frontend_gap, _, _ = frontend_gap(SimTarget(CONFIG, 2000, COST), rate=150)
     assert abs(no_frontend_gap) < 1e-9
 

@@ -96,7 +96,7 @@ def _point(d: Deployment, label: str, plan: LoadPlan, slo: SLO | None) -> Engine
     )
     shown = set(EnginePoint.model_fields)
     intervals = (
-        simulated_run_intervals(sink.records, plan.max_concurrency, s, target.tier)["intervals"]
+        simulated_run_intervals(sink.records, plan.max_concurrency, s, target.tier, run.client_stats)["intervals"]
         if s["completed"]
         else {}
     )

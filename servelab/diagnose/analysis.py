@@ -14,7 +14,7 @@ from typing import TypedDict, Unpack
 from servelab.errors import InputError
 from servelab.diagnose import parallel
 from servelab.diagnose.advice import AdviceContext, check_advice, what_ifs as tip_what_ifs
-from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, overload, saturation_rps, slo_max_rps
+from servelab.diagnose.capacity import DEFAULT_ATTAINMENT, overload, saturation_limit, saturation_rps, slo_max_rps
 from servelab.diagnose.ceilings import compute_ceilings
 from servelab.diagnose.engine_choice import compare_on_engines
 from servelab.targets.engine_terms import Terms
@@ -163,7 +163,8 @@ def _ceilings(d: Deployment, scenario: Scenario, e: Evidence, slo: SLO | None, s
     )
     sat = saturation_rps(d, scenario)
     slo_rps = slo_max_rps(d, scenario, slo, upper=1.2 * sat, share=slo_share) if slo else None
-    low_high = value_interval(sat, "request_throughput", d.prediction_tier, Regime.SATURATED)
+    limit = saturation_limit(d, scenario)
+    low_high = value_interval(sat, "request_throughput", d.prediction_tier, Regime.SATURATED, limit)
     interval = (low_high[0], low_high[1]) if low_high is not None else None
     return c.model_copy(update={"saturation_rps": sat, "saturation_rps_interval": interval, "slo_max_rps": slo_rps})
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from servelab.diagnose import parallel
 from servelab.diagnose.scenario import Scenario, simulate
-from servelab.metrics.intervals import interval_text
+from servelab.metrics.intervals import Limit, classify_limit, interval_text
 from servelab.metrics.slo import SLO
 from servelab.metrics.summary import summarize
 from servelab.targets.deployment import Deployment
@@ -54,8 +54,9 @@ def max_batch(deployment: Deployment, scenario: Scenario) -> int:
     return max(1, min(max_num_seqs, deployment.memory.max_concurrency(seq_len)))
 
 
-_CEILINGS: dict[tuple[object, ...], float] = {}
-"""saturation_rps by deployment and workload: findings, levers and assumptions ask for the same ceilings."""
+_CEILINGS: dict[tuple[object, ...], tuple[float, Limit]] = {}
+"""saturation_rps and what limited that run, by deployment and workload: findings, levers and assumptions ask for the
+same ceilings."""
 parallel.share(_CEILINGS)
 
 
@@ -84,13 +85,24 @@ def ceiling_key(deployment: Deployment, scenario: Scenario) -> tuple[object, ...
 
 def saturation_rps(deployment: Deployment, scenario: Scenario) -> float:
     """Request throughput with more requests outstanding than the engine can run at once."""
+    return _ceiling(deployment, scenario)[0]
+
+
+def saturation_limit(deployment: Deployment, scenario: Scenario) -> Limit:
+    """What limits the saturating run: the engine, or the API server's core (servelab.metrics.intervals)."""
+    return _ceiling(deployment, scenario)[1]
+
+
+def _ceiling(deployment: Deployment, scenario: Scenario) -> tuple[float, Limit]:
     key, closed = _saturating(deployment, scenario)
     if key not in _CEILINGS:
         parallel.wait_for(("ceiling", key))
     if key not in _CEILINGS:
         if len(_CEILINGS) >= 64:
             _CEILINGS.pop(next(iter(_CEILINGS)))
-        _CEILINGS[key] = float(summarize(simulate(deployment, closed).records).request_throughput)
+        run = simulate(deployment, closed)
+        rps = float(summarize(run.records).request_throughput)
+        _CEILINGS[key] = rps, classify_limit(run.run_info)
     return _CEILINGS[key]
 
 

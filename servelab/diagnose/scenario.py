@@ -271,6 +271,7 @@ def simulate(deployment: Deployment, scenario: Scenario, scrape_interval: float 
             "request_rate": scenario.offered_rate if scenario.max_concurrency is None else None,
         },
         "engine_busy_s": outcome.client_stats.get("engine_busy_s"),
+        "api_server_busy_share": outcome.client_stats.get("api_server_busy_share"),
         "duration": outcome.duration,
     }
     return RunResult(None, info, sink.records, samples)

@@ -120,7 +120,8 @@ def point_summary(
     info = target_run.server_info if target_run is not None else {}
     if info.get("simulated") and summary["completed"]:
         counted = [r for r in records if r.send_time >= plan.warmup]
-        summary.update(simulated_run_intervals(counted, plan.max_concurrency, summary, Tier(info["prediction_tier"])))
+        tier = Tier(info["prediction_tier"])
+        summary.update(simulated_run_intervals(counted, plan.max_concurrency, summary, tier, client_stats))
     summary.update(
         requests_recorded=len(records),
         warmup=plan.warmup,

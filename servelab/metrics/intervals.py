@@ -1,10 +1,10 @@
-"""How sure a prediction is: its regime, its tier, and the 80% interval around each predicted number.
+"""How sure a prediction is: its regime, its limit, its tier, and the 80% interval around each predicted number.
 
 An interval is read off the accuracy benchmark's held-out residuals
 (`benchmarks/gpu_accuracy.py --write-residuals` writes them to
 perf/data/prediction_residuals.yaml), not a fixed percentage: for a predicted
 value v and the residuals r = log(measured / predicted) of the published runs
-predicted in the same tier and regime, the interval is [v * exp(lo), v * exp(hi)]
+predicted in the same tier, regime and limit, the interval is [v * exp(lo), v * exp(hi)]
 with lo and hi the finite-sample (split-conformal) 10% and 90% order statistics of
 r, widened to hold v itself. The conformal order statistics rather than plain
 percentiles because a cell holds tens of runs, not thousands: with n residuals
@@ -13,20 +13,20 @@ of a new exchangeable run, where numpy's interpolated q90 covers less.
 
 A cell is thin when it holds fewer than MIN_RUNS residuals or fewer than MIN_SOURCES publishers: the residuals of
 one host say how that host differs from the model, not how the user's will, and a user's deployment is a new host.
-A thin cell pools, nearest first, with its sibling metric in the same regime (mean ITL with mean TPOT, request with
-output throughput: the same quantity, differently counted), then with the metric and its sibling in the neighbouring
-regimes, and the interval's basis names what it pooled.
+A thin cell pools, nearest first, with its sibling metric in the same regime and limit (mean ITL with mean TPOT,
+request with output throughput: the same quantity, differently counted), then with the other limit in the same
+regime, then with the neighbouring regimes (their own limit first), and the interval's basis names what it pooled.
 
-The regime is decided by `classify_regime` from what is known when the
-prediction is made (the plan's arrival, the simulated run itself), so the
-benchmark files a published run under the same regime a user's prediction of
-that run would get.
+The regime and the limit are decided by `classify_regime` and `classify_limit`
+from what is known when the prediction is made (the plan's arrival, the
+simulated run itself), so the benchmark files a published run under the same
+cell a user's prediction of that run would get.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -37,7 +37,7 @@ import yaml
 
 from servelab.metrics.records import RequestRecord
 from servelab.schemas.results import IntervalBasis, Json
-from servelab.schemas.vocabulary import Regime as Regime, Tier as Tier  # named here for their importers
+from servelab.schemas.vocabulary import Limit as Limit, Regime as Regime, Tier as Tier  # named for their importers
 
 LEVEL = 0.8
 """The intervals' nominal coverage."""
@@ -54,6 +54,11 @@ QUEUED_STEPS = 4
 send: joining the next step, behind the API server, takes one or two."""
 SERVED_SHARE_SATURATED = 0.9
 """An open-loop run served below this share of its offered rate fell behind it: past capacity."""
+API_SERVER_BOUND_SHARE = 0.9
+"""A run whose API servers' cores were busy at least this share of it is limited by them, not by the engine: a single
+server at utilisation u keeps about u / (1 - u) items queued (M/M/1), 9 at 0.9, so its queue, not the GPU's step
+time, sets when requests reach the engine and tokens reach the client. The simulator prices that core from CPU costs
+measured on one host, and real hosts' CPUs differ more than their GPUs' datasheets do: such a run's error is its own."""
 
 
 NEIGHBOURS: dict[Regime, tuple[Regime, ...]] = {
@@ -98,6 +103,12 @@ def classify_regime(
     return Regime.UNDER_CAPACITY
 
 
+def classify_limit(client_stats: Mapping[str, Any]) -> Limit:
+    """What limited a simulated run, from its client stats (SimTarget records the API servers' busy share)."""
+    share = client_stats.get("api_server_busy_share") or 0.0
+    return Limit.API_SERVER if share >= API_SERVER_BOUND_SHARE else Limit.ENGINE
+
+
 def _served_share(records: Sequence[RequestRecord], summary: Mapping[str, Any]) -> float:
     """Served over offered request rate of an open loop, the offered span lengthened by one mean E2E (the last
     request's own time, which even an idle server adds)."""
@@ -125,8 +136,8 @@ class Residual:
     value: float
 
 
-ResidualTable = Mapping[str, Mapping[str, Mapping[str, Sequence[Residual]]]]
-"""tier -> regime -> metric -> residuals."""
+ResidualTable = Mapping[str, Mapping[str, Mapping[str, Mapping[str, Sequence[Residual]]]]]
+"""tier -> regime -> limit -> metric -> residuals."""
 
 
 @cache
@@ -138,13 +149,20 @@ def published_residuals() -> ResidualTable:
     return {
         tier: {
             regime: {
-                metric: [Residual(r["run"], r["source"], float(r["residual"])) for r in rows]
-                for metric, rows in metrics.items()
+                limit: {
+                    metric: [Residual(r["run"], r["source"], float(r["residual"])) for r in rows]
+                    for metric, rows in metrics.items()
+                }
+                for limit, metrics in limits.items()
             }
-            for regime, metrics in regimes.items()
+            for regime, limits in regimes.items()
         }
         for tier, regimes in (doc.get("residuals") or {}).items()
     }
+
+
+Cell = tuple[Regime, Limit, str]
+"""(regime, limit, metric): the residuals of one kind of prediction."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,16 +173,18 @@ class Bounds:
     high: float
     runs: int
     sources: int
-    pooled_from: tuple[tuple[Regime, str], ...]
-    """The (regime, metric) cells whose residuals were used (the first is the prediction's own)."""
+    pooled_from: tuple[Cell, ...]
+    """The cells whose residuals were used (the first is the prediction's own)."""
 
     def around(self, value: float) -> tuple[float, float]:
         return value * math.exp(self.low), value * math.exp(self.high)
 
     def pooled_text(self, metric: str) -> str:
-        """ "saturated, under_capacity" or "saturated, saturated mean_tpot_ms": the cells used, naming the metric where
-        it is not `metric` (the prediction's own)."""
-        return ", ".join(regime if used == metric else f"{regime} {used}" for regime, used in self.pooled_from)
+        """ "saturated api_server, saturated engine" or "saturated engine, saturated engine mean_tpot_ms": the cells
+        used, naming the metric where it is not `metric` (the prediction's own)."""
+        return ", ".join(
+            f"{regime} {limit}" + ("" if used == metric else f" {used}") for regime, limit, used in self.pooled_from
+        )
 
 
 def conformal_bounds(values: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
@@ -178,24 +198,32 @@ def conformal_bounds(values: Sequence[float], level: float = LEVEL) -> tuple[flo
     return min(0.0, float(ordered[lower - 1])), max(0.0, float(ordered[upper - 1]))
 
 
-def metric_bounds(table: ResidualTable, tier: Tier, regime: Regime, metric: str) -> Bounds | None:
-    """The metric's bounds in (tier, regime), pooling with its sibling metric and the nearest regimes until the
-    residuals number MIN_RUNS from MIN_SOURCES publishers; None when the tier has no residuals for it at all."""
+def nearest_cells(regime: Regime, limit: Limit, metric: str) -> Iterator[Cell]:
+    """The cells a thin one pools with, nearest first: its sibling metric, the other limit in its regime (a run
+    near the line between them), then the neighbouring regimes, each with its own limit first."""
+    for r in (regime, *NEIGHBOURS[regime]):
+        for lim in (limit, *(other for other in Limit if other != limit)):
+            for m in (metric, *([SIBLINGS[metric]] if metric in SIBLINGS else [])):
+                yield r, lim, m
+
+
+def metric_bounds(table: ResidualTable, tier: Tier, regime: Regime, limit: Limit, metric: str) -> Bounds | None:
+    """The metric's bounds in (tier, regime, limit), pooling with the nearest cells until the residuals number
+    MIN_RUNS from MIN_SOURCES publishers; None when the tier has no residuals for it at all."""
     cells = table.get(tier) or {}
     pooled: list[Residual] = []
-    used: list[tuple[Regime, str]] = []
-    for r in (regime, *NEIGHBOURS[regime]):
-        for m in (metric, *([SIBLINGS[metric]] if metric in SIBLINGS else [])):
-            rows = (cells.get(r) or {}).get(m) or []
-            if rows:
-                pooled += rows
-                used.append((r, m))
-            if len(pooled) >= MIN_RUNS and len({row.source for row in pooled}) >= MIN_SOURCES:
-                return _bounds(pooled, used)
+    used: list[Cell] = []
+    for r, lim, m in nearest_cells(regime, limit, metric):
+        rows = ((cells.get(r) or {}).get(lim) or {}).get(m) or []
+        if rows:
+            pooled += rows
+            used.append((r, lim, m))
+        if len(pooled) >= MIN_RUNS and len({row.source for row in pooled}) >= MIN_SOURCES:
+            return _bounds(pooled, used)
     return _bounds(pooled, used) if pooled else None
 
 
-def _bounds(pooled: Sequence[Residual], used: Sequence[tuple[Regime, str]]) -> Bounds:
+def _bounds(pooled: Sequence[Residual], used: Sequence[Cell]) -> Bounds:
     low, high = conformal_bounds([row.value for row in pooled])
     return Bounds(low, high, len(pooled), len({row.source for row in pooled}), tuple(used))
 
@@ -208,10 +236,10 @@ class SummaryIntervals(TypedDict):
 
 
 def prediction_intervals(
-    summary: Mapping[str, Any], tier: Tier, regime: Regime, table: ResidualTable | None = None
+    summary: Mapping[str, Any], tier: Tier, regime: Regime, limit: Limit, table: ResidualTable | None = None
 ) -> SummaryIntervals:
     """`intervals` and `interval_basis`, the keys a simulated summary gains: per predicted metric with residuals, its
-    80% interval, and the tier, regime and pooling it came from.
+    80% interval, and the tier, regime, limit and pooling it came from.
 
     A tier without residuals of its own (none are published yet for a calibrated one) borrows specs-only's, and
     says so: a calibrated prediction should be at least that good, so the interval is wider than it needs to be.
@@ -225,31 +253,37 @@ def prediction_intervals(
     for metric, value in summary.items():
         if not isinstance(value, (int, float)) or value <= 0:
             continue
-        bounds = metric_bounds(table, used_tier, regime, metric)
+        bounds = metric_bounds(table, used_tier, regime, limit, metric)
         if bounds is None:
             continue
         intervals[metric] = list(bounds.around(float(value)))
-        if bounds.pooled_from != ((regime, metric),):
+        if bounds.pooled_from != ((regime, limit, metric),):
             notes.append(
                 f"{metric}: {bounds.runs} runs from {bounds.sources} sources, pooled from {bounds.pooled_text(metric)}"
             )
-    basis = IntervalBasis(tier=tier, regime=regime, level=LEVEL, residuals_tier=used_tier, notes=notes)
+    basis = IntervalBasis(tier=tier, regime=regime, limit=limit, level=LEVEL, residuals_tier=used_tier, notes=notes)
     return SummaryIntervals(intervals=intervals, interval_basis=basis.model_dump(mode="json"))
 
 
-def value_interval(value: float, metric: str, tier: Tier, regime: Regime) -> list[float] | None:
+def value_interval(value: float, metric: str, tier: Tier, regime: Regime, limit: Limit) -> list[float] | None:
     """One predicted value's 80% interval (the published residuals, specs-only's for a tier without its own); None when
     the metric has no residuals."""
     table = published_residuals()
-    bounds = metric_bounds(table, tier if table.get(tier) else Tier.SPECS_ONLY, regime, metric)
+    bounds = metric_bounds(table, tier if table.get(tier) else Tier.SPECS_ONLY, regime, limit, metric)
     return None if bounds is None or value <= 0 else list(bounds.around(value))
 
 
 def simulated_run_intervals(
-    records: Sequence[RequestRecord], max_concurrency: int | None, summary: Mapping[str, Any], tier: Tier
+    records: Sequence[RequestRecord],
+    max_concurrency: int | None,
+    summary: Mapping[str, Any],
+    tier: Tier,
+    client_stats: Mapping[str, Any],
 ) -> SummaryIntervals:
-    """The `intervals` and `interval_basis` of a simulated run's summary: its regime classified, then its intervals."""
-    return prediction_intervals(summary, tier, classify_regime(records, max_concurrency, summary))
+    """The `intervals` and `interval_basis` of a simulated run's summary: its regime and limit classified (the limit
+    from the run's client stats), then its intervals."""
+    regime = classify_regime(records, max_concurrency, summary)
+    return prediction_intervals(summary, tier, regime, classify_limit(client_stats))
 
 
 def interval_text(bounds: Sequence[float] | None) -> str:

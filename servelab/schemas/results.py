@@ -22,7 +22,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
 from servelab import SCHEMA_VERSION, __version__
-from servelab.schemas.vocabulary import Regime, Tier
+from servelab.schemas.vocabulary import Limit, Regime, Tier
 from servelab.schemas.base import AsGiven, ClosedModel, InGivenOrder, Number, OpenModel
 
 Json = dict[str, Any]
@@ -131,6 +131,9 @@ class ClientStats(OpenModel):
     engine_steps: int | None = Field(None, description="Simulate: engine steps run.")
     engine_busy_s: list[float] | None = Field(None, description="Simulate: busy seconds per engine (replica).")
     frontend_busy_s: float | None = Field(None, description="Simulate: the API server's busy seconds.")
+    api_server_busy_share: float | None = Field(
+        None, description="Simulate: the share of the run each API server's core was busy (its mean over the servers)."
+    )
     clients: list[ClientEntry] | None = Field(None, description="A run from several clients: each client's own stats.")
 
 
@@ -167,6 +170,11 @@ class IntervalBasis(ClosedModel):
 
     tier: Tier = Field(description="What the prediction was grounded in: specs only, the user's runs, live probes.")
     regime: Regime = Field(description="Where on the load curve the run sits, as classify_regime decided.")
+    limit: Limit | None = Field(
+        None,
+        description="What set the simulated run's pace, as classify_limit decided: the engine, or the API server's "
+        "core (busy most of the run); absent where not decided.",
+    )
     level: float = Field(description="The intervals' nominal coverage (0.8).")
     residuals_tier: Tier = Field(
         description="The tier whose held-out residuals were used (specs-only's when the tier has none)."

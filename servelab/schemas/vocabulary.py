@@ -1,5 +1,6 @@
 """The names and defaults the command line and the result files' schemas show: engines, routers, datasets, goals,
-regimes and tiers, kept apart from the code that uses them (so `--help` and `servelab schema` import none of it)."""
+regimes, limits and tiers, kept apart from the code that uses them (so `--help` and `servelab schema` import none of
+it)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,15 @@ class Regime(StrEnum):
     UNDER_CAPACITY = "under_capacity"
     SATURATED = "saturated"
     CONCURRENCY_1 = "concurrency_1"
+
+
+class Limit(StrEnum):
+    """What sets a simulated run's pace: the engine (its steps on the GPU) or vLLM's API server, whose one CPU core
+    takes requests in and streams their tokens out. The model misses differently when the API server's core is the
+    limit (its costs depend on the host's CPU), so its interval does."""
+
+    ENGINE = "engine"
+    API_SERVER = "api_server"
 
 
 class Tier(StrEnum):

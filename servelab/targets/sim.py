@@ -207,6 +207,8 @@ class SimTarget:
             "engine_steps": steps,
             "engine_busy_s": [e.busy_time for e in engines],
             "frontend_busy_s": sim.frontend_busy,
+            # What the interval's limit is decided from (servelab.metrics.intervals.classify_limit).
+            "api_server_busy_share": sim.frontend_busy / (self.api_servers * duration) if duration > 0 else 0.0,
         }
         return TargetRun(duration=duration, server_info=info, client_stats=stats)
 

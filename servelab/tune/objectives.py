@@ -189,12 +189,14 @@ def run_summary(
     """The plan's summary on `target`; on the simulator with its 80% intervals (servelab.metrics.intervals)."""
     sink = MemorySink()
     plan = workload.plan(rate, burst=burst, open_loop=open_loop)
-    target.run(plan, sink)
+    run = target.run(plan, sink)
     summary = summarize(sink.records, slo=objective.slo, percentiles=objective.percentiles).model_dump(
         exclude_unset=True
     )
     if isinstance(target, SimTarget) and summary["completed"]:
-        summary.update(simulated_run_intervals(sink.records, plan.max_concurrency, summary, target.tier))
+        summary.update(
+            simulated_run_intervals(sink.records, plan.max_concurrency, summary, target.tier, run.client_stats)
+        )
     return summary
 
 
