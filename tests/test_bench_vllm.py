@@ -13,6 +13,7 @@ import servelab
 from servelab.cli import app
 from servelab.metrics import timeline
 from servelab.metrics.results import load_run
+from servelab.schemas.results import EngineIdentity
 from support.schemas import assert_files_match_schemas
 
 pytestmark = pytest.mark.vllm
@@ -97,12 +98,10 @@ def test_closed_loop_run_is_complete_and_agrees_with_the_server(vllm_server, vll
     vllm_version = subprocess.run(
         [str(vllm_python), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, check=True
     ).stdout.strip()
-    assert run.run_info["server_info"]["engine"] == {
-        "name": "vllm",
-        "version": vllm_version,
-        "reported_by": "GET /version",
-    }
-    assert run.run_info["server_info"]["metrics_scrape"]["engine"] == "vllm"
+    assert run.run_info.server_info.engine == EngineIdentity(
+        name="vllm", version=vllm_version, reported_by="GET /version"
+    )
+    assert run.run_info.server_info.model_extra["metrics_scrape"]["engine"] == "vllm"
 
     ttft_count = timeline.counter_delta(run.timeline, timeline.TTFT_COUNT)
     ttft_sum = timeline.counter_delta(run.timeline, timeline.TTFT_SUM)

@@ -35,6 +35,7 @@ from servelab.metrics.imports import (
     WorkloadFlags,
     read_measured_runs,
 )
+from servelab.metrics.results import load_run
 from servelab.perf.calibration import load_profile
 from servelab.schemas.profile import MAX_REFERENCE_SPREAD_PCT, CalibrationOrigin, ReferenceTiming, reference_too_wide
 from servelab.targets.deployment import build_deployment
@@ -411,8 +412,8 @@ def test_live_calibrate_on_a_noisy_host_writes_the_profile_marked_unreliable_and
 
 
 def test_the_servelab_fixture_was_measured_not_simulated() -> None:
-    run_info = json.loads((SERVELAB_RUN / "run.json").read_text())
-    assert run_info["verb"] == "bench" and run_info.get("source") != "sim"
+    run_info = load_run(SERVELAB_RUN).run_info
+    assert run_info.verb == "bench" and run_info.source != "sim"
 
 
 def test_a_servelab_sweep_is_one_measured_run_per_point(tmp_path: Path) -> None:

@@ -132,8 +132,8 @@ def test_a_run_writes_the_results_and_never_the_api_key(server, tmp_path):
     run = load_run(out)
     assert len(run.records) == 12 and all(r.ok and r.output_tokens == 4 for r in run.records)
     assert run.summary["completed"] == 12 and run.summary["request_goodput"] is not None
-    assert run.run_info["flags"]["max_concurrency"] == 4 and run.run_info["server_info"]["model"] == MODEL
-    assert run.run_info["workload"]["workload"]["dataset_name"] == "random"
+    assert run.run_info.flags.model_extra["max_concurrency"] == 4 and run.run_info.server_info.model == MODEL
+    assert run.run_info.workload.workload.dataset_name == "random"
     assert server.received[-1].authorization == "Bearer sk-very-secret"
     assert all("sk-very-secret" not in p.read_text() for p in out.iterdir())
     assert all(len(r.body["prompt"]) == 16 for r in server.received if r.body.get("stream"))
@@ -157,7 +157,7 @@ def test_sweep_runs_one_point_per_value(server, tmp_path):
     index = json.loads((tmp_path / "sweep.json").read_text())
     assert [p["directory"] for p in index["points"]] == ["max-concurrency=1", "max-concurrency=3"]
     assert all(p["completed"] == 6 for p in index["points"])
-    assert load_run(tmp_path / "max-concurrency=3").run_info["sweep_point"] == {"max-concurrency": 3}
+    assert load_run(tmp_path / "max-concurrency=3").run_info.model_extra["sweep_point"] == {"max-concurrency": 3}
 
 
 def test_ctrl_c_keeps_records_writes_a_summary_and_exits_130(tmp_path):
@@ -212,7 +212,7 @@ def test_text_dataset_is_sent_as_text_and_estimates_are_declared(server, tmp_pat
     assert result.exit_code == 0, result.output
     prompts = sorted(r.body["prompt"] for r in server.received if r.body.get("stream"))
     assert prompts == [f"hello number {i}" for i in range(4)]
-    assert "lengths_estimated" in load_run(out).run_info["workload"]["dataset_notes"]
+    assert "lengths_estimated" in load_run(out).run_info.workload.model_extra["dataset_notes"]
 
 
 def test_multiturn_turns_wait_for_the_previous_reply(server, tmp_path):

@@ -74,7 +74,9 @@ def test_a_lagging_client_is_a_caveat_above_the_findings_never_the_servers_bottl
     scenario = synthetic(100, 100, max_concurrency=4)
     run = simulate(d, scenario)
     # What HttpTarget reports when it cannot keep its own schedule (see targets/client_stats.py).
-    run.run_info["client_stats"] = {"client_may_be_bottleneck": True, "reason": "send lag p99 120 ms"}
+    run.run_info = run.run_info.with_keys(
+        client_stats={"client_may_be_bottleneck": True, "reason": "send lag p99 120 ms"}
+    )
     dx = analyse(d, scenario, run, source="measured", with_recommendations=False)
     assert [c.kind for c in dx.caveats] == [fk.CLIENT_BOUND]
     assert "120 ms" in dx.caveats[0].evidence[0]
@@ -86,18 +88,22 @@ def test_the_client_caveat_carries_the_delay_the_client_added_and_stays_silent_w
     d = build_deployment("a100-80gb", "qwen2.5-7b")
     scenario = synthetic(100, 100, max_concurrency=4)
     run = simulate(d, scenario)
-    run.run_info["client_stats"] = {
-        "client_may_be_bottleneck": True,
-        "reason": "it added ~12.0 ms",
-        "added_delay": {"mean_ms": 12.0, "median_ms": 10.0, "p99_ms": 40.0, "samples": 200},
-    }
+    run.run_info = run.run_info.with_keys(
+        client_stats={
+            "client_may_be_bottleneck": True,
+            "reason": "it added ~12.0 ms",
+            "added_delay": {"mean_ms": 12.0, "median_ms": 10.0, "p99_ms": 40.0, "samples": 200},
+        }
+    )
     dx = analyse(d, scenario, run, source="measured", with_recommendations=False)
     assert "estimated client-added delay 12.0 ms per timestamp" in dx.caveats[0].evidence[1]
     assert "% of it)" in dx.caveats[0].evidence[1]  # the size of the distortion, against the TTFT it inflates
-    run.run_info["client_stats"] = {
-        "client_may_be_bottleneck": False,
-        "added_delay": {"mean_ms": 0.2, "median_ms": 0.2, "p99_ms": 0.9, "samples": 200},
-    }
+    run.run_info = run.run_info.with_keys(
+        client_stats={
+            "client_may_be_bottleneck": False,
+            "added_delay": {"mean_ms": 0.2, "median_ms": 0.2, "p99_ms": 0.9, "samples": 200},
+        }
+    )
     dx = analyse(d, scenario, run, source="measured", with_recommendations=False)
     assert dx.caveats == []
 
@@ -106,11 +112,14 @@ def test_a_results_part_servelab_cannot_read_is_one_error_naming_it_before_any_s
     d = build_deployment("a100-80gb", "qwen2.5-7b")
     scenario = synthetic(100, 100, max_concurrency=4)
     run = simulate(d, scenario)
-    run.run_info["client_stats"] = {"client_may_be_bottleneck": True, "added_delay": {"mean_ms": "a lot"}}
+    run.run_info = run.run_info.with_keys(
+        client_stats={"client_may_be_bottleneck": True, "added_delay": {"mean_ms": "a lot"}}
+    )
     with pytest.raises(InputError, match=r"the client_stats of .* not one this servelab reads: \('added_delay'"):
         gather(run)
-    run.run_info["client_stats"] = {}
-    run.run_info["server_info"] = {"replicas": [{"url": "http://a/metrics", "samples": "twenty", "failures": 0}]}
+    run.run_info = run.run_info.with_keys(
+        client_stats={}, server_info={"replicas": [{"url": "http://a/metrics", "samples": "twenty", "failures": 0}]}
+    )
     with pytest.raises(InputError, match=r"server_info.replicas in run.json of .*\('samples',\)"):
         analyse(d, scenario, run, source="measured", with_recommendations=False)
 

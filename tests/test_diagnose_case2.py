@@ -272,7 +272,9 @@ def test_the_caveat_is_printed_above_the_findings():
     d = build_deployment("a100-80gb", "qwen2.5-7b")
     scenario = synthetic(100, 100, max_concurrency=4)
     run = simulate(d, scenario)
-    run.run_info["client_stats"] = {"client_may_be_bottleneck": True, "reason": "send lag p99 120 ms"}
+    run.run_info = run.run_info.with_keys(
+        client_stats={"client_may_be_bottleneck": True, "reason": "send lag p99 120 ms"}
+    )
     dx = analyse(d, scenario, run, source="measured", with_recommendations=False)
     text = render_markdown(Diagnosis.model_validate_json(dx.model_dump_json()))
     assert text.index("Caveat: The load generator itself distorted the measurement") < text.index("## 1. ")

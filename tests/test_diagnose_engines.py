@@ -16,6 +16,7 @@ from servelab.targets.engine_terms import Terms, served_engine
 from servelab.diagnose.evidence import gather
 from servelab.diagnose.scenario import simulate, synthetic
 from servelab.schemas.diagnosis import Diagnosis
+from servelab.schemas.results import EngineIdentity, ServerInfo
 from servelab.compare.compare import EngineComparison
 from servelab.metrics.scrape import parse_metrics
 from servelab.metrics.timeline import TimelineSample
@@ -251,7 +252,8 @@ def test_a_measured_runs_engine_comes_from_the_server_and_its_gauges_reach_the_e
     run = simulate(deployment, synthetic(600, 40, request_rate=2, num_requests=20))
     scraped = parse_metrics((Path(__file__).parent / "fixtures" / "engine_metrics" / f"{engine}.prom").read_text())
     run.timeline = [TimelineSample(t, dict(scraped)) for t in (0.0, 1.0)]
-    run.run_info = {**run.run_info, "source": "http", "server_info": {"engine": {"name": engine, "version": "x"}}}
+    identity = EngineIdentity(name=engine, version="x", reported_by="GET /version")
+    run.run_info = run.run_info.with_keys(source="http", server_info=ServerInfo(engine=identity))
     assert served_engine("auto", run.run_info) == (engine, None)
     e = gather(run)
     assert (e.mean_running, e.max_kv_usage) == (running, pytest.approx(kv))

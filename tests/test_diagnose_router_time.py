@@ -13,6 +13,7 @@ from servelab.diagnose.analysis import analyse
 from servelab.diagnose.scenario import synthetic
 from servelab.metrics.records import MemorySink
 from servelab.metrics.results import RunResult
+from servelab.schemas.results import ArrivalInfo, PlanInfo, RunInfo
 from servelab.schemas.vocabulary import DiagnosisSource, RouterPolicy
 from servelab.sim import router as router_mod
 from servelab.targets.deployment import build_deployment
@@ -26,7 +27,9 @@ def _diagnosis(monkeypatch: pytest.MonkeyPatch, costs: dict[RouterPolicy, router
     scenario = synthetic(256, 16, request_rate=4, num_requests=24)
     sink, samples = MemorySink(), []
     outcome = d.sim_target(scrape_interval=0.5).run(scenario.plan(), sink, samples.append)
-    info = {"source": "sim", "arrival": {"request_rate": 4}, "server_info": outcome.server_info}
+    info = RunInfo.begun(
+        source="sim", workload=PlanInfo(arrival=ArrivalInfo(request_rate=4)), server_info=outcome.server_info
+    )
     run = RunResult(None, info, sink.records, samples)
     return analyse(d, scenario, run, source=DiagnosisSource.SIMULATED_RUN, with_recommendations=False)
 

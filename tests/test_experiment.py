@@ -20,7 +20,7 @@ from servelab.targets.base import TargetRun
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.plan import Amount, build_plan
-from servelab.schemas.results import RunInfo
+from servelab.schemas.results import RunFlags, RunInfo, ServerInfo
 
 
 class FakeTarget:
@@ -93,10 +93,10 @@ def test_run_point_writes_every_file(tmp_path):
     assert run.summary["completed"] == summary["completed"] == 20
     assert summary["request_throughput"] == pytest.approx(20 / 0.5)
     assert summary["request_goodput"] == pytest.approx(20 / 0.5)  # first chunk after 12.5 ms < 50 ms
-    assert run.run_info["flags"] == {"model": "x"}
-    assert run.run_info["workload"]["workload"]["dataset_name"] == "random"
-    assert run.run_info["server_info"] == {"model": "fake"} and run.run_info["interrupted"] is False
-    assert run.run_info["client_host"]["cpu_count"] >= 1 and run.run_info["client_host"]["gpus"] == []  # no GPU here
+    assert run.run_info.flags == RunFlags(model="x")
+    assert run.run_info.workload.workload.dataset_name == "random"
+    assert run.run_info.server_info == ServerInfo(model="fake") and run.run_info.interrupted is False
+    assert run.run_info.client_host["cpu_count"] >= 1 and run.run_info.client_host["gpus"] == []  # no GPU here
     assert summary["warnings"] == [] and summary["interrupted"] is False
 
 
@@ -122,7 +122,7 @@ def test_interruption_keeps_records_and_writes_a_summary(tmp_path, sigterm):
     run = load_run(tmp_path)
     assert len(run.records) == 7
     assert run.summary["interrupted"] is True and run.summary["completed"] == 7
-    assert run.run_info["interrupted"] is True
+    assert run.run_info.interrupted is True
     assert "interrupted" in summary["warnings"][-1]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
@@ -181,7 +181,7 @@ def test_sweep_writes_one_directory_per_point_and_the_curve(tmp_path):
     on_disk = json.loads((tmp_path / "sweep.json").read_text())
     tput = [p["request_throughput"] for p in on_disk["points"]]
     assert tput[0] < tput[1] < tput[2]
-    assert load_run(tmp_path / "max-concurrency=4").run_info["sweep_point"] == {"max-concurrency": 4}
+    assert load_run(tmp_path / "max-concurrency=4").run_info.model_extra["sweep_point"] == {"max-concurrency": 4}
 
 
 def test_sweep_stops_at_an_interrupted_point(tmp_path):

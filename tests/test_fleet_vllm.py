@@ -99,7 +99,7 @@ def _bench(out: Path, urls: list[str], *args: str) -> dict:
         ],
     )
     assert result.exit_code == 0, result.output
-    return load_run(out).run_info["server_info"]
+    return load_run(out).run_info.server_info.model_extra  # replicas: a key ServerInfo leaves open
 
 
 def _hit_rate(replicas: list[dict]) -> float:

@@ -133,8 +133,8 @@ def test_bench_spreads_over_replicas_abandons_and_writes_it_all_in_typed_files(t
         )
     assert result.exit_code == 0, result.output
     run = load_run(out)
-    assert run.run_info["flags"]["base_urls"] == [a.base_url, b.base_url]
-    assert run.run_info["server_info"]["base_urls"] == [a.base_url, b.base_url]
+    assert run.run_info.flags.model_extra["base_urls"] == [a.base_url, b.base_url]
+    assert run.run_info.server_info.model_extra["base_urls"] == [a.base_url, b.base_url]
     summary = Summary.model_validate(run.summary)
     assert summary.abandoned == sum(r.abandoned for r in run.records) > 0 and summary.failed == 0
     assert set(summary.replicas) == {a.base_url, b.base_url}

@@ -313,4 +313,5 @@ def test_a_sweep_resets_the_prefix_cache_before_each_point_where_the_server_offe
         assert len(index.points) == 2
         assert srv.cache_resets == (2 if offered else 0)
     for label in ("max-concurrency=1", "max-concurrency=2"):
-        assert load_run(tmp_path / label).run_info["prefix_cache_reset"] == ("reset" if offered else "not offered")
+        reset = load_run(tmp_path / label).run_info.model_extra["prefix_cache_reset"]
+        assert reset == ("reset" if offered else "not offered")

@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from servelab.cli import app
 from servelab.metrics import timeline
 from servelab.metrics.results import load_run
+from servelab.schemas.results import EngineIdentity
 from servelab.targets.server_process import ServerProcess, free_port
 from support.schemas import assert_files_match_schemas
 
@@ -101,12 +102,10 @@ def test_bench_measures_llama_server_and_reads_its_metrics(llama_server, tmp_pat
 
     with urllib.request.urlopen(llama_server.base_url + "/props", timeout=30) as resp:
         build_info = json.load(resp)["build_info"]
-    assert run.run_info["server_info"]["engine"] == {
-        "name": "llamacpp",
-        "version": build_info,
-        "reported_by": "GET /props",
-    }
-    assert run.run_info["server_info"]["metrics_scrape"]["engine"] == "llamacpp"
+    assert run.run_info.server_info.engine == EngineIdentity(
+        name="llamacpp", version=build_info, reported_by="GET /props"
+    )
+    assert run.run_info.server_info.model_extra["metrics_scrape"]["engine"] == "llamacpp"
     # llama.cpp's own names, and the common ones they map onto, in the same samples
     # (the run may end between two scrapes, so the gauge's level is not asserted, only that it maps one to one)
     scraped = [s for s in run.timeline if "llamacpp:requests_processing" in s.values]

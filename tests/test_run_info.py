@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from servelab.metrics.results import RUN, ResultWriter
+from servelab import SCHEMA_VERSION
+from servelab.metrics.results import RUN, ResultsDirError, ResultWriter, load_run
+from servelab.renames import upgraded
 from servelab.schemas.results import RunInfo
 
 STORED = [
@@ -60,3 +62,32 @@ def test_the_writer_keeps_the_producers_order_and_adds_the_runs_keys_after(tmp_p
 def test_a_key_of_the_wrong_type_is_refused_when_set() -> None:
     with pytest.raises(ValueError, match="finished_at"):
         RunInfo.begun(verb="bench").with_keys(finished_at="soon")
+
+
+DATA = Path(__file__).parent / "data"
+LOADED = [
+    *STORED,
+    *sorted((DATA / "results-schema-1").rglob(RUN)),
+    *sorted((DATA / "results-before-schemas").rglob(RUN)),
+]
+"""Every run.json the repository keeps as a real run's (tests/data/documents' are masked: `<volatile>` times)."""
+
+
+@pytest.mark.parametrize("path", LOADED, ids=lambda p: str(p.parent.relative_to(p.parents[2])))
+def test_load_run_reads_every_stored_run_json_as_a_run_info_with_its_keys_unchanged(path: Path) -> None:
+    """load_run types run.json (an older schema's statistics renamed first); its dump is the file's keys and values."""
+    run = load_run(path.parent)
+    assert isinstance(run.run_info, RunInfo) and run.run_info.started_at > 0
+    assert run.run_info.model_dump(mode="json", exclude_unset=True) == upgraded(
+        json.loads(path.read_text()), SCHEMA_VERSION
+    )
+
+
+def test_a_run_json_run_info_refuses_is_an_error_naming_the_file_and_the_field(tmp_path: Path) -> None:
+    info = RunInfo.begun(verb="bench", workload={"arrival": {"max_concurrency": 4}})
+    ResultWriter(tmp_path, info).close()
+    given = json.loads((tmp_path / RUN).read_text())
+    given["workload"]["arrival"]["max_concurrency"] = "four"
+    (tmp_path / RUN).write_text(json.dumps(given))
+    with pytest.raises(ResultsDirError, match=rf"{tmp_path / RUN} is not one .*: workload\.arrival\.max_concurrency"):
+        load_run(tmp_path)

@@ -66,7 +66,7 @@ def test_bench_splits_ttft_from_the_servers_histograms_with_gpu_telemetry_beside
     server_rows = [s for s in run.timeline if tl.RUNNING in s.values]
     assert len(server_rows) >= 2
     assert all(gpu_key(0, gpu.UTIL) in s.values and gpu_key(1, gpu.SM_ACTIVE) in s.values for s in server_rows)
-    assert run.run_info["server_info"]["metrics_scrape"]["gpu"]["failures"] == 0
+    assert run.run_info.server_info.model_extra["metrics_scrape"]["gpu"]["failures"] == 0
 
     split = ttft_split(run.records, run.timeline)
     assert split is not None and split.queue_measured

@@ -402,11 +402,14 @@ def _reconciled(d: Deployment, scenario: Scenario, observed: Observed, c: Ceilin
 def _fleet_findings(run: RunResult, scenario: Scenario, e: Evidence) -> list[Finding]:
     """A fleet's findings from the replicas' loads `bench` recorded (none for a single server); the client's mean
     TTFT is set against the replicas' own only when it went through a router (`--replica-metrics-urls`)."""
-    replicas = (run.run_info.get("server_info") or {}).get("replicas") or []
+    info = run.run_info  # replicas, router_time and replica_metrics_urls: keys ServerInfo and RunFlags leave open
+    server = (info.server_info.model_extra if info.server_info is not None else None) or {}
+    flags = (info.flags.model_extra if info.flags is not None else None) or {}
+    replicas = server.get("replicas") or []
     repeated = scenario.mean_shared / scenario.mean_input if scenario.mean_input else None
-    behind_router = bool((run.run_info.get("flags") or {}).get("replica_metrics_urls"))
+    behind_router = bool(flags.get("replica_metrics_urls"))
     loads = [typed_part(ReplicaLoad, r, run, "server_info.replicas in run.json") for r in replicas]
-    spent = (run.run_info.get("server_info") or {}).get("router_time")
+    spent = server.get("router_time")
     router_time = (
         (typed_part(RouterTime, spent, run, "server_info.router_time in run.json"), e.mean_ttft_ms) if spent else None
     )
@@ -441,7 +444,7 @@ class Asked(TypedDict, total=False):
 
 def diagnose_run(run: RunResult, deployment: Deployment, *, warmup: float = 0.0, **asked: Unpack[Asked]) -> Diagnosis:
     scenario = from_run(run, warmup)
-    source = DiagnosisSource.SIMULATED_RUN if run.run_info.get("source") == "sim" else DiagnosisSource.MEASURED
+    source = DiagnosisSource.SIMULATED_RUN if run.run_info.source == "sim" else DiagnosisSource.MEASURED
     with parallel.settled():
         return analyse(deployment, scenario, run, source=source, **asked)
 

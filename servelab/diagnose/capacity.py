@@ -102,7 +102,7 @@ def _ceiling(deployment: Deployment, scenario: Scenario) -> tuple[float, Limit]:
             _CEILINGS.pop(next(iter(_CEILINGS)))
         run = simulate(deployment, closed)
         rps = float(summarize(run.records).request_throughput)
-        _CEILINGS[key] = rps, classify_limit(run.run_info)
+        _CEILINGS[key] = rps, classify_limit(run.run_info.model_extra or {})  # the what-if's own keys
     return _CEILINGS[key]
 
 

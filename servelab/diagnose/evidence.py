@@ -9,7 +9,7 @@ server without /metrics).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypedDict, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -23,7 +23,7 @@ from servelab.metrics.server_timings import ttft_split
 from servelab.metrics.summary import summarize
 from servelab.metrics.timeline import TimelineSample, counter_delta
 from servelab.schemas.diagnosis import Evidence
-from servelab.schemas.results import ArrivalInfo, ClientStats
+from servelab.schemas.results import ArrivalInfo, ClientStats, DatasetInfo
 
 Part = TypeVar("Part", bound=BaseModel)
 
@@ -78,10 +78,9 @@ def typed_part(model: type[Part], data: object, run: RunResult, where: str) -> P
 
 
 def arrival_of(run: RunResult) -> ArrivalInfo:
-    """The arrival process of a run: bench/simulate nest it under run.json's workload description, a what-if
-    simulation keeps it at the top."""
-    described = (run.run_info.get("workload") or {}).get("arrival")
-    return typed_part(ArrivalInfo, described or run.run_info.get("arrival") or {}, run, "the arrival in run.json")
+    """The arrival process of a run, from run.json's workload description (a plan that does not say: all unset)."""
+    plan = run.run_info.workload
+    return plan.arrival if plan is not None and plan.arrival is not None else ArrivalInfo()
 
 
 @dataclass(frozen=True)
@@ -99,20 +98,26 @@ class WorkloadWords:
 def workload_of(run: RunResult) -> WorkloadWords:
     """The prompts' description: bench/simulate nest it under run.json's workload description; a plan that does not
     say leaves each word empty."""
-    workload = run.run_info.get("workload") or {}
-    described = workload.get("workload", workload)
+    plan = run.run_info.workload
+    described = plan.workload if plan is not None and plan.workload is not None else DatasetInfo()
+    lengths = described.model_extra or {}  # the plan's own keys, which DatasetInfo leaves open
     return WorkloadWords(
-        described.get("dataset_name"),
-        int(described.get("prefix_len") or 0),
-        int(described.get("system_prompt_len") or 0),
-        int(described.get("system_prompts") or 0),
+        described.dataset_name,
+        int(lengths.get("prefix_len") or 0),
+        int(lengths.get("system_prompt_len") or 0),
+        int(lengths.get("system_prompts") or 0),
     )
 
 
 def client_stats_of(run: RunResult) -> ClientStats:
     """The load generator's self-measurement: in summary.json for bench runs, in run.json for others."""
-    given = (run.summary or {}).get("client_stats") or run.run_info.get("client_stats") or {}
+    given = (run.summary or {}).get("client_stats") or _run_json_extra(run, "client_stats") or {}
     return typed_part(ClientStats, given, run, "the client_stats")
+
+
+def _run_json_extra(run: RunResult, key: str) -> Any:
+    """A key of run.json that RunInfo does not name (a verb's own: tune's client_stats, a what-if's engine_busy_s)."""
+    return (run.run_info.model_extra or {}).get(key)
 
 
 def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
@@ -151,11 +156,11 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
         median_e2el_ms=float(summary.statistic("median_e2el_ms")),
         **_queue_gauges(_loaded_window(run.timeline)),
         **_server_counters(run.timeline),
-        engine_busy=_busy(run.run_info.get("engine_busy_s"), summary.duration),
+        engine_busy=_busy(_run_json_extra(run, "engine_busy_s"), summary.duration),
         ttft_split=split,
         outside_engine=outside_engine(run.records, split),
         **_client_verdict(client_stats_of(run)),
-        source=run.run_info.get("source"),
+        source=run.run_info.source,
     )
 
 

@@ -20,6 +20,7 @@ from servelab.targets.engine_terms import check_engine, served_engine
 from servelab.diagnose.regions import Region
 from servelab.diagnose.scenario import synthetic
 from servelab.schemas.diagnosis import Diagnosis
+from servelab.schemas.results import RunFlags
 from servelab.diagnose.sensitivity import ASSUMED_OUTPUT, Assumed
 from servelab.diagnose.server_config import engine_args_from_server
 from servelab.metrics.scrape import CACHE_CONFIG
@@ -245,7 +246,7 @@ def diagnose(
     observed = replace(request.observed, tried=tuple(parse_tried(t) for t in request.tried))
     slo = SLO.parse(request.goodput)
     run = load_run(request.results) if request.results is not None else None
-    served, engine_note = served_engine(request.deployment.engine, run.run_info if run is not None else {})
+    served, engine_note = served_engine(request.deployment.engine, run.run_info if run is not None else None)
     if request.check_advice and served != VLLM:
         raise InputError(f"--check-advice judges vLLM's common tuning tips; the deployment is {LABELS[served]}'s")
     words, server_note = _words(request.deployment, served, run)
@@ -270,7 +271,7 @@ def diagnose(
             dx.notes.extend(
                 condition_changes(
                     load_profile(words.calibration).host,
-                    run.run_info.get("client_host", {}),
+                    run.run_info.client_host or {},
                     now_label="during this run",
                     then_label="at calibration",
                 )
@@ -293,21 +294,23 @@ def _words(w: DeploymentWords, served: str, run: RunResult | None) -> tuple[Depl
         w = _simulated_deployment(run, w)
     if w.calibration is not None or served != VLLM:
         return w, None
-    engine_args, note = engine_args_from_server(w.engine_args, run.run_info.get(CACHE_CONFIG) or {})
+    cache_config = (run.run_info.model_extra or {}).get(CACHE_CONFIG)  # bench's own key, which RunInfo leaves open
+    engine_args, note = engine_args_from_server(w.engine_args, cache_config or {})
     return replace(w, engine_args=engine_args), note
 
 
 def _simulated_deployment(run: RunResult, w: DeploymentWords) -> DeploymentWords:
     """The deployment a simulated run's run.json records (its simulate flags); words given here still win.
     A measured run records no hardware: unchanged."""
-    flags = run.run_info.get("flags") or {}
-    if run.run_info.get("source") != "sim":
+    if run.run_info.source != "sim":
         return w
+    given = run.run_info.flags or RunFlags()
+    flags = given.model_extra or {}  # simulate's flags beyond the model, which RunFlags leaves open
     path = lambda key: Path(flags[key]) if flags.get(key) else None  # noqa: E731
     return replace(
         w,
         gpu=flags.get("gpu"),
-        model=flags.get("model"),
+        model=given.model,
         calibration=path("calibration"),
         engine_args=w.engine_args or flags.get("engine_args") or "",
         tp=w.tp if w.tp is not None else flags.get("tp"),

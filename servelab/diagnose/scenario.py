@@ -20,6 +20,7 @@ from servelab.diagnose.evidence import arrival_of, workload_of
 from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.results import RunResult
 from servelab.metrics.timeline import TimelineSample
+from servelab.schemas.results import ArrivalInfo, PlanInfo, RunInfo
 from servelab.targets.deployment import Deployment
 from servelab.workload.lengths import LengthDistribution
 from servelab.workload.spec import LoadPlan, RequestSpec
@@ -263,17 +264,17 @@ def simulate(deployment: Deployment, scenario: Scenario, scrape_interval: float 
     samples: list[TimelineSample] = []
     target = deployment.sim_target(scrape_interval=scrape_interval)
     outcome = target.run(scenario.plan(), sink, samples.append)
-    info = {
-        "source": "sim",
-        "deployment": deployment.describe(),
-        "arrival": {
-            "max_concurrency": scenario.max_concurrency,
-            "request_rate": scenario.offered_rate if scenario.max_concurrency is None else None,
-        },
-        "engine_busy_s": outcome.client_stats.get("engine_busy_s"),
-        "api_server_busy_share": outcome.client_stats.get("api_server_busy_share"),
-        "duration": outcome.duration,
-    }
+    arrival = ArrivalInfo(
+        max_concurrency=scenario.max_concurrency,
+        request_rate=scenario.offered_rate if scenario.max_concurrency is None else None,
+    )
+    info = RunInfo.begun(
+        source="sim",
+        deployment=deployment.describe(),
+        workload=PlanInfo(arrival=arrival),
+        engine_busy_s=outcome.client_stats.get("engine_busy_s"),
+        api_server_busy_share=outcome.client_stats.get("api_server_busy_share"),
+    )
     return RunResult(None, info, sink.records, samples)
 
 

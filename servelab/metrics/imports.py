@@ -293,7 +293,9 @@ def read_servelab(directory: Path, flags: WorkloadFlags) -> list[MeasuredRun]:
     if not ok or not summary.get("completed"):
         raise ResultImportError(f"{source} has no completed requests: there is nothing measured to calibrate on")
     start = min(r.intended_time for r in ok)
-    flags_given, point = run.run_info.get("flags", {}), run.run_info.get("sweep_point", {})
+    info = run.run_info  # the flags beyond model and base_url, and a sweep's point, are keys RunInfo leaves open
+    flags_given = (info.flags.model_extra if info.flags is not None else None) or {}
+    point = (info.model_extra or {}).get("sweep_point") or {}
     rate = point.get("request-rate", flags_given.get("request_rate"))
     concurrency = point.get("max-concurrency", flags_given.get("max_concurrency"))
     open_loop = rate is not None and math.isfinite(float(rate))

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from servelab.atomic import write_text_atomic
 from servelab import SCHEMA_VERSION
 from servelab.errors import InputError
@@ -80,7 +82,8 @@ class RunResult:
 
     directory: Path | None
     """None for a run held only in memory (a what-if simulation)."""
-    run_info: dict[str, Any]
+    run_info: RunInfo
+    """run.json, typed: a reader reads its attributes (a misspelt one is an error, not a silent None)."""
     records: list[RequestRecord]
     timeline: list[TimelineSample] = field(default_factory=list)
     summary: dict[str, Any] | None = None
@@ -94,7 +97,7 @@ class RunResult:
         """One sentence for readers to print, '' for a finished run."""
         if not self.partial:
             return ""
-        ended = "" if "finished_at" in self.run_info else ", no end time in run.json"
+        ended = "" if self.run_info.finished_at is not None else ", no end time in run.json"
         return (
             f"partial run: {self.directory} has no {SUMMARY}{ended} (the client was killed before the end); "
             f"what follows rests on the {len(self.records)} requests recorded until then"
@@ -106,11 +109,12 @@ class ResultsDirError(InputError, FileNotFoundError):
 
 
 def load_run(directory: Path) -> RunResult:
-    """A results directory read back; ResultsDirError naming the directory when it is not one or cannot be read."""
+    """A results directory read back; ResultsDirError naming the directory when it is not one or cannot be read, and
+    naming run.json and the field when run.json is not one RunInfo reads (an older schema is brought up first)."""
     if not (directory / RUN).is_file():
         raise ResultsDirError(f"{directory} is not a servelab results directory (no {RUN})")
+    run_info = _read_run_info(directory / RUN)
     try:
-        run_info = upgraded(json.loads((directory / RUN).read_text(encoding="utf-8")), SCHEMA_VERSION)
         records = list(read_records(directory / RECORDS)) if (directory / RECORDS).exists() else []
         timeline = list(read_timeline(directory / TIMELINE)) if (directory / TIMELINE).exists() else []
         summary_path = directory / SUMMARY
@@ -122,6 +126,19 @@ def load_run(directory: Path) -> RunResult:
     except (OSError, ValueError, TypeError, KeyError) as exc:  # ValueError: bad JSON, or a record its schema refuses
         raise ResultsDirError(f"cannot read results directory {directory}: {exc}") from exc
     return RunResult(directory, run_info, records, timeline, summary)
+
+
+def _read_run_info(path: Path) -> RunInfo:
+    try:
+        document = upgraded(json.loads(path.read_text(encoding="utf-8")), SCHEMA_VERSION)
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON
+        raise ResultsDirError(f"cannot read {path}: {exc}") from exc
+    try:
+        return RunInfo.model_validate(document)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field_path = ".".join(str(part) for part in first["loc"]) or "(the whole document)"
+        raise ResultsDirError(f"{path} is not one this servelab reads: {field_path}: {first['msg']}") from exc
 
 
 def write_sweep_index(directory: Path, index: SweepIndex) -> None:

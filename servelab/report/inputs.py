@@ -56,8 +56,6 @@ class ReportRun:
 
     label: str
     result: RunResult
-    info: RunInfo
-    """run.json, typed: what the header and the tables read (the parameters table lists every key as stored)."""
     summary: Summary
     series: int
     """Index of the top-level input (run or sweep) it came from; runs of one sweep share it."""
@@ -67,6 +65,11 @@ class ReportRun:
     """diagnosis.json from the run's directory, when diagnose has been run on it."""
     within: Path | None = None
     """The tune study whose stage 2 measured it, for runs loaded with their study rather than given by path."""
+
+    @property
+    def info(self) -> RunInfo:
+        """run.json, typed: what the header and the tables read (the parameters table lists every key as stored)."""
+        return self.result.run_info
 
     @property
     def source(self) -> str | None:
@@ -169,12 +172,13 @@ def planned_warmup(info: RunInfo) -> float:
     return (amount.warmup if amount else None) or 0.0
 
 
-def _summary_of(result: RunResult, info: RunInfo, given: JsonValue = None) -> Summary:
+def _summary_of(result: RunResult, given: JsonValue = None) -> Summary:
     """The stored summary when there is one; otherwise derived from the records, as summary.json would be
     (a partial run: its label says so), warm-up left out as the run would have. ReportInputError naming the run
     when the stored one is not a summary."""
+    warmup = planned_warmup(result.run_info)
     try:
-        return Summary.model_validate(given or result.summary or summarize(result.records, warmup=planned_warmup(info)))
+        return Summary.model_validate(given or result.summary or summarize(result.records, warmup=warmup))
     except ValidationError as exc:
         first = exc.errors()[0]
         raise ReportInputError(
@@ -252,17 +256,6 @@ def _load_run_dir(directory: Path) -> RunResult:
         raise ReportInputError(str(exc)) from exc
 
 
-def _info_of(result: RunResult) -> RunInfo:
-    """run.json typed; ReportInputError naming the run when it is not one this servelab reads."""
-    try:
-        return RunInfo.model_validate(result.run_info)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise ReportInputError(
-            f"the run.json of {result.directory} is not one this servelab reads: {first['loc']}: {first['msg']}"
-        ) from exc
-
-
 def _load_sweep(directory: Path, series: int) -> ReportSweep:
     """Reads sweep.json as servelab.experiment.sweep writes it.
 
@@ -283,13 +276,11 @@ def _load_sweep(directory: Path, series: int) -> ReportSweep:
         if not isinstance(name, str) or not name:
             raise ReportInputError(f"{index}: point {position} names no results directory ('directory')")
         result = _load_run_dir(directory / name)
-        run_info = _info_of(result)
         runs.append(
             ReportRun(
                 label="",
                 result=result,
-                info=run_info,
-                summary=_summary_of(result, run_info, point.get("summary")),
+                summary=_summary_of(result, point.get("summary")),
                 series=series,
                 sweep_value=point.get(parameter, name),
                 diagnosis=read_diagnosis(directory / name),
@@ -331,12 +322,10 @@ def _disambiguate(labels: list[str], directories: list[Path]) -> list[str]:
 
 def _load_run(directory: Path, series: int, label: str | None = None) -> ReportRun:
     result = _load_run_dir(directory)
-    info = _info_of(result)
     return ReportRun(
-        label=label or info.label or directory.resolve().name,
+        label=label or result.run_info.label or directory.resolve().name,
         result=result,
-        info=info,
-        summary=_summary_of(result, info),
+        summary=_summary_of(result),
         series=series,
         diagnosis=read_diagnosis(directory),
     )

@@ -64,11 +64,11 @@ def format_parameter(key: str, value: JsonValue) -> str:
 
 def _parameters_of(item: ReportRun | ReportSweep) -> dict[str, str]:
     if isinstance(item, ReportRun):
-        params = flatten(item.result.run_info)
+        params = flatten(item.info.model_dump(mode="json", exclude_unset=True))
         params["directory"] = str(item.directory)
     else:
         # A sweep's points differ only in the swept value, so the first point speaks for all of them.
-        params = flatten(item.points[0].result.run_info)
+        params = flatten(item.points[0].info.model_dump(mode="json", exclude_unset=True))
         params.pop("started_at", None)
         params["directory"] = str(item.directory)
         params["sweep.parameter"] = item.parameter

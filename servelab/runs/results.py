@@ -45,7 +45,7 @@ def load_results(directory: str | Path) -> Results:
     """Any results directory `bench` or `simulate` wrote (a sweep's points are directories of their own)."""
     result = load_run(Path(directory))
     summary = Summary.model_validate(result.summary) if result.summary is not None else None
-    return Results(Path(directory), RunInfo.model_validate(result.run_info), summary, result)
+    return Results(Path(directory), result.run_info, summary, result)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ a `simulate` run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +23,7 @@ from servelab.errors import InputError
 from servelab.perf.engine_args import split_environment
 from servelab.metrics import engines as metric_names
 from servelab.metrics import timeline as tl
+from servelab.schemas.results import RunInfo
 from servelab.sim.engines import ENGINES, LABELS, SGLANG, TRTLLM, VLLM
 from servelab.targets.deployment import VLLM_FLAGS, VLLM_SWITCHES
 from servelab.targets.engine_deployment import KNOBS, config_line
@@ -112,12 +112,16 @@ class Terms:
         return " and ".join(next((n for n in own.common if c in metric_names.common_names(own, n)), c) for c in common)
 
 
-def recorded_engine(run_info: Mapping[str, Any]) -> str | None:
-    """The engine run.json says served the run: the server's reported identity (bench), or `flags.engine` (simulate)."""
-    identity = ((run_info.get("server_info") or {}).get("engine") or {}).get("name")
-    if identity:
-        return str(identity)
-    flagged = (run_info.get("flags") or {}).get("engine") or (run_info.get("deployment") or {}).get("engine")
+def recorded_engine(run_info: RunInfo | None) -> str | None:
+    """The engine run.json says served the run: the server's reported identity (bench), `flags.engine` (simulate),
+    or the simulated deployment's engine. None: no run, or one that records none."""
+    if run_info is None:
+        return None
+    server = run_info.server_info
+    if server is not None and server.engine is not None and server.engine.name:
+        return server.engine.name
+    flags = run_info.flags.model_extra if run_info.flags is not None else None  # RunFlags leaves `engine` open
+    flagged = (flags or {}).get("engine") or (run_info.deployment.engine if run_info.deployment is not None else None)
     return str(flagged) if flagged else None
 
 
@@ -127,7 +131,7 @@ def check_engine(flag: str) -> None:
         raise InputError(f"--engine {flag!r}: choose one of {', '.join(ENGINES)} or {metric_names.AUTO}")
 
 
-def served_engine(flag: str, run_info: Mapping[str, Any]) -> tuple[str, str | None]:
+def served_engine(flag: str, run_info: RunInfo | None) -> tuple[str, str | None]:
     """The engine to diagnose, and a warning when --engine and run.json disagree (or the recorded one is not modelled).
 
     `auto` takes what the run recorded (the server's reported identity, or a simulated run's --engine), vLLM when
