@@ -18,6 +18,7 @@ from servelab.metrics.intervals import interval_suffix
 from servelab.metrics.records import RequestRecord
 from servelab.cells import MISSING, number
 from servelab.schemas.results import Summary, SweepIndex
+from servelab.schemas.vocabulary import Limit
 
 
 class LiveProgress:
@@ -116,7 +117,9 @@ def _totals(summary: Summary) -> list[tuple[str, Any]]:
     ]
     if summary.interval_basis is not None:
         basis = summary.interval_basis
-        rows.append(("80% intervals from", f"{basis.tier} predictions, {basis.regime} (docs/accuracy.md)"))
+        bound = {Limit.API_SERVER: ", API-server-bound", Limit.ENGINE: ", engine-bound"}
+        limit = "" if basis.limit is None else bound[basis.limit]
+        rows.append(("80% intervals from", f"{basis.tier} predictions, {basis.regime}{limit} (docs/accuracy.md)"))
     if summary.request_goodput is not None:
         rows.append(("Request goodput (req/s)", f"{summary.request_goodput:.2f}"))
     for kind, count in sorted(summary.errors_by_kind.items()):
