@@ -135,6 +135,9 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
     rate = arrival.request_rate
     # The whole run's records: the server's histograms count every request, warm-up included.
     split = ttft_split(run.records, run.timeline)
+    stats = client_stats_of(run)
+    # Each engine's busy seconds: simulate's summary.json, or a what-if's run.json (it has no summary).
+    busy_s = stats.engine_busy_s or _run_json_extra(run, "engine_busy_s")
     return Evidence(
         completed=summary.completed,
         failed=summary.failed,
@@ -156,10 +159,10 @@ def gather(run: RunResult, warmup: float = 0.0) -> Evidence:
         median_e2el_ms=float(summary.statistic("median_e2el_ms")),
         **_queue_gauges(_loaded_window(run.timeline)),
         **_server_counters(run.timeline),
-        engine_busy=_busy(_run_json_extra(run, "engine_busy_s"), summary.duration),
+        engine_busy=_busy(busy_s, summary.duration),
         ttft_split=split,
         outside_engine=outside_engine(run.records, split),
-        **_client_verdict(client_stats_of(run)),
+        **_client_verdict(stats),
         source=run.run_info.source,
     )
 
