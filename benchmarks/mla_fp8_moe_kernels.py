@@ -147,14 +147,19 @@ def moe_rate(tables: list[pd.DataFrame]) -> dict[str, Any]:
     rows = rows[rows.num_tokens >= LARGE_BATCH_FROM_TOKENS]
     width = rows.inter_size / rows.moe_tp_size
     tflops = 6 * rows.num_tokens * rows.topk * rows.hidden_size * width / (rows.latency * 1e-3) / 1e12
-    medians = tflops.groupby(width).median()
+    return width_fit(tflops.groupby(width).median(), rows=len(rows), peak_guess=600.0)
+
+
+def width_fit(medians: pd.Series, *, rows: int, peak_guess: float) -> dict[str, Any]:
+    """peak x w / (w + half_width) fitted to the median TFLOP/s per expert width w (the Series' index), with the
+    number of rows it rests on and its largest miss on a width."""
     w = medians.index.to_numpy(float)
-    (peak, half_width), _ = curve_fit(lambda x, r, h: r * x / (x + h), w, medians.to_numpy(), p0=(600.0, 300.0))
+    (peak, half_width), _ = curve_fit(lambda x, r, h: r * x / (x + h), w, medians.to_numpy(), p0=(peak_guess, 300.0))
     residual = medians.to_numpy() / (peak * w / (w + half_width)) - 1
     return {
         "peak_tflops": float(f"{peak:.4g}"),
         "half_width": float(f"{half_width:.4g}"),
-        "rows": len(rows),
+        "rows": rows,
         "widths": len(w),
         "max_abs_error": float(f"{np.max(np.abs(residual)):.3g}"),
     }

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import yaml
-from scipy.optimize import curve_fit
+
+from mla_fp8_moe_kernels import width_fit  # the sibling script's fit, the same form for FP8 experts
 
 from servelab.perf.cost_model import RooflineCostModel
 from servelab.perf.engine_config import EngineConfig
@@ -131,17 +132,7 @@ def width_rate(rows: pd.DataFrame) -> dict[str, Any]:
     """The rate against each rank's expert width w, fitted as peak x w / (w + half_width) to the median TFLOP/s per
     width (as benchmarks/mla_fp8_moe_kernels.py fits FP8 experts): a narrow slice of each expert gives every MMA
     tile fewer columns to reuse the routed tokens' activations over, and the kernel runs further below its peak."""
-    medians = rows.tflops.groupby(rows.width).median()
-    w = medians.index.to_numpy(float)
-    (peak, half_width), _ = curve_fit(lambda x, r, h: r * x / (x + h), w, medians.to_numpy(), p0=(300.0, 300.0))
-    residual = medians.to_numpy() / (peak * w / (w + half_width)) - 1
-    return {
-        "peak_tflops": float(f"{peak:.4g}"),
-        "half_width": float(f"{half_width:.4g}"),
-        "rows": len(rows),
-        "widths": len(w),
-        "max_abs_error": float(f"{np.max(np.abs(residual)):.3g}"),
-    }
+    return width_fit(rows.tflops.groupby(rows.width).median(), rows=len(rows), peak_guess=300.0)
 
 
 def rate_entry(rows: pd.DataFrame, memory: pd.DataFrame, *, by_width: bool) -> dict[str, Any]:

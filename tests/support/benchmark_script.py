@@ -11,7 +11,10 @@ BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """benchmarks/<name>.py, registered in sys.modules first: its dataclasses look their module up there."""
+    """benchmarks/<name>.py, registered in sys.modules first: its dataclasses look their module up there. The
+    benchmarks folder is on sys.path, as it is for a script run from it, so a script imports its siblings."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None, name
     module = importlib.util.module_from_spec(spec)
