@@ -262,16 +262,16 @@ def digest(name: str) -> tuple[str, int, int, int]:
 
 
 GOLDEN: dict[str, tuple[str, int, int, int]] = {
-    "burst_short": ("4d201aca635cc12ad4e667c0665926bd9198b695db257694992935f39c44c1e0", 139, 0, 0),
-    "chunked_replicas": ("3eeb0e7bb89e972040bcc34b7281c17f8c7d2c1d602e5e89e0711d5867dada48", 3144, 0, 0),
-    "multiturn_closed_loop": ("5d71e5e8ca7b127d9803524bc0920626d4e891c93b867ee6ecfa4d783aa0e16d", 1995, 0, 190192),
-    "no_chunking_sync": ("61c1649264bbb874697c574db947f9f2417307e31ac046351c31195e46add512", 959, 0, 0),
-    "overload_async_frontend": ("764b359c8810bc44a09d2d47b991368429ce771cf2f5bf8453de0d565bd47b4f", 575, 0, 0),
-    "preempt_async_priority": ("c9f54813ea75b750b04310e04754c823da7f19a6a25c3e073cf068d88bfee45f", 6822, 127, 0),
-    "preempt_sync_fcfs": ("0185e566af3c02fe0f34d1b701792f12c52e03862ee124c1dc20558ccd791fc9", 7094, 106, 0),
-    "prefix_fast_forward": ("0c87d2d0b3b48fd36f4de8df1b65841a3bc52b8f906a398024e3e264db72127b", 1988, 0, 272448),
-    "tp2_datasheet_api_servers": ("d0a745396869f12ef62d1d7b8ec25a634a4c0554545170df46ef5031a352ea73", 1626, 0, 0),
-    "wide_burst_sliced": ("d8564afd7332b6133e4e92e12e606d86af17d03f004ef42ca351460319174cb7", 1162, 0, 0),
+    "burst_short": ("a5a6aa26e07c86da544e1bd9784e2a7b529d32ce9de1fa6ed4349c79c33c997d", 139, 0, 0),
+    "chunked_replicas": ("4aa7bbc2a8dbffe99360c30b8fd0c3b2d9fe70b671130753f834336cb1d443e2", 3144, 0, 0),
+    "multiturn_closed_loop": ("1c28fb96751ec889f296da20982187832a29d9763449c1e6da3a132788a25f89", 1995, 0, 190192),
+    "no_chunking_sync": ("2296e2b83ac92778517fa357168be5a2532768af2fb98b1ffdce5c17656915e0", 959, 0, 0),
+    "overload_async_frontend": ("f49f8a53b49d166cb25ed2db5799a0842a88134af2a4d70741c9609ef16b7900", 575, 0, 0),
+    "preempt_async_priority": ("b9f2b2ad02f1a4d224a3a1a43b50eaa0f166f5e6c0a143c836459edb4f8ba4d4", 6822, 127, 0),
+    "preempt_sync_fcfs": ("4e83762a82660d9e7ecd3b934df73b63a0573c03768cb2f103180c5c0fcf4b42", 7094, 106, 0),
+    "prefix_fast_forward": ("858bc1d39b7882bece36224e0cbf5ba44ad95237e11d5e1a22d2634001569d1b", 1988, 0, 272448),
+    "tp2_datasheet_api_servers": ("a301b15e48483c41eeebb7ec49f473274705059aaf23c2e925ace3061e53d6e6", 1626, 0, 0),
+    "wide_burst_sliced": ("89615d45b38120459ab77f795b3984e8ee13c1fe6fcf26041edfbcd0952405b5", 1162, 0, 0),
 }
 
 
