@@ -132,7 +132,7 @@ def test_a_run_writes_the_results_and_never_the_api_key(server, tmp_path):
     run = load_run(out)
     assert len(run.records) == 12 and all(r.ok and r.output_tokens == 4 for r in run.records)
     assert run.summary["completed"] == 12 and run.summary["request_goodput"] is not None
-    assert run.run_info.flags.model_extra["max_concurrency"] == 4 and run.run_info.server_info.model == MODEL
+    assert run.run_info.flags.max_concurrency == 4 and run.run_info.server_info.model == MODEL
     assert run.run_info.workload.workload.dataset_name == "random"
     assert server.received[-1].authorization == "Bearer sk-very-secret"
     assert all("sk-very-secret" not in p.read_text() for p in out.iterdir())

@@ -161,9 +161,9 @@ def test_bench_through_one_url_scrapes_the_replicas_given_and_records_them(tmp_p
     assert result.exit_code == 0, result.output
     assert sorted(sessions) == ["0", "0", "1", "1", "2", "2"]
     run = load_run(out)
-    flags, server = run.run_info.flags.model_extra, run.run_info.server_info.model_extra
-    assert flags["replica_metrics_urls"] == [r1.base_url + "/metrics", r2.base_url + "/metrics"]
-    assert [load["url"] for load in server["replicas"]] == flags["replica_metrics_urls"]
+    flags, server = run.run_info.flags, run.run_info.server_info
+    assert flags.replica_metrics_urls == [r1.base_url + "/metrics", r2.base_url + "/metrics"]
+    assert [load["url"] for load in server.replicas] == flags.replica_metrics_urls
 
 
 def test_replica_metrics_urls_with_several_base_urls_are_refused(tmp_path):

@@ -82,7 +82,7 @@ def fleet(_vllm_pool, vllm_python: Path, tiny_model: Path, tmp_path_factory) -> 
             server.stop()
 
 
-def _bench(out: Path, urls: list[str], *args: str) -> dict:
+def _bench(out: Path, urls: list[str], *args: str) -> list[dict]:
     result = runner.invoke(
         app,
         [
@@ -99,7 +99,7 @@ def _bench(out: Path, urls: list[str], *args: str) -> dict:
         ],
     )
     assert result.exit_code == 0, result.output
-    return load_run(out).run_info.server_info.model_extra  # replicas: a key ServerInfo leaves open
+    return load_run(out).run_info.server_info.replicas  # each replica's load, as bench scraped it
 
 
 def _hit_rate(replicas: list[dict]) -> float:
@@ -161,8 +161,7 @@ def test_cache_aware_routes_hit_more_than_round_robin_measured_and_simulated(fle
     measured: dict[str, float] = {}
     rows = []
     for seed, route in enumerate(OWN_ROUTES, 1):  # a seed each: no run finds the previous run's prompts cached
-        info = _bench(tmp_path / route, urls, "--route", route, "--seed", str(seed))
-        replicas = info["replicas"]
+        replicas = _bench(tmp_path / route, urls, "--route", route, "--seed", str(seed))
         assert [r["url"] for r in replicas] == [url + "/metrics" for url in urls]
         assert sum(r["requests_served"] for r in replicas) == 384
         measured[route] = _hit_rate(replicas)
@@ -171,8 +170,7 @@ def test_cache_aware_routes_hit_more_than_round_robin_measured_and_simulated(fle
         for seed, policy in enumerate(VLLM_ROUTER_POLICIES, 10):
             with _vllm_router(policy, urls, tmp_path / f"router-{policy}.log").start() as router:
                 metrics = [a for url in urls for a in ("--replica-metrics-url", url + "/metrics")]
-                info = _bench(tmp_path / policy, [router.base_url], *metrics, "--seed", str(seed))
-            replicas = info["replicas"]
+                replicas = _bench(tmp_path / policy, [router.base_url], *metrics, "--seed", str(seed))
             assert sum(r["requests_served"] for r in replicas) == 384  # every request reached a replica we scrape
             assert [r["server_ttft_count"] for r in replicas] == [r["requests_served"] for r in replicas]
             measured[f"vllm-router {policy}"] = _hit_rate(replicas)

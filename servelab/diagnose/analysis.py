@@ -54,6 +54,7 @@ from servelab.schemas.diagnosis import (
 )
 from servelab.schemas.diagnosis import Observed as ObservedFigures
 from servelab.schemas.fleet import ReplicaLoad, RouterTime
+from servelab.schemas.results import RunFlags, ServerInfo
 from servelab.schemas.vocabulary import DiagnosisSource
 from servelab.diagnose.utilization import utilization
 from servelab.metrics.intervals import Regime, value_interval
@@ -402,14 +403,11 @@ def _reconciled(d: Deployment, scenario: Scenario, observed: Observed, c: Ceilin
 def _fleet_findings(run: RunResult, scenario: Scenario, e: Evidence) -> list[Finding]:
     """A fleet's findings from the replicas' loads `bench` recorded (none for a single server); the client's mean
     TTFT is set against the replicas' own only when it went through a router (`--replica-metrics-urls`)."""
-    info = run.run_info  # replicas, router_time and replica_metrics_urls: keys ServerInfo and RunFlags leave open
-    server = (info.server_info.model_extra if info.server_info is not None else None) or {}
-    flags = (info.flags.model_extra if info.flags is not None else None) or {}
-    replicas = server.get("replicas") or []
+    server, flags = run.run_info.server_info or ServerInfo(), run.run_info.flags or RunFlags()
     repeated = scenario.mean_shared / scenario.mean_input if scenario.mean_input else None
-    behind_router = bool(flags.get("replica_metrics_urls"))
-    loads = [typed_part(ReplicaLoad, r, run, "server_info.replicas in run.json") for r in replicas]
-    spent = server.get("router_time")
+    behind_router = bool(flags.replica_metrics_urls)
+    loads = [typed_part(ReplicaLoad, r, run, "server_info.replicas in run.json") for r in server.replicas or []]
+    spent = server.router_time
     router_time = (
         (typed_part(RouterTime, spent, run, "server_info.router_time in run.json"), e.mean_ttft_ms) if spent else None
     )

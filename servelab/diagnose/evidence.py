@@ -100,12 +100,11 @@ def workload_of(run: RunResult) -> WorkloadWords:
     say leaves each word empty."""
     plan = run.run_info.workload
     described = plan.workload if plan is not None and plan.workload is not None else DatasetInfo()
-    lengths = described.model_extra or {}  # the plan's own keys, which DatasetInfo leaves open
     return WorkloadWords(
         described.dataset_name,
-        int(lengths.get("prefix_len") or 0),
-        int(lengths.get("system_prompt_len") or 0),
-        int(lengths.get("system_prompts") or 0),
+        described.prefix_len or 0,
+        described.system_prompt_len or 0,
+        described.system_prompts or 0,
     )
 
 

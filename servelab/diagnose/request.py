@@ -304,21 +304,19 @@ def _simulated_deployment(run: RunResult, w: DeploymentWords) -> DeploymentWords
     A measured run records no hardware: unchanged."""
     if run.run_info.source != "sim":
         return w
-    given = run.run_info.flags or RunFlags()
-    flags = given.model_extra or {}  # simulate's flags beyond the model, which RunFlags leaves open
-    path = lambda key: Path(flags[key]) if flags.get(key) else None  # noqa: E731
+    flags = run.run_info.flags or RunFlags()
     return replace(
         w,
-        gpu=flags.get("gpu"),
-        model=given.model,
-        calibration=path("calibration"),
-        engine_args=w.engine_args or flags.get("engine_args") or "",
-        tp=w.tp if w.tp is not None else flags.get("tp"),
-        replicas=w.replicas if w.replicas is not None else flags.get("replicas"),
-        router=flags.get("router") or w.router,
-        router_weights=w.router_weights or flags.get("router_weights"),
-        gpu_file=w.gpu_file or path("gpu_file"),
-        vllm_version=w.vllm_version or flags.get("vllm_version"),
+        gpu=flags.gpu,
+        model=flags.model,
+        calibration=Path(flags.calibration) if flags.calibration else None,
+        engine_args=w.engine_args or flags.engine_args or "",
+        tp=w.tp if w.tp is not None else flags.tp,
+        replicas=w.replicas if w.replicas is not None else flags.replicas,
+        router=flags.router or w.router,
+        router_weights=w.router_weights or flags.router_weights,
+        gpu_file=w.gpu_file or (Path(flags.gpu_file) if flags.gpu_file else None),
+        vllm_version=w.vllm_version or flags.vllm_version,
     )
 
 

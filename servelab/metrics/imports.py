@@ -37,7 +37,7 @@ import numpy as np
 from servelab.errors import InputError
 from servelab.metrics.results import RUN, SWEEP, load_run
 from servelab.metrics.summary import summarize
-from servelab.schemas.results import Json
+from servelab.schemas.results import Json, RunFlags
 from servelab.workload.arrival import ArrivalConfig
 from servelab.workload.datasets import WorkloadConfig
 from servelab.workload.errors import WorkloadError
@@ -293,11 +293,11 @@ def read_servelab(directory: Path, flags: WorkloadFlags) -> list[MeasuredRun]:
     if not ok or not summary.get("completed"):
         raise ResultImportError(f"{source} has no completed requests: there is nothing measured to calibrate on")
     start = min(r.intended_time for r in ok)
-    info = run.run_info  # the flags beyond model and base_url, and a sweep's point, are keys RunInfo leaves open
-    flags_given = (info.flags.model_extra if info.flags is not None else None) or {}
-    point = (info.model_extra or {}).get("sweep_point") or {}
-    rate = point.get("request-rate", flags_given.get("request_rate"))
-    concurrency = point.get("max-concurrency", flags_given.get("max_concurrency"))
+    info = run.run_info
+    given = info.flags or RunFlags()
+    point = (info.model_extra or {}).get("sweep_point") or {}  # a sweep's point: a key RunInfo leaves open
+    rate = point.get("request-rate", given.request_rate)
+    concurrency = point.get("max-concurrency", given.max_concurrency)
     open_loop = rate is not None and math.isfinite(float(rate))
     arrivals = [r.intended_time - start if open_loop else 0.0 for r in ok]
     requests = _specs([r.prompt_tokens for r in ok], [r.output_tokens for r in ok], arrivals)

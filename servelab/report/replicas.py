@@ -41,9 +41,9 @@ class ReplicaRow:
 def _loads(run: ReportRun) -> dict[str, ReplicaLoad]:
     """run.json's `server_info.replicas` by replica name; a load this servelab cannot read is left out (its cells
     show as missing, as any value that is not a number does)."""
-    extra = run.info.server_info.model_extra if run.info.server_info is not None else None
+    server = run.info.server_info
     loads = {}
-    for raw in (extra or {}).get("replicas") or []:
+    for raw in (server.replicas if server is not None else None) or []:
         try:
             load = ReplicaLoad.model_validate(raw)
         except ValidationError:

@@ -342,10 +342,22 @@ class EngineIdentity(ClosedModel):
 
 
 class ServerInfo(InGivenOrder):
-    """A measured run's server, as pre-flight found it (model, endpoint, ...) and the engine it reported."""
+    """A run's server, as pre-flight found it (model, endpoint, ...) and the engine it reported; a fleet's replicas as
+    bench scraped them or the simulator ran them. The parts diagnose and report read by name are typed, the rest kept
+    as given."""
 
     engine: EngineIdentity | None = None
     model: str | None = Field(None, description="The model the server said it serves.")
+    replicas: list[Json] | None = Field(
+        None,
+        description="A fleet's replicas, one load each (servelab.schemas.fleet.ReplicaLoad, which its readers check): "
+        "bench from each replica's /metrics, simulate from each simulated replica; absent for one server.",
+    )
+    router_time: Json | None = Field(
+        None,
+        description="simulate, a fleet: the simulated router's own time (servelab.schemas.fleet.RouterTime, which its "
+        "readers check).",
+    )
 
 
 class LengthInfo(InGivenOrder):
@@ -363,6 +375,13 @@ class DatasetInfo(InGivenOrder):
     seed: int | None = None
     input_len: LengthInfo | None = None
     output_len: LengthInfo | None = None
+    prefix_len: int | None = Field(None, description="--dataset-name prefix: tokens each prompt shares with its group.")
+    system_prompt_len: int | None = Field(
+        None, description="--dataset-name multiturn: tokens of the system prompt each conversation opens with."
+    )
+    system_prompts: int | None = Field(
+        None, description="--dataset-name multiturn: the system prompts the conversations draw from (0: none)."
+    )
 
 
 class ArrivalInfo(InGivenOrder):
@@ -389,10 +408,29 @@ class PlanInfo(InGivenOrder):
 
 
 class RunFlags(InGivenOrder):
-    """The command's flags as run.json keeps them; the ones read back by name are typed, the rest kept as given."""
+    """The command's flags as run.json keeps them (servelab.runs.run_info): paths as text, values as the flag gave
+    them. The ones read back by name are typed, the rest kept as given."""
 
     model: str | None = None
     base_url: str | None = None
+    replica_metrics_urls: list[str] | None = Field(
+        None, description="bench: --replica-metrics-url, the replicas behind a router (empty: none given)."
+    )
+    gpu: str | None = Field(None, description="simulate: --gpu, the catalogue entry (null with --calibration).")
+    calibration: str | None = Field(None, description="simulate: --calibration, the profile's path.")
+    engine_args: str | None = Field(None, description="simulate: --engine-args as given (empty: none).")
+    tp: int | None = Field(None, description="simulate: --tp (null: --engine-args or the default sets it).")
+    replicas: int | None = Field(
+        None, description="simulate: --replicas (null: --engine-args' --data-parallel-size, else one)."
+    )
+    router: str | None = Field(None, description="simulate: the router the fleet ran, --router or its default.")
+    router_weights: str | None = Field(None, description="simulate: --router-weights; absent when not given.")
+    gpu_file: str | None = Field(None, description="simulate: --gpu-file, the path of the user's GPU catalogue.")
+    vllm_version: str | None = Field(None, description="simulate: --vllm-version (null: the default release).")
+    request_rate: Number | None = Field(
+        None, description="bench, simulate: --request-rate, requests/s (Infinity, or null when not given: all at once)."
+    )
+    max_concurrency: int | None = Field(None, description="bench, simulate: --max-concurrency (null: no cap).")
 
 
 class RunInfo(InGivenOrder):
