@@ -416,6 +416,7 @@ class RunFlags(InGivenOrder):
     replica_metrics_urls: list[str] | None = Field(
         None, description="bench: --replica-metrics-url, the replicas behind a router (empty: none given)."
     )
+    engine: str | None = Field(None, description="bench and simulate: --engine as given.")
     gpu: str | None = Field(None, description="simulate: --gpu, the catalogue entry (null with --calibration).")
     calibration: str | None = Field(None, description="simulate: --calibration, the profile's path.")
     engine_args: str | None = Field(None, description="simulate: --engine-args as given (empty: none).")

@@ -120,8 +120,9 @@ def recorded_engine(run_info: RunInfo | None) -> str | None:
     server = run_info.server_info
     if server is not None and server.engine is not None and server.engine.name:
         return server.engine.name
-    flags = run_info.flags.model_extra if run_info.flags is not None else None  # RunFlags leaves `engine` open
-    flagged = (flags or {}).get("engine") or (run_info.deployment.engine if run_info.deployment is not None else None)
+    flagged = (run_info.flags.engine if run_info.flags is not None else None) or (
+        run_info.deployment.engine if run_info.deployment is not None else None
+    )
     return str(flagged) if flagged else None
 
 
