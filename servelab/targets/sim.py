@@ -291,9 +291,6 @@ class _Simulation:
         self.per_replica = target.servers_per_replica
         self.next_in_replica = [0] * engines
         self.server_of: dict[int, int] = {}
-        self.engine_of: dict[int, int] = {}
-        """Replicas behind a router in front: the replica the router picked, by plan index, until it takes the
-        request in."""
         self.delivered: list[list[list[float]]] = [[[] for _ in range(servers)] for _ in range(engines)]
         """With a frontend: per engine and API server, when the tokens of each step left that server (nan: not yet)."""
         self.pending: list[list[tuple[int, int, float]]] = [[] for _ in range(servers)]
@@ -448,14 +445,12 @@ class _Simulation:
         return done
 
     def _arrive(self, spec: RequestSpec, now: float) -> None:
-        if not self.frontend:
-            self._admit(spec, now)
-        elif self.per_replica is None:
+        if self.frontend and self.per_replica is None:  # shared API servers take requests in turn
             server = self.next_server
             self.next_server = (server + 1) % self.servers
             self._queue_intake(spec, server, now)
-        else:
-            self._admit(spec, now)  # the router in front picks the replica, whose own API server takes it in
+        else:  # no frontend, or a router in front picks the replica, whose own API server takes it in (_route)
+            self._admit(spec, now)
 
     def _queue_intake(self, spec: RequestSpec, server: int, now: float) -> None:
         self.server_of[spec.index] = server
@@ -486,7 +481,7 @@ class _Simulation:
         if self.per_replica is None:
             self._push(admitted, _CLIENT, lambda t, s=spec: self._admit(s, t))
         else:
-            picked = self.engine_of.pop(spec.index)
+            picked = server // self.per_replica  # the replica whose own API server this is
             self._push(admitted, _CLIENT, lambda t, i=picked, s=spec: self._enter(i, s, t))
         self.intake_owed[server] = max(0, self.intake_owed[server] - 1)
         if self.round_deferred[server] and not (self.intake_owed[server] and self.intake[server]):  # its turn now
@@ -507,7 +502,6 @@ class _Simulation:
         router is in front of separate servers)."""
         i = self.router.pick(self.engines, spec, now)  # routing (sim/router.py)
         if self.frontend and self.per_replica is not None:
-            self.engine_of[spec.index] = i
             server = i * self.per_replica + self.next_in_replica[i]
             self.next_in_replica[i] = (self.next_in_replica[i] + 1) % self.per_replica
             self._queue_intake(spec, server, now)
