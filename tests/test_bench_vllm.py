@@ -14,6 +14,7 @@ from servelab.cli import app
 from servelab.metrics import timeline
 from servelab.metrics.results import load_run
 from servelab.schemas.results import EngineIdentity
+from support.overlap import most_open_at_once
 from support.schemas import assert_files_match_schemas
 
 pytestmark = pytest.mark.vllm
@@ -59,20 +60,6 @@ def bench(server, result_dir: Path, *args: str) -> None:
     assert result.exit_code == 0, result.output
 
 
-def most_streams_at_once(records) -> int:
-    """The most token streams open at one instant, from first token to finish, as the client saw them.
-
-    A scrape every 0.25 s may miss the moments when several requests run (on 2 cores a run of 40 short requests
-    lasts about a second), so the server's concurrency is checked from the streams themselves.
-    """
-    edges = sorted([(r.first_token_time, 1) for r in records] + [(r.finish_time, -1) for r in records])
-    open_now = most = 0
-    for _, step in edges:
-        open_now += step
-        most = max(most, open_now)
-    return most
-
-
 @pytest.mark.parametrize("workers", [1, 2])
 def test_closed_loop_run_is_complete_and_agrees_with_the_server(vllm_server, vllm_python, tmp_path, workers):
     bench(
@@ -93,7 +80,9 @@ def test_closed_loop_run_is_complete_and_agrees_with_the_server(vllm_server, vll
     assert run.summary["completed"] == 40 and run.summary["failed"] == 0
     assert all(r.ok and r.output_tokens == 32 and r.prompt_tokens == 128 for r in run.records)
     assert (timeline.gauge_max(run.timeline, timeline.RUNNING) or 0) >= 1  # a scrape landed while it served
-    assert most_streams_at_once(run.records) > 1  # the server decoded requests side by side
+    # The server decoded requests side by side: token streams, first token to finish, open at once. A scrape every
+    # 0.25 s may miss the moments when several run (on 2 cores the 40 requests last about a second).
+    assert most_open_at_once((r.first_token_time, r.finish_time) for r in run.records) > 1
     assert assert_files_match_schemas(tmp_path) == {"run": 1, "record": 1, "summary": 1, "timeline": 1}
     vllm_version = subprocess.run(
         [str(vllm_python), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, check=True

@@ -20,6 +20,7 @@ from servelab.sim.linear_cost import LinearCostModel
 from servelab.targets.errors import TargetError
 from servelab.targets.sim import SimTarget
 from servelab.workload.spec import LoadPlan, RequestSpec
+from support.overlap import most_open_at_once
 
 COST = LinearCostModel()
 CONFIG = EngineConfig(max_num_seqs=32, max_num_batched_tokens=1024)
@@ -38,15 +39,6 @@ def run(target, plan):
     return sink.records, samples, result
 
 
-def in_flight_max(records):
-    events = sorted([(r.send_time, 1) for r in records] + [(r.finish_time, -1) for r in records])
-    level = peak = 0
-    for _, d in events:
-        level += d
-        peak = max(peak, level)
-    return peak
-
-
 def test_records_carry_every_token_and_the_engine_view():
     records, _, result = run(SimTarget(CONFIG, 2000, COST), LoadPlan(specs(20, rate=5)))
     assert len(records) == 20 and all(r.ok for r in records)
@@ -62,7 +54,7 @@ def test_records_carry_every_token_and_the_engine_view():
 
 def test_closed_loop_concurrency_is_respected_and_slots_are_reused_at_once():
     records, _, _ = run(SimTarget(CONFIG, 2000, COST), LoadPlan(specs(40), max_concurrency=4))
-    assert in_flight_max(records) == 4
+    assert most_open_at_once((r.send_time, r.finish_time) for r in records) == 4
     by_index = sorted(records, key=lambda r: r.index)
     assert [r.send_time for r in by_index[:4]] == [0.0] * 4
     finishes = sorted(r.finish_time for r in records)
@@ -74,7 +66,7 @@ def test_open_loop_sends_on_schedule_and_a_cap_delays_it():
     free, _, _ = run(SimTarget(CONFIG, 2000, COST), LoadPlan(plan_specs))
     assert all(r.send_time == plan_specs[r.index].arrival_time for r in free)
     capped, _, _ = run(SimTarget(CONFIG, 2000, COST), LoadPlan(plan_specs, max_concurrency=2))
-    assert in_flight_max(capped) <= 2
+    assert most_open_at_once((r.send_time, r.finish_time) for r in capped) <= 2
     assert all(r.send_time >= plan_specs[r.index].arrival_time for r in capped)
     assert any(r.send_time > plan_specs[r.index].arrival_time for r in capped)
 
