@@ -19,10 +19,14 @@ class Results:
     """A results directory, read back: what was run and its summary as typed models, records and timeline as tables."""
 
     directory: Path
-    run_info: RunInfo
     summary: Summary | None
     """None for a partial run (the client was killed before the end)."""
     result: RunResult
+
+    @property
+    def run_info(self) -> RunInfo:
+        """What was run (run.json), as the run read back holds it."""
+        return self.result.run_info
 
     def records(self) -> pd.DataFrame:
         """One row per request, the columns of records.jsonl plus ttft_s and e2el_s (seconds; NaN without a token)."""
@@ -45,7 +49,7 @@ def load_results(directory: str | Path) -> Results:
     """Any results directory `bench` or `simulate` wrote (a sweep's points are directories of their own)."""
     result = load_run(Path(directory))
     summary = Summary.model_validate(result.summary) if result.summary is not None else None
-    return Results(Path(directory), result.run_info, summary, result)
+    return Results(Path(directory), summary, result)
 
 
 @dataclass(frozen=True)
