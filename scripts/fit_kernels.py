@@ -25,6 +25,7 @@ from servelab.perf.kernel_fit import (
     dump_yaml,
     fit_all,
     refit_differences,
+    sibling_time_ratios,
 )
 
 
@@ -43,6 +44,14 @@ def main() -> int:
         print(
             f"{gpu:14s} {fit.device:24s} gemm held-out rms {fit.residuals['gemm'].holdout_rms:.1%}; "
             f"worst op {worst[0]} {worst[1].holdout_rms:.1%}"
+        )
+    if coefficients.sink_prefill:
+        scale = coefficients.sink_prefill
+        ratios = sibling_time_ratios(scale, args.data)
+        print(
+            f"sink prefill   {scale.device:24s} Triton backend x{scale.efficiency_ratio:.3f} of FlashAttention 2's "
+            f"efficiency; time over FlashAttention 2's, measured/fitted median: "
+            + ", ".join(f"{n}: {m:.2f}/{f:.2f}" for n, (m, f) in ratios.items() if n in (512, 2048, 8192, 16384))
         )
     if args.check:
         if not args.out.exists():

@@ -20,6 +20,7 @@ from servelab.perf.kernel_fit import (
     GpuKernelFit,
     elementwise_bytes_per_token,
     load_kernel_fit,
+    vllm_prefill_attention,
 )
 from servelab.perf.memory import (
     kv_bytes_per_token_per_rank,
@@ -172,6 +173,7 @@ class RooflineCostModel:
              + a launch floor, e saturating in tokens and falling for very large GEMMs
          + decode attention: launch + L2-miss step + (KV tokens + requests x c) x bytes / bw  per layer
          + prefill attention: launch + causal FLOPs (1 + s_half / chunk length) / peak         per layer
+           (a model with attention sinks on an Ampere GPU: vLLM's Triton backend, kernel_fit.vllm_prefill_attention)
          + per-layer elementwise kernels (norms, RoPE, activation) and GEMM launch floors
          + 2 all-reduces per layer when TP > 1 (measured latency + bytes / bandwidth)
          + CPU overheads as below
@@ -394,7 +396,9 @@ class RooflineCostModel:
     def _init_fitted(self, fit: GpuKernelFit, model: ModelSpec, tp: int, kv_per_token: float) -> None:
         """Per-token and per-step constants of the fitted form (formulas: servelab.perf.kernel_fit)."""
         peak, bw, layers = self.hardware.peak_flops("bf16"), self.hardware.memory_bandwidth, model.num_layers
-        g, dec, pre, el = fit.gemm, fit.decode_attention, fit.prefill_attention, fit.elementwise
+        g, dec, el = fit.gemm, fit.decode_attention, fit.elementwise
+        pre, backend_note = vllm_prefill_attention(fit, model.attention_sinks)
+        self.cost_source_note += backend_note
         h, d = model.hidden_size, model.head_dim
         heads, kv_heads = model.num_heads // tp, kv_heads_per_rank(model, tp)
         inter = model.intermediate_size // tp

@@ -15,6 +15,9 @@ This module fits those terms, per GPU, to public measurements:
 - Vidur (github.com/microsoft/vidur, MIT, commit 7d47513, data/profiling/compute)
   timed the elementwise ops the GEMM tables lack; `VIDUR_ELEMENTWISE` is the small
   table derived from it.
+- The same package's L40S tables (`l40s/attention/vllm/0.24.0`) time vLLM's Triton
+  attention backend beside FlashAttention 2 on the same shapes: `TritonPrefillScale`,
+  the prefill of a model with attention sinks on an Ampere GPU (docs/moe.md).
 
 The cost model reads only the YAML this writes (`load_kernel_fit`), so pandas
 and pyarrow (needed to read the tables) are imported by the fitting code alone.
@@ -66,6 +69,19 @@ The GB200 tables time one GPU of an NVL72 rack and hold all-reduce at TP 2 and 4
 
 HEAD_DIM = 128
 """Every model the catalogue fits here uses 128-wide heads; the fit reads only those rows."""
+
+SINK_TRITON_SYSTEMS = frozenset({"a100_sxm"})
+"""Fitted GPUs on which vLLM runs a model with attention sinks (gpt-oss) in its Triton backend: FlashAttention 2, the
+only FlashAttention on compute capability 8.x, has no sinks. vllm/platforms/cuda.py, get_attn_backend_cls (0.10.1, the
+first release with gpt-oss, to 0.11): `if has_sink and not cls.is_device_capability(90): return TRITON_ATTN_VLLM_V1`,
+after Blackwell (SM100) has taken FlashInfer; later releases validate each backend and FlashAttention's supports_sink
+is `flash_attn_supports_sinks()`, FA3 and up. Hopper runs FA3, which has sinks; the B200 family, FlashInfer."""
+TRITON_SIBLING = "l40s"
+"""The system whose vLLM tables time the Triton backend (`vllm_triton_attn`) beside FlashAttention 2 on the same
+shapes: an L40S (Ada, compute capability 8.9), which runs the same warp-level mma.sync tensor-core instructions that
+both kernels compile to on an A100 (8.0). No table times the Triton backend on an A100."""
+TRITON_SIBLING_HEAD_DIM = 192
+"""The head size of the sibling's Triton rows (the only one timed; FlashAttention 2 has the same shapes)."""
 
 BF16 = 2
 
@@ -214,10 +230,37 @@ class GpuKernelFit(_Frozen):
     residuals: dict[str, Residual]
 
 
+class TritonPrefillScale(_Frozen):
+    """vLLM's Triton attention backend (triton_unified_attention) against FlashAttention 2 in prefill, each fitted in
+    the PrefillAttentionFit form to the same shapes of one GPU's tables (`TRITON_SIBLING`).
+
+    The Triton kernel's 2D prefill path walks 16 query rows (BLOCK_M: a KV head's query group packed along them)
+    against 32-key tiles (TILE_SIZE_PREFILL) in Triton's default four warps, skipping the tiles the causal mask hides
+    (PR #20308, July 2025): its sustained efficiency is a fraction of FlashAttention 2's, reached after fewer keys
+    (small tiles). The tables timed vLLM 0.24.0; the stored sources of triton_unified_attention.py launch prefill the
+    same way from the sink-era 2D kernel to the newest, and a release whose tile is the 16-token KV block instead
+    would be slower still. The sibling's Triton rows read an FP8 KV cache and FlashAttention 2's a bf16 one (each
+    the only one timed); both multiply in bf16."""
+
+    system: str
+    device: str
+    table: str
+    triton: PrefillAttentionFit
+    flash_attention: PrefillAttentionFit
+    residuals: dict[str, Residual]
+
+    @property
+    def efficiency_ratio(self) -> float:
+        """The Triton kernel's sustained efficiency over FlashAttention 2's on the same GPU."""
+        return self.triton.compute_efficiency / self.flash_attention.compute_efficiency
+
+
 class KernelCoefficients(_Frozen):
     source: str
     generated_by: str
     gpus: dict[str, GpuKernelFit]
+    sink_prefill: TritonPrefillScale | None = None
+    """The Triton backend's prefill against FlashAttention 2's, for GPUs in SINK_TRITON_SYSTEMS."""
 
 
 @cache
@@ -232,6 +275,30 @@ def load_kernel_fit(hardware: Hardware) -> GpuKernelFit | None:
     """The fitted kernels of this GPU, or None when no measured tables exist for it."""
     coefficients = load_kernel_coefficients()
     return coefficients.gpus.get(hardware.name) if coefficients else None
+
+
+def triton_prefill_attention(flash: PrefillAttentionFit, scale: TritonPrefillScale) -> PrefillAttentionFit:
+    """The Triton backend's prefill on a GPU whose tables time FlashAttention 2 only: FlashAttention 2's launch floor
+    and sustained efficiency times the ratio the sibling GPU measured, reached after the Triton kernel's half-length."""
+    return PrefillAttentionFit(
+        launch_s=flash.launch_s,
+        compute_efficiency=flash.compute_efficiency * scale.efficiency_ratio,
+        half_length=scale.triton.half_length,
+    )
+
+
+def vllm_prefill_attention(fit: GpuKernelFit, attention_sinks: bool) -> tuple[PrefillAttentionFit, str]:
+    """The prefill attention vLLM runs on this fitted GPU, and a note naming it when it is not the fitted table's:
+    a model with attention sinks on a GPU of SINK_TRITON_SYSTEMS runs the Triton backend."""
+    coefficients = load_kernel_coefficients()
+    scale = coefficients.sink_prefill if coefficients else None
+    if not (attention_sinks and fit.system in SINK_TRITON_SYSTEMS and scale):
+        return fit.prefill_attention, ""
+    note = (
+        f"; prefill attention in vLLM's Triton backend (attention sinks): x{scale.efficiency_ratio:.2f} of "
+        f"FlashAttention 2's efficiency, measured on an {scale.device}"
+    )
+    return triton_prefill_attention(fit.prefill_attention, scale), note
 
 
 # ---------------------------------------------------------------- op-level model (the fitted formulas)
@@ -278,9 +345,14 @@ def decode_attention_time(
 
 
 def prefill_attention_time(
-    fit: PrefillAttentionFit, hw: Hardware, batch: np.ndarray, length: np.ndarray, heads: np.ndarray
+    fit: PrefillAttentionFit,
+    hw: Hardware,
+    batch: np.ndarray,
+    length: np.ndarray,
+    heads: np.ndarray,
+    head_dim: int = HEAD_DIM,
 ) -> np.ndarray:
-    flops = 4 * HEAD_DIM * heads * batch * length * (length + 1) / 2
+    flops = 4 * head_dim * heads * batch * length * (length + 1) / 2
     return fit.launch_s + flops * (1 + fit.half_length / length) / (hw.peak_flops("bf16") * fit.compute_efficiency)
 
 
@@ -505,7 +577,12 @@ def fit_decode_attention(t: KernelTables, hw: Hardware) -> tuple[DecodeAttention
 
 
 def fit_prefill_attention(t: KernelTables, hw: Hardware) -> tuple[PrefillAttentionFit, Residual]:
-    rows = prefill_rows(t)
+    return fit_prefill_rows(prefill_rows(t), hw)
+
+
+def fit_prefill_rows(
+    rows: pd.DataFrame, hw: Hardware, head_dim: int = HEAD_DIM
+) -> tuple[PrefillAttentionFit, Residual]:
     hold = held_out(rows.isl)
     b, s, heads = (rows[c].to_numpy(float) for c in ("batch_size", "isl", "num_heads"))
     measured = rows.latency.to_numpy()
@@ -514,14 +591,67 @@ def fit_prefill_attention(t: KernelTables, hw: Hardware) -> tuple[PrefillAttenti
         return PrefillAttentionFit(launch_s=x[0] * 1e-6, compute_efficiency=x[1], half_length=x[2])
 
     x = _fit_log(
-        lambda x: prefill_attention_time(make(x), hw, b[~hold], s[~hold], heads[~hold]),
+        lambda x: prefill_attention_time(make(x), hw, b[~hold], s[~hold], heads[~hold], head_dim),
         measured[~hold],
         [10, 0.5, 256],
         [0, 0.05, 0],
         [200, 1, 16384],
     )
     fit = make(x)
-    return fit, _residual(prefill_attention_time(fit, hw, b, s, heads), measured, hold)
+    return fit, _residual(prefill_attention_time(fit, hw, b, s, heads, head_dim), measured, hold)
+
+
+TRITON_KERNELS = {"triton": "vllm_triton_attn", "flash_attention": "vllm_flash_attn_fa2"}
+
+
+def sibling_prefill_rows(root: Path | None = None) -> tuple[Path, dict[str, pd.DataFrame]]:
+    """The sibling's full-attention prefill rows (chunks of 128+ tokens, 8+ query heads, as prefill_rows) of the Triton
+    backend and of FlashAttention 2, on the shapes both were timed at; latencies in seconds."""
+    import pandas as pd
+
+    path = _newest_table(
+        root or aiconfigurator_data_root(), TRITON_SIBLING, "attention", "context_attention_perf.parquet"
+    )
+    frame = pd.read_parquet(path).assign(latency=lambda f: f.latency * 1e-3)
+    keep = (frame.head_dim == TRITON_SIBLING_HEAD_DIM) & (frame.window_size == 0) & (frame.attn_dtype == "bfloat16")
+    keep &= (frame.isl >= 128) & (frame.num_heads >= 8) & (frame.batch_size * frame.isl <= 32768)
+    shape = ["batch_size", "isl", "num_heads", "num_key_value_heads"]
+    by_kernel = {name: frame[keep & (frame.kernel_source == source)] for name, source in TRITON_KERNELS.items()}
+    both = by_kernel["triton"][shape].merge(by_kernel["flash_attention"][shape])
+    return path, {name: rows.merge(both).reset_index(drop=True) for name, rows in by_kernel.items()}
+
+
+def sibling_time_ratios(scale: TritonPrefillScale, root: Path | None = None) -> dict[int, tuple[float, float]]:
+    """Prompt length -> (measured, fitted) median of the Triton backend's time over FlashAttention 2's on the
+    sibling's shapes: how far the two fitted forms carry the measured ratio."""
+    _, rows = sibling_prefill_rows(root)
+    shape = ["batch_size", "isl", "num_heads", "num_key_value_heads"]
+    both = rows["triton"].merge(rows["flash_attention"], on=shape, suffixes=("_triton", "_fa2"))
+    hw = get_gpu("L40S")
+    b, s, h = (both[c].to_numpy(float) for c in ("batch_size", "isl", "num_heads"))
+
+    def time(fit: PrefillAttentionFit) -> np.ndarray:
+        return prefill_attention_time(fit, hw, b, s, h, TRITON_SIBLING_HEAD_DIM)
+
+    both = both.assign(
+        measured=both.latency_triton / both.latency_fa2, fitted=time(scale.triton) / time(scale.flash_attention)
+    )
+    medians = both.groupby("isl")[["measured", "fitted"]].median()
+    return {int(length): (float(row.measured), float(row.fitted)) for length, row in medians.iterrows()}
+
+
+def fit_triton_prefill_scale(root: Path | None = None) -> TritonPrefillScale:
+    path, rows = sibling_prefill_rows(root)
+    hw = get_gpu("L40S")
+    fits = {name: fit_prefill_rows(r, hw, TRITON_SIBLING_HEAD_DIM) for name, r in rows.items()}
+    return TritonPrefillScale(
+        system=TRITON_SIBLING,
+        device=str(rows["triton"].device.iloc[0]),
+        table=f"{path.parent.parent.name} {path.parent.name}/{path.name}",
+        triton=fits["triton"][0],
+        flash_attention=fits["flash_attention"][0],
+        residuals={name: fit[1] for name, fit in fits.items()},
+    )
 
 
 def fit_allreduce(t: KernelTables) -> tuple[dict[int, AllReduceFit], Residual]:
@@ -594,10 +724,13 @@ def fit_gpu(gpu: str, root: Path | None = None) -> GpuKernelFit:
 
 
 def fit_all(gpus: Sequence[str] = tuple(SYSTEMS), root: Path | None = None) -> KernelCoefficients:
+    gpus_fitted = {gpu: fit_gpu(gpu, root) for gpu in gpus}
+    sinks = any(fit.system in SINK_TRITON_SYSTEMS for fit in gpus_fitted.values())
     return KernelCoefficients(
         source=SOURCE,
         generated_by="scripts/fit_kernels.py",
-        gpus={gpu: fit_gpu(gpu, root) for gpu in gpus},
+        gpus=gpus_fitted,
+        sink_prefill=fit_triton_prefill_scale(root) if sinks else None,
     )
 
 

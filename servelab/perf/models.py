@@ -44,6 +44,9 @@ _MOE_ARCHITECTURES: dict[str, bool | None] = {
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+_SINK_ARCHITECTURES = frozenset({"GptOssForCausalLM"})
+"""Architectures whose attention adds a learned per-head sink logit to every softmax (vLLM's models/gpt_oss.py passes
+its `sinks` parameter to the attention layer); config.json has no key for it, so the architecture tells."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,11 @@ class ModelSpec:
     @property
     def dtype_bytes(self) -> int:
         return _DTYPE_BYTES[self.dtype]
+
+    @property
+    def attention_sinks(self) -> bool:
+        """Whether attention has per-head sink logits: an attention backend without them cannot run the model."""
+        return self.architecture in _SINK_ARCHITECTURES
 
     @property
     def full_attention_layers(self) -> int:
