@@ -8,18 +8,19 @@ temporary directory's path. report.html is left out (plotly's element ids and it
 and so is tune's optuna database (sqlite, optuna's own format).
 
 The stored files were written again once, when expert parallelism added its knobs (vLLM's enable_expert_parallel,
-SGLang's ep_size and enable_dp_attention) to the engine configuration every document records: those keys are the
-only difference (`diff -r` of the two sets); and when vLLM's VLLM_MXFP4_USE_MARLIN joined it (`mxfp4_use_marlin`), the
-only key added. diagnose-results-priced was written again when weight-only formats
-(AWQ, FP8 weights on an A100) moved onto the measured kernel fit: its AWQ and FP8 options' numbers are the only
-difference. The diagnose and tune documents were written again when vLLM's API server began to send a step of more
-than 128 outputs in slices of 128 (docs/simulator.md): diagnose's saturated replay moved by under 0.1%, tune's best
-rate by -2.4% (46.70 to 45.57 req/s), and their 80% intervals moved with the residuals that change put in
-prediction_residuals.yaml (kvcached's bursts). The simulated summaries and the documents holding their intervals were
-written again when the intervals were conditioned on what limits the run (servelab.metrics.intervals.classify_limit):
-`client_stats.api_server_busy_share` and `interval_basis.limit` are new keys, the pooling notes name the limit, and
-the intervals of engine-bound saturated predictions moved (the described diagnosis's ceiling: 7.45-15.4 to 6.87-10.3
-req/s around 8.57).
+SGLang's ep_size and enable_dp_attention) to the engine configuration every document records: those keys are the only
+difference (`diff -r` of the two sets); and when vLLM's VLLM_MXFP4_USE_MARLIN joined it (`mxfp4_use_marlin`), the only
+key added. diagnose-results-priced was written again when weight-only formats (AWQ, FP8 weights on an A100) moved onto
+the measured kernel fit: its AWQ and FP8 options' numbers are the only difference; and again when FP8 linear layers on
+an A100 were held to Marlin's measured large-batch rate (perf/moe_kernels.py, marlin_linear_flops): only the FP8 option
+moved (a step at the run's load 27.3 -> 38.4 ms, its verdict helps -> hurts). The diagnose and tune documents were
+written again when vLLM's API server began to send a step of more than 128 outputs in slices of 128
+(docs/simulator.md): diagnose's saturated replay moved by under 0.1%, tune's best rate by -2.4% (46.70 to 45.57 req/s),
+and their 80% intervals moved with the residuals that change put in prediction_residuals.yaml (kvcached's bursts). The
+simulated summaries and the documents holding their intervals were written again when the intervals were conditioned on
+what limits the run (servelab.metrics.intervals.classify_limit): `client_stats.api_server_busy_share` and
+`interval_basis.limit` are new keys, the pooling notes name the limit, and the intervals of engine-bound saturated
+predictions moved (the described diagnosis's ceiling: 7.45-15.4 to 6.87-10.3 req/s around 8.57).
 
 To store the files again after a deliberate change of a document (and a schema_version bump where a published schema
 changes): `SERVELAB_WRITE_DOCUMENTS=1 pytest tests/test_documents_unchanged.py`.

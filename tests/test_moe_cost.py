@@ -16,7 +16,15 @@ from servelab.perf.cost_model import MOE_LAYER_FIXED_S, CostCoefficients, Roofli
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import Hardware, get_gpu
 from servelab.perf.models import get_model, load_hf_config
-from servelab.perf.moe_kernels import RATES_FILE, MoeKernel, expert_kernel, moe_kernel_flops, moe_kernel_rates
+from servelab.perf.moe_kernels import (
+    RATES_FILE,
+    MoeKernel,
+    MoeWidthRate,
+    expert_kernel,
+    marlin_linear_flops,
+    moe_kernel_flops,
+    moe_kernel_rates,
+)
 from servelab.perf.quantization import weight_format
 from support.benchmark_script import load_benchmark
 
@@ -179,10 +187,24 @@ def test_marlin_prices_each_weight_format_at_its_own_rows_and_a_format_without_r
         moe_kernel_rates(MoeKernel.MARLIN, h100, int4)[0].tflops == marlin["H100-SXM"]["formats"]["int4_wo"]["tflops"]
     )
     assert "w4a16_mxfp4" not in marlin["A100-80GB-SXM"]["formats"]
-    fallback = marlin["A100-80GB-SXM"]["all_formats"]["tflops"] * 1e12
+    fallback = MoeWidthRate.model_validate(marlin["A100-80GB-SXM"]["all_formats"]["width_rate"])
     for quantization in ("mxfp4", "fp8"):
         weights = weight_format(quantization, GPT_OSS, a100)
-        assert moe_kernel_flops(MoeKernel.MARLIN, a100, weights, GPT_OSS_WIDTH) == fallback
+        flops = moe_kernel_flops(MoeKernel.MARLIN, a100, weights, GPT_OSS_WIDTH)
+        assert flops == pytest.approx(fallback.flops(GPT_OSS_WIDTH))
+
+
+def test_marlin_on_an_a100_runs_slower_on_narrower_slices_of_each_expert():
+    """The A100's Marlin rows (one table, int4 weights, eleven expert shapes at TP 1 to 8) fall with each rank's expert
+    width as the MXFP4 rows elsewhere do, so Qwen3-235B-FP8's experts at TP 4 (384 wide) run below their whole-expert
+    rate (1,536 wide, what expert parallelism keeps), and both below the rate of 4-bit experts wider still."""
+    a100 = get_gpu("A100-80GB-SXM")
+    qwen = load_hf_config(CONFIGS / "qwen3-235b-a22b-fp8")
+    fp8 = weight_format(None, qwen, a100)
+    assert fp8.name == "fp8-weight-only"
+    tp4, whole = (moe_kernel_flops(MoeKernel.MARLIN, a100, fp8, w) for w in (384, 1536))
+    assert tp4 is not None and whole is not None
+    assert tp4 < 0.85 * whole < 0.85 * moe_kernel_rates(MoeKernel.MARLIN, a100, fp8)[0].flops(16384)
 
 
 @pytest.mark.parametrize("kernel", list(MoeKernel))
@@ -297,3 +319,31 @@ def test_weight_only_experts_read_no_faster_than_their_kernel_s_measured_bandwid
         assert cost.moe_layer_time(tokens, experts) >= experts * per_expert / rate
     a100 = get_gpu("a100-80gb")
     assert moe_kernel_bandwidth(MoeKernel.MARLIN, a100, mxfp4) is None  # no vLLM table measures it there
+
+
+def test_fp8_linear_layers_run_in_marlin_only_where_vllm_runs_them_there():
+    """vLLM runs FP8 linear layers in Marlin's W8A16 GEMM on a GPU without FP8 tensor cores (the A100), on FP8 tensor
+    cores where there are some (the H100); bf16 and 4-bit weights take no Marlin floor on their dense layers."""
+    a100, h100, dense = get_gpu("A100-80GB-SXM"), get_gpu("H100-SXM"), get_model("Qwen3-32B")
+    fp8_on_a100 = weight_format("fp8", dense, a100)
+    marlin = moe_kernel_rates(MoeKernel.MARLIN, a100, fp8_on_a100)[0].tflops * 1e12
+    assert marlin_linear_flops(a100, fp8_on_a100) == pytest.approx(marlin)
+    assert 130e12 < marlin < 150e12  # Marlin's measured large-batch rate on the A100, ~45% of its bf16 peak
+    assert marlin_linear_flops(h100, weight_format("fp8", dense, h100)) is None
+    assert marlin_linear_flops(a100, weight_format(None, dense, a100)) is None
+    assert marlin_linear_flops(a100, weight_format("awq", dense, a100)) is None
+
+
+def test_a_long_fp8_prefill_on_an_a100_runs_its_linear_layers_no_faster_than_marlin():
+    """A step of 8,192 fresh tokens of Qwen3-32B in FP8 on an A100 takes at least its linear layers' FLOPs at Marlin's
+    rate (on the bf16 GEMM fit alone the whole step prices below that), while a decode step still gains FP8's halved
+    weight bytes over bf16."""
+    a100, dense = get_gpu("A100-80GB-SXM"), get_model("Qwen3-32B")
+    fp8 = RooflineCostModel(a100, dense, EngineConfig(quantization="fp8"))
+    bf16 = RooflineCostModel(a100, dense, EngineConfig())
+    tokens = 8192
+    marlin = marlin_linear_flops(a100, fp8.dense_format)
+    assert marlin is not None
+    linear_floor = tokens * dense.non_expert_linear_flops_per_token / marlin
+    assert fp8.step_time_aggregate(tokens, tokens * (tokens + 1) // 2, 0, 0, 1) > linear_floor
+    assert decode_step(fp8, 8) < 0.7 * decode_step(bf16, 8)

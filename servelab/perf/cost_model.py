@@ -32,6 +32,7 @@ from servelab.perf.models import ModelSpec
 from servelab.perf.moe_kernels import (
     expert_kernel,
     fp8_moe_flops,
+    marlin_linear_flops,
     mla_decode_cost,
     mla_prefill_cost,
     moe_fixed_cost,
@@ -412,6 +413,10 @@ class RooflineCostModel:
             (n, tuple(self._gemm_constants(g, *shape, dense_bytes) for shape in shapes)) for n, shapes in groups
         )
         self._lm_head = self._gemm_constants(g, model.vocab_size // tp, h, model.dtype_bytes)
+        marlin_rate = marlin_linear_flops(self.hardware, self.dense_format)
+        self._dense_kernel_s_per_flop = 1.0 / marlin_rate if marlin_rate else 0.0
+        """Linear layers vLLM runs in Marlin's GEMM (FP8 weights without FP8 tensor cores) run no faster than Marlin's
+        measured large-batch rate (perf/moe_kernels.py, marlin_linear_flops); 0 where they run on the bf16 fit."""
         launches = sum(n * len(shapes) for n, shapes in groups)
         self._gemm_fixed = (launches + 1) * g.launch_s
         if model.moe:
@@ -472,6 +477,11 @@ class RooflineCostModel:
         flops = m * flops_per_token
         compute = (m + self._half_tokens) * per_token / (1 - self._throttle * flops / (flops + self._throttle_flops))
         return (compute**self._p + (weights + m * activations) ** self._p) ** self._inv_p
+
+    def _dense_gemm_time(self, m: float, constants: tuple[float, float, float, float]) -> float:
+        """One of the layers' non-routed GEMMs of m tokens: the fitted form, held to Marlin's rate where vLLM runs the
+        layer in Marlin (FP8 weights on Ampere)."""
+        return max(self._gemm_time(m, constants), m * constants[1] * self._dense_kernel_s_per_flop)
 
     def step_time_aggregate(
         self,
@@ -558,7 +568,7 @@ class RooflineCostModel:
         layers = self._layer_cache.get(num_tokens)
         if layers is None:
             layers = self._layer_cache[num_tokens] = (
-                sum(n * sum(self._gemm_time(num_tokens, c) for c in gemms) for n, gemms in self._gemm_groups)
+                sum(n * sum(self._dense_gemm_time(num_tokens, c) for c in gemms) for n, gemms in self._gemm_groups)
                 + self._elementwise_fixed
                 + num_tokens * self._elementwise_s_per_token
             )

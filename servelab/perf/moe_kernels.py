@@ -15,8 +15,9 @@ runs. Which kernel depends on the format and the vLLM release:
 The rates per kernel, GPU and weight format are in data/moe_kernels.yaml, written by benchmarks/moe_kernel_check.py
 --write-rates from the tables. Marlin's MXFP4 rows run at another rate than its int4 rows (~215 against ~255 TFLOP/s
 on the H100), so a format is priced at its own rows where the GPU's tables measure the kernel in it, else at all the
-kernel's rows there. The MXFP4 rows of both kernels, one expert shape measured at TP 1 to 32, also give the rate
-against each rank's expert width (as for FP8 experts below): narrower slices run slower. A release and GPU the
+kernel's rows there. The MXFP4 rows of both kernels, one expert shape measured at TP 1 to 32, and the rows of one
+format from one release's table (the A100's Marlin rows, int4 on the GB200 and B300) also give the rate against each
+rank's expert width (as for FP8 experts below): narrower slices run slower. A release and GPU the
 tables do not measure for its kernel are held to Marlin's rate where that is measured, else to the kernel fit alone.
 """
 
@@ -155,6 +156,32 @@ def moe_kernel_bandwidth(kernel: MoeKernel, hardware: Hardware, weights: WeightF
         if rate.bandwidth_fraction is not None:
             return rate.bandwidth_fraction * hardware.memory_bandwidth
     return None
+
+
+MARLIN_LINEAR_FORMATS = frozenset({"fp8-weight-only"})
+"""Weight formats whose linear layers (attention projections, dense MLPs) vLLM runs in Marlin's GEMM: FP8 weights on a
+GPU without FP8 tensor cores. vLLM's quantization/fp8.py (Fp8LinearMethod) sets use_marlin where the device lacks
+compute capability 8.9 and applies apply_fp8_marlin_linear (utils/marlin_utils_fp8.py, read at vllm-project/vllm commit
+02d33ed1): gptq_marlin_gemm, the kernel of 4-bit GPTQ, with float8_e4m3fn weights, 128 x 128 scale blocks turned into
+Marlin's per-group scales (its load-time warning: "This may degrade performance for compute-heavy workloads"). 4-bit
+formats are left out: vLLM picks among several mixed-precision kernels for them (Machete on Hopper)."""
+
+
+def marlin_linear_flops(hardware: Hardware, weights: WeightFormat) -> float | None:
+    """FLOP/s that no linear layer of `weights` on `hardware` runs faster than at large batches: Marlin's measured
+    large-batch rate on this GPU (its fused-MoE kernel, all formats: no table times Marlin with FP8 weights) where vLLM
+    runs these layers in Marlin's dense GEMM, else None.
+
+    The dense GEMM and the fused-MoE kernel share Marlin's main loop (weights dequantized into bf16 MMAs, tiles of 16
+    rows); past 64 rows the dense kernel "will just run the batch 64 kernel repeatedly" (its author, IST-DASLab/marlin
+    issue #2), and IST-DASLab's bench.py measured it flat at 141 TFLOP/s from 128 to 4,000 rows over Llama-13B's
+    layers (vllm-project/vllm PR #2497, comment of 2024-01-24; the GPU is not named, but 1,159 GB/s at one row is
+    above every other Ampere GPU's memory bandwidth), the 142 TFLOP/s aiconfigurator-core measures Marlin's fused-MoE
+    kernel at on the A100 (data/moe_kernels.yaml)."""
+    if weights.name not in MARLIN_LINEAR_FORMATS:
+        return None
+    rates = moe_kernel_rates(MoeKernel.MARLIN, hardware, weights)
+    return rates[0].tflops * 1e12 if rates else None
 
 
 MLA_FP8_MOE_FILE = Path(__file__).parent / "data" / "mla_fp8_moe_kernels.yaml"
