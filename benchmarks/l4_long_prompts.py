@@ -51,7 +51,7 @@ prompts/workload.jsonl at ree2raz/inference-bench 6219100, each prompt in Qwen2.
 (`tokenizers`; "Hello world" -> [9707, 1879])."""
 MEASURED_AFTER = 1000.0
 """Send time of the measured requests when a warm-up precedes them: after the warm-up has drained."""
-METRICS = ("output_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "mean_e2el_ms")
+METRICS = ("output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms")
 
 
 @dataclass(frozen=True)
