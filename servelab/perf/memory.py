@@ -60,7 +60,12 @@ class MemoryReserve:
     non_torch_bytes: cuBLAS workspace and allocator overhead that the profile run
     adds outside PyTorch (the CUDA context is not counted: vLLM's baseline
     snapshot is taken after it), plus NCCL and custom all-reduce buffers when
-    tensor parallelism is used.
+    tensor parallelism is used. vLLM 0.8.5's V1 worker takes no such snapshot
+    (vllm/v1/worker/gpu_worker.py, Worker.determine_available_memory, v0.8.5: all
+    device memory in use outside PyTorch after the profile run), so it counts the
+    CUDA context too, and its KV cache is smaller than planned here: for Qwen3-8B on
+    one L4 at 0.9, ree2raz/inference-bench (context.md at 6219100) reports 3.83 GiB
+    available where this plan gives 4.51 GiB.
     """
 
     activation_factor: float = 1.0
