@@ -2,8 +2,9 @@
 
 Each published load point is replayed with servelab's counterpart of every router the source compared (the counterparts
 are listed per source; a router servelab does not model is shown, not scored), and with the source's client rebuilt: the
-prompts it sent, in its order, at its rates (KubeAIClient, SharedPrefixClient; llm-d's stages run back to back, as
-inference-perf ran them). Printed, in markdown: per point and router, measured and predicted served throughput (KubeAI:
+prompts it sent, in its order, at its rates (KubeAIClient, SharedPrefixClient; the 37-capacity llm-d stages run back to
+back, the 73-capacity ones each after the one before has finished, as inference-perf ran them: drained_specs). Printed,
+in markdown: per point and router, measured and predicted served throughput (KubeAI:
 requests/s; llm-d: output tokens/s) and mean TTFT with their errors, and mean TPOT beside the published one (llm-d's
 from its published ITL: llmd_tpot_ms; not scored), and the router's own time a request where its counterpart publishes
 one (servelab.sim.router.ROUTER_COSTS); the simulated llm-d fleet's prefix-cache hit rate per stage and router (the
@@ -14,7 +15,7 @@ the counts of the brief: served throughput and mean TTFT within 20% where the pu
 mean TTFT at or over OVERLOADED_TTFT_S: queues of seconds mean the fleet was past what it serves) nor paced by its
 client (client_limited); and, apart from the fleets, the single-replica L4 check (L4_RUNS). Deterministic (seeded).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/fleet_accuracy.py [--only kubeai|llm-d] [--draws N]
+    PYTHONPATH=. .venv/bin/python benchmarks/fleet_accuracy.py [--only kubeai|llm-d|llm-d-73] [--draws N]
 
 Sources, setups and the published numbers: docs/accuracy.md, section Fleets.
 """
@@ -135,10 +136,44 @@ LLMD = Source(
     # second is 8 requests of 1,000 tokens): what the fleet served is its output tokens per second.
     throughput="output_throughput",
 )
+LLMD73_LOAD = ScorerWeights(prefix=0.0, queue=1.0, kv=1.0, active=0.0)
+"""The 73-capacity report's "load-scheduling": queue-scorer 1 and kv-cache-scorer 1, no other scorer."""
+LLMD73_PRECISE = ScorerWeights(prefix=3.0, queue=2.0, kv=2.0, active=0.0)
+"""The 73-capacity report's "precise-scheduling": the precise prefix-cache scorer 3, kv-cache 2, queue 2 (the
+precise prefix-cache guide's weights), no active-request scorer."""
+LLMD73 = Source(
+    name="llm-d-73",
+    url="https://github.com/llm-d/llm-d-kv-cache-manager/blob/d070ea6065d46b15426667c95a5087128bd12048/"
+    "benchmarking/73-capacity/README.md",
+    gpu="h100",
+    model="qwen3-32b",
+    replicas=8,
+    # 8 pods of Qwen/Qwen3-32B, TP=2 on H100s (the report's workload header: "Pods: 8, KV/pod: 307,328"; llm-d's blog
+    # kvcache-wins-you-can-see, Appendix A.1: "8 vLLM pods, each running on 2 NVIDIA H100 GPUs"). Qwen3-32B's bf16 KV
+    # is 64 layers x 8 KV heads x 128 x 2 x 2 bytes = 256 KiB a token, 128 KiB on each of two GPUs: 307,328 tokens are
+    # 40.28 GB a GPU, which an 80 GB H100 leaves at vLLM's default 0.9 beside 32.8 GB of weights. Blocks of 64 tokens,
+    # as the precise scorer keys them (tokenProcessorConfig blockSize: 64) and as the 37-capacity replay runs them.
+    engine_args="--tensor-parallel-size 2 --kv-cache-memory-bytes 40282095616 --enable-prefix-caching --block-size 64",
+    # The report's EndpointPickerConfigs. "estimated-scheduling" is the estimate-mode prefix-cache-scorer with
+    # hashBlockSize 64 (characters: 16 tokens a block, so its 256 blocks reach 4,096 tokens, inside the 6,000-token
+    # system prompt) and lruCapacityPerServer 31,250, weighted 1 beside kv-cache 1 and queue 1. servelab's
+    # prefix-estimate models the 37-capacity configuration (256-character blocks, 2,200 entries a pod,
+    # servelab/sim/prefix_index.py) and takes no other: shown, not modelled.
+    routers={
+        "precise-scheduling": Counterpart("prefix-aware", LLMD73_PRECISE),
+        "estimated-scheduling": None,
+        "random-scheduling": Counterpart("random"),
+        "load-scheduling": Counterpart("prefix-aware", LLMD73_LOAD),
+    },
+    throughput="output_throughput",
+)
+
+SOURCES = (KUBEAI, LLMD, LLMD73)
 
 # (source, load point, published router, served throughput, mean TTFT s): KubeAI's request/s, llm-d's output
 # tokens/s. KubeAI's load point is its client's --max-concurrency (with --request-rate 800 at 800 and 8000, 200
-# otherwise), llm-d's the stage's QPS.
+# otherwise), llm-d's the stage's QPS. llm-d-73: the 73-capacity report's "Per-QPS Results" (Output toks/s, TTFT
+# mean), in its order.
 PUBLISHED: list[tuple[str, float, str, float, float]] = [
     ("kubeai", 800, "k8s-service", 50.01, 1.31977),
     ("kubeai", 800, "least-load", 50.51, 0.81718),
@@ -188,6 +223,70 @@ PUBLISHED: list[tuple[str, float, str, float, float]] = [
     ("llm-d", 20, "estimate-prefix-cache_load", 3017.1, 71.632),
     ("llm-d", 20, "random", 3241.0, 93.345),
     ("llm-d", 20, "load", 2334.5, 86.643),
+    ("llm-d-73", 3, "estimated-scheduling", 1310.9, 0.3),
+    ("llm-d-73", 3, "precise-scheduling", 1219.1, 0.291),
+    ("llm-d-73", 3, "random-scheduling", 1314.0, 0.622),
+    ("llm-d-73", 3, "load-scheduling", 1274.8, 0.944),
+    ("llm-d-73", 10, "estimated-scheduling", 3842.4, 0.271),
+    ("llm-d-73", 10, "precise-scheduling", 3902.1, 0.335),
+    ("llm-d-73", 10, "random-scheduling", 3568.5, 0.826),
+    ("llm-d-73", 10, "load-scheduling", 3607.0, 2.241),
+    ("llm-d-73", 15, "estimated-scheduling", 5152.9, 0.232),
+    ("llm-d-73", 15, "precise-scheduling", 5761.1, 0.249),
+    ("llm-d-73", 15, "random-scheduling", 3791.1, 1.278),
+    ("llm-d-73", 15, "load-scheduling", 3348.4, 4.013),
+    ("llm-d-73", 20, "estimated-scheduling", 8082.6, 0.329),
+    ("llm-d-73", 20, "precise-scheduling", 9184.5, 0.363),
+    ("llm-d-73", 20, "random-scheduling", 4933.1, 25.073),
+    ("llm-d-73", 20, "load-scheduling", 4902.5, 29.229),
+    ("llm-d-73", 22, "precise-scheduling", 9382.0, 0.3),
+    ("llm-d-73", 22, "estimated-scheduling", 8415.7, 0.407),
+    ("llm-d-73", 22, "load-scheduling", 4785.5, 28.71),
+    ("llm-d-73", 22, "random-scheduling", 4765.4, 28.185),
+    ("llm-d-73", 25, "precise-scheduling", 9242.2, 0.303),
+    ("llm-d-73", 25, "estimated-scheduling", 8445.1, 0.37),
+    ("llm-d-73", 25, "random-scheduling", 4781.3, 30.689),
+    ("llm-d-73", 25, "load-scheduling", 4872.8, 32.534),
+    ("llm-d-73", 30, "precise-scheduling", 9221.8, 0.296),
+    ("llm-d-73", 30, "estimated-scheduling", 8435.9, 0.373),
+    ("llm-d-73", 30, "load-scheduling", 4888.7, 32.831),
+    ("llm-d-73", 30, "random-scheduling", 4636.3, 32.212),
+    ("llm-d-73", 35, "precise-scheduling", 9780.6, 0.275),
+    ("llm-d-73", 35, "estimated-scheduling", 7443.5, 2.78),
+    ("llm-d-73", 35, "load-scheduling", 4660.7, 33.874),
+    ("llm-d-73", 35, "random-scheduling", 4332.6, 34.043),
+    ("llm-d-73", 40, "precise-scheduling", 10270.8, 0.269),
+    ("llm-d-73", 40, "estimated-scheduling", 8045.9, 13.16),
+    ("llm-d-73", 40, "load-scheduling", 4946.4, 53.545),
+    ("llm-d-73", 40, "random-scheduling", 4773.8, 54.196),
+    ("llm-d-73", 43, "precise-scheduling", 10054.8, 0.281),
+    ("llm-d-73", 43, "estimated-scheduling", 7969.6, 16.941),
+    ("llm-d-73", 43, "random-scheduling", 4844.6, 53.247),
+    ("llm-d-73", 43, "load-scheduling", 4973.3, 53.802),
+    ("llm-d-73", 46, "precise-scheduling", 10128.7, 0.293),
+    ("llm-d-73", 46, "estimated-scheduling", 7695.2, 18.081),
+    ("llm-d-73", 46, "random-scheduling", 4969.5, 53.572),
+    ("llm-d-73", 46, "load-scheduling", 4723.6, 56.746),
+    ("llm-d-73", 49, "precise-scheduling", 10296.5, 0.311),
+    ("llm-d-73", 49, "estimated-scheduling", 7455.9, 19.111),
+    ("llm-d-73", 49, "random-scheduling", 4783.2, 56.13),
+    ("llm-d-73", 49, "load-scheduling", 4004.8, 55.208),
+    ("llm-d-73", 52, "precise-scheduling", 10284.6, 0.288),
+    ("llm-d-73", 52, "estimated-scheduling", 7452.3, 21.94),
+    ("llm-d-73", 52, "random-scheduling", 4845.1, 56.035),
+    ("llm-d-73", 52, "load-scheduling", 3991.0, 58.807),
+    ("llm-d-73", 55, "precise-scheduling", 10140.9, 0.308),
+    ("llm-d-73", 55, "estimated-scheduling", 7100.7, 22.327),
+    ("llm-d-73", 55, "random-scheduling", 4921.7, 54.844),
+    ("llm-d-73", 55, "load-scheduling", 4671.9, 58.467),
+    ("llm-d-73", 57, "precise-scheduling", 10313.9, 0.319),
+    ("llm-d-73", 57, "estimated-scheduling", 7013.8, 23.423),
+    ("llm-d-73", 57, "random-scheduling", 4764.2, 56.803),
+    ("llm-d-73", 57, "load-scheduling", 3866.5, 61.75),
+    ("llm-d-73", 60, "precise-scheduling", 10496.9, 0.283),
+    ("llm-d-73", 60, "estimated-scheduling", 7247.9, 24.281),
+    ("llm-d-73", 60, "random-scheduling", 4835.2, 57.426),
+    ("llm-d-73", 60, "load-scheduling", 4745.1, 58.497),
 ]
 
 
@@ -311,6 +410,94 @@ def llmd_tpot_ms(itl_ms: float, output_tokens: int = 1000) -> float:
 LLMD_STAGE_S = {3: 210, 4: 180, 5: 120, 6: 120, 8: 90, 10: 70, 12: 60, 15: 50, 20: 50}
 """Each llm-d stage's length (s) in the report's inference-perf profile."""
 
+LLMD73_ITL_MS = {
+    (3, "estimated-scheduling"): 11,
+    (3, "precise-scheduling"): 11,
+    (3, "random-scheduling"): 12,
+    (3, "load-scheduling"): 12,
+    (10, "estimated-scheduling"): 13,
+    (10, "precise-scheduling"): 13,
+    (10, "random-scheduling"): 16,
+    (10, "load-scheduling"): 16,
+    (15, "estimated-scheduling"): 15,
+    (15, "precise-scheduling"): 15,
+    (15, "random-scheduling"): 20,
+    (15, "load-scheduling"): 20,
+    (20, "estimated-scheduling"): 21,
+    (20, "precise-scheduling"): 21,
+    (20, "random-scheduling"): 24,
+    (20, "load-scheduling"): 24,
+    (22, "precise-scheduling"): 20,
+    (22, "estimated-scheduling"): 22,
+    (22, "load-scheduling"): 24,
+    (22, "random-scheduling"): 24,
+    (25, "precise-scheduling"): 21,
+    (25, "estimated-scheduling"): 22,
+    (25, "random-scheduling"): 24,
+    (25, "load-scheduling"): 24,
+    (30, "precise-scheduling"): 21,
+    (30, "estimated-scheduling"): 23,
+    (30, "load-scheduling"): 24,
+    (30, "random-scheduling"): 24,
+    (35, "precise-scheduling"): 21,
+    (35, "estimated-scheduling"): 26,
+    (35, "load-scheduling"): 24,
+    (35, "random-scheduling"): 24,
+    (40, "precise-scheduling"): 27,
+    (40, "estimated-scheduling"): 27,
+    (40, "load-scheduling"): 25,
+    (40, "random-scheduling"): 25,
+    (43, "precise-scheduling"): 28,
+    (43, "estimated-scheduling"): 26,
+    (43, "random-scheduling"): 25,
+    (43, "load-scheduling"): 25,
+    (46, "precise-scheduling"): 28,
+    (46, "estimated-scheduling"): 26,
+    (46, "random-scheduling"): 25,
+    (46, "load-scheduling"): 25,
+    (49, "precise-scheduling"): 29,
+    (49, "estimated-scheduling"): 26,
+    (49, "random-scheduling"): 25,
+    (49, "load-scheduling"): 25,
+    (52, "precise-scheduling"): 29,
+    (52, "estimated-scheduling"): 26,
+    (52, "random-scheduling"): 25,
+    (52, "load-scheduling"): 25,
+    (55, "precise-scheduling"): 29,
+    (55, "estimated-scheduling"): 26,
+    (55, "random-scheduling"): 25,
+    (55, "load-scheduling"): 25,
+    (57, "precise-scheduling"): 29,
+    (57, "estimated-scheduling"): 26,
+    (57, "random-scheduling"): 25,
+    (57, "load-scheduling"): 25,
+    (60, "precise-scheduling"): 29,
+    (60, "estimated-scheduling"): 26,
+    (60, "random-scheduling"): 25,
+    (60, "load-scheduling"): 25,
+}
+"""The 73-capacity report's per-stage "ITL mean" (ms; published in seconds to the millisecond): half the time per
+output token, as the 37-capacity report's (llmd_tpot_ms); not scored."""
+LLMD73_STAGE_S = {
+    3: 20,
+    10: 20,
+    15: 20,
+    20: 38,
+    22: 34,
+    25: 30,
+    30: 25,
+    35: 21,
+    40: 38,
+    43: 36,
+    46: 33,
+    49: 30,
+    52: 29,
+    55: 27,
+    57: 26,
+    60: 25,
+}
+"""Each 73-capacity stage's length (s) in the report's inference-perf profile ("Main ladder")."""
+
 
 @dataclass(frozen=True)
 class SharedPrefixClient:
@@ -350,40 +537,140 @@ LLMD_WARMUP = (10.0, 25.0)
 """The report's inference-perf warm-up stage: 10 QPS for 25 s, before the measured stages."""
 
 
-def llmd_arrivals(rng: np.random.Generator) -> tuple[np.ndarray, dict[float, tuple[float, float]]]:
+@dataclass(frozen=True)
+class StagedProfile:
+    """An llm-d report's inference-perf run: its shared_prefix client, its warm-up stage and its measured stages
+    ((QPS, seconds) each, in order), sent back to back to one fleet; and its published per-stage "ITL mean" (ms)."""
+
+    source: Source
+    client: SharedPrefixClient
+    warmup: tuple[float, float]
+    stages: tuple[tuple[float, float], ...]
+    itl_ms: dict[tuple[int, str], float]
+    drained: bool = False
+    """Whether the replay runs the stages as inference-perf's load generator ran them (drained_specs): each stage's
+    requests numbered from 0 and sent only once every request of the stage before it has finished. False: the
+    stages back to back, each inheriting the queue the one before it left, and the prompts cycled over the whole
+    run (llmd_arrivals), as docs/accuracy.md describes the 37-capacity replay."""
+
+
+STAGED = {
+    profile.source.name: profile
+    for profile in (
+        StagedProfile(
+            LLMD, LLMD_CLIENT, LLMD_WARMUP, tuple((float(q), float(s)) for q, s in LLMD_STAGE_S.items()), LLMD_ITL_MS
+        ),
+        # The 73-capacity profile: 150 groups of 5 users, 6,000-token system prompts, 1,200-token questions, 1,000
+        # output tokens (ignore_eos), a warm-up of one full set (15 QPS for 50 s: 750 requests), then the ladder.
+        StagedProfile(
+            LLMD73,
+            SharedPrefixClient(groups=150, per_group=5, system_tokens=6000, question_tokens=1200),
+            (15.0, 50.0),
+            tuple((float(q), float(s)) for q, s in LLMD73_STAGE_S.items()),
+            LLMD73_ITL_MS,
+            drained=True,
+        ),
+    )
+}
+"""The sources replayed as inference-perf's staged runs, by name."""
+
+
+def llmd_arrivals(
+    rng: np.random.Generator, profile: StagedProfile = STAGED[LLMD.name]
+) -> tuple[np.ndarray, dict[float, tuple[float, float]]]:
     """Poisson arrival times over the warm-up and every stage in order, as inference-perf sends them; and each
-    stage's (start, end) by its rate. The stages run back to back on one fleet: a stage inherits the queue and the
-    caches the one before it left (a cache-blind fleet leaves the 10 QPS warm-up with a backlog it serves during
-    the 3 QPS stage)."""
+    measured stage's (start, end) by its rate. The stages run back to back on one fleet: a stage inherits the queue
+    and the caches the one before it left (a cache-blind fleet leaves the 10 QPS warm-up with a backlog it serves
+    during the 3 QPS stage)."""
     times: list[np.ndarray] = []
     windows: dict[float, tuple[float, float]] = {}
     start = 0.0
-    for rate, seconds in (LLMD_WARMUP, *((float(q), float(s)) for q, s in LLMD_STAGE_S.items())):
+    for index, (rate, seconds) in enumerate((profile.warmup, *profile.stages)):
         gaps = rng.exponential(1 / rate, size=int(rate * seconds * 2) + 16)
         stage = start + np.cumsum(gaps)
         times.append(stage[stage < start + seconds])
-        if (rate, seconds) != LLMD_WARMUP:
+        if index > 0:
             windows[rate] = (start, start + seconds)
         start += seconds
     return np.concatenate(times), windows
 
 
+STAGE_START_S = 1.0
+"""inference-perf's run_stage schedules a stage's requests from 1 s after the stage starts (start_time = now + 1)."""
+STAGE_INTERVAL_S = 1.0
+"""inference-perf's pause between stages (LoadConfig.interval, default 1.0 s), after the stage before has drained."""
+
+
+def inference_perf_offsets(rng: np.random.Generator, rate: float, seconds: float) -> np.ndarray:
+    """A stage's send times from its start, as inference-perf's PoissonLoadTimer (September 2025) draws them: from
+    STAGE_START_S on, second by second, a Poisson(rate) count of requests spread over that second by exponential gaps
+    scaled to fill it; the stage sends int(rate x seconds) of them (run_stage's num_requests), however long that
+    takes."""
+    count = int(rate * seconds)
+    times: list[float] = []
+    second = STAGE_START_S
+    while len(times) < count:
+        in_second = int(rng.poisson(rate))
+        if in_second:
+            gaps = rng.exponential(1 / rate, in_second)
+            times.extend(second + np.cumsum(gaps / gaps.sum()))
+        second += 1.0
+    return np.asarray(times[:count])
+
+
+def drained_specs(profile: StagedProfile, seed: int) -> tuple[list[RequestSpec], dict[float, range]]:
+    """The requests of an inference-perf run (its multi-process load generator, the default, from June 2025): each
+    stage sends its requests numbered from 0, request n the datagen's prompt n mod its prompts (shared_prefix's
+    get_request), then waits until every one of them has finished (run_stage polls its finished-request count),
+    pauses STAGE_INTERVAL_S, and starts the next. The replay holds a stage's requests on the last one the stage
+    before sent (depends_on, with think_time its pause, start and offset): with every output the same length, the
+    last one sent is, up to the spread of the replicas' queues, the last one to finish. Returned with each measured
+    stage's request indices by its rate."""
+    client = replace(profile.client, seed=seed)
+    prompts = client.prompt_ids()
+    rng = np.random.default_rng(seed)
+    specs: list[RequestSpec] = []
+    stages: dict[float, range] = {}
+    for number, (rate, seconds) in enumerate((profile.warmup, *profile.stages)):
+        last = specs[-1].index if specs else None
+        first = len(specs)
+        for n, offset in enumerate(inference_perf_offsets(rng, rate, seconds)):
+            spec = RequestSpec(index=first + n, prompt_ids=prompts[n % len(prompts)], max_tokens=client.output_tokens)
+            if last is None:
+                spec.arrival_time = float(offset)
+            else:
+                spec.depends_on, spec.think_time = last, STAGE_INTERVAL_S + float(offset)
+            specs.append(spec)
+        if number > 0:
+            stages[rate] = range(first, len(specs))
+    return specs, stages
+
+
 @cache
-def llmd_run(router: Counterpart, seed: int = 0) -> dict[float, dict[str, float]]:
-    """One simulated inference-perf run of every llm-d stage in order behind `router`: per stage's rate, the
-    served output tokens/s, mean TTFT and mean TPOT of the requests sent in it, the fleet's prefix-cache hit rate
-    over the stage, and the router's own time a request over the run. `seed` draws the prompts, their order and the
-    arrival times (0: the headline run)."""
-    client = replace(LLMD_CLIENT, seed=seed)
-    times, windows = llmd_arrivals(np.random.default_rng(client.seed))
-    timed = client.specs(times)
-    deployment = _deployment(LLMD, router)
+def llmd_run(router: Counterpart, seed: int = 0, name: str = LLMD.name) -> dict[float, dict[str, float]]:
+    """One simulated inference-perf run of every stage of the staged source `name` in order behind `router`: per
+    stage's rate, the served output tokens/s, mean TTFT and mean TPOT of the requests sent in it, the fleet's
+    prefix-cache hit rate over the stage, and the router's own time a request over the run. `seed` draws the
+    prompts, their order and the arrival times (0: the headline run)."""
+    profile = STAGED[name]
+    if profile.drained:
+        specs, indices = drained_specs(profile, seed)
+    else:
+        client = replace(profile.client, seed=seed)
+        times, windows = llmd_arrivals(np.random.default_rng(client.seed), profile)
+        specs = client.specs(times)
+    deployment = _deployment(profile.source, router)
     sink, samples = MemorySink(), []
-    run = deployment.sim_target().run(LoadPlan(requests=timed), sink, samples.append)
+    run = deployment.sim_target().run(LoadPlan(requests=specs), sink, samples.append)
     stages: dict[float, dict[str, float]] = {}
-    for rate, (start, end) in windows.items():
-        counted = [r for r in sink.records if start <= r.intended_time < end]
-        stages[rate] = _measures(summarize(counted), LLMD) | {
+    for rate in (rate for rate, _ in profile.stages):
+        if profile.drained:
+            counted = [r for r in sink.records if r.index in indices[rate]]
+            start, end = min(r.send_time for r in counted), max(r.finish_time for r in counted)
+        else:
+            start, end = windows[rate]
+            counted = [r for r in sink.records if start <= r.intended_time < end]
+        stages[rate] = _measures(summarize(counted), profile.source) | {
             "router": _router_time(run),
             "hits": _hit_rate(samples, start, end),
         }
@@ -444,8 +731,8 @@ def _measures(summary: Summary, source: Source) -> dict[str, float]:
 def predict(source: Source, load: float, router: Counterpart, draw: int = 0) -> dict[str, float]:
     """Served throughput (the source's unit), mean TTFT and mean TPOT (s) of `router` at one published load point,
     in draw `draw` of its random parts (0: the headline run, with the published client seeds)."""
-    if source is LLMD:
-        return llmd_run(router, LLMD_CLIENT.seed + draw)[load]
+    if source.name in STAGED:
+        return llmd_run(router, STAGED[source.name].client.seed + draw, source.name)[load]
     return kubeai_run(load, router, KUBEAI_CLIENT.seed + draw)
 
 
@@ -453,7 +740,7 @@ def _err(predicted: float, measured: float) -> float:
     return predicted / measured - 1
 
 
-CACHE_BLIND = ("k8s-service", "least-load", "random", "load")
+CACHE_BLIND = ("k8s-service", "least-load", "random", "load", "random-scheduling", "load-scheduling")
 """The published routers that read no cache: where two of them differ by a few percent, their order is noise."""
 NOISE_SDS = 2.0
 """A measured gap between two routers within this many standard deviations of the simulated gap's draw-to-draw
@@ -558,8 +845,8 @@ def _row(
     name: str, load: float, published: str, router: Counterpart, served: float, ttft: float, got: dict[str, float]
 ) -> str:
     tpot = KUBEAI_TPOT_MS.get((int(load), published)) if name == "kubeai" else None
-    if name == "llm-d" and (itl := LLMD_ITL_MS.get((int(load), published))) is not None:
-        tpot = llmd_tpot_ms(itl, LLMD_CLIENT.output_tokens)
+    if name in STAGED and (itl := STAGED[name].itl_ms.get((int(load), published))) is not None:
+        tpot = llmd_tpot_ms(itl, STAGED[name].client.output_tokens)
     status = (
         "yes"
         if ttft >= OVERLOADED_TTFT_S
@@ -574,36 +861,47 @@ def _row(
     )
 
 
-def _hit_table() -> None:
-    """The simulated llm-d fleet's prefix-cache hit rate per stage and router (the report publishes none)."""
-    rates = list(LLMD_STAGE_S)
+def _hit_table(profile: StagedProfile) -> None:
+    """A staged source's simulated fleet: its prefix-cache hit rate per stage and router (the reports publish none)."""
+    rates = [rate for rate, _ in profile.stages]
     print(
-        "\n| llm-d router (servelab) | prefix-cache hit rate, simulated, at QPS "
+        f"\n| {profile.source.name} router (servelab) | prefix-cache hit rate, simulated, at QPS "
         + " | ".join(f"{q:g}" for q in rates)
         + " |\n"
         + "|---" * (len(rates) + 1)
         + "|"
     )
-    for published, router in LLMD.routers.items():
+    for published, router in profile.source.routers.items():
         if router is not None:
-            run = llmd_run(router, LLMD_CLIENT.seed)
-            print(f"| {published} | " + " | ".join(f"{run[float(q)]['hits']:.1%}" for q in rates) + " |")
+            run = llmd_run(router, profile.client.seed, profile.source.name)
+            print(f"| {published} | " + " | ".join(f"{run[q]['hits']:.1%}" for q in rates) + " |")
+
+
+def _scored_counts(scored: dict[str, dict[str, list[int]]]) -> None:
+    """Served throughput and mean TTFT within TOLERANCE at the points neither overloaded nor client-paced: per source
+    and over all of them."""
+    total = {key: [sum(counts[key][i] for counts in scored.values()) for i in (0, 1)] for key in ("served", "ttft")}
+    for name, counts in (*scored.items(), ("all sources", total)):
+        print(
+            f"{name}: served throughput within {TOLERANCE:.0%} at {counts['served'][0]} of {counts['served'][1]} and "
+            f"mean TTFT at {counts['ttft'][0]} of {counts['ttft'][1]} not-overloaded points"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", choices=["kubeai", "llm-d"])
+    parser.add_argument("--only", choices=[s.name for s in SOURCES])
     parser.add_argument(
         "--draws", type=int, default=1, help="draws of each run's random parts, for the noise table (1: none)"
     )
     args = parser.parse_args()
-    sources = {s.name: s for s in (KUBEAI, LLMD) if args.only in (None, s.name)}
+    sources = {s.name: s for s in SOURCES if args.only in (None, s.name)}
     print(
         "| source | load | router (servelab) | served meas | pred | err | mean TTFT s meas | pred | err "
         "| mean TPOT ms meas | pred | overloaded |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    scored = {"served": [0, 0], "ttft": [0, 0]}
+    scored = {name: {"served": [0, 0], "ttft": [0, 0]} for name in sources}
     orders: dict[tuple[str, float], list[tuple[float, float, str]]] = {}
     own: dict[tuple[str, Counterpart], float] = {}
     t0 = time.monotonic()
@@ -618,8 +916,8 @@ def main() -> None:
         orders.setdefault((name, load), []).append((ttft, got["ttft"], published))
         if ttft < OVERLOADED_TTFT_S and not client_limited(name, load, published, served, ttft):
             for key, measured in (("served", served), ("ttft", ttft)):
-                scored[key][0] += abs(_err(got[key], measured)) <= TOLERANCE
-                scored[key][1] += 1
+                scored[name][key][0] += abs(_err(got[key], measured)) <= TOLERANCE
+                scored[name][key][1] += 1
         print(_row(name, load, published, router, served, ttft, got), flush=True)
         if got["router"]:
             own.setdefault((name, router), got["router"])
@@ -627,16 +925,15 @@ def main() -> None:
         print(
             f"\n{name} {router}: the router's own time, {1000 * seconds:.2f} ms a request over the run (ROUTER_COSTS)"
         )
-    if LLMD.name in sources:
-        _hit_table()
+    for name in sources:
+        if name in STAGED:
+            _hit_table(STAGED[name])
     noisy = {key: gaps for key in orders if (gaps := noise(sources[key[0]], key[1], args.draws)) is not None}
     if noisy:
         _noise_table(noisy)
     _ranking(orders, noisy)
-    print(
-        f"served throughput within {TOLERANCE:.0%} at {scored['served'][0]} of {scored['served'][1]} and mean TTFT "
-        f"at {scored['ttft'][0]} of {scored['ttft'][1]} not-overloaded points ({time.monotonic() - t0:.0f} s)"
-    )
+    _scored_counts(scored)
+    print(f"({time.monotonic() - t0:.0f} s)")
     if args.only is None:
         l4_check()
 

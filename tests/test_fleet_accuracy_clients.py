@@ -73,10 +73,12 @@ def test_shared_prefix_client_cycles_whole_prompts(fleet_accuracy):
 
 
 def test_llmd_stages_run_back_to_back_after_the_warmup(fleet_accuracy):
-    times, windows = fleet_accuracy.llmd_arrivals(np.random.default_rng(0))
+    profile = fleet_accuracy.STAGED["llm-d"]
+    times, windows = fleet_accuracy.llmd_arrivals(np.random.default_rng(0), profile)
     assert np.all(np.diff(times) > 0)
+    assert list(windows) == [rate for rate, _ in profile.stages]
     starts = [start for start, _ in windows.values()]
-    assert starts[0] == fleet_accuracy.LLMD_WARMUP[1]
+    assert starts[0] == profile.warmup[1]
     assert all(end == nxt for (_, end), nxt in zip(windows.values(), starts[1:], strict=False))
     for rate, (start, end) in windows.items():
         sent = np.count_nonzero((times >= start) & (times < end))
@@ -106,3 +108,35 @@ def test_a_stage_s_hit_rate_is_the_share_of_its_looked_up_tokens_the_caches_held
     assert fleet_accuracy._hit_rate(samples, 1.5, 2.5) == pytest.approx(0.9)
     assert fleet_accuracy._hit_rate(samples, 0.0, 2.0) == pytest.approx(0.5)
     assert fleet_accuracy._hit_rate(samples, 2.0, 3.0) == 0.0  # nothing looked up
+
+
+def test_the_73_capacity_client_is_150_groups_of_5_whose_prompts_fill_73_percent_of_the_fleet_s_kv(fleet_accuracy):
+    """The report's sizing: 150 x (6,000 + 5 x 1,200) = 1.8 M resident tokens over 8 pods of 307,328, and a warm-up
+    that sends one full set of 750 prompts."""
+    profile = fleet_accuracy.STAGED["llm-d-73"]
+    client = profile.client
+    resident = client.groups * (client.system_tokens + client.per_group * client.question_tokens)
+    assert resident / (fleet_accuracy.LLMD73.replicas * 307_328) == pytest.approx(0.732, abs=0.001)
+    rate, seconds = profile.warmup
+    assert rate * seconds == client.groups * client.per_group
+
+
+def test_a_drained_run_sends_each_stage_after_the_one_before_it_from_its_first_prompt(fleet_accuracy):
+    """inference-perf's stages: int(rate x seconds) requests each, numbered from 0 (prompt n mod 750), held until
+    the stage before has finished (on its last request), then its pause, its start and each one's offset."""
+    profile = fleet_accuracy.STAGED["llm-d-73"]
+    specs, stages = fleet_accuracy.drained_specs(profile, seed=0)
+    prompts = profile.client.prompt_ids()
+    warmup = specs[: int(profile.warmup[0] * profile.warmup[1])]
+    assert all(s.depends_on is None for s in warmup)
+    assert np.all(np.diff([s.arrival_time for s in warmup]) > 0)
+    assert warmup[0].arrival_time >= fleet_accuracy.STAGE_START_S
+    previous_last = warmup[-1].index
+    for rate, seconds in profile.stages:
+        members = [specs[i] for i in stages[rate]]
+        assert len(members) == int(rate * seconds)
+        assert {s.depends_on for s in members} == {previous_last}
+        assert all(s.think_time > fleet_accuracy.STAGE_INTERVAL_S + fleet_accuracy.STAGE_START_S for s in members)
+        assert all(np.array_equal(s.prompt_ids, prompts[n % len(prompts)]) for n, s in enumerate(members))
+        previous_last = members[-1].index
+    assert [s.index for s in specs] == list(range(len(specs)))
