@@ -2,8 +2,8 @@
 
 Each published load point is replayed with servelab's counterpart of every router the source compared (the counterparts
 are listed per source; a router servelab does not model is shown, not scored), and with the source's client rebuilt: the
-prompts it sent, in its order, at its rates (KubeAIClient, SharedPrefixClient; the 37-capacity llm-d stages run back to
-back, the 73-capacity ones each after the one before has finished, as inference-perf ran them: drained_specs). Printed,
+prompts it sent, in its order, at its rates (KubeAIClient, SharedPrefixClient; the llm-d stages each after the one
+before has finished, as inference-perf ran them: drained_specs). Printed,
 in markdown: per point and router, measured and predicted served throughput (KubeAI:
 requests/s; llm-d: output tokens/s) and mean TTFT with their errors, and mean TPOT beside the published one (llm-d's
 from its published ITL: llmd_tpot_ms; not scored), and the router's own time a request where its counterpart publishes
@@ -503,8 +503,8 @@ LLMD73_STAGE_S = {
 class SharedPrefixClient:
     """The requests of inference-perf's `shared_prefix` data (inference_perf/datagen/shared_prefix_datagen.py):
     `groups` x `per_group` prompts made once, each a group's system prompt and a question of its own, shuffled once;
-    request i sends prompt i mod (groups x per_group). So a whole prompt, question included, recurs every 249
-    requests, and a replica that served it can hit all of it."""
+    request n of a stage sends prompt n mod (groups x per_group) (drained_specs). So a whole prompt, question
+    included, recurs every 249 requests, and a replica that served it can hit all of it."""
 
     groups: int = 83
     per_group: int = 3
@@ -522,15 +522,6 @@ class SharedPrefixClient:
             prompts.extend(np.concatenate([system, question]) for question in questions)
         return [prompts[i] for i in rng.permutation(len(prompts))]
 
-    def specs(self, arrivals: np.ndarray) -> list[RequestSpec]:
-        prompts = self.prompt_ids()
-        return [
-            RequestSpec(
-                index=i, prompt_ids=prompts[i % len(prompts)], max_tokens=self.output_tokens, arrival_time=float(t)
-            )
-            for i, t in enumerate(arrivals)
-        ]
-
 
 LLMD_CLIENT = SharedPrefixClient()
 LLMD_WARMUP = (10.0, 25.0)
@@ -540,18 +531,14 @@ LLMD_WARMUP = (10.0, 25.0)
 @dataclass(frozen=True)
 class StagedProfile:
     """An llm-d report's inference-perf run: its shared_prefix client, its warm-up stage and its measured stages
-    ((QPS, seconds) each, in order), sent back to back to one fleet; and its published per-stage "ITL mean" (ms)."""
+    ((QPS, seconds) each, in order), sent to one fleet each after the one before has finished (drained_specs); and its
+    published per-stage "ITL mean" (ms)."""
 
     source: Source
     client: SharedPrefixClient
     warmup: tuple[float, float]
     stages: tuple[tuple[float, float], ...]
     itl_ms: dict[tuple[int, str], float]
-    drained: bool = False
-    """Whether the replay runs the stages as inference-perf's load generator ran them (drained_specs): each stage's
-    requests numbered from 0 and sent only once every request of the stage before it has finished. False: the
-    stages back to back, each inheriting the queue the one before it left, and the prompts cycled over the whole
-    run (llmd_arrivals), as docs/accuracy.md describes the 37-capacity replay."""
 
 
 STAGED = {
@@ -568,31 +555,10 @@ STAGED = {
             (15.0, 50.0),
             tuple((float(q), float(s)) for q, s in LLMD73_STAGE_S.items()),
             LLMD73_ITL_MS,
-            drained=True,
         ),
     )
 }
 """The sources replayed as inference-perf's staged runs, by name."""
-
-
-def llmd_arrivals(
-    rng: np.random.Generator, profile: StagedProfile = STAGED[LLMD.name]
-) -> tuple[np.ndarray, dict[float, tuple[float, float]]]:
-    """Poisson arrival times over the warm-up and every stage in order, as inference-perf sends them; and each
-    measured stage's (start, end) by its rate. The stages run back to back on one fleet: a stage inherits the queue
-    and the caches the one before it left (a cache-blind fleet leaves the 10 QPS warm-up with a backlog it serves
-    during the 3 QPS stage)."""
-    times: list[np.ndarray] = []
-    windows: dict[float, tuple[float, float]] = {}
-    start = 0.0
-    for index, (rate, seconds) in enumerate((profile.warmup, *profile.stages)):
-        gaps = rng.exponential(1 / rate, size=int(rate * seconds * 2) + 16)
-        stage = start + np.cumsum(gaps)
-        times.append(stage[stage < start + seconds])
-        if index > 0:
-            windows[rate] = (start, start + seconds)
-        start += seconds
-    return np.concatenate(times), windows
 
 
 STAGE_START_S = 1.0
@@ -653,23 +619,14 @@ def llmd_run(router: Counterpart, seed: int = 0, name: str = LLMD.name) -> dict[
     prefix-cache hit rate over the stage, and the router's own time a request over the run. `seed` draws the
     prompts, their order and the arrival times (0: the headline run)."""
     profile = STAGED[name]
-    if profile.drained:
-        specs, indices = drained_specs(profile, seed)
-    else:
-        client = replace(profile.client, seed=seed)
-        times, windows = llmd_arrivals(np.random.default_rng(client.seed), profile)
-        specs = client.specs(times)
+    specs, indices = drained_specs(profile, seed)
     deployment = _deployment(profile.source, router)
     sink, samples = MemorySink(), []
     run = deployment.sim_target().run(LoadPlan(requests=specs), sink, samples.append)
     stages: dict[float, dict[str, float]] = {}
     for rate in (rate for rate, _ in profile.stages):
-        if profile.drained:
-            counted = [r for r in sink.records if r.index in indices[rate]]
-            start, end = min(r.send_time for r in counted), max(r.finish_time for r in counted)
-        else:
-            start, end = windows[rate]
-            counted = [r for r in sink.records if start <= r.intended_time < end]
+        counted = [r for r in sink.records if r.index in indices[rate]]
+        start, end = min(r.send_time for r in counted), max(r.finish_time for r in counted)
         stages[rate] = _measures(summarize(counted), profile.source) | {
             "router": _router_time(run),
             "hits": _hit_rate(samples, start, end),

@@ -61,28 +61,18 @@ def test_client_limited_reads_littles_law_off_the_published_numbers(fleet_accura
 
 
 def test_shared_prefix_client_cycles_whole_prompts(fleet_accuracy):
-    """inference-perf sends the same 249 prompts, question included, in one order, over and over."""
-    client = fleet_accuracy.SharedPrefixClient()
-    specs = client.specs(np.arange(600, dtype=float))
-    count = client.groups * client.per_group
-    assert len({np.asarray(s.prompt_ids).tobytes() for s in specs}) == count
-    assert all(np.array_equal(specs[i].prompt_ids, specs[i + count].prompt_ids) for i in range(600 - count))
-    systems = {np.asarray(s.prompt_ids[: client.system_tokens]).tobytes() for s in specs[:count]}
-    assert len(systems) == client.groups
-    assert {len(s.prompt_ids) for s in specs} == {client.system_tokens + client.question_tokens}
-
-
-def test_llmd_stages_run_back_to_back_after_the_warmup(fleet_accuracy):
+    """inference-perf sends the same 249 prompts, question included, in one order, over and over within a stage."""
     profile = fleet_accuracy.STAGED["llm-d"]
-    times, windows = fleet_accuracy.llmd_arrivals(np.random.default_rng(0), profile)
-    assert np.all(np.diff(times) > 0)
-    assert list(windows) == [rate for rate, _ in profile.stages]
-    starts = [start for start, _ in windows.values()]
-    assert starts[0] == profile.warmup[1]
-    assert all(end == nxt for (_, end), nxt in zip(windows.values(), starts[1:], strict=False))
-    for rate, (start, end) in windows.items():
-        sent = np.count_nonzero((times >= start) & (times < end))
-        assert sent == pytest.approx(rate * (end - start), rel=0.25)
+    client = profile.client
+    specs, stages = fleet_accuracy.drained_specs(profile, seed=0)
+    stage = [specs[i] for i in stages[max(stages)]]
+    count = client.groups * client.per_group
+    assert len(stage) > 2 * count
+    assert len({np.asarray(s.prompt_ids).tobytes() for s in stage}) == count
+    assert all(np.array_equal(stage[i].prompt_ids, stage[i + count].prompt_ids) for i in range(len(stage) - count))
+    systems = {np.asarray(s.prompt_ids[: client.system_tokens]).tobytes() for s in stage[:count]}
+    assert len(systems) == client.groups
+    assert {len(s.prompt_ids) for s in stage} == {client.system_tokens + client.question_tokens}
 
 
 def test_llmd_tpot_undoes_inference_perf_s_stamps_on_the_blank_line_of_every_event(fleet_accuracy):
