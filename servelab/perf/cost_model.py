@@ -382,6 +382,7 @@ class RooflineCostModel:
 
     def _init_allreduce(self, tp: int) -> None:
         """Tensor parallelism's two all-reduces per layer: a fixed launch cost and a ring's bytes per token."""
+        self._comm_large_from, self._comm_large_fixed, self._comm_large_s_per_token = math.inf, 0.0, 0.0
         if tp <= 1:
             self._comm_fixed = self._comm_s_per_token = 0.0
             return
@@ -446,12 +447,28 @@ class RooflineCostModel:
         self._elementwise_s_per_token = (
             layers * elementwise_bytes_per_token(h, heads, kv_heads, inter) / (bw * el.memory_efficiency)
         )
-        if tp > 1:
-            ar = fit.allreduce[tp]
-            self._comm_fixed = 2 * layers * ar.latency_s
-            self._comm_s_per_token = 2 * layers * h * model.dtype_bytes * ar.seconds_per_byte
-        else:
-            self._comm_fixed = self._comm_s_per_token = 0.0
+        self._init_fitted_allreduce(fit, model, tp)
+
+    def _init_fitted_allreduce(self, fit: GpuKernelFit, model: ModelSpec, tp: int) -> None:
+        """Two all-reduces per layer of `tokens x hidden` values: the fit's line, and where the fit has a switch
+        (vLLM's custom all-reduce to NCCL), its second piece from the first token count whose message reaches it."""
+        self._init_allreduce(1)
+        if tp <= 1:
+            return
+        ar, token_bytes, calls = fit.allreduce[tp], model.hidden_size * model.dtype_bytes, 2 * model.num_layers
+        self._comm_fixed, self._comm_s_per_token = calls * ar.latency_s, calls * token_bytes * ar.seconds_per_byte
+        if ar.switch_bytes is None:
+            return
+        at_switch = ar.latency_s + ar.switch_bytes * ar.seconds_per_byte + ar.switch_jump_s
+        self._comm_large_from = math.ceil(ar.switch_bytes / token_bytes)
+        self._comm_large_s_per_token = calls * token_bytes * ar.large_seconds_per_byte
+        self._comm_large_fixed = calls * (at_switch - ar.switch_bytes * ar.large_seconds_per_byte)
+
+    def _communication(self, num_tokens: int) -> float:
+        """Tensor parallelism's all-reduces in a step of `num_tokens` tokens."""
+        if num_tokens >= self._comm_large_from:
+            return self._comm_large_fixed + num_tokens * self._comm_large_s_per_token
+        return self._comm_fixed + num_tokens * self._comm_s_per_token
 
     def _gemm_constants(
         self, g: GemmFit, n: int, k: int, weight_bytes_per_param: float, compute_dtype: ComputeDtype = "bf16"
@@ -532,7 +549,7 @@ class RooflineCostModel:
             attention_flops_time,
             (sum_decode_context + prefill_context_tokens + num_prefill_tokens) * self._kv_s_per_token,
         ) + self.mla_block_time(num_decodes, num_prefill_tokens, prefill_attn_work)
-        communication = self._comm_fixed + num_tokens * self._comm_s_per_token
+        communication = self._communication(num_tokens)
         cpu = self._step_overhead + num_sampled * self._request_overhead
         if num_sampled > num_decodes:  # at least one prefill chunk
             cpu += self._prefill_step_overhead
@@ -598,9 +615,7 @@ class RooflineCostModel:
         cpu = self._step_overhead + num_sampled * self._request_overhead
         if chunks:
             cpu += self._prefill_step_overhead
-        return (
-            self._launched(gpu, num_decodes, chunks > 0) + self._comm_fixed + num_tokens * self._comm_s_per_token + cpu
-        )
+        return self._launched(gpu, num_decodes, chunks > 0) + self._communication(num_tokens) + cpu
 
     def weight_bytes_read(self, num_tokens: int) -> float:
         """Weight bytes one rank reads from memory in a step of `num_tokens` tokens: every weight outside the routed

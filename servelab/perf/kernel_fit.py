@@ -191,11 +191,34 @@ class PrefillAttentionFit(_Frozen):
     half_length: float = Field(ge=0)
 
 
+CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 1024 * 1024
+"""vLLM runs its custom all-reduce on messages below 8 MiB and hands larger ones on:
+`CustomAllreduce(..., max_size=8192 * 1024)` and `should_custom_ar`'s `return inp_size < self.max_size` in
+vllm/distributed/device_communicators/custom_all_reduce.py (vllm-project/vllm@0ad80649d36672284c95b5e1ae73447d9d5f207f;
+the same default since the first custom all-reduce)."""
+
+CUSTOM_THEN_NCCL_SYSTEMS = frozenset({"a100_sxm"})
+"""Fitted GPUs whose vLLM all-reduce is the custom one below `CUSTOM_ALLREDUCE_MAX_BYTES` and NCCL from there: compute
+capability 8.x, which the symmetric-memory tables of all_reduce_utils.py (vllm@00d618aab60448acdf3fac3e9c4e2e22d0c6c753:
+CUSTOM_ALL_REDUCE_MAX_SIZES, SYMM_MEM_ALL_REDUCE_MAX_SIZES, keyed "9.0", "10.0", "10.3") leave out. The A100 table
+(vLLM 0.14.0) shows the switch: 25-45 us at 4 MiB, then 90-129 us at 8 MiB, NCCL's own time there (the package's
+nccl_perf table: 87-128 us). On Hopper and Blackwell vLLM also runs torch's symmetric-memory all-reduce, from a custom
+bound that depends on TP (256 KiB to 8 MiB) up to its own limit (4-128 MiB): switches that a split at 8 MiB does not
+follow, so those GPUs keep one line over all sizes."""
+
+
 class AllReduceFit(_Frozen):
-    """One all-reduce of `bytes`: latency_s + bytes * seconds_per_byte (vLLM custom all-reduce, CUDA graphs)."""
+    """One all-reduce of `bytes`: latency_s + bytes * seconds_per_byte, over all sizes or, where `switch_bytes` is set
+    (`CUSTOM_THEN_NCCL_SYSTEMS`), below it (vLLM's custom all-reduce); at and above it, that line's time at the switch,
+    plus switch_jump_s, plus large_seconds_per_byte per byte past it (NCCL). The jump is the measured step up where
+    vLLM changes algorithm, never down: time grows with every byte. Fitted to vLLM's all-reduce timed under CUDA
+    graphs."""
 
     latency_s: float = Field(ge=0)
     seconds_per_byte: float = Field(ge=0)
+    switch_bytes: int | None = Field(default=None, gt=0)
+    switch_jump_s: float = Field(default=0.0, ge=0)
+    large_seconds_per_byte: float = Field(default=0.0, ge=0)
 
 
 class ElementwiseFit(_Frozen):
@@ -357,7 +380,13 @@ def prefill_attention_time(
 
 
 def allreduce_time(fit: AllReduceFit, nbytes: np.ndarray) -> np.ndarray:
-    return fit.latency_s + nbytes * fit.seconds_per_byte
+    small = fit.latency_s + nbytes * fit.seconds_per_byte
+    if fit.switch_bytes is None:
+        return small
+    at_switch = fit.latency_s + fit.switch_bytes * fit.seconds_per_byte + fit.switch_jump_s
+    return np.where(
+        nbytes < fit.switch_bytes, small, at_switch + (nbytes - fit.switch_bytes) * fit.large_seconds_per_byte
+    )
 
 
 def elementwise_bytes_per_token(hidden: int, heads: int, kv_heads: int, intermediate: int) -> int:
@@ -654,26 +683,42 @@ def fit_triton_prefill_scale(root: Path | None = None) -> TritonPrefillScale:
     )
 
 
+def _fit_allreduce_pieces(nbytes: np.ndarray, measured: np.ndarray, switch: int | None) -> AllReduceFit:
+    """One line on the rows below the switch (all rows without one), then the jump and slope past it on the rest."""
+    small = nbytes < (switch or np.inf)
+
+    def make(x: np.ndarray, jump_us: float = 0.0, large_ps: float = 0.0) -> AllReduceFit:
+        return AllReduceFit(
+            latency_s=x[0] * 1e-6,
+            seconds_per_byte=x[1] * 1e-12,
+            switch_bytes=switch,
+            switch_jump_s=jump_us * 1e-6,
+            large_seconds_per_byte=large_ps * 1e-12,
+        )
+
+    line = _fit_log(lambda x: allreduce_time(make(x), nbytes[small]), measured[small], [5, 10], [0, 0], [100, 1e4])
+    if switch is None:
+        return make(line)
+    x = _fit_log(
+        lambda x: allreduce_time(make(line, *x), nbytes[~small]), measured[~small], [10, 10], [0, 0], [1e3, 1e4]
+    )
+    return make(line, *x)
+
+
 def fit_allreduce(t: KernelTables) -> tuple[dict[int, AllReduceFit], Residual]:
+    """Per TP size, two pieces split at vLLM's switch from its custom all-reduce to NCCL where that is the one switch
+    (`CUSTOM_THEN_NCCL_SYSTEMS`: one line across it misses both sides), one line elsewhere; fitted on every other
+    measured size, the rest held out."""
     rows = allreduce_rows(t)
     hold = held_out(rows.message_size)
+    switch = CUSTOM_ALLREDUCE_MAX_BYTES if t.system in CUSTOM_THEN_NCCL_SYSTEMS else None
     fits: dict[int, AllReduceFit] = {}
     pred = np.zeros(len(rows))
-
-    def make(x: np.ndarray) -> AllReduceFit:
-        return AllReduceFit(latency_s=x[0] * 1e-6, seconds_per_byte=x[1] * 1e-12)
-
     for tp, group in rows.groupby("num_gpus"):
         mask = (rows.num_gpus == tp).to_numpy()
         train = ~hold[mask]
         nbytes, measured = group.nbytes.to_numpy(float), group.latency.to_numpy()
-        train_bytes = nbytes[train]
-
-        def predict(x: np.ndarray, b: np.ndarray = train_bytes) -> np.ndarray:  # b bound now, not at the loop's end
-            return allreduce_time(make(x), b)
-
-        x = _fit_log(predict, measured[train], [5, 10], [0, 0], [100, 1e4])
-        fits[int(tp)] = make(x)
+        fits[int(tp)] = _fit_allreduce_pieces(nbytes[train], measured[train], switch)
         pred[mask] = allreduce_time(fits[int(tp)], nbytes)
     return fits, _residual(pred, rows.latency.to_numpy(), hold)
 
