@@ -20,7 +20,12 @@ same workload flags through the same library path (`build_plan` ->
   those requests as they are (a JSONL dataset of token ids), a resent prompt
   with the same tokens;
 - arrival: `--request-rate` (inf, or req/s with `--burstiness`) and
-  `--max-concurrency`, `--num-prompts` as published.
+  `--max-concurrency`, `--num-prompts` as published;
+- a client that warmed the server first (`client_warmup_requests`): its first
+  requests sent at t=0 and run to completion, then the measured ones, which
+  alone are summarized;
+- throughput as the source computed it (`throughput`: over the elapsed time,
+  or C x output / the sum of the requests' E2E).
 
 Errors are predicted / measured - 1 per metric; the summary gives, per metric,
 the number of runs, MAPE, median |error| and the signed mean (MPE), in the
@@ -83,12 +88,19 @@ from servelab.metrics.intervals import (
     classify_regime,
     metric_bounds,
 )
-from servelab.metrics.records import MemorySink
+from servelab.metrics.records import MemorySink, RequestRecord
 from servelab.metrics.summary import summarize
 from servelab.schemas.profile import EnvironmentFit
 from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.errors import PerfConfigError
-from servelab.perf.published import LENGTHS, PUBLISHED, published_entries
+from servelab.perf.published import (
+    LENGTHS,
+    PUBLISHED,
+    ThroughputFormula,
+    client_warmup_requests,
+    published_entries,
+    throughput_formula,
+)
 from servelab.targets.deployment import Deployment, build_deployment
 from servelab.workload.arrival import ArrivalConfig, schedule
 from servelab.workload.datasets import WorkloadConfig
@@ -356,16 +368,57 @@ def replay(
 ) -> Replay:
     """The entry's load on `deployment` (None: specs only), summarized and filed under its regime and limit."""
     deployment = deployment or specs_deployment(entry)
-    plan = _plan(entry, published, deployment.model.vocab_size, max_prompts)
     start = time.perf_counter()
+    plan, warmup = warmed_plan(entry, published, deployment, max_prompts)
     sink = MemorySink()
     run = deployment.sim_target().run(plan, sink)
-    summary = summarize(sink.records).model_dump(exclude_unset=True)
-    regime = classify_regime(sink.records, plan.max_concurrency, summary)
+    records = [r for r in sink.records if r.index >= warmup]
+    regime = classify_regime(records, plan.max_concurrency, summarize(records).model_dump(exclude_unset=True))
+    summary = summarize(records, duration=scored_duration(entry, records)).model_dump(exclude_unset=True)
     seconds = time.perf_counter() - start
     return Replay(
         entry, summary, int(summary["completed"]), seconds, regime, tier, limit=classify_limit(run.client_stats)
     )
+
+
+def warmed_plan(
+    entry: dict[str, Any], published: dict[str, Any], deployment: Deployment, max_prompts: int | None
+) -> tuple[LoadPlan, int]:
+    """The entry's load after its client's warm-up (`client_warmup_requests`), and how many requests lead it.
+
+    The warm-up is the run's first requests (of the whole run, whatever --max-prompts keeps) sent at t=0 under
+    the run's concurrency; the measured requests are sent once its last has finished, as the source's client
+    sends its second batch, so they find the warm-up's prompts in the prefix cache. Requests with an index
+    below the count are the warm-up's, left out of the scored records."""
+    vocab = deployment.model.vocab_size
+    measured = _plan(entry, published, vocab, max_prompts)
+    count = client_warmup_requests(entry)
+    if not count:
+        return measured, 0
+    warmup = list(_plan(entry, published, vocab, None).requests)[:count]
+    drained = _drained_at(deployment, LoadPlan(warmup, max_concurrency=measured.max_concurrency))
+    requests = [replace(r, index=i, arrival_time=0.0) for i, r in enumerate(warmup)]
+    requests += [
+        replace(r, index=len(warmup) + i, arrival_time=drained + r.arrival_time)
+        for i, r in enumerate(measured.requests)
+    ]
+    return replace(measured, requests=requests, warmup=drained), len(warmup)
+
+
+def _drained_at(deployment: Deployment, warmup: LoadPlan) -> float:
+    """When the last warm-up request finishes on `deployment` (the simulator is deterministic: it finishes at the same
+    time ahead of the measured requests)."""
+    sink = MemorySink()
+    deployment.sim_target().run(warmup, sink)
+    return max(r.finish_time for r in sink.records)
+
+
+def scored_duration(entry: dict[str, Any], records: list[RequestRecord]) -> float | None:
+    """What the entry's throughputs are divided by, as its source divided them (`throughput`); None: the elapsed
+    time, from the first send to the last finish."""
+    if throughput_formula(entry) is ThroughputFormula.CONCURRENCY_OVER_SUM_E2E:
+        return sum(r.e2el for r in records if r.ok) / entry["workload"]["max_concurrency"]
+    return None
 
 
 TierPrediction = Callable[[dict[str, Any], dict[str, Any], int | None], Replay | None]

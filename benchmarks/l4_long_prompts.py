@@ -1,20 +1,13 @@
-"""The inference-bench L4 long-prompt runs replayed as the source ran and scored them (docs/accuracy.md, "Long
-shared prompts on one L4").
+"""The inference-bench L4 runs, with and without the source's client warm-up, the simulated KV block pool followed
+(docs/accuracy.md, "Long shared prompts on one L4").
 
-benchmarks/gpu_accuracy.py replays these runs with the published prompt-length estimate, no client warm-up and
-throughput as output / elapsed time. The source differs on all three (servelab/perf/data/published.yaml, the
-comment above the inference-bench entries):
-
-- prompt lengths: the 10 distinct long prompts of prompts/workload.jsonl counted with Qwen2.5's tokenizer
-  inside its chat template (COUNTED_LONG_PROMPT), not 30 + characters / 4;
-- warm-up: bench_lib.run_benchmark_impl first runs the regime's first 2C prompts to completion on the same
-  server, then the 100 measured ones, so their prompts are in the prefix cache;
-- throughput: scripts/reaggregate.py divides the output by (sum of per-request wall times) / C.
-
-Each long run is replayed specs only (the deployment gpu_accuracy builds) with each difference added in turn,
-and the simulated scheduler's KV block pool is followed through the measured requests (fewest free blocks,
-most requests running, preemptions); the short runs at C >= 16 are replayed as gpu_accuracy.py replays them,
-for their throughput by the source's formula. Run it from the repository root:
+benchmarks/gpu_accuracy.py replays these runs as the source ran and scored them (servelab/perf/data/published.yaml,
+the comment above the inference-bench entries): counted prompt lengths, the client's warm-up of its first 2C
+prompts (`client_warmup_requests`) and the throughput of scripts/reaggregate.py, C x output / sum(E2E)
+(`throughput`). This script replays each run specs only, as gpu_accuracy.py does and without the warm-up, shows
+the output throughput by the source's formula and over the elapsed time, and follows the simulated scheduler's KV
+block pool through the measured requests (fewest free blocks, most requests running, preemptions). Run it from the
+repository root:
 
     PYTHONPATH=. .venv/bin/python benchmarks/l4_long_prompts.py
 """
@@ -37,36 +30,12 @@ import gpu_accuracy  # noqa: E402  (the replay this varies)
 from servelab.metrics.records import MemorySink  # noqa: E402
 from servelab.metrics.summary import summarize  # noqa: E402
 from servelab.sim.scheduler import Scheduler  # noqa: E402
-from servelab.workload.spec import LoadPlan, RequestSpec  # noqa: E402
 
 RUNS = tuple(f"inference-bench-l4-qwen25-7b-long-c{c}" for c in (1, 16, 64))
 SHORT_RUNS = tuple(f"inference-bench-l4-qwen25-7b-short-c{c}" for c in (16, 32, 64))
-"""Replayed as gpu_accuracy.py does only, for their throughput by the source's formula (their prompts are short
-enough that neither the estimate nor the warm-up moves them)."""
-COUNTED_LONG_PROMPT = {0: 1471, 1: 1450, 2: 1444, 4: 1440, 5: 1473, 6: 1470, 7: 1437, 8: 1497, 20: 1447, 30: 1469}
-"""Tokens of each distinct long prompt, keyed by its first request (published_lengths.yaml same_prompt_as):
-prompts/workload.jsonl at ree2raz/inference-bench 6219100, each prompt in Qwen2.5-7B-Instruct's chat template
-("<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n
-<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n"), encoded with the Qwen2 BPE's tokenizer.json
-(`tokenizers`; "Hello world" -> [9707, 1879])."""
-MEASURED_AFTER = 1000.0
-"""Send time of the measured requests when a warm-up precedes them: after the warm-up has drained."""
-METRICS = ("output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms")
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    counted_lengths: bool
-    warm_up: bool
-
-
-VARIANTS = (
-    Variant("estimated lengths, no warm-up (gpu_accuracy.py)", False, False),
-    Variant("estimated lengths, 2C warm-up", False, True),
-    Variant("counted lengths, no warm-up", True, False),
-    Variant("counted lengths, 2C warm-up", True, True),
-)
+METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms")
+VARIANTS = {"as gpu_accuracy.py replays it": True, "no client warm-up": False}
+"""Replay name -> whether the client's warm-up (the entry's client_warmup_requests) runs first."""
 
 
 @dataclass
@@ -107,39 +76,18 @@ def traced(trace: PoolTrace) -> Iterator[None]:
         Scheduler.schedule = schedule  # type: ignore[method-assign]
 
 
-def lengths(published: dict[str, Any], run: str, counted: bool) -> dict[str, Any]:
-    """The run's published lengths, with every request's prompt length counted where `counted`."""
-    lens = dict(published[run])
-    if counted:
-        lens["input_lens"] = [COUNTED_LONG_PROMPT[s] for s in lens["same_prompt_as"]]
-    return lens
-
-
-def load(entry: dict[str, Any], lens: dict[str, Any], vocab: int, warm_up: bool) -> LoadPlan:
-    """The replay's requests (gpu_accuracy._plan), after the source's warm-up of its first 2C where `warm_up`."""
-    plan = gpu_accuracy._plan(entry, {entry["lengths"]: lens}, vocab, None)
-    measured = list(plan.requests)
-    if not warm_up:
-        return plan
-    warm = measured[: 2 * (plan.max_concurrency or 1)]
-    requests = [RequestSpec(i, r.prompt_ids, r.max_tokens, 0.0) for i, r in enumerate(warm)]
-    requests += [RequestSpec(len(warm) + i, r.prompt_ids, r.max_tokens, MEASURED_AFTER) for i, r in enumerate(measured)]
-    return LoadPlan(requests, max_concurrency=plan.max_concurrency)
-
-
-def replay(entry: dict[str, Any], published: dict[str, Any], variant: Variant) -> tuple[dict[str, Any], PoolTrace]:
+def replay(entry: dict[str, Any], published: dict[str, Any], warm_up: bool) -> tuple[dict[str, Any], PoolTrace]:
+    """The run replayed as gpu_accuracy.py does (with or without its warm-up), its output throughput over the elapsed
+    time beside the source's, and the block pool seen through its measured requests."""
+    entry = entry if warm_up else {**entry, "client_warmup_requests": 0}
     deployment = gpu_accuracy.specs_deployment(entry)
-    lens = lengths(published, entry["lengths"], variant.counted_lengths)
-    plan = load(entry, lens, deployment.model.vocab_size, variant.warm_up)
-    since = MEASURED_AFTER if variant.warm_up else 0.0
-    trace, sink = PoolTrace(since), MemorySink()
+    plan, warmup = gpu_accuracy.warmed_plan(entry, published, deployment, None)
+    trace, sink = PoolTrace(plan.warmup), MemorySink()
     with traced(trace):
         deployment.sim_target().run(plan, sink)
-    summary = summarize(sink.records, warmup=since).model_dump(exclude_unset=True)
-    # scripts/reaggregate.py: throughput = output / (sum of wall times / C)
-    concurrency = entry["workload"]["max_concurrency"]
-    out = sum(lens["output_lens"])
-    summary["source_throughput"] = out / (summary["mean_e2el_ms"] / 1000 * summary["completed"] / concurrency)
+    records = [r for r in sink.records if r.index >= warmup]
+    summary = summarize(records, duration=gpu_accuracy.scored_duration(entry, records)).model_dump()
+    summary["elapsed_throughput"] = summarize(records).output_throughput
     return summary, trace
 
 
@@ -148,24 +96,18 @@ def _error(predicted: float, measured: float | None) -> str:
 
 
 def table(entries: dict[str, dict[str, Any]], published: dict[str, Any]) -> str:
-    head = ["run", "replay", "out tok/s", "out tok/s, source's formula", *METRICS[1:], "fewest free blocks"]
-    head += ["most running", "preemptions"]
+    head = ["run", "replay", "out tok/s, source's formula", "out tok/s over elapsed time", *METRICS]
+    head += ["fewest free blocks", "most running", "preemptions"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in RUNS + SHORT_RUNS:
-        entry = entries[run]
-        measured = entry["measured"]
-        rows.append(
-            f"| {run} | measured | {measured['output_throughput']} | {measured['output_throughput']} | "
-            + " | ".join(str(measured.get(m)) for m in METRICS[1:])
-            + " | | | |"
-        )
-        for variant in VARIANTS if run in RUNS else VARIANTS[:1]:
-            got, trace = replay(entry, published, variant)
-            cells = [_error(got["output_throughput"], measured["output_throughput"])]
-            cells.append(_error(got["source_throughput"], measured["output_throughput"]))
-            cells += [_error(got[m], measured.get(m)) for m in METRICS[1:]]
+        measured = entries[run]["measured"]
+        cells = [str(measured["output_throughput"]), "", *(str(measured.get(m)) for m in METRICS), "", "", ""]
+        rows.append(f"| {run} | measured | " + " | ".join(cells) + " |")
+        for name, warm_up in VARIANTS.items():
+            got, trace = replay(entries[run], published, warm_up)
+            cells = [_error(got[m], measured.get(m)) for m in ("output_throughput", "elapsed_throughput", *METRICS)]
             cells += [str(trace.fewest_free), str(trace.most_running), str(trace.preemptions)]
-            rows.append(f"| {run} | {variant.name} | " + " | ".join(cells) + " |")
+            rows.append(f"| {run} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 

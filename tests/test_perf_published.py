@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from servelab.perf.engine_args import parse_engine_args
 from servelab.perf.hardware import get_gpu
 from servelab.perf.models import get_model
-from servelab.perf.published import published_entries, roofline_ceiling
+from servelab.perf.published import (
+    PublishedDataError,
+    ThroughputFormula,
+    client_warmup_requests,
+    published_entries,
+    roofline_ceiling,
+    throughput_formula,
+)
 
 ENTRIES = published_entries()
 SUMMARY_KEYS = {"request_throughput", "output_throughput"} | {
@@ -58,3 +66,45 @@ def test_measurement_is_below_its_roofline_ceiling(entry):
 def test_single_stream_decode_is_memory_bound():
     entry = next(e for e in ENTRIES if e["workload"].get("max_concurrency") == 1 and roofline_ceiling(e))
     assert roofline_ceiling(entry).bound == "memory"
+
+
+def _published_file(tmp_path, **fields):
+    """A published-runs file of one closed-loop entry (concurrency 4) with `fields` added."""
+    entry = {"id": "one-run", "workload": {"max_concurrency": 4}, **fields}
+    path = tmp_path / "published.yaml"
+    path.write_text(yaml.safe_dump([entry]))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"client_warmup_requests": "2X"}, "client_warmup_requests"),
+        ({"client_warmup_requests": -1}, "client_warmup_requests"),
+        ({"client_warmup_requests": True}, "client_warmup_requests"),
+        ({"throughput": "elapsed"}, "throughput"),
+    ],
+)
+def test_a_bad_replay_field_is_one_error_naming_the_entry_and_field(tmp_path, fields, field):
+    with pytest.raises(PublishedDataError, match=f"^one-run: {field} "):
+        published_entries(_published_file(tmp_path, **fields))
+
+
+def test_a_warm_up_per_concurrency_and_the_source_throughput_need_the_concurrency(tmp_path):
+    for fields in ({"client_warmup_requests": "2C"}, {"throughput": "concurrency_over_sum_e2e"}):
+        path = _published_file(tmp_path, **fields)
+        path.write_text(path.read_text().replace("max_concurrency: 4", "request_rate: inf"))
+        with pytest.raises(PublishedDataError, match=f"^one-run: {next(iter(fields))} "):
+            published_entries(path)
+
+
+def test_replay_fields_read_as_the_source_ran_and_scored_its_runs(tmp_path):
+    [entry] = published_entries(
+        _published_file(tmp_path, client_warmup_requests="2C", throughput="concurrency_over_sum_e2e")
+    )
+    assert client_warmup_requests(entry) == 8
+    assert throughput_formula(entry) is ThroughputFormula.CONCURRENCY_OVER_SUM_E2E
+    [plain] = published_entries(_published_file(tmp_path))
+    assert client_warmup_requests(plain) == 0 and throughput_formula(plain) is ThroughputFormula.OVER_ELAPSED
+    [counted] = published_entries(_published_file(tmp_path, client_warmup_requests=5))
+    assert client_warmup_requests(counted) == 5

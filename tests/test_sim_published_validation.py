@@ -86,3 +86,21 @@ def test_held_out_scoring_leaves_out_the_source_a_constant_was_read_off(accuracy
         for rs in metrics.values()
         for r in rs
     } == {poisson.entry["id"]}
+
+
+def test_the_client_warm_up_runs_first_and_is_left_out_of_the_scored_records(accuracy):
+    """inference-bench's client runs the first 2C prompts to completion before the measured ones: the replay sends
+    them first, sends the measured requests once they have drained, and scores only the measured ones, with the
+    throughput the source's formula gives (C x output / sum of E2E)."""
+    entry = next(e for e in accuracy.published_entries() if e["id"] == "inference-bench-l4-qwen25-7b-long-c16")
+    published = yaml.safe_load(accuracy.LENGTHS.read_text())
+    deployment = accuracy.specs_deployment(entry)
+    plan, warmup = accuracy.warmed_plan(entry, published, deployment, 5)
+    specs = list(plan.requests)
+    assert warmup == 32 and len(specs) == 32 + 5
+    assert {s.arrival_time for s in specs[:warmup]} == {0.0}
+    assert {s.arrival_time for s in specs[warmup:]} == {plan.warmup} and plan.warmup > 0
+    row = accuracy.replay(entry, published, 5)
+    assert row.prompts == row.predicted["completed"] == 5
+    sum_e2e = row.predicted["mean_e2el_ms"] / 1000 * 5
+    assert row.predicted["output_throughput"] == pytest.approx(16 * 5 * 512 / sum_e2e)

@@ -11,8 +11,11 @@ the simulator's efficiencies and overheads must explain.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -42,9 +45,58 @@ class Ceiling:
     """'compute' or 'memory': which side of the linear layers' roofline set the ceiling."""
 
 
+class PublishedDataError(ValueError):
+    """An entry of a published-runs file with a field the replay cannot read; the message names the entry and field."""
+
+
+class ThroughputFormula(StrEnum):
+    """How a source turned its requests into its published throughput (an entry's `throughput` field)."""
+
+    OVER_ELAPSED = "over_elapsed"
+    """Output (or requests) over the span from the first send to the last finish: vLLM's benchmark clients."""
+    CONCURRENCY_OVER_SUM_E2E = "concurrency_over_sum_e2e"
+    """C x output / the sum of the requests' E2E: a closed loop of C taken as fully occupied throughout."""
+
+
+WARMUP_PER_CONCURRENCY = re.compile(r"(\d+)C")
+"""`client_warmup_requests: 2C`: twice the run's concurrency."""
+
+
+def client_warmup_requests(entry: Json) -> int:
+    """Requests the source's client ran to completion before the measured ones (0: none), as the entry's
+    `client_warmup_requests` gives them: a count, or a multiple of the concurrency ("2C")."""
+    value: Any = entry.get("client_warmup_requests", 0)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    multiple = WARMUP_PER_CONCURRENCY.fullmatch(str(value))
+    concurrency = entry["workload"].get("max_concurrency")
+    if multiple and concurrency:
+        return int(multiple[1]) * int(concurrency)
+    raise PublishedDataError(
+        f"{entry['id']}: client_warmup_requests must be a request count or a multiple of max_concurrency "
+        f"such as 2C (with max_concurrency set), got {value!r}"
+    )
+
+
+def throughput_formula(entry: Json) -> ThroughputFormula:
+    """How the entry's measured throughputs were computed (its `throughput` field; over_elapsed by default)."""
+    value = entry.get("throughput", ThroughputFormula.OVER_ELAPSED)
+    try:
+        formula = ThroughputFormula(value)
+    except ValueError:
+        known = ", ".join(ThroughputFormula)
+        raise PublishedDataError(f"{entry['id']}: throughput must be one of {known}, got {value!r}") from None
+    if formula is ThroughputFormula.CONCURRENCY_OVER_SUM_E2E and not entry["workload"].get("max_concurrency"):
+        raise PublishedDataError(f"{entry['id']}: throughput {formula} needs the run's max_concurrency")
+    return formula
+
+
 def published_entries(path: Path = PUBLISHED) -> list[Json]:
-    """The runs of one published-runs file (published.yaml, or published_moe.yaml)."""
+    """The runs of one published-runs file (published.yaml, or published_moe.yaml), their replay fields checked."""
     result: list[Json] = yaml.safe_load(path.read_text())
+    for entry in result:
+        client_warmup_requests(entry)
+        throughput_formula(entry)
     return result
 
 
