@@ -74,6 +74,28 @@ def test_a_server_serving_half_the_offered_rate_is_over_saturated_with_its_numbe
     assert "over-saturated" in verdict.describe()
 
 
+def test_a_few_slower_requests_on_a_server_that_keeps_up_are_not_over_saturation():
+    """What a real server showed at a quarter of its one-at-a-time rate: the last third of the requests took longer
+    (TTFT 7 -> 19 ms), so the backlog stepped from 0 to 1 late in the run, a slope the regression passes; a backlog
+    of one request is not more than the server holds in flight while it keeps up."""
+    rate, arrivals = 4.5, [i / 4.5 for i in range(18)]
+    records = []
+    for i, t in enumerate(arrivals):
+        service, ttft = (0.35, 0.019) if i >= 12 else (0.06, 0.007)
+        records.append(
+            RequestRecord(
+                index=i,
+                intended_time=t,
+                send_time=t,
+                first_token_time=t + ttft,
+                finish_time=t + service,
+                chunk_times=[t + ttft],
+            )
+        )
+    finished = [r for r in records if r.finish_time <= arrivals[-1]]
+    assert judge(finished, arrivals, rate) is None
+
+
 def test_too_little_data_gets_no_verdict():
     records, arrivals = queue_records(rate=8, service_s=0.25, n=6)
     assert judge(records, arrivals, 8) is None

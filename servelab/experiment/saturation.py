@@ -11,11 +11,13 @@ their own, each with its record.
 
 Both trends must hold, each with a one-sided linear-regression test, because
 either alone misleads: a burst raises the backlog for a while and a long
-prompt raises one TTFT. The backlog is sampled on a grid over the latter half
-of the time load was offered: before that it fills to rate x latency even
-on a server that keeps up, and after the last arrival it only drains. The guard waits for `MIN_FINISHED` records and
-`MIN_SECONDS` of run before it judges, and checks at most every
-`CHECK_EVERY_S`, so its cost stays off the client's hot path.
+prompt raises one TTFT; and the backlog must have outgrown what a server that
+keeps up holds in flight (Little's law), which a few slow requests do not.
+The backlog is sampled on a grid over the latter half of the time load was
+offered: before that it fills to rate x latency even on a server that keeps
+up, and after the last arrival it only drains. The guard waits for
+`MIN_FINISHED` records and `MIN_SECONDS` of run before it judges, and checks
+at most every `CHECK_EVERY_S`, so its cost stays off the client's hot path.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ GRID = 64
 """Instants the backlog is sampled at, evenly over the time load was offered."""
 P_VALUE = 0.05
 """One-sided significance of each slope."""
+LITTLE_MARGIN = 2.0
+"""Requests by which the backlog must exceed what a server that keeps up holds in flight by Little's law (the
+offered rate x the median time the requests finished by then took): the grid's samples of a backlog that stepped
+from 0 to 1 are not independent, so its slope can pass the test while all it shows is a few slower requests."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,11 @@ def judge_arrays(
     if not (fit.slope >= FALLING_BEHIND * offered_rate and fit.pvalue < P_VALUE):
         return None
     sent, ttft = np.asarray(sends, dtype=float), np.asarray(ttfts, dtype=float)
+    finish = np.asarray(finishes, dtype=float)
+    took = (finish - sent)[finish <= end]
+    in_flight = offered_rate * float(np.median(took)) if took.size else 0.0
+    if backlog[-1] < in_flight + LITTLE_MARGIN:
+        return None
     keep = (sent <= end) & ~np.isnan(ttft)
     if keep.sum() < MIN_FINISHED:
         return None
