@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from servelab.errors import InputError
 from servelab.perf.engine_args import parse_engine_args, resolve
 from servelab.perf.hardware import get_gpu
 from servelab.perf.memory import (
@@ -45,7 +46,7 @@ class Ceiling:
     """'compute' or 'memory': which side of the linear layers' roofline set the ceiling."""
 
 
-class PublishedDataError(ValueError):
+class PublishedDataError(InputError):
     """An entry of a published-runs file with a field the replay cannot read; the message names the entry and field."""
 
 
