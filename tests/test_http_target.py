@@ -144,7 +144,9 @@ def test_duration_stops_releasing(server):
 def test_duration_bounds_an_endless_closed_loop(server):
     endless = (RequestSpec(i, [i], 2) for i in itertools.count())
     records, _, _ = run(server, LoadPlan(endless, max_concurrency=2, duration=0.3), extra_body={"delay": 0.01})
-    assert records and all(r.ok and r.send_time < 0.3 for r in records)
+    # The schedule's bound: no request is due at or after the duration. Its send stamp is taken in the request's
+    # own task, which a loaded host may run a moment after the release.
+    assert records and all(r.ok and r.intended_time < 0.3 for r in records)
     assert len({r.index for r in records}) == len(records)
 
 
