@@ -9,7 +9,8 @@ the error of each term, and a refusal where vLLM refused to start.
 
 The plan is made with the device total vLLM saw (`total_gib`), so the catalogue's
 figure for the chip does not blur the comparison. Runs marked `fitted` had a term
-of the plan read off them: they are printed but left out of the score.
+of the plan read off them: they are printed but left out of the score. A start-up
+servelab refuses still shows the weights and activation peak it plans.
 
     PYTHONPATH=. .venv/bin/python benchmarks/memory_plan_check.py
 """
@@ -23,9 +24,10 @@ from typing import Any
 import yaml
 
 from servelab.perf.engine_args import parse_engine_args, resolve
+from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
-from servelab.perf.hardware import get_gpu
-from servelab.perf.memory import GiB, MemoryPlan, plan_memory
+from servelab.perf.hardware import Hardware, get_gpu
+from servelab.perf.memory import GiB, MemoryPlan, MemoryReserve, activation_bytes, plan_memory, rank_weight_bytes
 from servelab.perf.models import ModelSpec, get_model, model_from_hf_config
 from servelab.perf.vllm_versions import parse_version, version_defaults
 
@@ -39,13 +41,29 @@ def _model(name: str, extra: dict[str, Any]) -> ModelSpec:
     return get_model(name)
 
 
-def plan_for(run: dict[str, Any], extra_models: dict[str, Any]) -> MemoryPlan:
-    """servelab's plan of this start-up, or PerfConfigError where servelab refuses it."""
+def _inputs(run: dict[str, Any], extra_models: dict[str, Any]) -> tuple[Hardware, ModelSpec, EngineConfig]:
+    """The chip (with the device total vLLM saw), the model and the resolved engine config of one start-up."""
     hardware = get_gpu(run["gpu"]).model_copy(update={"memory_gib": run["total_gib"]})
     model = _model(run["model"], extra_models)
     version = parse_version(run["vllm_version"])
     config = parse_engine_args(run["flags"], base=version_defaults(version)).config
-    return plan_memory(hardware, model, resolve(config, hardware, model, vllm_version=version))
+    return hardware, model, resolve(config, hardware, model, vllm_version=version)
+
+
+def plan_for(run: dict[str, Any], extra_models: dict[str, Any]) -> MemoryPlan:
+    """servelab's plan of this start-up, or PerfConfigError where servelab refuses it."""
+    return plan_memory(*_inputs(run, extra_models))
+
+
+def _refused_terms(run: dict[str, Any], extra_models: dict[str, Any]) -> dict[str, float]:
+    """The weights and activation peak servelab plans for a start-up it refuses: they do not depend on the refusal,
+    and a refused start-up's logged weights are still a measurement of them."""
+    hardware, model, config = _inputs(run, extra_models)
+    model = model.with_dtype(config.dtype)
+    return {
+        "weights": rank_weight_bytes(model, config, hardware) / GiB,
+        "activation": activation_bytes(model, config, MemoryReserve()) / GiB,
+    }
 
 
 def _planned(plan: MemoryPlan) -> dict[str, float]:
@@ -72,22 +90,25 @@ def _cell(measured: float | None, planned: float | None, digits: int = 2) -> str
 
 def check(data: dict[str, Any]) -> tuple[list[str], dict[str, list[float]]]:
     """Table rows, and the relative errors of the scored runs by term."""
-    rows, errors = [], {term: [] for term in (*TERMS, "kv_tokens")}
+    rows: list[str] = []
+    errors: dict[str, list[float]] = {term: [] for term in (*TERMS, "kv_tokens")}
     for run in data["startups"]:
         measured = run["measured"]
         try:
-            planned: dict[str, float] | None = _planned(plan_for(run, data["models"]))
+            planned = _planned(plan_for(run, data["models"]))
+            started = True
             outcome = "refused by vLLM, started here" if run.get("failed") else "starts (both)"
         except PerfConfigError as refusal:
-            planned = None
+            planned = _refused_terms(run, data["models"])
+            started = False
             outcome = "refused (both)" if run.get("failed") else f"refused here only: {refusal}"
         scored = not run.get("fitted")
-        if planned and scored and not run.get("failed"):
+        if started and scored and not run.get("failed"):
             for term in (*TERMS, "kv_tokens"):
                 if measured.get(term) is not None and term != "cuda_graph":
                     errors[term].append(planned[term] / measured[term] - 1)
-        cells = [_cell(measured.get(t), planned and planned[t]) for t in TERMS]
-        tokens = _cell(measured.get("kv_tokens"), planned and planned["kv_tokens"], 0)
+        cells = [_cell(measured.get(t), planned.get(t)) for t in TERMS]
+        tokens = _cell(measured.get("kv_tokens"), planned.get("kv_tokens"), 0)
         rows.append(
             f"| {run['id']} | {run['vllm_version']} | {run['model']} | {run['flags']} | "
             + " | ".join(cells)
