@@ -9,8 +9,9 @@ import pytest
 
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import get_gpu
-from servelab.perf.memory import kv_bytes_per_token_per_rank, plan_memory, weight_bytes_per_rank
+from servelab.perf.memory import kv_bytes_per_token_per_rank, plan_memory, rank_weight_bytes, weight_bytes_per_rank
 from servelab.perf.models import MoESpec, get_model, load_hf_config, model_from_hf_config
+from servelab.perf.vllm_versions import version_defaults
 
 CONFIGS = Path(__file__).parent / "fixtures" / "moe_configs"  # sources: SOURCES.md there
 
@@ -117,3 +118,19 @@ def test_a_dense_model_has_no_experts():
     dense = get_model("Qwen3-32B")
     assert dense.moe is None and dense.mla is None
     assert dense.active_params == dense.params and dense.linear_params == dense.num_layers * dense.layer_linear_params
+
+
+@pytest.mark.parametrize(
+    ("gpu", "version", "weights_gib"),
+    [
+        ("h100", (0, 10), 65.97),  # vllm#23278's log on vLLM 0.10.1: "Model loading took 65.97 GiB" (Marlin)
+        ("a100", None, 65.97),  # an A100 runs MXFP4 experts in Marlin in every release
+        ("h100", None, 60.7),  # OpenAI's Triton kernel pads the 2,880-wide experts to 64: nothing to add
+    ],
+)
+def test_vllm_holds_gpt_oss_experts_padded_for_the_kernel_that_runs_them(gpu, version, weights_gib):
+    """Marlin needs each expert's hidden size a multiple of 256 and its width of 128: vLLM allocates gpt-oss-120b's
+    2,880 x 2,880 experts as 3,072 x 2,944, 9% more than the checkpoint (quantization/mxfp4.py, create_weights)."""
+    gpt = load_hf_config(CONFIGS / "gpt-oss-120b")
+    held = rank_weight_bytes(gpt, version_defaults(version), get_gpu(gpu)) / 2**30
+    assert held == pytest.approx(weights_gib, rel=0.01)

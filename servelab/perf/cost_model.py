@@ -31,6 +31,7 @@ from servelab.perf.memory import (
 from servelab.perf.models import ModelSpec
 from servelab.perf.moe_kernels import (
     expert_kernel,
+    expert_width_per_rank,
     fp8_moe_flops,
     marlin_linear_flops,
     mla_decode_cost,
@@ -38,6 +39,9 @@ from servelab.perf.moe_kernels import (
     moe_fixed_cost,
     moe_kernel_bandwidth,
     moe_kernel_flops,
+    mxfp4_alignment,
+    mxfp4_padding,
+    round_up,
 )
 from servelab.perf.quantization import WeightFormat, non_expert_weight_format, weight_format
 from servelab.schemas.profile import CostCoefficients as CostCoefficients  # re-exported: a profile saves it
@@ -215,10 +219,9 @@ class RooflineCostModel:
         coefficients: CostCoefficients | None = None,
         *,
         kernels: bool = True,
-        vllm_version: tuple[int, int] | None = None,
     ) -> None:
-        """`vllm_version`: the release served (None: the modelled one), which decides the fused-MoE kernel that
-        weight-only experts run in (perf/moe_kernels.py)."""
+        """`engine_config` resolved for the release served (vllm_versions.version_defaults): it decides the fused-MoE
+        kernel that weight-only experts run in (perf/moe_kernels.py)."""
         c = coefficients or CostCoefficients()
         self.hardware, self.coefficients = hardware, c
         model = model.with_dtype(engine_config.dtype)
@@ -227,7 +230,7 @@ class RooflineCostModel:
         self.weight_format = weight_format(engine_config.quantization, model, hardware)
         self.dense_format = non_expert_weight_format(engine_config.quantization, model, hardware)
         """The format of the weights outside the routed experts (bf16 attention beside gpt-oss's MXFP4 experts)."""
-        self._init_weights(engine_config, tp, vllm_version)
+        self._init_weights(engine_config, tp)
         self._decode_attn_s_per_pair: float | None = None
         """Set for MLA, whose absorbed decode attention has its own FLOPs per pair."""
         self._init_mla_block(tp)
@@ -248,7 +251,7 @@ class RooflineCostModel:
         else:
             self._init_datasheet(engine_config, tp, kv_per_token)
 
-    def _init_weights(self, engine_config: EngineConfig, tp: int, vllm_version: tuple[int, int] | None) -> None:
+    def _init_weights(self, engine_config: EngineConfig, tp: int) -> None:
         """The weight bytes every step streams, and the routed experts' bytes a step reads only when routed to.
 
         Embedding rows are gathered, not streamed; a tied embedding is streamed as the LM head. Routed experts are
@@ -261,26 +264,25 @@ class RooflineCostModel:
         if model.moe:
             streamed -= int(routed_expert_bytes(model, engine_config.quantization, hardware) / tp)
         self._streamed_bytes = streamed
-        self._expert_bytes_per_rank = model.expert_params * self.weight_format.bytes_per_param / tp
+        self._expert_alignment = mxfp4_alignment(model, self.weight_format, hardware, engine_config)
+        self._expert_padding = padding = mxfp4_padding(model, self.weight_format, hardware, engine_config)
+        """vLLM pads MXFP4 experts for their kernel: the GPU holds, reads and multiplies the padded shape."""
+        self._expert_bytes_per_rank = model.expert_params * padding * self.weight_format.bytes_per_param / tp
         self._moe, self._expert_cache = model.moe, dict[int, float]()
         weight_only = model.moe is not None and self.weight_format.weight_only
-        use_marlin = engine_config.mxfp4_use_marlin
-        kernel = expert_kernel(self.weight_format, vllm_version, mxfp4_use_marlin=use_marlin) if weight_only else None
-        width = (
-            model.moe.expert_intermediate_size // (1 if engine_config.enable_expert_parallel else tp)
-            if model.moe
-            else 0
-        )
+        kernel = expert_kernel(self.weight_format, hardware, engine_config) if weight_only else None
+        width = expert_width_per_rank(model, engine_config) if model.moe else 0
         rate = moe_kernel_flops(kernel, hardware, self.weight_format, width) if kernel else None
         if model.moe is not None and rate is None:
             rate = fp8_moe_flops(hardware, self.weight_format, width)
         self._expert_kernel_s_per_token = (
-            model.routed_expert_flops_per_token / model.num_moe_layers / tp / rate if rate else 0.0
+            model.routed_expert_flops_per_token * padding / model.num_moe_layers / tp / rate if rate else 0.0
         )
         """Weight-only experts run in a fused-MoE kernel (Marlin, or OpenAI's Triton kernel for MXFP4), and FP8
         experts on FP8 tensor cores in vLLM's Triton kernel, no faster than its measured large-batch rate for the
         experts' format (perf/moe_kernels.py; FP8's and MXFP4's fall with each rank's expert width): seconds per
-        routed token and MoE layer at that rate; 0 where it is not measured."""
+        routed token and MoE layer at that rate, over the padded experts the kernel multiplies; 0 where it is not
+        measured."""
         read_rate = moe_kernel_bandwidth(kernel, hardware, self.weight_format) if kernel else None
         self._expert_kernel_read_s = self._expert_bytes_per_rank / read_rate if read_rate else 0.0
         """Weight-only experts' fused-MoE kernel reads each touched expert's weights no faster than its measured
@@ -376,7 +378,7 @@ class RooflineCostModel:
         self._kv_s_per_token = kv_per_token / (memory_bw * c.attention_memory_efficiency)
         if model.moe:
             expert_peak = hardware.peak_flops(self.weight_format.compute_dtype) * c.compute_efficiency
-            self._routed_s_per_token = model.routed_expert_flops_per_token / tp / expert_peak
+            self._routed_s_per_token = model.routed_expert_flops_per_token * self._expert_padding / tp / expert_peak
             self._expert_read_s = model.num_moe_layers * self._expert_bytes_per_rank / (memory_bw * c.memory_efficiency)
         self._init_allreduce(tp)
 
@@ -421,11 +423,13 @@ class RooflineCostModel:
         launches = sum(n * len(shapes) for n, shapes in groups)
         self._gemm_fixed = (launches + 1) * g.launch_s
         if model.moe:
-            width = model.moe.expert_intermediate_size // tp
+            hidden_multiple, width_multiple = self._expert_alignment
+            width = round_up(model.moe.expert_intermediate_size // tp, width_multiple)
+            padded_hidden = round_up(h, hidden_multiple)
             compute = self.weight_format.compute_dtype
             self._expert_gemms = (
-                self._gemm_constants(g, 2 * width, h, expert_bytes, compute),
-                self._gemm_constants(g, h, width, expert_bytes, compute),
+                self._gemm_constants(g, 2 * width, padded_hidden, expert_bytes, compute),
+                self._gemm_constants(g, padded_hidden, width, expert_bytes, compute),
             )
         if model.moe:
             inter = model.mlp_activation_width // tp  # the elementwise kernels see the routed rows' activations

@@ -80,6 +80,10 @@ class EngineConfig:
     """MXFP4 experts (gpt-oss) run in Marlin even where OpenAI's Triton kernel is installed: vLLM's environment variable
     VLLM_MXFP4_USE_MARLIN=1, read before the launch flags (perf/engine_args.py); no effect on Blackwell, whose FP4
     tensor cores run them (perf/moe_kernels.py)."""
+    mxfp4_triton_kernels: bool = True
+    """OpenAI's `triton_kernels` is installed with vLLM (in its wheel from 0.12.0, PR #28788): on the GPUs it supports,
+    MXFP4 experts run in it rather than in Marlin (perf/moe_kernels.py, expert_kernel). A pip-installed 0.11 or
+    earlier lacks it."""
     eager_prefill: bool = False
     """Steps with prefill run eagerly: SGLang's extend batches (no piecewise graphs by default); vLLM V1 runs them
     through piecewise CUDA graphs, so False."""

@@ -6,11 +6,13 @@ runs. Which kernel depends on the format and the vLLM release:
 
 - **Marlin** (FP8 on Ampere, AWQ/GPTQ 4-bit, and MXFP4 where OpenAI's Triton kernels are not installed):
   aiconfigurator-core measures it at 2,048 tokens or more at ~45% of the A100's bf16 peak and ~25% of the H100's.
-- **OpenAI's Triton MXFP4 kernel** (`matmul_ogs`, gpt-oss's MXFP4 experts on Hopper): vLLM made `triton_kernels` a
-  dependency in PR #27370 (merged 2025-10-22, after 0.11.0), and from then on runs gpt-oss's MXFP4 experts on Hopper
-  with it; before, a pip-installed vLLM ran them in Marlin (vLLM issue #23278 shows 0.10.1 doing so on an H100).
+- **OpenAI's Triton MXFP4 kernel** (`matmul_ogs`, gpt-oss's MXFP4 experts on Hopper): vLLM ships `triton_kernels` inside
+  its wheel from 0.12.0 (PR #28788, `vllm/third_party/triton_kernels`), and from then on runs gpt-oss's MXFP4 experts
+  on Hopper with it; before, neither the wheel nor the release image had it and vLLM ran them in Marlin (vLLM
+  issue #23278 shows 0.10.1 doing so on an H100).
   aiconfigurator-core's vLLM 0.24 tables measure it at ~2.5x Marlin's MXFP4 rate on the H100 and H200. A server started
-  with VLLM_MXFP4_USE_MARLIN=1 (EngineConfig.mxfp4_use_marlin) runs them in Marlin all the same.
+  with VLLM_MXFP4_USE_MARLIN=1 (EngineConfig.mxfp4_use_marlin) runs them in Marlin all the same, and so does a GPU
+  below Hopper (an A100), which the Triton kernel does not support.
 
 The rates per kernel, GPU and weight format are in data/moe_kernels.yaml, written by benchmarks/moe_kernel_check.py
 --write-rates from the tables. Marlin's MXFP4 rows run at another rate than its int4 rows (~215 against ~255 TFLOP/s
@@ -30,14 +32,16 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import Hardware
+from servelab.perf.models import ModelSpec
 from servelab.perf.quantization import WeightFormat
 
 RATES_FILE = Path(__file__).parent / "data" / "moe_kernels.yaml"
 
-OAI_TRITON_SINCE = (0, 12)
-"""The first vLLM minor release whose install brings OpenAI's triton_kernels (PR #27370, merged after 0.11.0;
-servelab counts releases by minor version, so 0.11.x is priced on Marlin)."""
+OAI_TRITON_CAPABILITIES = ((9, 0), (11, 0))
+"""OpenAI's Triton MXFP4 kernels run from compute capability 9.0 up to, not including, 11.0 (vLLM's
+quantization/mxfp4.py, get_mxfp4_backend: "only confirmed to work on SM90 and SM100"): Marlin elsewhere (an A100)."""
 
 
 class MoeKernel(StrEnum):
@@ -115,16 +119,58 @@ def _rates(path: Path = RATES_FILE) -> dict[MoeKernel, dict[str, MoeKernelGpu]]:
     }
 
 
-def expert_kernel(
-    weights: WeightFormat, vllm_version: tuple[int, int] | None, *, mxfp4_use_marlin: bool = False
-) -> MoeKernel:
-    """The kernel vLLM runs weight-only experts in: OpenAI's Triton kernel for MXFP4 from the release that ships it
-    (None: the modelled release, which does), unless VLLM_MXFP4_USE_MARLIN=1 asks for Marlin (vLLM's
+def expert_kernel(weights: WeightFormat, hardware: Hardware, config: EngineConfig) -> MoeKernel:
+    """The kernel vLLM runs weight-only experts in: OpenAI's Triton kernel for MXFP4 where it is installed
+    (`EngineConfig.mxfp4_triton_kernels`) and the GPU runs it, unless VLLM_MXFP4_USE_MARLIN=1 asks for Marlin (vLLM's
     quantization/mxfp4.py, get_mxfp4_backend: on Hopper without a FlashInfer MXFP4 flag, Marlin if the variable is
     set or triton_kernels is missing); Marlin otherwise."""
-    recent = vllm_version is None or vllm_version >= OAI_TRITON_SINCE
-    triton = weights.name == "mxfp4-weight-only" and recent and not mxfp4_use_marlin
+    low, high = OAI_TRITON_CAPABILITIES
+    runs_triton = hardware.capability is not None and low <= hardware.capability < high
+    installed = config.mxfp4_triton_kernels and not config.mxfp4_use_marlin
+    triton = weights.name == "mxfp4-weight-only" and installed and runs_triton
     return MoeKernel.OAI_TRITON_MXFP4 if triton else MoeKernel.MARLIN
+
+
+MXFP4_ALIGNMENT = {MoeKernel.MARLIN: (256, 128), MoeKernel.OAI_TRITON_MXFP4: (1, 64)}
+"""(hidden size, each rank's expert width) multiples vLLM pads an MXFP4 checkpoint's experts to, by kernel: Marlin's
+tiles need n % 256 == 0 and k % 128 == 0 in both expert GEMMs; OpenAI's Triton kernel pads the width to 64 (vLLM's
+quantization/mxfp4.py, Mxfp4MoEMethod.create_weights). The padded weights are what the GPU holds, reads and
+multiplies: gpt-oss-120b's 2,880-wide experts become 3,072 x 2,944 in Marlin, 9% more (vllm#23278's start-up log:
+65.97 GiB of weights on one H100)."""
+BLACKWELL_MXFP4_ALIGNMENT = (256, 256)
+"""The same for MXFP4 experts on Blackwell's FP4 tensor cores (FlashInfer's SM100 MXFP4 paths, ibid.)."""
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def mxfp4_alignment(
+    model: ModelSpec, weights: WeightFormat, hardware: Hardware, config: EngineConfig
+) -> tuple[int, int]:
+    """(hidden size, each rank's expert width) multiples vLLM pads this model's routed experts to for the kernel that
+    runs them (MXFP4_ALIGNMENT); (1, 1), no padding, for every format but MXFP4 and for a dense model."""
+    if model.moe is None or not weights.name.startswith("mxfp4"):
+        return 1, 1
+    if weights.weight_only:
+        return MXFP4_ALIGNMENT[expert_kernel(weights, hardware, config)]
+    return BLACKWELL_MXFP4_ALIGNMENT
+
+
+def mxfp4_padding(model: ModelSpec, weights: WeightFormat, hardware: Hardware, config: EngineConfig) -> float:
+    """Padded over published size of each rank's routed experts (mxfp4_alignment): what the GPU holds, reads and
+    multiplies per weight of the checkpoint's experts; 1 where nothing is padded."""
+    if model.moe is None:
+        return 1.0
+    hidden_multiple, width_multiple = mxfp4_alignment(model, weights, hardware, config)
+    width, hidden = expert_width_per_rank(model, config), model.hidden_size
+    return round_up(hidden, hidden_multiple) * round_up(width, width_multiple) / (hidden * width)
+
+
+def expert_width_per_rank(model: ModelSpec, config: EngineConfig) -> int:
+    """Each rank's slice of an expert's intermediate: sharded over TP, whole under expert parallelism."""
+    assert model.moe is not None
+    return model.moe.expert_intermediate_size // (1 if config.enable_expert_parallel else config.tensor_parallel_size)
 
 
 def moe_kernel_rates(kernel: MoeKernel, hardware: Hardware, weights: WeightFormat) -> list[MoeKernelRate]:

@@ -75,6 +75,13 @@ CHANGES = (
         "before 0.17 the dummy sampler pass sorted the vocabulary (PyTorch top-k/top-p): ~38 bytes per logit",
     ),
     DefaultChange(
+        (0, 12),
+        "mxfp4_triton_kernels",
+        False,
+        "vLLM's wheel ships OpenAI's triton_kernels from 0.12.0 (PR #28788); 0.11 and earlier (wheel and release "
+        "image alike) lack it and run MXFP4 experts in Marlin",
+    ),
+    DefaultChange(
         (0, 14),
         "async_scheduling",
         False,

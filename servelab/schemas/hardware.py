@@ -31,6 +31,9 @@ class Hardware(BaseModel):
     name: str
     aliases: tuple[str, ...] = ()
     vendor: Literal["nvidia", "amd", "cpu", "other"] = "other"
+    compute_capability: str | None = Field(None, pattern=r"^\d+\.\d+$")
+    """CUDA compute capability ("8.0" for an A100, "9.0" for Hopper): the key vLLM picks kernels by (which MoE and
+    attention kernels exist for a chip); None for other vendors."""
     memory_gib: float = Field(gt=0)
     memory_bandwidth_gbs: float = Field(gt=0)
     bf16_tflops: float = Field(gt=0, description="also the fp16 rate and the W4A16 compute rate")
@@ -46,6 +49,8 @@ class Hardware(BaseModel):
 
     @model_validator(mode="after")
     def _every_number_is_cited(self) -> Hardware:
+        if self.compute_capability is not None and "compute_capability" not in self.sources:
+            raise ValueError("no source for compute_capability: add sources.compute_capability")
         if "datasheet" in self.sources:
             return self
         cited = _CITED_FIELDS + (("fp4_tflops",) if self.fp4_tflops else ())
@@ -74,6 +79,14 @@ class Hardware(BaseModel):
             dtype
         ]
         return tflops * 1e12
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """The compute capability as (major, minor), comparable the way vLLM compares it; None where not CUDA."""
+        if self.compute_capability is None:
+            return None
+        major, minor = self.compute_capability.split(".")
+        return int(major), int(minor)
 
     def names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)

@@ -143,9 +143,7 @@ class Deployment:
         )
 
     def cost_model(self) -> RooflineCostModel:
-        return RooflineCostModel(
-            self.hardware, self.model, self.config, self.coefficients, vllm_version=self.vllm_version
-        )
+        return RooflineCostModel(self.hardware, self.model, self.config, self.coefficients)
 
     def step_cost(self) -> CostModel:
         """The step model the simulator runs: vLLM's roofline (with LoRA kernels when served unmerged); another
