@@ -262,16 +262,16 @@ def digest(name: str) -> tuple[str, int, int, int]:
 
 
 GOLDEN: dict[str, tuple[str, int, int, int]] = {
-    "burst_short": ("a5a6aa26e07c86da544e1bd9784e2a7b529d32ce9de1fa6ed4349c79c33c997d", 139, 0, 0),
-    "chunked_replicas": ("4aa7bbc2a8dbffe99360c30b8fd0c3b2d9fe70b671130753f834336cb1d443e2", 3144, 0, 0),
-    "multiturn_closed_loop": ("1c28fb96751ec889f296da20982187832a29d9763449c1e6da3a132788a25f89", 1995, 0, 190192),
+    "burst_short": ("fb514ba52c5a7e5b1c615e0e7739f5844fe110795581b818628541018ce0dec7", 139, 0, 0),
+    "chunked_replicas": ("cf774361ede87b645f8fc538a6cc3fa7cfda6e8cdc0438d39cab8da64a76f29e", 3144, 0, 0),
+    "multiturn_closed_loop": ("03647e0be96a6e037bbb07055aaee20a3a4e4d26f41a957c950d08105fb68bbe", 1995, 0, 190192),
     "no_chunking_sync": ("2296e2b83ac92778517fa357168be5a2532768af2fb98b1ffdce5c17656915e0", 959, 0, 0),
-    "overload_async_frontend": ("f49f8a53b49d166cb25ed2db5799a0842a88134af2a4d70741c9609ef16b7900", 575, 0, 0),
+    "overload_async_frontend": ("81b8489c40624a3cf0bf8120cafd74648ae10a10b8fe9c0157ff06a6a0ef7a9c", 575, 0, 0),
     "preempt_async_priority": ("b9f2b2ad02f1a4d224a3a1a43b50eaa0f166f5e6c0a143c836459edb4f8ba4d4", 6822, 127, 0),
     "preempt_sync_fcfs": ("4e83762a82660d9e7ecd3b934df73b63a0573c03768cb2f103180c5c0fcf4b42", 7094, 106, 0),
-    "prefix_fast_forward": ("858bc1d39b7882bece36224e0cbf5ba44ad95237e11d5e1a22d2634001569d1b", 1988, 0, 272448),
-    "tp2_datasheet_api_servers": ("a301b15e48483c41eeebb7ec49f473274705059aaf23c2e925ace3061e53d6e6", 1626, 0, 0),
-    "wide_burst_sliced": ("89615d45b38120459ab77f795b3984e8ee13c1fe6fcf26041edfbcd0952405b5", 1162, 0, 0),
+    "prefix_fast_forward": ("01ad8ecd4a682524a8a62f2f507f1f5a85cd2b4b9495f830f1966f4e4c6cf162", 1988, 0, 272448),
+    "tp2_datasheet_api_servers": ("cdae863ffd12c76d628fd478dc706613b999df70c71cab614b6ad15a27fc3477", 1626, 0, 0),
+    "wide_burst_sliced": ("ab82f283d8897a7105377fdca5ab27b4e5baf1f1d1d0924735b69d8d27c9bc57", 1162, 0, 0),
 }
 
 
