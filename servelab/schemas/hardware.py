@@ -35,6 +35,9 @@ class Hardware(BaseModel):
     """CUDA compute capability ("8.0" for an A100, "9.0" for Hopper): the key vLLM picks kernels by (which MoE and
     attention kernels exist for a chip); None for other vendors."""
     memory_gib: float = Field(gt=0)
+    driver_memory_mib: float | None = Field(None, gt=0)
+    """The device total nvidia-smi reports, where it differs from CUDA's `memory_gib` (a few hundred MiB the driver
+    keeps): SGLang sizes its defaults from it (server_args.py, get_device_memory_capacity). None: memory_gib."""
     memory_bandwidth_gbs: float = Field(gt=0)
     bf16_tflops: float = Field(gt=0, description="also the fp16 rate and the W4A16 compute rate")
     fp8_tflops: float = Field(ge=0)
@@ -49,8 +52,9 @@ class Hardware(BaseModel):
 
     @model_validator(mode="after")
     def _every_number_is_cited(self) -> Hardware:
-        if self.compute_capability is not None and "compute_capability" not in self.sources:
-            raise ValueError("no source for compute_capability: add sources.compute_capability")
+        for optional in ("compute_capability", "driver_memory_mib"):
+            if getattr(self, optional) is not None and optional not in self.sources:
+                raise ValueError(f"no source for {optional}: add sources.{optional}")
         if "datasheet" in self.sources:
             return self
         cited = _CITED_FIELDS + (("fp4_tflops",) if self.fp4_tflops else ())
@@ -62,6 +66,11 @@ class Hardware(BaseModel):
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gib * 2**30)
+
+    @property
+    def driver_memory_mb(self) -> float:
+        """MiB as nvidia-smi reports the device (what SGLang's defaults read)."""
+        return self.driver_memory_mib if self.driver_memory_mib is not None else self.memory_bytes / 2**20
 
     @property
     def memory_bandwidth(self) -> float:
