@@ -11,9 +11,10 @@ same workload flags through the same library path (`build_plan` ->
   uniform within `range_ratio`);
 - `prefix`: `--dataset-name prefix --prefix-len P --num-prefixes G` with the
   rest of the published mean prompt as each request's own tokens;
-- `sharegpt`: no ShareGPT file ships here, so `--dataset-name random
-  --length-distribution lognormal --random-range-ratio 1` with the published
-  means;
+- `sharegpt`: no ShareGPT file ships here, so lognormal lengths (coefficient of
+  variation 1) kept only where the benchmark clients keep a conversation
+  (`sharegpt_stand_in`: vLLM's is_valid_sequence, as sglang.bench_serving) and
+  scaled to the published means, random tokens;
 - `prompt_pool` (inference-perf's shared-prefix load): that many prompts made once, with the
   prefix groups above, resent whole in one fixed cycle;
 - where the source published every request's lengths (published_lengths.yaml),
@@ -103,7 +104,7 @@ from servelab.perf.published import (
 )
 from servelab.targets.deployment import Deployment, build_deployment
 from servelab.workload.arrival import ArrivalConfig, schedule
-from servelab.workload.datasets import WorkloadConfig
+from servelab.workload.datasets import SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL, SHAREGPT_MIN_LEN, WorkloadConfig
 from servelab.workload.plan import Amount, build_plan
 from servelab.workload.spec import LoadPlan, RequestSpec
 
@@ -241,6 +242,9 @@ def _plan(entry: dict[str, Any], published: dict[str, Any], vocab: int, max_prom
     inp, out = round(w["mean_input_len"]), round(w["mean_output_len"])
     if w.get("prompt_pool"):
         return LoadPlan(schedule(_pooled_prompts(w, inp, out, vocab, n), arrival, np.random.default_rng(1), count=n))
+    if w["dataset"] == "sharegpt":
+        requests = schedule(_sharegpt_prompts(w, vocab, n), arrival, np.random.default_rng(1), count=n)
+        return LoadPlan(requests, max_concurrency=arrival.max_concurrency)
     if w["dataset"] == "prefix":
         workload = WorkloadConfig(
             "prefix",
@@ -250,13 +254,40 @@ def _plan(entry: dict[str, Any], published: dict[str, Any], vocab: int, max_prom
             prefix_len=w["prefix_len"],
             num_prefixes=w["num_prefixes"],
         )
-    elif w["dataset"] == "sharegpt":
-        workload = WorkloadConfig(
-            "random", input_len=inp, output_len=out, length_distribution="lognormal", range_ratio=1.0
-        )
     else:
         workload = WorkloadConfig("random", input_len=inp, output_len=out, range_ratio=float(w.get("range_ratio", 0.0)))
     return build_plan(workload, arrival, Amount(num_prompts=n))
+
+
+def sharegpt_stand_in(mean_input: float, mean_output: float, n: int) -> dict[str, list[int]]:
+    """`n` (prompt, reply) lengths standing in for a published ShareGPT sample, whose per-request lengths the sources
+    do not publish: lognormal lengths (coefficient of variation 1), kept only where the benchmark clients keep a
+    conversation (vLLM's benchmarks/datasets.py is_valid_sequence, as sglang.bench_serving: both at least 4 tokens,
+    the prompt at most 1,024, prompt and reply at most 2,048), the first `n` kept scaled to the published means.
+    Unfiltered, the
+    stand-in would send replies no published sample holds (5,636 tokens among 1,000), and a burst lasts as long as
+    its longest reply."""
+    published = np.array([[mean_input], [mean_output]])
+    sigma = np.sqrt(np.log(2.0))  # a lognormal whose standard deviation is its mean
+    shapes = np.exp(sigma * np.random.default_rng(0).standard_normal((2, 20_000)) - sigma**2 / 2)
+    scale = published
+    for _ in range(30):  # the filter trims the tails, so rescale until the kept means are the published ones
+        prompt, reply = np.rint(scale * shapes)
+        kept = (np.minimum(prompt, reply) >= SHAREGPT_MIN_LEN) & (prompt <= SHAREGPT_MAX_PROMPT)
+        kept &= prompt + reply <= SHAREGPT_MAX_TOTAL
+        prompt, reply = prompt[kept][:n], reply[kept][:n]
+        if len(reply) < n:
+            raise ValueError(f"the ShareGPT stand-in keeps {len(reply)} of 20,000 draws, fewer than the {n} asked for")
+        scale = scale * published / np.array([[prompt.mean()], [reply.mean()]])
+    return {"input_lens": prompt.astype(int).tolist(), "output_lens": reply.astype(int).tolist()}
+
+
+def _sharegpt_prompts(w: dict[str, Any], vocab: int, n: int) -> Iterator[RequestSpec]:
+    """A ShareGPT run's requests: random tokens at the stand-in's kept lengths (sharegpt_stand_in)."""
+    lens = sharegpt_stand_in(w["mean_input_len"], w["mean_output_len"], n)
+    rng = np.random.default_rng(0)
+    for i, (prompt, reply) in enumerate(zip(lens["input_lens"], lens["output_lens"])):
+        yield RequestSpec(i, rng.integers(0, vocab, prompt, dtype=np.int32), reply)
 
 
 def _pooled_prompts(w: dict[str, Any], inp: int, out: int, vocab: int, n: int) -> Iterator[RequestSpec]:

@@ -5,9 +5,9 @@ price is developed against. This scores the runs of benchmarks/data/holdout_moe.
 other models (DeepSeek-R1/V3 with MLA, Qwen3-30B-A3B, DeepSeek-V2-Lite), other GPUs (B200, H200, H20, A800) and
 SGLang as well as vLLM. It replays each on `servelab simulate`'s library path (gpu_accuracy.replay, specs only, from the
 model's config.json): a vLLM run as moe_accuracy.py does, an SGLang run on SGLang's engine model (`simulate --engine
-sglang`: its launch flags as published, SGLang's defaults for the chip, its scheduler). A ShareGPT burst is sent as
-lengths the benchmark clients' ShareGPT filter would keep (`sharegpt_stand_in`), not gpu_accuracy's unfiltered
-lognormal. It prints one line per run with the measured and predicted request and output throughput, mean TTFT and
+sglang`: its launch flags as published, SGLang's defaults for the chip, its scheduler). A ShareGPT run is sent as
+lengths the benchmark clients' ShareGPT filter would keep (gpu_accuracy.sharegpt_stand_in). It prints one line per
+run with the measured and predicted request and output throughput, mean TTFT and
 mean TPOT and the signed error of each, then the median |error| per group: the V1 vLLM runs (the MoE class's own
 kind), the SGLang runs, independent publishers and GPUStack's sibling blocks apart. V0-era runs are shown, not in the
 medians. Its numbers are a check, never a target: a constant read off one of these runs would make it worthless.
@@ -31,7 +31,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import yaml
 
 if TYPE_CHECKING:
@@ -74,28 +73,6 @@ def servelab_dir() -> Path:
     return Path(servelab.__file__).resolve().parent
 
 
-def sharegpt_stand_in(mean_input: float, mean_output: float, n: int) -> dict[str, list[int]]:
-    """`n` (prompt, reply) lengths standing in for a published ShareGPT sample: gpu_accuracy's lognormal lengths
-    (coefficient of variation 1), kept only where the benchmark clients keep a conversation (vLLM's
-    benchmarks/datasets.py is_valid_sequence, as sglang.bench_serving: both at least 4 tokens, the prompt at most
-    1,024, prompt and reply at most 2,048), the first `n` kept scaled to the published means. Unfiltered, the
-    stand-in sends replies no published sample holds (5,636 tokens among 1,000), and a burst lasts as long as its
-    longest reply."""
-    from servelab.workload.datasets import SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL, SHAREGPT_MIN_LEN
-
-    published = np.array([[mean_input], [mean_output]])
-    sigma = np.sqrt(np.log(2.0))  # a lognormal whose standard deviation is its mean
-    shapes = np.exp(sigma * np.random.default_rng(0).standard_normal((2, 20_000)) - sigma**2 / 2)
-    scale = published
-    for _ in range(30):  # the filter trims the tails, so rescale until the kept means are the published ones
-        prompt, reply = np.rint(scale * shapes)
-        kept = (np.minimum(prompt, reply) >= SHAREGPT_MIN_LEN) & (prompt <= SHAREGPT_MAX_PROMPT)
-        kept &= prompt + reply <= SHAREGPT_MAX_TOTAL
-        prompt, reply = prompt[kept][:n], reply[kept][:n]
-        scale = scale * published / np.array([[prompt.mean()], [reply.mean()]])
-    return {"input_lens": prompt.astype(int).tolist(), "output_lens": reply.astype(int).tolist()}
-
-
 def replay_all(entries: list[dict[str, Any]], max_prompts: int | None) -> list[dict[str, Any]]:
     """Each run replayed with the servelab importable here: its predicted metrics and regime, or why it was not."""
     sys.path.insert(0, str(servelab_dir().parent / "benchmarks"))
@@ -105,12 +82,8 @@ def replay_all(entries: list[dict[str, Any]], max_prompts: int | None) -> list[d
 
     results = []
     for entry in entries:
-        w, published = entry["workload"], {}
-        if w["dataset"] == "sharegpt" and str(w.get("request_rate", "inf")) == "inf":  # released at once, as sent
-            published = {"sharegpt": sharegpt_stand_in(w["mean_input_len"], w["mean_output_len"], w["num_prompts"])}
-            entry = {**entry, "lengths": "sharegpt"}
         try:
-            row = gpu_accuracy.replay(entry, published, max_prompts, engine_deployment(entry))
+            row = gpu_accuracy.replay(entry, {}, max_prompts, engine_deployment(entry))
         except PerfConfigError as refused:
             results.append({"id": entry["id"], "refused": str(refused)})
             continue

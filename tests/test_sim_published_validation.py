@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 
+import numpy as np
 import pytest
 import yaml
 from support.benchmark_script import load_benchmark
@@ -104,3 +105,37 @@ def test_the_client_warm_up_runs_first_and_is_left_out_of_the_scored_records(acc
     assert row.prompts == row.predicted["completed"] == 5
     sum_e2e = row.predicted["mean_e2el_ms"] / 1000 * 5
     assert row.predicted["output_throughput"] == pytest.approx(16 * 5 * 512 / sum_e2e)
+
+
+def test_the_sharegpt_stand_in_holds_only_what_the_clients_keep_at_the_published_means(accuracy):
+    """vLLM's and SGLang's ShareGPT samplers drop prompts over 1,024 tokens and pairs over 2,048 (and under 4): the
+    stand-in does too, at the published means, where the unfiltered lognormal sends replies thousands of tokens long."""
+    lengths = accuracy.sharegpt_stand_in(215.3, 197.1, 1000)
+    prompts, replies = np.array(lengths["input_lens"]), np.array(lengths["output_lens"])
+    assert len(prompts) == len(replies) == 1000
+    assert prompts.min() >= 4 and replies.min() >= 4 and prompts.max() <= 1024 and (prompts + replies).max() <= 2048
+    assert prompts.mean() == pytest.approx(215.3, rel=0.01) and replies.mean() == pytest.approx(197.1, rel=0.01)
+    assert np.median(replies) < 0.8 * replies.mean()  # still skewed: most replies short, a few long
+
+
+def test_a_sharegpt_run_is_replayed_at_the_stand_ins_lengths_on_its_arrivals(accuracy):
+    """A ShareGPT entry's plan sends the stand-in's lengths (no reply past what the clients keep) at its request
+    rate."""
+    entry = {
+        "id": "x",
+        "workload": {
+            "dataset": "sharegpt",
+            "num_prompts": 200,
+            "request_rate": 4,
+            "max_concurrency": None,
+            "mean_input_len": 230.0,
+            "mean_output_len": 194.0,
+        },
+    }
+    plan = accuracy._plan(entry, {}, 1000, None)
+    specs = list(plan.requests)
+    lengths = accuracy.sharegpt_stand_in(230.0, 194.0, 200)
+    assert [len(s.prompt_ids) for s in specs] == lengths["input_lens"]
+    assert [s.max_tokens for s in specs] == lengths["output_lens"]
+    arrivals = [s.arrival_time for s in specs]
+    assert arrivals == sorted(arrivals) and 30 < arrivals[-1] < 70  # 200 requests at 4/s
