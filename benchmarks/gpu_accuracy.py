@@ -264,9 +264,8 @@ def sharegpt_stand_in(mean_input: float, mean_output: float, n: int) -> dict[str
     do not publish: lognormal lengths (coefficient of variation 1), kept only where the benchmark clients keep a
     conversation (vLLM's benchmarks/datasets.py is_valid_sequence, as sglang.bench_serving: both at least 4 tokens,
     the prompt at most 1,024, prompt and reply at most 2,048), the first `n` kept scaled to the published means.
-    Unfiltered, the
-    stand-in would send replies no published sample holds (5,636 tokens among 1,000), and a burst lasts as long as
-    its longest reply."""
+    Unfiltered, the stand-in would send replies no published sample holds (5,636 tokens among 1,000), and a burst
+    lasts as long as its longest reply."""
     published = np.array([[mean_input], [mean_output]])
     sigma = np.sqrt(np.log(2.0))  # a lognormal whose standard deviation is its mean
     shapes = np.exp(sigma * np.random.default_rng(0).standard_normal((2, 20_000)) - sigma**2 / 2)

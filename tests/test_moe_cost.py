@@ -83,7 +83,7 @@ def test_mxfp4_experts_save_compute_on_blackwell_and_only_bytes_on_ampere():
         # A long prefill (every expert runs hundreds of rows: compute-bound), and one decoding token (bytes-bound).
         # vLLM pads MXFP4 experts for their kernel (3,072 x 3,072 on Blackwell, 3,072 x 2,944 in Marlin): per weight
         # of the published expert, the padded one computes and reads this much more.
-        padding = mxfp4_padding(GPT_OSS, mxfp4.weight_format, get_gpu(gpu), EngineConfig())
+        padding = mxfp4_padding(GPT_OSS, get_gpu(gpu), EngineConfig())
         long_prefill, one_token = (
             grouped_gemm_ratio(16384, experts.num_experts),
             grouped_gemm_ratio(1, experts.experts_per_token),
@@ -125,7 +125,7 @@ def test_weight_only_experts_run_no_faster_than_the_measured_marlin_kernel(gpu: 
     moe = GPT_OSS.moe
     assert moe is not None
     tokens = 8192
-    padding = mxfp4_padding(GPT_OSS, mxfp4.weight_format, hardware, version_defaults((0, 11)))
+    padding = mxfp4_padding(GPT_OSS, hardware, version_defaults((0, 11)))
     routed_flops = GPT_OSS.routed_expert_flops_per_token * padding / GPT_OSS.num_moe_layers * tokens
     layer = mxfp4.moe_layer_time(tokens, moe.num_experts) - MOE_LAYER_FIXED_S
     assert layer == pytest.approx(routed_flops / marlin, rel=0.01)
@@ -148,9 +148,8 @@ def test_mxfp4_experts_on_hopper_run_in_openais_triton_kernel_from_the_release_t
     triton, marlin = (mxfp4_flops(k, h100) for k in (MoeKernel.OAI_TRITON_MXFP4, MoeKernel.MARLIN))
     assert triton is not None and marlin is not None and triton > 1.5 * marlin
     routed_flops = GPT_OSS.routed_expert_flops_per_token / GPT_OSS.num_moe_layers * tokens
-    mxfp4 = weight_format(None, GPT_OSS, h100)
-    marlin_padding = mxfp4_padding(GPT_OSS, mxfp4, h100, version_defaults((0, 11)))
-    assert marlin_padding > 1.05 and mxfp4_padding(GPT_OSS, mxfp4, h100, EngineConfig()) == 1
+    marlin_padding = mxfp4_padding(GPT_OSS, h100, version_defaults((0, 11)))
+    assert marlin_padding > 1.05 and mxfp4_padding(GPT_OSS, h100, EngineConfig()) == 1
     assert layer(h100, (0, 11)) == pytest.approx(routed_flops * marlin_padding / marlin, rel=0.01)
     assert layer(h100, None) <= routed_flops / triton * 1.01 and layer(h100, None) < 0.7 * layer(h100, (0, 11))
     assert layer(a100, None) == pytest.approx(layer(a100, (0, 11)))
@@ -172,9 +171,7 @@ def test_vllm_mxfp4_use_marlin_puts_mxfp4_experts_on_hopper_back_in_marlin():
 
     marlin = mxfp4_flops(MoeKernel.MARLIN, get_gpu("h100"))
     assert marlin is not None
-    padding = mxfp4_padding(
-        GPT_OSS, weight_format(None, GPT_OSS, get_gpu("h100")), get_gpu("h100"), EngineConfig(mxfp4_use_marlin=True)
-    )
+    padding = mxfp4_padding(GPT_OSS, get_gpu("h100"), EngineConfig(mxfp4_use_marlin=True))
     routed_flops = GPT_OSS.routed_expert_flops_per_token * padding / GPT_OSS.num_moe_layers * tokens
     assert layer("h100", True) - MOE_LAYER_FIXED_S == pytest.approx(routed_flops / marlin, rel=0.01)
     assert layer("h100", False) < 0.7 * layer("h100", True)

@@ -264,8 +264,8 @@ class RooflineCostModel:
         if model.moe:
             streamed -= int(routed_expert_bytes(model, engine_config.quantization, hardware) / tp)
         self._streamed_bytes = streamed
-        self._expert_alignment = mxfp4_alignment(model, self.weight_format, hardware, engine_config)
-        self._expert_padding = padding = mxfp4_padding(model, self.weight_format, hardware, engine_config)
+        self._expert_alignment = mxfp4_alignment(model, hardware, engine_config)
+        self._expert_padding = padding = mxfp4_padding(model, hardware, engine_config)
         """vLLM pads MXFP4 experts for their kernel: the GPU holds, reads and multiplies the padded shape."""
         self._expert_bytes_per_rank = model.expert_params * padding * self.weight_format.bytes_per_param / tp
         self._moe, self._expert_cache = model.moe, dict[int, float]()

@@ -30,7 +30,6 @@ from servelab.perf.hardware import Hardware
 from servelab.perf.memory import routed_expert_bytes, weight_bytes_per_rank
 from servelab.perf.models import ModelSpec, MoESpec
 from servelab.perf.moe_kernels import mxfp4_padding
-from servelab.perf.quantization import weight_format
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,16 +100,16 @@ def expert_layer_scale(layout: ExpertLayout, moe: MoESpec, routed_tokens: float)
 def step_weight_bytes(model: ModelSpec, config: EngineConfig, hardware: Hardware, num_tokens: float) -> float:
     """Weight bytes one GPU reads in a step of `num_tokens` tokens (a replica's batch): all of a dense model's; for a
     mixture of experts, every non-expert weight plus the experts some token is routed to (uniform routing), so a
-    small batch reads a few experts and a large one all of them, as vLLM pads them for their kernel. Embedding rows are
-    counted whole, as the memory
-    plan holds them; with expert parallelism over data-parallel ranks, the other ranks' tokens count too."""
+    small batch reads a few experts and a large one all of them, as vLLM pads them for their kernel. Embedding rows
+    are counted whole, as the memory plan holds them; with expert parallelism over data-parallel ranks, the other
+    ranks' tokens count too."""
     tp = config.tensor_parallel_size
     total = weight_bytes_per_rank(model, config.quantization, hardware, tp)
     if not model.moe:
         return float(total)
     layout = ExpertLayout(tp, config.data_parallel_size, config.enable_expert_parallel)
     experts = routed_expert_bytes(model, config.quantization, hardware) / tp
-    padding = mxfp4_padding(model, weight_format(config.quantization, model, hardware), hardware, config)
+    padding = mxfp4_padding(model, hardware, config)
     held = experts * padding * tp / layout.expert_shards
     routed = num_tokens * (layout.data_parallel_size if layout.dispatches else 1)
     return total - experts + held * model.moe.experts_touched(max(routed, 1.0)) / model.moe.num_experts

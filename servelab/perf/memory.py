@@ -200,7 +200,7 @@ def rank_weight_bytes(model: ModelSpec, config: EngineConfig, hardware: Hardware
     if not model.moe:
         return weights
     experts = routed_expert_bytes(model, config.quantization, hardware) / tp
-    padding = mxfp4_padding(model, weight_format(config.quantization, model, hardware), hardware, config)
+    padding = mxfp4_padding(model, hardware, config)
     held = 1 / config.data_parallel_size if config.enable_expert_parallel else 1.0
     return int(weights - experts + experts * padding * held)
 

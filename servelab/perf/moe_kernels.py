@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import Hardware
 from servelab.perf.models import ModelSpec
-from servelab.perf.quantization import WeightFormat
+from servelab.perf.quantization import WeightFormat, weight_format
 
 RATES_FILE = Path(__file__).parent / "data" / "moe_kernels.yaml"
 
@@ -145,11 +145,10 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def mxfp4_alignment(
-    model: ModelSpec, weights: WeightFormat, hardware: Hardware, config: EngineConfig
-) -> tuple[int, int]:
+def mxfp4_alignment(model: ModelSpec, hardware: Hardware, config: EngineConfig) -> tuple[int, int]:
     """(hidden size, each rank's expert width) multiples vLLM pads this model's routed experts to for the kernel that
     runs them (MXFP4_ALIGNMENT); (1, 1), no padding, for every format but MXFP4 and for a dense model."""
+    weights = weight_format(config.quantization, model, hardware)
     if model.moe is None or not weights.name.startswith("mxfp4"):
         return 1, 1
     if weights.weight_only:
@@ -157,12 +156,12 @@ def mxfp4_alignment(
     return BLACKWELL_MXFP4_ALIGNMENT
 
 
-def mxfp4_padding(model: ModelSpec, weights: WeightFormat, hardware: Hardware, config: EngineConfig) -> float:
+def mxfp4_padding(model: ModelSpec, hardware: Hardware, config: EngineConfig) -> float:
     """Padded over published size of each rank's routed experts (mxfp4_alignment): what the GPU holds, reads and
     multiplies per weight of the checkpoint's experts; 1 where nothing is padded."""
     if model.moe is None:
         return 1.0
-    hidden_multiple, width_multiple = mxfp4_alignment(model, weights, hardware, config)
+    hidden_multiple, width_multiple = mxfp4_alignment(model, hardware, config)
     width, hidden = expert_width_per_rank(model, config), model.hidden_size
     return round_up(hidden, hidden_multiple) * round_up(width, width_multiple) / (hidden * width)
 

@@ -192,7 +192,7 @@ def parse_sglang_args(line: str | Sequence[str]) -> ParsedSGLang:
 
 def memory_defaults(hardware: Hardware, tp: int) -> tuple[int, int]:
     """(chunked_prefill_size, cuda_graph_max_bs) SGLang picks from the GPU's memory (server_args.py buckets)."""
-    gpu_mb = hardware.driver_memory_mb
+    gpu_mb = hardware.nvidia_smi_memory_mib
     small = tp < 4
     if gpu_mb < 20 * 1024:
         return 2048, 8
@@ -206,7 +206,7 @@ def memory_defaults(hardware: Hardware, tp: int) -> tuple[int, int]:
 
 
 def default_mem_fraction_static(hardware: Hardware, s: SGLangSettings, chunk: int, graph_bs: int) -> float:
-    gpu_mb = hardware.driver_memory_mb
+    gpu_mb = hardware.nvidia_smi_memory_mib
     reserved = 512.0 + max(chunk if chunk > 0 else s.max_prefill_tokens, 2048) * 1.5 + graph_bs * 2
     reserved += s.tp_size / 8 * 1024
     if gpu_mb > 60 * 1024:

@@ -68,8 +68,8 @@ class Hardware(BaseModel):
         return int(self.memory_gib * 2**30)
 
     @property
-    def driver_memory_mb(self) -> float:
-        """MiB as nvidia-smi reports the device (what SGLang's defaults read)."""
+    def nvidia_smi_memory_mib(self) -> float:
+        """MiB as nvidia-smi reports the device (what SGLang's defaults read): driver_memory_mib, else memory_gib."""
         return self.driver_memory_mib if self.driver_memory_mib is not None else self.memory_bytes / 2**20
 
     @property
