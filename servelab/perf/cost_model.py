@@ -271,7 +271,11 @@ class RooflineCostModel:
         self._moe, self._expert_cache = model.moe, dict[int, float]()
         weight_only = model.moe is not None and self.weight_format.weight_only
         kernel = expert_kernel(self.weight_format, hardware, engine_config) if weight_only else None
-        width = expert_width_per_rank(model, engine_config) if model.moe else 0
+        self._expert_width = width = expert_width_per_rank(model, engine_config) if model.moe else 0
+        self._expert_gemm_share = 1 / tp if engine_config.enable_expert_parallel else 1.0
+        """The fitted form multiplies each touched expert at its width on a rank (whole under expert parallelism) and
+        prices the layer as one TP rank's slice of every touched expert, which expert_layer_scale turns into an
+        expert-parallel rank's share: a whole expert's GEMMs count 1/TP of their time."""
         rate = moe_kernel_flops(kernel, hardware, self.weight_format, width) if kernel else None
         if model.moe is not None and rate is None:
             rate = fp8_moe_flops(hardware, self.weight_format, width)
@@ -424,7 +428,7 @@ class RooflineCostModel:
         self._gemm_fixed = (launches + 1) * g.launch_s
         if model.moe:
             hidden_multiple, width_multiple = self._expert_alignment
-            width = round_up(model.moe.expert_intermediate_size // tp, width_multiple)
+            width = round_up(self._expert_width, width_multiple)
             padded_hidden = round_up(h, hidden_multiple)
             compute = self.weight_format.compute_dtype
             self._expert_gemms = (
@@ -655,7 +659,8 @@ class RooflineCostModel:
         assert self._moe is not None
         if self.kernel_fit:
             rows = num_tokens * self._moe.experts_per_token / touched_experts
-            grouped = touched_experts * sum(self._gemm_time(rows, c) for c in self._expert_gemms)
+            gemms = sum(self._gemm_time(rows, c) for c in self._expert_gemms)
+            grouped = touched_experts * gemms * self._expert_gemm_share
         else:
             per_layer = self.model.num_moe_layers
             grouped = max(num_tokens * self._routed_s_per_token, touched_experts * self._expert_read_s) / per_layer

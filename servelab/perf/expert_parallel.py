@@ -27,9 +27,8 @@ from dataclasses import dataclass
 
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import Hardware
-from servelab.perf.memory import routed_expert_bytes, weight_bytes_per_rank
+from servelab.perf.memory import held_expert_bytes, routed_expert_bytes, weight_bytes_per_rank
 from servelab.perf.models import ModelSpec, MoESpec
-from servelab.perf.moe_kernels import mxfp4_padding
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +108,6 @@ def step_weight_bytes(model: ModelSpec, config: EngineConfig, hardware: Hardware
         return float(total)
     layout = ExpertLayout(tp, config.data_parallel_size, config.enable_expert_parallel)
     experts = routed_expert_bytes(model, config.quantization, hardware) / tp
-    padding = mxfp4_padding(model, hardware, config)
-    held = experts * padding * tp / layout.expert_shards
     routed = num_tokens * (layout.data_parallel_size if layout.dispatches else 1)
-    return total - experts + held * model.moe.experts_touched(max(routed, 1.0)) / model.moe.num_experts
+    touched = model.moe.experts_touched(max(routed, 1.0)) / model.moe.num_experts
+    return total - experts + held_expert_bytes(model, config, hardware) * touched

@@ -193,16 +193,24 @@ def cuda_graph_reserve(hardware: Hardware, config: EngineConfig, reserve: Memory
 
 
 def rank_weight_bytes(model: ModelSpec, config: EngineConfig, hardware: Hardware) -> int:
-    """Weights one GPU holds: the routed experts as vLLM pads them for their kernel (moe_kernels.mxfp4_padding), and
-    with expert parallelism over data-parallel ranks 1/(TP x DP) of them."""
+    """Weights one GPU holds, its routed experts as held_expert_bytes counts them."""
     tp = config.tensor_parallel_size
     weights = weight_bytes_per_rank(model, config.quantization, hardware, tp)
     if not model.moe:
         return weights
-    experts = routed_expert_bytes(model, config.quantization, hardware) / tp
-    padding = mxfp4_padding(model, hardware, config)
+    return int(
+        weights
+        - routed_expert_bytes(model, config.quantization, hardware) / tp
+        + held_expert_bytes(model, config, hardware)
+    )
+
+
+def held_expert_bytes(model: ModelSpec, config: EngineConfig, hardware: Hardware) -> float:
+    """The routed experts one GPU holds: its TP slice of every expert, or with expert parallelism over data-parallel
+    ranks 1/(TP x DP) of the experts, as vLLM pads them for their kernel (moe_kernels.mxfp4_padding)."""
+    experts = routed_expert_bytes(model, config.quantization, hardware) / config.tensor_parallel_size
     held = 1 / config.data_parallel_size if config.enable_expert_parallel else 1.0
-    return int(weights - experts + experts * padding * held)
+    return experts * mxfp4_padding(model, hardware, config) * held
 
 
 def _kv_budget(hardware: Hardware, config: EngineConfig, non_kv: int) -> tuple[int, int, str]:
