@@ -159,7 +159,8 @@ def test_glm_parameter_counts_match_the_model_cards_without_the_mtp_layer(name, 
 def test_glm_keeps_its_first_layers_dense_and_one_shared_expert_with_gqa_attention():
     """vLLM's glm4_moe.py: layers below first_k_dense_replace get a dense MLP `intermediate_size` wide, every other
     layer 8 of the routed experts plus n_shared_experts x moe_intermediate_size always active; q/k/v carry a bias
-    (attention_bias) and attention is grouped-query with an explicit head_dim (96 x 128 is wider than the hidden size)."""
+    (attention_bias) and attention is grouped-query with an explicit head_dim (96 x 128 is wider than the hidden
+    size)."""
     air, glm46 = moe_model("glm-4.5-air"), moe_model("glm-4.6")
     assert air.moe == MoESpec(128, 8, 1408, shared_intermediate_size=1408, num_dense_layers=1)
     assert glm46.moe == MoESpec(160, 8, 1536, shared_intermediate_size=1536, num_dense_layers=3)
