@@ -134,3 +134,46 @@ def test_vllm_holds_gpt_oss_experts_padded_for_the_kernel_that_runs_them(gpu, ve
     gpt = load_hf_config(CONFIGS / "gpt-oss-120b")
     held = rank_weight_bytes(gpt, version_defaults(version), get_gpu(gpu)) / 2**30
     assert held == pytest.approx(weights_gib, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "name, layers, total_b, active_b",
+    [
+        # Model cards (zai-org/GLM-4.5, arXiv 2508.06471): GLM-4.5-Air 106B total / 12B active; GLM-4.6 (GLM-4.5's
+        # architecture) 355B / 32B. The totals leave out the multi-token-prediction layer (num_nextn_predict_layers),
+        # whose weights vLLM skips unless speculative decoding is asked for (glm4_moe.py, skip_spec_layers): with its
+        # own MoE block, projection, embedding and head copies, GLM-4.5-Air's checkpoint holds ~110B, 4% over the card.
+        # The active counts leave out the input embedding and the output head.
+        ("glm-4.5-air", 46, 106, 12),
+        ("glm-4.6", 92, 355, 32),
+    ],
+)
+def test_glm_parameter_counts_match_the_model_cards_without_the_mtp_layer(name, layers, total_b, active_b):
+    model = moe_model(name)
+    assert model.num_layers == layers  # num_hidden_layers: the MTP layer is not one of them
+    assert model.params / 1e9 == pytest.approx(total_b, rel=0.02)
+    active = model.active_params - model.embedding_params - model.lm_head_params
+    assert active / 1e9 == pytest.approx(active_b, rel=0.03)
+
+
+def test_glm_keeps_its_first_layers_dense_and_one_shared_expert_with_gqa_attention():
+    """vLLM's glm4_moe.py: layers below first_k_dense_replace get a dense MLP `intermediate_size` wide, every other
+    layer 8 of the routed experts plus n_shared_experts x moe_intermediate_size always active; q/k/v carry a bias
+    (attention_bias) and attention is grouped-query with an explicit head_dim (96 x 128 is wider than the hidden
+    size)."""
+    air, glm46 = moe_model("glm-4.5-air"), moe_model("glm-4.6")
+    assert air.moe == MoESpec(128, 8, 1408, shared_intermediate_size=1408, num_dense_layers=1)
+    assert glm46.moe == MoESpec(160, 8, 1536, shared_intermediate_size=1536, num_dense_layers=3)
+    for model in (air, glm46):
+        assert model.mla is None and model.qkv_bias and model.quantization is None
+        assert (model.num_heads, model.num_kv_heads, model.head_dim) == (96, 8, 128)
+        routed_and_shared = 9 * model.moe.expert_intermediate_size
+        assert model.mlp_activation_width == max(routed_and_shared, model.intermediate_size)
+
+
+def test_glm_kv_cache_is_eight_kv_heads_of_128_per_layer():
+    # K and V, 8 heads x 128, bf16, every layer: 184 KiB a token for GLM-4.5-Air, twice that for GLM-4.6's 92 layers.
+    assert moe_model("glm-4.5-air").kv_bytes_per_token() == 2 * 46 * 8 * 128 * 2 == 188_416
+    assert moe_model("glm-4.6").kv_bytes_per_token() == 2 * 92 * 8 * 128 * 2 == 376_832
+    glm46 = moe_model("glm-4.6")
+    assert kv_bytes_per_token_per_rank(glm46, "auto", 8) == glm46.kv_bytes_per_token() / 8

@@ -4,8 +4,8 @@ A model is read from a Hugging Face `config.json` (built-ins are stored in the
 same form in data/models.yaml, so there is one reading path). Dense Llama-shaped
 models and the mixture-of-experts families whose layers these formulas describe
 (Mixtral, Qwen2/Qwen3-MoE, gpt-oss, DeepSeek-V2/V3 with multi-head latent
-attention) are accepted; any other architecture is refused rather than priced
-wrongly.
+attention, GLM-4.5/4.6 with grouped-query attention) are accepted; any other
+architecture is refused rather than priced wrongly.
 """
 
 from __future__ import annotations
@@ -40,7 +40,11 @@ _MOE_ARCHITECTURES: dict[str, bool | None] = {
     "GptOssForCausalLM": None,
     "DeepseekV2ForCausalLM": None,
     "DeepseekV3ForCausalLM": None,
+    "Glm4MoeForCausalLM": None,
 }
+_SHARED_EXPERT_LAYOUT = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM"})
+"""MoE families whose first `first_k_dense_replace` layers keep a dense MLP and whose MoE layers add `n_shared_experts`
+always-active experts of the routed width (vLLM's models/deepseek_v2.py and glm4_moe.py build them so)."""
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -53,7 +57,8 @@ its `sinks` parameter to the attention layer); config.json has no key for it, so
 class MoESpec:
     """The routed feed-forward of a mixture-of-experts model: every MoE layer holds `num_experts` gated MLPs of width
     `expert_intermediate_size`, and each token runs through `experts_per_token` of them (plus the always-active shared
-    experts, `shared_intermediate_size` wide in all). The first layers of some models (DeepSeek) keep a dense MLP."""
+    experts, `shared_intermediate_size` wide in all). The first layers of some models (DeepSeek, GLM-4.5) keep a dense
+    MLP."""
 
     num_experts: int
     experts_per_token: int
@@ -341,7 +346,7 @@ def _moe_spec(config: Json, architecture: str, num_layers: int, source: str) -> 
     ):  # every layer routed; experts are intermediate_size wide
         return MoESpec(int(experts), int(top_k), int(_require(config, "intermediate_size", source)))
     width = int(_require(config, "moe_intermediate_size", source))
-    if architecture.startswith("Deepseek"):
+    if architecture in _SHARED_EXPERT_LAYOUT:
         first_dense, every = int(config.get("first_k_dense_replace") or 0), int(config.get("moe_layer_freq") or 1)
         dense = sum(1 for i in range(num_layers) if i < first_dense or i % every)
         shared = int(config.get("n_shared_experts") or 0) * width
