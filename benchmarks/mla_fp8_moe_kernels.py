@@ -47,9 +47,13 @@ MOE_TABLES = ("moe/vllm/0.19.0/moe_perf.parquet", "moe/vllm/0.24.0/moe_perf.parq
 HIDDEN, Q_LORA, KV_LORA, ROPE, NOPE, V_HEAD = 7168, 1536, 512, 64, 128, 128
 """DeepSeek-V3's attention shapes, the model the MLA tables were timed on."""
 MAX_BATCH, MAX_CONTEXT = 1024, 8192
-LARGE_BATCH_FROM_TOKENS = 2048
+RATE_FROM_TOKENS = 512
+"""The fused-MoE rate is fitted over steps of at least this many tokens: below it the experts' weight reads and the
+kernel chain's fixed cost (moe_fixed) set a layer's time."""
 MAX_PREFILL_TOKENS = 32768
 FORMAT_BYTES = {"bfloat16": 2.0, "fp8_block": 1.0}
+MOE_RATE_FORMATS = ("fp8_block", "bfloat16")
+"""The expert formats whose large-batch rate is fitted: FP8 block-scaled (DeepSeek's, Qwen3-FP8's) and bf16."""
 
 
 def mla_weight_bytes(heads: int, bytes_per_param: float) -> float:
@@ -112,7 +116,7 @@ def mla_prefill_fits(table: pd.DataFrame) -> dict[str, dict[int, dict[str, Any]]
 def moe_fixed(tables: list[pd.DataFrame], bandwidth: float) -> dict[str, dict[str, Any]]:
     """{"fp8_block": {fixed_s, rows, shapes, range_s, tables}} from the one-token rows of vLLM's Triton fused-MoE
     kernel with FP8 block-scaled experts (bf16 experts keep cost_model.MOE_LAYER_FIXED_S, read off the same tables)."""
-    rows = triton_fp8_block_rows(tables)
+    rows = triton_rows(tables, "fp8_block")
     rows = rows[rows.num_tokens == 1]
     out = {}
     for dtype, part in rows.groupby("moe_dtype"):
@@ -128,26 +132,46 @@ def moe_fixed(tables: list[pd.DataFrame], bandwidth: float) -> dict[str, dict[st
     return out
 
 
-def triton_fp8_block_rows(tables: list[pd.DataFrame]) -> pd.DataFrame:
-    """vLLM's Triton fused-MoE rows with FP8 block-scaled experts, balanced routing, no expert parallelism."""
+def triton_rows(tables: list[pd.DataFrame], dtype: str) -> pd.DataFrame:
+    """vLLM's Triton fused-MoE rows with `dtype` experts, balanced routing, no expert parallelism."""
     table = pd.concat(tables, ignore_index=True)
     return table[
         (table.distribution == "balanced")
         & (table.moe_ep_size == 1)
-        & (table.moe_dtype == "fp8_block")
+        & (table.moe_dtype == dtype)
         & table.kernel_source.str.contains("triton|vllm_fused_moe")
     ]
 
 
-def moe_rate(tables: list[pd.DataFrame]) -> dict[str, Any]:
-    """The kernel's large-batch rate against each rank's expert width w = intermediate / TP, fitted as
-    peak x w / (w + half_width) to the median TFLOP/s per width over the rows of >= 2,048 tokens (gated experts:
-    3 x hidden x w multiply-adds per routed token and rank): narrow TP slices run far below the FP8 peak."""
-    rows = triton_fp8_block_rows(tables)
-    rows = rows[rows.num_tokens >= LARGE_BATCH_FROM_TOKENS]
+def moe_rate(tables: list[pd.DataFrame], dtype: str) -> dict[str, Any]:
+    """The kernel's rate with `dtype` experts against each rank's expert width w = intermediate / TP and the rows each
+    expert multiplies r = tokens x k / experts, fitted as peak x w / (w + half_width) x r / (r + half_rows) to the
+    median TFLOP/s of each (w, r) over the rows of >= 512 tokens (gated experts: 3 x hidden x w multiply-adds per
+    routed token and rank): narrow TP slices and experts handed few rows run far below the peak."""
+    rows = triton_rows(tables, dtype)
+    rows = rows[rows.num_tokens >= RATE_FROM_TOKENS]
     width = rows.inter_size / rows.moe_tp_size
+    per_expert = rows.num_tokens * rows.topk / rows.num_experts
     tflops = 6 * rows.num_tokens * rows.topk * rows.hidden_size * width / (rows.latency * 1e-3) / 1e12
-    return width_fit(tflops.groupby(width).median(), rows=len(rows), peak_guess=600.0)
+    medians = tflops.groupby([width, per_expert]).median()
+    w, r = (medians.index.get_level_values(i).to_numpy(float) for i in (0, 1))
+
+    def rate(x: tuple[np.ndarray, np.ndarray], peak: float, half_width: float, half_rows: float) -> np.ndarray:
+        return peak * x[0] / (x[0] + half_width) * x[1] / (x[1] + half_rows)
+
+    (peak, half_width, half_rows), _ = curve_fit(rate, (w, r), medians.to_numpy(), p0=(600.0, 300.0, 50.0))
+    residual = np.abs(medians.to_numpy() / rate((w, r), peak, half_width, half_rows) - 1)
+    return {
+        "peak_tflops": float(f"{peak:.4g}"),
+        "half_width": float(f"{half_width:.4g}"),
+        "half_rows": float(f"{half_rows:.4g}"),
+        "rows": len(rows),
+        "widths": len(set(w)),
+        "cells": len(medians),
+        "median_abs_error": float(f"{np.median(residual):.3g}"),
+        "p90_abs_error": float(f"{np.quantile(residual, 0.9):.3g}"),
+        "max_abs_error": float(f"{np.max(residual):.3g}"),
+    }
 
 
 def width_fit(medians: pd.Series, *, rows: int, peak_guess: float) -> dict[str, Any]:
@@ -176,7 +200,7 @@ def derive(root: Path) -> dict[str, Any]:
             "mla_decode": mla_fits(mla, bandwidth),
             "mla_prefill": mla_prefill_fits(pd.read_parquet(root / system / MLA_PREFILL_TABLE)),
             "moe_fixed": moe_fixed(moe, bandwidth),
-            "moe_rate": {"fp8_block": moe_rate(moe)},
+            "moe_rate": {dtype: moe_rate(moe, dtype) for dtype in MOE_RATE_FORMATS},
         }
     return {
         "source": f"aiconfigurator-core=={AIC_VERSION} (NVIDIA, Apache-2.0): systems/data/<system>/{MLA_TABLE}, "
@@ -186,8 +210,9 @@ def derive(root: Path) -> dict[str, Any]:
         "residual = latency - (projection weights + latents) / HBM bandwidth = fixed + per_request x requests",
         "mla_prefill_selection": f"bf16 KV cache (FLASH_ATTN_MLA or FLASH_ATTN), <= {MAX_PREFILL_TOKENS} tokens; "
         "latency = fixed + per_token x tokens + per_pair x causal query-key pairs",
-        "moe_rate_selection": f"the same kernels, >= {LARGE_BATCH_FROM_TOKENS} tokens; TFLOP/s = peak x w / (w + "
-        "half_width) over the median per expert width w = intermediate / TP",
+        "moe_rate_selection": f"the same kernels, >= {RATE_FROM_TOKENS} tokens; TFLOP/s = peak x w / (w + half_width) "
+        "x r / (r + half_rows) over the median per expert width w = intermediate / TP and rows per expert r = tokens "
+        "x k / experts",
         "moe_selection": "Triton fused-MoE kernels, one token, balanced routing, no expert parallelism, any TP; "
         "residual = latency - k experts' weights on one rank / HBM bandwidth, median",
         "gpus": gpus,

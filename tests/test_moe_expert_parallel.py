@@ -92,8 +92,14 @@ def test_all_to_all_only_with_data_parallel_attention_and_dearer_on_pcie() -> No
     nvlink = expert_ms("h100", data_parallel_size=4, enable_expert_parallel=True)
     pcie = expert_ms("h100-pcie", data_parallel_size=4, enable_expert_parallel=True)
     assert pcie > nvlink
-    # TP=4 with EP: same bytes and FLOPs per rank as TP experts, plus the busiest rank's excess.
-    assert expert_ms("h100", tensor_parallel_size=4, enable_expert_parallel=True) > expert_ms(
+    # TP=4 with EP: same bytes and FLOPs per rank as TP experts, plus the busiest rank's excess, where nothing measures
+    # the kernel (H100 PCIe: priced from the datasheet) ...
+    assert expert_ms("h100-pcie", tensor_parallel_size=4, enable_expert_parallel=True) > expert_ms(
+        "h100-pcie", tensor_parallel_size=4
+    )
+    # ... and where vLLM's Triton fused-MoE kernel is measured (H100 SXM), whole 768-wide experts multiply at a higher
+    # rate than 192-wide TP slices, which outweighs that excess.
+    assert expert_ms("h100", tensor_parallel_size=4, enable_expert_parallel=True) < expert_ms(
         "h100", tensor_parallel_size=4
     )
 

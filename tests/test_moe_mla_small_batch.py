@@ -14,7 +14,7 @@ from servelab.perf.hardware import get_gpu
 from servelab.perf.kernel_fit import load_kernel_fit
 from servelab.perf.memory import weight_bytes_per_rank
 from servelab.perf.models import get_model, load_hf_config
-from servelab.perf.moe_kernels import MLA_FP8_MOE_FILE, fp8_moe_flops, mla_decode_cost, mla_prefill_cost
+from servelab.perf.moe_kernels import MLA_FP8_MOE_FILE, mla_decode_cost, mla_prefill_cost, triton_moe_rate
 from servelab.perf.quantization import weight_format
 from support.benchmark_script import load_benchmark
 
@@ -88,12 +88,31 @@ def test_fp8_experts_run_at_the_measured_triton_rate_which_falls_with_the_slice_
     expert width: TP 8 slices the 2,048-wide experts to 256 and runs them at under half the rate of whole ones."""
     h200 = get_gpu("H200")
     fp8 = weight_format(None, DEEPSEEK_R1, h200)
-    narrow, wide = fp8_moe_flops(h200, fp8, 256), fp8_moe_flops(h200, fp8, 2048)
-    assert narrow is not None and wide is not None and narrow < 0.6 * wide < h200.peak_flops("fp8")
+    rate = triton_moe_rate(h200, fp8)
+    assert rate is not None
+    narrow, wide = rate.flops(256), rate.flops(2048)
+    assert narrow < 0.6 * wide < h200.peak_flops("fp8")
     cost = RooflineCostModel(h200, DEEPSEEK_R1, EngineConfig(tensor_parallel_size=8))
     routed_flops = 8192 * DEEPSEEK_R1.routed_expert_flops_per_token / DEEPSEEK_R1.num_moe_layers / 8
     assert cost.moe_layer_time(8192, 256) >= routed_flops / narrow
-    assert fp8_moe_flops(get_gpu("H20"), fp8, 256) is None
+    assert triton_moe_rate(get_gpu("H20"), fp8) is None
+
+
+def test_bf16_experts_on_hopper_run_at_the_measured_triton_rate_which_falls_with_fewer_rows_per_expert():
+    """Qwen3-235B's bf16 experts at TP 8 on an H200 (128 experts sliced to 192, top 8) multiply at vLLM's measured
+    Triton fused-MoE rate, not at a dense GEMM's: an 8,192-token step hands each expert 512 rows and the layer takes
+    at least its FLOPs at that rate, and a 2,048-token step's 128 rows run at a lower rate still."""
+    h200, qwen = get_gpu("H200"), load_hf_config(CONFIGS / "qwen3-235b-a22b")
+    bf16 = weight_format(None, qwen, h200)
+    rate = triton_moe_rate(h200, bf16)
+    assert rate is not None and rate.half_rows
+    cost = RooflineCostModel(h200, qwen, EngineConfig(tensor_parallel_size=8))
+    per_token = qwen.routed_expert_flops_per_token / qwen.num_moe_layers / 8
+    for tokens, rows in ((8192, 512), (2048, 128)):
+        at_rate = tokens * per_token / (rate.flops(192) * rows / (rows + rate.half_rows))
+        assert cost.moe_layer_time(tokens, 128) >= at_rate
+    per_row_large = cost.moe_layer_time(8192, 128) / 8192
+    assert cost.moe_layer_time(2048, 128) / 2048 > 1.1 * per_row_large
 
 
 def test_a_measured_mla_prefill_block_replaces_the_datasheet_attention_price():

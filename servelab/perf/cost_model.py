@@ -32,7 +32,6 @@ from servelab.perf.models import ModelSpec
 from servelab.perf.moe_kernels import (
     expert_kernel,
     expert_width_per_rank,
-    fp8_moe_flops,
     marlin_linear_flops,
     mla_decode_cost,
     mla_prefill_cost,
@@ -42,6 +41,7 @@ from servelab.perf.moe_kernels import (
     mxfp4_alignment,
     mxfp4_padding,
     round_up,
+    triton_moe_rate,
 )
 from servelab.perf.quantization import WeightFormat, non_expert_weight_format, weight_format
 from servelab.schemas.profile import CostCoefficients as CostCoefficients  # re-exported: a profile saves it
@@ -277,16 +277,19 @@ class RooflineCostModel:
         prices the layer as one TP rank's slice of every touched expert, which expert_layer_scale turns into an
         expert-parallel rank's share: a whole expert's GEMMs count 1/TP of their time."""
         rate = moe_kernel_flops(kernel, hardware, self.weight_format, width) if kernel else None
-        if model.moe is not None and rate is None:
-            rate = fp8_moe_flops(hardware, self.weight_format, width)
+        triton = triton_moe_rate(hardware, self.weight_format) if model.moe is not None and rate is None else None
+        rate = triton.flops(width) if triton else rate
+        self._expert_kernel_half_rows = (triton.half_rows or 0.0) if triton else 0.0
+        """Rows per expert at which vLLM's Triton kernel multiplies at half its rate for the width (0: its rate is a
+        large-batch ceiling)."""
         self._expert_kernel_s_per_token = (
             model.routed_expert_flops_per_token * padding / model.num_moe_layers / tp / rate if rate else 0.0
         )
         """Weight-only experts run in a fused-MoE kernel (Marlin, or OpenAI's Triton kernel for MXFP4), and FP8
-        experts on FP8 tensor cores in vLLM's Triton kernel, no faster than its measured large-batch rate for the
-        experts' format (perf/moe_kernels.py; FP8's and MXFP4's fall with each rank's expert width): seconds per
-        routed token and MoE layer at that rate, over the padded experts the kernel multiplies; 0 where it is not
-        measured."""
+        experts on FP8 tensor cores and bf16 experts in vLLM's Triton kernel, no faster than its measured rate for the
+        experts' format (perf/moe_kernels.py; all but Marlin's fall with each rank's expert width, and the Triton
+        kernel's with fewer rows per expert): seconds per routed token and MoE layer at that rate with rows without
+        bound, over the padded experts the kernel multiplies; 0 where it is not measured."""
         read_rate = moe_kernel_bandwidth(kernel, hardware, self.weight_format) if kernel else None
         self._expert_kernel_read_s = self._expert_bytes_per_rank / read_rate if read_rate else 0.0
         """Weight-only experts' fused-MoE kernel reads each touched expert's weights no faster than its measured
@@ -657,14 +660,16 @@ class RooflineCostModel:
         """One MoE layer's routed-expert kernels when `num_tokens` tokens are routed to `touched_experts` distinct
         experts: the fused-MoE kernel chain's fixed cost plus one grouped GEMM (gate_up, then down) over them."""
         assert self._moe is not None
+        rows = num_tokens * self._moe.experts_per_token / touched_experts if touched_experts else 0.0
         if self.kernel_fit:
-            rows = num_tokens * self._moe.experts_per_token / touched_experts
             gemms = sum(self._gemm_time(rows, c) for c in self._expert_gemms)
             grouped = touched_experts * gemms * self._expert_gemm_share
         else:
             per_layer = self.model.num_moe_layers
             grouped = max(num_tokens * self._routed_s_per_token, touched_experts * self._expert_read_s) / per_layer
-        kernel_floor = max(num_tokens * self._expert_kernel_s_per_token, touched_experts * self._expert_kernel_read_s)
+        fill = 1 + self._expert_kernel_half_rows / rows if rows else 1.0
+        compute = num_tokens * self._expert_kernel_s_per_token * fill
+        kernel_floor = max(compute, touched_experts * self._expert_kernel_read_s)
         return self._moe_fixed_s + max(grouped, kernel_floor)
 
     def wake_time(self, idle_s: float) -> float:

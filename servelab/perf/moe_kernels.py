@@ -52,20 +52,27 @@ class MoeKernel(StrEnum):
 
 
 class MoeWidthRate(BaseModel):
-    """A fused-MoE kernel's large-batch rate against each rank's expert width w: peak x w / (w + half_width)."""
+    """A fused-MoE kernel's large-batch rate against each rank's expert width w: peak x w / (w + half_width), and where
+    fitted, against the rows r each expert multiplies too: x r / (r + half_rows)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     peak_tflops: float
     half_width: float
+    half_rows: float | None = None
+    """None: the rate is a large-batch ceiling, whatever the rows."""
     rows: int
     widths: int
+    cells: int | None = None
+    median_abs_error: float | None = None
+    p90_abs_error: float | None = None
     max_abs_error: float
-    """Largest relative miss of the fit against the median rate of one width."""
+    """Largest relative miss of the fit against the median rate of one width (and rows per expert, where fitted)."""
     tables: list[str] = []
     """The engines and releases whose rows the fit rests on, where the data file says."""
 
     def flops(self, width: float) -> float:
+        """The rate at this width when experts are handed rows without bound."""
         return self.peak_tflops * 1e12 * width / (width + self.half_width)
 
 
@@ -328,9 +335,16 @@ def moe_fixed_cost(hardware: Hardware, weights: WeightFormat) -> float | None:
     return cost.fixed_s if cost else None
 
 
-def fp8_moe_flops(hardware: Hardware, weights: WeightFormat, width: int) -> float | None:
-    """FLOP/s of vLLM's Triton fused-MoE kernel at large batches for FP8 experts on FP8 tensor cores, each rank's
-    experts `width` wide (intermediate / TP; whole under expert parallelism), where measured; else None."""
-    entry = _fp8_experts_entry(hardware, weights)
-    rate = entry.moe_rate.get("fp8_block") if entry else None
-    return rate.flops(width) if rate else None
+TRITON_MOE_FORMATS = {"fp8": "fp8_block", "bf16": "bfloat16"}
+"""Expert formats vLLM's Triton fused-MoE kernel multiplies on the tensor cores of their own type (FP8 only where the
+GPU has FP8 tensor cores), and the tables' name for each."""
+
+
+def triton_moe_rate(hardware: Hardware, weights: WeightFormat) -> MoeWidthRate | None:
+    """The rate of vLLM's Triton fused-MoE kernel for FP8 experts on FP8 tensor cores or bf16 experts, against each
+    rank's expert width and the rows each expert multiplies, where measured on this GPU; else None."""
+    table_format = TRITON_MOE_FORMATS.get(weights.name)
+    if table_format is None or weights.compute_dtype != weights.name:
+        return None
+    entry = _mla_fp8_moe().get(hardware.name)
+    return entry.moe_rate.get(table_format) if entry else None
