@@ -18,7 +18,7 @@ from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware
 from servelab.perf.models import ModelSpec
-from servelab.perf.moe_kernels import mxfp4_padding
+from servelab.perf.moe_kernels import mxfp4_held_padding
 from servelab.perf.quantization import kv_bytes_per_element, non_expert_weight_format, weight_format
 
 GiB = 2**30
@@ -193,14 +193,14 @@ def cuda_graph_reserve(hardware: Hardware, config: EngineConfig, reserve: Memory
 
 
 def rank_weight_bytes(model: ModelSpec, config: EngineConfig, hardware: Hardware) -> int:
-    """Weights one GPU holds: the routed experts as vLLM pads them for their kernel (moe_kernels.mxfp4_padding), and
-    with expert parallelism over data-parallel ranks 1/(TP x DP) of them."""
+    """Weights one GPU holds: the routed experts as vLLM lays them out for their kernel
+    (moe_kernels.mxfp4_held_padding), and with expert parallelism over data-parallel ranks 1/(TP x DP) of them."""
     tp = config.tensor_parallel_size
     weights = weight_bytes_per_rank(model, config.quantization, hardware, tp)
     if not model.moe:
         return weights
     experts = routed_expert_bytes(model, config.quantization, hardware) / tp
-    padding = mxfp4_padding(model, hardware, config)
+    padding = mxfp4_held_padding(model, hardware, config)
     held = 1 / config.data_parallel_size if config.enable_expert_parallel else 1.0
     return int(weights - experts + experts * padding * held)
 
