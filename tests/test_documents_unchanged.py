@@ -20,7 +20,9 @@ and their 80% intervals moved with the residuals that change put in prediction_r
 simulated summaries and the documents holding their intervals were written again when the intervals were conditioned on
 what limits the run (servelab.metrics.intervals.classify_limit): `client_stats.api_server_busy_share` and
 `interval_basis.limit` are new keys, the pooling notes name the limit, and the intervals of engine-bound saturated
-predictions moved (the described diagnosis's ceiling: 7.45-15.4 to 6.87-10.3 req/s around 8.57).
+predictions moved (the described diagnosis's ceiling: 7.45-15.4 to 6.87-10.3 req/s around 8.57). When each vLLM
+release's layout of MXFP4 experts for OpenAI's Triton kernel joined the engine configuration
+(`mxfp4_triton_keeps_checkpoint_scales`, `mxfp4_triton_pads_values_to_64_bytes`), those keys were the only ones added.
 
 To store the files again after a deliberate change of a document (and a schema_version bump where a published schema
 changes): `SERVELAB_WRITE_DOCUMENTS=1 pytest tests/test_documents_unchanged.py`.

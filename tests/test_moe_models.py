@@ -11,6 +11,7 @@ from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import get_gpu
 from servelab.perf.memory import kv_bytes_per_token_per_rank, plan_memory, rank_weight_bytes, weight_bytes_per_rank
 from servelab.perf.models import MoESpec, get_model, load_hf_config, model_from_hf_config
+from servelab.perf.moe_kernels import mxfp4_held_padding, mxfp4_padding
 from servelab.perf.vllm_versions import version_defaults
 
 CONFIGS = Path(__file__).parent / "fixtures" / "moe_configs"  # sources: SOURCES.md there
@@ -125,7 +126,10 @@ def test_a_dense_model_has_no_experts():
     [
         ("h100", (0, 10), 65.97),  # vllm#23278's log on vLLM 0.10.1: "Model loading took 65.97 GiB" (Marlin)
         ("a100", None, 65.97),  # an A100 runs MXFP4 experts in Marlin in every release
-        ("h100", None, 60.7),  # OpenAI's Triton kernel pads the 2,880-wide experts to 64: nothing to add
+        # OpenAI's Triton kernel pads the 2,880-wide experts to 64 (nothing to add) and their swizzled scales' rows to
+        # 256; vllm#33155's log on vLLM 0.14.1, which keeps the checkpoint's scales too: "Model loading took 64.38 GiB"
+        ("h100", (0, 14), 64.38),
+        ("h100", None, 60.8),
     ],
 )
 def test_vllm_holds_gpt_oss_experts_padded_for_the_kernel_that_runs_them(gpu, version, weights_gib):
@@ -177,3 +181,48 @@ def test_glm_kv_cache_is_eight_kv_heads_of_128_per_layer():
     assert moe_model("glm-4.6").kv_bytes_per_token() == 2 * 92 * 8 * 128 * 2 == 376_832
     glm46 = moe_model("glm-4.6")
     assert kv_bytes_per_token_per_rank(glm46, "auto", 8) == glm46.kv_bytes_per_token() / 8
+
+
+GPT_OSS_120B_EXPERT_BYTES = {
+    # vLLM release: bytes of one gpt-oss-120b expert (hidden 2,880, width 2,880) on one H100 in OpenAI's Triton
+    # kernel, gate/up then down, as packed weights (bytes x rows) + swizzled scales (rows padded to 256 x 90 columns)
+    # + the checkpoint's scales where kept (rows x 90).
+    (0, 14): 1440 * 5760 + 5888 * 90 + 5760 * 90 + 1440 * 2880 + 3072 * 90 + 2880 * 90,
+    # Triton 3.6's value layout pads each packed matrix to 64 bytes each way: 1,440 -> 1,472.
+    (0, 19): 1472 * 5760 + 5888 * 90 + 5760 * 90 + 1472 * 2880 + 3072 * 90 + 2880 * 90,
+    # 0.25 frees the checkpoint's scales (vLLM PR #46549).
+    (0, 25): 1440 * 5760 + 5888 * 90 + 1440 * 2880 + 3072 * 90,
+}
+
+
+@pytest.mark.parametrize("version", sorted(GPT_OSS_120B_EXPERT_BYTES))
+def test_openais_triton_kernel_holds_gpt_oss_experts_in_its_swizzled_layouts(version):
+    """What one H100 holds of each expert, shape by shape, differs from what the kernel reads and multiplies
+    (mxfp4_padding: the checkpoint's 2,880 x 2,880, nothing padded), and from release to release."""
+    gpt, h100 = moe_model("gpt-oss-120b"), get_gpu("h100")
+    config = version_defaults(version)
+    published = gpt.expert_params * (0.5 + 1 / 32)
+    assert mxfp4_padding(gpt, h100, config) == 1
+    held = mxfp4_held_padding(gpt, h100, config) * published
+    assert held == pytest.approx(GPT_OSS_120B_EXPERT_BYTES[version], rel=1e-9)
+
+
+@pytest.mark.parametrize(("gpu", "version"), [("h100", (0, 11)), ("a100", None), ("b200", None), ("b200", (0, 14))])
+def test_marlin_and_blackwell_hold_mxfp4_experts_as_they_read_them(gpu, version):
+    """Marlin (before the Triton kernel shipped, or on an A100) and Blackwell's FP4 kernels pad weights and scales
+    alike: held = read, each padded shape (Marlin 3,072 x 2,944; Blackwell 3,072 x 3,072) over the checkpoint's."""
+    gpt, hardware = moe_model("gpt-oss-120b"), get_gpu(gpu)
+    config = version_defaults(version)
+    assert mxfp4_held_padding(gpt, hardware, config) == mxfp4_padding(gpt, hardware, config) > 1.05
+
+
+def test_the_triton_kernels_memory_layout_changes_at_the_releases_that_changed_it():
+    def config(version: tuple[int, int]):
+        return version_defaults(version)
+
+    assert (
+        config((0, 24)).mxfp4_triton_keeps_checkpoint_scales
+        and not config((0, 25)).mxfp4_triton_keeps_checkpoint_scales
+    )
+    pads = {minor: config((0, minor)).mxfp4_triton_pads_values_to_64_bytes for minor in (12, 16, 17, 21, 22, 32)}
+    assert pads == {12: False, 16: False, 17: True, 21: True, 22: False, 32: False}

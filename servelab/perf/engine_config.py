@@ -84,6 +84,15 @@ class EngineConfig:
     """OpenAI's `triton_kernels` is installed with vLLM (in its wheel from 0.12.0, PR #28788): on the GPUs it supports,
     MXFP4 experts run in it rather than in Marlin (perf/moe_kernels.py, expert_kernel). A pip-installed 0.11 or
     earlier lacks it."""
+    mxfp4_triton_keeps_checkpoint_scales: bool = False
+    """MXFP4 experts in OpenAI's Triton kernel: vLLM keeps the checkpoint's block scales in memory beside the swizzled
+    copy the kernel reads, 1/32 byte per expert weight (releases 0.12-0.24; 0.25 frees them, vLLM PR #46549).
+    Memory only: perf/moe_kernels.py, mxfp4_held_padding."""
+    mxfp4_triton_pads_values_to_64_bytes: bool = False
+    """MXFP4 experts in OpenAI's Triton kernel: the triton_kernels vLLM ships pads both dimensions of each expert's
+    packed weights to 64 bytes before swizzling them for Hopper (the Triton 3.6 generation shipped in releases
+    0.17-0.21); the Triton 3.5 one of the other releases pads only to its 16 x 32-byte tile. Memory only:
+    perf/moe_kernels.py, mxfp4_held_padding."""
     eager_prefill: bool = False
     """Steps with prefill run eagerly: SGLang's extend batches (no piecewise graphs by default); vLLM V1 runs them
     through piecewise CUDA graphs, so False."""

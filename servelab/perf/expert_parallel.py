@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import Hardware
-from servelab.perf.memory import held_expert_bytes, routed_expert_bytes, weight_bytes_per_rank
+from servelab.perf.memory import expert_share_bytes, routed_expert_bytes, weight_bytes_per_rank
+from servelab.perf.moe_kernels import mxfp4_padding
 from servelab.perf.models import ModelSpec, MoESpec
 
 
@@ -110,4 +111,6 @@ def step_weight_bytes(model: ModelSpec, config: EngineConfig, hardware: Hardware
     experts = routed_expert_bytes(model, config.quantization, hardware) / tp
     routed = num_tokens * (layout.data_parallel_size if layout.dispatches else 1)
     touched = model.moe.experts_touched(max(routed, 1.0)) / model.moe.num_experts
-    return total - experts + held_expert_bytes(model, config, hardware) * touched
+    return (
+        total - experts + expert_share_bytes(model, config, hardware, mxfp4_padding(model, hardware, config)) * touched
+    )

@@ -18,7 +18,7 @@ from servelab.perf.engine_config import EngineConfig
 from servelab.perf.errors import PerfConfigError
 from servelab.perf.hardware import Hardware
 from servelab.perf.models import ModelSpec
-from servelab.perf.moe_kernels import mxfp4_padding
+from servelab.perf.moe_kernels import mxfp4_held_padding
 from servelab.perf.quantization import kv_bytes_per_element, non_expert_weight_format, weight_format
 
 GiB = 2**30
@@ -193,24 +193,24 @@ def cuda_graph_reserve(hardware: Hardware, config: EngineConfig, reserve: Memory
 
 
 def rank_weight_bytes(model: ModelSpec, config: EngineConfig, hardware: Hardware) -> int:
-    """Weights one GPU holds, its routed experts as held_expert_bytes counts them."""
+    """Weights one GPU holds: its routed experts as vLLM lays them out for their kernel
+    (moe_kernels.mxfp4_held_padding), its share of them as expert_share_bytes counts it."""
     tp = config.tensor_parallel_size
     weights = weight_bytes_per_rank(model, config.quantization, hardware, tp)
     if not model.moe:
         return weights
+    experts = routed_expert_bytes(model, config.quantization, hardware) / tp
     return int(
-        weights
-        - routed_expert_bytes(model, config.quantization, hardware) / tp
-        + held_expert_bytes(model, config, hardware)
+        weights - experts + expert_share_bytes(model, config, hardware, mxfp4_held_padding(model, hardware, config))
     )
 
 
-def held_expert_bytes(model: ModelSpec, config: EngineConfig, hardware: Hardware) -> float:
-    """The routed experts one GPU holds: its TP slice of every expert, or with expert parallelism over data-parallel
-    ranks 1/(TP x DP) of the experts, as vLLM pads them for their kernel (moe_kernels.mxfp4_padding)."""
+def expert_share_bytes(model: ModelSpec, config: EngineConfig, hardware: Hardware, padding: float) -> float:
+    """The routed experts one GPU has, at `padding` over their published bytes: its TP slice of every expert, or with
+    expert parallelism over data-parallel ranks 1/(TP x DP) of the experts."""
     experts = routed_expert_bytes(model, config.quantization, hardware) / config.tensor_parallel_size
     held = 1 / config.data_parallel_size if config.enable_expert_parallel else 1.0
-    return experts * mxfp4_padding(model, hardware, config) * held
+    return experts * padding * held
 
 
 def _kv_budget(hardware: Hardware, config: EngineConfig, non_kv: int) -> tuple[int, int, str]:

@@ -164,13 +164,59 @@ def mxfp4_alignment(model: ModelSpec, hardware: Hardware, config: EngineConfig) 
 
 
 def mxfp4_padding(model: ModelSpec, hardware: Hardware, config: EngineConfig) -> float:
-    """Padded over published size of each rank's routed experts (mxfp4_alignment): what the GPU holds, reads and
-    multiplies per weight of the checkpoint's experts; 1 where nothing is padded."""
+    """Padded over published size of each rank's routed experts (mxfp4_alignment): what the GPU reads and multiplies
+    per weight of the checkpoint's experts, and in every kernel but OpenAI's Triton one what it holds too
+    (mxfp4_held_padding); 1 where nothing is padded."""
     if model.moe is None:
         return 1.0
     hidden_multiple, width_multiple = mxfp4_alignment(model, hardware, config)
     width, hidden = expert_width_per_rank(model, config), model.hidden_size
     return round_up(hidden, hidden_multiple) * round_up(width, width_multiple) / (hidden * width)
+
+
+MXFP4_BLOCK = 32
+"""Weights per e8m0 scale byte in an MXFP4 checkpoint; each weight is half a byte."""
+TRITON_SCALE_ROW_MULTIPLE = 256
+"""Rows of swizzled scales OpenAI's Triton kernel reads, per expert and GEMM: HopperMXScaleLayout.swizzle_data pads
+each GEMM's output rows (2 x width in gate/up, hidden in down) to 2 x num_warps x 2 x 8, with the 8 warps vLLM asks for
+(quantization/mxfp4.py, Mxfp4MoEMethod.process_weights_after_loading; 4 only in the batched layout of the pplx and
+DeepEP low-latency all-to-alls), and their columns to an even count. The same in the triton_kernels of every vLLM
+release that ships it (vllm/third_party/triton_kernels/tensor_details/layout_details/hopper_scale.py, 0.12.0-0.32.0
+wheels)."""
+
+
+def _triton_gemm_bytes(reduced: int, rows: int, config: EngineConfig) -> int:
+    """Bytes one expert's GEMM holds in OpenAI's Triton kernel, `rows` outputs of `reduced` MXFP4 weights each: the
+    packed weights as HopperMXValueLayout.swizzle_data pads them (mx_axis 1: `reduced` / 2 bytes by `rows`) to its
+    16-row x 32-byte tile, or first to 64 bytes each way (EngineConfig.mxfp4_triton_pads_values_to_64_bytes), the
+    swizzled scales (TRITON_SCALE_ROW_MULTIPLE) and the checkpoint's where vLLM keeps them."""
+    packed = reduced // 2
+    if config.mxfp4_triton_pads_values_to_64_bytes:
+        weights = round_up(packed, 64) * round_up(rows, 64)
+    else:
+        weights = round_up(packed, 32) * round_up(rows, 16)
+    scale_columns = reduced // MXFP4_BLOCK
+    scales = round_up(rows, TRITON_SCALE_ROW_MULTIPLE) * round_up(scale_columns, 2)
+    kept = rows * scale_columns if config.mxfp4_triton_keeps_checkpoint_scales else 0
+    return weights + scales + kept
+
+
+def mxfp4_held_padding(model: ModelSpec, hardware: Hardware, config: EngineConfig) -> float:
+    """Bytes one GPU holds of its routed experts over their published bytes: mxfp4_padding, except in OpenAI's Triton
+    kernel, which holds each gated expert (width padded to 64, hidden as published) as two swizzled GEMMs
+    (_triton_gemm_bytes): gate/up reduces hidden into 2 x width rows, down reduces width into hidden rows.
+
+    Checked against vLLM's start-up log: gpt-oss-120b on one H100 under 0.14.1 (checkpoint scales kept, the swizzled
+    ones padded from 5,760 and 2,880 rows to 5,888 and 3,072) logs 'Model loading took 64.38 GiB' (vllm#33155), where
+    servelab plans 64.15 (benchmarks/memory_plan_check.py)."""
+    weights = weight_format(config.quantization, model, hardware)
+    if model.moe is None or expert_kernel(weights, hardware, config) is not MoeKernel.OAI_TRITON_MXFP4:
+        return mxfp4_padding(model, hardware, config)
+    width, hidden = expert_width_per_rank(model, config), model.hidden_size
+    padded_width = round_up(width, mxfp4_alignment(model, hardware, config)[1])
+    held = _triton_gemm_bytes(hidden, 2 * padded_width, config) + _triton_gemm_bytes(padded_width, hidden, config)
+    published = 3 * hidden * width * weights.bytes_per_param  # gate, up and down, as ModelSpec.expert_params
+    return held / published
 
 
 def expert_width_per_rank(model: ModelSpec, config: EngineConfig) -> int:

@@ -82,6 +82,26 @@ CHANGES = (
         "image alike) lack it and run MXFP4 experts in Marlin",
     ),
     DefaultChange(
+        (0, 25),
+        "mxfp4_triton_keeps_checkpoint_scales",
+        True,
+        "vLLM 0.12-0.24 keep MXFP4 experts' checkpoint scales beside the swizzled copy OpenAI's Triton kernel reads; "
+        "0.25 deletes them after swizzling (PR #46549; fused_moe/oracle/mxfp4.py of the 0.24.0 and 0.25.0 wheels)",
+    ),
+    DefaultChange(
+        (0, 22),
+        "mxfp4_triton_pads_values_to_64_bytes",
+        True,
+        "vLLM 0.17-0.21 ship triton_kernels of the Triton 3.6 generation (vllm/third_party/triton_kernels: "
+        "tensor.py has SparseMatrix), whose HopperMXValueLayout pads packed MXFP4 weights to 64 bytes each way",
+    ),
+    DefaultChange(
+        (0, 17),
+        "mxfp4_triton_pads_values_to_64_bytes",
+        False,
+        "vLLM 0.12-0.16 (and 0.22 on) ship triton_kernels of Triton v3.5, padding only to its 16 x 32-byte tile",
+    ),
+    DefaultChange(
         (0, 14),
         "async_scheduling",
         False,
