@@ -110,6 +110,8 @@ def test_user_gpu_file_with_a_bad_value_names_file_and_field(tmp_path):
         ("Llama-3.1-70B", 70.6),
         ("Qwen2.5-14B", 14.7),
         ("Qwen2.5-32B", 32.5),
+        ("Qwen3-14B", 14.8),
+        ("Qwen3-32B", 32.8),
     ],
 )
 def test_parameter_counts_match_published_sizes(name, billions):
