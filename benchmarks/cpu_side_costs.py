@@ -51,6 +51,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
@@ -385,22 +386,13 @@ def client_worker() -> None:
     import aiohttp
 
     spec = json.loads(sys.stdin.read())
-    url = spec["base_url"] + "/v1/completions"
+    url = spec["base_url"] + ("/v1/chat/completions" if spec.get("chat") else "/v1/completions")
 
     def snapshot() -> dict[str, dict]:
         return {str(pid): _threads(pid) for pid in spec["pids"]}
 
     async def one(session: aiohttp.ClientSession, gate: asyncio.Semaphore, prompt: str) -> dict:
-        body = {
-            "model": spec["model"],
-            "prompt": prompt,
-            "max_tokens": spec["max_tokens"],
-            "ignore_eos": True,
-            "temperature": 0,
-            "stream": spec["stream"],
-        }
-        if spec["stream"]:
-            body["stream_options"] = {"include_usage": True}
+        body = request_body(spec, prompt)
         async with gate:
             t_send = time.perf_counter()
             first, chunks, usage = None, 0, {}
@@ -445,6 +437,22 @@ def client_worker() -> None:
     print(json.dumps(asyncio.run(run())))
 
 
+def request_body(spec: dict, prompt: str) -> dict:
+    """One request's JSON as `vllm bench serve` sends it: `--backend openai` (a prompt) or, with spec["chat"],
+    `--backend openai-chat` (one user message whose content is one text part; vLLM 0.11's
+    benchmarks/lib/endpoint_request_func.py)."""
+    body = {"model": spec["model"], "ignore_eos": True, "temperature": 0, "stream": spec["stream"]}
+    if spec.get("chat"):
+        body["messages"] = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
+        body["max_completion_tokens"] = spec["max_tokens"]
+    else:
+        body["prompt"] = prompt
+        body["max_tokens"] = spec["max_tokens"]
+    if spec["stream"]:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
 def _thread_cpu(before: dict, after: dict) -> dict[str, dict[str, float]]:
     """CPU seconds per process and thread over a window: {pid: {"name/tid": s}}, threads that ran at all."""
     out = {}
@@ -461,7 +469,7 @@ def _thread_cpu(before: dict, after: dict) -> dict[str, dict[str, float]]:
 class ApiProbe:
     """A vLLM CPU server with its API process pinned to core 0 and its engine core (and the client) to core 1."""
 
-    def __init__(self, vllm_python: Path, model_dir: Path, log: Path) -> None:
+    def __init__(self, vllm_python: Path, model_dir: Path, log: Path, extra_server_args: Sequence[str] = ()) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from servelab.targets.server_process import vllm_cpu_server
 
@@ -483,6 +491,7 @@ class ApiProbe:
                 "--max-num-batched-tokens",
                 "8192",
                 "--no-enable-prefix-caching",
+                *extra_server_args,
             ],
         )
         self.rng = random.Random(0)
@@ -516,14 +525,24 @@ class ApiProbe:
         return " ".join(f"w{self.rng.randrange(100000)}" for _ in range(words))
 
     def load(
-        self, words: int, max_tokens: int, stream: bool, requests: int, concurrency: int, deadline_s: float
+        self,
+        words: int,
+        max_tokens: int,
+        stream: bool,
+        requests: int,
+        concurrency: int,
+        deadline_s: float,
+        chat: bool = False,
     ) -> dict:
-        """Run one client (pinned to core 1) to the end; its rows, wall time and the server's per-thread CPU."""
+        """Run one client (pinned to core 1) to the end; its rows, wall time and the server's per-thread CPU.
+
+        `chat` sends each prompt to /v1/chat/completions as one user message instead of to /v1/completions."""
         spec = {
             "base_url": self.server.base_url,
             "model": self.served_model_name,
             "max_tokens": max_tokens,
             "stream": stream,
+            "chat": chat,
             "concurrency": concurrency,
             "deadline_s": deadline_s,
             "pids": [self.api_pid, *self.engine_pids],
