@@ -181,8 +181,8 @@ TRITON_SCALE_ROW_MULTIPLE = 256
 each GEMM's output rows (2 x width in gate/up, hidden in down) to 2 x num_warps x 2 x 8, with the 8 warps vLLM asks for
 (quantization/mxfp4.py, Mxfp4MoEMethod.process_weights_after_loading; 4 only in the batched layout of the pplx and
 DeepEP low-latency all-to-alls), and their columns to an even count. The same in the triton_kernels of every vLLM
-release that ships it (vllm/third_party/triton_kernels/tensor_details/layout_details/hopper_scale.py, 0.12.0-0.32.0
-wheels)."""
+release that ships it (vllm/third_party/triton_kernels/tensor_details/layout_details/hopper_scale.py in the wheels
+of 0.12.0 to 0.32.0, each minor release's first, and 0.14.1)."""
 
 
 def _triton_gemm_bytes(reduced: int, rows: int, config: EngineConfig) -> int:
