@@ -354,11 +354,14 @@ def _mla_entry(hardware: Hardware, weights: WeightFormat) -> tuple[MlaFp8MoeKern
     return (entry, gemm) if entry is not None and gemm is not None else None
 
 
-def _fp8_experts_entry(hardware: Hardware, weights: WeightFormat) -> MlaFp8MoeKernels | None:
-    """This GPU's tables where the experts are FP8 on FP8 tensor cores (the block-scaled rows), else None."""
-    if weights.name != "fp8" or weights.compute_dtype != "fp8":
+def _triton_entry(hardware: Hardware, weights: WeightFormat) -> tuple[MlaFp8MoeKernels, str] | None:
+    """This GPU's tables and the tables' name of the experts' format, where vLLM's Triton fused-MoE kernel multiplies
+    them on tensor cores of their own type (TRITON_MOE_FORMATS) and the GPU is measured; else None."""
+    table_format = TRITON_MOE_FORMATS.get(weights.name)
+    entry = _mla_fp8_moe().get(hardware.name)
+    if table_format is None or weights.compute_dtype != weights.name or entry is None:
         return None
-    return _mla_fp8_moe().get(hardware.name)
+    return entry, table_format
 
 
 def mla_decode_cost(hardware: Hardware, weights: WeightFormat, heads_per_rank: int) -> MlaDecodeCost | None:
@@ -375,9 +378,10 @@ def mla_prefill_cost(hardware: Hardware, weights: WeightFormat, heads_per_rank: 
 
 
 def moe_fixed_cost(hardware: Hardware, weights: WeightFormat) -> float | None:
-    """Seconds of a fused-MoE layer's fixed cost for FP8 experts on FP8 tensor cores where measured, else None."""
-    entry = _fp8_experts_entry(hardware, weights)
-    cost = entry.moe_fixed.get("fp8_block") if entry else None
+    """Seconds of a fused-MoE layer's fixed cost for FP8 experts on FP8 tensor cores where measured, else None (bf16
+    experts keep cost_model.MOE_LAYER_FIXED_S: the tables hold no bf16 fixed cost)."""
+    found = _triton_entry(hardware, weights)
+    cost = found[0].moe_fixed.get(found[1]) if found else None
     return cost.fixed_s if cost else None
 
 
@@ -389,8 +393,5 @@ GPU has FP8 tensor cores), and the tables' name for each."""
 def triton_moe_rate(hardware: Hardware, weights: WeightFormat) -> MoeWidthRate | None:
     """The rate of vLLM's Triton fused-MoE kernel for FP8 experts on FP8 tensor cores or bf16 experts, against each
     rank's expert width and the rows each expert multiplies, where measured on this GPU; else None."""
-    table_format = TRITON_MOE_FORMATS.get(weights.name)
-    if table_format is None or weights.compute_dtype != weights.name:
-        return None
-    entry = _mla_fp8_moe().get(hardware.name)
-    return entry.moe_rate.get(table_format) if entry else None
+    found = _triton_entry(hardware, weights)
+    return found[0].moe_rate.get(found[1]) if found else None
