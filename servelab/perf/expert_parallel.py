@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from servelab.perf.engine_config import EngineConfig
 from servelab.perf.hardware import Hardware
-from servelab.perf.memory import expert_share_bytes, routed_expert_bytes, weight_bytes_per_rank
+from servelab.perf.memory import weight_bytes_with_experts
 from servelab.perf.moe_kernels import mxfp4_padding
 from servelab.perf.models import ModelSpec, MoESpec
 
@@ -103,14 +103,9 @@ def step_weight_bytes(model: ModelSpec, config: EngineConfig, hardware: Hardware
     small batch reads a few experts and a large one all of them, as vLLM pads them for their kernel. Embedding rows
     are counted whole, as the memory plan holds them; with expert parallelism over data-parallel ranks, the other
     ranks' tokens count too."""
-    tp = config.tensor_parallel_size
-    total = weight_bytes_per_rank(model, config.quantization, hardware, tp)
     if not model.moe:
-        return float(total)
-    layout = ExpertLayout(tp, config.data_parallel_size, config.enable_expert_parallel)
-    experts = routed_expert_bytes(model, config.quantization, hardware) / tp
+        return weight_bytes_with_experts(model, config, hardware, 1.0)
+    layout = ExpertLayout(config.tensor_parallel_size, config.data_parallel_size, config.enable_expert_parallel)
     routed = num_tokens * (layout.data_parallel_size if layout.dispatches else 1)
     touched = model.moe.experts_touched(max(routed, 1.0)) / model.moe.num_experts
-    return (
-        total - experts + expert_share_bytes(model, config, hardware, mxfp4_padding(model, hardware, config)) * touched
-    )
+    return weight_bytes_with_experts(model, config, hardware, mxfp4_padding(model, hardware, config), touched)

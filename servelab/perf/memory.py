@@ -194,23 +194,24 @@ def cuda_graph_reserve(hardware: Hardware, config: EngineConfig, reserve: Memory
 
 def rank_weight_bytes(model: ModelSpec, config: EngineConfig, hardware: Hardware) -> int:
     """Weights one GPU holds: its routed experts as vLLM lays them out for their kernel
-    (moe_kernels.mxfp4_held_padding), its share of them as expert_share_bytes counts it."""
+    (moe_kernels.mxfp4_held_padding)."""
+    return int(weight_bytes_with_experts(model, config, hardware, mxfp4_held_padding(model, hardware, config)))
+
+
+def weight_bytes_with_experts(
+    model: ModelSpec, config: EngineConfig, hardware: Hardware, padding: float, touched: float = 1.0
+) -> float:
+    """One GPU's weights with its share of the routed experts (its TP slice of every expert, or with expert parallelism
+    over data-parallel ranks 1/(TP x DP) of them) at `padding` over their published bytes, and only the fraction
+    `touched` of them: all of them to hold (rank_weight_bytes), the ones a step's tokens are routed to to read
+    (expert_parallel.step_weight_bytes)."""
     tp = config.tensor_parallel_size
     weights = weight_bytes_per_rank(model, config.quantization, hardware, tp)
     if not model.moe:
-        return weights
+        return float(weights)
     experts = routed_expert_bytes(model, config.quantization, hardware) / tp
-    return int(
-        weights - experts + expert_share_bytes(model, config, hardware, mxfp4_held_padding(model, hardware, config))
-    )
-
-
-def expert_share_bytes(model: ModelSpec, config: EngineConfig, hardware: Hardware, padding: float) -> float:
-    """The routed experts one GPU has, at `padding` over their published bytes: its TP slice of every expert, or with
-    expert parallelism over data-parallel ranks 1/(TP x DP) of the experts."""
-    experts = routed_expert_bytes(model, config.quantization, hardware) / config.tensor_parallel_size
-    held = 1 / config.data_parallel_size if config.enable_expert_parallel else 1.0
-    return experts * padding * held
+    share = 1 / config.data_parallel_size if config.enable_expert_parallel else 1.0
+    return weights - experts + experts * padding * share * touched
 
 
 def _kv_budget(hardware: Hardware, config: EngineConfig, non_kv: int) -> tuple[int, int, str]:
